@@ -1,0 +1,198 @@
+/* Element types: the ggml type table (names, block sizes, bytes per block) and the reference
+ * dequantizers, written straight from the block layouts in ggml-common.h. These plain loops are the
+ * ground truth that fast kernels are checked against. */
+#include "core/dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/status_internal.h"
+
+typedef struct dtype_info {
+    const char *name;
+    int64_t block_size;
+    size_t type_size;
+} dtype_info;
+
+/* Indexed by ggml type id; ids ggml has removed (4, 5, 31-33, 36-38) have no name. */
+static const dtype_info k_types[OSP_DTYPE_COUNT] = {
+    [OSP_DTYPE_F32] = {"F32", 1, 4},
+    [OSP_DTYPE_F16] = {"F16", 1, 2},
+    [OSP_DTYPE_Q4_0] = {"Q4_0", 32, 2 + 16},
+    [OSP_DTYPE_Q4_1] = {"Q4_1", 32, 2 + 2 + 16},
+    [OSP_DTYPE_Q5_0] = {"Q5_0", 32, 2 + 4 + 16},
+    [OSP_DTYPE_Q5_1] = {"Q5_1", 32, 2 + 2 + 4 + 16},
+    [OSP_DTYPE_Q8_0] = {"Q8_0", 32, 2 + 32},
+    [OSP_DTYPE_Q8_1] = {"Q8_1", 32, 2 + 2 + 32},
+    [OSP_DTYPE_Q2_K] = {"Q2_K", 256, 16 + 64 + 2 + 2},
+    [OSP_DTYPE_Q3_K] = {"Q3_K", 256, 32 + 64 + 12 + 2},
+    [OSP_DTYPE_Q4_K] = {"Q4_K", 256, 2 + 2 + 12 + 128},
+    [OSP_DTYPE_Q5_K] = {"Q5_K", 256, 2 + 2 + 12 + 32 + 128},
+    [OSP_DTYPE_Q6_K] = {"Q6_K", 256, 128 + 64 + 16 + 2},
+    [OSP_DTYPE_Q8_K] = {"Q8_K", 256, 4 + 256 + 32},
+    [OSP_DTYPE_IQ2_XXS] = {"IQ2_XXS", 256, 2 + 64},
+    [OSP_DTYPE_IQ2_XS] = {"IQ2_XS", 256, 2 + 64 + 8},
+    [OSP_DTYPE_IQ3_XXS] = {"IQ3_XXS", 256, 2 + 96},
+    [OSP_DTYPE_IQ1_S] = {"IQ1_S", 256, 2 + 32 + 16},
+    [OSP_DTYPE_IQ4_NL] = {"IQ4_NL", 32, 2 + 16},
+    [OSP_DTYPE_IQ3_S] = {"IQ3_S", 256, 2 + 64 + 8 + 32 + 4},
+    [OSP_DTYPE_IQ2_S] = {"IQ2_S", 256, 2 + 64 + 16},
+    [OSP_DTYPE_IQ4_XS] = {"IQ4_XS", 256, 2 + 2 + 4 + 128},
+    [OSP_DTYPE_I8] = {"I8", 1, 1},
+    [OSP_DTYPE_I16] = {"I16", 1, 2},
+    [OSP_DTYPE_I32] = {"I32", 1, 4},
+    [OSP_DTYPE_I64] = {"I64", 1, 8},
+    [OSP_DTYPE_F64] = {"F64", 1, 8},
+    [OSP_DTYPE_IQ1_M] = {"IQ1_M", 256, 32 + 16 + 8},
+    [OSP_DTYPE_BF16] = {"BF16", 1, 2},
+    [OSP_DTYPE_TQ1_0] = {"TQ1_0", 256, 48 + 4 + 2},
+    [OSP_DTYPE_TQ2_0] = {"TQ2_0", 256, 64 + 2},
+    [OSP_DTYPE_MXFP4] = {"MXFP4", 32, 1 + 16},
+};
+
+const char *osp_dtype_name(uint32_t t) { return t < OSP_DTYPE_COUNT ? k_types[t].name : NULL; }
+int64_t osp_dtype_block_size(uint32_t t) { return t < OSP_DTYPE_COUNT ? k_types[t].block_size : 0; }
+size_t osp_dtype_type_size(uint32_t t) { return t < OSP_DTYPE_COUNT ? k_types[t].type_size : 0; }
+
+size_t osp_dtype_row_size(uint32_t t, int64_t n) {
+    int64_t bs = osp_dtype_block_size(t);
+    return bs ? (size_t)(n / bs) * osp_dtype_type_size(t) : 0;
+}
+
+bool osp_dtype_can_dequant(uint32_t t) {
+    switch (t) {
+    case OSP_DTYPE_F32: case OSP_DTYPE_F16: case OSP_DTYPE_BF16:
+    case OSP_DTYPE_Q4_0: case OSP_DTYPE_Q4_1: case OSP_DTYPE_Q8_0:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ---- half precision ---------------------------------------------------------------------------- */
+
+float osp_fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf / nan */
+    } else if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: value = man * 2^-24 */
+            float f = (float)man * 5.9604644775390625e-8f;
+            memcpy(&bits, &f, 4);
+            bits |= sign;
+        }
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t osp_fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t abs = x & 0x7fffffffu;
+    if (abs >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0));
+    if (abs >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to >= 65520: inf */
+    if (abs < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+        float a;
+        memcpy(&a, &abs, 4);
+        /* a * 2^24 rounded to nearest even gives the subnormal mantissa. */
+        float m = nearbyintf(a * 16777216.0f);
+        return (uint16_t)(sign | (uint32_t)m);
+    }
+    uint32_t r = abs + 0xfffu + ((abs >> 13) & 1u); /* round to nearest even at bit 13 */
+    return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+}
+
+float osp_bf16_to_fp32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t osp_fp32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 64); /* quiet nan */
+    return (uint16_t)((x + (0x7fffu + ((x >> 16) & 1u))) >> 16);
+}
+
+/* ---- block dequantizers (ggml-common.h layouts) ------------------------------------------------ */
+
+static float rd_half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return osp_fp16_to_fp32(h);
+}
+
+/* block_q4_0 { half d; u8 qs[16]; }: low nibbles are values 0..15, high nibbles 16..31; x = (q-8)d */
+static void dq_q4_0(const uint8_t *b, float *y) {
+    float d = rd_half(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)((qs[j] & 0x0f) - 8) * d;
+        y[j + 16] = (float)((qs[j] >> 4) - 8) * d;
+    }
+}
+
+/* block_q4_1 { half d; half m; u8 qs[16]; }: x = q*d + m */
+static void dq_q4_1(const uint8_t *b, float *y) {
+    float d = rd_half(b), m = rd_half(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)(qs[j] & 0x0f) * d + m;
+        y[j + 16] = (float)(qs[j] >> 4) * d + m;
+    }
+}
+
+/* block_q8_0 { half d; i8 qs[32]; }: x = q*d */
+static void dq_q8_0(const uint8_t *b, float *y) {
+    float d = rd_half(b);
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
+}
+
+osp_status osp_dequant_row(uint32_t t, const void *src, float *dst, int64_t n) {
+    const uint8_t *s = src;
+    int64_t bs = osp_dtype_block_size(t);
+    if (!osp_dtype_can_dequant(t))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "dequantization of %s is not supported",
+                             osp_dtype_name(t) ? osp_dtype_name(t) : "an unknown type");
+    if (n % bs != 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "%lld values are not whole %s blocks", (long long)n,
+                             osp_dtype_name(t));
+    size_t ts = osp_dtype_type_size(t);
+    switch (t) {
+    case OSP_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
+    case OSP_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = rd_half(s + 2 * i);
+        break;
+    case OSP_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = osp_bf16_to_fp32(h);
+        }
+        break;
+    case OSP_DTYPE_Q4_0:
+        for (int64_t i = 0; i < n / bs; i++) dq_q4_0(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q4_1:
+        for (int64_t i = 0; i < n / bs; i++) dq_q4_1(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q8_0:
+        for (int64_t i = 0; i < n / bs; i++) dq_q8_0(s + i * ts, dst + i * bs);
+        break;
+    }
+    return OSP_OK;
+}
