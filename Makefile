@@ -1,0 +1,70 @@
+# osprey's entry points. CMake + Ninja do the building; this file only strings the steps together.
+#
+#   make run        set up, fetch the default model, build (Release) and generate a short completion
+#   make test       set up, fetch the model, build, run every test (ctest)
+#   make test-asan  the same tests in a separate ASan+UBSan build (build-asan/)
+#   make fuzz       clang + libFuzzer build (build-fuzz/), each target for FUZZ_SECONDS on its seeds
+#
+# Variables: WERROR=ON (warnings are errors, as in CI), JOBS (build and ctest parallelism),
+# FUZZ_SECONDS, PROMPT, N_TOKENS, CMAKE_ARGS (extra -D flags for every configure).
+
+JOBS         ?= 2
+WERROR       ?= OFF
+FUZZ_SECONDS ?= 60
+CMAKE_ARGS   ?=
+MODEL        ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+PROMPT       ?= The three primary colors are
+N_TOKENS     ?= 64
+
+CMAKE_COMMON := -G Ninja -DOSPREY_WERROR=$(WERROR) $(CMAKE_ARGS)
+FUZZ_TARGETS  = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+
+.PHONY: all setup fetch build build-asan build-fuzz run test test-asan fuzz clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+fetch: setup
+	@bash scripts/fetch-model.sh
+
+# Configure every time (cheap when nothing changed) so WERROR/CMAKE_ARGS changes take effect.
+build: setup
+	cmake -S . -B build $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Release
+	cmake --build build -j $(JOBS)
+
+build-asan: setup
+	cmake -S . -B build-asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_SANITIZE=ON
+	cmake --build build-asan -j $(JOBS)
+
+build-fuzz: setup
+	CC=clang cmake -S . -B build-fuzz $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang \
+	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_FUZZ=ON
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+
+run: build fetch
+	build/bin/osprey generate -m $(MODEL) -p "$(PROMPT)" -n $(N_TOKENS) --temp 0
+
+test: build fetch
+	ctest --test-dir build --output-on-failure -j $(JOBS)
+
+test-asan: build-asan fetch
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+# Each target fuzzes for FUZZ_SECONDS, starting from its committed seeds (tests/fuzz/corpus/<name>/);
+# new inputs go to build-fuzz/corpus/<name>/ so the committed corpus stays as it is, and crash
+# reproducers to build-fuzz/artifacts/.
+fuzz: build-fuzz
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	    c=$${t#fuzz_}; mkdir -p build-fuzz/corpus/$$c build-fuzz/artifacts; \
+	    echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    build-fuzz/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 \
+	        -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/$$t- \
+	        build-fuzz/corpus/$$c tests/fuzz/corpus/$$c; \
+	done
+
+clean:
+	rm -rf build build-asan build-fuzz

