@@ -545,17 +545,24 @@ osp_status osp_gguf_get_arr(const osp_gguf *g, const char *key, int elem_type,
 }
 
 int64_t osp_gguf_arr_i64(const osp_gguf_value *arr, uint64_t i) {
-    osp_gguf_value v;
+    osp_gguf_value v = {0};
     uint32_t t = arr->v.arr.elem_type;
     size_t es = scalar_size(t);
     if (!es || !arr->v.arr.raw) return 0;
     decode_scalar(t, arr->v.arr.raw + i * es, &v);
-    if (t == OSP_GGUF_TYPE_FLOAT32 || t == OSP_GGUF_TYPE_FLOAT64) return (int64_t)v.v.f64;
+    if (t == OSP_GGUF_TYPE_FLOAT32 || t == OSP_GGUF_TYPE_FLOAT64) {
+        /* Converting an out-of-range double (or NaN) to int64 is undefined: saturate instead. */
+        double d = v.v.f64;
+        if (d != d) return 0;
+        if (d >= 9223372036854775807.0) return INT64_MAX;
+        if (d <= -9223372036854775808.0) return INT64_MIN;
+        return (int64_t)d;
+    }
     return is_signed((osp_gguf_type)t) ? v.v.i64 : (int64_t)v.v.u64;
 }
 
 double osp_gguf_arr_f64(const osp_gguf_value *arr, uint64_t i) {
-    osp_gguf_value v;
+    osp_gguf_value v = {0};
     uint32_t t = arr->v.arr.elem_type;
     size_t es = scalar_size(t);
     if (!es || !arr->v.arr.raw) return 0;

@@ -51,14 +51,12 @@ static void walk_value(const osp_gguf_value *v, int depth) {
             for (uint64_t i = 0; i < n; i++) sink_bytes(v->v.arr.strs[i].data, v->v.arr.strs[i].len);
         } else if (v->v.arr.elem_type == OSP_GGUF_TYPE_ARRAY) {
             for (uint64_t i = 0; i < n; i++) walk_value(&v->v.arr.elems[i], depth + 1);
-        } else if (v->v.arr.elem_type == OSP_GGUF_TYPE_FLOAT32 ||
-                   v->v.arr.elem_type == OSP_GGUF_TYPE_FLOAT64) {
+        } else {
+            /* Both readers on every fixed-size element type (float -> int must saturate). */
             for (uint64_t i = 0; i < n; i++) {
                 double d = osp_gguf_arr_f64(v, i);
-                g_sink += (uint64_t)(d == d);
+                g_sink += (uint64_t)(d == d) + (uint64_t)osp_gguf_arr_i64(v, i);
             }
-        } else {
-            for (uint64_t i = 0; i < n; i++) g_sink += (uint64_t)osp_gguf_arr_i64(v, i);
         }
         break;
     }
