@@ -1,0 +1,91 @@
+/* Models: load a GGUF file's weights (mapped, never copied) and run the forward pass over the
+ * flattened variable-length batch of shared/DESIGN.md §1.
+ *
+ * The batch holds all scheduled tokens of all sequences in one array. Sequence s owns tokens
+ * [query_start_loc[s], query_start_loc[s+1]); their keys and values are written to the paged KV cache
+ * at slot_mapping[i] (slot = block * block_size + offset), and attention for sequence s reads its
+ * first seq_lens[s] positions through block_table row s. Logits are computed only for the rows in
+ * logits_indices. */
+#ifndef OSPREY_MODEL_H
+#define OSPREY_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osprey/gguf.h"
+#include "osprey/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct osp_model osp_model;
+typedef struct osp_kv_cache osp_kv_cache;
+
+/* Hyper-parameters, all read from GGUF metadata (`<arch>.*` keys). */
+typedef struct osp_model_config {
+    char arch[32];        /* general.architecture, e.g. "llama" */
+    int32_t n_vocab;      /* rows of token_embd */
+    int32_t n_embd;       /* <arch>.embedding_length: hidden_size */
+    int32_t n_layer;      /* <arch>.block_count */
+    int32_t n_head;       /* <arch>.attention.head_count */
+    int32_t n_head_kv;    /* <arch>.attention.head_count_kv (defaults to n_head) */
+    int32_t head_dim;     /* <arch>.attention.key_length, else n_embd / n_head */
+    int32_t n_ff;         /* <arch>.feed_forward_length: intermediate_size */
+    int32_t n_rot;        /* <arch>.rope.dimension_count, else head_dim */
+    int32_t n_ctx_train;  /* <arch>.context_length */
+    float rope_theta;     /* <arch>.rope.freq_base, default 10000 */
+    float rms_eps;        /* <arch>.attention.layer_norm_rms_epsilon */
+    bool tied_output;     /* no output.weight: the lm_head is token_embd */
+} osp_model_config;
+
+typedef struct osp_model_params {
+    int n_threads; /* 0 = all available cores */
+} osp_model_params;
+
+osp_model_params osp_model_default_params(void);
+
+/* Loads `path`. The model keeps the GGUF mapping open; weights are views into it.
+ * Errors: everything osp_gguf_open() returns; OSP_ERR_UNSUPPORTED for an architecture other than
+ * llama or a tensor type that cannot be computed with (message names file, tensor and type);
+ * OSP_ERR_FORMAT for missing tensors, tensors of the wrong shape, or missing hyper-parameters. */
+osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out);
+void osp_model_free(osp_model *m); /* NULL is fine */
+
+const osp_model_config *osp_model_config_get(const osp_model *m);
+const osp_gguf *osp_model_gguf(const osp_model *m); /* owned by the model */
+
+/* A paged KV cache for one model: per layer K and V pages [num_blocks, block_size, n_head_kv,
+ * head_dim], fp32. Errors: OSP_ERR_INVALID_ARG (non-positive sizes), OSP_ERR_NOMEM. */
+osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size,
+                               osp_kv_cache **out);
+void osp_kv_cache_free(osp_kv_cache *kv);
+int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);
+int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv);
+
+/* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */
+typedef struct osp_batch {
+    int32_t num_tokens;
+    const int32_t *token_ids;       /* [num_tokens] */
+    const int32_t *positions;       /* [num_tokens] position of each token in its sequence */
+    const int32_t *slot_mapping;    /* [num_tokens] KV slot each token's K/V is written to */
+    int32_t num_seqs;
+    const int32_t *query_start_loc; /* [num_seqs + 1], query_start_loc[0] = 0, last = num_tokens */
+    const int32_t *seq_lens;        /* [num_seqs] tokens in the KV cache after this step */
+    const int32_t *block_table;     /* [num_seqs, max_blocks_per_seq] block ids */
+    int32_t max_blocks_per_seq;
+    int32_t num_logits;
+    const int32_t *logits_indices;  /* [num_logits] rows of the batch whose logits are wanted */
+} osp_batch;
+
+/* Runs the model on `batch`, writing K/V into `kv` and logits [num_logits, n_vocab] (fp32,
+ * caller-owned) into `logits`. Errors: OSP_ERR_INVALID_ARG for an inconsistent batch (token id out of
+ * the vocabulary, slot or block id out of the cache, positions beyond seq_lens, ...); the cache is
+ * not modified then. Not thread-safe per model: one forward at a time. */
+osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *batch, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,125 @@
+/* CPU reference ops (see ops.h). Written for clarity and determinism first; OpenMP spreads the
+ * independent rows (matmul output rows, attention heads) over threads without changing any row's
+ * arithmetic. */
+#include "backend/cpu/ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "core/dtype.h"
+
+float osp_cpu_dot(const float *a, const float *b, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += a[i] * b[i];
+    for (int w = 8; w > 0; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+
+void osp_cpu_matmul(const osp_weight *w, const float *x, float *y, int64_t n_tokens, float *scratch) {
+    const int64_t cols = w->cols, rows = w->rows;
+    const uint8_t *base = w->data;
+#pragma omp parallel
+    {
+        float *row = scratch + (size_t)omp_get_thread_num() * (size_t)cols;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *wr;
+            if (w->type == OSP_DTYPE_F32) {
+                wr = (const float *)(const void *)(base + (size_t)r * w->row_bytes);
+            } else {
+                osp_dequant_row(w->type, base + (size_t)r * w->row_bytes, row, cols);
+                wr = row;
+            }
+            for (int64_t t = 0; t < n_tokens; t++) y[t * rows + r] = osp_cpu_dot(wr, x + t * cols, cols);
+        }
+    }
+}
+
+void osp_cpu_rmsnorm(const float *x, const float *weight, float *out, int64_t n_tokens, int64_t n,
+                     float eps) {
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const float *xr = x + t * n;
+        float *o = out + t * n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; i++) o[i] = xr[i] * scale * weight[i];
+    }
+}
+
+void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads,
+                              int64_t head_dim, int64_t n_rot, const float *inv_freq) {
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const float pos = (float)positions[t];
+        for (int64_t i = 0; i < n_rot / 2; i++) {
+            const float theta = pos * inv_freq[i];
+            const float c = cosf(theta), s = sinf(theta);
+            for (int64_t h = 0; h < n_heads; h++) {
+                float *p = x + (t * n_heads + h) * head_dim + 2 * i;
+                const float x0 = p[0], x1 = p[1];
+                p[0] = x0 * c - x1 * s;
+                p[1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void osp_cpu_paged_attention(const float *q, const float *k, const float *v, float *out,
+                             int32_t num_seqs, const int32_t *query_start_loc,
+                             const int32_t *positions, const int32_t *block_table,
+                             int32_t max_blocks, int32_t block_size, int64_t n_head,
+                             int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
+                             int64_t max_seq_len) {
+    const int64_t group = n_head / n_head_kv;
+    const int64_t kv_row = n_head_kv * head_dim; /* floats per slot */
+    const int64_t num_tokens = query_start_loc[num_seqs];
+#pragma omp parallel
+    {
+        float *sc = scores + (size_t)omp_get_thread_num() * (size_t)max_seq_len;
+#pragma omp for collapse(2) schedule(static)
+        for (int64_t t = 0; t < num_tokens; t++) {
+            for (int64_t h = 0; h < n_head; h++) {
+                int32_t s = 0;
+                while (t >= query_start_loc[s + 1]) s++;
+                const int32_t *bt = block_table + (size_t)s * max_blocks;
+                const int64_t kvh = h / group;
+                const float *qh = q + (t * n_head + h) * head_dim;
+                const int64_t n_ctx = (int64_t)positions[t] + 1;
+                float mx = -INFINITY;
+                for (int64_t p = 0; p < n_ctx; p++) {
+                    const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+                    const float *kp = k + slot * kv_row + kvh * head_dim;
+                    sc[p] = osp_cpu_dot(qh, kp, head_dim) * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
+                float sum = 0.0f;
+                for (int64_t p = 0; p < n_ctx; p++) {
+                    sc[p] = expf(sc[p] - mx);
+                    sum += sc[p];
+                }
+                float *o = out + (t * n_head + h) * head_dim;
+                memset(o, 0, (size_t)head_dim * sizeof *o);
+                for (int64_t p = 0; p < n_ctx; p++) {
+                    const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+                    const float *vp = v + slot * kv_row + kvh * head_dim;
+                    const float w = sc[p];
+                    for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
+                }
+                const float inv = 1.0f / sum;
+                for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
+            }
+        }
+    }
+}

@@ -1,0 +1,62 @@
+/* CPU reference ops: plain loops over fp32 activations, the ground truth that every fast kernel
+ * (SIMD, CUDA) is checked against. Each op is deterministic and batch-invariant: a row's result
+ * depends only on that row's inputs, never on how many rows are processed together, because every
+ * row goes through the same code path with the same summation order.
+ *
+ * Shapes follow ggml's convention: a weight of ne = [in, out] stores `out` rows of `in` values. */
+#ifndef OSP_BACKEND_CPU_OPS_H
+#define OSP_BACKEND_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A weight matrix viewed in place: `rows` rows of `cols` values of ggml type `type`, each row
+ * `row_bytes` bytes apart, starting at `data` (usually inside the GGUF mapping). */
+typedef struct osp_weight {
+    const void *data;
+    uint32_t type;
+    int64_t cols; /* ne[0], the reduction dimension */
+    int64_t rows; /* ne[1] */
+    size_t row_bytes;
+} osp_weight;
+
+/* dot(a, b) over n floats with a fixed summation order (16 interleaved partial sums, then a fixed
+ * tree), so the compiler may vectorize it and results never depend on the caller. */
+float osp_cpu_dot(const float *a, const float *b, int64_t n);
+
+/* y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tokens, r < W.rows.
+ * x: [n_tokens, W.cols] fp32, y: [n_tokens, W.rows] fp32 (caller-owned, must not alias x).
+ * scratch: [n_threads, W.cols] floats of workspace (each thread dequantizes one row at a time).
+ * Parallel over rows (OpenMP). W's type must satisfy osp_dtype_can_dequant (caller checks at load). */
+void osp_cpu_matmul(const osp_weight *w, const float *x, float *y, int64_t n_tokens, float *scratch);
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each of n_tokens rows of n floats.
+ * Sum of squares accumulated in double (as ggml). out may alias x. */
+void osp_cpu_rmsnorm(const float *x, const float *weight, float *out, int64_t n_tokens, int64_t n,
+                     float eps);
+
+/* In-place rotary embedding, interleaved pairs (x[2i], x[2i+1]) as ggml's GGML_ROPE_TYPE_NORMAL
+ * (GGUF llama checkpoints have Q/K rows permuted for it). x: [n_tokens, n_heads, head_dim];
+ * the first n_rot dims of each head rotate by positions[t] * inv_freq[i], inv_freq: [n_rot / 2].
+ * RoFormer (Su et al. 2021), eq. 34. */
+void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads,
+                              int64_t head_dim, int64_t n_rot, const float *inv_freq);
+
+/* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). n floats. out may alias gate. */
+void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+
+/* Causal attention of each query token over its sequence's paged K/V (GQA: query head h reads
+ * kv head h / (n_head / n_head_kv)).
+ * q:   [num_tokens, n_head, head_dim]      out: [num_tokens, n_head, head_dim]
+ * k,v: pages [num_blocks, block_size, n_head_kv, head_dim]
+ * Token t of sequence s (query_start_loc[s] <= t < query_start_loc[s+1]) attends to the positions
+ * 0..positions[t] of s, found through block_table[s * max_blocks + p / block_size].
+ * scores: workspace [n_threads, max_seq_len] floats. softmax(q k^T * scale) v in fp32. */
+void osp_cpu_paged_attention(const float *q, const float *k, const float *v, float *out,
+                             int32_t num_seqs, const int32_t *query_start_loc,
+                             const int32_t *positions, const int32_t *block_table,
+                             int32_t max_blocks, int32_t block_size, int64_t n_head,
+                             int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
+                             int64_t max_seq_len);
+
+#endif

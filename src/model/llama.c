@@ -1,0 +1,448 @@
+/* The `llama` architecture family (Llama 1/2, SmolLM, and later Mistral): loading hyper-parameters and
+ * weights from GGUF, the paged KV cache, and the forward pass on the CPU reference backend.
+ *
+ * Per layer (Touvron et al. 2023, "LLaMA", §2.2; HF LlamaDecoderLayer):
+ *   h   = x + Wo · attn(rope(Wq · rms(x)), rope(Wk · rms(x)), Wv · rms(x))
+ *   out = h + Wdown · (silu(Wgate · rms(h)) * (Wup · rms(h)))
+ * then a final RMSNorm and the lm_head (token_embd when the output matrix is tied).
+ * Weights stay in the GGUF mapping in their stored type; activations are fp32. */
+#include "osprey/model.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/status_internal.h"
+
+typedef struct layer_weights {
+    const float *attn_norm; /* [n_embd] */
+    osp_weight wq;          /* [n_embd] -> [n_head * head_dim] */
+    osp_weight wk;          /* [n_embd] -> [n_head_kv * head_dim] */
+    osp_weight wv;          /* [n_embd] -> [n_head_kv * head_dim] */
+    osp_weight wo;          /* [n_head * head_dim] -> [n_embd] */
+    const float *ffn_norm;  /* [n_embd] */
+    osp_weight w_gate;      /* [n_embd] -> [n_ff] */
+    osp_weight w_up;        /* [n_embd] -> [n_ff] */
+    osp_weight w_down;      /* [n_ff] -> [n_embd] */
+} layer_weights;
+
+/* Activations and scratch for one forward pass, grown on demand (never on a steady decode step). */
+typedef struct workspace {
+    int64_t cap_tokens, cap_logits, cap_ctx;
+    float *x, *xn, *q, *k, *v, *attn, *gate, *up; /* [cap_tokens, ...] */
+    float *out_rows;                              /* [cap_logits, n_embd] */
+    float *scratch;                               /* [n_threads, max matmul cols] */
+    float *scores;                                /* [n_threads, cap_ctx] */
+} workspace;
+
+struct osp_model {
+    osp_gguf *gguf;
+    osp_model_config cfg;
+    int n_threads;
+    osp_weight tok_embd;    /* [n_embd] x n_vocab rows */
+    osp_weight output;      /* lm_head: n_vocab rows of n_embd (== tok_embd when tied) */
+    const float *out_norm;  /* [n_embd] */
+    layer_weights *layers;  /* [n_layer] */
+    float *inv_freq;        /* [n_rot / 2] RoPE inverse frequencies */
+    workspace ws;
+};
+
+struct osp_kv_cache {
+    int32_t num_blocks, block_size, n_layer;
+    int64_t kv_row; /* n_head_kv * head_dim floats per slot */
+    float **k;      /* [n_layer] -> [num_blocks, block_size, n_head_kv, head_dim] */
+    float **v;      /* same */
+};
+
+osp_model_params osp_model_default_params(void) {
+    osp_model_params p = {.n_threads = 0};
+    return p;
+}
+
+/* ---- loading ----------------------------------------------------------------------------------- */
+
+static osp_status get_hparam(const osp_gguf *g, const char *arch, const char *name, int32_t *out,
+                             bool required, int32_t dflt) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    uint32_t v;
+    osp_status s = osp_gguf_get_u32(g, key, &v);
+    if (s == OSP_ERR_NOT_FOUND && !required) {
+        *out = dflt;
+        return OSP_OK;
+    }
+    if (s != OSP_OK) return s;
+    if (v == 0 || v > (1u << 30))
+        return osp_set_error(OSP_ERR_FORMAT, "%s: %s = %u is out of range", osp_gguf_path(g), key, v);
+    *out = (int32_t)v;
+    return OSP_OK;
+}
+
+static osp_status get_hparam_f(const osp_gguf *g, const char *arch, const char *name, float *out,
+                               float dflt) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    osp_status s = osp_gguf_get_f32(g, key, out);
+    if (s == OSP_ERR_NOT_FOUND) {
+        *out = dflt;
+        return OSP_OK;
+    }
+    return s;
+}
+
+/* Binds tensor `name` with ne = [cols, rows] to *w; rows == 1 accepts a 1-d tensor. */
+static osp_status bind(const osp_gguf *g, const char *name, int64_t cols, int64_t rows,
+                       osp_weight *w, bool optional) {
+    const osp_gguf_tensor *t = osp_gguf_find_tensor(g, name);
+    if (!t) {
+        if (optional) {
+            memset(w, 0, sizeof *w);
+            return OSP_OK;
+        }
+        return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is missing", osp_gguf_path(g), name);
+    }
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return osp_set_error(OSP_ERR_FORMAT,
+                             "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                             osp_gguf_path(g), name, (long long)t->ne[0], (long long)t->ne[1],
+                             (long long)t->ne[2], (long long)t->ne[3], (long long)cols, (long long)rows);
+    if (!osp_dtype_can_dequant(t->type))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which osprey cannot compute with yet",
+                             osp_gguf_path(g), name, osp_dtype_name(t->type));
+    w->data = t->data;
+    w->type = t->type;
+    w->cols = cols;
+    w->rows = rows;
+    w->row_bytes = osp_dtype_row_size(t->type, cols);
+    return OSP_OK;
+}
+
+/* Norm weights are used as float arrays directly: they must be F32 (they are in every GGUF). */
+static osp_status bind_norm(const osp_gguf *g, const char *name, int64_t n, const float **out) {
+    osp_weight w;
+    OSP_TRY(bind(g, name, n, 1, &w, false));
+    if (w.type != OSP_DTYPE_F32)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: norm tensor '%s' is %s, expected F32",
+                             osp_gguf_path(g), name, osp_dtype_name(w.type));
+    if (((uintptr_t)w.data & 3u) != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is not 4-byte aligned", osp_gguf_path(g), name);
+    *out = w.data;
+    return OSP_OK;
+}
+
+static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
+    osp_gguf_str arch;
+    memset(c, 0, sizeof *c);
+    OSP_TRY(osp_gguf_get_str(g, "general.architecture", &arch));
+    if (arch.len >= sizeof c->arch) arch.len = sizeof c->arch - 1;
+    memcpy(c->arch, arch.data, arch.len);
+    c->arch[arch.len] = '\0';
+    if (strcmp(c->arch, "llama") != 0)
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "%s: general.architecture '%s' is not supported (supported: llama)",
+                             osp_gguf_path(g), c->arch);
+    const char *a = c->arch;
+    OSP_TRY(get_hparam(g, a, "embedding_length", &c->n_embd, true, 0));
+    OSP_TRY(get_hparam(g, a, "block_count", &c->n_layer, true, 0));
+    OSP_TRY(get_hparam(g, a, "attention.head_count", &c->n_head, true, 0));
+    OSP_TRY(get_hparam(g, a, "attention.head_count_kv", &c->n_head_kv, false, c->n_head));
+    OSP_TRY(get_hparam(g, a, "feed_forward_length", &c->n_ff, true, 0));
+    OSP_TRY(get_hparam(g, a, "context_length", &c->n_ctx_train, false, 2048));
+    if (c->n_embd % c->n_head != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: %s.embedding_length %d is not a multiple of head_count %d",
+                             osp_gguf_path(g), a, c->n_embd, c->n_head);
+    OSP_TRY(get_hparam(g, a, "attention.key_length", &c->head_dim, false, c->n_embd / c->n_head));
+    OSP_TRY(get_hparam(g, a, "rope.dimension_count", &c->n_rot, false, c->head_dim));
+    OSP_TRY(get_hparam_f(g, a, "rope.freq_base", &c->rope_theta, 10000.0f));
+    OSP_TRY(get_hparam_f(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps, 1e-5f));
+    if (c->n_head % c->n_head_kv != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
+                             osp_gguf_path(g), c->n_head, c->n_head_kv);
+    if (c->n_rot > c->head_dim || c->n_rot % 2 != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head_dim %d",
+                             osp_gguf_path(g), c->n_rot, c->head_dim);
+    if (!(c->rope_theta > 0.0f) || !(c->rms_eps > 0.0f))
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.freq_base and layer_norm_rms_epsilon must be > 0",
+                             osp_gguf_path(g));
+    const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) return osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", osp_gguf_path(g));
+    if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: token_embd.weight has a bad vocabulary size", osp_gguf_path(g));
+    c->n_vocab = (int32_t)emb->ne[1];
+    c->tied_output = osp_gguf_find_tensor(g, "output.weight") == NULL;
+    return OSP_OK;
+}
+
+osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out) {
+    if (!path || !out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_load: NULL argument");
+    *out = NULL;
+    osp_model *m = calloc(1, sizeof *m);
+    if (!m) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", path);
+    osp_status s = osp_gguf_open(path, &m->gguf);
+    if (s != OSP_OK) goto fail;
+    const osp_gguf *g = m->gguf;
+    osp_model_config *c = &m->cfg;
+    if ((s = read_config(g, c)) != OSP_OK) goto fail;
+    m->n_threads = params && params->n_threads > 0 ? params->n_threads : omp_get_max_threads();
+
+    const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
+    if ((s = bind(g, "token_embd.weight", E, c->n_vocab, &m->tok_embd, false)) != OSP_OK) goto fail;
+    if ((s = bind(g, "output.weight", E, c->n_vocab, &m->output, true)) != OSP_OK) goto fail;
+    if (c->tied_output) m->output = m->tok_embd;
+    if ((s = bind_norm(g, "output_norm.weight", E, &m->out_norm)) != OSP_OK) goto fail;
+    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    m->inv_freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *m->inv_freq);
+    if (!m->layers || !m->inv_freq) {
+        s = osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        layer_weights *L = &m->layers[l];
+        char nm[96];
+#define BINDW(suffix, cols, rows, dst)                                                             \
+    snprintf(nm, sizeof nm, "blk.%d." suffix ".weight", l);                                        \
+    if ((s = bind(g, nm, cols, rows, dst, false)) != OSP_OK) goto fail;
+        snprintf(nm, sizeof nm, "blk.%d.attn_norm.weight", l);
+        if ((s = bind_norm(g, nm, E, &L->attn_norm)) != OSP_OK) goto fail;
+        snprintf(nm, sizeof nm, "blk.%d.ffn_norm.weight", l);
+        if ((s = bind_norm(g, nm, E, &L->ffn_norm)) != OSP_OK) goto fail;
+        BINDW("attn_q", E, QD, &L->wq);
+        BINDW("attn_k", E, KD, &L->wk);
+        BINDW("attn_v", E, KD, &L->wv);
+        BINDW("attn_output", QD, E, &L->wo);
+        BINDW("ffn_gate", E, F, &L->w_gate);
+        BINDW("ffn_up", E, F, &L->w_up);
+        BINDW("ffn_down", F, E, &L->w_down);
+#undef BINDW
+    }
+    /* inv_freq[i] = theta^(-2i / n_rot), computed in double and rounded once (HF computes it in
+     * fp32 from an int64 arange; the difference is below one ulp of the angle). */
+    for (int32_t i = 0; i < c->n_rot / 2; i++)
+        m->inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->n_rot));
+    *out = m;
+    return OSP_OK;
+fail:
+    osp_model_free(m);
+    return s;
+}
+
+static void ws_free(workspace *w) {
+    float **bufs[] = {&w->x, &w->xn, &w->q, &w->k, &w->v, &w->attn, &w->gate, &w->up,
+                      &w->out_rows, &w->scratch, &w->scores};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        free(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+    w->cap_tokens = w->cap_logits = w->cap_ctx = 0;
+}
+
+void osp_model_free(osp_model *m) {
+    if (!m) return;
+    ws_free(&m->ws);
+    free(m->layers);
+    free(m->inv_freq);
+    osp_gguf_close(m->gguf);
+    free(m);
+}
+
+const osp_model_config *osp_model_config_get(const osp_model *m) { return &m->cfg; }
+const osp_gguf *osp_model_gguf(const osp_model *m) { return m->gguf; }
+
+/* ---- KV cache ---------------------------------------------------------------------------------- */
+
+osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size,
+                               osp_kv_cache **out) {
+    *out = NULL;
+    if (num_blocks <= 0 || block_size <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: num_blocks %d and block_size %d must be > 0",
+                             num_blocks, block_size);
+    osp_kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
+    kv->num_blocks = num_blocks;
+    kv->block_size = block_size;
+    kv->n_layer = m->cfg.n_layer;
+    kv->kv_row = (int64_t)m->cfg.n_head_kv * m->cfg.head_dim;
+    kv->k = calloc((size_t)kv->n_layer, sizeof *kv->k);
+    kv->v = calloc((size_t)kv->n_layer, sizeof *kv->v);
+    if (!kv->k || !kv->v) goto nomem;
+    size_t n = (size_t)num_blocks * (size_t)block_size * (size_t)kv->kv_row;
+    for (int32_t l = 0; l < kv->n_layer; l++) {
+        kv->k[l] = calloc(n, sizeof(float));
+        kv->v[l] = calloc(n, sizeof(float));
+        if (!kv->k[l] || !kv->v[l]) goto nomem;
+    }
+    *out = kv;
+    return OSP_OK;
+nomem:
+    osp_kv_cache_free(kv);
+    return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory for %d blocks of %d tokens",
+                         num_blocks, block_size);
+}
+
+void osp_kv_cache_free(osp_kv_cache *kv) {
+    if (!kv) return;
+    for (int32_t l = 0; l < kv->n_layer; l++) {
+        if (kv->k) free(kv->k[l]);
+        if (kv->v) free(kv->v[l]);
+    }
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+int32_t osp_kv_cache_block_size(const osp_kv_cache *kv) { return kv->block_size; }
+int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv) { return kv->num_blocks; }
+
+/* ---- forward ----------------------------------------------------------------------------------- */
+
+static osp_status ws_reserve(osp_model *m, int64_t n_tokens, int64_t n_logits, int64_t max_ctx) {
+    workspace *w = &m->ws;
+    const osp_model_config *c = &m->cfg;
+    const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
+                  KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
+    const int nt = omp_get_max_threads() > m->n_threads ? omp_get_max_threads() : m->n_threads;
+    if (n_tokens > w->cap_tokens) {
+        float **bufs[] = {&w->x, &w->xn, &w->q, &w->k, &w->v, &w->attn, &w->gate, &w->up};
+        const int64_t widths[] = {E, E > QD ? E : QD, QD, KD, KD, QD, F, F};
+        for (size_t i = 0; i < 8; i++) {
+            free(*bufs[i]);
+            *bufs[i] = malloc((size_t)n_tokens * (size_t)widths[i] * sizeof(float));
+            if (!*bufs[i]) goto nomem;
+        }
+        w->cap_tokens = n_tokens;
+    }
+    if (n_logits > w->cap_logits) {
+        free(w->out_rows);
+        w->out_rows = malloc((size_t)n_logits * (size_t)E * sizeof(float));
+        if (!w->out_rows) goto nomem;
+        w->cap_logits = n_logits;
+    }
+    if (!w->scratch) {
+        int64_t cols = E > F ? E : F;
+        cols = cols > QD ? cols : QD;
+        w->scratch = malloc((size_t)nt * (size_t)cols * sizeof(float));
+        if (!w->scratch) goto nomem;
+    }
+    if (max_ctx > w->cap_ctx) {
+        int64_t cap = max_ctx < 256 ? 256 : max_ctx * 2;
+        free(w->scores);
+        w->scores = malloc((size_t)nt * (size_t)cap * sizeof(float));
+        if (!w->scores) goto nomem;
+        w->cap_ctx = cap;
+    }
+    return OSP_OK;
+nomem:
+    ws_free(w);
+    return osp_set_error(OSP_ERR_NOMEM, "forward: out of memory for a batch of %lld tokens",
+                         (long long)n_tokens);
+}
+
+static osp_status check_batch(const osp_model *m, const osp_kv_cache *kv, const osp_batch *b,
+                              int64_t *max_ctx) {
+    const int64_t n_slots = (int64_t)kv->num_blocks * kv->block_size;
+    if (b->num_tokens <= 0 || b->num_seqs <= 0 || b->num_logits < 0 || b->max_blocks_per_seq <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "batch: empty or negative sizes");
+    if (b->query_start_loc[0] != 0 || b->query_start_loc[b->num_seqs] != b->num_tokens)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "batch: query_start_loc must run from 0 to num_tokens");
+    *max_ctx = 0;
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        const int32_t lo = b->query_start_loc[s], hi = b->query_start_loc[s + 1];
+        if (hi <= lo) return osp_set_error(OSP_ERR_INVALID_ARG, "batch: sequence %d has no tokens", s);
+        const int32_t len = b->seq_lens[s];
+        if (len < hi - lo || (int64_t)len > (int64_t)b->max_blocks_per_seq * kv->block_size)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: seq_lens[%d] = %d is out of range", s, len);
+        if (len > *max_ctx) *max_ctx = len;
+        for (int32_t i = 0; i < (len + kv->block_size - 1) / kv->block_size; i++) {
+            const int32_t blk = b->block_table[(size_t)s * b->max_blocks_per_seq + i];
+            if (blk < 0 || blk >= kv->num_blocks)
+                return osp_set_error(OSP_ERR_INVALID_ARG, "batch: block_table[%d][%d] = %d is not a block", s, i, blk);
+        }
+        for (int32_t t = lo; t < hi; t++) {
+            if (b->positions[t] < 0 || b->positions[t] >= len)
+                return osp_set_error(OSP_ERR_INVALID_ARG, "batch: position %d of token %d is outside seq_lens %d",
+                                     b->positions[t], t, len);
+            const int32_t p = b->positions[t];
+            const int64_t slot = (int64_t)b->block_table[(size_t)s * b->max_blocks_per_seq + p / kv->block_size] *
+                                     kv->block_size + p % kv->block_size;
+            if (b->slot_mapping[t] != slot)
+                return osp_set_error(OSP_ERR_INVALID_ARG,
+                                     "batch: slot_mapping[%d] = %d does not match block_table (%lld)", t,
+                                     b->slot_mapping[t], (long long)slot);
+        }
+    }
+    for (int32_t t = 0; t < b->num_tokens; t++) {
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= m->cfg.n_vocab)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: token id %d is outside the vocabulary (%d)",
+                                 b->token_ids[t], m->cfg.n_vocab);
+        if (b->slot_mapping[t] < 0 || b->slot_mapping[t] >= n_slots)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: slot_mapping[%d] = %d is outside the cache", t,
+                                 b->slot_mapping[t]);
+    }
+    for (int32_t i = 0; i < b->num_logits; i++)
+        if (b->logits_indices[i] < 0 || b->logits_indices[i] >= b->num_tokens)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: logits_indices[%d] = %d is out of range", i,
+                                 b->logits_indices[i]);
+    return OSP_OK;
+}
+
+osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+    const osp_model_config *c = &m->cfg;
+    int64_t max_ctx = 0;
+    if (!kv || !b || (b->num_logits > 0 && !logits))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
+    if (kv->n_layer != c->n_layer || kv->kv_row != (int64_t)c->n_head_kv * c->head_dim)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model");
+    OSP_TRY(check_batch(m, kv, b, &max_ctx));
+    OSP_TRY(ws_reserve(m, b->num_tokens, b->num_logits, max_ctx));
+    omp_set_num_threads(m->n_threads);
+
+    workspace *w = &m->ws;
+    const int64_t T = b->num_tokens, E = c->n_embd, D = c->head_dim;
+    const int64_t KD = (int64_t)c->n_head_kv * D, F = c->n_ff;
+    const float scale = 1.0f / sqrtf((float)D);
+
+    /* embedding gather */
+    for (int64_t t = 0; t < T; t++)
+        osp_dequant_row(m->tok_embd.type,
+                        (const uint8_t *)m->tok_embd.data + (size_t)b->token_ids[t] * m->tok_embd.row_bytes,
+                        w->x + t * E, E);
+
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const layer_weights *L = &m->layers[l];
+        /* attention block */
+        osp_cpu_rmsnorm(w->x, L->attn_norm, w->xn, T, E, c->rms_eps);
+        osp_cpu_matmul(&L->wq, w->xn, w->q, T, w->scratch);
+        osp_cpu_matmul(&L->wk, w->xn, w->k, T, w->scratch);
+        osp_cpu_matmul(&L->wv, w->xn, w->v, T, w->scratch);
+        osp_cpu_rope_interleaved(w->q, b->positions, T, c->n_head, D, c->n_rot, m->inv_freq);
+        osp_cpu_rope_interleaved(w->k, b->positions, T, c->n_head_kv, D, c->n_rot, m->inv_freq);
+        for (int64_t t = 0; t < T; t++) { /* write K/V at slot_mapping */
+            const size_t slot = (size_t)b->slot_mapping[t];
+            memcpy(kv->k[l] + slot * KD, w->k + t * KD, (size_t)KD * sizeof(float));
+            memcpy(kv->v[l] + slot * KD, w->v + t * KD, (size_t)KD * sizeof(float));
+        }
+        osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
+                                b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
+                                c->n_head, c->n_head_kv, D, scale, w->scores, w->cap_ctx);
+        osp_cpu_matmul(&L->wo, w->attn, w->xn, T, w->scratch);
+        for (int64_t i = 0; i < T * E; i++) w->x[i] += w->xn[i];
+        /* MLP block */
+        osp_cpu_rmsnorm(w->x, L->ffn_norm, w->xn, T, E, c->rms_eps);
+        osp_cpu_matmul(&L->w_gate, w->xn, w->gate, T, w->scratch);
+        osp_cpu_matmul(&L->w_up, w->xn, w->up, T, w->scratch);
+        osp_cpu_silu_mul(w->gate, w->up, w->gate, T * F);
+        osp_cpu_matmul(&L->w_down, w->gate, w->xn, T, w->scratch);
+        for (int64_t i = 0; i < T * E; i++) w->x[i] += w->xn[i];
+    }
+    if (b->num_logits == 0) return OSP_OK;
+    for (int32_t i = 0; i < b->num_logits; i++)
+        memcpy(w->out_rows + (int64_t)i * E, w->x + (int64_t)b->logits_indices[i] * E, (size_t)E * sizeof(float));
+    osp_cpu_rmsnorm(w->out_rows, m->out_norm, w->out_rows, b->num_logits, E, c->rms_eps);
+    osp_cpu_matmul(&m->output, w->out_rows, logits, b->num_logits, w->scratch);
+    return OSP_OK;
+}
