@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/fixtures/tokenizer/<vocab>.txt: llama.cpp's token ids for a fixed set of
+strings, for SmolLM2 and every byte-level BPE vocabulary in ../shared/testdata/vocab.
+
+llama.cpp is the reference (built from its public source outside this repository); this script
+only runs its `llama-tokenize` tool, one process per string, with the prompt passed as a binary file
+(so invalid UTF-8 reaches the tokenizer unchanged) and escape processing off.
+
+Environment:
+  LLAMA_CPP_BIN   directory holding llama-tokenize (required)
+  OSPREY_MODEL    SmolLM2 GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf)
+  OSPREY_SHARED   the shared directory (default ../shared next to the repository)
+
+Fixture format, one case per line, '#' starts a comment:
+  <P><A> <hex of the input bytes, or '-' for empty> <ids separated by spaces, or '-' for none>
+where P is 1/0 for parse_special on/off and A is 1/0 for add_special on/off.
+"""
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT_DIR = os.path.join(ROOT, "tests", "golden", "fixtures", "tokenizer")
+
+
+# ---- the strings ---------------------------------------------------------------------------------
+
+def strings():
+    s = []
+    # spaces in every position
+    for t in ["a", "ab", "a b", "hello", "Hello world", "x  y", "1 2", "!", "é", "日本"]:
+        s += [t, " " + t, t + " ", "  " + t, t + "  ", " " + t + " ", "   " + t + "   "]
+    s += [" ", "  ", "   ", "    ", "\t", "\n", "\n\n", "\n\n\n", "\r\n", " \n", "\n ", " \n ", "\t\n",
+          "a\n\nb", "a \n b", "a\t\tb", "a\r\nb", "line1\nline2\n", "  \n\n  x", "x\n \n \ny",
+          "\u00a0a", "a\u3000b", "a\u2003 b", "\u0085x", "\x0b\x0c", "a" + " " * 20 + "b", " " * 33]
+    # code
+    s += ["def f(x):\n    return x + 1\n", "int main() { return 0; }", "for (i = 0; i < n; ++i) {}",
+          "if x != y:\n\tpass", "#include <stdio.h>", "a->b.c[0] += 0x1F;", "console.log(`${a}`)",
+          "SELECT * FROM t WHERE id = 42;", "    indented\n        more", "x=[1,2,3]\ny={'a':1}",
+          "<div class=\"c\">hi</div>", "$HOME/path/to/file.txt", "a && b || !c", "__init__", "~/.bashrc"]
+    # digits of many lengths
+    for n in range(1, 13):
+        s.append("1234567890123"[:n])
+    s += ["3.14159", "1,000,000", "2024-01-31", "v1.2.3", "100%", "$9.99", "0x7fff", "1e-9", "١٢٣",
+          "x1y22z333", "Ⅻ and ½ and ²"]
+    # contractions and case
+    s += ["I'm here, you're there, it's fine", "DON'T STOP", "we'll've'd", "'s", "rock'n'roll", "O'Neil"]
+    # scripts
+    s += ["日本語のテキストです。", "中文字符测试", "한국어 텍스트", "Ελληνικά κείμενα", "Привет, мир!",
+          "مرحبا بالعالم", "नमस्ते दुनिया", "สวัสดีครับ", "עברית", "Tiếng Việt có dấu",
+          "Äpfel Öl Übermut ß", "naïve café résumé", "e\u0301 combining", "ﬁ ligature", "Ｆｕｌｌｗｉｄｔｈ"]
+    # emoji
+    s += ["🦙", "🦙.cpp", "👋🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "❤️", "🇫🇷🇩🇪", "a😀b", " 😀 ", "🤖🤖🤖"]
+    # special/control token text
+    s += ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>user\nHi<|im_end|>\n",
+          "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
+          "text<|endoftext|>more", " <|endoftext|> ", "<|endoftext|><|endoftext|>", "<|im_start", "<s></s>",
+          "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", "<fim-prefix>x", "<|EOT|>", "<｜begin▁of▁sentence｜>hi"]
+    # mixed
+    s += ["Hello, 世界! 123 🦙\n\tok", "¡Hola! ¿Qué tal?", "Ünïcödé 😀 日本 123\n",
+          "mixed: abc123def456", "email@example.com https://x.org/a?b=c#d", "A-B_C.D/E\\F",
+          "...!!!???", "\"quoted\" 'single'", "tab\tseparated\tvalues"]
+    out = [t.encode("utf-8") for t in s]
+    # invalid UTF-8
+    out += [b"\xff", b"abc\xffdef", b"\xc3", b"\xc3(", b"\xe2\x82", b"a\xe2\x82b", b"\xf0\x9f\x98",
+            b"\xf0\x9f\x98 x", b"\x80\x80", b"\xed\xa0\x80", b"\xc0\xaf", b"\xfe\xfe\xff", b" \xe6\x97\xa5\xe6",
+            b"\xf8\x88\x80\x80\x80"]
+    seen, uniq = set(), []
+    for b in out:
+        if b not in seen:
+            seen.add(b)
+            uniq.append(b)
+    return uniq
+
+
+# strings also run with parse_special off and with add_special on
+def subset_modes(i, b):
+    modes = ["10"]
+    if b"<" in b or i % 10 == 0:
+        modes.append("00")
+    if i % 12 == 0 or b.startswith(b"<|im_start|>"):
+        modes.append("11")
+    return modes
+
+
+# ---- GGUF metadata (just enough to read tokenizer.ggml.model) ----------------------------------
+
+def gguf_model_type(path):
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return None
+        f.read(4)
+        _, n_kv = struct.unpack("<QQ", f.read(16))
+
+        def rstr():
+            (n,) = struct.unpack("<Q", f.read(8))
+            return f.read(n)
+
+        def skip(t):
+            if t == 8:
+                rstr()
+            elif t == 9:
+                (et,) = struct.unpack("<I", f.read(4))
+                (n,) = struct.unpack("<Q", f.read(8))
+                if et in sizes:
+                    f.seek(sizes[et] * n, 1)
+                else:
+                    for _ in range(n):
+                        skip(et)
+            else:
+                f.seek(sizes[t], 1)
+
+        for _ in range(n_kv):
+            key = rstr().decode()
+            (t,) = struct.unpack("<I", f.read(4))
+            if key == "tokenizer.ggml.model" and t == 8:
+                return rstr().decode()
+            skip(t)
+    return None
+
+
+# ---- running llama.cpp --------------------------------------------------------------------------
+
+def llama_ids(binary, vocab, data, parse_special, add_special):
+    with tempfile.NamedTemporaryFile(delete=False) as f:
+        f.write(data)
+        name = f.name
+    try:
+        cmd = [binary, "-m", vocab, "-bf", name, "--ids", "--log-disable", "--no-escape"]
+        if not parse_special:
+            cmd.append("--no-parse-special")
+        if not add_special:
+            cmd.append("--no-bos")
+        r = subprocess.run(cmd, capture_output=True, check=False)
+    finally:
+        os.unlink(name)
+    if r.returncode != 0:
+        return None
+    m = re.search(rb"\[([0-9, ]*)\]\s*$", r.stdout)
+    if not m:
+        return None
+    return [int(x) for x in m.group(1).split(b",") if x.strip()]
+
+
+def main():
+    bindir = os.environ.get("LLAMA_CPP_BIN")
+    if not bindir:
+        sys.exit("set LLAMA_CPP_BIN to the directory holding llama.cpp's llama-tokenize")
+    binary = os.path.join(bindir, "llama-tokenize")
+    model = os.environ.get("OSPREY_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    shared = os.environ.get("OSPREY_SHARED", os.path.join(os.path.dirname(ROOT), "shared"))
+    vocab_dir = os.path.join(shared, "testdata", "vocab")
+
+    vocabs = [("smollm2", model)]
+    for fn in sorted(os.listdir(vocab_dir)):
+        if fn.startswith("ggml-vocab-") and fn.endswith(".gguf"):
+            p = os.path.join(vocab_dir, fn)
+            if gguf_model_type(p) == "gpt2":
+                vocabs.append((fn[len("ggml-vocab-"):-len(".gguf")], p))
+    only = sys.argv[1:]
+    os.makedirs(OUT_DIR, exist_ok=True)
+    cases = strings()
+    for name, path in vocabs:
+        if only and name not in only:
+            continue
+        lines = [f"# llama.cpp llama-tokenize ids for {os.path.basename(path)}; written by "
+                 "tests/golden/make_tokenizer_fixtures.py", "# <parse_special><add_special> <hex input> <ids>"]
+        n = 0
+        for i, b in enumerate(cases):
+            for mode in subset_modes(i, b):
+                ids = llama_ids(binary, path, b, mode[0] == "1", mode[1] == "1")
+                if ids is None:
+                    lines.append(f"# llama-tokenize failed on {b.hex()} mode {mode}; skipped")
+                    continue
+                lines.append(f"{mode} {b.hex() or '-'} {' '.join(map(str, ids)) or '-'}")
+                n += 1
+        with open(os.path.join(OUT_DIR, name + ".txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        print(f"{name}: {n} cases", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+/* Golden tests of the tokenizer against llama.cpp.
+ *
+ * 1. tests/golden/fixtures/tokenizer/<vocab>.txt (written by make_tokenizer_fixtures.py from
+ *    llama.cpp's llama-tokenize): ids must match exactly for every string, in every mode recorded;
+ *    for valid UTF-8 inputs, the concatenated token bytes must give the input back.
+ * 2. llama.cpp's own test files ../shared/testdata/vocab/ggml-vocab-<vocab>.gguf.inp/.out, run as
+ *    its test-tokenizer-0 runs them (add_special = false, parse_special = false).
+ *
+ * The vocabularies live outside the repository (the model under models/, the others in ../shared);
+ * a vocabulary that is absent is skipped with a message, and the whole test exits 77 (skipped) when
+ * none is there. */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "osprey/tokenizer.h"
+
+typedef struct vocab_case {
+    char name[64];
+    char gguf[1200];
+    char fixture[1400];
+} vocab_case;
+
+static vocab_case g_vocabs[64];
+static int g_n_vocabs;
+static char g_shared[1024];
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+static bool file_exists(const char *p) {
+    FILE *f = fopen(p, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+static osp_tokenizer *load(const char *path) {
+    osp_gguf *g = NULL;
+    osp_tokenizer *t = NULL;
+    if (osp_gguf_open(path, &g) != OSP_OK) {
+        print_error("open %s: %s\n", path, osp_last_error());
+        return NULL;
+    }
+    if (osp_tokenizer_load(g, &t) != OSP_OK) print_error("load %s: %s\n", path, osp_last_error());
+    osp_gguf_close(g);
+    return t;
+}
+
+static bool valid_utf8(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i];
+        size_t k;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) { i++; continue; }
+        else if (c >= 0xC2 && c <= 0xDF) k = 2;
+        else if (c >= 0xE0 && c <= 0xEF) { k = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+        else if (c >= 0xF0 && c <= 0xF4) { k = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+        else return false;
+        if (i + k > n) return false;
+        if (s[i + 1] < lo || s[i + 1] > hi) return false;
+        for (size_t j = 2; j < k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return false;
+        i += k;
+    }
+    return true;
+}
+
+static void print_ids(const char *label, const int32_t *ids, size_t n) {
+    char line[4096];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o < sizeof line - 16; i++) o += (size_t)snprintf(line + o, sizeof line - o, " %d", ids[i]);
+    line[o] = '\0';
+    print_error("    %s:%s\n", label, line);
+}
+
+/* Decodes with osp_tokenizer_token_bytes and compares with the input. */
+static bool roundtrip(const osp_tokenizer *t, const int32_t *ids, size_t n, const char *in, size_t in_len) {
+    size_t cap = in_len * 4 + 64, o = 0;
+    char *buf = malloc(cap);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        size_t k;
+        if (osp_tokenizer_token_bytes(t, ids[i], buf + o, cap - o, &k) != OSP_OK) ok = false;
+        else o += k;
+    }
+    ok = ok && o == in_len && memcmp(buf, in, in_len) == 0;
+    free(buf);
+    return ok;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* One fixture file: "<P><A> <hex|-> <ids|->" per line. */
+static void run_fixture(const vocab_case *vc, int *n_cases, int *n_fail, int *n_rt, int *n_rt_fail) {
+    osp_tokenizer *t = load(vc->gguf);
+    assert_non_null(t);
+    size_t len;
+    char *text = read_file(vc->fixture, &len);
+    assert_non_null(text);
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#' || !line[0]) continue;
+        static char mode[8], hex[65536], idtxt[65536];
+        if (sscanf(line, "%7s %65535s %65535[^\n]", mode, hex, idtxt) != 3) fail_msg("bad fixture line: %s", line);
+        bool ps = mode[0] == '1', as = mode[1] == '1';
+        size_t n_in = 0;
+        static char in[32768];
+        if (strcmp(hex, "-") != 0)
+            for (size_t i = 0; hex[i] && hex[i + 1]; i += 2) in[n_in++] = (char)(hexval(hex[i]) * 16 + hexval(hex[i + 1]));
+        static int32_t want[8192];
+        size_t n_want = 0;
+        if (strcmp(idtxt, "-") != 0)
+            for (char *p = idtxt; *p;) {
+                char *end;
+                long v = strtol(p, &end, 10);
+                if (end == p) break;
+                want[n_want++] = (int32_t)v;
+                p = end;
+            }
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        assert_int_equal(osp_tokenizer_encode(t, in, n_in, as, ps, &ids, &n_ids), OSP_OK);
+        (*n_cases)++;
+        if (n_ids != n_want || (n_ids && memcmp(ids, want, n_ids * sizeof *ids) != 0)) {
+            (*n_fail)++;
+            print_error("  %s: mismatch for mode %s input %s\n", vc->name, mode, hex);
+            print_ids("llama.cpp", want, n_want);
+            print_ids("osprey   ", ids, n_ids);
+        } else if (ps && !as && valid_utf8((const unsigned char *)in, n_in)) {
+            (*n_rt)++;
+            if (!roundtrip(t, ids, n_ids, in, n_in)) {
+                (*n_rt_fail)++;
+                print_error("  %s: decode(encode(s)) != s for %s\n", vc->name, hex);
+            }
+        }
+        free(ids);
+    }
+    free(text);
+    osp_tokenizer_free(t);
+}
+
+static void test_fixtures(void **state) {
+    (void)state;
+    int total_fail = 0, total_rt_fail = 0;
+    for (int v = 0; v < g_n_vocabs; v++) {
+        int n = 0, f = 0, rt = 0, rtf = 0;
+        run_fixture(&g_vocabs[v], &n, &f, &rt, &rtf);
+        print_message("  %-16s %4d/%d match llama.cpp, %d/%d round-trip\n", g_vocabs[v].name, n - f, n, rt - rtf, rt);
+        total_fail += f;
+        total_rt_fail += rtf;
+    }
+    assert_int_equal(total_fail, 0);
+    assert_int_equal(total_rt_fail, 0);
+}
+
+/* splits off the next '\n'-terminated line (kept even when empty); NULL at the end */
+static char *next_line(char **cur) {
+    if (!*cur || !**cur) return NULL;
+    char *line = *cur, *nl = strchr(line, '\n');
+    if (nl) {
+        *nl = '\0';
+        *cur = nl + 1;
+    } else {
+        *cur = line + strlen(line);
+    }
+    return line;
+}
+
+/* llama.cpp's .inp/.out pairs (test-tokenizer-0: add_special = false, parse_special = false) */
+static void test_llama_vocab_files(void **state) {
+    (void)state;
+    int total_fail = 0, ran = 0;
+    for (int v = 0; v < g_n_vocabs; v++) {
+        char inp[1300], outp[1300];
+        if (snprintf(inp, sizeof inp, "%s.inp", g_vocabs[v].gguf) >= (int)sizeof inp ||
+            snprintf(outp, sizeof outp, "%s.out", g_vocabs[v].gguf) >= (int)sizeof outp)
+            continue;
+        size_t li, lo;
+        char *si = read_file(inp, &li), *so = read_file(outp, &lo);
+        if (!si || !so) {
+            free(si);
+            free(so);
+            continue;
+        }
+        osp_tokenizer *t = load(g_vocabs[v].gguf);
+        assert_non_null(t);
+        const char *sep = "\n__ggml_vocab_test__\n";
+        size_t seplen = strlen(sep);
+        const char *p = si, *end = si + li;
+        char *ocur = so; /* output lines, empty ones included (an empty input has no ids) */
+        char *oline = next_line(&ocur);
+        int n = 0, f = 0;
+        while (p < end) {
+            const char *next = memmem(p, (size_t)(end - p), sep, seplen);
+            size_t n_in = next ? (size_t)(next - p) : (size_t)(end - p);
+            if (!oline) fail_msg("%s: fewer output lines than inputs", inp);
+            static int32_t want[8192];
+            size_t n_want = 0;
+            for (char *q = oline; *q;) {
+                char *e;
+                long val = strtol(q, &e, 10);
+                if (e == q) break;
+                want[n_want++] = (int32_t)val;
+                q = e;
+            }
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            assert_int_equal(osp_tokenizer_encode(t, p, n_in, false, false, &ids, &n_ids), OSP_OK);
+            n++;
+            if (n_ids != n_want || (n_ids && memcmp(ids, want, n_ids * sizeof *ids) != 0)) {
+                f++;
+                print_error("  %s.inp case %d (%zu bytes) mismatch\n", g_vocabs[v].name, n, n_in);
+                print_ids("llama.cpp", want, n_want);
+                print_ids("osprey   ", ids, n_ids);
+            }
+            free(ids);
+            oline = next_line(&ocur);
+            if (!next) break;
+            p = next + seplen;
+        }
+        print_message("  %-16s %4d/%d of llama.cpp's .inp/.out cases match\n", g_vocabs[v].name, n - f, n);
+        total_fail += f;
+        ran++;
+        free(si);
+        free(so);
+        osp_tokenizer_free(t);
+    }
+    if (!ran) print_message("  no .inp/.out pairs found for the vocabularies present\n");
+    assert_int_equal(total_fail, 0);
+}
+
+int main(void) {
+    const char *root = getenv("OSPREY_ROOT");
+    const char *model = getenv("OSPREY_MODEL");
+    const char *shared = getenv("OSPREY_SHARED");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/golden/fixtures/tokenizer", root ? root : ".");
+    snprintf(g_shared, sizeof g_shared, "%s", shared ? shared : "../shared");
+    DIR *d = opendir(dir);
+    if (!d) {
+        printf("skip: no fixtures in %s\n", dir);
+        return 77;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) && g_n_vocabs < 64) {
+        size_t n = strlen(e->d_name);
+        if (n < 5 || strcmp(e->d_name + n - 4, ".txt") != 0 || n - 4 >= 64) continue;
+        vocab_case *vc = &g_vocabs[g_n_vocabs];
+        memcpy(vc->name, e->d_name, n - 4);
+        vc->name[n - 4] = '\0';
+        snprintf(vc->fixture, sizeof vc->fixture, "%s/%s", dir, e->d_name);
+        char name[64];
+        memcpy(name, vc->name, sizeof name);
+        int w;
+        if (strcmp(name, "smollm2") == 0)
+            w = snprintf(vc->gguf, sizeof vc->gguf, "%s", model ? model : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        else
+            w = snprintf(vc->gguf, sizeof vc->gguf, "%s/testdata/vocab/ggml-vocab-%s.gguf", g_shared, name);
+        if (w >= (int)sizeof vc->gguf) continue;
+        if (!file_exists(vc->gguf)) {
+            printf("skip vocabulary %s: %s is absent\n", vc->name, vc->gguf);
+            continue;
+        }
+        g_n_vocabs++;
+    }
+    closedir(d);
+    if (g_n_vocabs == 0) {
+        printf("skip: none of the vocabularies is present (model under models/, the rest in %s/testdata/vocab)\n", g_shared);
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_llama_vocab_files),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
