@@ -4,6 +4,9 @@
 #include "core/dtype.h"
 
 #include <math.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 #include <string.h>
 
 #include "core/status_internal.h"
@@ -129,14 +132,18 @@ uint16_t osp_fp32_to_bf16(float f) {
 
 /* ---- block dequantizers (ggml-common.h layouts) ------------------------------------------------ */
 
-static float rd_half(const uint8_t *p) {
+static inline float rd_half(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h); /* exact, like the portable path */
+#else
     return osp_fp16_to_fp32(h);
+#endif
 }
 
 /* block_q4_0 { half d; u8 qs[16]; }: low nibbles are values 0..15, high nibbles 16..31; x = (q-8)d */
-static void dq_q4_0(const uint8_t *b, float *y) {
+static void dq_q4_0(const uint8_t *restrict b, float *restrict y) {
     float d = rd_half(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < 16; j++) {
@@ -146,7 +153,7 @@ static void dq_q4_0(const uint8_t *b, float *y) {
 }
 
 /* block_q4_1 { half d; half m; u8 qs[16]; }: x = q*d + m */
-static void dq_q4_1(const uint8_t *b, float *y) {
+static void dq_q4_1(const uint8_t *restrict b, float *restrict y) {
     float d = rd_half(b), m = rd_half(b + 2);
     const uint8_t *qs = b + 4;
     for (int j = 0; j < 16; j++) {
@@ -156,7 +163,7 @@ static void dq_q4_1(const uint8_t *b, float *y) {
 }
 
 /* block_q8_0 { half d; i8 qs[32]; }: x = q*d */
-static void dq_q8_0(const uint8_t *b, float *y) {
+static void dq_q8_0(const uint8_t *restrict b, float *restrict y) {
     float d = rd_half(b);
     const int8_t *qs = (const int8_t *)(b + 2);
     for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;

@@ -123,7 +123,7 @@ static osp_status bind(const osp_gguf *g, const char *name, int64_t cols, int64_
 
 /* Norm weights are used as float arrays directly: they must be F32 (they are in every GGUF). */
 static osp_status bind_norm(const osp_gguf *g, const char *name, int64_t n, const float **out) {
-    osp_weight w;
+    osp_weight w = {0};
     OSP_TRY(bind(g, name, n, 1, &w, false));
     if (w.type != OSP_DTYPE_F32)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: norm tensor '%s' is %s, expected F32",

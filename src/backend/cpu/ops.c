@@ -9,7 +9,7 @@
 
 #include "core/dtype.h"
 
-float osp_cpu_dot(const float *a, const float *b, int64_t n) {
+float osp_cpu_dot(const float *restrict a, const float *restrict b, int64_t n) {
     float acc[16] = {0};
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)

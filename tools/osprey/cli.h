@@ -1,0 +1,20 @@
+/* Shared helpers of the osprey CLI subcommands. Only tools/ may print to stdout or exit. */
+#ifndef OSPREY_TOOLS_CLI_H
+#define OSPREY_TOOLS_CLI_H
+
+#include <stdnoreturn.h>
+
+#include "osprey/status.h"
+
+/* Prints "osprey: error: <msg>" (and osp_last_error() when s != OSP_OK) to stderr and exits 1. */
+noreturn void cli_die(osp_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Parses a number or dies naming the flag. */
+long long cli_int(const char *flag, const char *v, long long lo, long long hi);
+double cli_float(const char *flag, const char *v, double lo, double hi);
+double cli_now_s(void);
+
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+#endif

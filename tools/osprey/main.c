@@ -1,0 +1,69 @@
+/* osprey: the command-line entry point. Each subcommand lives in its own cmd_*.c file. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+
+static const char *k_usage =
+    "usage: osprey <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
+    "           continue TEXT with the model, streaming tokens; timings on stderr\n"
+    "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
+    "           print the token ids of TEXT as a JSON array\n"
+    "  info     -m FILE\n"
+    "           print a GGUF file's metadata and tensors\n";
+
+noreturn void cli_die(osp_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("osprey: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    if (s != OSP_OK) fprintf(stderr, ": %s", osp_last_error());
+    fputc('\n', stderr);
+    exit(1);
+}
+
+long long cli_int(const char *flag, const char *v, long long lo, long long hi) {
+    if (!v) cli_die(OSP_OK, "%s needs a value", flag);
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        cli_die(OSP_OK, "%s: '%s' is not an integer in [%lld, %lld]", flag, v, lo, hi);
+    return x;
+}
+
+double cli_float(const char *flag, const char *v, double lo, double hi) {
+    if (!v) cli_die(OSP_OK, "%s needs a value", flag);
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi))
+        cli_die(OSP_OK, "%s: '%s' is not a number in [%g, %g]", flag, v, lo, hi);
+    return x;
+}
+
+double cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        fputs(k_usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
+    fprintf(stderr, "osprey: error: unknown command '%s'\n\n%s", argv[1], k_usage);
+    return 2;
+}
