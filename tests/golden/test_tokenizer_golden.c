@@ -96,6 +96,21 @@ static void print_ids(const char *label, const int32_t *ids, size_t n) {
     print_error("    %s:%s\n", label, line);
 }
 
+/* True when every ASCII byte of in[] has a token of its own. Not all vocabularies cover all 256
+ * bytes (Falcon has no token for 0x0B), and llama.cpp drops a byte it cannot find, so such
+ * inputs cannot round-trip. */
+static bool bytes_covered(const osp_tokenizer *t, const char *in, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if ((unsigned char)in[i] >= 0x80) continue;
+        int32_t *ids = NULL;
+        size_t k = 0;
+        if (osp_tokenizer_encode(t, in + i, 1, false, false, &ids, &k) != OSP_OK) return false;
+        free(ids);
+        if (k == 0) return false;
+    }
+    return true;
+}
+
 /* Decodes with osp_tokenizer_token_bytes and compares with the input. */
 static bool roundtrip(const osp_tokenizer *t, const int32_t *ids, size_t n, const char *in, size_t in_len) {
     size_t cap = in_len * 4 + 64, o = 0;
@@ -153,7 +168,7 @@ static void run_fixture(const vocab_case *vc, int *n_cases, int *n_fail, int *n_
             print_error("  %s: mismatch for mode %s input %s\n", vc->name, mode, hex);
             print_ids("llama.cpp", want, n_want);
             print_ids("osprey   ", ids, n_ids);
-        } else if (ps && !as && valid_utf8((const unsigned char *)in, n_in)) {
+        } else if (ps && !as && valid_utf8((const unsigned char *)in, n_in) && bytes_covered(t, in, n_in)) {
             (*n_rt)++;
             if (!roundtrip(t, ids, n_ids, in, n_in)) {
                 (*n_rt_fail)++;
