@@ -11,6 +11,8 @@ Environment:
   OSPREY_MODEL    SmolLM2 GGUF (default models/SmolLM2-135M-Instruct.Q4_1.gguf)
   OSPREY_SHARED   the shared directory (default ../shared next to the repository)
 
+<vocab>@<pre>.txt are gpt-2's vocabulary with tokenizer.ggml.pre replaced by <pre>.
+
 Fixture format, one case per line, '#' starts a comment:
   <P><A> <hex of the input bytes, or '-' for empty> <ids separated by spaces, or '-' for none>
 where P is 1/0 for parse_special on/off and A is 1/0 for add_special on/off.
@@ -123,6 +125,55 @@ def gguf_model_type(path):
     return None
 
 
+def gguf_with_pre(path, pre):
+    """The bytes of a tensor-less vocabulary GGUF with tokenizer.ggml.pre set to `pre` (added or
+    replaced), so one vocabulary can exercise many pre-tokenizers. The C test builds the same file
+    in memory."""
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = 4
+    version, = struct.unpack_from("<I", data, pos)
+    n_tensors, n_kv = struct.unpack_from("<QQ", data, pos + 4)
+    assert n_tensors == 0, "only tensor-less vocabulary files"
+    pos += 20
+
+    def skip_val(t, p):
+        if t == 8:
+            n, = struct.unpack_from("<Q", data, p)
+            return p + 8 + n
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", data, p)
+            p += 12
+            if et in sizes:
+                return p + sizes[et] * n
+            for _ in range(n):
+                p = skip_val(et, p)
+            return p
+        return p + sizes[t]
+
+    kvs = []
+    for _ in range(n_kv):
+        kl, = struct.unpack_from("<Q", data, pos)
+        key = data[pos + 8:pos + 8 + kl].decode()
+        t, = struct.unpack_from("<I", data, pos + 8 + kl)
+        end = skip_val(t, pos + 12 + kl)
+        if key != "tokenizer.ggml.pre":
+            kvs.append(data[pos:end])
+        pos = end
+    pre_b = pre.encode()
+    key = b"tokenizer.ggml.pre"
+    kvs.append(struct.pack("<Q", len(key)) + key + struct.pack("<IQ", 8, len(pre_b)) + pre_b)
+    out = b"GGUF" + struct.pack("<IQQ", version, 0, len(kvs)) + b"".join(kvs)
+    return out + b"\0" * (-len(out) % 32)
+
+
+# gpt-2's vocabulary under other pre-tokenizers (llama.cpp's own files for these are not in
+# ../shared): covers the hand-written Llama-3 / Qwen2 / Qwen3.5 splitters and more regexes
+EXTRA_PRES = ["llama-bpe", "qwen2", "qwen35", "deepseek-v3", "gpt-4o", "tekken", "poro-chat", "dbrx",
+              "chatglm-bpe", "seed-coder", "minicpm5", "viking"]
+
+
 # ---- running llama.cpp --------------------------------------------------------------------------
 
 def llama_ids(binary, vocab, data, parse_special, add_special):
@@ -161,6 +212,14 @@ def main():
             p = os.path.join(vocab_dir, fn)
             if gguf_model_type(p) == "gpt2":
                 vocabs.append((fn[len("ggml-vocab-"):-len(".gguf")], p))
+    gpt2 = dict(vocabs).get("gpt-2")
+    tmpdir = tempfile.mkdtemp()
+    if gpt2:
+        for pre in EXTRA_PRES:
+            p = os.path.join(tmpdir, f"gpt-2@{pre}.gguf")
+            with open(p, "wb") as f:
+                f.write(gguf_with_pre(gpt2, pre))
+            vocabs.append((f"gpt-2@{pre}", p))
     only = sys.argv[1:]
     os.makedirs(OUT_DIR, exist_ok=True)
     cases = strings()
