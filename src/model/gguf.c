@@ -168,7 +168,7 @@ static osp_status read_value(cursor *c, uint32_t type, osp_gguf_value *v, const 
     if (es) {
         if (n > (g->size - c->pos) / es)
             return osp_set_error(OSP_ERR_FORMAT,
-                                 "%s: key '%s': array of %" PRIu64 " %s runs past the end of the file",
+                                 "%s: truncated or corrupt: key '%s': array of %" PRIu64 " %s runs past the end of the file",
                                  g->path, key, n, osp_gguf_type_name((osp_gguf_type)et));
         v->v.arr.raw = g->base + c->pos;
         c->pos += n * es;
@@ -181,7 +181,7 @@ static osp_status read_value(cursor *c, uint32_t type, osp_gguf_value *v, const 
                              key, et);
     if (n > (g->size - c->pos) / min_elem)
         return osp_set_error(OSP_ERR_FORMAT,
-                             "%s: key '%s': array count %" PRIu64 " exceeds what the file can hold",
+                             "%s: truncated or corrupt: key '%s': array count %" PRIu64 " needs more bytes than the file holds",
                              g->path, key, n);
     if (et == OSP_GGUF_TYPE_STRING) {
         osp_gguf_str *strs = g_track(g, calloc(n ? n : 1, sizeof *strs));
@@ -217,10 +217,10 @@ static osp_status parse(osp_gguf *g) {
     OSP_TRY(cur_u64(&c, &g->n_kv, "metadata_kv_count"));
     /* A kv needs >= 8 (key length) + 4 (type) + 1 bytes; a tensor info >= 8 + 4 + 8 + 4 + 8. */
     if (g->n_kv > (g->size - c.pos) / 13)
-        return osp_set_error(OSP_ERR_FORMAT, "%s: metadata_kv_count %" PRIu64 " exceeds the file size",
+        return osp_set_error(OSP_ERR_FORMAT, "%s: truncated or corrupt: metadata_kv_count %" PRIu64 " needs more bytes than the file holds",
                              g->path, g->n_kv);
     if (g->n_tensors > (g->size - c.pos) / 32)
-        return osp_set_error(OSP_ERR_FORMAT, "%s: tensor_count %" PRIu64 " exceeds the file size",
+        return osp_set_error(OSP_ERR_FORMAT, "%s: truncated or corrupt: tensor_count %" PRIu64 " needs more bytes than the file holds",
                              g->path, g->n_tensors);
     g->kvs = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kvs);
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *g->tensors);
