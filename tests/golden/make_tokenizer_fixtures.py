@@ -171,7 +171,8 @@ def gguf_with_pre(path, pre):
 # gpt-2's vocabulary under other pre-tokenizers (llama.cpp's own files for these are not in
 # ../shared): covers the hand-written Llama-3 / Qwen2 / Qwen3.5 splitters and more regexes
 EXTRA_PRES = ["llama-bpe", "qwen2", "qwen35", "deepseek-v3", "gpt-4o", "tekken", "poro-chat", "dbrx",
-              "chatglm-bpe", "seed-coder", "minicpm5", "viking"]
+              "chatglm-bpe", "seed-coder", "minicpm5", "viking", "jais-2", "youtu", "spark2_5", "bailingmoe",
+              "exaone-moe", "granite-embed-multi-97m", "chameleon", "laguna"]
 
 
 # ---- running llama.cpp --------------------------------------------------------------------------

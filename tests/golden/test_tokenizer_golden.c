@@ -241,6 +241,19 @@ static void run_fixture(const vocab_case *vc, int *n_cases, int *n_fail, int *n_
         size_t n_ids = 0;
         assert_int_equal(osp_tokenizer_encode(t, in, n_in, as, ps, &ids, &n_ids), OSP_OK);
         (*n_cases)++;
+        /* documented deviation: llama.cpp doubles BOS (EOS) when the text starts (ends) with it and
+         * add_special is on, with a warning; osprey adds none then */
+        int32_t bos = osp_tokenizer_bos(t), eos = osp_tokenizer_eos(t);
+        if (as && n_want >= 2 && n_ids == n_want - 1) {
+            if (want[0] == bos && want[1] == bos && osp_tokenizer_add_bos(t) &&
+                memcmp(ids, want + 1, n_ids * sizeof *ids) == 0) {
+                n_want--;
+                memmove(want, want + 1, n_want * sizeof *want);
+            } else if (want[n_want - 1] == eos && want[n_want - 2] == eos && osp_tokenizer_add_eos(t) &&
+                       memcmp(ids, want, n_ids * sizeof *ids) == 0) {
+                n_want--;
+            }
+        }
         if (n_ids != n_want || (n_ids && memcmp(ids, want, n_ids * sizeof *ids) != 0)) {
             (*n_fail)++;
             print_error("  %s: mismatch for mode %s input %s\n", vc->name, mode, hex);
