@@ -127,6 +127,71 @@ double osp_gguf_arr_f64(const osp_gguf_value *arr, uint64_t i);
 
 const char *osp_gguf_type_name(osp_gguf_type t);
 
+/* ---- writer ------------------------------------------------------------------------------------
+ *
+ * A builder for GGUF v3 files (ggml/docs/gguf.md). Metadata and tensor infos are collected in memory
+ * (they are small: even a 128k-token vocabulary is a few MB); tensor data is streamed to the file at
+ * osp_gguf_writer_write() time, either from a caller buffer or from a fill callback that produces a
+ * chunk of rows at a time, so multi-GB files never need the whole file in memory.
+ *
+ * The writer always emits `general.alignment` = 32 (u32) as the first key; every tensor's offset is
+ * a multiple of 32 and the data section starts at a multiple of 32. Tensors are written in the order
+ * they were added; keys too. The output is a deterministic function of the calls made. */
+
+typedef struct osp_gguf_writer osp_gguf_writer;
+
+/* Produces rows [row0, row0 + n_rows) of a tensor into `dst`: n_rows * row_size bytes, already in the
+ * tensor's ggml type (a row is ne[0] values; rows are numbered over ne[1] * ne[2] * ne[3] in ggml
+ * order). Called in increasing row order, each row exactly once, during osp_gguf_writer_write().
+ * Returns OSP_OK, or a failing status (with osp_set_error) that aborts the write. */
+typedef osp_status (*osp_gguf_fill_fn)(void *user, int64_t row0, int64_t n_rows, void *dst);
+
+/* Creates an empty writer (with general.alignment = 32 already added). *out owns it; free with
+ * osp_gguf_writer_free(). Errors: OSP_ERR_INVALID_ARG (out NULL), OSP_ERR_NOMEM. */
+osp_status osp_gguf_writer_create(osp_gguf_writer **out);
+
+void osp_gguf_writer_free(osp_gguf_writer *w); /* NULL is fine */
+
+/* Metadata setters. `key` is a NUL-terminated, non-empty string; it is copied. Values are copied
+ * (strings and arrays included), so the caller's buffers may be freed right after the call.
+ * Errors: OSP_ERR_INVALID_ARG (NULL or empty key, key already added: GGUF keys are unique, NULL
+ * array with n > 0, NULL string), OSP_ERR_NOMEM. A failed call leaves the writer unchanged. */
+osp_status osp_gguf_writer_add_u32(osp_gguf_writer *w, const char *key, uint32_t v);
+osp_status osp_gguf_writer_add_i32(osp_gguf_writer *w, const char *key, int32_t v);
+osp_status osp_gguf_writer_add_f32(osp_gguf_writer *w, const char *key, float v);
+osp_status osp_gguf_writer_add_bool(osp_gguf_writer *w, const char *key, bool v);
+/* `s` is NUL-terminated UTF-8. */
+osp_status osp_gguf_writer_add_str(osp_gguf_writer *w, const char *key, const char *s);
+/* Arrays of n values: strs[n] NUL-terminated strings, v[n] int32 / float. */
+osp_status osp_gguf_writer_add_arr_str(osp_gguf_writer *w, const char *key, const char *const *strs,
+                                       uint64_t n);
+osp_status osp_gguf_writer_add_arr_i32(osp_gguf_writer *w, const char *key, const int32_t *v, uint64_t n);
+osp_status osp_gguf_writer_add_arr_f32(osp_gguf_writer *w, const char *key, const float *v, uint64_t n);
+/* Any value as decoded by the reader (osp_gguf_find(...)->value), nested arrays included: used to
+ * copy keys from one file to another. The value is serialized at once, so the source file may be
+ * closed right after. Errors as above, plus OSP_ERR_INVALID_ARG for an unknown value type. */
+osp_status osp_gguf_writer_add_value(osp_gguf_writer *w, const char *key, const osp_gguf_value *v);
+
+/* Adds tensor `name` (NUL-terminated, 1..63 bytes, unique) of ggml type `type` (osp_dtype) with
+ * n_dims (1..4) dimensions ne[n_dims] (ne[0] fastest, each >= 1, ne[0] a multiple of the type's
+ * block size). Exactly one of `data` and `fill` is non-NULL:
+ *   data: the tensor's bytes (osp_dtype_row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]); borrowed,
+ *         not copied: it must stay valid and unchanged until osp_gguf_writer_write() returns;
+ *   fill: called with `user` during osp_gguf_writer_write() to produce the rows (osp_gguf_fill_fn).
+ * Errors: OSP_ERR_INVALID_ARG (bad name, duplicate name, bad dims or shape, both or neither of
+ * data/fill), OSP_ERR_UNSUPPORTED (type unknown to ggml), OSP_ERR_NOMEM. */
+osp_status osp_gguf_writer_add_tensor(osp_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                                      const int64_t *ne, const void *data, osp_gguf_fill_fn fill,
+                                      void *user);
+
+/* Writes the file: header, metadata, tensor infos, padding, then each tensor's data padded to the
+ * alignment. Data is streamed (fill callbacks run here, in tensor order, a bounded chunk of rows at a
+ * time). The file is written to "<path>.tmp" and renamed over `path` on success, so a failed or
+ * interrupted write never leaves a truncated `path`; on failure the temporary file is removed.
+ * May be called more than once. Errors: OSP_ERR_IO (cannot create, write or rename; message names
+ * the path and errno text), OSP_ERR_NOMEM, or whatever a fill callback returned. */
+osp_status osp_gguf_writer_write(osp_gguf_writer *w, const char *path);
+
 #ifdef __cplusplus
 }
 #endif
