@@ -1,0 +1,213 @@
+/* Reference quantizers (src/core/quantize.c): bytes and error bounds.
+ *
+ * 1. Bit-exactness: for every row of tests/golden/fixtures/dequant.txt (inputs and the block bytes
+ *    gguf-py's numpy quantizers made from them, tests/golden/make_dequant_fixtures.py), quantizing
+ *    the input here gives the same bytes. gguf-py mirrors ggml's quantize_row_*_ref.
+ * 2. Error bounds: on random rows at several scales, quantize -> osp_dequant_row stays within the
+ *    type's bound (derived per block below from the scale), for every value.
+ * 3. Edges: zero and constant blocks, sign of the Q4_0 scale, the clamp at 15, refusals. */
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/dtype.h"
+#include "core/quantize.h"
+
+static size_t unhex(const char *h, uint8_t *out, size_t cap) {
+    size_t n = 0;
+    while (h[0] && h[1] && n < cap && h[0] != ' ' && h[0] != '\n') {
+        unsigned v;
+        sscanf(h, "%2x", &v);
+        out[n++] = (uint8_t)v;
+        h += 2;
+    }
+    return n;
+}
+
+static uint32_t type_by_name(const char *name) {
+    for (uint32_t t = 0; t < OSP_DTYPE_COUNT; t++)
+        if (osp_dtype_name(t) && strcmp(osp_dtype_name(t), name) == 0) return t;
+    return UINT32_MAX;
+}
+
+static void test_bytes_match_gguf_py(void **state) {
+    (void)state;
+    char path[4096];
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(path, sizeof path, "%s/tests/golden/fixtures/dequant.txt", root ? root : ".");
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char line[1 << 16];
+    int rows = 0;
+    unsigned types_seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        char name[16], *p = line;
+        int n, off;
+        assert_int_equal(sscanf(p, "%15s %d %n", name, &n, &off), 2);
+        p += off;
+        const uint32_t t = type_by_name(name);
+        assert_true(t != UINT32_MAX && osp_dtype_can_quantize(t));
+        types_seen |= 1u << t;
+        static uint8_t x[4096], q[4096], mine[4096];
+        size_t nx = unhex(p, x, sizeof x);
+        p = strchr(p, ' ') + 1;
+        size_t nq = unhex(p, q, sizeof q);
+        assert_int_equal(nx, (size_t)n * 4);
+        assert_int_equal(nq, osp_dtype_row_size(t, n));
+        float in[1024];
+        memcpy(in, x, nx);
+        assert_int_equal(osp_quantize_row(t, in, mine, n), OSP_OK);
+        for (size_t i = 0; i < nq; i++)
+            if (mine[i] != q[i])
+                fail_msg("%s row %d: byte %zu (block %zu) is 0x%02x, gguf-py 0x%02x", name, rows, i,
+                         i / osp_dtype_type_size(t), mine[i], q[i]);
+        rows++;
+    }
+    fclose(f);
+    assert_int_equal(__builtin_popcount(types_seen), 5);
+    printf("quantize: %d fixture rows of 5 types byte-identical to gguf-py\n", rows);
+}
+
+/* ---- error bounds ----------------------------------------------------------------------------- */
+
+static uint64_t g_state = 0x9e3779b97f4a7c15ull;
+static double urand(void) { /* splitmix64 -> [0, 1) */
+    uint64_t z = (g_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+static float nrand(void) { return (float)(sqrt(-2.0 * log(1.0 - urand())) * cos(6.283185307179586 * urand())); }
+
+static float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return osp_fp16_to_fp32(h);
+}
+
+/* Max |error| allowed for value x of the block starting at blk (quantized bytes) / xs (inputs). */
+static double bound(uint32_t t, const float *xs, const uint8_t *blk, float x) {
+    const double h = 0x1p-11; /* half-precision relative rounding of a stored scale */
+    double amax = 0, mn = FLT_MAX, mx = -FLT_MAX;
+    for (int j = 0; xs && j < 32; j++) {
+        amax = fmax(amax, fabs(xs[j]));
+        mn = fmin(mn, xs[j]);
+        mx = fmax(mx, xs[j]);
+    }
+    /* a stored half is off by at most half an ulp, or half the smallest subnormal step (2^-25) when
+     * the scale underflows: tiny blocks lose precision in ggml's formats too */
+#define HALF_ERR(v) fmax(fabs(v) * h, 0x1p-25)
+    switch (t) {
+    case OSP_DTYPE_F16: return HALF_ERR(x);
+    case OSP_DTYPE_BF16: return fabs(x) * 0x1p-8;
+    case OSP_DTYPE_Q8_0: { /* |q d - x| <= d/2, plus |q| <= 127 times the stored scale's error */
+        const double d = amax / 127;
+        return d * 0.5 + 127 * HALF_ERR(d) + amax * 1e-6;
+    }
+    case OSP_DTYPE_Q4_0: { /* round to the grid, but the side opposite the max is clamped at q = 15,
+                              one step short: up to a whole step d there */
+        const double d = amax / 8;
+        (void)blk;
+        return d + 8 * HALF_ERR(d) + amax * 1e-6;
+    }
+    default: { /* Q4_1: d/2, plus the errors of the stored d (|q| <= 15) and min */
+        const double d = (mx - mn) / 15;
+        return d * 0.5 + 15 * HALF_ERR(d) + HALF_ERR(mn) + (mx - mn) * 1e-6;
+    }
+    }
+#undef HALF_ERR
+}
+
+static void test_error_bounds(void **state) {
+    (void)state;
+    const uint32_t types[] = {OSP_DTYPE_F32, OSP_DTYPE_F16, OSP_DTYPE_BF16, OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1};
+    enum { N = 4096 };
+    static float x[N], y[N];
+    static uint8_t q[N * 4];
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t t = types[ti];
+        double worst = 0; /* largest error / bound seen */
+        for (int scale_exp = -6; scale_exp <= 2; scale_exp += 2) {
+            const float scale = powf(10.0f, (float)scale_exp);
+            for (int i = 0; i < N; i++) x[i] = nrand() * scale + (i % 97 == 0 ? 3.0f * scale : 0.0f);
+            assert_int_equal(osp_quantize_row(t, x, q, N), OSP_OK);
+            assert_int_equal(osp_dequant_row(t, q, y, N), OSP_OK);
+            const size_t ts = osp_dtype_type_size(t);
+            for (int i = 0; i < N; i++) {
+                const int blk = osp_dtype_block_size(t) == 32 ? i / 32 : -1;
+                double e = fabs((double)y[i] - x[i]);
+                double b = t == OSP_DTYPE_F32 ? 0.0
+                           : blk >= 0       ? bound(t, x + blk * 32, q + (size_t)blk * ts, x[i])
+                                            : bound(t, NULL, NULL, x[i]);
+                if (e > b)
+                    fail_msg("%s scale 1e%d value %d: %.9g -> %.9g, error %.3g > bound %.3g", osp_dtype_name(t),
+                             scale_exp, i, x[i], y[i], e, b);
+                if (b > 0 && e / b > worst) worst = e / b;
+            }
+        }
+        printf("quantize %-4s: worst error %.2f of its bound\n", osp_dtype_name(t), worst);
+    }
+}
+
+static void test_edges(void **state) {
+    (void)state;
+    float x[32] = {0}, y[32];
+    uint8_t q[64];
+    /* zero blocks: scale 0, dequantize to zeros */
+    const uint32_t qt[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(osp_quantize_row(qt[k], x, q, 32), OSP_OK);
+        assert_true(half_at(q) == 0.0f);
+        assert_int_equal(osp_dequant_row(qt[k], q, y, 32), OSP_OK);
+        for (int i = 0; i < 32; i++) assert_true(y[i] == 0.0f);
+    }
+    /* a constant block is exact in Q4_1 (d = 0, m = the value when it is a half) */
+    for (int i = 0; i < 32; i++) x[i] = -1.25f;
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_1, x, q, 32), OSP_OK);
+    assert_true(half_at(q) == 0.0f && half_at(q + 2) == -1.25f);
+    /* Q4_0: the largest-magnitude value is exact (q = 0), its sign sets d's sign; the first wins on
+     * ties; the opposite extreme is clamped to q = 15 */
+    for (int i = 0; i < 32; i++) x[i] = (float)(i - 16) / 16.0f; /* -1 .. 0.9375 */
+    x[5] = 1.0f;                                             /* ties |x[0]| = 1, comes later */
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_0, x, q, 32), OSP_OK);
+    assert_true(half_at(q) == 0.125f); /* max = x[0] = -1, d = -1/-8 */
+    assert_int_equal(q[2] & 0x0f, 0);  /* x[0] */
+    assert_int_equal(q[2 + 5] & 0x0f, 15); /* x[5] = +1 would be 16: clamped */
+    assert_int_equal(osp_dequant_row(OSP_DTYPE_Q4_0, q, y, 32), OSP_OK);
+    assert_true(y[0] == -1.0f && y[5] == 0.875f);
+    /* Q8_0: round half away from zero; the extreme maps to +-127 */
+    for (int i = 0; i < 32; i++) x[i] = 0.0f;
+    x[0] = 127.0f, x[1] = 2.5f, x[2] = -2.5f, x[3] = -127.0f;
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_0, x, q, 32), OSP_OK);
+    assert_true(half_at(q) == 1.0f);
+    assert_int_equal((int8_t)q[2], 127);
+    assert_int_equal((int8_t)q[3], 3);
+    assert_int_equal((int8_t)q[4], -3);
+    assert_int_equal((int8_t)q[5], -127);
+    /* NaN does not crash (the bytes are unspecified) */
+    x[7] = NAN;
+    for (int k = 0; k < 3; k++) assert_int_equal(osp_quantize_row(qt[k], x, q, 32), OSP_OK);
+    /* refusals */
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_0, x, q, 31), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_K, x, q, 256), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_0, NULL, q, 32), OSP_ERR_INVALID_ARG);
+    assert_false(osp_dtype_can_quantize(OSP_DTYPE_Q5_0));
+    assert_false(osp_dtype_can_quantize(UINT32_MAX));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytes_match_gguf_py),
+        cmocka_unit_test(test_error_bounds),
+        cmocka_unit_test(test_edges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
