@@ -56,13 +56,31 @@ void osp_model_free(osp_model *m); /* NULL is fine */
 const osp_model_config *osp_model_config_get(const osp_model *m);
 const osp_gguf *osp_model_gguf(const osp_model *m); /* owned by the model */
 
+/* Element type of the KV cache pages. Values are ggml type ids. New values (FP8 pages with separate
+ * scale pools, NVFP4) are appended. */
+typedef enum osp_kv_dtype {
+    OSP_KV_DTYPE_F32 = 0, /* exact: what the exactness tests use */
+    OSP_KV_DTYPE_F16 = 1, /* default on the CPU (as llama.cpp); K/V rounded to nearest even on write */
+} osp_kv_dtype;
+
+/* "f32" / "f16", or NULL for an unknown value. */
+const char *osp_kv_dtype_name(osp_kv_dtype d);
+/* Parses "f32" / "f16". OSP_ERR_INVALID_ARG otherwise. */
+osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out);
+/* Bytes of K and V for one token over all layers: 2 * n_layer * n_head_kv * head_dim * elem bytes. */
+int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
+
 /* A paged KV cache for one model: per layer K and V pages [num_blocks, block_size, n_head_kv,
- * head_dim], fp32. Errors: OSP_ERR_INVALID_ARG (non-positive sizes), OSP_ERR_NOMEM. */
-osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size,
+ * head_dim] of `dtype`. Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype),
+ * OSP_ERR_NOMEM. */
+osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
 void osp_kv_cache_free(osp_kv_cache *kv);
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv);
+osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv);
+/* Copies block `src`'s K/V (every layer) into block `dst` (copy-on-write after a fork). */
+void osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst);
 
 /* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */
 typedef struct osp_batch {

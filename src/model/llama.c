@@ -53,9 +53,11 @@ struct osp_model {
 
 struct osp_kv_cache {
     int32_t num_blocks, block_size, n_layer;
-    int64_t kv_row; /* n_head_kv * head_dim floats per slot */
-    float **k;      /* [n_layer] -> [num_blocks, block_size, n_head_kv, head_dim] */
-    float **v;      /* same */
+    osp_kv_dtype dtype;
+    size_t elem;    /* bytes per element: 4 (f32) or 2 (f16) */
+    int64_t kv_row; /* n_head_kv * head_dim elements per slot */
+    void **k;       /* [n_layer] -> [num_blocks, block_size, n_head_kv, head_dim] of dtype */
+    void **v;       /* same */
 };
 
 osp_model_params osp_model_default_params(void) {
@@ -255,16 +257,37 @@ const osp_gguf *osp_model_gguf(const osp_model *m) { return m->gguf; }
 
 /* ---- KV cache ---------------------------------------------------------------------------------- */
 
-osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size,
+const char *osp_kv_dtype_name(osp_kv_dtype d) {
+    return d == OSP_KV_DTYPE_F32 ? "f32" : d == OSP_KV_DTYPE_F16 ? "f16" : NULL;
+}
+
+osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out) {
+    if (name && !strcmp(name, "f32")) *out = OSP_KV_DTYPE_F32;
+    else if (name && !strcmp(name, "f16")) *out = OSP_KV_DTYPE_F16;
+    else return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache dtype '%s' is not one of f32, f16", name ? name : "(null)");
+    return OSP_OK;
+}
+
+int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d) {
+    return 2 * (int64_t)c->n_layer * c->n_head_kv * c->head_dim * (d == OSP_KV_DTYPE_F16 ? 2 : 4);
+}
+
+osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out) {
     *out = NULL;
     if (num_blocks <= 0 || block_size <= 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: num_blocks %d and block_size %d must be > 0",
                              num_blocks, block_size);
+    if (!osp_kv_dtype_name(dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: unknown dtype %d", (int)dtype);
+    if (dtype == OSP_KV_DTYPE_F16 && m->cfg.head_dim > 1024)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: f16 pages need head_dim <= 1024 (model has %d)",
+                             m->cfg.head_dim);
     osp_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
     kv->num_blocks = num_blocks;
     kv->block_size = block_size;
+    kv->dtype = dtype;
+    kv->elem = dtype == OSP_KV_DTYPE_F16 ? 2 : 4;
     kv->n_layer = m->cfg.n_layer;
     kv->kv_row = (int64_t)m->cfg.n_head_kv * m->cfg.head_dim;
     kv->k = calloc((size_t)kv->n_layer, sizeof *kv->k);
@@ -272,8 +295,8 @@ osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t b
     if (!kv->k || !kv->v) goto nomem;
     size_t n = (size_t)num_blocks * (size_t)block_size * (size_t)kv->kv_row;
     for (int32_t l = 0; l < kv->n_layer; l++) {
-        kv->k[l] = calloc(n, sizeof(float));
-        kv->v[l] = calloc(n, sizeof(float));
+        kv->k[l] = calloc(n, kv->elem);
+        kv->v[l] = calloc(n, kv->elem);
         if (!kv->k[l] || !kv->v[l]) goto nomem;
     }
     *out = kv;
@@ -297,6 +320,15 @@ void osp_kv_cache_free(osp_kv_cache *kv) {
 
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv) { return kv->block_size; }
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv) { return kv->num_blocks; }
+osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->dtype; }
+
+void osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
+    const size_t bytes = (size_t)kv->block_size * (size_t)kv->kv_row * kv->elem;
+    for (int32_t l = 0; l < kv->n_layer; l++) {
+        memcpy((char *)kv->k[l] + (size_t)dst * bytes, (const char *)kv->k[l] + (size_t)src * bytes, bytes);
+        memcpy((char *)kv->v[l] + (size_t)dst * bytes, (const char *)kv->v[l] + (size_t)src * bytes, bytes);
+    }
+}
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
@@ -421,14 +453,21 @@ osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
         osp_cpu_matmul(&L->wv, w->xn, w->v, T, w->scratch);
         osp_cpu_rope_interleaved(w->q, b->positions, T, c->n_head, D, c->n_rot, m->inv_freq);
         osp_cpu_rope_interleaved(w->k, b->positions, T, c->n_head_kv, D, c->n_rot, m->inv_freq);
-        for (int64_t t = 0; t < T; t++) { /* write K/V at slot_mapping */
-            const size_t slot = (size_t)b->slot_mapping[t];
-            memcpy(kv->k[l] + slot * KD, w->k + t * KD, (size_t)KD * sizeof(float));
-            memcpy(kv->v[l] + slot * KD, w->v + t * KD, (size_t)KD * sizeof(float));
+        if (kv->dtype == OSP_KV_DTYPE_F16) {
+            osp_cpu_kv_write_f16(w->k, w->v, kv->k[l], kv->v[l], b->slot_mapping, T, KD);
+            osp_cpu_paged_attention_f16(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
+                                        b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
+                                        c->n_head, c->n_head_kv, D, scale, w->scores, w->cap_ctx);
+        } else {
+            for (int64_t t = 0; t < T; t++) { /* write K/V at slot_mapping */
+                const size_t slot = (size_t)b->slot_mapping[t];
+                memcpy((float *)kv->k[l] + slot * KD, w->k + t * KD, (size_t)KD * sizeof(float));
+                memcpy((float *)kv->v[l] + slot * KD, w->v + t * KD, (size_t)KD * sizeof(float));
+            }
+            osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
+                                    b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
+                                    c->n_head, c->n_head_kv, D, scale, w->scores, w->cap_ctx);
         }
-        osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
-                                b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
-                                c->n_head, c->n_head_kv, D, scale, w->scores, w->cap_ctx);
         osp_cpu_matmul(&L->wo, w->attn, w->xn, T, w->scratch);
         for (int64_t i = 0; i < T * E; i++) w->x[i] += w->xn[i];
         /* MLP block */

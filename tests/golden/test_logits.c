@@ -151,7 +151,7 @@ static void test_logits_every_position(void **state) {
     for (int k = 0; k < g_n_prompts; k++) {
         const golden_prompt *gp = &g_prompts[k];
         osp_kv_cache *kv;
-        assert_int_equal(osp_kv_cache_create(g_model, (gp->n_total + 15) / 16, 16, &kv), OSP_OK);
+        assert_int_equal(osp_kv_cache_create(g_model, (gp->n_total + 15) / 16, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
         float *logits = malloc(sizeof(float) * (size_t)V * (size_t)gp->n_total);
         run_chunk(kv, gp->ids, 0, gp->n_total, gp->n_total, logits);
         for (int p = 0; p < gp->n_total; p++) {
@@ -191,7 +191,7 @@ static void test_greedy_continuations(void **state) {
     for (int k = 0; k < g_n_prompts; k++) {
         const golden_prompt *gp = &g_prompts[k];
         osp_kv_cache *kv;
-        assert_int_equal(osp_kv_cache_create(g_model, (gp->n_total + 15) / 16, 16, &kv), OSP_OK);
+        assert_int_equal(osp_kv_cache_create(g_model, (gp->n_total + 15) / 16, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
         int32_t ids[MAX_IDS];
         memcpy(ids, gp->ids, sizeof(int32_t) * (size_t)gp->n_prompt);
         run_chunk(kv, ids, 0, gp->n_prompt, 1, logits);

@@ -87,7 +87,7 @@ int cmd_generate(int argc, char **argv) {
 
     const int32_t max_blocks = (int32_t)((n_total + BLOCK_SIZE - 1) / BLOCK_SIZE);
     osp_kv_cache *kv;
-    s = osp_kv_cache_create(m, max_blocks, BLOCK_SIZE, &kv);
+    s = osp_kv_cache_create(m, max_blocks, BLOCK_SIZE, OSP_KV_DTYPE_F16, &kv);
     if (s != OSP_OK) cli_die(s, "cannot allocate the KV cache");
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_total);
     int32_t *block_table = malloc(sizeof(int32_t) * (size_t)max_blocks);

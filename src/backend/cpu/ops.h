@@ -59,4 +59,16 @@ void osp_cpu_paged_attention(const float *q, const float *k, const float *v, flo
                              int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
                              int64_t max_seq_len);
 
+/* f16 pages (kv_f16.c). Writes K/V rows k, v: [num_tokens, kv_row] fp32 into f16 pages at
+ * slot_mapping (round to nearest even). */
+void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v_pages, const int32_t *slot_mapping,
+                          int64_t num_tokens, int64_t kv_row);
+/* osp_cpu_paged_attention over f16 pages (uint16_t, same layout); K/V widened to fp32 per row, the
+ * rest as the fp32 reference. head_dim <= 1024. */
+void osp_cpu_paged_attention_f16(const float *q, const void *k_pages, const void *v_pages, float *out,
+                                 int32_t num_seqs, const int32_t *query_start_loc, const int32_t *positions,
+                                 const int32_t *block_table, int32_t max_blocks, int32_t block_size,
+                                 int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
+                                 int64_t max_seq_len);
+
 #endif

@@ -1,0 +1,359 @@
+/* The token-budget scheduler (see scheduler.h), after vLLM V1's Scheduler.schedule(): running
+ * requests first, then waiting ones; blocks from the pool with prefix-cache hits taken on admission;
+ * preemption by recompute. Queues are plain arrays of request pointers (a few hundred at most): the
+ * running list in admission order, the waiting list in service order (FCFS: preempted requests go to
+ * the front; PRIORITY: sorted by (priority, arrival)). */
+#include "engine/scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status_internal.h"
+
+struct osp_scheduler {
+    osp_scheduler_config cfg;
+    int32_t *eos;               /* [cfg.num_eos] */
+    osp_block_pool *pool;
+    osp_request **running;      /* [max_num_seqs] */
+    int32_t num_running;
+    osp_request **waiting;      /* [cap_waiting] */
+    int32_t num_waiting, cap_waiting;
+    osp_sched_output out;
+    int32_t cap_entries;
+    uint64_t *removed;          /* ids removed since the last schedule() */
+    int32_t num_removed, cap_removed;
+    int32_t *hit_ids;           /* [max blocks per request] scratch for prefix hits */
+    int32_t cap_hits;
+    osp_scheduler_stats stats;
+};
+
+static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+osp_status osp_scheduler_create(const osp_scheduler_config *cfg, osp_scheduler **out) {
+    *out = NULL;
+    if (cfg->max_num_seqs <= 0 || cfg->max_num_batched_tokens <= 0 || cfg->max_model_len <= 1 ||
+        cfg->block_size <= 0 || cfg->num_blocks <= 0 || cfg->num_eos < 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "scheduler: max_num_seqs, max_num_batched_tokens, block_size and "
+                                                  "num_blocks must be > 0 and max_model_len > 1");
+    osp_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return osp_set_error(OSP_ERR_NOMEM, "scheduler: out of memory");
+    s->cfg = *cfg;
+    s->cap_waiting = 64;
+    s->cap_entries = cfg->max_num_seqs;
+    s->cap_removed = 64;
+    s->cap_hits = cdiv(cfg->max_model_len, cfg->block_size) + 1;
+    s->eos = malloc(sizeof *s->eos * (size_t)(cfg->num_eos + 1));
+    s->running = malloc(sizeof *s->running * (size_t)cfg->max_num_seqs);
+    s->waiting = malloc(sizeof *s->waiting * (size_t)s->cap_waiting);
+    s->out.entries = malloc(sizeof *s->out.entries * (size_t)s->cap_entries);
+    s->removed = malloc(sizeof *s->removed * (size_t)s->cap_removed);
+    s->out.removed_ids = malloc(sizeof *s->removed * (size_t)s->cap_removed);
+    s->hit_ids = malloc(sizeof *s->hit_ids * (size_t)s->cap_hits);
+    osp_status st = OSP_OK;
+    if (!s->eos || !s->running || !s->waiting || !s->out.entries || !s->removed || !s->out.removed_ids || !s->hit_ids)
+        st = osp_set_error(OSP_ERR_NOMEM, "scheduler: out of memory");
+    else st = osp_block_pool_create(cfg->num_blocks, cfg->enable_prefix_caching, &s->pool);
+    if (st != OSP_OK) {
+        osp_scheduler_destroy(s);
+        return st;
+    }
+    if (cfg->num_eos) memcpy(s->eos, cfg->eos_ids, sizeof *s->eos * (size_t)cfg->num_eos);
+    s->cfg.eos_ids = s->eos;
+    *out = s;
+    return OSP_OK;
+}
+
+void osp_scheduler_destroy(osp_scheduler *s) {
+    if (!s) return;
+    osp_block_pool_destroy(s->pool);
+    free(s->eos);
+    free(s->running);
+    free(s->waiting);
+    free(s->out.entries);
+    free(s->removed);
+    free(s->out.removed_ids);
+    free(s->hit_ids);
+    free(s);
+}
+
+osp_block_pool *osp_scheduler_pool(osp_scheduler *s) { return s->pool; }
+
+osp_status osp_scheduler_admissible(const osp_scheduler *s, const osp_request *r) {
+    if (r->max_len > s->cfg.max_model_len)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: %d tokens exceed max_model_len %d",
+                             (unsigned long long)r->id, r->max_len, s->cfg.max_model_len);
+    /* the last token is never computed, so a request needs KV for at most max_len - 1 tokens */
+    const int32_t need = cdiv(r->max_len - 1, s->cfg.block_size);
+    if (need > osp_block_pool_num_blocks(s->pool))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "request %llu: up to %d tokens need %d KV blocks, the cache has only %d",
+                             (unsigned long long)r->id, r->max_len, need, osp_block_pool_num_blocks(s->pool));
+    return OSP_OK;
+}
+
+/* ---- queues ---------------------------------------------------------------------------------- */
+
+static bool before(const osp_scheduler *s, const osp_request *a, const osp_request *b) {
+    if (s->cfg.policy == OSP_SCHED_PRIORITY && a->priority != b->priority) return a->priority < b->priority;
+    return a->arrival < b->arrival;
+}
+
+static osp_status waiting_insert(osp_scheduler *s, osp_request *r, bool front) {
+    if (s->num_waiting == s->cap_waiting) {
+        osp_request **w = realloc(s->waiting, sizeof *w * (size_t)s->cap_waiting * 2);
+        if (!w) return osp_set_error(OSP_ERR_NOMEM, "scheduler: out of memory");
+        s->waiting = w;
+        s->cap_waiting *= 2;
+    }
+    int32_t at = s->num_waiting;
+    if (s->cfg.policy == OSP_SCHED_PRIORITY) {
+        at = 0;
+        while (at < s->num_waiting && !before(s, r, s->waiting[at])) at++;
+    } else if (front) {
+        at = 0;
+    }
+    memmove(s->waiting + at + 1, s->waiting + at, sizeof *s->waiting * (size_t)(s->num_waiting - at));
+    s->waiting[at] = r;
+    s->num_waiting++;
+    return OSP_OK;
+}
+
+static void list_remove(osp_request **list, int32_t *n, const osp_request *r) {
+    for (int32_t i = 0; i < *n; i++)
+        if (list[i] == r) {
+            memmove(list + i, list + i + 1, sizeof *list * (size_t)(*n - i - 1));
+            (*n)--;
+            return;
+        }
+}
+
+static void note_removed(osp_scheduler *s, uint64_t id) {
+    if (s->num_removed == s->cap_removed) {
+        uint64_t *a = realloc(s->removed, sizeof *a * (size_t)s->cap_removed * 2);
+        uint64_t *b = realloc(s->out.removed_ids, sizeof *b * (size_t)s->cap_removed * 2);
+        if (a) s->removed = a;
+        if (b) s->out.removed_ids = b;
+        if (!a || !b) return; /* cannot happen in practice; the runner then keeps a stale row until reuse */
+        s->cap_removed *= 2;
+    }
+    s->removed[s->num_removed++] = id;
+}
+
+/* Releases all of r's blocks, last first (its tail is evicted before its possibly shared prefix). */
+static void free_blocks(osp_scheduler *s, osp_request *r) {
+    for (int32_t i = r->num_blocks - 1; i >= 0; i--) osp_block_pool_release(s->pool, &r->block_ids[i], 1);
+    r->num_blocks = 0;
+    r->num_cached_blocks = 0;
+}
+
+osp_status osp_scheduler_add(osp_scheduler *s, osp_request *r) {
+    r->state = OSP_REQ_WAITING;
+    return waiting_insert(s, r, false);
+}
+
+void osp_scheduler_finish(osp_scheduler *s, osp_request *r, osp_finish_reason reason) {
+    if (r->state == OSP_REQ_FINISHED) return;
+    if (r->state == OSP_REQ_RUNNING) {
+        list_remove(s->running, &s->num_running, r);
+        note_removed(s, r->id);
+    } else {
+        list_remove(s->waiting, &s->num_waiting, r);
+    }
+    free_blocks(s, r);
+    r->state = OSP_REQ_FINISHED;
+    r->finish_reason = reason;
+}
+
+/* ---- block allocation ------------------------------------------------------------------------ */
+
+/* Gives r the blocks for num_computed + n_hits blocks of hits + n_new tokens: the hit blocks (touched)
+ * then fresh ones; offers newly full blocks to the prefix cache. All or nothing. */
+static bool allocate_slots(osp_scheduler *s, osp_request *r, const int32_t *hits, int32_t n_hits, int32_t n_new) {
+    const int32_t bs = s->cfg.block_size;
+    const int32_t total = r->num_computed_tokens + n_hits * bs + n_new;
+    const int32_t need = cdiv(total, bs) - r->num_blocks - n_hits;
+    int32_t evictable = 0;
+    for (int32_t i = 0; i < n_hits; i++) evictable += osp_block_pool_ref_count(s->pool, hits[i]) == 0;
+    if (need > osp_block_pool_num_free(s->pool) - evictable) return false;
+    osp_block_pool_touch(s->pool, hits, n_hits);
+    memcpy(r->block_ids + r->num_blocks, hits, sizeof *hits * (size_t)n_hits);
+    r->num_blocks += n_hits;
+    if (need > 0) {
+        osp_block_pool_alloc(s->pool, need, r->block_ids + r->num_blocks); /* cannot fail: checked above */
+        r->num_blocks += need;
+    }
+    if (s->cfg.enable_prefix_caching) {
+        osp_request_update_hashes(r, &s->cfg.hasher, bs);
+        const int32_t full = total / bs;
+        for (int32_t b = r->num_cached_blocks; b < full && b < r->num_hashes; b++)
+            osp_block_pool_cache(s->pool, r->block_ids[b], &r->hashes[b]);
+        if (full > r->num_cached_blocks) r->num_cached_blocks = full;
+    }
+    return true;
+}
+
+static osp_status preempt(osp_scheduler *s, osp_request *r) {
+    list_remove(s->running, &s->num_running, r);
+    note_removed(s, r->id);
+    free_blocks(s, r);
+    r->num_computed_tokens = 0;
+    r->state = OSP_REQ_PREEMPTED;
+    r->num_preemptions++;
+    s->stats.num_preemptions++;
+    return waiting_insert(s, r, true);
+}
+
+/* ---- schedule / update ----------------------------------------------------------------------- */
+
+osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
+    osp_sched_output *out = &s->out;
+    out->num_entries = 0;
+    out->total_tokens = 0;
+    int32_t budget = s->cfg.max_num_batched_tokens;
+    bool preempted_any = false;
+
+    /* running requests, in admission order */
+    int32_t i = 0;
+    while (i < s->num_running && budget > 0) {
+        osp_request *r = s->running[i];
+        int32_t n_new = r->num_tokens - r->num_computed_tokens;
+        if (n_new > budget) n_new = budget;
+        if (n_new <= 0) {
+            i++;
+            continue;
+        }
+        bool self_preempted = false;
+        while (!allocate_slots(s, r, NULL, 0, n_new)) {
+            /* victim: the latest-arrived (lowest-priority) running request */
+            int32_t v = 0;
+            for (int32_t j = 1; j < s->num_running; j++)
+                if (before(s, s->running[v], s->running[j])) v = j;
+            osp_request *victim = s->running[v];
+            for (int32_t e = 0; e < out->num_entries; e++)
+                if (out->entries[e].req == victim) { /* already scheduled this step: give its tokens back */
+                    budget += out->entries[e].num_scheduled_tokens;
+                    out->total_tokens -= out->entries[e].num_scheduled_tokens;
+                    memmove(out->entries + e, out->entries + e + 1, sizeof *out->entries * (size_t)(out->num_entries - e - 1));
+                    out->num_entries--;
+                    break;
+                }
+            if (v < i) i--;
+            OSP_TRY(preempt(s, victim));
+            preempted_any = true;
+            if (victim == r) {
+                self_preempted = true;
+                break;
+            }
+        }
+        if (self_preempted) break;
+        out->entries[out->num_entries++] = (osp_sched_entry){.req = r, .num_scheduled_tokens = n_new, .sampled = -1};
+        out->total_tokens += n_new;
+        budget -= n_new;
+        i++;
+    }
+
+    /* waiting requests, in service order; none in a step that had to preempt */
+    while (!preempted_any && s->num_waiting > 0 && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
+        osp_request *r = s->waiting[0];
+        int32_t n_hits = 0;
+        if (s->cfg.enable_prefix_caching && r->num_computed_tokens == 0) {
+            osp_request_update_hashes(r, &s->cfg.hasher, s->cfg.block_size);
+            int32_t max_hit = (r->num_tokens - 1) / s->cfg.block_size; /* always compute the last token */
+            if (max_hit > r->num_hashes) max_hit = r->num_hashes;
+            n_hits = osp_prefix_cache_match(s->pool, r->hashes, max_hit, s->hit_ids);
+        }
+        const int32_t computed = n_hits * s->cfg.block_size;
+        int32_t n_new = r->num_tokens - computed;
+        if (n_new > budget) n_new = budget;
+        if (!allocate_slots(s, r, s->hit_ids, n_hits, n_new)) break;
+        r->num_computed_tokens = computed;
+        if (s->cfg.enable_prefix_caching) {
+            s->stats.prefix_queries_tokens += r->num_tokens;
+            s->stats.prefix_hits_tokens += computed;
+        }
+        if (r->num_cached_tokens < 0) r->num_cached_tokens = computed;
+        memmove(s->waiting, s->waiting + 1, sizeof *s->waiting * (size_t)(s->num_waiting - 1));
+        s->num_waiting--;
+        s->running[s->num_running++] = r;
+        r->state = OSP_REQ_RUNNING;
+        out->entries[out->num_entries++] =
+            (osp_sched_entry){.req = r, .num_scheduled_tokens = n_new, .is_new = true, .sampled = -1};
+        out->total_tokens += n_new;
+        budget -= n_new;
+    }
+
+    memcpy(out->removed_ids, s->removed, sizeof *s->removed * (size_t)s->num_removed);
+    out->num_removed = s->num_removed;
+    s->num_removed = 0;
+    *outp = out;
+    return OSP_OK;
+}
+
+static bool is_stop(const osp_scheduler *s, const osp_request *r, int32_t tok) {
+    if (!r->ignore_eos)
+        for (int32_t i = 0; i < s->cfg.num_eos; i++)
+            if (s->eos[i] == tok) return true;
+    for (int32_t i = 0; i < r->num_stop_ids; i++)
+        if (r->stop_ids[i] == tok) return true;
+    return false;
+}
+
+void osp_scheduler_update(osp_scheduler *s, osp_sched_output *out) {
+    for (int32_t e = 0; e < out->num_entries; e++) {
+        osp_sched_entry *en = &out->entries[e];
+        osp_request *r = en->req;
+        r->num_computed_tokens += en->num_scheduled_tokens;
+        if (en->sampled < 0) continue;
+        r->tokens[r->num_tokens++] = en->sampled;
+        osp_finish_reason why = OSP_FINISH_NONE;
+        if (r->num_tokens >= r->max_len) why = OSP_FINISH_LENGTH;
+        else if (osp_request_num_output(r) >= r->min_tokens && is_stop(s, r, en->sampled)) why = OSP_FINISH_STOP;
+        if (why != OSP_FINISH_NONE) osp_scheduler_finish(s, r, why);
+    }
+}
+
+bool osp_scheduler_has_unfinished(const osp_scheduler *s) { return s->num_running + s->num_waiting > 0; }
+
+osp_scheduler_stats osp_scheduler_get_stats(const osp_scheduler *s) {
+    osp_scheduler_stats st = s->stats;
+    st.num_running = s->num_running;
+    st.num_waiting = s->num_waiting;
+    return st;
+}
+
+osp_status osp_scheduler_check_invariants(const osp_scheduler *s) {
+    OSP_TRY(osp_block_pool_check_invariants(s->pool));
+    const int32_t nb = osp_block_pool_num_blocks(s->pool), bs = s->cfg.block_size;
+    if (s->num_running > s->cfg.max_num_seqs)
+        return osp_set_error(OSP_ERR_INTERNAL, "scheduler: %d running > max_num_seqs %d", s->num_running, s->cfg.max_num_seqs);
+    int32_t *refs = calloc((size_t)nb, sizeof *refs);
+    if (!refs) return osp_set_error(OSP_ERR_NOMEM, "scheduler: out of memory");
+    osp_status st = OSP_OK;
+    for (int32_t i = 0; i < s->num_waiting && st == OSP_OK; i++) {
+        const osp_request *r = s->waiting[i];
+        if (r->num_blocks != 0 || r->num_computed_tokens != 0 || (r->state != OSP_REQ_WAITING && r->state != OSP_REQ_PREEMPTED))
+            st = osp_set_error(OSP_ERR_INTERNAL, "scheduler: waiting request %llu holds %d blocks / %d computed tokens, state %d",
+                               (unsigned long long)r->id, r->num_blocks, r->num_computed_tokens, r->state);
+    }
+    for (int32_t i = 0; i < s->num_running && st == OSP_OK; i++) {
+        const osp_request *r = s->running[i];
+        if (r->state != OSP_REQ_RUNNING || r->num_computed_tokens > r->num_tokens || r->num_tokens > r->max_len ||
+            r->num_blocks != cdiv(r->num_computed_tokens, bs))
+            st = osp_set_error(OSP_ERR_INTERNAL,
+                               "scheduler: running request %llu: state %d, %d computed of %d tokens (max %d), %d blocks",
+                               (unsigned long long)r->id, r->state, r->num_computed_tokens, r->num_tokens, r->max_len,
+                               r->num_blocks);
+        for (int32_t b = 0; b < r->num_blocks && st == OSP_OK; b++) {
+            const int32_t id = r->block_ids[b];
+            if (id < 0 || id >= nb) st = osp_set_error(OSP_ERR_INTERNAL, "scheduler: request %llu holds block %d",
+                                                       (unsigned long long)r->id, id);
+            else refs[id]++;
+        }
+    }
+    for (int32_t b = 0; b < nb && st == OSP_OK; b++)
+        if (refs[b] != osp_block_pool_ref_count(s->pool, b))
+            st = osp_set_error(OSP_ERR_INTERNAL, "scheduler: block %d has ref count %d but %d running requests hold it", b,
+                               osp_block_pool_ref_count(s->pool, b), refs[b]);
+    free(refs);
+    return st;
+}

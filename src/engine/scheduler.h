@@ -1,0 +1,82 @@
+/* The scheduler (vLLM V1 semantics): each step spends a token budget (max_num_batched_tokens) on
+ * running requests first, in admission order (a decode costs 1, an unfinished prefill its next chunk),
+ * then admits waiting requests (FCFS, or by priority), each prompt chunked to what is left of the
+ * budget, up to max_num_seqs running. A waiting request first takes the longest run of its full blocks
+ * found in the prefix cache (never its last prompt token). When the pool has no block for a running
+ * request, the latest-arrived running request is preempted (blocks freed, recomputed later; it goes to
+ * the front of the queue) until the request fits or is itself the one preempted; no new request is
+ * admitted in a step that preempted. Requests that could not fit even alone are refused at admission
+ * (osp_scheduler_admissible), so the oldest request can always run: no deadlock, no starvation.
+ *
+ * Host-only: no model. The model runner consumes osp_sched_output and returns one sampled token per
+ * scheduled request that reached the end of its tokens; osp_scheduler_update() appends them and checks
+ * stops. The scheduler does not own requests (the engine does); it keeps pointers to the live ones. */
+#ifndef OSP_ENGINE_SCHEDULER_H
+#define OSP_ENGINE_SCHEDULER_H
+
+#include "engine/request.h"
+
+typedef struct osp_scheduler osp_scheduler;
+
+typedef struct osp_scheduler_config {
+    int32_t max_num_seqs, max_num_batched_tokens, max_model_len, block_size;
+    int32_t num_blocks;
+    osp_sched_policy policy;
+    bool enable_prefix_caching;
+    osp_prefix_hasher hasher;
+    const int32_t *eos_ids; /* [num_eos] end-of-generation token ids (copied) */
+    int32_t num_eos;
+} osp_scheduler_config;
+
+typedef struct osp_sched_entry {
+    osp_request *req;
+    int32_t num_scheduled_tokens;
+    bool is_new;            /* the runner does not hold a row for it (first admission or resumed) */
+    int32_t sampled;        /* filled by the runner: the token sampled for it, or -1 (mid-prefill) */
+} osp_sched_entry;
+
+typedef struct osp_sched_output {
+    osp_sched_entry *entries;   /* [num_entries] running ones first, then newly admitted */
+    int32_t num_entries;
+    int32_t total_tokens;
+    uint64_t *removed_ids;      /* [num_removed] rows the runner drops: finished, aborted, preempted
+                                   since the previous output */
+    int32_t num_removed;
+} osp_sched_output;
+
+typedef struct osp_scheduler_stats {
+    int64_t num_preemptions;
+    int64_t prefix_queries_tokens, prefix_hits_tokens;
+    int32_t num_running, num_waiting;
+} osp_scheduler_stats;
+
+/* Errors: OSP_ERR_INVALID_ARG (sizes <= 0), OSP_ERR_NOMEM. */
+osp_status osp_scheduler_create(const osp_scheduler_config *cfg, osp_scheduler **out);
+void osp_scheduler_destroy(osp_scheduler *s); /* does not free requests */
+
+osp_block_pool *osp_scheduler_pool(osp_scheduler *s);
+
+/* OSP_OK if `r` could run alone in the whole pool; else OSP_ERR_INVALID_ARG with a message. */
+osp_status osp_scheduler_admissible(const osp_scheduler *s, const osp_request *r);
+/* Queues a new request (state WAITING). Call osp_scheduler_admissible first. OSP_ERR_NOMEM. */
+osp_status osp_scheduler_add(osp_scheduler *s, osp_request *r);
+/* Finishes a waiting or running request with `reason` (an abort): it leaves the queues, its blocks
+ * are released. No-op for a finished one. */
+void osp_scheduler_finish(osp_scheduler *s, osp_request *r, osp_finish_reason reason);
+
+/* Plans one step into *out (valid until the next call). out->num_entries may be 0. */
+osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **out);
+/* After the runner filled entries[i].sampled: advances num_computed_tokens, appends sampled tokens,
+ * checks stops (max_tokens / max_model_len -> LENGTH; then, from min_tokens on, EOS unless
+ * ignore_eos and stop token ids -> STOP) and releases finished requests' blocks. */
+void osp_scheduler_update(osp_scheduler *s, osp_sched_output *out);
+
+bool osp_scheduler_has_unfinished(const osp_scheduler *s);
+osp_scheduler_stats osp_scheduler_get_stats(const osp_scheduler *s);
+
+/* Pool invariants plus: running <= max_num_seqs; waiting requests hold no blocks; every block's ref
+ * count equals the number of running requests that hold it; a running request holds exactly the
+ * blocks its computed tokens need (or more, never fewer), num_computed <= num_tokens. O(blocks + tokens). */
+osp_status osp_scheduler_check_invariants(const osp_scheduler *s);
+
+#endif
