@@ -66,6 +66,8 @@ const char *osp_tokenizer_pre_name(const osp_tokenizer *t);
 uint32_t osp_tokenizer_attr(const osp_tokenizer *t, int32_t id);
 /* The stored (byte-encoded) vocabulary string of `id`, NUL-terminated, or NULL if out of range. */
 const char *osp_tokenizer_token_text(const osp_tokenizer *t, int32_t id);
+/* The id whose stored vocabulary string is text[0..len) exactly (e.g. "<|im_start|>"), or -1. */
+int32_t osp_tokenizer_token_id(const osp_tokenizer *t, const char *text, size_t len);
 /* Length in bytes of the longest decoded token (osp_tokenizer_token_bytes). */
 size_t osp_tokenizer_max_token_bytes(const osp_tokenizer *t);
 

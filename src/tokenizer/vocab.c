@@ -505,6 +505,10 @@ const char *osp_tokenizer_token_text(const osp_tokenizer *t, int32_t id) {
     return (id >= 0 && id < t->n_vocab) ? t->text_pool + t->text_off[id] : NULL;
 }
 
+int32_t osp_tokenizer_token_id(const osp_tokenizer *t, const char *text, size_t len) {
+    return (t && text) ? osp_strmap_get(&t->vocab, text, len) : -1;
+}
+
 bool osp_tokenizer_is_eog(const osp_tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab && t->eog[id];
 }

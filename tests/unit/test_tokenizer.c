@@ -157,6 +157,9 @@ static void test_metadata(void **state) {
     assert_false(osp_tokenizer_is_eog(g_tok, -1));
     assert_false(osp_tokenizer_is_eog(g_tok, N_VOCAB));
     assert_string_equal(osp_tokenizer_pre_name(g_tok), "gpt-2");
+    assert_int_equal(osp_tokenizer_token_id(g_tok, "<|im_end|>", 10), ID_IM_END);
+    assert_int_equal(osp_tokenizer_token_id(g_tok, "<|im_end", 8), -1);
+    assert_string_equal(osp_tokenizer_token_text(g_tok, ID_IM_START), "<|im_start|>");
 }
 
 static void test_encode_merge_and_bytes(void **state) {
