@@ -10,6 +10,15 @@
  *   ─▶ GPT-2 byte-to-unicode mapping ─▶ BPE merges by rank (`tokenizer.ggml.merges`, rank = index)
  *   ─▶ ids, with BOS/EOS around them as the metadata says.
  *
+ * Known differences from llama.cpp, all deliberate or unreachable in practice:
+ *  - with add_special, BOS/EOS are not doubled when the text already starts/ends with them
+ *    (llama.cpp doubles and warns);
+ *  - special tokens of equal length are tried in id order (llama.cpp's std::sort leaves their order
+ *    unspecified); this matters only if two such token texts overlap in the input;
+ *  - a 4-byte sequence decoding past U+10FFFF (F4 90.., F5..F7 leads) is read as U+FFFD plus
+ *    continuation bytes; llama.cpp throws on it;
+ *  - decoding never applies llama_detokenize's clean_spaces pass (token_to_piece does not either).
+ *
  * Tokenizers are immutable after load and safe to share between threads; a detokenizer is
  * per-sequence state and belongs to one thread at a time. */
 #ifndef OSPREY_TOKENIZER_H
