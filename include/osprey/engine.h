@@ -112,7 +112,7 @@ typedef struct osp_engine_stats {
     int64_t prefix_queries_tokens;  /* tokens looked up in the prefix cache */
     int64_t prefix_hits_tokens;     /* of which served from it */
     int64_t num_generated_tokens;
-    int64_t num_prompt_tokens_computed; /* prefill tokens that went through the model */
+    int64_t num_scheduled_tokens;   /* tokens that went through the model (prefill + decode) */
     int32_t num_blocks, num_free_blocks, block_size;
     int32_t num_running, num_waiting;
 } osp_engine_stats;

@@ -1,0 +1,410 @@
+/* The engine core (see include/osprey/engine.h): one step = take queued adds and aborts, schedule,
+ * run the model runner, update the scheduler, publish outputs. The step thread (the caller of
+ * osp_engine_step, or the loop thread) is the only one touching the scheduler, the pool and the
+ * runner; other threads meet it at one mutex that guards the pending queues, the request table and
+ * each request's published output counters. Tokens are published by count: a request's token array is
+ * allocated once at its maximum length and only ever appended to, so pollers copy the published prefix
+ * while the step thread writes beyond it. */
+#include "osprey/engine.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/status_internal.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "osprey/tokenizer.h"
+
+typedef struct ptr_vec {
+    void **v;
+    int32_t n, cap;
+} ptr_vec;
+
+static int vec_push(ptr_vec *a, void *p) {
+    if (a->n == a->cap) {
+        int32_t cap = a->cap ? a->cap * 2 : 32;
+        void **v = realloc(a->v, sizeof *v * (size_t)cap);
+        if (!v) return -1;
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = p;
+    return 0;
+}
+
+static void vec_del(ptr_vec *a, int32_t i) { a->v[i] = a->v[--a->n]; }
+
+struct osp_engine {
+    osp_engine_params p;
+    osp_model *model;
+    int32_t n_vocab;
+    osp_scheduler *sched;
+    osp_model_runner *runner;
+
+    pthread_mutex_t mu;
+    pthread_cond_t wake;        /* the loop thread waits for work */
+    pthread_cond_t output;      /* pollers wait for outputs */
+    ptr_vec table;              /* every request not yet forgotten (osp_request *) */
+    ptr_vec pending;            /* added, not yet given to the scheduler */
+    int32_t num_unfinished;
+    int64_t next_arrival;
+    bool thread_running, stop;
+    pthread_t thread;
+    osp_status loop_status;
+    osp_engine_stats stats;     /* counters, under mu */
+    ptr_vec publish;            /* step-thread scratch: requests with news this step */
+};
+
+osp_engine_params osp_engine_default_params(void) {
+    osp_engine_params p;
+    memset(&p, 0, sizeof p);
+    p.block_size = 16;
+    p.kv_cache_memory = 512ll << 20;
+    p.kv_dtype = OSP_KV_DTYPE_F16;
+    p.max_num_seqs = 256;
+    p.max_num_batched_tokens = 2048;
+    p.enable_prefix_caching = true;
+    p.hash_algo = OSP_PREFIX_HASH_XXH3_128;
+    p.policy = OSP_SCHED_FCFS;
+    return p;
+}
+
+osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) {
+    *out = NULL;
+    if (!params || !params->model_path) return osp_set_error(OSP_ERR_INVALID_ARG, "engine: no model_path");
+    osp_engine_params p = *params;
+    if (p.block_size <= 0 || p.max_num_seqs <= 0 || p.max_num_batched_tokens <= 0 || p.max_model_len < 0 ||
+        p.kv_cache_memory < 0 || p.num_blocks < 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "engine: block_size, max_num_seqs and max_num_batched_tokens must "
+                                                  "be > 0; max_model_len, kv_cache_memory, num_blocks >= 0");
+    if (!osp_kv_dtype_name(p.kv_dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "engine: unknown kv_dtype %d", (int)p.kv_dtype);
+    osp_engine *e = calloc(1, sizeof *e);
+    if (!e) return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->output, NULL);
+    int32_t *eos = NULL, n_eos = 0;
+    osp_model_params mp = osp_model_default_params();
+    mp.n_threads = p.n_threads;
+    osp_status s = osp_model_load(p.model_path, &mp, &e->model);
+    if (s != OSP_OK) goto fail;
+    const osp_model_config *c = osp_model_config_get(e->model);
+    e->n_vocab = c->n_vocab;
+    if (p.max_model_len == 0) p.max_model_len = c->n_ctx_train;
+    if (p.max_model_len < 2 || p.max_model_len > c->n_ctx_train) {
+        s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: max_model_len %d is outside [2, %d] (the model's context)",
+                          p.max_model_len, c->n_ctx_train);
+        goto fail;
+    }
+    const int64_t block_bytes = osp_kv_cache_bytes_per_token(c, p.kv_dtype) * p.block_size;
+    if (p.num_blocks == 0) {
+        const int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
+                                               : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
+        if (want < 1 || want > INT32_MAX) {
+            s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: kv_cache_memory %lld bytes holds %lld blocks of %lld bytes",
+                              (long long)p.kv_cache_memory, (long long)want, (long long)block_bytes);
+            goto fail;
+        }
+        p.num_blocks = (int32_t)want;
+    }
+    /* end-of-generation ids from the tokenizer (a model without a vocabulary has none) */
+    osp_tokenizer *tok = NULL;
+    if (osp_tokenizer_load(osp_model_gguf(e->model), &tok) == OSP_OK) {
+        eos = malloc(sizeof *eos * 64);
+        for (int32_t i = 0; eos && i < c->n_vocab && n_eos < 64; i++)
+            if (osp_tokenizer_is_eog(tok, i)) eos[n_eos++] = i;
+        osp_tokenizer_free(tok);
+    }
+    const osp_scheduler_config sc = {.max_num_seqs = p.max_num_seqs, .max_num_batched_tokens = p.max_num_batched_tokens,
+                                     .max_model_len = p.max_model_len, .block_size = p.block_size,
+                                     .num_blocks = p.num_blocks, .policy = p.policy,
+                                     .enable_prefix_caching = p.enable_prefix_caching,
+                                     .hasher = osp_prefix_hasher_make(p.hash_algo, p.hash_seed_set, p.hash_seed),
+                                     .eos_ids = eos, .num_eos = n_eos};
+    if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
+    if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
+                               p.max_num_batched_tokens, &e->runner)) != OSP_OK)
+        goto fail;
+    free(eos);
+    e->p = p;
+    e->stats.num_blocks = p.num_blocks;
+    e->stats.block_size = p.block_size;
+    *out = e;
+    return OSP_OK;
+fail:
+    free(eos);
+    osp_engine_free(e);
+    return s;
+}
+
+void osp_engine_free(osp_engine *e) {
+    if (!e) return;
+    if (e->thread_running) osp_engine_stop(e);
+    for (int32_t i = 0; i < e->table.n; i++) osp_request_destroy(e->table.v[i]);
+    free(e->table.v);
+    free(e->pending.v);
+    free(e->publish.v);
+    osp_runner_destroy(e->runner);
+    osp_scheduler_destroy(e->sched);
+    osp_model_free(e->model);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->output);
+    free(e);
+}
+
+const osp_model *osp_engine_model(const osp_engine *e) { return e->model; }
+const osp_engine_params *osp_engine_params_get(const osp_engine *e) { return &e->p; }
+
+static int32_t table_find(const osp_engine *e, uint64_t id) {
+    for (int32_t i = 0; i < e->table.n; i++)
+        if (((osp_request *)e->table.v[i])->id == id) return i;
+    return -1;
+}
+
+osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
+    if (!e || !rp) return osp_set_error(OSP_ERR_INVALID_ARG, "engine add: NULL argument");
+    for (int32_t i = 0; i < rp->num_prompt && rp->prompt; i++)
+        if (rp->prompt[i] < 0 || rp->prompt[i] >= e->n_vocab)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: prompt token %d is %d, outside the vocabulary (%d)",
+                                 (unsigned long long)rp->request_id, i, rp->prompt[i], e->n_vocab);
+    osp_request *r;
+    OSP_TRY(osp_request_create(rp, e->p.max_model_len, e->p.block_size, 0, &r));
+    osp_status s = osp_scheduler_admissible(e->sched, r); /* reads only constants of the scheduler */
+    pthread_mutex_lock(&e->mu);
+    if (s == OSP_OK && table_find(e, rp->request_id) >= 0)
+        s = osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: the id is already in use", (unsigned long long)rp->request_id);
+    if (s == OSP_OK) {
+        r->arrival = e->next_arrival++;
+        if (vec_push(&e->table, r) || vec_push(&e->pending, r)) {
+            if (e->table.n && e->table.v[e->table.n - 1] == r) e->table.n--;
+            s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+        } else {
+            e->num_unfinished++;
+            pthread_cond_signal(&e->wake);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (s != OSP_OK) osp_request_destroy(r);
+    return s;
+}
+
+osp_status osp_engine_abort(osp_engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    const int32_t i = table_find(e, id);
+    osp_status s = OSP_OK;
+    osp_request *r = i >= 0 ? e->table.v[i] : NULL;
+    if (!r || r->published_finished || r->abort_requested)
+        s = osp_set_error(OSP_ERR_NOT_FOUND, "abort: request %llu is unknown or finished", (unsigned long long)id);
+    else {
+        r->abort_requested = true;
+        pthread_cond_signal(&e->wake);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+bool osp_engine_has_unfinished(osp_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const bool b = e->num_unfinished > 0;
+    pthread_mutex_unlock(&e->mu);
+    return b;
+}
+
+static void mark(osp_engine *e, osp_request *r) {
+    for (int32_t i = 0; i < e->publish.n; i++)
+        if (e->publish.v[i] == r) return;
+    vec_push(&e->publish, r);
+}
+
+static void fill_output(const osp_request *r, const int32_t *toks, int32_t n, bool finished, osp_request_output *o) {
+    o->request_id = r->id;
+    o->token_ids = toks;
+    o->num_tokens = n;
+    o->num_output_tokens = osp_request_num_output(r);
+    o->num_prompt_tokens = r->num_prompt;
+    o->num_cached_tokens = r->num_cached_tokens > 0 ? r->num_cached_tokens : 0;
+    o->finished = finished;
+    o->finish_reason = finished ? r->finish_reason : OSP_FINISH_NONE;
+}
+
+static osp_status step_locked_out(osp_engine *e, bool *did_work) {
+    e->publish.n = 0;
+    /* 1. take adds and aborts */
+    pthread_mutex_lock(&e->mu);
+    osp_status s = OSP_OK;
+    for (int32_t i = 0; i < e->pending.n && s == OSP_OK; i++) s = osp_scheduler_add(e->sched, e->pending.v[i]);
+    e->pending.n = 0;
+    for (int32_t i = 0; i < e->table.n; i++) {
+        osp_request *r = e->table.v[i];
+        if (r->abort_requested && r->state != OSP_REQ_FINISHED) {
+            osp_scheduler_finish(e->sched, r, OSP_FINISH_ABORT);
+            mark(e, r);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    OSP_TRY(s);
+    /* 2. schedule, run, update */
+    osp_sched_output *so;
+    OSP_TRY(osp_scheduler_schedule(e->sched, &so));
+    OSP_TRY(osp_runner_execute(e->runner, so));
+    int64_t gen = 0;
+    for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].sampled >= 0;
+    osp_scheduler_update(e->sched, so);
+    if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
+    for (int32_t i = 0; i < so->num_entries; i++)
+        if (so->entries[i].sampled >= 0) mark(e, so->entries[i].req);
+    *did_work = so->num_entries > 0 || e->publish.n > 0;
+    /* 3. publish */
+    pthread_mutex_lock(&e->mu);
+    const osp_scheduler_stats ss = osp_scheduler_get_stats(e->sched);
+    if (so->num_entries > 0) e->stats.num_steps++;
+    e->stats.num_generated_tokens += gen;
+    e->stats.num_scheduled_tokens += so->total_tokens;
+    e->stats.num_preemptions = ss.num_preemptions;
+    e->stats.prefix_queries_tokens = ss.prefix_queries_tokens;
+    e->stats.prefix_hits_tokens = ss.prefix_hits_tokens;
+    e->stats.num_running = ss.num_running;
+    e->stats.num_waiting = ss.num_waiting;
+    e->stats.num_free_blocks = osp_block_pool_num_free(osp_scheduler_pool(e->sched));
+    for (int32_t i = 0; i < e->publish.n; i++) {
+        osp_request *r = e->publish.v[i];
+        r->num_published = osp_request_num_output(r);
+        if (r->state == OSP_REQ_FINISHED && !r->published_finished) {
+            r->published_finished = true;
+            r->published_reason = r->finish_reason;
+            e->num_unfinished--;
+        }
+    }
+    pthread_cond_broadcast(&e->output);
+    pthread_mutex_unlock(&e->mu);
+    /* 4. callbacks (outside the lock); callback requests are forgotten when finished */
+    for (int32_t i = 0; i < e->publish.n; i++) {
+        osp_request *r = e->publish.v[i];
+        if (!r->callback) continue;
+        const int32_t from = r->num_delivered, n = r->num_published - from;
+        osp_request_output o;
+        fill_output(r, r->tokens + r->num_prompt + from, n, r->published_finished, &o);
+        r->num_delivered = r->num_published;
+        r->callback(r->callback_user, &o);
+        if (r->published_finished) {
+            pthread_mutex_lock(&e->mu);
+            const int32_t k = table_find(e, r->id);
+            if (k >= 0) vec_del(&e->table, k);
+            pthread_mutex_unlock(&e->mu);
+            osp_request_destroy(r);
+        }
+    }
+    return OSP_OK;
+}
+
+osp_status osp_engine_step(osp_engine *e, bool *did_work) {
+    bool dummy;
+    if (!did_work) did_work = &dummy;
+    *did_work = false;
+    if (e->thread_running) return osp_set_error(OSP_ERR_INVALID_ARG, "engine step: the loop thread is running");
+    return step_locked_out(e, did_work);
+}
+
+static void *loop_main(void *arg) {
+    osp_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->num_unfinished == 0) pthread_cond_wait(&e->wake, &e->mu);
+        const bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        bool did;
+        osp_status s = step_locked_out(e, &did);
+        if (s != OSP_OK) {
+            pthread_mutex_lock(&e->mu);
+            e->loop_status = s;
+            e->stop = true;
+            pthread_cond_broadcast(&e->output);
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+    }
+    return NULL;
+}
+
+osp_status osp_engine_start(osp_engine *e) {
+    if (e->thread_running) return osp_set_error(OSP_ERR_INVALID_ARG, "engine start: already running");
+    e->stop = false;
+    e->loop_status = OSP_OK;
+    if (pthread_create(&e->thread, NULL, loop_main, e) != 0)
+        return osp_set_error(OSP_ERR_NOMEM, "engine start: cannot create the loop thread");
+    e->thread_running = true;
+    return OSP_OK;
+}
+
+osp_status osp_engine_stop(osp_engine *e) {
+    if (!e->thread_running) return OSP_OK;
+    pthread_mutex_lock(&e->mu);
+    e->stop = true;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->thread_running = false;
+    if (e->loop_status != OSP_OK) return osp_set_error(e->loop_status, "engine: the loop stopped on an error");
+    return OSP_OK;
+}
+
+osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t cap, osp_request_output *out,
+                           int timeout_ms) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    if (timeout_ms > 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&e->mu);
+    osp_status s = OSP_OK;
+    for (;;) {
+        const int32_t i = table_find(e, id);
+        if (i < 0) {
+            s = osp_set_error(OSP_ERR_NOT_FOUND, "poll: request %llu is unknown", (unsigned long long)id);
+            break;
+        }
+        osp_request *r = e->table.v[i];
+        const int32_t avail = r->num_published - r->num_delivered;
+        if (avail > 0 || r->published_finished || timeout_ms == 0 || e->stop) {
+            const int32_t n = avail < cap ? avail : (cap > 0 ? cap : 0);
+            if (n > 0) memcpy(tokens, r->tokens + r->num_prompt + r->num_delivered, sizeof *tokens * (size_t)n);
+            r->num_delivered += n;
+            const bool done = r->published_finished && r->num_delivered == r->num_published;
+            fill_output(r, tokens, n, done, out);
+            if (done) {
+                vec_del(&e->table, i);
+                osp_request_destroy(r);
+            }
+            break;
+        }
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&e->output, &e->mu)
+                                : pthread_cond_timedwait(&e->output, &e->mu, &deadline);
+        if (rc == ETIMEDOUT) timeout_ms = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+osp_engine_stats osp_engine_get_stats(osp_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    osp_engine_stats st = e->stats;
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+osp_status osp_engine_check_invariants(osp_engine *e) {
+    OSP_TRY(osp_scheduler_check_invariants(e->sched));
+    const osp_scheduler_stats ss = osp_scheduler_get_stats(e->sched);
+    const osp_persistent_batch *pb = e->runner->pb;
+    if (pb->num_rows < ss.num_running)
+        return osp_set_error(OSP_ERR_INTERNAL, "engine: %d batch rows for %d running requests", pb->num_rows,
+                             ss.num_running);
+    return OSP_OK;
+}

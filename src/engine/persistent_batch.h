@@ -1,0 +1,55 @@
+/* The persistent batch (the Model Runner V2 idea): the runner's per-row state, kept across steps so
+ * that each step only applies its diff (rows removed for finished / aborted / preempted requests, rows
+ * added for new or resumed ones, new block ids appended, holes filled by moving the last row) and then
+ * builds the flattened model inputs in one pass over the rows.
+ *
+ * Row r holds one running request: its tokens (prompt + outputs, [max_model_len]), num_computed_tokens,
+ * its block-table row ([max_blocks]) and its sampling params. Rows [0, num_rows) are occupied. */
+#ifndef OSP_ENGINE_PERSISTENT_BATCH_H
+#define OSP_ENGINE_PERSISTENT_BATCH_H
+
+#include "engine/scheduler.h"
+#include "osprey/model.h"
+
+typedef struct osp_persistent_batch {
+    int32_t max_rows, max_model_len, max_blocks, block_size, max_tokens;
+    int32_t num_rows;
+    uint64_t *req_id;             /* [max_rows] */
+    int32_t *token_ids;           /* [max_rows, max_model_len] */
+    int32_t *num_tokens;          /* [max_rows] */
+    int32_t *num_prompt;          /* [max_rows] */
+    int32_t *num_computed;        /* [max_rows] */
+    int32_t *block_table;         /* [max_rows, max_blocks] */
+    int32_t *num_blocks;          /* [max_rows] */
+    osp_sampling_params *sampling;/* [max_rows] one sampler row's params (src/sample/) */
+    int32_t *num_scheduled;       /* [max_rows] this step's tokens, 0 = not scheduled */
+    int32_t *entry;               /* [max_rows] index of the row's osp_sched_entry this step */
+    int64_t num_moves;            /* rows moved to fill holes, over the batch's life */
+
+    /* model inputs built by osp_pb_build (sized for max_tokens / max_rows) */
+    int32_t *in_tokens, *in_positions, *in_slots; /* [max_tokens] */
+    int32_t *in_qsl;              /* [max_rows + 1] */
+    int32_t *in_seq_lens;         /* [max_rows] */
+    int32_t *in_block_table;      /* [max_rows, max_blocks] rows of the scheduled requests */
+    int32_t *in_logits_idx;       /* [max_rows] */
+    int32_t *in_logits_row;       /* [max_rows] the row each logit belongs to */
+    osp_batch batch;
+} osp_persistent_batch;
+
+/* Errors: OSP_ERR_NOMEM. */
+osp_status osp_pb_create(int32_t max_rows, int32_t max_model_len, int32_t block_size, int32_t max_tokens,
+                         osp_persistent_batch **out);
+void osp_pb_destroy(osp_persistent_batch *pb);
+
+/* Applies the step's diff: drops the rows of out->removed_ids, adds rows for entries with is_new
+ * (copying the request's tokens, blocks, params), appends new block ids of the others, condenses,
+ * and records each row's scheduled tokens. Errors: OSP_ERR_INTERNAL on an inconsistent diff. */
+osp_status osp_pb_apply(osp_persistent_batch *pb, const osp_sched_output *out);
+
+/* Builds pb->batch for the scheduled rows, in row order. Returns the number of logits rows. */
+int32_t osp_pb_build(osp_persistent_batch *pb);
+
+/* Row of a request id, or -1. */
+int32_t osp_pb_find(const osp_persistent_batch *pb, uint64_t id);
+
+#endif
