@@ -1,13 +1,15 @@
 /* osprey generate: continue a prompt with the model, streaming the text as it is produced.
  *
- * One sequence through the same flattened-batch forward pass the engine uses: the prompt in one
- * prefill step, then one decode step per token, K/V in a paged cache (block size 16). Timings go to
- * stderr: load time, prompt tokens/s (prefill), generation tokens/s (decode). */
+ * One request through the engine (include/osprey/engine.h), stepped from this thread: the prompt in
+ * prefill steps (chunked at the token budget), then one decode step per token, K/V in the engine's
+ * paged cache (block size 16, f16 by default). Timings go to stderr: load time, prompt tokens/s
+ * (prefill, up to the first token), generation tokens/s (decode). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "osprey/engine.h"
 #include "osprey/model.h"
 #include "osprey/tokenizer.h"
 #include "sample/sampler.h"
@@ -19,10 +21,11 @@ typedef struct gen_args {
     int n_predict, n_threads;
     osp_sampling_params sp;
     bool seed_set;
+    osp_kv_dtype kv_dtype;
 } gen_args;
 
 static gen_args parse(int argc, char **argv) {
-    gen_args a = {.n_predict = 128, .n_threads = 0, .sp = osp_sampling_default_params()};
+    gen_args a = {.n_predict = 128, .n_threads = 0, .sp = osp_sampling_default_params(), .kv_dtype = OSP_KV_DTYPE_F16};
     a.sp.temperature = 0.8f; /* llama.cpp's default */
     a.sp.top_k = 40;
     a.sp.top_p = 0.95f;
@@ -36,27 +39,13 @@ static gen_args parse(int argc, char **argv) {
         else if (!strcmp(f, "--top-k")) a.sp.top_k = (int)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.sp.top_p = (float)cli_float(f, v, 0, 1), i++;
         else if (!strcmp(f, "--seed")) a.sp.seed = (uint64_t)cli_int(f, v, 0, (long long)UINT32_MAX), a.seed_set = true, i++;
-        else cli_die(OSP_OK, "generate: unknown option '%s'", f);
+        else if (!strcmp(f, "--kv-cache-dtype")) {
+            if (osp_kv_dtype_parse(v, &a.kv_dtype) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
+            i++;
+        } else cli_die(OSP_OK, "generate: unknown option '%s'", f);
     }
     if (!a.model || !a.prompt) cli_die(OSP_OK, "generate needs -m FILE and -p TEXT");
     return a;
-}
-
-/* Runs tokens [start, start + n) of `ids` as one step; logits of the last one into `logits`. */
-static void step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int32_t start, int32_t n,
-                 const int32_t *block_table, int32_t max_blocks, int32_t *pos, int32_t *slot,
-                 float *logits) {
-    for (int32_t i = 0; i < n; i++) {
-        pos[i] = start + i;
-        slot[i] = block_table[(start + i) / BLOCK_SIZE] * BLOCK_SIZE + (start + i) % BLOCK_SIZE;
-    }
-    const int32_t qsl[2] = {0, n}, seq_len = start + n, last = n - 1;
-    const osp_batch b = {.num_tokens = n, .token_ids = ids + start, .positions = pos,
-                         .slot_mapping = slot, .num_seqs = 1, .query_start_loc = qsl,
-                         .seq_lens = &seq_len, .block_table = block_table,
-                         .max_blocks_per_seq = max_blocks, .num_logits = 1, .logits_indices = &last};
-    osp_status s = osp_model_forward(m, kv, &b, logits);
-    if (s != OSP_OK) cli_die(s, "forward pass failed");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -64,15 +53,18 @@ int cmd_generate(int argc, char **argv) {
     if (!a.seed_set) a.sp.seed = (uint64_t)(cli_now_s() * 1e6);
 
     double t0 = cli_now_s();
-    osp_model_params mp = osp_model_default_params();
-    mp.n_threads = a.n_threads;
-    osp_model *m;
-    osp_status s = osp_model_load(a.model, &mp, &m);
+    osp_engine_params ep = osp_engine_default_params();
+    ep.model_path = a.model;
+    ep.n_threads = a.n_threads;
+    ep.block_size = BLOCK_SIZE;
+    ep.kv_dtype = a.kv_dtype;
+    ep.max_num_seqs = 1;
+    osp_engine *e;
+    osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "cannot load model");
     osp_tokenizer *tok;
-    s = osp_tokenizer_load(osp_model_gguf(m), &tok);
+    s = osp_tokenizer_load(osp_model_gguf(osp_engine_model(e)), &tok);
     if (s != OSP_OK) cli_die(s, "cannot load tokenizer");
-    const osp_model_config *cfg = osp_model_config_get(m);
     const double t_load = cli_now_s() - t0;
 
     int32_t *prompt_ids;
@@ -80,73 +72,68 @@ int cmd_generate(int argc, char **argv) {
     s = osp_tokenizer_encode(tok, a.prompt, strlen(a.prompt), true, true, &prompt_ids, &n_prompt);
     if (s != OSP_OK) cli_die(s, "cannot tokenize the prompt");
     if (n_prompt == 0) cli_die(OSP_OK, "the prompt is empty after tokenization");
-    const int64_t n_total = (int64_t)n_prompt + a.n_predict;
-    if (n_total > cfg->n_ctx_train)
-        cli_die(OSP_OK, "prompt (%zu tokens) + %d new tokens exceed the context length %d", n_prompt,
-                a.n_predict, cfg->n_ctx_train);
-
-    const int32_t max_blocks = (int32_t)((n_total + BLOCK_SIZE - 1) / BLOCK_SIZE);
-    osp_kv_cache *kv;
-    s = osp_kv_cache_create(m, max_blocks, BLOCK_SIZE, OSP_KV_DTYPE_F16, &kv);
-    if (s != OSP_OK) cli_die(s, "cannot allocate the KV cache");
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_total);
-    int32_t *block_table = malloc(sizeof(int32_t) * (size_t)max_blocks);
-    int32_t *pos = malloc(sizeof(int32_t) * n_prompt), *slot = malloc(sizeof(int32_t) * n_prompt);
-    float *logits = malloc(sizeof(float) * (size_t)cfg->n_vocab);
-    float *work = malloc(sizeof(float) * 2 * (size_t)cfg->n_vocab);
+    const int32_t cap = a.n_predict > 0 ? a.n_predict : 1;
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)cap);
     osp_detokenizer *dt;
     const size_t text_cap = 3 * (osp_tokenizer_max_token_bytes(tok) + 4) + 1;
     char *text = malloc(text_cap);
-    if (!ids || !block_table || !pos || !slot || !logits || !work || !text ||
-        osp_detokenizer_new(tok, &dt) != OSP_OK)
-        cli_die(OSP_OK, "out of memory");
-    for (int32_t i = 0; i < max_blocks; i++) block_table[i] = i;
-    memcpy(ids, prompt_ids, sizeof(int32_t) * n_prompt);
-    free(prompt_ids);
+    if (!out || !text || osp_detokenizer_new(tok, &dt) != OSP_OK) cli_die(OSP_OK, "out of memory");
 
     fputs(a.prompt, stdout);
     fflush(stdout);
-    double t1 = cli_now_s();
-    step(m, kv, ids, 0, (int32_t)n_prompt, block_table, max_blocks, pos, slot, logits);
-    const double t_prompt = cli_now_s() - t1;
-
-    int32_t n = (int32_t)n_prompt, n_gen = 0, n_decode = 0;
-    double t2 = cli_now_s();
-    size_t len;
-    while (n_gen < a.n_predict) {
-        int32_t next;
-        s = osp_sample(logits, cfg->n_vocab, &a.sp, (uint64_t)n_gen, work, &next);
-        if (s != OSP_OK) cli_die(s, "sampling failed");
-        ids[n++] = next;
-        n_gen++;
-        if (osp_tokenizer_is_eog(tok, next)) break;
-        if (osp_detokenizer_push(dt, next, text, text_cap, &len) == OSP_OK && len) {
-            fwrite(text, 1, len, stdout);
-            fflush(stdout);
+    int32_t n_gen = 0;
+    double t_prompt = 0, t2 = cli_now_s();
+    if (a.n_predict > 0) {
+        osp_request_params rp = osp_request_default_params();
+        rp.prompt = prompt_ids;
+        rp.num_prompt = (int32_t)n_prompt;
+        rp.max_tokens = a.n_predict;
+        rp.temperature = a.sp.temperature;
+        rp.top_k = a.sp.top_k;
+        rp.top_p = a.sp.top_p;
+        rp.seed = a.sp.seed;
+        s = osp_engine_add(e, &rp);
+        if (s != OSP_OK) cli_die(s, "cannot run the prompt");
+        const double t1 = cli_now_s();
+        bool finished = false;
+        size_t len;
+        while (!finished) {
+            s = osp_engine_step(e, NULL);
+            if (s != OSP_OK) cli_die(s, "step failed");
+            osp_request_output o;
+            s = osp_engine_poll(e, rp.request_id, out + n_gen, cap - n_gen, &o, 0);
+            if (s != OSP_OK) cli_die(s, "poll failed");
+            if (n_gen == 0 && o.num_tokens > 0) {
+                t_prompt = cli_now_s() - t1;
+                t2 = cli_now_s();
+            }
+            for (int32_t i = 0; i < o.num_tokens; i++) {
+                const int32_t next = out[n_gen + i];
+                if (osp_tokenizer_is_eog(tok, next)) continue; /* the engine stops after it */
+                if (osp_detokenizer_push(dt, next, text, text_cap, &len) == OSP_OK && len) {
+                    fwrite(text, 1, len, stdout);
+                    fflush(stdout);
+                }
+            }
+            n_gen += o.num_tokens;
+            finished = o.finished;
         }
-        if (n_gen < a.n_predict) {
-            step(m, kv, ids, n - 1, 1, block_table, max_blocks, pos, slot, logits);
-            n_decode++;
-        }
+        size_t flen;
+        if (osp_detokenizer_flush(dt, text, text_cap, &flen) == OSP_OK && flen) fwrite(text, 1, flen, stdout);
     }
-    if (osp_detokenizer_flush(dt, text, text_cap, &len) == OSP_OK && len) fwrite(text, 1, len, stdout);
+    free(prompt_ids);
+    const int32_t n_decode = n_gen > 0 ? n_gen - 1 : 0;
     const double t_gen = cli_now_s() - t2;
     putchar('\n');
     fflush(stdout);
     fprintf(stderr, "\nload: %.0f ms | prompt: %zu tokens, %.0f ms, %.1f tokens/s | generation: %d tokens, %d decode steps in %.0f ms, %.1f tokens/s\n",
-            t_load * 1e3, n_prompt, t_prompt * 1e3, (double)n_prompt / t_prompt, n_gen, n_decode,
+            t_load * 1e3, n_prompt, t_prompt * 1e3, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, n_decode,
             t_gen * 1e3, n_decode > 0 ? (double)n_decode / t_gen : 0.0);
 
     osp_detokenizer_free(dt);
     free(text);
-    free(work);
-    free(logits);
-    free(pos);
-    free(slot);
-    free(block_table);
-    free(ids);
-    osp_kv_cache_free(kv);
+    free(out);
     osp_tokenizer_free(tok);
-    osp_model_free(m);
+    osp_engine_free(e);
     return 0;
 }

@@ -13,6 +13,7 @@ static const char *k_usage =
     "\n"
     "commands:\n"
     "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
+    "           [--kv-cache-dtype f16|f32]\n"
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
@@ -20,7 +21,9 @@ static const char *k_usage =
     "           print a GGUF file's metadata and tensors\n"
     "  make-random-model --preset NAME [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--seed S]\n"
     "           [--vocab-from FILE] [--vocab-size N] [-t THREADS] -o FILE  (--list-presets)\n"
-    "           write a GGUF model with random weights in a real architecture's shapes\n";
+    "           write a GGUF model with random weights in a real architecture's shapes\n"
+    "  plan     -m FILE [--max-model-len N] [--kv-cache-dtype f16|f32] [--kv-cache-memory B] [--block-size N]\n"
+    "           KV bytes per token, blocks in a memory budget, sequences that fit\n";
 
 noreturn void cli_die(osp_status s, const char *fmt, ...) {
     va_list ap;
@@ -67,6 +70,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "make-random-model")) return cmd_make_random_model(argc - 1, argv + 1);
     fprintf(stderr, "osprey: error: unknown command '%s'\n\n%s", argv[1], k_usage);
     return 2;
