@@ -1,5 +1,10 @@
-/* Philox4x32-10, as specified in Salmon et al. (SC 2011) with the constants of Random123. */
+/* Philox4x32-10, as specified in Salmon et al. (SC 2011) with the constants of Random123, and the
+ * sampler's addressing of it (see rng.h). */
 #include "sample/rng.h"
+
+#include <stdatomic.h>
+#include <sys/random.h>
+#include <time.h>
 
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -28,10 +33,33 @@ void osp_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t ou
     out[3] = c3;
 }
 
-float osp_rng_uniform(uint64_t seed, uint64_t offset, uint32_t index) {
-    const uint32_t ctr[4] = {index / 4u, (uint32_t)offset, (uint32_t)(offset >> 32), 0};
+uint32_t osp_rng_u32_at(uint64_t seed, uint32_t sample_index, uint64_t position, uint32_t draw) {
+    const uint32_t ctr[4] = {draw / 4u, (uint32_t)position, (uint32_t)(position >> 32), sample_index};
     const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     uint32_t out[4];
     osp_philox4x32_10(ctr, key, out);
-    return (float)(out[index % 4u] >> 8) * (1.0f / 16777216.0f);
+    return out[draw % 4u];
+}
+
+double osp_rng_uniform_at(uint64_t seed, uint32_t sample_index, uint64_t position, uint32_t draw) {
+    return (double)osp_rng_u32_at(seed, sample_index, position, draw) * (1.0 / 4294967296.0);
+}
+
+float osp_rng_uniform(uint64_t seed, uint64_t offset, uint32_t index) {
+    return (float)(osp_rng_u32_at(seed, 0, offset, index) >> 8) * (1.0f / 16777216.0f);
+}
+
+uint64_t osp_rng_entropy_seed(void) {
+    uint64_t s;
+    if (getrandom(&s, sizeof s, 0) == (ssize_t)sizeof s) return s;
+    /* Fallback: clock plus a process-wide counter, mixed through Philox. */
+    static atomic_uint_fast64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    const uint64_t c = atomic_fetch_add(&counter, 1);
+    const uint32_t ctr[4] = {(uint32_t)ts.tv_nsec, (uint32_t)ts.tv_sec, (uint32_t)c, (uint32_t)(c >> 32)};
+    const uint32_t key[2] = {0x6f737072u, 0x65790000u};
+    uint32_t out[4];
+    osp_philox4x32_10(ctr, key, out);
+    return (uint64_t)out[0] | (uint64_t)out[1] << 32;
 }
