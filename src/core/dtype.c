@@ -66,6 +66,9 @@ bool osp_dtype_can_dequant(uint32_t t) {
     switch (t) {
     case OSP_DTYPE_F32: case OSP_DTYPE_F16: case OSP_DTYPE_BF16:
     case OSP_DTYPE_Q4_0: case OSP_DTYPE_Q4_1: case OSP_DTYPE_Q8_0:
+    case OSP_DTYPE_Q5_0: case OSP_DTYPE_Q5_1:
+    case OSP_DTYPE_Q2_K: case OSP_DTYPE_Q3_K: case OSP_DTYPE_Q4_K: case OSP_DTYPE_Q5_K:
+    case OSP_DTYPE_Q6_K: case OSP_DTYPE_Q8_K:
         return true;
     default:
         return false;
@@ -169,6 +172,152 @@ static void dq_q8_0(const uint8_t *restrict b, float *restrict y) {
     for (int j = 0; j < 32; j++) y[j] = (float)qs[j] * d;
 }
 
+/* block_q5_0 { half d; u8 qh[4]; u8 qs[16]; }: value j (< 16) has its low 4 bits in the low nibble of
+ * qs[j], value j+16 in the high nibble; bit j of the little-endian u32 qh is bit 4 of value j.
+ * x = (q-16)d */
+static void dq_q5_0(const uint8_t *restrict b, float *restrict y) {
+    float d = rd_half(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const uint8_t *qs = b + 6;
+    for (int j = 0; j < 16; j++) {
+        const int lo = (qs[j] & 0x0f) | (int)((qh >> j) & 1u) << 4;
+        const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
+        y[j] = (float)(lo - 16) * d;
+        y[j + 16] = (float)(hi - 16) * d;
+    }
+}
+
+/* block_q5_1 { half d; half m; u8 qh[4]; u8 qs[16]; }: bits as in Q5_0; x = q*d + m */
+static void dq_q5_1(const uint8_t *restrict b, float *restrict y) {
+    float d = rd_half(b), m = rd_half(b + 2);
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    const uint8_t *qs = b + 8;
+    for (int j = 0; j < 16; j++) {
+        const int lo = (qs[j] & 0x0f) | (int)((qh >> j) & 1u) << 4;
+        const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1u) << 4;
+        y[j] = (float)lo * d + m;
+        y[j + 16] = (float)hi * d + m;
+    }
+}
+
+/* The K-quants: super-blocks of 256 values made of sub-blocks of 16 or 32, each with a small integer
+ * scale (and min) that a half-precision super-block scale multiplies. The float arithmetic below is
+ * ggml's: sub-block scale first (d * sc), then times the quant, then minus the min term. */
+
+/* block_q2_K { u8 scales[16]; u8 qs[64]; half d; half dmin; }. Value i = 128h + 32s + l (h < 2,
+ * s < 4, l < 32) is bits 2s..2s+1 of qs[32h + l]; sub-block i/16 has scale nibble sc & 15 and min
+ * nibble sc >> 4 of scales[i/16]. x = (d*sc)q - dmin*m */
+static void dq_q2_k(const uint8_t *restrict b, float *restrict y) {
+    const uint8_t *sc = b, *qs = b + 16;
+    const float d = rd_half(b + 80), dmin = rd_half(b + 82);
+    for (int k = 0; k < 16; k++) { /* sub-block k = 8h + 2s + g holds l = 16g .. 16g+15 */
+        const int h = k >> 3, s = (k >> 1) & 3, l0 = 16 * (k & 1);
+        const float dl = d * (float)(sc[k] & 0x0f), ml = dmin * (float)(sc[k] >> 4);
+        for (int l = l0; l < l0 + 16; l++)
+            y[16 * k + l - l0] = dl * (float)((qs[32 * h + l] >> (2 * s)) & 3) - ml;
+    }
+}
+
+/* block_q3_K { u8 hmask[32]; u8 qs[64]; u8 scales[12]; half d; }. Value i = 128h + 32s + l: low two
+ * bits as in Q2_K, and q = low - 4 unless bit (4h + s) of hmask[l] is set. The 16 sub-block scales
+ * are 6 bits, stored minus 32: scale k has low nibble scales[k] & 15 (k < 8) or scales[k-8] >> 4, and
+ * high two bits (scales[8 + k%4] >> 2(k/4)) & 3. x = (d*(sc-32))q */
+static void dq_q3_k(const uint8_t *restrict b, float *restrict y) {
+    const uint8_t *hm = b, *qs = b + 32, *sb = b + 96;
+    const float d = rd_half(b + 108);
+    float dl[16];
+    for (int k = 0; k < 16; k++) {
+        const int lo = k < 8 ? sb[k] & 0x0f : sb[k - 8] >> 4;
+        const int hi = (sb[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+        dl[k] = d * (float)((lo | hi << 4) - 32);
+    }
+    for (int k = 0; k < 16; k++) {
+        const int h = k >> 3, s = (k >> 1) & 3, l0 = 16 * (k & 1);
+        for (int l = l0; l < l0 + 16; l++) {
+            const int q = ((qs[32 * h + l] >> (2 * s)) & 3) - ((hm[l] >> (4 * h + s)) & 1 ? 0 : 4);
+            y[16 * k + l - l0] = dl[k] * (float)q;
+        }
+    }
+}
+
+/* The 6-bit scales and mins of Q4_K/Q5_K's eight sub-blocks of 32, packed in 12 bytes: for j < 4,
+ * scale = p[j] & 63 and min = p[j+4] & 63; for j >= 4 the low nibbles come from p[j+4] (scale) and
+ * its high nibble (min), the top two bits from the spare top bits of p[j-4] (scale) and p[j] (min). */
+static void k4_scales(const uint8_t *restrict p, float d, float dmin, float *restrict dl, float *restrict ml) {
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        if (j < 4) {
+            sc = p[j] & 63;
+            m = p[j + 4] & 63;
+        } else {
+            sc = (p[j + 4] & 0x0f) | (p[j - 4] >> 6) << 4;
+            m = (p[j + 4] >> 4) | (p[j] >> 6) << 4;
+        }
+        dl[j] = d * (float)sc;
+        ml[j] = dmin * (float)m;
+    }
+}
+
+/* block_q4_K { half d; half dmin; u8 scales[12]; u8 qs[128]; }. Value 64c + l (l < 32) is the low
+ * nibble of qs[32c + l] (sub-block 2c), value 64c + 32 + l its high nibble (sub-block 2c+1).
+ * x = (d*sc)q - dmin*m */
+static void dq_q4_k(const uint8_t *restrict b, float *restrict y) {
+    float dl[8], ml[8];
+    k4_scales(b + 4, rd_half(b), rd_half(b + 2), dl, ml);
+    const uint8_t *qs = b + 16;
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            y[64 * c + l] = dl[2 * c] * (float)(qs[32 * c + l] & 0x0f) - ml[2 * c];
+            y[64 * c + 32 + l] = dl[2 * c + 1] * (float)(qs[32 * c + l] >> 4) - ml[2 * c + 1];
+        }
+    }
+}
+
+/* block_q5_K { half d; half dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }: Q4_K plus a fifth bit,
+ * bit k of qh[l] for value 32k + l. */
+static void dq_q5_k(const uint8_t *restrict b, float *restrict y) {
+    float dl[8], ml[8];
+    k4_scales(b + 4, rd_half(b), rd_half(b + 2), dl, ml);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            const int q0 = (qs[32 * c + l] & 0x0f) | ((qh[l] >> (2 * c)) & 1) << 4;
+            const int q1 = (qs[32 * c + l] >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            y[64 * c + l] = dl[2 * c] * (float)q0 - ml[2 * c];
+            y[64 * c + 32 + l] = dl[2 * c + 1] * (float)q1 - ml[2 * c + 1];
+        }
+    }
+}
+
+/* block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; half d; }. In half h (128 values), value
+ * 128h + 32s + l (s < 4, l < 32) has its low nibble in ql[64h + 32(s&1) + l] (low nibble for s < 2,
+ * high for s >= 2) and its top two bits at bits 2s..2s+1 of qh[32h + l]; sub-block (128h+32s+l)/16.
+ * x = (d*sc)(q-32) */
+static void dq_q6_k(const uint8_t *restrict b, float *restrict y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = rd_half(b + 208);
+    for (int k = 0; k < 16; k++) {
+        const int h = k >> 3, s = (k >> 1) & 3, l0 = 16 * (k & 1);
+        const float dl = d * (float)sc[k];
+        for (int l = l0; l < l0 + 16; l++) {
+            const int lo = (ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0f;
+            const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+            y[16 * k + l - l0] = dl * (float)((lo | hi << 4) - 32);
+        }
+    }
+}
+
+/* block_q8_K { float d; i8 qs[256]; i16 bsums[16]; }: x = d*q (bsums are for dot products only) */
+static void dq_q8_k(const uint8_t *restrict b, float *restrict y) {
+    float d;
+    memcpy(&d, b, 4);
+    const int8_t *qs = (const int8_t *)(b + 4);
+    for (int j = 0; j < 256; j++) y[j] = d * (float)qs[j];
+}
+
 osp_status osp_dequant_row(uint32_t t, const void *src, float *dst, int64_t n) {
     const uint8_t *s = src;
     int64_t bs = osp_dtype_block_size(t);
@@ -199,6 +348,30 @@ osp_status osp_dequant_row(uint32_t t, const void *src, float *dst, int64_t n) {
         break;
     case OSP_DTYPE_Q8_0:
         for (int64_t i = 0; i < n / bs; i++) dq_q8_0(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q5_0:
+        for (int64_t i = 0; i < n / bs; i++) dq_q5_0(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q5_1:
+        for (int64_t i = 0; i < n / bs; i++) dq_q5_1(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q2_K:
+        for (int64_t i = 0; i < n / bs; i++) dq_q2_k(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q3_K:
+        for (int64_t i = 0; i < n / bs; i++) dq_q3_k(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q4_K:
+        for (int64_t i = 0; i < n / bs; i++) dq_q4_k(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q5_K:
+        for (int64_t i = 0; i < n / bs; i++) dq_q5_k(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q6_K:
+        for (int64_t i = 0; i < n / bs; i++) dq_q6_k(s + i * ts, dst + i * bs);
+        break;
+    case OSP_DTYPE_Q8_K:
+        for (int64_t i = 0; i < n / bs; i++) dq_q8_k(s + i * ts, dst + i * bs);
         break;
     }
     return OSP_OK;

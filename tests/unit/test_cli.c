@@ -148,17 +148,17 @@ static void test_unsupported_architecture_and_type(void **state) {
 
     const uint32_t f32 = 0;
     memcpy(type, &f32, 4);
-    /* Q2_K: a type ggml defines but osprey cannot compute with yet (sizes stay consistent) */
+    /* IQ2_XXS: a type ggml defines but osprey cannot compute with yet (sizes stay consistent) */
     name = find(d, 1 << 22, "blk.0.ffn_down.weight");
     assert_non_null(name);
     info = name + strlen("blk.0.ffn_down.weight");
     memcpy(&n_dims, info, 4);
     type = info + 4 + 8 * n_dims;
-    const uint32_t q2_k = 10;
-    memcpy(type, &q2_k, 4);
+    const uint32_t iq2_xxs = 16;
+    memcpy(type, &iq2_xxs, 4);
     write_file(p, d, n);
     snprintf(args, sizeof args, "generate -m '%s' -p hi -n 1", p);
-    expect_error(run(args), "blk.0.ffn_down.weight", "Q2_K");
+    expect_error(run(args), "blk.0.ffn_down.weight", "IQ2_XXS");
     free(d);
 }
 

@@ -1,13 +1,16 @@
 /* Element types: ggml's block layouts reproduced bit for bit.
  *
  * The fixture tests/golden/fixtures/dequant.txt was made with the `gguf` Python package (gguf-py's
- * numpy quantizers/dequantizers, tests/golden/make_dequant_fixtures.py): for F16, BF16, Q4_0, Q4_1
- * and Q8_0 rows it holds the input, the block bytes and the dequantized values. Dequantization must
- * match exactly; so must fp32 -> f16/bf16 rounding. Plus the type table's sizes and edge cases of the
- * half-precision conversions. */
+ * numpy quantizers/dequantizers, tests/golden/make_dequant_fixtures.py): for F16, BF16, Q4_0, Q4_1,
+ * Q8_0, Q5_0 and Q5_1 rows it holds the input, the block bytes and the dequantized values; for Q2_K,
+ * Q3_K, Q4_K, Q5_K and Q6_K (which gguf-py cannot quantize) random block bytes and their dequantized
+ * values. Dequantization must match exactly; so must fp32 -> f16/bf16 rounding. gguf-py lacks Q8_K,
+ * so it is checked by hand. Plus the type table's sizes and edge cases of the half-precision
+ * conversions. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,7 +46,7 @@ static void test_dequant_matches_gguf_py(void **state) {
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     static char line[1 << 16];
-    int rows = 0, types_seen = 0;
+    int rows = 0, types_seen = 0, rows_of[OSP_DTYPE_COUNT] = {0};
     uint32_t last_type = UINT32_MAX;
     while (fgets(line, sizeof line, f)) {
         char name[16], *p = line;
@@ -54,12 +57,13 @@ static void test_dequant_matches_gguf_py(void **state) {
         assert_true(t != UINT32_MAX);
         if (t != last_type) types_seen++, last_type = t;
         static uint8_t x[4096], q[4096], y[4096];
-        size_t nx = unhex(p, x, sizeof x);
+        const bool no_input = p[0] == '-'; /* a row made from random block bytes */
+        size_t nx = no_input ? 0 : unhex(p, x, sizeof x);
         p = strchr(p, ' ') + 1;
         size_t nq = unhex(p, q, sizeof q);
         p = strchr(p, ' ') + 1;
         size_t ny = unhex(p, y, sizeof y);
-        assert_int_equal(nx, (size_t)n * 4);
+        assert_int_equal(nx, no_input ? 0 : (size_t)n * 4);
         assert_int_equal(ny, (size_t)n * 4);
         assert_int_equal(nq, osp_dtype_row_size(t, n));
         float out[1024];
@@ -82,10 +86,14 @@ static void test_dequant_matches_gguf_py(void **state) {
             }
         }
         rows++;
+        rows_of[t]++;
     }
     fclose(f);
-    assert_int_equal(types_seen, 5);
-    printf("dequant: %d rows of 5 types bit-identical to gguf-py\n", rows);
+    assert_int_equal(types_seen, 12);
+    printf("dequant: %d rows of 12 types bit-identical to gguf-py:", rows);
+    for (uint32_t t = 0; t < OSP_DTYPE_COUNT; t++)
+        if (rows_of[t]) printf(" %s %d", osp_dtype_name(t), rows_of[t]);
+    printf("\n");
 }
 
 static void test_type_table(void **state) {
@@ -102,11 +110,39 @@ static void test_type_table(void **state) {
     assert_null(osp_dtype_name(4)); /* removed Q4_2 */
     assert_null(osp_dtype_name(OSP_DTYPE_COUNT));
     assert_null(osp_dtype_name(UINT32_MAX));
-    assert_false(osp_dtype_can_dequant(OSP_DTYPE_Q2_K));
+    assert_int_equal(osp_dtype_type_size(OSP_DTYPE_Q5_0), 22);
+    assert_int_equal(osp_dtype_type_size(OSP_DTYPE_Q5_1), 24);
+    assert_int_equal(osp_dtype_type_size(OSP_DTYPE_Q2_K), 84);
+    assert_int_equal(osp_dtype_type_size(OSP_DTYPE_Q3_K), 110);
+    assert_int_equal(osp_dtype_type_size(OSP_DTYPE_Q5_K), 176);
+    assert_false(osp_dtype_can_dequant(OSP_DTYPE_IQ2_XXS));
+    assert_false(osp_dtype_can_dequant(OSP_DTYPE_Q8_1));
+    assert_true(osp_dtype_can_dequant(OSP_DTYPE_Q2_K));
     float out[256];
     uint8_t zeros[512] = {0};
-    assert_int_equal(osp_dequant_row(OSP_DTYPE_Q2_K, zeros, out, 256), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_dequant_row(OSP_DTYPE_IQ2_XXS, zeros, out, 256), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_dequant_row(OSP_DTYPE_Q6_K, zeros, out, 128), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_dequant_row(OSP_DTYPE_Q4_0, zeros, out, 31), OSP_ERR_INVALID_ARG);
+}
+
+/* Q8_K { float d; int8 qs[256]; int16 bsums[16]; }: x = d*q, bsums ignored. gguf-py has no Q8_K,
+ * so this builds blocks by hand: every int8 value, a negative and a subnormal float d. */
+static void test_q8_k(void **state) {
+    (void)state;
+    static uint8_t b[2 * 292];
+    const float ds[2] = {-0.0371f, 0x1p-140f};
+    for (int k = 0; k < 2; k++) {
+        memcpy(b + 292 * k, &ds[k], 4);
+        for (int j = 0; j < 256; j++) b[292 * k + 4 + j] = (uint8_t)(j * 37 + k);
+        memset(b + 292 * k + 260, 0xab, 32); /* bsums: not read */
+    }
+    float y[512];
+    assert_int_equal(osp_dequant_row(OSP_DTYPE_Q8_K, b, y, 512), OSP_OK);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 256; j++) {
+            const float want = ds[k] * (float)(int8_t)(uint8_t)(j * 37 + k);
+            assert_memory_equal(&y[256 * k + j], &want, 4);
+        }
 }
 
 static void test_half_edges(void **state) {
@@ -136,6 +172,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dequant_matches_gguf_py),
         cmocka_unit_test(test_type_table),
+        cmocka_unit_test(test_q8_k),
         cmocka_unit_test(test_half_edges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

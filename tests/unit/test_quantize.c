@@ -1,11 +1,14 @@
 /* Reference quantizers (src/core/quantize.c): bytes and error bounds.
  *
- * 1. Bit-exactness: for every row of tests/golden/fixtures/dequant.txt (inputs and the block bytes
- *    gguf-py's numpy quantizers made from them, tests/golden/make_dequant_fixtures.py), quantizing
- *    the input here gives the same bytes. gguf-py mirrors ggml's quantize_row_*_ref.
+ * 1. Bit-exactness: for every row of tests/golden/fixtures/dequant.txt that has an fp32 input
+ *    (inputs and the block bytes gguf-py's numpy quantizers made from them,
+ *    tests/golden/make_dequant_fixtures.py: F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), quantizing the
+ *    input here gives the same bytes. gguf-py mirrors ggml's quantize_row_*_ref. It has no Q8_K;
+ *    that one is checked by hand in test_edges.
  * 2. Error bounds: on random rows at several scales, quantize -> osp_dequant_row stays within the
  *    type's bound (derived per block below from the scale), for every value.
- * 3. Edges: zero and constant blocks, sign of the Q4_0 scale, the clamp at 15, refusals. */
+ * 3. Edges: zero and constant blocks, sign of the Q4_0 scale, the clamp at 15, Q8_K's rounding and
+ *    sums, refusals. */
 #include <float.h>
 #include <math.h>
 #include <setjmp.h>
@@ -54,7 +57,9 @@ static void test_bytes_match_gguf_py(void **state) {
         assert_int_equal(sscanf(p, "%15s %d %n", name, &n, &off), 2);
         p += off;
         const uint32_t t = type_by_name(name);
-        assert_true(t != UINT32_MAX && osp_dtype_can_quantize(t));
+        assert_true(t != UINT32_MAX);
+        if (p[0] == '-') continue; /* block bytes without an fp32 input (types gguf-py cannot quantize) */
+        assert_true(osp_dtype_can_quantize(t));
         types_seen |= 1u << t;
         static uint8_t x[4096], q[4096], mine[4096];
         size_t nx = unhex(p, x, sizeof x);
@@ -72,8 +77,8 @@ static void test_bytes_match_gguf_py(void **state) {
         rows++;
     }
     fclose(f);
-    assert_int_equal(__builtin_popcount(types_seen), 5);
-    printf("quantize: %d fixture rows of 5 types byte-identical to gguf-py\n", rows);
+    assert_int_equal(__builtin_popcount(types_seen), 7);
+    printf("quantize: %d fixture rows of 7 types byte-identical to gguf-py\n", rows);
 }
 
 /* ---- error bounds ----------------------------------------------------------------------------- */
@@ -94,10 +99,10 @@ static float half_at(const uint8_t *p) {
 }
 
 /* Max |error| allowed for value x of the block starting at blk (quantized bytes) / xs (inputs). */
-static double bound(uint32_t t, const float *xs, const uint8_t *blk, float x) {
+static double bound(uint32_t t, const float *xs, int bs, const uint8_t *blk, float x) {
     const double h = 0x1p-11; /* half-precision relative rounding of a stored scale */
     double amax = 0, mn = FLT_MAX, mx = -FLT_MAX;
-    for (int j = 0; xs && j < 32; j++) {
+    for (int j = 0; xs && j < bs; j++) {
         amax = fmax(amax, fabs(xs[j]));
         mn = fmin(mn, xs[j]);
         mx = fmax(mx, xs[j]);
@@ -118,6 +123,16 @@ static double bound(uint32_t t, const float *xs, const uint8_t *blk, float x) {
         (void)blk;
         return d + 8 * HALF_ERR(d) + amax * 1e-6;
     }
+    case OSP_DTYPE_Q5_0: { /* as Q4_0 with 16 steps each side */
+        const double d = amax / 16;
+        return d + 16 * HALF_ERR(d) + amax * 1e-6;
+    }
+    case OSP_DTYPE_Q5_1: { /* as Q4_1 with 31 steps */
+        const double d = (mx - mn) / 31;
+        return d * 0.5 + 31 * HALF_ERR(d) + HALF_ERR(mn) + (mx - mn) * 1e-6;
+    }
+    case OSP_DTYPE_Q8_K: /* fp32 scale: round to the grid, d/2 */
+        return amax / 127 * 0.5 + amax * 1e-6;
     default: { /* Q4_1: d/2, plus the errors of the stored d (|q| <= 15) and min */
         const double d = (mx - mn) / 15;
         return d * 0.5 + 15 * HALF_ERR(d) + HALF_ERR(mn) + (mx - mn) * 1e-6;
@@ -128,7 +143,8 @@ static double bound(uint32_t t, const float *xs, const uint8_t *blk, float x) {
 
 static void test_error_bounds(void **state) {
     (void)state;
-    const uint32_t types[] = {OSP_DTYPE_F32, OSP_DTYPE_F16, OSP_DTYPE_BF16, OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1};
+    const uint32_t types[] = {OSP_DTYPE_F32,  OSP_DTYPE_F16,  OSP_DTYPE_BF16, OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0,
+                              OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_K};
     enum { N = 4096 };
     static float x[N], y[N];
     static uint8_t q[N * 4];
@@ -142,11 +158,11 @@ static void test_error_bounds(void **state) {
             assert_int_equal(osp_dequant_row(t, q, y, N), OSP_OK);
             const size_t ts = osp_dtype_type_size(t);
             for (int i = 0; i < N; i++) {
-                const int blk = osp_dtype_block_size(t) == 32 ? i / 32 : -1;
+                const int bs = (int)osp_dtype_block_size(t), blk = bs > 1 ? i / bs : -1;
                 double e = fabs((double)y[i] - x[i]);
                 double b = t == OSP_DTYPE_F32 ? 0.0
-                           : blk >= 0       ? bound(t, x + blk * 32, q + (size_t)blk * ts, x[i])
-                                            : bound(t, NULL, NULL, x[i]);
+                           : blk >= 0       ? bound(t, x + blk * bs, bs, q + (size_t)blk * ts, x[i])
+                                            : bound(t, NULL, 0, NULL, x[i]);
                 if (e > b)
                     fail_msg("%s scale 1e%d value %d: %.9g -> %.9g, error %.3g > bound %.3g", osp_dtype_name(t),
                              scale_exp, i, x[i], y[i], e, b);
@@ -162,8 +178,8 @@ static void test_edges(void **state) {
     float x[32] = {0}, y[32];
     uint8_t q[64];
     /* zero blocks: scale 0, dequantize to zeros */
-    const uint32_t qt[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1};
-    for (int k = 0; k < 3; k++) {
+    const uint32_t qt[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1};
+    for (int k = 0; k < 5; k++) {
         assert_int_equal(osp_quantize_row(qt[k], x, q, 32), OSP_OK);
         assert_true(half_at(q) == 0.0f);
         assert_int_equal(osp_dequant_row(qt[k], q, y, 32), OSP_OK);
@@ -194,13 +210,49 @@ static void test_edges(void **state) {
     assert_int_equal((int8_t)q[5], -127);
     /* NaN does not crash (the bytes are unspecified) */
     x[7] = NAN;
-    for (int k = 0; k < 3; k++) assert_int_equal(osp_quantize_row(qt[k], x, q, 32), OSP_OK);
+    for (int k = 0; k < 5; k++) assert_int_equal(osp_quantize_row(qt[k], x, q, 32), OSP_OK);
     /* refusals */
     assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_0, x, q, 31), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_K, x, q, 256), OSP_ERR_UNSUPPORTED);
     assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_0, NULL, q, 32), OSP_ERR_INVALID_ARG);
-    assert_false(osp_dtype_can_quantize(OSP_DTYPE_Q5_0));
+    assert_false(osp_dtype_can_quantize(OSP_DTYPE_Q2_K));
     assert_false(osp_dtype_can_quantize(UINT32_MAX));
+}
+
+/* Q8_K, which gguf-py lacks: scale, sign, half-to-even rounding, the clamp, bsums, zero blocks. */
+static void test_q8_k(void **state) {
+    (void)state;
+    static float x[512], y[512];
+    static uint8_t q[2 * 292];
+    for (int j = 0; j < 256; j++) x[j] = (float)(j % 64 - 32) * 0.5f; /* -16 .. 15.5 */
+    x[3] = 127.0f;                                                     /* largest: maps to -127 */
+    x[4] = -127.0f;                                                    /* ties, comes later: +127 */
+    x[10] = 2.5f, x[11] = 3.5f, x[12] = -2.5f;                         /* halves round to even */
+    for (int j = 256; j < 512; j++) x[j] = 0.0f;                       /* a zero block */
+    memset(q, 0x5a, sizeof q);
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_K, x, q, 512), OSP_OK);
+    float d;
+    memcpy(&d, q, 4);
+    assert_true(d == -1.0f); /* 1 / (-127 / 127) */
+    const int8_t *qs = (const int8_t *)(q + 4);
+    assert_int_equal(qs[3], -127);
+    assert_int_equal(qs[4], 127);
+    assert_int_equal(qs[10], -2);
+    assert_int_equal(qs[11], -4);
+    assert_int_equal(qs[12], 2);
+    for (int j = 0; j < 256; j++)
+        if (j < 3 || j > 12) assert_true((float)qs[j] == -x[j] || fabsf((float)qs[j] + x[j]) == 0.5f);
+    for (int k = 0; k < 16; k++) {
+        int sum = 0;
+        int16_t got;
+        for (int j = 0; j < 16; j++) sum += qs[16 * k + j];
+        memcpy(&got, q + 260 + 2 * k, 2);
+        assert_int_equal(got, sum);
+    }
+    for (int j = 0; j < 292; j++) assert_int_equal(q[292 + j], 0); /* zero block: all zero */
+    assert_int_equal(osp_dequant_row(OSP_DTYPE_Q8_K, q, y, 512), OSP_OK);
+    assert_true(y[3] == 127.0f && y[4] == -127.0f && y[11] == 4.0f && y[300] == 0.0f);
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_K, x, q, 32), OSP_ERR_INVALID_ARG);
 }
 
 int main(void) {
@@ -208,6 +260,7 @@ int main(void) {
         cmocka_unit_test(test_bytes_match_gguf_py),
         cmocka_unit_test(test_error_bounds),
         cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_q8_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
