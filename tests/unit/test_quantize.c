@@ -133,6 +133,12 @@ static double bound(uint32_t t, const float *xs, int bs, const uint8_t *blk, flo
     }
     case OSP_DTYPE_Q8_K: /* fp32 scale: round to the grid, d/2 */
         return amax / 127 * 0.5 + amax * 1e-6;
+    /* Q4_K, Q6_K: the fitted sub-block scales and mins are themselves quantized to 6 (8) bits, and
+     * values can be clamped, so there is no tight closed form; these are sanity bounds over the
+     * super-block (the worst seen is about 0.7 of them). Exactness against ggml is a separate
+     * matter: gguf-py has no quantizer for these types to compare with. */
+    case OSP_DTYPE_Q4_K: return (mx - mn) / 15;
+    case OSP_DTYPE_Q6_K: return amax / 31 * 0.75;
     default: { /* Q4_1: d/2, plus the errors of the stored d (|q| <= 15) and min */
         const double d = (mx - mn) / 15;
         return d * 0.5 + 15 * HALF_ERR(d) + HALF_ERR(mn) + (mx - mn) * 1e-6;
@@ -144,14 +150,19 @@ static double bound(uint32_t t, const float *xs, int bs, const uint8_t *blk, flo
 static void test_error_bounds(void **state) {
     (void)state;
     const uint32_t types[] = {OSP_DTYPE_F32,  OSP_DTYPE_F16,  OSP_DTYPE_BF16, OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0,
-                              OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_K};
+                              OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_K,
+                              OSP_DTYPE_Q4_K, OSP_DTYPE_Q6_K};
     enum { N = 4096 };
     static float x[N], y[N];
     static uint8_t q[N * 4];
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const uint32_t t = types[ti];
         double worst = 0; /* largest error / bound seen */
+        const bool k_quant = t == OSP_DTYPE_Q4_K || t == OSP_DTYPE_Q6_K;
         for (int scale_exp = -6; scale_exp <= 2; scale_exp += 2) {
+            /* their fp16 super-block scale (max sub-block scale / 63 or / 128) underflows for small
+             * magnitudes: ggml's format, so only magnitudes where it is a normal half are checked */
+            if (k_quant && scale_exp < -2) continue;
             const float scale = powf(10.0f, (float)scale_exp);
             for (int i = 0; i < N; i++) x[i] = nrand() * scale + (i % 97 == 0 ? 3.0f * scale : 0.0f);
             assert_int_equal(osp_quantize_row(t, x, q, N), OSP_OK);
@@ -213,7 +224,7 @@ static void test_edges(void **state) {
     for (int k = 0; k < 5; k++) assert_int_equal(osp_quantize_row(qt[k], x, q, 32), OSP_OK);
     /* refusals */
     assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_0, x, q, 31), OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q4_K, x, q, 256), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_quantize_row(OSP_DTYPE_Q3_K, x, q, 256), OSP_ERR_UNSUPPORTED);
     assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_0, NULL, q, 32), OSP_ERR_INVALID_ARG);
     assert_false(osp_dtype_can_quantize(OSP_DTYPE_Q2_K));
     assert_false(osp_dtype_can_quantize(UINT32_MAX));
@@ -255,12 +266,40 @@ static void test_q8_k(void **state) {
     assert_int_equal(osp_quantize_row(OSP_DTYPE_Q8_K, x, q, 32), OSP_ERR_INVALID_ARG);
 }
 
+/* Q4_K and Q6_K: zero blocks are all zero, blocks of two values are exact, NaN is memory-safe. */
+static void test_q4_k_q6_k(void **state) {
+    (void)state;
+    static float x[256], y[256];
+    static uint8_t q[256];
+    const uint32_t kt[] = {OSP_DTYPE_Q4_K, OSP_DTYPE_Q6_K};
+    for (int k = 0; k < 2; k++) {
+        const uint32_t t = kt[k];
+        memset(x, 0, sizeof x);
+        memset(q, 0x5a, sizeof q);
+        assert_int_equal(osp_quantize_row(t, x, q, 256), OSP_OK);
+        assert_int_equal(osp_dequant_row(t, q, y, 256), OSP_OK);
+        for (int i = 0; i < 256; i++) assert_true(y[i] == 0.0f);
+        if (t == OSP_DTYPE_Q6_K)
+            for (size_t i = 0; i < osp_dtype_type_size(t); i++) assert_int_equal(q[i], 0);
+        /* two values, 0 and 1 (Q4_K) or 0 and -1 (Q6_K), come back within rounding of the scales */
+        for (int i = 0; i < 256; i++) x[i] = i % 3 == 0 ? (t == OSP_DTYPE_Q4_K ? 1.0f : -1.0f) : 0.0f;
+        assert_int_equal(osp_quantize_row(t, x, q, 256), OSP_OK);
+        assert_int_equal(osp_dequant_row(t, q, y, 256), OSP_OK);
+        for (int i = 0; i < 256; i++)
+            if (fabsf(y[i] - x[i]) > 1e-3f) fail_msg("%s value %d: %g -> %g", osp_dtype_name(t), i, x[i], y[i]);
+        x[9] = NAN;
+        assert_int_equal(osp_quantize_row(t, x, q, 256), OSP_OK);
+        assert_int_equal(osp_quantize_row(t, x, q, 128), OSP_ERR_INVALID_ARG);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bytes_match_gguf_py),
         cmocka_unit_test(test_error_bounds),
         cmocka_unit_test(test_edges),
         cmocka_unit_test(test_q8_k),
+        cmocka_unit_test(test_q4_k_q6_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
