@@ -21,9 +21,9 @@
  *
  * Order and combination (vLLM V1): min-p first (a known threshold min_p * max, so it just sets the
  * first pivot), then top-k, then top-p on the renormalized top-k distribution. When top-k and top-p
- * are both on, top-k's threshold (the k-th largest weight) is found first by a pivot search on
- * counts (ternary search over the float bit patterns, which are ordered like the values for w >= 0,
- * with a small exact finish), as FlashInfer's top_k_renorm_probs does before top_p_sampling; then
+ * are both on, top-k's threshold (the k-th largest weight) is found first, exactly and without
+ * sorting, by radix select over the float bit patterns (three histogram passes; the role of
+ * FlashInfer's top_k_renorm_probs before top_p_sampling in vLLM's top_k_first order); then
  * top-p runs by rejection inside it. Ties: top-k keeps every token tied with the k-th largest (vLLM's
  * `logits < kth_value` mask); top-p keeps a whole tie group when the mass strictly above it is below
  * top_p, i.e. FlashInfer's test (vLLM's sort-based path cuts inside a tie group in sort order).
@@ -220,38 +220,43 @@ static void maybe_compact(view *v, float lo, int64_t count_lo) {
     }
 }
 
-/* The k-th largest weight among {w > lo} (count_lo of them, count_lo > k): ternary search over the
- * bit patterns of (lo, 1], keeping C(lo) >= k > C(hi), then an exact finish on the few left. */
-static float kth_largest(view *v, float lo, int64_t count_lo, int32_t k) {
-    float hi = 1.0f;
-    int64_t count_hi = 0; /* nothing is above the max, 1.0f */
-    for (int r = 0; r < 40 && count_lo - count_hi > 64; r++) {
-        const uint32_t a = fbits(lo), b = fbits(hi);
-        if (b - a <= 2) break;
-        const float p0 = bitsf(a + (b - a) / 3), p1 = bitsf(a + 2 * ((b - a) / 3));
-        maybe_compact(v, lo, count_lo);
-        const agg2 g = aggregate2(v->w, v->n, p0, p1);
-        if (g.c1 >= k) lo = p1, count_lo = g.c1;
-        else if (g.c0 >= k) lo = p0, count_lo = g.c0, hi = p1, count_hi = g.c1;
-        else hi = p0, count_hi = g.c0;
-    }
-    maybe_compact(v, lo, count_lo);
-    /* Walk the distinct values in (lo, hi] downwards: one pass each (at most 65 of them, or at most
-     * 3 distinct floats when the bit range closed first). */
-    for (;;) {
-        float top = -1.0f;
-        int64_t cnt = 0;
+/* The k-th largest weight among {w > lo} (count_lo of them, count_lo > k), exactly, by radix select
+ * on the float bit patterns (for w >= 0 they order like the values): a histogram of the top bits
+ * (>> 20: sign, exponent, 3 mantissa bits) finds the bucket holding the k-th largest, the view is
+ * compacted to that bucket and above (a superset of the top-k set), and two more histograms of
+ * 10 bits each, over that bucket only, pin the value down. One full pass plus one compaction; the
+ * later passes see a few hundred values. */
+static float kth_largest(view *v, float lo, int32_t k) {
+    uint32_t h[1024];
+    uint32_t prefix = 0; /* bits of the k-th value fixed so far (above `shift`) */
+    int32_t need = k;    /* its rank among the values that share the prefix */
+    static const int shifts[3] = {20, 10, 0};
+    for (int level = 0; level < 3; level++) {
+        const int sh = shifts[level];
+        const uint32_t pre_sh = sh + 10;
+        memset(h, 0, sizeof h);
         for (int32_t i = 0; i < v->n; i++) {
             const float x = v->w[i];
-            if (x > lo && x <= hi) {
-                if (x > top) top = x, cnt = 1;
-                else if (x == top) cnt++;
-            }
+            const uint32_t b = fbits(x);
+            if (x > lo && (level == 0 || (b >> pre_sh) == prefix)) h[(b >> sh) & 1023u]++;
         }
-        if (count_hi + cnt >= k || cnt == 0) return top;
-        count_hi += cnt;
-        hi = nextafterf(top, 0.0f);
+        int32_t bucket = 1023;
+        for (; bucket > 0; bucket--) {
+            if ((int64_t)h[bucket] >= need) break;
+            need -= (int32_t)h[bucket];
+        }
+        prefix = (prefix << 10) | (uint32_t)bucket;
+        if (level == 0) {
+            /* keep the bucket and everything above it */
+            const uint32_t first = prefix << 20;
+            const float below = first ? bitsf(first - 1) : 0.0f;
+            if (below > lo) lo = below;
+            int64_t count = 0;
+            for (int32_t bb = bucket; bb < 1024; bb++) count += h[bb];
+            maybe_compact(v, lo, count);
+        }
     }
+    return bitsf(prefix);
 }
 
 int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, float top_p, float min_p,
@@ -267,7 +272,7 @@ int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, floa
     int32_t k = top_k > 0 && top_k < count_lo ? top_k : 0;
     if (k && p_on) {
         /* top-k first: fold its threshold into the pivot, then top-p by rejection inside it */
-        const float t = kth_largest(&v, lo, count_lo, k);
+        const float t = kth_largest(&v, lo, k);
         lo = nextafterf(t, 0.0f);
         g = aggregate2(v.w, v.n, lo, lo);
         count_lo = g.c0, mass_lo = g.m0;

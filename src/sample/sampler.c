@@ -147,15 +147,49 @@ static void process_logits(float *w, const osp_sampler_row *p, uint32_t *counts,
     }
 }
 
+/* w[i] = exp((w[i] - mx) * inv_t) for w[i] <= mx (and -inf -> 0), in place. A vectorizable expf
+ * (Cephes' polynomial, Cody-Waite reduction, exponent by bit arithmetic; within 2 ulp of libm's
+ * expf for arguments >= -87, 0 below): libm's scalar expf made this one pass cost most of the row. */
+static void exp_shifted(float *restrict w, int32_t n, float mx, float inv_t) {
+    for (int32_t i = 0; i < n; i++) {
+        float x = (w[i] - mx) * inv_t;
+        const int32_t under = !(x >= -87.0f); /* also -inf and NaN */
+        x = under ? 0.0f : x;
+        const float t = x * 1.44269504088896341f + 12582912.0f; /* round(x / ln 2) in the low bits */
+        const float nf = t - 12582912.0f;
+        int32_t tb;
+        memcpy(&tb, &t, 4);
+        const int32_t ni = tb - 0x4B400000; /* the integer n */
+        const float r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+        float q = 1.9875691500e-4f;
+        q = q * r + 1.3981999507e-3f;
+        q = q * r + 8.3334519073e-3f;
+        q = q * r + 4.1665795894e-2f;
+        q = q * r + 1.6666665459e-1f;
+        q = q * r + 5.0000001201e-1f;
+        q = q * r * r + r + 1.0f;
+        const int32_t eb = (ni + 127) << 23;
+        float scale;
+        memcpy(&scale, &eb, 4);
+        w[i] = under ? 0.0f : q * scale;
+    }
+}
+
 /* Samples one row into *token. Returns NULL, or why the row failed (with *arg set). */
 static const char *sample_row(const float *logits, int32_t vocab, const osp_sampler_row *p, float *w, int32_t *ids,
                               uint32_t *counts, uint8_t *seen, int32_t *token, osp_logprobs *lp, int32_t *arg) {
     *token = 0;
     const char *why = check_params(p, vocab, arg);
     if (why) return why;
-    for (int32_t i = 0; i < vocab; i++)
-        if (!isfinite(logits[i])) return *arg = i, "logit is NaN or infinite";
-    memcpy(w, logits, sizeof(float) * (size_t)vocab);
+    int32_t bad = 0; /* copy and check in one pass: |x| <= FLT_MAX fails for NaN and +-inf */
+    for (int32_t i = 0; i < vocab; i++) {
+        const float x = logits[i];
+        w[i] = x;
+        bad |= !(fabsf(x) <= 3.40282347e38f);
+    }
+    if (bad)
+        for (int32_t i = 0; i < vocab; i++)
+            if (!isfinite(logits[i])) return *arg = i, "logit is NaN or infinite";
     process_logits(w, p, counts, seen);
     int32_t best = 0;
     for (int32_t i = 1; i < vocab; i++) best = w[i] > w[best] ? i : best;
@@ -165,8 +199,7 @@ static const char *sample_row(const float *logits, int32_t vocab, const osp_samp
         *token = best;
     } else {
         /* softmax numerator with max exactly 1.0f; exp(-inf) = 0 for masked tokens */
-        const float mx = w[best], inv_t = 1.0f / p->temperature;
-        for (int32_t i = 0; i < vocab; i++) w[i] = expf((w[i] - mx) * inv_t);
+        exp_shifted(w, vocab, w[best], 1.0f / p->temperature);
         w[best] = 1.0f;
         const osp_rng_addr rng = {p->seed, p->sample_index, p->output_pos};
         *token = osp_reject_sample(w, ids, vocab, p->top_k, p->top_p, p->min_p, &rng, NULL);
