@@ -43,6 +43,7 @@ typedef struct osp_engine_params {
                                        sequences of max_model_len */
     int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests) */
     osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default) or F32 */
+    bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
     int32_t max_num_seqs;           /* running requests per step (256) */
     int32_t max_num_batched_tokens; /* token budget per step (2048) */
     int32_t max_model_len;          /* prompt + output tokens; 0 = the model's context length */
@@ -65,7 +66,9 @@ typedef enum osp_finish_reason {
 
 typedef struct osp_request_output osp_request_output;
 /* Called on the step thread after each step that produced tokens for the request, and once when it
- * finishes; `out` is valid during the call only. Must not call back into the engine. */
+ * finishes; `out` is valid during the call only. Must not call back into the engine. A request with a
+ * callback is not polled: its outputs go to the callback only, and the engine forgets it when it
+ * finishes. */
 typedef void (*osp_output_cb)(void *user, const osp_request_output *out);
 
 /* One request. Arrays are copied by osp_engine_add(); the caller keeps ownership. */

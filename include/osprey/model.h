@@ -42,6 +42,9 @@ typedef struct osp_model_config {
 
 typedef struct osp_model_params {
     int n_threads; /* 0 = all available cores */
+    bool exact;    /* true: fp32 activations in every matmul (the reference path the golden tests use);
+                    * false (default): int8-quantized activations for block-quantized weights (faster;
+                    * per-row quantization keeps results batch-invariant) */
 } osp_model_params;
 
 osp_model_params osp_model_default_params(void);

@@ -89,6 +89,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     int32_t *eos = NULL, n_eos = 0;
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = p.n_threads;
+    mp.exact = p.exact;
     osp_status s = osp_model_load(p.model_path, &mp, &e->model);
     if (s != OSP_OK) goto fail;
     const osp_model_config *c = osp_model_config_get(e->model);

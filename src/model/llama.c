@@ -9,12 +9,14 @@
 #include "osprey/model.h"
 
 #include <math.h>
-#include <omp.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/qdot.h"
+#include "core/threadpool.h"
 #include "core/dtype.h"
 #include "core/status_internal.h"
 
@@ -32,17 +34,20 @@ typedef struct layer_weights {
 
 /* Activations and scratch for one forward pass, grown on demand (never on a steady decode step). */
 typedef struct workspace {
-    int64_t cap_tokens, cap_logits, cap_ctx;
+    int64_t cap_tokens, cap_logits, cap_ctx, cap_xq;
     float *x, *xn, *q, *k, *v, *attn, *gate, *up; /* [cap_tokens, ...] */
     float *out_rows;                              /* [cap_logits, n_embd] */
     float *scratch;                               /* [n_threads, max matmul cols] */
     float *scores;                                /* [n_threads, cap_ctx] */
+    osp_q8_block *xq;                             /* [cap_tokens, max(E, QD, F) / 32] fast path */
 } workspace;
 
 struct osp_model {
     osp_gguf *gguf;
     osp_model_config cfg;
     int n_threads;
+    bool exact;             /* fp32 activations everywhere (the reference path) */
+    osp_threadpool *pool;   /* n_threads workers; one parallel region per forward */
     osp_weight tok_embd;    /* [n_embd] x n_vocab rows */
     osp_weight output;      /* lm_head: n_vocab rows of n_embd (== tok_embd when tied) */
     const float *out_norm;  /* [n_embd] */
@@ -189,7 +194,10 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
     const osp_gguf *g = m->gguf;
     osp_model_config *c = &m->cfg;
     if ((s = read_config(g, c)) != OSP_OK) goto fail;
-    m->n_threads = params && params->n_threads > 0 ? params->n_threads : omp_get_max_threads();
+    m->n_threads = params && params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (m->n_threads < 1) m->n_threads = 1;
+    m->exact = params ? params->exact : false;
+    if ((s = osp_threadpool_create(m->n_threads, &m->pool)) != OSP_OK) goto fail;
 
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
@@ -240,12 +248,15 @@ static void ws_free(workspace *w) {
         free(*bufs[i]);
         *bufs[i] = NULL;
     }
-    w->cap_tokens = w->cap_logits = w->cap_ctx = 0;
+    free(w->xq);
+    w->xq = NULL;
+    w->cap_tokens = w->cap_logits = w->cap_ctx = w->cap_xq = 0;
 }
 
 void osp_model_free(osp_model *m) {
     if (!m) return;
     ws_free(&m->ws);
+    osp_threadpool_free(m->pool);
     free(m->layers);
     free(m->inv_freq);
     osp_gguf_close(m->gguf);
@@ -337,7 +348,16 @@ static osp_status ws_reserve(osp_model *m, int64_t n_tokens, int64_t n_logits, i
     const osp_model_config *c = &m->cfg;
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
                   KD = (int64_t)c->n_head_kv * c->head_dim, F = c->n_ff;
-    const int nt = omp_get_max_threads() > m->n_threads ? omp_get_max_threads() : m->n_threads;
+    const int nt = m->n_threads;
+    int64_t max_cols = E > F ? E : F;
+    max_cols = max_cols > QD ? max_cols : QD;
+    const int64_t need_xq = n_tokens > n_logits ? n_tokens : n_logits;
+    if (need_xq > w->cap_xq) {
+        free(w->xq);
+        w->xq = malloc((size_t)need_xq * (size_t)(max_cols / OSP_Q8_BLOCK) * sizeof *w->xq);
+        if (!w->xq) goto nomem;
+        w->cap_xq = need_xq;
+    }
     if (n_tokens > w->cap_tokens) {
         float **bufs[] = {&w->x, &w->xn, &w->q, &w->k, &w->v, &w->attn, &w->gate, &w->up};
         const int64_t widths[] = {E, E > QD ? E : QD, QD, KD, KD, QD, F, F};
@@ -355,9 +375,7 @@ static osp_status ws_reserve(osp_model *m, int64_t n_tokens, int64_t n_logits, i
         w->cap_logits = n_logits;
     }
     if (!w->scratch) {
-        int64_t cols = E > F ? E : F;
-        cols = cols > QD ? cols : QD;
-        w->scratch = malloc((size_t)nt * (size_t)cols * sizeof(float));
+        w->scratch = malloc((size_t)nt * (size_t)max_cols * sizeof(float));
         if (!w->scratch) goto nomem;
     }
     if (max_ctx > w->cap_ctx) {
@@ -422,6 +440,130 @@ static osp_status check_batch(const osp_model *m, const osp_kv_cache *kv, const 
     return OSP_OK;
 }
 
+/* One forward pass as a single parallel region: every thread walks the whole layer loop, takes its
+ * slice of each op (matmul rows, attention (token, head) items, token rows) and meets the others at
+ * a barrier where the next op reads what this one wrote. */
+typedef struct fwd_ctx {
+    osp_model *m;
+    osp_kv_cache *kv;
+    const osp_batch *b;
+    float *logits;
+} fwd_ctx;
+
+/* y = x W^T over this thread's slice of W's rows: int8 dot products on the quantized rows xq when
+ * the fast path has a kernel for W's type, else the fp32 reference on x. */
+static void mm(const osp_model *m, const osp_weight *w, const float *x, const osp_q8_block *xq, float *y,
+               int64_t T, int ith, int nth) {
+    long long r0, r1;
+    osp_split(w->rows, ith, nth, &r0, &r1);
+    const osp_qdot_fn dot = m->exact ? NULL : osp_qdot_for(w->type);
+    if (!dot) {
+        osp_cpu_matmul_rows(w, x, y, T, r0, r1, m->ws.scratch + (size_t)ith * (size_t)w->cols);
+        return;
+    }
+    const int64_t nb = w->cols / OSP_Q8_BLOCK;
+    const uint8_t *base = w->data;
+    for (int64_t r = r0; r < r1; r++) {
+        const void *wr = base + (size_t)r * w->row_bytes;
+        for (int64_t t = 0; t < T; t++) y[t * w->rows + r] = dot(wr, xq + t * nb, nb);
+    }
+}
+
+/* Quantizes this thread's share of the T rows of x [T, n] into xq (fast path only). */
+static void quant_rows(const osp_model *m, const float *x, osp_q8_block *xq, int64_t T, int64_t n, int ith,
+                       int nth) {
+    if (m->exact) return;
+    long long t0, t1;
+    osp_split(T, ith, nth, &t0, &t1);
+    for (long long t = t0; t < t1; t++) osp_quantize_row_q8(x + t * n, xq + t * (n / OSP_Q8_BLOCK), n);
+}
+
+static void forward_task(void *arg, int ith, int nth) {
+    fwd_ctx *ctx = arg;
+    osp_model *m = ctx->m;
+    osp_kv_cache *kv = ctx->kv;
+    const osp_batch *b = ctx->b;
+    const osp_model_config *c = &m->cfg;
+    osp_threadpool *pool = m->pool;
+    workspace *w = &m->ws;
+    const int64_t T = b->num_tokens, E = c->n_embd, D = c->head_dim, F = c->n_ff;
+    const int64_t QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *scores = w->scores + (size_t)ith * (size_t)w->cap_ctx;
+    long long t0, t1, i0, i1;
+    osp_split(T, ith, nth, &t0, &t1);
+
+    /* embedding gather, then the first RMSNorm */
+    const osp_weight *emb = &m->tok_embd;
+    for (long long t = t0; t < t1; t++)
+        osp_dequant_row(emb->type, (const uint8_t *)emb->data + (size_t)b->token_ids[t] * emb->row_bytes,
+                        w->x + t * E, E);
+
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const layer_weights *L = &m->layers[l];
+        /* attention block: norm (+ quantize) of my rows */
+        osp_cpu_rmsnorm(w->x + t0 * E, L->attn_norm, w->xn + t0 * E, t1 - t0, E, c->rms_eps);
+        quant_rows(m, w->xn, w->xq, T, E, ith, nth); /* same token split as the norm: no barrier */
+        osp_threadpool_barrier(pool);
+        mm(m, &L->wq, w->xn, w->xq, w->q, T, ith, nth);
+        mm(m, &L->wk, w->xn, w->xq, w->k, T, ith, nth);
+        mm(m, &L->wv, w->xn, w->xq, w->v, T, ith, nth);
+        osp_threadpool_barrier(pool);
+        /* rope + KV write for my tokens */
+        osp_cpu_rope_interleaved(w->q + t0 * QD, b->positions + t0, t1 - t0, c->n_head, D, c->n_rot, m->inv_freq);
+        osp_cpu_rope_interleaved(w->k + t0 * KD, b->positions + t0, t1 - t0, c->n_head_kv, D, c->n_rot, m->inv_freq);
+        if (kv->dtype == OSP_KV_DTYPE_F16) {
+            osp_cpu_kv_write_f16(w->k + t0 * KD, w->v + t0 * KD, kv->k[l], kv->v[l], b->slot_mapping + t0, t1 - t0, KD);
+        } else {
+            for (long long t = t0; t < t1; t++) {
+                const size_t slot = (size_t)b->slot_mapping[t];
+                memcpy((float *)kv->k[l] + slot * KD, w->k + t * KD, (size_t)KD * sizeof(float));
+                memcpy((float *)kv->v[l] + slot * KD, w->v + t * KD, (size_t)KD * sizeof(float));
+            }
+        }
+        osp_threadpool_barrier(pool);
+        osp_split(T * c->n_head, ith, nth, &i0, &i1);
+        if (kv->dtype == OSP_KV_DTYPE_F16)
+            osp_cpu_paged_attention_f16(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
+                                        b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
+                                        c->n_head, c->n_head_kv, D, scale, scores, i0, i1);
+        else
+            osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
+                                    b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
+                                    c->n_head, c->n_head_kv, D, scale, scores, i0, i1);
+        osp_threadpool_barrier(pool);
+        quant_rows(m, w->attn, w->xq, T, QD, ith, nth);
+        osp_threadpool_barrier(pool);
+        mm(m, &L->wo, w->attn, w->xq, w->xn, T, ith, nth);
+        osp_threadpool_barrier(pool);
+        /* residual, MLP norm (+ quantize) of my rows */
+        for (long long i = t0 * E; i < t1 * E; i++) w->x[i] += w->xn[i];
+        osp_cpu_rmsnorm(w->x + t0 * E, L->ffn_norm, w->xn + t0 * E, t1 - t0, E, c->rms_eps);
+        quant_rows(m, w->xn, w->xq, T, E, ith, nth);
+        osp_threadpool_barrier(pool);
+        mm(m, &L->w_gate, w->xn, w->xq, w->gate, T, ith, nth);
+        mm(m, &L->w_up, w->xn, w->xq, w->up, T, ith, nth);
+        osp_threadpool_barrier(pool);
+        osp_cpu_silu_mul(w->gate + t0 * F, w->up + t0 * F, w->gate + t0 * F, (t1 - t0) * F);
+        quant_rows(m, w->gate, w->xq, T, F, ith, nth);
+        osp_threadpool_barrier(pool);
+        mm(m, &L->w_down, w->gate, w->xq, w->xn, T, ith, nth);
+        osp_threadpool_barrier(pool);
+        for (long long i = t0 * E; i < t1 * E; i++) w->x[i] += w->xn[i];
+        /* the next layer's norm reads only my rows: no barrier needed here */
+    }
+    if (b->num_logits == 0) return;
+    osp_threadpool_barrier(pool); /* logits rows may come from other threads' tokens */
+    long long l0, l1;
+    osp_split(b->num_logits, ith, nth, &l0, &l1);
+    for (long long i = l0; i < l1; i++)
+        memcpy(w->out_rows + i * E, w->x + (int64_t)b->logits_indices[i] * E, (size_t)E * sizeof(float));
+    osp_cpu_rmsnorm(w->out_rows + l0 * E, m->out_norm, w->out_rows + l0 * E, l1 - l0, E, c->rms_eps);
+    quant_rows(m, w->out_rows, w->xq, b->num_logits, E, ith, nth);
+    osp_threadpool_barrier(pool);
+    mm(m, &m->output, w->out_rows, w->xq, ctx->logits, b->num_logits, ith, nth);
+}
+
 osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
     const osp_model_config *c = &m->cfg;
     int64_t max_ctx = 0;
@@ -431,57 +573,7 @@ osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model");
     OSP_TRY(check_batch(m, kv, b, &max_ctx));
     OSP_TRY(ws_reserve(m, b->num_tokens, b->num_logits, max_ctx));
-    omp_set_num_threads(m->n_threads);
-
-    workspace *w = &m->ws;
-    const int64_t T = b->num_tokens, E = c->n_embd, D = c->head_dim;
-    const int64_t KD = (int64_t)c->n_head_kv * D, F = c->n_ff;
-    const float scale = 1.0f / sqrtf((float)D);
-
-    /* embedding gather */
-    for (int64_t t = 0; t < T; t++)
-        osp_dequant_row(m->tok_embd.type,
-                        (const uint8_t *)m->tok_embd.data + (size_t)b->token_ids[t] * m->tok_embd.row_bytes,
-                        w->x + t * E, E);
-
-    for (int32_t l = 0; l < c->n_layer; l++) {
-        const layer_weights *L = &m->layers[l];
-        /* attention block */
-        osp_cpu_rmsnorm(w->x, L->attn_norm, w->xn, T, E, c->rms_eps);
-        osp_cpu_matmul(&L->wq, w->xn, w->q, T, w->scratch);
-        osp_cpu_matmul(&L->wk, w->xn, w->k, T, w->scratch);
-        osp_cpu_matmul(&L->wv, w->xn, w->v, T, w->scratch);
-        osp_cpu_rope_interleaved(w->q, b->positions, T, c->n_head, D, c->n_rot, m->inv_freq);
-        osp_cpu_rope_interleaved(w->k, b->positions, T, c->n_head_kv, D, c->n_rot, m->inv_freq);
-        if (kv->dtype == OSP_KV_DTYPE_F16) {
-            osp_cpu_kv_write_f16(w->k, w->v, kv->k[l], kv->v[l], b->slot_mapping, T, KD);
-            osp_cpu_paged_attention_f16(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
-                                        b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
-                                        c->n_head, c->n_head_kv, D, scale, w->scores, w->cap_ctx);
-        } else {
-            for (int64_t t = 0; t < T; t++) { /* write K/V at slot_mapping */
-                const size_t slot = (size_t)b->slot_mapping[t];
-                memcpy((float *)kv->k[l] + slot * KD, w->k + t * KD, (size_t)KD * sizeof(float));
-                memcpy((float *)kv->v[l] + slot * KD, w->v + t * KD, (size_t)KD * sizeof(float));
-            }
-            osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
-                                    b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
-                                    c->n_head, c->n_head_kv, D, scale, w->scores, w->cap_ctx);
-        }
-        osp_cpu_matmul(&L->wo, w->attn, w->xn, T, w->scratch);
-        for (int64_t i = 0; i < T * E; i++) w->x[i] += w->xn[i];
-        /* MLP block */
-        osp_cpu_rmsnorm(w->x, L->ffn_norm, w->xn, T, E, c->rms_eps);
-        osp_cpu_matmul(&L->w_gate, w->xn, w->gate, T, w->scratch);
-        osp_cpu_matmul(&L->w_up, w->xn, w->up, T, w->scratch);
-        osp_cpu_silu_mul(w->gate, w->up, w->gate, T * F);
-        osp_cpu_matmul(&L->w_down, w->gate, w->xn, T, w->scratch);
-        for (int64_t i = 0; i < T * E; i++) w->x[i] += w->xn[i];
-    }
-    if (b->num_logits == 0) return OSP_OK;
-    for (int32_t i = 0; i < b->num_logits; i++)
-        memcpy(w->out_rows + (int64_t)i * E, w->x + (int64_t)b->logits_indices[i] * E, (size_t)E * sizeof(float));
-    osp_cpu_rmsnorm(w->out_rows, m->out_norm, w->out_rows, b->num_logits, E, c->rms_eps);
-    osp_cpu_matmul(&m->output, w->out_rows, logits, b->num_logits, w->scratch);
+    fwd_ctx ctx = {m, kv, b, logits};
+    osp_threadpool_run(m->pool, forward_task, &ctx);
     return OSP_OK;
 }

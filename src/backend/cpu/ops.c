@@ -40,6 +40,22 @@ void osp_cpu_matmul(const osp_weight *w, const float *x, float *y, int64_t n_tok
     }
 }
 
+void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t n_tokens, int64_t r0,
+                         int64_t r1, float *row) {
+    const int64_t cols = w->cols, rows = w->rows;
+    const uint8_t *base = w->data;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *wr;
+        if (w->type == OSP_DTYPE_F32) {
+            wr = (const float *)(const void *)(base + (size_t)r * w->row_bytes);
+        } else {
+            osp_dequant_row(w->type, base + (size_t)r * w->row_bytes, row, cols);
+            wr = row;
+        }
+        for (int64_t t = 0; t < n_tokens; t++) y[t * rows + r] = osp_cpu_dot(wr, x + t * cols, cols);
+    }
+}
+
 void osp_cpu_rmsnorm(const float *x, const float *weight, float *out, int64_t n_tokens, int64_t n,
                      float eps) {
     for (int64_t t = 0; t < n_tokens; t++) {
@@ -80,46 +96,40 @@ void osp_cpu_paged_attention(const float *q, const float *k, const float *v, flo
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
-                             int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
-                             int64_t max_seq_len) {
+                             int64_t n_head_kv, int64_t head_dim, float scale, float *sc,
+                             int64_t item_begin, int64_t item_end) {
     const int64_t group = n_head / n_head_kv;
     const int64_t kv_row = n_head_kv * head_dim; /* floats per slot */
-    const int64_t num_tokens = query_start_loc[num_seqs];
-#pragma omp parallel
-    {
-        float *sc = scores + (size_t)omp_get_thread_num() * (size_t)max_seq_len;
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t t = 0; t < num_tokens; t++) {
-            for (int64_t h = 0; h < n_head; h++) {
-                int32_t s = 0;
-                while (t >= query_start_loc[s + 1]) s++;
-                const int32_t *bt = block_table + (size_t)s * max_blocks;
-                const int64_t kvh = h / group;
-                const float *qh = q + (t * n_head + h) * head_dim;
-                const int64_t n_ctx = (int64_t)positions[t] + 1;
-                float mx = -INFINITY;
-                for (int64_t p = 0; p < n_ctx; p++) {
-                    const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-                    const float *kp = k + slot * kv_row + kvh * head_dim;
-                    sc[p] = osp_cpu_dot(qh, kp, head_dim) * scale;
-                    if (sc[p] > mx) mx = sc[p];
-                }
-                float sum = 0.0f;
-                for (int64_t p = 0; p < n_ctx; p++) {
-                    sc[p] = expf(sc[p] - mx);
-                    sum += sc[p];
-                }
-                float *o = out + (t * n_head + h) * head_dim;
-                memset(o, 0, (size_t)head_dim * sizeof *o);
-                for (int64_t p = 0; p < n_ctx; p++) {
-                    const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-                    const float *vp = v + slot * kv_row + kvh * head_dim;
-                    const float w = sc[p];
-                    for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
-                }
-                const float inv = 1.0f / sum;
-                for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
-            }
+    int32_t s = 0;
+    for (int64_t item = item_begin; item < item_end; item++) {
+        const int64_t t = item / n_head, h = item % n_head;
+        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
+        while (s > 0 && t < query_start_loc[s]) s--;
+        const int32_t *bt = block_table + (size_t)s * max_blocks;
+        const int64_t kvh = h / group;
+        const float *qh = q + (t * n_head + h) * head_dim;
+        const int64_t n_ctx = (int64_t)positions[t] + 1;
+        float mx = -INFINITY;
+        for (int64_t p = 0; p < n_ctx; p++) {
+            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            const float *kp = k + slot * kv_row + kvh * head_dim;
+            sc[p] = osp_cpu_dot(qh, kp, head_dim) * scale;
+            if (sc[p] > mx) mx = sc[p];
         }
+        float sum = 0.0f;
+        for (int64_t p = 0; p < n_ctx; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        float *o = out + (t * n_head + h) * head_dim;
+        memset(o, 0, (size_t)head_dim * sizeof *o);
+        for (int64_t p = 0; p < n_ctx; p++) {
+            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            const float *vp = v + slot * kv_row + kvh * head_dim;
+            const float w = sc[p];
+            for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
     }
 }

@@ -30,6 +30,11 @@ float osp_cpu_dot(const float *a, const float *b, int64_t n);
  * Parallel over rows (OpenMP). W's type must satisfy osp_dtype_can_dequant (caller checks at load). */
 void osp_cpu_matmul(const osp_weight *w, const float *x, float *y, int64_t n_tokens, float *scratch);
 
+/* The same product restricted to weight rows [r0, r1), single-threaded (the caller splits rows over a
+ * thread pool). row: [W.cols] floats of workspace. Bit-identical to osp_cpu_matmul for those rows. */
+void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t n_tokens, int64_t r0,
+                         int64_t r1, float *row);
+
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each of n_tokens rows of n floats.
  * Sum of squares accumulated in double (as ggml). out may alias x. */
 void osp_cpu_rmsnorm(const float *x, const float *weight, float *out, int64_t n_tokens, int64_t n,
@@ -51,13 +56,15 @@ void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
  * k,v: pages [num_blocks, block_size, n_head_kv, head_dim]
  * Token t of sequence s (query_start_loc[s] <= t < query_start_loc[s+1]) attends to the positions
  * 0..positions[t] of s, found through block_table[s * max_blocks + p / block_size].
- * scores: workspace [n_threads, max_seq_len] floats. softmax(q k^T * scale) v in fp32. */
+ * Only the work items [item_begin, item_end) of the num_tokens * n_head (token, head) pairs are
+ * computed (item = t * n_head + h), single-threaded: the caller splits items over a thread pool.
+ * scores: this thread's workspace of max_seq_len floats. softmax(q k^T * scale) v in fp32. */
 void osp_cpu_paged_attention(const float *q, const float *k, const float *v, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
                              int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
-                             int64_t max_seq_len);
+                             int64_t item_begin, int64_t item_end);
 
 /* f16 pages (kv_f16.c). Writes K/V rows k, v: [num_tokens, kv_row] fp32 into f16 pages at
  * slot_mapping (round to nearest even). */
@@ -69,6 +76,6 @@ void osp_cpu_paged_attention_f16(const float *q, const void *k_pages, const void
                                  int32_t num_seqs, const int32_t *query_start_loc, const int32_t *positions,
                                  const int32_t *block_table, int32_t max_blocks, int32_t block_size,
                                  int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
-                                 int64_t max_seq_len);
+                                 int64_t item_begin, int64_t item_end);
 
 #endif

@@ -1,0 +1,41 @@
+/* Quantized-activation dot products for the fast CPU path.
+ *
+ * Activations are quantized per row in blocks of 32 to int8 with one fp32 scale (the idea of ggml's
+ * Q8_0/Q8_1 activation blocks; here the scale stays fp32 for accuracy). A weight row of a block type
+ * (Q4_0, Q4_1, Q8_0) is then multiplied in integers, 32 products per block, and scaled once per
+ * block — about a third of the work of dequantizing to fp32 first. Each row is quantized on its own,
+ * so results stay batch-invariant.
+ *
+ * Kernels are chosen at run time: AVX512-VNNI (256-bit, vpdpbusd), AVX2+FMA (vpmaddubsw), or the
+ * portable C version. The portable version is the reference the SIMD ones are tested against; their
+ * results differ only by float summation order. */
+#ifndef OSP_BACKEND_CPU_QDOT_H
+#define OSP_BACKEND_CPU_QDOT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define OSP_Q8_BLOCK 32
+
+/* 32 activations: x_i ~ d * qs[i]; s = d * sum(qs) (for the Q4 offset terms). 40 bytes. */
+typedef struct osp_q8_block {
+    float d;
+    float s;
+    int8_t qs[OSP_Q8_BLOCK];
+} osp_q8_block;
+
+/* y[n / 32] <- x[n], n a multiple of 32. d = max|x| / 127, q = round-to-nearest-even(x / d). */
+void osp_quantize_row_q8(const float *x, osp_q8_block *y, int64_t n);
+
+/* dot(weight row of `nblocks` blocks, activation blocks). */
+typedef float (*osp_qdot_fn)(const void *w, const osp_q8_block *a, int64_t nblocks);
+
+/* The fastest kernel for weight type `type` on this CPU, or NULL when the type has no quantized
+ * path (F32, F16, BF16: those use the fp32 path). */
+osp_qdot_fn osp_qdot_for(uint32_t type);
+/* The portable reference kernel for `type` (NULL as above). */
+osp_qdot_fn osp_qdot_ref_for(uint32_t type);
+/* "avx512vnni", "avx2" or "scalar": the kernel family osp_qdot_for picks. */
+const char *osp_qdot_isa(void);
+
+#endif
