@@ -268,8 +268,15 @@ int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, floa
     agg2 g = aggregate2(v.w, v.n, lo, lo);
     int64_t count_lo = g.c0;
     double mass_lo = g.m0;
-    const bool p_on = top_p < 1.0f;
+    bool p_on = top_p < 1.0f;
     int32_t k = top_k > 0 && top_k < count_lo ? top_k : 0;
+    if (k == 1 || (p_on && top_p <= 0.0f)) {
+        /* only the maximum (and its ties) can be kept: make it the candidate set, draw once */
+        lo = nextafterf(1.0f, 0.0f);
+        g = aggregate2(v.w, v.n, lo, lo);
+        count_lo = g.c0, mass_lo = g.m0;
+        k = 0, p_on = false;
+    }
     if (k && p_on) {
         /* top-k first: fold its threshold into the pivot, then top-p by rejection inside it */
         const float t = kth_largest(&v, lo, k);

@@ -95,7 +95,8 @@ void osp_sampler_workspace_free(osp_sampler_workspace *ws);
  * Returns OSP_OK if every row succeeded; otherwise the first failing row's status, with
  * osp_last_error() naming the row and the reason (rows with OSP_OK are valid either way); or
  * OSP_ERR_INVALID_ARG for a bad call (NULL pointers, sizes beyond the workspace), writing nothing.
- * Allocates nothing. Rows run in parallel over the workspace's threads. */
+ * out_logprobs of failed rows are left as they were. Allocates nothing. Rows run in parallel over
+ * the workspace's threads (OpenMP); one call at a time per workspace. */
 osp_status osp_sample_batch(osp_sampler_workspace *ws, const float *logits, int32_t num_rows, int32_t vocab,
                             const osp_sampler_row *rows, int32_t *out_tokens, osp_logprobs *out_logprobs,
                             osp_status *row_status);
