@@ -22,6 +22,7 @@ typedef struct gen_args {
     osp_sampling_params sp;
     bool seed_set;
     osp_kv_dtype kv_dtype;
+    bool exact; /* --exact: fp32 activations and an f32 KV cache (the reference path) */
 } gen_args;
 
 static gen_args parse(int argc, char **argv) {
@@ -39,6 +40,7 @@ static gen_args parse(int argc, char **argv) {
         else if (!strcmp(f, "--top-k")) a.sp.top_k = (int)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.sp.top_p = (float)cli_float(f, v, 0, 1), i++;
         else if (!strcmp(f, "--seed")) a.sp.seed = (uint64_t)cli_int(f, v, 0, (long long)UINT32_MAX), a.seed_set = true, i++;
+        else if (!strcmp(f, "--exact")) a.exact = true, a.kv_dtype = OSP_KV_DTYPE_F32;
         else if (!strcmp(f, "--kv-cache-dtype")) {
             if (osp_kv_dtype_parse(v, &a.kv_dtype) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
             i++;
@@ -58,6 +60,7 @@ int cmd_generate(int argc, char **argv) {
     ep.n_threads = a.n_threads;
     ep.block_size = BLOCK_SIZE;
     ep.kv_dtype = a.kv_dtype;
+    ep.exact = a.exact;
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);

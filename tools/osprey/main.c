@@ -13,7 +13,7 @@ static const char *k_usage =
     "\n"
     "commands:\n"
     "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
-    "           [--kv-cache-dtype f16|f32]\n"
+    "           [--kv-cache-dtype f16|f32] [--exact]\n"
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
