@@ -261,6 +261,11 @@ static float kth_largest(view *v, float lo, int32_t k) {
 
 int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, float top_p, float min_p,
                           const osp_rng_addr *rng, int32_t *rounds) {
+    return osp_reject_sample_ex(w, ids, n, top_k, top_p, min_p, rng, OSP_REJECT_MAX_ROUNDS, rounds);
+}
+
+int32_t osp_reject_sample_ex(float *w, int32_t *ids, int32_t n, int32_t top_k, float top_p, float min_p,
+                             const osp_rng_addr *rng, int32_t max_rounds, int32_t *rounds) {
     view v = {w, ids, n, false};
     if (rounds) *rounds = 0;
     /* min-p: a known threshold (max w is 1), so it is the first pivot: candidates are {w > lo}. */
@@ -287,7 +292,7 @@ int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, floa
     }
     const double target = p_on ? (double)top_p * mass_lo : 0.0;
     float hi = 1.0f;
-    for (int32_t r = 0; r < OSP_REJECT_MAX_ROUNDS; r++) {
+    for (int32_t r = 0; r < max_rounds; r++) {
         const double u = osp_rng_uniform_at(rng->seed, rng->sample_index, rng->position, (uint32_t)r);
         maybe_compact(&v, lo, count_lo);
         const int32_t j = draw_index(v.w, v.n, lo, u * mass_lo);
@@ -304,7 +309,7 @@ int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, floa
     }
     /* Exact fallback on what is left: every kept token is in {w > lo}, an upper set, so counts and
      * masses above any candidate are the same within it as over the whole row. */
-    if (rounds) *rounds = OSP_REJECT_MAX_ROUNDS + 1;
+    if (rounds) *rounds = max_rounds + 1;
     const int32_t m = compact(v.w, v.ids, v.n, lo, v.have_ids);
     const double u = osp_rng_uniform_at(rng->seed, rng->sample_index, rng->position, OSP_REJECT_MAX_ROUNDS);
     if (k) return exact_pick(v.w, v.ids, m, k, 1.0f, u);

@@ -30,6 +30,11 @@ typedef struct osp_rng_addr {
 int32_t osp_reject_sample(float *w, int32_t *ids, int32_t n, int32_t top_k, float top_p, float min_p,
                           const osp_rng_addr *rng, int32_t *rounds);
 
+/* The same with the number of rejection rounds before the fallback given (0: fallback at once);
+ * tests use it to check the fallback taken midway. `rounds` gets max_rounds + 1 for a fallback. */
+int32_t osp_reject_sample_ex(float *w, int32_t *ids, int32_t n, int32_t top_k, float top_p, float min_p,
+                             const osp_rng_addr *rng, int32_t max_rounds, int32_t *rounds);
+
 /* The same draw by sorting (heapsort of the min-p candidates, cumulative sums, cut, renormalize),
  * exact up to float rounding: the rejection sampler's fallback, and its cross-check in tests. Uses
  * draw index OSP_REJECT_MAX_ROUNDS of the stream. Same arguments and contract as above. */

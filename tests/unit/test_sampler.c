@@ -215,9 +215,11 @@ typedef struct big_cfg {
     float p, minp;
 } big_cfg;
 
-static void run_big(bool sorted) {
+/* mode 0: rejection; 1: the sorting path; 2: rejection with 1 round, then the fallback */
+static void run_big(int mode) {
+    const bool sorted = mode == 1;
     enum { BV = 4096 };
-    const long BN = sorted ? 2000 : 20000; /* the sorting path is slow by design */
+    const long BN = mode == 1 ? 2000 : mode == 2 ? 6000 : 20000; /* sorting is slow by design */
     static float base[BV], w0[BV], w[BV];
     static int32_t ids[BV];
     static double prob[BV];
@@ -248,17 +250,19 @@ static void run_big(bool sorted) {
             const osp_rng_addr a = {99 + c, 0, (uint64_t)d};
             int32_t rounds = 0, t;
             if (sorted) t = osp_reject_sample_sorted(w, ids, BV, row.top_k, row.top_p, row.min_p, &a);
+            else if (mode == 2) t = osp_reject_sample_ex(w, ids, BV, row.top_k, row.top_p, row.min_p, &a, 1, &rounds);
             else t = osp_reject_sample(w, ids, BV, row.top_k, row.top_p, row.min_p, &a, &rounds);
             assert_true(t >= 0 && t < BV);
             count[t]++;
             rounds_total += rounds;
-            fallbacks += rounds > OSP_REJECT_MAX_ROUNDS;
+            fallbacks += rounds > (mode == 2 ? 1 : OSP_REJECT_MAX_ROUNDS);
         }
         int kept = 0;
         for (int i = 0; i < BV; i++) kept += prob[i] > 0.0;
         char name[96];
-        snprintf(name, sizeof name, "%s%s (%d kept)", sorted ? "sorted " : "", cfgs[c].name, kept);
-        if (!sorted) printf("  %-40s mean rounds %.2f, fallbacks %ld\n", cfgs[c].name, (double)rounds_total / (double)BN, fallbacks);
+        snprintf(name, sizeof name, "%s%s (%d kept)", mode == 1 ? "sorted " : mode == 2 ? "1 round+fallback " : "",
+                 cfgs[c].name, kept);
+        if (mode != 1) printf("  %-40s mean rounds %.2f, fallbacks %ld\n", cfgs[c].name, (double)rounds_total / (double)BN, fallbacks);
         fit f = compare(count, prob, BV, BN);
         check_fit(name, &f);
     }
@@ -266,12 +270,17 @@ static void run_big(bool sorted) {
 
 static void test_rejection_large_vocab(void **state) {
     (void)state;
-    run_big(false);
+    run_big(0);
 }
 
 static void test_sorted_fallback_large_vocab(void **state) {
     (void)state;
-    run_big(true);
+    run_big(1);
+}
+
+static void test_fallback_midway(void **state) {
+    (void)state;
+    run_big(2);
 }
 
 int main(int argc, char **argv) {
@@ -280,6 +289,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_batch_distributions),
         cmocka_unit_test(test_rejection_large_vocab),
         cmocka_unit_test(test_sorted_fallback_large_vocab),
+        cmocka_unit_test(test_fallback_midway),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
