@@ -33,14 +33,22 @@ void osp_quantize_row_q8(const float *restrict x, osp_q8_block *restrict y, int6
         float amax = 0.0f;
         for (int i = 0; i < OSP_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
         const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0;
+        const float d2 = d / 254.0f, id2 = d != 0.0f ? 254.0f / d : 0.0f;
+        int sum = 0, sum2 = 0;
         for (int i = 0; i < OSP_Q8_BLOCK; i++) {
             const int q = (int)nearbyintf(xb[i] * id);
+            const float r = xb[i] - d * (float)q;
+            int q2 = (int)nearbyintf(r * id2);
+            q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
             y[b].qs[i] = (int8_t)q;
+            y[b].qs2[i] = (int8_t)q2;
             sum += q;
+            sum2 += q2;
         }
         y[b].d = d;
-        y[b].s = d * (float)sum;
+        y[b].d2 = d2;
+        y[b].pad = 0.0f;
+        y[b].s = d * (float)sum + d2 * (float)sum2;
     }
 }
 
@@ -51,9 +59,9 @@ static float dot_q8_0_ref(const void *w, const osp_q8_block *a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++, p += 34) {
         const int8_t *q = (const int8_t *)(p + 2);
-        int isum = 0;
-        for (int i = 0; i < 32; i++) isum += q[i] * a[b].qs[i];
-        acc += half_at(p) * a[b].d * (float)isum;
+        int isum = 0, isum2 = 0;
+        for (int i = 0; i < 32; i++) isum += q[i] * a[b].qs[i], isum2 += q[i] * a[b].qs2[i];
+        acc += half_at(p) * (a[b].d * (float)isum + a[b].d2 * (float)isum2);
     }
     return acc;
 }
@@ -63,10 +71,13 @@ static float dot_q4_0_ref(const void *w, const osp_q8_block *a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++, p += 18) {
         const uint8_t *q = p + 2;
-        int isum = 0;
-        for (int i = 0; i < 16; i++) isum += (q[i] & 0x0f) * a[b].qs[i] + (q[i] >> 4) * a[b].qs[i + 16];
+        int isum = 0, isum2 = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += (q[i] & 0x0f) * a[b].qs[i] + (q[i] >> 4) * a[b].qs[i + 16];
+            isum2 += (q[i] & 0x0f) * a[b].qs2[i] + (q[i] >> 4) * a[b].qs2[i + 16];
+        }
         const float dw = half_at(p);
-        acc += dw * a[b].d * (float)isum - 8.0f * dw * a[b].s;
+        acc += dw * (a[b].d * (float)isum + a[b].d2 * (float)isum2) - 8.0f * dw * a[b].s;
     }
     return acc;
 }
@@ -76,9 +87,12 @@ static float dot_q4_1_ref(const void *w, const osp_q8_block *a, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++, p += 20) {
         const uint8_t *q = p + 4;
-        int isum = 0;
-        for (int i = 0; i < 16; i++) isum += (q[i] & 0x0f) * a[b].qs[i] + (q[i] >> 4) * a[b].qs[i + 16];
-        acc += half_at(p) * a[b].d * (float)isum + half_at(p + 2) * a[b].s;
+        int isum = 0, isum2 = 0;
+        for (int i = 0; i < 16; i++) {
+            isum += (q[i] & 0x0f) * a[b].qs[i] + (q[i] >> 4) * a[b].qs[i + 16];
+            isum2 += (q[i] & 0x0f) * a[b].qs2[i] + (q[i] >> 4) * a[b].qs2[i + 16];
+        }
+        acc += half_at(p) * (a[b].d * (float)isum + a[b].d2 * (float)isum2) + half_at(p + 2) * a[b].s;
     }
     return acc;
 }
@@ -118,6 +132,15 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
+/* acc += dw * (d * dot(qw, qs) + d2 * dot(qw, qs2)), qw unsigned bytes. */
+#define two_level(acc, qw, blk, dw, DOT)                                                           \
+    _mm256_fmadd_ps(                                                                               \
+        _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2))), \
+        _mm256_set1_ps((dw) * (blk)->d2),                                                          \
+        _mm256_fmadd_ps(                                                                           \
+            _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs))), \
+            _mm256_set1_ps((dw) * (blk)->d), (acc)))
+
 #define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
     TGT static float dot_q4_1_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {         \
         const uint8_t *p = w;                                                                      \
@@ -125,9 +148,8 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
         float off = 0.0f;                                                                          \
         for (int64_t b = 0; b < nb; b++, p += 20) {                                                \
             const __m256i qw = unpack_nibbles(p + 4);                                              \
-            const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs);          \
-            const __m256 s = _mm256_cvtepi32_ps(DOT(qw, qa));                                      \
-            acc = _mm256_fmadd_ps(s, _mm256_set1_ps(half_f16c(p) * a[b].d), acc);                  \
+            const float dw = half_f16c(p);                                                         \
+            acc = two_level(acc, qw, a + b, dw, DOT);                                              \
             off += half_f16c(p + 2) * a[b].s;                                                      \
         }                                                                                          \
         return hsum8(acc) + off;                                                                   \
@@ -138,10 +160,8 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
         float off = 0.0f;                                                                          \
         for (int64_t b = 0; b < nb; b++, p += 18) {                                                \
             const __m256i qw = unpack_nibbles(p + 2);                                              \
-            const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs);          \
-            const __m256 s = _mm256_cvtepi32_ps(DOT(qw, qa));                                      \
             const float dw = half_f16c(p);                                                         \
-            acc = _mm256_fmadd_ps(s, _mm256_set1_ps(dw * a[b].d), acc);                            \
+            acc = two_level(acc, qw, a + b, dw, DOT);                                              \
             off -= 8.0f * dw * a[b].s;                                                             \
         }                                                                                          \
         return hsum8(acc) + off;                                                                   \
@@ -152,10 +172,13 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
         for (int64_t b = 0; b < nb; b++, p += 34) {                                                \
             const __m256i qw = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2));          \
             const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs);          \
+            const __m256i qa2 = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs2);        \
             const __m256i aw = _mm256_sign_epi8(qw, qw);                                           \
-            const __m256i sa = _mm256_sign_epi8(qa, qw);                                           \
-            const __m256 s = _mm256_cvtepi32_ps(DOT(aw, sa));                                      \
-            acc = _mm256_fmadd_ps(s, _mm256_set1_ps(half_f16c(p) * a[b].d), acc);                  \
+            const __m256 s1 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw)));               \
+            const __m256 s2 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa2, qw)));              \
+            const float dw = half_f16c(p);                                                         \
+            acc = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * a[b].d), acc);                           \
+            acc = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * a[b].d2), acc);                          \
         }                                                                                          \
         return hsum8(acc);                                                                         \
     }
@@ -183,6 +206,16 @@ static isa_t detect(void) {
 #endif
     g_isa = isa; /* benign race: every thread computes the same value */
     return isa;
+}
+
+bool osp_qdot_force_isa(const char *name) {
+    g_isa = ISA_UNSET;
+    const isa_t best = detect();
+    isa_t want = !strcmp(name, "avx512vnni") ? ISA_VNNI : !strcmp(name, "avx2") ? ISA_AVX2
+               : !strcmp(name, "scalar") ? ISA_SCALAR : ISA_UNSET;
+    if (want == ISA_UNSET || want > best) return false;
+    g_isa = want;
+    return true;
 }
 
 const char *osp_qdot_isa(void) {

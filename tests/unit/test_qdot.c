@@ -1,0 +1,113 @@
+/* Quantized-activation dot products: the run-time-chosen SIMD kernel against the portable reference,
+ * and both against the fp32 dot of the dequantized weights with the original activations.
+ *
+ * Random weight blocks (random bytes, fp16 scales in a sane range) of Q4_0, Q4_1 and Q8_0, random
+ * activations with occasional outliers. SIMD vs reference differ only in float summation order:
+ * |diff| <= 1e-5 * sum|w_i a_i|. Quantized vs fp32: the two-level activation error is at most
+ * d2/2 = max|x|/508 per value, so |diff| <= sum_blocks sum|w| * max|x_block| / 508 (+ rounding). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/qdot.h"
+#include "core/dtype.h"
+
+static uint64_t g_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    g_state ^= g_state << 13;
+    g_state ^= g_state >> 7;
+    g_state ^= g_state << 17;
+    return (uint32_t)(g_state >> 11);
+}
+static float frand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
+
+static void fill_blocks(uint32_t t, uint8_t *w, int64_t nb) {
+    const size_t ts = osp_dtype_type_size(t);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * ts;
+        for (size_t i = 0; i < ts; i++) p[i] = (uint8_t)rnd();
+        const uint16_t d = osp_fp32_to_fp16(0.001f + 0.05f * fabsf(frand()));
+        memcpy(p, &d, 2);
+        if (t == OSP_DTYPE_Q4_1) {
+            const uint16_t m = osp_fp32_to_fp16(0.1f * frand());
+            memcpy(p + 2, &m, 2);
+        }
+    }
+}
+
+static void test_kernels(void **state) {
+    (void)state;
+    const uint32_t types[] = {OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q8_0};
+    const char *isas[] = {"avx512vnni", "avx2", "scalar"};
+    for (size_t ii = 0; ii < 3; ii++) {
+    if (!osp_qdot_force_isa(isas[ii])) {
+        printf("qdot kernels: %s not available on this CPU, skipped\n", isas[ii]);
+        continue;
+    }
+    printf("qdot kernels: %s\n", osp_qdot_isa());
+    for (size_t ti = 0; ti < 3; ti++) {
+        const uint32_t t = types[ti];
+        osp_qdot_fn fast = osp_qdot_for(t), ref = osp_qdot_ref_for(t);
+        assert_non_null(fast);
+        assert_non_null(ref);
+        for (int trial = 0; trial < 200; trial++) {
+            const int64_t nb = 1 + rnd() % 64, n = nb * 32;
+            uint8_t w[64 * 34];
+            float x[64 * 32], wf[64 * 32];
+            osp_q8_block xq[64];
+            fill_blocks(t, w, nb);
+            for (int64_t i = 0; i < n; i++) x[i] = frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
+            osp_quantize_row_q8(x, xq, n);
+            assert_int_equal(osp_dequant_row(t, w, wf, n), OSP_OK);
+            double exact = 0, mag = 0, bound = 0;
+            for (int64_t b = 0; b < nb; b++) {
+                double amax = 0, wsum = 0;
+                for (int i = 0; i < 32; i++) {
+                    const int64_t k = b * 32 + i;
+                    exact += (double)wf[k] * x[k];
+                    mag += fabs((double)wf[k] * x[k]);
+                    amax = fmax(amax, fabs(x[k]));
+                    wsum += fabs(wf[k]);
+                }
+                bound += wsum * amax / 508.0 * 1.01;
+            }
+            const float f = fast(w, xq, nb), r = ref(w, xq, nb);
+            if (fabs((double)f - r) > 1e-5 * mag + 1e-30)
+                fail_msg("%s: simd %.9g vs reference %.9g (mag %g)", osp_dtype_name(t), f, r, mag);
+            if (fabs((double)r - exact) > bound + 1e-5 * mag)
+                fail_msg("%s: quantized %.9g vs fp32 %.9g exceeds bound %g", osp_dtype_name(t), r, exact, bound);
+        }
+    }
+    }
+}
+
+static void test_quantize_edges(void **state) {
+    (void)state;
+    float x[64] = {0};
+    osp_q8_block q[2];
+    osp_quantize_row_q8(x, q, 64); /* all zeros: zero scales, zero codes */
+    assert_true(q[0].d == 0.0f && q[0].d2 == 0.0f && q[0].s == 0.0f);
+    for (int i = 0; i < 32; i++) assert_true(q[0].qs[i] == 0 && q[0].qs2[i] == 0);
+    for (int i = 0; i < 64; i++) x[i] = (float)(i - 32) / 7.0f;
+    osp_quantize_row_q8(x, q, 64);
+    for (int i = 0; i < 64; i++) {
+        const osp_q8_block *b = &q[i / 32];
+        const float y = b->d * b->qs[i % 32] + b->d2 * b->qs2[i % 32];
+        assert_true(fabsf(y - x[i]) <= b->d2 * 0.5f * 1.001f + 1e-7f);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kernels),
+        cmocka_unit_test(test_quantize_edges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
