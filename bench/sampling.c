@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
     const int32_t vocabs[] = {49152, 128256};
     const int batches[] = {1, 8, 64, 256};
     const cfg cfgs[] = {{"top_k=50 top_p=0.95", 50, 0.95f}, {"top_k=0 top_p=0.9", 0, 0.9f},
-                        {"top_k=1000 top_p=0.8", 1000, 0.8f}};
+                        {"top_k=1000 top_p=0.8", 1000, 0.8f}, {"top_k=50 (top-k only)", 50, 1.0f}};
     printf("%-7s %-5s %-22s %12s %12s %12s %8s\n", "vocab", "batch", "filter", "osprey us/row", "sort us/row",
            "softmax+draw", "ratio");
     for (size_t vi = 0; vi < 2; vi++) {

@@ -28,8 +28,11 @@
  * `logits < kth_value` mask); top-p keeps a whole tie group when the mass strictly above it is below
  * top_p, i.e. FlashInfer's test (vLLM's sort-based path cuts inside a tie group in sort order).
  *
+ * top_k = 1 and top_p = 0 keep only the maximum and its ties, which are drawn from directly.
+ *
  * Passes shrink: once the candidates {w > lo} are under half of the working array, they are
- * compacted in place (w and ids), so later rounds scan only them. */
+ * compacted in place (w and ids), so later rounds scan only them. Exact up to float rounding of the
+ * masses (float lanes within blocks of 2048 weights, double across blocks) and the 32-bit uniform. */
 #include "sample/reject.h"
 
 #include <math.h>
