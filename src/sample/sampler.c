@@ -233,6 +233,27 @@ osp_status osp_sample_batch(osp_sampler_workspace *ws, const float *logits, int3
     return OSP_OK;
 }
 
+osp_status osp_sample_rows(osp_sampler_workspace *ws, int32_t slot, const float *logits, int32_t row_begin,
+                           int32_t row_end, int32_t vocab, const osp_sampler_row *rows, int32_t *out_tokens,
+                           osp_logprobs *out_logprobs, osp_status *row_status) {
+    if (!ws || !logits || !rows || !out_tokens || !row_status || slot < 0 || slot >= ws->n_threads || row_begin < 0 ||
+        row_end < row_begin || row_end > ws->max_rows || vocab != ws->vocab)
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "sample_rows: bad call (slot %d of %d, rows [%d, %d) of max %d, vocab %d, workspace vocab %d)",
+                             slot, ws ? ws->n_threads : 0, row_begin, row_end, ws ? ws->max_rows : 0, vocab,
+                             ws ? ws->vocab : 0);
+    thread_scratch *t = &ws->t[slot];
+    osp_status first = OSP_OK;
+    for (int32_t r = row_begin; r < row_end; r++) {
+        int32_t arg = 0;
+        const char *why = sample_row(logits + (size_t)r * (size_t)vocab, vocab, &rows[r], t->w, t->ids, t->counts,
+                                     t->seen, &out_tokens[r], out_logprobs ? &out_logprobs[r] : NULL, &arg);
+        row_status[r] = why ? OSP_ERR_INVALID_ARG : OSP_OK;
+        if (why && first == OSP_OK) first = osp_set_error(OSP_ERR_INVALID_ARG, "sampler: row %d: %s (%d)", r, why, arg);
+    }
+    return first;
+}
+
 /* ---- one row for `osprey generate` -------------------------------------------------------- */
 
 osp_sampling_params osp_sampling_default_params(void) {

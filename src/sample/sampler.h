@@ -62,6 +62,8 @@ typedef struct osp_sampler_row {
     uint64_t output_pos;            /* index of the token being sampled in this child's output */
     int32_t num_logprobs;           /* -1: none; 0: the chosen token's only; 1..20: plus the top N */
 } osp_sampler_row;
+/* Penalty state is the id lists themselves: a row with penalties costs O(n_prompt + n_output) per
+ * step (counts are rebuilt in the thread's scratch and cleared after), no per-request map to keep. */
 
 /* Chosen-token and top-N logprobs of one row, from the raw distribution (see above). */
 typedef struct osp_logprobs {
@@ -100,6 +102,14 @@ void osp_sampler_workspace_free(osp_sampler_workspace *ws);
 osp_status osp_sample_batch(osp_sampler_workspace *ws, const float *logits, int32_t num_rows, int32_t vocab,
                             const osp_sampler_row *rows, int32_t *out_tokens, osp_logprobs *out_logprobs,
                             osp_status *row_status);
+
+/* The same for rows [row_begin, row_end) of the arrays above, on the calling thread only, with the
+ * workspace's scratch set `slot` (in [0, n_threads) of the workspace): for callers that split rows
+ * over their own threads (e.g. inside osp_threadpool_run, slot = ith), each thread its own slot.
+ * No OpenMP. Returns OSP_OK or the first failing row's status (message on this thread). */
+osp_status osp_sample_rows(osp_sampler_workspace *ws, int32_t slot, const float *logits, int32_t row_begin,
+                           int32_t row_end, int32_t vocab, const osp_sampler_row *rows, int32_t *out_tokens,
+                           osp_logprobs *out_logprobs, osp_status *row_status);
 
 /* Logprobs of prompt tokens: for each of num_rows positions, the raw distribution logits
  * [num_rows, vocab] and the token that actually follows, next_ids [num_rows]; num_top in [0, 20]

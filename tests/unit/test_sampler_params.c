@@ -66,6 +66,25 @@ static void test_seed_batch_invariance(void **state) {
             assert_int_equal(tok[at], alone[s]);
         }
     }
+    /* the caller-threaded entry gives the same tokens as the batch call, slot by slot */
+    {
+        osp_sampler_row rows[3] = {r, r, r};
+        rows[1].seed = 5, rows[2].top_k = 3;
+        static float l3[3 * V];
+        for (int i = 0; i < 3; i++) memcpy(l3 + i * V, mine, sizeof mine);
+        for (int s = 0; s < 50; s++) {
+            for (int i = 0; i < 3; i++) rows[i].output_pos = (uint64_t)s;
+            int32_t a[3], b[3];
+            osp_status sa[3], sb[3];
+            assert_int_equal(osp_sample_batch(ws2, l3, 3, V, rows, a, NULL, sa), OSP_OK);
+            assert_int_equal(osp_sample_rows(ws2, 1, l3, 0, 2, V, rows, b, NULL, sb), OSP_OK);
+            assert_int_equal(osp_sample_rows(ws2, 0, l3, 2, 3, V, rows, b, NULL, sb), OSP_OK);
+            for (int i = 0; i < 3; i++) assert_int_equal(a[i], b[i]);
+        }
+        int32_t b[3];
+        osp_status sb[3];
+        assert_int_equal(osp_sample_rows(ws2, 2, l3, 0, 1, V, rows, b, NULL, sb), OSP_ERR_INVALID_ARG);
+    }
     /* different seeds, or different sample indices of one seed, give different sequences */
     for (int variant = 0; variant < 2; variant++) {
         osp_sampler_row o = r;
