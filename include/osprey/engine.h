@@ -159,7 +159,7 @@ osp_status osp_engine_stop(osp_engine *e);
  * and described in *out (out->token_ids = tokens). Waits up to timeout_ms (0: don't wait, < 0:
  * forever) for something new. Returns OSP_OK with out->num_tokens possibly 0 on timeout; the last
  * poll of a finished request has out->finished set, after which the id is forgotten.
- * OSP_ERR_NOT_FOUND for an unknown id. */
+ * OSP_ERR_NOT_FOUND for an unknown id or a request with a callback. */
 osp_status osp_engine_poll(osp_engine *e, uint64_t request_id, int32_t *tokens, int32_t cap,
                            osp_request_output *out, int timeout_ms);
 

@@ -271,6 +271,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->stats.num_running = ss.num_running;
     e->stats.num_waiting = ss.num_waiting;
     e->stats.num_free_blocks = osp_block_pool_num_free(osp_scheduler_pool(e->sched));
+    int32_t n_cb = 0; /* keep only callback requests: a poller may free the others once unlocked */
     for (int32_t i = 0; i < e->publish.n; i++) {
         osp_request *r = e->publish.v[i];
         r->num_published = osp_request_num_output(r);
@@ -279,13 +280,14 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
             r->published_reason = r->finish_reason;
             e->num_unfinished--;
         }
+        if (r->callback) e->publish.v[n_cb++] = r;
     }
+    e->publish.n = n_cb;
     pthread_cond_broadcast(&e->output);
     pthread_mutex_unlock(&e->mu);
     /* 4. callbacks (outside the lock); callback requests are forgotten when finished */
     for (int32_t i = 0; i < e->publish.n; i++) {
         osp_request *r = e->publish.v[i];
-        if (!r->callback) continue;
         const int32_t from = r->num_delivered, n = r->num_published - from;
         osp_request_output o;
         fill_output(r, r->tokens + r->num_prompt + from, n, r->published_finished, &o);
@@ -372,6 +374,10 @@ osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t 
             break;
         }
         osp_request *r = e->table.v[i];
+        if (r->callback) {
+            s = osp_set_error(OSP_ERR_NOT_FOUND, "poll: request %llu delivers to its callback", (unsigned long long)id);
+            break;
+        }
         const int32_t avail = r->num_published - r->num_delivered;
         if (avail > 0 || r->published_finished || timeout_ms == 0 || e->stop) {
             const int32_t n = avail < cap ? avail : (cap > 0 ? cap : 0);

@@ -175,9 +175,11 @@ static bool allocate_slots(osp_scheduler *s, osp_request *r, const int32_t *hits
     int32_t evictable = 0;
     for (int32_t i = 0; i < n_hits; i++) evictable += osp_block_pool_ref_count(s->pool, hits[i]) == 0;
     if (need > osp_block_pool_num_free(s->pool) - evictable) return false;
-    osp_block_pool_touch(s->pool, hits, n_hits);
-    memcpy(r->block_ids + r->num_blocks, hits, sizeof *hits * (size_t)n_hits);
-    r->num_blocks += n_hits;
+    if (n_hits > 0) {
+        osp_block_pool_touch(s->pool, hits, n_hits);
+        memcpy(r->block_ids + r->num_blocks, hits, sizeof *hits * (size_t)n_hits);
+        r->num_blocks += n_hits;
+    }
     if (need > 0) {
         osp_block_pool_alloc(s->pool, need, r->block_ids + r->num_blocks); /* cannot fail: checked above */
         r->num_blocks += need;
