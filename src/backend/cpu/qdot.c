@@ -197,7 +197,8 @@ static isa_t detect(void) {
     isa_t isa = ISA_SCALAR;
 #ifdef OSP_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+    /* every AVX2 CPU (Haswell, Zen and later) has F16C; clang cannot query "f16c" */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         isa = ISA_AVX2;
         if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
             __builtin_cpu_supports("avx512bw"))
