@@ -2,7 +2,8 @@
  * briefly on SmolLM2. Every run steps with check_invariants on (block pool + scheduler after every step).
  *
  * Asserts: N concurrent greedy requests of mixed lengths give exactly the tokens each gives alone (f32
- * and f16 KV, f32 and Q4_1 weights, SmolLM2); prefix caching on and off give identical tokens and a
+ * and f16 KV; f32 weights, Q4_1 weights with int8 activations and with exact fp32 ones; SmolLM2 on the
+ * default fast path); prefix caching on and off give identical tokens and a
  * repeated request hits exactly k-1 blocks for k*16 prompt tokens and k for k*16 + 1 (both hash
  * algorithms); budgets 1, 7, 64 and 2048 give identical tokens; a pool too small for all requests
  * preempts (counted) and still gives every request its own tokens; aborts at random moments leave every
@@ -136,10 +137,13 @@ static void assert_same(const job *a, const job *b, int n, const char *what) {
 
 static void test_batch_invariance(void **state) {
     (void)state;
-    const char *models[2] = {g_tiny, g_tiny_q};
-    for (int m = 0; m < 2; m++)
+    /* f32 weights; Q4_1 weights with int8-quantized activations (the default fast path, quantized
+     * per row) and with --exact fp32 activations */
+    const char *models[3] = {g_tiny, g_tiny_q, g_tiny_q};
+    for (int m = 0; m < 3; m++)
         for (int kd = 0; kd < 2; kd++) {
             osp_engine_params p = base(models[m]);
+            p.exact = m == 2;
             p.kv_dtype = kd ? OSP_KV_DTYPE_F16 : OSP_KV_DTYPE_F32;
             p.enable_prefix_caching = false;
             job alone[NREQ], batch[NREQ];
