@@ -1,14 +1,22 @@
-/* Byte-level BPE tokenizer built from GGUF metadata, and an incremental UTF-8-safe detokenizer.
+/* Byte-level BPE and SentencePiece tokenizers built from GGUF metadata, and an incremental
+ * UTF-8-safe detokenizer.
  *
  * The reference is llama.cpp's tokenizer (src/llama-vocab.cpp, src/unicode.cpp): for every
- * `tokenizer.ggml.model = gpt2` vocabulary and every pre-tokenizer osprey supports, encode() returns
- * the ids llama_tokenize() returns, token for token. The pipeline is:
+ * `tokenizer.ggml.model = gpt2` vocabulary and every pre-tokenizer osprey supports, and for
+ * `tokenizer.ggml.model = llama` (SentencePiece, llama.cpp's LLAMA_VOCAB_TYPE_SPM), encode()
+ * returns the ids llama_tokenize() returns, token for token. The BPE pipeline is:
  *
  *   text ─▶ special/added-token partition (longest token first, as llama.cpp's
  *           tokenizer_st_partition) ─▶ pre-tokenizer (the regexes `tokenizer.ggml.pre` names,
  *           run with PCRE2 or the hand-written splitters llama.cpp uses for GPT-2/Llama-3/Qwen2)
  *   ─▶ GPT-2 byte-to-unicode mapping ─▶ BPE merges by rank (`tokenizer.ggml.merges`, rank = index)
  *   ─▶ ids, with BOS/EOS around them as the metadata says.
+ *
+ * SentencePiece (`llama`) shares the partition and BOS/EOS steps; each raw fragment has its spaces
+ * written as U+2581 '▁', gets one more '▁' in front when add_space_prefix is on (the default) and it
+ * starts the text or follows a special token, and is merged character by character, highest
+ * tokenizer.ggml.scores piece first; characters with no piece become <0xXX> byte tokens. BOS is
+ * added by default (add_bos_token defaults to true, BOS = 1, EOS = 2, UNK = 0).
  *
  * Known differences from llama.cpp, all deliberate or unreachable in practice:
  *  - with add_special, BOS/EOS are not doubled when the text already starts/ends with them
@@ -17,7 +25,14 @@
  *    unspecified); this matters only if two such token texts overlap in the input;
  *  - a 4-byte sequence decoding past U+10FFFF (F4 90.., F5..F7 leads) is read as U+FFFD plus
  *    continuation bytes; llama.cpp throws on it;
- *  - decoding never applies llama_detokenize's clean_spaces pass (token_to_piece does not either).
+ *  - decoding never applies llama_detokenize's clean_spaces pass (token_to_piece does not either);
+ *  - SentencePiece: a byte with neither a <0xXX> nor a one-byte token is dropped (llama.cpp throws;
+ *    every real SPM vocabulary has all 256 byte tokens).
+ *
+ * SentencePiece decode(encode(s)) == s holds once the first token's leading space is dropped
+ * (osp_detokenizer_lstrip_first), except that a space is also put in front of text following a
+ * special token ("a</s>b" comes back as "a</s> b"), and tokens with RSTRIP/LSTRIP eat the spaces
+ * next to them (Phi-3's specials).
  *
  * Tokenizers are immutable after load and safe to share between threads; a detokenizer is
  * per-sequence state and belongs to one thread at a time. */
@@ -54,9 +69,12 @@ enum {
 /* Builds a tokenizer from the `tokenizer.*` metadata of `g`: tokens, token_type, merges, pre,
  * bos/eos/eot/eom/unk/pad ids, add_bos_token, add_eos_token. Everything needed is copied, so `g`
  * may be closed afterwards. On success *out is owned by the caller (osp_tokenizer_free).
- * Errors: OSP_ERR_UNSUPPORTED when tokenizer.ggml.model is not "gpt2" or tokenizer.ggml.pre names a
- * pre-tokenizer osprey does not implement (the message names it); OSP_ERR_NOT_FOUND when tokens or
- * merges are missing; OSP_ERR_FORMAT for mistyped arrays; OSP_ERR_NOMEM.
+ * For "llama" vocabularies also tokenizer.ggml.scores (float32 or int32; absent = all 0) and
+ * add_space_prefix; merges and pre are not used.
+ * Errors: OSP_ERR_UNSUPPORTED when tokenizer.ggml.model is neither "gpt2" nor "llama", or a gpt2
+ * tokenizer.ggml.pre names a pre-tokenizer osprey does not implement (the message names it);
+ * OSP_ERR_NOT_FOUND when tokens (or gpt2 merges) are missing; OSP_ERR_FORMAT for mistyped arrays;
+ * OSP_ERR_NOMEM.
  * Source: llama_vocab::impl::load (special-token defaults, EOG set, attribute fix-ups). */
 osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out);
 
@@ -69,8 +87,13 @@ int32_t osp_tokenizer_eos(const osp_tokenizer *t); /* -1 if none */
 int32_t osp_tokenizer_eot(const osp_tokenizer *t); /* -1 if none ("<|im_end|>", "<|eot_id|>", ...) */
 bool osp_tokenizer_add_bos(const osp_tokenizer *t); /* tokenizer.ggml.add_bos_token (or pre default) */
 bool osp_tokenizer_add_eos(const osp_tokenizer *t);
-/* The pre-tokenizer name in use ("smollm", "default" when the metadata has none). */
+/* The pre-tokenizer name in use ("smollm", "default" when the metadata has none or for SPM). */
 const char *osp_tokenizer_pre_name(const osp_tokenizer *t);
+/* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece). */
+const char *osp_tokenizer_model_name(const osp_tokenizer *t);
+/* SentencePiece: a space goes in front of the text (tokenizer.ggml.add_space_prefix, default true);
+ * always false for BPE. */
+bool osp_tokenizer_add_space_prefix(const osp_tokenizer *t);
 /* Attribute bits of `id` (OSP_TOKEN_ATTR_*), 0 when out of range. */
 uint32_t osp_tokenizer_attr(const osp_tokenizer *t, int32_t id);
 /* The stored (byte-encoded) vocabulary string of `id`, NUL-terminated, or NULL if out of range. */
@@ -95,12 +118,13 @@ bool osp_tokenizer_is_eog(const osp_tokenizer *t, int32_t id);
  *                  matched in both cases, as llama.cpp and HF tokenizers do.
  * On success *ids is malloc'd (the caller frees it; NULL when *n_ids == 0).
  * Errors: OSP_ERR_INVALID_ARG (NULL arguments), OSP_ERR_NOMEM, OSP_ERR_INTERNAL (regex failure).
- * Source: llama_vocab::impl::tokenize, LLAMA_VOCAB_TYPE_BPE branch. */
+ * Source: llama_vocab::impl::tokenize, LLAMA_VOCAB_TYPE_BPE and LLAMA_VOCAB_TYPE_SPM branches. */
 osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t len, bool add_special,
                                 bool parse_special, int32_t **ids, size_t *n_ids);
 
-/* The bytes token `id` stands for: byte-level decoded for normal tokens (the GPT-2 unicode chars
- * mapped back to bytes; may be an incomplete UTF-8 sequence), the literal text for CONTROL,
+/* The bytes token `id` stands for: for normal tokens byte-level decoded (BPE: the GPT-2 unicode
+ * chars mapped back to bytes; may be an incomplete UTF-8 sequence) or with '▁' written as ' '
+ * (SPM: "▁Hello" is " Hello"), the byte of a <0xXX> BYTE token, the literal text for CONTROL,
  * USER_DEFINED and UNKNOWN tokens, nothing for UNUSED/UNDEFINED ones (llama_token_to_piece with
  * special=true). Writes at most `cap` bytes (no NUL) and sets *n to the full length.
  * Errors: OSP_ERR_INVALID_ARG for an out-of-range id, or when cap < *n (nothing useful written). */
@@ -118,6 +142,12 @@ osp_status osp_detokenizer_new(const osp_tokenizer *t, osp_detokenizer **out);
 void osp_detokenizer_free(osp_detokenizer *d); /* NULL is fine */
 /* When skip is true, CONTROL/UNKNOWN tokens (BOS, EOS, <|im_end|>, ...) produce no text. */
 void osp_detokenizer_skip_special(osp_detokenizer *d, bool skip);
+/* When on and the vocabulary adds a space prefix (SentencePiece), the first token pushed after
+ * new/reset/flush loses one leading space, as llama_detokenize does for a whole sequence: that is
+ * the space encode() put in front of the text. If the first token is BOS (rendered or skipped),
+ * the space of the next token is kept, as in llama.cpp. Off by default, which is right for
+ * streaming tokens generated after a prompt. */
+void osp_detokenizer_lstrip_first(osp_detokenizer *d, bool on);
 /* Drops pending bytes (start of a new sequence). */
 void osp_detokenizer_reset(osp_detokenizer *d);
 

@@ -1,4 +1,6 @@
-/* Encoding: special-token partition, pre-tokenization, GPT-2 byte mapping and BPE merges.
+/* Encoding: special-token partition, pre-tokenization, GPT-2 byte mapping and BPE merges. The
+ * partition and the BOS/EOS handling are shared with SentencePiece vocabularies, whose raw
+ * fragments go to spm.c instead.
  *
  * Byte-level BPE (Radford et al. 2019; Sennrich et al. 2016): every word from the pre-tokenizer is
  * turned into its UTF-8 bytes, each byte into one of 256 printable unicode chars, and adjacent
@@ -16,26 +18,6 @@
 #include "core/status_internal.h"
 #include "tokenizer/tokenizer_internal.h"
 #include "tokenizer/unicode.h"
-
-/* ---------------------------------------------------------------------------------------------- */
-/* growable id vector                                                                             */
-
-typedef struct idvec {
-    int32_t *v;
-    size_t n, cap;
-} idvec;
-
-static bool iv_push(idvec *o, int32_t id) {
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? o->cap * 2 : 64;
-        int32_t *v = realloc(o->v, cap * sizeof *v);
-        if (!v) return false;
-        o->v = v;
-        o->cap = cap;
-    }
-    o->v[o->n++] = id;
-    return true;
-}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* BPE merges over one word                                                                       */
@@ -134,10 +116,10 @@ static bool add_bigram(const osp_tokenizer *t, bpe_work *w, const char *word, in
 }
 
 /* Tokenizes one byte-encoded word (valid UTF-8 of GPT-2 chars) into out. */
-static bool bpe_word(const osp_tokenizer *t, bpe_work *w, const char *word, size_t len, idvec *out) {
+static bool bpe_word(const osp_tokenizer *t, bpe_work *w, const char *word, size_t len, osp_idvec *out) {
     if (t->ignore_merges) {
         int32_t id = osp_strmap_get(&t->vocab, word, len);
-        if (id >= 0) return iv_push(out, id);
+        if (id >= 0) return osp_idvec_push(out, id);
     }
     if (len > w->sym_cap) {
         size_t cap = len * 2;
@@ -175,20 +157,20 @@ static bool bpe_word(const osp_tokenizer *t, bpe_work *w, const char *word, size
         const symbol *s = &w->sym[i];
         int32_t id = osp_strmap_get(&t->vocab, word + s->off, s->len);
         if (id >= 0) {
-            if (!iv_push(out, id)) return false;
+            if (!osp_idvec_push(out, id)) return false;
             continue;
         }
         /* no such token: fall back to single-byte tokens of the encoded text, dropping misses */
         for (uint32_t j = 0; j < s->len; j++) {
             int32_t bid = osp_strmap_get(&t->vocab, word + s->off + j, 1);
-            if (bid >= 0 && !iv_push(out, bid)) return false;
+            if (bid >= 0 && !osp_idvec_push(out, bid)) return false;
         }
     }
     return true;
 }
 
 /* Pre-tokenizes and BPE-encodes the raw text fragment s[0..len). */
-static osp_status encode_fragment(const osp_tokenizer *t, bpe_work *w, const char *s, size_t len, idvec *out) {
+static osp_status encode_fragment(const osp_tokenizer *t, bpe_work *w, const char *s, size_t len, osp_idvec *out) {
     osp_status st = OSP_OK;
     uint32_t *cps = malloc(len * sizeof *cps);
     size_t *lens = NULL, n_words = 0;
@@ -311,18 +293,26 @@ osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t
     *n_ids = 0;
     osp_status st = OSP_OK;
     fragvec frags = {0};
-    idvec out = {0};
+    osp_idvec out = {0};
     bpe_work w = {0};
     if (len > 0) {
         if (!fv_push(&frags, (fragment){-1, 0, len}) || !partition(t, text, len, parse_special, &frags)) goto oom;
     }
     bool add_bos = add_special && t->add_bos && t->bos >= 0;
     if (add_bos && frags.n > 0 && frags.v[0].token == t->bos) add_bos = false; /* never doubled */
-    if (add_bos && !iv_push(&out, t->bos)) goto oom;
+    if (add_bos && !osp_idvec_push(&out, t->bos)) goto oom;
+    /* SPM: a raw fragment at the start or right after a special token gets the space prefix
+     * (llama.cpp's is_prev_special, true at the start whether or not BOS was added) */
+    bool prev_special = true;
     for (size_t f = 0; f < frags.n; f++) {
         const fragment *fr = &frags.v[f];
         if (fr->token >= 0) {
-            if (!iv_push(&out, fr->token)) goto oom;
+            if (!osp_idvec_push(&out, fr->token)) goto oom;
+            prev_special = true;
+        } else if (t->model == OSP_TOK_SPM) {
+            if (!osp_spm_encode_fragment(t, text + fr->off, fr->len, t->add_space_prefix && prev_special, &out))
+                goto oom;
+            prev_special = false;
         } else {
             st = encode_fragment(t, &w, text + fr->off, fr->len, &out);
             if (st != OSP_OK) goto done;
@@ -330,7 +320,7 @@ osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t
     }
     if (add_special && t->add_eos && t->eos >= 0) {
         bool ends_with_eos = frags.n > 0 && frags.v[frags.n - 1].token == t->eos;
-        if (!ends_with_eos && !iv_push(&out, t->eos)) goto oom;
+        if (!ends_with_eos && !osp_idvec_push(&out, t->eos)) goto oom;
     }
     *ids = out.v;
     *n_ids = out.n;

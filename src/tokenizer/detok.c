@@ -6,7 +6,11 @@
  * U+FFFD as soon as it can no longer be part of a well-formed sequence, one U+FFFD per maximal
  * ill-formed subpart (Unicode 15 chapter 3, "U+FFFD Substitution of Maximal Subparts", Table 3-7
  * for the well-formed byte ranges); a valid but unfinished prefix at the end is held for the next
- * push, and flush() replaces it with one U+FFFD. */
+ * push, and flush() replaces it with one U+FFFD.
+ *
+ * SentencePiece pieces carry their leading space ("▁Hello" is " Hello"), so a whole sequence decoded
+ * from its start begins with the space the tokenizer added; with lstrip_first on, the first token
+ * loses it, as in llama_detokenize. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +20,8 @@
 struct osp_detokenizer {
     const osp_tokenizer *t;
     bool skip_special;
+    bool lstrip_first;     /* drop one leading space of the first token (llama_detokenize) */
+    bool started;          /* a token was pushed since new/reset/flush */
     unsigned char pend[4]; /* an incomplete but so far valid sequence */
     size_t n_pend;
     unsigned char *in;     /* (in_cap) scratch: pending bytes + token bytes */
@@ -50,7 +56,12 @@ void osp_detokenizer_free(osp_detokenizer *d) {
 
 void osp_detokenizer_skip_special(osp_detokenizer *d, bool skip) { d->skip_special = skip; }
 
-void osp_detokenizer_reset(osp_detokenizer *d) { d->n_pend = 0; }
+void osp_detokenizer_lstrip_first(osp_detokenizer *d, bool on) { d->lstrip_first = on; }
+
+void osp_detokenizer_reset(osp_detokenizer *d) {
+    d->n_pend = 0;
+    d->started = false;
+}
 
 /* Length of the sequence lead byte `c` starts and the allowed range of its second byte; 0 when c
  * cannot start a sequence (continuation bytes, C0, C1, F5..FF). */
@@ -140,15 +151,26 @@ osp_status osp_detokenizer_push(osp_detokenizer *d, int32_t id, char *out, size_
         *n = 0;
         return osp_set_error(OSP_ERR_INVALID_ARG, "detokenizer: token id %d out of range", (int)id);
     }
+    const char *piece = t->piece_pool + t->piece_off[id];
     size_t plen = (size_t)(t->piece_off[id + 1] - t->piece_off[id]);
     if (d->skip_special && (t->attr[id] & (OSP_TOKEN_ATTR_CONTROL | OSP_TOKEN_ATTR_UNKNOWN))) plen = 0;
+    /* llama_detokenize strips at most one space, from the first token only, even when that token
+     * renders as nothing (a skipped BOS): the space after BOS is kept */
+    if (!d->started && d->lstrip_first && t->add_space_prefix && plen > 0 && piece[0] == ' ') {
+        piece++;
+        plen--;
+    }
     memcpy(d->in, d->pend, d->n_pend);
-    memcpy(d->in + d->n_pend, t->piece_pool + t->piece_off[id], plen);
-    return emit(d, d->in, d->n_pend + plen, false, out, cap, n);
+    memcpy(d->in + d->n_pend, piece, plen);
+    osp_status st = emit(d, d->in, d->n_pend + plen, false, out, cap, n);
+    if (st == OSP_OK) d->started = true;
+    return st;
 }
 
 osp_status osp_detokenizer_flush(osp_detokenizer *d, char *out, size_t cap, size_t *n) {
     unsigned char in[4];
     memcpy(in, d->pend, d->n_pend);
-    return emit(d, in, d->n_pend, true, out, cap, n);
+    osp_status st = emit(d, in, d->n_pend, true, out, cap, n);
+    if (st == OSP_OK) d->started = false;
+    return st;
 }

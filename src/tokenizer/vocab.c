@@ -1,10 +1,12 @@
-/* Loading a byte-level BPE vocabulary from GGUF metadata, and the per-token queries.
+/* Loading a byte-level BPE or SentencePiece vocabulary from GGUF metadata, and the per-token queries.
  *
- * Follows llama.cpp's llama_vocab::impl::load for `tokenizer.ggml.model = gpt2`: the token list and
- * types, merges (rank = index, the first occurrence of a pair wins), special-token ids with their
- * defaults (BOS = EOS = 11 unless the metadata says otherwise, out-of-range ids disabled), the
- * name-based fix-ups (tokens such as "<|im_end|>" become CONTROL and end generation), the special
- * token list matched before BPE (longest first) and the decoded bytes of every token. */
+ * Follows llama.cpp's llama_vocab::impl::load for `tokenizer.ggml.model = gpt2` and `llama`: the
+ * token list and types, merges (gpt2: rank = index, the first occurrence of a pair wins) or scores
+ * (llama), special-token ids with their defaults (gpt2: BOS = EOS = 11; llama: UNK 0, BOS 1, EOS 2,
+ * add_bos on; out-of-range ids disabled), the name-based fix-ups (tokens such as "<|im_end|>"
+ * become CONTROL and end generation), the special token list matched first (longest first) and the
+ * decoded bytes of every token (gpt2: GPT-2 chars back to bytes; llama: '▁' back to ' ', "<0xXX>"
+ * to its byte). */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +51,7 @@ void osp_tokenizer_free(osp_tokenizer *t) {
     free(t->piece_off);
     free(t->eog);
     free(t->special);
+    free(t->score);
     osp_strmap_free(&t->vocab);
     osp_strmap_free(&t->merges);
     osp_pretok_free(t->pre);
@@ -98,6 +101,27 @@ static bool decode_bpe_text(const char *text, size_t len, char **buf, size_t *n,
     return ok;
 }
 
+/* SentencePiece pieces: U+2581 back to a space (llama_unescape_whitespace). Appends to *buf. */
+static bool unescape_spm_text(const char *text, size_t len, char **buf, size_t *n, size_t *cap) {
+    if (*n + len > *cap) {
+        size_t c = *cap ? *cap : 1 << 16;
+        while (c < *n + len) c *= 2;
+        char *p = realloc(*buf, c);
+        if (!p) return false;
+        *buf = p;
+        *cap = c;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (i + 2 < len && memcmp(text + i, "\xe2\x96\x81", 3) == 0) {
+            (*buf)[(*n)++] = ' ';
+            i += 2;
+        } else {
+            (*buf)[(*n)++] = text[i];
+        }
+    }
+    return true;
+}
+
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -122,6 +146,8 @@ static osp_status build_pieces(osp_tokenizer *t) {
         if (a & (OSP_TOKEN_ATTR_UNKNOWN | OSP_TOKEN_ATTR_CONTROL | OSP_TOKEN_ATTR_USER_DEFINED)) {
             src = text;
             src_len = len;
+        } else if ((a & OSP_TOKEN_ATTR_NORMAL) && t->model == OSP_TOK_SPM) {
+            if (!unescape_spm_text(text, len, &buf, &n, &cap)) goto oom;
         } else if (a & OSP_TOKEN_ATTR_NORMAL) {
             if (!decode_bpe_text(text, len, &buf, &n, &cap)) goto oom;
         } else if (a & OSP_TOKEN_ATTR_BYTE) { /* "<0xAB>" */
@@ -201,24 +227,34 @@ osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out) {
 
     st = osp_gguf_get_str(g, "tokenizer.ggml.model", &s);
     if (st != OSP_OK) return st;
-    if (!(s.len == 4 && memcmp(s.data, "gpt2", 4) == 0))
-        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' is not supported (only gpt2 byte-level BPE)",
+    osp_tok_model model;
+    if (s.len == 4 && memcmp(s.data, "gpt2", 4) == 0) model = OSP_TOK_BPE;
+    else if (s.len == 5 && memcmp(s.data, "llama", 5) == 0) model = OSP_TOK_SPM;
+    else
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2 byte-level BPE and llama "
+                             "SentencePiece are)",
                              osp_gguf_path(g), (int)(s.len > 64 ? 64 : s.len), s.data);
 
     osp_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return osp_set_error(OSP_ERR_NOMEM, "tokenizer: out of memory");
+    t->model = model;
 
-    /* pre-tokenizer */
+    /* pre-tokenizer (BPE only: llama.cpp ignores tokenizer.ggml.pre for SentencePiece) */
     osp_pretok_flags flags = {0};
-    if (osp_gguf_get_str(g, "tokenizer.ggml.pre", &s) == OSP_OK) {
+    if (model == OSP_TOK_BPE && osp_gguf_get_str(g, "tokenizer.ggml.pre", &s) == OSP_OK) {
         size_t n = s.len < sizeof t->pre_name - 1 ? s.len : sizeof t->pre_name - 1;
         memcpy(t->pre_name, s.data, n);
         t->pre_name[n] = '\0';
     }
     osp_clear_error();
     if (!t->pre_name[0]) strcpy(t->pre_name, "default");
-    st = osp_pretok_create(t->pre_name, &t->pre, &flags);
-    if (st != OSP_OK) goto fail;
+    if (model == OSP_TOK_BPE) {
+        st = osp_pretok_create(t->pre_name, &t->pre, &flags);
+        if (st != OSP_OK) goto fail;
+    } else {
+        flags.add_bos = true;
+    }
 
     /* tokens and types */
     st = osp_gguf_get_arr(g, "tokenizer.ggml.tokens", OSP_GGUF_TYPE_STRING, &tokens);
@@ -238,8 +274,29 @@ osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out) {
             goto fail;
         }
     }
-    st = osp_gguf_get_arr(g, "tokenizer.ggml.merges", OSP_GGUF_TYPE_STRING, &merges);
-    if (st != OSP_OK) goto fail;
+    if (model == OSP_TOK_BPE) {
+        st = osp_gguf_get_arr(g, "tokenizer.ggml.merges", OSP_GGUF_TYPE_STRING, &merges);
+        if (st != OSP_OK) goto fail;
+    }
+    /* scores: float32 or int32, at least one per token; absent means all 0 */
+    if (model == OSP_TOK_SPM) {
+        t->score = calloc((size_t)(uint32_t)t->n_vocab, sizeof *t->score);
+        if (!t->score) goto oom;
+        if (osp_gguf_find(g, "tokenizer.ggml.scores")) {
+            const osp_gguf_value *sc;
+            st = osp_gguf_get_arr(g, "tokenizer.ggml.scores", -1, &sc);
+            if (st != OSP_OK) goto fail;
+            osp_gguf_type et = sc->v.arr.elem_type;
+            if ((et != OSP_GGUF_TYPE_FLOAT32 && et != OSP_GGUF_TYPE_INT32) || sc->v.arr.n < (uint64_t)t->n_vocab) {
+                st = osp_set_error(OSP_ERR_FORMAT, "%s: tokenizer.ggml.scores is not float32/int32 with %d entries",
+                                   osp_gguf_path(g), t->n_vocab);
+                goto fail;
+            }
+            for (int32_t i = 0; i < t->n_vocab; i++)
+                t->score[i] = et == OSP_GGUF_TYPE_FLOAT32 ? (float)osp_gguf_arr_f64(sc, (uint64_t)i)
+                                                          : (float)osp_gguf_arr_i64(sc, (uint64_t)i);
+        }
+    }
 
     size_t pool = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) pool += tokens->v.arr.strs[i].len + 24;
@@ -282,7 +339,7 @@ osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out) {
     {
         char *key = NULL;
         size_t key_cap = 0;
-        for (uint64_t i = 0; i < merges->v.arr.n && i < INT32_MAX; i++) {
+        for (uint64_t i = 0; merges && i < merges->v.arr.n && i < INT32_MAX; i++) {
             const osp_gguf_str *m = &merges->v.arr.strs[i];
             const char *sp = m->len > 1 ? memchr(m->data + 1, ' ', m->len - 1) : NULL;
             uint32_t ll = sp ? (uint32_t)(sp - m->data) : 0;
@@ -308,12 +365,13 @@ osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out) {
         free(key);
     }
 
-    /* special ids: gpt2 defaults, then metadata (an out-of-range value keeps the default) */
+    /* special ids: gpt2 / llama defaults, then metadata (an out-of-range value keeps the default) */
     int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1, fim_rep = -1, fim_sep = -1, sep = -1,
             mask = -1;
-    t->bos = flags.no_bos ? -1 : 11;
-    t->eos = 11;
+    t->bos = flags.no_bos ? -1 : model == OSP_TOK_SPM ? 1 : 11;
+    t->eos = model == OSP_TOK_SPM ? 2 : 11;
     t->eot = t->eom = t->unk = t->pad = -1;
+    if (model == OSP_TOK_SPM) t->unk = 0;
     {
         struct {
             const char *key;
@@ -340,8 +398,10 @@ osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out) {
     t->add_bos = flags.add_bos;
     t->add_eos = false;
     t->ignore_merges = flags.ignore_merges;
+    t->add_space_prefix = model == OSP_TOK_SPM;
     {
         bool b;
+        if (osp_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b) == OSP_OK) t->add_space_prefix = b;
         if (osp_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) == OSP_OK) t->add_bos = b;
         if (osp_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &b) == OSP_OK) t->add_eos = b;
         osp_clear_error();
@@ -453,6 +513,15 @@ osp_status osp_tokenizer_load(const osp_gguf *g, osp_tokenizer **out) {
     st = build_pieces(t);
     if (st != OSP_OK) goto fail;
 
+    /* SPM byte fallback: "<0xXX>" (upper-case hex), else the one-byte piece (llama byte_to_token) */
+    for (int b = 0; b < 256; b++) {
+        static const char hex[] = "0123456789ABCDEF";
+        char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+        char one = (char)b;
+        t->byte_tok[b] = osp_strmap_get(&t->vocab, name, 6);
+        if (t->byte_tok[b] < 0) t->byte_tok[b] = osp_strmap_get(&t->vocab, &one, 1);
+    }
+
     /* strip attributes llama.cpp sets by model name (after the piece cache, as it does) */
     {
         char name[256] = "", arch[128] = "";
@@ -495,6 +564,8 @@ int32_t osp_tokenizer_eot(const osp_tokenizer *t) { return t->eot; }
 bool osp_tokenizer_add_bos(const osp_tokenizer *t) { return t->add_bos; }
 bool osp_tokenizer_add_eos(const osp_tokenizer *t) { return t->add_eos; }
 const char *osp_tokenizer_pre_name(const osp_tokenizer *t) { return t->pre_name; }
+bool osp_tokenizer_add_space_prefix(const osp_tokenizer *t) { return t->add_space_prefix; }
+const char *osp_tokenizer_model_name(const osp_tokenizer *t) { return t->model == OSP_TOK_SPM ? "llama" : "gpt2"; }
 size_t osp_tokenizer_max_token_bytes(const osp_tokenizer *t) { return t->max_piece; }
 
 uint32_t osp_tokenizer_attr(const osp_tokenizer *t, int32_t id) {

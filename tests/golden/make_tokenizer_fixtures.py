@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/golden/fixtures/tokenizer/<vocab>.txt: llama.cpp's token ids for a fixed set of
-strings, for SmolLM2 and every byte-level BPE vocabulary in ../shared/testdata/vocab.
+strings, for SmolLM2 and every byte-level BPE (tokenizer.ggml.model = gpt2) and SentencePiece
+(tokenizer.ggml.model = llama) vocabulary in ../shared/testdata/vocab.
 
 llama.cpp is the reference (built from its public source outside this repository); this script
 only runs its `llama-tokenize` tool, one process per string, with the prompt passed as a binary file
@@ -76,6 +77,13 @@ def strings():
             seen.add(b)
             uniq.append(b)
     return uniq
+
+
+# extra strings for SentencePiece vocabularies (appended to the common list for them only): the
+# escape char itself, byte-token and control-token texts, spaces around special tokens
+SPM_EXTRA = ["\u2581", "\u2581\u2581x", "a\u2581b", " \u2581 ", "<0x41>", "<unk>", "<s>hello</s>", " <s> x ",
+             "<s>", "</s>", "a</s>", "<|user|>\nhi<|end|>\n<|assistant|>", "<|endoftext|>  x", "x <|end|> y",
+             "[PAD32011]", "<SEP><CLS>", "\U0001F999\u2581\U0001F999", "\x00", "a\x00b", "\x7f"]
 
 
 # strings also run with parse_special off and with add_special on
@@ -211,7 +219,7 @@ def main():
     for fn in sorted(os.listdir(vocab_dir)):
         if fn.startswith("ggml-vocab-") and fn.endswith(".gguf"):
             p = os.path.join(vocab_dir, fn)
-            if gguf_model_type(p) == "gpt2":
+            if gguf_model_type(p) in ("gpt2", "llama"):
                 vocabs.append((fn[len("ggml-vocab-"):-len(".gguf")], p))
     gpt2 = dict(vocabs).get("gpt-2")
     tmpdir = tempfile.mkdtemp()
@@ -223,10 +231,12 @@ def main():
             vocabs.append((f"gpt-2@{pre}", p))
     only = sys.argv[1:]
     os.makedirs(OUT_DIR, exist_ok=True)
-    cases = strings()
     for name, path in vocabs:
         if only and name not in only:
             continue
+        cases = strings()
+        if gguf_model_type(path) == "llama":
+            cases += [t.encode("utf-8") for t in SPM_EXTRA if t.encode("utf-8") not in cases]
         lines = [f"# llama.cpp llama-tokenize ids for {os.path.basename(path)}; written by "
                  "tests/golden/make_tokenizer_fixtures.py", "# <parse_special><add_special> <hex input> <ids>"]
         n = 0
