@@ -23,9 +23,17 @@ extern "C" {
 typedef struct osp_model osp_model;
 typedef struct osp_kv_cache osp_kv_cache;
 
-/* Hyper-parameters, all read from GGUF metadata (`<arch>.*` keys). */
+/* How RoPE pairs the dimensions of a head (ggml's rope types). */
+typedef enum osp_rope_type {
+    OSP_ROPE_NORM = 0, /* interleaved pairs (x[2i], x[2i+1]): llama (GGUF Q/K rows are permuted for it) */
+    OSP_ROPE_NEOX = 2, /* pairs (x[i], x[i + n_rot/2]), HF's rotate_half: qwen2, qwen3 */
+} osp_rope_type;
+
+/* Hyper-parameters, all read from GGUF metadata (`<arch>.*` keys) and the presence of tensors.
+ * Architectures: llama (Llama 1/2/3.x, Mistral, SmolLM), qwen2 (q/k/v biases), qwen3 (per-head
+ * q/k RMSNorm). */
 typedef struct osp_model_config {
-    char arch[32];        /* general.architecture, e.g. "llama" */
+    char arch[32];        /* general.architecture: "llama", "qwen2" or "qwen3" */
     int32_t n_vocab;      /* rows of token_embd */
     int32_t n_embd;       /* <arch>.embedding_length: hidden_size */
     int32_t n_layer;      /* <arch>.block_count */
@@ -38,6 +46,14 @@ typedef struct osp_model_config {
     float rope_theta;     /* <arch>.rope.freq_base, default 10000 */
     float rms_eps;        /* <arch>.attention.layer_norm_rms_epsilon */
     bool tied_output;     /* no output.weight: the lm_head is token_embd */
+    osp_rope_type rope_type; /* by architecture: NORM for llama, NEOX for qwen2 / qwen3 */
+    float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for rope.scaling.type linear, else 1:
+                            * every angle is multiplied by it (position interpolation) */
+    bool rope_freq_factors; /* rope_freqs.weight [n_rot / 2] present (Llama 3.x rope scaling):
+                             * inverse frequency i is divided by its factor */
+    bool qkv_bias;        /* blk.N.attn_{q,k,v}.bias present (qwen2) */
+    bool qk_norm;         /* blk.N.attn_{q,k}_norm.weight [head_dim]: RMSNorm of each head of q and k
+                           * before RoPE (qwen3) */
 } osp_model_config;
 
 typedef struct osp_model_params {
@@ -51,7 +67,8 @@ osp_model_params osp_model_default_params(void);
 
 /* Loads `path`. The model keeps the GGUF mapping open; weights are views into it.
  * Errors: everything osp_gguf_open() returns; OSP_ERR_UNSUPPORTED for an architecture other than
- * llama or a tensor type that cannot be computed with (message names file, tensor and type);
+ * llama, qwen2, qwen3, a rope scaling other than none / linear / llama3 factors (yarn, longrope), or a
+ * tensor type that cannot be computed with (message names file, tensor and type);
  * OSP_ERR_FORMAT for missing tensors, tensors of the wrong shape, or missing hyper-parameters. */
 osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out);
 void osp_model_free(osp_model *m); /* NULL is fine */

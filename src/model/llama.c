@@ -1,10 +1,17 @@
-/* The `llama` architecture family (Llama 1/2, SmolLM, and later Mistral): loading hyper-parameters and
- * weights from GGUF, the paged KV cache, and the forward pass on the CPU reference backend.
+/* The llama-shaped decoder family: GGUF architectures `llama` (Llama 1/2/3.x, Mistral, SmolLM),
+ * `qwen2` and `qwen3`. Loading hyper-parameters and weights from GGUF, the paged KV cache, and the
+ * forward pass on the CPU reference backend.
  *
  * Per layer (Touvron et al. 2023, "LLaMA", §2.2; HF LlamaDecoderLayer):
  *   h   = x + Wo · attn(rope(Wq · rms(x)), rope(Wk · rms(x)), Wv · rms(x))
  *   out = h + Wdown · (silu(Wgate · rms(h)) * (Wup · rms(h)))
  * then a final RMSNorm and the lm_head (token_embd when the output matrix is tied).
+ * The variants differ only around RoPE, all per token (batch-invariant):
+ *   qwen2: biases added to Wq·x, Wk·x, Wv·x (HF Qwen2Attention, bias=True);
+ *   qwen3: each head of q and k RMS-normalized (weights [head_dim]) before RoPE (HF Qwen3Attention);
+ *   RoPE pairs: interleaved for llama (GGUF Q/K rows are permuted for it by the converter), NeoX
+ *   (i, i + n_rot/2) for qwen2/qwen3 (unpermuted rows); Llama 3.x scaling as per-frequency divisors
+ *   (rope_freqs.weight, HF's "llama3" rope_type), linear scaling as a factor on every angle.
  * Weights stay in the GGUF mapping in their stored type; activations are fp32. */
 #include "osprey/model.h"
 
@@ -25,6 +32,8 @@ typedef struct layer_weights {
     osp_weight wq;          /* [n_embd] -> [n_head * head_dim] */
     osp_weight wk;          /* [n_embd] -> [n_head_kv * head_dim] */
     osp_weight wv;          /* [n_embd] -> [n_head_kv * head_dim] */
+    const float *bq, *bk, *bv; /* [n_head * head_dim], [n_head_kv * head_dim] x2; NULL without qkv_bias */
+    const float *q_norm, *k_norm; /* [head_dim] each; NULL without qk_norm */
     osp_weight wo;          /* [n_head * head_dim] -> [n_embd] */
     const float *ffn_norm;  /* [n_embd] */
     osp_weight w_gate;      /* [n_embd] -> [n_ff] */
@@ -141,6 +150,35 @@ static osp_status bind_norm(const osp_gguf *g, const char *name, int64_t n, cons
     return OSP_OK;
 }
 
+/* <arch>.rope.scaling.type and .factor (older files: <arch>.rope.scale_linear), read as llama.cpp does:
+ * a factor without a type is linear. yarn and longrope change more than the angles (attention
+ * temperature, per-dimension ramps) and are refused rather than run wrong. */
+static osp_status read_rope_scaling(const osp_gguf *g, osp_model_config *c) {
+    char key[128];
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", c->arch);
+    osp_status s = osp_gguf_get_f32(g, key, &factor);
+    if (s == OSP_ERR_NOT_FOUND) {
+        snprintf(key, sizeof key, "%s.rope.scale_linear", c->arch);
+        s = osp_gguf_get_f32(g, key, &factor);
+    }
+    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
+    if (s == OSP_ERR_NOT_FOUND) factor = 0.0f;
+    osp_gguf_str type = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
+    s = osp_gguf_get_str(g, key, &type);
+    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
+    const bool none = s == OSP_OK && type.len == 4 && memcmp(type.data, "none", 4) == 0;
+    const bool linear = s == OSP_ERR_NOT_FOUND || (type.len == 6 && memcmp(type.data, "linear", 6) == 0);
+    if (!none && !linear)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported (none, linear, llama3 factors)",
+                             osp_gguf_path(g), key, (int)type.len, type.data);
+    if (factor < 0.0f || factor != factor)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope scaling factor %g is invalid", osp_gguf_path(g), factor);
+    c->rope_freq_scale = (linear && factor > 0.0f) ? 1.0f / factor : 1.0f;
+    return OSP_OK;
+}
+
 static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     osp_gguf_str arch;
     memset(c, 0, sizeof *c);
@@ -148,10 +186,11 @@ static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     if (arch.len >= sizeof c->arch) arch.len = sizeof c->arch - 1;
     memcpy(c->arch, arch.data, arch.len);
     c->arch[arch.len] = '\0';
-    if (strcmp(c->arch, "llama") != 0)
+    if (strcmp(c->arch, "llama") != 0 && strcmp(c->arch, "qwen2") != 0 && strcmp(c->arch, "qwen3") != 0)
         return osp_set_error(OSP_ERR_UNSUPPORTED,
-                             "%s: general.architecture '%s' is not supported (supported: llama)",
+                             "%s: general.architecture '%s' is not supported (supported: llama, qwen2, qwen3)",
                              osp_gguf_path(g), c->arch);
+    c->rope_type = strcmp(c->arch, "llama") == 0 ? OSP_ROPE_NORM : OSP_ROPE_NEOX;
     const char *a = c->arch;
     OSP_TRY(get_hparam(g, a, "embedding_length", &c->n_embd, true, 0));
     OSP_TRY(get_hparam(g, a, "block_count", &c->n_layer, true, 0));
@@ -181,7 +220,10 @@ static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
         return osp_set_error(OSP_ERR_FORMAT, "%s: token_embd.weight has a bad vocabulary size", osp_gguf_path(g));
     c->n_vocab = (int32_t)emb->ne[1];
     c->tied_output = osp_gguf_find_tensor(g, "output.weight") == NULL;
-    return OSP_OK;
+    c->qkv_bias = osp_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    c->qk_norm = osp_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL || strcmp(a, "qwen3") == 0;
+    c->rope_freq_factors = osp_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
+    return read_rope_scaling(g, c);
 }
 
 osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out) {
@@ -224,16 +266,42 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
         BINDW("attn_q", E, QD, &L->wq);
         BINDW("attn_k", E, KD, &L->wk);
         BINDW("attn_v", E, KD, &L->wv);
+        if (c->qkv_bias) {
+            snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l);
+            if ((s = bind_norm(g, nm, QD, &L->bq)) != OSP_OK) goto fail;
+            snprintf(nm, sizeof nm, "blk.%d.attn_k.bias", l);
+            if ((s = bind_norm(g, nm, KD, &L->bk)) != OSP_OK) goto fail;
+            snprintf(nm, sizeof nm, "blk.%d.attn_v.bias", l);
+            if ((s = bind_norm(g, nm, KD, &L->bv)) != OSP_OK) goto fail;
+        }
+        if (c->qk_norm) {
+            snprintf(nm, sizeof nm, "blk.%d.attn_q_norm.weight", l);
+            if ((s = bind_norm(g, nm, c->head_dim, &L->q_norm)) != OSP_OK) goto fail;
+            snprintf(nm, sizeof nm, "blk.%d.attn_k_norm.weight", l);
+            if ((s = bind_norm(g, nm, c->head_dim, &L->k_norm)) != OSP_OK) goto fail;
+        }
         BINDW("attn_output", QD, E, &L->wo);
         BINDW("ffn_gate", E, F, &L->w_gate);
         BINDW("ffn_up", E, F, &L->w_up);
         BINDW("ffn_down", F, E, &L->w_down);
 #undef BINDW
     }
-    /* inv_freq[i] = theta^(-2i / n_rot), computed in double and rounded once (HF computes it in
-     * fp32 from an int64 arange; the difference is below one ulp of the angle). */
-    for (int32_t i = 0; i < c->n_rot / 2; i++)
-        m->inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->n_rot));
+    /* inv_freq[i] = theta^(-2i / n_rot) * freq_scale / factor[i], computed in double and rounded once
+     * (HF computes it in fp32 from an int64 arange; the difference is below one ulp of the angle). */
+    const float *ff = NULL;
+    if (c->rope_freq_factors && (s = bind_norm(g, "rope_freqs.weight", c->n_rot / 2, &ff)) != OSP_OK) goto fail;
+    for (int32_t i = 0; i < c->n_rot / 2; i++) {
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->n_rot);
+        if (ff) {
+            if (!(ff[i] > 0.0f)) {
+                s = osp_set_error(OSP_ERR_FORMAT, "%s: rope_freqs.weight[%d] = %g is not positive", path, i, ff[i]);
+                goto fail;
+            }
+            f /= (double)ff[i];
+        }
+        if (c->rope_freq_scale != 1.0f) f *= (double)c->rope_freq_scale;
+        m->inv_freq[i] = (float)f;
+    }
     *out = m;
     return OSP_OK;
 fail:
@@ -509,9 +577,26 @@ static void forward_task(void *arg, int ith, int nth) {
         mm(m, &L->wk, w->xn, w->xq, w->k, T, ith, nth);
         mm(m, &L->wv, w->xn, w->xq, w->v, T, ith, nth);
         osp_threadpool_barrier(pool);
-        /* rope + KV write for my tokens */
-        osp_cpu_rope_interleaved(w->q + t0 * QD, b->positions + t0, t1 - t0, c->n_head, D, c->n_rot, m->inv_freq);
-        osp_cpu_rope_interleaved(w->k + t0 * KD, b->positions + t0, t1 - t0, c->n_head_kv, D, c->n_rot, m->inv_freq);
+        /* biases, q/k norms, rope + KV write for my tokens */
+        if (L->bq) {
+            for (long long t = t0; t < t1; t++) {
+                for (int64_t j = 0; j < QD; j++) w->q[t * QD + j] += L->bq[j];
+                for (int64_t j = 0; j < KD; j++) w->k[t * KD + j] += L->bk[j];
+                for (int64_t j = 0; j < KD; j++) w->v[t * KD + j] += L->bv[j];
+            }
+        }
+        if (L->q_norm) {
+            osp_cpu_rmsnorm(w->q + t0 * QD, L->q_norm, w->q + t0 * QD, (t1 - t0) * c->n_head, D, c->rms_eps);
+            osp_cpu_rmsnorm(w->k + t0 * KD, L->k_norm, w->k + t0 * KD, (t1 - t0) * c->n_head_kv, D, c->rms_eps);
+        }
+        if (c->rope_type == OSP_ROPE_NEOX) {
+            osp_cpu_rope_neox(w->q + t0 * QD, b->positions + t0, t1 - t0, c->n_head, D, c->n_rot, m->inv_freq);
+            osp_cpu_rope_neox(w->k + t0 * KD, b->positions + t0, t1 - t0, c->n_head_kv, D, c->n_rot, m->inv_freq);
+        } else {
+            osp_cpu_rope_interleaved(w->q + t0 * QD, b->positions + t0, t1 - t0, c->n_head, D, c->n_rot, m->inv_freq);
+            osp_cpu_rope_interleaved(w->k + t0 * KD, b->positions + t0, t1 - t0, c->n_head_kv, D, c->n_rot,
+                                     m->inv_freq);
+        }
         if (kv->dtype == OSP_KV_DTYPE_F16) {
             osp_cpu_kv_write_f16(w->k + t0 * KD, w->v + t0 * KD, kv->k[l], kv->v[l], b->slot_mapping + t0, t1 - t0, KD);
         } else {

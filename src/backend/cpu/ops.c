@@ -85,6 +85,24 @@ void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_toke
     }
 }
 
+void osp_cpu_rope_neox(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                       int64_t n_rot, const float *inv_freq) {
+    const int64_t half = n_rot / 2;
+    for (int64_t t = 0; t < n_tokens; t++) {
+        const float pos = (float)positions[t];
+        for (int64_t i = 0; i < half; i++) {
+            const float theta = pos * inv_freq[i];
+            const float c = cosf(theta), s = sinf(theta);
+            for (int64_t h = 0; h < n_heads; h++) {
+                float *p = x + (t * n_heads + h) * head_dim + i;
+                const float x0 = p[0], x1 = p[half];
+                p[0] = x0 * c - x1 * s;
+                p[half] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
 void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         const float g = gate[i];

@@ -47,6 +47,11 @@ void osp_cpu_rmsnorm(const float *x, const float *weight, float *out, int64_t n_
 void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads,
                               int64_t head_dim, int64_t n_rot, const float *inv_freq);
 
+/* As osp_cpu_rope_interleaved, with NeoX-style pairs (x[i], x[i + n_rot/2]) as ggml's
+ * GGML_ROPE_TYPE_NEOX and HF's rotate_half (qwen2 / qwen3 GGUFs keep HF's unpermuted Q/K rows). */
+void osp_cpu_rope_neox(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
+                       int64_t n_rot, const float *inv_freq);
+
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). n floats. out may alias gate. */
 void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 
