@@ -14,6 +14,15 @@ Environment:
 
 <vocab>@<pre>.txt are gpt-2's vocabulary with tokenizer.ggml.pre replaced by <pre>.
 
+For SentencePiece vocabularies the script also writes detok/<vocab>.txt: llama_detokenize's text
+for the ids of every string. llama-tokenize cannot show that, so a small helper is compiled against
+libllama (LLAMA_CPP_INCLUDE: the directories holding llama.h and ggml.h, ':'-separated; default
+include/ and ggml/include/ two levels above LLAMA_CPP_BIN). Its lines are
+  <A> <hex input> <ids or -> <text 1> <text 2>
+with A = add_special when tokenizing (parse_special is on); the texts (hex, '-' when empty) are
+llama_detokenize's with remove_special off and unparse_special on (text 1), and with remove_special
+on and unparse_special off (text 2).
+
 Fixture format, one case per line, '#' starts a comment:
   <P><A> <hex of the input bytes, or '-' for empty> <ids separated by spaces, or '-' for none>
 where P is 1/0 for parse_special on/off and A is 1/0 for add_special on/off.
@@ -183,6 +192,90 @@ EXTRA_PRES = ["llama-bpe", "qwen2", "qwen35", "deepseek-v3", "gpt-4o", "tekken",
               "exaone-moe", "granite-embed-multi-97m", "chameleon", "laguna"]
 
 
+# ---- llama_detokenize through a helper linked against libllama ---------------------------------
+
+DETOK_HELPER = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llama.h"
+
+static int unhex(const char *h, char *out) {
+    int n = 0;
+    for (; h[0] && h[1] && h[0] != '\n'; h += 2) {
+        unsigned v;
+        sscanf(h, "%2x", &v);
+        out[n++] = (char)v;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    llama_log_set(NULL, NULL);
+    struct llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    struct llama_model *m = llama_model_load_from_file(argv[1], mp);
+    if (!m) return 1;
+    const struct llama_vocab *v = llama_model_get_vocab(m);
+    static char line[1 << 16], in[1 << 15], text[1 << 17];
+    static llama_token ids[1 << 15];
+    while (fgets(line, sizeof line, stdin)) {
+        int n_in = line[0] == '-' ? 0 : unhex(line, in);
+        for (int add = 0; add < 2; add++) {
+            int n = llama_tokenize(v, in, n_in, ids, 1 << 15, add, true);
+            if (n < 0) continue;
+            printf("%d ", add);
+            if (n_in == 0) printf("-");
+            for (int i = 0; i < n_in; i++) printf("%02x", (unsigned char)in[i]);
+            printf(" ");
+            if (n == 0) printf("-");
+            for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+            for (int k = 0; k < 2; k++) {
+                int len = llama_detokenize(v, ids, n, text, sizeof text, k == 1, k == 0);
+                printf(" ");
+                if (len <= 0) printf("-");
+                for (int i = 0; i < len; i++) printf("%02x", (unsigned char)text[i]);
+            }
+            printf("\n");
+        }
+    }
+    llama_model_free(m);
+    return 0;
+}
+"""
+
+
+def build_detok_helper(bindir, tmpdir):
+    inc = os.environ.get("LLAMA_CPP_INCLUDE")
+    src_root = os.path.dirname(os.path.dirname(os.path.abspath(bindir)))
+    dirs = inc.split(":") if inc else [os.path.join(src_root, "include"), os.path.join(src_root, "ggml", "include")]
+    c = os.path.join(tmpdir, "detok_helper.c")
+    exe = os.path.join(tmpdir, "detok_helper")
+    with open(c, "w") as f:
+        f.write(DETOK_HELPER)
+    cmd = ["cc", "-O1", "-o", exe, c] + [f"-I{d}" for d in dirs] + [f"-L{bindir}", f"-Wl,-rpath,{bindir}", "-lllama"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print("cannot build the llama_detokenize helper; detok fixtures skipped:\n" + r.stderr, file=sys.stderr)
+        return None
+    return exe
+
+
+def write_detok_fixture(helper, name, path, cases):
+    inp = "".join((b.hex() or "-") + "\n" for b in cases)
+    r = subprocess.run([helper, path], input=inp.encode(), capture_output=True, check=True)
+    out_dir = os.path.join(OUT_DIR, "detok")
+    os.makedirs(out_dir, exist_ok=True)
+    lines = [f"# llama.cpp llama_detokenize text for {os.path.basename(path)}; written by "
+             "tests/golden/make_tokenizer_fixtures.py",
+             "# <add_special> <hex input> <ids> <hex text: remove_special 0, unparse_special 1> <1, 0>"]
+    lines += r.stdout.decode().splitlines()
+    with open(os.path.join(out_dir, name + ".txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"{name}: {len(lines) - 2} detokenize cases", flush=True)
+
+
 # ---- running llama.cpp --------------------------------------------------------------------------
 
 def llama_ids(binary, vocab, data, parse_special, add_special):
@@ -230,6 +323,7 @@ def main():
                 f.write(gguf_with_pre(gpt2, pre))
             vocabs.append((f"gpt-2@{pre}", p))
     only = sys.argv[1:]
+    helper = None
     os.makedirs(OUT_DIR, exist_ok=True)
     for name, path in vocabs:
         if only and name not in only:
@@ -251,6 +345,10 @@ def main():
         with open(os.path.join(OUT_DIR, name + ".txt"), "w") as f:
             f.write("\n".join(lines) + "\n")
         print(f"{name}: {n} cases", flush=True)
+        if gguf_model_type(path) == "llama":
+            helper = helper or build_detok_helper(bindir, tmpdir)
+            if helper:
+                write_detok_fixture(helper, name, path, cases)
 
 
 if __name__ == "__main__":

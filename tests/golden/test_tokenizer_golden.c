@@ -7,7 +7,10 @@
  *    special token, which gets a space prefix too).
  *    "<vocab>@<pre>.txt" runs <vocab> with tokenizer.ggml.pre replaced by <pre> (built in memory),
  *    which reaches pre-tokenizers whose own vocabularies are not in ../shared.
- * 2. llama.cpp's own test files ../shared/testdata/vocab/ggml-vocab-<vocab>.gguf.inp/.out, run as
+ * 2. tests/golden/fixtures/tokenizer/detok/<vocab>.txt (SentencePiece vocabularies): the text
+ *    llama_detokenize gives for the ids of each string, rendering special tokens or not; osprey's
+ *    token bytes and its detokenizer (lstrip_first on) must give the same bytes.
+ * 3. llama.cpp's own test files ../shared/testdata/vocab/ggml-vocab-<vocab>.gguf.inp/.out, run as
  *    its test-tokenizer-0 runs them (add_special = false, parse_special = false).
  *
  * The vocabularies live outside the repository (the model under models/, the others in ../shared);
@@ -328,6 +331,107 @@ static void test_fixtures(void **state) {
     assert_int_equal(total_rt_fail, 0);
 }
 
+static size_t parse_hex(const char *hex, char *out) {
+    size_t n = 0;
+    if (strcmp(hex, "-") != 0)
+        for (size_t i = 0; hex[i] && hex[i + 1]; i += 2) out[n++] = (char)(hexval(hex[i]) * 16 + hexval(hex[i + 1]));
+    return n;
+}
+
+/* The text of ids[0..n) as llama_detokenize makes it, from osprey's token bytes (specials skipped
+ * when `skip`), and again through an osprey detokenizer; both must equal want[0..n_want). The
+ * detokenizer writes well-formed UTF-8 only, so it is compared only when `want` is well-formed. */
+static bool detok_matches(const osp_tokenizer *t, const int32_t *ids, size_t n, bool skip, const char *want,
+                          size_t n_want) {
+    static char raw[1 << 17], piece[1 << 16];
+    size_t o = 0, k;
+    const uint32_t special = OSP_TOKEN_ATTR_CONTROL | OSP_TOKEN_ATTR_UNKNOWN;
+    for (size_t i = 0; i < n; i++) {
+        if (osp_tokenizer_token_bytes(t, ids[i], raw + o, sizeof raw - o, &k) != OSP_OK) return false;
+        if (skip && (osp_tokenizer_attr(t, ids[i]) & special)) k = 0;
+        if (i == 0 && k > 0 && raw[o] == ' ' && osp_tokenizer_add_space_prefix(t)) memmove(raw + o, raw + o + 1, --k);
+        o += k;
+    }
+    if (o != n_want || memcmp(raw, want, o) != 0) return false;
+    if (!valid_utf8((const unsigned char *)want, n_want)) return true;
+    osp_detokenizer *d;
+    assert_int_equal(osp_detokenizer_new(t, &d), OSP_OK);
+    osp_detokenizer_lstrip_first(d, true);
+    osp_detokenizer_skip_special(d, skip);
+    bool ok = true;
+    o = 0;
+    for (size_t i = 0; i <= n && ok; i++) {
+        osp_status st = i < n ? osp_detokenizer_push(d, ids[i], piece, sizeof piece, &k)
+                              : osp_detokenizer_flush(d, piece, sizeof piece, &k);
+        ok = st == OSP_OK && o + k <= sizeof raw;
+        if (ok) {
+            memcpy(raw + o, piece, k);
+            o += k;
+        }
+    }
+    osp_detokenizer_free(d);
+    return ok && o == n_want && memcmp(raw, want, o) == 0;
+}
+
+/* detok/<vocab>.txt: "<A> <hex input> <ids> <hex text, specials rendered> <hex text, skipped>" */
+static void test_detok_fixtures(void **state) {
+    (void)state;
+    int total_fail = 0, ran = 0;
+    char dir[1024];
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(dir, sizeof dir, "%s/tests/golden/fixtures/tokenizer/detok", root ? root : ".");
+    for (int v = 0; v < g_n_vocabs; v++) {
+        if (g_vocabs[v].pre[0]) continue;
+        char path[1200];
+        if (snprintf(path, sizeof path, "%s/%s.txt", dir, g_vocabs[v].name) >= (int)sizeof path) continue;
+        size_t len;
+        char *text = read_file(path, &len);
+        if (!text) continue;
+        osp_tokenizer *t = load(g_vocabs[v].gguf, NULL);
+        assert_non_null(t);
+        int n = 0, f = 0;
+        char *save = NULL;
+        for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            if (line[0] == '#' || !line[0]) continue;
+            static char add[8], hex[65536], idtxt[65536], h1[65536], h2[65536];
+            if (sscanf(line, "%7s %65535s %65535s %65535s %65535s", add, hex, idtxt, h1, h2) != 5)
+                fail_msg("bad detok fixture line: %s", line);
+            static char in[32768], t1[32768], t2[32768];
+            size_t n_in = parse_hex(hex, in), n1 = parse_hex(h1, t1), n2 = parse_hex(h2, t2);
+            static int32_t want[8192];
+            size_t n_want = 0;
+            if (strcmp(idtxt, "-") != 0)
+                for (char *p = idtxt; *p;) {
+                    char *end;
+                    long id = strtol(p, &end, 10);
+                    if (end == p) break;
+                    want[n_want++] = (int32_t)id;
+                    p = *end == ',' ? end + 1 : end;
+                }
+            /* the ids are llama.cpp's own; encode must agree (a doubled BOS is the known deviation) */
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            assert_int_equal(osp_tokenizer_encode(t, in, n_in, add[0] == '1', true, &ids, &n_ids), OSP_OK);
+            size_t skip = (n_want == n_ids + 1 && n_want >= 2 && want[0] == want[1] && want[0] == osp_tokenizer_bos(t));
+            bool ok = n_ids + skip == n_want && (n_ids == 0 || memcmp(ids, want + skip, n_ids * sizeof *ids) == 0);
+            free(ids);
+            ok = ok && detok_matches(t, want, n_want, false, t1, n1) && detok_matches(t, want, n_want, true, t2, n2);
+            n++;
+            if (!ok) {
+                f++;
+                print_error("  %s: detok mismatch for add_special %s input %s\n", g_vocabs[v].name, add, hex);
+            }
+        }
+        print_message("  %-16s %4d/%d llama_detokenize texts match\n", g_vocabs[v].name, n - f, n);
+        total_fail += f;
+        ran++;
+        free(text);
+        osp_tokenizer_free(t);
+    }
+    if (!ran) print_message("  no detok fixtures for the vocabularies present\n");
+    assert_int_equal(total_fail, 0);
+}
+
 /* splits off the next '\n'-terminated line (kept even when empty); NULL at the end */
 static char *next_line(char **cur) {
     if (!*cur || !**cur) return NULL;
@@ -452,6 +556,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_detok_fixtures),
         cmocka_unit_test(test_llama_vocab_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
