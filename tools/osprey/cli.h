@@ -16,6 +16,7 @@ double cli_now_s(void);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_make_random_model(int argc, char **argv);
 

@@ -17,6 +17,8 @@ static const char *k_usage =
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
+    "  bench    -m FILE [-p N] [-n N] [-t THREADS] [-r REPS] [--exact]\n"
+    "           prompt (pp) and generation (tg) tokens/s of the forward pass, like llama-bench\n"
     "  info     -m FILE\n"
     "           print a GGUF file's metadata and tensors\n"
     "  make-random-model --preset NAME [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--seed S]\n"
@@ -70,6 +72,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "make-random-model")) return cmd_make_random_model(argc - 1, argv + 1);
     fprintf(stderr, "osprey: error: unknown command '%s'\n\n%s", argv[1], k_usage);
