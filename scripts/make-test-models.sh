@@ -19,3 +19,6 @@ make() { # NAME PRESET DTYPE SEED
 make tiny-llama-f32.gguf tiny f32 42
 make tiny-llama-q8_0.gguf tiny q8_0 42
 make tiny-llama-untied-q4_1.gguf tiny-untied q4_1 43
+make tiny-llama3-q8_0.gguf tiny-llama3 q8_0 44
+make tiny-qwen2-q4_1.gguf tiny-qwen2 q4_1 45
+make tiny-qwen3-f32.gguf tiny-qwen3 f32 46

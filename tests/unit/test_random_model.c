@@ -3,7 +3,8 @@
  * 1. Provenance: scripts/make-test-models.sh run into a temp directory with the built binary
  *    ($OSPREY_BIN) gives files byte-identical to the committed ones, so they are the tool's output.
  * 2. Determinism: the thread count changes nothing; another seed changes the weights.
- * 3. The files are usable: the llama keys and tensor shapes the loader reads, a generated
+ * 3. The files are usable: the <arch> keys and tensor shapes the loader reads (llama, llama with
+ *    llama3 rope scaling, qwen2 biases, qwen3 q/k norms and head_dim 32), a generated
  *    vocabulary that round-trips text through osp_tokenizer (with merges in use), and
  *    `osprey generate --temp 0` runs on each model and gives the same text twice.
  * Skips (77) when the binary is missing. */
@@ -28,7 +29,21 @@ static char g_dir[64];
 static const char *g_bin, *g_root;
 static char g_out[1 << 16], g_err[1 << 16];
 
-static const char *k_models[] = {"tiny-llama-f32.gguf", "tiny-llama-q8_0.gguf", "tiny-llama-untied-q4_1.gguf"};
+/* What each committed model must hold. */
+typedef struct model_case {
+    const char *file, *arch;
+    bool untied, rope_freqs, qkv_bias, qk_norm;
+    int head_dim;
+} model_case;
+
+static const model_case k_models[] = {
+    {"tiny-llama-f32.gguf", "llama", false, false, false, false, 16},
+    {"tiny-llama-q8_0.gguf", "llama", false, false, false, false, 16},
+    {"tiny-llama-untied-q4_1.gguf", "llama", true, false, false, false, 16},
+    {"tiny-llama3-q8_0.gguf", "llama", true, true, false, false, 16},
+    {"tiny-qwen2-q4_1.gguf", "qwen2", false, false, true, false, 16},
+    {"tiny-qwen3-f32.gguf", "qwen3", true, false, false, true, 32},
+};
 enum { N_MODELS = sizeof k_models / sizeof k_models[0] };
 
 static uint8_t *slurp(const char *path, size_t *n) {
@@ -102,8 +117,8 @@ static void test_committed_models_are_the_tools_output(void **state) {
     if (rc != 0) fail_msg("make-test-models.sh exited %d: %s", rc, g_err);
     for (int i = 0; i < N_MODELS; i++) {
         char a[512], b[512];
-        snprintf(a, sizeof a, "%s/tests/models/%s", g_root, k_models[i]);
-        snprintf(b, sizeof b, "%s/regen/%s", g_dir, k_models[i]);
+        snprintf(a, sizeof a, "%s/tests/models/%s", g_root, k_models[i].file);
+        snprintf(b, sizeof b, "%s/regen/%s", g_dir, k_models[i].file);
         size_t n;
         free(slurp(a, &n));
         if (n >= 1000000) fail_msg("%s is %zu bytes, meant to stay under 1 MB", a, n);
@@ -139,33 +154,51 @@ static void test_models_are_usable(void **state) {
     (void)state;
     for (int i = 0; i < N_MODELS; i++) {
         char path[512];
-        snprintf(path, sizeof path, "%s/tests/models/%s", g_root, k_models[i]);
+        const model_case *mc = &k_models[i];
+        snprintf(path, sizeof path, "%s/tests/models/%s", g_root, mc->file);
         osp_gguf *g;
         osp_status s = osp_gguf_open(path, &g);
         if (s != OSP_OK) fail_msg("%s", osp_last_error());
         osp_gguf_str arch;
         uint32_t v;
         assert_int_equal(osp_gguf_get_str(g, "general.architecture", &arch), OSP_OK);
-        assert_true(arch.len == 5 && memcmp(arch.data, "llama", 5) == 0);
+        assert_true(arch.len == strlen(mc->arch) && memcmp(arch.data, mc->arch, arch.len) == 0);
         const struct { const char *key; uint32_t want; } keys[] = {
-            {"llama.embedding_length", 64}, {"llama.block_count", 2},          {"llama.attention.head_count", 4},
-            {"llama.attention.head_count_kv", 2}, {"llama.feed_forward_length", 128}, {"llama.rope.dimension_count", 16},
-            {"llama.vocab_size", 512},
+            {"embedding_length", 64}, {"block_count", 2},          {"attention.head_count", 4},
+            {"attention.head_count_kv", 2}, {"feed_forward_length", 128}, {"rope.dimension_count", (uint32_t)mc->head_dim},
+            {"vocab_size", 512},
         };
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-            assert_int_equal(osp_gguf_get_u32(g, keys[k].key, &v), OSP_OK);
+            char key[96];
+            snprintf(key, sizeof key, "%s.%s", mc->arch, keys[k].key);
+            assert_int_equal(osp_gguf_get_u32(g, key, &v), OSP_OK);
             assert_int_equal(v, keys[k].want);
         }
-        const bool untied = strstr(k_models[i], "untied") != NULL;
-        assert_int_equal(osp_gguf_n_tensors(g), 2 + 9 * 2 + (untied ? 1 : 0));
+        const int hd = mc->head_dim;
+        assert_int_equal(osp_gguf_n_tensors(g), 2 + (9 + (mc->qkv_bias ? 3 : 0) + (mc->qk_norm ? 2 : 0)) * 2 +
+                                                    (mc->untied ? 1 : 0) + (mc->rope_freqs ? 1 : 0));
         const osp_gguf_tensor *t = osp_gguf_find_tensor(g, "token_embd.weight");
         assert_non_null(t);
         assert_true(t->ne[0] == 64 && t->ne[1] == 512);
-        assert_int_equal(osp_gguf_find_tensor(g, "output.weight") != NULL, untied);
+        assert_int_equal(osp_gguf_find_tensor(g, "output.weight") != NULL, mc->untied);
         t = osp_gguf_find_tensor(g, "blk.1.attn_k.weight");
-        assert_true(t && t->ne[0] == 64 && t->ne[1] == 32);
+        assert_true(t && t->ne[0] == 64 && t->ne[1] == 2 * hd);
         t = osp_gguf_find_tensor(g, "blk.0.ffn_down.weight");
         assert_true(t && t->ne[0] == 128 && t->ne[1] == 64);
+        t = osp_gguf_find_tensor(g, "blk.1.attn_v.bias");
+        assert_true(mc->qkv_bias ? (t && t->ne[0] == 2 * hd && t->type == OSP_DTYPE_F32) : t == NULL);
+        t = osp_gguf_find_tensor(g, "blk.1.attn_k_norm.weight");
+        assert_true(mc->qk_norm ? (t && t->ne[0] == hd && t->type == OSP_DTYPE_F32) : t == NULL);
+        t = osp_gguf_find_tensor(g, "rope_freqs.weight");
+        if (mc->rope_freqs) {
+            /* head_dim 16, theta 5e5, original context 256: 2 kept, 1 interpolated, 5 divided by 8 */
+            assert_true(t && t->ne[0] == hd / 2 && t->type == OSP_DTYPE_F32);
+            const float *ff = t->data;
+            assert_true(ff[0] == 1.0f && ff[1] == 1.0f && ff[2] > 1.0f && ff[2] < 8.0f);
+            for (int j = 3; j < hd / 2; j++) assert_true(ff[j] == 8.0f);
+        } else {
+            assert_null(t);
+        }
         /* norms are F32 near 1, weights have std near 0.02 */
         t = osp_gguf_find_tensor(g, "output_norm.weight");
         assert_int_equal(t->type, OSP_DTYPE_F32);
@@ -177,7 +210,7 @@ static void test_models_are_usable(void **state) {
         double ss = 0, sum = 0;
         for (int j = 0; j < 64 * 128; j++) sum += w[j], ss += (double)w[j] * w[j];
         const double mean = sum / (64 * 128), sd = sqrt(ss / (64 * 128) - mean * mean);
-        if (!(sd > 0.018 && sd < 0.022 && fabs(mean) < 0.001)) fail_msg("%s: mean %g std %g", k_models[i], mean, sd);
+        if (!(sd > 0.018 && sd < 0.022 && fabs(mean) < 0.001)) fail_msg("%s: mean %g std %g", mc->file, mean, sd);
         free(w);
 
         /* the generated vocabulary: text round-trips, merges shorten it */
@@ -209,13 +242,13 @@ static void test_models_are_usable(void **state) {
         static char first[sizeof g_out];
         snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' -p 'Once upon a time' -n 24 --temp 0 -t 1", g_bin, path);
         int rc = sh(cmd);
-        if (rc != 0) fail_msg("%s: generate exited %d: %s", k_models[i], rc, g_err);
+        if (rc != 0) fail_msg("%s: generate exited %d: %s", mc->file, rc, g_err);
         if (strncmp(g_out, "Once upon a time", 16) != 0 || strlen(g_out) <= 16)
-            fail_msg("%s: unexpected output '%s'", k_models[i], g_out);
+            fail_msg("%s: unexpected output '%s'", mc->file, g_out);
         memcpy(first, g_out, sizeof first);
         assert_int_equal(sh(cmd), 0);
         assert_string_equal(g_out, first);
-        printf("%s: generate --temp 0: '%s'\n", k_models[i], first);
+        printf("%s: generate --temp 0: '%s'\n", mc->file, first);
     }
 }
 

@@ -20,10 +20,13 @@
  *         merges ranked in token order.
  * So any text tokenizes (bytes at worst), every sampled id detokenizes, and lower-case words merge.
  *
- * Not yet: Llama 3.1's rope scaling (llama.cpp stores it as a rope_freqs.weight tensor computed
- * from rope_scaling {factor 8, low 1, high 4, original context 8192}); the llama-3.1-8b preset
- * leaves it out, which only changes positions past 8192. */
+ * Architectures (what src/model/llama.c runs): llama (optionally Llama 3.x rope scaling, stored as
+ * llama.cpp's converter stores it: a rope_freqs.weight tensor of per-frequency divisors computed from
+ * rope_scaling {factor, low_freq_factor, high_freq_factor, original context}), qwen2 (q/k/v biases,
+ * drawn like weights) and qwen3 (per-head q/k norm weights, drawn like norms; head_dim may differ
+ * from hidden / heads and is then written as attention.key_length / value_length). */
 #include <errno.h>
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,23 +38,42 @@
 #include "core/quantize.h"
 #include "osprey/gguf.h"
 
+typedef struct rope_llama3 { /* HF rope_scaling {"rope_type": "llama3", ...}; factor 0 = none */
+    float factor, low_freq_factor, high_freq_factor;
+    int orig_ctx;
+} rope_llama3;
+
 typedef struct preset {
     const char *name, *desc;
     int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float rope_theta, rms_eps;
     bool tied; /* no output.weight: the output projection reuses token_embd.weight */
+    const char *arch; /* general.architecture; NULL = llama */
+    int head_dim;     /* 0 = n_embd / n_head */
+    bool qkv_bias, qk_norm;
+    rope_llama3 rope;
 } preset;
 
 /* Hyper-parameters as in the models' config.json (HF): hidden_size, num_hidden_layers,
  * num_attention_heads, num_key_value_heads, intermediate_size, vocab_size,
  * max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings. */
 static const preset k_presets[] = {
-    {"smollm2-135m", "SmolLM2-135M shapes", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, true},
-    {"llama-3.1-8b", "Llama-3.1-8B shapes (no rope scaling yet)", 4096, 32, 32, 8, 14336, 128256, 131072,
-     500000.0f, 1e-5f, false},
+    {"smollm2-135m", "SmolLM2-135M shapes", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, true, "llama", 0,
+     false, false, {0, 0, 0, 0}},
+    {"llama-3.1-8b", "Llama-3.1-8B shapes, llama3 rope scaling", 4096, 32, 32, 8, 14336, 128256, 131072,
+     500000.0f, 1e-5f, false, "llama", 0, false, false, {8.0f, 1.0f, 4.0f, 8192}},
+    {"qwen3-8b", "Qwen3-8B shapes (q/k norm, head_dim 128)", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f,
+     1e-6f, false, "qwen3", 128, false, true, {0, 0, 0, 0}},
     {"tiny", "2 layers, hidden 64, SmolLM2's vocabulary size, tied", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f,
-     1e-5f, true},
-    {"tiny-untied", "as tiny, with an output.weight", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f, 1e-5f, false},
+     1e-5f, true, "llama", 0, false, false, {0, 0, 0, 0}},
+    {"tiny-untied", "as tiny, with an output.weight", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f, 1e-5f, false,
+     "llama", 0, false, false, {0, 0, 0, 0}},
+    {"tiny-llama3", "as tiny-untied, llama3 rope scaling (original context 256)", 64, 2, 4, 2, 128, 49152, 2048,
+     500000.0f, 1e-5f, false, "llama", 0, false, false, {8.0f, 1.0f, 4.0f, 256}},
+    {"tiny-qwen2", "as tiny, qwen2 (q/k/v biases, NeoX rope)", 64, 2, 4, 2, 128, 49152, 2048, 1000000.0f, 1e-6f,
+     true, "qwen2", 0, true, false, {0, 0, 0, 0}},
+    {"tiny-qwen3", "as tiny-untied, qwen3 (q/k norm, head_dim 32)", 64, 2, 4, 2, 128, 49152, 2048, 1000000.0f,
+     1e-6f, false, "qwen3", 32, false, true, {0, 0, 0, 0}},
 };
 
 static const struct {
@@ -118,6 +140,33 @@ static osp_status fill_random(void *user, int64_t row0, int64_t n_rows, void *ds
         free(row);
     }
     return failed ? OSP_ERR_NOMEM : OSP_OK; /* quantize cannot fail on a checked type and shape */
+}
+
+/* rope_freqs.weight as llama.cpp's converter computes it for rope_type llama3: the divisor of inverse
+ * frequency i = theta^(-2i / head_dim): 1 for wavelengths below orig / high, factor above orig / low,
+ * and in between 1 / ((1 - smooth) / factor + smooth), smooth = (orig / wavelength - low) / (high - low). */
+typedef struct freqs_ctx {
+    rope_llama3 r;
+    float theta;
+    int dim;
+} freqs_ctx;
+
+static osp_status fill_rope_freqs(void *user, int64_t row0, int64_t n_rows, void *dst) {
+    const freqs_ctx *c = user;
+    (void)row0, (void)n_rows;
+    float *out = dst;
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < c->dim / 2; i++) {
+        const float freq = (float)(1.0 / pow((double)c->theta, (double)(2 * i) / (double)c->dim));
+        const double wavelen = 2.0 * pi / (double)freq, orig = (double)c->r.orig_ctx;
+        if (wavelen < orig / c->r.high_freq_factor) out[i] = 1.0f;
+        else if (wavelen > orig / c->r.low_freq_factor) out[i] = c->r.factor;
+        else {
+            const double smooth = (orig / wavelen - c->r.low_freq_factor) / (c->r.high_freq_factor - c->r.low_freq_factor);
+            out[i] = (float)(1.0 / ((1.0 - smooth) / c->r.factor + smooth));
+        }
+    }
+    return OSP_OK;
 }
 
 /* ---- vocabulary ---------------------------------------------------------------------------------- */
@@ -230,8 +279,9 @@ static void usage_presets(FILE *f) {
     fputs("presets:\n", f);
     for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++) {
         const preset *p = &k_presets[i];
-        fprintf(f, "  %-13s %s: hidden %d, %d layers, %d heads (%d kv), ffn %d, vocab %d\n", p->name, p->desc,
-                p->n_embd, p->n_layer, p->n_head, p->n_head_kv, p->n_ff, p->n_vocab);
+        fprintf(f, "  %-13s %s %s: hidden %d, %d layers, %d heads (%d kv), ffn %d, vocab %d\n", p->name,
+                p->arch ? p->arch : "llama", p->desc, p->n_embd, p->n_layer, p->n_head, p->n_head_kv, p->n_ff,
+                p->n_vocab);
     }
 }
 
@@ -275,7 +325,8 @@ int cmd_make_random_model(int argc, char **argv) {
     if (!vocab_from && p.n_vocab < 259)
         cli_die(OSP_OK, "the generated vocabulary needs --vocab-size >= 259 (3 specials + 256 bytes)");
     if (n_threads) omp_set_num_threads(n_threads);
-    const int head_dim = p.n_embd / p.n_head;
+    const int head_dim = p.head_dim ? p.head_dim : p.n_embd / p.n_head;
+    const char *arch = p.arch ? p.arch : "llama";
 
     osp_gguf_writer *w;
     osp_status s = osp_gguf_writer_create(&w);
@@ -286,20 +337,27 @@ int cmd_make_random_model(int argc, char **argv) {
     do {                                                                                           \
         if ((s = (call)) != OSP_OK) cli_die(s, "make-random-model");                               \
     } while (0)
-    ADD(osp_gguf_writer_add_str(w, "general.architecture", "llama"));
+    ADD(osp_gguf_writer_add_str(w, "general.architecture", arch));
     ADD(osp_gguf_writer_add_str(w, "general.type", "model"));
     ADD(osp_gguf_writer_add_str(w, "general.name", name));
     ADD(osp_gguf_writer_add_u32(w, "general.file_type", k_dtypes[di].file_type));
-    ADD(osp_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)p.n_layer));
-    ADD(osp_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)p.n_ctx));
-    ADD(osp_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)p.n_embd));
-    ADD(osp_gguf_writer_add_u32(w, "llama.feed_forward_length", (uint32_t)p.n_ff));
-    ADD(osp_gguf_writer_add_u32(w, "llama.attention.head_count", (uint32_t)p.n_head));
-    ADD(osp_gguf_writer_add_u32(w, "llama.attention.head_count_kv", (uint32_t)p.n_head_kv));
-    ADD(osp_gguf_writer_add_f32(w, "llama.rope.freq_base", p.rope_theta));
-    ADD(osp_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", p.rms_eps));
-    ADD(osp_gguf_writer_add_u32(w, "llama.vocab_size", (uint32_t)p.n_vocab));
-    ADD(osp_gguf_writer_add_u32(w, "llama.rope.dimension_count", (uint32_t)head_dim));
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    ADD(osp_gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)p.n_layer));
+    ADD(osp_gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)p.n_ctx));
+    ADD(osp_gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)p.n_embd));
+    ADD(osp_gguf_writer_add_u32(w, KEY("feed_forward_length"), (uint32_t)p.n_ff));
+    ADD(osp_gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)p.n_head));
+    ADD(osp_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)p.n_head_kv));
+    ADD(osp_gguf_writer_add_f32(w, KEY("rope.freq_base"), p.rope_theta));
+    ADD(osp_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), p.rms_eps));
+    ADD(osp_gguf_writer_add_u32(w, KEY("vocab_size"), (uint32_t)p.n_vocab));
+    ADD(osp_gguf_writer_add_u32(w, KEY("rope.dimension_count"), (uint32_t)head_dim));
+    if (head_dim != p.n_embd / p.n_head) {
+        ADD(osp_gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)head_dim));
+        ADD(osp_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)head_dim));
+    }
+#undef KEY
     if (vocab_from) add_vocab_from(w, vocab_from, p.n_vocab);
     else add_byte_vocab(w, p.n_vocab);
     if (wtype != OSP_DTYPE_F32 && wtype != OSP_DTYPE_F16 && wtype != OSP_DTYPE_BF16)
@@ -308,7 +366,9 @@ int cmd_make_random_model(int argc, char **argv) {
     /* Tensors in llama.cpp's convert order. ne = [input features, output features]. */
     const int64_t E = p.n_embd, QD = (int64_t)p.n_head * head_dim, KD = (int64_t)p.n_head_kv * head_dim,
                   F = p.n_ff, V = p.n_vocab;
-    const int n_tensors = 2 + 9 * p.n_layer + (p.tied ? 0 : 1);
+    const bool rope_freqs = p.rope.factor > 0.0f;
+    const int n_tensors =
+        2 + (9 + (p.qkv_bias ? 3 : 0) + (p.qk_norm ? 2 : 0)) * p.n_layer + (p.tied ? 0 : 1) + (rope_freqs ? 1 : 0);
     fill_ctx *ctx = calloc((size_t)n_tensors, sizeof *ctx);
     if (!ctx) cli_die(OSP_OK, "out of memory");
     int k = 0;
@@ -322,6 +382,11 @@ int cmd_make_random_model(int argc, char **argv) {
         k++;                                                                                       \
     } while (0)
     TENSOR("token_embd.weight", wtype, E, V, false);
+    freqs_ctx fctx = {p.rope, p.rope_theta, head_dim};
+    if (rope_freqs) {
+        const int64_t ne_[1] = {head_dim / 2};
+        ADD(osp_gguf_writer_add_tensor(w, "rope_freqs.weight", OSP_DTYPE_F32, 1, ne_, NULL, fill_rope_freqs, &fctx));
+    }
     for (int l = 0; l < p.n_layer; l++) {
         char nm[64];
 #define LAYER(suffix, type_, cols, rows, is_norm)                                                  \
@@ -331,6 +396,18 @@ int cmd_make_random_model(int argc, char **argv) {
         LAYER("attn_q", wtype, E, QD, false);
         LAYER("attn_k", wtype, E, KD, false);
         LAYER("attn_v", wtype, E, KD, false);
+        if (p.qkv_bias) { /* ggml_add of a [rows] vector: 1-d F32 tensors */
+            snprintf(nm, sizeof nm, "blk.%d.attn_q.bias", l);
+            TENSOR(nm, OSP_DTYPE_F32, QD, 1, false);
+            snprintf(nm, sizeof nm, "blk.%d.attn_k.bias", l);
+            TENSOR(nm, OSP_DTYPE_F32, KD, 1, false);
+            snprintf(nm, sizeof nm, "blk.%d.attn_v.bias", l);
+            TENSOR(nm, OSP_DTYPE_F32, KD, 1, false);
+        }
+        if (p.qk_norm) {
+            LAYER("attn_q_norm", OSP_DTYPE_F32, head_dim, 1, true);
+            LAYER("attn_k_norm", OSP_DTYPE_F32, head_dim, 1, true);
+        }
         LAYER("attn_output", wtype, QD, E, false);
         LAYER("ffn_norm", OSP_DTYPE_F32, E, 1, true);
         LAYER("ffn_gate", wtype, E, F, false);
