@@ -207,6 +207,23 @@ static void test_generate_greedy(void **state) {
     assert_non_null(strstr(g_err, "tokens/s"));
 }
 
+/* osprey plan: 2 x 30 layers x 3 KV heads x 64 dims x 2 bytes (f16) per token; 512 MiB / (16 x 23040) blocks. */
+static void test_plan(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "plan -m '%s'", g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "bytes per token: 23040"));
+    assert_non_null(strstr(g_out, "536870912 bytes -> 1456 blocks"));
+    snprintf(args, sizeof args, "plan -m '%s' --kv-cache-dtype f32 --kv-cache-memory 64M --max-model-len 2048", g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "bytes per token: 46080"));
+    assert_non_null(strstr(g_out, "-> 91 blocks"));
+    assert_non_null(strstr(g_out, "does not fit"));
+    snprintf(args, sizeof args, "plan -m '%s' --kv-cache-dtype q9", g_model);
+    expect_error(run(args), "--kv-cache-dtype", NULL);
+}
+
 static int setup(void **state) {
     (void)state;
     g_bin = getenv("OSPREY_BIN");
@@ -238,6 +255,7 @@ int main(void) {
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_tokenize_and_info),
         cmocka_unit_test(test_generate_greedy),
+        cmocka_unit_test(test_plan),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
