@@ -49,9 +49,11 @@ run: build fetch
 test: build fetch
 	ctest --test-dir build --output-on-failure --no-tests=error -j $(JOBS)
 
+# The golden tests (label "golden": whole-model comparisons with reference implementations) run in
+# `make test`; under the sanitizers they would take most of CI's budget, so this target runs the rest.
 test-asan: build-asan fetch
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	    ctest --test-dir build-asan --output-on-failure --no-tests=error -j $(JOBS)
+	    ctest --test-dir build-asan --output-on-failure --no-tests=error -j $(JOBS) -LE golden
 
 # Each target fuzzes for FUZZ_SECONDS, starting from its committed seeds (tests/fuzz/corpus/<name>/);
 # new inputs go to build-fuzz/corpus/<name>/ so the committed corpus stays as it is, and crash
