@@ -132,44 +132,52 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
-/* acc += dw * (d * dot(qw, qs) + d2 * dot(qw, qs2)), qw unsigned bytes. */
-#define two_level(acc, qw, blk, dw, DOT)                                                           \
-    _mm256_fmadd_ps(                                                                               \
-        _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2))), \
-        _mm256_set1_ps((dw) * (blk)->d2),                                                          \
-        _mm256_fmadd_ps(                                                                           \
+/* Block b adds dw * (d * dot(qw, qs) + d2 * dot(qw, qs2)) (qw unsigned bytes). Even and odd blocks
+ * and the two levels go to four separate accumulators, so consecutive FMAs do not wait on each
+ * other's 4-cycle latency (one chain would bound the loop at 8 cycles per block). */
+#define LEVELS(acc1, acc2, qw, blk, dw, DOT)                                                       \
+    do {                                                                                           \
+        acc1 = _mm256_fmadd_ps(                                                                    \
             _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs))), \
-            _mm256_set1_ps((dw) * (blk)->d), (acc)))
+            _mm256_set1_ps((dw) * (blk)->d), acc1);                                                \
+        acc2 = _mm256_fmadd_ps(                                                                    \
+            _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2))), \
+            _mm256_set1_ps((dw) * (blk)->d2), acc2);                                               \
+    } while (0)
+
+/* The Q4 kernels differ only in block size, where the nibbles start and the offset term. */
+#define Q4_KERNEL(NAME, TGT, DOT, BYTES, QOFF, OFFSET_TERM)                                        \
+    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+        const uint8_t *p = w;                                                                      \
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
+        float off = 0.0f;                                                                          \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
+            const __m256i q0 = unpack_nibbles(p + (QOFF)), q1 = unpack_nibbles(p + (BYTES) + (QOFF)); \
+            const float d0 = half_f16c(p), d1 = half_f16c(p + (BYTES));                            \
+            LEVELS(a0, b0, q0, a + b, d0, DOT);                                                    \
+            LEVELS(a1, b1, q1, a + b + 1, d1, DOT);                                                \
+            off += OFFSET_TERM(p, d0, a + b) + OFFSET_TERM(p + (BYTES), d1, a + b + 1);            \
+        }                                                                                          \
+        for (; b < nb; b++, p += (BYTES)) {                                                        \
+            const float d0 = half_f16c(p);                                                         \
+            LEVELS(a0, b0, unpack_nibbles(p + (QOFF)), a + b, d0, DOT);                            \
+            off += OFFSET_TERM(p, d0, a + b);                                                      \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+    }
+
+#define Q4_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
+#define Q4_0_OFFSET(p, dw, blk) (-8.0f * (dw) * (blk)->s)
 
 #define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
-    TGT static float dot_q4_1_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {         \
-        const uint8_t *p = w;                                                                      \
-        __m256 acc = _mm256_setzero_ps();                                                          \
-        float off = 0.0f;                                                                          \
-        for (int64_t b = 0; b < nb; b++, p += 20) {                                                \
-            const __m256i qw = unpack_nibbles(p + 4);                                              \
-            const float dw = half_f16c(p);                                                         \
-            acc = two_level(acc, qw, a + b, dw, DOT);                                              \
-            off += half_f16c(p + 2) * a[b].s;                                                      \
-        }                                                                                          \
-        return hsum8(acc) + off;                                                                   \
-    }                                                                                              \
-    TGT static float dot_q4_0_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {         \
-        const uint8_t *p = w;                                                                      \
-        __m256 acc = _mm256_setzero_ps();                                                          \
-        float off = 0.0f;                                                                          \
-        for (int64_t b = 0; b < nb; b++, p += 18) {                                                \
-            const __m256i qw = unpack_nibbles(p + 2);                                              \
-            const float dw = half_f16c(p);                                                         \
-            acc = two_level(acc, qw, a + b, dw, DOT);                                              \
-            off -= 8.0f * dw * a[b].s;                                                             \
-        }                                                                                          \
-        return hsum8(acc) + off;                                                                   \
-    }                                                                                              \
+    Q4_KERNEL(dot_q4_1_##SUFFIX, TGT, DOT, 20, 4, Q4_1_OFFSET)                                     \
+    Q4_KERNEL(dot_q4_0_##SUFFIX, TGT, DOT, 18, 2, Q4_0_OFFSET)                                     \
     TGT static float dot_q8_0_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {         \
         const uint8_t *p = w;                                                                      \
-        __m256 acc = _mm256_setzero_ps();                                                          \
-        for (int64_t b = 0; b < nb; b++, p += 34) {                                                \
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
+        int64_t b = 0;                                                                             \
+        for (; b < nb; b++, p += 34) {                                                             \
             const __m256i qw = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2));          \
             const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs);          \
             const __m256i qa2 = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs2);        \
@@ -177,10 +185,15 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
             const __m256 s1 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw)));               \
             const __m256 s2 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa2, qw)));              \
             const float dw = half_f16c(p);                                                         \
-            acc = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * a[b].d), acc);                           \
-            acc = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * a[b].d2), acc);                          \
+            if (b & 1) {                                                                           \
+                a1 = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * a[b].d), a1);                         \
+                b1 = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * a[b].d2), b1);                        \
+            } else {                                                                               \
+                a0 = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * a[b].d), a0);                         \
+                b0 = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * a[b].d2), b0);                        \
+            }                                                                                      \
         }                                                                                          \
-        return hsum8(acc);                                                                         \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1)));                 \
     }
 
 DEFINE_X86_KERNELS(avx2, TGT_AVX2, dot_u8s8_avx2)
