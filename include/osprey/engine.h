@@ -62,7 +62,28 @@ typedef enum osp_finish_reason {
     OSP_FINISH_STOP = 1,    /* EOS or a stop token */
     OSP_FINISH_LENGTH = 2,  /* max_tokens or max_model_len */
     OSP_FINISH_ABORT = 3,   /* osp_engine_abort() */
+    OSP_FINISH_ERROR = 4,   /* this request failed (e.g. NaN or inf logits); osp_request_output.error says why.
+                               Other requests are not affected. */
 } osp_finish_reason;
+
+#define OSP_ENGINE_MAX_LOGPROBS 20
+
+/* One token's logprobs, from the raw model distribution (log_softmax of the logits, before logit bias,
+ * penalties, temperature and filtering, as vLLM's default), floored at -9999 so always finite. */
+typedef struct osp_token_logprobs {
+    int32_t token_id;                           /* the sampled token (prompt: the token that follows) */
+    float logprob;
+    int32_t rank;                               /* 1 + number of tokens with a strictly higher logprob */
+    int32_t n_top;                              /* entries used below (the request's logprobs, <= vocab) */
+    int32_t top_ids[OSP_ENGINE_MAX_LOGPROBS];   /* descending logprob, lower id first on ties */
+    float top_logprobs[OSP_ENGINE_MAX_LOGPROBS];
+} osp_token_logprobs;
+
+/* A logit_bias entry: bias is added to the logit of token_id. */
+typedef struct osp_token_bias {
+    int32_t token_id;
+    float bias;
+} osp_token_bias;
 
 typedef struct osp_request_output osp_request_output;
 /* Called on the step thread after each step that produced tokens for the request, and once when it
@@ -76,14 +97,33 @@ typedef struct osp_request_params {
     uint64_t request_id;        /* unique among unfinished-and-unpolled requests */
     const int32_t *prompt;      /* [num_prompt] token ids */
     int32_t num_prompt;
-    /* sampling (as src/sample/sampler.h; the full sampler's fields are added here) */
-    float temperature;          /* 0 = greedy */
+    /* sampling (src/sample/sampler.h; vLLM V1's order: logit_bias and min_tokens, penalties,
+       temperature, min-p, top-k, top-p) */
+    float temperature;          /* < 1e-5 = greedy (default 0) */
     int32_t top_k;              /* <= 0: off */
-    float top_p;                /* >= 1: off */
-    uint64_t seed;
+    float top_p;                /* in [0, 1]; 1: off; 0: the most likely token only */
+    float min_p;                /* in [0, 1]; 0: off */
+    float presence_penalty;     /* 0: off; over generated tokens */
+    float frequency_penalty;    /* 0: off; over generated tokens */
+    float repetition_penalty;   /* > 0; 1: off (0 is read as 1); over prompt and generated tokens */
+    const osp_token_bias *logit_bias; /* [num_logit_bias] (copied), ids in the vocabulary */
+    int32_t num_logit_bias;
+    bool has_seed;              /* false: the engine draws a seed at admission (osp_rng_entropy_seed) */
+    uint64_t seed;              /* with has_seed */
+    int32_t n;                  /* sequences sampled from the prompt (<= 1: one). With n > 1 the prompt is
+                                   computed once and its KV blocks forked to n children (copy-on-write of a
+                                   partial last block); each child has its own outputs, stops and logprobs
+                                   and is polled by (request_id, sample_index) */
+    uint32_t sample_index;      /* Philox sample index of the first child (0); child k uses sample_index + k,
+                                   so (seed, sample_index + k) reproduces child k as a request of its own */
+    int32_t logprobs;           /* < 0: none (default); 0: the sampled token's logprob; 1..20: plus the top N */
+    int32_t prompt_logprobs;    /* < 0: none (default); 0..20: logprobs of prompt tokens 1.. (plus the top N);
+                                   such a request skips the prefix cache and prefills in chunks of at most
+                                   64 tokens per step */
     /* stops */
     int32_t max_tokens;         /* <= 0: up to max_model_len */
-    int32_t min_tokens;         /* EOS and stop tokens are ignored before this many outputs */
+    int32_t min_tokens;         /* EOS and stop tokens are ignored (and masked in sampling) before this many
+                                   outputs */
     bool ignore_eos;
     const int32_t *stop_token_ids; /* [num_stop_token_ids] */
     int32_t num_stop_token_ids;
@@ -95,18 +135,26 @@ typedef struct osp_request_params {
     void *callback_user;
 } osp_request_params;
 
-osp_request_params osp_request_default_params(void); /* greedy, no limits, no callback */
+osp_request_params osp_request_default_params(void); /* greedy, no limits, no callback, no logprobs */
 
 struct osp_request_output {
     uint64_t request_id;
+    uint32_t sample_index;      /* which child (the request's sample_index + k for child k) */
     const int32_t *token_ids;   /* new tokens since the last output (engine-owned in callbacks;
                                    the caller's buffer in osp_engine_poll) */
+    const osp_token_logprobs *logprobs; /* [num_tokens] with logprobs >= 0 (engine-owned in callbacks; the
+                                   caller's buffer in osp_engine_poll_seq), else NULL */
+    const osp_token_logprobs *prompt_logprobs; /* [num_prompt_logprobs] for prompt tokens 1..num_prompt-1,
+                                   given once, in the first output after they are all computed (engine-owned
+                                   in callbacks; the caller's buffer in osp_engine_poll_seq); else NULL */
+    int32_t num_prompt_logprobs;
     int32_t num_tokens;
     int32_t num_output_tokens;  /* total generated so far */
     int32_t num_prompt_tokens;
     int32_t num_cached_tokens;  /* prompt tokens served from the prefix cache at first admission */
     bool finished;
     osp_finish_reason finish_reason;
+    char error[160];            /* with OSP_FINISH_ERROR: why; else empty */
 };
 
 typedef struct osp_engine_stats {
@@ -132,11 +180,14 @@ const osp_engine_params *osp_engine_params_get(const osp_engine *e); /* resolved
 
 /* Queues a request (thread-safe). Admission checks happen here, synchronously:
  * OSP_ERR_INVALID_ARG for an empty prompt, a token outside the vocabulary, a duplicate id,
- * prompt + max_tokens > max_model_len, or a request that could not fit in the KV cache even alone.
+ * prompt + max_tokens > max_model_len, a request that could not fit in the KV cache even alone, or
+ * sampling parameters out of range (temperature < 0, top_p or min_p outside [0, 1], repetition_penalty
+ * < 0, a non-finite value, a logit_bias id outside the vocabulary, logprobs or prompt_logprobs > 20, n
+ * above max_num_seqs).
  * Nothing is queued on error. */
 osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp);
 
-/* Aborts a request (thread-safe): it finishes with OSP_FINISH_ABORT at the start of the next step and
+/* Aborts a request (thread-safe), every child of it: it finishes with OSP_FINISH_ABORT at the start of the next step and
  * its blocks are freed. OSP_ERR_NOT_FOUND if the id is unknown or already finished. */
 osp_status osp_engine_abort(osp_engine *e, uint64_t request_id);
 
@@ -162,6 +213,14 @@ osp_status osp_engine_stop(osp_engine *e);
  * OSP_ERR_NOT_FOUND for an unknown id or a request with a callback. */
 osp_status osp_engine_poll(osp_engine *e, uint64_t request_id, int32_t *tokens, int32_t cap,
                            osp_request_output *out, int timeout_ms);
+/* The same for one child of a request (sample_index as in osp_request_output; a request with n = 1
+ * has only its sample_index), also copying logprobs: logprobs [cap] (or NULL) receives the logprobs
+ * of the tokens copied (when the request asked for them); prompt_logprobs [num_prompt - 1] (or NULL)
+ * receives the prompt logprobs once (out->num_prompt_logprobs > 0 then; child 0 only). osp_engine_poll
+ * is this with the request's first child and NULL buffers. */
+osp_status osp_engine_poll_seq(osp_engine *e, uint64_t request_id, uint32_t sample_index, int32_t *tokens,
+                               osp_token_logprobs *logprobs, int32_t cap, osp_token_logprobs *prompt_logprobs,
+                               osp_request_output *out, int timeout_ms);
 
 osp_engine_stats osp_engine_get_stats(osp_engine *e); /* thread-safe snapshot */
 

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,6 +18,7 @@
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "osprey/tokenizer.h"
+#include "sample/rng.h"
 
 typedef struct ptr_vec {
     void **v;
@@ -41,6 +43,7 @@ struct osp_engine {
     osp_engine_params p;
     osp_model *model;
     int32_t n_vocab;
+    int32_t *eos, n_eos;        /* end-of-generation ids (min_tokens masks them) */
     osp_scheduler *sched;
     osp_model_runner *runner;
 
@@ -56,6 +59,8 @@ struct osp_engine {
     osp_status loop_status;
     osp_engine_stats stats;     /* counters, under mu */
     ptr_vec publish;            /* step-thread scratch: requests with news this step */
+    osp_token_logprobs *cb_lp;  /* step-thread scratch: logprobs handed to callbacks */
+    int32_t cb_cap;
 };
 
 osp_engine_params osp_engine_default_params(void) {
@@ -127,9 +132,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                      .eos_ids = eos, .num_eos = n_eos};
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
     if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
-                               p.max_num_batched_tokens, &e->runner)) != OSP_OK)
+                               p.max_num_batched_tokens, p.n_threads, &e->runner)) != OSP_OK)
         goto fail;
-    free(eos);
+    e->eos = eos;
+    e->n_eos = n_eos;
     e->p = p;
     e->stats.num_blocks = p.num_blocks;
     e->stats.block_size = p.block_size;
@@ -148,6 +154,8 @@ void osp_engine_free(osp_engine *e) {
     free(e->table.v);
     free(e->pending.v);
     free(e->publish.v);
+    free(e->cb_lp);
+    free(e->eos);
     osp_runner_destroy(e->runner);
     osp_scheduler_destroy(e->sched);
     osp_model_free(e->model);
@@ -166,44 +174,73 @@ static int32_t table_find(const osp_engine *e, uint64_t id) {
     return -1;
 }
 
+/* The sequence of request `id` with that sample_index (by_index), or its first child. */
+static int32_t table_find_seq(const osp_engine *e, uint64_t id, bool by_index, uint32_t sample_index) {
+    for (int32_t i = 0; i < e->table.n; i++) {
+        const osp_request *r = e->table.v[i];
+        if (r->id == id && (by_index ? r->sampling.sample_index == sample_index : r->child == 0)) return i;
+    }
+    return -1;
+}
+
 osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     if (!e || !rp) return osp_set_error(OSP_ERR_INVALID_ARG, "engine add: NULL argument");
     for (int32_t i = 0; i < rp->num_prompt && rp->prompt; i++)
         if (rp->prompt[i] < 0 || rp->prompt[i] >= e->n_vocab)
             return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: prompt token %d is %d, outside the vocabulary (%d)",
                                  (unsigned long long)rp->request_id, i, rp->prompt[i], e->n_vocab);
+    OSP_TRY(osp_request_check_sampling(rp, e->n_vocab));
+    const int32_t n = rp->n > 1 ? rp->n : 1;
+    if (n > e->p.max_num_seqs)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: n = %d exceeds max_num_seqs %d",
+                             (unsigned long long)rp->request_id, rp->n, e->p.max_num_seqs);
     osp_request *r;
     OSP_TRY(osp_request_create(rp, e->p.max_model_len, e->p.block_size, 0, &r));
-    osp_status s = osp_scheduler_admissible(e->sched, r); /* reads only constants of the scheduler */
+    if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
+    osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
+    if (s == OSP_OK && n > 1) {
+        r->children = calloc((size_t)(n - 1), sizeof *r->children);
+        if (!r->children) s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+        for (int32_t k = 1; k < n && s == OSP_OK; k++)
+            if ((s = osp_request_make_child(r, k, &r->children[k - 1])) == OSP_OK) r->num_children = k;
+    }
+    if (s == OSP_OK) s = osp_scheduler_admissible(e->sched, r); /* reads only constants of the scheduler */
     pthread_mutex_lock(&e->mu);
     if (s == OSP_OK && table_find(e, rp->request_id) >= 0)
         s = osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: the id is already in use", (unsigned long long)rp->request_id);
     if (s == OSP_OK) {
         r->arrival = e->next_arrival++;
-        if (vec_push(&e->table, r) || vec_push(&e->pending, r)) {
-            if (e->table.n && e->table.v[e->table.n - 1] == r) e->table.n--;
+        const int32_t n0 = e->table.n;
+        bool ok = vec_push(&e->table, r) == 0;
+        for (int32_t k = 0; k < r->num_children && ok; k++) ok = vec_push(&e->table, r->children[k]) == 0;
+        if (!ok || vec_push(&e->pending, r)) {
+            e->table.n = n0;
             s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
         } else {
-            e->num_unfinished++;
+            e->num_unfinished += n;
             pthread_cond_signal(&e->wake);
         }
     }
     pthread_mutex_unlock(&e->mu);
-    if (s != OSP_OK) osp_request_destroy(r);
+    if (s != OSP_OK) {
+        for (int32_t k = 0; k < r->num_children; k++) osp_request_destroy(r->children[k]);
+        osp_request_destroy(r);
+    }
     return s;
 }
 
 osp_status osp_engine_abort(osp_engine *e, uint64_t id) {
     pthread_mutex_lock(&e->mu);
-    const int32_t i = table_find(e, id);
-    osp_status s = OSP_OK;
-    osp_request *r = i >= 0 ? e->table.v[i] : NULL;
-    if (!r || r->published_finished || r->abort_requested)
-        s = osp_set_error(OSP_ERR_NOT_FOUND, "abort: request %llu is unknown or finished", (unsigned long long)id);
-    else {
+    bool any = false;
+    for (int32_t i = 0; i < e->table.n; i++) {
+        osp_request *r = e->table.v[i];
+        if (r->id != id || r->published_finished || r->abort_requested) continue;
         r->abort_requested = true;
-        pthread_cond_signal(&e->wake);
+        any = true;
     }
+    osp_status s = OSP_OK;
+    if (any) pthread_cond_signal(&e->wake);
+    else s = osp_set_error(OSP_ERR_NOT_FOUND, "abort: request %llu is unknown or finished", (unsigned long long)id);
     pthread_mutex_unlock(&e->mu);
     return s;
 }
@@ -221,15 +258,42 @@ static void mark(osp_engine *e, osp_request *r) {
     vec_push(&e->publish, r);
 }
 
-static void fill_output(const osp_request *r, const int32_t *toks, int32_t n, bool finished, osp_request_output *o) {
+static void to_public(const osp_logprobs *a, osp_token_logprobs *b) {
+    b->token_id = a->token_id;
+    b->logprob = a->logprob;
+    b->rank = a->rank;
+    b->n_top = a->n_top;
+    memcpy(b->top_ids, a->top_ids, sizeof b->top_ids);
+    memcpy(b->top_logprobs, a->top_logprobs, sizeof b->top_logprobs);
+}
+
+/* Outputs of r from output token `from`, n of them: tokens and logprobs into the given buffers (lp may
+ * be NULL), and the prompt logprobs into plp once (if not NULL and ready). */
+static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, osp_token_logprobs *lp,
+                        osp_token_logprobs *plp, bool finished, osp_request_output *o) {
+    memset(o, 0, sizeof *o);
     o->request_id = r->id;
+    o->sample_index = r->sampling.sample_index;
+    if (n > 0 && toks != r->tokens + r->num_prompt + from)
+        memcpy(toks, r->tokens + r->num_prompt + from, sizeof *toks * (size_t)n);
     o->token_ids = toks;
+    if (lp && r->logprobs) {
+        for (int32_t i = 0; i < n; i++) to_public(&r->logprobs[from + i], &lp[i]);
+        o->logprobs = lp;
+    }
+    if (plp && r->prompt_lp && !r->prompt_lp_delivered && r->num_published > 0) {
+        for (int32_t i = 0; i < r->num_prompt - 1; i++) to_public(&r->prompt_lp[i], &plp[i]);
+        o->prompt_logprobs = plp;
+        o->num_prompt_logprobs = r->num_prompt - 1;
+        r->prompt_lp_delivered = true;
+    }
     o->num_tokens = n;
     o->num_output_tokens = osp_request_num_output(r);
     o->num_prompt_tokens = r->num_prompt;
     o->num_cached_tokens = r->num_cached_tokens > 0 ? r->num_cached_tokens : 0;
     o->finished = finished;
-    o->finish_reason = finished ? r->finish_reason : OSP_FINISH_NONE;
+    o->finish_reason = finished ? r->published_reason : OSP_FINISH_NONE;
+    if (finished && r->published_reason == OSP_FINISH_ERROR) snprintf(o->error, sizeof o->error, "%s", r->error);
 }
 
 static osp_status step_locked_out(osp_engine *e, bool *did_work) {
@@ -241,7 +305,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->pending.n = 0;
     for (int32_t i = 0; i < e->table.n; i++) {
         osp_request *r = e->table.v[i];
-        if (r->abort_requested && r->state != OSP_REQ_FINISHED) {
+        if (r->abort_requested && !r->published_finished) { /* a parent may have finished it already */
             osp_scheduler_finish(e->sched, r, OSP_FINISH_ABORT);
             mark(e, r);
         }
@@ -255,9 +319,15 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     int64_t gen = 0;
     for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].sampled >= 0;
     osp_scheduler_update(e->sched, so);
+    for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */
+        osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]);
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
     for (int32_t i = 0; i < so->num_entries; i++)
-        if (so->entries[i].sampled >= 0) mark(e, so->entries[i].req);
+        if (so->entries[i].sampled != -1) mark(e, so->entries[i].req);
+    for (int32_t i = 0; i < so->num_touched; i++) {
+        gen += osp_request_num_output(so->touched[i]);
+        mark(e, so->touched[i]);
+    }
     *did_work = so->num_entries > 0 || e->publish.n > 0;
     /* 3. publish */
     pthread_mutex_lock(&e->mu);
@@ -290,7 +360,15 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         osp_request *r = e->publish.v[i];
         const int32_t from = r->num_delivered, n = r->num_published - from;
         osp_request_output o;
-        fill_output(r, r->tokens + r->num_prompt + from, n, r->published_finished, &o);
+        osp_token_logprobs *lp = NULL, *plp = NULL;
+        const int32_t need = n + (r->prompt_lp ? r->num_prompt : 0);
+        if ((r->logprobs || r->prompt_lp) && need > e->cb_cap) {
+            osp_token_logprobs *b = realloc(e->cb_lp, sizeof *b * (size_t)need);
+            if (b) e->cb_lp = b, e->cb_cap = need;
+        }
+        if (need <= e->cb_cap) lp = e->cb_lp, plp = e->cb_lp + n;
+        fill_output(r, from, n, r->tokens + r->num_prompt + from, r->logprobs ? lp : NULL, plp, r->published_finished,
+                    &o);
         r->num_delivered = r->num_published;
         r->callback(r->callback_user, &o);
         if (r->published_finished) {
@@ -356,8 +434,9 @@ osp_status osp_engine_stop(osp_engine *e) {
     return OSP_OK;
 }
 
-osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t cap, osp_request_output *out,
-                           int timeout_ms) {
+static osp_status poll_impl(osp_engine *e, uint64_t id, bool by_index, uint32_t sample_index, int32_t *tokens,
+                            osp_token_logprobs *logprobs, int32_t cap, osp_token_logprobs *prompt_logprobs,
+                            osp_request_output *out, int timeout_ms) {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
     if (timeout_ms > 0) {
@@ -368,9 +447,10 @@ osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t 
     pthread_mutex_lock(&e->mu);
     osp_status s = OSP_OK;
     for (;;) {
-        const int32_t i = table_find(e, id);
+        const int32_t i = table_find_seq(e, id, by_index, sample_index);
         if (i < 0) {
-            s = osp_set_error(OSP_ERR_NOT_FOUND, "poll: request %llu is unknown", (unsigned long long)id);
+            s = osp_set_error(OSP_ERR_NOT_FOUND, "poll: request %llu (sample %u) is unknown", (unsigned long long)id,
+                              by_index ? sample_index : 0u);
             break;
         }
         osp_request *r = e->table.v[i];
@@ -381,10 +461,9 @@ osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t 
         const int32_t avail = r->num_published - r->num_delivered;
         if (avail > 0 || r->published_finished || timeout_ms == 0 || e->stop) {
             const int32_t n = avail < cap ? avail : (cap > 0 ? cap : 0);
-            if (n > 0) memcpy(tokens, r->tokens + r->num_prompt + r->num_delivered, sizeof *tokens * (size_t)n);
+            const bool done = r->published_finished && r->num_delivered + n == r->num_published;
+            fill_output(r, r->num_delivered, n, tokens, logprobs, prompt_logprobs, done, out);
             r->num_delivered += n;
-            const bool done = r->published_finished && r->num_delivered == r->num_published;
-            fill_output(r, tokens, n, done, out);
             if (done) {
                 vec_del(&e->table, i);
                 osp_request_destroy(r);
@@ -399,6 +478,17 @@ osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t 
     return s;
 }
 
+osp_status osp_engine_poll(osp_engine *e, uint64_t id, int32_t *tokens, int32_t cap, osp_request_output *out,
+                           int timeout_ms) {
+    return poll_impl(e, id, false, 0, tokens, NULL, cap, NULL, out, timeout_ms);
+}
+
+osp_status osp_engine_poll_seq(osp_engine *e, uint64_t request_id, uint32_t sample_index, int32_t *tokens,
+                               osp_token_logprobs *logprobs, int32_t cap, osp_token_logprobs *prompt_logprobs,
+                               osp_request_output *out, int timeout_ms) {
+    return poll_impl(e, request_id, true, sample_index, tokens, logprobs, cap, prompt_logprobs, out, timeout_ms);
+}
+
 osp_engine_stats osp_engine_get_stats(osp_engine *e) {
     pthread_mutex_lock(&e->mu);
     osp_engine_stats st = e->stats;
@@ -410,7 +500,7 @@ osp_status osp_engine_check_invariants(osp_engine *e) {
     OSP_TRY(osp_scheduler_check_invariants(e->sched));
     const osp_scheduler_stats ss = osp_scheduler_get_stats(e->sched);
     const osp_persistent_batch *pb = e->runner->pb;
-    if (pb->num_rows < ss.num_running)
+    if (pb->num_rows < ss.num_running - ss.num_running_without_row)
         return osp_set_error(OSP_ERR_INTERNAL, "engine: %d batch rows for %d running requests", pb->num_rows,
                              ss.num_running);
     return OSP_OK;

@@ -2,23 +2,37 @@
  * beyond what the forward pass's workspace already holds after the first steps. */
 #include "engine/model_runner.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/status_internal.h"
 
 osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, osp_model_runner **out) {
+                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int n_threads,
+                             osp_model_runner **out) {
     *out = NULL;
     osp_model_runner *r = calloc(1, sizeof *r);
     if (!r) return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory");
     r->model = m;
     r->n_vocab = osp_model_config_get(m)->n_vocab;
+    r->max_rows = max_rows;
     osp_status s = osp_kv_cache_create(m, num_blocks, block_size, dtype, &r->kv);
     if (s == OSP_OK) s = osp_pb_create(max_rows, max_model_len, block_size, max_tokens, &r->pb);
+    if (s == OSP_OK) s = osp_sampler_workspace_create(max_rows, r->n_vocab, n_threads, &r->ws);
     if (s == OSP_OK) {
-        r->logits = malloc(sizeof(float) * (size_t)max_rows * (size_t)r->n_vocab);
-        r->work = malloc(sizeof(float) * 2 * (size_t)r->n_vocab);
-        if (!r->logits || !r->work) s = osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for logits");
+        const size_t R = (size_t)max_rows, P = OSP_MAX_PROMPT_LP_PER_STEP;
+        r->logits = malloc(sizeof(float) * (R + P) * (size_t)r->n_vocab);
+        r->rows = malloc(sizeof *r->rows * R);
+        r->row_req = malloc(sizeof *r->row_req * R);
+        r->row_entry = malloc(sizeof *r->row_entry * R);
+        r->tokens = malloc(sizeof *r->tokens * R);
+        r->lp = malloc(sizeof *r->lp * R);
+        r->status = malloc(sizeof *r->status * (R + P));
+        r->plp_next = malloc(sizeof *r->plp_next * P);
+        if (!r->logits || !r->rows || !r->row_req || !r->row_entry || !r->tokens || !r->lp || !r->status || !r->plp_next)
+            s = osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for logits");
     }
     if (s != OSP_OK) {
         osp_runner_destroy(r);
@@ -32,24 +46,145 @@ void osp_runner_destroy(osp_model_runner *r) {
     if (!r) return;
     osp_kv_cache_free(r->kv);
     osp_pb_destroy(r->pb);
+    osp_sampler_workspace_free(r->ws);
     free(r->logits);
-    free(r->work);
+    free(r->rows);
+    free(r->row_req);
+    free(r->row_entry);
+    free(r->tokens);
+    free(r->lp);
+    free(r->status);
+    free(r->plp_next);
     free(r);
+}
+
+/* Says why a row of logits could not be sampled. */
+static void row_error(osp_request *q, const float *logits, int32_t vocab, const char *what, int32_t pos) {
+    int32_t bad = -1;
+    for (int32_t v = 0; v < vocab && bad < 0; v++)
+        if (!isfinite(logits[v])) bad = v;
+    if (bad >= 0)
+        snprintf(q->error, sizeof q->error, "%s at position %d: the model produced a non-finite logit (%g for token %d)",
+                 what, pos, (double)logits[bad], bad);
+    else
+        snprintf(q->error, sizeof q->error, "%s at position %d: every token is masked or a parameter is invalid", what,
+                 pos);
+}
+
+/* Prompt positions of row `row` (scheduled from c0, n tokens) that need logprobs: [*lo, *hi). */
+static void plp_range(const osp_request *q, int32_t c0, int32_t n, int32_t *lo, int32_t *hi) {
+    *lo = *hi = 0;
+    if (q->prompt_logprobs < 0 || !q->prompt_lp) return;
+    *lo = c0 > q->num_prompt_lp ? c0 : q->num_prompt_lp;
+    *hi = c0 + n < q->num_prompt - 1 ? c0 + n : q->num_prompt - 1;
+    if (*hi < *lo) *hi = *lo;
 }
 
 osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     osp_persistent_batch *pb = r->pb;
+    const size_t V = (size_t)r->n_vocab, L = (size_t)pb->max_model_len;
     OSP_TRY(osp_pb_apply(pb, out));
     if (out->num_entries == 0) return OSP_OK;
     const int32_t nl = osp_pb_build(pb);
+
+    /* prompt-logprob positions after the sampled rows (the scheduler keeps them within the bound) */
+    int32_t np = 0;
+    int32_t *idx = pb->in_logits_idx;
+    for (int32_t row = 0, t0 = 0; row < pb->num_rows; row++) {
+        const int32_t n = pb->num_scheduled[row], c0 = pb->num_computed[row];
+        if (n == 0) continue;
+        const osp_request *q = out->entries[pb->entry[row]].req;
+        int32_t lo, hi;
+        plp_range(q, c0, n, &lo, &hi);
+        if (np + hi - lo > OSP_MAX_PROMPT_LP_PER_STEP)
+            return osp_set_error(OSP_ERR_INTERNAL, "model runner: too many prompt-logprob positions in one step");
+        for (int32_t p = lo; p < hi; p++, np++) {
+            idx[nl + np] = t0 + (p - c0);
+            r->plp_next[np] = q->tokens[p + 1];
+        }
+        t0 += n;
+    }
+    pb->batch.num_logits = nl + np;
     OSP_TRY(osp_model_forward(r->model, r->kv, &pb->batch, r->logits));
+
+    if (np > 0) {
+        int32_t j = 0;
+        for (int32_t row = 0; row < pb->num_rows; row++) {
+            const int32_t n = pb->num_scheduled[row], c0 = pb->num_computed[row];
+            if (n == 0) continue;
+            osp_sched_entry *en = &out->entries[pb->entry[row]];
+            osp_request *q = en->req;
+            int32_t lo, hi;
+            plp_range(q, c0, n, &lo, &hi);
+            if (hi == lo) continue;
+            const float *lg = r->logits + (size_t)(nl + j) * V;
+            (void)osp_prompt_logprobs(lg, hi - lo, r->n_vocab, r->plp_next + j, q->prompt_logprobs, q->prompt_lp + lo,
+                                      r->status);
+            for (int32_t i = 0; i < hi - lo; i++)
+                if (r->status[i] != OSP_OK) {
+                    row_error(q, lg + (size_t)i * V, r->n_vocab, "prompt logprobs", lo + i);
+                    en->sampled = OSP_SAMPLED_ERROR;
+                    break;
+                }
+            q->num_prompt_lp = hi;
+            j += hi - lo;
+        }
+    }
+
+    /* one sampler row per row reaching its end, then the first tokens of children being forked */
+    int32_t nr = 0;
     for (int32_t i = 0; i < nl; i++) {
         const int32_t row = pb->in_logits_row[i];
-        const uint64_t out_pos = (uint64_t)(pb->num_tokens[row] - pb->num_prompt[row]);
-        int32_t tok;
-        OSP_TRY(osp_sample(r->logits + (size_t)i * r->n_vocab, r->n_vocab, &pb->sampling[row], out_pos, r->work, &tok));
-        pb->token_ids[(size_t)row * pb->max_model_len + pb->num_tokens[row]++] = tok;
-        out->entries[pb->entry[row]].sampled = tok;
+        osp_sampler_row *sr = &r->rows[nr];
+        *sr = pb->sampling[row];
+        sr->prompt_ids = pb->token_ids + (size_t)row * L;
+        sr->n_prompt = pb->num_prompt[row];
+        sr->output_ids = sr->prompt_ids + sr->n_prompt;
+        sr->n_output = pb->num_tokens[row] - pb->num_prompt[row];
+        sr->output_pos = (uint64_t)sr->n_output;
+        r->row_req[nr] = out->entries[pb->entry[row]].req;
+        r->row_entry[nr++] = pb->entry[row];
+    }
+    for (int32_t i = 0; i < nl; i++) {
+        const osp_request *q = r->row_req[i];
+        if (!q->children || r->rows[i].n_output != 0) continue;
+        for (int32_t k = 0; k < q->num_children; k++) {
+            osp_request *c = q->children[k];
+            if (c->state == OSP_REQ_FINISHED) continue;
+            if (nr == r->max_rows) return osp_set_error(OSP_ERR_INTERNAL, "model runner: no sampler row for a child");
+            memcpy(r->logits + (size_t)nr * V, r->logits + (size_t)i * V, sizeof(float) * V);
+            r->rows[nr] = r->rows[i];
+            r->rows[nr].sample_index = c->sampling.sample_index;
+            r->rows[nr].num_logprobs = c->sampling.num_logprobs;
+            r->row_req[nr] = c;
+            r->row_entry[nr++] = -1;
+        }
+    }
+    if (nr > 0) {
+        const osp_status st = osp_sample_batch(r->ws, r->logits, nr, r->n_vocab, r->rows, r->tokens, r->lp, r->status);
+        bool row_failed = false;
+        for (int32_t i = 0; i < nr; i++) row_failed |= r->status[i] != OSP_OK;
+        if (st != OSP_OK && !row_failed) return st; /* a bad call, not a bad row */
+    }
+    for (int32_t i = 0; i < nr; i++) {
+        osp_request *q = r->row_req[i];
+        const bool ok = r->status[i] == OSP_OK;
+        const int32_t tok = r->tokens[i];
+        if (!ok) row_error(q, r->logits + (size_t)i * V, r->n_vocab, "sampling", q->num_tokens);
+        if (ok && r->rows[i].num_logprobs >= 0 && q->logprobs) q->logprobs[r->rows[i].n_output] = r->lp[i];
+        if (r->row_entry[i] < 0) { /* a child being forked */
+            q->fork_token = ok ? tok : OSP_SAMPLED_ERROR;
+            continue;
+        }
+        osp_sched_entry *en = &out->entries[r->row_entry[i]];
+        if (en->sampled == OSP_SAMPLED_ERROR) continue; /* its prompt logprobs failed */
+        if (!ok) {
+            en->sampled = OSP_SAMPLED_ERROR;
+            continue;
+        }
+        const int32_t row = pb->in_logits_row[i];
+        pb->token_ids[(size_t)row * L + pb->num_tokens[row]++] = tok;
+        en->sampled = tok;
     }
     for (int32_t row = 0; row < pb->num_rows; row++) pb->num_computed[row] += pb->num_scheduled[row];
     return OSP_OK;

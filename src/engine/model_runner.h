@@ -1,8 +1,11 @@
-/* The model runner: owns the KV cache pages and the persistent batch; per step it applies the
- * scheduler's diff, builds the flattened batch, runs the forward pass (prefill chunks and decodes
- * together) and samples one token for every row whose scheduled tokens reach its end. Sampling is per
- * row through the one-row sampler for now (src/sample/sampler.h); the batched sampler takes the
- * persistent batch's per-row params when it lands. */
+/* The model runner: owns the KV cache pages, the persistent batch and the sampler's workspace; per step
+ * it applies the scheduler's diff, builds the flattened batch, runs the forward pass (prefill chunks and
+ * decodes together) and samples one token for every row whose scheduled tokens reach its end, all rows
+ * in one osp_sample_batch call with each row's own parameters (src/sample/sampler.h). It also computes
+ * prompt logprobs for requests that ask (logits of their scheduled prompt positions) and, at the step
+ * where a request with n > 1 children finishes its prompt, samples the children's first tokens from the
+ * same logits (each with its own sample_index). A row whose sampling fails (NaN or inf logits) fails
+ * only its request (OSP_SAMPLED_ERROR, the reason in req->error). */
 #ifndef OSP_ENGINE_MODEL_RUNNER_H
 #define OSP_ENGINE_MODEL_RUNNER_H
 
@@ -12,18 +15,28 @@ typedef struct osp_model_runner {
     osp_model *model;              /* not owned */
     osp_kv_cache *kv;
     osp_persistent_batch *pb;
-    int32_t n_vocab;
-    float *logits;                 /* [max_rows, n_vocab] */
-    float *work;                   /* [2 * n_vocab] sampler workspace */
+    int32_t n_vocab, max_rows;
+    float *logits;                 /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP, n_vocab] */
+    osp_sampler_workspace *ws;
+    osp_sampler_row *rows;         /* [max_rows] this step's sampler rows */
+    osp_request **row_req;         /* [max_rows] the sequence each sampler row samples for */
+    int32_t *row_entry;            /* [max_rows] its entry in the step's osp_sched_output, or -1 (a child) */
+    int32_t *tokens;               /* [max_rows] */
+    osp_logprobs *lp;              /* [max_rows] */
+    osp_status *status;            /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP] */
+    int32_t *plp_next;             /* [OSP_MAX_PROMPT_LP_PER_STEP] tokens following the prompt positions */
 } osp_model_runner;
 
-/* Errors: those of osp_kv_cache_create, OSP_ERR_NOMEM. */
+/* n_threads: the sampler's OpenMP threads (<= 0: all). Errors: those of osp_kv_cache_create,
+ * OSP_ERR_NOMEM. */
 osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, osp_model_runner **out);
+                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int n_threads,
+                             osp_model_runner **out);
 void osp_runner_destroy(osp_model_runner *r);
 
-/* Runs one step for `out` and fills out->entries[i].sampled (-1 for rows still mid-prefill). Errors:
- * osp_model_forward's and osp_sample's; OSP_ERR_INTERNAL for a diff out of sync. */
+/* Runs one step for `out` and fills out->entries[i].sampled (-1 for rows still mid-prefill,
+ * OSP_SAMPLED_ERROR for a request whose logits could not be sampled) and the children's fork_token.
+ * Errors: osp_model_forward's; OSP_ERR_INTERNAL for a diff out of sync. */
 osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out);
 
 #endif

@@ -33,7 +33,7 @@ osp_status osp_pb_create(int32_t max_rows, int32_t max_model_len, int32_t block_
     pb->in_qsl = calloc(R + 1, sizeof(int32_t));
     pb->in_seq_lens = calloc(R, sizeof(int32_t));
     pb->in_block_table = calloc(R * (size_t)pb->max_blocks, sizeof(int32_t));
-    pb->in_logits_idx = calloc(R, sizeof(int32_t));
+    pb->in_logits_idx = calloc(R + OSP_MAX_PROMPT_LP_PER_STEP, sizeof(int32_t));
     pb->in_logits_row = calloc(R, sizeof(int32_t));
     if (!pb->req_id || !pb->token_ids || !pb->num_tokens || !pb->num_prompt || !pb->num_computed ||
         !pb->block_table || !pb->num_blocks || !pb->sampling || !pb->num_scheduled || !pb->entry || !pb->in_tokens ||
@@ -91,18 +91,18 @@ osp_status osp_pb_apply(osp_persistent_batch *pb, const osp_sched_output *out) {
         const osp_request *q = en->req;
         int32_t r;
         if (en->is_new) {
-            if (osp_pb_find(pb, q->id) >= 0 || pb->num_rows == pb->max_rows)
+            if (osp_pb_find(pb, q->uid) >= 0 || pb->num_rows == pb->max_rows)
                 return osp_set_error(OSP_ERR_INTERNAL, "persistent batch: cannot add request %llu",
                                      (unsigned long long)q->id);
             r = pb->num_rows++;
-            pb->req_id[r] = q->id;
+            pb->req_id[r] = q->uid;
             memcpy(pb->token_ids + r * L, q->tokens, sizeof(int32_t) * (size_t)q->num_tokens);
             pb->num_tokens[r] = q->num_tokens;
             pb->num_prompt[r] = q->num_prompt;
             pb->num_blocks[r] = 0;
             pb->sampling[r] = q->sampling;
         } else {
-            r = osp_pb_find(pb, q->id);
+            r = osp_pb_find(pb, q->uid);
             if (r < 0 || pb->num_tokens[r] != q->num_tokens)
                 return osp_set_error(OSP_ERR_INTERNAL, "persistent batch: request %llu is out of sync",
                                      (unsigned long long)q->id);

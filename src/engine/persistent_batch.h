@@ -14,14 +14,17 @@
 typedef struct osp_persistent_batch {
     int32_t max_rows, max_model_len, max_blocks, block_size, max_tokens;
     int32_t num_rows;
-    uint64_t *req_id;             /* [max_rows] */
+    uint64_t *req_id;             /* [max_rows] the request's uid (one per sequence) */
     int32_t *token_ids;           /* [max_rows, max_model_len] */
     int32_t *num_tokens;          /* [max_rows] */
     int32_t *num_prompt;          /* [max_rows] */
     int32_t *num_computed;        /* [max_rows] */
     int32_t *block_table;         /* [max_rows, max_blocks] */
     int32_t *num_blocks;          /* [max_rows] */
-    osp_sampling_params *sampling;/* [max_rows] one sampler row's params (src/sample/) */
+    osp_sampler_row *sampling;    /* [max_rows] the sampler row's params (src/sample/sampler.h): copied from
+                                     the request when the row is added; the runner points prompt_ids /
+                                     output_ids at the row's token_ids and sets n_output / output_pos each
+                                     step (no allocation) */
     int32_t *num_scheduled;       /* [max_rows] this step's tokens, 0 = not scheduled */
     int32_t *entry;               /* [max_rows] index of the row's osp_sched_entry this step */
     int64_t num_moves;            /* rows moved to fill holes, over the batch's life */
@@ -31,7 +34,8 @@ typedef struct osp_persistent_batch {
     int32_t *in_qsl;              /* [max_rows + 1] */
     int32_t *in_seq_lens;         /* [max_rows] */
     int32_t *in_block_table;      /* [max_rows, max_blocks] rows of the scheduled requests */
-    int32_t *in_logits_idx;       /* [max_rows] */
+    int32_t *in_logits_idx;       /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP] sampled rows, then the runner's
+                                     prompt-logprob positions */
     int32_t *in_logits_row;       /* [max_rows] the row each logit belongs to */
     osp_batch batch;
 } osp_persistent_batch;
@@ -49,7 +53,7 @@ osp_status osp_pb_apply(osp_persistent_batch *pb, const osp_sched_output *out);
 /* Builds pb->batch for the scheduled rows, in row order. Returns the number of logits rows. */
 int32_t osp_pb_build(osp_persistent_batch *pb);
 
-/* Row of a request id, or -1. */
+/* Row of a request uid, or -1. */
 int32_t osp_pb_find(const osp_persistent_batch *pb, uint64_t id);
 
 #endif

@@ -23,8 +23,12 @@ typedef enum osp_req_state {
     OSP_REQ_FINISHED = 3,
 } osp_req_state;
 
+#define OSP_SAMPLED_ERROR (-2) /* osp_sched_entry.sampled / fork_token of a sequence whose sampling failed */
+
 typedef struct osp_request {
-    uint64_t id;
+    uint64_t id;                /* the caller's id, shared by the n children of one request */
+    uint64_t uid;               /* unique per sequence (persistent batch rows, removed ids) */
+    int32_t child;              /* k in [0, n): which child of the request */
     int64_t arrival;            /* admission order, increasing */
     int32_t priority;
     osp_req_state state;
@@ -35,13 +39,32 @@ typedef struct osp_request {
     int32_t num_computed_tokens;
     int32_t num_cached_tokens;  /* prefix-cache hit at first admission; -1 before it */
 
-    osp_sampling_params sampling; /* one row's params for the sampler (src/sample/) */
+    osp_sampler_row sampling;   /* the sampler row's parameters (pointers: logit_bias, stop ids; the
+                                   token lists are filled per step by the model runner) */
+    osp_logit_bias *logit_bias; /* [sampling.n_logit_bias] */
     int32_t min_tokens;
     bool ignore_eos;
-    int32_t *stop_ids;          /* [num_stop_ids] */
-    int32_t num_stop_ids;
+    int32_t *stop_ids;          /* [num_stop_ids] the request's stop ids, then EOS ids (unless ignore_eos):
+                                   [num_stop_ids + num_eos_ids] is what min_tokens masks */
+    int32_t num_stop_ids, num_eos_ids;
+
+    /* n > 1: child 0 runs the prompt; the others wait (state WAITING, in no queue) until its prompt is
+       computed, then get its blocks forked (osp_scheduler_update). After that, children = NULL. */
+    struct osp_request **children; /* [num_children] children 1..n-1 (child 0 only, before the fork) */
+    int32_t num_children;
+    int32_t fork_token;         /* set by the runner on children at the fork step: their first token */
+    bool needs_row;             /* running, but the runner holds no row for it yet (a forked child) */
+    char error[160];            /* with OSP_FINISH_ERROR */
+
+    /* logprobs */
+    osp_logprobs *logprobs;      /* [max_len - num_prompt] of each output token, if sampling.num_logprobs >= 0 */
+    int32_t prompt_logprobs;     /* < 0: none; else top N of prompt logprobs */
+    osp_logprobs *prompt_lp;     /* [num_prompt - 1]: position p is the logprob of token p + 1 */
+    int32_t num_prompt_lp;       /* computed so far (positions [0, this)) */
+    bool prompt_lp_delivered;
     uint64_t cache_salt;
 
+    int32_t block_size;
     int32_t *block_ids;         /* [cap_blocks] blocks for tokens [0, num_blocks * block_size) */
     int32_t num_blocks, cap_blocks;
     int32_t num_cached_blocks;  /* blocks [0, this) already offered to the prefix cache */
@@ -59,11 +82,20 @@ typedef struct osp_request {
     bool abort_requested;
 } osp_request;
 
-/* Makes a request from the caller's params (arrays copied). max_model_len >= 1. Errors:
- * OSP_ERR_INVALID_ARG (empty prompt, prompt + max_tokens over max_model_len), OSP_ERR_NOMEM. */
+/* Makes a request from the caller's params (arrays copied; the seed as given, has_seed or not; child 0
+ * only, n ignored: the engine makes the children with osp_request_make_child). max_model_len >= 1.
+ * Errors: OSP_ERR_INVALID_ARG (empty prompt, prompt + max_tokens over max_model_len, sampling params
+ * out of range), OSP_ERR_NOMEM. */
 osp_status osp_request_create(const osp_request_params *rp, int32_t max_model_len, int32_t block_size,
                               int64_t arrival, osp_request **out);
 void osp_request_destroy(osp_request *r); /* NULL is fine */
+
+/* Appends the EOS ids to what min_tokens masks (nothing with ignore_eos). OSP_ERR_NOMEM. */
+osp_status osp_request_set_eos(osp_request *r, const int32_t *eos, int32_t n_eos);
+/* A copy of child 0 `r` as child k (same id, params, prompt; sample_index + k; own uid). OSP_ERR_NOMEM. */
+osp_status osp_request_make_child(const osp_request *r, int32_t k, osp_request **out);
+/* Whether the sampling params are valid for a vocabulary of n_vocab (message set otherwise). */
+osp_status osp_request_check_sampling(const osp_request_params *rp, int32_t n_vocab);
 
 static inline int32_t osp_request_num_output(const osp_request *r) { return r->num_tokens - r->num_prompt; }
 

@@ -24,6 +24,7 @@ struct osp_scheduler {
     int32_t num_removed, cap_removed;
     int32_t *hit_ids;           /* [max blocks per request] scratch for prefix hits */
     int32_t cap_hits;
+    int32_t num_reserved;       /* seats of not yet forked children of running requests */
     osp_scheduler_stats stats;
 };
 
@@ -49,8 +50,14 @@ osp_status osp_scheduler_create(const osp_scheduler_config *cfg, osp_scheduler *
     s->removed = malloc(sizeof *s->removed * (size_t)s->cap_removed);
     s->out.removed_ids = malloc(sizeof *s->removed * (size_t)s->cap_removed);
     s->hit_ids = malloc(sizeof *s->hit_ids * (size_t)s->cap_hits);
+    s->out.touched = malloc(sizeof *s->out.touched * (size_t)cfg->max_num_seqs);
+    s->out.copy_src = malloc(sizeof(int32_t) * (size_t)cfg->max_num_seqs);
+    s->out.copy_dst = malloc(sizeof(int32_t) * (size_t)cfg->max_num_seqs);
+    if (s->cfg.max_prompt_logprob_tokens <= 0 || s->cfg.max_prompt_logprob_tokens > OSP_MAX_PROMPT_LP_PER_STEP)
+        s->cfg.max_prompt_logprob_tokens = OSP_MAX_PROMPT_LP_PER_STEP;
     osp_status st = OSP_OK;
-    if (!s->eos || !s->running || !s->waiting || !s->out.entries || !s->removed || !s->out.removed_ids || !s->hit_ids)
+    if (!s->eos || !s->running || !s->waiting || !s->out.entries || !s->removed || !s->out.removed_ids || !s->hit_ids ||
+        !s->out.touched || !s->out.copy_src || !s->out.copy_dst)
         st = osp_set_error(OSP_ERR_NOMEM, "scheduler: out of memory");
     else st = osp_block_pool_create(cfg->num_blocks, cfg->enable_prefix_caching, &s->pool);
     if (st != OSP_OK) {
@@ -73,6 +80,9 @@ void osp_scheduler_destroy(osp_scheduler *s) {
     free(s->removed);
     free(s->out.removed_ids);
     free(s->hit_ids);
+    free(s->out.touched);
+    free(s->out.copy_src);
+    free(s->out.copy_dst);
     free(s);
 }
 
@@ -151,11 +161,33 @@ osp_status osp_scheduler_add(osp_scheduler *s, osp_request *r) {
     return waiting_insert(s, r, false);
 }
 
+static void touch_req(osp_scheduler *s, osp_request *r) {
+    if (s->out.num_touched < s->cfg.max_num_seqs) s->out.touched[s->out.num_touched++] = r;
+}
+
+/* A parent finishing before its fork takes its children along. */
+static void drop_children(osp_scheduler *s, osp_request *r, osp_finish_reason reason) {
+    if (!r->children) return;
+    if (r->state == OSP_REQ_RUNNING) s->num_reserved -= r->num_children;
+    for (int32_t k = 0; k < r->num_children; k++) {
+        osp_request *c = r->children[k];
+        if (c->state == OSP_REQ_FINISHED) continue;
+        c->state = OSP_REQ_FINISHED;
+        c->finish_reason = reason;
+        memcpy(c->error, r->error, sizeof c->error);
+        touch_req(s, c);
+    }
+    free(r->children);
+    r->children = NULL;
+    r->num_children = 0;
+}
+
 void osp_scheduler_finish(osp_scheduler *s, osp_request *r, osp_finish_reason reason) {
     if (r->state == OSP_REQ_FINISHED) return;
+    drop_children(s, r, reason);
     if (r->state == OSP_REQ_RUNNING) {
         list_remove(s->running, &s->num_running, r);
-        note_removed(s, r->id);
+        note_removed(s, r->uid);
     } else {
         list_remove(s->waiting, &s->num_waiting, r);
     }
@@ -196,7 +228,8 @@ static bool allocate_slots(osp_scheduler *s, osp_request *r, const int32_t *hits
 
 static osp_status preempt(osp_scheduler *s, osp_request *r) {
     list_remove(s->running, &s->num_running, r);
-    note_removed(s, r->id);
+    if (r->children) s->num_reserved -= r->num_children;
+    note_removed(s, r->uid);
     free_blocks(s, r);
     r->num_computed_tokens = 0;
     r->state = OSP_REQ_PREEMPTED;
@@ -207,12 +240,31 @@ static osp_status preempt(osp_scheduler *s, osp_request *r) {
 
 /* ---- schedule / update ----------------------------------------------------------------------- */
 
+static bool wants_prompt_lp(const osp_request *r) {
+    return r->prompt_logprobs >= 0 && r->num_prompt_lp < r->num_prompt - 1;
+}
+
+/* Caps a chunk [c0, c0 + n) of r so that at most *budget prompt positions needing logprobs are in it
+ * (positions [num_prompt_lp, num_prompt - 1)); consumes the budget. */
+static int32_t cap_prompt_lp(const osp_request *r, int32_t c0, int32_t n, int32_t *budget) {
+    if (!wants_prompt_lp(r)) return n;
+    const int32_t lo = c0 > r->num_prompt_lp ? c0 : r->num_prompt_lp, hi_all = r->num_prompt - 1;
+    if (c0 + n > lo + *budget) n = lo + *budget - c0;
+    if (n < 0) n = 0;
+    int32_t hi = c0 + n < hi_all ? c0 + n : hi_all;
+    if (hi > lo) *budget -= hi - lo;
+    return n;
+}
+
 osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
     osp_sched_output *out = &s->out;
     out->num_entries = 0;
     out->total_tokens = 0;
     int32_t budget = s->cfg.max_num_batched_tokens;
+    int32_t lp_budget = s->cfg.max_prompt_logprob_tokens;
     bool preempted_any = false;
+    out->num_touched = 0;
+    out->num_copies = 0;
 
     /* running requests, in admission order */
     int32_t i = 0;
@@ -220,6 +272,8 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
         osp_request *r = s->running[i];
         int32_t n_new = r->num_tokens - r->num_computed_tokens;
         if (n_new > budget) n_new = budget;
+        int32_t lp_left = lp_budget;
+        n_new = cap_prompt_lp(r, r->num_computed_tokens, n_new, &lp_left);
         if (n_new <= 0) {
             i++;
             continue;
@@ -248,7 +302,10 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
             }
         }
         if (self_preempted) break;
-        out->entries[out->num_entries++] = (osp_sched_entry){.req = r, .num_scheduled_tokens = n_new, .sampled = -1};
+        lp_budget = lp_left;
+        out->entries[out->num_entries++] =
+            (osp_sched_entry){.req = r, .num_scheduled_tokens = n_new, .is_new = r->needs_row, .sampled = -1};
+        r->needs_row = false;
         out->total_tokens += n_new;
         budget -= n_new;
         i++;
@@ -257,8 +314,10 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
     /* waiting requests, in service order; none in a step that had to preempt */
     while (!preempted_any && s->num_waiting > 0 && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
         osp_request *r = s->waiting[0];
+        const int32_t seats = 1 + (r->children ? r->num_children : 0);
+        if (s->num_running + s->num_reserved + seats > s->cfg.max_num_seqs) break;
         int32_t n_hits = 0;
-        if (s->cfg.enable_prefix_caching && r->num_computed_tokens == 0) {
+        if (s->cfg.enable_prefix_caching && r->num_computed_tokens == 0 && !wants_prompt_lp(r)) {
             osp_request_update_hashes(r, &s->cfg.hasher, s->cfg.block_size);
             int32_t max_hit = (r->num_tokens - 1) / s->cfg.block_size; /* always compute the last token */
             if (max_hit > r->num_hashes) max_hit = r->num_hashes;
@@ -267,7 +326,12 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
         const int32_t computed = n_hits * s->cfg.block_size;
         int32_t n_new = r->num_tokens - computed;
         if (n_new > budget) n_new = budget;
-        if (!allocate_slots(s, r, s->hit_ids, n_hits, n_new)) break;
+        int32_t lp_left = lp_budget;
+        n_new = cap_prompt_lp(r, computed, n_new, &lp_left);
+        if (n_new <= 0 || !allocate_slots(s, r, s->hit_ids, n_hits, n_new)) break;
+        lp_budget = lp_left;
+        s->num_reserved += seats - 1;
+        r->needs_row = false;
         r->num_computed_tokens = computed;
         if (s->cfg.enable_prefix_caching) {
             s->stats.prefix_queries_tokens += r->num_tokens;
@@ -300,16 +364,65 @@ static bool is_stop(const osp_scheduler *s, const osp_request *r, int32_t tok) {
     return false;
 }
 
+/* Appends `tok` to r and returns why r finishes now (OSP_FINISH_NONE: it goes on). */
+static osp_finish_reason append(const osp_scheduler *s, osp_request *r, int32_t tok) {
+    if (tok == OSP_SAMPLED_ERROR) return OSP_FINISH_ERROR;
+    r->tokens[r->num_tokens++] = tok;
+    if (r->num_tokens >= r->max_len) return OSP_FINISH_LENGTH;
+    if (osp_request_num_output(r) >= r->min_tokens && is_stop(s, r, tok)) return OSP_FINISH_STOP;
+    return OSP_FINISH_NONE;
+}
+
+/* r's prompt is computed and its first token appended: the children take their first tokens and
+ * r's blocks. */
+static void fork_children(osp_scheduler *s, osp_request *r) {
+    const int32_t bs = s->cfg.block_size;
+    s->num_reserved -= r->num_children;
+    for (int32_t k = 0; k < r->num_children; k++) {
+        osp_request *c = r->children[k];
+        if (c->state == OSP_REQ_FINISHED) continue; /* aborted meanwhile */
+        touch_req(s, c);
+        c->arrival = r->arrival;
+        c->num_cached_tokens = r->num_cached_tokens;
+        const osp_finish_reason why = append(s, c, c->fork_token);
+        if (why != OSP_FINISH_NONE) {
+            c->state = OSP_REQ_FINISHED;
+            c->finish_reason = why;
+            continue;
+        }
+        int32_t src, dst;
+        if (osp_block_pool_fork(s->pool, r->block_ids, r->num_blocks, r->num_computed_tokens, bs, c->block_ids, &src,
+                                &dst) != OSP_OK) {
+            c->state = OSP_REQ_PREEMPTED; /* no block for the copy: recompute it later */
+            if (waiting_insert(s, c, true) != OSP_OK) c->state = OSP_REQ_FINISHED, c->finish_reason = OSP_FINISH_ERROR;
+            continue;
+        }
+        c->num_blocks = r->num_blocks;
+        c->num_computed_tokens = r->num_computed_tokens;
+        memcpy(c->hashes, r->hashes, sizeof *c->hashes * (size_t)r->num_hashes);
+        c->num_hashes = r->num_hashes;
+        c->num_cached_blocks = r->num_cached_blocks;
+        c->state = OSP_REQ_RUNNING;
+        c->needs_row = true;
+        s->running[s->num_running++] = c;
+        if (src >= 0) {
+            s->out.copy_src[s->out.num_copies] = src;
+            s->out.copy_dst[s->out.num_copies++] = dst;
+        }
+    }
+    free(r->children);
+    r->children = NULL;
+    r->num_children = 0;
+}
+
 void osp_scheduler_update(osp_scheduler *s, osp_sched_output *out) {
     for (int32_t e = 0; e < out->num_entries; e++) {
         osp_sched_entry *en = &out->entries[e];
         osp_request *r = en->req;
         r->num_computed_tokens += en->num_scheduled_tokens;
-        if (en->sampled < 0) continue;
-        r->tokens[r->num_tokens++] = en->sampled;
-        osp_finish_reason why = OSP_FINISH_NONE;
-        if (r->num_tokens >= r->max_len) why = OSP_FINISH_LENGTH;
-        else if (osp_request_num_output(r) >= r->min_tokens && is_stop(s, r, en->sampled)) why = OSP_FINISH_STOP;
+        if (en->sampled == -1) continue;
+        const osp_finish_reason why = append(s, r, en->sampled);
+        if (r->children && why != OSP_FINISH_ERROR) fork_children(s, r);
         if (why != OSP_FINISH_NONE) osp_scheduler_finish(s, r, why);
     }
 }
@@ -320,6 +433,7 @@ osp_scheduler_stats osp_scheduler_get_stats(const osp_scheduler *s) {
     osp_scheduler_stats st = s->stats;
     st.num_running = s->num_running;
     st.num_waiting = s->num_waiting;
+    for (int32_t i = 0; i < s->num_running; i++) st.num_running_without_row += s->running[i]->needs_row;
     return st;
 }
 

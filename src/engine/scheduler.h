@@ -18,9 +18,15 @@
 
 typedef struct osp_scheduler osp_scheduler;
 
+/* Prompt positions whose logprobs one step computes at most (requests with prompt_logprobs prefill in
+ * chunks that respect it): bounds the runner's logits buffer. */
+#define OSP_MAX_PROMPT_LP_PER_STEP 64
+
 typedef struct osp_scheduler_config {
     int32_t max_num_seqs, max_num_batched_tokens, max_model_len, block_size;
     int32_t num_blocks;
+    int32_t max_prompt_logprob_tokens; /* prompt positions with logprobs per step (<= 0 or above:
+                                          OSP_MAX_PROMPT_LP_PER_STEP) */
     osp_sched_policy policy;
     bool enable_prefix_caching;
     osp_prefix_hasher hasher;
@@ -32,22 +38,30 @@ typedef struct osp_sched_entry {
     osp_request *req;
     int32_t num_scheduled_tokens;
     bool is_new;            /* the runner does not hold a row for it (first admission or resumed) */
-    int32_t sampled;        /* filled by the runner: the token sampled for it, or -1 (mid-prefill) */
+    int32_t sampled;        /* filled by the runner: the token sampled for it, -1 (mid-prefill) or
+                               OSP_SAMPLED_ERROR (its sampling failed: req->error says why) */
 } osp_sched_entry;
 
 typedef struct osp_sched_output {
     osp_sched_entry *entries;   /* [num_entries] running ones first, then newly admitted */
     int32_t num_entries;
     int32_t total_tokens;
-    uint64_t *removed_ids;      /* [num_removed] rows the runner drops: finished, aborted, preempted
-                                   since the previous output */
+    uint64_t *removed_ids;      /* [num_removed] uids of the rows the runner drops: finished, aborted,
+                                   preempted since the previous output */
     int32_t num_removed;
+    /* filled by osp_scheduler_update: */
+    osp_request **touched;      /* [num_touched] children forked or finished along with their parent */
+    int32_t num_touched;
+    int32_t *copy_src, *copy_dst; /* [num_copies] KV blocks to copy (copy-on-write of forked children's
+                                   partial last blocks) before the next forward pass */
+    int32_t num_copies;
 } osp_sched_output;
 
 typedef struct osp_scheduler_stats {
     int64_t num_preemptions;
     int64_t prefix_queries_tokens, prefix_hits_tokens;
     int32_t num_running, num_waiting;
+    int32_t num_running_without_row; /* forked children not scheduled yet */
 } osp_scheduler_stats;
 
 /* Errors: OSP_ERR_INVALID_ARG (sizes <= 0), OSP_ERR_NOMEM. */
@@ -68,7 +82,11 @@ void osp_scheduler_finish(osp_scheduler *s, osp_request *r, osp_finish_reason re
 osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **out);
 /* After the runner filled entries[i].sampled: advances num_computed_tokens, appends sampled tokens,
  * checks stops (max_tokens / max_model_len -> LENGTH; then, from min_tokens on, EOS unless
- * ignore_eos and stop token ids -> STOP) and releases finished requests' blocks. */
+ * ignore_eos and stop token ids -> STOP; OSP_SAMPLED_ERROR -> ERROR) and releases finished requests'
+ * blocks. A request with children (n > 1) whose prompt is now computed forks them: each child takes
+ * its fork_token (set by the runner) and the parent's blocks through osp_block_pool_fork (it runs from
+ * the next step; without a free block for the copy-on-write it is queued as preempted instead, to be
+ * recomputed with the prefix cache's help). Admission reserves max_num_seqs seats for the children. */
 void osp_scheduler_update(osp_scheduler *s, osp_sched_output *out);
 
 bool osp_scheduler_has_unfinished(const osp_scheduler *s);

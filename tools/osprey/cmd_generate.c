@@ -95,6 +95,7 @@ int cmd_generate(int argc, char **argv) {
         rp.top_k = a.sp.top_k;
         rp.top_p = a.sp.top_p;
         rp.seed = a.sp.seed;
+        rp.has_seed = true;
         s = osp_engine_add(e, &rp);
         if (s != OSP_OK) cli_die(s, "cannot run the prompt");
         const double t1 = cli_now_s();
