@@ -104,10 +104,28 @@ static void test_quantize_edges(void **state) {
     }
 }
 
+static void test_nonfinite_activations(void **state) {
+    (void)state;
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = 0.5f;
+    x[3] = NAN;
+    x[40] = INFINITY;
+    osp_q8_block q[2];
+    osp_quantize_row_q8(x, q, 64); /* UBSan: no float->int cast of NaN/inf */
+    assert_true(isnan(q[0].d) && isnan(q[1].d));
+    uint8_t w[2 * 34] = {0};
+    const uint16_t one = osp_fp32_to_fp16(1.0f);
+    memcpy(w, &one, 2);
+    memcpy(w + 34, &one, 2);
+    assert_true(isnan(osp_qdot_ref_for(OSP_DTYPE_Q8_0)(w, q, 2)));
+    assert_true(isnan(osp_qdot_for(OSP_DTYPE_Q8_0)(w, q, 2)));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_quantize_edges),
+        cmocka_unit_test(test_nonfinite_activations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

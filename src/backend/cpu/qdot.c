@@ -10,6 +10,7 @@
 #include "backend/cpu/qdot.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -31,7 +32,18 @@ void osp_quantize_row_q8(const float *restrict x, osp_q8_block *restrict y, int6
     for (int64_t b = 0; b < n / OSP_Q8_BLOCK; b++) {
         const float *xb = x + b * OSP_Q8_BLOCK;
         float amax = 0.0f;
-        for (int i = 0; i < OSP_Q8_BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        bool finite = true;
+        for (int i = 0; i < OSP_Q8_BLOCK; i++) {
+            amax = fmaxf(amax, fabsf(xb[i]));
+            finite = finite && isfinite(xb[i]);
+        }
+        if (!finite) { /* NaN/inf activations stay non-finite (a NaN scale), never UB in the casts */
+            memset(y[b].qs, 0, sizeof y[b].qs);
+            memset(y[b].qs2, 0, sizeof y[b].qs2);
+            y[b].d = y[b].d2 = y[b].s = NAN;
+            y[b].pad = 0.0f;
+            continue;
+        }
         const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
         const float d2 = d / 254.0f, id2 = d != 0.0f ? 254.0f / d : 0.0f;
         int sum = 0, sum2 = 0;
