@@ -1,0 +1,65 @@
+/* Chat templates: a Jinja-subset interpreter that renders a model's `tokenizer.chat_template`
+ * the way transformers' apply_chat_template does.
+ *
+ * The environment is transformers' (chat_template_utils.py): jinja2's ImmutableSandboxedEnvironment
+ * with trim_blocks=True, lstrip_blocks=True and the loopcontrols extension ({% break %},
+ * {% continue %}), its {% generation %} tag (renders its body), a `tojson` filter that is
+ * json.dumps(x, ensure_ascii=False, indent=..., separators=..., sort_keys=False), and the globals
+ * raise_exception(msg) and strftime_now(fmt). The variables are messages, tools, documents (None
+ * when not given, as transformers passes them), add_generation_prompt, bos_token, eos_token and
+ * every key of the extra kwargs object (chat_template_kwargs).
+ *
+ * Supported: text, {{ }}, {% %} and {# #} with '-'/'+' whitespace control and raw blocks; if/elif/
+ * else, for (tuple targets, filtering `if`, else branch, the loop object), set (plain, tuple,
+ * namespace attribute, block set with filters), macro (defaults, caller), call blocks, filter
+ * blocks; the expression grammar of jinja2 (literals, attribute/subscript/slices, calls, filters,
+ * tests, arithmetic, comparisons, `in`, `not in`, `is`, `~`, ternaries); the filters, tests and
+ * str/dict methods real templates use (see src/template/builtins.c for the list). What jinja2 would
+ * refuse (list.append under the immutable sandbox, unknown filters, undefined attribute chains)
+ * fails here too; what osprey does not implement fails with OSP_ERR_UNSUPPORTED naming the construct.
+ *
+ * Errors name the construct and the template line: "line 12: unknown filter 'from_json'". Status
+ * codes: OSP_ERR_FORMAT for syntax errors, OSP_ERR_UNSUPPORTED for constructs osprey does not
+ * implement, OSP_ERR_INVALID_ARG for render-time errors (raise_exception, a type error, an undefined
+ * value used where jinja2 raises, bad input JSON), OSP_ERR_NOMEM, and OSP_ERR_UNSUPPORTED when a
+ * template exceeds the work/memory limits (a template cannot loop forever or exhaust memory). */
+#ifndef OSPREY_CHAT_TEMPLATE_H
+#define OSPREY_CHAT_TEMPLATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osprey/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct osp_chat_template osp_chat_template;
+
+/* Parses `len` bytes of template source (need not be NUL-terminated). On success *out is owned by
+ * the caller (osp_chat_template_free). A parsed template is immutable and may be rendered from
+ * several threads at once. */
+osp_status osp_chat_template_parse(const char *src, size_t len, osp_chat_template **out);
+void osp_chat_template_free(osp_chat_template *t); /* NULL is fine */
+
+typedef struct osp_chat_template_inputs {
+    const char *messages_json;  /* JSON array of {role, content, ...}; required */
+    const char *tools_json;     /* JSON array or NULL (then `tools` is None) */
+    const char *documents_json; /* JSON array or NULL (then `documents` is None) */
+    const char *kwargs_json;    /* JSON object of extra variables or NULL; its keys win */
+    const char *bos_token;      /* NULL: bos_token is undefined */
+    const char *eos_token;      /* NULL: eos_token is undefined */
+    int add_generation_prompt;
+    int64_t now; /* strftime_now's time, Unix seconds UTC; 0 = the current time */
+} osp_chat_template_inputs;
+
+/* Renders the template. On success *out is a NUL-terminated malloc'd string (free() it) and
+ * *out_len its length (out_len may be NULL). */
+osp_status osp_chat_template_render(const osp_chat_template *t, const osp_chat_template_inputs *in,
+                                    char **out, size_t *out_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
