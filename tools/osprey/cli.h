@@ -19,5 +19,6 @@ int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_make_random_model(int argc, char **argv);
+int cmd_render_template(int argc, char **argv);
 
 #endif
