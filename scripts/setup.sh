@@ -11,7 +11,7 @@ set -euo pipefail
 
 PACKAGES=(
     build-essential cmake ninja-build pkg-config git
-    libpcre2-dev libxxhash-dev libjansson-dev libcmocka-dev
+    libpcre2-dev libxxhash-dev libjansson-dev libcmocka-dev libmicrohttpd-dev
     clang libclang-rt-dev libomp-dev
     python3 python3-pip unzip ca-certificates
 )

@@ -1,0 +1,54 @@
+/* libFuzzer target for the server's request parser (tools/server/request.c): arbitrary bytes as a
+ * /v1/completions or /v1/chat/completions body (the first byte picks the route). Whatever the input,
+ * srv_parse_gen_request must not crash or leak, must return 0 or -1 with a 4xx/5xx status and a
+ * message, and what it accepts must hold its invariants (n in range, ids in the vocabulary, stop
+ * strings non-empty, a normalized chat conversation the ChatML fallback renders). The error JSON is
+ * rendered for every rejection. Seeds: tests/fuzz/corpus/request/. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+#define VOCAB 512
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0) return 0;
+    const srv_route route = (data[0] & 1) ? SRV_ROUTE_CHAT : SRV_ROUTE_COMPLETIONS;
+    const srv_parse_limits lim = {.n_vocab = VOCAB};
+    srv_gen_request r;
+    srv_error err = {0};
+    const int rc = srv_parse_gen_request((const char *)data + 1, size - 1, route, &lim, &r, &err);
+    if (rc != 0) {
+        if (rc != -1 || err.status < 400 || err.status > 599 || !err.message[0]) abort();
+        char *j = srv_error_json(&err);
+        if (!j) abort();
+        free(j);
+    } else {
+        if (r.n < 1 || r.n > SRV_MAX_N || r.n_stop > SRV_MAX_STOPS) abort();
+        if (r.logprobs < -1 || r.logprobs > SRV_MAX_LOGPROBS) abort();
+        for (int32_t i = 0; i < r.n_stop; i++)
+            if (!r.stop[i][0]) abort();
+        for (int32_t i = 0; i < r.n_bias; i++)
+            if (r.bias_ids[i] < 0 || r.bias_ids[i] >= VOCAB || r.bias_values[i] < -100 || r.bias_values[i] > 100) abort();
+        if (route == SRV_ROUTE_COMPLETIONS) {
+            if (r.n_prompts < 1) abort();
+            for (int32_t p = 0; p < r.n_prompts; p++) {
+                const srv_prompt *q = &r.prompts[p];
+                if (!q->text && q->n_ids < 1) abort();
+                for (int32_t i = 0; i < q->n_ids; i++)
+                    if (q->ids[i] < 0 || q->ids[i] >= VOCAB) abort();
+            }
+        } else {
+            if (json_array_size(r.messages) < 1) abort();
+            const srv_chat_env env = {.template_text = "{{ '<|im_start|>' }}"};
+            char *text = NULL;
+            if (srv_chat_render(&env, &r, &text, &err) == 0) {
+                if (!text) abort();
+                free(text);
+            }
+        }
+    }
+    srv_gen_request_free(&r);
+    return 0;
+}

@@ -1,0 +1,292 @@
+"""OpenAI API behaviour of `osprey serve` through the official openai client: completions streaming and
+not (deltas concatenate to the non-streamed text), n > 1, several prompts, token-id prompts, echo,
+stop strings (inside and across tokens, never streamed), usage, /v1/models, /tokenize, /detokenize,
+/metrics names, and chat on SmolLM2."""
+import json
+
+import pytest
+import requests
+
+SEEDED = dict(temperature=1.0, seed=1234)
+NOEOS = {"ignore_eos": True}
+
+
+def stream_text(client, **kw):
+    """Streams a completion; returns (text, finish_reason, usage, chunks)."""
+    text, finish, usage, chunks = "", None, None, 0
+    for ch in client.completions.create(stream=True, **kw):
+        chunks += 1
+        if ch.usage is not None:
+            usage = ch.usage
+        for c in ch.choices:
+            text += c.text
+            if c.finish_reason:
+                finish = c.finish_reason
+    return text, finish, usage, chunks
+
+
+def test_models(server):
+    r = requests.get(server.url + "/v1/models").json()
+    assert r["object"] == "list" and r["data"][0]["id"] == server.model
+    assert server.client().models.list().data[0].id == server.model
+
+
+def test_completion_basic(server):
+    c = server.client()
+    r = c.completions.create(model=server.model, prompt="Hello world", max_tokens=8, temperature=0)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert len(r.choices) == 1 and r.choices[0].finish_reason == "length"
+    n_prompt = requests.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()["count"]
+    assert r.usage.prompt_tokens == n_prompt
+    assert r.usage.completion_tokens == 8
+    assert r.usage.total_tokens == n_prompt + 8
+
+
+def test_default_max_tokens_is_16(server):
+    r = server.client().completions.create(model=server.model, prompt="abc", **SEEDED)
+    assert r.usage.completion_tokens == 16
+
+
+def test_stream_matches_non_stream(server):
+    c = server.client()
+    for kw in (dict(temperature=0), SEEDED):
+        r = c.completions.create(model=server.model, prompt="The quick brown fox", max_tokens=40, **kw)
+        text, finish, usage, chunks = stream_text(c, model=server.model, prompt="The quick brown fox", max_tokens=40,
+                                                  stream_options={"include_usage": True}, **kw)
+        assert text == r.choices[0].text
+        assert finish == r.choices[0].finish_reason
+        assert usage.completion_tokens == r.usage.completion_tokens
+        assert usage.prompt_tokens == r.usage.prompt_tokens
+        assert chunks >= 3
+
+
+def test_stream_without_usage(server):
+    c = server.client()
+    text, finish, usage, _ = stream_text(c, model=server.model, prompt="x y z", max_tokens=5, **SEEDED)
+    assert usage is None and finish == "length"
+
+
+def test_raw_sse_format(server):
+    r = requests.post(server.url + "/v1/completions", stream=True,
+                      json={"prompt": "abc", "max_tokens": 4, "stream": True, "temperature": 0})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [e for e in r.content.decode("utf-8").split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    for e in events[:-1]:
+        assert e.startswith("data: ")
+        obj = json.loads(e[6:])
+        assert obj["object"] == "text_completion" and obj["model"] == server.model
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_n_choices(server):
+    c = server.client()
+    r = c.completions.create(model=server.model, prompt="Once upon", max_tokens=12, n=3, extra_body=NOEOS, **SEEDED)
+    assert sorted(ch.index for ch in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == 36
+    # streaming: each index's deltas concatenate to the same texts
+    texts = {}
+    for ch in c.completions.create(model=server.model, prompt="Once upon", max_tokens=12, n=3, stream=True,
+                                     extra_body=NOEOS, **SEEDED):
+        for x in ch.choices:
+            texts[x.index] = texts.get(x.index, "") + x.text
+    assert texts == {ch.index: ch.text for ch in r.choices}
+    # seeded requests repeat
+    r2 = c.completions.create(model=server.model, prompt="Once upon", max_tokens=12, n=3, extra_body=NOEOS, **SEEDED)
+    assert [ch.text for ch in r2.choices] == [ch.text for ch in r.choices]
+
+
+def test_several_prompts_and_token_ids(server):
+    c = server.client()
+    ids = requests.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()["tokens"]
+    a = c.completions.create(model=server.model, prompt="Hello world", max_tokens=6, temperature=0)
+    b = c.completions.create(model=server.model, prompt=ids, max_tokens=6, temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+    r = c.completions.create(model=server.model, prompt=["Hello world", ids], max_tokens=6, temperature=0, n=2)
+    assert len(r.choices) == 4
+    assert all(ch.text == a.choices[0].text for ch in r.choices)
+
+
+def test_echo(server):
+    c = server.client()
+    r = c.completions.create(model=server.model, prompt="Hello there", max_tokens=5, temperature=0)
+    e = c.completions.create(model=server.model, prompt="Hello there", max_tokens=5, temperature=0, echo=True)
+    assert e.choices[0].text == "Hello there" + r.choices[0].text
+    text, _, _, _ = stream_text(c, model=server.model, prompt="Hello there", max_tokens=5, temperature=0, echo=True)
+    assert text == e.choices[0].text
+
+
+def _reference(server, prompt, n=60):
+    return server.client().completions.create(model=server.model, prompt=prompt, max_tokens=n,
+                                              extra_body={"ignore_eos": True}, **SEEDED).choices[0].text
+
+
+def test_stop_strings(server):
+    c = server.client()
+    prompt = "Stop strings:"
+    ref = _reference(server, prompt)
+    assert len(ref) > 20
+    tried = 0
+    # stops at many offsets and lengths: some sit inside one token, some span several
+    for start in range(2, min(len(ref) - 4, 40), 3):
+        for ln in (1, 2, 3, 5):
+            stop = ref[start:start + ln]
+            if not stop.strip():
+                continue
+            idx = ref.index(stop)
+            want = ref[:idx]
+            r = c.completions.create(model=server.model, prompt=prompt, max_tokens=60, stop=[stop],
+                                     extra_body={"ignore_eos": True}, **SEEDED)
+            assert r.choices[0].text == want, (stop, ref)
+            assert r.choices[0].finish_reason == "stop"
+            text, finish, _, _ = stream_text(c, model=server.model, prompt=prompt, max_tokens=60, stop=stop,
+                                             extra_body={"ignore_eos": True}, **SEEDED)
+            assert text == want and finish == "stop"
+            r = c.completions.create(model=server.model, prompt=prompt, max_tokens=60, stop=[stop],
+                                     extra_body={"ignore_eos": True, "include_stop_str_in_output": True}, **SEEDED)
+            assert r.choices[0].text == ref[:idx + len(stop)]
+            tried += 1
+    assert tried >= 10
+
+
+def test_stop_string_never_matching(server):
+    c = server.client()
+    ref = _reference(server, "No stop:", 30)
+    r = c.completions.create(model=server.model, prompt="No stop:", max_tokens=30, stop=["\u2603never\u2603"],
+                             extra_body={"ignore_eos": True}, **SEEDED)
+    assert r.choices[0].text == ref and r.choices[0].finish_reason == "length"
+
+
+def test_stop_token_ids_and_min_tokens(server):
+    c = server.client()
+    ids = requests.post(server.url + "/tokenize", json={"prompt": "ab"}).json()["tokens"]
+    r = c.completions.create(model=server.model, prompt="ab", max_tokens=20, temperature=0,
+                             extra_body={"min_tokens": 5, "ignore_eos": True})
+    assert r.usage.completion_tokens == 20
+    assert ids
+
+
+def test_logprobs(server):
+    r = requests.post(server.url + "/v1/completions",
+                      json={"prompt": "abc", "max_tokens": 3, "temperature": 0, "logprobs": 2})
+    assert r.status_code == 200
+    lp = r.json()["choices"][0]["logprobs"]
+    if lp is None:
+        pytest.xfail("logprobs need the engine's per-request logprobs (not wired yet)")
+    assert len(lp["tokens"]) == 3
+
+
+def test_tokenize_detokenize(server):
+    t = requests.post(server.url + "/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}).json()
+    assert t["count"] == len(t["tokens"]) and t["max_model_len"] > 0
+    d = requests.post(server.url + "/detokenize", json={"tokens": t["tokens"]}).json()
+    assert d["prompt"] == "Hello world"
+
+
+def test_metrics_names(server):
+    server.client().completions.create(model=server.model, prompt="metrics", max_tokens=3, temperature=0)
+    body = requests.get(server.url + "/metrics").text
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:request_success_total"):
+        lines = [l for l in body.splitlines() if l.startswith(name)]
+        assert lines, name
+        assert all(f'model_name="{server.model}"' in l for l in lines), name
+    gen = [l for l in body.splitlines() if l.startswith("vllm:generation_tokens_total")][0]
+    assert float(gen.split()[-1]) > 0
+
+
+def test_api_key(tmp_path):
+    from conftest import TINY, Server
+    s = Server(TINY, "--api-key", "sekrit")
+    try:
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1})
+        assert r.status_code == 401 and "error" in r.json()
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1},
+                          headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        ok = s.client(api_key="sekrit").completions.create(model=s.model, prompt="a", max_tokens=2)
+        assert ok.usage.completion_tokens == 2
+        assert requests.get(s.url + "/health").status_code == 200  # not behind the key
+    finally:
+        assert s.stop() == 0
+
+
+def test_queue_full_503():
+    from conftest import TINY, Server
+    s = Server(TINY, "--max-queued-requests", "1", "--max-num-seqs", "1")
+    try:
+        long = requests.post(s.url + "/v1/completions", stream=True,
+                             json={"prompt": "a", "max_tokens": 1500, "stream": True, "extra": 1,
+                                   "ignore_eos": True})
+        it = long.iter_lines()
+        next(it)  # the first chunk: the request is in flight
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "b", "max_tokens": 1})
+        assert r.status_code == 503 and r.json()["error"]["code"] == 503
+        long.close()
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_drains():
+    import signal
+    from conftest import TINY, Server
+    s = Server(TINY)
+    r = requests.post(s.url + "/v1/completions", stream=True,
+                      json={"prompt": "a", "max_tokens": 400, "stream": True, "ignore_eos": True})
+    it = r.iter_lines()
+    next(it)
+    s.proc.send_signal(signal.SIGTERM)
+    rest = b"\n".join(it)
+    assert rest.strip().endswith(b"data: [DONE]")
+    assert s.proc.wait(timeout=60) == 0
+
+
+# ---- chat (SmolLM2) ----------------------------------------------------------------------------
+
+def test_chat_basic(smol):
+    c = smol.client()
+    msgs = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "What is 2+2?"}]
+    r = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=16, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.usage.completion_tokens <= 16
+    text, finish, usage = "", None, None
+    for ch in c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=16, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}):
+        if ch.usage:
+            usage = ch.usage
+        for x in ch.choices:
+            text += x.delta.content or ""
+            finish = x.finish_reason or finish
+    assert text == r.choices[0].message.content
+    assert finish == r.choices[0].finish_reason
+    assert usage.total_tokens == r.usage.total_tokens
+
+
+def test_chat_text_parts_and_n(smol):
+    c = smol.client()
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "Name a color."}]}]
+    r = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=8, n=2, seed=7, temperature=1.0)
+    assert [x.index for x in r.choices] == [0, 1]
+
+
+def test_chat_prompt_too_long(smol):
+    r = requests.post(smol.url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "hi " * 9000}], "max_tokens": 10})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+
+
+def test_logit_bias_and_sampling_fields(server):
+    c = server.client()
+    tok = requests.post(server.url + "/tokenize", json={"prompt": "q", "add_special_tokens": False}).json()["tokens"][-1]
+    piece = requests.post(server.url + "/detokenize", json={"tokens": [tok]}).json()["prompt"]
+    r = c.completions.create(model=server.model, prompt="Hello", max_tokens=5, temperature=0,
+                             logit_bias={str(tok): 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == piece * 5
+    r = c.completions.create(model=server.model, prompt="Hello", max_tokens=5, temperature=0.8, seed=3, top_p=0.9,
+                             presence_penalty=0.5, frequency_penalty=0.5,
+                             extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "ignore_eos": True})
+    assert r.usage.completion_tokens == 5

@@ -1,0 +1,172 @@
+/* /metrics: Prometheus text exposition (format 0.0.4) with the names vLLM's V1 server exposes, so
+ * dashboards and routers built for vLLM read osprey unchanged. Every series carries
+ * model_name="<served model name>". Histogram buckets are vLLM's (vllm/v1/metrics/loggers.py).
+ * Counters and histograms live here behind one mutex; gauges come from the engine at scrape time.
+ * osprey:* series are osprey's own (KV blocks free/total, requests in flight) for tests and debugging. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+static const double k_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                                        1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double k_itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                       0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+static const double k_e2e_buckets[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                                       30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+#define MAX_BUCKETS 24
+
+typedef struct histogram {
+    const double *le;
+    int n_le;
+    int64_t counts[MAX_BUCKETS]; /* per bucket (not cumulative); the last one is +Inf */
+    int64_t count;
+    double sum;
+} histogram;
+
+enum { FIN_STOP, FIN_LENGTH, FIN_ABORT, FIN_ERROR, FIN_N };
+static const char *const k_fin_names[FIN_N] = {"stop", "length", "abort", "error"};
+
+struct srv_metrics {
+    pthread_mutex_t mu;
+    histogram ttft, itl, e2e;
+    int64_t prompt_tokens, generation_tokens;
+    int64_t success[FIN_N];
+};
+
+srv_metrics *srv_metrics_new(void) {
+    srv_metrics *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    m->ttft = (histogram){.le = k_ttft_buckets, .n_le = (int)(sizeof k_ttft_buckets / sizeof(double))};
+    m->itl = (histogram){.le = k_itl_buckets, .n_le = (int)(sizeof k_itl_buckets / sizeof(double))};
+    m->e2e = (histogram){.le = k_e2e_buckets, .n_le = (int)(sizeof k_e2e_buckets / sizeof(double))};
+    return m;
+}
+
+void srv_metrics_free(srv_metrics *m) {
+    if (!m) return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+static void observe(srv_metrics *m, histogram *h, double x, int64_t count) {
+    int b = 0;
+    while (b < h->n_le && x > h->le[b]) b++;
+    pthread_mutex_lock(&m->mu);
+    h->counts[b] += count;
+    h->count += count;
+    h->sum += x * (double)count;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_observe_ttft(srv_metrics *m, double s) { observe(m, &m->ttft, s, 1); }
+void srv_metrics_observe_itl(srv_metrics *m, double s, int64_t count) { observe(m, &m->itl, s, count); }
+void srv_metrics_observe_e2e(srv_metrics *m, double s) { observe(m, &m->e2e, s, 1); }
+
+void srv_metrics_request_done(srv_metrics *m, const char *finish_reason, int64_t prompt_tokens,
+                              int64_t generation_tokens) {
+    int f = FIN_ERROR;
+    for (int i = 0; i < FIN_N; i++)
+        if (finish_reason && !strcmp(finish_reason, k_fin_names[i])) f = i;
+    pthread_mutex_lock(&m->mu);
+    m->success[f]++;
+    m->prompt_tokens += prompt_tokens;
+    m->generation_tokens += generation_tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- rendering ----------------------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        const int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        const size_t cap = (b->cap + (size_t)n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, const char *model, double v) {
+    put(b, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"%s\"} %.17g\n", name, help, name, name, model, v);
+}
+
+static void counter(sbuf *b, const char *name, const char *help, const char *model, double v) {
+    put(b, "# HELP %s %s\n# TYPE %s counter\n%s_total{model_name=\"%s\"} %.17g\n", name, help, name, name, model, v);
+}
+
+static void hist(sbuf *b, const char *name, const char *help, const char *model, const histogram *h) {
+    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    int64_t cum = 0;
+    for (int i = 0; i < h->n_le; i++) {
+        cum += h->counts[i];
+        put(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, h->le[i], model, (long long)cum);
+    }
+    cum += h->counts[h->n_le];
+    put(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n", name, model, (long long)cum);
+    put(b, "%s_count{model_name=\"%s\"} %lld\n%s_sum{model_name=\"%s\"} %.17g\n", name, model, (long long)h->count, name,
+        model, h->sum);
+}
+
+char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_gauges *g) {
+    sbuf b = {.p = malloc(8192), .cap = 8192};
+    if (!b.p) return NULL;
+    const double usage = g->num_blocks > 0 ? (double)(g->num_blocks - g->num_free_blocks) / g->num_blocks : 0.0;
+    gauge(&b, "vllm:num_requests_running", "Number of requests in model execution batches.", model, g->num_running);
+    gauge(&b, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", model, g->num_waiting);
+    gauge(&b, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", model, usage);
+    counter(&b, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", model,
+            (double)g->prefix_queries);
+    counter(&b, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", model,
+            (double)g->prefix_hits);
+    counter(&b, "vllm:num_preemptions", "Cumulative number of preemption from the engine.", model,
+            (double)g->num_preemptions);
+    pthread_mutex_lock(&m->mu);
+    counter(&b, "vllm:prompt_tokens", "Number of prefill tokens processed.", model, (double)m->prompt_tokens);
+    counter(&b, "vllm:generation_tokens", "Number of generation tokens processed.", model, (double)m->generation_tokens);
+    put(&b, "# HELP vllm:request_success Count of successfully processed requests.\n# TYPE vllm:request_success counter\n");
+    for (int i = 0; i < FIN_N; i++)
+        put(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n", k_fin_names[i], model,
+            (long long)m->success[i]);
+    hist(&b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", model, &m->ttft);
+    hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", model, &m->itl);
+    hist(&b, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", model, &m->itl);
+    hist(&b, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", model, &m->e2e);
+    pthread_mutex_unlock(&m->mu);
+    gauge(&b, "osprey:kv_cache_free_blocks", "KV blocks free (cached-but-unreferenced blocks count as free).", model,
+          g->num_free_blocks);
+    gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);
+    gauge(&b, "osprey:requests_in_flight", "HTTP generation requests being served.", model, g->in_flight);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}

@@ -1,0 +1,447 @@
+/* Request parsing for /v1/completions and /v1/chat/completions: a JSON body becomes a validated
+ * srv_gen_request, or an OpenAI-style 400 naming the field.
+ *
+ * Field meanings follow OpenAI's API and vLLM's extensions (vllm/entrypoints/openai/protocol.py):
+ * JSON null means "not given"; integers may also be integral reals (as pydantic's lax mode takes them);
+ * unknown top-level fields are kept by name so the server can log them at debug level. Nothing here
+ * touches the engine, the tokenizer or the network, so the libFuzzer target drives it directly. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+int srv_fail(srv_error *err, int status, const char *param, const char *fmt, ...) {
+    if (!err) return -1;
+    err->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    return -1;
+}
+
+static const char *error_type(int status) {
+    switch (status) {
+    case 400: return "BadRequestError";
+    case 401: return "AuthenticationError";
+    case 404: return "NotFoundError";
+    case 405: return "MethodNotAllowed";
+    case 413: return "RequestEntityTooLarge";
+    case 503: return "ServiceUnavailableError";
+    default: return "InternalServerError";
+    }
+}
+
+char *srv_error_json(const srv_error *err) {
+    json_t *e = json_pack("{s:s, s:s, s:o, s:i}", "message", err->message, "type", error_type(err->status),
+                          "param", err->param[0] ? json_string(err->param) : json_null(), "code", err->status);
+    json_t *root = json_pack("{s:o}", "error", e);
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return s;
+}
+
+/* ---- typed field getters ------------------------------------------------------------------- */
+
+static const json_t *field(const json_t *obj, const char *key) {
+    const json_t *v = json_object_get(obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+int srv_get_int(const json_t *obj, const char *key, long long lo, long long hi, long long *out, srv_error *err) {
+    const json_t *v = field(obj, key);
+    if (!v) return 0;
+    long long x;
+    if (json_is_integer(v)) {
+        x = (long long)json_integer_value(v);
+    } else if (json_is_real(v)) {
+        const double d = json_real_value(v);
+        if (!(d == floor(d)) || d < -9.2e18 || d > 9.2e18)
+            return srv_fail(err, 400, key, "'%s' must be an integer", key);
+        x = (long long)d;
+    } else {
+        return srv_fail(err, 400, key, "'%s' must be an integer", key);
+    }
+    if (x < lo || x > hi) return srv_fail(err, 400, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_float(const json_t *obj, const char *key, double lo, double hi, bool lo_open, float *out,
+                     srv_error *err) {
+    const json_t *v = field(obj, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return srv_fail(err, 400, key, "'%s' must be a number", key);
+    const double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+        return srv_fail(err, 400, key, "'%s' must be in %s%g, %g], got %g", key, lo_open ? "(" : "[", lo, hi, x);
+    *out = (float)x;
+    return 0;
+}
+
+int srv_get_bool(const json_t *obj, const char *key, bool *out, srv_error *err) {
+    const json_t *v = field(obj, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return srv_fail(err, 400, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_string(const json_t *obj, const char *key, char **out, srv_error *err) {
+    const json_t *v = field(obj, key);
+    if (!v) return 0;
+    if (!json_is_string(v)) return srv_fail(err, 400, key, "'%s' must be a string", key);
+    *out = strdup(json_string_value(v));
+    return *out ? 0 : srv_fail(err, 500, NULL, "out of memory");
+}
+
+/* An array of token ids, each in [0, n_vocab). */
+static int get_ids(const json_t *arr, const char *key, int32_t n_vocab, bool allow_empty, int32_t **ids, int32_t *n,
+                   srv_error *err) {
+    const size_t len = json_array_size(arr);
+    if (len == 0 && !allow_empty) return srv_fail(err, 400, key, "'%s' must not be empty", key);
+    if (len > (1u << 24)) return srv_fail(err, 400, key, "'%s' is too long", key);
+    *ids = malloc(sizeof(int32_t) * (len ? len : 1));
+    if (!*ids) return srv_fail(err, 500, NULL, "out of memory");
+    *n = (int32_t)len;
+    for (size_t i = 0; i < len; i++) {
+        const json_t *x = json_array_get(arr, i);
+        if (!json_is_integer(x)) return srv_fail(err, 400, key, "'%s' must hold integer token ids", key);
+        const json_int_t id = json_integer_value(x);
+        if (id < 0 || id >= n_vocab)
+            return srv_fail(err, 400, key, "token id %lld in '%s' is outside the vocabulary [0, %d)", (long long)id, key,
+                            n_vocab);
+        (*ids)[i] = (int32_t)id;
+    }
+    return 0;
+}
+
+/* ---- prompt, messages, stop, logit_bias ---------------------------------------------------- */
+
+static int parse_prompt(const json_t *root, const srv_parse_limits *lim, srv_gen_request *r, srv_error *err) {
+    const json_t *p = field(root, "prompt");
+    if (!p) return srv_fail(err, 400, "prompt", "'prompt' is required");
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0) return srv_fail(err, 400, "prompt", "'prompt' must not be empty");
+        r->prompts = calloc(1, sizeof(srv_prompt));
+        if (!r->prompts || !(r->prompts[0].text = strdup(json_string_value(p))))
+            return srv_fail(err, 500, NULL, "out of memory");
+        r->n_prompts = 1;
+        return 0;
+    }
+    if (!json_is_array(p)) return srv_fail(err, 400, "prompt", "'prompt' must be a string, a list of strings or token ids");
+    const size_t n = json_array_size(p);
+    if (n == 0) return srv_fail(err, 400, "prompt", "'prompt' must not be empty");
+    const json_t *first = json_array_get(p, 0);
+    if (json_is_integer(first)) { /* one prompt as token ids */
+        r->prompts = calloc(1, sizeof(srv_prompt));
+        if (!r->prompts) return srv_fail(err, 500, NULL, "out of memory");
+        r->n_prompts = 1;
+        return get_ids(p, "prompt", lim->n_vocab, false, &r->prompts[0].ids, &r->prompts[0].n_ids, err);
+    }
+    if (n > SRV_MAX_N) return srv_fail(err, 400, "prompt", "at most %d prompts per request", SRV_MAX_N);
+    r->prompts = calloc(n, sizeof(srv_prompt));
+    if (!r->prompts) return srv_fail(err, 500, NULL, "out of memory");
+    r->n_prompts = (int32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(p, i);
+        if (json_is_string(x)) {
+            if (json_string_length(x) == 0) return srv_fail(err, 400, "prompt", "'prompt' must not hold empty strings");
+            if (!(r->prompts[i].text = strdup(json_string_value(x)))) return srv_fail(err, 500, NULL, "out of memory");
+        } else if (json_is_array(x)) {
+            if (get_ids(x, "prompt", lim->n_vocab, false, &r->prompts[i].ids, &r->prompts[i].n_ids, err)) return -1;
+        } else {
+            return srv_fail(err, 400, "prompt", "'prompt' must be a string, a list of strings or token ids");
+        }
+    }
+    return 0;
+}
+
+/* Normalizes messages to [{"role", "content": string}]: text parts are joined with "\n" (as vLLM
+ * does); an assistant message may have null content. */
+static int parse_messages(const json_t *root, srv_gen_request *r, srv_error *err) {
+    const json_t *m = field(root, "messages");
+    if (!m) return srv_fail(err, 400, "messages", "'messages' is required");
+    if (!json_is_array(m)) return srv_fail(err, 400, "messages", "'messages' must be a list");
+    if (json_array_size(m) == 0) return srv_fail(err, 400, "messages", "'messages' must not be empty");
+    r->messages = json_array();
+    if (!r->messages) return srv_fail(err, 500, NULL, "out of memory");
+    size_t i;
+    const json_t *msg;
+    json_array_foreach(m, i, msg) {
+        if (!json_is_object(msg)) return srv_fail(err, 400, "messages", "messages[%zu] must be an object", i);
+        const json_t *role = json_object_get(msg, "role");
+        if (!json_is_string(role)) return srv_fail(err, 400, "messages", "messages[%zu].role must be a string", i);
+        const char *rs = json_string_value(role);
+        if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
+            strcmp(rs, "tool"))
+            return srv_fail(err, 400, "messages", "messages[%zu].role '%.40s' is not system, developer, user, assistant or tool",
+                            i, rs);
+        const json_t *c = json_object_get(msg, "content");
+        json_t *text = NULL;
+        if (json_is_string(c)) {
+            text = json_string(json_string_value(c));
+        } else if (json_is_array(c)) {
+            size_t j, total = 0;
+            const json_t *part;
+            json_array_foreach(c, j, part) {
+                const json_t *type = json_object_get(part, "type"), *t = json_object_get(part, "text");
+                if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") ||
+                    !json_is_string(t))
+                    return srv_fail(err, 400, "messages", "messages[%zu].content[%zu] must be a text part {\"type\": \"text\", \"text\": ...}",
+                                    i, j);
+                total += json_string_length(t) + 1;
+            }
+            char *buf = malloc(total + 1), *w = buf;
+            if (!buf) return srv_fail(err, 500, NULL, "out of memory");
+            json_array_foreach(c, j, part) {
+                const json_t *t = json_object_get(part, "text");
+                if (j) *w++ = '\n';
+                memcpy(w, json_string_value(t), json_string_length(t));
+                w += json_string_length(t);
+            }
+            *w = 0;
+            text = json_stringn(buf, (size_t)(w - buf));
+            free(buf);
+        } else if ((c == NULL || json_is_null(c)) && !strcmp(rs, "assistant")) {
+            text = json_string("");
+        } else {
+            return srv_fail(err, 400, "messages", "messages[%zu].content must be a string or a list of text parts", i);
+        }
+        json_t *norm = json_object();
+        if (!text || !norm || json_object_set_new(norm, "role", json_string(rs)) ||
+            json_object_set_new(norm, "content", text) || json_array_append_new(r->messages, norm)) {
+            json_decref(norm);
+            return srv_fail(err, 500, NULL, "out of memory");
+        }
+        const json_t *name = json_object_get(msg, "name");
+        if (json_is_string(name)) json_object_set_new(norm, "name", json_string(json_string_value(name)));
+    }
+    return 0;
+}
+
+static int parse_stop(const json_t *root, srv_gen_request *r, srv_error *err) {
+    const json_t *s = field(root, "stop");
+    if (!s) return 0;
+    size_t n = 1;
+    if (json_is_array(s)) n = json_array_size(s);
+    else if (!json_is_string(s)) return srv_fail(err, 400, "stop", "'stop' must be a string or a list of strings");
+    if (n > SRV_MAX_STOPS) return srv_fail(err, 400, "stop", "at most %d stop strings", SRV_MAX_STOPS);
+    r->stop = calloc(n ? n : 1, sizeof(char *));
+    if (!r->stop) return srv_fail(err, 500, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_is_array(s) ? json_array_get(s, i) : s;
+        if (!json_is_string(x)) return srv_fail(err, 400, "stop", "'stop' must be a string or a list of strings");
+        if (json_string_length(x) == 0) continue; /* an empty stop string can never be meant */
+        if (json_string_length(x) > SRV_MAX_STOP_LEN)
+            return srv_fail(err, 400, "stop", "stop strings are at most %d bytes", SRV_MAX_STOP_LEN);
+        if (!(r->stop[r->n_stop++] = strdup(json_string_value(x)))) return srv_fail(err, 500, NULL, "out of memory");
+    }
+    return 0;
+}
+
+static int parse_logit_bias(const json_t *root, const srv_parse_limits *lim, srv_gen_request *r, srv_error *err) {
+    const json_t *b = field(root, "logit_bias");
+    if (!b) return 0;
+    if (!json_is_object(b)) return srv_fail(err, 400, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    const size_t n = json_object_size(b);
+    if (n > 1024) return srv_fail(err, 400, "logit_bias", "at most 1024 logit_bias entries");
+    r->bias_ids = malloc(sizeof(int32_t) * (n ? n : 1));
+    r->bias_values = malloc(sizeof(float) * (n ? n : 1));
+    if (!r->bias_ids || !r->bias_values) return srv_fail(err, 500, NULL, "out of memory");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)b, key, v) {
+        char *end;
+        const long long id = strtoll(key, &end, 10);
+        if (end == key || *end || id < 0 || id >= lim->n_vocab)
+            return srv_fail(err, 400, "logit_bias", "logit_bias key '%.32s' is not a token id in [0, %d)", key, lim->n_vocab);
+        if (!json_is_number(v) || !isfinite(json_number_value(v)))
+            return srv_fail(err, 400, "logit_bias", "logit_bias values must be numbers");
+        double x = json_number_value(v);
+        x = x < -100 ? -100 : x > 100 ? 100 : x; /* OpenAI's range; vLLM clamps the same way */
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_values[r->n_bias++] = (float)x;
+    }
+    return 0;
+}
+
+/* ---- the request --------------------------------------------------------------------------- */
+
+static const char *const k_known[] = {
+    "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "min_p", "seed", "n", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "logit_bias", "stream", "stream_options", "logprobs", "top_logprobs", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "echo", "skip_special_tokens", "add_generation_prompt",
+    "continue_final_message", "chat_template", "chat_template_kwargs", "user", "cache_salt",
+};
+
+int srv_parse_gen_request(const char *body, size_t len, srv_route route, const srv_parse_limits *lim,
+                          srv_gen_request *r, srv_error *err) {
+    memset(r, 0, sizeof *r);
+    r->route = route;
+    r->max_tokens = -1;
+    r->n = 1;
+    r->temperature = 1.0f;
+    r->top_p = 1.0f;
+    r->top_k = -1;
+    r->repetition_penalty = 1.0f;
+    r->skip_special_tokens = true;
+    r->add_generation_prompt = true;
+    r->logprobs = -1;
+
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!root) return srv_fail(err, 400, NULL, "malformed JSON: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
+    int rc = -1;
+    if (!json_is_object(root)) {
+        srv_fail(err, 400, NULL, "the request body must be a JSON object");
+        goto done;
+    }
+    long long x;
+    if (get_string(root, "model", &r->model, err)) goto done;
+    if (route == SRV_ROUTE_COMPLETIONS ? parse_prompt(root, lim, r, err) : parse_messages(root, r, err)) goto done;
+
+    x = -1;
+    if (srv_get_int(root, "max_tokens", 1, INT32_MAX, &x, err)) goto done;
+    if (srv_get_int(root, "max_completion_tokens", 1, INT32_MAX, &x, err)) goto done;
+    r->max_tokens = (int32_t)x;
+    x = 1;
+    if (srv_get_int(root, "n", 1, SRV_MAX_N, &x, err)) goto done;
+    r->n = (int32_t)x;
+    if ((long long)r->n * (r->n_prompts ? r->n_prompts : 1) > SRV_MAX_N) {
+        srv_fail(err, 400, "n", "n times the number of prompts must be at most %d", SRV_MAX_N);
+        goto done;
+    }
+    if (get_float(root, "temperature", 0, 100, false, &r->temperature, err)) goto done;
+    if (get_float(root, "top_p", 0, 1, true, &r->top_p, err)) goto done;
+    if (get_float(root, "min_p", 0, 1, false, &r->min_p, err)) goto done;
+    if (get_float(root, "presence_penalty", -2, 2, false, &r->presence_penalty, err)) goto done;
+    if (get_float(root, "frequency_penalty", -2, 2, false, &r->frequency_penalty, err)) goto done;
+    if (get_float(root, "repetition_penalty", 0, 100, true, &r->repetition_penalty, err)) goto done;
+    x = -1;
+    if (srv_get_int(root, "top_k", -1, INT32_MAX, &x, err)) goto done;
+    r->top_k = (int32_t)x;
+    if (field(root, "seed")) {
+        if (srv_get_int(root, "seed", INT64_MIN, INT64_MAX, &x, err)) goto done;
+        r->seed = (uint64_t)x;
+        r->seed_set = true;
+    }
+    if (parse_stop(root, r, err)) goto done;
+    const json_t *sti = field(root, "stop_token_ids");
+    if (sti) {
+        if (!json_is_array(sti)) {
+            srv_fail(err, 400, "stop_token_ids", "'stop_token_ids' must be a list of token ids");
+            goto done;
+        }
+        if (get_ids(sti, "stop_token_ids", lim->n_vocab, true, &r->stop_token_ids, &r->n_stop_token_ids, err)) goto done;
+    }
+    if (srv_get_bool(root, "include_stop_str_in_output", &r->include_stop_str_in_output, err)) goto done;
+    if (srv_get_bool(root, "ignore_eos", &r->ignore_eos, err)) goto done;
+    if (srv_get_bool(root, "skip_special_tokens", &r->skip_special_tokens, err)) goto done;
+    if (srv_get_bool(root, "echo", &r->echo, err)) goto done;
+    if (srv_get_bool(root, "stream", &r->stream, err)) goto done;
+    if (srv_get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err)) goto done;
+    if (srv_get_bool(root, "continue_final_message", &r->continue_final_message, err)) goto done;
+    if (r->add_generation_prompt && r->continue_final_message && field(root, "add_generation_prompt")) {
+        srv_fail(err, 400, "continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+        goto done;
+    }
+    if (r->continue_final_message) r->add_generation_prompt = false;
+    x = 0;
+    if (srv_get_int(root, "min_tokens", 0, INT32_MAX, &x, err)) goto done;
+    r->min_tokens = (int32_t)x;
+    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens) {
+        srv_fail(err, 400, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens, r->max_tokens);
+        goto done;
+    }
+    const json_t *so = field(root, "stream_options");
+    if (so) {
+        if (!json_is_object(so)) {
+            srv_fail(err, 400, "stream_options", "'stream_options' must be an object");
+            goto done;
+        }
+        if (!r->stream) {
+            srv_fail(err, 400, "stream_options", "'stream_options' is only allowed when 'stream' is true");
+            goto done;
+        }
+        if (srv_get_bool(so, "include_usage", &r->include_usage, err)) goto done;
+    }
+    if (parse_logit_bias(root, lim, r, err)) goto done;
+    /* logprobs: an integer 0..20 for completions; a boolean plus top_logprobs 0..20 for chat */
+    if (route == SRV_ROUTE_COMPLETIONS) {
+        x = -1;
+        if (srv_get_int(root, "logprobs", 0, SRV_MAX_LOGPROBS, &x, err)) goto done;
+        r->logprobs = (int32_t)x;
+    } else {
+        bool lp = false;
+        if (srv_get_bool(root, "logprobs", &lp, err)) goto done;
+        x = 0;
+        if (srv_get_int(root, "top_logprobs", 0, SRV_MAX_LOGPROBS, &x, err)) goto done;
+        if (x > 0 && !lp) {
+            srv_fail(err, 400, "top_logprobs", "'top_logprobs' needs 'logprobs' to be true");
+            goto done;
+        }
+        r->logprobs = lp ? (int32_t)x : -1;
+    }
+    if (get_string(root, "user", &r->user, err)) goto done;
+    if (get_string(root, "cache_salt", &r->cache_salt, err)) goto done;
+    if (get_string(root, "chat_template", &r->chat_template, err)) goto done;
+    const json_t *kw = field(root, "chat_template_kwargs");
+    if (kw) {
+        if (!json_is_object(kw)) {
+            srv_fail(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            goto done;
+        }
+        r->chat_template_kwargs = json_deep_copy(kw);
+    }
+    if (r->cache_salt && !r->cache_salt[0]) {
+        srv_fail(err, 400, "cache_salt", "'cache_salt' must not be empty");
+        goto done;
+    }
+
+    /* unknown fields, for the debug log */
+    const char *key;
+    json_t *v;
+    r->unknown = calloc(json_object_size(root) + 1, sizeof(char *));
+    if (!r->unknown) {
+        srv_fail(err, 500, NULL, "out of memory");
+        goto done;
+    }
+    json_object_foreach(root, key, v) {
+        bool known = false;
+        for (size_t k = 0; k < sizeof k_known / sizeof *k_known && !known; k++) known = !strcmp(key, k_known[k]);
+        if (!known) r->unknown[r->n_unknown++] = strdup(key);
+    }
+    rc = 0;
+done:
+    json_decref(root);
+    return rc;
+}
+
+void srv_gen_request_free(srv_gen_request *r) {
+    if (!r) return;
+    free(r->model);
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
+    json_decref(r->messages);
+    free(r->chat_template);
+    json_decref(r->chat_template_kwargs);
+    for (int32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_token_ids);
+    free(r->bias_ids);
+    free(r->bias_values);
+    free(r->user);
+    free(r->cache_salt);
+    for (int32_t i = 0; i < r->n_unknown; i++) free(r->unknown[i]);
+    free(r->unknown);
+    memset(r, 0, sizeof *r);
+}

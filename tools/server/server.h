@@ -1,0 +1,161 @@
+/* osprey serve: an OpenAI-compatible HTTP server over the engine (tools/server/).
+ *
+ *   request.c  JSON body -> srv_gen_request (validation, OpenAI/vLLM field meanings); no engine, no
+ *              HTTP, so the libFuzzer target (tests/fuzz/fuzz_request.c) drives it directly
+ *   text.c     per-choice output text: incremental detokenizer, stop strings found in the text
+ *              (inside or across tokens) and held back until decided
+ *   chat.c     messages -> prompt text (the chat-template hook)
+ *   metrics.c  Prometheus text with vLLM V1's metric names, latency histograms
+ *   serve.c    libmicrohttpd routes, jobs between HTTP threads and the engine's loop thread, SSE,
+ *              flags, SIGTERM drain
+ * Everything here is tool code: it may print (stderr) and exit. */
+#ifndef OSPREY_TOOLS_SERVER_H
+#define OSPREY_TOOLS_SERVER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osprey/tokenizer.h"
+
+#define SRV_MAX_LOGPROBS 20
+#define SRV_MAX_STOPS 16
+#define SRV_MAX_STOP_LEN 256
+#define SRV_MAX_N 128 /* choices per request (n times the number of prompts) */
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+/* An error to send back as OpenAI's {"error": {"message", "type", "param", "code"}}. */
+typedef struct srv_error {
+    int status;        /* HTTP status: 400, 401, 404, 413, 500, 503 */
+    char message[512];
+    char param[64];    /* the offending field, "" for none */
+} srv_error;
+
+/* Fills *err (status, printf message, param may be NULL); returns -1 for `return srv_fail(...)`. */
+int srv_fail(srv_error *err, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The error JSON body (malloc'd string). */
+char *srv_error_json(const srv_error *err);
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+typedef enum srv_route { SRV_ROUTE_COMPLETIONS = 0, SRV_ROUTE_CHAT = 1 } srv_route;
+
+typedef struct srv_prompt {
+    char *text;     /* a text prompt (NUL-terminated, valid UTF-8), or NULL */
+    int32_t *ids;   /* [n_ids] token ids when the prompt was given as ids */
+    int32_t n_ids;
+} srv_prompt;
+
+typedef struct srv_gen_request {
+    srv_route route;
+    char *model;                /* NULL when absent */
+    srv_prompt *prompts;        /* completions: [n_prompts] */
+    int32_t n_prompts;
+    json_t *messages;           /* chat: normalized [{"role": str, "content": str}, ...] (owned) */
+    bool add_generation_prompt; /* chat: true */
+    bool continue_final_message;
+    char *chat_template;        /* per-request template, or NULL */
+    json_t *chat_template_kwargs; /* object or NULL (owned) */
+    int32_t max_tokens;         /* -1: default (16 for completions, the rest of the context for chat) */
+    int32_t n;
+    float temperature, top_p, min_p;
+    int32_t top_k;              /* -1 or 0: off */
+    float presence_penalty, frequency_penalty, repetition_penalty;
+    bool seed_set;
+    uint64_t seed;
+    char **stop;                /* [n_stop] non-empty strings */
+    int32_t n_stop;
+    int32_t *stop_token_ids;
+    int32_t n_stop_token_ids;
+    bool include_stop_str_in_output, ignore_eos, skip_special_tokens, echo;
+    bool stream, include_usage;
+    int32_t min_tokens;
+    int32_t *bias_ids;          /* logit_bias: [n_bias] token ids and values (clamped to [-100, 100]) */
+    float *bias_values;
+    int32_t n_bias;
+    int32_t logprobs;           /* -1: none; else the number of top logprobs (0..20) */
+    char *user, *cache_salt;
+    char **unknown;             /* top-level fields that were ignored, for the debug log */
+    int32_t n_unknown;
+} srv_gen_request;
+
+typedef struct srv_parse_limits {
+    int32_t n_vocab;            /* token ids (prompt, stop_token_ids, logit_bias) must be below it */
+} srv_parse_limits;
+
+/* Parses and validates a /v1/completions or /v1/chat/completions body. Returns 0 and fills *req
+ * (free it with srv_gen_request_free, also after an error), or -1 with *err set (400 for malformed
+ * JSON, wrong types and out-of-range values). */
+int srv_parse_gen_request(const char *body, size_t len, srv_route route, const srv_parse_limits *lim,
+                          srv_gen_request *req, srv_error *err);
+void srv_gen_request_free(srv_gen_request *req);
+
+/* Parses an optional integer/real/bool/string field of `obj` (JSON null = absent). Return 0 when
+ * absent or valid (value written), -1 with *err on a wrong type or a value outside [lo, hi]. */
+int srv_get_int(const json_t *obj, const char *key, long long lo, long long hi, long long *out, srv_error *err);
+int srv_get_bool(const json_t *obj, const char *key, bool *out, srv_error *err);
+
+/* ---- output text --------------------------------------------------------------------------- */
+
+/* One choice's text as tokens arrive. Text before `sent` was handed out; text in [sent, ready) can be
+ * handed out now; the rest is held back because it might be the start of a stop string. */
+typedef struct srv_text {
+    osp_detokenizer *dt;
+    char *buf;                  /* [len] the output so far (valid UTF-8; cut at a matched stop) */
+    size_t len, cap;
+    size_t sent;
+    char **stops;               /* borrowed from the request */
+    int32_t n_stops;
+    bool include_stop;
+    bool stopped;               /* a stop string matched; no more text is appended */
+    bool flushed;
+    char *tmp;                  /* detokenizer output scratch */
+    size_t tmp_cap;
+} srv_text;
+
+int srv_text_init(srv_text *t, const osp_tokenizer *tok, bool skip_special, char **stops, int32_t n_stops,
+                  bool include_stop);
+void srv_text_free(srv_text *t);
+/* Appends the text of `id`. Returns 1 when a stop string matched (the text is cut there, after the
+ * stop when include_stop), 0 otherwise, -1 on allocation failure. Ignored once stopped. */
+int srv_text_push(srv_text *t, int32_t id);
+/* End of the sequence: flushes the detokenizer and releases the held-back text. */
+int srv_text_finish(srv_text *t);
+/* Bytes that can be handed out now: [t->sent, srv_text_ready(t)). */
+size_t srv_text_ready(const srv_text *t);
+
+/* ---- chat ---------------------------------------------------------------------------------- */
+
+typedef struct srv_chat_env {
+    const char *template_text;  /* --chat-template contents or the model's tokenizer.chat_template */
+    const char *bos_token, *eos_token;
+} srv_chat_env;
+
+/* Renders req->messages into a prompt (malloc'd, *out). Returns 0, or -1 with *err (400 for a
+ * template error or a conversation it cannot render). */
+int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);
+
+/* ---- metrics ------------------------------------------------------------------------------- */
+
+typedef struct srv_metrics srv_metrics;
+srv_metrics *srv_metrics_new(void);
+void srv_metrics_free(srv_metrics *m);
+void srv_metrics_observe_ttft(srv_metrics *m, double seconds);
+void srv_metrics_observe_itl(srv_metrics *m, double seconds, int64_t count);
+void srv_metrics_observe_e2e(srv_metrics *m, double seconds);
+void srv_metrics_request_done(srv_metrics *m, const char *finish_reason, int64_t prompt_tokens,
+                              int64_t generation_tokens);
+
+typedef struct srv_metrics_gauges {
+    int32_t num_running, num_waiting;
+    int32_t num_blocks, num_free_blocks;
+    int64_t prefix_queries, prefix_hits, num_preemptions;
+    int32_t in_flight;          /* HTTP generation requests being served */
+} srv_metrics_gauges;
+/* The /metrics body (malloc'd). */
+char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);
+
+#endif
