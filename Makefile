@@ -34,8 +34,10 @@ build: setup
 	cmake -S . -B build $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=Release
 	cmake --build build -j $(JOBS)
 
+# clang: its ASan keeps the kernels' vector loops vectorized (gcc's ASan does not, ~15x slower).
 build-asan: setup
-	cmake -S . -B build-asan $(CMAKE_COMMON) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_SANITIZE=ON
+	CC=clang cmake -S . -B build-asan $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang \
+	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_SANITIZE=ON
 	cmake --build build-asan -j $(JOBS)
 
 build-fuzz: setup
