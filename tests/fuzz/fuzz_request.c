@@ -2,7 +2,7 @@
  * /v1/completions or /v1/chat/completions body (the first byte picks the route). Whatever the input,
  * srv_parse_gen_request must not crash or leak, must return 0 or -1 with a 4xx/5xx status and a
  * message, and what it accepts must hold its invariants (n in range, ids in the vocabulary, stop
- * strings non-empty, a normalized chat conversation the ChatML fallback renders). The error JSON is
+ * strings non-empty, a chat conversation rendered by its own chat_template, when it has one). The error JSON is
  * rendered for every rejection. Seeds: tests/fuzz/corpus/request/. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,11 +41,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         } else {
             if (json_array_size(r.messages) < 1) abort();
-            const srv_chat_env env = {.template_text = "{{ '<|im_start|>' }}"};
+            /* a per-request template from the input itself exercises the renderer too */
+            const srv_chat_env env = {.template_text = NULL};
             char *text = NULL;
             if (srv_chat_render(&env, &r, &text, &err) == 0) {
                 if (!text) abort();
                 free(text);
+            } else if (err.status < 400) {
+                abort();
             }
         }
     }

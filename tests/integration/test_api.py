@@ -290,3 +290,43 @@ def test_logit_bias_and_sampling_fields(server):
                              presence_penalty=0.5, frequency_penalty=0.5,
                              extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "ignore_eos": True})
     assert r.usage.completion_tokens == 5
+
+
+def _chat_tokens(srv, msgs, **kw):
+    r = requests.post(srv.url + "/tokenize", json={"messages": msgs, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def test_chat_uses_model_template(smol):
+    import subprocess
+    from conftest import BIN, SMOL
+    msgs = [{"role": "user", "content": "Hi there \u00e9\u4e2d"}]
+    text = subprocess.run([BIN, "render-template", "-m", SMOL, "--messages", json.dumps(msgs),
+                           "--add-generation-prompt"], capture_output=True, check=True).stdout.decode()
+    want = requests.post(smol.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    got = _chat_tokens(smol, msgs)
+    assert got == want or got == requests.post(
+        smol.url + "/tokenize", json={"prompt": text.rstrip("\n"), "add_special_tokens": False}).json()["tokens"]
+    # SmolLM2's template adds its default system prompt when there is none
+    rendered = requests.post(smol.url + "/detokenize", json={"tokens": got}).json()["prompt"]
+    assert "SmolLM" in rendered and rendered.endswith("<|im_start|>assistant\n")
+    no_gen = requests.post(smol.url + "/detokenize",
+                           json={"tokens": _chat_tokens(smol, msgs, add_generation_prompt=False)}).json()["prompt"]
+    assert not no_gen.endswith("<|im_start|>assistant\n")
+
+
+def test_chat_continue_final_message_and_request_template(smol):
+    msgs = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "one, two,"}]
+    toks = _chat_tokens(smol, msgs, continue_final_message=True, add_generation_prompt=False)
+    text = requests.post(smol.url + "/detokenize", json={"tokens": toks}).json()["prompt"]
+    assert text.endswith("one, two,")
+    tmpl = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    r = requests.post(smol.url + "/v1/chat/completions",
+                      json={"messages": msgs, "chat_template": tmpl, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200
+    bad = "{{ raise_exception('no such conversation') }}"
+    r = requests.post(smol.url + "/v1/chat/completions", json={"messages": msgs, "chat_template": bad})
+    assert r.status_code == 400 and "no such conversation" in r.json()["error"]["message"]
+    r = requests.post(smol.url + "/v1/chat/completions", json={"messages": msgs, "chat_template": "{% if %}"})
+    assert r.status_code == 400

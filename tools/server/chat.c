@@ -1,61 +1,63 @@
-/* Chat messages -> prompt text: the one place /v1/chat/completions, /tokenize and `osprey chat`
- * turn a conversation into text.
+/* Chat messages -> prompt text: the one place /v1/chat/completions and /tokenize turn a conversation
+ * into text, with the Jinja-subset renderer (include/osprey/chat_template.h) and transformers'
+ * variables: messages, add_generation_prompt, bos_token, eos_token and chat_template_kwargs.
  *
- * Until the Jinja renderer (include/osprey/chat_template.h) is wired in here, this renders ChatML
- * (<|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n) for models whose template uses
- * it (SmolLM2, Qwen), without the template's own extras (such as a default system prompt), and refuses
- * other templates with a 400 that says so. */
+ * The model's template (or --chat-template) is parsed once at start-up; a request's own
+ * `chat_template` is parsed for that request. continue_final_message renders without the generation
+ * prompt and cuts the text right after the last message's content, as vLLM does, so the model
+ * continues that message. Template errors (raise_exception, unsupported constructs) are 400s that
+ * carry the renderer's message. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "osprey/chat_template.h"
 #include "server.h"
 
-typedef struct sb {
-    char *p;
-    size_t len, cap;
-} sb;
-
-static int sb_put(sb *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 1024;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-    return 0;
-}
-
-static int sb_str(sb *b, const char *s) { return sb_put(b, s, strlen(s)); }
-
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err) {
-    const char *tmpl = req->chat_template ? req->chat_template : env->template_text;
-    if (!tmpl) return srv_fail(err, 400, NULL, "the model has no chat template; pass one with --chat-template");
-    if (!strstr(tmpl, "<|im_start|>"))
-        return srv_fail(err, 400, "chat_template", "only ChatML chat templates are supported for now");
-    sb b = {0};
-    const size_t n = json_array_size(req->messages);
+    osp_chat_template *own = NULL;
+    const osp_chat_template *t = env->parsed;
+    if (req->chat_template) {
+        if (osp_chat_template_parse(req->chat_template, strlen(req->chat_template), &own) != OSP_OK)
+            return srv_fail(err, 400, "chat_template", "chat_template: %s", osp_last_error());
+        t = own;
+    } else if (!t) {
+        if (env->parse_error) return srv_fail(err, 400, NULL, "the chat template does not parse: %s", env->parse_error);
+        return srv_fail(err, 400, NULL, "the model has no chat template; pass one with --chat-template or chat_template");
+    }
+    char *messages = json_dumps(req->messages, JSON_COMPACT);
+    char *kwargs = req->chat_template_kwargs ? json_dumps(req->chat_template_kwargs, JSON_COMPACT) : NULL;
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const json_t *m = json_array_get(req->messages, i);
-        const char *role = json_string_value(json_object_get(m, "role"));
-        const json_t *c = json_object_get(m, "content");
-        const bool last_open = req->continue_final_message && i + 1 == n;
-        rc |= sb_str(&b, "<|im_start|>");
-        rc |= sb_str(&b, !strcmp(role, "developer") ? "system" : role);
-        rc |= sb_str(&b, "\n");
-        rc |= sb_put(&b, json_string_value(c), json_string_length(c));
-        if (!last_open) rc |= sb_str(&b, "<|im_end|>\n");
+    if (!messages || (req->chat_template_kwargs && !kwargs)) {
+        rc = srv_fail(err, 500, NULL, "out of memory");
+        goto done;
     }
-    if (rc == 0 && req->add_generation_prompt) rc |= sb_str(&b, "<|im_start|>assistant\n");
-    if (rc || !b.p) {
-        free(b.p);
-        return srv_fail(err, 500, NULL, "out of memory");
+    const osp_chat_template_inputs in = {.messages_json = messages, .kwargs_json = kwargs, .bos_token = env->bos_token,
+                                         .eos_token = env->eos_token,
+                                         .add_generation_prompt = req->add_generation_prompt && !req->continue_final_message};
+    size_t len = 0;
+    if (osp_chat_template_render(t, &in, out, &len) != OSP_OK) {
+        rc = srv_fail(err, 400, "messages", "chat template: %s", osp_last_error());
+        goto done;
     }
-    *out = b.p;
-    return 0;
+    if (req->continue_final_message) {
+        /* cut after the last occurrence of the final message's content (right-stripped) */
+        const json_t *last = json_array_get(req->messages, json_array_size(req->messages) - 1);
+        const char *c = json_string_value(json_object_get(last, "content"));
+        size_t cl = c ? strlen(c) : 0;
+        while (cl > 0 && (c[cl - 1] == ' ' || c[cl - 1] == '\n' || c[cl - 1] == '\t' || c[cl - 1] == '\r')) cl--;
+        const char *hit = NULL;
+        for (const char *p = *out; cl > 0 && (p = memmem(p, len - (size_t)(p - *out), c, cl)) != NULL; p++) hit = p;
+        if (cl > 0 && !hit) {
+            free(*out);
+            *out = NULL;
+            rc = srv_fail(err, 400, "messages", "continue_final_message: the final message's content is not in the rendered prompt");
+            goto done;
+        }
+        if (hit) (*out)[hit - *out + cl] = 0;
+    }
+done:
+    free(messages);
+    free(kwargs);
+    osp_chat_template_free(own);
+    return rc;
 }

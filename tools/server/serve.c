@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "osprey/chat_template.h"
 #include "osprey/engine.h"
 #include "osprey/model.h"
 #include "server.h"
@@ -1104,6 +1105,16 @@ int cmd_serve(int argc, char **argv) {
             srv.chat_template_owned = strndup(tmpl.data, (size_t)tmpl.len);
     }
     srv.chat.template_text = srv.chat_template_owned;
+    osp_chat_template *parsed = NULL;
+    if (srv.chat_template_owned) {
+        if (osp_chat_template_parse(srv.chat_template_owned, strlen(srv.chat_template_owned), &parsed) != OSP_OK) {
+            srv.chat.parse_error = strdup(osp_last_error());
+            slog(&srv, LOG_WARNING, "the chat template does not parse (chat requests will fail): %s", srv.chat.parse_error);
+        }
+    } else {
+        slog(&srv, LOG_WARNING, "the model has no chat template: /v1/chat/completions needs --chat-template");
+    }
+    srv.chat.parsed = parsed;
     char *bos = token_text_dup(srv.tok, osp_tokenizer_bos(srv.tok)), *eos = token_text_dup(srv.tok, osp_tokenizer_eos(srv.tok));
     srv.chat.bos_token = bos;
     srv.chat.eos_token = eos;
@@ -1153,6 +1164,8 @@ int cmd_serve(int argc, char **argv) {
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
     free(srv.chat_template_owned);
+    osp_chat_template_free(parsed);
+    free((char *)srv.chat.parse_error);
     free(bos);
     free(eos);
     return ls == OSP_OK ? 0 : 1;

@@ -129,8 +129,11 @@ size_t srv_text_ready(const srv_text *t);
 
 /* ---- chat ---------------------------------------------------------------------------------- */
 
+struct osp_chat_template;
 typedef struct srv_chat_env {
     const char *template_text;  /* --chat-template contents or the model's tokenizer.chat_template */
+    const struct osp_chat_template *parsed; /* template_text parsed once at start-up, or NULL */
+    const char *parse_error;    /* why template_text did not parse, or NULL */
     const char *bos_token, *eos_token;
 } srv_chat_env;
 
