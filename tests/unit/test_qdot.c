@@ -1,7 +1,7 @@
 /* Quantized-activation dot products: the run-time-chosen SIMD kernel against the portable reference,
  * and both against the fp32 dot of the dequantized weights with the original activations.
  *
- * Random weight blocks (random bytes, fp16 scales in a sane range) of Q4_0, Q4_1 and Q8_0, random
+ * Random weight blocks (random bytes, fp16 scales in a sane range) of every type with a kernel, random
  * activations with occasional outliers. SIMD vs reference differ only in float summation order:
  * |diff| <= 1e-5 * sum|w_i a_i|. Quantized vs fp32: the two-level activation error is at most
  * d2/2 = max|x|/508 per value, so |diff| <= sum_blocks sum|w| * max|x_block| / 508 (+ rounding). */
@@ -28,23 +28,36 @@ static uint32_t rnd(void) {
 }
 static float frand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
 
-static void fill_blocks(uint32_t t, uint8_t *w, int64_t nb) {
+static void put_half(uint8_t *p, float v) {
+    const uint16_t h = osp_fp32_to_fp16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random bytes for the codes, sub-block scales and mins; the fp16 fields get sane values (block
+ * scales 0.001..0.051, K super-block scales a tenth of that as the 4..6-bit sub-scales multiply them,
+ * signed block minimums for Q4_1/Q5_1, positive dmin for the K-quants). */
+static void fill_blocks(uint32_t t, uint8_t *w, int64_t nblocks) {
     const size_t ts = osp_dtype_type_size(t);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nblocks; b++) {
         uint8_t *p = w + b * ts;
         for (size_t i = 0; i < ts; i++) p[i] = (uint8_t)rnd();
-        const uint16_t d = osp_fp32_to_fp16(0.001f + 0.05f * fabsf(frand()));
-        memcpy(p, &d, 2);
-        if (t == OSP_DTYPE_Q4_1) {
-            const uint16_t m = osp_fp32_to_fp16(0.1f * frand());
-            memcpy(p + 2, &m, 2);
+        const float d = 0.001f + 0.05f * fabsf(frand()), dk = 0.1f * d, dmin = 0.005f * fabsf(frand());
+        switch (t) {
+        case OSP_DTYPE_Q4_1: case OSP_DTYPE_Q5_1: put_half(p, d), put_half(p + 2, 0.1f * frand()); break;
+        case OSP_DTYPE_Q4_K: case OSP_DTYPE_Q5_K: put_half(p, dk), put_half(p + 2, dmin); break;
+        case OSP_DTYPE_Q6_K: put_half(p + 208, dk); break;
+        case OSP_DTYPE_Q3_K: put_half(p + 108, dk); break;
+        case OSP_DTYPE_Q2_K: put_half(p + 80, d), put_half(p + 82, 10.0f * dmin); break;
+        default: put_half(p, d); break; /* Q4_0, Q5_0, Q8_0 */
         }
     }
 }
 
 static void test_kernels(void **state) {
     (void)state;
-    const uint32_t types[] = {OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q8_0};
+    const uint32_t types[] = {OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_0,
+                              OSP_DTYPE_Q2_K, OSP_DTYPE_Q3_K, OSP_DTYPE_Q4_K, OSP_DTYPE_Q5_K, OSP_DTYPE_Q6_K};
+    const size_t ntypes = sizeof types / sizeof types[0];
     const char *isas[] = {"avx512vnni", "avx2", "scalar"};
     for (size_t ii = 0; ii < 3; ii++) {
     if (!osp_qdot_force_isa(isas[ii])) {
@@ -52,17 +65,18 @@ static void test_kernels(void **state) {
         continue;
     }
     printf("qdot kernels: %s\n", osp_qdot_isa());
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < ntypes; ti++) {
         const uint32_t t = types[ti];
         osp_qdot_fn fast = osp_qdot_for(t), ref = osp_qdot_ref_for(t);
         assert_non_null(fast);
         assert_non_null(ref);
         for (int trial = 0; trial < 200; trial++) {
-            const int64_t nb = 1 + rnd() % 64, n = nb * 32;
-            uint8_t w[64 * 34];
+            /* nb activation blocks of 32; K-quant rows are whole super-blocks of 256 */
+            const int64_t per = osp_dtype_block_size(t) / 32, nb = per * (1 + rnd() % (64 / per)), n = nb * 32;
+            uint8_t w[64 * 34]; /* the largest row: 64 Q8_0 blocks (8 Q6_K super-blocks are 1680 bytes) */
             float x[64 * 32], wf[64 * 32];
             osp_q8_block xq[64];
-            fill_blocks(t, w, nb);
+            fill_blocks(t, w, nb / per);
             for (int64_t i = 0; i < n; i++) x[i] = frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
             osp_quantize_row_q8(x, xq, n);
             assert_int_equal(osp_dequant_row(t, w, wf, n), OSP_OK);
@@ -97,10 +111,16 @@ static void test_quantize_edges(void **state) {
     for (int i = 0; i < 32; i++) assert_true(q[0].qs[i] == 0 && q[0].qs2[i] == 0);
     for (int i = 0; i < 64; i++) x[i] = (float)(i - 32) / 7.0f;
     osp_quantize_row_q8(x, q, 64);
+    float sums[4] = {0}; /* per 16 values: s0 holds the first half of each block, s the whole block */
     for (int i = 0; i < 64; i++) {
         const osp_q8_block *b = &q[i / 32];
         const float y = b->d * b->qs[i % 32] + b->d2 * b->qs2[i % 32];
         assert_true(fabsf(y - x[i]) <= b->d2 * 0.5f * 1.001f + 1e-7f);
+        sums[i / 16] += y;
+    }
+    for (int b = 0; b < 2; b++) {
+        assert_true(fabsf(q[b].s0 - sums[2 * b]) <= 1e-5f);
+        assert_true(fabsf(q[b].s - sums[2 * b] - sums[2 * b + 1]) <= 1e-5f);
     }
 }
 

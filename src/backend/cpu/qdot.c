@@ -4,7 +4,9 @@
  *   Q8_0: w = d_w * q_w          -> d_w d_a sum(q_w q_a)
  *   Q4_0: w = d_w * (q_w - 8)    -> d_w d_a sum(q_w q_a) - 8 d_w s_a       (q_w in 0..15)
  *   Q4_1: w = d_w * q_w + m_w    -> d_w d_a sum(q_w q_a) + m_w s_a
- * with s_a = d_a sum(q_a). The integer sums are exact; x86 has an unsigned x signed byte product
+ *   Q5_0, Q5_1: as Q4_0 (offset 16) and Q4_1 with a fifth bit per code
+ * with s_a = d_a sum(q_a); the K-quants (super-blocks of 256 with sub-block scales) are described
+ * above their reference kernels. The integer sums are exact; x86 has an unsigned x signed byte product
  * (vpmaddubsw, vpdpbusd), which the 4-bit weights fit directly; for Q8_0 the sign of w is moved onto
  * a (|w| * sign(a, w)), as ggml does. Layouts of the weight blocks: ggml-common.h. */
 #include "backend/cpu/qdot.h"
@@ -40,14 +42,14 @@ void osp_quantize_row_q8(const float *restrict x, osp_q8_block *restrict y, int6
         if (!finite) { /* NaN/inf activations stay non-finite (a NaN scale), never UB in the casts */
             memset(y[b].qs, 0, sizeof y[b].qs);
             memset(y[b].qs2, 0, sizeof y[b].qs2);
-            y[b].d = y[b].d2 = y[b].s = NAN;
-            y[b].pad = 0.0f;
+            y[b].d = y[b].d2 = y[b].s = y[b].s0 = NAN;
             continue;
         }
         const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
         const float d2 = d / 254.0f, id2 = d != 0.0f ? 254.0f / d : 0.0f;
-        int sum = 0, sum2 = 0;
+        int sum = 0, sum2 = 0, sum0 = 0, sum20 = 0;
         for (int i = 0; i < OSP_Q8_BLOCK; i++) {
+            if (i == OSP_Q8_BLOCK / 2) sum0 = sum, sum20 = sum2;
             const int q = (int)nearbyintf(xb[i] * id);
             const float r = xb[i] - d * (float)q;
             int q2 = (int)nearbyintf(r * id2);
@@ -59,8 +61,8 @@ void osp_quantize_row_q8(const float *restrict x, osp_q8_block *restrict y, int6
         }
         y[b].d = d;
         y[b].d2 = d2;
-        y[b].pad = 0.0f;
         y[b].s = d * (float)sum + d2 * (float)sum2;
+        y[b].s0 = d * (float)sum0 + d2 * (float)sum20;
     }
 }
 
@@ -105,6 +107,192 @@ static float dot_q4_1_ref(const void *w, const osp_q8_block *a, int64_t nb) {
             isum2 += (q[i] & 0x0f) * a[b].qs2[i] + (q[i] >> 4) * a[b].qs2[i + 16];
         }
         acc += half_at(p) * (a[b].d * (float)isum + a[b].d2 * (float)isum2) + half_at(p + 2) * a[b].s;
+    }
+    return acc;
+}
+
+/* Q5_0 / Q5_1: the Q4 nibbles plus a fifth bit, bit j of the little-endian u32 qh for value j. */
+static inline int q5_at(const uint8_t *qs, uint32_t qh, int i) {
+    return i < 16 ? (qs[i] & 0x0f) | (int)((qh >> i) & 1u) << 4 : (qs[i - 16] >> 4) | (int)((qh >> i) & 1u) << 4;
+}
+
+static float dot_q5_0_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, p += 22) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        int isum = 0, isum2 = 0;
+        for (int i = 0; i < 32; i++) {
+            const int q = q5_at(p + 6, qh, i);
+            isum += q * a[b].qs[i];
+            isum2 += q * a[b].qs2[i];
+        }
+        const float dw = half_at(p);
+        acc += dw * (a[b].d * (float)isum + a[b].d2 * (float)isum2) - 16.0f * dw * a[b].s;
+    }
+    return acc;
+}
+
+static float dot_q5_1_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, p += 24) {
+        uint32_t qh;
+        memcpy(&qh, p + 4, 4);
+        int isum = 0, isum2 = 0;
+        for (int i = 0; i < 32; i++) {
+            const int q = q5_at(p + 8, qh, i);
+            isum += q * a[b].qs[i];
+            isum2 += q * a[b].qs2[i];
+        }
+        acc += half_at(p) * (a[b].d * (float)isum + a[b].d2 * (float)isum2) + half_at(p + 2) * a[b].s;
+    }
+    return acc;
+}
+
+/* K-quants: a super-block of 256 values meets activation blocks 8 sb .. 8 sb + 7; nb is in blocks of
+ * 32, so a row has nb / 8 super-blocks. With sub-block scale sc (and min m) and super-block d, dmin:
+ *   Q4_K, Q5_K (sub-blocks of 32): w = d sc q - dmin m  -> d sc (d_a I + d2_a I2) - dmin m s_a
+ *   Q6_K (16): w = d sc (q - 32); Q3_K (16): w = d sc (q' - 4) with q' = q + 4 in 0..7;
+ *   Q2_K (16): w = d sc q - dmin m
+ * For 16-value sub-blocks an activation block holds two scales: the integer sums are taken per half
+ * and the offsets use the half sums s0 and s - s0. */
+
+/* Q4_K/Q5_K's eight 6-bit scales and mins from their 12 packed bytes (layout: core/dtype.c). */
+static inline void k4_scales(const uint8_t *p, uint8_t *sc, uint8_t *m) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = p[j] & 63;
+        m[j] = p[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((p[j + 8] & 0x0f) | (p[j] >> 6) << 4);
+        m[j + 4] = (uint8_t)((p[j + 8] >> 4) | (p[j + 4] >> 6) << 4);
+    }
+}
+
+/* Q3_K's sixteen 6-bit scales (stored + 32) from their 12 packed bytes, as signed values. */
+static inline void k3_scales(const uint8_t *p, int8_t *sc) {
+    for (int k = 0; k < 16; k++) {
+        const int lo = k < 8 ? p[k] & 0x0f : p[k - 8] >> 4;
+        const int hi = (p[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+        sc[k] = (int8_t)((lo | hi << 4) - 32);
+    }
+}
+
+/* One activation block against 32 weight codes q (0..255) with scales sc0 (values 0..15) and sc1
+ * (16..31): d_a (sc0 I_lo + sc1 I_hi) + d2_a (same on the second level). */
+static inline float block16_ref(const uint8_t *q, int sc0, int sc1, const osp_q8_block *blk) {
+    int i0 = 0, i1 = 0, j0 = 0, j1 = 0;
+    for (int l = 0; l < 16; l++) {
+        i0 += q[l] * blk->qs[l], j0 += q[l] * blk->qs2[l];
+        i1 += q[l + 16] * blk->qs[l + 16], j1 += q[l + 16] * blk->qs2[l + 16];
+    }
+    return blk->d * (float)(sc0 * i0 + sc1 * i1) + blk->d2 * (float)(sc0 * j0 + sc1 * j1);
+}
+
+/* The same with one scale for the whole block: d_a I + d2_a I2. */
+static inline float block32_ref(const uint8_t *q, const osp_q8_block *blk) {
+    int i0 = 0, j0 = 0;
+    for (int l = 0; l < 32; l++) i0 += q[l] * blk->qs[l], j0 += q[l] * blk->qs2[l];
+    return blk->d * (float)i0 + blk->d2 * (float)j0;
+}
+
+/* sc0 s0 + sc1 (s - s0): an offset weighted per 16-value half. */
+static inline float halves(int sc0, int sc1, const osp_q8_block *blk) {
+    return (float)sc0 * blk->s0 + (float)sc1 * (blk->s - blk->s0);
+}
+
+/* sum_j halves(sc[2j], sc[2j+1], a + j) over a super-block's eight activation blocks, summed as a
+ * tree: one serial chain of eight float adds would cost more than the integer work of a super-block. */
+static inline float halves8(const int8_t *sc, const osp_q8_block *a) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = halves(sc[2 * j], sc[2 * j + 1], a + j);
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+static float dot_q4_k_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 144, a += 8) {
+        const float d = half_at(p), dmin = half_at(p + 2);
+        uint8_t sc[8], m[8], q[32];
+        k4_scales(p + 4, sc, m);
+        for (int j = 0; j < 8; j++) {
+            for (int l = 0; l < 32; l++) q[l] = (p[16 + 32 * (j / 2) + l] >> (4 * (j & 1))) & 0x0f;
+            acc += d * (float)sc[j] * block32_ref(q, a + j) - dmin * (float)m[j] * a[j].s;
+        }
+    }
+    return acc;
+}
+
+static float dot_q5_k_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 176, a += 8) {
+        const float d = half_at(p), dmin = half_at(p + 2);
+        uint8_t sc[8], m[8], q[32];
+        k4_scales(p + 4, sc, m);
+        for (int j = 0; j < 8; j++) {
+            for (int l = 0; l < 32; l++)
+                q[l] = (uint8_t)(((p[48 + 32 * (j / 2) + l] >> (4 * (j & 1))) & 0x0f) | ((p[16 + l] >> j) & 1) << 4);
+            acc += d * (float)sc[j] * block32_ref(q, a + j) - dmin * (float)m[j] * a[j].s;
+        }
+    }
+    return acc;
+}
+
+static float dot_q6_k_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 210, a += 8) {
+        const uint8_t *ql = p, *qh = p + 128;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        const float d = half_at(p + 208);
+        uint8_t q[32];
+        for (int j = 0; j < 8; j++) { /* j = 4h + s */
+            const int h = j / 4, s = j % 4;
+            for (int l = 0; l < 32; l++)
+                q[l] = (uint8_t)(((ql[64 * h + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0f) |
+                                 ((qh[32 * h + l] >> (2 * s)) & 3) << 4);
+            acc += d * (block16_ref(q, sc[2 * j], sc[2 * j + 1], a + j) -
+                        32.0f * halves(sc[2 * j], sc[2 * j + 1], a + j));
+        }
+    }
+    return acc;
+}
+
+static float dot_q3_k_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 110, a += 8) {
+        const uint8_t *hm = p, *qs = p + 32;
+        const float d = half_at(p + 108);
+        int8_t sc[16];
+        uint8_t q[32];
+        k3_scales(p + 96, sc);
+        for (int j = 0; j < 8; j++) { /* j = 4h + s */
+            const int h = j / 4, s = j % 4;
+            for (int l = 0; l < 32; l++)
+                q[l] = (uint8_t)(((qs[32 * h + l] >> (2 * s)) & 3) | ((hm[l] >> j) & 1) << 2);
+            acc += d * (block16_ref(q, sc[2 * j], sc[2 * j + 1], a + j) -
+                        4.0f * halves(sc[2 * j], sc[2 * j + 1], a + j));
+        }
+    }
+    return acc;
+}
+
+static float dot_q2_k_ref(const void *w, const osp_q8_block *a, int64_t nb) {
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 84, a += 8) {
+        const uint8_t *sc = p, *qs = p + 16;
+        const float d = half_at(p + 80), dmin = half_at(p + 82);
+        uint8_t q[32];
+        for (int j = 0; j < 8; j++) {
+            const int h = j / 4, s = j % 4;
+            for (int l = 0; l < 32; l++) q[l] = (qs[32 * h + l] >> (2 * s)) & 3;
+            acc += d * block16_ref(q, sc[2 * j] & 0x0f, sc[2 * j + 1] & 0x0f, a + j) -
+                   dmin * halves(sc[2 * j] >> 4, sc[2 * j + 1] >> 4, a + j);
+        }
     }
     return acc;
 }
@@ -182,9 +370,213 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
 #define Q4_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
 #define Q4_0_OFFSET(p, dw, blk) (-8.0f * (dw) * (blk)->s)
 
+/* ---- Q5 and K-quant kernels ---- */
+
+/* Q5's fifth bits: bit i of the u32 at qh becomes 0x10 in byte i (values 0..31, the unpack_nibbles
+ * order). Each byte takes qh's byte i/8 and tests bit i%8. */
+TGT_AVX2 static inline __m256i q5_high_bits(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)h), _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                     0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* 32 unsigned codes against an activation level with two int16 scales (lanes 0..7 for values 0..15,
+ * 8..15 for 16..31): 8 int32 sums of scale * code * activation. |code| <= 63 keeps maddubs exact. */
+TGT_AVX2 static inline __m256i dot_sc16(__m256i q, const int8_t *qa, __m256i sc) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(const void *)qa)), sc);
+}
+
+/* int16 scales for activation block j from 16 int8 sub-block scales: 2j in the low lane, 2j+1 high.
+ * `sel` holds bytes 2j (x8) then 2j+1 (x8). */
+TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sel));
+}
+
+/* Block j with per-16 scales: acc += dw d_a (scaled int sums), on both levels. */
+#define LEVELS_SC(acc1, acc2, qw, scv, blk, dw)                                                     \
+    do {                                                                                           \
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_sc16(qw, (blk)->qs, scv)),                   \
+                               _mm256_set1_ps((dw) * (blk)->d), acc1);                             \
+        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_sc16(qw, (blk)->qs2, scv)),                  \
+                               _mm256_set1_ps((dw) * (blk)->d2), acc2);                            \
+    } while (0)
+
+#define Q5_0_OFFSET(p, dw, blk) (-16.0f * (dw) * (blk)->s)
+#define Q5_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
+
+/* Q5_0 / Q5_1: nibbles at QOFF, fifth bits at HOFF. */
+#define Q5_KERNEL(NAME, TGT, DOT, BYTES, HOFF, QOFF, OFFSET_TERM)                                  \
+    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+        const uint8_t *p = w;                                                                      \
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
+        float off = 0.0f;                                                                          \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
+            const uint8_t *p1 = p + (BYTES);                                                       \
+            const __m256i q0 = _mm256_or_si256(unpack_nibbles(p + (QOFF)), q5_high_bits(p + (HOFF))); \
+            const __m256i q1 = _mm256_or_si256(unpack_nibbles(p1 + (QOFF)), q5_high_bits(p1 + (HOFF))); \
+            const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
+            LEVELS(a0, b0, q0, a + b, d0, DOT);                                                    \
+            LEVELS(a1, b1, q1, a + b + 1, d1, DOT);                                                \
+            off += OFFSET_TERM(p, d0, a + b) + OFFSET_TERM(p1, d1, a + b + 1);                     \
+        }                                                                                          \
+        for (; b < nb; b++, p += (BYTES)) {                                                        \
+            const __m256i q0 = _mm256_or_si256(unpack_nibbles(p + (QOFF)), q5_high_bits(p + (HOFF))); \
+            const float d0 = half_f16c(p);                                                         \
+            LEVELS(a0, b0, q0, a + b, d0, DOT);                                                    \
+            off += OFFSET_TERM(p, d0, a + b);                                                      \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+    }
+
+/* Q4_K / Q5_K: one scale per activation block, folded into the float factor d sc_j d_a; the mins
+ * give -dmin sum_j m_j s_j. Q5_K's fifth bit of value 32j + l is bit j of qh[l]: qh is shifted right
+ * by two per pair of blocks and bit 0 (then bit 1) of each byte moved to 0x10. */
+#define QK45_KERNEL(NAME, TGT, DOT, BYTES, FIVE)                                                   \
+    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+        const uint8_t *p = w;                                                                      \
+        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                      \
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
+        float off = 0.0f;                                                                          \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += (BYTES), a += 8) {                            \
+            const float d = half_f16c(p), dmin = half_f16c(p + 2);                                 \
+            uint8_t sc[8], m[8];                                                                   \
+            k4_scales(p + 4, sc, m);                                                               \
+            const float moff = (((float)m[0] * a[0].s + (float)m[1] * a[1].s) +                    \
+                                ((float)m[2] * a[2].s + (float)m[3] * a[3].s)) +                   \
+                               (((float)m[4] * a[4].s + (float)m[5] * a[5].s) +                    \
+                                ((float)m[6] * a[6].s + (float)m[7] * a[7].s));                    \
+            const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                            \
+            __m256i qh = (FIVE) ? _mm256_loadu_si256((const __m256i *)(const void *)(p + 16))      \
+                                : _mm256_setzero_si256();                                          \
+            for (int c = 0; c < 4; c++) {                                                          \
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c)); \
+                __m256i lo = _mm256_and_si256(raw, m4);                                            \
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);                      \
+                if (FIVE) {                                                                        \
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));     \
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                    \
+                                                 _mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
+                    qh = _mm256_srli_epi16(qh, 2);                                                 \
+                }                                                                                  \
+                LEVELS(a0, b0, lo, a + 2 * c, d * (float)sc[2 * c], DOT);                          \
+                LEVELS(a1, b1, hi, a + 2 * c + 1, d * (float)sc[2 * c + 1], DOT);                  \
+            }                                                                                      \
+            off -= dmin * moff;                                                                    \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+    }
+
+/* Q6_K: per half h, codes of block 4h+s from ql (low/high nibbles of two 32-byte rows) and qh
+ * (bits 2s..2s+1 moved to 0x30); the -32 offset per 16-value sub-block uses the half sums. */
+#define Q6K_KERNEL(NAME, TGT)                                                                      \
+    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+        const uint8_t *p = w;                                                                      \
+        const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);                   \
+        const __m128i sel0 = _mm_set_epi64x(0x0101010101010101LL, 0), two = _mm_set1_epi8(2);      \
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
+        float off = 0.0f;                                                                          \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += 210, a += 8) {                                \
+            const int8_t *sc = (const int8_t *)(p + 192);                                          \
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                \
+            const float d = half_f16c(p + 208);                                                    \
+            __m128i sel = sel0;                                                                    \
+            for (int h = 0; h < 2; h++) {                                                          \
+                const osp_q8_block *blk = a + 4 * h;                                               \
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h)); \
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h + 32)); \
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(p + 128 + 32 * h)); \
+                const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),                       \
+                                                   _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)); \
+                const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),                       \
+                                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)); \
+                const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), \
+                                                   _mm256_and_si256(qh, m30));                     \
+                const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), \
+                                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)); \
+                __m256i scv = sc16_pair(sc8, sel);                                                 \
+                sel = _mm_add_epi8(sel, two);                                                      \
+                LEVELS_SC(a0, b0, q0, scv, blk, d);                                                \
+                scv = sc16_pair(sc8, sel);                                                         \
+                sel = _mm_add_epi8(sel, two);                                                      \
+                LEVELS_SC(a1, b1, q1, scv, blk + 1, d);                                            \
+                scv = sc16_pair(sc8, sel);                                                         \
+                sel = _mm_add_epi8(sel, two);                                                      \
+                LEVELS_SC(a0, b0, q2, scv, blk + 2, d);                                            \
+                scv = sc16_pair(sc8, sel);                                                         \
+                sel = _mm_add_epi8(sel, two);                                                      \
+                LEVELS_SC(a1, b1, q3, scv, blk + 3, d);                                            \
+            }                                                                                      \
+            off -= 32.0f * d * halves8(sc, a);                                                     \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+    }
+
+/* Q2_K / Q3_K: block 4h+s takes bits 2s..2s+1 of qs[32h + l] (Q3_K adds bit 4h+s of hmask[l] as 4);
+ * scales per 16 values (Q2_K nibbles, Q3_K decoded 6-bit values minus 32); offsets on the half sums:
+ * Q2_K -dmin m, Q3_K -4 d sc. */
+#define Q23K_KERNEL(NAME, TGT, THREE)                                                              \
+    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+        const uint8_t *p = w;                                                                      \
+        const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);                         \
+        const __m128i sel0 = _mm_set_epi64x(0x0101010101010101LL, 0), two = _mm_set1_epi8(2);      \
+        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
+        float off = 0.0f;                                                                          \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += (THREE) ? 110 : 84, a += 8) {                 \
+            int8_t sc[16];                                                                         \
+            int8_t mn[16];                                                                         \
+            float d;                                                                               \
+            const uint8_t *qs;                                                                     \
+            __m256i hm = _mm256_setzero_si256();                                                   \
+            if (THREE) {                                                                           \
+                k3_scales(p + 96, sc);                                                             \
+                d = half_f16c(p + 108);                                                            \
+                qs = p + 32;                                                                       \
+                hm = _mm256_loadu_si256((const __m256i *)(const void *)p);                         \
+                off -= 4.0f * d * halves8(sc, a);                                                  \
+            } else {                                                                               \
+                for (int k = 0; k < 16; k++) sc[k] = (int8_t)(p[k] & 0x0f), mn[k] = (int8_t)(p[k] >> 4); \
+                d = half_f16c(p + 80);                                                             \
+                qs = p + 16;                                                                       \
+                off -= half_f16c(p + 82) * halves8(mn, a);                                         \
+            }                                                                                      \
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                \
+            __m128i sel = sel0;                                                                    \
+            for (int h = 0; h < 2; h++) {                                                          \
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * h));    \
+                for (int s = 0; s < 4; s++) {                                                      \
+                    __m256i q = _mm256_and_si256(raw, m3);                                         \
+                    if (THREE) {                                                                   \
+                        q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(hm, one), 2));   \
+                        hm = _mm256_srli_epi16(hm, 1);                                             \
+                    }                                                                              \
+                    raw = _mm256_srli_epi16(raw, 2);                                               \
+                    const __m256i scv = sc16_pair(sc8, sel);                                       \
+                    sel = _mm_add_epi8(sel, two);                                                  \
+                    if (s & 1)                                                                     \
+                        LEVELS_SC(a1, b1, q, scv, a + 4 * h + s, d);                               \
+                    else                                                                           \
+                        LEVELS_SC(a0, b0, q, scv, a + 4 * h + s, d);                               \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+    }
+
 #define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
     Q4_KERNEL(dot_q4_1_##SUFFIX, TGT, DOT, 20, 4, Q4_1_OFFSET)                                     \
     Q4_KERNEL(dot_q4_0_##SUFFIX, TGT, DOT, 18, 2, Q4_0_OFFSET)                                     \
+    Q5_KERNEL(dot_q5_0_##SUFFIX, TGT, DOT, 22, 2, 6, Q5_0_OFFSET)                                  \
+    Q5_KERNEL(dot_q5_1_##SUFFIX, TGT, DOT, 24, 4, 8, Q5_1_OFFSET)                                  \
+    QK45_KERNEL(dot_q4_k_##SUFFIX, TGT, DOT, 144, 0)                                               \
+    QK45_KERNEL(dot_q5_k_##SUFFIX, TGT, DOT, 176, 1)                                               \
+    Q6K_KERNEL(dot_q6_k_##SUFFIX, TGT)                                                             \
+    Q23K_KERNEL(dot_q2_k_##SUFFIX, TGT, 0)                                                         \
+    Q23K_KERNEL(dot_q3_k_##SUFFIX, TGT, 1)                                                         \
     TGT static float dot_q8_0_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {         \
         const uint8_t *p = w;                                                                      \
         __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
@@ -257,6 +649,13 @@ osp_qdot_fn osp_qdot_ref_for(uint32_t type) {
     case OSP_DTYPE_Q8_0: return dot_q8_0_ref;
     case OSP_DTYPE_Q4_0: return dot_q4_0_ref;
     case OSP_DTYPE_Q4_1: return dot_q4_1_ref;
+    case OSP_DTYPE_Q5_0: return dot_q5_0_ref;
+    case OSP_DTYPE_Q5_1: return dot_q5_1_ref;
+    case OSP_DTYPE_Q2_K: return dot_q2_k_ref;
+    case OSP_DTYPE_Q3_K: return dot_q3_k_ref;
+    case OSP_DTYPE_Q4_K: return dot_q4_k_ref;
+    case OSP_DTYPE_Q5_K: return dot_q5_k_ref;
+    case OSP_DTYPE_Q6_K: return dot_q6_k_ref;
     default: return NULL;
     }
 }
@@ -269,6 +668,13 @@ osp_qdot_fn osp_qdot_for(uint32_t type) {
         case OSP_DTYPE_Q8_0: return dot_q8_0_vnni;
         case OSP_DTYPE_Q4_0: return dot_q4_0_vnni;
         case OSP_DTYPE_Q4_1: return dot_q4_1_vnni;
+        case OSP_DTYPE_Q5_0: return dot_q5_0_vnni;
+        case OSP_DTYPE_Q5_1: return dot_q5_1_vnni;
+        case OSP_DTYPE_Q2_K: return dot_q2_k_vnni;
+        case OSP_DTYPE_Q3_K: return dot_q3_k_vnni;
+        case OSP_DTYPE_Q4_K: return dot_q4_k_vnni;
+        case OSP_DTYPE_Q5_K: return dot_q5_k_vnni;
+        case OSP_DTYPE_Q6_K: return dot_q6_k_vnni;
         default: return NULL;
         }
     }
@@ -277,6 +683,13 @@ osp_qdot_fn osp_qdot_for(uint32_t type) {
         case OSP_DTYPE_Q8_0: return dot_q8_0_avx2;
         case OSP_DTYPE_Q4_0: return dot_q4_0_avx2;
         case OSP_DTYPE_Q4_1: return dot_q4_1_avx2;
+        case OSP_DTYPE_Q5_0: return dot_q5_0_avx2;
+        case OSP_DTYPE_Q5_1: return dot_q5_1_avx2;
+        case OSP_DTYPE_Q2_K: return dot_q2_k_avx2;
+        case OSP_DTYPE_Q3_K: return dot_q3_k_avx2;
+        case OSP_DTYPE_Q4_K: return dot_q4_k_avx2;
+        case OSP_DTYPE_Q5_K: return dot_q5_k_avx2;
+        case OSP_DTYPE_Q6_K: return dot_q6_k_avx2;
         default: return NULL;
         }
     }

@@ -2,7 +2,8 @@
  *
  * Activations are quantized per row in blocks of 32 to int8 with one fp32 scale (the idea of ggml's
  * Q8_0/Q8_1 activation blocks; here the scale stays fp32 for accuracy). A weight row of a block type
- * (Q4_0, Q4_1, Q8_0) is then multiplied in integers, 32 products per block, and scaled once per
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants Q2_K..Q6_K, whose super-blocks of 256 meet eight
+ * activation blocks) is then multiplied in integers, 32 products per block, and scaled once per
  * block — about a third of the work of dequantizing to fp32 first. Each row is quantized on its own,
  * so results stay batch-invariant.
  *
@@ -21,9 +22,10 @@
  * residual of the first level (|residual| <= d / 2, so d2 = d / 254). One level alone has a relative
  * error of ~2e-3 per value, which over 30 layers moved the argmax at ~3% of positions; two levels
  * bring it to ~1e-5 for one more integer dot per block. s = sum of the represented values (for the
- * Q4 offset terms). 80 bytes. */
+ * offset and min terms of Q4/Q5 and the K-quants), s0 = the sum of the first 16 of them (the K-quants
+ * with 16-value sub-blocks need both halves: s0 and s - s0). 80 bytes. */
 typedef struct osp_q8_block {
-    float d, d2, s, pad;
+    float d, d2, s, s0;
     int8_t qs[OSP_Q8_BLOCK];
     int8_t qs2[OSP_Q8_BLOCK];
 } osp_q8_block;
