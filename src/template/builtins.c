@@ -363,8 +363,12 @@ static tval py_format(trender *r, tval s, int nargs, const tval *args, int nkw, 
                 if (auto_idx >= nargs) FAIL("str.format: replacement index %d out of range", auto_idx);
                 v = args[auto_idx++];
             } else if (isdigit((unsigned char)f[0])) {
-                int idx = atoi(f);
-                if (idx >= nargs) FAIL("str.format: replacement index %d out of range", idx);
+                long idx = 0;
+                for (size_t q = 0; q < fl; q++) {
+                    if (!isdigit((unsigned char)f[q])) UNSUP("str.format field '{%.*s}'", (int)fl, f);
+                    if (idx < 100000) idx = idx * 10 + (f[q] - '0');
+                }
+                if (idx >= nargs) FAIL("str.format: replacement index %ld out of range", idx);
                 v = args[idx];
             } else {
                 const tval *kv = NULL;
