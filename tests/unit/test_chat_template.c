@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -178,8 +179,49 @@ static void limits(void **state) {
     assert_int_not_equal(render(deep, "[]", NULL, &out), OSP_OK);
 }
 
+/* osprey render-template (OSPREY_BIN): a template file and --messages as @FILE, --kwargs, and a
+ * template error exiting 1 with the message on stderr. Skipped without the binary. */
+static void cli(void **state) {
+    (void)state;
+    const char *bin = getenv("OSPREY_BIN");
+    if (!bin || access(bin, X_OK) != 0) {
+        fprintf(stderr, "  cli: OSPREY_BIN not built, skipped\n");
+        return;
+    }
+    char dir[] = "/tmp/osprey-tmpl-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char tpath[64], mpath[64], cmd[1024], got[256];
+    snprintf(tpath, sizeof tpath, "%s/t.jinja", dir);
+    snprintf(mpath, sizeof mpath, "%s/m.json", dir);
+    FILE *f = fopen(tpath, "w");
+    fputs("{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}\n{% endfor %}"
+          "{% if add_generation_prompt %}[assistant]{% endif %}{{ x }}\n",
+          f);
+    fclose(f);
+    f = fopen(mpath, "w");
+    fputs("[{\"role\": \"user\", \"content\": \"h\\u00e9\"}]", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "'%s' render-template --template %s --messages @%s --add-generation-prompt --bos B --kwargs '{\"x\": 1}'",
+             bin, tpath, mpath);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(got, 1, sizeof got - 1, p);
+    got[n] = 0;
+    assert_int_equal(pclose(p), 0);
+    assert_string_equal(got, "B[user]h\303\251\n[assistant]1");
+    snprintf(cmd, sizeof cmd, "'%s' render-template --template %s --messages '[]' --kwargs '[1]' 2>&1", bin, tpath);
+    p = popen(cmd, "r");
+    n = fread(got, 1, sizeof got - 1, p);
+    got[n] = 0;
+    assert_int_not_equal(pclose(p), 0);
+    assert_non_null(strstr(got, "chat_template_kwargs"));
+    remove(tpath);
+    remove(mpath);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(cli),
         cmocka_unit_test(jinja2_table),
         cmocka_unit_test(statuses_and_messages),
         cmocka_unit_test(inputs),
