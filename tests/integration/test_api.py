@@ -167,13 +167,39 @@ def test_stop_token_ids_and_min_tokens(server):
 
 
 def test_logprobs(server):
-    r = requests.post(server.url + "/v1/completions",
-                      json={"prompt": "abc", "max_tokens": 3, "temperature": 0, "logprobs": 2})
-    assert r.status_code == 200
-    lp = r.json()["choices"][0]["logprobs"]
-    if lp is None:
-        pytest.xfail("logprobs need the engine's per-request logprobs (not wired yet)")
-    assert len(lp["tokens"]) == 3
+    import math
+    c = server.client()
+    r = c.completions.create(model=server.model, prompt="abc", max_tokens=6, temperature=0, logprobs=3,
+                             extra_body=NOEOS)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert l <= 0 and 1 <= len(top) <= 3
+        assert max(top.values()) >= l - 1e-4  # greedy: the chosen token is the most likely
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert "".join(lp.tokens) == r.choices[0].text
+    # streamed logprobs concatenate to the same lists
+    toks, lps = [], []
+    for ch in c.completions.create(model=server.model, prompt="abc", max_tokens=6, temperature=0, logprobs=3,
+                                   stream=True, extra_body=NOEOS):
+        for x in ch.choices:
+            if x.logprobs:
+                toks += x.logprobs.tokens
+                lps += x.logprobs.token_logprobs
+    assert toks == lp.tokens and all(math.isclose(a, b, abs_tol=1e-6) for a, b in zip(lps, lp.token_logprobs))
+
+
+def test_chat_logprobs(server):
+    r = requests.post(server.url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0,
+                            "logprobs": True, "top_logprobs": 2, "ignore_eos": True,
+                            "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"})
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for e in content:
+        assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 and isinstance(e["bytes"], list)
+        assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"] or "\ufffd" in e["token"]
 
 
 def test_tokenize_detokenize(server):

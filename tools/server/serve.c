@@ -98,11 +98,17 @@ typedef struct srv_seq {
     /* shared with the engine callback (job->mu) */
     int32_t *inbox;
     int32_t n_inbox, cap_inbox;
+    osp_token_logprobs *lp_inbox; /* [cap_inbox] when the request asked for logprobs */
     bool eng_finished;
     osp_finish_reason eng_reason;
     /* connection thread only */
     int32_t *work;
     int32_t cap_work;
+    osp_token_logprobs *lp_work;  /* [cap_work] */
+    json_t *lp;                   /* logprobs of the consumed tokens: chat [{token, logprob, bytes,
+                                     top_logprobs}], completions {tokens, token_logprobs, top_logprobs,
+                                     text_offset} */
+    size_t lp_sent;               /* entries already streamed */
     bool seen_finished;
     srv_text text;
     int32_t n_out;            /* tokens consumed (counted as completion tokens) */
@@ -142,6 +148,9 @@ static void job_free(srv_job *j) {
     for (int32_t i = 0; i < j->n_seqs; i++) {
         free(j->seqs[i].inbox);
         free(j->seqs[i].work);
+        free(j->seqs[i].lp_inbox);
+        free(j->seqs[i].lp_work);
+        json_decref(j->seqs[i].lp);
         srv_text_free(&j->seqs[i].text);
     }
     if (j->echo)
@@ -169,10 +178,15 @@ static void on_output(void *user, const osp_request_output *o) {
             int32_t cap = s->cap_inbox ? s->cap_inbox : 16;
             while (cap < s->n_inbox + o->num_tokens) cap *= 2;
             int32_t *p = realloc(s->inbox, sizeof(int32_t) * (size_t)cap);
-            if (p) s->inbox = p, s->cap_inbox = cap;
+            if (p) s->inbox = p;
+            osp_token_logprobs *q = j->req.logprobs >= 0 ? realloc(s->lp_inbox, sizeof *q * (size_t)cap) : NULL;
+            if (q) s->lp_inbox = q;
+            if (p && (q || j->req.logprobs < 0)) s->cap_inbox = cap;
         }
         if (s->n_inbox + o->num_tokens <= s->cap_inbox) {
             memcpy(s->inbox + s->n_inbox, o->token_ids, sizeof(int32_t) * (size_t)o->num_tokens);
+            if (s->lp_inbox && o->logprobs)
+                memcpy(s->lp_inbox + s->n_inbox, o->logprobs, sizeof *o->logprobs * (size_t)o->num_tokens);
             s->n_inbox += o->num_tokens;
         }
         if (j->t_first == 0) {
@@ -200,6 +214,98 @@ static const char *finish_name(osp_finish_reason r) {
     }
 }
 
+/* A token's text for logprobs: its bytes, with bytes that are not valid UTF-8 on their own (a piece of
+ * a character split across tokens) written as U+FFFD so the JSON stays valid. */
+static json_t *token_str(const osp_tokenizer *tok, int32_t id, json_t **bytes) {
+    char raw[512], txt[3 * 512 + 1];
+    size_t n = 0, w = 0;
+    if (osp_tokenizer_token_bytes(tok, id, raw, sizeof raw, &n) != OSP_OK) n = 0;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((uint8_t)raw[i]));
+    }
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)raw[i];
+        const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = ((unsigned char)raw[i + k] >> 6) == 2;
+        if (ok) { /* overlong forms and surrogates: jansson's validator decides */
+            json_t *probe = json_stringn(raw + i, len);
+            ok = probe != NULL;
+            json_decref(probe);
+        }
+        if (ok) {
+            memcpy(txt + w, raw + i, len);
+            w += len;
+            i += len;
+        } else {
+            memcpy(txt + w, "\xef\xbf\xbd", 3);
+            w += 3;
+            i++;
+        }
+    }
+    return json_stringn(txt, w);
+}
+
+static void add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp) {
+    const osp_tokenizer *tok = j->srv->tok;
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    if (!s->lp) {
+        s->lp = chat ? json_array()
+                     : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+        if (!s->lp) return;
+    }
+    const int32_t n_top = lp->n_top < j->req.logprobs ? lp->n_top : j->req.logprobs;
+    if (chat) {
+        json_t *bytes, *top = json_array();
+        json_t *tstr = token_str(tok, lp->token_id, &bytes); /* sets bytes: call it before json_pack */
+        json_t *e = json_pack("{s:o, s:f, s:o}", "token", tstr, "logprob", (double)lp->logprob, "bytes", bytes);
+        for (int32_t k = 0; k < n_top; k++) {
+            json_t *b;
+            json_t *t = token_str(tok, lp->top_ids[k], &b);
+            json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", t, "logprob", (double)lp->top_logprobs[k], "bytes", b));
+        }
+        json_object_set_new(e, "top_logprobs", top);
+        json_array_append_new(s->lp, e);
+    } else {
+        json_array_append_new(json_object_get(s->lp, "tokens"), token_str(tok, lp->token_id, NULL));
+        json_array_append_new(json_object_get(s->lp, "token_logprobs"), json_real(lp->logprob));
+        json_t *top = json_object();
+        for (int32_t k = 0; k < n_top; k++) {
+            json_t *t = token_str(tok, lp->top_ids[k], NULL);
+            if (t) json_object_set_new(top, json_string_value(t), json_real(lp->top_logprobs[k]));
+            json_decref(t);
+        }
+        json_array_append_new(json_object_get(s->lp, "top_logprobs"), top);
+        const size_t echo = j->echo ? strlen(j->echo[s->prompt_idx]) : 0;
+        json_array_append_new(json_object_get(s->lp, "text_offset"), json_integer((json_int_t)(echo + s->text.len)));
+    }
+}
+
+/* The logprobs entries [from, end) of a choice, in the route's format (NULL when none were asked). */
+static json_t *logprobs_slice(const srv_job *j, const srv_seq *s, size_t from) {
+    if (j->req.logprobs < 0) return NULL;
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    if (chat) {
+        json_t *c = json_array();
+        for (size_t i = from; s->lp && i < json_array_size(s->lp); i++) json_array_append(c, json_array_get(s->lp, i));
+        return json_pack("{s:o}", "content", c);
+    }
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    json_t *o = json_object();
+    for (int k = 0; k < 4; k++) {
+        json_t *a = json_array(), *src = s->lp ? json_object_get(s->lp, keys[k]) : NULL;
+        for (size_t i = from; src && i < json_array_size(src); i++) json_array_append(a, json_array_get(src, i));
+        json_object_set_new(o, keys[k], a);
+    }
+    return o;
+}
+
+static size_t logprobs_count(const srv_job *j, const srv_seq *s) {
+    if (!s->lp) return 0;
+    return j->req.route == SRV_ROUTE_CHAT ? json_array_size(s->lp) : json_array_size(json_object_get(s->lp, "tokens"));
+}
+
 /* Connection thread: waits up to timeout_ms for news, then turns new tokens into text. Returns true
  * when something changed. */
 static bool job_pump(srv_job *j, int timeout_ms) {
@@ -222,10 +328,14 @@ static bool job_pump(srv_job *j, int timeout_ms) {
         counts[i] = 0;
         if (s->n_inbox > s->cap_work) {
             int32_t *p = realloc(s->work, sizeof(int32_t) * (size_t)s->cap_inbox);
-            if (p) s->work = p, s->cap_work = s->cap_inbox;
+            if (p) s->work = p;
+            osp_token_logprobs *q = s->lp_inbox ? realloc(s->lp_work, sizeof *q * (size_t)s->cap_inbox) : NULL;
+            if (q) s->lp_work = q;
+            if (p && (q || !s->lp_inbox)) s->cap_work = s->cap_inbox;
         }
         if (s->n_inbox <= s->cap_work && s->n_inbox > 0) {
             memcpy(s->work, s->inbox, sizeof(int32_t) * (size_t)s->n_inbox);
+            if (s->lp_inbox) memcpy(s->lp_work, s->lp_inbox, sizeof *s->lp_work * (size_t)s->n_inbox);
             counts[i] = s->n_inbox;
             s->n_inbox = 0;
         }
@@ -239,6 +349,7 @@ static bool job_pump(srv_job *j, int timeout_ms) {
         if (s->done) continue;
         for (int32_t k = 0; k < counts[i] && !s->done; k++) {
             s->n_out++;
+            if (s->lp_work) add_logprobs(j, s, &s->lp_work[k]);
             /* the token that ended the sequence (EOS or a stop id) gives no text, as in vLLM */
             const bool stop_tok = s->seen_finished && s->eng_reason == OSP_FINISH_STOP && k == counts[i] - 1;
             if (stop_tok && !j->req.include_stop_str_in_output) continue;
@@ -502,6 +613,7 @@ static srv_job *job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connec
         rp.has_seed = r->seed_set;
         rp.seed = r->seed;
         rp.sample_index = (uint32_t)(i % r->n);
+        rp.logprobs = r->logprobs;
         rp.max_tokens = r->max_tokens > 0 ? r->max_tokens : r->route == SRV_ROUTE_COMPLETIONS ? 16 : 0;
         rp.min_tokens = r->min_tokens;
         rp.ignore_eos = r->ignore_eos;
@@ -558,8 +670,9 @@ static json_t *final_json(srv_job *j) {
         const char *text = s->text.buf ? s->text.buf : "";
         json_t *c;
         if (chat) {
-            c = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", i, "message", "role", "assistant", "content", text,
-                          s->text.len, "logprobs", "finish_reason", s->finish ? s->finish : "abort");
+            json_t *lp = logprobs_slice(j, s, 0);
+            c = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", i, "message", "role", "assistant", "content", text,
+                          s->text.len, "logprobs", lp ? lp : json_null(), "finish_reason", s->finish ? s->finish : "abort");
         } else {
             json_t *t;
             if (j->echo) {
@@ -575,7 +688,8 @@ static json_t *final_json(srv_job *j) {
             } else {
                 t = json_stringn(text, s->text.len);
             }
-            c = json_pack("{s:i, s:o, s:n, s:s}", "index", i, "text", t, "logprobs", "finish_reason",
+            json_t *lp = logprobs_slice(j, s, 0);
+            c = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", t, "logprobs", lp ? lp : json_null(), "finish_reason",
                           s->finish ? s->finish : "abort");
         }
         json_array_append_new(choices, c);
@@ -614,16 +728,22 @@ static void out_event(srv_job *j, json_t *chunk) {
 /* A chunk for choice i: text piece (or NULL) and finish reason (or NULL). */
 static json_t *chunk_json(srv_job *j, int32_t i, const char *text, size_t len, const char *finish, bool role) {
     const bool chat = j->req.route == SRV_ROUTE_CHAT;
-    json_t *choice;
+    srv_seq *s = &j->seqs[i];
+    json_t *choice, *lp = NULL;
+    if (!role && j->req.logprobs >= 0) { /* the logprobs of the tokens consumed since the last chunk */
+        const size_t n = logprobs_count(j, s);
+        if (n > s->lp_sent) lp = logprobs_slice(j, s, s->lp_sent);
+        s->lp_sent = n;
+    }
     if (chat) {
         json_t *delta = json_object();
         if (role) json_object_set_new(delta, "role", json_string("assistant"));
         if (text) json_object_set_new(delta, "content", json_stringn(text, len));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", i, "delta", delta, "logprobs", "finish_reason",
-                           finish ? json_string(finish) : json_null());
-    } else {
-        choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", i, "text", text ? text : "", text ? len : 0, "logprobs",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta", delta, "logprobs", lp ? lp : json_null(),
                            "finish_reason", finish ? json_string(finish) : json_null());
+    } else {
+        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", i, "text", text ? text : "", text ? len : 0, "logprobs",
+                           lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
     }
     json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
                           chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created, "model",
