@@ -24,6 +24,8 @@ static const char *k_usage =
     "  make-random-model --preset NAME [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--seed S]\n"
     "           [--vocab-from FILE] [--vocab-size N] [-t THREADS] -o FILE  (--list-presets)\n"
     "           write a GGUF model with random weights in a real architecture's shapes\n"
+    "  serve    -m FILE [--host H] [--port N] [--api-key K] [--served-model-name NAME] ...\n"
+    "           OpenAI-compatible HTTP server (osprey serve --help lists the flags)\n"
     "  render-template (--template FILE | -m FILE) --messages JSON [--add-generation-prompt]\n"
     "           [--bos T] [--eos T] [--kwargs JSON] [--tools JSON]\n"
     "           print a chat template rendered as transformers would (--help for all flags)\n"
@@ -77,6 +79,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "render-template")) return cmd_render_template(argc - 1, argv + 1);
     if (!strcmp(argv[1], "make-random-model")) return cmd_make_random_model(argc - 1, argv + 1);
     fprintf(stderr, "osprey: error: unknown command '%s'\n\n%s", argv[1], k_usage);
