@@ -211,9 +211,20 @@ static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     if (c->n_rot > c->head_dim || c->n_rot % 2 != 0)
         return osp_set_error(OSP_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head_dim %d",
                              osp_gguf_path(g), c->n_rot, c->head_dim);
-    if (!(c->rope_theta > 0.0f) || !(c->rms_eps > 0.0f))
-        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.freq_base and layer_norm_rms_epsilon must be > 0",
+    if (!(c->rope_theta > 0.0f) || !(c->rms_eps > 0.0f) || !isfinite(c->rope_theta) || !isfinite(c->rms_eps))
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.freq_base and layer_norm_rms_epsilon must be finite and > 0",
                              osp_gguf_path(g));
+    /* Every block tensor must belong to a layer below block_count: a smaller block_count would
+     * otherwise silently run a truncated model (llama.cpp refuses unused tensors too). */
+    for (uint64_t i = 0; i < osp_gguf_n_tensors(g); i++) {
+        const char *tn = osp_gguf_tensor_at(g, i)->name;
+        char *end;
+        if (strncmp(tn, "blk.", 4) != 0) continue;
+        const long blk = strtol(tn + 4, &end, 10);
+        if (end == tn + 4 || blk < 0 || blk >= c->n_layer)
+            return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is outside %s.block_count = %d", osp_gguf_path(g),
+                                 tn, c->arch, c->n_layer);
+    }
     const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
     if (!emb) return osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", osp_gguf_path(g));
     if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)

@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -67,15 +68,19 @@ static int load_fixture(void) {
     while (fgets(line, sizeof line, f)) {
         char *p = line;
         if (strncmp(p, "prompt ", 7) == 0) {
+            if (g_n_prompts == MAX_PROMPTS) { fclose(f); return -1; }
             cur = &g_prompts[g_n_prompts++];
             int k;
-            sscanf(p + 7, "%d %d %d", &k, &cur->n_prompt, &cur->n_total);
+            if (sscanf(p + 7, "%d %d %d", &k, &cur->n_prompt, &cur->n_total) != 3 || cur->n_total > MAX_IDS ||
+                cur->n_prompt < 1 || cur->n_prompt > cur->n_total)
+                { fclose(f); return -1; }
         } else if (strncmp(p, "ids ", 4) == 0 && cur) {
             p += 4;
             for (int i = 0; i < cur->n_total; i++) cur->ids[i] = (int32_t)strtol(p, &p, 10);
         } else if (strncmp(p, "pos ", 4) == 0 && cur) {
             p += 4;
             int pos = (int)strtol(p, &p, 10);
+            if (pos < 0 || pos >= cur->n_total) { fclose(f); return -1; }
             golden_pos *gp = &cur->pos[pos];
             gp->lse = strtod(p, &p);
             for (int j = 0; j < TOP; j++) {
@@ -97,11 +102,16 @@ static int setup(void **state) {
         fprintf(stderr, "cannot read %s\n", fixture_path("smollm2_logits.txt"));
         return -1;
     }
+    /* Skip only when the model is absent; a model that is there but does not load is a failure. */
+    if (access(path, F_OK) != 0) {
+        fprintf(stderr, "SKIP: %s not found; run scripts/fetch-model.sh\n", path);
+        exit(77);
+    }
     osp_model_params mp = osp_model_default_params();
     mp.exact = true; /* the fp32 reference path is what must match transformers */
     if (osp_model_load(path, &mp, &g_model) != OSP_OK) {
-        fprintf(stderr, "SKIP: model not available (%s); run scripts/fetch-model.sh\n", osp_last_error());
-        exit(77);
+        fprintf(stderr, "cannot load %s: %s\n", path, osp_last_error());
+        return -1;
     }
     return 0;
 }

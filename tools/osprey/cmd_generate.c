@@ -52,7 +52,11 @@ static gen_args parse(int argc, char **argv) {
 
 int cmd_generate(int argc, char **argv) {
     gen_args a = parse(argc, argv);
-    if (!a.seed_set) a.sp.seed = (uint64_t)(cli_now_s() * 1e6);
+    if (!a.seed_set) {
+        /* a seed within --seed's range, printed so the run can be repeated */
+        a.sp.seed = (uint64_t)(cli_now_s() * 1e6) % ((uint64_t)UINT32_MAX + 1);
+        if (a.sp.temperature > 0.0f) fprintf(stderr, "seed: %llu (repeat with --seed)\n", (unsigned long long)a.sp.seed);
+    }
 
     double t0 = cli_now_s();
     osp_engine_params ep = osp_engine_default_params();
