@@ -366,7 +366,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
             osp_token_logprobs *b = realloc(e->cb_lp, sizeof *b * (size_t)need);
             if (b) e->cb_lp = b, e->cb_cap = need;
         }
-        if (need <= e->cb_cap) lp = e->cb_lp, plp = e->cb_lp + n;
+        if (e->cb_lp && need <= e->cb_cap) lp = e->cb_lp, plp = e->cb_lp + n; /* no arithmetic on NULL */
         fill_output(r, from, n, r->tokens + r->num_prompt + from, r->logprobs ? lp : NULL, plp, r->published_finished,
                     &o);
         r->num_delivered = r->num_published;
