@@ -14,6 +14,7 @@ double cli_float(const char *flag, const char *v, double lo, double hi);
 double cli_now_s(void);
 
 int cmd_generate(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);

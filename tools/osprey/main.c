@@ -15,6 +15,9 @@ static const char *k_usage =
     "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
     "           [--kv-cache-dtype f16|f32] [--exact]\n"
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
+    "  chat     -m FILE [-t THREADS] [--temp T] [--top-k K] [--top-p P] [--seed S] [--system TEXT]\n"
+    "           [--chat-template FILE] [-n MAX_TOKENS]\n"
+    "           chat in the terminal with the model's chat template (/reset, /exit)\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
     "  bench    -m FILE [-p N] [-n N] [-t THREADS] [-r REPS] [--exact]\n"
@@ -75,6 +78,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);

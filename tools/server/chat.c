@@ -7,10 +7,12 @@
  * prompt and cuts the text right after the last message's content, as vLLM does, so the model
  * continues that message. Template errors (raise_exception, unsupported constructs) are 400s that
  * carry the renderer's message. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "osprey/chat_template.h"
+#include "osprey/gguf.h"
 #include "server.h"
 
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err) {
@@ -60,4 +62,64 @@ done:
     free(kwargs);
     osp_chat_template_free(own);
     return rc;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n;
+    char tmp[8192];
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *p = realloc(buf, cap);
+            if (!p) break;
+            buf = p;
+        }
+        memcpy(buf + len, tmp, n);
+        len += n;
+    }
+    fclose(f);
+    if (buf) buf[len] = 0;
+    return buf;
+}
+
+static char *token_text_dup(const osp_tokenizer *t, int32_t id) {
+    if (id < 0) return NULL;
+    size_t n;
+    char buf[256];
+    if (osp_tokenizer_token_bytes(t, id, buf, sizeof buf - 1, &n) != OSP_OK) return NULL;
+    buf[n] = 0;
+    return strdup(buf);
+}
+
+int srv_chat_env_load(srv_chat_env *env, const osp_gguf *g, const osp_tokenizer *tok, const char *template_path) {
+    *env = (srv_chat_env){0};
+    char *text = NULL;
+    if (template_path) {
+        if (!(text = read_file(template_path))) return -1;
+    } else {
+        osp_gguf_str tmpl = {0};
+        if (osp_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == OSP_OK && tmpl.data)
+            text = strndup(tmpl.data, (size_t)tmpl.len);
+    }
+    env->template_text = text;
+    if (text) {
+        osp_chat_template *parsed = NULL;
+        if (osp_chat_template_parse(text, strlen(text), &parsed) != OSP_OK) env->parse_error = strdup(osp_last_error());
+        env->parsed = parsed;
+    }
+    env->bos_token = token_text_dup(tok, osp_tokenizer_bos(tok));
+    env->eos_token = token_text_dup(tok, osp_tokenizer_eos(tok));
+    return 0;
+}
+
+void srv_chat_env_free(srv_chat_env *env) {
+    osp_chat_template_free((osp_chat_template *)env->parsed);
+    free((char *)env->template_text);
+    free((char *)env->parse_error);
+    free((char *)env->bos_token);
+    free((char *)env->eos_token);
+    *env = (srv_chat_env){0};
 }

@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "osprey/chat_template.h"
 #include "osprey/engine.h"
 #include "osprey/model.h"
 #include "server.h"
@@ -54,7 +53,6 @@ typedef struct srv_server {
     const char *model_name;
     int32_t max_model_len, n_vocab;
     srv_chat_env chat;
-    char *chat_template_owned;
     srv_metrics *metrics;
     pthread_mutex_t mu;
     pthread_cond_t idle;
@@ -1152,36 +1150,6 @@ static srv_config parse_flags(int argc, char **argv) {
     return c;
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    char tmp[8192];
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (len + n + 1 > cap) {
-            cap = (len + n + 1) * 2;
-            char *p = realloc(buf, cap);
-            if (!p) break;
-            buf = p;
-        }
-        memcpy(buf + len, tmp, n);
-        len += n;
-    }
-    fclose(f);
-    if (buf) buf[len] = 0;
-    return buf;
-}
-
-static char *token_text_dup(const osp_tokenizer *t, int32_t id) {
-    if (id < 0) return NULL;
-    size_t n;
-    char buf[256];
-    if (osp_tokenizer_token_bytes(t, id, buf, sizeof buf - 1, &n) != OSP_OK) return NULL;
-    buf[n] = 0;
-    return strdup(buf);
-}
-
 int cmd_serve(int argc, char **argv) {
     srv_server srv = {.cfg = parse_flags(argc, argv)};
     const srv_config *cfg = &srv.cfg;
@@ -1216,28 +1184,12 @@ int cmd_serve(int argc, char **argv) {
     const osp_model_config *mc = osp_model_config_get(osp_engine_model(srv.engine));
     if (mc->n_vocab < srv.n_vocab) srv.n_vocab = mc->n_vocab;
 
-    if (cfg->chat_template_path) {
-        srv.chat_template_owned = read_file(cfg->chat_template_path);
-        if (!srv.chat_template_owned) cli_die(OSP_OK, "--chat-template: cannot read '%s'", cfg->chat_template_path);
-    } else {
-        osp_gguf_str tmpl = {0};
-        if (osp_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == OSP_OK && tmpl.data)
-            srv.chat_template_owned = strndup(tmpl.data, (size_t)tmpl.len);
-    }
-    srv.chat.template_text = srv.chat_template_owned;
-    osp_chat_template *parsed = NULL;
-    if (srv.chat_template_owned) {
-        if (osp_chat_template_parse(srv.chat_template_owned, strlen(srv.chat_template_owned), &parsed) != OSP_OK) {
-            srv.chat.parse_error = strdup(osp_last_error());
-            slog(&srv, LOG_WARNING, "the chat template does not parse (chat requests will fail): %s", srv.chat.parse_error);
-        }
-    } else {
+    if (srv_chat_env_load(&srv.chat, g, srv.tok, cfg->chat_template_path))
+        cli_die(OSP_OK, "--chat-template: cannot read '%s'", cfg->chat_template_path);
+    if (srv.chat.parse_error)
+        slog(&srv, LOG_WARNING, "the chat template does not parse (chat requests will fail): %s", srv.chat.parse_error);
+    else if (!srv.chat.template_text)
         slog(&srv, LOG_WARNING, "the model has no chat template: /v1/chat/completions needs --chat-template");
-    }
-    srv.chat.parsed = parsed;
-    char *bos = token_text_dup(srv.tok, osp_tokenizer_bos(srv.tok)), *eos = token_text_dup(srv.tok, osp_tokenizer_eos(srv.tok));
-    srv.chat.bos_token = bos;
-    srv.chat.eos_token = eos;
 
     srv.metrics = srv_metrics_new();
     pthread_mutex_init(&srv.mu, NULL);
@@ -1283,10 +1235,6 @@ int cmd_serve(int argc, char **argv) {
     osp_engine_free(srv.engine);
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
-    free(srv.chat_template_owned);
-    osp_chat_template_free(parsed);
-    free((char *)srv.chat.parse_error);
-    free(bos);
-    free(eos);
+    srv_chat_env_free(&srv.chat);
     return ls == OSP_OK ? 0 : 1;
 }

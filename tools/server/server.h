@@ -137,6 +137,14 @@ typedef struct srv_chat_env {
     const char *bos_token, *eos_token;
 } srv_chat_env;
 
+/* Fills *env for a model: the template from template_path when given, else the GGUF's
+ * tokenizer.chat_template (none: template_text NULL), parsed once (parse_error set when it does not
+ * parse), and the tokenizer's BOS/EOS texts; all owned by env (srv_chat_env_free). Returns -1 only
+ * when template_path cannot be read. Shared by osprey serve and osprey chat. */
+struct osp_gguf;
+int srv_chat_env_load(srv_chat_env *env, const struct osp_gguf *g, const osp_tokenizer *tok, const char *template_path);
+void srv_chat_env_free(srv_chat_env *env);
+
 /* Renders req->messages into a prompt (malloc'd, *out). Returns 0, or -1 with *err (400 for a
  * template error or a conversation it cannot render). */
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);

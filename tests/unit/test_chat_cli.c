@@ -1,0 +1,173 @@
+/* osprey chat end to end ($OSPREY_BIN, $OSPREY_MODEL; skips (77) without them): stdin from a file,
+ * greedy (--temp 0 -n 16). Each reply must equal `osprey generate --temp 0` on the prompt that
+ * `osprey render-template --add-generation-prompt` gives for the same conversation (the text
+ * /v1/chat/completions would produce): /reset forgets the history (the reply after it equals a
+ * fresh single-turn reply), and without /reset the second turn sees the first (the conversation
+ * with the first reply as the assistant's message). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static char g_dir[256];
+static const char *g_bin, *g_model;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Runs g_bin with argv (no shell: arguments pass byte for byte), stdin from `in` (or /dev/null);
+ * returns the exit status and the stdout text (malloc'd). */
+static int run(char *const argv[], const char *in, char **out) {
+    char o[512], e[512];
+    snprintf(o, sizeof o, "%s/out", g_dir);
+    snprintf(e, sizeof e, "%s/err", g_dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (!freopen(in ? in : "/dev/null", "rb", stdin) || !freopen(o, "wb", stdout) || !freopen(e, "wb", stderr)) _exit(126);
+        execv(g_bin, argv);
+        _exit(127);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    *out = slurp(o);
+    if (!WIFEXITED(st)) return -1;
+    if (WEXITSTATUS(st) != 0) {
+        char *err = slurp(e);
+        fprintf(stderr, "%s exited %d: %s\n", argv[1], WEXITSTATUS(st), err);
+        free(err);
+    }
+    return WEXITSTATUS(st);
+}
+
+/* The greedy reply (16 tokens) to a conversation given as a JSON messages array, the way osprey
+ * serve would produce it: render-template, then generate on exactly that text (generate echoes the
+ * prompt and ends with a newline; both are taken off). */
+static char *reference_reply(const char *messages_json) {
+    char *rendered;
+    char *rargv[] = {(char *)g_bin, "render-template", "-m", (char *)g_model, "--messages", (char *)messages_json,
+                     "--add-generation-prompt", NULL};
+    assert_int_equal(run(rargv, NULL, &rendered), 0);
+    char *gen;
+    char *gargv[] = {(char *)g_bin, "generate", "-m", (char *)g_model, "-p", rendered, "--temp", "0", "-n", "16", NULL};
+    assert_int_equal(run(gargv, NULL, &gen), 0);
+    const size_t pl = strlen(rendered), gl = strlen(gen);
+    assert_true(gl > pl && strncmp(gen, rendered, pl) == 0 && gen[gl - 1] == '\n');
+    gen[gl - 1] = 0;
+    char *r = strdup(gen + pl);
+    free(rendered);
+    free(gen);
+    return r;
+}
+
+/* osprey chat on `input`; returns stdout. */
+static char *chat(const char *input) {
+    char in[512];
+    snprintf(in, sizeof in, "%s/in", g_dir);
+    write_text(in, input);
+    char *out;
+    char *argv[] = {(char *)g_bin, "chat", "-m", (char *)g_model, "--temp", "0", "-n", "16", NULL};
+    assert_int_equal(run(argv, in, &out), 0);
+    return out;
+}
+
+static char *json_quote(const char *s) {
+    char *q = malloc(2 * strlen(s) + 3), *p = q;
+    *p++ = '"';
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') *p++ = '\\', *p++ = *s;
+        else if (*s == '\n') *p++ = '\\', *p++ = 'n';
+        else *p++ = *s;
+    }
+    *p++ = '"';
+    *p = 0;
+    return q;
+}
+
+static void test_reset_forgets(void **state) {
+    (void)state;
+    char *out = chat("Hello\n/reset\nWhat is 2+2?\n/exit\nNot read\n");
+    char *r1 = reference_reply("[{\"role\":\"user\",\"content\":\"Hello\"}]");
+    char *r2 = reference_reply("[{\"role\":\"user\",\"content\":\"What is 2+2?\"}]");
+    assert_true(strlen(r1) > 0 && strlen(r2) > 0);
+    char *want = malloc(strlen(r1) + strlen(r2) + 3);
+    sprintf(want, "%s\n%s\n", r1, r2);
+    assert_string_equal(out, want); /* two replies, nothing after /exit */
+    free(want), free(r1), free(r2), free(out);
+}
+
+static void test_history_kept(void **state) {
+    (void)state;
+    char *out = chat("Hello\nWhat is 2+2?\n"); /* EOF quits */
+    char *r1 = reference_reply("[{\"role\":\"user\",\"content\":\"Hello\"}]");
+    char *q = json_quote(r1);
+    char msgs[4096];
+    snprintf(msgs, sizeof msgs,
+             "[{\"role\":\"user\",\"content\":\"Hello\"},{\"role\":\"assistant\",\"content\":%s},"
+             "{\"role\":\"user\",\"content\":\"What is 2+2?\"}]",
+             q);
+    char *r2 = reference_reply(msgs);
+    char *want = malloc(strlen(r1) + strlen(r2) + 3);
+    sprintf(want, "%s\n%s\n", r1, r2);
+    assert_string_equal(out, want);
+    free(want), free(q), free(r1), free(r2), free(out);
+}
+
+static void test_no_template_file(void **state) {
+    (void)state;
+    char *out;
+    char *argv[] = {(char *)g_bin, "chat", "-m", (char *)g_model, "--chat-template", "/nonexistent/t.jinja", NULL};
+    assert_int_equal(run(argv, NULL, &out), 1);
+    assert_string_equal(out, "");
+    free(out);
+}
+
+int main(void) {
+    g_bin = getenv("OSPREY_BIN");
+    g_model = getenv("OSPREY_MODEL");
+    if (!g_bin || access(g_bin, X_OK) != 0) {
+        fprintf(stderr, "SKIP: OSPREY_BIN is not set or not executable\n");
+        return 77;
+    }
+    if (!g_model || access(g_model, R_OK) != 0) {
+        fprintf(stderr, "SKIP: model not available (%s); run scripts/fetch-model.sh\n", g_model ? g_model : "OSPREY_MODEL unset");
+        return 77;
+    }
+    snprintf(g_dir, sizeof g_dir, "/tmp/osprey_chat_cli_XXXXXX");
+    if (!mkdtemp(g_dir)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reset_forgets),
+        cmocka_unit_test(test_history_kept),
+        cmocka_unit_test(test_no_template_file),
+    };
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
+    return rc;
+}
