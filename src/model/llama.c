@@ -619,14 +619,9 @@ static void forward_task(void *arg, int ith, int nth) {
         }
         osp_threadpool_barrier(pool);
         osp_split(T * c->n_head, ith, nth, &i0, &i1);
-        if (kv->dtype == OSP_KV_DTYPE_F16)
-            osp_cpu_paged_attention_f16(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
-                                        b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
-                                        c->n_head, c->n_head_kv, D, scale, scores, i0, i1);
-        else
-            osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], w->attn, b->num_seqs, b->query_start_loc,
-                                    b->positions, b->block_table, b->max_blocks_per_seq, kv->block_size,
-                                    c->n_head, c->n_head_kv, D, scale, scores, i0, i1);
+        osp_cpu_paged_attention(w->q, kv->k[l], kv->v[l], kv->dtype == OSP_KV_DTYPE_F16, w->attn, b->num_seqs,
+                                b->query_start_loc, b->positions, b->block_table, b->max_blocks_per_seq,
+                                kv->block_size, c->n_head, c->n_head_kv, D, scale, scores, i0, i1);
         osp_threadpool_barrier(pool);
         quant_rows(m, w->attn, w->xq, T, QD, ith, nth);
         osp_threadpool_barrier(pool);

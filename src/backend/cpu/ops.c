@@ -110,14 +110,18 @@ void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
-void osp_cpu_paged_attention(const float *q, const float *k, const float *v, float *out,
+#define MAX_HEAD_DIM 1024
+
+void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool f16, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
                              int64_t n_head_kv, int64_t head_dim, float scale, float *sc,
                              int64_t item_begin, int64_t item_end) {
     const int64_t group = n_head / n_head_kv;
-    const int64_t kv_row = n_head_kv * head_dim; /* floats per slot */
+    const int64_t kv_row = n_head_kv * head_dim; /* elements per slot */
+    const size_t elem = f16 ? 2 : 4;
+    float row[MAX_HEAD_DIM];
     int32_t s = 0;
     for (int64_t item = item_begin; item < item_end; item++) {
         const int64_t t = item / n_head, h = item % n_head;
@@ -130,8 +134,9 @@ void osp_cpu_paged_attention(const float *q, const float *k, const float *v, flo
         float mx = -INFINITY;
         for (int64_t p = 0; p < n_ctx; p++) {
             const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *kp = k + slot * kv_row + kvh * head_dim;
-            sc[p] = osp_cpu_dot(qh, kp, head_dim) * scale;
+            const void *kp = (const char *)k + (size_t)(slot * kv_row + kvh * head_dim) * elem;
+            if (f16) osp_cpu_f16_to_f32_row(kp, row, head_dim);
+            sc[p] = osp_cpu_dot(qh, f16 ? row : kp, head_dim) * scale;
             if (sc[p] > mx) mx = sc[p];
         }
         float sum = 0.0f;
@@ -143,7 +148,9 @@ void osp_cpu_paged_attention(const float *q, const float *k, const float *v, flo
         memset(o, 0, (size_t)head_dim * sizeof *o);
         for (int64_t p = 0; p < n_ctx; p++) {
             const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *vp = v + slot * kv_row + kvh * head_dim;
+            const void *vraw = (const char *)v + (size_t)(slot * kv_row + kvh * head_dim) * elem;
+            if (f16) osp_cpu_f16_to_f32_row(vraw, row, head_dim);
+            const float *vp = f16 ? row : vraw;
             const float w = sc[p];
             for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
         }

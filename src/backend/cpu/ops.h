@@ -7,6 +7,7 @@
 #ifndef OSP_BACKEND_CPU_OPS_H
 #define OSP_BACKEND_CPU_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,13 +59,14 @@ void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
 /* Causal attention of each query token over its sequence's paged K/V (GQA: query head h reads
  * kv head h / (n_head / n_head_kv)).
  * q:   [num_tokens, n_head, head_dim]      out: [num_tokens, n_head, head_dim]
- * k,v: pages [num_blocks, block_size, n_head_kv, head_dim]
+ * k,v: pages [num_blocks, block_size, n_head_kv, head_dim] of fp32, or of f16 when `f16` (each row
+ *      widened to fp32 as it is read; head_dim <= 1024)
  * Token t of sequence s (query_start_loc[s] <= t < query_start_loc[s+1]) attends to the positions
  * 0..positions[t] of s, found through block_table[s * max_blocks + p / block_size].
  * Only the work items [item_begin, item_end) of the num_tokens * n_head (token, head) pairs are
  * computed (item = t * n_head + h), single-threaded: the caller splits items over a thread pool.
  * scores: this thread's workspace of max_seq_len floats. softmax(q k^T * scale) v in fp32. */
-void osp_cpu_paged_attention(const float *q, const float *k, const float *v, float *out,
+void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool f16, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
@@ -75,12 +77,7 @@ void osp_cpu_paged_attention(const float *q, const float *k, const float *v, flo
  * slot_mapping (round to nearest even). */
 void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v_pages, const int32_t *slot_mapping,
                           int64_t num_tokens, int64_t kv_row);
-/* osp_cpu_paged_attention over f16 pages (uint16_t, same layout); K/V widened to fp32 per row, the
- * rest as the fp32 reference. head_dim <= 1024. */
-void osp_cpu_paged_attention_f16(const float *q, const void *k_pages, const void *v_pages, float *out,
-                                 int32_t num_seqs, const int32_t *query_start_loc, const int32_t *positions,
-                                 const int32_t *block_table, int32_t max_blocks, int32_t block_size,
-                                 int64_t n_head, int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
-                                 int64_t item_begin, int64_t item_end);
+/* Widens n f16 values to fp32 (exact; F16C when the build has it). */
+void osp_cpu_f16_to_f32_row(const uint16_t *x, float *y, int64_t n);
 
 #endif
