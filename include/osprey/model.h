@@ -76,6 +76,12 @@ void osp_model_free(osp_model *m); /* NULL is fine */
 const osp_model_config *osp_model_config_get(const osp_model *m);
 const osp_gguf *osp_model_gguf(const osp_model *m); /* owned by the model */
 
+/* The model's worker threads (the forward pass's thread pool), lent to other per-step work such as
+ * sampling so the step uses one set of threads: fn(ctx, ith, nth) runs on all nth threads and the
+ * call returns when all have. Not while a forward pass runs; not reentrant. */
+int osp_model_n_threads(const osp_model *m);
+void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
 /* Element type of the KV cache pages. Values are ggml type ids. New values (FP8 pages with separate
  * scale pools, NVFP4) are appended. */
 typedef enum osp_kv_dtype {

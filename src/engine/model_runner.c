@@ -8,6 +8,29 @@
 #include <string.h>
 
 #include "core/status_internal.h"
+#include "core/threadpool.h"
+
+/* Samples rows [begin, end) of this step on model thread ith, with the sampler scratch slot ith: the
+ * forward pass's threads do the sampling too, so no second set of threads (OpenMP) competes with
+ * them for the cores. */
+typedef struct sample_ctx {
+    osp_model_runner *r;
+    int32_t nr;
+    osp_status call_status; /* a bad call (not a bad row); written by the thread that saw it */
+} sample_ctx;
+
+static void sample_task(void *arg, int ith, int nth) {
+    sample_ctx *c = arg;
+    osp_model_runner *r = c->r;
+    long long b, e;
+    osp_split(c->nr, ith, nth, &b, &e);
+    if (b == e) return;
+    const osp_status st = osp_sample_rows(r->ws, ith, r->logits, (int32_t)b, (int32_t)e, r->n_vocab, r->rows,
+                                          r->tokens, r->lp, r->status);
+    bool row_failed = false;
+    for (long long i = b; i < e; i++) row_failed |= r->status[i] != OSP_OK;
+    if (st != OSP_OK && !row_failed) c->call_status = st;
+}
 
 osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                              int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int n_threads,
@@ -20,7 +43,8 @@ osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_siz
     r->max_rows = max_rows;
     osp_status s = osp_kv_cache_create(m, num_blocks, block_size, dtype, &r->kv);
     if (s == OSP_OK) s = osp_pb_create(max_rows, max_model_len, block_size, max_tokens, &r->pb);
-    if (s == OSP_OK) s = osp_sampler_workspace_create(max_rows, r->n_vocab, n_threads, &r->ws);
+    /* one scratch slot per model thread: rows are sampled on the model's thread pool */
+    if (s == OSP_OK) s = osp_sampler_workspace_create(max_rows, r->n_vocab, osp_model_n_threads(m), &r->ws);
     if (s == OSP_OK) {
         const size_t R = (size_t)max_rows, P = OSP_MAX_PROMPT_LP_PER_STEP;
         r->logits = malloc(sizeof(float) * (R + P) * (size_t)r->n_vocab);
@@ -161,7 +185,9 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         }
     }
     if (nr > 0) {
-        const osp_status st = osp_sample_batch(r->ws, r->logits, nr, r->n_vocab, r->rows, r->tokens, r->lp, r->status);
+        sample_ctx sc = {r, nr, OSP_OK};
+        osp_model_run_parallel(r->model, sample_task, &sc);
+        const osp_status st = sc.call_status;
         bool row_failed = false;
         for (int32_t i = 0; i < nr; i++) row_failed |= r->status[i] != OSP_OK;
         if (st != OSP_OK && !row_failed) return st; /* a bad call, not a bad row */

@@ -344,6 +344,10 @@ void osp_model_free(osp_model *m) {
 
 const osp_model_config *osp_model_config_get(const osp_model *m) { return &m->cfg; }
 const osp_gguf *osp_model_gguf(const osp_model *m) { return m->gguf; }
+int osp_model_n_threads(const osp_model *m) { return m->n_threads; }
+void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
+    osp_threadpool_run(m->pool, fn, ctx);
+}
 
 /* ---- KV cache ---------------------------------------------------------------------------------- */
 
