@@ -36,9 +36,39 @@ static const char *error_type(int status) {
     }
 }
 
+/* Copies `in` to out[cap] as valid UTF-8: every byte that does not start a well-formed sequence
+ * (overlong, surrogate, past U+10FFFF, cut short) becomes U+FFFD. Error messages quote request bytes
+ * and may be cut mid-character by snprintf; jansson refuses strings that are not valid UTF-8. */
+static void utf8_sanitize(const char *in, char *out, size_t cap) {
+    const unsigned char *p = (const unsigned char *)in;
+    size_t o = 0;
+    while (*p && o + 4 < cap) {
+        const unsigned c = p[0];
+        size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
+                   : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        for (size_t i = 1; i < len; i++)
+            if ((p[i] & 0xC0) != 0x80) len = 0;
+        if (len == 3 && ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F))) len = 0;
+        if (len == 4 && ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] > 0x8F))) len = 0;
+        if (len == 0) {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            p++;
+        } else {
+            memcpy(out + o, p, len);
+            o += len;
+            p += len;
+        }
+    }
+    out[o] = '\0';
+}
+
 char *srv_error_json(const srv_error *err) {
-    json_t *e = json_pack("{s:s, s:s, s:o, s:i}", "message", err->message, "type", error_type(err->status),
-                          "param", err->param[0] ? json_string(err->param) : json_null(), "code", err->status);
+    char msg[sizeof err->message * 3 + 4], param[sizeof err->param * 3 + 4];
+    utf8_sanitize(err->message, msg, sizeof msg);
+    utf8_sanitize(err->param, param, sizeof param);
+    json_t *e = json_pack("{s:s, s:s, s:o, s:i}", "message", msg, "type", error_type(err->status),
+                          "param", param[0] ? json_string(param) : json_null(), "code", err->status);
     json_t *root = json_pack("{s:o}", "error", e);
     char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
