@@ -64,15 +64,19 @@ test-asan: build-asan fetch
 # Each target fuzzes for FUZZ_SECONDS, starting from its committed seeds (tests/fuzz/corpus/<name>/);
 # new inputs go to build-fuzz/corpus/<name>/ so the committed corpus stays as it is, and crash
 # reproducers to build-fuzz/artifacts/.
+# Every target runs even if an earlier one crashed; the failures are listed at the end.
 fuzz: build-fuzz
-	@set -e; for t in $(FUZZ_TARGETS); do \
+	@failed=""; for t in $(FUZZ_TARGETS); do \
 	    c=$${t#fuzz_}; mkdir -p build-fuzz/corpus/$$c build-fuzz/artifacts; \
 	    echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
 	    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	    build-fuzz/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 \
 	        -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/$$t- \
-	        build-fuzz/corpus/$$c tests/fuzz/corpus/$$c; \
-	done
+	        build-fuzz/corpus/$$c tests/fuzz/corpus/$$c || failed="$$failed $$t"; \
+	done; \
+	if [ -n "$$failed" ]; then \
+	    echo "fuzz: FAILED:$$failed (reproducers: build-fuzz/artifacts/)"; ls build-fuzz/artifacts; exit 1; \
+	fi; echo "fuzz: all targets clean"
 
 clean:
 	rm -rf build build-asan build-fuzz
