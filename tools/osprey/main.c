@@ -77,6 +77,13 @@ int main(int argc, char **argv) {
         fputs(k_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    /* serve and render-template list their own flags; the others share this usage text */
+    if (strcmp(argv[1], "serve") != 0 && strcmp(argv[1], "render-template") != 0)
+        for (int i = 2; i < argc; i++)
+            if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+                fputs(k_usage, stdout);
+                return 0;
+            }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
