@@ -20,23 +20,7 @@
 #include <cmocka.h>
 
 #include "core/dtype.h"
-
-static size_t unhex(const char *h, uint8_t *out, size_t cap) {
-    size_t n = 0;
-    while (h[0] && h[1] && n < cap && h[0] != ' ' && h[0] != '\n') {
-        unsigned v;
-        sscanf(h, "%2x", &v);
-        out[n++] = (uint8_t)v;
-        h += 2;
-    }
-    return n;
-}
-
-static uint32_t type_by_name(const char *name) {
-    for (uint32_t t = 0; t < OSP_DTYPE_COUNT; t++)
-        if (osp_dtype_name(t) && strcmp(osp_dtype_name(t), name) == 0) return t;
-    return UINT32_MAX;
-}
+#include "fixture_util.h"
 
 static void test_dequant_matches_gguf_py(void **state) {
     (void)state;
@@ -53,16 +37,16 @@ static void test_dequant_matches_gguf_py(void **state) {
         int n, off;
         assert_int_equal(sscanf(p, "%15s %d %n", name, &n, &off), 2);
         p += off;
-        const uint32_t t = type_by_name(name);
+        const uint32_t t = fixture_type_by_name(name);
         assert_true(t != UINT32_MAX);
         if (t != last_type) types_seen++, last_type = t;
         static uint8_t x[4096], q[4096], y[4096];
         const bool no_input = p[0] == '-'; /* a row made from random block bytes */
-        size_t nx = no_input ? 0 : unhex(p, x, sizeof x);
+        size_t nx = no_input ? 0 : fixture_unhex(p, x, sizeof x);
         p = strchr(p, ' ') + 1;
-        size_t nq = unhex(p, q, sizeof q);
+        size_t nq = fixture_unhex(p, q, sizeof q);
         p = strchr(p, ' ') + 1;
-        size_t ny = unhex(p, y, sizeof y);
+        size_t ny = fixture_unhex(p, y, sizeof y);
         assert_int_equal(nx, no_input ? 0 : (size_t)n * 4);
         assert_int_equal(ny, (size_t)n * 4);
         assert_int_equal(nq, osp_dtype_row_size(t, n));

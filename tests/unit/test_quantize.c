@@ -22,24 +22,8 @@
 #include <cmocka.h>
 
 #include "core/dtype.h"
+#include "fixture_util.h"
 #include "core/quantize.h"
-
-static size_t unhex(const char *h, uint8_t *out, size_t cap) {
-    size_t n = 0;
-    while (h[0] && h[1] && n < cap && h[0] != ' ' && h[0] != '\n') {
-        unsigned v;
-        sscanf(h, "%2x", &v);
-        out[n++] = (uint8_t)v;
-        h += 2;
-    }
-    return n;
-}
-
-static uint32_t type_by_name(const char *name) {
-    for (uint32_t t = 0; t < OSP_DTYPE_COUNT; t++)
-        if (osp_dtype_name(t) && strcmp(osp_dtype_name(t), name) == 0) return t;
-    return UINT32_MAX;
-}
 
 static void test_bytes_match_gguf_py(void **state) {
     (void)state;
@@ -56,15 +40,15 @@ static void test_bytes_match_gguf_py(void **state) {
         int n, off;
         assert_int_equal(sscanf(p, "%15s %d %n", name, &n, &off), 2);
         p += off;
-        const uint32_t t = type_by_name(name);
+        const uint32_t t = fixture_type_by_name(name);
         assert_true(t != UINT32_MAX);
         if (p[0] == '-') continue; /* block bytes without an fp32 input (types gguf-py cannot quantize) */
         assert_true(osp_dtype_can_quantize(t));
         types_seen |= 1u << t;
         static uint8_t x[4096], q[4096], mine[4096];
-        size_t nx = unhex(p, x, sizeof x);
+        size_t nx = fixture_unhex(p, x, sizeof x);
         p = strchr(p, ' ') + 1;
-        size_t nq = unhex(p, q, sizeof q);
+        size_t nq = fixture_unhex(p, q, sizeof q);
         assert_int_equal(nx, (size_t)n * 4);
         assert_int_equal(nq, osp_dtype_row_size(t, n));
         float in[1024];
