@@ -40,12 +40,12 @@ build: setup
 # clang: its ASan keeps the kernels' vector loops vectorized (gcc's ASan does not, ~15x slower).
 build-asan: setup
 	CC=clang cmake -S . -B build-asan $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang \
-	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_SANITIZE=ON
+	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_SANITIZE=ON -DOSPREY_CUDA=OFF
 	cmake --build build-asan -j $(JOBS)
 
 build-fuzz: setup
 	CC=clang cmake -S . -B build-fuzz $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang \
-	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_FUZZ=ON
+	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_FUZZ=ON -DOSPREY_CUDA=OFF
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
 
 run: build fetch

@@ -1,0 +1,173 @@
+/* The CUDA backend's C interface: device memory, streams, events, graphs, cuBLASLt GEMMs and the
+ * kernels of the llama-family forward pass and the sampler, each an extern "C" launcher defined in
+ * its own .cu file under src/backend/cuda/ and checked against a CPU reference (tests/gpu/).
+ *
+ * Only src/backend/cuda/ includes CUDA headers; this header is plain C, so model/ and engine/ code
+ * calls the backend without them. Streams are passed as `void *` (a cudaStream_t; NULL = the legacy
+ * default stream). Every pointer named `d_*` or documented "device" is device memory; shapes are
+ * row-major, innermost last: [num_tokens, hidden] means num_tokens rows of hidden values.
+ *
+ * Types on the device: weights and GEMM inputs are bf16 (uint16_t bit patterns here), the residual
+ * stream and logits fp32, KV pages f16 (default) or f32 (exact) in the CPU cache's layout
+ * [num_blocks, block_size, n_head_kv, head_dim] per layer.
+ *
+ * Launchers only enqueue work: they do not synchronize, allocate nothing, and are safe inside CUDA
+ * graph capture. They return OSP_OK, or OSP_ERR_INVALID_ARG for a shape they do not support (checked
+ * on the host before launching), or OSP_ERR_INTERNAL when the launch itself failed (cudaGetLastError;
+ * the message names the kernel and CUDA's error string).
+ *
+ * When osprey is built without CUDA (no nvcc: OSPREY_CUDA off) the runtime functions below are still
+ * defined (cuda_stub.c): osp_cuda_device_count() returns 0 and everything else returns
+ * OSP_ERR_UNSUPPORTED. */
+#ifndef OSP_BACKEND_CUDA_OPS_H
+#define OSP_BACKEND_CUDA_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osprey/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- runtime (runtime.cu) ----------------------------------------------------------------------- */
+
+/* True when osprey was built with the CUDA backend. */
+bool osp_cuda_built(void);
+/* Number of CUDA devices usable now (0 without a driver, a device, or the CUDA build). Never fails. */
+int osp_cuda_device_count(void);
+/* "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90" into buf (always NUL-terminated). */
+osp_status osp_cuda_device_name(char *buf, size_t n);
+/* Free and total bytes of device memory. */
+osp_status osp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+
+/* Device allocation of `bytes` (cudaMalloc). `what` names the buffer in the error message. */
+osp_status osp_cuda_malloc(void **d_ptr, size_t bytes, const char *what);
+void osp_cuda_free(void *d_ptr); /* NULL is fine */
+/* Pinned host allocation (cudaMallocHost): the source/destination of asynchronous copies. */
+osp_status osp_cuda_host_alloc(void **ptr, size_t bytes, const char *what);
+void osp_cuda_host_free(void *ptr);
+
+osp_status osp_cuda_stream_create(void **stream);
+void osp_cuda_stream_destroy(void *stream);
+osp_status osp_cuda_stream_sync(void *stream);
+/* Asynchronous copies on `stream` (host memory should be pinned for them to be asynchronous). */
+osp_status osp_cuda_h2d(void *d_dst, const void *src, size_t bytes, void *stream);
+osp_status osp_cuda_d2h(void *dst, const void *d_src, size_t bytes, void *stream);
+osp_status osp_cuda_d2d(void *d_dst, const void *d_src, size_t bytes, void *stream);
+osp_status osp_cuda_memset(void *d_dst, int byte, size_t bytes, void *stream);
+
+/* Events for timing: elapsed milliseconds between two recorded events (synchronizes on `end`). */
+osp_status osp_cuda_event_create(void **ev);
+void osp_cuda_event_destroy(void *ev);
+osp_status osp_cuda_event_record(void *ev, void *stream);
+osp_status osp_cuda_event_elapsed_ms(void *start, void *end, float *ms);
+
+/* CUDA graphs: capture everything enqueued on `stream` between begin and end into an executable
+ * graph; launch replays it on `stream`. */
+osp_status osp_cuda_graph_begin(void *stream);
+osp_status osp_cuda_graph_end(void *stream, void **graph_exec);
+osp_status osp_cuda_graph_launch(void *graph_exec, void *stream);
+void osp_cuda_graph_destroy(void *graph_exec);
+
+/* ---- GEMM through cuBLASLt (gemm.cu) ------------------------------------------------------------- */
+
+typedef struct osp_cuda_gemm osp_cuda_gemm;
+
+/* A cuBLASLt handle with one workspace of `workspace_bytes` (allocated here, once) and a cache of
+ * matmul plans by shape. */
+osp_status osp_cuda_gemm_create(size_t workspace_bytes, osp_cuda_gemm **out);
+void osp_cuda_gemm_destroy(osp_cuda_gemm *g);
+
+/* y[t, n] = sum_k x[t, k] * w[n, k] (y = x w^T), bf16 inputs, fp32 accumulation.
+ * d_x: [T, K] bf16, d_w: [N, K] bf16 (a weight stored as N rows of K), d_y: [T, N] of bf16
+ * (y_f32 false) or fp32 (y_f32 true). The first call for a shape picks the plan (host work, not
+ * capturable: run every shape once before capturing a graph); later calls only enqueue. */
+osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32,
+                              int64_t T, int64_t N, int64_t K, void *stream);
+
+/* ---- elementwise and row kernels (ops.cu) ---------------------------------------------------------- */
+
+/* x[t, :] = float(table[ids[t], :]). d_table: [V, E] bf16; d_ids: [T] (each < V, checked by the
+ * caller); d_x: [T, E] fp32. */
+osp_status osp_cuda_embed(const uint16_t *d_table, const int32_t *d_ids, float *d_x, int64_t T, int64_t E,
+                          void *stream);
+
+/* Fused residual add + RMSNorm (Zhang & Sennrich 2019), per row t < T of E values:
+ *   if d_delta: x[t] += float(delta[t])          (x updated in place: the residual stream)
+ *   out[t] = bf16(x[t] / sqrt(mean(x[t]^2) + eps) * w)
+ * d_x: [T, E] fp32 (in/out), d_delta: [T, E] bf16 or NULL, d_w: [E] fp32, d_out: [T, E] bf16. */
+osp_status osp_cuda_add_rmsnorm(float *d_x, const uint16_t *d_delta, const float *d_w, uint16_t *d_out, int64_t T,
+                                int64_t E, float eps, void *stream);
+
+/* RMSNorm of the rows in idx: out[i] = bf16(rmsnorm(x[idx[i]]) * w) for i < n.
+ * d_x: [*, E] fp32, d_idx: [n], d_w: [E] fp32, d_out: [n, E] bf16 (the lm_head's input). */
+osp_status osp_cuda_gather_rmsnorm(const float *d_x, const int32_t *d_idx, const float *d_w, uint16_t *d_out,
+                                   int64_t n, int64_t E, float eps, void *stream);
+
+/* RoPE and the KV write, per token t < T (one launch for q, k and v):
+ *   q, k, v = the three column ranges of d_qkv[t] = [QD | KD | KD] (QD = n_head * D, KD = n_head_kv * D), fp32;
+ *   + d_bias ([QD + 2 KD] fp32, or NULL: qwen2's q/k/v biases);
+ *   each head of q and k RMS-normalized with d_q_norm / d_k_norm ([D] fp32, or NULL: qwen3), eps;
+ *   the first n_rot dims of each q and k head rotated by positions[t] * inv_freq[i] (d_inv_freq:
+ *   [n_rot / 2] fp32), pairs (2i, 2i+1) when neox is false (ggml's NORMAL rope, llama GGUFs), pairs
+ *   (i, i + n_rot/2) when true (qwen2/qwen3), the angle computed in fp32 as the CPU reference does;
+ *   d_q_out[t] = bf16(q) ([T, QD]); k and v written to slot slot_mapping[t] of the pages
+ *   (element [slot, h, d] of d_k_pages / d_v_pages: [num_slots, n_head_kv, D] of f16 (kv_f16 true)
+ *   or fp32). A negative slot skips the write (padding rows of a CUDA graph). */
+osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const float *d_q_norm,
+                                  const float *d_k_norm, const int32_t *d_positions, const float *d_inv_freq,
+                                  const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
+                                  void *d_v_pages, bool kv_f16, int64_t T, int n_head, int n_head_kv, int D,
+                                  int n_rot, bool neox, float eps, void *stream);
+
+/* out[t, j] = bf16(silu(gu[t, j]) * gu[t, F + j]) for j < F: d_gu: [T, 2F] bf16 (gate | up, one
+ * GEMM's output), d_out: [T, F] bf16. silu(x) = x / (1 + exp(-x)) in fp32. */
+osp_status osp_cuda_silu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
+
+/* out[r] = the index of the largest of logits[r, 0..V) (the smallest such index on ties; a NaN
+ * never wins unless the row is all NaN, then -1). d_logits: [R, V] fp32, d_out: [R] int32. */
+osp_status osp_cuda_argmax(const float *d_logits, int32_t *d_out, int64_t R, int64_t V, void *stream);
+
+/* Conversions for loading weights: d_out[i] = bf16(d_in[i]) (round to nearest even, NaN kept). */
+osp_status osp_cuda_f32_to_bf16(const float *d_in, uint16_t *d_out, int64_t n, void *stream);
+
+/* Seeded random weights, the same values tools/osprey make-random-model writes (its randn: the sum
+ * of four uniform 16-bit draws of splitmix64(key + (i + 1) * golden), minus its mean, times scale):
+ *   d_out[i] = offset + randn(key, base + i, scale), i < n, as bf16 (fill_bf16) or fp32 (fill_f32). */
+osp_status osp_cuda_fill_randn_bf16(uint16_t *d_out, int64_t n, uint64_t key, uint64_t base, float scale,
+                                    float offset, void *stream);
+osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64_t base, float scale, float offset,
+                                   void *stream);
+
+/* ---- paged attention (attention.cu) ---------------------------------------------------------------- */
+
+/* Causal attention over the paged KV cache for a mixed batch (prefill chunks and decodes together),
+ * the CUDA counterpart of osp_cpu_paged_attention (src/backend/cpu/ops.h):
+ *   d_q:   [T, n_head, D] bf16          d_out: [T, n_head, D] bf16
+ *   pages: [num_blocks, block_size, n_head_kv, D] of f16 (kv_f16) or fp32
+ *   token t of sequence s (query_start_loc[s] <= t < query_start_loc[s + 1]) attends to positions
+ *   0..positions[t] of s, whose K/V sit in block block_table[s * max_blocks + p / block_size] at
+ *   offset p % block_size; query head h reads kv head h / (n_head / n_head_kv).
+ *   out = softmax(q k^T * scale) v, fp32 softmax and accumulation (online softmax, Milakov &
+ *   Gimelshein 2018; FlashAttention, Dao et al. 2022), split over the KV length for long contexts
+ *   (FlashDecoding) with the partial results merged by their log-sum-exp.
+ * All index arrays are device memory: d_query_start_loc [num_seqs + 1], d_positions [T],
+ * d_block_table [num_seqs, max_blocks]. Sequences with no tokens are allowed (query_start_loc equal):
+ * they produce nothing. max_seq_len bounds every positions[t] + 1 (it sizes the split-KV grid: keep
+ * it fixed, e.g. max_model_len, when capturing a graph). D must be 64, 128 or 256... see
+ * osp_cuda_attention_supported. d_workspace: osp_cuda_attention_workspace_bytes(...) bytes. */
+bool osp_cuda_attention_supported(int n_head, int n_head_kv, int D);
+size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_head, int D, int32_t max_seq_len);
+osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages, bool kv_f16,
+                                    uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
+                                    const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
+                                    int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
+                                    int32_t max_seq_len, void *d_workspace, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
