@@ -4,10 +4,18 @@
 
 #include "osprey/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Formats the message into the thread-local buffer and returns `s`, so callers write
  * `return osp_set_error(OSP_ERR_FORMAT, "%s: bad magic", path);`. */
 osp_status osp_set_error(osp_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void osp_clear_error(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 /* Propagate a failing status from a callee, keeping its message. */
 #define OSP_TRY(expr)                                                                              \
