@@ -4,6 +4,9 @@
 #   make test       set up, fetch the model, build, run every test (ctest)
 #   make test-asan  the same tests in a separate ASan+UBSan build (build-asan/)
 #   make fuzz       clang + libFuzzer build (build-fuzz/), each target for FUZZ_SECONDS on its seeds
+#   make test-gpu   the GPU tests (label gpu). On the GPU machine, where nothing can be installed, it
+#                   runs the binaries scripts/gpu-pack.sh built and staged in .carry/ (no setup step);
+#                   elsewhere it builds and runs ctest -L gpu (they skip without a CUDA device)
 #
 # Variables: WERROR=ON (warnings are errors, as in CI), JOBS (build and ctest parallelism),
 # FUZZ_SECONDS, PROMPT, N_TOKENS, CMAKE_ARGS (extra -D flags for every configure).
@@ -22,7 +25,7 @@ N_TOKENS     ?= 64
 CMAKE_COMMON := -G Ninja -DOSPREY_WERROR=$(WERROR) $(CMAKE_ARGS)
 FUZZ_TARGETS  = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all setup fetch build build-asan build-fuzz run test test-asan fuzz clean
+.PHONY: all setup fetch build build-asan build-fuzz run test test-asan test-gpu fuzz clean
 
 all: build
 
@@ -53,6 +56,13 @@ run: build fetch
 
 test: build fetch
 	ctest --test-dir build --output-on-failure --no-tests=error -j $(JOBS)
+
+test-gpu:
+	@if [ -f .carry/gpu.tar.xz ]; then \
+	    bash scripts/gpu-test.sh all; \
+	else \
+	    $(MAKE) build fetch && ctest --test-dir build --output-on-failure -L gpu; \
+	fi
 
 # Every test, golden ones included: with clang's ASan and UBSan off in the kernels (CMakeLists.txt)
 # the whole-model golden tests cost ~2 min of CPU here instead of ~20, and the tokenizer golden test

@@ -37,6 +37,9 @@ typedef enum osp_sched_policy {
 
 typedef struct osp_engine_params {
     const char *model_path;         /* GGUF file */
+    const char *random_weights;     /* instead of model_path: a preset's shapes with random weights drawn on
+                                       the GPU (osp_model_load_random; device must be OSP_DEVICE_CUDA) */
+    uint64_t random_seed;           /* with random_weights */
     int n_threads;                  /* 0 = all cores */
     int32_t block_size;             /* tokens per KV block (16) */
     int64_t kv_cache_memory;        /* KV bytes over all layers (K and V); 0 = enough for max_num_seqs
@@ -44,6 +47,9 @@ typedef struct osp_engine_params {
     int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests) */
     osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default) or F32 */
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
+    osp_device device;              /* OSP_DEVICE_CPU (default) or OSP_DEVICE_CUDA (osp_model_params.device) */
+    void (*load_progress)(void *ctx, float fraction); /* osp_model_params.progress; NULL: silent */
+    void *load_progress_ctx;
     int32_t max_num_seqs;           /* running requests per step (256) */
     int32_t max_num_batched_tokens; /* token budget per step (2048) */
     int32_t max_model_len;          /* prompt + output tokens; 0 = the model's context length */
@@ -176,6 +182,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out);
 void osp_engine_free(osp_engine *e);
 
 const osp_model *osp_engine_model(const osp_engine *e);
+/* Bytes of the engine's KV cache pages (on the model's device). */
+size_t osp_engine_kv_cache_bytes(const osp_engine *e);
 const osp_engine_params *osp_engine_params_get(const osp_engine *e); /* resolved values */
 
 /* Queues a request (thread-safe). Admission checks happen here, synchronously:

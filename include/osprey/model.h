@@ -56,7 +56,22 @@ typedef struct osp_model_config {
                            * before RoPE (qwen3) */
 } osp_model_config;
 
+/* Where the forward pass runs. */
+typedef enum osp_device {
+    OSP_DEVICE_CPU = 0,  /* the CPU backend (src/backend/cpu): weights stay in the GGUF mapping */
+    OSP_DEVICE_CUDA = 1, /* the CUDA backend (src/backend/cuda): weights in bf16 on GPU 0, KV pages there */
+} osp_device;
+
+/* "cpu" / "cuda" / "auto" (cuda when a CUDA device is present, else cpu). OSP_ERR_INVALID_ARG otherwise. */
+osp_status osp_device_parse(const char *name, osp_device *out);
+const char *osp_device_name(osp_device d);
+
 typedef struct osp_model_params {
+    osp_device device; /* default OSP_DEVICE_CPU */
+    /* Called during loading with the fraction done (0..1] of the weights placed on the device; NULL:
+     * silent. On the library's thread; must not call back into the model. */
+    void (*progress)(void *ctx, float fraction);
+    void *progress_ctx;
     int n_threads; /* 0 = all available cores */
     bool exact;    /* true: fp32 activations in every matmul (the reference path the golden tests use);
                     * false (default): int8-quantized activations for block-quantized weights (faster;
@@ -65,7 +80,12 @@ typedef struct osp_model_params {
 
 osp_model_params osp_model_default_params(void);
 
-/* Loads `path`. The model keeps the GGUF mapping open; weights are views into it.
+/* Loads `path`. The model keeps the GGUF mapping open; on the CPU weights are views into it; on the
+ * GPU (params->device OSP_DEVICE_CUDA) every matrix is dequantized to fp32 and stored as bf16 there
+ * (q/k/v and gate/up fused into one matrix each), norms, biases and RoPE frequencies as fp32.
+ * OSP_ERR_UNSUPPORTED also when CUDA is asked for but not built or no device is present, or when the
+ * model's shapes are outside what the CUDA kernels support (head_dim, GQA); OSP_ERR_NOMEM when the GPU
+ * lacks memory (the message gives the sizes).
  * Errors: everything osp_gguf_open() returns; OSP_ERR_UNSUPPORTED for an architecture other than
  * llama, qwen2, qwen3, a rope scaling other than none / linear / llama3 factors (yarn, longrope), or a
  * tensor type that cannot be computed with (message names file, tensor and type);
@@ -73,7 +93,20 @@ osp_model_params osp_model_default_params(void);
 osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out);
 void osp_model_free(osp_model *m); /* NULL is fine */
 
+/* A model of a preset's shapes (osprey make-random-model --list-presets: smollm2-135m, llama-3.1-8b,
+ * qwen3-8b, tiny...) with seeded random weights drawn directly on the GPU (params->device must be
+ * OSP_DEVICE_CUDA): no file, for speed measurements of big shapes. The weights are bit-identical to
+ * those of `osprey make-random-model --preset P --dtype bf16 --seed S`. The model has no GGUF
+ * (osp_model_gguf returns NULL: no tokenizer). Errors: OSP_ERR_INVALID_ARG for an unknown preset,
+ * OSP_ERR_UNSUPPORTED on the CPU or without CUDA, and those of loading on the GPU. */
+osp_status osp_model_load_random(const char *preset, uint64_t seed, const osp_model_params *params, osp_model **out);
+
 const osp_model_config *osp_model_config_get(const osp_model *m);
+osp_device osp_model_device(const osp_model *m);
+/* Bytes of device memory the weights take (0 on the CPU). */
+size_t osp_model_device_weight_bytes(const osp_model *m);
+/* Bytes of the cache's pages (host or device memory). */
+size_t osp_kv_cache_bytes(const osp_kv_cache *kv);
 const osp_gguf *osp_model_gguf(const osp_model *m); /* owned by the model */
 
 /* The model's worker threads (the forward pass's thread pool), lent to other per-step work such as
@@ -124,7 +157,8 @@ typedef struct osp_batch {
 } osp_batch;
 
 /* Runs the model on `batch`, writing K/V into `kv` and logits [num_logits, n_vocab] (fp32,
- * caller-owned) into `logits`. Errors: OSP_ERR_INVALID_ARG for an inconsistent batch (token id out of
+ * caller-owned) into `logits`; on the GPU `logits` may be NULL: they then stay on the device (for the
+ * device sampler), and the call returns without waiting for the GPU. Errors: OSP_ERR_INVALID_ARG for an inconsistent batch (token id out of
  * the vocabulary, slot or block id out of the cache, positions beyond seq_lens, ...); the cache is
  * not modified then. Not thread-safe per model: one forward at a time. */
 osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *batch, float *logits);

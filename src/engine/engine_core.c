@@ -79,7 +79,8 @@ osp_engine_params osp_engine_default_params(void) {
 
 osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) {
     *out = NULL;
-    if (!params || !params->model_path) return osp_set_error(OSP_ERR_INVALID_ARG, "engine: no model_path");
+    if (!params || (!params->model_path && !params->random_weights))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "engine: no model_path");
     osp_engine_params p = *params;
     if (p.block_size <= 0 || p.max_num_seqs <= 0 || p.max_num_batched_tokens <= 0 || p.max_model_len < 0 ||
         p.kv_cache_memory < 0 || p.num_blocks < 0)
@@ -95,7 +96,11 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = p.n_threads;
     mp.exact = p.exact;
-    osp_status s = osp_model_load(p.model_path, &mp, &e->model);
+    mp.device = p.device;
+    mp.progress = p.load_progress;
+    mp.progress_ctx = p.load_progress_ctx;
+    osp_status s = p.random_weights ? osp_model_load_random(p.random_weights, p.random_seed, &mp, &e->model)
+                                    : osp_model_load(p.model_path, &mp, &e->model);
     if (s != OSP_OK) goto fail;
     const osp_model_config *c = osp_model_config_get(e->model);
     e->n_vocab = c->n_vocab;
@@ -118,7 +123,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     }
     /* end-of-generation ids from the tokenizer (a model without a vocabulary has none) */
     osp_tokenizer *tok = NULL;
-    if (osp_tokenizer_load(osp_model_gguf(e->model), &tok) == OSP_OK) {
+    if (osp_model_gguf(e->model) && osp_tokenizer_load(osp_model_gguf(e->model), &tok) == OSP_OK) {
         eos = malloc(sizeof *eos * 64);
         for (int32_t i = 0; eos && i < c->n_vocab && n_eos < 64; i++)
             if (osp_tokenizer_is_eog(tok, i)) eos[n_eos++] = i;
@@ -166,6 +171,7 @@ void osp_engine_free(osp_engine *e) {
 }
 
 const osp_model *osp_engine_model(const osp_engine *e) { return e->model; }
+size_t osp_engine_kv_cache_bytes(const osp_engine *e) { return osp_kv_cache_bytes(e->runner->kv); }
 const osp_engine_params *osp_engine_params_get(const osp_engine *e) { return &e->p; }
 
 static int32_t table_find(const osp_engine *e, uint64_t id) {

@@ -9,6 +9,7 @@
 
 #include "core/status_internal.h"
 #include "core/threadpool.h"
+#include "model/llama_cuda.h"
 
 /* Samples rows [begin, end) of this step on model thread ith, with the sampler scratch slot ith: the
  * forward pass's threads do the sampling too, so no second set of threads (OpenMP) competes with
@@ -55,7 +56,8 @@ osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_siz
         r->lp = malloc(sizeof *r->lp * R);
         r->status = malloc(sizeof *r->status * (R + P));
         r->plp_next = malloc(sizeof *r->plp_next * P);
-        if (!r->logits || !r->rows || !r->row_req || !r->row_entry || !r->tokens || !r->lp || !r->status || !r->plp_next)
+        r->lrow = malloc(sizeof *r->lrow * R);
+        if (!r->lrow || !r->logits || !r->rows || !r->row_req || !r->row_entry || !r->tokens || !r->lp || !r->status || !r->plp_next)
             s = osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for logits");
     }
     if (s != OSP_OK) {
@@ -79,6 +81,7 @@ void osp_runner_destroy(osp_model_runner *r) {
     free(r->lp);
     free(r->status);
     free(r->plp_next);
+    free(r->lrow);
     free(r);
 }
 
@@ -129,7 +132,10 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         t0 += n;
     }
     pb->batch.num_logits = nl + np;
-    OSP_TRY(osp_model_forward(r->model, r->kv, &pb->batch, r->logits));
+    /* On the GPU the logits stay there: only prompt-logprob rows (and rows that fail) come back. */
+    const bool gpu = osp_model_device(r->model) == OSP_DEVICE_CUDA;
+    OSP_TRY(osp_model_forward(r->model, r->kv, &pb->batch, gpu ? NULL : r->logits));
+    if (gpu && np > 0) OSP_TRY(osp_llama_cuda_logits_to_host(r->model, nl, np, r->logits + (size_t)nl * V));
 
     if (np > 0) {
         int32_t j = 0;
@@ -167,6 +173,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         sr->n_output = pb->num_tokens[row] - pb->num_prompt[row];
         sr->output_pos = (uint64_t)sr->n_output;
         r->row_req[nr] = out->entries[pb->entry[row]].req;
+        r->lrow[nr] = i;
         r->row_entry[nr++] = pb->entry[row];
     }
     for (int32_t i = 0; i < nl; i++) {
@@ -176,7 +183,8 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
             osp_request *c = q->children[k];
             if (c->state == OSP_REQ_FINISHED) continue;
             if (nr == r->max_rows) return osp_set_error(OSP_ERR_INTERNAL, "model runner: no sampler row for a child");
-            memcpy(r->logits + (size_t)nr * V, r->logits + (size_t)i * V, sizeof(float) * V);
+            if (!gpu) memcpy(r->logits + (size_t)nr * V, r->logits + (size_t)i * V, sizeof(float) * V);
+            r->lrow[nr] = i;
             r->rows[nr] = r->rows[i];
             r->rows[nr].sample_index = c->sampling.sample_index;
             r->rows[nr].num_logprobs = c->sampling.num_logprobs;
@@ -184,7 +192,12 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
             r->row_entry[nr++] = -1;
         }
     }
-    if (nr > 0) {
+    if (nr > 0 && gpu) {
+        OSP_TRY(osp_llama_cuda_sample(r->model, r->rows, r->lrow, nr, r->tokens, r->lp, r->status));
+        for (int32_t i = 0; i < nr; i++) /* a failed row's logits, for its error message */
+            if (r->status[i] != OSP_OK)
+                OSP_TRY(osp_llama_cuda_logits_to_host(r->model, r->lrow[i], 1, r->logits + (size_t)i * V));
+    } else if (nr > 0) {
         sample_ctx sc = {r, nr, OSP_OK};
         osp_model_run_parallel(r->model, sample_task, &sc);
         const osp_status st = sc.call_status;

@@ -25,6 +25,7 @@ typedef struct osp_model_runner {
     osp_logprobs *lp;              /* [max_rows] */
     osp_status *status;            /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP] */
     int32_t *plp_next;             /* [OSP_MAX_PROMPT_LP_PER_STEP] tokens following the prompt positions */
+    int32_t *lrow;                 /* [max_rows] the logits row each sampler row samples from */
 } osp_model_runner;
 
 /* n_threads: the sampler's OpenMP threads (<= 0: all). Errors: those of osp_kv_cache_create,

@@ -26,53 +26,10 @@
 #include "core/threadpool.h"
 #include "core/dtype.h"
 #include "core/status_internal.h"
-
-typedef struct layer_weights {
-    const float *attn_norm; /* [n_embd] */
-    osp_weight wq;          /* [n_embd] -> [n_head * head_dim] */
-    osp_weight wk;          /* [n_embd] -> [n_head_kv * head_dim] */
-    osp_weight wv;          /* [n_embd] -> [n_head_kv * head_dim] */
-    const float *bq, *bk, *bv; /* [n_head * head_dim], [n_head_kv * head_dim] x2; NULL without qkv_bias */
-    const float *q_norm, *k_norm; /* [head_dim] each; NULL without qk_norm */
-    osp_weight wo;          /* [n_head * head_dim] -> [n_embd] */
-    const float *ffn_norm;  /* [n_embd] */
-    osp_weight w_gate;      /* [n_embd] -> [n_ff] */
-    osp_weight w_up;        /* [n_embd] -> [n_ff] */
-    osp_weight w_down;      /* [n_ff] -> [n_embd] */
-} layer_weights;
-
-/* Activations and scratch for one forward pass, grown on demand (never on a steady decode step). */
-typedef struct workspace {
-    int64_t cap_tokens, cap_logits, cap_ctx, cap_xq;
-    float *x, *xn, *q, *k, *v, *attn, *gate, *up; /* [cap_tokens, ...] */
-    float *out_rows;                              /* [cap_logits, n_embd] */
-    float *scratch;                               /* [n_threads, max matmul cols] */
-    float *scores;                                /* [n_threads, cap_ctx] */
-    osp_q8_block *xq;                             /* [cap_tokens, max(E, QD, F) / 32] fast path */
-} workspace;
-
-struct osp_model {
-    osp_gguf *gguf;
-    osp_model_config cfg;
-    int n_threads;
-    bool exact;             /* fp32 activations everywhere (the reference path) */
-    osp_threadpool *pool;   /* n_threads workers; one parallel region per forward */
-    osp_weight tok_embd;    /* [n_embd] x n_vocab rows */
-    osp_weight output;      /* lm_head: n_vocab rows of n_embd (== tok_embd when tied) */
-    const float *out_norm;  /* [n_embd] */
-    layer_weights *layers;  /* [n_layer] */
-    float *inv_freq;        /* [n_rot / 2] RoPE inverse frequencies */
-    workspace ws;
-};
-
-struct osp_kv_cache {
-    int32_t num_blocks, block_size, n_layer;
-    osp_kv_dtype dtype;
-    size_t elem;    /* bytes per element: 4 (f32) or 2 (f16) */
-    int64_t kv_row; /* n_head_kv * head_dim elements per slot */
-    void **k;       /* [n_layer] -> [num_blocks, block_size, n_head_kv, head_dim] of dtype */
-    void **v;       /* same */
-};
+#include "backend/cuda/cuda_ops.h"
+#include "model/llama_cuda.h"
+#include "model/llama_internal.h"
+#include "model/presets.h"
 
 osp_model_params osp_model_default_params(void) {
     osp_model_params p = {.n_threads = 0};
@@ -313,11 +270,59 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
         if (c->rope_freq_scale != 1.0f) f *= (double)c->rope_freq_scale;
         m->inv_freq[i] = (float)f;
     }
+    if (params && params->device == OSP_DEVICE_CUDA && (s = osp_llama_cuda_init(m, params)) != OSP_OK) goto fail;
     *out = m;
     return OSP_OK;
 fail:
     osp_model_free(m);
     return s;
+}
+
+osp_status osp_model_load_random(const char *preset, uint64_t seed, const osp_model_params *params, osp_model **out) {
+    if (!out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_load_random: NULL argument");
+    *out = NULL;
+    const osp_model_preset *p = osp_model_preset_find(preset);
+    if (!p) return osp_set_error(OSP_ERR_INVALID_ARG, "--random-weights: unknown preset '%s' (see osprey make-random-model --list-presets)",
+                                 preset ? preset : "(null)");
+    if (!params || params->device != OSP_DEVICE_CUDA)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "--random-weights fills the weights on the GPU (--device cuda); on the CPU "
+                                                  "write a GGUF with osprey make-random-model --preset %s", preset);
+    osp_model *m = calloc(1, sizeof *m);
+    if (!m) return osp_set_error(OSP_ERR_NOMEM, "out of memory");
+    osp_model_config *c = &m->cfg;
+    snprintf(c->arch, sizeof c->arch, "%s", p->arch);
+    c->n_vocab = p->n_vocab, c->n_embd = p->n_embd, c->n_layer = p->n_layer;
+    c->n_head = p->n_head, c->n_head_kv = p->n_head_kv;
+    c->head_dim = p->head_dim ? p->head_dim : p->n_embd / p->n_head;
+    c->n_ff = p->n_ff, c->n_rot = c->head_dim, c->n_ctx_train = p->n_ctx;
+    c->rope_theta = p->rope_theta, c->rms_eps = p->rms_eps, c->tied_output = p->tied;
+    c->rope_type = strcmp(p->arch, "llama") == 0 ? OSP_ROPE_NORM : OSP_ROPE_NEOX;
+    c->rope_freq_scale = 1.0f;
+    c->rope_freq_factors = p->rope.factor > 0.0f;
+    c->qkv_bias = p->qkv_bias, c->qk_norm = p->qk_norm;
+    m->n_threads = params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (m->n_threads < 1) m->n_threads = 1;
+    osp_status s = osp_threadpool_create(m->n_threads, &m->pool);
+    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    m->inv_freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *m->inv_freq);
+    float *ff = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *ff);
+    if (s == OSP_OK && (!m->layers || !m->inv_freq || !ff)) s = osp_set_error(OSP_ERR_NOMEM, "out of memory");
+    if (s == OSP_OK) {
+        if (c->rope_freq_factors) osp_rope_llama3_factors(&p->rope, c->rope_theta, c->n_rot, ff);
+        for (int32_t i = 0; i < c->n_rot / 2; i++) { /* as osp_model_load computes it */
+            double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / (double)c->n_rot);
+            if (c->rope_freq_factors) f /= (double)ff[i];
+            m->inv_freq[i] = (float)f;
+        }
+        s = osp_llama_cuda_init_random(m, seed, params);
+    }
+    free(ff);
+    if (s != OSP_OK) {
+        osp_model_free(m);
+        return s;
+    }
+    *out = m;
+    return OSP_OK;
 }
 
 static void ws_free(workspace *w) {
@@ -335,6 +340,7 @@ static void ws_free(workspace *w) {
 void osp_model_free(osp_model *m) {
     if (!m) return;
     ws_free(&m->ws);
+    osp_llama_cuda_free(m->gpu);
     osp_threadpool_free(m->pool);
     free(m->layers);
     free(m->inv_freq);
@@ -343,6 +349,18 @@ void osp_model_free(osp_model *m) {
 }
 
 const osp_model_config *osp_model_config_get(const osp_model *m) { return &m->cfg; }
+osp_device osp_model_device(const osp_model *m) { return m->gpu ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU; }
+size_t osp_model_device_weight_bytes(const osp_model *m) { return osp_llama_cuda_weight_bytes(m->gpu); }
+
+const char *osp_device_name(osp_device d) { return d == OSP_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+osp_status osp_device_parse(const char *name, osp_device *out) {
+    if (name && !strcmp(name, "cpu")) *out = OSP_DEVICE_CPU;
+    else if (name && !strcmp(name, "cuda")) *out = OSP_DEVICE_CUDA;
+    else if (name && !strcmp(name, "auto")) *out = osp_cuda_device_count() > 0 ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU;
+    else return osp_set_error(OSP_ERR_INVALID_ARG, "device '%s' is not one of cpu, cuda, auto", name ? name : "(null)");
+    return OSP_OK;
+}
 const osp_gguf *osp_model_gguf(const osp_model *m) { return m->gguf; }
 int osp_model_n_threads(const osp_model *m) { return m->n_threads; }
 void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
@@ -387,6 +405,15 @@ osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t b
     kv->k = calloc((size_t)kv->n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)kv->n_layer, sizeof *kv->v);
     if (!kv->k || !kv->v) goto nomem;
+    if (m->gpu) {
+        osp_status s = osp_llama_cuda_kv_alloc((osp_model *)m, kv);
+        if (s != OSP_OK) {
+            osp_kv_cache_free(kv);
+            return s;
+        }
+        *out = kv;
+        return OSP_OK;
+    }
     size_t n = (size_t)num_blocks * (size_t)block_size * (size_t)kv->kv_row;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         kv->k[l] = calloc(n, kv->elem);
@@ -403,6 +430,13 @@ nomem:
 
 void osp_kv_cache_free(osp_kv_cache *kv) {
     if (!kv) return;
+    if (kv->on_device) {
+        osp_llama_cuda_kv_free(kv);
+        free(kv->k);
+        free(kv->v);
+        free(kv);
+        return;
+    }
     for (int32_t l = 0; l < kv->n_layer; l++) {
         if (kv->k) free(kv->k[l]);
         if (kv->v) free(kv->v[l]);
@@ -416,7 +450,15 @@ int32_t osp_kv_cache_block_size(const osp_kv_cache *kv) { return kv->block_size;
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv) { return kv->num_blocks; }
 osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->dtype; }
 
+size_t osp_kv_cache_bytes(const osp_kv_cache *kv) {
+    return 2 * (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size * (size_t)kv->kv_row * kv->elem;
+}
+
 void osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
+    if (kv->on_device) {
+        (void)osp_llama_cuda_copy_block(kv, src, dst); /* fails only with a broken device: the next step reports it */
+        return;
+    }
     const size_t bytes = (size_t)kv->block_size * (size_t)kv->kv_row * kv->elem;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         memcpy((char *)kv->k[l] + (size_t)dst * bytes, (const char *)kv->k[l] + (size_t)src * bytes, bytes);
@@ -662,11 +704,12 @@ static void forward_task(void *arg, int ith, int nth) {
 osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
     const osp_model_config *c = &m->cfg;
     int64_t max_ctx = 0;
-    if (!kv || !b || (b->num_logits > 0 && !logits))
+    if (!kv || !b || (b->num_logits > 0 && !logits && !m->gpu)) /* on the GPU NULL keeps them there */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
     if (kv->n_layer != c->n_layer || kv->kv_row != (int64_t)c->n_head_kv * c->head_dim)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model");
     OSP_TRY(check_batch(m, kv, b, &max_ctx));
+    if (m->gpu) return osp_llama_cuda_forward(m, kv, b, logits);
     OSP_TRY(ws_reserve(m, b->num_tokens, b->num_logits, max_ctx));
     fwd_ctx ctx = {m, kv, b, logits};
     osp_threadpool_run(m->pool, forward_task, &ctx);

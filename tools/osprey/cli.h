@@ -4,6 +4,8 @@
 
 #include <stdnoreturn.h>
 
+#include "osprey/engine.h"
+#include "osprey/model.h"
 #include "osprey/status.h"
 
 /* Prints "osprey: error: <msg>" (and osp_last_error() when s != OSP_OK) to stderr and exits 1. */
@@ -12,6 +14,12 @@ noreturn void cli_die(osp_status s, const char *fmt, ...) __attribute__((format(
 long long cli_int(const char *flag, const char *v, long long lo, long long hi);
 double cli_float(const char *flag, const char *v, double lo, double hi);
 double cli_now_s(void);
+/* Parses --device cpu|cuda|auto or dies. */
+osp_device cli_device(const char *flag, const char *v);
+/* osp_model_params.progress for the CLI: a percentage on stderr while weights go to the GPU. */
+void cli_load_progress(void *ctx, float fraction);
+/* One stderr line with the device and, on the GPU, the memory of the weights and the KV cache. */
+void cli_report_device(const osp_engine *e);
 
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

@@ -5,14 +5,21 @@
  * Token ids are pseudo-random (fixed seed) and EOS is ignored: the figure is the engine's arithmetic,
  * not the text. As in llama-bench, pp and tg are separate tests that each start from an empty KV
  * cache (tg decodes positions 0..N-1 one token at a time). Prints one line per test:
- *   pp<N> <tokens/s mean> <stddev>   and   tg<N> <tokens/s mean> <stddev> */
+ *   pp<N> <tokens/s mean> <stddev>   and   tg<N> <tokens/s mean> <stddev>
+ * --batch B (B > 1) adds a batched decode test: B sequences, each with a prompt of -p tokens already in
+ * the cache, decode -n steps together (one token per sequence per step); tokens/s counts all B:
+ *   tg<N>@b<B> <tokens/s mean> <stddev>
+ * On the GPU (--device cuda) every decode step also samples (greedy, on the device) and copies back
+ * only the token ids, as the engine does; the logits never leave the GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "model/llama_cuda.h"
 #include "osprey/model.h"
+#include "sample/sampler.h"
 
 #define BLOCK_SIZE 16
 
@@ -20,14 +27,50 @@ static void run_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int32_t
                      const int32_t *bt, int32_t max_blocks, int32_t *pos, int32_t *slot, float *logits) {
     for (int32_t i = 0; i < n; i++) {
         pos[i] = start + i;
-        slot[i] = start + i; /* identity block table */
+        slot[i] = bt[0] * BLOCK_SIZE + start + i; /* consecutive blocks from bt[0] */
     }
     const int32_t qsl[2] = {0, n}, seq_len = start + n, last = n - 1;
     const osp_batch b = {.num_tokens = n, .token_ids = ids + start, .positions = pos, .slot_mapping = slot,
                          .num_seqs = 1, .query_start_loc = qsl, .seq_lens = &seq_len, .block_table = bt,
                          .max_blocks_per_seq = max_blocks, .num_logits = 1, .logits_indices = &last};
-    osp_status s = osp_model_forward(m, kv, &b, logits);
+    osp_status s = osp_model_forward(m, kv, &b, osp_model_device(m) == OSP_DEVICE_CUDA ? NULL : logits);
     if (s != OSP_OK) cli_die(s, "forward pass failed");
+}
+
+/* On the GPU: greedy tokens for the n logits rows of the last step, on the device (what an engine step
+ * adds to the forward pass). No-op on the CPU. */
+static void gpu_sample(osp_model *m, int32_t n) {
+    if (osp_model_device(m) != OSP_DEVICE_CUDA) return;
+    static osp_sampler_row rows[1024];
+    static int32_t lrows[1024], toks[1024];
+    static osp_status st[1024];
+    for (int32_t i = 0; i < n; i++) {
+        rows[i] = osp_sampler_row_default();
+        rows[i].temperature = 0.0f;
+        lrows[i] = i;
+    }
+    osp_status s = osp_llama_cuda_sample(m, rows, lrows, n, toks, NULL, st);
+    if (s != OSP_OK) cli_die(s, "sampling failed");
+}
+
+/* One decode step for B sequences at position p (sequence s owns blocks [s * mb, (s + 1) * mb)). */
+static void run_batch_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int32_t B, int32_t p, const int32_t *bt,
+                           int32_t mb, int32_t *pos, int32_t *slot, int32_t *qsl, int32_t *lens, int32_t *lidx,
+                           float *logits) {
+    for (int32_t s = 0; s < B; s++) {
+        pos[s] = p;
+        slot[s] = s * mb * BLOCK_SIZE + p;
+        qsl[s] = s;
+        lens[s] = p + 1;
+        lidx[s] = s;
+    }
+    qsl[B] = B;
+    const osp_batch b = {.num_tokens = B, .token_ids = ids, .positions = pos, .slot_mapping = slot, .num_seqs = B,
+                         .query_start_loc = qsl, .seq_lens = lens, .block_table = bt, .max_blocks_per_seq = mb,
+                         .num_logits = B, .logits_indices = lidx};
+    osp_status s = osp_model_forward(m, kv, &b, osp_model_device(m) == OSP_DEVICE_CUDA ? NULL : logits);
+    if (s != OSP_OK) cli_die(s, "forward pass failed");
+    gpu_sample(m, B);
 }
 
 static void report(const char *name, int n, const double *t, int reps) {
@@ -40,9 +83,11 @@ static void report(const char *name, int n, const double *t, int reps) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model = NULL, *random_preset = NULL;
     int n_prompt = 128, n_gen = 128, n_threads = 0, reps = 3;
     bool exact = false;
+    int batch = 1;
+    osp_device dev = OSP_DEVICE_CPU;
     osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -52,32 +97,39 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) reps = (int)cli_int(f, v, 1, 1000), i++;
         else if (!strcmp(f, "--exact")) exact = true, kvd = OSP_KV_DTYPE_F32;
+        else if (!strcmp(f, "--batch")) batch = (int)cli_int(f, v, 1, 1024), i++;
+        else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
+        else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
         else cli_die(OSP_OK, "bench: unknown option '%s'", f);
     }
-    if (!model) cli_die(OSP_OK, "bench needs -m FILE");
+    if (!model && !random_preset) cli_die(OSP_OK, "bench needs -m FILE or --random-weights PRESET (with --device cuda)");
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = n_threads;
     mp.exact = exact;
+    mp.device = dev;
+    mp.progress = cli_load_progress;
     osp_model *m;
-    osp_status s = osp_model_load(model, &mp, &m);
+    osp_status s = random_preset ? osp_model_load_random(random_preset, 0, &mp, &m) : osp_model_load(model, &mp, &m);
     if (s != OSP_OK) cli_die(s, "cannot load model");
     const osp_model_config *c = osp_model_config_get(m);
     const int32_t n_total = n_prompt + n_gen + 1;
     const int32_t max_blocks = (n_total + BLOCK_SIZE - 1) / BLOCK_SIZE;
     osp_kv_cache *kv;
-    s = osp_kv_cache_create(m, max_blocks, BLOCK_SIZE, kvd, &kv);
+    s = osp_kv_cache_create(m, max_blocks * (batch > 1 ? batch : 1), BLOCK_SIZE, kvd, &kv);
     if (s != OSP_OK) cli_die(s, "cannot allocate the KV cache");
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_total), *bt = malloc(sizeof(int32_t) * (size_t)max_blocks);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_total + batch)),
+            *bt = malloc(sizeof(int32_t) * (size_t)max_blocks * (size_t)batch);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_total), *slot = malloc(sizeof(int32_t) * (size_t)n_total);
-    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * (size_t)batch);
+    int32_t *bpos = malloc(sizeof(int32_t) * (size_t)batch * 5 + 4);
     double *tp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
     if (!ids || !bt || !pos || !slot || !logits || !tp || !tg) cli_die(OSP_OK, "out of memory");
     uint64_t x = 0x2545F4914F6CDD1Dull;
-    for (int32_t i = 0; i < n_total; i++) {
+    for (int32_t i = 0; i < n_total + batch; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         ids[i] = (int32_t)(x % (uint64_t)c->n_vocab);
     }
-    for (int32_t i = 0; i < max_blocks; i++) bt[i] = i;
+    for (int32_t i = 0; i < max_blocks * batch; i++) bt[i] = i;
     /* warm-up: one short prefill and a decode step touch every weight page */
     run_step(m, kv, ids, 0, n_prompt > 0 ? (n_prompt < 8 ? n_prompt : 8) : 1, bt, max_blocks, pos, slot, logits);
     for (int r = 0; r < reps; r++) {
@@ -88,12 +140,39 @@ int cmd_bench(int argc, char **argv) {
         }
         if (n_gen > 0) {
             const double t0 = cli_now_s();
-            for (int32_t i = 0; i < n_gen; i++) run_step(m, kv, ids, i, 1, bt, max_blocks, pos, slot, logits);
+            for (int32_t i = 0; i < n_gen; i++) {
+                run_step(m, kv, ids, i, 1, bt, max_blocks, pos, slot, logits);
+                gpu_sample(m, 1);
+            }
             tg[r] = cli_now_s() - t0;
         }
     }
     if (n_prompt > 0) report("pp", n_prompt, tp, reps);
     if (n_gen > 0) report("tg", n_gen, tg, reps);
+    if (batch > 1 && n_gen > 0) {
+        /* B sequences: each prefilled with the same -p prompt tokens (one prefill per sequence, its own
+         * blocks), then n_gen decode steps of B tokens each */
+        int32_t *qsl = bpos + batch, *lens = qsl + batch + 1, *lidx = lens + batch, *bslot = lidx + batch;
+        const int32_t np = n_prompt > 0 ? n_prompt : 1;
+        double *tb = calloc((size_t)reps, sizeof(double));
+        if (!tb) cli_die(OSP_OK, "out of memory");
+        for (int r = 0; r < reps + 1; r++) { /* the first round warms up (graph capture) */
+            for (int32_t sq = 0; sq < batch; sq++)
+                run_step(m, kv, ids, 0, np, bt + (size_t)sq * (size_t)max_blocks, max_blocks, pos, slot, logits);
+            const double t0 = cli_now_s();
+            for (int32_t i = 0; i < n_gen; i++)
+                run_batch_step(m, kv, ids + i % n_total, batch, np + i, bt, max_blocks, bpos, bslot, qsl, lens, lidx,
+                               logits);
+            if (r > 0) tb[r - 1] = cli_now_s() - t0;
+        }
+        double mean = 0, var = 0;
+        for (int r = 0; r < reps; r++) mean += (double)n_gen * batch / tb[r];
+        mean /= reps;
+        for (int r = 0; r < reps; r++) var += ((double)n_gen * batch / tb[r] - mean) * ((double)n_gen * batch / tb[r] - mean);
+        printf("tg%d@b%d %.2f %.2f\n", n_gen, batch, mean, reps > 1 ? sqrt(var / (reps - 1)) : 0.0);
+        free(tb);
+    }
+    free(bpos);
     free(tp);
     free(tg);
     free(logits);

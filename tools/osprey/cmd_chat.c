@@ -26,6 +26,7 @@
 typedef struct chat_args {
     const char *model, *system, *chat_template;
     int n_threads;
+    osp_device device; /* --device, default auto */
     int32_t max_tokens; /* 0: up to the context length */
     float temperature, top_p;
     int32_t top_k;
@@ -34,13 +35,14 @@ typedef struct chat_args {
 } chat_args;
 
 static const char *k_chat_usage =
-    "usage: osprey chat -m FILE [-t THREADS] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+    "usage: osprey chat -m FILE [-t THREADS] [--device cpu|cuda|auto] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
     "                   [--system TEXT] [--chat-template FILE] [-n MAX_TOKENS]\n"
     "  one line per user message; /reset clears the conversation, /exit or Ctrl-D quits\n";
 
 static chat_args parse(int argc, char **argv) {
     /* sampling defaults as osprey generate (llama.cpp's) */
     chat_args a = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
+    a.device = cli_device("--device", "auto");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -48,6 +50,7 @@ static chat_args parse(int argc, char **argv) {
             exit(0);
         } else if (!strcmp(f, "-m") || !strcmp(f, "--model")) a.model = v, i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) a.n_threads = (int)cli_int(f, v, 1, 1024), i++;
+        else if (!strcmp(f, "--device")) a.device = cli_device(f, v), i++;
         else if (!strcmp(f, "--temp")) a.temperature = (float)cli_float(f, v, 0, 100), i++;
         else if (!strcmp(f, "--top-k")) a.top_k = (int32_t)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.top_p = (float)cli_float(f, v, 0, 1), i++;
@@ -167,10 +170,13 @@ int cmd_chat(int argc, char **argv) {
     osp_engine_params ep = osp_engine_default_params();
     ep.model_path = a.model;
     ep.n_threads = a.n_threads;
+    ep.device = a.device;
+    ep.load_progress = cli_load_progress;
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "cannot load model");
+    cli_report_device(e);
     const osp_gguf *g = osp_model_gguf(osp_engine_model(e));
     osp_tokenizer *tok;
     if ((s = osp_tokenizer_load(g, &tok)) != OSP_OK) cli_die(s, "cannot load tokenizer");

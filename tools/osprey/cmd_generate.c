@@ -23,6 +23,7 @@ typedef struct gen_args {
     bool seed_set;
     osp_kv_dtype kv_dtype;
     bool exact; /* --exact: fp32 activations and an f32 KV cache (the reference path) */
+    osp_device device; /* --device, default auto: cuda when a GPU is present */
 } gen_args;
 
 static gen_args parse(int argc, char **argv) {
@@ -30,6 +31,7 @@ static gen_args parse(int argc, char **argv) {
     a.sp.temperature = 0.8f; /* llama.cpp's default */
     a.sp.top_k = 40;
     a.sp.top_p = 0.95f;
+    a.device = cli_device("--device", "auto");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) a.model = v, i++;
@@ -41,6 +43,7 @@ static gen_args parse(int argc, char **argv) {
         else if (!strcmp(f, "--top-p")) a.sp.top_p = (float)cli_float(f, v, 0, 1), i++;
         else if (!strcmp(f, "--seed")) a.sp.seed = (uint64_t)cli_int(f, v, 0, (long long)UINT32_MAX), a.seed_set = true, i++;
         else if (!strcmp(f, "--exact")) a.exact = true, a.kv_dtype = OSP_KV_DTYPE_F32;
+        else if (!strcmp(f, "--device")) a.device = cli_device(f, v), i++;
         else if (!strcmp(f, "--kv-cache-dtype")) {
             if (osp_kv_dtype_parse(v, &a.kv_dtype) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
             i++;
@@ -65,10 +68,13 @@ int cmd_generate(int argc, char **argv) {
     ep.block_size = BLOCK_SIZE;
     ep.kv_dtype = a.kv_dtype;
     ep.exact = a.exact;
+    ep.device = a.device;
+    ep.load_progress = cli_load_progress;
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "cannot load model");
+    cli_report_device(e);
     osp_tokenizer *tok;
     s = osp_tokenizer_load(osp_model_gguf(osp_engine_model(e)), &tok);
     if (s != OSP_OK) cli_die(s, "cannot load tokenizer");

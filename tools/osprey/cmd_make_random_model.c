@@ -36,45 +36,10 @@
 #include "cli.h"
 #include "core/dtype.h"
 #include "core/quantize.h"
+#include "model/presets.h"
 #include "osprey/gguf.h"
 
-typedef struct rope_llama3 { /* HF rope_scaling {"rope_type": "llama3", ...}; factor 0 = none */
-    float factor, low_freq_factor, high_freq_factor;
-    int orig_ctx;
-} rope_llama3;
-
-typedef struct preset {
-    const char *name, *desc;
-    int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
-    float rope_theta, rms_eps;
-    bool tied; /* no output.weight: the output projection reuses token_embd.weight */
-    const char *arch; /* general.architecture; NULL = llama */
-    int head_dim;     /* 0 = n_embd / n_head */
-    bool qkv_bias, qk_norm;
-    rope_llama3 rope;
-} preset;
-
-/* Hyper-parameters as in the models' config.json (HF): hidden_size, num_hidden_layers,
- * num_attention_heads, num_key_value_heads, intermediate_size, vocab_size,
- * max_position_embeddings, rope_theta, rms_norm_eps, tie_word_embeddings. */
-static const preset k_presets[] = {
-    {"smollm2-135m", "SmolLM2-135M shapes", 576, 30, 9, 3, 1536, 49152, 8192, 100000.0f, 1e-5f, true, "llama", 0,
-     false, false, {0, 0, 0, 0}},
-    {"llama-3.1-8b", "Llama-3.1-8B shapes, llama3 rope scaling", 4096, 32, 32, 8, 14336, 128256, 131072,
-     500000.0f, 1e-5f, false, "llama", 0, false, false, {8.0f, 1.0f, 4.0f, 8192}},
-    {"qwen3-8b", "Qwen3-8B shapes (q/k norm, head_dim 128)", 4096, 36, 32, 8, 12288, 151936, 40960, 1000000.0f,
-     1e-6f, false, "qwen3", 128, false, true, {0, 0, 0, 0}},
-    {"tiny", "2 layers, hidden 64, SmolLM2's vocabulary size, tied", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f,
-     1e-5f, true, "llama", 0, false, false, {0, 0, 0, 0}},
-    {"tiny-untied", "as tiny, with an output.weight", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f, 1e-5f, false,
-     "llama", 0, false, false, {0, 0, 0, 0}},
-    {"tiny-llama3", "as tiny-untied, llama3 rope scaling (original context 256)", 64, 2, 4, 2, 128, 49152, 2048,
-     500000.0f, 1e-5f, false, "llama", 0, false, false, {8.0f, 1.0f, 4.0f, 256}},
-    {"tiny-qwen2", "as tiny, qwen2 (q/k/v biases, NeoX rope)", 64, 2, 4, 2, 128, 49152, 2048, 1000000.0f, 1e-6f,
-     true, "qwen2", 0, true, false, {0, 0, 0, 0}},
-    {"tiny-qwen3", "as tiny-untied, qwen3 (q/k norm, head_dim 32)", 64, 2, 4, 2, 128, 49152, 2048, 1000000.0f,
-     1e-6f, false, "qwen3", 32, false, true, {0, 0, 0, 0}},
-};
+typedef osp_model_preset preset;
 
 static const struct {
     const char *name;
@@ -87,31 +52,11 @@ static const struct {
 
 /* ---- random values ------------------------------------------------------------------------------ */
 
-static uint64_t mix64(uint64_t z) { /* splitmix64's finalizer */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t name_key(uint64_t seed, const char *name) { /* FNV-1a of the name, mixed with the seed */
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
-    return mix64(h ^ mix64(seed + 0x9e3779b97f4a7c15ull));
-}
-
-/* Value i of the stream `key`: mean 0, std `std`. The sum of four uniform 16-bit integers minus its
- * mean is an exact integer, times one float constant: the same bits on every machine. */
-static inline float randn(uint64_t key, uint64_t i, float scale) {
-    const uint64_t r = mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
-    const int32_t s = (int32_t)(r & 0xffff) + (int32_t)((r >> 16) & 0xffff) + (int32_t)((r >> 32) & 0xffff) +
-                      (int32_t)(r >> 48) - 131070; /* 4 * 65535 / 2 */
-    return (float)s * scale;
-}
-
-/* std of the sum of four uniform draws from {0..65535}: sqrt(4 * (65536^2 - 1) / 12) */
-#define IRWIN_HALL_STD 37837.227
-#define WEIGHT_STD 0.02
-#define NORM_NOISE_STD 0.01
+#define name_key osp_rw_name_key
+#define randn osp_rw_randn
+#define IRWIN_HALL_STD OSP_RW_IRWIN_HALL_STD
+#define WEIGHT_STD OSP_RW_WEIGHT_STD
+#define NORM_NOISE_STD OSP_RW_NORM_NOISE_STD
 
 typedef struct fill_ctx {
     uint64_t key;
@@ -146,7 +91,7 @@ static osp_status fill_random(void *user, int64_t row0, int64_t n_rows, void *ds
  * frequency i = theta^(-2i / head_dim): 1 for wavelengths below orig / high, factor above orig / low,
  * and in between 1 / ((1 - smooth) / factor + smooth), smooth = (orig / wavelength - low) / (high - low). */
 typedef struct freqs_ctx {
-    rope_llama3 r;
+    osp_rope_llama3 r;
     float theta;
     int dim;
 } freqs_ctx;
@@ -154,18 +99,7 @@ typedef struct freqs_ctx {
 static osp_status fill_rope_freqs(void *user, int64_t row0, int64_t n_rows, void *dst) {
     const freqs_ctx *c = user;
     (void)row0, (void)n_rows;
-    float *out = dst;
-    const double pi = 3.14159265358979323846;
-    for (int i = 0; i < c->dim / 2; i++) {
-        const float freq = (float)(1.0 / pow((double)c->theta, (double)(2 * i) / (double)c->dim));
-        const double wavelen = 2.0 * pi / (double)freq, orig = (double)c->r.orig_ctx;
-        if (wavelen < orig / c->r.high_freq_factor) out[i] = 1.0f;
-        else if (wavelen > orig / c->r.low_freq_factor) out[i] = c->r.factor;
-        else {
-            const double smooth = (orig / wavelen - c->r.low_freq_factor) / (c->r.high_freq_factor - c->r.low_freq_factor);
-            out[i] = (float)(1.0 / ((1.0 - smooth) / c->r.factor + smooth));
-        }
-    }
+    osp_rope_llama3_factors(&c->r, c->theta, c->dim, dst);
     return OSP_OK;
 }
 
@@ -277,8 +211,8 @@ static void add_vocab_from(osp_gguf_writer *w, const char *path, int n_vocab) {
 
 static void usage_presets(FILE *f) {
     fputs("presets:\n", f);
-    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++) {
-        const preset *p = &k_presets[i];
+    for (size_t i = 0; i < osp_model_preset_count(); i++) {
+        const preset *p = osp_model_preset_at(i);
         fprintf(f, "  %-13s %s %s: hidden %d, %d layers, %d heads (%d kv), ffn %d, vocab %d\n", p->name,
                 p->arch ? p->arch : "llama", p->desc, p->n_embd, p->n_layer, p->n_head, p->n_head_kv, p->n_ff,
                 p->n_vocab);
@@ -308,9 +242,7 @@ int cmd_make_random_model(int argc, char **argv) {
         cli_die(OSP_OK, "make-random-model needs --preset NAME and -o FILE");
     }
     if (!dtype_name || (vocab_from && !vocab_from[0])) cli_die(OSP_OK, "make-random-model: an option needs a value");
-    const preset *pp = NULL;
-    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
-        if (!strcmp(k_presets[i].name, preset_name)) pp = &k_presets[i];
+    const preset *pp = osp_model_preset_find(preset_name);
     if (!pp) {
         usage_presets(stderr);
         cli_die(OSP_OK, "make-random-model: unknown preset '%s'", preset_name);

@@ -13,14 +13,15 @@ static const char *k_usage =
     "\n"
     "commands:\n"
     "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
-    "           [--kv-cache-dtype f16|f32] [--exact]\n"
+    "           [--kv-cache-dtype f16|f32] [--exact] [--device cpu|cuda|auto]\n"
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
-    "  chat     -m FILE [-t THREADS] [--temp T] [--top-k K] [--top-p P] [--seed S] [--system TEXT]\n"
+    "  chat     -m FILE [-t THREADS] [--device D] [--temp T] [--top-k K] [--top-p P] [--seed S] [--system TEXT]\n"
     "           [--chat-template FILE] [-n MAX_TOKENS]\n"
     "           chat in the terminal with the model's chat template (/reset, /exit)\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
-    "  bench    -m FILE [-p N] [-n N] [-t THREADS] [-r REPS] [--exact]\n"
+    "  bench    -m FILE [-p N] [-n N] [-t THREADS] [-r REPS] [--exact] [--device D] [--batch B]\n"
+    "           [--random-weights PRESET (GPU: no file)]\n"
     "           prompt (pp) and generation (tg) tokens/s of the forward pass, like llama-bench\n"
     "  info     -m FILE\n"
     "           print a GGUF file's metadata and tensors\n"
@@ -64,6 +65,28 @@ double cli_float(const char *flag, const char *v, double lo, double hi) {
     if (errno || end == v || *end || !(x >= lo && x <= hi))
         cli_die(OSP_OK, "%s: '%s' is not a number in [%g, %g]", flag, v, lo, hi);
     return x;
+}
+
+osp_device cli_device(const char *flag, const char *v) {
+    osp_device d;
+    if (osp_device_parse(v, &d) != OSP_OK) cli_die(OSP_OK, "%s: '%s' is not one of cpu, cuda, auto", flag, v ? v : "");
+    return d;
+}
+
+void cli_load_progress(void *ctx, float fraction) {
+    (void)ctx;
+    static int last = -1;
+    const int pct = (int)(fraction * 100.0f);
+    if (pct == last) return;
+    last = pct;
+    fprintf(stderr, "\rloading weights to the GPU: %3d%%%s", pct, pct >= 100 ? "\n" : "");
+}
+
+void cli_report_device(const osp_engine *e) {
+    const osp_model *m = osp_engine_model(e);
+    if (osp_model_device(m) != OSP_DEVICE_CUDA) return;
+    fprintf(stderr, "cuda: weights %.1f MiB, KV cache %.1f MiB on the GPU\n",
+            (double)osp_model_device_weight_bytes(m) / 1048576.0, (double)osp_engine_kv_cache_bytes(e) / 1048576.0);
 }
 
 double cli_now_s(void) {

@@ -38,6 +38,7 @@ enum { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARNING = 2 };
 typedef struct srv_config {
     const char *model_path, *host, *api_key, *served_model_name, *chat_template_path;
     int port, n_threads, log_level;
+    osp_device device; /* --device cpu|cuda|auto (default auto) */
     int32_t max_model_len, max_num_seqs, max_num_batched_tokens, block_size;
     int64_t kv_cache_memory;
     bool prefix_caching;
@@ -1091,6 +1092,7 @@ static const char *k_serve_usage =
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
     "  -t, --threads N                  compute threads (all cores)\n"
+    "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"
@@ -1114,6 +1116,7 @@ static srv_config parse_flags(int argc, char **argv) {
     srv_config c = {.host = "127.0.0.1", .port = 8000, .log_level = LOG_INFO, .max_num_seqs = 64,
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
                     .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60};
+    c.device = cli_device("--device", "auto");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -1133,6 +1136,7 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) c.n_threads = (int)cli_int(f, v, 1, 1024), i++;
+        else if (!strcmp(f, "--device")) c.device = cli_device(f, v), i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
@@ -1174,8 +1178,10 @@ int cmd_serve(int argc, char **argv) {
     ep.max_num_batched_tokens = cfg->max_num_batched_tokens;
     ep.max_model_len = cfg->max_model_len;
     ep.enable_prefix_caching = cfg->prefix_caching;
+    ep.device = cfg->device;
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");
+    cli_report_device(srv.engine);
     const osp_gguf *g = osp_model_gguf(osp_engine_model(srv.engine));
     s = osp_tokenizer_load(g, &srv.tok);
     if (s != OSP_OK) cli_die(s, "cannot load the tokenizer");

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU tests, on the GPU machine, from the binaries scripts/gpu-pack.sh built (nothing is built
+# or installed here). `make test-gpu` calls this when .carry/gpu.tar.xz is present.
+#   ops    unpack; every CUDA op against its CPU reference (test_gpu_ops, test_gpu_attention,
+#          test_gpu_sampler), then compute-sanitizer memcheck and racecheck over the op tests
+#   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
+#          on the GPU (test_gpu_engine)
+#   all    both (when the whole model is already in models/)
+# Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+what=${1:-all}
+G=.gpu
+LOG=${OUT:-/tmp}/gpu-test.log
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -x $G/bin/osprey ] || [ .carry/gpu.tar.xz -nt $G/bin/osprey ]; then
+    mkdir -p $G && xz -dc .carry/gpu.tar.xz | tar -C $G -xf - || { echo "gpu-test: cannot unpack .carry/gpu.tar.xz"; exit 1; }
+fi
+export LD_LIBRARY_PATH=$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OSPREY_ROOT=$PWD OSPREY_MODEL=$PWD/$MODEL OSPREY_BIN=$PWD/$G/bin/osprey OMP_WAIT_POLICY=passive
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+fails=0
+results=()
+run() { # name, command...
+    local name=$1 t0 rc
+    shift
+    t0=$(date +%s.%N)
+    "$@" >>"$LOG" 2>&1
+    rc=$?
+    local dt
+    dt=$(printf '%.1f' "$(echo "$(date +%s.%N) - $t0" | bc)")
+    case $rc in 0) r=ok ;; 77) r=skipped ;; *) r="FAILED ($rc)"; fails=$((fails + 1)) ;; esac
+    results+=("$(printf '%-44s %8s s  %s' "$name" "$dt" "$r")")
+    echo "---- $name: $r" >>"$LOG"
+}
+: >"$LOG"
+if [ "$what" = ops ] || [ "$what" = all ]; then
+    for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do run "$t" $G/bin/$t; done
+    if command -v compute-sanitizer >/dev/null; then
+        for t in test_gpu_ops test_gpu_attention; do
+            run "memcheck $t" compute-sanitizer --tool memcheck --error-exitcode 9 $G/bin/$t
+            run "racecheck $t" compute-sanitizer --tool racecheck --error-exitcode 9 $G/bin/$t
+        done
+    else
+        results+=("compute-sanitizer: not found, memcheck/racecheck not run")
+    fi
+fi
+if [ "$what" = model ] || [ "$what" = all ]; then
+    if [ ! -f $MODEL ] && [ -f .carry/m0/model.part ] && [ -f .carry/m1/model.part ]; then
+        mkdir -p models && cat .carry/m0/model.part .carry/m1/model.part > $MODEL
+        if [ -f .carry/m1/model.sha256 ] && [ "$(sha256sum $MODEL | cut -d' ' -f1)" != "$(cat .carry/m1/model.sha256)" ]; then
+            echo "gpu-test: the joined model does not match its sha256"; rm -f $MODEL
+        fi
+    fi
+    run test_gpu_model $G/bin/test_gpu_model
+    run test_gpu_engine $G/bin/test_gpu_engine
+fi
+grep -E "^(teacher forcing|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:" "$LOG" | head -60
+echo "==== gpu tests ($what)"
+printf '%s\n' "${results[@]}"
+[ $fails -eq 0 ]

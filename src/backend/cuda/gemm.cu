@@ -1,0 +1,140 @@
+/* GEMMs through cuBLASLt: y = x w^T with bf16 operands and fp32 accumulation (CUBLAS_COMPUTE_32F),
+ * the layout of every linear layer of the forward pass (activations [T, K] row-major, weights stored
+ * as N rows of K, as in GGUF).
+ *
+ * cuBLASLt is column-major. A row-major [T, N] output is a column-major [N, T] matrix, so the product
+ * is computed as  D[N, T] = W[N, K] · X^T[K, T]:  A = the weight, viewed column-major as [K, N] and
+ * transposed (op T, lda = K); B = the activations, column-major [K, T] (op N, ldb = K); D column-major
+ * [N, T] (ldd = N), which is y row-major.
+ *
+ * Plans (descriptors, layouts and the heuristic's algorithm) are made once per (T, N, K, out type) and
+ * cached: the heuristic query is host work and cannot run inside graph capture, so callers run every
+ * shape once before capturing. One workspace, allocated at creation, is shared by all calls (calls
+ * are serialized on the caller's stream). */
+#include <cublasLt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+#define GEMM_MAX_PLANS 256
+
+typedef struct gemm_plan {
+    int64_t T, N, K;
+    bool y_f32;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+} gemm_plan;
+
+struct osp_cuda_gemm {
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    int n_plans;
+    gemm_plan plans[GEMM_MAX_PLANS];
+};
+
+#define LT_TRY(call, what)                                                                         \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return osp_set_error(OSP_ERR_INTERNAL, "cublasLt: %s failed: %s (%d)", (what),         \
+                                 cublasLtGetStatusString(st_), (int)st_);                          \
+    } while (0)
+
+static void plan_free(gemm_plan *p) {
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    memset(p, 0, sizeof *p);
+}
+
+extern "C" osp_status osp_cuda_gemm_create(size_t workspace_bytes, osp_cuda_gemm **out) {
+    *out = NULL;
+    osp_cuda_gemm *g = (osp_cuda_gemm *)calloc(1, sizeof *g);
+    if (!g) return osp_set_error(OSP_ERR_NOMEM, "cublasLt: out of memory");
+    cublasStatus_t st = cublasLtCreate(&g->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(g);
+        return osp_set_error(OSP_ERR_INTERNAL, "cublasLt: cublasLtCreate failed: %s", cublasLtGetStatusString(st));
+    }
+    g->workspace_bytes = workspace_bytes;
+    if (workspace_bytes) {
+        osp_status s = osp_cuda_malloc(&g->workspace, workspace_bytes, "the cuBLASLt workspace");
+        if (s != OSP_OK) {
+            cublasLtDestroy(g->lt);
+            free(g);
+            return s;
+        }
+    }
+    *out = g;
+    return OSP_OK;
+}
+
+extern "C" void osp_cuda_gemm_destroy(osp_cuda_gemm *g) {
+    if (!g) return;
+    for (int i = 0; i < g->n_plans; i++) plan_free(&g->plans[i]);
+    osp_cuda_free(g->workspace);
+    cublasLtDestroy(g->lt);
+    free(g);
+}
+
+static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N, int64_t K, bool y_f32) {
+    memset(p, 0, sizeof *p);
+    p->T = T, p->N = N, p->K = K, p->y_f32 = y_f32;
+    LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K), "layout A");
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K), "layout B");
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, N),
+           "layout D");
+    cublasLtMatmulPreference_t pref;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    size_t ws = g->workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res;
+    int n = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || n == 0)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cublasLt: no algorithm for a bf16 GEMM of [%lld, %lld] x [%lld, %lld]^T",
+                             (long long)T, (long long)K, (long long)N, (long long)K);
+    p->algo = res.algo;
+    return OSP_OK;
+}
+
+extern "C" osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y,
+                                         bool y_f32, int64_t T, int64_t N, int64_t K, void *stream) {
+    if (!g || !d_x || !d_w || !d_y || T <= 0 || N <= 0 || K <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_gemm_bf16: bad arguments (T %lld, N %lld, K %lld)",
+                             (long long)T, (long long)N, (long long)K);
+    gemm_plan *p = NULL;
+    for (int i = 0; i < g->n_plans && !p; i++) {
+        gemm_plan *q = &g->plans[i];
+        if (q->T == T && q->N == N && q->K == K && q->y_f32 == y_f32) p = q;
+    }
+    if (!p) {
+        if (g->n_plans == GEMM_MAX_PLANS) { /* evict the oldest: shapes this many are a workload change */
+            plan_free(&g->plans[0]);
+            memmove(&g->plans[0], &g->plans[1], sizeof(gemm_plan) * (GEMM_MAX_PLANS - 1));
+            g->n_plans--;
+        }
+        p = &g->plans[g->n_plans];
+        osp_status s = plan_make(g, p, T, N, K, y_f32);
+        if (s != OSP_OK) {
+            plan_free(p);
+            return s;
+        }
+        g->n_plans++;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, d_w, p->a, d_x, p->b, &beta, d_y, p->d, d_y, p->d, &p->algo,
+                          g->workspace, g->workspace_bytes, (cudaStream_t)stream),
+           "Matmul");
+    return OSP_OK;
+}
