@@ -154,11 +154,20 @@ osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64
  *   out = softmax(q k^T * scale) v, fp32 softmax and accumulation (online softmax, Milakov &
  *   Gimelshein 2018; FlashAttention, Dao et al. 2022), split over the KV length for long contexts
  *   (FlashDecoding) with the partial results merged by their log-sum-exp.
- * All index arrays are device memory: d_query_start_loc [num_seqs + 1], d_positions [T],
- * d_block_table [num_seqs, max_blocks]. Sequences with no tokens are allowed (query_start_loc equal):
- * they produce nothing. max_seq_len bounds every positions[t] + 1 (it sizes the split-KV grid: keep
- * it fixed, e.g. max_model_len, when capturing a graph). D must be 64, 128 or 256... see
- * osp_cuda_attention_supported. d_workspace: osp_cuda_attention_workspace_bytes(...) bytes. */
+ * All index arrays are device memory: d_query_start_loc [num_seqs + 1] (0 first, T last),
+ * d_positions [T], d_block_table [num_seqs, max_blocks] (entries past a sequence's blocks are never
+ * read). Sequences with no tokens are allowed (query_start_loc equal): they produce nothing.
+ * max_seq_len bounds every positions[t] + 1; it only caps the number of KV splits (the grid depends on
+ * T, num_seqs, the head counts and max_seq_len, never on the device arrays: keep them fixed, e.g.
+ * max_seq_len = max_model_len, when capturing a graph; the split length adapts to each query tile's
+ * own context on the device). d_q, d_out, the pages and d_workspace must be 16-byte aligned (any
+ * cudaMalloc'd buffer and any row or layer offset into one is). OSP_ERR_INVALID_ARG for an
+ * unsupported shape, bad sizes, NULL or misaligned pointers.
+ * osp_cuda_attention_supported: head_dim D 32, 64, 128 or 256 and n_head a multiple of n_head_kv
+ * (any group size; up to 16 query heads of a group share one CTA's K/V loads).
+ * osp_cuda_attention_workspace_bytes: what d_workspace must hold for any T <= max_tokens at this
+ * max_seq_len (0 when max_seq_len <= 256, then d_workspace may be NULL; never more than
+ * 32768 * (4 D + 8) bytes). */
 bool osp_cuda_attention_supported(int n_head, int n_head_kv, int D);
 size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_head, int D, int32_t max_seq_len);
 osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages, bool kv_f16,

@@ -1,0 +1,583 @@
+/* Paged attention for mixed batches (prefill chunks and decodes in one launch) on CUDA cores, the
+ * CUDA counterpart of osp_cpu_paged_attention. FlashAttention-style (Dao et al. 2022): K/V tiles of
+ * 32 keys are staged in shared memory as fp32 and every query row keeps an online softmax (Milakov &
+ * Gimelshein 2018: running max m, running sum l, fp32 accumulator); long contexts are split over the
+ * KV length (FlashDecoding) and the partial results merged by their log-sum-exp in a second kernel.
+ *
+ * Work decomposition (grid = host scalars only, so one capture serves every batch of the same T and
+ * num_seqs):
+ *   blockIdx.x  query tile: up to BQ tokens of ONE sequence. Sequence s owns the tile slots
+ *               [qsl[s] / BQ + s, qsl[s + 1] / BQ + s + 1): enough for ceil(n_s / BQ) tiles, so the
+ *               grid is T / BQ + num_seqs and a CTA finds its sequence by binary search of
+ *               query_start_loc; slots past a sequence's last tile (and zero-token sequences) exit.
+ *   blockIdx.y  kv head x head chunk: a CTA serves all the query heads of one KV head (GQA: every
+ *               K/V load is shared by the group); groups larger than 16 heads are cut into chunks.
+ *               A CTA holds at most kRows = 16 query rows (token, head): BQ = 16 / heads per CTA.
+ *   blockIdx.z  KV split. The split length is chosen per tile on the device from the tile's own
+ *               context (at least kMinChunk keys), so short contexts use few splits; a split with no
+ *               keys for a row still writes (m = -inf, l = 0) so the merge knows to skip it.
+ * A CTA is 4 warps. Per 32-key tile all 128 threads load K and V rows with 16-byte loads (each key's
+ * slot looked up through the block table by one lane and shuffled), widen them to fp32 in shared
+ * memory (row stride D + 4 floats: conflict-free float4 reads with one key per lane), then each warp
+ * works on its own query rows (row r belongs to warp r % 4): lane j scores key j against the row's q
+ * (fp32, pre-scaled by scale * log2 e, read from shared memory as a broadcast), the warp max gives
+ * the new running max, p_j = 2^(s_j - m) goes through a per-warp shared buffer, and the P V product
+ * is done with each lane owning D / 32 output dimensions. All per-thread arrays are indexed by
+ * compile-time constants (templates on D, on f16/fp32 pages and on the warp's row count).
+ *
+ * Shared memory per CTA: 2 * 32 * (D + 4) + 16 * D + 16 * 32 floats (D = 128: 43 KiB; D = 256:
+ * 83 KiB, opted in with cudaFuncSetAttribute). The partials in d_workspace: fp32 [splits, T, n_head,
+ * D] accumulators, then float2 [splits, T, n_head] (m, l), m in the log2 domain. */
+#include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_bf16_to_f, osp_f16_to_f, osp_f_to_bf16 */
+#include "backend/cuda/cuda_ops.h"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;                    /* query rows (token, head) per CTA */
+constexpr int kRowsPerWarp = kRows / kWarps; /* row r is served by warp r % kWarps */
+constexpr int kKeys = 32;                    /* keys per shared-memory tile: one per lane */
+constexpr int kPad = 4;                      /* floats of padding per K/V row in shared memory */
+constexpr int kMinChunk = 256;               /* the fewest keys a KV split covers */
+constexpr int kMaxSplits = 32;
+constexpr int64_t kTargetCtas = 1024;        /* split until about this many CTAs (~2 waves on 132 SMs) */
+constexpr int64_t kMaxSplitRows = 32768;     /* bound on T * n_head * splits: sizes the workspace */
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttnParams {
+    const uint16_t *q;           /* [T, n_head, D] bf16 */
+    const void *k_pages;         /* [num_blocks, block_size, n_head_kv, D] f16 or fp32 */
+    const void *v_pages;
+    uint16_t *out;               /* [T, n_head, D] bf16 */
+    const int32_t *qsl;          /* [num_seqs + 1] */
+    const int32_t *positions;    /* [T] */
+    const int32_t *block_table;  /* [num_seqs, max_blocks] */
+    float *ws_acc;               /* [num_splits, T, n_head, D] (num_splits > 1 only) */
+    float2 *ws_ml;               /* [num_splits, T, n_head] */
+    int32_t num_seqs, max_blocks, block_size, T;
+    int n_head, n_head_kv;
+    int group;                   /* n_head / n_head_kv */
+    int heads_per_cta;           /* query heads of one group served by one CTA (<= kRows) */
+    int head_chunks;             /* ceil(group / heads_per_cta) */
+    int bq;                      /* tokens per query tile: kRows / heads_per_cta */
+    int num_splits;
+    float qscale;                /* scale * log2(e) */
+};
+
+/* ---- small helpers ------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int J> __device__ __forceinline__ float f4_get(const float4 &v) {
+    static_assert(J >= 0 && J < 4, "float4 component");
+    if constexpr (J == 0) return v.x;
+    else if constexpr (J == 1) return v.y;
+    else if constexpr (J == 2) return v.z;
+    else return v.w;
+}
+
+/* The output dimensions a lane owns: NVEC groups of VW consecutive dims, group c starting at
+ * c * 32 * VW + lane * VW (consecutive lanes read consecutive addresses). */
+template <int D> struct LaneDims {
+    static_assert(D == 32 || D == 64 || D == 128 || D == 256, "head_dim");
+    static constexpr int DPL = D / 32;                /* dims per lane */
+    static constexpr int VW = DPL < 4 ? DPL : 4;      /* vector width of one group */
+    static constexpr int NVEC = DPL / VW;
+    static __device__ __forceinline__ int dim(int c, int lane) { return c * 32 * VW + lane * VW; }
+};
+
+/* v[c * VW + e] = row[dim(c) + e] from shared memory (fp32). */
+template <int D> __device__ __forceinline__ void load_lane_dims(const float *row, int lane, float (&v)[D / 32]) {
+    using L = LaneDims<D>;
+#pragma unroll
+    for (int c = 0; c < L::NVEC; c++) {
+        const float *src = row + L::dim(c, lane);
+        if constexpr (L::VW == 4) {
+            const float4 x = *reinterpret_cast<const float4 *>(src);
+            v[c * 4 + 0] = x.x, v[c * 4 + 1] = x.y, v[c * 4 + 2] = x.z, v[c * 4 + 3] = x.w;
+        } else if constexpr (L::VW == 2) {
+            const float2 x = *reinterpret_cast<const float2 *>(src);
+            v[c * 2 + 0] = x.x, v[c * 2 + 1] = x.y;
+        } else {
+            v[c] = *src;
+        }
+    }
+}
+
+/* dst[dim(c) + e] = bf16(a[c * VW + e] * mul) for the lane's dims (global memory, one row of D). */
+template <int D>
+__device__ __forceinline__ void store_lane_bf16(uint16_t *dst, int lane, const float (&a)[D / 32], float mul) {
+    using L = LaneDims<D>;
+#pragma unroll
+    for (int c = 0; c < L::NVEC; c++) {
+        uint16_t *p = dst + L::dim(c, lane);
+#pragma unroll
+        for (int e = 0; e < L::VW; e++) p[e] = osp_f_to_bf16(a[c * L::VW + e] * mul);
+    }
+}
+
+/* dst[dim(c) + e] = a[c * VW + e] (fp32, global memory). */
+template <int D> __device__ __forceinline__ void store_lane_f32(float *dst, int lane, const float (&a)[D / 32]) {
+    using L = LaneDims<D>;
+#pragma unroll
+    for (int c = 0; c < L::NVEC; c++) {
+        float *p = dst + L::dim(c, lane);
+        if constexpr (L::VW == 4) {
+            *reinterpret_cast<float4 *>(p) = make_float4(a[c * 4], a[c * 4 + 1], a[c * 4 + 2], a[c * 4 + 3]);
+        } else if constexpr (L::VW == 2) {
+            *reinterpret_cast<float2 *>(p) = make_float2(a[c * 2], a[c * 2 + 1]);
+        } else {
+            *p = a[c];
+        }
+    }
+}
+
+/* Widens one 16-byte chunk of a K/V row (8 f16 or 4 fp32) into fp32 shared memory at dst (16-byte
+ * aligned). */
+template <bool F16> __device__ __forceinline__ void store_chunk(float *dst, const uint4 r) {
+    if constexpr (F16) {
+        const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+        float f[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = osp_f16_to_f((uint16_t)(w[i] & 0xffffu));
+            f[2 * i + 1] = osp_f16_to_f((uint16_t)(w[i] >> 16));
+        }
+        reinterpret_cast<float4 *>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4 *>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
+    } else {
+        *reinterpret_cast<float4 *>(dst) =
+            make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
+    }
+}
+
+/* ---- one 32-key tile ------------------------------------------------------------------------------- */
+
+/* Loads keys k0 + j (j < 32) of this CTA's kv head into sK / sV (fp32, row stride D + kPad). `slot`
+ * is lane j's slot for key k0 + j, or -1 past the split's end (those rows are zero-filled, so a
+ * masked key never multiplies garbage). kb / vb point at kv head 0 + kvh * D of slot 0; row_elems =
+ * n_head_kv * D. Every 16-byte chunk of the tile is one load; at most 8 K and 8 V chunks per thread
+ * are in flight before they are widened and stored. */
+template <int D, bool F16>
+__device__ __forceinline__ void load_kv_tile(float *sK, float *sV, const void *kb, const void *vb, int slot,
+                                             int64_t row_elems, int tid) {
+    constexpr int KS = D + kPad;
+    constexpr int VEC = F16 ? 8 : 4;                 /* elements per 16 bytes */
+    constexpr int EB = F16 ? 2 : 4;                  /* bytes per element */
+    constexpr int CPR = D / VEC;                     /* chunks per key row */
+    constexpr int CPT = kKeys * CPR / kThreads;      /* chunks per thread per matrix */
+    constexpr int GB = CPT < 8 ? CPT : 8;            /* chunks in flight per group */
+    static_assert(CPT * kThreads == kKeys * CPR && CPT % GB == 0, "tile chunking");
+    const char *kc = static_cast<const char *>(kb);
+    const char *vc = static_cast<const char *>(vb);
+#pragma unroll
+    for (int g = 0; g < CPT; g += GB) {
+        uint4 kr[GB], vr[GB];
+#pragma unroll
+        for (int u = 0; u < GB; u++) {
+            const int c = tid + (g + u) * kThreads;
+            const int j = c / CPR, part = c % CPR;
+            const int sl = __shfl_sync(0xffffffffu, slot, j);
+            if (sl >= 0) {
+                const int64_t off = ((int64_t)sl * row_elems + (int64_t)part * VEC) * EB;
+                kr[u] = __ldg(reinterpret_cast<const uint4 *>(kc + off));
+                vr[u] = __ldg(reinterpret_cast<const uint4 *>(vc + off));
+            } else {
+                kr[u] = make_uint4(0u, 0u, 0u, 0u);
+                vr[u] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GB; u++) {
+            const int c = tid + (g + u) * kThreads;
+            const int j = c / CPR, part = c % CPR;
+            store_chunk<F16>(sK + j * KS + part * VEC, kr[u]);
+            store_chunk<F16>(sV + j * KS + part * VEC, vr[u]);
+        }
+    }
+}
+
+/* One warp, its first NR rows (row i of the warp = CTA row i * kWarps + warp), one tile: scores of
+ * key k0 + lane, online-softmax update, then acc += P V. Keys at or past `ke` or past a row's own
+ * limit (positions[t] + 1: causal) get probability 0. */
+template <int D, int NR>
+__device__ __forceinline__ void tile_rows(const float *sK, const float *sV, const float *sQ, float *sPw, int warp,
+                                          int lane, int k0, int ke, const int (&lim)[kRowsPerWarp],
+                                          float (&m)[kRowsPerWarp], float (&l)[kRowsPerWarp],
+                                          float (&acc)[kRowsPerWarp][D / 32]) {
+    static_assert(NR >= 1 && NR <= kRowsPerWarp, "rows per warp");
+    constexpr int KS = D + kPad;
+    constexpr int DPL = D / 32;
+
+    /* s_i = q_i . k_lane, four partial sums per row for ILP */
+    float sx[NR], sy[NR], sz[NR], sw[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) sx[i] = sy[i] = sz[i] = sw[i] = 0.0f;
+    const float *krow = sK + lane * KS;
+#pragma unroll 8
+    for (int d = 0; d < D; d += 4) {
+        const float4 kv = *reinterpret_cast<const float4 *>(krow + d);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float4 qv = *reinterpret_cast<const float4 *>(sQ + (i * kWarps + warp) * D + d);
+            sx[i] = fmaf(qv.x, kv.x, sx[i]);
+            sy[i] = fmaf(qv.y, kv.y, sy[i]);
+            sz[i] = fmaf(qv.z, kv.z, sz[i]);
+            sw[i] = fmaf(qv.w, kv.w, sw[i]);
+        }
+    }
+
+    const int key = k0 + lane;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const float s = (key < ke && key < lim[i]) ? (sx[i] + sy[i]) + (sz[i] + sw[i]) : -INFINITY;
+        const float m_new = fmaxf(m[i], warp_max(s));
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* no key yet: keep everything 0 */
+        const float alpha = exp2f(m[i] - m_use);                 /* 0 when m[i] = -inf */
+        const float pj = exp2f(s - m_use);                       /* 0 for masked keys */
+        l[i] = l[i] * alpha + pj;                                /* per-lane partial sum */
+        m[i] = m_new;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) acc[i][e] *= alpha;
+        sPw[i * kKeys + lane] = pj;
+    }
+    __syncwarp();
+
+    /* acc_i[dims] += sum_j p_ij v_j[dims] */
+#pragma unroll 2
+    for (int j = 0; j < kKeys; j += 4) {
+        float4 pv[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) pv[i] = *reinterpret_cast<const float4 *>(sPw + i * kKeys + j);
+        float v[DPL];
+        load_lane_dims<D>(sV + (j + 0) * KS, lane, v);
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[i][e] = fmaf(f4_get<0>(pv[i]), v[e], acc[i][e]);
+        load_lane_dims<D>(sV + (j + 1) * KS, lane, v);
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[i][e] = fmaf(f4_get<1>(pv[i]), v[e], acc[i][e]);
+        load_lane_dims<D>(sV + (j + 2) * KS, lane, v);
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[i][e] = fmaf(f4_get<2>(pv[i]), v[e], acc[i][e]);
+        load_lane_dims<D>(sV + (j + 3) * KS, lane, v);
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[i][e] = fmaf(f4_get<3>(pv[i]), v[e], acc[i][e]);
+    }
+    __syncwarp(); /* sPw is rewritten by the next tile */
+}
+
+/* ---- kernels ------------------------------------------------------------------------------------------ */
+
+template <int D> constexpr size_t attn_smem_bytes() {
+    return sizeof(float) * (size_t)(2 * kKeys * (D + kPad) + kRows * D + kRows * kKeys);
+}
+
+template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const AttnParams p) {
+    extern __shared__ float4 smem_f4[];
+    constexpr int KS = D + kPad;
+    constexpr int DPL = D / 32;
+    float *sK = reinterpret_cast<float *>(smem_f4); /* [kKeys][KS] */
+    float *sV = sK + kKeys * KS;                    /* [kKeys][KS] */
+    float *sQ = sV + kKeys * KS;                    /* [kRows][D], pre-scaled by scale * log2 e */
+    float *sP = sQ + kRows * D;                     /* [kWarps][kRowsPerWarp][kKeys] */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    /* sequence of this tile slot: the last s with qsl[s] / bq + s <= x (strictly increasing in s) */
+    const int x = (int)blockIdx.x;
+    int lo = 0, hi = p.num_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.qsl[mid] / p.bq + mid <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    const int s = lo;
+    const int q_begin = p.qsl[s], q_end = p.qsl[s + 1];
+    const int tile = x - (q_begin / p.bq + s);
+    if (tile < 0 || (int64_t)tile * p.bq >= (int64_t)q_end - q_begin) return; /* uniform over the CTA */
+    const int t0 = q_begin + tile * p.bq;
+    const int ntok = min(p.bq, q_end - t0);
+
+    const int hc = (int)blockIdx.y % p.head_chunks, kvh = (int)blockIdx.y / p.head_chunks;
+    const int nh = min(p.heads_per_cta, p.group - hc * p.heads_per_cta); /* heads of this CTA */
+    const int h0 = kvh * p.group + hc * p.heads_per_cta;                  /* its first query head */
+    const int rows = ntok * nh;                                           /* <= kRows; row r: token t0 + r / nh, head h0 + r % nh */
+
+    int kv_len = 0; /* keys any row of the tile sees */
+    for (int i = 0; i < ntok; i++) kv_len = max(kv_len, p.positions[t0 + i] + 1);
+
+    /* this split's key range [ks, ke) */
+    const int split = (int)blockIdx.z;
+    int64_t chunk = kv_len;
+    if (p.num_splits > 1) {
+        chunk = ((int64_t)kv_len + p.num_splits - 1) / p.num_splits;
+        chunk = (chunk + kKeys - 1) / kKeys * kKeys;
+        if (chunk < kMinChunk) chunk = kMinChunk;
+    }
+    const int64_t ks64 = (int64_t)split * chunk;
+    if (ks64 >= kv_len) {
+        /* no keys here: a sentinel partial per row (or, with one split and no keys at all, which only
+         * an invalid position can cause, zeros) */
+        for (int r = tid; r < rows; r += kThreads) {
+            const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+            if (p.num_splits > 1) {
+                p.ws_ml[(int64_t)split * p.T * p.n_head + orow] = make_float2(-INFINITY, 0.0f);
+            } else {
+                for (int d = 0; d < D; d++) p.out[orow * D + d] = 0;
+            }
+        }
+        return;
+    }
+    const int ks = (int)ks64;
+    const int ke = (int)min((int64_t)kv_len, ks64 + chunk);
+
+    /* q rows into shared memory (fp32, times scale * log2 e) */
+    for (int idx = tid; idx < rows * D; idx += kThreads) {
+        const int r = idx / D, d = idx % D;
+        const int64_t qrow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+        sQ[idx] = osp_bf16_to_f(p.q[qrow * D + d]) * p.qscale;
+    }
+
+    /* this warp's rows: i < nv, CTA row i * kWarps + warp */
+    const int nv = rows > warp ? (rows - warp + kWarps - 1) / kWarps : 0;
+    int lim[kRowsPerWarp];
+    float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DPL];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+        const int r = i * kWarps + warp;
+        lim[i] = i < nv ? p.positions[t0 + r / nh] + 1 : 0;
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) acc[i][e] = 0.0f;
+    }
+
+    const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
+    const int64_t row_elems = (int64_t)p.n_head_kv * D;
+    const size_t eb = F16 ? 2 : 4;
+    const void *kb = static_cast<const char *>(p.k_pages) + (size_t)kvh * D * eb;
+    const void *vb = static_cast<const char *>(p.v_pages) + (size_t)kvh * D * eb;
+    float *sPw = sP + warp * kRowsPerWarp * kKeys;
+
+    for (int k0 = ks; k0 < ke; k0 += kKeys) {
+        const int key = k0 + lane;
+        int slot = -1;
+        if (key < ke) slot = bt[key / p.block_size] * p.block_size + key % p.block_size;
+        load_kv_tile<D, F16>(sK, sV, kb, vb, slot, row_elems, tid);
+        __syncthreads(); /* tile (and, the first time, sQ) visible to all warps */
+        switch (nv) {
+        case 1: tile_rows<D, 1>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
+        case 2: tile_rows<D, 2>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
+        case 3: tile_rows<D, 3>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
+        case 4: tile_rows<D, 4>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
+        default: break;
+        }
+        __syncthreads(); /* every warp done with sK / sV before the next tile overwrites them */
+    }
+
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+        if (i >= nv) break;
+        const int r = i * kWarps + warp;
+        const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+        const float lsum = warp_sum(l[i]);
+        if (p.num_splits == 1) {
+            store_lane_bf16<D>(p.out + orow * D, lane, acc[i], lsum > 0.0f ? 1.0f / lsum : 0.0f);
+        } else {
+            const int64_t pr = (int64_t)split * p.T * p.n_head + orow;
+            if (lsum > 0.0f) store_lane_f32<D>(p.ws_acc + pr * D, lane, acc[i]);
+            if (lane == 0) p.ws_ml[pr] = make_float2(m[i], lsum);
+        }
+    }
+}
+
+/* One warp per output row (t, h): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the
+ * splits with l_s > 0 (M: their largest m). rows = T * n_head; partial row of split s: s * rows + row. */
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out, int64_t rows,
+                                 int num_splits) {
+    constexpr int DPL = D / 32;
+    using L = LaneDims<D>;
+    const int lane = (int)threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * kWarps + ((int)threadIdx.x >> 5);
+    if (row >= rows) return;
+    float mx = -INFINITY;
+    for (int sp = 0; sp < num_splits; sp++) {
+        const float2 ml = ws_ml[(int64_t)sp * rows + row];
+        if (ml.y > 0.0f) mx = fmaxf(mx, ml.x);
+    }
+    float acc[DPL], lsum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < DPL; e++) acc[e] = 0.0f;
+    for (int sp = 0; sp < num_splits; sp++) {
+        const int64_t pr = (int64_t)sp * rows + row;
+        const float2 ml = ws_ml[pr];
+        if (!(ml.y > 0.0f)) continue;
+        const float w = exp2f(ml.x - mx);
+        lsum = fmaf(w, ml.y, lsum);
+        const float *a = ws_acc + pr * D;
+#pragma unroll
+        for (int c = 0; c < L::NVEC; c++) {
+            const float *src = a + L::dim(c, lane);
+#pragma unroll
+            for (int e = 0; e < L::VW; e++) acc[c * L::VW + e] = fmaf(w, src[e], acc[c * L::VW + e]);
+        }
+    }
+    store_lane_bf16<D>(out + row * D, lane, acc, lsum > 0.0f ? 1.0f / lsum : 0.0f);
+}
+
+/* ---- host side ------------------------------------------------------------------------------------------ */
+
+struct Plan {
+    int group, heads_per_cta, head_chunks, bq, num_splits;
+    int64_t n_tiles;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int max_splits_for(int32_t max_seq_len) {
+    const int64_t n = ceil_div(max_seq_len > 0 ? max_seq_len : 1, kMinChunk);
+    return (int)(n < kMaxSplits ? n : kMaxSplits);
+}
+
+/* Depends only on host scalars (the grid of a captured graph is fixed by them). */
+Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t max_seq_len) {
+    Plan pl;
+    pl.group = n_head / n_head_kv;
+    pl.head_chunks = (int)ceil_div(pl.group, kRows);
+    pl.heads_per_cta = (int)ceil_div(pl.group, pl.head_chunks);
+    pl.bq = kRows / pl.heads_per_cta;
+    pl.n_tiles = T / pl.bq + num_seqs;
+    const int64_t base = pl.n_tiles * n_head_kv * pl.head_chunks;
+    int64_t ns = base >= kTargetCtas ? 1 : ceil_div(kTargetCtas, base);
+    const int cap = max_splits_for(max_seq_len);
+    if (ns > cap) ns = cap;
+    if (ns > 1 && T * n_head * ns > kMaxSplitRows) ns = kMaxSplitRows / (T * n_head);
+    pl.num_splits = ns < 1 ? 1 : (int)ns;
+    return pl;
+}
+
+bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
+
+template <int D, bool F16> osp_status launch(const AttnParams &prm, const Plan &pl, cudaStream_t st) {
+    constexpr size_t smem = attn_smem_bytes<D>();
+    if (smem > 48 * 1024)
+        OSP_CUDA_TRY(cudaFuncSetAttribute(paged_attention_kernel<D, F16>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((unsigned)pl.n_tiles, (unsigned)(prm.n_head_kv * pl.head_chunks), (unsigned)pl.num_splits);
+    paged_attention_kernel<D, F16><<<grid, kThreads, smem, st>>>(prm);
+    OSP_CUDA_LAUNCH_CHECK("paged_attention_kernel");
+    if (pl.num_splits > 1) {
+        const int64_t rows = (int64_t)prm.T * prm.n_head;
+        paged_attention_merge_kernel<D>
+            <<<(unsigned)ceil_div(rows, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, rows, pl.num_splits);
+        OSP_CUDA_LAUNCH_CHECK("paged_attention_merge_kernel");
+    }
+    return OSP_OK;
+}
+
+} // namespace
+
+extern "C" bool osp_cuda_attention_supported(int n_head, int n_head_kv, int D) {
+    return n_head > 0 && n_head_kv > 0 && n_head % n_head_kv == 0 && (D == 32 || D == 64 || D == 128 || D == 256);
+}
+
+extern "C" size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_head, int D, int32_t max_seq_len) {
+    if (max_tokens <= 0 || n_head <= 0 || D <= 0) return 0;
+    const int cap = max_splits_for(max_seq_len);
+    if (cap <= 1) return 0;
+    /* make_plan keeps T * n_head * splits <= kMaxSplitRows whenever it splits, and splits <= cap */
+    int64_t rows = max_tokens * n_head * cap;
+    if (rows > kMaxSplitRows) rows = kMaxSplitRows;
+    return (size_t)rows * ((size_t)D * sizeof(float) + sizeof(float2));
+}
+
+extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                               bool kv_f16, uint16_t *d_out, int32_t num_seqs,
+                                               const int32_t *d_query_start_loc, const int32_t *d_positions,
+                                               const int32_t *d_block_table, int32_t max_blocks, int32_t block_size,
+                                               int64_t T, int n_head, int n_head_kv, int D, float scale,
+                                               int32_t max_seq_len, void *d_workspace, void *stream) {
+    if (!osp_cuda_attention_supported(n_head, n_head_kv, D))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "cuda paged attention: unsupported shape n_head %d, n_head_kv %d, head_dim %d "
+                             "(head_dim 32/64/128/256, n_head a multiple of n_head_kv)",
+                             n_head, n_head_kv, D);
+    if (T < 0 || T > INT32_MAX / 2 || num_seqs < 0 || (T > 0 && num_seqs == 0) || block_size < 1 ||
+        max_blocks < 1 || max_seq_len < 1 || !isfinite(scale))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "cuda paged attention: bad arguments (T %lld, num_seqs %d, block_size %d, max_blocks "
+                             "%d, max_seq_len %d, scale %g)",
+                             (long long)T, (int)num_seqs, (int)block_size, (int)max_blocks, (int)max_seq_len,
+                             (double)scale);
+    if (T == 0) return OSP_OK;
+    if (!d_q || !d_k_pages || !d_v_pages || !d_out || !d_query_start_loc || !d_positions || !d_block_table)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: NULL device pointer");
+    if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
+
+    const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len);
+    if (pl.n_tiles > INT32_MAX || (int64_t)n_head_kv * pl.head_chunks > 65535)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
+    AttnParams prm;
+    prm.q = d_q;
+    prm.k_pages = d_k_pages;
+    prm.v_pages = d_v_pages;
+    prm.out = d_out;
+    prm.qsl = d_query_start_loc;
+    prm.positions = d_positions;
+    prm.block_table = d_block_table;
+    prm.ws_acc = nullptr;
+    prm.ws_ml = nullptr;
+    if (pl.num_splits > 1) {
+        if (!d_workspace || !aligned16(d_workspace))
+            return osp_set_error(OSP_ERR_INVALID_ARG,
+                                 "cuda paged attention: a 16-byte aligned workspace of "
+                                 "osp_cuda_attention_workspace_bytes() is needed (max_seq_len %d)",
+                                 (int)max_seq_len);
+        prm.ws_acc = static_cast<float *>(d_workspace);
+        prm.ws_ml = reinterpret_cast<float2 *>(prm.ws_acc + (size_t)pl.num_splits * (size_t)T * n_head * D);
+    }
+    prm.num_seqs = num_seqs;
+    prm.max_blocks = max_blocks;
+    prm.block_size = block_size;
+    prm.T = (int32_t)T;
+    prm.n_head = n_head;
+    prm.n_head_kv = n_head_kv;
+    prm.group = pl.group;
+    prm.heads_per_cta = pl.heads_per_cta;
+    prm.head_chunks = pl.head_chunks;
+    prm.bq = pl.bq;
+    prm.num_splits = pl.num_splits;
+    prm.qscale = scale * kLog2e;
+
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (D) {
+    case 32: return kv_f16 ? launch<32, true>(prm, pl, st) : launch<32, false>(prm, pl, st);
+    case 64: return kv_f16 ? launch<64, true>(prm, pl, st) : launch<64, false>(prm, pl, st);
+    case 128: return kv_f16 ? launch<128, true>(prm, pl, st) : launch<128, false>(prm, pl, st);
+    default: return kv_f16 ? launch<256, true>(prm, pl, st) : launch<256, false>(prm, pl, st);
+    }
+}
