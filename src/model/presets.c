@@ -16,6 +16,8 @@ static const osp_model_preset k_presets[] = {
      1e-6f, false, "qwen3", 128, false, true, {0, 0, 0, 0}},
     {"tiny", "2 layers, hidden 64, SmolLM2's vocabulary size, tied", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f,
      1e-5f, true, "llama", 0, false, false, {0, 0, 0, 0}},
+    {"tiny-d32", "2 layers, hidden 128, head_dim 32 (the smallest the CUDA attention takes), untied", 128, 2, 4, 2,
+     256, 49152, 2048, 100000.0f, 1e-5f, false, "llama", 0, false, false, {0, 0, 0, 0}},
     {"tiny-untied", "as tiny, with an output.weight", 64, 2, 4, 2, 128, 49152, 2048, 100000.0f, 1e-5f, false,
      "llama", 0, false, false, {0, 0, 0, 0}},
     {"tiny-llama3", "as tiny-untied, llama3 rope scaling (original context 256)", 64, 2, 4, 2, 128, 49152, 2048,
