@@ -6,29 +6,39 @@
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
 #          on the GPU (test_gpu_engine)
 #   all    both (when the whole model is already in models/)
+#   stash  only keep what this call brought (binaries, a model half) in /tmp/osprey-gpu for the next
 # Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 what=${1:-all}
-G=.gpu
+# The device machine keeps /tmp while warm (30 s after a call) but not the repository copy: what one
+# call brings (binaries, a model half) is stashed there for the next.
+STASH=/tmp/osprey-gpu
+G=$STASH/gpu
 LOG=${OUT:-/tmp}/gpu-test.log
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -x $G/bin/osprey ] || [ .carry/gpu.tar.xz -nt $G/bin/osprey ]; then
-    mkdir -p $G && xz -dc .carry/gpu.tar.xz | tar -C $G -xf - || { echo "gpu-test: cannot unpack .carry/gpu.tar.xz"; exit 1; }
+mkdir -p $STASH
+for h in m0 m1; do [ -f .carry/$h/model.part ] && cp .carry/$h/model.part $STASH/$h.part; done
+[ -f .carry/m1/model.sha256 ] && cp .carry/m1/model.sha256 $STASH/model.sha256
+if [ -f .carry/gpu.tar.xz ]; then
+    rm -rf $G && mkdir -p $G && xz -dc .carry/gpu.tar.xz | tar -C $G -xf - || { echo "gpu-test: cannot unpack .carry/gpu.tar.xz"; exit 1; }
 fi
-export LD_LIBRARY_PATH=$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export OSPREY_ROOT=$PWD OSPREY_MODEL=$PWD/$MODEL OSPREY_BIN=$PWD/$G/bin/osprey OMP_WAIT_POLICY=passive
+[ -x $G/bin/osprey ] || { echo "gpu-test: no binaries: carry .carry/gpu.tar.xz (scripts/gpu-pack.sh)"; exit 1; }
+[ "$what" = stash ] && { ls -la $STASH; exit 0; }
+if [ ! -f $MODEL ] && [ -f $STASH/model.gguf ]; then mkdir -p models && ln -s $STASH/model.gguf $MODEL; fi
+export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OSPREY_ROOT=$PWD OSPREY_MODEL=$PWD/$MODEL OSPREY_BIN=$G/bin/osprey OMP_WAIT_POLICY=passive
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 fails=0
 results=()
 run() { # name, command...
     local name=$1 t0 rc
     shift
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N)
     "$@" >>"$LOG" 2>&1
     rc=$?
     local dt
-    dt=$(printf '%.1f' "$(echo "$(date +%s.%N) - $t0" | bc)")
+    dt=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
     case $rc in 0) r=ok ;; 77) r=skipped ;; *) r="FAILED ($rc)"; fails=$((fails + 1)) ;; esac
     results+=("$(printf '%-44s %8s s  %s' "$name" "$dt" "$r")")
     echo "---- $name: $r" >>"$LOG"
@@ -46,10 +56,12 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     fi
 fi
 if [ "$what" = model ] || [ "$what" = all ]; then
-    if [ ! -f $MODEL ] && [ -f .carry/m0/model.part ] && [ -f .carry/m1/model.part ]; then
-        mkdir -p models && cat .carry/m0/model.part .carry/m1/model.part > $MODEL
-        if [ -f .carry/m1/model.sha256 ] && [ "$(sha256sum $MODEL | cut -d' ' -f1)" != "$(cat .carry/m1/model.sha256)" ]; then
-            echo "gpu-test: the joined model does not match its sha256"; rm -f $MODEL
+    if [ ! -f $MODEL ] && [ -f $STASH/m0.part ] && [ -f $STASH/m1.part ]; then
+        cat $STASH/m0.part $STASH/m1.part > $STASH/model.gguf
+        if [ -f $STASH/model.sha256 ] && [ "$(sha256sum $STASH/model.gguf | cut -d' ' -f1)" != "$(cat $STASH/model.sha256)" ]; then
+            echo "gpu-test: the joined model does not match its sha256"
+        else
+            mkdir -p models && ln -sf $STASH/model.gguf $MODEL
         fi
     fi
     run test_gpu_model $G/bin/test_gpu_model

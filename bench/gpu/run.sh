@@ -8,8 +8,8 @@
 # the binaries (.gpu/), e.g. `bash scripts/gpu-test.sh ops; bash bench/gpu/run.sh`.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-G=.gpu
-export LD_LIBRARY_PATH=$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+G=/tmp/osprey-gpu/gpu # unpacked there by scripts/gpu-test.sh
+export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 O=$G/bin/osprey
 W=${BENCH_DIR:-/tmp/osprey-bench}
 mkdir -p "$W"
@@ -28,9 +28,9 @@ for preset in smollm2-135m llama-3.1-8b; do
         llama-3.1-8b) ref1=207.6 ref64=5110 ;;
         *) ref1=983 ref64= ;;
     esac
-    rows+=("$(printf '%-14s %-8s %10s %10s %8s' "$preset" "b1" "$tg1" "$ref1" "$(echo "scale=2; $tg1 / $ref1" | bc 2>/dev/null)")")
+    rows+=("$(printf '%-14s %-8s %10s %10s %8s' "$preset" "b1" "$tg1" "$ref1" "$(awk -v a="$tg1" -v b="$ref1" 'BEGIN { if (a > 0) printf "%.2f", a / b }')")")
     if [ -n "$ref64" ]; then
-        rows+=("$(printf '%-14s %-8s %10s %10s %8s' "$preset" "b64" "$tg64" "$ref64" "$(echo "scale=2; $tg64 / $ref64" | bc 2>/dev/null)")")
+        rows+=("$(printf '%-14s %-8s %10s %10s %8s' "$preset" "b64" "$tg64" "$ref64" "$(awk -v a="$tg64" -v b="$ref64" 'BEGIN { if (a > 0) printf "%.2f", a / b }')")")
     else
         rows+=("$(printf '%-14s %-8s %10s %10s %8s' "$preset" "b64" "$tg64" "-" "-")")
     fi

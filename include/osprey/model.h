@@ -73,6 +73,9 @@ typedef struct osp_model_params {
     void (*progress)(void *ctx, float fraction);
     void *progress_ctx;
     int n_threads; /* 0 = all available cores */
+    bool emulate_bf16; /* with exact, on the CPU: round weights and activations to bf16 where the CUDA
+                        * backend stores them in bf16 (a reference that isolates its kernels from its
+                        * precision; tests only, slow) */
     bool exact;    /* true: fp32 activations in every matmul (the reference path the golden tests use);
                     * false (default): int8-quantized activations for block-quantized weights (faster;
                     * per-row quantization keeps results batch-invariant) */

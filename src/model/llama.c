@@ -207,6 +207,8 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
     m->n_threads = params && params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (m->n_threads < 1) m->n_threads = 1;
     m->exact = params ? params->exact : false;
+    m->emulate_bf16 = params && params->emulate_bf16 && params->device == OSP_DEVICE_CPU;
+    if (m->emulate_bf16) m->exact = true;
     if ((s = osp_threadpool_create(m->n_threads, &m->pool)) != OSP_OK) goto fail;
 
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim,
@@ -269,6 +271,14 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
         }
         if (c->rope_freq_scale != 1.0f) f *= (double)c->rope_freq_scale;
         m->inv_freq[i] = (float)f;
+    }
+    if (m->emulate_bf16) {
+        m->tok_embd.round_bf16 = m->output.round_bf16 = true;
+        for (int32_t l = 0; l < c->n_layer; l++) {
+            layer_weights *L = &m->layers[l];
+            osp_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (int i = 0; i < 7; i++) ws[i]->round_bf16 = true;
+        }
     }
     if (params && params->device == OSP_DEVICE_CUDA && (s = osp_llama_cuda_init(m, params)) != OSP_OK) goto fail;
     *out = m;
@@ -396,6 +406,8 @@ osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t b
                              m->cfg.head_dim);
     osp_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
+    static _Atomic uint64_t next_id = 1;
+    kv->id = next_id++;
     kv->num_blocks = num_blocks;
     kv->block_size = block_size;
     kv->dtype = dtype;
@@ -623,11 +635,17 @@ static void forward_task(void *arg, int ith, int nth) {
     for (long long t = t0; t < t1; t++)
         osp_dequant_row(emb->type, (const uint8_t *)emb->data + (size_t)b->token_ids[t] * emb->row_bytes,
                         w->x + t * E, E);
+    /* bf16 emulation (tests): round where the CUDA backend stores bf16: the embedding table, every
+     * GEMM input (norm outputs, attention output, silu(gate) * up) and output that it keeps in bf16
+     * (o-proj, gate/up, down), and q after RoPE */
+    const bool bf = m->emulate_bf16;
+    if (bf) osp_cpu_round_bf16(w->x + t0 * E, (t1 - t0) * E);
 
     for (int32_t l = 0; l < c->n_layer; l++) {
         const layer_weights *L = &m->layers[l];
         /* attention block: norm (+ quantize) of my rows */
         osp_cpu_rmsnorm(w->x + t0 * E, L->attn_norm, w->xn + t0 * E, t1 - t0, E, c->rms_eps);
+        if (bf) osp_cpu_round_bf16(w->xn + t0 * E, (t1 - t0) * E);
         quant_rows(m, w->xn, w->xq, T, E, ith, nth); /* same token split as the norm: no barrier */
         osp_threadpool_barrier(pool);
         mm(m, &L->wq, w->xn, w->xq, w->q, T, ith, nth);
@@ -654,6 +672,7 @@ static void forward_task(void *arg, int ith, int nth) {
             osp_cpu_rope_interleaved(w->k + t0 * KD, b->positions + t0, t1 - t0, c->n_head_kv, D, c->n_rot,
                                      m->inv_freq);
         }
+        if (bf) osp_cpu_round_bf16(w->q + t0 * QD, (t1 - t0) * QD);
         if (kv->dtype == OSP_KV_DTYPE_F16) {
             osp_cpu_kv_write_f16(w->k + t0 * KD, w->v + t0 * KD, kv->k[l], kv->v[l], b->slot_mapping + t0, t1 - t0, KD);
         } else {
@@ -669,23 +688,32 @@ static void forward_task(void *arg, int ith, int nth) {
                                 b->query_start_loc, b->positions, b->block_table, b->max_blocks_per_seq,
                                 kv->block_size, c->n_head, c->n_head_kv, D, scale, scores, i0, i1);
         osp_threadpool_barrier(pool);
+        if (bf) osp_cpu_round_bf16(w->attn + t0 * QD, (t1 - t0) * QD);
         quant_rows(m, w->attn, w->xq, T, QD, ith, nth);
         osp_threadpool_barrier(pool);
         mm(m, &L->wo, w->attn, w->xq, w->xn, T, ith, nth);
         osp_threadpool_barrier(pool);
         /* residual, MLP norm (+ quantize) of my rows */
+        if (bf) osp_cpu_round_bf16(w->xn + t0 * E, (t1 - t0) * E);
         for (long long i = t0 * E; i < t1 * E; i++) w->x[i] += w->xn[i];
         osp_cpu_rmsnorm(w->x + t0 * E, L->ffn_norm, w->xn + t0 * E, t1 - t0, E, c->rms_eps);
+        if (bf) osp_cpu_round_bf16(w->xn + t0 * E, (t1 - t0) * E);
         quant_rows(m, w->xn, w->xq, T, E, ith, nth);
         osp_threadpool_barrier(pool);
         mm(m, &L->w_gate, w->xn, w->xq, w->gate, T, ith, nth);
         mm(m, &L->w_up, w->xn, w->xq, w->up, T, ith, nth);
         osp_threadpool_barrier(pool);
+        if (bf) {
+            osp_cpu_round_bf16(w->gate + t0 * F, (t1 - t0) * F);
+            osp_cpu_round_bf16(w->up + t0 * F, (t1 - t0) * F);
+        }
         osp_cpu_silu_mul(w->gate + t0 * F, w->up + t0 * F, w->gate + t0 * F, (t1 - t0) * F);
+        if (bf) osp_cpu_round_bf16(w->gate + t0 * F, (t1 - t0) * F);
         quant_rows(m, w->gate, w->xq, T, F, ith, nth);
         osp_threadpool_barrier(pool);
         mm(m, &L->w_down, w->gate, w->xq, w->xn, T, ith, nth);
         osp_threadpool_barrier(pool);
+        if (bf) osp_cpu_round_bf16(w->xn + t0 * E, (t1 - t0) * E);
         for (long long i = t0 * E; i < t1 * E; i++) w->x[i] += w->xn[i];
         /* the next layer's norm reads only my rows: no barrier needed here */
     }
@@ -696,6 +724,7 @@ static void forward_task(void *arg, int ith, int nth) {
     for (long long i = l0; i < l1; i++)
         memcpy(w->out_rows + i * E, w->x + (int64_t)b->logits_indices[i] * E, (size_t)E * sizeof(float));
     osp_cpu_rmsnorm(w->out_rows + l0 * E, m->out_norm, w->out_rows + l0 * E, l1 - l0, E, c->rms_eps);
+    if (bf) osp_cpu_round_bf16(w->out_rows + l0 * E, (l1 - l0) * E);
     quant_rows(m, w->out_rows, w->xq, b->num_logits, E, ith, nth);
     osp_threadpool_barrier(pool);
     mm(m, &m->output, w->out_rows, w->xq, ctx->logits, b->num_logits, ith, nth);

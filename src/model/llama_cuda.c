@@ -100,6 +100,7 @@ struct osp_cuda_model {
     int32_t num_logits;   /* rows of `logits` written by the last forward */
 
     void *graphs[N_GRAPH_SIZES];
+    uint64_t graphs_kv;   /* id of the KV cache the graphs were captured with (they hold its pages) */
     bool use_graphs;
 
     /* sampler */
@@ -564,6 +565,12 @@ osp_status osp_llama_cuda_forward(osp_model *m, osp_kv_cache *kv, const osp_batc
         const int64_t w = (b->seq_lens[s] + kv->block_size - 1) / kv->block_size;
         need_w = w > need_w ? w : need_w;
     }
+    if (g->graphs_kv != kv->id) { /* another cache: the graphs point at the old one's pages, and the
+                                    * block size sizes the buffers: start over */
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+        free_acts(g);
+        g->graphs_kv = kv->id;
+    }
     OSP_TRY(reserve(m, T, L, S, need_w, kv->block_size));
     const int64_t copy_w = g->cap_w < b->max_blocks_per_seq ? g->cap_w : b->max_blocks_per_seq;
     const in_layout lay = layout_of(g);
@@ -692,8 +699,10 @@ osp_status osp_llama_cuda_sample(osp_model *m, const osp_sampler_row *rows, cons
         if (logits_rows[i] < 0 || logits_rows[i] >= g->num_logits)
             return osp_set_error(OSP_ERR_INVALID_ARG, "sample: logits row %d is outside the last step's %d", logits_rows[i],
                                  g->num_logits);
-        if (r->n_output < r->min_tokens) nids += r->n_stop_token_ids;
-        if (has_penalties(r)) nids += (int64_t)r->n_prompt + r->n_output;
+        const bool min_pending = r->n_output < r->min_tokens;
+        if (min_pending) nids += r->n_stop_token_ids;
+        if (has_penalties(r)) nids += r->n_prompt;
+        if (has_penalties(r) || min_pending) nids += r->n_output;
         nbias += r->n_logit_bias;
         want_lp |= r->num_logprobs >= 0;
     }
@@ -708,31 +717,35 @@ osp_status osp_llama_cuda_sample(osp_model *m, const osp_sampler_row *rows, cons
         d->temperature = r->temperature, d->top_p = r->top_p, d->min_p = r->min_p;
         d->presence_penalty = r->presence_penalty, d->frequency_penalty = r->frequency_penalty;
         d->repetition_penalty = r->repetition_penalty;
-        d->top_k = r->top_k, d->min_tokens = r->min_tokens, d->num_logprobs = r->num_logprobs;
+        /* The id lists travel only when used: the output ids for penalties or a pending min_tokens
+         * (the kernel compares n_output with min_tokens and checks every listed id), the prompt ids
+         * for penalties, the stop ids while min_tokens is pending (min_tokens is 0 once it is met). */
+        const bool pen = has_penalties(r), min_pending = r->n_output < r->min_tokens;
+        d->top_k = r->top_k, d->min_tokens = min_pending ? r->min_tokens : 0, d->num_logprobs = r->num_logprobs;
         d->sample_index = r->sample_index, d->seed = r->seed, d->output_pos = r->output_pos;
         d->logits_row = logits_rows[i];
-        d->n_output = r->n_output; /* min_tokens compares against it even without the list */
         d->bias_off = bo, d->n_bias = r->n_logit_bias;
         for (int32_t k = 0; k < r->n_logit_bias; k++, bo++) {
             g->h_bias_ids[bo] = r->logit_bias[k].token_id;
             g->h_bias_vals[bo] = r->logit_bias[k].bias;
         }
         d->stop_off = io;
-        if (r->n_output < r->min_tokens) {
+        if (min_pending) {
             d->n_stop = r->n_stop_token_ids;
             memcpy(g->h_ids + io, r->stop_token_ids, (size_t)r->n_stop_token_ids * 4);
             io += r->n_stop_token_ids;
         }
-        d->prompt_off = io, d->output_off = io;
-        if (has_penalties(r)) {
+        d->prompt_off = io;
+        if (pen) {
             d->n_prompt = r->n_prompt;
             memcpy(g->h_ids + io, r->prompt_ids, (size_t)r->n_prompt * 4);
             io += r->n_prompt;
-            d->output_off = io;
+        }
+        d->output_off = io;
+        if (pen || min_pending) {
+            d->n_output = r->n_output;
             memcpy(g->h_ids + io, r->output_ids, (size_t)r->n_output * 4);
             io += r->n_output;
-        } else {
-            d->n_prompt = 0;
         }
     }
     void *st = g->stream;

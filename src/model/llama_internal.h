@@ -39,6 +39,7 @@ struct osp_model {
     osp_model_config cfg;
     int n_threads;
     bool exact;             /* fp32 activations everywhere (the reference path) */
+    bool emulate_bf16;      /* exact path with the CUDA backend's bf16 roundings (osp_model_params) */
     osp_threadpool *pool;   /* n_threads workers; one parallel region per forward */
     osp_weight tok_embd;    /* [n_embd] x n_vocab rows */
     osp_weight output;      /* lm_head: n_vocab rows of n_embd (== tok_embd when tied) */
@@ -59,6 +60,8 @@ struct osp_kv_cache {
     bool on_device; /* k[l], v[l] point into one device allocation (device_pages) */
     void *device_pages;
     void *stream;   /* the model's CUDA stream (device caches) */
+    uint64_t id;    /* unique per cache in this process: CUDA graphs captured with one cache's pages
+                     * are replayed only with that cache */
 };
 
 #endif

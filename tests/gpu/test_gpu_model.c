@@ -2,17 +2,21 @@
  * f32 KV cache), and CUDA-graph replay against eager execution. Skipped (77) without a CUDA device or
  * the model file.
  *
- * Teacher forcing: each prompt runs as one prefill on both backends with logits at every position.
- * Tolerance, derived: the GPU rounds weights and every GEMM input to bf16 (unit roundoff u = 2^-9
- * each, so a product's relative error is ~2u = 2^-8) and keeps the residual stream in fp32. The
- * 2L = 60 sub-layers add errors that are independent in sign, so the final hidden state's relative
- * error grows like sqrt(2L) * 2^-8 ~= 0.03, and a logit z inherits about that times the typical
- * logit size. Per position: max |dz| <= 4 * sqrt(2L) * 2^-8 * rms(z - mean z) (4 sigma). The argmax may
- * differ only where the reference's top-2 margin is below twice that bound; over all positions top-1
- * must agree at >= 99% (the issue's floor).
- * Greedy: 48 tokens from each prompt on both backends must be identical up to the first position
- * where the CPU's top-2 margin is below delta = 2 * that bound (then the rest is not compared), and the
- * GPU text is printed.
+ * Three models: the CPU reference path (--exact: fp32 activations, f32 KV cache), the same path with
+ * the CUDA backend's roundings emulated (emulate_bf16: weights, GEMM inputs and the activations the
+ * GPU stores in bf16 rounded to bf16, f16 KV; the CPU's own summation order), and the GPU.
+ * Teacher forcing: each prompt runs as one prefill on all three with logits at every position. The
+ * tolerance is derived per position from what bf16 storage costs there, measured on the CPU:
+ * d_prec = max |emulation - fp32|; the GPU must be within 2 d_prec + 0.05 of fp32, and top-1 must agree
+ * with fp32 at >= 99% of positions (the issue's floor). (Measured on the H200, 2026-11-30: the GPU is as
+ * far from the emulation as either is from fp32: two bf16 realizations that differ only by summation
+ * order, a rounding flip here and there, end up as far apart as bf16 is from fp32, so the emulation
+ * bounds the size of the error, not its direction. A fixed bound of 4 sqrt(2L) 2^-8 rms(z), for
+ * independent rounding errors over the 2L sub-layers, failed at the first tokens of prompts, where
+ * SmolLM2's attention-sink activations make bf16 cost up to 3x more than elsewhere.)
+ * Greedy: 48 tokens from each prompt on the CPU (fp32) and the GPU must agree up to the first position
+ * where the CPU's top-2 margin is below delta = 2 max |GPU - fp32| of the teacher-forcing test;
+ * agreement is reported and the GPU text printed.
  * Graphs: decode steps at batch sizes 1, 3 and 8 replayed from CUDA graphs give bitwise the same logits
  * as eager execution of the same padded shapes (OSPREY_CUDA_GRAPHS=0).
  * Random weights: a preset drawn on the GPU equals the GGUF make-random-model writes (same logits). */
@@ -37,9 +41,9 @@
 #define N_GEN 48
 
 static const char *g_path;
-static osp_model *g_cpu, *g_gpu;
+static osp_model *g_cpu, *g_emu, *g_gpu;
+static double g_gpu_bound; /* largest |GPU - fp32| logit difference of the teacher-forcing test */
 static osp_tokenizer *g_tok;
-
 static const char *k_prompts[] = {
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
@@ -83,14 +87,6 @@ static int32_t argmax(const float *z, int32_t n, float *margin) {
     return b;
 }
 
-static float row_bound(const float *z, int32_t n, int32_t n_layer) {
-    double mean = 0, var = 0;
-    for (int32_t i = 0; i < n; i++) mean += z[i];
-    mean /= n;
-    for (int32_t i = 0; i < n; i++) var += (z[i] - mean) * (z[i] - mean);
-    return (float)(4.0 * sqrt(2.0 * n_layer) * ldexp(1.0, -8) * sqrt(var / n));
-}
-
 static int32_t encode(const char *text, int32_t *ids) {
     int32_t *tmp;
     size_t n;
@@ -101,52 +97,79 @@ static int32_t encode(const char *text, int32_t *ids) {
     return (int32_t)n;
 }
 
+static double row_max_diff(const float *a, const float *b, int32_t V, int32_t *worst) {
+    double md = 0;
+    for (int32_t i = 0; i < V; i++) {
+        const double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d == d)) return INFINITY; /* NaN never passes */
+        if (d > md) md = d, *worst = i;
+    }
+    return md;
+}
+
 static void test_teacher_forcing(void **state) {
     (void)state;
     const osp_model_config *c = osp_model_config_get(g_cpu);
     const int32_t V = c->n_vocab;
-    float *zc = malloc(sizeof(float) * MAX_LEN * (size_t)V), *zg = malloc(sizeof(float) * MAX_LEN * (size_t)V);
+    const size_t zn = (size_t)MAX_LEN * (size_t)V;
+    float *zc = malloc(sizeof(float) * zn), *ze = malloc(sizeof(float) * zn), *zg = malloc(sizeof(float) * zn);
     assert_non_null(zc);
+    assert_non_null(ze);
     assert_non_null(zg);
-    long positions = 0, top1 = 0;
-    double max_d = 0, max_ratio = 0, sum_d = 0;
+    long positions = 0, top1 = 0, top1_emu = 0, n_over = 0;
+    double max_gpu = 0, max_impl = 0, max_prec = 0, sum_gpu = 0, worst_ratio = 0, impl_over_prec = 0;
     for (int p = 0; p < N_PROMPTS; p++) {
         int32_t ids[MAX_LEN];
         const int32_t n = encode(k_prompts[p], ids);
-        osp_kv_cache *kc, *kg;
+        osp_kv_cache *kc, *ke, *kg;
         assert_int_equal(osp_kv_cache_create(g_cpu, MAX_LEN / BS, BS, OSP_KV_DTYPE_F32, &kc), OSP_OK);
+        assert_int_equal(osp_kv_cache_create(g_emu, MAX_LEN / BS, BS, OSP_KV_DTYPE_F16, &ke), OSP_OK);
         assert_int_equal(osp_kv_cache_create(g_gpu, MAX_LEN / BS, BS, OSP_KV_DTYPE_F16, &kg), OSP_OK);
         seq_batch sb;
         make_batch(&sb, ids, 0, n, true);
         for (size_t i = 0; i < (size_t)n * (size_t)V; i++) zg[i] = NAN; /* poison */
         assert_int_equal(osp_model_forward(g_cpu, kc, &sb.b, zc), OSP_OK);
+        assert_int_equal(osp_model_forward(g_emu, ke, &sb.b, ze), OSP_OK);
         if (osp_model_forward(g_gpu, kg, &sb.b, zg) != OSP_OK) fail_msg("gpu forward: %s", osp_last_error());
         for (int32_t t = 0; t < n; t++) {
-            const float *a = zc + (size_t)t * V, *b = zg + (size_t)t * V;
-            const float bound = row_bound(a, V, c->n_layer);
-            double md = 0;
-            for (int32_t i = 0; i < V; i++) {
-                const double d = fabs((double)a[i] - (double)b[i]);
-                if (!(d <= bound)) /* NaN fails too */
-                    fail_msg("prompt %d position %d token %d: cpu %g gpu %g (bound %g)", p, t, i, (double)a[i], (double)b[i],
-                             (double)bound);
-                md = d > md ? d : md;
-                sum_d += d;
+            const float *a = zc + (size_t)t * V, *e = ze + (size_t)t * V, *b = zg + (size_t)t * V;
+            int32_t wg = 0, wi = 0, wp = 0;
+            const double d_gpu = row_max_diff(a, b, V, &wg);  /* GPU vs fp32 */
+            const double d_impl = row_max_diff(e, b, V, &wi); /* GPU vs the bf16-emulating CPU */
+            const double d_prec = row_max_diff(a, e, V, &wp); /* what bf16 storage alone costs here */
+            if (!isfinite(d_gpu) || !isfinite(d_impl)) fail_msg("prompt %d position %d: NaN in the GPU logits", p, t);
+            /* the tolerance: the GPU may differ from fp32 by at most twice what bf16 storage alone costs
+             * at this position, plus 0.05 for rows where that is tiny */
+            const double tol_gpu = 2.0 * d_prec + 0.05;
+            const double ratio = d_gpu / tol_gpu;
+            worst_ratio = fmax(worst_ratio, ratio);
+            impl_over_prec = fmax(impl_over_prec, d_impl / (d_prec + 1e-3));
+            if (ratio > 1.0) {
+                if (n_over < 12)
+                    printf("over the tolerance: prompt %d position %d (token %d): |gpu - fp32| %.4f (tol %.4f), "
+                           "|gpu - emu| %.4f, |emu - fp32| %.4f\n", p, t, ids[t], d_gpu, tol_gpu, d_impl, d_prec);
+                n_over++;
             }
-            max_d = md > max_d ? md : max_d;
-            max_ratio = md / bound > max_ratio ? md / bound : max_ratio;
+            for (int32_t i = 0; i < V; i++) sum_gpu += fabs((double)a[i] - (double)b[i]);
+            max_gpu = fmax(max_gpu, d_gpu), max_impl = fmax(max_impl, d_impl), max_prec = fmax(max_prec, d_prec);
             top1 += argmax(a, V, NULL) == argmax(b, V, NULL);
+            top1_emu += argmax(e, V, NULL) == argmax(b, V, NULL);
             positions++;
         }
         osp_kv_cache_free(kc);
+        osp_kv_cache_free(ke);
         osp_kv_cache_free(kg);
     }
-    printf("teacher forcing: %ld positions, top-1 agreement %ld/%ld (%.2f%%), max |dlogit| %.4f, mean %.5f, "
-           "max |dlogit| / bound %.3f\n",
-           positions, top1, positions, 100.0 * (double)top1 / (double)positions, max_d,
-           sum_d / ((double)positions * V), max_ratio);
+    g_gpu_bound = max_gpu;
+    printf("teacher forcing: %d prompts, %ld positions; top-1 GPU = fp32 CPU at %ld (%.2f%%), GPU = bf16-emulating "
+           "CPU at %ld; max |dlogit| GPU-fp32 %.4f (mean %.5f), GPU-emulation %.4f, emulation-fp32 %.4f; "
+           "%ld positions over the tolerance (worst |gpu - fp32| / tol %.3f; worst |gpu - emu| / |emu - fp32| %.2f)\n",
+           N_PROMPTS, positions, top1, 100.0 * (double)top1 / (double)positions, top1_emu, max_gpu,
+           sum_gpu / ((double)positions * V), max_impl, max_prec, n_over, worst_ratio, impl_over_prec);
     assert_true(top1 * 100 >= positions * 99);
+    assert_int_equal(n_over, 0);
     free(zc);
+    free(ze);
     free(zg);
 }
 
@@ -170,23 +193,26 @@ static void greedy(osp_model *m, osp_kv_dtype kd, const int32_t *ids, int32_t n,
 
 static void test_greedy(void **state) {
     (void)state;
-    const osp_model_config *c = osp_model_config_get(g_cpu);
-    long compared = 0, total = 0;
+    /* delta: twice the largest |GPU - fp32| logit difference of the teacher-forcing test (2.0 if it did
+     * not run): where the CPU's top-2 margin is at least that, the GPU must pick the same token */
+    const float delta = g_gpu_bound > 0 ? (float)(2.0 * g_gpu_bound) : 2.0f;
+    long compared = 0, total = 0, same_all = 0;
     for (int p = 0; p < N_PROMPTS; p++) {
         int32_t ids[MAX_LEN], oc[N_GEN], og[N_GEN];
         float mc[N_GEN], mg[N_GEN];
         const int32_t n = encode(k_prompts[p], ids);
         greedy(g_cpu, OSP_KV_DTYPE_F32, ids, n, oc, mc);
         greedy(g_gpu, OSP_KV_DTYPE_F16, ids, n, og, mg);
-        /* delta: twice the teacher-forcing bound at a typical logit spread (rms ~ 3 for SmolLM2 rows) */
-        const float delta = 2.0f * (float)(4.0 * sqrt(2.0 * c->n_layer) * ldexp(1.0, -8)) * 3.0f;
         int32_t k = 0;
         for (; k < N_GEN && mc[k] >= delta; k++)
-            if (oc[k] != og[k]) fail_msg("prompt %d: greedy token %d differs (cpu %d, gpu %d) at margin %.3f >= %.3f", p, k, oc[k], og[k], (double)mc[k], (double)delta);
+            if (oc[k] != og[k])
+                fail_msg("prompt %d: greedy token %d differs (cpu %d, gpu %d) at margin %.3f >= %.3f", p, k, oc[k], og[k],
+                         (double)mc[k], (double)delta);
         int32_t same = 0;
         while (same < N_GEN && oc[same] == og[same]) same++;
         compared += k;
         total += N_GEN;
+        same_all += same;
         osp_detokenizer *dt;
         assert_int_equal(osp_detokenizer_new(g_tok, &dt), OSP_OK);
         char text[4096] = {0};
@@ -200,10 +226,13 @@ static void test_greedy(void **state) {
             }
         }
         osp_detokenizer_free(dt);
-        printf("prompt %d: %d/%d greedy tokens identical (compared up to margin < %.3f: %d); gpu text: %.*s\n", p, same,
-               N_GEN, (double)delta, k, (int)len, text);
+        for (size_t i = 0; i < len; i++)
+            if (text[i] == '\n') text[i] = ' ';
+        printf("prompt %d: %d/%d leading greedy tokens identical to the fp32 CPU (checked while its margin >= %.3f: %d); "
+               "gpu text: %.*s\n", p, same, N_GEN, (double)delta, k, (int)len, text);
     }
-    printf("greedy: %ld of %ld tokens compared before a small margin, all identical\n", compared, total);
+    printf("greedy: %ld of %ld leading tokens identical to the fp32 CPU; %ld checked before a margin < %.3f\n", same_all,
+           total, compared, (double)delta);
 }
 
 static void test_graphs_match_eager(void **state) {
@@ -236,8 +265,8 @@ static void test_graphs_match_eager(void **state) {
         osp_batch b = {S * 20, ids, pos, slot, S, qsl, lens, bt, 2, S, lidx};
         for (int s = 0; s < S; s++) lidx[s] = s * 20 + 19;
         float *za = malloc(sizeof(float) * (size_t)S * V), *zb = malloc(sizeof(float) * (size_t)S * V);
-        assert_int_equal(osp_model_forward(eager, ka, &b, za), OSP_OK);
-        assert_int_equal(osp_model_forward(g_gpu, kb, &b, zb), OSP_OK);
+        if (osp_model_forward(eager, ka, &b, za) != OSP_OK) fail_msg("eager prefill: %s", osp_last_error());
+        if (osp_model_forward(g_gpu, kb, &b, zb) != OSP_OK) fail_msg("prefill: %s", osp_last_error());
         for (int step = 0; step < 6; step++) {
             for (int s = 0; s < S; s++) {
                 ids[s] = argmax(za + (size_t)s * V, V, NULL);
@@ -249,8 +278,9 @@ static void test_graphs_match_eager(void **state) {
             }
             qsl[S] = S;
             osp_batch d = {S, ids, pos, slot, S, qsl, lens, bt, 2, S, lidx};
-            assert_int_equal(osp_model_forward(eager, ka, &d, za), OSP_OK);
-            assert_int_equal(osp_model_forward(g_gpu, kb, &d, zb), OSP_OK); /* step 0 captures, then replays */
+            if (osp_model_forward(eager, ka, &d, za) != OSP_OK) fail_msg("eager: %s", osp_last_error());
+            if (osp_model_forward(g_gpu, kb, &d, zb) != OSP_OK) /* step 0 captures, then replays */
+                fail_msg("graph: %s", osp_last_error());
             if (memcmp(za, zb, sizeof(float) * (size_t)S * V) != 0)
                 fail_msg("batch %d decode step %d: graph replay differs from eager execution", S, step);
         }
@@ -316,6 +346,12 @@ int main(void) {
         fprintf(stderr, "load (cpu): %s\n", osp_last_error());
         return 1;
     }
+    mp.emulate_bf16 = true;
+    if (osp_model_load(g_path, &mp, &g_emu) != OSP_OK) {
+        fprintf(stderr, "load (cpu, bf16 emulation): %s\n", osp_last_error());
+        return 1;
+    }
+    mp.emulate_bf16 = false;
     mp.exact = false;
     mp.device = OSP_DEVICE_CUDA;
     if (osp_model_load(g_path, &mp, &g_gpu) != OSP_OK) {
@@ -332,6 +368,7 @@ int main(void) {
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     osp_tokenizer_free(g_tok);
     osp_model_free(g_gpu);
+    osp_model_free(g_emu);
     osp_model_free(g_cpu);
     return rc;
 }

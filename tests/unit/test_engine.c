@@ -25,19 +25,19 @@
 #include "osprey/model.h"
 
 /* tests/gpu/test_gpu_engine.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the same
- * scenarios on the GPU. There bf16 weights and GEMMs whose reduction order depends on the batch shape
- * make bitwise equality between batch compositions impossible, so two runs must agree token for token
- * only up to the first position where the reference run's top-2 logprob margin (= its top-2 logit
- * margin) is below GPU_DELTA; the agreement is printed. GPU_DELTA: the GPU-vs-CPU logits test
- * (test_gpu_model) bounds |dlogit| between two bf16 computations of one position by its tolerance;
- * two GPU runs of different shapes differ by no more than that, and a token can flip only where the
- * margin is below twice the bound. */
+ * scenarios on the GPU. There every comparison is still token for token (measured on the H200: 2128
+ * tokens identical in every scenario: the CUDA kernels reduce in an order independent of the batch,
+ * and cuBLASLt's picks did not change the results). OSPREY_GPU_DELTA = d relaxes it, should a GEMM
+ * choice ever break that: then two runs must agree only up to the first position where the reference
+ * run's top-2 logprob margin (= its top-2 logit margin) is below d, and the agreement is printed. */
 #ifndef TEST_DEVICE
 #define TEST_DEVICE OSP_DEVICE_CPU
 #endif
-#ifndef GPU_DELTA
-#define GPU_DELTA 0.25f
+#ifndef GPU_DELTA_DEFAULT
+#define GPU_DELTA_DEFAULT 0.0f
 #endif
+static float g_gpu_delta = GPU_DELTA_DEFAULT; /* OSPREY_GPU_DELTA overrides */
+#define GPU_DELTA g_gpu_delta
 static const bool g_gpu = TEST_DEVICE == OSP_DEVICE_CUDA;
 static long g_agree_tokens, g_agree_cut;
 
@@ -109,6 +109,7 @@ static void drain(osp_engine *e, uint64_t id, job *j) {
         j->cached = o.num_cached_tokens;
         if (o.finished) {
             j->why = o.finish_reason;
+            if (o.finish_reason == OSP_FINISH_ERROR) printf("request %llu failed: %s\n", (unsigned long long)id, o.error);
             assert_int_equal(o.num_output_tokens, j->n_out);
             return;
         }
@@ -425,6 +426,7 @@ int main(void) {
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
     snprintf(g_tiny_q, sizeof g_tiny_q, "%s/tests/models/tiny-llama-untied-q4_1.gguf", root);
+    if (getenv("OSPREY_GPU_DELTA")) g_gpu_delta = strtof(getenv("OSPREY_GPU_DELTA"), NULL);
     if (g_gpu) {
         /* the CUDA attention takes head_dim >= 32: the same engine scenarios on 2-layer models with
          * head_dim 32 and the tiny models' vocabulary of 512, f32 and q4_1, written here */

@@ -46,14 +46,19 @@ void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t 
     const uint8_t *base = w->data;
     for (int64_t r = r0; r < r1; r++) {
         const float *wr;
-        if (w->type == OSP_DTYPE_F32) {
+        if (w->type == OSP_DTYPE_F32 && !w->round_bf16) {
             wr = (const float *)(const void *)(base + (size_t)r * w->row_bytes);
         } else {
             osp_dequant_row(w->type, base + (size_t)r * w->row_bytes, row, cols);
+            if (w->round_bf16) osp_cpu_round_bf16(row, cols);
             wr = row;
         }
         for (int64_t t = 0; t < n_tokens; t++) y[t * rows + r] = osp_cpu_dot(wr, x + t * cols, cols);
     }
+}
+
+void osp_cpu_round_bf16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = osp_bf16_to_fp32(osp_fp32_to_bf16(x[i]));
 }
 
 void osp_cpu_rmsnorm(const float *x, const float *weight, float *out, int64_t n_tokens, int64_t n,

@@ -19,6 +19,8 @@ typedef struct osp_weight {
     int64_t cols; /* ne[0], the reduction dimension */
     int64_t rows; /* ne[1] */
     size_t row_bytes;
+    bool round_bf16; /* osp_cpu_matmul_rows rounds each dequantized row to bf16 first (the CUDA
+                      * backend's weights; for the bf16-emulating reference of its tests) */
 } osp_weight;
 
 /* dot(a, b) over n floats with a fixed summation order (16 interleaved partial sums, then a fixed
@@ -52,6 +54,9 @@ void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_toke
  * GGML_ROPE_TYPE_NEOX and HF's rotate_half (qwen2 / qwen3 GGUFs keep HF's unpermuted Q/K rows). */
 void osp_cpu_rope_neox(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                        int64_t n_rot, const float *inv_freq);
+
+/* x[i] = bf16(x[i]) for i < n (round to nearest even, as core/dtype.c's osp_fp32_to_bf16). */
+void osp_cpu_round_bf16(float *x, int64_t n);
 
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). n floats. out may alias gate. */
 void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
