@@ -132,10 +132,17 @@ int cmd_bench(int argc, char **argv) {
     for (int32_t i = 0; i < max_blocks * batch; i++) bt[i] = i;
     /* warm-up: one short prefill and a decode step touch every weight page */
     run_step(m, kv, ids, 0, n_prompt > 0 ? (n_prompt < 8 ? n_prompt : 8) : 1, bt, max_blocks, pos, slot, logits);
+    if (dev == OSP_DEVICE_CUDA) { /* and on the GPU: the GEMM plans of both shapes, the batch-1 graph */
+        if (n_prompt > 0) run_step(m, kv, ids, 0, n_prompt, bt, max_blocks, pos, slot, logits);
+        run_step(m, kv, ids, 0, 1, bt, max_blocks, pos, slot, logits);
+        run_step(m, kv, ids, 1, 1, bt, max_blocks, pos, slot, logits);
+        gpu_sample(m, 1);
+    }
     for (int r = 0; r < reps; r++) {
         if (n_prompt > 0) {
             const double t0 = cli_now_s();
             run_step(m, kv, ids, 0, n_prompt, bt, max_blocks, pos, slot, logits);
+            gpu_sample(m, 1); /* the first token (on the GPU this also waits for the pass to finish) */
             tp[r] = cli_now_s() - t0;
         }
         if (n_gen > 0) {
