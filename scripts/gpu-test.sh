@@ -6,7 +6,9 @@
 #          (RACECHECK=0: memcheck only)
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
 #          on the GPU (test_gpu_engine)
-#   all    both (when the whole model is already in models/)
+#   cli    `osprey generate` and `osprey serve` with --device cuda (greedy text vs the CPU's; one
+#          completion over HTTP)
+#   all    all three (when the whole model is already in models/ or stashed)
 #   stash  only keep what this call brought (binaries, a model half) in /tmp/osprey-gpu for the next
 # Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
 set -uo pipefail
@@ -69,7 +71,35 @@ if [ "$what" = model ] || [ "$what" = all ]; then
     run test_gpu_model $G/bin/test_gpu_model
     run test_gpu_engine $G/bin/test_gpu_engine
 fi
-grep -E "^(teacher forcing|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:" "$LOG" | head -60
+if [ "$what" = cli ] || [ "$what" = all ]; then
+    # the CLI on the GPU: greedy text of `generate --device cuda` next to the CPU's, and one completion
+    # through `serve --device cuda` (HTTP on loopback, python3's urllib as the client)
+    if [ -f $MODEL ]; then
+        P="The three primary colors are"
+        run "generate --device cpu --exact" bash -c "$G/bin/osprey generate -m $MODEL --device cpu --exact -p '$P' -n 32 --temp 0 > $STASH/gen-cpu.txt"
+        run "generate --device cuda" bash -c "$G/bin/osprey generate -m $MODEL --device cuda -p '$P' -n 32 --temp 0 > $STASH/gen-gpu.txt"
+        { echo "cpu: $(tr '\n' ' ' < $STASH/gen-cpu.txt)"; echo "gpu: $(tr '\n' ' ' < $STASH/gen-gpu.txt)"; } >> "$LOG"
+        run "generate: same greedy text" cmp -s $STASH/gen-cpu.txt $STASH/gen-gpu.txt
+        $G/bin/osprey serve -m $MODEL --device cuda --port 8123 > $STASH/serve.log 2>&1 &
+        spid=$!
+        run "serve --device cuda: /v1/completions" python3 - <<'PY'
+import json, time, urllib.request
+for _ in range(120):
+    try:
+        urllib.request.urlopen("http://127.0.0.1:8123/health", timeout=1); break
+    except Exception: time.sleep(0.5)
+req = urllib.request.Request("http://127.0.0.1:8123/v1/completions", method="POST",
+    headers={"Content-Type": "application/json"},
+    data=json.dumps({"prompt": "The three primary colors are", "max_tokens": 24, "temperature": 0, "n": 2}).encode())
+r = json.load(urllib.request.urlopen(req, timeout=60))
+print("serve:", r["choices"][0]["text"].replace("\n", " "), "| usage:", r["usage"])
+assert r["choices"][0]["text"] and r["choices"][0]["text"] == r["choices"][1]["text"]
+PY
+        kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+        grep -E "cuda:|loading" $STASH/serve.log | head -3 >> "$LOG"
+    fi
+fi
+grep -E "^(cpu: |gpu: |serve: |cuda: |teacher forcing|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:" "$LOG" | head -60
 echo "==== gpu tests ($what)"
 printf '%s\n' "${results[@]}"
 [ $fails -eq 0 ]

@@ -426,6 +426,10 @@ int main(void) {
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
     snprintf(g_tiny_q, sizeof g_tiny_q, "%s/tests/models/tiny-llama-untied-q4_1.gguf", root);
+    if (g_gpu && osp_cuda_device_count() == 0) {
+        printf("test_gpu_engine: skipped: no CUDA device\n");
+        return 77;
+    }
     if (getenv("OSPREY_GPU_DELTA")) g_gpu_delta = strtof(getenv("OSPREY_GPU_DELTA"), NULL);
     if (g_gpu) {
         /* the CUDA attention takes head_dim >= 32: the same engine scenarios on 2-layer models with
@@ -453,10 +457,6 @@ int main(void) {
         return 77;
     }
     fclose(f);
-    if (g_gpu && osp_cuda_device_count() == 0) {
-        printf("test_gpu_engine: skipped: no CUDA device\n");
-        return 77;
-    }
     g_smol = getenv("OSPREY_MODEL");
     if (g_smol && !(f = fopen(g_smol, "rb"))) g_smol = NULL;
     if (f && g_smol) fclose(f);
