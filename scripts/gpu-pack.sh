@@ -5,7 +5,7 @@
 #   .carry/gpu.tar.xz   bin/osprey, the GPU test binaries, lib/ (libcmocka, libmicrohttpd)
 #   .carry/m0/, m1/     the default model in two halves (one device call carries at most 64 MiB:
 #                       the first call brings m0, the second, while the machine is still warm, m1)
-# Then, on the device (one command each; see README "GPU"):
+# Then, on the device (one command each; see README "On the GPU"):
 #   call 1 (carry .carry/gpu.tar.xz .carry/m0): bash scripts/gpu-test.sh ops    (or: stash)
 #   call 2 (carry .carry/m1), within 30 s:      bash scripts/gpu-test.sh model
 # (the device keeps /tmp between warm calls, not the repository copy: gpu-test.sh stashes there)

@@ -64,6 +64,7 @@ if [ "$what" = model ] || [ "$what" = all ]; then
         cat $STASH/m0.part $STASH/m1.part > $STASH/model.gguf
         if [ -f $STASH/model.sha256 ] && [ "$(sha256sum $STASH/model.gguf | cut -d' ' -f1)" != "$(cat $STASH/model.sha256)" ]; then
             echo "gpu-test: the joined model does not match its sha256"
+            results+=("model halves: joined file does not match its sha256   FAILED"); fails=$((fails + 1))
         else
             mkdir -p models && ln -sf $STASH/model.gguf $MODEL
         fi

@@ -1,23 +1,21 @@
 #!/usr/bin/env bash
 # GPU decode speed on the H200, in one device call: batch-1 and batch-64 decode for Llama-3.1-8B and
-# SmolLM2-135M shapes with bf16 random weights (osprey make-random-model writes the GGUFs on the GPU
-# machine, never carried), timed with `osprey bench --device cuda` (every step: forward pass from a
-# CUDA graph + greedy sampling on the device, token ids back to the host). Prints a table with the
-# llama.cpp CUDA figures measured on this machine type (issue 7: 207.6 tok/s 8B batch 1, 5,110 tok/s
-# 8B batch 64, 983 tok/s SmolLM2 shape batch 1) and the ratio. Run after scripts/gpu-test.sh unpacked
-# the binaries (.gpu/), e.g. `bash scripts/gpu-test.sh ops; bash bench/gpu/run.sh`.
+# SmolLM2-135M shapes with bf16 random weights (`osprey bench --random-weights`: drawn on the GPU, no
+# file), timed with `osprey bench --device cuda` (every step: forward pass from a CUDA graph + greedy
+# sampling on the device, token ids back to the host). Prints a table with the llama.cpp CUDA figures
+# measured on this machine type (issue 7: 207.6 tok/s 8B batch 1, 5,110 tok/s 8B batch 64, 983 tok/s
+# SmolLM2 shape batch 1) and the ratio. Run after scripts/gpu-test.sh unpacked the binaries into
+# /tmp/osprey-gpu/gpu (same warm machine), e.g. `bash scripts/gpu-test.sh ops; bash bench/gpu/run.sh`.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 G=/tmp/osprey-gpu/gpu # unpacked there by scripts/gpu-test.sh
 export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 O=$G/bin/osprey
-W=${BENCH_DIR:-/tmp/osprey-bench}
-mkdir -p "$W"
+[ -x "$O" ] || { echo "bench/gpu/run.sh: no $O: run scripts/gpu-test.sh first (on this warm machine)"; exit 1; }
 N_GEN=${N_GEN:-128}
 N_PROMPT=${N_PROMPT:-128}
 rows=()
 for preset in smollm2-135m llama-3.1-8b; do
-    f=$W/$preset-bf16.gguf
     # weights drawn on the GPU (--random-weights): bit-identical to make-random-model --dtype bf16, no file
     out=$($O bench --random-weights "$preset" --device cuda -p "$N_PROMPT" -n "$N_GEN" -r 3 --batch 64 2>/dev/null)
     echo "$preset: $out" | tr '\n' ' '; echo

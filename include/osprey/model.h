@@ -73,12 +73,13 @@ typedef struct osp_model_params {
     void (*progress)(void *ctx, float fraction);
     void *progress_ctx;
     int n_threads; /* 0 = all available cores */
-    bool emulate_bf16; /* with exact, on the CPU: round weights and activations to bf16 where the CUDA
+    bool emulate_bf16; /* implies exact, on the CPU: round weights and activations to bf16 where the CUDA
                         * backend stores them in bf16 (a reference that isolates its kernels from its
                         * precision; tests only, slow) */
     bool exact;    /* true: fp32 activations in every matmul (the reference path the golden tests use);
                     * false (default): int8-quantized activations for block-quantized weights (faster;
-                    * per-row quantization keeps results batch-invariant) */
+                    * per-row quantization keeps results batch-invariant). CPU only: the GPU
+                    * ignores it (bf16 operands, fp32 accumulation) */
 } osp_model_params;
 
 osp_model_params osp_model_default_params(void);
@@ -133,15 +134,17 @@ osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out);
 int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
 
 /* A paged KV cache for one model: per layer K and V pages [num_blocks, block_size, n_head_kv,
- * head_dim] of `dtype`. Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype),
- * OSP_ERR_NOMEM. */
+ * head_dim] of `dtype`, in host memory, or in one device allocation when `m` runs on the GPU (such a
+ * cache is for `m` only). Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype),
+ * OSP_ERR_NOMEM (host or device memory). */
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
 void osp_kv_cache_free(osp_kv_cache *kv);
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv);
 osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv);
-/* Copies block `src`'s K/V (every layer) into block `dst` (copy-on-write after a fork). */
+/* Copies block `src`'s K/V (every layer) into block `dst` (copy-on-write after a fork). On the GPU
+ * the copy is enqueued on the model's stream, ahead of the next forward pass. */
 void osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst);
 
 /* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */
@@ -161,9 +164,11 @@ typedef struct osp_batch {
 
 /* Runs the model on `batch`, writing K/V into `kv` and logits [num_logits, n_vocab] (fp32,
  * caller-owned) into `logits`; on the GPU `logits` may be NULL: they then stay on the device (for the
- * device sampler), and the call returns without waiting for the GPU. Errors: OSP_ERR_INVALID_ARG for an inconsistent batch (token id out of
- * the vocabulary, slot or block id out of the cache, positions beyond seq_lens, ...); the cache is
- * not modified then. Not thread-safe per model: one forward at a time. */
+ * device sampler), and the call returns without waiting for this step to finish. Errors:
+ * OSP_ERR_INVALID_ARG for an inconsistent batch (token id out of the vocabulary, slot or block id out
+ * of the cache, positions beyond seq_lens, ...) or a cache made for another model or device; the
+ * cache is not modified then. On the GPU also OSP_ERR_NOMEM / OSP_ERR_INTERNAL from CUDA. Not
+ * thread-safe per model: one forward at a time. */
 osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *batch, float *logits);
 
 #ifdef __cplusplus

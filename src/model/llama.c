@@ -737,6 +737,9 @@ osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
     if (kv->n_layer != c->n_layer || kv->kv_row != (int64_t)c->n_head_kv * c->head_dim)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model");
+    if (kv->on_device != (m->gpu != NULL)) /* the CPU path would dereference device pages */
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache is on the %s, the model on the %s",
+                             kv->on_device ? "GPU" : "CPU", m->gpu ? "GPU" : "CPU");
     OSP_TRY(check_batch(m, kv, b, &max_ctx));
     if (m->gpu) return osp_llama_cuda_forward(m, kv, b, logits);
     OSP_TRY(ws_reserve(m, b->num_tokens, b->num_logits, max_ctx));

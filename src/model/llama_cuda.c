@@ -354,6 +354,8 @@ osp_status osp_llama_cuda_init(osp_model *m, const osp_model_params *p) {
 #undef UP
     osp_cuda_host_free(u.staging);
     free(u.rowbuf);
+    /* the byte count stops short of weight_bytes (alignment padding): say "done" once */
+    if (p && p->progress) p->progress(p->progress_ctx, 1.0f);
     m->gpu = g;
     return OSP_OK;
 fail:
@@ -553,6 +555,7 @@ static bool is_pure_decode(const osp_batch *b) {
 osp_status osp_llama_cuda_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
     osp_cuda_model *g = m->gpu;
     if (!kv->on_device) return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache is not on the GPU");
+    g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
     const int gi = g->use_graphs && is_pure_decode(b) ? graph_slot(b->num_seqs) : -1;
     /* padded sizes: a decode batch runs at its ladder size (eager or graph alike, so the same kernels
      * and GEMM plans see the same shapes either way) */
@@ -584,7 +587,7 @@ osp_status osp_llama_cuda_forward(osp_model *m, osp_kv_cache *kv, const osp_batc
     for (int32_t s = 0; s < b->num_seqs; s++)
         memcpy(h + lay.bt + (size_t)s * (size_t)g->cap_w, b->block_table + (size_t)s * (size_t)b->max_blocks_per_seq,
                (size_t)copy_w * 4);
-    memcpy(h + lay.lidx, b->logits_indices, (size_t)b->num_logits * 4);
+    if (b->num_logits > 0) memcpy(h + lay.lidx, b->logits_indices, (size_t)b->num_logits * 4);
     for (int32_t i = n; i < T; i++) { /* padding rows: token 0 at position 0 of block 0, no KV write */
         h[lay.ids + i] = 0;
         h[lay.pos + i] = 0;

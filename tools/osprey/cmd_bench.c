@@ -123,7 +123,7 @@ int cmd_bench(int argc, char **argv) {
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * (size_t)batch);
     int32_t *bpos = malloc(sizeof(int32_t) * (size_t)batch * 5 + 4);
     double *tp = calloc((size_t)reps, sizeof(double)), *tg = calloc((size_t)reps, sizeof(double));
-    if (!ids || !bt || !pos || !slot || !logits || !tp || !tg) cli_die(OSP_OK, "out of memory");
+    if (!ids || !bt || !pos || !slot || !logits || !bpos || !tp || !tg) cli_die(OSP_OK, "out of memory");
     uint64_t x = 0x2545F4914F6CDD1Dull;
     for (int32_t i = 0; i < n_total + batch; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
