@@ -64,7 +64,7 @@ typedef enum osp_device {
 
 /* "cpu" / "cuda" / "auto" (cuda when a CUDA device is present, else cpu). OSP_ERR_INVALID_ARG otherwise. */
 osp_status osp_device_parse(const char *name, osp_device *out);
-const char *osp_device_name(osp_device d);
+const char *osp_device_name(osp_device d); /* "cpu" / "cuda" */
 
 typedef struct osp_model_params {
     osp_device device; /* default OSP_DEVICE_CPU */
@@ -106,7 +106,7 @@ void osp_model_free(osp_model *m); /* NULL is fine */
 osp_status osp_model_load_random(const char *preset, uint64_t seed, const osp_model_params *params, osp_model **out);
 
 const osp_model_config *osp_model_config_get(const osp_model *m);
-osp_device osp_model_device(const osp_model *m);
+osp_device osp_model_device(const osp_model *m); /* where m's forward pass and its KV caches are */
 /* Bytes of device memory the weights take (0 on the CPU). */
 size_t osp_model_device_weight_bytes(const osp_model *m);
 /* Bytes of the cache's pages (host or device memory). */
