@@ -4,9 +4,9 @@
 #   make test       set up, fetch the model, build, run every test (ctest)
 #   make test-asan  the same tests in a separate ASan+UBSan build (build-asan/)
 #   make fuzz       clang + libFuzzer build (build-fuzz/), each target for FUZZ_SECONDS on its seeds
-#   make test-gpu   the GPU tests (label gpu). On the GPU machine, where nothing can be installed, it
-#                   runs the binaries scripts/gpu-pack.sh built and staged in .carry/ (no setup step);
-#                   elsewhere it builds and runs ctest -L gpu (they skip without a CUDA device)
+#   make test-gpu   the GPU tests (label gpu). On a GPU machine that has the binaries scripts/gpu-pack.sh
+#                   staged in .carry/ (the lent H200, where nothing can be installed) it runs those (no
+#                   setup step); elsewhere it builds and runs ctest -L gpu (they skip without a device)
 #
 # Variables: WERROR=ON (warnings are errors, as in CI), JOBS (build and ctest parallelism),
 # FUZZ_SECONDS, PROMPT, N_TOKENS, CMAKE_ARGS (extra -D flags for every configure).
@@ -58,7 +58,7 @@ test: build fetch
 	ctest --test-dir build --output-on-failure --no-tests=error -j $(JOBS)
 
 test-gpu:
-	@if [ -f .carry/gpu.tar.xz ]; then \
+	@if [ -f .carry/gpu.tar.xz ] && nvidia-smi -L >/dev/null 2>&1; then \
 	    bash scripts/gpu-test.sh all; \
 	else \
 	    $(MAKE) build fetch && ctest --test-dir build --output-on-failure -L gpu; \

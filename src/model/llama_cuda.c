@@ -125,9 +125,9 @@ static in_layout layout_of(const osp_cuda_model *g) {
     L.pos = L.ids + (size_t)g->cap_t;
     L.slot = L.pos + (size_t)g->cap_t;
     L.qsl = L.slot + (size_t)g->cap_t;
-    L.bt = L.qsl + (size_t)g->cap_s + 1;
-    L.lidx = L.bt + (size_t)g->cap_s * (size_t)g->cap_w;
-    L.total = L.lidx + (size_t)g->cap_l;
+    L.lidx = L.qsl + (size_t)g->cap_s + 1;
+    L.bt = L.lidx + (size_t)g->cap_l; /* last: a step copies only its S rows of it */
+    L.total = L.bt + (size_t)g->cap_s * (size_t)g->cap_w;
     return L;
 }
 
@@ -596,7 +596,8 @@ osp_status osp_llama_cuda_forward(osp_model *m, osp_kv_cache *kv, const osp_batc
         memset(h + lay.bt + (size_t)i * (size_t)g->cap_w, 0, (size_t)g->cap_w * 4);
         h[lay.lidx + i] = i;
     }
-    OSP_TRY(osp_cuda_h2d(g->d_in, h, lay.total * 4, g->stream));
+    /* one copy: everything before the block table, and the table's first S rows */
+    OSP_TRY(osp_cuda_h2d(g->d_in, h, (lay.bt + (size_t)S * (size_t)g->cap_w) * 4, g->stream));
     if (gi >= 0 && g->graphs[gi]) {
         OSP_TRY(osp_cuda_graph_launch(g->graphs[gi], g->stream));
     } else {
