@@ -43,7 +43,11 @@ typedef struct osp_engine_params {
     int n_threads;                  /* 0 = all cores */
     int32_t block_size;             /* tokens per KV block (16) */
     int64_t kv_cache_memory;        /* KV bytes over all layers (K and V); 0 = enough for max_num_seqs
-                                       sequences of max_model_len */
+                                       sequences of max_model_len, on the GPU at most what
+                                       gpu_memory_utilization leaves */
+    float gpu_memory_utilization;   /* share of the GPU's memory osprey may use in all (weights, KV cache,
+                                       a 3 GiB reserve for activations); 0 = 0.9 (vLLM's default); only
+                                       when kv_cache_memory is 0 */
     int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests) */
     osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default) or F32 */
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */

@@ -15,6 +15,11 @@
 #include <time.h>
 
 #include "core/status_internal.h"
+#include "backend/cuda/cuda_ops.h"
+
+/* GPU memory kept out of the KV cache for activations (grown in the first steps), the sampler's
+ * scratch (~8 bytes per vocabulary entry per row) and cuBLASLt's workspace. */
+#define OSP_GPU_RESERVE_BYTES ((int64_t)3 << 30)
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "osprey/tokenizer.h"
@@ -112,8 +117,23 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     }
     const int64_t block_bytes = osp_kv_cache_bytes_per_token(c, p.kv_dtype) * p.block_size;
     if (p.num_blocks == 0) {
-        const int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
-                                               : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
+        int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
+                                         : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
+        if (osp_model_device(e->model) == OSP_DEVICE_CUDA && !p.kv_cache_memory) {
+            /* as vLLM's gpu_memory_utilization: at most that share of the GPU in all, after the weights
+             * and a reserve for activations, the sampler's scratch and cuBLASLt */
+            size_t fr = 0, tot = 0;
+            if ((s = osp_cuda_mem_info(&fr, &tot)) != OSP_OK) goto fail;
+            const double util = p.gpu_memory_utilization > 0 ? p.gpu_memory_utilization : 0.9;
+            const int64_t budget = (int64_t)(util * (double)tot) - (int64_t)(tot - fr) - OSP_GPU_RESERVE_BYTES;
+            if (budget / block_bytes < want) want = budget / block_bytes;
+            if (want < 1) {
+                s = osp_set_error(OSP_ERR_NOMEM, "engine: no GPU memory left for the KV cache (%.1f GiB free of %.1f, "
+                                                 "gpu_memory_utilization %.2f)", (double)fr / 1073741824.0,
+                                  (double)tot / 1073741824.0, util);
+                goto fail;
+            }
+        }
         if (want < 1 || want > INT32_MAX) {
             s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: kv_cache_memory %lld bytes holds %lld blocks of %lld bytes",
                               (long long)p.kv_cache_memory, (long long)want, (long long)block_bytes);

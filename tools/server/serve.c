@@ -41,6 +41,8 @@ typedef struct srv_config {
     osp_device device; /* --device cpu|cuda|auto (default auto) */
     int32_t max_model_len, max_num_seqs, max_num_batched_tokens, block_size;
     int64_t kv_cache_memory;
+    bool kv_cache_memory_set;     /* given on the command line (else 1 GiB on the CPU, auto on the GPU) */
+    float gpu_memory_utilization; /* --gpu-memory-utilization (0: the engine's 0.9) */
     bool prefix_caching;
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
@@ -1088,7 +1090,9 @@ static const char *k_serve_usage =
     "  --max-num-seqs N                 running sequences per step (64)\n"
     "  --max-num-batched-tokens N       token budget per step (2048)\n"
     "  --block-size N                   tokens per KV block (16)\n"
-    "  --kv-cache-memory BYTES          KV cache size, K/M/G suffixes (1G)\n"
+    "  --kv-cache-memory BYTES          KV cache size, K/M/G suffixes (CPU: 1G; GPU: what\n"
+    "                                   --gpu-memory-utilization leaves)\n"
+    "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
     "  -t, --threads N                  compute threads (all cores)\n"
@@ -1131,7 +1135,8 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--max-num-seqs")) c.max_num_seqs = (int32_t)cli_int(f, v, 1, 1 << 16), i++;
         else if (!strcmp(f, "--max-num-batched-tokens")) c.max_num_batched_tokens = (int32_t)cli_int(f, v, 1, 1 << 24), i++;
         else if (!strcmp(f, "--block-size")) c.block_size = (int32_t)cli_int(f, v, 1, 1024), i++;
-        else if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--kv-cache-memory-bytes")) c.kv_cache_memory = parse_bytes(f, v), i++;
+        else if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--kv-cache-memory-bytes")) c.kv_cache_memory = parse_bytes(f, v), c.kv_cache_memory_set = true, i++;
+        else if (!strcmp(f, "--gpu-memory-utilization")) c.gpu_memory_utilization = (float)cli_float(f, v, 0.01, 1.0), i++;
         else if (!strcmp(f, "--enable-prefix-caching")) c.prefix_caching = true;
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
@@ -1173,7 +1178,9 @@ int cmd_serve(int argc, char **argv) {
     ep.model_path = cfg->model_path;
     ep.n_threads = cfg->n_threads;
     ep.block_size = cfg->block_size;
-    ep.kv_cache_memory = cfg->kv_cache_memory;
+    /* on the GPU without --kv-cache-memory: sized from free memory (gpu_memory_utilization) */
+    ep.kv_cache_memory = cfg->device == OSP_DEVICE_CUDA && !cfg->kv_cache_memory_set ? 0 : cfg->kv_cache_memory;
+    ep.gpu_memory_utilization = cfg->gpu_memory_utilization;
     ep.max_num_seqs = cfg->max_num_seqs;
     ep.max_num_batched_tokens = cfg->max_num_batched_tokens;
     ep.max_model_len = cfg->max_model_len;
