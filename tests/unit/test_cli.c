@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "backend/cuda/cuda_ops.h"
+
 static char g_dir[256];
 static const char *g_bin, *g_model;
 static char g_out[1 << 16], g_err[1 << 16];
@@ -173,6 +175,15 @@ static void test_bad_flags(void **state) {
     expect_error(run(args), "--bogus", NULL);
     expect_error(run("generate -p hi"), "-m FILE", NULL);
     assert_int_equal(run("frobnicate"), 2);
+    /* devices: an unknown name; CUDA where there is none (CI); random weights off the GPU */
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --device gpu", g_model);
+    expect_error(run(args), "--device", "cpu, cuda, auto");
+    if (osp_cuda_device_count() == 0) {
+        snprintf(args, sizeof args, "generate -m '%s' -p hi -n 1 --device cuda", g_model);
+        expect_error(run(args), "--device cuda", NULL);
+    }
+    expect_error(run("bench --random-weights tiny -p 4 -n 4"), "--random-weights", "--device cuda");
+    expect_error(run("bench --random-weights nope --device cuda"), "unknown preset 'nope'", NULL);
 }
 
 static void test_tokenize_and_info(void **state) {
