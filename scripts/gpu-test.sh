@@ -5,7 +5,7 @@
 #          test_gpu_sampler), then compute-sanitizer memcheck and racecheck over the op tests
 #          (RACECHECK=0: memcheck only)
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
-#          on the GPU (test_gpu_engine)
+#          on the GPU (test_gpu_engine, test_gpu_engine_sampling)
 #   cli    `osprey generate` and `osprey serve` with --device cuda (greedy text vs the CPU's; one
 #          completion over HTTP)
 #   all    all three (when the whole model is already in models/ or stashed)
@@ -71,6 +71,7 @@ if [ "$what" = model ] || [ "$what" = all ]; then
     fi
     run test_gpu_model $G/bin/test_gpu_model
     run test_gpu_engine $G/bin/test_gpu_engine
+    run test_gpu_engine_sampling $G/bin/test_gpu_engine_sampling
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
     # the CLI on the GPU: greedy text of `generate --device cuda` next to the CPU's, and one completion

@@ -25,8 +25,19 @@
 
 #include <cmocka.h>
 
+#include "backend/cuda/cuda_ops.h"
 #include "osprey/engine.h"
 #include "osprey/gguf.h"
+#include "osprey/model.h"
+
+/* tests/gpu/test_gpu_engine_sampling.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the
+ * same checks with the model, its KV cache and the sampler on the GPU (the reference forward passes
+ * too), on a head_dim-32 model (tiny-d32, written at start: the CUDA attention takes head_dim >= 32)
+ * instead of tiny-llama-f32. */
+#ifndef TEST_DEVICE
+#define TEST_DEVICE OSP_DEVICE_CPU
+#endif
+static const bool g_gpu = TEST_DEVICE == OSP_DEVICE_CUDA;
 
 #define MAXOUT 64
 #define MAXSEQ 8
@@ -59,6 +70,7 @@ static osp_engine_params base(void) {
     p.check_invariants = true;
     p.hash_seed_set = true;
     p.hash_seed = 7;
+    p.device = TEST_DEVICE;
     return p;
 }
 
@@ -285,6 +297,7 @@ static void test_n_children(void **state) {
 static float *reference(const int32_t *prompt, int32_t n, int32_t *vocab, bool raw) {
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = 2;
+    mp.device = TEST_DEVICE;
     osp_model *m;
     assert_int_equal(osp_model_load(g_tiny, &mp, &m), OSP_OK);
     const int32_t V = osp_model_config_get(m)->n_vocab, bs = 16, nb = (n + bs - 1) / bs;
@@ -548,6 +561,21 @@ int main(void) {
     const char *root = getenv("OSPREY_ROOT");
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
+    if (g_gpu) {
+        const char *bin = getenv("OSPREY_BIN");
+        if (osp_cuda_device_count() == 0 || !bin) {
+            printf("test_gpu_engine_sampling: skipped: %s\n", bin ? "no CUDA device" : "OSPREY_BIN is not set");
+            return 77;
+        }
+        snprintf(g_tiny, sizeof g_tiny, "/tmp/osprey-gpu-sampling-%d.gguf", (int)getpid());
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd, "%s make-random-model --preset tiny-d32 --vocab-size 512 --dtype f32 --seed 3 -o %s 2>/dev/null",
+                 bin, g_tiny);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "cannot write the test model: %s\n", cmd);
+            return 1;
+        }
+    }
     FILE *f = fopen(g_tiny, "rb");
     if (!f) {
         fprintf(stderr, "SKIP: %s missing\n", g_tiny);
@@ -560,5 +588,7 @@ int main(void) {
         cmocka_unit_test(test_logprobs),          cmocka_unit_test(test_penalties),
         cmocka_unit_test(test_nan_logits),        cmocka_unit_test(test_bad_params),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (g_gpu) remove(g_tiny);
+    return rc;
 }
