@@ -144,8 +144,9 @@ int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv);
 osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv);
 /* Copies block `src`'s K/V (every layer) into block `dst` (copy-on-write after a fork). On the GPU
- * the copy is enqueued on the model's stream, ahead of the next forward pass. */
-void osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst);
+ * the copy is enqueued on the model's stream, ahead of the next forward pass. Errors:
+ * OSP_ERR_INVALID_ARG for a block outside the cache, OSP_ERR_INTERNAL when the device copy fails. */
+osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst);
 
 /* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */
 typedef struct osp_batch {

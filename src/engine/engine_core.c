@@ -346,7 +346,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].sampled >= 0;
     osp_scheduler_update(e->sched, so);
     for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */
-        osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]);
+        OSP_TRY(osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]));
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
     for (int32_t i = 0; i < so->num_entries; i++)
         if (so->entries[i].sampled != -1) mark(e, so->entries[i].req);

@@ -466,16 +466,17 @@ size_t osp_kv_cache_bytes(const osp_kv_cache *kv) {
     return 2 * (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size * (size_t)kv->kv_row * kv->elem;
 }
 
-void osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
-    if (kv->on_device) {
-        (void)osp_llama_cuda_copy_block(kv, src, dst); /* fails only with a broken device: the next step reports it */
-        return;
-    }
+osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
+    if (src < 0 || src >= kv->num_blocks || dst < 0 || dst >= kv->num_blocks)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: copy of block %d to %d outside the %d blocks", src, dst,
+                             kv->num_blocks);
+    if (kv->on_device) return osp_llama_cuda_copy_block(kv, src, dst);
     const size_t bytes = (size_t)kv->block_size * (size_t)kv->kv_row * kv->elem;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         memcpy((char *)kv->k[l] + (size_t)dst * bytes, (const char *)kv->k[l] + (size_t)src * bytes, bytes);
         memcpy((char *)kv->v[l] + (size_t)dst * bytes, (const char *)kv->v[l] + (size_t)src * bytes, bytes);
     }
+    return OSP_OK;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------- */
