@@ -147,10 +147,10 @@ static void process_logits(float *w, const osp_sampler_row *p, uint32_t *counts,
     }
 }
 
-/* w[i] = exp((w[i] - mx) * inv_t) for w[i] <= mx (and -inf -> 0), in place. A vectorizable expf
+/* (sampler.h) w[i] = exp((w[i] - mx) * inv_t) for w[i] <= mx (and -inf -> 0), in place. A vectorizable expf
  * (Cephes' polynomial, Cody-Waite reduction, exponent by bit arithmetic; within 2 ulp of libm's
  * expf for arguments >= -87, 0 below): libm's scalar expf made this one pass cost most of the row. */
-static void exp_shifted(float *restrict w, int32_t n, float mx, float inv_t) {
+void osp_sampler_exp_shifted(float *restrict w, int32_t n, float mx, float inv_t) {
     for (int32_t i = 0; i < n; i++) {
         float x = (w[i] - mx) * inv_t;
         const int32_t under = !(x >= -87.0f); /* also -inf and NaN */
@@ -199,7 +199,7 @@ static const char *sample_row(const float *logits, int32_t vocab, const osp_samp
         *token = best;
     } else {
         /* softmax numerator with max exactly 1.0f; exp(-inf) = 0 for masked tokens */
-        exp_shifted(w, vocab, w[best], 1.0f / p->temperature);
+        osp_sampler_exp_shifted(w, vocab, w[best], 1.0f / p->temperature);
         w[best] = 1.0f;
         const osp_rng_addr rng = {p->seed, p->sample_index, p->output_pos};
         *token = osp_reject_sample(w, ids, vocab, p->top_k, p->top_p, p->min_p, &rng, NULL);

@@ -119,6 +119,12 @@ osp_status osp_sample_rows(osp_sampler_workspace *ws, int32_t slot, const float 
 osp_status osp_prompt_logprobs(const float *logits, int32_t num_rows, int32_t vocab, const int32_t *next_ids,
                                int32_t num_top, osp_logprobs *out, osp_status *row_status);
 
+/* The sampler's weights: w[i] = exp((w[i] - mx) * inv_t), in place, for w [n] with every w[i] <= mx
+ * (-inf and anything below exp's range give 0). A vectorizable expf (Cephes' polynomial, Cody-Waite
+ * reduction) within 2 ulp of libm's; exported so the GPU sampler's tests can compute the same weights
+ * bit for bit. */
+void osp_sampler_exp_shifted(float *w, int32_t n, float mx, float inv_t);
+
 /* ---- the one-row call used by `osprey generate` ------------------------------------------- */
 
 typedef struct osp_sampling_params {

@@ -38,6 +38,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/dtype.h"
+#include "test_rng.h"
 #include "osprey/status.h"
 
 /* Built without CUDA (OSPREY_CUDA off) the kernels' launchers do not exist: the test only skips. */
@@ -45,14 +46,6 @@
 
 /* ---- random inputs --------------------------------------------------------------------------------- */
 
-static uint64_t g_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    g_state ^= g_state << 13;
-    g_state ^= g_state >> 7;
-    g_state ^= g_state << 17;
-    return (uint32_t)(g_state >> 11);
-}
-static float frand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; } /* [-1, 1] */
 
 /* ---- device memory: one arena, reset by each run (every run ends synchronized) --------------------- */
 

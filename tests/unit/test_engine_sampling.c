@@ -29,6 +29,7 @@
 #include "osprey/engine.h"
 #include "osprey/gguf.h"
 #include "osprey/model.h"
+#include "gpu_test_models.h"
 
 /* tests/gpu/test_gpu_engine_sampling.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the
  * same checks with the model, its KV cache and the sampler on the GPU (the reference forward passes
@@ -561,21 +562,11 @@ int main(void) {
     const char *root = getenv("OSPREY_ROOT");
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
-    if (g_gpu) {
-        const char *bin = getenv("OSPREY_BIN");
-        if (osp_cuda_device_count() == 0 || !bin) {
-            printf("test_gpu_engine_sampling: skipped: %s\n", bin ? "no CUDA device" : "OSPREY_BIN is not set");
-            return 77;
-        }
-        snprintf(g_tiny, sizeof g_tiny, "/tmp/osprey-gpu-sampling-%d.gguf", (int)getpid());
-        char cmd[1024];
-        snprintf(cmd, sizeof cmd, "%s make-random-model --preset tiny-d32 --vocab-size 512 --dtype f32 --seed 3 -o %s 2>/dev/null",
-                 bin, g_tiny);
-        if (system(cmd) != 0) {
-            fprintf(stderr, "cannot write the test model: %s\n", cmd);
-            return 1;
-        }
+    if (g_gpu && osp_cuda_device_count() == 0) {
+        printf("test_gpu_engine_sampling: skipped: no CUDA device\n");
+        return 77;
     }
+    if (g_gpu && gpu_test_model("gpu-sampling", "f32", g_tiny, sizeof g_tiny) != 0) return 1;
     FILE *f = fopen(g_tiny, "rb");
     if (!f) {
         fprintf(stderr, "SKIP: %s missing\n", g_tiny);

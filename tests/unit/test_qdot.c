@@ -18,15 +18,8 @@
 
 #include "backend/cpu/qdot.h"
 #include "core/dtype.h"
+#include "test_rng.h"
 
-static uint64_t g_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    g_state ^= g_state << 13;
-    g_state ^= g_state >> 7;
-    g_state ^= g_state << 17;
-    return (uint32_t)(g_state >> 11);
-}
-static float frand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
 
 static void put_half(uint8_t *p, float v) {
     const uint16_t h = osp_fp32_to_fp16(v);
