@@ -65,6 +65,9 @@ typedef enum osp_device {
 /* "cpu" / "cuda" / "auto" (cuda when a CUDA device is present, else cpu). OSP_ERR_INVALID_ARG otherwise. */
 osp_status osp_device_parse(const char *name, osp_device *out);
 const char *osp_device_name(osp_device d); /* "cpu" / "cuda" */
+/* Devices of that kind this osprey can use now: 1 for the CPU; CUDA GPUs present (0 when built
+ * without CUDA). */
+int osp_device_count(osp_device d);
 
 typedef struct osp_model_params {
     osp_device device; /* default OSP_DEVICE_CPU */

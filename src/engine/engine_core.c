@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "core/status_internal.h"
-#include "backend/cuda/cuda_ops.h"
+#include "model/model_exec.h"
 
 /* GPU memory kept out of the KV cache for activations (grown in the first steps), the sampler's
  * scratch (~8 bytes per vocabulary entry per row) and cuBLASLt's workspace. */
@@ -119,11 +119,11 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if (p.num_blocks == 0) {
         int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
                                          : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
-        if (osp_model_device(e->model) == OSP_DEVICE_CUDA && !p.kv_cache_memory) {
+        if (osp_model_samples_on_device(e->model) && !p.kv_cache_memory) {
             /* as vLLM's gpu_memory_utilization: at most that share of the GPU in all, after the weights
              * and a reserve for activations, the sampler's scratch and cuBLASLt */
             size_t fr = 0, tot = 0;
-            if ((s = osp_cuda_mem_info(&fr, &tot)) != OSP_OK) goto fail;
+            if ((s = osp_model_mem_info(e->model, &fr, &tot)) != OSP_OK) goto fail;
             const double util = p.gpu_memory_utilization > 0 ? p.gpu_memory_utilization : 0.9;
             const int64_t budget = (int64_t)(util * (double)tot) - (int64_t)(tot - fr) - OSP_GPU_RESERVE_BYTES;
             if (budget / block_bytes < want) want = budget / block_bytes;

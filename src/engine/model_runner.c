@@ -9,7 +9,7 @@
 
 #include "core/status_internal.h"
 #include "core/threadpool.h"
-#include "model/llama_cuda.h"
+#include "model/model_exec.h"
 
 /* Samples rows [begin, end) of this step on model thread ith, with the sampler scratch slot ith: the
  * forward pass's threads do the sampling too, so no second set of threads (OpenMP) competes with
@@ -133,9 +133,9 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     }
     pb->batch.num_logits = nl + np;
     /* On the GPU the logits stay there: only prompt-logprob rows (and rows that fail) come back. */
-    const bool gpu = osp_model_device(r->model) == OSP_DEVICE_CUDA;
+    const bool gpu = osp_model_samples_on_device(r->model);
     OSP_TRY(osp_model_forward(r->model, r->kv, &pb->batch, gpu ? NULL : r->logits));
-    if (gpu && np > 0) OSP_TRY(osp_llama_cuda_logits_to_host(r->model, nl, np, r->logits + (size_t)nl * V));
+    if (gpu && np > 0) OSP_TRY(osp_model_logits_to_host(r->model, nl, np, r->logits + (size_t)nl * V));
 
     if (np > 0) {
         int32_t j = 0;
@@ -193,10 +193,10 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         }
     }
     if (nr > 0 && gpu) {
-        OSP_TRY(osp_llama_cuda_sample(r->model, r->rows, r->lrow, nr, r->tokens, r->lp, r->status));
+        OSP_TRY(osp_model_sample(r->model, r->rows, r->lrow, nr, r->tokens, r->lp, r->status));
         for (int32_t i = 0; i < nr; i++) /* a failed row's logits, for its error message */
             if (r->status[i] != OSP_OK)
-                OSP_TRY(osp_llama_cuda_logits_to_host(r->model, r->lrow[i], 1, r->logits + (size_t)i * V));
+                OSP_TRY(osp_model_logits_to_host(r->model, r->lrow[i], 1, r->logits + (size_t)i * V));
     } else if (nr > 0) {
         sample_ctx sc = {r, nr, OSP_OK};
         osp_model_run_parallel(r->model, sample_task, &sc);

@@ -145,7 +145,7 @@ static void test_embed(void **state) {
                 up(d_tab, tab, (size_t)(V * E) * 2);
                 up(d_ids, ids, (size_t)T * 4);
                 poison(d_x, (size_t)(T * E) * 4);
-                ok(osp_cuda_embed(d_tab, d_ids, d_x, T, E, g_stream), "osp_cuda_embed");
+                ok(osp_cuda_embed(d_tab, d_ids, d_x, T, E, 1.0f, g_stream), "osp_cuda_embed");
                 down(x, d_x, (size_t)(T * E) * 4);
                 cmp c = {"embed x", 0};
                 for (int64_t t = 0; t < T; t++)
@@ -672,7 +672,7 @@ static void test_graph_capture(void **state) {
         poison(d_out, (size_t)(T * E) * 2);
         wait_stream();
         if (pass == 1) ok(osp_cuda_graph_begin(g_stream), "osp_cuda_graph_begin");
-        ok(osp_cuda_embed(d_tab, d_ids, d_x, T, E, g_stream), "osp_cuda_embed");
+        ok(osp_cuda_embed(d_tab, d_ids, d_x, T, E, 1.0f, g_stream), "osp_cuda_embed");
         ok(osp_cuda_add_rmsnorm(d_x, d_delta, d_w, d_out, T, E, 1e-5f, g_stream), "osp_cuda_add_rmsnorm");
         ok(osp_cuda_argmax(d_x, d_am, T, E, g_stream), "osp_cuda_argmax");
         if (pass == 1) {
@@ -717,11 +717,11 @@ static void test_invalid_args(void **state) {
                      OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_argmax(f, ids, 1, 0, g_stream), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_add_rmsnorm(f, NULL, f, h, 1, 0, 1e-5f, g_stream), OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_embed(NULL, ids, f, 1, 64, g_stream), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_embed(NULL, ids, f, 1, 64, 1.0f, g_stream), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_silu_mul(h, h, -1, 64, g_stream), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_f32_to_bf16(f, NULL, 5, g_stream), OSP_ERR_INVALID_ARG);
     /* empty batches are fine and launch nothing */
-    assert_int_equal(osp_cuda_embed(h, ids, f, 0, 64, g_stream), OSP_OK);
+    assert_int_equal(osp_cuda_embed(h, ids, f, 0, 64, 1.0f, g_stream), OSP_OK);
     assert_int_equal(osp_cuda_add_rmsnorm(f, NULL, f, h, 0, 64, 1e-5f, g_stream), OSP_OK);
     assert_int_equal(osp_cuda_gather_rmsnorm(f, ids, f, h, 0, 64, 1e-5f, g_stream), OSP_OK);
     assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, true, 0, 1, 1, 64, 64, true,

@@ -16,7 +16,8 @@
 
 #include <cmocka.h>
 
-#include "backend/cuda/cuda_ops.h"
+#include "osprey/model.h"
+
 
 static char g_dir[256];
 static const char *g_bin, *g_model;
@@ -178,7 +179,7 @@ static void test_bad_flags(void **state) {
     /* devices: an unknown name; CUDA where there is none (CI); random weights off the GPU */
     snprintf(args, sizeof args, "generate -m '%s' -p hi --device gpu", g_model);
     expect_error(run(args), "--device", "cpu, cuda, auto");
-    if (osp_cuda_device_count() == 0) {
+    if (osp_device_count(OSP_DEVICE_CUDA) == 0) {
         snprintf(args, sizeof args, "generate -m '%s' -p hi -n 1 --device cuda", g_model);
         expect_error(run(args), "--device cuda", NULL);
     }

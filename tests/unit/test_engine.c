@@ -20,7 +20,6 @@
 #include <cmocka.h>
 
 #include "osprey/engine.h"
-#include "backend/cuda/cuda_ops.h"
 #include "osprey/model.h"
 #include "gpu_test_models.h"
 
@@ -386,7 +385,7 @@ int main(void) {
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
     snprintf(g_tiny_q, sizeof g_tiny_q, "%s/tests/models/tiny-llama-untied-q4_1.gguf", root);
-    if (g_gpu && osp_cuda_device_count() == 0) {
+    if (g_gpu && osp_device_count(OSP_DEVICE_CUDA) == 0) {
         printf("test_gpu_engine: skipped: no CUDA device\n");
         return 77;
     }

@@ -25,7 +25,6 @@
 
 #include <cmocka.h>
 
-#include "backend/cuda/cuda_ops.h"
 #include "osprey/engine.h"
 #include "osprey/gguf.h"
 #include "osprey/model.h"
@@ -562,7 +561,7 @@ int main(void) {
     const char *root = getenv("OSPREY_ROOT");
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
-    if (g_gpu && osp_cuda_device_count() == 0) {
+    if (g_gpu && osp_device_count(OSP_DEVICE_CUDA) == 0) {
         printf("test_gpu_engine_sampling: skipped: no CUDA device\n");
         return 77;
     }

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "model/llama_cuda.h"
+#include "model/model_exec.h"
 #include "osprey/model.h"
 #include "sample/sampler.h"
 
@@ -49,7 +49,7 @@ static void gpu_sample(osp_model *m, int32_t n) {
         rows[i].temperature = 0.0f;
         lrows[i] = i;
     }
-    osp_status s = osp_llama_cuda_sample(m, rows, lrows, n, toks, NULL, st);
+    osp_status s = osp_model_sample(m, rows, lrows, n, toks, NULL, st);
     if (s != OSP_OK) cli_die(s, "sampling failed");
 }
 

@@ -1,10 +1,9 @@
-/* CPU reference ops (see ops.h). Written for clarity and determinism first; OpenMP spreads the
- * independent rows (matmul output rows, attention heads) over threads without changing any row's
- * arithmetic. */
+/* CPU reference ops (see ops.h). Written for clarity and determinism first; the caller (the CPU
+ * backend, backend_cpu.c) splits the independent rows (matmul output rows, attention heads) over its
+ * thread pool without changing any row's arithmetic. */
 #include "backend/cpu/ops.h"
 
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -20,29 +19,9 @@ float osp_cpu_dot(const float *restrict a, const float *restrict b, int64_t n) {
     return acc[0];
 }
 
-void osp_cpu_matmul(const osp_weight *w, const float *x, float *y, int64_t n_tokens, float *scratch) {
-    const int64_t cols = w->cols, rows = w->rows;
-    const uint8_t *base = w->data;
-#pragma omp parallel
-    {
-        float *row = scratch + (size_t)omp_get_thread_num() * (size_t)cols;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const float *wr;
-            if (w->type == OSP_DTYPE_F32) {
-                wr = (const float *)(const void *)(base + (size_t)r * w->row_bytes);
-            } else {
-                osp_dequant_row(w->type, base + (size_t)r * w->row_bytes, row, cols);
-                wr = row;
-            }
-            for (int64_t t = 0; t < n_tokens; t++) y[t * rows + r] = osp_cpu_dot(wr, x + t * cols, cols);
-        }
-    }
-}
-
-void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t n_tokens, int64_t r0,
+void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t ldy, int64_t n_tokens, int64_t r0,
                          int64_t r1, float *row) {
-    const int64_t cols = w->cols, rows = w->rows;
+    const int64_t cols = w->cols;
     const uint8_t *base = w->data;
     for (int64_t r = r0; r < r1; r++) {
         const float *wr;
@@ -53,7 +32,7 @@ void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t 
             if (w->round_bf16) osp_cpu_round_bf16(row, cols);
             wr = row;
         }
-        for (int64_t t = 0; t < n_tokens; t++) y[t * rows + r] = osp_cpu_dot(wr, x + t * cols, cols);
+        for (int64_t t = 0; t < n_tokens; t++) y[t * ldy + r] = osp_cpu_dot(wr, x + t * cols, cols);
     }
 }
 
@@ -115,13 +94,21 @@ void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
+void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
 #define MAX_HEAD_DIM 1024
 
 void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool f16, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
-                             int64_t n_head_kv, int64_t head_dim, float scale, float *sc,
+                             int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *sc,
                              int64_t item_begin, int64_t item_end) {
     const int64_t group = n_head / n_head_kv;
     const int64_t kv_row = n_head_kv * head_dim; /* elements per slot */
@@ -136,8 +123,9 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool 
         const int64_t kvh = h / group;
         const float *qh = q + (t * n_head + h) * head_dim;
         const int64_t n_ctx = (int64_t)positions[t] + 1;
+        const int64_t p0 = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
         float mx = -INFINITY;
-        for (int64_t p = 0; p < n_ctx; p++) {
+        for (int64_t p = p0; p < n_ctx; p++) {
             const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
             const void *kp = (const char *)k + (size_t)(slot * kv_row + kvh * head_dim) * elem;
             if (f16) osp_cpu_f16_to_f32_row(kp, row, head_dim);
@@ -145,13 +133,13 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool 
             if (sc[p] > mx) mx = sc[p];
         }
         float sum = 0.0f;
-        for (int64_t p = 0; p < n_ctx; p++) {
+        for (int64_t p = p0; p < n_ctx; p++) {
             sc[p] = expf(sc[p] - mx);
             sum += sc[p];
         }
         float *o = out + (t * n_head + h) * head_dim;
         memset(o, 0, (size_t)head_dim * sizeof *o);
-        for (int64_t p = 0; p < n_ctx; p++) {
+        for (int64_t p = p0; p < n_ctx; p++) {
             const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
             const void *vraw = (const char *)v + (size_t)(slot * kv_row + kvh * head_dim) * elem;
             if (f16) osp_cpu_f16_to_f32_row(vraw, row, head_dim);

@@ -27,15 +27,12 @@ typedef struct osp_weight {
  * tree), so the compiler may vectorize it and results never depend on the caller. */
 float osp_cpu_dot(const float *a, const float *b, int64_t n);
 
-/* y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tokens, r < W.rows.
- * x: [n_tokens, W.cols] fp32, y: [n_tokens, W.rows] fp32 (caller-owned, must not alias x).
- * scratch: [n_threads, W.cols] floats of workspace (each thread dequantizes one row at a time).
- * Parallel over rows (OpenMP). W's type must satisfy osp_dtype_can_dequant (caller checks at load). */
-void osp_cpu_matmul(const osp_weight *w, const float *x, float *y, int64_t n_tokens, float *scratch);
-
-/* The same product restricted to weight rows [r0, r1), single-threaded (the caller splits rows over a
- * thread pool). row: [W.cols] floats of workspace. Bit-identical to osp_cpu_matmul for those rows. */
-void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t n_tokens, int64_t r0,
+/* y[t * ldy + r] = sum_c W[r, c] * x[t, c] for t < n_tokens and weight rows r in [r0, r1),
+ * single-threaded (the caller splits rows over a thread pool). x: [n_tokens, W.cols] fp32; y must not
+ * alias x. row: [W.cols] floats of workspace (each row is dequantized into it, rounded to bf16 first
+ * when W.round_bf16). Each output is one osp_cpu_dot, so results do not depend on the split. W's type
+ * must satisfy osp_dtype_can_dequant (checked at load). */
+void osp_cpu_matmul_rows(const osp_weight *w, const float *x, float *y, int64_t ldy, int64_t n_tokens, int64_t r0,
                          int64_t r1, float *row);
 
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, for each of n_tokens rows of n floats.
@@ -60,6 +57,9 @@ void osp_cpu_round_bf16(float *x, int64_t n);
 
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). n floats. out may alias gate. */
 void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+/* out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (Hendrycks & Gimpel 2016, §2;
+ * PyTorch gelu(approximate="tanh")): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n);
 
 /* Causal attention of each query token over its sequence's paged K/V (GQA: query head h reads
  * kv head h / (n_head / n_head_kv)).
@@ -67,7 +67,8 @@ void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
  * k,v: pages [num_blocks, block_size, n_head_kv, head_dim] of fp32, or of f16 when `f16` (each row
  *      widened to fp32 as it is read; head_dim <= 1024)
  * Token t of sequence s (query_start_loc[s] <= t < query_start_loc[s+1]) attends to the positions
- * 0..positions[t] of s, found through block_table[s * max_blocks + p / block_size].
+ * lo..positions[t] of s, found through block_table[s * max_blocks + p / block_size]; lo = 0, or
+ * positions[t] - window + 1 when window > 0 (a sliding-window layer).
  * Only the work items [item_begin, item_end) of the num_tokens * n_head (token, head) pairs are
  * computed (item = t * n_head + h), single-threaded: the caller splits items over a thread pool.
  * scores: this thread's workspace of max_seq_len floats. softmax(q k^T * scale) v in fp32. */
@@ -75,7 +76,7 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool 
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
-                             int64_t n_head_kv, int64_t head_dim, float scale, float *scores,
+                             int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *scores,
                              int64_t item_begin, int64_t item_end);
 
 /* f16 pages (kv_f16.c). Writes K/V rows k, v: [num_tokens, kv_row] fp32 into f16 pages at

@@ -65,6 +65,7 @@ struct AttnParams {
     int head_chunks;             /* ceil(group / heads_per_cta) */
     int bq;                      /* tokens per query tile: kRows / heads_per_cta */
     int num_splits;
+    int window;                  /* > 0: a row at position p sees keys p - window + 1 .. p only */
     float qscale;                /* scale * log2(e) */
 };
 
@@ -211,11 +212,12 @@ __device__ __forceinline__ void load_kv_tile(float *sK, float *sV, const void *k
 }
 
 /* One warp, its first NR rows (row i of the warp = CTA row i * kWarps + warp), one tile: scores of
- * key k0 + lane, online-softmax update, then acc += P V. Keys at or past `ke` or past a row's own
- * limit (positions[t] + 1: causal) get probability 0. */
+ * key k0 + lane, online-softmax update, then acc += P V. Keys at or past `ke`, past a row's own
+ * limit (positions[t] + 1: causal) or before its first key (sliding window) get probability 0. */
 template <int D, int NR>
 __device__ __forceinline__ void tile_rows(const float *sK, const float *sV, const float *sQ, float *sPw, int warp,
-                                          int lane, int k0, int ke, const int (&lim)[kRowsPerWarp],
+                                          int lane, int k0, int ke, const int (&first)[kRowsPerWarp],
+                                          const int (&lim)[kRowsPerWarp],
                                           float (&m)[kRowsPerWarp], float (&l)[kRowsPerWarp],
                                           float (&acc)[kRowsPerWarp][D / 32]) {
     static_assert(NR >= 1 && NR <= kRowsPerWarp, "rows per warp");
@@ -243,7 +245,8 @@ __device__ __forceinline__ void tile_rows(const float *sK, const float *sV, cons
     const int key = k0 + lane;
 #pragma unroll
     for (int i = 0; i < NR; i++) {
-        const float s = (key < ke && key < lim[i]) ? (sx[i] + sy[i]) + (sz[i] + sw[i]) : -INFINITY;
+        const float s =
+            (key < ke && key < lim[i] && key >= first[i]) ? (sx[i] + sy[i]) + (sz[i] + sw[i]) : -INFINITY;
         const float m_new = fmaxf(m[i], warp_max(s));
         const float m_use = m_new == -INFINITY ? 0.0f : m_new; /* no key yet: keep everything 0 */
         const float alpha = exp2f(m[i] - m_use);                 /* 0 when m[i] = -inf */
@@ -361,12 +364,13 @@ template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_att
 
     /* this warp's rows: i < nv, CTA row i * kWarps + warp */
     const int nv = rows > warp ? (rows - warp + kWarps - 1) / kWarps : 0;
-    int lim[kRowsPerWarp];
+    int lim[kRowsPerWarp], first[kRowsPerWarp];
     float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][DPL];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; i++) {
         const int r = i * kWarps + warp;
         lim[i] = i < nv ? p.positions[t0 + r / nh] + 1 : 0;
+        first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
         m[i] = -INFINITY;
         l[i] = 0.0f;
 #pragma unroll
@@ -380,17 +384,27 @@ template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_att
     const void *vb = static_cast<const char *>(p.v_pages) + (size_t)kvh * D * eb;
     float *sPw = sP + warp * kRowsPerWarp * kKeys;
 
-    for (int k0 = ks; k0 < ke; k0 += kKeys) {
+    /* tiles wholly before every row's window hold nothing for this CTA: start at the earliest first key */
+    int k_start = ks;
+    if (p.window > 0) {
+        int kmin = kv_len;
+        for (int i = 0; i < ntok; i++) {
+            const int li = p.positions[t0 + i] + 1;
+            kmin = min(kmin, li > p.window ? li - p.window : 0);
+        }
+        if (kmin > ks) k_start = ks + (kmin - ks) / kKeys * kKeys;
+    }
+    for (int k0 = k_start; k0 < ke; k0 += kKeys) {
         const int key = k0 + lane;
         int slot = -1;
         if (key < ke) slot = bt[key / p.block_size] * p.block_size + key % p.block_size;
         load_kv_tile<D, F16>(sK, sV, kb, vb, slot, row_elems, tid);
         __syncthreads(); /* tile (and, the first time, sQ) visible to all warps */
         switch (nv) {
-        case 1: tile_rows<D, 1>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
-        case 2: tile_rows<D, 2>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
-        case 3: tile_rows<D, 3>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
-        case 4: tile_rows<D, 4>(sK, sV, sQ, sPw, warp, lane, k0, ke, lim, m, l, acc); break;
+        case 1: tile_rows<D, 1>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
+        case 2: tile_rows<D, 2>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
+        case 3: tile_rows<D, 3>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
+        case 4: tile_rows<D, 4>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
         default: break;
         }
         __syncthreads(); /* every warp done with sK / sV before the next tile overwrites them */
@@ -519,7 +533,8 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
                                                const int32_t *d_query_start_loc, const int32_t *d_positions,
                                                const int32_t *d_block_table, int32_t max_blocks, int32_t block_size,
                                                int64_t T, int n_head, int n_head_kv, int D, float scale,
-                                               int32_t max_seq_len, void *d_workspace, void *stream) {
+                                               int32_t window, int32_t max_seq_len, void *d_workspace,
+                                               void *stream) {
     if (!osp_cuda_attention_supported(n_head, n_head_kv, D))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: unsupported shape n_head %d, n_head_kv %d, head_dim %d "
@@ -551,6 +566,7 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
     prm.block_table = d_block_table;
     prm.ws_acc = nullptr;
     prm.ws_ml = nullptr;
+    prm.window = window > 0 ? window : 0;
     if (pl.num_splits > 1) {
         if (!d_workspace || !aligned16(d_workspace))
             return osp_set_error(OSP_ERR_INVALID_ARG,

@@ -90,15 +90,16 @@ osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint1
 
 /* ---- elementwise and row kernels (ops.cu) ---------------------------------------------------------- */
 
-/* x[t, :] = float(table[ids[t], :]). d_table: [V, E] bf16; d_ids: [T] (each < V, checked by the
- * caller); d_x: [T, E] fp32. */
+/* x[t, :] = float(table[ids[t], :]) * scale (one fp32 multiply; Gemma scales by sqrt(E), others 1).
+ * d_table: [V, E] bf16; d_ids: [T] (each < V, checked by the caller); d_x: [T, E] fp32. */
 osp_status osp_cuda_embed(const uint16_t *d_table, const int32_t *d_ids, float *d_x, int64_t T, int64_t E,
-                          void *stream);
+                          float scale, void *stream);
 
 /* Fused residual add + RMSNorm (Zhang & Sennrich 2019), per row t < T of E values:
  *   if d_delta: x[t] += float(delta[t])          (x updated in place: the residual stream)
  *   out[t] = bf16(x[t] / sqrt(mean(x[t]^2) + eps) * w)
- * d_x: [T, E] fp32 (in/out), d_delta: [T, E] bf16 or NULL, d_w: [E] fp32, d_out: [T, E] bf16. */
+ * d_x: [T, E] fp32 (in/out), d_delta: [T, E] bf16 or NULL, d_w: [E] fp32, d_out: [T, E] bf16.
+ * d_out NULL (then d_w may be NULL): the residual add alone. */
 osp_status osp_cuda_add_rmsnorm(float *d_x, const uint16_t *d_delta, const float *d_w, uint16_t *d_out, int64_t T,
                                 int64_t E, float eps, void *stream);
 
@@ -126,6 +127,8 @@ osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const
 /* out[t, j] = bf16(silu(gu[t, j]) * gu[t, F + j]) for j < F: d_gu: [T, 2F] bf16 (gate | up, one
  * GEMM's output), d_out: [T, F] bf16. silu(x) = x / (1 + exp(-x)) in fp32. */
 osp_status osp_cuda_silu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
+/* The same with GELU's tanh approximation in place of silu (Gemma's gelu_pytorch_tanh). */
+osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
 
 /* out[r] = the index of the largest of logits[r, 0..V) (the smallest such index on ties; a NaN
  * never wins unless the row is all NaN, then -1). d_logits: [R, V] fp32, d_out: [R] int32. */
@@ -174,7 +177,7 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
                                     uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
                                     const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
                                     int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
-                                    int32_t max_seq_len, void *d_workspace, void *stream);
+                                    int32_t window, int32_t max_seq_len, void *d_workspace, void *stream);
 
 #ifdef __cplusplus
 }

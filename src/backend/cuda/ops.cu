@@ -75,16 +75,19 @@ __device__ __forceinline__ int64_t global_stride() { return (int64_t)gridDim.x *
 template <int VEC>
 __global__ void __launch_bounds__(kEltThreads)
     embed_kernel(const uint16_t *__restrict__ table, const int32_t *__restrict__ ids, float *__restrict__ x,
-                 int64_t T, int64_t E) {
+                 int64_t T, int64_t E, float scale) {
     const int64_t n_units = E / VEC;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
         const uint16_t *src = table + (int64_t)ids[t] * E;
         float *dst = x + t * E;
         for (int64_t u = global_thread(); u < n_units; u += global_stride()) {
-            if constexpr (VEC == 4)
-                *reinterpret_cast<float4 *>(dst + 4 * u) = load_bf16x4(src + 4 * u);
-            else
-                dst[u] = osp_bf16_to_f(src[u]);
+            if constexpr (VEC == 4) {
+                const float4 v = load_bf16x4(src + 4 * u);
+                *reinterpret_cast<float4 *>(dst + 4 * u) = make_float4(
+                    __fmul_rn(v.x, scale), __fmul_rn(v.y, scale), __fmul_rn(v.z, scale), __fmul_rn(v.w, scale));
+            } else {
+                dst[u] = __fmul_rn(osp_bf16_to_f(src[u]), scale);
+            }
         }
     }
 }
@@ -144,6 +147,7 @@ __global__ void __launch_bounds__(kRowThreads)
                 ss += v * v;
             }
         }
+        if (!out) continue; /* a plain residual add (every thread of the block takes this branch) */
         const float scale = rms_scale(block_sum(ss, red), E, eps);
         norm_store_row<VEC>(xr, w, out + t * E, E, scale);
     }
@@ -269,8 +273,18 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
 /* ---- SiLU-gated product ------------------------------------------------------------------------- */
 
 __device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+/* GELU, tanh approximation (as osp_cpu_gelu_mul) */
+__device__ __forceinline__ float gelu_mul1(float x, float u) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u;
+}
+template <bool GELU> __device__ __forceinline__ float glu1(float g, float u) {
+    if constexpr (GELU)
+        return gelu_mul1(g, u);
+    else
+        return silu_mul1(g, u);
+}
 
-template <int VEC>
+template <int VEC, bool GELU>
 __global__ void __launch_bounds__(kEltThreads)
     silu_mul_kernel(const uint16_t *__restrict__ gu, uint16_t *__restrict__ out, int64_t T, int64_t F) {
     const int64_t n_units = F / VEC;
@@ -280,10 +294,10 @@ __global__ void __launch_bounds__(kEltThreads)
         for (int64_t u = global_thread(); u < n_units; u += global_stride()) {
             if constexpr (VEC == 4) {
                 const float4 a = load_bf16x4(g + 4 * u), b = load_bf16x4(up + 4 * u);
-                store_bf16x4(o + 4 * u, make_float4(silu_mul1(a.x, b.x), silu_mul1(a.y, b.y), silu_mul1(a.z, b.z),
-                                                    silu_mul1(a.w, b.w)));
+                store_bf16x4(o + 4 * u, make_float4(glu1<GELU>(a.x, b.x), glu1<GELU>(a.y, b.y),
+                                                    glu1<GELU>(a.z, b.z), glu1<GELU>(a.w, b.w)));
             } else {
-                o[u] = osp_f_to_bf16(silu_mul1(osp_bf16_to_f(g[u]), osp_bf16_to_f(up[u])));
+                o[u] = osp_f_to_bf16(glu1<GELU>(osp_bf16_to_f(g[u]), osp_bf16_to_f(up[u])));
             }
         }
     }
@@ -430,7 +444,7 @@ unsigned rows_grid(int64_t rows, int64_t cap) { return (unsigned)(rows < cap ? r
 extern "C" {
 
 osp_status osp_cuda_embed(const uint16_t *d_table, const int32_t *d_ids, float *d_x, int64_t T, int64_t E,
-                          void *stream) {
+                          float scale, void *stream) {
     if (T < 0 || E <= 0 || (T > 0 && (!d_table || !d_ids || !d_x)))
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_embed: T %lld, E %lld or a NULL pointer",
                              (long long)T, (long long)E);
@@ -440,21 +454,21 @@ osp_status osp_cuda_embed(const uint16_t *d_table, const int32_t *d_ids, float *
     const int vw = vec ? 4 : 1;
     const dim3 grid(blocks_for(E / vw, kEltThreads, kMaxGridX), rows_grid(T, kMaxGridY));
     if (vec)
-        embed_kernel<4><<<grid, kEltThreads, 0, st>>>(d_table, d_ids, d_x, T, E);
+        embed_kernel<4><<<grid, kEltThreads, 0, st>>>(d_table, d_ids, d_x, T, E, scale);
     else
-        embed_kernel<1><<<grid, kEltThreads, 0, st>>>(d_table, d_ids, d_x, T, E);
+        embed_kernel<1><<<grid, kEltThreads, 0, st>>>(d_table, d_ids, d_x, T, E, scale);
     OSP_CUDA_LAUNCH_CHECK("embed_kernel");
     return OSP_OK;
 }
 
 osp_status osp_cuda_add_rmsnorm(float *d_x, const uint16_t *d_delta, const float *d_w, uint16_t *d_out, int64_t T,
                                 int64_t E, float eps, void *stream) {
-    if (T < 0 || E <= 0 || E > (1LL << 24) || (T > 0 && (!d_x || !d_w || !d_out)))
+    if (T < 0 || E <= 0 || E > (1LL << 24) || (T > 0 && (!d_x || (d_out && !d_w) || (!d_out && !d_delta))))
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_add_rmsnorm: T %lld, E %lld or a NULL pointer",
                              (long long)T, (long long)E);
     if (T == 0) return OSP_OK;
     cudaStream_t st = (cudaStream_t)stream;
-    const bool vec = E % 4 == 0 && aligned(d_x, 16) && aligned(d_w, 16) && aligned(d_out, 8) &&
+    const bool vec = E % 4 == 0 && aligned(d_x, 16) && (!d_out || (aligned(d_w, 16) && aligned(d_out, 8))) &&
                      (!d_delta || aligned(d_delta, 8));
     const unsigned grid = rows_grid(T, kMaxGridX);
     if (vec)
@@ -508,21 +522,33 @@ osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const
     return OSP_OK;
 }
 
-osp_status osp_cuda_silu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream) {
+static osp_status glu_launch(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, void *stream) {
     if (T < 0 || F <= 0 || (T > 0 && (!d_gu || !d_out)))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_silu_mul: T %lld, F %lld or a NULL pointer",
-                             (long long)T, (long long)F);
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_%s_mul: T %lld, F %lld or a NULL pointer",
+                             gelu ? "gelu" : "silu", (long long)T, (long long)F);
     if (T == 0) return OSP_OK;
     cudaStream_t st = (cudaStream_t)stream;
     const bool vec = F % 4 == 0 && aligned(d_gu, 8) && aligned(d_out, 8);
     const int vw = vec ? 4 : 1;
     const dim3 grid(blocks_for(F / vw, kEltThreads, kMaxGridX), rows_grid(T, kMaxGridY));
-    if (vec)
-        silu_mul_kernel<4><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+    if (vec && gelu)
+        silu_mul_kernel<4, true><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+    else if (vec)
+        silu_mul_kernel<4, false><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+    else if (gelu)
+        silu_mul_kernel<1, true><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
     else
-        silu_mul_kernel<1><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+        silu_mul_kernel<1, false><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
     OSP_CUDA_LAUNCH_CHECK("silu_mul_kernel");
     return OSP_OK;
+}
+
+osp_status osp_cuda_silu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream) {
+    return glu_launch(d_gu, d_out, T, F, false, stream);
+}
+
+osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream) {
+    return glu_launch(d_gu, d_out, T, F, true, stream);
 }
 
 osp_status osp_cuda_argmax(const float *d_logits, int32_t *d_out, int64_t R, int64_t V, void *stream) {

@@ -1,0 +1,94 @@
+/* The backend interface: what runs a model's op list (src/backend/op.h) on one device. A backend
+ * owns its device memory (weights are placed through it, KV pages are allocated through it), runs
+ * one step's op list over the step's inputs, samples on its device and hands logits back when asked.
+ *
+ * Implementations: src/backend/cpu/backend_cpu.c (the thread pool, one region per op list, barriers
+ * between ops) and src/backend/cuda/backend_cuda.c (one stream, pinned step inputs, cuBLASLt, CUDA
+ * graphs per decode batch size and KV cache); src/backend/cuda/cuda_stub.c stands in for the latter
+ * in builds without nvcc. Nothing outside src/backend/ knows which device runs: callers go through
+ * the functions below (the same shape as ggml's backend vtable and vLLM's platform + attention
+ * backend split). */
+#ifndef OSP_BACKEND_BACKEND_H
+#define OSP_BACKEND_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/op.h"
+#include "osprey/model.h"
+#include "sample/sampler.h"
+
+typedef struct osp_backend osp_backend;
+typedef struct osp_threadpool osp_threadpool;
+
+typedef struct osp_backend_params {
+    osp_threadpool *pool; /* host worker threads lent by the model (CPU ops; dequantizing at upload) */
+    bool exact;           /* CPU: fp32 activations in every matmul (osp_model_params.exact) */
+    bool emulate_bf16;    /* CPU: round to bf16 where the CUDA backend stores bf16 (op.h) */
+} osp_backend_params;
+
+/* Where a placed weight's values come from: rows of a stored tensor (GGUF mapping), or seeded random
+ * values drawn on the device (osp_model_load_random; only backends that can). */
+typedef struct osp_weight_src {
+    const void *data; /* stored rows, `type`, row_bytes apart; NULL: random */
+    uint32_t type;
+    int64_t rows;
+    size_t row_bytes;
+    uint64_t random_key;  /* data == NULL: the counter-based stream's key (src/model/presets.h) */
+    float random_scale;   /* data == NULL: value = offset + scale * (Irwin-Hall draw) */
+    float random_offset;
+} osp_weight_src;
+
+typedef struct osp_backend_vtable {
+    const char *name; /* "cpu", "cuda" */
+    osp_device device;
+    void (*free)(osp_backend *be);
+    /* Places a matrix of `cols` columns stacked from n parts (op.h) as *out; the backend keeps the
+     * memory until it is freed. f32_exact: keep fp32 (norms, biases, RoPE tables), else the
+     * backend's weight format (CPU: the stored type, in place; CUDA: bf16). */
+    osp_status (*place)(osp_backend *be, const osp_weight_src *parts, int32_t n, int64_t cols, bool f32_exact,
+                        osp_tensor *out);
+    /* Bytes of device memory the placed weights take (0 on the CPU). */
+    size_t (*weight_bytes)(const osp_backend *be);
+    /* Memory for KV pages (zeroed), freed with buffer_free. */
+    osp_status (*buffer_alloc)(osp_backend *be, size_t bytes, const char *what, void **out);
+    void (*buffer_free)(osp_backend *be, void *p);
+    /* Copies bytes inside backend memory, ordered before the next run (copy-on-write of KV blocks). */
+    osp_status (*copy)(osp_backend *be, void *dst, const void *src, size_t bytes);
+    osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
+    bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);
+    /* Runs graph `g` for the checked batch `b` over the KV cache `kv`. The logits stay in the
+     * backend (rows [0, num_logits)) for sample / logits_to_host; when `logits` is non-NULL they are
+     * also copied there, and the call waits for them. Otherwise the call may return before the
+     * device has finished. */
+    osp_status (*run)(osp_backend *be, const osp_graph *g, osp_kv_cache *kv, const osp_batch *b, float *logits);
+    /* Samples rows[i] from row logits_rows[i] of the last run's logits (src/sample/sampler.h rules).
+     * tokens [n], status [n], logprobs [n] (NULL: none). Returns once the results are on the host;
+     * OSP_OK unless the call itself failed (row failures are in status). */
+    osp_status (*sample)(osp_backend *be, const osp_sampler_row *rows, const int32_t *logits_rows, int32_t n,
+                         int32_t *tokens, osp_logprobs *logprobs, osp_status *status);
+    /* Copies rows [row0, row0 + n) of the last run's logits to dst [n, n_vocab] (synchronous). */
+    osp_status (*logits_to_host)(osp_backend *be, int32_t row0, int32_t n, float *dst);
+    osp_status (*sync)(osp_backend *be);
+} osp_backend_vtable;
+
+struct osp_backend {
+    const osp_backend_vtable *vt;
+    int64_t n_vocab; /* set by the model after creation: the logits' row width */
+};
+
+/* Creates the backend for `device`. Errors: OSP_ERR_UNSUPPORTED when that backend is not built or
+ * no such device is present (the message says which), OSP_ERR_NOMEM. */
+osp_status osp_backend_create(osp_device device, const osp_backend_params *p, osp_backend **out);
+void osp_backend_free(osp_backend *be); /* NULL is fine */
+/* The number of devices the backend for `device` can use now (1 for the CPU, 0 without CUDA). */
+int osp_backend_device_count(osp_device device);
+
+/* The backends, by name (their files). */
+osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out);
+osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **out);
+int osp_backend_cuda_device_count(void);
+
+#endif

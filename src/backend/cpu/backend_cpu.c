@@ -1,0 +1,504 @@
+/* The CPU backend: runs an op list (src/backend/op.h) as one parallel region of the model's thread
+ * pool. Every thread walks the whole list, takes its slice of each op (token rows, matmul output
+ * rows, attention (token, head) items) and meets the others at a barrier only where the next op reads
+ * rows another thread wrote: an op that reads its input by the same row split the previous op wrote
+ * with (norms, RoPE, GLU, the quantization of a matmul's input) follows it without one.
+ *
+ * Weights stay where the loader found them (the GGUF mapping), in their stored type. Matmuls use
+ * int8-quantized activations against block-quantized weights (qdot.c) unless `exact`, and fp32
+ * otherwise; with emulate_bf16 every value written to a BF16 activation and every weight the GPU keeps
+ * in bf16 is rounded to bf16, which makes this backend a reference for the CUDA backend's precision.
+ * These op implementations are also the CPU reference every other backend is tested against
+ * (tests/ops/). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/qdot.h"
+#include "core/dtype.h"
+#include "core/status_internal.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+
+typedef struct cpu_backend {
+    osp_backend base;
+    osp_threadpool *pool;
+    int nt;
+    bool exact, emulate;
+    void **allocs; /* host buffers this backend made (concatenated vectors, KV pages) */
+    int32_t n_allocs, cap_allocs;
+    /* workspace, grown on demand (never on a steady decode step) */
+    float *act[OSP_GRAPH_MAX_ACTS];
+    size_t act_cap[OSP_GRAPH_MAX_ACTS]; /* floats */
+    float *scratch;                      /* [nt, scratch_cols] */
+    int64_t scratch_cols;
+    float *scores; /* [nt, cap_ctx] */
+    int64_t cap_ctx;
+    osp_q8_block *xq; /* quantized matmul input */
+    size_t cap_xq;    /* blocks */
+    const float *logits; /* the last run's logits [last_logits, n_vocab] (the caller's buffer) */
+    int32_t last_logits;
+} cpu_backend;
+
+#define CPU(be) ((cpu_backend *)(be))
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+static osp_status track(cpu_backend *c, void *p) {
+    if (c->n_allocs == c->cap_allocs) {
+        const int32_t cap = c->cap_allocs ? 2 * c->cap_allocs : 16;
+        void **a = realloc(c->allocs, (size_t)cap * sizeof *a);
+        if (!a) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory");
+        c->allocs = a;
+        c->cap_allocs = cap;
+    }
+    c->allocs[c->n_allocs++] = p;
+    return OSP_OK;
+}
+
+static osp_status cpu_buffer_alloc(osp_backend *be, size_t bytes, const char *what, void **out) {
+    *out = calloc(1, bytes ? bytes : 1);
+    if (!*out) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory for %s (%zu bytes)", what, bytes);
+    return OSP_OK;
+}
+
+static void cpu_buffer_free(osp_backend *be, void *p) { free(p); }
+
+static osp_status cpu_copy(osp_backend *be, void *dst, const void *src, size_t bytes) {
+    memmove(dst, src, bytes);
+    return OSP_OK;
+}
+
+static osp_status cpu_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
+    if (page <= 0 || avail < 0 || total <= 0) return osp_set_error(OSP_ERR_INTERNAL, "cpu backend: no memory figures");
+    *free_bytes = (size_t)avail * (size_t)page;
+    *total_bytes = (size_t)total * (size_t)page;
+    return OSP_OK;
+}
+
+static size_t cpu_weight_bytes(const osp_backend *be) { return 0; }
+
+/* Weights stay in place; stacked vectors (q/k/v biases) are concatenated into one host buffer. */
+static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t n, int64_t cols, bool f32_exact,
+                            osp_tensor *out) {
+    cpu_backend *c = CPU(be);
+    memset(out, 0, sizeof *out);
+    out->cols = cols;
+    for (int32_t i = 0; i < n; i++)
+        if (!src[i].data) return osp_set_error(OSP_ERR_UNSUPPORTED, "cpu backend: random weights are drawn on the GPU only");
+    if (f32_exact && n > 1) {
+        float *buf = malloc((size_t)cols * sizeof *buf);
+        if (!buf) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory");
+        OSP_TRY(track(c, buf));
+        size_t off = 0;
+        for (int32_t i = 0; i < n; i++) {
+            memcpy((char *)buf + off, src[i].data, src[i].row_bytes);
+            off += src[i].row_bytes;
+        }
+        out->rows = 1;
+        out->n_parts = 1;
+        out->parts[0] = (osp_tensor_part){.data = buf, .type = OSP_DTYPE_F32, .rows = 1, .row_bytes = off};
+        return OSP_OK;
+    }
+    out->n_parts = n;
+    for (int32_t i = 0; i < n; i++) {
+        out->parts[i] = (osp_tensor_part){.data = src[i].data, .type = src[i].type, .rows = src[i].rows,
+                                          .row_bytes = src[i].row_bytes};
+        out->rows += src[i].rows;
+    }
+    out->round_bf16 = c->emulate && !f32_exact;
+    return OSP_OK;
+}
+
+static void ws_free(cpu_backend *c) {
+    for (int i = 0; i < OSP_GRAPH_MAX_ACTS; i++) {
+        free(c->act[i]);
+        c->act[i] = NULL;
+        c->act_cap[i] = 0;
+    }
+    free(c->scratch);
+    free(c->scores);
+    free(c->xq);
+    c->scratch = c->scores = NULL;
+    c->xq = NULL;
+    c->scratch_cols = c->cap_ctx = 0;
+    c->cap_xq = 0;
+}
+
+static void cpu_free(osp_backend *be) {
+    cpu_backend *c = CPU(be);
+    ws_free(c);
+    for (int32_t i = 0; i < c->n_allocs; i++) free(c->allocs[i]);
+    free(c->allocs);
+    free(c);
+}
+
+/* ---- ops --------------------------------------------------------------------------------------- */
+
+/* Whether the matmul of w quantizes its input (the fast path has a kernel for one of its parts). */
+static bool mm_quantizes(const cpu_backend *c, const osp_tensor *w) {
+    if (c->exact) return false;
+    for (int32_t i = 0; i < w->n_parts; i++)
+        if (osp_qdot_for(w->parts[i].type)) return true;
+    return false;
+}
+
+/* How an op reads its input and writes its output across threads: by the standard split of `rows`
+ * rows (osp_split), or in another pattern (0). A barrier is needed before an op unless it reads by the
+ * split the previous op wrote with. */
+typedef struct split { int64_t in, out; } split;
+
+static split op_split(const cpu_backend *c, const osp_op *op, int64_t T, int64_t L) {
+    const int64_t R = op->kind == OSP_OP_GATHER_RMSNORM ? L : T;
+    switch (op->kind) {
+    case OSP_OP_EMBED: return (split){0, T};
+    case OSP_OP_ADD_RMSNORM:
+    case OSP_OP_ROPE_KV_WRITE:
+        return (split){T, T};
+    case OSP_OP_GATHER_RMSNORM: return (split){0, R};
+    case OSP_OP_MATMUL: return (split){mm_quantizes(c, op->w) ? -1 : 0, 0}; /* -1: rows of its input */
+    case OSP_OP_ATTENTION: return (split){0, 0};
+    case OSP_OP_GLU:
+    case OSP_OP_ADD:
+        return (split){-1, -1};
+    default: return (split){0, 0};
+    }
+}
+
+typedef struct run_ctx {
+    cpu_backend *c;
+    const osp_graph *g;
+    osp_kv_cache *kv;
+    const osp_batch *b;
+    float **bufs; /* per activation */
+    int64_t T, L;
+} run_ctx;
+
+static int64_t rows_of(const run_ctx *r, int32_t act) {
+    return r->g->acts[act].rows == OSP_ROWS_LOGITS ? r->L : r->T;
+}
+
+static void round_if(const run_ctx *r, int32_t act, float *p, int64_t n) {
+    if (r->c->emulate && r->g->acts[act].type == OSP_DTYPE_BF16) osp_cpu_round_bf16(p, n);
+}
+
+static void op_embed(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const osp_tensor *w = op->w;
+    const int64_t E = w->cols;
+    float *x = r->bufs[op->dst];
+    long long t0, t1;
+    osp_split(r->T, ith, nth, &t0, &t1);
+    const osp_tensor_part *p = &w->parts[0];
+    for (long long t = t0; t < t1; t++) {
+        float *xr = x + t * E;
+        osp_dequant_row(p->type, (const uint8_t *)p->data + (size_t)r->b->token_ids[t] * p->row_bytes, xr, E);
+        if (w->round_bf16) osp_cpu_round_bf16(xr, E);
+        if (op->p.embed.scale != 1.0f)
+            for (int64_t i = 0; i < E; i++) xr[i] *= op->p.embed.scale;
+    }
+}
+
+static void op_add_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t E = r->g->acts[op->src1].cols;
+    float *x = r->bufs[op->src1];
+    long long t0, t1;
+    osp_split(r->T, ith, nth, &t0, &t1);
+    if (op->src0 >= 0) {
+        const float *d = r->bufs[op->src0];
+        for (long long i = t0 * E; i < t1 * E; i++) x[i] += d[i];
+    }
+    if (op->dst < 0) return;
+    float *out = r->bufs[op->dst];
+    osp_cpu_rmsnorm(x + t0 * E, op->w->parts[0].data, out + t0 * E, t1 - t0, E, op->p.norm.eps);
+    round_if(r, op->dst, out + t0 * E, (t1 - t0) * E);
+}
+
+static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t E = r->g->acts[op->src1].cols;
+    const float *x = r->bufs[op->src1];
+    float *out = r->bufs[op->dst];
+    long long l0, l1;
+    osp_split(r->L, ith, nth, &l0, &l1);
+    for (long long i = l0; i < l1; i++)
+        memcpy(out + i * E, x + (int64_t)r->b->logits_indices[i] * E, (size_t)E * sizeof(float));
+    osp_cpu_rmsnorm(out + l0 * E, op->w->parts[0].data, out + l0 * E, l1 - l0, E, op->p.norm.eps);
+    round_if(r, op->dst, out + l0 * E, (l1 - l0) * E);
+}
+
+/* y = x W^T over this thread's slice of W's (stacked) rows: int8 dot products on the quantized input
+ * rows where the fast path has a kernel for the part's type, else fp32 on x. */
+static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    cpu_backend *c = r->c;
+    const osp_tensor *w = op->w;
+    const int64_t R = rows_of(r, op->src0), K = w->cols, N = w->rows;
+    const float *x = r->bufs[op->src0];
+    float *y = r->bufs[op->dst];
+    const bool quant = mm_quantizes(c, w);
+    const int64_t nb = K / OSP_Q8_BLOCK;
+    if (quant) { /* my rows of the input, then everyone's */
+        long long t0, t1;
+        osp_split(R, ith, nth, &t0, &t1);
+        for (long long t = t0; t < t1; t++) osp_quantize_row_q8(x + t * K, c->xq + t * nb, K);
+        osp_threadpool_barrier(c->pool);
+    }
+    long long r0, r1;
+    osp_split(N, ith, nth, &r0, &r1);
+    float *row = c->scratch + (size_t)ith * (size_t)c->scratch_cols;
+    int64_t base = 0; /* first stacked row of part i */
+    for (int32_t i = 0; i < w->n_parts; i++) {
+        const osp_tensor_part *p = &w->parts[i];
+        const int64_t lo = r0 > base ? r0 : base, hi = r1 < base + p->rows ? r1 : base + p->rows;
+        if (lo < hi) {
+            const osp_qdot_fn dot = c->exact ? NULL : osp_qdot_for(p->type);
+            float *yp = y + base; /* column `base` of y: part rows land at their stacked offset */
+            if (!dot) {
+                const osp_weight wt = {.data = p->data, .type = p->type, .cols = K, .rows = p->rows,
+                                       .row_bytes = p->row_bytes, .round_bf16 = w->round_bf16};
+                osp_cpu_matmul_rows(&wt, x, yp, N, R, lo - base, hi - base, row);
+            } else {
+                const uint8_t *wb = p->data;
+                for (int64_t rr = lo - base; rr < hi - base; rr++) {
+                    const void *wr = wb + (size_t)rr * p->row_bytes;
+                    for (int64_t t = 0; t < R; t++) yp[t * N + rr] = dot(wr, c->xq + t * nb, nb);
+                }
+            }
+            if (c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16)
+                for (int64_t t = 0; t < R; t++) osp_cpu_round_bf16(yp + t * N + (lo - base), hi - lo);
+        }
+        base += p->rows;
+    }
+}
+
+static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t D = op->p.rope.head_dim, H = op->p.rope.n_head, HK = op->p.rope.n_head_kv;
+    const int64_t QD = H * D, KD = HK * D, W = QD + 2 * KD;
+    float *qkv = r->bufs[op->src0];
+    float *qout = r->bufs[op->dst];
+    const osp_kv_cache *kv = r->kv;
+    const int l = op->layer;
+    const float *bias = op->w ? op->w->parts[0].data : NULL;
+    const float *qn = op->w1 ? op->w1->parts[0].data : NULL, *kn = op->w2 ? op->w2->parts[0].data : NULL;
+    const float *inv_freq = op->w3->parts[0].data;
+    long long t0, t1;
+    osp_split(r->T, ith, nth, &t0, &t1);
+    for (long long t = t0; t < t1; t++) {
+        float *q = qkv + t * W, *k = q + QD, *v = k + KD;
+        if (bias)
+            for (int64_t j = 0; j < W; j++) q[j] += bias[j];
+        if (qn) osp_cpu_rmsnorm(q, qn, q, H, D, op->p.rope.eps);
+        if (kn) osp_cpu_rmsnorm(k, kn, k, HK, D, op->p.rope.eps);
+        const int32_t *pos = r->b->positions + t;
+        if (op->p.rope.neox) {
+            osp_cpu_rope_neox(q, pos, 1, H, D, op->p.rope.n_rot, inv_freq);
+            osp_cpu_rope_neox(k, pos, 1, HK, D, op->p.rope.n_rot, inv_freq);
+        } else {
+            osp_cpu_rope_interleaved(q, pos, 1, H, D, op->p.rope.n_rot, inv_freq);
+            osp_cpu_rope_interleaved(k, pos, 1, HK, D, op->p.rope.n_rot, inv_freq);
+        }
+        float *qo = qout + t * QD;
+        memcpy(qo, q, (size_t)QD * sizeof(float));
+        round_if(r, op->dst, qo, QD);
+        const int32_t *slot = r->b->slot_mapping + t;
+        if (kv->fmt.elem_type == OSP_DTYPE_F16) {
+            osp_cpu_kv_write_f16(k, v, kv->k[l], kv->v[l], slot, 1, KD);
+        } else {
+            memcpy((float *)kv->k[l] + (size_t)*slot * KD, k, (size_t)KD * sizeof(float));
+            memcpy((float *)kv->v[l] + (size_t)*slot * KD, v, (size_t)KD * sizeof(float));
+        }
+    }
+}
+
+static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const osp_batch *b = r->b;
+    const osp_kv_cache *kv = r->kv;
+    const int64_t H = op->p.attn.n_head, D = op->p.attn.head_dim;
+    float *out = r->bufs[op->dst];
+    long long i0, i1;
+    osp_split(r->T * H, ith, nth, &i0, &i1);
+    osp_cpu_paged_attention(r->bufs[op->src0], kv->k[op->layer], kv->v[op->layer], kv->fmt.elem_type == OSP_DTYPE_F16,
+                            out, b->num_seqs, b->query_start_loc, b->positions, b->block_table, b->max_blocks_per_seq,
+                            kv->block_size, H, op->p.attn.n_head_kv, D, op->p.attn.scale, op->p.attn.window,
+                            r->c->scores + (size_t)ith * (size_t)r->c->cap_ctx, i0, i1);
+    if (r->c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16 && i1 > i0)
+        osp_cpu_round_bf16(out + i0 * D, (i1 - i0) * D);
+}
+
+static void op_glu(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t F = r->g->acts[op->dst].cols, R = rows_of(r, op->dst);
+    const float *gu = r->bufs[op->src0];
+    float *out = r->bufs[op->dst];
+    long long t0, t1;
+    osp_split(R, ith, nth, &t0, &t1);
+    for (long long t = t0; t < t1; t++) {
+        const float *g = gu + t * 2 * F;
+        if (op->p.glu.act == OSP_GLU_GELU_TANH) osp_cpu_gelu_mul(g, g + F, out + t * F, F);
+        else osp_cpu_silu_mul(g, g + F, out + t * F, F);
+    }
+    round_if(r, op->dst, out + t0 * F, (t1 - t0) * F);
+}
+
+static void op_add(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t n = r->g->acts[op->dst].cols, R = rows_of(r, op->dst);
+    float *x = r->bufs[op->dst];
+    const float *d = r->bufs[op->src0];
+    long long t0, t1;
+    osp_split(R, ith, nth, &t0, &t1);
+    for (long long i = t0 * n; i < t1 * n; i++) x[i] += d[i];
+    round_if(r, op->dst, x + t0 * n, (t1 - t0) * n);
+}
+
+static void run_task(void *arg, int ith, int nth) {
+    const run_ctx *r = arg;
+    int64_t prev_out = 0;
+    for (int32_t k = 0; k < r->g->n_ops; k++) {
+        const osp_op *op = &r->g->ops[k];
+        split sp = op_split(r->c, op, r->T, r->L);
+        const int64_t rows = op->src0 >= 0 ? rows_of(r, op->src0) : op->dst >= 0 ? rows_of(r, op->dst) : r->T;
+        if (sp.in < 0) sp.in = rows;
+        if (sp.out < 0) sp.out = rows;
+        if (k > 0 && !(sp.in > 0 && sp.in == prev_out)) osp_threadpool_barrier(r->c->pool);
+        prev_out = sp.out;
+        switch (op->kind) {
+        case OSP_OP_EMBED: op_embed(r, op, ith, nth); break;
+        case OSP_OP_ADD_RMSNORM: op_add_rmsnorm(r, op, ith, nth); break;
+        case OSP_OP_GATHER_RMSNORM: op_gather_rmsnorm(r, op, ith, nth); break;
+        case OSP_OP_MATMUL: op_matmul(r, op, ith, nth); break;
+        case OSP_OP_ROPE_KV_WRITE: op_rope_kv_write(r, op, ith, nth); break;
+        case OSP_OP_ATTENTION: op_attention(r, op, ith, nth); break;
+        case OSP_OP_GLU: op_glu(r, op, ith, nth); break;
+        case OSP_OP_ADD: op_add(r, op, ith, nth); break;
+        default: break;
+        }
+    }
+}
+
+static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t n) {
+    if ((unsigned)op->kind >= OSP_OP_COUNT) {
+        snprintf(why, n, "unknown op kind %d", (int)op->kind);
+        return false;
+    }
+    if (op->kind == OSP_OP_ATTENTION && op->p.attn.head_dim > 1024) {
+        snprintf(why, n, "head_dim %d > 1024", op->p.attn.head_dim);
+        return false;
+    }
+    return true;
+}
+
+/* Grows the workspace for this step's shapes. */
+static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b, float *logits, float **bufs) {
+    const int64_t T = b->num_tokens, L = b->num_logits;
+    int64_t max_ctx = 0, max_cols = 0;
+    size_t need_xq = 0;
+    for (int32_t s = 0; s < b->num_seqs; s++) max_ctx = b->seq_lens[s] > max_ctx ? b->seq_lens[s] : max_ctx;
+    for (int32_t k = 0; k < g->n_ops; k++) {
+        const osp_op *op = &g->ops[k];
+        if (op->kind != OSP_OP_MATMUL) continue;
+        max_cols = op->w->cols > max_cols ? op->w->cols : max_cols;
+        const int64_t R = g->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
+        const size_t nxq = (size_t)R * (size_t)(op->w->cols / OSP_Q8_BLOCK);
+        need_xq = nxq > need_xq ? nxq : need_xq;
+    }
+    for (int32_t a = 0; a < g->n_acts; a++) {
+        if (a == g->logits) {
+            bufs[a] = logits;
+            continue;
+        }
+        const size_t need = (size_t)(g->acts[a].rows == OSP_ROWS_LOGITS ? L : T) * (size_t)g->acts[a].cols;
+        if (need > c->act_cap[a]) {
+            free(c->act[a]);
+            c->act[a] = malloc(need * sizeof(float));
+            if (!c->act[a]) goto nomem;
+            c->act_cap[a] = need;
+        }
+        bufs[a] = c->act[a];
+    }
+    if (need_xq > c->cap_xq) {
+        free(c->xq);
+        c->xq = malloc(need_xq * sizeof *c->xq);
+        if (!c->xq) goto nomem;
+        c->cap_xq = need_xq;
+    }
+    if (max_cols > c->scratch_cols) {
+        free(c->scratch);
+        c->scratch = malloc((size_t)c->nt * (size_t)max_cols * sizeof(float));
+        if (!c->scratch) goto nomem;
+        c->scratch_cols = max_cols;
+    }
+    if (max_ctx > c->cap_ctx) {
+        const int64_t cap = max_ctx < 256 ? 256 : max_ctx * 2;
+        free(c->scores);
+        c->scores = malloc((size_t)c->nt * (size_t)cap * sizeof(float));
+        if (!c->scores) goto nomem;
+        c->cap_ctx = cap;
+    }
+    return OSP_OK;
+nomem:
+    ws_free(c);
+    return osp_set_error(OSP_ERR_NOMEM, "forward: out of memory for a batch of %lld tokens", (long long)T);
+}
+
+static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+    cpu_backend *c = CPU(be);
+    float *bufs[OSP_GRAPH_MAX_ACTS] = {0};
+    c->last_logits = 0;
+    if (b->num_logits > 0 && !logits) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: logits must go to the host");
+    OSP_TRY(reserve(c, g, b, logits, bufs));
+    run_ctx r = {c, g, kv, b, bufs, b->num_tokens, b->num_logits};
+    osp_threadpool_run(c->pool, run_task, &r);
+    c->logits = logits;
+    c->last_logits = g->logits >= 0 ? b->num_logits : 0;
+    return OSP_OK;
+}
+
+static osp_status cpu_sample(osp_backend *be, const osp_sampler_row *rows, const int32_t *logits_rows, int32_t n,
+                             int32_t *tokens, osp_logprobs *logprobs, osp_status *status) {
+    return osp_set_error(OSP_ERR_UNSUPPORTED,
+                         "cpu backend: logits are on the host; the engine samples them there (src/sample/)");
+}
+
+static osp_status cpu_logits_to_host(osp_backend *be, int32_t row0, int32_t n, float *dst) {
+    cpu_backend *c = CPU(be);
+    if (row0 < 0 || n < 0 || row0 + n > c->last_logits)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "logits rows [%d, %d) are outside the last step's %d", row0, row0 + n,
+                             c->last_logits);
+    if (dst != c->logits + (size_t)row0 * (size_t)be->n_vocab)
+        memmove(dst, c->logits + (size_t)row0 * (size_t)be->n_vocab, (size_t)n * (size_t)be->n_vocab * sizeof(float));
+    return OSP_OK;
+}
+
+static osp_status cpu_sync(osp_backend *be) { return OSP_OK; }
+
+static const osp_backend_vtable k_cpu_vt = {
+    .name = "cpu",
+    .device = OSP_DEVICE_CPU,
+    .free = cpu_free,
+    .place = cpu_place,
+    .weight_bytes = cpu_weight_bytes,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .copy = cpu_copy,
+    .mem_info = cpu_mem_info,
+    .supports_op = cpu_supports_op,
+    .run = cpu_run,
+    .sample = cpu_sample,
+    .logits_to_host = cpu_logits_to_host,
+    .sync = cpu_sync,
+};
+
+osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out) {
+    *out = NULL;
+    if (!p || !p->pool) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: no thread pool");
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory");
+    c->base.vt = &k_cpu_vt;
+    c->pool = p->pool;
+    c->nt = osp_threadpool_n_threads(p->pool);
+    c->exact = p->exact || p->emulate_bf16;
+    c->emulate = p->emulate_bf16;
+    *out = &c->base;
+    return OSP_OK;
+}

@@ -1,0 +1,725 @@
+/* The CUDA backend (see backend.h): runs an op list on one stream of GPU 0.
+ *
+ * Weights: every matrix is dequantized on the host (the model's thread pool) and stored as bf16 on
+ * the device, stacked parts packed into one matrix (q|k|v, gate|up: one GEMM each); vectors (norms,
+ * biases, RoPE tables) stay fp32. Activations live in the op list's declared dtype (fp32 or bf16).
+ *
+ * A step: one host-to-device copy of the packed int32 inputs (token ids, positions, slot_mapping,
+ * query_start_loc, logits_indices, then the batch's rows of the block table) from a pinned buffer,
+ * then each op's kernel (ops.cu, attention.cu, gemm.cu) in list order. The logits stay on the device
+ * for the sampler (sample.cu).
+ *
+ * Pure decode batches (one token per sequence, every row's logits) are padded to the next size of a
+ * ladder (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) and replayed from a CUDA graph captured
+ * the first time that size runs (after one eager run, which also makes the GEMM plans). Padding rows
+ * write no KV (slot -1), read block 0, and their outputs are never read. Graphs are keyed to the op
+ * list and the KV cache they were captured with.
+ *
+ * Buffers are sized by capacities (tokens, logits rows, sequences, block-table width) and grown only
+ * when a batch exceeds them, which also drops the captured graphs (they hold the old pointers); in a
+ * running engine that happens in the first steps only, so steady steps allocate nothing. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_sample.h"
+#include "core/dtype.h"
+#include "core/status_internal.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+
+#define GEMM_WORKSPACE_BYTES (32u << 20)
+#define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
+
+static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+#define N_GRAPH_SIZES ((int)(sizeof k_graph_sizes / sizeof k_graph_sizes[0]))
+
+typedef struct cuda_backend {
+    osp_backend base;
+    void *stream;
+    osp_cuda_gemm *gemm;
+    osp_threadpool *pool;
+    void **weights; /* device allocations made by place */
+    int32_t n_weights, cap_weights;
+    size_t weight_bytes;
+    uint16_t *staging; /* pinned, STAGING_VALUES bf16 (while loading) */
+    float *rowbuf;     /* [n_threads, rowbuf_cols] (while loading) */
+    int64_t rowbuf_cols;
+
+    /* activations, shared by the op lists (one runs at a time), sized by the capacities */
+    int64_t cap_t, cap_l, cap_s, cap_w, cap_len;
+    void *act[OSP_GRAPH_MAX_ACTS];
+    size_t act_bytes[OSP_GRAPH_MAX_ACTS];
+    void *attn_ws;
+    size_t attn_ws_bytes;
+    int32_t *d_in, *h_in; /* packed inputs, device and pinned host */
+    const float *logits;  /* the last run's logits [num_logits, n_vocab] on the device */
+    int32_t num_logits;
+
+    void *graphs[N_GRAPH_SIZES];
+    const osp_graph *graphs_g; /* the op list and KV cache the graphs were captured with */
+    uint64_t graphs_kv;
+    bool use_graphs;
+
+    /* sampler */
+    int32_t cap_r, cap_ids, cap_bias;
+    void *s_scratch;
+    osp_cuda_sample_row *d_srows, *h_srows;
+    int32_t *d_ids, *h_ids, *d_bias_ids, *h_bias_ids;
+    float *d_bias_vals, *h_bias_vals;
+    int32_t *d_tokens, *h_tokens;
+    osp_status *d_status, *h_status;
+    osp_logprobs *d_lp, *h_lp;
+} cuda_backend;
+
+#define CU(be) ((cuda_backend *)(be))
+
+/* Offsets of the packed inputs inside d_in / h_in (int32 elements), from the capacities. */
+typedef struct in_layout {
+    size_t ids, pos, slot, qsl, bt, lidx, total;
+} in_layout;
+
+static in_layout layout_of(const cuda_backend *g) {
+    in_layout L;
+    L.ids = 0;
+    L.pos = L.ids + (size_t)g->cap_t;
+    L.slot = L.pos + (size_t)g->cap_t;
+    L.qsl = L.slot + (size_t)g->cap_t;
+    L.lidx = L.qsl + (size_t)g->cap_s + 1;
+    L.bt = L.lidx + (size_t)g->cap_l; /* last: a step copies only its S rows of it */
+    L.total = L.bt + (size_t)g->cap_s * (size_t)g->cap_w;
+    return L;
+}
+
+static void drop_graphs(cuda_backend *g) {
+    for (int i = 0; i < N_GRAPH_SIZES; i++) {
+        osp_cuda_graph_destroy(g->graphs[i]);
+        g->graphs[i] = NULL;
+    }
+}
+
+static void free_acts(cuda_backend *g) {
+    drop_graphs(g);
+    for (int i = 0; i < OSP_GRAPH_MAX_ACTS; i++) {
+        osp_cuda_free(g->act[i]);
+        g->act[i] = NULL;
+        g->act_bytes[i] = 0;
+    }
+    osp_cuda_free(g->attn_ws);
+    osp_cuda_free(g->d_in);
+    osp_cuda_host_free(g->h_in);
+    g->attn_ws = NULL;
+    g->attn_ws_bytes = 0;
+    g->d_in = g->h_in = NULL;
+    g->logits = NULL;
+    g->num_logits = 0;
+    g->cap_t = g->cap_l = g->cap_s = g->cap_w = g->cap_len = 0;
+}
+
+static void free_sampler(cuda_backend *g) {
+    osp_cuda_free(g->s_scratch);
+    osp_cuda_free(g->d_srows);
+    osp_cuda_free(g->d_ids);
+    osp_cuda_free(g->d_bias_ids);
+    osp_cuda_free(g->d_bias_vals);
+    osp_cuda_free(g->d_tokens);
+    osp_cuda_free(g->d_status);
+    osp_cuda_free(g->d_lp);
+    osp_cuda_host_free(g->h_srows);
+    osp_cuda_host_free(g->h_ids);
+    osp_cuda_host_free(g->h_bias_ids);
+    osp_cuda_host_free(g->h_bias_vals);
+    osp_cuda_host_free(g->h_tokens);
+    osp_cuda_host_free(g->h_status);
+    osp_cuda_host_free(g->h_lp);
+    g->s_scratch = NULL;
+    g->d_srows = g->h_srows = NULL;
+    g->d_ids = g->h_ids = g->d_bias_ids = g->h_bias_ids = NULL;
+    g->d_bias_vals = g->h_bias_vals = NULL;
+    g->d_tokens = g->h_tokens = NULL;
+    g->d_status = g->h_status = NULL;
+    g->d_lp = g->h_lp = NULL;
+    g->cap_r = g->cap_ids = g->cap_bias = 0;
+}
+
+static void end_load(cuda_backend *g) {
+    osp_cuda_host_free(g->staging);
+    free(g->rowbuf);
+    g->staging = NULL;
+    g->rowbuf = NULL;
+    g->rowbuf_cols = 0;
+}
+
+static void cuda_free(osp_backend *be) {
+    cuda_backend *g = CU(be);
+    if (g->stream) (void)osp_cuda_stream_sync(g->stream);
+    free_acts(g);
+    free_sampler(g);
+    end_load(g);
+    for (int32_t i = 0; i < g->n_weights; i++) osp_cuda_free(g->weights[i]);
+    free(g->weights);
+    osp_cuda_gemm_destroy(g->gemm);
+    osp_cuda_stream_destroy(g->stream);
+    free(g);
+}
+
+/* ---- memory and weights ------------------------------------------------------------------------ */
+
+static osp_status cuda_buffer_alloc(osp_backend *be, size_t bytes, const char *what, void **out) {
+    cuda_backend *g = CU(be);
+    OSP_TRY(osp_cuda_malloc(out, bytes, what));
+    osp_status s = osp_cuda_memset(*out, 0, bytes, g->stream);
+    if (s == OSP_OK) s = osp_cuda_stream_sync(g->stream);
+    if (s != OSP_OK) {
+        osp_cuda_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+static void cuda_buffer_free(osp_backend *be, void *p) {
+    (void)osp_cuda_stream_sync(CU(be)->stream); /* no kernel of a step may still read it */
+    osp_cuda_free(p);
+}
+
+static osp_status cuda_copy(osp_backend *be, void *dst, const void *src, size_t bytes) {
+    return osp_cuda_d2d(dst, src, bytes, CU(be)->stream); /* ordered before the next step's kernels */
+}
+
+static osp_status cuda_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    return osp_cuda_mem_info(free_bytes, total_bytes);
+}
+
+static size_t cuda_weight_bytes(const osp_backend *be) { return CU(be)->weight_bytes; }
+
+static osp_status device_alloc(cuda_backend *g, size_t bytes, void **out) {
+    if (g->n_weights == g->cap_weights) {
+        const int32_t cap = g->cap_weights ? 2 * g->cap_weights : 64;
+        void **w = realloc(g->weights, (size_t)cap * sizeof *w);
+        if (!w) return osp_set_error(OSP_ERR_NOMEM, "cuda: out of memory");
+        g->weights = w;
+        g->cap_weights = cap;
+    }
+    OSP_TRY(osp_cuda_malloc(out, bytes, "the model's weights"));
+    g->weights[g->n_weights++] = *out;
+    g->weight_bytes += (bytes + 255) & ~(size_t)255;
+    return OSP_OK;
+}
+
+typedef struct dequant_job {
+    const osp_weight_src *src;
+    int64_t r0, n, cols;
+    uint16_t *out;
+    float *rowbuf;
+    int64_t rowbuf_cols;
+    int failed;
+} dequant_job;
+
+/* Rows [r0, r0 + n) of a stored matrix, dequantized and rounded to bf16, on the pool's threads. */
+static void dequant_task(void *arg, int ith, int nth) {
+    dequant_job *j = arg;
+    long long a, b;
+    osp_split(j->n, ith, nth, &a, &b);
+    float *row = j->rowbuf + (size_t)ith * (size_t)j->rowbuf_cols;
+    for (long long r = a; r < b; r++) {
+        const uint8_t *src = (const uint8_t *)j->src->data + (size_t)(j->r0 + r) * j->src->row_bytes;
+        uint16_t *o = j->out + (size_t)r * (size_t)j->cols;
+        if (j->src->type == OSP_DTYPE_BF16) {
+            memcpy(o, src, (size_t)j->cols * 2);
+            continue;
+        }
+        if (osp_dequant_row(j->src->type, src, row, j->cols) != OSP_OK) j->failed = 1; /* benign race: any 1 */
+        for (int64_t c = 0; c < j->cols; c++) o[c] = osp_fp32_to_bf16(row[c]);
+    }
+}
+
+static osp_status upload_matrix(cuda_backend *g, uint16_t *dst, const osp_weight_src *w, int64_t cols) {
+    const int64_t rows_per_chunk = (int64_t)(STAGING_VALUES / (size_t)cols);
+    if (rows_per_chunk < 1)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda: a weight row of %lld values is too long", (long long)cols);
+    if (!g->staging) OSP_TRY(osp_cuda_host_alloc((void **)&g->staging, STAGING_VALUES * 2, "weight upload staging"));
+    const int nt = osp_threadpool_n_threads(g->pool);
+    if (cols > g->rowbuf_cols) {
+        free(g->rowbuf);
+        g->rowbuf = malloc((size_t)nt * (size_t)cols * sizeof(float));
+        if (!g->rowbuf) return osp_set_error(OSP_ERR_NOMEM, "cuda: out of memory");
+        g->rowbuf_cols = cols;
+    }
+    for (int64_t r0 = 0; r0 < w->rows; r0 += rows_per_chunk) {
+        const int64_t n = w->rows - r0 < rows_per_chunk ? w->rows - r0 : rows_per_chunk;
+        dequant_job j = {w, r0, n, cols, g->staging, g->rowbuf, g->rowbuf_cols, 0};
+        osp_threadpool_run(g->pool, dequant_task, &j);
+        if (j.failed) return osp_set_error(OSP_ERR_FORMAT, "cuda: cannot dequantize a %s weight", osp_dtype_name(w->type));
+        OSP_TRY(osp_cuda_h2d(dst + (size_t)r0 * (size_t)cols, g->staging, (size_t)n * (size_t)cols * 2, g->stream));
+        OSP_TRY(osp_cuda_stream_sync(g->stream)); /* the staging buffer is reused */
+    }
+    return OSP_OK;
+}
+
+/* Matrices: bf16 on the device, parts packed one after another (one GEMM). Vectors: fp32. Random
+ * sources are drawn on the device (fill_randn: bit-identical to make-random-model's values). */
+static osp_status cuda_place(osp_backend *be, const osp_weight_src *src, int32_t n, int64_t cols, bool f32_exact,
+                             osp_tensor *out) {
+    cuda_backend *g = CU(be);
+    memset(out, 0, sizeof *out);
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n; i++) rows += src[i].rows;
+    const size_t elem = f32_exact ? 4 : 2;
+    /* vectors: n parts of one row each, concatenated into one row of `cols` values */
+    const size_t bytes = f32_exact ? (size_t)cols * 4 : (size_t)rows * (size_t)cols * elem;
+    void *d;
+    OSP_TRY(device_alloc(g, bytes, &d));
+    size_t off = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const osp_weight_src *s = &src[i];
+        const int64_t vals = f32_exact ? (int64_t)(s->row_bytes / 4) : s->rows * cols;
+        char *dst = (char *)d + off;
+        if (!s->data) {
+            OSP_TRY(f32_exact ? osp_cuda_fill_randn_f32((float *)dst, vals, s->random_key, 0, s->random_scale,
+                                                        s->random_offset, g->stream)
+                              : osp_cuda_fill_randn_bf16((uint16_t *)dst, vals, s->random_key, 0, s->random_scale,
+                                                         s->random_offset, g->stream));
+        } else if (f32_exact) {
+            OSP_TRY(osp_cuda_h2d(dst, s->data, s->row_bytes, g->stream));
+        } else {
+            OSP_TRY(upload_matrix(g, (uint16_t *)dst, s, cols));
+        }
+        off += (size_t)vals * elem;
+    }
+    OSP_TRY(osp_cuda_stream_sync(g->stream));
+    out->cols = cols;
+    out->rows = f32_exact ? 1 : rows;
+    out->n_parts = 1;
+    out->parts[0] = (osp_tensor_part){.data = d, .type = f32_exact ? OSP_DTYPE_F32 : OSP_DTYPE_BF16,
+                                      .rows = out->rows, .row_bytes = (size_t)cols * elem};
+    return OSP_OK;
+}
+
+/* ---- ops ----------------------------------------------------------------------------------------- */
+
+static bool is(const osp_graph *gr, int32_t act, uint32_t type) {
+    return act >= 0 && act < gr->n_acts && gr->acts[act].type == type;
+}
+
+static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op *op, char *why, size_t n) {
+    const uint32_t F32 = OSP_DTYPE_F32, BF16 = OSP_DTYPE_BF16;
+    bool ok = true;
+    const char *need = "";
+    switch (op->kind) {
+    case OSP_OP_EMBED: ok = is(gr, op->dst, F32), need = "fp32 output"; break;
+    case OSP_OP_ADD_RMSNORM:
+        ok = is(gr, op->src1, F32) && (op->src0 < 0 || is(gr, op->src0, BF16)) && is(gr, op->dst, BF16);
+        need = "fp32 x, bf16 delta and output";
+        break;
+    case OSP_OP_GATHER_RMSNORM: ok = is(gr, op->src1, F32) && is(gr, op->dst, BF16), need = "fp32 x, bf16 output"; break;
+    case OSP_OP_MATMUL: ok = is(gr, op->src0, BF16) && op->dst >= 0, need = "bf16 input"; break;
+    case OSP_OP_ROPE_KV_WRITE: ok = is(gr, op->src0, F32) && is(gr, op->dst, BF16), need = "fp32 qkv, bf16 q"; break;
+    case OSP_OP_ATTENTION:
+        ok = is(gr, op->src0, BF16) && is(gr, op->dst, BF16) &&
+             osp_cuda_attention_supported(op->p.attn.n_head, op->p.attn.n_head_kv, op->p.attn.head_dim);
+        need = "bf16 q and output, head_dim 32/64/128/256, n_head a multiple of n_head_kv";
+        break;
+    case OSP_OP_GLU: ok = is(gr, op->src0, BF16) && is(gr, op->dst, BF16), need = "bf16 input and output"; break;
+    case OSP_OP_ADD: ok = is(gr, op->dst, F32) && is(gr, op->src0, BF16), need = "fp32 x += bf16"; break;
+    default: ok = false, need = "a known op kind"; break;
+    }
+    if (!ok) snprintf(why, n, "the CUDA kernels need %s", need);
+    return ok;
+}
+
+static int64_t grow(int64_t cap, int64_t need, int64_t floor_) {
+    if (need <= cap) return cap;
+    int64_t n = cap > floor_ ? cap : floor_;
+    while (n < need) n *= 2;
+    return n;
+}
+
+static size_t act_size(const osp_act *a, int64_t cap_t, int64_t cap_l) {
+    const int64_t rows = a->rows == OSP_ROWS_LOGITS ? cap_l : cap_t;
+    return (size_t)rows * (size_t)a->cols * (a->type == OSP_DTYPE_BF16 ? 2 : 4);
+}
+
+/* Makes the buffers hold T tokens, L logits rows, S sequences, block tables W wide, for op list gr. */
+static osp_status reserve(cuda_backend *g, const osp_graph *gr, int64_t T, int64_t L, int64_t S, int64_t W,
+                          int32_t block_size, const osp_op *attn_op) {
+    bool fits = T <= g->cap_t && L <= g->cap_l && S <= g->cap_s && W <= g->cap_w;
+    for (int32_t a = 0; fits && a < gr->n_acts; a++) fits = act_size(&gr->acts[a], g->cap_t, g->cap_l) <= g->act_bytes[a];
+    if (fits) return OSP_OK;
+    const int64_t ct = grow(g->cap_t, T, 256), cl = grow(g->cap_l, L, 256), cs = grow(g->cap_s, S, 256),
+                  cw = grow(g->cap_w, W, 16);
+    OSP_TRY(osp_cuda_stream_sync(g->stream));
+    size_t keep[OSP_GRAPH_MAX_ACTS];
+    for (int i = 0; i < OSP_GRAPH_MAX_ACTS; i++) keep[i] = g->act_bytes[i];
+    free_acts(g);
+    g->cap_t = ct, g->cap_l = cl, g->cap_s = cs, g->cap_w = cw;
+    g->cap_len = cw * block_size;
+    osp_status s;
+    for (int32_t a = 0; a < OSP_GRAPH_MAX_ACTS; a++) {
+        /* sized for every op list seen so far: the lists share the buffers */
+        size_t need = a < gr->n_acts ? act_size(&gr->acts[a], ct, cl) : 0;
+        if (keep[a] > 0 && g->graphs_g) { /* an earlier list's need, scaled to the new capacities */
+            size_t scaled = keep[a] * (size_t)(ct > cl ? ct : cl);
+            need = need > scaled ? need : scaled;
+        }
+        if (!need) continue;
+        if ((s = osp_cuda_malloc(&g->act[a], need, "activations")) != OSP_OK) goto fail;
+        g->act_bytes[a] = need;
+    }
+    if (attn_op) {
+        g->attn_ws_bytes = osp_cuda_attention_workspace_bytes(ct, attn_op->p.attn.n_head, attn_op->p.attn.head_dim,
+                                                              (int32_t)g->cap_len);
+        if ((s = osp_cuda_malloc(&g->attn_ws, g->attn_ws_bytes, "attention workspace")) != OSP_OK) goto fail;
+    }
+    const in_layout lay = layout_of(g);
+    if ((s = osp_cuda_malloc((void **)&g->d_in, lay.total * 4, "step inputs")) != OSP_OK) goto fail;
+    if ((s = osp_cuda_host_alloc((void **)&g->h_in, lay.total * 4, "step inputs")) != OSP_OK) goto fail;
+    return OSP_OK;
+fail:
+    free_acts(g);
+    return s;
+}
+
+/* Enqueues op list gr for T tokens / S sequences / L logits rows whose inputs are in d_in. */
+static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv, int64_t T, int32_t S, int64_t L) {
+    const in_layout lay = layout_of(g);
+    const int32_t *ids = g->d_in + lay.ids, *pos = g->d_in + lay.pos, *slot = g->d_in + lay.slot;
+    const int32_t *qsl = g->d_in + lay.qsl, *bt = g->d_in + lay.bt, *lidx = g->d_in + lay.lidx;
+    const bool f16 = kv->fmt.elem_type == OSP_DTYPE_F16;
+    void *st = g->stream;
+    for (int32_t k = 0; k < gr->n_ops; k++) {
+        const osp_op *op = &gr->ops[k];
+        void *dst = op->dst >= 0 ? g->act[op->dst] : NULL;
+        void *s0 = op->src0 >= 0 ? g->act[op->src0] : NULL, *s1 = op->src1 >= 0 ? g->act[op->src1] : NULL;
+        const int64_t R = op->src0 >= 0 && gr->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
+        const void *w = op->w ? op->w->parts[0].data : NULL;
+        switch (op->kind) {
+        case OSP_OP_EMBED:
+            OSP_TRY(osp_cuda_embed(w, ids, dst, T, op->w->cols, op->p.embed.scale, st));
+            break;
+        case OSP_OP_ADD_RMSNORM:
+            OSP_TRY(osp_cuda_add_rmsnorm(s1, s0, w, dst, T, gr->acts[op->src1].cols, op->p.norm.eps, st));
+            break;
+        case OSP_OP_GATHER_RMSNORM:
+            OSP_TRY(osp_cuda_gather_rmsnorm(s1, lidx, w, dst, L, gr->acts[op->src1].cols, op->p.norm.eps, st));
+            break;
+        case OSP_OP_MATMUL:
+            OSP_TRY(osp_cuda_gemm_bf16(g->gemm, s0, w, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R, op->w->rows,
+                                       op->w->cols, st));
+            break;
+        case OSP_OP_ROPE_KV_WRITE:
+            OSP_TRY(osp_cuda_rope_kv_write(s0, w, op->w1 ? op->w1->parts[0].data : NULL,
+                                           op->w2 ? op->w2->parts[0].data : NULL, pos, op->w3->parts[0].data, slot, dst,
+                                           kv->k[op->layer], kv->v[op->layer], f16, T, op->p.rope.n_head,
+                                           op->p.rope.n_head_kv, op->p.rope.head_dim, op->p.rope.n_rot, op->p.rope.neox,
+                                           op->p.rope.eps, st));
+            break;
+        case OSP_OP_ATTENTION:
+            OSP_TRY(osp_cuda_paged_attention(s0, kv->k[op->layer], kv->v[op->layer], f16, dst, S, qsl, pos, bt,
+                                             (int32_t)g->cap_w, kv->block_size, T, op->p.attn.n_head,
+                                             op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
+                                             op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));
+            break;
+        case OSP_OP_GLU:
+            OSP_TRY(op->p.glu.act == OSP_GLU_GELU_TANH
+                        ? osp_cuda_gelu_mul(s0, dst, R, gr->acts[op->dst].cols, st)
+                        : osp_cuda_silu_mul(s0, dst, R, gr->acts[op->dst].cols, st));
+            break;
+        case OSP_OP_ADD:
+            OSP_TRY(osp_cuda_add_rmsnorm(dst, s0, NULL, NULL, T, gr->acts[op->dst].cols, 0.0f, st));
+            break;
+        default: return osp_set_error(OSP_ERR_INTERNAL, "cuda: op kind %d", (int)op->kind);
+        }
+    }
+    return OSP_OK;
+}
+
+/* The graph-ladder size for a pure decode batch of n sequences, or -1. */
+static int graph_slot(int32_t n) {
+    for (int i = 0; i < N_GRAPH_SIZES; i++)
+        if (k_graph_sizes[i] >= n) return i;
+    return -1;
+}
+
+static bool is_pure_decode(const osp_batch *b) {
+    if (b->num_tokens != b->num_seqs || b->num_logits != b->num_tokens) return false;
+    for (int32_t i = 0; i < b->num_logits; i++)
+        if (b->logits_indices[i] != i) return false;
+    return true;
+}
+
+static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+    cuda_backend *g = CU(be);
+    g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
+    g->logits = NULL;
+    const int gi = g->use_graphs && is_pure_decode(b) ? graph_slot(b->num_seqs) : -1;
+    /* padded sizes: a decode batch runs at its ladder size (eager or graph alike, so the same kernels
+     * and GEMM plans see the same shapes either way) */
+    const int32_t S = gi >= 0 ? k_graph_sizes[gi] : b->num_seqs;
+    const int64_t T = gi >= 0 ? S : b->num_tokens, L = gi >= 0 ? S : b->num_logits;
+    /* the block table travels only as wide as the longest sequence needs (capacity doubling), not
+     * max_model_len / block_size columns per row */
+    int64_t need_w = 1;
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        const int64_t w = (b->seq_lens[s] + kv->block_size - 1) / kv->block_size;
+        need_w = w > need_w ? w : need_w;
+    }
+    if (g->graphs_kv != kv->id) { /* another cache: the graphs point at the old one's pages, and the
+                                    * block size sizes the buffers: start over */
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+        free_acts(g);
+        g->graphs_kv = kv->id;
+        g->graphs_g = NULL;
+    }
+    const osp_op *attn_op = NULL;
+    for (int32_t k = 0; k < gr->n_ops && !attn_op; k++)
+        if (gr->ops[k].kind == OSP_OP_ATTENTION) attn_op = &gr->ops[k];
+    OSP_TRY(reserve(g, gr, T, L, S, need_w, kv->block_size, attn_op));
+    if (gi >= 0 && g->graphs_g != gr) { /* graphs of another op list */
+        drop_graphs(g);
+        g->graphs_g = gr;
+    }
+    const int64_t copy_w = g->cap_w < b->max_blocks_per_seq ? g->cap_w : b->max_blocks_per_seq;
+    const in_layout lay = layout_of(g);
+    int32_t *h = g->h_in;
+    OSP_TRY(osp_cuda_stream_sync(g->stream)); /* h_in may still be in flight from the last step */
+    const int32_t n = b->num_tokens;
+    memcpy(h + lay.ids, b->token_ids, (size_t)n * 4);
+    memcpy(h + lay.pos, b->positions, (size_t)n * 4);
+    memcpy(h + lay.slot, b->slot_mapping, (size_t)n * 4);
+    memcpy(h + lay.qsl, b->query_start_loc, (size_t)(b->num_seqs + 1) * 4);
+    for (int32_t s = 0; s < b->num_seqs; s++)
+        memcpy(h + lay.bt + (size_t)s * (size_t)g->cap_w, b->block_table + (size_t)s * (size_t)b->max_blocks_per_seq,
+               (size_t)copy_w * 4);
+    if (b->num_logits > 0) memcpy(h + lay.lidx, b->logits_indices, (size_t)b->num_logits * 4);
+    for (int32_t i = n; i < T; i++) { /* padding rows: token 0 at position 0 of block 0, no KV write */
+        h[lay.ids + i] = 0;
+        h[lay.pos + i] = 0;
+        h[lay.slot + i] = -1;
+        h[lay.qsl + i + 1] = i + 1;
+        memset(h + lay.bt + (size_t)i * (size_t)g->cap_w, 0, (size_t)g->cap_w * 4);
+        h[lay.lidx + i] = i;
+    }
+    /* one copy: everything before the block table, and the table's first S rows */
+    OSP_TRY(osp_cuda_h2d(g->d_in, h, (lay.bt + (size_t)S * (size_t)g->cap_w) * 4, g->stream));
+    if (gi >= 0 && g->graphs[gi]) {
+        OSP_TRY(osp_cuda_graph_launch(g->graphs[gi], g->stream));
+    } else {
+        OSP_TRY(enqueue(g, gr, kv, T, S, L));
+        if (gi >= 0) { /* capture this size now that its GEMM plans exist */
+            OSP_TRY(osp_cuda_graph_begin(g->stream));
+            osp_status s = enqueue(g, gr, kv, T, S, L);
+            void *ge = NULL;
+            osp_status s2 = osp_cuda_graph_end(g->stream, &ge);
+            if (s != OSP_OK) {
+                osp_cuda_graph_destroy(ge);
+                return s;
+            }
+            OSP_TRY(s2);
+            g->graphs[gi] = ge;
+        }
+    }
+    if (gr->logits >= 0) {
+        g->logits = g->act[gr->logits];
+        g->num_logits = b->num_logits;
+    }
+    if (logits && b->num_logits > 0) {
+        OSP_TRY(osp_cuda_d2h(logits, g->logits, (size_t)b->num_logits * (size_t)be->n_vocab * 4, g->stream));
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+    }
+    return OSP_OK;
+}
+
+static osp_status cuda_logits_to_host(osp_backend *be, int32_t row0, int32_t n, float *dst) {
+    cuda_backend *g = CU(be);
+    if (row0 < 0 || n < 0 || row0 + n > g->num_logits)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "logits rows [%d, %d) are outside the last step's %d", row0, row0 + n,
+                             g->num_logits);
+    const size_t V = (size_t)be->n_vocab;
+    OSP_TRY(osp_cuda_d2h(dst, g->logits + (size_t)row0 * V, (size_t)n * V * 4, g->stream));
+    return osp_cuda_stream_sync(g->stream);
+}
+
+static osp_status cuda_sync(osp_backend *be) { return osp_cuda_stream_sync(CU(be)->stream); }
+
+/* ---- sampling ---------------------------------------------------------------------------------- */
+
+static osp_status sampler_reserve(cuda_backend *g, int32_t rows, int32_t ids, int32_t bias) {
+    osp_status s = OSP_OK;
+    if (rows > g->cap_r) {
+        const int32_t cap = (int32_t)grow(g->cap_r, rows, 64);
+        osp_cuda_free(g->s_scratch), osp_cuda_free(g->d_srows), osp_cuda_free(g->d_tokens);
+        osp_cuda_free(g->d_status), osp_cuda_free(g->d_lp);
+        osp_cuda_host_free(g->h_srows), osp_cuda_host_free(g->h_tokens), osp_cuda_host_free(g->h_status);
+        osp_cuda_host_free(g->h_lp);
+        g->s_scratch = NULL, g->d_srows = g->h_srows = NULL, g->d_tokens = g->h_tokens = NULL;
+        g->d_status = g->h_status = NULL, g->d_lp = g->h_lp = NULL;
+        g->cap_r = 0;
+        const size_t scratch = osp_cuda_sample_scratch_bytes(cap, (int32_t)g->base.n_vocab);
+        if ((s = osp_cuda_malloc(&g->s_scratch, scratch, "sampler scratch")) != OSP_OK ||
+            (s = osp_cuda_memset(g->s_scratch, 0, scratch, g->stream)) != OSP_OK ||
+            (s = osp_cuda_malloc((void **)&g->d_srows, sizeof *g->d_srows * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_malloc((void **)&g->d_tokens, 4 * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_malloc((void **)&g->d_status, sizeof(osp_status) * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_malloc((void **)&g->d_lp, sizeof(osp_logprobs) * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_srows, sizeof *g->h_srows * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_tokens, 4 * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_status, sizeof(osp_status) * (size_t)cap, "sampler rows")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_lp, sizeof(osp_logprobs) * (size_t)cap, "sampler rows")) != OSP_OK) {
+            free_sampler(g);
+            return s;
+        }
+        g->cap_r = cap;
+    }
+    if (ids > g->cap_ids) {
+        const int32_t cap = (int32_t)grow(g->cap_ids, ids, 4096);
+        osp_cuda_free(g->d_ids), osp_cuda_host_free(g->h_ids);
+        g->d_ids = g->h_ids = NULL, g->cap_ids = 0;
+        if ((s = osp_cuda_malloc((void **)&g->d_ids, 4 * (size_t)cap, "sampler ids")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_ids, 4 * (size_t)cap, "sampler ids")) != OSP_OK)
+            return s;
+        g->cap_ids = cap;
+    }
+    if (bias > g->cap_bias) {
+        const int32_t cap = (int32_t)grow(g->cap_bias, bias, 256);
+        osp_cuda_free(g->d_bias_ids), osp_cuda_free(g->d_bias_vals);
+        osp_cuda_host_free(g->h_bias_ids), osp_cuda_host_free(g->h_bias_vals);
+        g->d_bias_ids = g->h_bias_ids = NULL, g->d_bias_vals = g->h_bias_vals = NULL, g->cap_bias = 0;
+        if ((s = osp_cuda_malloc((void **)&g->d_bias_ids, 4 * (size_t)cap, "logit bias")) != OSP_OK ||
+            (s = osp_cuda_malloc((void **)&g->d_bias_vals, 4 * (size_t)cap, "logit bias")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_bias_ids, 4 * (size_t)cap, "logit bias")) != OSP_OK ||
+            (s = osp_cuda_host_alloc((void **)&g->h_bias_vals, 4 * (size_t)cap, "logit bias")) != OSP_OK)
+            return s;
+        g->cap_bias = cap;
+    }
+    return OSP_OK;
+}
+
+static bool has_penalties(const osp_sampler_row *r) {
+    return r->presence_penalty != 0.0f || r->frequency_penalty != 0.0f || r->repetition_penalty != 1.0f;
+}
+
+static osp_status cuda_sample(osp_backend *be, const osp_sampler_row *rows, const int32_t *logits_rows, int32_t n,
+                              int32_t *tokens, osp_logprobs *logprobs, osp_status *status) {
+    cuda_backend *g = CU(be);
+    if (n <= 0) return OSP_OK;
+    /* sizes of the packed lists: stop ids while min_tokens is pending, id histories for penalties */
+    int64_t nids = 0, nbias = 0;
+    bool want_lp = false;
+    for (int32_t i = 0; i < n; i++) {
+        const osp_sampler_row *r = &rows[i];
+        if (logits_rows[i] < 0 || logits_rows[i] >= g->num_logits)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "sample: logits row %d is outside the last step's %d", logits_rows[i],
+                                 g->num_logits);
+        const bool min_pending = r->n_output < r->min_tokens;
+        if (min_pending) nids += r->n_stop_token_ids;
+        if (has_penalties(r)) nids += r->n_prompt;
+        if (has_penalties(r) || min_pending) nids += r->n_output;
+        nbias += r->n_logit_bias;
+        want_lp |= r->num_logprobs >= 0;
+    }
+    if (nids > INT32_MAX / 2 || nbias > INT32_MAX / 2) return osp_set_error(OSP_ERR_INVALID_ARG, "sample: id lists too long");
+    OSP_TRY(sampler_reserve(g, n, (int32_t)nids, (int32_t)nbias));
+    OSP_TRY(osp_cuda_stream_sync(g->stream)); /* the pinned buffers may still be read by the last step */
+    int32_t io = 0, bo = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const osp_sampler_row *r = &rows[i];
+        osp_cuda_sample_row *d = &g->h_srows[i];
+        memset(d, 0, sizeof *d);
+        d->temperature = r->temperature, d->top_p = r->top_p, d->min_p = r->min_p;
+        d->presence_penalty = r->presence_penalty, d->frequency_penalty = r->frequency_penalty;
+        d->repetition_penalty = r->repetition_penalty;
+        /* The id lists travel only when used: the output ids for penalties or a pending min_tokens
+         * (the kernel compares n_output with min_tokens and checks every listed id), the prompt ids
+         * for penalties, the stop ids while min_tokens is pending (min_tokens is 0 once it is met). */
+        const bool pen = has_penalties(r), min_pending = r->n_output < r->min_tokens;
+        d->top_k = r->top_k, d->min_tokens = min_pending ? r->min_tokens : 0, d->num_logprobs = r->num_logprobs;
+        d->sample_index = r->sample_index, d->seed = r->seed, d->output_pos = r->output_pos;
+        d->logits_row = logits_rows[i];
+        d->bias_off = bo, d->n_bias = r->n_logit_bias;
+        for (int32_t k = 0; k < r->n_logit_bias; k++, bo++) {
+            g->h_bias_ids[bo] = r->logit_bias[k].token_id;
+            g->h_bias_vals[bo] = r->logit_bias[k].bias;
+        }
+        d->stop_off = io;
+        if (min_pending) {
+            d->n_stop = r->n_stop_token_ids;
+            memcpy(g->h_ids + io, r->stop_token_ids, (size_t)r->n_stop_token_ids * 4);
+            io += r->n_stop_token_ids;
+        }
+        d->prompt_off = io;
+        if (pen) {
+            d->n_prompt = r->n_prompt;
+            memcpy(g->h_ids + io, r->prompt_ids, (size_t)r->n_prompt * 4);
+            io += r->n_prompt;
+        }
+        d->output_off = io;
+        if (pen || min_pending) {
+            d->n_output = r->n_output;
+            memcpy(g->h_ids + io, r->output_ids, (size_t)r->n_output * 4);
+            io += r->n_output;
+        }
+    }
+    void *st = g->stream;
+    OSP_TRY(osp_cuda_h2d(g->d_srows, g->h_srows, sizeof *g->h_srows * (size_t)n, st));
+    if (io) OSP_TRY(osp_cuda_h2d(g->d_ids, g->h_ids, 4 * (size_t)io, st));
+    if (bo) {
+        OSP_TRY(osp_cuda_h2d(g->d_bias_ids, g->h_bias_ids, 4 * (size_t)bo, st));
+        OSP_TRY(osp_cuda_h2d(g->d_bias_vals, g->h_bias_vals, 4 * (size_t)bo, st));
+    }
+    OSP_TRY(osp_cuda_sample(g->logits, (int32_t)be->n_vocab, g->d_srows, n, g->d_ids, g->d_bias_ids, g->d_bias_vals,
+                            g->s_scratch, g->d_tokens, g->d_status, want_lp ? g->d_lp : NULL, st));
+    OSP_TRY(osp_cuda_d2h(g->h_tokens, g->d_tokens, 4 * (size_t)n, st));
+    OSP_TRY(osp_cuda_d2h(g->h_status, g->d_status, sizeof(osp_status) * (size_t)n, st));
+    if (want_lp && logprobs) OSP_TRY(osp_cuda_d2h(g->h_lp, g->d_lp, sizeof(osp_logprobs) * (size_t)n, st));
+    OSP_TRY(osp_cuda_stream_sync(st));
+    memcpy(tokens, g->h_tokens, 4 * (size_t)n);
+    memcpy(status, g->h_status, sizeof(osp_status) * (size_t)n);
+    if (want_lp && logprobs)
+        for (int32_t i = 0; i < n; i++)
+            if (rows[i].num_logprobs >= 0 && status[i] == OSP_OK) logprobs[i] = g->h_lp[i];
+    return OSP_OK;
+}
+
+/* ---- creation ---------------------------------------------------------------------------------- */
+
+static const osp_backend_vtable k_cuda_vt = {
+    .name = "cuda",
+    .device = OSP_DEVICE_CUDA,
+    .free = cuda_free,
+    .place = cuda_place,
+    .weight_bytes = cuda_weight_bytes,
+    .buffer_alloc = cuda_buffer_alloc,
+    .buffer_free = cuda_buffer_free,
+    .copy = cuda_copy,
+    .mem_info = cuda_mem_info,
+    .supports_op = cuda_supports_op,
+    .run = cuda_run,
+    .sample = cuda_sample,
+    .logits_to_host = cuda_logits_to_host,
+    .sync = cuda_sync,
+};
+
+int osp_backend_cuda_device_count(void) { return osp_cuda_device_count(); }
+
+osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **out) {
+    *out = NULL;
+    if (osp_cuda_device_count() <= 0) return osp_set_error(OSP_ERR_UNSUPPORTED, "--device cuda: no CUDA device is present");
+    if (!p || !p->pool) return osp_set_error(OSP_ERR_INVALID_ARG, "cuda backend: no thread pool");
+    cuda_backend *g = calloc(1, sizeof *g);
+    if (!g) return osp_set_error(OSP_ERR_NOMEM, "cuda: out of memory");
+    g->base.vt = &k_cuda_vt;
+    g->pool = p->pool;
+    const char *ge = getenv("OSPREY_CUDA_GRAPHS");
+    g->use_graphs = !(ge && ge[0] == '0');
+    osp_status s = osp_cuda_stream_create(&g->stream);
+    if (s == OSP_OK) s = osp_cuda_gemm_create(GEMM_WORKSPACE_BYTES, &g->gemm);
+    if (s != OSP_OK) {
+        cuda_free(&g->base);
+        return s;
+    }
+    *out = &g->base;
+    return OSP_OK;
+}

@@ -1,0 +1,12 @@
+/* The CUDA backend when osprey is built without it (OSPREY_CUDA off: no nvcc): no devices, and
+ * creating it says why. The one "not built" stub: CMakeLists.txt compiles it instead of
+ * src/backend/cuda/ (backend_cuda.c and the kernels) in such builds, so no caller needs an #ifdef. */
+#include "backend/backend.h"
+#include "core/status_internal.h"
+
+int osp_backend_cuda_device_count(void) { return 0; }
+
+osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **out) {
+    *out = NULL;
+    return osp_set_error(OSP_ERR_UNSUPPORTED, "--device cuda: this osprey was built without CUDA (nvcc not found)");
+}

@@ -1,0 +1,49 @@
+/* Op-list construction (see op.h). */
+#include "backend/op.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status_internal.h"
+
+osp_status osp_graph_init(osp_graph *g) {
+    memset(g, 0, sizeof *g);
+    g->logits = -1;
+    return OSP_OK;
+}
+
+void osp_graph_free(osp_graph *g) {
+    if (!g) return;
+    free(g->ops);
+    memset(g, 0, sizeof *g);
+    g->logits = -1;
+}
+
+osp_status osp_graph_act(osp_graph *g, const char *name, uint32_t type, int64_t cols, osp_act_rows rows, int32_t *id) {
+    if (g->n_acts == OSP_GRAPH_MAX_ACTS)
+        return osp_set_error(OSP_ERR_INTERNAL, "op list: more than %d activations", OSP_GRAPH_MAX_ACTS);
+    g->acts[g->n_acts] = (osp_act){.name = name, .type = type, .cols = cols, .rows = rows};
+    *id = g->n_acts++;
+    return OSP_OK;
+}
+
+osp_status osp_graph_push(osp_graph *g, const osp_op *op) {
+    if (g->n_ops == g->cap_ops) {
+        const int32_t cap = g->cap_ops ? 2 * g->cap_ops : 64;
+        osp_op *ops = realloc(g->ops, (size_t)cap * sizeof *ops);
+        if (!ops) return osp_set_error(OSP_ERR_NOMEM, "op list: out of memory");
+        g->ops = ops;
+        g->cap_ops = cap;
+    }
+    g->ops[g->n_ops++] = *op;
+    return OSP_OK;
+}
+
+const char *osp_op_name(osp_op_kind k) {
+    static const char *const names[OSP_OP_COUNT] = {
+        [OSP_OP_EMBED] = "embed",           [OSP_OP_ADD_RMSNORM] = "add_rmsnorm", [OSP_OP_GATHER_RMSNORM] = "gather_rmsnorm",
+        [OSP_OP_MATMUL] = "matmul",         [OSP_OP_ROPE_KV_WRITE] = "rope_kv_write", [OSP_OP_ATTENTION] = "attention",
+        [OSP_OP_GLU] = "glu",               [OSP_OP_ADD] = "add",
+    };
+    return (unsigned)k < OSP_OP_COUNT ? names[k] : "?";
+}

@@ -1,0 +1,50 @@
+/* Architectures: each family is one file (arch_llama.c: llama, mistral, smollm, qwen2, qwen3;
+ * arch_gemma3.c) that reads its hyper-parameters, binds its tensors through the loader, and builds
+ * the op list (src/backend/op.h) of a step. Nothing here knows which backend runs the list.
+ *
+ * Adding a family: a new arch_<name>.c with an osp_arch, listed in model.c's table, and, only if it
+ * needs new math, a new op kind in op.h (with its CPU reference and the other backends' kernels). */
+#ifndef OSP_MODEL_ARCH_H
+#define OSP_MODEL_ARCH_H
+
+#include "backend/op.h"
+#include "model/loader.h"
+#include "osprey/gguf.h"
+#include "osprey/model.h"
+
+typedef struct osp_model_preset osp_model_preset;
+
+typedef struct osp_arch {
+    const char *name;                 /* "llama", "gemma3" */
+    const char *const *gguf_archs;    /* general.architecture values it loads, NULL-terminated */
+    /* Fills c (c->arch already set) from the file's metadata and tensor list. OSP_ERR_FORMAT /
+     * OSP_ERR_UNSUPPORTED with a message naming file and key. */
+    osp_status (*read_config)(const osp_gguf *g, osp_model_config *c);
+    /* The config of a preset (random weights, no file). NULL: presets unsupported. */
+    osp_status (*preset_config)(const osp_model_preset *p, osp_model_config *c);
+    /* Binds the weights through `ld` into an arch-owned struct *weights (freed with free_weights). */
+    osp_status (*bind)(osp_loader *ld, const osp_model_config *c, void **weights);
+    void (*free_weights)(void *weights);
+    /* Builds the op list of a step into g (initialized, empty): with the logits tail when
+     * with_logits (num_logits > 0), else without. */
+    osp_status (*build)(const osp_model_config *c, const void *weights, bool with_logits, osp_graph *g);
+} osp_arch;
+
+extern const osp_arch osp_arch_llama;
+extern const osp_arch osp_arch_gemma3;
+
+/* The family that loads general.architecture `name`, or NULL. */
+const osp_arch *osp_arch_find(const char *name);
+
+/* Shared hparam helpers for builders: `<arch>.<name>` as u32 (required or default) / f32. */
+osp_status osp_arch_get_u32(const osp_gguf *g, const char *arch, const char *name, int32_t *out, bool required,
+                            int32_t dflt);
+osp_status osp_arch_get_f32(const osp_gguf *g, const char *arch, const char *name, float *out, float dflt);
+/* Every blk.N tensor has N < n_layer (a smaller block_count would silently run a truncated model). */
+osp_status osp_arch_check_blocks(const osp_gguf *g, const osp_model_config *c);
+/* RoPE inverse frequencies inv_freq[i] = theta^(-2i / n_rot) * freq_scale / factor[i] (factors may be
+ * NULL), computed in double and rounded once. out: [n_rot / 2]. */
+osp_status osp_arch_rope_inv_freq(const char *path, float theta, int32_t n_rot, float freq_scale, const float *factors,
+                                  float *out);
+
+#endif

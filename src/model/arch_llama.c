@@ -1,0 +1,273 @@
+/* The llama-shaped decoder family: GGUF architectures `llama` (Llama 1/2/3.x, Mistral, SmolLM),
+ * `qwen2` and `qwen3`: hyper-parameters, tensor binding and the op list of a step.
+ *
+ * Per layer (Touvron et al. 2023, "LLaMA", §2.2; HF LlamaDecoderLayer):
+ *   h   = x + Wo · attn(rope(Wq · rms(x)), rope(Wk · rms(x)), Wv · rms(x))
+ *   out = h + Wdown · (silu(Wgate · rms(h)) * (Wup · rms(h)))
+ * then a final RMSNorm and the lm_head (token_embd when the output matrix is tied).
+ * The variants differ only around RoPE, all per token (batch-invariant):
+ *   qwen2: biases added to Wq·x, Wk·x, Wv·x (HF Qwen2Attention, bias=True);
+ *   qwen3: each head of q and k RMS-normalized (weights [head_dim]) before RoPE (HF Qwen3Attention);
+ *   RoPE pairs: interleaved for llama (GGUF Q/K rows are permuted for it by the converter), NeoX
+ *   (i, i + n_rot/2) for qwen2/qwen3 (unpermuted rows); Llama 3.x scaling as per-frequency divisors
+ *   (rope_freqs.weight, HF's "llama3" rope_type), linear scaling as a factor on every angle.
+ *
+ * The op list, per layer:
+ *   xn = rmsnorm(x += down_{l-1})            ADD_RMSNORM (bf16 out: the GEMM input)
+ *   qkv = xn · [Wq; Wk; Wv]^T                MATMUL (one stacked matrix, fp32 out)
+ *   q, K/V pages = rope(qkv + b, q/k norm)   ROPE_KV_WRITE
+ *   attn = attention(q, pages)               ATTENTION
+ *   o = attn · Wo^T                          MATMUL
+ *   xn = rmsnorm(x += o)                     ADD_RMSNORM
+ *   gu = xn · [Wgate; Wup]^T                 MATMUL
+ *   act = silu(gate) * up                    GLU
+ *   down = act · Wdown^T                     MATMUL
+ * then x += down; logits = gather_rmsnorm(x, logits_indices) · Wout^T. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/status_internal.h"
+#include "model/arch.h"
+#include "model/presets.h"
+
+typedef struct llama_layer {
+    const osp_tensor *attn_norm, *ffn_norm; /* [E] */
+    const osp_tensor *wqkv;                 /* [E] -> [QD + 2 KD]: q, k, v stacked */
+    const osp_tensor *bqkv;                 /* [QD + 2 KD] or NULL */
+    const osp_tensor *q_norm, *k_norm;      /* [D] or NULL */
+    const osp_tensor *wo;                   /* [QD] -> [E] */
+    const osp_tensor *wgu;                  /* [E] -> [2F]: gate, up stacked */
+    const osp_tensor *wdown;                /* [F] -> [E] */
+} llama_layer;
+
+typedef struct llama_weights {
+    const osp_tensor *tok_embd, *output, *out_norm, *inv_freq;
+    llama_layer *layers;
+} llama_weights;
+
+/* <arch>.rope.scaling.type and .factor (older files: <arch>.rope.scale_linear), read as llama.cpp does:
+ * a factor without a type is linear. yarn and longrope change more than the angles (attention
+ * temperature, per-dimension ramps) and are refused rather than run wrong. */
+static osp_status read_rope_scaling(const osp_gguf *g, osp_model_config *c) {
+    char key[128];
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", c->arch);
+    osp_status s = osp_gguf_get_f32(g, key, &factor);
+    if (s == OSP_ERR_NOT_FOUND) {
+        snprintf(key, sizeof key, "%s.rope.scale_linear", c->arch);
+        s = osp_gguf_get_f32(g, key, &factor);
+    }
+    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
+    if (s == OSP_ERR_NOT_FOUND) factor = 0.0f;
+    osp_gguf_str type = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
+    s = osp_gguf_get_str(g, key, &type);
+    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
+    const bool none = s == OSP_OK && type.len == 4 && memcmp(type.data, "none", 4) == 0;
+    const bool linear = s == OSP_ERR_NOT_FOUND || (type.len == 6 && memcmp(type.data, "linear", 6) == 0);
+    if (!none && !linear)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported (none, linear, llama3 factors)",
+                             osp_gguf_path(g), key, (int)type.len, type.data);
+    if (factor < 0.0f || factor != factor)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope scaling factor %g is invalid", osp_gguf_path(g), factor);
+    c->rope_freq_scale = (linear && factor > 0.0f) ? 1.0f / factor : 1.0f;
+    return OSP_OK;
+}
+
+static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
+    const char *a = c->arch;
+    c->rope_type = strcmp(a, "llama") == 0 ? OSP_ROPE_NORM : OSP_ROPE_NEOX;
+    OSP_TRY(osp_arch_get_u32(g, a, "embedding_length", &c->n_embd, true, 0));
+    OSP_TRY(osp_arch_get_u32(g, a, "block_count", &c->n_layer, true, 0));
+    OSP_TRY(osp_arch_get_u32(g, a, "attention.head_count", &c->n_head, true, 0));
+    OSP_TRY(osp_arch_get_u32(g, a, "attention.head_count_kv", &c->n_head_kv, false, c->n_head));
+    OSP_TRY(osp_arch_get_u32(g, a, "feed_forward_length", &c->n_ff, true, 0));
+    OSP_TRY(osp_arch_get_u32(g, a, "context_length", &c->n_ctx_train, false, 2048));
+    if (c->n_embd % c->n_head != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: %s.embedding_length %d is not a multiple of head_count %d",
+                             osp_gguf_path(g), a, c->n_embd, c->n_head);
+    OSP_TRY(osp_arch_get_u32(g, a, "attention.key_length", &c->head_dim, false, c->n_embd / c->n_head));
+    OSP_TRY(osp_arch_get_u32(g, a, "rope.dimension_count", &c->n_rot, false, c->head_dim));
+    OSP_TRY(osp_arch_get_f32(g, a, "rope.freq_base", &c->rope_theta, 10000.0f));
+    OSP_TRY(osp_arch_get_f32(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps, 1e-5f));
+    if (c->n_head % c->n_head_kv != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
+                             osp_gguf_path(g), c->n_head, c->n_head_kv);
+    if (c->n_rot > c->head_dim || c->n_rot % 2 != 0)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head_dim %d",
+                             osp_gguf_path(g), c->n_rot, c->head_dim);
+    if (!(c->rope_theta > 0.0f) || !(c->rms_eps > 0.0f) || !isfinite(c->rope_theta) || !isfinite(c->rms_eps))
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.freq_base and layer_norm_rms_epsilon must be finite and > 0",
+                             osp_gguf_path(g));
+    OSP_TRY(osp_arch_check_blocks(g, c));
+    c->tied_output = osp_gguf_find_tensor(g, "output.weight") == NULL;
+    c->qkv_bias = osp_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    c->qk_norm = osp_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL || strcmp(a, "qwen3") == 0;
+    c->rope_freq_factors = osp_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
+    return read_rope_scaling(g, c);
+}
+
+static osp_status preset_config(const osp_model_preset *p, osp_model_config *c) {
+    c->n_vocab = p->n_vocab, c->n_embd = p->n_embd, c->n_layer = p->n_layer;
+    c->n_head = p->n_head, c->n_head_kv = p->n_head_kv;
+    c->head_dim = p->head_dim ? p->head_dim : p->n_embd / p->n_head;
+    c->n_ff = p->n_ff, c->n_rot = c->head_dim, c->n_ctx_train = p->n_ctx;
+    c->rope_theta = p->rope_theta, c->rms_eps = p->rms_eps, c->tied_output = p->tied;
+    c->rope_type = strcmp(p->arch, "llama") == 0 ? OSP_ROPE_NORM : OSP_ROPE_NEOX;
+    c->rope_freq_scale = 1.0f;
+    c->rope_freq_factors = p->rope.factor > 0.0f;
+    c->qkv_bias = p->qkv_bias, c->qk_norm = p->qk_norm;
+    return OSP_OK;
+}
+
+static void free_weights(void *wp) {
+    llama_weights *w = wp;
+    if (!w) return;
+    free(w->layers);
+    free(w);
+}
+
+static osp_status bind(osp_loader *ld, const osp_model_config *c, void **out) {
+    *out = NULL;
+    llama_weights *w = calloc(1, sizeof *w);
+    if (!w) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+    w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
+    float *inv_freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *inv_freq);
+    float *ff_buf = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *ff_buf);
+    osp_status s = OSP_OK;
+    if (!w->layers || !inv_freq || !ff_buf) {
+        s = osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+        goto done;
+    }
+    const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim,
+                  F = c->n_ff, D = c->head_dim, V = c->n_vocab;
+#define TRY(call)                                                                                  \
+    if ((s = (call)) != OSP_OK) goto done
+    const char *emb = "token_embd.weight", *outw = "output.weight";
+    TRY(osp_loader_matrix(ld, &emb, &V, 1, E, false, &w->tok_embd));
+    if (c->tied_output) w->output = w->tok_embd;
+    else TRY(osp_loader_matrix(ld, &outw, &V, 1, E, false, &w->output));
+    TRY(osp_loader_vector(ld, "output_norm.weight", E, true, false, &w->out_norm));
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        llama_layer *L = &w->layers[l];
+        char n0[96], n1[96], n2[96];
+        const char *names[3] = {n0, n1, n2};
+        snprintf(n0, sizeof n0, "blk.%d.attn_norm.weight", l);
+        TRY(osp_loader_vector(ld, n0, E, true, false, &L->attn_norm));
+        snprintf(n0, sizeof n0, "blk.%d.ffn_norm.weight", l);
+        TRY(osp_loader_vector(ld, n0, E, true, false, &L->ffn_norm));
+        const int64_t qkv_rows[3] = {QD, KD, KD};
+        snprintf(n0, sizeof n0, "blk.%d.attn_q.weight", l);
+        snprintf(n1, sizeof n1, "blk.%d.attn_k.weight", l);
+        snprintf(n2, sizeof n2, "blk.%d.attn_v.weight", l);
+        TRY(osp_loader_matrix(ld, names, qkv_rows, 3, E, false, &L->wqkv));
+        if (c->qkv_bias) {
+            snprintf(n0, sizeof n0, "blk.%d.attn_q.bias", l);
+            snprintf(n1, sizeof n1, "blk.%d.attn_k.bias", l);
+            snprintf(n2, sizeof n2, "blk.%d.attn_v.bias", l);
+            TRY(osp_loader_vectors(ld, names, qkv_rows, 3, &L->bqkv));
+        }
+        if (c->qk_norm) {
+            snprintf(n0, sizeof n0, "blk.%d.attn_q_norm.weight", l);
+            TRY(osp_loader_vector(ld, n0, D, true, false, &L->q_norm));
+            snprintf(n0, sizeof n0, "blk.%d.attn_k_norm.weight", l);
+            TRY(osp_loader_vector(ld, n0, D, true, false, &L->k_norm));
+        }
+        snprintf(n0, sizeof n0, "blk.%d.attn_output.weight", l);
+        TRY(osp_loader_matrix(ld, names, &E, 1, QD, false, &L->wo));
+        const int64_t gu_rows[2] = {F, F};
+        snprintf(n0, sizeof n0, "blk.%d.ffn_gate.weight", l);
+        snprintf(n1, sizeof n1, "blk.%d.ffn_up.weight", l);
+        TRY(osp_loader_matrix(ld, names, gu_rows, 2, E, false, &L->wgu));
+        snprintf(n0, sizeof n0, "blk.%d.ffn_down.weight", l);
+        TRY(osp_loader_matrix(ld, names, &E, 1, F, false, &L->wdown));
+    }
+    const float *ff = NULL;
+    if (c->rope_freq_factors && ld->gguf) {
+        ff = osp_loader_host_f32(ld, "rope_freqs.weight", c->n_rot / 2);
+        if (!ff) {
+            s = osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'rope_freqs.weight' must be F32 [%d]", ld->path, c->n_rot / 2);
+            goto done;
+        }
+    } else if (c->rope_freq_factors && ld->preset) {
+        osp_rope_llama3_factors(&ld->preset->rope, c->rope_theta, c->n_rot, ff_buf);
+        ff = ff_buf;
+    }
+    TRY(osp_arch_rope_inv_freq(ld->path, c->rope_theta, c->n_rot, c->rope_freq_scale, ff, inv_freq));
+    TRY(osp_loader_constant(ld, inv_freq, c->n_rot / 2, &w->inv_freq));
+#undef TRY
+done:
+    free(inv_freq);
+    free(ff_buf);
+    if (s != OSP_OK) {
+        free_weights(w);
+        return s;
+    }
+    *out = w;
+    return OSP_OK;
+}
+
+#define ACT(name, type, cols, rows, id) OSP_TRY(osp_graph_act(g, name, type, cols, rows, id))
+/* PUSH(kind, dst, src0, src1, other fields...): activation ids, -1 for none */
+#define PUSH(k, d, s0, s1, ...)                                                                    \
+    do {                                                                                           \
+        osp_op op_ = {.kind = (k), .dst = (d), .src0 = (s0), .src1 = (s1), __VA_ARGS__};           \
+        OSP_TRY(osp_graph_push(g, &op_));                                                          \
+    } while (0)
+
+static osp_status build(const osp_model_config *c, const void *wp, bool with_logits, osp_graph *g) {
+    const llama_weights *w = wp;
+    const int64_t E = c->n_embd, D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D,
+                  F = c->n_ff, V = c->n_vocab;
+    int32_t x, xn, qkv, q, attn, o, gu, act, lnorm, logits;
+    ACT("x", OSP_DTYPE_F32, E, OSP_ROWS_TOKENS, &x);
+    ACT("xn", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &xn);
+    ACT("qkv", OSP_DTYPE_F32, QD + 2 * KD, OSP_ROWS_TOKENS, &qkv);
+    ACT("q", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &q);
+    ACT("attn", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &attn);
+    ACT("o", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &o);
+    ACT("gu", OSP_DTYPE_BF16, 2 * F, OSP_ROWS_TOKENS, &gu);
+    ACT("act", OSP_DTYPE_BF16, F, OSP_ROWS_TOKENS, &act);
+    const float scale = 1.0f / sqrtf((float)D);
+    PUSH(OSP_OP_EMBED, x, -1, -1, .w = w->tok_embd, .p.embed.scale = 1.0f);
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const llama_layer *L = &w->layers[l];
+        PUSH(OSP_OP_ADD_RMSNORM, xn, l == 0 ? -1 : o, x, .w = L->attn_norm, .p.norm.eps = c->rms_eps);
+        PUSH(OSP_OP_MATMUL, qkv, xn, -1, .w = L->wqkv);
+        PUSH(OSP_OP_ROPE_KV_WRITE, q, qkv, -1, .layer = l, .w = L->bqkv, .w1 = L->q_norm, .w2 = L->k_norm,
+             .w3 = w->inv_freq,
+             .p.rope = {c->n_head, c->n_head_kv, c->head_dim, c->n_rot, c->rope_type == OSP_ROPE_NEOX, c->rms_eps});
+        PUSH(OSP_OP_ATTENTION, attn, q, -1, .layer = l, .p.attn = {c->n_head, c->n_head_kv, c->head_dim, 0, scale});
+        PUSH(OSP_OP_MATMUL, o, attn, -1, .w = L->wo);
+        PUSH(OSP_OP_ADD_RMSNORM, xn, o, x, .w = L->ffn_norm, .p.norm.eps = c->rms_eps);
+        PUSH(OSP_OP_MATMUL, gu, xn, -1, .w = L->wgu);
+        PUSH(OSP_OP_GLU, act, gu, -1, .p.glu.act = OSP_GLU_SILU);
+        PUSH(OSP_OP_MATMUL, o, act, -1, .w = L->wdown);
+    }
+    if (!with_logits) {
+        PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
+        return OSP_OK;
+    }
+    ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
+    ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);
+    PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
+    PUSH(OSP_OP_GATHER_RMSNORM, lnorm, -1, x, .w = w->out_norm, .p.norm.eps = c->rms_eps);
+    PUSH(OSP_OP_MATMUL, logits, lnorm, -1, .w = w->output);
+    g->logits = logits;
+    return OSP_OK;
+}
+
+static const char *const k_gguf_archs[] = {"llama", "qwen2", "qwen3", NULL};
+
+const osp_arch osp_arch_llama = {
+    .name = "llama",
+    .gguf_archs = k_gguf_archs,
+    .read_config = read_config,
+    .preset_config = preset_config,
+    .bind = bind,
+    .free_weights = free_weights,
+    .build = build,
+};

@@ -1,0 +1,168 @@
+/* GGUF tensors or seeded random values -> backend tensors (see loader.h). */
+#include "model/loader.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "core/status_internal.h"
+#include "model/presets.h"
+
+/* A fresh tensor slot owned by the loader (its own struct; host copies it needs are kept there too). */
+static osp_status new_tensor(osp_loader *ld, osp_tensor **out) {
+    if (ld->n_tensors == ld->cap_tensors) {
+        const int32_t cap = ld->cap_tensors ? 2 * ld->cap_tensors : 64;
+        osp_tensor **t = realloc(ld->tensors, (size_t)cap * sizeof *t);
+        if (!t) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+        ld->tensors = t;
+        ld->cap_tensors = cap;
+    }
+    osp_tensor *t = calloc(1, sizeof *t);
+    if (!t) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+    ld->tensors[ld->n_tensors++] = t;
+    *out = t;
+    return OSP_OK;
+}
+
+/* Counts n sources' stored bytes as placed and reports the fraction (kept below 1 until the model
+ * says it is done: tied or unused tensors are never placed). */
+static void placed(osp_loader *ld, const osp_weight_src *src, int32_t n) {
+    if (!ld->progress || !ld->total_bytes) return;
+    for (int32_t i = 0; i < n; i++) ld->done_bytes += (size_t)src[i].rows * src[i].row_bytes;
+    double f = (double)ld->done_bytes / (double)ld->total_bytes;
+    ld->progress(ld->progress_ctx, (float)(f < 0.999 ? f : 0.999));
+}
+
+/* The source of tensor `name` [cols, rows] (rows == 1 accepts a 1-d tensor); *found false when
+ * absent. */
+static osp_status source(osp_loader *ld, const char *name, int64_t cols, int64_t rows, bool norm, osp_weight_src *src,
+                         bool *found) {
+    memset(src, 0, sizeof *src);
+    *found = true;
+    src->rows = rows;
+    if (!ld->gguf) { /* random: the stream of the tensor's name, as make-random-model draws it */
+        src->random_key = osp_rw_name_key(ld->seed, name);
+        src->random_scale = (float)((norm ? OSP_RW_NORM_NOISE_STD : OSP_RW_WEIGHT_STD) / OSP_RW_IRWIN_HALL_STD);
+        src->random_offset = norm ? 1.0f : 0.0f;
+        src->type = OSP_DTYPE_BF16;
+        return OSP_OK;
+    }
+    const osp_gguf *g = ld->gguf;
+    const osp_gguf_tensor *t = osp_gguf_find_tensor(g, name);
+    if (!t) {
+        *found = false;
+        return OSP_OK;
+    }
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+        return osp_set_error(OSP_ERR_FORMAT,
+                             "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                             osp_gguf_path(g), name, (long long)t->ne[0], (long long)t->ne[1],
+                             (long long)t->ne[2], (long long)t->ne[3], (long long)cols, (long long)rows);
+    if (!osp_dtype_can_dequant(t->type))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, which osprey cannot compute with yet",
+                             osp_gguf_path(g), name, osp_dtype_name(t->type));
+    src->data = t->data;
+    src->type = t->type;
+    src->row_bytes = osp_dtype_row_size(t->type, cols);
+    return OSP_OK;
+}
+
+osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int64_t *rows, int32_t n, int64_t cols,
+                             bool optional, const osp_tensor **out) {
+    *out = NULL;
+    if (n < 1 || n > OSP_TENSOR_MAX_PARTS) return osp_set_error(OSP_ERR_INTERNAL, "loader: %d parts", n);
+    osp_weight_src src[OSP_TENSOR_MAX_PARTS];
+    for (int32_t i = 0; i < n; i++) {
+        bool found;
+        OSP_TRY(source(ld, names[i], cols, rows[i], false, &src[i], &found));
+        if (!found && optional && i == 0) return OSP_OK;
+        if (!found) return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is missing", ld->path, names[i]);
+    }
+    osp_tensor *t;
+    OSP_TRY(new_tensor(ld, &t));
+    OSP_TRY(ld->be->vt->place(ld->be, src, n, cols, false, t));
+    placed(ld, src, n);
+    *out = t;
+    return OSP_OK;
+}
+
+static osp_status vectors(osp_loader *ld, const char *const *names, const int64_t *lens, int32_t n, bool norm,
+                          bool optional, const osp_tensor **out) {
+    *out = NULL;
+    int64_t total = 0;
+    osp_weight_src src[OSP_TENSOR_MAX_PARTS];
+    for (int32_t i = 0; i < n; i++) {
+        bool found;
+        OSP_TRY(source(ld, names[i], lens[i], 1, norm, &src[i], &found));
+        if (!found && optional && i == 0) return OSP_OK;
+        if (!found) return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is missing", ld->path, names[i]);
+        if (ld->gguf && src[i].type != OSP_DTYPE_F32)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor '%s' is %s, expected F32", ld->path, names[i],
+                                 osp_dtype_name(src[i].type));
+        if (ld->gguf && ((uintptr_t)src[i].data & 3u) != 0)
+            return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is not 4-byte aligned", ld->path, names[i]);
+        if (!ld->gguf) src[i].type = OSP_DTYPE_F32;
+        /* a vector of lens[i] values is one row of that many columns: stacked as one row of the sum */
+        total += lens[i];
+    }
+    osp_tensor *t;
+    OSP_TRY(new_tensor(ld, &t));
+    /* a concatenation of vectors is one row: the backend places each part's values one after another */
+    for (int32_t i = 0; i < n; i++) src[i].row_bytes = (size_t)lens[i] * sizeof(float);
+    OSP_TRY(ld->be->vt->place(ld->be, src, n, total, true, t));
+    placed(ld, src, n);
+    *out = t;
+    return OSP_OK;
+}
+
+osp_status osp_loader_vector(osp_loader *ld, const char *name, int64_t n, bool norm, bool optional,
+                             const osp_tensor **out) {
+    return vectors(ld, &name, &n, 1, norm, optional, out);
+}
+
+osp_status osp_loader_vectors(osp_loader *ld, const char *const *names, const int64_t *lens, int32_t n,
+                              const osp_tensor **out) {
+    return vectors(ld, names, lens, n, false, false, out);
+}
+
+osp_status osp_loader_constant(osp_loader *ld, const float *values, int64_t n, const osp_tensor **out) {
+    *out = NULL;
+    /* the host copy lives as long as the loader (the CPU backend points at it) */
+    if (ld->n_host == ld->cap_host) {
+        const int32_t cap = ld->cap_host ? 2 * ld->cap_host : 8;
+        void **h = realloc(ld->host, (size_t)cap * sizeof *h);
+        if (!h) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+        ld->host = h;
+        ld->cap_host = cap;
+    }
+    float *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy);
+    if (!copy) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+    memcpy(copy, values, (size_t)n * sizeof *copy);
+    ld->host[ld->n_host++] = copy;
+    osp_tensor *t;
+    OSP_TRY(new_tensor(ld, &t));
+    osp_weight_src src = {.data = copy, .type = OSP_DTYPE_F32, .rows = 1, .row_bytes = (size_t)n * sizeof(float)};
+    OSP_TRY(ld->be->vt->place(ld->be, &src, 1, n, true, t));
+    *out = t;
+    return OSP_OK;
+}
+
+const float *osp_loader_host_f32(osp_loader *ld, const char *name, int64_t n) {
+    if (!ld->gguf) return NULL;
+    const osp_gguf_tensor *t = osp_gguf_find_tensor(ld->gguf, name);
+    if (!t || t->type != OSP_DTYPE_F32 || t->ne[0] != n || t->ne[1] != 1 || ((uintptr_t)t->data & 3u)) return NULL;
+    return t->data;
+}
+
+void osp_loader_free(osp_loader *ld) {
+    if (!ld) return;
+    for (int32_t i = 0; i < ld->n_tensors; i++) free(ld->tensors[i]);
+    for (int32_t i = 0; i < ld->n_host; i++) free(ld->host[i]);
+    free(ld->tensors);
+    free(ld->host);
+    ld->tensors = NULL;
+    ld->host = NULL;
+    ld->n_tensors = ld->cap_tensors = ld->n_host = ld->cap_host = 0;
+}

@@ -1,0 +1,268 @@
+/* The model: a GGUF file (or a preset's random weights), its architecture (src/model/arch_*.c), the
+ * weights placed on a backend, and the op lists the architecture built for them. A forward pass is
+ * check the batch -> pick the op list -> the backend runs it; nothing here knows which device runs.
+ *
+ *   model file --(arch.read_config, arch.bind via loader.c)--> placed weights
+ *              --(arch.build)--> op lists (with / without the logits tail)
+ *   osp_model_forward(batch) --> backend.run(op list, KV cache, batch) */
+#include "osprey/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "core/status_internal.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+#include "model/arch.h"
+#include "model/model_exec.h"
+#include "model/presets.h"
+
+struct osp_model {
+    osp_gguf *gguf; /* NULL for random weights */
+    osp_model_config cfg;
+    const osp_arch *arch;
+    void *weights; /* the arch's bound tensors */
+    osp_loader loader;
+    osp_backend *be;
+    osp_threadpool *pool;
+    int n_threads;
+    osp_graph graph[2]; /* [0]: no logits rows, [1]: with the logits tail */
+};
+
+osp_model_params osp_model_default_params(void) {
+    osp_model_params p = {.n_threads = 0};
+    return p;
+}
+
+const char *osp_device_name(osp_device d) { return d == OSP_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+osp_status osp_device_parse(const char *name, osp_device *out) {
+    if (name && !strcmp(name, "cpu")) *out = OSP_DEVICE_CPU;
+    else if (name && !strcmp(name, "cuda")) *out = OSP_DEVICE_CUDA;
+    else if (name && !strcmp(name, "auto"))
+        *out = osp_backend_device_count(OSP_DEVICE_CUDA) > 0 ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU;
+    else return osp_set_error(OSP_ERR_INVALID_ARG, "device '%s' is not one of cpu, cuda, auto", name ? name : "(null)");
+    return OSP_OK;
+}
+
+int osp_device_count(osp_device d) { return osp_backend_device_count(d); }
+
+void osp_model_free(osp_model *m) {
+    if (!m) return;
+    if (m->be) (void)m->be->vt->sync(m->be);
+    osp_graph_free(&m->graph[0]);
+    osp_graph_free(&m->graph[1]);
+    if (m->arch && m->weights) m->arch->free_weights(m->weights);
+    osp_loader_free(&m->loader);
+    osp_backend_free(m->be);
+    osp_threadpool_free(m->pool);
+    osp_gguf_close(m->gguf);
+    free(m);
+}
+
+/* Threads, backend, binding and op lists, once cfg (and gguf or the preset) are set. */
+static osp_status finish_load(osp_model *m, const osp_model_params *params, const osp_model_preset *preset,
+                              uint64_t seed, const char *path) {
+    m->n_threads = params && params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (m->n_threads < 1) m->n_threads = 1;
+    OSP_TRY(osp_threadpool_create(m->n_threads, &m->pool));
+    const osp_device dev = params ? params->device : OSP_DEVICE_CPU;
+    osp_backend_params bp = {
+        .pool = m->pool,
+        .exact = params && (params->exact || (params->emulate_bf16 && dev == OSP_DEVICE_CPU)),
+        .emulate_bf16 = params && params->emulate_bf16 && dev == OSP_DEVICE_CPU,
+    };
+    OSP_TRY(osp_backend_create(dev, &bp, &m->be));
+    m->be->n_vocab = m->cfg.n_vocab;
+    char why[256] = "";
+    m->loader = (osp_loader){.gguf = m->gguf, .seed = seed, .preset = preset, .be = m->be, .path = path};
+    /* only a device backend copies (and reports progress): on the CPU the weights stay mapped */
+    if (params && params->progress && dev != OSP_DEVICE_CPU) {
+        m->loader.progress = params->progress;
+        m->loader.progress_ctx = params->progress_ctx;
+        for (uint64_t i = 0; m->gguf && i < osp_gguf_n_tensors(m->gguf); i++)
+            m->loader.total_bytes += osp_gguf_tensor_at(m->gguf, i)->nbytes;
+    }
+    OSP_TRY(m->arch->bind(&m->loader, &m->cfg, &m->weights));
+    if (m->loader.progress) m->loader.progress(m->loader.progress_ctx, 1.0f);
+    for (int i = 0; i < 2; i++) {
+        OSP_TRY(osp_graph_init(&m->graph[i]));
+        OSP_TRY(m->arch->build(&m->cfg, m->weights, i == 1, &m->graph[i]));
+        for (int32_t k = 0; k < m->graph[i].n_ops; k++) {
+            const osp_op *op = &m->graph[i].ops[k];
+            if (!m->be->vt->supports_op(m->be, &m->graph[i], op, why, sizeof why))
+                return osp_set_error(OSP_ERR_UNSUPPORTED, "%s backend: op %s (layer %d): %s", m->be->vt->name,
+                                     osp_op_name(op->kind), op->layer, why);
+        }
+    }
+    return OSP_OK;
+}
+
+osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out) {
+    if (!path || !out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_load: NULL argument");
+    *out = NULL;
+    osp_model *m = calloc(1, sizeof *m);
+    if (!m) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", path);
+    osp_status s = osp_gguf_open(path, &m->gguf);
+    if (s != OSP_OK) goto fail;
+    const osp_gguf *g = m->gguf;
+    osp_model_config *c = &m->cfg;
+    osp_gguf_str arch;
+    if ((s = osp_gguf_get_str(g, "general.architecture", &arch)) != OSP_OK) goto fail;
+    if (arch.len >= sizeof c->arch) arch.len = sizeof c->arch - 1;
+    memcpy(c->arch, arch.data, arch.len);
+    c->arch[arch.len] = '\0';
+    m->arch = osp_arch_find(c->arch);
+    if (!m->arch) {
+        s = osp_set_error(OSP_ERR_UNSUPPORTED,
+                          "%s: general.architecture '%s' is not supported (supported: llama, qwen2, qwen3, gemma3)",
+                          path, c->arch);
+        goto fail;
+    }
+    const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) {
+        s = osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
+        goto fail;
+    }
+    if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX) {
+        s = osp_set_error(OSP_ERR_FORMAT, "%s: token_embd.weight has a bad vocabulary size", path);
+        goto fail;
+    }
+    c->n_vocab = (int32_t)emb->ne[1];
+    if ((s = m->arch->read_config(g, c)) != OSP_OK) goto fail;
+    if ((s = finish_load(m, params, NULL, 0, path)) != OSP_OK) goto fail;
+    *out = m;
+    return OSP_OK;
+fail:
+    osp_model_free(m);
+    return s;
+}
+
+osp_status osp_model_load_random(const char *preset, uint64_t seed, const osp_model_params *params, osp_model **out) {
+    if (!out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_load_random: NULL argument");
+    *out = NULL;
+    const osp_model_preset *p = osp_model_preset_find(preset);
+    if (!p)
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "--random-weights: unknown preset '%s' (see osprey make-random-model --list-presets)",
+                             preset ? preset : "(null)");
+    if (!params || params->device != OSP_DEVICE_CUDA)
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "--random-weights fills the weights on the GPU (--device cuda); on the CPU "
+                             "write a GGUF with osprey make-random-model --preset %s",
+                             preset);
+    osp_model *m = calloc(1, sizeof *m);
+    if (!m) return osp_set_error(OSP_ERR_NOMEM, "out of memory");
+    osp_model_config *c = &m->cfg;
+    snprintf(c->arch, sizeof c->arch, "%s", p->arch);
+    osp_status s = OSP_OK;
+    m->arch = osp_arch_find(c->arch);
+    if (!m->arch || !m->arch->preset_config)
+        s = osp_set_error(OSP_ERR_UNSUPPORTED, "--random-weights: preset '%s' has no architecture builder", preset);
+    if (s == OSP_OK) s = m->arch->preset_config(p, c);
+    if (s == OSP_OK) s = finish_load(m, params, p, seed, preset);
+    if (s != OSP_OK) {
+        osp_model_free(m);
+        return s;
+    }
+    *out = m;
+    return OSP_OK;
+}
+
+const osp_model_config *osp_model_config_get(const osp_model *m) { return &m->cfg; }
+osp_device osp_model_device(const osp_model *m) { return m->be->vt->device; }
+size_t osp_model_device_weight_bytes(const osp_model *m) { return m->be->vt->weight_bytes(m->be); }
+const osp_gguf *osp_model_gguf(const osp_model *m) { return m->gguf; }
+int osp_model_n_threads(const osp_model *m) { return m->n_threads; }
+void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
+    osp_threadpool_run(m->pool, fn, ctx);
+}
+
+osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                               osp_kv_cache **out) {
+    return osp_kv_cache_create_on(m->be, m, &m->cfg, num_blocks, block_size, dtype, out);
+}
+
+/* ---- forward ----------------------------------------------------------------------------------- */
+
+static osp_status check_batch(const osp_model *m, const osp_kv_cache *kv, const osp_batch *b) {
+    const int64_t n_slots = (int64_t)kv->num_blocks * kv->block_size;
+    if (b->num_tokens <= 0 || b->num_seqs <= 0 || b->num_logits < 0 || b->max_blocks_per_seq <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "batch: empty or negative sizes");
+    if (b->query_start_loc[0] != 0 || b->query_start_loc[b->num_seqs] != b->num_tokens)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "batch: query_start_loc must run from 0 to num_tokens");
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        const int32_t lo = b->query_start_loc[s], hi = b->query_start_loc[s + 1];
+        if (hi <= lo) return osp_set_error(OSP_ERR_INVALID_ARG, "batch: sequence %d has no tokens", s);
+        const int32_t len = b->seq_lens[s];
+        if (len < hi - lo || (int64_t)len > (int64_t)b->max_blocks_per_seq * kv->block_size)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: seq_lens[%d] = %d is out of range", s, len);
+        for (int32_t i = 0; i < (len + kv->block_size - 1) / kv->block_size; i++) {
+            const int32_t blk = b->block_table[(size_t)s * b->max_blocks_per_seq + i];
+            if (blk < 0 || blk >= kv->num_blocks)
+                return osp_set_error(OSP_ERR_INVALID_ARG, "batch: block_table[%d][%d] = %d is not a block", s, i, blk);
+        }
+        for (int32_t t = lo; t < hi; t++) {
+            if (b->positions[t] < 0 || b->positions[t] >= len)
+                return osp_set_error(OSP_ERR_INVALID_ARG, "batch: position %d of token %d is outside seq_lens %d",
+                                     b->positions[t], t, len);
+            const int32_t p = b->positions[t];
+            const int64_t slot = (int64_t)b->block_table[(size_t)s * b->max_blocks_per_seq + p / kv->block_size] *
+                                     kv->block_size + p % kv->block_size;
+            if (b->slot_mapping[t] != slot)
+                return osp_set_error(OSP_ERR_INVALID_ARG,
+                                     "batch: slot_mapping[%d] = %d does not match block_table (%lld)", t,
+                                     b->slot_mapping[t], (long long)slot);
+        }
+    }
+    for (int32_t t = 0; t < b->num_tokens; t++) {
+        if (b->token_ids[t] < 0 || b->token_ids[t] >= m->cfg.n_vocab)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: token id %d is outside the vocabulary (%d)",
+                                 b->token_ids[t], m->cfg.n_vocab);
+        if (b->slot_mapping[t] < 0 || b->slot_mapping[t] >= n_slots)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: slot_mapping[%d] = %d is outside the cache", t,
+                                 b->slot_mapping[t]);
+    }
+    for (int32_t i = 0; i < b->num_logits; i++)
+        if (b->logits_indices[i] < 0 || b->logits_indices[i] >= b->num_tokens)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "batch: logits_indices[%d] = %d is out of range", i,
+                                 b->logits_indices[i]);
+    return OSP_OK;
+}
+
+osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+    const bool host = m->be->vt->device == OSP_DEVICE_CPU;
+    if (!kv || !b || (b->num_logits > 0 && !logits && host)) /* on a device NULL keeps them there */
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
+    if (kv->owner != m && (kv->n_layer != m->cfg.n_layer || kv->fmt.kv_row != (int64_t)m->cfg.n_head_kv * m->cfg.head_dim))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model");
+    if (kv->be->vt->device != m->be->vt->device) /* the CPU path would dereference device pages */
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache is on the %s, the model on the %s",
+                             kv->be->vt->name, m->be->vt->name);
+    if (kv->owner != m && kv->be != m->be)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model's device memory");
+    OSP_TRY(check_batch(m, kv, b));
+    return m->be->vt->run(m->be, &m->graph[b->num_logits > 0], kv, b, logits);
+}
+
+/* ---- device-side results (model_exec.h) -------------------------------------------------------- */
+
+osp_status osp_model_sample(osp_model *m, const osp_sampler_row *rows, const int32_t *logits_rows, int32_t n,
+                            int32_t *tokens, osp_logprobs *logprobs, osp_status *status) {
+    return m->be->vt->sample(m->be, rows, logits_rows, n, tokens, logprobs, status);
+}
+
+osp_status osp_model_logits_to_host(osp_model *m, int32_t row0, int32_t n, float *dst) {
+    return m->be->vt->logits_to_host(m->be, row0, n, dst);
+}
+
+bool osp_model_samples_on_device(const osp_model *m) { return m->be->vt->device != OSP_DEVICE_CPU; }
+
+osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes) {
+    return m->be->vt->mem_info(m->be, free_bytes, total_bytes);
+}
+
+const osp_graph *osp_model_graph(const osp_model *m, bool with_logits) { return &m->graph[with_logits]; }

@@ -1,0 +1,30 @@
+/* What the engine (src/engine/) needs of a model beyond include/osprey/model.h: the device-side
+ * results of the last forward (sampling there, logits copied back on demand) and the device's free
+ * memory for sizing the KV cache. Every call goes to the model's backend (src/backend/backend.h); the
+ * engine never learns which device that is. Internal to src/. */
+#ifndef OSP_MODEL_MODEL_EXEC_H
+#define OSP_MODEL_MODEL_EXEC_H
+
+#include <stdbool.h>
+
+#include "backend/op.h"
+#include "osprey/model.h"
+#include "sample/sampler.h"
+
+/* true when the logits of a forward stay on the model's device (pass logits = NULL to forward, then
+ * sample with osp_model_sample); false on the CPU (logits go to the caller's buffer). */
+bool osp_model_samples_on_device(const osp_model *m);
+/* Samples rows[i] from row logits_rows[i] of the last forward's device logits, with the CPU
+ * sampler's rules (src/sample/sampler.h). tokens [n], status [n], logprobs [n] (NULL: none). Returns
+ * once the results are on the host; OSP_OK unless the call itself failed (row failures in status).
+ * Only when osp_model_samples_on_device. */
+osp_status osp_model_sample(osp_model *m, const osp_sampler_row *rows, const int32_t *logits_rows, int32_t n,
+                            int32_t *tokens, osp_logprobs *logprobs, osp_status *status);
+/* Copies rows [row0, row0 + n) of the last forward's logits to dst [n, n_vocab] (synchronous). */
+osp_status osp_model_logits_to_host(osp_model *m, int32_t row0, int32_t n, float *dst);
+/* Free and total bytes of the model's device memory (the host's on the CPU). */
+osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes);
+/* The op list a forward runs (tests, dumps). */
+const osp_graph *osp_model_graph(const osp_model *m, bool with_logits);
+
+#endif
