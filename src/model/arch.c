@@ -73,3 +73,33 @@ osp_status osp_arch_rope_inv_freq(const char *path, float theta, int32_t n_rot, 
     }
     return OSP_OK;
 }
+
+/* <arch>.rope.scaling.type and .factor (older files: <arch>.rope.scale_linear), read as llama.cpp does:
+ * a factor without a type is linear. yarn and longrope change more than the angles (attention
+ * temperature, per-dimension ramps) and are refused rather than run wrong. */
+osp_status osp_arch_read_rope_scaling(const osp_gguf *g, osp_model_config *c) {
+    char key[128];
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", c->arch);
+    osp_status s = osp_gguf_get_f32(g, key, &factor);
+    if (s == OSP_ERR_NOT_FOUND) {
+        snprintf(key, sizeof key, "%s.rope.scale_linear", c->arch);
+        s = osp_gguf_get_f32(g, key, &factor);
+    }
+    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
+    if (s == OSP_ERR_NOT_FOUND) factor = 0.0f;
+    osp_gguf_str type = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
+    s = osp_gguf_get_str(g, key, &type);
+    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
+    const bool none = s == OSP_OK && type.len == 4 && memcmp(type.data, "none", 4) == 0;
+    const bool linear = s == OSP_ERR_NOT_FOUND || (type.len == 6 && memcmp(type.data, "linear", 6) == 0);
+    if (!none && !linear)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported (none, linear, llama3 factors)",
+                             osp_gguf_path(g), key, (int)type.len, type.data);
+    if (factor < 0.0f || factor != factor)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: rope scaling factor %g is invalid", osp_gguf_path(g), factor);
+    c->rope_freq_scale = (linear && factor > 0.0f) ? 1.0f / factor : 1.0f;
+    return OSP_OK;
+}
+

@@ -40,6 +40,8 @@ const osp_arch *osp_arch_find(const char *name);
 osp_status osp_arch_get_u32(const osp_gguf *g, const char *arch, const char *name, int32_t *out, bool required,
                             int32_t dflt);
 osp_status osp_arch_get_f32(const osp_gguf *g, const char *arch, const char *name, float *out, float dflt);
+/* <arch>.rope.scaling.{type,factor} into c->rope_freq_scale: none or linear; others refused. */
+osp_status osp_arch_read_rope_scaling(const osp_gguf *g, osp_model_config *c);
 /* Every blk.N tensor has N < n_layer (a smaller block_count would silently run a truncated model). */
 osp_status osp_arch_check_blocks(const osp_gguf *g, const osp_model_config *c);
 /* RoPE inverse frequencies inv_freq[i] = theta^(-2i / n_rot) * freq_scale / factor[i] (factors may be

@@ -48,35 +48,6 @@ typedef struct llama_weights {
     llama_layer *layers;
 } llama_weights;
 
-/* <arch>.rope.scaling.type and .factor (older files: <arch>.rope.scale_linear), read as llama.cpp does:
- * a factor without a type is linear. yarn and longrope change more than the angles (attention
- * temperature, per-dimension ramps) and are refused rather than run wrong. */
-static osp_status read_rope_scaling(const osp_gguf *g, osp_model_config *c) {
-    char key[128];
-    float factor = 0.0f;
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", c->arch);
-    osp_status s = osp_gguf_get_f32(g, key, &factor);
-    if (s == OSP_ERR_NOT_FOUND) {
-        snprintf(key, sizeof key, "%s.rope.scale_linear", c->arch);
-        s = osp_gguf_get_f32(g, key, &factor);
-    }
-    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
-    if (s == OSP_ERR_NOT_FOUND) factor = 0.0f;
-    osp_gguf_str type = {0};
-    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
-    s = osp_gguf_get_str(g, key, &type);
-    if (s != OSP_OK && s != OSP_ERR_NOT_FOUND) return s;
-    const bool none = s == OSP_OK && type.len == 4 && memcmp(type.data, "none", 4) == 0;
-    const bool linear = s == OSP_ERR_NOT_FOUND || (type.len == 6 && memcmp(type.data, "linear", 6) == 0);
-    if (!none && !linear)
-        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported (none, linear, llama3 factors)",
-                             osp_gguf_path(g), key, (int)type.len, type.data);
-    if (factor < 0.0f || factor != factor)
-        return osp_set_error(OSP_ERR_FORMAT, "%s: rope scaling factor %g is invalid", osp_gguf_path(g), factor);
-    c->rope_freq_scale = (linear && factor > 0.0f) ? 1.0f / factor : 1.0f;
-    return OSP_OK;
-}
-
 static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     const char *a = c->arch;
     c->rope_type = strcmp(a, "llama") == 0 ? OSP_ROPE_NORM : OSP_ROPE_NEOX;
@@ -107,7 +78,9 @@ static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     c->qkv_bias = osp_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->qk_norm = osp_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL || strcmp(a, "qwen3") == 0;
     c->rope_freq_factors = osp_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
-    return read_rope_scaling(g, c);
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->embed_scale = 1.0f;
+    return osp_arch_read_rope_scaling(g, c);
 }
 
 static osp_status preset_config(const osp_model_preset *p, osp_model_config *c) {
@@ -120,6 +93,8 @@ static osp_status preset_config(const osp_model_preset *p, osp_model_config *c) 
     c->rope_freq_scale = 1.0f;
     c->rope_freq_factors = p->rope.factor > 0.0f;
     c->qkv_bias = p->qkv_bias, c->qk_norm = p->qk_norm;
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->embed_scale = 1.0f;
     return OSP_OK;
 }
 
@@ -231,7 +206,7 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
     ACT("o", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &o);
     ACT("gu", OSP_DTYPE_BF16, 2 * F, OSP_ROWS_TOKENS, &gu);
     ACT("act", OSP_DTYPE_BF16, F, OSP_ROWS_TOKENS, &act);
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = c->attn_scale;
     PUSH(OSP_OP_EMBED, x, -1, -1, .w = w->tok_embd, .p.embed.scale = 1.0f);
     for (int32_t l = 0; l < c->n_layer; l++) {
         const llama_layer *L = &w->layers[l];

@@ -4,13 +4,16 @@ their logits.
 
 For each architecture below this script
   1. builds the HF model (LlamaForCausalLM with llama3 rope scaling, MistralForCausalLM,
-     Qwen2ForCausalLM, Qwen3ForCausalLM) from a small config, vocabulary 512, in fp32 on the CPU,
-     with weights drawn from torch.manual_seed(seed) (see randomize(): scaled so that logits spread
-     over several units and greedy picks are not near-ties);
+     Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM) from a small config, vocabulary 512, in
+     fp32 on the CPU, with weights drawn from torch.manual_seed(seed) (see randomize() and
+     randomize_gemma3(): scaled so that logits spread over several units and greedy picks are not
+     near-ties);
   2. writes it as GGUF with the `gguf` package, F32 tensors, the way llama.cpp's converter lays the
-     model out (conversion/llama.py, qwen.py): llama-family Q/K rows permuted from HF's rotate-half
-     order to the interleaved pairs llama.cpp's normal RoPE expects; qwen2/qwen3 unpermuted (NeoX
-     RoPE); Llama 3's rope scaling as the rope_freqs.weight tensor of per-frequency divisors;
+     model out (conversion/llama.py, qwen.py, gemma.py): llama-family Q/K rows permuted from HF's
+     rotate-half order to the interleaved pairs llama.cpp's normal RoPE expects; qwen2/qwen3/gemma3
+     unpermuted (NeoX RoPE); Llama 3's rope scaling as the rope_freqs.weight tensor of per-frequency
+     divisors; Gemma 3's RMSNorm weights (all of them, q/k norms included) shifted by +1, since HF
+     computes x * (1 + w) (write_gguf_gemma3());
      plus a byte-level gpt2 vocabulary (the one `osprey make-random-model` generates) so the file is
      a complete model for the CLI too;
   3. runs transformers on fixed token-id sequences: a 32-token greedy continuation with its KV cache,
@@ -19,8 +22,9 @@ For each architecture below this script
      tests/golden/test_archs.c).
 
 Needs torch, transformers (4.x or 5.x), numpy and gguf; torch is on the lent GPU machine, not here:
-  python3 tests/golden/make_arch_fixtures.py OUT_DIR
-writes OUT_DIR/arch-<name>.gguf and OUT_DIR/arch-<name>_logits.txt; copy them to tests/golden/fixtures/.
+  python3 tests/golden/make_arch_fixtures.py [--only NAME[,NAME...]] OUT_DIR
+writes OUT_DIR/arch-<name>.gguf and OUT_DIR/arch-<name>_logits.txt (every architecture below, or only
+those named); copy them to tests/golden/fixtures/.
 `python3 tests/golden/make_arch_fixtures.py --gguf-only OUT_DIR` (numpy + gguf only) writes the GGUF
 files from numpy random weights of the same shapes, to check the layout against osprey's loader.
 """
@@ -58,6 +62,17 @@ ARCHS = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3",
               dict(COMMON, tie_word_embeddings=False, head_dim=32, use_sliding_window=False,
                    attention_bias=False, rope=dict(rope_type="default", rope_theta=1000000.0)), 1004),
+    # Gemma 3 (text, as gemma-3-270m): 7 layers, every 6th global (layer 5; 0-4 and 6 sliding), a
+    # window of 8 tokens so the 40-token prompt and the continuations slide; 1 kv head; head_dim 32
+    # != hidden / heads (q-proj 64 -> 128), query_pre_attn_scalar = head_dim (the attention scale
+    # llama.cpp uses for every size but 27B); RoPE theta 1e6 on global layers, 10000 on sliding ones
+    # (rope.freq_base / rope.freq_base_swa), no scaling; tied output; GELU tanh; no softcapping.
+    "gemma3": ("Gemma3ForCausalLM", "gemma3",
+               dict(COMMON, num_hidden_layers=7, num_key_value_heads=1, head_dim=32, pad_token_id=0,
+                    tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32,
+                    sliding_window=8, sliding_window_pattern=6, attention_bias=False,
+                    attn_logit_softcapping=None, final_logit_softcapping=None,
+                    rope=dict(rope_type="default", rope_theta=1000000.0), rope_local_base_freq=10000.0), 1005),
 }
 
 
@@ -114,9 +129,147 @@ def byte_vocab(n):
     return toks, types, merges
 
 
+def gemma3_layer_types(kw):
+    """HF's default schedule (Gemma3TextConfig): layer i is global iff (i + 1) % pattern == 0; the same
+    as llama.cpp's set_swa_pattern(6): sliding iff i % 6 < 5."""
+    n = kw["sliding_window_pattern"]
+    return ["full_attention" if (i + 1) % n == 0 else "sliding_attention" for i in range(kw["num_hidden_layers"])]
+
+
+def write_gguf_gemma3(path, name, kw, sd):
+    """As llama.cpp's converter (conversion/gemma.py Gemma3Model on conversion/base.py TextModel) writes
+    a Gemma3ForCausalLM: keys in its order, no vocab_size / rope dimension / sliding_window_pattern key
+    (llama.cpp hardcodes the period 6), no rope scaling keys for rope_type default, tensors unpermuted,
+    every *norm.weight + 1, no output.weight when tied. sd: HF state dict as numpy float32 arrays."""
+    import gguf
+    nl = kw["num_hidden_layers"]
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_name(f"tiny random {name} (tests/golden/make_arch_fixtures.py)")
+    w.add_block_count(nl)
+    w.add_context_length(kw["max_position_embeddings"])
+    w.add_embedding_length(kw["hidden_size"])
+    w.add_feed_forward_length(kw["intermediate_size"])
+    w.add_head_count(kw["num_attention_heads"])
+    w.add_head_count_kv(kw["num_key_value_heads"])
+    w.add_rope_freq_base(kw["rope"]["rope_theta"])
+    w.add_rope_freq_base_swa(kw["rope_local_base_freq"])
+    w.add_layer_norm_rms_eps(kw["rms_norm_eps"])
+    w.add_key_length(head_dim(kw))
+    w.add_value_length(head_dim(kw))
+    w.add_file_type(0)  # ALL_F32
+    assert kw["attn_logit_softcapping"] is None and kw["final_logit_softcapping"] is None
+    w.add_sliding_window(kw["sliding_window"])
+    toks, types, merges = byte_vocab(VOCAB)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+
+    def t(gname, hname):
+        a = np.ascontiguousarray(sd[hname].astype(np.float32))
+        if hname.endswith("norm.weight"):
+            a = a + np.float32(1.0)  # Gemma3RMSNorm: x * (1 + w)
+        w.add_tensor(gname, a)
+
+    t("token_embd.weight", "model.embed_tokens.weight")
+    for l in range(nl):
+        p = f"model.layers.{l}."
+        t(f"blk.{l}.attn_norm.weight", p + "input_layernorm.weight")
+        t(f"blk.{l}.attn_q.weight", p + "self_attn.q_proj.weight")
+        t(f"blk.{l}.attn_k.weight", p + "self_attn.k_proj.weight")
+        t(f"blk.{l}.attn_v.weight", p + "self_attn.v_proj.weight")
+        t(f"blk.{l}.attn_q_norm.weight", p + "self_attn.q_norm.weight")
+        t(f"blk.{l}.attn_k_norm.weight", p + "self_attn.k_norm.weight")
+        t(f"blk.{l}.attn_output.weight", p + "self_attn.o_proj.weight")
+        t(f"blk.{l}.post_attention_norm.weight", p + "post_attention_layernorm.weight")
+        t(f"blk.{l}.ffn_norm.weight", p + "pre_feedforward_layernorm.weight")
+        t(f"blk.{l}.ffn_gate.weight", p + "mlp.gate_proj.weight")
+        t(f"blk.{l}.ffn_up.weight", p + "mlp.up_proj.weight")
+        t(f"blk.{l}.ffn_down.weight", p + "mlp.down_proj.weight")
+        t(f"blk.{l}.post_ffw_norm.weight", p + "post_feedforward_layernorm.weight")
+    t("output_norm.weight", "model.norm.weight")
+    if not kw["tie_word_embeddings"]:
+        t("output.weight", "lm_head.weight")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def fake_state_dict_gemma3(kw, rng):
+    """numpy weights in Gemma3ForCausalLM's names and shapes (for --gguf-only); norms as HF stores them
+    (offsets from 1)."""
+    E, F, hd = kw["hidden_size"], kw["intermediate_size"], head_dim(kw)
+    nh, nkv = kw["num_attention_heads"], kw["num_key_value_heads"]
+    r = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.1
+    sd = {"model.embed_tokens.weight": r(VOCAB, E), "model.norm.weight": r(E)}
+    for l in range(kw["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        sd.update({p + "input_layernorm.weight": r(E), p + "post_attention_layernorm.weight": r(E),
+                   p + "pre_feedforward_layernorm.weight": r(E), p + "post_feedforward_layernorm.weight": r(E),
+                   p + "self_attn.q_norm.weight": r(hd), p + "self_attn.k_norm.weight": r(hd),
+                   p + "self_attn.q_proj.weight": r(nh * hd, E), p + "self_attn.k_proj.weight": r(nkv * hd, E),
+                   p + "self_attn.v_proj.weight": r(nkv * hd, E), p + "self_attn.o_proj.weight": r(E, nh * hd),
+                   p + "mlp.gate_proj.weight": r(F, E), p + "mlp.up_proj.weight": r(F, E),
+                   p + "mlp.down_proj.weight": r(E, F)})
+    return sd
+
+
+def build_hf_gemma3(kw, seed):
+    import torch
+    import transformers
+    args = {k: v for k, v in kw.items() if k not in ("rope", "rope_local_base_freq")}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        args["rope_parameters"] = {"full_attention": dict(kw["rope"]),
+                                   "sliding_attention": dict(rope_type="default", rope_theta=kw["rope_local_base_freq"])}
+    else:
+        args["rope_theta"] = kw["rope"]["rope_theta"]
+        args["rope_local_base_freq"] = kw["rope_local_base_freq"]
+        args["rope_scaling"] = None
+    cfg = transformers.Gemma3TextConfig(**args)
+    cfg._attn_implementation = "eager"  # the sliding-window mask honored, fp32 softmax
+    assert list(cfg.layer_types) == gemma3_layer_types(kw), cfg.layer_types
+    torch.manual_seed(seed)
+    m = transformers.Gemma3ForCausalLM(cfg).float().eval()
+    randomize_gemma3(m, seed, kw["hidden_size"])
+    return m
+
+
+def check_gemma3(m, kw):
+    """What the GGUF's keys claim must be what transformers runs."""
+    import torch
+    hd, types = head_dim(kw), gemma3_layer_types(kw)
+    for l, layer in enumerate(m.model.layers):
+        a = layer.self_attn
+        assert a.head_dim == hd and abs(a.scaling - kw["query_pre_attn_scalar"] ** -0.5) < 1e-12, (a.head_dim, a.scaling)
+        assert a.sliding_window == (kw["sliding_window"] if types[l] == "sliding_attention" else None), (l, a.sliding_window)
+        assert a.attn_logit_softcapping is None
+    assert m.config.final_logit_softcapping is None
+    re = m.model.rotary_emb
+    for lt, theta in (("full_attention", kw["rope"]["rope_theta"]), ("sliding_attention", kw["rope_local_base_freq"])):
+        want = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
+        if hasattr(re, f"{lt}_inv_freq"):  # transformers 5: one module, a buffer per layer type
+            got = getattr(re, f"{lt}_inv_freq")
+        else:  # 4.x: rotary_emb (global) and rotary_emb_local
+            got = (re if lt == "full_attention" else m.model.rotary_emb_local).inv_freq
+        assert np.allclose(got.double().numpy(), want, rtol=1e-6), (lt, got, want)
+    emb = m.model.embed_tokens
+    scale = emb.embed_scale
+    print(f"gemma3: embed_scale {float(scale)!r} ({scale.dtype if torch.is_tensor(scale) else type(scale).__name__}, "
+          f"cast to the weight dtype {emb.weight.dtype} before the multiply); sqrt(hidden) = {kw['hidden_size'] ** 0.5!r}")
+    ids = torch.tensor([[5, 6, 7]])
+    assert torch.equal(emb(ids), emb.weight[ids] * np.float32(kw["hidden_size"] ** 0.5))
+
+
 def write_gguf(path, name, arch, kw, sd):
     """sd: HF state dict as numpy float32 arrays."""
     import gguf
+    if arch == "gemma3":
+        return write_gguf_gemma3(path, name, kw, sd)
     hd = head_dim(kw)
     nh, nkv, nl = kw["num_attention_heads"], kw["num_key_value_heads"], kw["num_hidden_layers"]
     rope = kw["rope"]
@@ -202,6 +355,8 @@ def fake_state_dict(kw, rng):
 def build_hf(cls_name, kw, seed):
     import torch
     import transformers
+    if cls_name == "Gemma3ForCausalLM":
+        return build_hf_gemma3(kw, seed)
     cls = getattr(transformers, cls_name)
     cfg_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
     args = {k: v for k, v in kw.items() if k != "rope"}
@@ -238,6 +393,32 @@ def randomize(m, seed):
                 p.copy_(z / p.shape[1] ** 0.5)
 
 
+def randomize_gemma3(m, seed, hidden):
+    """randomize() for Gemma 3, whose RMSNorm multiplies by (1 + w) and whose embedding is scaled by
+    sqrt(hidden) on the way in and tied on the way out. With randomize()'s weights the scaled token
+    embedding (RMS 4) dominates the residual stream and the tied logits pick the current token again
+    and again (a one-token greedy continuation). Instead: embeddings N(0, (0.5 / sqrt(hidden))^2)
+    (RMS 0.5 once scaled, as the other architectures' embeddings); effective norm weights 1 + w =
+    1 + N(0, 0.1^2), except the two post-branch norms (post_attention / post_feedforward: 2 + N(0, 0.1^2),
+    each branch adds more than the embedding) and the final norm (6 + N(0, 0.1^2): the gain that spreads
+    the tied logits over several units); linear maps ~ N(0, 1 / fan_in)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            z = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name == "model.norm.weight":
+                p.copy_(5 + 0.1 * z)
+            elif "norm" in name and ".post_" in name:
+                p.copy_(1 + 0.1 * z)
+            elif "norm" in name:
+                p.copy_(0.1 * z)
+            elif "embed_tokens" in name:
+                p.copy_(0.5 / hidden ** 0.5 * z)
+            else:
+                p.copy_(z / p.shape[1] ** 0.5)
+
+
 def prompts(seed):
     rng = np.random.default_rng(seed)
     return [[int(x) for x in rng.integers(3, VOCAB, n)] for n in PROMPT_LENS]
@@ -252,12 +433,15 @@ def reference_logits(m, name, out_path):
             n_prompt = len(ids)
             out = m(torch.tensor([ids]), use_cache=True)
             past = out.past_key_values
+            cached = []  # the last-position logits of each cached step, against the full pass below
             for _ in range(N_GEN):
+                cached.append(out.logits[0, -1].double())
                 nxt = int(out.logits[0, -1].argmax())
                 ids.append(nxt)
                 out = m(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
                 past = out.past_key_values
             logits = m(torch.tensor([ids])).logits[0].double()
+            drift = float((torch.stack(cached) - logits[n_prompt - 1:n_prompt - 1 + N_GEN]).abs().max())
             lines.append(f"prompt {k} {n_prompt} {len(ids)}")
             lines.append("ids " + " ".join(str(i) for i in ids))
             lse = torch.logsumexp(logits, dim=-1)
@@ -266,7 +450,8 @@ def reference_logits(m, name, out_path):
                 pairs = " ".join(f"{int(i)}:{float(v):.6f}" for i, v in zip(idx[pos], vals[pos]))
                 lines.append(f"pos {pos} {float(lse[pos]):.6f} {pairs}")
             margin = float((vals[:, 0] - vals[:, 1]).min())
-            print(f"{name} prompt {k}: continuation {ids[n_prompt:n_prompt + 10]}..., min top-2 margin {margin:.3g}")
+            print(f"{name} prompt {k}: continuation {ids[n_prompt:n_prompt + 10]}..., min top-2 margin {margin:.3g}, "
+                  f"max |KV-cached - full-pass logit| {drift:.2g}")
     with open(out_path, "w") as f:
         f.write(f"# arch-{name}.gguf, HF transformers fp32 CPU; tests/golden/make_arch_fixtures.py\n")
         f.write("\n".join(lines) + "\n")
@@ -276,6 +461,16 @@ def main():
     args = sys.argv[1:]
     gguf_only = "--gguf-only" in args
     args = [a for a in args if a != "--gguf-only"]
+    only = None
+    if "--only" in args:
+        i = args.index("--only")
+        if i + 1 >= len(args):
+            sys.exit(__doc__)
+        only = args[i + 1].split(",")
+        del args[i:i + 2]
+        unknown = [n for n in only if n not in ARCHS]
+        if unknown:
+            sys.exit(f"unknown architecture(s) {unknown}; known: {list(ARCHS)}")
     if len(args) != 1:
         sys.exit(__doc__)
     out = args[0]
@@ -286,7 +481,13 @@ def main():
         torch.set_num_threads(max(1, os.cpu_count() or 1))
         print(f"torch {torch.__version__}, transformers {transformers.__version__}")
     for name, (cls_name, arch, kw, seed) in ARCHS.items():
+        if only is not None and name not in only:
+            continue
         path = os.path.join(out, f"arch-{name}.gguf")
+        if gguf_only and arch == "gemma3":
+            write_gguf(path, name, arch, kw, fake_state_dict_gemma3(kw, np.random.default_rng(seed)))
+            print(f"wrote {path}")
+            continue
         if gguf_only:
             sd = fake_state_dict(kw, np.random.default_rng(seed))
             if kw["tie_word_embeddings"]:
@@ -314,6 +515,8 @@ def main():
             want = base / llama3_factors(kw["rope"], hd)
             got = m.model.rotary_emb.inv_freq.double().numpy()
             assert np.allclose(got, want, rtol=1e-5), (got, want)
+        if arch == "gemma3":
+            check_gemma3(m, kw)
         sd = {k: v.detach().float().numpy() for k, v in m.state_dict().items()}
         if kw["tie_word_embeddings"]:
             assert np.array_equal(sd["model.embed_tokens.weight"], sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))

