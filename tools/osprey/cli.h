@@ -2,6 +2,7 @@
 #ifndef OSPREY_TOOLS_CLI_H
 #define OSPREY_TOOLS_CLI_H
 
+#include <stdbool.h>
 #include <stdnoreturn.h>
 
 #include "osprey/engine.h"
@@ -20,6 +21,31 @@ osp_device cli_device(const char *flag, const char *v);
 void cli_load_progress(void *ctx, float fraction);
 /* One stderr line with the device and, on the GPU, the memory of the weights and the KV cache. */
 void cli_report_device(const osp_engine *e);
+
+/* ---- engine flags (engine_args.c), shared by generate, chat and serve ---- */
+
+typedef struct cli_engine_args {
+    const char *model;     /* -m, --model FILE; NULL when absent (the command says what it needs) */
+    int n_threads;         /* -t, --threads N in [1, 1024]; 0 (the default): all cores */
+    osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
+    osp_kv_dtype kv_dtype; /* --kv-cache-dtype f16|f32 (f16) */
+    bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path); a
+                              later --kv-cache-dtype still picks the cache */
+} cli_engine_args;
+
+/* The flags a command takes beyond -m, -t and --device (which every caller takes). */
+enum { CLI_ENGINE_KV_DTYPE = 1u << 0, CLI_ENGINE_EXACT = 1u << 1 };
+
+/* The defaults above. */
+cli_engine_args cli_engine_args_default(void);
+/* When argv[*i] is an engine flag (-m, -t, --device, and those in `accept`), parses it and its value
+ * argv[*i + 1] into *a, moves *i onto the last argument used and returns true; false, with nothing
+ * changed, for any other argument. A bad value dies naming the flag (cli_int, cli_device,
+ * "--kv-cache-dtype: 'X' is not f16 or f32"); a missing one too, except -m's, which leaves model NULL. */
+bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, int *i);
+/* osp_engine_default_params() with the model, threads, device, KV cache dtype and exact taken from *a
+ * and load_progress = cli_load_progress. The command sets the rest (block size, max_num_seqs, ...). */
+osp_engine_params cli_engine_params(const cli_engine_args *a);
 
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

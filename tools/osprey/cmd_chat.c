@@ -24,9 +24,8 @@
 #include "server.h"
 
 typedef struct chat_args {
-    const char *model, *system, *chat_template;
-    int n_threads;
-    osp_device device; /* --device, default auto */
+    cli_engine_args eng; /* -m, -t, --device */
+    const char *system, *chat_template;
     int32_t max_tokens; /* 0: up to the context length */
     float temperature, top_p;
     int32_t top_k;
@@ -41,16 +40,13 @@ static const char *k_chat_usage =
 
 static chat_args parse(int argc, char **argv) {
     /* sampling defaults as osprey generate (llama.cpp's) */
-    chat_args a = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
-    a.device = cli_device("--device", "auto");
+    chat_args a = {.eng = cli_engine_args_default(), .temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(k_chat_usage, stdout);
             exit(0);
-        } else if (!strcmp(f, "-m") || !strcmp(f, "--model")) a.model = v, i++;
-        else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) a.n_threads = (int)cli_int(f, v, 1, 1024), i++;
-        else if (!strcmp(f, "--device")) a.device = cli_device(f, v), i++;
+        } else if (cli_engine_arg(&a.eng, 0, argc, argv, &i)) continue;
         else if (!strcmp(f, "--temp")) a.temperature = (float)cli_float(f, v, 0, 100), i++;
         else if (!strcmp(f, "--top-k")) a.top_k = (int32_t)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.top_p = (float)cli_float(f, v, 0, 1), i++;
@@ -65,7 +61,7 @@ static chat_args parse(int argc, char **argv) {
             a.max_tokens = (int32_t)cli_int(f, v, 0, 1 << 30), i++;
         else cli_die(OSP_OK, "chat: unknown option '%s'\n%s", f, k_chat_usage);
     }
-    if (!a.model) cli_die(OSP_OK, "chat needs -m FILE\n%s", k_chat_usage);
+    if (!a.eng.model) cli_die(OSP_OK, "chat needs -m FILE\n%s", k_chat_usage);
     return a;
 }
 
@@ -167,11 +163,7 @@ int cmd_chat(int argc, char **argv) {
     if (!a.seed_set) a.seed = (uint64_t)(cli_now_s() * 1e6);
 
     const double t0 = cli_now_s();
-    osp_engine_params ep = osp_engine_default_params();
-    ep.model_path = a.model;
-    ep.n_threads = a.n_threads;
-    ep.device = a.device;
-    ep.load_progress = cli_load_progress;
+    osp_engine_params ep = cli_engine_params(&a.eng);
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
@@ -183,12 +175,12 @@ int cmd_chat(int argc, char **argv) {
     srv_chat_env env;
     if (srv_chat_env_load(&env, g, tok, a.chat_template)) cli_die(OSP_OK, "--chat-template: cannot read '%s'", a.chat_template);
     if (env.parse_error) cli_die(OSP_OK, "the chat template does not parse: %s", env.parse_error);
-    if (!env.template_text) cli_die(OSP_OK, "%s has no chat template; give one with --chat-template FILE", a.model);
+    if (!env.template_text) cli_die(OSP_OK, "%s has no chat template; give one with --chat-template FILE", a.eng.model);
 
-    const char *base = strrchr(a.model, '/');
+    const char *base = strrchr(a.eng.model, '/');
     fprintf(stderr, "osprey chat: %s loaded in %.2f s, context %d tokens\n"
                     "  type a message and Enter; /reset clears the conversation, /exit or Ctrl-D quits\n",
-            base ? base + 1 : a.model, cli_now_s() - t0, osp_engine_params_get(e)->max_model_len);
+            base ? base + 1 : a.eng.model, cli_now_s() - t0, osp_engine_params_get(e)->max_model_len);
 
     json_t *msgs = json_array();
     if (!msgs) cli_die(OSP_OK, "out of memory");

@@ -17,39 +17,30 @@
 #define BLOCK_SIZE 16
 
 typedef struct gen_args {
-    const char *model, *prompt;
-    int n_predict, n_threads;
+    cli_engine_args eng; /* -m, -t, --device, --kv-cache-dtype, --exact */
+    const char *prompt;
+    int n_predict;
     osp_sampling_params sp;
     bool seed_set;
-    osp_kv_dtype kv_dtype;
-    bool exact; /* --exact: fp32 activations and an f32 KV cache (the reference path) */
-    osp_device device; /* --device, default auto: cuda when a GPU is present */
 } gen_args;
 
 static gen_args parse(int argc, char **argv) {
-    gen_args a = {.n_predict = 128, .n_threads = 0, .sp = osp_sampling_default_params(), .kv_dtype = OSP_KV_DTYPE_F16};
+    gen_args a = {.eng = cli_engine_args_default(), .n_predict = 128, .sp = osp_sampling_default_params()};
     a.sp.temperature = 0.8f; /* llama.cpp's default */
     a.sp.top_k = 40;
     a.sp.top_p = 0.95f;
-    a.device = cli_device("--device", "auto");
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "-m") || !strcmp(f, "--model")) a.model = v, i++;
-        else if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) a.prompt = v, i++;
+        if (cli_engine_arg(&a.eng, CLI_ENGINE_KV_DTYPE | CLI_ENGINE_EXACT, argc, argv, &i)) continue;
+        if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) a.prompt = v, i++;
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-predict")) a.n_predict = (int)cli_int(f, v, 0, 1 << 20), i++;
-        else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) a.n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--temp")) a.sp.temperature = (float)cli_float(f, v, 0, 100), i++;
         else if (!strcmp(f, "--top-k")) a.sp.top_k = (int)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.sp.top_p = (float)cli_float(f, v, 0, 1), i++;
         else if (!strcmp(f, "--seed")) a.sp.seed = (uint64_t)cli_int(f, v, 0, (long long)UINT32_MAX), a.seed_set = true, i++;
-        else if (!strcmp(f, "--exact")) a.exact = true, a.kv_dtype = OSP_KV_DTYPE_F32;
-        else if (!strcmp(f, "--device")) a.device = cli_device(f, v), i++;
-        else if (!strcmp(f, "--kv-cache-dtype")) {
-            if (osp_kv_dtype_parse(v, &a.kv_dtype) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
-            i++;
-        } else cli_die(OSP_OK, "generate: unknown option '%s'", f);
+        else cli_die(OSP_OK, "generate: unknown option '%s'", f);
     }
-    if (!a.model || !a.prompt) cli_die(OSP_OK, "generate needs -m FILE and -p TEXT");
+    if (!a.eng.model || !a.prompt) cli_die(OSP_OK, "generate needs -m FILE and -p TEXT");
     return a;
 }
 
@@ -62,14 +53,8 @@ int cmd_generate(int argc, char **argv) {
     }
 
     double t0 = cli_now_s();
-    osp_engine_params ep = osp_engine_default_params();
-    ep.model_path = a.model;
-    ep.n_threads = a.n_threads;
+    osp_engine_params ep = cli_engine_params(&a.eng);
     ep.block_size = BLOCK_SIZE;
-    ep.kv_dtype = a.kv_dtype;
-    ep.exact = a.exact;
-    ep.device = a.device;
-    ep.load_progress = cli_load_progress;
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);

@@ -1,13 +1,16 @@
 /* osprey serve: an OpenAI-compatible HTTP server over the engine (tools/server/).
  *
- *   request.c  JSON body -> srv_gen_request (validation, OpenAI/vLLM field meanings); no engine, no
- *              HTTP, so the libFuzzer target (tests/fuzz/fuzz_request.c) drives it directly
- *   text.c     per-choice output text: incremental detokenizer, stop strings found in the text
- *              (inside or across tokens) and held back until decided
- *   chat.c     messages -> prompt text (the chat-template hook)
- *   metrics.c  Prometheus text with vLLM V1's metric names, latency histograms
- *   serve.c    libmicrohttpd routes, jobs between HTTP threads and the engine's loop thread, SSE,
- *              flags, SIGTERM drain
+ *   request.c      JSON body -> srv_gen_request (validation, OpenAI/vLLM field meanings); no engine,
+ *                  no HTTP, so the libFuzzer target (tests/fuzz/fuzz_request.c) drives it directly
+ *   text.c         per-choice output text: incremental detokenizer, stop strings found in the text
+ *                  (inside or across tokens) and held back until decided
+ *   chat.c         messages -> prompt text (the chat-template hook)
+ *   metrics.c      Prometheus text with vLLM V1's metric names, latency histograms
+ *   serve.c        flags, start-up, SIGTERM drain; it and the four below share serve_internal.h
+ *   serve_jobs.c   jobs between the HTTP threads and the engine's loop thread
+ *   openai_json.c  response, stream chunk, logprobs and usage objects
+ *   sse.c          streaming replies (text/event-stream)
+ *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H

@@ -1,0 +1,182 @@
+/* osprey serve: the OpenAI response objects of a job, as the openai client and vLLM expect them.
+ *
+ * text_completion and chat.completion replies, their .chunk stream events, usage, and logprobs in
+ * each route's format (completions: {tokens, token_logprobs, top_logprobs, text_offset}; chat:
+ * {content: [{token, logprob, bytes, top_logprobs}]}). Token texts that are pieces of a UTF-8
+ * character come out as U+FFFD so the JSON stays valid. Only builds JSON: no HTTP, no locking (the
+ * connection thread owns what it reads here). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_internal.h"
+
+/* A token's text for logprobs: its bytes, with bytes that are not valid UTF-8 on their own (a piece of
+ * a character split across tokens) written as U+FFFD so the JSON stays valid. */
+static json_t *token_str(const osp_tokenizer *tok, int32_t id, json_t **bytes) {
+    char raw[512], txt[3 * 512 + 1];
+    size_t n = 0, w = 0;
+    if (osp_tokenizer_token_bytes(tok, id, raw, sizeof raw, &n) != OSP_OK) n = 0;
+    if (bytes) {
+        *bytes = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((uint8_t)raw[i]));
+    }
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = (unsigned char)raw[i];
+        const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = ((unsigned char)raw[i + k] >> 6) == 2;
+        if (ok) { /* overlong forms and surrogates: jansson's validator decides */
+            json_t *probe = json_stringn(raw + i, len);
+            ok = probe != NULL;
+            json_decref(probe);
+        }
+        if (ok) {
+            memcpy(txt + w, raw + i, len);
+            w += len;
+            i += len;
+        } else {
+            memcpy(txt + w, "\xef\xbf\xbd", 3);
+            w += 3;
+            i++;
+        }
+    }
+    return json_stringn(txt, w);
+}
+
+void srv_json_add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp) {
+    const osp_tokenizer *tok = j->srv->tok;
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    if (!s->lp) {
+        s->lp = chat ? json_array()
+                     : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+        if (!s->lp) return;
+    }
+    const int32_t n_top = lp->n_top < j->req.logprobs ? lp->n_top : j->req.logprobs;
+    if (chat) {
+        json_t *bytes, *top = json_array();
+        json_t *tstr = token_str(tok, lp->token_id, &bytes); /* sets bytes: call it before json_pack */
+        json_t *e = json_pack("{s:o, s:f, s:o}", "token", tstr, "logprob", (double)lp->logprob, "bytes", bytes);
+        for (int32_t k = 0; k < n_top; k++) {
+            json_t *b;
+            json_t *t = token_str(tok, lp->top_ids[k], &b);
+            json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", t, "logprob", (double)lp->top_logprobs[k], "bytes", b));
+        }
+        json_object_set_new(e, "top_logprobs", top);
+        json_array_append_new(s->lp, e);
+    } else {
+        json_array_append_new(json_object_get(s->lp, "tokens"), token_str(tok, lp->token_id, NULL));
+        json_array_append_new(json_object_get(s->lp, "token_logprobs"), json_real(lp->logprob));
+        json_t *top = json_object();
+        for (int32_t k = 0; k < n_top; k++) {
+            json_t *t = token_str(tok, lp->top_ids[k], NULL);
+            if (t) json_object_set_new(top, json_string_value(t), json_real(lp->top_logprobs[k]));
+            json_decref(t);
+        }
+        json_array_append_new(json_object_get(s->lp, "top_logprobs"), top);
+        const size_t echo = j->echo ? strlen(j->echo[s->prompt_idx]) : 0;
+        json_array_append_new(json_object_get(s->lp, "text_offset"), json_integer((json_int_t)(echo + s->text.len)));
+    }
+}
+
+/* The logprobs entries [from, end) of a choice, in the route's format (NULL when none were asked). */
+static json_t *logprobs_slice(const srv_job *j, const srv_seq *s, size_t from) {
+    if (j->req.logprobs < 0) return NULL;
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    if (chat) {
+        json_t *c = json_array();
+        for (size_t i = from; s->lp && i < json_array_size(s->lp); i++) json_array_append(c, json_array_get(s->lp, i));
+        return json_pack("{s:o}", "content", c);
+    }
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    json_t *o = json_object();
+    for (int k = 0; k < 4; k++) {
+        json_t *a = json_array(), *src = s->lp ? json_object_get(s->lp, keys[k]) : NULL;
+        for (size_t i = from; src && i < json_array_size(src); i++) json_array_append(a, json_array_get(src, i));
+        json_object_set_new(o, keys[k], a);
+    }
+    return o;
+}
+
+static size_t logprobs_count(const srv_job *j, const srv_seq *s) {
+    if (!s->lp) return 0;
+    return j->req.route == SRV_ROUTE_CHAT ? json_array_size(s->lp) : json_array_size(json_object_get(s->lp, "tokens"));
+}
+
+static json_t *usage_json(const srv_job *j) {
+    int64_t np = 0, nc = 0;
+    for (int32_t i = 0; i < j->req.n_prompts; i++) np += j->prompt_lens[i];
+    for (int32_t i = 0; i < j->n_seqs; i++) nc += j->seqs[i].n_out;
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)np, "completion_tokens", (json_int_t)nc,
+                     "total_tokens", (json_int_t)(np + nc));
+}
+
+json_t *srv_json_final(srv_job *j) {
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    json_t *choices = json_array();
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        const char *text = s->text.buf ? s->text.buf : "";
+        json_t *c;
+        if (chat) {
+            json_t *lp = logprobs_slice(j, s, 0);
+            c = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", i, "message", "role", "assistant", "content", text,
+                          s->text.len, "logprobs", lp ? lp : json_null(), "finish_reason", s->finish ? s->finish : "abort");
+        } else {
+            json_t *t;
+            if (j->echo) {
+                const size_t el = strlen(j->echo[s->prompt_idx]);
+                char *both = malloc(el + s->text.len + 1);
+                if (both) {
+                    memcpy(both, j->echo[s->prompt_idx], el);
+                    memcpy(both + el, text, s->text.len);
+                    both[el + s->text.len] = 0;
+                }
+                t = both ? json_stringn(both, el + s->text.len) : NULL;
+                free(both);
+            } else {
+                t = json_stringn(text, s->text.len);
+            }
+            json_t *lp = logprobs_slice(j, s, 0);
+            c = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", t, "logprobs", lp ? lp : json_null(), "finish_reason",
+                          s->finish ? s->finish : "abort");
+        }
+        json_array_append_new(choices, c);
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object", chat ? "chat.completion" : "text_completion",
+                     "created", (json_int_t)j->created, "model", j->srv->model_name, "choices", choices, "usage",
+                     usage_json(j));
+}
+
+/* A chunk for choice i: text piece (or NULL) and finish reason (or NULL). */
+json_t *srv_json_chunk(srv_job *j, int32_t i, const char *text, size_t len, const char *finish, bool role) {
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    srv_seq *s = &j->seqs[i];
+    json_t *choice, *lp = NULL;
+    if (!role && j->req.logprobs >= 0) { /* the logprobs of the tokens consumed since the last chunk */
+        const size_t n = logprobs_count(j, s);
+        if (n > s->lp_sent) lp = logprobs_slice(j, s, s->lp_sent);
+        s->lp_sent = n;
+    }
+    if (chat) {
+        json_t *delta = json_object();
+        if (role) json_object_set_new(delta, "role", json_string("assistant"));
+        if (text) json_object_set_new(delta, "content", json_stringn(text, len));
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta", delta, "logprobs", lp ? lp : json_null(),
+                           "finish_reason", finish ? json_string(finish) : json_null());
+    } else {
+        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", i, "text", text ? text : "", text ? len : 0, "logprobs",
+                           lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    }
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
+                          chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created, "model",
+                          j->srv->model_name, "choices", choice);
+    if (c && j->req.include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+json_t *srv_json_usage_chunk(const srv_job *j) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->id, "object",
+                     j->req.route == SRV_ROUTE_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)j->created, "model", j->srv->model_name, "choices", "usage", usage_json(j));
+}

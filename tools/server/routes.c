@@ -1,0 +1,311 @@
+/* osprey serve: the HTTP side, libmicrohttpd's request handler.
+ *
+ * Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET /v1/models, /health,
+ * /metrics. The body is gathered (413 past --max-request-body), every /v1/ path checks the API key,
+ * errors are OpenAI's error JSON (request.c), 503 while draining or past --max-queued-requests. A
+ * generation request is parsed, its prompts built and a job started (serve_jobs.c); the handler then
+ * blocks on the connection's thread until the reply is complete, or hands the job to the SSE stream
+ * (sse.c). */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve_internal.h"
+
+typedef struct conn_ctx {
+    char *body;
+    size_t len, cap;
+    bool too_large;
+} conn_ctx;
+
+static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *type, char *body) {
+    if (!body) {
+        status = 500;
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}");
+        type = "application/json";
+        if (!body) return MHD_NO;
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    const enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *c, int status, json_t *j) {
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return reply(c, status, "application/json", s);
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, const srv_error *e) {
+    return reply(c, e->status, "application/json", srv_error_json(e));
+}
+
+static enum MHD_Result reply_err(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result reply_err(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...) {
+    srv_error e = {.status = status};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    snprintf(e.param, sizeof e.param, "%s", param ? param : "");
+    return reply_error(c, &e);
+}
+
+static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, conn_ctx *cx) {
+    srv_error err = {0};
+    srv_gen_request req;
+    const srv_parse_limits lim = {.n_vocab = srv->n_vocab};
+    if (srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, &req, &err)) {
+        srv_gen_request_free(&req);
+        srv_log(srv, SRV_LOG_DEBUG, "rejected request: %d %s", err.status, err.message);
+        return reply_error(c, &err);
+    }
+    if (req.model && strcmp(req.model, srv->model_name)) {
+        srv_fail(&err, 404, "model", "The model `%.200s` does not exist.", req.model);
+        srv_gen_request_free(&req);
+        return reply_error(c, &err);
+    }
+    if (req.n_unknown > 0 && srv->cfg.log_level <= SRV_LOG_DEBUG) {
+        char names[512] = "";
+        for (int32_t i = 0; i < req.n_unknown; i++) {
+            strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+            strncat(names, req.unknown[i], sizeof names - strlen(names) - 1);
+        }
+        srv_log(srv, SRV_LOG_DEBUG, "ignored unknown request fields: %s", names);
+    }
+    pthread_mutex_lock(&srv->mu);
+    const bool draining = srv->draining, full = srv->in_flight >= srv->cfg.max_queue;
+    pthread_mutex_unlock(&srv->mu);
+    if (draining || full) {
+        srv_gen_request_free(&req);
+        return reply_err(c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (%d requests in flight); retry later",
+                         srv->cfg.max_queue);
+    }
+    if (srv_build_prompts(srv, &req, &err)) {
+        srv_gen_request_free(&req);
+        return reply_error(c, &err);
+    }
+    srv_job *j = srv_job_start(srv, &req, c, &err);
+    srv_gen_request_free(&req);
+    if (!j) return reply_error(c, &err);
+
+    if (j->req.stream) return srv_sse_queue(j, c);
+    while (!srv_job_all_done(j)) {
+        if (!srv_job_pump(j, 100) && !srv_client_alive(j)) {
+            j->client_gone = true;
+            srv_job_http_done(j);
+            return MHD_NO;
+        }
+    }
+    json_t *body = srv_json_final(j);
+    srv_job_http_done(j);
+    return reply_json(c, 200, body);
+}
+
+static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
+    json_error_t je;
+    json_t *root = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return reply_err(c, 400, NULL, "malformed JSON: %s", root ? "the body must be an object" : je.text);
+    }
+    srv_error err = {0};
+    char *text = NULL;
+    bool add_special = true;
+    const json_t *model = json_object_get(root, "model");
+    if (json_is_string(model) && strcmp(json_string_value(model), srv->model_name)) {
+        srv_fail(&err, 404, "model", "The model `%.200s` does not exist.", json_string_value(model));
+        goto fail;
+    }
+    if (json_object_get(root, "messages")) {
+        srv_gen_request r;
+        const srv_parse_limits lim = {.n_vocab = srv->n_vocab};
+        add_special = false;
+        if (srv_get_bool(root, "add_special_tokens", &add_special, &err)) goto fail;
+        if (srv_parse_gen_request(cx->body, cx->len, SRV_ROUTE_CHAT, &lim, &r, &err) || srv_chat_render(&srv->chat, &r, &text, &err)) {
+            srv_gen_request_free(&r);
+            goto fail;
+        }
+        srv_gen_request_free(&r);
+    } else {
+        const json_t *p = json_object_get(root, "prompt");
+        if (!json_is_string(p)) {
+            srv_fail(&err, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+            goto fail;
+        }
+        if (srv_get_bool(root, "add_special_tokens", &add_special, &err)) goto fail;
+        text = strdup(json_string_value(p));
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!text || osp_tokenizer_encode(srv->tok, text, strlen(text), add_special, true, &ids, &n) != OSP_OK) {
+        srv_fail(&err, 500, NULL, "tokenization failed");
+        goto fail;
+    }
+    json_t *toks = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
+    free(ids);
+    free(text);
+    json_decref(root);
+    return reply_json(c, 200, json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n, "max_model_len", srv->max_model_len,
+                                        "tokens", toks, "token_strs"));
+fail:
+    free(text);
+    json_decref(root);
+    return reply_error(c, &err);
+}
+
+static enum MHD_Result handle_detokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
+    json_error_t je;
+    json_t *root = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return reply_err(c, 400, NULL, "malformed JSON: %s", root ? "the body must be an object" : je.text);
+    }
+    const json_t *t = json_object_get(root, "tokens");
+    const json_t *model = json_object_get(root, "model");
+    if (json_is_string(model) && strcmp(json_string_value(model), srv->model_name)) {
+        json_decref(root);
+        return reply_err(c, 404, "model", "The model `%.200s` does not exist.", json_string_value(model));
+    }
+    if (!json_is_array(t)) {
+        json_decref(root);
+        return reply_err(c, 400, "tokens", "'tokens' must be a list of token ids");
+    }
+    const size_t n = json_array_size(t);
+    int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
+    for (size_t i = 0; ids && i < n; i++) {
+        const json_t *x = json_array_get(t, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= srv->n_vocab) {
+            free(ids);
+            json_decref(root);
+            return reply_err(c, 400, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, srv->n_vocab);
+        }
+        ids[i] = (int32_t)json_integer_value(x);
+    }
+    json_decref(root);
+    char *s = ids ? srv_detok_all(srv, ids, (int32_t)n) : NULL;
+    free(ids);
+    json_t *body = s ? json_pack("{s:s}", "prompt", s) : NULL;
+    free(s);
+    return reply_json(c, 200, body);
+}
+
+static srv_metrics_gauges gauges(srv_server *srv) {
+    const osp_engine_stats st = osp_engine_get_stats(srv->engine);
+    srv_metrics_gauges g = {.num_running = st.num_running, .num_waiting = st.num_waiting, .num_blocks = st.num_blocks,
+                            .num_free_blocks = st.num_free_blocks, .prefix_queries = st.prefix_queries_tokens,
+                            .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions};
+    pthread_mutex_lock(&srv->mu);
+    g.in_flight = srv->in_flight;
+    pthread_mutex_unlock(&srv->mu);
+    return g;
+}
+
+static bool authorized(srv_server *srv, struct MHD_Connection *c) {
+    if (!srv->cfg.api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncmp(h, "Bearer ", 7)) return false;
+    return !strcmp(h + 7, srv->cfg.api_key);
+}
+
+enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    srv_server *srv = cls;
+    conn_ctx *cx = *con_cls;
+    if (!cx) {
+        cx = calloc(1, sizeof *cx);
+        if (!cx) return MHD_NO;
+        *con_cls = cx;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
+            cx->too_large = true;
+            return reply_err(c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cx->too_large && cx->len + *upload_size > srv->cfg.max_body) {
+            cx->too_large = true;
+            free(cx->body);
+            cx->body = NULL;
+            cx->len = cx->cap = 0;
+        }
+        if (!cx->too_large) {
+            if (cx->len + *upload_size + 1 > cx->cap) {
+                size_t cap = cx->cap ? cx->cap : 4096;
+                while (cap < cx->len + *upload_size + 1) cap *= 2;
+                char *p = realloc(cx->body, cap);
+                if (!p) return MHD_NO;
+                cx->body = p;
+                cx->cap = cap;
+            }
+            memcpy(cx->body + cx->len, upload_data, *upload_size);
+            cx->len += *upload_size;
+            cx->body[cx->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cx->too_large) return reply_err(c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
+
+    const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strncmp(url, "/v1/", 4) && !authorized(srv, c)) return reply_err(c, 401, NULL, "invalid or missing API key");
+    if (!strcmp(url, "/health")) {
+        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        const srv_metrics_gauges g = gauges(srv);
+        pthread_mutex_lock(&srv->mu);
+        const bool draining = srv->draining;
+        pthread_mutex_unlock(&srv->mu);
+        return reply_json(c, draining ? 503 : 200,
+                          json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", draining ? "draining" : "ok",
+                                    "kv_cache_free_blocks", g.num_free_blocks, "kv_cache_total_blocks", g.num_blocks,
+                                    "num_requests_running", g.num_running, "num_requests_waiting", g.num_waiting,
+                                    "requests_in_flight", g.in_flight));
+    }
+    if (!strcmp(url, "/metrics")) {
+        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        const srv_metrics_gauges g = gauges(srv);
+        return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(srv->metrics, srv->model_name, &g));
+    }
+    if (!strcmp(url, "/v1/models")) {
+        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        return reply_json(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i}]}", "object", "list", "data", "id",
+                                            srv->model_name, "object", "model", "created", (json_int_t)time(NULL), "owned_by",
+                                            "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len));
+    }
+    struct {
+        const char *path;
+        int kind;
+    } const routes[] = {{"/v1/completions", 0}, {"/v1/chat/completions", 1}, {"/tokenize", 2}, {"/detokenize", 3}};
+    for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+        if (strcmp(url, routes[i].path)) continue;
+        if (!post) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        switch (routes[i].kind) {
+        case 0: return handle_generate(srv, c, SRV_ROUTE_COMPLETIONS, cx);
+        case 1: return handle_generate(srv, c, SRV_ROUTE_CHAT, cx);
+        case 2: return handle_tokenize(srv, c, cx);
+        default: return handle_detokenize(srv, c, cx);
+        }
+    }
+    return reply_err(c, 404, NULL, "no route %s %.200s", method, url);
+}
+
+void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn_ctx *cx = *con_cls;
+    if (cx) {
+        free(cx->body);
+        free(cx);
+        *con_cls = NULL;
+    }
+}

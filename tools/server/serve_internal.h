@@ -1,0 +1,172 @@
+/* What crosses the files of `osprey serve` (tools/server/serve*.c, openai_json.c, sse.c, routes.c):
+ * the server's state, a generation job and its choices, and the functions one file calls in another.
+ *
+ *   serve.c        flags, start-up (engine, tokenizer, chat template, HTTP daemon), SIGTERM drain, logging
+ *   serve_jobs.c   jobs: prompts -> engine requests, the engine callback, draining tokens into text
+ *   openai_json.c  OpenAI response objects: completions, chat completions, stream chunks, logprobs, usage
+ *   sse.c          the text/event-stream reply of a streaming job
+ *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
+ *
+ * Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), so a handler
+ * may block while it waits for tokens; the engine runs on its own loop thread (osp_engine_start). A
+ * generation request becomes a job with one engine request per choice (n per prompt). The engine's
+ * per-request callback (on the loop thread) appends the new token ids to the choice's inbox under the
+ * job's mutex and signals; the connection thread drains the inboxes, detokenizes, checks stop strings
+ * and writes the JSON reply or the SSE chunks. A job is reference counted (the connection plus every
+ * engine request not yet finished), so a client that disconnects (a failed write, or a peek at its
+ * socket while waiting) aborts its engine requests and the job is freed by the last finishing callback.
+ * Not for use outside tools/server/. */
+#ifndef OSPREY_TOOLS_SERVE_INTERNAL_H
+#define OSPREY_TOOLS_SERVE_INTERNAL_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "osprey/engine.h"
+#include "server.h"
+
+/* ---- server state -------------------------------------------------------------------------- */
+
+enum { SRV_LOG_DEBUG = 0, SRV_LOG_INFO = 1, SRV_LOG_WARNING = 2 };
+
+typedef struct srv_config {
+    const char *model_path, *host, *api_key, *served_model_name, *chat_template_path;
+    int port, n_threads, log_level;
+    osp_device device; /* --device cpu|cuda|auto (default auto) */
+    int32_t max_model_len, max_num_seqs, max_num_batched_tokens, block_size;
+    int64_t kv_cache_memory;
+    bool kv_cache_memory_set;     /* given on the command line (else 1 GiB on the CPU, auto on the GPU) */
+    float gpu_memory_utilization; /* --gpu-memory-utilization (0: the engine's 0.9) */
+    bool prefix_caching;
+    size_t max_body;      /* bytes */
+    int max_queue;        /* generation requests in flight (running or waiting) */
+    int drain_timeout_s;
+} srv_config;
+
+typedef struct srv_server {
+    srv_config cfg;
+    osp_engine *engine;
+    osp_tokenizer *tok;
+    const char *model_name;
+    int32_t max_model_len, n_vocab;
+    srv_chat_env chat;
+    srv_metrics *metrics;
+    pthread_mutex_t mu;
+    pthread_cond_t idle;
+    int in_flight;            /* generation requests a connection is serving */
+    int live_jobs;            /* jobs not yet freed (an aborted one lives until its engine requests end) */
+    uint64_t next_id;
+    bool draining;
+} srv_server;
+
+/* Seconds on CLOCK_MONOTONIC (for durations only). */
+double srv_now_s(void);
+/* One stderr line "LEVEL mm-dd HH:MM:SS message" when level >= s->cfg.log_level (serve.c). */
+void srv_log(const srv_server *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- jobs (serve_jobs.c) ------------------------------------------------------------------- */
+
+typedef struct srv_job srv_job;
+
+typedef struct srv_seq {
+    srv_job *job;
+    int32_t index, prompt_idx;
+    uint64_t engine_id;
+    bool added;               /* osp_engine_add succeeded */
+    /* shared with the engine callback (job->mu) */
+    int32_t *inbox;
+    int32_t n_inbox, cap_inbox;
+    osp_token_logprobs *lp_inbox; /* [cap_inbox] when the request asked for logprobs */
+    bool eng_finished;
+    osp_finish_reason eng_reason;
+    /* connection thread only */
+    int32_t *work;
+    int32_t cap_work;
+    osp_token_logprobs *lp_work;  /* [cap_work] */
+    json_t *lp;                   /* logprobs of the consumed tokens: chat [{token, logprob, bytes,
+                                     top_logprobs}], completions {tokens, token_logprobs, top_logprobs,
+                                     text_offset} */
+    size_t lp_sent;               /* entries already streamed */
+    bool seen_finished;
+    srv_text text;
+    int32_t n_out;            /* tokens consumed (counted as completion tokens) */
+    bool done;
+    const char *finish;       /* "stop", "length", "abort", "error" */
+    bool final_sent;
+} srv_seq;
+
+struct srv_job {
+    srv_server *srv;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                 /* the connection + engine requests not yet finished */
+    bool changed;             /* new tokens or a finish since the last drain */
+    srv_gen_request req;
+    char id[48];
+    time_t created;
+    double t_arrival, t_first;
+    int32_t *prompt_lens;     /* [n_prompts] */
+    char **echo;              /* [n_prompts] prompt texts when echo */
+    int32_t n_seqs;
+    srv_seq *seqs;
+    struct MHD_Connection *conn;
+    bool http_done, client_gone;
+    /* SSE */
+    char *out;
+    size_t out_len, out_off, out_cap;
+    bool started, finished_stream;
+};
+
+/* Renders the chat (chat route) into r->prompts[0] and tokenizes every text prompt into its ids
+ * (completions get BOS, a rendered chat does not). Returns 0, or -1 with *err (400: empty after
+ * tokenization or a chat template error; 500: out of memory, tokenizer failure). */
+int srv_build_prompts(srv_server *srv, srv_gen_request *r, srv_error *err);
+/* The text of ids[0..n) with special tokens kept (malloc'd), or NULL when out of memory. */
+char *srv_detok_all(srv_server *srv, const int32_t *ids, int32_t n);
+/* Creates the job for a request whose prompts are built and queues its engine requests; takes over
+ * *r (left zeroed). Counts the job in srv->in_flight. Returns NULL with *err set (400: context length,
+ * min_tokens, the engine refused a request; 500: out of memory), in which case nothing runs. */
+srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connection *conn, srv_error *err);
+/* Connection thread: waits up to timeout_ms for news, then turns new tokens into text (stop strings
+ * end a choice and abort its engine request). Returns true when something changed. */
+bool srv_job_pump(srv_job *j, int timeout_ms);
+/* Every choice has its finish reason. */
+bool srv_job_all_done(const srv_job *j);
+/* Is the client still there? A peek that reads 0 bytes means it closed its end. */
+bool srv_client_alive(srv_job *j);
+/* The connection is done with the job (reply sent, or client gone): aborts what still runs, logs the
+ * request and its metrics, drops the connection's reference (the job may be freed: do not touch it
+ * after). Idempotent. */
+void srv_job_http_done(srv_job *j);
+
+/* ---- OpenAI JSON (openai_json.c) ----------------------------------------------------------- */
+
+/* Appends one consumed token's logprobs (capped at req.logprobs top entries) to s->lp in the route's
+ * format. Connection thread. */
+void srv_json_add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp);
+/* The whole non-streaming reply: a text_completion or chat.completion object with usage (new ref). */
+json_t *srv_json_final(srv_job *j);
+/* A stream chunk for choice i: text piece [len] (or NULL), finish reason (or NULL), role (the chat's
+ * first chunk). Takes the logprobs streamed since the last chunk (advances s->lp_sent). New ref. */
+json_t *srv_json_chunk(srv_job *j, int32_t i, const char *text, size_t len, const char *finish, bool role);
+/* The last stream chunk when stream_options.include_usage: no choices, the usage. New ref. */
+json_t *srv_json_usage_chunk(const srv_job *j);
+
+/* ---- SSE (sse.c) --------------------------------------------------------------------------- */
+
+/* Queues the text/event-stream reply of a streaming job on c; the response's callbacks pump the job
+ * and release it (srv_job_http_done) when the stream ends or the client goes. Returns MHD's result
+ * (MHD_NO after releasing the job when the response cannot be made). */
+enum MHD_Result srv_sse_queue(srv_job *j, struct MHD_Connection *c);
+
+/* ---- routes (routes.c) --------------------------------------------------------------------- */
+
+/* MHD_AccessHandlerCallback (cls: the srv_server) and MHD_RequestCompletedCallback for the daemon. */
+enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload_data, size_t *upload_size, void **con_cls);
+void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
+
+#endif

@@ -1,0 +1,391 @@
+/* osprey serve: jobs, the state between a connection thread and the engine's loop thread.
+ *
+ * A generation request becomes a job with one engine request per choice (n per prompt; choice k of a
+ * prompt is the engine's child k, so seeded choices match the engine's own n). The engine callback
+ * (loop thread) appends token ids and logprobs to the choice's inbox under the job's mutex and
+ * signals; the connection thread's pump moves them out, detokenizes and checks stop strings
+ * (srv_text), ending a choice and aborting its engine request at a stop. The job is reference counted
+ * (the connection + every engine request not yet finished): whoever drops the last reference frees
+ * it, so a client that goes away leaves nothing behind once its aborted requests end. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "serve_internal.h"
+
+static void job_free(srv_job *j) {
+    srv_server *srv = j->srv;
+    pthread_mutex_lock(&srv->mu);
+    srv->live_jobs--;
+    pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mu);
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        free(j->seqs[i].inbox);
+        free(j->seqs[i].work);
+        free(j->seqs[i].lp_inbox);
+        free(j->seqs[i].lp_work);
+        json_decref(j->seqs[i].lp);
+        srv_text_free(&j->seqs[i].text);
+    }
+    if (j->echo)
+        for (int32_t i = 0; i < j->req.n_prompts; i++) free(j->echo[i]);
+    free(j->echo);
+    free(j->prompt_lens);
+    free(j->seqs);
+    free(j->out);
+    srv_gen_request_free(&j->req);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* Engine loop thread: append the new tokens to the choice's inbox. */
+static void on_output(void *user, const osp_request_output *o) {
+    srv_seq *s = user;
+    srv_job *j = s->job;
+    srv_server *srv = j->srv;
+    const double t = srv_now_s();
+    bool free_it = false;
+    pthread_mutex_lock(&j->mu);
+    if (o->num_tokens > 0) {
+        if (s->n_inbox + o->num_tokens > s->cap_inbox) {
+            int32_t cap = s->cap_inbox ? s->cap_inbox : 16;
+            while (cap < s->n_inbox + o->num_tokens) cap *= 2;
+            int32_t *p = realloc(s->inbox, sizeof(int32_t) * (size_t)cap);
+            if (p) s->inbox = p;
+            osp_token_logprobs *q = j->req.logprobs >= 0 ? realloc(s->lp_inbox, sizeof *q * (size_t)cap) : NULL;
+            if (q) s->lp_inbox = q;
+            if (p && (q || j->req.logprobs < 0)) s->cap_inbox = cap;
+        }
+        if (s->n_inbox + o->num_tokens <= s->cap_inbox) {
+            memcpy(s->inbox + s->n_inbox, o->token_ids, sizeof(int32_t) * (size_t)o->num_tokens);
+            if (s->lp_inbox && o->logprobs)
+                memcpy(s->lp_inbox + s->n_inbox, o->logprobs, sizeof *o->logprobs * (size_t)o->num_tokens);
+            s->n_inbox += o->num_tokens;
+        }
+        if (j->t_first == 0) {
+            j->t_first = t;
+            srv_metrics_observe_ttft(srv->metrics, t - j->t_arrival);
+        }
+    }
+    if (o->finished) {
+        s->eng_finished = true;
+        s->eng_reason = o->finish_reason;
+        free_it = --j->refs == 0;
+    }
+    j->changed = true;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) job_free(j);
+}
+
+static const char *finish_name(osp_finish_reason r) {
+    switch (r) {
+    case OSP_FINISH_STOP: return "stop";
+    case OSP_FINISH_LENGTH: return "length";
+    case OSP_FINISH_ABORT: return "abort";
+    default: return "error";
+    }
+}
+
+/* Connection thread: waits up to timeout_ms for news, then turns new tokens into text. Returns true
+ * when something changed. */
+bool srv_job_pump(srv_job *j, int timeout_ms) {
+    srv_server *srv = j->srv;
+    pthread_mutex_lock(&j->mu);
+    if (!j->changed && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        ts.tv_sec += timeout_ms / 1000 + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        while (!j->changed)
+            if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) break;
+    }
+    const bool changed = j->changed;
+    j->changed = false;
+    int32_t counts[SRV_MAX_N];
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        counts[i] = 0;
+        if (s->n_inbox > s->cap_work) {
+            int32_t *p = realloc(s->work, sizeof(int32_t) * (size_t)s->cap_inbox);
+            if (p) s->work = p;
+            osp_token_logprobs *q = s->lp_inbox ? realloc(s->lp_work, sizeof *q * (size_t)s->cap_inbox) : NULL;
+            if (q) s->lp_work = q;
+            if (p && (q || !s->lp_inbox)) s->cap_work = s->cap_inbox;
+        }
+        if (s->n_inbox <= s->cap_work && s->n_inbox > 0) {
+            memcpy(s->work, s->inbox, sizeof(int32_t) * (size_t)s->n_inbox);
+            if (s->lp_inbox) memcpy(s->lp_work, s->lp_inbox, sizeof *s->lp_work * (size_t)s->n_inbox);
+            counts[i] = s->n_inbox;
+            s->n_inbox = 0;
+        }
+        s->seen_finished = s->eng_finished && s->n_inbox == 0;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (!changed) return false;
+
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        if (s->done) continue;
+        for (int32_t k = 0; k < counts[i] && !s->done; k++) {
+            s->n_out++;
+            if (s->lp_work) srv_json_add_logprobs(j, s, &s->lp_work[k]);
+            /* the token that ended the sequence (EOS or a stop id) gives no text, as in vLLM */
+            const bool stop_tok = s->seen_finished && s->eng_reason == OSP_FINISH_STOP && k == counts[i] - 1;
+            if (stop_tok && !j->req.include_stop_str_in_output) continue;
+            const int rc = srv_text_push(&s->text, s->work[k]);
+            if (rc == 1) {
+                s->done = true;
+                s->finish = "stop";
+                if (!s->seen_finished) osp_engine_abort(srv->engine, s->engine_id);
+            }
+        }
+        if (!s->done && s->seen_finished) {
+            srv_text_finish(&s->text);
+            s->done = true;
+            s->finish = finish_name(s->eng_reason);
+        }
+    }
+    return true;
+}
+
+bool srv_job_all_done(const srv_job *j) {
+    for (int32_t i = 0; i < j->n_seqs; i++)
+        if (!j->seqs[i].done) return false;
+    return true;
+}
+
+/* Is the client still there? A peek that reads 0 bytes means it closed its end. */
+bool srv_client_alive(srv_job *j) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return true;
+    char c;
+    const ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    return true;
+}
+
+/* The connection is done with the job (reply sent, or client gone): abort what still runs, log the
+ * request, drop the connection's reference. */
+void srv_job_http_done(srv_job *j) {
+    srv_server *srv = j->srv;
+    if (j->http_done) return;
+    j->http_done = true;
+    const double t = srv_now_s();
+    int64_t n_prompt = 0, n_out = 0;
+    for (int32_t i = 0; i < j->req.n_prompts; i++) n_prompt += j->prompt_lens ? j->prompt_lens[i] : 0;
+    const char *finish = j->n_seqs ? (j->seqs[0].finish ? j->seqs[0].finish : "abort") : "error";
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        n_out += s->n_out;
+        if (s->added && !s->done) osp_engine_abort(srv->engine, s->engine_id);
+    }
+    if (j->client_gone) finish = "abort";
+    srv_metrics_request_done(srv->metrics, finish, n_prompt, n_out);
+    srv_metrics_observe_e2e(srv->metrics, t - j->t_arrival);
+    if (n_out > 1 && j->t_first > 0) srv_metrics_observe_itl(srv->metrics, (t - j->t_first) / (double)(n_out - 1), n_out - 1);
+    srv_log(srv, SRV_LOG_INFO, "request %s: %lld prompt tokens, %lld output tokens (%d choice%s), ttft %.1f ms, total %.1f ms, finish %s%s",
+            j->id, (long long)n_prompt, (long long)n_out, j->n_seqs, j->n_seqs == 1 ? "" : "s",
+            j->t_first > 0 ? (j->t_first - j->t_arrival) * 1e3 : 0.0, (t - j->t_arrival) * 1e3, finish,
+            j->client_gone ? " (client disconnected)" : "");
+    pthread_mutex_lock(&srv->mu);
+    srv->in_flight--;
+    pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mu);
+    pthread_mutex_lock(&j->mu);
+    const bool free_it = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) job_free(j);
+}
+
+static uint64_t salt_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* Tokenizes the prompts (or renders and tokenizes the chat) and fills j->prompt ids. */
+int srv_build_prompts(srv_server *srv, srv_gen_request *r, srv_error *err) {
+    if (r->route == SRV_ROUTE_CHAT) {
+        char *text;
+        if (srv_chat_render(&srv->chat, r, &text, err)) return -1;
+        r->prompts = calloc(1, sizeof(srv_prompt));
+        if (!r->prompts) {
+            free(text);
+            return srv_fail(err, 500, NULL, "out of memory");
+        }
+        r->prompts[0].text = text;
+        r->n_prompts = 1;
+    }
+    for (int32_t i = 0; i < r->n_prompts; i++) {
+        srv_prompt *p = &r->prompts[i];
+        if (p->ids) continue;
+        int32_t *ids;
+        size_t n;
+        /* a chat prompt already holds its special tokens; a completion prompt gets BOS as usual */
+        if (osp_tokenizer_encode(srv->tok, p->text, strlen(p->text), r->route == SRV_ROUTE_COMPLETIONS, true, &ids, &n) != OSP_OK)
+            return srv_fail(err, 500, NULL, "tokenization failed: %s", osp_last_error());
+        p->ids = ids;
+        p->n_ids = (int32_t)n;
+        if (n == 0) return srv_fail(err, 400, "prompt", "the prompt is empty after tokenization");
+    }
+    return 0;
+}
+
+char *srv_detok_all(srv_server *srv, const int32_t *ids, int32_t n) {
+    srv_text t;
+    char *none[1] = {NULL};
+    if (srv_text_init(&t, srv->tok, false, none, 0, false)) {
+        srv_text_free(&t);
+        return NULL;
+    }
+    for (int32_t i = 0; i < n; i++) srv_text_push(&t, ids[i]);
+    srv_text_finish(&t);
+    char *s = strdup(t.buf ? t.buf : "");
+    srv_text_free(&t);
+    return s;
+}
+
+/* Creates the job and queues its engine requests. On error nothing runs and *err is set. */
+srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connection *conn, srv_error *err) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        srv_fail(err, 500, NULL, "out of memory");
+        return NULL;
+    }
+    j->srv = srv;
+    pthread_mutex_lock(&srv->mu);
+    srv->live_jobs++;
+    pthread_mutex_unlock(&srv->mu);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->req = *r;
+    memset(r, 0, sizeof *r);
+    r = &j->req;
+    j->conn = conn;
+    j->t_arrival = srv_now_s();
+    j->created = time(NULL);
+    j->refs = 1;
+    pthread_mutex_lock(&srv->mu);
+    const uint64_t first_id = srv->next_id;
+    srv->next_id += (uint64_t)r->n * (uint64_t)r->n_prompts + 1;
+    pthread_mutex_unlock(&srv->mu);
+    snprintf(j->id, sizeof j->id, "%s-%016llx%04x", r->route == SRV_ROUTE_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)first_id * 0x9E3779B97F4A7C15ull, (unsigned)(first_id & 0xffff));
+
+    j->prompt_lens = calloc((size_t)r->n_prompts, sizeof(int32_t));
+    j->n_seqs = r->n * r->n_prompts;
+    j->seqs = calloc((size_t)j->n_seqs, sizeof(srv_seq));
+    if (!j->prompt_lens || !j->seqs) {
+        srv_fail(err, 500, NULL, "out of memory");
+        goto fail;
+    }
+    for (int32_t p = 0; p < r->n_prompts; p++) {
+        const int32_t np = r->prompts[p].n_ids;
+        j->prompt_lens[p] = np;
+        const int32_t max_tokens = r->max_tokens > 0 ? r->max_tokens
+                                   : r->route == SRV_ROUTE_COMPLETIONS ? 16
+                                                                       : srv->max_model_len - np;
+        if (np >= srv->max_model_len || (int64_t)np + max_tokens > srv->max_model_len) {
+            srv_fail(err, 400, r->route == SRV_ROUTE_CHAT ? "messages" : "prompt",
+                     "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+                     srv->max_model_len, (long long)np + (max_tokens > 0 ? max_tokens : 0), np,
+                     r->route == SRV_ROUTE_CHAT ? "messages" : "prompt", max_tokens > 0 ? max_tokens : 0,
+                     r->route == SRV_ROUTE_CHAT ? "messages" : "prompt");
+            goto fail;
+        }
+        if (r->min_tokens > max_tokens) {
+            srv_fail(err, 400, "min_tokens", "'min_tokens' (%d) exceeds the tokens left for the completion (%d)", r->min_tokens,
+                     max_tokens);
+            goto fail;
+        }
+    }
+    if (r->echo && r->route == SRV_ROUTE_COMPLETIONS) {
+        j->echo = calloc((size_t)r->n_prompts, sizeof(char *));
+        if (!j->echo) goto oom;
+        for (int32_t p = 0; p < r->n_prompts; p++) {
+            j->echo[p] = r->prompts[p].text && r->prompts[p].text[0] ? strdup(r->prompts[p].text)
+                                                                      : srv_detok_all(srv, r->prompts[p].ids, r->prompts[p].n_ids);
+            if (!j->echo[p]) goto oom;
+        }
+    }
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        s->job = j;
+        s->index = i;
+        s->prompt_idx = i / r->n;
+        s->engine_id = first_id + (uint64_t)i;
+        if (srv_text_init(&s->text, srv->tok, r->skip_special_tokens, r->stop, r->n_stop, r->include_stop_str_in_output))
+            goto oom;
+    }
+    osp_token_bias bias[1024];
+    for (int32_t b = 0; b < r->n_bias && b < 1024; b++) bias[b] = (osp_token_bias){r->bias_ids[b], r->bias_values[b]};
+    /* queue the engine requests; the callbacks may start as soon as the first add returns */
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        const srv_prompt *p = &r->prompts[s->prompt_idx];
+        osp_request_params rp = osp_request_default_params();
+        rp.request_id = s->engine_id;
+        rp.prompt = p->ids;
+        rp.num_prompt = p->n_ids;
+        rp.temperature = r->temperature;
+        rp.top_k = r->top_k;
+        rp.top_p = r->top_p;
+        rp.min_p = r->min_p;
+        rp.presence_penalty = r->presence_penalty;
+        rp.frequency_penalty = r->frequency_penalty;
+        rp.repetition_penalty = r->repetition_penalty;
+        rp.logit_bias = bias;
+        rp.num_logit_bias = r->n_bias;
+        /* choice k of a prompt is the engine's child k: (seed, sample_index k), so a seeded request
+           gives the same choices as the engine's own n would */
+        rp.has_seed = r->seed_set;
+        rp.seed = r->seed;
+        rp.sample_index = (uint32_t)(i % r->n);
+        rp.logprobs = r->logprobs;
+        rp.max_tokens = r->max_tokens > 0 ? r->max_tokens : r->route == SRV_ROUTE_COMPLETIONS ? 16 : 0;
+        rp.min_tokens = r->min_tokens;
+        rp.ignore_eos = r->ignore_eos;
+        rp.stop_token_ids = r->stop_token_ids;
+        rp.num_stop_token_ids = r->n_stop_token_ids;
+        rp.cache_salt = r->cache_salt ? salt_hash(r->cache_salt) : 0;
+        rp.callback = on_output;
+        rp.callback_user = s;
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        if (osp_engine_add(srv->engine, &rp) != OSP_OK) {
+            srv_fail(err, 400, NULL, "%s", osp_last_error());
+            pthread_mutex_lock(&j->mu);
+            j->refs--;
+            pthread_mutex_unlock(&j->mu);
+            for (int32_t k = 0; k < i; k++) osp_engine_abort(srv->engine, j->seqs[k].engine_id);
+            for (int32_t k = i; k < j->n_seqs; k++) j->seqs[k].done = true, j->seqs[k].finish = "error";
+            goto fail_started;
+        }
+        s->added = true;
+    }
+    pthread_mutex_lock(&srv->mu);
+    srv->in_flight++;
+    pthread_mutex_unlock(&srv->mu);
+    return j;
+oom:
+    srv_fail(err, 500, NULL, "out of memory");
+fail:
+    job_free(j);
+    return NULL;
+fail_started: /* the added requests hold references; the last finishing callback frees the job */
+    j->http_done = true;
+    pthread_mutex_lock(&j->mu);
+    const bool free_it = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) job_free(j);
+    return NULL;
+}
