@@ -40,6 +40,22 @@ typedef struct osp_weight_src {
     float random_offset;
 } osp_weight_src;
 
+/* Activations a run sets from, or copies to, host memory: fp32 rows [rows of the act's kind, cols]
+ * (converted from / to the activation's dtype). Inputs are written after the step's buffers are sized
+ * and before the first op; outputs are read after the last op. For op tests (tests/ops/) and for
+ * outputs such as the hidden states a drafter reads. */
+typedef struct osp_act_io {
+    int32_t act;
+    float *host;
+    bool input; /* true: host -> activation before the ops; false: activation -> host after them */
+} osp_act_io;
+
+typedef struct osp_run_io {
+    float *logits; /* [num_logits, n_vocab] on the host, or NULL: they stay in the backend */
+    const osp_act_io *acts;
+    int32_t n_acts;
+} osp_run_io;
+
 typedef struct osp_backend_vtable {
     const char *name; /* "cpu", "cuda" */
     osp_device device;
@@ -60,10 +76,10 @@ typedef struct osp_backend_vtable {
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);
     /* Runs graph `g` for the checked batch `b` over the KV cache `kv`. The logits stay in the
-     * backend (rows [0, num_logits)) for sample / logits_to_host; when `logits` is non-NULL they are
-     * also copied there, and the call waits for them. Otherwise the call may return before the
-     * device has finished. */
-    osp_status (*run)(osp_backend *be, const osp_graph *g, osp_kv_cache *kv, const osp_batch *b, float *logits);
+     * backend (rows [0, num_logits)) for sample / logits_to_host; when io->logits is non-NULL they are
+     * also copied there, and the call waits for them (as for any output in io->acts). Otherwise the
+     * call may return before the device has finished. io may be NULL. */
+    osp_status (*run)(osp_backend *be, const osp_graph *g, osp_kv_cache *kv, const osp_batch *b, const osp_run_io *io);
     /* Samples rows[i] from row logits_rows[i] of the last run's logits (src/sample/sampler.h rules).
      * tokens [n], status [n], logprobs [n] (NULL: none). Returns once the results are on the host;
      * OSP_OK unless the call itself failed (row failures are in status). */

@@ -245,7 +245,8 @@ osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
     if (kv->owner != m && kv->be != m->be)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model's device memory");
     OSP_TRY(check_batch(m, kv, b));
-    return m->be->vt->run(m->be, &m->graph[b->num_logits > 0], kv, b, logits);
+    const osp_run_io io = {.logits = logits};
+    return m->be->vt->run(m->be, &m->graph[b->num_logits > 0], kv, b, &io);
 }
 
 /* ---- device-side results (model_exec.h) -------------------------------------------------------- */

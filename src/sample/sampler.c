@@ -6,7 +6,6 @@
 #include "sample/sampler.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +57,7 @@ osp_status osp_sampler_workspace_create(int32_t max_rows, int32_t vocab, int32_t
     if (!out || max_rows <= 0 || vocab <= 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "sampler workspace: max_rows %d and vocab %d must be > 0",
                              max_rows, vocab);
-    if (n_threads <= 0) n_threads = omp_get_max_threads();
+    if (n_threads <= 0) n_threads = 1;
     osp_sampler_workspace *ws = calloc(1, sizeof *ws);
     if (!ws) goto nomem;
     ws->max_rows = max_rows, ws->vocab = vocab, ws->n_threads = n_threads;
@@ -218,10 +217,10 @@ osp_status osp_sample_batch(osp_sampler_workspace *ws, const float *logits, int3
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "sample_batch: bad call (num_rows %d of max %d, vocab %d, workspace vocab %d)",
                              num_rows, ws ? ws->max_rows : 0, vocab, ws ? ws->vocab : 0);
-    const int32_t nt = num_rows < ws->n_threads ? num_rows : ws->n_threads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt) if (nt > 1)
+    /* on the calling thread (the engine spreads rows over the model's thread pool with
+     * osp_sample_rows instead: one threading model, no second set of threads) */
     for (int32_t r = 0; r < num_rows; r++) {
-        thread_scratch *t = &ws->t[omp_get_thread_num()];
+        thread_scratch *t = &ws->t[0];
         ws->why_arg[r] = 0;
         ws->why[r] = sample_row(logits + (size_t)r * (size_t)vocab, vocab, &rows[r], t->w, t->ids, t->counts, t->seen,
                                 &out_tokens[r], out_logprobs ? &out_logprobs[r] : NULL, &ws->why_arg[r]);

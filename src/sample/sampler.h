@@ -81,7 +81,7 @@ osp_sampler_row osp_sampler_row_default(void);
 typedef struct osp_sampler_workspace osp_sampler_workspace;
 
 /* Allocates everything the sampler needs for batches of up to max_rows rows over `vocab` tokens,
- * using up to n_threads OpenMP threads (<= 0: omp_get_max_threads()). Per thread: 2 floats/ints of
+ * with scratch for n_threads threads (slots of osp_sample_rows; <= 0: 1). Per thread: 2 floats/ints of
  * scratch and a 4-byte counter plus a flag byte per vocabulary entry. Returns OSP_ERR_INVALID_ARG or
  * OSP_ERR_NOMEM; on success the caller owns *out and frees it with osp_sampler_workspace_free. */
 osp_status osp_sampler_workspace_create(int32_t max_rows, int32_t vocab, int32_t n_threads,
@@ -97,8 +97,8 @@ void osp_sampler_workspace_free(osp_sampler_workspace *ws);
  * Returns OSP_OK if every row succeeded; otherwise the first failing row's status, with
  * osp_last_error() naming the row and the reason (rows with OSP_OK are valid either way); or
  * OSP_ERR_INVALID_ARG for a bad call (NULL pointers, sizes beyond the workspace), writing nothing.
- * out_logprobs of failed rows are left as they were. Allocates nothing. Rows run in parallel over
- * the workspace's threads (OpenMP); one call at a time per workspace. */
+ * out_logprobs of failed rows are left as they were. Allocates nothing. Rows run one after another
+ * on the calling thread (scratch slot 0); one call at a time per workspace. */
 osp_status osp_sample_batch(osp_sampler_workspace *ws, const float *logits, int32_t num_rows, int32_t vocab,
                             const osp_sampler_row *rows, int32_t *out_tokens, osp_logprobs *out_logprobs,
                             osp_status *row_status);
@@ -106,7 +106,7 @@ osp_status osp_sample_batch(osp_sampler_workspace *ws, const float *logits, int3
 /* The same for rows [row_begin, row_end) of the arrays above, on the calling thread only, with the
  * workspace's scratch set `slot` (in [0, n_threads) of the workspace): for callers that split rows
  * over their own threads (e.g. inside osp_threadpool_run, slot = ith), each thread its own slot.
- * No OpenMP. Returns OSP_OK or the first failing row's status (message on this thread). */
+ * Returns OSP_OK or the first failing row's status (message on this thread). */
 osp_status osp_sample_rows(osp_sampler_workspace *ws, int32_t slot, const float *logits, int32_t row_begin,
                            int32_t row_end, int32_t vocab, const osp_sampler_row *rows, int32_t *out_tokens,
                            osp_logprobs *out_logprobs, osp_status *row_status);

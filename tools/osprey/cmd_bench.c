@@ -17,9 +17,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "model/model_exec.h"
+#include "osprey_internal.h"
 #include "osprey/model.h"
-#include "sample/sampler.h"
 
 #define BLOCK_SIZE 16
 

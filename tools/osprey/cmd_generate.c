@@ -12,7 +12,7 @@
 #include "osprey/engine.h"
 #include "osprey/model.h"
 #include "osprey/tokenizer.h"
-#include "sample/sampler.h"
+#include "osprey_internal.h"
 
 #define BLOCK_SIZE 16
 

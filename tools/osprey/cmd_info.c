@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "core/dtype.h"
+#include "osprey_internal.h"
 #include "osprey/gguf.h"
 
 static void print_str(osp_gguf_str s, size_t max) {

@@ -34,9 +34,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
-#include "core/dtype.h"
-#include "core/quantize.h"
-#include "model/presets.h"
+#include "osprey_internal.h"
 #include "osprey/gguf.h"
 
 typedef osp_model_preset preset;

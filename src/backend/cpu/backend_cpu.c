@@ -441,14 +441,26 @@ nomem:
     return osp_set_error(OSP_ERR_NOMEM, "forward: out of memory for a batch of %lld tokens", (long long)T);
 }
 
-static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv, const osp_batch *b,
+                          const osp_run_io *io) {
     cpu_backend *c = CPU(be);
     float *bufs[OSP_GRAPH_MAX_ACTS] = {0};
+    float *logits = io ? io->logits : NULL;
     c->last_logits = 0;
-    if (b->num_logits > 0 && !logits) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: logits must go to the host");
+    if (b->num_logits > 0 && g->logits >= 0 && !logits)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: logits must go to the host");
     OSP_TRY(reserve(c, g, b, logits, bufs));
     run_ctx r = {c, g, kv, b, bufs, b->num_tokens, b->num_logits};
+    for (int32_t i = 0; io && i < io->n_acts; i++) {
+        const osp_act_io *a = &io->acts[i];
+        if (a->act < 0 || a->act >= g->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: no activation %d", a->act);
+        if (a->input) memcpy(bufs[a->act], a->host, sizeof(float) * (size_t)rows_of(&r, a->act) * (size_t)g->acts[a->act].cols);
+    }
     osp_threadpool_run(c->pool, run_task, &r);
+    for (int32_t i = 0; io && i < io->n_acts; i++) {
+        const osp_act_io *a = &io->acts[i];
+        if (!a->input) memcpy(a->host, bufs[a->act], sizeof(float) * (size_t)rows_of(&r, a->act) * (size_t)g->acts[a->act].cols);
+    }
     c->logits = logits;
     c->last_logits = g->logits >= 0 ? b->num_logits : 0;
     return OSP_OK;

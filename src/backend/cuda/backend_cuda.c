@@ -450,11 +450,40 @@ static bool is_pure_decode(const osp_batch *b) {
     return true;
 }
 
-static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+/* Host fp32 rows <-> an activation in its dtype (bf16 converted on the host), synchronous. */
+static osp_status act_copy(cuda_backend *g, const osp_graph *gr, const osp_act_io *a, int64_t T, int64_t L) {
+    if (a->act < 0 || a->act >= gr->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cuda backend: no activation %d", a->act);
+    const osp_act *ac = &gr->acts[a->act];
+    const size_t n = (size_t)(ac->rows == OSP_ROWS_LOGITS ? L : T) * (size_t)ac->cols;
+    if (ac->type == OSP_DTYPE_F32) {
+        OSP_TRY(a->input ? osp_cuda_h2d(g->act[a->act], a->host, n * 4, g->stream)
+                         : osp_cuda_d2h(a->host, g->act[a->act], n * 4, g->stream));
+        return osp_cuda_stream_sync(g->stream);
+    }
+    uint16_t *tmp = malloc(n * 2 + 2);
+    if (!tmp) return osp_set_error(OSP_ERR_NOMEM, "cuda backend: out of memory");
+    osp_status s = OSP_OK;
+    if (a->input) {
+        for (size_t i = 0; i < n; i++) tmp[i] = osp_fp32_to_bf16(a->host[i]);
+        s = osp_cuda_h2d(g->act[a->act], tmp, n * 2, g->stream);
+        if (s == OSP_OK) s = osp_cuda_stream_sync(g->stream);
+    } else {
+        s = osp_cuda_d2h(tmp, g->act[a->act], n * 2, g->stream);
+        if (s == OSP_OK) s = osp_cuda_stream_sync(g->stream);
+        for (size_t i = 0; s == OSP_OK && i < n; i++) a->host[i] = osp_bf16_to_fp32(tmp[i]);
+    }
+    free(tmp);
+    return s;
+}
+
+static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b,
+                           const osp_run_io *io) {
     cuda_backend *g = CU(be);
+    float *logits = io ? io->logits : NULL;
+    const bool has_io = io && io->n_acts > 0;
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
     g->logits = NULL;
-    const int gi = g->use_graphs && is_pure_decode(b) ? graph_slot(b->num_seqs) : -1;
+    const int gi = g->use_graphs && !has_io && is_pure_decode(b) ? graph_slot(b->num_seqs) : -1;
     /* padded sizes: a decode batch runs at its ladder size (eager or graph alike, so the same kernels
      * and GEMM plans see the same shapes either way) */
     const int32_t S = gi >= 0 ? k_graph_sizes[gi] : b->num_seqs;
@@ -504,6 +533,8 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     }
     /* one copy: everything before the block table, and the table's first S rows */
     OSP_TRY(osp_cuda_h2d(g->d_in, h, (lay.bt + (size_t)S * (size_t)g->cap_w) * 4, g->stream));
+    for (int32_t i = 0; has_io && i < io->n_acts; i++)
+        if (io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
     if (gi >= 0 && g->graphs[gi]) {
         OSP_TRY(osp_cuda_graph_launch(g->graphs[gi], g->stream));
     } else {
@@ -525,6 +556,8 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         g->logits = g->act[gr->logits];
         g->num_logits = b->num_logits;
     }
+    for (int32_t i = 0; has_io && i < io->n_acts; i++)
+        if (!io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
     if (logits && b->num_logits > 0) {
         OSP_TRY(osp_cuda_d2h(logits, g->logits, (size_t)b->num_logits * (size_t)be->n_vocab * 4, g->stream));
         OSP_TRY(osp_cuda_stream_sync(g->stream));

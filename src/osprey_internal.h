@@ -1,0 +1,22 @@
+/* The one internal header the tools (tools/osprey, tools/server) may include beside include/osprey/:
+ * what a tool needs of the library that is not public API, each entry with the reason it is here.
+ * Nothing else under src/ is included by tools/ (grep -rn '#include "' tools | grep -v osprey/
+ * finds only this file and the tools' own headers). */
+#ifndef OSPREY_INTERNAL_H
+#define OSPREY_INTERNAL_H
+
+/* osp_sampling_params / osp_sampler_row (sample/sampler.h): `generate` and `chat` fill sampling
+ * parameters for the engine; `bench` samples on the device the way the engine does. */
+#include "sample/sampler.h"
+/* osp_model_sample (model/model_exec.h): `bench` times decode steps with device-side sampling, as
+ * the engine runs them, without an engine. */
+#include "model/model_exec.h"
+/* osp_dtype_name / osp_dtype_row_size (core/dtype.h): `info` names tensor types; `make-random-model`
+ * sizes rows. osp_quantize_row (core/quantize.h): `make-random-model` writes quantized types. */
+#include "core/dtype.h"
+#include "core/quantize.h"
+/* the presets and their seeded random streams (model/presets.h): `make-random-model` writes them as
+ * GGUF, bit-identical to what --random-weights draws on the GPU. */
+#include "model/presets.h"
+
+#endif
