@@ -86,6 +86,12 @@ typedef struct osp_model_params {
     bool emulate_bf16; /* implies exact, on the CPU: round weights and activations to bf16 where the CUDA
                         * backend stores them in bf16 (a reference that isolates its kernels from its
                         * precision; tests only, slow) */
+    /* Hidden states to return (speculative decoding's EAGLE-style drafters read them): the residual
+     * stream after each listed layer (0-based; n_layer - 1 is the final stream before the output
+     * norm), fp32 [num_tokens, n_embd], through osp_model_forward_hidden (src/model/model_exec.h). At
+     * most 8, in increasing order; OSP_ERR_INVALID_ARG from loading otherwise. */
+    int32_t n_hidden_layers;
+    int32_t hidden_layers[8];
     bool exact;    /* true: fp32 activations in every matmul (the reference path the golden tests use);
                     * false (default): int8-quantized activations for block-quantized weights (faster;
                     * per-row quantization keeps results batch-invariant). CPU only: the GPU

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/status_internal.h"
 
 osp_status osp_graph_init(osp_graph *g) {
@@ -27,6 +28,19 @@ osp_status osp_graph_act(osp_graph *g, const char *name, uint32_t type, int64_t 
     return OSP_OK;
 }
 
+osp_status osp_graph_hidden(osp_graph *g, const osp_build_opts *o, int32_t layer, int32_t x, int64_t n_embd) {
+    for (int32_t i = 0; o && i < o->n_hidden_layers; i++) {
+        if (o->hidden_layers[i] != layer) continue;
+        if (g->n_hidden == 8) return osp_set_error(OSP_ERR_INVALID_ARG, "op list: more than 8 hidden-state outputs");
+        int32_t h = -1;
+        OSP_TRY(osp_graph_act(g, "hidden", OSP_DTYPE_F32, n_embd, OSP_ROWS_TOKENS, &h));
+        const osp_op op = {.kind = OSP_OP_COPY, .dst = h, .src0 = x, .src1 = -1};
+        OSP_TRY(osp_graph_push(g, &op));
+        g->hidden[g->n_hidden++] = h;
+    }
+    return OSP_OK;
+}
+
 osp_status osp_graph_push(osp_graph *g, const osp_op *op) {
     if (g->n_ops == g->cap_ops) {
         const int32_t cap = g->cap_ops ? 2 * g->cap_ops : 64;
@@ -43,7 +57,7 @@ const char *osp_op_name(osp_op_kind k) {
     static const char *const names[OSP_OP_COUNT] = {
         [OSP_OP_EMBED] = "embed",           [OSP_OP_ADD_RMSNORM] = "add_rmsnorm", [OSP_OP_GATHER_RMSNORM] = "gather_rmsnorm",
         [OSP_OP_MATMUL] = "matmul",         [OSP_OP_ROPE_KV_WRITE] = "rope_kv_write", [OSP_OP_ATTENTION] = "attention",
-        [OSP_OP_GLU] = "glu",               [OSP_OP_ADD] = "add",
+        [OSP_OP_GLU] = "glu",               [OSP_OP_ADD] = "add",                 [OSP_OP_COPY] = "copy",
     };
     return (unsigned)k < OSP_OP_COUNT ? names[k] : "?";
 }

@@ -88,6 +88,9 @@ typedef enum osp_op_kind {
     OSP_OP_GLU,
     /* dst += src0, elementwise over [R, cols] */
     OSP_OP_ADD,
+    /* dst = src0 (same rows, cols and dtype): a copy of an intermediate the caller reads (hidden
+     * states for drafters) */
+    OSP_OP_COPY,
     OSP_OP_COUNT
 } osp_op_kind;
 
@@ -117,7 +120,15 @@ typedef struct osp_graph {
     int32_t n_acts;
     osp_act acts[OSP_GRAPH_MAX_ACTS];
     int32_t logits; /* activation holding the logits [num_logits, n_vocab] fp32, -1 when none */
+    int32_t n_hidden; /* hidden-state outputs (osp_build_opts.hidden_layers), fp32 [num_tokens, n_embd] */
+    int32_t hidden[8];
 } osp_graph;
+
+/* What a builder adds to the op list beyond the logits. */
+typedef struct osp_build_opts {
+    int32_t n_hidden_layers;
+    const int32_t *hidden_layers; /* copy the residual stream after these layers to outputs */
+} osp_build_opts;
 
 /* One step's inputs, in host memory, as the engine built them (osprey/model.h osp_batch). */
 typedef struct osp_batch osp_batch;
@@ -127,6 +138,10 @@ osp_status osp_graph_init(osp_graph *g);
 void osp_graph_free(osp_graph *g);
 /* Declares an activation; returns its id in *id. */
 osp_status osp_graph_act(osp_graph *g, const char *name, uint32_t type, int64_t cols, osp_act_rows rows, int32_t *id);
+/* When `layer` is one of o's hidden layers: a COPY of the residual stream x [num_tokens, n_embd]
+ * (fp32) into a new output activation, listed in g->hidden. Builders call it after each layer, once
+ * the layer's residual adds are done. */
+osp_status osp_graph_hidden(osp_graph *g, const osp_build_opts *o, int32_t layer, int32_t x, int64_t n_embd);
 /* Appends a copy of *op. */
 osp_status osp_graph_push(osp_graph *g, const osp_op *op);
 /* "embed", "add_rmsnorm", ... */

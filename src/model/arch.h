@@ -26,8 +26,9 @@ typedef struct osp_arch {
     osp_status (*bind)(osp_loader *ld, const osp_model_config *c, void **weights);
     void (*free_weights)(void *weights);
     /* Builds the op list of a step into g (initialized, empty): with the logits tail when
-     * with_logits (num_logits > 0), else without. */
-    osp_status (*build)(const osp_model_config *c, const void *weights, bool with_logits, osp_graph *g);
+     * with_logits (num_logits > 0), else without; plus the outputs opts asks for. */
+    osp_status (*build)(const osp_model_config *c, const void *weights, bool with_logits, const osp_build_opts *opts,
+                        osp_graph *g);
 } osp_arch;
 
 extern const osp_arch osp_arch_llama;

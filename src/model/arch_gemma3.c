@@ -173,7 +173,8 @@ done:
         OSP_TRY(osp_graph_push(g, &op_));                                                          \
     } while (0)
 
-static osp_status build(const osp_model_config *c, const void *wp, bool with_logits, osp_graph *g) {
+static osp_status build(const osp_model_config *c, const void *wp, bool with_logits, const osp_build_opts *opts,
+                        osp_graph *g) {
     const gemma3_weights *w = wp;
     const int64_t E = c->n_embd, D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D,
                   F = c->n_ff, V = c->n_vocab;
@@ -189,10 +190,11 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
     ACT("gu", OSP_DTYPE_BF16, 2 * F, OSP_ROWS_TOKENS, &gu);
     ACT("act", OSP_DTYPE_BF16, F, OSP_ROWS_TOKENS, &act);
     PUSH(OSP_OP_EMBED, x, -1, -1, .w = w->tok_embd, .p.embed.scale = c->embed_scale);
+    int32_t pending = -1; /* the last layer's post-normed MLP output, added to x by the next norm */
     for (int32_t l = 0; l < c->n_layer; l++) {
         const gemma3_layer *L = &w->layers[l];
         const bool swa = is_swa(c, l);
-        PUSH(OSP_OP_ADD_RMSNORM, xn, l == 0 ? -1 : o, x, .w = L->attn_norm, .p.norm.eps = eps);
+        PUSH(OSP_OP_ADD_RMSNORM, xn, pending, x, .w = L->attn_norm, .p.norm.eps = eps);
         PUSH(OSP_OP_MATMUL, qkv, xn, -1, .w = L->wqkv);
         PUSH(OSP_OP_ROPE_KV_WRITE, q, qkv, -1, .layer = l, .w1 = L->q_norm, .w2 = L->k_norm,
              .w3 = swa ? w->inv_freq_swa : w->inv_freq_global,
@@ -206,8 +208,15 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
         PUSH(OSP_OP_GLU, act, gu, -1, .p.glu.act = OSP_GLU_GELU_TANH);
         PUSH(OSP_OP_MATMUL, a, act, -1, .w = L->wdown);
         PUSH(OSP_OP_ADD_RMSNORM, o, -1, a, .w = L->post_ffw_norm, .p.norm.eps = eps);
+        pending = o;
+        bool wanted = l == c->n_layer - 1;
+        for (int32_t i = 0; opts && i < opts->n_hidden_layers; i++) wanted |= opts->hidden_layers[i] == l;
+        if (wanted) { /* the stream after this layer is read */
+            PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
+            pending = -1;
+            OSP_TRY(osp_graph_hidden(g, opts, l, x, E));
+        }
     }
-    PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
     if (!with_logits) return OSP_OK;
     ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
     ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);

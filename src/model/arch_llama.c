@@ -185,6 +185,12 @@ done:
     return OSP_OK;
 }
 
+static bool graph_wants(const osp_build_opts *o, int32_t layer) {
+    for (int32_t i = 0; o && i < o->n_hidden_layers; i++)
+        if (o->hidden_layers[i] == layer) return true;
+    return false;
+}
+
 #define ACT(name, type, cols, rows, id) OSP_TRY(osp_graph_act(g, name, type, cols, rows, id))
 /* PUSH(kind, dst, src0, src1, other fields...): activation ids, -1 for none */
 #define PUSH(k, d, s0, s1, ...)                                                                    \
@@ -193,7 +199,8 @@ done:
         OSP_TRY(osp_graph_push(g, &op_));                                                          \
     } while (0)
 
-static osp_status build(const osp_model_config *c, const void *wp, bool with_logits, osp_graph *g) {
+static osp_status build(const osp_model_config *c, const void *wp, bool with_logits, const osp_build_opts *opts,
+                        osp_graph *g) {
     const llama_weights *w = wp;
     const int64_t E = c->n_embd, D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D,
                   F = c->n_ff, V = c->n_vocab;
@@ -208,9 +215,10 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
     ACT("act", OSP_DTYPE_BF16, F, OSP_ROWS_TOKENS, &act);
     const float scale = c->attn_scale;
     PUSH(OSP_OP_EMBED, x, -1, -1, .w = w->tok_embd, .p.embed.scale = 1.0f);
+    int32_t pending = -1; /* the last layer's MLP output, added to x by the next norm (fused) */
     for (int32_t l = 0; l < c->n_layer; l++) {
         const llama_layer *L = &w->layers[l];
-        PUSH(OSP_OP_ADD_RMSNORM, xn, l == 0 ? -1 : o, x, .w = L->attn_norm, .p.norm.eps = c->rms_eps);
+        PUSH(OSP_OP_ADD_RMSNORM, xn, pending, x, .w = L->attn_norm, .p.norm.eps = c->rms_eps);
         PUSH(OSP_OP_MATMUL, qkv, xn, -1, .w = L->wqkv);
         PUSH(OSP_OP_ROPE_KV_WRITE, q, qkv, -1, .layer = l, .w = L->bqkv, .w1 = L->q_norm, .w2 = L->k_norm,
              .w3 = w->inv_freq,
@@ -221,14 +229,16 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
         PUSH(OSP_OP_MATMUL, gu, xn, -1, .w = L->wgu);
         PUSH(OSP_OP_GLU, act, gu, -1, .p.glu.act = OSP_GLU_SILU);
         PUSH(OSP_OP_MATMUL, o, act, -1, .w = L->wdown);
+        pending = o;
+        if (l == c->n_layer - 1 || graph_wants(opts, l)) { /* the stream after this layer is read */
+            PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
+            pending = -1;
+            OSP_TRY(osp_graph_hidden(g, opts, l, x, E));
+        }
     }
-    if (!with_logits) {
-        PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
-        return OSP_OK;
-    }
+    if (!with_logits) return OSP_OK;
     ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
     ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);
-    PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
     PUSH(OSP_OP_GATHER_RMSNORM, lnorm, -1, x, .w = w->out_norm, .p.norm.eps = c->rms_eps);
     PUSH(OSP_OP_MATMUL, logits, lnorm, -1, .w = w->output);
     g->logits = logits;

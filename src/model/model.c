@@ -88,9 +88,22 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
     }
     OSP_TRY(m->arch->bind(&m->loader, &m->cfg, &m->weights));
     if (m->loader.progress) m->loader.progress(m->loader.progress_ctx, 1.0f);
+    osp_build_opts bo = {0};
+    if (params && params->n_hidden_layers > 0) {
+        if (params->n_hidden_layers > 8)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "model: at most 8 hidden-state layers (%d asked)", params->n_hidden_layers);
+        for (int32_t i = 0; i < params->n_hidden_layers; i++)
+            if (params->hidden_layers[i] < 0 || params->hidden_layers[i] >= m->cfg.n_layer ||
+                (i > 0 && params->hidden_layers[i] <= params->hidden_layers[i - 1]))
+                return osp_set_error(OSP_ERR_INVALID_ARG,
+                                     "model: hidden-state layers must increase within 0..%d (got %d at %d)",
+                                     m->cfg.n_layer - 1, params->hidden_layers[i], i);
+        bo.n_hidden_layers = params->n_hidden_layers;
+        bo.hidden_layers = params->hidden_layers;
+    }
     for (int i = 0; i < 2; i++) {
         OSP_TRY(osp_graph_init(&m->graph[i]));
-        OSP_TRY(m->arch->build(&m->cfg, m->weights, i == 1, &m->graph[i]));
+        OSP_TRY(m->arch->build(&m->cfg, m->weights, i == 1, &bo, &m->graph[i]));
         for (int32_t k = 0; k < m->graph[i].n_ops; k++) {
             const osp_op *op = &m->graph[i].ops[k];
             if (!m->be->vt->supports_op(m->be, &m->graph[i], op, why, sizeof why))
@@ -234,6 +247,10 @@ static osp_status check_batch(const osp_model *m, const osp_kv_cache *kv, const 
 }
 
 osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
+    return osp_model_forward_hidden(m, kv, b, logits, NULL);
+}
+
+osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits, float *const *hidden) {
     const bool host = m->be->vt->device == OSP_DEVICE_CPU;
     if (!kv || !b || (b->num_logits > 0 && !logits && host)) /* on a device NULL keeps them there */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
@@ -245,8 +262,11 @@ osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
     if (kv->owner != m && kv->be != m->be)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model's device memory");
     OSP_TRY(check_batch(m, kv, b));
-    const osp_run_io io = {.logits = logits};
-    return m->be->vt->run(m->be, &m->graph[b->num_logits > 0], kv, b, &io);
+    const osp_graph *g = &m->graph[b->num_logits > 0];
+    osp_act_io acts[8];
+    for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[i] = (osp_act_io){g->hidden[i], hidden[i], false};
+    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = hidden ? g->n_hidden : 0};
+    return m->be->vt->run(m->be, g, kv, b, &io);
 }
 
 /* ---- device-side results (model_exec.h) -------------------------------------------------------- */

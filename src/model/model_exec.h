@@ -24,6 +24,11 @@ osp_status osp_model_sample(osp_model *m, const osp_sampler_row *rows, const int
 osp_status osp_model_logits_to_host(osp_model *m, int32_t row0, int32_t n, float *dst);
 /* Free and total bytes of the model's device memory (the host's on the CPU). */
 osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes);
+/* osp_model_forward that also copies the hidden states the model was loaded to return
+ * (osp_model_params.hidden_layers, in that order) to hidden[i]: fp32 [num_tokens, n_embd] each, on the
+ * host (synchronous then). hidden may be NULL (none copied). Errors as osp_model_forward. */
+osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits,
+                                    float *const *hidden);
 /* The op list a forward runs (tests, dumps). */
 const osp_graph *osp_model_graph(const osp_model *m, bool with_logits);
 

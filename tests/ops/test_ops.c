@@ -316,6 +316,20 @@ static void case_glu(op_case *c) {
     io(c, y, false, NULL, 0.0078125f, 1e-4f);
 }
 
+static void case_copy(op_case *c) {
+    c->what = "copy";
+    const int64_t E = pick((const int64_t[]){32, 64, 576}, 3);
+    const int32_t start[] = {0}, len[] = {1 + (int32_t)(rnd() % 20)};
+    batch(c, 1, start, len, 0);
+    const int64_t T = c->b.num_tokens;
+    const bool bf = rnd() % 2;
+    const int32_t x = act(c, "x", bf ? OSP_DTYPE_BF16 : OSP_DTYPE_F32, E, OSP_ROWS_TOKENS);
+    const int32_t y = act(c, "y", bf ? OSP_DTYPE_BF16 : OSP_DTYPE_F32, E, OSP_ROWS_TOKENS);
+    push(c, (osp_op){.kind = OSP_OP_COPY, .dst = y, .src0 = x, .src1 = -1});
+    io(c, x, true, own(c, rand_vec((size_t)(T * E), 3.0f, true)), 0, 0);
+    io(c, y, false, NULL, 0.0f, 0.0f); /* bit-exact */
+}
+
 static void case_add(op_case *c) {
     c->what = "add";
     const int64_t E = pick((const int64_t[]){32, 64, 576}, 3);
@@ -468,7 +482,7 @@ static void run_all(int bi) {
     } cases[] = {
         {case_embed, 0},       {case_add_rmsnorm, 0}, {case_gather_rmsnorm, 0},     {NULL, OSP_DTYPE_F32},
         {NULL, OSP_DTYPE_Q8_0}, {NULL, OSP_DTYPE_Q4_0}, {case_rope_attention, 0}, {case_glu, 0},
-        {case_add, 0},
+        {case_add, 0},         {case_copy, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (uint64_t s = 1; s <= SEEDS; s++) check(cases[k].fn, 0x1234567ull * s + k, bi, cases[k].wtype);
@@ -490,8 +504,8 @@ static void test_cuda(void **state) {
 /* Every op kind has a case above: a new kind must come with one. */
 static void test_every_kind_covered(void **state) {
     (void)state;
-    assert_int_equal(OSP_OP_COUNT, 8); /* embed, add_rmsnorm, gather_rmsnorm, matmul, rope_kv_write,
-                                        * attention, glu, add */
+    assert_int_equal(OSP_OP_COUNT, 9); /* embed, add_rmsnorm, gather_rmsnorm, matmul, rope_kv_write,
+                                        * attention, glu, add, copy */
 }
 
 int main(void) {

@@ -164,6 +164,7 @@ static split op_split(const cpu_backend *c, const osp_op *op, int64_t T, int64_t
     case OSP_OP_ATTENTION: return (split){0, 0};
     case OSP_OP_GLU:
     case OSP_OP_ADD:
+    case OSP_OP_COPY:
         return (split){-1, -1};
     default: return (split){0, 0};
     }
@@ -351,6 +352,13 @@ static void op_add(const run_ctx *r, const osp_op *op, int ith, int nth) {
     round_if(r, op->dst, x + t0 * n, (t1 - t0) * n);
 }
 
+static void op_copy(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t n = r->g->acts[op->dst].cols, R = rows_of(r, op->dst);
+    long long t0, t1;
+    osp_split(R, ith, nth, &t0, &t1);
+    if (t1 > t0) memcpy(r->bufs[op->dst] + t0 * n, r->bufs[op->src0] + t0 * n, (size_t)((t1 - t0) * n) * sizeof(float));
+}
+
 static void run_task(void *arg, int ith, int nth) {
     const run_ctx *r = arg;
     int64_t prev_out = 0;
@@ -371,6 +379,7 @@ static void run_task(void *arg, int ith, int nth) {
         case OSP_OP_ATTENTION: op_attention(r, op, ith, nth); break;
         case OSP_OP_GLU: op_glu(r, op, ith, nth); break;
         case OSP_OP_ADD: op_add(r, op, ith, nth); break;
+        case OSP_OP_COPY: op_copy(r, op, ith, nth); break;
         default: break;
         }
     }

@@ -324,6 +324,11 @@ static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op 
         break;
     case OSP_OP_GLU: ok = is(gr, op->src0, BF16) && is(gr, op->dst, BF16), need = "bf16 input and output"; break;
     case OSP_OP_ADD: ok = is(gr, op->dst, F32) && is(gr, op->src0, BF16), need = "fp32 x += bf16"; break;
+    case OSP_OP_COPY:
+        ok = op->dst >= 0 && op->src0 >= 0 && gr->acts[op->dst].type == gr->acts[op->src0].type &&
+             gr->acts[op->dst].cols == gr->acts[op->src0].cols && gr->acts[op->dst].rows == gr->acts[op->src0].rows;
+        need = "the same shape and dtype";
+        break;
     default: ok = false, need = "a known op kind"; break;
     }
     if (!ok) snprintf(why, n, "the CUDA kernels need %s", need);
@@ -429,6 +434,9 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             break;
         case OSP_OP_ADD:
             OSP_TRY(osp_cuda_add_rmsnorm(dst, s0, NULL, NULL, T, gr->acts[op->dst].cols, 0.0f, st));
+            break;
+        case OSP_OP_COPY: /* a device-to-device copy on the stream (graph-capturable) */
+            OSP_TRY(osp_cuda_d2d(dst, s0, act_size(&gr->acts[op->dst], R, R), st));
             break;
         default: return osp_set_error(OSP_ERR_INTERNAL, "cuda: op kind %d", (int)op->kind);
         }
