@@ -3,13 +3,17 @@
 # or installed here). `make test-gpu` calls this when .carry/gpu.tar.xz is present.
 #   ops    unpack; every CUDA op against its CPU reference (test_gpu_ops, test_gpu_attention,
 #          test_gpu_sampler), then compute-sanitizer memcheck and racecheck over the op tests
-#          (RACECHECK=0: memcheck only)
+#          (RACECHECK=0: memcheck only); test_ops (the backend op tests, when staged) and its memcheck
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
-#          on the GPU (test_gpu_engine, test_gpu_engine_sampling)
+#          on the GPU (test_gpu_engine, test_gpu_engine_sampling); then test_gpu_model on Gemma 3 270M
+#          when all its chunks (.carry/g0 ..) are stashed (not on the tiny random gemma3 fixture:
+#          its greedy picks are near-ties, top-1 under bf16 was 97% there; tests/ops covers its kernels)
 #   cli    `osprey generate` and `osprey serve` with --device cuda (greedy text vs the CPU's; one
 #          completion over HTTP)
 #   all    all three (when the whole model is already in models/ or stashed)
-#   stash  only keep what this call brought (binaries, a model half) in /tmp/osprey-gpu for the next
+#   stash  only keep what this call brought (binaries, a model half, a gemma chunk, the baseline CLI)
+#          in /tmp/osprey-gpu for the next
+#   ab     bench/gpu/ab.sh: decode tokens/s of the baseline CLI (base/bin/osprey) vs this tree's
 # Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,11 +27,23 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p $STASH
 for h in m0 m1; do [ -f .carry/$h/model.part ] && cp .carry/$h/model.part $STASH/$h.part; done
 [ -f .carry/m1/model.sha256 ] && cp .carry/m1/model.sha256 $STASH/model.sha256
+for d in .carry/g[0-9]*; do # Gemma 3 270M chunks (GEMMA=1 scripts/gpu-pack.sh), one a call
+    [ -f "$d/gemma.part" ] || continue
+    cp "$d/gemma.part" "$STASH/${d#.carry/}.part"
+    cp "$d/gemma.sha256" "$d/gemma.chunks" $STASH/
+done
 if [ -f .carry/gpu.tar.xz ]; then
     rm -rf $G && mkdir -p $G && xz -dc .carry/gpu.tar.xz | tar -C $G -xf - || { echo "gpu-test: cannot unpack .carry/gpu.tar.xz"; exit 1; }
 fi
+# the baseline CLI (bench/gpu/ab.sh's A): in the tarball under base/, or in its own .carry/base/
+if [ -d $G/base ]; then rm -rf $STASH/base && mv $G/base $STASH/base; fi
+if [ -f .carry/base/base.tar.xz ]; then
+    rm -rf $STASH/base
+    xz -dc .carry/base/base.tar.xz | tar -C $STASH -xf - || { echo "gpu-test: cannot unpack .carry/base/base.tar.xz"; exit 1; }
+fi
 [ -x $G/bin/osprey ] || { echo "gpu-test: no binaries: carry .carry/gpu.tar.xz (scripts/gpu-pack.sh)"; exit 1; }
-[ "$what" = stash ] && { ls -la $STASH; exit 0; }
+[ "$what" = stash ] && { ls -la $STASH $STASH/base/bin 2>/dev/null; exit 0; }
+[ "$what" = ab ] && { bash bench/gpu/ab.sh; exit $?; }
 if [ ! -f $MODEL ] && [ -f $STASH/model.gguf ]; then mkdir -p models && ln -s $STASH/model.gguf $MODEL; fi
 export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OSPREY_ROOT=$PWD OSPREY_MODEL=$PWD/$MODEL OSPREY_BIN=$G/bin/osprey OMP_WAIT_POLICY=passive
@@ -49,12 +65,14 @@ run() { # name, command...
 : >"$LOG"
 if [ "$what" = ops ] || [ "$what" = all ]; then
     for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do run "$t" $G/bin/$t; done
+    [ -x $G/bin/test_ops ] && run test_ops $G/bin/test_ops
     if command -v compute-sanitizer >/dev/null; then
         for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do
             run "memcheck $t" compute-sanitizer --tool memcheck --error-exitcode 9 $G/bin/$t
             # racecheck is slow (attention: ~3.5 min on an H200); RACECHECK=0 skips it
             [ "${RACECHECK:-1}" = 1 ] && run "racecheck $t" compute-sanitizer --tool racecheck --error-exitcode 9 $G/bin/$t
         done
+        [ -x $G/bin/test_ops ] && run "memcheck test_ops" compute-sanitizer --tool memcheck --error-exitcode 9 $G/bin/test_ops
     else
         results+=("compute-sanitizer: not found, memcheck/racecheck not run")
     fi
@@ -72,6 +90,24 @@ if [ "$what" = model ] || [ "$what" = all ]; then
     run test_gpu_model $G/bin/test_gpu_model
     run test_gpu_engine $G/bin/test_gpu_engine
     run test_gpu_engine_sampling $G/bin/test_gpu_engine_sampling
+    # Gemma 3 270M Q4_K_M, when every chunk of it is stashed: joined, checked against its sha256
+    gn=$(cat $STASH/gemma.chunks 2>/dev/null || echo 0)
+    missing=""
+    for ((i = 0; i < gn; i++)); do [ -f $STASH/g$i.part ] || missing+=" g$i"; done
+    if [ "$gn" -eq 0 ]; then
+        results+=("$(printf '%-44s %8s    %s' "test_gpu_model (gemma3)" - "not run (no .carry/g* chunks stashed)")")
+    elif [ -n "$missing" ]; then
+        results+=("$(printf '%-44s %8s    %s' "test_gpu_model (gemma3)" - "not run (chunks not stashed:$missing)")")
+    else
+        for ((i = 0; i < gn; i++)); do cat $STASH/g$i.part; done > $STASH/gemma.gguf
+        if [ "$(sha256sum $STASH/gemma.gguf | cut -d' ' -f1)" != "$(cat $STASH/gemma.sha256)" ]; then
+            echo "gpu-test: the joined gemma model does not match its sha256"
+            results+=("gemma chunks: joined file does not match its sha256   FAILED"); fails=$((fails + 1))
+        else
+            [ -f models/gemma-3-270m-q4_k_m.gguf ] || { mkdir -p models && ln -sf $STASH/gemma.gguf models/gemma-3-270m-q4_k_m.gguf; }
+            run "test_gpu_model (gemma3)" env OSPREY_MODEL=$STASH/gemma.gguf $G/bin/test_gpu_model
+        fi
+    fi
 fi
 if [ "$what" = cli ] || [ "$what" = all ]; then
     # the CLI on the GPU: greedy text of `generate --device cuda` next to the CPU's, and one completion
@@ -101,7 +137,7 @@ PY
         grep -E "cuda:|loading" $STASH/serve.log | head -3 >> "$LOG"
     fi
 fi
-grep -E "^(cpu: |gpu: |serve: |cuda: |teacher forcing|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:" "$LOG" | head -60
+grep -E "^(cpu: |gpu: |serve: |cuda: |teacher forcing|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:|^---- test_gpu_model \(" "$LOG" | head -60
 echo "==== gpu tests ($what)"
 printf '%s\n' "${results[@]}"
 [ $fails -eq 0 ]
