@@ -53,6 +53,9 @@ typedef struct cuda_backend {
     int64_t cap_t, cap_l, cap_s, cap_w, cap_len;
     void *act[OSP_GRAPH_MAX_ACTS];
     size_t act_bytes[OSP_GRAPH_MAX_ACTS];
+    /* the widest row (bytes) any op list run so far gave activation i, per row kind: the lists share
+     * the buffers by index, so each is sized for all of them (kept across free_acts) */
+    size_t row_tok[OSP_GRAPH_MAX_ACTS], row_log[OSP_GRAPH_MAX_ACTS];
     void *attn_ws;
     size_t attn_ws_bytes;
     int32_t *d_in, *h_in; /* packed inputs, device and pinned host */
@@ -351,24 +354,25 @@ static size_t act_size(const osp_act *a, int64_t cap_t, int64_t cap_l) {
 static osp_status reserve(cuda_backend *g, const osp_graph *gr, int64_t T, int64_t L, int64_t S, int64_t W,
                           int32_t block_size, const osp_op *attn_op) {
     bool fits = T <= g->cap_t && L <= g->cap_l && S <= g->cap_s && W <= g->cap_w;
-    for (int32_t a = 0; fits && a < gr->n_acts; a++) fits = act_size(&gr->acts[a], g->cap_t, g->cap_l) <= g->act_bytes[a];
+    for (int32_t a = 0; a < gr->n_acts; a++) {
+        const osp_act *ac = &gr->acts[a];
+        const size_t rb = (size_t)ac->cols * (ac->type == OSP_DTYPE_BF16 ? 2 : 4);
+        size_t *row = ac->rows == OSP_ROWS_LOGITS ? &g->row_log[a] : &g->row_tok[a];
+        if (rb > *row) *row = rb;
+        fits = fits && act_size(ac, g->cap_t, g->cap_l) <= g->act_bytes[a];
+    }
     if (fits) return OSP_OK;
     const int64_t ct = grow(g->cap_t, T, 256), cl = grow(g->cap_l, L, 256), cs = grow(g->cap_s, S, 256),
                   cw = grow(g->cap_w, W, 16);
     OSP_TRY(osp_cuda_stream_sync(g->stream));
-    size_t keep[OSP_GRAPH_MAX_ACTS];
-    for (int i = 0; i < OSP_GRAPH_MAX_ACTS; i++) keep[i] = g->act_bytes[i];
     free_acts(g);
     g->cap_t = ct, g->cap_l = cl, g->cap_s = cs, g->cap_w = cw;
     g->cap_len = cw * block_size;
     osp_status s;
     for (int32_t a = 0; a < OSP_GRAPH_MAX_ACTS; a++) {
         /* sized for every op list seen so far: the lists share the buffers */
-        size_t need = a < gr->n_acts ? act_size(&gr->acts[a], ct, cl) : 0;
-        if (keep[a] > 0 && g->graphs_g) { /* an earlier list's need, scaled to the new capacities */
-            size_t scaled = keep[a] * (size_t)(ct > cl ? ct : cl);
-            need = need > scaled ? need : scaled;
-        }
+        const size_t nt = g->row_tok[a] * (size_t)ct, nl = g->row_log[a] * (size_t)cl;
+        const size_t need = nt > nl ? nt : nl;
         if (!need) continue;
         if ((s = osp_cuda_malloc(&g->act[a], need, "activations")) != OSP_OK) goto fail;
         g->act_bytes[a] = need;
