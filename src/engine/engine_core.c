@@ -157,7 +157,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                      .eos_ids = eos, .num_eos = n_eos};
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
     if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
-                               p.max_num_batched_tokens, p.n_threads, &e->runner)) != OSP_OK)
+                               p.max_num_batched_tokens, &e->runner)) != OSP_OK)
         goto fail;
     e->eos = eos;
     e->n_eos = n_eos;

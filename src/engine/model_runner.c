@@ -34,8 +34,7 @@ static void sample_task(void *arg, int ith, int nth) {
 }
 
 osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int n_threads,
-                             osp_model_runner **out) {
+                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, osp_model_runner **out) {
     *out = NULL;
     osp_model_runner *r = calloc(1, sizeof *r);
     if (!r) return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory");

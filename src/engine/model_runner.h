@@ -28,11 +28,10 @@ typedef struct osp_model_runner {
     int32_t *lrow;                 /* [max_rows] the logits row each sampler row samples from */
 } osp_model_runner;
 
-/* n_threads: the sampler's OpenMP threads (<= 0: all). Errors: those of osp_kv_cache_create,
- * OSP_ERR_NOMEM. */
+/* The sampler runs on the model's thread pool (osp_model_run_parallel). Errors: those of
+ * osp_kv_cache_create, OSP_ERR_NOMEM. */
 osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int n_threads,
-                             osp_model_runner **out);
+                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, osp_model_runner **out);
 void osp_runner_destroy(osp_model_runner *r);
 
 /* Runs one step for `out` and fills out->entries[i].sampled (-1 for rows still mid-prefill,

@@ -230,7 +230,7 @@ static bool fv_push(fragvec *f, fragment x) {
     return true;
 }
 
-static bool partition(const osp_tokenizer *t, const char *text, size_t len, bool parse_special, fragvec *cur) {
+static bool partition(const osp_tokenizer *t, const char *text, bool parse_special, fragvec *cur) {
     fragvec next = {0};
     bool ok = false;
     for (int32_t k = 0; k < t->n_special; k++) {
@@ -296,7 +296,7 @@ osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t
     osp_idvec out = {0};
     bpe_work w = {0};
     if (len > 0) {
-        if (!fv_push(&frags, (fragment){-1, 0, len}) || !partition(t, text, len, parse_special, &frags)) goto oom;
+        if (!fv_push(&frags, (fragment){-1, 0, len}) || !partition(t, text, parse_special, &frags)) goto oom;
     }
     bool add_bos = add_special && t->add_bos && t->bos >= 0;
     if (add_bos && frags.n > 0 && frags.v[0].token == t->bos) add_bos = false; /* never doubled */

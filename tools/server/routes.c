@@ -221,6 +221,7 @@ static bool authorized(srv_server *srv, struct MHD_Connection *c) {
 
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version; /* libmicrohttpd's callback signature */
     srv_server *srv = cls;
     conn_ctx *cx = *con_cls;
     if (!cx) {
@@ -302,6 +303,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
 }
 
 void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe; /* libmicrohttpd's callback signature */
     conn_ctx *cx = *con_cls;
     if (cx) {
         free(cx->body);

@@ -69,6 +69,7 @@ static void stream_fill(srv_job *j) {
 }
 
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos; /* libmicrohttpd's callback signature: the stream is read in order */
     srv_job *j = cls;
     for (;;) {
         if (j->out_off < j->out_len) {

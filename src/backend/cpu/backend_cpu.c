@@ -60,19 +60,25 @@ static osp_status track(cpu_backend *c, void *p) {
 }
 
 static osp_status cpu_buffer_alloc(osp_backend *be, size_t bytes, const char *what, void **out) {
+    (void)be;
     *out = calloc(1, bytes ? bytes : 1);
     if (!*out) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory for %s (%zu bytes)", what, bytes);
     return OSP_OK;
 }
 
-static void cpu_buffer_free(osp_backend *be, void *p) { free(p); }
+static void cpu_buffer_free(osp_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
 
 static osp_status cpu_copy(osp_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
     memmove(dst, src, bytes);
     return OSP_OK;
 }
 
 static osp_status cpu_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
     const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
     if (page <= 0 || avail < 0 || total <= 0) return osp_set_error(OSP_ERR_INTERNAL, "cpu backend: no memory figures");
     *free_bytes = (size_t)avail * (size_t)page;
@@ -80,7 +86,10 @@ static osp_status cpu_mem_info(osp_backend *be, size_t *free_bytes, size_t *tota
     return OSP_OK;
 }
 
-static size_t cpu_weight_bytes(const osp_backend *be) { return 0; }
+static size_t cpu_weight_bytes(const osp_backend *be) {
+    (void)be;
+    return 0; /* the weights stay in the GGUF mapping */
+}
 
 /* Weights stay in place; stacked vectors (q/k/v biases) are concatenated into one host buffer. */
 static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t n, int64_t cols, bool f32_exact,
@@ -386,6 +395,7 @@ static void run_task(void *arg, int ith, int nth) {
 }
 
 static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t n) {
+    (void)be, (void)g;
     if ((unsigned)op->kind >= OSP_OP_COUNT) {
         snprintf(why, n, "unknown op kind %d", (int)op->kind);
         return false;
@@ -477,6 +487,7 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
 
 static osp_status cpu_sample(osp_backend *be, const osp_sampler_row *rows, const int32_t *logits_rows, int32_t n,
                              int32_t *tokens, osp_logprobs *logprobs, osp_status *status) {
+    (void)be, (void)rows, (void)logits_rows, (void)n, (void)tokens, (void)logprobs, (void)status;
     return osp_set_error(OSP_ERR_UNSUPPORTED,
                          "cpu backend: logits are on the host; the engine samples them there (src/sample/)");
 }
@@ -491,7 +502,10 @@ static osp_status cpu_logits_to_host(osp_backend *be, int32_t row0, int32_t n, f
     return OSP_OK;
 }
 
-static osp_status cpu_sync(osp_backend *be) { return OSP_OK; }
+static osp_status cpu_sync(osp_backend *be) {
+    (void)be;
+    return OSP_OK; /* every run returns when it is done */
+}
 
 static const osp_backend_vtable k_cpu_vt = {
     .name = "cpu",

@@ -193,6 +193,7 @@ static osp_status cuda_copy(osp_backend *be, void *dst, const void *src, size_t 
 }
 
 static osp_status cuda_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
     return osp_cuda_mem_info(free_bytes, total_bytes);
 }
 
@@ -308,6 +309,7 @@ static bool is(const osp_graph *gr, int32_t act, uint32_t type) {
 }
 
 static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op *op, char *why, size_t n) {
+    (void)be;
     const uint32_t F32 = OSP_DTYPE_F32, BF16 = OSP_DTYPE_BF16;
     bool ok = true;
     const char *need = "";
