@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osprey/batch.h"
+#include "osprey/kv_cache.h"
 #include "osprey/gguf.h"
 #include "osprey/status.h"
 
@@ -21,7 +23,6 @@ extern "C" {
 #endif
 
 typedef struct osp_model osp_model;
-typedef struct osp_kv_cache osp_kv_cache;
 
 /* How RoPE pairs the dimensions of a head (ggml's rope types). */
 typedef enum osp_rope_type {
@@ -63,11 +64,6 @@ typedef struct osp_model_config {
                            * never scaled) */
 } osp_model_config;
 
-/* Where the forward pass runs. */
-typedef enum osp_device {
-    OSP_DEVICE_CPU = 0,  /* the CPU backend (src/backend/cpu): weights stay in the GGUF mapping */
-    OSP_DEVICE_CUDA = 1, /* the CUDA backend (src/backend/cuda): weights in bf16 on GPU 0, KV pages there */
-} osp_device;
 
 /* "cpu" / "cuda" / "auto" (cuda when a CUDA device is present, else cpu). OSP_ERR_INVALID_ARG otherwise. */
 osp_status osp_device_parse(const char *name, osp_device *out);
@@ -125,8 +121,6 @@ const osp_model_config *osp_model_config_get(const osp_model *m);
 osp_device osp_model_device(const osp_model *m); /* where m's forward pass and its KV caches are */
 /* Bytes of device memory the weights take (0 on the CPU). */
 size_t osp_model_device_weight_bytes(const osp_model *m);
-/* Bytes of the cache's pages (host or device memory). */
-size_t osp_kv_cache_bytes(const osp_kv_cache *kv);
 const osp_gguf *osp_model_gguf(const osp_model *m); /* owned by the model */
 
 /* The model's worker threads (the forward pass's thread pool), lent to other per-step work such as
@@ -135,17 +129,7 @@ const osp_gguf *osp_model_gguf(const osp_model *m); /* owned by the model */
 int osp_model_n_threads(const osp_model *m);
 void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 
-/* Element type of the KV cache pages. Values are ggml type ids. New values (FP8 pages with separate
- * scale pools, NVFP4) are appended. */
-typedef enum osp_kv_dtype {
-    OSP_KV_DTYPE_F32 = 0, /* exact: what the exactness tests use */
-    OSP_KV_DTYPE_F16 = 1, /* default on the CPU (as llama.cpp); K/V rounded to nearest even on write */
-} osp_kv_dtype;
 
-/* "f32" / "f16", or NULL for an unknown value. */
-const char *osp_kv_dtype_name(osp_kv_dtype d);
-/* Parses "f32" / "f16". OSP_ERR_INVALID_ARG otherwise. */
-osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out);
 /* Bytes of K and V for one token over all layers: 2 * n_layer * n_head_kv * head_dim * elem bytes. */
 int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
 
@@ -155,29 +139,8 @@ int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
  * OSP_ERR_NOMEM (host or device memory). */
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
-void osp_kv_cache_free(osp_kv_cache *kv);
-int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);
-int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv);
-osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv);
-/* Copies block `src`'s K/V (every layer) into block `dst` (copy-on-write after a fork). On the GPU
- * the copy is enqueued on the model's stream, ahead of the next forward pass. Errors:
- * OSP_ERR_INVALID_ARG for a block outside the cache, OSP_ERR_INTERNAL when the device copy fails. */
-osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst);
+/* (the cache's other functions: osprey/kv_cache.h) */
 
-/* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */
-typedef struct osp_batch {
-    int32_t num_tokens;
-    const int32_t *token_ids;       /* [num_tokens] */
-    const int32_t *positions;       /* [num_tokens] position of each token in its sequence */
-    const int32_t *slot_mapping;    /* [num_tokens] KV slot each token's K/V is written to */
-    int32_t num_seqs;
-    const int32_t *query_start_loc; /* [num_seqs + 1], query_start_loc[0] = 0, last = num_tokens */
-    const int32_t *seq_lens;        /* [num_seqs] tokens in the KV cache after this step */
-    const int32_t *block_table;     /* [num_seqs, max_blocks_per_seq] block ids */
-    int32_t max_blocks_per_seq;
-    int32_t num_logits;
-    const int32_t *logits_indices;  /* [num_logits] rows of the batch whose logits are wanted */
-} osp_batch;
 
 /* Runs the model on `batch`, writing K/V into `kv` and logits [num_logits, n_vocab] (fp32,
  * caller-owned) into `logits`; on the GPU `logits` may be NULL: they then stay on the device (for the

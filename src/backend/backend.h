@@ -16,7 +16,8 @@
 #include <stdint.h>
 
 #include "backend/op.h"
-#include "osprey/model.h"
+#include "osprey/batch.h"
+#include "backend/kv_layout.h"
 #include "sample/sampler.h"
 
 typedef struct osp_backend osp_backend;

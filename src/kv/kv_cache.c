@@ -21,7 +21,7 @@ osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out) {
     return OSP_OK;
 }
 
-osp_status osp_kv_page_format_of(const osp_model_config *c, osp_kv_dtype dtype, osp_kv_page_format *out) {
+osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_kv_page_format *out) {
     memset(out, 0, sizeof *out);
     if (!osp_kv_dtype_name(dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: unknown dtype %d", (int)dtype);
     if (dtype == OSP_KV_DTYPE_F16 && c->head_dim > 1024)
@@ -34,13 +34,7 @@ osp_status osp_kv_page_format_of(const osp_model_config *c, osp_kv_dtype dtype, 
     return OSP_OK;
 }
 
-int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d) {
-    osp_kv_page_format f;
-    if (osp_kv_page_format_of(c, d, &f) != OSP_OK) return 0;
-    return 2 * (int64_t)c->n_layer * (int64_t)f.bytes_per_token;
-}
-
-osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_model_config *c, int32_t num_blocks,
+osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_kv_shape *c, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out) {
     *out = NULL;
     if (num_blocks <= 0 || block_size <= 0)

@@ -194,9 +194,21 @@ void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth
     osp_threadpool_run(m->pool, fn, ctx);
 }
 
+static osp_kv_shape kv_shape(const osp_model_config *c) {
+    return (osp_kv_shape){c->n_layer, c->n_head_kv, c->head_dim};
+}
+
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out) {
-    return osp_kv_cache_create_on(m->be, m, &m->cfg, num_blocks, block_size, dtype, out);
+    const osp_kv_shape sh = kv_shape(&m->cfg);
+    return osp_kv_cache_create_on(m->be, m, &sh, num_blocks, block_size, dtype, out);
+}
+
+int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d) {
+    const osp_kv_shape sh = kv_shape(c);
+    osp_kv_page_format f;
+    if (osp_kv_page_format_of(&sh, d, &f) != OSP_OK) return 0;
+    return 2 * (int64_t)c->n_layer * (int64_t)f.bytes_per_token;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------- */

@@ -86,7 +86,7 @@ typedef struct op_case {
     void *owned[32];
     int32_t n_owned;
     bool kv; /* needs a KV cache (rope / attention) */
-    osp_model_config cfg;
+    osp_kv_shape cfg;
     int32_t block_size, num_blocks;
     /* a first run (prefill of earlier positions) before the compared one; NULL-free when n_pre == 0 */
     int32_t n_pre;
@@ -252,7 +252,7 @@ static void case_rope_attention(op_case *c) {
     const int32_t window = rnd() % 3 == 0 ? 1 + (int32_t)(rnd() % 40) : 0;
     const int n_rot = rnd() % 4 == 0 ? D / 2 : D;
     c->kv = true;
-    c->cfg = (osp_model_config){.n_layer = 1, .n_head = H, .n_head_kv = HK, .head_dim = D};
+    c->cfg = (osp_kv_shape){.n_layer = 1, .n_head_kv = HK, .head_dim = D};
     /* earlier positions first (run 1), then the compared step */
     const int32_t n_seq = 1 + (int32_t)(rnd() % 3);
     int32_t before[3], now[3];
@@ -380,7 +380,7 @@ static bool run_case(op_case *c, osp_device dev, bool exact, bool emulate, float
         assert_int_equal(osp_kv_cache_create_on(be, c, &c->cfg, c->num_blocks, c->block_size, OSP_KV_DTYPE_F16, &kv),
                          OSP_OK);
     } else { /* ops without KV still get a cache (the interface takes one) */
-        osp_model_config cfg = {.n_layer = 1, .n_head = 1, .n_head_kv = 1, .head_dim = 32};
+        osp_kv_shape cfg = {.n_layer = 1, .n_head_kv = 1, .head_dim = 32};
         assert_int_equal(osp_kv_cache_create_on(be, c, &cfg, 1, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
     }
     if (c->n_pre > 0) { /* earlier positions: the same op list over them, outputs not compared */

@@ -21,7 +21,7 @@
 #include "core/dtype.h"
 #include "core/status_internal.h"
 #include "core/threadpool.h"
-#include "kv/kv_cache.h"
+#include "backend/kv_layout.h"
 
 typedef struct cpu_backend {
     osp_backend base;

@@ -29,7 +29,7 @@
 #include "core/dtype.h"
 #include "core/status_internal.h"
 #include "core/threadpool.h"
-#include "kv/kv_cache.h"
+#include "backend/kv_layout.h"
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
 #define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
