@@ -47,7 +47,7 @@ typedef struct osp_model_config {
     float rope_theta;     /* <arch>.rope.freq_base, default 10000 */
     float rms_eps;        /* <arch>.attention.layer_norm_rms_epsilon */
     bool tied_output;     /* no output.weight: the lm_head is token_embd */
-    osp_rope_type rope_type; /* by architecture: NORM for llama, NEOX for qwen2 / qwen3 */
+    osp_rope_type rope_type; /* by architecture: NORM for llama, NEOX for qwen2 / qwen3 / gemma3 */
     float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for rope.scaling.type linear, else 1:
                             * every angle is multiplied by it (position interpolation) */
     bool rope_freq_factors; /* rope_freqs.weight [n_rot / 2] present (Llama 3.x rope scaling):
@@ -103,7 +103,7 @@ osp_model_params osp_model_default_params(void);
  * model's shapes are outside what the CUDA kernels support (head_dim, GQA); OSP_ERR_NOMEM when the GPU
  * lacks memory (the message gives the sizes).
  * Errors: everything osp_gguf_open() returns; OSP_ERR_UNSUPPORTED for an architecture other than
- * llama, qwen2, qwen3, a rope scaling other than none / linear / llama3 factors (yarn, longrope), or a
+ * llama, qwen2, qwen3, gemma3, a rope scaling other than none / linear / llama3 factors (yarn, longrope), or a
  * tensor type that cannot be computed with (message names file, tensor and type);
  * OSP_ERR_FORMAT for missing tensors, tensors of the wrong shape, or missing hyper-parameters. */
 osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out);
@@ -135,8 +135,9 @@ int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
 
 /* A paged KV cache for one model: per layer K and V pages [num_blocks, block_size, n_head_kv,
  * head_dim] of `dtype`, in host memory, or in one device allocation when `m` runs on the GPU (such a
- * cache is for `m` only). Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype),
- * OSP_ERR_NOMEM (host or device memory). */
+ * cache is for `m` only; a host cache serves any model of the same shape). The cache may be freed
+ * before or after the model. Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype, sizes
+ * beyond memory), OSP_ERR_NOMEM (host or device memory). */
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
 /* (the cache's other functions: osprey/kv_cache.h) */

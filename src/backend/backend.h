@@ -4,7 +4,7 @@
  *
  * Implementations: src/backend/cpu/backend_cpu.c (the thread pool, one region per op list, barriers
  * between ops) and src/backend/cuda/backend_cuda.c (one stream, pinned step inputs, cuBLASLt, CUDA
- * graphs per decode batch size and KV cache); src/backend/cuda/cuda_stub.c stands in for the latter
+ * graphs per decode batch size and KV cache); src/backend/cuda/backend_cuda_stub.c stands in for the latter
  * in builds without nvcc. Nothing outside src/backend/ knows which device runs: callers go through
  * the functions below (the same shape as ggml's backend vtable and vLLM's platform + attention
  * backend split). */
@@ -94,12 +94,16 @@ typedef struct osp_backend_vtable {
 struct osp_backend {
     const osp_backend_vtable *vt;
     int64_t n_vocab; /* set by the model after creation: the logits' row width */
+    _Atomic int refs; /* owners: the model, and every KV cache made on it (which may outlive it) */
 };
 
 /* Creates the backend for `device`. Errors: OSP_ERR_UNSUPPORTED when that backend is not built or
  * no such device is present (the message says which), OSP_ERR_NOMEM. */
 osp_status osp_backend_create(osp_device device, const osp_backend_params *p, osp_backend **out);
-void osp_backend_free(osp_backend *be); /* NULL is fine */
+/* Drops one reference; the last frees the backend (and the memory placed through it). NULL is fine. */
+void osp_backend_free(osp_backend *be);
+/* One more reference (a KV cache keeps its backend alive until it is freed). */
+void osp_backend_retain(osp_backend *be);
 /* The number of devices the backend for `device` can use now (1 for the CPU, 0 without CUDA). */
 int osp_backend_device_count(osp_device device);
 

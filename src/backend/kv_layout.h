@@ -33,7 +33,6 @@ struct osp_kv_cache {
     void *pages;      /* one backend allocation holding every page and scale pool */
     size_t bytes;
     osp_backend *be;  /* where the pages live (the model's backend) */
-    const void *owner; /* the model it was made for */
     uint64_t id;      /* unique per cache in this process: CUDA graphs captured with one cache's pages
                        * are replayed only with that cache */
 };

@@ -34,7 +34,7 @@ osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_
     return OSP_OK;
 }
 
-osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_kv_shape *c, int32_t num_blocks,
+osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *c, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out) {
     *out = NULL;
     if (num_blocks <= 0 || block_size <= 0)
@@ -51,11 +51,20 @@ osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_
     kv->n_layer = c->n_layer;
     kv->fmt = fmt;
     kv->be = be;
-    kv->owner = owner;
-    const size_t page = (size_t)num_blocks * (size_t)block_size * fmt.bytes_per_token;
-    const size_t scales = (size_t)num_blocks * fmt.scale_bytes_per_block;
-    const size_t per_layer = 2 * (((page + 255) & ~(size_t)255) + ((scales + 255) & ~(size_t)255));
-    kv->bytes = per_layer * (size_t)kv->n_layer;
+    osp_backend_retain(be); /* the pages are freed through it, maybe after the model */
+    /* every product checked: a cache too large for size_t is refused, not wrapped */
+    size_t slots, page, scales, per_layer;
+    const size_t pad = 255;
+    if (__builtin_mul_overflow((size_t)num_blocks, (size_t)block_size, &slots) ||
+        __builtin_mul_overflow(slots, fmt.bytes_per_token, &page) ||
+        __builtin_mul_overflow((size_t)num_blocks, fmt.scale_bytes_per_block, &scales) || page > SIZE_MAX / 4 - pad ||
+        scales > SIZE_MAX / 4 - pad ||
+        __builtin_mul_overflow(2 * (((page + pad) & ~pad) + ((scales + pad) & ~pad)), (size_t)1, &per_layer) ||
+        __builtin_mul_overflow(per_layer, (size_t)kv->n_layer, &kv->bytes)) {
+        osp_kv_cache_free(kv);
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
+                             num_blocks, block_size);
+    }
     kv->k = calloc((size_t)kv->n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)kv->n_layer, sizeof *kv->v);
     kv->k_scale = calloc((size_t)kv->n_layer, sizeof *kv->k_scale);
@@ -71,7 +80,7 @@ osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_
         return s;
     }
     char *p = kv->pages;
-    const size_t page_al = (page + 255) & ~(size_t)255, scale_al = (scales + 255) & ~(size_t)255;
+    const size_t page_al = (page + pad) & ~pad, scale_al = (scales + pad) & ~pad;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         kv->k[l] = p, p += page_al;
         kv->v[l] = p, p += page_al;
@@ -85,6 +94,7 @@ osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_
 void osp_kv_cache_free(osp_kv_cache *kv) {
     if (!kv) return;
     if (kv->pages) kv->be->vt->buffer_free(kv->be, kv->pages);
+    osp_backend_free(kv->be); /* our reference */
     free(kv->k);
     free(kv->v);
     free(kv->k_scale);

@@ -26,9 +26,10 @@ typedef struct osp_kv_shape {
  * OSP_ERR_UNSUPPORTED when the shapes do not fit it. */
 osp_status osp_kv_page_format_of(const osp_kv_shape *sh, osp_kv_dtype dtype, osp_kv_page_format *out);
 
-/* Creates a cache of num_blocks blocks on backend `be` for shape `sh` (owner: the model it is for).
- * Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype), OSP_ERR_NOMEM. */
-osp_status osp_kv_cache_create_on(osp_backend *be, const void *owner, const osp_kv_shape *sh, int32_t num_blocks,
+/* Creates a cache of num_blocks blocks on backend `be` for shape `sh`. The cache holds a reference to
+ * the backend, so it may be freed after the model. Errors: OSP_ERR_INVALID_ARG (non-positive sizes,
+ * unknown dtype, sizes beyond size_t), OSP_ERR_NOMEM. */
+osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *sh, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out);
 
 #endif

@@ -70,7 +70,11 @@ static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     OSP_TRY(osp_arch_get_f32(g, a, "rope.freq_base", &c->rope_theta, 10000.0f));
     OSP_TRY(osp_arch_get_f32(g, a, "rope.freq_base_swa", &c->rope_theta_swa, 10000.0f));
     OSP_TRY(osp_arch_get_f32(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps, 1e-6f));
-    OSP_TRY(osp_arch_get_u32(g, a, "attention.sliding_window", &c->sliding_window, false, 0));
+    uint32_t win = 0; /* 0 or absent: every layer global (as llama.cpp) */
+    const osp_status ws = osp_gguf_get_u32(g, "gemma3.attention.sliding_window", &win);
+    if (ws != OSP_OK && ws != OSP_ERR_NOT_FOUND) return ws;
+    if (win > (1u << 30)) return osp_set_error(OSP_ERR_FORMAT, "%s: gemma3.attention.sliding_window = %u is out of range", path, win);
+    c->sliding_window = (int32_t)win;
     OSP_TRY(osp_arch_get_u32(g, a, "attention.sliding_window_pattern", &c->swa_pattern, false, 6));
     if (c->n_head % c->n_head_kv != 0)
         return osp_set_error(OSP_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d", path, c->n_head,

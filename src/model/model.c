@@ -201,7 +201,7 @@ static osp_kv_shape kv_shape(const osp_model_config *c) {
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out) {
     const osp_kv_shape sh = kv_shape(&m->cfg);
-    return osp_kv_cache_create_on(m->be, m, &sh, num_blocks, block_size, dtype, out);
+    return osp_kv_cache_create_on(m->be, &sh, num_blocks, block_size, dtype, out);
 }
 
 int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d) {
@@ -266,13 +266,16 @@ osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_ba
     const bool host = m->be->vt->device == OSP_DEVICE_CPU;
     if (!kv || !b || (b->num_logits > 0 && !logits && host)) /* on a device NULL keeps them there */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
-    if (kv->owner != m && (kv->n_layer != m->cfg.n_layer || kv->fmt.kv_row != (int64_t)m->cfg.n_head_kv * m->cfg.head_dim))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model");
+    /* A cache serves any model of its shape on the CPU (host pages); on a device only the model it
+     * was made for (its pages are ordered on that model's stream). */
+    if (kv->n_layer != m->cfg.n_layer || kv->fmt.kv_row != (int64_t)m->cfg.n_head_kv * m->cfg.head_dim)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for a model of another shape");
     if (kv->be->vt->device != m->be->vt->device) /* the CPU path would dereference device pages */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache is on the %s, the model on the %s",
                              kv->be->vt->name, m->be->vt->name);
-    if (kv->owner != m && kv->be != m->be)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model's device memory");
+    if (!host && kv->be != m->be)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model on the %s",
+                             m->be->vt->name);
     OSP_TRY(check_batch(m, kv, b));
     const osp_graph *g = &m->graph[b->num_logits > 0];
     osp_act_io acts[8];

@@ -36,6 +36,7 @@
 
 #include <cmocka.h>
 
+#include "model/model_exec.h"
 #include "osprey/model.h"
 #include "osprey/tokenizer.h"
 
@@ -298,6 +299,47 @@ static void test_graphs_match_eager(void **state) {
     osp_model_free(eager);
 }
 
+/* A long decode after a captured graph: one sequence decodes 700 tokens, its block table growing from
+ * 1 to 45 blocks (the buffers regrow several times with graphs alive). Every step must succeed, the
+ * device memory in use may not grow by more than 512 MiB after the first 100 steps (a regression of
+ * the activation sizing once multiplied buffers by hundreds here and ran out of memory past 256
+ * tokens), and the logits at the end equal an eager model's on the same tokens. */
+static void test_long_decode(void **state) {
+    (void)state;
+    enum { N = 700, NB = N / BS + 2 };
+    osp_model *eager;
+    osp_model_params mp = osp_model_default_params();
+    mp.device = OSP_DEVICE_CUDA;
+    setenv("OSPREY_CUDA_GRAPHS", "0", 1);
+    assert_int_equal(osp_model_load(g_path, &mp, &eager), OSP_OK);
+    unsetenv("OSPREY_CUDA_GRAPHS");
+    const int32_t V = osp_model_config_get(g_gpu)->n_vocab;
+    osp_kv_cache *ka, *kb;
+    assert_int_equal(osp_kv_cache_create(g_gpu, NB, BS, OSP_KV_DTYPE_F16, &kb), OSP_OK);
+    assert_int_equal(osp_kv_cache_create(eager, NB, BS, OSP_KV_DTYPE_F16, &ka), OSP_OK);
+    int32_t bt[NB], id[1] = {1}, pos[1], qsl[2] = {0, 1}, len[1], li[1] = {0};
+    for (int i = 0; i < NB; i++) bt[i] = i;
+    float *z = malloc(sizeof(float) * (size_t)V), *ze = malloc(sizeof(float) * (size_t)V);
+    size_t free0 = 0, free1 = 0, total = 0;
+    for (int p = 0; p < N; p++) {
+        pos[0] = p, len[0] = p + 1;
+        osp_batch b = {1, id, pos, pos, 1, qsl, len, bt, NB, 1, li};
+        if (osp_model_forward(g_gpu, kb, &b, z) != OSP_OK) fail_msg("decode step %d: %s", p, osp_last_error());
+        if (osp_model_forward(eager, ka, &b, ze) != OSP_OK) fail_msg("eager step %d: %s", p, osp_last_error());
+        if (p == 100) assert_int_equal(osp_model_mem_info(g_gpu, &free0, &total), OSP_OK);
+        id[0] = argmax(z, V, NULL);
+    }
+    assert_int_equal(osp_model_mem_info(g_gpu, &free1, &total), OSP_OK);
+    const double grew = ((double)free0 - (double)free1) / 1048576.0;
+    printf("long decode: %d steps, device memory in use grew %.1f MiB after step 100\n", N, grew);
+    assert_true(grew < 512.0);
+    assert_memory_equal(z, ze, sizeof(float) * (size_t)V); /* graphs and eager: the same kernels */
+    free(z), free(ze);
+    osp_kv_cache_free(ka);
+    osp_kv_cache_free(kb);
+    osp_model_free(eager);
+}
+
 /* --random-weights draws on the GPU exactly the weights make-random-model writes: the same batch gives
  * bitwise the same logits from the GGUF (bf16, loaded and uploaded) and from the preset (drawn there). */
 static void test_random_weights_match_gguf(void **state) {
@@ -369,6 +411,7 @@ int main(void) {
         cmocka_unit_test(test_teacher_forcing),
         cmocka_unit_test(test_greedy),
         cmocka_unit_test(test_graphs_match_eager),
+        cmocka_unit_test(test_long_decode),
         cmocka_unit_test(test_random_weights_match_gguf),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

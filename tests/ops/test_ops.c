@@ -377,11 +377,11 @@ static bool run_case(op_case *c, osp_device dev, bool exact, bool emulate, float
     }
     osp_kv_cache *kv = NULL;
     if (c->kv) {
-        assert_int_equal(osp_kv_cache_create_on(be, c, &c->cfg, c->num_blocks, c->block_size, OSP_KV_DTYPE_F16, &kv),
+        assert_int_equal(osp_kv_cache_create_on(be, &c->cfg, c->num_blocks, c->block_size, OSP_KV_DTYPE_F16, &kv),
                          OSP_OK);
     } else { /* ops without KV still get a cache (the interface takes one) */
         osp_kv_shape cfg = {.n_layer = 1, .n_head_kv = 1, .head_dim = 32};
-        assert_int_equal(osp_kv_cache_create_on(be, c, &cfg, 1, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
+        assert_int_equal(osp_kv_cache_create_on(be, &cfg, 1, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
     }
     if (c->n_pre > 0) { /* earlier positions: the same op list over them, outputs not compared */
         c->pre = c->b;

@@ -102,7 +102,11 @@ static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t 
     if (f32_exact && n > 1) {
         float *buf = malloc((size_t)cols * sizeof *buf);
         if (!buf) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory");
-        OSP_TRY(track(c, buf));
+        const osp_status st = track(c, buf);
+        if (st != OSP_OK) {
+            free(buf);
+            return st;
+        }
         size_t off = 0;
         for (int32_t i = 0; i < n; i++) {
             memcpy((char *)buf + off, src[i].data, src[i].row_bytes);
@@ -315,7 +319,7 @@ static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nt
         const int32_t *slot = r->b->slot_mapping + t;
         if (kv->fmt.elem_type == OSP_DTYPE_F16) {
             osp_cpu_kv_write_f16(k, v, kv->k[l], kv->v[l], slot, 1, KD);
-        } else {
+        } else if (*slot >= 0) { /* slot < 0: a padding row, no write */
             memcpy((float *)kv->k[l] + (size_t)*slot * KD, k, (size_t)KD * sizeof(float));
             memcpy((float *)kv->v[l] + (size_t)*slot * KD, v, (size_t)KD * sizeof(float));
         }
@@ -534,6 +538,7 @@ osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out
     c->nt = osp_threadpool_n_threads(p->pool);
     c->exact = p->exact || p->emulate_bf16;
     c->emulate = p->emulate_bf16;
+    (void)osp_qdot_isa(); /* picks the kernel family now, before any worker thread asks for it */
     *out = &c->base;
     return OSP_OK;
 }

@@ -33,6 +33,7 @@ void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v
                           int64_t num_tokens, int64_t kv_row) {
     uint16_t *kp = k_pages, *vp = v_pages;
     for (int64_t t = 0; t < num_tokens; t++) {
+        if (slot_mapping[t] < 0) continue; /* a padding row: no write (as the CUDA kernel) */
         const size_t slot = (size_t)slot_mapping[t];
         to_f16(k + t * kv_row, kp + slot * (size_t)kv_row, kv_row);
         to_f16(v + t * kv_row, vp + slot * (size_t)kv_row, kv_row);

@@ -80,7 +80,7 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool 
                              int64_t item_begin, int64_t item_end);
 
 /* f16 pages (kv_f16.c). Writes K/V rows k, v: [num_tokens, kv_row] fp32 into f16 pages at
- * slot_mapping (round to nearest even). */
+ * slot_mapping (round to nearest even); a negative slot writes nothing. */
 void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v_pages, const int32_t *slot_mapping,
                           int64_t num_tokens, int64_t kv_row);
 /* Widens n f16 values to fp32 (exact; F16C when the build has it). */

@@ -9,5 +9,5 @@ int osp_backend_cuda_device_count(void) { return 0; }
 osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **out) {
     (void)p;
     *out = NULL;
-    return osp_set_error(OSP_ERR_UNSUPPORTED, "--device cuda: this osprey was built without CUDA (nvcc not found)");
+    return osp_set_error(OSP_ERR_UNSUPPORTED, "--device cuda: this osprey was built without CUDA (OSPREY_CUDA off, or nvcc not found)");
 }

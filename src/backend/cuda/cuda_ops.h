@@ -16,9 +16,8 @@
  * on the host before launching), or OSP_ERR_INTERNAL when the launch itself failed (cudaGetLastError;
  * the message names the kernel and CUDA's error string).
  *
- * When osprey is built without CUDA (no nvcc: OSPREY_CUDA off) the runtime functions below are still
- * defined (cuda_stub.c): osp_cuda_device_count() returns 0 and everything else returns
- * OSP_ERR_UNSUPPORTED. */
+ * Only CUDA builds have these functions (OSPREY_CUDA on): the rest of osprey reaches them through the
+ * CUDA backend (backend_cuda.c), which builds without CUDA replace by backend_cuda_stub.c. */
 #ifndef OSP_BACKEND_CUDA_OPS_H
 #define OSP_BACKEND_CUDA_OPS_H
 
