@@ -18,5 +18,8 @@
 /* the presets and their seeded random streams (model/presets.h): `make-random-model` writes them as
  * GGUF, bit-identical to what --random-weights draws on the GPU. */
 #include "model/presets.h"
+/* the thread pool (core/threadpool.h): `make-random-model` draws and quantizes rows on it, the one
+ * threading model of the CPU side (no OpenMP). */
+#include "core/threadpool.h"
 
 #endif

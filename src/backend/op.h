@@ -91,6 +91,11 @@ typedef enum osp_op_kind {
     /* dst = src0 (same rows, cols and dtype): a copy of an intermediate the caller reads (hidden
      * states for drafters) */
     OSP_OP_COPY,
+    /* dst = scale * src0, elementwise (dst may be src0) */
+    OSP_OP_SCALE,
+    /* dst = cap * tanh(src0 / cap), elementwise, cap > 0 (logit softcapping: Gemma 2, Team 2024 §2;
+     * llama.cpp's final_logit_softcapping; dst may be src0) */
+    OSP_OP_SOFTCAP,
     OSP_OP_COUNT
 } osp_op_kind;
 
@@ -109,6 +114,7 @@ typedef struct osp_op {
         struct { int32_t n_head, n_head_kv, head_dim, n_rot; bool neox; float eps; } rope;
         struct { int32_t n_head, n_head_kv, head_dim, window; float scale; } attn;
         struct { osp_glu_act act; } glu;
+        struct { float s; } scale; /* SCALE: the factor; SOFTCAP: the cap */
     } p;
 } osp_op;
 

@@ -337,6 +337,21 @@ static void case_copy(op_case *c) {
     io(c, y, false, NULL, 0.0f, 0.0f); /* bit-exact */
 }
 
+static void case_scale(op_case *c) {
+    const bool soft = rnd() % 2;
+    c->what = soft ? "softcap" : "scale";
+    const int64_t V = pick((const int64_t[]){37, 512, 1000}, 3);
+    const int32_t start[] = {0}, len[] = {1 + (int32_t)(rnd() % 20)};
+    batch(c, 1, start, len, 1 + (int32_t)(rnd() % 4));
+    const int64_t L = c->b.num_logits;
+    const int32_t x = act(c, "logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS);
+    const int32_t y = rnd() % 2 ? x : act(c, "y", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS); /* in place or not */
+    const float s = soft ? 5.0f + 25.0f * (float)(rnd() % 100) / 100.0f : 0.5f + (float)(rnd() % 100) / 25.0f;
+    push(c, (osp_op){.kind = soft ? OSP_OP_SOFTCAP : OSP_OP_SCALE, .dst = y, .src0 = x, .src1 = -1, .p.scale.s = s});
+    io(c, x, true, own(c, rand_vec((size_t)(L * V), 40.0f, false)), 0, 0);
+    io(c, y, false, NULL, 1e-5f, 1e-6f); /* tanhf of another libm: a few ulp */
+}
+
 static void case_add(op_case *c) {
     c->what = "add";
     const int64_t E = pick((const int64_t[]){32, 64, 576}, 3);
@@ -492,7 +507,7 @@ static void run_all(int bi) {
     } cases[] = {
         {case_embed, 0},       {case_add_rmsnorm, 0}, {case_gather_rmsnorm, 0},     {NULL, OSP_DTYPE_F32},
         {NULL, OSP_DTYPE_Q8_0}, {NULL, OSP_DTYPE_Q4_0}, {case_rope_attention, 0}, {case_glu, 0},
-        {case_add, 0},         {case_copy, 0},
+        {case_add, 0},         {case_copy, 0},          {case_scale, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (uint64_t s = 1; s <= SEEDS; s++) check(cases[k].fn, 0x1234567ull * s + k, bi, cases[k].wtype);
@@ -514,8 +529,8 @@ static void test_cuda(void **state) {
 /* Every op kind has a case above: a new kind must come with one. */
 static void test_every_kind_covered(void **state) {
     (void)state;
-    assert_int_equal(OSP_OP_COUNT, 9); /* embed, add_rmsnorm, gather_rmsnorm, matmul, rope_kv_write,
-                                        * attention, glu, add, copy */
+    assert_int_equal(OSP_OP_COUNT, 11); /* embed, add_rmsnorm, gather_rmsnorm, matmul, rope_kv_write,
+                                         * attention, glu, add, copy, scale, softcap */
 }
 
 int main(void) {

@@ -10,6 +10,7 @@
  * in bf16 is rounded to bf16, which makes this backend a reference for the CUDA backend's precision.
  * These op implementations are also the CPU reference every other backend is tested against
  * (tests/ops/). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +179,8 @@ static split op_split(const cpu_backend *c, const osp_op *op, int64_t T, int64_t
     case OSP_OP_GLU:
     case OSP_OP_ADD:
     case OSP_OP_COPY:
+    case OSP_OP_SCALE:
+    case OSP_OP_SOFTCAP:
         return (split){-1, -1};
     default: return (split){0, 0};
     }
@@ -372,6 +375,21 @@ static void op_copy(const run_ctx *r, const osp_op *op, int ith, int nth) {
     if (t1 > t0) memcpy(r->bufs[op->dst] + t0 * n, r->bufs[op->src0] + t0 * n, (size_t)((t1 - t0) * n) * sizeof(float));
 }
 
+/* SCALE and SOFTCAP: elementwise over my rows (dst may be src0) */
+static void op_scale(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    const int64_t n = r->g->acts[op->dst].cols, R = rows_of(r, op->dst);
+    const float *x = r->bufs[op->src0];
+    float *y = r->bufs[op->dst];
+    const float s = op->p.scale.s;
+    long long t0, t1;
+    osp_split(R, ith, nth, &t0, &t1);
+    if (op->kind == OSP_OP_SOFTCAP)
+        for (long long i = t0 * n; i < t1 * n; i++) y[i] = s * tanhf(x[i] / s);
+    else
+        for (long long i = t0 * n; i < t1 * n; i++) y[i] = s * x[i];
+    round_if(r, op->dst, y + t0 * n, (t1 - t0) * n);
+}
+
 static void run_task(void *arg, int ith, int nth) {
     const run_ctx *r = arg;
     int64_t prev_out = 0;
@@ -393,6 +411,8 @@ static void run_task(void *arg, int ith, int nth) {
         case OSP_OP_GLU: op_glu(r, op, ith, nth); break;
         case OSP_OP_ADD: op_add(r, op, ith, nth); break;
         case OSP_OP_COPY: op_copy(r, op, ith, nth); break;
+        case OSP_OP_SCALE:
+        case OSP_OP_SOFTCAP: op_scale(r, op, ith, nth); break;
         default: break;
         }
     }
@@ -402,6 +422,10 @@ static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *o
     (void)be, (void)g;
     if ((unsigned)op->kind >= OSP_OP_COUNT) {
         snprintf(why, n, "unknown op kind %d", (int)op->kind);
+        return false;
+    }
+    if (op->kind == OSP_OP_SOFTCAP && !(op->p.scale.s > 0.0f)) {
+        snprintf(why, n, "softcap %g is not > 0", (double)op->p.scale.s);
         return false;
     }
     if (op->kind == OSP_OP_ATTENTION && op->p.attn.head_dim > 1024) {

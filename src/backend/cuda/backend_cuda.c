@@ -329,6 +329,12 @@ static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op 
         break;
     case OSP_OP_GLU: ok = is(gr, op->src0, BF16) && is(gr, op->dst, BF16), need = "bf16 input and output"; break;
     case OSP_OP_ADD: ok = is(gr, op->dst, F32) && is(gr, op->src0, BF16), need = "fp32 x += bf16"; break;
+    case OSP_OP_SCALE:
+    case OSP_OP_SOFTCAP:
+        ok = is(gr, op->dst, F32) && is(gr, op->src0, F32) && gr->acts[op->dst].cols == gr->acts[op->src0].cols &&
+             gr->acts[op->dst].rows == gr->acts[op->src0].rows && (op->kind == OSP_OP_SCALE || op->p.scale.s > 0.0f);
+        need = "fp32 in and out of one shape (and a cap > 0)";
+        break;
     case OSP_OP_COPY:
         ok = op->dst >= 0 && op->src0 >= 0 && gr->acts[op->dst].type == gr->acts[op->src0].type &&
              gr->acts[op->dst].cols == gr->acts[op->src0].cols && gr->acts[op->dst].rows == gr->acts[op->src0].rows;
@@ -441,6 +447,13 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         case OSP_OP_ADD:
             OSP_TRY(osp_cuda_add_rmsnorm(dst, s0, NULL, NULL, T, gr->acts[op->dst].cols, 0.0f, st));
             break;
+        case OSP_OP_SCALE:
+        case OSP_OP_SOFTCAP: {
+            const int64_t n = (gr->acts[op->dst].rows == OSP_ROWS_LOGITS ? L : T) * gr->acts[op->dst].cols;
+            OSP_TRY(op->kind == OSP_OP_SOFTCAP ? osp_cuda_softcap_f32(s0, dst, n, op->p.scale.s, st)
+                                               : osp_cuda_scale_f32(s0, dst, n, op->p.scale.s, st));
+            break;
+        }
         case OSP_OP_COPY: /* a device-to-device copy on the stream (graph-capturable) */
             OSP_TRY(osp_cuda_d2d(dst, s0, act_size(&gr->acts[op->dst], R, R), st));
             break;

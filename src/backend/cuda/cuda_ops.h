@@ -126,6 +126,10 @@ osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const
 /* out[t, j] = bf16(silu(gu[t, j]) * gu[t, F + j]) for j < F: d_gu: [T, 2F] bf16 (gate | up, one
  * GEMM's output), d_out: [T, F] bf16. silu(x) = x / (1 + exp(-x)) in fp32. */
 osp_status osp_cuda_silu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
+/* d_out[i] = scale * d_in[i], and d_out[i] = cap * tanh(d_in[i] / cap) (logit softcapping, Gemma 2;
+ * cap > 0), over n fp32 values; d_in may equal d_out. */
+osp_status osp_cuda_scale_f32(const float *d_in, float *d_out, int64_t n, float scale, void *stream);
+osp_status osp_cuda_softcap_f32(const float *d_in, float *d_out, int64_t n, float cap, void *stream);
 /* The same with GELU's tanh approximation in place of silu (Gemma's gelu_pytorch_tanh). */
 osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
 

@@ -378,6 +378,17 @@ __global__ void __launch_bounds__(kEltThreads)
     for (int64_t i = n_units * VEC + global_thread(); i < n; i += global_stride()) out[i] = osp_f_to_bf16(in[i]);
 }
 
+/* out[i] = scale * in[i] (SOFTCAP false) or cap * tanh(in[i] / cap) (SOFTCAP true, cap = scale), fp32;
+ * in may equal out. */
+template <bool SOFTCAP>
+__global__ void __launch_bounds__(kEltThreads)
+    scale_f32_kernel(const float *in, float *out, int64_t n, float scale) {
+    for (int64_t i = global_thread(); i < n; i += global_stride()) {
+        const float x = in[i];
+        out[i] = SOFTCAP ? scale * tanhf(x / scale) : scale * x;
+    }
+}
+
 /* tools/osprey/cmd_make_random_model.c's mix64() and randn(), operation for operation, plus the
  * tool's `offset + randn(...)`; __fmul_rn / __fadd_rn keep nvcc from fusing them into one FMA, which
  * the tool (ISO C, no contraction) does not do. */
@@ -580,6 +591,29 @@ osp_status osp_cuda_f32_to_bf16(const float *d_in, uint16_t *d_out, int64_t n, v
         f32_to_bf16_kernel<1><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n);
     OSP_CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
     return OSP_OK;
+}
+
+static osp_status scale_launch(const float *d_in, float *d_out, int64_t n, float s, bool softcap, void *stream) {
+    if (n < 0 || (n > 0 && (!d_in || !d_out)) || !isfinite(s) || (softcap && !(s > 0.0f)))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_%s_f32: n %lld, %s %g or a NULL pointer",
+                             softcap ? "softcap" : "scale", (long long)n, softcap ? "cap" : "scale", (double)s);
+    if (n == 0) return OSP_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    const unsigned grid = blocks_for(n, kEltThreads, kMaxGridX);
+    if (softcap)
+        scale_f32_kernel<true><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n, s);
+    else
+        scale_f32_kernel<false><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n, s);
+    OSP_CUDA_LAUNCH_CHECK("scale_f32_kernel");
+    return OSP_OK;
+}
+
+osp_status osp_cuda_scale_f32(const float *d_in, float *d_out, int64_t n, float scale, void *stream) {
+    return scale_launch(d_in, d_out, n, scale, false, stream);
+}
+
+osp_status osp_cuda_softcap_f32(const float *d_in, float *d_out, int64_t n, float cap, void *stream) {
+    return scale_launch(d_in, d_out, n, cap, true, stream);
 }
 
 osp_status osp_cuda_fill_randn_bf16(uint16_t *d_out, int64_t n, uint64_t key, uint64_t base, float scale,
