@@ -390,6 +390,16 @@ static void op_scale(const run_ctx *r, const osp_op *op, int ith, int nth) {
     round_if(r, op->dst, y + t0 * n, (t1 - t0) * n);
 }
 
+/* The activation an op reads at rows other threads own while writing its own output by the row
+ * split (GATHER_RMSNORM reads rows logits_indices of x), or -1. The next op may not overwrite it
+ * without a barrier (a write-after-read hazard). */
+static int32_t read_across(const osp_op *op) { return op->kind == OSP_OP_GATHER_RMSNORM ? op->src1 : -1; }
+
+/* Whether op writes activation a (ADD_RMSNORM also updates its residual stream src1 in place). */
+static bool writes(const osp_op *op, int32_t a) {
+    return a >= 0 && (op->dst == a || (op->kind == OSP_OP_ADD_RMSNORM && op->src0 >= 0 && op->src1 == a));
+}
+
 static void run_task(void *arg, int ith, int nth) {
     const run_ctx *r = arg;
     int64_t prev_out = 0;
@@ -399,7 +409,10 @@ static void run_task(void *arg, int ith, int nth) {
         const int64_t rows = op->src0 >= 0 ? rows_of(r, op->src0) : op->dst >= 0 ? rows_of(r, op->dst) : r->T;
         if (sp.in < 0) sp.in = rows;
         if (sp.out < 0) sp.out = rows;
-        if (k > 0 && !(sp.in > 0 && sp.in == prev_out)) osp_threadpool_barrier(r->c->pool);
+        /* no barrier only when this op reads by the split the previous one wrote with (each thread
+         * reads rows it wrote itself) and does not overwrite what the previous one read across rows */
+        const bool same_split = sp.in > 0 && sp.in == prev_out;
+        if (k > 0 && (!same_split || writes(op, read_across(&r->g->ops[k - 1])))) osp_threadpool_barrier(r->c->pool);
         prev_out = sp.out;
         switch (op->kind) {
         case OSP_OP_EMBED: op_embed(r, op, ith, nth); break;
