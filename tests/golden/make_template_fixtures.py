@@ -12,8 +12,15 @@ add_generation_prompt=..., bos_token=..., eos_token=...).
 
 Writes tests/golden/fixtures/templates/conversations.json (the inputs) and one <template>.json per
 template: its FNV-1a 64 hash (so a changed template is detected), and for every conversation x
-add_generation_prompt the expected text or the jinja2 error. The templates themselves stay in
-../shared.
+add_generation_prompt the expected text or the jinja2 error. The shared templates stay in ../shared.
+
+Templates the shared set lacks are committed here as tests/golden/fixtures/templates/*.jinja (exact
+copies, with no header; a sibling <name>.txt says where each comes from) and rendered the same way;
+their fixtures also name the directory they are in ("template_dir", relative to the repository
+root), which fixtures of shared templates leave out. google-gemma-3-it.jinja is Gemma 3's chat
+template (google/gemma-3-270m-it, gemma-3-1b-it), decoded from the verbatim tokenizer_config.json
+"chat_template" quoted in ShishirPatil/gorilla,
+berkeley-function-call-leaderboard/bfcl_eval/model_handler/local_inference/gemma.py.
 
 usage: python3 tests/golden/make_template_fixtures.py [--shared DIR]
 """
@@ -143,10 +150,15 @@ def main():
         f.write("\n")
     env = make_env()
     n_ok = n_err = 0
-    for name in sorted(os.listdir(tdir)):
-        if not name.endswith(".jinja"):
-            continue
-        raw = open(os.path.join(tdir, name), "rb").read()
+    # (directory, name, template_dir recorded in the fixture): the shared templates, then the repo's own
+    sources = [(tdir, name, None) for name in sorted(os.listdir(tdir)) if name.endswith(".jinja")]
+    own_dir = os.path.relpath(out, root)
+    own = [(out, name, own_dir) for name in sorted(os.listdir(out)) if name.endswith(".jinja")]
+    clash = {n for _, n, _ in sources} & {n for _, n, _ in own}
+    if clash:
+        sys.exit("templates both in %s and %s: %s" % (tdir, out, ", ".join(sorted(clash))))
+    for src_dir, name, template_dir in sources + own:
+        raw = open(os.path.join(src_dir, name), "rb").read()
         src = raw.decode("utf-8")
         try:
             tmpl, compile_err = env.from_string(src), None
@@ -168,8 +180,12 @@ def main():
                 n_ok += "output" in case
                 n_err += "error" in case
                 cases.append(case)
+        fixture = {"template": name}
+        if template_dir:
+            fixture["template_dir"] = template_dir
+        fixture.update({"fnv1a64": fnv1a64(raw), "cases": cases})
         with open(os.path.join(out, name[:-len(".jinja")] + ".json"), "w", encoding="utf-8") as f:
-            json.dump({"template": name, "fnv1a64": fnv1a64(raw), "cases": cases}, f, ensure_ascii=False, indent=1)
+            json.dump(fixture, f, ensure_ascii=False, indent=1)
             f.write("\n")
     print("jinja2 %s: %d renderings, %d errors" % (jinja2.__version__, n_ok, n_err), file=sys.stderr)
 

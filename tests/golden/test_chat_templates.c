@@ -1,5 +1,7 @@
 /* Golden test for the chat-template interpreter: every template in
- * $OSPREY_SHARED/testdata/chat-templates rendered for the conversations of
+ * $OSPREY_SHARED/testdata/chat-templates, and the .jinja files committed in
+ * tests/golden/fixtures/templates (templates the shared set lacks, e.g. Gemma 3's; their fixtures name
+ * that "template_dir", relative to $OSPREY_ROOT), rendered for the conversations of
  * tests/golden/fixtures/templates/conversations.json (system and developer messages, multi-turn,
  * unicode, text parts, tools and a tool-call round, each with add_generation_prompt off and on),
  * compared with Python's jinja2 configured as transformers configures it
@@ -91,8 +93,12 @@ static void golden_templates(void **state) {
         json_t *fx = json_load_file(fpath, 0, &err);
         assert_non_null(fx);
         const char *tname = json_string_value(json_object_get(fx, "template"));
+        const char *tdir = json_string_value(json_object_get(fx, "template_dir")); /* NULL: shared */
         char tpath[4800];
-        snprintf(tpath, sizeof tpath, "%s/%s", path, tname);
+        if (tdir)
+            snprintf(tpath, sizeof tpath, "%s/%s/%s", g_root, tdir, tname);
+        else
+            snprintf(tpath, sizeof tpath, "%s/%s", path, tname);
         size_t tlen = 0;
         char *src = slurp(tpath, &tlen);
         if (!src) fail_msg("%s: template missing (fixture %s)", tpath, name);
