@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CPU speed A/B of two osprey binaries on the same GGUF file, same threads, interleaved in one run.
 #
+#   BUILD=1 bench/ab_cpu.sh                     builds both (BASE, default bb1ad02, and this tree), then runs
 #   BASE_DIR=/path/to/base bench/ab_cpu.sh [A_BIN [B_BIN]]
 #
 # A is the baseline, B the candidate. Defaults: A = $BASE_DIR/build/bin/osprey, a CPU-only Release
@@ -39,8 +40,20 @@ A="${1:-${BASE_DIR:+$BASE_DIR/build/bin/osprey}}"
 B="${2:-${OSPREY:-build/bin/osprey}}"
 LOG="${LOG:-$(mktemp /tmp/osprey-ab-cpu.XXXXXX.log)}"
 
+# BUILD=1: make both sides here first (the base exported from this repository's history into
+# BASE_DIR, default /tmp/osprey-base-$BASE; the candidate is this tree's CPU-only build/)
+if [ "${BUILD:-0}" = 1 ]; then
+    BASE_DIR=${BASE_DIR:-/tmp/osprey-base-$BASE}
+    if [ ! -x "$BASE_DIR/build/bin/osprey" ]; then
+        mkdir -p "$BASE_DIR" && git archive "$BASE" | tar -x -C "$BASE_DIR"
+        cmake -S "$BASE_DIR" -B "$BASE_DIR/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSPREY_CUDA=OFF >/dev/null
+        cmake --build "$BASE_DIR/build" -j "${JOBS:-2}" --target osprey_cli >/dev/null
+    fi
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build -j "${JOBS:-2}" --target osprey_cli >/dev/null
+    A="${1:-$BASE_DIR/build/bin/osprey}"
+fi
 if [ -z "$A" ] || [ ! -x "$A" ]; then
-    echo "no baseline binary: give A_BIN, or BASE_DIR holding a build of $BASE (recipe at the top of $0)" >&2
+    echo "no baseline binary: give A_BIN, or BASE_DIR holding a build of $BASE, or BUILD=1 (recipe at the top of $0)" >&2
     exit 1
 fi
 [ -x "$B" ] || { echo "no candidate binary $B (make build, or give B_BIN)" >&2; exit 1; }
