@@ -50,7 +50,7 @@ run_one() { # BIN PRESET
     rc=$?
     t1=$(date +%s.%N)
     echo "$bin $preset rc=$rc: $(tr '\n' ' ' <<<"$out")" >>"$LOG"
-    awk -v f1="$(awk '$1 ~ /^tg[0-9]+$/ {print $2}' <<<"$out")" -v fb="$(awk -v b="@b$BATCH" '$1 ~ b"$" {print $2}' <<<"$out")" \
+    awk -v f1="$(awk '$1 ~ /^tg[0-9]+$/ {print $2}' <<<"$out")" -v fb="$(awk -v b="^tg[0-9]+@b$BATCH" '$1 ~ b"$" {print $2}' <<<"$out")" \
         -v t0="$t0" -v t1="$t1" 'BEGIN { printf "%s %s %.2f\n", f1 == "" ? "-" : f1, fb == "" ? "-" : fb, t1 - t0 }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || a <= 0) print "-"; else printf "%.3f", b / a }'; }

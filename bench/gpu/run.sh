@@ -20,8 +20,8 @@ for preset in smollm2-135m llama-3.1-8b; do
     out=$($O bench --random-weights "$preset" --device cuda -p "$N_PROMPT" -n "$N_GEN" -r 3 --batch 64 2>/dev/null)
     echo "$preset: $out" | tr '\n' ' '; echo
     tg1=$(echo "$out" | awk '$1 ~ /^tg[0-9]+$/ {print $2}')
-    tg64=$(echo "$out" | awk '$1 ~ /@b64$/ {print $2}')
-    pp=$(echo "$out" | awk '$1 ~ /^pp/ {print $2}')
+    tg64=$(echo "$out" | awk '$1 ~ /^tg[0-9]+@b64$/ {print $2}')
+    pp=$(echo "$out" | awk '$1 ~ /^pp[0-9]+$/ {print $2}')
     case $preset in
         llama-3.1-8b) ref1=207.6 ref64=5110 ;;
         *) ref1=983 ref64= ;;

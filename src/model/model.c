@@ -297,6 +297,8 @@ osp_status osp_model_logits_to_host(osp_model *m, int32_t row0, int32_t n, float
 
 bool osp_model_samples_on_device(const osp_model *m) { return m->be->vt->device != OSP_DEVICE_CPU; }
 
+osp_status osp_model_sync(osp_model *m) { return m->be->vt->sync(m->be); }
+
 osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes) {
     return m->be->vt->mem_info(m->be, free_bytes, total_bytes);
 }

@@ -22,6 +22,9 @@ osp_status osp_model_sample(osp_model *m, const osp_sampler_row *rows, const int
                             int32_t *tokens, osp_logprobs *logprobs, osp_status *status);
 /* Copies rows [row0, row0 + n) of the last forward's logits to dst [n, n_vocab] (synchronous). */
 osp_status osp_model_logits_to_host(osp_model *m, int32_t row0, int32_t n, float *dst);
+/* Waits until everything enqueued on the model's device has finished (a no-op on the CPU): timed
+ * regions start and end with it. */
+osp_status osp_model_sync(osp_model *m);
 /* Free and total bytes of the model's device memory (the host's on the CPU). */
 osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes);
 /* osp_model_forward that also copies the hidden states the model was loaded to return

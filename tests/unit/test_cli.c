@@ -236,6 +236,21 @@ static void test_plan(void **state) {
     expect_error(run(args), "--kv-cache-dtype", NULL);
 }
 
+/* bench: a '#' header, then one line per test; --depth and --batch name their lines */
+static void test_bench_lines(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 1 -t 1 --depth 16 --batch 2", g_model);
+    assert_int_equal(run(args), 0);
+    assert_true(g_out[0] == '#');
+    assert_non_null(strstr(g_out, "depth 16, batch 2"));
+    const char *want[] = {"\npp8 ", "\ntg4@d16 ", "\npp16@b2 ", "\ntg4@b2@d16 "};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(g_out, want[i])) fail_msg("bench output lacks '%s':\n%s", want[i] + 1, g_out);
+    snprintf(args, sizeof args, "bench -m '%s' --depth -1", g_model);
+    expect_error(run(args), "--depth", NULL);
+}
+
 static int setup(void **state) {
     (void)state;
     g_bin = getenv("OSPREY_BIN");
@@ -268,6 +283,7 @@ int main(void) {
         cmocka_unit_test(test_tokenize_and_info),
         cmocka_unit_test(test_generate_greedy),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_bench_lines),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,11 +6,15 @@
  * not the text. As in llama-bench, pp and tg are separate tests that each start from an empty KV
  * cache (tg decodes positions 0..N-1 one token at a time). Prints one line per test:
  *   pp<N> <tokens/s mean> <stddev>   and   tg<N> <tokens/s mean> <stddev>
- * --batch B (B > 1) adds a batched decode test: B sequences, each with a prompt of -p tokens already in
- * the cache, decode -n steps together (one token per sequence per step); tokens/s counts all B:
- *   tg<N>@b<B> <tokens/s mean> <stddev>
+ * --depth D (as llama-bench -d): the decode tests start D tokens deep (a prefill of D tokens, not timed,
+ * before each timed decode), and their lines say so: tg<N>@d<D>.
+ * --batch B (B > 1) adds a batched test: B sequences, each prefilled with -p tokens (or D with --depth;
+ * timed apart: pp<P>@b<B>, tokens/s over all B prefills), then -n decode steps together (one token per
+ * sequence per step; tokens/s counts all B): tg<N>@b<B>[@d<D>] <tokens/s mean> <stddev>
  * On the GPU (--device cuda) every decode step also samples (greedy, on the device) and copies back
- * only the token ids, as the engine does; the logits never leave the GPU. */
+ * only the token ids, as the engine does; the logits never leave the GPU. Every timed region starts and
+ * ends with the device idle (osp_model_sync), so no enqueued work of one test is counted in another.
+ * A header line starting with '#' gives the shape. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,20 +76,31 @@ static void run_batch_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, i
     gpu_sample(m, B);
 }
 
-static void report(const char *name, int n, const double *t, int reps) {
+/* "<name><n><suffix> <tokens/s mean> <stddev>" over reps timings of n tokens each; the label's count
+ * is per sequence for batched tests (n_label), the rate counts all n tokens. */
+static void report_n(const char *name, int n_label, const char *suffix, double n, const double *t, int reps) {
     double mean = 0, var = 0;
     for (int r = 0; r < reps; r++) mean += n / t[r];
     mean /= reps;
     for (int r = 0; r < reps; r++) var += (n / t[r] - mean) * (n / t[r] - mean);
-    printf("%s%d %.2f %.2f\n", name, n, mean, reps > 1 ? sqrt(var / (reps - 1)) : 0.0);
+    printf("%s%d%s %.2f %.2f\n", name, n_label, suffix, mean, reps > 1 ? sqrt(var / (reps - 1)) : 0.0);
     fflush(stdout);
+}
+
+static void report(const char *name, int n, const char *suffix, const double *t, int reps) {
+    report_n(name, n, suffix, n, t, reps);
+}
+
+static void sync_or_die(osp_model *m) {
+    osp_status s = osp_model_sync(m);
+    if (s != OSP_OK) cli_die(s, "device sync failed");
 }
 
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *random_preset = NULL;
     int n_prompt = 128, n_gen = 128, n_threads = 0, reps = 3;
     bool exact = false;
-    int batch = 1;
+    int batch = 1, depth = 0;
     osp_device dev = OSP_DEVICE_CPU;
     osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
@@ -97,6 +112,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) reps = (int)cli_int(f, v, 1, 1000), i++;
         else if (!strcmp(f, "--exact")) exact = true, kvd = OSP_KV_DTYPE_F32;
         else if (!strcmp(f, "--batch")) batch = (int)cli_int(f, v, 1, 1024), i++;
+        else if (!strcmp(f, "--depth") || !strcmp(f, "-d")) depth = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
         else cli_die(OSP_OK, "bench: unknown option '%s'", f);
@@ -111,7 +127,8 @@ int cmd_bench(int argc, char **argv) {
     osp_status s = random_preset ? osp_model_load_random(random_preset, 0, &mp, &m) : osp_model_load(model, &mp, &m);
     if (s != OSP_OK) cli_die(s, "cannot load model");
     const osp_model_config *c = osp_model_config_get(m);
-    const int32_t n_total = n_prompt + n_gen + 1;
+    const int32_t n_ctx0 = n_prompt > depth ? n_prompt : depth; /* the longest context before decoding */
+    const int32_t n_total = n_ctx0 + n_gen + 1;
     const int32_t max_blocks = (n_total + BLOCK_SIZE - 1) / BLOCK_SIZE;
     osp_kv_cache *kv;
     s = osp_kv_cache_create(m, max_blocks * (batch > 1 ? batch : 1), BLOCK_SIZE, kvd, &kv);
@@ -129,6 +146,11 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(x % (uint64_t)c->n_vocab);
     }
     for (int32_t i = 0; i < max_blocks * batch; i++) bt[i] = i;
+    printf("# osprey bench: %s, device %s, threads %d, kv %s, pp %d, tg %d, depth %d, batch %d, %d repetitions\n",
+           model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m), osp_kv_dtype_name(kvd), n_prompt,
+           n_gen, depth, batch, reps);
+    char dsuf[32] = "";
+    if (depth > 0) snprintf(dsuf, sizeof dsuf, "@d%d", depth);
     /* warm-up: one short prefill and a decode step touch every weight page */
     run_step(m, kv, ids, 0, n_prompt > 0 ? (n_prompt < 8 ? n_prompt : 8) : 1, bt, max_blocks, pos, slot, logits);
     if (dev == OSP_DEVICE_CUDA) { /* and on the GPU: the GEMM plans of both shapes, the batch-1 graph */
@@ -139,44 +161,54 @@ int cmd_bench(int argc, char **argv) {
     }
     for (int r = 0; r < reps; r++) {
         if (n_prompt > 0) {
+            sync_or_die(m);
             const double t0 = cli_now_s();
             run_step(m, kv, ids, 0, n_prompt, bt, max_blocks, pos, slot, logits);
             gpu_sample(m, 1); /* the first token (on the GPU this also waits for the pass to finish) */
+            sync_or_die(m);
             tp[r] = cli_now_s() - t0;
         }
         if (n_gen > 0) {
+            if (depth > 0) run_step(m, kv, ids, 0, depth, bt, max_blocks, pos, slot, logits); /* not timed */
+            sync_or_die(m);
             const double t0 = cli_now_s();
             for (int32_t i = 0; i < n_gen; i++) {
-                run_step(m, kv, ids, i, 1, bt, max_blocks, pos, slot, logits);
+                run_step(m, kv, ids, depth + i, 1, bt, max_blocks, pos, slot, logits);
                 gpu_sample(m, 1);
             }
+            sync_or_die(m);
             tg[r] = cli_now_s() - t0;
         }
     }
-    if (n_prompt > 0) report("pp", n_prompt, tp, reps);
-    if (n_gen > 0) report("tg", n_gen, tg, reps);
+    if (n_prompt > 0) report("pp", n_prompt, "", tp, reps);
+    if (n_gen > 0) report("tg", n_gen, dsuf, tg, reps);
     if (batch > 1 && n_gen > 0) {
         /* B sequences: each prefilled with the same -p prompt tokens (one prefill per sequence, its own
          * blocks), then n_gen decode steps of B tokens each */
         int32_t *qsl = bpos + batch, *lens = qsl + batch + 1, *lidx = lens + batch, *bslot = lidx + batch;
-        const int32_t np = n_prompt > 0 ? n_prompt : 1;
-        double *tb = calloc((size_t)reps, sizeof(double));
-        if (!tb) cli_die(OSP_OK, "out of memory");
+        const int32_t np = depth > 0 ? depth : n_prompt > 0 ? n_prompt : 1;
+        double *tb = calloc((size_t)reps, sizeof(double)), *tpb = calloc((size_t)reps, sizeof(double));
+        if (!tb || !tpb) cli_die(OSP_OK, "out of memory");
         for (int r = 0; r < reps + 1; r++) { /* the first round warms up (graph capture) */
+            sync_or_die(m);
+            const double tp0 = cli_now_s();
             for (int32_t sq = 0; sq < batch; sq++)
                 run_step(m, kv, ids, 0, np, bt + (size_t)sq * (size_t)max_blocks, max_blocks, pos, slot, logits);
+            sync_or_die(m); /* the prefills are done before the decode timer starts */
             const double t0 = cli_now_s();
             for (int32_t i = 0; i < n_gen; i++)
                 run_batch_step(m, kv, ids + i % n_total, batch, np + i, bt, max_blocks, bpos, bslot, qsl, lens, lidx,
                                logits);
-            if (r > 0) tb[r - 1] = cli_now_s() - t0;
+            sync_or_die(m);
+            if (r > 0) tpb[r - 1] = t0 - tp0, tb[r - 1] = cli_now_s() - t0;
         }
-        double mean = 0, var = 0;
-        for (int r = 0; r < reps; r++) mean += (double)n_gen * batch / tb[r];
-        mean /= reps;
-        for (int r = 0; r < reps; r++) var += ((double)n_gen * batch / tb[r] - mean) * ((double)n_gen * batch / tb[r] - mean);
-        printf("tg%d@b%d %.2f %.2f\n", n_gen, batch, mean, reps > 1 ? sqrt(var / (reps - 1)) : 0.0);
+        char name[64];
+        snprintf(name, sizeof name, "@b%d", batch);
+        report_n("pp", np, name, (double)np * batch, tpb, reps); /* tokens/s over the B prefills of np each */
+        snprintf(name, sizeof name, "@b%d%s", batch, dsuf);
+        report_n("tg", n_gen, name, (double)n_gen * batch, tb, reps);
         free(tb);
+        free(tpb);
     }
     free(bpos);
     free(tp);
