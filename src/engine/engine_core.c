@@ -163,6 +163,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     e->n_eos = n_eos;
     e->p = p;
     e->stats.num_blocks = p.num_blocks;
+    e->stats.num_free_blocks = p.num_blocks; /* every block is free until the first step */
     e->stats.block_size = p.block_size;
     *out = e;
     return OSP_OK;

@@ -3,6 +3,7 @@ not (deltas concatenate to the non-streamed text), n > 1, several prompts, token
 stop strings (inside and across tokens, never streamed), usage, /v1/models, /tokenize, /detokenize,
 /metrics names, and chat on SmolLM2."""
 import json
+import time
 
 import pytest
 import requests
@@ -268,6 +269,73 @@ def test_sigterm_drains():
     rest = b"\n".join(it)
     assert rest.strip().endswith(b"data: [DONE]")
     assert s.proc.wait(timeout=60) == 0
+
+
+def test_sigterm_drains_non_streaming():
+    # two plain (non-streaming) requests in flight when SIGTERM comes: both get their whole completion
+    # (the drain waits until each response is sent, not only until its job is done)
+    import signal
+    import threading
+    from conftest import TINY, Server
+    s = Server(TINY)
+    out = {}
+
+    def go(k, n):
+        try:
+            out[k] = requests.post(s.url + "/v1/completions", timeout=120,
+                                   json={"prompt": f"p{k}", "max_tokens": n, "ignore_eos": True})
+        except Exception as e:  # noqa: BLE001
+            out[k] = e
+
+    ts = [threading.Thread(target=go, args=(k, n)) for k, n in ((0, 600), (1, 1200))]
+    for t in ts:
+        t.start()
+    deadline = time.time() + 30
+    while s.health()["num_requests_running"] < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    s.proc.send_signal(signal.SIGTERM)
+    for t in ts:
+        t.join(120)
+    for k, n in ((0, 600), (1, 1200)):
+        r = out[k]
+        assert isinstance(r, requests.Response) and r.status_code == 200, r
+        assert r.json()["usage"]["completion_tokens"] == n
+    assert s.proc.wait(timeout=60) == 0
+
+
+def test_non_streaming_client_gone_is_aborted(smol):
+    # a plain request whose client hangs up is aborted while tokens still come, not run to its end
+    # (SmolLM2 takes seconds for 2000 tokens; the server looks at the client every 200 ms)
+    import socket
+    body = json.dumps({"prompt": "a", "max_tokens": 2000, "ignore_eos": True}).encode()
+    c = socket.create_connection(("127.0.0.1", smol.port), timeout=5)
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 30
+    while smol.health()["num_requests_running"] < 1 and time.time() < deadline:
+        time.sleep(0.02)
+    c.close()
+    deadline = time.time() + 30
+    while "(client disconnected)" not in smol.read_log() and time.time() < deadline:
+        time.sleep(0.05)
+    log = smol.read_log()
+    assert "(client disconnected)" in log, log[-2000:]
+    assert "2000 output tokens" not in log
+
+
+def test_fresh_server_reports_free_kv():
+    # before its first request a server's KV blocks are all free (/health and /metrics)
+    from conftest import TINY, Server
+    s = Server(TINY)
+    try:
+        h = s.health()
+        assert h["kv_cache_total_blocks"] > 0
+        assert h["kv_cache_free_blocks"] == h["kv_cache_total_blocks"], h
+        m = requests.get(s.url + "/metrics").text
+        usage = [l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc")]
+        assert usage and float(usage[0].split()[-1]) == 0.0, usage
+    finally:
+        assert s.stop() == 0
 
 
 # ---- chat (SmolLM2) ----------------------------------------------------------------------------

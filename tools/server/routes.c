@@ -19,7 +19,18 @@ typedef struct conn_ctx {
     char *body;
     size_t len, cap;
     bool too_large;
+    srv_server *srv;
+    bool sending; /* a generation response was queued: counted in srv->sending until it completes */
 } conn_ctx;
+
+/* Counts the generation response about to be queued on cx's connection (see srv_server.sending). */
+static void mark_sending(srv_server *srv, conn_ctx *cx) {
+    pthread_mutex_lock(&srv->mu);
+    srv->sending++;
+    pthread_mutex_unlock(&srv->mu);
+    cx->srv = srv;
+    cx->sending = true;
+}
 
 static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *type, char *body) {
     if (!body) {
@@ -99,15 +110,25 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     srv_gen_request_free(&req);
     if (!j) return reply_error(c, &err);
 
-    if (j->req.stream) return srv_sse_queue(j, c);
+    if (j->req.stream) {
+        mark_sending(srv, cx);
+        return srv_sse_queue(j, c);
+    }
+    /* the client is checked when no token came for 100 ms and at least every 200 ms while they come
+     * (a client that left a long request must not keep the engine busy to its end) */
+    double next_check = srv_now_s() + 0.2;
     while (!srv_job_all_done(j)) {
-        if (!srv_job_pump(j, 100) && !srv_client_alive(j)) {
+        const bool progress = srv_job_pump(j, 100);
+        if (progress && srv_now_s() < next_check) continue;
+        next_check = srv_now_s() + 0.2;
+        if (!srv_client_alive(j)) {
             j->client_gone = true;
             srv_job_http_done(j);
             return MHD_NO;
         }
     }
     json_t *body = srv_json_final(j);
+    mark_sending(srv, cx); /* before the job lets the drain go on: the reply is not sent yet */
     srv_job_http_done(j);
     return reply_json(c, 200, body);
 }
@@ -305,6 +326,12 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
 void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)cls, (void)c, (void)toe; /* libmicrohttpd's callback signature */
     conn_ctx *cx = *con_cls;
+    if (cx && cx->sending) { /* the generation response is done (sent, or the connection ended) */
+        pthread_mutex_lock(&cx->srv->mu);
+        cx->srv->sending--;
+        pthread_cond_broadcast(&cx->srv->idle);
+        pthread_mutex_unlock(&cx->srv->mu);
+    }
     if (cx) {
         free(cx->body);
         free(cx);

@@ -206,9 +206,9 @@ int cmd_serve(int argc, char **argv) {
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += cfg->drain_timeout_s;
     /* requests in flight finish; aborted ones end in the engine (their jobs are freed then) */
-    while (srv.in_flight > 0 || srv.live_jobs > 0)
+    while (srv.in_flight > 0 || srv.live_jobs > 0 || srv.sending > 0)
         if (pthread_cond_timedwait(&srv.idle, &srv.mu, &until) == ETIMEDOUT) break;
-    const int left = srv.in_flight + srv.live_jobs;
+    const int left = srv.in_flight + srv.live_jobs + srv.sending;
     pthread_mutex_unlock(&srv.mu);
     if (left) srv_log(&srv, SRV_LOG_WARNING, "drain timeout: %d requests still in flight", left);
     MHD_stop_daemon(d);

@@ -58,6 +58,8 @@ typedef struct srv_server {
     pthread_cond_t idle;
     int in_flight;            /* generation requests a connection is serving */
     int live_jobs;            /* jobs not yet freed (an aborted one lives until its engine requests end) */
+    int sending;              /* generation responses queued but not yet finished on their connection
+                               * (the drain waits for them: stopping the daemon would cut them off) */
     uint64_t next_id;
     bool draining;
 } srv_server;
