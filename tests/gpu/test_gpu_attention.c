@@ -203,7 +203,7 @@ static void cpu_reference(const batch *b, float *ref) {
 #endif
             for (int64_t it = 0; it < items; it += 8) {
                 const int64_t end = it + 8 < items ? it + 8 : items;
-                osp_cpu_paged_attention(b->q_f32, b->k, b->v, c->f16, ref, c->num_seqs, b->qsl, b->positions,
+                osp_cpu_paged_attention(b->q_f32, b->k, b->v, c->f16 ? OSP_DTYPE_F16 : OSP_DTYPE_F32, ref, c->num_seqs, b->qsl, b->positions,
                                         b->block_table, b->max_blocks, c->bs, c->n_head, c->n_kv, c->D, scale, 0, sc,
                                         it, end);
             }
@@ -275,7 +275,7 @@ static void dev_upload(dev_bufs *d, const batch *b, void *stream) {
 
 static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
     const acase *c = &b->c;
-    return osp_cuda_paged_attention(d->q, d->k, d->v, c->f16, d->out, c->num_seqs, d->qsl, d->positions,
+    return osp_cuda_paged_attention(d->q, d->k, d->v, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d->out, c->num_seqs, d->qsl, d->positions,
                                     d->block_table, b->max_blocks, c->bs, b->T, c->n_head, c->n_kv, c->D,
                                     batch_scale(b), 0, b->max_seq_len, d->ws, stream);
 }
@@ -545,23 +545,23 @@ static void test_arguments(void **state) {
     assert_int_equal(osp_cuda_malloc((void **)&idx, 4096, "idx"), OSP_OK);
     assert_int_equal(osp_cuda_memset(idx, 0, 4096, NULL), OSP_OK);
     /* head_dim 96, a group that does not divide, block size 0, T > 0 without sequences, misaligned q */
-    assert_int_equal(osp_cuda_paged_attention(q, out, out, true, out, 1, idx, idx, idx, 1, 16, 1, 3, 1, 96, 0.1f, 0,
+    assert_int_equal(osp_cuda_paged_attention(q, out, out, OSP_KV_PAGE_F16, out, 1, idx, idx, idx, 1, 16, 1, 3, 1, 96, 0.1f, 0,
                                               16, NULL, NULL),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_paged_attention(q, out, out, true, out, 1, idx, idx, idx, 1, 16, 1, 10, 4, 64, 0.1f, 0,
+    assert_int_equal(osp_cuda_paged_attention(q, out, out, OSP_KV_PAGE_F16, out, 1, idx, idx, idx, 1, 16, 1, 10, 4, 64, 0.1f, 0,
                                               16, NULL, NULL),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_paged_attention(q, out, out, true, out, 1, idx, idx, idx, 1, 0, 1, 4, 4, 64, 0.1f, 0, 16,
+    assert_int_equal(osp_cuda_paged_attention(q, out, out, OSP_KV_PAGE_F16, out, 1, idx, idx, idx, 1, 0, 1, 4, 4, 64, 0.1f, 0, 16,
                                               NULL, NULL),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_paged_attention(q, out, out, true, out, 0, idx, idx, idx, 1, 16, 1, 4, 4, 64, 0.1f, 0,
+    assert_int_equal(osp_cuda_paged_attention(q, out, out, OSP_KV_PAGE_F16, out, 0, idx, idx, idx, 1, 16, 1, 4, 4, 64, 0.1f, 0,
                                               16, NULL, NULL),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_paged_attention(q + 1, out, out, true, out, 1, idx, idx, idx, 1, 16, 1, 4, 4, 64,
+    assert_int_equal(osp_cuda_paged_attention(q + 1, out, out, OSP_KV_PAGE_F16, out, 1, idx, idx, idx, 1, 16, 1, 4, 4, 64,
                                               0.1f, 0, 16, NULL, NULL),
                      OSP_ERR_INVALID_ARG);
     /* T = 0 is nothing to do */
-    assert_int_equal(osp_cuda_paged_attention(q, out, out, true, out, 1, idx, idx, idx, 1, 16, 0, 4, 4, 64, 0.1f, 0, 16,
+    assert_int_equal(osp_cuda_paged_attention(q, out, out, OSP_KV_PAGE_F16, out, 1, idx, idx, idx, 1, 16, 0, 4, 4, 64, 0.1f, 0, 16,
                                               NULL, NULL),
                      OSP_OK);
     assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);

@@ -364,8 +364,8 @@ static void run_rope_case(const rope_case *rc) {
     poison(d_k, page_bytes);
     poison(d_v, page_bytes);
     ok(osp_cuda_rope_kv_write(d_qkv, rc->bias ? d_bias : NULL, rc->qk_norm ? d_qn : NULL, rc->qk_norm ? d_kn : NULL,
-                              d_pos, d_inv, d_slots, d_q, d_k, d_v, rc->kv_f16, T, H, HK, D, n_rot, rc->neox, eps,
-                              g_stream),
+                              d_pos, d_inv, d_slots, d_q, d_k, d_v, rc->kv_f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32,
+                              T, H, HK, D, n_rot, rc->neox, eps, g_stream),
        "osp_cuda_rope_kv_write");
     uint16_t *q_out = xmalloc((size_t)(T * QD) * 2);
     uint8_t *k_got = xmalloc(page_bytes), *v_got = xmalloc(page_bytes);
@@ -703,16 +703,16 @@ static void test_invalid_args(void **state) {
     uint16_t *h = d;
     int32_t *ids = d;
     /* rope: head_dim over the limit, odd n_rot, n_rot > head_dim, no heads */
-    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, true, 1, 1, 1, 2048, 64, true,
+    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, OSP_KV_PAGE_F16, 1, 1, 1, 2048, 64, true,
                                             1e-6f, g_stream),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, true, 1, 1, 1, 64, 63, true,
+    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, OSP_KV_PAGE_F16, 1, 1, 1, 64, 63, true,
                                             1e-6f, g_stream),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, true, 1, 1, 1, 64, 128, true,
+    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, OSP_KV_PAGE_F16, 1, 1, 1, 64, 128, true,
                                             1e-6f, g_stream),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, true, 1, 0, 1, 64, 64, true,
+    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, OSP_KV_PAGE_F16, 1, 0, 1, 64, 64, true,
                                             1e-6f, g_stream),
                      OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_argmax(f, ids, 1, 0, g_stream), OSP_ERR_INVALID_ARG);
@@ -724,7 +724,7 @@ static void test_invalid_args(void **state) {
     assert_int_equal(osp_cuda_embed(h, ids, f, 0, 64, 1.0f, g_stream), OSP_OK);
     assert_int_equal(osp_cuda_add_rmsnorm(f, NULL, f, h, 0, 64, 1e-5f, g_stream), OSP_OK);
     assert_int_equal(osp_cuda_gather_rmsnorm(f, ids, f, h, 0, 64, 1e-5f, g_stream), OSP_OK);
-    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, true, 0, 1, 1, 64, 64, true,
+    assert_int_equal(osp_cuda_rope_kv_write(f, NULL, NULL, NULL, ids, f, ids, h, d, d, OSP_KV_PAGE_F16, 0, 1, 1, 64, 64, true,
                                             1e-6f, g_stream),
                      OSP_OK);
     assert_int_equal(osp_cuda_silu_mul(h, h, 0, 64, g_stream), OSP_OK);

@@ -336,7 +336,7 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
     float *out = r->bufs[op->dst];
     long long i0, i1;
     osp_split(r->T * H, ith, nth, &i0, &i1);
-    osp_cpu_paged_attention(r->bufs[op->src0], kv->k[op->layer], kv->v[op->layer], kv->fmt.elem_type == OSP_DTYPE_F16,
+    osp_cpu_paged_attention(r->bufs[op->src0], kv->k[op->layer], kv->v[op->layer], kv->fmt.elem_type,
                             out, b->num_seqs, b->query_start_loc, b->positions, b->block_table, b->max_blocks_per_seq,
                             kv->block_size, H, op->p.attn.n_head_kv, D, op->p.attn.scale, op->p.attn.window,
                             r->c->scores + (size_t)ith * (size_t)r->c->cap_ctx, i0, i1);

@@ -104,12 +104,13 @@ void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n)
 
 #define MAX_HEAD_DIM 1024
 
-void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool f16, float *out,
+void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint32_t kv_type, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
                              int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *sc,
                              int64_t item_begin, int64_t item_end) {
+    const bool f16 = kv_type == OSP_DTYPE_F16;
     const int64_t group = n_head / n_head_kv;
     const int64_t kv_row = n_head_kv * head_dim; /* elements per slot */
     const size_t elem = f16 ? 2 : 4;

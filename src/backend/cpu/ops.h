@@ -64,15 +64,15 @@ void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n)
 /* Causal attention of each query token over its sequence's paged K/V (GQA: query head h reads
  * kv head h / (n_head / n_head_kv)).
  * q:   [num_tokens, n_head, head_dim]      out: [num_tokens, n_head, head_dim]
- * k,v: pages [num_blocks, block_size, n_head_kv, head_dim] of fp32, or of f16 when `f16` (each row
- *      widened to fp32 as it is read; head_dim <= 1024)
+ * k,v: pages [num_blocks, block_size, n_head_kv, head_dim] of kv_type: OSP_DTYPE_F32, or OSP_DTYPE_F16
+ *      (each row widened to fp32 as it is read; head_dim <= 1024); the caller checks the type
  * Token t of sequence s (query_start_loc[s] <= t < query_start_loc[s+1]) attends to the positions
  * lo..positions[t] of s, found through block_table[s * max_blocks + p / block_size]; lo = 0, or
  * positions[t] - window + 1 when window > 0 (a sliding-window layer).
  * Only the work items [item_begin, item_end) of the num_tokens * n_head (token, head) pairs are
  * computed (item = t * n_head + h), single-threaded: the caller splits items over a thread pool.
  * scores: this thread's workspace of max_seq_len floats. softmax(q k^T * scale) v in fp32. */
-void osp_cpu_paged_attention(const float *q, const void *k, const void *v, bool f16, float *out,
+void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint32_t kv_type, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,

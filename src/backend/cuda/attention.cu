@@ -529,12 +529,15 @@ extern "C" size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_h
 }
 
 extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
-                                               bool kv_f16, uint16_t *d_out, int32_t num_seqs,
+                                               uint32_t kv_type, uint16_t *d_out, int32_t num_seqs,
                                                const int32_t *d_query_start_loc, const int32_t *d_positions,
                                                const int32_t *d_block_table, int32_t max_blocks, int32_t block_size,
                                                int64_t T, int n_head, int n_head_kv, int D, float scale,
                                                int32_t window, int32_t max_seq_len, void *d_workspace,
                                                void *stream) {
+    if (kv_type != OSP_KV_PAGE_F16 && kv_type != OSP_KV_PAGE_F32)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: KV page type %u is not f32 or f16", kv_type);
+    const bool kv_f16 = kv_type == OSP_KV_PAGE_F16;
     if (!osp_cuda_attention_supported(n_head, n_head_kv, D))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: unsupported shape n_head %d, n_head_kv %d, head_dim %d "

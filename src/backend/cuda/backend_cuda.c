@@ -31,6 +31,9 @@
 #include "core/threadpool.h"
 #include "backend/kv_layout.h"
 
+_Static_assert(OSP_KV_PAGE_F32 == OSP_DTYPE_F32 && OSP_KV_PAGE_F16 == OSP_DTYPE_F16,
+               "the kernels' KV page types are the page format's ggml type ids");
+
 #define GEMM_WORKSPACE_BYTES (32u << 20)
 #define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
 
@@ -404,7 +407,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
     const in_layout lay = layout_of(g);
     const int32_t *ids = g->d_in + lay.ids, *pos = g->d_in + lay.pos, *slot = g->d_in + lay.slot;
     const int32_t *qsl = g->d_in + lay.qsl, *bt = g->d_in + lay.bt, *lidx = g->d_in + lay.lidx;
-    const bool f16 = kv->fmt.elem_type == OSP_DTYPE_F16;
+    const uint32_t kvt = kv->fmt.elem_type; /* the kernels check it is a type they have */
     void *st = g->stream;
     for (int32_t k = 0; k < gr->n_ops; k++) {
         const osp_op *op = &gr->ops[k];
@@ -429,12 +432,12 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         case OSP_OP_ROPE_KV_WRITE:
             OSP_TRY(osp_cuda_rope_kv_write(s0, w, op->w1 ? op->w1->parts[0].data : NULL,
                                            op->w2 ? op->w2->parts[0].data : NULL, pos, op->w3->parts[0].data, slot, dst,
-                                           kv->k[op->layer], kv->v[op->layer], f16, T, op->p.rope.n_head,
+                                           kv->k[op->layer], kv->v[op->layer], kvt, T, op->p.rope.n_head,
                                            op->p.rope.n_head_kv, op->p.rope.head_dim, op->p.rope.n_rot, op->p.rope.neox,
                                            op->p.rope.eps, st));
             break;
         case OSP_OP_ATTENTION:
-            OSP_TRY(osp_cuda_paged_attention(s0, kv->k[op->layer], kv->v[op->layer], f16, dst, S, qsl, pos, bt,
+            OSP_TRY(osp_cuda_paged_attention(s0, kv->k[op->layer], kv->v[op->layer], kvt, dst, S, qsl, pos, bt,
                                              (int32_t)g->cap_w, kv->block_size, T, op->p.attn.n_head,
                                              op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
                                              op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));

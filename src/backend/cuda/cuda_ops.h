@@ -73,6 +73,11 @@ void osp_cuda_graph_destroy(void *graph_exec);
 
 /* ---- GEMM through cuBLASLt (gemm.cu) ------------------------------------------------------------- */
 
+/* The KV page element types the kernels read and write (ggml type ids, as the page format's
+ * elem_type: src/backend/kv_layout.h); another value is OSP_ERR_INVALID_ARG. */
+#define OSP_KV_PAGE_F32 0u
+#define OSP_KV_PAGE_F16 1u
+
 typedef struct osp_cuda_gemm osp_cuda_gemm;
 
 /* A cuBLASLt handle with one workspace of `workspace_bytes` (allocated here, once) and a cache of
@@ -115,12 +120,12 @@ osp_status osp_cuda_gather_rmsnorm(const float *d_x, const int32_t *d_idx, const
  *   [n_rot / 2] fp32), pairs (2i, 2i+1) when neox is false (ggml's NORMAL rope, llama GGUFs), pairs
  *   (i, i + n_rot/2) when true (qwen2/qwen3), the angle computed in fp32 as the CPU reference does;
  *   d_q_out[t] = bf16(q) ([T, QD]); k and v written to slot slot_mapping[t] of the pages
- *   (element [slot, h, d] of d_k_pages / d_v_pages: [num_slots, n_head_kv, D] of f16 (kv_f16 true)
+ *   (element [slot, h, d] of d_k_pages / d_v_pages: [num_slots, n_head_kv, D] of f16 (kv_type OSP_KV_PAGE_F16)
  *   or fp32). A negative slot skips the write (padding rows of a CUDA graph). */
 osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const float *d_q_norm,
                                   const float *d_k_norm, const int32_t *d_positions, const float *d_inv_freq,
                                   const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
-                                  void *d_v_pages, bool kv_f16, int64_t T, int n_head, int n_head_kv, int D,
+                                  void *d_v_pages, uint32_t kv_type, int64_t T, int n_head, int n_head_kv, int D,
                                   int n_rot, bool neox, float eps, void *stream);
 
 /* out[t, j] = bf16(silu(gu[t, j]) * gu[t, F + j]) for j < F: d_gu: [T, 2F] bf16 (gate | up, one
@@ -153,7 +158,7 @@ osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64
 /* Causal attention over the paged KV cache for a mixed batch (prefill chunks and decodes together),
  * the CUDA counterpart of osp_cpu_paged_attention (src/backend/cpu/ops.h):
  *   d_q:   [T, n_head, D] bf16          d_out: [T, n_head, D] bf16
- *   pages: [num_blocks, block_size, n_head_kv, D] of f16 (kv_f16) or fp32
+ *   pages: [num_blocks, block_size, n_head_kv, D] of f16 (kv_type OSP_KV_PAGE_F16) or fp32 (OSP_KV_PAGE_F32)
  *   token t of sequence s (query_start_loc[s] <= t < query_start_loc[s + 1]) attends to positions
  *   0..positions[t] of s, whose K/V sit in block block_table[s * max_blocks + p / block_size] at
  *   offset p % block_size; query head h reads kv head h / (n_head / n_head_kv).
@@ -176,7 +181,7 @@ osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64
  * 32768 * (4 D + 8) bytes). */
 bool osp_cuda_attention_supported(int n_head, int n_head_kv, int D);
 size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_head, int D, int32_t max_seq_len);
-osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages, bool kv_f16,
+osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages, uint32_t kv_type,
                                     uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
                                     const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
                                     int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,

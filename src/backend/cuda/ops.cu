@@ -510,8 +510,11 @@ osp_status osp_cuda_gather_rmsnorm(const float *d_x, const int32_t *d_idx, const
 osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const float *d_q_norm,
                                   const float *d_k_norm, const int32_t *d_positions, const float *d_inv_freq,
                                   const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
-                                  void *d_v_pages, bool kv_f16, int64_t T, int n_head, int n_head_kv, int D,
+                                  void *d_v_pages, uint32_t kv_type, int64_t T, int n_head, int n_head_kv, int D,
                                   int n_rot, bool neox, float eps, void *stream) {
+    if (kv_type != OSP_KV_PAGE_F16 && kv_type != OSP_KV_PAGE_F32)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: KV page type %u is not f32 or f16", kv_type);
+    const bool kv_f16 = kv_type == OSP_KV_PAGE_F16;
     if (T < 0 || n_head < 1 || n_head_kv < 1 || n_head > (1 << 16) || n_head_kv > (1 << 16) || D < 1 ||
         D > kRopeMaxD || n_rot < 0 || n_rot > D || n_rot % 2 != 0)
         return osp_set_error(OSP_ERR_INVALID_ARG,
