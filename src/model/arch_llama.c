@@ -35,46 +35,21 @@
 
 typedef struct llama_layer {
     const osp_tensor *attn_norm, *ffn_norm; /* [E] */
-    const osp_tensor *wqkv;                 /* [E] -> [QD + 2 KD]: q, k, v stacked */
+    osp_arch_proj proj;                     /* q|k|v, o, gate|up, down */
     const osp_tensor *bqkv;                 /* [QD + 2 KD] or NULL */
     const osp_tensor *q_norm, *k_norm;      /* [D] or NULL */
-    const osp_tensor *wo;                   /* [QD] -> [E] */
-    const osp_tensor *wgu;                  /* [E] -> [2F]: gate, up stacked */
-    const osp_tensor *wdown;                /* [F] -> [E] */
 } llama_layer;
 
 typedef struct llama_weights {
-    const osp_tensor *tok_embd, *output, *out_norm, *inv_freq;
+    osp_arch_io io;
+    const osp_tensor *inv_freq;
     llama_layer *layers;
 } llama_weights;
 
 static osp_status read_config(const osp_gguf *g, osp_model_config *c) {
     const char *a = c->arch;
     c->rope_type = strcmp(a, "llama") == 0 ? OSP_ROPE_NORM : OSP_ROPE_NEOX;
-    OSP_TRY(osp_arch_get_u32(g, a, "embedding_length", &c->n_embd, true, 0));
-    OSP_TRY(osp_arch_get_u32(g, a, "block_count", &c->n_layer, true, 0));
-    OSP_TRY(osp_arch_get_u32(g, a, "attention.head_count", &c->n_head, true, 0));
-    OSP_TRY(osp_arch_get_u32(g, a, "attention.head_count_kv", &c->n_head_kv, false, c->n_head));
-    OSP_TRY(osp_arch_get_u32(g, a, "feed_forward_length", &c->n_ff, true, 0));
-    OSP_TRY(osp_arch_get_u32(g, a, "context_length", &c->n_ctx_train, false, 2048));
-    if (c->n_embd % c->n_head != 0)
-        return osp_set_error(OSP_ERR_FORMAT, "%s: %s.embedding_length %d is not a multiple of head_count %d",
-                             osp_gguf_path(g), a, c->n_embd, c->n_head);
-    OSP_TRY(osp_arch_get_u32(g, a, "attention.key_length", &c->head_dim, false, c->n_embd / c->n_head));
-    OSP_TRY(osp_arch_get_u32(g, a, "rope.dimension_count", &c->n_rot, false, c->head_dim));
-    OSP_TRY(osp_arch_get_f32(g, a, "rope.freq_base", &c->rope_theta, 10000.0f));
-    OSP_TRY(osp_arch_get_f32(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps, 1e-5f));
-    if (c->n_head % c->n_head_kv != 0)
-        return osp_set_error(OSP_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d",
-                             osp_gguf_path(g), c->n_head, c->n_head_kv);
-    if (c->n_rot > c->head_dim || c->n_rot % 2 != 0)
-        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.dimension_count %d must be even and <= head_dim %d",
-                             osp_gguf_path(g), c->n_rot, c->head_dim);
-    if (!(c->rope_theta > 0.0f) || !(c->rms_eps > 0.0f) || !isfinite(c->rope_theta) || !isfinite(c->rms_eps))
-        return osp_set_error(OSP_ERR_FORMAT, "%s: rope.freq_base and layer_norm_rms_epsilon must be finite and > 0",
-                             osp_gguf_path(g));
-    OSP_TRY(osp_arch_check_blocks(g, c));
-    c->tied_output = osp_gguf_find_tensor(g, "output.weight") == NULL;
+    OSP_TRY(osp_arch_read_decoder(g, c, 2048, 1e-5f));
     c->qkv_bias = osp_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c->qk_norm = osp_gguf_find_tensor(g, "blk.0.attn_q_norm.weight") != NULL || strcmp(a, "qwen3") == 0;
     c->rope_freq_factors = osp_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
@@ -110,55 +85,35 @@ static osp_status bind(osp_loader *ld, const osp_model_config *c, void **out) {
     llama_weights *w = calloc(1, sizeof *w);
     if (!w) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
     w->layers = calloc((size_t)c->n_layer, sizeof *w->layers);
-    float *inv_freq = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *inv_freq);
     float *ff_buf = malloc((size_t)(c->n_rot / 2 + 1) * sizeof *ff_buf);
     osp_status s = OSP_OK;
-    if (!w->layers || !inv_freq || !ff_buf) {
+    if (!w->layers || !ff_buf) {
         s = osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
         goto done;
     }
     const int64_t E = c->n_embd, QD = (int64_t)c->n_head * c->head_dim, KD = (int64_t)c->n_head_kv * c->head_dim,
-                  F = c->n_ff, D = c->head_dim, V = c->n_vocab;
+                  D = c->head_dim;
 #define TRY(call)                                                                                  \
     if ((s = (call)) != OSP_OK) goto done
-    const char *emb = "token_embd.weight", *outw = "output.weight";
-    TRY(osp_loader_matrix(ld, &emb, &V, 1, E, false, &w->tok_embd));
-    if (c->tied_output) w->output = w->tok_embd;
-    else TRY(osp_loader_matrix(ld, &outw, &V, 1, E, false, &w->output));
-    TRY(osp_loader_vector(ld, "output_norm.weight", E, true, false, &w->out_norm));
+    TRY(osp_arch_bind_io(ld, c, &w->io));
     for (int32_t l = 0; l < c->n_layer; l++) {
         llama_layer *L = &w->layers[l];
-        char n0[96], n1[96], n2[96];
-        const char *names[3] = {n0, n1, n2};
-        snprintf(n0, sizeof n0, "blk.%d.attn_norm.weight", l);
-        TRY(osp_loader_vector(ld, n0, E, true, false, &L->attn_norm));
-        snprintf(n0, sizeof n0, "blk.%d.ffn_norm.weight", l);
-        TRY(osp_loader_vector(ld, n0, E, true, false, &L->ffn_norm));
-        const int64_t qkv_rows[3] = {QD, KD, KD};
-        snprintf(n0, sizeof n0, "blk.%d.attn_q.weight", l);
-        snprintf(n1, sizeof n1, "blk.%d.attn_k.weight", l);
-        snprintf(n2, sizeof n2, "blk.%d.attn_v.weight", l);
-        TRY(osp_loader_matrix(ld, names, qkv_rows, 3, E, false, &L->wqkv));
+        TRY(osp_arch_bind_vec(ld, "blk.%d.attn_norm.weight", l, E, true, &L->attn_norm));
+        TRY(osp_arch_bind_vec(ld, "blk.%d.ffn_norm.weight", l, E, true, &L->ffn_norm));
+        TRY(osp_arch_bind_proj(ld, c, l, &L->proj));
         if (c->qkv_bias) {
+            char n0[96], n1[96], n2[96];
+            const char *names[3] = {n0, n1, n2};
+            const int64_t lens[3] = {QD, KD, KD};
             snprintf(n0, sizeof n0, "blk.%d.attn_q.bias", l);
             snprintf(n1, sizeof n1, "blk.%d.attn_k.bias", l);
             snprintf(n2, sizeof n2, "blk.%d.attn_v.bias", l);
-            TRY(osp_loader_vectors(ld, names, qkv_rows, 3, &L->bqkv));
+            TRY(osp_loader_vectors(ld, names, lens, 3, &L->bqkv));
         }
         if (c->qk_norm) {
-            snprintf(n0, sizeof n0, "blk.%d.attn_q_norm.weight", l);
-            TRY(osp_loader_vector(ld, n0, D, true, false, &L->q_norm));
-            snprintf(n0, sizeof n0, "blk.%d.attn_k_norm.weight", l);
-            TRY(osp_loader_vector(ld, n0, D, true, false, &L->k_norm));
+            TRY(osp_arch_bind_vec(ld, "blk.%d.attn_q_norm.weight", l, D, true, &L->q_norm));
+            TRY(osp_arch_bind_vec(ld, "blk.%d.attn_k_norm.weight", l, D, true, &L->k_norm));
         }
-        snprintf(n0, sizeof n0, "blk.%d.attn_output.weight", l);
-        TRY(osp_loader_matrix(ld, names, &E, 1, QD, false, &L->wo));
-        const int64_t gu_rows[2] = {F, F};
-        snprintf(n0, sizeof n0, "blk.%d.ffn_gate.weight", l);
-        snprintf(n1, sizeof n1, "blk.%d.ffn_up.weight", l);
-        TRY(osp_loader_matrix(ld, names, gu_rows, 2, E, false, &L->wgu));
-        snprintf(n0, sizeof n0, "blk.%d.ffn_down.weight", l);
-        TRY(osp_loader_matrix(ld, names, &E, 1, F, false, &L->wdown));
     }
     const float *ff = NULL;
     if (c->rope_freq_factors && ld->gguf) {
@@ -171,11 +126,9 @@ static osp_status bind(osp_loader *ld, const osp_model_config *c, void **out) {
         osp_rope_llama3_factors(&ld->preset->rope, c->rope_theta, c->n_rot, ff_buf);
         ff = ff_buf;
     }
-    TRY(osp_arch_rope_inv_freq(ld->path, c->rope_theta, c->n_rot, c->rope_freq_scale, ff, inv_freq));
-    TRY(osp_loader_constant(ld, inv_freq, c->n_rot / 2, &w->inv_freq));
+    TRY(osp_arch_rope_table(ld, c->rope_theta, c->n_rot, c->rope_freq_scale, ff, &w->inv_freq));
 #undef TRY
 done:
-    free(inv_freq);
     free(ff_buf);
     if (s != OSP_OK) {
         free_weights(w);
@@ -185,62 +138,49 @@ done:
     return OSP_OK;
 }
 
-static bool graph_wants(const osp_build_opts *o, int32_t layer) {
-    for (int32_t i = 0; o && i < o->n_hidden_layers; i++)
-        if (o->hidden_layers[i] == layer) return true;
-    return false;
-}
-
-#define ACT(name, type, cols, rows, id) OSP_TRY(osp_graph_act(g, name, type, cols, rows, id))
-/* PUSH(kind, dst, src0, src1, other fields...): activation ids, -1 for none */
-#define PUSH(k, d, s0, s1, ...)                                                                    \
-    do {                                                                                           \
-        osp_op op_ = {.kind = (k), .dst = (d), .src0 = (s0), .src1 = (s1), __VA_ARGS__};           \
-        OSP_TRY(osp_graph_push(g, &op_));                                                          \
-    } while (0)
-
 static osp_status build(const osp_model_config *c, const void *wp, bool with_logits, const osp_build_opts *opts,
                         osp_graph *g) {
     const llama_weights *w = wp;
     const int64_t E = c->n_embd, D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D,
                   F = c->n_ff, V = c->n_vocab;
     int32_t x, xn, qkv, q, attn, o, gu, act, lnorm, logits;
-    ACT("x", OSP_DTYPE_F32, E, OSP_ROWS_TOKENS, &x);
-    ACT("xn", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &xn);
-    ACT("qkv", OSP_DTYPE_F32, QD + 2 * KD, OSP_ROWS_TOKENS, &qkv);
-    ACT("q", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &q);
-    ACT("attn", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &attn);
-    ACT("o", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &o);
-    ACT("gu", OSP_DTYPE_BF16, 2 * F, OSP_ROWS_TOKENS, &gu);
-    ACT("act", OSP_DTYPE_BF16, F, OSP_ROWS_TOKENS, &act);
+    OSP_ACT("x", OSP_DTYPE_F32, E, OSP_ROWS_TOKENS, &x);
+    OSP_ACT("xn", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &xn);
+    OSP_ACT("qkv", OSP_DTYPE_F32, QD + 2 * KD, OSP_ROWS_TOKENS, &qkv);
+    OSP_ACT("q", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &q);
+    OSP_ACT("attn", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &attn);
+    OSP_ACT("o", OSP_DTYPE_BF16, E, OSP_ROWS_TOKENS, &o);
+    OSP_ACT("gu", OSP_DTYPE_BF16, 2 * F, OSP_ROWS_TOKENS, &gu);
+    OSP_ACT("act", OSP_DTYPE_BF16, F, OSP_ROWS_TOKENS, &act);
     const float scale = c->attn_scale;
-    PUSH(OSP_OP_EMBED, x, -1, -1, .w = w->tok_embd, .p.embed.scale = 1.0f);
+    OSP_PUSH(OSP_OP_EMBED, x, -1, -1, .w = w->io.tok_embd, .p.embed.scale = 1.0f);
     int32_t pending = -1; /* the last layer's MLP output, added to x by the next norm (fused) */
     for (int32_t l = 0; l < c->n_layer; l++) {
         const llama_layer *L = &w->layers[l];
-        PUSH(OSP_OP_ADD_RMSNORM, xn, pending, x, .w = L->attn_norm, .p.norm.eps = c->rms_eps);
-        PUSH(OSP_OP_MATMUL, qkv, xn, -1, .w = L->wqkv);
-        PUSH(OSP_OP_ROPE_KV_WRITE, q, qkv, -1, .layer = l, .w = L->bqkv, .w1 = L->q_norm, .w2 = L->k_norm,
-             .w3 = w->inv_freq,
-             .p.rope = {c->n_head, c->n_head_kv, c->head_dim, c->n_rot, c->rope_type == OSP_ROPE_NEOX, c->rms_eps});
-        PUSH(OSP_OP_ATTENTION, attn, q, -1, .layer = l, .p.attn = {c->n_head, c->n_head_kv, c->head_dim, 0, scale});
-        PUSH(OSP_OP_MATMUL, o, attn, -1, .w = L->wo);
-        PUSH(OSP_OP_ADD_RMSNORM, xn, o, x, .w = L->ffn_norm, .p.norm.eps = c->rms_eps);
-        PUSH(OSP_OP_MATMUL, gu, xn, -1, .w = L->wgu);
-        PUSH(OSP_OP_GLU, act, gu, -1, .p.glu.act = OSP_GLU_SILU);
-        PUSH(OSP_OP_MATMUL, o, act, -1, .w = L->wdown);
+        OSP_PUSH(OSP_OP_ADD_RMSNORM, xn, pending, x, .w = L->attn_norm, .p.norm.eps = c->rms_eps);
+        OSP_PUSH(OSP_OP_MATMUL, qkv, xn, -1, .w = L->proj.wqkv);
+        OSP_PUSH(OSP_OP_ROPE_KV_WRITE, q, qkv, -1, .layer = l, .w = L->bqkv, .w1 = L->q_norm, .w2 = L->k_norm,
+                 .w3 = w->inv_freq,
+                 .p.rope = {c->n_head, c->n_head_kv, c->head_dim, c->n_rot, c->rope_type == OSP_ROPE_NEOX, c->rms_eps});
+        OSP_PUSH(OSP_OP_ATTENTION, attn, q, -1, .layer = l,
+                 .p.attn = {c->n_head, c->n_head_kv, c->head_dim, 0, scale});
+        OSP_PUSH(OSP_OP_MATMUL, o, attn, -1, .w = L->proj.wo);
+        OSP_PUSH(OSP_OP_ADD_RMSNORM, xn, o, x, .w = L->ffn_norm, .p.norm.eps = c->rms_eps);
+        OSP_PUSH(OSP_OP_MATMUL, gu, xn, -1, .w = L->proj.wgu);
+        OSP_PUSH(OSP_OP_GLU, act, gu, -1, .p.glu.act = OSP_GLU_SILU);
+        OSP_PUSH(OSP_OP_MATMUL, o, act, -1, .w = L->proj.wdown);
         pending = o;
-        if (l == c->n_layer - 1 || graph_wants(opts, l)) { /* the stream after this layer is read */
-            PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
+        if (l == c->n_layer - 1 || osp_build_wants_hidden(opts, l)) { /* the stream after this layer is read */
+            OSP_PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
             pending = -1;
             OSP_TRY(osp_graph_hidden(g, opts, l, x, E));
         }
     }
     if (!with_logits) return OSP_OK;
-    ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
-    ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);
-    PUSH(OSP_OP_GATHER_RMSNORM, lnorm, -1, x, .w = w->out_norm, .p.norm.eps = c->rms_eps);
-    PUSH(OSP_OP_MATMUL, logits, lnorm, -1, .w = w->output);
+    OSP_ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
+    OSP_ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);
+    OSP_PUSH(OSP_OP_GATHER_RMSNORM, lnorm, -1, x, .w = w->io.out_norm, .p.norm.eps = c->rms_eps);
+    OSP_PUSH(OSP_OP_MATMUL, logits, lnorm, -1, .w = w->io.output);
     g->logits = logits;
     return OSP_OK;
 }
