@@ -163,6 +163,16 @@ static void step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int start, 
     if (osp_model_forward(m, kv, &b, logits) != OSP_OK) fail_msg("forward: %s", osp_last_error());
 }
 
+/* Whether token id's bytes continue the text rest[0..rest_len) (an end-of-generation token: the
+ * text has ended). */
+static bool continues(const osp_tokenizer *tok, int32_t id, const char *rest, size_t rest_len) {
+    if (osp_tokenizer_is_eog(tok, id)) return rest_len == 0;
+    char tb[256];
+    size_t nb = 0;
+    if (osp_tokenizer_token_bytes(tok, id, tb, sizeof tb, &nb) != OSP_OK) return false;
+    return nb > 0 && nb <= rest_len && memcmp(tb, rest, nb) == 0;
+}
+
 static void run_mode(int mi, bool exact) {
     const peer_model *pm = &k_models[mi];
     const char *path = model_path(mi);
@@ -212,18 +222,10 @@ static void run_mode(int mi, bool exact) {
              * llama.cpp did), else the highest-scoring token whose bytes do */
             const char *rest = rp->text + len;
             const size_t rest_len = rp->text_len - len;
-            int pick = -1;
-            for (int cand = 0; cand < 2 && pick < 0; cand++) {
-                for (int i = cand ? 0 : best; cand ? i < V : i == best; i++) {
-                    if (cand && pick >= 0 && logits[i] <= logits[pick]) continue;
-                    char tb[256];
-                    size_t nb = 0;
-                    const bool eog = osp_tokenizer_is_eog(tok, i);
-                    if (!eog && osp_tokenizer_token_bytes(tok, i, tb, sizeof tb, &nb) != OSP_OK) continue;
-                    const bool ok = eog ? rest_len == 0 : nb > 0 && nb <= rest_len && memcmp(tb, rest, nb) == 0;
-                    if (ok) pick = i;
-                }
-            }
+            int pick = continues(tok, best, rest, rest_len) ? best : -1;
+            if (pick < 0) /* the best-scoring token that does */
+                for (int i = 0; i < V; i++)
+                    if ((pick < 0 || logits[i] > logits[pick]) && continues(tok, i, rest, rest_len)) pick = i;
             if (pick < 0) /* llama.cpp's text continues with nothing osprey could emit */
                 fail_msg("%s %s prompt %d step %d: no token continues llama.cpp's text '%.*s' (osprey's best %d)",
                          pm->name, exact ? "exact" : "fast", k, n - rp->n_ids, (int)rest_len, rest, best);

@@ -242,14 +242,20 @@ static void test_greedy(void **state) {
            total, compared, (double)delta);
 }
 
-static void test_graphs_match_eager(void **state) {
-    (void)state;
-    osp_model *eager;
+/* The model on the GPU with CUDA graphs off: every step runs eagerly (the reference for replays). */
+static osp_model *load_eager(void) {
+    osp_model *m;
     osp_model_params mp = osp_model_default_params();
     mp.device = OSP_DEVICE_CUDA;
     setenv("OSPREY_CUDA_GRAPHS", "0", 1);
-    assert_int_equal(osp_model_load(g_path, &mp, &eager), OSP_OK);
+    assert_int_equal(osp_model_load(g_path, &mp, &m), OSP_OK);
     unsetenv("OSPREY_CUDA_GRAPHS");
+    return m;
+}
+
+static void test_graphs_match_eager(void **state) {
+    (void)state;
+    osp_model *eager = load_eager();
     const int32_t V = osp_model_config_get(eager)->n_vocab;
     const int sizes[3] = {1, 3, 8};
     for (int si = 0; si < 3; si++) {
@@ -307,12 +313,7 @@ static void test_graphs_match_eager(void **state) {
 static void test_long_decode(void **state) {
     (void)state;
     enum { N = 700, NB = N / BS + 2 };
-    osp_model *eager;
-    osp_model_params mp = osp_model_default_params();
-    mp.device = OSP_DEVICE_CUDA;
-    setenv("OSPREY_CUDA_GRAPHS", "0", 1);
-    assert_int_equal(osp_model_load(g_path, &mp, &eager), OSP_OK);
-    unsetenv("OSPREY_CUDA_GRAPHS");
+    osp_model *eager = load_eager();
     const int32_t V = osp_model_config_get(g_gpu)->n_vocab;
     osp_kv_cache *ka, *kb;
     assert_int_equal(osp_kv_cache_create(g_gpu, NB, BS, OSP_KV_DTYPE_F16, &kb), OSP_OK);
