@@ -30,6 +30,7 @@
  * D] accumulators, then float2 [splits, T, n_head] (m, l), m in the log2 domain. */
 #include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_bf16_to_f, osp_f16_to_f, osp_f_to_bf16 */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/attention_v1.h" /* the tensor-core kernel, which serves f16 pages at D <= 128 */
 
 #include <math.h>
 #include <stdint.h>
@@ -521,11 +522,14 @@ extern "C" bool osp_cuda_attention_supported(int n_head, int n_head_kv, int D) {
 extern "C" size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_head, int D, int32_t max_seq_len) {
     if (max_tokens <= 0 || n_head <= 0 || D <= 0) return 0;
     const int cap = max_splits_for(max_seq_len);
-    if (cap <= 1) return 0;
-    /* make_plan keeps T * n_head * splits <= kMaxSplitRows whenever it splits, and splits <= cap */
-    int64_t rows = max_tokens * n_head * cap;
+    /* v0: make_plan keeps T * n_head * splits <= kMaxSplitRows whenever it splits, and splits <= cap */
+    int64_t rows = cap <= 1 ? 0 : max_tokens * n_head * cap;
     if (rows > kMaxSplitRows) rows = kMaxSplitRows;
-    return (size_t)rows * ((size_t)D * sizeof(float) + sizeof(float2));
+    const size_t v0 = (size_t)rows * ((size_t)D * sizeof(float) + sizeof(float2));
+    /* v1: split mode runs only when its partials fit OSP_CUDA_ATTN_SPLIT_BUDGET */
+    size_t v1 = osp_cuda_attention_v1_split_bytes(max_tokens, n_head, D, max_seq_len);
+    if (v1 > OSP_CUDA_ATTN_SPLIT_BUDGET) v1 = OSP_CUDA_ATTN_SPLIT_BUDGET;
+    return v0 > v1 ? v0 : v1;
 }
 
 extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
@@ -556,6 +560,10 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
     if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
 
+    if (osp_cuda_attention_forced_mode() != OSP_CUDA_ATTN_V0 && osp_cuda_attention_v1_supported(kv_type, D))
+        return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, d_out, num_seqs, d_query_start_loc, d_positions,
+                                           d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
+                                           window, max_seq_len, d_workspace, stream);
     const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len);
     if (pl.n_tiles > INT32_MAX || (int64_t)n_head_kv * pl.head_chunks > 65535)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");

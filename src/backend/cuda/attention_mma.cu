@@ -1,0 +1,549 @@
+/* Paged attention v1: tensor cores (mma.sync m16n8k16, f16 in, fp32 accumulate), FlashAttention-2
+ * style (Dao 2023: one warp owns 16 query rows, S = Q K^T and O += P V stay in registers, the P
+ * fragment of S is reused as the A operand of P V), K/V tiles brought to shared memory by cp.async
+ * two stages deep, for f16 pages and head_dim 32 / 64 / 128. src/backend/cuda/attention.cu (v0, CUDA
+ * cores) serves the other shapes and stays the reference.
+ *
+ * The reduction a row sees is fixed by the row alone (the batch-invariance rule of shared/DESIGN.md):
+ *   - keys are cut into chunks of kChunk keys from key 0, chunks into tiles of kKeys keys;
+ *   - inside a chunk the row keeps an online softmax (Milakov & Gimelshein 2018) over the tiles in
+ *     order: running max m, running sum l, fp32 accumulator o;
+ *   - the chunk results (m_c, l_c, o_c) are folded in chunk order, the state starting empty:
+ *       M' = max(M, m_c); L = L 2^(M - M') + l_c 2^(m_c - M'); O = O 2^(M - M') + o_c 2^(m_c - M')
+ *     (fold_state / fold_elem), and out = O / L.
+ * A tile or chunk holding no key of the row leaves every value bit-identical (it is skipped or adds
+ * exact zeros), and the rows of an mma are independent, so the result of a row depends only on its
+ * own q, keys and position: not on the other rows of its tile, on the tile's length, on the batch or
+ * on how the work is spread. Two executions of that one reduction:
+ *   fold mode   a CTA walks every chunk of its query tile and folds in registers (prefill, and any
+ *               launch with enough CTAs to fill the GPU);
+ *   split mode  one CTA per (query tile, chunk) writes (m_c, l_c, o_c) to the workspace and
+ *               merge_kernel folds them (FlashDecoding, Dao et al. 2023), for launches with too few
+ *               query tiles to fill the GPU: decode.
+ * Both run the same fold code on the same fp32 values, so they agree bit for bit (test_gpu_attention
+ * asserts it, and that a row gives the same bits in any batch and any prefill chunking).
+ *
+ * CTA: 4 warps, 64 query rows (token, head) of one KV head: all the query heads of a GQA group that
+ * fit, times as many tokens as fit (row r: token t0 + r / nh, head h0 + r % nh), so one K/V tile
+ * feeds every head of the group (decode packs the group's heads as the rows of one mma tile). Grid:
+ * x the query-tile slots of attention.cu (T / bq + num_seqs, a CTA finds its sequence by binary
+ * search of query_start_loc), y kv head x head chunk, z the chunk in split mode. Shared memory:
+ * Q [64][D + 8] and K, V [2 stages][kKeys][D + 8] f16 (a row padded by 16 bytes: ldmatrix conflict
+ * free), 87 KiB at D = 128: two CTAs per SM.
+ *
+ * Precision: q is rounded from bf16 to f16 (exact for |q| in [2^-14, 65504]; larger values
+ * saturate, which no model's attention inputs reach), scores and sums are fp32, P is rounded to f16
+ * for the P V product (as in FlashAttention and PyTorch's SDPA), the output to bf16. */
+#include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_f_to_bf16 */
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/attention_v1.h"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = kWarps * 16; /* query rows per CTA */
+constexpr int kChunk = OSP_CUDA_ATTN_CHUNK; /* keys per chunk: a multiple of the tile */
+constexpr int kPadH = 8;           /* halves of padding per shared-memory row */
+constexpr float kLog2e = 1.4426950408889634f;
+/* Keys per tile, and where the fold-mode state lives: D = 128 keeps it in shared memory (in registers
+ * beside the chunk accumulator it needs more than 255) and uses 32-key tiles so two CTAs fit an SM. */
+template <int D> constexpr int tile_keys() { return D == 128 ? 32 : 64; }
+template <int D> constexpr bool fold_in_smem() { return D == 128; }
+static_assert(kChunk % 64 == 0, "chunks are whole tiles");
+
+struct Params {
+    const uint16_t *q;          /* [T, n_head, D] bf16 */
+    const uint16_t *k_pages;    /* [num_blocks, block_size, n_head_kv, D] f16 */
+    const uint16_t *v_pages;
+    uint16_t *out;              /* [T, n_head, D] bf16 */
+    const int32_t *qsl;         /* [num_seqs + 1] */
+    const int32_t *positions;   /* [T] */
+    const int32_t *block_table; /* [num_seqs, max_blocks] */
+    float *ws_acc;              /* split mode: [n_chunks, T, n_head, D] */
+    float2 *ws_ml;              /* split mode: [n_chunks, T, n_head] (m, l) */
+    int32_t num_seqs, max_blocks, block_size, T;
+    int n_head, n_head_kv, group, heads_per_cta, head_chunks, bq;
+    int window;
+    int split;
+    float qscale; /* scale * log2(e) */
+};
+
+/* ---- the fold (shared by both modes: the same instructions on the same values) --------------- */
+
+/* Folds chunk state (m, l) into (M, L); returns the two weights for the accumulators through wA, wc.
+ * false: the chunk holds nothing (l == 0) and the state is unchanged; *first: the state was empty
+ * and becomes the chunk's exactly (wA = 0, wc = 1). */
+__device__ __forceinline__ bool fold_state(float &M, float &L, float m, float l, float &wA, float &wc) {
+    if (!(l > 0.0f)) return false;
+    if (!(L > 0.0f)) {
+        M = m, L = l, wA = 0.0f, wc = 1.0f;
+        return true;
+    }
+    const float Mn = fmaxf(M, m);
+    wA = exp2f(M - Mn);
+    wc = exp2f(m - Mn);
+    L = __fmaf_rn(L, wA, __fmul_rn(l, wc));
+    M = Mn;
+    return true;
+}
+__device__ __forceinline__ float fold_elem(float A, float wA, float c, float wc) {
+    return __fmaf_rn(A, wA, __fmul_rn(c, wc));
+}
+__device__ __forceinline__ float out_scale(float L) { return L > 0.0f ? __fdiv_rn(1.0f, L) : 0.0f; }
+
+/* ---- PTX wrappers ------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    const int n = valid ? 16 : 0; /* 0: zero-fill */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+/* d = a b + d, m16n8k16, f16 operands, fp32 accumulators (PTX ISA, "Matrix Fragments for mma.m16n8k16") */
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) { /* the same bits in all 4 lanes (a + b == b + a) */
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+template <int D> constexpr int smem_bytes() {
+    return 2 * (kRows + 4 * tile_keys<D>()) * (D + kPadH) + (fold_in_smem<D>() ? 4 * kRows * D : 0);
+}
+
+/* ---- the kernel --------------------------------------------------------------------------------- */
+
+template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
+    static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+    constexpr int kKeys = tile_keys<D>();
+    constexpr bool kOSmem = fold_in_smem<D>();
+    constexpr int RS = D + kPadH;   /* shared row stride, halves */
+    constexpr int KT = D / 16;      /* k-steps of Q K^T */
+    constexpr int NB = kKeys / 8;   /* n-blocks of S */
+    constexpr int ND = D / 8;       /* n-blocks of O */
+    constexpr int CPR = D / 8;      /* 16-byte chunks per row */
+    constexpr int CPT = kKeys * CPR / kThreads; /* chunks per thread per K (or V) tile */
+    static_assert(CPT * kThreads == kKeys * CPR, "tile chunking");
+    extern __shared__ uint4 smem_u4[];
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(smem_u4); /* [kRows][RS] */
+    uint16_t *sK = sQ + kRows * RS;                       /* [2][kKeys][RS] */
+    uint16_t *sV = sK + 2 * kKeys * RS;                   /* [2][kKeys][RS] */
+    float *sO = reinterpret_cast<float *>(sV + 2 * kKeys * RS); /* kOSmem: [ND * 4][kThreads], thread-private */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+
+    /* the query tile: sequence s, tokens [t0, t0 + ntok) */
+    const int x = (int)blockIdx.x;
+    int lo = 0, hi = p.num_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (p.qsl[mid] / p.bq + mid <= x) lo = mid;
+        else hi = mid - 1;
+    }
+    const int s = lo;
+    const int q_begin = p.qsl[s], q_end = p.qsl[s + 1];
+    const int tile = x - (q_begin / p.bq + s);
+    if (tile < 0 || (int64_t)tile * p.bq >= (int64_t)q_end - q_begin) return;
+    const int t0 = q_begin + tile * p.bq;
+    const int ntok = min(p.bq, q_end - t0);
+    const int hc = (int)blockIdx.y % p.head_chunks, kvh = (int)blockIdx.y / p.head_chunks;
+    const int nh = min(p.heads_per_cta, p.group - hc * p.heads_per_cta);
+    const int h0 = kvh * p.group + hc * p.heads_per_cta;
+    const int rows = ntok * nh;
+
+    int kv_len = 0, k_first = INT32_MAX;
+    for (int i = 0; i < ntok; i++) {
+        const int li = p.positions[t0 + i] + 1;
+        kv_len = max(kv_len, li);
+        k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
+    }
+    int kb = k_first / kKeys * kKeys, ke = kv_len;
+    const int64_t nrow = (int64_t)p.T * p.n_head;
+    if (p.split) {
+        const int c0 = (int)blockIdx.z * kChunk;
+        if (c0 >= kv_len) return; /* no row of the tile reaches this chunk: the merge never reads it */
+        kb = max(kb, c0);
+        ke = min(ke, c0 + kChunk);
+        if (kb >= ke) { /* before every row's window: an empty partial */
+            for (int r = tid; r < rows; r += kThreads) {
+                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+                p.ws_ml[(int64_t)blockIdx.z * nrow + orow] = make_float2(-INFINITY, 0.0f);
+            }
+            return;
+        }
+    }
+
+    /* Q rows into shared memory as f16 (rows past the tile: zeros) */
+    for (int c = tid; c < kRows * CPR; c += kThreads) {
+        const int r = c / CPR, part = c % CPR;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (r < rows) {
+            const int64_t qrow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+            const uint4 b = *reinterpret_cast<const uint4 *>(p.q + qrow * D + part * 8);
+            const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+            uint32_t o[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float lo_f = __uint_as_float(w[i] << 16), hi_f = __uint_as_float(w[i] & 0xffff0000u);
+                o[i] = pack_f16x2(lo_f, hi_f);
+            }
+            v = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+        *reinterpret_cast<uint4 *>(sQ + r * RS + part * 8) = v;
+    }
+
+    /* K/V tile loader: keys [k0, k0 + kKeys) of kv head kvh into stage st; keys >= ke zero-filled */
+    const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
+    const int64_t row_elems = (int64_t)p.n_head_kv * D;
+    const uint16_t *kbase = p.k_pages + (int64_t)kvh * D, *vbase = p.v_pages + (int64_t)kvh * D;
+    auto load_tile = [&](int k0, int st) {
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const int c = tid + u * kThreads;
+            const int j = c / CPR, part = c % CPR;
+            const int key = k0 + j;
+            const bool valid = key < ke;
+            int64_t off = 0;
+            if (valid) {
+                const int32_t blk = bt[key / p.block_size];
+                off = ((int64_t)blk * p.block_size + key % p.block_size) * row_elems + part * 8;
+            }
+            const int so = (st * kKeys + j) * RS + part * 8;
+            cp_async16(smem_u32(sK + so), kbase + off, valid);
+            cp_async16(smem_u32(sV + so), vbase + off, valid);
+        }
+    };
+
+    /* this thread's two rows: warp * 16 + g (A) and + 8 (B) */
+    int lim[2], first[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + g + 8 * i;
+        lim[i] = r < rows ? p.positions[t0 + r / nh] + 1 : 0;
+        first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
+    }
+
+    load_tile(kb, 0);
+    cp_async_commit();
+    __syncthreads(); /* sQ written */
+
+    /* Q fragments (A operand): in registers once where they fit beside the two accumulators (D <= 64),
+     * else read from shared memory per tile (D = 128: 255 registers and spills otherwise) */
+    constexpr bool kQReg = D <= 64;
+    constexpr int KQ = kQReg ? KT : 1;
+    uint32_t qf[KQ][4];
+    const uint32_t q_addr = smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
+    if constexpr (kQReg) {
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    }
+
+    float o[ND][4];     /* this chunk's accumulator */
+    constexpr int NOA = kOSmem ? 1 : ND;
+    float oa[NOA][4];   /* the folded state (fold mode), when in registers */
+    float m[2], l[2], Ms[2], Ls[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) m[i] = -INFINITY, l[i] = 0.0f, Ms[i] = -INFINITY, Ls[i] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NOA; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) oa[n][e] = 0.0f;
+    if constexpr (kOSmem) {
+        if (!p.split)
+#pragma unroll
+            for (int e = 0; e < ND * 4; e++) sO[e * kThreads + tid] = 0.0f;
+    }
+    auto oa_ref = [&](int n, int e) -> float & {
+        if constexpr (kOSmem) return sO[(n * 4 + e) * kThreads + tid];
+        else return oa[n][e];
+    };
+
+    const int krow_l = (lane & 7) + ((lane >> 4) << 3), kcol_l = ((lane >> 3) & 1) * 8; /* K ldmatrix */
+    const int vrow_l = (lane & 7) + ((lane >> 3) & 1) * 8, vcol_l = (lane >> 4) * 8;    /* V ldmatrix.trans */
+
+    int stage = 0;
+    for (int k0 = kb; k0 < ke; k0 += kKeys) {
+        const bool more = k0 + kKeys < ke;
+        if (more) load_tile(k0 + kKeys, stage ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); /* tile k0 visible */
+
+        const uint16_t *tK = sK + stage * kKeys * RS, *tV = sV + stage * kKeys * RS;
+        /* S = Q K^T */
+        float sc[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            const int qk = kQReg ? kk : 0;
+            if constexpr (!kQReg) ldsm_x4(q_addr + kk * 32, qf[0][0], qf[0][1], qf[0][2], qf[0][3]);
+#pragma unroll
+            for (int n2 = 0; n2 < NB / 2; n2++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(smem_u32(tK + (n2 * 16 + krow_l) * RS + kk * 16 + kcol_l), b0, b1, b2, b3);
+                mma16816(sc[2 * n2], qf[qk], b0, b1);
+                mma16816(sc[2 * n2 + 1], qf[qk], b2, b3);
+            }
+        }
+        /* scale, mask, online softmax (rows A: elements 0, 1; B: 2, 3) */
+        const bool edge = k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1]);
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
+                const float v = __fmul_rn(sc[n][e], p.qscale); /* no contraction: the same bits on every path */
+                sc[n][e] = edge && (key >= lim[i] || key < first[i]) ? -INFINITY : v;
+            }
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
+            const float m_new = fmaxf(m[i], quad_max(mx));
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[i] = exp2f(m[i] - m_use);
+            float ls = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NB; n++) {
+                sc[n][2 * i] = exp2f(__fsub_rn(sc[n][2 * i], m_use));
+                sc[n][2 * i + 1] = exp2f(__fsub_rn(sc[n][2 * i + 1], m_use));
+                ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * i], sc[n][2 * i + 1]));
+            }
+            l[i] = __fmaf_rn(l[i], alpha[i], ls);
+            m[i] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+            o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+        }
+        /* O += P V */
+#pragma unroll
+        for (int j = 0; j < kKeys / 16; j++) {
+            const uint32_t a[4] = {pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pack_f16x2(sc[2 * j][2], sc[2 * j][3]),
+                                   pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                                   pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+#pragma unroll
+            for (int d2 = 0; d2 < ND / 2; d2++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(smem_u32(tV + (j * 16 + vrow_l) * RS + d2 * 16 + vcol_l), b0, b1, b2, b3);
+                mma16816(o[2 * d2], a, b0, b1);
+                mma16816(o[2 * d2 + 1], a, b2, b3);
+            }
+        }
+
+        /* chunk end: fold (fold mode) */
+        if (!p.split && ((k0 + kKeys) % kChunk == 0 || !more)) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float wA, wc;
+                const float lc = quad_sum(l[i]);
+                if (fold_state(Ms[i], Ls[i], m[i], lc, wA, wc)) {
+#pragma unroll
+                    for (int n = 0; n < ND; n++) {
+                        float &a0 = oa_ref(n, 2 * i), &a1 = oa_ref(n, 2 * i + 1);
+                        a0 = fold_elem(a0, wA, o[n][2 * i], wc);
+                        a1 = fold_elem(a1, wA, o[n][2 * i + 1], wc);
+                    }
+                }
+                m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+                for (int n = 0; n < ND; n++) o[n][2 * i] = o[n][2 * i + 1] = 0.0f;
+            }
+        }
+        __syncthreads(); /* every warp done with this stage before it is refilled */
+        stage ^= 1;
+    }
+    cp_async_wait<0>();
+
+    /* results: rows A and B of this thread, columns n * 8 + 2 tq, + 1 */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = warp * 16 + g + 8 * i;
+        if (r >= rows) continue;
+        const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+        if (p.split) {
+            const float lc = quad_sum(l[i]);
+            const int64_t pr = (int64_t)blockIdx.z * nrow + orow;
+            float *dst = p.ws_acc + pr * D;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                *reinterpret_cast<float2 *>(dst + n * 8 + 2 * tq) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+            if (tq == 0) p.ws_ml[pr] = make_float2(m[i], lc);
+        } else {
+            const float inv = out_scale(Ls[i]);
+            uint16_t *dst = p.out + orow * D;
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                const uint32_t w = (uint32_t)osp_f_to_bf16(__fmul_rn(oa_ref(n, 2 * i), inv)) |
+                                   ((uint32_t)osp_f_to_bf16(__fmul_rn(oa_ref(n, 2 * i + 1), inv)) << 16);
+                *reinterpret_cast<uint32_t *>(dst + n * 8 + 2 * tq) = w;
+            }
+        }
+    }
+}
+
+/* Split mode's second kernel: one warp per output row (t, h) folds the chunks 0 .. ceil((pos + 1) /
+ * kChunk) - 1 of its own row in order and writes out = O / L. Lane owns dims [lane D / 32, + D / 32). */
+template <int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
+                                                         const int32_t *positions, int n_head, int64_t nrow) {
+    constexpr int PER = D / 32; /* dims per lane: 1, 2 or 4 */
+    const int lane = (int)threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * kWarps + ((int)threadIdx.x >> 5);
+    if (row >= nrow) return;
+    const int nch = (positions[row / n_head] + 1 + kChunk - 1) / kChunk;
+    float M = -INFINITY, L = 0.0f, A[PER];
+#pragma unroll
+    for (int e = 0; e < PER; e++) A[e] = 0.0f;
+    for (int c = 0; c < nch; c++) {
+        const int64_t pr = (int64_t)c * nrow + row;
+        const float2 ml = ws_ml[pr];
+        float wA, wc;
+        if (!fold_state(M, L, ml.x, ml.y, wA, wc)) continue;
+        const float *a = ws_acc + pr * D + lane * PER;
+#pragma unroll
+        for (int e = 0; e < PER; e++) A[e] = fold_elem(A[e], wA, a[e], wc);
+    }
+    const float inv = out_scale(L);
+    uint16_t *dst = out + row * D + lane * PER;
+#pragma unroll
+    for (int e = 0; e < PER; e++) dst[e] = osp_f_to_bf16(__fmul_rn(A[e], inv));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int sm_count() {
+    static int cached[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+    if (!cached[dev]) {
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+        cached[dev] = n;
+    }
+    return cached[dev];
+}
+
+template <int D> osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_chunks, cudaStream_t st) {
+    constexpr int smem = smem_bytes<D>();
+    if (smem > 48 * 1024)
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.head_chunks), prm.split ? n_chunks : 1u);
+    attn_mma_kernel<D><<<grid, kThreads, smem, st>>>(prm);
+    OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
+    if (prm.split) {
+        const int64_t nrow = (int64_t)prm.T * prm.n_head;
+        merge_kernel<D><<<(unsigned)ceil_div(nrow, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out,
+                                                                               prm.positions, prm.n_head, nrow);
+        OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
+    }
+    return OSP_OK;
+}
+
+int g_force_mode = OSP_CUDA_ATTN_AUTO;
+
+} // namespace
+
+extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
+extern "C" int osp_cuda_attention_forced_mode(void) { return g_force_mode; }
+
+extern "C" bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D) {
+    return kv_type == OSP_KV_PAGE_F16 && (D == 32 || D == 64 || D == 128);
+}
+
+extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len) {
+    if (tokens <= 0 || n_head <= 0 || D <= 0 || max_seq_len <= kChunk) return 0;
+    const int64_t chunks = ceil_div(max_seq_len, kChunk);
+    return (size_t)(tokens * n_head * chunks) * ((size_t)D * sizeof(float) + sizeof(float2));
+}
+
+extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                                  uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
+                                                  const int32_t *d_positions, const int32_t *d_block_table,
+                                                  int32_t max_blocks, int32_t block_size, int64_t T, int n_head,
+                                                  int n_head_kv, int D, float scale, int32_t window,
+                                                  int32_t max_seq_len, void *d_workspace, void *stream) {
+    Params prm;
+    prm.group = n_head / n_head_kv;
+    prm.head_chunks = (int)ceil_div(prm.group, kRows);
+    prm.heads_per_cta = (int)ceil_div(prm.group, prm.head_chunks);
+    prm.bq = kRows / prm.heads_per_cta;
+    const int64_t n_tiles = T / prm.bq + num_seqs;
+    const int64_t ctas = n_tiles * n_head_kv * prm.head_chunks;
+    if (n_tiles > INT32_MAX || (int64_t)n_head_kv * prm.head_chunks > 65535)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
+    const int64_t n_chunks = ceil_div(max_seq_len, kChunk);
+    const size_t need = osp_cuda_attention_v1_split_bytes(T, n_head, D, max_seq_len);
+    /* split when the query tiles alone leave the GPU (2 CTAs per SM) under-filled and the partials fit
+     * the workspace budget (osp_cuda_attention_workspace_bytes allocates at most that) */
+    bool split = n_chunks > 1 && ctas < 2 * sm_count() && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
+    if (g_force_mode == OSP_CUDA_ATTN_FOLD) split = false;
+    if (g_force_mode == OSP_CUDA_ATTN_SPLIT) split = n_chunks > 1 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
+    if (split && (!d_workspace || ((uintptr_t)d_workspace & 15u)))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "cuda paged attention: a 16-byte aligned workspace of "
+                             "osp_cuda_attention_workspace_bytes() is needed (max_seq_len %d)",
+                             (int)max_seq_len);
+    prm.q = d_q;
+    prm.k_pages = static_cast<const uint16_t *>(d_k_pages);
+    prm.v_pages = static_cast<const uint16_t *>(d_v_pages);
+    prm.out = d_out;
+    prm.qsl = d_query_start_loc;
+    prm.positions = d_positions;
+    prm.block_table = d_block_table;
+    prm.ws_acc = split ? static_cast<float *>(d_workspace) : nullptr;
+    prm.ws_ml = split ? reinterpret_cast<float2 *>(prm.ws_acc + (size_t)n_chunks * (size_t)T * n_head * D) : nullptr;
+    prm.num_seqs = num_seqs;
+    prm.max_blocks = max_blocks;
+    prm.block_size = block_size;
+    prm.T = (int32_t)T;
+    prm.n_head = n_head;
+    prm.n_head_kv = n_head_kv;
+    prm.window = window > 0 ? window : 0;
+    prm.split = split ? 1 : 0;
+    prm.qscale = scale * kLog2e;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (D) {
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_chunks, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_chunks, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_chunks, st);
+    }
+}

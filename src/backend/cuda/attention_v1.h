@@ -1,0 +1,43 @@
+/* Paged attention v1 (attention_mma.cu): the tensor-core kernel behind osp_cuda_paged_attention for
+ * f16 pages and head_dim 32 / 64 / 128. Internal to the CUDA backend and its tests. */
+#ifndef OSP_BACKEND_CUDA_ATTENTION_V1_H
+#define OSP_BACKEND_CUDA_ATTENTION_V1_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osprey/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Keys per chunk: every row reduces over its keys in chunks of this many keys from key 0, folded in
+ * order (attention_mma.cu says why). Part of the numerics: changing it changes results. */
+#define OSP_CUDA_ATTN_CHUNK 256
+/* The most workspace split mode uses; a launch whose partials would need more runs in fold mode. */
+#define OSP_CUDA_ATTN_SPLIT_BUDGET ((size_t)128 << 20)
+
+/* How v1 spreads its work (the results are the same bits either way): AUTO picks per launch from
+ * host scalars; FOLD and SPLIT force a mode (SPLIT where the workspace allows, for tests); V0 sends
+ * every launch to the CUDA-core kernel. */
+enum { OSP_CUDA_ATTN_AUTO = 0, OSP_CUDA_ATTN_FOLD = 1, OSP_CUDA_ATTN_SPLIT = 2, OSP_CUDA_ATTN_V0 = 3 };
+void osp_cuda_attention_force_mode(int mode); /* process-wide; tests only */
+int osp_cuda_attention_forced_mode(void);
+
+/* true where v1 serves the launch: f16 pages (OSP_KV_PAGE_F16) and D 32, 64 or 128. */
+bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D);
+/* Bytes of split-mode partials for `tokens` query tokens at this max_seq_len (0: never splits). */
+size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len);
+/* The launcher; arguments as osp_cuda_paged_attention, already validated by it. */
+osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                       uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
+                                       const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
+                                       int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
+                                       int32_t window, int32_t max_seq_len, void *d_workspace, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
