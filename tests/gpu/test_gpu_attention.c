@@ -1,4 +1,5 @@
-/* osp_cuda_paged_attention against the CPU reference osp_cpu_paged_attention on seeded random
+/* osp_cuda_paged_attention, both kernels (v0: CUDA cores; v1: tensor cores, attention_mma.cu, where it
+ * applies), against the CPU reference osp_cpu_paged_attention on seeded random
  * batches: mixed prefill chunks and decodes (contexts 1, 2, 15, 16, 17, 100, 1000, 5000), prefill
  * chunks over a cached prefix, pure decode batches, zero-token sequences, shuffled block tables,
  * GQA groups 1/3/4/8/24, head_dim 32/64/128/256, f16 and fp32 pages, block sizes 1/7/16 and odd
@@ -19,7 +20,10 @@
  *     weighted mean of |v| <= vmax. For n <= 5000 that worst case is 3e-4 vmax and the typical
  *     (sqrt n) error ~1e-5 vmax; 2^-12 vmax = 2.4e-4 vmax covers it (2^-8 |delta| is negligible).
  *   A wrong key, a lost tile or a missed causal mask changes an output by ~p_j |v| >= 1e-3 vmax at
- *   these context lengths for most rows, well above the bound. NaN never passes (!(err <= tol)). */
+ *   these context lengths for most rows, well above the bound. NaN never passes (!(err <= tol)).
+ *   v1 rounds P to f16 and gets 2^-10 vmax (dev_check says why), plus a bound on the mean error.
+ * Batch invariance (v1): one sequence's rows give the same bits in every batching, chunking and mode
+ * (test_batch_invariance). Sliding windows in a quarter of the random cases. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -275,8 +279,17 @@ static void dev_upload(dev_bufs *d, const batch *b, void *stream) {
     assert_int_equal(osp_cuda_stream_sync(stream), OSP_OK); /* the host buffers may go after this */
 }
 
+/* The kernel every launch of this test uses (osp_cuda_attention_force_mode): each case runs under v0
+ * and v1 (run_case, test_graph_replay), the invariance test under v1's modes. */
+static int g_mode = OSP_CUDA_ATTN_V0;
+static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1};
+static const char *mode_name(int m) {
+    return m == OSP_CUDA_ATTN_V0 ? "v0" : m == OSP_CUDA_ATTN_V1 ? "v1" : m == OSP_CUDA_ATTN_FOLD ? "v1 fold" : "v1 split";
+}
+
 static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
     const acase *c = &b->c;
+    osp_cuda_attention_force_mode(g_mode);
     return osp_cuda_paged_attention(d->q, d->k, d->v, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d->out, c->num_seqs, d->qsl, d->positions,
                                     d->block_table, b->max_blocks, c->bs, b->T, c->n_head, c->n_kv, c->D,
                                     batch_scale(b), c->window, b->max_seq_len, d->ws, stream);
@@ -300,8 +313,7 @@ static void dev_check(const dev_bufs *d, const batch *b, void *stream, const cha
     /* v1 (tensor cores: f16 pages, D <= 128) rounds P to f16 for the P V product: each weight p_j
      * carries a relative error up to 2^-11 that the fp32 denominator does not, so the result moves by
      * sum_j w_j eps_j v_j <= 2^-11 vmax at worst; 2^-10 vmax allows that and the fp32 terms above. */
-    const bool v1 = osp_cuda_attention_forced_mode() != OSP_CUDA_ATTN_V0 &&
-                    osp_cuda_attention_v1_supported(c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D);
+    const bool v1 = osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D);
     const float abs_tol = ldexpf(b->vmax, v1 ? -10 : -12);
     double err_sum = 0.0, ref_sum = 0.0;
     int64_t bad = 0, exact = 0; /* exact: gpu == bf16(cpu), a measure of the fp32 agreement */
@@ -338,10 +350,10 @@ static void dev_check(const dev_bufs *d, const batch *b, void *stream, const cha
      * mean error: ~2^-10 of the mean |ref|, the bf16 rounding of the output) */
     const double mean_err = n ? err_sum / (double)n : 0.0, mean_ref = n ? ref_sum / (double)n : 0.0;
     const bool mean_bad = !(mean_err <= ldexp(mean_ref, -8) + ldexp((double)b->vmax, -14));
-    printf("%-32s T %5lld seqs %3d heads %2d/%d D %3d %s bs %2d max_seq_len %6d win %4d: err/tol %.3f, "
+    printf("%-8s %-32s T %5lld seqs %3d heads %2d/%d D %3d %s bs %2d max_seq_len %6d win %4d: err/tol %.3f, "
            "bf16-exact %.4f, mean err/|ref| %.2e%s\n",
-           what, (long long)b->T, c->num_seqs, c->n_head, c->n_kv, c->D, c->f16 ? "f16" : "f32", c->bs,
-           (int)b->max_seq_len, (int)c->window, (double)worst, n ? (double)exact / (double)n : 1.0,
+           v1 ? mode_name(g_mode) : "v0", what, (long long)b->T, c->num_seqs, c->n_head, c->n_kv, c->D,
+           c->f16 ? "f16" : "f32", c->bs, (int)b->max_seq_len, (int)c->window, (double)worst, n ? (double)exact / (double)n : 1.0,
            mean_ref > 0 ? mean_err / mean_ref : 0.0, bad || mean_bad ? "  FAILED" : "");
     if (guard_bad) printf("  %s: %lld elements written past the last token\n", what, (long long)guard_bad);
     if (ws_bad) printf("  %s: %lld bytes written past the workspace\n", what, (long long)ws_bad);
@@ -358,14 +370,19 @@ static void dev_check(const dev_bufs *d, const batch *b, void *stream, const cha
 static void run_case(const acase *c, uint64_t seed, const char *what) {
     batch b;
     batch_build(&b, c, seed);
-    dev_bufs d;
-    dev_alloc(&d, &b, b.T > 0 ? b.T : 1);
-    dev_upload(&d, &b, NULL);
-    const osp_status st = dev_launch(&d, &b, NULL);
-    if (st != OSP_OK) printf("  %s: %s\n", what, osp_last_error());
-    assert_int_equal(st, OSP_OK);
-    dev_check(&d, &b, NULL, what);
-    dev_free(&d);
+    for (size_t k = 0; k < sizeof k_kernels / sizeof k_kernels[0]; k++) {
+        g_mode = k_kernels[k];
+        if (k > 0 && !osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D)) break;
+        dev_bufs d;
+        dev_alloc(&d, &b, b.T > 0 ? b.T : 1);
+        dev_upload(&d, &b, NULL);
+        const osp_status st = dev_launch(&d, &b, NULL);
+        if (st != OSP_OK) printf("  %s: %s\n", what, osp_last_error());
+        assert_int_equal(st, OSP_OK);
+        dev_check(&d, &b, NULL, what);
+        dev_free(&d);
+    }
+    g_mode = OSP_CUDA_ATTN_V0;
     batch_free(&b);
 }
 
@@ -496,7 +513,9 @@ static void test_random_batches(void **state) {
 static void test_graph_replay(void **state) {
     (void)state;
     static const head_cfg cfgs[] = {{32, 8, 128}, {9, 3, 64}};
-    for (int ci = 0; ci < 2; ci++) {
+    for (int run = 0; run < 4; run++) {
+        const int ci = run % 2;
+        g_mode = k_kernels[run / 2];
         acase a = {0};
         a.n_head = cfgs[ci].n_head, a.n_kv = cfgs[ci].n_kv, a.D = cfgs[ci].D;
         a.f16 = true, a.bs = 16, a.num_seqs = 5, a.qamp = 2.0f, a.max_seq_len = 8192;
@@ -542,6 +561,7 @@ static void test_graph_replay(void **state) {
         batch_free(&ba);
         osp_cuda_stream_destroy(stream);
     }
+    g_mode = OSP_CUDA_ATTN_V0;
 }
 
 /* ---- batch invariance (v1) ------------------------------------------------------------------------- */
@@ -551,9 +571,9 @@ static uint16_t *run_bits(const batch *b, int mode) {
     dev_bufs d;
     dev_alloc(&d, b, b->T);
     dev_upload(&d, b, NULL);
-    osp_cuda_attention_force_mode(mode);
+    g_mode = mode;
     const osp_status st = dev_launch(&d, b, NULL);
-    osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
+    g_mode = OSP_CUDA_ATTN_V0;
     if (st != OSP_OK) printf("  run_bits: %s\n", osp_last_error());
     assert_int_equal(st, OSP_OK);
     const size_t n = sizeof(uint16_t) * (size_t)(b->T * b->c.n_head * b->c.D);
@@ -635,14 +655,16 @@ static void test_batch_invariance(void **state) {
         batch_build(&full, &c, 7000u + ci);
         if (!osp_cuda_attention_v1_supported(OSP_KV_PAGE_F16, c.D)) skip();
         {   /* the reference itself is right */
+            g_mode = OSP_CUDA_ATTN_V1;
             dev_bufs d;
             dev_alloc(&d, &full, full.T);
             dev_upload(&d, &full, NULL);
             assert_int_equal(dev_launch(&d, &full, NULL), OSP_OK);
             dev_check(&d, &full, NULL, "invariance reference");
             dev_free(&d);
+            g_mode = OSP_CUDA_ATTN_V0;
         }
-        uint16_t *ref = run_bits(&full, OSP_CUDA_ATTN_AUTO);
+        uint16_t *ref = run_bits(&full, OSP_CUDA_ATTN_V1);
         const int64_t hd = (int64_t)c.n_head * c.D;
         /* X's token ranges as sequence 0, with company */
         typedef struct { int n; int32_t start[4], count[4]; } layout;
@@ -651,7 +673,7 @@ static void test_batch_invariance(void **state) {
             {1, {1499}, {1}},                   {4, {1499, 1200, 17, 900}, {1, 1, 1, 1}},
             {3, {1200, 0, 1498}, {17, 400, 2}}, {1, {1480}, {20}},
         };
-        static const int modes[] = {OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT};
+        static const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT};
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
             for (int mi = 0; mi < 3; mi++) {

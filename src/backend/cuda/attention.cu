@@ -30,7 +30,7 @@
  * D] accumulators, then float2 [splits, T, n_head] (m, l), m in the log2 domain. */
 #include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_bf16_to_f, osp_f16_to_f, osp_f_to_bf16 */
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/attention_v1.h" /* the tensor-core kernel, which serves f16 pages at D <= 128 */
+#include "backend/cuda/attention_v1.h" /* the tensor-core kernel (f16 pages, D <= 128) */
 
 #include <math.h>
 #include <stdint.h>
@@ -560,7 +560,7 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
     if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
 
-    if (osp_cuda_attention_forced_mode() != OSP_CUDA_ATTN_V0 && osp_cuda_attention_v1_supported(kv_type, D))
+    if (osp_cuda_attention_uses_v1(osp_cuda_attention_forced_mode(), kv_type, D))
         return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, d_out, num_seqs, d_query_start_loc, d_positions,
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);

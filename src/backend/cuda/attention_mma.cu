@@ -40,6 +40,8 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 namespace {
 
@@ -226,18 +228,23 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
     const uint16_t *kbase = p.k_pages + (int64_t)kvh * D, *vbase = p.v_pages + (int64_t)kvh * D;
-    auto load_tile = [&](int k0, int st) {
+    /* The block-table entries of a tile are read one tile ahead of its copies (fetch_slots), so the
+     * copies never wait on a dependent table load. slot[u]: the slot of this thread's u-th chunk's
+     * key, -1 at or past ke. */
+    auto fetch_slots = [&](int k0, int (&slot)[CPT]) {
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const int key = k0 + (tid + u * kThreads) / CPR;
+            slot[u] = key < ke ? bt[key / p.block_size] * p.block_size + key % p.block_size : -1;
+        }
+    };
+    auto load_tile = [&](const int (&slot)[CPT], int st) {
 #pragma unroll
         for (int u = 0; u < CPT; u++) {
             const int c = tid + u * kThreads;
             const int j = c / CPR, part = c % CPR;
-            const int key = k0 + j;
-            const bool valid = key < ke;
-            int64_t off = 0;
-            if (valid) {
-                const int32_t blk = bt[key / p.block_size];
-                off = ((int64_t)blk * p.block_size + key % p.block_size) * row_elems + part * 8;
-            }
+            const bool valid = slot[u] >= 0;
+            const int64_t off = valid ? (int64_t)slot[u] * row_elems + part * 8 : 0;
             const int so = (st * kKeys + j) * RS + part * 8;
             cp_async16(smem_u32(sK + so), kbase + off, valid);
             cp_async16(smem_u32(sV + so), vbase + off, valid);
@@ -253,8 +260,11 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
         first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
     }
 
-    load_tile(kb, 0);
+    int slot_next[CPT];
+    fetch_slots(kb, slot_next);
+    load_tile(slot_next, 0);
     cp_async_commit();
+    fetch_slots(kb + kKeys, slot_next);
     __syncthreads(); /* sQ written */
 
     /* Q fragments (A operand): in registers once where they fit beside the two accumulators (D <= 64),
@@ -298,12 +308,16 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
     int stage = 0;
     for (int k0 = kb; k0 < ke; k0 += kKeys) {
         const bool more = k0 + kKeys < ke;
-        if (more) load_tile(k0 + kKeys, stage ^ 1);
+        if (more) {
+            load_tile(slot_next, stage ^ 1);
+            fetch_slots(k0 + 2 * kKeys, slot_next); /* lands while this tile computes */
+        }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads(); /* tile k0 visible */
 
         const uint16_t *tK = sK + stage * kKeys * RS, *tV = sV + stage * kKeys * RS;
+        if (warp * 16 < rows) { /* a warp with no rows (decode: one token's heads) only loads */
         /* S = Q K^T */
         float sc[NB][4];
 #pragma unroll
@@ -388,6 +402,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
                 for (int n = 0; n < ND; n++) o[n][2 * i] = o[n][2 * i + 1] = 0.0f;
             }
         }
+        } /* warp has rows */
         __syncthreads(); /* every warp done with this stage before it is refilled */
         stage ^= 1;
     }
@@ -433,14 +448,31 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const float *ws_acc, co
     float M = -INFINITY, L = 0.0f, A[PER];
 #pragma unroll
     for (int e = 0; e < PER; e++) A[e] = 0.0f;
-    for (int c = 0; c < nch; c++) {
-        const int64_t pr = (int64_t)c * nrow + row;
-        const float2 ml = ws_ml[pr];
-        float wA, wc;
-        if (!fold_state(M, L, ml.x, ml.y, wA, wc)) continue;
-        const float *a = ws_acc + pr * D + lane * PER;
+    /* the fold is sequential, the loads are not: lane j fetches (m, l) of chunk c + j, and the
+     * accumulators of kAhead chunks are in flight before the first of them is folded */
+    constexpr int kAhead = 8;
+    for (int c0 = 0; c0 < nch; c0 += 32) {
+        const int n = min(32, nch - c0);
+        const float2 mlj = lane < n ? ws_ml[(int64_t)(c0 + lane) * nrow + row] : make_float2(-INFINITY, 0.0f);
+        for (int j0 = 0; j0 < n; j0 += kAhead) {
+            float a[kAhead][PER];
 #pragma unroll
-        for (int e = 0; e < PER; e++) A[e] = fold_elem(A[e], wA, a[e], wc);
+            for (int u = 0; u < kAhead; u++) {
+                const float lu = __shfl_sync(0xffffffffu, mlj.y, j0 + u < 32 ? j0 + u : 0);
+                const int64_t pr = (int64_t)(c0 + j0 + u) * nrow + row;
+#pragma unroll
+                for (int e = 0; e < PER; e++) a[u][e] = (j0 + u < n && lu > 0.0f) ? ws_acc[pr * D + lane * PER + e] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < kAhead; u++) {
+                const int j = j0 + u < 32 ? j0 + u : 0;
+                const float mu = __shfl_sync(0xffffffffu, mlj.x, j), lu = __shfl_sync(0xffffffffu, mlj.y, j);
+                float wA, wc;
+                if (j0 + u >= n || !fold_state(M, L, mu, lu, wA, wc)) continue;
+#pragma unroll
+                for (int e = 0; e < PER; e++) A[e] = fold_elem(A[e], wA, a[u][e], wc);
+            }
+        }
     }
     const float inv = out_scale(L);
     uint16_t *dst = out + row * D + lane * PER;
@@ -478,15 +510,34 @@ template <int D> osp_status launch(const Params &prm, unsigned n_tiles, unsigned
     return OSP_OK;
 }
 
-int g_force_mode = OSP_CUDA_ATTN_AUTO;
+/* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / fold / split; unset: auto) or the
+ * one a test forced */
+int g_force_mode = -1;
 
 } // namespace
 
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
-extern "C" int osp_cuda_attention_forced_mode(void) { return g_force_mode; }
+extern "C" int osp_cuda_attention_forced_mode(void) {
+    if (g_force_mode < 0) {
+        const char *e = getenv("OSPREY_CUDA_ATTENTION");
+        g_force_mode = !e ? OSP_CUDA_ATTN_AUTO
+                       : !strcmp(e, "v0") ? OSP_CUDA_ATTN_V0
+                       : !strcmp(e, "v1") ? OSP_CUDA_ATTN_V1
+                       : !strcmp(e, "fold") ? OSP_CUDA_ATTN_FOLD
+                       : !strcmp(e, "split") ? OSP_CUDA_ATTN_SPLIT
+                                             : OSP_CUDA_ATTN_AUTO;
+    }
+    return g_force_mode;
+}
 
 extern "C" bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D) {
     return kv_type == OSP_KV_PAGE_F16 && (D == 32 || D == 64 || D == 128);
+}
+
+extern "C" bool osp_cuda_attention_uses_v1(int mode, uint32_t kv_type, int D) {
+    const bool v1 = mode == OSP_CUDA_ATTN_V1 || mode == OSP_CUDA_ATTN_FOLD || mode == OSP_CUDA_ATTN_SPLIT ||
+                    (mode == OSP_CUDA_ATTN_AUTO && OSP_CUDA_ATTN_V1_DEFAULT);
+    return v1 && osp_cuda_attention_v1_supported(kv_type, D);
 }
 
 extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len) {
@@ -515,8 +566,9 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     /* split when the query tiles alone leave the GPU (2 CTAs per SM) under-filled and the partials fit
      * the workspace budget (osp_cuda_attention_workspace_bytes allocates at most that) */
     bool split = n_chunks > 1 && ctas < 2 * sm_count() && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
-    if (g_force_mode == OSP_CUDA_ATTN_FOLD) split = false;
-    if (g_force_mode == OSP_CUDA_ATTN_SPLIT) split = n_chunks > 1 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
+    const int forced = osp_cuda_attention_forced_mode();
+    if (forced == OSP_CUDA_ATTN_FOLD) split = false;
+    if (forced == OSP_CUDA_ATTN_SPLIT) split = n_chunks > 1 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
     if (split && (!d_workspace || ((uintptr_t)d_workspace & 15u)))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: a 16-byte aligned workspace of "

@@ -1,0 +1,186 @@
+/* The paged-attention kernels alone on the GPU (issue 12's kernel rows): decode (one query token per
+ * sequence, B sequences at context ctx) and causal prefill (one sequence of n tokens from position
+ * 0), at the 8B shape (32 query heads, 8 KV heads, head_dim 128, f16 pages in blocks of 16 handed
+ * out in a shuffled order). Each row is timed with CUDA events around `iters` back-to-back launches
+ * after a warm-up, the median of 5 such samples; the inputs are random (never zeros).
+ *
+ * Prints one JSON object per row on stdout: {"kind", "B", "ctx", "kernel", "us", "gbps", "tflops"}
+ * with gbps = K + V bytes read once (B * ctx * n_kv * D * 2 bytes * 2) over the time, tflops =
+ * causal FLOPs (2 * 2 * n^2 / 2 * D * n_head) over the time; bench/gpu/attention.sh puts PyTorch's
+ * SDPA on the same shapes beside it. kernel: "v1" (its own choice of mode), "v1-fold", "v0" (the CUDA-core
+ * fallback).
+ *
+ * Usage: attn_bench [decode|prefill|all] (default all). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/attention_v1.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/dtype.h"
+
+#define H 32
+#define HKV 8
+#define D 128
+#define BS 16
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "attn_bench: %s: %s\n", #x, cudaGetErrorString(e_));                 \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+#define OK(x)                                                                                    \
+    do {                                                                                         \
+        if ((x) != OSP_OK) {                                                                     \
+            fprintf(stderr, "attn_bench: %s: %s\n", #x, osp_last_error());                       \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static uint64_t g_rng = 0x5EED;
+static float rnd_unit(void) {
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) / 8388608.0f - 1.0f;
+}
+
+/* n f16 values in [-1, 1) on the device: a random 1 MiB pattern, tiled with a per-tile offset so the
+ * tiles differ */
+static void *random_f16(size_t n) {
+    const size_t pat = 1u << 19;
+    uint16_t *h = malloc(pat * sizeof(uint16_t));
+    for (size_t i = 0; i < pat; i++) h[i] = osp_fp32_to_fp16(rnd_unit());
+    void *d;
+    OK(osp_cuda_malloc(&d, n * 2, "pages"));
+    for (size_t off = 0; off < n; off += pat - 7) {
+        const size_t m = n - off < pat ? n - off : pat;
+        CK(cudaMemcpy((uint16_t *)d + off, h, m * 2, cudaMemcpyHostToDevice));
+    }
+    free(h);
+    return d;
+}
+
+static int cmp_f(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef struct {
+    const char *kind;
+    int B, ctx;      /* decode: B sequences at ctx; prefill: B = 1, ctx = n tokens */
+} shape;
+
+static void run(const shape *sh) {
+    const bool prefill = sh->kind[0] == 'p';
+    const int B = sh->B, ctx = sh->ctx;
+    const int64_t T = prefill ? ctx : B;
+    const int32_t nb_seq = (ctx + BS - 1) / BS;
+    const int64_t nblocks = (int64_t)B * nb_seq;
+    void *k = random_f16((size_t)(nblocks * BS * HKV * D)), *v = random_f16((size_t)(nblocks * BS * HKV * D));
+    /* block tables: a shuffled pool */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
+    for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
+    for (int64_t i = nblocks - 1; i > 0; i--) {
+        const int64_t j = (int64_t)((rnd_unit() + 1.0f) * 0.5f * (float)(i + 1)) % (i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    int32_t *qsl = malloc(sizeof(int32_t) * (size_t)(B + 1)), *pos = malloc(sizeof(int32_t) * (size_t)T);
+    for (int s = 0; s <= B; s++) qsl[s] = prefill ? (s ? (int32_t)T : 0) : s;
+    for (int64_t t = 0; t < T; t++) pos[t] = prefill ? (int32_t)t : ctx - 1;
+    uint16_t *q = malloc(sizeof(uint16_t) * (size_t)(T * H * D));
+    for (int64_t i = 0; i < T * H * D; i++) q[i] = osp_fp32_to_bf16(rnd_unit() * 2.0f);
+    int32_t *d_qsl, *d_pos, *d_bt;
+    uint16_t *d_q, *d_out;
+    void *d_ws = NULL;
+    const size_t ws = osp_cuda_attention_workspace_bytes(T, H, D, ctx);
+    OK(osp_cuda_malloc((void **)&d_qsl, sizeof(int32_t) * (size_t)(B + 1), "qsl"));
+    OK(osp_cuda_malloc((void **)&d_pos, sizeof(int32_t) * (size_t)T, "pos"));
+    OK(osp_cuda_malloc((void **)&d_bt, sizeof(int32_t) * (size_t)nblocks, "bt"));
+    OK(osp_cuda_malloc((void **)&d_q, sizeof(uint16_t) * (size_t)(T * H * D), "q"));
+    OK(osp_cuda_malloc((void **)&d_out, sizeof(uint16_t) * (size_t)(T * H * D), "out"));
+    if (ws) OK(osp_cuda_malloc(&d_ws, ws, "ws"));
+    CK(cudaMemcpy(d_qsl, qsl, sizeof(int32_t) * (size_t)(B + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_pos, pos, sizeof(int32_t) * (size_t)T, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_bt, perm, sizeof(int32_t) * (size_t)nblocks, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_q, q, sizeof(uint16_t) * (size_t)(T * H * D), cudaMemcpyHostToDevice));
+
+    static const struct { const char *name; int mode; } ks[] = {
+        {"v1", OSP_CUDA_ATTN_V1}, {"v1-fold", OSP_CUDA_ATTN_FOLD}, {"v0", OSP_CUDA_ATTN_V0}};
+    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * 2.0;
+    const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+        if (ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
+        if (ks[ki].mode == OSP_CUDA_ATTN_V0 && prefill && ctx > 16384) continue; /* v0: ~0.5 s a launch */
+        osp_cuda_attention_force_mode(ks[ki].mode);
+#define LAUNCH()                                                                                     \
+    OK(osp_cuda_paged_attention(d_q, k, v, OSP_KV_PAGE_F16, d_out, B, d_qsl, d_pos, d_bt, nb_seq, BS, T, H, HKV, D, \
+                                0.08838834764f, 0, ctx, d_ws, NULL))
+        LAUNCH();
+        CK(cudaDeviceSynchronize());
+        CK(cudaEventRecord(e0, NULL));
+        LAUNCH();
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        float one = 0.0f;
+        CK(cudaEventElapsedTime(&one, e0, e1));
+        int iters = (int)(20.0f / (one > 0.001f ? one : 0.001f)); /* ~20 ms a sample */
+        if (iters < 1) iters = 1;
+        if (iters > 2000) iters = 2000;
+        float samples[5];
+        for (int r = 0; r < 5; r++) {
+            CK(cudaEventRecord(e0, NULL));
+            for (int i = 0; i < iters; i++) LAUNCH();
+            CK(cudaEventRecord(e1, NULL));
+            CK(cudaEventSynchronize(e1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            samples[r] = ms / (float)iters;
+        }
+        qsort(samples, 5, sizeof(float), cmp_f);
+        const double us = samples[2] * 1e3;
+        printf("{\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"kernel\": \"%s\", \"us\": %.2f, \"gbps\": %.1f, "
+               "\"tflops\": %.2f}\n",
+               sh->kind, B, ctx, ks[ki].name, us, kv_bytes / (us * 1e3), flops / (us * 1e6));
+        fflush(stdout);
+    }
+    osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);
+    osp_cuda_free(d_q), osp_cuda_free(d_out), osp_cuda_free(d_ws);
+    free(perm), free(qsl), free(pos), free(q);
+}
+
+int main(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "all";
+    if (osp_cuda_device_count() == 0) {
+        fprintf(stderr, "attn_bench: no CUDA device\n");
+        return 77;
+    }
+    static const int Bs[] = {1, 2, 8, 64}, ctxs[] = {1024, 8192, 32768, 131072};
+    if (!strcmp(what, "decode") || !strcmp(what, "all"))
+        for (int bi = 0; bi < 4; bi++)
+            for (int ci = 0; ci < 4; ci++) {
+                if (ctxs[ci] == 131072 && Bs[bi] > 8) continue;
+                const shape sh = {"decode", Bs[bi], ctxs[ci]};
+                run(&sh);
+            }
+    if (!strcmp(what, "prefill") || !strcmp(what, "all")) {
+        static const int ns[] = {4096, 8192, 16384, 32768};
+        for (int i = 0; i < 4; i++) {
+            const shape sh = {"prefill", 1, ns[i]};
+            run(&sh);
+        }
+    }
+    return 0;
+}
