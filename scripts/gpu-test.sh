@@ -14,6 +14,8 @@
 #   stash  only keep what this call brought (binaries, a model half, a gemma chunk, the baseline CLI)
 #          in /tmp/osprey-gpu for the next
 #   ab     bench/gpu/ab.sh: decode tokens/s of the baseline CLI (base/bin/osprey) vs this tree's
+# The attention kernel follows OSPREY_CUDA_ATTENTION (v0, v1, fold, split; unset: the default), so
+# `OSPREY_CUDA_ATTENTION=v1 bash scripts/gpu-test.sh model` runs the model and engine tests under v1.
 # Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -137,7 +139,7 @@ PY
         grep -E "cuda:|loading" $STASH/serve.log | head -3 >> "$LOG"
     fi
 fi
-grep -E "^(cpu: |gpu: |serve: |cuda: |teacher forcing|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:|^---- test_gpu_model \(" "$LOG" | head -60
+grep -E "^(cpu: |gpu: |serve: |cuda: |teacher forcing|top-1 differs|greedy|prompt [0-9]|gpu agreement|preemption|\[  (FAILED|PASSED) )|skipped|Error|error:|^---- test_gpu_model \(" "$LOG" | head -60
 echo "==== gpu tests ($what)"
 printf '%s\n' "${results[@]}"
 [ $fails -eq 0 ]

@@ -10,7 +10,9 @@
  * SDPA on the same shapes beside it. kernel: "v1" (its own choice of mode), "v1-fold", "v0" (the CUDA-core
  * fallback).
  *
- * Usage: attn_bench [decode|prefill|all] (default all). */
+ * Usage: attn_bench [decode|prefill|all] (default all)
+ *        attn_bench one decode|prefill B ctx v1|v1-fold|v0   one row, one kernel (for ncu:
+ *        bench/gpu/profile_attention.sh) */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -77,6 +79,8 @@ typedef struct {
     int B, ctx;      /* decode: B sequences at ctx; prefill: B = 1, ctx = n tokens */
 } shape;
 
+static const char *g_only; /* one kernel by name, or NULL: all */
+
 static void run(const shape *sh) {
     const bool prefill = sh->kind[0] == 'p';
     const int B = sh->B, ctx = sh->ctx;
@@ -120,7 +124,8 @@ static void run(const shape *sh) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
-        if (ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
+        if (g_only && strcmp(g_only, ks[ki].name)) continue;
+        if (!g_only && ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
         if (ks[ki].mode == OSP_CUDA_ATTN_V0 && prefill && ctx > 16384) continue; /* v0: ~0.5 s a launch */
         osp_cuda_attention_force_mode(ks[ki].mode);
 #define LAUNCH()                                                                                     \
@@ -166,6 +171,20 @@ int main(int argc, char **argv) {
     if (osp_cuda_device_count() == 0) {
         fprintf(stderr, "attn_bench: no CUDA device\n");
         return 77;
+    }
+    if (!strcmp(what, "one")) {
+        if (argc != 6) {
+            fprintf(stderr, "usage: attn_bench one decode|prefill B ctx v1|v1-fold|v0\n");
+            return 2;
+        }
+        const shape sh = {!strcmp(argv[2], "prefill") ? "prefill" : "decode", atoi(argv[3]), atoi(argv[4])};
+        if (sh.B < 1 || sh.ctx < 1 || (sh.kind[0] == 'p' && sh.B != 1)) {
+            fprintf(stderr, "attn_bench: B >= 1 and ctx >= 1 (prefill: B = 1)\n");
+            return 2;
+        }
+        g_only = argv[5];
+        run(&sh);
+        return 0;
     }
     static const int Bs[] = {1, 2, 8, 64}, ctxs[] = {1024, 8192, 32768, 131072};
     if (!strcmp(what, "decode") || !strcmp(what, "all"))
