@@ -4,18 +4,12 @@
  * Gimelshein 2018: running max m, running sum l, fp32 accumulator); long contexts are split over the
  * KV length (FlashDecoding) and the partial results merged by their log-sum-exp in a second kernel.
  *
- * Work decomposition (grid = host scalars only, so one capture serves every batch of the same T and
- * num_seqs):
- *   blockIdx.x  query tile: up to BQ tokens of ONE sequence. Sequence s owns the tile slots
- *               [qsl[s] / BQ + s, qsl[s + 1] / BQ + s + 1): enough for ceil(n_s / BQ) tiles, so the
- *               grid is T / BQ + num_seqs and a CTA finds its sequence by binary search of
- *               query_start_loc; slots past a sequence's last tile (and zero-token sequences) exit.
- *   blockIdx.y  kv head x head chunk: a CTA serves all the query heads of one KV head (GQA: every
- *               K/V load is shared by the group); groups larger than 16 heads are cut into chunks.
- *               A CTA holds at most kRows = 16 query rows (token, head): BQ = 16 / heads per CTA.
- *   blockIdx.z  KV split. The split length is chosen per tile on the device from the tile's own
- *               context (at least kMinChunk keys), so short contexts use few splits; a split with no
- *               keys for a row still writes (m = -inf, l = 0) so the merge knows to skip it.
+ * Work decomposition (attention_tiles.cuh): a CTA serves up to kRows = 16 query rows (token, head)
+ * of one sequence and one KV head (all the query heads of the GQA group that fit: every K/V load is
+ * shared by the group); blockIdx.x is the query tile slot, blockIdx.y kv head x head chunk, and
+ * blockIdx.z the KV split. The split length is chosen per tile on the device from the tile's own
+ * context (at least kMinChunk keys), so short contexts use few splits; a split with no keys for a row
+ * still writes (m = -inf, l = 0) so the merge knows to skip it.
  * A CTA is 4 warps. Per 32-key tile all 128 threads load K and V rows with 16-byte loads (each key's
  * slot looked up through the block table by one lane and shuffled), widen them to fp32 in shared
  * memory (row stride D + 4 floats: conflict-free float4 reads with one key per lane), then each warp
@@ -30,7 +24,8 @@
  * D] accumulators, then float2 [splits, T, n_head] (m, l), m in the log2 domain. */
 #include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_bf16_to_f, osp_f16_to_f, osp_f_to_bf16 */
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/attention_v1.h" /* the tensor-core kernel (f16 pages, D <= 128) */
+#include "backend/cuda/attention_tiles.cuh" /* AttnTiling, attn_cta_work */
+#include "backend/cuda/attention_v1.h"    /* the tensor-core kernel (f16 pages, D <= 128) */
 
 #include <math.h>
 #include <stdint.h>
@@ -61,10 +56,7 @@ struct AttnParams {
     float2 *ws_ml;               /* [num_splits, T, n_head] */
     int32_t num_seqs, max_blocks, block_size, T;
     int n_head, n_head_kv;
-    int group;                   /* n_head / n_head_kv */
-    int heads_per_cta;           /* query heads of one group served by one CTA (<= kRows) */
-    int head_chunks;             /* ceil(group / heads_per_cta) */
-    int bq;                      /* tokens per query tile: kRows / heads_per_cta */
+    AttnTiling tl;               /* the query tiles (attention_tiles.cuh, kRows rows a CTA) */
     int num_splits;
     int window;                  /* > 0: a row at position p sees keys p - window + 1 .. p only */
     float qscale;                /* scale * log2(e) */
@@ -308,24 +300,9 @@ template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_att
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-    /* sequence of this tile slot: the last s with qsl[s] / bq + s <= x (strictly increasing in s) */
-    const int x = (int)blockIdx.x;
-    int lo = 0, hi = p.num_seqs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.qsl[mid] / p.bq + mid <= x) lo = mid;
-        else hi = mid - 1;
-    }
-    const int s = lo;
-    const int q_begin = p.qsl[s], q_end = p.qsl[s + 1];
-    const int tile = x - (q_begin / p.bq + s);
-    if (tile < 0 || (int64_t)tile * p.bq >= (int64_t)q_end - q_begin) return; /* uniform over the CTA */
-    const int t0 = q_begin + tile * p.bq;
-    const int ntok = min(p.bq, q_end - t0);
-
-    const int hc = (int)blockIdx.y % p.head_chunks, kvh = (int)blockIdx.y / p.head_chunks;
-    const int nh = min(p.heads_per_cta, p.group - hc * p.heads_per_cta); /* heads of this CTA */
-    const int h0 = kvh * p.group + hc * p.heads_per_cta;                  /* its first query head */
+    AttnCtaWork w;
+    if (!attn_cta_work(p.tl, p.qsl, p.num_seqs, w)) return; /* uniform over the CTA */
+    const int s = w.s, t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
     const int rows = ntok * nh;                                           /* <= kRows; row r: token t0 + r / nh, head h0 + r % nh */
 
     int kv_len = 0; /* keys any row of the tile sees */
@@ -466,8 +443,8 @@ __global__ void __launch_bounds__(kThreads)
 /* ---- host side ------------------------------------------------------------------------------------------ */
 
 struct Plan {
-    int group, heads_per_cta, head_chunks, bq, num_splits;
-    int64_t n_tiles;
+    AttnTiling tl;
+    int num_splits;
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -480,12 +457,8 @@ int max_splits_for(int32_t max_seq_len) {
 /* Depends only on host scalars (the grid of a captured graph is fixed by them). */
 Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t max_seq_len) {
     Plan pl;
-    pl.group = n_head / n_head_kv;
-    pl.head_chunks = (int)ceil_div(pl.group, kRows);
-    pl.heads_per_cta = (int)ceil_div(pl.group, pl.head_chunks);
-    pl.bq = kRows / pl.heads_per_cta;
-    pl.n_tiles = T / pl.bq + num_seqs;
-    const int64_t base = pl.n_tiles * n_head_kv * pl.head_chunks;
+    pl.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, kRows);
+    const int64_t base = pl.tl.n_tiles * n_head_kv * pl.tl.head_chunks;
     int64_t ns = base >= kTargetCtas ? 1 : ceil_div(kTargetCtas, base);
     const int cap = max_splits_for(max_seq_len);
     if (ns > cap) ns = cap;
@@ -501,7 +474,7 @@ template <int D, bool F16> osp_status launch(const AttnParams &prm, const Plan &
     if (smem > 48 * 1024)
         OSP_CUDA_TRY(cudaFuncSetAttribute(paged_attention_kernel<D, F16>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid((unsigned)pl.n_tiles, (unsigned)(prm.n_head_kv * pl.head_chunks), (unsigned)pl.num_splits);
+    const dim3 grid((unsigned)pl.tl.n_tiles, (unsigned)(prm.n_head_kv * pl.tl.head_chunks), (unsigned)pl.num_splits);
     paged_attention_kernel<D, F16><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("paged_attention_kernel");
     if (pl.num_splits > 1) {
@@ -565,7 +538,7 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);
     const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len);
-    if (pl.n_tiles > INT32_MAX || (int64_t)n_head_kv * pl.head_chunks > 65535)
+    if (pl.tl.n_tiles > INT32_MAX || (int64_t)n_head_kv * pl.tl.head_chunks > 65535)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
     AttnParams prm;
     prm.q = d_q;
@@ -593,10 +566,7 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
     prm.T = (int32_t)T;
     prm.n_head = n_head;
     prm.n_head_kv = n_head_kv;
-    prm.group = pl.group;
-    prm.heads_per_cta = pl.heads_per_cta;
-    prm.head_chunks = pl.head_chunks;
-    prm.bq = pl.bq;
+    prm.tl = pl.tl;
     prm.num_splits = pl.num_splits;
     prm.qscale = scale * kLog2e;
 

@@ -26,16 +26,17 @@
  * CTA: 4 warps, 64 query rows (token, head) of one KV head: all the query heads of a GQA group that
  * fit, times as many tokens as fit (row r: token t0 + r / nh, head h0 + r % nh), so one K/V tile
  * feeds every head of the group (decode packs the group's heads as the rows of one mma tile). Grid:
- * x the query-tile slots of attention.cu (T / bq + num_seqs, a CTA finds its sequence by binary
- * search of query_start_loc), y kv head x head chunk, z the chunk in split mode. Shared memory:
- * Q [64][D + 8] and K, V [2 stages][kKeys][D + 8] f16 (a row padded by 16 bytes: ldmatrix conflict
- * free), 87 KiB at D = 128: two CTAs per SM.
+ * x the query-tile slots and y kv head x head chunk (attention_tiles.cuh, shared with v0), z the
+ * chunk in split mode. Shared memory: Q [64][D + 8] and K, V [2 stages][tile keys][D + 8] f16 (a row
+ * padded by 16 bytes: ldmatrix conflict free), plus the fold state at D = 128 (fp32 [64][128]):
+ * 84 KiB at D = 128, two CTAs per SM.
  *
- * Precision: q is rounded from bf16 to f16 (exact for |q| in [2^-14, 65504]; larger values
- * saturate, which no model's attention inputs reach), scores and sums are fp32, P is rounded to f16
+ * Precision: q is rounded from bf16 to f16 (exact for |q| in [2^-14, 65504]; larger values are
+ * clamped to +-65504 rather than becoming inf), scores and sums are fp32, P is rounded to f16
  * for the P V product (as in FlashAttention and PyTorch's SDPA), the output to bf16. */
 #include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_f_to_bf16 */
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/attention_tiles.cuh" /* AttnTiling, attn_cta_work */
 #include "backend/cuda/attention_v1.h"
 
 #include <math.h>
@@ -68,7 +69,8 @@ struct Params {
     float *ws_acc;              /* split mode: [n_chunks, T, n_head, D] */
     float2 *ws_ml;              /* split mode: [n_chunks, T, n_head] (m, l) */
     int32_t num_seqs, max_blocks, block_size, T;
-    int n_head, n_head_kv, group, heads_per_cta, head_chunks, bq;
+    int n_head, n_head_kv;
+    AttnTiling tl; /* the query tiles (attention_tiles.cuh, kRows rows a CTA) */
     int window;
     int split;
     float qscale; /* scale * log2(e) */
@@ -129,6 +131,8 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&h);
 }
+/* x clamped to f16's finite range (NaN stays NaN) */
+__device__ __forceinline__ float clamp_f16_range(float x) { return fabsf(x) > 65504.0f ? copysignf(65504.0f, x) : x; }
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -164,23 +168,9 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
 
-    /* the query tile: sequence s, tokens [t0, t0 + ntok) */
-    const int x = (int)blockIdx.x;
-    int lo = 0, hi = p.num_seqs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (p.qsl[mid] / p.bq + mid <= x) lo = mid;
-        else hi = mid - 1;
-    }
-    const int s = lo;
-    const int q_begin = p.qsl[s], q_end = p.qsl[s + 1];
-    const int tile = x - (q_begin / p.bq + s);
-    if (tile < 0 || (int64_t)tile * p.bq >= (int64_t)q_end - q_begin) return;
-    const int t0 = q_begin + tile * p.bq;
-    const int ntok = min(p.bq, q_end - t0);
-    const int hc = (int)blockIdx.y % p.head_chunks, kvh = (int)blockIdx.y / p.head_chunks;
-    const int nh = min(p.heads_per_cta, p.group - hc * p.heads_per_cta);
-    const int h0 = kvh * p.group + hc * p.heads_per_cta;
+    AttnCtaWork w; /* sequence s, tokens [t0, t0 + ntok), kv head kvh, query heads [h0, h0 + nh) */
+    if (!attn_cta_work(p.tl, p.qsl, p.num_seqs, w)) return;
+    const int s = w.s, t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
     const int rows = ntok * nh;
 
     int kv_len = 0, k_first = INT32_MAX;
@@ -217,7 +207,7 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const float lo_f = __uint_as_float(w[i] << 16), hi_f = __uint_as_float(w[i] & 0xffff0000u);
-                o[i] = pack_f16x2(lo_f, hi_f);
+                o[i] = pack_f16x2(clamp_f16_range(lo_f), clamp_f16_range(hi_f));
             }
             v = make_uint4(o[0], o[1], o[2], o[3]);
         }
@@ -498,7 +488,7 @@ template <int D> osp_status launch(const Params &prm, unsigned n_tiles, unsigned
     constexpr int smem = smem_bytes<D>();
     if (smem > 48 * 1024)
         OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.head_chunks), prm.split ? n_chunks : 1u);
+    const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), prm.split ? n_chunks : 1u);
     attn_mma_kernel<D><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     if (prm.split) {
@@ -553,22 +543,20 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
                                                   int n_head_kv, int D, float scale, int32_t window,
                                                   int32_t max_seq_len, void *d_workspace, void *stream) {
     Params prm;
-    prm.group = n_head / n_head_kv;
-    prm.head_chunks = (int)ceil_div(prm.group, kRows);
-    prm.heads_per_cta = (int)ceil_div(prm.group, prm.head_chunks);
-    prm.bq = kRows / prm.heads_per_cta;
-    const int64_t n_tiles = T / prm.bq + num_seqs;
-    const int64_t ctas = n_tiles * n_head_kv * prm.head_chunks;
-    if (n_tiles > INT32_MAX || (int64_t)n_head_kv * prm.head_chunks > 65535)
+    prm.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, kRows);
+    const int64_t n_tiles = prm.tl.n_tiles;
+    const int64_t ctas = n_tiles * n_head_kv * prm.tl.head_chunks;
+    if (n_tiles > INT32_MAX || (int64_t)n_head_kv * prm.tl.head_chunks > 65535)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
     const int64_t n_chunks = ceil_div(max_seq_len, kChunk);
     const size_t need = osp_cuda_attention_v1_split_bytes(T, n_head, D, max_seq_len);
     /* split when the query tiles alone leave the GPU (2 CTAs per SM) under-filled and the partials fit
      * the workspace budget (osp_cuda_attention_workspace_bytes allocates at most that) */
-    bool split = n_chunks > 1 && ctas < 2 * sm_count() && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
+    const bool can_split = n_chunks > 1 && n_chunks <= 65535 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET;
     const int forced = osp_cuda_attention_forced_mode();
-    if (forced == OSP_CUDA_ATTN_FOLD) split = false;
-    if (forced == OSP_CUDA_ATTN_SPLIT) split = n_chunks > 1 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET && n_chunks <= 65535;
+    const bool split = forced == OSP_CUDA_ATTN_SPLIT ? can_split
+                       : forced == OSP_CUDA_ATTN_FOLD ? false
+                                                      : can_split && ctas < 2 * sm_count();
     if (split && (!d_workspace || ((uintptr_t)d_workspace & 15u)))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: a 16-byte aligned workspace of "

@@ -164,7 +164,9 @@ osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64
  *   offset p % block_size; query head h reads kv head h / (n_head / n_head_kv).
  *   out = softmax(q k^T * scale) v, fp32 softmax and accumulation (online softmax, Milakov &
  *   Gimelshein 2018; FlashAttention, Dao et al. 2022), split over the KV length for long contexts
- *   (FlashDecoding) with the partial results merged by their log-sum-exp.
+ *   (FlashDecoding) with the partial results merged by their log-sum-exp. Two kernels:
+ *   attention.cu (v0, CUDA cores) and attention_mma.cu (v1, tensor cores, f16 pages at D <= 128,
+ *   a row's result independent of its batch); attention_v1.h says which serves a launch.
  * All index arrays are device memory: d_query_start_loc [num_seqs + 1] (0 first, T last),
  * d_positions [T], d_block_table [num_seqs, max_blocks] (entries past a sequence's blocks are never
  * read). Sequences with no tokens are allowed (query_start_loc equal): they produce nothing.
@@ -177,8 +179,8 @@ osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64
  * osp_cuda_attention_supported: head_dim D 32, 64, 128 or 256 and n_head a multiple of n_head_kv
  * (any group size; up to 16 query heads of a group share one CTA's K/V loads).
  * osp_cuda_attention_workspace_bytes: what d_workspace must hold for any T <= max_tokens at this
- * max_seq_len (0 when max_seq_len <= 256, then d_workspace may be NULL; never more than
- * 32768 * (4 D + 8) bytes). */
+ * max_seq_len (0 when max_seq_len <= 256, then d_workspace may be NULL; never more than the larger of
+ * 32768 * (4 D + 8) bytes for v0 and OSP_CUDA_ATTN_SPLIT_BUDGET, 128 MiB, for v1). */
 bool osp_cuda_attention_supported(int n_head, int n_head_kv, int D);
 size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_head, int D, int32_t max_seq_len);
 osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages, uint32_t kv_type,
