@@ -202,11 +202,11 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
         if (r < rows) {
             const int64_t qrow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
             const uint4 b = *reinterpret_cast<const uint4 *>(p.q + qrow * D + part * 8);
-            const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+            const uint32_t pair[4] = {b.x, b.y, b.z, b.w}; /* two bf16 each, the first in the low half */
             uint32_t o[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const float lo_f = __uint_as_float(w[i] << 16), hi_f = __uint_as_float(w[i] & 0xffff0000u);
+                const float lo_f = __uint_as_float(pair[i] << 16), hi_f = __uint_as_float(pair[i] & 0xffff0000u);
                 o[i] = pack_f16x2(clamp_f16_range(lo_f), clamp_f16_range(hi_f));
             }
             v = make_uint4(o[0], o[1], o[2], o[3]);
