@@ -10,7 +10,7 @@
  * SDPA on the same shapes beside it. kernel: "v1" (its own choice of mode), "v1-fold", "v0" (the CUDA-core
  * fallback).
  *
- * Usage: attn_bench [decode|prefill|all] (default all)
+ * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v1|v1-fold|v0: that kernel only)
  *        attn_bench one decode|prefill B ctx v1|v1-fold|v0   one row, one kernel (for ncu:
  *        bench/gpu/profile_attention.sh) */
 #include <cuda_runtime.h>
@@ -168,6 +168,12 @@ static void run(const shape *sh) {
 
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
+    /* v1's launch shape, for tuning runs: ATTN_FOLD_STAGES, ATTN_SPLIT_STAGES, ATTN_SPLIT_WAVES,
+     * ATTN_CHUNKS_PER_CTA (unset: the defaults) */
+    const char *e1 = getenv("ATTN_FOLD_STAGES"), *e2 = getenv("ATTN_SPLIT_STAGES"), *e3 = getenv("ATTN_SPLIT_WAVES"),
+               *e4 = getenv("ATTN_CHUNKS_PER_CTA");
+    osp_cuda_attention_v1_tune(e1 ? atoi(e1) : 0, e2 ? atoi(e2) : 0, e3 ? atoi(e3) : 0, e4 ? atoi(e4) : 0);
+    g_only = getenv("ATTN_KERNEL"); /* one kernel (v1, v1-fold or v0) instead of all three */
     if (osp_cuda_device_count() == 0) {
         fprintf(stderr, "attn_bench: no CUDA device\n");
         return 77;

@@ -637,9 +637,9 @@ static void derived_free(batch *b) {
 
 /* Sequence X's rows give the same bits however its tokens are batched: one prefill of all of X
  * (reference), X in prefill chunks of other lengths beside other sequences' prefills and decodes,
- * X's last tokens as decodes alone and in batches, each in auto, fold and split mode. This is the
- * batch-invariance rule (shared/DESIGN.md) at the kernel: the scheduler's chunking of a prompt
- * depends on the batch, so a row's numbers may not. X spans several chunks (1500 tokens > 256). */
+ * X's last tokens as decodes alone and in batches, each in auto, fold and split mode and under other
+ * launch shapes (stages, chunks per split CTA). This is the batch-invariance rule (shared/DESIGN.md)
+ * at the kernel: the scheduler's chunking of a prompt depends on the batch, so a row's numbers may not. X spans several chunks (1500 tokens > 256). */
 static void test_batch_invariance(void **state) {
     (void)state;
     typedef struct { int n_head, n_kv, D, window; } inv_cfg;
@@ -673,22 +673,29 @@ static void test_batch_invariance(void **state) {
             {1, {1499}, {1}},                   {4, {1499, 1200, 17, 900}, {1, 1, 1, 1}},
             {3, {1200, 0, 1498}, {17, 400, 2}}, {1, {1480}, {20}},
         };
-        static const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT};
+        /* modes, and v1's launch shapes (osp_cuda_attention_v1_tune: fold stages, split stages, split
+         * waves, chunks per split CTA; 0 the default): none may change a bit */
+        static const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT,
+                                    OSP_CUDA_ATTN_FOLD};
+        static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}};
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
-            for (int mi = 0; mi < 3; mi++) {
+            for (int mi = 0; mi < 5; mi++) {
                 batch b;
                 derive(&b, &full, lays[li].n, lays[li].start, lays[li].count, 7100u + li);
+                osp_cuda_attention_v1_tune(tunes[mi][0], tunes[mi][1], tunes[mi][2], tunes[mi][3]);
                 uint16_t *got = run_bits(&b, modes[mi]);
+                osp_cuda_attention_v1_tune(0, 0, 0, 0);
                 const int32_t x0 = lays[li].start[0], nx = lays[li].count[0];
                 const size_t bytes = sizeof(uint16_t) * (size_t)(nx * hd);
                 const int diff = memcmp(got, ref + (int64_t)x0 * hd, bytes);
                 if (diff) {
                     int64_t first = 0;
                     while (got[first] == ref[x0 * hd + first]) first++;
-                    printf("  invariance: heads %d/%d D %d layout %zu mode %d: X's tokens %d.. differ from the "
-                           "one-prefill bits (first at row %lld)\n",
-                           c.n_head, c.n_kv, c.D, li, modes[mi], (int)x0, (long long)(first / hd));
+                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d): X's tokens %d.. "
+                           "differ from the one-prefill bits (first at row %lld)\n",
+                           c.n_head, c.n_kv, c.D, li, modes[mi], tunes[mi][0], tunes[mi][1], tunes[mi][2],
+                           tunes[mi][3], (int)x0, (long long)(first / hd));
                 }
                 assert_int_equal(diff, 0);
                 compared += nx;

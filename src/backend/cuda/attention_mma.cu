@@ -53,10 +53,29 @@ constexpr int kChunk = OSP_CUDA_ATTN_CHUNK; /* keys per chunk: a multiple of the
 constexpr int kPadH = 8;           /* halves of padding per shared-memory row */
 constexpr float kLog2e = 1.4426950408889634f;
 /* Keys per tile, and where the fold-mode state lives: D = 128 keeps it in shared memory (in registers
- * beside the chunk accumulator it needs more than 255) and uses 32-key tiles so two CTAs fit an SM. */
-template <int D> constexpr int tile_keys() { return D == 128 ? 32 : 64; }
+ * beside the chunk accumulator it needs more than 255), where it shares the space Q passed through on
+ * its way to the registers. */
+template <int D> constexpr int tile_keys() { return 64; }
 template <int D> constexpr bool fold_in_smem() { return D == 128; }
 static_assert(kChunk % 64 == 0, "chunks are whole tiles");
+
+/* n / d for 0 <= n < 2^31 and a divisor d >= 1 fixed for the launch, by a multiply-high and a shift
+ * (Granlund & Montgomery 1994, "Division by invariant integers using multiplication", section 4):
+ * with l = ceil(log2 d) and m = floor(2^32 (2^l - d) / d) + 1, n / d = (umulhi(m, n) + n) >> l. */
+struct FastDiv {
+    uint32_t m;
+    int l;
+    static FastDiv make(int d) {
+        FastDiv f;
+        f.l = 0;
+        while ((1ll << f.l) < d) f.l++;
+        f.m = (uint32_t)((((1ull << f.l) - (uint64_t)d) << 32) / (uint64_t)d + 1);
+        return f;
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return (int)((__umulhi(m, (uint32_t)n) + (uint32_t)n) >> l);
+    }
+};
 
 struct Params {
     const uint16_t *q;          /* [T, n_head, D] bf16 */
@@ -71,12 +90,20 @@ struct Params {
     int32_t num_seqs, max_blocks, block_size, T;
     int n_head, n_head_kv;
     AttnTiling tl; /* the query tiles (attention_tiles.cuh, kRows rows a CTA) */
+    FastDiv bdiv;  /* key / block_size */
     int window;
-    int split;
+    int chunks_per_cta; /* split mode: consecutive chunks one CTA computes (each its own partial) */
     float qscale; /* scale * log2(e) */
 };
 
 /* ---- the fold (shared by both modes: the same instructions on the same values) --------------- */
+
+/* 2^x: one MUFU.EX2 (flushes subnormal results to 0); every path uses it, so the same bits everywhere */
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 /* Folds chunk state (m, l) into (M, L); returns the two weights for the accumulators through wA, wc.
  * false: the chunk holds nothing (l == 0) and the state is unchanged; *first: the state was empty
@@ -88,8 +115,8 @@ __device__ __forceinline__ bool fold_state(float &M, float &L, float m, float l,
         return true;
     }
     const float Mn = fmaxf(M, m);
-    wA = exp2f(M - Mn);
-    wc = exp2f(m - Mn);
+    wA = ex2(M - Mn);
+    wc = ex2(m - Mn);
     L = __fmaf_rn(L, wA, __fmul_rn(l, wc));
     M = Mn;
     return true;
@@ -142,16 +169,25 @@ __device__ __forceinline__ float quad_sum(float v) { /* the same bits in all 4 l
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-template <int D> constexpr int smem_bytes() {
-    return 2 * (kRows + 4 * tile_keys<D>()) * (D + kPadH) + (fold_in_smem<D>() ? 4 * kRows * D : 0);
+/* Shared memory: K, V [stages][tile keys][D + kPadH] f16, then one region that first holds Q
+ * [kRows][D + kPadH] f16 (until the fragments are in registers) and then, at D = 128 in fold mode,
+ * the fold state. The stage count changes no result (only the tile and chunk lengths are numerics). */
+template <int D, bool kFold> constexpr int q_region_bytes() {
+    return 2 * kRows * (D + kPadH) > (kFold && fold_in_smem<D>() ? 4 * kRows * D : 0) ? 2 * kRows * (D + kPadH)
+                                                                                     : 4 * kRows * D;
+}
+template <int D, int ST, bool kFold> constexpr int smem_bytes() {
+    return ST * 4 * tile_keys<D>() * (D + kPadH) + q_region_bytes<D, kFold>();
 }
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
-template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
+/* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode) */
+template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+    static_assert(ST >= 2, "stages");
     constexpr int kKeys = tile_keys<D>();
-    constexpr bool kOSmem = fold_in_smem<D>();
+    constexpr bool kOSmem = kFold && fold_in_smem<D>();
     constexpr int RS = D + kPadH;   /* shared row stride, halves */
     constexpr int KT = D / 16;      /* k-steps of Q K^T */
     constexpr int NB = kKeys / 8;   /* n-blocks of S */
@@ -160,10 +196,10 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
     constexpr int CPT = kKeys * CPR / kThreads; /* chunks per thread per K (or V) tile */
     static_assert(CPT * kThreads == kKeys * CPR, "tile chunking");
     extern __shared__ uint4 smem_u4[];
-    uint16_t *sQ = reinterpret_cast<uint16_t *>(smem_u4); /* [kRows][RS] */
-    uint16_t *sK = sQ + kRows * RS;                       /* [2][kKeys][RS] */
-    uint16_t *sV = sK + 2 * kKeys * RS;                   /* [2][kKeys][RS] */
-    float *sO = reinterpret_cast<float *>(sV + 2 * kKeys * RS); /* kOSmem: [ND * 4][kThreads], thread-private */
+    uint16_t *sK = reinterpret_cast<uint16_t *>(smem_u4); /* [ST][kKeys][RS] */
+    uint16_t *sV = sK + ST * kKeys * RS;                    /* [ST][kKeys][RS] */
+    uint16_t *sQ = sV + ST * kKeys * RS;                    /* [kRows][RS], until the fragments are loaded */
+    float *sO = reinterpret_cast<float *>(sQ); /* then kOSmem: [ND * 4][kThreads], thread-private */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -181,18 +217,21 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
     }
     int kb = k_first / kKeys * kKeys, ke = kv_len;
     const int64_t nrow = (int64_t)p.T * p.n_head;
-    if (p.split) {
-        const int c0 = (int)blockIdx.z * kChunk;
-        if (c0 >= kv_len) return; /* no row of the tile reaches this chunk: the merge never reads it */
-        kb = max(kb, c0);
-        ke = min(ke, c0 + kChunk);
-        if (kb >= ke) { /* before every row's window: an empty partial */
+    if constexpr (!kFold) {
+        /* chunks [c_begin, c_end) of this CTA (p.chunks_per_cta a CTA: a launch choice; every chunk's
+         * partial is the same whichever CTA computes it) */
+        const int c_begin = (int)blockIdx.z * p.chunks_per_cta;
+        if (c_begin * kChunk >= kv_len) return; /* no row of the tile reaches these chunks: never read */
+        const int c_end = min(c_begin + p.chunks_per_cta, (kv_len + kChunk - 1) / kChunk);
+        /* chunks wholly before every row's window: empty partials (the merge reads them) */
+        for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
             for (int r = tid; r < rows; r += kThreads) {
                 const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-                p.ws_ml[(int64_t)blockIdx.z * nrow + orow] = make_float2(-INFINITY, 0.0f);
+                p.ws_ml[(int64_t)c * nrow + orow] = make_float2(-INFINITY, 0.0f);
             }
-            return;
-        }
+        kb = max(kb, c_begin * kChunk);
+        ke = min(ke, c_end * kChunk);
+        if (kb >= ke) return;
     }
 
     /* Q rows into shared memory as f16 (rows past the tile: zeros) */
@@ -214,30 +253,32 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
         *reinterpret_cast<uint4 *>(sQ + r * RS + part * 8) = v;
     }
 
-    /* K/V tile loader: keys [k0, k0 + kKeys) of kv head kvh into stage st; keys >= ke zero-filled */
+    /* K/V tile loader: keys [k0, k0 + kKeys) of kv head kvh into stage st; keys >= ke zero-filled.
+     * Thread tid copies the 16-byte chunk part = tid % CPR of keys k0 + tid / CPR + u kThreads / CPR. */
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
-    const uint16_t *kbase = p.k_pages + (int64_t)kvh * D, *vbase = p.v_pages + (int64_t)kvh * D;
+    const int part = tid % CPR, jrow = tid / CPR;
+    const uint16_t *kbase = p.k_pages + (int64_t)kvh * D + part * 8, *vbase = p.v_pages + (int64_t)kvh * D + part * 8;
+    const uint32_t sk0 = smem_u32(sK + jrow * RS + part * 8), sv0 = smem_u32(sV + jrow * RS + part * 8);
     /* The block-table entries of a tile are read one tile ahead of its copies (fetch_slots), so the
-     * copies never wait on a dependent table load. slot[u]: the slot of this thread's u-th chunk's
-     * key, -1 at or past ke. */
+     * copies never wait on a dependent table load. slot[u]: the slot of this thread's u-th key, -1 at
+     * or past ke. */
     auto fetch_slots = [&](int k0, int (&slot)[CPT]) {
 #pragma unroll
         for (int u = 0; u < CPT; u++) {
-            const int key = k0 + (tid + u * kThreads) / CPR;
-            slot[u] = key < ke ? bt[key / p.block_size] * p.block_size + key % p.block_size : -1;
+            const int key = k0 + jrow + u * (kThreads / CPR);
+            const int blk = p.bdiv.div(key);
+            slot[u] = key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
         }
     };
     auto load_tile = [&](const int (&slot)[CPT], int st) {
 #pragma unroll
         for (int u = 0; u < CPT; u++) {
-            const int c = tid + u * kThreads;
-            const int j = c / CPR, part = c % CPR;
             const bool valid = slot[u] >= 0;
-            const int64_t off = valid ? (int64_t)slot[u] * row_elems + part * 8 : 0;
-            const int so = (st * kKeys + j) * RS + part * 8;
-            cp_async16(smem_u32(sK + so), kbase + off, valid);
-            cp_async16(smem_u32(sV + so), vbase + off, valid);
+            const int64_t off = valid ? (int64_t)slot[u] * row_elems : 0;
+            const uint32_t so = (uint32_t)((st * kKeys + u * (kThreads / CPR)) * RS * 2);
+            cp_async16(sk0 + so, kbase + off, valid);
+            cp_async16(sv0 + so, vbase + off, valid);
         }
     };
 
@@ -250,26 +291,29 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
         first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
     }
 
+    /* prologue: tiles 0 .. ST - 2 in flight (a group each, empty past ke), the slots of tile ST - 1 */
     int slot_next[CPT];
     fetch_slots(kb, slot_next);
-    load_tile(slot_next, 0);
-    cp_async_commit();
-    fetch_slots(kb + kKeys, slot_next);
+#pragma unroll
+    for (int i = 0; i < ST - 1; i++) {
+        if (kb + i * kKeys < ke) load_tile(slot_next, i);
+        cp_async_commit();
+        fetch_slots(kb + (i + 1) * kKeys, slot_next);
+    }
     __syncthreads(); /* sQ written */
 
-    /* Q fragments (A operand): in registers once where they fit beside the two accumulators (D <= 64),
-     * else read from shared memory per tile (D = 128: 255 registers and spills otherwise) */
-    constexpr bool kQReg = D <= 64;
-    constexpr int KQ = kQReg ? KT : 1;
-    uint32_t qf[KQ][4];
-    const uint32_t q_addr = smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
-    if constexpr (kQReg) {
+    /* Q fragments (A operand of Q K^T): loaded into registers once */
+    uint32_t qf[KT][4];
+    {
+        const uint32_t q_addr =
+            smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
     }
+    if constexpr (kOSmem) __syncthreads(); /* every warp has its Q before the region becomes the fold state */
 
     float o[ND][4];     /* this chunk's accumulator */
-    constexpr int NOA = kOSmem ? 1 : ND;
+    constexpr int NOA = kFold && !kOSmem ? ND : 1;
     float oa[NOA][4];   /* the folded state (fold mode), when in registers */
     float m[2], l[2], Ms[2], Ls[2];
 #pragma unroll
@@ -283,30 +327,48 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
 #pragma unroll
         for (int e = 0; e < 4; e++) oa[n][e] = 0.0f;
     if constexpr (kOSmem) {
-        if (!p.split)
 #pragma unroll
-            for (int e = 0; e < ND * 4; e++) sO[e * kThreads + tid] = 0.0f;
+        for (int e = 0; e < ND * 4; e++) sO[e * kThreads + tid] = 0.0f;
     }
     auto oa_ref = [&](int n, int e) -> float & {
         if constexpr (kOSmem) return sO[(n * 4 + e) * kThreads + tid];
         else return oa[n][e];
     };
+    /* split mode: chunk c's partial of this thread's rows to the workspace */
+    auto write_partial = [&](int c) {
+        const float lsum[2] = {quad_sum(l[0]), quad_sum(l[1])}; /* the whole warp shuffles, before any lane leaves */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = warp * 16 + g + 8 * i;
+            if (r >= rows) continue;
+            const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+            const float lc = lsum[i];
+            const int64_t pr = (int64_t)c * nrow + orow;
+            float *dst = p.ws_acc + pr * D;
+#pragma unroll
+            for (int n = 0; n < ND; n++)
+                *reinterpret_cast<float2 *>(dst + n * 8 + 2 * tq) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+            if (tq == 0) p.ws_ml[pr] = make_float2(m[i], lc);
+        }
+    };
 
     const int krow_l = (lane & 7) + ((lane >> 4) << 3), kcol_l = ((lane >> 3) & 1) * 8; /* K ldmatrix */
     const int vrow_l = (lane & 7) + ((lane >> 3) & 1) * 8, vcol_l = (lane >> 4) * 8;    /* V ldmatrix.trans */
+    const uint32_t k_lane = smem_u32(sK + krow_l * RS + kcol_l), v_lane = smem_u32(sV + vrow_l * RS + vcol_l);
 
-    int stage = 0;
+    int stage = 0, stage_load = ST - 1;
     for (int k0 = kb; k0 < ke; k0 += kKeys) {
         const bool more = k0 + kKeys < ke;
-        if (more) {
-            load_tile(slot_next, stage ^ 1);
-            fetch_slots(k0 + 2 * kKeys, slot_next); /* lands while this tile computes */
+        cp_async_wait<ST - 2>(); /* this thread's copies of tile k0 have landed */
+        __syncthreads();         /* everyone's have, and every warp is done with the stage refilled next */
+        if (k0 + (ST - 1) * kKeys < ke) {
+            load_tile(slot_next, stage_load);
+            fetch_slots(k0 + ST * kKeys, slot_next); /* lands while this tile computes */
         }
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads(); /* tile k0 visible */
+        stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
 
-        const uint16_t *tK = sK + stage * kKeys * RS, *tV = sV + stage * kKeys * RS;
+        const uint32_t tK = k_lane + (uint32_t)(stage * kKeys * RS * 2), tV = v_lane + (uint32_t)(stage * kKeys * RS * 2);
         if (warp * 16 < rows) { /* a warp with no rows (decode: one token's heads) only loads */
         /* S = Q K^T */
         float sc[NB][4];
@@ -314,26 +376,28 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
         for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
-            const int qk = kQReg ? kk : 0;
-            if constexpr (!kQReg) ldsm_x4(q_addr + kk * 32, qf[0][0], qf[0][1], qf[0][2], qf[0][3]);
 #pragma unroll
             for (int n2 = 0; n2 < NB / 2; n2++) {
                 uint32_t b0, b1, b2, b3;
-                ldsm_x4(smem_u32(tK + (n2 * 16 + krow_l) * RS + kk * 16 + kcol_l), b0, b1, b2, b3);
-                mma16816(sc[2 * n2], qf[qk], b0, b1);
-                mma16816(sc[2 * n2 + 1], qf[qk], b2, b3);
+                ldsm_x4(tK + (uint32_t)((n2 * 16 * RS + kk * 16) * 2), b0, b1, b2, b3);
+                mma16816(sc[2 * n2], qf[kk], b0, b1);
+                mma16816(sc[2 * n2 + 1], qf[kk], b2, b3);
             }
         }
         /* scale, mask, online softmax (rows A: elements 0, 1; B: 2, 3) */
-        const bool edge = k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1]);
 #pragma unroll
         for (int n = 0; n < NB; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
-                const float v = __fmul_rn(sc[n][e], p.qscale); /* no contraction: the same bits on every path */
-                sc[n][e] = edge && (key >= lim[i] || key < first[i]) ? -INFINITY : v;
-            }
+            for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale); /* no contraction: same bits everywhere */
+        if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) { /* a causal or window edge */
+#pragma unroll
+            for (int n = 0; n < NB; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
+                    if (key >= lim[i] || key < first[i]) sc[n][e] = -INFINITY;
+                }
+        }
         float alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -342,12 +406,12 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
             for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
             const float m_new = fmaxf(m[i], quad_max(mx));
             const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[i] = exp2f(m[i] - m_use);
+            alpha[i] = ex2(m[i] - m_use);
             float ls = 0.0f;
 #pragma unroll
             for (int n = 0; n < NB; n++) {
-                sc[n][2 * i] = exp2f(__fsub_rn(sc[n][2 * i], m_use));
-                sc[n][2 * i + 1] = exp2f(__fsub_rn(sc[n][2 * i + 1], m_use));
+                sc[n][2 * i] = ex2(__fsub_rn(sc[n][2 * i], m_use));
+                sc[n][2 * i + 1] = ex2(__fsub_rn(sc[n][2 * i + 1], m_use));
                 ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * i], sc[n][2 * i + 1]));
             }
             l[i] = __fmaf_rn(l[i], alpha[i], ls);
@@ -367,52 +431,50 @@ template <int D> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(
 #pragma unroll
             for (int d2 = 0; d2 < ND / 2; d2++) {
                 uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(smem_u32(tV + (j * 16 + vrow_l) * RS + d2 * 16 + vcol_l), b0, b1, b2, b3);
+                ldsm_x4_t(tV + (uint32_t)((j * 16 * RS + d2 * 16) * 2), b0, b1, b2, b3);
                 mma16816(o[2 * d2], a, b0, b1);
                 mma16816(o[2 * d2 + 1], a, b2, b3);
             }
         }
 
-        /* chunk end: fold (fold mode) */
-        if (!p.split && ((k0 + kKeys) % kChunk == 0 || !more)) {
+        /* chunk end: fold (fold mode) or write the chunk's partial (split mode), then a fresh chunk */
+        if ((k0 + kKeys) % kChunk == 0 || !more) {
+            if constexpr (kFold) {
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float wA, wc;
-                const float lc = quad_sum(l[i]);
-                if (fold_state(Ms[i], Ls[i], m[i], lc, wA, wc)) {
+                for (int i = 0; i < 2; i++) {
+                    float wA, wc;
+                    const float lc = quad_sum(l[i]);
+                    if (fold_state(Ms[i], Ls[i], m[i], lc, wA, wc)) {
 #pragma unroll
-                    for (int n = 0; n < ND; n++) {
-                        float &a0 = oa_ref(n, 2 * i), &a1 = oa_ref(n, 2 * i + 1);
-                        a0 = fold_elem(a0, wA, o[n][2 * i], wc);
-                        a1 = fold_elem(a1, wA, o[n][2 * i + 1], wc);
+                        for (int n = 0; n < ND; n++) {
+                            float &a0 = oa_ref(n, 2 * i), &a1 = oa_ref(n, 2 * i + 1);
+                            a0 = fold_elem(a0, wA, o[n][2 * i], wc);
+                            a1 = fold_elem(a1, wA, o[n][2 * i + 1], wc);
+                        }
                     }
                 }
+            } else {
+                write_partial(k0 / kChunk);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
                 m[i] = -INFINITY, l[i] = 0.0f;
 #pragma unroll
                 for (int n = 0; n < ND; n++) o[n][2 * i] = o[n][2 * i + 1] = 0.0f;
             }
         }
         } /* warp has rows */
-        __syncthreads(); /* every warp done with this stage before it is refilled */
-        stage ^= 1;
+        stage = stage + 1 == ST ? 0 : stage + 1;
     }
     cp_async_wait<0>();
 
-    /* results: rows A and B of this thread, columns n * 8 + 2 tq, + 1 */
+    /* fold mode: out = O / L for this thread's rows A and B, columns n * 8 + 2 tq, + 1 */
+    if constexpr (kFold) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int r = warp * 16 + g + 8 * i;
-        if (r >= rows) continue;
-        const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-        if (p.split) {
-            const float lc = quad_sum(l[i]);
-            const int64_t pr = (int64_t)blockIdx.z * nrow + orow;
-            float *dst = p.ws_acc + pr * D;
-#pragma unroll
-            for (int n = 0; n < ND; n++)
-                *reinterpret_cast<float2 *>(dst + n * 8 + 2 * tq) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
-            if (tq == 0) p.ws_ml[pr] = make_float2(m[i], lc);
-        } else {
+        for (int i = 0; i < 2; i++) {
+            const int r = warp * 16 + g + 8 * i;
+            if (r >= rows) continue;
+            const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
             const float inv = out_scale(Ls[i]);
             uint16_t *dst = p.out + orow * D;
 #pragma unroll
@@ -484,21 +546,57 @@ int sm_count() {
     return cached[dev];
 }
 
-template <int D> osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_chunks, cudaStream_t st) {
-    constexpr int smem = smem_bytes<D>();
+/* Stage counts a launch may use (K/V tiles in flight); each one instantiated for both modes. */
+constexpr int kMaxStages = 4;
+
+template <int D, int ST, bool kFold> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
+    constexpr int smem = smem_bytes<D, ST, kFold>();
+    static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), prm.split ? n_chunks : 1u);
-    attn_mma_kernel<D><<<grid, kThreads, smem, st>>>(prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_mma_kernel<D, ST, kFold><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
-    if (prm.split) {
-        const int64_t nrow = (int64_t)prm.T * prm.n_head;
-        merge_kernel<D><<<(unsigned)ceil_div(nrow, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out,
-                                                                               prm.positions, prm.n_head, nrow);
-        OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
-    }
     return OSP_OK;
 }
+
+template <int D, bool kFold> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
+    switch (stages) {
+    case 3: return launch_kernel<D, 3, kFold>(prm, grid, st);
+    case 4: return launch_kernel<D, 4, kFold>(prm, grid, st);
+    default: return launch_kernel<D, 2, kFold>(prm, grid, st);
+    }
+}
+
+template <int D> int smem_of(int stages, bool fold) {
+    switch (stages) {
+    case 3: return fold ? smem_bytes<D, 3, true>() : smem_bytes<D, 3, false>();
+    case 4: return fold ? smem_bytes<D, 4, true>() : smem_bytes<D, 4, false>();
+    default: return fold ? smem_bytes<D, 2, true>() : smem_bytes<D, 2, false>();
+    }
+}
+
+template <int D>
+osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, cudaStream_t st) {
+    const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
+    osp_status rc = split ? launch_stages<D, false>(prm, grid, stages, st) : launch_stages<D, true>(prm, grid, stages, st);
+    if (rc != OSP_OK || !split) return rc;
+    const int64_t nrow = (int64_t)prm.T * prm.n_head;
+    merge_kernel<D><<<(unsigned)ceil_div(nrow, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
+                                                                           prm.n_head, nrow);
+    OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
+    return OSP_OK;
+}
+
+/* CTAs of one launch resident on an SM: shared memory (228 KiB an SM, 1 KiB reserved a CTA) and
+ * registers (__launch_bounds__: 2) */
+int ctas_per_sm(int smem) {
+    const int n = (228 * 1024) / (smem + 1024);
+    return n < 1 ? 1 : n > 2 ? 2 : n;
+}
+
+/* launch tuning (osp_cuda_attention_v1_tune; 0: the default) */
+int g_fold_stages = 0, g_split_stages = 0, g_split_waves = 0, g_chunks_per_cta = 0;
+constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 
 /* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / fold / split; unset: auto) or the
  * one a test forced */
@@ -507,6 +605,12 @@ int g_force_mode = -1;
 } // namespace
 
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
+extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
+    g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
+    g_split_stages = split_stages >= 2 && split_stages <= kMaxStages ? split_stages : 0;
+    g_split_waves = split_waves > 0 ? split_waves : 0;
+    g_chunks_per_cta = chunks_per_cta > 0 ? chunks_per_cta : 0;
+}
 extern "C" int osp_cuda_attention_forced_mode(void) {
     if (g_force_mode < 0) {
         const char *e = getenv("OSPREY_CUDA_ATTENTION");
@@ -578,12 +682,22 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.n_head = n_head;
     prm.n_head_kv = n_head_kv;
     prm.window = window > 0 ? window : 0;
-    prm.split = split ? 1 : 0;
+    prm.bdiv = FastDiv::make(block_size);
     prm.qscale = scale * kLog2e;
+    /* split mode: each CTA computes chunks_per_cta consecutive chunks (a partial each), as many as
+     * spread the launch's chunks over kSplitWaves waves of resident CTAs (host scalars only) */
+    const int stages = split ? (g_split_stages ? g_split_stages : kSplitStages) : (g_fold_stages ? g_fold_stages : kFoldStages);
+    const int smem = D == 32 ? smem_of<32>(stages, !split) : D == 64 ? smem_of<64>(stages, !split) : smem_of<128>(stages, !split);
+    const int64_t resident = (int64_t)sm_count() * ctas_per_sm(smem) * (g_split_waves ? g_split_waves : kSplitWaves);
+    int64_t per = g_chunks_per_cta ? g_chunks_per_cta : ceil_div(ctas * n_chunks, resident);
+    if (per < 1) per = 1;
+    if (per > n_chunks) per = n_chunks;
+    prm.chunks_per_cta = (int)per;
+    const int64_t n_groups = ceil_div(n_chunks, per);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_chunks, st);
-    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_chunks, st);
-    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_chunks, st);
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, st);
     }
 }

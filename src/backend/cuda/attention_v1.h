@@ -30,6 +30,10 @@ enum { OSP_CUDA_ATTN_AUTO = 0, OSP_CUDA_ATTN_V0 = 1, OSP_CUDA_ATTN_V1 = 2, OSP_C
  * (bench/gpu/NOTES.md). Until then OSPREY_CUDA_ATTENTION=v1 selects it. */
 #define OSP_CUDA_ATTN_V1_DEFAULT 0
 void osp_cuda_attention_force_mode(int mode); /* process-wide; tests and benchmarks */
+/* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
+ * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
+ * count of chunks per split CTA. None of them changes a result bit. */
+void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta);
 /* the forced mode; before any force_mode call, the one the environment names: OSPREY_CUDA_ATTENTION=v0,
  * v1, fold or split (anything else or unset: auto), to compare kernels under a whole model */
 int osp_cuda_attention_forced_mode(void);
