@@ -24,11 +24,9 @@ extern "C" {
  * host scalars; V0 the CUDA-core kernel; V1 the tensor-core kernel where it applies (v0 elsewhere);
  * FOLD and SPLIT v1 in that mode (SPLIT where the workspace allows). */
 enum { OSP_CUDA_ATTN_AUTO = 0, OSP_CUDA_ATTN_V0 = 1, OSP_CUDA_ATTN_V1 = 2, OSP_CUDA_ATTN_FOLD = 3, OSP_CUDA_ATTN_SPLIT = 4 };
-/* v1 is not yet the default: on SmolLM2 (test_gpu_model's teacher forcing, H200, 2026-12-01) its
- * top-1 agreement with the fp32 CPU was 113 of 115 positions against the test's floor of 114; whether
- * that second flip is a near-tie is the first thing the next device session measures
- * (bench/gpu/NOTES.md). Until then OSPREY_CUDA_ATTENTION=v1 selects it. */
-#define OSP_CUDA_ATTN_V1_DEFAULT 0
+/* v1 is the default where it applies (f16 pages, D 32 / 64 / 128); OSPREY_CUDA_ATTENTION=v0 selects
+ * the CUDA-core kernel for comparison. */
+#define OSP_CUDA_ATTN_V1_DEFAULT 1
 void osp_cuda_attention_force_mode(int mode); /* process-wide; tests and benchmarks */
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
