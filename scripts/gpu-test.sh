@@ -56,11 +56,11 @@ run() { # name, command...
     local name=$1 t0 rc
     shift
     t0=$(date +%s%N)
-    "$@" >>"$LOG" 2>&1
+    timeout -k 5 "${TEST_TIMEOUT:-400}" "$@" >>"$LOG" 2>&1 # a hung kernel fails its test, not the call
     rc=$?
     local dt
     dt=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
-    case $rc in 0) r=ok ;; 77) r=skipped ;; *) r="FAILED ($rc)"; fails=$((fails + 1)) ;; esac
+    case $rc in 0) r=ok ;; 77) r=skipped ;; 124 | 137) r="TIMED OUT (${TEST_TIMEOUT:-400} s)"; fails=$((fails + 1)) ;; *) r="FAILED ($rc)"; fails=$((fails + 1)) ;; esac
     results+=("$(printf '%-44s %8s s  %s' "$name" "$dt" "$r")")
     echo "---- $name: $r" >>"$LOG"
 }

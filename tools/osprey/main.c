@@ -20,7 +20,7 @@ static const char *k_usage =
     "           chat in the terminal with the model's chat template (/reset, /exit)\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
-    "  bench    -m FILE [-p N] [-n N] [-t THREADS] [-r REPS] [--exact] [--device D] [--batch B]\n"
+    "  bench    -m FILE [-p N] [-n N] [-d DEPTH] [-t THREADS] [-r REPS] [--exact] [--device D] [--batch B]\n"
     "           [--random-weights PRESET (GPU: no file)]\n"
     "           prompt (pp) and generation (tg) tokens/s of the forward pass, like llama-bench\n"
     "  info     -m FILE\n"
