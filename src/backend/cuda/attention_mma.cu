@@ -1,7 +1,7 @@
 /* Paged attention v1: tensor cores (mma.sync m16n8k16, f16 in, fp32 accumulate), FlashAttention-2
  * style (Dao 2023: one warp owns 16 query rows, S = Q K^T and O += P V stay in registers, the P
- * fragment of S is reused as the A operand of P V), K/V tiles brought to shared memory by cp.async
- * two stages deep, for f16 pages and head_dim 32 / 64 / 128. src/backend/cuda/attention.cu (v0, CUDA
+ * fragment of S is reused as the A operand of P V), K/V tiles of 64 keys brought to shared memory by
+ * cp.async 2 to 4 stages deep (one barrier a tile), for f16 pages and head_dim 32 / 64 / 128. src/backend/cuda/attention.cu (v0, CUDA
  * cores) serves the other shapes and stays the reference.
  *
  * The reduction a row sees is fixed by the row alone (the batch-invariance rule of shared/DESIGN.md):
@@ -17,9 +17,10 @@
  * on how the work is spread. Two executions of that one reduction:
  *   fold mode   a CTA walks every chunk of its query tile and folds in registers (prefill, and any
  *               launch with enough CTAs to fill the GPU);
- *   split mode  one CTA per (query tile, chunk) writes (m_c, l_c, o_c) to the workspace and
- *               merge_kernel folds them (FlashDecoding, Dao et al. 2023), for launches with too few
- *               query tiles to fill the GPU: decode.
+ *   split mode  a CTA per (query tile, run of chunks_per_cta chunks) writes each chunk's (m_c, l_c,
+ *               o_c) to the workspace and merge_kernel folds them (FlashDecoding, Dao et al. 2023),
+ *               for launches with too few query tiles to fill the GPU: decode. chunks_per_cta spreads
+ *               the chunks over one wave of resident CTAs; it changes no partial.
  * Both run the same fold code on the same fp32 values, so they agree bit for bit (test_gpu_attention
  * asserts it, and that a row gives the same bits in any batch and any prefill chunking).
  *
@@ -27,9 +28,11 @@
  * fit, times as many tokens as fit (row r: token t0 + r / nh, head h0 + r % nh), so one K/V tile
  * feeds every head of the group (decode packs the group's heads as the rows of one mma tile). Grid:
  * x the query-tile slots and y kv head x head chunk (attention_tiles.cuh, shared with v0), z the
- * chunk in split mode. Shared memory: Q [64][D + 8] and K, V [2 stages][tile keys][D + 8] f16 (a row
- * padded by 16 bytes: ldmatrix conflict free), plus the fold state at D = 128 (fp32 [64][128]):
- * 84 KiB at D = 128, two CTAs per SM.
+ * chunk run in split mode. Shared memory: K, V [stages][64][D + 8] f16 (a row padded by 16 bytes:
+ * ldmatrix conflict free) and one region that stages Q [64][D + 8] f16 on its way to registers and
+ * then, at D = 128 in fold mode, holds the fold state (fp32 [64][128]; in registers it would need more
+ * than 255 beside the chunk accumulator): 100 KiB at D = 128 with 2 stages, two CTAs per SM, 234
+ * registers. Loads skip tiles no row reaches; the causal and window masks run on edge tiles only.
  *
  * Precision: q is rounded from bf16 to f16 (exact for |q| in [2^-14, 65504]; larger values are
  * clamped to +-65504 rather than becoming inf), scores and sums are fp32, P is rounded to f16
@@ -52,9 +55,8 @@ constexpr int kRows = kWarps * 16; /* query rows per CTA */
 constexpr int kChunk = OSP_CUDA_ATTN_CHUNK; /* keys per chunk: a multiple of the tile */
 constexpr int kPadH = 8;           /* halves of padding per shared-memory row */
 constexpr float kLog2e = 1.4426950408889634f;
-/* Keys per tile, and where the fold-mode state lives: D = 128 keeps it in shared memory (in registers
- * beside the chunk accumulator it needs more than 255), where it shares the space Q passed through on
- * its way to the registers. */
+/* Keys per tile (part of the numerics, like kChunk), and where the fold-mode state lives: D = 128
+ * keeps it in shared memory, where it shares the space Q passed through on its way to the registers. */
 template <int D> constexpr int tile_keys() { return 64; }
 template <int D> constexpr bool fold_in_smem() { return D == 128; }
 static_assert(kChunk % 64 == 0, "chunks are whole tiles");
