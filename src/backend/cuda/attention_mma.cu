@@ -686,12 +686,24 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.window = window > 0 ? window : 0;
     prm.bdiv = FastDiv::make(block_size);
     prm.qscale = scale * kLog2e;
-    /* split mode: each CTA computes chunks_per_cta consecutive chunks (a partial each), as many as
-     * spread the launch's chunks over kSplitWaves waves of resident CTAs (host scalars only) */
+    /* split mode: each CTA computes chunks_per_cta consecutive chunks (a partial each); the count
+     * minimizes the launch's time in chunk-times, waves x (chunks a CTA + half a chunk of a CTA's own
+     * start and end), kSplitWaves x the resident CTAs a wave (host scalars only; the fewest chunks a
+     * CTA among equals). At the 8B shape, B = 2 at 32,833 keys (129 chunks, 16 query tiles): 4 chunks
+     * a CTA, 528 CTAs in two full waves, where spreading 2,064 chunks evenly over 264 resident CTAs
+     * (8 a CTA) made 272 CTAs: a second wave of 8 that doubled the time. The shapes bench/gpu/tune.sh
+     * measured (B 1 / 2 / 8 / 64 at 1k .. 128k) keep the counts they were measured with. */
     const int stages = split ? (g_split_stages ? g_split_stages : kSplitStages) : (g_fold_stages ? g_fold_stages : kFoldStages);
     const int smem = D == 32 ? smem_of<32>(stages, !split) : D == 64 ? smem_of<64>(stages, !split) : smem_of<128>(stages, !split);
     const int64_t resident = (int64_t)sm_count() * ctas_per_sm(smem) * (g_split_waves ? g_split_waves : kSplitWaves);
-    int64_t per = g_chunks_per_cta ? g_chunks_per_cta : ceil_div(ctas * n_chunks, resident);
+    int64_t per = g_chunks_per_cta;
+    if (!per) {
+        int64_t best = INT64_MAX;
+        for (int64_t c = 1; c <= n_chunks && 2 * c + 1 < best; c++) {
+            const int64_t cost = ceil_div(ceil_div(n_chunks, c) * ctas, resident) * (2 * c + 1);
+            if (cost < best) best = cost, per = c;
+        }
+    }
     if (per < 1) per = 1;
     if (per > n_chunks) per = n_chunks;
     prm.chunks_per_cta = (int)per;
