@@ -691,7 +691,7 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * start and end), kSplitWaves x the resident CTAs a wave (host scalars only; the fewest chunks a
      * CTA among equals). At the 8B shape, B = 2 at 32,833 keys (129 chunks, 16 query tiles): 4 chunks
      * a CTA, 528 CTAs in two full waves, where spreading 2,064 chunks evenly over 264 resident CTAs
-     * (8 a CTA) made 272 CTAs: a second wave of 8 that doubled the time. The shapes bench/gpu/tune.sh
+     * (8 a CTA) made 272 CTAs: a second wave of 8 (predicted to cost a whole wave; not yet measured). The shapes bench/gpu/tune.sh
      * measured (B 1 / 2 / 8 / 64 at 1k .. 128k) keep the counts they were measured with. */
     const int stages = split ? (g_split_stages ? g_split_stages : kSplitStages) : (g_fold_stages ? g_fold_stages : kFoldStages);
     const int smem = D == 32 ? smem_of<32>(stages, !split) : D == 64 ? smem_of<64>(stages, !split) : smem_of<128>(stages, !split);
