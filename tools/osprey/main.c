@@ -23,6 +23,8 @@ static const char *k_usage =
     "  bench    -m FILE [-p N] [-n N] [-d DEPTH] [-t THREADS] [-r REPS] [--exact] [--device D] [--batch B]\n"
     "           [--random-weights PRESET (GPU: no file)]\n"
     "           prompt (pp) and generation (tg) tokens/s of the forward pass, like llama-bench\n"
+    "  bench-kernels [--op NAME] [--solution cpu|cpu-exact|cuda] [--gate-only] [--hidden N] [--seed S] [--out FILE]\n"
+    "           every op's definitions (bench/kernels/defs): correctness gate against fp64 references, then timing\n"
     "  info     -m FILE\n"
     "           print a GGUF file's metadata and tensors\n"
     "  make-random-model --preset NAME [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--seed S]\n"
@@ -112,6 +114,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "bench-kernels")) return cmd_bench_kernels(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "render-template")) return cmd_render_template(argc - 1, argv + 1);

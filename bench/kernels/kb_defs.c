@@ -1,0 +1,323 @@
+/* Definitions (bench/kernels/defs/<name>.json, read with jansson) and hidden workloads.
+ *
+ *   {"name": "add_rmsnorm_e576", "op": "add_rmsnorm", "description": "...",
+ *    "dims": {"T": {"min": 1, "max": 256}, "E": {"min": 1, "max": 2048, "multiple": 1}},
+ *    "params": {"eps": 1e-6},
+ *    "inputs":  [{"name": "x", "shape": ["T", "E"], "dtype": "f32"}, ...],
+ *    "outputs": [{"name": "y", "shape": ["T", "E"], "dtype": "bf16",
+ *                 "tol": {"rtol": 0.0078125, "atol": 1e-4, "cpu": {"rtol": ..., "atol": ...}}}],
+ *    "workloads": [{"id": "smollm2-decode", "dims": {"T": 1, "E": 576}, "gen": "normal"}, ...]}
+ *
+ * The op kind's adapter (kb_ops.c) fixes the dimension, input and output names and their order; a
+ * definition that differs is rejected, as is any field this loader does not know (a field accepted
+ * and ignored would be a silent lie about what was tested). */
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "bench/kernels/kb_internal.h"
+#include "core/dtype.h"
+
+static bool fail(char *err, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static const char *const k_gen_names[KB_GEN_COUNT] = {"normal", "heavy", "equal", "large"};
+const char *kb_gen_name(kb_gen g) { return (unsigned)g < KB_GEN_COUNT ? k_gen_names[g] : "?"; }
+
+static bool only_keys(json_t *o, const char *const *keys, const char *where, char *err, size_t n) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        bool known = false;
+        for (int i = 0; keys[i]; i++) known |= !strcmp(k, keys[i]);
+        if (!known) return fail(err, n, "%s: unknown field '%s'", where, k);
+    }
+    return true;
+}
+
+static bool dtype_of(const char *s, uint32_t *t) {
+    static const struct { const char *n; uint32_t t; } m[] = {
+        {"f32", OSP_DTYPE_F32}, {"f16", OSP_DTYPE_F16}, {"bf16", OSP_DTYPE_BF16},
+        {"q8_0", OSP_DTYPE_Q8_0}, {"q4_0", OSP_DTYPE_Q4_0}, {"q4_1", OSP_DTYPE_Q4_1},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+        if (!strcmp(s, m[i].n)) return *t = m[i].t, true;
+    return false;
+}
+
+static int dim_index(const kb_def *d, const char *name) {
+    for (int i = 0; i < d->n_dims; i++)
+        if (!strcmp(d->dims[i].name, name)) return i;
+    return -1;
+}
+
+static bool parse_tol(json_t *t, kb_io *io, const char *where, char *err, size_t n) {
+    if (!json_is_object(t)) return fail(err, n, "%s: 'tol' must be an object", where);
+    io->n_tol = 1;
+    snprintf(io->tol[0].solution, sizeof io->tol[0].solution, "%s", "");
+    io->tol[0].rtol = json_number_value(json_object_get(t, "rtol"));
+    io->tol[0].atol = json_number_value(json_object_get(t, "atol"));
+    if (!json_is_number(json_object_get(t, "rtol")) || !json_is_number(json_object_get(t, "atol")))
+        return fail(err, n, "%s: 'tol' needs numbers 'rtol' and 'atol'", where);
+    const char *k;
+    json_t *v;
+    json_object_foreach(t, k, v) { /* per-solution overrides */
+        if (!strcmp(k, "rtol") || !strcmp(k, "atol")) continue;
+        if (io->n_tol == KB_MAX_TOLS) return fail(err, n, "%s: too many per-solution tolerances", where);
+        kb_tol *o = &io->tol[io->n_tol++];
+        snprintf(o->solution, sizeof o->solution, "%s", k);
+        if (!json_is_object(v) || !json_is_number(json_object_get(v, "rtol")) ||
+            !json_is_number(json_object_get(v, "atol")))
+            return fail(err, n, "%s: tolerance for solution '%s' needs 'rtol' and 'atol'", where, k);
+        o->rtol = json_number_value(json_object_get(v, "rtol"));
+        o->atol = json_number_value(json_object_get(v, "atol"));
+    }
+    return true;
+}
+
+static bool parse_io(kb_def *d, json_t *a, bool out, const kb_kind *kk, char *err, size_t n) {
+    const int want = out ? kk->n_out : kk->n_in;
+    const char *const *names = out ? kk->out : kk->in;
+    const char *what = out ? "outputs" : "inputs";
+    if (!json_is_array(a) || (int)json_array_size(a) != want)
+        return fail(err, n, "%s: '%s' must list %d entries for op %s", d->name, what, want, osp_op_name(d->kind));
+    for (int i = 0; i < want; i++) {
+        json_t *e = json_array_get(a, (size_t)i);
+        kb_io *io = out ? &d->out[i] : &d->in[i];
+        static const char *const keys_in[] = {"name", "shape", "dtype", NULL};
+        static const char *const keys_out[] = {"name", "shape", "dtype", "tol", NULL};
+        if (!json_is_object(e) || !only_keys(e, out ? keys_out : keys_in, d->name, err, n)) return false;
+        const char *nm = json_string_value(json_object_get(e, "name"));
+        if (!nm || strcmp(nm, names[i]))
+            return fail(err, n, "%s: %s[%d] must be named '%s'", d->name, what, i, names[i]);
+        snprintf(io->name, sizeof io->name, "%s", nm);
+        const char *dt = json_string_value(json_object_get(e, "dtype"));
+        if (!dt || !dtype_of(dt, &io->dtype)) return fail(err, n, "%s: %s '%s': unknown dtype", d->name, what, nm);
+        json_t *sh = json_object_get(e, "shape");
+        if (!json_is_array(sh) || json_array_size(sh) < 1 || json_array_size(sh) > 3)
+            return fail(err, n, "%s: %s '%s': 'shape' must be 1 to 3 dimension names", d->name, what, nm);
+        io->n_shape = (int)json_array_size(sh);
+        char got[64] = "";
+        for (int k = 0; k < io->n_shape; k++) {
+            const char *dn = json_string_value(json_array_get(sh, (size_t)k));
+            int mult = 1;
+            if (dn && dn[0] >= '1' && dn[0] <= '9' && strchr(dn, '*')) mult = atoi(dn), dn = strchr(dn, '*') + 1;
+            const int di = dn ? dim_index(d, dn) : -1;
+            if (di < 0) return fail(err, n, "%s: %s '%s': unknown dimension in its shape", d->name, what, nm);
+            io->shape[k] = di, io->mult[k] = mult;
+            const size_t l = strlen(got);
+            snprintf(got + l, sizeof got - l, "%s%s", k ? "," : "", json_string_value(json_array_get(sh, (size_t)k)));
+        }
+        const char *want_shape = out ? kk->out_shape[i] : kk->in_shape[i];
+        if (strcmp(got, want_shape))
+            return fail(err, n, "%s: %s '%s' has shape [%s]; op %s's is [%s]", d->name, what, nm, got,
+                        osp_op_name(d->kind), want_shape);
+        if (out && !parse_tol(json_object_get(e, "tol"), io, d->name, err, n)) return false;
+    }
+    if (out) d->n_out = want;
+    else d->n_in = want;
+    return true;
+}
+
+static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, size_t errn);
+
+bool kb_def_load(const char *path, kb_def *d, char *err, size_t errn) {
+    memset(d, 0, sizeof *d);
+    if (strlen(path) >= sizeof d->path) return fail(err, errn, "definition path too long: %s", path);
+    memcpy(d->path, path, strlen(path) + 1);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return fail(err, errn, "%s:%d: %s", path, je.line, je.text);
+    return parse_root(root, path, d, err, errn);
+}
+
+bool kb_def_parse(const char *text, size_t len, const char *where, kb_def *d, char *err, size_t errn) {
+    memset(d, 0, sizeof *d);
+    if (strlen(where) >= sizeof d->path) return fail(err, errn, "definition name too long: %s", where);
+    memcpy(d->path, where, strlen(where) + 1);
+    json_error_t je;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return fail(err, errn, "%s:%d: %s", where, je.line, je.text);
+    return parse_root(root, where, d, err, errn);
+}
+
+/* takes the reference to root */
+static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, size_t errn) {
+    bool ok = false;
+    static const char *const keys[] = {"name", "op", "description", "dims", "params", "inputs", "outputs", "workloads", NULL};
+    if (!json_is_object(root) || !only_keys(root, keys, path, err, errn)) goto done;
+    const char *name = json_string_value(json_object_get(root, "name")), *op = json_string_value(json_object_get(root, "op"));
+    if (!name || !op || !json_is_string(json_object_get(root, "description"))) {
+        fail(err, errn, "%s: 'name', 'op' and 'description' are required strings", path);
+        goto done;
+    }
+    snprintf(d->name, sizeof d->name, "%s", name);
+    int kind = -1;
+    for (int k = 0; k < OSP_OP_COUNT; k++)
+        if (!strcmp(op, osp_op_name((osp_op_kind)k))) kind = k;
+    const kb_kind *kk = kind >= 0 ? kb_kind_of((osp_op_kind)kind) : NULL;
+    if (!kk) {
+        fail(err, errn, "%s: op '%s' is not an op kind the proving ground has an adapter for", path, op);
+        goto done;
+    }
+    d->kind = (osp_op_kind)kind;
+    /* dimensions: the kind's, in its order */
+    json_t *dims = json_object_get(root, "dims");
+    if (!json_is_object(dims) || (int)json_object_size(dims) != kk->n_dims) {
+        fail(err, errn, "%s: 'dims' must give the %d dimensions of op %s", path, kk->n_dims, op);
+        goto done;
+    }
+    d->n_dims = kk->n_dims;
+    for (int i = 0; i < kk->n_dims; i++) {
+        json_t *dv = json_object_get(dims, kk->dims[i]);
+        static const char *const dkeys[] = {"min", "max", "multiple", NULL};
+        if (!json_is_object(dv) || !only_keys(dv, dkeys, path, err, errn)) {
+            if (!json_is_object(dv)) fail(err, errn, "%s: dimension '%s' missing", path, kk->dims[i]);
+            goto done;
+        }
+        kb_dim *dm = &d->dims[i];
+        snprintf(dm->name, sizeof dm->name, "%s", kk->dims[i]);
+        dm->min = json_integer_value(json_object_get(dv, "min"));
+        dm->max = json_integer_value(json_object_get(dv, "max"));
+        dm->multiple = json_is_integer(json_object_get(dv, "multiple")) ? json_integer_value(json_object_get(dv, "multiple")) : 1;
+        if (dm->min < 1 || dm->max < dm->min || dm->multiple < 1 || dm->max > (1 << 24)) {
+            fail(err, errn, "%s: dimension '%s': need 1 <= min <= max <= 2^24, multiple >= 1", path, dm->name);
+            goto done;
+        }
+    }
+    /* parameters by kind */
+    json_t *pr = json_object_get(root, "params");
+    static const char *const pkeys[] = {"eps", "scale", "act", "wtype", NULL};
+    if (pr && (!json_is_object(pr) || !only_keys(pr, pkeys, path, err, errn))) {
+        if (!json_is_object(pr)) fail(err, errn, "%s: 'params' must be an object", path);
+        goto done;
+    }
+    d->eps = pr && json_is_number(json_object_get(pr, "eps")) ? json_number_value(json_object_get(pr, "eps")) : 1e-6;
+    d->scale = pr && json_is_number(json_object_get(pr, "scale")) ? json_number_value(json_object_get(pr, "scale")) : 1.0;
+    const char *act = pr ? json_string_value(json_object_get(pr, "act")) : NULL;
+    d->act = act && !strcmp(act, "gelu_tanh") ? OSP_GLU_GELU_TANH : OSP_GLU_SILU;
+    if (act && strcmp(act, "gelu_tanh") && strcmp(act, "silu")) {
+        fail(err, errn, "%s: 'act' is silu or gelu_tanh", path);
+        goto done;
+    }
+    const char *wt = pr ? json_string_value(json_object_get(pr, "wtype")) : NULL;
+    d->wtype = OSP_DTYPE_F32;
+    if (wt && !dtype_of(wt, &d->wtype)) {
+        fail(err, errn, "%s: unknown 'wtype' %s", path, wt);
+        goto done;
+    }
+    if ((d->kind == OSP_OP_SCALE || d->kind == OSP_OP_SOFTCAP) && !(d->scale > 0.0)) {
+        fail(err, errn, "%s: 'scale' must be > 0", path);
+        goto done;
+    }
+    if (!parse_io(d, json_object_get(root, "inputs"), false, kk, err, errn) ||
+        !parse_io(d, json_object_get(root, "outputs"), true, kk, err, errn))
+        goto done;
+    /* workloads */
+    json_t *wls = json_object_get(root, "workloads");
+    if (!json_is_array(wls) || json_array_size(wls) < 1 || json_array_size(wls) > KB_MAX_WORKLOADS / 2) {
+        fail(err, errn, "%s: 'workloads' must list 1 to %d workloads", path, KB_MAX_WORKLOADS / 2);
+        goto done;
+    }
+    for (size_t w = 0; w < json_array_size(wls); w++) {
+        json_t *e = json_array_get(wls, w);
+        static const char *const wkeys[] = {"id", "dims", "gen", NULL};
+        if (!json_is_object(e) || !only_keys(e, wkeys, path, err, errn)) {
+            if (!json_is_object(e)) fail(err, errn, "%s: workload %zu is not an object", path, w);
+            goto done;
+        }
+        kb_workload *wl = &d->wl[d->n_workloads++];
+        const char *id = json_string_value(json_object_get(e, "id"));
+        if (!id) {
+            fail(err, errn, "%s: workload %zu has no 'id'", path, w);
+            goto done;
+        }
+        snprintf(wl->id, sizeof wl->id, "%s", id);
+        const char *gen = json_string_value(json_object_get(e, "gen"));
+        wl->gen = KB_GEN_NORMAL;
+        if (gen) {
+            int gi = -1;
+            for (int g = 0; g < KB_GEN_COUNT; g++)
+                if (!strcmp(gen, k_gen_names[g])) gi = g;
+            if (gi < 0) {
+                fail(err, errn, "%s: workload '%s': unknown generator '%s'", path, id, gen);
+                goto done;
+            }
+            wl->gen = (kb_gen)gi;
+        }
+        json_t *wd = json_object_get(e, "dims");
+        if (!json_is_object(wd) || (int)json_object_size(wd) != d->n_dims) {
+            fail(err, errn, "%s: workload '%s' must give every dimension", path, id);
+            goto done;
+        }
+        for (int i = 0; i < d->n_dims; i++) {
+            json_t *v = json_object_get(wd, d->dims[i].name);
+            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24)) {
+                fail(err, errn, "%s: workload '%s': dimension '%s' must be an integer in [1, 2^24]", path, id,
+                     d->dims[i].name);
+                goto done;
+            }
+            wl->dim[i] = json_integer_value(v);
+        }
+    }
+    ok = true;
+done:
+    json_decref(root);
+    return ok;
+}
+
+void kb_def_add_hidden(kb_def *d, int n, uint64_t seed) {
+    uint64_t s = seed ^ 0x68696464656eull;
+    for (int i = 0; i < n && d->n_workloads < KB_MAX_WORKLOADS; i++) {
+        kb_workload *wl = &d->wl[d->n_workloads++];
+        memset(wl, 0, sizeof *wl);
+        wl->hidden = true;
+        wl->gen = (kb_gen)(i % KB_GEN_COUNT);
+        for (int k = 0; k < d->n_dims; k++) {
+            const kb_dim *dm = &d->dims[k];
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            /* half the draws small (the tails of little shapes), half over the whole range */
+            const int64_t hi = (s >> 63) ? dm->max : (dm->min + 16 * dm->multiple < dm->max ? dm->min + 16 * dm->multiple : dm->max);
+            int64_t v = dm->min + (int64_t)((s >> 20) % (uint64_t)(hi - dm->min + 1));
+            v = (v + dm->multiple - 1) / dm->multiple * dm->multiple;
+            if (v > dm->max) v = dm->max / dm->multiple * dm->multiple;
+            wl->dim[k] = v < dm->multiple ? dm->multiple : v;
+        }
+        snprintf(wl->id, sizeof wl->id, "hidden-%d-%s", i, kb_gen_name(wl->gen));
+    }
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn) {
+    DIR *dp = opendir(dir);
+    if (!dp) return fail(err, errn, "cannot open the definitions directory %s", dir), -1;
+    char *names[256];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)) && n < 256) {
+        const size_t l = strlen(e->d_name);
+        if (l > 5 && !strcmp(e->d_name + l - 5, ".json")) names[n++] = strdup(e->d_name);
+    }
+    closedir(dp);
+    qsort(names, (size_t)n, sizeof names[0], cmp_str);
+    *defs = calloc((size_t)(n ? n : 1), sizeof(kb_def));
+    int rc = n;
+    for (int i = 0; i < n; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (rc >= 0 && !kb_def_load(path, &(*defs)[i], err, errn)) rc = -1;
+        free(names[i]);
+    }
+    if (rc < 0) free(*defs), *defs = NULL;
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* Inside the proving ground (bench/kernels/): what the op-kind adapters (kb_ops.c) tell the
+ * definition loader and the solutions. */
+#ifndef OSP_BENCH_KERNELS_KB_INTERNAL_H
+#define OSP_BENCH_KERNELS_KB_INTERNAL_H
+
+#include "bench/kernels/kbench.h"
+
+/* An op kind the proving ground knows: the names of its dimensions, inputs and outputs, in the order
+ * a definition must declare them. */
+typedef struct kb_kind {
+    osp_op_kind kind;
+    const char *dims[KB_MAX_DIMS];
+    int n_dims;
+    const char *in[KB_MAX_IO];
+    int n_in;
+    const char *out[KB_MAX_IO];
+    int n_out;
+    const char *in_shape[KB_MAX_IO]; /* "T,E": the shape each must declare */
+    const char *out_shape[KB_MAX_IO];
+} kb_kind;
+
+/* NULL: the kind has no adapter yet */
+const kb_kind *kb_kind_of(osp_op_kind k);
+/* n values of generator g times scale, each representable in dtype, from the stream s */
+void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_t *s);
+/* c->ref from c->in (and c->ids, c->lidx) */
+void kb_reference(kb_case *c);
+
+#endif

@@ -1,0 +1,286 @@
+/* `osprey bench-kernels`: every (solution, definition) pair in a child process with a timeout (a hung
+ * or crashing kernel fails alone), the gate on every workload (listed and hidden), then the timing of
+ * those that passed; one JSON report and a table. Exit status 0 only when every gate passed (a
+ * solution that does not support a definition is reported, not failed).
+ *
+ *   osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda]... [--gate-only]
+ *                        [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--out FILE]
+ *                        [--min-time SECONDS] [--markdown]
+ *
+ * The hidden workloads are drawn from each definition's ranges with --seed (default: from the clock),
+ * which the report logs, so a run can be repeated exactly. */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "bench/kernels/kb_internal.h"
+
+#ifndef OSPREY_GIT_COMMIT
+#define OSPREY_GIT_COMMIT "unknown"
+#endif
+#ifdef __clang__
+#define KB_COMPILER "clang " __clang_version__
+#else
+#define KB_COMPILER "gcc " __VERSION__
+#endif
+#ifndef OSPREY_C_FLAGS
+#define OSPREY_C_FLAGS "unknown"
+#endif
+
+typedef struct opts {
+    const char *defs_dir, *op, *out, *solutions[4];
+    int n_solutions, hidden, seeds, timeout_s;
+    bool gate_only, markdown;
+    uint64_t seed;
+    double min_time;
+} opts;
+
+static void usage(void) {
+    fprintf(stderr, "usage: osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda]... "
+                    "[--gate-only] [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] "
+                    "[--out FILE] [--markdown]\n");
+}
+
+static void cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(buf, n, "%s", strchr(line, ':') + 2);
+            buf[strcspn(buf, "\n")] = 0;
+            break;
+        }
+    fclose(f);
+}
+
+/* The child: one solution, one definition, every workload; one JSON object per workload on fd. */
+static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
+    kb_solution s;
+    char err[256];
+    json_t *res = json_array();
+    if (!kb_solution_backend(sol_name, &s, err, sizeof err)) {
+        json_array_append_new(res, json_pack("{s:s,s:s}", "status", "unavailable", "detail", err));
+    } else {
+        for (int w = 0; w < d->n_workloads; w++) {
+            const kb_workload *wl = &d->wl[w];
+            const uint64_t seed0 = o->seed * 1000003ull + (uint64_t)w * 7919ull;
+            json_t *dims = json_object();
+            for (int k = 0; k < d->n_dims; k++) json_object_set_new(dims, d->dims[k].name, json_integer(wl->dim[k]));
+            kb_gate_result g = kb_gate(&s, d, wl, seed0, o->seeds);
+            json_t *e = json_pack("{s:s,s:b,s:s,s:o,s:s,s:s,s:f,s:i}", "workload", wl->id, "hidden", wl->hidden, "gen",
+                                  kb_gen_name(wl->gen), "dims", dims, "gate", kb_check_name(g.check), "detail",
+                                  g.detail, "worst_err_over_tol", g.worst_ratio, "seeds", g.seeds);
+            if (g.check == KB_OK && !o->gate_only) {
+                kb_timing t;
+                if (kb_time(&s, d, wl, seed0, o->min_time, 2000, &t, err, sizeof err))
+                    json_object_set_new(e, "timing",
+                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f}", "median_us", t.median_us, "p10_us",
+                                                  t.p10_us, "p90_us", t.p90_us, "reps", t.reps, "gflops", t.gflops,
+                                                  "gbps", t.gbps));
+                else
+                    json_object_set_new(e, "timing_error", json_string(err));
+            }
+            json_array_append_new(res, e);
+        }
+        s.close(&s);
+    }
+    char *txt = json_dumps(res, JSON_COMPACT);
+    size_t len = strlen(txt), off = 0;
+    while (off < len) {
+        const ssize_t k = write(fd, txt + off, len - off);
+        if (k <= 0) break;
+        off += (size_t)k;
+    }
+    free(txt);
+    json_decref(res);
+    close(fd);
+    return 0;
+}
+
+kb_isolation kb_isolate(int timeout_s, int (*fn)(void *ctx, int fd), void *ctx, char **text) {
+    *text = NULL;
+    int p[2];
+    if (pipe(p)) return KB_ISOLATE_ERROR;
+    fflush(stdout), fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) return close(p[0]), close(p[1]), KB_ISOLATE_ERROR;
+    if (pid == 0) {
+        close(p[0]);
+        /* a crash must end the child, whatever handlers the parent installed (a test framework's) */
+        static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+        const int rc = fn(ctx, p[1]);
+        close(p[1]);
+        _exit(rc);
+    }
+    close(p[1]);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    const time_t t_end = time(NULL) + (timeout_s > 0 ? timeout_s : 1);
+    bool timed_out = false;
+    for (;;) {
+        const time_t left = t_end - time(NULL);
+        if (left <= 0) { timed_out = true; break; }
+        struct pollfd pf = {.fd = p[0], .events = POLLIN};
+        const int r = poll(&pf, 1, (int)(left * 1000));
+        if (r == 0) { timed_out = true; break; }
+        if (r < 0 && errno == EINTR) continue;
+        if (cap - len < 65536) {
+            cap = cap ? 2 * cap : 1 << 17;
+            char *nb = realloc(buf, cap);
+            if (!nb) break;
+            buf = nb;
+        }
+        const ssize_t k = read(p[0], buf + len, cap - len - 1);
+        if (k <= 0) break;
+        len += (size_t)k;
+    }
+    close(p[0]);
+    if (timed_out) kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (buf) buf[len] = 0;
+    *text = buf;
+    if (timed_out) return KB_ISOLATE_TIMEOUT;
+    if (WIFSIGNALED(st)) return KB_ISOLATE_CRASHED;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? KB_ISOLATE_DONE : KB_ISOLATE_ERROR;
+}
+
+typedef struct child_ctx {
+    const opts *o;
+    const char *sol;
+    const kb_def *d;
+} child_ctx;
+
+static int child_fn(void *ctx, int fd) {
+    const child_ctx *c = ctx;
+    return child(c->o, c->sol, c->d, fd);
+}
+
+/* Runs (solution, definition) in a child and parses its JSON; a timeout or a crash becomes a result
+ * of its own. */
+static json_t *run_isolated(const opts *o, const char *sol, const kb_def *d) {
+    child_ctx cc = {o, sol, d};
+    char *text = NULL;
+    const kb_isolation r = kb_isolate(o->timeout_s, child_fn, &cc, &text);
+    json_t *res = NULL;
+    if (r == KB_ISOLATE_TIMEOUT) res = json_pack("[{s:s,s:i}]", "status", "timeout", "after_s", o->timeout_s);
+    else if (r == KB_ISOLATE_CRASHED) res = json_pack("[{s:s}]", "status", "crashed");
+    else {
+        json_error_t je;
+        res = text && r == KB_ISOLATE_DONE ? json_loads(text, 0, &je) : NULL;
+        if (!res) res = json_pack("[{s:s,s:s}]", "status", "error", "detail", "the child failed or wrote no report");
+    }
+    free(text);
+    return res;
+}
+
+int kb_main(int argc, char **argv) {
+    opts o = {.defs_dir = NULL, .hidden = 14, .seeds = 3, .timeout_s = 300, .min_time = 0.2};
+    o.seed = (uint64_t)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "--gate-only")) o.gate_only = true;
+        else if (!strcmp(f, "--markdown")) o.markdown = true;
+        else if (!v) return usage(), fprintf(stderr, "bench-kernels: %s needs a value\n", f), 2;
+        else if (!strcmp(f, "--defs")) o.defs_dir = v, i++;
+        else if (!strcmp(f, "--op")) o.op = v, i++;
+        else if (!strcmp(f, "--out")) o.out = v, i++;
+        else if (!strcmp(f, "--solution")) {
+            if (o.n_solutions == 4) return fprintf(stderr, "bench-kernels: at most 4 --solution\n"), 2;
+            o.solutions[o.n_solutions++] = v, i++;
+        } else if (!strcmp(f, "--hidden") || !strcmp(f, "--seeds") || !strcmp(f, "--timeout")) {
+            char *end;
+            const long x = strtol(v, &end, 10);
+            if (*end || x < 0 || x > 100000 || (!strcmp(f, "--seeds") && x < 1))
+                return fprintf(stderr, "bench-kernels: bad %s '%s'\n", f, v), 2;
+            if (!strcmp(f, "--hidden")) o.hidden = (int)x;
+            else if (!strcmp(f, "--seeds")) o.seeds = (int)x;
+            else o.timeout_s = (int)(x ? x : 1);
+            i++;
+        } else if (!strcmp(f, "--seed")) {
+            char *end;
+            o.seed = strtoull(v, &end, 10);
+            if (*end) return fprintf(stderr, "bench-kernels: bad --seed '%s'\n", v), 2;
+            i++;
+        } else if (!strcmp(f, "--min-time")) {
+            char *end;
+            o.min_time = strtod(v, &end);
+            if (*end || !(o.min_time >= 0.0 && o.min_time <= 60.0)) return fprintf(stderr, "bench-kernels: bad --min-time\n"), 2;
+            i++;
+        } else return usage(), fprintf(stderr, "bench-kernels: unknown option '%s'\n", f), 2;
+    }
+    if (o.n_solutions == 0) o.solutions[o.n_solutions++] = "cpu";
+    char dir[512];
+    if (o.defs_dir) snprintf(dir, sizeof dir, "%s", o.defs_dir);
+    else snprintf(dir, sizeof dir, "%s/bench/kernels/defs", getenv("OSPREY_ROOT") ? getenv("OSPREY_ROOT") : ".");
+    kb_def *defs = NULL;
+    char err[512];
+    const int n_defs = kb_defs_load_dir(dir, &defs, err, sizeof err);
+    if (n_defs < 0) return fprintf(stderr, "bench-kernels: %s\n", err), 1;
+    char cpu[256];
+    cpu_model(cpu, sizeof cpu);
+    json_t *report = json_pack("{s:s,s:s,s:s,s:s,s:s,s:I,s:i,s:i,s:b}", "tool", "osprey bench-kernels", "commit",
+                               OSPREY_GIT_COMMIT, "compiler", KB_COMPILER, "c_flags", OSPREY_C_FLAGS, "host_cpu", cpu,
+                               "seed", (json_int_t)o.seed, "hidden_per_def", o.hidden, "seeds_per_workload", o.seeds,
+                               "gate_only", o.gate_only);
+    json_t *results = json_array();
+    printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition, %d inputs a workload, %s\n",
+           dir, (unsigned long long)o.seed, o.hidden, o.seeds, o.gate_only ? "gate only" : "gate, then timing");
+    int failed = 0, passed = 0, ran_defs = 0;
+    if (o.markdown) printf("| solution | definition | workload | gate | median us | GB/s | GFLOP/s |\n|---|---|---|---|---|---|---|\n");
+    for (int si = 0; si < o.n_solutions; si++)
+        for (int di = 0; di < n_defs; di++) {
+            kb_def *d = &defs[di];
+            if (o.op && strcmp(o.op, d->name) && strcmp(o.op, osp_op_name(d->kind))) continue;
+            ran_defs++;
+            kb_def_add_hidden(d, o.hidden, o.seed + (uint64_t)di);
+            json_t *r = run_isolated(&o, o.solutions[si], d);
+            size_t i;
+            json_t *e;
+            json_array_foreach(r, i, e) {
+                const char *gate = json_string_value(json_object_get(e, "gate"));
+                const char *status = json_string_value(json_object_get(e, "status"));
+                const char *wl = json_string_value(json_object_get(e, "workload"));
+                json_t *t = json_object_get(e, "timing");
+                const bool ok = gate && (!strcmp(gate, "ok") || !strcmp(gate, "unsupported"));
+                if (gate && !strcmp(gate, "ok")) passed++;
+                if (!ok) failed++;
+                const char *detail = json_string_value(json_object_get(e, "detail"));
+                const double us = json_number_value(json_object_get(t, "median_us")),
+                             gbps = json_number_value(json_object_get(t, "gbps")),
+                             gf = json_number_value(json_object_get(t, "gflops"));
+                if (o.markdown) {
+                    printf("| %s | %s | %s | %s |", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
+                    if (t) printf(" %.2f | %.2f | %.2f |\n", us, gbps, gf);
+                    else printf(" - | - | - |\n");
+                } else {
+                    printf("%-10s %-26s %-28s %-12s", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
+                    if (t) printf(" %10.2f us %8.2f GB/s %8.2f GFLOP/s", us, gbps, gf);
+                    if (!ok && detail) printf("  %s", detail);
+                    printf("\n");
+                }
+                if (o.markdown && !ok && detail) fprintf(stderr, "%s %s %s: %s\n", o.solutions[si], d->name, wl ? wl : "-", detail);
+            }
+            json_array_append_new(results, json_pack("{s:s,s:s,s:s,s:o}", "solution", o.solutions[si], "definition",
+                                                     d->name, "op", osp_op_name(d->kind), "workloads", r));
+        }
+    json_object_set_new(report, "results", results);
+    if (o.out && json_dump_file(report, o.out, JSON_INDENT(1)) != 0)
+        fprintf(stderr, "bench-kernels: cannot write %s\n", o.out), failed++;
+    json_decref(report);
+    free(defs);
+    printf("# %d definitions, %d workloads passed the gate, %d failed\n", ran_defs, passed, failed);
+    if (ran_defs == 0) return fprintf(stderr, "bench-kernels: no definition matches --op %s\n", o.op ? o.op : ""), 1;
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,303 @@
+/* The op kinds the proving ground knows (kbench.h): for each, the dimensions and the inputs and
+ * outputs a definition of it must declare, how a case's inputs are made, and the reference: plain
+ * loops in fp64 over exactly the values the op reads (inputs already representable in their dtype,
+ * quantized weights dequantized), so a solution's only error is its own arithmetic and its output
+ * rounding. The semantics are op.h's contracts for each kind; the FLOP and byte counts are the ones a
+ * roofline uses (each input and output element read or written once). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/kernels/kb_internal.h"
+#include "core/dtype.h"
+#include "core/quantize.h"
+
+/* ---- the kinds' shapes ------------------------------------------------------------------------- */
+
+static const kb_kind k_kinds[] = {
+    {OSP_OP_EMBED, {"T", "V", "E"}, 3, {"table"}, 1, {"x"}, 1, {"V,E"}, {"T,E"}},
+    {OSP_OP_ADD_RMSNORM, {"T", "E"}, 2, {"x", "d", "w"}, 3, {"x", "y"}, 2, {"T,E", "T,E", "E"}, {"T,E", "T,E"}},
+    {OSP_OP_GATHER_RMSNORM, {"T", "R", "E"}, 3, {"x", "w"}, 2, {"y"}, 1, {"T,E", "E"}, {"R,E"}},
+    {OSP_OP_MATMUL, {"T", "K", "N"}, 3, {"x", "w"}, 2, {"y"}, 1, {"T,K", "N,K"}, {"T,N"}},
+    {OSP_OP_GLU, {"T", "F"}, 2, {"gu"}, 1, {"y"}, 1, {"T,2*F"}, {"T,F"}},
+    {OSP_OP_ADD, {"T", "E"}, 2, {"x", "d"}, 2, {"x"}, 1, {"T,E", "T,E"}, {"T,E"}},
+    {OSP_OP_COPY, {"T", "E"}, 2, {"x"}, 1, {"y"}, 1, {"T,E"}, {"T,E"}},
+    {OSP_OP_SCALE, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}},
+    {OSP_OP_SOFTCAP, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}},
+};
+
+const kb_kind *kb_kind_of(osp_op_kind k) {
+    for (size_t i = 0; i < sizeof k_kinds / sizeof k_kinds[0]; i++)
+        if (k_kinds[i].kind == k) return &k_kinds[i];
+    return NULL;
+}
+
+/* ---- values ---------------------------------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double unit(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0 / 9007199254740992.0); }
+static double normal(uint64_t *s) { return (unit(s) + unit(s) + unit(s) + unit(s) - 2.0) * sqrt(3.0); }
+
+/* x made representable in dtype t (the values an op reading t sees) */
+static float representable(uint32_t t, float x) {
+    if (t == OSP_DTYPE_BF16) return osp_bf16_to_fp32(osp_fp32_to_bf16(x));
+    if (t == OSP_DTYPE_F16) return osp_fp16_to_fp32(osp_fp32_to_fp16(x));
+    return x;
+}
+
+void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_t *s) {
+    const double eq = scale * (0.5 + unit(s));
+    for (size_t i = 0; i < n; i++) {
+        double x;
+        switch (g) {
+        case KB_GEN_HEAVY: x = normal(s) * scale * (splitmix(s) % 64 == 0 ? 64.0 : 1.0); break;
+        case KB_GEN_EQUAL: x = eq; break;
+        case KB_GEN_LARGE: x = normal(s) * scale * 1024.0; break;
+        default: x = normal(s) * scale; break;
+        }
+        v[i] = representable(dtype, (float)x);
+    }
+}
+
+static int64_t dimv(const kb_case *c, const char *name) {
+    for (int i = 0; i < c->def->n_dims; i++)
+        if (!strcmp(c->def->dims[i].name, name)) return c->dim[i];
+    return 0;
+}
+
+static float *alloc_in(kb_case *c, int i, size_t n) {
+    c->in[i] = malloc(n * sizeof(float) + 4);
+    c->in_n[i] = n;
+    return c->in[i];
+}
+
+/* ---- references -------------------------------------------------------------------------------- */
+
+static void rmsnorm_row(const double *x, const float *w, int64_t E, double eps, double *y) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < E; j++) ss += x[j] * x[j];
+    const double r = 1.0 / sqrt(ss / (double)E + eps);
+    for (int64_t j = 0; j < E; j++) y[j] = x[j] * r * (double)w[j];
+}
+
+static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+void kb_reference(kb_case *c) {
+    const kb_def *d = c->def;
+    switch (d->kind) {
+    case OSP_OP_EMBED: {
+        const int64_t E = dimv(c, "E");
+        for (int64_t t = 0; t < c->T; t++)
+            for (int64_t j = 0; j < E; j++) c->ref[0][t * E + j] = d->scale * (double)c->in[0][c->ids[t] * E + j];
+        break;
+    }
+    case OSP_OP_ADD_RMSNORM: {
+        const int64_t E = dimv(c, "E");
+        double *row = malloc(sizeof(double) * (size_t)E);
+        for (int64_t t = 0; t < c->T; t++) {
+            for (int64_t j = 0; j < E; j++) {
+                /* the residual stream is fp32: the sum is rounded to fp32 before the norm reads it */
+                row[j] = (double)(float)((double)c->in[0][t * E + j] + (double)c->in[1][t * E + j]);
+                c->ref[0][t * E + j] = row[j];
+            }
+            rmsnorm_row(row, c->in[2], E, d->eps, c->ref[1] + t * E);
+        }
+        free(row);
+        break;
+    }
+    case OSP_OP_GATHER_RMSNORM: {
+        const int64_t E = dimv(c, "E");
+        double *row = malloc(sizeof(double) * (size_t)E);
+        for (int64_t r = 0; r < c->R; r++) {
+            for (int64_t j = 0; j < E; j++) row[j] = c->in[0][c->lidx[r] * E + j];
+            rmsnorm_row(row, c->in[1], E, d->eps, c->ref[0] + r * E);
+        }
+        free(row);
+        break;
+    }
+    case OSP_OP_MATMUL: {
+        const int64_t K = dimv(c, "K"), N = dimv(c, "N");
+        const float *w = c->in[1]; /* the stored weight's values (dequantized) [N, K] */
+        for (int64_t t = 0; t < c->T; t++)
+            for (int64_t n = 0; n < N; n++) {
+                double acc = 0.0;
+                for (int64_t k = 0; k < K; k++) acc += (double)c->in[0][t * K + k] * (double)w[n * K + k];
+                c->ref[0][t * N + n] = acc;
+            }
+        break;
+    }
+    case OSP_OP_GLU: {
+        const int64_t F = dimv(c, "F");
+        for (int64_t t = 0; t < c->T; t++)
+            for (int64_t j = 0; j < F; j++) {
+                const double g = c->in[0][t * 2 * F + j], u = c->in[0][t * 2 * F + F + j];
+                const double a = d->act == OSP_GLU_GELU_TANH ? gelu_tanh(g) : g / (1.0 + exp(-g));
+                c->ref[0][t * F + j] = a * u;
+            }
+        break;
+    }
+    case OSP_OP_ADD:
+        for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = (double)c->in[0][i] + (double)c->in[1][i];
+        break;
+    case OSP_OP_COPY:
+        for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = c->in[0][i];
+        break;
+    case OSP_OP_SCALE:
+        for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = d->scale * (double)c->in[0][i];
+        break;
+    case OSP_OP_SOFTCAP:
+        for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = d->scale * tanh((double)c->in[0][i] / d->scale);
+        break;
+    default: break;
+    }
+}
+
+/* ---- cases ------------------------------------------------------------------------------------- */
+
+static double dtype_bytes(uint32_t t, int64_t n) { return (double)osp_dtype_row_size(t, n); }
+
+bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn) {
+    memset(c, 0, sizeof *c);
+    c->def = d, c->wl = wl, c->seed = seed;
+    for (int i = 0; i < d->n_dims; i++) c->dim[i] = wl->dim[i];
+    uint64_t s = seed ^ 0x6b62656e6368ull;
+    const kb_gen g = wl->gen;
+    switch (d->kind) {
+    case OSP_OP_EMBED: {
+        const int64_t T = dimv(c, "T"), V = dimv(c, "V"), E = dimv(c, "E");
+        c->T = T;
+        kb_fill(alloc_in(c, 0, (size_t)(V * E)), (size_t)(V * E), g, 1.0, d->in[0].dtype, &s);
+        c->ids = malloc(sizeof(int32_t) * (size_t)T);
+        for (int64_t t = 0; t < T; t++) c->ids[t] = (int32_t)(splitmix(&s) % (uint64_t)V);
+        c->ids[T - 1] = (int32_t)(V - 1); /* the table's last row is always read: a tail */
+        c->out_n[0] = (size_t)(T * E);
+        c->bytes = dtype_bytes(d->in[0].dtype, T * E) + 4.0 * (double)(T * E) + 4.0 * (double)T;
+        break;
+    }
+    case OSP_OP_ADD_RMSNORM: {
+        const int64_t T = dimv(c, "T"), E = dimv(c, "E");
+        c->T = T;
+        kb_fill(alloc_in(c, 0, (size_t)(T * E)), (size_t)(T * E), g, 3.0, d->in[0].dtype, &s);
+        kb_fill(alloc_in(c, 1, (size_t)(T * E)), (size_t)(T * E), g, 1.0, d->in[1].dtype, &s);
+        float *w = alloc_in(c, 2, (size_t)E);
+        for (int64_t j = 0; j < E; j++) w[j] = representable(d->in[2].dtype, (float)(1.0 + 0.1 * normal(&s)));
+        c->out_n[0] = c->out_n[1] = (size_t)(T * E);
+        c->flops = 4.0 * (double)(T * E);
+        c->bytes = (double)(T * E) * (4.0 + 4.0 + 4.0) + dtype_bytes(d->in[1].dtype, T * E) +
+                   dtype_bytes(d->out[1].dtype, T * E) + 4.0 * (double)E;
+        break;
+    }
+    case OSP_OP_GATHER_RMSNORM: {
+        const int64_t T = dimv(c, "T"), R = dimv(c, "R"), E = dimv(c, "E");
+        c->T = T, c->R = R;
+        kb_fill(alloc_in(c, 0, (size_t)(T * E)), (size_t)(T * E), g, 2.0, d->in[0].dtype, &s);
+        float *w = alloc_in(c, 1, (size_t)E);
+        for (int64_t j = 0; j < E; j++) w[j] = representable(d->in[1].dtype, (float)(1.0 + 0.1 * normal(&s)));
+        c->lidx = malloc(sizeof(int32_t) * (size_t)R);
+        for (int64_t r = 0; r < R; r++) c->lidx[r] = (int32_t)(splitmix(&s) % (uint64_t)T);
+        c->lidx[R - 1] = (int32_t)(T - 1); /* the last token row is always gathered: a tail */
+        c->out_n[0] = (size_t)(R * E);
+        c->flops = 3.0 * (double)(R * E);
+        c->bytes = 4.0 * (double)(R * E) + dtype_bytes(d->out[0].dtype, R * E) + 4.0 * (double)E;
+        break;
+    }
+    case OSP_OP_MATMUL: {
+        const int64_t T = dimv(c, "T"), K = dimv(c, "K"), N = dimv(c, "N");
+        c->T = T;
+        if (K % osp_dtype_block_size(d->wtype)) {
+            snprintf(err, errn, "%s: K = %lld is not a multiple of %s's block of %lld", d->name, (long long)K,
+                     osp_dtype_name(d->wtype), (long long)osp_dtype_block_size(d->wtype));
+            return false;
+        }
+        kb_fill(alloc_in(c, 0, (size_t)(T * K)), (size_t)(T * K), g, 1.0, d->in[0].dtype, &s);
+        float *w = alloc_in(c, 1, (size_t)(N * K));
+        kb_fill(w, (size_t)(N * K), g == KB_GEN_LARGE ? KB_GEN_NORMAL : g, 0.2, OSP_DTYPE_BF16, &s);
+        c->wq_row_bytes = osp_dtype_row_size(d->wtype, K);
+        c->wq = malloc(c->wq_row_bytes * (size_t)N);
+        for (int64_t n = 0; n < N; n++) { /* stored, then read back: the reference sees what the op sees */
+            char *row = (char *)c->wq + (size_t)n * c->wq_row_bytes;
+            if (d->wtype == OSP_DTYPE_F32) memcpy(row, w + n * K, (size_t)K * 4);
+            else if (osp_quantize_row(d->wtype, w + n * K, row, K) != OSP_OK ||
+                     osp_dequant_row(d->wtype, row, w + n * K, K) != OSP_OK) {
+                snprintf(err, errn, "%s: cannot store weights as %s", d->name, osp_dtype_name(d->wtype));
+                return false;
+            }
+        }
+        c->out_n[0] = (size_t)(T * N);
+        c->flops = 2.0 * (double)T * (double)K * (double)N;
+        c->bytes = (double)c->wq_row_bytes * (double)N + dtype_bytes(d->in[0].dtype, T * K) +
+                   dtype_bytes(d->out[0].dtype, T * N);
+        break;
+    }
+    case OSP_OP_GLU: {
+        const int64_t T = dimv(c, "T"), F = dimv(c, "F");
+        c->T = T;
+        kb_fill(alloc_in(c, 0, (size_t)(T * 2 * F)), (size_t)(T * 2 * F), g, 2.0, d->in[0].dtype, &s);
+        c->out_n[0] = (size_t)(T * F);
+        c->flops = 8.0 * (double)(T * F);
+        c->bytes = dtype_bytes(d->in[0].dtype, T * 2 * F) + dtype_bytes(d->out[0].dtype, T * F);
+        break;
+    }
+    case OSP_OP_ADD:
+    case OSP_OP_COPY: {
+        const int64_t T = dimv(c, "T"), E = dimv(c, "E");
+        c->T = T;
+        for (int i = 0; i < d->n_in; i++)
+            kb_fill(alloc_in(c, i, (size_t)(T * E)), (size_t)(T * E), g, i ? 1.0 : 3.0, d->in[i].dtype, &s);
+        c->out_n[0] = (size_t)(T * E);
+        c->flops = d->kind == OSP_OP_ADD ? (double)(T * E) : 0.0;
+        c->bytes = 0.0;
+        for (int i = 0; i < d->n_in; i++) c->bytes += dtype_bytes(d->in[i].dtype, T * E);
+        c->bytes += dtype_bytes(d->out[0].dtype, T * E);
+        break;
+    }
+    case OSP_OP_SCALE:
+    case OSP_OP_SOFTCAP: {
+        const int64_t R = dimv(c, "R"), V = dimv(c, "V");
+        c->T = R, c->R = R;
+        kb_fill(alloc_in(c, 0, (size_t)(R * V)), (size_t)(R * V), g, 20.0, d->in[0].dtype, &s);
+        c->out_n[0] = (size_t)(R * V);
+        c->flops = (d->kind == OSP_OP_SOFTCAP ? 3.0 : 1.0) * (double)(R * V);
+        c->bytes = dtype_bytes(d->in[0].dtype, R * V) + dtype_bytes(d->out[0].dtype, R * V);
+        break;
+    }
+    default:
+        snprintf(err, errn, "%s: op kind %s has no adapter in the proving ground yet", d->name, osp_op_name(d->kind));
+        return false;
+    }
+    for (int i = 0; i < d->n_out; i++) c->ref[i] = malloc(sizeof(double) * c->out_n[i] + 8);
+    kb_reference(c);
+    return true;
+}
+
+void kb_case_rereference(kb_case *c) {
+    if (c->def->kind == OSP_OP_MATMUL && c->def->wtype != OSP_DTYPE_F32) {
+        /* the weight input changed: store it again and read back what the op will see */
+        const int64_t K = dimv(c, "K"), N = dimv(c, "N");
+        for (int64_t n = 0; n < N; n++) {
+            char *row = (char *)c->wq + (size_t)n * c->wq_row_bytes;
+            osp_quantize_row(c->def->wtype, c->in[1] + n * K, row, K);
+            osp_dequant_row(c->def->wtype, row, c->in[1] + n * K, K);
+        }
+    } else if (c->def->kind == OSP_OP_MATMUL) {
+        memcpy(c->wq, c->in[1], c->in_n[1] * 4);
+    }
+    kb_reference(c);
+}
+
+void kb_case_free(kb_case *c) {
+    for (int i = 0; i < KB_MAX_IO; i++) free(c->in[i]), free(c->ref[i]);
+    free(c->wq), free(c->ids), free(c->lidx);
+    memset(c, 0, sizeof *c);
+}
+
+void kb_case_reference_f32(const kb_case *c, float **out) {
+    for (int i = 0; i < c->def->n_out; i++)
+        for (size_t k = 0; k < c->out_n[i]; k++) out[i][k] = representable(c->def->out[i].dtype, (float)c->ref[i][k]);
+}

@@ -1,0 +1,216 @@
+/* The backend solutions of the proving ground: a case run as a one-op list through the backend
+ * interface (src/backend/backend.h), exactly as a model runs it: weights placed through the backend,
+ * inputs and outputs through osp_run_io. "cpu" is the CPU backend's fast path (int8 activations
+ * against block-quantized weights), "cpu-exact" its fp32 path, "cuda" the CUDA backend.
+ *
+ * A run includes the host copies of its inputs and outputs (the backend interface's only way in and
+ * out); on the CPU those are memcpy-sized beside the op, on the GPU they are not, so GPU timings of
+ * small ops are upper bounds until the harness gains a device-resident path. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "bench/kernels/kb_internal.h"
+#include "core/dtype.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+#include "osprey/status.h"
+
+typedef struct be_state {
+    osp_backend *be;
+    osp_threadpool *pool;
+    osp_kv_cache *kv;
+    /* the prepared case */
+    osp_graph g;
+    bool have_graph;
+    osp_tensor w[3];
+    int n_w;
+    int32_t io_act[2 * KB_MAX_IO];
+    bool io_in[2 * KB_MAX_IO];
+    int io_idx[2 * KB_MAX_IO]; /* index into c->in or out */
+    int n_io;
+    osp_batch b;
+    int32_t *pos, *slot, *ids, *lidx, qsl[2], seq_len;
+} be_state;
+
+static bool set_err(char *err, size_t n, const char *what) {
+    snprintf(err, n, "%s: %s", what, osp_last_error());
+    return false;
+}
+
+static void be_release(kb_solution *s) {
+    be_state *st = s->state;
+    if (st->have_graph) osp_graph_free(&st->g);
+    st->have_graph = false;
+    free(st->pos), free(st->slot), free(st->ids), free(st->lidx);
+    st->pos = st->slot = st->ids = st->lidx = NULL;
+    st->n_w = 0, st->n_io = 0;
+}
+
+static bool be_supports(kb_solution *s, const kb_case *c, char *why, size_t n) {
+    (void)s;
+    if (kb_kind_of(c->def->kind)) return true;
+    snprintf(why, n, "op kind %s", osp_op_name(c->def->kind));
+    return false;
+}
+
+static int32_t add_act(be_state *st, const char *name, uint32_t type, int64_t cols, osp_act_rows rows) {
+    int32_t id = -1;
+    if (osp_graph_act(&st->g, name, type, cols, rows, &id) != OSP_OK) return -1;
+    return id;
+}
+
+static void add_io(be_state *st, int32_t act, bool input, int idx) {
+    st->io_act[st->n_io] = act, st->io_in[st->n_io] = input, st->io_idx[st->n_io] = idx;
+    st->n_io++;
+}
+
+/* places host fp32 (or stored-type) rows as a backend tensor; vec: an fp32 vector */
+static bool place(be_state *st, const void *data, uint32_t type, int64_t rows, int64_t cols, size_t row_bytes, bool vec,
+                  char *err, size_t n) {
+    osp_weight_src src = {.data = data, .type = type, .rows = rows, .row_bytes = row_bytes};
+    if (st->be->vt->place(st->be, &src, 1, cols, vec, &st->w[st->n_w]) != OSP_OK) return set_err(err, n, "place");
+    st->n_w++;
+    return true;
+}
+
+static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
+    be_state *st = s->state;
+    be_release(s);
+    const kb_def *d = c->def;
+    osp_graph_init(&st->g);
+    st->have_graph = true;
+    const int64_t T = c->T;
+    st->pos = calloc((size_t)T + 1, sizeof(int32_t)), st->slot = calloc((size_t)T + 1, sizeof(int32_t));
+    st->ids = calloc((size_t)T + 1, sizeof(int32_t)), st->lidx = calloc((size_t)(c->R > 0 ? c->R : 1), sizeof(int32_t));
+    for (int64_t t = 0; t < T; t++) st->pos[t] = (int32_t)t, st->slot[t] = -1, st->ids[t] = c->ids ? c->ids[t] : 0;
+    for (int64_t r = 0; r < c->R; r++) st->lidx[r] = c->lidx ? c->lidx[r] : (int32_t)r;
+    st->qsl[0] = 0, st->qsl[1] = (int32_t)T, st->seq_len = (int32_t)T;
+    static int32_t bt0 = 0;
+    st->b = (osp_batch){.num_tokens = (int32_t)T, .token_ids = st->ids, .positions = st->pos, .slot_mapping = st->slot,
+                        .num_seqs = 1, .query_start_loc = st->qsl, .seq_lens = &st->seq_len, .block_table = &bt0,
+                        .max_blocks_per_seq = 1, .num_logits = (int32_t)c->R, .logits_indices = st->lidx};
+    int64_t E = 0;
+    osp_op op = {.kind = d->kind, .dst = -1, .src0 = -1, .src1 = -1};
+    const uint32_t in0 = d->in[0].dtype, o0 = d->out[0].dtype;
+    switch (d->kind) {
+    case OSP_OP_EMBED: {
+        E = c->dim[2];
+        const int32_t x = add_act(st, "x", o0, E, OSP_ROWS_TOKENS);
+        if (!place(st, c->in[0], OSP_DTYPE_F32, c->dim[1], E, (size_t)E * 4, false, err, n)) return false;
+        op.dst = x, op.w = &st->w[0], op.p.embed.scale = (float)d->scale;
+        add_io(st, x, false, 0);
+        break;
+    }
+    case OSP_OP_ADD_RMSNORM: {
+        E = c->dim[1];
+        const int32_t x = add_act(st, "x", in0, E, OSP_ROWS_TOKENS), dd = add_act(st, "d", d->in[1].dtype, E, OSP_ROWS_TOKENS);
+        const int32_t y = add_act(st, "y", d->out[1].dtype, E, OSP_ROWS_TOKENS);
+        if (!place(st, c->in[2], OSP_DTYPE_F32, 1, E, (size_t)E * 4, true, err, n)) return false;
+        op.dst = y, op.src0 = dd, op.src1 = x, op.w = &st->w[0], op.p.norm.eps = (float)d->eps;
+        add_io(st, x, true, 0), add_io(st, dd, true, 1), add_io(st, x, false, 0), add_io(st, y, false, 1);
+        break;
+    }
+    case OSP_OP_GATHER_RMSNORM: {
+        E = c->dim[2];
+        const int32_t x = add_act(st, "x", in0, E, OSP_ROWS_TOKENS), y = add_act(st, "y", o0, E, OSP_ROWS_LOGITS);
+        if (!place(st, c->in[1], OSP_DTYPE_F32, 1, E, (size_t)E * 4, true, err, n)) return false;
+        op.dst = y, op.src1 = x, op.w = &st->w[0], op.p.norm.eps = (float)d->eps;
+        add_io(st, x, true, 0), add_io(st, y, false, 0);
+        break;
+    }
+    case OSP_OP_MATMUL: {
+        const int64_t K = c->dim[1], N = c->dim[2];
+        const int32_t x = add_act(st, "x", in0, K, OSP_ROWS_TOKENS), y = add_act(st, "y", o0, N, OSP_ROWS_TOKENS);
+        if (!place(st, c->wq, d->wtype, N, K, c->wq_row_bytes, false, err, n)) return false;
+        op.dst = y, op.src0 = x, op.w = &st->w[0];
+        add_io(st, x, true, 0), add_io(st, y, false, 0);
+        break;
+    }
+    case OSP_OP_GLU: {
+        const int64_t F = c->dim[1];
+        const int32_t gu = add_act(st, "gu", in0, 2 * F, OSP_ROWS_TOKENS), y = add_act(st, "y", o0, F, OSP_ROWS_TOKENS);
+        op.dst = y, op.src0 = gu, op.p.glu.act = (osp_glu_act)d->act;
+        add_io(st, gu, true, 0), add_io(st, y, false, 0);
+        break;
+    }
+    case OSP_OP_ADD: {
+        E = c->dim[1];
+        const int32_t x = add_act(st, "x", in0, E, OSP_ROWS_TOKENS), dd = add_act(st, "d", d->in[1].dtype, E, OSP_ROWS_TOKENS);
+        op.dst = x, op.src0 = dd;
+        add_io(st, x, true, 0), add_io(st, dd, true, 1), add_io(st, x, false, 0);
+        break;
+    }
+    case OSP_OP_COPY: {
+        E = c->dim[1];
+        const int32_t x = add_act(st, "x", in0, E, OSP_ROWS_TOKENS), y = add_act(st, "y", o0, E, OSP_ROWS_TOKENS);
+        op.dst = y, op.src0 = x;
+        add_io(st, x, true, 0), add_io(st, y, false, 0);
+        break;
+    }
+    case OSP_OP_SCALE:
+    case OSP_OP_SOFTCAP: {
+        const int64_t V = c->dim[1];
+        const int32_t x = add_act(st, "x", in0, V, OSP_ROWS_LOGITS), y = add_act(st, "y", o0, V, OSP_ROWS_LOGITS);
+        op.dst = y, op.src0 = x, op.p.scale.s = (float)d->scale;
+        add_io(st, x, true, 0), add_io(st, y, false, 0);
+        break;
+    }
+    default: snprintf(err, n, "no backend op for kind %s", osp_op_name(d->kind)); return false;
+    }
+    if (osp_graph_push(&st->g, &op) != OSP_OK) return set_err(err, n, "op list");
+    char why[256];
+    if (!st->be->vt->supports_op(st->be, &st->g, &st->g.ops[0], why, sizeof why)) {
+        snprintf(err, n, "%s does not run %s: %s", s->name, osp_op_name(d->kind), why);
+        return false;
+    }
+    return true;
+}
+
+static bool be_run(kb_solution *s, const kb_case *c, float **out, char *err, size_t n) {
+    be_state *st = s->state;
+    osp_act_io ios[2 * KB_MAX_IO];
+    for (int i = 0; i < st->n_io; i++)
+        ios[i] = (osp_act_io){st->io_act[i], st->io_in[i] ? c->in[st->io_idx[i]] : out[st->io_idx[i]], st->io_in[i]};
+    osp_run_io rio = {.acts = ios, .n_acts = st->n_io};
+    if (st->be->vt->run(st->be, &st->g, st->kv, &st->b, &rio) != OSP_OK) return set_err(err, n, "run");
+    return true;
+}
+
+static void be_close(kb_solution *s) {
+    be_state *st = s->state;
+    if (!st) return;
+    be_release(s);
+    osp_kv_cache_free(st->kv);
+    osp_backend_free(st->be);
+    osp_threadpool_free(st->pool);
+    free(st);
+    s->state = NULL;
+}
+
+bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn) {
+    memset(s, 0, sizeof *s);
+    const bool cuda = !strcmp(name, "cuda"), exact = !strcmp(name, "cpu-exact");
+    if (!cuda && !exact && strcmp(name, "cpu")) {
+        snprintf(err, errn, "unknown solution '%s' (cpu, cpu-exact, cuda)", name);
+        return false;
+    }
+    be_state *st = calloc(1, sizeof *st);
+    if (!st) return snprintf(err, errn, "out of memory"), false;
+    s->state = st;
+    s->name = cuda ? "cuda" : exact ? "cpu-exact" : "cpu";
+    s->device = cuda ? "cuda" : "cpu";
+    s->supports = be_supports, s->prepare = be_prepare, s->run = be_run, s->release = be_release, s->close = be_close;
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (osp_threadpool_create(ncpu > 0 ? (int)ncpu : 1, &st->pool) != OSP_OK) return set_err(err, errn, "thread pool"), be_close(s), false;
+    osp_backend_params bp = {.pool = st->pool, .exact = exact};
+    if (osp_backend_create(cuda ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU, &bp, &st->be) != OSP_OK)
+        return set_err(err, errn, "backend"), be_close(s), false;
+    /* the interface takes a KV cache; these op kinds never touch it */
+    osp_kv_shape cfg = {.n_layer = 1, .n_head_kv = 1, .head_dim = 32};
+    if (osp_kv_cache_create_on(st->be, &cfg, 1, 16, OSP_KV_DTYPE_F32, &st->kv) != OSP_OK)
+        return set_err(err, errn, "kv cache"), be_close(s), false;
+    return true;
+}

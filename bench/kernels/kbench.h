@@ -1,0 +1,183 @@
+/* The kernel proving ground (issue 16; in the spirit of FlashInfer-Bench): a definition says what an op
+ * computes (bench/kernels/defs/<name>.json: the op kind, named dimensions with their ranges, inputs and
+ * outputs with shapes and dtypes, the tolerance rule, listed workloads), a workload says on which
+ * shapes and value distributions, a reference (plain C, fp64 accumulation: kb_ops.c) says the right
+ * answer, and a solution (an osprey implementation of the op kind: the CPU backend's fast path, its
+ * exact path, the CUDA backend) is timed only after it passes the gate:
+ *   coverage     outputs are poisoned with NaN first; every element must be written
+ *   error        |got - ref| <= rtol |ref| + atol max|ref| per output (NaN never passes)
+ *   determinism  the same inputs twice give the same bits (a race shows here)
+ *   dependence   changing one element of any input (the last one: tails) changes the output wherever
+ *                it changes the reference (an ignored input or a cached result shows here)
+ * on several fresh inputs per workload (--seeds), over the listed workloads and a hidden set drawn
+ * fresh from the dimension ranges in every run with a seed the report logs.
+ *
+ * bench/kernels/kb_main.c drives it (`osprey bench-kernels`): every (solution, definition) in a child
+ * process with a timeout, one JSON report per run. tests/unit/test_kbench.c plants bugs and shows the
+ * gate failing each. */
+#ifndef OSP_BENCH_KERNELS_KBENCH_H
+#define OSP_BENCH_KERNELS_KBENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/op.h"
+#include "osprey/batch.h"
+
+#define KB_MAX_DIMS 6
+#define KB_MAX_IO 4
+#define KB_MAX_WORKLOADS 64
+#define KB_MAX_TOLS 4
+
+typedef struct kb_dim {
+    char name[16];
+    int64_t min, max; /* the range hidden workloads draw from */
+    int64_t multiple; /* drawn values are multiples of this (1 by default; quantized rows: 32) */
+} kb_dim;
+
+/* A per-solution tolerance: solution "" is the default. */
+typedef struct kb_tol {
+    char solution[24];
+    double rtol, atol;
+} kb_tol;
+
+typedef struct kb_io {
+    char name[24];
+    int n_shape;
+    int shape[3];   /* dimension indices into kb_def.dims; rows first, as the op stores them */
+    int mult[3];    /* each extent is mult x the dimension ("2*F": GLU's [gate | up] rows) */
+    uint32_t dtype; /* OSP_DTYPE_*: the values the op reads (inputs are made representable in it) */
+    int n_tol;
+    kb_tol tol[KB_MAX_TOLS]; /* outputs */
+} kb_io;
+
+typedef enum kb_gen {
+    KB_GEN_NORMAL = 0, /* N(0, 1) (Irwin-Hall of 4), times the input's scale */
+    KB_GEN_HEAVY,      /* normal with one value in 64 multiplied by 64: outliers */
+    KB_GEN_EQUAL,      /* one value everywhere */
+    KB_GEN_LARGE,      /* normal times 2^10: near bf16 activations' large end, sums of squares ~ 1e12 */
+    KB_GEN_COUNT
+} kb_gen;
+
+typedef struct kb_workload {
+    char id[48];
+    int64_t dim[KB_MAX_DIMS];
+    kb_gen gen;
+    bool hidden; /* drawn this run from the ranges */
+} kb_workload;
+
+/* One definition (bench/kernels/defs/<name>.json). Parameters the op kind takes (eps, GLU activation,
+ * scale, weight type) are fixed per definition: one definition per variant that matters. */
+typedef struct kb_def {
+    char name[48];
+    char path[256];
+    osp_op_kind kind;
+    int n_dims;
+    kb_dim dims[KB_MAX_DIMS];
+    int n_in, n_out;
+    kb_io in[KB_MAX_IO], out[KB_MAX_IO];
+    double eps;     /* norms */
+    double scale;   /* embed, scale, softcap (the cap) */
+    int act;        /* GLU: osp_glu_act */
+    uint32_t wtype; /* matmul: the stored weight type */
+    int n_workloads;
+    kb_workload wl[KB_MAX_WORKLOADS];
+} kb_def;
+
+/* Loads one definition; checks it against the op kind's adapter (kb_ops.c: the inputs, outputs and
+ * dimensions the kind has). false with a message in err. */
+bool kb_def_load(const char *path, kb_def *d, char *err, size_t errn);
+/* The same from text (len bytes; `where` names it in messages): what the fuzz target drives. */
+bool kb_def_parse(const char *text, size_t len, const char *where, kb_def *d, char *err, size_t errn);
+/* Every *.json under dir, sorted by name, into *defs (caller frees). Returns the count, -1 on error. */
+int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn);
+/* Appends n hidden workloads drawn from the ranges with seed (generators cycle through kb_gen). */
+void kb_def_add_hidden(kb_def *d, int n, uint64_t seed);
+const char *kb_gen_name(kb_gen g);
+
+/* ---- cases: one workload's inputs for one seed, and the reference's answer ---------------------- */
+
+typedef struct kb_case {
+    const kb_def *def;
+    const kb_workload *wl;
+    uint64_t seed;
+    int64_t dim[KB_MAX_DIMS];
+    int64_t T, R;            /* token rows and logits rows of the step */
+    float *in[KB_MAX_IO];    /* inputs as the op reads them (representable in their dtype) */
+    size_t in_n[KB_MAX_IO];
+    void *wq;                /* matmul: the weight stored in def->wtype, rows of wq_row_bytes */
+    size_t wq_row_bytes;
+    int32_t *ids;            /* embed: token ids [T] */
+    int32_t *lidx;           /* gather: logits_indices [R] */
+    double *ref[KB_MAX_IO];  /* the reference's outputs */
+    size_t out_n[KB_MAX_IO];
+    double flops, bytes;     /* per run, for the timing's rates */
+} kb_case;
+
+/* Builds the case of workload wl for seed (inputs drawn, the reference computed). */
+bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn);
+/* Recomputes the reference after an input was changed (and the stored weight, for matmul). */
+void kb_case_rereference(kb_case *c);
+void kb_case_free(kb_case *c);
+/* The reference's outputs rounded to fp32 into out[i] (out_n[i] each): what a correct solution writes.
+ * For tests that plant bugs. */
+void kb_case_reference_f32(const kb_case *c, float **out);
+
+/* ---- solutions --------------------------------------------------------------------------------- */
+
+typedef struct kb_solution kb_solution;
+struct kb_solution {
+    const char *name;  /* "cpu", "cpu-exact", "cuda", or a test's */
+    const char *device; /* "cpu" or "cuda" */
+    void *state;
+    /* false when the solution cannot run this case (why says it): reported, not a failure */
+    bool (*supports)(kb_solution *s, const kb_case *c, char *why, size_t n);
+    /* untimed setup for the case (weights placed, op list built) */
+    bool (*prepare)(kb_solution *s, const kb_case *c, char *err, size_t n);
+    /* one run: inputs from c, outputs to out[i] [c->out_n[i]]; returns when they are on the host */
+    bool (*run)(kb_solution *s, const kb_case *c, float **out, char *err, size_t n);
+    void (*release)(kb_solution *s);
+    void (*close)(kb_solution *s);
+};
+
+/* The backend solutions: name "cpu" (fast path), "cpu-exact", "cuda". false: unknown or no device. */
+bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn);
+
+/* ---- the gate and the timing -------------------------------------------------------------------- */
+
+typedef enum kb_check { KB_OK = 0, KB_UNSUPPORTED, KB_FAIL_RUN, KB_FAIL_COVERAGE, KB_FAIL_ERROR,
+                        KB_FAIL_DETERMINISM, KB_FAIL_DEPENDENCE } kb_check;
+const char *kb_check_name(kb_check k);
+
+typedef struct kb_gate_result {
+    kb_check check;      /* the first check that failed, KB_OK if none */
+    char detail[256];    /* where and by how much */
+    double worst_ratio;  /* max |got - ref| / tol over every output element checked */
+    int seeds;           /* fresh inputs run */
+} kb_gate_result;
+
+/* The gate for one workload: n_seeds fresh inputs (seed0 + k), each checked for coverage and error;
+ * the first also for determinism and dependence on every input. */
+kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t seed0, int n_seeds);
+
+typedef struct kb_timing {
+    double median_us, p10_us, p90_us;
+    int reps;
+    double gflops, gbps; /* per the adapter's counts at the median */
+} kb_timing;
+
+/* Times the workload (seed0's inputs) after a warm-up: runs until ~min_seconds or max_reps. */
+bool kb_time(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t seed0, double min_seconds, int max_reps,
+             kb_timing *t, char *err, size_t errn);
+
+/* Runs fn(ctx, fd) in a child process (fork) with a timeout; what it writes to fd comes back in
+ * *text (NUL-terminated, caller frees; NULL when nothing). A hung child is killed (SIGKILL). The
+ * caller must not have initialized a CUDA context before (the child would inherit it). */
+typedef enum kb_isolation { KB_ISOLATE_DONE = 0, KB_ISOLATE_TIMEOUT, KB_ISOLATE_CRASHED, KB_ISOLATE_ERROR } kb_isolation;
+kb_isolation kb_isolate(int timeout_s, int (*fn)(void *ctx, int fd), void *ctx, char **text);
+
+/* `osprey bench-kernels` (kb_main.c); argv[0] is "bench-kernels". */
+int kb_main(int argc, char **argv);
+
+#endif
