@@ -106,16 +106,22 @@ static bool parse_io(kb_def *d, json_t *a, bool out, const kb_kind *kk, char *er
         if (!json_is_array(sh) || json_array_size(sh) < 1 || json_array_size(sh) > 3)
             return fail(err, n, "%s: %s '%s': 'shape' must be 1 to 3 dimension names", d->name, what, nm);
         io->n_shape = (int)json_array_size(sh);
-        char got[64] = "";
+        char got[96] = "";
         for (int k = 0; k < io->n_shape; k++) {
-            const char *dn = json_string_value(json_array_get(sh, (size_t)k));
-            int mult = 1;
-            if (dn && dn[0] >= '1' && dn[0] <= '9' && strchr(dn, '*')) mult = atoi(dn), dn = strchr(dn, '*') + 1;
-            const int di = dn ? dim_index(d, dn) : -1;
-            if (di < 0) return fail(err, n, "%s: %s '%s': unknown dimension in its shape", d->name, what, nm);
-            io->shape[k] = di, io->mult[k] = mult;
+            const char *entry = json_string_value(json_array_get(sh, (size_t)k));
+            /* an extent: dimension names and positive integers joined by '*' and '+' ("B*Q", "2*F") */
+            if (!entry || !entry[0] || strlen(entry) > 40)
+                return fail(err, n, "%s: %s '%s': shape entries are strings of dimensions", d->name, what, nm);
+            char buf[48];
+            snprintf(buf, sizeof buf, "%s", entry);
+            for (char *save = NULL, *f = strtok_r(buf, "*+", &save); f; f = strtok_r(NULL, "*+", &save)) {
+                char *end;
+                const long v = strtol(f, &end, 10);
+                if (!(*end == 0 && v > 0) && dim_index(d, f) < 0)
+                    return fail(err, n, "%s: %s '%s': '%s' in its shape is no dimension", d->name, what, nm, f);
+            }
             const size_t l = strlen(got);
-            snprintf(got + l, sizeof got - l, "%s%s", k ? "," : "", json_string_value(json_array_get(sh, (size_t)k)));
+            snprintf(got + l, sizeof got - l, "%s%s", k ? "," : "", entry);
         }
         const char *want_shape = out ? kk->out_shape[i] : kk->in_shape[i];
         if (strcmp(got, want_shape))
@@ -189,20 +195,29 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
         dm->min = json_integer_value(json_object_get(dv, "min"));
         dm->max = json_integer_value(json_object_get(dv, "max"));
         dm->multiple = json_is_integer(json_object_get(dv, "multiple")) ? json_integer_value(json_object_get(dv, "multiple")) : 1;
-        if (dm->min < 1 || dm->max < dm->min || dm->multiple < 1 || dm->max > (1 << 24)) {
-            fail(err, errn, "%s: dimension '%s': need 1 <= min <= max <= 2^24, multiple >= 1", path, dm->name);
+        const int64_t lo = kk->may_be_zero && !strcmp(kk->may_be_zero, dm->name) ? 0 : 1;
+        if (dm->min < lo || dm->max < dm->min || dm->multiple < 1 || dm->max > (1 << 24) || (dm->max == 0)) {
+            fail(err, errn, "%s: dimension '%s': need %lld <= min <= max <= 2^24, max >= 1, multiple >= 1", path,
+                 dm->name, (long long)lo);
             goto done;
         }
     }
     /* parameters by kind */
     json_t *pr = json_object_get(root, "params");
-    static const char *const pkeys[] = {"eps", "scale", "act", "wtype", NULL};
+    static const char *const pkeys[] = {"eps", "scale", "act", "wtype", "window", NULL};
     if (pr && (!json_is_object(pr) || !only_keys(pr, pkeys, path, err, errn))) {
         if (!json_is_object(pr)) fail(err, errn, "%s: 'params' must be an object", path);
         goto done;
     }
     d->eps = pr && json_is_number(json_object_get(pr, "eps")) ? json_number_value(json_object_get(pr, "eps")) : 1e-6;
-    d->scale = pr && json_is_number(json_object_get(pr, "scale")) ? json_number_value(json_object_get(pr, "scale")) : 1.0;
+    d->scale = pr && json_is_number(json_object_get(pr, "scale")) ? json_number_value(json_object_get(pr, "scale"))
+               : d->kind == OSP_OP_ATTENTION                      ? 0.0
+                                                                  : 1.0;
+    d->window = pr && json_is_integer(json_object_get(pr, "window")) ? (int)json_integer_value(json_object_get(pr, "window")) : 0;
+    if (d->window < 0) {
+        fail(err, errn, "%s: 'window' must be >= 0", path);
+        goto done;
+    }
     const char *act = pr ? json_string_value(json_object_get(pr, "act")) : NULL;
     d->act = act && !strcmp(act, "gelu_tanh") ? OSP_GLU_GELU_TANH : OSP_GLU_SILU;
     if (act && strcmp(act, "gelu_tanh") && strcmp(act, "silu")) {
@@ -261,9 +276,10 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
         }
         for (int i = 0; i < d->n_dims; i++) {
             json_t *v = json_object_get(wd, d->dims[i].name);
-            if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24)) {
-                fail(err, errn, "%s: workload '%s': dimension '%s' must be an integer in [1, 2^24]", path, id,
-                     d->dims[i].name);
+            const int64_t lo = kk->may_be_zero && !strcmp(kk->may_be_zero, d->dims[i].name) ? 0 : 1;
+            if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > (1 << 24)) {
+                fail(err, errn, "%s: workload '%s': dimension '%s' must be an integer in [%lld, 2^24]", path, id,
+                     d->dims[i].name, (long long)lo);
                 goto done;
             }
             wl->dim[i] = json_integer_value(v);
@@ -290,7 +306,7 @@ void kb_def_add_hidden(kb_def *d, int n, uint64_t seed) {
             int64_t v = dm->min + (int64_t)((s >> 20) % (uint64_t)(hi - dm->min + 1));
             v = (v + dm->multiple - 1) / dm->multiple * dm->multiple;
             if (v > dm->max) v = dm->max / dm->multiple * dm->multiple;
-            wl->dim[k] = v < dm->multiple ? dm->multiple : v;
+            wl->dim[k] = v < dm->multiple && dm->min > 0 ? dm->multiple : v;
         }
         snprintf(wl->id, sizeof wl->id, "hidden-%d-%s", i, kb_gen_name(wl->gen));
     }

@@ -17,12 +17,15 @@ typedef struct kb_kind {
     int n_out;
     const char *in_shape[KB_MAX_IO]; /* "T,E": the shape each must declare */
     const char *out_shape[KB_MAX_IO];
+    const char *may_be_zero; /* the one dimension allowed to be 0 (attention's cached prefix P), or NULL */
 } kb_kind;
 
 /* NULL: the kind has no adapter yet */
 const kb_kind *kb_kind_of(osp_op_kind k);
 /* n values of generator g times scale, each representable in dtype, from the stream s */
 void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_t *s);
+/* the attention's softmax scale: the definition's, or 1 / sqrt(D) */
+double attn_scale(const kb_case *c);
 /* c->ref from c->in (and c->ids, c->lidx) */
 void kb_reference(kb_case *c);
 

@@ -234,6 +234,7 @@ int kb_main(int argc, char **argv) {
                                OSPREY_GIT_COMMIT, "compiler", KB_COMPILER, "c_flags", OSPREY_C_FLAGS, "host_cpu", cpu,
                                "seed", (json_int_t)o.seed, "hidden_per_def", o.hidden, "seeds_per_workload", o.seeds,
                                "gate_only", o.gate_only);
+    for (int di = 0; di < n_defs; di++) kb_def_add_hidden(&defs[di], o.hidden, o.seed + (uint64_t)di);
     json_t *results = json_array();
     printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition, %d inputs a workload, %s\n",
            dir, (unsigned long long)o.seed, o.hidden, o.seeds, o.gate_only ? "gate only" : "gate, then timing");
@@ -244,7 +245,6 @@ int kb_main(int argc, char **argv) {
             kb_def *d = &defs[di];
             if (o.op && strcmp(o.op, d->name) && strcmp(o.op, osp_op_name(d->kind))) continue;
             ran_defs++;
-            kb_def_add_hidden(d, o.hidden, o.seed + (uint64_t)di);
             json_t *r = run_isolated(&o, o.solutions[si], d);
             size_t i;
             json_t *e;
@@ -280,7 +280,7 @@ int kb_main(int argc, char **argv) {
         fprintf(stderr, "bench-kernels: cannot write %s\n", o.out), failed++;
     json_decref(report);
     free(defs);
-    printf("# %d definitions, %d workloads passed the gate, %d failed\n", ran_defs, passed, failed);
+    printf("# %d (solution, definition) runs, %d workloads passed the gate, %d failed\n", ran_defs, passed, failed);
     if (ran_defs == 0) return fprintf(stderr, "bench-kernels: no definition matches --op %s\n", o.op ? o.op : ""), 1;
     return failed ? 1 : 0;
 }

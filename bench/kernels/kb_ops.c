@@ -16,15 +16,18 @@
 /* ---- the kinds' shapes ------------------------------------------------------------------------- */
 
 static const kb_kind k_kinds[] = {
-    {OSP_OP_EMBED, {"T", "V", "E"}, 3, {"table"}, 1, {"x"}, 1, {"V,E"}, {"T,E"}},
-    {OSP_OP_ADD_RMSNORM, {"T", "E"}, 2, {"x", "d", "w"}, 3, {"x", "y"}, 2, {"T,E", "T,E", "E"}, {"T,E", "T,E"}},
-    {OSP_OP_GATHER_RMSNORM, {"T", "R", "E"}, 3, {"x", "w"}, 2, {"y"}, 1, {"T,E", "E"}, {"R,E"}},
-    {OSP_OP_MATMUL, {"T", "K", "N"}, 3, {"x", "w"}, 2, {"y"}, 1, {"T,K", "N,K"}, {"T,N"}},
-    {OSP_OP_GLU, {"T", "F"}, 2, {"gu"}, 1, {"y"}, 1, {"T,2*F"}, {"T,F"}},
-    {OSP_OP_ADD, {"T", "E"}, 2, {"x", "d"}, 2, {"x"}, 1, {"T,E", "T,E"}, {"T,E"}},
-    {OSP_OP_COPY, {"T", "E"}, 2, {"x"}, 1, {"y"}, 1, {"T,E"}, {"T,E"}},
-    {OSP_OP_SCALE, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}},
-    {OSP_OP_SOFTCAP, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}},
+    {OSP_OP_EMBED, {"T", "V", "E"}, 3, {"table"}, 1, {"x"}, 1, {"V,E"}, {"T,E"}, NULL},
+    {OSP_OP_ADD_RMSNORM, {"T", "E"}, 2, {"x", "d", "w"}, 3, {"x", "y"}, 2, {"T,E", "T,E", "E"}, {"T,E", "T,E"}, NULL},
+    {OSP_OP_GATHER_RMSNORM, {"T", "R", "E"}, 3, {"x", "w"}, 2, {"y"}, 1, {"T,E", "E"}, {"R,E"}, NULL},
+    {OSP_OP_MATMUL, {"T", "K", "N"}, 3, {"x", "w"}, 2, {"y"}, 1, {"T,K", "N,K"}, {"T,N"}, NULL},
+    {OSP_OP_GLU, {"T", "F"}, 2, {"gu"}, 1, {"y"}, 1, {"T,2*F"}, {"T,F"}, NULL},
+    {OSP_OP_ADD, {"T", "E"}, 2, {"x", "d"}, 2, {"x"}, 1, {"T,E", "T,E"}, {"T,E"}, NULL},
+    {OSP_OP_COPY, {"T", "E"}, 2, {"x"}, 1, {"y"}, 1, {"T,E"}, {"T,E"}, NULL},
+    {OSP_OP_SCALE, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
+    {OSP_OP_SOFTCAP, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
+    /* B sequences, each with P cached tokens and Q new ones; HKV kv heads of G query heads each */
+    {OSP_OP_ATTENTION, {"B", "P", "Q", "HKV", "G", "D"}, 6, {"q", "k", "v"}, 3, {"o"}, 1,
+     {"B*Q,HKV*G*D", "B*P+B*Q,HKV*D", "B*P+B*Q,HKV*D"}, {"B*Q,HKV*G*D"}, "P"},
 };
 
 const kb_kind *kb_kind_of(osp_op_kind k) {
@@ -78,6 +81,8 @@ static float *alloc_in(kb_case *c, int i, size_t n) {
 }
 
 /* ---- references -------------------------------------------------------------------------------- */
+
+double attn_scale(const kb_case *c) { return c->def->scale > 0.0 ? c->def->scale : 1.0 / sqrt((double)c->dim[5]); }
 
 static void rmsnorm_row(const double *x, const float *w, int64_t E, double eps, double *y) {
     double ss = 0.0;
@@ -154,6 +159,39 @@ void kb_reference(kb_case *c) {
     case OSP_OP_SOFTCAP:
         for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = d->scale * tanh((double)c->in[0][i] / d->scale);
         break;
+    case OSP_OP_ATTENTION: {
+        /* sequence b's token j sits at position P + j and attends to positions lo .. P + j of b
+         * (lo = 0, or P + j - window + 1 with a window); softmax(q k^T scale) v in fp64 */
+        const int64_t B = c->dim[0], P = c->dim[1], Q = c->dim[2], HKV = c->dim[3], G = c->dim[4], D = c->dim[5];
+        const int64_t H = HKV * G, L = P + Q;
+        const double sc = attn_scale(c);
+        double *w = malloc(sizeof(double) * (size_t)L);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < Q; j++) {
+                const int64_t p = P + j, lo = d->window > 0 && p + 1 > d->window ? p + 1 - d->window : 0;
+                for (int64_t h = 0; h < H; h++) {
+                    const float *q = c->in[0] + ((b * Q + j) * H + h) * D;
+                    const int64_t kh = h / G;
+                    double mx = -INFINITY, sum = 0.0;
+                    for (int64_t i = lo; i <= p; i++) {
+                        const float *k = c->in[1] + ((b * L + i) * HKV + kh) * D;
+                        double dot = 0.0;
+                        for (int64_t e = 0; e < D; e++) dot += (double)q[e] * (double)k[e];
+                        w[i] = dot * sc;
+                        mx = fmax(mx, w[i]);
+                    }
+                    for (int64_t i = lo; i <= p; i++) sum += w[i] = exp(w[i] - mx);
+                    double *o = c->ref[0] + ((b * Q + j) * H + h) * D;
+                    for (int64_t e = 0; e < D; e++) o[e] = 0.0;
+                    for (int64_t i = lo; i <= p; i++) {
+                        const float *v = c->in[2] + ((b * L + i) * HKV + kh) * D;
+                        for (int64_t e = 0; e < D; e++) o[e] += w[i] / sum * (double)v[e];
+                    }
+                }
+            }
+        free(w);
+        break;
+    }
     default: break;
     }
 }
@@ -265,6 +303,28 @@ bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case
         c->out_n[0] = (size_t)(R * V);
         c->flops = (d->kind == OSP_OP_SOFTCAP ? 3.0 : 1.0) * (double)(R * V);
         c->bytes = dtype_bytes(d->in[0].dtype, R * V) + dtype_bytes(d->out[0].dtype, R * V);
+        break;
+    }
+    case OSP_OP_ATTENTION: {
+        const int64_t B = c->dim[0], P = c->dim[1], Q = c->dim[2], HKV = c->dim[3], G = c->dim[4], D = c->dim[5];
+        const int64_t H = HKV * G, L = P + Q;
+        c->T = B * Q;
+        /* |q|, |k| elements ~ 0.5: scores ~ 0.25 sqrt(D) apart, a softmax neither flat nor one-hot. The
+         * large generator scales v only: scores of 1e5 (q and k at 2^10) leave fp32's softmax a
+         * rounding of 1e5 ulp-sized steps, a test of exp's input precision, not of the kernel. */
+        const kb_gen gqk = g == KB_GEN_LARGE ? KB_GEN_NORMAL : g;
+        kb_fill(alloc_in(c, 0, (size_t)(B * Q * H * D)), (size_t)(B * Q * H * D), gqk, 0.5, d->in[0].dtype, &s);
+        kb_fill(alloc_in(c, 1, (size_t)(B * L * HKV * D)), (size_t)(B * L * HKV * D), gqk, 0.5, d->in[1].dtype, &s);
+        kb_fill(alloc_in(c, 2, (size_t)(B * L * HKV * D)), (size_t)(B * L * HKV * D), g, 1.0, d->in[2].dtype, &s);
+        c->out_n[0] = (size_t)(B * Q * H * D);
+        double keys = 0.0; /* key rows each query reads */
+        for (int64_t j = 0; j < Q; j++) {
+            const int64_t p = P + j;
+            keys += (double)(d->window > 0 && p + 1 > d->window ? d->window : p + 1);
+        }
+        c->flops = 4.0 * (double)B * keys * (double)(H * D);
+        c->bytes = 2.0 * dtype_bytes(d->in[1].dtype, B * L * HKV * D) + dtype_bytes(d->in[0].dtype, B * Q * H * D) +
+                   dtype_bytes(d->out[0].dtype, B * Q * H * D);
         break;
     }
     default:

@@ -33,6 +33,9 @@ typedef struct be_state {
     int n_io;
     osp_batch b;
     int32_t *pos, *slot, *ids, *lidx, qsl[2], seq_len;
+    /* attention: the sequences' pages, written at prepare */
+    osp_kv_cache *kv_attn;
+    int32_t *bt, *qsl_b, *lens;
 } be_state;
 
 static bool set_err(char *err, size_t n, const char *what) {
@@ -44,8 +47,10 @@ static void be_release(kb_solution *s) {
     be_state *st = s->state;
     if (st->have_graph) osp_graph_free(&st->g);
     st->have_graph = false;
-    free(st->pos), free(st->slot), free(st->ids), free(st->lidx);
-    st->pos = st->slot = st->ids = st->lidx = NULL;
+    free(st->pos), free(st->slot), free(st->ids), free(st->lidx), free(st->bt), free(st->qsl_b), free(st->lens);
+    st->pos = st->slot = st->ids = st->lidx = st->bt = st->qsl_b = st->lens = NULL;
+    osp_kv_cache_free(st->kv_attn);
+    st->kv_attn = NULL;
     st->n_w = 0, st->n_io = 0;
 }
 
@@ -76,6 +81,94 @@ static bool place(be_state *st, const void *data, uint32_t type, int64_t rows, i
     return true;
 }
 
+/* Attention over paged K/V: the pages of B sequences (blocks of 16 in a shuffled order, so the
+ * block table is exercised) are written at prepare by a RoPE + KV write op whose rotation is the
+ * identity (n_rot 2 at frequency 0: cos 1, sin 0), from K/V values representable in f16, so the
+ * pages hold exactly the reference's K/V; the timed run is the attention op alone. */
+static bool prepare_attention(be_state *st, const kb_case *c, char *err, size_t n) {
+    const kb_def *d = c->def;
+    const int64_t B = c->dim[0], P = c->dim[1], Q = c->dim[2], HKV = c->dim[3], G = c->dim[4], D = c->dim[5];
+    const int64_t H = HKV * G, L = P + Q, nb = (L + 15) / 16;
+    if (B * L > INT32_MAX / 2 || B * nb > INT32_MAX / 16) return snprintf(err, n, "attention case too large"), false;
+    osp_kv_shape cfg = {.n_layer = 1, .n_head_kv = (int32_t)HKV, .head_dim = (int32_t)D};
+    if (osp_kv_cache_create_on(st->be, &cfg, (int32_t)(B * nb), 16, OSP_KV_DTYPE_F16, &st->kv_attn) != OSP_OK)
+        return set_err(err, n, "kv cache");
+    st->bt = malloc(sizeof(int32_t) * (size_t)(B * nb));
+    st->qsl_b = malloc(sizeof(int32_t) * (size_t)(B + 1));
+    st->lens = malloc(sizeof(int32_t) * (size_t)B);
+    for (int64_t i = 0; i < B * nb; i++) st->bt[i] = (int32_t)i;
+    uint64_t r = c->seed | 1;
+    for (int64_t i = B * nb - 1; i > 0; i--) { /* Fisher-Yates */
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const int64_t j = (int64_t)(r % (uint64_t)(i + 1));
+        const int32_t t = st->bt[i];
+        st->bt[i] = st->bt[j], st->bt[j] = t;
+    }
+    /* the write: every position of every sequence */
+    osp_graph pre;
+    osp_graph_init(&pre);
+    const int64_t QD = H * D, KD = HKV * D, W = QD + 2 * KD, TP = B * L;
+    int32_t qkv = -1, qd = -1;
+    osp_graph_act(&pre, "qkv", OSP_DTYPE_F32, W, OSP_ROWS_TOKENS, &qkv);
+    osp_graph_act(&pre, "q", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &qd);
+    static const float zero_freq[1] = {0.0f};
+    if (!place(st, zero_freq, OSP_DTYPE_F32, 1, 1, sizeof zero_freq, true, err, n)) return osp_graph_free(&pre), false;
+    osp_op wop = {.kind = OSP_OP_ROPE_KV_WRITE, .dst = qd, .src0 = qkv, .src1 = -1, .layer = 0, .w3 = &st->w[0],
+                  .p.rope = {(int32_t)H, (int32_t)HKV, (int32_t)D, 2, false, 1e-6f}};
+    osp_graph_push(&pre, &wop);
+    float *rows = calloc((size_t)(TP * W), sizeof(float));
+    int32_t *ppos = malloc(sizeof(int32_t) * (size_t)TP), *pslot = malloc(sizeof(int32_t) * (size_t)TP);
+    int32_t *pqsl = malloc(sizeof(int32_t) * (size_t)(B + 1)), *pid = calloc((size_t)TP, sizeof(int32_t));
+    if (!rows || !ppos || !pslot || !pqsl || !pid) {
+        free(rows), free(ppos), free(pslot), free(pqsl), free(pid), osp_graph_free(&pre);
+        return snprintf(err, n, "out of memory"), false;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        pqsl[b] = (int32_t)(b * L);
+        st->lens[b] = (int32_t)L;
+        for (int64_t t = 0; t < L; t++) {
+            const int64_t row = b * L + t;
+            ppos[row] = (int32_t)t;
+            pslot[row] = st->bt[b * nb + t / 16] * 16 + (int32_t)(t % 16);
+            memcpy(rows + row * W + QD, c->in[1] + row * KD, sizeof(float) * (size_t)KD);
+            memcpy(rows + row * W + QD + KD, c->in[2] + row * KD, sizeof(float) * (size_t)KD);
+        }
+    }
+    pqsl[B] = (int32_t)TP;
+    const osp_batch pb = {.num_tokens = (int32_t)TP, .token_ids = pid, .positions = ppos, .slot_mapping = pslot,
+                          .num_seqs = (int32_t)B, .query_start_loc = pqsl, .seq_lens = st->lens, .block_table = st->bt,
+                          .max_blocks_per_seq = (int32_t)nb, .num_logits = 0, .logits_indices = NULL};
+    osp_act_io in = {qkv, rows, true};
+    osp_run_io rio = {.acts = &in, .n_acts = 1};
+    char why[256];
+    bool ok = st->be->vt->supports_op(st->be, &pre, &pre.ops[0], why, sizeof why);
+    if (!ok) snprintf(err, n, "%s: %s", osp_op_name(OSP_OP_ROPE_KV_WRITE), why);
+    else if (st->be->vt->run(st->be, &pre, st->kv_attn, &pb, &rio) != OSP_OK) ok = set_err(err, n, "kv write");
+    free(rows), free(ppos), free(pslot), free(pqsl), free(pid);
+    osp_graph_free(&pre);
+    if (!ok) return false;
+    /* the timed op: attention of the B x Q new tokens */
+    const int64_t T = B * Q;
+    for (int64_t b = 0; b < B; b++) {
+        st->qsl_b[b] = (int32_t)(b * Q);
+        for (int64_t j = 0; j < Q; j++) st->pos[b * Q + j] = (int32_t)(P + j), st->slot[b * Q + j] = -1;
+    }
+    st->qsl_b[B] = (int32_t)T;
+    st->b = (osp_batch){.num_tokens = (int32_t)T, .token_ids = st->ids, .positions = st->pos, .slot_mapping = st->slot,
+                        .num_seqs = (int32_t)B, .query_start_loc = st->qsl_b, .seq_lens = st->lens, .block_table = st->bt,
+                        .max_blocks_per_seq = (int32_t)nb, .num_logits = 0, .logits_indices = NULL};
+    const int32_t q = add_act(st, "q", d->in[0].dtype, QD, OSP_ROWS_TOKENS), o = add_act(st, "o", d->out[0].dtype, QD, OSP_ROWS_TOKENS);
+    osp_op op = {.kind = OSP_OP_ATTENTION, .dst = o, .src0 = q, .src1 = -1, .layer = 0,
+                 .p.attn = {(int32_t)H, (int32_t)HKV, (int32_t)D, d->window, (float)attn_scale(c)}};
+    if (osp_graph_push(&st->g, &op) != OSP_OK) return set_err(err, n, "op list");
+    add_io(st, q, true, 0), add_io(st, o, false, 0);
+    if (!st->be->vt->supports_op(st->be, &st->g, &st->g.ops[0], why, sizeof why)) {
+        snprintf(err, n, "attention: %s", why);
+        return false;
+    }
+    return true;
+}
+
 static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
     be_state *st = s->state;
     be_release(s);
@@ -92,6 +185,7 @@ static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
     st->b = (osp_batch){.num_tokens = (int32_t)T, .token_ids = st->ids, .positions = st->pos, .slot_mapping = st->slot,
                         .num_seqs = 1, .query_start_loc = st->qsl, .seq_lens = &st->seq_len, .block_table = &bt0,
                         .max_blocks_per_seq = 1, .num_logits = (int32_t)c->R, .logits_indices = st->lidx};
+    if (d->kind == OSP_OP_ATTENTION) return prepare_attention(st, c, err, n);
     int64_t E = 0;
     osp_op op = {.kind = d->kind, .dst = -1, .src0 = -1, .src1 = -1};
     const uint32_t in0 = d->in[0].dtype, o0 = d->out[0].dtype;
@@ -175,7 +269,8 @@ static bool be_run(kb_solution *s, const kb_case *c, float **out, char *err, siz
     for (int i = 0; i < st->n_io; i++)
         ios[i] = (osp_act_io){st->io_act[i], st->io_in[i] ? c->in[st->io_idx[i]] : out[st->io_idx[i]], st->io_in[i]};
     osp_run_io rio = {.acts = ios, .n_acts = st->n_io};
-    if (st->be->vt->run(st->be, &st->g, st->kv, &st->b, &rio) != OSP_OK) return set_err(err, n, "run");
+    if (st->be->vt->run(st->be, &st->g, st->kv_attn ? st->kv_attn : st->kv, &st->b, &rio) != OSP_OK)
+        return set_err(err, n, "run");
     return true;
 }
 

@@ -44,9 +44,8 @@ typedef struct kb_tol {
 
 typedef struct kb_io {
     char name[24];
-    int n_shape;
-    int shape[3];   /* dimension indices into kb_def.dims; rows first, as the op stores them */
-    int mult[3];    /* each extent is mult x the dimension ("2*F": GLU's [gate | up] rows) */
+    int n_shape;    /* extents, rows first as the op stores them; each a product of dimensions and
+                     * integers ("B*Q", "2*F"), the kind's own shape (kb_ops.c) */
     uint32_t dtype; /* OSP_DTYPE_*: the values the op reads (inputs are made representable in it) */
     int n_tol;
     kb_tol tol[KB_MAX_TOLS]; /* outputs */
@@ -78,7 +77,8 @@ typedef struct kb_def {
     int n_in, n_out;
     kb_io in[KB_MAX_IO], out[KB_MAX_IO];
     double eps;     /* norms */
-    double scale;   /* embed, scale, softcap (the cap) */
+    double scale;   /* embed, scale, softcap (the cap), attention (0: 1 / sqrt(D)) */
+    int window;     /* attention: sliding window (0: none) */
     int act;        /* GLU: osp_glu_act */
     uint32_t wtype; /* matmul: the stored weight type */
     int n_workloads;
