@@ -204,7 +204,7 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
     }
     /* parameters by kind */
     json_t *pr = json_object_get(root, "params");
-    static const char *const pkeys[] = {"eps", "scale", "act", "wtype", "window", NULL};
+    static const char *const pkeys[] = {"eps", "scale", "act", "wtype", "window", "neox", "theta", "n_rot", NULL};
     if (pr && (!json_is_object(pr) || !only_keys(pr, pkeys, path, err, errn))) {
         if (!json_is_object(pr)) fail(err, errn, "%s: 'params' must be an object", path);
         goto done;
@@ -214,6 +214,13 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
                : d->kind == OSP_OP_ATTENTION                      ? 0.0
                                                                   : 1.0;
     d->window = pr && json_is_integer(json_object_get(pr, "window")) ? (int)json_integer_value(json_object_get(pr, "window")) : 0;
+    d->neox = pr && json_is_true(json_object_get(pr, "neox"));
+    d->theta = pr && json_is_number(json_object_get(pr, "theta")) ? json_number_value(json_object_get(pr, "theta")) : 10000.0;
+    d->n_rot = pr && json_is_integer(json_object_get(pr, "n_rot")) ? (int)json_integer_value(json_object_get(pr, "n_rot")) : 0;
+    if (d->n_rot < 0 || d->n_rot % 2 || !(d->theta > 1.0)) {
+        fail(err, errn, "%s: 'n_rot' must be even and >= 0, 'theta' > 1", path);
+        goto done;
+    }
     if (d->window < 0) {
         fail(err, errn, "%s: 'window' must be >= 0", path);
         goto done;

@@ -24,6 +24,8 @@ typedef struct kb_kind {
 const kb_kind *kb_kind_of(osp_op_kind k);
 /* n values of generator g times scale, each representable in dtype, from the stream s */
 void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_t *s);
+/* rope_kv_write's rotated dimensions per head */
+int64_t rope_n_rot(const kb_case *c);
 /* the attention's softmax scale: the definition's, or 1 / sqrt(D) */
 double attn_scale(const kb_case *c);
 /* c->ref from c->in (and c->ids, c->lidx) */

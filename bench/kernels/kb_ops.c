@@ -25,6 +25,9 @@ static const kb_kind k_kinds[] = {
     {OSP_OP_COPY, {"T", "E"}, 2, {"x"}, 1, {"y"}, 1, {"T,E"}, {"T,E"}, NULL},
     {OSP_OP_SCALE, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
     {OSP_OP_SOFTCAP, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
+    /* T tokens of one sequence from position P: q rotated out, k rotated and v into the pages */
+    {OSP_OP_ROPE_KV_WRITE, {"T", "P", "HKV", "G", "D"}, 5, {"qkv"}, 1, {"q", "k", "v"}, 3,
+     {"T,HKV*G*D+2*HKV*D"}, {"T,HKV*G*D", "T,HKV*D", "T,HKV*D"}, "P"},
     /* B sequences, each with P cached tokens and Q new ones; HKV kv heads of G query heads each */
     {OSP_OP_ATTENTION, {"B", "P", "Q", "HKV", "G", "D"}, 6, {"q", "k", "v"}, 3, {"o"}, 1,
      {"B*Q,HKV*G*D", "B*P+B*Q,HKV*D", "B*P+B*Q,HKV*D"}, {"B*Q,HKV*G*D"}, "P"},
@@ -82,6 +85,7 @@ static float *alloc_in(kb_case *c, int i, size_t n) {
 
 /* ---- references -------------------------------------------------------------------------------- */
 
+int64_t rope_n_rot(const kb_case *c) { return c->def->n_rot > 0 && c->def->n_rot <= c->dim[4] ? c->def->n_rot : c->dim[4]; }
 double attn_scale(const kb_case *c) { return c->def->scale > 0.0 ? c->def->scale : 1.0 / sqrt((double)c->dim[5]); }
 
 static void rmsnorm_row(const double *x, const float *w, int64_t E, double eps, double *y) {
@@ -159,6 +163,32 @@ void kb_reference(kb_case *c) {
     case OSP_OP_SOFTCAP:
         for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = d->scale * tanh((double)c->in[0][i] / d->scale);
         break;
+    case OSP_OP_ROPE_KV_WRITE: {
+        /* RoFormer (Su et al. 2021) eq. 34 per head: pair (a, b) of dims rotated by p inv_freq[i],
+         * inv_freq the fp32 table the op reads (c->in[1]); dims past n_rot pass through */
+        const int64_t T = c->dim[0], P = c->dim[1], HKV = c->dim[2], G = c->dim[3], D = c->dim[4];
+        const int64_t H = HKV * G, QD = H * D, KD = HKV * D, W = QD + 2 * KD, nr = rope_n_rot(c);
+        for (int64_t t = 0; t < T; t++) {
+            const float *row = c->in[0] + t * W;
+            const double p = (double)(P + t);
+            for (int64_t part = 0; part < 2; part++) { /* q heads, then k heads */
+                const int64_t nh = part ? HKV : H;
+                double *dst = part ? c->ref[1] + t * KD : c->ref[0] + t * QD;
+                const float *src = row + (part ? QD : 0);
+                for (int64_t h = 0; h < nh; h++) {
+                    for (int64_t e = 0; e < D; e++) dst[h * D + e] = src[h * D + e];
+                    for (int64_t i = 0; i < nr / 2; i++) {
+                        const int64_t a = d->neox ? i : 2 * i, b = d->neox ? i + nr / 2 : 2 * i + 1;
+                        const double ang = p * (double)c->in[1][i], x = src[h * D + a], y = src[h * D + b];
+                        dst[h * D + a] = x * cos(ang) - y * sin(ang);
+                        dst[h * D + b] = x * sin(ang) + y * cos(ang);
+                    }
+                }
+            }
+            for (int64_t e = 0; e < KD; e++) c->ref[2][t * KD + e] = row[QD + KD + e];
+        }
+        break;
+    }
     case OSP_OP_ATTENTION: {
         /* sequence b's token j sits at position P + j and attends to positions lo .. P + j of b
          * (lo = 0, or P + j - window + 1 with a window); softmax(q k^T scale) v in fp64 */
@@ -303,6 +333,26 @@ bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case
         c->out_n[0] = (size_t)(R * V);
         c->flops = (d->kind == OSP_OP_SOFTCAP ? 3.0 : 1.0) * (double)(R * V);
         c->bytes = dtype_bytes(d->in[0].dtype, R * V) + dtype_bytes(d->out[0].dtype, R * V);
+        break;
+    }
+    case OSP_OP_ROPE_KV_WRITE: {
+        const int64_t T = c->dim[0], HKV = c->dim[2], G = c->dim[3], D = c->dim[4];
+        const int64_t QD = HKV * G * D, KD = HKV * D, W = QD + 2 * KD;
+        if (D % 2) {
+            snprintf(err, errn, "%s: D must be even", d->name);
+            return false;
+        }
+        c->T = T;
+        kb_fill(alloc_in(c, 0, (size_t)(T * W)), (size_t)(T * W), g, 0.5, d->in[0].dtype, &s);
+        /* the frequency table the op reads: not an input a definition varies, but the reference must
+         * use the same fp32 values (in[1], outside the declared inputs: never perturbed) */
+        const int64_t nr = rope_n_rot(c);
+        float *f = malloc(sizeof(float) * (size_t)(nr / 2 + 1));
+        for (int64_t i = 0; i < nr / 2; i++) f[i] = (float)pow(d->theta, -2.0 * (double)i / (double)nr);
+        c->in[1] = f, c->in_n[1] = (size_t)(nr / 2);
+        c->out_n[0] = (size_t)(T * QD), c->out_n[1] = c->out_n[2] = (size_t)(T * KD);
+        c->flops = 6.0 * (double)T * (double)(QD + KD) * (double)nr / (double)D;
+        c->bytes = 4.0 * (double)(T * W) + dtype_bytes(d->out[0].dtype, T * QD) + 2.0 * dtype_bytes(OSP_DTYPE_F16, T * KD);
         break;
     }
     case OSP_OP_ATTENTION: {

@@ -169,6 +169,66 @@ static bool prepare_attention(be_state *st, const kb_case *c, char *err, size_t 
     return true;
 }
 
+/* RoPE + KV write of T tokens of one sequence from position P into f16 pages (shuffled blocks of 16);
+ * the run poisons the T page rows first (NaN through from_host) and reads them back after. */
+static bool prepare_rope(be_state *st, const kb_case *c, char *err, size_t n) {
+    const kb_def *d = c->def;
+    const int64_t T = c->dim[0], P = c->dim[1], HKV = c->dim[2], G = c->dim[3], D = c->dim[4];
+    const int64_t H = HKV * G, QD = H * D, KD = HKV * D, L = P + T, nb = (L + 15) / 16, nr = rope_n_rot(c);
+    osp_kv_shape cfg = {.n_layer = 1, .n_head_kv = (int32_t)HKV, .head_dim = (int32_t)D};
+    if (L > INT32_MAX / 2 || osp_kv_cache_create_on(st->be, &cfg, (int32_t)nb, 16, OSP_KV_DTYPE_F16, &st->kv_attn) != OSP_OK)
+        return set_err(err, n, "kv cache");
+    st->bt = malloc(sizeof(int32_t) * (size_t)nb);
+    st->lens = malloc(sizeof(int32_t));
+    for (int64_t i = 0; i < nb; i++) st->bt[i] = (int32_t)(nb - 1 - i); /* blocks in reverse order */
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t p = P + t;
+        st->pos[t] = (int32_t)p;
+        st->slot[t] = st->bt[p / 16] * 16 + (int32_t)(p % 16);
+    }
+    st->lens[0] = (int32_t)L;
+    st->b = (osp_batch){.num_tokens = (int32_t)T, .token_ids = st->ids, .positions = st->pos, .slot_mapping = st->slot,
+                        .num_seqs = 1, .query_start_loc = st->qsl, .seq_lens = st->lens, .block_table = st->bt,
+                        .max_blocks_per_seq = (int32_t)nb, .num_logits = 0, .logits_indices = NULL};
+    if (!place(st, c->in[1], OSP_DTYPE_F32, 1, nr / 2, sizeof(float) * (size_t)(nr / 2), true, err, n)) return false;
+    const int32_t qkv = add_act(st, "qkv", d->in[0].dtype, QD + 2 * KD, OSP_ROWS_TOKENS);
+    const int32_t q = add_act(st, "q", d->out[0].dtype, QD, OSP_ROWS_TOKENS);
+    osp_op op = {.kind = OSP_OP_ROPE_KV_WRITE, .dst = q, .src0 = qkv, .src1 = -1, .layer = 0, .w3 = &st->w[0],
+                 .p.rope = {(int32_t)H, (int32_t)HKV, (int32_t)D, (int32_t)nr, d->neox, 1e-6f}};
+    if (osp_graph_push(&st->g, &op) != OSP_OK) return set_err(err, n, "op list");
+    add_io(st, qkv, true, 0), add_io(st, q, false, 0);
+    char why[256];
+    if (!st->be->vt->supports_op(st->be, &st->g, &st->g.ops[0], why, sizeof why)) {
+        snprintf(err, n, "rope_kv_write: %s", why);
+        return false;
+    }
+    return true;
+}
+
+/* rope_kv_write: the T tokens' page rows, poisoned (poison) or read back into out[1], out[2] */
+static bool rope_pages(be_state *st, const kb_case *c, float **out, bool poison, char *err, size_t n) {
+    const osp_kv_cache *kv = st->kv_attn;
+    const size_t row = kv->fmt.bytes_per_token;
+    const int64_t KD = kv->fmt.kv_row;
+    uint16_t *buf = malloc(row);
+    bool ok = buf != NULL;
+    for (int64_t t = 0; ok && t < c->dim[0]; t++) {
+        for (int kv_i = 0; ok && kv_i < 2; kv_i++) {
+            char *page = (char *)(kv_i ? kv->v[0] : kv->k[0]) + (size_t)st->slot[t] * row;
+            if (poison) {
+                for (int64_t e = 0; e < KD; e++) buf[e] = 0x7e00; /* f16 NaN */
+                ok = st->be->vt->from_host(st->be, page, buf, row) == OSP_OK;
+            } else {
+                ok = st->be->vt->to_host(st->be, buf, page, row) == OSP_OK;
+                for (int64_t e = 0; ok && e < KD; e++) out[1 + kv_i][t * KD + e] = osp_fp16_to_fp32(buf[e]);
+            }
+        }
+    }
+    free(buf);
+    if (!ok) return set_err(err, n, poison ? "pages from host" : "pages to host");
+    return true;
+}
+
 static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
     be_state *st = s->state;
     be_release(s);
@@ -186,6 +246,7 @@ static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
                         .num_seqs = 1, .query_start_loc = st->qsl, .seq_lens = &st->seq_len, .block_table = &bt0,
                         .max_blocks_per_seq = 1, .num_logits = (int32_t)c->R, .logits_indices = st->lidx};
     if (d->kind == OSP_OP_ATTENTION) return prepare_attention(st, c, err, n);
+    if (d->kind == OSP_OP_ROPE_KV_WRITE) return prepare_rope(st, c, err, n);
     int64_t E = 0;
     osp_op op = {.kind = d->kind, .dst = -1, .src0 = -1, .src1 = -1};
     const uint32_t in0 = d->in[0].dtype, o0 = d->out[0].dtype;
@@ -265,13 +326,15 @@ static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
 
 static bool be_run(kb_solution *s, const kb_case *c, float **out, char *err, size_t n) {
     be_state *st = s->state;
+    const bool rope = c->def->kind == OSP_OP_ROPE_KV_WRITE;
+    if (rope && !rope_pages(st, c, out, true, err, n)) return false;
     osp_act_io ios[2 * KB_MAX_IO];
     for (int i = 0; i < st->n_io; i++)
         ios[i] = (osp_act_io){st->io_act[i], st->io_in[i] ? c->in[st->io_idx[i]] : out[st->io_idx[i]], st->io_in[i]};
     osp_run_io rio = {.acts = ios, .n_acts = st->n_io};
     if (st->be->vt->run(st->be, &st->g, st->kv_attn ? st->kv_attn : st->kv, &st->b, &rio) != OSP_OK)
         return set_err(err, n, "run");
-    return true;
+    return !rope || rope_pages(st, c, out, false, err, n);
 }
 
 static void be_close(kb_solution *s) {

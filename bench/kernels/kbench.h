@@ -79,6 +79,9 @@ typedef struct kb_def {
     double eps;     /* norms */
     double scale;   /* embed, scale, softcap (the cap), attention (0: 1 / sqrt(D)) */
     int window;     /* attention: sliding window (0: none) */
+    bool neox;      /* rope_kv_write: rotate pairs (i, i + n_rot / 2) instead of (2i, 2i + 1) */
+    double theta;   /* rope_kv_write: inv_freq[i] = theta^(-2i / n_rot) */
+    int n_rot;      /* rope_kv_write: dimensions rotated per head (0: all of D) */
     int act;        /* GLU: osp_glu_act */
     uint32_t wtype; /* matmul: the stored weight type */
     int n_workloads;

@@ -73,6 +73,13 @@ typedef struct osp_backend_vtable {
     void (*buffer_free)(osp_backend *be, void *p);
     /* Copies bytes inside backend memory, ordered before the next run (copy-on-write of KV blocks). */
     osp_status (*copy)(osp_backend *be, void *dst, const void *src, size_t bytes);
+    /* Copies bytes of backend memory (KV pages) to host memory, after every run enqueued before;
+     * returns when they are there. The way out for tools that read pages (bench/kernels/; KV offload
+     * later). */
+    osp_status (*to_host)(osp_backend *be, void *dst, const void *src, size_t bytes);
+    /* Copies bytes of host memory into backend memory, ordered before the next run; returns when the
+     * host buffer may be reused. */
+    osp_status (*from_host)(osp_backend *be, void *dst, const void *src, size_t bytes);
     osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);

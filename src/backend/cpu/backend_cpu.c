@@ -78,6 +78,12 @@ static osp_status cpu_copy(osp_backend *be, void *dst, const void *src, size_t b
     return OSP_OK;
 }
 
+static osp_status cpu_to_host(osp_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    memcpy(dst, src, bytes);
+    return OSP_OK;
+}
+
 static osp_status cpu_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
@@ -557,6 +563,8 @@ static const osp_backend_vtable k_cpu_vt = {
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
     .copy = cpu_copy,
+    .to_host = cpu_to_host,
+    .from_host = cpu_to_host, /* host memory both ways */
     .mem_info = cpu_mem_info,
     .supports_op = cpu_supports_op,
     .run = cpu_run,

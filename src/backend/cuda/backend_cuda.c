@@ -195,6 +195,16 @@ static osp_status cuda_copy(osp_backend *be, void *dst, const void *src, size_t 
     return osp_cuda_d2d(dst, src, bytes, CU(be)->stream); /* ordered before the next step's kernels */
 }
 
+static osp_status cuda_to_host(osp_backend *be, void *dst, const void *src, size_t bytes) {
+    OSP_TRY(osp_cuda_d2h(dst, src, bytes, CU(be)->stream)); /* after the stream's earlier work */
+    return osp_cuda_stream_sync(CU(be)->stream);
+}
+
+static osp_status cuda_from_host(osp_backend *be, void *dst, const void *src, size_t bytes) {
+    OSP_TRY(osp_cuda_h2d(dst, src, bytes, CU(be)->stream));
+    return osp_cuda_stream_sync(CU(be)->stream); /* the host buffer is free again */
+}
+
 static osp_status cuda_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     return osp_cuda_mem_info(free_bytes, total_bytes);
@@ -757,6 +767,8 @@ static const osp_backend_vtable k_cuda_vt = {
     .buffer_alloc = cuda_buffer_alloc,
     .buffer_free = cuda_buffer_free,
     .copy = cuda_copy,
+    .to_host = cuda_to_host,
+    .from_host = cuda_from_host,
     .mem_info = cuda_mem_info,
     .supports_op = cuda_supports_op,
     .run = cuda_run,
