@@ -344,3 +344,89 @@ int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn) {
     if (rc < 0) free(*defs), *defs = NULL;
     return rc;
 }
+
+/* ---- workloads from a serving trace ------------------------------------------------------------ */
+
+typedef struct shape_count {
+    int64_t v[3];
+    int n;
+} shape_count;
+
+static void count_shape(shape_count *sc, int *n_sc, int cap, int64_t a, int64_t b, int64_t c) {
+    for (int i = 0; i < *n_sc; i++)
+        if (sc[i].v[0] == a && sc[i].v[1] == b && sc[i].v[2] == c) {
+            sc[i].n++;
+            return;
+        }
+    if (*n_sc < cap) sc[(*n_sc)++] = (shape_count){{a, b, c}, 1};
+}
+
+static int cmp_count(const void *x, const void *y) {
+    const shape_count *a = x, *b = y;
+    return a->n != b->n ? b->n - a->n : memcmp(a->v, b->v, sizeof a->v);
+}
+
+/* the definition's fixed dimensions (min == max) keep their value; the trace gives the others */
+static int64_t fixed_or(const kb_def *d, int k, int64_t v) {
+    if (d->dims[k].min == d->dims[k].max) return d->dims[k].min;
+    if (v < d->dims[k].min) v = d->dims[k].min;
+    return v;
+}
+
+int kb_def_add_trace(kb_def *d, const char *path, int max_new, char *err, size_t errn) {
+    FILE *f = fopen(path, "r");
+    if (!f) return fail(err, errn, "cannot open the trace %s", path), -1;
+    enum { CAP = 4096 };
+    shape_count *sc = calloc(CAP, sizeof *sc);
+    int n_sc = 0, line_no = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    while (getline(&line, &lcap, f) > 0) {
+        line_no++;
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        json_t *ql = json_object_get(o, "q_lens"), *sl = json_object_get(o, "seq_lens");
+        const int64_t T = json_integer_value(json_object_get(o, "num_tokens")), R = json_integer_value(json_object_get(o, "num_logits"));
+        if (!o || !json_is_array(ql) || !json_is_array(sl) || json_array_size(ql) != json_array_size(sl) || T < 1) {
+            json_decref(o);
+            free(line), free(sc), fclose(f);
+            return fail(err, errn, "%s:%d: not a step of osprey serve --trace-shapes", path, line_no), -1;
+        }
+        switch (d->kind) {
+        case OSP_OP_ATTENTION: /* per sequence: (P, Q) */
+        case OSP_OP_ROPE_KV_WRITE:
+            for (size_t i = 0; i < json_array_size(ql); i++) {
+                const int64_t q = json_integer_value(json_array_get(ql, i)), L = json_integer_value(json_array_get(sl, i));
+                if (q > 0 && L >= q) count_shape(sc, &n_sc, CAP, L - q, q, 0);
+            }
+            break;
+        case OSP_OP_GATHER_RMSNORM: count_shape(sc, &n_sc, CAP, T, R > 0 ? R : 1, 0); break;
+        case OSP_OP_SCALE:
+        case OSP_OP_SOFTCAP: count_shape(sc, &n_sc, CAP, R > 0 ? R : 1, 0, 0); break;
+        default: count_shape(sc, &n_sc, CAP, T, 0, 0); break; /* token rows */
+        }
+        json_decref(o);
+    }
+    free(line);
+    fclose(f);
+    qsort(sc, (size_t)n_sc, sizeof *sc, cmp_count);
+    int added = 0;
+    for (int i = 0; i < n_sc && added < max_new && d->n_workloads < KB_MAX_WORKLOADS; i++) {
+        kb_workload *wl = &d->wl[d->n_workloads];
+        memset(wl, 0, sizeof *wl);
+        for (int k = 0; k < d->n_dims; k++) {
+            const char *nm = d->dims[k].name;
+            int64_t v = d->wl[0].dim[k]; /* dimensions a trace does not give: the first listed workload's */
+            if (d->kind == OSP_OP_ATTENTION) v = !strcmp(nm, "B") ? 1 : !strcmp(nm, "P") ? sc[i].v[0] : !strcmp(nm, "Q") ? sc[i].v[1] : v;
+            else if (d->kind == OSP_OP_ROPE_KV_WRITE) v = !strcmp(nm, "P") ? sc[i].v[0] : !strcmp(nm, "T") ? sc[i].v[1] : v;
+            else if (d->kind == OSP_OP_GATHER_RMSNORM) v = !strcmp(nm, "T") ? sc[i].v[0] : !strcmp(nm, "R") ? sc[i].v[1] : v;
+            else if (d->kind == OSP_OP_SCALE || d->kind == OSP_OP_SOFTCAP) v = !strcmp(nm, "R") ? sc[i].v[0] : v;
+            else if (!strcmp(nm, "T")) v = sc[i].v[0];
+            wl->dim[k] = fixed_or(d, k, v);
+        }
+        snprintf(wl->id, sizeof wl->id, "trace-%d-x%d", i, sc[i].n);
+        d->n_workloads++, added++;
+    }
+    free(sc);
+    return added;
+}

@@ -27,8 +27,9 @@ const char *kb_check_name(kb_check k) {
 }
 
 static const kb_tol *tol_for(const kb_io *io, const char *solution) {
+    const size_t bl = strcspn(solution, "+"); /* "cuda+KEY=VALUE" takes cuda's */
     for (int i = 1; i < io->n_tol; i++)
-        if (!strcmp(io->tol[i].solution, solution)) return &io->tol[i];
+        if (strlen(io->tol[i].solution) == bl && !strncmp(io->tol[i].solution, solution, bl)) return &io->tol[i];
     return &io->tol[0];
 }
 

@@ -5,10 +5,11 @@
  *
  *   osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda]... [--gate-only]
  *                        [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--out FILE]
- *                        [--min-time SECONDS] [--markdown]
+ *                        [--min-time SECONDS] [--trace FILE] [--markdown]
  *
  * The hidden workloads are drawn from each definition's ranges with --seed (default: from the clock),
- * which the report logs, so a run can be repeated exactly. */
+ * which the report logs, so a run can be repeated exactly. --trace FILE adds, to every definition, the
+ * 8 most frequent step shapes of a serving trace (`osprey serve --trace-shapes FILE`). */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,7 +37,7 @@
 #endif
 
 typedef struct opts {
-    const char *defs_dir, *op, *out, *solutions[4];
+    const char *defs_dir, *op, *out, *trace, *solutions[4];
     int n_solutions, hidden, seeds, timeout_s;
     bool gate_only, markdown;
     uint64_t seed;
@@ -46,7 +47,7 @@ typedef struct opts {
 static void usage(void) {
     fprintf(stderr, "usage: osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda]... "
                     "[--gate-only] [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] "
-                    "[--out FILE] [--markdown]\n");
+                    "[--out FILE] [--trace FILE] [--markdown]\n");
 }
 
 static void cpu_model(char *buf, size_t n) {
@@ -71,6 +72,7 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
     if (!kb_solution_backend(sol_name, &s, err, sizeof err)) {
         json_array_append_new(res, json_pack("{s:s,s:s}", "status", "unavailable", "detail", err));
     } else {
+        const double copy_gbps = !o->gate_only && s.copy_gbps ? s.copy_gbps(&s) : 0.0;
         for (int w = 0; w < d->n_workloads; w++) {
             const kb_workload *wl = &d->wl[w];
             const uint64_t seed0 = o->seed * 1000003ull + (uint64_t)w * 7919ull;
@@ -84,9 +86,10 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
                 kb_timing t;
                 if (kb_time(&s, d, wl, seed0, o->min_time, 2000, &t, err, sizeof err))
                     json_object_set_new(e, "timing",
-                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f}", "median_us", t.median_us, "p10_us",
-                                                  t.p10_us, "p90_us", t.p90_us, "reps", t.reps, "gflops", t.gflops,
-                                                  "gbps", t.gbps));
+                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f}", "median_us", t.median_us,
+                                                  "p10_us", t.p10_us, "p90_us", t.p90_us, "reps", t.reps, "gflops",
+                                                  t.gflops, "gbps", t.gbps, "copy_gbps", copy_gbps,
+                                                  "fraction_of_copy_bw", copy_gbps > 0.0 ? t.gbps / copy_gbps : 0.0));
                 else
                     json_object_set_new(e, "timing_error", json_string(err));
             }
@@ -196,6 +199,7 @@ int kb_main(int argc, char **argv) {
         else if (!strcmp(f, "--defs")) o.defs_dir = v, i++;
         else if (!strcmp(f, "--op")) o.op = v, i++;
         else if (!strcmp(f, "--out")) o.out = v, i++;
+        else if (!strcmp(f, "--trace")) o.trace = v, i++;
         else if (!strcmp(f, "--solution")) {
             if (o.n_solutions == 4) return fprintf(stderr, "bench-kernels: at most 4 --solution\n"), 2;
             o.solutions[o.n_solutions++] = v, i++;
@@ -234,12 +238,18 @@ int kb_main(int argc, char **argv) {
                                OSPREY_GIT_COMMIT, "compiler", KB_COMPILER, "c_flags", OSPREY_C_FLAGS, "host_cpu", cpu,
                                "seed", (json_int_t)o.seed, "hidden_per_def", o.hidden, "seeds_per_workload", o.seeds,
                                "gate_only", o.gate_only);
-    for (int di = 0; di < n_defs; di++) kb_def_add_hidden(&defs[di], o.hidden, o.seed + (uint64_t)di);
+    for (int di = 0; di < n_defs; di++) {
+        kb_def_add_hidden(&defs[di], o.hidden, o.seed + (uint64_t)di);
+        if (o.trace && kb_def_add_trace(&defs[di], o.trace, 8, err, sizeof err) < 0)
+            return fprintf(stderr, "bench-kernels: %s\n", err), free(defs), 1;
+    }
     json_t *results = json_array();
     printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition, %d inputs a workload, %s\n",
            dir, (unsigned long long)o.seed, o.hidden, o.seeds, o.gate_only ? "gate only" : "gate, then timing");
     int failed = 0, passed = 0, ran_defs = 0;
-    if (o.markdown) printf("| solution | definition | workload | gate | median us | GB/s | GFLOP/s |\n|---|---|---|---|---|---|---|\n");
+    if (o.markdown)
+        printf("| solution | definition | workload | gate | median us | GB/s | %% of copy bandwidth | GFLOP/s |\n"
+               "|---|---|---|---|---|---|---|---|\n");
     for (int si = 0; si < o.n_solutions; si++)
         for (int di = 0; di < n_defs; di++) {
             kb_def *d = &defs[di];
@@ -259,14 +269,15 @@ int kb_main(int argc, char **argv) {
                 const char *detail = json_string_value(json_object_get(e, "detail"));
                 const double us = json_number_value(json_object_get(t, "median_us")),
                              gbps = json_number_value(json_object_get(t, "gbps")),
-                             gf = json_number_value(json_object_get(t, "gflops"));
+                             gf = json_number_value(json_object_get(t, "gflops")),
+                             frac = 100.0 * json_number_value(json_object_get(t, "fraction_of_copy_bw"));
                 if (o.markdown) {
                     printf("| %s | %s | %s | %s |", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
-                    if (t) printf(" %.2f | %.2f | %.2f |\n", us, gbps, gf);
-                    else printf(" - | - | - |\n");
+                    if (t) printf(" %.2f | %.2f | %.1f | %.2f |\n", us, gbps, frac, gf);
+                    else printf(" - | - | - | - |\n");
                 } else {
                     printf("%-10s %-26s %-28s %-12s", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
-                    if (t) printf(" %10.2f us %8.2f GB/s %8.2f GFLOP/s", us, gbps, gf);
+                    if (t) printf(" %10.2f us %8.2f GB/s (%5.1f%% of copy) %8.2f GFLOP/s", us, gbps, frac, gf);
                     if (!ok && detail) printf("  %s", detail);
                     printf("\n");
                 }

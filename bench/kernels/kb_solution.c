@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -348,19 +349,62 @@ static void be_close(kb_solution *s) {
     s->state = NULL;
 }
 
+/* The backend's copy bandwidth (read + write counted), in GB/s: the ceiling a memory-bound op's
+ * bytes/s is compared with. 64 MiB copied 5 times after a warm-up (256 MiB on a GPU). */
+static double be_copy_gbps(kb_solution *s) {
+    be_state *st = s->state;
+    const size_t bytes = (size_t)(strcmp(s->device, "cuda") ? 64 : 256) << 20;
+    void *a = NULL, *b = NULL;
+    double gbps = 0.0;
+    if (st->be->vt->buffer_alloc(st->be, bytes, "copy bandwidth", &a) == OSP_OK &&
+        st->be->vt->buffer_alloc(st->be, bytes, "copy bandwidth", &b) == OSP_OK &&
+        st->be->vt->copy(st->be, b, a, bytes) == OSP_OK && st->be->vt->sync(st->be) == OSP_OK) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        bool ok = true;
+        for (int i = 0; i < 5 && ok; i++) ok = st->be->vt->copy(st->be, i % 2 ? a : b, i % 2 ? b : a, bytes) == OSP_OK;
+        ok = ok && st->be->vt->sync(st->be) == OSP_OK;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (ok && dt > 0.0) gbps = 2.0 * 5.0 * (double)bytes / dt / 1e9;
+    }
+    if (a) st->be->vt->buffer_free(st->be, a);
+    if (b) st->be->vt->buffer_free(st->be, b);
+    return gbps;
+}
+
 bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn) {
     memset(s, 0, sizeof *s);
-    const bool cuda = !strcmp(name, "cuda"), exact = !strcmp(name, "cpu-exact");
-    if (!cuda && !exact && strcmp(name, "cpu")) {
-        snprintf(err, errn, "unknown solution '%s' (cpu, cpu-exact, cuda)", name);
+    /* "base" or "base+KEY=VALUE+...": the environment a backend reads at start (a kernel version,
+     * OSPREY_CUDA_ATTENTION=v0), set in this process before the backend is made */
+    char base[32];
+    const size_t bl = strcspn(name, "+");
+    snprintf(base, sizeof base, "%.*s", (int)(bl < sizeof base ? bl : sizeof base - 1), name);
+    const bool cuda = !strcmp(base, "cuda"), exact = !strcmp(base, "cpu-exact");
+    if (!cuda && !exact && strcmp(base, "cpu")) {
+        snprintf(err, errn, "unknown solution '%s' (cpu, cpu-exact, cuda, each with optional +KEY=VALUE)", name);
         return false;
+    }
+    for (const char *p = name + bl; *p == '+';) {
+        const char *kv = p + 1, *next = strchr(kv, '+'), *eq = strchr(kv, '=');
+        const size_t len = next ? (size_t)(next - kv) : strlen(kv);
+        if (!eq || (next && eq > next) || eq == kv || len >= 128) {
+            snprintf(err, errn, "solution '%s': '+' must be followed by KEY=VALUE", name);
+            return false;
+        }
+        char key[128], val[128];
+        snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
+        snprintf(val, sizeof val, "%.*s", (int)(len - (size_t)(eq - kv) - 1), eq + 1);
+        setenv(key, val, 1);
+        p = kv + len;
     }
     be_state *st = calloc(1, sizeof *st);
     if (!st) return snprintf(err, errn, "out of memory"), false;
     s->state = st;
-    s->name = cuda ? "cuda" : exact ? "cpu-exact" : "cpu";
+    s->name = name;
     s->device = cuda ? "cuda" : "cpu";
     s->supports = be_supports, s->prepare = be_prepare, s->run = be_run, s->release = be_release, s->close = be_close;
+    s->copy_gbps = be_copy_gbps;
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (osp_threadpool_create(ncpu > 0 ? (int)ncpu : 1, &st->pool) != OSP_OK) return set_err(err, errn, "thread pool"), be_close(s), false;
     osp_backend_params bp = {.pool = st->pool, .exact = exact};

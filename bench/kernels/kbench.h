@@ -98,6 +98,12 @@ int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn);
 /* Appends n hidden workloads drawn from the ranges with seed (generators cycle through kb_gen). */
 void kb_def_add_hidden(kb_def *d, int n, uint64_t seed);
 const char *kb_gen_name(kb_gen g);
+/* Appends up to max_new workloads from a serving trace (`osprey serve --trace-shapes FILE`: one JSON
+ * line a step), the most frequent step shapes first: token rows for row-wise kinds, (P, Q) per
+ * sequence for attention and RoPE + KV write (B = 1), logits rows for scale and softcap; the
+ * definition's fixed dimensions keep their values, the rest come from its first listed workload.
+ * Returns the number added, -1 with a message on a bad trace. */
+int kb_def_add_trace(kb_def *d, const char *path, int max_new, char *err, size_t errn);
 
 /* ---- cases: one workload's inputs for one seed, and the reference's answer ---------------------- */
 
@@ -142,9 +148,14 @@ struct kb_solution {
     bool (*run)(kb_solution *s, const kb_case *c, float **out, char *err, size_t n);
     void (*release)(kb_solution *s);
     void (*close)(kb_solution *s);
+    /* the device's measured copy bandwidth, GB/s (read + write), or NULL */
+    double (*copy_gbps)(kb_solution *s);
 };
 
-/* The backend solutions: name "cpu" (fast path), "cpu-exact", "cuda". false: unknown or no device. */
+/* The backend solutions: name "cpu" (fast path), "cpu-exact" or "cuda", each optionally followed by
+ * "+KEY=VALUE" settings put in this process's environment before the backend is made (so call it in
+ * the child: "cuda+OSPREY_CUDA_ATTENTION=v0" is the CUDA-core attention kernel). A per-solution
+ * tolerance in a definition applies by the base name. false: unknown, malformed or no device. */
 bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn);
 
 /* ---- the gate and the timing -------------------------------------------------------------------- */

@@ -63,6 +63,10 @@ typedef struct osp_engine_params {
     uint64_t hash_seed;
     osp_sched_policy policy;        /* FCFS */
     bool check_invariants;          /* check the block pool and scheduler after every step (tests) */
+    const char *trace_shapes_path;  /* non-NULL: append one JSON line per step with the step's shape
+                                       (num_tokens, num_seqs, num_logits, each sequence's query length
+                                       and seq_len) to this file: workloads for bench/kernels from real
+                                       serving runs. Opening it fails osp_engine_create. */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);

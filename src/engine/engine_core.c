@@ -159,6 +159,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
                                p.max_num_batched_tokens, &e->runner)) != OSP_OK)
         goto fail;
+    if (p.trace_shapes_path && !(e->runner->trace = fopen(p.trace_shapes_path, "a"))) {
+        s = osp_set_error(OSP_ERR_IO, "engine: cannot open the shape trace %s: %s", p.trace_shapes_path, strerror(errno));
+        goto fail;
+    }
     e->eos = eos;
     e->n_eos = n_eos;
     e->p = p;

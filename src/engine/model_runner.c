@@ -69,6 +69,7 @@ osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_siz
 
 void osp_runner_destroy(osp_model_runner *r) {
     if (!r) return;
+    if (r->trace) fclose(r->trace);
     osp_kv_cache_free(r->kv);
     osp_pb_destroy(r->pb);
     osp_sampler_workspace_free(r->ws);
@@ -106,6 +107,20 @@ static void plp_range(const osp_request *q, int32_t c0, int32_t n, int32_t *lo, 
     if (*hi < *lo) *hi = *lo;
 }
 
+/* One line of the shape trace: what the forward pass of this step sees (the kernels' workload). */
+static void trace_step(osp_model_runner *r, const osp_batch *b) {
+    int32_t max_len = 0;
+    for (int32_t s = 0; s < b->num_seqs; s++) max_len = b->seq_lens[s] > max_len ? b->seq_lens[s] : max_len;
+    fprintf(r->trace, "{\"step\": %lld, \"num_tokens\": %d, \"num_seqs\": %d, \"num_logits\": %d, \"max_seq_len\": %d, "
+                      "\"q_lens\": [", (long long)r->trace_step++, b->num_tokens, b->num_seqs, b->num_logits, max_len);
+    for (int32_t s = 0; s < b->num_seqs; s++)
+        fprintf(r->trace, "%s%d", s ? ", " : "", b->query_start_loc[s + 1] - b->query_start_loc[s]);
+    fputs("], \"seq_lens\": [", r->trace);
+    for (int32_t s = 0; s < b->num_seqs; s++) fprintf(r->trace, "%s%d", s ? ", " : "", b->seq_lens[s]);
+    fputs("]}\n", r->trace);
+    fflush(r->trace);
+}
+
 osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     osp_persistent_batch *pb = r->pb;
     const size_t V = (size_t)r->n_vocab, L = (size_t)pb->max_model_len;
@@ -131,6 +146,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         t0 += n;
     }
     pb->batch.num_logits = nl + np;
+    if (r->trace) trace_step(r, &pb->batch);
     /* On the GPU the logits stay there: only prompt-logprob rows (and rows that fail) come back. */
     const bool gpu = osp_model_samples_on_device(r->model);
     OSP_TRY(osp_model_forward(r->model, r->kv, &pb->batch, gpu ? NULL : r->logits));

@@ -9,6 +9,8 @@
 #ifndef OSP_ENGINE_MODEL_RUNNER_H
 #define OSP_ENGINE_MODEL_RUNNER_H
 
+#include <stdio.h>
+
 #include "engine/persistent_batch.h"
 
 typedef struct osp_model_runner {
@@ -26,6 +28,8 @@ typedef struct osp_model_runner {
     osp_status *status;            /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP] */
     int32_t *plp_next;             /* [OSP_MAX_PROMPT_LP_PER_STEP] tokens following the prompt positions */
     int32_t *lrow;                 /* [max_rows] the logits row each sampler row samples from */
+    FILE *trace;                   /* step shapes, one JSON line a step (osp_engine_params.trace_shapes_path), or NULL */
+    int64_t trace_step;
 } osp_model_runner;
 
 /* The sampler runs on the model's thread pool (osp_model_run_parallel). Errors: those of

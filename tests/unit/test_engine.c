@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+#include <unistd.h>
 
 #include "osprey/engine.h"
 #include "osprey/model.h"
@@ -313,6 +315,52 @@ static void test_stops_and_admission(void **state) {
     osp_engine_free(e);
 }
 
+/* --trace-shapes: one JSON line a step whose shape adds up (num_tokens the sum of the query lengths,
+ * each seq_len at least its query length), the lines together the tokens the jobs scheduled; an
+ * unwritable path fails the engine's creation. */
+static void test_shape_trace(void **state) {
+    (void)state;
+    char path[] = "/tmp/osprey_traceXXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    osp_engine_params p = base(g_tiny);
+    p.trace_shapes_path = path;
+    job j[3];
+    make_jobs(j, 3, 11, 512);
+    run_jobs(&p, j, 3, 0);
+    long want = 0, got = 0, lines = 0;
+    for (int i = 0; i < 3; i++) want += j[i].n_prompt - j[i].cached + j[i].n_out - 1;
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096];
+    while (fgets(line, sizeof line, f)) {
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        assert_non_null(o);
+        json_t *ql = json_object_get(o, "q_lens"), *sl = json_object_get(o, "seq_lens");
+        const long T = (long)json_integer_value(json_object_get(o, "num_tokens"));
+        assert_int_equal(json_integer_value(json_object_get(o, "step")), lines);
+        assert_int_equal(json_array_size(ql), json_integer_value(json_object_get(o, "num_seqs")));
+        long sum = 0;
+        for (size_t i = 0; i < json_array_size(ql); i++) {
+            sum += (long)json_integer_value(json_array_get(ql, i));
+            assert_true(json_integer_value(json_array_get(sl, i)) >= json_integer_value(json_array_get(ql, i)));
+        }
+        assert_int_equal(sum, T);
+        got += T, lines++;
+        json_decref(o);
+    }
+    fclose(f);
+    remove(path);
+    assert_true(lines > 0);
+    assert_int_equal(got, want);
+    p.trace_shapes_path = "/nonexistent-dir/trace.jsonl";
+    osp_engine *e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_IO);
+    assert_null(e);
+}
+
 static int g_cb_tokens[NREQ], g_cb_finished;
 static void on_output(void *user, const osp_request_output *o) {
     (void)user;
@@ -409,6 +457,7 @@ int main(void) {
         cmocka_unit_test(test_aborts),
         cmocka_unit_test(test_stops_and_admission),
         cmocka_unit_test(test_loop_thread),
+        cmocka_unit_test(test_shape_trace),
         cmocka_unit_test(test_smollm2_batch_invariance),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

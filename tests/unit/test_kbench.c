@@ -255,6 +255,44 @@ static void test_loader_rejects(void **state) {
     }
 }
 
+/* Workloads from a serving trace: the most frequent shapes first, the definition's fixed dimensions
+ * kept, a line that is not a step rejected. */
+static void test_trace_workloads(void **state) {
+    (void)state;
+    char path[] = "/tmp/kbench_traceXXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    static const char trace[] =
+        "{\"step\": 0, \"num_tokens\": 40, \"num_seqs\": 2, \"num_logits\": 2, \"max_seq_len\": 300, \"q_lens\": [39, 1], \"seq_lens\": [39, 300]}\n"
+        "{\"step\": 1, \"num_tokens\": 2, \"num_seqs\": 2, \"num_logits\": 2, \"max_seq_len\": 301, \"q_lens\": [1, 1], \"seq_lens\": [40, 301]}\n"
+        "{\"step\": 2, \"num_tokens\": 2, \"num_seqs\": 2, \"num_logits\": 2, \"max_seq_len\": 302, \"q_lens\": [1, 1], \"seq_lens\": [41, 302]}\n";
+    assert_int_equal(write(fd, trace, sizeof trace - 1), (ssize_t)(sizeof trace - 1));
+    close(fd);
+    kb_def a, m;
+    char err[512];
+    load("attention_llama8b", &a);
+    load("matmul_q8_0", &m);
+    const int na = a.n_workloads, nm = m.n_workloads;
+    assert_int_equal(kb_def_add_trace(&a, path, 8, err, sizeof err), 6); /* 6 distinct (P, Q) */
+    assert_int_equal(kb_def_add_trace(&m, path, 8, err, sizeof err), 2); /* T = 2 (twice), T = 40 */
+    const kb_workload *t0 = &m.wl[nm];
+    assert_int_equal(t0->dim[0], 2);                 /* the most frequent first */
+    assert_int_equal(t0->dim[1], m.wl[0].dim[1]);    /* K and N from the first listed workload */
+    assert_int_equal(m.wl[nm + 1].dim[0], 40);
+    for (int w = na; w < a.n_workloads; w++) {
+        assert_int_equal(a.wl[w].dim[0], 1);   /* B */
+        assert_int_equal(a.wl[w].dim[3], 8);   /* HKV fixed by the definition */
+        assert_int_equal(a.wl[w].dim[5], 128); /* D */
+        assert_true(a.wl[w].dim[2] == 1 || a.wl[w].dim[2] == 39);
+    }
+    FILE *f = fopen(path, "w");
+    fputs("{\"not\": \"a step\"}\n", f);
+    fclose(f);
+    assert_int_equal(kb_def_add_trace(&m, path, 8, err, sizeof err), -1);
+    printf("  bad trace: %s\n", err);
+    unlink(path);
+}
+
 static int fn_hang(void *ctx, int fd) {
     (void)ctx, (void)fd;
     for (;;) pause();
@@ -291,6 +329,7 @@ int main(void) {
         cmocka_unit_test(test_cached_fails_dependence),
         cmocka_unit_test(test_ignored_input_fails_dependence),
         cmocka_unit_test(test_loader_rejects),
+        cmocka_unit_test(test_trace_workloads),
         cmocka_unit_test(test_isolation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

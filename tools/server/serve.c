@@ -62,6 +62,8 @@ static const char *k_serve_usage =
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
+    "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
+    "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
     "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
@@ -108,6 +110,7 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--enable-prefix-caching")) c.prefix_caching = true;
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
+        else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
@@ -154,6 +157,7 @@ int cmd_serve(int argc, char **argv) {
     ep.max_num_batched_tokens = cfg->max_num_batched_tokens;
     ep.max_model_len = cfg->max_model_len;
     ep.enable_prefix_caching = cfg->prefix_caching;
+    ep.trace_shapes_path = cfg->trace_shapes;
     ep.device = cfg->device;
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");

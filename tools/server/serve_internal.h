@@ -41,6 +41,7 @@ typedef struct srv_config {
     bool kv_cache_memory_set;     /* given on the command line (else 1 GiB on the CPU, auto on the GPU) */
     float gpu_memory_utilization; /* --gpu-memory-utilization (0: the engine's 0.9) */
     bool prefix_caching;
+    const char *trace_shapes; /* --trace-shapes FILE, or NULL */
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
     int drain_timeout_s;
