@@ -24,9 +24,7 @@
 
 #include "bench/kernels/kb_internal.h"
 
-#ifndef OSPREY_GIT_COMMIT
-#define OSPREY_GIT_COMMIT "unknown"
-#endif
+#include "osprey_commit.h" /* OSPREY_GIT_COMMIT, generated at build time (cmake/git_commit.cmake) */
 #ifdef __clang__
 #define KB_COMPILER "clang " __clang_version__
 #else
