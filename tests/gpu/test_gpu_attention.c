@@ -1,8 +1,8 @@
 /* osp_cuda_paged_attention, both kernels (v0: CUDA cores; v1: tensor cores, attention_mma.cu, where it
  * applies), against the CPU reference osp_cpu_paged_attention on seeded random
- * batches: mixed prefill chunks and decodes (contexts 1, 2, 15, 16, 17, 100, 1000, 5000), prefill
+ * batches: mixed prefill chunks and decodes (contexts 1, 2, 15, 16, 17, 100, 1000, 5000, 131072), prefill
  * chunks over a cached prefix, pure decode batches, zero-token sequences, shuffled block tables,
- * GQA groups 1/3/4/8/24, head_dim 32/64/128/256, f16 and fp32 pages, block sizes 1/7/16 and odd
+ * GQA groups 1/3/4/8/24, head_dim 32/64/128/256, f16 and fp32 pages, block sizes 1/7/16/32/64 and odd
  * ones, one-split and split-KV launches, and a CUDA graph replayed over new batch contents.
  *
  * Both sides see identical inputs: q is bf16 on the GPU and the same values widened to fp32 for the
@@ -424,6 +424,13 @@ static void test_mixed_batches(void **state) {
 
 /* Pure decode batches: 24 sequences at random contexts up to 3000 plus one at 5000; single decodes
  * at 5000 (the most splits); max_seq_len far above the contexts (a graph sized for max_model_len). */
+/* OSPREY_TEST_SANITIZER_SUBSET=1 (scripts/gpu-test.sh sets it under racecheck, ~50x slower): a
+ * quarter of the random cases and two of the invariance shapes, every kernel and mode still run. */
+static bool sanitizer_subset(void) {
+    const char *e = getenv("OSPREY_TEST_SANITIZER_SUBSET");
+    return e && e[0] == '1';
+}
+
 static void test_decode_batches(void **state) {
     (void)state;
     int n = 0;
@@ -456,6 +463,20 @@ static void test_decode_batches(void **state) {
     g_rng = 2999;
     for (int s = 0; s < c.num_seqs; s++) c.prefix[s] = rnd_int(1500), c.nnew[s] = 1;
     run_case(&c, 2999, "decode batch of 128 (one split)");
+    /* the 8B shape at the longest context, and the block sizes the engine is run with */
+    if (!sanitizer_subset()) {
+        acase l = {0};
+        l.n_head = 32, l.n_kv = 8, l.D = 128, l.f16 = true, l.bs = 64, l.num_seqs = 2, l.qamp = 2.0f;
+        l.prefix[0] = 131071, l.nnew[0] = 1, l.prefix[1] = 70000, l.nnew[1] = 1;
+        run_case(&l, 2998, "decode at 131,072 keys (8B shape, blocks of 64)");
+    }
+    static const int bss[] = {32, 64};
+    for (int i = 0; i < 2; i++) {
+        acase b = {0};
+        b.n_head = 32, b.n_kv = 8, b.D = 128, b.f16 = true, b.bs = bss[i], b.num_seqs = 3, b.qamp = 2.0f;
+        b.prefix[0] = 3000, b.nnew[0] = 1, b.prefix[1] = 100, b.nnew[1] = 37, b.prefix[2] = 0, b.nnew[2] = 65;
+        run_case(&b, 2997u - (uint64_t)i, bss[i] == 32 ? "mixed batch, blocks of 32" : "mixed batch, blocks of 64");
+    }
 }
 
 /* Long prefills: 2048 tokens from position 0 in one sequence (SmolLM2 shape: enough tiles that the
@@ -477,13 +498,6 @@ static void test_long_prefill(void **state) {
 /* Random shapes: any supported head_dim, group sizes, block sizes 1..40, 1..12 sequences each with
  * a random prefix (0..700, or 0..200 in every third case so that max_seq_len allows no split) and
  * 0..40 new tokens, max_seq_len sometimes much larger than needed. */
-/* OSPREY_TEST_SANITIZER_SUBSET=1 (scripts/gpu-test.sh sets it under racecheck, ~50x slower): a
- * quarter of the random cases and two of the invariance shapes, every kernel and mode still run. */
-static bool sanitizer_subset(void) {
-    const char *e = getenv("OSPREY_TEST_SANITIZER_SUBSET");
-    return e && e[0] == '1';
-}
-
 static void test_random_batches(void **state) {
     (void)state;
     static const head_cfg heads[] = {{9, 3, 64},  {32, 8, 128}, {8, 8, 64},  {16, 2, 128}, {8, 2, 256},
