@@ -376,3 +376,72 @@ osp_status osp_dequant_row(uint32_t t, const void *src, float *dst, int64_t n) {
     }
     return OSP_OK;
 }
+
+/* ---- FP8 E4M3, FP4 E2M1, NVFP4 micro-blocks (dtype.h says which specs) ------------------------- */
+
+float osp_e4m3_to_fp32(uint8_t c) {
+    const float sign = c & 0x80 ? -1.0f : 1.0f;
+    const int e = (c >> 3) & 0xF, m = c & 7;
+    if (e == 15 && m == 7) return sign * NAN;
+    if (e == 0) return sign * ldexpf((float)m, -9); /* subnormal: m 2^-9 */
+    return sign * ldexpf(1.0f + (float)m / 8.0f, e - 7);
+}
+
+uint8_t osp_fp32_to_e4m3(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    const uint8_t sign = (uint8_t)((b >> 31) << 7);
+    if (isnan(f)) return sign | 0x7F;
+    const float a = fabsf(f);
+    if (a >= 464.0f) return sign | 0x7E; /* rounds past 448 (to 480, which is NaN's code): saturate */
+    if (a < 0.015625f) {                 /* below 2^-6: subnormals m 2^-9, m = 8 is 2^-6 (code 8) */
+        const float m = nearbyintf(a * 512.0f); /* exact scaling; the default mode rounds to even */
+        return sign | (uint8_t)m;
+    }
+    const int e = (int)((b >> 23) & 0xFF) - 127; /* -6 .. 8 */
+    const uint32_t mant = b & 0x7FFFFF, rem = mant & 0xFFFFF, half = 0x80000;
+    uint32_t code = ((uint32_t)(e + 7) << 3) | (mant >> 20);
+    if (rem > half || (rem == half && (code & 1))) code++; /* a carry moves into the exponent: right */
+    return sign | (uint8_t)code;
+}
+
+float osp_e2m1_to_fp32(uint8_t c) {
+    const float sign = c & 0x8 ? -1.0f : 1.0f;
+    const int e = (c >> 1) & 3, m = c & 1;
+    if (e == 0) return sign * 0.5f * (float)m;
+    return sign * ldexpf(1.0f + 0.5f * (float)m, e - 1);
+}
+
+uint8_t osp_fp32_to_e2m1(float f) {
+    if (isnan(f)) return 0x8;
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    const uint8_t sign = (uint8_t)((b >> 31) << 3);
+    const float a = fabsf(f);
+    if (a > 5.0f) return sign | 0x7; /* past 5 the nearest is 6, or beyond it: saturate at 6 */
+    if (a < 1.0f) return sign | (uint8_t)nearbyintf(a * 2.0f); /* 0, 0.5 (code 1) or 1.0 (code 2) */
+    const int e = (int)((b >> 23) & 0xFF) - 127; /* 0 .. 2 */
+    const uint32_t mant = b & 0x7FFFFF, rem = mant & 0x3FFFFF, half = 0x200000;
+    uint32_t code = ((uint32_t)(e + 1) << 1) | (mant >> 22);
+    if (rem > half || (rem == half && (code & 1))) code++;
+    return sign | (uint8_t)(code > 7 ? 7 : code);
+}
+
+void osp_nvfp4_quantize16(const float *x, float tensor_scale, uint8_t *packed, uint8_t *scale) {
+    float amax = 0.0f;
+    for (int i = 0; i < 16; i++) amax = fmaxf(amax, fabsf(x[i])); /* fmaxf drops NaN */
+    *scale = osp_fp32_to_e4m3(amax / 6.0f / tensor_scale);
+    const float s = osp_e4m3_to_fp32(*scale) * tensor_scale;
+    for (int i = 0; i < 8; i++) {
+        const uint8_t lo = s > 0.0f ? osp_fp32_to_e2m1(x[2 * i] / s) : 0, hi = s > 0.0f ? osp_fp32_to_e2m1(x[2 * i + 1] / s) : 0;
+        packed[i] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+void osp_nvfp4_dequantize16(const uint8_t *packed, uint8_t scale, float tensor_scale, float *y) {
+    const float s = osp_e4m3_to_fp32(scale) * tensor_scale;
+    for (int i = 0; i < 8; i++) {
+        y[2 * i] = osp_e2m1_to_fp32(packed[i] & 0xF) * s;
+        y[2 * i + 1] = osp_e2m1_to_fp32(packed[i] >> 4) * s;
+    }
+}

@@ -71,4 +71,25 @@ uint16_t osp_fp32_to_fp16(float f);
 float osp_bf16_to_fp32(uint16_t h);
 uint16_t osp_fp32_to_bf16(float f);
 
+/* FP8 E4M3 ("e4m3fn": OCP 8-bit floating point spec v1.0, section 5.1; 1 sign, 4 exponent bits with
+ * bias 7, 3 mantissa bits; no infinities, S.1111.111 is NaN; largest finite 448, smallest subnormal
+ * 2^-9). fp32 -> E4M3 rounds to nearest even and saturates: finite values and infinities beyond 448
+ * become +-448 (CUDA's __NV_SATFINITE, what KV-cache writers use), NaN becomes 0x7F (with its sign). */
+float osp_e4m3_to_fp32(uint8_t c);
+uint8_t osp_fp32_to_e4m3(float f);
+/* FP4 E2M1 (OCP Microscaling Formats spec v1.0, section 5.3.3; 1 sign, 2 exponent bits with bias 1,
+ * 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6), in the low 4 bits. fp32 -> E2M1 rounds to nearest even
+ * and saturates at +-6; NaN becomes 0x8 (-0), as ml_dtypes' float4_e2m1fn does. */
+float osp_e2m1_to_fp32(uint8_t c);
+uint8_t osp_fp32_to_e2m1(float f);
+
+/* NVFP4 (NVIDIA's 4-bit format: E2M1 values in micro-blocks of 16, one E4M3 scale per micro-block,
+ * one fp32 scale per tensor): x[16] -> packed[8] (value 2i in the low nibble of byte i, 2i + 1 in the
+ * high one) and *scale (E4M3). The micro-block's scale is amax / 6 / tensor_scale rounded to E4M3, so
+ * its largest value maps onto E2M1's 6; each value is x / (scale * tensor_scale) rounded to E2M1.
+ * tensor_scale > 0. */
+void osp_nvfp4_quantize16(const float *x, float tensor_scale, uint8_t *packed, uint8_t *scale);
+/* The inverse: y[i] = e2m1(value i) * e4m3(scale) * tensor_scale. */
+void osp_nvfp4_dequantize16(const uint8_t *packed, uint8_t scale, float tensor_scale, float *y);
+
 #endif
