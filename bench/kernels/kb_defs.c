@@ -327,11 +327,21 @@ int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn) {
     char *names[256];
     int n = 0;
     struct dirent *e;
-    while ((e = readdir(dp)) && n < 256) {
+    bool too_many = false;
+    while ((e = readdir(dp))) {
         const size_t l = strlen(e->d_name);
-        if (l > 5 && !strcmp(e->d_name + l - 5, ".json")) names[n++] = strdup(e->d_name);
+        if (l <= 5 || strcmp(e->d_name + l - 5, ".json")) continue;
+        if (n == 256) {
+            too_many = true;
+            break;
+        }
+        names[n++] = strdup(e->d_name);
     }
     closedir(dp);
+    if (too_many) {
+        for (int i = 0; i < n; i++) free(names[i]);
+        return fail(err, errn, "%s: more than 256 definitions", dir), -1;
+    }
     qsort(names, (size_t)n, sizeof names[0], cmp_str);
     *defs = calloc((size_t)(n ? n : 1), sizeof(kb_def));
     int rc = n;

@@ -230,10 +230,52 @@ void kb_reference(kb_case *c) {
 
 static double dtype_bytes(uint32_t t, int64_t n) { return (double)osp_dtype_row_size(t, n); }
 
+/* The element count of an extent ("B*P+B*Q": sums of products of dimensions and integers) */
+static double extent(const kb_def *d, const int64_t *dim, const char *e) {
+    double sum = 0.0, prod = 1.0;
+    char tok[24];
+    size_t t = 0;
+    for (const char *p = e;; p++) {
+        if (*p && *p != '*' && *p != '+' && *p != ',') {
+            if (t + 1 < sizeof tok) tok[t++] = *p;
+            continue;
+        }
+        tok[t] = 0, t = 0;
+        double v = atof(tok);
+        for (int k = 0; k < d->n_dims; k++)
+            if (!strcmp(d->dims[k].name, tok)) v = (double)dim[k];
+        prod *= v;
+        if (*p != '*') sum += prod, prod = 1.0;
+        if (!*p || *p == ',') break;
+    }
+    return sum;
+}
+
+/* every input and output of the kind at these dimensions, in elements */
+static double case_elements(const kb_def *d, const int64_t *dim) {
+    const kb_kind *kk = kb_kind_of(d->kind);
+    double total = 0.0;
+    for (int io = 0; io < 2; io++)
+        for (int i = 0; i < (io ? kk->n_out : kk->n_in); i++) {
+            const char *shape = io ? kk->out_shape[i] : kk->in_shape[i];
+            double n = 1.0;
+            for (const char *p = shape; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) n *= extent(d, dim, p);
+            total += n;
+        }
+    return total;
+}
+
 bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn) {
     memset(c, 0, sizeof *c);
     c->def = d, c->wl = wl, c->seed = seed;
     for (int i = 0; i < d->n_dims; i++) c->dim[i] = wl->dim[i];
+    /* the inputs, outputs (fp32) and the reference (fp64) of one case: at most 2^28 elements, 3 GiB */
+    const double elems = case_elements(d, c->dim);
+    if (!(elems <= (double)(1 << 28))) {
+        snprintf(err, errn, "%s: workload '%s' needs %.3g elements; the proving ground takes at most 2^28", d->name,
+                 wl->id, elems);
+        return false;
+    }
     uint64_t s = seed ^ 0x6b62656e6368ull;
     const kb_gen g = wl->gen;
     switch (d->kind) {
