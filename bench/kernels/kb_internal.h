@@ -22,6 +22,8 @@ typedef struct kb_kind {
 
 /* NULL: the kind has no adapter yet */
 const kb_kind *kb_kind_of(osp_op_kind k);
+/* x made representable in dtype t (bf16, f16; others: x) */
+float kb_representable(uint32_t t, float x);
 /* n values of generator g times scale, each representable in dtype, from the stream s */
 void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_t *s);
 /* rope_kv_write's rotated dimensions per head */

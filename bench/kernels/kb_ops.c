@@ -51,7 +51,7 @@ static double unit(uint64_t *s) { return (double)(splitmix(s) >> 11) * (1.0 / 90
 static double normal(uint64_t *s) { return (unit(s) + unit(s) + unit(s) + unit(s) - 2.0) * sqrt(3.0); }
 
 /* x made representable in dtype t (the values an op reading t sees) */
-static float representable(uint32_t t, float x) {
+float kb_representable(uint32_t t, float x) {
     if (t == OSP_DTYPE_BF16) return osp_bf16_to_fp32(osp_fp32_to_bf16(x));
     if (t == OSP_DTYPE_F16) return osp_fp16_to_fp32(osp_fp32_to_fp16(x));
     return x;
@@ -67,7 +67,7 @@ void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_
         case KB_GEN_LARGE: x = normal(s) * scale * 1024.0; break;
         default: x = normal(s) * scale; break;
         }
-        v[i] = representable(dtype, (float)x);
+        v[i] = kb_representable(dtype, (float)x);
     }
 }
 
@@ -296,7 +296,7 @@ bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case
         kb_fill(alloc_in(c, 0, (size_t)(T * E)), (size_t)(T * E), g, 3.0, d->in[0].dtype, &s);
         kb_fill(alloc_in(c, 1, (size_t)(T * E)), (size_t)(T * E), g, 1.0, d->in[1].dtype, &s);
         float *w = alloc_in(c, 2, (size_t)E);
-        for (int64_t j = 0; j < E; j++) w[j] = representable(d->in[2].dtype, (float)(1.0 + 0.1 * normal(&s)));
+        for (int64_t j = 0; j < E; j++) w[j] = kb_representable(d->in[2].dtype, (float)(1.0 + 0.1 * normal(&s)));
         c->out_n[0] = c->out_n[1] = (size_t)(T * E);
         c->flops = 4.0 * (double)(T * E);
         c->bytes = (double)(T * E) * (4.0 + 4.0 + 4.0) + dtype_bytes(d->in[1].dtype, T * E) +
@@ -308,7 +308,7 @@ bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case
         c->T = T, c->R = R;
         kb_fill(alloc_in(c, 0, (size_t)(T * E)), (size_t)(T * E), g, 2.0, d->in[0].dtype, &s);
         float *w = alloc_in(c, 1, (size_t)E);
-        for (int64_t j = 0; j < E; j++) w[j] = representable(d->in[1].dtype, (float)(1.0 + 0.1 * normal(&s)));
+        for (int64_t j = 0; j < E; j++) w[j] = kb_representable(d->in[1].dtype, (float)(1.0 + 0.1 * normal(&s)));
         c->lidx = malloc(sizeof(int32_t) * (size_t)R);
         for (int64_t r = 0; r < R; r++) c->lidx[r] = (int32_t)(splitmix(&s) % (uint64_t)T);
         c->lidx[R - 1] = (int32_t)(T - 1); /* the last token row is always gathered: a tail */
@@ -451,5 +451,5 @@ void kb_case_free(kb_case *c) {
 
 void kb_case_reference_f32(const kb_case *c, float **out) {
     for (int i = 0; i < c->def->n_out; i++)
-        for (size_t k = 0; k < c->out_n[i]; k++) out[i][k] = representable(c->def->out[i].dtype, (float)c->ref[i][k]);
+        for (size_t k = 0; k < c->out_n[i]; k++) out[i][k] = kb_representable(c->def->out[i].dtype, (float)c->ref[i][k]);
 }

@@ -6,6 +6,7 @@
  * A run includes the host copies of its inputs and outputs (the backend interface's only way in and
  * out); on the CPU those are memcpy-sized beside the op, on the GPU they are not, so GPU timings of
  * small ops are upper bounds until the harness gains a device-resident path. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,9 @@ typedef struct be_state {
     int n_w;
     int32_t io_act[2 * KB_MAX_IO];
     bool io_in[2 * KB_MAX_IO];
-    int io_idx[2 * KB_MAX_IO]; /* index into c->in or out */
+    int io_idx[2 * KB_MAX_IO]; /* index into c->in or out; -1 - k: poison buffer k */
     int n_io;
+    float *poison[KB_MAX_IO];  /* NaN rows written into each output activation before the op runs */
     osp_batch b;
     int32_t *pos, *slot, *ids, *lidx, qsl[2], seq_len;
     /* attention: the sequences' pages, written at prepare */
@@ -53,6 +55,7 @@ static void be_release(kb_solution *s) {
     osp_kv_cache_free(st->kv_attn);
     st->kv_attn = NULL;
     st->n_w = 0, st->n_io = 0;
+    for (int i = 0; i < KB_MAX_IO; i++) free(st->poison[i]), st->poison[i] = NULL;
 }
 
 static bool be_supports(kb_solution *s, const kb_case *c, char *why, size_t n) {
@@ -230,7 +233,37 @@ static bool rope_pages(be_state *st, const kb_case *c, float **out, bool poison,
     return true;
 }
 
+/* The gate's coverage check needs the op's own output buffers poisoned, not only the host copies
+ * (a backend copies its whole activation back, so an element its kernel skipped would come back
+ * stale, not NaN): every output activation that is not also an input gets NaN rows written into it
+ * before the op, through one more input io. In-place outputs (add, add_rmsnorm's x) keep their
+ * inputs; a skipped element there shows as an error. */
+static bool add_poison(be_state *st, const kb_case *c, char *err, size_t n) {
+    const int n0 = st->n_io;
+    int k = 0;
+    for (int i = 0; i < n0; i++) {
+        if (st->io_in[i]) continue;
+        bool is_input = false;
+        for (int j = 0; j < n0; j++) is_input |= st->io_in[j] && st->io_act[j] == st->io_act[i];
+        if (is_input) continue;
+        if (k == KB_MAX_IO || st->n_io == 2 * KB_MAX_IO) return snprintf(err, n, "too many outputs to poison"), false;
+        const size_t cnt = c->out_n[st->io_idx[i]];
+        st->poison[k] = malloc(cnt * sizeof(float) + 4);
+        if (!st->poison[k]) return snprintf(err, n, "out of memory"), false;
+        for (size_t e = 0; e < cnt; e++) st->poison[k][e] = NAN;
+        add_io(st, st->io_act[i], true, -1 - k);
+        k++;
+    }
+    return true;
+}
+
+static bool be_prepare_case(kb_solution *s, const kb_case *c, char *err, size_t n);
+
 static bool be_prepare(kb_solution *s, const kb_case *c, char *err, size_t n) {
+    return be_prepare_case(s, c, err, n) && add_poison(s->state, c, err, n);
+}
+
+static bool be_prepare_case(kb_solution *s, const kb_case *c, char *err, size_t n) {
     be_state *st = s->state;
     be_release(s);
     const kb_def *d = c->def;
@@ -331,7 +364,11 @@ static bool be_run(kb_solution *s, const kb_case *c, float **out, char *err, siz
     if (rope && !rope_pages(st, c, out, true, err, n)) return false;
     osp_act_io ios[2 * KB_MAX_IO];
     for (int i = 0; i < st->n_io; i++)
-        ios[i] = (osp_act_io){st->io_act[i], st->io_in[i] ? c->in[st->io_idx[i]] : out[st->io_idx[i]], st->io_in[i]};
+        ios[i] = (osp_act_io){st->io_act[i],
+                              st->io_idx[i] < 0 ? st->poison[-1 - st->io_idx[i]]
+                              : st->io_in[i]    ? c->in[st->io_idx[i]]
+                                                : out[st->io_idx[i]],
+                              st->io_in[i]};
     osp_run_io rio = {.acts = ios, .n_acts = st->n_io};
     if (st->be->vt->run(st->be, &st->g, st->kv_attn ? st->kv_attn : st->kv, &st->b, &rio) != OSP_OK)
         return set_err(err, n, "run");

@@ -4,8 +4,10 @@
  * shapes and value distributions, a reference (plain C, fp64 accumulation: kb_ops.c) says the right
  * answer, and a solution (an osprey implementation of the op kind: the CPU backend's fast path, its
  * exact path, the CUDA backend) is timed only after it passes the gate:
- *   coverage     outputs are poisoned with NaN first; every element must be written
- *   error        |got - ref| <= rtol |ref| + atol max|ref| per output (NaN never passes)
+ *   coverage     outputs are poisoned with NaN first (the solution's own output buffers: backend
+ *                activations and KV page rows); every element must be written
+ *   error        |got - ref| <= rtol |ref| + atol max|ref| per output, max over the whole output
+ *                tensor (NaN never passes)
  *   determinism  the same inputs twice give the same bits (a race shows here)
  *   dependence   changing one element of any input (the last one: tails) changes the output wherever
  *                it changes the reference (an ignored input or a cached result shows here)
@@ -168,6 +170,8 @@ typedef struct kb_gate_result {
     kb_check check;      /* the first check that failed, KB_OK if none */
     char detail[256];    /* where and by how much */
     double worst_ratio;  /* max |got - ref| / tol over every output element checked */
+    char unchecked[64];  /* inputs the dependence check could not exercise (changing their last element
+                          * moved no output beyond two steps of its dtype), comma-separated */
     int seeds;           /* fresh inputs run */
 } kb_gate_result;
 

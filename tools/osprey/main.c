@@ -102,8 +102,8 @@ int main(int argc, char **argv) {
         fputs(k_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    /* serve and render-template list their own flags; the others share this usage text */
-    if (strcmp(argv[1], "serve") != 0 && strcmp(argv[1], "render-template") != 0)
+    /* serve, render-template and bench-kernels list their own flags; the others share this usage text */
+    if (strcmp(argv[1], "serve") != 0 && strcmp(argv[1], "render-template") != 0 && strcmp(argv[1], "bench-kernels") != 0)
         for (int i = 2; i < argc; i++)
             if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
                 fputs(k_usage, stdout);
