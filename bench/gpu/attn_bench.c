@@ -7,11 +7,11 @@
  * Prints one JSON object per row on stdout: {"kind", "B", "ctx", "kernel", "us", "gbps", "tflops"}
  * with gbps = K + V bytes read once (B * ctx * n_kv * D * 2 bytes * 2) over the time, tflops =
  * causal FLOPs (2 * 2 * n^2 / 2 * D * n_head) over the time; bench/gpu/attention.sh puts PyTorch's
- * SDPA on the same shapes beside it. kernel: "v1" (its own choice of mode), "v1-fold", "v0" (the CUDA-core
- * fallback).
+ * SDPA on the same shapes beside it. kernel: "v2" (the tensor-core kernel with wgmma, its own choice of
+ * mode), "v2-fold" (the same in fold mode), "v1" (mma.sync), "v0" (the CUDA-core fallback).
  *
- * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v1|v1-fold|v0: that kernel only)
- *        attn_bench one decode|prefill B ctx v1|v1-fold|v0   one row, one kernel (for ncu:
+ * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v2|v2-fold|v1|v0: that kernel only)
+ *        attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0   one row, one kernel (for ncu:
  *        bench/gpu/profile_attention.sh) */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -116,8 +116,10 @@ static void run(const shape *sh) {
     CK(cudaMemcpy(d_bt, perm, sizeof(int32_t) * (size_t)nblocks, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_q, q, sizeof(uint16_t) * (size_t)(T * H * D), cudaMemcpyHostToDevice));
 
-    static const struct { const char *name; int mode; } ks[] = {
-        {"v1", OSP_CUDA_ATTN_V1}, {"v1-fold", OSP_CUDA_ATTN_FOLD}, {"v0", OSP_CUDA_ATTN_V0}};
+    static const struct { const char *name; int mode, mma; } ks[] = {{"v2", OSP_CUDA_ATTN_V2, 0},
+                                                                     {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA},
+                                                                     {"v1", OSP_CUDA_ATTN_V1, 0},
+                                                                     {"v0", OSP_CUDA_ATTN_V0, 0}};
     const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * 2.0;
     const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
     cudaEvent_t e0, e1;
@@ -128,6 +130,7 @@ static void run(const shape *sh) {
         if (!g_only && ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
         if (ks[ki].mode == OSP_CUDA_ATTN_V0 && prefill && ctx > 16384) continue; /* v0: ~0.5 s a launch */
         osp_cuda_attention_force_mode(ks[ki].mode);
+        osp_cuda_attention_force_mma(ks[ki].mma);
 #define LAUNCH()                                                                                     \
     OK(osp_cuda_paged_attention(d_q, k, v, OSP_KV_PAGE_F16, d_out, B, d_qsl, d_pos, d_bt, nb_seq, BS, T, H, HKV, D, \
                                 0.08838834764f, 0, ctx, d_ws, NULL))
@@ -160,6 +163,7 @@ static void run(const shape *sh) {
         fflush(stdout);
     }
     osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
+    osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);
     osp_cuda_free(d_q), osp_cuda_free(d_out), osp_cuda_free(d_ws);
@@ -173,14 +177,14 @@ int main(int argc, char **argv) {
     const char *e1 = getenv("ATTN_FOLD_STAGES"), *e2 = getenv("ATTN_SPLIT_STAGES"), *e3 = getenv("ATTN_SPLIT_WAVES"),
                *e4 = getenv("ATTN_CHUNKS_PER_CTA");
     osp_cuda_attention_v1_tune(e1 ? atoi(e1) : 0, e2 ? atoi(e2) : 0, e3 ? atoi(e3) : 0, e4 ? atoi(e4) : 0);
-    g_only = getenv("ATTN_KERNEL"); /* one kernel (v1, v1-fold or v0) instead of all three */
+    g_only = getenv("ATTN_KERNEL"); /* one kernel (v2, v2-fold, v1 or v0) instead of all four */
     if (osp_cuda_device_count() == 0) {
         fprintf(stderr, "attn_bench: no CUDA device\n");
         return 77;
     }
     if (!strcmp(what, "one")) {
         if (argc != 6) {
-            fprintf(stderr, "usage: attn_bench one decode|prefill B ctx v1|v1-fold|v0\n");
+            fprintf(stderr, "usage: attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0\n");
             return 2;
         }
         const shape sh = {!strcmp(argv[2], "prefill") ? "prefill" : "decode", atoi(argv[3]), atoi(argv[4])};

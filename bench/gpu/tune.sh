@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# v1's launch shapes side by side (bench/gpu/attn_bench.c under ATTN_FOLD_STAGES, ATTN_SPLIT_STAGES,
+# The tensor-core kernel's launch shapes side by side (ATTN_KERNEL=v2, the default, or v1; bench/gpu/attn_bench.c under ATTN_FOLD_STAGES, ATTN_SPLIT_STAGES,
 # ATTN_SPLIT_WAVES, ATTN_CHUNKS_PER_CTA; none changes a result bit, test_gpu_attention asserts it):
 # one line per row, one column per shape. Usage: tune.sh [decode|prefill|all] "NAME:VAR=V,VAR=V" ...
 # e.g. tune.sh decode "base:" "s3:ATTN_SPLIT_STAGES=3" "w2:ATTN_SPLIT_WAVES=2". Run after
@@ -9,12 +9,13 @@ G=/tmp/osprey-gpu/gpu
 export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 what=$1
 shift
+K=${ATTN_KERNEL:-v2} # the kernel whose launch shapes are compared (v2 or v1)
 dir=$(mktemp -d)
 names=()
 for spec in "$@"; do
     name=${spec%%:*} vars=${spec#*:}
     names+=("$name")
-    env ATTN_KERNEL=v1 $(echo "$vars" | tr ',' ' ') timeout 120 $G/bin/attn_bench "$what" | grep '"kernel": "v1"' > "$dir/$name.jsonl" || echo "tune: $name failed"
+    env ATTN_KERNEL=$K $(echo "$vars" | tr ',' ' ') timeout 120 $G/bin/attn_bench "$what" | grep "\"kernel\": \"$K\"" > "$dir/$name.jsonl" || echo "tune: $name failed"
 done
 python3 - "$dir" "${names[@]}" <<'PY'
 import json, sys, os

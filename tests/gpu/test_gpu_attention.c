@@ -279,12 +279,24 @@ static void dev_upload(dev_bufs *d, const batch *b, void *stream) {
     assert_int_equal(osp_cuda_stream_sync(stream), OSP_OK); /* the host buffers may go after this */
 }
 
-/* The kernel every launch of this test uses (osp_cuda_attention_force_mode): each case runs under v0
- * and v1 (run_case, test_graph_replay), the invariance test under v1's modes. */
+/* The kernel every launch of this test uses (osp_cuda_attention_force_mode): each case runs under v0,
+ * v1 (mma.sync) and v2 (wgmma, where it applies) (run_case, test_graph_replay), the invariance test
+ * under the tensor-core kernel's modes with each instruction. */
 static int g_mode = OSP_CUDA_ATTN_V0;
-static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1};
+static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2};
 static const char *mode_name(int m) {
-    return m == OSP_CUDA_ATTN_V0 ? "v0" : m == OSP_CUDA_ATTN_V1 ? "v1" : m == OSP_CUDA_ATTN_FOLD ? "v1 fold" : "v1 split";
+    return m == OSP_CUDA_ATTN_V0   ? "v0"
+           : m == OSP_CUDA_ATTN_V1 ? "v1"
+           : m == OSP_CUDA_ATTN_V2 ? "v2"
+           : m == OSP_CUDA_ATTN_FOLD ? "fold"
+                                     : "split";
+}
+/* false where kernel k of k_kernels would only repeat another's launch (v2 where wgmma does not apply) */
+static bool kernel_applies(int mode, const acase *c) {
+    const uint32_t kvt = c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32;
+    if (mode == OSP_CUDA_ATTN_V0) return true;
+    if (!osp_cuda_attention_uses_v1(mode, kvt, c->D)) return false;
+    return mode != OSP_CUDA_ATTN_V2 || osp_cuda_attention_v2_supported(kvt, c->D);
 }
 
 static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
@@ -372,7 +384,7 @@ static void run_case(const acase *c, uint64_t seed, const char *what) {
     batch_build(&b, c, seed);
     for (size_t k = 0; k < sizeof k_kernels / sizeof k_kernels[0]; k++) {
         g_mode = k_kernels[k];
-        if (k > 0 && !osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D)) break;
+        if (!kernel_applies(g_mode, c)) continue;
         dev_bufs d;
         dev_alloc(&d, &b, b.T > 0 ? b.T : 1);
         dev_upload(&d, &b, NULL);
@@ -534,7 +546,7 @@ static void test_random_batches(void **state) {
 static void test_graph_replay(void **state) {
     (void)state;
     static const head_cfg cfgs[] = {{32, 8, 128}, {9, 3, 64}};
-    for (int run = 0; run < 4; run++) {
+    for (int run = 0; run < 6; run++) { /* v0, v1, v2 on each shape */
         const int ci = run % 2;
         g_mode = k_kernels[run / 2];
         acase a = {0};
@@ -676,8 +688,14 @@ static void test_batch_invariance(void **state) {
         batch full;
         batch_build(&full, &c, 7000u + ci);
         if (!osp_cuda_attention_v1_supported(OSP_KV_PAGE_F16, c.D)) skip();
+        /* each instruction on its own: mma.sync (v1) and, where it applies, wgmma (v2) need not round
+         * alike, and which one serves a row depends on the model's shape alone */
+        for (int wg = 0; wg < 2; wg++) {
+        if (wg && !osp_cuda_attention_v2_supported(OSP_KV_PAGE_F16, c.D)) continue;
+        const int base_mode = wg ? OSP_CUDA_ATTN_V2 : OSP_CUDA_ATTN_V1;
+        osp_cuda_attention_force_mma(wg ? OSP_CUDA_ATTN_MMA_WGMMA : OSP_CUDA_ATTN_MMA_SYNC);
         {   /* the reference itself is right */
-            g_mode = OSP_CUDA_ATTN_V1;
+            g_mode = base_mode;
             dev_bufs d;
             dev_alloc(&d, &full, full.T);
             dev_upload(&d, &full, NULL);
@@ -686,7 +704,7 @@ static void test_batch_invariance(void **state) {
             dev_free(&d);
             g_mode = OSP_CUDA_ATTN_V0;
         }
-        uint16_t *ref = run_bits(&full, OSP_CUDA_ATTN_V1);
+        uint16_t *ref = run_bits(&full, base_mode);
         const int64_t hd = (int64_t)c.n_head * c.D;
         /* X's token ranges as sequence 0, with company */
         typedef struct { int n; int32_t start[4], count[4]; } layout;
@@ -697,8 +715,7 @@ static void test_batch_invariance(void **state) {
         };
         /* modes, and v1's launch shapes (osp_cuda_attention_v1_tune: fold stages, split stages, split
          * waves, chunks per split CTA; 0 the default): none may change a bit */
-        static const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT,
-                                    OSP_CUDA_ATTN_FOLD};
+        const int modes[] = {base_mode, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
         static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}};
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
@@ -724,9 +741,11 @@ static void test_batch_invariance(void **state) {
                 free(got);
                 derived_free(&b);
             }
-        printf("invariance heads %2d/%d D %3d win %3d bs %2d: %lld rows bit-identical to the one-prefill run\n",
-               c.n_head, c.n_kv, c.D, c.window, c.bs, (long long)compared);
+        printf("invariance %s heads %2d/%d D %3d win %3d bs %2d: %lld rows bit-identical to the one-prefill run\n",
+               wg ? "wgmma" : "mma.sync", c.n_head, c.n_kv, c.D, c.window, c.bs, (long long)compared);
         free(ref);
+        }
+        osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
         batch_free(&full);
     }
 }

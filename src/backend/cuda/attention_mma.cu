@@ -156,6 +156,82 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/* ---- wgmma (sm_90a; PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") ----
+ * A warpgroup (the CTA's 4 warps) issues one m64nNk16 over all 64 rows; warp w owns rows 16 w .. 16 w +
+ * 15 of A and of the accumulator, in exactly mma.m16n8k16's fragment layout (A: 4 f16x2 registers;
+ * accumulator: element [n][e] is row g + 8 (e >> 1), column 8 n + 2 tq + (e & 1)), so the softmax
+ * code is the same for both instructions. B is read from shared memory through a descriptor (9.7.15.5.1.2):
+ * 128-byte swizzle, rows of 64 f16 (128 bytes), 8-row atoms of 1024 bytes (1024-byte aligned), the
+ * 16-byte chunk j of row r stored at chunk j ^ (r mod 8). */
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's async proxy */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* keeps the compiler from moving uses of an accumulator across the asynchronous instructions */
+template <int N> __device__ __forceinline__ void wg_fence_operands(float (&d)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+/* Shared-memory matrix descriptor, 128-byte swizzle: start address, leading-dimension byte offset (N-major:
+ * the stride between 64-element column groups; unused for K-major), stride-dimension byte offset (the
+ * stride between 8-row groups: 1024 here), all >> 4. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+/* d (+)= a b, m64n64k16, A from registers (mma.sync's A fragment per warp), B by descriptor;
+ * TB: B is N-major (V: keys x D with D contiguous) rather than K-major (K: keys x D as the N x K B) */
+template <int TB> __device__ __forceinline__ void wgmma_m64n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
+}
+
+/* d (+)= a b, m64n128k16, A from registers (mma.sync's A fragment per warp), B by descriptor;
+ * TB: B is N-major (V: keys x D with D contiguous) rather than K-major (K: keys x D as the N x K B) */
+template <int TB> __device__ __forceinline__ void wgmma_m64n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                   "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
+}
+
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&h);
@@ -174,19 +250,25 @@ __device__ __forceinline__ float quad_sum(float v) { /* the same bits in all 4 l
 /* Shared memory: K, V [stages][tile keys][D + kPadH] f16, then one region that first holds Q
  * [kRows][D + kPadH] f16 (until the fragments are in registers) and then, at D = 128 in fold mode,
  * the fold state. The stage count changes no result (only the tile and chunk lengths are numerics). */
+/* K/V shared rows: padded for ldmatrix (mma.sync), or dense in 128-byte-swizzled atoms (wgmma) */
+template <int D, bool kWg> constexpr int kv_row_halves() { return kWg ? D : D + kPadH; }
 template <int D, bool kFold> constexpr int q_region_bytes() {
     return 2 * kRows * (D + kPadH) > (kFold && fold_in_smem<D>() ? 4 * kRows * D : 0) ? 2 * kRows * (D + kPadH)
                                                                                      : 4 * kRows * D;
 }
-template <int D, int ST, bool kFold> constexpr int smem_bytes() {
-    return ST * 4 * tile_keys<D>() * (D + kPadH) + q_region_bytes<D, kFold>();
+template <int D, int ST, bool kFold, bool kWg> constexpr int smem_bytes() {
+    /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes */
+    return ST * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 : 0);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
-/* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode) */
-template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
+/* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode); kWg: the products by
+ * wgmma (sm_90a, D 64 / 128) instead of mma.sync. */
+template <int D, int ST, bool kFold, bool kWg>
+__global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
+    static_assert(!kWg || D == 64 || D == 128, "wgmma: D 64 or 128");
     static_assert(ST >= 2, "stages");
     constexpr int kKeys = tile_keys<D>();
     constexpr bool kOSmem = kFold && fold_in_smem<D>();
@@ -197,10 +279,12 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
     constexpr int CPR = D / 8;      /* 16-byte chunks per row */
     constexpr int CPT = kKeys * CPR / kThreads; /* chunks per thread per K (or V) tile */
     static_assert(CPT * kThreads == kKeys * CPR, "tile chunking");
+    constexpr int KRS = kv_row_halves<D, kWg>(); /* K/V row stride, halves */
     extern __shared__ uint4 smem_u4[];
-    uint16_t *sK = reinterpret_cast<uint16_t *>(smem_u4); /* [ST][kKeys][RS] */
-    uint16_t *sV = sK + ST * kKeys * RS;                    /* [ST][kKeys][RS] */
-    uint16_t *sQ = sV + ST * kKeys * RS;                    /* [kRows][RS], until the fragments are loaded */
+    uint16_t *sK = reinterpret_cast<uint16_t *>(smem_u4); /* [ST][kKeys][KRS]; wgmma: [ST][D / 64][kKeys][64] swizzled */
+    if constexpr (kWg) sK += ((1024u - (smem_u32(smem_u4) & 1023u)) & 1023u) / 2;
+    uint16_t *sV = sK + ST * kKeys * KRS;                   /* as sK */
+    uint16_t *sQ = sV + ST * kKeys * KRS;                   /* [kRows][RS], until the fragments are loaded */
     float *sO = reinterpret_cast<float *>(sQ); /* then kOSmem: [ND * 4][kThreads], thread-private */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -261,7 +345,12 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
     const int part = tid % CPR, jrow = tid / CPR;
     const uint16_t *kbase = p.k_pages + (int64_t)kvh * D + part * 8, *vbase = p.v_pages + (int64_t)kvh * D + part * 8;
-    const uint32_t sk0 = smem_u32(sK + jrow * RS + part * 8), sv0 = smem_u32(sV + jrow * RS + part * 8);
+    /* this thread's chunk in a stage: padded rows, or (wgmma) column group part / 8, row jrow, chunk
+     * (part mod 8) xor (jrow mod 8); the rows it copies are jrow + u kThreads / CPR, the same mod 8 */
+    static_assert(!kWg || (kThreads / CPR) % 8 == 0, "swizzle: a thread's rows agree mod 8");
+    const uint32_t kv_off = kWg ? (uint32_t)((part / 8) * kKeys * 128 + jrow * 128 + (((part % 8) ^ (jrow % 8)) * 16))
+                                : (uint32_t)((jrow * RS + part * 8) * 2);
+    const uint32_t sk0 = smem_u32(sK) + kv_off, sv0 = smem_u32(sV) + kv_off;
     /* The block-table entries of a tile are read one tile ahead of its copies (fetch_slots), so the
      * copies never wait on a dependent table load. slot[u]: the slot of this thread's u-th key, -1 at
      * or past ke. */
@@ -278,7 +367,7 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
         for (int u = 0; u < CPT; u++) {
             const bool valid = slot[u] >= 0;
             const int64_t off = valid ? (int64_t)slot[u] * row_elems : 0;
-            const uint32_t so = (uint32_t)((st * kKeys + u * (kThreads / CPR)) * RS * 2);
+            const uint32_t so = (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * (kWg ? 128 : RS * 2));
             cp_async16(sk0 + so, kbase + off, valid);
             cp_async16(sv0 + so, vbase + off, valid);
         }
@@ -362,6 +451,7 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
     for (int k0 = kb; k0 < ke; k0 += kKeys) {
         const bool more = k0 + kKeys < ke;
         cp_async_wait<ST - 2>(); /* this thread's copies of tile k0 have landed */
+        if constexpr (kWg) fence_proxy_async(); /* ... and are visible to wgmma */
         __syncthreads();         /* everyone's have, and every warp is done with the stage refilled next */
         if (k0 + (ST - 1) * kKeys < ke) {
             load_tile(slot_next, stage_load);
@@ -370,12 +460,27 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
         cp_async_commit();
         stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
 
-        const uint32_t tK = k_lane + (uint32_t)(stage * kKeys * RS * 2), tV = v_lane + (uint32_t)(stage * kKeys * RS * 2);
-        if (warp * 16 < rows) { /* a warp with no rows (decode: one token's heads) only loads */
+        const uint32_t st_off = (uint32_t)(stage * kKeys * KRS * 2);
+        const uint32_t tK = k_lane + st_off, tV = v_lane + st_off;
+        /* a warp with no rows (decode: one token's heads) only loads, under mma.sync; wgmma needs the
+         * whole warpgroup (its rows are zeros and fully masked) */
+        if (kWg || warp * 16 < rows) {
         /* S = Q K^T */
         float sc[NB][4];
 #pragma unroll
         for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        if constexpr (kWg) {
+            static_assert(NB == 8, "S is m64n64");
+            /* k-step kk: d [16 kk, 16 kk + 16) = column group kk / 4, bytes 32 (kk mod 4) of each row */
+            const uint32_t kst = smem_u32(sK) + st_off;
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++)
+                wgmma_m64n64<0>(sc, qf[kk], wg_desc(kst + (uint32_t)((kk / 4) * kKeys * 128 + (kk % 4) * 32), 16, 1024), kk > 0);
+            wg_commit();
+            wg_wait_all();
+            wg_fence_operands(sc);
+        } else {
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
 #pragma unroll
@@ -385,6 +490,7 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
                 mma16816(sc[2 * n2], qf[kk], b0, b1);
                 mma16816(sc[2 * n2 + 1], qf[kk], b2, b3);
             }
+        }
         }
         /* scale, mask, online softmax (rows A: elements 0, 1; B: 2, 3) */
 #pragma unroll
@@ -425,6 +531,29 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
             o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
         }
         /* O += P V */
+        if constexpr (kWg) {
+            /* k-step j: keys [16 j, 16 j + 16) = rows 16 j .. of every column group; B is N-major (D
+             * contiguous): column groups kKeys * 128 bytes apart, 8-row groups 1024 */
+            const uint32_t vst = smem_u32(sV) + st_off;
+            uint32_t pa[kKeys / 16][4];
+#pragma unroll
+            for (int j = 0; j < kKeys / 16; j++) {
+                pa[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pa[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
+                pa[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+                pa[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+            }
+            wg_fence_operands(o);
+            wg_fence();
+#pragma unroll
+            for (int j = 0; j < kKeys / 16; j++) {
+                const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
+                if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
+                else wgmma_m64n64<1>(o, pa[j], dv, 1);
+            }
+            wg_commit();
+            wg_wait_all();
+            wg_fence_operands(o);
+        } else {
 #pragma unroll
         for (int j = 0; j < kKeys / 16; j++) {
             const uint32_t a[4] = {pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pack_f16x2(sc[2 * j][2], sc[2 * j][3]),
@@ -437,6 +566,7 @@ template <int D, int ST, bool kFold> __global__ void __launch_bounds__(kThreads,
                 mma16816(o[2 * d2], a, b0, b1);
                 mma16816(o[2 * d2 + 1], a, b2, b3);
             }
+        }
         }
 
         /* chunk end: fold (fold mode) or write the chunk's partial (split mode), then a fresh chunk */
@@ -551,36 +681,49 @@ int sm_count() {
 /* Stage counts a launch may use (K/V tiles in flight); each one instantiated for both modes. */
 constexpr int kMaxStages = 4;
 
-template <int D, int ST, bool kFold> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
-    constexpr int smem = smem_bytes<D, ST, kFold>();
+template <int D, int ST, bool kFold, bool kWg> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
+    constexpr int smem = smem_bytes<D, ST, kFold, kWg>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attn_mma_kernel<D, ST, kFold><<<grid, kThreads, smem, st>>>(prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem));
+    attn_mma_kernel<D, ST, kFold, kWg><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return OSP_OK;
 }
 
-template <int D, bool kFold> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
+template <int D, bool kFold, bool kWg> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
     switch (stages) {
-    case 3: return launch_kernel<D, 3, kFold>(prm, grid, st);
-    case 4: return launch_kernel<D, 4, kFold>(prm, grid, st);
-    default: return launch_kernel<D, 2, kFold>(prm, grid, st);
+    case 3: return launch_kernel<D, 3, kFold, kWg>(prm, grid, st);
+    case 4: return launch_kernel<D, 4, kFold, kWg>(prm, grid, st);
+    default: return launch_kernel<D, 2, kFold, kWg>(prm, grid, st);
     }
 }
 
-template <int D> int smem_of(int stages, bool fold) {
+template <int D, bool kWg> int smem_of_wg(int stages, bool fold) {
     switch (stages) {
-    case 3: return fold ? smem_bytes<D, 3, true>() : smem_bytes<D, 3, false>();
-    case 4: return fold ? smem_bytes<D, 4, true>() : smem_bytes<D, 4, false>();
-    default: return fold ? smem_bytes<D, 2, true>() : smem_bytes<D, 2, false>();
+    case 3: return fold ? smem_bytes<D, 3, true, kWg>() : smem_bytes<D, 3, false, kWg>();
+    case 4: return fold ? smem_bytes<D, 4, true, kWg>() : smem_bytes<D, 4, false, kWg>();
+    default: return fold ? smem_bytes<D, 2, true, kWg>() : smem_bytes<D, 2, false, kWg>();
     }
+}
+template <int D> int smem_of(int stages, bool fold, bool wg) {
+    if constexpr (D >= 64)
+        if (wg) return smem_of_wg<D, true>(stages, fold);
+    return smem_of_wg<D, false>(stages, fold);
+}
+
+template <int D, bool kWg>
+osp_status launch_mode(const Params &prm, dim3 grid, int stages, bool split, cudaStream_t st) {
+    return split ? launch_stages<D, false, kWg>(prm, grid, stages, st) : launch_stages<D, true, kWg>(prm, grid, stages, st);
 }
 
 template <int D>
-osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, cudaStream_t st) {
+osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, cudaStream_t st) {
     const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
-    osp_status rc = split ? launch_stages<D, false>(prm, grid, stages, st) : launch_stages<D, true>(prm, grid, stages, st);
+    osp_status rc;
+    if constexpr (D >= 64) rc = wg ? launch_mode<D, true>(prm, grid, stages, split, st) : launch_mode<D, false>(prm, grid, stages, split, st);
+    else rc = launch_mode<D, false>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
     merge_kernel<D><<<(unsigned)ceil_div(nrow, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
@@ -600,13 +743,16 @@ int ctas_per_sm(int smem) {
 int g_fold_stages = 0, g_split_stages = 0, g_split_waves = 0, g_chunks_per_cta = 0;
 constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 
-/* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / fold / split; unset: auto) or the
- * one a test forced */
+/* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / v1 / v2 / fold / split; unset: auto)
+ * or the one a test forced */
 int g_force_mode = -1;
+/* the matrix instruction of auto, fold and split mode (osp_cuda_attention_force_mma) */
+int g_force_mma = OSP_CUDA_ATTN_MMA_AUTO;
 
 } // namespace
 
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
+extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
     g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
     g_split_stages = split_stages >= 2 && split_stages <= kMaxStages ? split_stages : 0;
@@ -619,6 +765,7 @@ extern "C" int osp_cuda_attention_forced_mode(void) {
         g_force_mode = !e ? OSP_CUDA_ATTN_AUTO
                        : !strcmp(e, "v0") ? OSP_CUDA_ATTN_V0
                        : !strcmp(e, "v1") ? OSP_CUDA_ATTN_V1
+                       : !strcmp(e, "v2") ? OSP_CUDA_ATTN_V2
                        : !strcmp(e, "fold") ? OSP_CUDA_ATTN_FOLD
                        : !strcmp(e, "split") ? OSP_CUDA_ATTN_SPLIT
                                              : OSP_CUDA_ATTN_AUTO;
@@ -630,10 +777,21 @@ extern "C" bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D) {
     return kv_type == OSP_KV_PAGE_F16 && (D == 32 || D == 64 || D == 128);
 }
 
+extern "C" bool osp_cuda_attention_v2_supported(uint32_t kv_type, int D) {
+    return kv_type == OSP_KV_PAGE_F16 && (D == 64 || D == 128);
+}
+
 extern "C" bool osp_cuda_attention_uses_v1(int mode, uint32_t kv_type, int D) {
-    const bool v1 = mode == OSP_CUDA_ATTN_V1 || mode == OSP_CUDA_ATTN_FOLD || mode == OSP_CUDA_ATTN_SPLIT ||
-                    (mode == OSP_CUDA_ATTN_AUTO && OSP_CUDA_ATTN_V1_DEFAULT);
+    const bool v1 = mode == OSP_CUDA_ATTN_V1 || mode == OSP_CUDA_ATTN_V2 || mode == OSP_CUDA_ATTN_FOLD ||
+                    mode == OSP_CUDA_ATTN_SPLIT || (mode == OSP_CUDA_ATTN_AUTO && OSP_CUDA_ATTN_V1_DEFAULT);
     return v1 && osp_cuda_attention_v1_supported(kv_type, D);
+}
+
+extern "C" bool osp_cuda_attention_uses_wgmma(int mode, int mma, uint32_t kv_type, int D) {
+    if (!osp_cuda_attention_uses_v1(mode, kv_type, D) || !osp_cuda_attention_v2_supported(kv_type, D)) return false;
+    if (mode == OSP_CUDA_ATTN_V1) return false;
+    if (mode == OSP_CUDA_ATTN_V2) return true;
+    return mma == OSP_CUDA_ATTN_MMA_WGMMA || (mma == OSP_CUDA_ATTN_MMA_AUTO && OSP_CUDA_ATTN_V2_DEFAULT);
 }
 
 extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len) {
@@ -660,6 +818,7 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * the workspace budget (osp_cuda_attention_workspace_bytes allocates at most that) */
     const bool can_split = n_chunks > 1 && n_chunks <= 65535 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET;
     const int forced = osp_cuda_attention_forced_mode();
+    const bool wg = osp_cuda_attention_uses_wgmma(forced, g_force_mma, OSP_KV_PAGE_F16, D);
     const bool split = forced == OSP_CUDA_ATTN_SPLIT ? can_split
                        : forced == OSP_CUDA_ATTN_FOLD ? false
                                                       : can_split && ctas < 2 * sm_count();
@@ -694,7 +853,9 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * (8 a CTA) made 272 CTAs: a second wave of 8 (predicted to cost a whole wave; not yet measured). The shapes bench/gpu/tune.sh
      * measured (B 1 / 2 / 8 / 64 at 1k .. 128k) keep the counts they were measured with. */
     const int stages = split ? (g_split_stages ? g_split_stages : kSplitStages) : (g_fold_stages ? g_fold_stages : kFoldStages);
-    const int smem = D == 32 ? smem_of<32>(stages, !split) : D == 64 ? smem_of<64>(stages, !split) : smem_of<128>(stages, !split);
+    const int smem = D == 32   ? smem_of<32>(stages, !split, false)
+                     : D == 64 ? smem_of<64>(stages, !split, wg)
+                               : smem_of<128>(stages, !split, wg);
     const int64_t resident = (int64_t)sm_count() * ctas_per_sm(smem) * (g_split_waves ? g_split_waves : kSplitWaves);
     int64_t per = g_chunks_per_cta;
     if (!per) {
@@ -710,8 +871,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     const int64_t n_groups = ceil_div(n_chunks, per);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, st);
-    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, st);
-    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, st);
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
     }
 }

@@ -19,27 +19,50 @@ extern "C" {
 /* The most workspace split mode uses; a launch whose partials would need more runs in fold mode. */
 #define OSP_CUDA_ATTN_SPLIT_BUDGET ((size_t)128 << 20)
 
-/* Which kernel serves a launch and how v1 spreads its work (v1's results are the same bits either
- * way): AUTO is the default kernel (OSP_CUDA_ATTN_V1_DEFAULT) with v1 picking its mode per launch from
- * host scalars; V0 the CUDA-core kernel; V1 the tensor-core kernel where it applies (v0 elsewhere);
- * FOLD and SPLIT v1 in that mode (SPLIT where the workspace allows). */
-enum { OSP_CUDA_ATTN_AUTO = 0, OSP_CUDA_ATTN_V0 = 1, OSP_CUDA_ATTN_V1 = 2, OSP_CUDA_ATTN_FOLD = 3, OSP_CUDA_ATTN_SPLIT = 4 };
-/* v1 is the default where it applies (f16 pages, D 32 / 64 / 128); OSPREY_CUDA_ATTENTION=v0 selects
- * the CUDA-core kernel for comparison. */
+/* Which kernel serves a launch and how the tensor-core kernel spreads its work (its results are the
+ * same bits either way): AUTO is the default kernel (OSP_CUDA_ATTN_V1_DEFAULT) picking its mode per
+ * launch from host scalars; V0 the CUDA-core kernel; V1 the tensor-core kernel with mma.sync where it
+ * applies (v0 elsewhere); V2 the same kernel with its two products by wgmma where that applies (f16
+ * pages, D 64 / 128; mma.sync at D 32); FOLD and SPLIT the tensor-core kernel in that mode (SPLIT where
+ * the workspace allows) with the instruction osp_cuda_attention_force_mma names.
+ * The instruction is chosen from the model's shape alone (head_dim, page type), never from the batch:
+ * mma.sync and wgmma need not round alike, and a row's bits may not depend on its batch. */
+enum {
+    OSP_CUDA_ATTN_AUTO = 0,
+    OSP_CUDA_ATTN_V0 = 1,
+    OSP_CUDA_ATTN_V1 = 2,
+    OSP_CUDA_ATTN_FOLD = 3,
+    OSP_CUDA_ATTN_SPLIT = 4,
+    OSP_CUDA_ATTN_V2 = 5
+};
+/* The matrix instruction of AUTO, FOLD and SPLIT: AUTO wgmma where it applies when
+ * OSP_CUDA_ATTN_V2_DEFAULT, SYNC mma.sync, WGMMA wgmma where it applies. */
+enum { OSP_CUDA_ATTN_MMA_AUTO = 0, OSP_CUDA_ATTN_MMA_SYNC = 1, OSP_CUDA_ATTN_MMA_WGMMA = 2 };
+/* the tensor-core kernel is the default where it applies (f16 pages, D 32 / 64 / 128);
+ * OSPREY_CUDA_ATTENTION=v0 selects the CUDA-core kernel for comparison */
 #define OSP_CUDA_ATTN_V1_DEFAULT 1
+/* its products by wgmma by default where that applies (D 64 / 128): 0 until the H200 tests pass under it;
+ * OSPREY_CUDA_ATTENTION=v2 selects it, v1 mma.sync */
+#define OSP_CUDA_ATTN_V2_DEFAULT 0
 void osp_cuda_attention_force_mode(int mode); /* process-wide; tests and benchmarks */
+void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchmarks */
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
  * count of chunks per split CTA. None of them changes a result bit. */
 void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta);
 /* the forced mode; before any force_mode call, the one the environment names: OSPREY_CUDA_ATTENTION=v0,
- * v1, fold or split (anything else or unset: auto), to compare kernels under a whole model */
+ * v1, v2, fold or split (anything else or unset: auto), to compare kernels under a whole model */
 int osp_cuda_attention_forced_mode(void);
 /* true where launches of this mode, page type and head_dim run v1 */
 bool osp_cuda_attention_uses_v1(int mode, uint32_t kv_type, int D);
 
 /* true where v1 serves the launch: f16 pages (OSP_KV_PAGE_F16) and D 32, 64 or 128. */
 bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D);
+/* true where the wgmma products apply: f16 pages and D 64 or 128 (sm_90a). */
+bool osp_cuda_attention_v2_supported(uint32_t kv_type, int D);
+/* true where a launch of this mode, instruction choice (OSP_CUDA_ATTN_MMA_*), page type and head_dim
+ * runs the tensor-core kernel with wgmma */
+bool osp_cuda_attention_uses_wgmma(int mode, int mma, uint32_t kv_type, int D);
 /* Bytes of split-mode partials for `tokens` query tokens at this max_seq_len (0: never splits). */
 size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len);
 /* The launcher; arguments as osp_cuda_paged_attention, already validated by it. */
