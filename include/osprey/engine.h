@@ -67,6 +67,14 @@ typedef struct osp_engine_params {
                                        (num_tokens, num_seqs, num_logits, each sequence's query length
                                        and seq_len) to this file: workloads for bench/kernels from real
                                        serving runs. Opening it fails osp_engine_create. */
+    const char *kernel_table;       /* a kernel selection table (`osprey bench-kernels --make-table`), or
+                                       NULL: $OSPREY_KERNEL_TABLE, if set. Applied before the first step
+                                       (src/backend/kernel_table.h): a table for another device, arch or
+                                       driver major is ignored, a row that does not apply to the model
+                                       falls back to the default, each choice is logged; a malformed
+                                       table fails osp_engine_create */
+    void (*log)(void *ctx, const char *line); /* start-up lines (the kernel choices); NULL: stderr */
+    void *log_ctx;
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);

@@ -102,7 +102,27 @@ struct osp_backend {
     const osp_backend_vtable *vt;
     int64_t n_vocab; /* set by the model after creation: the logits' row width */
     _Atomic int refs; /* owners: the model, and every KV cache made on it (which may outlive it) */
+    /* Work items the backend has started since it was made, for benchmarks (launches per run): CUDA,
+     * one per kernel launcher call and per graph replay (a launcher may start more than one kernel:
+     * attention's split mode adds its combine, cuBLASLt may add a reduction; copies are not counted);
+     * CPU, one per thread-pool region. Only the backend's own thread writes it. */
+    uint64_t launches;
 };
+
+/* The device a backend runs on, as a kernel selection table records it. */
+typedef struct osp_device_info {
+    osp_device device;
+    char name[128];       /* "NVIDIA H200", or the CPU's model name */
+    int32_t arch;         /* CUDA compute capability major * 10 + minor (90); 0 on the CPU */
+    int32_t driver_major; /* the CUDA driver's major version (12 for 12.4); 0 on the CPU */
+    size_t cache_bytes;   /* the last-level cache: the GPU's L2, the CPU's L3 (0: unknown) */
+} osp_device_info;
+
+/* Describes device d (GPU 0 for CUDA) into *out. Creates no backend; on CUDA it initializes the CUDA
+ * runtime in this process. Errors: OSP_ERR_UNSUPPORTED when d is CUDA and no device is present or
+ * CUDA is not built; OSP_ERR_INTERNAL from CUDA. */
+osp_status osp_backend_device_info(osp_device d, osp_device_info *out);
+osp_status osp_backend_cuda_device_info(osp_device_info *out); /* backend_cuda.c or the stub */
 
 /* Creates the backend for `device`. Errors: OSP_ERR_UNSUPPORTED when that backend is not built or
  * no such device is present (the message says which), OSP_ERR_NOMEM. */

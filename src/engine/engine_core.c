@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/kernel_table.h"
 #include "core/status_internal.h"
 #include "model/model_exec.h"
 
@@ -82,6 +83,11 @@ osp_engine_params osp_engine_default_params(void) {
     return p;
 }
 
+static void log_stderr(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "osprey: %s\n", line);
+}
+
 osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) {
     *out = NULL;
     if (!params || (!params->model_path && !params->random_weights))
@@ -109,6 +115,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if (s != OSP_OK) goto fail;
     const osp_model_config *c = osp_model_config_get(e->model);
     e->n_vocab = c->n_vocab;
+    /* the kernel selection table, before the first step runs any op (kernel_table.h) */
+    if ((s = osp_kernel_table_apply(p.kernel_table, osp_model_device(e->model), c->head_dim, p.kv_dtype,
+                                    p.log ? p.log : log_stderr, p.log_ctx)) != OSP_OK)
+        goto fail;
     if (p.max_model_len == 0) p.max_model_len = c->n_ctx_train;
     if (p.max_model_len < 2 || p.max_model_len > c->n_ctx_train) {
         s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: max_model_len %d is outside [2, %d] (the model's context)",

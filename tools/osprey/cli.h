@@ -31,6 +31,7 @@ typedef struct cli_engine_args {
     osp_kv_dtype kv_dtype; /* --kv-cache-dtype f16|f32 (f16) */
     bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path); a
                               later --kv-cache-dtype still picks the cache */
+    const char *kernel_table; /* --kernel-table FILE (osp_engine_params.kernel_table); NULL: $OSPREY_KERNEL_TABLE */
 } cli_engine_args;
 
 /* The flags a command takes beyond -m, -t and --device (which every caller takes). */
@@ -38,7 +39,7 @@ enum { CLI_ENGINE_KV_DTYPE = 1u << 0, CLI_ENGINE_EXACT = 1u << 1 };
 
 /* The defaults above. */
 cli_engine_args cli_engine_args_default(void);
-/* When argv[*i] is an engine flag (-m, -t, --device, and those in `accept`), parses it and its value
+/* When argv[*i] is an engine flag (-m, -t, --device, --kernel-table, and those in `accept`), parses it and its value
  * argv[*i + 1] into *a, moves *i onto the last argument used and returns true; false, with nothing
  * changed, for any other argument. A bad value dies naming the flag (cli_int, cli_device,
  * "--kv-cache-dtype: 'X' is not f16 or f32"); a missing one too, except -m's, which leaves model NULL. */

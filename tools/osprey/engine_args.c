@@ -20,6 +20,10 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     if (!strcmp(f, "-m") || !strcmp(f, "--model")) a->model = v, ++*i;
     else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) a->n_threads = (int)cli_int(f, v, 1, 1024), ++*i;
     else if (!strcmp(f, "--device")) a->device = cli_device(f, v), ++*i;
+    else if (!strcmp(f, "--kernel-table")) {
+        if (!v) cli_die(OSP_OK, "--kernel-table needs a file (osprey bench-kernels --make-table writes one)");
+        a->kernel_table = v, ++*i;
+    }
     else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) a->exact = true, a->kv_dtype = OSP_KV_DTYPE_F32;
     else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-cache-dtype")) {
         if (osp_kv_dtype_parse(v, &a->kv_dtype) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
@@ -35,6 +39,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.kv_dtype = a->kv_dtype;
     ep.exact = a->exact;
     ep.device = a->device;
+    ep.kernel_table = a->kernel_table;
     ep.load_progress = cli_load_progress;
     return ep;
 }

@@ -65,7 +65,7 @@ static const char *k_serve_usage =
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
-    "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
+    "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"

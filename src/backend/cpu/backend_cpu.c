@@ -522,6 +522,7 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
         if (a->act < 0 || a->act >= g->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: no activation %d", a->act);
         if (a->input) memcpy(bufs[a->act], a->host, sizeof(float) * (size_t)rows_of(&r, a->act) * (size_t)g->acts[a->act].cols);
     }
+    be->launches++; /* one region a run */
     osp_threadpool_run(c->pool, run_task, &r);
     for (int32_t i = 0; io && i < io->n_acts; i++) {
         const osp_act_io *a = &io->acts[i];

@@ -24,8 +24,10 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/attention_v1.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_sample.h"
+#include "backend/kernel_registry.h"
 #include "core/dtype.h"
 #include "core/status_internal.h"
 #include "core/threadpool.h"
@@ -425,6 +427,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         void *s0 = op->src0 >= 0 ? g->act[op->src0] : NULL, *s1 = op->src1 >= 0 ? g->act[op->src1] : NULL;
         const int64_t R = op->src0 >= 0 && gr->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
         const void *w = op->w ? op->w->parts[0].data : NULL;
+        g->base.launches++; /* one launcher call an op (osp_backend.launches) */
         switch (op->kind) {
         case OSP_OP_EMBED:
             OSP_TRY(osp_cuda_embed(w, ids, dst, T, op->w->cols, op->p.embed.scale, st));
@@ -576,6 +579,7 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     for (int32_t i = 0; has_io && i < io->n_acts; i++)
         if (io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
     if (gi >= 0 && g->graphs[gi]) {
+        g->base.launches++;
         OSP_TRY(osp_cuda_graph_launch(g->graphs[gi], g->stream));
     } else {
         OSP_TRY(enqueue(g, gr, kv, T, S, L));
@@ -778,6 +782,39 @@ static const osp_backend_vtable k_cuda_vt = {
 };
 
 int osp_backend_cuda_device_count(void) { return osp_cuda_device_count(); }
+
+osp_status osp_backend_cuda_device_info(osp_device_info *out) {
+    memset(out, 0, sizeof *out);
+    out->device = OSP_DEVICE_CUDA;
+    if (osp_cuda_device_count() <= 0) return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda: no CUDA device is present");
+    int major = 0, minor = 0, drv = 0;
+    size_t l2 = 0;
+    OSP_TRY(osp_cuda_device_props(out->name, sizeof out->name, &major, &minor, &drv, &l2));
+    out->arch = major * 10 + minor;
+    out->driver_major = drv / 1000;
+    out->cache_bytes = l2;
+    return OSP_OK;
+}
+
+bool osp_backend_cuda_attention_env_honoured(char *why, size_t n) {
+    const char *e = getenv("OSPREY_CUDA_ATTENTION");
+    const int mode = osp_cuda_attention_forced_mode();
+    /* the modes this file knows by name; any other value (a newer kernel) must have left AUTO */
+    const int want = !e || !e[0] || !strcmp(e, "auto") ? OSP_CUDA_ATTN_AUTO
+                     : !strcmp(e, "v0")                ? OSP_CUDA_ATTN_V0
+                     : !strcmp(e, "v1")                ? OSP_CUDA_ATTN_V1
+                     : !strcmp(e, "fold")              ? OSP_CUDA_ATTN_FOLD
+                     : !strcmp(e, "split")             ? OSP_CUDA_ATTN_SPLIT
+                                                       : -1;
+    const bool ok = want >= 0 ? mode == want
+                              : mode != OSP_CUDA_ATTN_AUTO && mode != OSP_CUDA_ATTN_V0 && mode != OSP_CUDA_ATTN_V1 &&
+                                    mode != OSP_CUDA_ATTN_FOLD && mode != OSP_CUDA_ATTN_SPLIT;
+    if (!ok && why && n)
+        snprintf(why, n, want >= 0 ? "OSPREY_CUDA_ATTENTION=%s, but this process already runs attention mode %d"
+                                   : "OSPREY_CUDA_ATTENTION=%s names no kernel of this build (mode %d runs)",
+                 e ? e : "", mode);
+    return ok;
+}
 
 osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **out) {
     *out = NULL;

@@ -39,6 +39,10 @@ bool osp_cuda_built(void);
 int osp_cuda_device_count(void);
 /* "NVIDIA H200, 132 SMs, 139.8 GiB, sm_90" into buf (always NUL-terminated). */
 osp_status osp_cuda_device_name(char *buf, size_t n);
+/* GPU 0's name ("NVIDIA H200") into name [n], its compute capability (9, 0 for sm_90), the driver's
+ * CUDA version (cudaDriverGetVersion: 12040 for 12.4) and its L2 size in bytes. */
+osp_status osp_cuda_device_props(char *name, size_t n, int *cc_major, int *cc_minor, int *driver_version,
+                                 size_t *l2_bytes);
 /* Free and total bytes of device memory. */
 osp_status osp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 

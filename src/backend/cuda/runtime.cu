@@ -31,6 +31,22 @@ osp_status osp_cuda_device_name(char *buf, size_t n) {
     return OSP_OK;
 }
 
+osp_status osp_cuda_device_props(char *name, size_t n, int *cc_major, int *cc_minor, int *driver_version,
+                                 size_t *l2_bytes) {
+    if (!name || n == 0 || !cc_major || !cc_minor || !driver_version || !l2_bytes)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_device_props: NULL argument");
+    name[0] = '\0';
+    int dev = 0, drv = 0;
+    OSP_CUDA_TRY(cudaGetDevice(&dev));
+    cudaDeviceProp p;
+    OSP_CUDA_TRY(cudaGetDeviceProperties(&p, dev));
+    OSP_CUDA_TRY(cudaDriverGetVersion(&drv));
+    snprintf(name, n, "%s", p.name);
+    *cc_major = p.major, *cc_minor = p.minor, *driver_version = drv;
+    *l2_bytes = p.l2CacheSize > 0 ? (size_t)p.l2CacheSize : 0;
+    return OSP_OK;
+}
+
 osp_status osp_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
     OSP_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
     return OSP_OK;
