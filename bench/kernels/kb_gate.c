@@ -27,9 +27,13 @@ const char *kb_check_name(kb_check k) {
 }
 
 static const kb_tol *tol_for(const kb_io *io, const char *solution) {
-    const size_t bl = strcspn(solution, "+"); /* "cuda+KEY=VALUE" takes cuda's */
+    /* "cuda+KEY=VALUE" and "cuda:attention/v1" take cuda's; "cpu:matmul/v0" (the exact path) cpu-exact's */
+    kb_solution_spec sp;
+    char err[256];
+    const char *base = kb_solution_parse(solution, &sp, err, sizeof err) ? sp.base : solution;
+    const size_t bl = base == solution ? strcspn(solution, "+:") : strlen(base);
     for (int i = 1; i < io->n_tol; i++)
-        if (strlen(io->tol[i].solution) == bl && !strncmp(io->tol[i].solution, solution, bl)) return &io->tol[i];
+        if (strlen(io->tol[i].solution) == bl && !strncmp(io->tol[i].solution, base, bl)) return &io->tol[i];
     return &io->tol[0];
 }
 
@@ -219,14 +223,20 @@ bool kb_time(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t se
     bool ok = s->prepare(s, &c, err, errn);
     float **o = alloc_outs(&c);
     double *ts = malloc(sizeof(double) * (size_t)(max_reps > 0 ? max_reps : 1));
-    for (int w = 0; ok && w < 3; w++) ok = s->run(s, &c, o, err, errn); /* warm-up */
+    const bool flush = s->flush && s->flush_between_runs;
+    size_t fb = 0;
+    for (int w = 0; ok && w < 3; w++) ok = (!flush || s->flush(s, &fb, err, errn)) && s->run(s, &c, o, err, errn); /* warm-up */
     const double t_start = now_s();
+    const uint64_t l0 = s->launches ? s->launches(s) : 0;
     int n = 0;
     while (ok && n < max_reps && (n < 5 || now_s() - t_start < min_seconds)) {
+        if (flush && !(ok = s->flush(s, &fb, err, errn))) break; /* untimed */
         const double t0 = now_s();
         ok = s->run(s, &c, o, err, errn);
         ts[n++] = now_s() - t0;
     }
+    t->launches_per_run = s->launches && n > 0 ? (double)(s->launches(s) - l0) / n : -1.0;
+    t->flush_bytes = flush ? fb : 0;
     if (ok && n > 0) {
         qsort(ts, (size_t)n, sizeof ts[0], cmp_d);
         t->reps = n;
@@ -235,6 +245,8 @@ bool kb_time(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t se
         t->p90_us = 1e6 * ts[(n * 9) / 10 < n ? (n * 9) / 10 : n - 1];
         t->gflops = c.flops / (t->median_us * 1e3);
         t->gbps = c.bytes / (t->median_us * 1e3);
+    } else {
+        t->launches_per_run = -1.0, t->flush_bytes = 0;
     }
     free(ts);
     free_outs(o);

@@ -22,6 +22,7 @@
 
 #include <jansson.h>
 
+#include "backend/backend.h"
 #include "bench/kernels/kb_internal.h"
 
 #include "osprey_commit.h" /* OSPREY_GIT_COMMIT, generated at build time (cmake/git_commit.cmake) */
@@ -37,32 +38,42 @@
 typedef struct opts {
     const char *defs_dir, *op, *out, *trace, *solutions[4];
     int n_solutions, hidden, seeds, timeout_s;
-    bool gate_only, markdown;
+    bool gate_only, markdown, warm;
     uint64_t seed;
     double min_time;
 } opts;
 
 static void usage(void) {
-    fprintf(stderr, "usage: osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda[+KEY=VALUE]]... "
-                    "[--gate-only] [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] "
-                    "[--out FILE] [--trace FILE] [--markdown]\n");
+    fprintf(stderr, "usage: osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda|DEVICE:KIND/vN[+KEY=VALUE]]... "
+                    "[--gate-only] [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] [--warm] "
+                    "[--out FILE] [--trace FILE] [--markdown]\n"
+                    "       osprey bench-kernels --list\n"
+                    "       osprey bench-kernels --make-table REPORT.json... -o TABLE.json\n");
 }
 
 static void usage_long(void) {
     printf("usage: osprey bench-kernels [options]\n"
            "  --defs DIR          definitions (default: $OSPREY_ROOT/bench/kernels/defs, else ./bench/kernels/defs)\n"
            "  --op NAME           only the definitions of this name or op kind (attention, matmul, ...)\n"
-           "  --solution S        cpu (default), cpu-exact or cuda, with optional +KEY=VALUE settings\n"
-           "                      (cuda+OSPREY_CUDA_ATTENTION=v0); up to 4\n"
+           "  --solution S        cpu (default), cpu-exact or cuda (every op kind at the backend's default), or a\n"
+           "                      registered version DEVICE:KIND/vN (cuda:attention/v1, cpu:matmul/v0; --list),\n"
+           "                      or DEVICE:KIND (that kind's default), each with optional +KEY=VALUE settings\n"
+           "                      (cuda+OSPREY_CUDA_ATTENTION=v0); up to 4. A version runs its op kind's\n"
+           "                      definitions only and reports shapes its predicate rejects as unsupported\n"
            "  --gate-only         the correctness gate only, no timing\n"
            "  --hidden N          hidden workloads drawn per definition (14)\n"
            "  --seeds K           fresh inputs per workload (3)\n"
            "  --seed S            the hidden workloads' and inputs' seed (default: the clock; logged)\n"
            "  --trace FILE        add the most frequent step shapes of `osprey serve --trace-shapes FILE`\n"
            "  --timeout SECONDS   per (solution, definition) child process (300)\n"
-           "  --min-time SECONDS  timing: run each workload at least this long (0.2)\n"
+           "  --min-time SECONDS  timing: run each workload at least this long (0.2)\n"           "  --warm              timing: no cache flush between runs (by default the device's last-level cache\n"
+           "                      is evicted before each timed run: a copy of twice its size, untimed)\n"
            "  --out FILE          the JSON report\n"
-           "  --markdown          the table in markdown\n"
+           "  --markdown          the table in markdown\n"           "  --list              the kernel registry: every version of every op kind, its predicate and selection\n"
+           "  --make-table R.json... -o TABLE.json\n"
+           "                      a runtime selection table from reports (one device): per (op kind, head_dim,\n"
+           "                      KV dtype) the fastest version that passed the gate on every workload it ran\n"
+           "                      (osprey serve --kernel-table TABLE.json, or OSPREY_KERNEL_TABLE)\n"
            "Exit status 0 when every gate passed; 1 when one failed (or the report could not be written); 2 on\n"
            "bad options.\n");
 }
@@ -85,10 +96,17 @@ static void cpu_model(char *buf, size_t n) {
 static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
     kb_solution s;
     char err[256];
-    json_t *res = json_array();
+    json_t *res = json_array(), *dev_j = NULL;
     if (!kb_solution_backend(sol_name, &s, err, sizeof err)) {
         json_array_append_new(res, json_pack("{s:s,s:s}", "status", "unavailable", "detail", err));
     } else {
+        s.flush_between_runs = !o->warm;
+        osp_device_info di = {0};
+        kb_solution_spec sp;
+        if (kb_solution_parse(sol_name, &sp, err, sizeof err) && osp_backend_device_info(sp.device, &di) == OSP_OK)
+            dev_j = json_pack("{s:s,s:s,s:i,s:i,s:I}", "backend", sp.device == OSP_DEVICE_CUDA ? "cuda" : "cpu", "name",
+                              di.name, "arch", di.arch, "driver_major", di.driver_major, "cache_bytes",
+                              (json_int_t)di.cache_bytes);
         const double copy_gbps = !o->gate_only && s.copy_gbps ? s.copy_gbps(&s) : 0.0;
         for (int w = 0; w < d->n_workloads; w++) {
             const kb_workload *wl = &d->wl[w];
@@ -100,14 +118,19 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
                                   kb_gen_name(wl->gen), "dims", dims, "gate", kb_check_name(g.check), "detail",
                                   g.detail, "worst_err_over_tol", g.worst_ratio, "seeds", g.seeds, "unchecked_inputs",
                                   g.unchecked);
+            char ver[64];
+            if (kb_solution_version(sol_name, d, wl->dim, di.arch, ver, sizeof ver))
+                json_object_set_new(e, "version", json_string(ver));
             if (g.check == KB_OK && !o->gate_only) {
                 kb_timing t;
                 if (kb_time(&s, d, wl, seed0, o->min_time, 2000, &t, err, sizeof err))
                     json_object_set_new(e, "timing",
-                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f}", "median_us", t.median_us,
+                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:I}", "median_us", t.median_us,
                                                   "p10_us", t.p10_us, "p90_us", t.p90_us, "reps", t.reps, "gflops",
                                                   t.gflops, "gbps", t.gbps, "copy_gbps", copy_gbps,
-                                                  "fraction_of_copy_bw", copy_gbps > 0.0 ? t.gbps / copy_gbps : 0.0));
+                                                  "fraction_of_copy_bw", copy_gbps > 0.0 ? t.gbps / copy_gbps : 0.0,
+                                                  "launches_per_run", t.launches_per_run, "flush_bytes",
+                                                  (json_int_t)t.flush_bytes));
                 else
                     json_object_set_new(e, "timing_error", json_string(err));
             }
@@ -115,7 +138,8 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
         }
         s.close(&s);
     }
-    char *txt = json_dumps(res, JSON_COMPACT);
+    json_t *all = json_pack("{s:o,s:o}", "device", dev_j ? dev_j : json_null(), "workloads", res);
+    char *txt = json_dumps(all, JSON_COMPACT);
     size_t len = strlen(txt), off = 0;
     while (off < len) {
         const ssize_t k = write(fd, txt + off, len - off);
@@ -123,7 +147,7 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
         off += (size_t)k;
     }
     free(txt);
-    json_decref(res);
+    json_decref(all);
     close(fd);
     return 0;
 }
@@ -188,9 +212,10 @@ static int child_fn(void *ctx, int fd) {
     return child(c->o, c->sol, c->d, fd);
 }
 
-/* Runs (solution, definition) in a child and parses its JSON; a timeout or a crash becomes a result
- * of its own. */
-static json_t *run_isolated(const opts *o, const char *sol, const kb_def *d) {
+/* Runs (solution, definition) in a child and parses its JSON: the workloads' results (returned) and
+ * the device it ran on (*device, NULL when not reported); a timeout or a crash becomes a result of
+ * its own. */
+static json_t *run_isolated(const opts *o, const char *sol, const kb_def *d, json_t **device) {
     child_ctx cc = {o, sol, d};
     char *text = NULL;
     const kb_isolation r = kb_isolate(o->timeout_s, child_fn, &cc, &text);
@@ -199,8 +224,14 @@ static json_t *run_isolated(const opts *o, const char *sol, const kb_def *d) {
     else if (r == KB_ISOLATE_CRASHED) res = json_pack("[{s:s}]", "status", "crashed");
     else {
         json_error_t je;
-        res = text && r == KB_ISOLATE_DONE ? json_loads(text, 0, &je) : NULL;
-        if (!res) res = json_pack("[{s:s,s:s}]", "status", "error", "detail", "the child failed or wrote no report");
+        json_t *all = text && r == KB_ISOLATE_DONE ? json_loads(text, 0, &je) : NULL;
+        res = json_incref(json_object_get(all, "workloads"));
+        if (device && json_is_object(json_object_get(all, "device"))) *device = json_incref(json_object_get(all, "device"));
+        json_decref(all);
+        if (!json_is_array(res)) {
+            json_decref(res);
+            res = json_pack("[{s:s,s:s}]", "status", "error", "detail", "the child failed or wrote no report");
+        }
     }
     free(text);
     return res;
@@ -208,18 +239,64 @@ static json_t *run_isolated(const opts *o, const char *sol, const kb_def *d) {
 
 static bool is_flag_with_value(const char *f) {
     static const char *const k[] = {"--defs", "--op", "--out", "--trace", "--solution", "--hidden", "--seeds",
-                                    "--timeout", "--seed", "--min-time", NULL};
+                                    "--timeout", "--seed", "--min-time", "-o", NULL};
     for (int i = 0; k[i]; i++)
         if (!strcmp(f, k[i])) return true;
     return false;
 }
 
-/* A solution name the backends know: cpu, cpu-exact or cuda, then +KEY=VALUE settings (checked by
- * kb_solution_backend's own parser in the child; here only the base, so a typo fails at once). */
-static bool known_solution(const char *name) {
-    const size_t bl = strcspn(name, "+");
-    return (bl == 3 && !strncmp(name, "cpu", 3)) || (bl == 9 && !strncmp(name, "cpu-exact", 9)) ||
-           (bl == 4 && !strncmp(name, "cuda", 4));
+/* A solution name the backends or the registry know (kb_solution_parse; the settings' values are
+ * checked in the child), so a typo fails at once. */
+static bool known_solution(const char *name, char *err, size_t n) {
+    kb_solution_spec sp;
+    return kb_solution_parse(name, &sp, err, n);
+}
+
+/* --list: the registry, one version a line */
+static int list_registry(void) {
+    printf("# the kernel registry (src/backend/kernel_registry.c): --solution DEVICE:KIND/vN runs one version\n");
+    printf("%-28s %-8s %-34s %s\n", "version", "default", "selected by", "what");
+    for (int i = 0; i < osp_kernel_registry_count(); i++) {
+        const osp_kernel_version *v = osp_kernel_registry_at(i);
+        char label[96], sel[96], rank[24];
+        osp_kernel_label(v, label, sizeof label);
+        if (v->env_key) snprintf(sel, sizeof sel, "%s=%s", v->env_key, v->env_value);
+        else if (v->cpu_exact) snprintf(sel, sizeof sel, "--exact (cpu-exact)");
+        else {
+            int same = 0;
+            for (int j = 0; j < osp_kernel_registry_count(); j++)
+                same += osp_kernel_registry_at(j)->device == v->device && osp_kernel_registry_at(j)->kind == v->kind;
+            snprintf(sel, sizeof sel, same > 1 ? "(when no other is selected)" : "(the only version)");
+        }
+        if (v->default_rank > 0) snprintf(rank, sizeof rank, "yes (%d)", (int)v->default_rank);
+        else snprintf(rank, sizeof rank, "no");
+        printf("%-28s %-8s %-34s %s%s\n", label, rank, sel, v->summary, v->table_choosable ? "; table-choosable" : "");
+    }
+    printf("# default (N): the backend's choice where the version applies, lowest N first\n");
+    return 0;
+}
+
+/* --make-table REPORT.json... -o TABLE.json */
+static int make_table_main(int argc, char **argv) {
+    const char *out = NULL, *reports[64];
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") || !strcmp(argv[i], "--out")) {
+            if (i + 1 >= argc) return fprintf(stderr, "bench-kernels: %s needs a file\n", argv[i]), 2;
+            out = argv[++i];
+        } else if (argv[i][0] == '-') {
+            return fprintf(stderr, "bench-kernels --make-table: unknown option '%s'\n", argv[i]), 2;
+        } else {
+            if (n == 64) return fprintf(stderr, "bench-kernels --make-table: at most 64 reports\n"), 2;
+            reports[n++] = argv[i];
+        }
+    }
+    if (!n || !out) return fprintf(stderr, "usage: osprey bench-kernels --make-table REPORT.json... -o TABLE.json\n"), 2;
+    char err[1024], summary[4096];
+    if (!kb_make_table(n, reports, out, summary, sizeof summary, err, sizeof err))
+        return fprintf(stderr, "bench-kernels --make-table: %s\n", err), 1;
+    printf("%s", summary);
+    return 0;
 }
 
 int kb_main(int argc, char **argv) {
@@ -228,19 +305,21 @@ int kb_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) return usage_long(), 0;
+        if (!strcmp(f, "--list")) return list_registry();
+        if (!strcmp(f, "--make-table")) return make_table_main(argc - i - 1, argv + i + 1);
         if (!strcmp(f, "--gate-only")) o.gate_only = true;
+        else if (!strcmp(f, "--warm")) o.warm = true;
         else if (!strcmp(f, "--markdown")) o.markdown = true;
         else if (!is_flag_with_value(f)) return usage(), fprintf(stderr, "bench-kernels: unknown option '%s'\n", f), 2;
         else if (!v) return usage(), fprintf(stderr, "bench-kernels: %s needs a value\n", f), 2;
         else if (!strcmp(f, "--defs")) o.defs_dir = v, i++;
         else if (!strcmp(f, "--op")) o.op = v, i++;
-        else if (!strcmp(f, "--out")) o.out = v, i++;
+        else if (!strcmp(f, "--out") || !strcmp(f, "-o")) o.out = v, i++;
         else if (!strcmp(f, "--trace")) o.trace = v, i++;
         else if (!strcmp(f, "--solution")) {
             if (o.n_solutions == 4) return fprintf(stderr, "bench-kernels: at most 4 --solution\n"), 2;
-            if (!known_solution(v))
-                return fprintf(stderr, "bench-kernels: unknown solution '%s' (cpu, cpu-exact, cuda, each with optional "
-                                       "+KEY=VALUE)\n", v), 2;
+            char serr[256];
+            if (!known_solution(v, serr, sizeof serr)) return fprintf(stderr, "bench-kernels: %s\n", serr), 2;
             o.solutions[o.n_solutions++] = v, i++;
         } else if (!strcmp(f, "--hidden") || !strcmp(f, "--seeds") || !strcmp(f, "--timeout")) {
             char *end;
@@ -300,7 +379,9 @@ int kb_main(int argc, char **argv) {
     }
     json_t *results = json_array();
     printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition, %d inputs a workload, %s\n",
-           dir, (unsigned long long)o.seed, o.hidden, o.seeds, o.gate_only ? "gate only" : "gate, then timing");
+           dir, (unsigned long long)o.seed, o.hidden, o.seeds,
+           o.gate_only ? "gate only" : o.warm ? "gate, then timing (warm caches)" : "gate, then timing (cache flushed before each run)");
+    json_object_set_new(report, "cache_flush", json_boolean(!o.gate_only && !o.warm));
     int failed = 0, passed = 0, ran_defs = 0;
     if (o.markdown)
         printf("| solution | definition | workload | gate | median us | GB/s | %% of copy bandwidth | GFLOP/s |\n"
@@ -309,8 +390,14 @@ int kb_main(int argc, char **argv) {
         for (int di = 0; di < n_defs; di++) {
             kb_def *d = &defs[di];
             if (o.op && strcmp(o.op, d->name) && strcmp(o.op, osp_op_name(d->kind))) continue;
+            kb_solution_spec sp;
+            char serr[256];
+            if (kb_solution_parse(o.solutions[si], &sp, serr, sizeof serr) && sp.only_kind != OSP_OP_COUNT &&
+                sp.only_kind != d->kind)
+                continue; /* a version of another op kind */
             ran_defs++;
-            json_t *r = run_isolated(&o, o.solutions[si], d);
+            json_t *device = NULL;
+            json_t *r = run_isolated(&o, o.solutions[si], d, &device);
             size_t i;
             json_t *e;
             json_array_foreach(r, i, e) {
@@ -333,6 +420,8 @@ int kb_main(int argc, char **argv) {
                 } else {
                     printf("%-10s %-26s %-28s %-12s", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
                     if (t) printf(" %10.2f us %8.2f GB/s (%5.1f%% of copy) %8.2f GFLOP/s", us, gbps, frac, gf);
+                    const double lpr = json_number_value(json_object_get(t, "launches_per_run"));
+                    if (t && lpr > 0.0) printf(" %5.1f launches", lpr);
                     if (!ok && detail) printf("  %s", detail);
                     const char *unc = json_string_value(json_object_get(e, "unchecked_inputs"));
                     if (ok && unc && unc[0]) printf("  (dependence not exercised for: %s)", unc);
@@ -340,10 +429,18 @@ int kb_main(int argc, char **argv) {
                 }
                 if (o.markdown && !ok && detail) fprintf(stderr, "%s %s %s: %s\n", o.solutions[si], d->name, wl ? wl : "-", detail);
             }
-            json_array_append_new(results, json_pack("{s:s,s:s,s:s,s:o}", "solution", o.solutions[si], "definition",
-                                                     d->name, "op", osp_op_name(d->kind), "workloads", r));
+            json_array_append_new(results, json_pack("{s:s,s:s,s:s,s:o,s:o}", "solution", o.solutions[si], "definition",
+                                                     d->name, "op", osp_op_name(d->kind), "device",
+                                                     device ? device : json_null(), "workloads", r));
         }
     json_object_set_new(report, "results", results);
+    if (ran_defs == 0) {
+        fprintf(stderr, "bench-kernels: no (solution, definition) pair to run: every solution names a version of an "
+                        "op kind that no selected definition has\n");
+        json_decref(report);
+        free(defs);
+        return 1;
+    }
     bool report_failed = false;
     if (o.out && json_dump_file(report, o.out, JSON_INDENT(1)) != 0)
         fprintf(stderr, "bench-kernels: cannot write the report %s\n", o.out), report_failed = true;

@@ -39,6 +39,12 @@ typedef struct be_state {
     /* attention: the sequences' pages, written at prepare */
     osp_kv_cache *kv_attn;
     int32_t *bt, *qsl_b, *lens;
+    /* the solution's name taken apart, and the device (its arch for the versions' predicates) */
+    kb_solution_spec spec;
+    osp_device_info dev;
+    /* the cache flush: a copy between two buffers of flush_bytes each, made at the first flush */
+    void *flush_a, *flush_b;
+    size_t flush_bytes;
 } be_state;
 
 static bool set_err(char *err, size_t n, const char *what) {
@@ -59,10 +65,26 @@ static void be_release(kb_solution *s) {
 }
 
 static bool be_supports(kb_solution *s, const kb_case *c, char *why, size_t n) {
-    (void)s;
-    if (kb_kind_of(c->def->kind)) return true;
-    snprintf(why, n, "op kind %s", osp_op_name(c->def->kind));
-    return false;
+    const be_state *st = s->state;
+    if (!kb_kind_of(c->def->kind)) {
+        snprintf(why, n, "op kind %s", osp_op_name(c->def->kind));
+        return false;
+    }
+    if (st->spec.only_kind != OSP_OP_COUNT && st->spec.only_kind != c->def->kind) {
+        snprintf(why, n, "%s runs %s only", s->name, osp_op_name(st->spec.only_kind));
+        return false;
+    }
+    /* a named version runs as itself or not at all: the backend would put another in its place */
+    const osp_kernel_version *v = st->spec.version;
+    char pw[200];
+    if (v && v->kind == c->def->kind) {
+        const osp_kernel_target t = kb_target(c->def, c->dim, st->dev.arch);
+        if (!osp_kernel_applies(v, &t, pw, sizeof pw)) {
+            snprintf(why, n, "%s does not apply: %s", v->name, pw);
+            return false;
+        }
+    }
+    return true;
 }
 
 static int32_t add_act(be_state *st, const char *name, uint32_t type, int64_t cols, osp_act_rows rows) {
@@ -380,6 +402,8 @@ static void be_close(kb_solution *s) {
     if (!st) return;
     be_release(s);
     osp_kv_cache_free(st->kv);
+    if (st->flush_a) st->be->vt->buffer_free(st->be, st->flush_a);
+    if (st->flush_b) st->be->vt->buffer_free(st->be, st->flush_b);
     osp_backend_free(st->be);
     osp_threadpool_free(st->pool);
     free(st);
@@ -410,25 +434,120 @@ static double be_copy_gbps(kb_solution *s) {
     return gbps;
 }
 
-bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn) {
-    memset(s, 0, sizeof *s);
-    /* "base" or "base+KEY=VALUE+...": the environment a backend reads at start (a kernel version,
-     * OSPREY_CUDA_ATTENTION=v0), set in this process before the backend is made */
-    char base[32];
-    const size_t bl = strcspn(name, "+");
-    snprintf(base, sizeof base, "%.*s", (int)(bl < sizeof base ? bl : sizeof base - 1), name);
-    const bool cuda = !strcmp(base, "cuda"), exact = !strcmp(base, "cpu-exact");
-    if (!cuda && !exact && strcmp(base, "cpu")) {
-        snprintf(err, errn, "unknown solution '%s' (cpu, cpu-exact, cuda, each with optional +KEY=VALUE)", name);
-        return false;
+osp_kernel_target kb_target(const kb_def *d, const int64_t *dims, int32_t arch) {
+    osp_kernel_target t = {.arch = arch, .head_dim = 0, .kv_dtype = OSP_KV_DTYPE_F16}; /* the harness's pages */
+    for (int k = 0; k < d->n_dims; k++)
+        if (!strcmp(d->dims[k].name, "D")) t.head_dim = (int32_t)dims[k];
+    return t;
+}
+
+bool kb_solution_parse(const char *name, kb_solution_spec *spec, char *err, size_t errn) {
+    memset(spec, 0, sizeof *spec);
+    spec->only_kind = OSP_OP_COUNT;
+    const size_t bl = strcspn(name, "+:");
+    spec->settings = name + strcspn(name, "+");
+    if (bl >= sizeof spec->base) goto unknown;
+    snprintf(spec->base, sizeof spec->base, "%.*s", (int)bl, name);
+    if (!strcmp(spec->base, "cuda")) spec->device = OSP_DEVICE_CUDA;
+    else if (!strcmp(spec->base, "cpu") || !strcmp(spec->base, "cpu-exact")) spec->device = OSP_DEVICE_CPU;
+    else goto unknown;
+    if (name[bl] == ':') {
+        if (strcmp(spec->base, "cpu") && strcmp(spec->base, "cuda")) goto unknown; /* cpu-exact:... */
+        char what[64];
+        const size_t wl = strcspn(name + bl + 1, "+");
+        if (wl == 0 || wl >= sizeof what) goto unknown;
+        snprintf(what, sizeof what, "%.*s", (int)wl, name + bl + 1);
+        spec->only_kind = osp_kernel_kind_of(what);
+        if (spec->only_kind == OSP_OP_COUNT) {
+            snprintf(err, errn, "solution '%s': no op kind '%.*s' (osprey bench-kernels --list)", name, (int)strcspn(what, "/"), what);
+            return false;
+        }
+        if (strchr(what, '/')) {
+            spec->version = osp_kernel_find(spec->device, what);
+            if (!spec->version) {
+                snprintf(err, errn, "solution '%s': %s has no version '%s' (osprey bench-kernels --list)", name, spec->base, what);
+                return false;
+            }
+            if (spec->version->cpu_exact) snprintf(spec->base, sizeof spec->base, "cpu-exact");
+        } else if (strlen(what) != strlen(osp_op_name(spec->only_kind))) {
+            goto unknown;
+        }
     }
-    for (const char *p = name + bl; *p == '+';) {
+    for (const char *p = spec->settings; *p == '+';) {
         const char *kv = p + 1, *next = strchr(kv, '+'), *eq = strchr(kv, '=');
         const size_t len = next ? (size_t)(next - kv) : strlen(kv);
         if (!eq || (next && eq > next) || eq == kv || len >= 128) {
             snprintf(err, errn, "solution '%s': '+' must be followed by KEY=VALUE", name);
             return false;
         }
+        p = kv + len;
+    }
+    return true;
+unknown:
+    snprintf(err, errn, "unknown solution '%s' (cpu, cpu-exact, cuda, or DEVICE:KIND/vN as osprey bench-kernels --list "
+                        "names them, each with optional +KEY=VALUE)", name);
+    return false;
+}
+
+bool kb_solution_version(const char *solution, const kb_def *d, const int64_t *dims, int32_t arch, char *out, size_t n) {
+    out[0] = 0;
+    kb_solution_spec sp;
+    char err[256];
+    if (!kb_solution_parse(solution, &sp, err, sizeof err)) return false;
+    const osp_kernel_target t = kb_target(d, dims, arch);
+    const osp_kernel_version *v = sp.version && sp.version->kind == d->kind ? sp.version : NULL;
+    for (int i = 0; !v && i < osp_kernel_registry_count(); i++) { /* a setting naming a version, or cpu-exact */
+        const osp_kernel_version *r = osp_kernel_registry_at(i);
+        if (r->device != sp.device || r->kind != d->kind) continue;
+        if (r->cpu_exact && !strcmp(sp.base, "cpu-exact")) v = r;
+        if (r->env_key && r->env_value) {
+            char kv[160];
+            snprintf(kv, sizeof kv, "+%s=%s", r->env_key, r->env_value);
+            const char *at = strstr(sp.settings, kv);
+            if (at && (at[strlen(kv)] == 0 || at[strlen(kv)] == '+')) v = r;
+        }
+    }
+    if (!v) v = osp_kernel_default(sp.device, d->kind, &t);
+    if (!v) return false;
+    snprintf(out, n, "%s", v->name);
+    return true;
+}
+
+/* Evicts the last-level cache: a copy between two buffers of twice its size each (64 MiB at least
+ * on a GPU: H200's L2 is 50 MiB; 32 MiB on a CPU whose L3 is unknown), then a sync. */
+static bool be_flush(kb_solution *s, size_t *bytes, char *err, size_t n) {
+    be_state *st = s->state;
+    if (!st->flush_a) {
+        const size_t floor = st->dev.device == OSP_DEVICE_CUDA ? (size_t)64 << 20 : (size_t)32 << 20;
+        size_t want = 2 * st->dev.cache_bytes;
+        st->flush_bytes = want > floor ? want : floor;
+        if (st->be->vt->buffer_alloc(st->be, st->flush_bytes, "cache flush", &st->flush_a) != OSP_OK ||
+            st->be->vt->buffer_alloc(st->be, st->flush_bytes, "cache flush", &st->flush_b) != OSP_OK)
+            return set_err(err, n, "cache flush buffers");
+    }
+    if (st->be->vt->copy(st->be, st->flush_b, st->flush_a, st->flush_bytes) != OSP_OK ||
+        st->be->vt->sync(st->be) != OSP_OK)
+        return set_err(err, n, "cache flush");
+    *bytes = st->flush_bytes;
+    return true;
+}
+
+static uint64_t be_launches(kb_solution *s) {
+    const be_state *st = s->state;
+    return st->be->launches;
+}
+
+bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn) {
+    memset(s, 0, sizeof *s);
+    kb_solution_spec sp;
+    if (!kb_solution_parse(name, &sp, err, errn)) return false;
+    const bool cuda = sp.device == OSP_DEVICE_CUDA, exact = !strcmp(sp.base, "cpu-exact");
+    /* the environment a backend reads at start: the version's selection (OSPREY_CUDA_ATTENTION=v1),
+     * then the "+KEY=VALUE" settings, set in this process before the backend is made */
+    if (sp.version && sp.version->env_key) setenv(sp.version->env_key, sp.version->env_value, 1);
+    for (const char *p = sp.settings; *p == '+';) {
+        const char *kv = p + 1, *next = strchr(kv, '+'), *eq = strchr(kv, '=');
+        const size_t len = next ? (size_t)(next - kv) : strlen(kv);
         char key[128], val[128];
         snprintf(key, sizeof key, "%.*s", (int)(eq - kv), kv);
         snprintf(val, sizeof val, "%.*s", (int)(len - (size_t)(eq - kv) - 1), eq + 1);
@@ -438,15 +557,23 @@ bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t err
     be_state *st = calloc(1, sizeof *st);
     if (!st) return snprintf(err, errn, "out of memory"), false;
     s->state = st;
+    st->spec = sp;
     s->name = name;
     s->device = cuda ? "cuda" : "cpu";
     s->supports = be_supports, s->prepare = be_prepare, s->run = be_run, s->release = be_release, s->close = be_close;
     s->copy_gbps = be_copy_gbps;
+    s->flush = be_flush, s->launches = be_launches;
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (osp_threadpool_create(ncpu > 0 ? (int)ncpu : 1, &st->pool) != OSP_OK) return set_err(err, errn, "thread pool"), be_close(s), false;
     osp_backend_params bp = {.pool = st->pool, .exact = exact};
     if (osp_backend_create(cuda ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU, &bp, &st->be) != OSP_OK)
         return set_err(err, errn, "backend"), be_close(s), false;
+    if (osp_backend_device_info(sp.device, &st->dev) != OSP_OK) return set_err(err, errn, "device"), be_close(s), false;
+    char why[256];
+    if (cuda && getenv("OSPREY_CUDA_ATTENTION") && !osp_backend_cuda_attention_env_honoured(why, sizeof why)) {
+        snprintf(err, errn, "solution '%s': %s", name, why);
+        return be_close(s), false;
+    }
     /* the interface takes a KV cache; these op kinds never touch it */
     osp_kv_shape cfg = {.n_layer = 1, .n_head_kv = 1, .head_dim = 32};
     if (osp_kv_cache_create_on(st->be, &cfg, 1, 16, OSP_KV_DTYPE_F32, &st->kv) != OSP_OK)

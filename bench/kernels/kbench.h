@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "backend/op.h"
+#include "backend/kernel_registry.h"
 #include "osprey/batch.h"
 
 #define KB_MAX_DIMS 6
@@ -152,12 +153,44 @@ struct kb_solution {
     void (*close)(kb_solution *s);
     /* the device's measured copy bandwidth, GB/s (read + write), or NULL */
     double (*copy_gbps)(kb_solution *s);
+    /* Evicts the device's last-level cache (untimed; before each timed run when flush_between_runs),
+     * returning once done; bytes written per flush in *bytes. NULL: cannot. */
+    bool (*flush)(kb_solution *s, size_t *bytes, char *err, size_t n);
+    bool flush_between_runs;
+    /* launches the device has started so far (osp_backend.launches), or NULL: not reported */
+    uint64_t (*launches)(kb_solution *s);
 };
 
-/* The backend solutions: name "cpu" (fast path), "cpu-exact" or "cuda", each optionally followed by
- * "+KEY=VALUE" settings put in this process's environment before the backend is made (so call it in
- * the child: "cuda+OSPREY_CUDA_ATTENTION=v0" is the CUDA-core attention kernel). A per-solution
- * tolerance in a definition applies by the base name. false: unknown, malformed or no device. */
+/* A solution name taken apart. The forms: "cpu", "cpu-exact", "cuda" (every op kind at the backend's
+ * default), "DEVICE:KIND" (the default of that op kind only) and "DEVICE:KIND/vN" (a version of the
+ * kernel registry, src/backend/kernel_registry.h: "cuda:attention/v1", "cpu:matmul/v0"), each optionally
+ * followed by "+KEY=VALUE" settings ("cuda+OSPREY_CUDA_ATTENTION=v0"). */
+typedef struct kb_solution_spec {
+    char base[16];                     /* the backend solution: "cpu", "cpu-exact" or "cuda" */
+    osp_device device;
+    osp_op_kind only_kind;             /* DEVICE:KIND forms: the definitions it runs; else OSP_OP_COUNT */
+    const osp_kernel_version *version; /* the registered version named, or NULL */
+    const char *settings;              /* "+KEY=VALUE..." inside the name, or "" */
+} kb_solution_spec;
+
+/* Parses a solution name. false with a message (unknown backend, kind or version; a version of
+ * another kind's; settings without '=') in err. */
+bool kb_solution_parse(const char *name, kb_solution_spec *spec, char *err, size_t errn);
+/* The registered version a solution runs for definition d at workload dims (head_dim from dimension
+ * "D", f16 pages: the harness's) on a device of compute capability arch (x10; 0 on the CPU): the version
+ * it names, the one its settings select, or the backend's default for that shape. Into out [n]; false
+ * (out "") when the registry has none. */
+bool kb_solution_version(const char *solution, const kb_def *d, const int64_t *dims, int32_t arch, char *out, size_t n);
+/* The registry's target of definition d at dims on arch (kernel_registry.h). */
+osp_kernel_target kb_target(const kb_def *d, const int64_t *dims, int32_t arch);
+
+/* The backend solutions: name "cpu" (fast path), "cpu-exact" or "cuda", or a registered version
+ * ("cuda:attention/v1": kb_solution_spec), each optionally followed by "+KEY=VALUE" settings; a
+ * version's selection and the settings are put in this process's environment before the backend is
+ * made (so call it in the child: "cuda+OSPREY_CUDA_ATTENTION=v0" is the CUDA-core attention kernel). A
+ * solution naming a version reports a case its predicate rejects as unsupported (never times another
+ * version under its name). A per-solution tolerance in a definition applies by the base name ("cuda").
+ * false: unknown, malformed, a version this build cannot select, or no device. */
 bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t errn);
 
 /* ---- the gate and the timing -------------------------------------------------------------------- */
@@ -183,9 +216,14 @@ typedef struct kb_timing {
     double median_us, p10_us, p90_us;
     int reps;
     double gflops, gbps; /* per the adapter's counts at the median */
+    double launches_per_run; /* the device's launches per timed run (osp_backend.launches), -1: unknown */
+    size_t flush_bytes;      /* bytes written to evict the last-level cache before each run, 0: none */
 } kb_timing;
 
-/* Times the workload (seed0's inputs) after a warm-up: runs until ~min_seconds or max_reps. */
+/* Times the workload (seed0's inputs) after a warm-up: runs until ~min_seconds or max_reps (at least 5),
+ * each after an untimed cache flush when s->flush and s->flush_between_runs (so weights and KV pages
+ * come from memory, as in a model where the other layers' data evicted them; the inputs still arrive
+ * through the run's own host copies). */
 bool kb_time(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t seed0, double min_seconds, int max_reps,
              kb_timing *t, char *err, size_t errn);
 
@@ -194,6 +232,18 @@ bool kb_time(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t se
  * caller must not have initialized a CUDA context before (the child would inherit it). */
 typedef enum kb_isolation { KB_ISOLATE_DONE = 0, KB_ISOLATE_TIMEOUT, KB_ISOLATE_CRASHED, KB_ISOLATE_ERROR } kb_isolation;
 kb_isolation kb_isolate(int timeout_s, int (*fn)(void *ctx, int fd), void *ctx, char **text);
+
+/* ---- the runtime selection table (kb_table.c) ---------------------------------------------------- */
+
+/* Writes a kernel selection table (src/backend/kernel_table.h) to out from n reports of
+ * `osprey bench-kernels --out`, all from one device (same backend, arch and driver major: otherwise an
+ * error). Per bucket (op kind, head_dim, KV dtype) of the op kinds with more than one table-choosable
+ * version, the candidates are the versions that passed the gate on every workload of the bucket they
+ * ran and were timed on every one; the winner has the lowest geometric mean of median times over the
+ * workloads every candidate timed (a bucket where fewer than two versions qualify gets no row). The written
+ * table is read back with osp_kernel_table_parse before returning. A human summary (one line a bucket)
+ * goes to summary [sn]. false with a message in err. */
+bool kb_make_table(int n, const char *const *reports, const char *out, char *summary, size_t sn, char *err, size_t errn);
 
 /* `osprey bench-kernels` (kb_main.c); argv[0] is "bench-kernels". */
 int kb_main(int argc, char **argv);
