@@ -175,6 +175,12 @@ template <int N> __device__ __forceinline__ void wg_fence_operands(float (&d)[N]
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
 }
+template <int N> __device__ __forceinline__ void wg_fence_operands(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(a[n][e])::"memory");
+}
 /* Shared-memory matrix descriptor, 128-byte swizzle: start address, leading-dimension byte offset (N-major:
  * the stride between 64-element column groups; unused for K-major), stride-dimension byte offset (the
  * stride between 8-row groups: 1024 here), all >> 4. */
@@ -272,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     static_assert(ST >= 2, "stages");
     constexpr int kKeys = tile_keys<D>();
     constexpr bool kOSmem = kFold && fold_in_smem<D>();
+    static_assert(!(kWg && D == 64 && kOSmem), "wgmma at D = 64 reloads Q from sQ every tile");
     constexpr int RS = D + kPadH;   /* shared row stride, halves */
     constexpr int KT = D / 16;      /* k-steps of Q K^T */
     constexpr int NB = kKeys / 8;   /* n-blocks of S */
@@ -393,14 +400,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     }
     __syncthreads(); /* sQ written */
 
-    /* Q fragments (A operand of Q K^T): loaded into registers once */
+    /* Q fragments (A operand of Q K^T): loaded into registers once (wgmma at D = 64: again each tile, below) */
     uint32_t qf[KT][4];
-    {
-        const uint32_t q_addr =
-            smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
+    const uint32_t q_addr = smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
 #pragma unroll
-        for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
-    }
+    for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
     if constexpr (kOSmem) __syncthreads(); /* every warp has its Q before the region becomes the fold state */
 
     float o[ND][4];     /* this chunk's accumulator */
@@ -473,6 +477,19 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             static_assert(NB == 8, "S is m64n64");
             /* k-step kk: d [16 kk, 16 kk + 16) = column group kk / 4, bytes 32 (kk mod 4) of each row */
             const uint32_t kst = smem_u32(sK) + st_off;
+            /* At D = 64 ptxas (CUDA 13.0) gave the loop-invariant A registers of this product to other
+             * values after the first tile's wait (seen in the SASS: the P fragments and mask temporaries
+             * in Q's registers; every tile after the first then multiplied by garbage; D = 128 kept
+             * them). Reloading Q from shared memory each tile (sQ is not reused at D = 64) keeps the
+             * A registers' life inside one tile. */
+            if constexpr (D == 64) {
+#pragma unroll
+                for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+            }
+            /* every register a wgmma reads (A: qf, accumulators) is written before the fence, and the
+             * A registers stay live until the wait (the products read them asynchronously) */
+            wg_fence_operands(sc);
+            wg_fence_operands(qf);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < KT; kk++)
@@ -480,6 +497,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             wg_commit();
             wg_wait_all();
             wg_fence_operands(sc);
+            wg_fence_operands(qf);
         } else {
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
@@ -492,7 +510,9 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             }
         }
         }
-        /* scale, mask, online softmax (rows A: elements 0, 1; B: 2, 3) */
+        /* scale, mask, online softmax (rows A: elements 0, 1; B: 2, 3); under wgmma a warp with no rows
+         * only takes part in the products, with P = 0 */
+        if (!kWg || warp * 16 < rows) {
 #pragma unroll
         for (int n = 0; n < NB; n++)
 #pragma unroll
@@ -530,6 +550,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
             o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
         }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        }
         /* O += P V */
         if constexpr (kWg) {
             /* k-step j: keys [16 j, 16 j + 16) = rows 16 j .. of every column group; B is N-major (D
@@ -543,6 +567,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
                 pa[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
             }
             wg_fence_operands(o);
+            wg_fence_operands(pa);
             wg_fence();
 #pragma unroll
             for (int j = 0; j < kKeys / 16; j++) {
@@ -553,6 +578,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             wg_commit();
             wg_wait_all();
             wg_fence_operands(o);
+            wg_fence_operands(pa);
         } else {
 #pragma unroll
         for (int j = 0; j < kKeys / 16; j++) {

@@ -41,9 +41,9 @@ enum { OSP_CUDA_ATTN_MMA_AUTO = 0, OSP_CUDA_ATTN_MMA_SYNC = 1, OSP_CUDA_ATTN_MMA
 /* the tensor-core kernel is the default where it applies (f16 pages, D 32 / 64 / 128);
  * OSPREY_CUDA_ATTENTION=v0 selects the CUDA-core kernel for comparison */
 #define OSP_CUDA_ATTN_V1_DEFAULT 1
-/* its products by wgmma by default where that applies (D 64 / 128): 0 until the H200 tests pass under it;
- * OSPREY_CUDA_ATTENTION=v2 selects it, v1 mma.sync */
-#define OSP_CUDA_ATTN_V2_DEFAULT 0
+/* its products by wgmma by default where that applies (D 64 / 128; test_gpu_attention, test_gpu_model and
+ * the GPU engine tests pass under it on the H200); OSPREY_CUDA_ATTENTION=v1 selects mma.sync */
+#define OSP_CUDA_ATTN_V2_DEFAULT 1
 void osp_cuda_attention_force_mode(int mode); /* process-wide; tests and benchmarks */
 void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchmarks */
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
