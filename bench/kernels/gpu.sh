@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The proving ground on the GPU machine, in one device call: every definition through the gate and
-# the timing for the CUDA backend (its default kernels) and for the CUDA-core attention kernel
-# (cuda+OSPREY_CUDA_ATTENTION=v0), the markdown table on stdout, the JSON report under $OUT; then the
+# the timing for the CUDA backend (its default kernels) and for the older attention versions
+# (cuda:attention/v1: mma.sync, cuda:attention/v0: CUDA cores), the markdown table on stdout, the JSON
+# report and the selection table it implies (--make-table) under $OUT; then the
 # gate alone under compute-sanitizer memcheck on a sample (two hidden workloads a definition, one
 # input each: the children are followed). Run after scripts/gpu-test.sh unpacked the binaries into
 # /tmp/osprey-gpu/gpu (same warm machine). SEED fixes the hidden workloads (default: the clock).
@@ -15,8 +16,10 @@ dir=${OUT:-/tmp}
 seed=${SEED:-$(date +%s)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | sed 's/^/gpu: /'
 rc=0
-$O bench-kernels --solution cuda --solution cuda+OSPREY_CUDA_ATTENTION=v0 --seed "$seed" --hidden 14 \
+$O bench-kernels --solution cuda --solution cuda:attention/v1 --solution cuda:attention/v0 --seed "$seed" --hidden 14 \
     --min-time 0.1 --timeout 300 --markdown --out "$dir/kbench_cuda.json" || rc=1
+# the runtime selection table this report implies (per op kind, head_dim and KV dtype)
+$O bench-kernels --make-table "$dir/kbench_cuda.json" -o "$dir/kernel_table.json" && cat "$dir/kernel_table.json"
 if command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
         $O bench-kernels --solution cuda --gate-only --seed "$seed" --hidden 2 --seeds 1 --timeout 600 \
