@@ -1,8 +1,15 @@
-/* Paged attention v1: tensor cores (mma.sync m16n8k16, f16 in, fp32 accumulate), FlashAttention-2
- * style (Dao 2023: one warp owns 16 query rows, S = Q K^T and O += P V stay in registers, the P
- * fragment of S is reused as the A operand of P V), K/V tiles of 64 keys brought to shared memory by
- * cp.async 2 to 4 stages deep (one barrier a tile), for f16 pages and head_dim 32 / 64 / 128. src/backend/cuda/attention.cu (v0, CUDA
- * cores) serves the other shapes and stays the reference.
+/* Paged attention on tensor cores, FlashAttention-2 style (Dao 2023: a warp owns 16 query rows, S = Q K^T
+ * and O += P V stay in registers, the P fragment of S is reused as the A operand of P V), K/V tiles of
+ * 64 keys brought to shared memory by cp.async 2 to 4 stages deep (one barrier a tile), for f16 pages
+ * and head_dim 32 / 64 / 128, with the two products on one of two instructions:
+ *   v1  mma.sync m16n8k16 (f16 in, fp32 accumulate), K/V fragments by ldmatrix from padded rows;
+ *   v2  wgmma m64nNk16 (sm_90a; D 64 / 128): the CTA's 4 warps are one warpgroup; S = Q K^T with Q
+ *       from registers (mma.sync's A fragments) and K read by descriptor from 128-byte-swizzled shared
+ *       memory, O += P V with P from registers and V by descriptor (N-major): K and V never pass
+ *       through the registers. o's rescale is skipped where a warp's rows all keep their max.
+ * Which one serves a launch depends on the model's shape (head_dim, page type) alone, so a row's
+ * bits never depend on its batch. src/backend/cuda/attention.cu (v0, CUDA cores) serves the other
+ * shapes and stays the reference.
  *
  * The reduction a row sees is fixed by the row alone (the batch-invariance rule of shared/DESIGN.md):
  *   - keys are cut into chunks of kChunk keys from key 0, chunks into tiles of kKeys keys;
@@ -28,11 +35,12 @@
  * fit, times as many tokens as fit (row r: token t0 + r / nh, head h0 + r % nh), so one K/V tile
  * feeds every head of the group (decode packs the group's heads as the rows of one mma tile). Grid:
  * x the query-tile slots and y kv head x head chunk (attention_tiles.cuh, shared with v0), z the
- * chunk run in split mode. Shared memory: K, V [stages][64][D + 8] f16 (a row padded by 16 bytes:
- * ldmatrix conflict free) and one region that stages Q [64][D + 8] f16 on its way to registers and
- * then, at D = 128 in fold mode, holds the fold state (fp32 [64][128]; in registers it would need more
- * than 255 beside the chunk accumulator): 100 KiB at D = 128 with 2 stages, two CTAs per SM, 234
- * registers. Loads skip tiles no row reaches; the causal and window masks run on edge tiles only.
+ * chunk run in split mode. Shared memory: K, V [stages][64][D + 8] f16 (v1: a row padded by 16 bytes,
+ * ldmatrix conflict free; v2: [stages][D / 64][64][64] in 128-byte swizzle atoms, 1024-byte aligned)
+ * and one region that stages Q [64][D + 8] f16 on its way to registers and then, at D = 128 in fold
+ * mode, holds the fold state (fp32 [64][128]; in registers it would need more than 255 beside the
+ * chunk accumulator): about 100 KiB at D = 128 with 2 stages, two CTAs per SM. Loads skip tiles no
+ * row reaches; the causal and window masks run on edge tiles only.
  *
  * Precision: q is rounded from bf16 to f16 (exact for |q| in [2^-14, 65504]; larger values are
  * clamped to +-65504 rather than becoming inf), scores and sums are fp32, P is rounded to f16
@@ -481,7 +489,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
              * values after the first tile's wait (seen in the SASS: the P fragments and mask temporaries
              * in Q's registers; every tile after the first then multiplied by garbage; D = 128 kept
              * them). Reloading Q from shared memory each tile (sQ is not reused at D = 64) keeps the
-             * A registers' life inside one tile. */
+             * A registers' life inside one tile. (Q read by descriptor instead, with the fold state in
+             * registers, measured 5 % slower at D = 128: bench/gpu/NOTES.md.) */
             if constexpr (D == 64) {
 #pragma unroll
                 for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
@@ -489,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             /* every register a wgmma reads (A: qf, accumulators) is written before the fence, and the
              * A registers stay live until the wait (the products read them asynchronously) */
             wg_fence_operands(sc);
-            wg_fence_operands(qf);
+            if constexpr (D == 64) wg_fence_operands(qf);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < KT; kk++)
@@ -497,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             wg_commit();
             wg_wait_all();
             wg_fence_operands(sc);
-            wg_fence_operands(qf);
+            if constexpr (D == 64) wg_fence_operands(qf); /* the reloaded A registers live to the wait */
         } else {
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
@@ -527,6 +536,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
                 }
         }
         float alpha[2];
+        /* the chunk's o is still all zeros (no key of the row so far in this chunk) */
+        const bool o_zero[2] = {m[0] == -INFINITY, m[1] == -INFINITY};
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             float mx = -INFINITY;
@@ -545,10 +556,14 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             l[i] = __fmaf_rn(l[i], alpha[i], ls);
             m[i] = m_new;
         }
+        /* o *= alpha, skipped (wgmma) where every row of the warp keeps its max (alpha 1) or has
+         * nothing in o yet (o 0): the same bits, 64 multiplies fewer on most tiles of a long row */
+        if (!kWg || !__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
 #pragma unroll
-        for (int n = 0; n < ND; n++) {
-            o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-            o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+            for (int n = 0; n < ND; n++) {
+                o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+            }
         }
         } else {
 #pragma unroll
@@ -645,49 +660,37 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     }
 }
 
-/* Split mode's second kernel: one warp per output row (t, h) folds the chunks 0 .. ceil((pos + 1) /
- * kChunk) - 1 of its own row in order and writes out = O / L. Lane owns dims [lane D / 32, + D / 32). */
+/* Split mode's second kernel: one CTA of D threads per output row (t, h), thread d owning dimension d,
+ * folds the chunks 0 .. ceil((pos + 1) / kChunk) - 1 of its row in order and writes out = O / L. The
+ * fold is sequential; its loads are not: a warp fetches the (m, l) of 32 chunks (one a lane) and then
+ * every thread's 32 accumulator values at once, so a row costs one load round trip per 32 chunks
+ * (a warp per row with 8 loads ahead made batch-1 decode at 32k wait on 16 dependent rounds). Each
+ * thread runs the same fold_state sequence on the same (m, l), so the bits are fold mode's. */
 template <int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
-                                                         const int32_t *positions, int n_head, int64_t nrow) {
-    constexpr int PER = D / 32; /* dims per lane: 1, 2 or 4 */
-    const int lane = (int)threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kWarps + ((int)threadIdx.x >> 5);
-    if (row >= nrow) return;
+__global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
+                                                  const int32_t *positions, int n_head, int64_t nrow) {
+    const int dim = (int)threadIdx.x, lane = dim & 31;
+    const int64_t row = (int64_t)blockIdx.x;
     const int nch = (positions[row / n_head] + 1 + kChunk - 1) / kChunk;
-    float M = -INFINITY, L = 0.0f, A[PER];
-#pragma unroll
-    for (int e = 0; e < PER; e++) A[e] = 0.0f;
-    /* the fold is sequential, the loads are not: lane j fetches (m, l) of chunk c + j, and the
-     * accumulators of kAhead chunks are in flight before the first of them is folded */
-    constexpr int kAhead = 8;
+    float M = -INFINITY, L = 0.0f, A = 0.0f;
     for (int c0 = 0; c0 < nch; c0 += 32) {
         const int n = min(32, nch - c0);
         const float2 mlj = lane < n ? ws_ml[(int64_t)(c0 + lane) * nrow + row] : make_float2(-INFINITY, 0.0f);
-        for (int j0 = 0; j0 < n; j0 += kAhead) {
-            float a[kAhead][PER];
+        float a[32];
 #pragma unroll
-            for (int u = 0; u < kAhead; u++) {
-                const float lu = __shfl_sync(0xffffffffu, mlj.y, j0 + u < 32 ? j0 + u : 0);
-                const int64_t pr = (int64_t)(c0 + j0 + u) * nrow + row;
+        for (int u = 0; u < 32; u++) {
+            const float lu = __shfl_sync(0xffffffffu, mlj.y, u);
+            a[u] = (u < n && lu > 0.0f) ? ws_acc[((int64_t)(c0 + u) * nrow + row) * D + dim] : 0.0f;
+        }
 #pragma unroll
-                for (int e = 0; e < PER; e++) a[u][e] = (j0 + u < n && lu > 0.0f) ? ws_acc[pr * D + lane * PER + e] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < kAhead; u++) {
-                const int j = j0 + u < 32 ? j0 + u : 0;
-                const float mu = __shfl_sync(0xffffffffu, mlj.x, j), lu = __shfl_sync(0xffffffffu, mlj.y, j);
-                float wA, wc;
-                if (j0 + u >= n || !fold_state(M, L, mu, lu, wA, wc)) continue;
-#pragma unroll
-                for (int e = 0; e < PER; e++) A[e] = fold_elem(A[e], wA, a[u][e], wc);
-            }
+        for (int u = 0; u < 32; u++) {
+            const float mu = __shfl_sync(0xffffffffu, mlj.x, u), lu = __shfl_sync(0xffffffffu, mlj.y, u);
+            float wA, wc;
+            if (u >= n || !fold_state(M, L, mu, lu, wA, wc)) continue;
+            A = fold_elem(A, wA, a[u], wc);
         }
     }
-    const float inv = out_scale(L);
-    uint16_t *dst = out + row * D + lane * PER;
-#pragma unroll
-    for (int e = 0; e < PER; e++) dst[e] = osp_f_to_bf16(__fmul_rn(A[e], inv));
+    out[row * D + dim] = osp_f_to_bf16(__fmul_rn(A, out_scale(L)));
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -752,7 +755,7 @@ osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int st
     else rc = launch_mode<D, false>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
-    merge_kernel<D><<<(unsigned)ceil_div(nrow, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
+    merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
                                                                            prm.n_head, nrow);
     OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
     return OSP_OK;
