@@ -19,11 +19,15 @@ typedef enum osp_device {
 } osp_device;
 
 
-/* Element type of the KV cache pages. Values are ggml type ids. New values (FP8 pages with separate
- * scale pools, NVFP4) are appended. */
+/* Element type of the KV cache pages. Values of the plain types are ggml type ids; the quantized
+ * ones (no ggml id) take ids of their own above ggml's range. New values are appended. The layouts
+ * of the quantized pages and their scale pools: src/kv/kv_cache.h. */
 typedef enum osp_kv_dtype {
-    OSP_KV_DTYPE_F32 = 0, /* exact: what the exactness tests use */
-    OSP_KV_DTYPE_F16 = 1, /* default on the CPU (as llama.cpp); K/V rounded to nearest even on write */
+    OSP_KV_DTYPE_F32 = 0,    /* exact: what the exactness tests use */
+    OSP_KV_DTYPE_F16 = 1,    /* default on the CPU (as llama.cpp); K/V rounded to nearest even on write */
+    OSP_KV_DTYPE_BF16 = 30,  /* named so it can be refused clearly: no backend has bf16 pages yet */
+    OSP_KV_DTYPE_FP8 = 128,  /* FP8 E4M3 values, one fixed fp32 scale per layer and KV head */
+    OSP_KV_DTYPE_NVFP4 = 129, /* E2M1 values, an E4M3 scale per 16, one fixed fp32 scale per layer (K, V) */
 } osp_kv_dtype;
 
 /* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */

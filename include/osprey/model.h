@@ -130,16 +130,29 @@ int osp_model_n_threads(const osp_model *m);
 void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 
 
-/* Bytes of K and V for one token over all layers: 2 * n_layer * n_head_kv * head_dim * elem bytes. */
+/* Bytes of K and V for one token over all layers, scales included: 2 * n_layer * (data bytes + scale
+ * bytes of one token's row), data = n_head_kv * head_dim * elem bytes (fp8: 1, nvfp4: 1/2), scales =
+ * n_head_kv * head_dim / 16 E4M3 bytes for nvfp4, 0 otherwise. 0 for a dtype the shape cannot take.
+ * The per-layer 256-byte alignment of each pool is not in it: osp_kv_cache_bytes_for. */
 int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
+/* The exact bytes osp_kv_cache_create allocates for num_blocks blocks of block_size tokens (pages and
+ * scale pools, each padded to 256 bytes per layer); the fixed fp32 scales (fp8: n_layer * n_head_kv * 2,
+ * nvfp4: n_layer * 2 floats) live on the host and are not counted. 0 on bad sizes or dtype. */
+int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype d, int32_t num_blocks, int32_t block_size);
 
 /* A paged KV cache for one model: per layer K and V pages [num_blocks, block_size, n_head_kv,
  * head_dim] of `dtype`, in host memory, or in one device allocation when `m` runs on the GPU (such a
  * cache is for `m` only; a host cache serves any model of the same shape). The cache may be freed
- * before or after the model. Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype, sizes
- * beyond memory), OSP_ERR_NOMEM (host or device memory). */
+ * before or after the model. fp8 / nvfp4 caches take the default fixed scales (src/kv/kv_cache.h).
+ * Errors: OSP_ERR_INVALID_ARG (non-positive sizes, unknown dtype, sizes beyond memory),
+ * OSP_ERR_UNSUPPORTED (a dtype the model's backend has no pages for, e.g. fp8 on CUDA, or bf16),
+ * OSP_ERR_NOMEM (host or device memory). */
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
+/* Whether m can have a KV cache of `dtype` (the page format fits its shape, its backend has such
+ * pages), without allocating anything: the errors osp_kv_cache_create would give for the dtype
+ * (OSP_ERR_INVALID_ARG, OSP_ERR_UNSUPPORTED with the reason). */
+osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype dtype);
 /* (the cache's other functions: osprey/kv_cache.h) */
 
 

@@ -83,6 +83,10 @@ typedef struct osp_backend_vtable {
     osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);
+    /* Whether this backend's KV write and attention read pages of `dtype` (osprey/batch.h); when not,
+     * the reason in `why`. Asked once, when a KV cache is created on the backend (kv_cache.c), so a
+     * dtype the backend lacks fails at start-up, before any page is allocated. */
+    bool (*supports_kv)(osp_backend *be, osp_kv_dtype dtype, char *why, size_t why_len);
     /* Runs graph `g` for the checked batch `b` over the KV cache `kv`. The logits stay in the
      * backend (rows [0, num_logits)) for sample / logits_to_host; when io->logits is non-NULL they are
      * also copied there, and the call waits for them (as for any output in io->acts). Otherwise the

@@ -14,28 +14,37 @@
 typedef struct osp_backend osp_backend;
 typedef struct osp_kv_cache osp_kv_cache;
 
-/* What one page stores, per layer and per K or V. */
+/* What one page stores, per layer and per K or V. The quantized layouts (FP8, NVFP4) and their
+ * scales are described in src/kv/kv_cache.h. */
 typedef struct osp_kv_page_format {
     osp_kv_dtype dtype;       /* the public name of the format */
-    uint32_t elem_type;       /* ggml type id of the stored values (F32, F16) */
+    uint32_t elem_type;       /* ggml type id of the stored values (F32, F16), or the osp_kv_dtype value
+                               * for the quantized formats (OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4) */
     int64_t kv_row;           /* values per token: n_head_kv * head_dim */
-    size_t bytes_per_token;   /* bytes of one token's K (or V) row in one layer */
-    size_t scale_bytes_per_block; /* bytes of block scales per block, per layer, per K or V (0: none) */
+    int32_t head_dim;         /* values per KV head */
+    size_t bytes_per_token;   /* bytes of one token's K (or V) data row in one layer (NVFP4: kv_row / 2) */
+    size_t scale_bytes_per_token; /* bytes of one token's K (or V) micro-block scales in one layer (NVFP4:
+                                   * kv_row / 16 E4M3 codes; 0: no scale pool) */
+    int32_t fixed_scales_per_layer; /* fp32 scales fixed at creation, per layer, per K or V: FP8 n_head_kv,
+                                     * NVFP4 1 (the tensor scale), 0 for f16 / f32 */
 } osp_kv_page_format;
 
 struct osp_kv_cache {
     int32_t num_blocks, block_size, n_layer;
     osp_kv_page_format fmt;
-    void **k;         /* [n_layer] -> pages [num_blocks, block_size, kv_row] of fmt.elem_type */
+    void **k;         /* [n_layer] -> pages [num_blocks, block_size, n_head_kv, head_dim] of fmt.elem_type
+                       * (NVFP4: [.., head_dim / 2] bytes, two values a byte) */
     void **v;         /* same */
-    void **k_scale;   /* [n_layer] -> [num_blocks, scale_bytes_per_block] or NULL (no scales) */
+    void **k_scale;   /* [n_layer] -> pool [num_blocks, block_size, n_head_kv, head_dim / 16] of E4M3
+                       * codes (NVFP4), or NULL (no scale pool) */
     void **v_scale;
+    float *k_fixed;   /* host [n_layer, fmt.fixed_scales_per_layer] fp32, or NULL (f16 / f32) */
+    float *v_fixed;
     void *pages;      /* one backend allocation holding every page and scale pool */
     size_t bytes;
     osp_backend *be;  /* where the pages live (the model's backend) */
     uint64_t id;      /* unique per cache in this process: CUDA graphs captured with one cache's pages
                        * are replayed only with that cache */
 };
-
 
 #endif

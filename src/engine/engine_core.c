@@ -98,6 +98,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         return osp_set_error(OSP_ERR_INVALID_ARG, "engine: block_size, max_num_seqs and max_num_batched_tokens must "
                                                   "be > 0; max_model_len, kv_cache_memory, num_blocks >= 0");
     if (!osp_kv_dtype_name(p.kv_dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "engine: unknown kv_dtype %d", (int)p.kv_dtype);
+    OSP_TRY(osp_kv_dtype_available(p.kv_dtype)); /* bf16: refused before anything is loaded */
+    if (p.exact && osp_kv_dtype_quantized(p.kv_dtype))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "engine: exact mode needs f32 KV pages, not quantized %s ones",
+                             osp_kv_dtype_name(p.kv_dtype));
     osp_engine *e = calloc(1, sizeof *e);
     if (!e) return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
     pthread_mutex_init(&e->mu, NULL);
@@ -119,6 +123,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_kernel_table_apply(p.kernel_table, osp_model_device(e->model), c->head_dim, p.kv_dtype,
                                     p.log ? p.log : log_stderr, p.log_ctx)) != OSP_OK)
         goto fail;
+    /* the model's shape and backend take the KV dtype (CUDA: no fp8 / nvfp4 pages yet), before sizing */
+    if ((s = osp_kv_cache_check(e->model, p.kv_dtype)) != OSP_OK) goto fail;
     if (p.max_model_len == 0) p.max_model_len = c->n_ctx_train;
     if (p.max_model_len < 2 || p.max_model_len > c->n_ctx_train) {
         s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: max_model_len %d is outside [2, %d] (the model's context)",

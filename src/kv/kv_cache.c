@@ -1,7 +1,8 @@
-/* The paged KV cache on a backend (see kv_cache.h): page formats, one allocation per cache, block
- * copies for copy-on-write. */
+/* The paged KV cache on a backend (see kv_cache.h): page formats (f32, f16, fp8, nvfp4 and their
+ * scale pools), one allocation per cache, block copies for copy-on-write (data and scales together). */
 #include "kv/kv_cache.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,38 +11,141 @@
 #include "core/dtype.h"
 #include "core/status_internal.h"
 
+/* Names: the canonical one first, then the aliases vLLM's --kv-cache-dtype accepts. */
+static const struct { const char *name; osp_kv_dtype d; } k_names[] = {
+    {"f16", OSP_KV_DTYPE_F16},   {"f32", OSP_KV_DTYPE_F32},     {"bf16", OSP_KV_DTYPE_BF16},
+    {"fp8", OSP_KV_DTYPE_FP8},   {"nvfp4", OSP_KV_DTYPE_NVFP4}, {"auto", OSP_KV_DTYPE_F16},
+    {"fp16", OSP_KV_DTYPE_F16},  {"float16", OSP_KV_DTYPE_F16}, {"bfloat16", OSP_KV_DTYPE_BF16},
+    {"fp8_e4m3", OSP_KV_DTYPE_FP8}, {"float32", OSP_KV_DTYPE_F32},
+};
+
 const char *osp_kv_dtype_name(osp_kv_dtype d) {
-    return d == OSP_KV_DTYPE_F32 ? "f32" : d == OSP_KV_DTYPE_F16 ? "f16" : NULL;
+    for (size_t i = 0; i < 5; i++)
+        if (k_names[i].d == d) return k_names[i].name;
+    return NULL;
 }
 
 osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out) {
-    if (name && !strcmp(name, "f32")) *out = OSP_KV_DTYPE_F32;
-    else if (name && !strcmp(name, "f16")) *out = OSP_KV_DTYPE_F16;
-    else return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache dtype '%s' is not one of f32, f16", name ? name : "(null)");
+    for (size_t i = 0; name && i < sizeof k_names / sizeof k_names[0]; i++)
+        if (!strcmp(name, k_names[i].name)) return *out = k_names[i].d, OSP_OK;
+    return osp_set_error(OSP_ERR_INVALID_ARG,
+                         "kv cache dtype '%s' is not one of auto, f16, bf16, f32, fp8, nvfp4 (or fp16, bfloat16, "
+                         "fp8_e4m3)", name ? name : "(null)");
+}
+
+osp_status osp_kv_dtype_available(osp_kv_dtype d) {
+    if (!osp_kv_dtype_name(d)) return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: unknown dtype %d", (int)d);
+    if (d == OSP_KV_DTYPE_BF16)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: bf16 pages are not implemented by any backend "
+                                                  "(use f16, f32, fp8 or nvfp4)");
     return OSP_OK;
 }
+
+bool osp_kv_dtype_quantized(osp_kv_dtype d) { return d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4; }
 
 osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_kv_page_format *out) {
     memset(out, 0, sizeof *out);
     if (!osp_kv_dtype_name(dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: unknown dtype %d", (int)dtype);
+    if (c->n_layer <= 0 || c->n_head_kv <= 0 || c->head_dim <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d layers, %d KV heads, head_dim %d must be > 0",
+                             c->n_layer, c->n_head_kv, c->head_dim);
+    OSP_TRY(osp_kv_dtype_available(dtype));
     if (dtype == OSP_KV_DTYPE_F16 && c->head_dim > 1024)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: f16 pages need head_dim <= 1024 (model has %d)", c->head_dim);
+    if (osp_kv_dtype_quantized(dtype) && c->head_dim > 1024)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: %s pages need head_dim <= 1024 (model has %d)",
+                             osp_kv_dtype_name(dtype), c->head_dim);
+    if (dtype == OSP_KV_DTYPE_NVFP4 && c->head_dim % 16)
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "kv cache: nvfp4 pages need head_dim a multiple of 16 (micro-blocks of 16; model has %d)",
+                             c->head_dim);
     out->dtype = dtype;
-    out->elem_type = dtype == OSP_KV_DTYPE_F16 ? OSP_DTYPE_F16 : OSP_DTYPE_F32;
     out->kv_row = (int64_t)c->n_head_kv * c->head_dim;
-    out->bytes_per_token = (size_t)out->kv_row * (dtype == OSP_KV_DTYPE_F16 ? 2 : 4);
-    out->scale_bytes_per_block = 0;
+    out->head_dim = c->head_dim;
+    switch (dtype) {
+    case OSP_KV_DTYPE_F16: out->elem_type = OSP_DTYPE_F16, out->bytes_per_token = (size_t)out->kv_row * 2; break;
+    case OSP_KV_DTYPE_F32: out->elem_type = OSP_DTYPE_F32, out->bytes_per_token = (size_t)out->kv_row * 4; break;
+    case OSP_KV_DTYPE_FP8:
+        out->elem_type = OSP_KV_DTYPE_FP8;
+        out->bytes_per_token = (size_t)out->kv_row;
+        out->fixed_scales_per_layer = c->n_head_kv;
+        break;
+    default: /* NVFP4 */
+        out->elem_type = OSP_KV_DTYPE_NVFP4;
+        out->bytes_per_token = (size_t)out->kv_row / 2;
+        out->scale_bytes_per_token = (size_t)out->kv_row / 16;
+        out->fixed_scales_per_layer = 1;
+        break;
+    }
+    return OSP_OK;
+}
+
+/* Sizes of one layer's K (or V) page region and scale pool, each padded to 256 bytes, and of the whole
+ * allocation; false when a product overflows size_t. */
+static bool sizes_of(const osp_kv_page_format *f, int32_t n_layer, int32_t num_blocks, int32_t block_size,
+                     size_t *page_al, size_t *scale_al, size_t *total) {
+    const size_t pad = 255;
+    size_t slots, page, scales, per_layer;
+    if (__builtin_mul_overflow((size_t)num_blocks, (size_t)block_size, &slots) ||
+        __builtin_mul_overflow(slots, f->bytes_per_token, &page) ||
+        __builtin_mul_overflow(slots, f->scale_bytes_per_token, &scales) || page > SIZE_MAX / 4 - pad ||
+        scales > SIZE_MAX / 4 - pad)
+        return false;
+    *page_al = (page + pad) & ~pad;
+    *scale_al = (scales + pad) & ~pad;
+    per_layer = 2 * (*page_al + *scale_al);
+    return !__builtin_mul_overflow(per_layer, (size_t)n_layer, total);
+}
+
+osp_status osp_kv_cache_size(const osp_kv_shape *c, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                             size_t *bytes) {
+    *bytes = 0;
+    if (num_blocks <= 0 || block_size <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: num_blocks %d and block_size %d must be > 0",
+                             num_blocks, block_size);
+    osp_kv_page_format fmt;
+    OSP_TRY(osp_kv_page_format_of(c, dtype, &fmt));
+    size_t pa, sa;
+    if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &pa, &sa, bytes))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
+                             num_blocks, block_size);
+    return OSP_OK;
+}
+
+static osp_status fixed_scales(const float *src, float dflt, int32_t n, const char *what, float **out) {
+    *out = malloc((size_t)n * sizeof **out);
+    if (!*out) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
+    for (int32_t i = 0; i < n; i++) {
+        const float x = src ? src[i] : dflt;
+        if (!(x > 0.0f) || !isfinite(x))
+            return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %s scale %d is %g (must be finite and > 0)", what, i,
+                                 (double)x);
+        (*out)[i] = x;
+    }
     return OSP_OK;
 }
 
 osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *c, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out) {
+    return osp_kv_cache_create_scaled(be, c, num_blocks, block_size, dtype, NULL, NULL, out);
+}
+
+osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *c, int32_t num_blocks, int32_t block_size,
+                                      osp_kv_dtype dtype, const float *k_fixed, const float *v_fixed,
+                                      osp_kv_cache **out) {
     *out = NULL;
     if (num_blocks <= 0 || block_size <= 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: num_blocks %d and block_size %d must be > 0",
                              num_blocks, block_size);
     osp_kv_page_format fmt;
     OSP_TRY(osp_kv_page_format_of(c, dtype, &fmt));
+    char why[256] = "";
+    if (be->vt->supports_kv && !be->vt->supports_kv(be, dtype, why, sizeof why))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: %s", why);
+    size_t page_al, scale_al, total;
+    if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &page_al, &scale_al, &total))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
+                             num_blocks, block_size);
     osp_kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
     static _Atomic uint64_t next_id = 1;
@@ -51,41 +155,38 @@ osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *c, int32_
     kv->n_layer = c->n_layer;
     kv->fmt = fmt;
     kv->be = be;
+    kv->bytes = total;
     osp_backend_retain(be); /* the pages are freed through it, maybe after the model */
-    /* every product checked: a cache too large for size_t is refused, not wrapped */
-    size_t slots, page, scales, per_layer;
-    const size_t pad = 255;
-    if (__builtin_mul_overflow((size_t)num_blocks, (size_t)block_size, &slots) ||
-        __builtin_mul_overflow(slots, fmt.bytes_per_token, &page) ||
-        __builtin_mul_overflow((size_t)num_blocks, fmt.scale_bytes_per_block, &scales) || page > SIZE_MAX / 4 - pad ||
-        scales > SIZE_MAX / 4 - pad ||
-        __builtin_mul_overflow(2 * (((page + pad) & ~pad) + ((scales + pad) & ~pad)), (size_t)1, &per_layer) ||
-        __builtin_mul_overflow(per_layer, (size_t)kv->n_layer, &kv->bytes)) {
-        osp_kv_cache_free(kv);
-        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
-                             num_blocks, block_size);
+    osp_status s = OSP_OK;
+    if (fmt.fixed_scales_per_layer) {
+        const int32_t n = c->n_layer * fmt.fixed_scales_per_layer;
+        const float dflt = dtype == OSP_KV_DTYPE_FP8 ? OSP_KV_FP8_DEFAULT_SCALE : OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE;
+        if ((s = fixed_scales(k_fixed, dflt, n, "K", &kv->k_fixed)) != OSP_OK ||
+            (s = fixed_scales(v_fixed, dflt, n, "V", &kv->v_fixed)) != OSP_OK) {
+            osp_kv_cache_free(kv);
+            return s;
+        }
     }
     kv->k = calloc((size_t)kv->n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)kv->n_layer, sizeof *kv->v);
     kv->k_scale = calloc((size_t)kv->n_layer, sizeof *kv->k_scale);
     kv->v_scale = calloc((size_t)kv->n_layer, sizeof *kv->v_scale);
-    osp_status s = OSP_OK;
     if (!kv->k || !kv->v || !kv->k_scale || !kv->v_scale) s = osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
     if (s == OSP_OK) s = be->vt->buffer_alloc(be, kv->bytes, "the KV cache", &kv->pages);
     if (s != OSP_OK) {
         osp_kv_cache_free(kv);
         if (s == OSP_ERR_NOMEM)
             return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory for %d blocks of %d tokens (%zu bytes)",
-                                 num_blocks, block_size, per_layer * (size_t)c->n_layer);
+                                 num_blocks, block_size, total);
         return s;
     }
     char *p = kv->pages;
-    const size_t page_al = (page + pad) & ~pad, scale_al = (scales + pad) & ~pad;
+    const bool has_scales = fmt.scale_bytes_per_token != 0;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         kv->k[l] = p, p += page_al;
         kv->v[l] = p, p += page_al;
-        kv->k_scale[l] = scales ? p : NULL, p += scale_al;
-        kv->v_scale[l] = scales ? p : NULL, p += scale_al;
+        kv->k_scale[l] = has_scales ? p : NULL, p += scale_al;
+        kv->v_scale[l] = has_scales ? p : NULL, p += scale_al;
     }
     *out = kv;
     return OSP_OK;
@@ -99,6 +200,8 @@ void osp_kv_cache_free(osp_kv_cache *kv) {
     free(kv->v);
     free(kv->k_scale);
     free(kv->v_scale);
+    free(kv->k_fixed);
+    free(kv->v_fixed);
     free(kv);
 }
 
@@ -107,15 +210,16 @@ int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv) { return kv->num_blocks;
 osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->fmt.dtype; }
 
 size_t osp_kv_cache_bytes(const osp_kv_cache *kv) {
-    return 2 * (size_t)kv->n_layer * (size_t)kv->num_blocks *
-           ((size_t)kv->block_size * kv->fmt.bytes_per_token + kv->fmt.scale_bytes_per_block);
+    return 2 * (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size *
+           (kv->fmt.bytes_per_token + kv->fmt.scale_bytes_per_token);
 }
 
 osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
     if (src < 0 || src >= kv->num_blocks || dst < 0 || dst >= kv->num_blocks)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: copy of block %d to %d outside the %d blocks", src, dst,
                              kv->num_blocks);
-    const size_t bytes = (size_t)kv->block_size * kv->fmt.bytes_per_token, sb = kv->fmt.scale_bytes_per_block;
+    const size_t bytes = (size_t)kv->block_size * kv->fmt.bytes_per_token,
+                 sb = (size_t)kv->block_size * kv->fmt.scale_bytes_per_token;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         OSP_TRY(kv->be->vt->copy(kv->be, (char *)kv->k[l] + (size_t)dst * bytes, (const char *)kv->k[l] + (size_t)src * bytes,
                                  bytes));

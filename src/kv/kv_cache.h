@@ -1,10 +1,42 @@
 /* The paged KV cache (vLLM's PagedAttention, Kwon et al. 2023, §4): per layer, K and V pages
  * [num_blocks, block_size, n_head_kv, head_dim] in a backend's memory, addressed by block ids from
- * the block pool (src/kv/block_pool.c). What a page holds is described by a page format, so quantized
- * pages (FP8 E4M3, NVFP4: E2M1 values with an E4M3 scale per 16 and an FP32 tensor scale) arrive as a
- * new format, with a scale pool beside the data pages addressed by the same block ids, without
- * touching the model code: ops read the format and the page pointers (src/backend/kv_layout.h), nothing
- * else.
+ * the block pool (src/kv/block_pool.c). What a page holds is described by a page format; ops read the
+ * format and the page pointers (src/backend/kv_layout.h), nothing else, so the model code does not
+ * change with it.
+ *
+ * Formats (per layer, separately for K and V; "row" = one token's values of one KV head, head_dim):
+ *  f32, f16   pages of plain values; f16 rounds to nearest even on write.
+ *  fp8        pages [num_blocks, block_size, n_head_kv, head_dim] of FP8 E4M3 codes (OCP 8-bit Floating
+ *             Point spec v1.0 §5.1, "e4m3fn": no infinities, max 448): x is stored as
+ *             e4m3(x / s[layer][kv_head]) rounded to nearest even and saturated at +-448 (NaN -> NaN
+ *             code); read back as e4m3 * s. The per-head scales s are fp32, fixed at creation
+ *             (k_fixed / v_fixed, [n_layer, n_head_kv]); no scale pool.
+ *  nvfp4      pages [num_blocks, block_size, n_head_kv, head_dim / 2] bytes of FP4 E2M1 codes (OCP
+ *             Microscaling Formats spec v1.0 §5.3.3: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and negatives), two a
+ *             byte: value 2i in the low nibble of byte i, 2i + 1 in the high nibble (as core/dtype.c).
+ *             Micro-blocks of 16 consecutive head_dim values of one token and KV head (NVIDIA's NVFP4:
+ *             "Introducing NVFP4 for Efficient and Accurate Low-Precision Inference", NVIDIA technical
+ *             blog, 2025, and the PTX ISA's block-scaled mma with scale_vec::4X) each carry an E4M3
+ *             scale in a scale pool beside the pages, [num_blocks, block_size, n_head_kv, head_dim / 16]
+ *             bytes, addressed by the same block id and slot as the data. The micro-block scale is
+ *             e4m3(amax / 6 / T) (nearest even, saturating), so amax lands on E2M1's 6; each value is
+ *             e2m1(x / (scale * T)), nearest even, saturating at +-6. T is one fp32 tensor scale per
+ *             layer for K and one for V (k_fixed / v_fixed, [n_layer, 1]), fixed at creation. Read
+ *             back as e2m1 * (e4m3(scale) * T), the product of the two scales taken in fp32 first.
+ *             head_dim must be a multiple of 16.
+ * Every token's K and V rows are quantized on their own (a write touches only its slot's bytes and
+ * its slot's scales), so a block copy (copy-on-write), a prefix-cache hit or a preemption handles a
+ * quantized block exactly as an f16 one: data and scales move together by block id.
+ *
+ * Fixed scales without a scales file (OSP_KV_FP8_DEFAULT_SCALE, OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE):
+ *  fp8: 1.0, vLLM's default k_scale / v_scale when a checkpoint has none. E4M3 then covers |x| up to
+ *       448 with a relative step of 2^-3 (normal codes from 2^-6 up), which holds post-RoPE keys of a
+ *       few units to a few hundred and values (usually |v| < 10) without saturating.
+ *  nvfp4: 1/16. The micro-block scale e4m3(amax / 6 / T) is a normal E4M3 number (3 mantissa bits)
+ *       for amax in [6 * 2^-6 * T, 6 * 448 * T] = [0.0059, 168]: micro-blocks of keys of a few units to
+ *       tens, and of small values, keep full scale precision; with T = 1 any micro-block whose amax is
+ *       below 0.09 would get a subnormal (coarser) scale, and amax up to 2688 is far more headroom than
+ *       K/V rows need. A micro-block with amax above 168 saturates its scale (its values clamp).
  *
  * Internal to src/ (the public face is osprey/model.h's osp_kv_cache_* functions). */
 #ifndef OSP_KV_KV_CACHE_H
@@ -22,8 +54,13 @@ typedef struct osp_kv_shape {
     int32_t n_layer, n_head_kv, head_dim;
 } osp_kv_shape;
 
+/* Fixed scales used when no scales file is given (see the header comment for why these values). */
+#define OSP_KV_FP8_DEFAULT_SCALE 1.0f
+#define OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE 0.0625f
+
 /* The page format of `dtype` for shape `sh`. OSP_ERR_INVALID_ARG for an unknown dtype,
- * OSP_ERR_UNSUPPORTED when the shapes do not fit it. */
+ * OSP_ERR_UNSUPPORTED when the shapes do not fit it (f16: head_dim > 1024; nvfp4: head_dim not a
+ * multiple of 16; bf16: no backend has bf16 pages). */
 osp_status osp_kv_page_format_of(const osp_kv_shape *sh, osp_kv_dtype dtype, osp_kv_page_format *out);
 
 /* Creates a cache of num_blocks blocks on backend `be` for shape `sh`. The cache holds a reference to
@@ -31,5 +68,19 @@ osp_status osp_kv_page_format_of(const osp_kv_shape *sh, osp_kv_dtype dtype, osp
  * unknown dtype, sizes beyond size_t), OSP_ERR_NOMEM. */
 osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *sh, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out);
+
+/* As osp_kv_cache_create_on, with the fixed fp32 scales of a quantized cache given:
+ * k_fixed, v_fixed: [n_layer, fixed_scales_per_layer] (fp8: n_head_kv per layer; nvfp4: 1), copied;
+ * NULL takes the default constant. Ignored for f16 / f32. Each scale must be finite and > 0
+ * (OSP_ERR_INVALID_ARG otherwise). The backend may refuse the dtype (its supports_kv hook):
+ * OSP_ERR_UNSUPPORTED with its reason, before anything is allocated. */
+osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size,
+                                      osp_kv_dtype dtype, const float *k_fixed, const float *v_fixed,
+                                      osp_kv_cache **out);
+
+/* The exact size of a cache's one allocation (pages, scale pools, each pool padded to 256 bytes per
+ * layer), as osp_kv_cache_create_on computes it. OSP_ERR_INVALID_ARG on overflow or bad sizes. */
+osp_status osp_kv_cache_size(const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                             size_t *bytes);
 
 #endif

@@ -204,11 +204,28 @@ osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t b
     return osp_kv_cache_create_on(m->be, &sh, num_blocks, block_size, dtype, out);
 }
 
+osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype dtype) {
+    const osp_kv_shape sh = kv_shape(&m->cfg);
+    osp_kv_page_format f;
+    OSP_TRY(osp_kv_page_format_of(&sh, dtype, &f));
+    char why[256] = "";
+    if (m->be->vt->supports_kv && !m->be->vt->supports_kv(m->be, dtype, why, sizeof why))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: %s", why);
+    return OSP_OK;
+}
+
 int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d) {
     const osp_kv_shape sh = kv_shape(c);
     osp_kv_page_format f;
     if (osp_kv_page_format_of(&sh, d, &f) != OSP_OK) return 0;
-    return 2 * (int64_t)c->n_layer * (int64_t)f.bytes_per_token;
+    return 2 * (int64_t)c->n_layer * (int64_t)(f.bytes_per_token + f.scale_bytes_per_token);
+}
+
+int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype d, int32_t num_blocks, int32_t block_size) {
+    const osp_kv_shape sh = kv_shape(c);
+    size_t bytes;
+    if (osp_kv_cache_size(&sh, num_blocks, block_size, d, &bytes) != OSP_OK || bytes > INT64_MAX) return 0;
+    return (int64_t)bytes;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------- */

@@ -28,9 +28,11 @@ typedef struct cli_engine_args {
     const char *model;     /* -m, --model FILE; NULL when absent (the command says what it needs) */
     int n_threads;         /* -t, --threads N in [1, 1024]; 0 (the default): all cores */
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
-    osp_kv_dtype kv_dtype; /* --kv-cache-dtype f16|f32 (f16) */
-    bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path); a
-                              later --kv-cache-dtype still picks the cache */
+    osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
+    bool kv_dtype_set;     /* --kv-cache-dtype was given */
+    bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path);
+                              --kv-cache-dtype, before or after, still picks the cache, but a quantized
+                              one (fp8, nvfp4) with --exact is an error at parse time */
     const char *kernel_table; /* --kernel-table FILE (osp_engine_params.kernel_table); NULL: $OSPREY_KERNEL_TABLE */
 } cli_engine_args;
 
@@ -39,10 +41,15 @@ enum { CLI_ENGINE_KV_DTYPE = 1u << 0, CLI_ENGINE_EXACT = 1u << 1 };
 
 /* The defaults above. */
 cli_engine_args cli_engine_args_default(void);
+/* Parses flag's value v as a KV cache dtype (osp_kv_dtype_parse: auto, f16, bf16, f32, fp8, nvfp4,
+ * fp16, bfloat16, fp8_e4m3, ...); dies naming the flag and the accepted values otherwise, and with
+ * osp_kv_dtype_available's reason for a dtype no backend has (bf16). */
+osp_kv_dtype cli_kv_dtype(const char *flag, const char *v);
 /* When argv[*i] is an engine flag (-m, -t, --device, --kernel-table, and those in `accept`), parses it and its value
  * argv[*i + 1] into *a, moves *i onto the last argument used and returns true; false, with nothing
  * changed, for any other argument. A bad value dies naming the flag (cli_int, cli_device,
- * "--kv-cache-dtype: 'X' is not f16 or f32"); a missing one too, except -m's, which leaves model NULL. */
+ * "--kv-cache-dtype: 'X' is not one of ..."); --exact together with a quantized --kv-cache-dtype
+ * dies too, in either order; a missing value too, except -m's, which leaves model NULL. */
 bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, int *i);
 /* osp_engine_default_params() with the model, threads, device, KV cache dtype and exact taken from *a
  * and load_progress = cli_load_progress. The command sets the rest (block size, max_num_seqs, ...). */

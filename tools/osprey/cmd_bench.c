@@ -103,6 +103,7 @@ int cmd_bench(int argc, char **argv) {
     int batch = 1, depth = 0;
     osp_device dev = OSP_DEVICE_CPU;
     osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
+    bool kvd_set = false;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = v, i++;
@@ -110,13 +111,17 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) n_gen = (int)cli_int(f, v, 0, 1 << 16), i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) reps = (int)cli_int(f, v, 1, 1000), i++;
-        else if (!strcmp(f, "--exact")) exact = true, kvd = OSP_KV_DTYPE_F32;
+        else if (!strcmp(f, "--exact")) exact = true, kvd = kvd_set ? kvd : OSP_KV_DTYPE_F32;
+        else if (!strcmp(f, "--kv-cache-dtype")) kvd = cli_kv_dtype(f, v), kvd_set = true, i++;
         else if (!strcmp(f, "--batch")) batch = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--depth") || !strcmp(f, "-d")) depth = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
         else cli_die(OSP_OK, "bench: unknown option '%s'", f);
     }
+    if (exact && osp_kv_dtype_quantized(kvd))
+        cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s: drop one of --exact and "
+                        "--kv-cache-dtype %s", osp_kv_dtype_name(kvd), osp_kv_dtype_name(kvd));
     if (!model && !random_preset) cli_die(OSP_OK, "bench needs -m FILE or --random-weights PRESET (with --device cuda)");
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = n_threads;

@@ -24,7 +24,7 @@
 #include "server.h"
 
 typedef struct chat_args {
-    cli_engine_args eng; /* -m, -t, --device */
+    cli_engine_args eng; /* -m, -t, --device, --kv-cache-dtype */
     const char *system, *chat_template;
     int32_t max_tokens; /* 0: up to the context length */
     float temperature, top_p;
@@ -34,7 +34,7 @@ typedef struct chat_args {
 } chat_args;
 
 static const char *k_chat_usage =
-    "usage: osprey chat -m FILE [-t THREADS] [--device cpu|cuda|auto] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
+    "usage: osprey chat -m FILE [-t THREADS] [--device cpu|cuda|auto] [--kv-cache-dtype D] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
     "                   [--system TEXT] [--chat-template FILE] [-n MAX_TOKENS]\n"
     "  one line per user message; /reset clears the conversation, /exit or Ctrl-D quits\n";
 
@@ -46,7 +46,7 @@ static chat_args parse(int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(k_chat_usage, stdout);
             exit(0);
-        } else if (cli_engine_arg(&a.eng, 0, argc, argv, &i)) continue;
+        } else if (cli_engine_arg(&a.eng, CLI_ENGINE_KV_DTYPE, argc, argv, &i)) continue;
         else if (!strcmp(f, "--temp")) a.temperature = (float)cli_float(f, v, 0, 100), i++;
         else if (!strcmp(f, "--top-k")) a.top_k = (int32_t)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.top_p = (float)cli_float(f, v, 0, 1), i++;

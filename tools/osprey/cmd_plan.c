@@ -1,8 +1,11 @@
 /* osprey plan: how much KV cache a model needs and how many sequences fit.
  *
  * Prints the KV bytes per token (2 * n_layer * n_head_kv * head_dim * element bytes: K and V of every
- * layer), the block count that a KV memory budget buys at the engine's block size, and how many
- * sequences of a few lengths fit at once (each sequence rounds up to whole blocks, as in the engine). */
+ * layer, plus nvfp4's micro-block scales), the block count that a KV memory budget buys at the
+ * engine's block size (the exact allocation: scale pools and the 256-byte alignment of every pool
+ * included), how many sequences of a few lengths fit at once (each sequence rounds up to whole blocks,
+ * as in the engine), and then the same budget for every KV dtype side by side. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,31 @@ static long long parse_bytes(const char *flag, const char *v) {
     return (long long)(x * (double)mul);
 }
 
+/* Scale bytes per token over all layers (K and V): nvfp4's E4M3 micro-block scales, one per 16 values. */
+static long long scale_bytes(const osp_model_config *c, osp_kv_dtype d) {
+    return d == OSP_KV_DTYPE_NVFP4 ? 2ll * c->n_layer * c->n_head_kv * (c->head_dim / 16) : 0;
+}
+
+/* The most blocks whose whole allocation (pages, scale pools, 256-byte alignment) fits in mem. */
+static long long blocks_in(const osp_model_config *c, osp_kv_dtype d, int block_size, long long mem) {
+    const long long bpt = osp_kv_cache_bytes_per_token(c, d);
+    if (bpt <= 0) return 0;
+    long long n = mem / (bpt * block_size);
+    if (n > INT32_MAX) n = INT32_MAX;
+    while (n > 0 && osp_kv_cache_bytes_for(c, d, (int32_t)n, block_size) > mem) n--;
+    return n;
+}
+
+static void print_bytes_per_token(const osp_model_config *c, osp_kv_dtype d, long long bpt) {
+    const char *elem = d == OSP_KV_DTYPE_F32 ? "4 bytes" : d == OSP_KV_DTYPE_F16 ? "2 bytes" : d == OSP_KV_DTYPE_FP8 ? "1 byte"
+                                                                                                                   : "1/2 byte";
+    printf("bytes per token: %lld (2 x %d layers x %d KV heads x %d dims x %s", bpt, c->n_layer, c->n_head_kv,
+           c->head_dim, elem);
+    if (d == OSP_KV_DTYPE_NVFP4) printf(", + one E4M3 scale byte per 16 values: %lld", scale_bytes(c, d));
+    if (d == OSP_KV_DTYPE_FP8) printf("; %d fp32 per-head scales per layer, fixed, on the host", 2 * c->n_head_kv);
+    printf(")\n");
+}
+
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL;
     osp_engine_params ep = osp_engine_default_params();
@@ -40,7 +68,7 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(f, "--block-size")) block_size = (int)cli_int(f, v, 1, 1 << 16), i++;
         else if (!strcmp(f, "--kv-cache-memory")) mem = parse_bytes(f, v), i++;
         else if (!strcmp(f, "--kv-cache-dtype")) {
-            if (osp_kv_dtype_parse(v, &dt) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
+            dt = cli_kv_dtype(f, v);
             i++;
         } else cli_die(OSP_OK, "plan: unknown option '%s'", f);
     }
@@ -51,11 +79,12 @@ int cmd_plan(int argc, char **argv) {
     const osp_model_config *c = osp_model_config_get(m);
     if (max_len == 0) max_len = c->n_ctx_train;
     const long long bpt = osp_kv_cache_bytes_per_token(c, dt), block_bytes = bpt * block_size;
-    const long long blocks = mem / block_bytes;
+    if (bpt == 0) cli_die(OSP_OK, "--kv-cache-dtype %s: this model's shape (head_dim %d) cannot take it",
+                          osp_kv_dtype_name(dt), c->head_dim);
+    const long long blocks = blocks_in(c, dt, block_size, mem);
     printf("model: %s (%s, %d layers, %d KV heads x %d dims)\n", model, c->arch, c->n_layer, c->n_head_kv, c->head_dim);
     printf("kv cache dtype: %s\n", osp_kv_dtype_name(dt));
-    printf("bytes per token: %lld (2 x %d layers x %d KV heads x %d dims x %d bytes)\n", bpt, c->n_layer, c->n_head_kv,
-           c->head_dim, dt == OSP_KV_DTYPE_F16 ? 2 : 4);
+    print_bytes_per_token(c, dt, bpt);
     printf("block: %d tokens, %lld bytes\n", block_size, block_bytes);
     printf("kv cache memory: %lld bytes -> %lld blocks (%lld tokens)\n", mem, blocks, blocks * block_size);
     const long long per_max = (max_len + block_size - 1) / block_size;
@@ -69,6 +98,27 @@ int cmd_plan(int argc, char **argv) {
         printf("  %7d tokens: %lld\n", lens[i], blocks / per);
     }
     printf("  %7d tokens: %lld  (max model len)\n", max_len, blocks / per_max);
+    /* every dtype side by side, at the same budget and block size */
+    printf("every kv cache dtype in %lld bytes, blocks of %d tokens:\n", mem, block_size);
+    printf("  %-6s %15s %15s %19s %10s %12s %8s\n", "dtype", "bytes/token", "of which scales", "with alignment",
+           "blocks", "tokens", "x f16");
+    const osp_kv_dtype all[] = {OSP_KV_DTYPE_F32, OSP_KV_DTYPE_F16, OSP_KV_DTYPE_BF16, OSP_KV_DTYPE_FP8,
+                                OSP_KV_DTYPE_NVFP4};
+    const long long f16_blocks = blocks_in(c, OSP_KV_DTYPE_F16, block_size, mem);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const long long b = osp_kv_cache_bytes_per_token(c, all[i]);
+        if (b == 0) {
+            printf("  %-6s %s\n", osp_kv_dtype_name(all[i]),
+                   all[i] == OSP_KV_DTYPE_BF16 ? "not available: no backend has bf16 pages"
+                                               : "not available for this shape (nvfp4: head_dim % 16 == 0)");
+            continue;
+        }
+        const long long nb = blocks_in(c, all[i], block_size, mem);
+        const long long total = nb > 0 ? osp_kv_cache_bytes_for(c, all[i], (int32_t)nb, block_size) : 0;
+        printf("  %-6s %15lld %15lld %19.2f %10lld %12lld %8.2f\n", osp_kv_dtype_name(all[i]), b, scale_bytes(c, all[i]),
+               nb > 0 ? (double)total / (double)(nb * block_size) : 0.0, nb, nb * block_size,
+               f16_blocks > 0 ? (double)nb / (double)f16_blocks : 0.0);
+    }
     osp_model_free(m);
     return 0;
 }

@@ -1,4 +1,5 @@
 /* The engine's flags, parsed once for every subcommand that loads a model into the engine.
+ * (--kv-cache-dtype: auto|f16|bf16|f32|fp8|nvfp4 and vLLM's aliases, for generate, chat and serve.)
  *
  * osprey generate, chat and serve each took -m/--model, -t/--threads and --device (generate also
  * --kv-cache-dtype and --exact) with copied code; here they are parsed in one place so each flag has
@@ -24,12 +25,29 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         if (!v) cli_die(OSP_OK, "--kernel-table needs a file (osprey bench-kernels --make-table writes one)");
         a->kernel_table = v, ++*i;
     }
-    else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) a->exact = true, a->kv_dtype = OSP_KV_DTYPE_F32;
-    else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-cache-dtype")) {
-        if (osp_kv_dtype_parse(v, &a->kv_dtype) != OSP_OK) cli_die(OSP_OK, "--kv-cache-dtype: '%s' is not f16 or f32", v ? v : "");
+    else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) {
+        a->exact = true;
+        if (!a->kv_dtype_set) a->kv_dtype = OSP_KV_DTYPE_F32;
+    } else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-cache-dtype")) {
+        a->kv_dtype = cli_kv_dtype(f, v);
+        a->kv_dtype_set = true;
         ++*i;
     } else return false;
+    /* either order: --exact is the fp32 reference path, a quantized cache is not exact */
+    if (a->exact && osp_kv_dtype_quantized(a->kv_dtype))
+        cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s: drop one of --exact and "
+                        "--kv-cache-dtype %s", osp_kv_dtype_name(a->kv_dtype), osp_kv_dtype_name(a->kv_dtype));
     return true;
+}
+
+osp_kv_dtype cli_kv_dtype(const char *flag, const char *v) {
+    osp_kv_dtype d;
+    if (!v || osp_kv_dtype_parse(v, &d) != OSP_OK)
+        cli_die(OSP_OK, "%s: '%s' is not one of auto, f16, bf16, f32, fp8, nvfp4 (vLLM's fp16, bfloat16 and fp8_e4m3 "
+                        "are accepted too)", flag, v ? v : "");
+    const osp_status s = osp_kv_dtype_available(d); /* bf16: named, refused, never stored as another type */
+    if (s != OSP_OK) cli_die(s, "%s %s", flag, v);
+    return d;
 }
 
 osp_engine_params cli_engine_params(const cli_engine_args *a) {

@@ -13,15 +13,15 @@ static const char *k_usage =
     "\n"
     "commands:\n"
     "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
-    "           [--kv-cache-dtype f16|f32] [--exact] [--device cpu|cuda|auto] [--kernel-table FILE]\n"
+    "           [--kv-cache-dtype D] [--exact] [--device cpu|cuda|auto] [--kernel-table FILE]\n"
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
-    "  chat     -m FILE [-t THREADS] [--device D] [--temp T] [--top-k K] [--top-p P] [--seed S] [--system TEXT]\n"
+    "  chat     -m FILE [-t THREADS] [--device D] [--kv-cache-dtype D] [--temp T] [--top-k K] [--top-p P] [--seed S] [--system TEXT]\n"
     "           [--chat-template FILE] [-n MAX_TOKENS]\n"
     "           chat in the terminal with the model's chat template (/reset, /exit)\n"
     "  tokenize -m FILE -p TEXT [--no-special] [--no-bos]\n"
     "           print the token ids of TEXT as a JSON array\n"
     "  bench    -m FILE [-p N] [-n N] [-d DEPTH] [-t THREADS] [-r REPS] [--exact] [--device D] [--batch B]\n"
-    "           [--random-weights PRESET (GPU: no file)]\n"
+    "           [--kv-cache-dtype D] [--random-weights PRESET (GPU: no file)]\n"
     "           prompt (pp) and generation (tg) tokens/s of the forward pass, like llama-bench\n"
     "  bench-kernels [--op NAME] [--solution cpu|cpu-exact|cuda|DEVICE:KIND/vN] [--gate-only] [--hidden N] [--seed S]\n"
     "           [--out FILE] | --list | --make-table REPORT.json... -o TABLE.json\n"
@@ -36,8 +36,11 @@ static const char *k_usage =
     "  render-template (--template FILE | -m FILE) --messages JSON [--add-generation-prompt]\n"
     "           [--bos T] [--eos T] [--kwargs JSON] [--tools JSON]\n"
     "           print a chat template rendered as transformers would (--help for all flags)\n"
-    "  plan     -m FILE [--max-model-len N] [--kv-cache-dtype f16|f32] [--kv-cache-memory B] [--block-size N]\n"
-    "           KV bytes per token, blocks in a memory budget, sequences that fit\n";
+    "  plan     -m FILE [--max-model-len N] [--kv-cache-dtype D] [--kv-cache-memory B] [--block-size N]\n"
+    "           KV bytes per token, blocks in a memory budget, sequences that fit (every KV dtype side by side)\n"
+    "\n"
+    "  --kv-cache-dtype D: auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16, fp8_e4m3 accepted);\n"
+    "  fp8 / nvfp4 run on the CPU backend for now; bf16 pages are refused (no backend has them)\n";
 
 noreturn void cli_die(osp_status s, const char *fmt, ...) {
     va_list ap;

@@ -57,6 +57,8 @@ static const char *k_serve_usage =
     "  --max-num-seqs N                 running sequences per step (64)\n"
     "  --max-num-batched-tokens N       token budget per step (2048)\n"
     "  --block-size N                   tokens per KV block (16)\n"
+    "  --kv-cache-dtype D               auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16,\n"
+    "                                   fp8_e4m3 too; fp8 / nvfp4 on the CPU backend only for now)\n"
     "  --kv-cache-memory BYTES          KV cache size, K/M/G suffixes (CPU: 1G; GPU: what\n"
     "                                   --gpu-memory-utilization leaves)\n"
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
@@ -95,8 +97,8 @@ static srv_config parse_flags(int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(k_serve_usage, stdout);
             exit(0);
-        } else if (cli_engine_arg(&eng, 0, argc, argv, &i)) {
-            /* -m, -t, --device: parsed as osprey generate and chat parse them */
+        } else if (cli_engine_arg(&eng, CLI_ENGINE_KV_DTYPE, argc, argv, &i)) {
+            /* -m, -t, --device, --kv-cache-dtype: parsed as osprey generate and chat parse them */
         } else if (!strcmp(f, "--host")) c.host = v, i++;
         else if (!strcmp(f, "--port")) c.port = (int)cli_int(f, v, 0, 65535), i++;
         else if (!strcmp(f, "--api-key")) c.api_key = v, i++;
@@ -126,6 +128,7 @@ static srv_config parse_flags(int argc, char **argv) {
     c.model_path = eng.model;
     c.n_threads = eng.n_threads;
     c.device = eng.device;
+    c.kv_dtype = eng.kv_dtype;
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
@@ -159,9 +162,16 @@ int cmd_serve(int argc, char **argv) {
     ep.enable_prefix_caching = cfg->prefix_caching;
     ep.trace_shapes_path = cfg->trace_shapes;
     ep.device = cfg->device;
+    ep.kv_dtype = cfg->kv_dtype;
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(srv.engine);
+    {
+        const osp_engine_params *pe = osp_engine_params_get(srv.engine);
+        srv_log(&srv, SRV_LOG_INFO, "KV cache: %s pages, %.1f MiB, %d blocks of %d = %lld tokens", osp_kv_dtype_name(pe->kv_dtype),
+                (double)osp_engine_kv_cache_bytes(srv.engine) / 1048576.0, pe->num_blocks, pe->block_size,
+                (long long)pe->num_blocks * pe->block_size);
+    }
     const osp_gguf *g = osp_model_gguf(osp_engine_model(srv.engine));
     s = osp_tokenizer_load(g, &srv.tok);
     if (s != OSP_OK) cli_die(s, "cannot load the tokenizer");

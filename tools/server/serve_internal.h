@@ -36,6 +36,7 @@ typedef struct srv_config {
     const char *model_path, *host, *api_key, *served_model_name, *chat_template_path;
     int port, n_threads, log_level;
     osp_device device; /* --device cpu|cuda|auto (default auto) */
+    osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
     int32_t max_model_len, max_num_seqs, max_num_batched_tokens, block_size;
     int64_t kv_cache_memory;
     bool kv_cache_memory_set;     /* given on the command line (else 1 GiB on the CPU, auto on the GPU) */

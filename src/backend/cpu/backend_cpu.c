@@ -21,6 +21,7 @@
 #include "backend/cpu/qdot.h"
 #include "core/dtype.h"
 #include "core/status_internal.h"
+#include "osprey/kv_cache.h"
 #include "core/threadpool.h"
 #include "backend/kv_layout.h"
 
@@ -328,6 +329,11 @@ static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nt
         const int32_t *slot = r->b->slot_mapping + t;
         if (kv->fmt.elem_type == OSP_DTYPE_F16) {
             osp_cpu_kv_write_f16(k, v, kv->k[l], kv->v[l], slot, 1, KD);
+        } else if (kv->fmt.elem_type == OSP_KV_DTYPE_FP8 || kv->fmt.elem_type == OSP_KV_DTYPE_NVFP4) {
+            const int64_t F = kv->fmt.fixed_scales_per_layer;
+            const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k_fixed = kv->k_fixed + l * F,
+                                         .v_fixed = kv->v_fixed + l * F};
+            osp_cpu_kv_write_quant(&pg, kv->k[l], kv->v[l], kv->k_scale[l], kv->v_scale[l], k, v, *slot, HK, D);
         } else if (*slot >= 0) { /* slot < 0: a padding row, no write */
             memcpy((float *)kv->k[l] + (size_t)*slot * KD, k, (size_t)KD * sizeof(float));
             memcpy((float *)kv->v[l] + (size_t)*slot * KD, v, (size_t)KD * sizeof(float));
@@ -342,10 +348,14 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
     float *out = r->bufs[op->dst];
     long long i0, i1;
     osp_split(r->T * H, ith, nth, &i0, &i1);
-    osp_cpu_paged_attention(r->bufs[op->src0], kv->k[op->layer], kv->v[op->layer], kv->fmt.elem_type,
-                            out, b->num_seqs, b->query_start_loc, b->positions, b->block_table, b->max_blocks_per_seq,
-                            kv->block_size, H, op->p.attn.n_head_kv, D, op->p.attn.scale, op->p.attn.window,
-                            r->c->scores + (size_t)ith * (size_t)r->c->cap_ctx, i0, i1);
+    const int64_t F = kv->fmt.fixed_scales_per_layer, l = op->layer;
+    const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k = kv->k[l], .v = kv->v[l], .k_scale = kv->k_scale[l],
+                                 .v_scale = kv->v_scale[l], .k_fixed = F ? kv->k_fixed + l * F : NULL,
+                                 .v_fixed = F ? kv->v_fixed + l * F : NULL};
+    osp_cpu_paged_attention_kv(r->bufs[op->src0], &pg, out, b->num_seqs, b->query_start_loc, b->positions,
+                               b->block_table, b->max_blocks_per_seq, kv->block_size, H, op->p.attn.n_head_kv, D,
+                               op->p.attn.scale, op->p.attn.window,
+                               r->c->scores + (size_t)ith * (size_t)r->c->cap_ctx, i0, i1);
     if (r->c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16 && i1 > i0)
         osp_cpu_round_bf16(out + i0 * D, (i1 - i0) * D);
 }
@@ -435,6 +445,14 @@ static void run_task(void *arg, int ith, int nth) {
         default: break;
         }
     }
+}
+
+static bool cpu_supports_kv(osp_backend *be, osp_kv_dtype d, char *why, size_t n) {
+    (void)be;
+    if (d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) return true;
+    snprintf(why, n, "the CPU backend has f32, f16, fp8 and nvfp4 KV pages, not %s",
+             osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "this dtype");
+    return false;
 }
 
 static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t n) {
@@ -568,6 +586,7 @@ static const osp_backend_vtable k_cpu_vt = {
     .from_host = cpu_to_host, /* host memory both ways */
     .mem_info = cpu_mem_info,
     .supports_op = cpu_supports_op,
+    .supports_kv = cpu_supports_kv,
     .run = cpu_run,
     .sample = cpu_sample,
     .logits_to_host = cpu_logits_to_host,

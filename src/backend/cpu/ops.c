@@ -102,53 +102,13 @@ void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
-#define MAX_HEAD_DIM 1024
-
 void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint32_t kv_type, float *out,
                              int32_t num_seqs, const int32_t *query_start_loc,
                              const int32_t *positions, const int32_t *block_table,
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
                              int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *sc,
                              int64_t item_begin, int64_t item_end) {
-    const bool f16 = kv_type == OSP_DTYPE_F16;
-    const int64_t group = n_head / n_head_kv;
-    const int64_t kv_row = n_head_kv * head_dim; /* elements per slot */
-    const size_t elem = f16 ? 2 : 4;
-    float row[MAX_HEAD_DIM];
-    int32_t s = 0;
-    for (int64_t item = item_begin; item < item_end; item++) {
-        const int64_t t = item / n_head, h = item % n_head;
-        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
-        while (s > 0 && t < query_start_loc[s]) s--;
-        const int32_t *bt = block_table + (size_t)s * max_blocks;
-        const int64_t kvh = h / group;
-        const float *qh = q + (t * n_head + h) * head_dim;
-        const int64_t n_ctx = (int64_t)positions[t] + 1;
-        const int64_t p0 = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
-        float mx = -INFINITY;
-        for (int64_t p = p0; p < n_ctx; p++) {
-            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const void *kp = (const char *)k + (size_t)(slot * kv_row + kvh * head_dim) * elem;
-            if (f16) osp_cpu_f16_to_f32_row(kp, row, head_dim);
-            sc[p] = osp_cpu_dot(qh, f16 ? row : kp, head_dim) * scale;
-            if (sc[p] > mx) mx = sc[p];
-        }
-        float sum = 0.0f;
-        for (int64_t p = p0; p < n_ctx; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        float *o = out + (t * n_head + h) * head_dim;
-        memset(o, 0, (size_t)head_dim * sizeof *o);
-        for (int64_t p = p0; p < n_ctx; p++) {
-            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const void *vraw = (const char *)v + (size_t)(slot * kv_row + kvh * head_dim) * elem;
-            if (f16) osp_cpu_f16_to_f32_row(vraw, row, head_dim);
-            const float *vp = f16 ? row : vraw;
-            const float w = sc[p];
-            for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
-    }
+    const osp_cpu_kv_pages kv = {.type = kv_type == OSP_DTYPE_F16 ? OSP_DTYPE_F16 : OSP_DTYPE_F32, .k = k, .v = v};
+    osp_cpu_paged_attention_kv(q, &kv, out, num_seqs, query_start_loc, positions, block_table, max_blocks, block_size,
+                               n_head, n_head_kv, head_dim, scale, window, sc, item_begin, item_end);
 }

@@ -79,6 +79,38 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint3
                              int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *scores,
                              int64_t item_begin, int64_t item_end);
 
+/* One layer's KV pages as attention and the KV write see them (layouts: src/kv/kv_cache.h).
+ * type: OSP_DTYPE_F32, OSP_DTYPE_F16, OSP_KV_DTYPE_FP8 or OSP_KV_DTYPE_NVFP4 (the page format's
+ * elem_type). k, v: pages [num_blocks, block_size, n_head_kv, head_dim] of the type (nvfp4: head_dim / 2
+ * bytes a row). k_scale, v_scale: nvfp4's E4M3 micro-block scales [num_blocks, block_size, n_head_kv,
+ * head_dim / 16], else NULL. k_fixed, v_fixed: this layer's fixed fp32 scales (fp8: [n_head_kv]; nvfp4:
+ * [1], the tensor scale), else NULL. All borrowed. */
+typedef struct osp_cpu_kv_pages {
+    uint32_t type;
+    const void *k, *v;
+    const uint8_t *k_scale, *v_scale;
+    const float *k_fixed, *v_fixed;
+} osp_cpu_kv_pages;
+
+/* osp_cpu_paged_attention over pages of any type in `kv` (same shapes, items and workspace): fp8 and
+ * nvfp4 rows are decoded to fp32 in a stack buffer as they are read (kv_quant.c), the same values
+ * core/dtype.c's dequantizers give, then the same fp32 arithmetic as for f32 pages. head_dim <= 1024;
+ * nvfp4 needs head_dim % 16 == 0 (the caller checks). */
+void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, float *out, int32_t num_seqs,
+                                const int32_t *query_start_loc, const int32_t *positions, const int32_t *block_table,
+                                int32_t max_blocks, int32_t block_size, int64_t n_head, int64_t n_head_kv,
+                                int64_t head_dim, float scale, int32_t window, float *scores, int64_t item_begin,
+                                int64_t item_end);
+
+/* Quantizes one token's K and V rows k, v: [n_head_kv * head_dim] fp32 into slot `slot` of fp8 or nvfp4
+ * pages (kv->type; kv->k_fixed / v_fixed the layer's fixed scales; the pointers in kv other than those
+ * are ignored): fp8 writes head_dim bytes per head at the slot, nvfp4 head_dim / 2 bytes per head and
+ * head_dim / 16 scales per head into k_scales / v_scales at the slot. Nothing else is touched (no
+ * other slot, no shared scale). slot < 0 writes nothing (a padding row). */
+void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_pages, uint8_t *k_scales,
+                            uint8_t *v_scales, const float *k, const float *v, int32_t slot, int64_t n_head_kv,
+                            int64_t head_dim);
+
 /* f16 pages (kv_f16.c). Writes K/V rows k, v: [num_tokens, kv_row] fp32 into f16 pages at
  * slot_mapping (round to nearest even); a negative slot writes nothing. */
 void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v_pages, const int32_t *slot_mapping,

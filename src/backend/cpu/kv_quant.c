@@ -1,0 +1,137 @@
+/* Quantized KV pages on the CPU (issue 13): FP8 E4M3 and NVFP4 (layouts, scales and rounding in
+ * src/kv/kv_cache.h). The KV write quantizes each token's K and V rows at slot_mapping on their own,
+ * so a decode step writes only its own slot's bytes and micro-block scales. Attention reads the pages
+ * directly: each K or V row is decoded into a head_dim-float buffer on the stack as it is used (the
+ * same per-row widening the f16 pages get), never into a copy of the cache. The decoded value is
+ * e4m3(code) * scale (fp8) or e2m1(code) * (e4m3(block scale) * tensor scale) (nvfp4), the same fp32
+ * products as core/dtype.c's dequantizers, so attention over the pages equals attention over their
+ * dequantized copy bit for bit (tests/ops/test_kv_quant.c). Plain C; the decoders are branch-light bit
+ * manipulation that the compiler can vectorize. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "osprey/batch.h"
+
+/* E4M3 code -> fp32 (OCP FP8 spec §5.1): normal (exp e in 1..15) = 2^(e-7) * (1 + m/8), subnormal
+ * = m * 2^-9, S.1111.111 = NaN. Equal to core/dtype.c's osp_e4m3_to_fp32 on all 256 codes (tested). */
+static inline float e4m3_decode(uint8_t c) {
+    const uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 0xF, m = c & 7;
+    float f;
+    if (e == 0) {
+        f = (float)m * 0x1p-9f;
+    } else if (e == 15 && m == 7) {
+        f = NAN;
+    } else {
+        const uint32_t bits = ((e + 120u) << 23) | (m << 20);
+        memcpy(&f, &bits, sizeof f);
+    }
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    b |= sign;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* E2M1 code (low 4 bits) -> fp32 (OCP MX spec §5.3.3). */
+static const float k_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_pages, uint8_t *k_scales,
+                            uint8_t *v_scales, const float *k, const float *v, int32_t slot, int64_t n_head_kv,
+                            int64_t head_dim) {
+    if (slot < 0) return; /* a padding row: no write */
+    const int64_t kv_row = n_head_kv * head_dim;
+    for (int which = 0; which < 2; which++) {
+        const float *x = which ? v : k;
+        const float *fixed = which ? kv->v_fixed : kv->k_fixed;
+        if (kv->type == OSP_KV_DTYPE_FP8) {
+            uint8_t *dst = (uint8_t *)(which ? v_pages : k_pages) + (size_t)slot * (size_t)kv_row;
+            for (int64_t h = 0; h < n_head_kv; h++) {
+                const float s = fixed[h];
+                for (int64_t d = 0; d < head_dim; d++) dst[h * head_dim + d] = osp_fp32_to_e4m3(x[h * head_dim + d] / s);
+            }
+        } else { /* NVFP4 */
+            uint8_t *dst = (uint8_t *)(which ? v_pages : k_pages) + (size_t)slot * (size_t)(kv_row / 2);
+            uint8_t *sc = (which ? v_scales : k_scales) + (size_t)slot * (size_t)(kv_row / 16);
+            for (int64_t j = 0; j < kv_row / 16; j++) osp_nvfp4_quantize16(x + 16 * j, fixed[0], dst + 8 * j, sc + j);
+        }
+    }
+}
+
+/* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. */
+static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh,
+                                    int64_t n_head_kv, int64_t head_dim, float *restrict row) {
+    const int64_t kv_row = n_head_kv * head_dim;
+    const void *pages = which ? kv->v : kv->k;
+    switch (kv->type) {
+    case OSP_DTYPE_F32: return (const float *)pages + slot * kv_row + kvh * head_dim;
+    case OSP_DTYPE_F16:
+        osp_cpu_f16_to_f32_row((const uint16_t *)pages + slot * kv_row + kvh * head_dim, row, head_dim);
+        return row;
+    case OSP_KV_DTYPE_FP8: {
+        const uint8_t *c = (const uint8_t *)pages + slot * kv_row + kvh * head_dim;
+        const float s = (which ? kv->v_fixed : kv->k_fixed)[kvh];
+        for (int64_t d = 0; d < head_dim; d++) row[d] = e4m3_decode(c[d]) * s;
+        return row;
+    }
+    default: { /* NVFP4 */
+        const uint8_t *c = (const uint8_t *)pages + (slot * kv_row + kvh * head_dim) / 2;
+        const uint8_t *sc = (which ? kv->v_scale : kv->k_scale) + (slot * kv_row + kvh * head_dim) / 16;
+        const float t = (which ? kv->v_fixed : kv->k_fixed)[0];
+        for (int64_t j = 0; j < head_dim / 16; j++) {
+            const float s = e4m3_decode(sc[j]) * t;
+            for (int i = 0; i < 8; i++) {
+                const uint8_t b = c[8 * j + i];
+                row[16 * j + 2 * i] = k_e2m1[b & 0xF] * s;
+                row[16 * j + 2 * i + 1] = k_e2m1[b >> 4] * s;
+            }
+        }
+        return row;
+    }
+    }
+}
+
+#define MAX_HEAD_DIM 1024
+
+void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, float *out, int32_t num_seqs,
+                                const int32_t *query_start_loc, const int32_t *positions, const int32_t *block_table,
+                                int32_t max_blocks, int32_t block_size, int64_t n_head, int64_t n_head_kv,
+                                int64_t head_dim, float scale, int32_t window, float *sc, int64_t item_begin,
+                                int64_t item_end) {
+    const int64_t group = n_head / n_head_kv;
+    float row[MAX_HEAD_DIM];
+    int32_t s = 0;
+    for (int64_t item = item_begin; item < item_end; item++) {
+        const int64_t t = item / n_head, h = item % n_head;
+        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
+        while (s > 0 && t < query_start_loc[s]) s--;
+        const int32_t *bt = block_table + (size_t)s * max_blocks;
+        const int64_t kvh = h / group;
+        const float *qh = q + (t * n_head + h) * head_dim;
+        const int64_t n_ctx = (int64_t)positions[t] + 1;
+        const int64_t p0 = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
+        float mx = -INFINITY;
+        for (int64_t p = p0; p < n_ctx; p++) {
+            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            sc[p] = osp_cpu_dot(qh, read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row), head_dim) * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+        float sum = 0.0f;
+        for (int64_t p = p0; p < n_ctx; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        float *o = out + (t * n_head + h) * head_dim;
+        memset(o, 0, (size_t)head_dim * sizeof *o);
+        for (int64_t p = p0; p < n_ctx; p++) {
+            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row);
+            const float w = sc[p];
+            for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
+    }
+}
