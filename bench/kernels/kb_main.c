@@ -125,12 +125,12 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
                 kb_timing t;
                 if (kb_time(&s, d, wl, seed0, o->min_time, 2000, &t, err, sizeof err))
                     json_object_set_new(e, "timing",
-                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:I}", "median_us", t.median_us,
+                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:b}", "median_us", t.median_us,
                                                   "p10_us", t.p10_us, "p90_us", t.p90_us, "reps", t.reps, "gflops",
                                                   t.gflops, "gbps", t.gbps, "copy_gbps", copy_gbps,
                                                   "fraction_of_copy_bw", copy_gbps > 0.0 ? t.gbps / copy_gbps : 0.0,
                                                   "launches_per_run", t.launches_per_run, "flush_bytes",
-                                                  (json_int_t)t.flush_bytes));
+                                                  (json_int_t)t.flush_bytes, "resident", t.resident));
                 else
                     json_object_set_new(e, "timing_error", json_string(err));
             }

@@ -149,6 +149,11 @@ struct kb_solution {
     bool (*prepare)(kb_solution *s, const kb_case *c, char *err, size_t n);
     /* one run: inputs from c, outputs to out[i] [c->out_n[i]]; returns when they are on the host */
     bool (*run)(kb_solution *s, const kb_case *c, float **out, char *err, size_t n);
+    /* one run on what the last run left on the device (its inputs in the backend's activation buffers
+     * and KV pages): no activation crosses between host and device, only the step's metadata (positions,
+     * slots, block table), as in an engine step; returns once the device is idle. The timing uses it
+     * after warm-up runs through `run`; NULL: every timed run is a whole run, host copies included. */
+    bool (*run_resident)(kb_solution *s, const kb_case *c, char *err, size_t n);
     void (*release)(kb_solution *s);
     void (*close)(kb_solution *s);
     /* the device's measured copy bandwidth, GB/s (read + write), or NULL */
@@ -218,6 +223,7 @@ typedef struct kb_timing {
     double gflops, gbps; /* per the adapter's counts at the median */
     double launches_per_run; /* the device's launches per timed run (osp_backend.launches), -1: unknown */
     size_t flush_bytes;      /* bytes written to evict the last-level cache before each run, 0: none */
+    bool resident;           /* the timed runs were run_resident (device-resident inputs, no host copies) */
 } kb_timing;
 
 /* Times the workload (seed0's inputs) after a warm-up: runs until ~min_seconds or max_reps (at least 5),
