@@ -149,6 +149,12 @@ int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype d, int32_
  * OSP_ERR_NOMEM (host or device memory). */
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
+/* As osp_kv_cache_create, with a quantized cache's fixed fp32 scales given (what a scales file will
+ * hold): k_fixed, v_fixed [n_layer, per_layer] with per_layer = n_head_kv for fp8 (one scale per layer
+ * and KV head), 1 for nvfp4 (the tensor scale of the layer's K or V); copied; NULL takes the default
+ * (src/kv/kv_cache.h). Ignored for f16 / f32. OSP_ERR_INVALID_ARG for a scale that is not finite and > 0. */
+osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                                           const float *k_fixed, const float *v_fixed, osp_kv_cache **out);
 /* Whether m can have a KV cache of `dtype` (the page format fits its shape, its backend has such
  * pages), without allocating anything: the errors osp_kv_cache_create would give for the dtype
  * (OSP_ERR_INVALID_ARG, OSP_ERR_UNSUPPORTED with the reason). */

@@ -204,6 +204,12 @@ osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t b
     return osp_kv_cache_create_on(m->be, &sh, num_blocks, block_size, dtype, out);
 }
 
+osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                                           const float *k_fixed, const float *v_fixed, osp_kv_cache **out) {
+    const osp_kv_shape sh = kv_shape(&m->cfg);
+    return osp_kv_cache_create_scaled(m->be, &sh, num_blocks, block_size, dtype, k_fixed, v_fixed, out);
+}
+
 osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype dtype) {
     const osp_kv_shape sh = kv_shape(&m->cfg);
     osp_kv_page_format f;

@@ -236,6 +236,55 @@ static void test_plan(void **state) {
     expect_error(run(args), "--kv-cache-dtype", NULL);
 }
 
+/* --kv-cache-dtype (issue 13) on every command that takes it: an unknown dtype, --exact with a
+ * quantized one (either order) and bf16 (no backend has bf16 pages) are one error line at start-up,
+ * before the model is read (nothing else on stderr, nothing on stdout); vLLM's aliases are accepted;
+ * plan lists every dtype side by side; generate runs with fp8 and nvfp4 pages. */
+static void test_kv_cache_dtype(void **state) {
+    (void)state;
+    char args[1024];
+    const char *cmds[] = {"generate -p hi -n 2", "chat", "serve --port 0", "bench -p 4 -n 2", "plan"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *bad[][3] = {{"--kv-cache-dtype q9", "--kv-cache-dtype", "'q9'"},
+                                {"--kv-cache-dtype bf16", "bf16", "not implemented"},
+                                {"--kv-cache-dtype fp8_e5m2", "fp8_e5m2", "nvfp4"}};
+        for (int b = 0; b < 3; b++) {
+            snprintf(args, sizeof args, "%s -m '%s' %s", cmds[i], g_model, bad[b][0]);
+            expect_error(run(args), bad[b][1], bad[b][2]);
+            if (strchr(g_err, '\n') != g_err + strlen(g_err) - 1) fail_msg("%s: more than one line: %s", args, g_err);
+        }
+    }
+    const char *exact[] = {"generate -p hi -n 2 --exact --kv-cache-dtype fp8", "generate -p hi --kv-cache-dtype nvfp4 --exact",
+                           "bench --exact --kv-cache-dtype nvfp4", "bench --kv-cache-dtype fp8_e4m3 --exact"};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++) {
+        snprintf(args, sizeof args, "%s -m '%s'", exact[i], g_model);
+        expect_error(run(args), "--exact", "--kv-cache-dtype");
+        if (strchr(g_err, '\n') != g_err + strlen(g_err) - 1) fail_msg("%s: more than one line: %s", args, g_err);
+    }
+    /* --exact with an exact cache is fine, in either order */
+    snprintf(args, sizeof args, "plan -m '%s' --kv-cache-dtype fp8_e4m3", g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "kv cache dtype: fp8"));
+    assert_non_null(strstr(g_out, "bytes per token: 11520"));
+    /* side by side: 2 x 30 x 3 x 64 x 1/2 + 2 x 30 x 3 x 4 scale bytes = 5760 + 720 for nvfp4 */
+    const char *rows[] = {"  f32 ", "  f16 ", "  bf16   not available", "  fp8 ", "  nvfp4 "};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (!strstr(g_out, rows[i])) fail_msg("plan lacks the row '%s':\n%s", rows[i], g_out);
+    assert_non_null(strstr(g_out, "6480             720"));
+    snprintf(args, sizeof args, "plan -m '%s' --kv-cache-dtype auto", g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "kv cache dtype: f16"));
+    for (int d = 0; d < 2; d++) {
+        snprintf(args, sizeof args, "generate -m '%s' -p 'The three primary colors are' -n 4 --temp 0 -t 2 --kv-cache-dtype %s",
+                 g_model, d ? "nvfp4" : "fp8");
+        assert_int_equal(run(args), 0);
+        assert_non_null(strstr(g_out, "The three primary colors are"));
+        assert_non_null(strstr(g_err, "generation: 4 tokens"));
+    }
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 2 --temp 0 -t 2 --kv-cache-dtype f16 --exact", g_model);
+    assert_int_equal(run(args), 0);
+}
+
 /* bench: a '#' header, then one line per test; --depth and --batch name their lines */
 static void test_bench_lines(void **state) {
     (void)state;
@@ -284,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_generate_greedy),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_bench_lines),
+        cmocka_unit_test(test_kv_cache_dtype),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -8,7 +8,8 @@
  * algorithms); budgets 1, 7, 64 and 2048 give identical tokens; a pool too small for all requests
  * preempts (counted) and still gives every request its own tokens; aborts at random moments leave every
  * block free and the invariants intact; stops (max_tokens, stop ids, min_tokens); admission errors; the
- * loop thread with polling and callbacks gives the same tokens. */
+ * loop thread with polling and callbacks gives the same tokens; with fp8 and nvfp4 KV pages the
+ * batch, prefix-caching, budget and preemption invariants hold token for token (the GPU refuses them). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -411,6 +412,82 @@ static void test_loop_thread(void **state) {
     for (int i = 0; i < NREQ; i++) assert_int_equal(g_cb_tokens[i], ref[i].n_out);
 }
 
+/* Quantized KV pages (issue 13). Each token's K and V are quantized on their own at its slot and
+ * attention reads the pages row by row, so for a given KV dtype nothing depends on the batch, the
+ * chunking, prefix-cache hits or preemption (a recomputed token writes the same bytes): every
+ * invariant the f32 / f16 runs above assert holds exactly under fp8 and nvfp4 too, and is asserted
+ * token for token here. Against f16 KV the tokens are not asserted equal: the tiny random models' logits
+ * are near-ties by construction, and on SmolLM2 teacher forcing agrees with f16 KV on 94% (fp8) and 79%
+ * (nvfp4) of positions (bench/RESULTS.md, issue 13), so the cross-dtype rule is that agreement rate,
+ * asserted in tests/golden/test_kv_accuracy.c. On the GPU the CUDA backend has no fp8 / nvfp4 pages yet:
+ * the engine must refuse them at creation, with the reason, before any step. */
+static void test_quantized_kv(void **state) {
+    (void)state;
+    const osp_kv_dtype dts[2] = {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4};
+    for (int d = 0; d < 2; d++) {
+        osp_engine_params p = base(g_tiny);
+        p.kv_dtype = dts[d];
+        if (g_gpu) {
+            osp_engine *e = NULL;
+            assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+            assert_null(e);
+            assert_non_null(strstr(osp_last_error(), osp_kv_dtype_name(dts[d])));
+            continue;
+        }
+        /* together vs alone, prefix caching off */
+        p.enable_prefix_caching = false;
+        job alone[NREQ], batch[NREQ];
+        make_jobs(alone, NREQ, 11, 512);
+        memcpy(batch, alone, sizeof alone);
+        run_alone(&p, alone, NREQ);
+        run_jobs(&p, batch, NREQ, 0);
+        assert_same(alone, batch, NREQ, osp_kv_dtype_name(dts[d]));
+        for (int i = 0; i < NREQ; i++) assert_int_equal(alone[i].n_out, alone[i].max_tokens);
+        /* prefix caching on: shared prefixes hit quantized blocks, tokens unchanged */
+        p.enable_prefix_caching = true;
+        job on[NREQ];
+        memcpy(on, alone, sizeof on);
+        for (int i = 1; i < NREQ; i += 2) {
+            memcpy(on[i].prompt, on[i - 1].prompt, sizeof(int32_t) * 20);
+            if (on[i].n_prompt < 20) on[i].n_prompt = 20;
+        }
+        job off[NREQ];
+        memcpy(off, on, sizeof on);
+        const osp_engine_stats st = run_jobs(&p, on, NREQ, 0);
+        assert_true(st.prefix_hits_tokens > 0);
+        p.enable_prefix_caching = false;
+        run_jobs(&p, off, NREQ, 0);
+        assert_same(on, off, NREQ, "quantized KV, prefix caching on/off");
+        /* a token budget of 7 (chunked prefill), then a pool small enough to preempt */
+        job chunked[NREQ];
+        memcpy(chunked, alone, sizeof chunked);
+        p.max_num_batched_tokens = 7;
+        run_jobs(&p, chunked, NREQ, 0);
+        assert_same(alone, chunked, NREQ, "quantized KV, budget 7");
+        p.max_num_batched_tokens = base(g_tiny).max_num_batched_tokens;
+        job solo[NREQ], pre[NREQ];
+        make_jobs(solo, NREQ, 12, 512);
+        for (int i = 0; i < NREQ; i++) solo[i].max_tokens = 30;
+        memcpy(pre, solo, sizeof solo);
+        run_alone(&p, solo, NREQ);
+        p.num_blocks = 6;
+        const osp_engine_stats sp = run_jobs(&p, pre, NREQ, 0);
+        assert_true(sp.num_preemptions > 0);
+        assert_same(solo, pre, NREQ, "quantized KV, preemption");
+    }
+    /* exact mode takes no quantized pages (the CLI refuses it at parse time; the engine too) */
+    osp_engine_params p = base(g_tiny);
+    p.exact = true;
+    p.kv_dtype = OSP_KV_DTYPE_NVFP4;
+    osp_engine *e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    assert_null(e);
+    p.exact = false;
+    p.kv_dtype = OSP_KV_DTYPE_BF16; /* named, refused: no backend has bf16 pages */
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+    assert_null(e);
+}
+
 /* The real model, briefly: 3 requests together vs alone, f16 KV (the default). */
 static void test_smollm2_batch_invariance(void **state) {
     (void)state;
@@ -458,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_stops_and_admission),
         cmocka_unit_test(test_loop_thread),
         cmocka_unit_test(test_shape_trace),
+        cmocka_unit_test(test_quantized_kv),
         cmocka_unit_test(test_smollm2_batch_invariance),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

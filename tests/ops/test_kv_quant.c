@@ -1,0 +1,342 @@
+/* Quantized KV pages on the CPU (issue 13; src/backend/cpu/kv_quant.c, src/kv/kv_cache.c):
+ *   - attention over fp8 / nvfp4 pages equals attention over their dequantized copy (f32 pages made
+ *     with core/dtype.c's decoders, not kv_quant.c's), over the shapes the attention tests use: head_dim
+ *     32 / 64 / 128, GQA ratios 1 / 2 / 4 / 8, sliding windows, sequences ending inside a block,
+ *     shuffled block tables, several sequences with prefill chunks and decodes mixed. The decoded
+ *     values are the same fp32 products and the attention arithmetic is the f32 path's, so the result
+ *     is asserted bit-equal (stronger than "within fp32 rounding");
+ *   - the KV write stores exactly core/dtype.c's codes (fp8: e4m3(x / s); nvfp4: osp_nvfp4_quantize16
+ *     with the layer's tensor scale), with per-head scales that differ;
+ *   - a write touches only its own slot's bytes and scales: pages and pools poisoned, one token written,
+ *     every other byte unchanged; a decode write after a prefill leaves earlier tokens' bytes as they were;
+ *   - the cache: scale pools exist for nvfp4 only, copy_block carries the scales with the data, sizes
+ *     and bytes per token, bad scales and shapes refused, dtype names and vLLM's aliases. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
+#include "core/threadpool.h"
+#include "kv/kv_cache.h"
+#include "osprey/kv_cache.h"
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+static float urand(void) { return (float)rnd() / 2097152.0f / 1024.0f * 2.0f - 1.0f; } /* [-1, 1) */
+
+static osp_threadpool *g_pool;
+
+static osp_backend *cpu(void) {
+    osp_backend_params bp = {.pool = g_pool};
+    osp_backend *be;
+    assert_int_equal(osp_backend_create(OSP_DEVICE_CPU, &bp, &be), OSP_OK);
+    return be;
+}
+
+/* A token's K or V row [HK * D]: mostly of magnitude `mag`, sometimes an outlier 20x larger, some
+ * exact zeros (micro-blocks of zeros get scale 0). */
+static void rand_row(float *x, int64_t n, float mag) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t r = rnd() % 64;
+        x[i] = r == 0 ? 20.0f * mag * urand() : r == 1 ? 0.0f : mag * urand();
+    }
+    if (rnd() % 4 == 0)
+        for (int64_t i = 0; i < 16 && i < n; i++) x[i] = 0.0f; /* an all-zero micro-block */
+}
+
+/* The dequantized copy of slot `slot` of kv's layer 0 into f32 pages, with core/dtype.c's decoders. */
+static void dequant_slot(const osp_kv_cache *kv, int64_t slot, float *kf, float *vf) {
+    const int64_t R = kv->fmt.kv_row, D = kv->fmt.head_dim;
+    for (int w = 0; w < 2; w++) {
+        float *dst = (w ? vf : kf) + slot * R;
+        const uint8_t *pg = w ? kv->v[0] : kv->k[0];
+        const float *fixed = w ? kv->v_fixed : kv->k_fixed;
+        if (kv->fmt.dtype == OSP_KV_DTYPE_FP8) {
+            for (int64_t i = 0; i < R; i++) dst[i] = osp_e4m3_to_fp32(pg[slot * R + i]) * fixed[i / D];
+        } else {
+            const uint8_t *sc = w ? kv->v_scale[0] : kv->k_scale[0];
+            for (int64_t j = 0; j < R / 16; j++)
+                osp_nvfp4_dequantize16(pg + slot * R / 2 + 8 * j, sc[slot * R / 16 + j], fixed[0], dst + 16 * j);
+        }
+    }
+}
+
+typedef struct attn_case {
+    int32_t D, H, HK, window, block_size, n_seq;
+    int32_t ctx[4], nq[4]; /* per sequence: tokens in the cache after the step, query tokens of the step */
+} attn_case;
+
+static osp_cpu_kv_pages pages_of(const osp_kv_cache *kv) {
+    return (osp_cpu_kv_pages){.type = kv->fmt.elem_type, .k = kv->k[0], .v = kv->v[0], .k_scale = kv->k_scale[0],
+                              .v_scale = kv->v_scale[0], .k_fixed = kv->k_fixed, .v_fixed = kv->v_fixed};
+}
+
+static void run_attn_case(const attn_case *c, osp_kv_dtype dt) {
+    const int32_t D = c->D, H = c->H, HK = c->HK, BS = c->block_size;
+    const int64_t R = (int64_t)HK * D;
+    int32_t max_blocks = 0, num_blocks = 0, T = 0;
+    for (int s = 0; s < c->n_seq; s++) {
+        const int32_t nb = (c->ctx[s] + BS - 1) / BS;
+        if (nb > max_blocks) max_blocks = nb;
+        num_blocks += nb;
+        T += c->nq[s];
+    }
+    /* distinct, shuffled physical blocks */
+    int32_t *perm = malloc(sizeof *perm * (size_t)num_blocks), *bt = calloc((size_t)(c->n_seq * max_blocks), sizeof *bt);
+    for (int32_t i = 0; i < num_blocks; i++) perm[i] = i;
+    for (int32_t i = num_blocks - 1; i > 0; i--) {
+        const int32_t j = (int32_t)(rnd() % (uint32_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int s = 0, k = 0; s < c->n_seq; s++)
+        for (int32_t b = 0; b < (c->ctx[s] + BS - 1) / BS; b++) bt[s * max_blocks + b] = perm[k++];
+    /* fixed scales that differ per head (fp8) / per K and V (nvfp4) */
+    float ks[8], vs[8];
+    for (int h = 0; h < 8; h++) ks[h] = 0.5f + 0.25f * (float)h, vs[h] = 0.03125f * (float)(1 + h);
+    osp_backend *be = cpu();
+    osp_kv_cache *kv;
+    const osp_kv_shape sh = {1, HK, D};
+    assert_int_equal(osp_kv_cache_create_scaled(be, &sh, num_blocks, BS, dt, dt == OSP_KV_DTYPE_FP8 ? ks : ks + 2,
+                                                dt == OSP_KV_DTYPE_FP8 ? vs : vs + 3, &kv),
+                     OSP_OK);
+    const osp_cpu_kv_pages pg = pages_of(kv);
+    const size_t slots = (size_t)num_blocks * (size_t)BS;
+    float *kf = calloc(slots * (size_t)R, sizeof *kf), *vf = calloc(slots * (size_t)R, sizeof *vf);
+    float *krow = malloc(sizeof *krow * (size_t)R), *vrow = malloc(sizeof *vrow * (size_t)R);
+    /* every position of every sequence written, one token at a time, K larger than V as in models */
+    for (int s = 0; s < c->n_seq; s++)
+        for (int32_t p = 0; p < c->ctx[s]; p++) {
+            rand_row(krow, R, 4.0f);
+            rand_row(vrow, R, 0.5f);
+            const int32_t slot = bt[s * max_blocks + p / BS] * BS + p % BS;
+            osp_cpu_kv_write_quant(&pg, kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0], krow, vrow, slot, HK, D);
+            dequant_slot(kv, slot, kf, vf);
+        }
+    /* the step: each sequence's last nq tokens are its queries */
+    int32_t *pos = malloc(sizeof *pos * (size_t)T), qsl[5] = {0};
+    for (int s = 0, t = 0; s < c->n_seq; s++) {
+        for (int32_t i = 0; i < c->nq[s]; i++) pos[t++] = c->ctx[s] - c->nq[s] + i;
+        qsl[s + 1] = t;
+    }
+    float *q = malloc(sizeof *q * (size_t)T * (size_t)H * (size_t)D);
+    for (int64_t i = 0; i < (int64_t)T * H * D; i++) q[i] = urand();
+    float *o_q = malloc(sizeof *o_q * (size_t)T * (size_t)H * (size_t)D), *o_f = malloc(sizeof *o_f * (size_t)T * (size_t)H * (size_t)D);
+    float *sc = malloc(sizeof *sc * 4096);
+    const float scale = 1.0f / sqrtf((float)D);
+    /* in two item ranges, as two threads would split them */
+    const int64_t items = (int64_t)T * H, mid = items / 3;
+    for (int part = 0; part < 2; part++) {
+        const int64_t i0 = part ? mid : 0, i1 = part ? items : mid;
+        osp_cpu_paged_attention_kv(q, &pg, o_q, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D, scale, c->window, sc,
+                                   i0, i1);
+        osp_cpu_paged_attention(q, kf, vf, OSP_DTYPE_F32, o_f, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D, scale,
+                                c->window, sc, i0, i1);
+    }
+    for (int64_t i = 0; i < items * D; i++) {
+        assert_true(isfinite(o_f[i]));
+        if (memcmp(&o_q[i], &o_f[i], sizeof(float)) != 0)
+            fail_msg("%s D %d H %d/%d window %d: out[%lld] %.9g over the pages, %.9g over their dequantized copy",
+                     osp_kv_dtype_name(dt), D, H, HK, c->window, (long long)i, (double)o_q[i], (double)o_f[i]);
+    }
+    free(perm), free(bt), free(kf), free(vf), free(krow), free(vrow), free(pos), free(q), free(o_q), free(o_f), free(sc);
+    osp_kv_cache_free(kv);
+    osp_backend_free(be);
+}
+
+static void test_attention_equals_dequantized(void **state) {
+    (void)state;
+    const attn_case cases[] = {
+        {.D = 64, .H = 4, .HK = 4, .block_size = 16, .n_seq = 1, .ctx = {1}, .nq = {1}},             /* one token */
+        {.D = 32, .H = 8, .HK = 4, .block_size = 16, .n_seq = 2, .ctx = {37, 5}, .nq = {37, 1}},     /* prefill + decode */
+        {.D = 64, .H = 9, .HK = 3, .block_size = 16, .n_seq = 3, .ctx = {70, 16, 33}, .nq = {1, 16, 4}}, /* SmolLM2's heads */
+        {.D = 128, .H = 32, .HK = 8, .block_size = 16, .n_seq = 2, .ctx = {300, 129}, .nq = {1, 9}}, /* Llama-3 8B's */
+        {.D = 128, .H = 8, .HK = 1, .block_size = 32, .n_seq = 1, .ctx = {95}, .nq = {95}},          /* ratio 8 */
+        {.D = 64, .H = 4, .HK = 2, .window = 7, .block_size = 16, .n_seq = 2, .ctx = {50, 8}, .nq = {50, 2}},
+        {.D = 128, .H = 16, .HK = 8, .window = 64, .block_size = 64, .n_seq = 2, .ctx = {200, 65}, .nq = {3, 65}},
+        {.D = 32, .H = 2, .HK = 1, .window = 1, .block_size = 1, .n_seq = 1, .ctx = {12}, .nq = {12}}, /* block 1 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_attn_case(&cases[i], OSP_KV_DTYPE_FP8);
+        run_attn_case(&cases[i], OSP_KV_DTYPE_NVFP4);
+    }
+}
+
+/* The write stores core/dtype.c's codes, per head for fp8, per micro-block for nvfp4, and touches only
+ * its own slot: every other byte of the pages and of the scale pools keeps its poison. */
+static void test_write_own_slot_only(void **state) {
+    (void)state;
+    const int32_t HK = 3, D = 64, BS = 16, NB = 4;
+    const int64_t R = (int64_t)HK * D;
+    const osp_kv_dtype dts[2] = {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4};
+    for (int di = 0; di < 2; di++) {
+        osp_backend *be = cpu();
+        osp_kv_cache *kv;
+        const osp_kv_shape sh = {1, HK, D};
+        const float ks[3] = {0.5f, 2.0f, 8.0f}, vs[3] = {0.25f, 1.0f, 4.0f};
+        assert_int_equal(osp_kv_cache_create_scaled(be, &sh, NB, BS, dts[di], ks, vs, &kv), OSP_OK);
+        const size_t pb = (size_t)NB * BS * kv->fmt.bytes_per_token, sb = (size_t)NB * BS * kv->fmt.scale_bytes_per_token;
+        assert_true((sb > 0) == (dts[di] == OSP_KV_DTYPE_NVFP4));
+        assert_true((kv->k_scale[0] != NULL) == (sb > 0));
+        uint8_t *pages[4] = {kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0]};
+        const size_t len[4] = {pb, pb, sb, sb};
+        for (int i = 0; i < 4; i++)
+            if (len[i]) memset(pages[i], 0xA5, len[i]);
+        uint8_t *before[4];
+        for (int i = 0; i < 4; i++) before[i] = malloc(len[i] + 1);
+        float k[192], v[192];
+        const osp_cpu_kv_pages pg = pages_of(kv);
+        const int32_t order[3] = {21, 22, 5}; /* a prefill token, the next decode token, one in another block */
+        for (int w = 0; w < 3; w++) {
+            for (int i = 0; i < 4; i++)
+                if (len[i]) memcpy(before[i], pages[i], len[i]);
+            rand_row(k, R, 3.0f);
+            rand_row(v, R, 0.7f);
+            const int32_t slot = order[w];
+            osp_cpu_kv_write_quant(&pg, kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0], k, v, slot, HK, D);
+            const size_t row = kv->fmt.bytes_per_token, srow = kv->fmt.scale_bytes_per_token;
+            for (int i = 0; i < 4; i++) {
+                const size_t r = i < 2 ? row : srow;
+                for (size_t b = 0; b < len[i]; b++) {
+                    const bool own = b >= (size_t)slot * r && b < (size_t)(slot + 1) * r;
+                    if (!own && pages[i][b] != before[i][b])
+                        fail_msg("%s write at slot %d changed byte %zu of pool %d (slot %zu)", osp_kv_dtype_name(dts[di]),
+                                 slot, b, i, b / r);
+                }
+            }
+            /* the codes are core/dtype.c's */
+            for (int wv = 0; wv < 2; wv++) {
+                const float *x = wv ? v : k;
+                const uint8_t *pgs = wv ? kv->v[0] : kv->k[0];
+                if (dts[di] == OSP_KV_DTYPE_FP8) {
+                    for (int64_t i = 0; i < R; i++)
+                        assert_int_equal(pgs[(size_t)slot * R + i], osp_fp32_to_e4m3(x[i] / (wv ? vs : ks)[i / D]));
+                } else {
+                    const uint8_t *scs = wv ? kv->v_scale[0] : kv->k_scale[0];
+                    for (int64_t j = 0; j < R / 16; j++) {
+                        uint8_t packed[8], s8;
+                        osp_nvfp4_quantize16(x + 16 * j, (wv ? vs : ks)[0], packed, &s8);
+                        assert_memory_equal(pgs + (size_t)slot * R / 2 + 8 * j, packed, 8);
+                        assert_int_equal(scs[(size_t)slot * R / 16 + j], s8);
+                    }
+                }
+            }
+        }
+        /* a padding row (slot -1) writes nothing */
+        for (int i = 0; i < 4; i++)
+            if (len[i]) memcpy(before[i], pages[i], len[i]);
+        osp_cpu_kv_write_quant(&pg, kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0], k, v, -1, HK, D);
+        for (int i = 0; i < 4; i++)
+            if (len[i]) assert_memory_equal(before[i], pages[i], len[i]);
+        for (int i = 0; i < 4; i++) free(before[i]);
+        osp_kv_cache_free(kv);
+        osp_backend_free(be);
+    }
+}
+
+/* copy_block (copy-on-write) moves a block's scales with its data; sizes; bad inputs refused. */
+static void test_cache_formats(void **state) {
+    (void)state;
+    osp_backend *be = cpu();
+    const osp_kv_shape sh = {2, 3, 64};
+    osp_kv_cache *kv;
+    /* bytes per token: data + scales, per layer and K or V */
+    osp_kv_page_format f;
+    assert_int_equal(osp_kv_page_format_of(&sh, OSP_KV_DTYPE_FP8, &f), OSP_OK);
+    assert_int_equal(f.bytes_per_token, 192), assert_int_equal(f.scale_bytes_per_token, 0);
+    assert_int_equal(f.fixed_scales_per_layer, 3);
+    assert_int_equal(osp_kv_page_format_of(&sh, OSP_KV_DTYPE_NVFP4, &f), OSP_OK);
+    assert_int_equal(f.bytes_per_token, 96), assert_int_equal(f.scale_bytes_per_token, 12);
+    assert_int_equal(f.fixed_scales_per_layer, 1);
+    size_t bytes;
+    assert_int_equal(osp_kv_cache_size(&sh, 3, 16, OSP_KV_DTYPE_NVFP4, &bytes), OSP_OK);
+    /* per layer: K, V pages of 3*16*96 = 4608 (256-aligned) and pools of 3*16*12 = 576 -> 768 */
+    assert_int_equal(bytes, 2 * 2 * (4608 + 768));
+    /* copy-on-write of a block carries its scales (layer 1, so the layer offsets are exercised too) */
+    assert_int_equal(osp_kv_cache_create_on(be, &sh, 3, 16, OSP_KV_DTYPE_NVFP4, &kv), OSP_OK);
+    assert_true(kv->k_fixed[0] == OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE && kv->v_fixed[1] == OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE);
+    const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k_fixed = kv->k_fixed + 1, .v_fixed = kv->v_fixed + 1};
+    float k[192], v[192];
+    for (int32_t t = 0; t < 16; t++) {
+        rand_row(k, 192, 2.0f), rand_row(v, 192, 1.0f);
+        osp_cpu_kv_write_quant(&pg, kv->k[1], kv->v[1], kv->k_scale[1], kv->v_scale[1], k, v, 16 + t, 3, 64);
+    }
+    assert_int_equal(osp_kv_cache_copy_block(kv, 1, 2), OSP_OK);
+    assert_memory_equal((uint8_t *)kv->k[1] + 2 * 16 * 96, (uint8_t *)kv->k[1] + 16 * 96, 16 * 96);
+    assert_memory_equal((uint8_t *)kv->v[1] + 2 * 16 * 96, (uint8_t *)kv->v[1] + 16 * 96, 16 * 96);
+    assert_memory_equal((uint8_t *)kv->k_scale[1] + 2 * 16 * 12, (uint8_t *)kv->k_scale[1] + 16 * 12, 16 * 12);
+    assert_memory_equal((uint8_t *)kv->v_scale[1] + 2 * 16 * 12, (uint8_t *)kv->v_scale[1] + 16 * 12, 16 * 12);
+    assert_int_equal(osp_kv_cache_bytes(kv), 2 * 2 * 3 * 16 * (96 + 12));
+    osp_kv_cache_free(kv);
+    /* fp8: per-head scales given or the default; none in a pool */
+    const float ks[6] = {1, 2, 3, 4, 5, 6};
+    assert_int_equal(osp_kv_cache_create_scaled(be, &sh, 2, 16, OSP_KV_DTYPE_FP8, ks, NULL, &kv), OSP_OK);
+    assert_true(kv->k_fixed[5] == 6.0f && kv->v_fixed[5] == OSP_KV_FP8_DEFAULT_SCALE && kv->k_scale[0] == NULL);
+    osp_kv_cache_free(kv);
+    /* bad scales, shapes and dtypes: refused before anything is allocated */
+    const float bad[3][6] = {{1, 1, 0, 1, 1, 1}, {1, -2, 1, 1, 1, 1}, {1, 1, 1, 1, 1, NAN}};
+    for (int i = 0; i < 3; i++) {
+        kv = (osp_kv_cache *)1;
+        assert_int_equal(osp_kv_cache_create_scaled(be, &sh, 2, 16, OSP_KV_DTYPE_FP8, NULL, bad[i], &kv), OSP_ERR_INVALID_ARG);
+        assert_null(kv);
+    }
+    const osp_kv_shape odd = {1, 2, 24};
+    assert_int_equal(osp_kv_cache_create_on(be, &odd, 2, 16, OSP_KV_DTYPE_NVFP4, &kv), OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "multiple of 16"));
+    assert_int_equal(osp_kv_cache_create_on(be, &odd, 2, 16, OSP_KV_DTYPE_FP8, &kv), OSP_OK); /* fp8 takes any */
+    osp_kv_cache_free(kv);
+    assert_int_equal(osp_kv_cache_create_on(be, &sh, 2, 16, OSP_KV_DTYPE_BF16, &kv), OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "bf16"));
+    osp_backend_free(be);
+}
+
+static void test_dtype_names(void **state) {
+    (void)state;
+    const struct { const char *s; osp_kv_dtype d; } ok[] = {
+        {"auto", OSP_KV_DTYPE_F16}, {"f16", OSP_KV_DTYPE_F16},       {"fp16", OSP_KV_DTYPE_F16},
+        {"f32", OSP_KV_DTYPE_F32},  {"bf16", OSP_KV_DTYPE_BF16},     {"bfloat16", OSP_KV_DTYPE_BF16},
+        {"fp8", OSP_KV_DTYPE_FP8},  {"fp8_e4m3", OSP_KV_DTYPE_FP8},  {"nvfp4", OSP_KV_DTYPE_NVFP4},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        osp_kv_dtype d = (osp_kv_dtype)-1;
+        assert_int_equal(osp_kv_dtype_parse(ok[i].s, &d), OSP_OK);
+        assert_int_equal(d, ok[i].d);
+    }
+    const char *bad[] = {"", "FP8", "fp8_e5m2", "q4_0", "nvfp4 ", "fp4", NULL};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        osp_kv_dtype d = OSP_KV_DTYPE_F32;
+        assert_int_equal(osp_kv_dtype_parse(bad[i], &d), OSP_ERR_INVALID_ARG);
+        assert_int_equal(d, OSP_KV_DTYPE_F32);
+    }
+    assert_string_equal(osp_kv_dtype_name(OSP_KV_DTYPE_NVFP4), "nvfp4");
+    assert_string_equal(osp_kv_dtype_name(OSP_KV_DTYPE_FP8), "fp8");
+    assert_null(osp_kv_dtype_name((osp_kv_dtype)2));
+    assert_true(osp_kv_dtype_quantized(OSP_KV_DTYPE_FP8) && osp_kv_dtype_quantized(OSP_KV_DTYPE_NVFP4));
+    assert_false(osp_kv_dtype_quantized(OSP_KV_DTYPE_F16) || osp_kv_dtype_quantized(OSP_KV_DTYPE_F32));
+    assert_int_equal(osp_kv_dtype_available(OSP_KV_DTYPE_BF16), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_kv_dtype_available(OSP_KV_DTYPE_NVFP4), OSP_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_equals_dequantized),
+        cmocka_unit_test(test_write_own_slot_only),
+        cmocka_unit_test(test_cache_formats),
+        cmocka_unit_test(test_dtype_names),
+    };
+    if (osp_threadpool_create(1, &g_pool) != OSP_OK) return 1;
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    osp_threadpool_free(g_pool);
+    return rc;
+}
