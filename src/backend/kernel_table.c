@@ -54,7 +54,7 @@ static osp_status parse_row(json_t *r, const char *where, int i, osp_device dev,
     osp_kv_dtype d;
     if (!strcmp(kv, "any")) row->kv_dtype = -1;
     else if (osp_kv_dtype_parse(kv, &d) == OSP_OK) row->kv_dtype = (int32_t)d;
-    else return osp_set_error(OSP_ERR_FORMAT, "%s: rows[%d]: kv_dtype '%s' (f16, f32 or any)", where, i, kv);
+    else return osp_set_error(OSP_ERR_FORMAT, "%s: rows[%d]: kv_dtype '%s' (f16, f32, fp8, nvfp4, ... or any)", where, i, kv);
     row->version = osp_kernel_find(dev, ver);
     if (!row->version)
         return osp_set_error(OSP_ERR_FORMAT, "%s: rows[%d]: '%s' is not a registered %s version (osprey bench-kernels --list)",

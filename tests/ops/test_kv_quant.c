@@ -173,6 +173,43 @@ static void test_attention_equals_dequantized(void **state) {
     }
 }
 
+/* Every code decodes as core/dtype.c decodes it: one key, so attention's output is the V row itself
+ * (softmax weight exactly 1). fp8: all 256 E4M3 codes (NaN, subnormals, +-448) in one token's V row;
+ * nvfp4: all 256 bytes (every pair of E2M1 nibbles) with micro-block scales over the E4M3 range
+ * (zero, subnormal, normal, 448, NaN). */
+static void test_decode_every_code(void **state) {
+    (void)state;
+    osp_backend *be = cpu();
+    const osp_kv_shape sh = {1, 2, 128};
+    const osp_kv_dtype dts[2] = {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4};
+    const uint8_t scale_codes[8] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0x7F, 0xB3};
+    for (int di = 0; di < 2; di++) {
+        osp_kv_cache *kv;
+        const float ks[2] = {1.0f, 1.0f}, vs[2] = {0.375f, 3.0f};
+        assert_int_equal(osp_kv_cache_create_scaled(be, &sh, 1, 16, dts[di], ks, vs, &kv), OSP_OK);
+        uint8_t *vp = kv->v[0];
+        float want[256];
+        if (dts[di] == OSP_KV_DTYPE_FP8) {
+            for (int c = 0; c < 256; c++) vp[c] = (uint8_t)c, want[c] = osp_e4m3_to_fp32((uint8_t)c) * vs[c / 128];
+        } else {
+            uint8_t *vsc = kv->v_scale[0];
+            for (int j = 0; j < 16; j++) vsc[j] = scale_codes[j % 8];
+            for (int b = 0; b < 128; b++) vp[b] = (uint8_t)(b * 2 + (b >= 64)); /* the 256 bytes over 2 rows */
+            for (int j = 0; j < 16; j++) osp_nvfp4_dequantize16(vp + 8 * j, vsc[j], vs[0], want + 16 * j);
+        }
+        const osp_cpu_kv_pages pg = pages_of(kv);
+        float q[2 * 128] = {0}, out[2 * 128], sc[4];
+        const int32_t qsl[2] = {0, 1}, pos[1] = {0}, bt[1] = {0};
+        osp_cpu_paged_attention_kv(q, &pg, out, 1, qsl, pos, bt, 1, 16, 2, 2, 128, 0.125f, 0, sc, 0, 2);
+        for (int i = 0; i < 256; i++)
+            if (!(isnan(want[i]) ? isnan(out[i]) : out[i] == want[i])) /* == : o starts at +0, so -0 reads as +0 */
+                fail_msg("%s: value %d decodes to %.9g, core/dtype.c gives %.9g", osp_kv_dtype_name(dts[di]), i,
+                         (double)out[i], (double)want[i]);
+        osp_kv_cache_free(kv);
+    }
+    osp_backend_free(be);
+}
+
 /* The write stores core/dtype.c's codes, per head for fp8, per micro-block for nvfp4, and touches only
  * its own slot: every other byte of the pages and of the scale pools keeps its poison. */
 static void test_write_own_slot_only(void **state) {
@@ -331,6 +368,7 @@ static void test_dtype_names(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_equals_dequantized),
+        cmocka_unit_test(test_decode_every_code),
         cmocka_unit_test(test_write_own_slot_only),
         cmocka_unit_test(test_cache_formats),
         cmocka_unit_test(test_dtype_names),

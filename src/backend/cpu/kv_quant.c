@@ -5,8 +5,8 @@
  * same per-row widening the f16 pages get), never into a copy of the cache. The decoded value is
  * e4m3(code) * scale (fp8) or e2m1(code) * (e4m3(block scale) * tensor scale) (nvfp4), the same fp32
  * products as core/dtype.c's dequantizers, so attention over the pages equals attention over their
- * dequantized copy bit for bit (tests/ops/test_kv_quant.c). Plain C; the decoders are branch-light bit
- * manipulation that the compiler can vectorize. */
+ * dequantized copy bit for bit (tests/ops/test_kv_quant.c). The codes are widened through IEEE half
+ * (integer shifts, then F16C 8 at a time where the build has it), see below. */
 #include <math.h>
 #include <string.h>
 
@@ -14,29 +14,16 @@
 #include "core/dtype.h"
 #include "osprey/batch.h"
 
-/* E4M3 code -> fp32 (OCP FP8 spec §5.1): normal (exp e in 1..15) = 2^(e-7) * (1 + m/8), subnormal
- * = m * 2^-9, S.1111.111 = NaN. Equal to core/dtype.c's osp_e4m3_to_fp32 on all 256 codes (tested). */
-static inline float e4m3_decode(uint8_t c) {
-    const uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 0xF, m = c & 7;
-    float f;
-    if (e == 0) {
-        f = (float)m * 0x1p-9f;
-    } else if (e == 15 && m == 7) {
-        f = NAN;
-    } else {
-        const uint32_t bits = ((e + 120u) << 23) | (m << 20);
-        memcpy(&f, &bits, sizeof f);
-    }
-    uint32_t b;
-    memcpy(&b, &f, sizeof b);
-    b |= sign;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
-
-/* E2M1 code (low 4 bits) -> fp32 (OCP MX spec §5.3.3). */
-static const float k_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+/* Decoding by way of IEEE half (so F16C converts 8 at a time, as for f16 pages):
+ *  E4M3 s.eeee.mmm -> half s.0eeee.mmm0000000: the half's exponent field is e and its top mantissa
+ *  bits are m, so half = 2^(e-15) (1 + m/8) (normal) or 2^-14 m/8 (e = 0), exactly 2^-8 times the E4M3
+ *  value (2^(e-7) (1 + m/8), or 2^-6 m/8) -- every E4M3 number is a half, subnormals included.
+ *  E2M1 s.ee.m -> half s.000ee.m000000000: likewise exactly 2^-14 times the E2M1 value.
+ * The power of two goes into the scale: x * (2^8 * s) rounds the same real number x_e4m3 * s as
+ * core/dtype.c's osp_e4m3_to_fp32(c) * s (2^8 * s is exact), so the decoded values are bit-identical to
+ * the dequantizers'. E4M3's NaN codes (S.1111.111) would map to 480; they are put back to NaN. */
+static inline uint16_t e4m3_half_bits(uint8_t c) { return (uint16_t)(((c & 0x7Fu) << 7) | ((c & 0x80u) << 8)); }
+static inline uint16_t e2m1_half_bits(uint8_t n) { return (uint16_t)(((n & 7u) << 9) | ((n & 8u) << 12)); }
 
 void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_pages, uint8_t *k_scales,
                             uint8_t *v_scales, const float *k, const float *v, int32_t slot, int64_t n_head_kv,
@@ -62,7 +49,7 @@ void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_p
 
 /* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. */
 static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh,
-                                    int64_t n_head_kv, int64_t head_dim, float *restrict row) {
+                                    int64_t n_head_kv, int64_t head_dim, float *restrict row, uint16_t *restrict half) {
     const int64_t kv_row = n_head_kv * head_dim;
     const void *pages = which ? kv->v : kv->k;
     switch (kv->type) {
@@ -72,21 +59,26 @@ static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64
         return row;
     case OSP_KV_DTYPE_FP8: {
         const uint8_t *c = (const uint8_t *)pages + slot * kv_row + kvh * head_dim;
-        const float s = (which ? kv->v_fixed : kv->k_fixed)[kvh];
-        for (int64_t d = 0; d < head_dim; d++) row[d] = e4m3_decode(c[d]) * s;
+        const float s = (which ? kv->v_fixed : kv->k_fixed)[kvh] * 256.0f;
+        for (int64_t d = 0; d < head_dim; d++) half[d] = e4m3_half_bits(c[d]);
+        osp_cpu_f16_to_f32_row(half, row, head_dim);
+        for (int64_t d = 0; d < head_dim; d++) row[d] = (c[d] & 0x7F) == 0x7F ? NAN : row[d] * s;
         return row;
     }
     default: { /* NVFP4 */
         const uint8_t *c = (const uint8_t *)pages + (slot * kv_row + kvh * head_dim) / 2;
         const uint8_t *sc = (which ? kv->v_scale : kv->k_scale) + (slot * kv_row + kvh * head_dim) / 16;
         const float t = (which ? kv->v_fixed : kv->k_fixed)[0];
+        for (int64_t i = 0; i < head_dim / 2; i++) {
+            half[2 * i] = e2m1_half_bits(c[i] & 0xF);
+            half[2 * i + 1] = e2m1_half_bits(c[i] >> 4);
+        }
+        osp_cpu_f16_to_f32_row(half, row, head_dim);
+        /* the micro-block's scale as core/dtype.c forms it (e4m3 * tensor scale), times 2^14 */
         for (int64_t j = 0; j < head_dim / 16; j++) {
-            const float s = e4m3_decode(sc[j]) * t;
-            for (int i = 0; i < 8; i++) {
-                const uint8_t b = c[8 * j + i];
-                row[16 * j + 2 * i] = k_e2m1[b & 0xF] * s;
-                row[16 * j + 2 * i + 1] = k_e2m1[b >> 4] * s;
-            }
+            const float bs = (sc[j] & 0x7F) == 0x7F ? NAN /* never written: the scale saturates at 448 */
+                                                    : osp_fp16_to_fp32(e4m3_half_bits(sc[j])) * 256.0f * t * 16384.0f;
+            for (int i = 0; i < 16; i++) row[16 * j + i] *= bs;
         }
         return row;
     }
@@ -102,6 +94,7 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
                                 int64_t item_end) {
     const int64_t group = n_head / n_head_kv;
     float row[MAX_HEAD_DIM];
+    uint16_t half[MAX_HEAD_DIM];
     int32_t s = 0;
     for (int64_t item = item_begin; item < item_end; item++) {
         const int64_t t = item / n_head, h = item % n_head;
@@ -115,7 +108,7 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
         float mx = -INFINITY;
         for (int64_t p = p0; p < n_ctx; p++) {
             const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            sc[p] = osp_cpu_dot(qh, read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row), head_dim) * scale;
+            sc[p] = osp_cpu_dot(qh, read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half), head_dim) * scale;
             if (sc[p] > mx) mx = sc[p];
         }
         float sum = 0.0f;
@@ -127,7 +120,7 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
         memset(o, 0, (size_t)head_dim * sizeof *o);
         for (int64_t p = p0; p < n_ctx; p++) {
             const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row);
+            const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half);
             const float w = sc[p];
             for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
         }
