@@ -6,6 +6,8 @@
  *    "inputs":  [{"name": "x", "shape": ["T", "E"], "dtype": "f32"}, ...],
  *    "outputs": [{"name": "y", "shape": ["T", "E"], "dtype": "bf16",
  *                 "tol": {"rtol": 0.0078125, "atol": 1e-4, "cpu": {"rtol": ..., "atol": ...}}}],
+ *                 (matmul outputs may add "stol": a multiple of each element's sum of |x_k w_k|, the
+ *                 bound of a dot product's error from rounded inputs however much its terms cancel)
  *    "workloads": [{"id": "smollm2-decode", "dims": {"T": 1, "E": 576}, "gen": "normal"}, ...]}
  *
  * The op kind's adapter (kb_ops.c) fixes the dimension, input and output names and their order; a
@@ -60,18 +62,31 @@ static int dim_index(const kb_def *d, const char *name) {
     return -1;
 }
 
-static bool parse_tol(json_t *t, kb_io *io, const char *where, char *err, size_t n) {
+/* "stol" (optional): a number >= 0, only where the op's reference gives an error scale */
+static bool tol_stol(json_t *v, double *out, bool ok, const char *where, const char *sol, char *err, size_t n) {
+    *out = 0.0;
+    if (!v) return true;
+    if (!ok) return fail(err, n, "%s: 'stol' needs an op whose reference gives an error scale (matmul)", where);
+    if (!json_is_number(v) || !(json_number_value(v) >= 0.0))
+        return fail(err, n, "%s: 'stol'%s%s must be a number >= 0", where, *sol ? " of " : "", sol);
+    *out = json_number_value(v);
+    return true;
+}
+
+static bool parse_tol(json_t *t, kb_io *io, const char *where, bool stol_ok, char *err, size_t n) {
     if (!json_is_object(t)) return fail(err, n, "%s: 'tol' must be an object", where);
     io->n_tol = 1;
     snprintf(io->tol[0].solution, sizeof io->tol[0].solution, "%s", "");
     io->tol[0].rtol = json_number_value(json_object_get(t, "rtol"));
     io->tol[0].atol = json_number_value(json_object_get(t, "atol"));
+    io->tol[0].stol = 0.0;
     if (!json_is_number(json_object_get(t, "rtol")) || !json_is_number(json_object_get(t, "atol")))
         return fail(err, n, "%s: 'tol' needs numbers 'rtol' and 'atol'", where);
+    if (!tol_stol(json_object_get(t, "stol"), &io->tol[0].stol, stol_ok, where, "", err, n)) return false;
     const char *k;
     json_t *v;
     json_object_foreach(t, k, v) { /* per-solution overrides */
-        if (!strcmp(k, "rtol") || !strcmp(k, "atol")) continue;
+        if (!strcmp(k, "rtol") || !strcmp(k, "atol") || !strcmp(k, "stol")) continue;
         if (io->n_tol == KB_MAX_TOLS) return fail(err, n, "%s: too many per-solution tolerances", where);
         kb_tol *o = &io->tol[io->n_tol++];
         snprintf(o->solution, sizeof o->solution, "%s", k);
@@ -80,6 +95,11 @@ static bool parse_tol(json_t *t, kb_io *io, const char *where, char *err, size_t
             return fail(err, n, "%s: tolerance for solution '%s' needs 'rtol' and 'atol'", where, k);
         o->rtol = json_number_value(json_object_get(v, "rtol"));
         o->atol = json_number_value(json_object_get(v, "atol"));
+        if (!tol_stol(json_object_get(v, "stol"), &o->stol, stol_ok, where, k, err, n)) return false;
+        json_t *kv;
+        const char *kk;
+        json_object_foreach(v, kk, kv) if (strcmp(kk, "rtol") && strcmp(kk, "atol") && strcmp(kk, "stol"))
+            return fail(err, n, "%s: tolerance for solution '%s' has an unknown field '%s'", where, k, kk);
     }
     return true;
 }
@@ -127,7 +147,7 @@ static bool parse_io(kb_def *d, json_t *a, bool out, const kb_kind *kk, char *er
         if (strcmp(got, want_shape))
             return fail(err, n, "%s: %s '%s' has shape [%s]; op %s's is [%s]", d->name, what, nm, got,
                         osp_op_name(d->kind), want_shape);
-        if (out && !parse_tol(json_object_get(e, "tol"), io, d->name, err, n)) return false;
+        if (out && !parse_tol(json_object_get(e, "tol"), io, d->name, d->kind == OSP_OP_MATMUL, err, n)) return false;
     }
     if (out) d->n_out = want;
     else d->n_in = want;

@@ -61,7 +61,8 @@ static bool check_outputs(const kb_solution *s, const kb_case *c, float **o, kb_
         for (size_t k = 0; k < c->out_n[i]; k++) mx = fmax(mx, fabs(c->ref[i][k]));
         for (size_t k = 0; k < c->out_n[i]; k++) {
             const double ref = c->ref[i][k], got = o[i][k];
-            const double tol = t->rtol * fabs(ref) + t->atol * mx;
+            const double tol =
+                t->rtol * fabs(ref) + t->atol * mx + (c->ref_scale[i] ? t->stol * c->ref_scale[i][k] : 0.0);
             if (isnan(got) && isfinite(ref)) {
                 r->check = KB_FAIL_COVERAGE;
                 snprintf(r->detail, sizeof r->detail, "output '%s' [%zu of %zu] not written (NaN; reference %.6g), seed %llu",
@@ -72,8 +73,9 @@ static bool check_outputs(const kb_solution *s, const kb_case *c, float **o, kb_
             if (!(e <= tol)) {
                 r->check = KB_FAIL_ERROR;
                 snprintf(r->detail, sizeof r->detail,
-                         "output '%s' [%zu of %zu]: %.8g, reference %.8g: |error| %.3g > tol %.3g, seed %llu",
-                         d->out[i].name, k, c->out_n[i], got, ref, e, tol, (unsigned long long)c->seed);
+                         "output '%s' [%zu of %zu]: %.8g, reference %.8g: |error| %.3g > tol %.3g (error scale %.3g), seed %llu",
+                         d->out[i].name, k, c->out_n[i], got, ref, e, tol, c->ref_scale[i] ? c->ref_scale[i][k] : 0.0,
+                         (unsigned long long)c->seed);
                 return false;
             }
             if (tol > 0.0) r->worst_ratio = fmax(r->worst_ratio, e / tol);

@@ -133,11 +133,16 @@ void kb_reference(kb_case *c) {
     case OSP_OP_MATMUL: {
         const int64_t K = dimv(c, "K"), N = dimv(c, "N");
         const float *w = c->in[1]; /* the stored weight's values (dequantized) [N, K] */
+        if (!c->ref_scale[0]) c->ref_scale[0] = malloc(sizeof(double) * c->out_n[0]);
         for (int64_t t = 0; t < c->T; t++)
             for (int64_t n = 0; n < N; n++) {
-                double acc = 0.0;
-                for (int64_t k = 0; k < K; k++) acc += (double)c->in[0][t * K + k] * (double)w[n * K + k];
+                double acc = 0.0, mag = 0.0;
+                for (int64_t k = 0; k < K; k++) {
+                    const double p = (double)c->in[0][t * K + k] * (double)w[n * K + k];
+                    acc += p, mag += fabs(p);
+                }
                 c->ref[0][t * N + n] = acc;
+                if (c->ref_scale[0]) c->ref_scale[0][t * N + n] = mag;
             }
         break;
     }
@@ -444,7 +449,7 @@ void kb_case_rereference(kb_case *c) {
 }
 
 void kb_case_free(kb_case *c) {
-    for (int i = 0; i < KB_MAX_IO; i++) free(c->in[i]), free(c->ref[i]);
+    for (int i = 0; i < KB_MAX_IO; i++) free(c->in[i]), free(c->ref[i]), free(c->ref_scale[i]);
     free(c->wq), free(c->ids), free(c->lidx);
     memset(c, 0, sizeof *c);
 }

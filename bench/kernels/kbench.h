@@ -43,6 +43,10 @@ typedef struct kb_dim {
 typedef struct kb_tol {
     char solution[24];
     double rtol, atol;
+    /* times the element's error scale where the reference gives one (kb_case.ref_scale: a dot
+     * product's sum of |terms|, which bounds the error of rounded inputs however much the terms
+     * cancel); 0 elsewhere, and the loader accepts it only for op kinds with a scale (matmul) */
+    double stol;
 } kb_tol;
 
 typedef struct kb_io {
@@ -123,6 +127,7 @@ typedef struct kb_case {
     int32_t *ids;            /* embed: token ids [T] */
     int32_t *lidx;           /* gather: logits_indices [R] */
     double *ref[KB_MAX_IO];  /* the reference's outputs */
+    double *ref_scale[KB_MAX_IO]; /* per output element, the error scale (matmul: sum_k |x_k w_k|), or NULL */
     size_t out_n[KB_MAX_IO];
     double flops, bytes;     /* per run, for the timing's rates */
 } kb_case;

@@ -237,6 +237,20 @@ static void test_loader_rejects(void **state) {
         " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
         " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
         " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"E\": 1}}]}",
+        /* an error scale ('stol') on an op whose reference has none */
+        "{\"name\": \"a\", \"op\": \"copy\", \"description\": \"\", \"dims\": {\"T\": {\"min\": 1, \"max\": 2}, \"E\": {\"min\": 1, \"max\": 2}},"
+        " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
+        " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0, \"stol\": 0.01}}],"
+        " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"E\": 1}}]}",
+        /* a negative 'stol', and an unknown field in a solution's tolerance */
+        "{\"name\": \"a\", \"op\": \"matmul\", \"description\": \"\", \"dims\": {\"T\": {\"min\": 1, \"max\": 2}, \"K\": {\"min\": 1, \"max\": 2}, \"N\": {\"min\": 1, \"max\": 2}},"
+        " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"K\"], \"dtype\": \"f32\"}, {\"name\": \"w\", \"shape\": [\"N\", \"K\"], \"dtype\": \"f32\"}],"
+        " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"N\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0, \"stol\": -1}}],"
+        " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"K\": 1, \"N\": 1}}]}",
+        "{\"name\": \"a\", \"op\": \"matmul\", \"description\": \"\", \"dims\": {\"T\": {\"min\": 1, \"max\": 2}, \"K\": {\"min\": 1, \"max\": 2}, \"N\": {\"min\": 1, \"max\": 2}},"
+        " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"K\"], \"dtype\": \"f32\"}, {\"name\": \"w\", \"shape\": [\"N\", \"K\"], \"dtype\": \"f32\"}],"
+        " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"N\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0, \"cuda\": {\"rtol\": 0, \"atol\": 0, \"slack\": 1}}}],"
+        " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"K\": 1, \"N\": 1}}]}",
         "not json",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
