@@ -14,6 +14,10 @@
 #include "core/dtype.h"
 #include "osprey/batch.h"
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kv_quant.c packs two halves per uint32 in little-endian order"
+#endif
+
 /* Decoding by way of IEEE half (so F16C converts 8 at a time, as for f16 pages):
  *  E4M3 s.eeee.mmm -> half s.0eeee.mmm0000000: the half's exponent field is e and its top mantissa
  *  bits are m, so half = 2^(e-15) (1 + m/8) (normal) or 2^-14 m/8 (e = 0), exactly 2^-8 times the E4M3
@@ -23,7 +27,6 @@
  * core/dtype.c's osp_e4m3_to_fp32(c) * s (2^8 * s is exact), so the decoded values are bit-identical to
  * the dequantizers'. E4M3's NaN codes (S.1111.111) would map to 480; they are put back to NaN. */
 static inline uint16_t e4m3_half_bits(uint8_t c) { return (uint16_t)(((c & 0x7Fu) << 7) | ((c & 0x80u) << 8)); }
-static inline uint16_t e2m1_half_bits(uint8_t n) { return (uint16_t)(((n & 7u) << 9) | ((n & 8u) << 12)); }
 
 void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_pages, uint8_t *k_scales,
                             uint8_t *v_scales, const float *k, const float *v, int32_t slot, int64_t n_head_kv,
@@ -69,9 +72,12 @@ static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64
         const uint8_t *c = (const uint8_t *)pages + (slot * kv_row + kvh * head_dim) / 2;
         const uint8_t *sc = (which ? kv->v_scale : kv->k_scale) + (slot * kv_row + kvh * head_dim) / 16;
         const float t = (which ? kv->v_fixed : kv->k_fixed)[0];
+        /* both nibbles of a byte at once: the low one's half in the low 16 bits (value 2i first in
+         * memory on this little-endian host), the high one's in the high 16 */
         for (int64_t i = 0; i < head_dim / 2; i++) {
-            half[2 * i] = e2m1_half_bits(c[i] & 0xF);
-            half[2 * i + 1] = e2m1_half_bits(c[i] >> 4);
+            const uint32_t b = c[i];
+            const uint32_t w = ((b & 7u) << 9) | ((b & 8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
+            memcpy(half + 2 * i, &w, sizeof w);
         }
         osp_cpu_f16_to_f32_row(half, row, head_dim);
         /* the micro-block's scale as core/dtype.c forms it (e4m3 * tensor scale), times 2^14 */
