@@ -106,9 +106,11 @@ osp_status osp_kv_cache_size(const osp_kv_shape *c, int32_t num_blocks, int32_t 
     osp_kv_page_format fmt;
     OSP_TRY(osp_kv_page_format_of(c, dtype, &fmt));
     size_t pa, sa;
-    if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &pa, &sa, bytes))
+    if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &pa, &sa, bytes)) {
+        *bytes = 0; /* not the wrapped product */
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
                              num_blocks, block_size);
+    }
     return OSP_OK;
 }
 

@@ -79,7 +79,8 @@ osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *sh, i
                                       osp_kv_cache **out);
 
 /* The exact size of a cache's one allocation (pages, scale pools, each pool padded to 256 bytes per
- * layer), as osp_kv_cache_create_on computes it. OSP_ERR_INVALID_ARG on overflow or bad sizes. */
+ * layer), as osp_kv_cache_create_on computes it. OSP_ERR_INVALID_ARG on overflow or bad sizes, and the
+ * page format's errors (osp_kv_page_format_of); *bytes is 0 on any error. */
 osp_status osp_kv_cache_size(const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                              size_t *bytes);
 
