@@ -14,7 +14,7 @@
 #   stash  only keep what this call brought (binaries, a model half, a gemma chunk, the baseline CLI)
 #          in /tmp/osprey-gpu for the next
 #   ab     bench/gpu/ab.sh: decode tokens/s of the baseline CLI (base/bin/osprey) vs this tree's
-# The attention kernel follows OSPREY_CUDA_ATTENTION (v0, v1, fold, split; unset: the default), so
+# The attention kernel follows OSPREY_CUDA_ATTENTION (v0, v1, v2, fold, split; unset: the default), so
 # `OSPREY_CUDA_ATTENTION=v1 bash scripts/gpu-test.sh model` runs the model and engine tests under v1.
 # Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
 set -uo pipefail
