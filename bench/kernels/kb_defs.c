@@ -24,7 +24,7 @@
 #include "bench/kernels/kb_internal.h"
 #include "core/dtype.h"
 
-static bool fail(char *err, size_t n, const char *fmt, ...) {
+bool kb_fail(char *err, size_t n, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, n, fmt, ap);
@@ -41,7 +41,7 @@ static bool only_keys(json_t *o, const char *const *keys, const char *where, cha
     json_object_foreach(o, k, v) {
         bool known = false;
         for (int i = 0; keys[i]; i++) known |= !strcmp(k, keys[i]);
-        if (!known) return fail(err, n, "%s: unknown field '%s'", where, k);
+        if (!known) return kb_fail(err, n, "%s: unknown field '%s'", where, k);
     }
     return true;
 }
@@ -66,40 +66,40 @@ static int dim_index(const kb_def *d, const char *name) {
 static bool tol_stol(json_t *v, double *out, bool ok, const char *where, const char *sol, char *err, size_t n) {
     *out = 0.0;
     if (!v) return true;
-    if (!ok) return fail(err, n, "%s: 'stol' needs an op whose reference gives an error scale (matmul)", where);
+    if (!ok) return kb_fail(err, n, "%s: 'stol' needs an op whose reference gives an error scale (matmul)", where);
     if (!json_is_number(v) || !(json_number_value(v) >= 0.0))
-        return fail(err, n, "%s: 'stol'%s%s must be a number >= 0", where, *sol ? " of " : "", sol);
+        return kb_fail(err, n, "%s: 'stol'%s%s must be a number >= 0", where, *sol ? " of " : "", sol);
     *out = json_number_value(v);
     return true;
 }
 
 static bool parse_tol(json_t *t, kb_io *io, const char *where, bool stol_ok, char *err, size_t n) {
-    if (!json_is_object(t)) return fail(err, n, "%s: 'tol' must be an object", where);
+    if (!json_is_object(t)) return kb_fail(err, n, "%s: 'tol' must be an object", where);
     io->n_tol = 1;
     snprintf(io->tol[0].solution, sizeof io->tol[0].solution, "%s", "");
     io->tol[0].rtol = json_number_value(json_object_get(t, "rtol"));
     io->tol[0].atol = json_number_value(json_object_get(t, "atol"));
     io->tol[0].stol = 0.0;
     if (!json_is_number(json_object_get(t, "rtol")) || !json_is_number(json_object_get(t, "atol")))
-        return fail(err, n, "%s: 'tol' needs numbers 'rtol' and 'atol'", where);
+        return kb_fail(err, n, "%s: 'tol' needs numbers 'rtol' and 'atol'", where);
     if (!tol_stol(json_object_get(t, "stol"), &io->tol[0].stol, stol_ok, where, "", err, n)) return false;
     const char *k;
     json_t *v;
     json_object_foreach(t, k, v) { /* per-solution overrides */
         if (!strcmp(k, "rtol") || !strcmp(k, "atol") || !strcmp(k, "stol")) continue;
-        if (io->n_tol == KB_MAX_TOLS) return fail(err, n, "%s: too many per-solution tolerances", where);
+        if (io->n_tol == KB_MAX_TOLS) return kb_fail(err, n, "%s: too many per-solution tolerances", where);
         kb_tol *o = &io->tol[io->n_tol++];
         snprintf(o->solution, sizeof o->solution, "%s", k);
         if (!json_is_object(v) || !json_is_number(json_object_get(v, "rtol")) ||
             !json_is_number(json_object_get(v, "atol")))
-            return fail(err, n, "%s: tolerance for solution '%s' needs 'rtol' and 'atol'", where, k);
+            return kb_fail(err, n, "%s: tolerance for solution '%s' needs 'rtol' and 'atol'", where, k);
         o->rtol = json_number_value(json_object_get(v, "rtol"));
         o->atol = json_number_value(json_object_get(v, "atol"));
         if (!tol_stol(json_object_get(v, "stol"), &o->stol, stol_ok, where, k, err, n)) return false;
         json_t *kv;
         const char *kk;
         json_object_foreach(v, kk, kv) if (strcmp(kk, "rtol") && strcmp(kk, "atol") && strcmp(kk, "stol"))
-            return fail(err, n, "%s: tolerance for solution '%s' has an unknown field '%s'", where, k, kk);
+            return kb_fail(err, n, "%s: tolerance for solution '%s' has an unknown field '%s'", where, k, kk);
     }
     return true;
 }
@@ -109,7 +109,7 @@ static bool parse_io(kb_def *d, json_t *a, bool out, const kb_kind *kk, char *er
     const char *const *names = out ? kk->out : kk->in;
     const char *what = out ? "outputs" : "inputs";
     if (!json_is_array(a) || (int)json_array_size(a) != want)
-        return fail(err, n, "%s: '%s' must list %d entries for op %s", d->name, what, want, osp_op_name(d->kind));
+        return kb_fail(err, n, "%s: '%s' must list %d entries for op %s", d->name, what, want, osp_op_name(d->kind));
     for (int i = 0; i < want; i++) {
         json_t *e = json_array_get(a, (size_t)i);
         kb_io *io = out ? &d->out[i] : &d->in[i];
@@ -118,34 +118,34 @@ static bool parse_io(kb_def *d, json_t *a, bool out, const kb_kind *kk, char *er
         if (!json_is_object(e) || !only_keys(e, out ? keys_out : keys_in, d->name, err, n)) return false;
         const char *nm = json_string_value(json_object_get(e, "name"));
         if (!nm || strcmp(nm, names[i]))
-            return fail(err, n, "%s: %s[%d] must be named '%s'", d->name, what, i, names[i]);
+            return kb_fail(err, n, "%s: %s[%d] must be named '%s'", d->name, what, i, names[i]);
         snprintf(io->name, sizeof io->name, "%s", nm);
         const char *dt = json_string_value(json_object_get(e, "dtype"));
-        if (!dt || !dtype_of(dt, &io->dtype)) return fail(err, n, "%s: %s '%s': unknown dtype", d->name, what, nm);
+        if (!dt || !dtype_of(dt, &io->dtype)) return kb_fail(err, n, "%s: %s '%s': unknown dtype", d->name, what, nm);
         json_t *sh = json_object_get(e, "shape");
         if (!json_is_array(sh) || json_array_size(sh) < 1 || json_array_size(sh) > 3)
-            return fail(err, n, "%s: %s '%s': 'shape' must be 1 to 3 dimension names", d->name, what, nm);
+            return kb_fail(err, n, "%s: %s '%s': 'shape' must be 1 to 3 dimension names", d->name, what, nm);
         io->n_shape = (int)json_array_size(sh);
         char got[96] = "";
         for (int k = 0; k < io->n_shape; k++) {
             const char *entry = json_string_value(json_array_get(sh, (size_t)k));
             /* an extent: dimension names and positive integers joined by '*' and '+' ("B*Q", "2*F") */
             if (!entry || !entry[0] || strlen(entry) > 40)
-                return fail(err, n, "%s: %s '%s': shape entries are strings of dimensions", d->name, what, nm);
+                return kb_fail(err, n, "%s: %s '%s': shape entries are strings of dimensions", d->name, what, nm);
             char buf[48];
             snprintf(buf, sizeof buf, "%s", entry);
             for (char *save = NULL, *f = strtok_r(buf, "*+", &save); f; f = strtok_r(NULL, "*+", &save)) {
                 char *end;
                 const long v = strtol(f, &end, 10);
                 if (!(*end == 0 && v > 0) && dim_index(d, f) < 0)
-                    return fail(err, n, "%s: %s '%s': '%s' in its shape is no dimension", d->name, what, nm, f);
+                    return kb_fail(err, n, "%s: %s '%s': '%s' in its shape is no dimension", d->name, what, nm, f);
             }
             const size_t l = strlen(got);
             snprintf(got + l, sizeof got - l, "%s%s", k ? "," : "", entry);
         }
         const char *want_shape = out ? kk->out_shape[i] : kk->in_shape[i];
         if (strcmp(got, want_shape))
-            return fail(err, n, "%s: %s '%s' has shape [%s]; op %s's is [%s]", d->name, what, nm, got,
+            return kb_fail(err, n, "%s: %s '%s' has shape [%s]; op %s's is [%s]", d->name, what, nm, got,
                         osp_op_name(d->kind), want_shape);
         if (out && !parse_tol(json_object_get(e, "tol"), io, d->name, d->kind == OSP_OP_MATMUL, err, n)) return false;
     }
@@ -158,21 +158,21 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
 
 bool kb_def_load(const char *path, kb_def *d, char *err, size_t errn) {
     memset(d, 0, sizeof *d);
-    if (strlen(path) >= sizeof d->path) return fail(err, errn, "definition path too long: %s", path);
+    if (strlen(path) >= sizeof d->path) return kb_fail(err, errn, "definition path too long: %s", path);
     memcpy(d->path, path, strlen(path) + 1);
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, errn, "%s:%d: %s", path, je.line, je.text);
+    if (!root) return kb_fail(err, errn, "%s:%d: %s", path, je.line, je.text);
     return parse_root(root, path, d, err, errn);
 }
 
 bool kb_def_parse(const char *text, size_t len, const char *where, kb_def *d, char *err, size_t errn) {
     memset(d, 0, sizeof *d);
-    if (strlen(where) >= sizeof d->path) return fail(err, errn, "definition name too long: %s", where);
+    if (strlen(where) >= sizeof d->path) return kb_fail(err, errn, "definition name too long: %s", where);
     memcpy(d->path, where, strlen(where) + 1);
     json_error_t je;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return fail(err, errn, "%s:%d: %s", where, je.line, je.text);
+    if (!root) return kb_fail(err, errn, "%s:%d: %s", where, je.line, je.text);
     return parse_root(root, where, d, err, errn);
 }
 
@@ -183,7 +183,7 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
     if (!json_is_object(root) || !only_keys(root, keys, path, err, errn)) goto done;
     const char *name = json_string_value(json_object_get(root, "name")), *op = json_string_value(json_object_get(root, "op"));
     if (!name || !op || !json_is_string(json_object_get(root, "description"))) {
-        fail(err, errn, "%s: 'name', 'op' and 'description' are required strings", path);
+        kb_fail(err, errn, "%s: 'name', 'op' and 'description' are required strings", path);
         goto done;
     }
     snprintf(d->name, sizeof d->name, "%s", name);
@@ -192,14 +192,14 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
         if (!strcmp(op, osp_op_name((osp_op_kind)k))) kind = k;
     const kb_kind *kk = kind >= 0 ? kb_kind_of((osp_op_kind)kind) : NULL;
     if (!kk) {
-        fail(err, errn, "%s: op '%s' is not an op kind the proving ground has an adapter for", path, op);
+        kb_fail(err, errn, "%s: op '%s' is not an op kind the proving ground has an adapter for", path, op);
         goto done;
     }
     d->kind = (osp_op_kind)kind;
     /* dimensions: the kind's, in its order */
     json_t *dims = json_object_get(root, "dims");
     if (!json_is_object(dims) || (int)json_object_size(dims) != kk->n_dims) {
-        fail(err, errn, "%s: 'dims' must give the %d dimensions of op %s", path, kk->n_dims, op);
+        kb_fail(err, errn, "%s: 'dims' must give the %d dimensions of op %s", path, kk->n_dims, op);
         goto done;
     }
     d->n_dims = kk->n_dims;
@@ -207,7 +207,7 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
         json_t *dv = json_object_get(dims, kk->dims[i]);
         static const char *const dkeys[] = {"min", "max", "multiple", NULL};
         if (!json_is_object(dv) || !only_keys(dv, dkeys, path, err, errn)) {
-            if (!json_is_object(dv)) fail(err, errn, "%s: dimension '%s' missing", path, kk->dims[i]);
+            if (!json_is_object(dv)) kb_fail(err, errn, "%s: dimension '%s' missing", path, kk->dims[i]);
             goto done;
         }
         kb_dim *dm = &d->dims[i];
@@ -217,7 +217,7 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
         dm->multiple = json_is_integer(json_object_get(dv, "multiple")) ? json_integer_value(json_object_get(dv, "multiple")) : 1;
         const int64_t lo = kk->may_be_zero && !strcmp(kk->may_be_zero, dm->name) ? 0 : 1;
         if (dm->min < lo || dm->max < dm->min || dm->multiple < 1 || dm->max > (1 << 24) || (dm->max == 0)) {
-            fail(err, errn, "%s: dimension '%s': need %lld <= min <= max <= 2^24, max >= 1, multiple >= 1", path,
+            kb_fail(err, errn, "%s: dimension '%s': need %lld <= min <= max <= 2^24, max >= 1, multiple >= 1", path,
                  dm->name, (long long)lo);
             goto done;
         }
@@ -226,7 +226,7 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
     json_t *pr = json_object_get(root, "params");
     static const char *const pkeys[] = {"eps", "scale", "act", "wtype", "window", "neox", "theta", "n_rot", NULL};
     if (pr && (!json_is_object(pr) || !only_keys(pr, pkeys, path, err, errn))) {
-        if (!json_is_object(pr)) fail(err, errn, "%s: 'params' must be an object", path);
+        if (!json_is_object(pr)) kb_fail(err, errn, "%s: 'params' must be an object", path);
         goto done;
     }
     d->eps = pr && json_is_number(json_object_get(pr, "eps")) ? json_number_value(json_object_get(pr, "eps")) : 1e-6;
@@ -238,27 +238,27 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
     d->theta = pr && json_is_number(json_object_get(pr, "theta")) ? json_number_value(json_object_get(pr, "theta")) : 10000.0;
     d->n_rot = pr && json_is_integer(json_object_get(pr, "n_rot")) ? (int)json_integer_value(json_object_get(pr, "n_rot")) : 0;
     if (d->n_rot < 0 || d->n_rot % 2 || !(d->theta > 1.0)) {
-        fail(err, errn, "%s: 'n_rot' must be even and >= 0, 'theta' > 1", path);
+        kb_fail(err, errn, "%s: 'n_rot' must be even and >= 0, 'theta' > 1", path);
         goto done;
     }
     if (d->window < 0) {
-        fail(err, errn, "%s: 'window' must be >= 0", path);
+        kb_fail(err, errn, "%s: 'window' must be >= 0", path);
         goto done;
     }
     const char *act = pr ? json_string_value(json_object_get(pr, "act")) : NULL;
     d->act = act && !strcmp(act, "gelu_tanh") ? OSP_GLU_GELU_TANH : OSP_GLU_SILU;
     if (act && strcmp(act, "gelu_tanh") && strcmp(act, "silu")) {
-        fail(err, errn, "%s: 'act' is silu or gelu_tanh", path);
+        kb_fail(err, errn, "%s: 'act' is silu or gelu_tanh", path);
         goto done;
     }
     const char *wt = pr ? json_string_value(json_object_get(pr, "wtype")) : NULL;
     d->wtype = OSP_DTYPE_F32;
     if (wt && !dtype_of(wt, &d->wtype)) {
-        fail(err, errn, "%s: unknown 'wtype' %s", path, wt);
+        kb_fail(err, errn, "%s: unknown 'wtype' %s", path, wt);
         goto done;
     }
     if ((d->kind == OSP_OP_SCALE || d->kind == OSP_OP_SOFTCAP) && !(d->scale > 0.0)) {
-        fail(err, errn, "%s: 'scale' must be > 0", path);
+        kb_fail(err, errn, "%s: 'scale' must be > 0", path);
         goto done;
     }
     if (!parse_io(d, json_object_get(root, "inputs"), false, kk, err, errn) ||
@@ -267,20 +267,20 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
     /* workloads */
     json_t *wls = json_object_get(root, "workloads");
     if (!json_is_array(wls) || json_array_size(wls) < 1 || json_array_size(wls) > KB_MAX_WORKLOADS / 2) {
-        fail(err, errn, "%s: 'workloads' must list 1 to %d workloads", path, KB_MAX_WORKLOADS / 2);
+        kb_fail(err, errn, "%s: 'workloads' must list 1 to %d workloads", path, KB_MAX_WORKLOADS / 2);
         goto done;
     }
     for (size_t w = 0; w < json_array_size(wls); w++) {
         json_t *e = json_array_get(wls, w);
         static const char *const wkeys[] = {"id", "dims", "gen", NULL};
         if (!json_is_object(e) || !only_keys(e, wkeys, path, err, errn)) {
-            if (!json_is_object(e)) fail(err, errn, "%s: workload %zu is not an object", path, w);
+            if (!json_is_object(e)) kb_fail(err, errn, "%s: workload %zu is not an object", path, w);
             goto done;
         }
         kb_workload *wl = &d->wl[d->n_workloads++];
         const char *id = json_string_value(json_object_get(e, "id"));
         if (!id) {
-            fail(err, errn, "%s: workload %zu has no 'id'", path, w);
+            kb_fail(err, errn, "%s: workload %zu has no 'id'", path, w);
             goto done;
         }
         snprintf(wl->id, sizeof wl->id, "%s", id);
@@ -291,21 +291,21 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
             for (int g = 0; g < KB_GEN_COUNT; g++)
                 if (!strcmp(gen, k_gen_names[g])) gi = g;
             if (gi < 0) {
-                fail(err, errn, "%s: workload '%s': unknown generator '%s'", path, id, gen);
+                kb_fail(err, errn, "%s: workload '%s': unknown generator '%s'", path, id, gen);
                 goto done;
             }
             wl->gen = (kb_gen)gi;
         }
         json_t *wd = json_object_get(e, "dims");
         if (!json_is_object(wd) || (int)json_object_size(wd) != d->n_dims) {
-            fail(err, errn, "%s: workload '%s' must give every dimension", path, id);
+            kb_fail(err, errn, "%s: workload '%s' must give every dimension", path, id);
             goto done;
         }
         for (int i = 0; i < d->n_dims; i++) {
             json_t *v = json_object_get(wd, d->dims[i].name);
             const int64_t lo = kk->may_be_zero && !strcmp(kk->may_be_zero, d->dims[i].name) ? 0 : 1;
             if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > (1 << 24)) {
-                fail(err, errn, "%s: workload '%s': dimension '%s' must be an integer in [%lld, 2^24]", path, id,
+                kb_fail(err, errn, "%s: workload '%s': dimension '%s' must be an integer in [%lld, 2^24]", path, id,
                      d->dims[i].name, (long long)lo);
                 goto done;
             }
@@ -343,7 +343,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn) {
     DIR *dp = opendir(dir);
-    if (!dp) return fail(err, errn, "cannot open the definitions directory %s", dir), -1;
+    if (!dp) return kb_fail(err, errn, "cannot open the definitions directory %s", dir), -1;
     char *names[256];
     int n = 0;
     struct dirent *e;
@@ -360,7 +360,7 @@ int kb_defs_load_dir(const char *dir, kb_def **defs, char *err, size_t errn) {
     closedir(dp);
     if (too_many) {
         for (int i = 0; i < n; i++) free(names[i]);
-        return fail(err, errn, "%s: more than 256 definitions", dir), -1;
+        return kb_fail(err, errn, "%s: more than 256 definitions", dir), -1;
     }
     qsort(names, (size_t)n, sizeof names[0], cmp_str);
     *defs = calloc((size_t)(n ? n : 1), sizeof(kb_def));
@@ -405,7 +405,7 @@ static int64_t fixed_or(const kb_def *d, int k, int64_t v) {
 
 int kb_def_add_trace(kb_def *d, const char *path, int max_new, char *err, size_t errn) {
     FILE *f = fopen(path, "r");
-    if (!f) return fail(err, errn, "cannot open the trace %s", path), -1;
+    if (!f) return kb_fail(err, errn, "cannot open the trace %s", path), -1;
     enum { CAP = 4096 };
     shape_count *sc = calloc(CAP, sizeof *sc);
     int n_sc = 0, line_no = 0;
@@ -420,7 +420,7 @@ int kb_def_add_trace(kb_def *d, const char *path, int max_new, char *err, size_t
         if (!o || !json_is_array(ql) || !json_is_array(sl) || json_array_size(ql) != json_array_size(sl) || T < 1) {
             json_decref(o);
             free(line), free(sc), fclose(f);
-            return fail(err, errn, "%s:%d: not a step of osprey serve --trace-shapes", path, line_no), -1;
+            return kb_fail(err, errn, "%s:%d: not a step of osprey serve --trace-shapes", path, line_no), -1;
         }
         switch (d->kind) {
         case OSP_OP_ATTENTION: /* per sequence: (P, Q) */

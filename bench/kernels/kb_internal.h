@@ -32,5 +32,7 @@ int64_t rope_n_rot(const kb_case *c);
 double attn_scale(const kb_case *c);
 /* c->ref from c->in (and c->ids, c->lidx) */
 void kb_reference(kb_case *c);
+/* the message fmt into err (n bytes); false, for `return kb_fail(...)` in the loaders */
+bool kb_fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif

@@ -11,7 +11,6 @@
  * on every workload of the bucket it ran; a report in which a (solution, definition) of a choosable op
  * kind did not run to the end (timed out, crashed, unavailable) is refused: rerun it. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,14 +50,6 @@ typedef struct mk {
     int32_t arch, driver;
 } mk;
 
-static bool fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static bool fail(char *err, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return false;
-}
 
 static int bucket_of(mk *m, osp_op_kind k, int32_t D) {
     for (int i = 0; i < m->n_b; i++)
@@ -99,7 +90,7 @@ static bool take_device(mk *m, json_t *dev, const char *path, char *err, size_t 
     const char *be = json_string_value(json_object_get(dev, "backend")), *name = json_string_value(json_object_get(dev, "name"));
     json_t *arch = json_object_get(dev, "arch"), *drv = json_object_get(dev, "driver_major");
     if (!be || !name || !json_is_integer(arch) || !json_is_integer(drv))
-        return fail(err, n, "%s: a result's device lacks backend, name, arch or driver_major", path);
+        return kb_fail(err, n, "%s: a result's device lacks backend, name, arch or driver_major", path);
     const osp_device d = !strcmp(be, "cuda") ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU;
     const int32_t a = (int32_t)json_integer_value(arch), dm = (int32_t)json_integer_value(drv);
     if (!m->have_dev) {
@@ -108,7 +99,7 @@ static bool take_device(mk *m, json_t *dev, const char *path, char *err, size_t 
         return true;
     }
     if (d != m->device || a != m->arch || dm != m->driver)
-        return fail(err, n,
+        return kb_fail(err, n,
                     "%s: results from %s %s (arch %d, driver %d) beside %s %s (arch %d, driver %d): a table is for one "
                     "device; make one table per device",
                     path, be, name, (int)a, (int)dm, m->device == OSP_DEVICE_CUDA ? "cuda" : "cpu", m->gpu, (int)m->arch,
@@ -119,12 +110,12 @@ static bool take_device(mk *m, json_t *dev, const char *path, char *err, size_t 
 static bool read_report(mk *m, const char *path, char *err, size_t n) {
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
-    if (!root) return fail(err, n, "%s: not a JSON report (line %d: %s)", path, je.line, je.text);
+    if (!root) return kb_fail(err, n, "%s: not a JSON report (line %d: %s)", path, je.line, je.text);
     bool ok = true;
     json_t *results = json_object_get(root, "results");
-    if (!json_is_array(results)) ok = fail(err, n, "%s: no 'results' array (not an osprey bench-kernels report)", path);
+    if (!json_is_array(results)) ok = kb_fail(err, n, "%s: no 'results' array (not an osprey bench-kernels report)", path);
     else if (json_is_true(json_object_get(root, "gate_only")))
-        ok = fail(err, n, "%s: a --gate-only report has no timings", path);
+        ok = kb_fail(err, n, "%s: a --gate-only report has no timings", path);
     size_t i;
     json_t *e;
     json_array_foreach(results, i, e) {
@@ -134,13 +125,13 @@ static bool read_report(mk *m, const char *path, char *err, size_t n) {
         json_t *wls = json_object_get(e, "workloads"), *dev = json_object_get(e, "device");
         const osp_op_kind k = osp_kernel_kind_of(op);
         if (!op || !def || !sol || k == OSP_OP_COUNT || !json_is_array(wls)) {
-            ok = fail(err, n, "%s: results[%zu] lacks op, definition, solution or workloads", path, i);
+            ok = kb_fail(err, n, "%s: results[%zu] lacks op, definition, solution or workloads", path, i);
             break;
         }
         kb_solution_spec sp;
         char serr[256];
         if (!kb_solution_parse(sol, &sp, serr, sizeof serr)) {
-            ok = fail(err, n, "%s: results[%zu]: %s", path, i, serr);
+            ok = kb_fail(err, n, "%s: results[%zu]: %s", path, i, serr);
             break;
         }
         if (osp_kernel_choosable_count(sp.device, k) < 2) continue; /* one version: nothing to choose */
@@ -149,14 +140,14 @@ static bool read_report(mk *m, const char *path, char *err, size_t n) {
         json_array_foreach(wls, j, w) {
             const char *st = json_string_value(json_object_get(w, "status"));
             if (st) {
-                ok = fail(err, n, "%s: %s on %s did not run to the end (%s): rerun it before making a table", path, sol,
+                ok = kb_fail(err, n, "%s: %s on %s did not run to the end (%s): rerun it before making a table", path, sol,
                           def, st);
                 break;
             }
         }
         if (!ok) break;
         if (!json_is_object(dev)) {
-            ok = fail(err, n, "%s: results[%zu] (%s on %s) names no device (a report from before the kernel registry?)",
+            ok = kb_fail(err, n, "%s: results[%zu] (%s on %s) names no device (a report from before the kernel registry?)",
                       path, i, sol, def);
             break;
         }
@@ -168,7 +159,7 @@ static bool read_report(mk *m, const char *path, char *err, size_t n) {
             if (!gate || !strcmp(gate, "unsupported")) continue;
             const osp_kernel_version *v = ver ? osp_kernel_find(m->device, ver) : NULL;
             if (!v || v->kind != k) {
-                ok = fail(err, n, "%s: %s on %s, workload %zu: no registered version '%s'", path, sol, def, j, ver ? ver : "");
+                ok = kb_fail(err, n, "%s: %s on %s, workload %zu: no registered version '%s'", path, sol, def, j, ver ? ver : "");
                 break;
             }
             json_t *dj = json_object_get(dims, "D");
@@ -176,7 +167,7 @@ static bool read_report(mk *m, const char *path, char *err, size_t n) {
             const int bi = bucket_of(m, k, D);
             const int ci = bi >= 0 ? cand_of(&m->b[bi], v) : -1;
             if (bi < 0 || ci < 0) {
-                ok = fail(err, n, "%s: more than %d buckets or %d versions in one", path, MAX_BUCKETS, MAX_CANDS);
+                ok = kb_fail(err, n, "%s: more than %d buckets or %d versions in one", path, MAX_BUCKETS, MAX_CANDS);
                 break;
             }
             bucket *b = &m->b[bi];
@@ -195,7 +186,7 @@ static bool read_report(mk *m, const char *path, char *err, size_t n) {
                      dtxt ? dtxt : "");
             free(dtxt);
             if (!add_rec(m, bi, ci, key, us)) {
-                ok = fail(err, n, "out of memory");
+                ok = kb_fail(err, n, "out of memory");
                 break;
             }
         }
@@ -213,11 +204,11 @@ static const rec *find_rec(const mk *m, int bi, int ci, const char *key) {
 
 bool kb_make_table(int n, const char *const *reports, const char *out, char *summary, size_t sn, char *err, size_t errn) {
     mk *m = calloc(1, sizeof *m);
-    if (!m) return fail(err, errn, "out of memory");
+    if (!m) return kb_fail(err, errn, "out of memory");
     summary[0] = 0;
     bool ok = true;
     for (int i = 0; ok && i < n; i++) ok = read_report(m, reports[i], err, errn);
-    if (ok && !m->have_dev) ok = fail(err, errn, "no timed results of an op kind with more than one version in the reports");
+    if (ok && !m->have_dev) ok = kb_fail(err, errn, "no timed results of an op kind with more than one version in the reports");
     json_t *rows = json_array(), *srcs = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(srcs, json_string(reports[i]));
     size_t sl = 0;
@@ -278,11 +269,11 @@ bool kb_make_table(int n, const char *const *reports, const char *out, char *sum
                               m->device == OSP_DEVICE_CUDA ? "cuda" : "cpu", "gpu", m->gpu, "arch", (int)m->arch,
                               "driver_major", (int)m->driver, "sources", srcs, "rows", rows);
         srcs = rows = NULL;
-        if (json_dump_file(t, out, JSON_INDENT(1)) != 0) ok = fail(err, errn, "cannot write %s", out);
+        if (json_dump_file(t, out, JSON_INDENT(1)) != 0) ok = kb_fail(err, errn, "cannot write %s", out);
         json_decref(t);
         osp_kernel_table *back = NULL;
         if (ok && osp_kernel_table_load(out, &back) != OSP_OK)
-            ok = fail(err, errn, "the table written to %s does not read back: %s", out, osp_last_error());
+            ok = kb_fail(err, errn, "the table written to %s does not read back: %s", out, osp_last_error());
         osp_kernel_table_free(back);
     }
     json_decref(rows);
