@@ -31,6 +31,13 @@ int osp_backend_device_count(osp_device device) {
     return device == OSP_DEVICE_CPU ? 1 : device == OSP_DEVICE_CUDA ? osp_backend_cuda_device_count() : 0;
 }
 
+osp_status osp_backend_gemm_peak_gflops(osp_device d, double *gflops) {
+    if (!gflops) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_backend_gemm_peak_gflops: NULL");
+    *gflops = 0.0;
+    if (d == OSP_DEVICE_CUDA) return osp_backend_cuda_gemm_peak_gflops(gflops);
+    return osp_set_error(OSP_ERR_UNSUPPORTED, "backend: no GEMM peak measurement for device %d (time its matmul op)", (int)d);
+}
+
 osp_status osp_backend_device_info(osp_device d, osp_device_info *out) {
     if (!out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_backend_device_info: NULL");
     memset(out, 0, sizeof *out);

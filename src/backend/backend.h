@@ -128,6 +128,16 @@ typedef struct osp_device_info {
 osp_status osp_backend_device_info(osp_device d, osp_device_info *out);
 osp_status osp_backend_cuda_device_info(osp_device_info *out); /* backend_cuda.c or the stub */
 
+/* The device's measured bf16 GEMM rate in GFLOP/s (2 M N K per GEMM), a compute ceiling for
+ * benchmarks (bench/kernels/): on CUDA, GPU 0 through cuBLASLt on 8192 x 8192 x 8192 bf16 operands of
+ * pseudo-random values (osp_cuda_gemm_peak_gflops: ~0.4 GiB of device memory for the call, ~0.1 s on
+ * an H200), each call measuring afresh. Creates no backend. *gflops is 0 on error. Errors:
+ * OSP_ERR_UNSUPPORTED on the CPU (a CPU backend's rate depends on its thread pool and path: measure
+ * its matmul op instead) and when CUDA is not built or no device is present; OSP_ERR_NOMEM /
+ * OSP_ERR_INTERNAL from CUDA. */
+osp_status osp_backend_gemm_peak_gflops(osp_device d, double *gflops);
+osp_status osp_backend_cuda_gemm_peak_gflops(double *gflops); /* backend_cuda.c or the stub */
+
 /* Creates the backend for `device`. Errors: OSP_ERR_UNSUPPORTED when that backend is not built or
  * no such device is present (the message says which), OSP_ERR_NOMEM. */
 osp_status osp_backend_create(osp_device device, const osp_backend_params *p, osp_backend **out);

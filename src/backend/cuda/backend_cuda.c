@@ -824,6 +824,12 @@ osp_status osp_backend_cuda_device_info(osp_device_info *out) {
     return OSP_OK;
 }
 
+osp_status osp_backend_cuda_gemm_peak_gflops(double *gflops) {
+    *gflops = 0.0;
+    if (osp_cuda_device_count() <= 0) return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda: no CUDA device is present");
+    return osp_cuda_gemm_peak_gflops(8192, 8192, 8192, 20, gflops);
+}
+
 bool osp_backend_cuda_attention_env_honoured(char *why, size_t n) {
     const char *e = getenv("OSPREY_CUDA_ATTENTION");
     const int mode = osp_cuda_attention_forced_mode();

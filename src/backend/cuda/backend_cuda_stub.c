@@ -18,6 +18,11 @@ osp_status osp_backend_cuda_device_info(osp_device_info *out) {
     return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda: this osprey was built without CUDA");
 }
 
+osp_status osp_backend_cuda_gemm_peak_gflops(double *gflops) {
+    *gflops = 0.0;
+    return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda: this osprey was built without CUDA");
+}
+
 bool osp_backend_cuda_attention_env_honoured(char *why, size_t n) {
     (void)why, (void)n;
     return true;

@@ -96,6 +96,16 @@ void osp_cuda_gemm_destroy(osp_cuda_gemm *g);
 osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32,
                               int64_t T, int64_t N, int64_t K, void *stream);
 
+/* The device's bf16 GEMM rate, measured: a GEMM of [T, K] x [N, K]^T with bf16 output (the layout and
+ * path of osp_cuda_gemm_bf16, fp32 accumulation), its operands filled on the device with pseudo-random
+ * values in [-1, 1) (constant data draws less power and would overstate the peak), 5 warm-up calls,
+ * then `reps` calls timed with events on a stream of its own. *gflops = 2 T N K reps / seconds / 1e9
+ * (0 on error). Allocates 2 (T K + N K + T N) bytes and a 32 MiB workspace on GPU 0 for the call and
+ * frees them before returning; synchronous. Errors: OSP_ERR_INVALID_ARG (a dimension or reps <= 0),
+ * OSP_ERR_NOMEM / OSP_ERR_INTERNAL from CUDA or cuBLASLt. Meant for benchmarks (bench/kernels/): a
+ * 8192^3 call takes ~50 ms on an H200. */
+osp_status osp_cuda_gemm_peak_gflops(int64_t T, int64_t N, int64_t K, int reps, double *gflops);
+
 /* ---- elementwise and row kernels (ops.cu) ---------------------------------------------------------- */
 
 /* x[t, :] = float(table[ids[t], :]) * scale (one fp32 multiply; Gemma scales by sqrt(E), others 1).

@@ -138,3 +138,58 @@ extern "C" osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, 
            "Matmul");
     return OSP_OK;
 }
+
+/* ---- the measured bf16 GEMM ceiling ------------------------------------------------------------- */
+
+/* v[i] = a uniform value in [-1, 1) from a hash of (seed, i), as bf16: non-constant, finite data (a
+ * GEMM over constant or zero data toggles fewer bits, draws less power and holds higher clocks, so it
+ * would overstate the peak). */
+__global__ void peak_fill_kernel(uint16_t *v, int64_t n, uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        v[i] = osp_f_to_bf16((float)((int32_t)(z >> 40) - 8388608) * (1.0f / 8388608.0f)); /* 24 bits: [-1, 1) */
+    }
+}
+
+extern "C" osp_status osp_cuda_gemm_peak_gflops(int64_t T, int64_t N, int64_t K, int reps, double *gflops) {
+    if (!gflops || T <= 0 || N <= 0 || K <= 0 || reps <= 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_gemm_peak_gflops: bad arguments (T %lld, N %lld, K %lld, reps %d)",
+                             (long long)T, (long long)N, (long long)K, reps);
+    *gflops = 0.0;
+    osp_cuda_gemm *g = NULL;
+    void *x = NULL, *w = NULL, *y = NULL, *stream = NULL, *e0 = NULL, *e1 = NULL;
+    osp_status s = osp_cuda_gemm_create(32u << 20, &g); /* the backend's workspace size (backend_cuda.c) */
+    if (s == OSP_OK) s = osp_cuda_malloc(&x, sizeof(uint16_t) * (size_t)(T * K), "the GEMM peak's x");
+    if (s == OSP_OK) s = osp_cuda_malloc(&w, sizeof(uint16_t) * (size_t)(N * K), "the GEMM peak's w");
+    if (s == OSP_OK) s = osp_cuda_malloc(&y, sizeof(uint16_t) * (size_t)(T * N), "the GEMM peak's y");
+    if (s == OSP_OK) s = osp_cuda_stream_create(&stream);
+    if (s == OSP_OK) s = osp_cuda_event_create(&e0);
+    if (s == OSP_OK) s = osp_cuda_event_create(&e1);
+    if (s == OSP_OK) {
+        peak_fill_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>((uint16_t *)x, T * K, 0x5eedull);
+        peak_fill_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>((uint16_t *)w, N * K, 0xfeedull);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            s = osp_set_error(OSP_ERR_INTERNAL, "cuda: launching peak_fill_kernel failed: %s", cudaGetErrorString(e));
+    }
+    /* warm-up: the plan (heuristic) is made by the first call; the rest bring the clocks up */
+    for (int i = 0; s == OSP_OK && i < 5; i++)
+        s = osp_cuda_gemm_bf16(g, (const uint16_t *)x, (const uint16_t *)w, y, false, T, N, K, stream);
+    if (s == OSP_OK) s = osp_cuda_stream_sync(stream);
+    if (s == OSP_OK) s = osp_cuda_event_record(e0, stream);
+    for (int i = 0; s == OSP_OK && i < reps; i++)
+        s = osp_cuda_gemm_bf16(g, (const uint16_t *)x, (const uint16_t *)w, y, false, T, N, K, stream);
+    if (s == OSP_OK) s = osp_cuda_event_record(e1, stream);
+    float ms = 0.0f;
+    if (s == OSP_OK) s = osp_cuda_event_elapsed_ms(e0, e1, &ms);
+    if (s == OSP_OK && ms > 0.0f) *gflops = 2.0 * (double)T * (double)N * (double)K * reps / ((double)ms * 1e6);
+    if (stream) osp_cuda_stream_sync(stream);
+    osp_cuda_event_destroy(e0), osp_cuda_event_destroy(e1);
+    osp_cuda_stream_destroy(stream);
+    osp_cuda_free(x), osp_cuda_free(w), osp_cuda_free(y);
+    osp_cuda_gemm_destroy(g);
+    return s;
+}
