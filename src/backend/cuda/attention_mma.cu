@@ -50,6 +50,8 @@
 #include "backend/cuda/attention_tiles.cuh" /* AttnTiling, attn_cta_work */
 #include "backend/cuda/attention_v1.h"
 
+#include <cuda.h>         /* CUtensorMap and its enums (the encoder comes through the runtime) */
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -104,6 +106,10 @@ struct Params {
     int window;
     int chunks_per_cta; /* split mode: consecutive chunks one CTA computes (each its own partial) */
     float qscale; /* scale * log2(e) */
+    int box_rows; /* TMA: key rows a box copies (min(block_size, 64)) */
+    /* TMA (kTma): K and V pages as 3-d tensors {D, n_head_kv, slots} of f16, boxes of {64, 1, box_rows}
+     * landing in 128-byte swizzle (make_kv_map) */
+    CUtensorMap tm_k, tm_v;
 };
 
 /* ---- the fold (shared by both modes: the same instructions on the same values) --------------- */
@@ -163,6 +169,32 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
                  "{%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* ---- mbarrier and TMA (sm_90; PTX ISA 9.7.13.15 "mbarrier", 9.7.9.25 "cp.async.bulk.tensor") ------
+ * One mbarrier a stage: warp 0's lane 0 arms it with the stage's byte count (arrive.expect_tx), the
+ * box copies complete those bytes, and every thread waits on the phase's parity. */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* the box at coordinates (c0, c1, c2) of tensor map *map into shared memory at dst, completing its
+ * bytes on the mbarrier at bar */
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
 }
 /* ---- wgmma (sm_90a; PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") ----
  * A warpgroup (the CTA's 4 warps) issues one m64nNk16 over all 64 rows; warp w owns rows 16 w .. 16 w +
@@ -271,19 +303,22 @@ template <int D, bool kFold> constexpr int q_region_bytes() {
                                                                                      : 4 * kRows * D;
 }
 template <int D, int ST, bool kFold, bool kWg> constexpr int smem_bytes() {
-    /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes */
-    return ST * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 : 0);
+    /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes, and the stages' mbarriers (TMA) */
+    return ST * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 + 64 : 0);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
 /* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode); kWg: the products by
- * wgmma (sm_90a, D 64 / 128) instead of mma.sync. */
-template <int D, int ST, bool kFold, bool kWg>
-__global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
+ * wgmma (sm_90a, D 64 / 128) instead of mma.sync; kTma (with kWg): K/V tiles arrive by TMA box copies
+ * that warp 0 issues (a box: box_rows keys of one block, 64 columns) instead of every thread's
+ * cp.async; the same bytes land in the same swizzled places, so the results are the same bits. */
+template <int D, int ST, bool kFold, bool kWg, bool kTma>
+__global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_constant__ Params p) {
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
     static_assert(!kWg || D == 64 || D == 128, "wgmma: D 64 or 128");
-    static_assert(ST >= 2, "stages");
+    static_assert(ST >= 2 && ST <= 8, "stages");
+    static_assert(!kTma || kWg, "TMA lands in wgmma's swizzled layout");
     constexpr int kKeys = tile_keys<D>();
     constexpr bool kOSmem = kFold && fold_in_smem<D>();
     static_assert(!(kWg && D == 64 && kOSmem), "wgmma at D = 64 reloads Q from sQ every tile");
@@ -301,6 +336,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     uint16_t *sV = sK + ST * kKeys * KRS;                   /* as sK */
     uint16_t *sQ = sV + ST * kKeys * KRS;                   /* [kRows][RS], until the fragments are loaded */
     float *sO = reinterpret_cast<float *>(sQ); /* then kOSmem: [ND * 4][kThreads], thread-private */
+    /* TMA: the stages' mbarriers, after the Q region */
+    const uint32_t bar0 = smem_u32(reinterpret_cast<char *>(sQ) + q_region_bytes<D, kFold>());
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -388,6 +425,42 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
         }
     };
 
+    /* TMA: warp 0's lane b holds the slot of box b (keys k0 + b box_rows ..) of the next tile to
+     * load, -1 at or past ke; tma_issue arms the stage's mbarrier with the bytes of the boxes holding
+     * keys before ke and starts them. Rows of a box past ke (the block's unused tail) are zeroed in V
+     * after they land (their K is masked); boxes wholly past ke are not copied, their V rows zeroed. */
+    int tma_slot = -1;
+    auto tma_slots = [&](int k0) {
+        if (warp == 0) {
+            const int key = k0 + lane * p.box_rows;
+            int sl = -1;
+            if (lane * p.box_rows < kKeys && key < ke) {
+                const int blk = p.bdiv.div(key);
+                sl = bt[blk] * p.block_size + (key - blk * p.block_size);
+            }
+            tma_slot = sl;
+        }
+    };
+    auto tma_issue = [&](int k0, int st) {
+        if (warp == 0) {
+            const int nbox = kKeys / p.box_rows;
+            const int nvalid = min(nbox, (ke - k0 + p.box_rows - 1) / p.box_rows);
+            const uint32_t bar = bar0 + 8u * (uint32_t)st;
+            if (lane == 0) mbar_expect_tx(bar, (uint32_t)(nvalid * p.box_rows * 128 * (D / 64) * 2));
+            __syncwarp();
+            if (lane < nvalid) {
+                const uint32_t off = (uint32_t)(st * kKeys * KRS * 2 + lane * p.box_rows * 128);
+#pragma unroll
+                for (int cg = 0; cg < D / 64; cg++) {
+                    const uint32_t o2 = off + (uint32_t)(cg * kKeys * 128);
+                    tma_load_3d(smem_u32(sK) + o2, &p.tm_k, cg * 64, kvh, tma_slot, bar);
+                    tma_load_3d(smem_u32(sV) + o2, &p.tm_v, cg * 64, kvh, tma_slot, bar);
+                }
+            }
+        }
+    };
+    uint32_t tma_phase = 0; /* bit st: the parity of stage st's next phase */
+
     /* this thread's two rows: warp * 16 + g (A) and + 8 (B) */
     int lim[2], first[2];
 #pragma unroll
@@ -399,12 +472,27 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
 
     /* prologue: tiles 0 .. ST - 2 in flight (a group each, empty past ke), the slots of tile ST - 1 */
     int slot_next[CPT];
-    fetch_slots(kb, slot_next);
+    if constexpr (kTma) {
+        if (tid == 0) {
 #pragma unroll
-    for (int i = 0; i < ST - 1; i++) {
-        if (kb + i * kKeys < ke) load_tile(slot_next, i);
-        cp_async_commit();
-        fetch_slots(kb + (i + 1) * kKeys, slot_next);
+            for (int i = 0; i < ST; i++) mbar_init(bar0 + 8u * (uint32_t)i, 1u);
+            mbar_init_fence();
+        }
+        __syncthreads(); /* the mbarriers are initialized before anyone arms or waits on them */
+        tma_slots(kb);
+#pragma unroll
+        for (int i = 0; i < ST - 1; i++) {
+            if (kb + i * kKeys < ke) tma_issue(kb + i * kKeys, i);
+            tma_slots(kb + (i + 1) * kKeys);
+        }
+    } else {
+        fetch_slots(kb, slot_next);
+#pragma unroll
+        for (int i = 0; i < ST - 1; i++) {
+            if (kb + i * kKeys < ke) load_tile(slot_next, i);
+            cp_async_commit();
+            fetch_slots(kb + (i + 1) * kKeys, slot_next);
+        }
     }
     __syncthreads(); /* sQ written */
 
@@ -462,6 +550,24 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     int stage = 0, stage_load = ST - 1;
     for (int k0 = kb; k0 < ke; k0 += kKeys) {
         const bool more = k0 + kKeys < ke;
+        if constexpr (kTma) {
+            mbar_wait(bar0 + 8u * (uint32_t)stage, (tma_phase >> stage) & 1u); /* tile k0's boxes have landed */
+            tma_phase ^= 1u << stage;
+            if (k0 + kKeys > ke) { /* V rows at or past ke: zeros (P is 0 there; 0 x a stale NaN is not) */
+                const int zr = ke - k0;
+                for (int c = tid; c < (kKeys - zr) * CPR; c += kThreads) {
+                    const int r = zr + c / CPR, ch = c % CPR;
+                    *reinterpret_cast<uint4 *>(reinterpret_cast<char *>(sV) + stage * kKeys * KRS * 2 +
+                                               (ch / 8) * kKeys * 128 + r * 128 + (ch % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
+                }
+            }
+            fence_proxy_async(); /* the zeros visible to wgmma (and ordered before the stage's next box copies) */
+            __syncthreads();     /* every warp is done with the stage refilled next */
+            if (k0 + (ST - 1) * kKeys < ke) {
+                tma_issue(k0 + (ST - 1) * kKeys, stage_load);
+                tma_slots(k0 + ST * kKeys); /* lands while this tile computes */
+            }
+        } else {
         cp_async_wait<ST - 2>(); /* this thread's copies of tile k0 have landed */
         if constexpr (kWg) fence_proxy_async(); /* ... and are visible to wgmma */
         __syncthreads();         /* everyone's have, and every warp is done with the stage refilled next */
@@ -470,6 +576,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             fetch_slots(k0 + ST * kKeys, slot_next); /* lands while this tile computes */
         }
         cp_async_commit();
+        }
         stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
 
         const uint32_t st_off = (uint32_t)(stage * kKeys * KRS * 2);
@@ -710,22 +817,24 @@ int sm_count() {
 /* Stage counts a launch may use (K/V tiles in flight); each one instantiated for both modes. */
 constexpr int kMaxStages = 4;
 
-template <int D, int ST, bool kFold, bool kWg> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
+template <int D, int ST, bool kFold, bool kWg, bool kTma>
+osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
     constexpr int smem = smem_bytes<D, ST, kFold, kWg>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem));
-    attn_mma_kernel<D, ST, kFold, kWg><<<grid, kThreads, smem, st>>>(prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg, kTma>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_mma_kernel<D, ST, kFold, kWg, kTma><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return OSP_OK;
 }
 
-template <int D, bool kFold, bool kWg> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
+template <int D, bool kFold, bool kWg, bool kTma>
+osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
     switch (stages) {
-    case 3: return launch_kernel<D, 3, kFold, kWg>(prm, grid, st);
-    case 4: return launch_kernel<D, 4, kFold, kWg>(prm, grid, st);
-    default: return launch_kernel<D, 2, kFold, kWg>(prm, grid, st);
+    case 3: return launch_kernel<D, 3, kFold, kWg, kTma>(prm, grid, st);
+    case 4: return launch_kernel<D, 4, kFold, kWg, kTma>(prm, grid, st);
+    default: return launch_kernel<D, 2, kFold, kWg, kTma>(prm, grid, st);
     }
 }
 
@@ -742,17 +851,22 @@ template <int D> int smem_of(int stages, bool fold, bool wg) {
     return smem_of_wg<D, false>(stages, fold);
 }
 
-template <int D, bool kWg>
+template <int D, bool kWg, bool kTma>
 osp_status launch_mode(const Params &prm, dim3 grid, int stages, bool split, cudaStream_t st) {
-    return split ? launch_stages<D, false, kWg>(prm, grid, stages, st) : launch_stages<D, true, kWg>(prm, grid, stages, st);
+    return split ? launch_stages<D, false, kWg, kTma>(prm, grid, stages, st)
+                 : launch_stages<D, true, kWg, kTma>(prm, grid, stages, st);
 }
 
 template <int D>
-osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, cudaStream_t st) {
+osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, bool tma,
+                  cudaStream_t st) {
     const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
     osp_status rc;
-    if constexpr (D >= 64) rc = wg ? launch_mode<D, true>(prm, grid, stages, split, st) : launch_mode<D, false>(prm, grid, stages, split, st);
-    else rc = launch_mode<D, false>(prm, grid, stages, split, st);
+    if constexpr (D >= 64)
+        rc = !wg ? launch_mode<D, false, false>(prm, grid, stages, split, st)
+             : tma ? launch_mode<D, true, true>(prm, grid, stages, split, st)
+                   : launch_mode<D, true, false>(prm, grid, stages, split, st);
+    else rc = launch_mode<D, false, false>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
     merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
@@ -772,6 +886,46 @@ int ctas_per_sm(int smem) {
 int g_fold_stages = 0, g_split_stages = 0, g_split_waves = 0, g_chunks_per_cta = 0;
 constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 
+/* K/V by TMA under wgmma where the page layout allows (osp_cuda_attention_use_tma) */
+bool g_use_tma = true;
+
+/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); NULL when the
+ * driver does not offer it */
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static bool tried = false;
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    if (!tried) {
+        tried = true;
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+        else
+            (void)cudaGetLastError();
+    }
+    return fn;
+}
+
+/* The K (or V) pages [num_blocks * block_size slots][n_head_kv][D] f16 as a 3-d tensor {D, n_head_kv,
+ * slots} for box copies of {64, 1, box_rows} in 128-byte swizzle (CUDA driver API,
+ * cuTensorMapEncodeTiled). The launcher is not told the pool's size, so the slot extent is the most
+ * the 2^40-byte stride rule and int32 coordinates allow; the block table names only real slots.
+ * false: no encoder, or the layout does not qualify (then the loads stay cp.async). */
+bool make_kv_map(CUtensorMap *m, const void *pages, int n_head_kv, int D, int box_rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc || ((uintptr_t)pages & 15u)) return false;
+    const cuuint64_t row = (cuuint64_t)n_head_kv * (cuuint64_t)D * 2u;
+    cuuint64_t slots = ((cuuint64_t)1 << 40) / row;
+    if (slots > (cuuint64_t)INT32_MAX) slots = INT32_MAX;
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)n_head_kv, slots};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2u, row};
+    const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)box_rows}, estr[3] = {1u, 1u, 1u};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *>(pages), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / v1 / v2 / fold / split; unset: auto)
  * or the one a test forced */
 int g_force_mode = -1;
@@ -782,6 +936,7 @@ int g_force_mma = OSP_CUDA_ATTN_MMA_AUTO;
 
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
 extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
+extern "C" void osp_cuda_attention_use_tma(int on) { g_use_tma = on != 0; }
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
     g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
     g_split_stages = split_stages >= 2 && split_stages <= kMaxStages ? split_stages : 0;
@@ -874,6 +1029,13 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.window = window > 0 ? window : 0;
     prm.bdiv = FastDiv::make(block_size);
     prm.qscale = scale * kLog2e;
+    /* TMA boxes: whole blocks of 8 .. 64 keys that tile 64 (or 64-key runs of larger blocks), so every
+     * box starts on a 1024-byte swizzle atom */
+    static_assert(tile_keys<64>() == 64 && tile_keys<128>() == 64, "boxes tile 64 keys");
+    prm.box_rows = block_size < 64 ? block_size : 64;
+    const bool tma = wg && g_use_tma && block_size % 8 == 0 && (block_size >= 64 ? block_size % 64 == 0 : 64 % block_size == 0) &&
+                     make_kv_map(&prm.tm_k, d_k_pages, n_head_kv, D, prm.box_rows) &&
+                     make_kv_map(&prm.tm_v, d_v_pages, n_head_kv, D, prm.box_rows);
     /* split mode: each CTA computes chunks_per_cta consecutive chunks (a partial each); the count
      * minimizes the launch's time in chunk-times, waves x (chunks a CTA + half a chunk of a CTA's own
      * start and end), kSplitWaves x the resident CTAs a wave (host scalars only; the fewest chunks a
@@ -900,8 +1062,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     const int64_t n_groups = ceil_div(n_chunks, per);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, st);
-    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
-    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, false, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, tma, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, tma, st);
     }
 }
