@@ -161,6 +161,12 @@ static bool check_dependence(kb_solution *s, kb_case *c, int i, float **base, kb
     return ok;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t seed0, int n_seeds) {
     kb_gate_result r = {.check = KB_OK};
     for (int k = 0; k < n_seeds && r.check == KB_OK; k++) {
@@ -178,15 +184,19 @@ kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, u
             kb_case_free(&c);
             break;
         }
+        float **o = alloc_outs(&c), **o2 = NULL;
+        const double t0 = now_s();
         if (!s->prepare(s, &c, err, sizeof err)) {
             r.check = KB_FAIL_RUN;
             snprintf(r.detail, sizeof r.detail, "prepare: %s", err);
             if (s->release) s->release(s);
+            free_outs(o);
             kb_case_free(&c);
             break;
         }
-        float **o = alloc_outs(&c), **o2 = NULL;
-        bool ok = run_once(s, &c, o, &r) && check_outputs(s, &c, o, &r);
+        bool ok = run_once(s, &c, o, &r);
+        if (ok && k == 0) r.setup_us = 1e6 * (now_s() - t0); /* the first contact with this shape */
+        ok = ok && check_outputs(s, &c, o, &r);
         if (ok && k == 0) {
             o2 = alloc_outs(&c);
             int which = 0;
@@ -207,11 +217,6 @@ kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, u
     return r;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 static int cmp_d(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;

@@ -4,12 +4,21 @@
  * solution that does not support a definition is reported, not failed).
  *
  *   osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda]... [--gate-only]
- *                        [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--out FILE]
+ *                        [--hidden N] [--no-listed] [--seeds K] [--seed S] [--timeout SECONDS] [--out FILE]
  *                        [--min-time SECONDS] [--trace FILE] [--markdown]
  *
  * The hidden workloads are drawn from each definition's ranges with --seed (default: from the clock),
  * which the report logs, so a run can be repeated exactly. --trace FILE adds, to every definition, the
- * 8 most frequent step shapes of a serving trace (`osprey serve --trace-shapes FILE`). */
+ * 8 most frequent step shapes of a serving trace (`osprey serve --trace-shapes FILE`).
+ *
+ * Each timed workload's "timing" in the report: median_us, p10_us, p90_us, reps; gbps and gflops (the
+ * adapter's bytes and FLOPs over the median); setup_us (the gate's first prepare + first run of that
+ * workload: weights placed, plans made, modules loaded; osprey compiles its kernels ahead of time, so
+ * there is no JIT time to add); the ceilings measured once per child at its first timing: copy_gbps
+ * (always) and gemm_gflops (matmul and attention only, 0 elsewhere), fraction_of_copy_bw, and
+ * fraction_of_gemm_peak where gemm_gflops and gflops are both > 0; "ceiling" ("bw" or "gemm") names the
+ * larger fraction, fraction_of_ceiling its value. The report's "summary": per (solution, definition)
+ * with timings, the count, best and median fraction_of_ceiling, and how many were bound by each. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -38,14 +47,14 @@
 typedef struct opts {
     const char *defs_dir, *op, *out, *trace, *solutions[4];
     int n_solutions, hidden, seeds, timeout_s;
-    bool gate_only, markdown, warm;
+    bool gate_only, markdown, warm, no_listed;
     uint64_t seed;
     double min_time;
 } opts;
 
 static void usage(void) {
     fprintf(stderr, "usage: osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda|DEVICE:KIND/vN[+KEY=VALUE]]... "
-                    "[--gate-only] [--hidden N] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] [--warm] "
+                    "[--gate-only] [--hidden N] [--no-listed] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] [--warm] "
                     "[--out FILE] [--trace FILE] [--markdown]\n"
                     "       osprey bench-kernels --list\n"
                     "       osprey bench-kernels --make-table REPORT.json... -o TABLE.json\n");
@@ -62,6 +71,7 @@ static void usage_long(void) {
            "                      definitions only and reports shapes its predicate rejects as unsupported\n"
            "  --gate-only         the correctness gate only, no timing\n"
            "  --hidden N          hidden workloads drawn per definition (14)\n"
+           "  --no-listed         only the hidden workloads, not the definitions' listed ones (sanitizer samples)\n"
            "  --seeds K           fresh inputs per workload (3)\n"
            "  --seed S            the hidden workloads' and inputs' seed (default: the clock; logged)\n"
            "  --trace FILE        add the most frequent step shapes of `osprey serve --trace-shapes FILE`\n"
@@ -107,9 +117,14 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
             dev_j = json_pack("{s:s,s:s,s:i,s:i,s:I}", "backend", sp.device == OSP_DEVICE_CUDA ? "cuda" : "cpu", "name",
                               di.name, "arch", di.arch, "driver_major", di.driver_major, "cache_bytes",
                               (json_int_t)di.cache_bytes);
-        const double copy_gbps = !o->gate_only && s.copy_gbps ? s.copy_gbps(&s) : 0.0;
+        /* the ceilings, measured once per child at its first timing: the copy bandwidth always, the GEMM
+         * rate only where FLOPs can bind (matmul, attention; ~0.1 s on a GPU) */
+        double copy_gbps = 0.0, gemm_gflops = 0.0;
+        bool measured = false;
+        const bool flops_matter = d->kind == OSP_OP_MATMUL || d->kind == OSP_OP_ATTENTION;
         for (int w = 0; w < d->n_workloads; w++) {
             const kb_workload *wl = &d->wl[w];
+            if (o->no_listed && !wl->hidden) continue;
             const uint64_t seed0 = o->seed * 1000003ull + (uint64_t)w * 7919ull;
             json_t *dims = json_object();
             for (int k = 0; k < d->n_dims; k++) json_object_set_new(dims, d->dims[k].name, json_integer(wl->dim[k]));
@@ -122,17 +137,29 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
             if (kb_solution_version(sol_name, d, wl->dim, di.arch, ver, sizeof ver))
                 json_object_set_new(e, "version", json_string(ver));
             if (g.check == KB_OK && !o->gate_only) {
+                if (!measured) {
+                    copy_gbps = s.copy_gbps ? s.copy_gbps(&s) : 0.0;
+                    gemm_gflops = flops_matter && s.gemm_gflops ? s.gemm_gflops(&s) : 0.0;
+                    measured = true;
+                }
                 kb_timing t;
-                if (kb_time(&s, d, wl, seed0, o->min_time, 2000, &t, err, sizeof err))
-                    json_object_set_new(e, "timing",
-                                        json_pack("{s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:b}", "median_us", t.median_us,
-                                                  "p10_us", t.p10_us, "p90_us", t.p90_us, "reps", t.reps, "gflops",
-                                                  t.gflops, "gbps", t.gbps, "copy_gbps", copy_gbps,
-                                                  "fraction_of_copy_bw", copy_gbps > 0.0 ? t.gbps / copy_gbps : 0.0,
-                                                  "launches_per_run", t.launches_per_run, "flush_bytes",
-                                                  (json_int_t)t.flush_bytes, "resident", t.resident));
-                else
+                if (kb_time(&s, d, wl, seed0, o->min_time, 2000, &t, err, sizeof err)) {
+                    const double f_bw = copy_gbps > 0.0 ? t.gbps / copy_gbps : 0.0;
+                    const double f_gemm = gemm_gflops > 0.0 && t.gflops > 0.0 ? t.gflops / gemm_gflops : -1.0;
+                    json_t *tj = json_pack("{s:f,s:f,s:f,s:f,s:i,s:f,s:f,s:f,s:f,s:f,s:f,s:I,s:b}", "median_us", t.median_us,
+                                           "p10_us", t.p10_us, "p90_us", t.p90_us, "setup_us", g.setup_us, "reps", t.reps,
+                                           "gflops", t.gflops, "gbps", t.gbps, "copy_gbps", copy_gbps,
+                                           "fraction_of_copy_bw", f_bw, "gemm_gflops", gemm_gflops, "launches_per_run",
+                                           t.launches_per_run, "flush_bytes", (json_int_t)t.flush_bytes, "resident",
+                                           t.resident);
+                    if (f_gemm >= 0.0) json_object_set_new(tj, "fraction_of_gemm_peak", json_real(f_gemm));
+                    /* the binding ceiling: the one the op comes closest to */
+                    json_object_set_new(tj, "ceiling", json_string(f_gemm > f_bw ? "gemm" : "bw"));
+                    json_object_set_new(tj, "fraction_of_ceiling", json_real(f_gemm > f_bw ? f_gemm : f_bw));
+                    json_object_set_new(e, "timing", tj);
+                } else {
                     json_object_set_new(e, "timing_error", json_string(err));
+                }
             }
             json_array_append_new(res, e);
         }
@@ -237,6 +264,11 @@ static json_t *run_isolated(const opts *o, const char *sol, const kb_def *d, jso
     return res;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static bool is_flag_with_value(const char *f) {
     static const char *const k[] = {"--defs", "--op", "--out", "--trace", "--solution", "--hidden", "--seeds",
                                     "--timeout", "--seed", "--min-time", "-o", NULL};
@@ -310,6 +342,7 @@ int kb_main(int argc, char **argv) {
         if (!strcmp(f, "--gate-only")) o.gate_only = true;
         else if (!strcmp(f, "--warm")) o.warm = true;
         else if (!strcmp(f, "--markdown")) o.markdown = true;
+        else if (!strcmp(f, "--no-listed")) o.no_listed = true;
         else if (!is_flag_with_value(f)) return usage(), fprintf(stderr, "bench-kernels: unknown option '%s'\n", f), 2;
         else if (!v) return usage(), fprintf(stderr, "bench-kernels: %s needs a value\n", f), 2;
         else if (!strcmp(f, "--defs")) o.defs_dir = v, i++;
@@ -378,14 +411,16 @@ int kb_main(int argc, char **argv) {
             return fprintf(stderr, "bench-kernels: %s\n", err), free(defs), 1;
     }
     json_t *results = json_array();
-    printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition, %d inputs a workload, %s\n",
-           dir, (unsigned long long)o.seed, o.hidden, o.seeds,
+    printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition%s, %d inputs a workload, %s\n",
+           dir, (unsigned long long)o.seed, o.hidden, o.no_listed ? " (and no listed one)" : "", o.seeds,
            o.gate_only ? "gate only" : o.warm ? "gate, then timing (warm caches)" : "gate, then timing (cache flushed before each run)");
     json_object_set_new(report, "cache_flush", json_boolean(!o.gate_only && !o.warm));
+    json_object_set_new(report, "listed_workloads", json_boolean(!o.no_listed));
     int failed = 0, passed = 0, ran_defs = 0;
+    json_t *summary = json_array();
     if (o.markdown)
-        printf("| solution | definition | workload | gate | median us | GB/s | %% of copy bandwidth | GFLOP/s |\n"
-               "|---|---|---|---|---|---|---|---|\n");
+        printf("| solution | definition | workload | gate | median us | setup us | GB/s | GFLOP/s | %% of ceiling |\n"
+               "|---|---|---|---|---|---|---|---|---|\n");
     for (int si = 0; si < o.n_solutions; si++)
         for (int di = 0; di < n_defs; di++) {
             kb_def *d = &defs[di];
@@ -400,6 +435,10 @@ int kb_main(int argc, char **argv) {
             json_t *r = run_isolated(&o, o.solutions[si], d, &device);
             size_t i;
             json_t *e;
+            double fr[KB_MAX_WORKLOADS];
+            double best = 0.0;
+            int n_fr = 0, n_gemm = 0;
+            const char *best_ceiling = "bw";
             json_array_foreach(r, i, e) {
                 const char *gate = json_string_value(json_object_get(e, "gate"));
                 const char *status = json_string_value(json_object_get(e, "status"));
@@ -410,16 +449,25 @@ int kb_main(int argc, char **argv) {
                 if (!ok) failed++;
                 const char *detail = json_string_value(json_object_get(e, "detail"));
                 const double us = json_number_value(json_object_get(t, "median_us")),
+                             setup = json_number_value(json_object_get(t, "setup_us")),
                              gbps = json_number_value(json_object_get(t, "gbps")),
                              gf = json_number_value(json_object_get(t, "gflops")),
-                             frac = 100.0 * json_number_value(json_object_get(t, "fraction_of_copy_bw"));
+                             frac = json_number_value(json_object_get(t, "fraction_of_ceiling"));
+                const char *ceil = json_string_value(json_object_get(t, "ceiling"));
+                if (t && ok && ceil && n_fr < KB_MAX_WORKLOADS) {
+                    if (n_fr == 0 || frac > best) best = frac, best_ceiling = ceil;
+                    fr[n_fr++] = frac;
+                    n_gemm += !strcmp(ceil, "gemm");
+                }
                 if (o.markdown) {
                     printf("| %s | %s | %s | %s |", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
-                    if (t) printf(" %.2f | %.2f | %.1f | %.2f |\n", us, gbps, frac, gf);
-                    else printf(" - | - | - | - |\n");
+                    if (t) printf(" %.2f | %.0f | %.2f | %.2f | %.1f (%s) |\n", us, setup, gbps, gf, 100.0 * frac, ceil ? ceil : "-");
+                    else printf(" - | - | - | - | - |\n");
                 } else {
                     printf("%-10s %-26s %-28s %-12s", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
-                    if (t) printf(" %10.2f us %8.2f GB/s (%5.1f%% of copy) %8.2f GFLOP/s", us, gbps, frac, gf);
+                    if (t)
+                        printf(" %10.2f us %8.2f GB/s %8.2f GFLOP/s (%5.1f%% of %s) setup %.0f us", us, gbps, gf, 100.0 * frac,
+                               ceil ? ceil : "-", setup);
                     const double lpr = json_number_value(json_object_get(t, "launches_per_run"));
                     if (t && lpr > 0.0) printf(" %5.1f launches", lpr);
                     if (!ok && detail) printf("  %s", detail);
@@ -432,8 +480,38 @@ int kb_main(int argc, char **argv) {
             json_array_append_new(results, json_pack("{s:s,s:s,s:s,s:o,s:o}", "solution", o.solutions[si], "definition",
                                                      d->name, "op", osp_op_name(d->kind), "device",
                                                      device ? device : json_null(), "workloads", r));
+            if (n_fr > 0) { /* the per-definition summary: best and median fraction of the binding ceiling */
+                qsort(fr, (size_t)n_fr, sizeof fr[0], cmp_double);
+                const double med = n_fr % 2 ? fr[n_fr / 2] : 0.5 * (fr[n_fr / 2 - 1] + fr[n_fr / 2]);
+                json_array_append_new(summary, json_pack("{s:s,s:s,s:s,s:i,s:f,s:s,s:f,s:i,s:i}", "solution",
+                                                         o.solutions[si], "definition", d->name, "op",
+                                                         osp_op_name(d->kind), "timed", n_fr, "best_fraction",
+                                                         fr[n_fr - 1], "best_ceiling", best_ceiling, "median_fraction",
+                                                         med, "bound_by_bw", n_fr - n_gemm, "bound_by_gemm", n_gemm));
+            }
         }
     json_object_set_new(report, "results", results);
+    if (json_array_size(summary) > 0) {
+        /* per (solution, definition): how close its timed workloads came to the binding ceiling */
+        printf(o.markdown ? "\n| solution | definition | timed | best %% of ceiling | median %% of ceiling | bound by (bw / gemm) |\n"
+                            "|---|---|---|---|---|---|\n"
+                          : "# per definition: timed workloads, best and median %% of the binding ceiling\n");
+        size_t i;
+        json_t *e;
+        json_array_foreach(summary, i, e) {
+            const char *sol = json_string_value(json_object_get(e, "solution")), *def = json_string_value(json_object_get(e, "definition")),
+                       *bc = json_string_value(json_object_get(e, "best_ceiling"));
+            const int timed = (int)json_integer_value(json_object_get(e, "timed")),
+                      nbw = (int)json_integer_value(json_object_get(e, "bound_by_bw")),
+                      ng = (int)json_integer_value(json_object_get(e, "bound_by_gemm"));
+            const double best = 100.0 * json_number_value(json_object_get(e, "best_fraction")),
+                         med = 100.0 * json_number_value(json_object_get(e, "median_fraction"));
+            if (o.markdown) printf("| %s | %s | %d | %.1f (%s) | %.1f | %d / %d |\n", sol, def, timed, best, bc, med, nbw, ng);
+            else printf("%-10s %-26s %3d timed  best %5.1f%% (%s)  median %5.1f%%  bound by bw %d, gemm %d\n", sol, def, timed,
+                        best, bc, med, nbw, ng);
+        }
+    }
+    json_object_set_new(report, "summary", summary);
     if (ran_defs == 0) {
         fprintf(stderr, "bench-kernels: no (solution, definition) pair to run: every solution names a version of an "
                         "op kind that no selected definition has\n");

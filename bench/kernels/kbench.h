@@ -163,6 +163,10 @@ struct kb_solution {
     void (*close)(kb_solution *s);
     /* the device's measured copy bandwidth, GB/s (read + write), or NULL */
     double (*copy_gbps)(kb_solution *s);
+    /* the device's measured GEMM rate, GFLOP/s (the compute ceiling: CUDA, a bf16 cuBLASLt GEMM of
+     * 8192^3; CPU, the backend's own matmul op at T 128, K = N = 1024), 0 when it could not be measured;
+     * or NULL. Takes ~0.1 s: the harness asks only for definitions whose FLOPs matter */
+    double (*gemm_gflops)(kb_solution *s);
     /* Evicts the device's last-level cache (untimed; before each timed run when flush_between_runs),
      * returning once done; bytes written per flush in *bytes. NULL: cannot. */
     bool (*flush)(kb_solution *s, size_t *bytes, char *err, size_t n);
@@ -216,6 +220,8 @@ typedef struct kb_gate_result {
     char unchecked[64];  /* inputs the dependence check could not exercise (changing their last element
                           * moved no output beyond two steps of its dtype), comma-separated */
     int seeds;           /* fresh inputs run */
+    double setup_us;     /* wall time of the first input's prepare and first run: what a user waits for
+                          * once per shape (weights placed, plans made, modules loaded); 0: none ran */
 } kb_gate_result;
 
 /* The gate for one workload: n_seeds fresh inputs (seed0 + k), each checked for coverage and error;

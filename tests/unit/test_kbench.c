@@ -3,7 +3,8 @@
  * one that ignores part of an input where the tolerance is loose enough to hide it, one that returns
  * a cached result; each must fail the gate at the check meant for it, and the honest solution (the
  * reference itself, rounded to fp32) must pass every definition. Also: the definition loader rejects
- * what it does not know, and a hung or crashing child fails alone. */
+ * what it does not know, a hung or crashing child fails alone, and a timed report carries the
+ * ceilings, the fraction of them reached and the setup time. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "bench/kernels/kbench.h"
 
@@ -335,6 +337,92 @@ static void test_isolation(void **state) {
     free(text);
 }
 
+/* runs `osprey bench-kernels ARGS --out FILE` (the CPU solution) and loads its report */
+static json_t *bench_report(const char *const *args, int n_args) {
+    char path[] = "/tmp/osprey_test_kbench_report_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = (char *)"bench-kernels";
+    argv[argc++] = (char *)"--defs";
+    argv[argc++] = (char *)defs_dir();
+    for (int i = 0; i < n_args; i++) argv[argc++] = (char *)args[i];
+    argv[argc++] = (char *)"--out";
+    argv[argc++] = path;
+    argv[argc] = NULL;
+    assert_int_equal(kb_main(argc, argv), 0);
+    json_error_t je;
+    json_t *r = json_load_file(path, 0, &je);
+    unlink(path);
+    if (!r) fail_msg("report: %s", je.text);
+    return r;
+}
+
+/* A short timed run of one small definition with FLOPs (attention) and one without (copy): every timed
+ * workload carries setup_us, both ceilings where they apply, the fraction of each and the binding one;
+ * the summary has one row per definition. No timed values are asserted beyond their being positive. */
+static void test_report_ceilings_and_setup(void **state) {
+    (void)state;
+    const char *att[] = {"--op", "attention_tiny_d32", "--hidden", "1", "--seeds", "1", "--seed", "5",
+                         "--min-time", "0", "--warm", "--timeout", "120"};
+    json_t *r = bench_report(att, (int)(sizeof att / sizeof att[0]));
+    json_t *res = json_array_get(json_object_get(r, "results"), 0), *wls = json_object_get(res, "workloads");
+    assert_true(json_array_size(wls) >= 2);
+    size_t i;
+    json_t *e;
+    int timed = 0;
+    json_array_foreach(wls, i, e) {
+        assert_string_equal(json_string_value(json_object_get(e, "gate")), "ok");
+        json_t *t = json_object_get(e, "timing");
+        assert_non_null(t);
+        timed++;
+        assert_true(json_number_value(json_object_get(t, "setup_us")) > 0.0);
+        const double gemm = json_number_value(json_object_get(t, "gemm_gflops")),
+                     gf = json_number_value(json_object_get(t, "gflops")),
+                     fb = json_number_value(json_object_get(t, "fraction_of_copy_bw"));
+        assert_true(gemm > 0.0); /* measured: attention's FLOPs matter */
+        assert_true(gf > 0.0);
+        json_t *fg = json_object_get(t, "fraction_of_gemm_peak");
+        assert_non_null(fg);
+        assert_true(fabs(json_number_value(fg) - gf / gemm) <= 1e-9 * (gf / gemm));
+        const char *ceil = json_string_value(json_object_get(t, "ceiling"));
+        assert_non_null(ceil);
+        const double fc = json_number_value(json_object_get(t, "fraction_of_ceiling"));
+        assert_true(fc == (json_number_value(fg) > fb ? json_number_value(fg) : fb));
+        assert_string_equal(ceil, json_number_value(fg) > fb ? "gemm" : "bw");
+    }
+    json_t *sum = json_object_get(r, "summary");
+    assert_int_equal(json_array_size(sum), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(sum, 0), "timed")), timed);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(sum, 0), "definition")), "attention_tiny_d32");
+    json_decref(r);
+
+    /* copy: no FLOPs, so no GEMM ceiling measured and no fraction of it; --no-listed: the hidden one only */
+    const char *cp[] = {"--op", "copy", "--hidden", "1", "--no-listed", "--seeds", "1", "--seed", "5",
+                        "--min-time", "0", "--warm", "--timeout", "120"};
+    r = bench_report(cp, (int)(sizeof cp / sizeof cp[0]));
+    wls = json_object_get(json_array_get(json_object_get(r, "results"), 0), "workloads");
+    assert_int_equal(json_array_size(wls), 1);
+    json_t *t = json_object_get(json_array_get(wls, 0), "timing");
+    assert_non_null(t);
+    assert_true(json_number_value(json_object_get(t, "gemm_gflops")) == 0.0);
+    assert_null(json_object_get(t, "fraction_of_gemm_peak"));
+    assert_string_equal(json_string_value(json_object_get(t, "ceiling")), "bw");
+    assert_true(json_number_value(json_object_get(t, "setup_us")) > 0.0);
+    json_decref(r);
+
+    /* the gate alone measures nothing and times nothing */
+    const char *g[] = {"--op", "copy", "--hidden", "1", "--no-listed", "--seeds", "1", "--seed", "5", "--gate-only"};
+    r = bench_report(g, (int)(sizeof g / sizeof g[0]));
+    wls = json_object_get(json_array_get(json_object_get(r, "results"), 0), "workloads");
+    assert_int_equal(json_array_size(wls), 1);
+    assert_null(json_object_get(json_array_get(wls, 0), "timing"));
+    assert_int_equal(json_array_size(json_object_get(r, "summary")), 0);
+    json_decref(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_honest_passes_every_definition),
@@ -345,6 +433,7 @@ int main(void) {
         cmocka_unit_test(test_loader_rejects),
         cmocka_unit_test(test_trace_workloads),
         cmocka_unit_test(test_isolation),
+        cmocka_unit_test(test_report_ceilings_and_setup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
