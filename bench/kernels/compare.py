@@ -20,6 +20,18 @@ def rows(path, by_solution):
     return r, out
 
 
+def ceilings(r):
+    """the ceilings the report's children measured (the median over its timings), or "" (older reports,
+    --gate-only): B/A ratios compare like with like only when these agree"""
+    def med(key):
+        v = sorted(w["timing"][key] for res in r["results"] for w in res["workloads"]
+                   if w.get("timing", {}).get(key, 0) > 0)
+        return v[len(v) // 2] if v else None
+    bw, gemm = med("copy_gbps"), med("gemm_gflops")
+    out = f", copy {bw:.0f} GB/s" if bw else ""
+    return out + (f", GEMM {gemm:.0f} GFLOP/s" if gemm else "")
+
+
 def solutions(path):
     return {res["solution"] for res in json.load(open(path))["results"]}
 
@@ -33,7 +45,7 @@ def main():
     if not by_solution:
         print(f"solutions: A {sorted(solutions(sys.argv[1]))}, B {sorted(solutions(sys.argv[2]))}")
     for name, r in (("A", ra), ("B", rb)):
-        print(f"{name}: commit {r['commit']}, {r['compiler']}, {r['host_cpu']}, seed {r['seed']}")
+        print(f"{name}: commit {r['commit']}, {r['compiler']}, {r['host_cpu']}, seed {r['seed']}{ceilings(r)}")
     print(f"{'solution':10} {'definition':24} {'workload':28} {'gate A':>11} {'gate B':>11} {'A us':>10} {'B us':>10} {'B/A':>6}")
     only = []
     for key in sorted(set(a) | set(b)):
