@@ -714,12 +714,15 @@ static void test_batch_invariance(void **state) {
             {3, {1200, 0, 1498}, {17, 400, 2}}, {1, {1480}, {20}},
         };
         /* modes, v1's launch shapes (osp_cuda_attention_v1_tune: fold stages, split stages, split
-         * waves, chunks per split CTA; 0 the default) and, under wgmma, the K/V loads by cp.async
-         * instead of TMA (tma 0; block size 16 is TMA's, 7 is always cp.async): none may change a bit */
+         * waves, chunks per split CTA; 0 the default) and, under wgmma, how K/V load and the products
+         * are ordered (osp_cuda_attention_v2_load: the default overlap, serial, TMA; block size 16 is
+         * TMA's, 7 falls back to serial): none may change a bit */
         const int modes[] = {base_mode, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD,
                              OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT};
         static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 3, 0, 3}};
-        static const int tma[] = {1, 1, 1, 1, 1, 0, 0};
+        static const int tma[] = {OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_PIPE,
+                                  OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_SERIAL,
+                                  OSP_CUDA_ATTN_LOAD_TMA};
         const int n_modes = wg ? 7 : 5;
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
@@ -727,9 +730,9 @@ static void test_batch_invariance(void **state) {
                 batch b;
                 derive(&b, &full, lays[li].n, lays[li].start, lays[li].count, 7100u + li);
                 osp_cuda_attention_v1_tune(tunes[mi][0], tunes[mi][1], tunes[mi][2], tunes[mi][3]);
-                osp_cuda_attention_use_tma(tma[mi]);
+                osp_cuda_attention_v2_load(tma[mi]);
                 uint16_t *got = run_bits(&b, modes[mi]);
-                osp_cuda_attention_use_tma(1);
+                osp_cuda_attention_v2_load(OSP_CUDA_ATTN_LOAD_PIPE);
                 osp_cuda_attention_v1_tune(0, 0, 0, 0);
                 const int32_t x0 = lays[li].start[0], nx = lays[li].count[0];
                 const size_t bytes = sizeof(uint16_t) * (size_t)(nx * hd);
@@ -737,7 +740,7 @@ static void test_batch_invariance(void **state) {
                 if (diff) {
                     int64_t first = 0;
                     while (got[first] == ref[x0 * hd + first]) first++;
-                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, tma %d): X's tokens %d.. "
+                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, load %d): X's tokens %d.. "
                            "differ from the one-prefill bits (first at row %lld)\n",
                            c.n_head, c.n_kv, c.D, li, modes[mi], tunes[mi][0], tunes[mi][1], tunes[mi][2],
                            tunes[mi][3], tma[mi], (int)x0, (long long)(first / hd));

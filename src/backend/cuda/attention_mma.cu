@@ -206,6 +206,8 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* waits until at most N of this warp's committed wgmma groups are pending */
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 /* generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's async proxy */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* keeps the compiler from moving uses of an accumulator across the asynchronous instructions */
@@ -309,16 +311,28 @@ template <int D, int ST, bool kFold, bool kWg> constexpr int smem_bytes() {
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
+/* How a wgmma CTA brings K/V and orders its products (every variant gives the same bits):
+ *   kLdSerial  cp.async, K and V of a tile in one stage; per tile S, softmax, O += P V in turn
+ *   kLdTma     the same order, the tiles by TMA box copies that warp 0 issues (a box: box_rows keys
+ *              of one block, 64 columns) landing in the same swizzled places
+ *   kLdPipe    cp.async into a K ring and a V ring of two tiles each; the product O += P V of tile
+ *              i - 1 runs on the tensor cores while tile i's softmax runs (FlashAttention-3's
+ *              intra-warpgroup overlap, Shah et al. 2024, section 3.2): per tile, S_i and then
+ *              P_{i-1} V_{i-1} are issued, S_i is awaited, softmax(S_i) computed, P V awaited, and
+ *              only then o is rescaled by tile i's alpha: o sees the same operations in the same order.
+ *              V_i and K_{i+1} load while tile i computes. ST is 2. */
+constexpr int kLdSerial = 0, kLdTma = 1, kLdPipe = 2;
+
 /* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode); kWg: the products by
- * wgmma (sm_90a, D 64 / 128) instead of mma.sync; kTma (with kWg): K/V tiles arrive by TMA box copies
- * that warp 0 issues (a box: box_rows keys of one block, 64 columns) instead of every thread's
- * cp.async; the same bytes land in the same swizzled places, so the results are the same bits. */
-template <int D, int ST, bool kFold, bool kWg, bool kTma>
+ * wgmma (sm_90a, D 64 / 128) instead of mma.sync; kLd (with kWg): above. */
+template <int D, int ST, bool kFold, bool kWg, int kLd>
 __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_constant__ Params p) {
+    constexpr bool kTma = kLd == kLdTma, kPipe = kLd == kLdPipe;
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
     static_assert(!kWg || D == 64 || D == 128, "wgmma: D 64 or 128");
     static_assert(ST >= 2 && ST <= 8, "stages");
-    static_assert(!kTma || kWg, "TMA lands in wgmma's swizzled layout");
+    static_assert(kLd == kLdSerial || kWg, "TMA and the overlap are wgmma's");
+    static_assert(!kPipe || ST == 2, "the overlap's rings hold two tiles");
     constexpr int kKeys = tile_keys<D>();
     constexpr bool kOSmem = kFold && fold_in_smem<D>();
     static_assert(!(kWg && D == 64 && kOSmem), "wgmma at D = 64 reloads Q from sQ every tile");
@@ -424,6 +438,20 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             cp_async16(sv0 + so, vbase + off, valid);
         }
     };
+    auto load_k = [&](const int (&slot)[CPT], int st) { /* kPipe: K only */
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const bool valid = slot[u] >= 0;
+            cp_async16(sk0 + (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * 128), kbase + (valid ? (int64_t)slot[u] * row_elems : 0), valid);
+        }
+    };
+    auto load_v = [&](const int (&slot)[CPT], int st) { /* kPipe: V only */
+#pragma unroll
+        for (int u = 0; u < CPT; u++) {
+            const bool valid = slot[u] >= 0;
+            cp_async16(sv0 + (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * 128), vbase + (valid ? (int64_t)slot[u] * row_elems : 0), valid);
+        }
+    };
 
     /* TMA: warp 0's lane b holds the slot of box b (keys k0 + b box_rows ..) of the next tile to
      * load, -1 at or past ke; tma_issue arms the stage's mbarrier with the bytes of the boxes holding
@@ -485,6 +513,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             if (kb + i * kKeys < ke) tma_issue(kb + i * kKeys, i);
             tma_slots(kb + (i + 1) * kKeys);
         }
+    } else if constexpr (kPipe) {
+        fetch_slots(kb, slot_next);
+        load_k(slot_next, 0);
+        cp_async_commit();
     } else {
         fetch_slots(kb, slot_next);
 #pragma unroll
@@ -526,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
         else return oa[n][e];
     };
     /* split mode: chunk c's partial of this thread's rows to the workspace */
-    auto write_partial = [&](int c) {
+    auto write_partial = [&](int c, const float (&m)[2], const float (&l)[2]) {
         const float lsum[2] = {quad_sum(l[0]), quad_sum(l[1])}; /* the whole warp shuffles, before any lane leaves */
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -547,6 +579,175 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
     const int vrow_l = (lane & 7) + ((lane >> 3) & 1) * 8, vcol_l = (lane >> 4) * 8;    /* V ldmatrix.trans */
     const uint32_t k_lane = smem_u32(sK + krow_l * RS + kcol_l), v_lane = smem_u32(sV + vrow_l * RS + vcol_l);
 
+    if constexpr (kPipe) {
+        /* chunk c's end, the chunk's (m, l) in cm, cl (this thread's partial sums): folded (fold
+         * mode) or written (split mode), as the serial loop does */
+        auto chunk_end = [&](const float (&cm)[2], const float (&cl)[2], int c) {
+            if constexpr (kFold) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float wA, wc;
+                    const float lc = quad_sum(cl[i]);
+                    if (fold_state(Ms[i], Ls[i], cm[i], lc, wA, wc)) {
+#pragma unroll
+                        for (int n = 0; n < ND; n++) {
+                            float &a0 = oa_ref(n, 2 * i), &a1 = oa_ref(n, 2 * i + 1);
+                            a0 = fold_elem(a0, wA, o[n][2 * i], wc);
+                            a1 = fold_elem(a1, wA, o[n][2 * i + 1], wc);
+                        }
+                    }
+                }
+            } else {
+                write_partial(c, cm, cl);
+            }
+        };
+        const bool has_rows = warp * 16 < rows; /* a warp without rows takes part in the products with P = 0 */
+        uint32_t pa[kKeys / 16][4]; /* P of the tile before: the A operand of its P V, in flight */
+        int slot_v[CPT];            /* the slots of tile i, whose V loads next */
+#pragma unroll
+        for (int u = 0; u < CPT; u++) slot_v[u] = slot_next[u];
+        fetch_slots(kb + kKeys, slot_next);
+        int i = 0;
+        for (int k0 = kb; k0 < ke; k0 += kKeys, i++) {
+            const int st = i & 1;
+            cp_async_wait<0>(); /* this thread's copies of K_i and V_{i-1} have landed */
+            fence_proxy_async(); /* ... and are visible to wgmma */
+            __syncthreads(); /* everyone's have; every warp is done with S_{i-1} and P_{i-2} V_{i-2} */
+            load_v(slot_v, st); /* V_i where V_{i-2} was */
+            if (k0 + kKeys < ke) load_k(slot_next, st ^ 1); /* K_{i+1} where K_{i-1} was */
+            cp_async_commit();
+#pragma unroll
+            for (int u = 0; u < CPT; u++) slot_v[u] = slot_next[u];
+            fetch_slots(k0 + 2 * kKeys, slot_next);
+
+            float sc[NB][4];
+#pragma unroll
+            for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            if constexpr (D == 64) { /* as in the serial loop: Q's A registers live within one tile */
+#pragma unroll
+                for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+            }
+            wg_fence_operands(sc);
+            if constexpr (D == 64) wg_fence_operands(qf);
+            if (i > 0) {
+                wg_fence_operands(o);
+                wg_fence_operands(pa);
+            }
+            wg_fence();
+            const uint32_t kst = smem_u32(sK) + (uint32_t)(st * kKeys * KRS * 2);
+#pragma unroll
+            for (int kk = 0; kk < KT; kk++)
+                wgmma_m64n64<0>(sc, qf[kk], wg_desc(kst + (uint32_t)((kk / 4) * kKeys * 128 + (kk % 4) * 32), 16, 1024), kk > 0);
+            wg_commit();
+            if (i > 0) { /* O += P_{i-1} V_{i-1}, under this tile's softmax */
+                const uint32_t vst = smem_u32(sV) + (uint32_t)((st ^ 1) * kKeys * KRS * 2);
+#pragma unroll
+                for (int j = 0; j < kKeys / 16; j++) {
+                    const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
+                    if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
+                    else wgmma_m64n64<1>(o, pa[j], dv, 1);
+                }
+                wg_commit();
+                wg_wait<1>(); /* S_i is done; P V may still run */
+            } else {
+                wg_wait<0>();
+            }
+            wg_fence_operands(sc);
+            if constexpr (D == 64) wg_fence_operands(qf);
+
+            /* a chunk starts at tile i: the last one's (m, l) kept for its end, a fresh state */
+            const bool new_chunk = i > 0 && k0 % kChunk == 0;
+            float cm[2] = {m[0], m[1]}, cl[2] = {l[0], l[1]};
+            if (new_chunk) m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+            float alpha[2] = {1.0f, 1.0f};
+            bool o_zero[2] = {true, true};
+            if (has_rows) {
+#pragma unroll
+                for (int n = 0; n < NB; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale);
+                if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) {
+#pragma unroll
+                    for (int n = 0; n < NB; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
+                            if (key >= lim[r] || key < first[r]) sc[n][e] = -INFINITY;
+                        }
+                }
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    o_zero[r] = m[r] == -INFINITY;
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
+                    const float m_new = fmaxf(m[r], quad_max(mx));
+                    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                    alpha[r] = ex2(m[r] - m_use);
+                    float ls = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < NB; n++) {
+                        sc[n][2 * r] = ex2(__fsub_rn(sc[n][2 * r], m_use));
+                        sc[n][2 * r + 1] = ex2(__fsub_rn(sc[n][2 * r + 1], m_use));
+                        ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * r], sc[n][2 * r + 1]));
+                    }
+                    l[r] = __fmaf_rn(l[r], alpha[r], ls);
+                    m[r] = m_new;
+                }
+            } else {
+#pragma unroll
+                for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            }
+            uint32_t pn[kKeys / 16][4];
+#pragma unroll
+            for (int j = 0; j < kKeys / 16; j++) {
+                pn[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pn[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
+                pn[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+                pn[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+            }
+            if (i > 0) {
+                wg_wait<0>(); /* P_{i-1} V_{i-1} is in o */
+                wg_fence_operands(o);
+                wg_fence_operands(pa);
+                if (new_chunk) {
+                    chunk_end(cm, cl, k0 / kChunk - 1);
+#pragma unroll
+                    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+                } else if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
+#pragma unroll
+                    for (int n = 0; n < ND; n++) {
+                        o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                        o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < kKeys / 16; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) pa[j][e] = pn[j][e];
+        }
+        /* the last tile's P V, then its chunk's end */
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        wg_fence_operands(o);
+        wg_fence_operands(pa);
+        wg_fence();
+        {
+            const uint32_t vst = smem_u32(sV) + (uint32_t)(((i - 1) & 1) * kKeys * KRS * 2);
+#pragma unroll
+            for (int j = 0; j < kKeys / 16; j++) {
+                const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
+                if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
+                else wgmma_m64n64<1>(o, pa[j], dv, 1);
+            }
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_fence_operands(o);
+        wg_fence_operands(pa);
+        chunk_end(m, l, (ke - 1) / kChunk);
+    } else {
     int stage = 0, stage_load = ST - 1;
     for (int k0 = kb; k0 < ke; k0 += kKeys) {
         const bool more = k0 + kKeys < ke;
@@ -734,7 +935,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
                     }
                 }
             } else {
-                write_partial(k0 / kChunk);
+                write_partial(k0 / kChunk, m, l);
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -746,6 +947,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
         } /* warp has rows */
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
+    } /* serial loop */
     cp_async_wait<0>();
 
     /* fold mode: out = O / L for this thread's rows A and B, columns n * 8 + 2 tq, + 1 */
@@ -817,7 +1019,7 @@ int sm_count() {
 /* Stage counts a launch may use (K/V tiles in flight); each one instantiated for both modes. */
 constexpr int kMaxStages = 4;
 
-template <int D, int ST, bool kFold, bool kWg, bool kTma>
+template <int D, int ST, bool kFold, bool kWg, int kTma>
 osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
     constexpr int smem = smem_bytes<D, ST, kFold, kWg>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
@@ -829,12 +1031,17 @@ osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
     return OSP_OK;
 }
 
-template <int D, bool kFold, bool kWg, bool kTma>
+template <int D, bool kFold, bool kWg, int kTma>
 osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
-    switch (stages) {
-    case 3: return launch_kernel<D, 3, kFold, kWg, kTma>(prm, grid, st);
-    case 4: return launch_kernel<D, 4, kFold, kWg, kTma>(prm, grid, st);
-    default: return launch_kernel<D, 2, kFold, kWg, kTma>(prm, grid, st);
+    if constexpr (kTma == kLdPipe) {
+        (void)stages;
+        return launch_kernel<D, 2, kFold, kWg, kTma>(prm, grid, st); /* two-tile rings */
+    } else {
+        switch (stages) {
+        case 3: return launch_kernel<D, 3, kFold, kWg, kTma>(prm, grid, st);
+        case 4: return launch_kernel<D, 4, kFold, kWg, kTma>(prm, grid, st);
+        default: return launch_kernel<D, 2, kFold, kWg, kTma>(prm, grid, st);
+        }
     }
 }
 
@@ -851,22 +1058,23 @@ template <int D> int smem_of(int stages, bool fold, bool wg) {
     return smem_of_wg<D, false>(stages, fold);
 }
 
-template <int D, bool kWg, bool kTma>
+template <int D, bool kWg, int kTma>
 osp_status launch_mode(const Params &prm, dim3 grid, int stages, bool split, cudaStream_t st) {
     return split ? launch_stages<D, false, kWg, kTma>(prm, grid, stages, st)
                  : launch_stages<D, true, kWg, kTma>(prm, grid, stages, st);
 }
 
 template <int D>
-osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, bool tma,
+osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, int ld,
                   cudaStream_t st) {
     const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
     osp_status rc;
     if constexpr (D >= 64)
-        rc = !wg ? launch_mode<D, false, false>(prm, grid, stages, split, st)
-             : tma ? launch_mode<D, true, true>(prm, grid, stages, split, st)
-                   : launch_mode<D, true, false>(prm, grid, stages, split, st);
-    else rc = launch_mode<D, false, false>(prm, grid, stages, split, st);
+        rc = !wg                ? launch_mode<D, false, kLdSerial>(prm, grid, stages, split, st)
+             : ld == kLdTma  ? launch_mode<D, true, kLdTma>(prm, grid, stages, split, st)
+             : ld == kLdPipe ? launch_mode<D, true, kLdPipe>(prm, grid, stages, split, st)
+                             : launch_mode<D, true, kLdSerial>(prm, grid, stages, split, st);
+    else rc = launch_mode<D, false, kLdSerial>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
     merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
@@ -886,8 +1094,8 @@ int ctas_per_sm(int smem) {
 int g_fold_stages = 0, g_split_stages = 0, g_split_waves = 0, g_chunks_per_cta = 0;
 constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 
-/* K/V by TMA under wgmma where the page layout allows (osp_cuda_attention_use_tma) */
-bool g_use_tma = true;
+/* how wgmma launches load and order (osp_cuda_attention_v2_load: OSP_CUDA_ATTN_LOAD_*) */
+int g_v2_load = OSP_CUDA_ATTN_LOAD_PIPE;
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); NULL when the
  * driver does not offer it */
@@ -936,7 +1144,9 @@ int g_force_mma = OSP_CUDA_ATTN_MMA_AUTO;
 
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
 extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
-extern "C" void osp_cuda_attention_use_tma(int on) { g_use_tma = on != 0; }
+extern "C" void osp_cuda_attention_v2_load(int how) {
+    g_v2_load = how == OSP_CUDA_ATTN_LOAD_SERIAL || how == OSP_CUDA_ATTN_LOAD_TMA ? how : OSP_CUDA_ATTN_LOAD_PIPE;
+}
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
     g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
     g_split_stages = split_stages >= 2 && split_stages <= kMaxStages ? split_stages : 0;
@@ -1033,9 +1243,11 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * box starts on a 1024-byte swizzle atom */
     static_assert(tile_keys<64>() == 64 && tile_keys<128>() == 64, "boxes tile 64 keys");
     prm.box_rows = block_size < 64 ? block_size : 64;
-    const bool tma = wg && g_use_tma && block_size % 8 == 0 && (block_size >= 64 ? block_size % 64 == 0 : 64 % block_size == 0) &&
+    const bool tma = wg && g_v2_load == OSP_CUDA_ATTN_LOAD_TMA && block_size % 8 == 0 &&
+                     (block_size >= 64 ? block_size % 64 == 0 : 64 % block_size == 0) &&
                      make_kv_map(&prm.tm_k, d_k_pages, n_head_kv, D, prm.box_rows) &&
                      make_kv_map(&prm.tm_v, d_v_pages, n_head_kv, D, prm.box_rows);
+    const int ld = tma ? kLdTma : g_v2_load == OSP_CUDA_ATTN_LOAD_PIPE ? kLdPipe : kLdSerial;
     /* split mode: each CTA computes chunks_per_cta consecutive chunks (a partial each); the count
      * minimizes the launch's time in chunk-times, waves x (chunks a CTA + half a chunk of a CTA's own
      * start and end), kSplitWaves x the resident CTAs a wave (host scalars only; the fewest chunks a
@@ -1062,8 +1274,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     const int64_t n_groups = ceil_div(n_chunks, per);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, false, st);
-    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, tma, st);
-    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, tma, st);
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, kLdSerial, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, ld, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, ld, st);
     }
 }

@@ -46,10 +46,13 @@ enum { OSP_CUDA_ATTN_MMA_AUTO = 0, OSP_CUDA_ATTN_MMA_SYNC = 1, OSP_CUDA_ATTN_MMA
 #define OSP_CUDA_ATTN_V2_DEFAULT 1
 void osp_cuda_attention_force_mode(int mode); /* process-wide; tests and benchmarks */
 void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchmarks */
-/* Under wgmma, K/V tiles by TMA box copies (on by default where block_size is 8, 16, 32 or a multiple
- * of 64 and the driver offers cuTensorMapEncodeTiled) or, off, by every thread's cp.async. The same
- * bytes land in the same places: no result bit changes. Process-wide; tests and benchmarks. */
-void osp_cuda_attention_use_tma(int on);
+/* How wgmma launches bring K/V and order their products (attention_mma.cu, kLd*): PIPE (the default)
+ * cp.async into K and V rings with tile i - 1's P V under tile i's softmax; SERIAL cp.async, S,
+ * softmax and P V in turn; TMA the serial order with K/V by TMA box copies where block_size is 8, 16,
+ * 32 or a multiple of 64 and the driver offers cuTensorMapEncodeTiled (else SERIAL). No result bit
+ * changes. Process-wide; tests and benchmarks. */
+enum { OSP_CUDA_ATTN_LOAD_PIPE = 0, OSP_CUDA_ATTN_LOAD_SERIAL = 1, OSP_CUDA_ATTN_LOAD_TMA = 2 };
+void osp_cuda_attention_v2_load(int how);
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
  * count of chunks per split CTA. None of them changes a result bit. */
