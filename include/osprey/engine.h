@@ -49,7 +49,7 @@ typedef struct osp_engine_params {
                                        a 3 GiB reserve for activations); 0 = 0.9 (vLLM's default); only
                                        when kv_cache_memory is 0 */
     int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests) */
-    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU only for now) */
+    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA) */
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
     osp_device device;              /* OSP_DEVICE_CPU (default) or OSP_DEVICE_CUDA (osp_model_params.device) */
     void (*load_progress)(void *ctx, float fraction); /* osp_model_params.progress; NULL: silent */

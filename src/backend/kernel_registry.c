@@ -36,17 +36,23 @@ static bool cuda_sm90(const osp_kernel_target *t, char *why, size_t n) {
     return false;
 }
 
+/* the KV page dtypes the CUDA KV write and the CUDA-core attention kernel have (issue 13: fp8 and
+ * nvfp4 pages are quantized on write and decoded per tile by v0; the tensor-core versions take f16) */
+static bool cuda_kv_dtype(const osp_kernel_target *t, char *why, size_t n) {
+    if (t->kv_dtype == OSP_KV_DTYPE_F16 || t->kv_dtype == OSP_KV_DTYPE_F32 || t->kv_dtype == OSP_KV_DTYPE_FP8 ||
+        t->kv_dtype == OSP_KV_DTYPE_NVFP4)
+        return true;
+    snprintf(why, n, "KV pages of dtype %d (f16, f32, fp8 or nvfp4)", (int)t->kv_dtype);
+    return false;
+}
+
 static bool attn_v0(const osp_kernel_target *t, char *why, size_t n) {
     if (!cuda_sm90(t, why, n)) return false;
     if (t->head_dim != 32 && t->head_dim != 64 && t->head_dim != 128 && t->head_dim != 256) {
         snprintf(why, n, "head_dim %d (32, 64, 128 or 256)", t->head_dim);
         return false;
     }
-    if (t->kv_dtype != OSP_KV_DTYPE_F16 && t->kv_dtype != OSP_KV_DTYPE_F32) {
-        snprintf(why, n, "KV pages of dtype %d (f16 or f32)", (int)t->kv_dtype);
-        return false;
-    }
-    return true;
+    return cuda_kv_dtype(t, why, n);
 }
 
 static bool attn_v1(const osp_kernel_target *t, char *why, size_t n) {
@@ -71,11 +77,11 @@ static bool attn_v2(const osp_kernel_target *t, char *why, size_t n) {
 
 static bool rope_cuda(const osp_kernel_target *t, char *why, size_t n) {
     if (!cuda_sm90(t, why, n)) return false;
-    if (t->kv_dtype != OSP_KV_DTYPE_F16 && t->kv_dtype != OSP_KV_DTYPE_F32) {
-        snprintf(why, n, "KV pages of dtype %d (f16 or f32)", (int)t->kv_dtype);
+    if (t->kv_dtype == OSP_KV_DTYPE_NVFP4 && t->head_dim % 16 != 0) {
+        snprintf(why, n, "nvfp4 KV pages need head_dim %% 16 == 0 (head_dim %d)", t->head_dim);
         return false;
     }
-    return true;
+    return cuda_kv_dtype(t, why, n);
 }
 
 /* ---- the table ----------------------------------------------------------------------------------- */

@@ -40,7 +40,7 @@ static const char *k_usage =
     "           KV bytes per token, blocks in a memory budget, sequences that fit (every KV dtype side by side)\n"
     "\n"
     "  --kv-cache-dtype D: auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16, fp8_e4m3 accepted);\n"
-    "  fp8 / nvfp4 run on the CPU backend for now; bf16 pages are refused (no backend has them)\n";
+    "  fp8 / nvfp4 run on the CPU and CUDA backends; bf16 pages are refused (no backend has them)\n";
 
 noreturn void cli_die(osp_status s, const char *fmt, ...) {
     va_list ap;

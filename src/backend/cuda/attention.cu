@@ -19,6 +19,12 @@
  * is done with each lane owning D / 32 output dimensions. All per-thread arrays are indexed by
  * compile-time constants (templates on D, on f16/fp32 pages and on the warp's row count).
  *
+ * Quantized pages (issue 13, osp_cuda_paged_attention_q): FP8 E4M3 and NVFP4 tiles are decoded once per
+ * tile into the same fp32 shared-memory rows (load_kv_tile_q, kv_quant.cuh's exact decoders: each value
+ * one fp32 product with its scale, the CPU read's value), then everything below is the f16 path; no
+ * dequantized copy of the cache exists. Such launches always run here (the tensor-core kernel takes f16
+ * pages) and in one split (make_plan says why).
+ *
  * Shared memory per CTA: 2 * 32 * (D + 4) + 16 * D + 16 * 32 floats (D = 128: 43 KiB; D = 256:
  * 83 KiB, opted in with cudaFuncSetAttribute). The partials in d_workspace: fp32 [splits, T, n_head,
  * D] accumulators, then float2 [splits, T, n_head] (m, l), m in the log2 domain. */
@@ -26,6 +32,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/attention_tiles.cuh" /* AttnTiling, attn_cta_work */
 #include "backend/cuda/attention_v1.h"    /* the tensor-core kernel (f16 pages, D <= 128) */
+#include "backend/cuda/kv_quant.cuh"      /* E4M3 / E2M1 decoders (quantized pages, issue 13) */
 
 #include <math.h>
 #include <stdint.h>
@@ -44,10 +51,18 @@ constexpr int64_t kTargetCtas = 1024;        /* split until about this many CTAs
 constexpr int64_t kMaxSplitRows = 32768;     /* bound on T * n_head * splits: sizes the workspace */
 constexpr float kLog2e = 1.4426950408889634f;
 
+/* The page formats the kernel reads (a template parameter): plain values, or codes decoded per tile. */
+enum { kKvF32 = 0, kKvF16 = 1, kKvFp8 = 2, kKvNvfp4 = 3 };
+
 struct AttnParams {
     const uint16_t *q;           /* [T, n_head, D] bf16 */
-    const void *k_pages;         /* [num_blocks, block_size, n_head_kv, D] f16 or fp32 */
+    const void *k_pages;         /* [num_blocks, block_size, n_head_kv, D] f16, fp32 or E4M3 codes, or
+                                  * [.., D / 2] bytes of E2M1 pairs (nvfp4) */
     const void *v_pages;
+    const uint8_t *k_scale;      /* nvfp4: [num_blocks, block_size, n_head_kv, D / 16] E4M3 micro-block scales */
+    const uint8_t *v_scale;
+    const float *k_fixed;        /* fp8: [n_head_kv] per-head scales; nvfp4: [1] the tensor scale; else NULL */
+    const float *v_fixed;
     uint16_t *out;               /* [T, n_head, D] bf16 */
     const int32_t *qsl;          /* [num_seqs + 1] */
     const int32_t *positions;    /* [T] */
@@ -204,6 +219,102 @@ __device__ __forceinline__ void load_kv_tile(float *sK, float *sV, const void *k
     }
 }
 
+/* The quantized pages' tile (issue 13): keys k0 + j (j < 32) of this CTA's kv head decoded into sK / sV
+ * (fp32, row stride D + kPad), once per tile, in shared memory only. A key's K (V) row is RB bytes
+ * (fp8: D codes; nvfp4: D / 2 bytes of code pairs) at kb + slot * row_bytes, its nvfp4 micro-block
+ * scales D / 16 bytes at ksc + slot * scale_bytes (kb / ksc already offset to kv head kvh). The rows
+ * are read in chunks of CB bytes (16, or fewer when a row is short, so that the 32 keys' chunks spread
+ * evenly over the 128 threads), each chunk with its one or two scale bytes. A value is one fp32 product:
+ * e4m3(code) * kfix (fp8: kfix the head's scale) or e2m1(code) * (e4m3(scale) * kfix) (nvfp4: kfix the
+ * tensor scale), exactly the CPU read's and core/dtype.c's dequantized value. `slot` < 0 (past the
+ * split's end): zeros, as for f16 pages. */
+template <int D, int KV>
+__device__ __forceinline__ void load_kv_tile_q(float *sK, float *sV, const uint8_t *kb, const uint8_t *vb,
+                                               const uint8_t *ksc, const uint8_t *vsc, float kfix, float vfix,
+                                               int slot, int64_t row_bytes, int64_t scale_bytes, int tid) {
+    static_assert(KV == kKvFp8 || KV == kKvNvfp4, "quantized pages");
+    constexpr bool FP8 = KV == kKvFp8;
+    constexpr int KS = D + kPad;
+    constexpr int RB = FP8 ? D : D / 2;           /* bytes of one key's row */
+    constexpr int CB = RB / 4 < 16 ? RB / 4 : 16; /* bytes per chunk */
+    constexpr int W = CB / 4;                     /* 32-bit words per chunk */
+    constexpr int VPC = FP8 ? CB : 2 * CB;        /* values per chunk */
+    constexpr int NSC = VPC >= 16 ? VPC / 16 : 1; /* nvfp4 scale bytes per chunk */
+    constexpr int CPR = RB / CB;                  /* chunks per key row */
+    constexpr int CPT = kKeys * CPR / kThreads;   /* chunks per thread per matrix */
+    static_assert(CB >= 4 && CB % 4 == 0 && CPT >= 1 && CPT * kThreads == kKeys * CPR && VPC % 8 == 0, "tile chunking");
+#pragma unroll
+    for (int g = 0; g < CPT; g++) {
+        const int c = tid + g * kThreads;
+        const int j = c / CPR, part = c % CPR;
+        const int sl = __shfl_sync(0xffffffffu, slot, j);
+        uint32_t kw[W], vw[W], ks[NSC], vs[NSC];
+        if (sl >= 0) {
+            const int64_t off = (int64_t)sl * row_bytes + (int64_t)part * CB;
+            if constexpr (W == 4) {
+                const uint4 a = __ldg(reinterpret_cast<const uint4 *>(kb + off));
+                const uint4 b = __ldg(reinterpret_cast<const uint4 *>(vb + off));
+                kw[0] = a.x, kw[1] = a.y, kw[2] = a.z, kw[3] = a.w;
+                vw[0] = b.x, vw[1] = b.y, vw[2] = b.z, vw[3] = b.w;
+            } else if constexpr (W == 2) {
+                const uint2 a = __ldg(reinterpret_cast<const uint2 *>(kb + off));
+                const uint2 b = __ldg(reinterpret_cast<const uint2 *>(vb + off));
+                kw[0] = a.x, kw[1] = a.y;
+                vw[0] = b.x, vw[1] = b.y;
+            } else {
+                kw[0] = __ldg(reinterpret_cast<const uint32_t *>(kb + off));
+                vw[0] = __ldg(reinterpret_cast<const uint32_t *>(vb + off));
+            }
+            if constexpr (!FP8) {
+                const int64_t soff = (int64_t)sl * scale_bytes + (int64_t)part * VPC / 16;
+#pragma unroll
+                for (int i = 0; i < NSC; i++) ks[i] = __ldg(ksc + soff + i), vs[i] = __ldg(vsc + soff + i);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < W; i++) kw[i] = vw[i] = 0u;
+#pragma unroll
+            for (int i = 0; i < NSC; i++) ks[i] = vs[i] = 0u;
+        }
+        float *dk = sK + j * KS + part * VPC, *dv = sV + j * KS + part * VPC;
+        if constexpr (FP8) {
+            /* word i holds values 4i .. 4i + 3, the lowest byte first */
+#pragma unroll
+            for (int i = 0; i < W; i++) {
+                const float2 k01 = osp_dev_e4m3x2_to_float2(kw[i]), k23 = osp_dev_e4m3x2_to_float2(kw[i] >> 16);
+                const float2 v01 = osp_dev_e4m3x2_to_float2(vw[i]), v23 = osp_dev_e4m3x2_to_float2(vw[i] >> 16);
+                reinterpret_cast<float4 *>(dk)[i] = make_float4(__fmul_rn(k01.x, kfix), __fmul_rn(k01.y, kfix),
+                                                                __fmul_rn(k23.x, kfix), __fmul_rn(k23.y, kfix));
+                reinterpret_cast<float4 *>(dv)[i] = make_float4(__fmul_rn(v01.x, vfix), __fmul_rn(v01.y, vfix),
+                                                                __fmul_rn(v23.x, vfix), __fmul_rn(v23.y, vfix));
+            }
+        } else {
+            /* word i holds values 8i .. 8i + 7, value 8i + n in nibble n; micro-block b of the chunk is
+             * values 16b .. 16b + 15, i.e. words 2b and 2b + 1 */
+            float kbs[NSC], vbs[NSC];
+#pragma unroll
+            for (int i = 0; i < NSC; i++) {
+                kbs[i] = __fmul_rn(osp_dev_e4m3_to_fp32(ks[i]), kfix);
+                vbs[i] = __fmul_rn(osp_dev_e4m3_to_fp32(vs[i]), vfix);
+            }
+#pragma unroll
+            for (int i = 0; i < W; i++) {
+                const float kscl = kbs[i / 2 < NSC ? i / 2 : NSC - 1], vscl = vbs[i / 2 < NSC ? i / 2 : NSC - 1];
+                float kf[8], vf[8];
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    kf[n] = __fmul_rn(osp_dev_e2m1_to_fp32(kw[i] >> (4 * n)), kscl);
+                    vf[n] = __fmul_rn(osp_dev_e2m1_to_fp32(vw[i] >> (4 * n)), vscl);
+                }
+                reinterpret_cast<float4 *>(dk)[2 * i] = make_float4(kf[0], kf[1], kf[2], kf[3]);
+                reinterpret_cast<float4 *>(dk)[2 * i + 1] = make_float4(kf[4], kf[5], kf[6], kf[7]);
+                reinterpret_cast<float4 *>(dv)[2 * i] = make_float4(vf[0], vf[1], vf[2], vf[3]);
+                reinterpret_cast<float4 *>(dv)[2 * i + 1] = make_float4(vf[4], vf[5], vf[6], vf[7]);
+            }
+        }
+    }
+}
+
 /* One warp, its first NR rows (row i of the warp = CTA row i * kWarps + warp), one tile: scores of
  * key k0 + lane, online-softmax update, then acc += P V. Keys at or past `ke`, past a row's own
  * limit (positions[t] + 1: causal) or before its first key (sliding window) get probability 0. */
@@ -289,7 +400,7 @@ template <int D> constexpr size_t attn_smem_bytes() {
     return sizeof(float) * (size_t)(2 * kKeys * (D + kPad) + kRows * D + kRows * kKeys);
 }
 
-template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const AttnParams p) {
+template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const AttnParams p) {
     extern __shared__ float4 smem_f4[];
     constexpr int KS = D + kPad;
     constexpr int DPL = D / 32;
@@ -357,9 +468,25 @@ template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_att
 
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
-    const size_t eb = F16 ? 2 : 4;
-    const void *kb = static_cast<const char *>(p.k_pages) + (size_t)kvh * D * eb;
-    const void *vb = static_cast<const char *>(p.v_pages) + (size_t)kvh * D * eb;
+    /* bytes of one value (nvfp4: counted in half bytes below) */
+    const size_t eb = KV == kKvF32 ? 4 : KV == kKvF16 ? 2 : 1;
+    const size_t kvh_off = KV == kKvNvfp4 ? (size_t)kvh * D / 2 : (size_t)kvh * D * eb;
+    const void *kb = static_cast<const char *>(p.k_pages) + kvh_off;
+    const void *vb = static_cast<const char *>(p.v_pages) + kvh_off;
+    /* quantized pages: a key's row bytes, its scale bytes, this head's fixed scales */
+    const int64_t row_bytes = KV == kKvNvfp4 ? row_elems / 2 : row_elems;
+    const int64_t scale_bytes = row_elems / 16;
+    const uint8_t *ksc = nullptr, *vsc = nullptr;
+    float kfix = 1.0f, vfix = 1.0f;
+    if constexpr (KV == kKvFp8) {
+        kfix = p.k_fixed[kvh];
+        vfix = p.v_fixed[kvh];
+    } else if constexpr (KV == kKvNvfp4) {
+        kfix = p.k_fixed[0];
+        vfix = p.v_fixed[0];
+        ksc = p.k_scale + (size_t)kvh * (D / 16);
+        vsc = p.v_scale + (size_t)kvh * (D / 16);
+    }
     float *sPw = sP + warp * kRowsPerWarp * kKeys;
 
     /* tiles wholly before every row's window hold nothing for this CTA: start at the earliest first key */
@@ -376,7 +503,11 @@ template <int D, bool F16> __global__ void __launch_bounds__(kThreads) paged_att
         const int key = k0 + lane;
         int slot = -1;
         if (key < ke) slot = bt[key / p.block_size] * p.block_size + key % p.block_size;
-        load_kv_tile<D, F16>(sK, sV, kb, vb, slot, row_elems, tid);
+        if constexpr (KV == kKvF32 || KV == kKvF16)
+            load_kv_tile<D, KV == kKvF16>(sK, sV, kb, vb, slot, row_elems, tid);
+        else
+            load_kv_tile_q<D, KV>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc, vsc,
+                                  kfix, vfix, slot, row_bytes, scale_bytes, tid);
         __syncthreads(); /* tile (and, the first time, sQ) visible to all warps */
         switch (nv) {
         case 1: tile_rows<D, 1>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
@@ -454,10 +585,18 @@ int max_splits_for(int32_t max_seq_len) {
     return (int)(n < kMaxSplits ? n : kMaxSplits);
 }
 
-/* Depends only on host scalars (the grid of a captured graph is fixed by them). */
-Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t max_seq_len) {
+/* Depends only on host scalars (the grid of a captured graph is fixed by them). Quantized pages
+ * (one_split) never split over the KV length: the split count follows the batch's size, and the
+ * partials' merge rounds differently from one CTA's pass, so a row's bits would depend on its batch;
+ * in one split a row reduces its own keys in one fixed order whatever shares the launch (the rule of
+ * shared/DESIGN.md; the f16 / f32 launches here keep their older policy). */
+Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t max_seq_len, bool one_split) {
     Plan pl;
     pl.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, kRows);
+    if (one_split) {
+        pl.num_splits = 1;
+        return pl;
+    }
     const int64_t base = pl.tl.n_tiles * n_head_kv * pl.tl.head_chunks;
     int64_t ns = base >= kTargetCtas ? 1 : ceil_div(kTargetCtas, base);
     const int cap = max_splits_for(max_seq_len);
@@ -469,13 +608,13 @@ Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t m
 
 bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
-template <int D, bool F16> osp_status launch(const AttnParams &prm, const Plan &pl, cudaStream_t st) {
+template <int D, int KV> osp_status launch(const AttnParams &prm, const Plan &pl, cudaStream_t st) {
     constexpr size_t smem = attn_smem_bytes<D>();
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(paged_attention_kernel<D, F16>,
+        OSP_CUDA_TRY(cudaFuncSetAttribute(paged_attention_kernel<D, KV>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((unsigned)pl.tl.n_tiles, (unsigned)(prm.n_head_kv * pl.tl.head_chunks), (unsigned)pl.num_splits);
-    paged_attention_kernel<D, F16><<<grid, kThreads, smem, st>>>(prm);
+    paged_attention_kernel<D, KV><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("paged_attention_kernel");
     if (pl.num_splits > 1) {
         const int64_t rows = (int64_t)prm.T * prm.n_head;
@@ -505,6 +644,19 @@ extern "C" size_t osp_cuda_attention_workspace_bytes(int64_t max_tokens, int n_h
     return v0 > v1 ? v0 : v1;
 }
 
+namespace {
+
+template <int D> osp_status launch_kv(uint32_t kv_type, const AttnParams &prm, const Plan &pl, cudaStream_t st) {
+    switch (kv_type) {
+    case OSP_KV_PAGE_F16: return launch<D, kKvF16>(prm, pl, st);
+    case OSP_KV_PAGE_FP8: return launch<D, kKvFp8>(prm, pl, st);
+    case OSP_KV_PAGE_NVFP4: return launch<D, kKvNvfp4>(prm, pl, st);
+    default: return launch<D, kKvF32>(prm, pl, st);
+    }
+}
+
+} // namespace
+
 extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
                                                uint32_t kv_type, uint16_t *d_out, int32_t num_seqs,
                                                const int32_t *d_query_start_loc, const int32_t *d_positions,
@@ -513,8 +665,28 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
                                                int32_t window, int32_t max_seq_len, void *d_workspace,
                                                void *stream) {
     if (kv_type != OSP_KV_PAGE_F16 && kv_type != OSP_KV_PAGE_F32)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: KV page type %u is not f32 or f16", kv_type);
-    const bool kv_f16 = kv_type == OSP_KV_PAGE_F16;
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: KV page type %u is not f32 or f16 (quantized "
+                                                  "pages go through osp_cuda_paged_attention_q)", kv_type);
+    return osp_cuda_paged_attention_q(d_q, d_k_pages, d_v_pages, kv_type, NULL, d_out, num_seqs, d_query_start_loc,
+                                      d_positions, d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
+                                      window, max_seq_len, d_workspace, stream);
+}
+
+extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                                 uint32_t kv_type, const osp_cuda_kv_quant *kq, uint16_t *d_out,
+                                                 int32_t num_seqs, const int32_t *d_query_start_loc,
+                                                 const int32_t *d_positions, const int32_t *d_block_table,
+                                                 int32_t max_blocks, int32_t block_size, int64_t T, int n_head,
+                                                 int n_head_kv, int D, float scale, int32_t window,
+                                                 int32_t max_seq_len, void *d_workspace, void *stream) {
+    const bool quant = kv_type == OSP_KV_PAGE_FP8 || kv_type == OSP_KV_PAGE_NVFP4;
+    if (kv_type != OSP_KV_PAGE_F16 && kv_type != OSP_KV_PAGE_F32 && !quant)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: KV page type %u is not f32, f16, fp8 or nvfp4",
+                             kv_type);
+    if (quant && (!kq || !kq->d_k_fixed || !kq->d_v_fixed ||
+                  (kv_type == OSP_KV_PAGE_NVFP4 && (!kq->d_k_scale || !kq->d_v_scale))))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: %s pages without their scales",
+                             kv_type == OSP_KV_PAGE_FP8 ? "fp8" : "nvfp4");
     if (!osp_cuda_attention_supported(n_head, n_head_kv, D))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: unsupported shape n_head %d, n_head_kv %d, head_dim %d "
@@ -533,17 +705,23 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
     if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
 
-    if (osp_cuda_attention_uses_v1(osp_cuda_attention_forced_mode(), kv_type, D))
+    /* the tensor-core kernels take f16 pages only (osp_cuda_attention_v1_supported): quantized pages
+     * always run here, whatever mode is forced */
+    if (!quant && osp_cuda_attention_uses_v1(osp_cuda_attention_forced_mode(), kv_type, D))
         return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, d_out, num_seqs, d_query_start_loc, d_positions,
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);
-    const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len);
+    const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len, quant);
     if (pl.tl.n_tiles > INT32_MAX || (int64_t)n_head_kv * pl.tl.head_chunks > 65535)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
     AttnParams prm;
     prm.q = d_q;
     prm.k_pages = d_k_pages;
     prm.v_pages = d_v_pages;
+    prm.k_scale = quant ? kq->d_k_scale : nullptr;
+    prm.v_scale = quant ? kq->d_v_scale : nullptr;
+    prm.k_fixed = quant ? kq->d_k_fixed : nullptr;
+    prm.v_fixed = quant ? kq->d_v_fixed : nullptr;
     prm.out = d_out;
     prm.qsl = d_query_start_loc;
     prm.positions = d_positions;
@@ -572,9 +750,9 @@ extern "C" osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *
 
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return kv_f16 ? launch<32, true>(prm, pl, st) : launch<32, false>(prm, pl, st);
-    case 64: return kv_f16 ? launch<64, true>(prm, pl, st) : launch<64, false>(prm, pl, st);
-    case 128: return kv_f16 ? launch<128, true>(prm, pl, st) : launch<128, false>(prm, pl, st);
-    default: return kv_f16 ? launch<256, true>(prm, pl, st) : launch<256, false>(prm, pl, st);
+    case 32: return launch_kv<32>(kv_type, prm, pl, st);
+    case 64: return launch_kv<64>(kv_type, prm, pl, st);
+    case 128: return launch_kv<128>(kv_type, prm, pl, st);
+    default: return launch_kv<256>(kv_type, prm, pl, st);
     }
 }

@@ -36,6 +36,8 @@
 
 _Static_assert(OSP_KV_PAGE_F32 == OSP_DTYPE_F32 && OSP_KV_PAGE_F16 == OSP_DTYPE_F16,
                "the kernels' KV page types are the page format's ggml type ids");
+_Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_KV_DTYPE_NVFP4,
+               "the kernels' quantized KV page types are the page format's elem_type (the osp_kv_dtype value)");
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
 #define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
@@ -71,6 +73,10 @@ typedef struct cuda_backend {
     void *graphs[N_GRAPH_SIZES];
     const osp_graph *graphs_g; /* the op list and KV cache the graphs were captured with */
     uint64_t graphs_kv;
+    /* a quantized cache's fixed fp32 scales on the device: [n_layer, per] K then [n_layer, per] V
+     * (kv_cache.h's k_fixed / v_fixed), uploaded when a cache of graphs_kv's id is first run */
+    float *d_kv_fixed;
+    size_t kv_fixed_bytes;
     bool use_graphs;
 
     /* sampler */
@@ -167,6 +173,7 @@ static void cuda_free(osp_backend *be) {
     if (g->stream) (void)osp_cuda_stream_sync(g->stream);
     free_acts(g);
     free_sampler(g);
+    osp_cuda_free(g->d_kv_fixed);
     end_load(g);
     for (int32_t i = 0; i < g->n_weights; i++) osp_cuda_free(g->weights[i]);
     free(g->weights);
@@ -324,14 +331,15 @@ static bool is(const osp_graph *gr, int32_t act, uint32_t type) {
     return act >= 0 && act < gr->n_acts && gr->acts[act].type == type;
 }
 
-/* The KV page types the kernels have (attention*.cu, rope_kv_write): f16 and f32. FP8 / NVFP4 pages
- * (issue 13) are the GPU half still to come, bf16 pages are not written: refused here, once, when the
- * cache is created, so the error comes at start-up and not from the first launch. */
+/* The KV page types the kernels have (attention*.cu, rope_kv_write): f16, f32, and FP8 / NVFP4 (issue
+ * 13: quantized on write by rope_kv_write, read by the CUDA-core attention kernel, attention.cu; the
+ * tensor-core kernels take f16 only). bf16 pages are not written: refused here, once, when the cache is
+ * created, so the error comes at start-up and not from the first launch. */
 static bool cuda_supports_kv(osp_backend *be, osp_kv_dtype d, char *why, size_t n) {
     (void)be;
-    if (d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_F32) return true;
-    snprintf(why, n, "the CUDA backend has no %s KV pages yet (its kernels read f16 or f32 pages; fp8 and nvfp4 "
-                     "run on the CPU backend for now)", osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "such");
+    if (d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) return true;
+    snprintf(why, n, "the CUDA backend has no %s KV pages (its kernels read f16, f32, fp8 or nvfp4 pages)",
+             osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "such");
     return false;
 }
 
@@ -447,6 +455,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
     const int32_t *ids = g->d_in + lay.ids, *pos = g->d_in + lay.pos, *slot = g->d_in + lay.slot;
     const int32_t *qsl = g->d_in + lay.qsl, *bt = g->d_in + lay.bt, *lidx = g->d_in + lay.lidx;
     const uint32_t kvt = kv->fmt.elem_type; /* the kernels check it is a type they have */
+    const int32_t per = kv->fmt.fixed_scales_per_layer; /* quantized pages: their scales, per layer */
     void *st = g->stream;
     for (int32_t k = 0; k < gr->n_ops; k++) {
         const osp_op *op = &gr->ops[k];
@@ -454,6 +463,14 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         void *s0 = op->src0 >= 0 ? g->act[op->src0] : NULL, *s1 = op->src1 >= 0 ? g->act[op->src1] : NULL;
         const int64_t R = op->src0 >= 0 && gr->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
         const void *w = op->w ? op->w->parts[0].data : NULL;
+        osp_cuda_kv_quant kq = {0};
+        if (per > 0 && (op->kind == OSP_OP_ROPE_KV_WRITE || op->kind == OSP_OP_ATTENTION)) {
+            const size_t lo = (size_t)op->layer * (size_t)per, vo = (size_t)kv->n_layer * (size_t)per;
+            kq.d_k_fixed = g->d_kv_fixed + lo;
+            kq.d_v_fixed = g->d_kv_fixed + vo + lo;
+            kq.d_k_scale = kv->k_scale[op->layer];
+            kq.d_v_scale = kv->v_scale[op->layer];
+        }
         g->base.launches++; /* one launcher call an op (osp_backend.launches) */
         switch (op->kind) {
         case OSP_OP_EMBED:
@@ -470,17 +487,17 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
                                        op->w->cols, st));
             break;
         case OSP_OP_ROPE_KV_WRITE:
-            OSP_TRY(osp_cuda_rope_kv_write(s0, w, op->w1 ? op->w1->parts[0].data : NULL,
-                                           op->w2 ? op->w2->parts[0].data : NULL, pos, op->w3->parts[0].data, slot, dst,
-                                           kv->k[op->layer], kv->v[op->layer], kvt, T, op->p.rope.n_head,
-                                           op->p.rope.n_head_kv, op->p.rope.head_dim, op->p.rope.n_rot, op->p.rope.neox,
-                                           op->p.rope.eps, st));
+            OSP_TRY(osp_cuda_rope_kv_write_q(s0, w, op->w1 ? op->w1->parts[0].data : NULL,
+                                             op->w2 ? op->w2->parts[0].data : NULL, pos, op->w3->parts[0].data, slot,
+                                             dst, kv->k[op->layer], kv->v[op->layer], kvt, per > 0 ? &kq : NULL, T,
+                                             op->p.rope.n_head, op->p.rope.n_head_kv, op->p.rope.head_dim,
+                                             op->p.rope.n_rot, op->p.rope.neox, op->p.rope.eps, st));
             break;
         case OSP_OP_ATTENTION:
-            OSP_TRY(osp_cuda_paged_attention(s0, kv->k[op->layer], kv->v[op->layer], kvt, dst, S, qsl, pos, bt,
-                                             (int32_t)g->cap_w, kv->block_size, T, op->p.attn.n_head,
-                                             op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
-                                             op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));
+            OSP_TRY(osp_cuda_paged_attention_q(s0, kv->k[op->layer], kv->v[op->layer], kvt, per > 0 ? &kq : NULL, dst,
+                                               S, qsl, pos, bt, (int32_t)g->cap_w, kv->block_size, T, op->p.attn.n_head,
+                                               op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
+                                               op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));
             break;
         case OSP_OP_GLU:
             OSP_TRY(op->p.glu.act == OSP_GLU_GELU_TANH
@@ -546,6 +563,25 @@ static osp_status act_copy(cuda_backend *g, const osp_graph *gr, const osp_act_i
     return s;
 }
 
+/* A quantized cache's fixed scales (host, kv_cache.c) onto the device, K then V, into d_kv_fixed (grown
+ * when too small); nothing for f16 / f32 caches. Synchronous; called when another cache is first run,
+ * never during a graph capture. */
+static osp_status upload_kv_fixed(cuda_backend *g, const osp_kv_cache *kv) {
+    const int32_t per = kv->fmt.fixed_scales_per_layer;
+    if (per <= 0) return OSP_OK;
+    const size_t n = (size_t)kv->n_layer * (size_t)per, bytes = 2 * n * sizeof(float);
+    if (bytes > g->kv_fixed_bytes) {
+        osp_cuda_free(g->d_kv_fixed);
+        g->d_kv_fixed = NULL;
+        g->kv_fixed_bytes = 0;
+        OSP_TRY(osp_cuda_malloc((void **)&g->d_kv_fixed, bytes, "KV cache scales"));
+        g->kv_fixed_bytes = bytes;
+    }
+    OSP_TRY(osp_cuda_h2d(g->d_kv_fixed, kv->k_fixed, n * sizeof(float), g->stream));
+    OSP_TRY(osp_cuda_h2d(g->d_kv_fixed + n, kv->v_fixed, n * sizeof(float), g->stream));
+    return osp_cuda_stream_sync(g->stream);
+}
+
 static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b,
                            const osp_run_io *io) {
     cuda_backend *g = CU(be);
@@ -569,8 +605,10 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
                                     * block size sizes the buffers: start over */
         OSP_TRY(osp_cuda_stream_sync(g->stream));
         free_acts(g);
-        g->graphs_kv = kv->id;
+        g->graphs_kv = 0; /* until its fixed scales are on the device */
         g->graphs_g = NULL;
+        OSP_TRY(upload_kv_fixed(g, kv));
+        g->graphs_kv = kv->id;
     }
     const osp_op *attn_op = NULL;
     for (int32_t k = 0; k < gr->n_ops && !attn_op; k++)

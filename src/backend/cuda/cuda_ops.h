@@ -8,8 +8,8 @@
  * row-major, innermost last: [num_tokens, hidden] means num_tokens rows of hidden values.
  *
  * Types on the device: weights and GEMM inputs are bf16 (uint16_t bit patterns here), the residual
- * stream and logits fp32, KV pages f16 (default) or f32 (exact) in the CPU cache's layout
- * [num_blocks, block_size, n_head_kv, head_dim] per layer.
+ * stream and logits fp32, KV pages f16 (default), f32 (exact), FP8 E4M3 or NVFP4 (issue 13) in the CPU
+ * cache's layout [num_blocks, block_size, n_head_kv, head_dim] per layer (src/kv/kv_cache.h).
  *
  * Launchers only enqueue work: they do not synchronize, allocate nothing, and are safe inside CUDA
  * graph capture. They return OSP_OK, or OSP_ERR_INVALID_ARG for a shape they do not support (checked
@@ -81,6 +81,21 @@ void osp_cuda_graph_destroy(void *graph_exec);
  * elem_type: src/backend/kv_layout.h); another value is OSP_ERR_INVALID_ARG. */
 #define OSP_KV_PAGE_F32 0u
 #define OSP_KV_PAGE_F16 1u
+/* The quantized page formats (issue 13; layouts, scales and rounding in src/kv/kv_cache.h): the page
+ * format's elem_type for them is the osp_kv_dtype value (osprey/batch.h's OSP_KV_DTYPE_FP8 / NVFP4). */
+#define OSP_KV_PAGE_FP8 128u
+#define OSP_KV_PAGE_NVFP4 129u
+
+/* The scales of one layer's quantized pages, as the kernels take them (NULL for f16 / f32 pages):
+ *   d_k_fixed, d_v_fixed: device fp32, the scales fixed at cache creation (kv_cache.h's k_fixed /
+ *     v_fixed rows of this layer): fp8 [n_head_kv] (one per KV head), nvfp4 [1] (the tensor scale);
+ *   d_k_scale, d_v_scale: device, nvfp4 only (NULL for fp8): the micro-block scale pools of this layer,
+ *     [num_slots, n_head_kv, D / 16] E4M3 codes, addressed by slot as the pages.
+ * The pointers are read when the kernels run (a captured graph keeps them, not their contents). */
+typedef struct osp_cuda_kv_quant {
+    const float *d_k_fixed, *d_v_fixed;
+    uint8_t *d_k_scale, *d_v_scale;
+} osp_cuda_kv_quant;
 
 typedef struct osp_cuda_gemm osp_cuda_gemm;
 
@@ -141,6 +156,20 @@ osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const
                                   const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
                                   void *d_v_pages, uint32_t kv_type, int64_t T, int n_head, int n_head_kv, int D,
                                   int n_rot, bool neox, float eps, void *stream);
+/* The same for any page type, quantized ones included (kv_type OSP_KV_PAGE_FP8 / NVFP4 with kq their
+ * scales; kq is ignored, and may be NULL, for f16 / f32). Each token's K and V rows are quantized on
+ * their own at their slot, producing the bytes and micro-block scales of the CPU's write
+ * (src/backend/cpu/kv_quant.c, core/dtype.c's osp_fp32_to_e4m3 / osp_nvfp4_quantize16: the same
+ * divisions, round to nearest even, saturation, NaN codes), so a given fp32 K/V row gives the same page
+ * bytes on both backends. fp8: page byte [slot, h, d] = e4m3(x / d_k_fixed[h]); nvfp4: byte
+ * [slot, h, d / 2] holds value d in its low nibble (d even) or high nibble, and scale byte
+ * [slot, h, d / 16] the micro-block's E4M3 scale. nvfp4 needs D % 16 == 0. OSP_ERR_INVALID_ARG also for
+ * a quantized type without kq or its pointers. */
+osp_status osp_cuda_rope_kv_write_q(const float *d_qkv, const float *d_bias, const float *d_q_norm,
+                                    const float *d_k_norm, const int32_t *d_positions, const float *d_inv_freq,
+                                    const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
+                                    void *d_v_pages, uint32_t kv_type, const osp_cuda_kv_quant *kq, int64_t T,
+                                    int n_head, int n_head_kv, int D, int n_rot, bool neox, float eps, void *stream);
 
 /* out[t, j] = bf16(silu(gu[t, j]) * gu[t, F + j]) for j < F: d_gu: [T, 2F] bf16 (gate | up, one
  * GEMM's output), d_out: [T, F] bf16. silu(x) = x / (1 + exp(-x)) in fp32. */
@@ -202,6 +231,18 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
                                     const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
                                     int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
                                     int32_t window, int32_t max_seq_len, void *d_workspace, void *stream);
+/* The same for any page type: kv_type OSP_KV_PAGE_FP8 or NVFP4 with kq their scales (kq ignored, may be
+ * NULL, for f16 / f32). Quantized pages are read directly by the CUDA-core kernel (v0, whatever mode
+ * is forced: the tensor-core kernels take f16 pages only): each 32-key K/V tile is decoded once into
+ * fp32 shared memory as e4m3(code) * d_*_fixed[kv head] (fp8) or e2m1(code) * (e4m3(scale) * tensor
+ * scale) (nvfp4), each one fp32 product, the values core/dtype.c's dequantizers and the CPU's read
+ * give; no dequantized copy of the cache is made. Then the same online softmax as for f16 pages. */
+osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                      uint32_t kv_type, const osp_cuda_kv_quant *kq, uint16_t *d_out, int32_t num_seqs,
+                                      const int32_t *d_query_start_loc, const int32_t *d_positions,
+                                      const int32_t *d_block_table, int32_t max_blocks, int32_t block_size, int64_t T,
+                                      int n_head, int n_head_kv, int D, float scale, int32_t window,
+                                      int32_t max_seq_len, void *d_workspace, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /* The elementwise and row kernels of the llama-family forward pass on the GPU (the "ops.cu" part of
  * cuda_ops.h): embedding gather, fused residual add + RMSNorm, gathered RMSNorm, bias + q/k norm +
- * RoPE + KV-page write, the SiLU-gated product, argmax, fp32 -> bf16, and the seeded random fill of
+ * RoPE + KV-page write (f16 / fp32 / fp8 / nvfp4 pages), the SiLU-gated product, argmax, fp32 -> bf16, and the seeded random fill of
  * tools/osprey make-random-model.
  *
  * Why they look like this: every one of them is memory-bound, so each reads and writes its bytes once,
@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/kv_quant.cuh" /* the E4M3 / NVFP4 encoders of the quantized KV write */
 
 namespace {
 
@@ -28,7 +29,7 @@ constexpr int kRowThreads = 256;    /* norms: one block per row */
 constexpr int kEltThreads = 256;    /* elementwise kernels */
 constexpr int kArgmaxThreads = 512; /* argmax: one block per row of a whole vocabulary */
 constexpr int kRopeWarps = 4;       /* rope_kv_write: one warp per head, 4 heads per block */
-constexpr int kRopeMaxD = 1024;     /* shared memory: (n_rot + 4 D) floats <= 20 KiB */
+constexpr int kRopeMaxD = 1024;     /* shared memory: (n_rot + 4 D) floats <= 20 KiB (nvfp4: + 4 D, 36 KiB) */
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxGridX = 1 << 20; /* beyond it the kernels' grid-stride loops take over */
 
@@ -184,20 +185,28 @@ __global__ void __launch_bounds__(kRowThreads)
  * unit: unit < n_head is a q head, then n_head_kv k heads, then n_head_kv v heads (blockIdx.x picks
  * the units). A warp stages its head's D values in its own shared-memory row (bias added, RMS-
  * normalized for q / k when asked), because a rotated value needs its pair partner from another lane,
- * then writes q_out (bf16) or the pages (f16 / fp32) at slot_mapping[t] (k / v skipped when negative).
+ * then writes q_out (bf16) or the pages at slot_mapping[t] (k / v skipped when negative): f16 / fp32
+ * values, or quantized (issue 13; kv_quant.cuh): fp8 codes e4m3(x / fixed[h]) one per lane as the values
+ * come, nvfp4 through a second staging row of the finished values, from which lane j quantizes
+ * micro-block j (16 values: one E4M3 scale byte, 8 code bytes in one 8-byte store).
  * The rotation's products and sums are __fmul_rn / __fsub_rn / __fadd_rn: the CPU's exact operations.
- * shared memory: [n_rot / 2] cos, [n_rot / 2] sin, then [kRopeWarps][D] staging rows. */
+ * shared memory: [n_rot / 2] cos, [n_rot / 2] sin, then [kRopeWarps][D] staging rows, then (nvfp4)
+ * [kRopeWarps][D] rows of finished values. kv: the page kind, KvPage. */
+enum KvPage { kPageF32 = 0, kPageF16 = 1, kPageFp8 = 2, kPageNvfp4 = 3 };
 __global__ void __launch_bounds__(kRopeWarps * 32)
     rope_kv_kernel(const float *__restrict__ qkv, const float *__restrict__ bias, const float *__restrict__ q_norm,
                    const float *__restrict__ k_norm, const int32_t *__restrict__ positions,
                    const float *__restrict__ inv_freq, const int32_t *__restrict__ slot_mapping,
-                   uint16_t *__restrict__ q_out, void *__restrict__ k_pages, void *__restrict__ v_pages, bool kv_f16,
-                   int64_t T, int n_head, int n_head_kv, int D, int n_rot, bool neox, float eps) {
+                   uint16_t *__restrict__ q_out, void *__restrict__ k_pages, void *__restrict__ v_pages, int kv,
+                   const float *__restrict__ k_fixed, const float *__restrict__ v_fixed, uint8_t *__restrict__ k_scale,
+                   uint8_t *__restrict__ v_scale, int64_t T, int n_head, int n_head_kv, int D, int n_rot, bool neox,
+                   float eps) {
     extern __shared__ float smem[];
     const int half = n_rot / 2;
     float *cos_t = smem, *sin_t = smem + half;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *buf = smem + n_rot + warp * D;
+    float *obuf = smem + n_rot + (kRopeWarps + warp) * D; /* nvfp4 only */
     const int n_units = n_head + 2 * n_head_kv;
     const int unit = blockIdx.x * kRopeWarps + warp;
     const int64_t QD = (int64_t)n_head * D, KD = (int64_t)n_head_kv * D, row = QD + 2 * KD;
@@ -209,6 +218,12 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
     const int64_t col = kind == 0 ? (int64_t)h * D : kind == 1 ? QD + (int64_t)h * D : QD + KD + (int64_t)h * D;
     const float *nw = kind == 0 ? q_norm : kind == 1 ? k_norm : nullptr;
     const bool rotate = kind != 2;
+    /* the quantized pages' fixed scale of this unit: fp8 its head's, nvfp4 the tensor scale */
+    float fix = 1.0f;
+    if (kind != 0 && unit < n_units && (kv == kPageFp8 || kv == kPageNvfp4)) {
+        const float *f = kind == 1 ? k_fixed : v_fixed;
+        fix = f[kv == kPageFp8 ? h : 0];
+    }
 
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
         __syncthreads(); /* the previous token's table and staging rows are no longer read */
@@ -261,10 +276,26 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
             } else {
                 const int64_t e = ((int64_t)slot * n_head_kv + h) * D + d;
                 void *pages = kind == 1 ? k_pages : v_pages;
-                if (kv_f16)
+                if (kv == kPageF16)
                     static_cast<uint16_t *>(pages)[e] = osp_f_to_f16(v);
-                else
+                else if (kv == kPageF32)
                     static_cast<float *>(pages)[e] = v;
+                else if (kv == kPageFp8)
+                    static_cast<uint8_t *>(pages)[e] = (uint8_t)osp_dev_fp32_to_e4m3(__fdiv_rn(v, fix));
+                else
+                    obuf[d] = v;
+            }
+        }
+        if (kind != 0 && kv == kPageNvfp4) { /* the row is in obuf: lane j quantizes micro-block j */
+            __syncwarp();
+            const int64_t row0 = ((int64_t)slot * n_head_kv + h) * D; /* value index of the row's first value */
+            uint8_t *pages = static_cast<uint8_t *>(kind == 1 ? k_pages : v_pages);
+            uint8_t *scales = kind == 1 ? k_scale : v_scale;
+            for (int j = lane; j < D / 16; j += 32) {
+                uint32_t lo, hi, sc;
+                osp_dev_nvfp4_quantize16(obuf + 16 * j, fix, lo, hi, sc);
+                *reinterpret_cast<uint2 *>(pages + (row0 + 16 * j) / 2) = make_uint2(lo, hi);
+                scales[(row0 + 16 * j) / 16] = (uint8_t)sc;
             }
         }
     }
@@ -514,24 +545,51 @@ osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const
                                   int n_rot, bool neox, float eps, void *stream) {
     if (kv_type != OSP_KV_PAGE_F16 && kv_type != OSP_KV_PAGE_F32)
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: KV page type %u is not f32 or f16", kv_type);
-    const bool kv_f16 = kv_type == OSP_KV_PAGE_F16;
+    return osp_cuda_rope_kv_write_q(d_qkv, d_bias, d_q_norm, d_k_norm, d_positions, d_inv_freq, d_slot_mapping, d_q_out,
+                                    d_k_pages, d_v_pages, kv_type, NULL, T, n_head, n_head_kv, D, n_rot, neox, eps,
+                                    stream);
+}
+
+osp_status osp_cuda_rope_kv_write_q(const float *d_qkv, const float *d_bias, const float *d_q_norm,
+                                    const float *d_k_norm, const int32_t *d_positions, const float *d_inv_freq,
+                                    const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
+                                    void *d_v_pages, uint32_t kv_type, const osp_cuda_kv_quant *kq, int64_t T,
+                                    int n_head, int n_head_kv, int D, int n_rot, bool neox, float eps, void *stream) {
+    int kv;
+    switch (kv_type) {
+    case OSP_KV_PAGE_F32: kv = kPageF32; break;
+    case OSP_KV_PAGE_F16: kv = kPageF16; break;
+    case OSP_KV_PAGE_FP8: kv = kPageFp8; break;
+    case OSP_KV_PAGE_NVFP4: kv = kPageNvfp4; break;
+    default:
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: KV page type %u is not f32, f16, fp8 or nvfp4",
+                             kv_type);
+    }
+    const bool quant = kv == kPageFp8 || kv == kPageNvfp4;
     if (T < 0 || n_head < 1 || n_head_kv < 1 || n_head > (1 << 16) || n_head_kv > (1 << 16) || D < 1 ||
-        D > kRopeMaxD || n_rot < 0 || n_rot > D || n_rot % 2 != 0)
+        D > kRopeMaxD || n_rot < 0 || n_rot > D || n_rot % 2 != 0 || (kv == kPageNvfp4 && D % 16 != 0))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "osp_cuda_rope_kv_write: unsupported shape T %lld, n_head %d, n_head_kv %d, head_dim %d "
-                             "(1..%d), n_rot %d (even, <= head_dim)",
+                             "(1..%d; nvfp4 pages: a multiple of 16), n_rot %d (even, <= head_dim)",
                              (long long)T, n_head, n_head_kv, D, kRopeMaxD, n_rot);
     if (T > 0 && (!d_qkv || !d_positions || !d_slot_mapping || !d_q_out || !d_k_pages || !d_v_pages ||
                   (n_rot > 0 && !d_inv_freq)))
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: a NULL pointer");
+    if (quant && (!kq || !kq->d_k_fixed || !kq->d_v_fixed ||
+                  (kv == kPageNvfp4 && (!kq->d_k_scale || !kq->d_v_scale))))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: %s pages without their scales",
+                             kv == kPageFp8 ? "fp8" : "nvfp4");
+    if (kv == kPageNvfp4 && (((uintptr_t)d_k_pages | (uintptr_t)d_v_pages) & 7u))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: nvfp4 pages must be 8-byte aligned");
     if (T == 0) return OSP_OK;
     cudaStream_t st = (cudaStream_t)stream;
     const int n_units = n_head + 2 * n_head_kv;
     const dim3 grid((unsigned)((n_units + kRopeWarps - 1) / kRopeWarps), rows_grid(T, kMaxGridY));
-    const size_t smem = (size_t)(n_rot + kRopeWarps * D) * sizeof(float);
-    rope_kv_kernel<<<grid, kRopeWarps * 32, smem, st>>>(d_qkv, d_bias, d_q_norm, d_k_norm, d_positions, d_inv_freq,
-                                                        d_slot_mapping, d_q_out, d_k_pages, d_v_pages, kv_f16, T,
-                                                        n_head, n_head_kv, D, n_rot, neox, eps);
+    const size_t smem = (size_t)(n_rot + (kv == kPageNvfp4 ? 2 : 1) * kRopeWarps * D) * sizeof(float);
+    rope_kv_kernel<<<grid, kRopeWarps * 32, smem, st>>>(
+        d_qkv, d_bias, d_q_norm, d_k_norm, d_positions, d_inv_freq, d_slot_mapping, d_q_out, d_k_pages, d_v_pages, kv,
+        quant ? kq->d_k_fixed : nullptr, quant ? kq->d_v_fixed : nullptr, quant ? kq->d_k_scale : nullptr,
+        quant ? kq->d_v_scale : nullptr, T, n_head, n_head_kv, D, n_rot, neox, eps);
     OSP_CUDA_LAUNCH_CHECK("rope_kv_kernel");
     return OSP_OK;
 }
