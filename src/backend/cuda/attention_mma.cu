@@ -607,20 +607,20 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
 #pragma unroll
         for (int u = 0; u < CPT; u++) slot_v[u] = slot_next[u];
         fetch_slots(kb + kKeys, slot_next);
-        int i = 0;
-        for (int k0 = kb; k0 < ke; k0 += kKeys, i++) {
-            const int st = i & 1;
-            cp_async_wait<0>(); /* this thread's copies of K_i and V_{i-1} have landed */
+        /* top of tile i (keys k0 ..): K_i and V_{i-1} landed and visible; V_i and K_{i+1} started */
+        auto tile_loads = [&](int k0, int st) {
+            cp_async_wait<0>();  /* this thread's copies of K_i and V_{i-1} have landed */
             fence_proxy_async(); /* ... and are visible to wgmma */
-            __syncthreads(); /* everyone's have; every warp is done with S_{i-1} and P_{i-2} V_{i-2} */
-            load_v(slot_v, st); /* V_i where V_{i-2} was */
+            __syncthreads();     /* everyone's have; every warp is done with S_{i-1} and P_{i-2} V_{i-2} */
+            load_v(slot_v, st);  /* V_i where V_{i-2} was */
             if (k0 + kKeys < ke) load_k(slot_next, st ^ 1); /* K_{i+1} where K_{i-1} was */
             cp_async_commit();
 #pragma unroll
             for (int u = 0; u < CPT; u++) slot_v[u] = slot_next[u];
             fetch_slots(k0 + 2 * kKeys, slot_next);
-
-            float sc[NB][4];
+        };
+        /* S_i = Q K_i issued (not awaited) into sc */
+        auto issue_s = [&](float (&sc)[NB][4], int st) {
 #pragma unroll
             for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
             if constexpr (D == 64) { /* as in the serial loop: Q's A registers live within one tile */
@@ -629,38 +629,31 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             }
             wg_fence_operands(sc);
             if constexpr (D == 64) wg_fence_operands(qf);
-            if (i > 0) {
-                wg_fence_operands(o);
-                wg_fence_operands(pa);
-            }
+            wg_fence_operands(o);
+            wg_fence_operands(pa);
             wg_fence();
             const uint32_t kst = smem_u32(sK) + (uint32_t)(st * kKeys * KRS * 2);
 #pragma unroll
             for (int kk = 0; kk < KT; kk++)
                 wgmma_m64n64<0>(sc, qf[kk], wg_desc(kst + (uint32_t)((kk / 4) * kKeys * 128 + (kk % 4) * 32), 16, 1024), kk > 0);
             wg_commit();
-            if (i > 0) { /* O += P_{i-1} V_{i-1}, under this tile's softmax */
-                const uint32_t vst = smem_u32(sV) + (uint32_t)((st ^ 1) * kKeys * KRS * 2);
+        };
+        /* O += P V_j from V stage vs, issued (not awaited) */
+        auto issue_pv = [&](int vs) {
+            const uint32_t vst = smem_u32(sV) + (uint32_t)(vs * kKeys * KRS * 2);
 #pragma unroll
-                for (int j = 0; j < kKeys / 16; j++) {
-                    const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
-                    if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
-                    else wgmma_m64n64<1>(o, pa[j], dv, 1);
-                }
-                wg_commit();
-                wg_wait<1>(); /* S_i is done; P V may still run */
-            } else {
-                wg_wait<0>();
+            for (int j = 0; j < kKeys / 16; j++) {
+                const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
+                if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
+                else wgmma_m64n64<1>(o, pa[j], dv, 1);
             }
-            wg_fence_operands(sc);
-            if constexpr (D == 64) wg_fence_operands(qf);
-
-            /* a chunk starts at tile i: the last one's (m, l) kept for its end, a fresh state */
-            const bool new_chunk = i > 0 && k0 % kChunk == 0;
-            float cm[2] = {m[0], m[1]}, cl[2] = {l[0], l[1]};
-            if (new_chunk) m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
-            float alpha[2] = {1.0f, 1.0f};
-            bool o_zero[2] = {true, true};
+            wg_commit();
+        };
+        /* scale, mask and online softmax of tile k0 (the serial loop's arithmetic), P into pn; alpha
+         * and o_zero for o's rescale */
+        auto softmax = [&](float (&sc)[NB][4], int k0, uint32_t (&pn)[kKeys / 16][4], float (&alpha)[2], bool (&o_zero)[2]) {
+            alpha[0] = alpha[1] = 1.0f;
+            o_zero[0] = o_zero[1] = true;
             if (has_rows) {
 #pragma unroll
                 for (int n = 0; n < NB; n++)
@@ -698,27 +691,54 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
 #pragma unroll
                 for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
             }
-            uint32_t pn[kKeys / 16][4];
 #pragma unroll
             for (int j = 0; j < kKeys / 16; j++) {
                 pn[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pn[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
                 pn[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
                 pn[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
             }
-            if (i > 0) {
-                wg_wait<0>(); /* P_{i-1} V_{i-1} is in o */
-                wg_fence_operands(o);
-                wg_fence_operands(pa);
-                if (new_chunk) {
-                    chunk_end(cm, cl, k0 / kChunk - 1);
+        };
+        /* tile 0: S alone (o is empty) */
+        {
+            float sc[NB][4], alpha[2];
+            bool o_zero[2];
+            tile_loads(kb, 0);
+            issue_s(sc, 0);
+            wg_wait<0>();
+            wg_fence_operands(sc);
+            if constexpr (D == 64) wg_fence_operands(qf);
+            softmax(sc, kb, pa, alpha, o_zero);
+        }
+        /* tiles 1 ..: every wgmma unconditional (a wgmma under a branch makes ptxas serialize them all) */
+        int i = 1;
+        for (int k0 = kb + kKeys; k0 < ke; k0 += kKeys, i++) {
+            const int st = i & 1;
+            tile_loads(k0, st);
+            float sc[NB][4], alpha[2];
+            bool o_zero[2];
+            issue_s(sc, st);
+            issue_pv(st ^ 1); /* O += P_{i-1} V_{i-1}, under this tile's softmax */
+            wg_wait<1>();     /* S_i is done; P V may still run */
+            wg_fence_operands(sc);
+            if constexpr (D == 64) wg_fence_operands(qf);
+            /* a chunk starts at tile i: the last one's (m, l) kept for its end, a fresh state */
+            const bool new_chunk = k0 % kChunk == 0;
+            const float cm[2] = {m[0], m[1]}, cl[2] = {l[0], l[1]};
+            if (new_chunk) m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
+            uint32_t pn[kKeys / 16][4];
+            softmax(sc, k0, pn, alpha, o_zero);
+            wg_wait<0>(); /* P_{i-1} V_{i-1} is in o */
+            wg_fence_operands(o);
+            wg_fence_operands(pa);
+            if (new_chunk) {
+                chunk_end(cm, cl, k0 / kChunk - 1);
 #pragma unroll
-                    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-                } else if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
+                for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+            } else if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
 #pragma unroll
-                    for (int n = 0; n < ND; n++) {
-                        o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-                        o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
-                    }
+                for (int n = 0; n < ND; n++) {
+                    o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                    o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
                 }
             }
 #pragma unroll
@@ -733,16 +753,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
         wg_fence_operands(o);
         wg_fence_operands(pa);
         wg_fence();
-        {
-            const uint32_t vst = smem_u32(sV) + (uint32_t)(((i - 1) & 1) * kKeys * KRS * 2);
-#pragma unroll
-            for (int j = 0; j < kKeys / 16; j++) {
-                const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
-                if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
-                else wgmma_m64n64<1>(o, pa[j], dv, 1);
-            }
-        }
-        wg_commit();
+        issue_pv((i - 1) & 1);
         wg_wait<0>();
         wg_fence_operands(o);
         wg_fence_operands(pa);
