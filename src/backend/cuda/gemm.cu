@@ -97,6 +97,10 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
     size_t ws = g->workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    /* split-K partial sums in fp32 (the compute type) or none: never added up in the output's bf16 (the
+     * INPLACE and OUTPUT_TYPE schemes), which would round every partial to 8 bits */
+    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
     cublasLtMatmulHeuristicResult_t res;
     int n = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &n);

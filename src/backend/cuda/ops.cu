@@ -304,9 +304,14 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
 /* ---- SiLU-gated product ------------------------------------------------------------------------- */
 
 __device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-/* GELU, tanh approximation (as osp_cpu_gelu_mul) */
+/* GELU, tanh approximation: 0.5 x (1 + tanh z), z = sqrt(2 / pi) (x + 0.044715 x^3), computed as the
+ * identical x / (1 + e^(-2z)) (1 + tanh z = 2 / (1 + e^(-2z))). The tanh form cancels where z < -9:
+ * tanhf rounds to -1 and the product becomes 0 however large u is (the kernel gate's dependence
+ * check found it: gelu(-5.5) * u stayed 0 while u changed); this form keeps the relative precision
+ * of expf there. osp_cpu_gelu_mul keeps the tanh form (llama.cpp's, which the CPU matches). */
 __device__ __forceinline__ float gelu_mul1(float x, float u) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u;
+    const float z = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * z)) * u;
 }
 template <bool GELU> __device__ __forceinline__ float glu1(float g, float u) {
     if constexpr (GELU)
