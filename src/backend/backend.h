@@ -27,6 +27,10 @@ typedef struct osp_backend_params {
     osp_threadpool *pool; /* host worker threads lent by the model (CPU ops; dequantizing at upload) */
     bool exact;           /* CPU: fp32 activations in every matmul (osp_model_params.exact) */
     bool emulate_bf16;    /* CPU: round to bf16 where the CUDA backend stores bf16 (op.h) */
+    /* Benchmarks (bench/kernels/): time every run's ops on the device, for run_device_us. Off (the
+     * default) costs nothing; on, a run records two device timestamps around its ops and nothing else
+     * changes (the same kernels, results and synchronization). Backends without a device clock ignore it. */
+    bool time_runs;
 } osp_backend_params;
 
 /* Where a placed weight's values come from: rows of a stored tensor (GGUF mapping), or seeded random
@@ -100,6 +104,15 @@ typedef struct osp_backend_vtable {
     /* Copies rows [row0, row0 + n) of the last run's logits to dst [n, n_vocab] (synchronous). */
     osp_status (*logits_to_host)(osp_backend *be, int32_t row0, int32_t n, float *dst);
     osp_status (*sync)(osp_backend *be);
+    /* Optional: NULL where the backend has no device clock (the CPU: callers time runs with the wall
+     * clock). The device time of the last `run`'s ops, in microseconds, into *us: from after the step's
+     * inputs (the packed metadata and io->acts inputs) are on the device to after the last op's work,
+     * so host work, input and output copies and the final sync are outside it; an idle gap while the
+     * host launches the first op is inside it. Waits for that run's ops to finish. Needs a backend
+     * created with osp_backend_params.time_runs. *us is 0 on error. Errors: OSP_ERR_UNSUPPORTED when
+     * time_runs was off; OSP_ERR_INVALID_ARG when no run has been timed, or the last run failed before
+     * its ops were enqueued; OSP_ERR_INTERNAL from the device. */
+    osp_status (*run_device_us)(osp_backend *be, double *us);
 } osp_backend_vtable;
 
 struct osp_backend {

@@ -591,6 +591,7 @@ static const osp_backend_vtable k_cpu_vt = {
     .sample = cpu_sample,
     .logits_to_host = cpu_logits_to_host,
     .sync = cpu_sync,
+    .run_device_us = NULL, /* no device clock: a run's wall time is its time */
 };
 
 osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out) {

@@ -17,7 +17,11 @@
  *
  * Buffers are sized by capacities (tokens, logits rows, sequences, block-table width) and grown only
  * when a batch exceeds them, which also drops the captured graphs (they hold the old pointers); in a
- * running engine that happens in the first steps only, so steady steps allocate nothing. */
+ * running engine that happens in the first steps only, so steady steps allocate nothing.
+ *
+ * With osp_backend_params.time_runs (bench-kernels), a run records an event after the step's inputs are
+ * uploaded and another after its ops (the graph replay, or the eager enqueue: never inside a capture);
+ * run_device_us reads the time between them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +82,10 @@ typedef struct cuda_backend {
     float *d_kv_fixed;
     size_t kv_fixed_bytes;
     bool use_graphs;
+    /* osp_backend_params.time_runs: events recorded around each run's ops (run_device_us); timed: the
+     * last run recorded both */
+    bool time_runs, timed;
+    void *ev_start, *ev_end;
 
     /* sampler */
     int32_t cap_r, cap_ids, cap_bias;
@@ -178,6 +186,8 @@ static void cuda_free(osp_backend *be) {
     for (int32_t i = 0; i < g->n_weights; i++) osp_cuda_free(g->weights[i]);
     free(g->weights);
     osp_cuda_gemm_destroy(g->gemm);
+    osp_cuda_event_destroy(g->ev_start);
+    osp_cuda_event_destroy(g->ev_end);
     osp_cuda_stream_destroy(g->stream);
     free(g);
 }
@@ -589,6 +599,7 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     const bool has_io = io && io->n_acts > 0;
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
     g->logits = NULL;
+    g->timed = false; /* until both events of this run are recorded */
     const int gi = g->use_graphs && !has_io && is_pure_decode(b) ? graph_slot(b->num_seqs) : -1;
     /* padded sizes: a decode batch runs at its ladder size (eager or graph alike, so the same kernels
      * and GEMM plans see the same shapes either way) */
@@ -643,11 +654,18 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     OSP_TRY(osp_cuda_h2d(g->d_in, h, (lay.bt + (size_t)S * (size_t)g->cap_w) * 4, g->stream));
     for (int32_t i = 0; has_io && i < io->n_acts; i++)
         if (io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
+    /* time_runs: the ops' device time between two events, both outside any capture (the eager run
+     * before a capture is the one timed; the capture itself runs nothing) */
+    if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_start, g->stream));
     if (gi >= 0 && g->graphs[gi]) {
         g->base.launches++;
         OSP_TRY(osp_cuda_graph_launch(g->graphs[gi], g->stream));
+        if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
+        g->timed = g->time_runs;
     } else {
         OSP_TRY(enqueue(g, gr, kv, T, S, L));
+        if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
+        g->timed = g->time_runs;
         if (gi >= 0) { /* capture this size now that its GEMM plans exist */
             OSP_TRY(osp_cuda_graph_begin(g->stream));
             osp_status s = enqueue(g, gr, kv, T, S, L);
@@ -685,6 +703,18 @@ static osp_status cuda_logits_to_host(osp_backend *be, int32_t row0, int32_t n, 
 }
 
 static osp_status cuda_sync(osp_backend *be) { return osp_cuda_stream_sync(CU(be)->stream); }
+
+static osp_status cuda_run_device_us(osp_backend *be, double *us) {
+    cuda_backend *g = CU(be);
+    *us = 0.0;
+    if (!g->time_runs)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda: run timing is off (osp_backend_params.time_runs)");
+    if (!g->timed) return osp_set_error(OSP_ERR_INVALID_ARG, "cuda: the last run was not timed (none ran, or it failed)");
+    float ms = 0.0f;
+    OSP_TRY(osp_cuda_event_elapsed_ms(g->ev_start, g->ev_end, &ms)); /* waits for the end event */
+    *us = 1e3 * (double)ms;
+    return OSP_OK;
+}
 
 /* ---- sampling ---------------------------------------------------------------------------------- */
 
@@ -845,6 +875,7 @@ static const osp_backend_vtable k_cuda_vt = {
     .sample = cuda_sample,
     .logits_to_host = cuda_logits_to_host,
     .sync = cuda_sync,
+    .run_device_us = cuda_run_device_us,
 };
 
 int osp_backend_cuda_device_count(void) { return osp_cuda_device_count(); }
@@ -898,8 +929,11 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     g->pool = p->pool;
     const char *ge = getenv("OSPREY_CUDA_GRAPHS");
     g->use_graphs = !(ge && ge[0] == '0');
+    g->time_runs = p->time_runs;
     osp_status s = osp_cuda_stream_create(&g->stream);
     if (s == OSP_OK) s = osp_cuda_gemm_create(GEMM_WORKSPACE_BYTES, &g->gemm);
+    if (s == OSP_OK && g->time_runs) s = osp_cuda_event_create(&g->ev_start);
+    if (s == OSP_OK && g->time_runs) s = osp_cuda_event_create(&g->ev_end);
     if (s != OSP_OK) {
         cuda_free(&g->base);
         return s;
