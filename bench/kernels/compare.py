@@ -3,7 +3,7 @@
 gate of each and the median times, B over A (below 1: B is faster). When the two reports ran other
 solutions (one each: cpu vs cpu-exact, cpu vs cuda), rows pair by (definition, workload) alone.
 Workloads present in only one report, and hidden workloads whose dimensions differ (another --seed),
-are listed apart.
+are listed apart. A ratio of medians by two clocks ("clock": device vs wall) is marked '*'.
 
 usage: bench/kernels/compare.py A.json B.json"""
 import json
@@ -54,11 +54,15 @@ def main():
             only.append(key)
             continue
         ta, tb = wa.get("timing", {}).get("median_us"), wb.get("timing", {}).get("median_us")
-        ratio = f"{tb / ta:6.2f}" if ta and tb else f"{'-':>6}"
+        # medians by two clocks (device vs wall, or a report from before the clock field) are marked '*'
+        ca, cb = wa.get("timing", {}).get("clock", "wall"), wb.get("timing", {}).get("clock", "wall")
+        ratio = f"{tb / ta:5.2f}{'*' if ca != cb else ' '}" if ta and tb else f"{'-':>6}"
         fa = f"{ta:10.2f}" if ta else f"{'-':>10}"
         fb = f"{tb:10.2f}" if tb else f"{'-':>10}"
         print(f"{key[0]:10} {key[1]:24} {key[2]:28} {wa.get('gate', wa.get('status')):>11} "
               f"{wb.get('gate', wb.get('status')):>11} {fa} {fb} {ratio}")
+    print("B/A marked '*': the two medians are by different clocks (device time of the kernels vs wall time "
+          "around each run): not comparable")
     if only:
         print(f"in one report only, or other dimensions: {len(only)}")
         for k in only[:40]:

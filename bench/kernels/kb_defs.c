@@ -9,6 +9,8 @@
  *                 (matmul outputs may add "stol": a multiple of each element's sum of |x_k w_k|, the
  *                 bound of a dot product's error from rounded inputs however much its terms cancel)
  *    "workloads": [{"id": "smollm2-decode", "dims": {"T": 1, "E": 576}, "gen": "normal"}, ...]}
+ *                 (a workload may add "big": true: skipped under --no-big; every listed workload's
+ *                 inputs and outputs must fit the 2^28-element limit of a case, checked here)
  *
  * The op kind's adapter (kb_ops.c) fixes the dimension, input and output names and their order; a
  * definition that differs is rejected, as is any field this loader does not know (a field accepted
@@ -272,7 +274,7 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
     }
     for (size_t w = 0; w < json_array_size(wls); w++) {
         json_t *e = json_array_get(wls, w);
-        static const char *const wkeys[] = {"id", "dims", "gen", NULL};
+        static const char *const wkeys[] = {"id", "dims", "gen", "big", NULL};
         if (!json_is_object(e) || !only_keys(e, wkeys, path, err, errn)) {
             if (!json_is_object(e)) kb_fail(err, errn, "%s: workload %zu is not an object", path, w);
             goto done;
@@ -310,6 +312,20 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
                 goto done;
             }
             wl->dim[i] = json_integer_value(v);
+        }
+        json_t *big = json_object_get(e, "big");
+        if (big && !json_is_boolean(big)) {
+            kb_fail(err, errn, "%s: workload '%s': 'big' must be true or false", path, id);
+            goto done;
+        }
+        wl->big = json_is_true(big);
+        /* the case's size limit, here rather than at the first run (a big workload skipped by the CPU
+         * gate would otherwise first fail on the device) */
+        const double elems = kb_case_elements(d, wl->dim);
+        if (!(elems <= KB_MAX_CASE_ELEMENTS)) {
+            kb_fail(err, errn, "%s: workload '%s' needs %.3g elements (inputs and outputs); the proving ground takes at "
+                               "most 2^28 a case", path, id, elems);
+            goto done;
         }
     }
     ok = true;

@@ -30,7 +30,12 @@ void kb_fill(float *v, size_t n, kb_gen g, double scale, uint32_t dtype, uint64_
 int64_t rope_n_rot(const kb_case *c);
 /* the attention's softmax scale: the definition's, or 1 / sqrt(D) */
 double attn_scale(const kb_case *c);
-/* c->ref from c->in (and c->ids, c->lidx) */
+/* The elements of every input and output of d's kind at dimensions dim (a case holds each in fp32 and
+ * the outputs' reference in fp64): at most KB_MAX_CASE_ELEMENTS, checked when a definition is loaded
+ * (listed workloads) and when a case is made (any). */
+#define KB_MAX_CASE_ELEMENTS ((double)(1 << 28))
+double kb_case_elements(const kb_def *d, const int64_t *dim);
+/* c->ref from c->in (and c->ids, c->lidx); matmul and attention on every CPU when large */
 void kb_reference(kb_case *c);
 /* the message fmt into err (n bytes); false, for `return kb_fail(...)` in the loaders */
 bool kb_fail(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -4,15 +4,18 @@
  * solution that does not support a definition is reported, not failed).
  *
  *   osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda]... [--gate-only]
- *                        [--hidden N] [--no-listed] [--seeds K] [--seed S] [--timeout SECONDS] [--out FILE]
+ *                        [--hidden N] [--no-listed] [--no-big] [--seeds K] [--seed S] [--timeout SECONDS] [--out FILE]
  *                        [--min-time SECONDS] [--trace FILE] [--markdown]
  *
  * The hidden workloads are drawn from each definition's ranges with --seed (default: from the clock),
  * which the report logs, so a run can be repeated exactly. --trace FILE adds, to every definition, the
  * 8 most frequent step shapes of a serving trace (`osprey serve --trace-shapes FILE`).
  *
- * Each timed workload's "timing" in the report: median_us, p10_us, p90_us, reps; gbps and gflops (the
- * adapter's bytes and FLOPs over the median); setup_us (the gate's first prepare + first run of that
+ * Each timed workload's "timing" in the report: median_us, p10_us, p90_us, reps, by the clock named in
+ * "clock": "device" (the backend's device time of the op's kernels, CUDA events: backend.h
+ * run_device_us) or "wall" (the wall time around each run: the CPU); wall_median_us, the wall clock's
+ * median around the same runs either way; gbps and gflops (the adapter's bytes and FLOPs over the
+ * median); setup_us (the gate's first prepare + first run of that
  * workload: weights placed, plans made, modules loaded; osprey compiles its kernels ahead of time, so
  * there is no JIT time to add); the ceilings measured once per child at its first timing: copy_gbps
  * (always) and gemm_gflops (matmul and attention only, 0 elsewhere), fraction_of_copy_bw, and
@@ -47,14 +50,14 @@
 typedef struct opts {
     const char *defs_dir, *op, *out, *trace, *solutions[4];
     int n_solutions, hidden, seeds, timeout_s;
-    bool gate_only, markdown, warm, no_listed;
+    bool gate_only, markdown, warm, no_listed, no_big;
     uint64_t seed;
     double min_time;
 } opts;
 
 static void usage(void) {
     fprintf(stderr, "usage: osprey bench-kernels [--defs DIR] [--op NAME] [--solution cpu|cpu-exact|cuda|DEVICE:KIND/vN[+KEY=VALUE]]... "
-                    "[--gate-only] [--hidden N] [--no-listed] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] [--warm] "
+                    "[--gate-only] [--hidden N] [--no-listed] [--no-big] [--seeds K] [--seed S] [--timeout SECONDS] [--min-time SECONDS] [--warm] "
                     "[--out FILE] [--trace FILE] [--markdown]\n"
                     "       osprey bench-kernels --list\n"
                     "       osprey bench-kernels --make-table REPORT.json... -o TABLE.json\n");
@@ -72,6 +75,8 @@ static void usage_long(void) {
            "  --gate-only         the correctness gate only, no timing\n"
            "  --hidden N          hidden workloads drawn per definition (14)\n"
            "  --no-listed         only the hidden workloads, not the definitions' listed ones (sanitizer samples)\n"
+           "  --no-big            not the listed workloads marked \"big\": true (device-sized shapes whose fp64\n"
+           "                      reference takes seconds; the CPU gate in ctest, the sanitizer samples)\n"
            "  --seeds K           fresh inputs per workload (3)\n"
            "  --seed S            the hidden workloads' and inputs' seed (default: the clock; logged)\n"
            "  --trace FILE        add the most frequent step shapes of `osprey serve --trace-shapes FILE`\n"
@@ -125,10 +130,12 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
         for (int w = 0; w < d->n_workloads; w++) {
             const kb_workload *wl = &d->wl[w];
             if (o->no_listed && !wl->hidden) continue;
+            if (o->no_big && wl->big) continue;
             const uint64_t seed0 = o->seed * 1000003ull + (uint64_t)w * 7919ull;
             json_t *dims = json_object();
             for (int k = 0; k < d->n_dims; k++) json_object_set_new(dims, d->dims[k].name, json_integer(wl->dim[k]));
-            kb_gate_result g = kb_gate(&s, d, wl, seed0, o->seeds);
+            /* a big workload on one input: its reference costs seconds, the small ones cover the seeds */
+            kb_gate_result g = kb_gate(&s, d, wl, seed0, wl->big ? 1 : o->seeds);
             json_t *e = json_pack("{s:s,s:b,s:s,s:o,s:s,s:s,s:f,s:i,s:s}", "workload", wl->id, "hidden", wl->hidden, "gen",
                                   kb_gen_name(wl->gen), "dims", dims, "gate", kb_check_name(g.check), "detail",
                                   g.detail, "worst_err_over_tol", g.worst_ratio, "seeds", g.seeds, "unchecked_inputs",
@@ -152,6 +159,9 @@ static int child(const opts *o, const char *sol_name, const kb_def *d, int fd) {
                                            "fraction_of_copy_bw", f_bw, "gemm_gflops", gemm_gflops, "launches_per_run",
                                            t.launches_per_run, "flush_bytes", (json_int_t)t.flush_bytes, "resident",
                                            t.resident);
+                    /* which clock median_us / p10_us / p90_us (and the rates) are of; the wall median beside */
+                    json_object_set_new(tj, "clock", json_string(t.device_clock ? "device" : "wall"));
+                    json_object_set_new(tj, "wall_median_us", json_real(t.wall_median_us));
                     if (f_gemm >= 0.0) json_object_set_new(tj, "fraction_of_gemm_peak", json_real(f_gemm));
                     /* the binding ceiling: the one the op comes closest to */
                     json_object_set_new(tj, "ceiling", json_string(f_gemm > f_bw ? "gemm" : "bw"));
@@ -343,6 +353,7 @@ int kb_main(int argc, char **argv) {
         else if (!strcmp(f, "--warm")) o.warm = true;
         else if (!strcmp(f, "--markdown")) o.markdown = true;
         else if (!strcmp(f, "--no-listed")) o.no_listed = true;
+        else if (!strcmp(f, "--no-big")) o.no_big = true;
         else if (!is_flag_with_value(f)) return usage(), fprintf(stderr, "bench-kernels: unknown option '%s'\n", f), 2;
         else if (!v) return usage(), fprintf(stderr, "bench-kernels: %s needs a value\n", f), 2;
         else if (!strcmp(f, "--defs")) o.defs_dir = v, i++;
@@ -412,15 +423,18 @@ int kb_main(int argc, char **argv) {
     }
     json_t *results = json_array();
     printf("# osprey bench-kernels: defs %s, seed %llu, %d hidden workloads a definition%s, %d inputs a workload, %s\n",
-           dir, (unsigned long long)o.seed, o.hidden, o.no_listed ? " (and no listed one)" : "", o.seeds,
+           dir, (unsigned long long)o.seed, o.hidden,
+           o.no_listed ? " (and no listed one)" : o.no_big ? " (and the listed ones but the big)" : "", o.seeds,
            o.gate_only ? "gate only" : o.warm ? "gate, then timing (warm caches)" : "gate, then timing (cache flushed before each run)");
     json_object_set_new(report, "cache_flush", json_boolean(!o.gate_only && !o.warm));
     json_object_set_new(report, "listed_workloads", json_boolean(!o.no_listed));
+    json_object_set_new(report, "big_workloads", json_boolean(!o.no_listed && !o.no_big));
     int failed = 0, passed = 0, ran_defs = 0;
     json_t *summary = json_array();
     if (o.markdown)
-        printf("| solution | definition | workload | gate | median us | setup us | GB/s | GFLOP/s | %% of ceiling |\n"
-               "|---|---|---|---|---|---|---|---|---|\n");
+        printf("| solution | definition | workload | gate | median us (clock) | wall median us | setup us | GB/s | GFLOP/s | "
+               "%% of ceiling |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n");
     for (int si = 0; si < o.n_solutions; si++)
         for (int di = 0; di < n_defs; di++) {
             kb_def *d = &defs[di];
@@ -454,6 +468,8 @@ int kb_main(int argc, char **argv) {
                              gf = json_number_value(json_object_get(t, "gflops")),
                              frac = json_number_value(json_object_get(t, "fraction_of_ceiling"));
                 const char *ceil = json_string_value(json_object_get(t, "ceiling"));
+                const char *clock = json_string_value(json_object_get(t, "clock"));
+                const double wall = json_number_value(json_object_get(t, "wall_median_us"));
                 if (t && ok && ceil && n_fr < KB_MAX_WORKLOADS) {
                     if (n_fr == 0 || frac > best) best = frac, best_ceiling = ceil;
                     fr[n_fr++] = frac;
@@ -461,13 +477,15 @@ int kb_main(int argc, char **argv) {
                 }
                 if (o.markdown) {
                     printf("| %s | %s | %s | %s |", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
-                    if (t) printf(" %.2f | %.0f | %.2f | %.2f | %.1f (%s) |\n", us, setup, gbps, gf, 100.0 * frac, ceil ? ceil : "-");
-                    else printf(" - | - | - | - | - |\n");
+                    if (t)
+                        printf(" %.2f (%s) | %.2f | %.0f | %.2f | %.2f | %.1f (%s) |\n", us, clock ? clock : "-", wall, setup,
+                               gbps, gf, 100.0 * frac, ceil ? ceil : "-");
+                    else printf(" - | - | - | - | - | - |\n");
                 } else {
                     printf("%-10s %-26s %-28s %-12s", o.solutions[si], d->name, wl ? wl : "-", gate ? gate : status);
                     if (t)
-                        printf(" %10.2f us %8.2f GB/s %8.2f GFLOP/s (%5.1f%% of %s) setup %.0f us", us, gbps, gf, 100.0 * frac,
-                               ceil ? ceil : "-", setup);
+                        printf(" %10.2f us (%s clock; wall %.2f us) %8.2f GB/s %8.2f GFLOP/s (%5.1f%% of %s) setup %.0f us", us,
+                               clock ? clock : "-", wall, gbps, gf, 100.0 * frac, ceil ? ceil : "-", setup);
                     const double lpr = json_number_value(json_object_get(t, "launches_per_run"));
                     if (t && lpr > 0.0) printf(" %5.1f launches", lpr);
                     if (!ok && detail) printf("  %s", detail);

@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/kernels/kb_internal.h"
 #include "core/dtype.h"
 #include "core/quantize.h"
+#include "core/threadpool.h"
 
 /* ---- the kinds' shapes ------------------------------------------------------------------------- */
 
@@ -97,6 +99,111 @@ static void rmsnorm_row(const double *x, const float *w, int64_t E, double eps, 
 
 static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 
+/* The two references whose cost grows faster than their data (a dot product per output element):
+ * items [i0, i1) of a case's outputs, each computed alone in a fixed order, so any split of the items
+ * between threads gives the same bits. Matmul: item t N + n is y[t, n] (and its error scale). */
+static void matmul_ref(kb_case *c, long long i0, long long i1) {
+    const int64_t K = dimv(c, "K"), N = dimv(c, "N");
+    const float *w = c->in[1]; /* the stored weight's values (dequantized) [N, K] */
+    for (long long i = i0; i < i1; i++) {
+        const int64_t t = i / N, n = i % N;
+        /* four partial sums in a fixed order (as attention's dot products) */
+        double acc[4] = {0.0, 0.0, 0.0, 0.0}, mag[4] = {0.0, 0.0, 0.0, 0.0};
+        const float *x = c->in[0] + t * K, *wr = w + n * K;
+        int64_t k = 0;
+        for (; k + 4 <= K; k += 4)
+            for (int u = 0; u < 4; u++) {
+                const double p = (double)x[k + u] * (double)wr[k + u];
+                acc[u] += p, mag[u] += fabs(p);
+            }
+        for (; k < K; k++) {
+            const double p = (double)x[k] * (double)wr[k];
+            acc[0] += p, mag[0] += fabs(p);
+        }
+        c->ref[0][i] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        if (c->ref_scale[0]) c->ref_scale[0][i] = (mag[0] + mag[1]) + (mag[2] + mag[3]);
+    }
+}
+
+/* Attention: item (b Q + j) H + h is query head h of sequence b's token j, every `stride`-th item from
+ * i0 (causal rows differ in length: interleaved items spread the long ones). Sequence b's token j sits
+ * at position P + j and attends to positions lo .. P + j of b (lo = 0, or P + j - window + 1 with a
+ * window); softmax(q k^T scale) v in fp64. w: scratch of P + Q doubles. */
+static void attention_ref(kb_case *c, long long i0, long long n_items, long long stride, double *w) {
+    const kb_def *d = c->def;
+    const int64_t P = c->dim[1], Q = c->dim[2], HKV = c->dim[3], G = c->dim[4], D = c->dim[5];
+    const int64_t H = HKV * G, L = P + Q;
+    const double sc = attn_scale(c);
+    for (long long it = i0; it < n_items; it += stride) {
+        const int64_t h = it % H, j = (it / H) % Q, b = it / (H * Q);
+        const int64_t p = P + j, lo = d->window > 0 && p + 1 > d->window ? p + 1 - d->window : 0;
+        const float *q = c->in[0] + ((b * Q + j) * H + h) * D;
+        const int64_t kh = h / G;
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t i = lo; i <= p; i++) {
+            const float *k = c->in[1] + ((b * L + i) * HKV + kh) * D;
+            /* four partial sums (a fixed order, not one dependent chain of D adds: 4x faster; fp64
+             * either way, far below any tolerance) */
+            double dot[4] = {0.0, 0.0, 0.0, 0.0};
+            int64_t e = 0;
+            for (; e + 4 <= D; e += 4)
+                for (int u = 0; u < 4; u++) dot[u] += (double)q[e + u] * (double)k[e + u];
+            for (; e < D; e++) dot[0] += (double)q[e] * (double)k[e];
+            w[i] = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * sc;
+            mx = fmax(mx, w[i]);
+        }
+        for (int64_t i = lo; i <= p; i++) sum += w[i] = exp(w[i] - mx);
+        double *o = c->ref[0] + ((b * Q + j) * H + h) * D;
+        for (int64_t e = 0; e < D; e++) o[e] = 0.0;
+        for (int64_t i = lo; i <= p; i++) {
+            const float *v = c->in[2] + ((b * L + i) * HKV + kh) * D;
+            const double a = w[i] / sum; /* once a key, not once an element (o may alias w for the compiler) */
+            for (int64_t e = 0; e < D; e++) o[e] += a * (double)v[e];
+        }
+    }
+}
+
+typedef struct ref_task {
+    kb_case *c;
+    long long n_items;
+    int failed;
+} ref_task;
+
+static void ref_task_fn(void *ctx, int ith, int nth) {
+    ref_task *r = ctx;
+    if (r->c->def->kind == OSP_OP_MATMUL) {
+        long long a, b;
+        osp_split(r->n_items, ith, nth, &a, &b);
+        matmul_ref(r->c, a, b);
+        return;
+    }
+    double *w = malloc(sizeof(double) * (size_t)(r->c->dim[1] + r->c->dim[2]));
+    if (!w) {
+        r->failed = 1; /* benign race: any 1 */
+        return;
+    }
+    attention_ref(r->c, ith, r->n_items, nth, w);
+    free(w);
+}
+
+/* n_items of a matmul or attention reference, on every CPU when the work (multiply-adds) is large
+ * enough to repay starting threads (the listed big workloads: a prefill's matmul or attention takes
+ * minutes on one core), else on this thread. A pool made and freed per call: the harness forks its
+ * children, and a pool made before a fork would have no threads in the child. */
+static void ref_parallel(kb_case *c, long long n_items, double work) {
+    ref_task r = {c, n_items, 0};
+    const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    osp_threadpool *pool = NULL;
+    if (work >= (double)(1 << 24) && ncpu > 1 && osp_threadpool_create(ncpu < 64 ? (int)ncpu : 64, &pool) == OSP_OK) {
+        osp_threadpool_run(pool, ref_task_fn, &r);
+        osp_threadpool_free(pool);
+    } else {
+        ref_task_fn(&r, 0, 1);
+    }
+    if (r.failed) /* out of memory for a row of scores: no answer rather than a wrong one */
+        for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = NAN;
+}
+
 void kb_reference(kb_case *c) {
     const kb_def *d = c->def;
     switch (d->kind) {
@@ -131,19 +238,8 @@ void kb_reference(kb_case *c) {
         break;
     }
     case OSP_OP_MATMUL: {
-        const int64_t K = dimv(c, "K"), N = dimv(c, "N");
-        const float *w = c->in[1]; /* the stored weight's values (dequantized) [N, K] */
         if (!c->ref_scale[0]) c->ref_scale[0] = malloc(sizeof(double) * c->out_n[0]);
-        for (int64_t t = 0; t < c->T; t++)
-            for (int64_t n = 0; n < N; n++) {
-                double acc = 0.0, mag = 0.0;
-                for (int64_t k = 0; k < K; k++) {
-                    const double p = (double)c->in[0][t * K + k] * (double)w[n * K + k];
-                    acc += p, mag += fabs(p);
-                }
-                c->ref[0][t * N + n] = acc;
-                if (c->ref_scale[0]) c->ref_scale[0][t * N + n] = mag;
-            }
+        ref_parallel(c, c->T * dimv(c, "N"), (double)c->T * (double)dimv(c, "N") * (double)dimv(c, "K"));
         break;
     }
     case OSP_OP_GLU: {
@@ -195,36 +291,8 @@ void kb_reference(kb_case *c) {
         break;
     }
     case OSP_OP_ATTENTION: {
-        /* sequence b's token j sits at position P + j and attends to positions lo .. P + j of b
-         * (lo = 0, or P + j - window + 1 with a window); softmax(q k^T scale) v in fp64 */
-        const int64_t B = c->dim[0], P = c->dim[1], Q = c->dim[2], HKV = c->dim[3], G = c->dim[4], D = c->dim[5];
-        const int64_t H = HKV * G, L = P + Q;
-        const double sc = attn_scale(c);
-        double *w = malloc(sizeof(double) * (size_t)L);
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < Q; j++) {
-                const int64_t p = P + j, lo = d->window > 0 && p + 1 > d->window ? p + 1 - d->window : 0;
-                for (int64_t h = 0; h < H; h++) {
-                    const float *q = c->in[0] + ((b * Q + j) * H + h) * D;
-                    const int64_t kh = h / G;
-                    double mx = -INFINITY, sum = 0.0;
-                    for (int64_t i = lo; i <= p; i++) {
-                        const float *k = c->in[1] + ((b * L + i) * HKV + kh) * D;
-                        double dot = 0.0;
-                        for (int64_t e = 0; e < D; e++) dot += (double)q[e] * (double)k[e];
-                        w[i] = dot * sc;
-                        mx = fmax(mx, w[i]);
-                    }
-                    for (int64_t i = lo; i <= p; i++) sum += w[i] = exp(w[i] - mx);
-                    double *o = c->ref[0] + ((b * Q + j) * H + h) * D;
-                    for (int64_t e = 0; e < D; e++) o[e] = 0.0;
-                    for (int64_t i = lo; i <= p; i++) {
-                        const float *v = c->in[2] + ((b * L + i) * HKV + kh) * D;
-                        for (int64_t e = 0; e < D; e++) o[e] += w[i] / sum * (double)v[e];
-                    }
-                }
-            }
-        free(w);
+        const int64_t B = c->dim[0], P = c->dim[1], Q = c->dim[2], H = c->dim[3] * c->dim[4], D = c->dim[5];
+        ref_parallel(c, B * Q * H, (double)B * (double)Q * (double)H * (double)(P + Q) * (double)D);
         break;
     }
     default: break;
@@ -256,8 +324,7 @@ static double extent(const kb_def *d, const int64_t *dim, const char *e) {
     return sum;
 }
 
-/* every input and output of the kind at these dimensions, in elements */
-static double case_elements(const kb_def *d, const int64_t *dim) {
+double kb_case_elements(const kb_def *d, const int64_t *dim) {
     const kb_kind *kk = kb_kind_of(d->kind);
     double total = 0.0;
     for (int io = 0; io < 2; io++)
@@ -270,13 +337,14 @@ static double case_elements(const kb_def *d, const int64_t *dim) {
     return total;
 }
 
-bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn) {
+static bool case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, bool with_ref, char *err,
+                      size_t errn) {
     memset(c, 0, sizeof *c);
     c->def = d, c->wl = wl, c->seed = seed;
     for (int i = 0; i < d->n_dims; i++) c->dim[i] = wl->dim[i];
-    /* the inputs, outputs (fp32) and the reference (fp64) of one case: at most 2^28 elements, 3 GiB */
-    const double elems = case_elements(d, c->dim);
-    if (!(elems <= (double)(1 << 28))) {
+    /* the inputs, outputs (fp32) and the reference (fp64) of one case: at most KB_MAX_CASE_ELEMENTS, 3 GiB */
+    const double elems = kb_case_elements(d, c->dim);
+    if (!(elems <= KB_MAX_CASE_ELEMENTS)) {
         snprintf(err, errn, "%s: workload '%s' needs %.3g elements; the proving ground takes at most 2^28", d->name,
                  wl->id, elems);
         return false;
@@ -428,9 +496,18 @@ bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case
         snprintf(err, errn, "%s: op kind %s has no adapter in the proving ground yet", d->name, osp_op_name(d->kind));
         return false;
     }
+    if (!with_ref) return true;
     for (int i = 0; i < d->n_out; i++) c->ref[i] = malloc(sizeof(double) * c->out_n[i] + 8);
     kb_reference(c);
     return true;
+}
+
+bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn) {
+    return case_make(d, wl, seed, c, true, err, errn);
+}
+
+bool kb_case_make_inputs(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn) {
+    return case_make(d, wl, seed, c, false, err, errn);
 }
 
 void kb_case_rereference(kb_case *c) {

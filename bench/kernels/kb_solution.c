@@ -4,8 +4,9 @@
  * against block-quantized weights), "cpu-exact" its fp32 path, "cuda" the CUDA backend.
  *
  * A run includes the host copies of its inputs and outputs (the backend interface's only way in and
- * out); on the CPU those are memcpy-sized beside the op, on the GPU they are not, so GPU timings of
- * small ops are upper bounds until the harness gains a device-resident path. */
+ * out); on the CPU those are memcpy-sized beside the op. On the GPU the timed runs are device-resident
+ * (run_resident) and timed by the device's clock (device_us: CUDA events around the op's kernels,
+ * backend.h run_device_us), so neither the host copies nor the run's host work count. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,7 +113,10 @@ static bool place(be_state *st, const void *data, uint32_t type, int64_t rows, i
 /* Attention over paged K/V: the pages of B sequences (blocks of 16 in a shuffled order, so the
  * block table is exercised) are written at prepare by a RoPE + KV write op whose rotation is the
  * identity (n_rot 2 at frequency 0: cos 1, sin 0), from K/V values representable in f16, so the
- * pages hold exactly the reference's K/V; the timed run is the attention op alone. */
+ * pages hold exactly the reference's K/V; the timed run is the attention op alone. The write op has
+ * HKV query heads (its q output is discarded; the pages depend on HKV and D only): rows of 3 HKV D
+ * values instead of (G + 2) HKV D, which at a long context (B 4 x 16k) is gigabytes less to fill and
+ * copy at every prepare. */
 static bool prepare_attention(be_state *st, const kb_case *c, char *err, size_t n) {
     const kb_def *d = c->def;
     const int64_t B = c->dim[0], P = c->dim[1], Q = c->dim[2], HKV = c->dim[3], G = c->dim[4], D = c->dim[5];
@@ -135,14 +139,14 @@ static bool prepare_attention(be_state *st, const kb_case *c, char *err, size_t 
     /* the write: every position of every sequence */
     osp_graph pre;
     osp_graph_init(&pre);
-    const int64_t QD = H * D, KD = HKV * D, W = QD + 2 * KD, TP = B * L;
+    const int64_t QD = H * D, KD = HKV * D, PQD = KD, W = PQD + 2 * KD, TP = B * L;
     int32_t qkv = -1, qd = -1;
     osp_graph_act(&pre, "qkv", OSP_DTYPE_F32, W, OSP_ROWS_TOKENS, &qkv);
-    osp_graph_act(&pre, "q", OSP_DTYPE_BF16, QD, OSP_ROWS_TOKENS, &qd);
+    osp_graph_act(&pre, "q", OSP_DTYPE_BF16, PQD, OSP_ROWS_TOKENS, &qd);
     static const float zero_freq[1] = {0.0f};
     if (!place(st, zero_freq, OSP_DTYPE_F32, 1, 1, sizeof zero_freq, true, err, n)) return osp_graph_free(&pre), false;
     osp_op wop = {.kind = OSP_OP_ROPE_KV_WRITE, .dst = qd, .src0 = qkv, .src1 = -1, .layer = 0, .w3 = &st->w[0],
-                  .p.rope = {(int32_t)H, (int32_t)HKV, (int32_t)D, 2, false, 1e-6f}};
+                  .p.rope = {(int32_t)HKV, (int32_t)HKV, (int32_t)D, 2, false, 1e-6f}};
     osp_graph_push(&pre, &wop);
     float *rows = calloc((size_t)(TP * W), sizeof(float));
     int32_t *ppos = malloc(sizeof(int32_t) * (size_t)TP), *pslot = malloc(sizeof(int32_t) * (size_t)TP);
@@ -158,8 +162,8 @@ static bool prepare_attention(be_state *st, const kb_case *c, char *err, size_t 
             const int64_t row = b * L + t;
             ppos[row] = (int32_t)t;
             pslot[row] = st->bt[b * nb + t / 16] * 16 + (int32_t)(t % 16);
-            memcpy(rows + row * W + QD, c->in[1] + row * KD, sizeof(float) * (size_t)KD);
-            memcpy(rows + row * W + QD + KD, c->in[2] + row * KD, sizeof(float) * (size_t)KD);
+            memcpy(rows + row * W + PQD, c->in[1] + row * KD, sizeof(float) * (size_t)KD);
+            memcpy(rows + row * W + PQD + KD, c->in[2] + row * KD, sizeof(float) * (size_t)KD);
         }
     }
     pqsl[B] = (int32_t)TP;
@@ -608,6 +612,13 @@ static bool be_flush(kb_solution *s, size_t *bytes, char *err, size_t n) {
     return true;
 }
 
+/* kb_solution.device_us: the backend's device time of its last run (CUDA events around the ops) */
+static bool be_device_us(kb_solution *s, double *us, char *err, size_t n) {
+    be_state *st = s->state;
+    if (st->be->vt->run_device_us(st->be, us) != OSP_OK) return set_err(err, n, "device time");
+    return true;
+}
+
 static uint64_t be_launches(kb_solution *s) {
     const be_state *st = s->state;
     return st->be->launches;
@@ -649,9 +660,11 @@ bool kb_solution_backend(const char *name, kb_solution *s, char *err, size_t err
     }
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     if (osp_threadpool_create(ncpu > 0 ? (int)ncpu : 1, &st->pool) != OSP_OK) return set_err(err, errn, "thread pool"), be_close(s), false;
-    osp_backend_params bp = {.pool = st->pool, .exact = exact};
+    /* time_runs: a backend with a device clock times each run's ops (kb_time prefers that clock) */
+    osp_backend_params bp = {.pool = st->pool, .exact = exact, .time_runs = true};
     if (osp_backend_create(cuda ? OSP_DEVICE_CUDA : OSP_DEVICE_CPU, &bp, &st->be) != OSP_OK)
         return set_err(err, errn, "backend"), be_close(s), false;
+    if (st->be->vt->run_device_us) s->device_us = be_device_us;
     if (osp_backend_device_info(sp.device, &st->dev) != OSP_OK) return set_err(err, errn, "device"), be_close(s), false;
     char why[256];
     if (cuda && getenv("OSPREY_CUDA_ATTENTION") && !osp_backend_cuda_attention_env_honoured(why, sizeof why)) {

@@ -48,6 +48,7 @@ typedef struct mk {
     osp_device device;
     char gpu[128];
     int32_t arch, driver;
+    char clock[8]; /* the timings' clock ("device", "wall"; reports before it: "wall"), one for all */
 } mk;
 
 
@@ -179,6 +180,15 @@ static bool read_report(mk *m, const char *path, char *err, size_t n) {
                              strcmp(gate, "ok") ? gate : "not timed");
                 b->failed[ci] = true;
                 continue;
+            }
+            /* medians by two clocks are not comparable: the device's leaves out the host's work */
+            const char *clk = json_string_value(json_object_get(t, "clock"));
+            if (!clk) clk = "wall";
+            if (!m->clock[0]) snprintf(m->clock, sizeof m->clock, "%s", clk);
+            else if (strcmp(m->clock, clk)) {
+                ok = kb_fail(err, n, "%s: %s on %s: timings by the %s clock beside timings by the %s clock (reports "
+                                     "of other builds?): make a table from one kind", path, sol, def, clk, m->clock);
+                break;
             }
             char *dtxt = json_dumps(dims, JSON_COMPACT | JSON_SORT_KEYS);
             char key[200];

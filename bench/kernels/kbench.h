@@ -71,6 +71,12 @@ typedef struct kb_workload {
     int64_t dim[KB_MAX_DIMS];
     kb_gen gen;
     bool hidden; /* drawn this run from the ranges */
+    /* listed with "big": true: a shape large enough for the device's ceilings (an 8B model's prefill),
+     * whose fp64 reference and CPU runs take seconds to minutes; `--no-big` skips these (the CPU gate
+     * in ctest, the sanitizer samples), and the gate runs them on one input whatever --seeds says.
+     * Listed workloads, big or not, may lie outside the dimensions' ranges, which are what hidden
+     * workloads draw from. */
+    bool big;
 } kb_workload;
 
 /* One definition (bench/kernels/defs/<name>.json). Parameters the op kind takes (eps, GLU activation,
@@ -134,6 +140,9 @@ typedef struct kb_case {
 
 /* Builds the case of workload wl for seed (inputs drawn, the reference computed). */
 bool kb_case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn);
+/* The same inputs without the reference (c->ref and c->ref_scale NULL): for the timing, which checks no
+ * output (a big workload's reference costs seconds). */
+bool kb_case_make_inputs(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_case *c, char *err, size_t errn);
 /* Recomputes the reference after an input was changed (and the stored weight, for matmul). */
 void kb_case_rereference(kb_case *c);
 void kb_case_free(kb_case *c);
@@ -152,7 +161,8 @@ struct kb_solution {
     bool (*supports)(kb_solution *s, const kb_case *c, char *why, size_t n);
     /* untimed setup for the case (weights placed, op list built) */
     bool (*prepare)(kb_solution *s, const kb_case *c, char *err, size_t n);
-    /* one run: inputs from c, outputs to out[i] [c->out_n[i]]; returns when they are on the host */
+    /* one run: inputs from c, outputs to out[i] [c->out_n[i]]; returns when they are on the host. Under
+     * kb_time, c has no reference (kb_case_make_inputs): a solution must not read c->ref */
     bool (*run)(kb_solution *s, const kb_case *c, float **out, char *err, size_t n);
     /* one run on what the last run left on the device (its inputs in the backend's activation buffers
      * and KV pages): no activation crosses between host and device, only the step's metadata (positions,
@@ -173,6 +183,11 @@ struct kb_solution {
     bool flush_between_runs;
     /* launches the device has started so far (osp_backend.launches), or NULL: not reported */
     uint64_t (*launches)(kb_solution *s);
+    /* The device time of the last run's or run_resident's kernels, microseconds, into *us (waits for
+     * them): the backend's run_device_us (backend.h), which leaves out the run's host work, host copies
+     * and sync. NULL: the solution has no device clock, and the timing uses the wall clock around each
+     * run. false with a message when it cannot tell. */
+    bool (*device_us)(kb_solution *s, double *us, char *err, size_t n);
 };
 
 /* A solution name taken apart. The forms: "cpu", "cpu-exact", "cuda" (every op kind at the backend's
@@ -229,7 +244,10 @@ typedef struct kb_gate_result {
 kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t seed0, int n_seeds);
 
 typedef struct kb_timing {
-    double median_us, p10_us, p90_us;
+    double median_us, p10_us, p90_us; /* by the clock below */
+    bool device_clock;                /* true: the device's time of each run's kernels (s->device_us);
+                                       * false: the wall time around each run */
+    double wall_median_us;            /* the wall clock's median around the same runs, for comparison */
     int reps;
     double gflops, gbps; /* per the adapter's counts at the median */
     double launches_per_run; /* the device's launches per timed run (osp_backend.launches), -1: unknown */
@@ -240,7 +258,8 @@ typedef struct kb_timing {
 /* Times the workload (seed0's inputs) after a warm-up: runs until ~min_seconds or max_reps (at least 5),
  * each after an untimed cache flush when s->flush and s->flush_between_runs (so weights and KV pages
  * come from memory, as in a model where the other layers' data evicted them; the inputs still arrive
- * through the run's own host copies). */
+ * through the run's own host copies). The statistics are of the device clock where the solution has one
+ * (s->device_us), else of the wall clock around each run; the wall median is kept either way. */
 bool kb_time(kb_solution *s, const kb_def *d, const kb_workload *wl, uint64_t seed0, double min_seconds, int max_reps,
              kb_timing *t, char *err, size_t errn);
 
