@@ -4,7 +4,8 @@
  * a cached result; each must fail the gate at the check meant for it, and the honest solution (the
  * reference itself, rounded to fp32) must pass every definition. Also: the definition loader rejects
  * what it does not know, a hung or crashing child fails alone, and a timed report carries the
- * ceilings, the fraction of them reached and the setup time. */
+ * ceilings, the fraction of them reached, the setup time and the clock its times are by, and --no-big
+ * leaves the big listed workloads out. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -109,6 +110,7 @@ static void load(const char *name, kb_def *d) {
 /* the gate over every workload of d (+ hidden); returns the first failing check, KB_OK if none */
 static kb_check gate_all(kb_solution *s, kb_def *d, char *detail, size_t n) {
     for (int w = 0; w < d->n_workloads; w++) {
+        if (d->wl[w].big) continue; /* device-sized: their references take minutes here (--no-big) */
         const kb_gate_result r = kb_gate(s, d, &d->wl[w], 1000u + (uint64_t)w, 2);
         if (r.check != KB_OK) {
             snprintf(detail, n, "%s: %s", d->wl[w].id, r.detail);
@@ -253,6 +255,16 @@ static void test_loader_rejects(void **state) {
         " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"K\"], \"dtype\": \"f32\"}, {\"name\": \"w\", \"shape\": [\"N\", \"K\"], \"dtype\": \"f32\"}],"
         " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"N\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0, \"cuda\": {\"rtol\": 0, \"atol\": 0, \"slack\": 1}}}],"
         " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"K\": 1, \"N\": 1}}]}",
+        /* 'big' that is not a boolean */
+        "{\"name\": \"a\", \"op\": \"copy\", \"description\": \"\", \"dims\": {\"T\": {\"min\": 1, \"max\": 2}, \"E\": {\"min\": 1, \"max\": 2}},"
+        " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
+        " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0}}],"
+        " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"E\": 1}, \"big\": 1}]}",
+        /* a listed workload past the 2^28 elements of a case (2 x 2^14 x 2^14 = 2^29), big or not */
+        "{\"name\": \"a\", \"op\": \"copy\", \"description\": \"\", \"dims\": {\"T\": {\"min\": 1, \"max\": 2}, \"E\": {\"min\": 1, \"max\": 2}},"
+        " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
+        " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0}}],"
+        " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 16384, \"E\": 16384}, \"big\": true}]}",
         "not json",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -411,7 +423,29 @@ static void test_report_ceilings_and_setup(void **state) {
     assert_null(json_object_get(t, "fraction_of_gemm_peak"));
     assert_string_equal(json_string_value(json_object_get(t, "ceiling")), "bw");
     assert_true(json_number_value(json_object_get(t, "setup_us")) > 0.0);
+
+    /* the clock: the CPU solution has no device clock, so its statistics are the wall clock's, and the
+     * wall median beside them is the same number */
+    assert_string_equal(json_string_value(json_object_get(t, "clock")), "wall");
+    assert_true(json_is_number(json_object_get(t, "wall_median_us")));
+    assert_true(json_number_value(json_object_get(t, "wall_median_us")) == json_number_value(json_object_get(t, "median_us")));
     json_decref(r);
+
+    /* --no-big: the listed workloads marked big are not run (here, gate only: they are 8B shapes) */
+    const char *nb[] = {"--op", "copy", "--hidden", "0", "--seeds", "1", "--seed", "5", "--gate-only", "--no-big"};
+    r = bench_report(nb, (int)(sizeof nb / sizeof nb[0]));
+    assert_true(json_is_false(json_object_get(r, "big_workloads")));
+    kb_def cd;
+    load("copy", &cd);
+    int n_big = 0;
+    for (int w = 0; w < cd.n_workloads; w++) n_big += cd.wl[w].big;
+    assert_true(n_big >= 1); /* copy lists a big workload; none would make this check empty */
+    wls = json_object_get(json_array_get(json_object_get(r, "results"), 0), "workloads");
+    assert_int_equal((int)json_array_size(wls), cd.n_workloads - n_big);
+    json_array_foreach(wls, i, e) {
+        for (int w = 0; w < cd.n_workloads; w++)
+            if (!strcmp(cd.wl[w].id, json_string_value(json_object_get(e, "workload")))) assert_false(cd.wl[w].big);
+    }
 
     /* the gate alone measures nothing and times nothing */
     const char *g[] = {"--op", "copy", "--hidden", "1", "--no-listed", "--seeds", "1", "--seed", "5", "--gate-only"};
