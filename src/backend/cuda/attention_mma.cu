@@ -107,6 +107,7 @@ struct Params {
     int chunks_per_cta; /* split mode: consecutive chunks one CTA computes (each its own partial) */
     float qscale; /* scale * log2(e) */
     int box_rows; /* TMA: key rows a box copies (min(block_size, 64)) */
+    bool heavy_first; /* fold mode: the query tiles in reverse slot order (attn_cta_work) */
     /* TMA (kTma): K and V pages as 3-d tensors {D, n_head_kv, slots} of f16, boxes of {64, 1, box_rows}
      * landing in 128-byte swizzle (make_kv_map) */
     CUtensorMap tm_k, tm_v;
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
     const int g = lane >> 2, tq = lane & 3;
 
     AttnCtaWork w; /* sequence s, tokens [t0, t0 + ntok), kv head kvh, query heads [h0, h0 + nh) */
-    if (!attn_cta_work(p.tl, p.qsl, p.num_seqs, w)) return;
+    if (!attn_cta_work(p.tl, p.qsl, p.num_seqs, w, kFold && p.heavy_first)) return; /* fold mode: the longest tiles first */
     const int s = w.s, t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
     const int rows = ntok * nh;
 
@@ -1105,6 +1106,8 @@ int ctas_per_sm(int smem) {
 int g_fold_stages = 0, g_split_stages = 0, g_split_waves = 0, g_chunks_per_cta = 0;
 constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 
+/* fold mode's CTA order (osp_cuda_attention_tile_order) */
+bool g_heavy_first = true;
 /* how wgmma launches load and order (osp_cuda_attention_v2_load: OSP_CUDA_ATTN_LOAD_*) */
 int g_v2_load = OSP_CUDA_ATTN_LOAD_PIPE;
 
@@ -1155,6 +1158,7 @@ int g_force_mma = OSP_CUDA_ATTN_MMA_AUTO;
 
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
 extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
+extern "C" void osp_cuda_attention_tile_order(int heavy_first) { g_heavy_first = heavy_first != 0; }
 extern "C" void osp_cuda_attention_v2_load(int how) {
     g_v2_load = how == OSP_CUDA_ATTN_LOAD_SERIAL || how == OSP_CUDA_ATTN_LOAD_TMA ? how : OSP_CUDA_ATTN_LOAD_PIPE;
 }
@@ -1250,6 +1254,7 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.window = window > 0 ? window : 0;
     prm.bdiv = FastDiv::make(block_size);
     prm.qscale = scale * kLog2e;
+    prm.heavy_first = g_heavy_first;
     /* TMA boxes: whole blocks of 8 .. 64 keys that tile 64 (or 64-key runs of larger blocks), so every
      * box starts on a 1024-byte swizzle atom */
     static_assert(tile_keys<64>() == 64 && tile_keys<128>() == 64, "boxes tile 64 keys");

@@ -35,11 +35,15 @@ struct AttnCtaWork {
     int s, t0, ntok, kvh, h0, nh;
 };
 
-/* false: this tile slot has no work (uniform over the CTA, so the CTA may return). */
+/* false: this tile slot has no work (uniform over the CTA, so the CTA may return). heavy_first: slot
+ * gridDim.x - 1 - blockIdx.x instead of blockIdx.x, so a causal prefill starts its longest query tiles
+ * (the last ones, which see the most keys) first and the launch ends on short ones (the GPU starts
+ * CTAs in block-index order; longest-first leaves a shorter tail). Which CTA serves a tile changes no
+ * result. */
 static __device__ __forceinline__ bool attn_cta_work(const AttnTiling &tl, const int32_t *qsl, int num_seqs,
-                                                     AttnCtaWork &w) {
+                                                     AttnCtaWork &w, bool heavy_first = false) {
     /* the sequence of this tile slot: the last s with qsl[s] / bq + s <= x (strictly increasing in s) */
-    const int x = (int)blockIdx.x;
+    const int x = heavy_first ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     int lo = 0, hi = num_seqs - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;

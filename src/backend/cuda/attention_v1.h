@@ -53,6 +53,9 @@ void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchma
  * changes. Process-wide; tests and benchmarks. */
 enum { OSP_CUDA_ATTN_LOAD_PIPE = 0, OSP_CUDA_ATTN_LOAD_SERIAL = 1, OSP_CUDA_ATTN_LOAD_TMA = 2 };
 void osp_cuda_attention_v2_load(int how);
+/* Fold mode's CTA order: the query tiles longest first (heavy_first 1, the default: a causal prefill
+ * ends on short tiles) or in slot order (0). No result bit changes. Process-wide; benchmarks. */
+void osp_cuda_attention_tile_order(int heavy_first);
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
  * count of chunks per split CTA. None of them changes a result bit. */
