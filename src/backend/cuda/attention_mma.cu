@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
         };
         /* scale, mask and online softmax of tile k0 (the serial loop's arithmetic), P into pn; alpha
          * and o_zero for o's rescale */
-        auto softmax = [&](float (&sc)[NB][4], int k0, uint32_t (&pn)[kKeys / 16][4], float (&alpha)[2], bool (&o_zero)[2]) {
+        auto softmax = [&](float (&sc)[NB][4], int k0, float (&alpha)[2], bool (&o_zero)[2]) {
             alpha[0] = alpha[1] = 1.0f;
             o_zero[0] = o_zero[1] = true;
             if (has_rows) {
@@ -692,11 +692,15 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
 #pragma unroll
                 for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
             }
+        };
+        /* P as f16, the A operand of the next P V: written only once the last P V is done (an
+         * instruction writing a pending wgmma's registers makes ptxas serialize every wgmma, C7513) */
+        auto pack_p = [&](const float (&sc)[NB][4]) {
 #pragma unroll
             for (int j = 0; j < kKeys / 16; j++) {
-                pn[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pn[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
-                pn[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-                pn[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+                pa[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pa[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
+                pa[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+                pa[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
             }
         };
         /* tile 0: S alone (o is empty) */
@@ -708,7 +712,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             wg_wait<0>();
             wg_fence_operands(sc);
             if constexpr (D == 64) wg_fence_operands(qf);
-            softmax(sc, kb, pa, alpha, o_zero);
+            softmax(sc, kb, alpha, o_zero);
+            pack_p(sc);
         }
         /* tiles 1 ..: every wgmma unconditional (a wgmma under a branch makes ptxas serialize them all) */
         int i = 1;
@@ -726,8 +731,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             const bool new_chunk = k0 % kChunk == 0;
             const float cm[2] = {m[0], m[1]}, cl[2] = {l[0], l[1]};
             if (new_chunk) m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
-            uint32_t pn[kKeys / 16][4];
-            softmax(sc, k0, pn, alpha, o_zero);
+            softmax(sc, k0, alpha, o_zero);
             wg_wait<0>(); /* P_{i-1} V_{i-1} is in o */
             wg_fence_operands(o);
             wg_fence_operands(pa);
@@ -742,10 +746,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
                     o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
                 }
             }
-#pragma unroll
-            for (int j = 0; j < kKeys / 16; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) pa[j][e] = pn[j][e];
+            pack_p(sc);
         }
         /* the last tile's P V, then its chunk's end */
         cp_async_wait<0>();
