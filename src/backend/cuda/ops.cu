@@ -280,8 +280,9 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
                     static_cast<uint16_t *>(pages)[e] = osp_f_to_f16(v);
                 else if (kv == kPageF32)
                     static_cast<float *>(pages)[e] = v;
-                else if (kv == kPageFp8)
-                    static_cast<uint8_t *>(pages)[e] = (uint8_t)osp_dev_fp32_to_e4m3(__fdiv_rn(v, fix));
+                else if (kv == kPageFp8) /* a NaN keeps its sign (the GPU's division would return the
+                                          * canonical +NaN; the CPU's x86 division propagates the input) */
+                    static_cast<uint8_t *>(pages)[e] = (uint8_t)osp_dev_fp32_to_e4m3(isnan(v) ? v : __fdiv_rn(v, fix));
                 else
                     obuf[d] = v;
             }
