@@ -715,15 +715,15 @@ static void test_batch_invariance(void **state) {
         };
         /* modes, v1's launch shapes (osp_cuda_attention_v1_tune: fold stages, split stages, split
          * waves, chunks per split CTA; 0 the default) and, under wgmma, how K/V load and the products
-         * are ordered (osp_cuda_attention_v2_load: the default overlap, serial, TMA; block size 16 is
+         * are ordered (osp_cuda_attention_v2_load: the default serial order, the overlap, TMA; block size 16 is
          * TMA's, 7 falls back to serial), and fold mode's CTA order (slot order, not longest first):
          * none may change a bit */
         const int modes[] = {base_mode, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD,
                              OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
         static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 3, 0, 3}, {0, 0, 0, 0}};
-        static const int tma[] = {OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_PIPE,
-                                  OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_PIPE,   OSP_CUDA_ATTN_LOAD_SERIAL,
-                                  OSP_CUDA_ATTN_LOAD_TMA,    OSP_CUDA_ATTN_LOAD_PIPE};
+        static const int tma[] = {OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_SERIAL,
+                                  OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_PIPE,
+                                  OSP_CUDA_ATTN_LOAD_TMA,    OSP_CUDA_ATTN_LOAD_SERIAL};
         const int n_modes = wg ? 8 : 5;
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
@@ -735,7 +735,7 @@ static void test_batch_invariance(void **state) {
                 osp_cuda_attention_tile_order(mi != 7);
                 uint16_t *got = run_bits(&b, modes[mi]);
                 osp_cuda_attention_tile_order(1);
-                osp_cuda_attention_v2_load(OSP_CUDA_ATTN_LOAD_PIPE);
+                osp_cuda_attention_v2_load(OSP_CUDA_ATTN_LOAD_SERIAL);
                 osp_cuda_attention_v1_tune(0, 0, 0, 0);
                 const int32_t x0 = lays[li].start[0], nx = lays[li].count[0];
                 const size_t bytes = sizeof(uint16_t) * (size_t)(nx * hd);

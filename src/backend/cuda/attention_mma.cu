@@ -321,7 +321,9 @@ template <int D, int ST, bool kFold, bool kWg> constexpr int smem_bytes() {
  *              intra-warpgroup overlap, Shah et al. 2024, section 3.2): per tile, S_i and then
  *              P_{i-1} V_{i-1} are issued, S_i is awaited, softmax(S_i) computed, P V awaited, and
  *              only then o is rescaled by tile i's alpha: o sees the same operations in the same order.
- *              V_i and K_{i+1} load while tile i computes. ST is 2. */
+ *              V_i and K_{i+1} load while tile i computes. ST is 2.
+ * The serial order is the default: on the H200 (2026-12-03) the overlap measured 4-6 % slower in
+ * prefill and TMA 10-13 % slower (bench/gpu/NOTES.md). */
 constexpr int kLdSerial = 0, kLdTma = 1, kLdPipe = 2;
 
 /* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode); kWg: the products by
@@ -1110,7 +1112,7 @@ constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 /* fold mode's CTA order (osp_cuda_attention_tile_order) */
 bool g_heavy_first = true;
 /* how wgmma launches load and order (osp_cuda_attention_v2_load: OSP_CUDA_ATTN_LOAD_*) */
-int g_v2_load = OSP_CUDA_ATTN_LOAD_PIPE;
+int g_v2_load = OSP_CUDA_ATTN_LOAD_SERIAL;
 
 /* cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); NULL when the
  * driver does not offer it */
@@ -1161,7 +1163,7 @@ extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
 extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
 extern "C" void osp_cuda_attention_tile_order(int heavy_first) { g_heavy_first = heavy_first != 0; }
 extern "C" void osp_cuda_attention_v2_load(int how) {
-    g_v2_load = how == OSP_CUDA_ATTN_LOAD_SERIAL || how == OSP_CUDA_ATTN_LOAD_TMA ? how : OSP_CUDA_ATTN_LOAD_PIPE;
+    g_v2_load = how == OSP_CUDA_ATTN_LOAD_PIPE || how == OSP_CUDA_ATTN_LOAD_TMA ? how : OSP_CUDA_ATTN_LOAD_SERIAL;
 }
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
     g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
