@@ -3,7 +3,7 @@
 # causal prefill of 16k tokens and batch-1 decode at 32k, for v2 (others with KERNELS="v2 v1 v0").
 # Sections: SpeedOfLight, MemoryWorkloadAnalysis, Occupancy, WarpStateStats, LaunchStats,
 # ComputeWorkloadAnalysis. Reports under $OUT (ncu-*.txt). Run after scripts/gpu-test.sh unpacked the
-# binaries into /tmp/osprey-gpu/gpu (same warm machine). ncu locks the SM clock at its base, so its
+# binaries into /tmp/osprey-gpu/gpu (same warm machine); SASS=1 adds per-instruction counts (end of file). ncu locks the SM clock at its base, so its
 # durations run longer than attention.sh's.
 set -uo pipefail
 G=/tmp/osprey-gpu/gpu
@@ -20,3 +20,30 @@ for k in ${KERNELS:-v2}; do
         grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Stall|Executed Ipc|Shared|Bank" "$dir/$tag.txt" | head -24
     done
 done
+# SASS=1: also the per-instruction execution counts and stall samples of v2's prefill kernel (ncu's
+# SourceCounters section; the source page as CSV, one row per SASS line) into $OUT/ncu-sass-prefill.csv,
+# and the 40 most-executed lines: where the instructions around the products go.
+if [ "${SASS:-0}" = 1 ]; then
+    ncu --kernel-name regex:'attn_mma_kernel' --launch-skip 1 --launch-count 1 --section SourceCounters \
+        --import-source no -o "$dir/ncu-sass" -f $G/bin/attn_bench one prefill 1 16384 v2 > /dev/null 2>&1
+    ncu -i "$dir/ncu-sass.ncu-rep" --page source --csv --print-source sass > "$dir/ncu-sass-prefill.csv" 2>/dev/null
+    echo "== SASS lines by warp instructions executed (top 40)"
+    python3 - "$dir/ncu-sass-prefill.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+if not rows:
+    sys.exit("no source page")
+hdr = rows[0]
+col = next((i for i, h in enumerate(hdr) if h.startswith("Warp Instructions Executed") or h == "Instructions Executed"), None)
+src = next((i for i, h in enumerate(hdr) if h == "Source"), 1)
+if col is None:
+    sys.exit("columns: " + ", ".join(hdr))
+def num(x):
+    try: return float(x.replace(",", ""))
+    except ValueError: return 0.0
+body = [r for r in rows[1:] if len(r) > col]
+tot = sum(num(r[col]) for r in body) or 1.0
+for r in sorted(body, key=lambda r: -num(r[col]))[:40]:
+    print(f"{100 * num(r[col]) / tot:5.1f}%  {r[src][:110]}")
+PY
+fi
