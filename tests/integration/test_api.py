@@ -323,6 +323,36 @@ def test_non_streaming_client_gone_is_aborted(smol):
     assert "2000 output tokens" not in log
 
 
+def test_request_ids_unique_across_processes_and_within_one():
+    # two fresh servers (as two restarts) start from different ids; one server's ids never repeat
+    # (each request, each n > 1 request and chat ids included) and have the form <kind>-<32 hex>
+    import re
+    from conftest import TINY, Server
+    a, b = Server(TINY), Server(TINY)
+    try:
+        first = [s.client().completions.create(model=s.model, prompt="hi", max_tokens=1).id for s in (a, b)]
+        assert first[0] != first[1], first
+        ids = list(first[:1])
+        c = a.client()
+        for i in range(30):
+            ids.append(c.completions.create(model=a.model, prompt="x" * (i % 3 + 1), max_tokens=1,
+                                            n=1 + i % 3).id)
+        for s in (a, b):
+            r = requests.post(s.url + "/v1/chat/completions", json={
+                "model": s.model, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "hi"}],
+                "chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}).json()
+            if "id" in r:
+                assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", r["id"]), r
+                ids.append(r["id"])
+        assert len(set(ids)) == len(ids), ids
+        for i in first + ids:
+            assert re.fullmatch(r"(chat)?cmpl-[0-9a-f]{32}", i), i
+    finally:
+        assert a.stop() == 0
+        assert b.stop() == 0
+
+
 def test_fresh_server_reports_free_kv():
     # before its first request a server's KV blocks are all free (/health and /metrics)
     from conftest import TINY, Server

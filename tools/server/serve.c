@@ -191,6 +191,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.idle, NULL);
     srv.next_id = 1;
+    srv_id_key_init(&srv.id_key);
     const osp_engine_stats st = osp_engine_get_stats(srv.engine);
     srv_log(&srv, SRV_LOG_INFO, "model loaded in %.2f s: %s, vocab %d, max_model_len %d, KV cache %d blocks of %d tokens, prefix caching %s",
             srv_now_s() - t0, mc->arch, srv.n_vocab, srv.max_model_len, st.num_blocks, st.block_size, cfg->prefix_caching ? "on" : "off");

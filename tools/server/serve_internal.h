@@ -30,6 +30,23 @@
 
 /* ---- server state -------------------------------------------------------------------------- */
 
+/* The per-process secret behind the public request ids ("cmpl-...", "chatcmpl-..."). */
+typedef struct srv_id_key {
+    uint64_t prefix; /* random: the first 16 hex digits of every id of this process */
+    uint64_t offset; /* random: added to the counter before the bijective mix */
+} srv_id_key;
+
+/* Fills *k from getrandom(2) (falling back to /dev/urandom, then to the clock, the pid and k's
+ * address mixed, where neither is readable). Two processes get different keys with overwhelming
+ * probability, so their ids differ from the first one on; never fails. Thread-safe. */
+void srv_id_key_init(srv_id_key *k);
+
+/* Writes "<kind>-<32 lowercase hex digits>" into out (at most cap bytes, NUL-terminated, truncated
+ * to fit; 48 bytes always suffice for kind "chatcmpl"): 16 digits of k->prefix, then 16 digits of a
+ * bijection of k->offset + n (the splitmix64 finalizer). For one key, distinct n (mod 2^64) give
+ * distinct ids; ids of different keys differ in the prefix but for a 2^-64 chance. Pure. */
+void srv_id_format(char *out, size_t cap, const char *kind, const srv_id_key *k, uint64_t n);
+
 enum { SRV_LOG_DEBUG = 0, SRV_LOG_INFO = 1, SRV_LOG_WARNING = 2 };
 
 typedef struct srv_config {
@@ -62,7 +79,8 @@ typedef struct srv_server {
     int live_jobs;            /* jobs not yet freed (an aborted one lives until its engine requests end) */
     int sending;              /* generation responses queued but not yet finished on their connection
                                * (the drain waits for them: stopping the daemon would cut them off) */
-    uint64_t next_id;
+    uint64_t next_id;         /* the engine's request ids: 1, 2, ... (one per choice; see srv_id_format) */
+    srv_id_key id_key;        /* drawn once at start-up: makes the public ids differ between processes */
     bool draining;
 } srv_server;
 

@@ -8,14 +8,65 @@
  * (the connection + every engine request not yet finished): whoever drops the last reference frees
  * it, so a client that goes away leaves nothing behind once its aborted requests end. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "serve_internal.h"
+
+/* ---- request ids ---------------------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x) { /* the splitmix64 finalizer: a bijection on 64-bit words */
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return x;
+}
+
+void srv_id_key_init(srv_id_key *k) {
+    uint64_t w[2] = {0, 0};
+    size_t got = 0;
+    while (got < sizeof w) {
+        const ssize_t n = getrandom((char *)w + got, sizeof w - got, 0);
+        if (n > 0) got += (size_t)n;
+        else if (n < 0 && errno == EINTR) continue;
+        else break;
+    }
+    if (got < sizeof w) {
+        const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            while (got < sizeof w) {
+                const ssize_t n = read(fd, (char *)w + got, sizeof w - got);
+                if (n > 0) got += (size_t)n;
+                else if (n < 0 && errno == EINTR) continue;
+                else break;
+            }
+            close(fd);
+        }
+    }
+    if (got < sizeof w) { /* no entropy source: the clock, the pid and an address, mixed */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const uint64_t t = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        w[0] ^= mix64(t ^ ((uint64_t)getpid() << 32));
+        w[1] ^= mix64(w[0] + (uint64_t)(uintptr_t)k);
+    }
+    k->prefix = w[0];
+    k->offset = w[1];
+}
+
+void srv_id_format(char *out, size_t cap, const char *kind, const srv_id_key *k, uint64_t n) {
+    snprintf(out, cap, "%s-%016llx%016llx", kind, (unsigned long long)k->prefix,
+             (unsigned long long)mix64(k->offset + n));
+}
 
 static void job_free(srv_job *j) {
     srv_server *srv = j->srv;
@@ -277,8 +328,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     const uint64_t first_id = srv->next_id;
     srv->next_id += (uint64_t)r->n * (uint64_t)r->n_prompts + 1;
     pthread_mutex_unlock(&srv->mu);
-    snprintf(j->id, sizeof j->id, "%s-%016llx%04x", r->route == SRV_ROUTE_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)first_id * 0x9E3779B97F4A7C15ull, (unsigned)(first_id & 0xffff));
+    srv_id_format(j->id, sizeof j->id, r->route == SRV_ROUTE_CHAT ? "chatcmpl" : "cmpl", &srv->id_key, first_id);
 
     j->prompt_lens = calloc((size_t)r->n_prompts, sizeof(int32_t));
     j->n_seqs = r->n * r->n_prompts;
