@@ -300,6 +300,40 @@ static void test_bench_lines(void **state) {
     expect_error(run(args), "--depth", NULL);
 }
 
+/* `osprey CMD --help` (issue 20): exit 0, CMD's own usage on stdout (not the global command list),
+ * naming CMD's own flags and their defaults; nothing on stderr. Also after other flags, and for
+ * make-random-model, serve and render-template, which printed their own before. */
+static void test_subcommand_help(void **state) {
+    (void)state;
+    static const struct {
+        const char *args, *frags[4];
+    } cases[] = {
+        {"generate --help", {"usage: osprey generate", "--n-predict", "default: 128", "--top-k"}},
+        {"generate -n 4 -h", {"usage: osprey generate", "--temp", "default: 0.8", "--kv-cache-dtype"}},
+        {"chat --help", {"usage: osprey chat", "--system", "--chat-template", "default: 0.95"}},
+        {"bench --help", {"usage: osprey bench", "--repetitions", "default: 3", "--depth"}},
+        {"plan --help", {"usage: osprey plan", "--kv-cache-memory", "default: 512M", "--block-size"}},
+        {"tokenize --help", {"usage: osprey tokenize", "--no-special", "--no-bos", "--prompt"}},
+        {"info --help", {"usage: osprey info", "--model", NULL, NULL}},
+        {"bench-kernels --help", {"usage: osprey bench-kernels", "--gate-only", "--hidden", "(14)"}},
+        {"make-random-model --help", {"usage: osprey make-random-model", "--preset", "default: f32", NULL}},
+        {"serve --help", {"--port", NULL, NULL, NULL}},
+        {"render-template --help", {"--messages", NULL, NULL, NULL}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int rc = run(cases[c].args);
+        if (rc != 0) fail_msg("osprey %s: exit %d; stderr: %s", cases[c].args, rc, g_err);
+        if (strstr(g_out, "commands:")) fail_msg("osprey %s printed the global usage:\n%s", cases[c].args, g_out);
+        for (int k = 0; k < 4 && cases[c].frags[k]; k++)
+            if (!strstr(g_out, cases[c].frags[k]))
+                fail_msg("osprey %s: no '%s' in its help:\n%s", cases[c].args, cases[c].frags[k], g_out);
+    }
+    /* the global usage still answers `osprey --help` and points at the per-command help */
+    assert_int_equal(run("--help"), 0);
+    assert_non_null(strstr(g_out, "commands:"));
+    assert_non_null(strstr(g_out, "<command> --help"));
+}
+
 static int setup(void **state) {
     (void)state;
     g_bin = getenv("OSPREY_BIN");
@@ -334,6 +368,7 @@ int main(void) {
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_bench_lines),
         cmocka_unit_test(test_kv_cache_dtype),
+        cmocka_unit_test(test_subcommand_help),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -15,6 +15,21 @@ noreturn void cli_die(osp_status s, const char *fmt, ...) __attribute__((format(
 long long cli_int(const char *flag, const char *v, long long lo, long long hi);
 double cli_float(const char *flag, const char *v, double lo, double hi);
 double cli_now_s(void);
+/* Prints `text` (a subcommand's own usage: its flags with their defaults) to stdout and exits 0.
+ * Every subcommand calls it for -h / --help, wherever it stands among the arguments. */
+noreturn void cli_help(const char *text);
+/* The --help lines of the engine flags cli_engine_arg always takes (-m, -t, --device, --kernel-table),
+ * with their defaults, for the commands that take them (a string literal, to concatenate). */
+#define CLI_ENGINE_HELP                                                                                        \
+    "  -m, --model FILE        the GGUF model (required)\n"                                                    \
+    "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"                                    \
+    "  --device D              cpu | cuda | auto (default: auto, cuda when a GPU is present)\n"                \
+    "  --kernel-table FILE     kernel choices from osprey bench-kernels --make-table\n"                         \
+    "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"
+/* The --help line of --kv-cache-dtype (the same values everywhere). */
+#define CLI_KV_DTYPE_HELP                                                                                      \
+    "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 (default: auto = f16;\n"                 \
+    "                          vLLM's fp16, bfloat16, fp8_e4m3 accepted; bf16 is refused: no backend has it)\n"
 /* Parses --device cpu|cuda|auto or dies. */
 osp_device cli_device(const char *flag, const char *v);
 /* osp_model_params.progress for the CLI: a percentage on stderr while weights go to the GPU. */

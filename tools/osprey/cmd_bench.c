@@ -96,6 +96,25 @@ static void sync_or_die(osp_model *m) {
     if (s != OSP_OK) cli_die(s, "device sync failed");
 }
 
+static const char k_help[] =
+    "usage: osprey bench (-m FILE | --random-weights PRESET) [options]\n"
+    "  prompt (pp) and generation (tg) tokens/s of the forward pass, like llama-bench; random token ids\n"
+    "\n"
+    "  -m, --model FILE        the GGUF model\n"
+    "  --random-weights PRESET random weights in a preset's shapes instead of a file (GPU; see\n"
+    "                          osprey make-random-model --list-presets)\n"
+    "  -p, --n-prompt N        prompt tokens of the pp test, 0 = no pp test (default: 128)\n"
+    "  -n, --n-gen N           decode steps of the tg test, 0 = no tg test (default: 128)\n"
+    "  -d, --depth D           the tg tests start D tokens deep (default: 0)\n"
+    "  --batch B               also B sequences together: pp<P>@b<B> and tg<N>@b<B> (default: 1, off)\n"
+    "  -r, --repetitions R     runs of each test; mean and sd over them (default: 3)\n"
+    "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
+    "  --device D              cpu | cuda | auto (default: cpu)\n"
+    CLI_KV_DTYPE_HELP
+    "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
+    "                          says otherwise (default: off)\n"
+    "  -h, --help              this text\n";
+
 int cmd_bench(int argc, char **argv) {
     const char *model = NULL, *random_preset = NULL;
     int n_prompt = 128, n_gen = 128, n_threads = 0, reps = 3;
@@ -106,7 +125,8 @@ int cmd_bench(int argc, char **argv) {
     bool kvd_set = false;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = v, i++;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
+        else if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = v, i++;
         else if (!strcmp(f, "-p") || !strcmp(f, "--n-prompt")) n_prompt = (int)cli_int(f, v, 0, 1 << 16), i++;
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) n_gen = (int)cli_int(f, v, 0, 1 << 16), i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;

@@ -33,20 +33,28 @@ typedef struct chat_args {
     uint64_t seed;
 } chat_args;
 
-static const char *k_chat_usage =
-    "usage: osprey chat -m FILE [-t THREADS] [--device cpu|cuda|auto] [--kv-cache-dtype D] [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-    "                   [--system TEXT] [--chat-template FILE] [-n MAX_TOKENS]\n"
-    "  one line per user message; /reset clears the conversation, /exit or Ctrl-D quits\n";
+static const char k_chat_usage[] =
+    "usage: osprey chat -m FILE [options]\n"
+    "  one line per user message; /reset clears the conversation, /exit or Ctrl-D quits\n"
+    "\n"
+    CLI_ENGINE_HELP
+    CLI_KV_DTYPE_HELP
+    "  --temp T                temperature, 0 = greedy (default: 0.8)\n"
+    "  --top-k K               keep the K most likely tokens, -1 or 0 = all (default: 40)\n"
+    "  --top-p P               nucleus sampling mass, 0..1 (default: 0.95)\n"
+    "  --seed S                sampler seed, 0..4294967295 (default: from the clock)\n"
+    "  --system TEXT           a system message opening the conversation (default: none)\n"
+    "  --chat-template FILE    a Jinja chat template (default: the model's tokenizer.chat_template)\n"
+    "  -n, --max-tokens N      most tokens per reply, 0 = up to the context (default: 0)\n"
+    "  -h, --help              this text\n";
 
 static chat_args parse(int argc, char **argv) {
     /* sampling defaults as osprey generate (llama.cpp's) */
     chat_args a = {.eng = cli_engine_args_default(), .temperature = 0.8f, .top_k = 40, .top_p = 0.95f};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
-            fputs(k_chat_usage, stdout);
-            exit(0);
-        } else if (cli_engine_arg(&a.eng, CLI_ENGINE_KV_DTYPE, argc, argv, &i)) continue;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_chat_usage);
+        else if (cli_engine_arg(&a.eng, CLI_ENGINE_KV_DTYPE, argc, argv, &i)) continue;
         else if (!strcmp(f, "--temp")) a.temperature = (float)cli_float(f, v, 0, 100), i++;
         else if (!strcmp(f, "--top-k")) a.top_k = (int32_t)cli_int(f, v, -1, 1 << 30), i++;
         else if (!strcmp(f, "--top-p")) a.top_p = (float)cli_float(f, v, 0, 1), i++;

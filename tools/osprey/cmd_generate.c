@@ -24,6 +24,22 @@ typedef struct gen_args {
     bool seed_set;
 } gen_args;
 
+static const char k_help[] =
+    "usage: osprey generate -m FILE -p TEXT [options]\n"
+    "  continue TEXT with the model, streaming the tokens to stdout; load and speed figures on stderr\n"
+    "\n"
+    CLI_ENGINE_HELP
+    "  -p, --prompt TEXT       the text to continue (required)\n"
+    "  -n, --n-predict N       tokens to generate, 0..1048576 (default: 128)\n"
+    "  --temp T                temperature, 0 = greedy (default: 0.8)\n"
+    "  --top-k K               keep the K most likely tokens, -1 or 0 = all (default: 40)\n"
+    "  --top-p P               nucleus sampling mass, 0..1 (default: 0.95)\n"
+    "  --seed S                sampler seed, 0..4294967295 (default: from the clock, printed on stderr)\n"
+    CLI_KV_DTYPE_HELP
+    "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
+    "                          says otherwise (the reference path; default: off)\n"
+    "  -h, --help              this text\n";
+
 static gen_args parse(int argc, char **argv) {
     gen_args a = {.eng = cli_engine_args_default(), .n_predict = 128, .sp = osp_sampling_default_params()};
     a.sp.temperature = 0.8f; /* llama.cpp's default */
@@ -31,6 +47,7 @@ static gen_args parse(int argc, char **argv) {
     a.sp.top_p = 0.95f;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
         if (cli_engine_arg(&a.eng, CLI_ENGINE_KV_DTYPE | CLI_ENGINE_EXACT, argc, argv, &i)) continue;
         if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) a.prompt = v, i++;
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-predict")) a.n_predict = (int)cli_int(f, v, 0, 1 << 20), i++;

@@ -51,10 +51,18 @@ static void print_value(const osp_gguf_value *v, int depth) {
     }
 }
 
+static const char k_help[] =
+    "usage: osprey info -m FILE\n"
+    "  print a GGUF file's header, metadata (long arrays abbreviated) and tensor table\n"
+    "\n"
+    "  -m, --model FILE        the GGUF file (required)\n"
+    "  -h, --help              this text\n";
+
 int cmd_info(int argc, char **argv) {
     const char *model = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) model = i + 1 < argc ? argv[++i] : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) cli_help(k_help);
+        else if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) model = i + 1 < argc ? argv[++i] : NULL;
         else cli_die(OSP_OK, "info: unknown option '%s'", argv[i]);
     }
     if (!model) cli_die(OSP_OK, "info needs -m FILE");

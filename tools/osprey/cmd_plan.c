@@ -55,6 +55,17 @@ static void print_bytes_per_token(const osp_model_config *c, osp_kv_dtype d, lon
     printf(")\n");
 }
 
+static const char k_help[] =
+    "usage: osprey plan -m FILE [options]\n"
+    "  KV bytes per token, blocks in a memory budget, sequences that fit (every KV dtype side by side)\n"
+    "\n"
+    "  -m, --model FILE        the GGUF model (required)\n"
+    "  --max-model-len N       longest sequence, 2..2^30 tokens (default: the model's training context)\n"
+    CLI_KV_DTYPE_HELP
+    "  --kv-cache-memory B     bytes for the KV cache: 536870912, 512M, 2G, 1.5GiB (default: 512M)\n"
+    "  --block-size N          tokens per KV block (default: 16)\n"
+    "  -h, --help              this text\n";
+
 int cmd_plan(int argc, char **argv) {
     const char *model = NULL;
     osp_engine_params ep = osp_engine_default_params();
@@ -63,7 +74,8 @@ int cmd_plan(int argc, char **argv) {
     osp_kv_dtype dt = ep.kv_dtype;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = v, i++;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
+        else if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = v, i++;
         else if (!strcmp(f, "--max-model-len")) max_len = (int)cli_int(f, v, 2, 1 << 30), i++;
         else if (!strcmp(f, "--block-size")) block_size = (int)cli_int(f, v, 1, 1 << 16), i++;
         else if (!strcmp(f, "--kv-cache-memory")) mem = parse_bytes(f, v), i++;

@@ -8,12 +8,23 @@
 #include "osprey/gguf.h"
 #include "osprey/tokenizer.h"
 
+static const char k_help[] =
+    "usage: osprey tokenize -m FILE -p TEXT [options]\n"
+    "  print the token ids of TEXT as a JSON array (a vocab-only GGUF is enough)\n"
+    "\n"
+    "  -m, --model FILE        the GGUF file with the vocabulary (required)\n"
+    "  -p, --prompt TEXT       the text (required)\n"
+    "  --no-special            special tokens written in TEXT stay plain text (default: parsed)\n"
+    "  --no-bos                no BOS / added special tokens (default: added as the model says)\n"
+    "  -h, --help              this text\n";
+
 int cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *text = NULL;
     bool parse_special = true, add_special = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = i + 1 < argc ? argv[++i] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) cli_help(k_help);
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = i + 1 < argc ? argv[++i] : NULL;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) text = i + 1 < argc ? argv[++i] : NULL;
         else if (!strcmp(a, "--no-special")) parse_special = false;
         else if (!strcmp(a, "--no-bos")) add_special = false;

@@ -12,6 +12,8 @@ static const char *k_usage =
     "usage: osprey <command> [options]\n"
     "\n"
     "commands:\n"
+    "  (osprey <command> --help lists a command's flags and their defaults)\n"
+    "\n"
     "  generate -m FILE -p TEXT [-n N] [--temp T] [--top-k K] [--top-p P] [--seed S] [-t THREADS]\n"
     "           [--kv-cache-dtype D] [--exact] [--device cpu|cuda|auto] [--kernel-table FILE]\n"
     "           continue TEXT with the model, streaming tokens; timings on stderr\n"
@@ -41,6 +43,11 @@ static const char *k_usage =
     "\n"
     "  --kv-cache-dtype D: auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16, fp8_e4m3 accepted);\n"
     "  fp8 / nvfp4 run on the CPU and CUDA backends; bf16 pages are refused (no backend has them)\n";
+
+noreturn void cli_help(const char *text) {
+    fputs(text, stdout);
+    exit(0);
+}
 
 noreturn void cli_die(osp_status s, const char *fmt, ...) {
     va_list ap;
@@ -106,13 +113,6 @@ int main(int argc, char **argv) {
         fputs(k_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    /* serve, render-template and bench-kernels list their own flags; the others share this usage text */
-    if (strcmp(argv[1], "serve") != 0 && strcmp(argv[1], "render-template") != 0 && strcmp(argv[1], "bench-kernels") != 0)
-        for (int i = 2; i < argc; i++)
-            if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-                fputs(k_usage, stdout);
-                return 0;
-            }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
