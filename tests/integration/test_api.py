@@ -353,17 +353,31 @@ def test_request_ids_unique_across_processes_and_within_one():
         assert b.stop() == 0
 
 
-def test_fresh_server_reports_free_kv():
-    # before its first request a server's KV blocks are all free (/health and /metrics)
-    from conftest import TINY, Server
-    s = Server(TINY)
-    try:
+@pytest.mark.parametrize("which", ["tiny", "default"])
+def test_fresh_server_reports_free_kv(which):
+    # before its first request a server's KV blocks are all free (/health and /metrics; they read
+    # 0 free / usage 1 until the first step before 995c861), on the tiny model and on the default
+    # model (SmolLM2, the CPU's default KV sizing), and all free again once a request has finished
+    import os
+    from conftest import SMOL, TINY, Server
+    if which == "default" and not os.path.exists(SMOL):
+        pytest.skip(f"no SmolLM2 model at {SMOL} (make fetch)")
+    s = Server(TINY if which == "tiny" else SMOL)
+
+    def check():
         h = s.health()
         assert h["kv_cache_total_blocks"] > 0
         assert h["kv_cache_free_blocks"] == h["kv_cache_total_blocks"], h
         m = requests.get(s.url + "/metrics").text
         usage = [l for l in m.splitlines() if l.startswith("vllm:kv_cache_usage_perc")]
         assert usage and float(usage[0].split()[-1]) == 0.0, usage
+        free = [l for l in m.splitlines() if l.startswith("osprey:kv_cache_free_blocks")]
+        assert free and int(float(free[0].split()[-1])) == h["kv_cache_total_blocks"], free
+
+    try:
+        check()
+        s.client().completions.create(model=s.model, prompt="hello there", max_tokens=4)
+        check()  # finished: its blocks are free again (prefix-cached blocks count as free)
     finally:
         assert s.stop() == 0
 
