@@ -406,6 +406,31 @@ int kb_main(int argc, char **argv) {
     int matching = 0;
     for (int di = 0; di < n_defs; di++)
         matching += !o.op || !strcmp(o.op, defs[di].name) || !strcmp(o.op, osp_op_name(defs[di].kind));
+    /* a definition holds at most KB_MAX_WORKLOADS: the listed ones, the hidden ones and a trace's 8 */
+    for (int di = 0; di < n_defs; di++) {
+        const int room = KB_MAX_WORKLOADS - defs[di].n_workloads - (o.trace ? 8 : 0);
+        if (o.hidden > room) {
+            fprintf(stderr, "bench-kernels: --hidden %d: definition %s has room for %d hidden workloads (%d listed%s, "
+                            "at most %d in all)\n",
+                    o.hidden, defs[di].name, room < 0 ? 0 : room, defs[di].n_workloads, o.trace ? " + 8 from the trace" : "",
+                    KB_MAX_WORKLOADS);
+            free(defs);
+            json_decref(report);
+            return 2;
+        }
+    }
+    /* the report's file, opened before the first run: a path that cannot be written fails now, not
+     * after the whole gate (the file is rewritten at the end) */
+    if (o.out) {
+        FILE *f = fopen(o.out, "w");
+        if (!f) {
+            fprintf(stderr, "bench-kernels: cannot write the report %s: %s\n", o.out, strerror(errno));
+            free(defs);
+            json_decref(report);
+            return 1;
+        }
+        fclose(f);
+    }
     if (!matching) {
         fprintf(stderr, "bench-kernels: no definition in %s is named or of op '%s'; the definitions:", dir, o.op);
         for (int di = 0; di < n_defs; di++) fprintf(stderr, " %s", defs[di].name);
