@@ -129,6 +129,7 @@ static srv_config parse_flags(int argc, char **argv) {
     c.n_threads = eng.n_threads;
     c.device = eng.device;
     c.kv_dtype = eng.kv_dtype;
+    c.kernel_table = eng.kernel_table;
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
@@ -163,6 +164,7 @@ int cmd_serve(int argc, char **argv) {
     ep.trace_shapes_path = cfg->trace_shapes;
     ep.device = cfg->device;
     ep.kv_dtype = cfg->kv_dtype;
+    ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(srv.engine);
