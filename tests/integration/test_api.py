@@ -323,6 +323,34 @@ def test_non_streaming_client_gone_is_aborted(smol):
     assert "2000 output tokens" not in log
 
 
+def test_version(tmp_path):
+    # GET /version (no API key, as vLLM's), the version in /v1/models and the start-up log all say what
+    # the library's build info says; `osprey --version` too where the CLI has it
+    import re
+    import subprocess
+    from conftest import BIN, TINY, Server
+    s = Server(TINY, "--api-key", "k")
+    try:
+        r = requests.get(s.url + "/version")
+        assert r.status_code == 200, r.text
+        v = r.json()
+        assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", v["version"]), v
+        assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", v["commit"]), v
+        assert isinstance(v["cuda"], bool) and ("CUDA=ON" if v["cuda"] else "CUDA=OFF") in v["options"], v
+        for k in ("build_type", "compiler", "c_flags"):
+            assert isinstance(v[k], str), v
+        assert requests.post(s.url + "/version").status_code == 405
+        m = requests.get(s.url + "/v1/models", headers={"Authorization": "Bearer k"}).json()
+        assert m["data"][0]["version"] == v["version"], m
+        line = f"osprey {v['version']} (commit {v['commit']}, {v['build_type']}, CUDA {'on' if v['cuda'] else 'off'}"
+        assert line in s.read_log(), s.read_log()[:2000]
+    finally:
+        assert s.stop() == 0
+    p = subprocess.run([BIN, "--version"], capture_output=True, text=True, timeout=30)
+    if p.returncode == 0:
+        assert line in p.stdout + p.stderr, (p.stdout, p.stderr)
+
+
 def test_request_ids_unique_across_processes_and_within_one():
     # two fresh servers (as two restarts) start from different ids; one server's ids never repeat
     # (each request, each n > 1 request and chat ids included) and have the form <kind>-<32 hex>

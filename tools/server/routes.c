@@ -1,11 +1,11 @@
 /* osprey serve: the HTTP side, libmicrohttpd's request handler.
  *
  * Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET /v1/models, /health,
- * /metrics. The body is gathered (413 past --max-request-body), every /v1/ path checks the API key,
- * errors are OpenAI's error JSON (request.c), 503 while draining or past --max-queued-requests. A
- * generation request is parsed, its prompts built and a job started (serve_jobs.c); the handler then
- * blocks on the connection's thread until the reply is complete, or hands the job to the SSE stream
- * (sse.c). */
+ * /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
+ * --max-request-body), every /v1/ path checks the API key, errors are OpenAI's error JSON (request.c),
+ * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
+ * and a job started (serve_jobs.c); the handler then blocks on the connection's thread until the reply
+ * is complete, or hands the job to the SSE stream (sse.c). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "osprey/version.h"
 #include "serve_internal.h"
 
 typedef struct conn_ctx {
@@ -300,11 +301,16 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         const srv_metrics_gauges g = gauges(srv);
         return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(srv->metrics, srv->model_name, &g));
     }
+    if (!strcmp(url, "/version")) { /* as vLLM's /version: outside /v1/, so no API key */
+        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        return reply_json(c, 200, json_loads(osp_build_info_json(), 0, NULL));
+    }
     if (!strcmp(url, "/v1/models")) {
         if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
-        return reply_json(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i}]}", "object", "list", "data", "id",
+        return reply_json(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id",
                                             srv->model_name, "object", "model", "created", (json_int_t)time(NULL), "owned_by",
-                                            "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len));
+                                            "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len,
+                                            "version", osp_version_string()));
     }
     struct {
         const char *path;

@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "osprey/engine.h"
 #include "osprey/model.h"
+#include "osprey/version.h"
 #include "serve_internal.h"
 
 double srv_now_s(void) {
@@ -148,6 +149,7 @@ int cmd_serve(int argc, char **argv) {
 
     const char *base = strrchr(cfg->model_path, '/');
     srv.model_name = cfg->served_model_name ? cfg->served_model_name : base ? base + 1 : cfg->model_path;
+    srv_log(&srv, SRV_LOG_INFO, "%s", osp_version_line());
     srv_log(&srv, SRV_LOG_INFO, "loading model %s ...", cfg->model_path);
     const double t0 = srv_now_s();
     osp_engine_params ep = osp_engine_default_params();
