@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "osprey/model.h"
+#include "osprey/version.h"
 
 
 static char g_dir[256];
@@ -334,6 +335,31 @@ static void test_subcommand_help(void **state) {
     assert_non_null(strstr(g_out, "<command> --help"));
 }
 
+/* `osprey --version` and `osprey version` (issue 20): exit 0, the same text, naming the library's
+ * version (a MAJOR.MINOR.PATCH number) and commit, and saying whether CUDA is built in, as this build is. */
+static void test_version(void **state) {
+    (void)state;
+    static char first[sizeof g_out];
+    assert_int_equal(run("--version"), 0);
+    assert_string_equal(g_err, "");
+    memcpy(first, g_out, sizeof first);
+    const char *v = osp_version_string();
+    unsigned a, b, c;
+    char end;
+    if (sscanf(v, "%u.%u.%u%c", &a, &b, &c, &end) != 3) fail_msg("the version '%s' is not MAJOR.MINOR.PATCH", v);
+    char want[128];
+    snprintf(want, sizeof want, "osprey %s", v);
+    if (strncmp(g_out, want, strlen(want)) != 0) fail_msg("--version does not start with '%s':\n%s", want, g_out);
+    snprintf(want, sizeof want, "commit %s", osp_version_commit());
+    if (!strstr(g_out, want)) fail_msg("--version does not name '%s':\n%s", want, g_out);
+    const char *cuda = osp_build_has_cuda() ? "CUDA on" : "CUDA off";
+    if (!strstr(g_out, cuda)) fail_msg("--version does not say '%s':\n%s", cuda, g_out);
+    if (!strstr(g_out, osp_build_has_cuda() ? "\ncuda: on\n" : "\ncuda: off\n")) fail_msg("no cuda line:\n%s", g_out);
+    if (!strstr(g_out, "\nc_flags: ")) fail_msg("--version does not give the C flags:\n%s", g_out);
+    assert_int_equal(run("version"), 0);
+    assert_string_equal(g_out, first);
+}
+
 static int setup(void **state) {
     (void)state;
     g_bin = getenv("OSPREY_BIN");
@@ -369,6 +395,7 @@ int main(void) {
         cmocka_unit_test(test_bench_lines),
         cmocka_unit_test(test_kv_cache_dtype),
         cmocka_unit_test(test_subcommand_help),
+        cmocka_unit_test(test_version),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,10 +6,13 @@
 #include <string.h>
 #include <time.h>
 
+#include <jansson.h>
+
 #include "cli.h"
+#include "osprey/version.h"
 
 static const char *k_usage =
-    "usage: osprey <command> [options]\n"
+    "usage: osprey <command> [options]     osprey --version     osprey --help\n"
     "\n"
     "commands:\n"
     "  (osprey <command> --help lists a command's flags and their defaults)\n"
@@ -38,6 +41,7 @@ static const char *k_usage =
     "  render-template (--template FILE | -m FILE) --messages JSON [--add-generation-prompt]\n"
     "           [--bos T] [--eos T] [--kwargs JSON] [--tools JSON]\n"
     "           print a chat template rendered as transformers would (--help for all flags)\n"
+    "  version  (or --version) the version, commit, build type and flags, whether CUDA is built in\n"
     "  plan     -m FILE [--max-model-len N] [--kv-cache-dtype D] [--kv-cache-memory B] [--block-size N]\n"
     "           KV bytes per token, blocks in a memory budget, sequences that fit (every KV dtype side by side)\n"
     "\n"
@@ -108,11 +112,28 @@ double cli_now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* `osprey --version` / `osprey version`: the build information of include/osprey/version.h (the same
+ * facts serve's GET /version returns): osp_version_line() on the first line, then every fact of
+ * osp_build_info_json() as a "key: value" line (booleans as on / off, nulls left out), C flags included. */
+static int print_version(void) {
+    puts(osp_version_line());
+    json_t *o = json_loads(osp_build_info_json(), 0, NULL);
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        if (json_is_string(v)) printf("%s: %s\n", k, json_string_value(v));
+        else if (json_is_boolean(v)) printf("%s: %s\n", k, json_is_true(v) ? "on" : "off");
+    }
+    json_decref(o);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         fputs(k_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) return print_version();
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
     if (!strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
