@@ -4,12 +4,14 @@
 #   make test       set up, fetch the model, build, run every test (ctest)
 #   make test-asan  the same tests in a separate ASan+UBSan build (build-asan/)
 #   make fuzz       clang + libFuzzer build (build-fuzz/), each target for FUZZ_SECONDS on its seeds
+#   make install    build, then install bin/osprey, lib/libosprey.a, include/osprey/*.h and
+#                   lib/pkgconfig/osprey.pc under PREFIX (default /usr/local; cmake/install.cmake)
 #   make test-gpu   the GPU tests (label gpu). On a GPU machine that has the binaries scripts/gpu-pack.sh
 #                   staged in .carry/ (the lent H200, where nothing can be installed) it runs those (no
 #                   setup step); elsewhere it builds and runs ctest -L gpu (they skip without a device)
 #
 # Variables: WERROR=ON (warnings are errors, as in CI), JOBS (build and ctest parallelism),
-# FUZZ_SECONDS, PROMPT, N_TOKENS, CMAKE_ARGS (extra -D flags for every configure).
+# FUZZ_SECONDS, PROMPT, N_TOKENS, CMAKE_ARGS (extra -D flags for every configure), PREFIX (make install).
 
 JOBS         ?= 2
 WERROR       ?= OFF
@@ -21,11 +23,12 @@ ASAN_CTEST_ARGS ?=
 MODEL        ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PROMPT       ?= The three primary colors are
 N_TOKENS     ?= 64
+PREFIX       ?= /usr/local
 
 CMAKE_COMMON := -G Ninja -DOSPREY_WERROR=$(WERROR) $(CMAKE_ARGS)
 FUZZ_TARGETS  = $(patsubst tests/fuzz/%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 
-.PHONY: all setup fetch build build-asan build-fuzz run test test-asan test-gpu fuzz clean
+.PHONY: all setup fetch build build-asan build-fuzz run test test-asan test-gpu fuzz clean install
 
 all: build
 
@@ -50,6 +53,9 @@ build-fuzz: setup
 	CC=clang cmake -S . -B build-fuzz $(CMAKE_COMMON) -DCMAKE_C_COMPILER=clang \
 	    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOSPREY_FUZZ=ON -DOSPREY_CUDA=OFF
 	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+
+install: build
+	cmake --install build --prefix $(PREFIX)
 
 run: build fetch
 	build/bin/osprey generate -m $(MODEL) -p "$(PROMPT)" -n $(N_TOKENS) --temp 0
