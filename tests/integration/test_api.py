@@ -117,6 +117,62 @@ def test_echo(server):
     assert text == e.choices[0].text
 
 
+def test_echo_max_tokens_zero(server):
+    # echo with max_tokens 0 returns the prompt alone (OpenAI allows it, vLLM serves it): no completion
+    # tokens, finish "length"; streamed too. max_tokens 0 without echo, or on chat, stays a 400.
+    c = server.client()
+    for prompt in ("Hello there", ["Hello there", "abc"]):
+        r = c.completions.create(model=server.model, prompt=prompt, max_tokens=0, echo=True)
+        want = prompt if isinstance(prompt, list) else [prompt]
+        assert [x.text for x in r.choices] == want
+        assert all(x.finish_reason == "length" and x.logprobs is None for x in r.choices)
+        assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens > 0
+    text, finish, _, _ = stream_text(c, model=server.model, prompt="Hello there", max_tokens=0, echo=True)
+    assert text == "Hello there" and finish == "length"
+    for body in ({"prompt": "a", "max_tokens": 0}, {"prompt": "a", "max_tokens": 0, "echo": False},
+                 {"prompt": "a", "max_tokens": 0, "echo": True, "min_tokens": 1}):
+        r = requests.post(server.url + "/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("max_tokens", "min_tokens"), (body, r.text)
+    r = requests.post(server.url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0, "echo": True})
+    assert r.status_code == 400, r.text
+
+
+def test_echo_logprobs_scores_the_prompt(server):
+    # echo + logprobs returns the prompt tokens' logprobs first (the first one null), then the
+    # completion's: what lm-evaluation-harness's loglikelihood reads (token_logprobs[ctxlen:-1]). A
+    # prompt that is a greedy continuation must score each continuation token as generation did.
+    import math
+    c = server.client()
+    ids = requests.post(server.url + "/tokenize", json={"prompt": "abc", "add_special_tokens": False}).json()["tokens"]
+    g = c.completions.create(model=server.model, prompt=ids, max_tokens=4, temperature=0, logprobs=2,
+                             extra_body=NOEOS)
+    gen_ids = requests.post(server.url + "/tokenize", json={"prompt": g.choices[0].text,
+                                                            "add_special_tokens": False}).json()["tokens"]
+    full = ids + gen_ids
+    for max_tokens in (0, 1, 3):
+        r = c.completions.create(model=server.model, prompt=full, max_tokens=max_tokens, temperature=0, logprobs=2,
+                                 echo=True, extra_body=NOEOS)
+        lp = r.choices[0].logprobs
+        n = len(full) + max_tokens
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(x <= 0 for x in lp.token_logprobs[1:])
+        assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+        for i in range(1, len(full)):
+            assert lp.tokens[i] in lp.top_logprobs[i] and 1 <= len(lp.top_logprobs[i]) <= 3
+        if len(gen_ids) == len(g.choices[0].logprobs.token_logprobs):  # the text re-tokenized to the same ids
+            tail = lp.token_logprobs[len(ids):len(full)]
+            assert all(math.isclose(a, b, abs_tol=2e-3) for a, b in zip(tail, g.choices[0].logprobs.token_logprobs)), \
+                (tail, g.choices[0].logprobs.token_logprobs)
+        assert r.usage.completion_tokens == max_tokens
+    # several choices and prompts: each choice carries its own prompt's entries
+    r = c.completions.create(model=server.model, prompt=[full, ids], max_tokens=1, n=2, logprobs=0, echo=True,
+                             temperature=0, extra_body=NOEOS)
+    assert [len(x.logprobs.tokens) for x in r.choices] == [len(full) + 1] * 2 + [len(ids) + 1] * 2
+    assert all(x.logprobs.token_logprobs[0] is None for x in r.choices)
+
+
 def _reference(server, prompt, n=60):
     return server.client().completions.create(model=server.model, prompt=prompt, max_tokens=n,
                                               extra_body={"ignore_eos": True}, **SEEDED).choices[0].text

@@ -79,6 +79,42 @@ void srv_json_add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp)
     }
 }
 
+void srv_json_add_prompt_logprobs(srv_job *j, srv_seq *s, const int32_t *ids, const osp_token_logprobs *plp, int32_t n) {
+    const osp_tokenizer *tok = j->srv->tok;
+    if (j->req.route == SRV_ROUTE_CHAT || s->lp || n < 0) return;
+    s->lp = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+    if (!s->lp) return;
+    json_t *toks = json_object_get(s->lp, "tokens"), *lps = json_object_get(s->lp, "token_logprobs"),
+           *tops = json_object_get(s->lp, "top_logprobs"), *offs = json_object_get(s->lp, "text_offset");
+    size_t off = 0;
+    for (int32_t i = -1; i < n; i++) {
+        const int32_t id = i < 0 ? ids[0] : plp[i].token_id;
+        json_t *t = token_str(tok, id, NULL);
+        const size_t len = t ? json_string_length(t) : 0;
+        json_array_append_new(toks, t ? t : json_string(""));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += len;
+        if (i < 0) {
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        json_array_append_new(lps, json_real(plp[i].logprob));
+        json_t *top = json_object();
+        const int32_t n_top = plp[i].n_top < j->req.logprobs ? plp[i].n_top : j->req.logprobs;
+        for (int32_t k = 0; k < n_top; k++) {
+            json_t *tt = token_str(tok, plp[i].top_ids[k], NULL);
+            if (tt) json_object_set_new(top, json_string_value(tt), json_real(plp[i].top_logprobs[k]));
+            json_decref(tt);
+        }
+        json_t *self = token_str(tok, id, NULL);
+        if (self && !json_object_get(top, json_string_value(self)))
+            json_object_set_new(top, json_string_value(self), json_real(plp[i].logprob));
+        json_decref(self);
+        json_array_append_new(tops, top);
+    }
+}
+
 /* The logprobs entries [from, end) of a choice, in the route's format (NULL when none were asked). */
 static json_t *logprobs_slice(const srv_job *j, const srv_seq *s, size_t from) {
     if (j->req.logprobs < 0) return NULL;

@@ -337,7 +337,8 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
     if (route == SRV_ROUTE_COMPLETIONS ? parse_prompt(root, lim, r, err) : parse_messages(root, r, err)) goto done;
 
     x = -1;
-    if (srv_get_int(root, "max_tokens", 1, INT32_MAX, &x, err)) goto done;
+    /* 0 only with echo on /v1/completions (checked below, once echo is read): the prompt alone */
+    if (srv_get_int(root, "max_tokens", 0, INT32_MAX, &x, err)) goto done;
     if (srv_get_int(root, "max_completion_tokens", 1, INT32_MAX, &x, err)) goto done;
     r->max_tokens = (int32_t)x;
     x = 1;
@@ -385,7 +386,11 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
     x = 0;
     if (srv_get_int(root, "min_tokens", 0, INT32_MAX, &x, err)) goto done;
     r->min_tokens = (int32_t)x;
-    if (r->max_tokens > 0 && r->min_tokens > r->max_tokens) {
+    if (r->max_tokens == 0 && !(r->echo && route == SRV_ROUTE_COMPLETIONS)) {
+        srv_fail(err, 400, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo' on /v1/completions)");
+        goto done;
+    }
+    if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens) {
         srv_fail(err, 400, "min_tokens", "'min_tokens' (%d) must not exceed 'max_tokens' (%d)", r->min_tokens, r->max_tokens);
         goto done;
     }

@@ -103,6 +103,8 @@ typedef struct srv_seq {
     int32_t *inbox;
     int32_t n_inbox, cap_inbox;
     osp_token_logprobs *lp_inbox; /* [cap_inbox] when the request asked for logprobs */
+    osp_token_logprobs *plp_inbox; /* [n_plp_inbox] the prompt's logprobs (tokens 1..), once, when asked */
+    int32_t n_plp_inbox;
     bool eng_finished;
     osp_finish_reason eng_reason;
     /* connection thread only */
@@ -133,6 +135,9 @@ struct srv_job {
     double t_arrival, t_first;
     int32_t *prompt_lens;     /* [n_prompts] */
     char **echo;              /* [n_prompts] prompt texts when echo */
+    bool echo_only;           /* echo with max_tokens 0: the engine samples one token, which is dropped */
+    bool prompt_lp;           /* echo + logprobs (not streamed): the prompt tokens' logprobs lead each
+                                 choice's logprobs, the first token's null (OpenAI's and vLLM's form) */
     int32_t n_seqs;
     srv_seq *seqs;
     struct MHD_Connection *conn;
@@ -167,6 +172,11 @@ void srv_job_http_done(srv_job *j);
 
 /* ---- OpenAI JSON (openai_json.c) ----------------------------------------------------------- */
 
+/* Completions with echo: appends the prompt's logprobs to s->lp, which must hold no entry yet: the first
+ * prompt token (ids[0]) with a null logprob and null top_logprobs, then plp[0..n) (prompt tokens
+ * 1..n, top entries capped at req.logprobs, the token itself always among its top_logprobs as vLLM
+ * does). text_offset counts the bytes of the token texts from 0. */
+void srv_json_add_prompt_logprobs(srv_job *j, srv_seq *s, const int32_t *ids, const osp_token_logprobs *plp, int32_t n);
 /* Appends one consumed token's logprobs (capped at req.logprobs top entries) to s->lp in the route's
  * format. Connection thread. */
 void srv_json_add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp);

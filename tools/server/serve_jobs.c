@@ -79,6 +79,7 @@ static void job_free(srv_job *j) {
         free(j->seqs[i].work);
         free(j->seqs[i].lp_inbox);
         free(j->seqs[i].lp_work);
+        free(j->seqs[i].plp_inbox);
         json_decref(j->seqs[i].lp);
         srv_text_free(&j->seqs[i].text);
     }
@@ -102,6 +103,13 @@ static void on_output(void *user, const osp_request_output *o) {
     const double t = srv_now_s();
     bool free_it = false;
     pthread_mutex_lock(&j->mu);
+    if (j->prompt_lp && o->prompt_logprobs && o->num_prompt_logprobs > 0 && !s->plp_inbox) {
+        s->plp_inbox = malloc(sizeof *s->plp_inbox * (size_t)o->num_prompt_logprobs);
+        if (s->plp_inbox) {
+            memcpy(s->plp_inbox, o->prompt_logprobs, sizeof *s->plp_inbox * (size_t)o->num_prompt_logprobs);
+            s->n_plp_inbox = o->num_prompt_logprobs;
+        }
+    }
     if (o->num_tokens > 0) {
         if (s->n_inbox + o->num_tokens > s->cap_inbox) {
             int32_t cap = s->cap_inbox ? s->cap_inbox : 16;
@@ -160,9 +168,15 @@ bool srv_job_pump(srv_job *j, int timeout_ms) {
     const bool changed = j->changed;
     j->changed = false;
     int32_t counts[SRV_MAX_N];
+    osp_token_logprobs *plp[SRV_MAX_N];
+    int32_t n_plp[SRV_MAX_N];
     for (int32_t i = 0; i < j->n_seqs; i++) {
         srv_seq *s = &j->seqs[i];
         counts[i] = 0;
+        plp[i] = s->plp_inbox; /* taken over here: they come with (or before) the first tokens */
+        n_plp[i] = s->n_plp_inbox;
+        s->plp_inbox = NULL;
+        s->n_plp_inbox = 0;
         if (s->n_inbox > s->cap_work) {
             int32_t *p = realloc(s->work, sizeof(int32_t) * (size_t)s->cap_inbox);
             if (p) s->work = p;
@@ -179,12 +193,19 @@ bool srv_job_pump(srv_job *j, int timeout_ms) {
         s->seen_finished = s->eng_finished && s->n_inbox == 0;
     }
     pthread_mutex_unlock(&j->mu);
-    if (!changed) return false;
+    if (!changed) {
+        for (int32_t i = 0; i < j->n_seqs; i++) free(plp[i]);
+        return false;
+    }
 
     for (int32_t i = 0; i < j->n_seqs; i++) {
         srv_seq *s = &j->seqs[i];
+        if (plp[i] && !s->done)
+            srv_json_add_prompt_logprobs(j, s, j->req.prompts[s->prompt_idx].ids, plp[i], n_plp[i]);
+        free(plp[i]);
         if (s->done) continue;
         for (int32_t k = 0; k < counts[i] && !s->done; k++) {
+            if (j->echo_only) continue; /* the one token sampled for an echo-only request is not output */
             s->n_out++;
             if (s->lp_work) srv_json_add_logprobs(j, s, &s->lp_work[k]);
             /* the token that ended the sequence (EOS or a stop id) gives no text, as in vLLM */
@@ -200,7 +221,7 @@ bool srv_job_pump(srv_job *j, int timeout_ms) {
         if (!s->done && s->seen_finished) {
             srv_text_finish(&s->text);
             s->done = true;
-            s->finish = finish_name(s->eng_reason);
+            s->finish = j->echo_only ? "length" : finish_name(s->eng_reason);
         }
     }
     return true;
@@ -337,10 +358,13 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         srv_fail(err, 500, NULL, "out of memory");
         goto fail;
     }
+    j->echo_only = r->echo && r->max_tokens == 0 && r->route == SRV_ROUTE_COMPLETIONS;
+    j->prompt_lp = r->echo && r->logprobs >= 0 && !r->stream && r->route == SRV_ROUTE_COMPLETIONS;
     for (int32_t p = 0; p < r->n_prompts; p++) {
         const int32_t np = r->prompts[p].n_ids;
         j->prompt_lens[p] = np;
-        const int32_t max_tokens = r->max_tokens > 0 ? r->max_tokens
+        const int32_t max_tokens = j->echo_only ? 1 /* the engine samples one token (dropped), as vLLM */
+                                   : r->max_tokens > 0 ? r->max_tokens
                                    : r->route == SRV_ROUTE_COMPLETIONS ? 16
                                                                        : srv->max_model_len - np;
         if (np >= srv->max_model_len || (int64_t)np + max_tokens > srv->max_model_len) {
@@ -400,7 +424,8 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.seed = r->seed;
         rp.sample_index = (uint32_t)(i % r->n);
         rp.logprobs = r->logprobs;
-        rp.max_tokens = r->max_tokens > 0 ? r->max_tokens : r->route == SRV_ROUTE_COMPLETIONS ? 16 : 0;
+        rp.prompt_logprobs = j->prompt_lp ? r->logprobs : -1;
+        rp.max_tokens = j->echo_only ? 1 : r->max_tokens > 0 ? r->max_tokens : r->route == SRV_ROUTE_COMPLETIONS ? 16 : 0;
         rp.min_tokens = r->min_tokens;
         rp.ignore_eos = r->ignore_eos;
         rp.stop_token_ids = r->stop_token_ids;
