@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "osprey/model.h"
 #include "osprey/version.h"
@@ -360,6 +361,57 @@ static void test_version(void **state) {
     assert_string_equal(g_out, first);
 }
 
+/* bench --output (issue 20): text keeps '<test> <mean> ...' lines under a '# test  t/s' header (mean ±
+ * sd); md is llama-bench's table (header, separator, one '| ... | test | mean ± sd |' row per test);
+ * csv a header with llama-bench's column names and one row per test; json an array of one object per
+ * test with avg_ts, stddev_ts and one samples_ts entry per repetition. A bad format is an error. */
+static bool starts(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
+
+static void test_bench_output(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 2 -t 1 --output text", g_model);
+    assert_int_equal(run(args), 0);
+    if (!strstr(g_out, "\n# test ") || !strstr(g_out, " t/s\n") || !strstr(g_out, "\npp8 ") || !strstr(g_out, " ± "))
+        fail_msg("bench --output text:\n%s", g_out);
+    double mean;
+    const char *tg = strstr(g_out, "\ntg4 ");
+    if (!tg || sscanf(tg + 5, "%lf", &mean) != 1 || !(mean > 0)) fail_msg("no tg4 mean in:\n%s", g_out);
+
+    snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 2 -t 1 -o md", g_model);
+    assert_int_equal(run(args), 0);
+    if (!starts(g_out, "| model | backend | threads | type_k | test | t/s |\n| --") ||
+        !strstr(g_out, " | pp8 | ") || !strstr(g_out, " | tg4 | ") || !strstr(g_out, " ± ") || strchr(g_out, '#'))
+        fail_msg("bench -o md:\n%s", g_out);
+
+    snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 2 -t 1 --output csv", g_model);
+    assert_int_equal(run(args), 0);
+    int lines = 0;
+    for (const char *c = g_out; *c; c++) lines += *c == '\n';
+    if (lines != 3 || !starts(g_out, "model_filename,backend,n_threads,type_k,n_prompt,n_gen,") ||
+        !strstr(g_out, ",avg_ts,stddev_ts\n") || !strstr(g_out, ",8,0,0,1,pp8,") || !strstr(g_out, ",0,4,0,1,tg4,"))
+        fail_msg("bench --output csv:\n%s", g_out);
+
+    snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 2 -t 1 --output json", g_model);
+    assert_int_equal(run(args), 0);
+    json_error_t err;
+    json_t *a = json_loads(g_out, 0, &err);
+    if (!json_is_array(a) || json_array_size(a) != 2) fail_msg("bench --output json is not an array of 2: %s\n%s", err.text, g_out);
+    const char *want[] = {"pp8", "tg4"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *r = json_array_get(a, i);
+        assert_string_equal(json_string_value(json_object_get(r, "test")), want[i]);
+        assert_true(json_real_value(json_object_get(r, "avg_ts")) > 0);
+        assert_true(json_is_real(json_object_get(r, "stddev_ts")));
+        assert_int_equal(json_array_size(json_object_get(r, "samples_ts")), 2);
+        assert_int_equal(json_integer_value(json_object_get(r, i ? "n_gen" : "n_prompt")), i ? 4 : 8);
+    }
+    json_decref(a);
+
+    snprintf(args, sizeof args, "bench -m '%s' --output xml", g_model);
+    expect_error(run(args), "--output", "xml");
+}
+
 static int setup(void **state) {
     (void)state;
     g_bin = getenv("OSPREY_BIN");
@@ -396,6 +448,7 @@ int main(void) {
         cmocka_unit_test(test_kv_cache_dtype),
         cmocka_unit_test(test_subcommand_help),
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_bench_output),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -14,7 +14,15 @@
  * On the GPU (--device cuda) every decode step also samples (greedy, on the device) and copies back
  * only the token ids, as the engine does; the logits never leave the GPU. Every timed region starts and
  * ends with the device idle (osp_model_sync), so no enqueued work of one test is counted in another.
- * A header line starting with '#' gives the shape. */
+ * A header line starting with '#' gives the shape.
+ *
+ * --output FORMAT (as llama-bench -o): text (the default: the '#' shape line, a '#' column header
+ * "test  t/s", then one line per test "<test> <mean> ± <sd>", so `awk '$1 ~ /^tg/ {print $2}'` still
+ * reads the mean), md (llama-bench's markdown table: model, backend, threads, type_k, test, t/s as
+ * "mean ± sd"), csv (a header row, then one row per test with llama-bench's column names: avg_ts,
+ * stddev_ts, n_prompt, n_gen, n_depth, ...) or json (an array of one object per test, those keys plus
+ * samples_ts, each repetition's tokens/s). Every format prints each test as soon as it is measured. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,19 +84,81 @@ static void run_batch_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, i
     gpu_sample(m, B);
 }
 
-/* "<name><n><suffix> <tokens/s mean> <stddev>" over reps timings of n tokens each; the label's count
- * is per sequence for batched tests (n_label), the rate counts all n tokens. */
-static void report_n(const char *name, int n_label, const char *suffix, double n, const double *t, int reps) {
+typedef enum { OUT_TEXT, OUT_MD, OUT_CSV, OUT_JSON } out_format;
+
+/* What every result row repeats (the run's shape), and how many rows were printed (json's commas). */
+typedef struct bench_out {
+    out_format fmt;
+    const char *model, *backend, *type_k;
+    int threads, rows;
+} bench_out;
+
+/* The table's opening: text's and md's column header, csv's header row, json's '['. */
+static void report_begin(const bench_out *o) {
+    switch (o->fmt) {
+    case OUT_TEXT: printf("%-20s %12s\n", "# test", "t/s"); break;
+    case OUT_MD:
+        printf("| model | backend | threads | type_k | test | t/s |\n");
+        printf("| ----- | ------- | ------: | ------ | ---: | --: |\n");
+        break;
+    case OUT_CSV:
+        printf("model_filename,backend,n_threads,type_k,n_prompt,n_gen,n_depth,n_seqs,test,avg_ts,stddev_ts\n");
+        break;
+    case OUT_JSON: printf("["); break;
+    }
+    fflush(stdout);
+}
+
+static void report_end(const bench_out *o) {
+    if (o->fmt == OUT_JSON) printf("%s]\n", o->rows ? "\n" : "");
+    fflush(stdout);
+}
+
+/* One test's row: its name "<name><n_label><suffix>", tokens/s mean and sample standard deviation over
+ * reps timings t[] (seconds) of n tokens each; the label's count is per sequence for batched tests
+ * (n_label), the rate counts all n tokens. n_prompt / n_gen / depth / n_seqs: the test's shape, for the
+ * csv and json columns. */
+static void report_n(bench_out *o, const char *name, int n_label, const char *suffix, double n, const double *t,
+                     int reps, int n_prompt, int n_gen, int depth, int n_seqs) {
     double mean = 0, var = 0;
     for (int r = 0; r < reps; r++) mean += n / t[r];
     mean /= reps;
     for (int r = 0; r < reps; r++) var += (n / t[r] - mean) * (n / t[r] - mean);
-    printf("%s%d%s %.2f %.2f\n", name, n_label, suffix, mean, reps > 1 ? sqrt(var / (reps - 1)) : 0.0);
+    const double sd = reps > 1 ? sqrt(var / (reps - 1)) : 0.0;
+    char test[96];
+    snprintf(test, sizeof test, "%s%d%s", name, n_label, suffix);
+    switch (o->fmt) {
+    case OUT_TEXT: printf("%-20s %12.2f ± %.2f\n", test, mean, sd); break;
+    case OUT_MD:
+        printf("| %s | %s | %d | %s | %s | %.2f ± %.2f |\n", o->model, o->backend, o->threads, o->type_k, test, mean, sd);
+        break;
+    case OUT_CSV: {
+        putchar('"'); /* the path quoted as csv wants it: "" for " */
+        for (const char *c = o->model; *c; c++) {
+            if (*c == '"') putchar('"');
+            putchar(*c);
+        }
+        printf("\",%s,%d,%s,%d,%d,%d,%d,%s,%.6f,%.6f\n", o->backend, o->threads, o->type_k, n_prompt, n_gen, depth,
+               n_seqs, test, mean, sd);
+        break;
+    }
+    case OUT_JSON: {
+        json_t *samples = json_array();
+        for (int r = 0; r < reps; r++) json_array_append_new(samples, json_real(n / t[r]));
+        json_t *row = json_pack("{s:s, s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:o}", "model_filename",
+                                o->model, "backend", o->backend, "n_threads", o->threads, "type_k", o->type_k,
+                                "n_prompt", n_prompt, "n_gen", n_gen, "n_depth", depth, "n_seqs", n_seqs, "test",
+                                test, "avg_ts", mean, "stddev_ts", sd, "samples_ts", samples);
+        char *s = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        if (!s) cli_die(OSP_OK, "out of memory");
+        printf("%s\n  %s", o->rows ? "," : "", s);
+        free(s);
+        json_decref(row);
+        break;
+    }
+    }
+    o->rows++;
     fflush(stdout);
-}
-
-static void report(const char *name, int n, const char *suffix, const double *t, int reps) {
-    report_n(name, n, suffix, n, t, reps);
 }
 
 static void sync_or_die(osp_model *m) {
@@ -113,6 +183,8 @@ static const char k_help[] =
     CLI_KV_DTYPE_HELP
     "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
     "                          says otherwise (default: off)\n"
+    "  -o, --output FORMAT     text | md | csv | json: llama-bench's table shapes (default: text,\n"
+    "                          one '<test> <t/s> ± <sd>' line per test)\n"
     "  -h, --help              this text\n";
 
 int cmd_bench(int argc, char **argv) {
@@ -123,6 +195,7 @@ int cmd_bench(int argc, char **argv) {
     osp_device dev = OSP_DEVICE_CPU;
     osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
     bool kvd_set = false;
+    out_format fmt = OUT_TEXT;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
@@ -137,6 +210,14 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "--depth") || !strcmp(f, "-d")) depth = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
+        else if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
+            if (v && !strcmp(v, "text")) fmt = OUT_TEXT;
+            else if (v && !strcmp(v, "md")) fmt = OUT_MD;
+            else if (v && !strcmp(v, "csv")) fmt = OUT_CSV;
+            else if (v && !strcmp(v, "json")) fmt = OUT_JSON;
+            else cli_die(OSP_OK, "%s: '%s' is not one of text, md, csv, json", f, v ? v : "");
+            i++;
+        }
         else cli_die(OSP_OK, "bench: unknown option '%s'", f);
     }
     if (exact && osp_kv_dtype_quantized(kvd))
@@ -171,9 +252,13 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(x % (uint64_t)c->n_vocab);
     }
     for (int32_t i = 0; i < max_blocks * batch; i++) bt[i] = i;
-    printf("# osprey bench: %s, device %s, threads %d, kv %s, pp %d, tg %d, depth %d, batch %d, %d repetitions\n",
+    if (fmt == OUT_TEXT)
+        printf("# osprey bench: %s, device %s, threads %d, kv %s, pp %d, tg %d, depth %d, batch %d, %d repetitions\n",
            model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m), osp_kv_dtype_name(kvd), n_prompt,
            n_gen, depth, batch, reps);
+    bench_out out = {.fmt = fmt, .model = model ? model : random_preset, .backend = osp_device_name(dev),
+                     .type_k = osp_kv_dtype_name(kvd), .threads = osp_model_n_threads(m)};
+    report_begin(&out);
     char dsuf[32] = "";
     if (depth > 0) snprintf(dsuf, sizeof dsuf, "@d%d", depth);
     /* warm-up: one short prefill and a decode step touch every weight page */
@@ -205,8 +290,8 @@ int cmd_bench(int argc, char **argv) {
             tg[r] = cli_now_s() - t0;
         }
     }
-    if (n_prompt > 0) report("pp", n_prompt, "", tp, reps);
-    if (n_gen > 0) report("tg", n_gen, dsuf, tg, reps);
+    if (n_prompt > 0) report_n(&out, "pp", n_prompt, "", n_prompt, tp, reps, n_prompt, 0, 0, 1);
+    if (n_gen > 0) report_n(&out, "tg", n_gen, dsuf, n_gen, tg, reps, 0, n_gen, depth, 1);
     if (batch > 1 && n_gen > 0) {
         /* B sequences: each prefilled with the same -p prompt tokens (one prefill per sequence, its own
          * blocks), then n_gen decode steps of B tokens each */
@@ -229,12 +314,14 @@ int cmd_bench(int argc, char **argv) {
         }
         char name[64];
         snprintf(name, sizeof name, "@b%d", batch);
-        report_n("pp", np, name, (double)np * batch, tpb, reps); /* tokens/s over the B prefills of np each */
+        /* tokens/s over the B prefills of np each */
+        report_n(&out, "pp", np, name, (double)np * batch, tpb, reps, np, 0, 0, batch);
         snprintf(name, sizeof name, "@b%d%s", batch, dsuf);
-        report_n("tg", n_gen, name, (double)n_gen * batch, tb, reps);
+        report_n(&out, "tg", n_gen, name, (double)n_gen * batch, tb, reps, 0, n_gen, depth, batch);
         free(tb);
         free(tpb);
     }
+    report_end(&out);
     free(bpos);
     free(tp);
     free(tg);
