@@ -446,6 +446,7 @@ static void test_report_ceilings_and_setup(void **state) {
         for (int w = 0; w < cd.n_workloads; w++)
             if (!strcmp(cd.wl[w].id, json_string_value(json_object_get(e, "workload")))) assert_false(cd.wl[w].big);
     }
+    json_decref(r);
 
     /* the gate alone measures nothing and times nothing */
     const char *g[] = {"--op", "copy", "--hidden", "1", "--no-listed", "--seeds", "1", "--seed", "5", "--gate-only"};
