@@ -428,6 +428,44 @@ static int setup(void **state) {
     return mkdtemp(g_dir) ? 0 : -1;
 }
 
+/* Output that cannot be written fails the command: `plan` and `tokenize` into /dev/full exit non-zero
+ * with one error line (they exited 0 having written nothing). */
+static void test_write_error(void **state) {
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) skip();
+    static const char *const cmds[] = {"plan -m '%s'", "tokenize -m '%s' -p 'hello there'"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char args[1024], cmd[4096], e[512];
+        snprintf(args, sizeof args, cmds[i], g_model);
+        snprintf(e, sizeof e, "%s/err", g_dir);
+        snprintf(cmd, sizeof cmd, "'%s' %s >/dev/full 2>'%s' </dev/null", g_bin, args, e);
+        const int st = system(cmd);
+        slurp(e, g_err, sizeof g_err);
+        assert_true(WIFEXITED(st));
+        assert_int_not_equal(WEXITSTATUS(st), 0);
+        assert_non_null(strstr(g_err, "cannot write the output"));
+    }
+}
+
+/* serve takes --kernel-table like generate and chat: a table that cannot be read stops start-up (the
+ * flag used to be dropped and the server started anyway; timeout ends such a server) */
+static void test_serve_kernel_table(void **state) {
+    (void)state;
+    char cmd[4096], o[512], e[512];
+    snprintf(o, sizeof o, "%s/out", g_dir);
+    snprintf(e, sizeof e, "%s/err", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 '%s' serve -m '%s' --host 127.0.0.1 --port 0 --kernel-table '%s/no-such-table.json' >'%s' 2>'%s' "
+             "</dev/null",
+             g_bin, g_model, g_dir, o, e);
+    const int st = system(cmd);
+    slurp(e, g_err, sizeof g_err);
+    assert_true(WIFEXITED(st));
+    assert_int_not_equal(WEXITSTATUS(st), 0);
+    assert_int_not_equal(WEXITSTATUS(st), 124); /* not the timeout: start-up refused */
+    assert_non_null(strstr(g_err, "no-such-table.json"));
+}
+
 static int teardown(void **state) {
     (void)state;
     char cmd[512];
@@ -449,6 +487,8 @@ int main(void) {
         cmocka_unit_test(test_subcommand_help),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_bench_output),
+        cmocka_unit_test(test_write_error),
+        cmocka_unit_test(test_serve_kernel_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

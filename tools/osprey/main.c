@@ -128,7 +128,21 @@ static int print_version(void) {
     return 0;
 }
 
-int main(int argc, char **argv) {
+/* The command's status, or 1 when its standard output could not be written (a full disk, a closed
+ * pipe, /dev/full): what a command printed must have arrived for it to succeed. */
+static int finish(int rc) {
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "osprey: error: cannot write the output: %s\n", strerror(errno));
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
+static int dispatch(int argc, char **argv);
+
+int main(int argc, char **argv) { return finish(dispatch(argc, argv)); }
+
+static int dispatch(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         fputs(k_usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
