@@ -11,7 +11,6 @@
  * mode), "v2-fold" (the same in fold mode), "v1" (mma.sync), "v0" (the CUDA-core fallback).
  *
  * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v2|v2-fold|v1|v0: that kernel only;
- *        ATTN_LOAD=serial|pipe|tma: how v2 loads K/V and orders its products, osp_cuda_attention_v2_load;
  *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first)
  *        attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0   one row, one kernel (for ncu:
  *        bench/gpu/profile_attention.sh) */
@@ -182,11 +181,6 @@ int main(int argc, char **argv) {
     g_only = getenv("ATTN_KERNEL"); /* one kernel (v2, v2-fold, v1 or v0) instead of all four */
     const char *e6 = getenv("ATTN_ORDER"); /* slot: fold mode's query tiles in slot order, not longest first */
     osp_cuda_attention_tile_order(!e6 || strcmp(e6, "slot") != 0);
-    const char *e5 = getenv("ATTN_LOAD"); /* v2's loads and product order: serial (default), pipe, tma (the same bits) */
-    osp_cuda_attention_v2_load(!e5                   ? OSP_CUDA_ATTN_LOAD_SERIAL
-                               : !strcmp(e5, "pipe") ? OSP_CUDA_ATTN_LOAD_PIPE
-                               : !strcmp(e5, "tma")  ? OSP_CUDA_ATTN_LOAD_TMA
-                                                     : OSP_CUDA_ATTN_LOAD_SERIAL);
     if (osp_cuda_device_count() == 0) {
         fprintf(stderr, "attn_bench: no CUDA device\n");
         return 77;

@@ -43,20 +43,11 @@
 #include "backend/cuda/attention_v1.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/dtype.h"
+#include "gpu_test_rng.h"
 
 #define MAX_SEQS 128
 
-/* ---- random numbers ----------------------------------------------------------------------------- */
-
-static uint64_t g_rng;
-static uint64_t rnd64(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static int rnd_int(int n) { return (int)(rnd64() % (uint64_t)n); } /* [0, n) */
-static float rnd_unit(void) { return (float)(rnd64() >> 40) / 8388608.0f - 1.0f; } /* [-1, 1) */
+/* ---- random numbers: gpu_test_rng.h (g_rng, rnd64, rnd_int, rnd_unit) ---------------------------- */
 
 /* ---- one batch ---------------------------------------------------------------------------------- */
 
@@ -714,28 +705,21 @@ static void test_batch_invariance(void **state) {
             {3, {1200, 0, 1498}, {17, 400, 2}}, {1, {1480}, {20}},
         };
         /* modes, v1's launch shapes (osp_cuda_attention_v1_tune: fold stages, split stages, split
-         * waves, chunks per split CTA; 0 the default) and, under wgmma, how K/V load and the products
-         * are ordered (osp_cuda_attention_v2_load: the default serial order, the overlap, TMA; block size 16 is
-         * TMA's, 7 falls back to serial), and fold mode's CTA order (slot order, not longest first):
-         * none may change a bit */
+         * waves, chunks per split CTA; 0 the default) and fold mode's CTA order (the last: slot order,
+         * not longest first): none may change a bit */
         const int modes[] = {base_mode, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD,
-                             OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
-        static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 3, 0, 3}, {0, 0, 0, 0}};
-        static const int tma[] = {OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_SERIAL,
-                                  OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_SERIAL, OSP_CUDA_ATTN_LOAD_PIPE,
-                                  OSP_CUDA_ATTN_LOAD_TMA,    OSP_CUDA_ATTN_LOAD_SERIAL};
-        const int n_modes = wg ? 8 : 5;
+                             OSP_CUDA_ATTN_FOLD};
+        static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}, {0, 0, 0, 0}};
+        const int n_modes = (int)(sizeof modes / sizeof modes[0]);
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
             for (int mi = 0; mi < n_modes; mi++) {
                 batch b;
                 derive(&b, &full, lays[li].n, lays[li].start, lays[li].count, 7100u + li);
                 osp_cuda_attention_v1_tune(tunes[mi][0], tunes[mi][1], tunes[mi][2], tunes[mi][3]);
-                osp_cuda_attention_v2_load(tma[mi]);
-                osp_cuda_attention_tile_order(mi != 7);
+                osp_cuda_attention_tile_order(mi != 5);
                 uint16_t *got = run_bits(&b, modes[mi]);
                 osp_cuda_attention_tile_order(1);
-                osp_cuda_attention_v2_load(OSP_CUDA_ATTN_LOAD_SERIAL);
                 osp_cuda_attention_v1_tune(0, 0, 0, 0);
                 const int32_t x0 = lays[li].start[0], nx = lays[li].count[0];
                 const size_t bytes = sizeof(uint16_t) * (size_t)(nx * hd);
@@ -743,10 +727,10 @@ static void test_batch_invariance(void **state) {
                 if (diff) {
                     int64_t first = 0;
                     while (got[first] == ref[x0 * hd + first]) first++;
-                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, load %d): X's tokens %d.. "
+                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, %s order): X's tokens %d.. "
                            "differ from the one-prefill bits (first at row %lld)\n",
                            c.n_head, c.n_kv, c.D, li, modes[mi], tunes[mi][0], tunes[mi][1], tunes[mi][2],
-                           tunes[mi][3], tma[mi], (int)x0, (long long)(first / hd));
+                           tunes[mi][3], mi == 5 ? "slot" : "longest-first", (int)x0, (long long)(first / hd));
                 }
                 assert_int_equal(diff, 0);
                 compared += nx;

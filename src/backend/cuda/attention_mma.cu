@@ -50,8 +50,6 @@
 #include "backend/cuda/attention_tiles.cuh" /* AttnTiling, attn_cta_work */
 #include "backend/cuda/attention_v1.h"
 
-#include <cuda.h>         /* CUtensorMap and its enums (the encoder comes through the runtime) */
-#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -106,11 +104,7 @@ struct Params {
     int window;
     int chunks_per_cta; /* split mode: consecutive chunks one CTA computes (each its own partial) */
     float qscale; /* scale * log2(e) */
-    int box_rows; /* TMA: key rows a box copies (min(block_size, 64)) */
     bool heavy_first; /* fold mode: the query tiles in reverse slot order (attn_cta_work) */
-    /* TMA (kTma): K and V pages as 3-d tensors {D, n_head_kv, slots} of f16, boxes of {64, 1, box_rows}
-     * landing in 128-byte swizzle (make_kv_map) */
-    CUtensorMap tm_k, tm_v;
 };
 
 /* ---- the fold (shared by both modes: the same instructions on the same values) --------------- */
@@ -171,32 +165,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-/* ---- mbarrier and TMA (sm_90; PTX ISA 9.7.13.15 "mbarrier", 9.7.9.25 "cp.async.bulk.tensor") ------
- * One mbarrier a stage: warp 0's lane 0 arms it with the stage's byte count (arrive.expect_tx), the
- * box copies complete those bytes, and every thread waits on the phase's parity. */
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-/* the box at coordinates (c0, c1, c2) of tensor map *map into shared memory at dst, completing its
- * bytes on the mbarrier at bar */
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-                 : "memory");
-}
 /* ---- wgmma (sm_90a; PTX ISA 9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate") ----
  * A warpgroup (the CTA's 4 warps) issues one m64nNk16 over all 64 rows; warp w owns rows 16 w .. 16 w +
  * 15 of A and of the accumulator, in exactly mma.m16n8k16's fragment layout (A: 4 f16x2 registers;
@@ -207,8 +175,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* waits until at most N of this warp's committed wgmma groups are pending */
-template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 /* generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's async proxy */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* keeps the compiler from moving uses of an accumulator across the asynchronous instructions */
@@ -306,36 +272,19 @@ template <int D, bool kFold> constexpr int q_region_bytes() {
                                                                                      : 4 * kRows * D;
 }
 template <int D, int ST, bool kFold, bool kWg> constexpr int smem_bytes() {
-    /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes, and the stages' mbarriers (TMA) */
-    return ST * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 + 64 : 0);
+    /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes */
+    return ST * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 : 0);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
-/* How a wgmma CTA brings K/V and orders its products (every variant gives the same bits):
- *   kLdSerial  cp.async, K and V of a tile in one stage; per tile S, softmax, O += P V in turn
- *   kLdTma     the same order, the tiles by TMA box copies that warp 0 issues (a box: box_rows keys
- *              of one block, 64 columns) landing in the same swizzled places
- *   kLdPipe    cp.async into a K ring and a V ring of two tiles each; the product O += P V of tile
- *              i - 1 runs on the tensor cores while tile i's softmax runs (FlashAttention-3's
- *              intra-warpgroup overlap, Shah et al. 2024, section 3.2): per tile, S_i and then
- *              P_{i-1} V_{i-1} are issued, S_i is awaited, softmax(S_i) computed, P V awaited, and
- *              only then o is rescaled by tile i's alpha: o sees the same operations in the same order.
- *              V_i and K_{i+1} load while tile i computes. ST is 2.
- * The serial order is the default: on the H200 (2026-12-03) the overlap measured 4-6 % slower in
- * prefill and TMA 10-13 % slower (bench/gpu/NOTES.md). */
-constexpr int kLdSerial = 0, kLdTma = 1, kLdPipe = 2;
-
 /* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode); kWg: the products by
- * wgmma (sm_90a, D 64 / 128) instead of mma.sync; kLd (with kWg): above. */
-template <int D, int ST, bool kFold, bool kWg, int kLd>
-__global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_constant__ Params p) {
-    constexpr bool kTma = kLd == kLdTma, kPipe = kLd == kLdPipe;
+ * wgmma (sm_90a, D 64 / 128) instead of mma.sync. */
+template <int D, int ST, bool kFold, bool kWg>
+__global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
     static_assert(!kWg || D == 64 || D == 128, "wgmma: D 64 or 128");
-    static_assert(ST >= 2 && ST <= 8, "stages");
-    static_assert(kLd == kLdSerial || kWg, "TMA and the overlap are wgmma's");
-    static_assert(!kPipe || ST == 2, "the overlap's rings hold two tiles");
+    static_assert(ST >= 2, "stages");
     constexpr int kKeys = tile_keys<D>();
     constexpr bool kOSmem = kFold && fold_in_smem<D>();
     static_assert(!(kWg && D == 64 && kOSmem), "wgmma at D = 64 reloads Q from sQ every tile");
@@ -353,8 +302,6 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
     uint16_t *sV = sK + ST * kKeys * KRS;                   /* as sK */
     uint16_t *sQ = sV + ST * kKeys * KRS;                   /* [kRows][RS], until the fragments are loaded */
     float *sO = reinterpret_cast<float *>(sQ); /* then kOSmem: [ND * 4][kThreads], thread-private */
-    /* TMA: the stages' mbarriers, after the Q region */
-    const uint32_t bar0 = smem_u32(reinterpret_cast<char *>(sQ) + q_region_bytes<D, kFold>());
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -441,56 +388,6 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             cp_async16(sv0 + so, vbase + off, valid);
         }
     };
-    auto load_k = [&](const int (&slot)[CPT], int st) { /* kPipe: K only */
-#pragma unroll
-        for (int u = 0; u < CPT; u++) {
-            const bool valid = slot[u] >= 0;
-            cp_async16(sk0 + (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * 128), kbase + (valid ? (int64_t)slot[u] * row_elems : 0), valid);
-        }
-    };
-    auto load_v = [&](const int (&slot)[CPT], int st) { /* kPipe: V only */
-#pragma unroll
-        for (int u = 0; u < CPT; u++) {
-            const bool valid = slot[u] >= 0;
-            cp_async16(sv0 + (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * 128), vbase + (valid ? (int64_t)slot[u] * row_elems : 0), valid);
-        }
-    };
-
-    /* TMA: warp 0's lane b holds the slot of box b (keys k0 + b box_rows ..) of the next tile to
-     * load, -1 at or past ke; tma_issue arms the stage's mbarrier with the bytes of the boxes holding
-     * keys before ke and starts them. Rows of a box past ke (the block's unused tail) are zeroed in V
-     * after they land (their K is masked); boxes wholly past ke are not copied, their V rows zeroed. */
-    int tma_slot = -1;
-    auto tma_slots = [&](int k0) {
-        if (warp == 0) {
-            const int key = k0 + lane * p.box_rows;
-            int sl = -1;
-            if (lane * p.box_rows < kKeys && key < ke) {
-                const int blk = p.bdiv.div(key);
-                sl = bt[blk] * p.block_size + (key - blk * p.block_size);
-            }
-            tma_slot = sl;
-        }
-    };
-    auto tma_issue = [&](int k0, int st) {
-        if (warp == 0) {
-            const int nbox = kKeys / p.box_rows;
-            const int nvalid = min(nbox, (ke - k0 + p.box_rows - 1) / p.box_rows);
-            const uint32_t bar = bar0 + 8u * (uint32_t)st;
-            if (lane == 0) mbar_expect_tx(bar, (uint32_t)(nvalid * p.box_rows * 128 * (D / 64) * 2));
-            __syncwarp();
-            if (lane < nvalid) {
-                const uint32_t off = (uint32_t)(st * kKeys * KRS * 2 + lane * p.box_rows * 128);
-#pragma unroll
-                for (int cg = 0; cg < D / 64; cg++) {
-                    const uint32_t o2 = off + (uint32_t)(cg * kKeys * 128);
-                    tma_load_3d(smem_u32(sK) + o2, &p.tm_k, cg * 64, kvh, tma_slot, bar);
-                    tma_load_3d(smem_u32(sV) + o2, &p.tm_v, cg * 64, kvh, tma_slot, bar);
-                }
-            }
-        }
-    };
-    uint32_t tma_phase = 0; /* bit st: the parity of stage st's next phase */
 
     /* this thread's two rows: warp * 16 + g (A) and + 8 (B) */
     int lim[2], first[2];
@@ -503,31 +400,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
 
     /* prologue: tiles 0 .. ST - 2 in flight (a group each, empty past ke), the slots of tile ST - 1 */
     int slot_next[CPT];
-    if constexpr (kTma) {
-        if (tid == 0) {
+    fetch_slots(kb, slot_next);
 #pragma unroll
-            for (int i = 0; i < ST; i++) mbar_init(bar0 + 8u * (uint32_t)i, 1u);
-            mbar_init_fence();
-        }
-        __syncthreads(); /* the mbarriers are initialized before anyone arms or waits on them */
-        tma_slots(kb);
-#pragma unroll
-        for (int i = 0; i < ST - 1; i++) {
-            if (kb + i * kKeys < ke) tma_issue(kb + i * kKeys, i);
-            tma_slots(kb + (i + 1) * kKeys);
-        }
-    } else if constexpr (kPipe) {
-        fetch_slots(kb, slot_next);
-        load_k(slot_next, 0);
+    for (int i = 0; i < ST - 1; i++) {
+        if (kb + i * kKeys < ke) load_tile(slot_next, i);
         cp_async_commit();
-    } else {
-        fetch_slots(kb, slot_next);
-#pragma unroll
-        for (int i = 0; i < ST - 1; i++) {
-            if (kb + i * kKeys < ke) load_tile(slot_next, i);
-            cp_async_commit();
-            fetch_slots(kb + (i + 1) * kKeys, slot_next);
-        }
+        fetch_slots(kb + (i + 1) * kKeys, slot_next);
     }
     __syncthreads(); /* sQ written */
 
@@ -561,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
         else return oa[n][e];
     };
     /* split mode: chunk c's partial of this thread's rows to the workspace */
-    auto write_partial = [&](int c, const float (&m)[2], const float (&l)[2]) {
+    auto write_partial = [&](int c) {
         const float lsum[2] = {quad_sum(l[0]), quad_sum(l[1])}; /* the whole warp shuffles, before any lane leaves */
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -582,208 +460,9 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
     const int vrow_l = (lane & 7) + ((lane >> 3) & 1) * 8, vcol_l = (lane >> 4) * 8;    /* V ldmatrix.trans */
     const uint32_t k_lane = smem_u32(sK + krow_l * RS + kcol_l), v_lane = smem_u32(sV + vrow_l * RS + vcol_l);
 
-    if constexpr (kPipe) {
-        /* chunk c's end, the chunk's (m, l) in cm, cl (this thread's partial sums): folded (fold
-         * mode) or written (split mode), as the serial loop does */
-        auto chunk_end = [&](const float (&cm)[2], const float (&cl)[2], int c) {
-            if constexpr (kFold) {
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    float wA, wc;
-                    const float lc = quad_sum(cl[i]);
-                    if (fold_state(Ms[i], Ls[i], cm[i], lc, wA, wc)) {
-#pragma unroll
-                        for (int n = 0; n < ND; n++) {
-                            float &a0 = oa_ref(n, 2 * i), &a1 = oa_ref(n, 2 * i + 1);
-                            a0 = fold_elem(a0, wA, o[n][2 * i], wc);
-                            a1 = fold_elem(a1, wA, o[n][2 * i + 1], wc);
-                        }
-                    }
-                }
-            } else {
-                write_partial(c, cm, cl);
-            }
-        };
-        const bool has_rows = warp * 16 < rows; /* a warp without rows takes part in the products with P = 0 */
-        uint32_t pa[kKeys / 16][4]; /* P of the tile before: the A operand of its P V, in flight */
-        int slot_v[CPT];            /* the slots of tile i, whose V loads next */
-#pragma unroll
-        for (int u = 0; u < CPT; u++) slot_v[u] = slot_next[u];
-        fetch_slots(kb + kKeys, slot_next);
-        /* top of tile i (keys k0 ..): K_i and V_{i-1} landed and visible; V_i and K_{i+1} started */
-        auto tile_loads = [&](int k0, int st) {
-            cp_async_wait<0>();  /* this thread's copies of K_i and V_{i-1} have landed */
-            fence_proxy_async(); /* ... and are visible to wgmma */
-            __syncthreads();     /* everyone's have; every warp is done with S_{i-1} and P_{i-2} V_{i-2} */
-            load_v(slot_v, st);  /* V_i where V_{i-2} was */
-            if (k0 + kKeys < ke) load_k(slot_next, st ^ 1); /* K_{i+1} where K_{i-1} was */
-            cp_async_commit();
-#pragma unroll
-            for (int u = 0; u < CPT; u++) slot_v[u] = slot_next[u];
-            fetch_slots(k0 + 2 * kKeys, slot_next);
-        };
-        /* S_i = Q K_i issued (not awaited) into sc */
-        auto issue_s = [&](float (&sc)[NB][4], int st) {
-#pragma unroll
-            for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            if constexpr (D == 64) { /* as in the serial loop: Q's A registers live within one tile */
-#pragma unroll
-                for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
-            }
-            wg_fence_operands(sc);
-            if constexpr (D == 64) wg_fence_operands(qf);
-            wg_fence_operands(o);
-            wg_fence_operands(pa);
-            wg_fence();
-            const uint32_t kst = smem_u32(sK) + (uint32_t)(st * kKeys * KRS * 2);
-#pragma unroll
-            for (int kk = 0; kk < KT; kk++)
-                wgmma_m64n64<0>(sc, qf[kk], wg_desc(kst + (uint32_t)((kk / 4) * kKeys * 128 + (kk % 4) * 32), 16, 1024), kk > 0);
-            wg_commit();
-        };
-        /* O += P V_j from V stage vs, issued (not awaited) */
-        auto issue_pv = [&](int vs) {
-            const uint32_t vst = smem_u32(sV) + (uint32_t)(vs * kKeys * KRS * 2);
-#pragma unroll
-            for (int j = 0; j < kKeys / 16; j++) {
-                const uint64_t dv = wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024);
-                if constexpr (D == 128) wgmma_m64n128<1>(o, pa[j], dv, 1);
-                else wgmma_m64n64<1>(o, pa[j], dv, 1);
-            }
-            wg_commit();
-        };
-        /* scale, mask and online softmax of tile k0 (the serial loop's arithmetic), P into pn; alpha
-         * and o_zero for o's rescale */
-        auto softmax = [&](float (&sc)[NB][4], int k0, float (&alpha)[2], bool (&o_zero)[2]) {
-            alpha[0] = alpha[1] = 1.0f;
-            o_zero[0] = o_zero[1] = true;
-            if (has_rows) {
-#pragma unroll
-                for (int n = 0; n < NB; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale);
-                if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) {
-#pragma unroll
-                    for (int n = 0; n < NB; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
-                            if (key >= lim[r] || key < first[r]) sc[n][e] = -INFINITY;
-                        }
-                }
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    o_zero[r] = m[r] == -INFINITY;
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
-                    const float m_new = fmaxf(m[r], quad_max(mx));
-                    const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                    alpha[r] = ex2(m[r] - m_use);
-                    float ls = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < NB; n++) {
-                        sc[n][2 * r] = ex2(__fsub_rn(sc[n][2 * r], m_use));
-                        sc[n][2 * r + 1] = ex2(__fsub_rn(sc[n][2 * r + 1], m_use));
-                        ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * r], sc[n][2 * r + 1]));
-                    }
-                    l[r] = __fmaf_rn(l[r], alpha[r], ls);
-                    m[r] = m_new;
-                }
-            } else {
-#pragma unroll
-                for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            }
-        };
-        /* P as f16, the A operand of the next P V: written only once the last P V is done (an
-         * instruction writing a pending wgmma's registers makes ptxas serialize every wgmma, C7513) */
-        auto pack_p = [&](const float (&sc)[NB][4]) {
-#pragma unroll
-            for (int j = 0; j < kKeys / 16; j++) {
-                pa[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pa[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
-                pa[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-                pa[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
-            }
-        };
-        /* tile 0: S alone (o is empty) */
-        {
-            float sc[NB][4], alpha[2];
-            bool o_zero[2];
-            tile_loads(kb, 0);
-            issue_s(sc, 0);
-            wg_wait<0>();
-            wg_fence_operands(sc);
-            if constexpr (D == 64) wg_fence_operands(qf);
-            softmax(sc, kb, alpha, o_zero);
-            pack_p(sc);
-        }
-        /* tiles 1 ..: every wgmma unconditional (a wgmma under a branch makes ptxas serialize them all) */
-        int i = 1;
-        for (int k0 = kb + kKeys; k0 < ke; k0 += kKeys, i++) {
-            const int st = i & 1;
-            tile_loads(k0, st);
-            float sc[NB][4], alpha[2];
-            bool o_zero[2];
-            issue_s(sc, st);
-            issue_pv(st ^ 1); /* O += P_{i-1} V_{i-1}, under this tile's softmax */
-            wg_wait<1>();     /* S_i is done; P V may still run */
-            wg_fence_operands(sc);
-            if constexpr (D == 64) wg_fence_operands(qf);
-            /* a chunk starts at tile i: the last one's (m, l) kept for its end, a fresh state */
-            const bool new_chunk = k0 % kChunk == 0;
-            const float cm[2] = {m[0], m[1]}, cl[2] = {l[0], l[1]};
-            if (new_chunk) m[0] = m[1] = -INFINITY, l[0] = l[1] = 0.0f;
-            softmax(sc, k0, alpha, o_zero);
-            wg_wait<0>(); /* P_{i-1} V_{i-1} is in o */
-            wg_fence_operands(o);
-            wg_fence_operands(pa);
-            if (new_chunk) {
-                chunk_end(cm, cl, k0 / kChunk - 1);
-#pragma unroll
-                for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-            } else if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
-#pragma unroll
-                for (int n = 0; n < ND; n++) {
-                    o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-                    o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
-                }
-            }
-            pack_p(sc);
-        }
-        /* the last tile's P V, then its chunk's end */
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        wg_fence_operands(o);
-        wg_fence_operands(pa);
-        wg_fence();
-        issue_pv((i - 1) & 1);
-        wg_wait<0>();
-        wg_fence_operands(o);
-        wg_fence_operands(pa);
-        chunk_end(m, l, (ke - 1) / kChunk);
-    } else {
     int stage = 0, stage_load = ST - 1;
     for (int k0 = kb; k0 < ke; k0 += kKeys) {
         const bool more = k0 + kKeys < ke;
-        if constexpr (kTma) {
-            mbar_wait(bar0 + 8u * (uint32_t)stage, (tma_phase >> stage) & 1u); /* tile k0's boxes have landed */
-            tma_phase ^= 1u << stage;
-            if (k0 + kKeys > ke) { /* V rows at or past ke: zeros (P is 0 there; 0 x a stale NaN is not) */
-                const int zr = ke - k0;
-                for (int c = tid; c < (kKeys - zr) * CPR; c += kThreads) {
-                    const int r = zr + c / CPR, ch = c % CPR;
-                    *reinterpret_cast<uint4 *>(reinterpret_cast<char *>(sV) + stage * kKeys * KRS * 2 +
-                                               (ch / 8) * kKeys * 128 + r * 128 + (ch % 8) * 16) = make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-            fence_proxy_async(); /* the zeros visible to wgmma (and ordered before the stage's next box copies) */
-            __syncthreads();     /* every warp is done with the stage refilled next */
-            if (k0 + (ST - 1) * kKeys < ke) {
-                tma_issue(k0 + (ST - 1) * kKeys, stage_load);
-                tma_slots(k0 + ST * kKeys); /* lands while this tile computes */
-            }
-        } else {
         cp_async_wait<ST - 2>(); /* this thread's copies of tile k0 have landed */
         if constexpr (kWg) fence_proxy_async(); /* ... and are visible to wgmma */
         __syncthreads();         /* everyone's have, and every warp is done with the stage refilled next */
@@ -792,7 +471,6 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
             fetch_slots(k0 + ST * kKeys, slot_next); /* lands while this tile computes */
         }
         cp_async_commit();
-        }
         stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
 
         const uint32_t st_off = (uint32_t)(stage * kKeys * KRS * 2);
@@ -950,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
                     }
                 }
             } else {
-                write_partial(k0 / kChunk, m, l);
+                write_partial(k0 / kChunk);
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -962,7 +640,6 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const __grid_cons
         } /* warp has rows */
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
-    } /* serial loop */
     cp_async_wait<0>();
 
     /* fold mode: out = O / L for this thread's rows A and B, columns n * 8 + 2 tq, + 1 */
@@ -1034,29 +711,22 @@ int sm_count() {
 /* Stage counts a launch may use (K/V tiles in flight); each one instantiated for both modes. */
 constexpr int kMaxStages = 4;
 
-template <int D, int ST, bool kFold, bool kWg, int kTma>
-osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
+template <int D, int ST, bool kFold, bool kWg> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
     constexpr int smem = smem_bytes<D, ST, kFold, kWg>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg, kTma>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attn_mma_kernel<D, ST, kFold, kWg, kTma><<<grid, kThreads, smem, st>>>(prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem));
+    attn_mma_kernel<D, ST, kFold, kWg><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return OSP_OK;
 }
 
-template <int D, bool kFold, bool kWg, int kTma>
-osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
-    if constexpr (kTma == kLdPipe) {
-        (void)stages;
-        return launch_kernel<D, 2, kFold, kWg, kTma>(prm, grid, st); /* two-tile rings */
-    } else {
-        switch (stages) {
-        case 3: return launch_kernel<D, 3, kFold, kWg, kTma>(prm, grid, st);
-        case 4: return launch_kernel<D, 4, kFold, kWg, kTma>(prm, grid, st);
-        default: return launch_kernel<D, 2, kFold, kWg, kTma>(prm, grid, st);
-        }
+template <int D, bool kFold, bool kWg> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
+    switch (stages) {
+    case 3: return launch_kernel<D, 3, kFold, kWg>(prm, grid, st);
+    case 4: return launch_kernel<D, 4, kFold, kWg>(prm, grid, st);
+    default: return launch_kernel<D, 2, kFold, kWg>(prm, grid, st);
     }
 }
 
@@ -1073,23 +743,17 @@ template <int D> int smem_of(int stages, bool fold, bool wg) {
     return smem_of_wg<D, false>(stages, fold);
 }
 
-template <int D, bool kWg, int kTma>
+template <int D, bool kWg>
 osp_status launch_mode(const Params &prm, dim3 grid, int stages, bool split, cudaStream_t st) {
-    return split ? launch_stages<D, false, kWg, kTma>(prm, grid, stages, st)
-                 : launch_stages<D, true, kWg, kTma>(prm, grid, stages, st);
+    return split ? launch_stages<D, false, kWg>(prm, grid, stages, st) : launch_stages<D, true, kWg>(prm, grid, stages, st);
 }
 
 template <int D>
-osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, int ld,
-                  cudaStream_t st) {
+osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, cudaStream_t st) {
     const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
     osp_status rc;
-    if constexpr (D >= 64)
-        rc = !wg                ? launch_mode<D, false, kLdSerial>(prm, grid, stages, split, st)
-             : ld == kLdTma  ? launch_mode<D, true, kLdTma>(prm, grid, stages, split, st)
-             : ld == kLdPipe ? launch_mode<D, true, kLdPipe>(prm, grid, stages, split, st)
-                             : launch_mode<D, true, kLdSerial>(prm, grid, stages, split, st);
-    else rc = launch_mode<D, false, kLdSerial>(prm, grid, stages, split, st);
+    if constexpr (D >= 64) rc = wg ? launch_mode<D, true>(prm, grid, stages, split, st) : launch_mode<D, false>(prm, grid, stages, split, st);
+    else rc = launch_mode<D, false>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
     merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
@@ -1111,45 +775,6 @@ constexpr int kFoldStages = 2, kSplitStages = 2, kSplitWaves = 1;
 
 /* fold mode's CTA order (osp_cuda_attention_tile_order) */
 bool g_heavy_first = true;
-/* how wgmma launches load and order (osp_cuda_attention_v2_load: OSP_CUDA_ATTN_LOAD_*) */
-int g_v2_load = OSP_CUDA_ATTN_LOAD_SERIAL;
-
-/* cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); NULL when the
- * driver does not offer it */
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static bool tried = false;
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    if (!tried) {
-        tried = true;
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-        else
-            (void)cudaGetLastError();
-    }
-    return fn;
-}
-
-/* The K (or V) pages [num_blocks * block_size slots][n_head_kv][D] f16 as a 3-d tensor {D, n_head_kv,
- * slots} for box copies of {64, 1, box_rows} in 128-byte swizzle (CUDA driver API,
- * cuTensorMapEncodeTiled). The launcher is not told the pool's size, so the slot extent is the most
- * the 2^40-byte stride rule and int32 coordinates allow; the block table names only real slots.
- * false: no encoder, or the layout does not qualify (then the loads stay cp.async). */
-bool make_kv_map(CUtensorMap *m, const void *pages, int n_head_kv, int D, int box_rows) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-    if (!enc || ((uintptr_t)pages & 15u)) return false;
-    const cuuint64_t row = (cuuint64_t)n_head_kv * (cuuint64_t)D * 2u;
-    cuuint64_t slots = ((cuuint64_t)1 << 40) / row;
-    if (slots > (cuuint64_t)INT32_MAX) slots = INT32_MAX;
-    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)n_head_kv, slots};
-    const cuuint64_t strides[2] = {(cuuint64_t)D * 2u, row};
-    const cuuint32_t box[3] = {64u, 1u, (cuuint32_t)box_rows}, estr[3] = {1u, 1u, 1u};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void *>(pages), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 
 /* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / v1 / v2 / fold / split; unset: auto)
  * or the one a test forced */
@@ -1162,9 +787,6 @@ int g_force_mma = OSP_CUDA_ATTN_MMA_AUTO;
 extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
 extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
 extern "C" void osp_cuda_attention_tile_order(int heavy_first) { g_heavy_first = heavy_first != 0; }
-extern "C" void osp_cuda_attention_v2_load(int how) {
-    g_v2_load = how == OSP_CUDA_ATTN_LOAD_PIPE || how == OSP_CUDA_ATTN_LOAD_TMA ? how : OSP_CUDA_ATTN_LOAD_SERIAL;
-}
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
     g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
     g_split_stages = split_stages >= 2 && split_stages <= kMaxStages ? split_stages : 0;
@@ -1258,15 +880,6 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.bdiv = FastDiv::make(block_size);
     prm.qscale = scale * kLog2e;
     prm.heavy_first = g_heavy_first;
-    /* TMA boxes: whole blocks of 8 .. 64 keys that tile 64 (or 64-key runs of larger blocks), so every
-     * box starts on a 1024-byte swizzle atom */
-    static_assert(tile_keys<64>() == 64 && tile_keys<128>() == 64, "boxes tile 64 keys");
-    prm.box_rows = block_size < 64 ? block_size : 64;
-    const bool tma = wg && g_v2_load == OSP_CUDA_ATTN_LOAD_TMA && block_size % 8 == 0 &&
-                     (block_size >= 64 ? block_size % 64 == 0 : 64 % block_size == 0) &&
-                     make_kv_map(&prm.tm_k, d_k_pages, n_head_kv, D, prm.box_rows) &&
-                     make_kv_map(&prm.tm_v, d_v_pages, n_head_kv, D, prm.box_rows);
-    const int ld = tma ? kLdTma : g_v2_load == OSP_CUDA_ATTN_LOAD_PIPE ? kLdPipe : kLdSerial;
     /* split mode: each CTA computes chunks_per_cta consecutive chunks (a partial each); the count
      * minimizes the launch's time in chunk-times, waves x (chunks a CTA + half a chunk of a CTA's own
      * start and end), kSplitWaves x the resident CTAs a wave (host scalars only; the fewest chunks a
@@ -1293,8 +906,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     const int64_t n_groups = ceil_div(n_chunks, per);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, kLdSerial, st);
-    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, ld, st);
-    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, ld, st);
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
     }
 }

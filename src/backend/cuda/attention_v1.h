@@ -46,15 +46,10 @@ enum { OSP_CUDA_ATTN_MMA_AUTO = 0, OSP_CUDA_ATTN_MMA_SYNC = 1, OSP_CUDA_ATTN_MMA
 #define OSP_CUDA_ATTN_V2_DEFAULT 1
 void osp_cuda_attention_force_mode(int mode); /* process-wide; tests and benchmarks */
 void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchmarks */
-/* How wgmma launches bring K/V and order their products (attention_mma.cu, kLd*): SERIAL (the
- * default) cp.async, S, softmax and P V in turn; PIPE cp.async into K and V rings with tile i - 1's
- * P V under tile i's softmax; TMA the serial order with K/V by TMA box copies where block_size is 8, 16,
- * 32 or a multiple of 64 and the driver offers cuTensorMapEncodeTiled (else SERIAL). No result bit
- * changes. Process-wide; tests and benchmarks. */
-enum { OSP_CUDA_ATTN_LOAD_SERIAL = 0, OSP_CUDA_ATTN_LOAD_PIPE = 1, OSP_CUDA_ATTN_LOAD_TMA = 2 };
-void osp_cuda_attention_v2_load(int how);
 /* Fold mode's CTA order: the query tiles longest first (heavy_first 1, the default: a causal prefill
- * ends on short tiles) or in slot order (0). No result bit changes. Process-wide; benchmarks. */
+ * ends on short tiles) or in slot order (0). No result bit changes. Process-wide; benchmarks. (TMA
+ * loads and FlashAttention-3's intra-warpgroup overlap were built as alternatives to this kernel's
+ * loop, measured slower on the H200 and removed: bench/gpu/NOTES.md, commit 338ec1a has them.) */
 void osp_cuda_attention_tile_order(int heavy_first);
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
