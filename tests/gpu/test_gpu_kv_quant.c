@@ -43,22 +43,13 @@
 #include "backend/cuda/attention_v1.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/dtype.h"
+#include "gpu_test_rng.h"
 #include "osprey/batch.h"
 
 #define MAX_SEQS 32
 #define MAX_KV 16
 
-/* ---- random numbers ----------------------------------------------------------------------------- */
-
-static uint64_t g_rng;
-static uint64_t rnd64(void) { /* splitmix64 */
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static int rnd_int(int n) { return (int)(rnd64() % (uint64_t)n); }                 /* [0, n) */
-static float rnd_unit(void) { return (float)(rnd64() >> 40) / 8388608.0f - 1.0f; } /* [-1, 1) */
+/* ---- random numbers: gpu_test_rng.h (g_rng, rnd64, rnd_int, rnd_unit) ---------------------------- */
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n > 0 ? n : 1);
