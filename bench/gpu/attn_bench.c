@@ -81,6 +81,7 @@ typedef struct {
 } shape;
 
 static const char *g_only; /* one kernel by name, or NULL: all */
+static int g_ws_stages; /* v3's K/V stages (ATTN_WS_STAGES; 0: the default) */
 
 static void run(const shape *sh) {
     const bool prefill = sh->kind[0] == 'p';
@@ -117,10 +118,14 @@ static void run(const shape *sh) {
     CK(cudaMemcpy(d_bt, perm, sizeof(int32_t) * (size_t)nblocks, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_q, q, sizeof(uint16_t) * (size_t)(T * H * D), cudaMemcpyHostToDevice));
 
-    static const struct { const char *name; int mode, mma; } ks[] = {{"v2", OSP_CUDA_ATTN_V2, 0},
-                                                                     {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA},
-                                                                     {"v1", OSP_CUDA_ATTN_V1, 0},
-                                                                     {"v0", OSP_CUDA_ATTN_V0, 0}};
+    /* ws: v3 (attention_ws.cu) for fold mode at D 128, with ping-pong (v3) or without (v3-np); v2 never */
+    static const struct { const char *name; int mode, mma, ws; } ks[] = {
+        {"v3", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_PINGPONG},
+        {"v3-np", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_ON},
+        {"v2", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_OFF},
+        {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF},
+        {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF},
+        {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF}};
     const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * 2.0;
     const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
     cudaEvent_t e0, e1;
@@ -129,9 +134,11 @@ static void run(const shape *sh) {
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
         if (g_only && strcmp(g_only, ks[ki].name)) continue;
         if (!g_only && ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
+        if (!g_only && ks[ki].ws != OSP_CUDA_ATTN_WS_OFF && (!prefill || D != 128)) continue; /* v3: fold mode, D 128 */
         if (ks[ki].mode == OSP_CUDA_ATTN_V0 && prefill && ctx > 16384) continue; /* v0: ~0.5 s a launch */
         osp_cuda_attention_force_mode(ks[ki].mode);
         osp_cuda_attention_force_mma(ks[ki].mma);
+        osp_cuda_attention_ws(ks[ki].ws, g_ws_stages);
 #define LAUNCH()                                                                                     \
     OK(osp_cuda_paged_attention(d_q, k, v, OSP_KV_PAGE_F16, d_out, B, d_qsl, d_pos, d_bt, nb_seq, BS, T, H, HKV, D, \
                                 0.08838834764f, 0, ctx, d_ws, NULL))
@@ -165,6 +172,7 @@ static void run(const shape *sh) {
     }
     osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
     osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
+    osp_cuda_attention_ws(-1, 0);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);
     osp_cuda_free(d_q), osp_cuda_free(d_out), osp_cuda_free(d_ws);
@@ -178,7 +186,9 @@ int main(int argc, char **argv) {
     const char *e1 = getenv("ATTN_FOLD_STAGES"), *e2 = getenv("ATTN_SPLIT_STAGES"), *e3 = getenv("ATTN_SPLIT_WAVES"),
                *e4 = getenv("ATTN_CHUNKS_PER_CTA");
     osp_cuda_attention_v1_tune(e1 ? atoi(e1) : 0, e2 ? atoi(e2) : 0, e3 ? atoi(e3) : 0, e4 ? atoi(e4) : 0);
-    g_only = getenv("ATTN_KERNEL"); /* one kernel (v2, v2-fold, v1 or v0) instead of all four */
+    g_only = getenv("ATTN_KERNEL"); /* one kernel (v3, v3-np, v2, v2-fold, v1 or v0) instead of all */
+    const char *e7 = getenv("ATTN_WS_STAGES"); /* v3's K/V stages (3 or 4; unset: the default) */
+    g_ws_stages = e7 ? atoi(e7) : 0;
     const char *e6 = getenv("ATTN_ORDER"); /* slot: fold mode's query tiles in slot order, not longest first */
     osp_cuda_attention_tile_order(!e6 || strcmp(e6, "slot") != 0);
     if (osp_cuda_device_count() == 0) {
@@ -187,7 +197,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(what, "one")) {
         if (argc != 6) {
-            fprintf(stderr, "usage: attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0\n");
+            fprintf(stderr, "usage: attn_bench one decode|prefill B ctx v3|v3-np|v2|v2-fold|v1|v0\n");
             return 2;
         }
         const shape sh = {!strcmp(argv[2], "prefill") ? "prefill" : "decode", atoi(argv[3]), atoi(argv[4])};

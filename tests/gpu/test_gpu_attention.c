@@ -271,14 +271,18 @@ static void dev_upload(dev_bufs *d, const batch *b, void *stream) {
 }
 
 /* The kernel every launch of this test uses (osp_cuda_attention_force_mode): each case runs under v0,
- * v1 (mma.sync) and v2 (wgmma, where it applies) (run_case, test_graph_replay), the invariance test
+ * v1 (mma.sync), v2 (wgmma, where it applies) and v3 (D 128) (run_case, test_graph_replay), the invariance test
  * under the tensor-core kernel's modes with each instruction. */
 static int g_mode = OSP_CUDA_ATTN_V0;
-static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2};
+/* the test's name for v3 (attention_ws.cu): fold mode under wgmma with the warp-specialized kernel and
+ * ping-pong, every launch (decode batches too, which auto mode would split); D 128, f16 pages */
+#define TEST_V3 100
+static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, TEST_V3};
 static const char *mode_name(int m) {
     return m == OSP_CUDA_ATTN_V0   ? "v0"
            : m == OSP_CUDA_ATTN_V1 ? "v1"
            : m == OSP_CUDA_ATTN_V2 ? "v2"
+           : m == TEST_V3 ? "v3"
            : m == OSP_CUDA_ATTN_FOLD ? "fold"
                                      : "split";
 }
@@ -286,12 +290,24 @@ static const char *mode_name(int m) {
 static bool kernel_applies(int mode, const acase *c) {
     const uint32_t kvt = c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32;
     if (mode == OSP_CUDA_ATTN_V0) return true;
+    if (mode == TEST_V3) return c->f16 && c->D == 128;
     if (!osp_cuda_attention_uses_v1(mode, kvt, c->D)) return false;
     return mode != OSP_CUDA_ATTN_V2 || osp_cuda_attention_v2_supported(kvt, c->D);
 }
 
 static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
     const acase *c = &b->c;
+    if (g_mode == TEST_V3) {
+        osp_cuda_attention_force_mode(OSP_CUDA_ATTN_FOLD);
+        osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_WGMMA);
+        osp_cuda_attention_ws(OSP_CUDA_ATTN_WS_PINGPONG, 0);
+        const osp_status st = osp_cuda_paged_attention(
+            d->q, d->k, d->v, OSP_KV_PAGE_F16, d->out, c->num_seqs, d->qsl, d->positions, d->block_table,
+            b->max_blocks, c->bs, b->T, c->n_head, c->n_kv, c->D, batch_scale(b), c->window, b->max_seq_len, d->ws, stream);
+        osp_cuda_attention_ws(-1, 0);
+        osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
+        return st;
+    }
     osp_cuda_attention_force_mode(g_mode);
     return osp_cuda_paged_attention(d->q, d->k, d->v, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d->out, c->num_seqs, d->qsl, d->positions,
                                     d->block_table, b->max_blocks, c->bs, b->T, c->n_head, c->n_kv, c->D,
@@ -316,7 +332,7 @@ static void dev_check(const dev_bufs *d, const batch *b, void *stream, const cha
     /* v1 (tensor cores: f16 pages, D <= 128) rounds P to f16 for the P V product: each weight p_j
      * carries a relative error up to 2^-11 that the fp32 denominator does not, so the result moves by
      * sum_j w_j eps_j v_j <= 2^-11 vmax at worst; 2^-10 vmax allows that and the fp32 terms above. */
-    const bool v1 = osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D);
+    const bool v1 = g_mode == TEST_V3 || osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D);
     const float abs_tol = ldexpf(b->vmax, v1 ? -10 : -12);
     double err_sum = 0.0, ref_sum = 0.0;
     int64_t bad = 0, exact = 0; /* exact: gpu == bf16(cpu), a measure of the fp32 agreement */
@@ -537,9 +553,10 @@ static void test_random_batches(void **state) {
 static void test_graph_replay(void **state) {
     (void)state;
     static const head_cfg cfgs[] = {{32, 8, 128}, {9, 3, 64}};
-    for (int run = 0; run < 6; run++) { /* v0, v1, v2 on each shape */
+    for (int run = 0; run < 8; run++) { /* v0, v1, v2, v3 on each shape */
         const int ci = run % 2;
         g_mode = k_kernels[run / 2];
+        if (g_mode == TEST_V3 && cfgs[ci].D != 128) continue;
         acase a = {0};
         a.n_head = cfgs[ci].n_head, a.n_kv = cfgs[ci].n_kv, a.D = cfgs[ci].D;
         a.f16 = true, a.bs = 16, a.num_seqs = 5, a.qamp = 2.0f, a.max_seq_len = 8192;
@@ -708,8 +725,13 @@ static void test_batch_invariance(void **state) {
          * waves, chunks per split CTA; 0 the default) and fold mode's CTA order (the last: slot order,
          * not longest first): none may change a bit */
         const int modes[] = {base_mode, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD,
-                             OSP_CUDA_ATTN_FOLD};
-        static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3}, {4, 4, 0, 2}, {0, 0, 0, 0}};
+                             OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_FOLD};
+        static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3},
+                                       {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+        /* the last two: fold mode by v3 (D 128 under wgmma; elsewhere the same launches as mode 1)
+         * with ping-pong and 4 stages, and without it with 3: v3's rows must be v2's bits */
+        static const int ws_modes[][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0},
+                                          {OSP_CUDA_ATTN_WS_PINGPONG, 4}, {OSP_CUDA_ATTN_WS_ON, 3}};
         const int n_modes = (int)(sizeof modes / sizeof modes[0]);
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
@@ -718,7 +740,9 @@ static void test_batch_invariance(void **state) {
                 derive(&b, &full, lays[li].n, lays[li].start, lays[li].count, 7100u + li);
                 osp_cuda_attention_v1_tune(tunes[mi][0], tunes[mi][1], tunes[mi][2], tunes[mi][3]);
                 osp_cuda_attention_tile_order(mi != 5);
+                osp_cuda_attention_ws(ws_modes[mi][0] ? ws_modes[mi][0] : OSP_CUDA_ATTN_WS_OFF, ws_modes[mi][1]);
                 uint16_t *got = run_bits(&b, modes[mi]);
+                osp_cuda_attention_ws(-1, 0);
                 osp_cuda_attention_tile_order(1);
                 osp_cuda_attention_v1_tune(0, 0, 0, 0);
                 const int32_t x0 = lays[li].start[0], nx = lays[li].count[0];
@@ -727,10 +751,11 @@ static void test_batch_invariance(void **state) {
                 if (diff) {
                     int64_t first = 0;
                     while (got[first] == ref[x0 * hd + first]) first++;
-                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, %s order): X's tokens %d.. "
-                           "differ from the one-prefill bits (first at row %lld)\n",
+                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, %s order, v3 %d/%d): X's "
+                           "tokens %d.. differ from the one-prefill bits (first at row %lld)\n",
                            c.n_head, c.n_kv, c.D, li, modes[mi], tunes[mi][0], tunes[mi][1], tunes[mi][2],
-                           tunes[mi][3], mi == 5 ? "slot" : "longest-first", (int)x0, (long long)(first / hd));
+                           tunes[mi][3], mi == 5 ? "slot" : "longest-first", ws_modes[mi][0], ws_modes[mi][1], (int)x0,
+                           (long long)(first / hd));
                 }
                 assert_int_equal(diff, 0);
                 compared += nx;

@@ -51,6 +51,15 @@ void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchma
  * loads and FlashAttention-3's intra-warpgroup overlap were built as alternatives to this kernel's
  * loop, measured slower on the H200 and removed: bench/gpu/NOTES.md, commit 338ec1a has them.) */
 void osp_cuda_attention_tile_order(int heavy_first);
+/* v3 (attention_ws.cu): fold mode at D 128 under wgmma by a warp-specialized CTA (a producer warpgroup,
+ * two consumer warpgroups of 64 rows sharing each K/V tile), with or without ping-pong between the
+ * consumers; its rows are v2's bits (test_gpu_attention asserts it). OSPREY_CUDA_ATTN_WS=off / on /
+ * pingpong overrides the default. */
+enum { OSP_CUDA_ATTN_WS_OFF = 0, OSP_CUDA_ATTN_WS_ON = 1, OSP_CUDA_ATTN_WS_PINGPONG = 2 };
+#define OSP_CUDA_ATTN_WS_DEFAULT OSP_CUDA_ATTN_WS_OFF
+/* process-wide, tests and benchmarks: mode OSP_CUDA_ATTN_WS_* (anything else: back to the environment /
+ * default), stages 3 or 4 K/V tiles in flight (anything else: the default, 4). No result bit changes. */
+void osp_cuda_attention_ws(int mode, int stages);
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
  * count of chunks per split CTA. None of them changes a result bit. */

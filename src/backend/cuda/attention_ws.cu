@@ -1,0 +1,423 @@
+/* Paged attention v3: fold mode at head_dim 128 on f16 pages, warp-specialized as FlashAttention-3
+ * (Shah et al. 2024, sections 3.1 and 3.2): a CTA of three warpgroups, one producer and two consumers.
+ *   producer   brings the K/V tiles of 64 keys to shared memory by cp.async through the block table
+ *              (paged KV with 16-key pages: TMA's boxes were measured slower, bench/gpu/NOTES.md), ST
+ *              stages deep, each stage handed over by an mbarrier pair (full: landed and fenced for
+ *              the async proxy; empty: both consumers done with it). setmaxnreg 56.
+ *   consumers  64 query rows each (128 a CTA sharing every K/V tile: half the tile loads of v2 per
+ *              row), v2's products and online softmax: S = Q K^T by 8 wgmma m64n64k16 with Q and K
+ *              by descriptor, O += P V by 4 wgmma m64n128k16 with P from registers. setmaxnreg 224:
+ *              o, P and S in registers, the fold state in shared memory (as v2 at D 128).
+ *   ping-pong  with two consumers, named barriers give the tensor cores to them in turns: a turn
+ *              issues one consumer's P_t V_t and S_{t+1} = Q K_{t+1} back to back, and the other
+ *              consumer's turn comes while this one runs its softmax (section 3.2's inter-warpgroup
+ *              overlap). Every row still sees v2's serial order: o *= alpha_t, o += P_t V_t, in tile
+ *              order, chunks folded as fold_state says.
+ * The reduction a row sees is v2's (attention_mma.cu), operation for operation: tiles of 64 keys,
+ * chunks of kChunk, the same scale, mask, max, ex2, sums, rounding of P to f16, rescale skipped only
+ * where it would multiply by 1 and the same fold; so v3's bits are v2's in fold and in split mode, and
+ * test_gpu_attention asserts it. */
+#include "backend/cuda/attention_ws.h"
+
+#include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_f_to_bf16 */
+
+#include <type_traits>
+
+namespace osp_attn {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kKeys = 64;                       /* keys per tile: v2's, part of the numerics */
+constexpr int kConsumers = 2;                   /* consumer warpgroups */
+constexpr int kThreadsWs = 128 * (1 + kConsumers);
+constexpr int kTileBytes = kKeys * kD * 2;      /* one K (or V) tile: 16 KiB */
+constexpr int kQBytes = 64 * kD * 2;            /* one consumer's Q: 16 KiB */
+constexpr int kProducerRegs = 56, kConsumerRegs = 224; /* 128 x 56 + 256 x 224 = 384 x 168 */
+
+constexpr int kFoldBytes = kConsumers * 128 * kD / 8 * 4 * 4; /* the fold state: 64 fp32 a consumer thread */
+/* Shared memory from a 1024-byte aligned base: sQ [kConsumers], then K [ST] and V [ST] tiles, each in
+ * v2's layout ([2 column groups][64 rows][128 bytes], 128-byte swizzle), the fold state (fp32
+ * [64][256 consumer threads], thread-private: with it in registers the products of a turn would not
+ * fit beside it, ptxas C7511), then the mbarriers full[ST] and empty[ST]. */
+template <int ST> constexpr int ws_smem_bytes() {
+    return 1024 + kConsumers * kQBytes + 2 * ST * kTileBytes + kFoldBytes + 2 * ST * 8;
+}
+
+/* ---- PTX wrappers: mbarrier (PTX ISA 9.7.13.15), named barriers, setmaxnreg (9.7.19.6) --------- */
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* returns once the phase of this parity has completed */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* named barrier ID for THREADS threads (ID and count immediates) */
+template <int ID, int THREADS> __device__ __forceinline__ void named_sync() {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+template <int ID, int THREADS> __device__ __forceinline__ void named_arrive() {
+    asm volatile("bar.arrive %0, %1;\n" ::"n"(ID), "n"(THREADS) : "memory");
+}
+/* the consumers' turns: consumer c waits for its turn on barrier 1 + c and ends it on the other's
+ * (the ID in a register: no branch between a product's issue and its wait) */
+__device__ __forceinline__ void turn_begin(int c) { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory"); }
+__device__ __forceinline__ void turn_end(int c) { asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - c) : "memory"); }
+template <int R> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+
+/* d (+)= a b, m64n64k16, A and B by descriptor, both K-major (Q: rows x D, K: keys x D) */
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+/* byte offset of the 16-byte chunk `part` (0 .. 15) of row r in a [2][64][128 B] swizzled tile */
+__device__ __forceinline__ uint32_t swz_off(int r, int part) {
+    return (uint32_t)((part >> 3) * (64 * 128) + r * 128 + (((part & 7) ^ (r & 7)) << 4));
+}
+
+/* ST: K/V stages; kPing: the consumers take the tensor cores in turns (named barriers 1 and 2) */
+template <int ST, bool kPing>
+__global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) {
+    static_assert(ST >= 2, "stages");
+    constexpr int NB = kKeys / 8, ND = kD / 8, KT = kD / 16;
+    extern __shared__ uint4 smem_u4[];
+    const uint32_t base = (smem_u32(smem_u4) + 1023u) & ~1023u;
+    const uint32_t sQ = base, sK = sQ + kConsumers * kQBytes, sV = sK + ST * kTileBytes;
+    const uint32_t sFold = sV + ST * kTileBytes, full0 = sFold + kFoldBytes, empty0 = full0 + ST * 8;
+
+    const int tid = (int)threadIdx.x, wtid = tid & 127;
+    /* wg 0: producer; 1, 2: consumers. Read through a shuffle so that ptxas sees it warp-uniform: a
+     * wgmma on a path it thinks divergent is serialized (C7520). */
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+
+    AttnCtaWork w; /* sequence s, tokens [t0, t0 + ntok), kv head kvh, query heads [h0, h0 + nh) */
+    if (!attn_cta_work(p.tl, p.qsl, p.num_seqs, w, p.heavy_first)) return;
+    const int s = w.s, t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
+    const int rows = ntok * nh;
+    const int consumers = rows > 64 ? 2 : 1; /* a consumer with no rows leaves at once */
+
+    int kv_len = 0, k_first = INT32_MAX;
+    for (int i = 0; i < ntok; i++) {
+        const int li = p.positions[t0 + i] + 1;
+        kv_len = max(kv_len, li);
+        k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
+    }
+    const int kb = k_first / kKeys * kKeys, ke = kv_len;
+    const int n_tiles = (ke - kb + kKeys - 1) / kKeys;
+
+    if (tid == 0) {
+        for (int i = 0; i < ST; i++) {
+            mbar_init(full0 + 8 * i, 128);             /* every producer thread, after its copies landed */
+            mbar_init(empty0 + 8 * i, 4 * consumers);  /* every consumer warp, after its products */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    /* each consumer's Q rows into sQ as f16 (v2's conversion), swizzled as K; rows past the tile zero */
+    if (wg > 0 && wg <= consumers) {
+        const uint32_t q_wg = sQ + (wg - 1) * kQBytes;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int c = wtid + 128 * u, rl = c >> 4, part = c & 15, r = 64 * (wg - 1) + rl;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (r < rows) {
+                const int64_t qrow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+                const uint4 b = *reinterpret_cast<const uint4 *>(p.q + qrow * kD + part * 8);
+                const uint32_t pair[4] = {b.x, b.y, b.z, b.w};
+                uint32_t o4[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float lo_f = __uint_as_float(pair[i] << 16), hi_f = __uint_as_float(pair[i] & 0xffff0000u);
+                    o4[i] = pack_f16x2(clamp_f16_range(lo_f), clamp_f16_range(hi_f));
+                }
+                v = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+            }
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(q_wg + swz_off(rl, part)), "r"(v.x), "r"(v.y),
+                         "r"(v.z), "r"(v.w)
+                         : "memory");
+        }
+        fence_proxy_async(); /* the Q rows are read by wgmma */
+    }
+    __syncthreads(); /* barriers initialized, sQ written */
+
+    if (wg == 0) {
+        /* ---- producer: tile i of keys [kb + 64 i, +64) into stage i mod ST ---- */
+        setmaxnreg_dec<kProducerRegs>();
+        constexpr int CPT = kKeys * 16 / 128; /* 16-byte chunks a thread a K (or V) tile: 8 */
+        const int part = wtid & 15, jrow = wtid >> 4;
+        const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
+        const int64_t row_elems = (int64_t)p.n_head_kv * kD;
+        const uint16_t *kbase = p.k_pages + (int64_t)kvh * kD + part * 8, *vbase = p.v_pages + (int64_t)kvh * kD + part * 8;
+        const uint32_t off0 = swz_off(jrow, part); /* rows jrow + 8 u: the same swizzle (mod 8) */
+        int slot[CPT];
+        auto fetch_slots = [&](int k0) {
+#pragma unroll
+            for (int u = 0; u < CPT; u++) {
+                const int key = k0 + jrow + 8 * u;
+                const int blk = p.bdiv.div(key);
+                slot[u] = key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
+            }
+        };
+        fetch_slots(kb);
+        for (int i = 0; i < n_tiles; i++) {
+            const int st = i % ST;
+            if (i >= ST) mbar_wait(empty0 + 8 * st, (uint32_t)((i / ST - 1) & 1));
+            const uint32_t dk = sK + st * kTileBytes + off0, dv = sV + st * kTileBytes + off0;
+#pragma unroll
+            for (int u = 0; u < CPT; u++) {
+                const bool valid = slot[u] >= 0;
+                const int64_t off = valid ? (int64_t)slot[u] * row_elems : 0;
+                cp_async16(dk + u * 8 * 128, kbase + off, valid);
+                cp_async16(dv + u * 8 * 128, vbase + off, valid);
+            }
+            cp_async_commit();
+            if (i + 1 < n_tiles) fetch_slots(kb + (i + 1) * kKeys); /* lands while tile i copies */
+            if (i > 0) { /* tile i - 1 has landed: fence it for the async proxy and hand it over */
+                cp_async_wait<1>();
+                fence_proxy_async();
+                mbar_arrive(full0 + 8 * ((i - 1) % ST));
+            }
+        }
+        if (n_tiles > 0) {
+            cp_async_wait<0>();
+            fence_proxy_async();
+            mbar_arrive(full0 + 8 * ((n_tiles - 1) % ST));
+        }
+        return;
+    }
+    setmaxnreg_inc<kConsumerRegs>();
+    const int c = wg - 1;
+    if (c >= consumers) return;
+
+    /* ---- consumer c: rows 64 c .. 64 c + 63; this thread's rows A and B as in v2 ---- */
+    const int lane = tid & 31, warp = wtid >> 5; /* warp within the warpgroup */
+    const int g = lane >> 2, tq = lane & 3;
+    const int wrow0 = 64 * c + 16 * warp;
+    int lim[2], first[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = wrow0 + g + 8 * i;
+        lim[i] = r < rows ? p.positions[t0 + r / nh] + 1 : 0;
+        first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
+    }
+    const bool warp_rows = wrow0 < rows;
+    const uint32_t q_wg = sQ + c * kQBytes;
+
+    float o[ND][4], sc[NB][4];
+    /* the fold state, element [n][e] of this thread at sOa[(4 n + e) * 256] (conflict free) */
+    float *sOa = reinterpret_cast<float *>(reinterpret_cast<char *>(smem_u4) + (sFold - smem_u32(smem_u4))) + (tid - 128);
+    uint32_t pa[kKeys / 16][4];
+    float m[2], l[2], Ms[2], Ls[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) m[i] = -INFINITY, l[i] = 0.0f, Ms[i] = -INFINITY, Ls[i] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f, sOa[(4 * n + e) * 256] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kKeys / 16; j++) pa[j][0] = pa[j][1] = pa[j][2] = pa[j][3] = 0u;
+
+    /* S = Q K^T of the tile in stage st (k-step kk: column group kk / 4, bytes 32 (kk mod 4) of a row) */
+    auto issue_s = [&](int st) {
+        const uint32_t kst = sK + st * kTileBytes;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            const uint32_t o_k = (uint32_t)((kk / 4) * kKeys * 128 + (kk % 4) * 32);
+            wgmma_m64n64_ss(sc, wg_desc(q_wg + o_k, 16, 1024), wg_desc(kst + o_k, 16, 1024), kk > 0);
+        }
+    };
+    /* O += P V of the tile in stage st (V N-major: column groups kKeys * 128 bytes apart) */
+    auto issue_pv = [&](int st) {
+        const uint32_t vst = sV + st * kTileBytes;
+#pragma unroll
+        for (int j = 0; j < kKeys / 16; j++)
+            wgmma_m64n128<1>(o, pa[j], wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024), 1);
+    };
+    /* v2's scale, mask and online softmax of S for keys [k0, k0 + 64), o's rescale, P into pa */
+    auto softmax = [&](int k0) {
+        if (warp_rows) {
+#pragma unroll
+            for (int n = 0; n < NB; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale);
+            if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) {
+#pragma unroll
+                for (int n = 0; n < NB; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int i = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
+                        if (key >= lim[i] || key < first[i]) sc[n][e] = -INFINITY;
+                    }
+            }
+            float alpha[2];
+            const bool o_zero[2] = {m[0] == -INFINITY, m[1] == -INFINITY};
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
+                const float m_new = fmaxf(m[i], quad_max(mx));
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+                alpha[i] = ex2(m[i] - m_use);
+                float ls = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NB; n++) {
+                    sc[n][2 * i] = ex2(__fsub_rn(sc[n][2 * i], m_use));
+                    sc[n][2 * i + 1] = ex2(__fsub_rn(sc[n][2 * i + 1], m_use));
+                    ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * i], sc[n][2 * i + 1]));
+                }
+                l[i] = __fmaf_rn(l[i], alpha[i], ls);
+                m[i] = m_new;
+            }
+            if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                    o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kKeys / 16; j++) {
+            pa[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pa[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
+            pa[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+            pa[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        }
+    };
+
+    /* The consumer's loop, compiled twice: with turns (ping-pong, two consumers) and without. No
+     * branch may separate a wgmma from its wait (ptxas then serializes every wgmma: C7511 / C7520),
+     * so whether turns are taken is decided once, here, not around each product. */
+    auto consume = [&](auto ping_tag) {
+        constexpr bool ping = decltype(ping_tag)::value;
+        /* the first turn: S of tile 0 (n_tiles >= 1: every row has key 0 .. position, kb < ke) */
+        if (ping && c == 1) named_arrive<1, 256>(); /* consumer 0 takes the first turn */
+        mbar_wait(full0, 0u);
+        if (ping) turn_begin(c);
+        wg_fence_operands(sc);
+        wg_fence();
+        issue_s(0);
+        wg_commit();
+        if (ping) turn_end(c);
+        wg_wait_all();
+        wg_fence_operands(sc);
+        softmax(kb);
+        /* tile i: a turn issuing P_i V_i and, but for the last tile (kNext false: peeled, so that no
+         * wgmma sits under a branch), S_{i + 1}; then the chunk fold and tile i + 1's softmax */
+        auto step = [&](int i, auto next_tag) {
+            constexpr bool next = decltype(next_tag)::value;
+            const int k0 = kb + i * kKeys, st = i % ST;
+            if (next) mbar_wait(full0 + 8 * ((i + 1) % ST), (uint32_t)(((i + 1) / ST) & 1));
+            if (ping) turn_begin(c);
+            wg_fence_operands(o);
+            wg_fence_operands(pa);
+            wg_fence_operands(sc);
+            wg_fence();
+            issue_pv(st);
+            if constexpr (next) issue_s((i + 1) % ST);
+            wg_commit();
+            if (ping) turn_end(c);
+            wg_wait_all();
+            wg_fence_operands(o);
+            wg_fence_operands(pa);
+            wg_fence_operands(sc);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * st); /* this warp is done with stage st */
+
+            /* chunk end: fold, then a fresh chunk (v2's fold mode, the state in registers) */
+            if ((k0 + kKeys) % kChunk == 0 || !next) {
+    #pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float wA, wc;
+                    const float lc = quad_sum(l[r]);
+                    if (fold_state(Ms[r], Ls[r], m[r], lc, wA, wc)) {
+    #pragma unroll
+                        for (int n = 0; n < ND; n++) {
+                            float &a0 = sOa[(4 * n + 2 * r) * 256], &a1 = sOa[(4 * n + 2 * r + 1) * 256];
+                            a0 = fold_elem(a0, wA, o[n][2 * r], wc);
+                            a1 = fold_elem(a1, wA, o[n][2 * r + 1], wc);
+                        }
+                    }
+                    m[r] = -INFINITY, l[r] = 0.0f;
+    #pragma unroll
+                    for (int n = 0; n < ND; n++) o[n][2 * r] = o[n][2 * r + 1] = 0.0f;
+                }
+            }
+            if constexpr (next) softmax(k0 + kKeys);
+        };
+        for (int i = 0; i + 1 < n_tiles; i++) step(i, std::true_type{});
+        step(n_tiles - 1, std::false_type{});
+        /* consumer 1's last turn_end had no turn of consumer 0 left to open: consumed here, so both named
+         * barriers end the CTA balanced */
+        if (ping && c == 0) named_sync<1, 256>();
+    };
+    if (kPing && consumers == 2) consume(std::true_type{});
+    else consume(std::false_type{});
+
+    /* out = O / L for this thread's rows A and B, columns n * 8 + 2 tq, + 1 */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = wrow0 + g + 8 * i;
+        if (r >= rows) continue;
+        const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+        const float inv = out_scale(Ls[i]);
+        uint16_t *dst = p.out + orow * kD;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            const uint32_t v = (uint32_t)osp_f_to_bf16(__fmul_rn(sOa[(4 * n + 2 * i) * 256], inv)) |
+                               ((uint32_t)osp_f_to_bf16(__fmul_rn(sOa[(4 * n + 2 * i + 1) * 256], inv)) << 16);
+            *reinterpret_cast<uint32_t *>(dst + n * 8 + 2 * tq) = v;
+        }
+    }
+}
+
+template <int ST, bool kPing> osp_status launch_ws(const Params &prm, dim3 grid, cudaStream_t st) {
+    constexpr int smem = ws_smem_bytes<ST>();
+    static_assert(smem <= 227 * 1024, "shared memory of one CTA");
+    OSP_CUDA_TRY(cudaFuncSetAttribute(attn_ws_kernel<ST, kPing>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_ws_kernel<ST, kPing><<<grid, kThreadsWs, smem, st>>>(prm);
+    OSP_CUDA_LAUNCH_CHECK("attn_ws_kernel");
+    return OSP_OK;
+}
+
+} // namespace
+
+int ws_rows() { return 64 * kConsumers; }
+
+osp_status ws_launch(const Params &prm, int stages, bool pingpong, void *stream) {
+    const dim3 grid((unsigned)prm.tl.n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), 1u);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (stages) {
+    case 3: return pingpong ? launch_ws<3, true>(prm, grid, st) : launch_ws<3, false>(prm, grid, st);
+    default: return pingpong ? launch_ws<4, true>(prm, grid, st) : launch_ws<4, false>(prm, grid, st);
+    }
+}
+
+} // namespace osp_attn
