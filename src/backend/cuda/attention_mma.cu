@@ -612,7 +612,7 @@ extern "C" void osp_cuda_attention_force_mode(int mode) { g_force_mode = mode; }
 extern "C" void osp_cuda_attention_force_mma(int mma) { g_force_mma = mma; }
 extern "C" void osp_cuda_attention_tile_order(int heavy_first) { g_heavy_first = heavy_first != 0; }
 extern "C" void osp_cuda_attention_ws(int mode, int stages) {
-    g_ws_mode = mode == OSP_CUDA_ATTN_WS_OFF || mode == OSP_CUDA_ATTN_WS_ON || mode == OSP_CUDA_ATTN_WS_PINGPONG ? mode : -1;
+    g_ws_mode = mode >= OSP_CUDA_ATTN_WS_OFF && mode <= OSP_CUDA_ATTN_WS_PINGPONG ? mode : -1;
     g_ws_stages = stages == 3 || stages == 4 ? stages : 0;
 }
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {

@@ -55,6 +55,7 @@ void osp_cuda_attention_tile_order(int heavy_first);
  * two consumer warpgroups of 64 rows sharing each K/V tile), with or without ping-pong between the
  * consumers; its rows are v2's bits (test_gpu_attention asserts it). OSPREY_CUDA_ATTN_WS=off / on /
  * pingpong overrides the default. */
+/* ON: the consumers' products unordered; PINGPONG: in turns */
 enum { OSP_CUDA_ATTN_WS_OFF = 0, OSP_CUDA_ATTN_WS_ON = 1, OSP_CUDA_ATTN_WS_PINGPONG = 2 };
 #define OSP_CUDA_ATTN_WS_DEFAULT OSP_CUDA_ATTN_WS_OFF
 /* process-wide, tests and benchmarks: mode OSP_CUDA_ATTN_WS_* (anything else: back to the environment /

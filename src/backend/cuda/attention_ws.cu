@@ -93,6 +93,34 @@ __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[8][4], uint64_t desc_
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+/* d += a b over 64 keys: the four k-steps of O += P V (m64n128k16, A = P from registers, B = V by
+ * descriptor, N-major) in one asm statement, so that no copy of d can fall between them (ptxas C7519) */
+__device__ __forceinline__ void wgmma_pv4(float (&d)[16][4], const uint32_t (&a)[4][4], uint64_t b0, uint64_t b1,
+                                          uint64_t b2, uint64_t b3) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %80, 1, 1, 1, 1;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%68, %69, %70, %71}, %81, 1, 1, 1, 1;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%72, %73, %74, %75}, %82, 1, 1, 1, 1;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%76, %77, %78, %79}, %83, 1, 1, 1, 1;\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+                   "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+                   "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+                   "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+                   "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+                   "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+                   "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]), "r"(a[1][2]), "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]), "r"(a[2][3]), "r"(a[3][0]), "r"(a[3][1]), "r"(a[3][2]), "r"(a[3][3]),
+                   "l"(b0), "l"(b1), "l"(b2), "l"(b3));
+}
+
 /* byte offset of the 16-byte chunk `part` (0 .. 15) of row r in a [2][64][128 B] swizzled tile */
 __device__ __forceinline__ uint32_t swz_off(int r, int part) {
     return (uint32_t)((part >> 3) * (64 * 128) + r * 128 + (((part & 7) ^ (r & 7)) << 4));
@@ -170,41 +198,74 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
         const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
         const int64_t row_elems = (int64_t)p.n_head_kv * kD;
         const uint16_t *kbase = p.k_pages + (int64_t)kvh * kD + part * 8, *vbase = p.v_pages + (int64_t)kvh * kD + part * 8;
-        const uint32_t off0 = swz_off(jrow, part); /* rows jrow + 8 u: the same swizzle (mod 8) */
-        int slot[CPT];
-        auto fetch_slots = [&](int k0) {
-#pragma unroll
-            for (int u = 0; u < CPT; u++) {
-                const int key = k0 + jrow + 8 * u;
-                const int blk = p.bdiv.div(key);
-                slot[u] = key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
-            }
-        };
-        fetch_slots(kb);
-        for (int i = 0; i < n_tiles; i++) {
-            const int st = i % ST;
-            if (i >= ST) mbar_wait(empty0 + 8 * st, (uint32_t)((i / ST - 1) & 1));
-            const uint32_t dk = sK + st * kTileBytes + off0, dv = sV + st * kTileBytes + off0;
-#pragma unroll
-            for (int u = 0; u < CPT; u++) {
-                const bool valid = slot[u] >= 0;
-                const int64_t off = valid ? (int64_t)slot[u] * row_elems : 0;
-                cp_async16(dk + u * 8 * 128, kbase + off, valid);
-                cp_async16(dv + u * 8 * 128, vbase + off, valid);
-            }
-            cp_async_commit();
-            if (i + 1 < n_tiles) fetch_slots(kb + (i + 1) * kKeys); /* lands while tile i copies */
-            if (i > 0) { /* tile i - 1 has landed: fence it for the async proxy and hand it over */
+        /* the tile's copies are issued, then the previous tile is handed over once landed */
+        auto hand_over = [&](int i) {
+            if (i > 0) {
                 cp_async_wait<1>();
                 fence_proxy_async();
                 mbar_arrive(full0 + 8 * ((i - 1) % ST));
             }
+        };
+        if (p.block_size % 8 == 0) {
+            /* Pages of a multiple of 8 keys: a thread copies chunk `part` of the 8 consecutive keys
+             * 8 jrow .. 8 jrow + 7 of a tile, which lie in one page: one block-table entry a tile
+             * (read a tile ahead) instead of one a key, and the rows 1 apart in the page. */
+            auto page_slot = [&](int k0) { /* the slot of key k0 + 8 jrow, or -1 past ke */
+                const int key = k0 + 8 * jrow;
+                const int blk = p.bdiv.div(key);
+                return key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
+            };
+            int slot = page_slot(kb);
+            for (int i = 0; i < n_tiles; i++) {
+                const int st = i % ST, k0 = kb + i * kKeys;
+                if (i >= ST) mbar_wait(empty0 + 8 * st, (uint32_t)((i / ST - 1) & 1));
+                const uint32_t dk = sK + st * kTileBytes, dv = sV + st * kTileBytes;
+                const int64_t off = slot >= 0 ? (int64_t)slot * row_elems : 0;
+                const uint16_t *kp = kbase + off, *vp = vbase + off;
+                const int nvalid = slot >= 0 ? min(CPT, ke - (k0 + 8 * jrow)) : 0;
+#pragma unroll
+                for (int u = 0; u < CPT; u++) {
+                    const bool valid = u < nvalid;
+                    const uint32_t so = swz_off(8 * jrow + u, part);
+                    cp_async16(dk + so, valid ? kp + u * row_elems : kbase, valid);
+                    cp_async16(dv + so, valid ? vp + u * row_elems : vbase, valid);
+                }
+                cp_async_commit();
+                if (i + 1 < n_tiles) slot = page_slot(k0 + kKeys); /* lands while tile i copies */
+                hand_over(i);
+            }
+        } else {
+            /* any page size: chunk `part` of keys jrow + 8 u (u < 8), a block-table entry each */
+            const uint32_t off0 = swz_off(jrow, part); /* rows jrow + 8 u: the same swizzle (mod 8) */
+            int slot[CPT];
+            auto fetch_slots = [&](int k0) {
+#pragma unroll
+                for (int u = 0; u < CPT; u++) {
+                    const int key = k0 + jrow + 8 * u;
+                    const int blk = p.bdiv.div(key);
+                    slot[u] = key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
+                }
+            };
+            fetch_slots(kb);
+            for (int i = 0; i < n_tiles; i++) {
+                const int st = i % ST;
+                if (i >= ST) mbar_wait(empty0 + 8 * st, (uint32_t)((i / ST - 1) & 1));
+                const uint32_t dk = sK + st * kTileBytes + off0, dv = sV + st * kTileBytes + off0;
+#pragma unroll
+                for (int u = 0; u < CPT; u++) {
+                    const bool valid = slot[u] >= 0;
+                    const int64_t off = valid ? (int64_t)slot[u] * row_elems : 0;
+                    cp_async16(dk + u * 8 * 128, kbase + off, valid);
+                    cp_async16(dv + u * 8 * 128, vbase + off, valid);
+                }
+                cp_async_commit();
+                if (i + 1 < n_tiles) fetch_slots(kb + (i + 1) * kKeys); /* lands while tile i copies */
+                hand_over(i);
+            }
         }
-        if (n_tiles > 0) {
-            cp_async_wait<0>();
-            fence_proxy_async();
-            mbar_arrive(full0 + 8 * ((n_tiles - 1) % ST));
-        }
+        cp_async_wait<0>(); /* n_tiles >= 1 */
+        fence_proxy_async();
+        mbar_arrive(full0 + 8 * ((n_tiles - 1) % ST));
         return;
     }
     setmaxnreg_inc<kConsumerRegs>();
@@ -222,7 +283,6 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
         lim[i] = r < rows ? p.positions[t0 + r / nh] + 1 : 0;
         first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
     }
-    const bool warp_rows = wrow0 < rows;
     const uint32_t q_wg = sQ + c * kQBytes;
 
     float o[ND][4], sc[NB][4];
@@ -241,74 +301,113 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
 #pragma unroll
     for (int j = 0; j < kKeys / 16; j++) pa[j][0] = pa[j][1] = pa[j][2] = pa[j][3] = 0u;
 
+    /* The descriptors of stage 0; another stage or k-step adds its byte offset >> 4 to the start
+     * address field (addresses < 2^18 and 16-byte aligned: the field never carries) */
+    const uint64_t dq0 = wg_desc(q_wg, 16, 1024), dk0 = wg_desc(sK, 16, 1024), dv0 = wg_desc(sV, kKeys * 128, 1024);
     /* S = Q K^T of the tile in stage st (k-step kk: column group kk / 4, bytes 32 (kk mod 4) of a row) */
     auto issue_s = [&](int st) {
-        const uint32_t kst = sK + st * kTileBytes;
+        const uint64_t dk = dk0 + (uint64_t)(st * (kTileBytes >> 4));
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
-            const uint32_t o_k = (uint32_t)((kk / 4) * kKeys * 128 + (kk % 4) * 32);
-            wgmma_m64n64_ss(sc, wg_desc(q_wg + o_k, 16, 1024), wg_desc(kst + o_k, 16, 1024), kk > 0);
+            const uint64_t o_k = (uint64_t)(((kk / 4) * kKeys * 128 + (kk % 4) * 32) >> 4);
+            wgmma_m64n64_ss(sc, dq0 + o_k, dk + o_k, kk > 0);
         }
     };
     /* O += P V of the tile in stage st (V N-major: column groups kKeys * 128 bytes apart) */
     auto issue_pv = [&](int st) {
-        const uint32_t vst = sV + st * kTileBytes;
-#pragma unroll
-        for (int j = 0; j < kKeys / 16; j++)
-            wgmma_m64n128<1>(o, pa[j], wg_desc(vst + (uint32_t)(j * 16 * 128), (uint32_t)(kKeys * 128), 1024), 1);
+        const uint64_t dv = dv0 + (uint64_t)(st * (kTileBytes >> 4));
+        static_assert(kKeys == 64, "P V is four k-steps");
+        wgmma_pv4(o, pa, dv, dv + (uint64_t)((16 * 128) >> 4), dv + (uint64_t)((32 * 128) >> 4), dv + (uint64_t)((48 * 128) >> 4));
     };
-    /* v2's scale, mask and online softmax of S for keys [k0, k0 + 64), o's rescale, P into pa */
-    auto softmax = [&](int k0) {
-        if (warp_rows) {
+    /* v2's scale, mask and online softmax of S for keys [k0, k0 + 64): m, l updated, P = 2^(s - m) left
+     * in sc, o's factor in alpha; o_zero: the row's o held nothing yet (its rescale may be skipped). A
+     * warp with no rows needs no branch of its own: its lim is 0, so every key is masked and P is 0. */
+    float alpha[2];
+    bool o_zero[2];
+    auto softmax_p = [&](int k0) {
+#pragma unroll
+        for (int n = 0; n < NB; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale);
+        if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) {
 #pragma unroll
             for (int n = 0; n < NB; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale);
-            if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) {
-#pragma unroll
-                for (int n = 0; n < NB; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int i = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
-                        if (key >= lim[i] || key < first[i]) sc[n][e] = -INFINITY;
-                    }
-            }
-            float alpha[2];
-            const bool o_zero[2] = {m[0] == -INFINITY, m[1] == -INFINITY};
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NB; n++) mx = fmaxf(mx, fmaxf(sc[n][2 * i], sc[n][2 * i + 1]));
-                const float m_new = fmaxf(m[i], quad_max(mx));
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-                alpha[i] = ex2(m[i] - m_use);
-                float ls = 0.0f;
-#pragma unroll
-                for (int n = 0; n < NB; n++) {
-                    sc[n][2 * i] = ex2(__fsub_rn(sc[n][2 * i], m_use));
-                    sc[n][2 * i + 1] = ex2(__fsub_rn(sc[n][2 * i + 1], m_use));
-                    ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * i], sc[n][2 * i + 1]));
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1, key = k0 + n * 8 + 2 * tq + (e & 1);
+                    if (key >= lim[i] || key < first[i]) sc[n][e] = -INFINITY;
                 }
-                l[i] = __fmaf_rn(l[i], alpha[i], ls);
-                m[i] = m_new;
-            }
-            if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
+        }
 #pragma unroll
-                for (int n = 0; n < ND; n++) {
-                    o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
-                    o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
-                }
-            }
-        } else {
+        for (int i = 0; i < 2; i++) {
+            o_zero[i] = m[i] == -INFINITY;
+            /* the row's max as a tree (depth 4, not v2's chain of 16): fmaxf is exact and ignores
+             * NaN, so any order gives v2's value, -INFINITY included when every element is NaN */
+            float t[NB];
 #pragma unroll
-            for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            for (int n = 0; n < NB; n++) t[n] = fmaxf(sc[n][2 * i], sc[n][2 * i + 1]);
+#pragma unroll
+            for (int w = NB / 2; w > 0; w /= 2)
+#pragma unroll
+                for (int n = 0; n < w; n++) t[n] = fmaxf(t[n], t[n + w]);
+            const float mx = fmaxf(-INFINITY, t[0]);
+            const float m_new = fmaxf(m[i], quad_max(mx));
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+            alpha[i] = ex2(m[i] - m_use);
+            float ls = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NB; n++) {
+                sc[n][2 * i] = ex2(__fsub_rn(sc[n][2 * i], m_use));
+                sc[n][2 * i + 1] = ex2(__fsub_rn(sc[n][2 * i + 1], m_use));
+                ls = __fadd_rn(ls, __fadd_rn(sc[n][2 * i], sc[n][2 * i + 1]));
+            }
+            l[i] = __fmaf_rn(l[i], alpha[i], ls);
+            m[i] = m_new;
+        }
+    };
+    /* o *= alpha (skipped where every row of the warp keeps its max or has an empty o: the same
+     * bits), then P into pa, the A operand of the next P V */
+    auto rescale_pack = [&]() {
+        if (!__all_sync(0xffffffffu, (alpha[0] == 1.0f || o_zero[0]) && (alpha[1] == 1.0f || o_zero[1]))) {
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                o[n][0] = __fmul_rn(o[n][0], alpha[0]), o[n][1] = __fmul_rn(o[n][1], alpha[0]);
+                o[n][2] = __fmul_rn(o[n][2], alpha[1]), o[n][3] = __fmul_rn(o[n][3], alpha[1]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < kKeys / 16; j++) {
             pa[j][0] = pack_f16x2(sc[2 * j][0], sc[2 * j][1]), pa[j][1] = pack_f16x2(sc[2 * j][2], sc[2 * j][3]);
             pa[j][2] = pack_f16x2(sc[2 * j + 1][0], sc[2 * j + 1][1]);
             pa[j][3] = pack_f16x2(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        }
+    };
+    /* The fold at a chunk's end, in two halves: the (m, l) state (fold_state: the weights wA, wc of
+     * each row, or nothing to fold) and a fresh (m, l); then, once o is final, the accumulators
+     * (fold_elem) and a fresh o. Each element sees v2's operations in v2's order. */
+    float fw[2][2];
+    bool fdo[2];
+    auto fold_ml = [&]() {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float lc = quad_sum(l[r]);
+            fdo[r] = fold_state(Ms[r], Ls[r], m[r], lc, fw[r][0], fw[r][1]);
+            m[r] = -INFINITY, l[r] = 0.0f;
+        }
+    };
+    auto fold_o = [&]() {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (fdo[r]) {
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    float &a0 = sOa[(4 * n + 2 * r) * 256], &a1 = sOa[(4 * n + 2 * r + 1) * 256];
+                    a0 = fold_elem(a0, fw[r][0], o[n][2 * r], fw[r][1]);
+                    a1 = fold_elem(a1, fw[r][0], o[n][2 * r + 1], fw[r][1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < ND; n++) o[n][2 * r] = o[n][2 * r + 1] = 0.0f;
         }
     };
 
@@ -328,12 +427,17 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
         if (ping) turn_end(c);
         wg_wait_all();
         wg_fence_operands(sc);
-        softmax(kb);
+        softmax_p(kb);
+        rescale_pack();
         /* tile i: a turn issuing P_i V_i and, but for the last tile (kNext false: peeled, so that no
-         * wgmma sits under a branch), S_{i + 1}; then the chunk fold and tile i + 1's softmax */
+         * wgmma sits under a branch), S_{i + 1}; then the chunk fold and tile i + 1's softmax.
+         * (FlashAttention-3's intra-warpgroup overlap, S_{i + 1} awaited alone and its softmax run
+         * under P_i V_i, was built here too: ptxas 13.0 serialized its products, C7511, at 224 and at
+         * 240 registers, so it was removed unmeasured.) */
         auto step = [&](int i, auto next_tag) {
             constexpr bool next = decltype(next_tag)::value;
             const int k0 = kb + i * kKeys, st = i % ST;
+            const bool chunk_end = (k0 + kKeys) % kChunk == 0 || !next;
             if (next) mbar_wait(full0 + 8 * ((i + 1) % ST), (uint32_t)(((i + 1) / ST) & 1));
             if (ping) turn_begin(c);
             wg_fence_operands(o);
@@ -350,27 +454,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
             wg_fence_operands(sc);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty0 + 8 * st); /* this warp is done with stage st */
-
-            /* chunk end: fold, then a fresh chunk (v2's fold mode, the state in registers) */
-            if ((k0 + kKeys) % kChunk == 0 || !next) {
-    #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float wA, wc;
-                    const float lc = quad_sum(l[r]);
-                    if (fold_state(Ms[r], Ls[r], m[r], lc, wA, wc)) {
-    #pragma unroll
-                        for (int n = 0; n < ND; n++) {
-                            float &a0 = sOa[(4 * n + 2 * r) * 256], &a1 = sOa[(4 * n + 2 * r + 1) * 256];
-                            a0 = fold_elem(a0, wA, o[n][2 * r], wc);
-                            a1 = fold_elem(a1, wA, o[n][2 * r + 1], wc);
-                        }
-                    }
-                    m[r] = -INFINITY, l[r] = 0.0f;
-    #pragma unroll
-                    for (int n = 0; n < ND; n++) o[n][2 * r] = o[n][2 * r + 1] = 0.0f;
-                }
-            }
-            if constexpr (next) softmax(k0 + kKeys);
+            if (chunk_end) fold_ml(), fold_o();
+            if constexpr (next) softmax_p(k0 + kKeys), rescale_pack();
         };
         for (int i = 0; i + 1 < n_tiles; i++) step(i, std::true_type{});
         step(n_tiles - 1, std::false_type{});
@@ -414,10 +499,8 @@ int ws_rows() { return 64 * kConsumers; }
 osp_status ws_launch(const Params &prm, int stages, bool pingpong, void *stream) {
     const dim3 grid((unsigned)prm.tl.n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), 1u);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    switch (stages) {
-    case 3: return pingpong ? launch_ws<3, true>(prm, grid, st) : launch_ws<3, false>(prm, grid, st);
-    default: return pingpong ? launch_ws<4, true>(prm, grid, st) : launch_ws<4, false>(prm, grid, st);
-    }
+    if (stages == 3) return pingpong ? launch_ws<3, true>(prm, grid, st) : launch_ws<3, false>(prm, grid, st);
+    return pingpong ? launch_ws<4, true>(prm, grid, st) : launch_ws<4, false>(prm, grid, st);
 }
 
 } // namespace osp_attn
