@@ -392,6 +392,8 @@ static void run_case(const acase *c, uint64_t seed, const char *what) {
     for (size_t k = 0; k < sizeof k_kernels / sizeof k_kernels[0]; k++) {
         g_mode = k_kernels[k];
         if (!kernel_applies(g_mode, c)) continue;
+        /* v2 is v2 here: its fold mode at D 128 is v3's by default */
+        osp_cuda_attention_ws(OSP_CUDA_ATTN_WS_OFF, 0);
         dev_bufs d;
         dev_alloc(&d, &b, b.T > 0 ? b.T : 1);
         dev_upload(&d, &b, NULL);
@@ -402,6 +404,7 @@ static void run_case(const acase *c, uint64_t seed, const char *what) {
         dev_free(&d);
     }
     g_mode = OSP_CUDA_ATTN_V0;
+    osp_cuda_attention_ws(-1, 0);
     batch_free(&b);
 }
 
@@ -557,6 +560,7 @@ static void test_graph_replay(void **state) {
         const int ci = run % 2;
         g_mode = k_kernels[run / 2];
         if (g_mode == TEST_V3 && cfgs[ci].D != 128) continue;
+        osp_cuda_attention_ws(OSP_CUDA_ATTN_WS_OFF, 0); /* v2 is v2 (TEST_V3 sets its own) */
         acase a = {0};
         a.n_head = cfgs[ci].n_head, a.n_kv = cfgs[ci].n_kv, a.D = cfgs[ci].D;
         a.f16 = true, a.bs = 16, a.num_seqs = 5, a.qamp = 2.0f, a.max_seq_len = 8192;
@@ -603,6 +607,7 @@ static void test_graph_replay(void **state) {
         osp_cuda_stream_destroy(stream);
     }
     g_mode = OSP_CUDA_ATTN_V0;
+    osp_cuda_attention_ws(-1, 0);
 }
 
 /* ---- batch invariance (v1) ------------------------------------------------------------------------- */

@@ -52,12 +52,12 @@ void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchma
  * loop, measured slower on the H200 and removed: bench/gpu/NOTES.md, commit 338ec1a has them.) */
 void osp_cuda_attention_tile_order(int heavy_first);
 /* v3 (attention_ws.cu): fold mode at D 128 under wgmma by a warp-specialized CTA (a producer warpgroup,
- * two consumer warpgroups of 64 rows sharing each K/V tile), with or without ping-pong between the
- * consumers; its rows are v2's bits (test_gpu_attention asserts it). OSPREY_CUDA_ATTN_WS=off / on /
- * pingpong overrides the default. */
-/* ON: the consumers' products unordered; PINGPONG: in turns */
+ * two consumer warpgroups of 64 rows sharing each K/V tile), the consumers' products unordered (ON) or
+ * in turns (PINGPONG, the default: 1.33-1.41x v2's prefill on the H200, bench/gpu/NOTES.md); its rows
+ * are v2's bits (test_gpu_attention asserts it), so it is the default wherever v2 would fold.
+ * OSPREY_CUDA_ATTN_WS=off / on / pingpong overrides the default. */
 enum { OSP_CUDA_ATTN_WS_OFF = 0, OSP_CUDA_ATTN_WS_ON = 1, OSP_CUDA_ATTN_WS_PINGPONG = 2 };
-#define OSP_CUDA_ATTN_WS_DEFAULT OSP_CUDA_ATTN_WS_OFF
+#define OSP_CUDA_ATTN_WS_DEFAULT OSP_CUDA_ATTN_WS_PINGPONG
 /* process-wide, tests and benchmarks: mode OSP_CUDA_ATTN_WS_* (anything else: back to the environment /
  * default), stages 3 or 4 K/V tiles in flight (anything else: the default, 4). No result bit changes. */
 void osp_cuda_attention_ws(int mode, int stages);

@@ -7,7 +7,7 @@
  *   consumers  64 query rows each (128 a CTA sharing every K/V tile: half the tile loads of v2 per
  *              row), v2's products and online softmax: S = Q K^T by 8 wgmma m64n64k16 with Q and K
  *              by descriptor, O += P V by 4 wgmma m64n128k16 with P from registers. setmaxnreg 224:
- *              o, P and S in registers, the fold state in shared memory (as v2 at D 128).
+ *              o, the fold state, S and P in registers.
  *   ping-pong  with two consumers, named barriers give the tensor cores to them in turns: a turn
  *              issues one consumer's P_t V_t and S_{t+1} = Q K_{t+1} back to back, and the other
  *              consumer's turn comes while this one runs its softmax (section 3.2's inter-warpgroup
@@ -34,14 +34,11 @@ constexpr int kTileBytes = kKeys * kD * 2;      /* one K (or V) tile: 16 KiB */
 constexpr int kQBytes = 64 * kD * 2;            /* one consumer's Q: 16 KiB */
 constexpr int kProducerRegs = 56, kConsumerRegs = 224; /* 128 x 56 + 256 x 224 = 384 x 168 */
 
-constexpr int kFoldBytes = kConsumers * 128 * kD / 8 * 4 * 4; /* the fold state: 64 fp32 a consumer thread */
 /* Shared memory from a 1024-byte aligned base: sQ [kConsumers], then K [ST] and V [ST] tiles, each in
- * v2's layout ([2 column groups][64 rows][128 bytes], 128-byte swizzle), the fold state (fp32
- * [64][256 consumer threads], thread-private: with it in registers the products of a turn would not
- * fit beside it, ptxas C7511), then the mbarriers full[ST] and empty[ST]. */
-template <int ST> constexpr int ws_smem_bytes() {
-    return 1024 + kConsumers * kQBytes + 2 * ST * kTileBytes + kFoldBytes + 2 * ST * 8;
-}
+ * v2's layout ([2 column groups][64 rows][128 bytes], 128-byte swizzle), then the mbarriers full[ST]
+ * and empty[ST]. (The fold state lives in registers: o, the fold state, S and P are 176 of a
+ * consumer's 224.) */
+template <int ST> constexpr int ws_smem_bytes() { return 1024 + kConsumers * kQBytes + 2 * ST * kTileBytes + 2 * ST * 8; }
 
 /* ---- PTX wrappers: mbarrier (PTX ISA 9.7.13.15), named barriers, setmaxnreg (9.7.19.6) --------- */
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -134,7 +131,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
     extern __shared__ uint4 smem_u4[];
     const uint32_t base = (smem_u32(smem_u4) + 1023u) & ~1023u;
     const uint32_t sQ = base, sK = sQ + kConsumers * kQBytes, sV = sK + ST * kTileBytes;
-    const uint32_t sFold = sV + ST * kTileBytes, full0 = sFold + kFoldBytes, empty0 = full0 + ST * 8;
+    const uint32_t full0 = sV + ST * kTileBytes, empty0 = full0 + ST * 8;
 
     const int tid = (int)threadIdx.x, wtid = tid & 127;
     /* wg 0: producer; 1, 2: consumers. Read through a shuffle so that ptxas sees it warp-uniform: a
@@ -286,8 +283,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
     const uint32_t q_wg = sQ + c * kQBytes;
 
     float o[ND][4], sc[NB][4];
-    /* the fold state, element [n][e] of this thread at sOa[(4 n + e) * 256] (conflict free) */
-    float *sOa = reinterpret_cast<float *>(reinterpret_cast<char *>(smem_u4) + (sFold - smem_u32(smem_u4))) + (tid - 128);
+    float oa[ND][4]; /* the fold state of this thread's rows (fold mode's O) */
     uint32_t pa[kKeys / 16][4];
     float m[2], l[2], Ms[2], Ls[2];
 #pragma unroll
@@ -295,7 +291,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
 #pragma unroll
     for (int n = 0; n < ND; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) o[n][e] = 0.0f, sOa[(4 * n + e) * 256] = 0.0f;
+        for (int e = 0; e < 4; e++) o[n][e] = 0.0f, oa[n][e] = 0.0f;
 #pragma unroll
     for (int n = 0; n < NB; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
@@ -401,7 +397,7 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
             if (fdo[r]) {
 #pragma unroll
                 for (int n = 0; n < ND; n++) {
-                    float &a0 = sOa[(4 * n + 2 * r) * 256], &a1 = sOa[(4 * n + 2 * r + 1) * 256];
+                    float &a0 = oa[n][2 * r], &a1 = oa[n][2 * r + 1];
                     a0 = fold_elem(a0, fw[r][0], o[n][2 * r], fw[r][1]);
                     a1 = fold_elem(a1, fw[r][0], o[n][2 * r + 1], fw[r][1]);
                 }
@@ -476,8 +472,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
         uint16_t *dst = p.out + orow * kD;
 #pragma unroll
         for (int n = 0; n < ND; n++) {
-            const uint32_t v = (uint32_t)osp_f_to_bf16(__fmul_rn(sOa[(4 * n + 2 * i) * 256], inv)) |
-                               ((uint32_t)osp_f_to_bf16(__fmul_rn(sOa[(4 * n + 2 * i + 1) * 256], inv)) << 16);
+            const uint32_t v = (uint32_t)osp_f_to_bf16(__fmul_rn(oa[n][2 * i], inv)) |
+                               ((uint32_t)osp_f_to_bf16(__fmul_rn(oa[n][2 * i + 1], inv)) << 16);
             *reinterpret_cast<uint32_t *>(dst + n * 8 + 2 * tq) = v;
         }
     }
