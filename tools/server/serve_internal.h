@@ -163,7 +163,8 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
 bool srv_job_pump(srv_job *j, int timeout_ms);
 /* Every choice has its finish reason. */
 bool srv_job_all_done(const srv_job *j);
-/* Is the client still there? A peek that reads 0 bytes means it closed its end. */
+/* Is the client still there? poll(POLLRDHUP): a peer that closed or half-closed its end is gone even
+ * with bytes of its own still unread; so is a reset socket. */
 bool srv_client_alive(srv_job *j);
 /* The connection is done with the job (reply sent, or client gone): aborts what still runs, logs the
  * request and its metrics, drops the connection's reference (the job may be freed: do not touch it

@@ -9,6 +9,7 @@
  * it, so a client that goes away leaves nothing behind once its aborted requests end. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,14 +234,25 @@ bool srv_job_all_done(const srv_job *j) {
     return true;
 }
 
-/* Is the client still there? A peek that reads 0 bytes means it closed its end. */
+/* Is the client still there? poll(2) with POLLRDHUP reports a peer that closed (or half-closed) its
+ * end even when bytes it sent are still unread: a client that pipelined anything after its request
+ * (or sent a stray CRLF) and then hung up kept a recv(MSG_PEEK) returning those bytes, so it looked
+ * alive and its request ran to max_tokens. A reset or error (POLLHUP, POLLERR) is gone too. */
 bool srv_client_alive(srv_job *j) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return true;
-    char c;
-    const ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) return false;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    int n;
+    while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) return true;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return false;
+    if (p.revents & POLLIN) { /* readable, no hang-up seen: a peek that reads 0 bytes is an orderly close */
+        char c;
+        const ssize_t r = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r == 0) return false;
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    }
     return true;
 }
 
