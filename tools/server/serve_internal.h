@@ -64,6 +64,9 @@ typedef struct srv_config {
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
     int drain_timeout_s;
+    int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
+    int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
+    int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
 } srv_config;
 
 typedef struct srv_server {
@@ -82,6 +85,7 @@ typedef struct srv_server {
                                * (the drain waits for them: stopping the daemon would cut them off) */
     uint64_t next_id;         /* the engine's request ids: 1, 2, ... (one per choice; see srv_id_format) */
     srv_id_key id_key;        /* drawn once at start-up: makes the public ids differ between processes */
+    int n_connections;        /* open HTTP connections (srv_on_connection) */
     bool draining;
 } srv_server;
 
@@ -146,6 +150,7 @@ struct srv_job {
     char *out;
     size_t out_len, out_off, out_cap;
     bool started, finished_stream;
+    bool waiting;             /* the connection's timeout is off while the reader waits for tokens */
 };
 
 /* Renders the chat (chat route) into r->prompts[0] and tokenizes every text prompt into its ids
@@ -198,6 +203,13 @@ enum MHD_Result srv_sse_queue(srv_job *j, struct MHD_Connection *c);
 
 /* ---- routes (routes.c) --------------------------------------------------------------------- */
 
+/* Queues response r on c with what every reply carries (a 503: Retry-After, Connection: close). */
+enum MHD_Result srv_queue_response(srv_server *srv, struct MHD_Connection *c, unsigned status, struct MHD_Response *r);
+/* Turns c's inactivity timeout off (waiting: the connection waits for the engine, not the client) or
+ * back to --connection-timeout, restarting its idle clock. Connection thread. */
+void srv_conn_waiting(srv_server *srv, struct MHD_Connection *c, bool waiting);
+/* MHD_NotifyConnectionCallback (cls: the srv_server): counts open connections in srv->n_connections. */
+void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code);
 /* MHD_AccessHandlerCallback (cls: the srv_server) and MHD_RequestCompletedCallback for the daemon. */
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls);

@@ -168,6 +168,7 @@ typedef struct srv_metrics_gauges {
     int32_t num_blocks, num_free_blocks;
     int64_t prefix_queries, prefix_hits, num_preemptions;
     int32_t in_flight;          /* HTTP generation requests being served */
+    int32_t connections;        /* open HTTP connections */
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);
