@@ -33,10 +33,14 @@ static void mark_sending(srv_server *srv, conn_ctx *cx) {
     cx->sending = true;
 }
 
-/* Every response goes out through here: a 503 (busy, draining, over --max-connections) carries
- * Retry-After and closes its connection, so a client over a limit backs off and frees its slot. */
+/* Every response but a CORS preflight's goes out through here: CORS headers for a request with an
+ * Origin (access.c), and a 503 (busy, draining, over --max-connections) carries Retry-After and closes
+ * its connection, so a client over a limit backs off and frees its slot. */
+static void add_header(void *ctx, const char *name, const char *value) { MHD_add_response_header(ctx, name, value); }
+
 enum MHD_Result srv_queue_response(srv_server *srv, struct MHD_Connection *c, unsigned status, struct MHD_Response *r) {
-    (void)srv;
+    srv_cors_simple(&srv->cfg.cors, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
+                    MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Cookie") != NULL, add_header, r);
     if (status == 503) {
         MHD_add_response_header(r, "Retry-After", "1");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
@@ -264,10 +268,38 @@ static srv_metrics_gauges gauges(srv_server *srv) {
 }
 
 static bool authorized(srv_server *srv, struct MHD_Connection *c) {
-    if (!srv->cfg.api_key) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
-    return !strcmp(h + 7, srv->cfg.api_key);
+    return srv_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), srv->cfg.api_key);
+}
+
+/* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method), answered on any path and
+ * before the API key, as vLLM's CORS middleware does. */
+typedef struct header_list {
+    int n;
+    const char *name[8];
+    char *value[8];
+} header_list;
+
+static void collect_header(void *ctx, const char *name, const char *value) {
+    header_list *h = ctx;
+    if (h->n < 8 && (h->value[h->n] = strdup(value))) h->name[h->n++] = name;
+}
+
+static enum MHD_Result preflight(srv_server *srv, struct MHD_Connection *c, const char *origin, const char *method) {
+    char body[128];
+    header_list h = {0};
+    const int status = srv_cors_preflight(&srv->cfg.cors, origin, method,
+                                          MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers"),
+                                          collect_header, &h, body, sizeof body);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_COPY);
+    for (int i = 0; i < h.n; i++) {
+        if (r) MHD_add_response_header(r, h.name[i], h.value[i]);
+        free(h.value[i]);
+    }
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+    const enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -279,6 +311,12 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         cx = calloc(1, sizeof *cx);
         if (!cx) return MHD_NO;
         *con_cls = cx;
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+        const char *acrm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method");
+        if (!strcmp(method, "OPTIONS") && origin && acrm) {
+            cx->too_large = true; /* a body, if any, is dropped */
+            return preflight(srv, c, origin, acrm);
+        }
         /* over --max-connections: generation and tokenizer routes get 503 + Retry-After at once (body
          * unread, connection closed); /health, /metrics and /version stay answered for probes */
         pthread_mutex_lock(&srv->mu);

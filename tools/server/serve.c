@@ -81,6 +81,10 @@ static const char *k_serve_usage =
     "                                   once (512; 0 = no cap)\n"
     "  --connection-timeout S           close a connection idle (nothing received or sent) this long,\n"
     "                                   half-sent requests included; not while its request generates (30)\n"
+    "  --allowed-origins LIST           CORS origins, a JSON list or comma-separated (\"*\": any; the default)\n"
+    "  --allowed-methods LIST           CORS methods (\"*\": any; the default)\n"
+    "  --allowed-headers LIST           CORS request headers (\"*\": any; the default)\n"
+    "  --allow-credentials              CORS: allow credentials (off)\n"
     "  --log-level debug|info|warning   (info)\n";
 
 static long long parse_bytes(const char *flag, const char *v) {
@@ -102,6 +106,7 @@ static srv_config parse_flags(int argc, char **argv) {
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
                     .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60,
                     .max_connections = 1024, .max_connections_per_client = 512, .connection_timeout_s = 30};
+    if (srv_cors_default(&c.cors)) cli_die(OSP_OK, "out of memory");
     cli_engine_args eng = cli_engine_args_default();
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -129,6 +134,13 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
         else if (!strcmp(f, "--max-connections")) c.max_connections = (int)cli_int(f, v, 1, 1 << 20), i++;
         else if (!strcmp(f, "--max-connections-per-client")) c.max_connections_per_client = (int)cli_int(f, v, 0, 1 << 20), i++;
+        else if (!strcmp(f, "--allowed-origins") || !strcmp(f, "--allowed-methods") || !strcmp(f, "--allowed-headers")) {
+            char why[256];
+            const srv_cors_list which = f[10] == 'o' ? SRV_CORS_ORIGINS : f[10] == 'm' ? SRV_CORS_METHODS : SRV_CORS_HEADERS;
+            if (!v) cli_die(OSP_OK, "%s needs a value", f);
+            if (srv_cors_set(&c.cors, which, v, why, sizeof why)) cli_die(OSP_OK, "%s: %s", f, why);
+            i++;
+        } else if (!strcmp(f, "--allow-credentials")) c.cors.credentials = true;
         else if (!strcmp(f, "--connection-timeout")) c.connection_timeout_s = (int)cli_int(f, v, 1, 86400), i++;
         else if (!strcmp(f, "--log-level")) {
             if (v && !strcmp(v, "debug")) c.log_level = SRV_LOG_DEBUG;
@@ -255,5 +267,6 @@ int cmd_serve(int argc, char **argv) {
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
     srv_chat_env_free(&srv.chat);
+    srv_cors_free(&srv.cfg.cors);
     return ls == OSP_OK ? 0 : 1;
 }

@@ -67,6 +67,7 @@ typedef struct srv_config {
     int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
+    srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
 } srv_config;
 
 typedef struct srv_server {

@@ -11,6 +11,7 @@
  *   openai_json.c  response, stream chunk, logprobs and usage objects
  *   sse.c          streaming replies (text/event-stream)
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
+ *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H
@@ -151,6 +152,39 @@ void srv_chat_env_free(srv_chat_env *env);
 /* Renders req->messages into a prompt (malloc'd, *out). Returns 0, or -1 with *err (400 for a
  * template error or a conversation it cannot render). */
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);
+
+/* ---- access (access.c) ----------------------------------------------------------------------- */
+
+/* given == secret, in time that depends on strlen(secret) only (not on where they differ). given may
+ * be NULL (not equal). */
+bool srv_secret_equal(const char *given, const char *secret);
+/* Does the Authorization header value (or NULL) carry "Bearer <api_key>"? true when api_key is NULL
+ * (no key configured). Constant time in the key. */
+bool srv_bearer_ok(const char *authorization, const char *api_key);
+
+/* The CORS policy (vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials;
+ * each list may hold "*" = any). Header names compare without case. */
+typedef struct srv_cors {
+    char **origins, **methods, **headers;
+    int n_origins, n_methods, n_headers;
+    bool credentials;
+} srv_cors;
+typedef enum srv_cors_list { SRV_CORS_ORIGINS, SRV_CORS_METHODS, SRV_CORS_HEADERS } srv_cors_list;
+/* vLLM's defaults: every origin, method and header, no credentials. 0, or -1 when out of memory. */
+int srv_cors_default(srv_cors *c);
+/* Replaces one list from a flag's value: a JSON list of strings (vLLM's '["a","b"]') or a
+ * comma-separated list. 0, or -1 with a reason in why. */
+int srv_cors_set(srv_cors *c, srv_cors_list which, const char *value, char *why, size_t why_cap);
+void srv_cors_free(srv_cors *c);
+/* Adds one response header (name, value are copied by the callee). */
+typedef void (*srv_header_fn)(void *ctx, const char *name, const char *value);
+/* A preflight from origin asking for method and req_headers (the Access-Control-Request-Headers value,
+ * or NULL): adds the response headers through add and writes the body ("OK" or "Disallowed CORS ...");
+ * returns the status, 200 or 400. */
+int srv_cors_preflight(const srv_cors *c, const char *origin, const char *method, const char *req_headers,
+                       srv_header_fn add, void *ctx, char *body, size_t body_cap);
+/* The headers of any other response to a request from origin (NULL: none are added). */
+void srv_cors_simple(const srv_cors *c, const char *origin, bool has_cookie, srv_header_fn add, void *ctx);
 
 /* ---- metrics ------------------------------------------------------------------------------- */
 
