@@ -412,7 +412,7 @@ def test_request_ids_unique_across_processes_and_within_one():
     # (each request, each n > 1 request and chat ids included) and have the form <kind>-<32 hex>
     import re
     from conftest import TINY, Server
-    a, b = Server(TINY), Server(TINY)
+    a, b = Server(TINY, "--trust-request-chat-template"), Server(TINY, "--trust-request-chat-template")
     try:
         first = [s.client().completions.create(model=s.model, prompt="hi", max_tokens=1).id for s in (a, b)]
         assert first[0] != first[1], first

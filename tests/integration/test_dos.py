@@ -4,6 +4,7 @@ freed, whatever the client left unread; the connection caps (--max-connections, 
 per-client) and the inactivity timeout (--connection-timeout) keep a flood of half-sent requests from
 one client from locking out everyone else; over the cap a request gets 503 with Retry-After."""
 import json
+import os
 import socket
 import struct
 import time
@@ -208,3 +209,39 @@ def test_idle_and_half_sent_connections_time_out():
         assert out == {0: True, 1: True, 2: True, 3: True}, out
     finally:
         assert s.stop() == 0
+
+
+def test_request_chat_template_is_refused_by_default():
+    # a request's own chat_template is off unless --trust-request-chat-template (vLLM's flag and
+    # message; fails on c8d3dac: rendered)
+    from conftest import TINY, Server
+    s = Server(TINY)
+    try:
+        msgs = [{"role": "user", "content": "hi"}]
+        for path in ("/v1/chat/completions", "/tokenize"):
+            r = requests.post(s.url + path, json={"messages": msgs, "max_tokens": 1,
+                                                  "chat_template": "{{ messages[0].content }}"})
+            assert r.status_code == 400, (path, r.text)
+            assert "--trust-request-chat-template" in r.json()["error"]["message"]
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("which", ["memory", "work"])
+def test_request_chat_template_budget(server, which):
+    # a trusted request template renders within a small budget (16 MiB, 2M steps; the model's own:
+    # 64 MiB, 10M steps): past it a clear 400 naming the budget, and the server serves on (on c8d3dac
+    # each render could take 512 MiB and 50M steps: 8 at once took RSS from 664 MB to 4.4 GB)
+    tmpl = {"memory": "{% set ns = namespace(s='x') %}{% for i in range(25) %}{% set ns.s = ns.s ~ ns.s %}"
+                      "{% endfor %}{{ ns.s|length }}",
+            "work": "{% for i in range(3000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}x"}[which]
+    rss0 = server.rss_kb()
+    for path in ("/v1/chat/completions", "/tokenize"):
+        r = requests.post(server.url + path, json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                                   "chat_template": tmpl})
+        assert r.status_code == 400, (path, r.text)
+        msg = r.json()["error"]["message"]
+        assert {"memory": "memory budget (16777216 bytes)", "work": "budget"}[which] in msg, msg
+    assert requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
+    if os.environ.get("OSPREY_SANITIZED") != "1":
+        assert server.rss_kb() - rss0 < 256 * 1024

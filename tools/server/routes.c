@@ -124,15 +124,21 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
         }
         srv_log(srv, SRV_LOG_DEBUG, "ignored unknown request fields: %s", names);
     }
+    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight */
     pthread_mutex_lock(&srv->mu);
-    const bool draining = srv->draining, full = srv->in_flight >= srv->cfg.max_queue;
+    const bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    if (!draining && !full) srv->rendering++;
     pthread_mutex_unlock(&srv->mu);
     if (draining || full) {
         srv_gen_request_free(&req);
         return reply_err(srv, c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (%d requests in flight); retry later",
                          srv->cfg.max_queue);
     }
-    if (srv_build_prompts(srv, &req, &err)) {
+    const int built = srv_build_prompts(srv, &req, &err);
+    pthread_mutex_lock(&srv->mu);
+    srv->rendering--;
+    pthread_mutex_unlock(&srv->mu);
+    if (built) {
         srv_gen_request_free(&req);
         return reply_error(srv, c, &err);
     }
@@ -186,11 +192,25 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         const srv_parse_limits lim = {.n_vocab = srv->n_vocab};
         add_special = false;
         if (srv_get_bool(root, "add_special_tokens", &add_special, &err)) goto fail;
-        if (srv_parse_gen_request(cx->body, cx->len, SRV_ROUTE_CHAT, &lim, &r, &err) || srv_chat_render(&srv->chat, &r, &text, &err)) {
+        if (srv_parse_gen_request(cx->body, cx->len, SRV_ROUTE_CHAT, &lim, &r, &err)) {
             srv_gen_request_free(&r);
             goto fail;
         }
+        pthread_mutex_lock(&srv->mu); /* a render counts against --max-queued-requests (handle_generate) */
+        const bool full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+        if (!full) srv->rendering++;
+        pthread_mutex_unlock(&srv->mu);
+        if (full) {
+            srv_gen_request_free(&r);
+            srv_fail(&err, 503, NULL, "the server is busy (%d requests in flight); retry later", srv->cfg.max_queue);
+            goto fail;
+        }
+        const int rc = srv_chat_render(&srv->chat, &r, &text, &err);
+        pthread_mutex_lock(&srv->mu);
+        srv->rendering--;
+        pthread_mutex_unlock(&srv->mu);
         srv_gen_request_free(&r);
+        if (rc) goto fail;
     } else {
         const json_t *p = json_object_get(root, "prompt");
         if (!json_is_string(p)) {

@@ -67,6 +67,7 @@ static const char *k_serve_usage =
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
+    "  --trust-request-chat-template    render a request's own chat_template (off: such requests get 400)\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
@@ -128,6 +129,7 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--enable-prefix-caching")) c.prefix_caching = true;
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
+        else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
@@ -211,6 +213,13 @@ int cmd_serve(int argc, char **argv) {
 
     if (srv_chat_env_load(&srv.chat, g, srv.tok, cfg->chat_template_path))
         cli_die(OSP_OK, "--chat-template: cannot read '%s'", cfg->chat_template_path);
+    /* every render within a budget (the renderer's own is 512 MiB / 50M steps); a request's template
+     * within a smaller one (with --trust-request-chat-template) */
+    srv.chat.trust_request_template = cfg->trust_request_chat_template;
+    srv.chat.max_memory = (size_t)64 << 20;
+    srv.chat.max_steps = 10000000;
+    srv.chat.request_max_memory = (size_t)16 << 20;
+    srv.chat.request_max_steps = 2000000;
     if (srv.chat.parse_error)
         srv_log(&srv, SRV_LOG_WARNING, "the chat template does not parse (chat requests will fail): %s", srv.chat.parse_error);
     else if (!srv.chat.template_text)

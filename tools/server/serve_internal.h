@@ -67,6 +67,7 @@ typedef struct srv_config {
     int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
+    bool trust_request_chat_template; /* --trust-request-chat-template */
     srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
 } srv_config;
 
@@ -81,6 +82,7 @@ typedef struct srv_server {
     pthread_mutex_t mu;
     pthread_cond_t idle;
     int in_flight;            /* generation requests a connection is serving */
+    int rendering;            /* chat renders in progress (counted with in_flight against --max-queued-requests) */
     int live_jobs;            /* jobs not yet freed (an aborted one lives until its engine requests end) */
     int sending;              /* generation responses queued but not yet finished on their connection
                                * (the drain waits for them: stopping the daemon would cut them off) */

@@ -139,6 +139,11 @@ typedef struct srv_chat_env {
     const struct osp_chat_template *parsed; /* template_text parsed once at start-up, or NULL */
     const char *parse_error;    /* why template_text did not parse, or NULL */
     const char *bos_token, *eos_token;
+    bool trust_request_template; /* a request's own chat_template is rendered (else 400, as vLLM) */
+    /* per-render budgets (osp_chat_template_inputs; 0: the renderer's 512 MiB / 50M steps): the
+     * model's (or --chat-template's) template, and a template that came with the request */
+    size_t max_memory, request_max_memory;
+    uint64_t max_steps, request_max_steps;
 } srv_chat_env;
 
 /* Fills *env for a model: the template from template_path when given, else the GGUF's
@@ -149,8 +154,9 @@ struct osp_gguf;
 int srv_chat_env_load(srv_chat_env *env, const struct osp_gguf *g, const osp_tokenizer *tok, const char *template_path);
 void srv_chat_env_free(srv_chat_env *env);
 
-/* Renders req->messages into a prompt (malloc'd, *out). Returns 0, or -1 with *err (400 for a
- * template error or a conversation it cannot render). */
+/* Renders req->messages into a prompt (malloc'd, *out) within env's budgets. Returns 0, or -1 with
+ * *err (400 for a template error, a budget exceeded, a conversation it cannot render, or a request's
+ * chat_template when env does not trust them). */
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);
 
 /* ---- access (access.c) ----------------------------------------------------------------------- */
