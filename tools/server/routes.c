@@ -279,7 +279,9 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     const osp_engine_stats st = osp_engine_get_stats(srv->engine);
     srv_metrics_gauges g = {.num_running = st.num_running, .num_waiting = st.num_waiting, .num_blocks = st.num_blocks,
                             .num_free_blocks = st.num_free_blocks, .prefix_queries = st.prefix_queries_tokens,
-                            .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions};
+                            .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions,
+                            .num_steps = st.num_steps, .num_scheduled_tokens = st.num_scheduled_tokens};
+    memcpy(g.iteration_tokens, st.iteration_tokens, sizeof g.iteration_tokens);
     pthread_mutex_lock(&srv->mu);
     g.in_flight = srv->in_flight;
     g.connections = srv->n_connections;

@@ -114,6 +114,7 @@ typedef struct srv_seq {
     int32_t n_plp_inbox;
     bool eng_finished;
     osp_finish_reason eng_reason;
+    double t_added, t_sched, t_first_tok; /* osp_engine_add, first scheduled (engine), first token (0: not yet) */
     /* connection thread only */
     int32_t *work;
     int32_t cap_work;

@@ -132,7 +132,14 @@ static void on_output(void *user, const osp_request_output *o) {
             srv_metrics_observe_ttft(srv->metrics, t - j->t_arrival);
         }
     }
+    if (o->first_scheduled_s > 0 && s->t_sched == 0) s->t_sched = o->first_scheduled_s;
+    if (o->num_tokens > 0 && s->t_first_tok == 0) s->t_first_tok = t;
     if (o->finished) {
+        /* vLLM's phases: queued (added -> scheduled), prefill (-> first token), decode (-> finished),
+         * inference (scheduled -> finished); one that never began is not observed */
+        const bool sched = s->t_sched > 0 && s->t_added > 0, tok = s->t_first_tok > 0;
+        srv_metrics_observe_phases(srv->metrics, sched ? s->t_sched - s->t_added : -1, sched && tok ? s->t_first_tok - s->t_sched : -1,
+                                   tok ? t - s->t_first_tok : -1, sched ? t - s->t_sched : -1);
         s->eng_finished = true;
         s->eng_reason = o->finish_reason;
         free_it = --j->refs == 0;
@@ -447,6 +454,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.callback_user = s;
         pthread_mutex_lock(&j->mu);
         j->refs++;
+        s->t_added = srv_now_s();
         pthread_mutex_unlock(&j->mu);
         if (osp_engine_add(srv->engine, &rp) != OSP_OK) {
             srv_fail(err, 400, NULL, "%s", osp_last_error());

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osprey/engine.h"
 #include "osprey/tokenizer.h"
 
 #define SRV_MAX_LOGPROBS 20
@@ -200,6 +201,9 @@ void srv_metrics_free(srv_metrics *m);
 void srv_metrics_observe_ttft(srv_metrics *m, double seconds);
 void srv_metrics_observe_itl(srv_metrics *m, double seconds, int64_t count);
 void srv_metrics_observe_e2e(srv_metrics *m, double seconds);
+/* One finished sequence's phases (vLLM's request_{queue,prefill,decode,inference}_time_seconds); a
+ * negative value is not observed (a phase the sequence never reached). */
+void srv_metrics_observe_phases(srv_metrics *m, double queue, double prefill, double decode, double inference);
 void srv_metrics_request_done(srv_metrics *m, const char *finish_reason, int64_t prompt_tokens,
                               int64_t generation_tokens);
 
@@ -209,6 +213,8 @@ typedef struct srv_metrics_gauges {
     int64_t prefix_queries, prefix_hits, num_preemptions;
     int32_t in_flight;          /* HTTP generation requests being served */
     int32_t connections;        /* open HTTP connections */
+    int64_t num_steps, num_scheduled_tokens;
+    int64_t iteration_tokens[OSP_ENGINE_ITERATION_BUCKETS + 1]; /* the engine's steps by scheduled tokens */
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);
