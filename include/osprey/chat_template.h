@@ -22,7 +22,8 @@
  * codes: OSP_ERR_FORMAT for syntax errors, OSP_ERR_UNSUPPORTED for constructs osprey does not
  * implement, OSP_ERR_INVALID_ARG for render-time errors (raise_exception, a type error, an undefined
  * value used where jinja2 raises, bad input JSON), OSP_ERR_NOMEM, and OSP_ERR_UNSUPPORTED when a
- * template exceeds the work/memory limits (a template cannot loop forever or exhaust memory). */
+ * render exceeds its work or memory budget (osp_chat_template_inputs.max_steps / max_memory: a
+ * template cannot loop forever or exhaust memory). */
 #ifndef OSPREY_CHAT_TEMPLATE_H
 #define OSPREY_CHAT_TEMPLATE_H
 
@@ -52,6 +53,13 @@ typedef struct osp_chat_template_inputs {
     const char *eos_token;      /* NULL: eos_token is undefined */
     int add_generation_prompt;
     int64_t now; /* strftime_now's time, Unix seconds UTC; 0 = the current time */
+    /* The render's budgets (0: the defaults, 512 MiB and 50,000,000 steps): bytes the render may
+     * allocate (values, scopes, the output) and interpreter steps (nodes evaluated, bytes copied).
+     * Past either the render stops with OSP_ERR_UNSUPPORTED, "template exceeds its memory budget
+     * (N bytes)" / "template exceeds its work budget (N steps)". A server sets them small for
+     * templates that come with requests. */
+    size_t max_memory;
+    uint64_t max_steps;
 } osp_chat_template_inputs;
 
 /* Renders the template. On success *out is a NUL-terminated malloc'd string (free() it) and

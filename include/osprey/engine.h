@@ -174,11 +174,14 @@ struct osp_request_output {
     int32_t num_output_tokens;  /* total generated so far */
     int32_t num_prompt_tokens;
     int32_t num_cached_tokens;  /* prompt tokens served from the prefix cache at first admission */
+    double first_scheduled_s;   /* CLOCK_MONOTONIC seconds when a step first scheduled the request (0:
+                                   not yet); the queue time is this minus the time it was added */
     bool finished;
     osp_finish_reason finish_reason;
     char error[160];            /* with OSP_FINISH_ERROR: why; else empty */
 };
 
+#define OSP_ENGINE_ITERATION_BUCKETS 13
 typedef struct osp_engine_stats {
     int64_t num_steps;              /* steps that ran a forward pass */
     int64_t num_preemptions;
@@ -188,7 +191,14 @@ typedef struct osp_engine_stats {
     int64_t num_scheduled_tokens;   /* tokens that went through the model (prefill + decode) */
     int32_t num_blocks, num_free_blocks, block_size;
     int32_t num_running, num_waiting;
+    /* steps by scheduled tokens: iteration_tokens[b] counts the steps with at most
+       osp_engine_iteration_token_buckets[b] tokens (and more than bucket b-1's); the last entry the
+       steps above every bucket (vLLM's vllm:iteration_tokens_total buckets) */
+    int64_t iteration_tokens[OSP_ENGINE_ITERATION_BUCKETS + 1];
 } osp_engine_stats;
+
+/* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */
+extern const int32_t osp_engine_iteration_token_buckets[OSP_ENGINE_ITERATION_BUCKETS];
 
 /* Loads the model and sizes the KV cache. Errors: everything osp_model_load() returns;
  * OSP_ERR_INVALID_ARG for out-of-range params (message names the field; e.g. a budget that holds no

@@ -338,10 +338,14 @@ static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, 
     o->num_output_tokens = osp_request_num_output(r);
     o->num_prompt_tokens = r->num_prompt;
     o->num_cached_tokens = r->num_cached_tokens > 0 ? r->num_cached_tokens : 0;
+    o->first_scheduled_s = r->t_scheduled;
     o->finished = finished;
     o->finish_reason = finished ? r->published_reason : OSP_FINISH_NONE;
     if (finished && r->published_reason == OSP_FINISH_ERROR) snprintf(o->error, sizeof o->error, "%s", r->error);
 }
+
+const int32_t osp_engine_iteration_token_buckets[OSP_ENGINE_ITERATION_BUCKETS] = {1, 8, 16, 32, 64, 128, 256,
+                                                                                   512, 1024, 2048, 4096, 8192, 16384};
 
 static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->publish.n = 0;
@@ -362,6 +366,13 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     /* 2. schedule, run, update */
     osp_sched_output *so;
     OSP_TRY(osp_scheduler_schedule(e->sched, &so));
+    if (so->num_entries > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        const double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        for (int32_t i = 0; i < so->num_entries; i++)
+            if (so->entries[i].req->t_scheduled == 0) so->entries[i].req->t_scheduled = now;
+    }
     OSP_TRY(osp_runner_execute(e->runner, so));
     int64_t gen = 0;
     for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].sampled >= 0;
@@ -379,7 +390,12 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     /* 3. publish */
     pthread_mutex_lock(&e->mu);
     const osp_scheduler_stats ss = osp_scheduler_get_stats(e->sched);
-    if (so->num_entries > 0) e->stats.num_steps++;
+    if (so->num_entries > 0) {
+        e->stats.num_steps++;
+        int b = 0;
+        while (b < OSP_ENGINE_ITERATION_BUCKETS && so->total_tokens > osp_engine_iteration_token_buckets[b]) b++;
+        e->stats.iteration_tokens[b]++;
+    }
     e->stats.num_generated_tokens += gen;
     e->stats.num_scheduled_tokens += so->total_tokens;
     e->stats.num_preemptions = ss.num_preemptions;

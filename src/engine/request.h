@@ -30,6 +30,7 @@ typedef struct osp_request {
     uint64_t uid;               /* unique per sequence (persistent batch rows, removed ids) */
     int32_t child;              /* k in [0, n): which child of the request */
     int64_t arrival;            /* admission order, increasing */
+    double t_scheduled;         /* CLOCK_MONOTONIC seconds of the first step that scheduled it (0: none yet) */
     int32_t priority;
     osp_req_state state;
     osp_finish_reason finish_reason;

@@ -5,8 +5,9 @@
  * from the outer value); a macro call gets a scope whose parent is the scope the macro was defined
  * in, so it sees that scope's values at call time. namespace() objects are the only mutable values.
  *
- * Work and memory are bounded (a step budget and an arena limit), so a template cannot hang or
- * exhaust the host; hitting either is an OSP_ERR_UNSUPPORTED error naming the limit. */
+ * Work and memory are bounded (a step budget and an arena limit, the caller's or 50M steps and
+ * 512 MiB), so a template cannot hang or exhaust the host; hitting either is an OSP_ERR_UNSUPPORTED
+ * error naming the budget. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,7 +19,8 @@
 #include "core/status_internal.h"
 #include "template/template_internal.h"
 
-#define STEP_LIMIT 50000000ull
+#define STEP_LIMIT 50000000ull        /* the default work budget */
+#define MEMORY_LIMIT ((size_t)512 << 20) /* the default memory budget */
 #define CALL_DEPTH_LIMIT 100
 
 typedef struct tscope {
@@ -32,7 +34,7 @@ struct trender {
     osp_status status;
     char msg[768];
     int line;
-    uint64_t steps;
+    uint64_t steps, max_steps;
     int call_depth, loop_depth;
     int ctl; /* 1 break, 2 continue */
     int64_t now;
@@ -52,13 +54,14 @@ _Noreturn void tmpl_fail(trender *r, int line, int status, const char *fmt, ...)
 
 void *tmpl_alloc(trender *r, size_t n) {
     void *p = tarena_alloc(&r->arena, n ? n : 1);
-    if (!p) tmpl_fail(r, 0, OSP_ERR_UNSUPPORTED, "template exceeds the %zu MiB memory limit", r->arena.limit >> 20);
+    if (!p) tmpl_fail(r, 0, OSP_ERR_UNSUPPORTED, "template exceeds its memory budget (%zu bytes)", r->arena.limit);
     return p;
 }
 
 void tmpl_tick(trender *r, size_t n) {
     r->steps += n;
-    if (r->steps > STEP_LIMIT) tmpl_fail(r, 0, OSP_ERR_UNSUPPORTED, "template exceeds the work limit (%llu steps)", STEP_LIMIT);
+    if (r->steps > r->max_steps)
+        tmpl_fail(r, 0, OSP_ERR_UNSUPPORTED, "template exceeds its work budget (%llu steps)", (unsigned long long)r->max_steps);
 }
 
 int tmpl_line(trender *r) { return r->line; }
@@ -1201,7 +1204,8 @@ osp_status osp_chat_template_render(const osp_chat_template *t, const osp_chat_t
     *out = NULL;
     trender *r = calloc(1, sizeof *r);
     if (!r) return osp_set_error(OSP_ERR_NOMEM, "chat template render: out of memory");
-    r->arena.limit = (size_t)512 << 20;
+    r->arena.limit = in->max_memory ? in->max_memory : MEMORY_LIMIT;
+    r->max_steps = in->max_steps ? in->max_steps : STEP_LIMIT;
     r->now = in->now;
     if (setjmp(r->jb)) {
         osp_status s = r->status;

@@ -1,7 +1,8 @@
 """Fixtures for the `osprey serve` integration suite: each starts the server binary ($OSPREY_BIN, else
 build/bin/osprey) on a free loopback port with a model from the repository and stops it with SIGTERM
 at the end, checking that it exits 0 (drained). The tiny random model (tests/models) serves most
-tests; SmolLM2 (models/, fetched by `make fetch`) serves the chat tests and is skipped when absent."""
+tests; SmolLM2 (models/, fetched by `make fetch`) serves the chat tests and is skipped when absent.
+Both take a request's own chat_template (--trust-request-chat-template; off by default)."""
 import os
 import signal
 import socket
@@ -85,7 +86,7 @@ class Server:
 def server():
     if not os.path.exists(BIN):
         pytest.skip(f"no osprey binary at {BIN}")
-    s = Server(TINY, "--max-request-body", "1M")
+    s = Server(TINY, "--max-request-body", "1M", "--trust-request-chat-template")
     yield s
     rc = s.stop()
     assert rc == 0, s.read_log()[-4000:]
@@ -97,7 +98,7 @@ def smol():
         pytest.skip(f"no osprey binary at {BIN}")
     if not os.path.exists(SMOL):
         pytest.skip(f"no SmolLM2 model at {SMOL} (make fetch)")
-    s = Server(SMOL, "--served-model-name", "smollm2")
+    s = Server(SMOL, "--served-model-name", "smollm2", "--trust-request-chat-template")
     yield s
     rc = s.stop()
     assert rc == 0, s.read_log()[-4000:]

@@ -412,7 +412,7 @@ def test_request_ids_unique_across_processes_and_within_one():
     # (each request, each n > 1 request and chat ids included) and have the form <kind>-<32 hex>
     import re
     from conftest import TINY, Server
-    a, b = Server(TINY), Server(TINY)
+    a, b = Server(TINY, "--trust-request-chat-template"), Server(TINY, "--trust-request-chat-template")
     try:
         first = [s.client().completions.create(model=s.model, prompt="hi", max_tokens=1).id for s in (a, b)]
         assert first[0] != first[1], first
@@ -552,3 +552,37 @@ def test_chat_continue_final_message_and_request_template(smol):
     assert r.status_code == 400 and "no such conversation" in r.json()["error"]["message"]
     r = requests.post(smol.url + "/v1/chat/completions", json={"messages": msgs, "chat_template": "{% if %}"})
     assert r.status_code == 400
+
+
+def test_metrics_phases_iterations_and_process():
+    # vLLM's request phase histograms, vllm:iteration_tokens_total and the process_* collector (issue
+    # 20; none of them on c8d3dac): on a fresh server one request of 5 tokens is one observation of each
+    # phase, the steps add up to the engine's scheduled tokens, and the process series are there
+    from conftest import TINY, Server
+    s = Server(TINY)
+    try:
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "one two three", "max_tokens": 5, "ignore_eos": True})
+        assert r.status_code == 200
+        usage = r.json()["usage"]
+        body = requests.get(s.url + "/metrics").text
+        val = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                val[k.replace(f',model_name="{s.model}"', "").replace(f'{{model_name="{s.model}"}}', "")] = float(v)
+        for ph in ("queue", "prefill", "decode", "inference"):
+            assert val[f"vllm:request_{ph}_time_seconds_count"] == 1, ph
+            assert val[f"vllm:request_{ph}_time_seconds_sum"] >= 0, ph
+            assert val[f'vllm:request_{ph}_time_seconds_bucket{{le="+Inf"}}'] == 1, ph
+        steps = val["vllm:iteration_tokens_total_count"]
+        assert steps == val['vllm:iteration_tokens_total_bucket{le="+Inf"}'] and steps >= 5
+        # the prompt once (prefill) and one token a step after it: prompt + 4 (the 5th is sampled, not fed)
+        assert val["vllm:iteration_tokens_total_sum"] == usage["prompt_tokens"] + usage["completion_tokens"] - 1
+        assert val['vllm:iteration_tokens_total_bucket{le="1"}'] == steps - 1
+        assert val["process_resident_memory_bytes"] > 1 << 20
+        assert val["process_virtual_memory_bytes"] >= val["process_resident_memory_bytes"]
+        assert val["process_open_fds"] >= 3 and val["process_max_fds"] != 0
+        assert val["process_cpu_seconds_total"] >= 0  # clock ticks: a tiny-model server may not have used one
+        assert abs(val["process_start_time_seconds"] - time.time()) < 3600, val["process_start_time_seconds"]
+    finally:
+        assert s.stop() == 0

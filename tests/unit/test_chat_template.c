@@ -165,7 +165,7 @@ static void limits(void **state) {
     assert_int_equal(render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
                             "[]", NULL, &out),
                      OSP_ERR_UNSUPPORTED);
-    assert_non_null(strstr(osp_last_error(), "limit"));
+    assert_non_null(strstr(osp_last_error(), "budget"));
     assert_int_equal(render("{{ range(1000000) }}", "[]", NULL, &out), OSP_ERR_INVALID_ARG);
     assert_int_equal(render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "[]", NULL, &out),
                      OSP_ERR_UNSUPPORTED);
@@ -177,6 +177,39 @@ static void limits(void **state) {
     for (int i = 0; i < 1000; i++) deep[k++] = '(';
     deep[k] = 0;
     assert_int_not_equal(render(deep, "[]", NULL, &out), OSP_OK);
+}
+
+static osp_status render_budget(const char *tmpl, size_t max_memory, uint64_t max_steps, char **out) {
+    osp_chat_template *t = NULL;
+    *out = NULL;
+    osp_status s = osp_chat_template_parse(tmpl, strlen(tmpl), &t);
+    if (s != OSP_OK) return s;
+    osp_chat_template_inputs in = {.messages_json = "[]", .max_memory = max_memory, .max_steps = max_steps};
+    s = osp_chat_template_render(t, &in, out, NULL);
+    osp_chat_template_free(t);
+    return s;
+}
+
+/* The caller's budgets (what osprey serve gives a request's template): a render the defaults allow
+ * stops at a small budget with the budget named, and one within it renders the same text. */
+static void budgets(void **state) {
+    (void)state;
+    char *out;
+    const char *loop = "{% for i in range(1000) %}{% for j in range(200) %}{% endfor %}{% endfor %}ok";
+    assert_int_equal(render_budget(loop, 0, 0, &out), OSP_OK);
+    assert_string_equal(out, "ok");
+    free(out);
+    assert_int_equal(render_budget(loop, 0, 100000, &out), OSP_ERR_UNSUPPORTED);
+    assert_null(out);
+    assert_non_null(strstr(osp_last_error(), "work budget (100000 steps)"));
+    /* a string doubled 22 times: 4 MiB, then 8 MiB of copies; 1 MiB is not enough */
+    const char *grow = "{% set ns = namespace(s='x') %}{% for i in range(22) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+    assert_int_equal(render_budget(grow, 0, 0, &out), OSP_OK);
+    assert_string_equal(out, "4194304");
+    free(out);
+    assert_int_equal(render_budget(grow, (size_t)1 << 20, 0, &out), OSP_ERR_UNSUPPORTED);
+    assert_null(out);
+    assert_non_null(strstr(osp_last_error(), "memory budget (1048576 bytes)"));
 }
 
 /* osprey render-template (OSPREY_BIN): a template file and --messages as @FILE, --kwargs, and a
@@ -226,6 +259,7 @@ int main(void) {
         cmocka_unit_test(statuses_and_messages),
         cmocka_unit_test(inputs),
         cmocka_unit_test(limits),
+        cmocka_unit_test(budgets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * variables: messages, add_generation_prompt, bos_token, eos_token and chat_template_kwargs.
  *
  * The model's template (or --chat-template) is parsed once at start-up; a request's own
- * `chat_template` is parsed for that request. continue_final_message renders without the generation
+ * `chat_template` is refused unless the server trusts them (vLLM's --trust-request-chat-template),
+ * then parsed for that request and rendered within a smaller budget. continue_final_message renders without the generation
  * prompt and cuts the text right after the last message's content, as vLLM does, so the model
  * continues that message. Template errors (raise_exception, unsupported constructs) are 400s that
  * carry the renderer's message. */
@@ -18,6 +19,9 @@
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err) {
     osp_chat_template *own = NULL;
     const osp_chat_template *t = env->parsed;
+    if (req->chat_template && !env->trust_request_template)
+        return srv_fail(err, 400, "chat_template",
+                        "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.");
     if (req->chat_template) {
         if (osp_chat_template_parse(req->chat_template, strlen(req->chat_template), &own) != OSP_OK)
             return srv_fail(err, 400, "chat_template", "chat_template: %s", osp_last_error());
@@ -35,7 +39,9 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
     }
     const osp_chat_template_inputs in = {.messages_json = messages, .kwargs_json = kwargs, .bos_token = env->bos_token,
                                          .eos_token = env->eos_token,
-                                         .add_generation_prompt = req->add_generation_prompt && !req->continue_final_message};
+                                         .add_generation_prompt = req->add_generation_prompt && !req->continue_final_message,
+                                         .max_memory = own ? env->request_max_memory : env->max_memory,
+                                         .max_steps = own ? env->request_max_steps : env->max_steps};
     size_t len = 0;
     if (osp_chat_template_render(t, &in, out, &len) != OSP_OK) {
         rc = srv_fail(err, 400, "messages", "chat template: %s", osp_last_error());

@@ -2,13 +2,19 @@
  * dashboards and routers built for vLLM read osprey unchanged. Every series carries
  * model_name="<served model name>". Histogram buckets are vLLM's (vllm/v1/metrics/loggers.py).
  * Counters and histograms live here behind one mutex; gauges come from the engine at scrape time.
- * osprey:* series are osprey's own (KV blocks free/total, requests in flight) for tests and debugging. */
+ * osprey:* series are osprey's own (KV blocks free/total, requests in flight, open connections) for
+ * tests and debugging; process_* are prometheus_client's process collector's (vLLM exports them).
+ * vLLM V0's vllm:num_requests_swapped has no meaning here (V1 and osprey preempt by recompute). */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include "osprey/engine.h"
 #include "server.h"
 
 static const double k_ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -32,7 +38,7 @@ static const char *const k_fin_names[FIN_N] = {"stop", "length", "abort", "error
 
 struct srv_metrics {
     pthread_mutex_t mu;
-    histogram ttft, itl, e2e;
+    histogram ttft, itl, e2e, queue, prefill, decode, inference;
     int64_t prompt_tokens, generation_tokens;
     int64_t success[FIN_N];
 };
@@ -44,6 +50,7 @@ srv_metrics *srv_metrics_new(void) {
     m->ttft = (histogram){.le = k_ttft_buckets, .n_le = (int)(sizeof k_ttft_buckets / sizeof(double))};
     m->itl = (histogram){.le = k_itl_buckets, .n_le = (int)(sizeof k_itl_buckets / sizeof(double))};
     m->e2e = (histogram){.le = k_e2e_buckets, .n_le = (int)(sizeof k_e2e_buckets / sizeof(double))};
+    m->queue = m->prefill = m->decode = m->inference = m->e2e; /* vLLM's request_latency_buckets */
     return m;
 }
 
@@ -66,6 +73,13 @@ static void observe(srv_metrics *m, histogram *h, double x, int64_t count) {
 void srv_metrics_observe_ttft(srv_metrics *m, double s) { observe(m, &m->ttft, s, 1); }
 void srv_metrics_observe_itl(srv_metrics *m, double s, int64_t count) { observe(m, &m->itl, s, count); }
 void srv_metrics_observe_e2e(srv_metrics *m, double s) { observe(m, &m->e2e, s, 1); }
+
+void srv_metrics_observe_phases(srv_metrics *m, double queue, double prefill, double decode, double inference) {
+    if (queue >= 0) observe(m, &m->queue, queue, 1);
+    if (prefill >= 0) observe(m, &m->prefill, prefill, 1);
+    if (decode >= 0) observe(m, &m->decode, decode, 1);
+    if (inference >= 0) observe(m, &m->inference, inference, 1);
+}
 
 void srv_metrics_request_done(srv_metrics *m, const char *finish_reason, int64_t prompt_tokens,
                               int64_t generation_tokens) {
@@ -135,6 +149,51 @@ static void hist(sbuf *b, const char *name, const char *help, const char *model,
         model, h->sum);
 }
 
+/* prometheus_client's process collector: CPU seconds, resident and virtual memory, start time, open
+ * and maximum file descriptors (from /proc/self; nothing where /proc is absent). */
+static void process_metrics(sbuf *b) {
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f) return;
+    char buf[4096];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces; fields 3.. follow it */
+    unsigned long long utime = 0, stime = 0, start = 0, vsize = 0;
+    long long rss = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu %llu %lld", &utime,
+                     &stime, &start, &vsize, &rss) != 5)
+        return;
+    const double hz = (double)sysconf(_SC_CLK_TCK), page = (double)sysconf(_SC_PAGESIZE);
+    double boot = 0; /* btime of /proc/stat: the boot time in Unix seconds */
+    if ((f = fopen("/proc/stat", "r"))) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "btime ", 6)) boot = strtod(line + 6, NULL);
+        fclose(f);
+    }
+    int fds = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));) fds += e->d_name[0] != '.';
+        closedir(d);
+        fds--; /* the directory's own descriptor */
+    }
+    struct rlimit rl = {0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    put(b, "# HELP process_cpu_seconds Total user and system CPU time spent in seconds.\n# TYPE process_cpu_seconds counter\n"
+           "process_cpu_seconds_total %.17g\n", (double)(utime + stime) / hz);
+    put(b, "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n# TYPE process_virtual_memory_bytes gauge\n"
+           "process_virtual_memory_bytes %.17g\n", (double)vsize);
+    put(b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n# TYPE process_resident_memory_bytes gauge\n"
+           "process_resident_memory_bytes %.17g\n", (double)rss * page);
+    put(b, "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+           "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.17g\n", boot + (double)start / hz);
+    put(b, "# HELP process_open_fds Number of open file descriptors.\n# TYPE process_open_fds gauge\nprocess_open_fds %d\n", fds);
+    put(b, "# HELP process_max_fds Maximum number of open file descriptors.\n# TYPE process_max_fds gauge\nprocess_max_fds %.17g\n",
+        rl.rlim_cur == RLIM_INFINITY ? -1.0 : (double)rl.rlim_cur);
+}
+
 char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_gauges *g) {
     sbuf b = {.p = malloc(8192), .cap = 8192};
     if (!b.p) return NULL;
@@ -159,11 +218,26 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
     hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", model, &m->itl);
     hist(&b, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", model, &m->itl);
     hist(&b, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", model, &m->e2e);
+    hist(&b, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", model, &m->queue);
+    hist(&b, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", model, &m->prefill);
+    hist(&b, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", model, &m->decode);
+    hist(&b, "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", model,
+         &m->inference);
     pthread_mutex_unlock(&m->mu);
+    { /* the engine's step counts by scheduled tokens */
+        histogram it = {.n_le = OSP_ENGINE_ITERATION_BUCKETS, .count = g->num_steps, .sum = (double)g->num_scheduled_tokens};
+        double le[OSP_ENGINE_ITERATION_BUCKETS];
+        for (int i = 0; i < OSP_ENGINE_ITERATION_BUCKETS; i++) le[i] = osp_engine_iteration_token_buckets[i];
+        it.le = le;
+        for (int i = 0; i <= OSP_ENGINE_ITERATION_BUCKETS; i++) it.counts[i] = g->iteration_tokens[i];
+        hist(&b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", model, &it);
+    }
+    process_metrics(&b);
     gauge(&b, "osprey:kv_cache_free_blocks", "KV blocks free (cached-but-unreferenced blocks count as free).", model,
           g->num_free_blocks);
     gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);
     gauge(&b, "osprey:requests_in_flight", "HTTP generation requests being served.", model, g->in_flight);
+    gauge(&b, "osprey:http_connections", "Open HTTP connections (--max-connections).", model, g->connections);
     if (b.oom) {
         free(b.p);
         return NULL;

@@ -33,7 +33,36 @@ static void mark_sending(srv_server *srv, conn_ctx *cx) {
     cx->sending = true;
 }
 
-static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *type, char *body) {
+/* Every response but a CORS preflight's goes out through here: CORS headers for a request with an
+ * Origin (access.c), and a 503 (busy, draining, over --max-connections) carries Retry-After and closes
+ * its connection, so a client over a limit backs off and frees its slot. */
+static void add_header(void *ctx, const char *name, const char *value) { MHD_add_response_header(ctx, name, value); }
+
+enum MHD_Result srv_queue_response(srv_server *srv, struct MHD_Connection *c, unsigned status, struct MHD_Response *r) {
+    srv_cors_simple(&srv->cfg.cors, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin"),
+                    MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Cookie") != NULL, add_header, r);
+    if (status == 503) {
+        MHD_add_response_header(r, "Retry-After", "1");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    }
+    return MHD_queue_response(c, status, r);
+}
+
+void srv_conn_waiting(srv_server *srv, struct MHD_Connection *c, bool waiting) {
+    /* 0 = no timeout; setting a timeout again restarts the idle clock (libmicrohttpd resets the
+     * connection's last activity when its timeout goes from 0 to a value) */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, waiting ? 0u : (unsigned)srv->cfg.connection_timeout_s);
+}
+
+void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    (void)c, (void)socket_context; /* libmicrohttpd's callback signature */
+    srv_server *srv = cls;
+    pthread_mutex_lock(&srv->mu);
+    srv->n_connections += code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int status, const char *type, char *body) {
     if (!body) {
         status = 500;
         body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}");
@@ -46,31 +75,31 @@ static enum MHD_Result reply(struct MHD_Connection *c, int status, const char *t
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
-    const enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    const enum MHD_Result ret = srv_queue_response(srv, c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result reply_json(struct MHD_Connection *c, int status, json_t *j) {
+static enum MHD_Result reply_json(srv_server *srv, struct MHD_Connection *c, int status, json_t *j) {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    return reply(c, status, "application/json", s);
+    return reply(srv, c, status, "application/json", s);
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *c, const srv_error *e) {
-    return reply(c, e->status, "application/json", srv_error_json(e));
+static enum MHD_Result reply_error(srv_server *srv, struct MHD_Connection *c, const srv_error *e) {
+    return reply(srv, c, e->status, "application/json", srv_error_json(e));
 }
 
-static enum MHD_Result reply_err(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static enum MHD_Result reply_err(struct MHD_Connection *c, int status, const char *param, const char *fmt, ...) {
+static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int status, const char *param, const char *fmt, ...) {
     srv_error e = {.status = status};
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e.message, sizeof e.message, fmt, ap);
     va_end(ap);
     snprintf(e.param, sizeof e.param, "%s", param ? param : "");
-    return reply_error(c, &e);
+    return reply_error(srv, c, &e);
 }
 
 static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, conn_ctx *cx) {
@@ -80,12 +109,12 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     if (srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, &req, &err)) {
         srv_gen_request_free(&req);
         srv_log(srv, SRV_LOG_DEBUG, "rejected request: %d %s", err.status, err.message);
-        return reply_error(c, &err);
+        return reply_error(srv, c, &err);
     }
     if (req.model && strcmp(req.model, srv->model_name)) {
         srv_fail(&err, 404, "model", "The model `%.200s` does not exist.", req.model);
         srv_gen_request_free(&req);
-        return reply_error(c, &err);
+        return reply_error(srv, c, &err);
     }
     if (req.n_unknown > 0 && srv->cfg.log_level <= SRV_LOG_DEBUG) {
         char names[512] = "";
@@ -95,22 +124,30 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
         }
         srv_log(srv, SRV_LOG_DEBUG, "ignored unknown request fields: %s", names);
     }
+    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight */
     pthread_mutex_lock(&srv->mu);
-    const bool draining = srv->draining, full = srv->in_flight >= srv->cfg.max_queue;
+    const bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    if (!draining && !full) srv->rendering++;
     pthread_mutex_unlock(&srv->mu);
     if (draining || full) {
         srv_gen_request_free(&req);
-        return reply_err(c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (%d requests in flight); retry later",
+        return reply_err(srv, c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (%d requests in flight); retry later",
                          srv->cfg.max_queue);
     }
-    if (srv_build_prompts(srv, &req, &err)) {
+    const int built = srv_build_prompts(srv, &req, &err);
+    pthread_mutex_lock(&srv->mu);
+    srv->rendering--;
+    pthread_mutex_unlock(&srv->mu);
+    if (built) {
         srv_gen_request_free(&req);
-        return reply_error(c, &err);
+        return reply_error(srv, c, &err);
     }
     srv_job *j = srv_job_start(srv, &req, c, &err);
     srv_gen_request_free(&req);
-    if (!j) return reply_error(c, &err);
+    if (!j) return reply_error(srv, c, &err);
 
+    /* the connection waits for the engine (a queue, a prefill): its inactivity timeout must not cut it */
+    srv_conn_waiting(srv, c, true);
     if (j->req.stream) {
         mark_sending(srv, cx);
         return srv_sse_queue(j, c);
@@ -128,10 +165,11 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
             return MHD_NO;
         }
     }
+    srv_conn_waiting(srv, c, false); /* a client that does not read its reply times out as usual */
     json_t *body = srv_json_final(j);
     mark_sending(srv, cx); /* before the job lets the drain go on: the reply is not sent yet */
     srv_job_http_done(j);
-    return reply_json(c, 200, body);
+    return reply_json(srv, c, 200, body);
 }
 
 static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
@@ -139,7 +177,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
     json_t *root = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
     if (!root || !json_is_object(root)) {
         json_decref(root);
-        return reply_err(c, 400, NULL, "malformed JSON: %s", root ? "the body must be an object" : je.text);
+        return reply_err(srv, c, 400, NULL, "malformed JSON: %s", root ? "the body must be an object" : je.text);
     }
     srv_error err = {0};
     char *text = NULL;
@@ -154,11 +192,25 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         const srv_parse_limits lim = {.n_vocab = srv->n_vocab};
         add_special = false;
         if (srv_get_bool(root, "add_special_tokens", &add_special, &err)) goto fail;
-        if (srv_parse_gen_request(cx->body, cx->len, SRV_ROUTE_CHAT, &lim, &r, &err) || srv_chat_render(&srv->chat, &r, &text, &err)) {
+        if (srv_parse_gen_request(cx->body, cx->len, SRV_ROUTE_CHAT, &lim, &r, &err)) {
             srv_gen_request_free(&r);
             goto fail;
         }
+        pthread_mutex_lock(&srv->mu); /* a render counts against --max-queued-requests (handle_generate) */
+        const bool full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+        if (!full) srv->rendering++;
+        pthread_mutex_unlock(&srv->mu);
+        if (full) {
+            srv_gen_request_free(&r);
+            srv_fail(&err, 503, NULL, "the server is busy (%d requests in flight); retry later", srv->cfg.max_queue);
+            goto fail;
+        }
+        const int rc = srv_chat_render(&srv->chat, &r, &text, &err);
+        pthread_mutex_lock(&srv->mu);
+        srv->rendering--;
+        pthread_mutex_unlock(&srv->mu);
         srv_gen_request_free(&r);
+        if (rc) goto fail;
     } else {
         const json_t *p = json_object_get(root, "prompt");
         if (!json_is_string(p)) {
@@ -179,12 +231,12 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
     free(ids);
     free(text);
     json_decref(root);
-    return reply_json(c, 200, json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n, "max_model_len", srv->max_model_len,
+    return reply_json(srv, c, 200, json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n, "max_model_len", srv->max_model_len,
                                         "tokens", toks, "token_strs"));
 fail:
     free(text);
     json_decref(root);
-    return reply_error(c, &err);
+    return reply_error(srv, c, &err);
 }
 
 static enum MHD_Result handle_detokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
@@ -192,17 +244,17 @@ static enum MHD_Result handle_detokenize(srv_server *srv, struct MHD_Connection 
     json_t *root = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
     if (!root || !json_is_object(root)) {
         json_decref(root);
-        return reply_err(c, 400, NULL, "malformed JSON: %s", root ? "the body must be an object" : je.text);
+        return reply_err(srv, c, 400, NULL, "malformed JSON: %s", root ? "the body must be an object" : je.text);
     }
     const json_t *t = json_object_get(root, "tokens");
     const json_t *model = json_object_get(root, "model");
     if (json_is_string(model) && strcmp(json_string_value(model), srv->model_name)) {
         json_decref(root);
-        return reply_err(c, 404, "model", "The model `%.200s` does not exist.", json_string_value(model));
+        return reply_err(srv, c, 404, "model", "The model `%.200s` does not exist.", json_string_value(model));
     }
     if (!json_is_array(t)) {
         json_decref(root);
-        return reply_err(c, 400, "tokens", "'tokens' must be a list of token ids");
+        return reply_err(srv, c, 400, "tokens", "'tokens' must be a list of token ids");
     }
     const size_t n = json_array_size(t);
     int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
@@ -211,7 +263,7 @@ static enum MHD_Result handle_detokenize(srv_server *srv, struct MHD_Connection 
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= srv->n_vocab) {
             free(ids);
             json_decref(root);
-            return reply_err(c, 400, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, srv->n_vocab);
+            return reply_err(srv, c, 400, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, srv->n_vocab);
         }
         ids[i] = (int32_t)json_integer_value(x);
     }
@@ -220,25 +272,56 @@ static enum MHD_Result handle_detokenize(srv_server *srv, struct MHD_Connection 
     free(ids);
     json_t *body = s ? json_pack("{s:s}", "prompt", s) : NULL;
     free(s);
-    return reply_json(c, 200, body);
+    return reply_json(srv, c, 200, body);
 }
 
 static srv_metrics_gauges gauges(srv_server *srv) {
     const osp_engine_stats st = osp_engine_get_stats(srv->engine);
     srv_metrics_gauges g = {.num_running = st.num_running, .num_waiting = st.num_waiting, .num_blocks = st.num_blocks,
                             .num_free_blocks = st.num_free_blocks, .prefix_queries = st.prefix_queries_tokens,
-                            .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions};
+                            .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions,
+                            .num_steps = st.num_steps, .num_scheduled_tokens = st.num_scheduled_tokens};
+    memcpy(g.iteration_tokens, st.iteration_tokens, sizeof g.iteration_tokens);
     pthread_mutex_lock(&srv->mu);
     g.in_flight = srv->in_flight;
+    g.connections = srv->n_connections;
     pthread_mutex_unlock(&srv->mu);
     return g;
 }
 
 static bool authorized(srv_server *srv, struct MHD_Connection *c) {
-    if (!srv->cfg.api_key) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncmp(h, "Bearer ", 7)) return false;
-    return !strcmp(h + 7, srv->cfg.api_key);
+    return srv_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), srv->cfg.api_key);
+}
+
+/* A CORS preflight (OPTIONS with Origin and Access-Control-Request-Method), answered on any path and
+ * before the API key, as vLLM's CORS middleware does. */
+typedef struct header_list {
+    int n;
+    const char *name[8];
+    char *value[8];
+} header_list;
+
+static void collect_header(void *ctx, const char *name, const char *value) {
+    header_list *h = ctx;
+    if (h->n < 8 && (h->value[h->n] = strdup(value))) h->name[h->n++] = name;
+}
+
+static enum MHD_Result preflight(srv_server *srv, struct MHD_Connection *c, const char *origin, const char *method) {
+    char body[128];
+    header_list h = {0};
+    const int status = srv_cors_preflight(&srv->cfg.cors, origin, method,
+                                          MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers"),
+                                          collect_header, &h, body, sizeof body);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_COPY);
+    for (int i = 0; i < h.n; i++) {
+        if (r) MHD_add_response_header(r, h.name[i], h.value[i]);
+        free(h.value[i]);
+    }
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+    const enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -250,10 +333,26 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         cx = calloc(1, sizeof *cx);
         if (!cx) return MHD_NO;
         *con_cls = cx;
+        const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+        const char *acrm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method");
+        if (!strcmp(method, "OPTIONS") && origin && acrm) {
+            cx->too_large = true; /* a body, if any, is dropped */
+            return preflight(srv, c, origin, acrm);
+        }
+        /* over --max-connections: generation and tokenizer routes get 503 + Retry-After at once (body
+         * unread, connection closed); /health, /metrics and /version stay answered for probes */
+        pthread_mutex_lock(&srv->mu);
+        const int open_conns = srv->n_connections;
+        pthread_mutex_unlock(&srv->mu);
+        if (open_conns > srv->cfg.max_connections && strcmp(url, "/health") && strcmp(url, "/metrics") && strcmp(url, "/version")) {
+            cx->too_large = true; /* the body, if any, is dropped */
+            return reply_err(srv, c, 503, NULL, "too many connections (%d open, --max-connections %d); retry later", open_conns,
+                             srv->cfg.max_connections);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > srv->cfg.max_body) {
             cx->too_large = true;
-            return reply_err(c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
+            return reply_err(srv, c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
         }
         return MHD_YES;
     }
@@ -280,34 +379,34 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cx->too_large) return reply_err(c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
+    if (cx->too_large) return reply_err(srv, c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
 
     const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
-    if (!strncmp(url, "/v1/", 4) && !authorized(srv, c)) return reply_err(c, 401, NULL, "invalid or missing API key");
+    if (!strncmp(url, "/v1/", 4) && !authorized(srv, c)) return reply_err(srv, c, 401, NULL, "invalid or missing API key");
     if (!strcmp(url, "/health")) {
-        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
         const srv_metrics_gauges g = gauges(srv);
         pthread_mutex_lock(&srv->mu);
         const bool draining = srv->draining;
         pthread_mutex_unlock(&srv->mu);
-        return reply_json(c, draining ? 503 : 200,
+        return reply_json(srv, c, draining ? 503 : 200,
                           json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", draining ? "draining" : "ok",
                                     "kv_cache_free_blocks", g.num_free_blocks, "kv_cache_total_blocks", g.num_blocks,
                                     "num_requests_running", g.num_running, "num_requests_waiting", g.num_waiting,
                                     "requests_in_flight", g.in_flight));
     }
     if (!strcmp(url, "/metrics")) {
-        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
         const srv_metrics_gauges g = gauges(srv);
-        return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(srv->metrics, srv->model_name, &g));
+        return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(srv->metrics, srv->model_name, &g));
     }
     if (!strcmp(url, "/version")) { /* as vLLM's /version: outside /v1/, so no API key */
-        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
-        return reply_json(c, 200, json_loads(osp_build_info_json(), 0, NULL));
+        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        return reply_json(srv, c, 200, json_loads(osp_build_info_json(), 0, NULL));
     }
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
-        return reply_json(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id",
+        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        return reply_json(srv, c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id",
                                             srv->model_name, "object", "model", "created", (json_int_t)time(NULL), "owned_by",
                                             "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len,
                                             "version", osp_version_string()));
@@ -318,7 +417,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     } const routes[] = {{"/v1/completions", 0}, {"/v1/chat/completions", 1}, {"/tokenize", 2}, {"/detokenize", 3}};
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         if (strcmp(url, routes[i].path)) continue;
-        if (!post) return reply_err(c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!post) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
         switch (routes[i].kind) {
         case 0: return handle_generate(srv, c, SRV_ROUTE_COMPLETIONS, cx);
         case 1: return handle_generate(srv, c, SRV_ROUTE_CHAT, cx);
@@ -326,7 +425,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         default: return handle_detokenize(srv, c, cx);
         }
     }
-    return reply_err(c, 404, NULL, "no route %s %.200s", method, url);
+    return reply_err(srv, c, 404, NULL, "no route %s %.200s", method, url);
 }
 
 void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {

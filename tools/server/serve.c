@@ -3,7 +3,9 @@
  *
  * Start-up: the engine (model, KV cache, scheduler) and its loop thread, the tokenizer, the chat
  * template (parsed once), the metrics, then libmicrohttpd listening on --host:--port with one thread
- * per connection (routes.c). SIGTERM/SIGINT (taken with sigwait on the main thread): stop taking
+ * per connection (routes.c), at most --max-connections-per-client per client address and
+ * --max-connections in all (past it requests get 503 + Retry-After; the daemon refuses connections
+ * past N + N/16 + 16), each closed after --connection-timeout seconds idle. SIGTERM/SIGINT (taken with sigwait on the main thread): stop taking
  * requests (503), finish those in flight for up to --drain-timeout seconds, exit 0. How a request runs
  * is in serve_internal.h. */
 #include <errno.h>
@@ -65,6 +67,7 @@ static const char *k_serve_usage =
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
+    "  --trust-request-chat-template    render a request's own chat_template (off: such requests get 400)\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
@@ -72,6 +75,17 @@ static const char *k_serve_usage =
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"
+    "  --max-connections N              open HTTP connections; past N a request gets 503 + Retry-After\n"
+    "                                   (/health, /metrics, /version still answered) and past N + N/16 + 16\n"
+    "                                   new connections are closed at once (1024)\n"
+    "  --max-connections-per-client N   open connections from one client address; more are closed at\n"
+    "                                   once (512; 0 = no cap)\n"
+    "  --connection-timeout S           close a connection idle (nothing received or sent) this long,\n"
+    "                                   half-sent requests included; not while its request generates (30)\n"
+    "  --allowed-origins LIST           CORS origins, a JSON list or comma-separated (\"*\": any; the default)\n"
+    "  --allowed-methods LIST           CORS methods (\"*\": any; the default)\n"
+    "  --allowed-headers LIST           CORS request headers (\"*\": any; the default)\n"
+    "  --allow-credentials              CORS: allow credentials (off)\n"
     "  --log-level debug|info|warning   (info)\n";
 
 static long long parse_bytes(const char *flag, const char *v) {
@@ -91,7 +105,9 @@ static long long parse_bytes(const char *flag, const char *v) {
 static srv_config parse_flags(int argc, char **argv) {
     srv_config c = {.host = "127.0.0.1", .port = 8000, .log_level = SRV_LOG_INFO, .max_num_seqs = 64,
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
-                    .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60};
+                    .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60,
+                    .max_connections = 1024, .max_connections_per_client = 512, .connection_timeout_s = 30};
+    if (srv_cors_default(&c.cors)) cli_die(OSP_OK, "out of memory");
     cli_engine_args eng = cli_engine_args_default();
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -113,10 +129,21 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--enable-prefix-caching")) c.prefix_caching = true;
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
+        else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
+        else if (!strcmp(f, "--max-connections")) c.max_connections = (int)cli_int(f, v, 1, 1 << 20), i++;
+        else if (!strcmp(f, "--max-connections-per-client")) c.max_connections_per_client = (int)cli_int(f, v, 0, 1 << 20), i++;
+        else if (!strcmp(f, "--allowed-origins") || !strcmp(f, "--allowed-methods") || !strcmp(f, "--allowed-headers")) {
+            char why[256];
+            const srv_cors_list which = f[10] == 'o' ? SRV_CORS_ORIGINS : f[10] == 'm' ? SRV_CORS_METHODS : SRV_CORS_HEADERS;
+            if (!v) cli_die(OSP_OK, "%s needs a value", f);
+            if (srv_cors_set(&c.cors, which, v, why, sizeof why)) cli_die(OSP_OK, "%s: %s", f, why);
+            i++;
+        } else if (!strcmp(f, "--allow-credentials")) c.cors.credentials = true;
+        else if (!strcmp(f, "--connection-timeout")) c.connection_timeout_s = (int)cli_int(f, v, 1, 86400), i++;
         else if (!strcmp(f, "--log-level")) {
             if (v && !strcmp(v, "debug")) c.log_level = SRV_LOG_DEBUG;
             else if (v && !strcmp(v, "info")) c.log_level = SRV_LOG_INFO;
@@ -186,6 +213,13 @@ int cmd_serve(int argc, char **argv) {
 
     if (srv_chat_env_load(&srv.chat, g, srv.tok, cfg->chat_template_path))
         cli_die(OSP_OK, "--chat-template: cannot read '%s'", cfg->chat_template_path);
+    /* every render within a budget (the renderer's own is 512 MiB / 50M steps); a request's template
+     * within a smaller one (with --trust-request-chat-template) */
+    srv.chat.trust_request_template = cfg->trust_request_chat_template;
+    srv.chat.max_memory = (size_t)64 << 20;
+    srv.chat.max_steps = 10000000;
+    srv.chat.request_max_memory = (size_t)16 << 20;
+    srv.chat.request_max_steps = 2000000;
     if (srv.chat.parse_error)
         srv_log(&srv, SRV_LOG_WARNING, "the chat template does not parse (chat requests will fail): %s", srv.chat.parse_error);
     else if (!srv.chat.template_text)
@@ -207,10 +241,15 @@ int cmd_serve(int argc, char **argv) {
     if (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai) cli_die(OSP_OK, "--host: cannot resolve '%s'", cfg->host);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* past --max-connections requests get a 503 (routes.c); the daemon itself refuses connections only
+     * past this, so that there is room to say so */
+    const unsigned hard_limit = (unsigned)cfg->max_connections + (unsigned)cfg->max_connections / 16 + 16;
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv_on_request, &srv, MHD_OPTION_SOCK_ADDR,
                                             ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, srv_on_completed, &srv,
-                                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_CONNECTION_TIMEOUT,
-                                            (unsigned)600, MHD_OPTION_END);
+                                            MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, &srv,
+                                            MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                            (unsigned)cfg->max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+                                            (unsigned)cfg->connection_timeout_s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -237,5 +276,6 @@ int cmd_serve(int argc, char **argv) {
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
     srv_chat_env_free(&srv.chat);
+    srv_cors_free(&srv.cfg.cors);
     return ls == OSP_OK ? 0 : 1;
 }

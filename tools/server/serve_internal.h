@@ -64,6 +64,11 @@ typedef struct srv_config {
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
     int drain_timeout_s;
+    int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
+    int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
+    int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
+    bool trust_request_chat_template; /* --trust-request-chat-template */
+    srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
 } srv_config;
 
 typedef struct srv_server {
@@ -77,11 +82,13 @@ typedef struct srv_server {
     pthread_mutex_t mu;
     pthread_cond_t idle;
     int in_flight;            /* generation requests a connection is serving */
+    int rendering;            /* chat renders in progress (counted with in_flight against --max-queued-requests) */
     int live_jobs;            /* jobs not yet freed (an aborted one lives until its engine requests end) */
     int sending;              /* generation responses queued but not yet finished on their connection
                                * (the drain waits for them: stopping the daemon would cut them off) */
     uint64_t next_id;         /* the engine's request ids: 1, 2, ... (one per choice; see srv_id_format) */
     srv_id_key id_key;        /* drawn once at start-up: makes the public ids differ between processes */
+    int n_connections;        /* open HTTP connections (srv_on_connection) */
     bool draining;
 } srv_server;
 
@@ -107,6 +114,7 @@ typedef struct srv_seq {
     int32_t n_plp_inbox;
     bool eng_finished;
     osp_finish_reason eng_reason;
+    double t_added, t_sched, t_first_tok; /* osp_engine_add, first scheduled (engine), first token (0: not yet) */
     /* connection thread only */
     int32_t *work;
     int32_t cap_work;
@@ -146,6 +154,7 @@ struct srv_job {
     char *out;
     size_t out_len, out_off, out_cap;
     bool started, finished_stream;
+    bool waiting;             /* the connection's timeout is off while the reader waits for tokens */
 };
 
 /* Renders the chat (chat route) into r->prompts[0] and tokenizes every text prompt into its ids
@@ -163,7 +172,8 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
 bool srv_job_pump(srv_job *j, int timeout_ms);
 /* Every choice has its finish reason. */
 bool srv_job_all_done(const srv_job *j);
-/* Is the client still there? A peek that reads 0 bytes means it closed its end. */
+/* Is the client still there? poll(POLLRDHUP): a peer that closed or half-closed its end is gone even
+ * with bytes of its own still unread; so is a reset socket. */
 bool srv_client_alive(srv_job *j);
 /* The connection is done with the job (reply sent, or client gone): aborts what still runs, logs the
  * request and its metrics, drops the connection's reference (the job may be freed: do not touch it
@@ -197,6 +207,13 @@ enum MHD_Result srv_sse_queue(srv_job *j, struct MHD_Connection *c);
 
 /* ---- routes (routes.c) --------------------------------------------------------------------- */
 
+/* Queues response r on c with what every reply carries (a 503: Retry-After, Connection: close). */
+enum MHD_Result srv_queue_response(srv_server *srv, struct MHD_Connection *c, unsigned status, struct MHD_Response *r);
+/* Turns c's inactivity timeout off (waiting: the connection waits for the engine, not the client) or
+ * back to --connection-timeout, restarting its idle clock. Connection thread. */
+void srv_conn_waiting(srv_server *srv, struct MHD_Connection *c, bool waiting);
+/* MHD_NotifyConnectionCallback (cls: the srv_server): counts open connections in srv->n_connections. */
+void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code);
 /* MHD_AccessHandlerCallback (cls: the srv_server) and MHD_RequestCompletedCallback for the daemon. */
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls);

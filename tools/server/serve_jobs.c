@@ -9,6 +9,7 @@
  * it, so a client that goes away leaves nothing behind once its aborted requests end. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,7 +132,14 @@ static void on_output(void *user, const osp_request_output *o) {
             srv_metrics_observe_ttft(srv->metrics, t - j->t_arrival);
         }
     }
+    if (o->first_scheduled_s > 0 && s->t_sched == 0) s->t_sched = o->first_scheduled_s;
+    if (o->num_tokens > 0 && s->t_first_tok == 0) s->t_first_tok = t;
     if (o->finished) {
+        /* vLLM's phases: queued (added -> scheduled), prefill (-> first token), decode (-> finished),
+         * inference (scheduled -> finished); one that never began is not observed */
+        const bool sched = s->t_sched > 0 && s->t_added > 0, tok = s->t_first_tok > 0;
+        srv_metrics_observe_phases(srv->metrics, sched ? s->t_sched - s->t_added : -1, sched && tok ? s->t_first_tok - s->t_sched : -1,
+                                   tok ? t - s->t_first_tok : -1, sched ? t - s->t_sched : -1);
         s->eng_finished = true;
         s->eng_reason = o->finish_reason;
         free_it = --j->refs == 0;
@@ -233,14 +241,25 @@ bool srv_job_all_done(const srv_job *j) {
     return true;
 }
 
-/* Is the client still there? A peek that reads 0 bytes means it closed its end. */
+/* Is the client still there? poll(2) with POLLRDHUP reports a peer that closed (or half-closed) its
+ * end even when bytes it sent are still unread: a client that pipelined anything after its request
+ * (or sent a stray CRLF) and then hung up kept a recv(MSG_PEEK) returning those bytes, so it looked
+ * alive and its request ran to max_tokens. A reset or error (POLLHUP, POLLERR) is gone too. */
 bool srv_client_alive(srv_job *j) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!ci) return true;
-    char c;
-    const ssize_t n = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) return false;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    int n;
+    while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) return true;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return false;
+    if (p.revents & POLLIN) { /* readable, no hang-up seen: a peek that reads 0 bytes is an orderly close */
+        char c;
+        const ssize_t r = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (r == 0) return false;
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    }
     return true;
 }
 
@@ -435,6 +454,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.callback_user = s;
         pthread_mutex_lock(&j->mu);
         j->refs++;
+        s->t_added = srv_now_s();
         pthread_mutex_unlock(&j->mu);
         if (osp_engine_add(srv->engine, &rp) != OSP_OK) {
             srv_fail(err, 400, NULL, "%s", osp_last_error());

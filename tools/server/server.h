@@ -11,6 +11,7 @@
  *   openai_json.c  response, stream chunk, logprobs and usage objects
  *   sse.c          streaming replies (text/event-stream)
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
+ *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H
@@ -20,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osprey/engine.h"
 #include "osprey/tokenizer.h"
 
 #define SRV_MAX_LOGPROBS 20
@@ -138,6 +140,11 @@ typedef struct srv_chat_env {
     const struct osp_chat_template *parsed; /* template_text parsed once at start-up, or NULL */
     const char *parse_error;    /* why template_text did not parse, or NULL */
     const char *bos_token, *eos_token;
+    bool trust_request_template; /* a request's own chat_template is rendered (else 400, as vLLM) */
+    /* per-render budgets (osp_chat_template_inputs; 0: the renderer's 512 MiB / 50M steps): the
+     * model's (or --chat-template's) template, and a template that came with the request */
+    size_t max_memory, request_max_memory;
+    uint64_t max_steps, request_max_steps;
 } srv_chat_env;
 
 /* Fills *env for a model: the template from template_path when given, else the GGUF's
@@ -148,9 +155,43 @@ struct osp_gguf;
 int srv_chat_env_load(srv_chat_env *env, const struct osp_gguf *g, const osp_tokenizer *tok, const char *template_path);
 void srv_chat_env_free(srv_chat_env *env);
 
-/* Renders req->messages into a prompt (malloc'd, *out). Returns 0, or -1 with *err (400 for a
- * template error or a conversation it cannot render). */
+/* Renders req->messages into a prompt (malloc'd, *out) within env's budgets. Returns 0, or -1 with
+ * *err (400 for a template error, a budget exceeded, a conversation it cannot render, or a request's
+ * chat_template when env does not trust them). */
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);
+
+/* ---- access (access.c) ----------------------------------------------------------------------- */
+
+/* given == secret, in time that depends on strlen(secret) only (not on where they differ). given may
+ * be NULL (not equal). */
+bool srv_secret_equal(const char *given, const char *secret);
+/* Does the Authorization header value (or NULL) carry "Bearer <api_key>"? true when api_key is NULL
+ * (no key configured). Constant time in the key. */
+bool srv_bearer_ok(const char *authorization, const char *api_key);
+
+/* The CORS policy (vLLM's --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials;
+ * each list may hold "*" = any). Header names compare without case. */
+typedef struct srv_cors {
+    char **origins, **methods, **headers;
+    int n_origins, n_methods, n_headers;
+    bool credentials;
+} srv_cors;
+typedef enum srv_cors_list { SRV_CORS_ORIGINS, SRV_CORS_METHODS, SRV_CORS_HEADERS } srv_cors_list;
+/* vLLM's defaults: every origin, method and header, no credentials. 0, or -1 when out of memory. */
+int srv_cors_default(srv_cors *c);
+/* Replaces one list from a flag's value: a JSON list of strings (vLLM's '["a","b"]') or a
+ * comma-separated list. 0, or -1 with a reason in why. */
+int srv_cors_set(srv_cors *c, srv_cors_list which, const char *value, char *why, size_t why_cap);
+void srv_cors_free(srv_cors *c);
+/* Adds one response header (name, value are copied by the callee). */
+typedef void (*srv_header_fn)(void *ctx, const char *name, const char *value);
+/* A preflight from origin asking for method and req_headers (the Access-Control-Request-Headers value,
+ * or NULL): adds the response headers through add and writes the body ("OK" or "Disallowed CORS ...");
+ * returns the status, 200 or 400. */
+int srv_cors_preflight(const srv_cors *c, const char *origin, const char *method, const char *req_headers,
+                       srv_header_fn add, void *ctx, char *body, size_t body_cap);
+/* The headers of any other response to a request from origin (NULL: none are added). */
+void srv_cors_simple(const srv_cors *c, const char *origin, bool has_cookie, srv_header_fn add, void *ctx);
 
 /* ---- metrics ------------------------------------------------------------------------------- */
 
@@ -160,6 +201,9 @@ void srv_metrics_free(srv_metrics *m);
 void srv_metrics_observe_ttft(srv_metrics *m, double seconds);
 void srv_metrics_observe_itl(srv_metrics *m, double seconds, int64_t count);
 void srv_metrics_observe_e2e(srv_metrics *m, double seconds);
+/* One finished sequence's phases (vLLM's request_{queue,prefill,decode,inference}_time_seconds); a
+ * negative value is not observed (a phase the sequence never reached). */
+void srv_metrics_observe_phases(srv_metrics *m, double queue, double prefill, double decode, double inference);
 void srv_metrics_request_done(srv_metrics *m, const char *finish_reason, int64_t prompt_tokens,
                               int64_t generation_tokens);
 
@@ -168,6 +212,9 @@ typedef struct srv_metrics_gauges {
     int32_t num_blocks, num_free_blocks;
     int64_t prefix_queries, prefix_hits, num_preemptions;
     int32_t in_flight;          /* HTTP generation requests being served */
+    int32_t connections;        /* open HTTP connections */
+    int64_t num_steps, num_scheduled_tokens;
+    int64_t iteration_tokens[OSP_ENGINE_ITERATION_BUCKETS + 1]; /* the engine's steps by scheduled tokens */
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);

@@ -77,10 +77,18 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             if (n > max) n = max;
             memcpy(buf, j->out + j->out_off, n);
             j->out_off += n;
+            if (j->waiting) { /* from here the client's reading is timed as usual (--connection-timeout) */
+                srv_conn_waiting(j->srv, j->conn, false);
+                j->waiting = false;
+            }
             return (ssize_t)n;
         }
         j->out_len = j->out_off = 0;
         if (j->finished_stream) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!j->waiting) { /* waiting for tokens (a queue, a prefill) is no inactivity of the client's */
+            srv_conn_waiting(j->srv, j->conn, true);
+            j->waiting = true;
+        }
         const bool progress = srv_job_pump(j, 100);
         stream_fill(j);
         if (j->out_len == 0 && !progress && !srv_client_alive(j)) {
@@ -104,7 +112,8 @@ enum MHD_Result srv_sse_queue(srv_job *j, struct MHD_Connection *c) {
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    const enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    j->waiting = true; /* the route set the connection waiting (no timeout) when it started the job */
+    const enum MHD_Result ret = srv_queue_response(j->srv, c, 200, r);
     MHD_destroy_response(r);
     return ret;
 }
