@@ -666,6 +666,7 @@ static void compute_nullable(const parser *ps, uint8_t *nullable) {
 /* Fails if some rule reaches itself through leading (nullable-prefixed) references. Iterative DFS. */
 static int check_left_recursion(parser *ps, const uint8_t *nullable) {
     const int32_t n = ps->n_rules;
+    if (n <= 0) return 0;
     uint8_t *color = calloc((size_t)n, 1); /* 0 new, 1 on the path, 2 done */
     int32_t *stk = malloc((size_t)n * 3 * sizeof *stk); /* (rule, alt, elem) frames */
     if (!color || !stk) return free(color), free(stk), nomem(ps), -1;
