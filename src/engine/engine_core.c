@@ -23,6 +23,7 @@
 #define OSP_GPU_RESERVE_BYTES ((int64_t)3 << 30)
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "grammar/grammar.h"
 #include "osprey/tokenizer.h"
 #include "sample/rng.h"
 
@@ -52,6 +53,7 @@ struct osp_engine {
     int32_t *eos, n_eos;        /* end-of-generation ids (min_tokens masks them) */
     osp_scheduler *sched;
     osp_model_runner *runner;
+    osp_token_trie *trie;       /* the vocabulary as a byte trie, for structured-output masks (NULL: no vocabulary) */
 
     pthread_mutex_t mu;
     pthread_cond_t wake;        /* the loop thread waits for work */
@@ -163,6 +165,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         eos = malloc(sizeof *eos * 64);
         for (int32_t i = 0; eos && i < c->n_vocab && n_eos < 64; i++)
             if (osp_tokenizer_is_eog(tok, i)) eos[n_eos++] = i;
+        /* ~20 ms and a few MB for a 50k vocabulary; without it grammar requests are refused */
+        if (osp_tokenizer_n_vocab(tok) == c->n_vocab && osp_token_trie_from_tokenizer(tok, &e->trie) != OSP_OK) e->trie = NULL;
         osp_tokenizer_free(tok);
     }
     const osp_scheduler_config sc = {.max_num_seqs = p.max_num_seqs, .max_num_batched_tokens = p.max_num_batched_tokens,
@@ -181,6 +185,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     }
     e->eos = eos;
     e->n_eos = n_eos;
+    e->runner->trie = e->trie;
     e->p = p;
     e->stats.num_blocks = p.num_blocks;
     e->stats.num_free_blocks = p.num_blocks; /* every block is free until the first step */
@@ -203,6 +208,7 @@ void osp_engine_free(osp_engine *e) {
     free(e->cb_lp);
     free(e->eos);
     osp_runner_destroy(e->runner);
+    osp_token_trie_free(e->trie);
     osp_scheduler_destroy(e->sched);
     osp_model_free(e->model);
     pthread_mutex_destroy(&e->mu);
@@ -245,6 +251,17 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     OSP_TRY(osp_request_create(rp, e->p.max_model_len, e->p.block_size, 0, &r));
     if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
     osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
+    if (s == OSP_OK && rp->grammar) {
+        osp_grammar *g = NULL;
+        if (osp_model_samples_on_device(e->model))
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output (a grammar) is not supported when "
+                                                   "sampling on the GPU yet", (unsigned long long)rp->request_id);
+        else if (!e->trie)
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output needs the model's vocabulary",
+                              (unsigned long long)rp->request_id);
+        else if ((s = osp_grammar_parse(rp->grammar, strlen(rp->grammar), NULL, &g)) == OSP_OK)
+            s = osp_grammar_matcher_new_owning(g, &r->matcher);
+    }
     if (s == OSP_OK && n > 1) {
         r->children = calloc((size_t)(n - 1), sizeof *r->children);
         if (!r->children) s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");

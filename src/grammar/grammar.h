@@ -39,7 +39,8 @@
  * subtree skipped on a dead state) and are cached per state.
  *
  * Threads: osp_grammar and osp_token_trie are immutable after creation and may be shared. A matcher
- * and its clones share one mutable automaton: use them from one thread at a time. */
+ * and its clones share one mutable automaton behind a mutex: members of a family may live on different
+ * threads (calls on one family run one at a time). */
 #ifndef OSP_GRAMMAR_GRAMMAR_H
 #define OSP_GRAMMAR_GRAMMAR_H
 
@@ -106,6 +107,11 @@ bool osp_token_trie_is_eog(const osp_token_trie *t, int32_t id);
 /* A matcher at the start of `g`'s root rule. `g` must outlive the matcher and every clone of it.
  * Errors: OSP_ERR_INVALID_ARG, OSP_ERR_NOMEM. */
 osp_status osp_grammar_matcher_new(const osp_grammar *g, osp_grammar_matcher **out);
+
+/* The same, taking ownership of g: it is freed with the last matcher of the family (the matcher and
+ * its clones), so a request can hand its children clones without tracking the grammar. On failure g
+ * is freed too. */
+osp_status osp_grammar_matcher_new_owning(osp_grammar *g, osp_grammar_matcher **out);
 
 /* A second matcher in the same state, sharing the automaton (cheap: no copy of any table); the two
  * then move independently. For n > 1 and speculative drafts. Errors: OSP_ERR_NOMEM. */

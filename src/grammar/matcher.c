@@ -20,9 +20,14 @@
  * is cached per state (OSP_GRAMMAR_MASK_CACHE masks), so a state met again (inside a string, for
  * instance) costs one copy of the bitset.
  *
+ * Threads. A family (a matcher and its clones) shares one automaton behind one mutex, so members may
+ * be used and freed from different threads (the engine frees a finished request on the poller's
+ * thread while a sibling samples on the loop thread); different families share nothing.
+ *
  * Bounds. The arena and tables only grow while a matcher family lives; when they pass AUTO_MAX_NODES
  * nodes or AUTO_MAX_STATES states, the next call rebuilds them from the states the live matchers hold
  * (every other entry is cache). */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,7 +211,9 @@ typedef struct gnode {
 } gnode;
 
 typedef struct automaton {
+    pthread_mutex_t mu;
     const osp_grammar *g;
+    osp_grammar *owned; /* freed with the automaton (osp_grammar_matcher_new_owning), or NULL */
     int32_t nc; /* byte classes: the width of a transition row */
 
     gnode *nodes;    /* [n_nodes] */
@@ -449,7 +456,9 @@ static void automaton_clear(automaton *a) {
 static void automaton_free(automaton *a) {
     if (!a) return;
     automaton_clear(a);
+    osp_grammar_free(a->owned);
     free(a->walk), free(a->work), free(a->scratch), free(a->users);
+    pthread_mutex_destroy(&a->mu);
     free(a);
 }
 
@@ -553,6 +562,7 @@ osp_status osp_grammar_matcher_new(const osp_grammar *g, osp_grammar_matcher **o
     automaton *a = calloc(1, sizeof *a);
     osp_grammar_matcher *m = calloc(1, sizeof *m);
     if (!a || !m) goto oom;
+    pthread_mutex_init(&a->mu, NULL);
     a->g = g;
     a->nc = g->n_classes;
     m->a = a;
@@ -565,14 +575,31 @@ oom:
     return osp_set_error(OSP_ERR_NOMEM, "grammar matcher: out of memory");
 }
 
+osp_status osp_grammar_matcher_new_owning(osp_grammar *g, osp_grammar_matcher **out) {
+    if (!g || !out) {
+        osp_grammar_free(g);
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_new_owning: NULL argument");
+    }
+    const osp_status st = osp_grammar_matcher_new(g, out);
+    if (st != OSP_OK) {
+        osp_grammar_free(g);
+        return st;
+    }
+    (*out)->a->owned = g;
+    return OSP_OK;
+}
+
 osp_status osp_grammar_matcher_clone(const osp_grammar_matcher *m, osp_grammar_matcher **out) {
     if (!m || !out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_clone: NULL argument");
     osp_grammar_matcher *c = malloc(sizeof *c);
-    if (!c || add_user(m->a, c)) {
+    pthread_mutex_lock(&m->a->mu);
+    const int bad = !c || add_user(m->a, c);
+    if (!bad) *c = *m;
+    pthread_mutex_unlock(&m->a->mu);
+    if (bad) {
         free(c);
         return osp_set_error(OSP_ERR_NOMEM, "grammar matcher: out of memory");
     }
-    *c = *m;
     *out = c;
     return OSP_OK;
 }
@@ -580,17 +607,19 @@ osp_status osp_grammar_matcher_clone(const osp_grammar_matcher *m, osp_grammar_m
 void osp_grammar_matcher_free(osp_grammar_matcher *m) {
     if (!m) return;
     automaton *a = m->a;
+    pthread_mutex_lock(&a->mu);
     for (int32_t u = 0; u < a->n_users; u++)
         if (a->users[u] == m) {
             a->users[u] = a->users[--a->n_users];
             break;
         }
-    if (a->n_users == 0) automaton_free(a);
+    const int last = a->n_users == 0;
+    pthread_mutex_unlock(&a->mu);
+    if (last) automaton_free(a);
     free(m);
 }
 
-osp_status osp_grammar_matcher_accept_bytes(osp_grammar_matcher *m, const uint8_t *data, size_t n) {
-    if (!m || (!data && n)) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_accept_bytes: NULL argument");
+static osp_status accept_bytes_locked(osp_grammar_matcher *m, const uint8_t *data, size_t n) {
     if (m->terminated) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: input after the end of generation");
     automaton *a = m->a;
     OSP_TRY(maybe_compact(a));
@@ -604,35 +633,56 @@ osp_status osp_grammar_matcher_accept_bytes(osp_grammar_matcher *m, const uint8_
     return OSP_OK;
 }
 
+osp_status osp_grammar_matcher_accept_bytes(osp_grammar_matcher *m, const uint8_t *data, size_t n) {
+    if (!m || (!data && n)) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_accept_bytes: NULL argument");
+    pthread_mutex_lock(&m->a->mu);
+    const osp_status st = accept_bytes_locked(m, data, n);
+    pthread_mutex_unlock(&m->a->mu);
+    return st;
+}
+
 osp_status osp_grammar_matcher_accept_token(osp_grammar_matcher *m, const osp_token_trie *t, int32_t id) {
     if (!m || !t) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_accept_token: NULL argument");
     if (id < 0 || id >= t->n_vocab) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: token %d outside the vocabulary", id);
     if (m->terminated) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: token after the end of generation");
-    if (t->is_eog[id]) {
-        if (!m->a->st_accept[m->state]) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: end of generation before the grammar is complete");
-        m->terminated = 1;
-        return OSP_OK;
-    }
-    if (!t->allowed[id]) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: token %d is not text", id);
-    return osp_grammar_matcher_accept_bytes(m, t->tok_bytes + t->tok_off[id], (size_t)(t->tok_off[id + 1] - t->tok_off[id]));
+    if (!t->is_eog[id] && !t->allowed[id]) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: token %d is not text", id);
+    pthread_mutex_lock(&m->a->mu);
+    osp_status st = OSP_OK;
+    if (!t->is_eog[id])
+        st = accept_bytes_locked(m, t->tok_bytes + t->tok_off[id], (size_t)(t->tok_off[id + 1] - t->tok_off[id]));
+    else if (m->a->st_accept[m->state]) m->terminated = 1;
+    else st = osp_set_error(OSP_ERR_INVALID_ARG, "grammar: end of generation before the grammar is complete");
+    pthread_mutex_unlock(&m->a->mu);
+    return st;
 }
 
-bool osp_grammar_matcher_is_complete(const osp_grammar_matcher *m) { return m && m->a->st_accept[m->state]; }
+bool osp_grammar_matcher_is_complete(const osp_grammar_matcher *m) {
+    if (!m) return false;
+    pthread_mutex_lock(&m->a->mu);
+    const bool r = m->a->st_accept[m->state];
+    pthread_mutex_unlock(&m->a->mu);
+    return r;
+}
 bool osp_grammar_matcher_is_terminated(const osp_grammar_matcher *m) { return m && m->terminated; }
 bool osp_grammar_matcher_can_continue(const osp_grammar_matcher *m) {
-    return m && !m->terminated && m->a->st_len[m->state] > 0;
+    if (!m || m->terminated) return false;
+    pthread_mutex_lock(&m->a->mu);
+    const bool r = m->a->st_len[m->state] > 0;
+    pthread_mutex_unlock(&m->a->mu);
+    return r;
 }
 
 void osp_grammar_matcher_stats(const osp_grammar_matcher *m, int32_t *n_nodes, int32_t *n_states, int32_t *n_masks) {
+    pthread_mutex_lock(&m->a->mu);
     if (n_nodes) *n_nodes = m->a->n_nodes;
     if (n_states) *n_states = m->a->n_states;
     if (n_masks) *n_masks = m->a->n_masks;
+    pthread_mutex_unlock(&m->a->mu);
 }
 
 /* ---- masks ----------------------------------------------------------------------------------- */
 
-osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token_trie *t, uint32_t *mask) {
-    if (!m || !t || !mask) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_fill_mask: NULL argument");
+static osp_status fill_mask_locked(osp_grammar_matcher *m, const osp_token_trie *t, uint32_t *mask) {
     const int32_t words = (t->n_vocab + 31) / 32;
     memset(mask, 0, (size_t)words * sizeof *mask);
     if (m->terminated) return OSP_OK;
@@ -685,6 +735,14 @@ osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token
         }
     }
     return OSP_OK;
+}
+
+osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token_trie *t, uint32_t *mask) {
+    if (!m || !t || !mask) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_fill_mask: NULL argument");
+    pthread_mutex_lock(&m->a->mu);
+    const osp_status st = fill_mask_locked(m, t, mask);
+    pthread_mutex_unlock(&m->a->mu);
+    return st;
 }
 
 void osp_grammar_apply_mask(float *logits, int32_t n_vocab, const uint32_t *mask) {
