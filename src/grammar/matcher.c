@@ -116,7 +116,7 @@ osp_status osp_token_trie_new(int32_t n_vocab, const uint8_t *const *bytes, cons
         if (t->allowed[i]) order[k++] = i;
     }
     g_sort = (trie_sort_ctx){t->tok_bytes, t->tok_off};
-    qsort(order, (size_t)n_in, sizeof *order, tok_cmp);
+    if (n_in > 1) qsort(order, (size_t)n_in, sizeof *order, tok_cmp);
     /* nodes in preorder: each token in sorted order shares its longest common prefix with the one
      * before it; the rest of its bytes are new nodes */
     int64_t cap = 1;
@@ -410,7 +410,7 @@ static int32_t close_and_intern(automaton *a) {
                 if (push_work(a, g->alt_start[k], np)) return -1;
         }
     }
-    qsort(a->scratch, (size_t)a->n_scratch, sizeof *a->scratch, cmp_i32);
+    if (a->n_scratch > 1) qsort(a->scratch, (size_t)a->n_scratch, sizeof *a->scratch, cmp_i32);
     return intern_state(a, a->scratch, a->n_scratch, accept);
 }
 
@@ -521,7 +521,7 @@ static osp_status automaton_compact(automaton *a) {
             tops[i] = x;
         }
         if (st != OSP_OK) break;
-        qsort(tops, (size_t)n, sizeof *tops, cmp_i32);
+        if (n > 1) qsort(tops, (size_t)n, sizeof *tops, cmp_i32);
         const int32_t ns = intern_state(a, tops, n, old.st_accept[s]);
         if (ns < 0) st = OSP_ERR_NOMEM;
         else m->state = ns;
