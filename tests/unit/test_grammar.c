@@ -160,6 +160,32 @@ static void test_clone(void **st) {
     osp_grammar_free(g);
 }
 
+/* More than 65536 states (AUTO_MAX_STATES): the automaton is rebuilt from the states its matchers
+ * hold, and every member of the family (a clone left behind too) keeps its place. */
+static void test_compaction(void **st) {
+    (void)st;
+    osp_grammar *g = parse_ok("root ::= \"a\"{0,70000} \"b\"");
+    osp_grammar_matcher *m, *c = NULL;
+    assert_int_equal(osp_grammar_matcher_new(g, &m), OSP_OK);
+    for (int i = 0; i < 69000; i++) {
+        assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"a", 1), OSP_OK);
+        if (i == 9) assert_int_equal(osp_grammar_matcher_clone(m, &c), OSP_OK); /* 10 a's */
+    }
+    int32_t nodes, states;
+    osp_grammar_matcher_stats(m, &nodes, &states, NULL);
+    assert_true(states < 5000); /* rebuilt once past 65536 (about 3500 grown since) */
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"aaab", 4), OSP_OK);
+    assert_true(osp_grammar_matcher_is_complete(m));
+    assert_false(osp_grammar_matcher_can_continue(m));
+    /* the clone: 10 a's, so 69990 more may come, then b */
+    assert_false(osp_grammar_matcher_is_complete(c));
+    assert_int_equal(osp_grammar_matcher_accept_bytes(c, (const uint8_t *)"aaaaab", 6), OSP_OK);
+    assert_true(osp_grammar_matcher_is_complete(c));
+    osp_grammar_matcher_free(m);
+    osp_grammar_matcher_free(c);
+    osp_grammar_free(g);
+}
+
 /* ---- masks ------------------------------------------------------------------------------------- */
 
 static int bit(const uint32_t *mask, int32_t id) { return (mask[id >> 5] >> (id & 31)) & 1; }
@@ -395,6 +421,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_json_grammar),
         cmocka_unit_test(test_clone),
+        cmocka_unit_test(test_compaction),
         cmocka_unit_test(test_mask_small_vocab),
         cmocka_unit_test(test_mask_smollm2),
         cmocka_unit_test(test_schema),
