@@ -86,6 +86,25 @@ static void test_basics(void **st) {
     expect("root ::= name-2_x\nname-2_x ::= \"ok\"", L("ok"), NULL, NULL);
 }
 
+/* The layout GBNF files are written in: rules spread over lines inside groups, an empty first
+ * alternative, comments after elements, classes with escapes and \x ranges, counted repetition. */
+static void test_multiline_file(void **st) {
+    (void)st;
+    const char *g =
+        "root ::= item (\",\" sp item)*   # a list\n"
+        "\n"
+        "item ::=\n"
+        "  \"<\" (\n"
+        "      word\n"
+        "    | num     # either\n"
+        "  )? \">\"\n"
+        "word ::= [^<>,\\\\\\x00-\\x1F]+\n"
+        "num ::= (\"-\"? [1-9] [0-9]{0,3}) (\".\" [0-9]+)?\n"
+        "sp ::= | \" \" | \"\\n\" [ \\t]{0,2}\n";
+    expect(g, L("<>", "<ab>", "<-12.5>", "<x>, <9>,<y>", "<a>,\n\t\t<b>"), L("<ab", "<a>,"),
+           L("<a,b>", "<a\tb>", "<\\>", "<a>,\n\t\t\t<b>"));
+}
+
 static void test_errors(void **st) {
     (void)st;
     expect_error("root ::= \"a", "grammar:1:10: unterminated literal");
@@ -418,6 +437,7 @@ static void test_schema(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_basics),
+        cmocka_unit_test(test_multiline_file),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_json_grammar),
         cmocka_unit_test(test_clone),
