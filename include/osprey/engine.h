@@ -158,8 +158,10 @@ typedef struct osp_request_params {
     /* structured output: a GBNF grammar (llama.cpp's format, start rule "root"; copied and compiled at
        add) that every sequence's output must follow: tokens that cannot continue it are masked before
        sampling, and end-of-generation is allowed only once it is complete (src/grammar/grammar.h).
-       NULL: none. osp_engine_add fails with OSP_ERR_FORMAT for a bad grammar and OSP_ERR_UNSUPPORTED
-       where the model samples on the GPU (not yet masked there) or has no vocabulary. */
+       NULL: none. The engine keeps its last 16 compiled grammars by text: a request whose grammar was
+       seen before shares that automaton and its cached masks. osp_engine_add fails with
+       OSP_ERR_FORMAT for a bad grammar and OSP_ERR_UNSUPPORTED where the model samples on the GPU (not
+       yet masked there) or has no vocabulary. */
     const char *grammar;
 } osp_request_params;
 
