@@ -146,6 +146,12 @@ osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token
 /* Sets every logit whose token the mask does not allow to -inf: logits [n_vocab], mask as above. */
 void osp_grammar_apply_mask(float *logits, int32_t n_vocab, const uint32_t *mask);
 
+/* Checks the shared automaton (for tests, fuzzing and debug builds): every node's parent is older than
+ * it and its position inside the grammar; every state's tops are sorted, distinct and at byte sets;
+ * state 0 is the empty dead state; transitions and cached masks point at existing entries; every
+ * member of the family points back at it. OSP_OK, or OSP_ERR_INTERNAL naming the first violation. */
+osp_status osp_grammar_matcher_check_invariants(const osp_grammar_matcher *m);
+
 /* Automaton sizes, for tests and benchmarks: interned stack nodes, states, cached masks. */
 void osp_grammar_matcher_stats(const osp_grammar_matcher *m, int32_t *n_nodes, int32_t *n_states, int32_t *n_masks);
 

@@ -680,6 +680,45 @@ void osp_grammar_matcher_stats(const osp_grammar_matcher *m, int32_t *n_nodes, i
     pthread_mutex_unlock(&m->a->mu);
 }
 
+static osp_status check_locked(const automaton *a) {
+    const osp_grammar *g = a->g;
+    for (int32_t i = 0; i < a->n_nodes; i++) {
+        const gnode *n = &a->nodes[i];
+        if (n->pos < 0 || n->pos >= g->n_elems || n->parent < -1 || n->parent >= i)
+            return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: node %d (pos %d, parent %d) out of order", i, n->pos, n->parent);
+    }
+    if (a->n_states < 1 || a->st_len[0] != 0 || a->st_accept[0])
+        return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: state 0 is not the dead state");
+    for (int32_t s = 0; s < a->n_states; s++) {
+        const int32_t *t = a->tops + a->st_off[s];
+        if (a->st_off[s] < 0 || a->st_off[s] + a->st_len[s] > a->n_tops)
+            return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: state %d outside the top pool", s);
+        for (int32_t k = 0; k < a->st_len[s]; k++) {
+            if (t[k] < 0 || t[k] >= a->n_nodes || (k && t[k] <= t[k - 1]) || g->elems[a->nodes[t[k]].pos] < 0)
+                return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: state %d top %d (node %d) invalid", s, k, t[k]);
+        }
+        for (int32_t c = 0; c < a->nc; c++) {
+            const int32_t x = a->trans[(size_t)s * (size_t)a->nc + (size_t)c];
+            if (x < -1 || x >= a->n_states || (s == 0 && x > 0))
+                return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: transition %d --%d--> %d invalid", s, c, x);
+        }
+        if (a->st_mask[s] < -1 || a->st_mask[s] >= a->n_masks)
+            return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: state %d's mask %d invalid", s, a->st_mask[s]);
+    }
+    for (int32_t u = 0; u < a->n_users; u++)
+        if (a->users[u]->a != a || a->users[u]->state < 0 || a->users[u]->state >= a->n_states)
+            return osp_set_error(OSP_ERR_INTERNAL, "grammar automaton: member %d of the family is out of place", u);
+    return OSP_OK;
+}
+
+osp_status osp_grammar_matcher_check_invariants(const osp_grammar_matcher *m) {
+    if (!m) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_check_invariants: NULL");
+    pthread_mutex_lock(&m->a->mu);
+    const osp_status st = check_locked(m->a);
+    pthread_mutex_unlock(&m->a->mu);
+    return st;
+}
+
 /* ---- masks ----------------------------------------------------------------------------------- */
 
 static osp_status fill_mask_locked(osp_grammar_matcher *m, const osp_token_trie *t, uint32_t *mask) {

@@ -4,7 +4,7 @@
  * grammar must fail with OSP_ERR_FORMAT and a "grammar..." message, and leave the output alone. An
  * accepted one runs: the bytes are fed one at a time (a rejected byte leaves the state as it was: the
  * same completeness and the same mask), and at every step the mask over a small fixed vocabulary must
- * equal feeding each token to a clone. Sizes are capped by the parser (OSP_GRAMMAR_MAX_ELEMS), so a
+ * equal feeding each token to a clone; at the end the automaton's invariants hold. Sizes are capped by the parser (OSP_GRAMMAR_MAX_ELEMS), so a
  * slow input is a bug too. Seeds: tests/fuzz/corpus/grammar/. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,6 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (i % 8 == 0) check_mask(m, t);
     }
     check_mask(m, t);
+    if (osp_grammar_matcher_check_invariants(m) != OSP_OK) abort();
     osp_grammar_matcher_free(m);
     osp_token_trie_free(t);
     osp_grammar_free(g);

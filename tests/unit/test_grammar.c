@@ -4,6 +4,7 @@
  * Schema -> grammar. SmolLM2's vocabulary comes from OSPREY_MODEL; those cases skip without it. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@ static int run(const osp_grammar *g, const char *s) {
     int r;
     if (osp_grammar_matcher_accept_bytes(m, (const uint8_t *)s, strlen(s)) != OSP_OK) r = -1;
     else r = osp_grammar_matcher_is_complete(m) ? 1 : 0;
+    if (osp_grammar_matcher_check_invariants(m) != OSP_OK) fail_msg("%s", osp_last_error());
     osp_grammar_matcher_free(m);
     return r;
 }
@@ -191,6 +193,7 @@ static void test_compaction(void **st) {
         if (i == 9) assert_int_equal(osp_grammar_matcher_clone(m, &c), OSP_OK); /* 10 a's */
     }
     int32_t nodes, states;
+    assert_int_equal(osp_grammar_matcher_check_invariants(m), OSP_OK);
     osp_grammar_matcher_stats(m, &nodes, &states, NULL);
     assert_true(states < 5000); /* rebuilt once past 65536 (about 3500 grown since) */
     assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"aaab", 4), OSP_OK);
@@ -223,6 +226,7 @@ static void check_mask_brute(osp_grammar_matcher *m, const osp_token_trie *t, in
         if (ok != bit(mask, id)) fail_msg("token %d: mask says %d, accept says %d", id, bit(mask, id), ok);
         n += ok;
     }
+    if (osp_grammar_matcher_check_invariants(m) != OSP_OK) fail_msg("%s", osp_last_error());
     /* the cached mask (second call) is the same */
     uint32_t *again = calloc((size_t)(nv + 31) / 32, 4);
     assert_int_equal(osp_grammar_matcher_fill_mask(m, t, again), OSP_OK);
@@ -254,6 +258,10 @@ static void test_mask_small_vocab(void **st) {
     uint32_t mask[1];
     assert_int_equal(osp_grammar_matcher_fill_mask(m, t, mask), OSP_OK);
     assert_int_equal(mask[0], (1u << 0) | (1u << 2) | (1u << 10));
+    float logits[12];
+    for (int i = 0; i < nv; i++) logits[i] = (float)i;
+    osp_grammar_apply_mask(logits, nv, mask);
+    for (int i = 0; i < nv; i++) assert_true(bit(mask, i) ? logits[i] == (float)i : logits[i] == -INFINITY);
     check_mask_brute(m, t, NULL);
     assert_int_equal(osp_grammar_matcher_accept_token(m, t, 0), OSP_OK);
     assert_int_equal(osp_grammar_matcher_fill_mask(m, t, mask), OSP_OK);
