@@ -105,7 +105,7 @@ bool osp_token_trie_is_eog(const osp_token_trie *t, int32_t id);
 /* ---- matcher ------------------------------------------------------------------------------------ */
 
 /* A matcher at the start of `g`'s root rule. `g` must outlive the matcher and every clone of it.
- * Errors: OSP_ERR_INVALID_ARG, OSP_ERR_NOMEM. */
+ * Errors: OSP_ERR_INVALID_ARG, OSP_ERR_NOMEM, OSP_ERR_UNSUPPORTED (too ambiguous, as below). */
 osp_status osp_grammar_matcher_new(const osp_grammar *g, osp_grammar_matcher **out);
 
 /* The same, taking ownership of g: it is freed with the last matcher of the family (the matcher and
@@ -120,7 +120,10 @@ void osp_grammar_matcher_free(osp_grammar_matcher *m); /* NULL is fine */
 
 /* Feeds bytes data[0..n). All or nothing: when some prefix leaves no way to continue the grammar,
  * returns OSP_ERR_INVALID_ARG (message: the byte offset) and the state is unchanged. A terminated
- * matcher (EOG accepted) rejects everything. Errors also OSP_ERR_NOMEM. */
+ * matcher (EOG accepted) rejects everything. Errors also OSP_ERR_NOMEM, and OSP_ERR_UNSUPPORTED when
+ * one byte would expand more than 65536 parse stacks (a very ambiguous grammar: stacks are not merged
+ * by top; that step is dead from then on, so a later try is OSP_ERR_INVALID_ARG); the state is
+ * unchanged then too. */
 osp_status osp_grammar_matcher_accept_bytes(osp_grammar_matcher *m, const uint8_t *data, size_t n);
 
 /* Feeds one sampled token: an EOG token is accepted only when the grammar is complete (and then the
@@ -139,6 +142,7 @@ bool osp_grammar_matcher_can_continue(const osp_grammar_matcher *m);
  * next (its bytes keep the grammar alive; EOG ids only when complete). A terminated matcher allows
  * nothing. The trie must come from the tokenizer whose ids are sampled. Allocates only to grow the
  * shared automaton and its per-state mask cache (bounded: OSP_GRAMMAR_MASK_CACHE entries).
+ * A token whose bytes would make the parse too ambiguous (as above) is left out of the mask.
  * Errors: OSP_ERR_INVALID_ARG (NULL), OSP_ERR_NOMEM. */
 #define OSP_GRAMMAR_MASK_CACHE 256
 osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token_trie *t, uint32_t *mask);

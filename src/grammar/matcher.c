@@ -35,6 +35,11 @@
 #include "grammar/grammar_internal.h"
 
 #define AUTO_MAX_NODES (1 << 21)
+/* One step's closure may expand at most this many (pos, parent) pairs: stack sets are not merged by
+ * top (no graph-structured stack), so an ambiguous grammar ("x ::= ("(" x*) ." and the like) can hold
+ * exponentially many stacks; past the cap the step fails with OSP_ERR_UNSUPPORTED instead of hanging. */
+#define STEP_MAX_EXPANSIONS (1 << 16)
+#define TOO_AMBIGUOUS (-3)
 #define AUTO_MAX_STATES (1 << 16)
 
 /* ---- token trie ------------------------------------------------------------------------------ */
@@ -379,12 +384,15 @@ static int cmp_i32(const void *x, const void *y) {
 }
 
 /* Runs the closure of the pairs on the work stack and interns the resulting state. Returns the
- * state id, or -1 on NOMEM. (a->epoch must have been advanced by the caller.) */
+ * state id, -1 on NOMEM or TOO_AMBIGUOUS past STEP_MAX_EXPANSIONS. (a->epoch must have been advanced
+ * by the caller.) */
 static int32_t close_and_intern(automaton *a) {
     const osp_grammar *g = a->g;
     int accept = 0;
+    int32_t expansions = 0;
     a->n_scratch = 0;
     while (a->n_work > 0) {
+        if (++expansions > STEP_MAX_EXPANSIONS) return TOO_AMBIGUOUS;
         const int32_t parent = a->work[--a->n_work];
         const int32_t pos = a->work[--a->n_work];
         const int32_t id = intern_node(a, pos, parent);
@@ -421,7 +429,8 @@ static void next_epoch(automaton *a) {
     }
 }
 
-/* The state after byte class c from state s (computed and stored on first use); -1 on NOMEM. */
+/* The state after byte class c from state s (computed and stored on first use); -1 on NOMEM,
+ * TOO_AMBIGUOUS. */
 static int32_t step(automaton *a, int32_t s, int32_t c) {
     int32_t t = a->trans[(size_t)s * (size_t)a->nc + (size_t)c];
     if (t >= 0) return t;
@@ -436,7 +445,8 @@ static int32_t step(automaton *a, int32_t s, int32_t c) {
         if (gr_set_has(g->sets[g->elems[nd.pos]], b) && push_work(a, nd.pos + 1, nd.parent)) return -1;
     }
     t = close_and_intern(a);
-    if (t < 0) return -1;
+    if (t == TOO_AMBIGUOUS) a->trans[(size_t)s * (size_t)a->nc + (size_t)c] = 0; /* not tried again: dead */
+    if (t < 0) return t;
     a->trans[(size_t)s * (size_t)a->nc + (size_t)c] = t;
     return t;
 }
@@ -462,7 +472,7 @@ static void automaton_free(automaton *a) {
     free(a);
 }
 
-/* Sets up the dead state (0) and the start state; returns the start state or -1. */
+/* Sets up the dead state (0) and the start state; returns the start state, -1 or TOO_AMBIGUOUS. */
 static int32_t automaton_start(automaton *a) {
     if (intern_state(a, NULL, 0, 0) != 0) return -1;
     next_epoch(a);
@@ -544,6 +554,13 @@ static osp_status maybe_compact(automaton *a) {
     return automaton_compact(a);
 }
 
+static osp_status step_error(int32_t code) {
+    if (code == TOO_AMBIGUOUS)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "grammar: too ambiguous (one byte expands more than %d parse stacks)",
+                             STEP_MAX_EXPANSIONS);
+    return osp_set_error(OSP_ERR_NOMEM, "grammar matcher: out of memory");
+}
+
 static int add_user(automaton *a, osp_grammar_matcher *m) {
     if (a->n_users == a->cap_users) {
         const int32_t cap = a->cap_users ? a->cap_users * 2 : 4;
@@ -559,6 +576,7 @@ static int add_user(automaton *a, osp_grammar_matcher *m) {
 
 osp_status osp_grammar_matcher_new(const osp_grammar *g, osp_grammar_matcher **out) {
     if (!g || !out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_grammar_matcher_new: NULL argument");
+    int32_t start = -1;
     automaton *a = calloc(1, sizeof *a);
     osp_grammar_matcher *m = calloc(1, sizeof *m);
     if (!a || !m) goto oom;
@@ -566,13 +584,14 @@ osp_status osp_grammar_matcher_new(const osp_grammar *g, osp_grammar_matcher **o
     a->g = g;
     a->nc = g->n_classes;
     m->a = a;
-    if ((m->state = automaton_start(a)) < 0 || add_user(a, m)) goto oom;
+    if ((start = automaton_start(a)) < 0 || add_user(a, m)) goto oom;
+    m->state = start;
     *out = m;
     return OSP_OK;
 oom:
     automaton_free(a);
     free(m);
-    return osp_set_error(OSP_ERR_NOMEM, "grammar matcher: out of memory");
+    return step_error(start == TOO_AMBIGUOUS ? TOO_AMBIGUOUS : -1);
 }
 
 osp_status osp_grammar_matcher_new_owning(osp_grammar *g, osp_grammar_matcher **out) {
@@ -626,7 +645,7 @@ static osp_status accept_bytes_locked(osp_grammar_matcher *m, const uint8_t *dat
     int32_t s = m->state;
     for (size_t i = 0; i < n; i++) {
         s = step(a, s, a->g->byte_class[data[i]]);
-        if (s < 0) return osp_set_error(OSP_ERR_NOMEM, "grammar matcher: out of memory");
+        if (s < 0) return step_error(s);
         if (s == 0) return osp_set_error(OSP_ERR_INVALID_ARG, "grammar: byte %zu (0x%02x) does not fit the grammar", i, data[i]);
     }
     m->state = s;
@@ -751,9 +770,8 @@ static osp_status fill_mask_locked(osp_grammar_matcher *m, const osp_token_trie 
         const int32_t d = t->depth[i];
         const int32_t from = st[d - 1];
         int32_t next = a->trans[(size_t)from * (size_t)nc + bc[t->byte[i]]];
-        if (next < 0 && (next = step(a, from, bc[t->byte[i]])) < 0)
-            return osp_set_error(OSP_ERR_NOMEM, "grammar matcher: out of memory");
-        if (next == 0) {
+        if (next < 0 && (next = step(a, from, bc[t->byte[i]])) == -1) return step_error(next);
+        if (next <= 0) { /* dead, or too ambiguous to follow (TOO_AMBIGUOUS): not allowed */
             i = t->skip[i];
             continue;
         }

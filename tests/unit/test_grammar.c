@@ -208,6 +208,25 @@ static void test_compaction(void **st) {
     osp_grammar_free(g);
 }
 
+/* A grammar whose stack set grows exponentially ("(" can open a nested root or be the '.'): refused
+ * as too ambiguous after a while, quickly, never hung; the state stays usable. */
+static void test_too_ambiguous(void **st) {
+    (void)st;
+    osp_grammar *g = parse_ok("root ::= (\"(\" root*) . (\"(\" root*) .");
+    osp_grammar_matcher *m;
+    assert_int_equal(osp_grammar_matcher_new(g, &m), OSP_OK);
+    osp_status s = OSP_OK;
+    int i = 0;
+    for (; i < 200 && s == OSP_OK; i++) s = osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"(", 1);
+    assert_int_equal(s, OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "too ambiguous"));
+    assert_true(i > 5);
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"(", 1), OSP_ERR_INVALID_ARG); /* dead now */
+    assert_int_equal(osp_grammar_matcher_check_invariants(m), OSP_OK);
+    osp_grammar_matcher_free(m);
+    osp_grammar_free(g);
+}
+
 /* ---- masks ------------------------------------------------------------------------------------- */
 
 static int bit(const uint32_t *mask, int32_t id) { return (mask[id >> 5] >> (id & 31)) & 1; }
@@ -450,6 +469,7 @@ int main(void) {
         cmocka_unit_test(test_json_grammar),
         cmocka_unit_test(test_clone),
         cmocka_unit_test(test_compaction),
+        cmocka_unit_test(test_too_ambiguous),
         cmocka_unit_test(test_mask_small_vocab),
         cmocka_unit_test(test_mask_smollm2),
         cmocka_unit_test(test_schema),
