@@ -361,7 +361,8 @@ static int32_t intern_state(automaton *a, const int32_t *tops, int32_t n, int ac
         if (!off || !len || !acc || !msk || !tr) return -1;
         a->cap_states = cap;
     }
-    if (grow((void **)&a->tops, &a->cap_tops, a->n_tops + n, sizeof *a->tops)) return -1;
+    /* + 1: the pool exists even while every state is empty (no arithmetic on a NULL pool) */
+    if (grow((void **)&a->tops, &a->cap_tops, a->n_tops + n + 1, sizeof *a->tops)) return -1;
     const int32_t s = a->n_states++;
     a->st_off[s] = a->n_tops, a->st_len[s] = n, a->st_accept[s] = (uint8_t)accept, a->st_mask[s] = -1;
     if (n) memcpy(a->tops + a->n_tops, tops, (size_t)n * sizeof *tops);
