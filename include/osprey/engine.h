@@ -155,6 +155,14 @@ typedef struct osp_request_params {
                                    prefixes only with the same salt (0 = none) */
     osp_output_cb callback;     /* optional */
     void *callback_user;
+    /* structured output: a GBNF grammar (llama.cpp's format, start rule "root"; copied and compiled at
+       add) that every sequence's output must follow: tokens that cannot continue it are masked before
+       sampling, and end-of-generation is allowed only once it is complete (src/grammar/grammar.h).
+       NULL: none. The engine keeps its last 16 compiled grammars by text: a request whose grammar was
+       seen before shares that automaton and its cached masks. osp_engine_add fails with
+       OSP_ERR_FORMAT for a bad grammar and OSP_ERR_UNSUPPORTED where the model samples on the GPU (not
+       yet masked there) or has no vocabulary. */
+    const char *grammar;
 } osp_request_params;
 
 osp_request_params osp_request_default_params(void); /* greedy, no limits, no callback, no logprobs */

@@ -23,6 +23,7 @@
 #define OSP_GPU_RESERVE_BYTES ((int64_t)3 << 30)
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
+#include "grammar/grammar.h"
 #include "osprey/tokenizer.h"
 #include "sample/rng.h"
 
@@ -45,6 +46,8 @@ static int vec_push(ptr_vec *a, void *p) {
 
 static void vec_del(ptr_vec *a, int32_t i) { a->v[i] = a->v[--a->n]; }
 
+#define OSP_ENGINE_GRAMMAR_CACHE 16
+
 struct osp_engine {
     osp_engine_params p;
     osp_model *model;
@@ -52,6 +55,16 @@ struct osp_engine {
     int32_t *eos, n_eos;        /* end-of-generation ids (min_tokens masks them) */
     osp_scheduler *sched;
     osp_model_runner *runner;
+    osp_token_trie *trie;       /* the vocabulary as a byte trie, for structured-output masks (NULL: no vocabulary) */
+    /* compiled grammars by text, each as a matcher at its start state: a request with a grammar seen
+       before clones it, sharing the automaton and its cached masks (a schema served again starts warm).
+       Round-robin replacement; under gmu. */
+    struct {
+        char *text;
+        osp_grammar_matcher *start;
+    } gcache[OSP_ENGINE_GRAMMAR_CACHE];
+    int32_t gcache_next;
+    pthread_mutex_t gmu;
 
     pthread_mutex_t mu;
     pthread_cond_t wake;        /* the loop thread waits for work */
@@ -105,6 +118,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     osp_engine *e = calloc(1, sizeof *e);
     if (!e) return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gmu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->output, NULL);
     int32_t *eos = NULL, n_eos = 0;
@@ -163,6 +177,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         eos = malloc(sizeof *eos * 64);
         for (int32_t i = 0; eos && i < c->n_vocab && n_eos < 64; i++)
             if (osp_tokenizer_is_eog(tok, i)) eos[n_eos++] = i;
+        /* ~20 ms and a few MB for a 50k vocabulary; without it grammar requests are refused */
+        if (osp_tokenizer_n_vocab(tok) == c->n_vocab && osp_token_trie_from_tokenizer(tok, &e->trie) != OSP_OK) e->trie = NULL;
         osp_tokenizer_free(tok);
     }
     const osp_scheduler_config sc = {.max_num_seqs = p.max_num_seqs, .max_num_batched_tokens = p.max_num_batched_tokens,
@@ -181,6 +197,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     }
     e->eos = eos;
     e->n_eos = n_eos;
+    e->runner->trie = e->trie;
     e->p = p;
     e->stats.num_blocks = p.num_blocks;
     e->stats.num_free_blocks = p.num_blocks; /* every block is free until the first step */
@@ -203,6 +220,12 @@ void osp_engine_free(osp_engine *e) {
     free(e->cb_lp);
     free(e->eos);
     osp_runner_destroy(e->runner);
+    osp_token_trie_free(e->trie);
+    for (int32_t i = 0; i < OSP_ENGINE_GRAMMAR_CACHE; i++) {
+        free(e->gcache[i].text);
+        osp_grammar_matcher_free(e->gcache[i].start);
+    }
+    pthread_mutex_destroy(&e->gmu);
     osp_scheduler_destroy(e->sched);
     osp_model_free(e->model);
     pthread_mutex_destroy(&e->mu);
@@ -230,6 +253,37 @@ static int32_t table_find_seq(const osp_engine *e, uint64_t id, bool by_index, u
     return -1;
 }
 
+/* A matcher at the start of grammar `text`: a clone of the cached one when the text was seen before,
+ * else compiled (and cached, replacing the oldest entry). Errors: osp_grammar_parse's, NOMEM. */
+static osp_status grammar_matcher(osp_engine *e, const char *text, osp_grammar_matcher **out) {
+    pthread_mutex_lock(&e->gmu);
+    osp_status s = OSP_ERR_NOT_FOUND;
+    for (int32_t i = 0; i < OSP_ENGINE_GRAMMAR_CACHE && s == OSP_ERR_NOT_FOUND; i++)
+        if (e->gcache[i].text && strcmp(e->gcache[i].text, text) == 0) s = osp_grammar_matcher_clone(e->gcache[i].start, out);
+    pthread_mutex_unlock(&e->gmu);
+    if (s != OSP_ERR_NOT_FOUND) return s;
+    osp_grammar *g;
+    OSP_TRY(osp_grammar_parse(text, strlen(text), NULL, &g));
+    osp_grammar_matcher *start;
+    OSP_TRY(osp_grammar_matcher_new_owning(g, &start));
+    if ((s = osp_grammar_matcher_clone(start, out)) != OSP_OK) {
+        osp_grammar_matcher_free(start);
+        return s;
+    }
+    char *copy = strdup(text);
+    pthread_mutex_lock(&e->gmu);
+    const int32_t k = e->gcache_next;
+    if (copy) { /* no copy: simply not cached */
+        free(e->gcache[k].text);
+        osp_grammar_matcher_free(e->gcache[k].start);
+        e->gcache[k].text = copy, e->gcache[k].start = start, start = NULL;
+        e->gcache_next = (k + 1) % OSP_ENGINE_GRAMMAR_CACHE;
+    }
+    pthread_mutex_unlock(&e->gmu);
+    osp_grammar_matcher_free(start);
+    return OSP_OK;
+}
+
 osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     if (!e || !rp) return osp_set_error(OSP_ERR_INVALID_ARG, "engine add: NULL argument");
     for (int32_t i = 0; i < rp->num_prompt && rp->prompt; i++)
@@ -245,6 +299,15 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     OSP_TRY(osp_request_create(rp, e->p.max_model_len, e->p.block_size, 0, &r));
     if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
     osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
+    if (s == OSP_OK && rp->grammar) {
+        if (osp_model_samples_on_device(e->model))
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output (a grammar) is not supported when "
+                                                   "sampling on the GPU yet", (unsigned long long)rp->request_id);
+        else if (!e->trie)
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output needs the model's vocabulary",
+                              (unsigned long long)rp->request_id);
+        else s = grammar_matcher(e, rp->grammar, &r->matcher);
+    }
     if (s == OSP_OK && n > 1) {
         r->children = calloc((size_t)(n - 1), sizeof *r->children);
         if (!r->children) s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");

@@ -9,6 +9,7 @@
 
 #include "core/status_internal.h"
 #include "core/threadpool.h"
+#include "grammar/grammar.h"
 #include "model/model_exec.h"
 
 /* Samples rows [begin, end) of this step on model thread ith, with the sampler scratch slot ith: the
@@ -74,6 +75,7 @@ void osp_runner_destroy(osp_model_runner *r) {
     osp_pb_destroy(r->pb);
     osp_sampler_workspace_free(r->ws);
     free(r->logits);
+    free(r->gmask);
     free(r->rows);
     free(r->row_req);
     free(r->row_entry);
@@ -191,6 +193,19 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         r->lrow[nr] = i;
         r->row_entry[nr++] = pb->entry[row];
     }
+    /* structured output: each grammar row's mask (children being forked share their parent's: the
+     * same state, no token yet) */
+    const size_t W = (size_t)(r->n_vocab + 31) / 32;
+    for (int32_t i = 0; i < nl; i++) {
+        osp_request *q = r->row_req[i];
+        if (!q->matcher) continue;
+        if (!r->gmask && !(r->gmask = malloc(sizeof *r->gmask * W * (size_t)r->max_rows)))
+            return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for grammar masks");
+        uint32_t *mk = r->gmask + W * (size_t)i;
+        if (gpu || !r->trie || osp_grammar_matcher_fill_mask(q->matcher, r->trie, mk) != OSP_OK)
+            memset(mk, 0, sizeof *mk * W); /* the row fails as "every token is masked" */
+        r->rows[i].allowed = mk;
+    }
     for (int32_t i = 0; i < nl; i++) {
         const osp_request *q = r->row_req[i];
         if (!q->children || r->rows[i].n_output != 0) continue;
@@ -225,6 +240,12 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         const bool ok = r->status[i] == OSP_OK;
         const int32_t tok = r->tokens[i];
         if (!ok) row_error(q, r->logits + (size_t)i * V, r->n_vocab, "sampling", q->num_tokens);
+        if (ok && q->matcher && osp_grammar_matcher_accept_token(q->matcher, r->trie, tok) != OSP_OK) {
+            snprintf(q->error, sizeof q->error, "structured output at position %d: %s", q->num_tokens, osp_last_error());
+            if (r->row_entry[i] < 0) q->fork_token = OSP_SAMPLED_ERROR;
+            else out->entries[r->row_entry[i]].sampled = OSP_SAMPLED_ERROR;
+            continue;
+        }
         if (ok && r->rows[i].num_logprobs >= 0 && q->logprobs) q->logprobs[r->rows[i].n_output] = r->lp[i];
         if (r->row_entry[i] < 0) { /* a child being forked */
             q->fork_token = ok ? tok : OSP_SAMPLED_ERROR;

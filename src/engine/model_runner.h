@@ -28,6 +28,9 @@ typedef struct osp_model_runner {
     osp_status *status;            /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP] */
     int32_t *plp_next;             /* [OSP_MAX_PROMPT_LP_PER_STEP] tokens following the prompt positions */
     int32_t *lrow;                 /* [max_rows] the logits row each sampler row samples from */
+    const struct osp_token_trie *trie; /* the vocabulary trie for grammar masks (the engine's), or NULL */
+    uint32_t *gmask;               /* [max_rows, (n_vocab + 31) / 32] this step's grammar masks, made at the
+                                      first grammar row */
     FILE *trace;                   /* step shapes, one JSON line a step (osp_engine_params.trace_shapes_path), or NULL */
     int64_t trace_step;
 } osp_model_runner;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/status_internal.h"
+#include "grammar/grammar.h"
 
 static _Atomic uint64_t g_next_uid = 1;
 
@@ -136,6 +137,11 @@ osp_status osp_request_make_child(const osp_request *p, int32_t k, osp_request *
     r->child = k;
     r->sampling.sample_index = p->sampling.sample_index + (uint32_t)k;
     r->tokens = NULL, r->block_ids = NULL, r->hashes = NULL, r->stop_ids = NULL, r->logit_bias = NULL;
+    r->matcher = NULL;
+    if (p->matcher && osp_grammar_matcher_clone(p->matcher, &r->matcher) != OSP_OK) {
+        osp_request_destroy(r);
+        return osp_set_error(OSP_ERR_NOMEM, "request: out of memory");
+    }
     r->logprobs = NULL, r->prompt_lp = NULL, r->children = NULL;
     r->num_children = 0;
     r->prompt_logprobs = -1; /* child 0 reports them */
@@ -162,6 +168,7 @@ void osp_request_destroy(osp_request *r) {
     free(r->logprobs);
     free(r->prompt_lp);
     free(r->children);
+    osp_grammar_matcher_free(r->matcher);
     free(r);
 }
 

@@ -64,6 +64,7 @@ typedef struct osp_request {
     int32_t num_prompt_lp;       /* computed so far (positions [0, this)) */
     bool prompt_lp_delivered;
     uint64_t cache_salt;
+    struct osp_grammar_matcher *matcher; /* structured output state (owned; children hold clones), or NULL */
 
     int32_t block_size;
     int32_t *block_ids;         /* [cap_blocks] blocks for tokens [0, num_blocks * block_size) */

@@ -112,7 +112,10 @@ static const char *check_params(const osp_sampler_row *p, int32_t vocab, int32_t
 
 /* Bias, min_tokens and penalties on w [vocab] (a copy of the logits), in place. counts/seen are
  * all-zero scratch, restored to zero before returning; they may be NULL when no penalty is on. */
-static void process_logits(float *w, const osp_sampler_row *p, uint32_t *counts, uint8_t *seen) {
+static void process_logits(float *w, int32_t vocab, const osp_sampler_row *p, uint32_t *counts, uint8_t *seen) {
+    if (p->allowed)
+        for (int32_t i = 0; i < vocab; i++)
+            if (!((p->allowed[i >> 5] >> (i & 31)) & 1)) w[i] = -INFINITY;
     for (int32_t i = 0; i < p->n_logit_bias; i++) w[p->logit_bias[i].token_id] += p->logit_bias[i].bias;
     if (p->n_output < p->min_tokens)
         for (int32_t i = 0; i < p->n_stop_token_ids; i++) {
@@ -189,10 +192,10 @@ static const char *sample_row(const float *logits, int32_t vocab, const osp_samp
     if (bad)
         for (int32_t i = 0; i < vocab; i++)
             if (!isfinite(logits[i])) return *arg = i, "logit is NaN or infinite";
-    process_logits(w, p, counts, seen);
+    process_logits(w, vocab, p, counts, seen);
     int32_t best = 0;
     for (int32_t i = 1; i < vocab; i++) best = w[i] > w[best] ? i : best;
-    if (w[best] == -INFINITY) return *arg = vocab, "every token is masked (min_tokens stop ids)";
+    if (w[best] == -INFINITY) return *arg = vocab, "every token is masked (grammar mask, min_tokens stop ids)";
     if (isinf(w[best]) || isnan(w[best])) return *arg = best, "penalties or bias made a logit infinite";
     if (p->temperature < OSP_SAMPLING_EPS) {
         *token = best;

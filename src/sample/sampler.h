@@ -1,6 +1,7 @@
 /* The sampler: one call per engine step turns a batch of logit rows into one token per row.
  *
  * Per row, in vLLM V1's order (vllm/v1/sample/sampler.py):
+ *   0. the grammar mask (`allowed`), when the request has structured output: masked tokens -> -inf
  *   1. logit_bias, then min_tokens (the stop ids are masked to -inf while fewer than min_tokens
  *      tokens have been generated)
  *   2. penalties, vLLM's definitions (vllm/model_executor/layers/utils.py apply_penalties):
@@ -61,6 +62,9 @@ typedef struct osp_sampler_row {
     uint32_t sample_index;          /* which of the request's n children, 0-based */
     uint64_t output_pos;            /* index of the token being sampled in this child's output */
     int32_t num_logprobs;           /* -1: none; 0: the chosen token's only; 1..20: plus the top N */
+    const uint32_t *allowed;        /* [(vocab + 31) / 32] or NULL: a structured-output mask (bit id & 31 of
+                                       word id / 32 set = may be sampled; src/grammar/), applied first,
+                                       before logit_bias; logprobs stay those of the raw logits */
 } osp_sampler_row;
 /* Penalty state is the id lists themselves: a row with penalties costs O(n_prompt + n_output) per
  * step (counts are rebuilt in the thread's scratch and cleared after), no per-request map to keep. */

@@ -308,6 +308,8 @@ static const char *const k_known[] = {
     "logit_bias", "stream", "stream_options", "logprobs", "top_logprobs", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "echo", "skip_special_tokens", "add_generation_prompt",
     "continue_final_message", "chat_template", "chat_template_kwargs", "user", "cache_salt",
+    "response_format", "guided_json", "guided_grammar", "guided_choice", "guided_regex", "guided_decoding_backend",
+    "guided_whitespace_pattern", "structured_outputs",
 };
 
 int srv_parse_gen_request(const char *body, size_t len, srv_route route, const srv_parse_limits *lim,
@@ -407,6 +409,7 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
         if (srv_get_bool(so, "include_usage", &r->include_usage, err)) goto done;
     }
     if (parse_logit_bias(root, lim, r, err)) goto done;
+    if (srv_parse_structured(root, r, err)) goto done;
     /* logprobs: an integer 0..20 for completions; a boolean plus top_logprobs 0..20 for chat */
     if (route == SRV_ROUTE_COMPLETIONS) {
         x = -1;
@@ -476,6 +479,7 @@ void srv_gen_request_free(srv_gen_request *r) {
     free(r->bias_values);
     free(r->user);
     free(r->cache_salt);
+    free(r->grammar);
     for (int32_t i = 0; i < r->n_unknown; i++) free(r->unknown[i]);
     free(r->unknown);
     memset(r, 0, sizeof *r);

@@ -452,6 +452,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.cache_salt = r->cache_salt ? salt_hash(r->cache_salt) : 0;
         rp.callback = on_output;
         rp.callback_user = s;
+        rp.grammar = r->grammar;
         pthread_mutex_lock(&j->mu);
         j->refs++;
         s->t_added = srv_now_s();

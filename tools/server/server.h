@@ -83,6 +83,7 @@ typedef struct srv_gen_request {
     int32_t n_bias;
     int32_t logprobs;           /* -1: none; else the number of top logprobs (0..20) */
     char *user, *cache_salt;
+    char *grammar;              /* structured output as GBNF (structured.c), or NULL */
     char **unknown;             /* top-level fields that were ignored, for the debug log */
     int32_t n_unknown;
 } srv_gen_request;
@@ -97,6 +98,10 @@ typedef struct srv_parse_limits {
 int srv_parse_gen_request(const char *body, size_t len, srv_route route, const srv_parse_limits *lim,
                           srv_gen_request *req, srv_error *err);
 void srv_gen_request_free(srv_gen_request *req);
+/* The structured-output fields of a request body (response_format, vLLM's guided_* and
+ * structured_outputs) -> req->grammar (GBNF, checked to compile). Returns 0, or -1 with a 400 naming
+ * the field for anything it cannot honour (structured.c lists what). */
+int srv_parse_structured(const json_t *root, srv_gen_request *req, srv_error *err);
 
 /* Parses an optional integer/real/bool/string field of `obj` (JSON null = absent). Return 0 when
  * absent or valid (value written), -1 with *err on a wrong type or a value outside [lo, hi]. */

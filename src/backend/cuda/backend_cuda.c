@@ -785,6 +785,8 @@ static osp_status cuda_sample(osp_backend *be, const osp_sampler_row *rows, cons
         if (logits_rows[i] < 0 || logits_rows[i] >= g->num_logits)
             return osp_set_error(OSP_ERR_INVALID_ARG, "sample: logits row %d is outside the last step's %d", logits_rows[i],
                                  g->num_logits);
+        if (r->allowed) /* the engine refuses grammar requests on the device; never ignore a mask */
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "sample: grammar masks are not applied on the GPU yet");
         const bool min_pending = r->n_output < r->min_tokens;
         if (min_pending) nids += r->n_stop_token_ids;
         if (has_penalties(r)) nids += r->n_prompt;
