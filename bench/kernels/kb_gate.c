@@ -98,7 +98,7 @@ static bool run_once(kb_solution *s, const kb_case *c, float **o, kb_gate_result
     poison(c, o);
     if (!s->run(s, c, o, err, sizeof err)) {
         r->check = KB_FAIL_RUN;
-        snprintf(r->detail, sizeof r->detail, "run failed: %s", err);
+        snprintf(r->detail, sizeof r->detail, "run failed: %.200s", err);
         return false;
     }
     return true;
@@ -124,7 +124,7 @@ static bool check_dependence(kb_solution *s, kb_case *c, int i, float **base, kb
     float **o = alloc_outs(c);
     /* weights are placed at prepare: prepare again whenever an input changes */
     if (!s->prepare(s, c, err, sizeof err) || !run_once(s, c, o, r)) {
-        if (r->check == KB_OK) r->check = KB_FAIL_RUN, snprintf(r->detail, sizeof r->detail, "prepare: %s", err);
+        if (r->check == KB_OK) r->check = KB_FAIL_RUN, snprintf(r->detail, sizeof r->detail, "prepare: %.200s", err);
         ok = false;
     }
     for (int k = 0; ok && k < d->n_out; k++) {
@@ -157,7 +157,7 @@ static bool check_dependence(kb_solution *s, kb_case *c, int i, float **base, kb
     for (int k = 0; k < d->n_out; k++) memcpy(c->ref[k], saved[k], sizeof(double) * c->out_n[k]), free(saved[k]);
     kb_case_rereference(c);
     if (ok && !s->prepare(s, c, err, sizeof err)) {
-        r->check = KB_FAIL_RUN, snprintf(r->detail, sizeof r->detail, "prepare: %s", err);
+        r->check = KB_FAIL_RUN, snprintf(r->detail, sizeof r->detail, "prepare: %.200s", err);
         ok = false;
     }
     return ok;
@@ -176,7 +176,7 @@ kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, u
         char err[256] = "";
         if (!kb_case_make(d, wl, seed0 + (uint64_t)k, &c, err, sizeof err)) {
             r.check = KB_FAIL_RUN;
-            snprintf(r.detail, sizeof r.detail, "case: %s", err);
+            snprintf(r.detail, sizeof r.detail, "case: %.200s", err);
             kb_case_free(&c);
             break;
         }
@@ -190,7 +190,7 @@ kb_gate_result kb_gate(kb_solution *s, const kb_def *d, const kb_workload *wl, u
         const double t0 = now_s();
         if (!s->prepare(s, &c, err, sizeof err)) {
             r.check = KB_FAIL_RUN;
-            snprintf(r.detail, sizeof r.detail, "prepare: %s", err);
+            snprintf(r.detail, sizeof r.detail, "prepare: %.200s", err);
             if (s->release) s->release(s);
             free_outs(o);
             kb_case_free(&c);
