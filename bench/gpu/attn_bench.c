@@ -70,6 +70,25 @@ static void *random_f16(size_t n) {
     return d;
 }
 
+/* n E4M3 codes on the device (ATTN_KV=fp8): magnitudes 2^-6 .. 1.875 (codes 0 .. 0x3F), either sign,
+ * tiled as random_f16 */
+static void *random_e4m3(size_t n) {
+    const size_t pat = 1u << 20;
+    uint8_t *h = malloc(pat);
+    for (size_t i = 0; i < pat; i++) {
+        const float u = rnd_unit();
+        h[i] = (uint8_t)(((uint32_t)((u + 1.0f) * 32.0f) & 0x3Fu) | (u < 0.0f ? 0x80u : 0u));
+    }
+    void *d;
+    OK(osp_cuda_malloc(&d, n, "pages"));
+    for (size_t off = 0; off < n; off += pat - 7) {
+        const size_t m = n - off < pat ? n - off : pat;
+        CK(cudaMemcpy((uint8_t *)d + off, h, m, cudaMemcpyHostToDevice));
+    }
+    free(h);
+    return d;
+}
+
 static int cmp_f(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
     return x < y ? -1 : x > y;
@@ -81,6 +100,7 @@ typedef struct {
 } shape;
 
 static const char *g_only; /* one kernel by name, or NULL: all */
+static bool g_fp8;         /* ATTN_KV=fp8: E4M3 pages (issue 13), scales 1 */
 static int g_ws_stages; /* v3's K/V stages (ATTN_WS_STAGES; 0: the default) */
 
 static void run(const shape *sh) {
@@ -89,7 +109,14 @@ static void run(const shape *sh) {
     const int64_t T = prefill ? ctx : B;
     const int32_t nb_seq = (ctx + BS - 1) / BS;
     const int64_t nblocks = (int64_t)B * nb_seq;
-    void *k = random_f16((size_t)(nblocks * BS * HKV * D)), *v = random_f16((size_t)(nblocks * BS * HKV * D));
+    const size_t nval = (size_t)(nblocks * BS * HKV * D);
+    void *k = g_fp8 ? random_e4m3(nval) : random_f16(nval), *v = g_fp8 ? random_e4m3(nval) : random_f16(nval);
+    float ones[HKV];
+    for (int i = 0; i < HKV; i++) ones[i] = 1.0f;
+    float *d_fix = NULL;
+    OK(osp_cuda_malloc((void **)&d_fix, sizeof ones, "scales"));
+    CK(cudaMemcpy(d_fix, ones, sizeof ones, cudaMemcpyHostToDevice));
+    const osp_cuda_kv_quant kq = {d_fix, d_fix, NULL, NULL};
     /* block tables: a shuffled pool */
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
     for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
@@ -126,7 +153,7 @@ static void run(const shape *sh) {
         {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF},
         {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF},
         {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF}};
-    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * 2.0;
+    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * (g_fp8 ? 1.0 : 2.0);
     const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -140,8 +167,8 @@ static void run(const shape *sh) {
         osp_cuda_attention_force_mma(ks[ki].mma);
         osp_cuda_attention_ws(ks[ki].ws, g_ws_stages);
 #define LAUNCH()                                                                                     \
-    OK(osp_cuda_paged_attention(d_q, k, v, OSP_KV_PAGE_F16, d_out, B, d_qsl, d_pos, d_bt, nb_seq, BS, T, H, HKV, D, \
-                                0.08838834764f, 0, ctx, d_ws, NULL))
+    OK(osp_cuda_paged_attention_q(d_q, k, v, g_fp8 ? OSP_KV_PAGE_FP8 : OSP_KV_PAGE_F16, &kq, d_out, B, d_qsl, d_pos, \
+                                  d_bt, nb_seq, BS, T, H, HKV, D, 0.08838834764f, 0, ctx, d_ws, NULL))
         LAUNCH();
         CK(cudaDeviceSynchronize());
         CK(cudaEventRecord(e0, NULL));
@@ -165,15 +192,16 @@ static void run(const shape *sh) {
         }
         qsort(samples, 5, sizeof(float), cmp_f);
         const double us = samples[2] * 1e3;
-        printf("{\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"kernel\": \"%s\", \"us\": %.2f, \"gbps\": %.1f, "
+        printf("{\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"kernel\": \"%s%s\", \"us\": %.2f, \"gbps\": %.1f, "
                "\"tflops\": %.2f}\n",
-               sh->kind, B, ctx, ks[ki].name, us, kv_bytes / (us * 1e3), flops / (us * 1e6));
+               sh->kind, B, ctx, ks[ki].name, g_fp8 ? "-fp8" : "", us, kv_bytes / (us * 1e3), flops / (us * 1e6));
         fflush(stdout);
     }
     osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
     osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
     osp_cuda_attention_ws(-1, 0);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
+    osp_cuda_free(d_fix);
     osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);
     osp_cuda_free(d_q), osp_cuda_free(d_out), osp_cuda_free(d_ws);
     free(perm), free(qsl), free(pos), free(q);
@@ -186,6 +214,8 @@ int main(int argc, char **argv) {
     const char *e1 = getenv("ATTN_FOLD_STAGES"), *e2 = getenv("ATTN_SPLIT_STAGES"), *e3 = getenv("ATTN_SPLIT_WAVES"),
                *e4 = getenv("ATTN_CHUNKS_PER_CTA");
     osp_cuda_attention_v1_tune(e1 ? atoi(e1) : 0, e2 ? atoi(e2) : 0, e3 ? atoi(e3) : 0, e4 ? atoi(e4) : 0);
+    const char *e8 = getenv("ATTN_KV"); /* fp8: E4M3 pages (v2's tensor-core path, or v0 under v1 / v0) */
+    g_fp8 = e8 && !strcmp(e8, "fp8");
     g_only = getenv("ATTN_KERNEL"); /* one kernel (v3, v3-np, v2, v2-fold, v1 or v0) instead of all */
     const char *e7 = getenv("ATTN_WS_STAGES"); /* v3's K/V stages (3 or 4; unset: the default) */
     g_ws_stages = e7 ? atoi(e7) : 0;

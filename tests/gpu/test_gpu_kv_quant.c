@@ -419,13 +419,15 @@ static float *cpu_attention(const qpool *p, const qbatch *b) {
     return ref;
 }
 
-/* test_gpu_attention.c's bound: per element 2^-8 |ref| + 2^-12 vmax, and the mean error */
-static void check_close(const qpool *p, const qbatch *b, const uint16_t *got, const float *ref, const char *what) {
+/* test_gpu_attention.c's bound: per element 2^-8 |ref| + 2^-12 vmax (tc, the tensor-core kernel, which
+ * rounds q and P to f16: 2^-10 vmax, as test_gpu_attention allows v1), and the mean error */
+static void check_close(const qpool *p, const qbatch *b, const uint16_t *got, const float *ref, const char *what,
+                        bool tc) {
     const int64_t n = b->T * b->n_head * p->D;
     int64_t bad = 0;
     double err_sum = 0.0, ref_sum = 0.0;
     float worst = 0.0f;
-    const float abs_tol = ldexpf(p->vmax, -12);
+    const float abs_tol = ldexpf(p->vmax, tc ? -10 : -12);
     for (int64_t i = 0; i < n; i++) {
         const float r = ref[i], g = osp_bf16_to_fp32(got[i]);
         const float tol = ldexpf(fabsf(r), -8) + abs_tol, err = fabsf(g - r);
@@ -440,9 +442,9 @@ static void check_close(const qpool *p, const qbatch *b, const uint16_t *got, co
     }
     const double mean_err = n ? err_sum / (double)n : 0.0, mean_ref = n ? ref_sum / (double)n : 0.0;
     const bool mean_bad = !(mean_err <= ldexp(mean_ref, -8) + ldexp((double)p->vmax, -14));
-    printf("read  %-5s %-28s T %5lld seqs %2d heads %2d/%d D %3d bs %2d win %3d max_seq_len %5d: err/tol %.3f, mean "
+    printf("read  %-5s %-2s %-28s T %5lld seqs %2d heads %2d/%d D %3d bs %2d win %3d max_seq_len %5d: err/tol %.3f, mean "
            "err/|ref| %.2e%s\n",
-           kv_name(p->kvt), what, (long long)b->T, b->num_seqs, b->n_head, p->n_kv, p->D, p->bs, b->window,
+           kv_name(p->kvt), tc ? "tc" : "v0", what, (long long)b->T, b->num_seqs, b->n_head, p->n_kv, p->D, p->bs, b->window,
            (int)b->max_seq_len, (double)worst, mean_ref > 0 ? mean_err / mean_ref : 0.0,
            bad || mean_bad ? "  FAILED" : "");
     assert_int_equal(bad, 0);
@@ -499,7 +501,7 @@ static void read_case(uint32_t kvt, const rcase *c, uint64_t seed, const char *w
 
     uint16_t *got = gpu_attention(&p, &b, false, OSP_CUDA_ATTN_V0);
     float *ref = cpu_attention(&p, &b);
-    check_close(&p, &b, got, ref, what);
+    check_close(&p, &b, got, ref, what, false);
     const size_t bytes = sizeof(uint16_t) * (size_t)nq;
     if (b.max_seq_len <= 256) { /* one split for f32 pages too: the same kernel over the same values */
         uint16_t *deq = gpu_attention(&p, &b, true, OSP_CUDA_ATTN_V0);
@@ -507,12 +509,27 @@ static void read_case(uint32_t kvt, const rcase *c, uint64_t seed, const char *w
         assert_memory_equal(got, deq, bytes);
         free(deq);
     }
-    const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_SPLIT};
-    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) { /* the tensor-core modes still run v0 */
+    /* the tensor-core modes: E4M3 pages at D 64 / 128 under wgmma run the tensor-core kernel (checked
+     * against the CPU, and fold mode's bits against split mode's); elsewhere they still run v0 (its bits) */
+    const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
+    uint16_t *split_bits = NULL;
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         uint16_t *o = gpu_attention(&p, &b, false, modes[m]);
-        assert_memory_equal(got, o, bytes);
+        if (osp_cuda_attention_uses_wgmma(modes[m], OSP_CUDA_ATTN_MMA_AUTO, kvt, c->D)) {
+            char w[96];
+            snprintf(w, sizeof w, "%s (tensor cores, mode %d)", what, modes[m]);
+            check_close(&p, &b, o, ref, w, true);
+            if (modes[m] == OSP_CUDA_ATTN_SPLIT) split_bits = o, o = NULL;
+            else if (modes[m] == OSP_CUDA_ATTN_FOLD && split_bits) {
+                if (memcmp(o, split_bits, bytes)) printf("  %s: fold mode's bits differ from split mode's\n", what);
+                assert_memory_equal(o, split_bits, bytes);
+            }
+        } else {
+            assert_memory_equal(got, o, bytes);
+        }
         free(o);
     }
+    free(split_bits);
     free(got), free(ref), free(perm);
     qbatch_free(&b);
     pool_free(&p);
@@ -618,7 +635,8 @@ static void test_read_invariance(void **state) {
                 uint16_t *got = gpu_attention(&p, &b, false, OSP_CUDA_ATTN_AUTO);
                 if (li == 0) {
                     float *cref = cpu_attention(&p, &b);
-                    check_close(&p, &b, got, cref, "invariance reference");
+                    check_close(&p, &b, got, cref, "invariance reference",
+                                osp_cuda_attention_uses_wgmma(OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_MMA_AUTO, kvts[k], heads[h].D));
                     free(cref);
                     ref = got;
                 } else {

@@ -420,9 +420,10 @@ static void test_loop_thread(void **state) {
  * are near-ties by construction, and on SmolLM2 teacher forcing agrees with f16 KV on 94% (fp8) and 79%
  * (nvfp4) of positions (bench/RESULTS.md, issue 13), so the cross-dtype rule is that agreement rate,
  * asserted in tests/golden/test_kv_accuracy.c. On the GPU (test_gpu_engine) the same invariants are
- * asserted token for token: the CUDA write quantizes each token's rows on its own as the CPU does, and the
- * CUDA-core attention kernel that reads quantized pages never splits a row over the KV length, so a
- * row's bits do not depend on its batch or chunking (src/backend/cuda/attention.cu). GPU tokens are not
+ * asserted token for token: the CUDA write quantizes each token's rows on its own as the CPU does, the
+ * CUDA-core kernel that reads nvfp4 pages never splits a row over the KV length, and the tensor-core
+ * kernel that reads fp8 pages (D 64 / 128) folds and splits to the same bits, so a row's bits do not
+ * depend on its batch or chunking (src/backend/cuda/attention.cu, attention_mma.cu). GPU tokens are not
  * compared with the CPU's: the GPU's bf16 weights and activations already differ from the CPU run at f16
  * KV; the GPU read itself is checked against the CPU's attention over the same pages in
  * tests/gpu/test_gpu_kv_quant.c. */

@@ -22,8 +22,9 @@
  * Quantized pages (issue 13, osp_cuda_paged_attention_q): FP8 E4M3 and NVFP4 tiles are decoded once per
  * tile into the same fp32 shared-memory rows (load_kv_tile_q, kv_quant.cuh's exact decoders: each value
  * one fp32 product with its scale, the CPU read's value), then everything below is the f16 path; no
- * dequantized copy of the cache exists. Such launches always run here (the tensor-core kernel takes f16
- * pages) and in one split (make_plan says why).
+ * dequantized copy of the cache exists. NVFP4 launches, and fp8 ones the tensor-core kernel does not serve
+ * (osp_cuda_attention_tc_serves: it takes fp8 at D 64 / 128 under wgmma), run here, in one split
+ * (make_plan says why).
  *
  * Shared memory per CTA: 2 * 32 * (D + 4) + 16 * D + 16 * 32 floats (D = 128: 43 KiB; D = 256:
  * 83 KiB, opted in with cudaFuncSetAttribute). The partials in d_workspace: fp32 [splits, T, n_head,
@@ -705,10 +706,11 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
     if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
 
-    /* the tensor-core kernels take f16 pages only (osp_cuda_attention_v1_supported): quantized pages
-     * always run here, whatever mode is forced */
-    if (!quant && osp_cuda_attention_uses_v1(osp_cuda_attention_forced_mode(), kv_type, D))
-        return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, d_out, num_seqs, d_query_start_loc, d_positions,
+    /* the tensor-core kernel takes f16 pages, and E4M3 pages under wgmma (osp_cuda_attention_tc_serves);
+     * NVFP4 pages, and E4M3 elsewhere, run here whatever mode is forced */
+    if (osp_cuda_attention_tc_serves(kv_type, D))
+        return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, kv_type, quant ? kq->d_k_fixed : NULL,
+                                           quant ? kq->d_v_fixed : NULL, d_out, num_seqs, d_query_start_loc, d_positions,
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);
     const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len, quant);

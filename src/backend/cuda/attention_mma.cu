@@ -52,6 +52,8 @@
 #include "backend/cuda/attention_mma.cuh" /* Params, the fold, the PTX wrappers */
 #include "backend/cuda/attention_ws.h"  /* v3: fold mode at D 128, warp-specialized */
 
+#include <cuda_fp8.h> /* E4M3 -> f16 (pages of issue 13) */
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -79,19 +81,35 @@ template <int D, bool kFold> constexpr int q_region_bytes() {
     return 2 * kRows * (D + kPadH) > (kFold && fold_in_smem<D>() ? 4 * kRows * D : 0) ? 2 * kRows * (D + kPadH)
                                                                                      : 4 * kRows * D;
 }
-template <int D, int ST, bool kFold, bool kWg> constexpr int smem_bytes() {
+/* kFp8 (E4M3 pages, wgmma only): the f16 K/V region holds one converted tile, and ST stages of the raw
+ * codes ([ST][K, V][kKeys][D] bytes) follow the Q region */
+template <int D, int ST, bool kFold, bool kWg, bool kFp8 = false> constexpr int smem_bytes() {
     /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes */
-    return ST * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 : 0);
+    return (kFp8 ? 1 : ST) * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 : 0) +
+           (kFp8 ? ST * 2 * tile_keys<D>() * D : 0);
+}
+
+/* Four E4M3 codes (byte 0 first) -> two f16x2 words, exactly (every E4M3 number is a half; NaN codes give
+ * NaN), by the hardware conversion (sm_89+) */
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+    lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
+    hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
 
 /* D: head_dim; ST: K/V stages in flight (2 ..); kFold: fold mode (else split mode); kWg: the products by
- * wgmma (sm_90a, D 64 / 128) instead of mma.sync. */
-template <int D, int ST, bool kFold, bool kWg>
+ * wgmma (sm_90a, D 64 / 128) instead of mma.sync; kFp8: E4M3 pages (issue 13): each tile's codes land
+ * by cp.async in a staging stage and are converted once, exactly, into the f16 tile the products read
+ * (the K/V scales of the KV head factor out of both products: q k scale_k, and the output times
+ * scale_v after the fold). */
+template <int D, int ST, bool kFold, bool kWg, bool kFp8 = false>
 __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
     static_assert(!kWg || D == 64 || D == 128, "wgmma: D 64 or 128");
+    static_assert(!kFp8 || kWg, "E4M3 pages: wgmma only");
     static_assert(ST >= 2, "stages");
     constexpr int kKeys = tile_keys<D>();
     constexpr bool kOSmem = kFold && fold_in_smem<D>();
@@ -104,12 +122,18 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     constexpr int CPT = kKeys * CPR / kThreads; /* chunks per thread per K (or V) tile */
     static_assert(CPT * kThreads == kKeys * CPR, "tile chunking");
     constexpr int KRS = kv_row_halves<D, kWg>(); /* K/V row stride, halves */
+    constexpr int SF = kFp8 ? 1 : ST;            /* f16 K/V stages in shared memory */
+    /* the K/V loader's 16-byte chunks a row (f16: 8 values, E4M3: 16) and a thread's per K (or V) tile */
+    constexpr int LCPR = kFp8 ? D / 16 : CPR, LCPT = kKeys * LCPR / kThreads;
+    static_assert(LCPT * kThreads == kKeys * LCPR, "tile chunking");
     extern __shared__ uint4 smem_u4[];
-    uint16_t *sK = reinterpret_cast<uint16_t *>(smem_u4); /* [ST][kKeys][KRS]; wgmma: [ST][D / 64][kKeys][64] swizzled */
+    uint16_t *sK = reinterpret_cast<uint16_t *>(smem_u4); /* [SF][kKeys][KRS]; wgmma: [SF][D / 64][kKeys][64] swizzled */
     if constexpr (kWg) sK += ((1024u - (smem_u32(smem_u4) & 1023u)) & 1023u) / 2;
-    uint16_t *sV = sK + ST * kKeys * KRS;                   /* as sK */
-    uint16_t *sQ = sV + ST * kKeys * KRS;                   /* [kRows][RS], until the fragments are loaded */
+    uint16_t *sV = sK + SF * kKeys * KRS;                   /* as sK */
+    uint16_t *sQ = sV + SF * kKeys * KRS;                   /* [kRows][RS], until the fragments are loaded */
     float *sO = reinterpret_cast<float *>(sQ); /* then kOSmem: [ND * 4][kThreads], thread-private */
+    /* kFp8: the codes' stages, K [ST][kKeys][D] then V [ST][kKeys][D] bytes */
+    const uint32_t s8 = smem_u32(sQ) + (uint32_t)q_region_bytes<D, kFold>();
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -166,37 +190,45 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     /* K/V tile loader: keys [k0, k0 + kKeys) of kv head kvh into stage st; keys >= ke zero-filled.
      * Thread tid copies the 16-byte chunk part = tid % CPR of keys k0 + tid / CPR + u kThreads / CPR. */
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
-    const int64_t row_elems = (int64_t)p.n_head_kv * D;
-    const int part = tid % CPR, jrow = tid / CPR;
-    const uint16_t *kbase = p.k_pages + (int64_t)kvh * D + part * 8, *vbase = p.v_pages + (int64_t)kvh * D + part * 8;
+    constexpr int ESZ = kFp8 ? 1 : 2;                    /* bytes a K/V value */
+    const int64_t row_bytes = (int64_t)p.n_head_kv * D * ESZ; /* a slot's row of every KV head */
+    const int part = tid % LCPR, jrow = tid / LCPR;
+    const char *kbase = reinterpret_cast<const char *>(p.k_pages) + ((int64_t)kvh * D + part * (16 / ESZ)) * ESZ,
+               *vbase = reinterpret_cast<const char *>(p.v_pages) + ((int64_t)kvh * D + part * (16 / ESZ)) * ESZ;
     /* this thread's chunk in a stage: padded rows, or (wgmma) column group part / 8, row jrow, chunk
-     * (part mod 8) xor (jrow mod 8); the rows it copies are jrow + u kThreads / CPR, the same mod 8 */
+     * (part mod 8) xor (jrow mod 8); the rows it copies are jrow + u kThreads / CPR, the same mod 8;
+     * kFp8: byte part * 16 of row jrow of a staging stage, rows jrow + u kThreads / LCPR */
     static_assert(!kWg || (kThreads / CPR) % 8 == 0, "swizzle: a thread's rows agree mod 8");
-    const uint32_t kv_off = kWg ? (uint32_t)((part / 8) * kKeys * 128 + jrow * 128 + (((part % 8) ^ (jrow % 8)) * 16))
-                                : (uint32_t)((jrow * RS + part * 8) * 2);
-    const uint32_t sk0 = smem_u32(sK) + kv_off, sv0 = smem_u32(sV) + kv_off;
+    const uint32_t kv_off = kFp8 ? (uint32_t)(jrow * D + part * 16)
+                            : kWg ? (uint32_t)((part / 8) * kKeys * 128 + jrow * 128 + (((part % 8) ^ (jrow % 8)) * 16))
+                                  : (uint32_t)((jrow * RS + part * 8) * 2);
+    const uint32_t sk0 = (kFp8 ? s8 : smem_u32(sK)) + kv_off,
+                   sv0 = (kFp8 ? s8 + (uint32_t)(ST * kKeys * D) : smem_u32(sV)) + kv_off;
     /* The block-table entries of a tile are read one tile ahead of its copies (fetch_slots), so the
      * copies never wait on a dependent table load. slot[u]: the slot of this thread's u-th key, -1 at
      * or past ke. */
-    auto fetch_slots = [&](int k0, int (&slot)[CPT]) {
+    auto fetch_slots = [&](int k0, int (&slot)[LCPT]) {
 #pragma unroll
-        for (int u = 0; u < CPT; u++) {
-            const int key = k0 + jrow + u * (kThreads / CPR);
+        for (int u = 0; u < LCPT; u++) {
+            const int key = k0 + jrow + u * (kThreads / LCPR);
             const int blk = p.bdiv.div(key);
             slot[u] = key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
         }
     };
-    auto load_tile = [&](const int (&slot)[CPT], int st) {
+    auto load_tile = [&](const int (&slot)[LCPT], int st) {
 #pragma unroll
-        for (int u = 0; u < CPT; u++) {
+        for (int u = 0; u < LCPT; u++) {
             const bool valid = slot[u] >= 0;
-            const int64_t off = valid ? (int64_t)slot[u] * row_elems : 0;
-            const uint32_t so = (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * (kWg ? 128 : RS * 2));
+            const int64_t off = valid ? (int64_t)slot[u] * row_bytes : 0;
+            const uint32_t so = kFp8 ? (uint32_t)(st * kKeys * D + u * (kThreads / LCPR) * D)
+                                     : (uint32_t)(st * kKeys * KRS * 2 + u * (kThreads / CPR) * (kWg ? 128 : RS * 2));
             cp_async16(sk0 + so, kbase + off, valid);
             cp_async16(sv0 + so, vbase + off, valid);
         }
     };
 
+    /* scores scale (log2 domain); E4M3 pages: times the KV head's K scale, one fp32 product */
+    const float qscale = kFp8 ? __fmul_rn(p.qscale, p.k_fixed[kvh]) : p.qscale;
     /* this thread's two rows: warp * 16 + g (A) and + 8 (B) */
     int lim[2], first[2];
 #pragma unroll
@@ -207,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     }
 
     /* prologue: tiles 0 .. ST - 2 in flight (a group each, empty past ke), the slots of tile ST - 1 */
-    int slot_next[CPT];
+    int slot_next[LCPT];
     fetch_slots(kb, slot_next);
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) {
@@ -280,8 +312,40 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
         }
         cp_async_commit();
         stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
+        if constexpr (kFp8) {
+            /* the tile's codes -> its f16 tile, once: a 16-byte chunk of codes (row r, values 16 pp ..)
+             * becomes the f16 chunks 2 pp and 2 pp + 1 of row r, swizzled as the loads of f16 pages are
+             * (every warp's products of the previous tile were awaited before the barrier above) */
+            const uint32_t ck = s8 + (uint32_t)(stage * kKeys * D), cv = ck + (uint32_t)(ST * kKeys * D);
+#pragma unroll
+            for (int j = 0; j < kKeys * (D / 16) / kThreads; j++) {
+                const int c = tid + kThreads * j, r = c / (D / 16), pp = c % (D / 16);
+                const uint32_t src = (uint32_t)(r * D + pp * 16);
+                const uint32_t dst = (uint32_t)((pp / 4) * kKeys * 128 + r * 128);
+                const uint32_t o0 = (uint32_t)((((2 * pp) % 8) ^ (r % 8)) * 16), o1 = (uint32_t)((((2 * pp + 1) % 8) ^ (r % 8)) * 16);
+#pragma unroll
+                for (int kv = 0; kv < 2; kv++) {
+                    uint32_t w0, w1, w2, w3;
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                                 : "r"((kv ? cv : ck) + src));
+                    uint32_t h[8];
+                    e4m3x4_to_f16x4(w0, h[0], h[1]), e4m3x4_to_f16x4(w1, h[2], h[3]);
+                    e4m3x4_to_f16x4(w2, h[4], h[5]), e4m3x4_to_f16x4(w3, h[6], h[7]);
+                    const uint32_t base = smem_u32(kv ? sV : sK) + dst;
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(base + o0), "r"(h[0]), "r"(h[1]),
+                                 "r"(h[2]), "r"(h[3])
+                                 : "memory");
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(base + o1), "r"(h[4]), "r"(h[5]),
+                                 "r"(h[6]), "r"(h[7])
+                                 : "memory");
+                }
+            }
+            fence_proxy_async(); /* the f16 tile is read by wgmma */
+            __syncthreads();
+        }
 
-        const uint32_t st_off = (uint32_t)(stage * kKeys * KRS * 2);
+        const uint32_t st_off = kFp8 ? 0u : (uint32_t)(stage * kKeys * KRS * 2);
         const uint32_t tK = k_lane + st_off, tV = v_lane + st_off;
         /* a warp with no rows (decode: one token's heads) only loads, under mma.sync; wgmma needs the
          * whole warpgroup (its rows are zeros and fully masked) */
@@ -334,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
 #pragma unroll
         for (int n = 0; n < NB; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], p.qscale); /* no contraction: same bits everywhere */
+            for (int e = 0; e < 4; e++) sc[n][e] = __fmul_rn(sc[n][e], qscale); /* no contraction: same bits everywhere */
         if (k0 + kKeys > min(lim[0], lim[1]) || k0 < max(first[0], first[1])) { /* a causal or window edge */
 #pragma unroll
             for (int n = 0; n < NB; n++)
@@ -459,10 +523,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
             const float inv = out_scale(Ls[i]);
             uint16_t *dst = p.out + orow * D;
+            /* E4M3 pages: out = (O / L) scale_v, as merge_kernel forms it in split mode */
+            auto outv = [&](float a) { return kFp8 ? __fmul_rn(__fmul_rn(a, inv), p.v_fixed[kvh]) : __fmul_rn(a, inv); };
 #pragma unroll
             for (int n = 0; n < ND; n++) {
-                const uint32_t w = (uint32_t)osp_f_to_bf16(__fmul_rn(oa_ref(n, 2 * i), inv)) |
-                                   ((uint32_t)osp_f_to_bf16(__fmul_rn(oa_ref(n, 2 * i + 1), inv)) << 16);
+                const uint32_t w = (uint32_t)osp_f_to_bf16(outv(oa_ref(n, 2 * i))) |
+                                   ((uint32_t)osp_f_to_bf16(outv(oa_ref(n, 2 * i + 1))) << 16);
                 *reinterpret_cast<uint32_t *>(dst + n * 8 + 2 * tq) = w;
             }
         }
@@ -477,7 +543,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
  * thread runs the same fold_state sequence on the same (m, l), so the bits are fold mode's. */
 template <int D>
 __global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
-                                                  const int32_t *positions, int n_head, int64_t nrow) {
+                                                  const int32_t *positions, int n_head, int64_t nrow,
+                                                  const float *v_fixed, int group) {
     const int dim = (int)threadIdx.x, lane = dim & 31;
     const int64_t row = (int64_t)blockIdx.x;
     const int nch = (positions[row / n_head] + 1 + kChunk - 1) / kChunk;
@@ -499,7 +566,9 @@ __global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const flo
             A = fold_elem(A, wA, a[u], wc);
         }
     }
-    out[row * D + dim] = osp_f_to_bf16(__fmul_rn(A, out_scale(L)));
+    const float o = __fmul_rn(A, out_scale(L));
+    /* E4M3 pages (v_fixed: the layer's V scales a KV head): times the row's KV head's, as fold mode */
+    out[row * D + dim] = osp_f_to_bf16(v_fixed ? __fmul_rn(o, v_fixed[(row % n_head) / group]) : o);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -519,53 +588,63 @@ int sm_count() {
 /* Stage counts a launch may use (K/V tiles in flight); each one instantiated for both modes. */
 constexpr int kMaxStages = 4;
 
-template <int D, int ST, bool kFold, bool kWg> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
-    constexpr int smem = smem_bytes<D, ST, kFold, kWg>();
+/* kind of the K/V tile path: mma.sync on f16 pages, wgmma on f16 pages, wgmma on E4M3 pages */
+enum { kKindSync = 0, kKindWg = 1, kKindWgFp8 = 2 };
+
+template <int D, int ST, bool kFold, int kKind> osp_status launch_kernel(const Params &prm, dim3 grid, cudaStream_t st) {
+    constexpr bool kWg = kKind != kKindSync, kFp8 = kKind == kKindWgFp8;
+    constexpr int smem = smem_bytes<D, ST, kFold, kWg, kFp8>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem));
-    attn_mma_kernel<D, ST, kFold, kWg><<<grid, kThreads, smem, st>>>(prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg, kFp8>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_mma_kernel<D, ST, kFold, kWg, kFp8><<<grid, kThreads, smem, st>>>(prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return OSP_OK;
 }
 
-template <int D, bool kFold, bool kWg> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
+template <int D, bool kFold, int kKind> osp_status launch_stages(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
     switch (stages) {
-    case 3: return launch_kernel<D, 3, kFold, kWg>(prm, grid, st);
-    case 4: return launch_kernel<D, 4, kFold, kWg>(prm, grid, st);
-    default: return launch_kernel<D, 2, kFold, kWg>(prm, grid, st);
+    case 3: return launch_kernel<D, 3, kFold, kKind>(prm, grid, st);
+    case 4: return launch_kernel<D, 4, kFold, kKind>(prm, grid, st);
+    default: return launch_kernel<D, 2, kFold, kKind>(prm, grid, st);
     }
 }
 
-template <int D, bool kWg> int smem_of_wg(int stages, bool fold) {
+template <int D, int kKind> int smem_of_kind(int stages, bool fold) {
+    constexpr bool kWg = kKind != kKindSync, kFp8 = kKind == kKindWgFp8;
     switch (stages) {
-    case 3: return fold ? smem_bytes<D, 3, true, kWg>() : smem_bytes<D, 3, false, kWg>();
-    case 4: return fold ? smem_bytes<D, 4, true, kWg>() : smem_bytes<D, 4, false, kWg>();
-    default: return fold ? smem_bytes<D, 2, true, kWg>() : smem_bytes<D, 2, false, kWg>();
+    case 3: return fold ? smem_bytes<D, 3, true, kWg, kFp8>() : smem_bytes<D, 3, false, kWg, kFp8>();
+    case 4: return fold ? smem_bytes<D, 4, true, kWg, kFp8>() : smem_bytes<D, 4, false, kWg, kFp8>();
+    default: return fold ? smem_bytes<D, 2, true, kWg, kFp8>() : smem_bytes<D, 2, false, kWg, kFp8>();
     }
 }
-template <int D> int smem_of(int stages, bool fold, bool wg) {
-    if constexpr (D >= 64)
-        if (wg) return smem_of_wg<D, true>(stages, fold);
-    return smem_of_wg<D, false>(stages, fold);
+template <int D> int smem_of(int stages, bool fold, int kind) {
+    if constexpr (D >= 64) {
+        if (kind == kKindWg) return smem_of_kind<D, kKindWg>(stages, fold);
+        if (kind == kKindWgFp8) return smem_of_kind<D, kKindWgFp8>(stages, fold);
+    }
+    return smem_of_kind<D, kKindSync>(stages, fold);
 }
 
-template <int D, bool kWg>
+template <int D, int kKind>
 osp_status launch_mode(const Params &prm, dim3 grid, int stages, bool split, cudaStream_t st) {
-    return split ? launch_stages<D, false, kWg>(prm, grid, stages, st) : launch_stages<D, true, kWg>(prm, grid, stages, st);
+    return split ? launch_stages<D, false, kKind>(prm, grid, stages, st) : launch_stages<D, true, kKind>(prm, grid, stages, st);
 }
 
 template <int D>
-osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, bool wg, cudaStream_t st) {
+osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, int kind, cudaStream_t st) {
     const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
     osp_status rc;
-    if constexpr (D >= 64) rc = wg ? launch_mode<D, true>(prm, grid, stages, split, st) : launch_mode<D, false>(prm, grid, stages, split, st);
-    else rc = launch_mode<D, false>(prm, grid, stages, split, st);
+    if constexpr (D >= 64)
+        rc = kind == kKindWgFp8 ? launch_mode<D, kKindWgFp8>(prm, grid, stages, split, st)
+             : kind == kKindWg  ? launch_mode<D, kKindWg>(prm, grid, stages, split, st)
+                                : launch_mode<D, kKindSync>(prm, grid, stages, split, st);
+    else rc = launch_mode<D, kKindSync>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
-    merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions,
-                                                                           prm.n_head, nrow);
+    merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.n_head, nrow,
+                                                  prm.v_fixed, prm.n_head / prm.n_head_kv);
     OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
     return OSP_OK;
 }
@@ -636,11 +715,18 @@ extern "C" int osp_cuda_attention_forced_mode(void) {
 }
 
 extern "C" bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D) {
-    return kv_type == OSP_KV_PAGE_F16 && (D == 32 || D == 64 || D == 128);
+    return (kv_type == OSP_KV_PAGE_F16 && (D == 32 || D == 64 || D == 128)) ||
+           (kv_type == OSP_KV_PAGE_FP8 && (D == 64 || D == 128));
 }
 
 extern "C" bool osp_cuda_attention_v2_supported(uint32_t kv_type, int D) {
-    return kv_type == OSP_KV_PAGE_F16 && (D == 64 || D == 128);
+    return (kv_type == OSP_KV_PAGE_F16 || kv_type == OSP_KV_PAGE_FP8) && (D == 64 || D == 128);
+}
+
+extern "C" bool osp_cuda_attention_tc_serves(uint32_t kv_type, int D) {
+    const int mode = osp_cuda_attention_forced_mode();
+    if (kv_type == OSP_KV_PAGE_FP8) return osp_cuda_attention_uses_wgmma(mode, g_force_mma, kv_type, D);
+    return osp_cuda_attention_uses_v1(mode, kv_type, D);
 }
 
 extern "C" bool osp_cuda_attention_uses_v1(int mode, uint32_t kv_type, int D) {
@@ -663,6 +749,7 @@ extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, 
 }
 
 extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                                  uint32_t kv_type, const float *d_k_fixed, const float *d_v_fixed,
                                                   uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
                                                   const int32_t *d_positions, const int32_t *d_block_table,
                                                   int32_t max_blocks, int32_t block_size, int64_t T, int n_head,
@@ -680,7 +767,12 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * the workspace budget (osp_cuda_attention_workspace_bytes allocates at most that) */
     const bool can_split = n_chunks > 1 && n_chunks <= 65535 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET;
     const int forced = osp_cuda_attention_forced_mode();
-    const bool wg = osp_cuda_attention_uses_wgmma(forced, g_force_mma, OSP_KV_PAGE_F16, D);
+    const bool fp8 = kv_type == OSP_KV_PAGE_FP8;
+    const bool wg = osp_cuda_attention_uses_wgmma(forced, g_force_mma, kv_type, D);
+    if (fp8 && (!wg || !d_k_fixed || !d_v_fixed))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: fp8 pages on tensor cores need wgmma (D 64 / "
+                                                  "128) and their scales");
+    const int kind = fp8 ? kKindWgFp8 : wg ? kKindWg : kKindSync;
     const bool split = forced == OSP_CUDA_ATTN_SPLIT ? can_split
                        : forced == OSP_CUDA_ATTN_FOLD ? false
                                                       : can_split && ctas < 2 * sm_count();
@@ -692,6 +784,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.q = d_q;
     prm.k_pages = static_cast<const uint16_t *>(d_k_pages);
     prm.v_pages = static_cast<const uint16_t *>(d_v_pages);
+    prm.k_fixed = fp8 ? d_k_fixed : nullptr;
+    prm.v_fixed = fp8 ? d_v_fixed : nullptr;
     prm.out = d_out;
     prm.qsl = d_query_start_loc;
     prm.positions = d_positions;
@@ -716,7 +810,7 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * (8 a CTA) made 272 CTAs: a second wave of 8 (predicted to cost a whole wave; not yet measured). The shapes bench/gpu/tune.sh
      * measured (B 1 / 2 / 8 / 64 at 1k .. 128k) keep the counts they were measured with. */
     /* v3: fold mode at D 128 under wgmma, where enabled; its rows are v2's bits */
-    if (!split && wg && D == 128 && ws_mode() != OSP_CUDA_ATTN_WS_OFF) {
+    if (!split && wg && !fp8 && D == 128 && ws_mode() != OSP_CUDA_ATTN_WS_OFF) {
         prm.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, ws_rows());
         if (prm.tl.n_tiles > INT32_MAX)
             return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
@@ -724,9 +818,9 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
         return ws_launch(prm, g_ws_stages ? g_ws_stages : kWsStages, ws_mode() == OSP_CUDA_ATTN_WS_PINGPONG, stream);
     }
     const int stages = split ? (g_split_stages ? g_split_stages : kSplitStages) : (g_fold_stages ? g_fold_stages : kFoldStages);
-    const int smem = D == 32   ? smem_of<32>(stages, !split, false)
-                     : D == 64 ? smem_of<64>(stages, !split, wg)
-                               : smem_of<128>(stages, !split, wg);
+    const int smem = D == 32   ? smem_of<32>(stages, !split, kKindSync)
+                     : D == 64 ? smem_of<64>(stages, !split, kind)
+                               : smem_of<128>(stages, !split, kind);
     const int64_t resident = (int64_t)sm_count() * ctas_per_sm(smem) * (g_split_waves ? g_split_waves : kSplitWaves);
     int64_t per = g_chunks_per_cta;
     if (!per) {
@@ -742,8 +836,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     const int64_t n_groups = ceil_div(n_chunks, per);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (D) {
-    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, false, st);
-    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
-    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, wg, st);
+    case 32: return launch<32>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, kKindSync, st);
+    case 64: return launch<64>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, kind, st);
+    default: return launch<128>(prm, (unsigned)n_tiles, (unsigned)n_groups, stages, split, kind, st);
     }
 }

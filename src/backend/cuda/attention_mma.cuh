@@ -39,8 +39,9 @@ struct FastDiv {
 
 struct Params {
     const uint16_t *q;          /* [T, n_head, D] bf16 */
-    const uint16_t *k_pages;    /* [num_blocks, block_size, n_head_kv, D] f16 */
+    const uint16_t *k_pages;    /* [num_blocks, block_size, n_head_kv, D] f16, or E4M3 codes (bytes) */
     const uint16_t *v_pages;
+    const float *k_fixed, *v_fixed; /* E4M3 pages: the layer's scales, [n_head_kv] fp32; else NULL */
     uint16_t *out;              /* [T, n_head, D] bf16 */
     const int32_t *qsl;         /* [num_seqs + 1] */
     const int32_t *positions;   /* [T] */

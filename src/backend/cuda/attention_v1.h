@@ -71,17 +71,24 @@ int osp_cuda_attention_forced_mode(void);
 /* true where launches of this mode, page type and head_dim run v1 */
 bool osp_cuda_attention_uses_v1(int mode, uint32_t kv_type, int D);
 
-/* true where v1 serves the launch: f16 pages (OSP_KV_PAGE_F16) and D 32, 64 or 128. */
+/* true where the tensor-core kernel may serve a launch: f16 pages (OSP_KV_PAGE_F16) at D 32, 64 or 128,
+ * E4M3 pages (OSP_KV_PAGE_FP8, issue 13) at D 64 or 128 (under wgmma only). */
 bool osp_cuda_attention_v1_supported(uint32_t kv_type, int D);
-/* true where the wgmma products apply: f16 pages and D 64 or 128 (sm_90a). */
+/* true where the wgmma products apply: f16 or E4M3 pages and D 64 or 128 (sm_90a). */
 bool osp_cuda_attention_v2_supported(uint32_t kv_type, int D);
+/* true where the tensor-core kernel serves a launch of this page type and head_dim under the forced
+ * mode and instruction (E4M3 pages: only with wgmma; elsewhere the CUDA-core kernel, v0). */
+bool osp_cuda_attention_tc_serves(uint32_t kv_type, int D);
 /* true where a launch of this mode, instruction choice (OSP_CUDA_ATTN_MMA_*), page type and head_dim
  * runs the tensor-core kernel with wgmma */
 bool osp_cuda_attention_uses_wgmma(int mode, int mma, uint32_t kv_type, int D);
 /* Bytes of split-mode partials for `tokens` query tokens at this max_seq_len (0: never splits). */
 size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len);
-/* The launcher; arguments as osp_cuda_paged_attention, already validated by it. */
+/* The launcher; arguments as osp_cuda_paged_attention_q, already validated by it: kv_type
+ * OSP_KV_PAGE_F16, or OSP_KV_PAGE_FP8 with the layer's fixed scales d_k_fixed / d_v_fixed ([n_head_kv]
+ * fp32; NULL for f16) where osp_cuda_attention_tc_serves says so. */
 osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
+                                       uint32_t kv_type, const float *d_k_fixed, const float *d_v_fixed,
                                        uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
                                        const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
                                        int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,

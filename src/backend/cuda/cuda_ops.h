@@ -232,11 +232,15 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
                                     int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
                                     int32_t window, int32_t max_seq_len, void *d_workspace, void *stream);
 /* The same for any page type: kv_type OSP_KV_PAGE_FP8 or NVFP4 with kq their scales (kq ignored, may be
- * NULL, for f16 / f32). Quantized pages are read directly by the CUDA-core kernel (v0, whatever mode
- * is forced: the tensor-core kernels take f16 pages only): each 32-key K/V tile is decoded once into
- * fp32 shared memory as e4m3(code) * d_*_fixed[kv head] (fp8) or e2m1(code) * (e4m3(scale) * tensor
- * scale) (nvfp4), each one fp32 product, the values core/dtype.c's dequantizers and the CPU's read
- * give; no dequantized copy of the cache is made. Then the same online softmax as for f16 pages. */
+ * NULL, for f16 / f32). Quantized pages are read directly, never through a dequantized copy:
+ *   fp8 at D 64 / 128 under wgmma (the default; osp_cuda_attention_tc_serves): the tensor-core kernel
+ *     (attention_mma.cu) converts each 64-key tile's codes once, exactly, into an f16 tile in shared
+ *     memory; the KV head's scales factor out of both products (scores times d_k_fixed[kv head], the
+ *     output times d_v_fixed[kv head] after the fold), a row's bits independent of its batch as for f16;
+ *   otherwise the CUDA-core kernel (v0): each 32-key K/V tile decoded once into fp32 shared memory as
+ *     e4m3(code) * d_*_fixed[kv head] (fp8) or e2m1(code) * (e4m3(scale) * tensor scale) (nvfp4), each
+ *     one fp32 product, the values core/dtype.c's dequantizers and the CPU's read give; then the same
+ *     online softmax as for f16 pages. */
 osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
                                       uint32_t kv_type, const osp_cuda_kv_quant *kq, uint16_t *d_out, int32_t num_seqs,
                                       const int32_t *d_query_start_loc, const int32_t *d_positions,
