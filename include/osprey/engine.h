@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "osprey/model.h"
+#include "osprey/spec.h"
 #include "osprey/status.h"
 
 #ifdef __cplusplus
@@ -75,6 +76,12 @@ typedef struct osp_engine_params {
                                        table fails osp_engine_create */
     void (*log)(void *ctx, const char *line); /* start-up lines (the kernel choices); NULL: stderr */
     void *log_ctx;
+    osp_spec_config speculative;    /* speculative decoding (osprey/spec.h; vLLM's speculative_config): each
+                                       step every decoding request proposes up to num_speculative_tokens
+                                       drafts, verified in the same forward pass as the rest of the batch;
+                                       outputs are the target's own. method OSP_SPEC_NONE (default): off.
+                                       CPU only for now: OSP_ERR_UNSUPPORTED where the model samples on
+                                       the GPU */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);
@@ -188,11 +195,17 @@ typedef struct osp_engine_stats {
     int64_t num_scheduled_tokens;   /* tokens that went through the model (prefill + decode) */
     int32_t num_blocks, num_free_blocks, block_size;
     int32_t num_running, num_waiting;
+    /* speculative decoding (vLLM's vllm:spec_decode_* counters): verification rows run, drafts in them,
+       drafts accepted, and per draft position the rows that accepted it (mean acceptance length =
+       1 + spec_num_accepted_tokens / spec_num_drafts tokens per row) */
+    int64_t spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
+    int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
 } osp_engine_stats;
 
 /* Loads the model and sizes the KV cache. Errors: everything osp_model_load() returns;
  * OSP_ERR_INVALID_ARG for out-of-range params (message names the field; e.g. a budget that holds no
- * block, max_model_len above the model's context); OSP_ERR_NOMEM. */
+ * block, max_model_len above the model's context, a bad speculative config); OSP_ERR_UNSUPPORTED for
+ * speculative decoding where the model samples on the GPU; OSP_ERR_NOMEM. */
 osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out);
 /* Stops the loop thread if running, finishes nothing further, frees everything. NULL is fine. */
 void osp_engine_free(osp_engine *e);
