@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osprey/spec.h"
 #include "osprey/tokenizer.h"
 
 #define SRV_MAX_LOGPROBS 20
@@ -168,6 +169,10 @@ typedef struct srv_metrics_gauges {
     int32_t num_blocks, num_free_blocks;
     int64_t prefix_queries, prefix_hits, num_preemptions;
     int32_t in_flight;          /* HTTP generation requests being served */
+    /* speculative decoding (vLLM's vllm:spec_decode_* counters), shown when spec_k > 0 */
+    int32_t spec_k;
+    int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);
