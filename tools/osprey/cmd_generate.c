@@ -150,10 +150,12 @@ int cmd_generate(int argc, char **argv) {
             t_gen * 1e3, n_decode > 0 ? (double)n_decode / t_gen : 0.0);
     if (ep.speculative.method != OSP_SPEC_NONE) {
         const osp_engine_stats st = osp_engine_get_stats(e);
-        fprintf(stderr, "speculative (%s, k %d): %lld drafts, %lld draft tokens, %lld accepted, mean acceptance length "
-                        "%.2f tokens per step\n", osp_spec_method_name(ep.speculative.method),
-                ep.speculative.num_speculative_tokens, (long long)st.spec_num_drafts,
-                (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens,
+        /* vLLM's mean acceptance length: 1 + accepted per verification row; and over every decode step */
+        fprintf(stderr, "speculative (%s, k %d): %lld verification rows, %lld draft tokens, %lld accepted, mean "
+                        "acceptance length %.2f, %.2f tokens per decode step\n",
+                osp_spec_method_name(ep.speculative.method), ep.speculative.num_speculative_tokens,
+                (long long)st.spec_num_drafts, (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens,
+                st.spec_num_drafts ? 1.0 + (double)st.spec_num_accepted_tokens / (double)st.spec_num_drafts : 1.0,
                 n_steps > 0 ? (double)n_decode / n_steps : 0.0);
     }
 
