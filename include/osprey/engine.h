@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "osprey/model.h"
+#include "osprey/spec.h"
 #include "osprey/status.h"
 
 #ifdef __cplusplus
@@ -75,6 +76,12 @@ typedef struct osp_engine_params {
                                        table fails osp_engine_create */
     void (*log)(void *ctx, const char *line); /* start-up lines (the kernel choices); NULL: stderr */
     void *log_ctx;
+    osp_spec_config speculative;    /* speculative decoding (osprey/spec.h; vLLM's speculative_config): each
+                                       step every decoding request proposes up to num_speculative_tokens
+                                       drafts, verified in the same forward pass as the rest of the batch;
+                                       outputs are the target's own. method OSP_SPEC_NONE (default): off.
+                                       CPU only for now: OSP_ERR_UNSUPPORTED where the model samples on
+                                       the GPU */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);
@@ -203,6 +210,11 @@ typedef struct osp_engine_stats {
        osp_engine_iteration_token_buckets[b] tokens (and more than bucket b-1's); the last entry the
        steps above every bucket (vLLM's vllm:iteration_tokens_total buckets) */
     int64_t iteration_tokens[OSP_ENGINE_ITERATION_BUCKETS + 1];
+    /* speculative decoding (vLLM's vllm:spec_decode_* counters): verification rows run, drafts in them,
+       drafts accepted, and per draft position the rows that accepted it (mean acceptance length =
+       1 + spec_num_accepted_tokens / spec_num_drafts tokens per row) */
+    int64_t spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
+    int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
 } osp_engine_stats;
 
 /* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */
@@ -210,7 +222,8 @@ extern const int32_t osp_engine_iteration_token_buckets[OSP_ENGINE_ITERATION_BUC
 
 /* Loads the model and sizes the KV cache. Errors: everything osp_model_load() returns;
  * OSP_ERR_INVALID_ARG for out-of-range params (message names the field; e.g. a budget that holds no
- * block, max_model_len above the model's context); OSP_ERR_NOMEM. */
+ * block, max_model_len above the model's context, a bad speculative config); OSP_ERR_UNSUPPORTED for
+ * speculative decoding where the model samples on the GPU; OSP_ERR_NOMEM. */
 osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out);
 /* Stops the loop thread if running, finishes nothing further, frees everything. NULL is fine. */
 void osp_engine_free(osp_engine *e);

@@ -21,6 +21,7 @@
 /* GPU memory kept out of the KV cache for activations (grown in the first steps), the sampler's
  * scratch (~8 bytes per vocabulary entry per row) and cuBLASLt's workspace. */
 #define OSP_GPU_RESERVE_BYTES ((int64_t)3 << 30)
+#include "engine/engine_internal.h"
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "grammar/grammar.h"
@@ -65,6 +66,9 @@ struct osp_engine {
     } gcache[OSP_ENGINE_GRAMMAR_CACHE];
     int32_t gcache_next;
     pthread_mutex_t gmu;
+    osp_proposer *proposer;     /* speculative decoding's drafts, or NULL */
+    int32_t spec_k;             /* drafts per request and step at most (0: off) */
+    osp_spec_seq *spec_seqs;    /* [max_num_seqs] step-thread scratch for the proposer */
 
     pthread_mutex_t mu;
     pthread_cond_t wake;        /* the loop thread waits for work */
@@ -115,6 +119,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if (p.exact && osp_kv_dtype_quantized(p.kv_dtype))
         return osp_set_error(OSP_ERR_INVALID_ARG, "engine: exact mode needs f32 KV pages, not quantized %s ones",
                              osp_kv_dtype_name(p.kv_dtype));
+    OSP_TRY(osp_spec_config_check(&p.speculative));
     osp_engine *e = calloc(1, sizeof *e);
     if (!e) return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
     pthread_mutex_init(&e->mu, NULL);
@@ -188,8 +193,24 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                      .hasher = osp_prefix_hasher_make(p.hash_algo, p.hash_seed_set, p.hash_seed),
                                      .eos_ids = eos, .num_eos = n_eos};
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
+    /* speculative decoding: verification samples every draft position on the host (the GPU sampler
+       takes one row per sequence), so it is CPU-only for now */
+    if (p.speculative.method != OSP_SPEC_NONE) {
+        if (osp_model_samples_on_device(e->model)) {
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: speculative decoding (%s) runs on the CPU only for now; "
+                              "use --device cpu or leave out the speculative config",
+                              osp_spec_method_name(p.speculative.method));
+            goto fail;
+        }
+        if ((s = osp_proposer_create(&p.speculative, &e->proposer)) != OSP_OK) goto fail;
+        e->spec_k = p.speculative.num_speculative_tokens;
+    }
+    if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs))) {
+        s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+        goto fail;
+    }
     if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
-                               p.max_num_batched_tokens, &e->runner)) != OSP_OK)
+                               p.max_num_batched_tokens, e->spec_k, &e->runner)) != OSP_OK)
         goto fail;
     if (p.trace_shapes_path && !(e->runner->trace = fopen(p.trace_shapes_path, "a"))) {
         s = osp_set_error(OSP_ERR_IO, "engine: cannot open the shape trace %s: %s", p.trace_shapes_path, strerror(errno));
@@ -226,6 +247,8 @@ void osp_engine_free(osp_engine *e) {
         osp_grammar_matcher_free(e->gcache[i].start);
     }
     pthread_mutex_destroy(&e->gmu);
+    osp_proposer_destroy(e->proposer);
+    free(e->spec_seqs);
     osp_scheduler_destroy(e->sched);
     osp_model_free(e->model);
     pthread_mutex_destroy(&e->mu);
@@ -298,6 +321,9 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     osp_request *r;
     OSP_TRY(osp_request_create(rp, e->p.max_model_len, e->p.block_size, 0, &r));
     if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
+    /* children copy it; a request under a grammar gets no drafts (the matcher does not verify drafts:
+       drafted tokens would bypass its mask) */
+    r->spec_k = rp->grammar ? 0 : e->spec_k;
     osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
     if (s == OSP_OK && rp->grammar) {
         if (osp_model_samples_on_device(e->model))
@@ -409,6 +435,45 @@ static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, 
 
 const int32_t osp_engine_iteration_token_buckets[OSP_ENGINE_ITERATION_BUCKETS] = {1, 8, 16, 32, 64, 128, 256,
                                                                                    512, 1024, 2048, 4096, 8192, 16384};
+/* Speculative decoding: after a step, every request of it that is about to decode gets drafts for the
+ * next one (vLLM V1's order: propose after sampling), at most what leaves room under max_len for the
+ * target's token after them; one proposer call for all. Drafts of a request not scheduled next step
+ * stay valid (its tokens have not changed); the scheduler drops them on preemption. */
+static osp_status propose_drafts(osp_engine *e, const osp_sched_output *so) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < so->num_entries; i++) {
+        osp_request *r = so->entries[i].req;
+        r->num_spec = 0;
+        int32_t k = r->max_len - r->num_tokens - 1;
+        if (k > r->spec_k) k = r->spec_k;
+        if (r->state != OSP_REQ_RUNNING || k <= 0 || r->num_computed_tokens != r->num_tokens - 1) continue;
+        e->spec_seqs[n++] = (osp_spec_seq){.uid = r->uid, .tokens = r->tokens, .num_tokens = r->num_tokens,
+                                           .num_prompt = r->num_prompt, .max_draft = k, .draft = r->spec_tokens};
+    }
+    if (n == 0) return OSP_OK;
+    OSP_TRY(e->proposer->ops->propose(e->proposer, e->spec_seqs, n));
+    for (int32_t i = 0, j = 0; i < so->num_entries && j < n; i++) {
+        osp_request *r = so->entries[i].req;
+        if (r->uid != e->spec_seqs[j].uid) continue;
+        const int32_t nd = e->spec_seqs[j++].num_draft;
+        for (int32_t t = 0; t < nd; t++)
+            if (r->spec_tokens[t] < 0 || r->spec_tokens[t] >= e->n_vocab)
+                return osp_set_error(OSP_ERR_INTERNAL, "speculative decoding: proposer %s drafted token %d outside the "
+                                     "vocabulary (%d)", e->proposer->ops->name, r->spec_tokens[t], e->n_vocab);
+        r->num_spec = nd < 0 ? 0 : nd > r->spec_k ? r->spec_k : nd;
+    }
+    return OSP_OK;
+}
+
+osp_status osp_engine_set_proposer(osp_engine *e, osp_proposer *p, int32_t k) {
+    if (!e->proposer || !p || k < 1 || k > e->spec_k)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "engine: a custom proposer needs a speculative config and k in "
+                                                  "[1, %d], not %d", e->spec_k, k);
+    osp_proposer_destroy(e->proposer);
+    e->proposer = p;
+    e->spec_k = k;
+    return OSP_OK;
+}
 
 static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->publish.n = 0;
@@ -437,12 +502,13 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
             if (so->entries[i].req->t_scheduled == 0) so->entries[i].req->t_scheduled = now;
     }
     OSP_TRY(osp_runner_execute(e->runner, so));
-    int64_t gen = 0;
-    for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].sampled >= 0;
     osp_scheduler_update(e->sched, so);
+    int64_t gen = 0;
+    for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].num_new_tokens;
     for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */
         OSP_TRY(osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]));
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
+    if (e->proposer) OSP_TRY(propose_drafts(e, so));
     for (int32_t i = 0; i < so->num_entries; i++)
         if (so->entries[i].sampled != -1) mark(e, so->entries[i].req);
     for (int32_t i = 0; i < so->num_touched; i++) {
@@ -467,6 +533,10 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->stats.num_running = ss.num_running;
     e->stats.num_waiting = ss.num_waiting;
     e->stats.num_free_blocks = osp_block_pool_num_free(osp_scheduler_pool(e->sched));
+    e->stats.spec_num_drafts = ss.spec_num_drafts;
+    e->stats.spec_num_draft_tokens = ss.spec_num_draft_tokens;
+    e->stats.spec_num_accepted_tokens = ss.spec_num_accepted_tokens;
+    memcpy(e->stats.spec_accepted_per_pos, ss.spec_accepted_per_pos, sizeof ss.spec_accepted_per_pos);
     int32_t n_cb = 0; /* keep only callback requests: a poller may free the others once unlocked */
     for (int32_t i = 0; i < e->publish.n; i++) {
         osp_request *r = e->publish.v[i];

@@ -11,6 +11,7 @@
 #include "core/threadpool.h"
 #include "grammar/grammar.h"
 #include "model/model_exec.h"
+#include "spec/verify.h"
 
 /* Samples rows [begin, end) of this step on model thread ith, with the sampler scratch slot ith: the
  * forward pass's threads do the sampling too, so no second set of threads (OpenMP) competes with
@@ -35,7 +36,8 @@ static void sample_task(void *arg, int ith, int nth) {
 }
 
 osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, osp_model_runner **out) {
+                             int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int32_t max_spec,
+                             osp_model_runner **out) {
     *out = NULL;
     osp_model_runner *r = calloc(1, sizeof *r);
     if (!r) return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory");
@@ -43,11 +45,13 @@ osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_siz
     r->n_vocab = osp_model_config_get(m)->n_vocab;
     r->max_rows = max_rows;
     osp_status s = osp_kv_cache_create(m, num_blocks, block_size, dtype, &r->kv);
-    if (s == OSP_OK) s = osp_pb_create(max_rows, max_model_len, block_size, max_tokens, &r->pb);
+    if (s == OSP_OK) s = osp_pb_create(max_rows, max_model_len, block_size, max_tokens, max_spec, &r->pb);
+    /* a verification row samples each of its positions: up to pb->max_logits sampler rows a step */
+    if (s == OSP_OK) r->max_sample = r->pb->max_logits > max_rows ? r->pb->max_logits : max_rows;
     /* one scratch slot per model thread: rows are sampled on the model's thread pool */
-    if (s == OSP_OK) s = osp_sampler_workspace_create(max_rows, r->n_vocab, osp_model_n_threads(m), &r->ws);
+    if (s == OSP_OK) s = osp_sampler_workspace_create(r->max_sample, r->n_vocab, osp_model_n_threads(m), &r->ws);
     if (s == OSP_OK) {
-        const size_t R = (size_t)max_rows, P = OSP_MAX_PROMPT_LP_PER_STEP;
+        const size_t R = (size_t)r->max_sample, P = OSP_MAX_PROMPT_LP_PER_STEP;
         r->logits = malloc(sizeof(float) * (R + P) * (size_t)r->n_vocab);
         r->rows = malloc(sizeof *r->rows * R);
         r->row_req = malloc(sizeof *r->row_req * R);
@@ -123,6 +127,39 @@ static void trace_step(osp_model_runner *r, const osp_batch *b) {
     fflush(r->trace);
 }
 
+/* The verification row whose sampler rows start at i0 (positions 0..num_spec): keeps the drafts up to
+ * the first the target did not draw, then the target's draw there (verify.h); logprobs are the
+ * target's at each kept position. A failed sampler row within the kept positions fails the request
+ * after the drafts before it. Returns the row's number of sampler rows. */
+static int32_t verify_row(osp_model_runner *r, osp_sched_output *out, int32_t i0) {
+    osp_persistent_batch *pb = r->pb;
+    const size_t V = (size_t)r->n_vocab, L = (size_t)pb->max_model_len;
+    osp_sched_entry *en = &out->entries[r->row_entry[i0]];
+    osp_request *q = en->req;
+    const int32_t ns = en->num_spec, row = pb->in_logits_row[i0];
+    int32_t a = osp_spec_verify_point(q->spec_tokens, ns, r->tokens + i0);
+    for (int32_t j = 0; j <= a; j++) /* the first failure among the kept positions ends the row there */
+        if (r->status[i0 + j] != OSP_OK) {
+            row_error(q, r->logits + (size_t)(i0 + j) * V, r->n_vocab, "sampling", q->num_tokens + j);
+            a = j;
+            break;
+        }
+    for (int32_t j = 0; j <= a && j <= ns; j++)
+        if (r->status[i0 + j] == OSP_OK && r->rows[i0 + j].num_logprobs >= 0 && q->logprobs)
+            q->logprobs[r->rows[i0 + j].n_output] = r->lp[i0 + j];
+    en->num_accepted = a;
+    if (r->status[i0 + a] != OSP_OK) {
+        en->sampled = OSP_SAMPLED_ERROR;
+    } else {
+        en->sampled = r->tokens[i0 + a];
+        /* the row's tokens: the accepted drafts are in place already, the target's token after them */
+        pb->token_ids[(size_t)row * L + pb->num_tokens[row] + a] = en->sampled;
+        pb->num_tokens[row] += a + 1;
+    }
+    pb->num_scheduled[row] -= ns - a; /* the rejected drafts were not computed */
+    return ns + 1;
+}
+
 osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     osp_persistent_batch *pb = r->pb;
     const size_t V = (size_t)r->n_vocab, L = (size_t)pb->max_model_len;
@@ -178,7 +215,8 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         }
     }
 
-    /* one sampler row per row reaching its end, then the first tokens of children being forked */
+    /* one sampler row per row reaching its end (a verification row: one per position, each seeing the
+       drafts before it as outputs), then the first tokens of children being forked */
     int32_t nr = 0;
     for (int32_t i = 0; i < nl; i++) {
         const int32_t row = pb->in_logits_row[i];
@@ -187,7 +225,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         sr->prompt_ids = pb->token_ids + (size_t)row * L;
         sr->n_prompt = pb->num_prompt[row];
         sr->output_ids = sr->prompt_ids + sr->n_prompt;
-        sr->n_output = pb->num_tokens[row] - pb->num_prompt[row];
+        sr->n_output = pb->num_tokens[row] - pb->num_prompt[row] + pb->in_logits_pos[i];
         sr->output_pos = (uint64_t)sr->n_output;
         r->row_req[nr] = out->entries[pb->entry[row]].req;
         r->lrow[nr] = i;
@@ -199,7 +237,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     for (int32_t i = 0; i < nl; i++) {
         osp_request *q = r->row_req[i];
         if (!q->matcher) continue;
-        if (!r->gmask && !(r->gmask = malloc(sizeof *r->gmask * W * (size_t)r->max_rows)))
+        if (!r->gmask && !(r->gmask = malloc(sizeof *r->gmask * W * (size_t)r->max_sample)))
             return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for grammar masks");
         uint32_t *mk = r->gmask + W * (size_t)i;
         if (gpu || !r->trie || osp_grammar_matcher_fill_mask(q->matcher, r->trie, mk) != OSP_OK)
@@ -212,7 +250,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         for (int32_t k = 0; k < q->num_children; k++) {
             osp_request *c = q->children[k];
             if (c->state == OSP_REQ_FINISHED) continue;
-            if (nr == r->max_rows) return osp_set_error(OSP_ERR_INTERNAL, "model runner: no sampler row for a child");
+            if (nr == r->max_sample) return osp_set_error(OSP_ERR_INTERNAL, "model runner: no sampler row for a child");
             if (!gpu) memcpy(r->logits + (size_t)nr * V, r->logits + (size_t)i * V, sizeof(float) * V);
             r->lrow[nr] = i;
             r->rows[nr] = r->rows[i];
@@ -237,6 +275,10 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     }
     for (int32_t i = 0; i < nr; i++) {
         osp_request *q = r->row_req[i];
+        if (r->row_entry[i] >= 0 && out->entries[r->row_entry[i]].num_spec > 0) {
+            i += verify_row(r, out, i) - 1;
+            continue;
+        }
         const bool ok = r->status[i] == OSP_OK;
         const int32_t tok = r->tokens[i];
         if (!ok) row_error(q, r->logits + (size_t)i * V, r->n_vocab, "sampling", q->num_tokens);

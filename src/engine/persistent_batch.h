@@ -26,6 +26,8 @@ typedef struct osp_persistent_batch {
                                      output_ids at the row's token_ids and sets n_output / output_pos each
                                      step (no allocation) */
     int32_t *num_scheduled;       /* [max_rows] this step's tokens, 0 = not scheduled */
+    int32_t *num_spec;            /* [max_rows] drafts among them (a verification row), written into
+                                     token_ids past num_tokens; 0 = none */
     int32_t *entry;               /* [max_rows] index of the row's osp_sched_entry this step */
     int64_t num_moves;            /* rows moved to fill holes, over the batch's life */
 
@@ -34,23 +36,29 @@ typedef struct osp_persistent_batch {
     int32_t *in_qsl;              /* [max_rows + 1] */
     int32_t *in_seq_lens;         /* [max_rows] */
     int32_t *in_block_table;      /* [max_rows, max_blocks] rows of the scheduled requests */
-    int32_t *in_logits_idx;       /* [max_rows + OSP_MAX_PROMPT_LP_PER_STEP] sampled rows, then the runner's
-                                     prompt-logprob positions */
-    int32_t *in_logits_row;       /* [max_rows] the row each logit belongs to */
+    int32_t max_logits;           /* sampled logits per step at most: max_rows * (1 + max_spec), capped */
+    int32_t *in_logits_idx;       /* [max_logits + OSP_MAX_PROMPT_LP_PER_STEP] sampled rows, then the
+                                     runner's prompt-logprob positions */
+    int32_t *in_logits_row;       /* [max_logits] the row each logit belongs to */
+    int32_t *in_logits_pos;       /* [max_logits] its place in the row's verification window: 0 for the
+                                     last token, j for draft j (j = 1..num_spec); 0 without drafts */
     osp_batch batch;
 } osp_persistent_batch;
 
-/* Errors: OSP_ERR_NOMEM. */
+/* max_spec: drafts per row at most (0 without speculative decoding). Errors: OSP_ERR_NOMEM. */
 osp_status osp_pb_create(int32_t max_rows, int32_t max_model_len, int32_t block_size, int32_t max_tokens,
-                         osp_persistent_batch **out);
+                         int32_t max_spec, osp_persistent_batch **out);
 void osp_pb_destroy(osp_persistent_batch *pb);
 
 /* Applies the step's diff: drops the rows of out->removed_ids, adds rows for entries with is_new
- * (copying the request's tokens, blocks, params), appends new block ids of the others, condenses,
- * and records each row's scheduled tokens. Errors: OSP_ERR_INTERNAL on an inconsistent diff. */
+ * (copying the request's tokens, blocks, params), copies block ids of the others from the first one
+ * past their computed tokens (earlier ones never change; later ones may have been rolled back and
+ * reallocated), condenses, and records each row's scheduled tokens and drafts (copied past its
+ * tokens). Errors: OSP_ERR_INTERNAL on an inconsistent diff. */
 osp_status osp_pb_apply(osp_persistent_batch *pb, const osp_sched_output *out);
 
-/* Builds pb->batch for the scheduled rows, in row order. Returns the number of logits rows. */
+/* Builds pb->batch for the scheduled rows, in row order: one logit for a row reaching its end, 1 +
+ * num_spec for a verification row (its last token's and each draft's). Returns the number of logits. */
 int32_t osp_pb_build(osp_persistent_batch *pb);
 
 /* Row of a request uid, or -1. */

@@ -14,6 +14,7 @@
 #include "kv/block_pool.h"
 #include "kv/prefix_cache.h"
 #include "osprey/engine.h"
+#include "osprey/spec.h"
 #include "sample/sampler.h"
 
 typedef enum osp_req_state {
@@ -73,6 +74,12 @@ typedef struct osp_request {
     osp_block_hash *hashes;     /* [max_len / block_size] chained hashes of full token blocks */
     int32_t num_hashes;
     int32_t num_preemptions;
+
+    /* speculative decoding: drafts for the next step, proposed after this one (src/spec/); they are
+       never part of `tokens` until the target accepts them */
+    int32_t spec_k;                               /* drafts per step at most (0: no speculation) */
+    int32_t spec_tokens[OSP_SPEC_MAX_TOKENS];     /* [num_spec] */
+    int32_t num_spec;
 
     /* engine-side output bookkeeping (under the engine's lock) */
     osp_output_cb callback;

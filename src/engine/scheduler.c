@@ -5,6 +5,7 @@
  * the front; PRIORITY: sorted by (priority, arrival)). */
 #include "engine/scheduler.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -218,8 +219,9 @@ static bool allocate_slots(osp_scheduler *s, osp_request *r, const int32_t *hits
     }
     if (s->cfg.enable_prefix_caching) {
         osp_request_update_hashes(r, &s->cfg.hasher, bs);
-        const int32_t full = total / bs;
-        for (int32_t b = r->num_cached_blocks; b < full && b < r->num_hashes; b++)
+        /* only blocks of real tokens: draft slots (past r->num_tokens) have no hash yet */
+        const int32_t full = total / bs < r->num_hashes ? total / bs : r->num_hashes;
+        for (int32_t b = r->num_cached_blocks; b < full; b++)
             osp_block_pool_cache(s->pool, r->block_ids[b], &r->hashes[b]);
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
@@ -232,6 +234,7 @@ static osp_status preempt(osp_scheduler *s, osp_request *r) {
     note_removed(s, r->uid);
     free_blocks(s, r);
     r->num_computed_tokens = 0;
+    r->num_spec = 0;
     r->state = OSP_REQ_PREEMPTED;
     r->num_preemptions++;
     s->stats.num_preemptions++;
@@ -278,8 +281,16 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
             i++;
             continue;
         }
+        /* a decode with drafts: 1 + n_spec tokens, within the budget and leaving room under max_len for
+           the target's token after the last draft */
+        int32_t n_spec = n_new == 1 ? r->num_spec : 0;
+        if (n_spec > budget - 1) n_spec = budget - 1;
+        if (n_spec > r->max_len - r->num_tokens - 1) n_spec = r->max_len - r->num_tokens - 1;
+        if (n_spec < 0) n_spec = 0;
+        if (n_spec > 0 && !allocate_slots(s, r, NULL, 0, 1 + n_spec)) n_spec = 0; /* no room: plain decode */
+        if (n_spec > 0) n_new += n_spec;
         bool self_preempted = false;
-        while (!allocate_slots(s, r, NULL, 0, n_new)) {
+        while (n_spec == 0 && !allocate_slots(s, r, NULL, 0, n_new)) {
             /* victim: the latest-arrived (lowest-priority) running request */
             int32_t v = 0;
             for (int32_t j = 1; j < s->num_running; j++)
@@ -303,8 +314,8 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
         }
         if (self_preempted) break;
         lp_budget = lp_left;
-        out->entries[out->num_entries++] =
-            (osp_sched_entry){.req = r, .num_scheduled_tokens = n_new, .is_new = r->needs_row, .sampled = -1};
+        out->entries[out->num_entries++] = (osp_sched_entry){.req = r, .num_scheduled_tokens = n_new,
+                                                             .is_new = r->needs_row, .sampled = -1, .num_spec = n_spec};
         r->needs_row = false;
         out->total_tokens += n_new;
         budget -= n_new;
@@ -332,6 +343,7 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
         lp_budget = lp_left;
         s->num_reserved += seats - 1;
         r->needs_row = false;
+        r->num_spec = 0;
         r->num_computed_tokens = computed;
         if (s->cfg.enable_prefix_caching) {
             s->stats.prefix_queries_tokens += r->num_tokens;
@@ -415,13 +427,47 @@ static void fork_children(osp_scheduler *s, osp_request *r) {
     r->num_children = 0;
 }
 
+/* A verification row's outcome: the accepted drafts then the target's token, each appended and
+ * checked for stops in turn (a stop cuts the rest, as plain decoding would have stopped there); the
+ * rejected drafts' slots are dropped from num_computed_tokens and blocks holding only them go back to
+ * the pool (never cached: they were past r->num_tokens, so no hash covered them). */
+static osp_finish_reason apply_verified(osp_scheduler *s, osp_sched_entry *en) {
+    osp_request *r = en->req;
+    const int32_t a = en->num_accepted < 0 ? 0 : en->num_accepted > en->num_spec ? en->num_spec : en->num_accepted;
+    const int32_t n0 = r->num_tokens;
+    r->num_computed_tokens += en->num_scheduled_tokens - (en->num_spec - a);
+    s->stats.spec_num_drafts++;
+    s->stats.spec_num_draft_tokens += en->num_spec;
+    s->stats.spec_num_accepted_tokens += a;
+    for (int32_t i = 0; i < a; i++) s->stats.spec_accepted_per_pos[i]++;
+    osp_finish_reason why = OSP_FINISH_NONE;
+    for (int32_t i = 0; i < a && why == OSP_FINISH_NONE; i++) why = append(s, r, r->spec_tokens[i]);
+    if (why == OSP_FINISH_NONE) why = append(s, r, en->sampled);
+    r->num_spec = 0;
+    en->num_new_tokens = r->num_tokens - n0;
+    /* cannot fail: the kept blocks are this request's own past its shared prefix (a partial last block
+       of a fork was copied on write) */
+    if (why == OSP_FINISH_NONE &&
+        osp_block_pool_free_tail(s->pool, r->block_ids, &r->num_blocks, r->num_computed_tokens, s->cfg.block_size) != OSP_OK)
+        why = OSP_FINISH_ERROR, snprintf(r->error, sizeof r->error, "speculative rollback: %s", osp_last_error());
+    if (r->num_cached_blocks > r->num_blocks) r->num_cached_blocks = r->num_blocks;
+    return why;
+}
+
 void osp_scheduler_update(osp_scheduler *s, osp_sched_output *out) {
     for (int32_t e = 0; e < out->num_entries; e++) {
         osp_sched_entry *en = &out->entries[e];
         osp_request *r = en->req;
+        en->num_new_tokens = 0;
+        if (en->num_spec > 0 && en->sampled != -1) {
+            const osp_finish_reason why = apply_verified(s, en);
+            if (why != OSP_FINISH_NONE) osp_scheduler_finish(s, r, why);
+            continue;
+        }
         r->num_computed_tokens += en->num_scheduled_tokens;
         if (en->sampled == -1) continue;
         const osp_finish_reason why = append(s, r, en->sampled);
+        en->num_new_tokens = why == OSP_FINISH_ERROR ? 0 : 1;
         if (r->children && why != OSP_FINISH_ERROR) fork_children(s, r);
         if (why != OSP_FINISH_NONE) osp_scheduler_finish(s, r, why);
     }
@@ -453,12 +499,14 @@ osp_status osp_scheduler_check_invariants(const osp_scheduler *s) {
     }
     for (int32_t i = 0; i < s->num_running && st == OSP_OK; i++) {
         const osp_request *r = s->running[i];
-        if (r->state != OSP_REQ_RUNNING || r->num_computed_tokens > r->num_tokens || r->num_tokens > r->max_len ||
-            r->num_blocks != cdiv(r->num_computed_tokens, bs))
+        /* computed < tokens: a running request always has its last token to compute (else it would never
+           be scheduled again) */
+        if (r->state != OSP_REQ_RUNNING || r->num_computed_tokens >= r->num_tokens || r->num_tokens > r->max_len ||
+            r->num_blocks != cdiv(r->num_computed_tokens, bs) || r->num_spec < 0 || r->num_spec > r->spec_k)
             st = osp_set_error(OSP_ERR_INTERNAL,
-                               "scheduler: running request %llu: state %d, %d computed of %d tokens (max %d), %d blocks",
-                               (unsigned long long)r->id, r->state, r->num_computed_tokens, r->num_tokens, r->max_len,
-                               r->num_blocks);
+                               "scheduler: running request %llu: state %d, %d computed of %d tokens (max %d), %d blocks, "
+                               "%d drafts", (unsigned long long)r->id, r->state, r->num_computed_tokens, r->num_tokens,
+                               r->max_len, r->num_blocks, r->num_spec);
         for (int32_t b = 0; b < r->num_blocks && st == OSP_OK; b++) {
             const int32_t id = r->block_ids[b];
             if (id < 0 || id >= nb) st = osp_set_error(OSP_ERR_INTERNAL, "scheduler: request %llu holds block %d",

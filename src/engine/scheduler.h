@@ -40,6 +40,12 @@ typedef struct osp_sched_entry {
     bool is_new;            /* the runner does not hold a row for it (first admission or resumed) */
     int32_t sampled;        /* filled by the runner: the token sampled for it, -1 (mid-prefill) or
                                OSP_SAMPLED_ERROR (its sampling failed: req->error says why) */
+    /* speculative decoding: a decode with drafts is a verification row of 1 + num_spec tokens (the last
+       token, then req->spec_tokens[0..num_spec)), all in its KV blocks and the token budget */
+    int32_t num_spec;       /* drafts scheduled (0: a plain decode or prefill) */
+    int32_t num_accepted;   /* filled by the runner: drafts the target agreed with, in [0, num_spec];
+                               `sampled` is the target's own token after them */
+    int32_t num_new_tokens; /* filled by osp_scheduler_update: output tokens appended (stops cut drafts) */
 } osp_sched_entry;
 
 typedef struct osp_sched_output {
@@ -62,6 +68,10 @@ typedef struct osp_scheduler_stats {
     int64_t prefix_queries_tokens, prefix_hits_tokens;
     int32_t num_running, num_waiting;
     int32_t num_running_without_row; /* forked children not scheduled yet */
+    /* speculative decoding (vLLM's spec_decode counters): verification rows, drafts in them, drafts
+       accepted, and accepted by position (position i counts rows whose draft i was accepted) */
+    int64_t spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
+    int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
 } osp_scheduler_stats;
 
 /* Errors: OSP_ERR_INVALID_ARG (sizes <= 0), OSP_ERR_NOMEM. */
@@ -78,9 +88,16 @@ osp_status osp_scheduler_add(osp_scheduler *s, osp_request *r);
  * are released. No-op for a finished one. */
 void osp_scheduler_finish(osp_scheduler *s, osp_request *r, osp_finish_reason reason);
 
-/* Plans one step into *out (valid until the next call). out->num_entries may be 0. */
+/* Plans one step into *out (valid until the next call). out->num_entries may be 0. A running request
+ * about to decode with drafts (req->num_spec > 0, proposed after its last step) is scheduled with
+ * them, as many as the budget and max_len - 1 leave room for (the target's own token after the drafts
+ * must fit too); when the pool cannot hold the drafts' slots they are dropped before anything is
+ * preempted, so speculation never causes a preemption. */
 osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **out);
-/* After the runner filled entries[i].sampled: advances num_computed_tokens, appends sampled tokens,
+/* After the runner filled entries[i].sampled: advances num_computed_tokens, appends sampled tokens
+ * (a verification row: its num_accepted drafts, then the sampled token; num_computed_tokens counts
+ * only the kept ones, and the blocks past what they need (filled only by rejected drafts) go back to
+ * the pool, so rejected KV slots are never read and get written again by the next step),
  * checks stops (max_tokens / max_model_len -> LENGTH; then, from min_tokens on, EOS unless
  * ignore_eos and stop token ids -> STOP; OSP_SAMPLED_ERROR -> ERROR) and releases finished requests'
  * blocks. A request with children (n > 1) whose prompt is now computed forks them: each child takes
@@ -94,7 +111,9 @@ osp_scheduler_stats osp_scheduler_get_stats(const osp_scheduler *s);
 
 /* Pool invariants plus: running <= max_num_seqs; waiting requests hold no blocks; every block's ref
  * count equals the number of running requests that hold it; a running request holds exactly the
- * blocks its computed tokens need (or more, never fewer), num_computed <= num_tokens. O(blocks + tokens). */
+ * blocks its computed tokens need (after a rollback too: none left holding only rejected drafts),
+ * num_computed < num_tokens (its last token is still to compute), its drafts within its spec_k.
+ * O(blocks + tokens). */
 osp_status osp_scheduler_check_invariants(const osp_scheduler *s);
 
 #endif

@@ -221,6 +221,33 @@ static void test_generate_greedy(void **state) {
     assert_non_null(strstr(g_err, "tokens/s"));
 }
 
+/* --speculative-config (issue 14): vLLM's JSON; each mistake one error line; greedy output unchanged. */
+static void test_speculative_config(void **state) {
+    (void)state;
+    char args[1024];
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"ngram\"'", g_model);
+    expect_error(run(args), "--speculative-config", "not JSON");
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"magic\", "
+                                "\"num_speculative_tokens\": 2}'", g_model);
+    expect_error(run(args), "--speculative-config", "unknown method \"magic\"");
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"draft_model\", "
+                                "\"num_speculative_tokens\": 2}'", g_model);
+    expect_error(run(args), "--speculative-config", "not implemented yet");
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"ngram\", "
+                                "\"num_speculative_tokens\": 99}'", g_model);
+    expect_error(run(args), "--speculative-config", "num_speculative_tokens");
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --speculative-config", g_model);
+    expect_error(run(args), "--speculative-config needs a JSON object", NULL);
+    snprintf(args, sizeof args, "generate -m '%s' -p 'The three primary colors are' -n 20 --temp 0 -t 2 --exact "
+                                "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                                "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 3}'", g_model);
+    assert_int_equal(run(args), 0);
+    const char *want = "The three primary colors are the primary colors of the RGB color model: red, blue, and green.";
+    if (strncmp(g_out, want, strlen(want)) != 0) fail_msg("got: %s", g_out);
+    assert_non_null(strstr(g_err, "generation: 20 tokens"));
+    assert_non_null(strstr(g_err, "speculative (ngram, k 3)"));
+}
+
 /* osprey plan: 2 x 30 layers x 3 KV heads x 64 dims x 2 bytes (f16) per token; 512 MiB / (16 x 23040) blocks. */
 static void test_plan(void **state) {
     (void)state;
@@ -480,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_unsupported_architecture_and_type),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_tokenize_and_info),
+        cmocka_unit_test(test_speculative_config),
         cmocka_unit_test(test_generate_greedy),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_bench_lines),

@@ -25,7 +25,10 @@ noreturn void cli_help(const char *text);
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"                                    \
     "  --device D              cpu | cuda | auto (default: auto, cuda when a GPU is present)\n"                \
     "  --kernel-table FILE     kernel choices from osprey bench-kernels --make-table\n"                         \
-    "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"
+    "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
+    "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
+    "                          \"num_speculative_tokens\": K, \"prompt_lookup_min\": N, \"prompt_lookup_max\": M}\n" \
+    "                          (default: off; CPU only for now)\n"
 /* The --help line of --kv-cache-dtype (the same values everywhere). */
 #define CLI_KV_DTYPE_HELP                                                                                      \
     "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 (default: auto = f16;\n"                 \
@@ -49,6 +52,7 @@ typedef struct cli_engine_args {
                               --kv-cache-dtype, before or after, still picks the cache, but a quantized
                               one (fp8, nvfp4) with --exact is an error at parse time */
     const char *kernel_table; /* --kernel-table FILE (osp_engine_params.kernel_table); NULL: $OSPREY_KERNEL_TABLE */
+    osp_spec_config spec;  /* --speculative-config JSON (osp_spec_config_parse); off by default */
 } cli_engine_args;
 
 /* The flags a command takes beyond -m, -t and --device (which every caller takes). */
@@ -60,7 +64,7 @@ cli_engine_args cli_engine_args_default(void);
  * fp16, bfloat16, fp8_e4m3, ...); dies naming the flag and the accepted values otherwise, and with
  * osp_kv_dtype_available's reason for a dtype no backend has (bf16). */
 osp_kv_dtype cli_kv_dtype(const char *flag, const char *v);
-/* When argv[*i] is an engine flag (-m, -t, --device, --kernel-table, and those in `accept`), parses it and its value
+/* When argv[*i] is an engine flag (-m, -t, --device, --kernel-table, --speculative-config, and those in `accept`), parses it and its value
  * argv[*i + 1] into *a, moves *i onto the last argument used and returns true; false, with nothing
  * changed, for any other argument. A bad value dies naming the flag (cli_int, cli_device,
  * "--kv-cache-dtype: 'X' is not one of ..."); --exact together with a quantized --kv-cache-dtype

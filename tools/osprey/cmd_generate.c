@@ -3,7 +3,9 @@
  * One request through the engine (include/osprey/engine.h), stepped from this thread: the prompt in
  * prefill steps (chunked at the token budget), then one decode step per token, K/V in the engine's
  * paged cache (block size 16, f16 by default). Timings go to stderr: load time, prompt tokens/s
- * (prefill, up to the first token), generation tokens/s (decode). */
+ * (prefill, up to the first token), generation tokens/s (decode: the tokens after the first over the
+ * time after it). With --speculative-config a decode step may produce several tokens; the line then
+ * also gives the steps, drafts, accepted drafts and the mean acceptance length (tokens per step). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +98,7 @@ int cmd_generate(int argc, char **argv) {
 
     fputs(a.prompt, stdout);
     fflush(stdout);
-    int32_t n_gen = 0;
+    int32_t n_gen = 0, n_steps = 0;
     double t_prompt = 0, t2 = cli_now_s();
     if (a.n_predict > 0) {
         osp_request_params rp = osp_request_default_params();
@@ -116,6 +118,7 @@ int cmd_generate(int argc, char **argv) {
         while (!finished) {
             s = osp_engine_step(e, NULL);
             if (s != OSP_OK) cli_die(s, "step failed");
+            if (n_gen > 0) n_steps++;
             osp_request_output o;
             s = osp_engine_poll(e, rp.request_id, out + n_gen, cap - n_gen, &o, 0);
             if (s != OSP_OK) cli_die(s, "poll failed");
@@ -143,8 +146,18 @@ int cmd_generate(int argc, char **argv) {
     putchar('\n');
     fflush(stdout);
     fprintf(stderr, "\nload: %.0f ms | prompt: %zu tokens, %.0f ms, %.1f tokens/s | generation: %d tokens, %d decode steps in %.0f ms, %.1f tokens/s\n",
-            t_load * 1e3, n_prompt, t_prompt * 1e3, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, n_decode,
+            t_load * 1e3, n_prompt, t_prompt * 1e3, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, n_steps,
             t_gen * 1e3, n_decode > 0 ? (double)n_decode / t_gen : 0.0);
+    if (ep.speculative.method != OSP_SPEC_NONE) {
+        const osp_engine_stats st = osp_engine_get_stats(e);
+        /* vLLM's mean acceptance length: 1 + accepted per verification row; and over every decode step */
+        fprintf(stderr, "speculative (%s, k %d): %lld verification rows, %lld draft tokens, %lld accepted, mean "
+                        "acceptance length %.2f, %.2f tokens per decode step\n",
+                osp_spec_method_name(ep.speculative.method), ep.speculative.num_speculative_tokens,
+                (long long)st.spec_num_drafts, (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens,
+                st.spec_num_drafts ? 1.0 + (double)st.spec_num_accepted_tokens / (double)st.spec_num_drafts : 1.0,
+                n_steps > 0 ? (double)n_decode / n_steps : 0.0);
+    }
 
     osp_detokenizer_free(dt);
     free(text);

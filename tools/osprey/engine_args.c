@@ -11,7 +11,7 @@
 #include "cli.h"
 
 cli_engine_args cli_engine_args_default(void) {
-    cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16};
+    cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16, .spec = osp_spec_default_config()};
     a.device = cli_device("--device", "auto");
     return a;
 }
@@ -24,6 +24,13 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     else if (!strcmp(f, "--kernel-table")) {
         if (!v) cli_die(OSP_OK, "--kernel-table needs a file (osprey bench-kernels --make-table writes one)");
         a->kernel_table = v, ++*i;
+    }
+    else if (!strcmp(f, "--speculative-config")) {
+        if (!v) cli_die(OSP_OK, "--speculative-config needs a JSON object, e.g. "
+                                "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'");
+        const osp_status s = osp_spec_config_parse(v, &a->spec);
+        if (s != OSP_OK) cli_die(s, "--speculative-config");
+        ++*i;
     }
     else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) {
         a->exact = true;
@@ -58,6 +65,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.exact = a->exact;
     ep.device = a->device;
     ep.kernel_table = a->kernel_table;
+    ep.speculative = a->spec;
     ep.load_progress = cli_load_progress;
     return ep;
 }

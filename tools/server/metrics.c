@@ -233,6 +233,17 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
         hist(&b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", model, &it);
     }
     process_metrics(&b);
+    if (g->spec_k > 0) { /* vLLM registers these only with a speculative config */
+        counter(&b, "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", model, (double)g->spec_drafts);
+        counter(&b, "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", model, (double)g->spec_draft_tokens);
+        counter(&b, "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", model,
+                (double)g->spec_accepted_tokens);
+        put(&b, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.\n"
+                "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n");
+        for (int i = 0; i < g->spec_k && i < OSP_SPEC_MAX_TOKENS; i++)
+            put(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %lld\n", model,
+                i, (long long)g->spec_accepted_per_pos[i]);
+    }
     gauge(&b, "osprey:kv_cache_free_blocks", "KV blocks free (cached-but-unreferenced blocks count as free).", model,
           g->num_free_blocks);
     gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);

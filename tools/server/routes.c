@@ -282,6 +282,14 @@ static srv_metrics_gauges gauges(srv_server *srv) {
                             .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions,
                             .num_steps = st.num_steps, .num_scheduled_tokens = st.num_scheduled_tokens};
     memcpy(g.iteration_tokens, st.iteration_tokens, sizeof g.iteration_tokens);
+    const osp_spec_config *sc = &osp_engine_params_get(srv->engine)->speculative;
+    if (sc->method != OSP_SPEC_NONE) {
+        g.spec_k = sc->num_speculative_tokens;
+        g.spec_drafts = st.spec_num_drafts;
+        g.spec_draft_tokens = st.spec_num_draft_tokens;
+        g.spec_accepted_tokens = st.spec_num_accepted_tokens;
+        memcpy(g.spec_accepted_per_pos, st.spec_accepted_per_pos, sizeof g.spec_accepted_per_pos);
+    }
     pthread_mutex_lock(&srv->mu);
     g.in_flight = srv->in_flight;
     g.connections = srv->n_connections;

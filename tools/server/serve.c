@@ -72,6 +72,8 @@ static const char *k_serve_usage =
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
     "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
+    "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
+    "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' (off; CPU only)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"
@@ -158,6 +160,7 @@ static srv_config parse_flags(int argc, char **argv) {
     c.device = eng.device;
     c.kv_dtype = eng.kv_dtype;
     c.kernel_table = eng.kernel_table;
+    c.spec = eng.spec;
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
@@ -194,6 +197,7 @@ int cmd_serve(int argc, char **argv) {
     ep.device = cfg->device;
     ep.kv_dtype = cfg->kv_dtype;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
+    ep.speculative = cfg->spec;
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(srv.engine);

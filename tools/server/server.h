@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "osprey/engine.h"
+#include "osprey/spec.h"
 #include "osprey/tokenizer.h"
 
 #define SRV_MAX_LOGPROBS 20
@@ -220,6 +221,10 @@ typedef struct srv_metrics_gauges {
     int32_t connections;        /* open HTTP connections */
     int64_t num_steps, num_scheduled_tokens;
     int64_t iteration_tokens[OSP_ENGINE_ITERATION_BUCKETS + 1]; /* the engine's steps by scheduled tokens */
+    /* speculative decoding (vLLM's vllm:spec_decode_* counters), shown when spec_k > 0 */
+    int32_t spec_k;
+    int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);

@@ -1,0 +1,58 @@
+/* Speculative decoding's configuration: which proposer drafts tokens for the target model to verify,
+ * and how many per step. Spelled as vLLM's --speculative-config JSON (vllm/config/speculative.py):
+ *
+ *     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+ *
+ * Only "ngram" (prompt lookup: src/spec/proposer.h) is implemented; the engine verifies the drafts
+ * losslessly, so outputs are the target's own (greedy: token for token; sampled: the same
+ * distribution, and with a seed the same tokens). */
+#ifndef OSPREY_SPEC_H
+#define OSPREY_SPEC_H
+
+#include <stdint.h>
+
+#include "osprey/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Draft tokens per request and step at most (num_speculative_tokens). */
+#define OSP_SPEC_MAX_TOKENS 16
+
+/* New values are appended. */
+typedef enum osp_spec_method {
+    OSP_SPEC_NONE = 0,  /* no speculation (the default) */
+    OSP_SPEC_NGRAM = 1, /* prompt lookup: the last n tokens matched earlier in prompt + output */
+} osp_spec_method;
+
+typedef struct osp_spec_config {
+    osp_spec_method method;
+    int32_t num_speculative_tokens; /* k: drafts per request and step, in [1, OSP_SPEC_MAX_TOKENS] */
+    int32_t prompt_lookup_min;      /* ngram: shortest n matched, >= 1 */
+    int32_t prompt_lookup_max;      /* ngram: longest n matched (tried first), >= prompt_lookup_min */
+} osp_spec_config;
+
+/* No speculation. */
+osp_spec_config osp_spec_default_config(void);
+
+/* Parses a vLLM speculative_config JSON object into *out. Keys: "method" ("ngram"; vLLM's "[ngram]"
+ * too), "num_speculative_tokens" (required, 1..OSP_SPEC_MAX_TOKENS), "prompt_lookup_min" and
+ * "prompt_lookup_max" (as vLLM: both absent = 5 and 5, one absent = the other). A method vLLM knows
+ * but osprey does not run yet (draft_model, eagle, ...) is OSP_ERR_UNSUPPORTED; anything else wrong (not
+ * JSON, not an object, an unknown key or method, a value of the wrong type or out of range) is
+ * OSP_ERR_INVALID_ARG. Either way the message names the key and the accepted values, and *out is
+ * left unchanged. json == NULL or "" gives osp_spec_default_config(). */
+osp_status osp_spec_config_parse(const char *json, osp_spec_config *out);
+
+/* OSP_OK if *c is consistent (ranges above; OSP_SPEC_NONE is always fine), else OSP_ERR_INVALID_ARG
+ * naming the field. */
+osp_status osp_spec_config_check(const osp_spec_config *c);
+
+/* The method's vLLM name ("ngram"), "none", or NULL for an unknown value. */
+const char *osp_spec_method_name(osp_spec_method m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

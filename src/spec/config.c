@@ -1,0 +1,105 @@
+/* --speculative-config: vLLM's JSON object (vllm/config/speculative.py) read into osp_spec_config,
+ * with vLLM's defaults for the n-gram method and one clear error for anything osprey cannot run. */
+#include <jansson.h>
+#include <string.h>
+
+#include "core/status_internal.h"
+#include "osprey/spec.h"
+
+/* Methods vLLM accepts that osprey does not run yet: named so the error says "not yet", not "unknown". */
+static const char *const later_methods[] = {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
+                                            "deepseek_mtp", "suffix", "quantspec"};
+
+osp_spec_config osp_spec_default_config(void) {
+    return (osp_spec_config){.method = OSP_SPEC_NONE, .num_speculative_tokens = 0, .prompt_lookup_min = 0,
+                             .prompt_lookup_max = 0};
+}
+
+const char *osp_spec_method_name(osp_spec_method m) {
+    switch (m) {
+    case OSP_SPEC_NONE: return "none";
+    case OSP_SPEC_NGRAM: return "ngram";
+    }
+    return NULL;
+}
+
+osp_status osp_spec_config_check(const osp_spec_config *c) {
+    if (c->method == OSP_SPEC_NONE) return OSP_OK;
+    if (c->method != OSP_SPEC_NGRAM)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method %d", (int)c->method);
+    if (c->num_speculative_tokens < 1 || c->num_speculative_tokens > OSP_SPEC_MAX_TOKENS)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: num_speculative_tokens %d is outside [1, %d]",
+                             c->num_speculative_tokens, OSP_SPEC_MAX_TOKENS);
+    if (c->prompt_lookup_min < 1 || c->prompt_lookup_max < c->prompt_lookup_min)
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "speculative config: prompt_lookup_min %d and prompt_lookup_max %d must satisfy "
+                             "1 <= prompt_lookup_min <= prompt_lookup_max",
+                             c->prompt_lookup_min, c->prompt_lookup_max);
+    return OSP_OK;
+}
+
+/* The integer member `key` of o into *v, within [lo, hi]; *v unchanged when the key is absent. */
+static osp_status int_key(json_t *o, const char *key, long long lo, long long hi, int32_t *v) {
+    json_t *x = json_object_get(o, key);
+    if (!x) return OSP_OK;
+    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"%s\" must be an integer in [%lld, %lld]", key,
+                             lo, hi);
+    *v = (int32_t)json_integer_value(x);
+    return OSP_OK;
+}
+
+static osp_status parse_obj(json_t *o, osp_spec_config *out) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(o, key, val) {
+        if (strcmp(key, "method") && strcmp(key, "num_speculative_tokens") && strcmp(key, "prompt_lookup_min") &&
+            strcmp(key, "prompt_lookup_max"))
+            return osp_set_error(OSP_ERR_INVALID_ARG,
+                                 "speculative config: unknown or unsupported key \"%s\" (osprey takes method, "
+                                 "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)", key);
+    }
+    json_t *m = json_object_get(o, "method");
+    if (!m) return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" is required (\"ngram\")");
+    if (!json_is_string(m))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" must be a string (\"ngram\")");
+    const char *ms = json_string_value(m);
+    if (strcmp(ms, "ngram") && strcmp(ms, "[ngram]")) {
+        for (size_t i = 0; i < sizeof later_methods / sizeof later_methods[0]; i++)
+            if (!strcmp(ms, later_methods[i]))
+                return osp_set_error(OSP_ERR_UNSUPPORTED,
+                                     "speculative config: method \"%s\" is not implemented yet (only \"ngram\")", ms);
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method \"%s\" (osprey runs \"ngram\")",
+                             ms);
+    }
+    osp_spec_config c = {.method = OSP_SPEC_NGRAM, .num_speculative_tokens = -1, .prompt_lookup_min = -1,
+                         .prompt_lookup_max = -1};
+    if (!json_object_get(o, "num_speculative_tokens"))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"num_speculative_tokens\" is required");
+    OSP_TRY(int_key(o, "num_speculative_tokens", 1, OSP_SPEC_MAX_TOKENS, &c.num_speculative_tokens));
+    OSP_TRY(int_key(o, "prompt_lookup_min", 1, 1 << 20, &c.prompt_lookup_min));
+    OSP_TRY(int_key(o, "prompt_lookup_max", 1, 1 << 20, &c.prompt_lookup_max));
+    /* vLLM's defaults: both absent 5 and 5; one absent takes the other's value */
+    if (c.prompt_lookup_min < 0 && c.prompt_lookup_max < 0) c.prompt_lookup_min = c.prompt_lookup_max = 5;
+    else if (c.prompt_lookup_min < 0) c.prompt_lookup_min = c.prompt_lookup_max;
+    else if (c.prompt_lookup_max < 0) c.prompt_lookup_max = c.prompt_lookup_min;
+    OSP_TRY(osp_spec_config_check(&c));
+    *out = c;
+    return OSP_OK;
+}
+
+osp_status osp_spec_config_parse(const char *json, osp_spec_config *out) {
+    if (!json || !*json) {
+        *out = osp_spec_default_config();
+        return OSP_OK;
+    }
+    json_error_t err;
+    json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &err);
+    if (!o) return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: not JSON: %s (column %d)", err.text, err.column);
+    osp_status s = json_is_object(o) ? parse_obj(o, out)
+                                     : osp_set_error(OSP_ERR_INVALID_ARG,
+                                                     "speculative config: expected a JSON object such as "
+                                                     "{\"method\": \"ngram\", \"num_speculative_tokens\": 4}");
+    json_decref(o);
+    return s;
+}

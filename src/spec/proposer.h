@@ -1,0 +1,66 @@
+/* Proposers for speculative decoding: each step, a proposer drafts up to k tokens that are likely to
+ * follow a sequence; the target model then checks them all in one forward pass (verify.h) and keeps
+ * the longest prefix it agrees with plus one token of its own. A proposer only guesses: whatever it
+ * returns, the output is the target's (a bad proposer costs time, never correctness).
+ *
+ * The contract every proposer keeps (osp_proposer_ops):
+ *   - propose(p, seqs, n) fills, for each of seqs[0..n), draft[0..num_draft) with num_draft in
+ *     [0, max_draft]; every drafted id is one the sequence could hold (in [0, vocab), which for the
+ *     n-gram proposer holds by construction: it copies ids from the sequence itself).
+ *   - Inputs are borrowed for the call only: tokens (the sequence's prompt then its accepted outputs,
+ *     never rejected drafts) stays owned by the engine; draft is the caller's buffer of max_draft ids.
+ *   - The n-gram proposer keeps no state between calls. (A draft model will keep its own KV per
+ *     sequence, keyed by uid, and need a hook for sequences that finish or are preempted: not here yet.)
+ *   - Errors (OSP_ERR_NOMEM, a draft model's forward failing) fail the step; proposing nothing is not
+ *     an error.
+ * Proposers run on the engine's step thread, one call per step for every decoding sequence. */
+#ifndef OSP_SPEC_PROPOSER_H
+#define OSP_SPEC_PROPOSER_H
+
+#include <stdint.h>
+
+#include "osprey/spec.h"
+#include "osprey/status.h"
+
+/* One sequence to draft for. */
+typedef struct osp_spec_seq {
+    uint64_t uid;          /* the sequence (unique per process) */
+    const int32_t *tokens; /* [num_tokens] prompt then accepted outputs (borrowed) */
+    int32_t num_tokens;
+    int32_t num_prompt;
+    int32_t max_draft;     /* in [0, OSP_SPEC_MAX_TOKENS] */
+    int32_t *draft;        /* [max_draft] out: the drafted ids */
+    int32_t num_draft;     /* out: in [0, max_draft] */
+} osp_spec_seq;
+
+typedef struct osp_proposer osp_proposer;
+
+typedef struct osp_proposer_ops {
+    const char *name; /* vLLM's method name ("ngram") */
+    osp_status (*propose)(osp_proposer *p, osp_spec_seq *seqs, int32_t n);
+    void (*destroy)(osp_proposer *p);
+} osp_proposer_ops;
+
+/* A proposer: implementations embed this as their first member. */
+struct osp_proposer {
+    const osp_proposer_ops *ops;
+};
+
+/* The proposer of a config (OSP_SPEC_NGRAM). Errors: OSP_ERR_INVALID_ARG (osp_spec_config_check, or
+ * OSP_SPEC_NONE: nothing to create), OSP_ERR_NOMEM. The caller owns *out (osp_proposer_destroy). */
+osp_status osp_proposer_create(const osp_spec_config *c, osp_proposer **out);
+void osp_proposer_destroy(osp_proposer *p); /* NULL is fine */
+
+/* ---- n-gram / prompt lookup (vLLM's "ngram"; Saxena's prompt lookup decoding) ------------------ */
+
+/* Drafts for tokens [num_tokens]: for n from max_n down to min_n, the last n tokens are looked for
+ * earlier in the sequence (a match must end before the last token, so at least one token follows it;
+ * it may overlap the suffix itself); the first n with a match wins, and of its matches the earliest.
+ * The draft is the up to k tokens that followed that match, stopping at the end of the sequence
+ * (never wrapping). draft [k]. Returns the number drafted, 0 when nothing matches, num_tokens <=
+ * min_n, or k <= 0. O(num_tokens * n) comparisons per n tried; allocates nothing. Requires
+ * 1 <= min_n <= max_n. */
+int32_t osp_ngram_propose(const int32_t *tokens, int32_t num_tokens, int32_t min_n, int32_t max_n, int32_t k,
+                          int32_t *draft);
+
+#endif

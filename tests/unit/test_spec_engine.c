@@ -1,0 +1,490 @@
+/* Speculative decoding through the engine (issue 14): whatever the drafts, the outputs are the target's.
+ * Every run steps with check_invariants on (block pool + scheduler after every step, so every rollback
+ * of rejected drafts is checked) and ends with every block free.
+ *
+ * Asserts, each against the same jobs run without speculation: greedy with the n-gram proposer gives
+ * the same tokens alone and batched, with prefix caching on and off, under token budgets 2, 7 and 64
+ * (chunked prefill, drafts cut by the budget), under preemption, with n = 3, stop ids and max_tokens
+ * cut mid-draft; a noisy oracle proposer (the true continuation, corrupted from a random position on,
+ * random lengths) drives acceptance of every length at every block offset; seeded sampled requests
+ * (temperature, top-k, top-p, min-p, penalties, n = 2) give the same tokens and the same logprobs (the
+ * verification draws at plain decoding's Philox address); a request whose prompt is an earlier
+ * request's prompt + output hits the blocks that request filled while speculating and continues as
+ * without the cache (hashes only over accepted tokens); SmolLM2 copies an input-grounded prompt with
+ * speculation exactly as without, accepting most drafts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine/engine_internal.h"
+#include "osprey/engine.h"
+#include "osprey/tokenizer.h"
+
+#define MAXOUT 96
+#define MAXSEQ 3
+
+static char g_tiny[512];
+static const char *g_smol;
+
+typedef struct job {
+    int32_t prompt[160];
+    int32_t n_prompt, max_tokens, n_stop, n;
+    int32_t stop[2];
+    float temperature, top_p, min_p, presence, frequency, repetition;
+    int32_t top_k, logprobs;
+    uint64_t seed;
+    /* results, per child */
+    int32_t out[MAXSEQ][MAXOUT];
+    osp_token_logprobs lp[MAXSEQ][MAXOUT];
+    int32_t n_out[MAXSEQ], cached;
+    osp_finish_reason why[MAXSEQ];
+} job;
+
+static const osp_spec_config k_ngram = {.method = OSP_SPEC_NGRAM, .num_speculative_tokens = 5,
+                                        .prompt_lookup_min = 1, .prompt_lookup_max = 3};
+
+/* Prompts that repeat themselves (a random phrase said a few times, with changes), so the n-gram
+ * proposer finds matches from the first step; the tiny models' greedy outputs also fall into loops. */
+static void make_jobs(job *j, int n, uint32_t seed) {
+    srand(seed);
+    memset(j, 0, sizeof *j * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        const int phrase = 4 + rand() % 9, reps = 2 + i % 4;
+        int32_t ph[16];
+        for (int t = 0; t < phrase; t++) ph[t] = 3 + rand() % 509;
+        for (int r = 0; r < reps; r++)
+            for (int t = 0; t < phrase; t++) j[i].prompt[j[i].n_prompt++] = rand() % 7 ? ph[t] : 3 + rand() % 509;
+        j[i].max_tokens = 20 + (i * 7) % 40;
+        j[i].n = 1;
+        j[i].repetition = 1.0f;
+        j[i].top_p = 1.0f;
+        j[i].logprobs = -1;
+    }
+}
+
+static osp_engine_params base(const char *model, const osp_spec_config *spec) {
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = model;
+    p.n_threads = 2;
+    p.kv_dtype = OSP_KV_DTYPE_F32;
+    p.max_model_len = 256;
+    p.num_blocks = 256;
+    p.max_num_seqs = 16;
+    p.check_invariants = true;
+    p.hash_seed_set = true;
+    p.hash_seed = 5;
+    p.device = OSP_DEVICE_CPU;
+    if (spec) p.speculative = *spec;
+    return p;
+}
+
+static void add_job(osp_engine *e, uint64_t id, const job *j) {
+    osp_request_params rp = osp_request_default_params();
+    rp.request_id = id;
+    rp.prompt = j->prompt;
+    rp.num_prompt = j->n_prompt;
+    rp.max_tokens = j->max_tokens;
+    rp.ignore_eos = true;
+    rp.stop_token_ids = j->stop;
+    rp.num_stop_token_ids = j->n_stop;
+    rp.n = j->n;
+    rp.temperature = j->temperature;
+    rp.top_k = j->top_k;
+    rp.top_p = j->top_p;
+    rp.min_p = j->min_p;
+    rp.presence_penalty = j->presence;
+    rp.frequency_penalty = j->frequency;
+    rp.repetition_penalty = j->repetition;
+    rp.logprobs = j->logprobs;
+    rp.has_seed = true;
+    rp.seed = j->seed;
+    if (osp_engine_add(e, &rp) != OSP_OK) fail_msg("add: %s", osp_last_error());
+}
+
+/* Takes what is ready for every child of job `id`; true when all have finished. */
+static bool drain(osp_engine *e, uint64_t id, job *j) {
+    bool all = true;
+    for (int k = 0; k < j->n; k++) {
+        if (j->why[k] != OSP_FINISH_NONE) continue;
+        osp_request_output o;
+        if (osp_engine_poll_seq(e, id, (uint32_t)k, j->out[k] + j->n_out[k], j->lp[k] + j->n_out[k],
+                                MAXOUT - j->n_out[k], NULL, &o, 0) != OSP_OK)
+            fail_msg("poll %llu/%d: %s", (unsigned long long)id, k, osp_last_error());
+        j->n_out[k] += o.num_tokens;
+        if (k == 0) j->cached = o.num_cached_tokens;
+        if (o.finished) {
+            j->why[k] = o.finish_reason;
+            if (o.finish_reason == OSP_FINISH_ERROR) fail_msg("request %llu failed: %s", (unsigned long long)id, o.error);
+            assert_int_equal(o.num_output_tokens, j->n_out[k]);
+        } else {
+            all = false;
+        }
+    }
+    return all;
+}
+
+/* Runs jobs [0, n) together, stepping by hand (the optional proposer replaces the configured one).
+ * Returns the stats. */
+static osp_engine_stats run_jobs(const osp_engine_params *p, job *j, int n, osp_proposer *custom, int32_t k) {
+    osp_engine *e;
+    if (osp_engine_create(p, &e) != OSP_OK) fail_msg("create: %s", osp_last_error());
+    if (custom && osp_engine_set_proposer(e, custom, k) != OSP_OK) fail_msg("set proposer: %s", osp_last_error());
+    for (int i = 0; i < n; i++) {
+        memset(j[i].n_out, 0, sizeof j[i].n_out);
+        for (int c = 0; c < MAXSEQ; c++) j[i].why[c] = OSP_FINISH_NONE;
+        add_job(e, (uint64_t)i, &j[i]);
+    }
+    bool done[64] = {0};
+    int steps = 0;
+    while (osp_engine_has_unfinished(e)) {
+        if (osp_engine_step(e, NULL) != OSP_OK) fail_msg("step: %s", osp_last_error());
+        for (int i = 0; i < n; i++)
+            if (!done[i]) done[i] = drain(e, (uint64_t)i, &j[i]);
+        assert_true(++steps < 20000);
+    }
+    for (int i = 0; i < n; i++)
+        if (!done[i]) drain(e, (uint64_t)i, &j[i]);
+    const osp_engine_stats st = osp_engine_get_stats(e);
+    assert_int_equal(osp_engine_check_invariants(e), OSP_OK);
+    assert_int_equal(st.num_free_blocks, st.num_blocks);
+    osp_engine_free(e);
+    return st;
+}
+
+static void run_alone(const osp_engine_params *p, job *j, int n) {
+    for (int i = 0; i < n; i++) run_jobs(p, &j[i], 1, NULL, 0);
+}
+
+static void assert_same(const job *a, const job *b, int n, bool logprobs, const char *what) {
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < a[i].n; k++) {
+            if (a[i].n_out[k] != b[i].n_out[k] ||
+                memcmp(a[i].out[k], b[i].out[k], sizeof(int32_t) * (size_t)a[i].n_out[k])) {
+                for (int t = 0; t < a[i].n_out[k] || t < b[i].n_out[k]; t++)
+                    printf("%s%d/%d", t ? " " : "", t < a[i].n_out[k] ? a[i].out[k][t] : -1,
+                           t < b[i].n_out[k] ? b[i].out[k][t] : -1);
+                printf("\n");
+                fail_msg("%s: request %d child %d differs (%d vs %d tokens)", what, i, k, a[i].n_out[k], b[i].n_out[k]);
+            }
+            assert_int_equal(a[i].why[k], b[i].why[k]);
+            if (!logprobs) continue;
+            for (int t = 0; t < a[i].n_out[k]; t++) {
+                const osp_token_logprobs *x = &a[i].lp[k][t], *y = &b[i].lp[k][t];
+                if (x->token_id != y->token_id || x->logprob != y->logprob || x->rank != y->rank || x->n_top != y->n_top ||
+                    memcmp(x->top_ids, y->top_ids, sizeof(int32_t) * (size_t)x->n_top) ||
+                    memcmp(x->top_logprobs, y->top_logprobs, sizeof(float) * (size_t)x->n_top))
+                    fail_msg("%s: request %d child %d: logprobs of output %d differ", what, i, k, t);
+            }
+        }
+}
+
+static double acceptance(const osp_engine_stats *st) {
+    return st->spec_num_draft_tokens ? (double)st->spec_num_accepted_tokens / (double)st->spec_num_draft_tokens : 0.0;
+}
+
+/* ---- a noisy oracle proposer: the true continuation from reference runs, cut short and corrupted ---- */
+
+typedef struct oracle {
+    osp_proposer base;
+    const job *ref;      /* [n_ref] jobs with plain outputs */
+    int n_ref;
+    uint32_t rng;
+    int64_t proposed;
+} oracle;
+
+static uint32_t next_rand(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+static osp_status oracle_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) {
+    oracle *o = (oracle *)p;
+    for (int32_t i = 0; i < n; i++) {
+        osp_spec_seq *q = &seqs[i];
+        const job *j = NULL;
+        for (int r = 0; r < o->n_ref && !j; r++)
+            if (o->ref[r].n_prompt == q->num_prompt && !memcmp(o->ref[r].prompt, q->tokens, sizeof(int32_t) * (size_t)q->num_prompt))
+                j = &o->ref[r];
+        q->num_draft = 0;
+        if (!j) continue;
+        const int32_t at = q->num_tokens - q->num_prompt; /* outputs so far: the draft continues from here */
+        const int32_t len = (int32_t)(next_rand(&o->rng) % (uint32_t)(q->max_draft + 1));
+        const int32_t good = (int32_t)(next_rand(&o->rng) % (uint32_t)(len + 1));
+        for (int32_t t = 0; t < len; t++) {
+            const bool known = at + t < j->n_out[0];
+            q->draft[t] = t < good && known ? j->out[0][at + t] : (int32_t)(3 + next_rand(&o->rng) % 509);
+        }
+        q->num_draft = len;
+        o->proposed += len;
+    }
+    return OSP_OK;
+}
+
+static void oracle_destroy(osp_proposer *p) { (void)p; /* lives on the test's stack */ }
+
+static const osp_proposer_ops k_oracle_ops = {.name = "oracle", .propose = oracle_propose, .destroy = oracle_destroy};
+
+/* ---- tests ----------------------------------------------------------------------------------- */
+
+/* Greedy, n-gram: batched and alone, prefix caching on and off, budgets. */
+static void test_ngram_greedy_mixes(void **state) {
+    (void)state;
+    enum { N = 8 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 1);
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    for (int i = 0; i < N; i++) assert_int_equal(ref[i].n_out[0], ref[i].max_tokens);
+
+    osp_engine_params p = base(g_tiny, &k_ngram);
+    memcpy(j, ref, sizeof j);
+    run_alone(&p, j, N);
+    assert_same(ref, j, N, false, "ngram alone");
+    memcpy(j, ref, sizeof j);
+    osp_engine_stats st = run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, false, "ngram batched");
+    printf("ngram batched: %lld rows, %lld drafts, %lld accepted (%.0f%%)\n", (long long)st.spec_num_drafts,
+           (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st));
+    assert_true(st.spec_num_accepted_tokens > 0);
+    int64_t sum = 0;
+    for (int i = 0; i < OSP_SPEC_MAX_TOKENS; i++) sum += st.spec_accepted_per_pos[i];
+    assert_int_equal(sum, st.spec_num_accepted_tokens);
+    for (int i = 1; i < OSP_SPEC_MAX_TOKENS; i++) assert_true(st.spec_accepted_per_pos[i] <= st.spec_accepted_per_pos[i - 1]);
+    /* fewer steps than tokens: drafts were kept */
+    int64_t toks = 0;
+    for (int i = 0; i < N; i++) toks += ref[i].n_out[0];
+    assert_int_equal(st.num_generated_tokens, toks);
+
+    p.enable_prefix_caching = false;
+    memcpy(j, ref, sizeof j);
+    run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, false, "ngram, no prefix caching");
+    p.enable_prefix_caching = true;
+    const int32_t budgets[3] = {2, 7, 64};
+    for (int b = 0; b < 3; b++) {
+        p.max_num_batched_tokens = budgets[b];
+        memcpy(j, ref, sizeof j);
+        run_jobs(&p, j, N, NULL, 0);
+        char what[64];
+        snprintf(what, sizeof what, "ngram, budget %d", budgets[b]);
+        assert_same(ref, j, N, false, what);
+    }
+}
+
+/* Every acceptance length at every block offset: the oracle's drafts, batched, small budget, small pool
+ * (preemption), against the plain runs. */
+static void test_oracle_rollback(void **state) {
+    (void)state;
+    enum { N = 8 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 2);
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    osp_spec_config big = k_ngram;
+    big.num_speculative_tokens = OSP_SPEC_MAX_TOKENS;
+    for (int round = 0; round < 4; round++) {
+        osp_engine_params p = base(g_tiny, &big);
+        if (round == 1) p.max_num_batched_tokens = 9;
+        if (round == 2) p.num_blocks = 12; /* 192 slots for up to 8 x 100 tokens: preemption */
+        if (round == 3) p.enable_prefix_caching = false;
+        oracle o = {.base = {.ops = &k_oracle_ops}, .ref = ref, .n_ref = N, .rng = 7u + (uint32_t)round};
+        memcpy(j, ref, sizeof j);
+        const osp_engine_stats st = run_jobs(&p, j, N, &o.base, OSP_SPEC_MAX_TOKENS);
+        char what[64];
+        snprintf(what, sizeof what, "oracle round %d", round);
+        assert_same(ref, j, N, false, what);
+        printf("%s: %lld rows, %lld drafts, %lld accepted, %lld preemptions\n", what, (long long)st.spec_num_drafts,
+               (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens, (long long)st.num_preemptions);
+        assert_true(st.spec_num_accepted_tokens > 0 && st.spec_num_accepted_tokens < st.spec_num_draft_tokens);
+        if (round == 2) assert_true(st.num_preemptions > 0);
+        assert_true(st.spec_accepted_per_pos[round == 1 ? 7 : 8] > 0); /* long runs accepted too (budget 9: 8 drafts) */
+    }
+}
+
+/* Stop ids and max_tokens that land inside an accepted draft. */
+static void test_stops_mid_draft(void **state) {
+    (void)state;
+    enum { N = 6 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 3);
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    for (int i = 0; i < N; i++) {
+        if (i % 2) ref[i].stop[0] = ref[i].out[0][9 + i], ref[i].n_stop = 1; /* stops at its first occurrence */
+        else ref[i].max_tokens = 11 + i;                                      /* cut */
+    }
+    run_jobs(&plain, ref, N, NULL, 0);
+    osp_spec_config big = k_ngram;
+    big.num_speculative_tokens = 12;
+    osp_engine_params p = base(g_tiny, &big);
+    oracle o = {.base = {.ops = &k_oracle_ops}, .ref = ref, .n_ref = N, .rng = 11};
+    memcpy(j, ref, sizeof j);
+    run_jobs(&p, j, N, &o.base, 12);
+    assert_same(ref, j, N, false, "stops, oracle");
+    memcpy(j, ref, sizeof j);
+    run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, false, "stops, ngram");
+    for (int i = 0; i < N; i++) assert_int_equal(j[i].why[0], i % 2 ? OSP_FINISH_STOP : OSP_FINISH_LENGTH);
+}
+
+/* Sampled, seeded: the same tokens and logprobs with and without speculation, n = 1 and n = 2, under
+ * every sampler setting; greedy n = 3. */
+static void test_sampled_same_stream(void **state) {
+    (void)state;
+    enum { N = 6 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 4);
+    for (int i = 0; i < N; i++) {
+        ref[i].seed = 1000 + (uint64_t)i;
+        ref[i].temperature = i == 5 ? 0.0f : 0.3f + 0.3f * (float)(i % 3);
+        ref[i].logprobs = i % 3;
+        ref[i].n = i == 5 ? 3 : 1 + i % 2;
+        if (i == 1) ref[i].top_k = 5;
+        if (i == 2) ref[i].top_p = 0.8f, ref[i].min_p = 0.05f;
+        if (i == 3) ref[i].presence = 0.3f, ref[i].frequency = 0.2f, ref[i].repetition = 1.1f;
+    }
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    osp_engine_params p = base(g_tiny, &k_ngram);
+    memcpy(j, ref, sizeof j);
+    const osp_engine_stats st = run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, true, "sampled, ngram");
+    assert_true(st.spec_num_accepted_tokens > 0);
+    oracle o = {.base = {.ops = &k_oracle_ops}, .ref = ref, .n_ref = N, .rng = 5};
+    memcpy(j, ref, sizeof j);
+    run_jobs(&p, j, N, &o.base, k_ngram.num_speculative_tokens);
+    assert_same(ref, j, N, true, "sampled, oracle");
+    for (int k = 1; k < 3; k++) assert_memory_equal(ref[5].out[0], ref[5].out[k], sizeof(int32_t) * (size_t)ref[5].n_out[0]);
+}
+
+/* A request whose prompt is an earlier one's prompt + output reuses the blocks that request filled
+ * while speculating (hashed only over accepted tokens) and continues as it does without the cache. */
+static void test_prefix_cache_after_rollback(void **state) {
+    (void)state;
+    job a[1], b[1], b_nocache[1];
+    make_jobs(a, 1, 5);
+    a[0].max_tokens = 80;
+    osp_engine_params p = base(g_tiny, &k_ngram);
+    osp_engine *e;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    add_job(e, 1, &a[0]);
+    while (osp_engine_has_unfinished(e)) assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+    drain(e, 1, &a[0]);
+    b[0] = a[0];
+    memcpy(b[0].prompt + b[0].n_prompt, a[0].out[0], sizeof(int32_t) * (size_t)a[0].n_out[0]);
+    b[0].n_prompt += a[0].n_out[0];
+    b[0].max_tokens = 40;
+    memset(b[0].n_out, 0, sizeof b[0].n_out);
+    b[0].why[0] = OSP_FINISH_NONE;
+    add_job(e, 2, &b[0]);
+    while (osp_engine_has_unfinished(e)) assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+    drain(e, 2, &b[0]);
+    printf("second request: %d of %d prompt tokens from the cache\n", b[0].cached, b[0].n_prompt);
+    assert_true(b[0].cached >= ((a[0].n_prompt + a[0].n_out[0] - 1) / 16 - 1) * 16);
+    assert_int_equal(osp_engine_check_invariants(e), OSP_OK);
+    osp_engine_free(e);
+    b_nocache[0] = b[0];
+    osp_engine_params q = base(g_tiny, NULL);
+    q.enable_prefix_caching = false;
+    run_jobs(&q, b_nocache, 1, NULL, 0);
+    assert_same(b_nocache, b, 1, false, "after the cache");
+}
+
+/* Config errors reach osp_engine_create. */
+static void test_bad_config(void **state) {
+    (void)state;
+    osp_spec_config c = k_ngram;
+    c.num_speculative_tokens = OSP_SPEC_MAX_TOKENS + 1;
+    osp_engine_params p = base(g_tiny, &c);
+    osp_engine *e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    assert_null(e);
+    c = k_ngram;
+    c.prompt_lookup_min = 4;
+    c.prompt_lookup_max = 3;
+    p = base(g_tiny, &c);
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    p = base(g_tiny, NULL); /* a custom proposer needs the config that sizes the buffers */
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    oracle o = {.base = {.ops = &k_oracle_ops}};
+    assert_int_equal(osp_engine_set_proposer(e, &o.base, 2), OSP_ERR_INVALID_ARG);
+    osp_engine_free(e);
+}
+
+/* The real model on an input-grounded prompt (copy a text): the same tokens, most drafts accepted. */
+static void test_smollm2_copy(void **state) {
+    (void)state;
+    if (!g_smol) skip();
+    static const char text[] =
+        "Repeat the following text exactly.\n"
+        "Text: The osprey is a fish-eating bird of prey with a cosmopolitan range. It is a large raptor with a "
+        "wingspan of about 180 cm. It is brown on the upperparts and predominantly greyish on the head and "
+        "underparts.\nRepeated text: The osprey";
+    osp_engine_params p = base(g_smol, NULL);
+    p.kv_dtype = OSP_KV_DTYPE_F16;
+    osp_engine *e;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    osp_tokenizer *tok;
+    assert_int_equal(osp_tokenizer_load(osp_model_gguf(osp_engine_model(e)), &tok), OSP_OK);
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(osp_tokenizer_encode(tok, text, strlen(text), true, true, &ids, &n), OSP_OK);
+    osp_tokenizer_free(tok);
+    osp_engine_free(e);
+    job ref[2], j[2];
+    memset(ref, 0, sizeof ref);
+    for (int i = 0; i < 2; i++) {
+        memcpy(ref[i].prompt, ids, sizeof(int32_t) * n);
+        ref[i].n_prompt = (int32_t)n;
+        ref[i].max_tokens = i ? 30 : 48;
+        ref[i].n = 1;
+        ref[i].top_p = 1.0f;
+        ref[i].repetition = 1.0f;
+        ref[i].logprobs = 2;
+    }
+    ref[1].prompt[ref[1].n_prompt - 1] = ids[3]; /* a second, different request in the batch */
+    free(ids);
+    run_jobs(&p, ref, 2, NULL, 0);
+    osp_spec_config c = {.method = OSP_SPEC_NGRAM, .num_speculative_tokens = 4, .prompt_lookup_min = 2,
+                         .prompt_lookup_max = 5};
+    osp_engine_params ps = base(g_smol, &c);
+    ps.kv_dtype = OSP_KV_DTYPE_F16;
+    memcpy(j, ref, sizeof j);
+    const osp_engine_stats st = run_jobs(&ps, j, 2, NULL, 0);
+    assert_same(ref, j, 2, true, "smollm2 copy");
+    printf("smollm2 copy: %lld rows, %lld drafts, %lld accepted (%.0f%%), %lld steps for %lld tokens\n",
+           (long long)st.spec_num_drafts, (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens,
+           100 * acceptance(&st), (long long)st.num_steps, (long long)st.num_generated_tokens);
+    assert_true(acceptance(&st) > 0.5);
+}
+
+int main(void) {
+    const char *root = getenv("OSPREY_ROOT");
+    if (!root) root = ".";
+    snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
+    FILE *f = fopen(g_tiny, "rb");
+    if (!f) {
+        fprintf(stderr, "SKIP: %s missing\n", g_tiny);
+        return 77;
+    }
+    fclose(f);
+    g_smol = getenv("OSPREY_MODEL");
+    if (g_smol && !(f = fopen(g_smol, "rb"))) g_smol = NULL;
+    if (f && g_smol) fclose(f);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ngram_greedy_mixes),
+        cmocka_unit_test(test_oracle_rollback),
+        cmocka_unit_test(test_stops_mid_draft),
+        cmocka_unit_test(test_sampled_same_stream),
+        cmocka_unit_test(test_prefix_cache_after_rollback),
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_smollm2_copy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
