@@ -71,3 +71,14 @@ def test_cors_bad_flag_is_refused():
     from conftest import BIN
     p = subprocess.run([BIN, "serve", "-m", TINY, "--allowed-origins", "[1, 2]"], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "--allowed-origins" in p.stderr and "JSON list" in p.stderr
+
+
+def test_empty_api_key_means_no_key():
+    # `--api-key ""` (an unset variable expanded) is no key, as in vLLM, not a key only an empty
+    # Bearer matches
+    s = Server(TINY, "--api-key", "")
+    try:
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+    finally:
+        assert s.stop() == 0

@@ -302,7 +302,7 @@ def test_queue_full_503():
     s = Server(TINY, "--max-queued-requests", "1", "--max-num-seqs", "1")
     try:
         long = requests.post(s.url + "/v1/completions", stream=True,
-                             json={"prompt": "a", "max_tokens": 1500, "stream": True, "extra": 1,
+                             json={"prompt": "a", "max_tokens": 1500, "stream": True,
                                    "ignore_eos": True})
         it = long.iter_lines()
         next(it)  # the first chunk: the request is in flight

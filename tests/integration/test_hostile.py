@@ -112,9 +112,19 @@ def test_at_least_40_cases():
     assert len(CASES) >= 40
 
 
-def test_unknown_fields_are_ignored(server):
-    r = requests.post(server.url + C, json={"prompt": "a", "max_tokens": 2, "frobnicate": [1, 2], "x": None})
-    assert r.status_code == 200
+def test_unknown_fields_are_refused(server):
+    # a field the server does not implement is a 400 naming it, never silently ignored
+    for extra in ({"frobnicate": [1, 2]}, {"best_of": 3},
+                  {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+                  {"tool_choice": "required"}, {"parallel_tool_calls": True}):
+        r = requests.post(server.url + C, json={"prompt": "a", "max_tokens": 2, **extra})
+        assert r.status_code == 400, (extra, r.text)
+        err = r.json()["error"]
+        assert err["param"] == next(iter(extra)) and "not supported" in err["message"], err
+    # OpenAI's advisory fields, null values and "no tools" are accepted
+    ok = {"prompt": "a", "max_tokens": 2, "x": None, "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+          "user": "u", "tools": [], "tool_choice": "none"}
+    assert requests.post(server.url + C, json=ok).status_code == 200
 
 
 def test_garbage_on_the_socket(server):

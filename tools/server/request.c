@@ -3,7 +3,8 @@
  *
  * Field meanings follow OpenAI's API and vLLM's extensions (vllm/entrypoints/openai/protocol.py):
  * JSON null means "not given"; integers may also be integral reals (as pydantic's lax mode takes them);
- * unknown top-level fields are kept by name so the server can log them at debug level. Nothing here
+ * a field it does not read is a 400 naming it, but for OpenAI's advisory ones (k_advisory), kept by name
+ * for the debug log. Nothing here
  * touches the engine, the tokenizer or the network, so the libFuzzer target drives it directly. */
 #include <math.h>
 #include <stdarg.h>
@@ -302,6 +303,9 @@ static int parse_logit_bias(const json_t *root, const srv_parse_limits *lim, srv
 
 /* ---- the request --------------------------------------------------------------------------- */
 
+/* OpenAI's fields that only inform (they change no token of the reply): accepted, logged at debug level */
+static const char *const k_advisory[] = {"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"};
+
 static const char *const k_known[] = {
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "min_p", "seed", "n", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
@@ -442,7 +446,10 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
         goto done;
     }
 
-    /* unknown fields, for the debug log */
+    /* Fields this parser does not read: a 400 naming the field (a field accepted and ignored would change
+     * what the client asked for without a word: tools, best_of, ...), except OpenAI's advisory fields,
+     * which change no output (README: "Fields accepted with no effect"), kept for the debug log; a null
+     * value is "not given"; no tools (tools [] or tool_choice "none") is what osprey does anyway. */
     const char *key;
     json_t *v;
     r->unknown = calloc(json_object_size(root) + 1, sizeof(char *));
@@ -451,9 +458,18 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
         goto done;
     }
     json_object_foreach(root, key, v) {
-        bool known = false;
+        bool known = false, advisory = false;
         for (size_t k = 0; k < sizeof k_known / sizeof *k_known && !known; k++) known = !strcmp(key, k_known[k]);
-        if (!known) r->unknown[r->n_unknown++] = strdup(key);
+        for (size_t k = 0; k < sizeof k_advisory / sizeof *k_advisory && !advisory; k++)
+            advisory = !strcmp(key, k_advisory[k]);
+        if (known) continue;
+        const bool no_tools = (!strcmp(key, "tools") && json_is_array(v) && json_array_size(v) == 0) ||
+                              (!strcmp(key, "tool_choice") && json_is_string(v) && !strcmp(json_string_value(v), "none"));
+        if (!advisory && !json_is_null(v) && !no_tools) {
+            srv_fail(err, 400, key, "'%.100s' is not supported by this server", key);
+            goto done;
+        }
+        r->unknown[r->n_unknown++] = strdup(key);
     }
     rc = 0;
 done:

@@ -122,7 +122,7 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
             strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
             strncat(names, req.unknown[i], sizeof names - strlen(names) - 1);
         }
-        srv_log(srv, SRV_LOG_DEBUG, "ignored unknown request fields: %s", names);
+        srv_log(srv, SRV_LOG_DEBUG, "advisory request fields (no effect): %s", names);
     }
     /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight */
     pthread_mutex_lock(&srv->mu);

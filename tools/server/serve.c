@@ -54,7 +54,7 @@ static const char *k_serve_usage =
     "  -m, --model FILE                 GGUF model\n"
     "  --host HOST                      address to listen on (127.0.0.1)\n"
     "  --port N                         port (8000; 0 = any free port)\n"
-    "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1/*\n"
+    "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1/* (empty: no key)\n"
     "  --served-model-name NAME         the model's name in the API (the file name)\n"
     "  --max-model-len N                prompt + output tokens (the model's context length)\n"
     "  --max-num-seqs N                 running sequences per step (64)\n"
@@ -120,7 +120,7 @@ static srv_config parse_flags(int argc, char **argv) {
             /* -m, -t, --device, --kv-cache-dtype: parsed as osprey generate and chat parse them */
         } else if (!strcmp(f, "--host")) c.host = v, i++;
         else if (!strcmp(f, "--port")) c.port = (int)cli_int(f, v, 0, 65535), i++;
-        else if (!strcmp(f, "--api-key")) c.api_key = v, i++;
+        else if (!strcmp(f, "--api-key")) c.api_key = v[0] ? v : NULL, i++; /* empty: no key (as vLLM) */
         else if (!strcmp(f, "--served-model-name")) c.served_model_name = v, i++;
         else if (!strcmp(f, "--max-model-len")) c.max_model_len = (int32_t)cli_int(f, v, 1, INT32_MAX), i++;
         else if (!strcmp(f, "--max-num-seqs")) c.max_num_seqs = (int32_t)cli_int(f, v, 1, 1 << 16), i++;
@@ -257,7 +257,8 @@ int cmd_serve(int argc, char **argv) {
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u", srv.model_name, cfg->host, di ? (unsigned)di->port : (unsigned)cfg->port);
+    srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u (%s)", srv.model_name, cfg->host,
+            di ? (unsigned)di->port : (unsigned)cfg->port, cfg->api_key ? "API key required on /v1/*" : "no API key");
 
     int sig = 0;
     sigwait(&sigs, &sig);
