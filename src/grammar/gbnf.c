@@ -708,6 +708,34 @@ static int check_left_recursion(parser *ps, const uint8_t *nullable) {
     return rc;
 }
 
+/* productive[r]: rule r matches at least one (finite) string: some alternative whose elements are all
+ * non-empty byte sets or productive rules (the textbook fixpoint, e.g. Hopcroft & Ullman, "useless
+ * symbols"). A start rule that is not productive accepts nothing: every output would be cut by
+ * max_tokens or fail. */
+static void compute_productive(const parser *ps, uint8_t *productive) {
+    memset(productive, 0, (size_t)ps->n_rules);
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int32_t r = 0; r < ps->n_rules; r++) {
+            if (productive[r]) continue;
+            for (int32_t a = 0; a < ps->rules[r].n_alts && !productive[r]; a++) {
+                const ivec *s = &ps->rules[r].alts[a];
+                int ok = 1;
+                for (int32_t k = 0; k < s->n && ok; k++) {
+                    const int32_t e = s->v[k];
+                    if (GR_IS_REF(e)) ok = productive[GR_REF_RULE(e)];
+                    else {
+                        int any = 0;
+                        for (int w = 0; w < 8; w++) any |= ps->sets[e][w] != 0;
+                        ok = any;
+                    }
+                }
+                if (ok) productive[r] = 1, changed = 1;
+            }
+        }
+    }
+}
+
 /* ---- flattening ------------------------------------------------------------------------------ */
 
 static osp_status finish(parser *ps, const char *root, osp_grammar **out) {
@@ -719,8 +747,13 @@ static osp_status finish(parser *ps, const char *root, osp_grammar **out) {
     if (!nullable) return nomem(ps);
     compute_nullable(ps, nullable);
     const int lr = check_left_recursion(ps, nullable);
+    if (!lr) compute_productive(ps, nullable); /* the same scratch: productive[r] now */
+    const int empty = !lr && !nullable[root_id];
     free(nullable);
     if (lr) return ps->st;
+    if (empty)
+        return ps->st = osp_set_error(OSP_ERR_FORMAT, "grammar: rule '%.64s' matches no string (a character class that "
+                                                      "allows nothing, or recursion without an end)", root);
 
     osp_grammar *g = calloc(1, sizeof *g);
     if (!g) return nomem(ps);

@@ -32,6 +32,32 @@ typedef struct sbuf {
     int oom;
 } sbuf;
 
+/* v is of JSON Schema type `type` (a name or a list of names; NULL: any). "integer" takes integral
+ * numbers (1.0 too), "number" any number (JSON Schema 2020-12, section 6.1.1). */
+static int value_has_one_type(const json_t *v, const char *t) {
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "integer"))
+        return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == (double)(long long)json_real_value(v));
+    return 0;
+}
+static int value_has_type(const json_t *v, const json_t *type) {
+    if (!type) return 1;
+    if (json_is_string(type)) return value_has_one_type(v, json_string_value(type));
+    if (json_is_array(type)) {
+        for (size_t i = 0; i < json_array_size(type); i++) {
+            const json_t *t = json_array_get(type, i);
+            if (json_is_string(t) && value_has_one_type(v, json_string_value(t))) return 1;
+        }
+        return 0;
+    }
+    return 1; /* a malformed 'type' is reported where types are compiled */
+}
+
 static void sb_put(sbuf *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
@@ -385,7 +411,13 @@ static int gen(jsc *c, json_t *s, const char *path, int32_t *rule) {
         sb_fmt(&body, "s%d", target);
         goto done;
     }
+    /* const / enum beside "type": only the values of that type (JSON Schema: both must hold) */
+    json_t *ty = json_object_get(s, "type");
     if (cst) {
+        if (!value_has_type(cst, ty)) {
+            rc = fail(c, OSP_ERR_UNSUPPORTED, path, "'const' is not of the schema's 'type': it accepts nothing%s", "");
+            goto done;
+        }
         rc = literal_of(c, &body, cst, path);
         goto done;
     }
@@ -394,10 +426,14 @@ static int gen(jsc *c, json_t *s, const char *path, int32_t *rule) {
             rc = fail(c, OSP_ERR_INVALID_ARG, path, "'enum' must be a non-empty array%s", "");
             goto done;
         }
+        int n_kept = 0;
         for (size_t i = 0; i < json_array_size(en) && !rc; i++) {
-            if (i) sb_str(&body, " | ");
+            if (!value_has_type(json_array_get(en, i), ty)) continue;
+            if (n_kept++) sb_str(&body, " | ");
             rc = literal_of(c, &body, json_array_get(en, i), path);
         }
+        if (!rc && n_kept == 0)
+            rc = fail(c, OSP_ERR_UNSUPPORTED, path, "no 'enum' value is of the schema's 'type': it accepts nothing%s", "");
         goto done;
     }
     if (any || all) {

@@ -117,6 +117,11 @@ static void test_errors(void **st) {
     expect_error("root ::= root \"a\" | \"b\"", "left-recursive");
     expect_error("root ::= x\nx ::= \"\"? x", "left-recursive");
     expect_error("root ::= (\"a\"?)*", "left-recursive");
+    /* a start rule that matches no string (found by a fresh-user walkthrough: it was a 200 ending in
+     * finish_reason "error"): a class that allows nothing, recursion without an end */
+    expect_error("root ::= [^\\x00-\\U0010FFFF]", "matches no string");
+    expect_error("root ::= \"a\" root", "matches no string");
+    expect_error("root ::= x \"b\"\nx ::= \"a\" x | [^\\x00-\\U0010FFFF]", "matches no string");
     expect_error("root ::= [a-", "unterminated character class");
     expect_error("root ::= [z-a]", "range end before its start");
     expect_error("root ::= * \"a\"", "grammar:1:10: '*' with nothing before it");
@@ -436,6 +441,10 @@ static void test_schema(void **st) {
     schema_expect("{}", L("[1, {}]"), NULL);
     schema_expect("{\"allOf\": [{\"type\": \"boolean\"}]}", L("true"), L("1"));
     schema_expect("{\"type\": \"string\", \"enum\": [\"a\", \"b\"]}", L("\"a\""), L("\"c\""));
+    /* enum / const beside type: only the values of that type (the walkthrough's {"type": "integer",
+     * "enum": ["a"]} produced "a") */
+    schema_expect("{\"type\": \"integer\", \"enum\": [\"a\", 2, 3.0, 2.5]}", L("2", "3.0"), L("\"a\"", "2.5"));
+    schema_expect("{\"type\": [\"string\", \"null\"], \"enum\": [\"a\", null, 1]}", L("\"a\"", "null"), L("1"));
 
     schema_error("{\"type\": \"integer\", \"minimum\": 0}", OSP_ERR_UNSUPPORTED, "json_schema: #: unsupported keyword 'minimum'");
     schema_error("{\"properties\": {\"age\": {\"type\": \"string\", \"pattern\": \"^a\"}}}", OSP_ERR_UNSUPPORTED,
@@ -449,6 +458,8 @@ static void test_schema(void **st) {
     schema_error("{\"type\": \"object\", \"required\": [\"x\"]}", OSP_ERR_UNSUPPORTED, "required property 'x'");
     schema_error("{\"type\": \"frog\"}", OSP_ERR_UNSUPPORTED, "unknown type 'frog'");
     schema_error("false", OSP_ERR_UNSUPPORTED, "accepts nothing");
+    schema_error("{\"type\": \"integer\", \"enum\": [\"a\"]}", OSP_ERR_UNSUPPORTED, "accepts nothing");
+    schema_error("{\"type\": \"string\", \"const\": 1}", OSP_ERR_UNSUPPORTED, "accepts nothing");
     schema_error("{\"type\": ", OSP_ERR_INVALID_ARG, "not JSON");
     schema_error("[1]", OSP_ERR_INVALID_ARG, "must be an object or a boolean");
     schema_error("{\"a\": 1, \"a\": 2}", OSP_ERR_INVALID_ARG, "not JSON");
