@@ -68,7 +68,6 @@ int cmd_generate(int argc, char **argv) {
     if (!a.seed_set) {
         /* a seed within --seed's range, printed so the run can be repeated */
         a.sp.seed = (uint64_t)(cli_now_s() * 1e6) % ((uint64_t)UINT32_MAX + 1);
-        if (a.sp.temperature > 0.0f) fprintf(stderr, "seed: %llu (repeat with --seed)\n", (unsigned long long)a.sp.seed);
     }
 
     double t0 = cli_now_s();
@@ -78,6 +77,8 @@ int cmd_generate(int argc, char **argv) {
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "cannot load model");
+    if (!a.seed_set && a.sp.temperature > 0.0f) /* printed once the run can happen */
+        fprintf(stderr, "seed: %llu (repeat with --seed)\n", (unsigned long long)a.sp.seed);
     cli_report_device(e);
     osp_tokenizer *tok;
     s = osp_tokenizer_load(osp_model_gguf(osp_engine_model(e)), &tok);

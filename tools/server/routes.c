@@ -131,7 +131,7 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     pthread_mutex_unlock(&srv->mu);
     if (draining || full) {
         srv_gen_request_free(&req);
-        return reply_err(srv, c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (%d requests in flight); retry later",
+        return reply_err(srv, c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (--max-queued-requests %d reached); retry later",
                          srv->cfg.max_queue);
     }
     const int built = srv_build_prompts(srv, &req, &err);
@@ -202,7 +202,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         pthread_mutex_unlock(&srv->mu);
         if (full) {
             srv_gen_request_free(&r);
-            srv_fail(&err, 503, NULL, "the server is busy (%d requests in flight); retry later", srv->cfg.max_queue);
+            srv_fail(&err, 503, NULL, "the server is busy (--max-queued-requests %d reached); retry later", srv->cfg.max_queue);
             goto fail;
         }
         const int rc = srv_chat_render(&srv->chat, &r, &text, &err);
