@@ -741,6 +741,9 @@ static void test_batch_invariance(void **state) {
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
             for (int mi = 0; mi < n_modes; mi++) {
+                /* under a sanitizer (racecheck runs ~1000x slower): two layouts, the base mode, split
+                 * mode and v3, so the test finishes inside one device call */
+                if (sanitizer_subset() && (li > 1 || (mi != 0 && mi != 2 && mi != 6))) continue;
                 batch b;
                 derive(&b, &full, lays[li].n, lays[li].start, lays[li].count, 7100u + li);
                 osp_cuda_attention_v1_tune(tunes[mi][0], tunes[mi][1], tunes[mi][2], tunes[mi][3]);
