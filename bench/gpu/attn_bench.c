@@ -54,36 +54,22 @@ static float rnd_unit(void) {
     return (float)(z >> 40) / 8388608.0f - 1.0f;
 }
 
-/* n f16 values in [-1, 1) on the device: a random 1 MiB pattern, tiled with a per-tile offset so the
- * tiles differ */
-static void *random_f16(size_t n) {
-    const size_t pat = 1u << 19;
-    uint16_t *h = malloc(pat * sizeof(uint16_t));
-    for (size_t i = 0; i < pat; i++) h[i] = osp_fp32_to_fp16(rnd_unit());
-    void *d;
-    OK(osp_cuda_malloc(&d, n * 2, "pages"));
-    for (size_t off = 0; off < n; off += pat - 7) {
-        const size_t m = n - off < pat ? n - off : pat;
-        CK(cudaMemcpy((uint16_t *)d + off, h, m * 2, cudaMemcpyHostToDevice));
-    }
-    free(h);
-    return d;
-}
-
-/* n E4M3 codes on the device (ATTN_KV=fp8): magnitudes 2^-6 .. 1.875 (codes 0 .. 0x3F), either sign,
- * tiled as random_f16 */
-static void *random_e4m3(size_t n) {
-    const size_t pat = 1u << 20;
-    uint8_t *h = malloc(pat);
+/* n random K/V values on the device, f16 in [-1, 1) or (fp8, ATTN_KV=fp8) E4M3 codes of magnitude
+ * 2^-6 .. 1.875 (codes 0 .. 0x3F) and either sign: a random pattern of `pat` values, tiled with a
+ * per-tile offset so the tiles differ */
+static void *random_pages(size_t n, bool fp8) {
+    const size_t pat = fp8 ? 1u << 20 : 1u << 19, esz = fp8 ? 1 : 2;
+    uint8_t *h = malloc(pat * esz);
     for (size_t i = 0; i < pat; i++) {
         const float u = rnd_unit();
-        h[i] = (uint8_t)(((uint32_t)((u + 1.0f) * 32.0f) & 0x3Fu) | (u < 0.0f ? 0x80u : 0u));
+        if (fp8) h[i] = (uint8_t)(((uint32_t)((u + 1.0f) * 32.0f) & 0x3Fu) | (u < 0.0f ? 0x80u : 0u));
+        else ((uint16_t *)h)[i] = osp_fp32_to_fp16(u);
     }
     void *d;
-    OK(osp_cuda_malloc(&d, n, "pages"));
+    OK(osp_cuda_malloc(&d, n * esz, "pages"));
     for (size_t off = 0; off < n; off += pat - 7) {
         const size_t m = n - off < pat ? n - off : pat;
-        CK(cudaMemcpy((uint8_t *)d + off, h, m, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy((uint8_t *)d + off * esz, h, m * esz, cudaMemcpyHostToDevice));
     }
     free(h);
     return d;
@@ -110,7 +96,7 @@ static void run(const shape *sh) {
     const int32_t nb_seq = (ctx + BS - 1) / BS;
     const int64_t nblocks = (int64_t)B * nb_seq;
     const size_t nval = (size_t)(nblocks * BS * HKV * D);
-    void *k = g_fp8 ? random_e4m3(nval) : random_f16(nval), *v = g_fp8 ? random_e4m3(nval) : random_f16(nval);
+    void *k = random_pages(nval, g_fp8), *v = random_pages(nval, g_fp8);
     float ones[HKV];
     for (int i = 0; i < HKV; i++) ones[i] = 1.0f;
     float *d_fix = NULL;

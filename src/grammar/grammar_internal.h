@@ -7,6 +7,8 @@
 #define OSP_GRAMMAR_INTERNAL_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "grammar/grammar.h"
 
@@ -31,5 +33,30 @@ struct osp_grammar {
 };
 
 static inline int gr_set_has(const uint32_t *set, unsigned b) { return (set[b >> 5] >> (b & 31)) & 1; }
+
+/* A growing NUL-terminated string (the GBNF text json_schema.c writes, gbnf.c's dump); oom sticks once
+ * an allocation failed, so callers check it once at the end. */
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static inline void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p, b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static inline void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
 #endif

@@ -21,16 +21,10 @@
 #include <string.h>
 
 #include "core/status_internal.h"
-#include "grammar/grammar.h"
+#include "grammar/grammar_internal.h" /* sbuf */
 
 #define MAX_DEPTH 64 /* schema nesting, $ref chains included */
 #define MAX_REFS 1024
-
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
 
 /* v is of JSON Schema type `type` (a name or a list of names; NULL: any). "integer" takes integral
  * numbers (1.0 too), "number" any number (JSON Schema 2020-12, section 6.1.1). */
@@ -58,22 +52,6 @@ static int value_has_type(const json_t *v, const json_t *type) {
     return 1; /* a malformed 'type' is reported where types are compiled */
 }
 
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p, b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 static void sb_fmt(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sb_fmt(sbuf *b, const char *fmt, ...) {
     char t[256];

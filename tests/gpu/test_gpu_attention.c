@@ -297,21 +297,21 @@ static bool kernel_applies(int mode, const acase *c) {
 
 static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
     const acase *c = &b->c;
-    if (g_mode == TEST_V3) {
-        osp_cuda_attention_force_mode(OSP_CUDA_ATTN_FOLD);
+    const bool v3 = g_mode == TEST_V3;
+    osp_cuda_attention_force_mode(v3 ? OSP_CUDA_ATTN_FOLD : g_mode);
+    if (v3) { /* fold mode by v3 for every launch, then back to the defaults */
         osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_WGMMA);
         osp_cuda_attention_ws(OSP_CUDA_ATTN_WS_PINGPONG, 0);
-        const osp_status st = osp_cuda_paged_attention(
-            d->q, d->k, d->v, OSP_KV_PAGE_F16, d->out, c->num_seqs, d->qsl, d->positions, d->block_table,
-            b->max_blocks, c->bs, b->T, c->n_head, c->n_kv, c->D, batch_scale(b), c->window, b->max_seq_len, d->ws, stream);
+    }
+    const osp_status st = osp_cuda_paged_attention(d->q, d->k, d->v, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d->out,
+                                                   c->num_seqs, d->qsl, d->positions, d->block_table, b->max_blocks,
+                                                   c->bs, b->T, c->n_head, c->n_kv, c->D, batch_scale(b), c->window,
+                                                   b->max_seq_len, d->ws, stream);
+    if (v3) {
         osp_cuda_attention_ws(-1, 0);
         osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
-        return st;
     }
-    osp_cuda_attention_force_mode(g_mode);
-    return osp_cuda_paged_attention(d->q, d->k, d->v, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d->out, c->num_seqs, d->qsl, d->positions,
-                                    d->block_table, b->max_blocks, c->bs, b->T, c->n_head, c->n_kv, c->D,
-                                    batch_scale(b), c->window, b->max_seq_len, d->ws, stream);
+    return st;
 }
 
 /* Downloads out and compares with the CPU reference; checks the guard row and workspace guard. */

@@ -53,7 +53,7 @@ void osp_cuda_attention_force_mma(int mma);   /* process-wide; tests and benchma
 void osp_cuda_attention_tile_order(int heavy_first);
 /* v3 (attention_ws.cu): fold mode at D 128 under wgmma by a warp-specialized CTA (a producer warpgroup,
  * two consumer warpgroups of 64 rows sharing each K/V tile), the consumers' products unordered (ON) or
- * in turns (PINGPONG, the default: 1.33-1.41x v2's prefill on the H200, bench/gpu/NOTES.md); its rows
+ * in turns (PINGPONG, the default: 1.43-1.51x v2's prefill on the H200 at 87be3bd, bench/gpu/NOTES.md); its rows
  * are v2's bits (test_gpu_attention asserts it), so it is the default wherever v2 would fold.
  * OSPREY_CUDA_ATTN_WS=off / on / pingpong overrides the default. */
 enum { OSP_CUDA_ATTN_WS_OFF = 0, OSP_CUDA_ATTN_WS_ON = 1, OSP_CUDA_ATTN_WS_PINGPONG = 2 };
