@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that building osprey, `make run` and `make test` need: the C
-# toolchain, CMake + Ninja, the libraries libosprey links (PCRE2, xxHash, jansson, OpenMP), cmocka
-# for the tests, clang with its sanitizer/libFuzzer runtimes for `make test-asan` and `make fuzz`,
-# and pip + unzip for scripts/fetch-model.sh.
+# toolchain, CMake + Ninja, the libraries libosprey links (PCRE2, xxHash, jansson, OpenMP, and
+# ZeroMQ + msgpack-c for engine IPC and KV events), cmocka for the tests, clang with its
+# sanitizer/libFuzzer runtimes for `make test-asan` and `make fuzz`, and pip + unzip for
+# scripts/fetch-model.sh.
 #
 # Idempotent and non-interactive: when every package is already installed it does nothing (no apt
 # run at all), so `make` can call it on every invocation. Runs as root, or through sudo otherwise.
@@ -12,6 +13,7 @@ set -euo pipefail
 PACKAGES=(
     build-essential cmake ninja-build pkg-config git
     libpcre2-dev libxxhash-dev libjansson-dev libcmocka-dev libmicrohttpd-dev
+    libzmq3-dev libmsgpack-dev
     clang libclang-rt-dev libomp-dev
     python3 python3-pip unzip ca-certificates
 )
