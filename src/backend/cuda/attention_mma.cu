@@ -81,11 +81,20 @@ template <int D, bool kFold> constexpr int q_region_bytes() {
     return 2 * kRows * (D + kPadH) > (kFold && fold_in_smem<D>() ? 4 * kRows * D : 0) ? 2 * kRows * (D + kPadH)
                                                                                      : 4 * kRows * D;
 }
+/* Split mode stages Q in the K half of the last K/V stage, which the prologue leaves empty (it fills
+ * stages 0 .. ST - 2) and the first tile's load refills only after the loop's first barrier: no Q
+ * region, so 3 stages fit beside a second CTA on an SM. Not with E4M3 pages (the codes' stages follow
+ * the Q region) nor wgmma at D = 64 (Q is re-read from shared memory every tile). Q's rows there are
+ * unpadded under wgmma (the stage's rows are D halves; the one-time ldmatrix pays bank conflicts). */
+template <int D, bool kFold, bool kWg, bool kFp8> constexpr bool q_in_stage() {
+    return !kFold && !kFp8 && !(kWg && D == 64);
+}
 /* kFp8 (E4M3 pages, wgmma only): the f16 K/V region holds one converted tile, and ST stages of the raw
  * codes ([ST][K, V][kKeys][D] bytes) follow the Q region */
 template <int D, int ST, bool kFold, bool kWg, bool kFp8 = false> constexpr int smem_bytes() {
     /* wgmma: + 1 KiB to align the swizzled atoms to 1024 bytes */
-    return (kFp8 ? 1 : ST) * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() + q_region_bytes<D, kFold>() + (kWg ? 1024 : 0) +
+    return (kFp8 ? 1 : ST) * 4 * tile_keys<D>() * kv_row_halves<D, kWg>() +
+           (q_in_stage<D, kFold, kWg, kFp8>() ? 0 : q_region_bytes<D, kFold>()) + (kWg ? 1024 : 0) +
            (kFp8 ? ST * 2 * tile_keys<D>() * D : 0);
 }
 
@@ -130,10 +139,14 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     uint16_t *sK = reinterpret_cast<uint16_t *>(smem_u4); /* [SF][kKeys][KRS]; wgmma: [SF][D / 64][kKeys][64] swizzled */
     if constexpr (kWg) sK += ((1024u - (smem_u32(smem_u4) & 1023u)) & 1023u) / 2;
     uint16_t *sV = sK + SF * kKeys * KRS;                   /* as sK */
-    uint16_t *sQ = sV + SF * kKeys * KRS;                   /* [kRows][RS], until the fragments are loaded */
+    constexpr bool kQStage = q_in_stage<D, kFold, kWg, kFp8>();
+    constexpr int QRS = kQStage && kWg ? D : RS; /* Q's row stride, halves */
+    static_assert(!kQStage || kRows * QRS <= kKeys * KRS, "Q fits one K stage");
+    /* [kRows][QRS], until the fragments are loaded: after the K/V stages, or in K's last stage */
+    uint16_t *sQ = kQStage ? sK + (ST - 1) * kKeys * KRS : sV + SF * kKeys * KRS;
     float *sO = reinterpret_cast<float *>(sQ); /* then kOSmem: [ND * 4][kThreads], thread-private */
     /* kFp8: the codes' stages, K [ST][kKeys][D] then V [ST][kKeys][D] bytes */
-    const uint32_t s8 = smem_u32(sQ) + (uint32_t)q_region_bytes<D, kFold>();
+    const uint32_t s8 = smem_u32(sV + SF * kKeys * KRS) + (uint32_t)q_region_bytes<D, kFold>();
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
@@ -150,7 +163,6 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
         k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
     }
     int kb = k_first / kKeys * kKeys, ke = kv_len;
-    const int64_t nrow = (int64_t)p.T * p.n_head;
     if constexpr (!kFold) {
         /* chunks [c_begin, c_end) of this CTA (p.chunks_per_cta a CTA: a launch choice; every chunk's
          * partial is the same whichever CTA computes it) */
@@ -161,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
         for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
             for (int r = tid; r < rows; r += kThreads) {
                 const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-                p.ws_ml[(int64_t)c * nrow + orow] = make_float2(-INFINITY, 0.0f);
+                p.ws_ml[orow * p.ws_stride + c] = make_float2(-INFINITY, 0.0f);
             }
         kb = max(kb, c_begin * kChunk);
         ke = min(ke, c_end * kChunk);
@@ -184,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             }
             v = make_uint4(o[0], o[1], o[2], o[3]);
         }
-        *reinterpret_cast<uint4 *>(sQ + r * RS + part * 8) = v;
+        *reinterpret_cast<uint4 *>(sQ + r * QRS + part * 8) = v;
     }
 
     /* K/V tile loader: keys [k0, k0 + kKeys) of kv head kvh into stage st; keys >= ke zero-filled.
@@ -251,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
 
     /* Q fragments (A operand of Q K^T): loaded into registers once (wgmma at D = 64: again each tile, below) */
     uint32_t qf[KT][4];
-    const uint32_t q_addr = smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8);
+    const uint32_t q_addr = smem_u32(sQ + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * QRS + (lane >> 4) * 8);
 #pragma unroll
     for (int kk = 0; kk < KT; kk++) ldsm_x4(q_addr + kk * 32, qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
     if constexpr (kOSmem) __syncthreads(); /* every warp has its Q before the region becomes the fold state */
@@ -287,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
             if (r >= rows) continue;
             const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
             const float lc = lsum[i];
-            const int64_t pr = (int64_t)c * nrow + orow;
+            const int64_t pr = orow * p.ws_stride + c;
             float *dst = p.ws_acc + pr * D;
 #pragma unroll
             for (int n = 0; n < ND; n++)
@@ -537,41 +549,105 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
 
 /* Split mode's second kernel: one CTA of D threads per output row (t, h), thread d owning dimension d,
  * folds the chunks 0 .. ceil((pos + 1) / kChunk) - 1 of its row in order and writes out = O / L. The
- * fold is sequential; its loads are not: a warp fetches the (m, l) of 32 chunks (one a lane) and then
- * every thread's 32 accumulator values at once, so a row costs one load round trip per 32 chunks
- * (a warp per row with 8 loads ahead made batch-1 decode at 32k wait on 16 dependent rounds). Each
- * thread runs the same fold_state sequence on the same (m, l), so the bits are fold mode's. */
+ * fold is sequential; its loads are not: the row's partials are contiguous in the workspace ([row]
+ * [chunk], Params::ws_stride chunks a row), and rounds of kMergeRound chunks (their accumulators and
+ * (m, l)) land by cp.async in shared memory kMergeStages - 1 rounds ahead of the fold (48 KiB in flight
+ * a row at D = 128: batch-1 decode at 128k folds 512 chunks a row, which waited on 32 dependent load
+ * round trips when a warp fetched 32 chunks' (m, l) and only then their accumulators). The weights of a
+ * round come from the same values by the same operations as fold_state's (below), so the bits are
+ * fold mode's. */
+constexpr int kMergeRound = 32, kMergeStages = 4;
+template <int D> constexpr int merge_smem_bytes() {
+    return kMergeStages * kMergeRound * (D * (int)sizeof(float) + (int)sizeof(float2));
+}
 template <int D>
 __global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
-                                                  const int32_t *positions, int n_head, int64_t nrow,
+                                                  const int32_t *positions, int n_head, int ws_stride,
                                                   const float *v_fixed, int group) {
+    constexpr int R = kMergeRound, S = kMergeStages;
+    static_assert(R * D / 4 % D == 0 && R / 2 <= D, "a round's 16-byte copies spread evenly");
+    extern __shared__ float4 merge_smem[];
+    float *sA = reinterpret_cast<float *>(merge_smem); /* [S][R][D] */
+    float2 *sML = reinterpret_cast<float2 *>(sA + S * R * D); /* [S][R] */
     const int dim = (int)threadIdx.x, lane = dim & 31;
     const int64_t row = (int64_t)blockIdx.x;
     const int nch = (positions[row / n_head] + 1 + kChunk - 1) / kChunk;
-    float M = -INFINITY, L = 0.0f, A = 0.0f;
-    for (int c0 = 0; c0 < nch; c0 += 32) {
-        const int n = min(32, nch - c0);
-        const float2 mlj = lane < n ? ws_ml[(int64_t)(c0 + lane) * nrow + row] : make_float2(-INFINITY, 0.0f);
-        float a[32];
+    const int rounds = (nch + R - 1) / R;
+    const float *arow = ws_acc + row * ws_stride * D;
+    const float2 *mlrow = ws_ml + row * ws_stride; /* 16-byte aligned: ws_stride is even */
+    /* round r into stage r mod S; chunks at or past nch are zero-filled (l = 0) and never folded */
+    auto issue = [&](int r) {
+        const int st = r % S, c0 = r * R;
 #pragma unroll
-        for (int u = 0; u < 32; u++) {
-            const float lu = __shfl_sync(0xffffffffu, mlj.y, u);
-            a[u] = (u < n && lu > 0.0f) ? ws_acc[((int64_t)(c0 + u) * nrow + row) * D + dim] : 0.0f;
+        for (int i = 0; i < R * D / 4 / D; i++) {
+            const int idx = dim + i * D, u = idx / (D / 4), part = idx % (D / 4);
+            const bool valid = c0 + u < nch;
+            cp_async16(smem_u32(sA + (st * R + u) * D + part * 4), valid ? arow + (int64_t)(c0 + u) * D + part * 4 : arow,
+                       valid);
         }
+        if (dim < R / 2) {
+            const bool valid = c0 + 2 * dim < nch;
+            cp_async16(smem_u32(sML + st * R + 2 * dim), valid ? mlrow + c0 + 2 * dim : mlrow, valid);
+        }
+    };
 #pragma unroll
-        for (int u = 0; u < 32; u++) {
-            const float mu = __shfl_sync(0xffffffffu, mlj.x, u), lu = __shfl_sync(0xffffffffu, mlj.y, u);
-            float wA, wc;
-            if (u >= n || !fold_state(M, L, mu, lu, wA, wc)) continue;
-            A = fold_elem(A, wA, a[u], wc);
+    for (int r = 0; r < S - 1; r++) {
+        if (r < rounds) issue(r);
+        cp_async_commit();
+    }
+    float M = -INFINITY, L = 0.0f, A = 0.0f;
+    for (int r = 0; r < rounds; r++) {
+        cp_async_wait<S - 2>(); /* round r has landed (this thread's copies) */
+        __syncthreads();        /* everyone's, and every thread is done with round r - 1's stage */
+        if (r + S - 1 < rounds) issue(r + S - 1);
+        cp_async_commit();
+        const int st = r % S, n = min(R, nch - r * R);
+        /* The round's weights, a chunk a lane (every warp alike): chunk u's state before it, M_prev =
+         * max(M, the valid m of chunks < u) (fmax is exact, so a prefix max by shuffles is the running
+         * max of the sequential fold), and fold_state's weights from it, first chunk (M_prev -inf)
+         * included. Only the accumulator chains (one FFMA a chunk) stay sequential: with fold_state a
+         * chunk at a time, the fold waited on two ex2 and a branch each chunk (43 us of batch-1
+         * decode at 128k under ncu). */
+        const float2 mlu = sML[st * R + lane];
+        const bool valid = lane < n && mlu.y > 0.0f;
+        const unsigned vmask = __ballot_sync(0xffffffffu, valid);
+        float incl = valid ? mlu.x : -INFINITY;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl = fmaxf(incl, y);
+        }
+        const float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+        const float Mprev = lane == 0 ? M : fmaxf(M, excl);
+        float wAu = 0.0f, wcu = 1.0f; /* the first chunk: the state becomes the chunk's */
+        if (valid && Mprev != -INFINITY) {
+            const float Mn = fmaxf(Mprev, mlu.x);
+            wAu = ex2(Mprev - Mn), wcu = ex2(mlu.x - Mn);
+        }
+        M = fmaxf(M, __shfl_sync(0xffffffffu, incl, 31));
+        float a[R];
+#pragma unroll
+        for (int u = 0; u < R; u++) a[u] = sA[(st * R + u) * D + dim];
+#pragma unroll
+        for (int u = 0; u < R; u++) {
+            const float wA = __shfl_sync(0xffffffffu, wAu, u), wc = __shfl_sync(0xffffffffu, wcu, u);
+            const float lu = __shfl_sync(0xffffffffu, mlu.y, u);
+            if (vmask >> u & 1u) {
+                L = __fmaf_rn(L, wA, __fmul_rn(lu, wc)); /* fold_state's L (first: 0 x 0 + l = l) */
+                A = fold_elem(A, wA, a[u], wc);
+            }
         }
     }
+    cp_async_wait<0>();
     const float o = __fmul_rn(A, out_scale(L));
     /* E4M3 pages (v_fixed: the layer's V scales a KV head): times the row's KV head's, as fold mode */
     out[row * D + dim] = osp_f_to_bf16(v_fixed ? __fmul_rn(o, v_fixed[(row % n_head) / group]) : o);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* split mode's partials a row in the workspace: the launch's chunk count rounded up to even, so every
+ * row's (m, l) starts 16-byte aligned */
+int64_t ws_stride_of(int32_t max_seq_len) { return (ceil_div(max_seq_len, kChunk) + 1) / 2 * 2; }
 
 int sm_count() {
     static int cached[64];
@@ -643,7 +719,10 @@ osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int st
     else rc = launch_mode<D, kKindSync>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
-    merge_kernel<D><<<(unsigned)nrow, D, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.n_head, nrow,
+    constexpr int msmem = merge_smem_bytes<D>();
+    if (msmem > 48 * 1024)
+        OSP_CUDA_TRY(cudaFuncSetAttribute(merge_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, msmem));
+    merge_kernel<D><<<(unsigned)nrow, D, msmem, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride,
                                                   prm.v_fixed, prm.n_head / prm.n_head_kv);
     OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
     return OSP_OK;
@@ -744,7 +823,7 @@ extern "C" bool osp_cuda_attention_uses_wgmma(int mode, int mma, uint32_t kv_typ
 
 extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len) {
     if (tokens <= 0 || n_head <= 0 || D <= 0 || max_seq_len <= kChunk) return 0;
-    const int64_t chunks = ceil_div(max_seq_len, kChunk);
+    const int64_t chunks = ws_stride_of(max_seq_len);
     return (size_t)(tokens * n_head * chunks) * ((size_t)D * sizeof(float) + sizeof(float2));
 }
 
@@ -791,7 +870,8 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.positions = d_positions;
     prm.block_table = d_block_table;
     prm.ws_acc = split ? static_cast<float *>(d_workspace) : nullptr;
-    prm.ws_ml = split ? reinterpret_cast<float2 *>(prm.ws_acc + (size_t)n_chunks * (size_t)T * n_head * D) : nullptr;
+    prm.ws_stride = (int)ws_stride_of(max_seq_len);
+    prm.ws_ml = split ? reinterpret_cast<float2 *>(prm.ws_acc + (size_t)prm.ws_stride * (size_t)T * n_head * D) : nullptr;
     prm.num_seqs = num_seqs;
     prm.max_blocks = max_blocks;
     prm.block_size = block_size;

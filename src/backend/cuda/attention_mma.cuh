@@ -46,8 +46,9 @@ struct Params {
     const int32_t *qsl;         /* [num_seqs + 1] */
     const int32_t *positions;   /* [T] */
     const int32_t *block_table; /* [num_seqs, max_blocks] */
-    float *ws_acc;              /* split mode: [n_chunks, T, n_head, D] */
-    float2 *ws_ml;              /* split mode: [n_chunks, T, n_head] (m, l) */
+    float *ws_acc;              /* split mode: [T, n_head, ws_stride, D] (a row's partials contiguous) */
+    float2 *ws_ml;              /* split mode: [T, n_head, ws_stride] (m, l) */
+    int ws_stride;              /* split mode: chunks a row in the workspace (the launch's, rounded up to even) */
     int32_t num_seqs, max_blocks, block_size, T;
     int n_head, n_head_kv;
     AttnTiling tl; /* the query tiles (attention_tiles.cuh, kRows rows a CTA) */
@@ -69,10 +70,13 @@ __device__ __forceinline__ float ex2(float x) {
 
 /* Folds chunk state (m, l) into (M, L); returns the two weights for the accumulators through wA, wc.
  * false: the chunk holds nothing (l == 0) and the state is unchanged; *first: the state was empty
- * and becomes the chunk's exactly (wA = 0, wc = 1). */
+ * and becomes the chunk's exactly (wA = 0, wc = 1). The state is empty exactly while M is -inf (it
+ * starts at (-inf, 0); a chunk with l > 0 has a finite m, and from then on L >= min(L, l) > 0 and M is
+ * finite): tested on M, whose chain is one fmax a chunk, rather than on L, whose chain runs through
+ * two ex2 (the merge folding 512 chunks waited on that chain: bench/gpu/NOTES.md). */
 __device__ __forceinline__ bool fold_state(float &M, float &L, float m, float l, float &wA, float &wc) {
     if (!(l > 0.0f)) return false;
-    if (!(L > 0.0f)) {
+    if (M == -INFINITY) {
         M = m, L = l, wA = 0.0f, wc = 1.0f;
         return true;
     }
