@@ -547,47 +547,47 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     }
 }
 
-/* Split mode's second kernel: one CTA of D threads per output row (t, h), thread d owning dimension d,
+/* Split mode's second kernel: a warp per (output row (t, h), 32 dimensions), lane d owning dimension d,
  * folds the chunks 0 .. ceil((pos + 1) / kChunk) - 1 of its row in order and writes out = O / L. The
  * fold is sequential; its loads are not: the row's partials are contiguous in the workspace ([row]
  * [chunk], Params::ws_stride chunks a row), and rounds of kMergeRound chunks (their accumulators and
  * (m, l)) land by cp.async in shared memory kMergeStages - 1 rounds ahead of the fold (48 KiB in flight
- * a row at D = 128: batch-1 decode at 128k folds 512 chunks a row, which waited on 32 dependent load
+ * a row at D = 128, over 4 SMs: batch-1 decode at 128k folds 512 chunks a row, which waited on 32 dependent load
  * round trips when a warp fetched 32 chunks' (m, l) and only then their accumulators). The weights of a
  * round come from the same values by the same operations as fold_state's (below), so the bits are
  * fold mode's. */
-constexpr int kMergeRound = 32, kMergeStages = 4;
-template <int D> constexpr int merge_smem_bytes() {
-    return kMergeStages * kMergeRound * (D * (int)sizeof(float) + (int)sizeof(float2));
-}
+constexpr int kMergeRound = 32, kMergeStages = 4, kMergeDims = 32;
+constexpr int kMergeSmem = kMergeStages * kMergeRound * (kMergeDims * (int)sizeof(float) + (int)sizeof(float2));
+/* grid (rows, D / kMergeDims), a warp a CTA: CTA (row, y) folds dimensions [32 y, 32 y + 32) of the row
+ * (every CTA of the row computes the same weights), so batch-1 decode's 32 rows keep 128 SMs loading */
 template <int D>
-__global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
-                                                  const int32_t *positions, int n_head, int ws_stride,
-                                                  const float *v_fixed, int group) {
-    constexpr int R = kMergeRound, S = kMergeStages;
-    static_assert(R * D / 4 % D == 0 && R / 2 <= D, "a round's 16-byte copies spread evenly");
+__global__ void __launch_bounds__(kMergeDims) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
+                                                           const int32_t *positions, int n_head, int ws_stride,
+                                                           const float *v_fixed, int group) {
+    constexpr int R = kMergeRound, S = kMergeStages, W = kMergeDims;
+    static_assert(D % W == 0 && R * W / 4 % W == 0 && R / 2 <= W, "a round's 16-byte copies spread evenly");
     extern __shared__ float4 merge_smem[];
-    float *sA = reinterpret_cast<float *>(merge_smem); /* [S][R][D] */
-    float2 *sML = reinterpret_cast<float2 *>(sA + S * R * D); /* [S][R] */
-    const int dim = (int)threadIdx.x, lane = dim & 31;
+    float *sA = reinterpret_cast<float *>(merge_smem); /* [S][R][W] */
+    float2 *sML = reinterpret_cast<float2 *>(sA + S * R * W); /* [S][R] */
+    const int lane = (int)threadIdx.x, dim = (int)blockIdx.y * W + lane;
     const int64_t row = (int64_t)blockIdx.x;
     const int nch = (positions[row / n_head] + 1 + kChunk - 1) / kChunk;
     const int rounds = (nch + R - 1) / R;
-    const float *arow = ws_acc + row * ws_stride * D;
+    const float *arow = ws_acc + row * ws_stride * D + (int)blockIdx.y * W;
     const float2 *mlrow = ws_ml + row * ws_stride; /* 16-byte aligned: ws_stride is even */
     /* round r into stage r mod S; chunks at or past nch are zero-filled (l = 0) and never folded */
     auto issue = [&](int r) {
         const int st = r % S, c0 = r * R;
 #pragma unroll
-        for (int i = 0; i < R * D / 4 / D; i++) {
-            const int idx = dim + i * D, u = idx / (D / 4), part = idx % (D / 4);
+        for (int i = 0; i < R * W / 4 / W; i++) {
+            const int idx = lane + i * W, u = idx / (W / 4), part = idx % (W / 4);
             const bool valid = c0 + u < nch;
-            cp_async16(smem_u32(sA + (st * R + u) * D + part * 4), valid ? arow + (int64_t)(c0 + u) * D + part * 4 : arow,
+            cp_async16(smem_u32(sA + (st * R + u) * W + part * 4), valid ? arow + (int64_t)(c0 + u) * D + part * 4 : arow,
                        valid);
         }
-        if (dim < R / 2) {
-            const bool valid = c0 + 2 * dim < nch;
-            cp_async16(smem_u32(sML + st * R + 2 * dim), valid ? mlrow + c0 + 2 * dim : mlrow, valid);
+        if (lane < R / 2) {
+            const bool valid = c0 + 2 * lane < nch;
+            cp_async16(smem_u32(sML + st * R + 2 * lane), valid ? mlrow + c0 + 2 * lane : mlrow, valid);
         }
     };
 #pragma unroll
@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const flo
     float M = -INFINITY, L = 0.0f, A = 0.0f;
     for (int r = 0; r < rounds; r++) {
         cp_async_wait<S - 2>(); /* round r has landed (this thread's copies) */
-        __syncthreads();        /* everyone's, and every thread is done with round r - 1's stage */
+        __syncwarp();           /* everyone's, and every lane is done with round r - 1's stage */
         if (r + S - 1 < rounds) issue(r + S - 1);
         cp_async_commit();
         const int st = r % S, n = min(R, nch - r * R);
@@ -627,7 +627,7 @@ __global__ void __launch_bounds__(D) merge_kernel(const float *ws_acc, const flo
         M = fmaxf(M, __shfl_sync(0xffffffffu, incl, 31));
         float a[R];
 #pragma unroll
-        for (int u = 0; u < R; u++) a[u] = sA[(st * R + u) * D + dim];
+        for (int u = 0; u < R; u++) a[u] = sA[(st * R + u) * W + lane];
 #pragma unroll
         for (int u = 0; u < R; u++) {
             const float wA = __shfl_sync(0xffffffffu, wAu, u), wc = __shfl_sync(0xffffffffu, wcu, u);
@@ -719,10 +719,8 @@ osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int st
     else rc = launch_mode<D, kKindSync>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
-    constexpr int msmem = merge_smem_bytes<D>();
-    if (msmem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(merge_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, msmem));
-    merge_kernel<D><<<(unsigned)nrow, D, msmem, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride,
+    static_assert(kMergeSmem <= 48 * 1024, "the merge's shared memory");
+    merge_kernel<D><<<dim3((unsigned)nrow, D / kMergeDims), kMergeDims, kMergeSmem, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride,
                                                   prm.v_fixed, prm.n_head / prm.n_head_kv);
     OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
     return OSP_OK;
