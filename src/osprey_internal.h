@@ -24,5 +24,7 @@
 /* the grammar engine (grammar/grammar.h): serve turns response_format / guided_* into GBNF and checks
  * it compiles, so a bad schema or grammar is a 400 before the engine sees it. */
 #include "grammar/grammar.h"
+/* the KL-divergence base file (format/kl_base.h): `perplexity` saves and compares base runs. */
+#include "format/kl_base.h"
 
 #endif

@@ -348,6 +348,7 @@ static void test_subcommand_help(void **state) {
         {"make-random-model --help", {"usage: osprey make-random-model", "--preset", "default: f32", NULL}},
         {"serve --help", {"--port", NULL, NULL, NULL}},
         {"render-template --help", {"--messages", NULL, NULL, NULL}},
+        {"perplexity --help", {"usage: osprey perplexity", "--kl-base", "default 512", "--save-kl-base"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int rc = run(cases[c].args);
@@ -493,6 +494,79 @@ static void test_serve_kernel_table(void **state) {
     assert_non_null(strstr(g_err, "no-such-table.json"));
 }
 
+/* `osprey perplexity` (issue 13): llama-perplexity's chunks over Debian's GPL-3 text; a run compared
+ * with its own saved base has KL exactly 0 and the same top-1 everywhere; fp8 KV against the f16 base
+ * a small positive KL and mostly the same top-1 (test_kv_accuracy's bounds); a base from another run,
+ * a corrupt base and too short a text are refused with one error line. */
+static double ppl_of(const char *out) {
+    const char *p = strstr(out, "Final estimate: PPL = ");
+    if (!p) fail_msg("no final estimate in: %s", out);
+    return atof(p + strlen("Final estimate: PPL = "));
+}
+static double field_of(const char *out, const char *key) {
+    const char *p = strstr(out, key);
+    if (!p) fail_msg("no '%s' in: %s", key, out);
+    return atof(p + strlen(key));
+}
+static void test_perplexity(void **state) {
+    (void)state;
+    const char *text = "/usr/share/common-licenses/GPL-3";
+    if (access(text, R_OK) != 0) {
+        printf("SKIP perplexity: %s is absent (Debian's base-files)\n", text);
+        return;
+    }
+    char args[2048], base[512];
+    snprintf(base, sizeof base, "%s/f16.klb", g_dir);
+    snprintf(args, sizeof args, "perplexity -m '%s' -f %s --ctx 64 --chunks 3 -t 2 --save-kl-base '%s'", g_model, text, base);
+    if (run(args) != 0) fail_msg("perplexity: %s", g_err);
+    const double ppl = ppl_of(g_out);
+    assert_true(ppl > 1.0 && ppl < 1000.0);
+    assert_non_null(strstr(g_out, "[1]"));
+    assert_non_null(strstr(g_out, "[3]"));
+    assert_non_null(strstr(g_out, "(93 scored tokens")); /* 3 chunks x (64 - 1 - 32) */
+
+    snprintf(args, sizeof args, "perplexity -m '%s' -f %s --ctx 64 --chunks 3 -t 2 --kl-base '%s'", g_model, text, base);
+    if (run(args) != 0) fail_msg("perplexity --kl-base: %s", g_err);
+    assert_true(ppl_of(g_out) == ppl);
+    assert_true(field_of(g_out, "Mean KLD: ") == 0.0);
+    assert_true(field_of(g_out, "Same top: ") == 100.0);
+
+    snprintf(args, sizeof args, "perplexity -m '%s' -f %s --ctx 64 --chunks 3 -t 2 --kl-base '%s' --kv-cache-dtype fp8",
+             g_model, text, base);
+    if (run(args) != 0) fail_msg("perplexity fp8: %s", g_err);
+    const double kld = field_of(g_out, "Mean KLD: "), same = field_of(g_out, "Same top: ");
+    if (!(kld > 0.0 && kld < 0.1 && same >= 80.0)) fail_msg("fp8 against f16: KLD %g, same top %g%%", kld, same);
+
+    /* a base from another chunking, a truncated base, too short a text, a bad ctx */
+    snprintf(args, sizeof args, "perplexity -m '%s' -f %s --ctx 64 --chunks 2 -t 2 --kl-base '%s'", g_model, text, base);
+    expect_error(run(args), "was made from another run", NULL);
+    unsigned char *data;
+    size_t size;
+    {
+        FILE *f = fopen(base, "rb");
+        assert_non_null(f);
+        fseek(f, 0, SEEK_END);
+        size = (size_t)ftell(f);
+        fseek(f, 0, SEEK_SET);
+        data = malloc(size);
+        assert_int_equal(fread(data, 1, size, f), size);
+        fclose(f);
+    }
+    char cut[512];
+    snprintf(cut, sizeof cut, "%s/cut.klb", g_dir);
+    write_file(cut, data, size - 5);
+    free(data);
+    snprintf(args, sizeof args, "perplexity -m '%s' -f %s --ctx 64 --chunks 3 --kl-base '%s'", g_model, text, cut);
+    expect_error(run(args), "cut.klb", "bytes");
+    char shorttext[512];
+    snprintf(shorttext, sizeof shorttext, "%s/short.txt", g_dir);
+    write_file(shorttext, "Only a few words here.", 22);
+    snprintf(args, sizeof args, "perplexity -m '%s' -f '%s' --ctx 64", g_model, shorttext);
+    expect_error(run(args), "at least 2 x --ctx", NULL);
+    snprintf(args, sizeof args, "perplexity -m '%s' -f %s --ctx 3", g_model, text);
+    expect_error(run(args), "--ctx", NULL);
+}
+
 static int teardown(void **state) {
     (void)state;
     char cmd[512];
@@ -517,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_bench_output),
         cmocka_unit_test(test_write_error),
         cmocka_unit_test(test_serve_kernel_table),
+        cmocka_unit_test(test_perplexity),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -45,6 +45,9 @@ static const char *k_usage =
     "  version  (or --version) the version, commit, build type and flags, whether CUDA is built in\n"
     "  plan     -m FILE [--max-model-len N] [--kv-cache-dtype D] [--kv-cache-memory B] [--block-size N]\n"
     "           KV bytes per token, blocks in a memory budget, sequences that fit (every KV dtype side by side)\n"
+    "  perplexity -m FILE -f TEXT [--ctx N] [--chunks N] [--kv-cache-dtype D] [--device D]\n"
+    "           [--save-kl-base FILE] [--kl-base FILE]\n"
+    "           perplexity over a text (llama-perplexity's chunks), KL divergence against a saved base run\n"
     "\n"
     "  --kv-cache-dtype D: auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16, fp8_e4m3 accepted);\n"
     "  fp8 / nvfp4 run on the CPU and CUDA backends; bf16 pages are refused (no backend has them)\n";
@@ -156,6 +159,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(argv[1], "bench-kernels")) return cmd_bench_kernels(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "render-template")) return cmd_render_template(argc - 1, argv + 1);
     if (!strcmp(argv[1], "make-random-model")) return cmd_make_random_model(argc - 1, argv + 1);
