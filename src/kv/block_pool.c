@@ -51,7 +51,9 @@ static void fq_remove(osp_block_pool *p, int32_t id) {
 
 /* ---- hash table ------------------------------------------------------------------------------ */
 
-static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) { return a->lo == b->lo && a->hi == b->hi; }
+static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) {
+    return a->lo == b->lo && a->hi == b->hi && a->ext[0] == b->ext[0] && a->ext[1] == b->ext[1];
+}
 static uint32_t home(const osp_block_pool *p, const osp_block_hash *h) {
     return (uint32_t)(h->lo ^ (h->hi >> 17)) & p->table_mask;
 }

@@ -18,9 +18,12 @@
 
 #include "osprey/status.h"
 
-/* A 128-bit block hash (xxh3-128, or the first 16 bytes of sha256). */
+/* A block hash: 128 bits (xxh3-128, or the first 16 bytes of osprey's sha256) in lo, hi with ext
+ * zero, or 256 bits (sha256_cbor: digest bytes 0-7, 8-15, 16-23, 24-31 as little-endian words in lo,
+ * hi, ext[0], ext[1]). Equal hashes: all four words equal. */
 typedef struct osp_block_hash {
     uint64_t lo, hi;
+    uint64_t ext[2];
 } osp_block_hash;
 
 typedef struct osp_block_pool osp_block_pool;

@@ -66,6 +66,10 @@ static const char *k_serve_usage =
     "                                   --gpu-memory-utilization leaves)\n"
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
+    "  --prefix-caching-hash-algo A     xxh3_128 (default) | sha256 | sha256_cbor (vLLM's: the block hashes\n"
+    "                                   vLLM and llm-d compute from token ids under the same seed)\n"
+    "  --prefix-caching-hash-seed N     block-hash seed shared by all replicas (else $OSPREY_HASH_SEED, else\n"
+    "                                   $PYTHONHASHSEED as vLLM reads it; else random per process)\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
     "  --trust-request-chat-template    render a request's own chat_template (off: such requests get 400)\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
@@ -161,6 +165,8 @@ static srv_config parse_flags(int argc, char **argv) {
     c.kv_dtype = eng.kv_dtype;
     c.kernel_table = eng.kernel_table;
     c.spec = eng.spec;
+    cli_engine_env_seed(&eng);
+    c.hash_algo = eng.hash_algo, c.hash_seed_set = eng.hash_seed_set, c.hash_seed = eng.hash_seed;
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
@@ -198,6 +204,7 @@ int cmd_serve(int argc, char **argv) {
     ep.kv_dtype = cfg->kv_dtype;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;
+    ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(srv.engine);

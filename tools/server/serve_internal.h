@@ -56,6 +56,9 @@ typedef struct srv_config {
     osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
     const char *kernel_table; /* --kernel-table FILE (or $OSPREY_KERNEL_TABLE): osp_engine_params.kernel_table */
     osp_spec_config spec;     /* --speculative-config JSON: osp_engine_params.speculative */
+    osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo (cli_engine_args) */
+    bool hash_seed_set;       /* --prefix-caching-hash-seed, $OSPREY_HASH_SEED or $PYTHONHASHSEED */
+    uint64_t hash_seed;
     int32_t max_model_len, max_num_seqs, max_num_batched_tokens, block_size;
     int64_t kv_cache_memory;
     bool kv_cache_memory_set;     /* given on the command line (else 1 GiB on the CPU, auto on the GPU) */
