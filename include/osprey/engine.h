@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osprey/kv_events.h"
 #include "osprey/model.h"
 #include "osprey/spec.h"
 #include "osprey/status.h"
@@ -67,6 +68,9 @@ typedef struct osp_engine_params {
     bool hash_seed_set;             /* false: a random per-process seed */
     uint64_t hash_seed;             /* shared by every replica so their block hashes agree (the CLI's
                                        --prefix-caching-hash-seed, $OSPREY_HASH_SEED, $PYTHONHASHSEED) */
+    const osp_kv_event_sink *kv_event_sink; /* KV cache events (osprey/kv_events.h): every block the prefix
+                                       cache stores or forgets, reported on the step thread, end_step
+                                       after each step; NULL: none. Must outlive the engine */
     osp_sched_policy policy;        /* FCFS */
     bool check_invariants;          /* check the block pool and scheduler after every step (tests) */
     const char *trace_shapes_path;  /* non-NULL: append one JSON line per step with the step's shape
