@@ -73,11 +73,15 @@ typedef struct srv_config {
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
     bool trust_request_chat_template; /* --trust-request-chat-template */
     srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
+    osp_kv_events_config kv_events; /* --kv-events-config JSON (vLLM's KVEventsConfig) */
+    bool kv_events_set;
+    bool kv_events_array_like;      /* --kv-events-array-like: the older positional msgpack form */
 } srv_config;
 
 typedef struct srv_server {
     srv_config cfg;
     osp_engine *engine;
+    osp_kv_publisher *kv_events; /* --kv-events-config, or NULL */
     osp_tokenizer *tok;
     const char *model_name;
     int32_t max_model_len, n_vocab;
@@ -100,6 +104,13 @@ typedef struct srv_server {
 double srv_now_s(void);
 /* One stderr line "LEVEL mm-dd HH:MM:SS message" when level >= s->cfg.log_level (serve.c). */
 void srv_log(const srv_server *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- KV cache events (kv_events_serve.c) -------------------------------------------------- */
+
+/* The publisher for srv->cfg's --kv-events-config (topic "kv@<pod>@<srv->model_name>" unless the
+ * config sets one), or NULL when events are off; logs where it publishes. Dies (cli_die) when an
+ * endpoint cannot be opened. */
+osp_kv_publisher *srv_kv_events_open(const srv_server *srv);
 
 /* ---- jobs (serve_jobs.c) ------------------------------------------------------------------- */
 
