@@ -94,6 +94,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_kernels(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* tools/server/serve.c */
+int cmd_router(int argc, char **argv); /* tools/router/router.c */
 int cmd_make_random_model(int argc, char **argv);
 int cmd_render_template(int argc, char **argv);
 
