@@ -153,8 +153,11 @@ static void *poller_main(void *arg) {
     router *r = arg;
     while (!atomic_load(&r->stop)) {
         for (int32_t i = 0; i < r->n; i++) poll_backend(r, i);
-        struct timespec ts = {.tv_sec = r->poll_ms / 1000, .tv_nsec = (long)(r->poll_ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        for (int slept = 0; slept < r->poll_ms && !atomic_load(&r->stop); slept += 10) { /* stop within 10 ms */
+            const int ms = r->poll_ms - slept < 10 ? r->poll_ms - slept : 10;
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
+            nanosleep(&ts, NULL);
+        }
     }
     return NULL;
 }
@@ -292,15 +295,15 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
         return reply_error(c, 400, "the request body is not a JSON object");
     }
     const char *model = json_is_string(json_object_get(req, "model")) ? json_string_value(json_object_get(req, "model")) : NULL;
+    char model_copy[256] = "";
+    if (model) snprintf(model_copy, sizeof model_copy, "%s", model);
     size_t pn = 0;
     char *pm = prompt_material(req, &pn);
-    json_decref(req);
+    json_decref(req); /* model points into req: copied above */
     enum { MAXC = 4096 };
     uint64_t *h = malloc(sizeof *h * MAXC);
     const int32_t k = pm && h ? chunk_hashes(r, pm, pn, h, MAXC) : 0;
     free(pm);
-    char model_copy[256] = "";
-    if (model) snprintf(model_copy, sizeof model_copy, "%s", model);
     /* Authorization passes through (the backends may want their key) */
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     char extra[1200] = "";
