@@ -115,6 +115,7 @@ int rt_http_request(const rt_url *u, const char *method, const char *path, const
     char line[1024];
     if (!read_line(resp, line, sizeof line) || strncmp(line, "HTTP/1.", 7) || strlen(line) < 12) goto fail;
     resp->status = atoi(line + 9);
+    if (resp->status < 100 || resp->status > 599) goto fail;
     resp->content_left = -1;
     resp->chunk_left = -1;
     for (;;) {
