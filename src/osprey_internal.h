@@ -24,5 +24,8 @@
 /* the grammar engine (grammar/grammar.h): serve turns response_format / guided_* into GBNF and checks
  * it compiles, so a bad schema or grammar is a 400 before the engine sees it. */
 #include "grammar/grammar.h"
+/* the prefix-cache block hashes (kv/prefix_cache.h): `router` hashes a request's tokens as its
+ * backends do (same algorithm and seed) to look them up in the index built from their KV events. */
+#include "kv/prefix_cache.h"
 
 #endif

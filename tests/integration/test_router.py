@@ -293,3 +293,43 @@ def test_real_servers_behind_the_router():
         if r:
             assert r.stop() == 0
         assert s1.stop() == 0 and s2.stop() == 0
+
+
+def test_precise_prefix_from_kv_events():
+    """Two real servers publishing KV events (sha256_cbor, one seed) and a router subscribed to both:
+    a prompt sent to one server directly (the router never saw it) is routed to that server, because
+    its KV events say it holds the prompt's blocks; another prompt cached on the other server goes
+    there. The first request goes to the second server, where the tie-break alone (round robin from
+    the first) would not send it."""
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    pubs = [free_port(), free_port()]
+    hash_args = ["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", "42"]
+    servers = [Server(TINY, "--block-size", "16", *hash_args, "--kv-events-config",
+                      '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"}' % p) for p in pubs]
+    r = None
+    try:
+        r = Router([s.url for s in servers], "--kv-events", ",".join(f"tcp://127.0.0.1:{p}" for p in pubs),
+                   *hash_args, "--block-size", "16", "--log-level", "debug")
+        time.sleep(0.5)  # the subscriptions reach the publishers
+        prompts = ["Once upon a time in a land far away there lived a cat who liked to count the stars. " * 3,
+                   "The committee met on Tuesday to discuss the budget for the new library building. " * 3]
+        for s, p in zip(servers, prompts):  # prompt i cached on server i only, behind the router's back
+            s.client().completions.create(model=s.model, prompt=p, max_tokens=1, temperature=0)
+        deadline = time.time() + 20
+        while time.time() < deadline and min(r.metric("osprey_router_kv_blocks", s.url) for s in servers) < 3:
+            time.sleep(0.05)
+        assert min(r.metric("osprey_router_kv_blocks", s.url) for s in servers) >= 3, r.read_log()[-2000:]
+        for rep in range(3):
+            for s, p in reversed(list(zip(servers, prompts))):
+                resp = requests.post(r.url + "/v1/completions", timeout=60,
+                                     json={"model": s.model, "prompt": p + f" and then {rep}", "max_tokens": 1})
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["X-Osprey-Backend"] == s.url, (rep, resp.headers["X-Osprey-Backend"], s.url)
+        assert r.metric("osprey_router_kv_event_gaps_total", servers[0].url) == 0
+        assert "blocks)" in r.read_log()  # scored by blocks from the events, not by prompt chunks
+    finally:
+        if r:
+            assert r.stop() == 0
+        for s in servers:
+            assert s.stop() == 0

@@ -38,6 +38,8 @@
 
 #include "cli.h"
 #include "http_client.h"
+#include "kv_index.h"
+#include "osprey_internal.h"
 #include "picker.h"
 
 #define RT_MAX_BACKENDS 64
@@ -68,6 +70,10 @@ typedef struct router {
     uint32_t tab_slots_mask;
     atomic_bool stop;
     int log_level; /* 0 debug, 1 info */
+    /* precise prefix scoring (--kv-events): the backends' KV events, and their block hash */
+    rt_kv_index *kvx;
+    osp_prefix_hasher hasher;
+    int32_t block_size;
 } router;
 
 static void rlog(const router *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -287,6 +293,58 @@ static char *prompt_material(json_t *req, size_t *n) {
     return s;
 }
 
+/* The block hashes of the request's full blocks (malloc'd, *n of them; NULL when none): its prompt or
+ * messages tokenized by a healthy backend (POST /tokenize, as llm-d's precise scorer tokenizes in the
+ * picker), then chained with the backends' algorithm and seed, in the 64-bit form KV events carry. */
+static uint64_t *precise_hashes(router *r, const conn_ctx *cx, int32_t *n) {
+    *n = 0;
+    json_t *req = json_loadb(cx->body ? cx->body : "", cx->len, 0, NULL);
+    json_t *tq = json_object();
+    const char *keys[] = {"model", "prompt", "messages", "add_special_tokens"};
+    for (int i = 0; req && i < 4; i++)
+        if (json_object_get(req, keys[i])) json_object_set(tq, keys[i], json_object_get(req, keys[i]));
+    char *body = json_dumps(tq, JSON_COMPACT);
+    json_decref(tq);
+    json_decref(req);
+    int32_t b = -1;
+    pthread_mutex_lock(&r->mu);
+    for (int32_t i = 0; i < r->n && b < 0; i++)
+        if (r->b[(r->rr + (uint32_t)i) % (uint32_t)r->n].healthy) b = (int32_t)((r->rr + (uint32_t)i) % (uint32_t)r->n);
+    pthread_mutex_unlock(&r->mu);
+    uint64_t *out = NULL;
+    rt_http_resp resp;
+    if (!body || b < 0 || rt_http_request(&r->b[b].url, "POST", "/tokenize", NULL, body, strlen(body), r->connect_timeout_ms, &resp) != 0) {
+        free(body);
+        return NULL;
+    }
+    free(body);
+    char *text = resp.status == 200 ? rt_http_read_all(&resp, 64u << 20, NULL) : NULL;
+    rt_http_close(&resp);
+    json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    json_t *toks = json_object_get(j, "tokens");
+    const size_t nt = json_array_size(toks);
+    const int32_t bs = r->block_size, nb = (int32_t)(nt / (size_t)bs);
+    int32_t *ids = nb > 0 ? malloc(sizeof *ids * nt) : NULL;
+    out = nb > 0 ? malloc(sizeof *out * (size_t)nb) : NULL;
+    if (ids && out) {
+        for (size_t i = 0; i < nt; i++) ids[i] = (int32_t)json_integer_value(json_array_get(toks, i));
+        osp_block_hash prev = {0};
+        for (int32_t i = 0; i < nb; i++) {
+            const osp_block_hash hb = osp_prefix_hash_block(&r->hasher, i ? &prev : NULL, ids + (size_t)i * bs, bs, NULL, 0);
+            out[i] = osp_block_hash_external(&hb, r->hasher.algo);
+            prev = hb;
+        }
+        *n = nb;
+    } else {
+        free(out);
+        out = NULL;
+    }
+    free(ids);
+    json_decref(j);
+    return out;
+}
+
 static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *url, conn_ctx *cx) {
     json_error_t je;
     json_t *req = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
@@ -308,12 +366,23 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     char extra[1200] = "";
     if (auth && strlen(auth) < 1000 && !strpbrk(auth, "\r\n")) snprintf(extra, sizeof extra, "Authorization: %s\r\n", auth);
+    /* precise: the request's block hashes, from its tokens as a backend tokenizes them */
+    int32_t nblk = 0, precise[RT_MAX_BACKENDS];
+    uint64_t *bh = r->kvx ? precise_hashes(r, cx, &nblk) : NULL;
+    if (bh) rt_kv_index_match(r->kvx, bh, nblk, precise);
+    free(bh);
     bool tried[RT_MAX_BACKENDS] = {0};
     for (int attempt = 0; attempt < r->n; attempt++) {
         rt_backend_view v[RT_MAX_BACKENDS];
         int32_t prefix[RT_MAX_BACKENDS];
         pthread_mutex_lock(&r->mu);
         prefix_match(r, h, k, prefix);
+        /* with the request's blocks known, a backend with KV events scores by the blocks it holds, one
+           without by the share of chunks the approximate index gives it */
+        const int32_t total = nblk > 0 ? nblk : k;
+        if (nblk > 0)
+            for (int32_t i = 0; i < r->n; i++)
+                prefix[i] = precise[i] >= 0 ? precise[i] : k > 0 ? (int32_t)((int64_t)prefix[i] * nblk / k) : 0;
         for (int32_t i = 0; i < r->n; i++) {
             const backend *b = &r->b[i];
             v[i] = (rt_backend_view){.healthy = b->healthy && !tried[i],
@@ -321,7 +390,7 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
                                      .num_waiting = b->num_waiting, .num_running = b->num_running,
                                      .kv_usage = b->kv_usage, .active = b->active, .prefix_blocks = prefix[i]};
         }
-        const int32_t pick = rt_pick(v, r->n, k, &r->w, r->rr++, NULL);
+        const int32_t pick = rt_pick(v, r->n, total, &r->w, r->rr++, NULL);
         if (pick >= 0) {
             r->b[pick].active++;
             r->b[pick].n_requests++;
@@ -330,7 +399,8 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
         }
         pthread_mutex_unlock(&r->mu);
         if (pick < 0) break;
-        rlog(r, 0, "%s -> %s (prefix %d of %d chunks)", url, r->b[pick].url_text, prefix[pick], k);
+        rlog(r, 0, "%s -> %s (prefix %d of %d %s)", url, r->b[pick].url_text, prefix[pick], total,
+             nblk > 0 ? "blocks" : "chunks");
         stream_ctx *s = calloc(1, sizeof *s);
         const int rc = s ? rt_http_request(&r->b[pick].url, "POST", url, extra, cx->body, cx->len, r->connect_timeout_ms, &s->resp)
                          : -2;
@@ -394,6 +464,21 @@ static char *render_metrics(router *r) {
     for (int32_t i = 0; i < r->n; i++)
         fprintf(f, "osprey_router_backend_active{backend=\"%s\"} %d\n", r->b[i].url_text, r->b[i].active);
     pthread_mutex_unlock(&r->mu);
+    if (r->kvx) {
+        fputs("# HELP osprey_router_kv_blocks Blocks a backend holds per its KV events.\n"
+              "# TYPE osprey_router_kv_blocks gauge\n", f);
+        for (int32_t i = 0; i < r->n; i++)
+            if (rt_kv_index_has(r->kvx, i))
+                fprintf(f, "osprey_router_kv_blocks{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)rt_kv_index_size(r->kvx, i));
+        fputs("# HELP osprey_router_kv_event_gaps Batches lost in a backend's KV-event sequence.\n"
+              "# TYPE osprey_router_kv_event_gaps counter\n", f);
+        for (int32_t i = 0; i < r->n; i++) {
+            int64_t nbat, gaps;
+            rt_kv_index_counts(r->kvx, i, &nbat, &gaps);
+            if (rt_kv_index_has(r->kvx, i))
+                fprintf(f, "osprey_router_kv_event_gaps_total{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)gaps);
+        }
+    }
     fclose(f);
     return out;
 }
@@ -479,6 +564,11 @@ static const char *k_usage =
     "  --hot-queue N          a backend with more waiting requests than N scores no prefix (8; -1: never)\n"
     "  --block-chars N        prompt bytes per chunk of the approximate prefix index (64)\n"
     "  --poll-interval MS     how often each backend's /health and /metrics are read (200)\n"
+    "  --kv-events LIST       each backend's KV-event PUB endpoint (tcp://host:port, '-' for none), in\n"
+    "                         --backends order: precise prefix scoring from the blocks each one holds\n"
+    "  --prefix-caching-hash-algo A, --prefix-caching-hash-seed N, --block-size N\n"
+    "                         the backends' block hash (as given to osprey serve; seed also from\n"
+    "                         $OSPREY_HASH_SEED / $PYTHONHASHSEED; block size 16)\n"
     "  --log-level debug|info (info; debug logs every routing decision)\n";
 
 static void parse_weights(const char *v, rt_weights *w) {
@@ -503,7 +593,9 @@ int cmd_router(int argc, char **argv) {
     if (!r) cli_die(OSP_OK, "out of memory");
     r->w = rt_default_weights();
     r->block_chars = 64, r->poll_ms = 200, r->connect_timeout_ms = 2000, r->max_body = 16u << 20, r->log_level = 1;
-    const char *host = "127.0.0.1", *backends = NULL;
+    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL;
+    cli_engine_args hash = cli_engine_args_default();
+    r->block_size = 16;
     int port = 8000;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -512,7 +604,13 @@ int cmd_router(int argc, char **argv) {
             exit(0);
         }
         if (!v) cli_die(OSP_OK, "%s needs a value (see osprey router --help)", f);
+        if (!strcmp(f, "--prefix-caching-hash-algo") || !strcmp(f, "--prefix-caching-hash-seed")) {
+            cli_engine_arg(&hash, 0, argc, argv, &i); /* the server's parser: one meaning, one message */
+            continue;
+        }
         if (!strcmp(f, "--backends")) backends = v;
+        else if (!strcmp(f, "--kv-events")) kv_events = v;
+        else if (!strcmp(f, "--block-size")) r->block_size = (int32_t)cli_int(f, v, 1, 1024);
         else if (!strcmp(f, "--host")) host = v;
         else if (!strcmp(f, "--port")) port = (int)cli_int(f, v, 0, 65535);
         else if (!strcmp(f, "--weights")) parse_weights(v, &r->w);
@@ -539,6 +637,25 @@ int cmd_router(int argc, char **argv) {
         r->n++;
     }
     if (r->n == 0) cli_die(OSP_OK, "--backends: no backend given");
+    if (kv_events) {
+        cli_engine_env_seed(&hash);
+        if (!hash.hash_seed_set)
+            cli_die(OSP_OK, "--kv-events needs the backends' hash seed (--prefix-caching-hash-seed N, $OSPREY_HASH_SEED or "
+                            "$PYTHONHASHSEED): without one their block hashes are random per process");
+        r->hasher = osp_prefix_hasher_make(hash.hash_algo, true, hash.hash_seed);
+        static char eps[8192];
+        if (strlen(kv_events) >= sizeof eps) cli_die(OSP_OK, "--kv-events: the list is too long");
+        strcpy(eps, kv_events);
+        const char *ep[RT_MAX_BACKENDS] = {0};
+        int32_t m = 0;
+        for (char *save = NULL, *t = strtok_r(eps, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (m == r->n) cli_die(OSP_OK, "--kv-events: more endpoints than --backends");
+            ep[m++] = strcmp(t, "-") ? t : NULL;
+        }
+        if (m != r->n) cli_die(OSP_OK, "--kv-events: %d endpoints for %d backends (use '-' for one without)", m, r->n);
+        char why[512];
+        if (!(r->kvx = rt_kv_index_start(ep, r->n, why, sizeof why))) cli_die(OSP_OK, "--kv-events: %s", why);
+    }
     r->tab_slots_mask = (1u << 16) - 1;
     r->tab_hash = calloc((size_t)r->tab_slots_mask + 1, sizeof *r->tab_hash);
     r->tab_mask = calloc((size_t)r->tab_slots_mask + 1, sizeof *r->tab_mask);
@@ -574,6 +691,7 @@ int cmd_router(int argc, char **argv) {
     MHD_stop_daemon(d);
     atomic_store(&r->stop, true);
     pthread_join(poller, NULL);
+    rt_kv_index_stop(r->kvx);
     free(r->tab_hash);
     free(r->tab_mask);
     pthread_mutex_destroy(&r->mu);
