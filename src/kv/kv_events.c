@@ -207,7 +207,7 @@ static void on_stored(void *ctx, uint64_t hash, bool has_parent, uint64_t parent
         e->has_parent = has_parent, e->parent = parent;
     }
     p->hashes[p->n_hashes++] = hash, e->nh++;
-    memcpy(p->toks + p->n_toks, tokens, sizeof *tokens * (size_t)n);
+    if (n > 0) memcpy(p->toks + p->n_toks, tokens, sizeof *tokens * (size_t)n);
     p->n_toks += n, e->nt += n;
 }
 
@@ -284,8 +284,20 @@ static void put_be64(uint8_t *b, uint64_t v) {
     for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (56 - 8 * i));
 }
 
+/* A batch that could not be built (out of memory) still spends its sequence number, with nothing kept
+ * for replay, so subscribers see a gap instead of silently missing events. */
+static void spend_seq(osp_kv_publisher *p) {
+    pthread_mutex_lock(&p->mu);
+    const uint64_t seq = p->next_seq++;
+    kept *k = &p->ring[seq % (uint64_t)p->cfg.buffer_steps];
+    free(k->data);
+    k->seq = seq, k->data = NULL, k->len = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void on_end_step(void *ctx) {
     osp_kv_publisher *p = ctx;
+    if (p->oom) spend_seq(p);
     if (p->oom || p->n_evs == 0) goto reset;
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -301,7 +313,10 @@ static void on_end_step(void *ctx) {
     msgpack_pack_array(&pk, (size_t)p->n_evs);
     for (int32_t i = 0; i < p->n_evs; i++) pack_event(p, &pk, &p->evs[i]);
     if (!p->array_like) pack_cstr(&pk, "data_parallel_rank"), msgpack_pack_int32(&pk, 0);
-    if (!sb.data) goto reset; /* msgpack's buffer could not grow */
+    if (!sb.data) { /* msgpack's buffer could not grow */
+        spend_seq(p);
+        goto reset;
+    }
     pthread_mutex_lock(&p->mu);
     const uint64_t seq = p->next_seq++;
     kept *k = &p->ring[seq % (uint64_t)p->cfg.buffer_steps];
@@ -350,6 +365,7 @@ static void *replay_main(void *arg) {
         const uint64_t first = p->next_seq > n ? p->next_seq - n : 0;
         for (uint64_t s = start > first ? start : first; s < p->next_seq; s++) {
             const kept *k = &p->ring[s % n];
+            if (!k->data) continue; /* a batch lost to memory: the gap stays */
             uint8_t sq[8];
             put_be64(sq, k->seq);
             zmq_send(p->router, id, (size_t)nid, ZMQ_SNDMORE | ZMQ_DONTWAIT);
