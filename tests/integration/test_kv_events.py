@@ -285,3 +285,18 @@ def test_bad_config_refused(cfg, says):
     r = subprocess.run([BIN, "serve", "-m", TINY, "--port", "0", "--kv-events-config", cfg], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 0 and says in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,env,says", [
+    (["--prefix-caching-hash-algo", "md5"], {}, "--prefix-caching-hash-algo: 'md5'"),
+    (["--prefix-caching-hash-seed", "01"], {}, "--prefix-caching-hash-seed: '01'"),
+    (["--prefix-caching-hash-seed", "-1"], {}, "--prefix-caching-hash-seed: '-1'"),
+    ([], {"OSPREY_HASH_SEED": "abc"}, "$OSPREY_HASH_SEED: 'abc'"),
+    ([], {"PYTHONHASHSEED": "18446744073709551616"}, "$PYTHONHASHSEED"),
+])
+def test_bad_hash_flags_refused(args, env, says):
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    r = subprocess.run([BIN, "serve", "-m", TINY, "--port", "0", *args], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **env})
+    assert r.returncode != 0 and says in r.stderr, r.stderr
