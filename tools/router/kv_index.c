@@ -115,8 +115,52 @@ static int event_kind(const msgpack_object *e, const msgpack_object **hashes) {
     return str_is(tag, "BlockStored") ? 0 : str_is(tag, "BlockRemoved") ? 1 : -1;
 }
 
+/* Walks the first msgpack object of p[0..n) without building it: true when every length fits in the
+ * bytes left and every container's count could be met (each element takes at least one byte).
+ * msgpack-c allocates a container's elements from its declared count before reading them, so a
+ * 5-byte "array of 4 billion" would otherwise exhaust memory; after this check what it allocates is
+ * bounded by the payload's size. Iterative (a count of pending items), so nesting depth costs nothing. */
+static bool msgpack_sane(const uint8_t *p, size_t n) {
+    size_t i = 0;
+    uint64_t pending = 1;
+    while (pending > 0) {
+        if (i >= n || pending > n - i) return false;
+        const uint8_t t = p[i++];
+        pending--;
+        uint64_t skip = 0, items = 0;
+        int lenb = 0; /* bytes of a length / count that follow */
+        if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) {
+        } else if (t <= 0x8f) items = 2u * (t & 0x0fu);
+        else if (t <= 0x9f) items = t & 0x0fu;
+        else if (t <= 0xbf) skip = t & 0x1fu;
+        else if (t == 0xc1) return false;
+        else if (t >= 0xc4 && t <= 0xc6) lenb = 1 << (t - 0xc4);         /* bin 8/16/32 */
+        else if (t >= 0xc7 && t <= 0xc9) lenb = 1 << (t - 0xc7), skip = 1; /* ext 8/16/32: + type byte */
+        else if (t == 0xca) skip = 4;
+        else if (t == 0xcb) skip = 8;
+        else if (t >= 0xcc && t <= 0xcf) skip = 1u << (t - 0xcc);
+        else if (t >= 0xd0 && t <= 0xd3) skip = 1u << (t - 0xd0);
+        else if (t >= 0xd4 && t <= 0xd8) skip = 1 + (1u << (t - 0xd4));  /* fixext 1..16 */
+        else if (t >= 0xd9 && t <= 0xdb) lenb = 1 << (t - 0xd9);         /* str 8/16/32 */
+        else if (t == 0xdc || t == 0xdd) lenb = t == 0xdc ? 2 : 4, items = 1; /* array 16/32: count below */
+        else if (t == 0xde || t == 0xdf) lenb = t == 0xde ? 2 : 4, items = 2; /* map 16/32 */
+        if (lenb) {
+            if ((size_t)lenb > n - i) return false;
+            uint64_t v = 0;
+            for (int k = 0; k < lenb; k++) v = v << 8 | p[i + (size_t)k];
+            i += (size_t)lenb;
+            if (items) items *= v; /* a container: v elements (maps: pairs) */
+            else skip += v;        /* bin, ext, str: v bytes */
+        }
+        if (skip > n - i) return false;
+        i += (size_t)skip;
+        pending += items;
+    }
+    return true;
+}
+
 bool rt_kv_index_apply(rt_kv_index *x, int32_t b, const char *payload, size_t len) {
-    if (b < 0 || b >= x->n) return false;
+    if (b < 0 || b >= x->n || !msgpack_sane((const uint8_t *)payload, len)) return false;
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
     size_t off = 0;
