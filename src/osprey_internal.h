@@ -26,5 +26,8 @@
 #include "grammar/grammar.h"
 /* the KL-divergence base file (format/kl_base.h): `perplexity` saves and compares base runs. */
 #include "format/kl_base.h"
+/* the prefix-cache block hashes (kv/prefix_cache.h): `router` hashes a request's tokens as its
+ * backends do (same algorithm and seed) to look them up in the index built from their KV events. */
+#include "kv/prefix_cache.h"
 
 #endif

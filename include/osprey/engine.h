@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osprey/kv_events.h"
 #include "osprey/model.h"
 #include "osprey/spec.h"
 #include "osprey/status.h"
@@ -28,7 +29,11 @@ typedef struct osp_engine osp_engine;
 
 typedef enum osp_prefix_hash_algo {
     OSP_PREFIX_HASH_XXH3_128 = 0, /* libxxhash XXH3_128bits_withSeed (default) */
-    OSP_PREFIX_HASH_SHA256 = 1,   /* sha256 truncated to 128 bits (FIPS 180-4) */
+    OSP_PREFIX_HASH_SHA256 = 1,   /* sha256 truncated to 128 bits (FIPS 180-4), osprey's own message */
+    OSP_PREFIX_HASH_SHA256_CBOR = 2, /* vLLM's sha256_cbor: sha256 of the canonical CBOR of (parent hash,
+                                        token ids, extra keys), 256 bits, the first parent derived from
+                                        the seed: equal to vLLM's block hashes under the same seed
+                                        (src/kv/prefix_cache.h) */
 } osp_prefix_hash_algo;
 
 typedef enum osp_sched_policy {
@@ -61,7 +66,11 @@ typedef struct osp_engine_params {
     bool enable_prefix_caching;     /* true */
     osp_prefix_hash_algo hash_algo; /* xxh3-128 */
     bool hash_seed_set;             /* false: a random per-process seed */
-    uint64_t hash_seed;
+    uint64_t hash_seed;             /* shared by every replica so their block hashes agree (the CLI's
+                                       --prefix-caching-hash-seed, $OSPREY_HASH_SEED, $PYTHONHASHSEED) */
+    const osp_kv_event_sink *kv_event_sink; /* KV cache events (osprey/kv_events.h): every block the prefix
+                                       cache stores or forgets, reported on the step thread, end_step
+                                       after each step; NULL: none. Must outlive the engine */
     osp_sched_policy policy;        /* FCFS */
     bool check_invariants;          /* check the block pool and scheduler after every step (tests) */
     const char *trace_shapes_path;  /* non-NULL: append one JSON line per step with the step's shape

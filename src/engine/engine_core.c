@@ -193,6 +193,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                      .hasher = osp_prefix_hasher_make(p.hash_algo, p.hash_seed_set, p.hash_seed),
                                      .eos_ids = eos, .num_eos = n_eos};
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
+    if (p.kv_event_sink) osp_block_pool_set_event_sink(osp_scheduler_pool(e->sched), p.kv_event_sink, p.hash_algo);
     /* speculative decoding: verification samples every draft position on the host (the GPU sampler
        takes one row per sequence), so it is CPU-only for now */
     if (p.speculative.method != OSP_SPEC_NONE) {
@@ -503,6 +504,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     }
     OSP_TRY(osp_runner_execute(e->runner, so));
     osp_scheduler_update(e->sched, so);
+    if (e->p.kv_event_sink && e->p.kv_event_sink->end_step) e->p.kv_event_sink->end_step(e->p.kv_event_sink->ctx);
     int64_t gen = 0;
     for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].num_new_tokens;
     for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */

@@ -222,7 +222,8 @@ static bool allocate_slots(osp_scheduler *s, osp_request *r, const int32_t *hits
         /* only blocks of real tokens: draft slots (past r->num_tokens) have no hash yet */
         const int32_t full = total / bs < r->num_hashes ? total / bs : r->num_hashes;
         for (int32_t b = r->num_cached_blocks; b < full; b++)
-            osp_block_pool_cache(s->pool, r->block_ids[b], &r->hashes[b]);
+            osp_block_pool_cache_block(s->pool, r->block_ids[b], &r->hashes[b], b ? &r->hashes[b - 1] : NULL,
+                                       r->tokens + (size_t)b * bs, bs);
         if (full > r->num_cached_blocks) r->num_cached_blocks = full;
     }
     return true;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/status_internal.h"
+#include "kv/prefix_cache.h"
 
 typedef struct block {
     int32_t ref_cnt;
@@ -25,6 +26,8 @@ struct osp_block_pool {
     int32_t *table;      /* [table_cap] block id or -1 */
     uint32_t table_mask; /* table_cap - 1 */
     osp_block_pool_stats stats;
+    const osp_kv_event_sink *sink; /* KV events, or NULL */
+    osp_prefix_hash_algo algo;     /* the 64-bit form of hashes in events */
 };
 
 /* ---- free queue ------------------------------------------------------------------------------ */
@@ -51,7 +54,9 @@ static void fq_remove(osp_block_pool *p, int32_t id) {
 
 /* ---- hash table ------------------------------------------------------------------------------ */
 
-static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) { return a->lo == b->lo && a->hi == b->hi; }
+static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) {
+    return a->lo == b->lo && a->hi == b->hi && a->ext[0] == b->ext[0] && a->ext[1] == b->ext[1];
+}
 static uint32_t home(const osp_block_pool *p, const osp_block_hash *h) {
     return (uint32_t)(h->lo ^ (h->hi >> 17)) & p->table_mask;
 }
@@ -92,6 +97,7 @@ static void table_delete_at(osp_block_pool *p, uint32_t i) {
 static void uncache(osp_block_pool *p, int32_t id) {
     block *b = &p->blocks[id];
     if (!b->has_hash) return;
+    if (p->sink && p->sink->block_removed) p->sink->block_removed(p->sink->ctx, osp_block_hash_external(&b->hash, p->algo));
     const int64_t i = table_find(p, &b->hash);
     assert(i >= 0 && p->table[i] == id);
     if (i >= 0) table_delete_at(p, (uint32_t)i);
@@ -175,15 +181,35 @@ int32_t osp_block_pool_lookup(const osp_block_pool *p, const osp_block_hash *h) 
 }
 
 void osp_block_pool_cache(osp_block_pool *p, int32_t id, const osp_block_hash *h) {
+    osp_block_pool_cache_block(p, id, h, NULL, NULL, 0);
+}
+
+void osp_block_pool_cache_block(osp_block_pool *p, int32_t id, const osp_block_hash *h, const osp_block_hash *parent,
+                                const int32_t *tokens, int32_t n_tokens) {
     block *b = &p->blocks[id];
     if (!p->caching || b->has_hash || table_find(p, h) >= 0) return;
     b->hash = *h;
     b->has_hash = true;
     table_insert(p, id);
     p->stats.num_cached++;
+    if (p->sink && p->sink->block_stored)
+        p->sink->block_stored(p->sink->ctx, osp_block_hash_external(h, p->algo), parent != NULL,
+                              parent ? osp_block_hash_external(parent, p->algo) : 0, tokens, tokens ? n_tokens : 0);
+}
+
+void osp_block_pool_set_event_sink(osp_block_pool *p, const osp_kv_event_sink *sink, osp_prefix_hash_algo algo) {
+    p->sink = sink;
+    p->algo = algo;
+}
+
+bool osp_block_pool_block_hash(const osp_block_pool *p, int32_t id, osp_block_hash *out) {
+    if (id < 0 || id >= p->num_blocks || !p->blocks[id].has_hash) return false;
+    *out = p->blocks[id].hash;
+    return true;
 }
 
 void osp_block_pool_reset_cache(osp_block_pool *p) {
+    if (p->sink && p->sink->all_cleared && p->stats.num_cached > 0) p->sink->all_cleared(p->sink->ctx);
     for (int32_t i = 0; i < p->num_blocks; i++) p->blocks[i].has_hash = false;
     memset(p->table, 0xff, sizeof *p->table * ((size_t)p->table_mask + 1));
     p->stats.num_cached = 0;

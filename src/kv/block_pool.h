@@ -16,11 +16,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "osprey/engine.h"
+#include "osprey/kv_events.h"
 #include "osprey/status.h"
 
-/* A 128-bit block hash (xxh3-128, or the first 16 bytes of sha256). */
+/* A block hash: 128 bits (xxh3-128, or the first 16 bytes of osprey's sha256) in lo, hi with ext
+ * zero, or 256 bits (sha256_cbor: digest bytes 0-7, 8-15, 16-23, 24-31 as little-endian words in lo,
+ * hi, ext[0], ext[1]). Equal hashes: all four words equal. */
 typedef struct osp_block_hash {
     uint64_t lo, hi;
+    uint64_t ext[2];
 } osp_block_hash;
 
 typedef struct osp_block_pool osp_block_pool;
@@ -63,6 +68,20 @@ int32_t osp_block_pool_lookup(const osp_block_pool *p, const osp_block_hash *h);
 /* Records that block `id` (in use, full) holds the content hashed by `h`. If another block already
  * carries `h`, or `id` already carries a hash, nothing changes (the first block wins). */
 void osp_block_pool_cache(osp_block_pool *p, int32_t id, const osp_block_hash *h);
+
+/* osp_block_pool_cache, and when a sink is set and the block was cached, reports BlockStored: parent
+ * is the previous block's hash (NULL for a first block), tokens[0..n_tokens) the block's token ids. */
+void osp_block_pool_cache_block(osp_block_pool *p, int32_t id, const osp_block_hash *h, const osp_block_hash *parent,
+                                const int32_t *tokens, int32_t n_tokens);
+
+/* Reports every change of the cached set to `sink` from now on (NULL: none): a block cached
+ * (osp_block_pool_cache_block; plain osp_block_pool_cache reports no tokens), a hash dropped (eviction
+ * on alloc, free_tail), the cache reset. Hashes go out in their 64-bit form for `algo`
+ * (osp_block_hash_external). The sink must outlive the pool or be replaced. */
+void osp_block_pool_set_event_sink(osp_block_pool *p, const osp_kv_event_sink *sink, osp_prefix_hash_algo algo);
+
+/* The hash block `id` carries: true and *out, or false when it carries none. */
+bool osp_block_pool_block_hash(const osp_block_pool *p, int32_t id, osp_block_hash *out);
 
 /* Forgets every hash (free blocks stay free). */
 void osp_block_pool_reset_cache(osp_block_pool *p);

@@ -1,9 +1,12 @@
-/* Chained block hashes for automatic prefix caching (see prefix_cache.h). The hashed message is
- * seed (8 bytes LE) || parent flag and hash (1 + 16 bytes) || n (4) || tokens (4 each, LE) ||
- * extra keys, fed to xxh3-128 (seeded) or sha256 (first 16 bytes kept). */
+/* Chained block hashes for automatic prefix caching (see prefix_cache.h). For xxh3-128 and osprey's
+ * sha256 the hashed message is seed (8 bytes LE) || parent flag and hash (1 + 16 bytes) || n (4) ||
+ * tokens (4 each, LE) || extra keys, fed to xxh3-128 (seeded) or sha256 (first 16 bytes kept). For
+ * sha256_cbor it is the canonical CBOR of [parent, [tokens], extra] (vLLM's message), streamed into
+ * sha256 without building it whole. */
 #include "kv/prefix_cache.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -106,31 +109,112 @@ static void draw_process_seed(void) {
     g_process_seed = s;
 }
 
+size_t osp_cbor_head(uint8_t out[9], unsigned major, uint64_t v) {
+    const uint8_t m = (uint8_t)(major << 5);
+    if (v < 24) {
+        out[0] = m | (uint8_t)v;
+        return 1;
+    }
+    int nb = v <= 0xff ? 1 : v <= 0xffff ? 2 : v <= 0xffffffffu ? 4 : 8;
+    out[0] = m | (uint8_t)(nb == 1 ? 24 : nb == 2 ? 25 : nb == 4 ? 26 : 27);
+    for (int i = 0; i < nb; i++) out[1 + i] = (uint8_t)(v >> (8 * (nb - 1 - i)));
+    return 1 + (size_t)nb;
+}
+
+/* sha256 of cbor(text) for the decimal digits of seed: vLLM's NONE_HASH for PYTHONHASHSEED = seed. */
+static void none_hash(uint64_t seed, uint8_t out[32]) {
+    char dec[24];
+    const int n = snprintf(dec, sizeof dec, "%llu", (unsigned long long)seed);
+    uint8_t msg[9 + sizeof dec];
+    const size_t hl = osp_cbor_head(msg, 3, (uint64_t)n);
+    memcpy(msg + hl, dec, (size_t)n);
+    osp_sha256(msg, hl + (size_t)n, out);
+}
+
 osp_prefix_hasher osp_prefix_hasher_make(osp_prefix_hash_algo algo, bool seed_set, uint64_t seed) {
     osp_prefix_hasher h = {.algo = algo, .seed = seed};
     if (!seed_set) {
         pthread_once(&g_seed_once, draw_process_seed);
         h.seed = g_process_seed;
     }
+    if (algo == OSP_PREFIX_HASH_SHA256_CBOR) none_hash(h.seed, h.none_hash);
     return h;
 }
 
-static void put_u64(uint8_t *p, uint64_t v) {
+static uint64_t get_le64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void put_le64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t bswap64(uint64_t v) { return __builtin_bswap64(v); }
+
+uint64_t osp_block_hash_external(const osp_block_hash *h, osp_prefix_hash_algo algo) {
+    switch (algo) {
+    case OSP_PREFIX_HASH_SHA256: return bswap64(h->hi);          /* digest bytes 8..15 */
+    case OSP_PREFIX_HASH_SHA256_CBOR: return bswap64(h->ext[1]); /* digest bytes 24..31 */
+    default: return h->lo;                                       /* xxh3-128's low half */
+    }
+}
+
+/* vLLM's sha256_cbor block hash (prefix_cache.h). */
+static osp_block_hash hash_cbor(const osp_prefix_hasher *h, const osp_block_hash *parent, const int32_t *tokens,
+                                int32_t n, const void *extra, size_t extra_len) {
+    sha256_ctx c;
+    sha256_init(&c);
+    uint8_t buf[9 * 64 + 64];
+    size_t k = osp_cbor_head(buf, 4, 3);  /* [parent, tokens, extra] */
+    k += osp_cbor_head(buf + k, 2, 32);  /* parent: a 32-byte byte string */
+    if (parent) {
+        put_le64(buf + k, parent->lo), put_le64(buf + k + 8, parent->hi);
+        put_le64(buf + k + 16, parent->ext[0]), put_le64(buf + k + 24, parent->ext[1]);
+    } else memcpy(buf + k, h->none_hash, 32);
+    k += 32;
+    k += osp_cbor_head(buf + k, 4, (uint64_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        if (k > sizeof buf - 9) {
+            sha256_update(&c, buf, k);
+            k = 0;
+        }
+        /* token ids are >= 0 (major 0); a negative one would be CBOR's major 1, -1 - v */
+        k += tokens[i] >= 0 ? osp_cbor_head(buf + k, 0, (uint64_t)tokens[i])
+                            : osp_cbor_head(buf + k, 1, (uint64_t)(-1 - (int64_t)tokens[i]));
+    }
+    if (k > sizeof buf - 20) { /* room for the extra keys' heads (at most 1 + 9) or null */
+        sha256_update(&c, buf, k);
+        k = 0;
+    }
+    if (extra_len) {
+        k += osp_cbor_head(buf + k, 4, 1);
+        k += osp_cbor_head(buf + k, 2, extra_len);
+        sha256_update(&c, buf, k);
+        sha256_update(&c, extra, extra_len);
+    } else {
+        buf[k++] = 0xf6; /* null */
+        sha256_update(&c, buf, k);
+    }
+    uint8_t d[32];
+    sha256_final(&c, d);
+    return (osp_block_hash){.lo = get_le64(d), .hi = get_le64(d + 8), .ext = {get_le64(d + 16), get_le64(d + 24)}};
 }
 
 osp_block_hash osp_prefix_hash_block(const osp_prefix_hasher *h, const osp_block_hash *parent,
                                      const int32_t *tokens, int32_t n, const void *extra, size_t extra_len) {
+    if (h->algo == OSP_PREFIX_HASH_SHA256_CBOR) return hash_cbor(h, parent, tokens, n, extra, extra_len);
     uint8_t head[8 + 1 + 16 + 4] = {0};
-    put_u64(head, h->seed);
+    put_le64(head, h->seed);
     if (parent) {
         head[8] = 1;
-        put_u64(head + 9, parent->lo);
-        put_u64(head + 17, parent->hi);
+        put_le64(head + 9, parent->lo);
+        put_le64(head + 17, parent->hi);
     }
     for (int i = 0; i < 4; i++) head[25 + i] = (uint8_t)((uint32_t)n >> (8 * i));
     uint8_t tok[4 * 64];
-    osp_block_hash out;
+    osp_block_hash out = {0};
     if (h->algo == OSP_PREFIX_HASH_SHA256) {
         sha256_ctx c;
         sha256_init(&c);

@@ -42,7 +42,7 @@ static void test_cache_hit_and_eviction(void **state) {
     OK(osp_block_pool_create(4, true, &p));
     int32_t ids[4];
     OK(osp_block_pool_alloc(p, 4, ids));
-    for (int i = 0; i < 4; i++) osp_block_pool_cache(p, ids[i], &(osp_block_hash){H(i + 1).lo, H(i + 1).hi});
+    for (int i = 0; i < 4; i++) osp_block_pool_cache(p, ids[i], &(osp_block_hash){.lo = H(i + 1).lo, .hi = H(i + 1).hi});
     osp_block_hash h1 = H(1);
     osp_block_pool_cache(p, 3, &h1); /* block 3 already has a hash; h1 already owned by block 0 */
     assert_int_equal(osp_block_pool_lookup(p, &h1), 0);
@@ -171,8 +171,26 @@ static void test_randomized(void **state) {
     osp_block_pool_destroy(p);
 }
 
+/* 256-bit hashes (sha256_cbor) that agree in their first 128 bits are different blocks. */
+static void test_wide_hashes_distinct(void **state) {
+    (void)state;
+    osp_block_pool *p;
+    assert_int_equal(osp_block_pool_create(4, true, &p), OSP_OK);
+    int32_t ids[2];
+    assert_int_equal(osp_block_pool_alloc(p, 2, ids), OSP_OK);
+    const osp_block_hash a = {.lo = 1, .hi = 2, .ext = {3, 4}}, b = {.lo = 1, .hi = 2, .ext = {3, 5}};
+    osp_block_pool_cache(p, ids[0], &a);
+    osp_block_pool_cache(p, ids[1], &b);
+    assert_int_equal(osp_block_pool_lookup(p, &a), ids[0]);
+    assert_int_equal(osp_block_pool_lookup(p, &b), ids[1]);
+    assert_int_equal(osp_block_pool_lookup(p, &(osp_block_hash){.lo = 1, .hi = 2}), -1);
+    assert_int_equal(osp_block_pool_check_invariants(p), OSP_OK);
+    osp_block_pool_destroy(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wide_hashes_distinct),
         cmocka_unit_test(test_alloc_release_order),
         cmocka_unit_test(test_cache_hit_and_eviction),
         cmocka_unit_test(test_fork_and_free_tail),

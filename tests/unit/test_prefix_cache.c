@@ -46,11 +46,13 @@ static void test_xxh3_message_layout(void **state) {
     assert_true(got.lo == want.low64 && got.hi == want.high64);
 }
 
-static bool eq(osp_block_hash a, osp_block_hash b) { return a.lo == b.lo && a.hi == b.hi; }
+static bool eq(osp_block_hash a, osp_block_hash b) {
+    return a.lo == b.lo && a.hi == b.hi && a.ext[0] == b.ext[0] && a.ext[1] == b.ext[1];
+}
 
 static void test_chaining_salt_seed(void **state) {
     (void)state;
-    for (int algo = 0; algo < 2; algo++) {
+    for (int algo = 0; algo < 3; algo++) { /* xxh3-128, sha256, sha256_cbor */
         const osp_prefix_hasher h = osp_prefix_hasher_make((osp_prefix_hash_algo)algo, true, 7);
         const osp_prefix_hasher h2 = osp_prefix_hasher_make((osp_prefix_hash_algo)algo, true, 8);
         int32_t a[16], b[16];

@@ -53,6 +53,10 @@ typedef struct cli_engine_args {
                               one (fp8, nvfp4) with --exact is an error at parse time */
     const char *kernel_table; /* --kernel-table FILE (osp_engine_params.kernel_table); NULL: $OSPREY_KERNEL_TABLE */
     osp_spec_config spec;  /* --speculative-config JSON (osp_spec_config_parse); off by default */
+    osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo xxh3_128|sha256|sha256_cbor (xxh3_128) */
+    bool hash_seed_set;    /* a shared seed: --prefix-caching-hash-seed N, else $OSPREY_HASH_SEED, else
+                              $PYTHONHASHSEED (vLLM's; "random" there means unset); else random */
+    uint64_t hash_seed;
 } cli_engine_args;
 
 /* The flags a command takes beyond -m, -t and --device (which every caller takes). */
@@ -70,7 +74,15 @@ osp_kv_dtype cli_kv_dtype(const char *flag, const char *v);
  * "--kv-cache-dtype: 'X' is not one of ..."); --exact together with a quantized --kv-cache-dtype
  * dies too, in either order; a missing value too, except -m's, which leaves model NULL. */
 bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, int *i);
-/* osp_engine_default_params() with the model, threads, device, KV cache dtype and exact taken from *a
+/* Parses a prefix-caching hash seed: decimal digits only, no sign, no leading zero (but "0"), at most
+ * 2^64 - 1, so that str(seed) is the text itself (sha256_cbor hashes that text as vLLM hashes
+ * PYTHONHASHSEED). Returns false for anything else. */
+bool cli_parse_hash_seed(const char *v, uint64_t *out);
+/* The environment's seed into *a unless a seed is already set: $OSPREY_HASH_SEED, else $PYTHONHASHSEED
+ * ("random" or empty: none). A malformed value dies naming the variable. */
+void cli_engine_env_seed(cli_engine_args *a);
+/* osp_engine_default_params() with the model, threads, device, KV cache dtype, exact and the prefix
+ * hash (algorithm; seed from *a or, when unset there, from the environment: cli_engine_env_seed) taken from *a
  * and load_progress = cli_load_progress. The command sets the rest (block size, max_num_seqs, ...). */
 osp_engine_params cli_engine_params(const cli_engine_args *a);
 
@@ -83,6 +95,7 @@ int cmd_bench_kernels(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* tools/server/serve.c */
+int cmd_router(int argc, char **argv); /* tools/router/router.c */
 int cmd_make_random_model(int argc, char **argv);
 int cmd_render_template(int argc, char **argv);
 

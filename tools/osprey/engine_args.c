@@ -6,6 +6,8 @@
  * one meaning, one default and one error message everywhere. A command runs its own flag loop and
  * hands each argument to cli_engine_arg first; what it does not take (a flag outside `accept`) stays
  * the command's to reject, with its own "unknown option" message. */
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -30,6 +32,20 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
                                 "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'");
         const osp_status s = osp_spec_config_parse(v, &a->spec);
         if (s != OSP_OK) cli_die(s, "--speculative-config");
+        ++*i;
+    }
+    else if (!strcmp(f, "--prefix-caching-hash-algo")) {
+        if (v && !strcmp(v, "xxh3_128")) a->hash_algo = OSP_PREFIX_HASH_XXH3_128;
+        else if (v && !strcmp(v, "sha256")) a->hash_algo = OSP_PREFIX_HASH_SHA256;
+        else if (v && !strcmp(v, "sha256_cbor")) a->hash_algo = OSP_PREFIX_HASH_SHA256_CBOR;
+        else cli_die(OSP_OK, "--prefix-caching-hash-algo: '%s' is not xxh3_128, sha256 or sha256_cbor (vLLM's; "
+                             "the one whose hashes vLLM and llm-d reproduce)", v ? v : "");
+        ++*i;
+    } else if (!strcmp(f, "--prefix-caching-hash-seed")) {
+        if (!v || !cli_parse_hash_seed(v, &a->hash_seed))
+            cli_die(OSP_OK, "--prefix-caching-hash-seed: '%s' is not a decimal integer in [0, 2^64) without sign or "
+                            "leading zeros", v ? v : "");
+        a->hash_seed_set = true;
         ++*i;
     }
     else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) {
@@ -57,6 +73,32 @@ osp_kv_dtype cli_kv_dtype(const char *flag, const char *v) {
     return d;
 }
 
+bool cli_parse_hash_seed(const char *v, uint64_t *out) {
+    if (!v || !v[0] || (v[0] == '0' && v[1])) return false;
+    uint64_t x = 0;
+    for (const char *p = v; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+        const uint64_t d = (uint64_t)(*p - '0');
+        if (x > (UINT64_MAX - d) / 10) return false;
+        x = x * 10 + d;
+    }
+    *out = x;
+    return true;
+}
+
+void cli_engine_env_seed(cli_engine_args *a) {
+    if (a->hash_seed_set) return;
+    static const char *const vars[] = {"OSPREY_HASH_SEED", "PYTHONHASHSEED"};
+    for (int k = 0; k < 2; k++) {
+        const char *v = getenv(vars[k]);
+        if (!v || !v[0] || !strcmp(v, "random")) continue;
+        if (!cli_parse_hash_seed(v, &a->hash_seed))
+            cli_die(OSP_OK, "$%s: '%s' is not a decimal integer in [0, 2^64) without sign or leading zeros", vars[k], v);
+        a->hash_seed_set = true;
+        return;
+    }
+}
+
 osp_engine_params cli_engine_params(const cli_engine_args *a) {
     osp_engine_params ep = osp_engine_default_params();
     ep.model_path = a->model;
@@ -66,6 +108,11 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.device = a->device;
     ep.kernel_table = a->kernel_table;
     ep.speculative = a->spec;
+    cli_engine_args seeded = *a;
+    cli_engine_env_seed(&seeded);
+    ep.hash_algo = a->hash_algo;
+    ep.hash_seed_set = seeded.hash_seed_set;
+    ep.hash_seed = seeded.hash_seed;
     ep.load_progress = cli_load_progress;
     return ep;
 }

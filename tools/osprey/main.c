@@ -39,6 +39,8 @@ static const char *k_usage =
     "           write a GGUF model with random weights in a real architecture's shapes\n"
     "  serve    -m FILE [--host H] [--port N] [--api-key K] [--served-model-name NAME] ...\n"
     "           OpenAI-compatible HTTP server (osprey serve --help lists the flags)\n"
+    "  router   --backends URL,URL,... [--port N] [--weights prefix=3,queue=2,kv=1,active=1] ...\n"
+    "           prefix- and load-aware proxy over osprey serve replicas (osprey router --help)\n"
     "  render-template (--template FILE | -m FILE) --messages JSON [--add-generation-prompt]\n"
     "           [--bos T] [--eos T] [--kwargs JSON] [--tools JSON]\n"
     "           print a chat template rendered as transformers would (--help for all flags)\n"
@@ -161,6 +163,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "router")) return cmd_router(argc - 1, argv + 1);
     if (!strcmp(argv[1], "render-template")) return cmd_render_template(argc - 1, argv + 1);
     if (!strcmp(argv[1], "make-random-model")) return cmd_make_random_model(argc - 1, argv + 1);
     fprintf(stderr, "osprey: error: unknown command '%s'\n\n%s", argv[1], k_usage);

@@ -66,6 +66,15 @@ static const char *k_serve_usage =
     "                                   --gpu-memory-utilization leaves)\n"
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
+    "  --prefix-caching-hash-algo A     xxh3_128 (default) | sha256 | sha256_cbor (vLLM's: the block hashes\n"
+    "                                   vLLM and llm-d compute from token ids under the same seed)\n"
+    "  --prefix-caching-hash-seed N     block-hash seed shared by all replicas (else $OSPREY_HASH_SEED, else\n"
+    "                                   $PYTHONHASHSEED as vLLM reads it; else random per process)\n"
+    "  --kv-events-config JSON          publish KV cache events as vLLM does, e.g. '{\"enable_kv_cache_events\":\n"
+    "                                   true, \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}'\n"
+    "                                   (keys: publisher, endpoint, replay_endpoint, buffer_steps, hwm,\n"
+    "                                   max_queue_size, topic; topic default kv@<$POD_IP or host>@<model>)\n"
+    "  --kv-events-array-like           KV events in the older positional msgpack form (default: maps tagged \"type\")\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
     "  --trust-request-chat-template    render a request's own chat_template (off: such requests get 400)\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
@@ -131,6 +140,11 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--enable-prefix-caching")) c.prefix_caching = true;
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
+        else if (!strcmp(f, "--kv-events-config")) {
+            const osp_status ks = osp_kv_events_config_parse(v ? v : "", &c.kv_events);
+            if (ks != OSP_OK) cli_die(ks, "serve");
+            c.kv_events_set = true, i++;
+        } else if (!strcmp(f, "--kv-events-array-like")) c.kv_events_array_like = true;
         else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
@@ -161,6 +175,8 @@ static srv_config parse_flags(int argc, char **argv) {
     c.kv_dtype = eng.kv_dtype;
     c.kernel_table = eng.kernel_table;
     c.spec = eng.spec;
+    cli_engine_env_seed(&eng);
+    c.hash_algo = eng.hash_algo, c.hash_seed_set = eng.hash_seed_set, c.hash_seed = eng.hash_seed;
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
@@ -198,6 +214,9 @@ int cmd_serve(int argc, char **argv) {
     ep.kv_dtype = cfg->kv_dtype;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;
+    ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
+    if ((srv.kv_events = srv_kv_events_open(&srv)))
+        ep.kv_event_sink = osp_kv_publisher_sink(srv.kv_events);
     osp_status s = osp_engine_create(&ep, &srv.engine);
     if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(srv.engine);
@@ -278,6 +297,7 @@ int cmd_serve(int argc, char **argv) {
     const osp_status ls = osp_engine_stop(srv.engine);
     srv_log(&srv, SRV_LOG_INFO, "stopped");
     osp_engine_free(srv.engine);
+    osp_kv_publisher_free(srv.kv_events); /* after the engine: its pool reports to it */
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
     srv_chat_env_free(&srv.chat);

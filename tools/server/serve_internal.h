@@ -56,6 +56,9 @@ typedef struct srv_config {
     osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
     const char *kernel_table; /* --kernel-table FILE (or $OSPREY_KERNEL_TABLE): osp_engine_params.kernel_table */
     osp_spec_config spec;     /* --speculative-config JSON: osp_engine_params.speculative */
+    osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo (cli_engine_args) */
+    bool hash_seed_set;       /* --prefix-caching-hash-seed, $OSPREY_HASH_SEED or $PYTHONHASHSEED */
+    uint64_t hash_seed;
     int32_t max_model_len, max_num_seqs, max_num_batched_tokens, block_size;
     int64_t kv_cache_memory;
     bool kv_cache_memory_set;     /* given on the command line (else 1 GiB on the CPU, auto on the GPU) */
@@ -70,11 +73,15 @@ typedef struct srv_config {
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
     bool trust_request_chat_template; /* --trust-request-chat-template */
     srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
+    osp_kv_events_config kv_events; /* --kv-events-config JSON (vLLM's KVEventsConfig) */
+    bool kv_events_set;
+    bool kv_events_array_like;      /* --kv-events-array-like: the older positional msgpack form */
 } srv_config;
 
 typedef struct srv_server {
     srv_config cfg;
     osp_engine *engine;
+    osp_kv_publisher *kv_events; /* --kv-events-config, or NULL */
     osp_tokenizer *tok;
     const char *model_name;
     int32_t max_model_len, n_vocab;
@@ -97,6 +104,13 @@ typedef struct srv_server {
 double srv_now_s(void);
 /* One stderr line "LEVEL mm-dd HH:MM:SS message" when level >= s->cfg.log_level (serve.c). */
 void srv_log(const srv_server *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- KV cache events (kv_events_serve.c) -------------------------------------------------- */
+
+/* The publisher for srv->cfg's --kv-events-config (topic "kv@<pod>@<srv->model_name>" unless the
+ * config sets one), or NULL when events are off; logs where it publishes. Dies (cli_die) when an
+ * endpoint cannot be opened. */
+osp_kv_publisher *srv_kv_events_open(const srv_server *srv);
 
 /* ---- jobs (serve_jobs.c) ------------------------------------------------------------------- */
 

@@ -1,0 +1,335 @@
+"""`osprey router` in front of fake backends (Python http.server speaking just enough of osprey serve:
+/health, /metrics with the vLLM gauges the picker reads, /v1/models, POST /v1/completions) and in
+front of two real `osprey serve` processes.
+
+Checks: an SSE stream reaches the client byte for byte (chunked on the backend side, decoded and
+passed through); requests sharing a long prefix stick to one backend while another prefix goes to
+the other; a backend whose queue passes --hot-queue stops winning on prefix; the shorter queue wins a
+new prefix; a backend that stopped listening is skipped by a retry (osprey_router_retries_total
+counts it) before the poller notices; a backend that dies mid-stream ends the client's SSE stream
+with an error event; a client that disconnects makes the router close its backend connection; no
+healthy backend means 503; real servers behind the router stream completions through it."""
+import http.server
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import BIN, TINY, Server
+
+SSE = [b'data: {"id": "x", "choices": [{"text": "h\\u00e9llo"}]}\n\n', b": a comment line\n\n",
+       b'data: {"id": "x", "choices": [{"text": " world"}]}\n\n', b"data: [DONE]\n\n"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fake:
+    """A fake backend. mode: "sse" (the SSE chunks above), "die" (two chunks, then a reset),
+    "slow" (a chunk every 50 ms until the client goes; records that it went)."""
+
+    def __init__(self, name, model="m"):
+        self.name, self.model = name, model
+        self.waiting = 0
+        self.mode = "sse"
+        self.prompts = []
+        self.client_gone = threading.Event()
+        fake = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def send_text(self, code, body, ctype="application/json"):
+                b = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(b)))
+                self.end_headers()
+                self.wfile.write(b)
+
+            def do_GET(self):
+                if self.path == "/health":
+                    self.send_text(200, '{"status": "ok"}')
+                elif self.path == "/metrics":
+                    self.send_text(200, "# TYPE vllm:num_requests_waiting gauge\n"
+                                        f'vllm:num_requests_waiting{{model_name="{fake.model}"}} {fake.waiting}\n'
+                                        "# TYPE vllm:num_requests_running gauge\n"
+                                        f'vllm:num_requests_running{{model_name="{fake.model}"}} 0\n'
+                                        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                                        f'vllm:kv_cache_usage_perc{{model_name="{fake.model}"}} 0.1\n',
+                                   "text/plain; version=0.0.4")
+                elif self.path == "/v1/models":
+                    self.send_text(200, '{"object": "list", "data": [{"id": "%s"}]}' % fake.model)
+                else:
+                    self.send_text(404, "{}")
+
+            def chunk(self, b):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
+                self.wfile.flush()
+
+            def do_POST(self):
+                import json
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.prompts.append(body.get("prompt"))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                if fake.mode == "sse":
+                    for c in SSE:
+                        self.chunk(c)
+                        time.sleep(0.01)
+                    self.wfile.write(b"0\r\n\r\n")
+                elif fake.mode == "die":
+                    self.chunk(SSE[0])
+                    self.chunk(SSE[1])
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    self.connection.close()
+                else:
+                    try:
+                        for _ in range(2000):
+                            self.chunk(b"data: {}\n\n")
+                            time.sleep(0.05)
+                    except OSError:
+                        fake.client_gone.set()
+                self.close_connection = True
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Router:
+    def __init__(self, backends, *extra):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = f"/tmp/osprey-router-{self.port}.log"
+        self.log = open(self.log_path, "w+")
+        self.proc = subprocess.Popen([BIN, "router", "--backends", ",".join(backends), "--port", str(self.port), *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.read_log()
+            try:
+                requests.get(self.url + "/metrics", timeout=1)
+                return
+            except requests.RequestException:
+                time.sleep(0.05)
+        raise RuntimeError("router did not come up: " + self.read_log())
+
+    def read_log(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def post(self, prompt, stream=True, **kw):
+        return requests.post(self.url + "/v1/completions", json={"model": "m", "prompt": prompt, "stream": stream, **kw},
+                             stream=True, timeout=30)
+
+    def metric(self, name, backend):
+        for line in requests.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if line.startswith(f'{name}{{backend="{backend}"}}'):
+                return float(line.split()[-1])
+        raise KeyError(name)
+
+    def stop(self):
+        self.proc.terminate()
+        rc = self.proc.wait(timeout=30)
+        self.log.close()
+        return rc
+
+
+@pytest.fixture
+def fakes():
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    fs = [Fake("a"), Fake("b")]
+    yield fs
+    for f in fs:
+        f.close()
+
+
+LONG_A = "You are a helpful assistant for the Acme company. Answer briefly and politely. " * 4
+LONG_B = "System: translate everything the user says into French, keeping the punctuation. " * 4
+
+
+def test_sse_byte_for_byte(fakes):
+    r = Router([f.url for f in fakes])
+    try:
+        resp = r.post("hello")
+        assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        assert resp.raw.read() == b"".join(SSE)
+    finally:
+        assert r.stop() == 0
+
+
+def test_prefix_affinity_and_hot_spot(fakes):
+    a, b = fakes
+    r = Router([a.url, b.url], "--poll-interval", "50")
+    try:
+        for i in range(4):
+            for base in (LONG_A, LONG_B):
+                assert r.post(base + f" question {i}").raw.read() == b"".join(SSE)
+        a_on = {("a" if (LONG_A + f" question {i}") in a.prompts else "b") for i in range(4)}
+        b_on = {("a" if (LONG_B + f" question {i}") in a.prompts else "b") for i in range(4)}
+        assert len(a_on) == 1 and len(b_on) == 1 and a_on != b_on, (a_on, b_on)
+        # the backend holding prefix A turns into a hot spot: A's next request goes to the other one
+        hot = a if a_on == {"a"} else b
+        other = b if hot is a else a
+        hot.waiting = 20
+        time.sleep(0.3)  # a few polls
+        n_other = len(other.prompts)
+        r.post(LONG_A + " question 99").raw.read()
+        assert len(other.prompts) == n_other + 1 and other.prompts[-1].endswith("question 99")
+    finally:
+        assert r.stop() == 0
+
+
+def test_shorter_queue_wins_new_prefix(fakes):
+    a, b = fakes
+    a.waiting = 5
+    r = Router([a.url, b.url], "--poll-interval", "50")
+    try:
+        for i in range(3):
+            r.post(f"fresh prompt {i} " * 10).raw.read()
+        assert len(b.prompts) == 3 and not a.prompts
+    finally:
+        assert r.stop() == 0
+
+
+def test_retry_when_a_backend_stops_listening(fakes):
+    a, b = fakes
+    r = Router([a.url, b.url], "--poll-interval", "600000")  # the poller will not notice in time
+    try:
+        a.close()
+        for i in range(4):
+            resp = r.post(f"after the crash {i}")
+            assert resp.status_code == 200 and resp.raw.read() == b"".join(SSE)
+        assert len(b.prompts) == 4
+        assert r.metric("osprey_router_retries_total", b.url) >= 1
+        assert r.metric("osprey_router_backend_healthy", a.url) == 0
+    finally:
+        assert r.stop() == 0
+
+
+def test_backend_dies_mid_stream(fakes):
+    a, b = fakes
+    a.mode = b.mode = "die"
+    r = Router([a.url, b.url])
+    try:
+        got = r.post("doomed").raw.read()
+        assert got.startswith(SSE[0] + SSE[1]), got
+        assert b'"code": 502' in got[len(SSE[0] + SSE[1]):] and got.endswith(b"\n\n"), got
+        assert r.metric("osprey_router_errors_total", a.url) + r.metric("osprey_router_errors_total", b.url) == 1
+    finally:
+        assert r.stop() == 0
+
+
+def test_client_disconnect_closes_backend(fakes):
+    a, b = fakes
+    a.mode = b.mode = "slow"
+    r = Router([a.url, b.url])
+    try:
+        resp = r.post("slow one")
+        it = resp.iter_lines()
+        next(it)
+        resp.close()
+        assert a.client_gone.wait(20) or b.client_gone.wait(1)
+        deadline = time.time() + 10
+        while time.time() < deadline and (r.metric("osprey_router_backend_active", a.url) +
+                                          r.metric("osprey_router_backend_active", b.url)) > 0:
+            time.sleep(0.05)
+        assert r.metric("osprey_router_backend_active", a.url) + r.metric("osprey_router_backend_active", b.url) == 0
+    finally:
+        assert r.stop() == 0
+
+
+def test_no_healthy_backend_is_503():
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    r = Router([f"http://127.0.0.1:{free_port()}"])
+    try:
+        resp = r.post("nobody home", stream=False)
+        assert resp.status_code == 503 and "no healthy backend" in resp.json()["error"]["message"]
+        assert requests.get(r.url + "/health", timeout=5).status_code == 503
+    finally:
+        assert r.stop() == 0
+
+
+def test_real_servers_behind_the_router():
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    s1, s2 = Server(TINY), Server(TINY)
+    r = None
+    try:
+        r = Router([s1.url, s2.url])
+        models = requests.get(r.url + "/v1/models", timeout=5).json()["data"]
+        assert [m["id"] for m in models] == [s1.model]
+        import openai
+        c = openai.OpenAI(base_url=r.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        direct = s1.client().completions.create(model=s1.model, prompt="The router", max_tokens=8, temperature=0)
+        routed = c.completions.create(model=s1.model, prompt="The router", max_tokens=8, temperature=0)
+        assert routed.choices[0].text == direct.choices[0].text
+        text = "".join(ch.choices[0].text for ch in c.completions.create(
+            model=s1.model, prompt="The router", max_tokens=8, temperature=0, stream=True) if ch.choices)
+        assert text == direct.choices[0].text
+    finally:
+        if r:
+            assert r.stop() == 0
+        assert s1.stop() == 0 and s2.stop() == 0
+
+
+def test_precise_prefix_from_kv_events():
+    """Two real servers publishing KV events (sha256_cbor, one seed) and a router subscribed to both:
+    a prompt sent to one server directly (the router never saw it) is routed to that server, because
+    its KV events say it holds the prompt's blocks; another prompt cached on the other server goes
+    there. The first request goes to the second server, where the tie-break alone (round robin from
+    the first) would not send it."""
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    pubs = [free_port(), free_port()]
+    hash_args = ["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", "42"]
+    servers = [Server(TINY, "--block-size", "16", *hash_args, "--kv-events-config",
+                      '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"}' % p) for p in pubs]
+    r = None
+    try:
+        r = Router([s.url for s in servers], "--kv-events", ",".join(f"tcp://127.0.0.1:{p}" for p in pubs),
+                   *hash_args, "--block-size", "16", "--log-level", "debug")
+        time.sleep(0.5)  # the subscriptions reach the publishers
+        prompts = ["Once upon a time in a land far away there lived a cat who liked to count the stars. " * 3,
+                   "The committee met on Tuesday to discuss the budget for the new library building. " * 3]
+        for s, p in zip(servers, prompts):  # prompt i cached on server i only, behind the router's back
+            s.client().completions.create(model=s.model, prompt=p, max_tokens=1, temperature=0)
+        deadline = time.time() + 20
+        while time.time() < deadline and min(r.metric("osprey_router_kv_blocks", s.url) for s in servers) < 3:
+            time.sleep(0.05)
+        assert min(r.metric("osprey_router_kv_blocks", s.url) for s in servers) >= 3, r.read_log()[-2000:]
+        for rep in range(3):
+            for s, p in reversed(list(zip(servers, prompts))):
+                resp = requests.post(r.url + "/v1/completions", timeout=60,
+                                     json={"model": s.model, "prompt": p + f" and then {rep}", "max_tokens": 1})
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["X-Osprey-Backend"] == s.url, (rep, resp.headers["X-Osprey-Backend"], s.url)
+        assert r.metric("osprey_router_kv_event_gaps_total", servers[0].url) == 0
+        assert "blocks)" in r.read_log()  # scored by blocks from the events, not by prompt chunks
+    finally:
+        if r:
+            assert r.stop() == 0
+        for s in servers:
+            assert s.stop() == 0

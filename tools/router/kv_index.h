@@ -1,0 +1,36 @@
+/* The router's precise prefix index: which backend holds which KV block, rebuilt from the backends'
+ * KV events (include/osprey/kv_events.h: vLLM's ZeroMQ stream, both msgpack forms). One subscriber
+ * thread reads every backend's PUB endpoint; BlockStored adds its hashes to that backend's set,
+ * BlockRemoved removes them, AllBlocksCleared empties it. A sequence gap (a batch lost) is counted and
+ * logged; the set may then be stale until the blocks change again (the router's picker only ranks
+ * with it, it never trusts it for correctness). */
+#ifndef OSPREY_TOOLS_ROUTER_KV_INDEX_H
+#define OSPREY_TOOLS_ROUTER_KV_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct rt_kv_index rt_kv_index;
+
+/* Subscribes to endpoints[0..n) (NULL or "" for a backend without events; at most 64). Returns NULL
+ * with *why set when ZeroMQ refuses an endpoint or memory runs out. */
+rt_kv_index *rt_kv_index_start(const char *const *endpoints, int32_t n, char *why, size_t why_cap);
+void rt_kv_index_stop(rt_kv_index *x); /* NULL is fine */
+
+/* Whether backend b has an event source. */
+bool rt_kv_index_has(const rt_kv_index *x, int32_t b);
+
+/* For each backend b with an event source: prefix[b] = how many of hashes[0..k) it holds, counting
+ * from the first until one is missing. Backends without a source get -1. Thread-safe. */
+void rt_kv_index_match(rt_kv_index *x, const uint64_t *hashes, int32_t k, int32_t *prefix);
+
+/* Applies one msgpack EventBatch (either form) to backend b's set; false when the payload does not
+ * decode as one (nothing applied). Exposed for the tests; the thread calls it. */
+bool rt_kv_index_apply(rt_kv_index *x, int32_t b, const char *payload, size_t len);
+
+/* Blocks backend b holds now; batches seen and gaps in their sequence numbers. */
+int64_t rt_kv_index_size(rt_kv_index *x, int32_t b);
+void rt_kv_index_counts(rt_kv_index *x, int32_t b, int64_t *batches, int64_t *gaps);
+
+#endif

@@ -1,0 +1,700 @@
+/* osprey router: one HTTP endpoint in front of many `osprey serve` (or vLLM) replicas on one host or a
+ * trusted network, picking a backend per request the way llm-d's endpoint picker does (picker.h).
+ *
+ *   osprey router --backends http://127.0.0.1:8001,http://127.0.0.1:8002 --port 8000
+ *
+ * A poller thread scrapes every backend each --poll-interval ms: GET /health (200: healthy; 503 while
+ * it drains, or no answer: not a candidate) and GET /metrics (vllm:num_requests_waiting,
+ * vllm:num_requests_running, vllm:kv_cache_usage_perc) and GET /v1/models (the model it serves).
+ * POST /v1/completions and /v1/chat/completions are proxied: the body is read whole, the backend is
+ * picked, the request is forwarded, and the response (status, Content-Type, body) is passed through as
+ * it arrives, so an SSE stream reaches the client unbuffered, byte for byte. A backend that refuses the
+ * connection is marked unhealthy and the next best is tried (nothing was sent yet); once bytes have
+ * been streamed there is no retry: a backend that dies mid-stream ends an SSE response with an error
+ * event ("data: {"error": ...}") and a plain one with a cut connection. A client that goes away closes
+ * the backend connection, which makes osprey serve abort the request and free its blocks.
+ *
+ * Prefix scoring here is approximate (llm-d's "approximate prefix cache" scorer): the router hashes
+ * the request's prompt material (model, then the prompt text or the messages' JSON) in chained chunks
+ * of --block-chars bytes and remembers, in a bounded direct-mapped table, which backends it sent each
+ * chunk to; a request's prefix score on a backend is the number of its leading chunks found there.
+ * Router metrics on GET /metrics: requests, retries and errors per backend, its health and in-flight
+ * count (osprey_router_*). GET /health: 200 when some backend is healthy. */
+#include <errno.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cli.h"
+#include "http_client.h"
+#include "kv_index.h"
+#include "osprey_internal.h"
+#include "picker.h"
+
+#define RT_MAX_BACKENDS 64
+
+typedef struct backend {
+    char url_text[300];
+    rt_url url;
+    /* state (mu) */
+    bool healthy;
+    char model[256];
+    double num_waiting, num_running, kv_usage;
+    int32_t active;
+    long long n_requests, n_retries, n_errors;
+} backend;
+
+typedef struct router {
+    backend b[RT_MAX_BACKENDS];
+    int32_t n;
+    rt_weights w;
+    int block_chars, poll_ms, connect_timeout_ms;
+    size_t max_body;
+    pthread_mutex_t mu;
+    uint32_t rr;
+    /* approximate prefix table: slot = hash & mask; each slot remembers one chunk hash and the backends
+       it was routed to (bit i: backend i) */
+    uint64_t *tab_hash;
+    uint64_t *tab_mask;
+    uint32_t tab_slots_mask;
+    atomic_bool stop;
+    int log_level; /* 0 debug, 1 info */
+    /* precise prefix scoring (--kv-events): the backends' KV events, and their block hash */
+    rt_kv_index *kvx;
+    osp_prefix_hasher hasher;
+    int32_t block_size;
+} router;
+
+static void rlog(const router *r, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void rlog(const router *r, int level, const char *fmt, ...) {
+    if (level < r->log_level) return;
+    char ts[32];
+    const time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(ts, sizeof ts, "%m-%d %H:%M:%S", &tm);
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s router: %s\n", level ? "INFO" : "DEBUG", ts, line);
+}
+
+/* ---- the poller ------------------------------------------------------------------------------ */
+
+/* The value of the first sample of gauge `name` in a Prometheus text body, or -1. */
+static double metric(const char *body, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, name, n) || (p[n] != '{' && p[n] != ' ')) continue;
+        const char *sp = strchr(p, ' ');
+        const char *nl = strchr(p, '\n');
+        if (!sp || (nl && sp > nl)) continue;
+        if (p[n] == '{') { /* the space after the labels */
+            const char *close = strchr(p, '}');
+            if (!close || (nl && close > nl)) continue;
+            sp = close + 1;
+        }
+        return strtod(sp, NULL);
+    }
+    return -1;
+}
+
+static char *get(const router *r, const backend *b, const char *path, int *status) {
+    rt_http_resp resp;
+    *status = 0;
+    if (rt_http_request(&b->url, "GET", path, NULL, NULL, 0, r->connect_timeout_ms, &resp) != 0) return NULL;
+    *status = resp.status;
+    char *body = rt_http_read_all(&resp, 4u << 20, NULL);
+    rt_http_close(&resp);
+    return body;
+}
+
+static void poll_backend(router *r, int32_t i) {
+    backend *b = &r->b[i];
+    int st_h = 0, st_m = 0, st_v = 0;
+    char *h = get(r, b, "/health", &st_h);
+    char *m = st_h == 200 ? get(r, b, "/metrics", &st_m) : NULL;
+    char *v = st_h == 200 ? get(r, b, "/v1/models", &st_v) : NULL;
+    char model[256] = "";
+    if (v && st_v == 200) {
+        json_t *j = json_loads(v, 0, NULL);
+        const char *id = NULL;
+        if (j && !json_unpack(json_object_get(j, "data"), "[{s:s}]", "id", &id) && id) snprintf(model, sizeof model, "%s", id);
+        json_decref(j);
+    }
+    pthread_mutex_lock(&r->mu);
+    const bool was = b->healthy;
+    b->healthy = st_h == 200 && st_m == 200 && m;
+    if (b->healthy) {
+        b->num_waiting = metric(m, "vllm:num_requests_waiting");
+        b->num_running = metric(m, "vllm:num_requests_running");
+        b->kv_usage = metric(m, "vllm:kv_cache_usage_perc");
+        if (b->num_waiting < 0) b->num_waiting = 0;
+        if (b->num_running < 0) b->num_running = 0;
+        if (b->kv_usage < 0) b->kv_usage = 0;
+        if (model[0]) snprintf(b->model, sizeof b->model, "%s", model);
+    }
+    const bool now = b->healthy;
+    pthread_mutex_unlock(&r->mu);
+    if (was != now) rlog(r, 1, "backend %s is %s", b->url_text, now ? "healthy" : "not healthy (a candidate no more)");
+    free(h);
+    free(m);
+    free(v);
+}
+
+static void *poller_main(void *arg) {
+    router *r = arg;
+    while (!atomic_load(&r->stop)) {
+        for (int32_t i = 0; i < r->n; i++) poll_backend(r, i);
+        for (int slept = 0; slept < r->poll_ms && !atomic_load(&r->stop); slept += 10) { /* stop within 10 ms */
+            const int ms = r->poll_ms - slept < 10 ? r->poll_ms - slept : 10;
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+/* ---- approximate prefix index ---------------------------------------------------------------- */
+
+/* Chained hashes of the full --block-chars chunks of s[0..n): h_i = XXH64(chunk_i, seed h_{i-1}). */
+static int32_t chunk_hashes(const router *r, const char *s, size_t n, uint64_t *out, int32_t cap) {
+    int32_t k = 0;
+    uint64_t h = 0x6f73707265790001ull;
+    for (size_t off = 0; off + (size_t)r->block_chars <= n && k < cap; off += (size_t)r->block_chars)
+        out[k++] = h = XXH64(s + off, (size_t)r->block_chars, h);
+    return k;
+}
+
+/* r->mu held: how many leading chunks each backend holds (prefix[i]). */
+static void prefix_match(const router *r, const uint64_t *h, int32_t k, int32_t *prefix) {
+    uint64_t alive = r->n >= 64 ? ~0ull : (1ull << r->n) - 1;
+    for (int32_t i = 0; i < r->n; i++) prefix[i] = 0;
+    for (int32_t c = 0; c < k && alive; c++) {
+        const uint32_t s = (uint32_t)h[c] & r->tab_slots_mask;
+        const uint64_t have = r->tab_hash[s] == h[c] ? r->tab_mask[s] : 0;
+        alive &= have;
+        for (int32_t i = 0; i < r->n; i++)
+            if (alive >> i & 1) prefix[i]++;
+    }
+}
+
+/* r->mu held: records that chunks h[0..k) went to backend i. */
+static void prefix_record(router *r, const uint64_t *h, int32_t k, int32_t i) {
+    for (int32_t c = 0; c < k; c++) {
+        const uint32_t s = (uint32_t)h[c] & r->tab_slots_mask;
+        if (r->tab_hash[s] != h[c]) r->tab_hash[s] = h[c], r->tab_mask[s] = 0;
+        r->tab_mask[s] |= 1ull << i;
+    }
+}
+
+/* ---- proxying -------------------------------------------------------------------------------- */
+
+typedef struct conn_ctx {
+    char *body;
+    size_t len, cap;
+    bool too_large;
+} conn_ctx;
+
+typedef struct stream_ctx {
+    router *r;
+    int32_t backend;
+    rt_http_resp resp;
+    bool sse, failed_sent;
+} stream_ctx;
+
+static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status, const char *type, const char *fmt, ...) {
+    char *s = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    if (n < 0) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer((size_t)n, s, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", type);
+    const enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *msg) {
+    json_t *j = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type",
+                          status == 503 ? "ServiceUnavailableError" : status == 502 ? "BadGatewayError" : "BadRequestError",
+                          "param", "code", (int)status);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    const enum MHD_Result ret = reply_text(c, status, "application/json", "%s", s ? s : "{}");
+    free(s);
+    return ret;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream_ctx *s = cls;
+    const ssize_t k = rt_http_read_body(&s->resp, buf, max);
+    if (k > 0) return k;
+    if (k == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    /* the backend went away mid-response */
+    pthread_mutex_lock(&s->r->mu);
+    s->r->b[s->backend].n_errors++;
+    pthread_mutex_unlock(&s->r->mu);
+    rlog(s->r, 1, "backend %s failed mid-response", s->r->b[s->backend].url_text);
+    if (s->sse && !s->failed_sent) {
+        s->failed_sent = true;
+        s->resp.eof = true;
+        const int n = snprintf(buf, max,
+                               "data: {\"error\": {\"message\": \"the backend failed while streaming\", \"type\": "
+                               "\"BadGatewayError\", \"param\": null, \"code\": 502}}\n\n");
+        return n > 0 && (size_t)n < max ? n : MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    return MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void stream_free(void *cls) {
+    stream_ctx *s = cls;
+    rt_http_close(&s->resp); /* a client gone mid-stream: the backend sees the close and aborts */
+    pthread_mutex_lock(&s->r->mu);
+    s->r->b[s->backend].active--;
+    pthread_mutex_unlock(&s->r->mu);
+    free(s);
+}
+
+/* The text the prefix scorer hashes: the model, then the prompt or the messages, in request order. */
+static char *prompt_material(json_t *req, size_t *n) {
+    json_t *m = json_object_get(req, "model"), *p = json_object_get(req, "prompt"), *msgs = json_object_get(req, "messages");
+    char *body = json_is_string(p) ? strdup(json_string_value(p))
+                 : p               ? json_dumps(p, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                 : msgs            ? json_dumps(msgs, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                                   : strdup("");
+    char *s = NULL;
+    const int k = body ? asprintf(&s, "%s\n%s", json_is_string(m) ? json_string_value(m) : "", body) : -1;
+    free(body);
+    if (k < 0) return NULL;
+    *n = (size_t)k;
+    return s;
+}
+
+/* The block hashes of the request's full blocks (malloc'd, *n of them; NULL when none): its prompt or
+ * messages tokenized by a healthy backend (POST /tokenize, as llm-d's precise scorer tokenizes in the
+ * picker), then chained with the backends' algorithm and seed, in the 64-bit form KV events carry. */
+static uint64_t *precise_hashes(router *r, const conn_ctx *cx, int32_t *n) {
+    *n = 0;
+    json_t *req = json_loadb(cx->body ? cx->body : "", cx->len, 0, NULL);
+    json_t *tq = json_object();
+    const char *keys[] = {"model", "prompt", "messages", "add_special_tokens"};
+    for (int i = 0; req && i < 4; i++)
+        if (json_object_get(req, keys[i])) json_object_set(tq, keys[i], json_object_get(req, keys[i]));
+    char *body = json_dumps(tq, JSON_COMPACT);
+    json_decref(tq);
+    json_decref(req);
+    int32_t b = -1;
+    pthread_mutex_lock(&r->mu);
+    for (int32_t i = 0; i < r->n && b < 0; i++)
+        if (r->b[(r->rr + (uint32_t)i) % (uint32_t)r->n].healthy) b = (int32_t)((r->rr + (uint32_t)i) % (uint32_t)r->n);
+    pthread_mutex_unlock(&r->mu);
+    uint64_t *out = NULL;
+    rt_http_resp resp;
+    if (!body || b < 0 || rt_http_request(&r->b[b].url, "POST", "/tokenize", NULL, body, strlen(body), r->connect_timeout_ms, &resp) != 0) {
+        free(body);
+        return NULL;
+    }
+    free(body);
+    char *text = resp.status == 200 ? rt_http_read_all(&resp, 64u << 20, NULL) : NULL;
+    rt_http_close(&resp);
+    json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    json_t *toks = json_object_get(j, "tokens");
+    const size_t nt = json_array_size(toks);
+    const int32_t bs = r->block_size, nb = (int32_t)(nt / (size_t)bs);
+    int32_t *ids = nb > 0 ? malloc(sizeof *ids * nt) : NULL;
+    out = nb > 0 ? malloc(sizeof *out * (size_t)nb) : NULL;
+    if (ids && out) {
+        for (size_t i = 0; i < nt; i++) ids[i] = (int32_t)json_integer_value(json_array_get(toks, i));
+        osp_block_hash prev = {0};
+        for (int32_t i = 0; i < nb; i++) {
+            const osp_block_hash hb = osp_prefix_hash_block(&r->hasher, i ? &prev : NULL, ids + (size_t)i * bs, bs, NULL, 0);
+            out[i] = osp_block_hash_external(&hb, r->hasher.algo);
+            prev = hb;
+        }
+        *n = nb;
+    } else {
+        free(out);
+        out = NULL;
+    }
+    free(ids);
+    json_decref(j);
+    return out;
+}
+
+static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *url, conn_ctx *cx) {
+    json_error_t je;
+    json_t *req = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
+    if (!json_is_object(req)) {
+        json_decref(req);
+        return reply_error(c, 400, "the request body is not a JSON object");
+    }
+    const char *model = json_is_string(json_object_get(req, "model")) ? json_string_value(json_object_get(req, "model")) : NULL;
+    char model_copy[256] = "";
+    if (model) snprintf(model_copy, sizeof model_copy, "%s", model);
+    size_t pn = 0;
+    char *pm = prompt_material(req, &pn);
+    json_decref(req); /* model points into req: copied above */
+    enum { MAXC = 4096 };
+    uint64_t *h = malloc(sizeof *h * MAXC);
+    const int32_t k = pm && h ? chunk_hashes(r, pm, pn, h, MAXC) : 0;
+    free(pm);
+    /* Authorization passes through (the backends may want their key) */
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    char extra[1200] = "";
+    if (auth && strlen(auth) < 1000 && !strpbrk(auth, "\r\n")) snprintf(extra, sizeof extra, "Authorization: %s\r\n", auth);
+    /* precise: the request's block hashes, from its tokens as a backend tokenizes them */
+    int32_t nblk = 0, precise[RT_MAX_BACKENDS];
+    uint64_t *bh = r->kvx ? precise_hashes(r, cx, &nblk) : NULL;
+    if (bh) rt_kv_index_match(r->kvx, bh, nblk, precise);
+    free(bh);
+    bool tried[RT_MAX_BACKENDS] = {0};
+    for (int attempt = 0; attempt < r->n; attempt++) {
+        rt_backend_view v[RT_MAX_BACKENDS];
+        int32_t prefix[RT_MAX_BACKENDS];
+        pthread_mutex_lock(&r->mu);
+        prefix_match(r, h, k, prefix);
+        /* with the request's blocks known, a backend with KV events scores by the blocks it holds, one
+           without by the share of chunks the approximate index gives it */
+        const int32_t total = nblk > 0 ? nblk : k;
+        if (nblk > 0)
+            for (int32_t i = 0; i < r->n; i++)
+                prefix[i] = precise[i] >= 0 ? precise[i] : k > 0 ? (int32_t)((int64_t)prefix[i] * nblk / k) : 0;
+        for (int32_t i = 0; i < r->n; i++) {
+            const backend *b = &r->b[i];
+            v[i] = (rt_backend_view){.healthy = b->healthy && !tried[i],
+                                     .serves_model = !model_copy[0] || !b->model[0] || !strcmp(model_copy, b->model),
+                                     .num_waiting = b->num_waiting, .num_running = b->num_running,
+                                     .kv_usage = b->kv_usage, .active = b->active, .prefix_blocks = prefix[i]};
+        }
+        const int32_t pick = rt_pick(v, r->n, total, &r->w, r->rr++, NULL);
+        if (pick >= 0) {
+            r->b[pick].active++;
+            r->b[pick].n_requests++;
+            if (attempt > 0) r->b[pick].n_retries++;
+            prefix_record(r, h, k, pick);
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (pick < 0) break;
+        rlog(r, 0, "%s -> %s (prefix %d of %d %s)", url, r->b[pick].url_text, prefix[pick], total,
+             nblk > 0 ? "blocks" : "chunks");
+        stream_ctx *s = calloc(1, sizeof *s);
+        const int rc = s ? rt_http_request(&r->b[pick].url, "POST", url, extra, cx->body, cx->len, r->connect_timeout_ms, &s->resp)
+                         : -2;
+        if (rc != 0) {
+            pthread_mutex_lock(&r->mu);
+            r->b[pick].active--;
+            r->b[pick].n_errors++;
+            if (rc == -1) r->b[pick].healthy = false; /* refused: the poller brings it back */
+            pthread_mutex_unlock(&r->mu);
+            free(s);
+            tried[pick] = true;
+            if (rc == -1) {
+                rlog(r, 1, "backend %s refused the connection; trying another", r->b[pick].url_text);
+                continue;
+            }
+            free(h);
+            return reply_error(c, 502, "the backend failed before answering");
+        }
+        free(h);
+        s->r = r;
+        s->backend = pick;
+        s->sse = !strncmp(s->resp.content_type, "text/event-stream", 17);
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+        if (!resp) {
+            stream_free(s);
+            return MHD_NO;
+        }
+        if (s->resp.content_type[0]) MHD_add_response_header(resp, "Content-Type", s->resp.content_type);
+        if (s->sse) MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        MHD_add_response_header(resp, "X-Osprey-Backend", r->b[pick].url_text);
+        const enum MHD_Result ret = MHD_queue_response(c, (unsigned)s->resp.status, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    free(h);
+    return reply_error(c, 503, "no healthy backend serves this model");
+}
+
+static char *render_metrics(router *r) {
+    char *out = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&out, &n);
+    if (!f) return NULL;
+    fputs("# HELP osprey_router_requests Requests routed to a backend.\n# TYPE osprey_router_requests counter\n", f);
+    pthread_mutex_lock(&r->mu);
+    for (int32_t i = 0; i < r->n; i++)
+        fprintf(f, "osprey_router_requests_total{backend=\"%s\"} %lld\n", r->b[i].url_text, r->b[i].n_requests);
+    fputs("# HELP osprey_router_retries Requests sent to a backend after another refused the connection.\n"
+          "# TYPE osprey_router_retries counter\n", f);
+    for (int32_t i = 0; i < r->n; i++)
+        fprintf(f, "osprey_router_retries_total{backend=\"%s\"} %lld\n", r->b[i].url_text, r->b[i].n_retries);
+    fputs("# HELP osprey_router_errors Connections to a backend that failed.\n# TYPE osprey_router_errors counter\n", f);
+    for (int32_t i = 0; i < r->n; i++)
+        fprintf(f, "osprey_router_errors_total{backend=\"%s\"} %lld\n", r->b[i].url_text, r->b[i].n_errors);
+    fputs("# HELP osprey_router_backend_healthy 1 when the backend is a candidate.\n"
+          "# TYPE osprey_router_backend_healthy gauge\n", f);
+    for (int32_t i = 0; i < r->n; i++)
+        fprintf(f, "osprey_router_backend_healthy{backend=\"%s\"} %d\n", r->b[i].url_text, r->b[i].healthy);
+    fputs("# HELP osprey_router_backend_active Requests in flight from this router.\n"
+          "# TYPE osprey_router_backend_active gauge\n", f);
+    for (int32_t i = 0; i < r->n; i++)
+        fprintf(f, "osprey_router_backend_active{backend=\"%s\"} %d\n", r->b[i].url_text, r->b[i].active);
+    pthread_mutex_unlock(&r->mu);
+    if (r->kvx) {
+        fputs("# HELP osprey_router_kv_blocks Blocks a backend holds per its KV events.\n"
+              "# TYPE osprey_router_kv_blocks gauge\n", f);
+        for (int32_t i = 0; i < r->n; i++)
+            if (rt_kv_index_has(r->kvx, i))
+                fprintf(f, "osprey_router_kv_blocks{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)rt_kv_index_size(r->kvx, i));
+        fputs("# HELP osprey_router_kv_event_gaps Batches lost in a backend's KV-event sequence.\n"
+              "# TYPE osprey_router_kv_event_gaps counter\n", f);
+        for (int32_t i = 0; i < r->n; i++) {
+            int64_t nbat, gaps;
+            rt_kv_index_counts(r->kvx, i, &nbat, &gaps);
+            if (rt_kv_index_has(r->kvx, i))
+                fprintf(f, "osprey_router_kv_event_gaps_total{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)gaps);
+        }
+    }
+    fclose(f);
+    return out;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version;
+    router *r = cls;
+    conn_ctx *cx = *con_cls;
+    if (!cx) {
+        if (!(cx = calloc(1, sizeof *cx))) return MHD_NO;
+        *con_cls = cx;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (cx->len + *upload_size > r->max_body) cx->too_large = true;
+        if (!cx->too_large) {
+            if (cx->len + *upload_size + 1 > cx->cap) {
+                size_t cap = cx->cap ? cx->cap : 4096;
+                while (cap < cx->len + *upload_size + 1) cap *= 2;
+                char *p = realloc(cx->body, cap);
+                if (!p) return MHD_NO;
+                cx->body = p, cx->cap = cap;
+            }
+            memcpy(cx->body + cx->len, upload_data, *upload_size);
+            cx->len += *upload_size;
+            cx->body[cx->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cx->too_large) return reply_error(c, 413, "the request body is too large");
+    const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (get && !strcmp(url, "/health")) {
+        bool any = false;
+        pthread_mutex_lock(&r->mu);
+        for (int32_t i = 0; i < r->n; i++) any |= r->b[i].healthy;
+        pthread_mutex_unlock(&r->mu);
+        return reply_text(c, any ? 200 : 503, "application/json", "{\"status\": \"%s\"}", any ? "ok" : "no healthy backend");
+    }
+    if (get && !strcmp(url, "/metrics")) {
+        char *m = render_metrics(r);
+        const enum MHD_Result ret = reply_text(c, m ? 200 : 500, "text/plain; version=0.0.4; charset=utf-8", "%s", m ? m : "");
+        free(m);
+        return ret;
+    }
+    if (get && !strcmp(url, "/v1/models")) {
+        json_t *data = json_array();
+        pthread_mutex_lock(&r->mu);
+        for (int32_t i = 0; i < r->n; i++) {
+            bool dup = !r->b[i].model[0];
+            for (int32_t j = 0; j < i && !dup; j++) dup = !strcmp(r->b[j].model, r->b[i].model);
+            if (!dup) json_array_append_new(data, json_pack("{s:s, s:s, s:s}", "id", r->b[i].model, "object", "model", "owned_by", "osprey"));
+        }
+        pthread_mutex_unlock(&r->mu);
+        json_t *j = json_pack("{s:s, s:o}", "object", "list", "data", data);
+        char *s = json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        const enum MHD_Result ret = reply_text(c, 200, "application/json", "%s", s ? s : "{}");
+        free(s);
+        return ret;
+    }
+    if (post && (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions"))) return proxy(r, c, url, cx);
+    return reply_error(c, 404, "not found");
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)c, (void)toe;
+    conn_ctx *cx = *con_cls;
+    if (cx) free(cx->body);
+    free(cx);
+    *con_cls = NULL;
+}
+
+/* ---- flags and main -------------------------------------------------------------------------- */
+
+static const char *k_usage =
+    "usage: osprey router --backends URL,URL,... [options]\n"
+    "  --backends LIST        http://host:port of each osprey serve (or vLLM) replica, comma-separated\n"
+    "  --host HOST            address to listen on (127.0.0.1)\n"
+    "  --port N               port (8000; 0 = any free port)\n"
+    "  --weights LIST         scorer weights, e.g. prefix=3,queue=2,kv=1,active=1 (those)\n"
+    "  --hot-queue N          a backend with more waiting requests than N scores no prefix (8; -1: never)\n"
+    "  --block-chars N        prompt bytes per chunk of the approximate prefix index (64)\n"
+    "  --poll-interval MS     how often each backend's /health and /metrics are read (200)\n"
+    "  --kv-events LIST       each backend's KV-event PUB endpoint (tcp://host:port, '-' for none), in\n"
+    "                         --backends order: precise prefix scoring from the blocks each one holds\n"
+    "  --prefix-caching-hash-algo A, --prefix-caching-hash-seed N, --block-size N\n"
+    "                         the backends' block hash (as given to osprey serve; seed also from\n"
+    "                         $OSPREY_HASH_SEED / $PYTHONHASHSEED; block size 16)\n"
+    "  --log-level debug|info (info; debug logs every routing decision)\n";
+
+static void parse_weights(const char *v, rt_weights *w) {
+    char buf[256];
+    if (!v || strlen(v) >= sizeof buf) cli_die(OSP_OK, "--weights needs name=value pairs");
+    strcpy(buf, v);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) cli_die(OSP_OK, "--weights: '%s' is not name=value", t);
+        *eq = 0;
+        const double x = cli_float("--weights", eq + 1, 0, 1000);
+        if (!strcmp(t, "prefix")) w->prefix = x;
+        else if (!strcmp(t, "queue")) w->queue = x;
+        else if (!strcmp(t, "kv")) w->kv = x;
+        else if (!strcmp(t, "active")) w->active = x;
+        else cli_die(OSP_OK, "--weights: unknown scorer '%s' (prefix, queue, kv, active)", t);
+    }
+}
+
+int cmd_router(int argc, char **argv) {
+    router *r = calloc(1, sizeof *r);
+    if (!r) cli_die(OSP_OK, "out of memory");
+    r->w = rt_default_weights();
+    r->block_chars = 64, r->poll_ms = 200, r->connect_timeout_ms = 2000, r->max_body = 16u << 20, r->log_level = 1;
+    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL;
+    cli_engine_args hash = cli_engine_args_default();
+    r->block_size = 16;
+    int port = 8000;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(k_usage, stdout);
+            exit(0);
+        }
+        if (!v) cli_die(OSP_OK, "%s needs a value (see osprey router --help)", f);
+        if (!strcmp(f, "--prefix-caching-hash-algo") || !strcmp(f, "--prefix-caching-hash-seed")) {
+            cli_engine_arg(&hash, 0, argc, argv, &i); /* the server's parser: one meaning, one message */
+            continue;
+        }
+        if (!strcmp(f, "--backends")) backends = v;
+        else if (!strcmp(f, "--kv-events")) kv_events = v;
+        else if (!strcmp(f, "--block-size")) r->block_size = (int32_t)cli_int(f, v, 1, 1024);
+        else if (!strcmp(f, "--host")) host = v;
+        else if (!strcmp(f, "--port")) port = (int)cli_int(f, v, 0, 65535);
+        else if (!strcmp(f, "--weights")) parse_weights(v, &r->w);
+        else if (!strcmp(f, "--hot-queue")) r->w.hot_queue = cli_float(f, v, -1, 1e9);
+        else if (!strcmp(f, "--block-chars")) r->block_chars = (int)cli_int(f, v, 1, 1 << 20);
+        else if (!strcmp(f, "--poll-interval")) r->poll_ms = (int)cli_int(f, v, 10, 600000);
+        else if (!strcmp(f, "--log-level")) {
+            if (!strcmp(v, "debug")) r->log_level = 0;
+            else if (!strcmp(v, "info")) r->log_level = 1;
+            else cli_die(OSP_OK, "--log-level: '%s' is not debug or info", v);
+        } else cli_die(OSP_OK, "router: unknown option '%s' (see osprey router --help)", f);
+        i++;
+    }
+    if (!backends) cli_die(OSP_OK, "router needs --backends URL,URL,...");
+    char list[8192];
+    if (strlen(backends) >= sizeof list) cli_die(OSP_OK, "--backends: the list is too long");
+    strcpy(list, backends);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (r->n == RT_MAX_BACKENDS) cli_die(OSP_OK, "--backends: at most %d", RT_MAX_BACKENDS);
+        backend *b = &r->b[r->n];
+        if (strlen(t) >= sizeof b->url_text || !rt_url_parse(t, &b->url))
+            cli_die(OSP_OK, "--backends: '%s' is not http://host:port", t);
+        snprintf(b->url_text, sizeof b->url_text, "%s", t);
+        r->n++;
+    }
+    if (r->n == 0) cli_die(OSP_OK, "--backends: no backend given");
+    if (kv_events) {
+        cli_engine_env_seed(&hash);
+        if (!hash.hash_seed_set)
+            cli_die(OSP_OK, "--kv-events needs the backends' hash seed (--prefix-caching-hash-seed N, $OSPREY_HASH_SEED or "
+                            "$PYTHONHASHSEED): without one their block hashes are random per process");
+        r->hasher = osp_prefix_hasher_make(hash.hash_algo, true, hash.hash_seed);
+        static char eps[8192];
+        if (strlen(kv_events) >= sizeof eps) cli_die(OSP_OK, "--kv-events: the list is too long");
+        strcpy(eps, kv_events);
+        const char *ep[RT_MAX_BACKENDS] = {0};
+        int32_t m = 0;
+        for (char *save = NULL, *t = strtok_r(eps, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (m == r->n) cli_die(OSP_OK, "--kv-events: more endpoints than --backends");
+            ep[m++] = strcmp(t, "-") ? t : NULL;
+        }
+        if (m != r->n) cli_die(OSP_OK, "--kv-events: %d endpoints for %d backends (use '-' for one without)", m, r->n);
+        char why[512];
+        if (!(r->kvx = rt_kv_index_start(ep, r->n, why, sizeof why))) cli_die(OSP_OK, "--kv-events: %s", why);
+    }
+    r->tab_slots_mask = (1u << 16) - 1;
+    r->tab_hash = calloc((size_t)r->tab_slots_mask + 1, sizeof *r->tab_hash);
+    r->tab_mask = calloc((size_t)r->tab_slots_mask + 1, sizeof *r->tab_mask);
+    if (!r->tab_hash || !r->tab_mask) cli_die(OSP_OK, "out of memory");
+    pthread_mutex_init(&r->mu, NULL);
+
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    for (int32_t i = 0; i < r->n; i++) poll_backend(r, i); /* a first view before taking requests */
+    pthread_t poller;
+    if (pthread_create(&poller, NULL, poller_main, r) != 0) cli_die(OSP_OK, "cannot start the poller thread");
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(host, ps, &hints, &ai) != 0 || !ai) cli_die(OSP_OK, "--host: cannot resolve '%s'", host);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, r, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", host, port, strerror(errno));
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    rlog(r, 1, "routing to %d backends on http://%s:%u (weights prefix %g queue %g kv %g active %g, hot queue %g)", r->n,
+         host, di ? (unsigned)di->port : (unsigned)port, r->w.prefix, r->w.queue, r->w.kv, r->w.active, r->w.hot_queue);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    rlog(r, 1, "%s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    MHD_stop_daemon(d);
+    atomic_store(&r->stop, true);
+    pthread_join(poller, NULL);
+    rt_kv_index_stop(r->kvx);
+    free(r->tab_hash);
+    free(r->tab_mask);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    return 0;
+}
