@@ -67,7 +67,11 @@ void osp_sparse_attention_cpu(const osp_sparse_attn_args *a, int64_t item_begin,
                 if (kv >= seq_len) keep = false;
                 else if (f & OSP_WT_SELF) keep = kv == p;
                 else if (f & OSP_WT_FULL) keep = true;
-                else keep = ((bits[i / 32] >> (i % 32)) & 1u) && osp_mask_keep(m, s, (int32_t)h, p, kv);
+                else if (!((bits[i / 32] >> (i % 32)) & 1u)) keep = false;
+                else if (a->table_masks && m->kind == OSP_MASK_CUSTOM) {
+                    const int64_t bit = (int64_t)(t - wt->qtile_start[qt]) * bs + i;
+                    keep = wt->emask_off[e] >= 0 && ((wt->emask[wt->emask_off[e] + bit / 32] >> (bit % 32)) & 1u);
+                } else keep = osp_mask_keep(m, s, (int32_t)h, p, kv);
                 if (!keep) {
                     sc[i] = -INFINITY;
                     continue;

@@ -15,6 +15,7 @@
 #ifndef OSP_SPARSE_SPARSE_ATTENTION_H
 #define OSP_SPARSE_SPARSE_ATTENTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/cpu/ops.h"
@@ -30,6 +31,10 @@ typedef struct osp_sparse_attn_args {
     const osp_mask *mask;      /* the mask the table was built with (NULL: causal) */
     int32_t head_dim;          /* <= 1024 */
     float scale;               /* softmax scale, usually 1 / sqrt(head_dim) */
+    bool table_masks;          /* evaluate partial elements as a GPU kernel must: built-in kinds by
+                                * osp_mask_builtin_keep, custom predicates from the table's emask bits (no
+                                * function pointer); equal to the default when the table is exact (rows per
+                                * query head, or a predicate independent of the head) */
 } osp_sparse_attn_args;
 
 /* Checks that the table matches the layout (rows, block size, groups) and the shapes:
