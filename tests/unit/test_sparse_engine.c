@@ -22,9 +22,14 @@
 
 #include <cmocka.h>
 
+#include "backend/backend.h"
+#include "backend/cpu/ops.h"
+#include "core/dtype.h"
 #include "osprey/engine.h"
 #include "osprey/sparse.h"
+#include "sparse/engine_hook.h"
 #include "sparse/quest.h"
+#include "sparse/sparse_attention.h"
 
 /* ---- the parser --------------------------------------------------------------------------------- */
 
@@ -135,6 +140,108 @@ static void test_quest(void **state) {
     for (int i = 0; i < 12; i++) assert_int_equal(sel[i], i);
     osp_quest_free(&qs);
     assert_int_equal(osp_quest_create(0, NB, BS, HK, D, &qs), OSP_ERR_INVALID_ARG);
+}
+
+/* ---- the hook at the op level ------------------------------------------------------------------------ */
+
+enum { HB = 8, HH = 4, HHK = 2, HD = 16, HNB = 24, HMAXB = 12 };
+
+/* One layer's ATTENTION op through the hook, against the dense kernel / the selection it should make.
+ * Two sequences of 70 and 33 tokens (pages scattered); step 1 is their whole prefill (every page
+ * summarized), step 2 one decode token each whose K was written into its page (only that page is
+ * re-summarized). */
+static void test_hook_op(void **state) {
+    (void)state;
+    static float k[HNB * HB * HHK * HD], v[HNB * HB * HHK * HD];
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) k[i] = 2.0f * frand(), v[i] = frand();
+    void *kl[1] = {k}, *vl[1] = {v}, *sl_[1] = {NULL};
+    osp_kv_cache kv = {.num_blocks = HNB, .block_size = HB, .n_layer = 1, .k = kl, .v = vl, .k_scale = sl_, .v_scale = sl_};
+    kv.fmt = (osp_kv_page_format){.dtype = OSP_KV_DTYPE_F32, .elem_type = OSP_DTYPE_F32, .kv_row = HHK * HD,
+                                  .head_dim = HD, .bytes_per_token = HHK * HD * 4};
+    int32_t bt[2 * HMAXB];
+    for (int i = 0; i < 2 * HMAXB; i++) bt[i] = (i * 7) % HNB; /* 24 distinct blocks, scattered */
+    const int32_t len[2] = {70, 33};
+    /* step 1: the whole prefill */
+    int32_t pos[103], slot[103], qsl[3] = {0, 70, 103}, seql[2] = {70, 33};
+    for (int s = 0, t = 0; s < 2; s++)
+        for (int p = 0; p < len[s]; p++, t++) pos[t] = p, slot[t] = bt[s * HMAXB + p / HB] * HB + p % HB;
+    osp_batch b1 = {.num_tokens = 103, .positions = pos, .slot_mapping = slot, .num_seqs = 2, .query_start_loc = qsl,
+                    .seq_lens = seql, .block_table = bt, .max_blocks_per_seq = HMAXB};
+    static float q[103 * HH * HD], out[103 * HH * HD], ref[103 * HH * HD], sc[2 * 128];
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = 2.0f * frand();
+    const osp_cpu_kv_pages pg = {.type = OSP_DTYPE_F32, .k = k, .v = v};
+    for (int w = 0; w < 3; w++) {
+        /* w 0: sliding window 5 (BlockMask); 1: a budget covering the context (dense); 2: Quest top-k */
+        osp_op op = {.kind = OSP_OP_ATTENTION, .layer = 0, .p.attn = {HH, HHK, HD, w == 0 ? 5 : 0, 0.25f}};
+        osp_sparse_config cfg;
+        assert_int_equal(osp_sparse_config_parse(w == 2 ? "topk:3,recent:0,sink:0" : "topk:9", &cfg), OSP_OK);
+        osp_sparse_runtime *rt;
+        assert_int_equal(osp_sparse_runtime_create(&cfg, &kv, &rt), OSP_OK);
+        const osp_attn_hook *hk = osp_sparse_runtime_hook(rt);
+        osp_attn_call c = {.op = &op, .b = &b1, .kv = &kv, .q = q, .out = out, .n_threads = 2};
+        assert_int_equal(hk->prepare(hk->ctx, &c), OSP_OK);
+        hk->run(hk->ctx, &c, 0, 0, 200);
+        hk->run(hk->ctx, &c, 1, 200, 103 * HH);
+        osp_cpu_paged_attention_kv(q, &pg, ref, 2, qsl, pos, bt, HMAXB, HB, HH, HHK, HD, 0.25f, op.p.attn.window, sc, 0,
+                                   103 * HH);
+        if (w == 1) assert_memory_equal(out, ref, sizeof(float) * 103 * HH * HD); /* dense, bit for bit */
+        if (w == 0)
+            for (int i = 0; i < 103 * HH * HD; i++) assert_true(fabsf(out[i] - ref[i]) <= 2e-5f + 2e-5f * fabsf(ref[i]));
+        /* step 2: one decode token per sequence at positions 69 and 32, K rows rewritten in place */
+        int32_t pos2[2] = {69, 32}, slot2[2], qsl2[3] = {0, 1, 2};
+        for (int s = 0; s < 2; s++) {
+            slot2[s] = bt[s * HMAXB + pos2[s] / HB] * HB + pos2[s] % HB;
+            for (int i = 0; i < HHK * HD; i++) k[(size_t)slot2[s] * HHK * HD + (size_t)i] = 3.0f * frand();
+        }
+        osp_batch b2 = {.num_tokens = 2, .positions = pos2, .slot_mapping = slot2, .num_seqs = 2, .query_start_loc = qsl2,
+                        .seq_lens = seql, .block_table = bt, .max_blocks_per_seq = HMAXB};
+        c.b = &b2;
+        const osp_sparse_runtime_stats st1 = osp_sparse_runtime_get_stats(rt);
+        assert_int_equal(hk->prepare(hk->ctx, &c), OSP_OK);
+        hk->run(hk->ctx, &c, 0, 0, 2 * HH);
+        if (w == 2) { /* the pages Quest picks from freshly made summaries, through the block-sparse kernel */
+            osp_quest_summaries qs;
+            assert_int_equal(osp_quest_create(1, HNB, HB, HHK, HD, &qs), OSP_OK);
+            for (int s = 0; s < 2; s++)
+                for (int j = 0; j <= pos2[s] / HB; j++)
+                    osp_quest_summarize_block(&qs, 0, &pg, bt[s * HMAXB + j], j < pos2[s] / HB ? HB : pos2[s] % HB + 1);
+            int32_t ci[5] = {0}, cand[4 * 3 * HB], sel[HMAXB];
+            osp_quest_scored ws[HMAXB];
+            int32_t n = 0;
+            for (int s = 0; s < 2; s++)
+                for (int g = 0; g < HHK; g++) {
+                    const int32_t m = osp_quest_select(&qs, 0, bt + s * HMAXB, pos2[s], q + ((size_t)s * HH + (size_t)g * 2) * HD,
+                                                       2, g, &cfg, ws, sel);
+                    assert_int_equal(m, 3);
+                    for (int i = 0; i < m; i++)
+                        for (int o = 0; o < HB && sel[i] * HB + o <= pos2[s]; o++) cand[n++] = sel[i] * HB + o;
+                    ci[s * HHK + g + 1] = n;
+                }
+            osp_sparse_layout L = {.num_tokens = 2, .positions = pos2, .num_seqs = 2, .query_start_loc = qsl2,
+                                   .seq_lens = seql, .block_table = bt, .max_blocks_per_seq = HMAXB, .block_size = HB,
+                                   .n_head = HH, .n_head_kv = HHK, .share = OSP_SPARSE_PER_KV_HEAD, .q_tile = 1};
+            osp_sparse_wt wt = {0};
+            const osp_sparse_cands C = {ci, cand};
+            assert_int_equal(osp_sparse_wt_build(&wt, &L, &C, NULL, HD * 4), OSP_OK);
+            const osp_sparse_attn_args a = {.q = q, .out = ref, .kv = &pg, .L = &L, .wt = &wt, .head_dim = HD, .scale = 0.25f};
+            osp_sparse_attention_cpu(&a, 0, 2 * HH);
+            assert_memory_equal(out, ref, sizeof(float) * 2 * HH * HD);
+            const osp_sparse_runtime_stats st = osp_sparse_runtime_get_stats(rt);
+            assert_int_equal(st.tiles_read - st1.tiles_read, 2 * HHK * 3); /* 3 pages per KV head and token */
+            assert_int_equal(st.sparse_tokens - st1.sparse_tokens, 2);
+            osp_sparse_wt_free(&wt);
+            osp_quest_free(&qs);
+        } else {
+            osp_cpu_paged_attention_kv(q, &pg, ref, 2, qsl2, pos2, bt, HMAXB, HB, HH, HHK, HD, 0.25f, op.p.attn.window, sc,
+                                       0, 2 * HH);
+            for (int i = 0; i < 2 * HH * HD; i++) assert_true(fabsf(out[i] - ref[i]) <= 2e-5f + 2e-5f * fabsf(ref[i]));
+        }
+        /* a runtime made for another cache shape refuses the call */
+        kv.num_blocks = HNB - 1;
+        assert_int_equal(hk->prepare(hk->ctx, &c), OSP_ERR_INVALID_ARG);
+        kv.num_blocks = HNB;
+        osp_sparse_runtime_free(rt);
+    }
 }
 
 /* ---- the engine ------------------------------------------------------------------------------------ */
@@ -276,6 +383,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_quest),
+        cmocka_unit_test(test_hook_op),
         cmocka_unit_test(test_engine_tiny),
         cmocka_unit_test(test_engine_smollm2),
     };
