@@ -104,17 +104,16 @@ static osp_status prepare(void *ctx, const osp_attn_call *c) {
     OSP_TRY(grow((void **)&rt->dense_tok, &rt->cap_tokens, T, 1));
     int64_t max_ctx = 0;
     for (int32_t i = 0; i < b->num_seqs; i++) max_ctx = b->seq_lens[i] > max_ctx ? b->seq_lens[i] : max_ctx;
-    {
-        const int64_t need = (int64_t)c->n_threads * max_ctx;
-        if (need > rt->cap_ctx * rt->cap_threads || c->n_threads > rt->cap_threads) {
-            free(rt->scores);
-            rt->scores = malloc((size_t)(need > 0 ? need : 1) * sizeof(float));
-            if (!rt->scores) {
-                rt->cap_ctx = rt->cap_threads = 0;
-                return osp_set_error(OSP_ERR_NOMEM, "sparse attention: out of memory");
-            }
-            rt->cap_ctx = max_ctx, rt->cap_threads = c->n_threads;
+    if (max_ctx > rt->cap_ctx || c->n_threads > rt->cap_threads) { /* each thread's slice is cap_ctx floats */
+        const int64_t ctx_n = max_ctx > rt->cap_ctx ? max_ctx : rt->cap_ctx;
+        const int64_t thr_n = c->n_threads > rt->cap_threads ? c->n_threads : rt->cap_threads;
+        free(rt->scores);
+        rt->scores = malloc((size_t)(ctx_n * thr_n > 0 ? ctx_n * thr_n : 1) * sizeof(float));
+        if (!rt->scores) {
+            rt->cap_ctx = rt->cap_threads = 0;
+            return osp_set_error(OSP_ERR_NOMEM, "sparse attention: out of memory");
         }
+        rt->cap_ctx = ctx_n, rt->cap_threads = thr_n;
     }
     const int64_t rows = (int64_t)T * HK;
     OSP_TRY(grow((void **)&rt->cand_indptr, &rt->cap_rows, rows + 1, sizeof *rt->cand_indptr));
