@@ -5,7 +5,8 @@
  * inputs make many), on a variable-length batch with scattered pages, at the causal boundary (no index
  * after the query; a context of k or fewer tokens comes back whole), with fp32 and FP8 index keys
  * (the FP8 reference reads the dequantized keys), and once at DeepSeek-V3.2's shapes (64 heads of 128,
- * k = 2048) around the k boundary. */
+ * k = 2048) around the k boundary; and the selection through the work table into block-sparse attention
+ * equals a softmax over exactly the selected positions. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,8 @@
 
 #include "core/dtype.h"
 #include "sparse/dsa_indexer.h"
+#include "sparse/sparse_attention.h"
+#include "sparse/worktable.h"
 
 static uint64_t g_rng = 4242;
 static uint32_t rnd(void) {
@@ -158,6 +161,77 @@ static void test_topk_deepseek_shape(void **state) {
     run(64, 128, 2048, 64, ctx, qlen, 2, true, false);
 }
 
+/* The indexer's top-k tokens to the work table to block-sparse attention: equal (fp32 rounding) to a
+ * softmax over exactly the selected positions, for a prefill chunk and a decode of two sequences with
+ * GQA (every KV head's row gets the token's list). */
+static void test_pipeline(void **state) {
+    (void)state;
+    enum { BS = 8, H = 4, HK = 2, D = 16, HI = 3, DI = 8, K = 12, MAXB = 8, NB = 16 };
+    int32_t qsl[3] = {0, 10, 11}, sl[2] = {50, 37}, pos[11], bt[2 * MAXB];
+    for (int i = 0; i < 10; i++) pos[i] = 40 + i;
+    pos[10] = 36;
+    for (int i = 0; i < 2 * MAXB; i++) bt[i] = (i * 5 + 3) % NB;
+    static float k[NB * BS * HK * D], v[NB * BS * HK * D], ik[NB * BS * DI], q[11 * H * D], qi[11 * HI * DI], w[11 * HI];
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) k[i] = (float)(rnd() % 2001) / 500.0f - 2.0f, v[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < sizeof ik / sizeof *ik; i++) ik[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < sizeof qi / sizeof *qi; i++) qi[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++) w[i] = (float)(rnd() % 1001) / 1000.0f;
+    const osp_dsa_args a = {.q = qi, .w = w, .k_pages = ik, .num_tokens = 11, .num_seqs = 2, .query_start_loc = qsl,
+                            .positions = pos, .block_table = bt, .max_blocks_per_seq = MAXB, .block_size = BS,
+                            .n_heads = HI, .head_dim = DI, .top_k = K};
+    osp_dsa_pair ws[3 * K + BS];
+    int32_t idx[11 * K], cnt[11];
+    assert_int_equal(osp_dsa_select(&a, 0, 11, ws, idx, NULL, cnt), OSP_OK);
+    int32_t ci[11 * HK + 1], cand[11 * HK * K], n = 0;
+    ci[0] = 0;
+    for (int t = 0; t < 11; t++)
+        for (int g = 0; g < HK; g++) {
+            for (int i = 0; i < cnt[t]; i++) cand[n++] = idx[t * K + i];
+            ci[t * HK + g + 1] = n;
+        }
+    const osp_sparse_layout L = {.num_tokens = 11, .positions = pos, .num_seqs = 2, .query_start_loc = qsl,
+                                 .seq_lens = sl, .block_table = bt, .max_blocks_per_seq = MAXB, .block_size = BS,
+                                 .n_head = H, .n_head_kv = HK, .share = OSP_SPARSE_PER_KV_HEAD, .q_tile = 1};
+    const osp_sparse_cands C = {ci, cand};
+    osp_sparse_wt wt = {0};
+    assert_int_equal(osp_sparse_wt_build(&wt, &L, &C, NULL, D * 4), OSP_OK);
+    assert_int_equal(wt.stats.logical_candidates, 11 * HK * K);
+    assert_int_equal(wt.stats.dropped, 0);
+    const osp_cpu_kv_pages pg = {.type = OSP_DTYPE_F32, .k = k, .v = v};
+    static float out[11 * H * D];
+    const osp_sparse_attn_args sa = {.q = q, .out = out, .kv = &pg, .L = &L, .wt = &wt, .head_dim = D, .scale = 0.25f};
+    assert_int_equal(osp_sparse_attention_check(&sa), OSP_OK);
+    osp_sparse_attention_cpu(&sa, 0, 11 * H);
+    for (int t = 0; t < 11; t++) {
+        const int s = t < 10 ? 0 : 1;
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / (H / HK);
+            double sc[K], mx = -INFINITY, l = 0, acc[D] = {0};
+            for (int i = 0; i < K; i++) {
+                const int p = idx[t * K + i];
+                const float *kk = k + (((size_t)bt[s * MAXB + p / BS] * BS + (size_t)(p % BS)) * HK + (size_t)kvh) * D;
+                double d = 0;
+                for (int j = 0; j < D; j++) d += (double)q[(t * H + h) * D + j] * kk[j];
+                sc[i] = d * 0.25;
+                mx = sc[i] > mx ? sc[i] : mx;
+            }
+            for (int i = 0; i < K; i++) {
+                const int p = idx[t * K + i];
+                const float *vv = v + (((size_t)bt[s * MAXB + p / BS] * BS + (size_t)(p % BS)) * HK + (size_t)kvh) * D;
+                const double e = exp(sc[i] - mx);
+                l += e;
+                for (int j = 0; j < D; j++) acc[j] += e * vv[j];
+            }
+            for (int j = 0; j < D; j++) {
+                const double want = acc[j] / l, got = out[(t * H + h) * D + j];
+                if (fabs(got - want) > 2e-5 + 2e-5 * fabs(want)) fail_msg("token %d head %d: %g vs %g", t, h, got, want);
+            }
+        }
+    }
+    osp_sparse_wt_free(&wt);
+}
+
 static void test_bad_args(void **state) {
     (void)state;
     const osp_dsa_args a = {0};
@@ -171,6 +245,7 @@ int main(void) {
         cmocka_unit_test(test_score_formula),
         cmocka_unit_test(test_topk_small),
         cmocka_unit_test(test_topk_deepseek_shape),
+        cmocka_unit_test(test_pipeline),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
