@@ -40,9 +40,10 @@
  *   row_cands[num_rows]       logical candidates per row after sort, dedup and range limits
  *   row_order[num_rows]       rows by descending tile count (stable): longest first for a persistent
  *                             kernel that loops over rows
- *   bucket_ptr[n_buckets + 1] rows of row_order in bucket k have tile counts in [2^(k-1), 2^k) (bucket 0:
- *                             1 tile); bucket k covers row_order[bucket_ptr[k] .. bucket_ptr[k + 1] - 1],
- *                             so a launch per bucket (or a persistent kernel) pads no row beyond 2x
+ *   bucket_ptr[n_buckets + 1] row_order cut into runs of equal ceil(log2(tiles)), longest first: bucket i
+ *                             is row_order[bucket_ptr[i] .. bucket_ptr[i + 1] - 1], its tile counts within 2x
+ *                             of each other, so a launch per bucket (or a persistent kernel) pads no row
+ *                             beyond 2x
  *   qtile_start [num_qtiles + 1] first flat token index of each query tile (query_start_loc coordinates)
  *   qtile_seq   [num_qtiles]  the sequence of each query tile
  *
@@ -93,8 +94,10 @@ typedef struct osp_sparse_layout {
 
 /* Candidates: per row (r = qtile * G + g), logical token positions in the row's sequence, in any
  * order, duplicates allowed (they are merged, never counted twice). cand[cand_indptr[r] ..
- * cand_indptr[r + 1] - 1]. Positions < 0, >= the sequence's seq_len, or after the last query of the
- * row's tile (causal limit) are dropped and counted in stats.dropped. */
+ * cand_indptr[r + 1] - 1]. Positions < 0, >= the sequence's seq_len, or after the row's key limit are
+ * dropped (the limit: the last query position of the row's tile, the causal limit; prefix-LM also keeps
+ * the prefix, a custom mask everything below seq_len), and so are candidates in tiles the mask empties;
+ * stats.dropped counts them with the duplicates. */
 typedef struct osp_sparse_cands {
     const int32_t *cand_indptr; /* [num_rows + 1] */
     const int32_t *cand;        /* [cand_indptr[num_rows]] */
