@@ -18,6 +18,7 @@
 
 #include "osprey/kv_events.h"
 #include "osprey/model.h"
+#include "osprey/sparse.h"
 #include "osprey/spec.h"
 #include "osprey/status.h"
 
@@ -91,6 +92,9 @@ typedef struct osp_engine_params {
                                        outputs are the target's own. method OSP_SPEC_NONE (default): off.
                                        CPU only for now: OSP_ERR_UNSUPPORTED where the model samples on
                                        the GPU */
+    osp_sparse_config sparse_attention; /* --sparse-attention (osprey/sparse.h): Quest top-k pages per query
+                                       token and KV head; method OSP_SPARSE_NONE (default): dense. CPU
+                                       only for now: OSP_ERR_UNSUPPORTED where the model runs on the GPU */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);
@@ -224,6 +228,10 @@ typedef struct osp_engine_stats {
        1 + spec_num_accepted_tokens / spec_num_drafts tokens per row) */
     int64_t spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
     int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
+    /* sparse attention (osp_engine_params.sparse_attention), over (token, layer) pairs: pairs whose context
+       fit the budget (dense), pairs that read selected pages; KV tiles those read (summed over KV heads)
+       and what dense attention of the same pairs would have read, and the K + V bytes read */
+    int64_t sparse_dense_tokens, sparse_tokens, sparse_tiles_read, sparse_tiles_dense, sparse_bytes_read;
 } osp_engine_stats;
 
 /* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */

@@ -55,10 +55,33 @@ typedef struct osp_act_io {
     bool input; /* true: host -> activation before the ops; false: activation -> host after them */
 } osp_act_io;
 
+/* One ATTENTION op as an attention hook sees it (host memory: the CPU backend only). */
+typedef struct osp_attn_call {
+    const osp_op *op;        /* the op: layer, p.attn (n_head, n_head_kv, head_dim, window, scale) */
+    const osp_batch *b;      /* the step */
+    const osp_kv_cache *kv;  /* the cache, pages on the host; this step's K/V already written */
+    const float *q;          /* [num_tokens, n_head, head_dim] fp32 */
+    float *out;              /* [num_tokens, n_head, head_dim] fp32 */
+    int32_t n_threads;       /* threads that will call run (ith < n_threads) */
+} osp_attn_call;
+
+/* A replacement for the backend's paged attention, e.g. sparse attention (src/sparse/engine_hook.h).
+ * For each ATTENTION op the CPU backend calls prepare once (on one thread), meets every thread at a
+ * barrier, then has each thread call run for its share [item_begin, item_end) of the num_tokens *
+ * n_head (token, head) items (ith: the thread's index, for per-thread workspaces). A prepare error
+ * skips the runs of that op and of every later ATTENTION op in the step, and the run returns it. */
+typedef struct osp_attn_hook {
+    osp_status (*prepare)(void *ctx, const osp_attn_call *c);
+    void (*run)(void *ctx, const osp_attn_call *c, int ith, int64_t item_begin, int64_t item_end);
+    void *ctx;
+} osp_attn_hook;
+
 typedef struct osp_run_io {
     float *logits; /* [num_logits, n_vocab] on the host, or NULL: they stay in the backend */
     const osp_act_io *acts;
     int32_t n_acts;
+    const osp_attn_hook *attn_hook; /* NULL: the backend's own attention. CPU backend only (others:
+                                     * OSP_ERR_UNSUPPORTED) */
 } osp_run_io;
 
 typedef struct osp_backend_vtable {

@@ -17,6 +17,7 @@
 #include "backend/kernel_table.h"
 #include "core/status_internal.h"
 #include "model/model_exec.h"
+#include "sparse/engine_hook.h"
 
 /* GPU memory kept out of the KV cache for activations (grown in the first steps), the sampler's
  * scratch (~8 bytes per vocabulary entry per row) and cuBLASLt's workspace. */
@@ -69,6 +70,7 @@ struct osp_engine {
     osp_proposer *proposer;     /* speculative decoding's drafts, or NULL */
     int32_t spec_k;             /* drafts per request and step at most (0: off) */
     osp_spec_seq *spec_seqs;    /* [max_num_seqs] step-thread scratch for the proposer */
+    osp_sparse_runtime *sparse; /* sparse attention's hook state, or NULL (dense) */
 
     pthread_mutex_t mu;
     pthread_cond_t wake;        /* the loop thread waits for work */
@@ -120,6 +122,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         return osp_set_error(OSP_ERR_INVALID_ARG, "engine: exact mode needs f32 KV pages, not quantized %s ones",
                              osp_kv_dtype_name(p.kv_dtype));
     OSP_TRY(osp_spec_config_check(&p.speculative));
+    OSP_TRY(osp_sparse_config_check(&p.sparse_attention));
     osp_engine *e = calloc(1, sizeof *e);
     if (!e) return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
     pthread_mutex_init(&e->mu, NULL);
@@ -213,6 +216,15 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
                                p.max_num_batched_tokens, e->spec_k, &e->runner)) != OSP_OK)
         goto fail;
+    if (p.sparse_attention.method != OSP_SPARSE_NONE) {
+        if (osp_model_samples_on_device(e->model)) {
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: sparse attention runs on the CPU only for now; use --device "
+                                                   "cpu or leave out --sparse-attention");
+            goto fail;
+        }
+        if ((s = osp_sparse_runtime_create(&p.sparse_attention, e->runner->kv, &e->sparse)) != OSP_OK) goto fail;
+        osp_model_set_attn_hook(e->model, osp_sparse_runtime_hook(e->sparse));
+    }
     if (p.trace_shapes_path && !(e->runner->trace = fopen(p.trace_shapes_path, "a"))) {
         s = osp_set_error(OSP_ERR_IO, "engine: cannot open the shape trace %s: %s", p.trace_shapes_path, strerror(errno));
         goto fail;
@@ -241,6 +253,8 @@ void osp_engine_free(osp_engine *e) {
     free(e->publish.v);
     free(e->cb_lp);
     free(e->eos);
+    if (e->sparse) osp_model_set_attn_hook(e->model, NULL);
+    osp_sparse_runtime_free(e->sparse);
     osp_runner_destroy(e->runner);
     osp_token_trie_free(e->trie);
     for (int32_t i = 0; i < OSP_ENGINE_GRAMMAR_CACHE; i++) {
@@ -529,6 +543,12 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     }
     e->stats.num_generated_tokens += gen;
     e->stats.num_scheduled_tokens += so->total_tokens;
+    if (e->sparse) {
+        const osp_sparse_runtime_stats sp = osp_sparse_runtime_get_stats(e->sparse);
+        e->stats.sparse_dense_tokens = sp.dense_tokens, e->stats.sparse_tokens = sp.sparse_tokens;
+        e->stats.sparse_tiles_read = sp.tiles_read, e->stats.sparse_tiles_dense = sp.tiles_dense;
+        e->stats.sparse_bytes_read = sp.bytes_read;
+    }
     e->stats.num_preemptions = ss.num_preemptions;
     e->stats.prefix_queries_tokens = ss.prefix_queries_tokens;
     e->stats.prefix_hits_tokens = ss.prefix_hits_tokens;

@@ -30,6 +30,7 @@ struct osp_model {
     osp_threadpool *pool;
     int n_threads;
     osp_graph graph[2]; /* [0]: no logits rows, [1]: with the logits tail */
+    const osp_attn_hook *attn_hook; /* osp_model_set_attn_hook, or NULL */
 };
 
 osp_model_params osp_model_default_params(void) {
@@ -303,7 +304,7 @@ osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_ba
     const osp_graph *g = &m->graph[b->num_logits > 0];
     osp_act_io acts[8];
     for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[i] = (osp_act_io){g->hidden[i], hidden[i], false};
-    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = hidden ? g->n_hidden : 0};
+    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = hidden ? g->n_hidden : 0, .attn_hook = m->attn_hook};
     return m->be->vt->run(m->be, g, kv, b, &io);
 }
 
@@ -327,3 +328,5 @@ osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_by
 }
 
 const osp_graph *osp_model_graph(const osp_model *m, bool with_logits) { return &m->graph[with_logits]; }
+
+void osp_model_set_attn_hook(osp_model *m, const osp_attn_hook *hook) { m->attn_hook = hook; }

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 
+#include "backend/backend.h"
 #include "backend/op.h"
 #include "osprey/model.h"
 #include "sample/sampler.h"
@@ -32,6 +33,11 @@ osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_by
  * host (synchronous then). hidden may be NULL (none copied). Errors as osp_model_forward. */
 osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits,
                                     float *const *hidden);
+/* Runs every ATTENTION op of later forwards through `hook` (src/backend/backend.h; sparse attention,
+ * src/sparse/engine_hook.h) instead of the backend's own attention; NULL restores it. The hook must
+ * outlive its use. Only backends that take hooks (the CPU) run forwards with one: the others return
+ * OSP_ERR_UNSUPPORTED from the forward. */
+void osp_model_set_attn_hook(osp_model *m, const osp_attn_hook *hook);
 /* The op list a forward runs (tests, dumps). */
 const osp_graph *osp_model_graph(const osp_model *m, bool with_logits);
 

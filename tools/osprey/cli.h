@@ -28,7 +28,10 @@ noreturn void cli_help(const char *text);
     "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
     "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
     "                          \"num_speculative_tokens\": K, \"prompt_lookup_min\": N, \"prompt_lookup_max\": M}\n" \
-    "                          (default: off; CPU only for now)\n"
+    "                          (default: off; CPU only for now)\n"                                          \
+    "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
+    "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
+    "                          the budget is dense (default: off; CPU only for now)\n"
 /* The --help line of --kv-cache-dtype (the same values everywhere). */
 #define CLI_KV_DTYPE_HELP                                                                                      \
     "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 (default: auto = f16;\n"                 \
@@ -57,6 +60,7 @@ typedef struct cli_engine_args {
     bool hash_seed_set;    /* a shared seed: --prefix-caching-hash-seed N, else $OSPREY_HASH_SEED, else
                               $PYTHONHASHSEED (vLLM's; "random" there means unset); else random */
     uint64_t hash_seed;
+    osp_sparse_config sparse; /* --sparse-attention topk:PAGES[,recent:R][,sink:S] (osp_sparse_config_parse); off */
 } cli_engine_args;
 
 /* The flags a command takes beyond -m, -t and --device (which every caller takes). */

@@ -13,7 +13,8 @@
 #include "cli.h"
 
 cli_engine_args cli_engine_args_default(void) {
-    cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16, .spec = osp_spec_default_config()};
+    cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16, .spec = osp_spec_default_config(),
+                         .sparse = osp_sparse_default_config()};
     a.device = cli_device("--device", "auto");
     return a;
 }
@@ -46,6 +47,12 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
             cli_die(OSP_OK, "--prefix-caching-hash-seed: '%s' is not a decimal integer in [0, 2^64) without sign or "
                             "leading zeros", v ? v : "");
         a->hash_seed_set = true;
+        ++*i;
+    }
+    else if (!strcmp(f, "--sparse-attention")) {
+        if (!v) cli_die(OSP_OK, "--sparse-attention needs a value: topk:PAGES[,recent:R][,sink:S] or off");
+        const osp_status s = osp_sparse_config_parse(v, &a->sparse);
+        if (s != OSP_OK) cli_die(s, "--sparse-attention %s", v);
         ++*i;
     }
     else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) {
@@ -113,6 +120,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.hash_algo = a->hash_algo;
     ep.hash_seed_set = seeded.hash_seed_set;
     ep.hash_seed = seeded.hash_seed;
+    ep.sparse_attention = a->sparse;
     ep.load_progress = cli_load_progress;
     return ep;
 }

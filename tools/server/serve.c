@@ -83,6 +83,7 @@ static const char *k_serve_usage =
     "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' (off; CPU only)\n"
+    "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"

@@ -200,6 +200,8 @@ typedef struct run_ctx {
     const osp_batch *b;
     float **bufs; /* per activation */
     int64_t T, L;
+    const osp_attn_hook *hook; /* io->attn_hook, or NULL */
+    osp_status *hook_status;   /* the first prepare error of the run (OSP_OK until then) */
 } run_ctx;
 
 static int64_t rows_of(const run_ctx *r, int32_t act) {
@@ -348,6 +350,15 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
     float *out = r->bufs[op->dst];
     long long i0, i1;
     osp_split(r->T * H, ith, nth, &i0, &i1);
+    if (r->hook) { /* a replacement attention (backend.h): prepare on one thread, then every thread's items */
+        const osp_attn_call call = {.op = op, .b = b, .kv = kv, .q = r->bufs[op->src0], .out = out, .n_threads = nth};
+        if (ith == 0 && *r->hook_status == OSP_OK) *r->hook_status = r->hook->prepare(r->hook->ctx, &call);
+        osp_threadpool_barrier(r->c->pool);
+        if (*r->hook_status == OSP_OK) r->hook->run(r->hook->ctx, &call, ith, i0, i1);
+        if (r->c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16 && i1 > i0)
+            osp_cpu_round_bf16(out + i0 * D, (i1 - i0) * D);
+        return;
+    }
     const int64_t F = kv->fmt.fixed_scales_per_layer, l = op->layer;
     const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k = kv->k[l], .v = kv->v[l], .k_scale = kv->k_scale[l],
                                  .v_scale = kv->v_scale[l], .k_fixed = F ? kv->k_fixed + l * F : NULL,
@@ -534,7 +545,8 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
     if (b->num_logits > 0 && g->logits >= 0 && !logits)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: logits must go to the host");
     OSP_TRY(reserve(c, g, b, logits, bufs));
-    run_ctx r = {c, g, kv, b, bufs, b->num_tokens, b->num_logits};
+    osp_status hook_status = OSP_OK;
+    run_ctx r = {c, g, kv, b, bufs, b->num_tokens, b->num_logits, io ? io->attn_hook : NULL, &hook_status};
     for (int32_t i = 0; io && i < io->n_acts; i++) {
         const osp_act_io *a = &io->acts[i];
         if (a->act < 0 || a->act >= g->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: no activation %d", a->act);
@@ -546,6 +558,7 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
         const osp_act_io *a = &io->acts[i];
         if (!a->input) memcpy(a->host, bufs[a->act], sizeof(float) * (size_t)rows_of(&r, a->act) * (size_t)g->acts[a->act].cols);
     }
+    if (hook_status != OSP_OK) return hook_status; /* its message is set (on the thread that prepared) */
     c->logits = logits;
     c->last_logits = g->logits >= 0 ? b->num_logits : 0;
     return OSP_OK;

@@ -134,3 +134,8 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
         for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
     }
 }
+
+const float *osp_cpu_kv_read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh, int64_t n_head_kv,
+                                 int64_t head_dim, float *row, uint16_t *half) {
+    return read_row(kv, which, slot, kvh, n_head_kv, head_dim, row, half);
+}

@@ -102,6 +102,12 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
                                 int64_t head_dim, float scale, int32_t window, float *scores, int64_t item_begin,
                                 int64_t item_end);
 
+/* Row (slot, kvh) of K (which = 0) or V (which = 1) of pages of any type in kv, as fp32: a pointer into
+ * f32 pages, or `row` [head_dim] filled (half: [head_dim] workspace), the same values attention reads
+ * (for the block-sparse reference, src/sparse/). head_dim <= 1024. */
+const float *osp_cpu_kv_read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh, int64_t n_head_kv,
+                                 int64_t head_dim, float *row, uint16_t *half);
+
 /* Quantizes one token's K and V rows k, v: [n_head_kv * head_dim] fp32 into slot `slot` of fp8 or nvfp4
  * pages (kv->type; kv->k_fixed / v_fixed the layer's fixed scales; the pointers in kv other than those
  * are ignored): fp8 writes head_dim bytes per head at the slot, nvfp4 head_dim / 2 bytes per head and

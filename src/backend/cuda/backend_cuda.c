@@ -595,6 +595,8 @@ static osp_status upload_kv_fixed(cuda_backend *g, const osp_kv_cache *kv) {
 static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b,
                            const osp_run_io *io) {
     cuda_backend *g = CU(be);
+    if (io && io->attn_hook)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda backend: attention hooks (sparse attention) run on the CPU only for now");
     float *logits = io ? io->logits : NULL;
     const bool has_io = io && io->n_acts > 0;
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
