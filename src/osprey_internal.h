@@ -24,5 +24,10 @@
 /* the grammar engine (grammar/grammar.h): serve turns response_format / guided_* into GBNF and checks
  * it compiles, so a bad schema or grammar is a 400 before the engine sees it. */
 #include "grammar/grammar.h"
+/* the EngineCore's process split (engine/core_client.h, core_server.h, ipc.h): `serve
+ * --engine-process` talks to its core through the client, and the hidden `__engine-core` command
+ * runs the core's loop. */
+#include "engine/core_client.h"
+#include "engine/core_server.h"
 
 #endif

@@ -25,6 +25,8 @@ typedef struct entry {
     uint32_t gen;
     entry_state state;
     bool aborted;
+    bool adding;              /* its adder still holds it (waiting for, or just past, the ACK) */
+    bool orphan;              /* ended while adding: the adder frees it */
     osp_core_output_cb cb;
     void *user;
     char error[160];          /* E_REFUSED: the core's reason */
@@ -88,6 +90,12 @@ static osp_status send_abort(osp_core_client *c, uint64_t id, uint32_t gen) {
         s = osp_set_error(OSP_ERR_IO, "core client: cannot queue a message: %s", zmq_strerror(errno));
     pthread_mutex_unlock(&c->send_mu);
     return s;
+}
+
+/* An entry out of the table whose final callback ran: freed, or left to its adder. Under mu. */
+static void release(entry *e) {
+    if (e->adding) e->orphan = true;
+    else free(e);
 }
 
 static void fill_output(const osp_ipc_output *x, osp_request_output *o) {
@@ -166,8 +174,8 @@ static void on_core_message(osp_core_client *c, const void *data, size_t len) {
             if (bad_tok) o.num_tokens = 0, o.logprobs = NULL;
             cb(user, &o, false);
             if (abort_it) send_abort(c, x->id, gen);
-            if (x->finished) free(e);
             pthread_mutex_lock(&c->mu);
+            if (x->finished) release(e);
         }
         break;
     default: /* HELLO, ADD, ABORT, HEARTBEAT go the other way */
@@ -188,18 +196,14 @@ static void on_lost(osp_core_client *c, uint32_t next_epoch, const char *why) {
         entry **pp = &c->buckets[b];
         while (*pp) {
             entry *e = *pp;
-            if (e->state == E_PENDING) { /* its adder removes it */
-                e->state = E_LOST;
+            if (e->state != E_LIVE) { /* its adder holds it and removes it */
+                if (e->state == E_PENDING) e->state = E_LOST;
                 pp = &e->next;
                 continue;
             }
             *pp = e->next;
-            if (e->state == E_LIVE) {
-                e->next = failed;
-                failed = e;
-            } else {
-                free(e);
-            }
+            e->next = failed;
+            failed = e;
         }
     }
     pthread_cond_broadcast(&c->cv);
@@ -214,7 +218,9 @@ static void on_lost(osp_core_client *c, uint32_t next_epoch, const char *why) {
         o.finish_reason = OSP_FINISH_ERROR;
         snprintf(o.error, sizeof o.error, "%s", why);
         e->cb(e->user, &o, true);
-        free(e);
+        pthread_mutex_lock(&c->mu);
+        release(e);
+        pthread_mutex_unlock(&c->mu);
     }
 }
 
@@ -406,7 +412,7 @@ osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp,
         free(e);
         return osp_set_error(OSP_ERR_IO, "the engine core is not ready (it is starting or restarting)");
     }
-    *e = (entry){.id = rp->request_id, .gen = c->next_gen++, .state = E_PENDING, .cb = cb, .user = user};
+    *e = (entry){.id = rp->request_id, .gen = c->next_gen++, .state = E_PENDING, .adding = true, .cb = cb, .user = user};
     if (c->next_gen == 0) c->next_gen = 1;
     entry **slot = &c->buckets[bucket(e->id)];
     e->next = *slot;
@@ -426,9 +432,14 @@ osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp,
     while (s == OSP_OK && e->state == E_PENDING)
         if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == ETIMEDOUT) break;
     const entry_state st = e->state;
-    if (st != E_LIVE) remove_entry(c, e);
+    e->adding = false;
+    if (st == E_LIVE) { /* admitted; it may even have ended already (then it is ours to free) */
+        if (e->orphan) free(e);
+        pthread_mutex_unlock(&c->mu);
+        return OSP_OK;
+    }
+    remove_entry(c, e);
     pthread_mutex_unlock(&c->mu);
-    if (st == E_LIVE) return OSP_OK;
     const uint32_t gen = e->gen;
     char why[160];
     snprintf(why, sizeof why, "%s", e->error);

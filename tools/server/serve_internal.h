@@ -70,11 +70,17 @@ typedef struct srv_config {
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
     bool trust_request_chat_template; /* --trust-request-chat-template */
     srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
+    bool engine_process;            /* --engine-process: the EngineCore runs in a child process (core_proc.c) */
+    int core_frontend_timeout_ms;   /* the core aborts a frontend's requests after this long without a heartbeat */
 } srv_config;
+
+typedef struct srv_core_proc srv_core_proc;
 
 typedef struct srv_server {
     srv_config cfg;
-    osp_engine *engine;
+    osp_engine *engine;       /* in-process mode (the default): the engine and its loop thread; else NULL */
+    struct osp_core_client *core; /* --engine-process: the client of the core process; else NULL */
+    srv_core_proc *proc;      /* --engine-process: the core process' supervisor (core_proc.c) */
     osp_tokenizer *tok;
     const char *model_name;
     int32_t max_model_len, n_vocab;
@@ -93,16 +99,52 @@ typedef struct srv_server {
     bool draining;
 } srv_server;
 
+/* serve's flags (argv[0] is "serve"; exits with a message on a bad one) and the engine parameters
+ * they give (serve.c); the core process parses the same flags. */
+srv_config srv_parse_flags(int argc, char **argv);
+osp_engine_params srv_engine_params(const srv_config *cfg);
+
 /* Seconds on CLOCK_MONOTONIC (for durations only). */
 double srv_now_s(void);
 /* One stderr line "LEVEL mm-dd HH:MM:SS message" when level >= s->cfg.log_level (serve.c). */
 void srv_log(const srv_server *s, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+typedef struct srv_seq srv_seq;
+struct osp_core_client;
+struct osp_ipc_ready;
+
+/* ---- the engine, in this process or in the core process ------------------------------------- */
+
+/* Queues one engine request (rp's callback fields are set here to the job's): osp_engine_add in
+ * process, osp_core_client_add with --engine-process. Returns the engine's status (INVALID_ARG: the
+ * engine refused it; IO: the core process is not ready or died). */
+osp_status srv_engine_add(srv_server *srv, osp_request_params *rp, srv_seq *seq);
+/* Aborts engine request id (either mode); an unknown or finished id is ignored. */
+void srv_engine_abort(srv_server *srv, uint64_t id);
+/* The engine's stats (either mode: the core's last report with --engine-process). */
+osp_engine_stats srv_engine_stats(srv_server *srv);
+/* Can generation requests be served now? (false while the core process restarts) */
+bool srv_engine_ready(srv_server *srv);
+
+/* ---- the core process (core_proc.c) -------------------------------------------------------- */
+
+/* --engine-process start-up: makes a private directory for the ipc:// endpoint, starts the client
+ * (srv->core) and a supervisor thread that runs `argv0 __engine-core ENDPOINT EPOCH <serve args>`
+ * (fork + exec of this binary), restarts it when it dies (after failing its requests, counted in
+ * srv_core_restarts) and waits for its first READY; fills *info. Returns 0, or -1 with a message on
+ * stderr when the first core could not start. serve_argc/argv: serve's own arguments (argv[0]
+ * "serve"). */
+int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, struct osp_ipc_ready *info);
+/* Stops the core process (SIGTERM, then waits), the supervisor and the client; removes the directory. */
+void srv_core_stop(srv_server *srv);
+/* Restarts of the core process so far. */
+int64_t srv_core_restarts(srv_server *srv);
+
 /* ---- jobs (serve_jobs.c) ------------------------------------------------------------------- */
 
 typedef struct srv_job srv_job;
 
-typedef struct srv_seq {
+struct srv_seq {
     srv_job *job;
     int32_t index, prompt_idx;
     uint64_t engine_id;
@@ -115,6 +157,7 @@ typedef struct srv_seq {
     int32_t n_plp_inbox;
     bool eng_finished;
     osp_finish_reason eng_reason;
+    bool core_lost;           /* --engine-process: it ended because the core process died */
     double t_added, t_sched, t_first_tok; /* osp_engine_add, first scheduled (engine), first token (0: not yet) */
     /* connection thread only */
     int32_t *work;
@@ -130,7 +173,7 @@ typedef struct srv_seq {
     bool done;
     const char *finish;       /* "stop", "length", "abort", "error" */
     bool final_sent;
-} srv_seq;
+};
 
 struct srv_job {
     srv_server *srv;
@@ -173,6 +216,10 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
 bool srv_job_pump(srv_job *j, int timeout_ms);
 /* Every choice has its finish reason. */
 bool srv_job_all_done(const srv_job *j);
+/* Did a choice end because the core process died? (Then the reply is an error: 503 JSON, or an SSE
+ * error event and [DONE].) */
+bool srv_job_core_lost(const srv_job *j);
+extern const char k_core_lost_message[];
 /* Is the client still there? poll(POLLRDHUP): a peer that closed or half-closed its end is gone even
  * with bytes of its own still unread; so is a reset socket. */
 bool srv_client_alive(srv_job *j);
