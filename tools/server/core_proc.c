@@ -199,6 +199,16 @@ int cmd_engine_core(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    /* a test hook: a restarted core (epoch >= 1) waits this long before loading, so the suite can see
+     * the frontend while no core is ready (tests/integration/test_engine_process.py) */
+    const char *delay = getenv("OSPREY_ENGINE_CORE_RESTART_DELAY_MS");
+    if (epoch > 0 && delay) {
+        const long ms = strtol(delay, NULL, 10);
+        if (ms > 0 && ms < 60000) {
+            const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
     const osp_engine_params ep = srv_engine_params(&cfg);
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
