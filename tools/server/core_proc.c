@@ -120,7 +120,7 @@ int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_r
         return -1;
     }
     snprintf(p->endpoint, sizeof p->endpoint, "ipc://%s/core", p->dir);
-    p->argv = calloc((size_t)serve_argc + 4, sizeof *p->argv);
+    p->argv = calloc((size_t)serve_argc + 5, sizeof *p->argv); /* + the NULL at the end */
     if (!p->argv) return -1;
     p->argv[0] = "osprey";
     p->argv[1] = "__engine-core";
