@@ -35,8 +35,8 @@ typedef struct entry {
 
 struct osp_core_client {
     osp_core_client_params p;
-    void *ctx, *dealer, *pull, *push;
-    char inproc[64];
+    void *ctx, *dealer, *pull, *push, *mon;
+    char inproc[64], inproc_mon[64];
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t send_mu;  /* guards push and sbuf */
@@ -241,10 +241,30 @@ static void *io_main(void *arg) {
                 zmq_send(c->dealer, hb.data, hb.size, ZMQ_DONTWAIT);
             last_hb = t;
         }
-        zmq_pollitem_t it[2] = {{.socket = c->pull, .events = ZMQ_POLLIN}, {.socket = c->dealer, .events = ZMQ_POLLIN}};
+        zmq_pollitem_t it[3] = {{.socket = c->pull, .events = ZMQ_POLLIN}, {.socket = c->dealer, .events = ZMQ_POLLIN},
+                                {.socket = c->mon, .events = ZMQ_POLLIN}};
         int wait_ms = (int)((last_hb + every - now_s()) * 1000.0) + 1;
         if (wait_ms < 0) wait_ms = 0;
-        if (zmq_poll(it, 2, wait_ms) < 0 && errno != EINTR) break;
+        if (zmq_poll(it, c->mon ? 3 : 2, wait_ms) < 0 && errno != EINTR) break;
+        while (c->mon) { /* the core's connection closed: it died (watch_disconnect) */
+            zmq_msg_t ev, addr;
+            zmq_msg_init(&ev);
+            if (zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&ev);
+                break;
+            }
+            uint16_t event = 0;
+            if (zmq_msg_size(&ev) >= 2) memcpy(&event, zmq_msg_data(&ev), 2);
+            zmq_msg_init(&addr);
+            if (zmq_msg_more(&ev)) zmq_msg_recv(&addr, c->mon, 0);
+            zmq_msg_close(&ev);
+            zmq_msg_close(&addr);
+            pthread_mutex_lock(&c->mu);
+            const bool was_ready = c->ready;
+            const uint32_t next = c->info.epoch + 1;
+            pthread_mutex_unlock(&c->mu);
+            if (event == ZMQ_EVENT_DISCONNECTED && was_ready) on_lost(c, next, "the engine core process went away");
+        }
         bool quit = false;
         for (;;) { /* from the other threads */
             zmq_msg_t k, body;
@@ -340,6 +360,14 @@ osp_status osp_core_client_create(const osp_core_client_params *p, osp_core_clie
         s = osp_set_error(OSP_ERR_IO, "core client: cannot connect %s: %s", p->endpoint, zmq_strerror(errno));
         goto fail;
     }
+    if (p->watch_disconnect) {
+        snprintf(c->inproc_mon, sizeof c->inproc_mon, "inproc://osp-core-client-mon-%p", (void *)c);
+        if (zmq_socket_monitor(c->dealer, c->inproc_mon, ZMQ_EVENT_DISCONNECTED) != 0 || !(c->mon = zmq_socket(c->ctx, ZMQ_PAIR)) ||
+            zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(c->mon, c->inproc_mon) != 0) {
+            s = osp_set_error(OSP_ERR_IO, "core client: cannot monitor the connection: %s", zmq_strerror(errno));
+            goto fail;
+        }
+    }
     if (pthread_create(&c->thread, NULL, io_main, c) != 0) {
         s = osp_set_error(OSP_ERR_NOMEM, "core client: cannot start the I/O thread");
         goto fail;
@@ -361,6 +389,7 @@ void osp_core_client_free(osp_core_client *c) {
     if (c->dealer) zmq_close(c->dealer);
     if (c->pull) zmq_close(c->pull);
     if (c->push) zmq_close(c->push);
+    if (c->mon) zmq_close(c->mon);
     if (c->ctx) zmq_ctx_term(c->ctx);
     for (size_t b = 0; b < NBUCKETS; b++)
         for (entry *e = c->buckets[b], *nx; e; e = nx) {

@@ -36,6 +36,9 @@ typedef struct osp_core_client_params {
     uint32_t fe;             /* this frontend's index (0..255); its routing id is "fe<fe>-<pid>" */
     int heartbeat_ms;        /* HEARTBEAT this often (200); HELLO every 50 ms until READY */
     int ack_timeout_ms;      /* an add waits this long for its ACK (60000) */
+    bool watch_disconnect;   /* a frontend that does not supervise the core process itself: treat the
+                                core's connection closing (ZeroMQ socket monitor) as its death, as
+                                osp_core_client_core_lost(c, last READY epoch + 1, ...) */
 } osp_core_client_params;
 
 /* Starts the I/O thread, which connects and says HELLO until a core answers READY. Errors:

@@ -172,7 +172,12 @@ def test_disconnect_reaches_core(proc_server):
     c = socket.create_connection(("127.0.0.1", s.port))
     c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)
-    assert b"data: " in c.recv(4096)
+    got = b""
+    c.settimeout(30)
+    while b"data: " not in got:  # the headers may come alone first
+        chunk = c.recv(4096)
+        assert chunk, got
+        got += chunk
     c.close()
     h = wait_for(lambda: (lambda j: j if j["num_requests_running"] == 0 and j["kv_cache_free_blocks"] == j["kv_cache_total_blocks"]
                           else None)(requests.get(s.url + "/health", timeout=10).json()))
@@ -180,3 +185,71 @@ def test_disconnect_reaches_core(proc_server):
     log = s.read_log()
     assert "client disconnected" in log
     assert "1900 output tokens" not in log  # aborted, not run to its end
+
+
+def test_two_api_servers(monkeypatch):
+    """--api-server-count 2: two frontend processes on one port share one core. 128 concurrent streams
+    (about 64 through each; both serve some) each receive exactly their own tokens: the text equals a
+    non-streamed request with the same prompt and seed made afterwards (seeded sampling: a request's
+    tokens do not depend on its batch; the tiny model's greedy text is the same for every prompt). Then the core is killed under 16
+    streams: every one ends with an error event + [DONE] or completes (the second frontend notices the
+    core's connection closing), and both serve again."""
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    s = Server(TINY, "--api-server-count", "2", "--max-num-seqs", "128")
+    try:
+        assert wait_for(lambda: s.read_log().count("serving ") >= 2, timeout=60)
+
+        def stream_text(i):
+            body = {"model": s.model, "prompt": f"stream {i} says", "max_tokens": 24, "ignore_eos": True, "temperature": 1.0, "seed": i, "stream": True}
+            text, done = [], False
+            with requests.post(s.url + "/v1/completions", json=body, stream=True, timeout=(10, 60)) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line == b"data: [DONE]":
+                        done = True
+                    elif line.startswith(b"data: "):
+                        text.append(json.loads(line[6:])["choices"][0]["text"])
+            assert done
+            return "".join(text)
+
+        def plain_text(i):
+            body = {"model": s.model, "prompt": f"stream {i} says", "max_tokens": 24, "ignore_eos": True, "temperature": 1.0, "seed": i}
+            r = requests.post(s.url + "/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200
+            return r.json()["choices"][0]["text"]
+
+        with concurrent.futures.ThreadPoolExecutor(128) as ex:
+            got = list(ex.map(stream_text, range(128)))
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            want = list(ex.map(plain_text, range(128)))
+        assert got == want
+        assert len(set(got)) > 1  # the prompts do lead to different texts
+        # both frontends served: each process' response ids share their own random 16-digit prefix
+        prefixes = {line.split("request cmpl-")[1][:16] for line in s.read_log().splitlines() if "request cmpl-" in line}
+        assert len(prefixes) == 2, prefixes
+
+        pid = core_pid(s)
+        n = 16
+        started = threading.Semaphore(0)
+        results = [None] * n
+        threads = [threading.Thread(target=stream_one, args=(s, started, results, i, None)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for _ in range(n):
+            started.acquire()
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+        for t in threads:
+            t.join(30)
+        assert all(r and r[0] in ("error", "done") for r in results), results
+        assert max(r[1] - killed for r in results) < 2.0
+        assert wait_for(lambda: requests.get(s.url + "/health", timeout=10).status_code == 200)
+        # both frontends serve again (several requests: the kernel spreads connections over them)
+        with concurrent.futures.ThreadPoolExecutor(4) as ex:
+            again = list(ex.map(lambda i: wait_for(lambda: requests.post(
+                s.url + "/v1/completions", json={"model": s.model, "prompt": "again", "max_tokens": 2}, timeout=30).status_code == 200,
+                timeout=30), range(16)))
+        assert all(again)
+    finally:
+        assert s.stop() == 0, s.read_log()[-4000:]

@@ -142,6 +142,10 @@ int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_r
         pthread_mutex_unlock(&p->mu);
         if (failed) {
             pthread_join(p->thread, NULL);
+            char path[160];
+            snprintf(path, sizeof path, "%s/core", p->dir);
+            unlink(path);
+            rmdir(p->dir);
             return -1;
         }
     }
@@ -152,9 +156,69 @@ int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_r
     return died ? -1 : 0;
 }
 
+int srv_core_attach(srv_server *srv, const char *endpoint, uint32_t fe, osp_ipc_ready *info) {
+    const osp_core_client_params cp = {.endpoint = endpoint, .fe = fe, .heartbeat_ms = 200, .ack_timeout_ms = 60000,
+                                       .watch_disconnect = true};
+    if (osp_core_client_create(&cp, &srv->core) != OSP_OK) {
+        fprintf(stderr, "osprey: error: %s\n", osp_last_error());
+        return -1;
+    }
+    return osp_core_client_wait_ready(srv->core, 600000, info) ? 0 : -1;
+}
+
+int srv_api_servers_start(srv_server *srv, int serve_argc, char **serve_argv) {
+    if (!srv->proc) return -1;
+    char **argv = calloc((size_t)serve_argc + 5, sizeof *argv);
+    if (!argv) return -1;
+    char idx[16];
+    argv[0] = "osprey";
+    argv[1] = "__api-server";
+    argv[2] = idx;
+    argv[3] = srv->proc->endpoint;
+    for (int i = 0; i < serve_argc; i++) argv[4 + i] = serve_argv[i];
+    int rc = 0;
+    for (int k = 1; k < srv->cfg.api_server_count && k <= 64; k++) {
+        snprintf(idx, sizeof idx, "%d", k);
+        const pid_t parent = getpid();
+        const pid_t pid = fork();
+        if (pid == 0) { /* as spawn(): signals back to default, dies with this process, nothing inherited */
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent) _exit(1);
+            for (int fd = 3; fd < 1024; fd++) close(fd);
+            execv("/proc/self/exe", argv);
+            _exit(127);
+        }
+        if (pid < 0) {
+            rc = -1;
+            break;
+        }
+        srv->api_pids[srv->n_api_pids++] = (int)pid;
+        srv_log(srv, SRV_LOG_INFO, "API server %d started (pid %d)", k, (int)pid);
+    }
+    free(argv);
+    return rc;
+}
+
+void srv_api_servers_stop(srv_server *srv) {
+    for (int i = 0; i < srv->n_api_pids; i++) kill(srv->api_pids[i], SIGTERM);
+    for (int i = 0; i < srv->n_api_pids; i++) {
+        int st;
+        while (waitpid(srv->api_pids[i], &st, 0) < 0 && errno == EINTR) {
+        }
+    }
+    srv->n_api_pids = 0;
+}
+
 void srv_core_stop(srv_server *srv) {
     srv_core_proc *p = srv->proc;
-    if (!p) return;
+    if (!p) { /* an attached API server: only its client */
+        osp_core_client_free(srv->core);
+        srv->core = NULL;
+        return;
+    }
     pthread_mutex_lock(&p->mu);
     p->stopping = true;
     if (p->pid > 0) kill(p->pid, SIGTERM);

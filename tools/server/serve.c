@@ -92,6 +92,8 @@ static const char *k_serve_usage =
     "  --allow-credentials              CORS: allow credentials (off)\n"
     "  --engine-process                 run the EngineCore (scheduler, KV cache, model) in a child process\n"
     "                                   over ZeroMQ; restarted if it dies (off: a thread of this process)\n"
+    "  --api-server-count N             N HTTP frontend processes on one port (SO_REUSEPORT) sharing one\n"
+    "                                   engine core process (implies --engine-process; 1)\n"
     "  --engine-heartbeat-timeout MS    with --engine-process: the core aborts the requests of a frontend\n"
     "                                   silent this long (5000)\n"
     "  --log-level debug|info|warning   (info)\n";
@@ -115,7 +117,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
                     .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60,
                     .max_connections = 1024, .max_connections_per_client = 512, .connection_timeout_s = 30,
-                    .core_frontend_timeout_ms = 5000};
+                    .core_frontend_timeout_ms = 5000, .api_server_count = 1};
     if (srv_cors_default(&c.cors)) cli_die(OSP_OK, "out of memory");
     cli_engine_args eng = cli_engine_args_default();
     for (int i = 1; i < argc; i++) {
@@ -154,6 +156,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
         } else if (!strcmp(f, "--allow-credentials")) c.cors.credentials = true;
         else if (!strcmp(f, "--engine-process")) c.engine_process = true;
         else if (!strcmp(f, "--no-engine-process")) c.engine_process = false;
+        else if (!strcmp(f, "--api-server-count")) c.api_server_count = (int)cli_int(f, v, 1, 64), i++;
         else if (!strcmp(f, "--engine-heartbeat-timeout")) c.core_frontend_timeout_ms = (int)cli_int(f, v, 100, 3600000), i++;
         else if (!strcmp(f, "--connection-timeout")) c.connection_timeout_s = (int)cli_int(f, v, 1, 86400), i++;
         else if (!strcmp(f, "--log-level")) {
@@ -196,8 +199,10 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     return ep;
 }
 
-int cmd_serve(int argc, char **argv) {
-    srv_server srv = {.cfg = srv_parse_flags(argc, argv)};
+/* Runs the server: cfg parsed from argc/argv (serve's flags); with cfg->attach_endpoint an extra API
+ * server of --api-server-count (attached to the core its first server started). */
+static int serve_run(srv_config cfg_in, int argc, char **argv) {
+    srv_server srv = {.cfg = cfg_in};
     const srv_config *cfg = &srv.cfg;
     /* SIGTERM/SIGINT are taken by sigwait() below; every thread started from here inherits the mask */
     sigset_t sigs;
@@ -239,7 +244,12 @@ int cmd_serve(int argc, char **argv) {
     } else {
         /* the core process loads the model; this one reads the file's tokenizer and chat template */
         osp_ipc_ready info;
-        if (srv_core_start(&srv, argc, argv, &info)) cli_die(OSP_OK, "cannot start the engine core process");
+        if (cfg->attach_endpoint) {
+            if (srv_core_attach(&srv, cfg->attach_endpoint, (uint32_t)cfg->fe_index, &info))
+                cli_die(OSP_OK, "API server %d: no engine core at %s", cfg->fe_index, cfg->attach_endpoint);
+        } else if (srv_core_start(&srv, argc, argv, &info)) {
+            cli_die(OSP_OK, "cannot start the engine core process");
+        }
         if ((s = osp_gguf_open(cfg->model_path, &own_gguf)) != OSP_OK) cli_die(s, "cannot open %s", cfg->model_path);
         g = own_gguf;
         s = osp_tokenizer_load(g, &srv.tok);
@@ -289,13 +299,17 @@ int cmd_serve(int argc, char **argv) {
                                             MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, &srv,
                                             MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                             (unsigned)cfg->max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-                                            (unsigned)cfg->connection_timeout_s, MHD_OPTION_END);
+                                            (unsigned)cfg->connection_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+                                            (unsigned)(cfg->api_server_count > 1), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u (%s)", srv.model_name, cfg->host,
             di ? (unsigned)di->port : (unsigned)cfg->port, cfg->api_key ? "API key required on /v1/*" : "no API key");
 
+    /* --api-server-count N: the first server starts the other N - 1 on the same port (SO_REUSEPORT) */
+    if (cfg->api_server_count > 1 && !cfg->attach_endpoint && srv_api_servers_start(&srv, argc, argv))
+        cli_die(OSP_OK, "cannot start the other API servers");
     int sig = 0;
     sigwait(&sigs, &sig);
     srv_log(&srv, SRV_LOG_INFO, "%s: draining %d requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT", srv.in_flight);
@@ -311,6 +325,7 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_unlock(&srv.mu);
     if (left) srv_log(&srv, SRV_LOG_WARNING, "drain timeout: %d requests still in flight", left);
     MHD_stop_daemon(d);
+    srv_api_servers_stop(&srv); /* they drain too (SIGTERM) */
     osp_status ls = OSP_OK;
     if (srv.engine) ls = osp_engine_stop(srv.engine);
     else srv_core_stop(&srv);
@@ -322,4 +337,22 @@ int cmd_serve(int argc, char **argv) {
     srv_chat_env_free(&srv.chat);
     srv_cors_free(&srv.cfg.cors);
     return ls == OSP_OK ? 0 : 1;
+}
+
+int cmd_serve(int argc, char **argv) {
+    srv_config cfg = srv_parse_flags(argc, argv);
+    if (cfg.api_server_count > 1) {
+        cfg.engine_process = true; /* several frontends share one core: it has its own process */
+        if (cfg.port == 0) cli_die(OSP_OK, "--api-server-count needs a fixed --port (the servers share it)");
+    }
+    return serve_run(cfg, argc, argv);
+}
+
+int cmd_api_server(int argc, char **argv) {
+    if (argc < 4) cli_die(OSP_OK, "__api-server is started by `osprey serve --api-server-count N`, not by hand");
+    srv_config cfg = srv_parse_flags(argc - 3, argv + 3);
+    cfg.fe_index = (int)cli_int("api server index", argv[1], 1, 255);
+    cfg.attach_endpoint = argv[2];
+    cfg.engine_process = true;
+    return serve_run(cfg, argc - 3, argv + 3);
 }

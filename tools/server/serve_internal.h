@@ -72,6 +72,9 @@ typedef struct srv_config {
     srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
     bool engine_process;            /* --engine-process: the EngineCore runs in a child process (core_proc.c) */
     int core_frontend_timeout_ms;   /* the core aborts a frontend's requests after this long without a heartbeat */
+    int api_server_count;           /* --api-server-count: HTTP frontend processes sharing the core (1) */
+    const char *attach_endpoint;    /* an extra API server (hidden __api-server): the core's endpoint */
+    int fe_index;                   /* this frontend's index at the core (0: the first) */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
@@ -81,6 +84,8 @@ typedef struct srv_server {
     osp_engine *engine;       /* in-process mode (the default): the engine and its loop thread; else NULL */
     struct osp_core_client *core; /* --engine-process: the client of the core process; else NULL */
     srv_core_proc *proc;      /* --engine-process: the core process' supervisor (core_proc.c) */
+    int n_api_pids;           /* --api-server-count: the other API servers' pids (the first server only) */
+    int api_pids[64];
     osp_tokenizer *tok;
     const char *model_name;
     int32_t max_model_len, n_vocab;
@@ -135,7 +140,15 @@ bool srv_engine_ready(srv_server *srv);
  * stderr when the first core could not start. serve_argc/argv: serve's own arguments (argv[0]
  * "serve"). */
 int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, struct osp_ipc_ready *info);
-/* Stops the core process (SIGTERM, then waits), the supervisor and the client; removes the directory. */
+/* An extra API server of --api-server-count: only a client of the core at `endpoint` (no supervisor;
+ * the core's connection closing counts as its death). Waits for READY. 0, or -1. */
+int srv_core_attach(srv_server *srv, const char *endpoint, uint32_t fe, struct osp_ipc_ready *info);
+/* The first server of --api-server-count N: starts `__api-server k ENDPOINT <serve args>` for k = 1..N-1
+ * (fork + exec, each dies with this process); 0, or -1. stop: SIGTERM to each, then waits (they drain). */
+int srv_api_servers_start(srv_server *srv, int serve_argc, char **serve_argv);
+void srv_api_servers_stop(srv_server *srv);
+/* Stops the core process (SIGTERM, then waits), the supervisor and the client; removes the directory.
+ * For an attached API server: just the client. */
 void srv_core_stop(srv_server *srv);
 /* Restarts of the core process so far. */
 int64_t srv_core_restarts(srv_server *srv);
