@@ -6,6 +6,7 @@
  *   openai_json.c  OpenAI response objects: completions, chat completions, stream chunks, logprobs, usage
  *   sse.c          the text/event-stream reply of a streaming job
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
+ *   core_proc.c    --engine-process: the EngineCore's child process, its supervisor, --api-server-count
  *
  * Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), so a handler
  * may block while it waits for tokens; the engine runs on its own loop thread (osp_engine_start). A
@@ -15,6 +16,8 @@
  * and writes the JSON reply or the SSE chunks. A job is reference counted (the connection plus every
  * engine request not yet finished), so a client that disconnects (a failed write, or a peek at its
  * socket while waiting) aborts its engine requests and the job is freed by the last finishing callback.
+ * With --engine-process the engine is another process: the same callbacks come from the core client's
+ * I/O thread (src/engine/core_client.h), and a choice whose core died ends with core_lost set.
  * Not for use outside tools/server/. */
 #ifndef OSPREY_TOOLS_SERVE_INTERNAL_H
 #define OSPREY_TOOLS_SERVE_INTERNAL_H

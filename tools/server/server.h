@@ -12,6 +12,7 @@
  *   sse.c          streaming replies (text/event-stream)
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
+ *   core_proc.c    --engine-process / --api-server-count: the EngineCore in a child process
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H
