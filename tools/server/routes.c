@@ -6,6 +6,7 @@
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
  * and a job started (serve_jobs.c); the handler then blocks on the connection's thread until the reply
  * is complete, or hands the job to the SSE stream (sse.c). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -124,9 +125,21 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
         }
         srv_log(srv, SRV_LOG_DEBUG, "advisory request fields (no effect): %s", names);
     }
-    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight */
+    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight;
+     * full: 503 at once, or with --queue-wait-timeout S wait up to S seconds for a slot first */
     pthread_mutex_lock(&srv->mu);
-    const bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    if (full && !draining && srv->cfg.queue_wait_timeout_s > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += srv->cfg.queue_wait_timeout_s;
+        while (full && !draining && pthread_cond_timedwait(&srv->idle, &srv->mu, &until) != ETIMEDOUT) {
+            draining = srv->draining;
+            full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+        }
+        draining = srv->draining;
+        full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    }
     if (!draining && !full) srv->rendering++;
     pthread_mutex_unlock(&srv->mu);
     if (draining || full) {
@@ -137,6 +150,7 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     const int built = srv_build_prompts(srv, &req, &err);
     pthread_mutex_lock(&srv->mu);
     srv->rendering--;
+    pthread_cond_broadcast(&srv->idle); /* a slot may be free for a request waiting for one */
     pthread_mutex_unlock(&srv->mu);
     if (built) {
         srv_gen_request_free(&req);
@@ -213,6 +227,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         const int rc = srv_chat_render(&srv->chat, &r, &text, &err);
         pthread_mutex_lock(&srv->mu);
         srv->rendering--;
+        pthread_cond_broadcast(&srv->idle);
         pthread_mutex_unlock(&srv->mu);
         srv_gen_request_free(&r);
         if (rc) goto fail;

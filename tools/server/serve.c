@@ -78,6 +78,8 @@ static const char *k_serve_usage =
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' (off; CPU only)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
+    "  --queue-wait-timeout S           past --max-queued-requests, wait up to S seconds for a slot before\n"
+    "                                   the 503 (0: 503 at once)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"
     "  --max-connections N              open HTTP connections; past N a request gets 503 + Retry-After\n"
     "                                   (/health, /metrics, /version still answered) and past N + N/16 + 16\n"
@@ -144,6 +146,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
+        else if (!strcmp(f, "--queue-wait-timeout")) c.queue_wait_timeout_s = (int)cli_int(f, v, 0, 3600), i++;
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
         else if (!strcmp(f, "--max-connections")) c.max_connections = (int)cli_int(f, v, 1, 1 << 20), i++;
         else if (!strcmp(f, "--max-connections-per-client")) c.max_connections_per_client = (int)cli_int(f, v, 0, 1 << 20), i++;

@@ -67,6 +67,7 @@ typedef struct srv_config {
     const char *trace_shapes; /* --trace-shapes FILE, or NULL */
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
+    int queue_wait_timeout_s; /* --queue-wait-timeout: over max_queue, wait this long for a slot before 503 (0) */
     int drain_timeout_s;
     int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
