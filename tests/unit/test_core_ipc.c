@@ -432,9 +432,10 @@ static osp_engine_params tiny_params(void) {
     return p;
 }
 
-static void serve_start(served *s, int fe_timeout_ms) {
+static void serve_start(served *s, int fe_timeout_ms, int32_t max_model_len) {
     memset(s, 0, sizeof *s);
-    const osp_engine_params ep = tiny_params();
+    osp_engine_params ep = tiny_params();
+    if (max_model_len > ep.max_model_len) ep.max_model_len = max_model_len, ep.num_blocks = 2 * max_model_len / 16;
     assert_int_equal(osp_engine_create(&ep, &s->e), OSP_OK);
     snprintf(s->dir, sizeof s->dir, "/tmp/osp-core-test-XXXXXX");
     assert_non_null(mkdtemp(s->dir));
@@ -488,7 +489,7 @@ static void test_core_matches_in_process(void **state) {
         osp_engine_free(e);
     }
     served s;
-    serve_start(&s, 5000);
+    serve_start(&s, 5000, 0);
     char ep[96];
     snprintf(ep, sizeof ep, "%s", s.ep);
     osp_core_client_params cp = {.endpoint = ep, .fe = 0, .heartbeat_ms = 100};
@@ -552,7 +553,7 @@ static void test_core_matches_in_process(void **state) {
 static void test_frontend_death(void **state) {
     (void)state;
     served s;
-    serve_start(&s, 300);
+    serve_start(&s, 200, 2048); /* a long request: it cannot end before the frontend expires */
     /* a raw frontend: HELLO, one long ADD, then silence */
     void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
     const int zero = 0;
@@ -570,7 +571,7 @@ static void test_frontend_death(void **state) {
     int32_t p[64], np;
     prompt_of(2, p, &np);
     osp_request_params rp = osp_request_default_params();
-    rp.prompt = p, rp.num_prompt = np, rp.max_tokens = 220, rp.ignore_eos = true;
+    rp.prompt = p, rp.num_prompt = np, rp.max_tokens = 2000, rp.ignore_eos = true;
     osp_ipc_encode_add(&b, 1, 1, &rp);
     zmq_send(d, b.data, b.size, 0);
     for (;;) { /* the ACK (stats may come first) */
@@ -586,13 +587,13 @@ static void test_frontend_death(void **state) {
     zmq_close(d); /* gone without a word */
     zmq_ctx_term(ctx);
     /* the core notices (heartbeat timeout), aborts the request; a live client sees its blocks free */
-    osp_core_client_params cp = {.endpoint = s.ep, .fe = 1, .heartbeat_ms = 50};
+    osp_core_client_params cp = {.endpoint = s.ep, .fe = 1, .heartbeat_ms = 20};
     osp_core_client *c;
     assert_int_equal(osp_core_client_create(&cp, &c), OSP_OK);
     assert_true(osp_core_client_wait_ready(c, 30000, NULL));
     for (int i = 0; i < 1000 && atomic_load(&s.ctr.aborted_for_expiry) == 0; i++) usleep(10000);
     assert_int_equal(atomic_load(&s.ctr.aborted_for_expiry), 1);
-    assert_int_equal(atomic_load(&s.ctr.frontends_expired), 1);
+    assert_true(atomic_load(&s.ctr.frontends_expired) >= 1); /* (a loaded box may also expire the live client once) */
     osp_engine_stats st = osp_core_client_stats(c);
     for (int i = 0; i < 500 && (st.num_free_blocks != st.num_blocks || st.num_running != 0 || st.num_steps == 0); i++) {
         usleep(10000);
@@ -600,7 +601,7 @@ static void test_frontend_death(void **state) {
     }
     assert_int_equal(st.num_running, 0);
     assert_int_equal(st.num_free_blocks, st.num_blocks);
-    assert_true(st.num_generated_tokens < 220); /* aborted, not run to its end */
+    assert_true(st.num_generated_tokens < 2000); /* aborted, not run to its end */
     osp_core_client_free(c);
     msgpack_sbuffer_destroy(&b);
     serve_stop(&s);
