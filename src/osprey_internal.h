@@ -29,5 +29,10 @@
 /* the prefix-cache block hashes (kv/prefix_cache.h): `router` hashes a request's tokens as its
  * backends do (same algorithm and seed) to look them up in the index built from their KV events. */
 #include "kv/prefix_cache.h"
+/* the EngineCore's process split (engine/core_client.h, core_server.h, ipc.h): `serve
+ * --engine-process` talks to its core through the client, and the hidden `__engine-core` command
+ * runs the core's loop. */
+#include "engine/core_client.h"
+#include "engine/core_server.h"
 
 #endif

@@ -2,7 +2,9 @@
 build/bin/osprey) on a free loopback port with a model from the repository and stops it with SIGTERM
 at the end, checking that it exits 0 (drained). The tiny random model (tests/models) serves most
 tests; SmolLM2 (models/, fetched by `make fetch`) serves the chat tests and is skipped when absent.
-Both take a request's own chat_template (--trust-request-chat-template; off by default)."""
+Both take a request's own chat_template (--trust-request-chat-template; off by default).
+With OSPREY_ENGINE_PROCESS=1 every server runs its EngineCore in a child process (--engine-process):
+ctest runs the whole suite once in each mode (integration_server, integration_server_process)."""
 import os
 import signal
 import socket
@@ -17,6 +19,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("OSPREY_BIN", os.path.join(ROOT, "build", "bin", "osprey"))
 TINY = os.path.join(ROOT, "tests", "models", "tiny-llama-q8_0.gguf")
 SMOL = os.environ.get("OSPREY_MODEL", os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+ENGINE_PROCESS = os.environ.get("OSPREY_ENGINE_PROCESS") == "1"
 
 
 def free_port():
@@ -33,6 +36,8 @@ class Server:
         self.log = open(self.log_path, "w+")
         cmd = [BIN, "serve", "-m", model, "--port", str(self.port), "-t", "2",
                "--kv-cache-memory", "64M", *extra]
+        if ENGINE_PROCESS and "--engine-process" not in extra:
+            cmd.append("--engine-process")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:

@@ -313,6 +313,29 @@ def test_queue_full_503():
         assert s.stop() == 0
 
 
+def test_queue_full_waits():
+    # --queue-wait-timeout: over --max-queued-requests a request waits for a slot instead of a 503
+    import threading
+    from conftest import TINY, Server
+    s = Server(TINY, "--max-queued-requests", "1", "--max-num-seqs", "1", "--queue-wait-timeout", "60")
+    try:
+        long = requests.post(s.url + "/v1/completions", stream=True,
+                             json={"prompt": "a", "max_tokens": 300, "stream": True, "ignore_eos": True})
+        it = long.iter_lines()
+        next(it)  # the first chunk: the request is in flight, the queue is full
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", requests.post(
+            s.url + "/v1/completions", json={"prompt": "b", "max_tokens": 2}, timeout=120)))
+        t.start()
+        rest = b"\n".join(it)  # the long one runs to its end; then the waiting one gets the slot
+        assert rest.strip().endswith(b"data: [DONE]")
+        t.join(120)
+        assert out["r"].status_code == 200, out["r"].text
+        assert out["r"].json()["choices"][0]["finish_reason"] == "length"
+    finally:
+        assert s.stop() == 0
+
+
 def test_sigterm_drains():
     import signal
     from conftest import TINY, Server

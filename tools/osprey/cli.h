@@ -100,6 +100,11 @@ int cmd_plan(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* tools/server/serve.c */
 int cmd_router(int argc, char **argv); /* tools/router/router.c */
+/* The hidden `osprey __engine-core ENDPOINT EPOCH <serve args>`: the EngineCore process that
+ * `osprey serve --engine-process` starts (tools/server/core_proc.c); not for users. */
+int cmd_engine_core(int argc, char **argv);
+/* The hidden `osprey __api-server K ENDPOINT <serve args>`: API server K of `serve --api-server-count N`. */
+int cmd_api_server(int argc, char **argv);
 int cmd_make_random_model(int argc, char **argv);
 int cmd_render_template(int argc, char **argv);
 

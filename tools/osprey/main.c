@@ -164,6 +164,8 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(argv[1], "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "router")) return cmd_router(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "__engine-core")) return cmd_engine_core(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "__api-server")) return cmd_api_server(argc - 1, argv + 1);
     if (!strcmp(argv[1], "render-template")) return cmd_render_template(argc - 1, argv + 1);
     if (!strcmp(argv[1], "make-random-model")) return cmd_make_random_model(argc - 1, argv + 1);
     fprintf(stderr, "osprey: error: unknown command '%s'\n\n%s", argv[1], k_usage);

@@ -249,6 +249,9 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
     gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);
     gauge(&b, "osprey:requests_in_flight", "HTTP generation requests being served.", model, g->in_flight);
     gauge(&b, "osprey:http_connections", "Open HTTP connections (--max-connections).", model, g->connections);
+    if (g->engine_process)
+        counter(&b, "osprey:engine_core_restarts", "Times the engine core process died and was restarted (--engine-process).",
+                model, (double)g->core_restarts);
     if (b.oom) {
         free(b.p);
         return NULL;

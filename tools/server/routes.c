@@ -6,6 +6,7 @@
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
  * and a job started (serve_jobs.c); the handler then blocks on the connection's thread until the reply
  * is complete, or hands the job to the SSE stream (sse.c). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -124,9 +125,21 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
         }
         srv_log(srv, SRV_LOG_DEBUG, "advisory request fields (no effect): %s", names);
     }
-    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight */
+    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight;
+     * full: 503 at once, or with --queue-wait-timeout S wait up to S seconds for a slot first */
     pthread_mutex_lock(&srv->mu);
-    const bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    if (full && !draining && srv->cfg.queue_wait_timeout_s > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += srv->cfg.queue_wait_timeout_s;
+        while (full && !draining && pthread_cond_timedwait(&srv->idle, &srv->mu, &until) != ETIMEDOUT) {
+            draining = srv->draining;
+            full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+        }
+        draining = srv->draining;
+        full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+    }
     if (!draining && !full) srv->rendering++;
     pthread_mutex_unlock(&srv->mu);
     if (draining || full) {
@@ -137,6 +150,7 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     const int built = srv_build_prompts(srv, &req, &err);
     pthread_mutex_lock(&srv->mu);
     srv->rendering--;
+    pthread_cond_broadcast(&srv->idle); /* a slot may be free for a request waiting for one */
     pthread_mutex_unlock(&srv->mu);
     if (built) {
         srv_gen_request_free(&req);
@@ -166,6 +180,11 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
         }
     }
     srv_conn_waiting(srv, c, false); /* a client that does not read its reply times out as usual */
+    if (srv_job_core_lost(j)) { /* the core process died under it: an error, not a partial answer */
+        mark_sending(srv, cx);
+        srv_job_http_done(j);
+        return reply_err(srv, c, 503, NULL, "%s", k_core_lost_message);
+    }
     json_t *body = srv_json_final(j);
     mark_sending(srv, cx); /* before the job lets the drain go on: the reply is not sent yet */
     srv_job_http_done(j);
@@ -208,6 +227,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         const int rc = srv_chat_render(&srv->chat, &r, &text, &err);
         pthread_mutex_lock(&srv->mu);
         srv->rendering--;
+        pthread_cond_broadcast(&srv->idle);
         pthread_mutex_unlock(&srv->mu);
         srv_gen_request_free(&r);
         if (rc) goto fail;
@@ -276,13 +296,13 @@ static enum MHD_Result handle_detokenize(srv_server *srv, struct MHD_Connection 
 }
 
 static srv_metrics_gauges gauges(srv_server *srv) {
-    const osp_engine_stats st = osp_engine_get_stats(srv->engine);
+    const osp_engine_stats st = srv_engine_stats(srv);
     srv_metrics_gauges g = {.num_running = st.num_running, .num_waiting = st.num_waiting, .num_blocks = st.num_blocks,
                             .num_free_blocks = st.num_free_blocks, .prefix_queries = st.prefix_queries_tokens,
                             .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions,
                             .num_steps = st.num_steps, .num_scheduled_tokens = st.num_scheduled_tokens};
     memcpy(g.iteration_tokens, st.iteration_tokens, sizeof g.iteration_tokens);
-    const osp_spec_config *sc = &osp_engine_params_get(srv->engine)->speculative;
+    const osp_spec_config *sc = srv->engine ? &osp_engine_params_get(srv->engine)->speculative : &srv->cfg.spec;
     if (sc->method != OSP_SPEC_NONE) {
         g.spec_k = sc->num_speculative_tokens;
         g.spec_drafts = st.spec_num_drafts;
@@ -294,6 +314,8 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     g.in_flight = srv->in_flight;
     g.connections = srv->n_connections;
     pthread_mutex_unlock(&srv->mu);
+    g.engine_process = srv->core != NULL;
+    g.core_restarts = srv->core ? srv_core_restarts(srv) : 0;
     return g;
 }
 
@@ -397,8 +419,9 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         pthread_mutex_lock(&srv->mu);
         const bool draining = srv->draining;
         pthread_mutex_unlock(&srv->mu);
-        return reply_json(srv, c, draining ? 503 : 200,
-                          json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", draining ? "draining" : "ok",
+        const bool ready = srv_engine_ready(srv); /* --engine-process: not while the core restarts */
+        return reply_json(srv, c, draining || !ready ? 503 : 200,
+                          json_pack("{s:s, s:i, s:i, s:i, s:i, s:i}", "status", draining ? "draining" : ready ? "ok" : "engine core restarting",
                                     "kv_cache_free_blocks", g.num_free_blocks, "kv_cache_total_blocks", g.num_blocks,
                                     "num_requests_running", g.num_running, "num_requests_waiting", g.num_waiting,
                                     "requests_in_flight", g.in_flight));

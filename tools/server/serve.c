@@ -22,8 +22,10 @@
 
 #include "cli.h"
 #include "osprey/engine.h"
+#include "osprey/gguf.h"
 #include "osprey/model.h"
 #include "osprey/version.h"
+#include "osprey_internal.h"
 #include "serve_internal.h"
 
 double srv_now_s(void) {
@@ -86,6 +88,8 @@ static const char *k_serve_usage =
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
+    "  --queue-wait-timeout S           past --max-queued-requests, wait up to S seconds for a slot before\n"
+    "                                   the 503 (0: 503 at once)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"
     "  --max-connections N              open HTTP connections; past N a request gets 503 + Retry-After\n"
     "                                   (/health, /metrics, /version still answered) and past N + N/16 + 16\n"
@@ -98,6 +102,12 @@ static const char *k_serve_usage =
     "  --allowed-methods LIST           CORS methods (\"*\": any; the default)\n"
     "  --allowed-headers LIST           CORS request headers (\"*\": any; the default)\n"
     "  --allow-credentials              CORS: allow credentials (off)\n"
+    "  --engine-process                 run the EngineCore (scheduler, KV cache, model) in a child process\n"
+    "                                   over ZeroMQ; restarted if it dies (off: a thread of this process)\n"
+    "  --api-server-count N             N HTTP frontend processes on one port (SO_REUSEPORT) sharing one\n"
+    "                                   engine core process (implies --engine-process; 1)\n"
+    "  --engine-heartbeat-timeout MS    with --engine-process: the core aborts the requests of a frontend\n"
+    "                                   silent this long (5000)\n"
     "  --log-level debug|info|warning   (info)\n";
 
 static long long parse_bytes(const char *flag, const char *v) {
@@ -114,11 +124,12 @@ static long long parse_bytes(const char *flag, const char *v) {
     return (long long)(x * mul);
 }
 
-static srv_config parse_flags(int argc, char **argv) {
+srv_config srv_parse_flags(int argc, char **argv) {
     srv_config c = {.host = "127.0.0.1", .port = 8000, .log_level = SRV_LOG_INFO, .max_num_seqs = 64,
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
                     .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60,
-                    .max_connections = 1024, .max_connections_per_client = 512, .connection_timeout_s = 30};
+                    .max_connections = 1024, .max_connections_per_client = 512, .connection_timeout_s = 30,
+                    .core_frontend_timeout_ms = 5000, .api_server_count = 1};
     if (srv_cors_default(&c.cors)) cli_die(OSP_OK, "out of memory");
     cli_engine_args eng = cli_engine_args_default();
     for (int i = 1; i < argc; i++) {
@@ -150,6 +161,7 @@ static srv_config parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
+        else if (!strcmp(f, "--queue-wait-timeout")) c.queue_wait_timeout_s = (int)cli_int(f, v, 0, 3600), i++;
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
         else if (!strcmp(f, "--max-connections")) c.max_connections = (int)cli_int(f, v, 1, 1 << 20), i++;
         else if (!strcmp(f, "--max-connections-per-client")) c.max_connections_per_client = (int)cli_int(f, v, 0, 1 << 20), i++;
@@ -160,6 +172,10 @@ static srv_config parse_flags(int argc, char **argv) {
             if (srv_cors_set(&c.cors, which, v, why, sizeof why)) cli_die(OSP_OK, "%s: %s", f, why);
             i++;
         } else if (!strcmp(f, "--allow-credentials")) c.cors.credentials = true;
+        else if (!strcmp(f, "--engine-process")) c.engine_process = true;
+        else if (!strcmp(f, "--no-engine-process")) c.engine_process = false;
+        else if (!strcmp(f, "--api-server-count")) c.api_server_count = (int)cli_int(f, v, 1, 64), i++;
+        else if (!strcmp(f, "--engine-heartbeat-timeout")) c.core_frontend_timeout_ms = (int)cli_int(f, v, 100, 3600000), i++;
         else if (!strcmp(f, "--connection-timeout")) c.connection_timeout_s = (int)cli_int(f, v, 1, 86400), i++;
         else if (!strcmp(f, "--log-level")) {
             if (v && !strcmp(v, "debug")) c.log_level = SRV_LOG_DEBUG;
@@ -183,22 +199,7 @@ static srv_config parse_flags(int argc, char **argv) {
     return c;
 }
 
-int cmd_serve(int argc, char **argv) {
-    srv_server srv = {.cfg = parse_flags(argc, argv)};
-    const srv_config *cfg = &srv.cfg;
-    /* SIGTERM/SIGINT are taken by sigwait() below; every thread started from here inherits the mask */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    const char *base = strrchr(cfg->model_path, '/');
-    srv.model_name = cfg->served_model_name ? cfg->served_model_name : base ? base + 1 : cfg->model_path;
-    srv_log(&srv, SRV_LOG_INFO, "%s", osp_version_line());
-    srv_log(&srv, SRV_LOG_INFO, "loading model %s ...", cfg->model_path);
-    const double t0 = srv_now_s();
+osp_engine_params srv_engine_params(const srv_config *cfg) {
     osp_engine_params ep = osp_engine_default_params();
     ep.model_path = cfg->model_path;
     ep.n_threads = cfg->n_threads;
@@ -216,24 +217,75 @@ int cmd_serve(int argc, char **argv) {
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;
     ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
-    if ((srv.kv_events = srv_kv_events_open(&srv)))
-        ep.kv_event_sink = osp_kv_publisher_sink(srv.kv_events);
-    osp_status s = osp_engine_create(&ep, &srv.engine);
-    if (s != OSP_OK) cli_die(s, "cannot start the engine");
-    cli_report_device(srv.engine);
-    {
+    return ep;
+}
+
+/* Runs the server: cfg parsed from argc/argv (serve's flags); with cfg->attach_endpoint an extra API
+ * server of --api-server-count (attached to the core its first server started). */
+static int serve_run(srv_config cfg_in, int argc, char **argv) {
+    srv_server srv = {.cfg = cfg_in};
+    const srv_config *cfg = &srv.cfg;
+    /* SIGTERM/SIGINT are taken by sigwait() below; every thread started from here inherits the mask */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    const char *base = strrchr(cfg->model_path, '/');
+    srv.model_name = cfg->served_model_name ? cfg->served_model_name : base ? base + 1 : cfg->model_path;
+    srv_log(&srv, SRV_LOG_INFO, "%s", osp_version_line());
+    srv_log(&srv, SRV_LOG_INFO, "loading model %s ...", cfg->model_path);
+    const double t0 = srv_now_s();
+    osp_status s;
+    const osp_gguf *g;
+    osp_gguf *own_gguf = NULL; /* --engine-process: the file opened here for its tokenizer and template */
+    const char *arch = "?";
+    int32_t n_blocks = 0, blk_size = 0;
+    if (cfg->engine_process && cfg->kv_events_set)
+        cli_die(OSP_OK, "--kv-events-config is not yet supported with --engine-process (the core process would "
+                        "publish them)");
+    if (!cfg->engine_process) {
+        osp_engine_params ep = srv_engine_params(cfg);
+        if ((srv.kv_events = srv_kv_events_open(&srv))) ep.kv_event_sink = osp_kv_publisher_sink(srv.kv_events);
+        s = osp_engine_create(&ep, &srv.engine);
+        if (s != OSP_OK) cli_die(s, "cannot start the engine");
+        cli_report_device(srv.engine);
         const osp_engine_params *pe = osp_engine_params_get(srv.engine);
         srv_log(&srv, SRV_LOG_INFO, "KV cache: %s pages, %.1f MiB, %d blocks of %d = %lld tokens", osp_kv_dtype_name(pe->kv_dtype),
                 (double)osp_engine_kv_cache_bytes(srv.engine) / 1048576.0, pe->num_blocks, pe->block_size,
                 (long long)pe->num_blocks * pe->block_size);
+        g = osp_model_gguf(osp_engine_model(srv.engine));
+        s = osp_tokenizer_load(g, &srv.tok);
+        if (s != OSP_OK) cli_die(s, "cannot load the tokenizer");
+        srv.max_model_len = pe->max_model_len;
+        srv.n_vocab = osp_tokenizer_n_vocab(srv.tok);
+        const osp_model_config *mc = osp_model_config_get(osp_engine_model(srv.engine));
+        if (mc->n_vocab < srv.n_vocab) srv.n_vocab = mc->n_vocab;
+        arch = mc->arch;
+        const osp_engine_stats st = osp_engine_get_stats(srv.engine);
+        n_blocks = st.num_blocks, blk_size = st.block_size;
+    } else {
+        /* the core process loads the model; this one reads the file's tokenizer and chat template */
+        osp_ipc_ready info;
+        if (cfg->attach_endpoint) {
+            if (srv_core_attach(&srv, cfg->attach_endpoint, (uint32_t)cfg->fe_index, &info))
+                cli_die(OSP_OK, "API server %d: no engine core at %s", cfg->fe_index, cfg->attach_endpoint);
+        } else if (srv_core_start(&srv, argc, argv, &info)) {
+            cli_die(OSP_OK, "cannot start the engine core process");
+        }
+        if ((s = osp_gguf_open(cfg->model_path, &own_gguf)) != OSP_OK) cli_die(s, "cannot open %s", cfg->model_path);
+        g = own_gguf;
+        s = osp_tokenizer_load(g, &srv.tok);
+        if (s != OSP_OK) cli_die(s, "cannot load the tokenizer");
+        srv.max_model_len = info.max_model_len;
+        srv.n_vocab = osp_tokenizer_n_vocab(srv.tok);
+        if (info.n_vocab < srv.n_vocab) srv.n_vocab = info.n_vocab;
+        arch = "engine core process";
+        n_blocks = info.num_blocks, blk_size = info.block_size;
+        srv_log(&srv, SRV_LOG_INFO, "engine core process %lld ready (epoch %u)", (long long)info.pid, info.epoch);
     }
-    const osp_gguf *g = osp_model_gguf(osp_engine_model(srv.engine));
-    s = osp_tokenizer_load(g, &srv.tok);
-    if (s != OSP_OK) cli_die(s, "cannot load the tokenizer");
-    srv.max_model_len = osp_engine_params_get(srv.engine)->max_model_len;
-    srv.n_vocab = osp_tokenizer_n_vocab(srv.tok);
-    const osp_model_config *mc = osp_model_config_get(osp_engine_model(srv.engine));
-    if (mc->n_vocab < srv.n_vocab) srv.n_vocab = mc->n_vocab;
 
     if (srv_chat_env_load(&srv.chat, g, srv.tok, cfg->chat_template_path))
         cli_die(OSP_OK, "--chat-template: cannot read '%s'", cfg->chat_template_path);
@@ -254,10 +306,9 @@ int cmd_serve(int argc, char **argv) {
     pthread_cond_init(&srv.idle, NULL);
     srv.next_id = 1;
     srv_id_key_init(&srv.id_key);
-    const osp_engine_stats st = osp_engine_get_stats(srv.engine);
     srv_log(&srv, SRV_LOG_INFO, "model loaded in %.2f s: %s, vocab %d, max_model_len %d, KV cache %d blocks of %d tokens, prefix caching %s",
-            srv_now_s() - t0, mc->arch, srv.n_vocab, srv.max_model_len, st.num_blocks, st.block_size, cfg->prefix_caching ? "on" : "off");
-    if ((s = osp_engine_start(srv.engine)) != OSP_OK) cli_die(s, "cannot start the engine loop");
+            srv_now_s() - t0, arch, srv.n_vocab, srv.max_model_len, n_blocks, blk_size, cfg->prefix_caching ? "on" : "off");
+    if (srv.engine && (s = osp_engine_start(srv.engine)) != OSP_OK) cli_die(s, "cannot start the engine loop");
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
     char port[16];
@@ -273,13 +324,17 @@ int cmd_serve(int argc, char **argv) {
                                             MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, &srv,
                                             MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                             (unsigned)cfg->max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-                                            (unsigned)cfg->connection_timeout_s, MHD_OPTION_END);
+                                            (unsigned)cfg->connection_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+                                            (unsigned)(cfg->api_server_count > 1), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
     srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u (%s)", srv.model_name, cfg->host,
             di ? (unsigned)di->port : (unsigned)cfg->port, cfg->api_key ? "API key required on /v1/*" : "no API key");
 
+    /* --api-server-count N: the first server starts the other N - 1 on the same port (SO_REUSEPORT) */
+    if (cfg->api_server_count > 1 && !cfg->attach_endpoint && srv_api_servers_start(&srv, argc, argv))
+        cli_die(OSP_OK, "cannot start the other API servers");
     int sig = 0;
     sigwait(&sigs, &sig);
     srv_log(&srv, SRV_LOG_INFO, "%s: draining %d requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT", srv.in_flight);
@@ -295,13 +350,35 @@ int cmd_serve(int argc, char **argv) {
     pthread_mutex_unlock(&srv.mu);
     if (left) srv_log(&srv, SRV_LOG_WARNING, "drain timeout: %d requests still in flight", left);
     MHD_stop_daemon(d);
-    const osp_status ls = osp_engine_stop(srv.engine);
+    srv_api_servers_stop(&srv); /* they drain too (SIGTERM) */
+    osp_status ls = OSP_OK;
+    if (srv.engine) ls = osp_engine_stop(srv.engine);
+    else srv_core_stop(&srv);
     srv_log(&srv, SRV_LOG_INFO, "stopped");
     osp_engine_free(srv.engine);
     osp_kv_publisher_free(srv.kv_events); /* after the engine: its pool reports to it */
+    osp_gguf_close(own_gguf);
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
     srv_chat_env_free(&srv.chat);
     srv_cors_free(&srv.cfg.cors);
     return ls == OSP_OK ? 0 : 1;
+}
+
+int cmd_serve(int argc, char **argv) {
+    srv_config cfg = srv_parse_flags(argc, argv);
+    if (cfg.api_server_count > 1) {
+        cfg.engine_process = true; /* several frontends share one core: it has its own process */
+        if (cfg.port == 0) cli_die(OSP_OK, "--api-server-count needs a fixed --port (the servers share it)");
+    }
+    return serve_run(cfg, argc, argv);
+}
+
+int cmd_api_server(int argc, char **argv) {
+    if (argc < 4) cli_die(OSP_OK, "__api-server is started by `osprey serve --api-server-count N`, not by hand");
+    srv_config cfg = srv_parse_flags(argc - 3, argv + 3);
+    cfg.fe_index = (int)cli_int("api server index", argv[1], 1, 255);
+    cfg.attach_endpoint = argv[2];
+    cfg.engine_process = true;
+    return serve_run(cfg, argc - 3, argv + 3);
 }

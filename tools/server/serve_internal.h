@@ -6,6 +6,7 @@
  *   openai_json.c  OpenAI response objects: completions, chat completions, stream chunks, logprobs, usage
  *   sse.c          the text/event-stream reply of a streaming job
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
+ *   core_proc.c    --engine-process: the EngineCore's child process, its supervisor, --api-server-count
  *
  * Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), so a handler
  * may block while it waits for tokens; the engine runs on its own loop thread (osp_engine_start). A
@@ -15,6 +16,8 @@
  * and writes the JSON reply or the SSE chunks. A job is reference counted (the connection plus every
  * engine request not yet finished), so a client that disconnects (a failed write, or a peek at its
  * socket while waiting) aborts its engine requests and the job is freed by the last finishing callback.
+ * With --engine-process the engine is another process: the same callbacks come from the core client's
+ * I/O thread (src/engine/core_client.h), and a choice whose core died ends with core_lost set.
  * Not for use outside tools/server/. */
 #ifndef OSPREY_TOOLS_SERVE_INTERNAL_H
 #define OSPREY_TOOLS_SERVE_INTERNAL_H
@@ -67,6 +70,7 @@ typedef struct srv_config {
     const char *trace_shapes; /* --trace-shapes FILE, or NULL */
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
+    int queue_wait_timeout_s; /* --queue-wait-timeout: over max_queue, wait this long for a slot before 503 (0) */
     int drain_timeout_s;
     int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
@@ -76,11 +80,22 @@ typedef struct srv_config {
     osp_kv_events_config kv_events; /* --kv-events-config JSON (vLLM's KVEventsConfig) */
     bool kv_events_set;
     bool kv_events_array_like;      /* --kv-events-array-like: the older positional msgpack form */
+    bool engine_process;            /* --engine-process: the EngineCore runs in a child process (core_proc.c) */
+    int core_frontend_timeout_ms;   /* the core aborts a frontend's requests after this long without a heartbeat */
+    int api_server_count;           /* --api-server-count: HTTP frontend processes sharing the core (1) */
+    const char *attach_endpoint;    /* an extra API server (hidden __api-server): the core's endpoint */
+    int fe_index;                   /* this frontend's index at the core (0: the first) */
 } srv_config;
+
+typedef struct srv_core_proc srv_core_proc;
 
 typedef struct srv_server {
     srv_config cfg;
-    osp_engine *engine;
+    osp_engine *engine;       /* in-process mode (the default): the engine and its loop thread; else NULL */
+    struct osp_core_client *core; /* --engine-process: the client of the core process; else NULL */
+    srv_core_proc *proc;      /* --engine-process: the core process' supervisor (core_proc.c) */
+    int n_api_pids;           /* --api-server-count: the other API servers' pids (the first server only) */
+    int api_pids[64];
     osp_kv_publisher *kv_events; /* --kv-events-config, or NULL */
     osp_tokenizer *tok;
     const char *model_name;
@@ -100,6 +115,11 @@ typedef struct srv_server {
     bool draining;
 } srv_server;
 
+/* serve's flags (argv[0] is "serve"; exits with a message on a bad one) and the engine parameters
+ * they give (serve.c); the core process parses the same flags. */
+srv_config srv_parse_flags(int argc, char **argv);
+osp_engine_params srv_engine_params(const srv_config *cfg);
+
 /* Seconds on CLOCK_MONOTONIC (for durations only). */
 double srv_now_s(void);
 /* One stderr line "LEVEL mm-dd HH:MM:SS message" when level >= s->cfg.log_level (serve.c). */
@@ -111,12 +131,50 @@ void srv_log(const srv_server *s, int level, const char *fmt, ...) __attribute__
  * config sets one), or NULL when events are off; logs where it publishes. Dies (cli_die) when an
  * endpoint cannot be opened. */
 osp_kv_publisher *srv_kv_events_open(const srv_server *srv);
+typedef struct srv_seq srv_seq;
+struct osp_core_client;
+struct osp_ipc_ready;
+
+/* ---- the engine, in this process or in the core process ------------------------------------- */
+
+/* Queues one engine request (rp's callback fields are set here to the job's): osp_engine_add in
+ * process, osp_core_client_add with --engine-process. Returns the engine's status (INVALID_ARG: the
+ * engine refused it; IO: the core process is not ready or died). */
+osp_status srv_engine_add(srv_server *srv, osp_request_params *rp, srv_seq *seq);
+/* Aborts engine request id (either mode); an unknown or finished id is ignored. */
+void srv_engine_abort(srv_server *srv, uint64_t id);
+/* The engine's stats (either mode: the core's last report with --engine-process). */
+osp_engine_stats srv_engine_stats(srv_server *srv);
+/* Can generation requests be served now? (false while the core process restarts) */
+bool srv_engine_ready(srv_server *srv);
+
+/* ---- the core process (core_proc.c) -------------------------------------------------------- */
+
+/* --engine-process start-up: makes a private directory for the ipc:// endpoint, starts the client
+ * (srv->core) and a supervisor thread that runs `argv0 __engine-core ENDPOINT EPOCH <serve args>`
+ * (fork + exec of this binary), restarts it when it dies (after failing its requests, counted in
+ * srv_core_restarts) and waits for its first READY; fills *info. Returns 0, or -1 with a message on
+ * stderr when the first core could not start. serve_argc/argv: serve's own arguments (argv[0]
+ * "serve"). */
+int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, struct osp_ipc_ready *info);
+/* An extra API server of --api-server-count: only a client of the core at `endpoint` (no supervisor;
+ * the core's connection closing counts as its death). Waits for READY. 0, or -1. */
+int srv_core_attach(srv_server *srv, const char *endpoint, uint32_t fe, struct osp_ipc_ready *info);
+/* The first server of --api-server-count N: starts `__api-server k ENDPOINT <serve args>` for k = 1..N-1
+ * (fork + exec, each dies with this process); 0, or -1. stop: SIGTERM to each, then waits (they drain). */
+int srv_api_servers_start(srv_server *srv, int serve_argc, char **serve_argv);
+void srv_api_servers_stop(srv_server *srv);
+/* Stops the core process (SIGTERM, then waits), the supervisor and the client; removes the directory.
+ * For an attached API server: just the client. */
+void srv_core_stop(srv_server *srv);
+/* Restarts of the core process so far. */
+int64_t srv_core_restarts(srv_server *srv);
 
 /* ---- jobs (serve_jobs.c) ------------------------------------------------------------------- */
 
 typedef struct srv_job srv_job;
 
-typedef struct srv_seq {
+struct srv_seq {
     srv_job *job;
     int32_t index, prompt_idx;
     uint64_t engine_id;
@@ -129,6 +187,7 @@ typedef struct srv_seq {
     int32_t n_plp_inbox;
     bool eng_finished;
     osp_finish_reason eng_reason;
+    bool core_lost;           /* --engine-process: it ended because the core process died */
     double t_added, t_sched, t_first_tok; /* osp_engine_add, first scheduled (engine), first token (0: not yet) */
     /* connection thread only */
     int32_t *work;
@@ -144,7 +203,7 @@ typedef struct srv_seq {
     bool done;
     const char *finish;       /* "stop", "length", "abort", "error" */
     bool final_sent;
-} srv_seq;
+};
 
 struct srv_job {
     srv_server *srv;
@@ -187,6 +246,10 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
 bool srv_job_pump(srv_job *j, int timeout_ms);
 /* Every choice has its finish reason. */
 bool srv_job_all_done(const srv_job *j);
+/* Did a choice end because the core process died? (Then the reply is an error: 503 JSON, or an SSE
+ * error event and [DONE].) */
+bool srv_job_core_lost(const srv_job *j);
+extern const char k_core_lost_message[];
 /* Is the client still there? poll(POLLRDHUP): a peer that closed or half-closed its end is gone even
  * with bytes of its own still unread; so is a reset socket. */
 bool srv_client_alive(srv_job *j);

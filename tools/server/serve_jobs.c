@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "osprey_internal.h"
 #include "serve_internal.h"
 
 /* ---- request ids ---------------------------------------------------------------------------- */
@@ -96,9 +97,9 @@ static void job_free(srv_job *j) {
     free(j);
 }
 
-/* Engine loop thread: append the new tokens to the choice's inbox. */
-static void on_output(void *user, const osp_request_output *o) {
-    srv_seq *s = user;
+/* Engine loop thread (or the core client's I/O thread): append the new tokens to the choice's inbox.
+ * core_lost: the core process died and this is the client's final output for the choice. */
+static void on_output_any(srv_seq *s, const osp_request_output *o, bool core_lost) {
     srv_job *j = s->job;
     srv_server *srv = j->srv;
     const double t = srv_now_s();
@@ -142,6 +143,7 @@ static void on_output(void *user, const osp_request_output *o) {
                                    tok ? t - s->t_first_tok : -1, sched ? t - s->t_sched : -1);
         s->eng_finished = true;
         s->eng_reason = o->finish_reason;
+        s->core_lost = core_lost;
         free_it = --j->refs == 0;
     }
     j->changed = true;
@@ -149,6 +151,33 @@ static void on_output(void *user, const osp_request_output *o) {
     pthread_mutex_unlock(&j->mu);
     if (free_it) job_free(j);
 }
+
+static void on_output(void *user, const osp_request_output *o) { on_output_any(user, o, false); }
+static void on_core_output(void *user, const osp_request_output *o, bool core_lost) { on_output_any(user, o, core_lost); }
+
+/* ---- the engine, in this process or in the core process (serve_internal.h) ------------------ */
+
+osp_status srv_engine_add(srv_server *srv, osp_request_params *rp, srv_seq *seq) {
+    if (srv->engine) {
+        rp->callback = on_output;
+        rp->callback_user = seq;
+        return osp_engine_add(srv->engine, rp);
+    }
+    rp->callback = NULL;
+    rp->callback_user = NULL;
+    return osp_core_client_add(srv->core, rp, on_core_output, seq);
+}
+
+void srv_engine_abort(srv_server *srv, uint64_t id) {
+    if (srv->engine) (void)osp_engine_abort(srv->engine, id);
+    else (void)osp_core_client_abort(srv->core, id);
+}
+
+osp_engine_stats srv_engine_stats(srv_server *srv) {
+    return srv->engine ? osp_engine_get_stats(srv->engine) : osp_core_client_stats(srv->core);
+}
+
+bool srv_engine_ready(srv_server *srv) { return srv->engine || osp_core_client_ready(srv->core); }
 
 static const char *finish_name(osp_finish_reason r) {
     switch (r) {
@@ -223,7 +252,7 @@ bool srv_job_pump(srv_job *j, int timeout_ms) {
             if (rc == 1) {
                 s->done = true;
                 s->finish = "stop";
-                if (!s->seen_finished) osp_engine_abort(srv->engine, s->engine_id);
+                if (!s->seen_finished) srv_engine_abort(srv, s->engine_id);
             }
         }
         if (!s->done && s->seen_finished) {
@@ -233,6 +262,14 @@ bool srv_job_pump(srv_job *j, int timeout_ms) {
         }
     }
     return true;
+}
+
+const char k_core_lost_message[] = "the engine core process died while this request ran; the server is restarting it (retry later)";
+
+bool srv_job_core_lost(const srv_job *j) {
+    for (int32_t i = 0; i < j->n_seqs; i++)
+        if (j->seqs[i].done && j->seqs[i].core_lost) return true;
+    return false;
 }
 
 bool srv_job_all_done(const srv_job *j) {
@@ -276,7 +313,7 @@ void srv_job_http_done(srv_job *j) {
     for (int32_t i = 0; i < j->n_seqs; i++) {
         srv_seq *s = &j->seqs[i];
         n_out += s->n_out;
-        if (s->added && !s->done) osp_engine_abort(srv->engine, s->engine_id);
+        if (s->added && !s->done) srv_engine_abort(srv, s->engine_id);
     }
     if (j->client_gone) finish = "abort";
     srv_metrics_request_done(srv->metrics, finish, n_prompt, n_out);
@@ -450,19 +487,20 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.stop_token_ids = r->stop_token_ids;
         rp.num_stop_token_ids = r->n_stop_token_ids;
         rp.cache_salt = r->cache_salt ? salt_hash(r->cache_salt) : 0;
-        rp.callback = on_output;
-        rp.callback_user = s;
         rp.grammar = r->grammar;
         pthread_mutex_lock(&j->mu);
         j->refs++;
         s->t_added = srv_now_s();
         pthread_mutex_unlock(&j->mu);
-        if (osp_engine_add(srv->engine, &rp) != OSP_OK) {
-            srv_fail(err, 400, NULL, "%s", osp_last_error());
+        const osp_status as = srv_engine_add(srv, &rp, s);
+        if (as != OSP_OK) {
+            /* the engine refused it (400), or the core process is restarting or died (503) */
+            if (as == OSP_ERR_IO) srv_fail(err, 503, NULL, "%s; retry later", osp_last_error());
+            else srv_fail(err, 400, NULL, "%s", osp_last_error());
             pthread_mutex_lock(&j->mu);
             j->refs--;
             pthread_mutex_unlock(&j->mu);
-            for (int32_t k = 0; k < i; k++) osp_engine_abort(srv->engine, j->seqs[k].engine_id);
+            for (int32_t k = 0; k < i; k++) srv_engine_abort(srv, j->seqs[k].engine_id);
             for (int32_t k = i; k < j->n_seqs; k++) j->seqs[k].done = true, j->seqs[k].finish = "error";
             goto fail_started;
         }

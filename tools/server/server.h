@@ -12,6 +12,7 @@
  *   sse.c          streaming replies (text/event-stream)
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
+ *   core_proc.c    --engine-process / --api-server-count: the EngineCore in a child process
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H
@@ -225,6 +226,8 @@ typedef struct srv_metrics_gauges {
     int32_t spec_k;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
+    bool engine_process;        /* --engine-process: show the core's restarts */
+    int64_t core_restarts;
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);

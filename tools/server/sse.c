@@ -6,6 +6,7 @@
  * held-back text is out, the usage chunk when asked, then "data: [DONE]"). A quiet stream peeks at the
  * socket so a client that left is noticed and its requests aborted. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -38,6 +39,21 @@ static void out_event(srv_job *j, json_t *chunk) {
 
 /* Turns what the pump produced into SSE events in j->out. */
 static void stream_fill(srv_job *j) {
+    if (!j->finished_stream && srv_job_core_lost(j)) {
+        /* the core process died under the stream: an error event (OpenAI's error object), then [DONE] */
+        srv_error e = {.status = 503};
+        snprintf(e.message, sizeof e.message, "%s", k_core_lost_message);
+        char *body = srv_error_json(&e);
+        if (body) {
+            out_put(j, "data: ", 6);
+            out_put(j, body, strlen(body));
+            out_put(j, "\n\n", 2);
+            free(body);
+        }
+        out_put(j, "data: [DONE]\n\n", 14);
+        j->finished_stream = true;
+        return;
+    }
     if (!j->started) {
         j->started = true;
         for (int32_t i = 0; i < j->n_seqs; i++) {
