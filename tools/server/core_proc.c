@@ -273,7 +273,14 @@ int cmd_engine_core(int argc, char **argv) {
             nanosleep(&ts, NULL);
         }
     }
-    const osp_engine_params ep = srv_engine_params(&cfg);
+    osp_engine_params ep = srv_engine_params(&cfg);
+    /* --kv-events-config: the block pool lives here, so this process publishes (a restarted core binds
+     * the same endpoints again; its sequence numbers start over) */
+    srv_server pub_srv = {.cfg = cfg};
+    const char *base = strrchr(cfg.model_path, '/');
+    pub_srv.model_name = cfg.served_model_name ? cfg.served_model_name : base ? base + 1 : cfg.model_path;
+    osp_kv_publisher *pub = srv_kv_events_open(&pub_srv);
+    if (pub) ep.kv_event_sink = osp_kv_publisher_sink(pub);
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "engine core: cannot start the engine");
@@ -282,6 +289,7 @@ int cmd_engine_core(int argc, char **argv) {
                                        .idle_stats_ms = 250, .stop = &g_stop};
     s = osp_core_serve(e, &sp, NULL);
     osp_engine_free(e);
+    osp_kv_publisher_free(pub); /* after the engine: its pool reports to it */
     if (s != OSP_OK) cli_die(s, "engine core");
     return 0;
 }

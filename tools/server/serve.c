@@ -243,9 +243,6 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     osp_gguf *own_gguf = NULL; /* --engine-process: the file opened here for its tokenizer and template */
     const char *arch = "?";
     int32_t n_blocks = 0, blk_size = 0;
-    if (cfg->engine_process && cfg->kv_events_set)
-        cli_die(OSP_OK, "--kv-events-config is not yet supported with --engine-process (the core process would "
-                        "publish them)");
     if (!cfg->engine_process) {
         osp_engine_params ep = srv_engine_params(cfg);
         if ((srv.kv_events = srv_kv_events_open(&srv))) ep.kv_event_sink = osp_kv_publisher_sink(srv.kv_events);
