@@ -23,8 +23,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     kb_def_add_hidden(&d, 3, size);
     for (int w = 0; w < d.n_workloads; w++) {
+        /* the workload's size, capped as it grows (a product of parsed dims may exceed int64) */
         int64_t n = 1;
-        for (int k = 0; k < d.n_dims; k++) n *= d.wl[w].dim[k];
+        for (int k = 0; k < d.n_dims && n <= (1 << 16); k++)
+            n = d.wl[w].dim[k] < 0 || d.wl[w].dim[k] > (1 << 16) ? INT64_MAX : n * d.wl[w].dim[k];
         if (n > (1 << 16)) continue; /* the reference's cost, not the parser's */
         kb_case c;
         if (kb_case_make(&d, &d.wl[w], 1, &c, err, sizeof err)) kb_case_rereference(&c);
