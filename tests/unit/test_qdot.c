@@ -134,11 +134,64 @@ static void test_nonfinite_activations(void **state) {
     assert_true(isnan(osp_qdot_for(OSP_DTYPE_Q8_0)(w, q, 2)));
 }
 
+/* The GEMM tiles (osp_qdot_tile_for) give every token the one-token kernel's bits, whatever the
+ * token's place in the tile and the activation stride: what keeps prompts, batches and single decode
+ * steps identical. Zero weights exercise the signed-zero case (Q8_0 returns -0.0 sums as they are). */
+static void test_tiles_match_one_token(void **state) {
+    (void)state;
+    const uint32_t types[] = {OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_0,
+                              OSP_DTYPE_Q2_K, OSP_DTYPE_Q3_K, OSP_DTYPE_Q4_K, OSP_DTYPE_Q5_K, OSP_DTYPE_Q6_K};
+    const char *isas[] = {"avx512vnni", "avx2", "scalar"};
+    int tested = 0;
+    for (size_t ii = 0; ii < 3; ii++) {
+        if (!osp_qdot_force_isa(isas[ii])) continue;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const uint32_t t = types[ti];
+            int n = 0;
+            const osp_qdot_tile_fn tile = osp_qdot_tile_for(t, &n);
+            const osp_qdot_fn one = osp_qdot_for(t);
+            if (!tile) {
+                assert_int_equal(n, 1);
+                assert_string_equal(osp_qdot_isa(), "scalar"); /* every SIMD family has tiles */
+                continue;
+            }
+            assert_true(n >= 2 && n <= 8);
+            for (int trial = 0; trial < 100; trial++) {
+                const int64_t per = osp_dtype_block_size(t) / 32, nb = per * (1 + rnd() % (64 / per));
+                const int64_t stride = nb + rnd() % 3; /* rows of the activation matrix, maybe padded */
+                static uint8_t w[64 * 34];
+                static float x[8 * 67 * 32];
+                static osp_q8_block xq[8 * 67];
+                fill_blocks(t, w, nb / per);
+                if (trial == 0) memset(w, 0, sizeof w);
+                for (int j = 0; j < n; j++) {
+                    for (int64_t i = 0; i < nb * 32; i++) x[i] = frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
+                    if (trial == 1 && j == 1) for (int64_t i = 0; i < nb * 32; i++) x[i] = -0.0f;
+                    osp_quantize_row_q8(x, xq + j * stride, nb * 32);
+                }
+                float y[8 * 3];
+                for (int j = 0; j < 8 * 3; j++) y[j] = 12345.0f;
+                tile(w, xq, nb, stride, y, 3);
+                for (int j = 0; j < n; j++) {
+                    const float r = one(w, xq + j * stride, nb);
+                    if (memcmp(&r, &y[j * 3], sizeof r) != 0)
+                        fail_msg("%s %s: tile token %d gives %.9g, one-token kernel %.9g", osp_qdot_isa(),
+                                 osp_dtype_name(t), j, y[j * 3], r);
+                    assert_true(y[j * 3 + 1] == 12345.0f && y[j * 3 + 2] == 12345.0f); /* only y[j * ys] */
+                }
+                tested++;
+            }
+        }
+    }
+    printf("qdot tiles: %d tiles matched the one-token kernels bit for bit\n", tested);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_quantize_edges),
         cmocka_unit_test(test_nonfinite_activations),
+        cmocka_unit_test(test_tiles_match_one_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -286,11 +286,20 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
                                        .row_bytes = p->row_bytes, .round_bf16 = w->round_bf16};
                 osp_cpu_matmul_rows(&wt, x, yp, N, R, lo - base, hi - base, row);
             } else {
+                /* Tiles of `nt` tokens (token groups outer: their activation blocks stay in L1 while
+                 * the slice's weight rows stream past), then the leftover tokens one at a time; the
+                 * tile and the one-token kernel give identical bits, so the split is invisible. */
                 const uint8_t *wb = p->data;
-                for (int64_t rr = lo - base; rr < hi - base; rr++) {
-                    const void *wr = wb + (size_t)rr * p->row_bytes;
-                    for (int64_t t = 0; t < R; t++) yp[t * N + rr] = dot(wr, c->xq + t * nb, nb);
-                }
+                int nt;
+                const osp_qdot_tile_fn tile = osp_qdot_tile_for(p->type, &nt);
+                int64_t t = 0;
+                if (tile)
+                    for (; t + nt <= R; t += nt)
+                        for (int64_t rr = lo - base; rr < hi - base; rr++)
+                            tile(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb, nb, yp + t * N + rr, N);
+                for (; t < R; t++)
+                    for (int64_t rr = lo - base; rr < hi - base; rr++)
+                        yp[t * N + rr] = dot(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb);
             }
             if (c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16)
                 for (int64_t t = 0; t < R; t++) osp_cpu_round_bf16(yp + t * N + (lo - base), hi - lo);

@@ -345,26 +345,50 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
             _mm256_set1_ps((dw) * (blk)->d2), acc2);                                               \
     } while (0)
 
+/* ---- kernels over NT tokens at once (a GEMM tile: one weight row by NT tokens) ----
+ * Each kernel computes y[j * ys] = dot(w, a + j * as, nb) for j < NT: a weight block is loaded and
+ * unpacked once and multiplied by NT tokens' activation blocks, so a prompt or a batched decode step
+ * unpacks every weight block once per NT tokens instead of once per token. Every token keeps its own
+ * four accumulators and offset sum and sees exactly the operations, in exactly the order, of the
+ * one-token kernel -- which is the NT = 1 instance of the same macro -- so a token's result never
+ * depends on how many tokens share its tile (batch invariance holds by construction; test_qdot
+ * asserts the bits). The token loops have a constant trip count and unroll completely, keeping the
+ * 4 NT accumulators in registers (NT = 4 needs AVX512VL's 32 vector registers; AVX2 uses NT = 2). */
+#define TILE_ARGS const void *w, const osp_q8_block *a, int64_t nb, int64_t as, float *y, int64_t ys
+#define ACC_DECL(NT)                                                                               \
+    __m256 A0[NT], B0[NT], A1[NT], B1[NT];                                                         \
+    float OFF[NT];                                                                                 \
+    for (int j = 0; j < (NT); j++) A0[j] = B0[j] = A1[j] = B1[j] = _mm256_setzero_ps(), OFF[j] = 0.0f
+#define ACC_SUM(j) hsum8(_mm256_add_ps(_mm256_add_ps(A0[j], A1[j]), _mm256_add_ps(B0[j], B1[j])))
+#define ACC_STORE(NT)                                                                              \
+    for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j) + OFF[j]
+
 /* The Q4 kernels differ only in block size, where the nibbles start and the offset term. */
-#define Q4_KERNEL(NAME, TGT, DOT, BYTES, QOFF, OFFSET_TERM)                                        \
-    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+#define Q4_KERNEL(NAME, TGT, DOT, BYTES, QOFF, OFFSET_TERM, NT)                                    \
+    TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
-        float off = 0.0f;                                                                          \
+        ACC_DECL(NT);                                                                              \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
             const __m256i q0 = unpack_nibbles(p + (QOFF)), q1 = unpack_nibbles(p + (BYTES) + (QOFF)); \
             const float d0 = half_f16c(p), d1 = half_f16c(p + (BYTES));                            \
-            LEVELS(a0, b0, q0, a + b, d0, DOT);                                                    \
-            LEVELS(a1, b1, q1, a + b + 1, d1, DOT);                                                \
-            off += OFFSET_TERM(p, d0, a + b) + OFFSET_TERM(p + (BYTES), d1, a + b + 1);            \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                const osp_q8_block *aj = a + j * as + b;                                           \
+                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
+                LEVELS(A1[j], B1[j], q1, aj + 1, d1, DOT);                                         \
+                OFF[j] += OFFSET_TERM(p, d0, aj) + OFFSET_TERM(p + (BYTES), d1, aj + 1);           \
+            }                                                                                      \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
+            const __m256i q0 = unpack_nibbles(p + (QOFF));                                         \
             const float d0 = half_f16c(p);                                                         \
-            LEVELS(a0, b0, unpack_nibbles(p + (QOFF)), a + b, d0, DOT);                            \
-            off += OFFSET_TERM(p, d0, a + b);                                                      \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                const osp_q8_block *aj = a + j * as + b;                                           \
+                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
+                OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
+            }                                                                                      \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+        ACC_STORE(NT);                                                                             \
     }
 
 #define Q4_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
@@ -409,47 +433,47 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
 #define Q5_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
 
 /* Q5_0 / Q5_1: nibbles at QOFF, fifth bits at HOFF. */
-#define Q5_KERNEL(NAME, TGT, DOT, BYTES, HOFF, QOFF, OFFSET_TERM)                                  \
-    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+#define Q5_KERNEL(NAME, TGT, DOT, BYTES, HOFF, QOFF, OFFSET_TERM, NT)                              \
+    TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
-        float off = 0.0f;                                                                          \
+        ACC_DECL(NT);                                                                              \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
             const uint8_t *p1 = p + (BYTES);                                                       \
             const __m256i q0 = _mm256_or_si256(unpack_nibbles(p + (QOFF)), q5_high_bits(p + (HOFF))); \
             const __m256i q1 = _mm256_or_si256(unpack_nibbles(p1 + (QOFF)), q5_high_bits(p1 + (HOFF))); \
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
-            LEVELS(a0, b0, q0, a + b, d0, DOT);                                                    \
-            LEVELS(a1, b1, q1, a + b + 1, d1, DOT);                                                \
-            off += OFFSET_TERM(p, d0, a + b) + OFFSET_TERM(p1, d1, a + b + 1);                     \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                const osp_q8_block *aj = a + j * as + b;                                           \
+                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
+                LEVELS(A1[j], B1[j], q1, aj + 1, d1, DOT);                                         \
+                OFF[j] += OFFSET_TERM(p, d0, aj) + OFFSET_TERM(p1, d1, aj + 1);                    \
+            }                                                                                      \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
             const __m256i q0 = _mm256_or_si256(unpack_nibbles(p + (QOFF)), q5_high_bits(p + (HOFF))); \
             const float d0 = half_f16c(p);                                                         \
-            LEVELS(a0, b0, q0, a + b, d0, DOT);                                                    \
-            off += OFFSET_TERM(p, d0, a + b);                                                      \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                const osp_q8_block *aj = a + j * as + b;                                           \
+                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
+                OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
+            }                                                                                      \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+        ACC_STORE(NT);                                                                             \
     }
 
 /* Q4_K / Q5_K: one scale per activation block, folded into the float factor d sc_j d_a; the mins
  * give -dmin sum_j m_j s_j. Q5_K's fifth bit of value 32j + l is bit j of qh[l]: qh is shifted right
  * by two per pair of blocks and bit 0 (then bit 1) of each byte moved to 0x10. */
-#define QK45_KERNEL(NAME, TGT, DOT, BYTES, FIVE)                                                   \
-    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+#define QK45_KERNEL(NAME, TGT, DOT, BYTES, FIVE, NT)                                               \
+    TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                      \
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
-        float off = 0.0f;                                                                          \
-        for (int64_t sb = 0; sb < nb / 8; sb++, p += (BYTES), a += 8) {                            \
+        ACC_DECL(NT);                                                                              \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += (BYTES)) {                                    \
             const float d = half_f16c(p), dmin = half_f16c(p + 2);                                 \
             uint8_t sc[8], m[8];                                                                   \
             k4_scales(p + 4, sc, m);                                                               \
-            const float moff = (((float)m[0] * a[0].s + (float)m[1] * a[1].s) +                    \
-                                ((float)m[2] * a[2].s + (float)m[3] * a[3].s)) +                   \
-                               (((float)m[4] * a[4].s + (float)m[5] * a[5].s) +                    \
-                                ((float)m[6] * a[6].s + (float)m[7] * a[7].s));                    \
             const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                            \
             __m256i qh = (FIVE) ? _mm256_loadu_si256((const __m256i *)(const void *)(p + 16))      \
                                 : _mm256_setzero_si256();                                          \
@@ -463,30 +487,45 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                                                  _mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
                     qh = _mm256_srli_epi16(qh, 2);                                                 \
                 }                                                                                  \
-                LEVELS(a0, b0, lo, a + 2 * c, d * (float)sc[2 * c], DOT);                          \
-                LEVELS(a1, b1, hi, a + 2 * c + 1, d * (float)sc[2 * c + 1], DOT);                  \
+                const float dlo = d * (float)sc[2 * c], dhi = d * (float)sc[2 * c + 1];            \
+                for (int j = 0; j < (NT); j++) {                                                   \
+                    const osp_q8_block *aj = a + j * as + 8 * sb;                                  \
+                    LEVELS(A0[j], B0[j], lo, aj + 2 * c, dlo, DOT);                                \
+                    LEVELS(A1[j], B1[j], hi, aj + 2 * c + 1, dhi, DOT);                            \
+                }                                                                                  \
             }                                                                                      \
-            off -= dmin * moff;                                                                    \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                const osp_q8_block *aj = a + j * as + 8 * sb;                                      \
+                const float moff = (((float)m[0] * aj[0].s + (float)m[1] * aj[1].s) +              \
+                                    ((float)m[2] * aj[2].s + (float)m[3] * aj[3].s)) +             \
+                                   (((float)m[4] * aj[4].s + (float)m[5] * aj[5].s) +              \
+                                    ((float)m[6] * aj[6].s + (float)m[7] * aj[7].s));              \
+                OFF[j] -= dmin * moff;                                                             \
+            }                                                                                      \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+        ACC_STORE(NT);                                                                             \
     }
 
 /* Q6_K: per half h, codes of block 4h+s from ql (low/high nibbles of two 32-byte rows) and qh
  * (bits 2s..2s+1 moved to 0x30); the -32 offset per 16-value sub-block uses the half sums. */
-#define Q6K_KERNEL(NAME, TGT)                                                                      \
-    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+#define Q6K_STEP(NT, ACC1, ACC2, q, k)                                                             \
+    do {                                                                                           \
+        const __m256i scv = sc16_pair(sc8, sel);                                                   \
+        sel = _mm_add_epi8(sel, two);                                                              \
+        for (int j = 0; j < (NT); j++) LEVELS_SC(ACC1[j], ACC2[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d); \
+    } while (0)
+#define Q6K_KERNEL(NAME, TGT, NT)                                                                  \
+    TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);                   \
         const __m128i sel0 = _mm_set_epi64x(0x0101010101010101LL, 0), two = _mm_set1_epi8(2);      \
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
-        float off = 0.0f;                                                                          \
-        for (int64_t sb = 0; sb < nb / 8; sb++, p += 210, a += 8) {                                \
+        ACC_DECL(NT);                                                                              \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += 210) {                                        \
             const int8_t *sc = (const int8_t *)(p + 192);                                          \
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                \
             const float d = half_f16c(p + 208);                                                    \
             __m128i sel = sel0;                                                                    \
             for (int h = 0; h < 2; h++) {                                                          \
-                const osp_q8_block *blk = a + 4 * h;                                               \
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h)); \
                 const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h + 32)); \
                 const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(p + 128 + 32 * h)); \
@@ -498,35 +537,26 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                                                    _mm256_and_si256(qh, m30));                     \
                 const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), \
                                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)); \
-                __m256i scv = sc16_pair(sc8, sel);                                                 \
-                sel = _mm_add_epi8(sel, two);                                                      \
-                LEVELS_SC(a0, b0, q0, scv, blk, d);                                                \
-                scv = sc16_pair(sc8, sel);                                                         \
-                sel = _mm_add_epi8(sel, two);                                                      \
-                LEVELS_SC(a1, b1, q1, scv, blk + 1, d);                                            \
-                scv = sc16_pair(sc8, sel);                                                         \
-                sel = _mm_add_epi8(sel, two);                                                      \
-                LEVELS_SC(a0, b0, q2, scv, blk + 2, d);                                            \
-                scv = sc16_pair(sc8, sel);                                                         \
-                sel = _mm_add_epi8(sel, two);                                                      \
-                LEVELS_SC(a1, b1, q3, scv, blk + 3, d);                                            \
+                Q6K_STEP(NT, A0, B0, q0, 0);                                                       \
+                Q6K_STEP(NT, A1, B1, q1, 1);                                                       \
+                Q6K_STEP(NT, A0, B0, q2, 2);                                                       \
+                Q6K_STEP(NT, A1, B1, q3, 3);                                                       \
             }                                                                                      \
-            off -= 32.0f * d * halves8(sc, a);                                                     \
+            for (int j = 0; j < (NT); j++) OFF[j] -= 32.0f * d * halves8(sc, a + j * as + 8 * sb); \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+        ACC_STORE(NT);                                                                             \
     }
 
 /* Q2_K / Q3_K: block 4h+s takes bits 2s..2s+1 of qs[32h + l] (Q3_K adds bit 4h+s of hmask[l] as 4);
  * scales per 16 values (Q2_K nibbles, Q3_K decoded 6-bit values minus 32); offsets on the half sums:
  * Q2_K -dmin m, Q3_K -4 d sc. */
-#define Q23K_KERNEL(NAME, TGT, THREE)                                                              \
-    TGT static float NAME(const void *w, const osp_q8_block *a, int64_t nb) {                      \
+#define Q23K_KERNEL(NAME, TGT, THREE, NT)                                                          \
+    TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);                         \
         const __m128i sel0 = _mm_set_epi64x(0x0101010101010101LL, 0), two = _mm_set1_epi8(2);      \
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
-        float off = 0.0f;                                                                          \
-        for (int64_t sb = 0; sb < nb / 8; sb++, p += (THREE) ? 110 : 84, a += 8) {                 \
+        ACC_DECL(NT);                                                                              \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += (THREE) ? 110 : 84) {                         \
             int8_t sc[16];                                                                         \
             int8_t mn[16];                                                                         \
             float d;                                                                               \
@@ -537,12 +567,12 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 d = half_f16c(p + 108);                                                            \
                 qs = p + 32;                                                                       \
                 hm = _mm256_loadu_si256((const __m256i *)(const void *)p);                         \
-                off -= 4.0f * d * halves8(sc, a);                                                  \
+                for (int j = 0; j < (NT); j++) OFF[j] -= 4.0f * d * halves8(sc, a + j * as + 8 * sb); \
             } else {                                                                               \
                 for (int k = 0; k < 16; k++) sc[k] = (int8_t)(p[k] & 0x0f), mn[k] = (int8_t)(p[k] >> 4); \
                 d = half_f16c(p + 80);                                                             \
                 qs = p + 16;                                                                       \
-                off -= half_f16c(p + 82) * halves8(mn, a);                                         \
+                for (int j = 0; j < (NT); j++) OFF[j] -= half_f16c(p + 82) * halves8(mn, a + j * as + 8 * sb); \
             }                                                                                      \
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                \
             __m128i sel = sel0;                                                                    \
@@ -557,51 +587,77 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                     raw = _mm256_srli_epi16(raw, 2);                                               \
                     const __m256i scv = sc16_pair(sc8, sel);                                       \
                     sel = _mm_add_epi8(sel, two);                                                  \
-                    if (s & 1)                                                                     \
-                        LEVELS_SC(a1, b1, q, scv, a + 4 * h + s, d);                               \
-                    else                                                                           \
-                        LEVELS_SC(a0, b0, q, scv, a + 4 * h + s, d);                               \
+                    for (int j = 0; j < (NT); j++) {                                               \
+                        const osp_q8_block *blk = a + j * as + 8 * sb + 4 * h + s;                 \
+                        if (s & 1)                                                                 \
+                            LEVELS_SC(A1[j], B1[j], q, scv, blk, d);                               \
+                        else                                                                       \
+                            LEVELS_SC(A0[j], B0[j], q, scv, blk, d);                               \
+                    }                                                                              \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1))) + off;           \
+        ACC_STORE(NT);                                                                             \
     }
 
-#define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
-    Q4_KERNEL(dot_q4_1_##SUFFIX, TGT, DOT, 20, 4, Q4_1_OFFSET)                                     \
-    Q4_KERNEL(dot_q4_0_##SUFFIX, TGT, DOT, 18, 2, Q4_0_OFFSET)                                     \
-    Q5_KERNEL(dot_q5_0_##SUFFIX, TGT, DOT, 22, 2, 6, Q5_0_OFFSET)                                  \
-    Q5_KERNEL(dot_q5_1_##SUFFIX, TGT, DOT, 24, 4, 8, Q5_1_OFFSET)                                  \
-    QK45_KERNEL(dot_q4_k_##SUFFIX, TGT, DOT, 144, 0)                                               \
-    QK45_KERNEL(dot_q5_k_##SUFFIX, TGT, DOT, 176, 1)                                               \
-    Q6K_KERNEL(dot_q6_k_##SUFFIX, TGT)                                                             \
-    Q23K_KERNEL(dot_q2_k_##SUFFIX, TGT, 0)                                                         \
-    Q23K_KERNEL(dot_q3_k_##SUFFIX, TGT, 1)                                                         \
-    TGT static float dot_q8_0_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {         \
+/* Q8_0: |w| against sign(a, w); no offset term (the sum is returned as is, so -0.0 stays -0.0). */
+#define Q8_0_KERNEL(NAME, TGT, DOT, NT)                                                            \
+    TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
-        __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;                                \
-        int64_t b = 0;                                                                             \
-        for (; b < nb; b++, p += 34) {                                                             \
+        ACC_DECL(NT);                                                                              \
+        (void)OFF;                                                                                 \
+        for (int64_t b = 0; b < nb; b++, p += 34) {                                                \
             const __m256i qw = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2));          \
-            const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs);          \
-            const __m256i qa2 = _mm256_loadu_si256((const __m256i *)(const void *)a[b].qs2);        \
             const __m256i aw = _mm256_sign_epi8(qw, qw);                                           \
-            const __m256 s1 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw)));               \
-            const __m256 s2 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa2, qw)));              \
             const float dw = half_f16c(p);                                                         \
-            if (b & 1) {                                                                           \
-                a1 = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * a[b].d), a1);                         \
-                b1 = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * a[b].d2), b1);                        \
-            } else {                                                                               \
-                a0 = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * a[b].d), a0);                         \
-                b0 = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * a[b].d2), b0);                        \
+            for (int j = 0; j < (NT); j++) {                                                       \
+                const osp_q8_block *aj = a + j * as + b;                                           \
+                const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)aj->qs);       \
+                const __m256i qa2 = _mm256_loadu_si256((const __m256i *)(const void *)aj->qs2);     \
+                const __m256 s1 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw)));           \
+                const __m256 s2 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa2, qw)));          \
+                if (b & 1) {                                                                       \
+                    A1[j] = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * aj->d), A1[j]);                \
+                    B1[j] = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * aj->d2), B1[j]);               \
+                } else {                                                                           \
+                    A0[j] = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * aj->d), A0[j]);                \
+                    B0[j] = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * aj->d2), B0[j]);               \
+                }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        return hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(b0, b1)));                 \
+        for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j);                                     \
     }
+
+/* Every family at NT tokens: tile_<type>_<suffix><NT>. */
+#define DEFINE_X86_TILES(SUFFIX, TGT, DOT, NT)                                                     \
+    Q4_KERNEL(tile_q4_1_##SUFFIX##NT, TGT, DOT, 20, 4, Q4_1_OFFSET, NT)                            \
+    Q4_KERNEL(tile_q4_0_##SUFFIX##NT, TGT, DOT, 18, 2, Q4_0_OFFSET, NT)                            \
+    Q5_KERNEL(tile_q5_0_##SUFFIX##NT, TGT, DOT, 22, 2, 6, Q5_0_OFFSET, NT)                         \
+    Q5_KERNEL(tile_q5_1_##SUFFIX##NT, TGT, DOT, 24, 4, 8, Q5_1_OFFSET, NT)                         \
+    QK45_KERNEL(tile_q4_k_##SUFFIX##NT, TGT, DOT, 144, 0, NT)                                      \
+    QK45_KERNEL(tile_q5_k_##SUFFIX##NT, TGT, DOT, 176, 1, NT)                                      \
+    Q6K_KERNEL(tile_q6_k_##SUFFIX##NT, TGT, NT)                                                    \
+    Q23K_KERNEL(tile_q2_k_##SUFFIX##NT, TGT, 0, NT)                                                \
+    Q23K_KERNEL(tile_q3_k_##SUFFIX##NT, TGT, 1, NT)                                                \
+    Q8_0_KERNEL(tile_q8_0_##SUFFIX##NT, TGT, DOT, NT)
+
+/* The one-token dot products: the NT = 1 tiles. */
+#define ONE(TYPE, SUFFIX, TGT)                                                                     \
+    TGT static float dot_##TYPE##_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {     \
+        float y;                                                                                   \
+        tile_##TYPE##_##SUFFIX##1(w, a, nb, 0, &y, 0);                                             \
+        return y;                                                                                  \
+    }
+#define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
+    DEFINE_X86_TILES(SUFFIX, TGT, DOT, 1)                                                          \
+    ONE(q4_1, SUFFIX, TGT) ONE(q4_0, SUFFIX, TGT) ONE(q5_0, SUFFIX, TGT) ONE(q5_1, SUFFIX, TGT)   \
+    ONE(q4_k, SUFFIX, TGT) ONE(q5_k, SUFFIX, TGT) ONE(q6_k, SUFFIX, TGT) ONE(q2_k, SUFFIX, TGT)   \
+    ONE(q3_k, SUFFIX, TGT) ONE(q8_0, SUFFIX, TGT)
 
 DEFINE_X86_KERNELS(avx2, TGT_AVX2, dot_u8s8_avx2)
 DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot_u8s8_vnni)
+DEFINE_X86_TILES(avx2, TGT_AVX2, dot_u8s8_avx2, 2)
+DEFINE_X86_TILES(vnni, TGT_VNNI, dot_u8s8_vnni, 4)
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -695,4 +751,31 @@ osp_qdot_fn osp_qdot_for(uint32_t type) {
     }
 #endif
     return osp_qdot_ref_for(type);
+}
+
+osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n) {
+    *n = 1;
+#ifdef OSP_X86
+    const isa_t isa = detect();
+#define TILE_CASES(SUFFIX, NT)                                                                     \
+    switch (type) {                                                                                \
+    case OSP_DTYPE_Q8_0: *n = NT; return tile_q8_0_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q4_0: *n = NT; return tile_q4_0_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q4_1: *n = NT; return tile_q4_1_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q5_0: *n = NT; return tile_q5_0_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q5_1: *n = NT; return tile_q5_1_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q2_K: *n = NT; return tile_q2_k_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q3_K: *n = NT; return tile_q3_k_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q4_K: *n = NT; return tile_q4_k_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q5_K: *n = NT; return tile_q5_k_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q6_K: *n = NT; return tile_q6_k_##SUFFIX##NT;                                   \
+    default: return NULL;                                                                          \
+    }
+    if (isa == ISA_VNNI) TILE_CASES(vnni, 4)
+    if (isa == ISA_AVX2) TILE_CASES(avx2, 2)
+#undef TILE_CASES
+#else
+    (void)type;
+#endif
+    return NULL;
 }

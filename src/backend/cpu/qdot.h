@@ -40,6 +40,17 @@ typedef float (*osp_qdot_fn)(const void *w, const osp_q8_block *a, int64_t nbloc
 /* The fastest kernel for weight type `type` on this CPU, or NULL when the type has no quantized
  * path (F32, F16, BF16: those use the fp32 path). */
 osp_qdot_fn osp_qdot_for(uint32_t type);
+/* A GEMM tile: one weight row (`nb` blocks at w) against n tokens' activation rows (a + j * a_stride
+ * blocks, j < n): y[j * y_stride] = dot(w, a + j * a_stride, nb). Each weight block is unpacked once
+ * for all n tokens. Every y is bit-identical to osp_qdot_for(type)(w, a + j * a_stride, nb) -- the
+ * one-token kernel is the same code at n = 1 -- so a token's result never depends on how many tokens
+ * share its tile (batch invariance). */
+typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t nb, int64_t a_stride, float *y,
+                                 int64_t y_stride);
+/* The tile kernel for `type` in the family osp_qdot_for picks, with its width in *n (4 on
+ * AVX512-VNNI, whose 32 vector registers hold 4 tokens' accumulators; 2 on AVX2), or NULL with *n = 1
+ * where the family has none (the portable kernels, F32/F16/BF16). */
+osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n);
 /* The portable reference kernel for `type` (NULL as above). */
 osp_qdot_fn osp_qdot_ref_for(uint32_t type);
 /* "avx512vnni", "avx2" or "scalar": the kernel family osp_qdot_for picks. */
