@@ -144,6 +144,20 @@ static void run_attn_case(const attn_case *c, osp_kv_dtype dt) {
         osp_cpu_paged_attention(q, kf, vf, OSP_DTYPE_F32, o_f, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D, scale,
                                 c->window, sc, i0, i1);
     }
+    /* the tiled kernel the CPU backend runs (a KV head's group at a token shares each row read) gives
+     * the same bits for any tile width, also when a thread's range cuts a group */
+    float *o_t = malloc(sizeof *o_t * (size_t)T * (size_t)H * (size_t)D);
+    float *sct = malloc(sizeof *sct * OSP_CPU_ATTN_MAX_TILE * 4096);
+    for (int tile = 2; tile <= OSP_CPU_ATTN_MAX_TILE; tile *= 8) {
+        const int64_t cut = items / 2 + 1;
+        for (int part = 0; part < 2; part++)
+            osp_cpu_paged_attention_tiled(q, &pg, o_t, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D, scale,
+                                          c->window, sct, 4096, tile, part ? cut : 0, part ? items : cut);
+        if (memcmp(o_t, o_q, sizeof *o_t * (size_t)(items * D)) != 0)
+            fail_msg("%s D %d H %d/%d: tiles of %d differ from one item at a time", osp_kv_dtype_name(dt), D, H, HK,
+                     tile);
+    }
+    free(o_t), free(sct);
     for (int64_t i = 0; i < items * D; i++) {
         assert_true(isfinite(o_f[i]));
         if (memcmp(&o_q[i], &o_f[i], sizeof(float)) != 0)

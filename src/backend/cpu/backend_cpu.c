@@ -37,7 +37,7 @@ typedef struct cpu_backend {
     size_t act_cap[OSP_GRAPH_MAX_ACTS]; /* floats */
     float *scratch;                      /* [nt, scratch_cols] */
     int64_t scratch_cols;
-    float *scores; /* [nt, cap_ctx] */
+    float *scores; /* [nt, OSP_CPU_ATTN_MAX_TILE, cap_ctx]: attention's per-item scores */
     int64_t cap_ctx;
     osp_q8_block *xq; /* quantized matmul input */
     size_t cap_xq;    /* blocks */
@@ -372,10 +372,11 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
     const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k = kv->k[l], .v = kv->v[l], .k_scale = kv->k_scale[l],
                                  .v_scale = kv->v_scale[l], .k_fixed = F ? kv->k_fixed + l * F : NULL,
                                  .v_fixed = F ? kv->v_fixed + l * F : NULL};
-    osp_cpu_paged_attention_kv(r->bufs[op->src0], &pg, out, b->num_seqs, b->query_start_loc, b->positions,
-                               b->block_table, b->max_blocks_per_seq, kv->block_size, H, op->p.attn.n_head_kv, D,
-                               op->p.attn.scale, op->p.attn.window,
-                               r->c->scores + (size_t)ith * (size_t)r->c->cap_ctx, i0, i1);
+    osp_cpu_paged_attention_tiled(r->bufs[op->src0], &pg, out, b->num_seqs, b->query_start_loc, b->positions,
+                                  b->block_table, b->max_blocks_per_seq, kv->block_size, H, op->p.attn.n_head_kv, D,
+                                  op->p.attn.scale, op->p.attn.window,
+                                  r->c->scores + (size_t)ith * OSP_CPU_ATTN_MAX_TILE * (size_t)r->c->cap_ctx,
+                                  r->c->cap_ctx, OSP_CPU_ATTN_MAX_TILE, i0, i1);
     if (r->c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16 && i1 > i0)
         osp_cpu_round_bf16(out + i0 * D, (i1 - i0) * D);
 }
@@ -535,7 +536,7 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
     if (max_ctx > c->cap_ctx) {
         const int64_t cap = max_ctx < 256 ? 256 : max_ctx * 2;
         free(c->scores);
-        c->scores = malloc((size_t)c->nt * (size_t)cap * sizeof(float));
+        c->scores = malloc((size_t)c->nt * OSP_CPU_ATTN_MAX_TILE * (size_t)cap * sizeof(float));
         if (!c->scores) goto nomem;
         c->cap_ctx = cap;
     }

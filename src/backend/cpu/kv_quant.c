@@ -93,46 +93,82 @@ static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64
 
 #define MAX_HEAD_DIM 1024
 
+/* Items (t, h), h fastest, are taken in tiles: the heads of one KV head's group at one token (those of
+ * them in [item_begin, item_end)), at most `max_tile`. Each K and V row is read (and widened from
+ * f16/fp8/nvfp4) once per tile instead of once per item; every item keeps its own scores, maximum, sum
+ * and output, computed with exactly the operations, in the order, of a tile of one (three passes: scores
+ * and max, exp and sum, weighted V sum), so the result never depends on the tile. */
+void osp_cpu_paged_attention_tiled(const float *q, const osp_cpu_kv_pages *kv, float *out, int32_t num_seqs,
+                                   const int32_t *query_start_loc, const int32_t *positions,
+                                   const int32_t *block_table, int32_t max_blocks, int32_t block_size, int64_t n_head,
+                                   int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *sc,
+                                   int64_t sc_stride, int max_tile, int64_t item_begin, int64_t item_end) {
+    const int64_t group = n_head / n_head_kv;
+    float row[MAX_HEAD_DIM];
+    uint16_t half[MAX_HEAD_DIM];
+    int32_t s = 0;
+    if (max_tile < 1) max_tile = 1;
+    if (max_tile > OSP_CPU_ATTN_MAX_TILE) max_tile = OSP_CPU_ATTN_MAX_TILE;
+    for (int64_t item = item_begin; item < item_end;) {
+        const int64_t t = item / n_head, h0 = item % n_head;
+        /* the tile: heads h0.. of h0's group at token t, inside the range, at most max_tile */
+        const int64_t kvh = h0 / group, group_end = (kvh + 1) * group;
+        int64_t m = group_end - h0;
+        if (m > item_end - item) m = item_end - item;
+        if (m > max_tile) m = max_tile;
+        item += m;
+        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
+        while (s > 0 && t < query_start_loc[s]) s--;
+        const int32_t *bt = block_table + (size_t)s * max_blocks;
+        const int64_t n_ctx = (int64_t)positions[t] + 1;
+        const int64_t p0 = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
+        const float *qh = q + (t * n_head + h0) * head_dim;
+        float mx[OSP_CPU_ATTN_MAX_TILE] = {0}, sum[OSP_CPU_ATTN_MAX_TILE] = {0};
+        for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
+        for (int64_t p = p0; p < n_ctx; p++) {
+            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            const float *kr = read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half);
+            for (int64_t j = 0; j < m; j++) {
+                float *scj = sc + j * sc_stride;
+                scj[p] = osp_cpu_dot(qh + j * head_dim, kr, head_dim) * scale;
+                if (scj[p] > mx[j]) mx[j] = scj[p];
+            }
+        }
+        for (int64_t j = 0; j < m; j++) {
+            float *scj = sc + j * sc_stride;
+            sum[j] = 0.0f;
+            for (int64_t p = p0; p < n_ctx; p++) {
+                scj[p] = expf(scj[p] - mx[j]);
+                sum[j] += scj[p];
+            }
+        }
+        float *o = out + (t * n_head + h0) * head_dim;
+        memset(o, 0, (size_t)(m * head_dim) * sizeof *o);
+        for (int64_t p = p0; p < n_ctx; p++) {
+            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half);
+            for (int64_t j = 0; j < m; j++) {
+                const float w = sc[j * sc_stride + p];
+                float *oj = o + j * head_dim;
+                for (int64_t d = 0; d < head_dim; d++) oj[d] += w * vp[d];
+            }
+        }
+        for (int64_t j = 0; j < m; j++) {
+            const float inv = 1.0f / sum[j];
+            float *oj = o + j * head_dim;
+            for (int64_t d = 0; d < head_dim; d++) oj[d] *= inv;
+        }
+    }
+}
+
 void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, float *out, int32_t num_seqs,
                                 const int32_t *query_start_loc, const int32_t *positions, const int32_t *block_table,
                                 int32_t max_blocks, int32_t block_size, int64_t n_head, int64_t n_head_kv,
                                 int64_t head_dim, float scale, int32_t window, float *sc, int64_t item_begin,
                                 int64_t item_end) {
-    const int64_t group = n_head / n_head_kv;
-    float row[MAX_HEAD_DIM];
-    uint16_t half[MAX_HEAD_DIM];
-    int32_t s = 0;
-    for (int64_t item = item_begin; item < item_end; item++) {
-        const int64_t t = item / n_head, h = item % n_head;
-        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
-        while (s > 0 && t < query_start_loc[s]) s--;
-        const int32_t *bt = block_table + (size_t)s * max_blocks;
-        const int64_t kvh = h / group;
-        const float *qh = q + (t * n_head + h) * head_dim;
-        const int64_t n_ctx = (int64_t)positions[t] + 1;
-        const int64_t p0 = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
-        float mx = -INFINITY;
-        for (int64_t p = p0; p < n_ctx; p++) {
-            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            sc[p] = osp_cpu_dot(qh, read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half), head_dim) * scale;
-            if (sc[p] > mx) mx = sc[p];
-        }
-        float sum = 0.0f;
-        for (int64_t p = p0; p < n_ctx; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        float *o = out + (t * n_head + h) * head_dim;
-        memset(o, 0, (size_t)head_dim * sizeof *o);
-        for (int64_t p = p0; p < n_ctx; p++) {
-            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half);
-            const float w = sc[p];
-            for (int64_t d = 0; d < head_dim; d++) o[d] += w * vp[d];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < head_dim; d++) o[d] *= inv;
-    }
+    osp_cpu_paged_attention_tiled(q, kv, out, num_seqs, query_start_loc, positions, block_table, max_blocks,
+                                  block_size, n_head, n_head_kv, head_dim, scale, window, sc, 0, 1, item_begin,
+                                  item_end);
 }
 
 const float *osp_cpu_kv_read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh, int64_t n_head_kv,
