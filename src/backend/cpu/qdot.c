@@ -46,7 +46,7 @@ void osp_quantize_row_q8(const float *restrict x, osp_q8_block *restrict y, int6
             continue;
         }
         const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
-        const float d2 = d / 254.0f, id2 = d != 0.0f ? 254.0f / d : 0.0f;
+        const float d2 = d * (1.0f / 256.0f), id2 = d != 0.0f ? 256.0f / d : 0.0f; /* d = 256 d2 exactly */
         int sum = 0, sum2 = 0, sum0 = 0, sum20 = 0;
         for (int i = 0; i < OSP_Q8_BLOCK; i++) {
             if (i == OSP_Q8_BLOCK / 2) sum0 = sum, sum20 = sum2;
@@ -332,18 +332,25 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
 
-/* Block b adds dw * (d * dot(qw, qs) + d2 * dot(qw, qs2)) (qw unsigned bytes). Even and odd blocks
- * and the two levels go to four separate accumulators, so consecutive FMAs do not wait on each
- * other's 4-cycle latency (one chain would bound the loop at 8 cycles per block). */
-#define LEVELS(acc1, acc2, qw, blk, dw, DOT)                                                       \
-    do {                                                                                           \
-        acc1 = _mm256_fmadd_ps(                                                                    \
-            _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs))), \
-            _mm256_set1_ps((dw) * (blk)->d), acc1);                                                \
-        acc2 = _mm256_fmadd_ps(                                                                    \
-            _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2))), \
-            _mm256_set1_ps((dw) * (blk)->d2), acc2);                                               \
-    } while (0)
+/* Both activation levels against the same unsigned bytes u, combined exactly in int32:
+ * 256 dot(u, s1) + dot(u, s2) per lane (4 products a lane; |lane| <= 4 * 255 * 127, so the sum stays
+ * far inside int32). With d = 256 d2 exactly (osp_quantize_row_q8), d dot1 + d2 dot2 = d2 * this. */
+TGT_AVX2 static inline __m256i dot2_avx2(__m256i u, __m256i s1, __m256i s2) {
+    return _mm256_add_epi32(_mm256_slli_epi32(dot_u8s8_avx2(u, s1), 8), dot_u8s8_avx2(u, s2));
+}
+
+TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
+    return _mm256_dpbusd_epi32(_mm256_slli_epi32(dot_u8s8_vnni(u, s1), 8), u, s2);
+}
+
+/* Block b adds dw * d2 * (256 dot(qw, qs) + dot(qw, qs2)) (qw unsigned bytes; DOT is dot2_*): one
+ * conversion and one FMA for both levels. Even and odd blocks go to separate accumulators, so
+ * consecutive FMAs of a token do not wait on each other's 4-cycle latency. */
+#define LEVEL(acc, qw, blk, dw, DOT)                                                               \
+    acc = _mm256_fmadd_ps(                                                                         \
+        _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs),   \
+                               _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2))),    \
+        _mm256_set1_ps((dw) * (blk)->d2), acc)
 
 /* ---- kernels over NT tokens at once (a GEMM tile: one weight row by NT tokens) ----
  * Each kernel computes y[j * ys] = dot(w, a + j * as, nb) for j < NT: a weight block is loaded and
@@ -353,13 +360,13 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
  * one-token kernel -- which is the NT = 1 instance of the same macro -- so a token's result never
  * depends on how many tokens share its tile (batch invariance holds by construction; test_qdot
  * asserts the bits). The token loops have a constant trip count and unroll completely, keeping the
- * 4 NT accumulators in registers (NT = 4 needs AVX512VL's 32 vector registers; AVX2 uses NT = 2). */
+ * 2 NT accumulators in registers (NT = 8 uses AVX512VL's 32 vector registers; AVX2 has 16: NT = 4). */
 #define TILE_ARGS const void *w, const osp_q8_block *a, int64_t nb, int64_t as, float *y, int64_t ys
 #define ACC_DECL(NT)                                                                               \
-    __m256 A0[NT], B0[NT], A1[NT], B1[NT];                                                         \
+    __m256 A0[NT], A1[NT];                                                                         \
     float OFF[NT];                                                                                 \
-    for (int j = 0; j < (NT); j++) A0[j] = B0[j] = A1[j] = B1[j] = _mm256_setzero_ps(), OFF[j] = 0.0f
-#define ACC_SUM(j) hsum8(_mm256_add_ps(_mm256_add_ps(A0[j], A1[j]), _mm256_add_ps(B0[j], B1[j])))
+    for (int j = 0; j < (NT); j++) A0[j] = A1[j] = _mm256_setzero_ps(), OFF[j] = 0.0f
+#define ACC_SUM(j) hsum8(_mm256_add_ps(A0[j], A1[j]))
 #define ACC_STORE(NT)                                                                              \
     for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j) + OFF[j]
 
@@ -374,8 +381,8 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
             const float d0 = half_f16c(p), d1 = half_f16c(p + (BYTES));                            \
             for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
-                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
-                LEVELS(A1[j], B1[j], q1, aj + 1, d1, DOT);                                         \
+                LEVEL(A0[j], q0, aj, d0, DOT);                                             \
+                LEVEL(A1[j], q1, aj + 1, d1, DOT);                                         \
                 OFF[j] += OFFSET_TERM(p, d0, aj) + OFFSET_TERM(p + (BYTES), d1, aj + 1);           \
             }                                                                                      \
         }                                                                                          \
@@ -384,7 +391,7 @@ TGT_VNNI static inline __m256i dot_u8s8_vnni(__m256i u, __m256i s) {
             const float d0 = half_f16c(p);                                                         \
             for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
-                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
+                LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
             }                                                                                      \
         }                                                                                          \
@@ -420,14 +427,14 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sel));
 }
 
-/* Block j with per-16 scales: acc += dw d_a (scaled int sums), on both levels. */
-#define LEVELS_SC(acc1, acc2, qw, scv, blk, dw)                                                     \
-    do {                                                                                           \
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_sc16(qw, (blk)->qs, scv)),                   \
-                               _mm256_set1_ps((dw) * (blk)->d), acc1);                             \
-        acc2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_sc16(qw, (blk)->qs2, scv)),                  \
-                               _mm256_set1_ps((dw) * (blk)->d2), acc2);                            \
-    } while (0)
+/* Block j with per-16 scales: acc += dw d2 (256 first-level + second-level scaled int sums). A lane
+ * holds 4 products times a sub-block scale: |lane| <= 4 * 63 * 127 * 128 (Q6_K), so 256 |lane| + |lane|
+ * < 2^31: the combination is exact in int32. */
+#define LEVEL_SC(acc, qw, scv, blk, dw)                                                            \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                                     \
+                              _mm256_slli_epi32(dot_sc16(qw, (blk)->qs, scv), 8),                  \
+                              dot_sc16(qw, (blk)->qs2, scv))),                                     \
+                          _mm256_set1_ps((dw) * (blk)->d2), acc)
 
 #define Q5_0_OFFSET(p, dw, blk) (-16.0f * (dw) * (blk)->s)
 #define Q5_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
@@ -445,8 +452,8 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
             for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
-                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
-                LEVELS(A1[j], B1[j], q1, aj + 1, d1, DOT);                                         \
+                LEVEL(A0[j], q0, aj, d0, DOT);                                             \
+                LEVEL(A1[j], q1, aj + 1, d1, DOT);                                         \
                 OFF[j] += OFFSET_TERM(p, d0, aj) + OFFSET_TERM(p1, d1, aj + 1);                    \
             }                                                                                      \
         }                                                                                          \
@@ -455,7 +462,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
             const float d0 = half_f16c(p);                                                         \
             for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
-                LEVELS(A0[j], B0[j], q0, aj, d0, DOT);                                             \
+                LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
             }                                                                                      \
         }                                                                                          \
@@ -490,8 +497,8 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 const float dlo = d * (float)sc[2 * c], dhi = d * (float)sc[2 * c + 1];            \
                 for (int j = 0; j < (NT); j++) {                                                   \
                     const osp_q8_block *aj = a + j * as + 8 * sb;                                  \
-                    LEVELS(A0[j], B0[j], lo, aj + 2 * c, dlo, DOT);                                \
-                    LEVELS(A1[j], B1[j], hi, aj + 2 * c + 1, dhi, DOT);                            \
+                    LEVEL(A0[j], lo, aj + 2 * c, dlo, DOT);                                \
+                    LEVEL(A1[j], hi, aj + 2 * c + 1, dhi, DOT);                            \
                 }                                                                                  \
             }                                                                                      \
             for (int j = 0; j < (NT); j++) {                                                       \
@@ -508,11 +515,11 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
 
 /* Q6_K: per half h, codes of block 4h+s from ql (low/high nibbles of two 32-byte rows) and qh
  * (bits 2s..2s+1 moved to 0x30); the -32 offset per 16-value sub-block uses the half sums. */
-#define Q6K_STEP(NT, ACC1, ACC2, q, k)                                                             \
+#define Q6K_STEP(NT, ACC, q, k)                                                             \
     do {                                                                                           \
         const __m256i scv = sc16_pair(sc8, sel);                                                   \
         sel = _mm_add_epi8(sel, two);                                                              \
-        for (int j = 0; j < (NT); j++) LEVELS_SC(ACC1[j], ACC2[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d); \
+        for (int j = 0; j < (NT); j++) LEVEL_SC(ACC[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d); \
     } while (0)
 #define Q6K_KERNEL(NAME, TGT, NT)                                                                  \
     TGT static void NAME(TILE_ARGS) {                                                              \
@@ -537,10 +544,10 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                                                    _mm256_and_si256(qh, m30));                     \
                 const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), \
                                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)); \
-                Q6K_STEP(NT, A0, B0, q0, 0);                                                       \
-                Q6K_STEP(NT, A1, B1, q1, 1);                                                       \
-                Q6K_STEP(NT, A0, B0, q2, 2);                                                       \
-                Q6K_STEP(NT, A1, B1, q3, 3);                                                       \
+                Q6K_STEP(NT, A0, q0, 0);                                                       \
+                Q6K_STEP(NT, A1, q1, 1);                                                       \
+                Q6K_STEP(NT, A0, q2, 2);                                                       \
+                Q6K_STEP(NT, A1, q3, 3);                                                       \
             }                                                                                      \
             for (int j = 0; j < (NT); j++) OFF[j] -= 32.0f * d * halves8(sc, a + j * as + 8 * sb); \
         }                                                                                          \
@@ -590,9 +597,9 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                     for (int j = 0; j < (NT); j++) {                                               \
                         const osp_q8_block *blk = a + j * as + 8 * sb + 4 * h + s;                 \
                         if (s & 1)                                                                 \
-                            LEVELS_SC(A1[j], B1[j], q, scv, blk, d);                               \
+                            LEVEL_SC(A1[j], q, scv, blk, d);                               \
                         else                                                                       \
-                            LEVELS_SC(A0[j], B0[j], q, scv, blk, d);                               \
+                            LEVEL_SC(A0[j], q, scv, blk, d);                               \
                     }                                                                              \
                 }                                                                                  \
             }                                                                                      \
@@ -614,15 +621,12 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)aj->qs);       \
                 const __m256i qa2 = _mm256_loadu_si256((const __m256i *)(const void *)aj->qs2);     \
-                const __m256 s1 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw)));           \
-                const __m256 s2 = _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa2, qw)));          \
-                if (b & 1) {                                                                       \
-                    A1[j] = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * aj->d), A1[j]);                \
-                    B1[j] = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * aj->d2), B1[j]);               \
-                } else {                                                                           \
-                    A0[j] = _mm256_fmadd_ps(s1, _mm256_set1_ps(dw * aj->d), A0[j]);                \
-                    B0[j] = _mm256_fmadd_ps(s2, _mm256_set1_ps(dw * aj->d2), B0[j]);               \
-                }                                                                                  \
+                const __m256 s12 =                                                                 \
+                    _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw), _mm256_sign_epi8(qa2, qw)));  \
+                if (b & 1)                                                                         \
+                    A1[j] = _mm256_fmadd_ps(s12, _mm256_set1_ps(dw * aj->d2), A1[j]);              \
+                else                                                                               \
+                    A0[j] = _mm256_fmadd_ps(s12, _mm256_set1_ps(dw * aj->d2), A0[j]);              \
             }                                                                                      \
         }                                                                                          \
         for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j);                                     \
@@ -654,10 +658,10 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
     ONE(q4_k, SUFFIX, TGT) ONE(q5_k, SUFFIX, TGT) ONE(q6_k, SUFFIX, TGT) ONE(q2_k, SUFFIX, TGT)   \
     ONE(q3_k, SUFFIX, TGT) ONE(q8_0, SUFFIX, TGT)
 
-DEFINE_X86_KERNELS(avx2, TGT_AVX2, dot_u8s8_avx2)
-DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot_u8s8_vnni)
-DEFINE_X86_TILES(avx2, TGT_AVX2, dot_u8s8_avx2, 2)
-DEFINE_X86_TILES(vnni, TGT_VNNI, dot_u8s8_vnni, 4)
+DEFINE_X86_KERNELS(avx2, TGT_AVX2, dot2_avx2)
+DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot2_vnni)
+DEFINE_X86_TILES(avx2, TGT_AVX2, dot2_avx2, 4)
+DEFINE_X86_TILES(vnni, TGT_VNNI, dot2_vnni, 8)
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -771,8 +775,8 @@ osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n) {
     case OSP_DTYPE_Q6_K: *n = NT; return tile_q6_k_##SUFFIX##NT;                                   \
     default: return NULL;                                                                          \
     }
-    if (isa == ISA_VNNI) TILE_CASES(vnni, 4)
-    if (isa == ISA_AVX2) TILE_CASES(avx2, 2)
+    if (isa == ISA_VNNI) TILE_CASES(vnni, 8)
+    if (isa == ISA_AVX2) TILE_CASES(avx2, 4)
 #undef TILE_CASES
 #else
     (void)type;

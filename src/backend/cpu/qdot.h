@@ -19,9 +19,11 @@
 #define OSP_Q8_BLOCK 32
 
 /* 32 activations in two int8 levels: x_i ~ d * qs[i] + d2 * qs2[i], where qs2 quantizes the rounding
- * residual of the first level (|residual| <= d / 2, so d2 = d / 254). One level alone has a relative
+ * residual of the first level (|residual| <= d / 2) with d2 = d / 256 (exact, so the kernels combine
+ * the levels in int32 as 256 dot(w, qs) + dot(w, qs2) and scale once by d2; a residual of exactly
+ * d / 2 saturates at 127, an error of one d2 in that rare case). One level alone has a relative
  * error of ~2e-3 per value, which over 30 layers moved the argmax at ~3% of positions; two levels
- * bring it to ~1e-5 for one more integer dot per block. s = sum of the represented values (for the
+ * bring it to ~1e-5. s = sum of the represented values (for the
  * offset and min terms of Q4/Q5 and the K-quants), s0 = the sum of the first 16 of them (the K-quants
  * with 16-value sub-blocks need both halves: s0 and s - s0). 80 bytes. */
 typedef struct osp_q8_block {
@@ -31,7 +33,7 @@ typedef struct osp_q8_block {
 } osp_q8_block;
 
 /* y[n / 32] <- x[n], n a multiple of 32. d = max|x| / 127, q = round-to-nearest-even(x / d),
- * d2 = d / 254, q2 = round-to-nearest-even((x - d q) / d2). */
+ * d2 = d / 256, q2 = round-to-nearest-even((x - d q) / d2) saturated to [-127, 127]. */
 void osp_quantize_row_q8(const float *x, osp_q8_block *y, int64_t n);
 
 /* dot(weight row of `nblocks` blocks, activation blocks). */
@@ -47,8 +49,8 @@ osp_qdot_fn osp_qdot_for(uint32_t type);
  * share its tile (batch invariance). */
 typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t nb, int64_t a_stride, float *y,
                                  int64_t y_stride);
-/* The tile kernel for `type` in the family osp_qdot_for picks, with its width in *n (4 on
- * AVX512-VNNI, whose 32 vector registers hold 4 tokens' accumulators; 2 on AVX2), or NULL with *n = 1
+/* The tile kernel for `type` in the family osp_qdot_for picks, with its width in *n (8 on
+ * AVX512-VNNI, whose 32 vector registers hold 8 tokens' accumulators; 4 on AVX2), or NULL with *n = 1
  * where the family has none (the portable kernels, F32/F16/BF16). */
 osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n);
 /* The portable reference kernel for `type` (NULL as above). */
