@@ -9,15 +9,14 @@
 # one-at-a-time run does (its tokens/s is a per-request rate, so a subset measures the same thing);
 # PREFIX_N (32): requests in the shared-prefix test;
 # LLAMA_CPP_BIN: directory holding llama-batched-bench (a llama.cpp build outside the repo; skipped
-# when unset). The benchmark binary is compiled here against $BUILD/libosprey.a.
+# when unset). The benchmark binary is the CMake target offline_throughput of $BUILD.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BUILD=${BUILD:-build}
 N=${N:-64} PROMPT=${PROMPT:-32} GEN=${GEN:-256} THREADS=${THREADS:-2} SINGLE_N=${SINGLE_N:-$N} PREFIX_N=${PREFIX_N:-32}
-BIN="$BUILD/offline_throughput"
-cc -O2 -std=c17 -D_GNU_SOURCE -Iinclude -Isrc bench/offline_throughput.c "$BUILD/libosprey.a" \
-    $(pkg-config --libs libpcre2-8 libxxhash) -fopenmp -lpthread -lm -o "$BIN"
+BIN="$BUILD/bin/offline_throughput"
+cmake --build "$BUILD" --target offline_throughput >/dev/null # CMake links it in every build (CUDA or not)
 export OMP_NUM_THREADS=$THREADS
 echo "commit $(git rev-parse --short HEAD), $(date -u +%F), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 b=$("$BIN" "$MODEL" batch "$N" "$PROMPT" "$GEN" "$THREADS" | grep RESULT); echo "$b"
