@@ -379,8 +379,30 @@ static void test_dtype_names(void **state) {
     assert_int_equal(osp_kv_dtype_available(OSP_KV_DTYPE_NVFP4), OSP_OK);
 }
 
+/* osp_cpu_dot's contract: 16 interleaved partial sums of rounded products, then the fixed tree
+ * (acc[j] += acc[j + w], w = 8, 4, 2, 1) -- whichever path computes it (the AVX512 one for n % 16 == 0,
+ * inlined in attention, or the loop). One product and one add per statement: no contraction. */
+static void test_dot_contract(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 300; trial++) {
+        const int64_t n = 1 + (int64_t)(rnd() % 300);
+        float a[300], b[300], acc[16] = {0};
+        for (int64_t i = 0; i < n; i++) a[i] = urand() * 3.0f, b[i] = urand();
+        for (int64_t i = 0; i < n; i++) {
+            const float p = a[i] * b[i];
+            acc[i % 16] = acc[i % 16] + p;
+        }
+        for (int w = 8; w > 0; w /= 2)
+            for (int j = 0; j < w; j++) acc[j] = acc[j] + acc[j + w];
+        const float d = osp_cpu_dot(a, b, n), di = osp_cpu_dot_inline(a, b, n);
+        if (memcmp(&d, &acc[0], sizeof d) || memcmp(&di, &acc[0], sizeof d))
+            fail_msg("n %lld: osp_cpu_dot %.9g, inline %.9g, contract %.9g", (long long)n, d, di, acc[0]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dot_contract),
         cmocka_unit_test(test_attention_equals_dequantized),
         cmocka_unit_test(test_decode_every_code),
         cmocka_unit_test(test_write_own_slot_only),

@@ -130,7 +130,7 @@ void osp_cpu_paged_attention_tiled(const float *q, const osp_cpu_kv_pages *kv, f
             const float *kr = read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half);
             for (int64_t j = 0; j < m; j++) {
                 float *scj = sc + j * sc_stride;
-                scj[p] = osp_cpu_dot(qh + j * head_dim, kr, head_dim) * scale;
+                scj[p] = osp_cpu_dot_inline(qh + j * head_dim, kr, head_dim) * scale;
                 if (scj[p] > mx[j]) mx[j] = scj[p];
             }
         }

@@ -9,11 +9,22 @@
 #include "core/dtype.h"
 
 float osp_cpu_dot(const float *restrict a, const float *restrict b, int64_t n) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (n % 16 == 0) return osp_cpu_dot16_avx512(a, b, n); /* the loop below, lane for lane */
+#endif
     float acc[16] = {0};
     int64_t i = 0;
+    /* the product and the add are separate statements: no compiler contracts them into an FMA
+     * (clang's default -ffp-contract=on fuses within one expression), so every build rounds alike */
     for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
-    for (int j = 0; i < n; i++, j++) acc[j] += a[i] * b[i];
+        for (int j = 0; j < 16; j++) {
+            const float p = a[i + j] * b[i + j];
+            acc[j] += p;
+        }
+    for (int j = 0; i < n; i++, j++) {
+        const float p = a[i] * b[i];
+        acc[j] += p;
+    }
     for (int w = 8; w > 0; w /= 2)
         for (int j = 0; j < w; j++) acc[j] += acc[j + w];
     return acc[0];

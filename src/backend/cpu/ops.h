@@ -27,6 +27,30 @@ typedef struct osp_weight {
  * tree), so the compiler may vectorize it and results never depend on the caller. */
 float osp_cpu_dot(const float *a, const float *b, int64_t n);
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+/* osp_cpu_dot's arithmetic for n % 16 == 0, lane for lane: one 16-lane accumulator of rounded
+ * products added in order, folded 8, 4, 2, 1 (acc[j] += acc[j + w]). osp_cpu_dot itself uses this for
+ * such n, so every caller gets the same bits whether it inlines or calls. */
+static inline float osp_cpu_dot16_avx512(const float *a, const float *b, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
+}
+#endif
+
+/* osp_cpu_dot for the attention loops: inlined where n % 16 == 0 on AVX512, the same bits. */
+static inline float osp_cpu_dot_inline(const float *a, const float *b, int64_t n) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (n % 16 == 0) return osp_cpu_dot16_avx512(a, b, n);
+#endif
+    return osp_cpu_dot(a, b, n);
+}
+
 /* y[t * ldy + r] = sum_c W[r, c] * x[t, c] for t < n_tokens and weight rows r in [r0, r1),
  * single-threaded (the caller splits rows over a thread pool). x: [n_tokens, W.cols] fp32; y must not
  * alias x. row: [W.cols] floats of workspace (each row is dequantized into it, rounded to bf16 first
