@@ -350,7 +350,7 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
     acc = _mm256_fmadd_ps(                                                                         \
         _mm256_cvtepi32_ps(DOT(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs),   \
                                _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2))),    \
-        _mm256_set1_ps((dw) * (blk)->d2), acc)
+        _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_broadcast_ss(&(blk)->d2)), acc)
 
 /* ---- kernels over NT tokens at once (a GEMM tile: one weight row by NT tokens) ----
  * Each kernel computes y[j * ys] = dot(w, a + j * as, nb) for j < NT: a weight block is loaded and
@@ -361,14 +361,16 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
  * depends on how many tokens share its tile (batch invariance holds by construction; test_qdot
  * asserts the bits). The token loops have a constant trip count and unroll completely, keeping the
  * 2 NT accumulators in registers (NT = 8 uses AVX512VL's 32 vector registers; AVX2 has 16: NT = 4). */
+/* every token loop unrolls completely, so the per-token accumulators are registers, not arrays */
+#define UNROLL_NT _Pragma("GCC unroll 16")
 #define TILE_ARGS const void *w, const osp_q8_block *a, int64_t nb, int64_t as, float *y, int64_t ys
 #define ACC_DECL(NT)                                                                               \
     __m256 A0[NT], A1[NT];                                                                         \
     float OFF[NT];                                                                                 \
-    for (int j = 0; j < (NT); j++) A0[j] = A1[j] = _mm256_setzero_ps(), OFF[j] = 0.0f
+    UNROLL_NT for (int j = 0; j < (NT); j++) A0[j] = A1[j] = _mm256_setzero_ps(), OFF[j] = 0.0f
 #define ACC_SUM(j) hsum8(_mm256_add_ps(A0[j], A1[j]))
 #define ACC_STORE(NT)                                                                              \
-    for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j) + OFF[j]
+    UNROLL_NT for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j) + OFF[j]
 
 /* The Q4 kernels differ only in block size, where the nibbles start and the offset term. */
 #define Q4_KERNEL(NAME, TGT, DOT, BYTES, QOFF, OFFSET_TERM, NT)                                    \
@@ -379,7 +381,7 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
             const __m256i q0 = unpack_nibbles(p + (QOFF)), q1 = unpack_nibbles(p + (BYTES) + (QOFF)); \
             const float d0 = half_f16c(p), d1 = half_f16c(p + (BYTES));                            \
-            for (int j = 0; j < (NT); j++) {                                                       \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 LEVEL(A1[j], q1, aj + 1, d1, DOT);                                         \
@@ -389,7 +391,7 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
         for (; b < nb; b++, p += (BYTES)) {                                                        \
             const __m256i q0 = unpack_nibbles(p + (QOFF));                                         \
             const float d0 = half_f16c(p);                                                         \
-            for (int j = 0; j < (NT); j++) {                                                       \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
@@ -434,7 +436,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                                     \
                               _mm256_slli_epi32(dot_sc16(qw, (blk)->qs, scv), 8),                  \
                               dot_sc16(qw, (blk)->qs2, scv))),                                     \
-                          _mm256_set1_ps((dw) * (blk)->d2), acc)
+                          _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_broadcast_ss(&(blk)->d2)), acc)
 
 #define Q5_0_OFFSET(p, dw, blk) (-16.0f * (dw) * (blk)->s)
 #define Q5_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
@@ -450,7 +452,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
             const __m256i q0 = _mm256_or_si256(unpack_nibbles(p + (QOFF)), q5_high_bits(p + (HOFF))); \
             const __m256i q1 = _mm256_or_si256(unpack_nibbles(p1 + (QOFF)), q5_high_bits(p1 + (HOFF))); \
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
-            for (int j = 0; j < (NT); j++) {                                                       \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 LEVEL(A1[j], q1, aj + 1, d1, DOT);                                         \
@@ -460,7 +462,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
         for (; b < nb; b++, p += (BYTES)) {                                                        \
             const __m256i q0 = _mm256_or_si256(unpack_nibbles(p + (QOFF)), q5_high_bits(p + (HOFF))); \
             const float d0 = half_f16c(p);                                                         \
-            for (int j = 0; j < (NT); j++) {                                                       \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
@@ -495,13 +497,13 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                     qh = _mm256_srli_epi16(qh, 2);                                                 \
                 }                                                                                  \
                 const float dlo = d * (float)sc[2 * c], dhi = d * (float)sc[2 * c + 1];            \
-                for (int j = 0; j < (NT); j++) {                                                   \
+                UNROLL_NT for (int j = 0; j < (NT); j++) {                                                   \
                     const osp_q8_block *aj = a + j * as + 8 * sb;                                  \
                     LEVEL(A0[j], lo, aj + 2 * c, dlo, DOT);                                \
                     LEVEL(A1[j], hi, aj + 2 * c + 1, dhi, DOT);                            \
                 }                                                                                  \
             }                                                                                      \
-            for (int j = 0; j < (NT); j++) {                                                       \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + 8 * sb;                                      \
                 const float moff = (((float)m[0] * aj[0].s + (float)m[1] * aj[1].s) +              \
                                     ((float)m[2] * aj[2].s + (float)m[3] * aj[3].s)) +             \
@@ -519,7 +521,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
     do {                                                                                           \
         const __m256i scv = sc16_pair(sc8, sel);                                                   \
         sel = _mm_add_epi8(sel, two);                                                              \
-        for (int j = 0; j < (NT); j++) LEVEL_SC(ACC[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d); \
+        UNROLL_NT for (int j = 0; j < (NT); j++) LEVEL_SC(ACC[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d); \
     } while (0)
 #define Q6K_KERNEL(NAME, TGT, NT)                                                                  \
     TGT static void NAME(TILE_ARGS) {                                                              \
@@ -549,7 +551,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 Q6K_STEP(NT, A0, q2, 2);                                                       \
                 Q6K_STEP(NT, A1, q3, 3);                                                       \
             }                                                                                      \
-            for (int j = 0; j < (NT); j++) OFF[j] -= 32.0f * d * halves8(sc, a + j * as + 8 * sb); \
+            UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= 32.0f * d * halves8(sc, a + j * as + 8 * sb); \
         }                                                                                          \
         ACC_STORE(NT);                                                                             \
     }
@@ -574,12 +576,12 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 d = half_f16c(p + 108);                                                            \
                 qs = p + 32;                                                                       \
                 hm = _mm256_loadu_si256((const __m256i *)(const void *)p);                         \
-                for (int j = 0; j < (NT); j++) OFF[j] -= 4.0f * d * halves8(sc, a + j * as + 8 * sb); \
+                UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= 4.0f * d * halves8(sc, a + j * as + 8 * sb); \
             } else {                                                                               \
                 for (int k = 0; k < 16; k++) sc[k] = (int8_t)(p[k] & 0x0f), mn[k] = (int8_t)(p[k] >> 4); \
                 d = half_f16c(p + 80);                                                             \
                 qs = p + 16;                                                                       \
-                for (int j = 0; j < (NT); j++) OFF[j] -= half_f16c(p + 82) * halves8(mn, a + j * as + 8 * sb); \
+                UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= half_f16c(p + 82) * halves8(mn, a + j * as + 8 * sb); \
             }                                                                                      \
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                \
             __m128i sel = sel0;                                                                    \
@@ -594,7 +596,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                     raw = _mm256_srli_epi16(raw, 2);                                               \
                     const __m256i scv = sc16_pair(sc8, sel);                                       \
                     sel = _mm_add_epi8(sel, two);                                                  \
-                    for (int j = 0; j < (NT); j++) {                                               \
+                    UNROLL_NT for (int j = 0; j < (NT); j++) {                                               \
                         const osp_q8_block *blk = a + j * as + 8 * sb + 4 * h + s;                 \
                         if (s & 1)                                                                 \
                             LEVEL_SC(A1[j], q, scv, blk, d);                               \
@@ -617,19 +619,19 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
             const __m256i qw = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2));          \
             const __m256i aw = _mm256_sign_epi8(qw, qw);                                           \
             const float dw = half_f16c(p);                                                         \
-            for (int j = 0; j < (NT); j++) {                                                       \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 const __m256i qa = _mm256_loadu_si256((const __m256i *)(const void *)aj->qs);       \
                 const __m256i qa2 = _mm256_loadu_si256((const __m256i *)(const void *)aj->qs2);     \
                 const __m256 s12 =                                                                 \
                     _mm256_cvtepi32_ps(DOT(aw, _mm256_sign_epi8(qa, qw), _mm256_sign_epi8(qa2, qw)));  \
                 if (b & 1)                                                                         \
-                    A1[j] = _mm256_fmadd_ps(s12, _mm256_set1_ps(dw * aj->d2), A1[j]);              \
+                    A1[j] = _mm256_fmadd_ps(s12, _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_broadcast_ss(&aj->d2)), A1[j]);              \
                 else                                                                               \
-                    A0[j] = _mm256_fmadd_ps(s12, _mm256_set1_ps(dw * aj->d2), A0[j]);              \
+                    A0[j] = _mm256_fmadd_ps(s12, _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_broadcast_ss(&aj->d2)), A0[j]);              \
             }                                                                                      \
         }                                                                                          \
-        for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j);                                     \
+        UNROLL_NT for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j);                                     \
     }
 
 /* Every family at NT tokens: tile_<type>_<suffix><NT>. */
