@@ -189,10 +189,41 @@ static void test_tiles_match_one_token(void **state) {
     printf("qdot tiles: %d tiles matched the one-token kernels bit for bit\n", tested);
 }
 
+/* The activation quantizer (SIMD where the build has it) against the contract written out in scalar
+ * C: d = max|x| / 127, q = rne(x * 127 / max|x|), r = x - d q, q2 = rne(r * 256 / d) saturated. */
+static void test_quantize_contract(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 2000; trial++) {
+        float x[64];
+        for (int i = 0; i < 64; i++) x[i] = frand() * (rnd() % 20 == 0 ? 100.0f : 1.0f) * (trial % 7 == 0 ? 1e-30f : 1.0f);
+        if (trial % 11 == 0) for (int i = 0; i < 32; i++) x[i] = trial % 2 ? 0.0f : -0.0f;
+        osp_q8_block q[2];
+        osp_quantize_row_q8(x, q, 64);
+        for (int b = 0; b < 2; b++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
+            const float d2 = d * (1.0f / 256.0f), id2 = d != 0.0f ? 256.0f / d : 0.0f;
+            assert_true(memcmp(&q[b].d, &d, 4) == 0 && memcmp(&q[b].d2, &d2, 4) == 0);
+            for (int i = 0; i < 32; i++) {
+                const float xi = x[32 * b + i], t = xi * id;
+                const int qi = (int)nearbyintf(t);
+                const float dq = d * (float)qi, r = xi - dq, t2 = r * id2;
+                int q2 = (int)nearbyintf(t2);
+                q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
+                if (q[b].qs[i] != qi || q[b].qs2[i] != q2)
+                    fail_msg("trial %d block %d value %d (%.9g): codes %d/%d, contract %d/%d", trial, b, i, xi,
+                             q[b].qs[i], q[b].qs2[i], qi, q2);
+            }
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_quantize_edges),
+        cmocka_unit_test(test_quantize_contract),
         cmocka_unit_test(test_nonfinite_activations),
         cmocka_unit_test(test_tiles_match_one_token),
     };

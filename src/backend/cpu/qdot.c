@@ -30,9 +30,47 @@ static inline float half_at(const uint8_t *p) {
 
 /* ---- activation quantization ------------------------------------------------------------------- */
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+/* One block of 32 values on AVX512 (false, nothing written, if one is not finite), the scalar loop's
+ * arithmetic value for value (amax exact in any order, x * id and
+ * r * id2 rounded to nearest even by the conversion, r = x - d q as a multiply then a subtract);
+ * the integer sums are exact in any order. */
+static bool quantize_block_avx512(const float *xb, osp_q8_block *y) {
+    const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+    /* non-finite lanes: x - x is NaN exactly for NaN and +-inf */
+    const __mmask16 bad = _mm512_cmp_ps_mask(_mm512_sub_ps(v0, v0), _mm512_sub_ps(v0, v0), _CMP_UNORD_Q) |
+                          _mm512_cmp_ps_mask(_mm512_sub_ps(v1, v1), _mm512_sub_ps(v1, v1), _CMP_UNORD_Q);
+    if (bad) return false; /* the scalar path's NaN block */
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
+    const float d2 = d * (1.0f / 256.0f), id2 = d != 0.0f ? 256.0f / d : 0.0f;
+    int sum = 0, sum2 = 0, sum0 = 0, sum20 = 0;
+    for (int h = 0; h < 2; h++) {
+        const __m512 v = _mm512_loadu_ps(xb + 16 * h);
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(id)));
+        const __m512 r = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(q)));
+        __m512i q2 = _mm512_cvtps_epi32(_mm512_mul_ps(r, _mm512_set1_ps(id2)));
+        q2 = _mm512_max_epi32(_mm512_min_epi32(q2, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+        _mm_storeu_si128((__m128i *)(void *)(y->qs + 16 * h), _mm512_cvtepi32_epi8(q));
+        _mm_storeu_si128((__m128i *)(void *)(y->qs2 + 16 * h), _mm512_cvtepi32_epi8(q2));
+        const int s1 = _mm512_reduce_add_epi32(q), s2 = _mm512_reduce_add_epi32(q2);
+        if (h == 0) sum0 = s1, sum20 = s2;
+        sum += s1, sum2 += s2;
+    }
+    y->d = d;
+    y->d2 = d2;
+    y->s = d * (float)sum + d2 * (float)sum2;
+    y->s0 = d * (float)sum0 + d2 * (float)sum20;
+    return true;
+}
+#endif
+
 void osp_quantize_row_q8(const float *restrict x, osp_q8_block *restrict y, int64_t n) {
     for (int64_t b = 0; b < n / OSP_Q8_BLOCK; b++) {
         const float *xb = x + b * OSP_Q8_BLOCK;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+        if (quantize_block_avx512(xb, &y[b])) continue;
+#endif
         float amax = 0.0f;
         bool finite = true;
         for (int i = 0; i < OSP_Q8_BLOCK; i++) {
