@@ -282,6 +282,10 @@ static int finish_result(srv_tool_result *out, const char *content, size_t clen,
     out->calls = calls;
     if (clen && !all_space(content, clen)) {
         if (!(out->content = strndup(content, clen))) return -1;
+        if (all_space(out->content, strlen(out->content))) { /* blank up to a NUL byte */
+            free(out->content);
+            out->content = NULL;
+        }
     }
     return 0;
 }
@@ -446,7 +450,11 @@ int srv_tool_parse_forced(srv_tool_choice choice, const char *name, const char *
     if (!calls) return -1;
     if (choice == SRV_TOOL_CHOICE_NAMED) {
         json_t *args = json_stringn(text, len); /* the generated arguments, as they are */
-        const int rc = args && name ? add_call(calls, SRV_TOOL_PARSER_NONE, id_seed, name, args) : -1;
+        if (!args) { /* not UTF-8 (never from the detokenizer): no call */
+            json_decref(calls);
+            return finish_result(out, text, len, NULL);
+        }
+        const int rc = name ? add_call(calls, SRV_TOOL_PARSER_NONE, id_seed, name, args) : -1;
         json_decref(args);
         if (rc) {
             json_decref(calls);
