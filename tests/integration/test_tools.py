@@ -240,3 +240,21 @@ def test_chat_template_kwargs_reach_template(smol):
         got = toks({"messages": MSG, "tools": TOOLS, "chat_template": tmpl,
                     "chat_template_kwargs": {"enable_thinking": flag}})
         assert got == toks({"prompt": want, "add_special_tokens": False})
+
+
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "f"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_auto_parallel(parsers, parallel):
+    """Two calls in the model's text: both, or the first only with parallel_tool_calls false."""
+    c = parsers.client()
+    r = c.chat.completions.create(model=parsers.model, messages=MSG, tools=TOOLS, max_tokens=300, temperature=0,
+                                  parallel_tool_calls=parallel, extra_body={"guided_choice": [TWO_CALLS]})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.content is None
+    names = [t.function.name for t in ch.message.tool_calls]
+    assert names == (["get_weather", "get_time"] if parallel else ["get_weather"])
+    check_calls(ch.message.tool_calls)

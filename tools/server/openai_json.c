@@ -179,6 +179,9 @@ int srv_job_chat_parts(const srv_job *j, int32_t i, char **content, char **reaso
                        ? srv_tool_parse(j->req.tool_parser, text + cs.off, cs.len, seed, &res)
                        : srv_tool_parse_forced(j->req.tool_choice, j->req.tool_name, text + cs.off, cs.len, seed, &res);
     if (rc) return -1;
+    /* parallel_tool_calls false: the first call only (forced choices have it from the grammar) */
+    while (res.calls && !j->req.parallel_tool_calls && json_array_size(res.calls) > 1)
+        json_array_remove(res.calls, json_array_size(res.calls) - 1);
     *content = res.content;
     *calls = res.calls;
     if (res.calls && !strcmp(*finish, "stop")) *finish = "tool_calls";
