@@ -2,7 +2,9 @@
  * /v1/completions or /v1/chat/completions body (the first byte picks the route). Whatever the input,
  * srv_parse_gen_request must not crash or leak, must return 0 or -1 with a 4xx/5xx status and a
  * message, and what it accepts must hold its invariants (n in range, ids in the vocabulary, stop
- * strings non-empty, a chat conversation rendered by its own chat_template, when it has one). The error JSON is
+ * strings non-empty, a chat conversation rendered by its own chat_template, when it has one; tool
+ * fields consistent: a forced tool_choice has its grammar, auto only with a parser; the first byte's
+ * bits 1-4 pick the server's tool and reasoning parsers). The error JSON is
  * rendered for every rejection. Seeds: tests/fuzz/corpus/request/. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -15,7 +17,10 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     const srv_route route = (data[0] & 1) ? SRV_ROUTE_CHAT : SRV_ROUTE_COMPLETIONS;
-    const srv_parse_limits lim = {.n_vocab = VOCAB};
+    /* bits 1-2: the server's --tool-call-parser (0: none; else with --enable-auto-tool-choice) */
+    const srv_tool_parser tp = (srv_tool_parser)((data[0] >> 1) & 3);
+    const srv_parse_limits lim = {.n_vocab = VOCAB, .auto_tool_choice = tp != SRV_TOOL_PARSER_NONE, .tool_parser = tp,
+                                  .reasoning_parser = (srv_reasoning_parser)((data[0] >> 3) % 3)};
     srv_gen_request r;
     srv_error err = {0};
     const int rc = srv_parse_gen_request((const char *)data + 1, size - 1, route, &lim, &r, &err);
@@ -41,6 +46,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
         } else {
             if (json_array_size(r.messages) < 1) abort();
+            /* tools: a forced choice always has its grammar; a named one names a given tool */
+            if ((r.tool_choice == SRV_TOOL_CHOICE_REQUIRED || r.tool_choice == SRV_TOOL_CHOICE_NAMED) && (!r.grammar || !r.tools))
+                abort();
+            if (r.tool_choice == SRV_TOOL_CHOICE_NAMED && !r.tool_name) abort();
+            if (r.tool_choice == SRV_TOOL_CHOICE_AUTO && tp == SRV_TOOL_PARSER_NONE) abort();
             /* a per-request template from the input itself exercises the renderer too */
             const srv_chat_env env = {.template_text = NULL};
             char *text = NULL;

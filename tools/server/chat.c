@@ -1,6 +1,7 @@
 /* Chat messages -> prompt text: the one place /v1/chat/completions and /tokenize turn a conversation
  * into text, with the Jinja-subset renderer (include/osprey/chat_template.h) and transformers'
- * variables: messages, add_generation_prompt, bos_token, eos_token and chat_template_kwargs.
+ * variables: messages (with assistant tool_calls and tool messages' tool_call_id), tools,
+ * add_generation_prompt, bos_token, eos_token and chat_template_kwargs.
  *
  * The model's template (or --chat-template) is parsed once at start-up; a request's own
  * `chat_template` is refused unless the server trusts them (vLLM's --trust-request-chat-template),
@@ -32,12 +33,13 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
     }
     char *messages = json_dumps(req->messages, JSON_COMPACT);
     char *kwargs = req->chat_template_kwargs ? json_dumps(req->chat_template_kwargs, JSON_COMPACT) : NULL;
+    char *tools = req->tools ? json_dumps(req->tools, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     int rc = 0;
-    if (!messages || (req->chat_template_kwargs && !kwargs)) {
+    if (!messages || (req->chat_template_kwargs && !kwargs) || (req->tools && !tools)) {
         rc = srv_fail(err, 500, NULL, "out of memory");
         goto done;
     }
-    const osp_chat_template_inputs in = {.messages_json = messages, .kwargs_json = kwargs, .bos_token = env->bos_token,
+    const osp_chat_template_inputs in = {.messages_json = messages, .tools_json = tools, .kwargs_json = kwargs, .bos_token = env->bos_token,
                                          .eos_token = env->eos_token,
                                          .add_generation_prompt = req->add_generation_prompt && !req->continue_final_message,
                                          .max_memory = own ? env->request_max_memory : env->max_memory,
@@ -66,6 +68,7 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
 done:
     free(messages);
     free(kwargs);
+    free(tools);
     osp_chat_template_free(own);
     return rc;
 }

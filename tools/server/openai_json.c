@@ -147,6 +147,47 @@ static json_t *usage_json(const srv_job *j) {
                      "total_tokens", (json_int_t)(np + nc));
 }
 
+bool srv_job_tool_mode(const srv_job *j) {
+    const srv_gen_request *r = &j->req;
+    return r->route == SRV_ROUTE_CHAT &&
+           (r->tool_choice == SRV_TOOL_CHOICE_REQUIRED || r->tool_choice == SRV_TOOL_CHOICE_NAMED ||
+            (r->tool_choice == SRV_TOOL_CHOICE_AUTO && r->tool_parser != SRV_TOOL_PARSER_NONE));
+}
+
+uint64_t srv_job_call_seed(const srv_job *j, int32_t i) {
+    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a over the job id, then the choice */
+    for (const char *p = j->id; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001B3ull;
+    return (h ^ (uint64_t)i) * 0x100000001B3ull;
+}
+
+int srv_job_chat_parts(const srv_job *j, int32_t i, char **content, char **reasoning, json_t **calls, const char **finish) {
+    const srv_seq *s = &j->seqs[i];
+    const char *text = s->text.buf ? s->text.buf : "";
+    *content = *reasoning = NULL;
+    *calls = NULL;
+    *finish = s->finish ? s->finish : "abort";
+    srv_span rs, cs;
+    srv_reasoning_split(j->req.reasoning_parser, text, s->text.len, true, &rs, &cs);
+    if (rs.len && !(*reasoning = strndup(text + rs.off, rs.len))) return -1;
+    if (!srv_job_tool_mode(j)) {
+        if ((cs.len || j->req.reasoning_parser == SRV_REASONING_NONE) && !(*content = strndup(text + cs.off, cs.len))) return -1;
+        return 0;
+    }
+    srv_tool_result res;
+    const uint64_t seed = srv_job_call_seed(j, i);
+    const int rc = j->req.tool_choice == SRV_TOOL_CHOICE_AUTO
+                       ? srv_tool_parse(j->req.tool_parser, text + cs.off, cs.len, seed, &res)
+                       : srv_tool_parse_forced(j->req.tool_choice, j->req.tool_name, text + cs.off, cs.len, seed, &res);
+    if (rc) return -1;
+    /* parallel_tool_calls false: the first call only (forced choices have it from the grammar) */
+    while (res.calls && !j->req.parallel_tool_calls && json_array_size(res.calls) > 1)
+        json_array_remove(res.calls, json_array_size(res.calls) - 1);
+    *content = res.content;
+    *calls = res.calls;
+    if (res.calls && !strcmp(*finish, "stop")) *finish = "tool_calls";
+    return 0;
+}
+
 json_t *srv_json_final(srv_job *j) {
     const bool chat = j->req.route == SRV_ROUTE_CHAT;
     json_t *choices = json_array();
@@ -154,7 +195,24 @@ json_t *srv_json_final(srv_job *j) {
         srv_seq *s = &j->seqs[i];
         const char *text = s->text.buf ? s->text.buf : "";
         json_t *c;
-        if (chat) {
+        if (chat && (srv_job_tool_mode(j) || j->req.reasoning_parser != SRV_REASONING_NONE)) {
+            char *content = NULL, *reasoning = NULL;
+            json_t *calls = NULL;
+            const char *finish = NULL;
+            json_t *msg = NULL;
+            if (!srv_job_chat_parts(j, i, &content, &reasoning, &calls, &finish)) {
+                msg = json_pack("{s:s, s:o}", "role", "assistant", "content", content ? json_string(content) : json_null());
+                if (msg && j->req.reasoning_parser != SRV_REASONING_NONE)
+                    json_object_set_new(msg, "reasoning_content", reasoning ? json_string(reasoning) : json_null());
+                if (msg && calls) json_object_set(msg, "tool_calls", calls);
+            }
+            json_t *lp = logprobs_slice(j, s, 0);
+            c = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "message", msg ? msg : json_null(), "logprobs",
+                          lp ? lp : json_null(), "finish_reason", finish ? finish : "error");
+            free(content);
+            free(reasoning);
+            json_decref(calls);
+        } else if (chat) {
             json_t *lp = logprobs_slice(j, s, 0);
             c = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", i, "message", "role", "assistant", "content", text,
                           s->text.len, "logprobs", lp ? lp : json_null(), "finish_reason", s->finish ? s->finish : "abort");
@@ -184,31 +242,50 @@ json_t *srv_json_final(srv_job *j) {
                      usage_json(j));
 }
 
-/* A chunk for choice i: text piece (or NULL) and finish reason (or NULL). */
-json_t *srv_json_chunk(srv_job *j, int32_t i, const char *text, size_t len, const char *finish, bool role) {
-    const bool chat = j->req.route == SRV_ROUTE_CHAT;
-    srv_seq *s = &j->seqs[i];
-    json_t *choice, *lp = NULL;
-    if (!role && j->req.logprobs >= 0) { /* the logprobs of the tokens consumed since the last chunk */
+/* The logprobs of the tokens consumed since choice i's last chunk (NULL: none or not asked). */
+static json_t *lp_since(srv_job *j, srv_seq *s) {
+    json_t *lp = NULL;
+    if (j->req.logprobs >= 0) {
         const size_t n = logprobs_count(j, s);
         if (n > s->lp_sent) lp = logprobs_slice(j, s, s->lp_sent);
         s->lp_sent = n;
     }
-    if (chat) {
-        json_t *delta = json_object();
-        if (role) json_object_set_new(delta, "role", json_string("assistant"));
-        if (text) json_object_set_new(delta, "content", json_stringn(text, len));
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta", delta, "logprobs", lp ? lp : json_null(),
-                           "finish_reason", finish ? json_string(finish) : json_null());
-    } else {
-        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", i, "text", text ? text : "", text ? len : 0, "logprobs",
-                           lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
-    }
+    return lp;
+}
+
+static json_t *chunk_of(srv_job *j, json_t *choice) {
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
     json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", j->id, "object",
                           chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created, "model",
                           j->srv->model_name, "choices", choice);
     if (c && j->req.include_usage) json_object_set_new(c, "usage", json_null());
     return c;
+}
+
+json_t *srv_json_chunk_delta(srv_job *j, int32_t i, json_t *delta, const char *finish) {
+    json_t *lp = lp_since(j, &j->seqs[i]);
+    return chunk_of(j, json_pack("{s:i, s:o, s:o, s:o}", "index", i, "delta", delta ? delta : json_object(), "logprobs",
+                                 lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null()));
+}
+
+/* A chunk for choice i: text piece (or NULL) and finish reason (or NULL). */
+json_t *srv_json_chunk(srv_job *j, int32_t i, const char *text, size_t len, const char *finish, bool role) {
+    const bool chat = j->req.route == SRV_ROUTE_CHAT;
+    srv_seq *s = &j->seqs[i];
+    json_t *choice, *lp = NULL;
+    if (chat) {
+        json_t *delta = json_object();
+        if (role) json_object_set_new(delta, "role", json_string("assistant"));
+        if (text) json_object_set_new(delta, "content", json_stringn(text, len));
+        if (role) return chunk_of(j, json_pack("{s:i, s:o, s:n, s:n}", "index", i, "delta", delta, "logprobs", "finish_reason"));
+        return srv_json_chunk_delta(j, i, delta, finish);
+    }
+    if (!role) lp = lp_since(j, s); /* the logprobs of the tokens consumed since the last chunk */
+    {
+        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", i, "text", text ? text : "", text ? len : 0, "logprobs",
+                           lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+    }
+    return chunk_of(j, choice);
 }
 
 json_t *srv_json_usage_chunk(const srv_job *j) {

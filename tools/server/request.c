@@ -192,6 +192,8 @@ static int parse_prompt(const json_t *root, const srv_parse_limits *lim, srv_gen
     return 0;
 }
 
+static int norm_tool_fields(const json_t *msg, const char *role, size_t i, json_t *norm, srv_error *err);
+
 /* Normalizes messages to [{"role", "content": string}]: text parts are joined with "\n" (as vLLM
  * does); an assistant message may have null content. */
 static int parse_messages(const json_t *root, srv_gen_request *r, srv_error *err) {
@@ -251,6 +253,52 @@ static int parse_messages(const json_t *root, srv_gen_request *r, srv_error *err
         }
         const json_t *name = json_object_get(msg, "name");
         if (json_is_string(name)) json_object_set_new(norm, "name", json_string(json_string_value(name)));
+        if (norm_tool_fields(msg, rs, i, norm, err)) return -1;
+    }
+    return 0;
+}
+
+/* The tool fields of a message, copied into its normalized form: an assistant's tool_calls
+ * [{"id", "type": "function", "function": {"name", "arguments"}}] with arguments given as JSON text
+ * turned into the object (templates iterate over them, as vLLM hands them over), and a tool
+ * message's tool_call_id. */
+static int norm_tool_fields(const json_t *msg, const char *role, size_t i, json_t *norm, srv_error *err) {
+    const json_t *tcid = json_object_get(msg, "tool_call_id");
+    if (tcid && !json_is_null(tcid)) {
+        if (!json_is_string(tcid)) return srv_fail(err, 400, "messages", "messages[%zu].tool_call_id must be a string", i);
+        json_object_set_new(norm, "tool_call_id", json_string(json_string_value(tcid)));
+    }
+    const json_t *calls = json_object_get(msg, "tool_calls");
+    if (!calls || json_is_null(calls)) return 0;
+    if (strcmp(role, "assistant") || !json_is_array(calls))
+        return srv_fail(err, 400, "messages", "messages[%zu].tool_calls must be a list, on an assistant message", i);
+    json_t *out = json_array();
+    if (!out || json_object_set_new(norm, "tool_calls", out)) return srv_fail(err, 500, NULL, "out of memory");
+    size_t k;
+    const json_t *c;
+    json_array_foreach(calls, k, c) {
+        const json_t *f = json_object_get(c, "function"), *id = json_object_get(c, "id"), *type = json_object_get(c, "type");
+        const json_t *name = json_object_get(f, "name"), *args = json_object_get(f, "arguments");
+        if (!json_is_object(c) || !json_is_object(f) || !json_is_string(name) ||
+            (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "function"))) ||
+            (id && !json_is_null(id) && !json_is_string(id)) || (args && !json_is_string(args) && !json_is_object(args)))
+            return srv_fail(err, 400, "messages",
+                            "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", i, k);
+        json_t *a;
+        if (json_is_string(args)) {
+            json_error_t je;
+            a = json_loads(json_string_value(args), 0, &je);
+            if (!json_is_object(a)) {
+                json_decref(a);
+                return srv_fail(err, 400, "messages", "messages[%zu].tool_calls[%zu].function.arguments is not a JSON object", i, k);
+            }
+        } else {
+            a = args ? json_deep_copy(args) : json_object();
+        }
+        json_t *e = json_pack("{s:s, s:{s:s, s:o}}", "type", "function", "function", "name", json_string_value(name),
+                              "arguments", a);
+        if (e && json_is_string(id)) json_object_set_new(e, "id", json_string(json_string_value(id)));
+        if (!e || json_array_append_new(out, e)) return srv_fail(err, 500, NULL, "out of memory");
     }
     return 0;
 }
@@ -414,6 +462,12 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
     }
     if (parse_logit_bias(root, lim, r, err)) goto done;
     if (srv_parse_structured(root, r, err)) goto done;
+    if (route == SRV_ROUTE_CHAT) {
+        if (srv_parse_tools(root, lim, r, err)) goto done;
+        r->reasoning_parser = lim->reasoning_parser;
+        /* mistral's [TOOL_CALLS] is a special token: keep it in the text for the parser (as vLLM) */
+        if (r->tool_choice == SRV_TOOL_CHOICE_AUTO && r->tool_parser == SRV_TOOL_PARSER_MISTRAL) r->skip_special_tokens = false;
+    }
     /* logprobs: an integer 0..20 for completions; a boolean plus top_logprobs 0..20 for chat */
     if (route == SRV_ROUTE_COMPLETIONS) {
         x = -1;
@@ -449,7 +503,8 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
     /* Fields this parser does not read: a 400 naming the field (a field accepted and ignored would change
      * what the client asked for without a word: tools, best_of, ...), except OpenAI's advisory fields,
      * which change no output (README: "Fields accepted with no effect"), kept for the debug log; a null
-     * value is "not given"; no tools (tools [] or tool_choice "none") is what osprey does anyway. */
+     * value is "not given"; the tool fields are the chat route's (on /v1/completions only "no tools",
+     * tools [] or tool_choice "none", passes). */
     const char *key;
     json_t *v;
     r->unknown = calloc(json_object_size(root) + 1, sizeof(char *));
@@ -463,6 +518,8 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
         for (size_t k = 0; k < sizeof k_advisory / sizeof *k_advisory && !advisory; k++)
             advisory = !strcmp(key, k_advisory[k]);
         if (known) continue;
+        const bool tool_field = !strcmp(key, "tools") || !strcmp(key, "tool_choice") || !strcmp(key, "parallel_tool_calls");
+        if (tool_field && route == SRV_ROUTE_CHAT) continue; /* srv_parse_tools read them */
         const bool no_tools = (!strcmp(key, "tools") && json_is_array(v) && json_array_size(v) == 0) ||
                               (!strcmp(key, "tool_choice") && json_is_string(v) && !strcmp(json_string_value(v), "none"));
         if (!advisory && !json_is_null(v) && !no_tools) {
@@ -496,6 +553,8 @@ void srv_gen_request_free(srv_gen_request *r) {
     free(r->user);
     free(r->cache_salt);
     free(r->grammar);
+    json_decref(r->tools);
+    free(r->tool_name);
     for (int32_t i = 0; i < r->n_unknown; i++) free(r->unknown[i]);
     free(r->unknown);
     memset(r, 0, sizeof *r);

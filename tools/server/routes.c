@@ -106,7 +106,8 @@ static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int 
 static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, conn_ctx *cx) {
     srv_error err = {0};
     srv_gen_request req;
-    const srv_parse_limits lim = {.n_vocab = srv->n_vocab};
+    const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = srv->cfg.enable_auto_tool_choice,
+                                       .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser};
     if (srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, &req, &err)) {
         srv_gen_request_free(&req);
         srv_log(srv, SRV_LOG_DEBUG, "rejected request: %d %s", err.status, err.message);
@@ -208,7 +209,10 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
     }
     if (json_object_get(root, "messages")) {
         srv_gen_request r;
-        const srv_parse_limits lim = {.n_vocab = srv->n_vocab};
+        /* nothing is generated here: tools render whatever tool_choice says (auto needs no parser) */
+        const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = true,
+                                       .tool_parser = srv->cfg.tool_parser ? srv->cfg.tool_parser : SRV_TOOL_PARSER_HERMES,
+                                       .reasoning_parser = srv->cfg.reasoning_parser};
         add_special = false;
         if (srv_get_bool(root, "add_special_tokens", &add_special, &err)) goto fail;
         if (srv_parse_gen_request(cx->body, cx->len, SRV_ROUTE_CHAT, &lim, &r, &err)) {

@@ -79,6 +79,10 @@ static const char *k_serve_usage =
     "  --kv-events-array-like           KV events in the older positional msgpack form (default: maps tagged \"type\")\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
     "  --trust-request-chat-template    render a request's own chat_template (off: such requests get 400)\n"
+    "  --enable-auto-tool-choice        tool_choice auto: the model decides to call tools (needs --tool-call-parser)\n"
+    "  --tool-call-parser NAME          how the model writes calls: hermes (<tool_call>, Qwen2.5/3, Hermes),\n"
+    "                                   llama3_json (a bare {\"name\", \"parameters\"}), mistral ([TOOL_CALLS])\n"
+    "  --reasoning-parser NAME          deepseek_r1 | qwen3: <think>...</think> goes to reasoning_content\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
@@ -158,6 +162,16 @@ srv_config srv_parse_flags(int argc, char **argv) {
             c.kv_events_set = true, i++;
         } else if (!strcmp(f, "--kv-events-array-like")) c.kv_events_array_like = true;
         else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
+        else if (!strcmp(f, "--enable-auto-tool-choice")) c.enable_auto_tool_choice = true;
+        else if (!strcmp(f, "--tool-call-parser")) {
+            if (srv_tool_parser_from_name(v, &c.tool_parser))
+                cli_die(OSP_OK, "--tool-call-parser: '%s' is not hermes, llama3_json or mistral", v ? v : "");
+            i++;
+        } else if (!strcmp(f, "--reasoning-parser")) {
+            if (srv_reasoning_parser_from_name(v, &c.reasoning_parser))
+                cli_die(OSP_OK, "--reasoning-parser: '%s' is not deepseek_r1 or qwen3", v ? v : "");
+            i++;
+        }
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
@@ -194,6 +208,8 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.spec = eng.spec;
     cli_engine_env_seed(&eng);
     c.hash_algo = eng.hash_algo, c.hash_seed_set = eng.hash_seed_set, c.hash_seed = eng.hash_seed;
+    if (c.enable_auto_tool_choice && c.tool_parser == SRV_TOOL_PARSER_NONE)
+        cli_die(OSP_OK, "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)");
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;

@@ -76,6 +76,9 @@ typedef struct srv_config {
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
     bool trust_request_chat_template; /* --trust-request-chat-template */
+    bool enable_auto_tool_choice;   /* --enable-auto-tool-choice: tool_choice auto (needs tool_parser) */
+    srv_tool_parser tool_parser;    /* --tool-call-parser hermes|llama3_json|mistral (NONE) */
+    srv_reasoning_parser reasoning_parser; /* --reasoning-parser deepseek_r1|qwen3 (NONE) */
     srv_cors cors;                  /* --allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials */
     osp_kv_events_config kv_events; /* --kv-events-config JSON (vLLM's KVEventsConfig) */
     bool kv_events_set;
@@ -203,6 +206,10 @@ struct srv_seq {
     bool done;
     const char *finish;       /* "stop", "length", "abort", "error" */
     bool final_sent;
+    /* a chat streamed through the tool or reasoning parsers (sse.c): bytes of the reasoning and of the
+     * content (the tool calls' text, for a named tool_choice: its arguments) already streamed */
+    size_t r_sent, c_sent;
+    bool tool_head_sent;      /* named tool_choice: the call's id and name went out */
 };
 
 struct srv_job {
@@ -273,6 +280,18 @@ json_t *srv_json_final(srv_job *j);
 /* A stream chunk for choice i: text piece [len] (or NULL), finish reason (or NULL), role (the chat's
  * first chunk). Takes the logprobs streamed since the last chunk (advances s->lp_sent). New ref. */
 json_t *srv_json_chunk(srv_job *j, int32_t i, const char *text, size_t len, const char *finish, bool role);
+/* A chat stream chunk for choice i with this delta object (stolen; NULL: {}) and finish reason (or
+ * NULL); takes the logprobs streamed since the last chunk, as srv_json_chunk. New ref. */
+json_t *srv_json_chunk_delta(srv_job *j, int32_t i, json_t *delta, const char *finish);
+/* Does the chat's output go through a tool parse (tool_choice required or named, or auto with
+ * --tool-call-parser)? */
+bool srv_job_tool_mode(const srv_job *j);
+/* Choice i's finished text through the reasoning and tool parsers: content (NULL: none), reasoning
+ * (NULL: none) and tool calls (NULL: none), and the finish reason ("tool_calls" when calls ended the
+ * reply). Strings are malloc'd, calls a new ref. 0, or -1 when out of memory. */
+int srv_job_chat_parts(const srv_job *j, int32_t i, char **content, char **reasoning, json_t **calls, const char **finish);
+/* The seed of choice i's tool-call ids (from the job id: ids differ between jobs and choices). */
+uint64_t srv_job_call_seed(const srv_job *j, int32_t i);
 /* The last stream chunk when stream_options.include_usage: no choices, the usage. New ref. */
 json_t *srv_json_usage_chunk(const srv_job *j);
 

@@ -50,6 +50,29 @@ char *srv_error_json(const srv_error *err);
 
 typedef enum srv_route { SRV_ROUTE_COMPLETIONS = 0, SRV_ROUTE_CHAT = 1 } srv_route;
 
+/* vLLM's --tool-call-parser (toolcall.c): how a model writes tool calls in its text. */
+typedef enum srv_tool_parser {
+    SRV_TOOL_PARSER_NONE = 0,
+    SRV_TOOL_PARSER_HERMES,      /* <tool_call>{"name": .., "arguments": {..}}</tool_call> (Hermes, Qwen2.5/3) */
+    SRV_TOOL_PARSER_LLAMA3_JSON, /* {"name": .., "parameters": {..}} as the whole reply (Llama 3.1+) */
+    SRV_TOOL_PARSER_MISTRAL,     /* [TOOL_CALLS][{"name": .., "arguments": {..}}, ...] (Mistral) */
+} srv_tool_parser;
+
+/* vLLM's --reasoning-parser (toolcall.c): where a reasoning model's <think>...</think> ends. */
+typedef enum srv_reasoning_parser {
+    SRV_REASONING_NONE = 0,
+    SRV_REASONING_DEEPSEEK_R1, /* the template opens <think>: text up to </think> is reasoning */
+    SRV_REASONING_QWEN3,       /* reasoning only inside an explicit <think>...</think> */
+} srv_reasoning_parser;
+
+/* tool_choice (OpenAI): none, auto, required, or one named function. */
+typedef enum srv_tool_choice {
+    SRV_TOOL_CHOICE_NONE = 0,
+    SRV_TOOL_CHOICE_AUTO,
+    SRV_TOOL_CHOICE_REQUIRED,
+    SRV_TOOL_CHOICE_NAMED,
+} srv_tool_choice;
+
 typedef struct srv_prompt {
     char *text;     /* a text prompt (NUL-terminated, valid UTF-8), or NULL */
     int32_t *ids;   /* [n_ids] token ids when the prompt was given as ids */
@@ -85,13 +108,23 @@ typedef struct srv_gen_request {
     int32_t n_bias;
     int32_t logprobs;           /* -1: none; else the number of top logprobs (0..20) */
     char *user, *cache_salt;
-    char *grammar;              /* structured output as GBNF (structured.c), or NULL */
+    char *grammar;              /* structured output as GBNF (structured.c, toolcall.c), or NULL */
+    json_t *tools;              /* chat: [{"type": "function", "function": {name, description?, parameters?}}]
+                                   as given (validated), or NULL (owned) */
+    srv_tool_choice tool_choice; /* NONE without tools; AUTO by default with tools */
+    char *tool_name;            /* SRV_TOOL_CHOICE_NAMED: the function's name */
+    bool parallel_tool_calls;   /* true (OpenAI's default); false: at most one call */
+    srv_tool_parser tool_parser; /* the server's --tool-call-parser, used with tool_choice auto */
+    srv_reasoning_parser reasoning_parser; /* the server's --reasoning-parser (chat only) */
     char **unknown;             /* top-level fields that were ignored, for the debug log */
     int32_t n_unknown;
 } srv_gen_request;
 
 typedef struct srv_parse_limits {
     int32_t n_vocab;            /* token ids (prompt, stop_token_ids, logit_bias) must be below it */
+    bool auto_tool_choice;      /* --enable-auto-tool-choice */
+    srv_tool_parser tool_parser; /* --tool-call-parser (NONE: not given) */
+    srv_reasoning_parser reasoning_parser; /* --reasoning-parser (NONE: not given) */
 } srv_parse_limits;
 
 /* Parses and validates a /v1/completions or /v1/chat/completions body. Returns 0 and fills *req
@@ -104,6 +137,16 @@ void srv_gen_request_free(srv_gen_request *req);
  * structured_outputs) -> req->grammar (GBNF, checked to compile). Returns 0, or -1 with a 400 naming
  * the field for anything it cannot honour (structured.c lists what). */
 int srv_parse_structured(const json_t *root, srv_gen_request *req, srv_error *err);
+
+/* The tool fields of a chat request body (toolcall.c): tools, tool_choice, parallel_tool_calls. Fills
+ * req->tools, tool_choice, tool_name, parallel_tool_calls, tool_parser; for tool_choice required or a
+ * named function also req->grammar (the calls' JSON under the tools' parameter schemas), so that any
+ * model answers with valid calls. Returns 0, or -1 with a 400 naming the field: tools that are not
+ * [{"type": "function", "function": {"name", "parameters": object}}], duplicate or bad names, a
+ * tool_choice naming a function not in tools, tool_choice auto without --enable-auto-tool-choice and
+ * --tool-call-parser (vLLM's message), required / named with response_format or guided_* (two
+ * grammars), a parameters schema the grammar compiler cannot enforce (forced choices only). */
+int srv_parse_tools(const json_t *root, const srv_parse_limits *lim, srv_gen_request *req, srv_error *err);
 
 /* Parses an optional integer/real/bool/string field of `obj` (JSON null = absent). Return 0 when
  * absent or valid (value written), -1 with *err on a wrong type or a value outside [lo, hi]. */
@@ -166,6 +209,55 @@ void srv_chat_env_free(srv_chat_env *env);
  * *err (400 for a template error, a budget exceeded, a conversation it cannot render, or a request's
  * chat_template when env does not trust them). */
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);
+
+/* ---- tool calls and reasoning in the output (toolcall.c) ----------------------------------- */
+
+/* Parser names as vLLM spells them: "hermes", "llama3_json", "mistral"; "deepseek_r1", "qwen3".
+ * Return 0, or -1 for an unknown name. */
+int srv_tool_parser_from_name(const char *name, srv_tool_parser *out);
+int srv_reasoning_parser_from_name(const char *name, srv_reasoning_parser *out);
+
+/* A byte range [off, off + len) of a text; len 0 = absent. */
+typedef struct srv_span {
+    size_t off, len;
+} srv_span;
+
+/* Splits generated text[len] into reasoning and content (offsets into text). final = false for a
+ * prefix still growing (streaming): a piece that may be the start of <think> or </think> is held
+ * back (in neither span), so spans only grow as text arrives and the final split equals the
+ * non-streamed one. deepseek_r1: text up to </think> is reasoning (a leading <think> dropped), all of
+ * it when there is no </think>; qwen3: reasoning only when the text opens with <think> (then up to
+ * </think>, or all of it when unterminated). NONE: all content. Source: vLLM's
+ * reasoning/deepseek_r1_reasoning_parser.py and qwen3_reasoning_parser.py. */
+void srv_reasoning_split(srv_reasoning_parser p, const char *text, size_t len, bool final, srv_span *reasoning,
+                         srv_span *content);
+
+/* The outcome of a tool-call parse. */
+typedef struct srv_tool_result {
+    char *content; /* malloc'd text outside the calls, or NULL when it is empty or only whitespace */
+    json_t *calls; /* [{"id", "type": "function", "function": {"name", "arguments": JSON text}}] (new
+                      ref), or NULL when the text holds no call */
+} srv_tool_result;
+void srv_tool_result_free(srv_tool_result *r);
+
+/* Parses a finished reply text[len] with parser p (tool_choice auto). Calls get ids derived from
+ * id_seed and their index ("call_" + 24 alphanumerics; mistral: 9, as its templates require). A reply
+ * whose calls do not parse (bad JSON, no "name") is all content, no calls, as in vLLM. Returns 0, or
+ * -1 when out of memory. Sources: vLLM's tool_parsers/hermes_tool_parser.py, llama_tool_parser.py,
+ * mistral_tool_parser.py; OpenAI's ChatCompletionMessageToolCall. */
+int srv_tool_parse(srv_tool_parser p, const char *text, size_t len, uint64_t id_seed, srv_tool_result *out);
+/* The reply of a forced tool choice (text generated under srv_parse_tools' grammar): required: a JSON
+ * array of {"name", "parameters"}; named: the arguments object of function `name`. Text that is not
+ * such JSON (cut by max_tokens) gives no calls and the text as content; named always gives its one
+ * call with the text as arguments (as vLLM). Returns 0, or -1 when out of memory. */
+int srv_tool_parse_forced(srv_tool_choice choice, const char *name, const char *text, size_t len, uint64_t id_seed,
+                          srv_tool_result *out);
+/* Streaming (tool_choice auto): how many leading bytes of a growing text[len] are surely content
+ * (before anything that is or may become a call's start marker). */
+size_t srv_tool_content_prefix(srv_tool_parser p, const char *text, size_t len);
+/* An OpenAI-style call id ("call_" + 24 alphanumerics, or 9 alphanumerics for mistral) from a seed
+ * and an index, into out[cap >= 32]. */
+void srv_tool_call_id(srv_tool_parser p, uint64_t seed, size_t index, char *out, size_t cap);
 
 /* ---- access (access.c) ----------------------------------------------------------------------- */
 

@@ -37,6 +37,84 @@ static void out_event(srv_job *j, json_t *chunk) {
     free(s);
 }
 
+/* One event whose delta is {key: text[n]}. */
+static void delta_text(srv_job *j, int32_t i, const char *key, const char *text, size_t n) {
+    out_event(j, srv_json_chunk_delta(j, i, json_pack("{s:s%}", key, text, n), NULL));
+}
+
+/* One event whose delta is {"tool_calls": [{"index": k, ...call}]}. */
+static void delta_call(srv_job *j, int32_t i, size_t k, json_t *call) {
+    if (call) json_object_set_new(call, "index", json_integer((json_int_t)k));
+    out_event(j, srv_json_chunk_delta(j, i, json_pack("{s:[o]}", "tool_calls", call), NULL));
+}
+
+/* A chat choice through the reasoning and tool parsers (--reasoning-parser, tools): the split of the
+ * text ready so far is recomputed and what grew since the last call goes out as deltas, reasoning
+ * ("reasoning_content") first, then content; tool calls as OpenAI streams them (a first delta with the
+ * call's index, id, type and name and empty arguments, then argument fragments). A named tool_choice
+ * streams its arguments as they are generated; with required or auto, content goes out up to where a
+ * call may start and the calls when the choice is done (srv_job_chat_parts, so the stream equals the
+ * non-streamed reply). */
+static void stream_parsed(srv_job *j, int32_t i) {
+    srv_seq *s = &j->seqs[i];
+    const char *buf = s->text.buf ? s->text.buf : "";
+    const size_t ready = srv_text_ready(&s->text);
+    const bool done = s->done && ready == s->text.len;
+    srv_span rs, cs;
+    srv_reasoning_split(j->req.reasoning_parser, buf, ready, done, &rs, &cs);
+    s->text.sent = ready;
+    if (rs.len > s->r_sent) {
+        delta_text(j, i, "reasoning_content", buf + rs.off + s->r_sent, rs.len - s->r_sent);
+        s->r_sent = rs.len;
+    }
+    const char *c = buf + cs.off;
+    const char *finish = s->finish;
+    if (!srv_job_tool_mode(j)) {
+        if (cs.len > s->c_sent) delta_text(j, i, "content", c + s->c_sent, cs.len - s->c_sent);
+        if (cs.len > s->c_sent) s->c_sent = cs.len;
+    } else if (j->req.tool_choice == SRV_TOOL_CHOICE_NAMED) {
+        if (!s->tool_head_sent && (cs.len > 0 || done)) {
+            char id[40];
+            srv_tool_call_id(SRV_TOOL_PARSER_NONE, srv_job_call_seed(j, i), 0, id, sizeof id);
+            delta_call(j, i, 0, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name",
+                                          j->req.tool_name, "arguments", ""));
+            s->tool_head_sent = true;
+        }
+        if (cs.len > s->c_sent) {
+            delta_call(j, i, 0, json_pack("{s:{s:s%}}", "function", "arguments", c + s->c_sent, cs.len - s->c_sent));
+            s->c_sent = cs.len;
+        }
+        if (done && finish && !strcmp(finish, "stop")) finish = "tool_calls";
+    } else if (!done) {
+        const size_t safe = j->req.tool_choice == SRV_TOOL_CHOICE_AUTO ? srv_tool_content_prefix(j->req.tool_parser, c, cs.len) : 0;
+        if (safe > s->c_sent) {
+            delta_text(j, i, "content", c + s->c_sent, safe - s->c_sent);
+            s->c_sent = safe;
+        }
+    } else if (!s->final_sent) {
+        char *content = NULL, *reasoning = NULL;
+        json_t *calls = NULL;
+        if (srv_job_chat_parts(j, i, &content, &reasoning, &calls, &finish)) finish = "error";
+        const size_t cl = content ? strlen(content) : 0;
+        if (cl > s->c_sent && !memcmp(content, c, s->c_sent)) delta_text(j, i, "content", content + s->c_sent, cl - s->c_sent);
+        size_t k;
+        json_t *call;
+        json_array_foreach(calls, k, call) {
+            const json_t *f = json_object_get(call, "function");
+            delta_call(j, i, k, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", json_object_get(call, "id"), "type", "function",
+                                          "function", "name", json_object_get(f, "name"), "arguments", ""));
+            delta_call(j, i, k, json_pack("{s:{s:O}}", "function", "arguments", json_object_get(f, "arguments")));
+        }
+        free(content);
+        free(reasoning);
+        json_decref(calls);
+    }
+    if (done && !s->final_sent) {
+        out_event(j, srv_json_chunk_delta(j, i, NULL, finish));
+        s->final_sent = true;
+    }
+}
+
 /* Turns what the pump produced into SSE events in j->out. */
 static void stream_fill(srv_job *j) {
     if (!j->finished_stream && srv_job_core_lost(j)) {
@@ -64,6 +142,11 @@ static void stream_fill(srv_job *j) {
     bool all_final = true;
     for (int32_t i = 0; i < j->n_seqs; i++) {
         srv_seq *s = &j->seqs[i];
+        if (j->req.route == SRV_ROUTE_CHAT && (srv_job_tool_mode(j) || j->req.reasoning_parser != SRV_REASONING_NONE)) {
+            stream_parsed(j, i);
+            all_final &= s->final_sent;
+            continue;
+        }
         const size_t ready = srv_text_ready(&s->text);
         if (ready > s->text.sent) {
             out_event(j, srv_json_chunk(j, i, s->text.buf + s->text.sent, ready - s->text.sent, NULL, false));
