@@ -352,6 +352,36 @@ static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nt
     }
 }
 
+/* The first attention item (t, h), h fastest, whose cost prefix reaches `target`: an item of token t
+ * costs its key count (positions[t] + 1, or the window) plus 32 for its fixed work. */
+static long long attn_item_at(const osp_batch *b, int64_t T, int64_t H, int32_t window, long long target) {
+    long long acc = 0;
+    for (int64_t t = 0; t < T; t++) {
+        long long keys = (long long)b->positions[t] + 1;
+        if (window > 0 && keys > window) keys = window;
+        const long long w = keys + 32;
+        if (acc + w * H > target) return (long long)(t * H) + (target - acc + w - 1) / w;
+        acc += w * H;
+    }
+    return (long long)(T * H);
+}
+
+/* This thread's items of an attention op: equal shares of the keys read, not of the items, so the
+ * late tokens of a causal prompt (which read the most keys) do not all land on the last thread. Only
+ * which thread computes an item changes, never its arithmetic. */
+static void attn_split(const osp_batch *b, int64_t T, int64_t H, int32_t window, int ith, int nth, long long *i0,
+                       long long *i1) {
+    long long total = 0;
+    for (int64_t t = 0; t < T; t++) {
+        long long keys = (long long)b->positions[t] + 1;
+        if (window > 0 && keys > window) keys = window;
+        total += (keys + 32) * H;
+    }
+    *i0 = ith == 0 ? 0 : attn_item_at(b, T, H, window, total / nth * ith + total % nth * ith / nth);
+    *i1 = ith == nth - 1 ? (long long)(T * H)
+                         : attn_item_at(b, T, H, window, total / nth * (ith + 1) + total % nth * (ith + 1) / nth);
+}
+
 static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
     const osp_batch *b = r->b;
     const osp_kv_cache *kv = r->kv;
@@ -368,6 +398,7 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
             osp_cpu_round_bf16(out + i0 * D, (i1 - i0) * D);
         return;
     }
+    attn_split(b, r->T, H, op->p.attn.window, ith, nth, &i0, &i1);
     const int64_t F = kv->fmt.fixed_scales_per_layer, l = op->layer;
     const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k = kv->k[l], .v = kv->v[l], .k_scale = kv->k_scale[l],
                                  .v_scale = kv->v_scale[l], .k_fixed = F ? kv->k_fixed + l * F : NULL,
