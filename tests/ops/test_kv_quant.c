@@ -148,7 +148,9 @@ static void run_attn_case(const attn_case *c, osp_kv_dtype dt) {
      * the same bits for any tile width, also when a thread's range cuts a group */
     float *o_t = malloc(sizeof *o_t * (size_t)T * (size_t)H * (size_t)D);
     float *sct = malloc(sizeof *sct * OSP_CPU_ATTN_MAX_TILE * 4096);
-    for (int tile = 2; tile <= OSP_CPU_ATTN_MAX_TILE; tile *= 8) {
+    const int tiles[] = {1, 2, 7, OSP_CPU_ATTN_MAX_TILE}; /* one group, cut groups, query blocks of tokens */
+    for (size_t ti = 0; ti < sizeof tiles / sizeof tiles[0]; ti++) {
+        const int tile = tiles[ti];
         const int64_t cut = items / 2 + 1;
         for (int part = 0; part < 2; part++)
             osp_cpu_paged_attention_tiled(q, &pg, o_t, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D, scale,

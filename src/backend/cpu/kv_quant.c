@@ -93,11 +93,71 @@ static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64
 
 #define MAX_HEAD_DIM 1024
 
-/* Items (t, h), h fastest, are taken in tiles: the heads of one KV head's group at one token (those of
- * them in [item_begin, item_end)), at most `max_tile`. Each K and V row is read (and widened from
- * f16/fp8/nvfp4) once per tile instead of once per item; every item keeps its own scores, maximum, sum
- * and output, computed with exactly the operations, in the order, of a tile of one (three passes: scores
- * and max, exp and sum, weighted V sum), so the result never depends on the tile. */
+/* One tile of attention items sharing a sequence (block table) and a KV head: item j reads query row
+ * qs[j], writes output row os[j], and attends to keys [p0s[j], n_ctxs[j]). Each K and V row in the union
+ * of the ranges is read (and widened from f16/fp8/nvfp4) once for the whole tile; every item keeps its
+ * own scores (row j of sc, stride sc_stride), maximum, sum and output, computed with exactly the
+ * operations, in the order, of a tile of one (three passes: scores and max, exp and sum, weighted V sum,
+ * each in increasing position), so an item's result never depends on its tile. */
+typedef struct attn_tile {
+    int64_t m;
+    const float *qs[OSP_CPU_ATTN_MAX_TILE];
+    float *os[OSP_CPU_ATTN_MAX_TILE];
+    int64_t p0s[OSP_CPU_ATTN_MAX_TILE], n_ctxs[OSP_CPU_ATTN_MAX_TILE];
+} attn_tile;
+
+static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const int32_t *bt, int32_t block_size,
+                        int64_t kvh, int64_t n_head_kv, int64_t head_dim, float scale, float *sc, int64_t sc_stride,
+                        float *row, uint16_t *half) {
+    const int64_t m = tl->m;
+    int64_t lo = tl->p0s[0], hi = tl->n_ctxs[0];
+    for (int64_t j = 1; j < m; j++) {
+        if (tl->p0s[j] < lo) lo = tl->p0s[j];
+        if (tl->n_ctxs[j] > hi) hi = tl->n_ctxs[j];
+    }
+    float mx[OSP_CPU_ATTN_MAX_TILE] = {0}, sum[OSP_CPU_ATTN_MAX_TILE] = {0};
+    for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+        const float *kr = read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half);
+        for (int64_t j = 0; j < m; j++) {
+            if (p < tl->p0s[j] || p >= tl->n_ctxs[j]) continue;
+            float *scj = sc + j * sc_stride;
+            scj[p] = osp_cpu_dot_inline(tl->qs[j], kr, head_dim) * scale;
+            if (scj[p] > mx[j]) mx[j] = scj[p];
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        float *scj = sc + j * sc_stride;
+        sum[j] = 0.0f;
+        for (int64_t p = tl->p0s[j]; p < tl->n_ctxs[j]; p++) {
+            scj[p] = expf(scj[p] - mx[j]);
+            sum[j] += scj[p];
+        }
+        memset(tl->os[j], 0, (size_t)head_dim * sizeof(float));
+    }
+    for (int64_t p = lo; p < hi; p++) {
+        const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+        const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half);
+        for (int64_t j = 0; j < m; j++) {
+            if (p < tl->p0s[j] || p >= tl->n_ctxs[j]) continue;
+            const float w = sc[j * sc_stride + p];
+            float *oj = tl->os[j];
+            for (int64_t d = 0; d < head_dim; d++) oj[d] += w * vp[d];
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        const float inv = 1.0f / sum[j];
+        float *oj = tl->os[j];
+        for (int64_t d = 0; d < head_dim; d++) oj[d] *= inv;
+    }
+}
+
+/* Items (t, h), h fastest. Where whole tokens of one sequence lie in the range, a block of up to
+ * max_tile / group consecutive tokens is done one KV head at a time, all of that head's group at all the
+ * block's tokens in one tile (a query block against the keys: each K and V row read once for them all);
+ * elsewhere (a range's cut tokens, groups wider than a tile) the tile is the heads of one group at one
+ * token, at most max_tile. */
 void osp_cpu_paged_attention_tiled(const float *q, const osp_cpu_kv_pages *kv, float *out, int32_t num_seqs,
                                    const int32_t *query_start_loc, const int32_t *positions,
                                    const int32_t *block_table, int32_t max_blocks, int32_t block_size, int64_t n_head,
@@ -109,55 +169,49 @@ void osp_cpu_paged_attention_tiled(const float *q, const osp_cpu_kv_pages *kv, f
     int32_t s = 0;
     if (max_tile < 1) max_tile = 1;
     if (max_tile > OSP_CPU_ATTN_MAX_TILE) max_tile = OSP_CPU_ATTN_MAX_TILE;
+    attn_tile tl;
     for (int64_t item = item_begin; item < item_end;) {
         const int64_t t = item / n_head, h0 = item % n_head;
-        /* the tile: heads h0.. of h0's group at token t, inside the range, at most max_tile */
+        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
+        while (s > 0 && t < query_start_loc[s]) s--;
+        const int32_t *bt = block_table + (size_t)s * max_blocks;
+        /* whole tokens of this sequence from t on, inside the range, as many as a tile holds groups of */
+        int64_t nt = 0;
+        if (h0 == 0)
+            while (nt < max_tile / group && (t + nt + 1) * n_head <= item_end && t + nt < query_start_loc[s + 1]) nt++;
+        if (nt >= 2) {
+            for (int64_t kvh = 0; kvh < n_head_kv; kvh++) {
+                tl.m = nt * group;
+                for (int64_t u = 0; u < nt; u++) {
+                    const int64_t n_ctx = (int64_t)positions[t + u] + 1;
+                    for (int64_t g = 0; g < group; g++) {
+                        const int64_t j = u * group + g, it = (t + u) * n_head + kvh * group + g;
+                        tl.qs[j] = q + it * head_dim;
+                        tl.os[j] = out + it * head_dim;
+                        tl.n_ctxs[j] = n_ctx;
+                        tl.p0s[j] = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
+                    }
+                }
+                attend_tile(&tl, kv, bt, block_size, kvh, n_head_kv, head_dim, scale, sc, sc_stride, row, half);
+            }
+            item = (t + nt) * n_head;
+            continue;
+        }
+        /* heads h0.. of h0's group at token t, inside the range, at most max_tile */
         const int64_t kvh = h0 / group, group_end = (kvh + 1) * group;
         int64_t m = group_end - h0;
         if (m > item_end - item) m = item_end - item;
         if (m > max_tile) m = max_tile;
-        item += m;
-        while (s < num_seqs - 1 && t >= query_start_loc[s + 1]) s++;
-        while (s > 0 && t < query_start_loc[s]) s--;
-        const int32_t *bt = block_table + (size_t)s * max_blocks;
         const int64_t n_ctx = (int64_t)positions[t] + 1;
-        const int64_t p0 = window > 0 && n_ctx > window ? n_ctx - window : 0; /* sliding window */
-        const float *qh = q + (t * n_head + h0) * head_dim;
-        float mx[OSP_CPU_ATTN_MAX_TILE] = {0}, sum[OSP_CPU_ATTN_MAX_TILE] = {0};
-        for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
-        for (int64_t p = p0; p < n_ctx; p++) {
-            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *kr = read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half);
-            for (int64_t j = 0; j < m; j++) {
-                float *scj = sc + j * sc_stride;
-                scj[p] = osp_cpu_dot_inline(qh + j * head_dim, kr, head_dim) * scale;
-                if (scj[p] > mx[j]) mx[j] = scj[p];
-            }
-        }
+        tl.m = m;
         for (int64_t j = 0; j < m; j++) {
-            float *scj = sc + j * sc_stride;
-            sum[j] = 0.0f;
-            for (int64_t p = p0; p < n_ctx; p++) {
-                scj[p] = expf(scj[p] - mx[j]);
-                sum[j] += scj[p];
-            }
+            tl.qs[j] = q + (item + j) * head_dim;
+            tl.os[j] = out + (item + j) * head_dim;
+            tl.n_ctxs[j] = n_ctx;
+            tl.p0s[j] = window > 0 && n_ctx > window ? n_ctx - window : 0;
         }
-        float *o = out + (t * n_head + h0) * head_dim;
-        memset(o, 0, (size_t)(m * head_dim) * sizeof *o);
-        for (int64_t p = p0; p < n_ctx; p++) {
-            const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half);
-            for (int64_t j = 0; j < m; j++) {
-                const float w = sc[j * sc_stride + p];
-                float *oj = o + j * head_dim;
-                for (int64_t d = 0; d < head_dim; d++) oj[d] += w * vp[d];
-            }
-        }
-        for (int64_t j = 0; j < m; j++) {
-            const float inv = 1.0f / sum[j];
-            float *oj = o + j * head_dim;
-            for (int64_t d = 0; d < head_dim; d++) oj[d] *= inv;
-        }
+        attend_tile(&tl, kv, bt, block_size, kvh, n_head_kv, head_dim, scale, sc, sc_stride, row, half);
+        item += m;
     }
 }
 

@@ -126,12 +126,13 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
                                 int64_t head_dim, float scale, int32_t window, float *scores, int64_t item_begin,
                                 int64_t item_end);
 
-/* osp_cpu_paged_attention_kv in tiles of up to max_tile items (<= OSP_CPU_ATTN_MAX_TILE): the heads of
- * one KV head's group at one token share each K and V row read, so f16/fp8/nvfp4 rows are widened once
- * per tile. Results are bit-identical to osp_cpu_paged_attention_kv's for any max_tile (each item's
- * arithmetic is unchanged). scores: max_tile rows of sc_stride floats (sc_stride >= the largest
- * position + 1 of the items). */
-#define OSP_CPU_ATTN_MAX_TILE 16
+/* osp_cpu_paged_attention_kv in tiles of up to max_tile items (<= OSP_CPU_ATTN_MAX_TILE): a KV head's
+ * group at a block of consecutive tokens of one sequence (a query block against the keys), or at one
+ * token, shares each K and V row read, so f16/fp8/nvfp4 rows are widened once per tile. Results are
+ * bit-identical to osp_cpu_paged_attention_kv's for any max_tile and item range (each item's arithmetic
+ * is unchanged). scores: max_tile rows of sc_stride floats (sc_stride >= the largest position + 1 of
+ * the items). */
+#define OSP_CPU_ATTN_MAX_TILE 32
 void osp_cpu_paged_attention_tiled(const float *q, const osp_cpu_kv_pages *kv, float *out, int32_t num_seqs,
                                    const int32_t *query_start_loc, const int32_t *positions,
                                    const int32_t *block_table, int32_t max_blocks, int32_t block_size, int64_t n_head,
