@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV="${1:-.venv-it}"
+# ctest runs several suites that call this at once (integration_server, its process-mode twin,
+# deploy_manifests): one makes the venv, the others wait, then find it complete
+exec 9<"${BASH_SOURCE[0]}"
+flock 9
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import openai, pytest, requests, zmq, msgpack, yaml' 2>/dev/null; then
     exit 0
 fi
