@@ -7,6 +7,10 @@
 #                       build of bb1ad02, BASE_BIN, default /work/base-src/build-cuda/bin/osprey;
 #                       skipped with a warning when absent; in .carry/base/base.tar.xz instead when the
 #                       tarball with it would not fit one call beside a model half)
+#   .carry/curl/        when the CLI links libcurl-gnutls (the router's client): curl.tar.xz, lib/curl/ with
+#                       libcurl-gnutls.so.4 and every library it pulls in but glibc's (~5 MB), a fallback
+#                       that gpu-test.sh uses only where the machine has no libcurl-gnutls.so.4 of its own
+#                       (Ubuntu 24.04's libcurl3t64-gnutls has it); carried with call 2, which runs bin/osprey
 #   .carry/m0/, m1/     the default model in two halves (one device call carries at most 64 MiB, the
 #                       working tree included: the first call brings m0, the second, while the machine
 #                       is still warm, m1)
@@ -15,7 +19,7 @@
 #                       chunk dir with the whole file's sha256 and the number of chunks
 # Then, on the device (one command each; see README "On the GPU"):
 #   call 1 (carry .carry/gpu.tar.xz .carry/m0): bash scripts/gpu-test.sh ops    (or: stash)
-#   call 2 (carry .carry/m1), within 30 s:      bash scripts/gpu-test.sh model
+#   call 2 (carry .carry/m1 [.carry/curl]), within 30 s: bash scripts/gpu-test.sh model
 #   (with .carry/base/: call 2 carries it too; GEMMA=1: call 2 runs `stash`, then one call per chunk,
 #   .carry/g0 .. g3 with `stash`, the last, .carry/g4, with `model`)
 #   same machine, no carry:                     bash scripts/gpu-test.sh ab     (bench/gpu/ab.sh)
@@ -30,7 +34,7 @@ CHUNK_MAX=$((60 * 1000 * 1000)) # one gemma chunk
 command -v nvcc >/dev/null || { echo "gpu-pack: nvcc not found (the CUDA toolkit builds the GPU code)"; exit 1; }
 cmake -S . -B build -G Ninja -DOSPREY_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DOSPREY_CUDA=ON >/dev/null
 cmake --build build -j "${JOBS:-2}"
-rm -rf .carry/stage .carry/gpu.tar.xz .carry/m0 .carry/m1 .carry/base
+rm -rf .carry/stage .carry/gpu.tar.xz .carry/m0 .carry/m1 .carry/base .carry/curl
 mkdir -p .carry/stage/bin .carry/stage/lib .carry/m0 .carry/m1
 cp build/bin/osprey build/bin/attn_bench build/tests/test_gpu_* .carry/stage/bin/
 if [ -f build/tests/test_ops ]; then cp build/tests/test_ops .carry/stage/bin/; else echo "gpu-pack: no build/tests/test_ops (not staged)"; fi
@@ -51,6 +55,21 @@ if ldd .carry/stage/bin/osprey | grep -q 'libzmq\|libmsgpackc'; then
                libcom_err.so.2 libkeyutils.so.1; do
         if [ -e "/usr/lib/x86_64-linux-gnu/$lib" ]; then cp -L "/usr/lib/x86_64-linux-gnu/$lib" .carry/stage/lib/; fi
     done
+fi
+# libcurl-gnutls and its dependencies (GnuTLS, nettle, nghttp2, libssh2, LDAP, Kerberos, ...), found by
+# ldd, as the fallback described above; glibc's own libraries stay the machine's
+if ldd .carry/stage/bin/osprey | grep -q 'libcurl-gnutls'; then
+    curl_so=$(ldd .carry/stage/bin/osprey | awk '$1 ~ /^libcurl-gnutls/ {print $3}')
+    mkdir -p .carry/curlstage/lib/curl .carry/curl
+    cp -L "$curl_so" .carry/curlstage/lib/curl/
+    ldd "$curl_so" | awk '$3 ~ /^\// {print $3}' | while read -r dep; do
+        case "$(basename "$dep")" in
+            libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | libresolv.so.* | ld-linux*) ;;
+            *) cp -L "$dep" .carry/curlstage/lib/curl/ ;;
+        esac
+    done
+    tar -C .carry/curlstage -cf - lib | xz -T2 -6 > .carry/curl/curl.tar.xz
+    rm -rf .carry/curlstage
 fi
 parts=(bin lib)
 if [ -d .carry/stage/base ]; then parts+=(base); fi
@@ -96,7 +115,7 @@ if [ -d .carry/stage/base ] && [ $((tree + tar_b + half_b)) -gt "$LIMIT" ]; then
     tar_b=$(bytes .carry/gpu.tar.xz)
 fi
 rm -rf .carry/stage
-{ du -sb .carry/gpu.tar.xz .carry/base .carry/m0 .carry/m1 .carry/g[0-9]* 2>/dev/null || true; } |
+{ du -sb .carry/gpu.tar.xz .carry/base .carry/curl .carry/m0 .carry/m1 .carry/g[0-9]* 2>/dev/null || true; } |
     awk '{printf "%-20s %11d bytes  %7.1f MiB\n", $2, $1, $1 / 1048576}'
 echo "working tree (travels with every call): $tree bytes, $(mib "$tree")"
 call() { # label, carried paths...
@@ -106,7 +125,10 @@ call() { # label, carried paths...
     printf 'call %-28s %s + tree = %s  %s\n' "$label" "$*" "$(mib "$b")" "$([ "$b" -le "$LIMIT" ] && echo ok || echo 'OVER 64 MiB')"
 }
 call "1 (ops)" .carry/gpu.tar.xz .carry/m0
-if [ -d .carry/base ]; then call "2 (model)" .carry/m1 .carry/base; else call "2 (model)" .carry/m1; fi
+call2=(.carry/m1)
+if [ -d .carry/base ]; then call2+=(.carry/base); fi
+if [ -d .carry/curl ]; then call2+=(.carry/curl); fi
+call "2 (model)" "${call2[@]}"
 for d in .carry/g[0-9]*; do if [ -d "$d" ]; then call "(gemma ${d#.carry/})" "$d"; fi; done
 # the biggest call must fit
 [ $((tree + tar_b + half_b)) -le "$LIMIT" ] || { echo "gpu-pack: the first call is over 64 MiB"; exit 1; }

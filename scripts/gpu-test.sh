@@ -39,6 +39,11 @@ if [ -f .carry/gpu.tar.xz ]; then
 fi
 # the baseline CLI (bench/gpu/ab.sh's A): in the tarball under base/, or in its own .carry/base/
 if [ -d $G/base ]; then rm -rf $STASH/base && mv $G/base $STASH/base; fi
+# the libcurl-gnutls fallback (gpu-pack.sh: .carry/curl/), kept for the calls after this one
+if [ -f .carry/curl/curl.tar.xz ]; then
+    rm -rf $STASH/lib/curl
+    xz -dc .carry/curl/curl.tar.xz | tar -C $STASH -xf - || { echo "gpu-test: cannot unpack .carry/curl/curl.tar.xz"; exit 1; }
+fi
 if [ -f .carry/base/base.tar.xz ]; then
     rm -rf $STASH/base
     xz -dc .carry/base/base.tar.xz | tar -C $STASH -xf - || { echo "gpu-test: cannot unpack .carry/base/base.tar.xz"; exit 1; }
@@ -47,7 +52,13 @@ fi
 [ "$what" = stash ] && { ls -la $STASH $STASH/base/bin 2>/dev/null; exit 0; }
 [ "$what" = ab ] && { bash bench/gpu/ab.sh; exit $?; }
 if [ ! -f $MODEL ] && [ -f $STASH/model.gguf ]; then mkdir -p models && ln -s $STASH/model.gguf $MODEL; fi
-export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# bin/osprey links libcurl-gnutls (the router): the machine's own when it has one, else the carried copy
+CURL_LIB=
+if ! ldconfig -p 2>/dev/null | grep -q 'libcurl-gnutls\.so\.4'; then
+    if [ -d $STASH/lib/curl ]; then CURL_LIB=$STASH/lib/curl
+    else echo "gpu-test: warning: no libcurl-gnutls.so.4 here and none carried (.carry/curl from gpu-pack.sh): bin/osprey cannot start"; fi
+fi
+export LD_LIBRARY_PATH=$G/lib${CURL_LIB:+:$CURL_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OSPREY_ROOT=$PWD OSPREY_MODEL=$PWD/$MODEL OSPREY_BIN=$G/bin/osprey OMP_WAIT_POLICY=passive
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 fails=0

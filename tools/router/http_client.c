@@ -1,191 +1,185 @@
-/* The router's HTTP/1.1 client (see http_client.h): connect with a timeout, send, parse the status
- * line and the few headers the proxy needs, then a body reader that undoes chunked coding. */
+/* The router's HTTP client on libcurl (see http_client.h). One easy handle in its own multi handle per
+ * exchange, driven from the caller's thread: curl_multi_perform + curl_multi_poll until the final
+ * response's headers have arrived (the header callback sees the blank line ending a block whose
+ * status is not 1xx), then again whenever the caller wants body bytes and none are buffered. The
+ * write callback appends to a buffer; past RT_BUF_MAX it pauses the transfer (CURL_WRITEFUNC_PAUSE)
+ * until the caller has drained it, so a fast backend and a slow client cannot grow it without end. */
 #include "http_client.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <unistd.h>
+
+#define RT_BUF_MAX (1u << 20) /* body bytes buffered before the transfer is paused */
 
 bool rt_url_parse(const char *s, rt_url *out) {
-    if (strncmp(s, "http://", 7)) return false;
-    s += 7;
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s || (size_t)(colon - s) >= sizeof out->host) return false;
-    memcpy(out->host, s, (size_t)(colon - s));
-    out->host[colon - s] = 0;
-    const char *p = colon + 1;
-    size_t n = 0;
-    while (p[n] >= '0' && p[n] <= '9') n++;
-    if (n == 0 || n > 5 || (p[n] && strcmp(p + n, "/"))) return false;
-    memcpy(out->port, p, n);
-    out->port[n] = 0;
-    return atoi(out->port) > 0 && atoi(out->port) < 65536;
-}
-
-static int connect_to(const rt_url *u, int timeout_ms) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(u->host, u->port, &hints, &ai) != 0 || !ai) return -1;
-    int fd = -1;
-    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) continue;
-        const int fl = fcntl(fd, F_GETFL);
-        fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (rc != 0 && errno == EINPROGRESS) {
-            struct pollfd p = {.fd = fd, .events = POLLOUT};
-            int err = 0;
-            socklen_t el = sizeof err;
-            rc = poll(&p, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0 ? 0 : -1;
-        }
-        if (rc != 0) {
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        fcntl(fd, F_SETFL, fl);
+    if (!s || strncmp(s, "http://", 7)) return false;
+    CURLU *h = curl_url();
+    if (!h) return false;
+    char *host = NULL, *port = NULL, *path = NULL, *part = NULL;
+    bool ok = false;
+    if (curl_url_set(h, CURLUPART_URL, s, 0) != CURLUE_OK) goto out;
+    if (curl_url_get(h, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host[0]) goto out;
+    if (curl_url_get(h, CURLUPART_PORT, &port, 0) != CURLUE_OK) goto out; /* CURLUE_NO_PORT: none given */
+    const long p = strtol(port, NULL, 10);
+    if (p < 1 || p > 65535) goto out;
+    if (curl_url_get(h, CURLUPART_PATH, &path, 0) != CURLUE_OK || strcmp(path, "/")) goto out;
+    /* nothing else may be there: a query, a fragment, credentials */
+    const CURLUPart none[] = {CURLUPART_QUERY, CURLUPART_FRAGMENT, CURLUPART_USER, CURLUPART_PASSWORD, CURLUPART_OPTIONS};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        const CURLUcode rc = curl_url_get(h, none[i], &part, 0);
+        curl_free(part);
+        part = NULL;
+        if (rc == CURLUE_OK) goto out;
     }
-    freeaddrinfo(ai);
-    return fd;
+    const int n = snprintf(out->base, sizeof out->base, "http://%s:%ld", host, p);
+    ok = n > 0 && (size_t)n < sizeof out->base;
+out:
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_url_cleanup(h);
+    return ok;
 }
 
-static bool send_all(int fd, const char *p, size_t n) {
-    while (n > 0) {
-        const ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return false;
-        p += k, n -= (size_t)k;
+/* libcurl's header callback: each header line of every response block (1xx interim ones, the final
+ * one, then any chunked trailer), CRLF included. The blank line ending a non-1xx block ends the wait. */
+static size_t on_header(char *p, size_t size, size_t n, void *ud) {
+    rt_http_resp *r = ud;
+    const size_t len = size * n;
+    if (!r->headers_done && (len == 0 || p[0] == '\r' || p[0] == '\n')) {
+        long code = 0;
+        curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+        if (code >= 200) {
+            char *ct = NULL;
+            curl_easy_getinfo(r->easy, CURLINFO_CONTENT_TYPE, &ct);
+            snprintf(r->content_type, sizeof r->content_type, "%s", ct ? ct : "");
+            r->status = (int)code;
+            r->headers_done = true;
+        }
     }
-    return true;
+    return len;
 }
 
-static bool fill(rt_http_resp *r) {
-    if (r->r > 0 && r->r == r->w) r->r = r->w = 0;
-    if (r->w == sizeof r->buf) {
-        if (r->r == 0) return false; /* a line longer than the buffer */
+/* libcurl's write callback: the body, chunked coding undone, as it arrives. */
+static size_t on_body(char *p, size_t size, size_t n, void *ud) {
+    rt_http_resp *r = ud;
+    const size_t len = size * n;
+    if (r->r == r->w) r->r = r->w = 0;
+    if (r->w + len > r->cap && r->r > 0) { /* move the unread bytes to the front first */
         memmove(r->buf, r->buf + r->r, r->w - r->r);
         r->w -= r->r, r->r = 0;
     }
-    for (;;) {
-        const ssize_t k = recv(r->fd, r->buf + r->w, sizeof r->buf - r->w, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return false;
-        r->w += (size_t)k;
-        return true;
-    }
-}
-
-/* One line without its CRLF into line[cap]; false at EOF or error. */
-static bool read_line(rt_http_resp *r, char *line, size_t cap) {
-    for (;;) {
-        char *nl = memchr(r->buf + r->r, '\n', r->w - r->r);
-        if (nl) {
-            size_t n = (size_t)(nl - (r->buf + r->r));
-            const size_t take = n;
-            if (n > 0 && r->buf[r->r + n - 1] == '\r') n--;
-            if (n >= cap) n = cap - 1;
-            memcpy(line, r->buf + r->r, n);
-            line[n] = 0;
-            r->r += take + 1;
-            return true;
+    if (r->w + len > r->cap) {
+        if (r->w > 0 && r->w + len > RT_BUF_MAX) { /* full: libcurl keeps this data until the caller drains */
+            r->paused = true;
+            return CURL_WRITEFUNC_PAUSE;
         }
-        if (!fill(r)) return false;
+        size_t cap = r->cap ? r->cap : 16384;
+        while (cap < r->w + len) cap *= 2;
+        char *b = realloc(r->buf, cap);
+        if (!b) return 0; /* libcurl fails the transfer with CURLE_WRITE_ERROR */
+        r->buf = b, r->cap = cap;
+    }
+    memcpy(r->buf + r->w, p, len);
+    r->w += len;
+    return len;
+}
+
+static bool have(const rt_http_resp *r, bool want_headers) { return want_headers ? r->headers_done : r->w > r->r; }
+
+/* Runs the transfer until the headers (want_headers) or some body bytes are there, or it is done. */
+static void drive(rt_http_resp *r, bool want_headers) {
+    while (!have(r, want_headers) && !r->done) {
+        int running = 0;
+        CURLMcode mc = curl_multi_perform(r->multi, &running);
+        int left = 0;
+        for (CURLMsg *m; mc == CURLM_OK && (m = curl_multi_info_read(r->multi, &left));)
+            if (m->msg == CURLMSG_DONE) r->done = true, r->result = m->data.result;
+        if (mc == CURLM_OK && !have(r, want_headers) && !r->done) mc = curl_multi_poll(r->multi, NULL, 0, 1000, NULL);
+        if (mc != CURLM_OK) {
+            snprintf(r->error, sizeof r->error, "%s", curl_multi_strerror(mc));
+            r->done = true, r->result = CURLE_RECV_ERROR;
+        }
     }
 }
 
-int rt_http_request(const rt_url *u, const char *method, const char *path, const char *extra_headers,
-                    const char *body, size_t len, int timeout_ms, rt_http_resp *resp) {
+static bool add_header(rt_http_resp *r, const char *line) {
+    struct curl_slist *h = curl_slist_append(r->hdrs, line);
+    if (h) r->hdrs = h;
+    return h != NULL;
+}
+
+int rt_http_request(const rt_url *u, const char *method, const char *path, const char *const *headers,
+                    const char *body, size_t len, long connect_timeout_ms, long total_timeout_ms, rt_http_resp *resp) {
     memset(resp, 0, sizeof *resp);
-    resp->fd = connect_to(u, timeout_ms);
-    if (resp->fd < 0) return -1;
-    char head[2048];
-    const int hn = snprintf(head, sizeof head,
-                            "%s %s HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\nContent-Length: %zu\r\n%s%s\r\n",
-                            method, path, u->host, u->port, len, body ? "Content-Type: application/json\r\n" : "",
-                            extra_headers ? extra_headers : "");
-    if (hn <= 0 || (size_t)hn >= sizeof head || !send_all(resp->fd, head, (size_t)hn) || (len && !send_all(resp->fd, body, len)))
-        goto fail;
-    char line[1024];
-    if (!read_line(resp, line, sizeof line) || strncmp(line, "HTTP/1.", 7) || strlen(line) < 12) goto fail;
-    resp->status = atoi(line + 9);
-    if (resp->status < 100 || resp->status > 599) goto fail;
-    resp->content_left = -1;
-    resp->chunk_left = -1;
-    for (;;) {
-        if (!read_line(resp, line, sizeof line)) goto fail;
-        if (!line[0]) break;
-        char *colon = strchr(line, ':');
-        if (!colon) continue;
-        *colon = 0;
-        const char *v = colon + 1;
-        while (*v == ' ' || *v == '\t') v++;
-        if (!strcasecmp(line, "Content-Type")) snprintf(resp->content_type, sizeof resp->content_type, "%s", v);
-        else if (!strcasecmp(line, "Transfer-Encoding") && strcasestr(v, "chunked")) resp->chunked = true;
-        else if (!strcasecmp(line, "Content-Length")) resp->content_left = atoll(v);
+    char url[2048];
+    const int un = snprintf(url, sizeof url, "%s%s", u->base, path);
+    if (un <= 0 || (size_t)un >= sizeof url) {
+        snprintf(resp->error, sizeof resp->error, "the URL is too long");
+        return -1;
     }
-    if (resp->chunked) resp->content_left = -1;
-    return 0;
-fail:
+    resp->easy = curl_easy_init();
+    resp->multi = curl_multi_init();
+    bool ok = resp->easy && resp->multi;
+    /* "Expect:" empty: no 100-continue round trip before a large body */
+    const char *fixed[] = {"Connection: close", "Expect:", body && len ? "Content-Type: application/json" : NULL};
+    for (size_t i = 0; ok && i < 3; i++)
+        if (fixed[i]) ok = add_header(resp, fixed[i]);
+    for (size_t i = 0; ok && headers && headers[i]; i++) ok = add_header(resp, headers[i]);
+    CURL *e = resp->easy;
+    ok = ok && !curl_easy_setopt(e, CURLOPT_URL, url) && !curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L) &&
+         !curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http") && !curl_easy_setopt(e, CURLOPT_PROXY, "") &&
+         !curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1) &&
+         !curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_timeout_ms) &&
+         !curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, total_timeout_ms > 0 ? total_timeout_ms : 0L) &&
+         !curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L) && !curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L) &&
+         !curl_easy_setopt(e, CURLOPT_ERRORBUFFER, resp->error) && !curl_easy_setopt(e, CURLOPT_HTTPHEADER, resp->hdrs) &&
+         !curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header) && !curl_easy_setopt(e, CURLOPT_HEADERDATA, resp) &&
+         !curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body) && !curl_easy_setopt(e, CURLOPT_WRITEDATA, resp);
+    if (ok && !strcmp(method, "POST"))
+        ok = !curl_easy_setopt(e, CURLOPT_POST, 1L) && !curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len) &&
+             !curl_easy_setopt(e, CURLOPT_COPYPOSTFIELDS, body && len ? body : "");
+    else if (ok && strcmp(method, "GET"))
+        ok = !curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+    if (!ok || curl_multi_add_handle(resp->multi, e) != CURLM_OK) {
+        rt_http_close(resp);
+        if (!resp->error[0]) snprintf(resp->error, sizeof resp->error, "cannot set up the request (out of memory?)");
+        return -1;
+    }
+    drive(resp, true);
+    if (resp->headers_done) return 0;
+    /* failed before a response: was anything sent? (libcurl counts the request bytes it wrote) */
+    long sent = 0;
+    curl_easy_getinfo(e, CURLINFO_REQUEST_SIZE, &sent);
+    if (!resp->error[0]) snprintf(resp->error, sizeof resp->error, "%s", curl_easy_strerror(resp->result));
     rt_http_close(resp);
-    return -2;
+    return sent > 0 ? -2 : -1;
 }
 
 ssize_t rt_http_read_body(rt_http_resp *r, char *out, size_t cap) {
     if (r->eof || cap == 0) return 0;
-    if (r->chunked) {
-        if (r->chunk_left == 0) { /* the CRLF after a chunk's data */
-            char crlf[8];
-            if (!read_line(r, crlf, sizeof crlf) || crlf[0]) return -1;
-            r->chunk_left = -1;
+    if (!r->easy) return -1;
+    if (r->r == r->w) {
+        if (r->paused) { /* drained: let libcurl hand over what it held back */
+            r->paused = false;
+            if (curl_easy_pause(r->easy, CURLPAUSE_CONT) != CURLE_OK) return -1;
         }
-        if (r->chunk_left < 0) {
-            char line[256];
-            if (!read_line(r, line, sizeof line)) return -1;
-            char *end;
-            const long long n = strtoll(line, &end, 16);
-            if (end == line || n < 0) return -1;
-            if (n == 0) { /* the last chunk: skip the trailer */
-                do {
-                    if (!read_line(r, line, sizeof line)) return -1;
-                } while (line[0]);
-                r->eof = true;
-                return 0;
-            }
-            r->chunk_left = n;
-        }
-        if (r->r == r->w && !fill(r)) return -1;
+        drive(r, false);
+    }
+    if (r->w > r->r) {
         size_t n = r->w - r->r;
-        if ((long long)n > r->chunk_left) n = (size_t)r->chunk_left;
         if (n > cap) n = cap;
         memcpy(out, r->buf + r->r, n);
-        r->r += n, r->chunk_left -= (long long)n;
+        r->r += n;
         return (ssize_t)n;
     }
-    if (r->content_left == 0) {
+    if (r->done && r->result == CURLE_OK) {
         r->eof = true;
         return 0;
     }
-    if (r->r == r->w && !fill(r)) {
-        if (r->content_left < 0) { /* until EOF: a clean close ends the body */
-            r->eof = true;
-            return 0;
-        }
-        return -1;
-    }
-    size_t n = r->w - r->r;
-    if (r->content_left >= 0 && (long long)n > r->content_left) n = (size_t)r->content_left;
-    if (n > cap) n = cap;
-    memcpy(out, r->buf + r->r, n);
-    r->r += n;
-    if (r->content_left > 0) r->content_left -= (long long)n;
-    return (ssize_t)n;
+    if (!r->error[0]) snprintf(r->error, sizeof r->error, "%s", curl_easy_strerror(r->result));
+    return -1;
 }
 
 char *rt_http_read_all(rt_http_resp *r, size_t max, size_t *len) {
@@ -213,6 +207,13 @@ fail:
 }
 
 void rt_http_close(rt_http_resp *r) {
-    if (r->fd >= 0) close(r->fd);
-    r->fd = -1;
+    if (r->easy) {
+        if (r->multi) curl_multi_remove_handle(r->multi, r->easy);
+        curl_easy_cleanup(r->easy); /* an unfinished transfer's connection is closed, never kept */
+    }
+    if (r->multi) curl_multi_cleanup(r->multi);
+    curl_slist_free_all(r->hdrs);
+    free(r->buf);
+    r->easy = NULL, r->multi = NULL, r->hdrs = NULL, r->buf = NULL;
+    r->cap = r->r = r->w = 0;
 }

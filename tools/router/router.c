@@ -12,7 +12,9 @@
  * connection is marked unhealthy and the next best is tried (nothing was sent yet); once bytes have
  * been streamed there is no retry: a backend that dies mid-stream ends an SSE response with an error
  * event ("data: {"error": ...}") and a plain one with a cut connection. A client that goes away closes
- * the backend connection, which makes osprey serve abort the request and free its blocks.
+ * the backend connection, which makes osprey serve abort the request and free its blocks. The client
+ * side is libcurl (http_client.h): one connection per exchange, body bytes relayed from its write
+ * callback to the libmicrohttpd content reader as they arrive; polls give up after RT_POLL_TIMEOUT_MS.
  *
  * Prefix scoring here is approximate (llm-d's "approximate prefix cache" scorer): the router hashes
  * the request's prompt material (model, then the prompt text or the messages' JSON) in chained chunks
@@ -43,6 +45,9 @@
 #include "picker.h"
 
 #define RT_MAX_BACKENDS 64
+/* the poller's GETs and the precise scorer's /tokenize: a backend that hangs this long is not healthy
+   (the proxied requests themselves have no total timeout: a stream lasts as long as generation) */
+#define RT_POLL_TIMEOUT_MS 10000L
 
 typedef struct backend {
     char url_text[300];
@@ -115,7 +120,7 @@ static double metric(const char *body, const char *name) {
 static char *get(const router *r, const backend *b, const char *path, int *status) {
     rt_http_resp resp;
     *status = 0;
-    if (rt_http_request(&b->url, "GET", path, NULL, NULL, 0, r->connect_timeout_ms, &resp) != 0) return NULL;
+    if (rt_http_request(&b->url, "GET", path, NULL, NULL, 0, r->connect_timeout_ms, RT_POLL_TIMEOUT_MS, &resp) != 0) return NULL;
     *status = resp.status;
     char *body = rt_http_read_all(&resp, 4u << 20, NULL);
     rt_http_close(&resp);
@@ -257,7 +262,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     pthread_mutex_lock(&s->r->mu);
     s->r->b[s->backend].n_errors++;
     pthread_mutex_unlock(&s->r->mu);
-    rlog(s->r, 1, "backend %s failed mid-response", s->r->b[s->backend].url_text);
+    rlog(s->r, 1, "backend %s failed mid-response (%s)", s->r->b[s->backend].url_text, s->resp.error);
     if (s->sse && !s->failed_sent) {
         s->failed_sent = true;
         s->resp.eof = true;
@@ -313,7 +318,8 @@ static uint64_t *precise_hashes(router *r, const conn_ctx *cx, int32_t *n) {
     pthread_mutex_unlock(&r->mu);
     uint64_t *out = NULL;
     rt_http_resp resp;
-    if (!body || b < 0 || rt_http_request(&r->b[b].url, "POST", "/tokenize", NULL, body, strlen(body), r->connect_timeout_ms, &resp) != 0) {
+    if (!body || b < 0 || rt_http_request(&r->b[b].url, "POST", "/tokenize", NULL, body, strlen(body), r->connect_timeout_ms,
+                                          RT_POLL_TIMEOUT_MS, &resp) != 0) {
         free(body);
         return NULL;
     }
@@ -364,8 +370,9 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
     free(pm);
     /* Authorization passes through (the backends may want their key) */
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    char extra[1200] = "";
-    if (auth && strlen(auth) < 1000 && !strpbrk(auth, "\r\n")) snprintf(extra, sizeof extra, "Authorization: %s\r\n", auth);
+    char auth_line[1200] = "";
+    if (auth && strlen(auth) < 1000 && !strpbrk(auth, "\r\n")) snprintf(auth_line, sizeof auth_line, "Authorization: %s", auth);
+    const char *extra[] = {auth_line[0] ? auth_line : NULL, NULL};
     /* precise: the request's block hashes, from its tokens as a backend tokenizes them */
     int32_t nblk = 0, precise[RT_MAX_BACKENDS];
     uint64_t *bh = r->kvx ? precise_hashes(r, cx, &nblk) : NULL;
@@ -402,7 +409,7 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
         rlog(r, 0, "%s -> %s (prefix %d of %d %s)", url, r->b[pick].url_text, prefix[pick], total,
              nblk > 0 ? "blocks" : "chunks");
         stream_ctx *s = calloc(1, sizeof *s);
-        const int rc = s ? rt_http_request(&r->b[pick].url, "POST", url, extra, cx->body, cx->len, r->connect_timeout_ms, &s->resp)
+        const int rc = s ? rt_http_request(&r->b[pick].url, "POST", url, extra, cx->body, cx->len, r->connect_timeout_ms, 0, &s->resp)
                          : -2;
         if (rc != 0) {
             pthread_mutex_lock(&r->mu);
@@ -410,12 +417,15 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
             r->b[pick].n_errors++;
             if (rc == -1) r->b[pick].healthy = false; /* refused: the poller brings it back */
             pthread_mutex_unlock(&r->mu);
+            char why[CURL_ERROR_SIZE];
+            snprintf(why, sizeof why, "%s", s ? s->resp.error : "out of memory");
             free(s);
             tried[pick] = true;
             if (rc == -1) {
-                rlog(r, 1, "backend %s refused the connection; trying another", r->b[pick].url_text);
+                rlog(r, 1, "backend %s refused the connection (%s); trying another", r->b[pick].url_text, why);
                 continue;
             }
+            rlog(r, 1, "backend %s failed before answering (%s)", r->b[pick].url_text, why);
             free(h);
             return reply_error(c, 502, "the backend failed before answering");
         }
@@ -625,6 +635,7 @@ int cmd_router(int argc, char **argv) {
         i++;
     }
     if (!backends) cli_die(OSP_OK, "router needs --backends URL,URL,...");
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) cli_die(OSP_OK, "cannot initialize libcurl");
     char list[8192];
     if (strlen(backends) >= sizeof list) cli_die(OSP_OK, "--backends: the list is too long");
     strcpy(list, backends);
@@ -696,5 +707,6 @@ int cmd_router(int argc, char **argv) {
     free(r->tab_mask);
     pthread_mutex_destroy(&r->mu);
     free(r);
+    curl_global_cleanup();
     return 0;
 }
