@@ -184,7 +184,8 @@ int srv_job_chat_parts(const srv_job *j, int32_t i, char **content, char **reaso
         json_array_remove(res.calls, json_array_size(res.calls) - 1);
     *content = res.content;
     *calls = res.calls;
-    if (res.calls && !strcmp(*finish, "stop")) *finish = "tool_calls";
+    /* "tool_calls" for auto and required; a named function keeps "stop", as OpenAI and vLLM answer */
+    if (res.calls && !strcmp(*finish, "stop") && j->req.tool_choice != SRV_TOOL_CHOICE_NAMED) *finish = "tool_calls";
     return 0;
 }
 

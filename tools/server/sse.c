@@ -84,7 +84,7 @@ static void stream_parsed(srv_job *j, int32_t i) {
             delta_call(j, i, 0, json_pack("{s:{s:s%}}", "function", "arguments", c + s->c_sent, cs.len - s->c_sent));
             s->c_sent = cs.len;
         }
-        if (done && finish && !strcmp(finish, "stop")) finish = "tool_calls";
+        /* a named function keeps "stop" (OpenAI, vLLM) */
     } else if (!done) {
         const size_t safe = j->req.tool_choice == SRV_TOOL_CHOICE_AUTO ? srv_tool_content_prefix(j->req.tool_parser, c, cs.len) : 0;
         if (safe > s->c_sent) {
