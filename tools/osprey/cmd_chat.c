@@ -39,6 +39,7 @@ static const char k_chat_usage[] =
     "\n"
     CLI_ENGINE_HELP
     CLI_KV_DTYPE_HELP
+    CLI_KV_SCALES_HELP
     "  --temp T                temperature, 0 = greedy (default: 0.8)\n"
     "  --top-k K               keep the K most likely tokens, -1 or 0 = all (default: 40)\n"
     "  --top-p P               nucleus sampling mass, 0..1 (default: 0.95)\n"

@@ -38,6 +38,7 @@ static const char k_help[] =
     "  --top-p P               nucleus sampling mass, 0..1 (default: 0.95)\n"
     "  --seed S                sampler seed, 0..4294967295 (default: from the clock, printed on stderr)\n"
     CLI_KV_DTYPE_HELP
+    CLI_KV_SCALES_HELP
     "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
     "                          says otherwise (the reference path; default: off)\n"
     "  -h, --help              this text\n";
