@@ -176,7 +176,7 @@ int cmd_chat(int argc, char **argv) {
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
-    if (s != OSP_OK) cli_die(s, "cannot load model");
+    if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(e);
     const osp_gguf *g = osp_model_gguf(osp_engine_model(e));
     osp_tokenizer *tok;

@@ -77,7 +77,7 @@ int cmd_generate(int argc, char **argv) {
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
-    if (s != OSP_OK) cli_die(s, "cannot load model");
+    if (s != OSP_OK) cli_die(s, "cannot start the engine");
     if (!a.seed_set && a.sp.temperature > 0.0f) /* printed once the run can happen */
         fprintf(stderr, "seed: %llu (repeat with --seed)\n", (unsigned long long)a.sp.seed);
     cli_report_device(e);

@@ -87,6 +87,9 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         ++*i;
     } else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-scales")) {
         if (!v) cli_die(OSP_OK, "--kv-scales needs a file (osprey calibrate-kv -o FILE writes one)");
+        osp_kv_scales s; /* a bad file fails here, at parse time; the engine checks the model's shape */
+        cli_kv_scales_load(v, &s);
+        osp_kv_scales_free(&s);
         a->kv_scales = v, ++*i;
     } else return false;
     /* either order: --exact is the fp32 reference path, a quantized cache is not exact */
