@@ -297,8 +297,41 @@ static int best_of(const double *sse, int dflt) {
     return mid2 % 2 == 0 ? mid2 / 2 : (mid2 / 2 + (dflt > mid2 / 2 ? 1 : 0));
 }
 
-osp_status osp_kv_calib_choose(const osp_kv_calib *c, osp_kv_scales *out) {
+/* the largest micro-block amax (upper edge of the highest non-empty bin) or its 99.99th percentile */
+static double block_amax(const layer_acc *la, bool p9999) {
+    const int64_t nz = la->blocks - la->zero_blocks;
+    if (nz <= 0) return 0;
+    if (p9999) return percentile(nz, 0, la->hist, 0.9999);
+    for (int i = OSP_KVC_BINS - 1; i >= 0; i--)
+        if (la->hist[i]) return bin_hi(i);
+    return 0;
+}
+
+static float range_scale(double x, double top, float dflt) {
+    const double s = x / top;
+    return s >= OSP_KVS_MIN_SCALE && s <= OSP_KVS_MAX_SCALE && isfinite(s) ? (float)s : dflt;
+}
+
+osp_status osp_kv_calib_choose(const osp_kv_calib *c, osp_kv_calib_rule rule, osp_kv_scales *out) {
     if (!c->heads[0].n) return osp_set_error(OSP_ERR_INVALID_ARG, "kv calibration: no rows were added");
+    if (rule != OSP_KVC_RULE_MSE && rule != OSP_KVC_RULE_ABSMAX && rule != OSP_KVC_RULE_P9999)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv calibration: unknown rule %d", (int)rule);
+    if (rule != OSP_KVC_RULE_MSE) {
+        OSP_TRY(osp_kv_scales_init(out, (uint32_t)c->n_layer, (uint32_t)c->n_head_kv, (uint32_t)c->head_dim));
+        const bool p = rule == OSP_KVC_RULE_P9999;
+        for (int32_t l = 0; l < c->n_layer; l++)
+            for (int w = 0; w < 2; w++) {
+                float *f8 = (w ? out->fp8_v : out->fp8_k) + (size_t)l * (size_t)c->n_head_kv;
+                for (int32_t h = 0; h < c->n_head_kv; h++) {
+                    osp_kv_calib_stats st;
+                    osp_kv_calib_stats_of(c, l, w, h, &st);
+                    f8[h] = range_scale(p ? st.p9999 : st.absmax, 448.0, OSP_KV_FP8_DEFAULT_SCALE);
+                }
+                (w ? out->nvfp4_v : out->nvfp4_k)[l] =
+                    range_scale(block_amax(layer_of(c, l, w), p), 6.0 * 448.0, OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE);
+            }
+        return OSP_OK;
+    }
     OSP_TRY(osp_kv_scales_init(out, (uint32_t)c->n_layer, (uint32_t)c->n_head_kv, (uint32_t)c->head_dim));
     const int d8 = cand_of(OSP_KV_FP8_DEFAULT_SCALE), d4 = cand_of(OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE);
     for (int32_t l = 0; l < c->n_layer; l++)

@@ -89,8 +89,16 @@ double osp_kv_calib_nvfp4_rel_err(const osp_kv_calib *c, int32_t layer, int whic
  * pages store). */
 double osp_kv_calib_nvfp4_searched_rel_err(const osp_kv_calib *c, int32_t layer, int which);
 
-/* The scales that minimise the squared error (see above) into *out (osp_kv_scales_init'd here; free
- * with osp_kv_scales_free). OSP_ERR_INVALID_ARG when no rows were added, OSP_ERR_NOMEM. */
-osp_status osp_kv_calib_choose(const osp_kv_calib *c, osp_kv_scales *out);
+/* How the scales are chosen:
+ *  MSE     the least squared error over the power-of-two candidates (see above);
+ *  ABSMAX  the range rule: fp8 s = absmax / 448 per head (the largest value lands on E4M3's largest);
+ *          nvfp4 T = largest micro-block amax / (6 * 448) per layer (its block scale lands on 448);
+ *  P9999   the same with the 99.99th percentile in place of the maximum (values above it clip). */
+typedef enum osp_kv_calib_rule { OSP_KVC_RULE_MSE, OSP_KVC_RULE_ABSMAX, OSP_KVC_RULE_P9999 } osp_kv_calib_rule;
+
+/* The scales of `rule` into *out (osp_kv_scales_init'd here; free with osp_kv_scales_free); a head or
+ * layer that saw only zeros keeps the documented default. OSP_ERR_INVALID_ARG when no rows were added
+ * or the rule is unknown, OSP_ERR_NOMEM. */
+osp_status osp_kv_calib_choose(const osp_kv_calib *c, osp_kv_calib_rule rule, osp_kv_scales *out);
 
 #endif

@@ -31,7 +31,20 @@ static const char *k_help =
     "  --ctx N                 tokens a chunk, 16..65536 (default 1024)\n"
     "  --max-tokens N          use the text's first N tokens only (default: all)\n"
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
+    "  --rule R                how -o's scales are chosen: mse (the least reconstruction error over\n"
+    "                          power-of-two scales), absmax (fp8 absmax / 448 per head, nvfp4 the largest\n"
+    "                          micro-block amax / (6 x 448) per layer) or p99.99 (the same with the\n"
+    "                          99.99th percentile; larger values clip) (default: mse)\n"
+    "  --also RULE=FILE        also write the scales of another rule to FILE (repeatable)\n"
     "  -q, --quiet             no per-layer report on stdout\n";
+
+static bool parse_rule(const char *v, osp_kv_calib_rule *r) {
+    if (!strcmp(v, "mse")) *r = OSP_KVC_RULE_MSE;
+    else if (!strcmp(v, "absmax")) *r = OSP_KVC_RULE_ABSMAX;
+    else if (!strcmp(v, "p99.99")) *r = OSP_KVC_RULE_P9999;
+    else return false;
+    return true;
+}
 
 static char *read_text(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -109,6 +122,11 @@ int cmd_calibrate_kv(int argc, char **argv) {
     int ctx = 1024, n_threads = 0;
     long long max_tokens = 0;
     bool quiet = false;
+    osp_kv_calib_rule rule = OSP_KVC_RULE_MSE;
+    enum { MAX_ALSO = 8 };
+    osp_kv_calib_rule also_rule[MAX_ALSO];
+    const char *also_path[MAX_ALSO];
+    int n_also = 0;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
@@ -123,6 +141,19 @@ int cmd_calibrate_kv(int argc, char **argv) {
         else if (!strcmp(f, "--ctx")) ctx = (int)cli_int(f, v, 16, 65536), i++;
         else if (!strcmp(f, "--max-tokens")) max_tokens = cli_int(f, v, 16, 1ll << 40), i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
+        else if (!strcmp(f, "--rule")) {
+            if (!v || !parse_rule(v, &rule)) cli_die(OSP_OK, "--rule: '%s' is not mse, absmax or p99.99", v ? v : "");
+            i++;
+        } else if (!strcmp(f, "--also")) {
+            char name[16];
+            const char *eq = v ? strchr(v, '=') : NULL;
+            if (!eq || eq == v || (size_t)(eq - v) >= sizeof name || !eq[1])
+                cli_die(OSP_OK, "--also needs RULE=FILE, e.g. absmax=absmax.kvs");
+            memcpy(name, v, (size_t)(eq - v)), name[eq - v] = '\0';
+            if (n_also == MAX_ALSO) cli_die(OSP_OK, "--also: at most %d", MAX_ALSO);
+            if (!parse_rule(name, &also_rule[n_also])) cli_die(OSP_OK, "--also: '%s' is not mse, absmax or p99.99", name);
+            also_path[n_also++] = eq + 1, i++;
+        }
         else cli_die(OSP_OK, "calibrate-kv: unknown option '%s' (osprey calibrate-kv --help)", f);
         if (!has_v) cli_die(OSP_OK, "%s needs a value", f);
     }
@@ -187,7 +218,14 @@ int cmd_calibrate_kv(int argc, char **argv) {
     }
     fprintf(stderr, "\n");
     osp_kv_scales sc;
-    s = osp_kv_calib_choose(cal, &sc);
+    for (int k = 0; k < n_also; k++) {
+        s = osp_kv_calib_choose(cal, also_rule[k], &sc);
+        if (s == OSP_OK) s = osp_kv_scales_save(also_path[k], &sc);
+        if (s != OSP_OK) cli_die(s, "calibrate-kv");
+        osp_kv_scales_free(&sc);
+        fprintf(stderr, "calibrate-kv: --also scales written to %s\n", also_path[k]);
+    }
+    s = osp_kv_calib_choose(cal, rule, &sc);
     if (s != OSP_OK) cli_die(s, "calibrate-kv");
     s = osp_kv_scales_save(out_path, &sc);
     if (s != OSP_OK) cli_die(s, "calibrate-kv");
