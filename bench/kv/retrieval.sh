@@ -30,9 +30,9 @@ import random, re, sys
 filler_path, n_tok, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 text = re.sub(r"\s+", " ", open(filler_path, encoding="utf-8").read()).strip()
 sents = re.split(r"(?<=[.;:])\s+", text)
-# about 4.2 characters a token for this English text (SmolLM2's tokenizer); the script reports the
+# about 4.6 characters a token for this English text (SmolLM2's tokenizer); the script reports the
 # real count from osprey tokenize
-want_chars = int(n_tok * 4.2)
+want_chars = int(n_tok * 4.6)
 body, k = [], 0
 while sum(len(s) + 1 for s in body) < want_chars:
     body.append(sents[k % len(sents)])
