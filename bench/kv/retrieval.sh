@@ -59,11 +59,15 @@ PY
     fi
     got=0 missed=""
     for d in $(seq 0 9); do
-      out=$("$BIN" generate -m "$MODEL" -t "$(nproc)" --temp 0 -n 8 --kv-cache-dtype "$dt" "${extra[@]}" \
-            -p "$(cat "$tmp/p$d.txt")" 2>/dev/null | tail -c 200)
-      if grep -q "$(cat "$tmp/c$d.txt")" <<<"$out"; then got=$((got + 1)); echo "$N $cfg $d 1" >>"$tmp/res"
+      # generate prints the prompt, then the continuation: a code counts when the output holds it more
+      # often than the prompt does (at depth 100 % the sentence is in the prompt's last lines)
+      "$BIN" generate -m "$MODEL" -t "$(nproc)" --temp 0 -n 8 --kv-cache-dtype "$dt" "${extra[@]}" \
+          -p "$(cat "$tmp/p$d.txt")" >"$tmp/out" 2>/dev/null
+      code=$(cat "$tmp/c$d.txt")
+      out=$(tail -c +"$(($(wc -c <"$tmp/p$d.txt") + 1))" "$tmp/out")
+      if [ "$(grep -o "$code" "$tmp/out" | wc -l)" -gt "$(grep -o "$code" "$tmp/p$d.txt" | wc -l)" ]; then got=$((got + 1)); echo "$N $cfg $d 1" >>"$tmp/res"
       else missed="$missed $d"; echo "$N $cfg $d 0" >>"$tmp/res"; fi
-      echo "  $cfg depth $d: $(tr '\n' ' ' <<<"$out" | cut -c1-60)" >&2
+      echo "  $cfg depth $d (code $code): $(tr '\n' ' ' <<<"$out" | cut -c1-60)" >&2
     done
     lost=$(awk -v n="$N" -v c="$cfg" '$1 == n && $2 == "f16" && $4 == 1 {f[$3] = 1} $1 == n && $2 == c && $4 == 0 && f[$3] {printf " %s", $3}' "$tmp/res")
     echo "$cfg: $got / 10 retrieved; missed depths:${missed:- none}; f16's codes missed:${lost:- none}"
