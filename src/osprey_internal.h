@@ -26,6 +26,11 @@
 #include "grammar/grammar.h"
 /* the KL-divergence base file (format/kl_base.h): `perplexity` saves and compares base runs. */
 #include "format/kl_base.h"
+/* the KV scales file (format/kv_scales.h): `perplexity` and `bench` create their own caches with
+ * --kv-scales; `calibrate-kv` writes the file. The calibrator (kv/kv_calib.h): `calibrate-kv` feeds
+ * it the rows of an f32 cache after each forward pass. */
+#include "format/kv_scales.h"
+#include "kv/kv_calib.h"
 /* the prefix-cache block hashes (kv/prefix_cache.h): `router` hashes a request's tokens as its
  * backends do (same algorithm and seed) to look them up in the index built from their KV events. */
 #include "kv/prefix_cache.h"

@@ -95,6 +95,12 @@ typedef struct osp_engine_params {
     osp_sparse_config sparse_attention; /* --sparse-attention (osprey/sparse.h): Quest top-k pages per query
                                        token and KV head; method OSP_SPARSE_NONE (default): dense. CPU
                                        only for now: OSP_ERR_UNSUPPORTED where the model runs on the GPU */
+    const char *kv_scales_path;     /* a KV scales file (`osprey calibrate-kv -o`, src/format/kv_scales.h) whose
+                                       fixed scales an fp8 or nvfp4 cache takes at creation; NULL: the
+                                       documented defaults (src/kv/kv_cache.h). Read before the model loads;
+                                       a file that does not parse, or was made for another layer / KV head /
+                                       head_dim count, fails osp_engine_create. Ignored by f16 / f32 caches
+                                       (still checked) */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);

@@ -16,6 +16,7 @@
 
 #include "backend/kernel_table.h"
 #include "core/status_internal.h"
+#include "format/kv_scales.h"
 #include "model/model_exec.h"
 #include "sparse/engine_hook.h"
 
@@ -123,8 +124,14 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                              osp_kv_dtype_name(p.kv_dtype));
     OSP_TRY(osp_spec_config_check(&p.speculative));
     OSP_TRY(osp_sparse_config_check(&p.sparse_attention));
+    /* the scales file before the model: a bad one fails fast, nothing loaded */
+    osp_kv_scales scales = {0};
+    if (p.kv_scales_path) OSP_TRY(osp_kv_scales_load(p.kv_scales_path, &scales));
     osp_engine *e = calloc(1, sizeof *e);
-    if (!e) return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+    if (!e) {
+        osp_kv_scales_free(&scales);
+        return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gmu, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -147,6 +154,13 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         goto fail;
     /* the model's shape and backend take the KV dtype (CUDA: no fp8 / nvfp4 pages yet), before sizing */
     if ((s = osp_kv_cache_check(e->model, p.kv_dtype)) != OSP_OK) goto fail;
+    if (p.kv_scales_path &&
+        (s = osp_kv_scales_check_shape(&scales, c->n_layer, c->n_head_kv, c->head_dim)) != OSP_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", osp_last_error());
+        s = osp_set_error(s, "%s: %s", p.kv_scales_path, msg);
+        goto fail;
+    }
     if (p.max_model_len == 0) p.max_model_len = c->n_ctx_train;
     if (p.max_model_len < 2 || p.max_model_len > c->n_ctx_train) {
         s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: max_model_len %d is outside [2, %d] (the model's context)",
@@ -213,7 +227,9 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
-    if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.max_num_seqs, p.max_model_len,
+    const float *k_fixed, *v_fixed;
+    osp_kv_scales_for(p.kv_scales_path ? &scales : NULL, p.kv_dtype, &k_fixed, &v_fixed);
+    if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, k_fixed, v_fixed, p.max_num_seqs, p.max_model_len,
                                p.max_num_batched_tokens, e->spec_k, &e->runner)) != OSP_OK)
         goto fail;
     if (p.sparse_attention.method != OSP_SPARSE_NONE) {
@@ -236,13 +252,17 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     e->stats.num_blocks = p.num_blocks;
     e->stats.num_free_blocks = p.num_blocks; /* every block is free until the first step */
     e->stats.block_size = p.block_size;
+    osp_kv_scales_free(&scales); /* the cache holds its own copy */
     *out = e;
     return OSP_OK;
 fail:
     free(eos);
+    osp_kv_scales_free(&scales);
     osp_engine_free(e);
     return s;
 }
+
+const osp_kv_cache *osp_engine_kv_cache(const osp_engine *e) { return e->runner->kv; }
 
 void osp_engine_free(osp_engine *e) {
     if (!e) return;

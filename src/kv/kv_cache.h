@@ -37,6 +37,9 @@
  *       tens, and of small values, keep full scale precision; with T = 1 any micro-block whose amax is
  *       below 0.09 would get a subnormal (coarser) scale, and amax up to 2688 is far more headroom than
  *       K/V rows need. A micro-block with amax above 168 saturates its scale (its values clamp).
+ * With a scales file (src/format/kv_scales.h: `osprey calibrate-kv` writes it, `--kv-scales` /
+ * osp_engine_params.kv_scales_path load it) the fixed scales are the file's, chosen from the model's
+ * own K/V rows (src/kv/kv_calib.h).
  *
  * Internal to src/ (the public face is osprey/model.h's osp_kv_cache_* functions). */
 #ifndef OSP_KV_KV_CACHE_H

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "format/kv_scales.h"
 #include "osprey/model.h"
 #include "osprey/version.h"
 
@@ -269,6 +270,63 @@ static void test_plan(void **state) {
  * quantized one (either order) and bf16 (no backend has bf16 pages) are one error line at start-up,
  * before the model is read (nothing else on stderr, nothing on stdout); vLLM's aliases are accepted;
  * plan lists every dtype side by side; generate runs with fp8 and nvfp4 pages. */
+/* --kv-scales (issue 13): a truncated, corrupt or missing scales file, or one made for another model's
+ * shape, is one error line naming the file, for every command that takes the flag; a good one runs. */
+static void test_kv_scales(void **state) {
+    (void)state;
+    char args[2048], good[512], other[512], trunc[512], corrupt[512];
+    snprintf(good, sizeof good, "%s/good.kvs", g_dir);
+    snprintf(other, sizeof other, "%s/other.kvs", g_dir);
+    snprintf(trunc, sizeof trunc, "%s/trunc.kvs", g_dir);
+    snprintf(corrupt, sizeof corrupt, "%s/corrupt.kvs", g_dir);
+    osp_kv_scales s;
+    assert_int_equal(osp_kv_scales_init(&s, 30, 3, 64), OSP_OK); /* SmolLM2-135M's shape */
+    assert_int_equal(osp_kv_scales_save(good, &s), OSP_OK);
+    assert_int_equal(osp_kv_scales_save(trunc, &s), OSP_OK);
+    assert_int_equal(truncate(trunc, 100), 0);
+    assert_int_equal(osp_kv_scales_save(corrupt, &s), OSP_OK);
+    FILE *f = fopen(corrupt, "r+b");
+    assert_non_null(f);
+    fseek(f, 40, SEEK_SET);
+    fputc(0x7f, f);
+    fclose(f);
+    osp_kv_scales_free(&s);
+    assert_int_equal(osp_kv_scales_init(&s, 2, 2, 16), OSP_OK);
+    assert_int_equal(osp_kv_scales_save(other, &s), OSP_OK);
+    osp_kv_scales_free(&s);
+    char text[512];
+    snprintf(text, sizeof text, "%s/text.txt", g_dir);
+    f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 40; i++) fputs("The quick brown fox jumps over the lazy dog. ", f);
+    fclose(f);
+    char ppl[600];
+    snprintf(ppl, sizeof ppl, "perplexity -f '%s' --ctx 64 --chunks 1", text);
+    const char *cmds[] = {"generate -p hi -n 2 --kv-cache-dtype fp8", "chat --kv-cache-dtype nvfp4",
+                          "serve --port 0 --kv-cache-dtype fp8", "bench -p 4 -n 2 -r 1 --kv-cache-dtype nvfp4", ppl};
+    const struct { const char *path, *what; } bad[] = {
+        {trunc, "truncated"}, {corrupt, "corrupt"}, {other, "another model"}, {"/nonexistent/x.kvs", "cannot open"}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            snprintf(args, sizeof args, "%s -m '%s' --kv-scales '%s'", cmds[i], g_model, bad[b].path);
+            expect_error(run(args), bad[b].path, bad[b].what);
+            /* one error line (serve logs its start-up lines before a shape mismatch is seen) */
+            const char *e1 = strstr(g_err, "osprey: error:");
+            if (strstr(e1 + 1, "osprey: error:") || strchr(e1, '\n') != g_err + strlen(g_err) - 1)
+                fail_msg("%s: not one error line: %s", args, g_err);
+        }
+    /* a good file runs (fp8 and nvfp4 take it; f16 ignores it) */
+    const char *ok[] = {"generate -p hi -n 2 --temp 0 --kv-cache-dtype fp8", "generate -p hi -n 2 --temp 0"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        snprintf(args, sizeof args, "%s -m '%s' --kv-scales '%s'", ok[i], g_model, good);
+        if (run(args) != 0) fail_msg("%s: %s", args, g_err);
+    }
+    snprintf(args, sizeof args, "%s -m '%s' --kv-cache-dtype nvfp4 --kv-scales '%s'", ppl, g_model, good);
+    if (run(args) != 0) fail_msg("%s: %s", args, g_err);
+    assert_non_null(strstr(g_out, "Final estimate"));
+    remove(good), remove(other), remove(trunc), remove(corrupt), remove(text);
+}
+
 static void test_kv_cache_dtype(void **state) {
     (void)state;
     char args[1024];
@@ -586,6 +644,7 @@ int main(void) {
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_bench_lines),
         cmocka_unit_test(test_kv_cache_dtype),
+        cmocka_unit_test(test_kv_scales),
         cmocka_unit_test(test_subcommand_help),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_bench_output),

@@ -36,12 +36,25 @@ noreturn void cli_help(const char *text);
 #define CLI_KV_DTYPE_HELP                                                                                      \
     "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 (default: auto = f16;\n"                 \
     "                          vLLM's fp16, bfloat16, fp8_e4m3 accepted; bf16 is refused: no backend has it)\n"
+/* The --help line of --kv-scales (generate, chat, serve, bench, perplexity). */
+#define CLI_KV_SCALES_HELP                                                                                     \
+    "  --kv-scales FILE        fixed fp8 / nvfp4 KV scales from osprey calibrate-kv (default: the\n"           \
+    "                          documented constants; a file for another model is refused)\n"
 /* Parses --device cpu|cuda|auto or dies. */
 osp_device cli_device(const char *flag, const char *v);
 /* osp_model_params.progress for the CLI: a percentage on stderr while weights go to the GPU. */
 void cli_load_progress(void *ctx, float fraction);
 /* One stderr line with the device and, on the GPU, the memory of the weights and the KV cache. */
 void cli_report_device(const osp_engine *e);
+
+/* --kv-scales for the commands that create their own cache (perplexity, bench): cli_kv_scales_load reads
+ * and parses `path` into *s (dies with the parser's message; NULL path: *s zeroed, nothing read), before
+ * the model loads; cli_kv_cache_create creates m's cache of `dtype` with those scales (s->n_layer == 0:
+ * the defaults), dying when they were made for another shape or the cache cannot be created. */
+typedef struct osp_kv_scales osp_kv_scales;
+void cli_kv_scales_load(const char *path, osp_kv_scales *s);
+osp_kv_cache *cli_kv_cache_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                                  const osp_kv_scales *s, const char *path);
 
 /* ---- engine flags (engine_args.c), shared by generate, chat and serve ---- */
 
@@ -51,6 +64,7 @@ typedef struct cli_engine_args {
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
     osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
     bool kv_dtype_set;     /* --kv-cache-dtype was given */
+    const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path), taken with --kv-cache-dtype; NULL: none */
     bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path);
                               --kv-cache-dtype, before or after, still picks the cache, but a quantized
                               one (fp8, nvfp4) with --exact is an error at parse time */
@@ -98,6 +112,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_bench_kernels(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_calibrate_kv(int argc, char **argv);
 int cmd_serve(int argc, char **argv); /* tools/server/serve.c */
 int cmd_router(int argc, char **argv); /* tools/router/router.c */
 /* The hidden `osprey __engine-core ENDPOINT EPOCH <serve args>`: the EngineCore process that

@@ -181,6 +181,7 @@ static const char k_help[] =
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_KV_DTYPE_HELP
+    CLI_KV_SCALES_HELP
     "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
     "                          says otherwise (default: off)\n"
     "  -o, --output FORMAT     text | md | csv | json: llama-bench's table shapes (default: text,\n"
@@ -188,7 +189,7 @@ static const char k_help[] =
     "  -h, --help              this text\n";
 
 int cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *random_preset = NULL;
+    const char *model = NULL, *random_preset = NULL, *scales_path = NULL;
     int n_prompt = 128, n_gen = 128, n_threads = 0, reps = 3;
     bool exact = false;
     int batch = 1, depth = 0;
@@ -206,6 +207,10 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) reps = (int)cli_int(f, v, 1, 1000), i++;
         else if (!strcmp(f, "--exact")) exact = true, kvd = kvd_set ? kvd : OSP_KV_DTYPE_F32;
         else if (!strcmp(f, "--kv-cache-dtype")) kvd = cli_kv_dtype(f, v), kvd_set = true, i++;
+        else if (!strcmp(f, "--kv-scales")) {
+            if (!v) cli_die(OSP_OK, "--kv-scales needs a file (osprey calibrate-kv -o FILE writes one)");
+            scales_path = v, i++;
+        }
         else if (!strcmp(f, "--batch")) batch = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--depth") || !strcmp(f, "-d")) depth = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
@@ -224,6 +229,8 @@ int cmd_bench(int argc, char **argv) {
         cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s: drop one of --exact and "
                         "--kv-cache-dtype %s", osp_kv_dtype_name(kvd), osp_kv_dtype_name(kvd));
     if (!model && !random_preset) cli_die(OSP_OK, "bench needs -m FILE or --random-weights PRESET (with --device cuda)");
+    osp_kv_scales scales; /* before the model: a bad file fails fast */
+    cli_kv_scales_load(scales_path, &scales);
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = n_threads;
     mp.exact = exact;
@@ -236,9 +243,8 @@ int cmd_bench(int argc, char **argv) {
     const int32_t n_ctx0 = n_prompt > depth ? n_prompt : depth; /* the longest context before decoding */
     const int32_t n_total = n_ctx0 + n_gen + 1;
     const int32_t max_blocks = (n_total + BLOCK_SIZE - 1) / BLOCK_SIZE;
-    osp_kv_cache *kv;
-    s = osp_kv_cache_create(m, max_blocks * (batch > 1 ? batch : 1), BLOCK_SIZE, kvd, &kv);
-    if (s != OSP_OK) cli_die(s, "cannot allocate the KV cache");
+    osp_kv_cache *kv = cli_kv_cache_create(m, max_blocks * (batch > 1 ? batch : 1), BLOCK_SIZE, kvd, &scales, scales_path);
+    osp_kv_scales_free(&scales);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_total + batch)),
             *bt = malloc(sizeof(int32_t) * (size_t)max_blocks * (size_t)batch);
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_total), *slot = malloc(sizeof(int32_t) * (size_t)n_total);

@@ -39,6 +39,7 @@ static const char k_chat_usage[] =
     "\n"
     CLI_ENGINE_HELP
     CLI_KV_DTYPE_HELP
+    CLI_KV_SCALES_HELP
     "  --temp T                temperature, 0 = greedy (default: 0.8)\n"
     "  --top-k K               keep the K most likely tokens, -1 or 0 = all (default: 40)\n"
     "  --top-p P               nucleus sampling mass, 0..1 (default: 0.95)\n"
@@ -175,7 +176,7 @@ int cmd_chat(int argc, char **argv) {
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
-    if (s != OSP_OK) cli_die(s, "cannot load model");
+    if (s != OSP_OK) cli_die(s, "cannot start the engine");
     cli_report_device(e);
     const osp_gguf *g = osp_model_gguf(osp_engine_model(e));
     osp_tokenizer *tok;

@@ -38,6 +38,7 @@ static const char k_help[] =
     "  --top-p P               nucleus sampling mass, 0..1 (default: 0.95)\n"
     "  --seed S                sampler seed, 0..4294967295 (default: from the clock, printed on stderr)\n"
     CLI_KV_DTYPE_HELP
+    CLI_KV_SCALES_HELP
     "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
     "                          says otherwise (the reference path; default: off)\n"
     "  -h, --help              this text\n";
@@ -76,7 +77,7 @@ int cmd_generate(int argc, char **argv) {
     ep.max_num_seqs = 1;
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
-    if (s != OSP_OK) cli_die(s, "cannot load model");
+    if (s != OSP_OK) cli_die(s, "cannot start the engine");
     if (!a.seed_set && a.sp.temperature > 0.0f) /* printed once the run can happen */
         fprintf(stderr, "seed: %llu (repeat with --seed)\n", (unsigned long long)a.sp.seed);
     cli_report_device(e);

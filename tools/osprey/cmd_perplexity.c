@@ -41,6 +41,7 @@ static const char *k_help =
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_KV_DTYPE_HELP
+    CLI_KV_SCALES_HELP
     "  --save-kl-base FILE     write this run's top-k log-probabilities of every scored position\n"
     "  --kl-top K              entries a position in --save-kl-base, 1..64 (default 32)\n"
     "  --kl-base FILE          compare with a saved base: KL divergence, same top-1, ln(PPL ratio)\n";
@@ -139,7 +140,7 @@ static char *read_text(const char *path, size_t *n) {
 }
 
 int cmd_perplexity(int argc, char **argv) {
-    const char *model = NULL, *text_path = NULL, *save_base = NULL, *kl_base_path = NULL;
+    const char *model = NULL, *text_path = NULL, *save_base = NULL, *kl_base_path = NULL, *scales_path = NULL;
     int ctx = 512, ubatch = 0, n_threads = 0, kl_top = 32;
     long long max_chunks = 0;
     osp_device dev = OSP_DEVICE_CPU;
@@ -156,6 +157,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--kv-cache-dtype")) kvd = cli_kv_dtype(f, v), i++;
+        else if (!strcmp(f, "--kv-scales")) scales_path = v, i++;
         else if (!strcmp(f, "--save-kl-base")) save_base = v, i++;
         else if (!strcmp(f, "--kl-top")) kl_top = (int)cli_int(f, v, 1, OSP_KLB_MAX_TOP), i++;
         else if (!strcmp(f, "--kl-base")) kl_base_path = v, i++;
@@ -166,7 +168,9 @@ int cmd_perplexity(int argc, char **argv) {
     if (ubatch == 0) ubatch = ctx < 512 ? ctx : 512;
     if (ubatch > ctx) cli_die(OSP_OK, "--ubatch %d is larger than --ctx %d", ubatch, ctx);
 
-    /* the base first: a bad file fails before the model loads */
+    /* the base and the scales first: a bad file fails before the model loads */
+    osp_kv_scales scales;
+    cli_kv_scales_load(scales_path, &scales);
     osp_kl_base base = {0};
     if (kl_base_path) {
         const osp_status s = osp_kl_base_load(kl_base_path, &base);
@@ -210,12 +214,11 @@ int cmd_perplexity(int argc, char **argv) {
     }
 
     const int32_t nblk = (ctx + PPL_BLOCK - 1) / PPL_BLOCK;
-    osp_kv_cache *kv;
-    s = osp_kv_cache_create(m, nblk, PPL_BLOCK, kvd, &kv);
-    if (s != OSP_OK) cli_die(s, "cannot create the KV cache");
-    fprintf(stderr, "perplexity: %s: %zu tokens, %lld chunks of %d (%d scored each), kv %s, device %s, %d threads\n",
-            text_path, n_ids, (long long)n_chunks, ctx, n_scored, osp_kv_dtype_name(kvd), osp_device_name(dev),
-            osp_model_n_threads(m));
+    osp_kv_cache *kv = cli_kv_cache_create(m, nblk, PPL_BLOCK, kvd, &scales, scales_path);
+    fprintf(stderr, "perplexity: %s: %zu tokens, %lld chunks of %d (%d scored each), kv %s%s%s, device %s, %d threads\n",
+            text_path, n_ids, (long long)n_chunks, ctx, n_scored, osp_kv_dtype_name(kvd),
+            scales_path ? " scales " : "", scales_path ? scales_path : "", osp_device_name(dev), osp_model_n_threads(m));
+    osp_kv_scales_free(&scales);
 
     const size_t n_pos = (size_t)n_chunks * (size_t)n_scored;
     osp_kl_base out = {.n_vocab = (uint32_t)V, .ctx = (uint32_t)ctx, .n_chunks = (uint32_t)n_chunks,

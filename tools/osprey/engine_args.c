@@ -11,6 +11,29 @@
 #include <string.h>
 
 #include "cli.h"
+#include "osprey_internal.h"
+
+void cli_kv_scales_load(const char *path, osp_kv_scales *s) {
+    memset(s, 0, sizeof *s);
+    if (!path) return;
+    const osp_status st = osp_kv_scales_load(path, s);
+    if (st != OSP_OK) cli_die(st, "--kv-scales");
+}
+
+osp_kv_cache *cli_kv_cache_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+                                  const osp_kv_scales *s, const char *path) {
+    const float *k = NULL, *v = NULL;
+    if (s && s->n_layer) {
+        const osp_model_config *c = osp_model_config_get(m);
+        const osp_status st = osp_kv_scales_check_shape(s, c->n_layer, c->n_head_kv, c->head_dim);
+        if (st != OSP_OK) cli_die(st, "--kv-scales %s", path ? path : "");
+        osp_kv_scales_for(s, dtype, &k, &v);
+    }
+    osp_kv_cache *kv;
+    const osp_status st = osp_kv_cache_create_with_scales(m, num_blocks, block_size, dtype, k, v, &kv);
+    if (st != OSP_OK) cli_die(st, "cannot create the KV cache");
+    return kv;
+}
 
 cli_engine_args cli_engine_args_default(void) {
     cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16, .spec = osp_spec_default_config(),
@@ -62,6 +85,12 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         a->kv_dtype = cli_kv_dtype(f, v);
         a->kv_dtype_set = true;
         ++*i;
+    } else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-scales")) {
+        if (!v) cli_die(OSP_OK, "--kv-scales needs a file (osprey calibrate-kv -o FILE writes one)");
+        osp_kv_scales s; /* a bad file fails here, at parse time; the engine checks the model's shape */
+        cli_kv_scales_load(v, &s);
+        osp_kv_scales_free(&s);
+        a->kv_scales = v, ++*i;
     } else return false;
     /* either order: --exact is the fp32 reference path, a quantized cache is not exact */
     if (a->exact && osp_kv_dtype_quantized(a->kv_dtype))
@@ -111,6 +140,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.model_path = a->model;
     ep.n_threads = a->n_threads;
     ep.kv_dtype = a->kv_dtype;
+    ep.kv_scales_path = a->kv_scales;
     ep.exact = a->exact;
     ep.device = a->device;
     ep.kernel_table = a->kernel_table;

@@ -50,6 +50,8 @@ static const char *k_usage =
     "  perplexity -m FILE -f TEXT [--ctx N] [--chunks N] [--kv-cache-dtype D] [--device D]\n"
     "           [--save-kl-base FILE] [--kl-base FILE]\n"
     "           perplexity over a text (llama-perplexity's chunks), KL divergence against a saved base run\n"
+    "  calibrate-kv -m FILE --data TEXT -o SCALES [--ctx N] [--max-tokens N]\n"
+    "           K/V statistics per layer and KV head, and the fp8 / nvfp4 scales file --kv-scales loads\n"
     "\n"
     "  --kv-cache-dtype D: auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16, fp8_e4m3 accepted);\n"
     "  fp8 / nvfp4 run on the CPU and CUDA backends; bf16 pages are refused (no backend has them)\n";
@@ -162,6 +164,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(argv[1], "bench-kernels")) return cmd_bench_kernels(argc - 1, argv + 1);
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(argv[1], "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "calibrate-kv")) return cmd_calibrate_kv(argc - 1, argv + 1);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(argv[1], "router")) return cmd_router(argc - 1, argv + 1);
     if (!strcmp(argv[1], "__engine-core")) return cmd_engine_core(argc - 1, argv + 1);

@@ -64,6 +64,8 @@ static const char *k_serve_usage =
     "  --block-size N                   tokens per KV block (16)\n"
     "  --kv-cache-dtype D               auto|f16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16 and fp8_e4m3\n"
     "                                   too; bf16 is not implemented yet; fp8 / nvfp4 on CPU and CUDA)\n"
+    "  --kv-scales FILE                 fixed fp8 / nvfp4 KV scales from osprey calibrate-kv (default:\n"
+    "                                   the documented constants; a file for another model is refused)\n"
     "  --kv-cache-memory BYTES          KV cache size, K/M/G suffixes (CPU: 1G; GPU: what\n"
     "                                   --gpu-memory-utilization leaves)\n"
     "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
@@ -204,6 +206,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.n_threads = eng.n_threads;
     c.device = eng.device;
     c.kv_dtype = eng.kv_dtype;
+    c.kv_scales = eng.kv_scales;
     c.kernel_table = eng.kernel_table;
     c.spec = eng.spec;
     cli_engine_env_seed(&eng);
@@ -230,6 +233,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.trace_shapes_path = cfg->trace_shapes;
     ep.device = cfg->device;
     ep.kv_dtype = cfg->kv_dtype;
+    ep.kv_scales_path = cfg->kv_scales;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;
     ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
