@@ -14,12 +14,23 @@
 
 bool rt_url_parse(const char *s, rt_url *out) {
     if (!s || strncmp(s, "http://", 7)) return false;
+    for (const char *c = s; *c; c++) /* no percent escapes, spaces, controls or non-ASCII bytes at all */
+        if (*c == '%' || (unsigned char)*c <= ' ' || (unsigned char)*c >= 0x7f) return false;
     CURLU *h = curl_url();
     if (!h) return false;
     char *host = NULL, *port = NULL, *path = NULL, *part = NULL;
     bool ok = false;
     if (curl_url_set(h, CURLUPART_URL, s, 0) != CURLUE_OK) goto out;
     if (curl_url_get(h, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host[0]) goto out;
+    /* a backend is a DNS name or an IP literal: letters, digits, '.', '-' ([ ] : for IPv6); anything
+     * else (percent escapes, bytes >= 0x80 that curl would have to encode) is refused, so the
+     * "http://HOST:PORT" written below parses back to itself (fuzz_router_url) */
+    for (const char *c = host; *c; c++) {
+        const bool v6 = host[0] == '[';
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+              *c == '-' || (v6 && (*c == '[' || *c == ']' || *c == ':'))))
+            goto out;
+    }
     if (curl_url_get(h, CURLUPART_PORT, &port, 0) != CURLUE_OK) goto out; /* CURLUE_NO_PORT: none given */
     const long p = strtol(port, NULL, 10);
     if (p < 1 || p > 65535) goto out;
