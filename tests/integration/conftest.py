@@ -28,8 +28,31 @@ def free_port():
         return s.getsockname()[1]
 
 
+PORT_CLASH = "Address already in use"
+
+
+def last_line(log):
+    lines = [l for l in log.splitlines() if l.strip()]
+    return lines[-1] if lines else "(empty log)"
+
+
+def retry_port_clash(make, tries=5):
+    """Calls make() (which picks its ports with free_port and starts a process on them) until the process
+    did not lose a port race: free_port's probe socket is closed before the process binds, and in that gap
+    a concurrent suite's server, or a client's ephemeral source port, can take the port."""
+    for i in range(tries):
+        try:
+            return make()
+        except RuntimeError as e:
+            if PORT_CLASH not in str(e) or i == tries - 1:
+                raise
+
+
 class Server:
     def __init__(self, model, *extra):
+        retry_port_clash(lambda: self._launch(model, extra))
+
+    def _launch(self, model, extra):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join("/tmp", f"osprey-serve-{self.port}.log")
@@ -41,8 +64,9 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.read_log()}")
+            if self.proc.poll() is not None:  # the reason first: CI's summary shows one line of it
+                log = self.read_log()
+                raise RuntimeError(f"server exited {self.proc.returncode}: {last_line(log)}\n{log}")
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
                     break

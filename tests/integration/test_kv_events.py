@@ -30,15 +30,9 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import BIN, TINY, Server
+from conftest import BIN, TINY, Server, free_port, retry_port_clash
 
 END_SEQ = b"\xff" * 8
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Index:
@@ -163,10 +157,14 @@ def traffic(srv, n):
                              max_tokens=4, temperature=0)
 
 
-def start(extra, pub, rep=None, cfg_extra=""):
-    cfg = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"%s%s}' % (
-        pub, ', "replay_endpoint": "tcp://*:%d"' % rep if rep else "", cfg_extra)
-    return Server(TINY, "--kv-cache-memory", "64K", "--block-size", "16", "--kv-events-config", cfg, *extra)
+def start(extra, cfg_extra=""):
+    """A server publishing on fresh ports; returns (server, publisher port, replay port)."""
+    def make():
+        pub, rep = free_port(), free_port()
+        cfg = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d", "replay_endpoint": "tcp://*:%d"%s}' % (
+            pub, rep, cfg_extra)
+        return Server(TINY, "--kv-cache-memory", "64K", "--block-size", "16", "--kv-events-config", cfg, *extra), pub, rep
+    return retry_port_clash(make)
 
 
 @pytest.fixture(scope="module")
@@ -214,8 +212,7 @@ def run_and_collect(ctx, srv, pub, rep, n, array_like=False, late=False):
 
 
 def test_events_exactly_once_in_order_and_replay_fills_gap(ctx):
-    pub, rep = free_port(), free_port()
-    srv = start(["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", "42"], pub, rep)
+    srv, pub, rep = start(["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", "42"])
     try:
         idx, topics, late = run_and_collect(ctx, srv, pub, rep, 12, late=True)
         print(f"kv events: {idx.last_seq + 1} batches, {idx.stored} stored, {idx.removed} removed, {len(idx.hashes)} indexed")
@@ -231,8 +228,7 @@ def test_events_exactly_once_in_order_and_replay_fills_gap(ctx):
 
 
 def test_replay_buffer_is_bounded(ctx):
-    pub, rep = free_port(), free_port()
-    srv = start([], pub, rep, ', "buffer_steps": 3')
+    srv, pub, rep = start([], ', "buffer_steps": 3')
     try:
         traffic(srv, 6)
         kept = replay(ctx, rep, 0)
@@ -244,8 +240,7 @@ def test_replay_buffer_is_bounded(ctx):
 
 
 def test_array_like_form(ctx):
-    pub, rep = free_port(), free_port()
-    srv = start(["--kv-events-array-like"], pub, rep, ', "topic": "mytopic"')
+    srv, pub, rep = start(["--kv-events-array-like"], ', "topic": "mytopic"')
     try:
         idx, topics, _ = run_and_collect(ctx, srv, pub, rep, 6, array_like=True)
         assert idx.stored > 0 and topics == {"mytopic"}
@@ -254,8 +249,7 @@ def test_array_like_form(ctx):
 
 
 def stored_hashes(ctx, seed, prompt):
-    pub, rep = free_port(), free_port()
-    srv = start(["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", str(seed)], pub, rep)
+    srv, pub, rep = start(["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", str(seed)])
     try:
         srv.client().completions.create(model=srv.model, prompt=prompt, max_tokens=1, temperature=0)
         idx = Index(16)

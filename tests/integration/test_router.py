@@ -19,16 +19,10 @@ import time
 import pytest
 import requests
 
-from conftest import BIN, TINY, Server
+from conftest import BIN, TINY, Server, free_port, last_line, retry_port_clash
 
 SSE = [b'data: {"id": "x", "choices": [{"text": "h\\u00e9llo"}]}\n\n', b": a comment line\n\n",
        b'data: {"id": "x", "choices": [{"text": " world"}]}\n\n', b"data: [DONE]\n\n"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Fake:
@@ -117,6 +111,9 @@ class Fake:
 
 class Router:
     def __init__(self, backends, *extra):
+        retry_port_clash(lambda: self._launch(backends, extra))
+
+    def _launch(self, backends, extra):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = f"/tmp/osprey-router-{self.port}.log"
@@ -125,7 +122,9 @@ class Router:
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
-            assert self.proc.poll() is None, self.read_log()
+            if self.proc.poll() is not None:
+                log = self.read_log()
+                raise RuntimeError(f"router exited {self.proc.returncode}: {last_line(log)}\n{log}")
             try:
                 requests.get(self.url + "/metrics", timeout=1)
                 return
@@ -303,10 +302,13 @@ def test_precise_prefix_from_kv_events():
     the first) would not send it."""
     if not os.path.exists(BIN):
         pytest.skip(f"no osprey binary at {BIN}")
-    pubs = [free_port(), free_port()]
     hash_args = ["--prefix-caching-hash-algo", "sha256_cbor", "--prefix-caching-hash-seed", "42"]
-    servers = [Server(TINY, "--block-size", "16", *hash_args, "--kv-events-config",
-                      '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"}' % p) for p in pubs]
+
+    def publishing_server():
+        p = free_port()
+        return Server(TINY, "--block-size", "16", *hash_args, "--kv-events-config",
+                      '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"}' % p), p
+    servers, pubs = zip(*[retry_port_clash(publishing_server) for _ in range(2)])
     r = None
     try:
         r = Router([s.url for s in servers], "--kv-events", ",".join(f"tcp://127.0.0.1:{p}" for p in pubs),
