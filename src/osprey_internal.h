@@ -21,6 +21,9 @@
 /* the thread pool (core/threadpool.h): `make-random-model` draws and quantizes rows on it, the one
  * threading model of the CPU side (no OpenMP). */
 #include "core/threadpool.h"
+/* bounded whole-file reads (core/file.h): the CLI's text corpora, templates and JSON files are read
+ * with the library's one reader, under the same size limits and errors. */
+#include "core/file.h"
 /* the grammar engine (grammar/grammar.h): serve turns response_format / guided_* into GBNF and checks
  * it compiles, so a bad schema or grammar is a 400 before the engine sees it. */
 #include "grammar/grammar.h"

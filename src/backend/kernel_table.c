@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 
+#include "core/file.h"
 #include "core/status_internal.h"
 #include "osprey/kv_cache.h"
 
@@ -149,17 +150,9 @@ done:
 
 osp_status osp_kernel_table_load(const char *path, osp_kernel_table **out) {
     *out = NULL;
-    FILE *f = path ? fopen(path, "rb") : NULL;
-    if (!f) return osp_set_error(OSP_ERR_IO, "kernel table %s: cannot open", path ? path : "(none)");
-    char *buf = malloc(MAX_TABLE_BYTES + 1);
-    size_t n = buf ? fread(buf, 1, MAX_TABLE_BYTES + 1, f) : 0;
-    const bool err = ferror(f);
-    fclose(f);
-    if (!buf) return osp_set_error(OSP_ERR_NOMEM, "kernel table %s: out of memory", path);
-    if (err || n > MAX_TABLE_BYTES) {
-        free(buf);
-        return osp_set_error(OSP_ERR_IO, "kernel table %s: %s", path, err ? "read error" : "larger than 16 MiB");
-    }
+    char *buf;
+    size_t n;
+    OSP_TRY(osp_read_file(path, MAX_TABLE_BYTES, "kernel table", &buf, &n));
     const osp_status s = osp_kernel_table_parse(buf, n, path, out);
     free(buf);
     return s;

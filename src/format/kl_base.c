@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "core/status_internal.h"
+
+/* far above any real base: a 1M-token corpus at top-32 is 264 MB (8 k + 8 bytes a position) */
+#define MAX_FILE_BYTES ((size_t)4 << 30)
 
 static const char kMagic[8] = {'O', 'S', 'P', 'K', 'L', 'B', '0', '1'};
 
@@ -119,30 +123,9 @@ osp_status osp_kl_base_parse(const void *buf, size_t len, osp_kl_base *out) {
 
 osp_status osp_kl_base_load(const char *path, osp_kl_base *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return osp_set_error(OSP_ERR_IO, "cannot open KL base %s", path);
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len == cap) {
-            const size_t nc = cap ? cap * 2 : 1u << 16;
-            uint8_t *nb = nc > cap ? realloc(buf, nc) : NULL;
-            if (!nb) {
-                free(buf), fclose(f);
-                return osp_set_error(OSP_ERR_NOMEM, "reading KL base %s", path);
-            }
-            buf = nb, cap = nc;
-        }
-        const size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    const int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return osp_set_error(OSP_ERR_IO, "cannot read KL base %s", path);
-    }
+    char *buf;
+    size_t len;
+    OSP_TRY(osp_read_file(path, MAX_FILE_BYTES, "KL base", &buf, &len));
     const osp_status s = osp_kl_base_parse(buf, len, out);
     free(buf);
     if (s != OSP_OK) {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "core/status_internal.h"
 
 static const char kMagic[6] = {'O', 'S', 'P', 'K', 'V', 'S'};
@@ -133,21 +134,9 @@ osp_status osp_kv_scales_parse(const void *buf, size_t len, osp_kv_scales *out) 
 
 osp_status osp_kv_scales_load(const char *path, osp_kv_scales *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return osp_set_error(OSP_ERR_IO, "cannot open KV scales file %s", path);
-    uint8_t *buf = malloc(MAX_FILE_BYTES + 1);
-    if (!buf) {
-        fclose(f);
-        return osp_set_error(OSP_ERR_NOMEM, "reading KV scales file %s", path);
-    }
-    size_t len = 0, got;
-    while (len <= MAX_FILE_BYTES && (got = fread(buf + len, 1, MAX_FILE_BYTES + 1 - len, f)) > 0) len += got;
-    const int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return osp_set_error(OSP_ERR_IO, "cannot read KV scales file %s", path);
-    }
+    char *buf;
+    size_t len;
+    OSP_TRY(osp_read_file(path, MAX_FILE_BYTES, "KV scales file", &buf, &len));
     const osp_status s = osp_kv_scales_parse(buf, len, out);
     free(buf);
     if (s != OSP_OK) {

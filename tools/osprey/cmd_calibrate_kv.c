@@ -46,26 +46,13 @@ static bool parse_rule(const char *v, osp_kv_calib_rule *r) {
     return true;
 }
 
+#define CMD_NAME "calibrate-kv"
+#define MAX_TEXT_BYTES ((size_t)1 << 30) /* a corpus file: wikitext-103's test split is 1.3 MB */
+
 static char *read_text(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) cli_die(OSP_OK, "cannot open %s", path);
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 1 >= cap) {
-            cap = cap ? cap * 2 : 1u << 16;
-            char *nb = realloc(buf, cap);
-            if (!nb) cli_die(OSP_ERR_NOMEM, "reading %s", path);
-            buf = nb;
-        }
-        const size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-    }
-    if (ferror(f)) cli_die(OSP_OK, "cannot read %s", path);
-    fclose(f);
-    buf[len] = '\0';
-    *n = len;
+    char *buf;
+    const osp_status s = osp_read_file(path, MAX_TEXT_BYTES, "text", &buf, n);
+    if (s != OSP_OK) cli_die(s, CMD_NAME);
     return buf;
 }
 

@@ -10,6 +10,7 @@
 #include "osprey/chat_template.h"
 #include "osprey/gguf.h"
 #include "osprey/tokenizer.h"
+#include "osprey_internal.h"
 
 static const char *k_render_usage =
     "usage: osprey render-template (--template FILE | --model FILE.gguf) --messages JSON\n"
@@ -19,19 +20,10 @@ static const char *k_render_usage =
     "  --template/--bos/--eos override it. --kwargs are chat_template_kwargs (extra variables).\n";
 
 static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) cli_die(OSP_OK, "render-template: cannot open '%s'", path);
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) cli_die(OSP_OK, "render-template: out of memory");
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        cap *= 2;
-        buf = realloc(buf, cap);
-    }
-    fclose(f);
-    buf[n] = 0;
+    char *buf;
+    size_t n;
+    const osp_status s = osp_read_file(path, (size_t)64 << 20, "file", &buf, &n);
+    if (s != OSP_OK) cli_die(s, "render-template");
     if (len) *len = n;
     return buf;
 }
