@@ -352,14 +352,19 @@ static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nt
     }
 }
 
-/* The first attention item (t, h), h fastest, whose cost prefix reaches `target`: an item of token t
- * costs its key count (positions[t] + 1, or the window) plus 32 for its fixed work. */
+/* The cost of one attention item (token t, one head): its key count (positions[t] + 1, or the window)
+ * plus 32 for its fixed work. */
+static inline long long attn_item_cost(const osp_batch *b, int64_t t, int32_t window) {
+    long long keys = (long long)b->positions[t] + 1;
+    if (window > 0 && keys > window) keys = window;
+    return keys + 32;
+}
+
+/* The first attention item (t, h), h fastest, whose cost prefix reaches `target`. */
 static long long attn_item_at(const osp_batch *b, int64_t T, int64_t H, int32_t window, long long target) {
     long long acc = 0;
     for (int64_t t = 0; t < T; t++) {
-        long long keys = (long long)b->positions[t] + 1;
-        if (window > 0 && keys > window) keys = window;
-        const long long w = keys + 32;
+        const long long w = attn_item_cost(b, t, window);
         if (acc + w * H > target) return (long long)(t * H) + (target - acc + w - 1) / w;
         acc += w * H;
     }
@@ -372,11 +377,7 @@ static long long attn_item_at(const osp_batch *b, int64_t T, int64_t H, int32_t 
 static void attn_split(const osp_batch *b, int64_t T, int64_t H, int32_t window, int ith, int nth, long long *i0,
                        long long *i1) {
     long long total = 0;
-    for (int64_t t = 0; t < T; t++) {
-        long long keys = (long long)b->positions[t] + 1;
-        if (window > 0 && keys > window) keys = window;
-        total += (keys + 32) * H;
-    }
+    for (int64_t t = 0; t < T; t++) total += attn_item_cost(b, t, window) * H;
     *i0 = ith == 0 ? 0 : attn_item_at(b, T, H, window, total / nth * ith + total % nth * ith / nth);
     *i1 = ith == nth - 1 ? (long long)(T * H)
                          : attn_item_at(b, T, H, window, total / nth * (ith + 1) + total % nth * (ith + 1) / nth);
