@@ -704,7 +704,7 @@ static tval do_indent(trender *r, tval s, tval width, bool first, bool blank) {
         ind = tb_val(&b);
     } else FAIL("indent width must be an int or a string");
     /* (s + "\n").splitlines() == s split at every line end, all pieces kept */
-    tlist *lines = tl_new(r, 0);
+    tlist *lines = tl_new(r, 0), *ends = tl_new(r, 0); /* ends: each line's terminator, for its provenance */
     const char *p = s.s.p;
     const size_t n = s.s.n;
     size_t i = 0;
@@ -713,13 +713,19 @@ static tval do_indent(trender *r, tval s, tval width, bool first, bool blank) {
         while (j < n && p[j] != '\n' && p[j] != '\r' && p[j] != '\v' && p[j] != '\f') j++;
         tl_push(r, lines, substr(r, s, i, j));
         if (j >= n) break;
+        const size_t e0 = j;
         if (p[j] == '\r' && j + 1 < n && p[j + 1] == '\n') j++;
+        tl_push(r, ends, substr(r, s, e0, j + 1));
         i = j + 1;
     }
     tbuf b = tb_make(r);
     for (size_t k = 0; k < lines->n; k++) {
         tval ln = lines->v[k];
-        if (k) tb_putc(&b, '\n');
+        if (k) { /* the line end is written as '\n', tainted when the one it replaces was */
+            const size_t o0 = b.n;
+            tb_putc(&b, '\n');
+            tb_taint_from(&b, o0, ends->v[k - 1], 0, ends->v[k - 1].s.n);
+        }
         if (k && (blank || ln.s.n)) tb_put_val(&b, ind);
         tb_put_val(&b, ln);
     }
