@@ -141,9 +141,10 @@ typedef struct osp_text_span {
  * boundary between template text and request text are the one-shot ones.
  * Guarantees: (1) if no occurrence of a CONTROL/UNKNOWN token text in `text` overlaps a plain
  * range, the ids are exactly osp_tokenizer_encode(text, len, add_special, parse_special = true)'s;
- * (2) no CONTROL/UNKNOWN id comes from matching text that overlaps a plain range (such an id can
- * only come from BPE merges of plain text, as with parse_special off; no known vocabulary spells
- * its control tokens with merges).
+ * (2) no CONTROL/UNKNOWN id comes from matching text that overlaps a plain range; plain text is
+ * merged as with parse_special off, which in the vocabularies tested (SmolLM2, Qwen2.5, Phi-3:
+ * tests/golden/test_chat_provenance.c) never spells a control token. USER_DEFINED (added, non-special)
+ * tokens such as Qwen's <tool_call> are still matched in plain ranges, as HF tokenizers match them.
  * plain: [n_plain] ranges sorted by off, non-overlapping, within [0, len) (NULL when n_plain = 0).
  * add_special, ids, n_ids as osp_tokenizer_encode. Errors: OSP_ERR_INVALID_ARG (NULL arguments,
  * ranges out of the text or out of order; nothing allocated), OSP_ERR_NOMEM, OSP_ERR_INTERNAL.
