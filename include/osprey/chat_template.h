@@ -27,6 +27,7 @@
 #ifndef OSPREY_CHAT_TEMPLATE_H
 #define OSPREY_CHAT_TEMPLATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +67,49 @@ typedef struct osp_chat_template_inputs {
  * *out_len its length (out_len may be NULL). */
 osp_status osp_chat_template_render(const osp_chat_template *t, const osp_chat_template_inputs *in,
                                     char **out, size_t *out_len);
+
+#ifndef OSP_TEXT_SPAN_DEFINED /* also in tokenizer.h */
+#define OSP_TEXT_SPAN_DEFINED
+/* A byte range [off, off + len) of a text. */
+typedef struct osp_text_span {
+    size_t off, len;
+} osp_text_span;
+#endif
+
+/* A render with provenance: the text, and which of its bytes came from the request's data rather
+ * than from the template ("tainted"). Owned by the caller: osp_chat_template_output_free. */
+typedef struct osp_chat_template_output {
+    char *text; /* NUL-terminated, malloc'd */
+    size_t len; /* bytes of text without the NUL */
+    /* [n_tainted] byte ranges of text that came from the request: sorted by off, within
+     * [0, len), non-empty, non-overlapping and non-adjacent (merged). NULL when n_tainted == 0. */
+    osp_text_span *tainted;
+    size_t n_tainted;
+    /* true when some operation could not keep exact provenance (today: strftime_now with a format
+     * string from the request, tojson separators from the request); then `tainted` is incomplete
+     * and the caller must not rely on it (the server falls back to the old behaviour: the whole
+     * prompt tokenized with special-token parsing, and counts it). */
+    bool provenance_lost;
+} osp_chat_template_output;
+
+/* Renders as osp_chat_template_render does (the same text, the same errors) and reports the
+ * provenance of the output's bytes. Tainted ("user-controlled") inputs: every string (values and
+ * object keys) of messages_json (content strings and text parts, roles, names, tool-call names
+ * and arguments, tool results, reasoning), tools_json, documents_json and kwargs_json; template
+ * literals, bos_token and eos_token are the template's own. The taint follows the bytes through
+ * concatenation (`~`, `+`, string repetition), output ({{ }}, set blocks, filter blocks, macros),
+ * slicing and indexing, iteration over characters, filters and methods (trim/strip, split,
+ * splitlines, replace, upper/lower/title/capitalize, indent, join, reverse, escape, tojson and
+ * repr, format, printf-style `format`, first/last, ...): a byte written by the render is tainted
+ * exactly when it was copied or derived byte-for-byte from a tainted byte (an escape such as
+ * `\n` from a tainted newline is tainted; the quotes tojson adds are not). Values computed from
+ * request strings (lengths, comparisons, numbers parsed from them) carry no taint.
+ * On success *out is filled (free with osp_chat_template_output_free); on error *out is zeroed.
+ * Source: issue 20 ("Chat turns forged through content"); the provenance idea is classic taint
+ * tracking (Perl's taint mode) applied to template output. */
+osp_status osp_chat_template_render_spans(const osp_chat_template *t, const osp_chat_template_inputs *in,
+                                          osp_chat_template_output *out);
+void osp_chat_template_output_free(osp_chat_template_output *o); /* NULL and zeroed are fine */
 
 #ifdef __cplusplus
 }

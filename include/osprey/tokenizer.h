@@ -122,6 +122,38 @@ bool osp_tokenizer_is_eog(const osp_tokenizer *t, int32_t id);
 osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t len, bool add_special,
                                 bool parse_special, int32_t **ids, size_t *n_ids);
 
+#ifndef OSP_TEXT_SPAN_DEFINED /* also in chat_template.h */
+#define OSP_TEXT_SPAN_DEFINED
+/* A byte range [off, off + len) of a text. */
+typedef struct osp_text_span {
+    size_t off, len;
+} osp_text_span;
+#endif
+
+/* Tokenizes a text in which some byte ranges are plain text whatever they contain: a rendered chat
+ * prompt whose `plain` ranges came from the request (osp_chat_template_render_spans' tainted spans).
+ * The rest is parsed with parse_special on, so the template's own markup keeps its control tokens,
+ * while "<|im_end|>" typed in a message stays text. Precisely: the special-token partition is
+ * osp_tokenizer_encode's, except that an occurrence of a CONTROL/UNKNOWN token text that overlaps a
+ * plain byte is not cut out (USER_DEFINED tokens are matched everywhere, as with parse_special off).
+ * The text is NOT cut at range boundaries: each raw fragment between special tokens goes to the
+ * pre-tokenizer and BPE (or SentencePiece) whole, so merges and pre-tokenizer splits across a
+ * boundary between template text and request text are the one-shot ones.
+ * Guarantees: (1) if no occurrence of a CONTROL/UNKNOWN token text in `text` overlaps a plain
+ * range, the ids are exactly osp_tokenizer_encode(text, len, add_special, parse_special = true)'s;
+ * (2) no CONTROL/UNKNOWN id comes from matching text that overlaps a plain range; plain text is
+ * merged as with parse_special off, which in the vocabularies tested (SmolLM2, Qwen2.5, Phi-3:
+ * tests/golden/test_chat_provenance.c) never spells a control token. USER_DEFINED (added, non-special)
+ * tokens such as Qwen's <tool_call> are still matched in plain ranges, as HF tokenizers match them.
+ * plain: [n_plain] ranges sorted by off, non-overlapping, within [0, len) (NULL when n_plain = 0).
+ * add_special, ids, n_ids as osp_tokenizer_encode. Errors: OSP_ERR_INVALID_ARG (NULL arguments,
+ * ranges out of the text or out of order; nothing allocated), OSP_ERR_NOMEM, OSP_ERR_INTERNAL.
+ * Source: issue 20 ("Chat turns forged through content"); the partition is llama.cpp's
+ * tokenizer_st_partition. */
+osp_status osp_tokenizer_encode_spans(const osp_tokenizer *t, const char *text, size_t len,
+                                      const osp_text_span *plain, size_t n_plain, bool add_special, int32_t **ids,
+                                      size_t *n_ids);
+
 /* The bytes token `id` stands for: for normal tokens byte-level decoded (BPE: the GPT-2 unicode
  * chars mapped back to bytes; may be an incomplete UTF-8 sequence) or with '▁' written as ' '
  * (SPM: "▁Hello" is " Hello"), the byte of a <0xXX> BYTE token, the literal text for CONTROL,

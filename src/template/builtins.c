@@ -129,6 +129,7 @@ static tval map_case(trender *r, tval s, int mode) {
     tbuf b = tb_make(r);
     bool prev_cased = false, first = true, word_start = true;
     for (size_t i = 0; i < s.s.n;) {
+        const size_t i0 = i, o0 = b.n;
         uint32_t c = cp_at(s.s.p, s.s.n, &i), o = c;
         switch (mode) {
         case CASE_UPPER: o = to_upper(c); break;
@@ -150,6 +151,7 @@ static tval map_case(trender *r, tval s, int mode) {
         prev_cased = is_cased(c) || is_alpha_cp(c);
         first = false;
         put_cp(&b, o);
+        if (s.taint) tb_taint_from(&b, o0, s, i0, i);
     }
     return tb_val(&b);
 }
@@ -194,13 +196,16 @@ static tval py_strip(trender *r, tval s, const tval *chars, int which) {
     tval o = {.k = TV_STR};
     o.s.p = s.s.p + a;
     o.s.n = b - a;
+    o.taint = taint_slice(r, s, a, b);
     return o;
 }
 
-static tval substr(tval s, size_t a, size_t b) {
+/* s[a..b) as a value of its own, with its provenance. */
+static tval substr(trender *r, tval s, size_t a, size_t b) {
     tval o = {.k = TV_STR};
     o.s.p = s.s.p + a;
     o.s.n = b - a;
+    o.taint = taint_slice(r, s, a, b);
     return o;
 }
 
@@ -223,11 +228,11 @@ static tval py_split(trender *r, tval s, const tval *sep, const tval *maxsplit, 
                 if (e == 0) break;
                 size_t st = e;
                 if (maxs >= 0 && (int64_t)rev->n == maxs) {
-                    tl_push(r, rev, substr(s, 0, e));
+                    tl_push(r, rev, substr(r, s, 0, e));
                     break;
                 }
                 while (st > 0 && !py_space((unsigned char)s.s.p[st - 1])) st--;
-                tl_push(r, rev, substr(s, st, e));
+                tl_push(r, rev, substr(r, s, st, e));
                 e = st;
             }
             for (size_t i = rev->n; i-- > 0;) tl_push(r, out, rev->v[i]);
@@ -244,7 +249,7 @@ static tval py_split(trender *r, tval s, const tval *sep, const tval *maxsplit, 
             if (maxs >= 0 && (int64_t)out->n == maxs) {
                 size_t e = s.s.n;
                 while (e > i && py_space((unsigned char)s.s.p[e - 1])) e--;
-                tl_push(r, out, substr(s, i, e));
+                tl_push(r, out, substr(r, s, i, e));
                 break;
             }
             size_t st = i;
@@ -253,7 +258,7 @@ static tval py_split(trender *r, tval s, const tval *sep, const tval *maxsplit, 
                 if (py_space(cp_at(s.s.p, s.s.n, &j))) break;
                 i = j;
             }
-            tl_push(r, out, substr(s, st, i));
+            tl_push(r, out, substr(r, s, st, i));
         }
         return tv_list(out);
     }
@@ -270,10 +275,10 @@ static tval py_split(trender *r, tval s, const tval *sep, const tval *maxsplit, 
                     break;
                 }
             if (!hit) break;
-            tl_push(r, rev, substr(s, (size_t)(hit - s.s.p) + sep->s.n, e));
+            tl_push(r, rev, substr(r, s, (size_t)(hit - s.s.p) + sep->s.n, e));
             e = (size_t)(hit - s.s.p);
         }
-        tl_push(r, rev, substr(s, 0, e));
+        tl_push(r, rev, substr(r, s, 0, e));
         for (size_t i = rev->n; i-- > 0;) tl_push(r, out, rev->v[i]);
         return tv_list(out);
     }
@@ -282,11 +287,11 @@ static tval py_split(trender *r, tval s, const tval *sep, const tval *maxsplit, 
         tmpl_tick(r, 1);
         const char *hit = (maxs < 0 || (int64_t)out->n < maxs) ? find_sub(s.s.p + i, s.s.n - i, sep->s.p, sep->s.n) : NULL;
         if (!hit) {
-            tl_push(r, out, substr(s, i, s.s.n));
+            tl_push(r, out, substr(r, s, i, s.s.n));
             break;
         }
         size_t at = (size_t)(hit - s.s.p);
-        tl_push(r, out, substr(s, i, at));
+        tl_push(r, out, substr(r, s, i, at));
         i = at + sep->s.n;
     }
     return tv_list(out);
@@ -300,13 +305,13 @@ static tval py_replace(trender *r, tval s, tval old, tval nw, int64_t count) {
     if (!old.s.n) {
         for (;;) {
             if (count < 0 || done < count) {
-                tb_put(&b, nw.s.p, nw.s.n);
+                tb_put_val(&b, nw);
                 done++;
             }
             if (i >= s.s.n) break;
             size_t j = i;
             cp_at(s.s.p, s.s.n, &j);
-            tb_put(&b, s.s.p + i, j - i);
+            tb_put_sub(&b, s, i, j - i);
             i = j;
         }
         return tb_val(&b);
@@ -315,12 +320,12 @@ static tval py_replace(trender *r, tval s, tval old, tval nw, int64_t count) {
         tmpl_tick(r, 1);
         const char *hit = (count < 0 || done < count) ? find_sub(s.s.p + i, s.s.n - i, old.s.p, old.s.n) : NULL;
         if (!hit) {
-            tb_put(&b, s.s.p + i, s.s.n - i);
+            tb_put_sub(&b, s, i, s.s.n - i);
             break;
         }
         size_t at = (size_t)(hit - s.s.p);
-        tb_put(&b, s.s.p + i, at - i);
-        tb_put(&b, nw.s.p, nw.s.n);
+        tb_put_sub(&b, s, i, at - i);
+        tb_put_val(&b, nw);
         i = at + old.s.n;
         done++;
     }
@@ -345,10 +350,10 @@ static tval py_format(trender *r, tval s, int nargs, const tval *args, int nkw, 
     for (size_t i = 0; i < s.s.n; i++) {
         char c = s.s.p[i];
         if (c == '{' && i + 1 < s.s.n && s.s.p[i + 1] == '{') {
-            tb_putc(&b, '{');
+            tb_put_sub(&b, s, i, 1);
             i++;
         } else if (c == '}' && i + 1 < s.s.n && s.s.p[i + 1] == '}') {
-            tb_putc(&b, '}');
+            tb_put_sub(&b, s, i, 1);
             i++;
         } else if (c == '{') {
             size_t j = i + 1;
@@ -382,7 +387,7 @@ static tval py_format(trender *r, tval s, int nargs, const tval *args, int nkw, 
         } else if (c == '}') {
             FAIL("str.format: single '}' encountered in format string");
         } else {
-            tb_putc(&b, c);
+            tb_put_sub(&b, s, i, 1);
         }
     }
     return tb_val(&b);
@@ -450,7 +455,7 @@ tval tmpl_getitem(trender *r, tval obj, tval key) {
             if (i < 0 || i >= n) return tv_undef("index");
             if (obj.k == TV_LIST) return obj.l->v[i];
             size_t a = utf8_offset(obj.s.p, obj.s.n, (size_t)i), b = utf8_offset(obj.s.p, obj.s.n, (size_t)i + 1);
-            return substr(obj, a, b);
+            return substr(r, obj, a, b);
         }
         break;
     default: break;
@@ -472,7 +477,7 @@ static tval attr_path(trender *r, tval v, tval path) {
     while (i <= path.s.n) {
         size_t j = i;
         while (j < path.s.n && path.s.p[j] != '.') j++;
-        tval part = substr(path, i, j);
+        tval part = substr(r, path, i, j);
         bool digits = j > i;
         for (size_t k = i; k < j; k++)
             if (!isdigit((unsigned char)path.s.p[k])) digits = false;
@@ -639,6 +644,7 @@ tval tmpl_html_escape(trender *r, tval s) {
     tbuf b = tb_make(r);
     for (size_t i = 0; i < s.s.n; i++) {
         char c = s.s.p[i];
+        const size_t o0 = b.n;
         switch (c) {
         case '&': tb_puts(&b, "&amp;"); break;
         case '<': tb_puts(&b, "&lt;"); break;
@@ -647,6 +653,7 @@ tval tmpl_html_escape(trender *r, tval s) {
         case '\'': tb_puts(&b, "&#39;"); break;
         default: tb_putc(&b, c);
         }
+        if (s.taint) tb_taint_from(&b, o0, s, i, i + 1);
     }
     tval v = tb_val(&b);
     v.flag = TVF_MARKUP;
@@ -697,30 +704,36 @@ static tval do_indent(trender *r, tval s, tval width, bool first, bool blank) {
         ind = tb_val(&b);
     } else FAIL("indent width must be an int or a string");
     /* (s + "\n").splitlines() == s split at every line end, all pieces kept */
-    tlist *lines = tl_new(r, 0);
+    tlist *lines = tl_new(r, 0), *ends = tl_new(r, 0); /* ends: each line's terminator, for its provenance */
     const char *p = s.s.p;
     const size_t n = s.s.n;
     size_t i = 0;
     for (;;) {
         size_t j = i;
         while (j < n && p[j] != '\n' && p[j] != '\r' && p[j] != '\v' && p[j] != '\f') j++;
-        tl_push(r, lines, substr(s, i, j));
+        tl_push(r, lines, substr(r, s, i, j));
         if (j >= n) break;
+        const size_t e0 = j;
         if (p[j] == '\r' && j + 1 < n && p[j + 1] == '\n') j++;
+        tl_push(r, ends, substr(r, s, e0, j + 1));
         i = j + 1;
     }
     tbuf b = tb_make(r);
     for (size_t k = 0; k < lines->n; k++) {
         tval ln = lines->v[k];
-        if (k) tb_putc(&b, '\n');
-        if (k && (blank || ln.s.n)) tb_put(&b, ind.s.p, ind.s.n);
-        tb_put(&b, ln.s.p, ln.s.n);
+        if (k) { /* the line end is written as '\n', tainted when the one it replaces was */
+            const size_t o0 = b.n;
+            tb_putc(&b, '\n');
+            tb_taint_from(&b, o0, ends->v[k - 1], 0, ends->v[k - 1].s.n);
+        }
+        if (k && (blank || ln.s.n)) tb_put_val(&b, ind);
+        tb_put_val(&b, ln);
     }
     tval out = tb_val(&b);
     if (first) {
         tbuf c = tb_make(r);
-        tb_put(&c, ind.s.p, ind.s.n);
-        tb_put(&c, out.s.p, out.s.n);
+        tb_put_val(&c, ind);
+        tb_put_val(&c, out);
         out = tb_val(&c);
     }
     return out;
@@ -764,7 +777,7 @@ tval tmpl_filter(trender *r, const char *name, tval in, int nargs, const tval *a
         tlist *l = tmpl_iterate(r, in);
         tbuf b = tb_make(r);
         for (size_t i = 0; i < l->n; i++) {
-            if (i) tb_put(&b, sp.s.p, sp.s.n);
+            if (i) tb_put_val(&b, sp);
             tv_to_str(r, &b, attr && attr->k != TV_NONE ? attr_path(r, l->v[i], *attr) : l->v[i]);
         }
         return tb_val(&b);
@@ -786,6 +799,7 @@ tval tmpl_filter(trender *r, const char *name, tval in, int nargs, const tval *a
         if (sep && sep->k != TV_NONE) {
             if (sep->k != TV_LIST || sep->l->n != 2 || sep->l->v[0].k != TV_STR || sep->l->v[1].k != TV_STR)
                 FAIL("tojson separators must be a (item, key) pair of strings");
+            if (sep->l->v[0].taint || sep->l->v[1].taint) tmpl_taint_lost(r); /* written as C strings */
             isep = tv_str(r, sep->l->v[0].s.p, sep->l->v[0].s.n).s.p;
             ksep = tv_str(r, sep->l->v[1].s.p, sep->l->v[1].s.n).s.p;
         }
@@ -875,7 +889,7 @@ tval tmpl_filter(trender *r, const char *name, tval in, int nargs, const tval *a
         if (in.k == TV_STR) {
             tlist *l = tmpl_iterate(r, in);
             tbuf b = tb_make(r);
-            for (size_t i = l->n; i-- > 0;) tb_put(&b, l->v[i].s.p, l->v[i].s.n);
+            for (size_t i = l->n; i-- > 0;) tb_put_val(&b, l->v[i]);
             return tb_val(&b);
         }
         tlist *l = copy_items(r, in), *o = tl_new(r, l->n);
@@ -997,11 +1011,11 @@ tval tmpl_filter(trender *r, const char *name, tval in, int nargs, const tval *a
         int k = 0;
         for (size_t i = 0; i < s.s.n; i++) {
             if (s.s.p[i] != '%' || i + 1 >= s.s.n) {
-                tb_putc(&b, s.s.p[i]);
+                tb_put_sub(&b, s, i, 1);
                 continue;
             }
             char c = s.s.p[++i];
-            if (c == '%') tb_putc(&b, '%');
+            if (c == '%') tb_put_sub(&b, s, i, 1);
             else if (c == 's' || c == 'd' || c == 'r') {
                 if (k >= nargs) FAIL("format: not enough arguments for format string");
                 tval x = args[k++];
@@ -1115,8 +1129,8 @@ tval tmpl_call_method(trender *r, tval self, const char *name, int nargs, const 
         tbuf b = tb_make(r);
         for (size_t i = 0; i < l->n; i++) {
             if (l->v[i].k != TV_STR) FAIL("sequence item %zu: expected str instance, %s found", i, tv_type_name(l->v[i]));
-            if (i) tb_put(&b, self.s.p, self.s.n);
-            tb_put(&b, l->v[i].s.p, l->v[i].s.n);
+            if (i) tb_put_val(&b, self);
+            tb_put_val(&b, l->v[i]);
         }
         return tb_val(&b);
     }
@@ -1126,7 +1140,7 @@ tval tmpl_call_method(trender *r, tval self, const char *name, int nargs, const 
         while (i < self.s.n) {
             size_t j = i;
             while (j < self.s.n && self.s.p[j] != '\n' && self.s.p[j] != '\r') j++;
-            tl_push(r, o, substr(self, i, j));
+            tl_push(r, o, substr(r, self, i, j));
             if (j < self.s.n && self.s.p[j] == '\r' && j + 1 < self.s.n && self.s.p[j + 1] == '\n') j++;
             i = j + 1;
         }

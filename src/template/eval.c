@@ -39,7 +39,11 @@ struct trender {
     int ctl; /* 1 break, 2 continue */
     int64_t now;
     tscope *root;
+    bool taint_inputs; /* mark the request's strings (render_spans) */
+    bool prov_lost;    /* an operation dropped exact provenance */
 };
+
+const ttaint tmpl_taint_all = {0};
 
 // ---- errors and allocation ---------------------------------------------------------------------
 _Noreturn void tmpl_fail(trender *r, int line, int status, const char *fmt, ...) {
@@ -258,7 +262,87 @@ tval tb_val(tbuf *b) {
     tval v = {.k = TV_STR};
     v.s.p = b->p ? b->p : "";
     v.s.n = b->n;
+    if (b->nsp == 1 && b->sp[0].a == 0 && b->sp[0].b == b->n) v.taint = TAINT_ALL;
+    else if (b->nsp) { /* a copy: the buffer may grow (and merge its last range) afterwards */
+        ttaint *t = tmpl_alloc(b->r, sizeof *t + b->nsp * sizeof(tspan));
+        t->n = b->nsp;
+        memcpy(t->s, b->sp, b->nsp * sizeof(tspan));
+        v.taint = t;
+    }
     return v;
+}
+
+// ---- provenance (taint) --------------------------------------------------------------------------
+void tmpl_taint_lost(trender *r) { r->prov_lost = true; }
+
+/* Marks output bytes [a, e) tainted; ranges arrive in increasing order (the buffer only grows). */
+static void tb_taint(tbuf *b, size_t a, size_t e) {
+    if (a >= e) return;
+    if (b->nsp && b->sp[b->nsp - 1].b >= a) {
+        if (e > b->sp[b->nsp - 1].b) b->sp[b->nsp - 1].b = e;
+        return;
+    }
+    if (b->nsp == b->capsp) {
+        size_t nc = b->capsp ? b->capsp * 2 : 8;
+        tspan *q = tmpl_alloc(b->r, nc * sizeof *q);
+        if (b->nsp) memcpy(q, b->sp, b->nsp * sizeof *q);
+        b->sp = q;
+        b->capsp = nc;
+    }
+    b->sp[b->nsp++] = (tspan){a, e};
+}
+
+/* First range of t whose end is past `a` (binary search). */
+static size_t span_from(const ttaint *t, size_t a) {
+    size_t lo = 0, hi = t->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (t->s[mid].b <= a) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+bool taint_any(tval s, size_t a, size_t e) {
+    if (!s.taint || a >= e) return false;
+    if (s.taint == TAINT_ALL) return true;
+    size_t i = span_from(s.taint, a);
+    return i < s.taint->n && s.taint->s[i].a < e;
+}
+
+void tb_taint_from(tbuf *b, size_t o0, tval s, size_t a, size_t e) {
+    if (taint_any(s, a, e)) tb_taint(b, o0, b->n);
+}
+
+void tb_put_sub(tbuf *b, tval s, size_t off, size_t n) {
+    const size_t o0 = b->n;
+    tb_put(b, s.s.p + off, n);
+    if (!s.taint || !n) return;
+    if (s.taint == TAINT_ALL) {
+        tb_taint(b, o0, o0 + n);
+        return;
+    }
+    for (size_t i = span_from(s.taint, off); i < s.taint->n && s.taint->s[i].a < off + n; i++) {
+        size_t x = s.taint->s[i].a > off ? s.taint->s[i].a : off, y = s.taint->s[i].b < off + n ? s.taint->s[i].b : off + n;
+        tb_taint(b, o0 + (x - off), o0 + (y - off));
+    }
+}
+void tb_put_val(tbuf *b, tval s) { tb_put_sub(b, s, 0, s.s.n); }
+
+const ttaint *taint_slice(trender *r, tval s, size_t a, size_t e) {
+    if (!s.taint || a >= e) return NULL;
+    if (s.taint == TAINT_ALL) return TAINT_ALL;
+    size_t i = span_from(s.taint, a), j = i;
+    while (j < s.taint->n && s.taint->s[j].a < e) j++;
+    if (i == j) return NULL;
+    if (j - i == 1 && s.taint->s[i].a <= a && s.taint->s[i].b >= e) return TAINT_ALL;
+    ttaint *t = tmpl_alloc(r, sizeof *t + (j - i) * sizeof(tspan));
+    t->n = j - i;
+    for (size_t k = i; k < j; k++) {
+        size_t x = s.taint->s[k].a > a ? s.taint->s[k].a : a, y = s.taint->s[k].b < e ? s.taint->s[k].b : e;
+        t->s[k - i] = (tspan){x - a, y - a};
+    }
+    return t;
 }
 
 size_t utf8_len(const char *p, size_t n) {
@@ -333,12 +417,15 @@ static void float_repr(tbuf *b, double x) {
     tb_puts(b, out);
 }
 
-static void str_repr(tbuf *b, const char *p, size_t n) {
+static void str_repr(tbuf *b, tval s) {
+    const char *p = s.s.p;
+    const size_t n = s.s.n;
     bool has_sq = memchr(p, '\'', n) != NULL, has_dq = memchr(p, '"', n) != NULL;
     char q = has_sq && !has_dq ? '"' : '\'';
     tb_putc(b, q);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)p[i];
+        const size_t o0 = b->n;
         if (c == '\\') tb_puts(b, "\\\\");
         else if (c == (unsigned char)q) {
             tb_putc(b, '\\');
@@ -351,6 +438,7 @@ static void str_repr(tbuf *b, const char *p, size_t n) {
             snprintf(h, sizeof h, "\\x%02x", c);
             tb_puts(b, h);
         } else tb_putc(b, (char)c);
+        if (s.taint) tb_taint_from(b, o0, s, i, i + 1);
     }
     tb_putc(b, q);
 }
@@ -358,7 +446,7 @@ static void str_repr(tbuf *b, const char *p, size_t n) {
 void tv_repr(trender *r, tbuf *b, tval v) {
     tmpl_tick(r, 1);
     switch (v.k) {
-    case TV_STR: str_repr(b, v.s.p, v.s.n); return;
+    case TV_STR: str_repr(b, v); return;
     case TV_LIST:
         if (v.flag & TVF_GEN) tmpl_fail(r, 0, OSP_ERR_UNSUPPORTED, "printing a generator object (add '|list')");
         tb_putc(b, v.is_tuple ? '(' : '[');
@@ -394,7 +482,7 @@ void tv_to_str(trender *r, tbuf *b, tval v) {
         tb_puts(b, tmp);
         return;
     case TV_FLOAT: float_repr(b, v.f); return;
-    case TV_STR: tb_put(b, v.s.p, v.s.n); return;
+    case TV_STR: tb_put_val(b, v); return;
     case TV_LIST:
     case TV_DICT: tv_repr(r, b, v); return;
     case TV_NS: tb_puts(b, "<Namespace>"); return;
@@ -413,7 +501,9 @@ tval tv_stringify(trender *r, tval v) {
 }
 
 // ---- JSON out (transformers' tojson = json.dumps(ensure_ascii=False)) ------------------------
-static void json_str(tbuf *b, const char *p, size_t n, bool ascii) {
+static void json_str(tbuf *b, tval s, bool ascii) {
+    const char *p = s.s.p;
+    const size_t n = s.s.n;
     tb_putc(b, '"');
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
@@ -431,7 +521,8 @@ static void json_str(tbuf *b, const char *p, size_t n, bool ascii) {
             snprintf(h, sizeof h, "\\u%04x", c);
             esc = h;
         } else if (c >= 0x80 && ascii) { /* ensure_ascii: \uXXXX, surrogate pairs above U+FFFF */
-            tb_put(b, p + run, i - run);
+            tb_put_sub(b, s, run, i - run);
+            const size_t o0 = b->n, i0 = i;
             int extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
             if (i + (size_t)extra >= n) extra = 0;
             uint32_t cp = extra ? (c & (0x3F >> extra)) : c;
@@ -445,16 +536,19 @@ static void json_str(tbuf *b, const char *p, size_t n, bool ascii) {
             }
             tb_puts(b, u);
             i += (size_t)extra;
+            if (s.taint) tb_taint_from(b, o0, s, i0, i + 1);
             run = i + 1;
             continue;
         }
         if (esc) {
-            tb_put(b, p + run, i - run);
+            tb_put_sub(b, s, run, i - run);
+            const size_t o0 = b->n;
             tb_puts(b, esc);
+            if (s.taint) tb_taint_from(b, o0, s, i, i + 1);
             run = i + 1;
         }
     }
-    tb_put(b, p + run, n - run);
+    tb_put_sub(b, s, run, n - run);
     tb_putc(b, '"');
 }
 
@@ -476,7 +570,7 @@ void tv_tojson(trender *r, tbuf *b, tval v, int indent, const char *item_sep, co
         else if (isinf(v.f)) tb_puts(b, v.f < 0 ? "-Infinity" : "Infinity");
         else float_repr(b, v.f);
         return;
-    case TV_STR: json_str(b, v.s.p, v.s.n, ascii); return;
+    case TV_STR: json_str(b, v, ascii); return;
     case TV_LIST:
         if (v.flag & TVF_GEN) tmpl_fail(r, 0, OSP_ERR_INVALID_ARG, "tojson: Object of type generator is not JSON serializable");
         if (!v.l->n) {
@@ -512,7 +606,7 @@ void tv_tojson(trender *r, tbuf *b, tval v, int indent, const char *item_sep, co
             if (k) tb_puts(b, item_sep);
             if (indent >= 0) json_newline(b, indent, depth + 1);
             tval key = v.d->key[i];
-            if (key.k == TV_STR) json_str(b, key.s.p, key.s.n, ascii);
+            if (key.k == TV_STR) json_str(b, key, ascii);
             else if (key.k == TV_INT || key.k == TV_FLOAT) {
                 tb_putc(b, '"');
                 tv_to_str(r, b, key);
@@ -644,8 +738,8 @@ static tval arith(trender *r, const tnode *n, int op, tval a, tval b) {
             else a = tmpl_html_escape(r, a);
         }
         tbuf t = tb_make(r);
-        tb_put(&t, a.s.p, a.s.n);
-        tb_put(&t, b.s.p, b.s.n);
+        tb_put_val(&t, a);
+        tb_put_val(&t, b);
         tval v = tb_val(&t);
         v.flag = (ma || mb) ? TVF_MARKUP : 0;
         return v;
@@ -669,7 +763,7 @@ static tval arith(trender *r, const tnode *n, int op, tval a, tval b) {
         tmpl_tick(r, (size_t)times * (unit + 1));
         if (a.k == TV_STR) {
             tbuf t = tb_make(r);
-            for (int64_t i = 0; i < times; i++) tb_put(&t, a.s.p, a.s.n);
+            for (int64_t i = 0; i < times; i++) tb_put_val(&t, a);
             return tb_val(&t);
         }
         tlist *l = tl_new(r, unit * (size_t)times);
@@ -727,6 +821,7 @@ tlist *tmpl_iterate(trender *r, tval v) {
             tval c = {.k = TV_STR};
             c.s.p = v.s.p + i;
             c.s.n = j - i;
+            c.taint = taint_slice(r, v, i, j);
             tl_push(r, l, c);
             i = j;
         }
@@ -772,7 +867,7 @@ static tval do_slice(trender *r, const tnode *n, tval obj, tval a, tval b, tval 
     tmpl_tick(r, out->n);
     if (obj.k == TV_STR) {
         tbuf t = tb_make(r);
-        for (size_t i = 0; i < out->n; i++) tb_put(&t, out->v[i].s.p, out->v[i].s.n);
+        for (size_t i = 0; i < out->n; i++) tb_put_val(&t, out->v[i]);
         return tb_val(&t);
     }
     tval v = tv_list(out);
@@ -876,6 +971,7 @@ tval tmpl_strftime_now(trender *r, tval fmt) {
     memcpy(fbuf, fmt.s.p, fmt.s.n);
     fbuf[fmt.s.n] = 0;
     size_t k = strftime(out, sizeof out, fbuf, &tm);
+    if (fmt.taint) tmpl_taint_lost(r); /* the output's bytes cannot be traced to the format's */
     return tv_str(r, out, k);
 }
 
@@ -1147,7 +1243,8 @@ static void exec(trender *r, const tnode *n, tscope *sc, tbuf *out) {
 }
 
 // ---- inputs and the entry point ----------------------------------------------------------------
-static tval from_json(trender *r, json_t *j, int depth) {
+/* Request data: with taint on, every string (values and object keys) is marked TAINT_ALL. */
+static tval from_json(trender *r, json_t *j, int depth, bool taint) {
     if (depth > 128) tmpl_fail(r, 0, OSP_ERR_INVALID_ARG, "input JSON nested more than 128 levels deep");
     switch (json_typeof(j)) {
     case JSON_NULL: return tv_none();
@@ -1155,17 +1252,25 @@ static tval from_json(trender *r, json_t *j, int depth) {
     case JSON_FALSE: return tv_bool(false);
     case JSON_INTEGER: return tv_int((int64_t)json_integer_value(j));
     case JSON_REAL: return tv_float(json_real_value(j));
-    case JSON_STRING: return tv_str(r, json_string_value(j), json_string_length(j));
+    case JSON_STRING: {
+        tval v = tv_str(r, json_string_value(j), json_string_length(j));
+        if (taint) v.taint = TAINT_ALL;
+        return v;
+    }
     case JSON_ARRAY: {
         tlist *l = tl_new(r, json_array_size(j));
-        for (size_t i = 0; i < json_array_size(j); i++) tl_push(r, l, from_json(r, json_array_get(j, i), depth + 1));
+        for (size_t i = 0; i < json_array_size(j); i++) tl_push(r, l, from_json(r, json_array_get(j, i), depth + 1, taint));
         return tv_list(l);
     }
     case JSON_OBJECT: {
         tdict *d = td_new(r, json_object_size(j));
         const char *k;
         json_t *v;
-        json_object_foreach(j, k, v) td_set(r, d, tv_str(r, k, strlen(k)), from_json(r, v, depth + 1));
+        json_object_foreach(j, k, v) {
+            tval key = tv_str(r, k, strlen(k));
+            if (taint) key.taint = TAINT_ALL;
+            td_set(r, d, key, from_json(r, v, depth + 1, taint));
+        }
         return (tval){.k = TV_DICT, .d = d};
     }
     }
@@ -1191,22 +1296,23 @@ static tval input_json(trender *r, const char *what, const char *text, int want)
         memcpy(r->jb, saved, sizeof saved);
         longjmp(r->jb, 1);
     }
-    v = from_json(r, j, 0);
+    v = from_json(r, j, 0, r->taint_inputs);
     memcpy(r->jb, saved, sizeof saved);
     json_decref(j);
     return v;
 }
 
-osp_status osp_chat_template_render(const osp_chat_template *t, const osp_chat_template_inputs *in, char **out,
-                                    size_t *out_len) {
-    if (!t || !in || !out) return osp_set_error(OSP_ERR_INVALID_ARG, "chat template render: NULL argument");
+static osp_status render(const osp_chat_template *t, const osp_chat_template_inputs *in, bool spans,
+                         osp_chat_template_output *o) {
+    if (!t || !in || !o) return osp_set_error(OSP_ERR_INVALID_ARG, "chat template render: NULL argument");
+    *o = (osp_chat_template_output){0};
     if (!in->messages_json) return osp_set_error(OSP_ERR_INVALID_ARG, "chat template render: messages are required");
-    *out = NULL;
     trender *r = calloc(1, sizeof *r);
     if (!r) return osp_set_error(OSP_ERR_NOMEM, "chat template render: out of memory");
     r->arena.limit = in->max_memory ? in->max_memory : MEMORY_LIMIT;
     r->max_steps = in->max_steps ? in->max_steps : STEP_LIMIT;
     r->now = in->now;
+    r->taint_inputs = spans;
     if (setjmp(r->jb)) {
         osp_status s = r->status;
         if (r->msg[0] == 'l' && !strncmp(r->msg, "line -1: ", 9)) osp_set_error(s, "chat template: %s", r->msg + 9);
@@ -1232,16 +1338,49 @@ osp_status osp_chat_template_render(const osp_chat_template *t, const osp_chat_t
     r->line = 1;
     exec(r, t->root, root, &b);
     char *s = malloc(b.n + 1);
-    if (!s) {
+    osp_text_span *sp = spans && b.nsp ? malloc(b.nsp * sizeof *sp) : NULL;
+    if (!s || (spans && b.nsp && !sp)) {
+        free(s);
+        free(sp);
         tarena_free(&r->arena);
         free(r);
         return osp_set_error(OSP_ERR_NOMEM, "chat template render: out of memory");
     }
     if (b.n) memcpy(s, b.p, b.n);
     s[b.n] = 0;
-    *out = s;
-    if (out_len) *out_len = b.n;
+    o->text = s;
+    o->len = b.n;
+    if (sp) {
+        for (size_t i = 0; i < b.nsp; i++) sp[i] = (osp_text_span){b.sp[i].a, b.sp[i].b - b.sp[i].a};
+        o->tainted = sp;
+        o->n_tainted = b.nsp;
+    }
+    o->provenance_lost = r->prov_lost;
     tarena_free(&r->arena);
     free(r);
     return OSP_OK;
+}
+
+osp_status osp_chat_template_render(const osp_chat_template *t, const osp_chat_template_inputs *in, char **out,
+                                    size_t *out_len) {
+    if (!out) return osp_set_error(OSP_ERR_INVALID_ARG, "chat template render: NULL argument");
+    *out = NULL;
+    osp_chat_template_output o;
+    osp_status s = render(t, in, false, &o);
+    if (s != OSP_OK) return s;
+    *out = o.text;
+    if (out_len) *out_len = o.len;
+    return OSP_OK;
+}
+
+osp_status osp_chat_template_render_spans(const osp_chat_template *t, const osp_chat_template_inputs *in,
+                                          osp_chat_template_output *out) {
+    return render(t, in, true, out);
+}
+
+void osp_chat_template_output_free(osp_chat_template_output *o) {
+    if (!o) return;
+    free(o->text);
+    free(o->tainted);
+    *o = (osp_chat_template_output){0};
 }

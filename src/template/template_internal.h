@@ -52,6 +52,24 @@ typedef struct tlist tlist;
 typedef struct tdict tdict;
 typedef struct tfunc tfunc;
 
+/* Provenance ("taint") of a TV_STR's bytes: which of them came from the request's data (messages,
+ * tools, documents, chat_template_kwargs) rather than from the template. NULL: none (template
+ * literals, bos/eos, numbers printed); TAINT_ALL: every byte, whatever the length (input strings,
+ * and their substrings, cost no allocation); otherwise a list of byte ranges [a, b) relative to the
+ * value's own bytes, sorted, non-overlapping and non-adjacent (merged), allocated in the render's
+ * arena. Every operation that builds a string from another one's bytes carries the ranges along
+ * (tb_put_sub, taint_slice, tb_taint_from); the render's output ends with the tainted spans of the
+ * whole text (osp_chat_template_render_spans). */
+typedef struct tspan {
+    size_t a, b;
+} tspan;
+typedef struct ttaint {
+    size_t n;
+    tspan s[];
+} ttaint;
+extern const ttaint tmpl_taint_all;
+#define TAINT_ALL (&tmpl_taint_all)
+
 typedef struct tval {
     uint8_t k;        /* tkind */
     uint8_t is_tuple; /* TV_LIST printed as (a, b) */
@@ -67,6 +85,7 @@ typedef struct tval {
         tdict *d; /* TV_DICT, TV_NS */
         tfunc *fn;
     };
+    const ttaint *taint; /* TV_STR: which bytes came from the request (NULL: none) */
 } tval;
 
 struct tlist {
@@ -147,6 +166,8 @@ typedef struct tbuf {
     char *p;
     size_t n, cap;
     struct trender *r; /* grows in the render's arena */
+    tspan *sp;         /* tainted byte ranges of p[0..n), sorted and merged */
+    size_t nsp, capsp;
 } tbuf;
 
 typedef struct trender trender;
@@ -180,7 +201,18 @@ void tb_put(tbuf *b, const char *p, size_t n);
 void tb_putc(tbuf *b, char c);
 void tb_puts(tbuf *b, const char *s);
 tbuf tb_make(trender *r);
-tval tb_val(tbuf *b);
+tval tb_val(tbuf *b); /* the text so far as a TV_STR, with its taint */
+/* Taint-keeping writes: s's bytes [off, off + n) (or all of them) with their provenance. */
+void tb_put_sub(tbuf *b, tval s, size_t off, size_t n);
+void tb_put_val(tbuf *b, tval s);
+/* Marks the output bytes written since `o0` tainted when any of s's bytes [a, e) is: for
+ * transformations that turn each input piece into an output piece (escapes, case mapping). */
+void tb_taint_from(tbuf *b, size_t o0, tval s, size_t a, size_t e);
+bool taint_any(tval s, size_t a, size_t e);                       /* any tainted byte in [a, e)? */
+const ttaint *taint_slice(trender *r, tval s, size_t a, size_t e); /* the taint of s[a..e) */
+/* An operation could not keep exact provenance: the render reports it (provenance_lost) and the
+ * caller falls back to treating the whole text as the template's. */
+void tmpl_taint_lost(trender *r);
 void tv_to_str(trender *r, tbuf *b, tval v);   /* Python str() */
 void tv_repr(trender *r, tbuf *b, tval v);     /* Python repr() */
 tval tv_stringify(trender *r, tval v);          /* str() as a TV_STR value */

@@ -230,13 +230,30 @@ static bool fv_push(fragvec *f, fragment x) {
     return true;
 }
 
-static bool partition(const osp_tokenizer *t, const char *text, bool parse_special, fragvec *cur) {
+/* Does [a, a + n) overlap one of the sorted ranges guard[0..ng)? (binary search) */
+static bool overlaps_guard(const osp_text_span *guard, size_t ng, size_t a, size_t n) {
+    size_t lo = 0, hi = ng;
+    while (lo < hi) { /* first range ending past a */
+        size_t mid = lo + (hi - lo) / 2;
+        if (guard[mid].off + guard[mid].len <= a) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < ng && guard[lo].off < a + n;
+}
+
+/* Cuts special tokens out of the raw fragments. With `guard` (sorted byte ranges of text), an
+ * occurrence of a CONTROL/UNKNOWN token that overlaps a guarded byte stays raw text, as if
+ * parse_special were off for those bytes; the search goes on one byte later. */
+static bool partition(const osp_tokenizer *t, const char *text, bool parse_special, const osp_text_span *guard,
+                      size_t n_guard, fragvec *cur) {
     fragvec next = {0};
     bool ok = false;
     for (int32_t k = 0; k < t->n_special; k++) {
         int32_t id = t->special[k];
         uint32_t attr = t->attr[id];
-        if (!parse_special && (attr & (OSP_TOKEN_ATTR_CONTROL | OSP_TOKEN_ATTR_UNKNOWN))) continue;
+        const bool ctl = (attr & (OSP_TOKEN_ATTR_CONTROL | OSP_TOKEN_ATTR_UNKNOWN)) != 0;
+        if (!parse_special && ctl) continue;
+        const bool guarded = ctl && n_guard > 0;
         size_t slen;
         const char *stxt = osp_tok_text(t, id, &slen);
         next.n = 0;
@@ -246,9 +263,15 @@ static bool partition(const osp_tokenizer *t, const char *text, bool parse_speci
                 if (!fv_push(&next, fr)) goto done;
                 continue;
             }
-            size_t base = fr.off, blen = fr.len;
+            size_t base = fr.off, blen = fr.len, from = base;
             for (;;) {
-                const char *m = blen >= slen ? memmem(text + base, blen, stxt, slen) : NULL;
+                const size_t fend = base + blen;
+                const char *m = NULL;
+                while (fend - from >= slen && (m = memmem(text + from, fend - from, stxt, slen)) != NULL && guarded &&
+                       overlaps_guard(guard, n_guard, (size_t)(m - text), slen)) {
+                    from = (size_t)(m - text) + 1;
+                    m = NULL;
+                }
                 if (!m) {
                     if (blen > 0 && !fv_push(&next, (fragment){-1, base, blen})) goto done;
                     break;
@@ -271,6 +294,7 @@ static bool partition(const osp_tokenizer *t, const char *text, bool parse_speci
                     }
                 base = roff;
                 blen = rlen;
+                from = base;
             }
         }
         fragvec tmp = *cur;
@@ -285,8 +309,32 @@ done:
 
 /* ---------------------------------------------------------------------------------------------- */
 
+static osp_status encode(const osp_tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                         const osp_text_span *guard, size_t n_guard, int32_t **ids, size_t *n_ids);
+
 osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t len, bool add_special,
                                 bool parse_special, int32_t **ids, size_t *n_ids) {
+    return encode(t, text, len, add_special, parse_special, NULL, 0, ids, n_ids);
+}
+
+osp_status osp_tokenizer_encode_spans(const osp_tokenizer *t, const char *text, size_t len,
+                                      const osp_text_span *plain, size_t n_plain, bool add_special, int32_t **ids,
+                                      size_t *n_ids) {
+    if (ids) *ids = NULL;
+    if (n_ids) *n_ids = 0;
+    if (n_plain && !plain) return osp_set_error(OSP_ERR_INVALID_ARG, "tokenizer: NULL span list");
+    for (size_t i = 0; i < n_plain; i++) {
+        const osp_text_span s = plain[i];
+        if (s.off > len || s.len > len - s.off || (i > 0 && s.off < plain[i - 1].off + plain[i - 1].len))
+            return osp_set_error(OSP_ERR_INVALID_ARG,
+                                 "tokenizer: plain-text span %zu [%zu, +%zu) is outside the text (%zu bytes) or out of order",
+                                 i, s.off, s.len, len);
+    }
+    return encode(t, text, len, add_special, true, plain, n_plain, ids, n_ids);
+}
+
+static osp_status encode(const osp_tokenizer *t, const char *text, size_t len, bool add_special, bool parse_special,
+                         const osp_text_span *guard, size_t n_guard, int32_t **ids, size_t *n_ids) {
     if (!t || (!text && len) || !ids || !n_ids)
         return osp_set_error(OSP_ERR_INVALID_ARG, "tokenizer: NULL argument to encode");
     *ids = NULL;
@@ -296,7 +344,7 @@ osp_status osp_tokenizer_encode(const osp_tokenizer *t, const char *text, size_t
     osp_idvec out = {0};
     bpe_work w = {0};
     if (len > 0) {
-        if (!fv_push(&frags, (fragment){-1, 0, len}) || !partition(t, text, parse_special, &frags)) goto oom;
+        if (!fv_push(&frags, (fragment){-1, 0, len}) || !partition(t, text, parse_special, guard, n_guard, &frags)) goto oom;
     }
     bool add_bos = add_special && t->add_bos && t->bos >= 0;
     if (add_bos && frags.n > 0 && frags.v[0].token == t->bos) add_bos = false; /* never doubled */

@@ -6,6 +6,7 @@
  * "<s>"/"</s>", strftime_now at 2025-06-15 12:00:00 UTC. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -212,6 +213,105 @@ static void budgets(void **state) {
     assert_non_null(strstr(osp_last_error(), "memory budget (1048576 bytes)"));
 }
 
+// ---- provenance (osp_chat_template_render_spans) ----------------------------------------------
+/* messages[0].content " Ab,c ", [1] "x\ny", [2] "<&>", [3] an assistant tool call {"q": "v"} */
+#define TAINT_MESSAGES                                                                             \
+    "[{\"role\":\"user\",\"content\":\" Ab,c \"},{\"role\":\"assistant\",\"content\":\"x\\ny\"},"  \
+    "{\"role\":\"user\",\"content\":\"<&>\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":" \
+    "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"q\":\"v\"}}}]}]"
+
+/* Renders with provenance, checks the span invariants (inside the text, sorted, non-empty, neither
+ * overlapping nor adjacent) and that the text is the plain render's, and returns the text with each
+ * tainted span wrapped in [ ] (malloc'd). *lost: provenance_lost. */
+static char *render_marked(const char *tmpl, const char *tools, bool *lost) {
+    osp_chat_template *t = NULL;
+    assert_int_equal(osp_chat_template_parse(tmpl, strlen(tmpl), &t), OSP_OK);
+    osp_chat_template_inputs in = {.messages_json = TAINT_MESSAGES, .tools_json = tools, .bos_token = "<s>",
+                                   .now = 1749988800};
+    osp_chat_template_output o;
+    osp_status s = osp_chat_template_render_spans(t, &in, &o);
+    if (s != OSP_OK) fprintf(stderr, "render_spans(%s): %s\n", tmpl, osp_last_error());
+    assert_int_equal(s, OSP_OK);
+    char *plain = NULL;
+    size_t plain_n = 0;
+    assert_int_equal(osp_chat_template_render(t, &in, &plain, &plain_n), OSP_OK);
+    assert_int_equal(plain_n, o.len);
+    assert_memory_equal(plain, o.text, o.len);
+    free(plain);
+    for (size_t i = 0; i < o.n_tainted; i++) {
+        assert_true(o.tainted[i].len > 0);
+        assert_true(o.tainted[i].off + o.tainted[i].len <= o.len);
+        if (i) assert_true(o.tainted[i].off > o.tainted[i - 1].off + o.tainted[i - 1].len);
+    }
+    char *m = malloc(o.len + 2 * o.n_tainted + 1);
+    size_t k = 0, sp = 0;
+    for (size_t i = 0; i <= o.len; i++) {
+        if (sp < o.n_tainted && i == o.tainted[sp].off + o.tainted[sp].len) m[k++] = ']', sp++;
+        if (sp < o.n_tainted && i == o.tainted[sp].off) m[k++] = '[';
+        if (i < o.len) m[k++] = o.text[i];
+    }
+    m[k] = 0;
+    if (lost) *lost = o.provenance_lost;
+    osp_chat_template_output_free(&o);
+    osp_chat_template_free(t);
+    return m;
+}
+
+/* Each operation keeps the provenance of the bytes it copies: the tainted ones are exactly those
+ * that came from the request's strings. */
+static void provenance(void **state) {
+    (void)state;
+    static const struct {
+        const char *tmpl, *want;
+    } cases[] = {
+        {"<{{ messages[0].content }}>", "<[ Ab,c ]>"},
+        {"{{ bos_token }}{{ 'lit' }}{% if messages %}x{% endif %}{{ messages[0].content|length }}", "<s>litx6"},
+        {"{% set c = messages[0].content %}{{ 'L' ~ c ~ 'R' }}|{{ 'L' + c + 'R' }}|{{ c * 2 }}", "L[ Ab,c ]R|L[ Ab,c ]R|[ Ab,c  Ab,c ]"},
+        {"{% set c = messages[0].content %}{{ c[1:3] }}|{{ c[1] }}|{{ c[::-1] }}|{{ ('ab' ~ c)[1:4] }}", "[Ab]|[A]|[ c,bA ]|b[ A]"},
+        {"{% set c = messages[0].content %}{{ c|trim }}|{{ c.strip() }}|{{ c.lstrip() }}|{{ c.rstrip(' c') }}", "[Ab,c]|[Ab,c]|[Ab,c ]|[ Ab,]"},
+        {"{% set c = messages[0].content %}{{ c.split(',')|join('-') }}|{{ c.split()|join('+') }}|{{ c.split(',')[1] }}", "[ Ab]-[c ]|[Ab,c]|[c ]"},
+        {"{{ messages[1].content.splitlines()|join('/') }}", "[x]/[y]"},
+        {"{% set c = messages[0].content %}{{ c.replace('b', 'X') }}|{{ 'a-b'.replace('-', c) }}|{{ c|replace(',', ';') }}", "[ A]X[,c ]|a[ Ab,c ]b|[ Ab];[c ]"},
+        {"{% set c = messages[0].content %}{{ c|upper }}|{{ c.lower() }}|{{ c|title }}|{{ c|capitalize }}", "[ AB,C ]|[ ab,c ]|[ Ab,c ]|[ ab,c ]"},
+        {"{{ messages[0].content|tojson }}|{{ messages[1].content|tojson }}|{{ [messages[0].content] }}", "\"[ Ab,c ]\"|\"[x\\ny]\"|['[ Ab,c ]']"},
+        {"{{ messages[3].tool_calls[0].function.arguments|tojson }}|{% for k, v in messages[3].tool_calls[0].function.arguments.items() %}{{ k }}={{ v }}{% endfor %}", "{\"[q]\": \"[v]\"}|[q]=[v]"},
+        {"{{ messages[2].content|e }}|{{ messages[2].content|safe }}", "[&lt;&amp;&gt;]|[<&>]"},
+        {"{{ messages[1].content|indent(2) }}|{{ messages[1].content|indent(2, first=True) }}", "[x\n]  [y]|  [x\n]  [y]"},
+        {"{% for ch in messages[0].content %}{{ ch }}.{% endfor %}|{{ messages[0].content|first }}{{ 'a' }}{{ messages[0].content|last }}", "[ ].[A].[b].[,].[c].[ ].|[ ]a[ ]"},
+        {"{% set c = messages[0].content %}{{ '<{}>'.format(c) }}|{{ '%s!'|format(c) }}|{{ c ~ '{}' }}", "<[ Ab,c ]>|[ Ab,c ]!|[ Ab,c ]{}"},
+        {"{% macro m(x) %}({{ x }}){% endmacro %}{{ m(messages[2].content) }}|{% set s %}-{{ messages[2].content }}-{% endset %}{{ s|trim('-') }}|{% filter upper %}a{{ messages[1].content }}{% endfilter %}", "([<&>])|[<&>]|A[X\nY]"},
+        {"{% set ns = namespace(t='') %}{% for m in messages if m.content is string %}{% set ns.t = ns.t ~ m.content[:1] ~ '|' %}{% endfor %}{{ ns.t }}", "[ ]|[x]|[<]|"},
+        {"{{ messages[0].role }}:{{ tools[0].function.name }}", "[user]:[f]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        bool lost = true;
+        char *got = render_marked(cases[i].tmpl, "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", &lost);
+        if (strcmp(got, cases[i].want)) fprintf(stderr, "case %zu: %s\n  want %s\n  got  %s\n", i, cases[i].tmpl, cases[i].want, got);
+        assert_string_equal(got, cases[i].want);
+        assert_false(lost);
+        free(got);
+    }
+    /* strftime_now with a format from the request cannot say which output bytes are whose */
+    bool lost = false;
+    char *got = render_marked("{{ strftime_now('%Y') }}", NULL, &lost);
+    assert_string_equal(got, "2025");
+    assert_false(lost);
+    free(got);
+    got = render_marked("{{ strftime_now(messages[0].content) }}", NULL, &lost);
+    assert_true(lost);
+    free(got);
+    /* the old entry point renders the same text; a failing render leaves the output zeroed */
+    osp_chat_template *t = NULL;
+    assert_int_equal(osp_chat_template_parse("{{ raise_exception('no') }}", 27, &t), OSP_OK);
+    osp_chat_template_inputs in = {.messages_json = "[]"};
+    osp_chat_template_output o;
+    assert_int_equal(osp_chat_template_render_spans(t, &in, &o), OSP_ERR_INVALID_ARG);
+    assert_null(o.text);
+    assert_null(o.tainted);
+    osp_chat_template_output_free(&o);
+    osp_chat_template_free(t);
+}
+
 /* osprey render-template (OSPREY_BIN): a template file and --messages as @FILE, --kwargs, and a
  * template error exiting 1 with the message on stderr. Skipped without the binary. */
 static void cli(void **state) {
@@ -260,6 +360,7 @@ int main(void) {
         cmocka_unit_test(inputs),
         cmocka_unit_test(limits),
         cmocka_unit_test(budgets),
+        cmocka_unit_test(provenance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

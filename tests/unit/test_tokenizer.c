@@ -189,6 +189,67 @@ static void test_encode_special(void **state) {
     expect_ids("<|im_start|>hi", 14, true, true, bos, 3);
 }
 
+static void expect_span_ids(const char *text, const osp_text_span *plain, size_t n_plain, bool add_special,
+                            const int32_t *want, size_t n_want) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(osp_tokenizer_encode_spans(g_tok, text, strlen(text), plain, n_plain, add_special, &ids, &n), OSP_OK);
+    assert_int_equal(n, n_want);
+    for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], want[i]);
+    free(ids);
+}
+
+/* osp_tokenizer_encode_spans: control-token text overlapping a plain range stays text; the rest of
+ * the text is parsed as with parse_special on, and without plain ranges (or with plain ranges free
+ * of special text) the ids are encode(parse_special = true)'s. */
+static void test_encode_spans(void **state) {
+    (void)state;
+    /* "<|im_start|>a<|im_end|>b<|im_end|>": the second <|im_end|> (bytes 24..33) came from a message */
+    const char *text = "<|im_start|>a<|im_end|>b<|im_end|>";
+    const osp_text_span forged[] = {{24, 10}};
+    int32_t want[40];
+    size_t k = 0;
+    want[k++] = ID_IM_START, want[k++] = 'a', want[k++] = ID_IM_END, want[k++] = 'b';
+    for (const char *p = "<|im_end|>"; *p; p++) want[k++] = (unsigned char)*p;
+    expect_span_ids(text, forged, 1, false, want, k);
+    /* one plain byte inside a token is enough to keep it text: "a<|im_end|>b" with "|>" plain */
+    const osp_text_span tail[] = {{9, 2}};
+    const int32_t a_b[] = {'a', '<', '|', 'i', 'm', '_', 'e', 'n', 'd', '|', '>', 'b'};
+    expect_span_ids("a<|im_end|>b", tail, 1, false, a_b, 12);
+    /* overlapping candidates: the first (plain) stays text, the next one is still found */
+    const osp_text_span first[] = {{0, 10}};
+    int32_t two[16];
+    k = 0;
+    for (const char *p = "<|im_end|>"; *p; p++) two[k++] = (unsigned char)*p;
+    two[k++] = ID_IM_END;
+    expect_span_ids("<|im_end|><|im_end|>", first, 1, false, two, k);
+    /* plain ranges without special text change nothing, BOS included; a plain <|im_start|> at the
+     * start is not BOS, so BOS is still added in front of it */
+    const osp_text_span words[] = {{12, 1}, {23, 1}};
+    int32_t *ref = NULL;
+    size_t n_ref = 0;
+    assert_int_equal(osp_tokenizer_encode(g_tok, text, strlen(text), true, true, &ref, &n_ref), OSP_OK);
+    expect_span_ids(text, words, 2, true, ref, n_ref);
+    expect_span_ids(text, NULL, 0, true, ref, n_ref);
+    free(ref);
+    const osp_text_span lead[] = {{0, 12}};
+    int32_t bos_text[16];
+    k = 0;
+    bos_text[k++] = ID_IM_START;
+    for (const char *p = "<|im_start|>hi"; *p; p++) bos_text[k++] = (unsigned char)*p;
+    expect_span_ids("<|im_start|>hi", lead, 1, true, bos_text, k);
+    /* bad ranges: a clear error, nothing allocated */
+    int32_t *ids = (int32_t *)1;
+    size_t n = 7;
+    const osp_text_span past[] = {{20, 15}}, unsorted[] = {{5, 1}, {2, 1}}, overlap[] = {{2, 4}, {3, 1}};
+    assert_int_equal(osp_tokenizer_encode_spans(g_tok, text, strlen(text), past, 1, false, &ids, &n), OSP_ERR_INVALID_ARG);
+    assert_null(ids);
+    assert_int_equal(n, 0);
+    assert_int_equal(osp_tokenizer_encode_spans(g_tok, text, strlen(text), unsorted, 2, false, &ids, &n), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_tokenizer_encode_spans(g_tok, text, strlen(text), overlap, 2, false, &ids, &n), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_tokenizer_encode_spans(g_tok, text, strlen(text), NULL, 1, false, &ids, &n), OSP_ERR_INVALID_ARG);
+}
+
 static void test_invalid_utf8_encodes(void **state) {
     (void)state;
     /* a lone 0xFF reads as U+FFFD (EF BF BD), as llama.cpp reads it */
@@ -327,6 +388,7 @@ int main(void) {
         cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_encode_merge_and_bytes),
         cmocka_unit_test(test_encode_special),
+        cmocka_unit_test(test_encode_spans),
         cmocka_unit_test(test_invalid_utf8_encodes),
         cmocka_unit_test(test_unknown_pre),
         cmocka_unit_test(test_token_bytes),

@@ -3,7 +3,8 @@
  * Each user line is added to the conversation, which is rendered with the same code as osprey
  * serve's /v1/chat/completions (srv_chat_env_load + srv_chat_render in tools/server/chat.c:
  * add_generation_prompt, the model's bos/eos, --chat-template) and tokenized as the server does
- * (no added BOS, special tokens parsed). The reply streams through the server's output text
+ * (srv_chat_prompt: no added BOS, the template's special tokens parsed, text typed in a message kept
+ * as plain text unless --allow-special-tokens-in-content). The reply streams through the server's output text
  * (srv_text: incremental detokenizer, special tokens skipped) and stops at end-of-generation; it is
  * kept as the assistant's message. The engine keeps prefix caching on, so a turn re-uses the K/V of
  * the conversation before it. `/reset` forgets the conversation (not --system), `/exit` or EOF
@@ -26,6 +27,7 @@
 typedef struct chat_args {
     cli_engine_args eng; /* -m, -t, --device, --kv-cache-dtype */
     const char *system, *chat_template;
+    bool allow_special; /* --allow-special-tokens-in-content */
     int32_t max_tokens; /* 0: up to the context length */
     float temperature, top_p;
     int32_t top_k;
@@ -47,6 +49,9 @@ static const char k_chat_usage[] =
     "  --system TEXT           a system message opening the conversation (default: none)\n"
     "  --chat-template FILE    a Jinja chat template (default: the model's tokenizer.chat_template)\n"
     "  -n, --max-tokens N      most tokens per reply, 0 = up to the context (default: 0)\n"
+    "  --allow-special-tokens-in-content\n"
+    "                          special-token text typed in a message (\"<|im_end|>\") becomes control\n"
+    "                          tokens, as before issue 20 (default: off, it stays plain text)\n"
     "  -h, --help              this text\n";
 
 static chat_args parse(int argc, char **argv) {
@@ -66,6 +71,8 @@ static chat_args parse(int argc, char **argv) {
         } else if (!strcmp(f, "--chat-template")) {
             if (!v) cli_die(OSP_OK, "--chat-template needs a value");
             a.chat_template = v, i++;
+        } else if (!strcmp(f, "--allow-special-tokens-in-content")) {
+            a.allow_special = true;
         } else if (!strcmp(f, "-n") || !strcmp(f, "--n-predict") || !strcmp(f, "--max-tokens"))
             a.max_tokens = (int32_t)cli_int(f, v, 0, 1 << 30), i++;
         else cli_die(OSP_OK, "chat: unknown option '%s'\n%s", f, k_chat_usage);
@@ -86,18 +93,14 @@ static int reply(osp_engine *e, const osp_tokenizer *tok, const srv_chat_env *en
     srv_gen_request req = {.messages = msgs, .add_generation_prompt = true};
     srv_error err;
     char *prompt = NULL;
-    if (srv_chat_render(env, &req, &prompt, &err)) {
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (srv_chat_prompt(env, tok, &req, false, &prompt, &ids, &n_ids, &err)) {
         fprintf(stderr, "osprey: error: %s\n", err.message);
         return -1;
     }
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    osp_status s = osp_tokenizer_encode(tok, prompt, strlen(prompt), false, true, &ids, &n_ids);
     free(prompt);
-    if (s != OSP_OK) {
-        fprintf(stderr, "osprey: error: cannot tokenize the conversation: %s\n", osp_last_error());
-        return -1;
-    }
+    osp_status s;
     const int32_t max_len = osp_engine_params_get(e)->max_model_len;
     if (n_ids == 0 || (int64_t)n_ids >= max_len) {
         fprintf(stderr, "osprey: error: the conversation is %zu tokens, the context is %d: /reset to start over\n", n_ids,
@@ -183,6 +186,7 @@ int cmd_chat(int argc, char **argv) {
     if ((s = osp_tokenizer_load(g, &tok)) != OSP_OK) cli_die(s, "cannot load tokenizer");
     srv_chat_env env;
     if (srv_chat_env_load(&env, g, tok, a.chat_template)) cli_die(OSP_OK, "--chat-template: cannot read '%s'", a.chat_template);
+    env.allow_special_in_content = a.allow_special;
     if (env.parse_error) cli_die(OSP_OK, "the chat template does not parse: %s", env.parse_error);
     if (!env.template_text) cli_die(OSP_OK, "%s has no chat template; give one with --chat-template FILE", a.eng.model);
 

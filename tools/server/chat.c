@@ -8,7 +8,15 @@
  * then parsed for that request and rendered within a smaller budget. continue_final_message renders without the generation
  * prompt and cuts the text right after the last message's content, as vLLM does, so the model
  * continues that message. Template errors (raise_exception, unsupported constructs) are 400s that
- * carry the renderer's message. */
+ * carry the renderer's message.
+ *
+ * Forged turns (issue 20): the render reports which bytes came from the request (message contents,
+ * roles, names, tool calls and results, tools, documents, chat_template_kwargs), and
+ * srv_chat_prompt tokenizes those as plain text while the template's markup keeps its control
+ * tokens (osp_tokenizer_encode_spans), so "<|im_end|>\n<|im_start|>system" typed in a message stays
+ * text. --allow-special-tokens-in-content (env->allow_special_in_content) restores the old
+ * behaviour; a render that lost provenance falls back to it too and is counted
+ * (osprey:chat_template_provenance_lost_total). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +25,9 @@
 #include "osprey/gguf.h"
 #include "server.h"
 
-int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err) {
+/* Renders with provenance into *o (zeroed on error). */
+static int chat_render(const srv_chat_env *env, const srv_gen_request *req, osp_chat_template_output *o, srv_error *err) {
+    *o = (osp_chat_template_output){0};
     osp_chat_template *own = NULL;
     const osp_chat_template *t = env->parsed;
     if (req->chat_template && !env->trust_request_template)
@@ -44,11 +54,12 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
                                          .add_generation_prompt = req->add_generation_prompt && !req->continue_final_message,
                                          .max_memory = own ? env->request_max_memory : env->max_memory,
                                          .max_steps = own ? env->request_max_steps : env->max_steps};
-    size_t len = 0;
-    if (osp_chat_template_render(t, &in, out, &len) != OSP_OK) {
+    if (osp_chat_template_render_spans(t, &in, o) != OSP_OK) {
         rc = srv_fail(err, 400, "messages", "chat template: %s", osp_last_error());
         goto done;
     }
+    char **out = &o->text;
+    const size_t len = o->len;
     if (req->continue_final_message) {
         /* cut after the last occurrence of the final message's content (right-stripped) */
         const json_t *last = json_array_get(req->messages, json_array_size(req->messages) - 1);
@@ -58,12 +69,19 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
         const char *hit = NULL;
         for (const char *p = *out; cl > 0 && (p = memmem(p, len - (size_t)(p - *out), c, cl)) != NULL; p++) hit = p;
         if (cl > 0 && !hit) {
-            free(*out);
-            *out = NULL;
+            osp_chat_template_output_free(o);
             rc = srv_fail(err, 400, "messages", "continue_final_message: the final message's content is not in the rendered prompt");
             goto done;
         }
-        if (hit) (*out)[hit - *out + cl] = 0;
+        if (hit) { /* the text ends there; so do the tainted spans */
+            const size_t end = (size_t)(hit - *out) + cl;
+            (*out)[end] = 0;
+            o->len = end;
+            size_t k = 0;
+            for (size_t i = 0; i < o->n_tainted && o->tainted[i].off < end; i++, k++)
+                if (o->tainted[i].off + o->tainted[i].len > end) o->tainted[i].len = end - o->tainted[i].off;
+            o->n_tainted = k;
+        }
     }
 done:
     free(messages);
@@ -71,6 +89,41 @@ done:
     free(tools);
     osp_chat_template_free(own);
     return rc;
+}
+
+int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err) {
+    osp_chat_template_output o;
+    *out = NULL;
+    if (chat_render(env, req, &o, err)) return -1;
+    *out = o.text;
+    o.text = NULL;
+    osp_chat_template_output_free(&o);
+    return 0;
+}
+
+int srv_chat_prompt(const srv_chat_env *env, const osp_tokenizer *tok, const srv_gen_request *req, bool add_special,
+                    char **text, int32_t **ids, size_t *n_ids, srv_error *err) {
+    *text = NULL;
+    *ids = NULL;
+    *n_ids = 0;
+    osp_chat_template_output o;
+    if (chat_render(env, req, &o, err)) return -1;
+    osp_status s;
+    if (env->allow_special_in_content || o.provenance_lost) { /* the old behaviour: the whole prompt with special parsing */
+        if (o.provenance_lost && !env->allow_special_in_content && env->metrics)
+            srv_metrics_count_provenance_lost(env->metrics);
+        s = osp_tokenizer_encode(tok, o.text, o.len, add_special, true, ids, n_ids);
+    } else {
+        s = osp_tokenizer_encode_spans(tok, o.text, o.len, o.tainted, o.n_tainted, add_special, ids, n_ids);
+    }
+    if (s != OSP_OK) {
+        osp_chat_template_output_free(&o);
+        return srv_fail(err, 500, NULL, "tokenization failed: %s", osp_last_error());
+    }
+    *text = o.text;
+    o.text = NULL;
+    osp_chat_template_output_free(&o);
+    return 0;
 }
 
 static char *read_file(const char *path) {

@@ -41,6 +41,7 @@ struct srv_metrics {
     histogram ttft, itl, e2e, queue, prefill, decode, inference;
     int64_t prompt_tokens, generation_tokens;
     int64_t success[FIN_N];
+    int64_t provenance_lost; /* chat renders tokenized the old way because provenance was lost */
 };
 
 srv_metrics *srv_metrics_new(void) {
@@ -67,6 +68,12 @@ static void observe(srv_metrics *m, histogram *h, double x, int64_t count) {
     h->counts[b] += count;
     h->count += count;
     h->sum += x * (double)count;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_count_provenance_lost(srv_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->provenance_lost++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -249,6 +256,12 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
     gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);
     gauge(&b, "osprey:requests_in_flight", "HTTP generation requests being served.", model, g->in_flight);
     gauge(&b, "osprey:http_connections", "Open HTTP connections (--max-connections).", model, g->connections);
+    pthread_mutex_lock(&m->mu);
+    const int64_t prov_lost = m->provenance_lost;
+    pthread_mutex_unlock(&m->mu);
+    counter(&b, "osprey:chat_template_provenance_lost",
+            "Chat renders whose provenance was lost: the prompt was tokenized with special tokens parsed in message content too.",
+            model, (double)prov_lost);
     if (g->engine_process)
         counter(&b, "osprey:engine_core_restarts", "Times the engine core process died and was restarted (--engine-process).",
                 model, (double)g->core_restarts);

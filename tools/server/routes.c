@@ -202,6 +202,9 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
     srv_error err = {0};
     char *text = NULL;
     bool add_special = true;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool have_ids = false; /* a chat is tokenized with its provenance (srv_chat_prompt) */
     const json_t *model = json_object_get(root, "model");
     if (json_is_string(model) && strcmp(json_string_value(model), srv->model_name)) {
         srv_fail(&err, 404, "model", "The model `%.200s` does not exist.", json_string_value(model));
@@ -228,7 +231,8 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
             srv_fail(&err, 503, NULL, "the server is busy (--max-queued-requests %d reached); retry later", srv->cfg.max_queue);
             goto fail;
         }
-        const int rc = srv_chat_render(&srv->chat, &r, &text, &err);
+        const int rc = srv_chat_prompt(&srv->chat, srv->tok, &r, add_special, &text, &ids, &n, &err);
+        have_ids = rc == 0;
         pthread_mutex_lock(&srv->mu);
         srv->rendering--;
         pthread_cond_broadcast(&srv->idle);
@@ -244,9 +248,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         if (srv_get_bool(root, "add_special_tokens", &add_special, &err)) goto fail;
         text = strdup(json_string_value(p));
     }
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (!text || osp_tokenizer_encode(srv->tok, text, strlen(text), add_special, true, &ids, &n) != OSP_OK) {
+    if (!text || (!have_ids && osp_tokenizer_encode(srv->tok, text, strlen(text), add_special, true, &ids, &n) != OSP_OK)) {
         srv_fail(&err, 500, NULL, "tokenization failed");
         goto fail;
     }
@@ -258,6 +260,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
     return reply_json(srv, c, 200, json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n, "max_model_len", srv->max_model_len,
                                         "tokens", toks, "token_strs"));
 fail:
+    free(ids);
     free(text);
     json_decref(root);
     return reply_error(srv, c, &err);

@@ -81,6 +81,8 @@ static const char *k_serve_usage =
     "  --kv-events-array-like           KV events in the older positional msgpack form (default: maps tagged \"type\")\n"
     "  --chat-template FILE             Jinja chat template instead of the model's\n"
     "  --trust-request-chat-template    render a request's own chat_template (off: such requests get 400)\n"
+    "  --allow-special-tokens-in-content  special-token text in messages (\"<|im_end|>\") becomes control tokens,\n"
+    "                                   as before (off: text from the request is tokenized as plain text)\n"
     "  --enable-auto-tool-choice        tool_choice auto: the model decides to call tools (needs --tool-call-parser)\n"
     "  --tool-call-parser NAME          how the model writes calls: hermes (<tool_call>, Qwen2.5/3, Hermes),\n"
     "                                   llama3_json (a bare {\"name\", \"parameters\"}), mistral ([TOOL_CALLS])\n"
@@ -164,6 +166,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
             c.kv_events_set = true, i++;
         } else if (!strcmp(f, "--kv-events-array-like")) c.kv_events_array_like = true;
         else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
+        else if (!strcmp(f, "--allow-special-tokens-in-content")) c.allow_special_tokens_in_content = true;
         else if (!strcmp(f, "--enable-auto-tool-choice")) c.enable_auto_tool_choice = true;
         else if (!strcmp(f, "--tool-call-parser")) {
             if (srv_tool_parser_from_name(v, &c.tool_parser))
@@ -309,6 +312,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     /* every render within a budget (the renderer's own is 512 MiB / 50M steps); a request's template
      * within a smaller one (with --trust-request-chat-template) */
     srv.chat.trust_request_template = cfg->trust_request_chat_template;
+    srv.chat.allow_special_in_content = cfg->allow_special_tokens_in_content;
     srv.chat.max_memory = (size_t)64 << 20;
     srv.chat.max_steps = 10000000;
     srv.chat.request_max_memory = (size_t)16 << 20;
@@ -319,6 +323,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
         srv_log(&srv, SRV_LOG_WARNING, "the model has no chat template: /v1/chat/completions needs --chat-template");
 
     srv.metrics = srv_metrics_new();
+    srv.chat.metrics = srv.metrics;
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.idle, NULL);
     srv.next_id = 1;

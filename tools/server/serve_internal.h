@@ -77,6 +77,7 @@ typedef struct srv_config {
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
     bool trust_request_chat_template; /* --trust-request-chat-template */
+    bool allow_special_tokens_in_content; /* --allow-special-tokens-in-content */
     bool enable_auto_tool_choice;   /* --enable-auto-tool-choice: tool_choice auto (needs tool_parser) */
     srv_tool_parser tool_parser;    /* --tool-call-parser hermes|llama3_json|mistral (NONE) */
     srv_reasoning_parser reasoning_parser; /* --reasoning-parser deepseek_r1|qwen3 (NONE) */

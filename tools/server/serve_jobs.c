@@ -341,16 +341,22 @@ static uint64_t salt_hash(const char *s) {
 
 /* Tokenizes the prompts (or renders and tokenizes the chat) and fills j->prompt ids. */
 int srv_build_prompts(srv_server *srv, srv_gen_request *r, srv_error *err) {
-    if (r->route == SRV_ROUTE_CHAT) {
+    if (r->route == SRV_ROUTE_CHAT) { /* rendered and tokenized with provenance (chat.c) */
         char *text;
-        if (srv_chat_render(&srv->chat, r, &text, err)) return -1;
+        int32_t *ids;
+        size_t n;
+        if (srv_chat_prompt(&srv->chat, srv->tok, r, false, &text, &ids, &n, err)) return -1;
         r->prompts = calloc(1, sizeof(srv_prompt));
         if (!r->prompts) {
             free(text);
+            free(ids);
             return srv_fail(err, 500, NULL, "out of memory");
         }
         r->prompts[0].text = text;
+        r->prompts[0].ids = ids;
+        r->prompts[0].n_ids = (int32_t)n;
         r->n_prompts = 1;
+        if (n == 0) return srv_fail(err, 400, "prompt", "the prompt is empty after tokenization");
     }
     for (int32_t i = 0; i < r->n_prompts; i++) {
         srv_prompt *p = &r->prompts[i];

@@ -195,6 +195,10 @@ typedef struct srv_chat_env {
      * model's (or --chat-template's) template, and a template that came with the request */
     size_t max_memory, request_max_memory;
     uint64_t max_steps, request_max_steps;
+    /* --allow-special-tokens-in-content: tokenize the whole prompt with special-token parsing, so
+     * control-token text in message content becomes control tokens (the old behaviour; off) */
+    bool allow_special_in_content;
+    struct srv_metrics *metrics; /* counts renders that lost provenance; NULL: not counted */
 } srv_chat_env;
 
 /* Fills *env for a model: the template from template_path when given, else the GGUF's
@@ -209,6 +213,17 @@ void srv_chat_env_free(srv_chat_env *env);
  * *err (400 for a template error, a budget exceeded, a conversation it cannot render, or a request's
  * chat_template when env does not trust them). */
 int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **out, srv_error *err);
+
+/* Renders req->messages as srv_chat_render does and tokenizes the prompt: the bytes that came from
+ * the request (message contents, tool calls, ...: osp_chat_template_render_spans) as plain text,
+ * the template's markup with its special tokens (osp_tokenizer_encode_spans). With
+ * env->allow_special_in_content, or when the render lost provenance (then counted in
+ * env->metrics), the whole prompt is tokenized with special parsing, as before issue 20.
+ * add_special: BOS/EOS as osp_tokenizer_encode. On success *text (the prompt, malloc'd) and *ids
+ * ([*n_ids], malloc'd; NULL when empty) belong to the caller. Returns 0, or -1 with *err (400 as
+ * srv_chat_render, 500 when tokenization fails) and nothing allocated. */
+int srv_chat_prompt(const srv_chat_env *env, const osp_tokenizer *tok, const srv_gen_request *req, bool add_special,
+                    char **text, int32_t **ids, size_t *n_ids, srv_error *err);
 
 /* ---- tool calls and reasoning in the output (toolcall.c) ----------------------------------- */
 
@@ -305,6 +320,9 @@ void srv_metrics_observe_e2e(srv_metrics *m, double seconds);
 void srv_metrics_observe_phases(srv_metrics *m, double queue, double prefill, double decode, double inference);
 void srv_metrics_request_done(srv_metrics *m, const char *finish_reason, int64_t prompt_tokens,
                               int64_t generation_tokens);
+/* One chat render whose provenance was lost (osprey:chat_template_provenance_lost_total): its
+ * prompt was tokenized the old way, special tokens parsed in message content too. */
+void srv_metrics_count_provenance_lost(srv_metrics *m);
 
 typedef struct srv_metrics_gauges {
     int32_t num_running, num_waiting;
