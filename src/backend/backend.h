@@ -114,6 +114,9 @@ typedef struct osp_backend_vtable {
      * the reason in `why`. Asked once, when a KV cache is created on the backend (kv_cache.c), so a
      * dtype the backend lacks fails at start-up, before any page is allocated. */
     bool (*supports_kv)(osp_backend *be, osp_kv_dtype dtype, char *why, size_t why_len);
+    /* Whether this backend's RoPE+KV-write op honours osp_kv_page_format.k_hadamard (rotates q and K
+     * per head). Caches created on a backend without it never set the flag. */
+    bool kv_k_hadamard;
     /* Runs graph `g` for the checked batch `b` over the KV cache `kv`. The logits stay in the
      * backend (rows [0, num_logits)) for sample / logits_to_host; when io->logits is non-NULL they are
      * also copied there, and the call waits for them (as for any output in io->acts). Otherwise the

@@ -27,6 +27,16 @@ typedef struct osp_kv_page_format {
                                    * kv_row / 16 E4M3 codes; 0: no scale pool) */
     int32_t fixed_scales_per_layer; /* fp32 scales fixed at creation, per layer, per K or V: FP8 n_head_kv,
                                      * NVFP4 1 (the tensor scale), 0 for f16 / f32 */
+    bool k_hadamard;          /* K rows are stored rotated: each KV head's post-RoPE row k becomes H k, H the
+                               * orthonormal Walsh-Hadamard matrix of order head_dim (Sylvester's
+                               * construction, scaled by 1/sqrt(head_dim); H = H^T = H^-1), and the
+                               * RoPE+KV-write op rotates every query head the same way, so q.k is kept
+                               * (up to fp32 rounding) while the quantization error of q.k spreads over
+                               * all head_dim terms instead of landing on K's outlier channels (QuaRot,
+                               * Ashkboos et al. 2024, section 4). V and the attention output are not
+                               * rotated. Set at creation for fp8 / nvfp4 pages when head_dim is a power
+                               * of two and the backend's RoPE+KV-write op rotates (osp_backend_vtable.
+                               * kv_k_hadamard); false for f16 / f32. */
 } osp_kv_page_format;
 
 struct osp_kv_cache {

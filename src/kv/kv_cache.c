@@ -127,6 +127,13 @@ static osp_status fixed_scales(const float *src, float dflt, int32_t n, const ch
     return OSP_OK;
 }
 
+bool osp_kv_k_hadamard_default(const osp_backend *be, const osp_kv_page_format *fmt) {
+    const bool quantized = fmt->elem_type == OSP_KV_DTYPE_FP8 || fmt->elem_type == OSP_KV_DTYPE_NVFP4;
+    const int32_t d = fmt->head_dim;
+    const char *env = getenv("OSPREY_KV_HADAMARD");
+    return quantized && d > 0 && (d & (d - 1)) == 0 && be->vt->kv_k_hadamard && !(env && !strcmp(env, "0"));
+}
+
 osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *c, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out) {
     return osp_kv_cache_create_scaled(be, c, num_blocks, block_size, dtype, NULL, NULL, out);
@@ -144,6 +151,7 @@ osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *c, in
     char why[256] = "";
     if (be->vt->supports_kv && !be->vt->supports_kv(be, dtype, why, sizeof why))
         return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: %s", why);
+    fmt.k_hadamard = osp_kv_k_hadamard_default(be, &fmt);
     size_t page_al, scale_al, total;
     if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &page_al, &scale_al, &total))
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",

@@ -402,6 +402,47 @@ static void test_dot_contract(void **state) {
     }
 }
 
+/* osp_cpu_hadamard against the explicit matrix H[i][j] = (-1)^popcount(i & j) / sqrt(n) (Sylvester's
+ * order), and H H x = x; then which caches store K rotated: fp8 / nvfp4 with a power-of-two head_dim on
+ * the CPU, never f16 / f32, never head_dim 48, never with OSPREY_KV_HADAMARD=0. */
+static void test_hadamard(void **state) {
+    (void)state;
+    float x[256], y[256], ref[256];
+    for (int64_t n = 1; n <= 256; n *= 2) {
+        for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 37 + 11) % 23) - 11.0f;
+        memcpy(y, x, sizeof(float) * (size_t)n);
+        osp_cpu_hadamard(y, 1, n);
+        for (int64_t i = 0; i < n; i++) {
+            double acc = 0;
+            for (int64_t j = 0; j < n; j++) acc += (__builtin_popcountll((unsigned long long)(i & j)) & 1 ? -1.0 : 1.0) * x[j];
+            ref[i] = (float)(acc / sqrt((double)n));
+            assert_true(fabsf(y[i] - ref[i]) <= 1e-4f * (1.0f + fabsf(ref[i])));
+        }
+        osp_cpu_hadamard(y, 1, n);
+        for (int64_t i = 0; i < n; i++) assert_true(fabsf(y[i] - x[i]) <= 1e-4f * (1.0f + fabsf(x[i])));
+    }
+    osp_backend *be = cpu();
+    const struct { int32_t head_dim; osp_kv_dtype dt; bool rotated; } cases[] = {
+        {64, OSP_KV_DTYPE_FP8, true}, {64, OSP_KV_DTYPE_NVFP4, true}, {128, OSP_KV_DTYPE_FP8, true},
+        {64, OSP_KV_DTYPE_F16, false}, {64, OSP_KV_DTYPE_F32, false}, {48, OSP_KV_DTYPE_FP8, false},
+        {48, OSP_KV_DTYPE_NVFP4, false}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const osp_kv_shape sh = {2, 2, cases[c].head_dim};
+        osp_kv_cache *kv;
+        assert_int_equal(osp_kv_cache_create_on(be, &sh, 2, 16, cases[c].dt, &kv), OSP_OK);
+        assert_int_equal(kv->fmt.k_hadamard, cases[c].rotated);
+        osp_kv_cache_free(kv);
+    }
+    setenv("OSPREY_KV_HADAMARD", "0", 1);
+    const osp_kv_shape sh = {2, 2, 64};
+    osp_kv_cache *kv;
+    assert_int_equal(osp_kv_cache_create_on(be, &sh, 2, 16, OSP_KV_DTYPE_FP8, &kv), OSP_OK);
+    assert_false(kv->fmt.k_hadamard);
+    osp_kv_cache_free(kv);
+    unsetenv("OSPREY_KV_HADAMARD");
+    osp_backend_free(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_contract),
@@ -409,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_decode_every_code),
         cmocka_unit_test(test_write_own_slot_only),
         cmocka_unit_test(test_cache_formats),
+        cmocka_unit_test(test_hadamard),
         cmocka_unit_test(test_dtype_names),
     };
     if (osp_threadpool_create(1, &g_pool) != OSP_OK) return 1;

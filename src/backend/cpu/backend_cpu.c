@@ -334,6 +334,10 @@ static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nt
             osp_cpu_rope_interleaved(q, pos, 1, H, D, op->p.rope.n_rot, inv_freq);
             osp_cpu_rope_interleaved(k, pos, 1, HK, D, op->p.rope.n_rot, inv_freq);
         }
+        if (kv->fmt.k_hadamard) { /* rotated K pages: q.k = (H q).(H k) (kv_layout.h) */
+            osp_cpu_hadamard(q, H, D);
+            osp_cpu_hadamard(k, HK, D);
+        }
         float *qo = qout + t * QD;
         memcpy(qo, q, (size_t)QD * sizeof(float));
         round_if(r, op->dst, qo, QD);
@@ -642,6 +646,7 @@ static const osp_backend_vtable k_cpu_vt = {
     .mem_info = cpu_mem_info,
     .supports_op = cpu_supports_op,
     .supports_kv = cpu_supports_kv,
+    .kv_k_hadamard = true,
     .run = cpu_run,
     .sample = cpu_sample,
     .logits_to_host = cpu_logits_to_host,

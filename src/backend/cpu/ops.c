@@ -80,6 +80,20 @@ void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_toke
     }
 }
 
+void osp_cpu_hadamard(float *x, int64_t n_rows, int64_t n) {
+    const float scale = 1.0f / sqrtf((float)n);
+    for (int64_t r = 0; r < n_rows; r++) {
+        float *row = x + r * n;
+        for (int64_t h = 1; h < n; h *= 2)
+            for (int64_t i = 0; i < n; i += 2 * h)
+                for (int64_t j = i; j < i + h; j++) {
+                    const float a = row[j], b = row[j + h];
+                    row[j] = a + b, row[j + h] = a - b;
+                }
+        for (int64_t i = 0; i < n; i++) row[i] *= scale;
+    }
+}
+
 void osp_cpu_rope_neox(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                        int64_t n_rot, const float *inv_freq) {
     const int64_t half = n_rot / 2;

@@ -76,6 +76,12 @@ void osp_cpu_rope_interleaved(float *x, const int32_t *positions, int64_t n_toke
 void osp_cpu_rope_neox(float *x, const int32_t *positions, int64_t n_tokens, int64_t n_heads, int64_t head_dim,
                        int64_t n_rot, const float *inv_freq);
 
+/* x <- H x for each of the n_rows rows of n floats (n a power of two, 1..4096), H the orthonormal
+ * Walsh-Hadamard matrix of order n in Sylvester's (natural) order, scaled by 1/sqrt(n): the butterfly
+ * of the fast Walsh-Hadamard transform, log2(n) passes of (a + b, a - b), then one scale. H is
+ * symmetric and its own inverse. The rotation of quantized K pages (kv_layout.h's k_hadamard). */
+void osp_cpu_hadamard(float *x, int64_t n_rows, int64_t n);
+
 /* x[i] = bf16(x[i]) for i < n (round to nearest even, as core/dtype.c's osp_fp32_to_bf16). */
 void osp_cpu_round_bf16(float *x, int64_t n);
 
