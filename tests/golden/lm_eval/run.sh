@@ -16,7 +16,8 @@
 # Prints the comparison and exits 1 when the backends disagree beyond near-ties (compare.py); WORK_DIR
 # keeps both runs' lm-eval outputs, compare.json and the server log. Knobs: OSPREY_LMEVAL_BATCH (8:
 # lm-eval's batch_size, prompts per /v1/completions request), OSPREY_LMEVAL_TOKENIZED (True: token ids
-# sent; False: text, osprey tokenizes it), OSPREY_LMEVAL_HF=0 (keep WORK_DIR/out-hf from a former run).
+# sent; False: text, osprey tokenizes it), OSPREY_LMEVAL_CONCURRENT (1: requests in flight at once),
+# OSPREY_LMEVAL_HF=0 (keep WORK_DIR/out-hf from a former run).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
@@ -27,6 +28,7 @@ MODEL="$(realpath "${OSPREY_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BATCH="${OSPREY_LMEVAL_BATCH:-8}"
 TOKENIZED="${OSPREY_LMEVAL_TOKENIZED:-True}"
 RUN_HF="${OSPREY_LMEVAL_HF:-1}"
+CONCURRENT="${OSPREY_LMEVAL_CONCURRENT:-1}"
 [ -x "$BIN" ] || { echo "run.sh: no osprey binary at $BIN (build it, or set OSPREY_BIN)" >&2; exit 1; }
 [ -f "$MODEL" ] || { echo "run.sh: no model at $MODEL (scripts/fetch-model.sh, or set OSPREY_MODEL)" >&2; exit 1; }
 
@@ -88,7 +90,7 @@ for _ in $(seq 1 300); do
     sleep 0.2
 done
 "$PY" -m lm_eval --model local-completions \
-    --model_args "model=smollm2,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer_backend=huggingface,tokenizer=$WORK/tokenizer,tokenized_requests=$TOKENIZED,num_concurrent=1,max_retries=1" \
+    --model_args "model=smollm2,base_url=http://127.0.0.1:$PORT/v1/completions,tokenizer_backend=huggingface,tokenizer=$WORK/tokenizer,tokenized_requests=$TOKENIZED,num_concurrent=$CONCURRENT,max_retries=1" \
     --tasks osprey_mc --include_path "$WORK/task" --batch_size "$BATCH" \
     --output_path "$WORK/out-osprey" --log_samples
 
