@@ -173,6 +173,26 @@ def test_echo_logprobs_scores_the_prompt(server):
     assert all(x.logprobs.token_logprobs[0] is None for x in r.choices)
 
 
+def test_echo_logprobs_one_token_prompt(server):
+    # A one-token prompt has no prompt logprobs (nothing precedes its token), but echo + logprobs still
+    # puts its null entry first, as OpenAI and vLLM do: lm-eval reads token_logprobs[ctxlen:-1] by prompt
+    # position. (Before: the entry was missing, so the completion's token sat at index 0.)
+    c = server.client()
+    ids = requests.post(server.url + "/tokenize", json={"prompt": "abc", "add_special_tokens": False}).json()["tokens"]
+    for prompt in (ids[:1], [ids[:1], ids]):
+        for max_tokens in (0, 1, 2):
+            r = c.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                     logprobs=1, echo=True, extra_body=NOEOS)
+            lens = [1] if isinstance(prompt[0], int) else [len(p) for p in prompt]
+            assert [len(x.logprobs.token_logprobs) for x in r.choices] == [n + max_tokens for n in lens]
+            for x in r.choices:
+                lp = x.logprobs
+                assert len(lp.tokens) == len(lp.top_logprobs) == len(lp.text_offset) == len(lp.token_logprobs)
+                assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+                assert all(v <= 0 for v in lp.token_logprobs[1:])
+                assert x.text.startswith("".join(lp.tokens[:1]))
+
+
 def _reference(server, prompt, n=60):
     return server.client().completions.create(model=server.model, prompt=prompt, max_tokens=n,
                                               extra_body={"ignore_eos": True}, **SEEDED).choices[0].text

@@ -269,10 +269,11 @@ void srv_job_http_done(srv_job *j);
 
 /* ---- OpenAI JSON (openai_json.c) ----------------------------------------------------------- */
 
-/* Completions with echo: appends the prompt's logprobs to s->lp, which must hold no entry yet: the first
- * prompt token (ids[0]) with a null logprob and null top_logprobs, then plp[0..n) (prompt tokens
- * 1..n, top entries capped at req.logprobs, the token itself always among its top_logprobs as vLLM
- * does). text_offset counts the bytes of the token texts from 0. */
+/* Completions with echo: appends the prompt's logprobs to s->lp, which must hold no entry yet (else it
+ * does nothing): the first prompt token (ids[0]) with a null logprob and null top_logprobs, then
+ * plp[0..n) (prompt tokens 1..n, top entries capped at req.logprobs, the token itself always among its
+ * top_logprobs as vLLM does); plp may be NULL with n 0 (a one-token prompt: the null entry alone).
+ * text_offset counts the bytes of the token texts from 0. */
 void srv_json_add_prompt_logprobs(srv_job *j, srv_seq *s, const int32_t *ids, const osp_token_logprobs *plp, int32_t n);
 /* Appends one consumed token's logprobs (capped at req.logprobs top entries) to s->lp in the route's
  * format. Connection thread. */

@@ -237,8 +237,12 @@ bool srv_job_pump(srv_job *j, int timeout_ms) {
 
     for (int32_t i = 0; i < j->n_seqs; i++) {
         srv_seq *s = &j->seqs[i];
-        if (plp[i] && !s->done)
-            srv_json_add_prompt_logprobs(j, s, j->req.prompts[s->prompt_idx].ids, plp[i], n_plp[i]);
+        /* a one-token prompt gets no prompt logprobs from the engine (no token precedes it), yet its
+         * null entry must still lead the choice's logprobs: lm-eval indexes token_logprobs by prompt
+         * position. Added once (a later call finds s->lp made and returns). */
+        const srv_prompt *pr = &j->req.prompts[s->prompt_idx];
+        if (!s->done && j->prompt_lp && (plp[i] || pr->n_ids == 1))
+            srv_json_add_prompt_logprobs(j, s, pr->ids, plp[i], plp[i] ? n_plp[i] : 0);
         free(plp[i]);
         if (s->done) continue;
         for (int32_t k = 0; k < counts[i] && !s->done; k++) {
