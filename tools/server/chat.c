@@ -8,7 +8,10 @@
  * then parsed for that request and rendered within a smaller budget. continue_final_message renders without the generation
  * prompt and cuts the text right after the last message's content, as vLLM does, so the model
  * continues that message. Template errors (raise_exception, unsupported constructs) are 400s that
- * carry the renderer's message. */
+ * carry the renderer's message.
+ *
+ * osprey chat's /load reads a conversation file with srv_conversation_parse: the same message checks
+ * as a request body's, so a file holds what the server would take. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +73,25 @@ done:
     free(kwargs);
     free(tools);
     osp_chat_template_free(own);
+    return rc;
+}
+
+int srv_conversation_parse(const char *data, size_t len, json_t **out, srv_error *err) {
+    *out = NULL;
+    if (len > SRV_CONVERSATION_MAX_BYTES)
+        return srv_fail(err, 400, NULL, "the file is %zu bytes, more than the %zu MiB a conversation may have", len,
+                        SRV_CONVERSATION_MAX_BYTES >> 20);
+    json_error_t je;
+    json_t *root = json_loadb(data, len, 0, &je);
+    if (!root) return srv_fail(err, 400, NULL, "not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    const json_t *m = json_is_object(root) ? json_object_get(root, "messages") : root;
+    int rc;
+    if (!json_is_array(m))
+        rc = srv_fail(err, 400, "messages", "a conversation is a JSON array of messages [{\"role\": ..., \"content\": ...}, ...] "
+                                            "or an object with one under \"messages\"");
+    else
+        rc = srv_messages_normalize(m, out, err);
+    json_decref(root);
     return rc;
 }
 
