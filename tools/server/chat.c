@@ -82,7 +82,7 @@ int srv_conversation_parse(const char *data, size_t len, json_t **out, srv_error
         return srv_fail(err, 400, NULL, "the file is %zu bytes, more than the %zu MiB a conversation may have", len,
                         SRV_CONVERSATION_MAX_BYTES >> 20);
     json_error_t je;
-    json_t *root = json_loadb(data, len, 0, &je);
+    json_t *root = json_loadb(data, len, JSON_DECODE_ANY, &je);
     if (!root) return srv_fail(err, 400, NULL, "not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     const json_t *m = json_is_object(root) ? json_object_get(root, "messages") : root;
     int rc;
