@@ -184,14 +184,14 @@ static int reply(osp_engine *e, const osp_tokenizer *tok, const srv_chat_env *en
         srv_text_free(&text);
         return -1;
     }
-    chat_sigint_take(); /* a Ctrl-C from before the reply began is not meant for it */
     int32_t buf[64], n_gen = 0;
     double t_first = 0;
     bool finished = false, aborted = false;
     osp_finish_reason why = OSP_FINISH_LENGTH;
     while (!finished) {
-        /* Ctrl-C: abort; the request finishes (OSP_FINISH_ABORT) at the next step, which frees its
-         * blocks. OSP_ERR_NOT_FOUND: it finished in the last step, the reply is whole. */
+        /* Ctrl-C (also one pressed since Enter): abort; the request finishes (OSP_FINISH_ABORT) at
+         * the next step, which frees its blocks. OSP_ERR_NOT_FOUND: it finished in the last step, the
+         * reply is whole (and that Ctrl-C is lost: the prompt does not see it). */
         if (!aborted && chat_sigint_take()) aborted = osp_engine_abort(e, rp.request_id) == OSP_OK;
         if ((s = osp_engine_step(e, NULL)) != OSP_OK) cli_die(s, "step failed");
         osp_request_output o;
@@ -400,7 +400,6 @@ int cmd_chat(int argc, char **argv) {
     bool armed = false; /* the last thing at the prompt was a Ctrl-C: another one quits */
     for (;;) {
         const char *got;
-        chat_sigint_take(); /* a Ctrl-C that came as a reply ended belonged to it */
         const chat_input_status st = chat_input_read(in, &got);
         if (st == CHAT_INPUT_EOF) break;
         if (st == CHAT_INPUT_INTERRUPT) {
