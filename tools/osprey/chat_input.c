@@ -198,7 +198,10 @@ static chat_input_status read_edit(chat_input *in) {
         fputc('\n', stderr); /* the prompt's line ends where the user pressed Ctrl-C */
         return CHAT_INPUT_INTERRUPT;
     }
-    if (!s || n <= 0) return CHAT_INPUT_EOF;
+    if (!s || n <= 0) {
+        fputc('\n', stderr); /* the shell's prompt after quitting starts on a line of its own */
+        return CHAT_INPUT_EOF;
+    }
     return hand_out(in, s, (size_t)n) ? CHAT_INPUT_EOF : CHAT_INPUT_LINE;
 }
 

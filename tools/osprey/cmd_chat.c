@@ -79,7 +79,7 @@ static const char k_chat_usage[] =
     "  --no-history            keep no history file\n"
     "  -h, --help              this text\n"
     "\n"
-    "keys and commands:\n"
+    "keys, and the commands typed at the prompt:\n"
     CHAT_KEYS_HELP;
 
 static chat_args parse(int argc, char **argv) {
