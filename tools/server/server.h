@@ -230,7 +230,7 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
  * exactly what the server would accept, and dumping *out and parsing it again gives *out. An empty
  * array is an empty conversation. Returns 0, or -1 with *err (400): more than
  * SRV_CONVERSATION_MAX_BYTES, malformed JSON (with line and column), another top-level shape, a bad
- * message. */
+ * message; 500 when out of memory. */
 int srv_conversation_parse(const char *data, size_t len, json_t **out, srv_error *err);
 
 /* ---- tool calls and reasoning in the output (toolcall.c) ----------------------------------- */
