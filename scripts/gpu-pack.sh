@@ -3,7 +3,7 @@
 # package registry, no libmicrohttpd and no cmocka; it has the CUDA driver and runtime, cuBLASLt,
 # PCRE2, xxHash, jansson and libgomp). Stages under .carry/ (git-ignored through .git/info/exclude):
 #   .carry/gpu.tar.xz   bin/osprey, the GPU test binaries (and test_ops when built), lib/ (libcmocka,
-#                       libmicrohttpd; libzmq, msgpack-c and libzmq's own dependencies), base/bin/osprey: the baseline CLI for bench/gpu/ab.sh (a CUDA
+#                       libmicrohttpd; libzmq, msgpack-c and libzmq's own dependencies; libedit), base/bin/osprey: the baseline CLI for bench/gpu/ab.sh (a CUDA
 #                       build of bb1ad02, BASE_BIN, default /work/base-src/build-cuda/bin/osprey;
 #                       skipped with a warning when absent; in .carry/base/base.tar.xz instead when the
 #                       tarball with it would not fit one call beside a model half)
@@ -53,6 +53,13 @@ if ldd .carry/stage/bin/osprey | grep -q 'libzmq\|libmsgpackc'; then
     for lib in libzmq.so.5 libmsgpackc.so.2 libsodium.so.23 libpgm-5.3.so.0 libnorm.so.1 libbsd.so.0 \
                libmd.so.0 libgssapi_krb5.so.2 libkrb5.so.3 libk5crypto.so.3 libkrb5support.so.0 \
                libcom_err.so.2 libkeyutils.so.1; do
+        if [ -e "/usr/lib/x86_64-linux-gnu/$lib" ]; then cp -L "/usr/lib/x86_64-linux-gnu/$lib" .carry/stage/lib/; fi
+    done
+fi
+# libedit (osprey chat's line editing) and what it pulls in beyond Ubuntu's base system (libbsd, libmd;
+# libtinfo is there): Ubuntu 24.04's CUDA images have no libedit2
+if ldd .carry/stage/bin/osprey | grep -q 'libedit'; then
+    for lib in libedit.so.2 libbsd.so.0 libmd.so.0; do
         if [ -e "/usr/lib/x86_64-linux-gnu/$lib" ]; then cp -L "/usr/lib/x86_64-linux-gnu/$lib" .carry/stage/lib/; fi
     done
 fi

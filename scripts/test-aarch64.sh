@@ -8,7 +8,7 @@
 #   dpkg --add-architecture arm64 && apt-get update
 #   apt-get install -y gcc-aarch64-linux-gnu qemu-user libc6:arm64 libc6-dev:arm64 libpcre2-dev:arm64 \
 #       libxxhash-dev:arm64 libjansson-dev:arm64 libcmocka-dev:arm64 libmicrohttpd-dev:arm64 \
-#       libzmq3-dev:arm64 libmsgpack-dev:arm64
+#       libzmq3-dev:arm64 libmsgpack-dev:arm64 libedit-dev:arm64
 #
 # Integration (Python/server) and kbench suites are not run. Known limit: qemu-user 7.2 (Debian 12) on
 # some hosts never returns from pthread_create (a 4-line program hangs the same way; seen on kernel

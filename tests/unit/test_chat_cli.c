@@ -3,8 +3,11 @@
  * `osprey render-template --add-generation-prompt` gives for the same conversation (the text
  * /v1/chat/completions would produce): /reset forgets the history (the reply after it equals a
  * fresh single-turn reply), and without /reset the second turn sees the first (the conversation
- * with the first reply as the assistant's message). A forged turn typed at the prompt stays plain
- * text unless --allow-special-tokens-in-content. */
+ * with the first reply as the assistant's message). /save writes that conversation as a messages
+ * array and /load in a later session restores it (the next reply is the second turn's); a file
+ * /load refuses is an error on stderr and the session goes on with its own conversation. A forged
+ * turn typed at the prompt stays plain text unless --allow-special-tokens-in-content. The terminal
+ * side (Ctrl-C, libedit) is tests/integration/test_chat.py. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -17,6 +20,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 static char g_dir[256];
 static const char *g_bin, *g_model;
@@ -170,6 +174,81 @@ static void test_forged_turn_is_text(void **state) {
     assert_int_equal(prompt_tokens("Hello there\n", false), prompt_tokens("Hello there\n", true));
 }
 
+static char *dir_path(const char *name) {
+    char *p = malloc(strlen(g_dir) + strlen(name) + 2);
+    assert_non_null(p);
+    sprintf(p, "%s/%s", g_dir, name);
+    return p;
+}
+
+static void test_save_then_load(void **state) {
+    (void)state;
+    char *conv = dir_path("conv.json"), in[1024];
+    snprintf(in, sizeof in, "Hello\n/save %s\n", conv);
+    char *out1 = chat(in);
+    char *r1 = reference_reply("[{\"role\":\"user\",\"content\":\"Hello\"}]");
+    char *want1 = malloc(strlen(r1) + 2);
+    sprintf(want1, "%s\n", r1);
+    assert_string_equal(out1, want1); /* /save prints nothing on stdout */
+    /* the file: the conversation as an OpenAI messages array */
+    json_error_t je;
+    json_t *saved = json_load_file(conv, 0, &je);
+    assert_non_null(saved);
+    json_t *expect = json_pack("[{s:s, s:s}, {s:s, s:s}]", "role", "user", "content", "Hello", "role", "assistant", "content", r1);
+    assert_true(json_equal(saved, expect));
+    json_decref(saved), json_decref(expect);
+    /* a later session: /load, then the second turn of test_history_kept's conversation */
+    snprintf(in, sizeof in, "/load %s\nWhat is 2+2?\n", conv);
+    char *out2 = chat(in);
+    char *q = json_quote(r1);
+    char msgs[4096];
+    snprintf(msgs, sizeof msgs,
+             "[{\"role\":\"user\",\"content\":\"Hello\"},{\"role\":\"assistant\",\"content\":%s},"
+             "{\"role\":\"user\",\"content\":\"What is 2+2?\"}]",
+             q);
+    char *r2 = reference_reply(msgs);
+    char *want2 = malloc(strlen(r2) + 2);
+    sprintf(want2, "%s\n", r2);
+    assert_string_equal(out2, want2);
+    free(want2), free(r2), free(q), free(out2), free(want1), free(r1), free(out1), free(conv);
+}
+
+static void test_bad_load(void **state) {
+    (void)state;
+    struct {
+        const char *name, *text, *why;
+    } bad[] = {
+        {"trunc.json", "[{\"role\": \"user\", \"content\": \"Hel", "not JSON"},
+        {"role.json", "[{\"role\": \"wizard\", \"content\": \"hi\"}]", "messages[0].role 'wizard'"},
+        {"shape.json", "{\"messages\": \"Hello\"}", "a JSON array of messages"},
+        {"missing.json", NULL, "No such file or directory"},
+    };
+    char in[4096] = "";
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *p = dir_path(bad[i].name);
+        if (bad[i].text) write_text(p, bad[i].text);
+        snprintf(in + strlen(in), sizeof in - strlen(in), "/load %s\n", p);
+        free(p);
+    }
+    snprintf(in + strlen(in), sizeof in - strlen(in), "What is 2+2?\n");
+    char *out = chat(in);
+    char *errpath = dir_path("err"), *err = slurp(errpath); /* before the reference runs overwrite it */
+    /* every file refused, and the conversation is still the empty one: a fresh single-turn reply */
+    char *r = reference_reply("[{\"role\":\"user\",\"content\":\"What is 2+2?\"}]");
+    char *want = malloc(strlen(r) + 2);
+    sprintf(want, "%s\n", r);
+    assert_string_equal(out, want);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char line[512];
+        snprintf(line, sizeof line, "osprey: error: /load %s/%s: ", g_dir, bad[i].name);
+        const char *at = strstr(err, line);
+        if (!at || !strstr(at, bad[i].why)) fprintf(stderr, "stderr lacks '%s...%s':\n%s\n", line, bad[i].why, err);
+        assert_non_null(at);
+        assert_non_null(strstr(at, bad[i].why));
+    }
+    free(err), free(errpath), free(want), free(r), free(out);
+}
+
 static void test_no_template_file(void **state) {
     (void)state;
     char *out;
@@ -195,6 +274,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reset_forgets),
         cmocka_unit_test(test_history_kept),
+        cmocka_unit_test(test_save_then_load),
+        cmocka_unit_test(test_bad_load),
         cmocka_unit_test(test_no_template_file),
         cmocka_unit_test(test_forged_turn_is_text),
     };

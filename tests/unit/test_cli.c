@@ -398,6 +398,7 @@ static void test_subcommand_help(void **state) {
         {"generate --help", {"usage: osprey generate", "--n-predict", "default: 128", "--top-k"}},
         {"generate -n 4 -h", {"usage: osprey generate", "--temp", "default: 0.8", "--kv-cache-dtype"}},
         {"chat --help", {"usage: osprey chat", "--system", "--chat-template", "default: 0.95"}},
+        {"chat -h", {"/save FILE", "/load FILE", "--no-history", "Ctrl-C stops a reply"}},
         {"bench --help", {"usage: osprey bench", "--repetitions", "default: 3", "--depth"}},
         {"plan --help", {"usage: osprey plan", "--kv-cache-memory", "default: 512M", "--block-size"}},
         {"tokenize --help", {"usage: osprey tokenize", "--no-special", "--no-bos", "--prompt"}},

@@ -16,7 +16,10 @@
  * tokens (osp_tokenizer_encode_spans), so "<|im_end|>\n<|im_start|>system" typed in a message stays
  * text. --allow-special-tokens-in-content (env->allow_special_in_content) restores the old
  * behaviour; a render that lost provenance falls back to it too and is counted
- * (osprey:chat_template_provenance_lost_total). */
+ * (osprey:chat_template_provenance_lost_total).
+ *
+ * osprey chat's /load reads a conversation file with srv_conversation_parse: the same message checks
+ * as a request body's, so a file holds what the server would take. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +127,25 @@ int srv_chat_prompt(const srv_chat_env *env, const osp_tokenizer *tok, const srv
     o.text = NULL;
     osp_chat_template_output_free(&o);
     return 0;
+}
+
+int srv_conversation_parse(const char *data, size_t len, json_t **out, srv_error *err) {
+    *out = NULL;
+    if (len > SRV_CONVERSATION_MAX_BYTES)
+        return srv_fail(err, 400, NULL, "the file is %zu bytes, more than the %zu MiB a conversation may have", len,
+                        SRV_CONVERSATION_MAX_BYTES >> 20);
+    json_error_t je;
+    json_t *root = json_loadb(data, len, JSON_DECODE_ANY, &je);
+    if (!root) return srv_fail(err, 400, NULL, "not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    const json_t *m = json_is_object(root) ? json_object_get(root, "messages") : root;
+    int rc;
+    if (!json_is_array(m))
+        rc = srv_fail(err, 400, "messages", "a conversation is a JSON array of messages [{\"role\": ..., \"content\": ...}, ...] "
+                                            "or an object with one under \"messages\"");
+    else
+        rc = srv_messages_normalize(m, out, err);
+    json_decref(root);
+    return rc;
 }
 
 static char *read_file(const char *path) {

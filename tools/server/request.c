@@ -194,15 +194,31 @@ static int parse_prompt(const json_t *root, const srv_parse_limits *lim, srv_gen
 
 static int norm_tool_fields(const json_t *msg, const char *role, size_t i, json_t *norm, srv_error *err);
 
-/* Normalizes messages to [{"role", "content": string}]: text parts are joined with "\n" (as vLLM
- * does); an assistant message may have null content. */
 static int parse_messages(const json_t *root, srv_gen_request *r, srv_error *err) {
     const json_t *m = field(root, "messages");
     if (!m) return srv_fail(err, 400, "messages", "'messages' is required");
     if (!json_is_array(m)) return srv_fail(err, 400, "messages", "'messages' must be a list");
     if (json_array_size(m) == 0) return srv_fail(err, 400, "messages", "'messages' must not be empty");
-    r->messages = json_array();
-    if (!r->messages) return srv_fail(err, 500, NULL, "out of memory");
+    return srv_messages_normalize(m, &r->messages, err);
+}
+
+static int normalize_into(const json_t *m, json_t *out, srv_error *err);
+
+int srv_messages_normalize(const json_t *m, json_t **out, srv_error *err) {
+    *out = NULL;
+    if (!json_is_array(m)) return srv_fail(err, 400, "messages", "'messages' must be a list");
+    json_t *norm = json_array();
+    if (!norm) return srv_fail(err, 500, NULL, "out of memory");
+    if (normalize_into(m, norm, err)) {
+        json_decref(norm);
+        return -1;
+    }
+    *out = norm;
+    return 0;
+}
+
+/* Appends the normalized form of each message of m to out (see srv_messages_normalize). */
+static int normalize_into(const json_t *m, json_t *out, srv_error *err) {
     size_t i;
     const json_t *msg;
     json_array_foreach(m, i, msg) {
@@ -247,7 +263,7 @@ static int parse_messages(const json_t *root, srv_gen_request *r, srv_error *err
         }
         json_t *norm = json_object();
         if (!text || !norm || json_object_set_new(norm, "role", json_string(rs)) ||
-            json_object_set_new(norm, "content", text) || json_array_append_new(r->messages, norm)) {
+            json_object_set_new(norm, "content", text) || json_array_append_new(out, norm)) {
             json_decref(norm);
             return srv_fail(err, 500, NULL, "out of memory");
         }

@@ -4,7 +4,7 @@
  *                  no HTTP, so the libFuzzer target (tests/fuzz/fuzz_request.c) drives it directly
  *   text.c         per-choice output text: incremental detokenizer, stop strings found in the text
  *                  (inside or across tokens) and held back until decided
- *   chat.c         messages -> prompt text (the chat-template hook)
+ *   chat.c         messages -> prompt text (the chat-template hook); osprey chat's conversation files
  *   metrics.c      Prometheus text with vLLM V1's metric names, latency histograms
  *   serve.c        flags, start-up, SIGTERM drain; it and the four below share serve_internal.h
  *   serve_jobs.c   jobs between the HTTP threads and the engine's loop thread
@@ -148,6 +148,15 @@ int srv_parse_structured(const json_t *root, srv_gen_request *req, srv_error *er
  * grammars), a parameters schema the grammar compiler cannot enforce (forced choices only). */
 int srv_parse_tools(const json_t *root, const srv_parse_limits *lim, srv_gen_request *req, srv_error *err);
 
+/* Validates a chat messages array as /v1/chat/completions does and returns its normalized form in
+ * *out (new reference; NULL on error): [{"role", "content": string, "name"?, "tool_calls"?,
+ * "tool_call_id"?}], roles system, developer, user, assistant or tool; a list of text parts becomes
+ * their texts joined with "\n" (as vLLM does); an assistant's null or absent content becomes "";
+ * tool_calls' arguments given as JSON text become the object. The empty array is accepted (the
+ * request parser refuses it itself). Returns 0, or -1 with a 400 naming the message
+ * ("messages[3].role ...") for anything else, 500 when out of memory. m is not changed. */
+int srv_messages_normalize(const json_t *m, json_t **out, srv_error *err);
+
 /* Parses an optional integer/real/bool/string field of `obj` (JSON null = absent). Return 0 when
  * absent or valid (value written), -1 with *err on a wrong type or a value outside [lo, hi]. */
 int srv_get_int(const json_t *obj, const char *key, long long lo, long long hi, long long *out, srv_error *err);
@@ -224,6 +233,20 @@ int srv_chat_render(const srv_chat_env *env, const srv_gen_request *req, char **
  * srv_chat_render, 500 when tokenization fails) and nothing allocated. */
 int srv_chat_prompt(const srv_chat_env *env, const osp_tokenizer *tok, const srv_gen_request *req, bool add_special,
                     char **text, int32_t **ids, size_t *n_ids, srv_error *err);
+
+/* ---- conversation files (osprey chat's /save and /load) ------------------------------------- */
+
+#define SRV_CONVERSATION_MAX_BYTES ((size_t)8 << 20) /* a larger file is refused unread */
+
+/* A conversation file's bytes data[len] (need not be NUL-terminated) -> normalized messages in *out
+ * (new reference; NULL on error). The file is a JSON array of OpenAI chat messages, as /save writes
+ * it, or an object with such an array under "messages" (a /v1/chat/completions body: its other fields
+ * are ignored); each message is checked and normalized by srv_messages_normalize, so what loads is
+ * exactly what the server would accept, and dumping *out and parsing it again gives *out. An empty
+ * array is an empty conversation. Returns 0, or -1 with *err (400): more than
+ * SRV_CONVERSATION_MAX_BYTES, malformed JSON (with line and column), another top-level shape, a bad
+ * message; 500 when out of memory. */
+int srv_conversation_parse(const char *data, size_t len, json_t **out, srv_error *err);
 
 /* ---- tool calls and reasoning in the output (toolcall.c) ----------------------------------- */
 
