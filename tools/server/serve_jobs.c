@@ -9,7 +9,6 @@
  * it, so a client that goes away leaves nothing behind once its aborted requests end. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,6 +147,7 @@ static void on_output_any(srv_seq *s, const osp_request_output *o, bool core_los
     }
     j->changed = true;
     pthread_cond_broadcast(&j->cv);
+    srv_park_wake(srv, &j->park); /* the connection's pool thread pumps the job (a no-op once it left) */
     pthread_mutex_unlock(&j->mu);
     if (free_it) job_free(j);
 }
@@ -188,8 +188,8 @@ static const char *finish_name(osp_finish_reason r) {
     }
 }
 
-/* Connection thread: waits up to timeout_ms for news, then turns new tokens into text. Returns true
- * when something changed. */
+/* Connection thread: waits up to timeout_ms for news (0: not at all), then turns new tokens into text.
+ * Returns true when something changed. */
 bool srv_job_pump(srv_job *j, int timeout_ms) {
     srv_server *srv = j->srv;
     pthread_mutex_lock(&j->mu);
@@ -278,34 +278,13 @@ bool srv_job_all_done(const srv_job *j) {
     return true;
 }
 
-/* Is the client still there? poll(2) with POLLRDHUP reports a peer that closed (or half-closed) its
- * end even when bytes it sent are still unread: a client that pipelined anything after its request
- * (or sent a stray CRLF) and then hung up kept a recv(MSG_PEEK) returning those bytes, so it looked
- * alive and its request ran to max_tokens. A reset or error (POLLHUP, POLLERR) is gone too. */
-bool srv_client_alive(srv_job *j) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    int n;
-    while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR) {
-    }
-    if (n <= 0) return true;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return false;
-    if (p.revents & POLLIN) { /* readable, no hang-up seen: a peek that reads 0 bytes is an orderly close */
-        char c;
-        const ssize_t r = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r == 0) return false;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    }
-    return true;
-}
-
 /* The connection is done with the job (reply sent, or client gone): abort what still runs, log the
  * request, drop the connection's reference. */
 void srv_job_http_done(srv_job *j) {
     srv_server *srv = j->srv;
     if (j->http_done) return;
     j->http_done = true;
+    srv_park_unwatch(srv, &j->park);
     const double t = srv_now_s();
     int64_t n_prompt = 0, n_out = 0;
     for (int32_t i = 0; i < j->req.n_prompts; i++) n_prompt += j->prompt_lens ? j->prompt_lens[i] : 0;
@@ -327,6 +306,7 @@ void srv_job_http_done(srv_job *j) {
     srv->in_flight--;
     pthread_cond_broadcast(&srv->idle);
     pthread_mutex_unlock(&srv->mu);
+    srv_park_wake_queue(srv); /* a slot is free for a request parked waiting for one */
     pthread_mutex_lock(&j->mu);
     const bool free_it = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
@@ -398,6 +378,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     memset(r, 0, sizeof *r);
     r = &j->req;
     j->conn = conn;
+    srv_park_init(&j->park, conn);
     j->t_arrival = srv_now_s();
     j->created = time(NULL);
     j->refs = 1;
@@ -509,6 +490,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
     pthread_mutex_unlock(&srv->mu);
+    srv_park_watch(srv, &j->park, false, 0); /* from here a client that leaves is seen (park.c) */
     return j;
 oom:
     srv_fail(err, 500, NULL, "out of memory");
