@@ -23,6 +23,7 @@
 typedef enum {
     CX_BODY,    /* headers, then the body being gathered */
     CX_QUEUED,  /* a generation request parked waiting for a --max-queued-requests slot */
+    CX_ADMITTING, /* --engine-process: its job waits for the core's answers to its adds */
     CX_RUNNING, /* a non-streamed generation job runs; the handler is called again on its news */
 } conn_stage;
 
@@ -36,7 +37,7 @@ typedef struct conn_ctx {
     srv_route route;      /* CX_QUEUED: the route */
     srv_gen_request req;  /* CX_QUEUED: the parsed request */
     srv_park park;        /* CX_QUEUED: the connection, parked */
-    srv_job *job;         /* CX_RUNNING: the job (the connection's reference) */
+    srv_job *job;         /* CX_ADMITTING, CX_RUNNING: the job (the connection's reference) */
 } conn_ctx;
 
 /* Counts the generation response about to be queued on cx's connection (see srv_server.sending). */
@@ -141,6 +142,40 @@ static enum MHD_Result run_job(srv_server *srv, struct MHD_Connection *c, conn_c
     return reply_json(srv, c, 200, body);
 }
 
+/* A started job (CX_ADMITTING) until the engine admitted all its choices (--engine-process: the
+ * core's ACKs, parked for; in process at once): then the SSE stream or run_job; a refusal or a lost
+ * core is the request's error reply. */
+static enum MHD_Result admit_job(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
+    srv_job *j = cx->job;
+    srv_error err = {0};
+    for (;;) {
+        const int a = srv_job_admitted(j, &err);
+        if (a > 0) break;
+        if (a < 0) {
+            cx->job = NULL;
+            cx->stage = CX_BODY;
+            srv_job_cancel(j);
+            return reply_error(srv, c, &err);
+        }
+        const srv_park_result pr = srv_park_suspend(srv, &j->park);
+        if (pr == SRV_PARK_SUSPENDED) return MHD_YES;
+        if (pr == SRV_PARK_AGAIN) continue;
+        cx->job = NULL; /* the client left (or the server stops) */
+        cx->stage = CX_BODY;
+        j->client_gone = true;
+        srv_job_http_done(j);
+        return MHD_NO;
+    }
+    if (j->req.stream) {
+        cx->job = NULL; /* the response holds the job from here (sse.c) */
+        cx->stage = CX_BODY;
+        mark_sending(srv, cx);
+        return srv_sse_queue(j, c);
+    }
+    cx->stage = CX_RUNNING;
+    return run_job(srv, c, cx);
+}
+
 /* Leaves the queue wait (CX_QUEUED): the park off the watch list. */
 static void leave_queue(srv_server *srv, conn_ctx *cx) {
     if (cx->stage != CX_QUEUED) return;
@@ -222,13 +257,9 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     srv_job *j = srv_job_start(srv, req, c, &err);
     srv_gen_request_free(req);
     if (!j) return reply_error(srv, c, &err);
-    if (j->req.stream) {
-        mark_sending(srv, cx);
-        return srv_sse_queue(j, c);
-    }
     cx->job = j;
-    cx->stage = CX_RUNNING;
-    return run_job(srv, c, cx);
+    cx->stage = CX_ADMITTING;
+    return admit_job(srv, c, cx);
 }
 
 static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
@@ -433,6 +464,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     }
     /* called again after a park (park.c): the job's news, or a queue slot */
     if (cx->stage == CX_RUNNING) return run_job(srv, c, cx);
+    if (cx->stage == CX_ADMITTING) return admit_job(srv, c, cx);
     if (cx->stage == CX_QUEUED) return handle_generate(srv, c, cx->route, cx);
     if (*upload_size) {
         if (!cx->too_large && cx->len + *upload_size > srv->cfg.max_body) {

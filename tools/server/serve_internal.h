@@ -212,7 +212,8 @@ struct srv_seq {
     srv_job *job;
     int32_t index, prompt_idx;
     uint64_t engine_id;
-    bool added;               /* osp_engine_add succeeded */
+    bool added;               /* osp_engine_add succeeded (--engine-process: sent; see refused) */
+    bool refused;             /* --engine-process: the core refused it or died before admitting it (job->mu) */
     /* shared with the engine callback (job->mu) */
     int32_t *inbox;
     int32_t n_inbox, cap_inbox;
@@ -248,6 +249,10 @@ struct srv_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;                 /* the connection + engine requests not yet finished */
+    int32_t n_unacked;        /* --engine-process: choices sent whose ACK has not come (job->mu) */
+    osp_status admit_fail;    /* the first refusal (INVALID_ARG) or loss (IO) of a choice (job->mu) */
+    char admit_why[160];
+    bool conn_done;           /* the connection let the job go (job->mu) */
     bool changed;             /* new tokens or a finish since the last drain */
     srv_gen_request req;
     char id[48];
@@ -280,6 +285,15 @@ char *srv_detok_all(srv_server *srv, const int32_t *ids, int32_t n);
  * *r (left zeroed). Counts the job in srv->in_flight. Returns NULL with *err set (400: context length,
  * min_tokens, the engine refused a request; 500: out of memory), in which case nothing runs. */
 srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connection *conn, srv_error *err);
+/* --engine-process: have the core's answers to the job's adds come? 0: not all yet (park and look
+ * again on news); 1: every choice admitted; -1: one was refused or lost, *err says why (400: refused;
+ * 503: the core died or did not answer), and the caller gives the job up with srv_job_cancel. In
+ * process the engine admits at add: always 1. Connection thread. */
+int srv_job_admitted(srv_job *j, srv_error *err);
+/* Gives up a job whose admission failed (srv_job_admitted -1) before any reply: aborts its admitted
+ * choices, undoes srv_job_start's accounting (in_flight, the watch list) without counting a request,
+ * drops the connection's reference. Connection thread. */
+void srv_job_cancel(srv_job *j);
 /* Connection thread: waits up to timeout_ms for news (0: does not wait; the pool threads never do),
  * then turns new tokens into text (stop strings end a choice and abort its engine request). Returns
  * true when something changed. */
