@@ -15,12 +15,15 @@
  * and its KV blocks freed within ~0.1 s whatever the token rate. It also ends queue waits that
  * reached their deadline.
  *
- * Locking: srv->park_mu guards every srv_park field and the watch list. A job's mutex may be held
- * while a park is woken (j->mu -> park_mu), never the reverse; under park_mu only libmicrohttpd's own
- * cleanup mutex is taken (by suspend and resume), and libmicrohttpd calls no callback under that. */
+ * Locking: each park has its own mutex (p->mu) over its state, so the engine's callback, which wakes
+ * a park per output, meets only that connection's pool thread; srv->park_mu guards the watch list
+ * (and each park's listed/queue fields). Order: j->mu -> srv->park_mu -> p->mu; under p->mu only
+ * libmicrohttpd's own cleanup mutex is taken (by suspend and resume), and libmicrohttpd calls no
+ * callback under that. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -29,7 +32,14 @@
 
 enum { SRV_PARK_WATCH_MS = 100 };
 
-/* Under park_mu: resume p if suspended, else leave it a note not to suspend. */
+/* srv_now_s()'s clock (CLOCK_MONOTONIC seconds), here so that this file links without serve.c. */
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Under p->mu: resume p if suspended, else leave it a note not to suspend. */
 static void wake_locked(srv_park *p) {
     if (p->suspended) {
         p->suspended = false;
@@ -41,8 +51,15 @@ static void wake_locked(srv_park *p) {
 
 void srv_park_init(srv_park *p, struct MHD_Connection *c) {
     *p = (srv_park){.conn = c, .fd = -1};
+    pthread_mutex_init(&p->mu, NULL);
+    p->inited = true;
     const union MHD_ConnectionInfo *ci = c ? MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD) : NULL;
     if (ci) p->fd = ci->connect_fd;
+}
+
+void srv_park_destroy(srv_park *p) {
+    if (p->inited) pthread_mutex_destroy(&p->mu);
+    p->inited = false;
 }
 
 void srv_park_watch(srv_server *srv, srv_park *p, bool queue, double deadline) {
@@ -58,8 +75,10 @@ void srv_park_watch(srv_server *srv, srv_park *p, bool queue, double deadline) {
     if (queue && !p->queue) srv->n_queue_parks++;
     if (!queue && p->queue) srv->n_queue_parks--;
     p->queue = queue;
+    pthread_mutex_lock(&p->mu);
     p->deadline = deadline;
     p->expired = false;
+    pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&srv->park_mu);
 }
 
@@ -79,9 +98,9 @@ void srv_park_unwatch(srv_server *srv, srv_park *p) {
 }
 
 srv_park_result srv_park_suspend(srv_server *srv, srv_park *p) {
-    pthread_mutex_lock(&srv->park_mu);
+    pthread_mutex_lock(&p->mu);
     srv_park_result r;
-    if (p->gone || srv->park_stopping) r = SRV_PARK_GONE;
+    if (p->gone || atomic_load(&srv->park_stopping)) r = SRV_PARK_GONE;
     else if (p->expired) r = SRV_PARK_EXPIRED;
     else if (p->wake) r = SRV_PARK_AGAIN;
     else r = SRV_PARK_SUSPENDED;
@@ -90,28 +109,39 @@ srv_park_result srv_park_suspend(srv_server *srv, srv_park *p) {
         p->suspended = true;
         MHD_suspend_connection(p->conn);
     }
-    pthread_mutex_unlock(&srv->park_mu);
+    pthread_mutex_unlock(&p->mu);
     return r;
 }
 
 bool srv_park_gone(srv_server *srv, srv_park *p) {
-    pthread_mutex_lock(&srv->park_mu);
-    const bool gone = p->gone || srv->park_stopping;
-    pthread_mutex_unlock(&srv->park_mu);
+    pthread_mutex_lock(&p->mu);
+    const bool gone = p->gone || atomic_load(&srv->park_stopping);
+    pthread_mutex_unlock(&p->mu);
     return gone;
 }
 
 void srv_park_wake(srv_server *srv, srv_park *p) {
-    pthread_mutex_lock(&srv->park_mu);
+    (void)srv; /* one park's lock: the engine's callback meets no other connection here */
+    pthread_mutex_lock(&p->mu);
     wake_locked(p);
-    pthread_mutex_unlock(&srv->park_mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Marks p gone or expired (under p->mu) and wakes it, once per mark; neither: a plain wake. */
+static void mark_wake(srv_park *p, bool gone, bool expired) {
+    pthread_mutex_lock(&p->mu);
+    bool news = !gone && !expired; /* a plain wake */
+    if (gone && !p->gone) p->gone = news = true;
+    if (expired && !p->expired) p->expired = news = true;
+    if (news) wake_locked(p);
+    pthread_mutex_unlock(&p->mu);
 }
 
 void srv_park_wake_queue(srv_server *srv) {
     pthread_mutex_lock(&srv->park_mu);
     if (srv->n_queue_parks > 0)
         for (srv_park *p = srv->parks; p; p = p->next)
-            if (p->queue) wake_locked(p);
+            if (p->queue) mark_wake(p, false, false);
     pthread_mutex_unlock(&srv->park_mu);
 }
 
@@ -161,23 +191,18 @@ static void *watch_main(void *arg) {
             if (b) who = b;
             if (a && b) cap = want;
         }
+        /* p->fd and p->deadline are set before the park is listed and do not change while listed */
         size_t n = 0;
         for (srv_park *p = srv->parks; p && n < cap; p = p->next)
-            if (!p->gone && p->fd >= 0) pf[n] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP}, who[n++] = p;
+            if (p->fd >= 0) pf[n] = (struct pollfd){.fd = p->fd, .events = POLLIN | POLLRDHUP}, who[n++] = p;
         int got;
         while ((got = poll(pf, (nfds_t)n, 0)) < 0 && errno == EINTR) {
         }
         for (size_t i = 0; got > 0 && i < n; i++)
-            if (pf[i].revents && revents_gone(pf[i].fd, pf[i].revents)) {
-                who[i]->gone = true;
-                wake_locked(who[i]);
-            }
-        const double now = srv_now_s();
+            if (pf[i].revents && revents_gone(pf[i].fd, pf[i].revents)) mark_wake(who[i], true, false);
+        const double now = mono_s();
         for (srv_park *p = srv->parks; p; p = p->next)
-            if (p->deadline > 0 && !p->expired && now >= p->deadline) {
-                p->expired = true;
-                wake_locked(p);
-            }
+            if (p->deadline > 0 && now >= p->deadline) mark_wake(p, false, true);
     }
     pthread_mutex_unlock(&srv->park_mu);
     free(pf);
@@ -194,9 +219,9 @@ int srv_park_start(srv_server *srv) {
 }
 
 void srv_park_stop_all(srv_server *srv) {
+    atomic_store(&srv->park_stopping, true); /* before the wakes: a park that looks after one sees it */
     pthread_mutex_lock(&srv->park_mu);
-    srv->park_stopping = true;
-    for (srv_park *p = srv->parks; p; p = p->next) wake_locked(p);
+    for (srv_park *p = srv->parks; p; p = p->next) mark_wake(p, false, false);
     pthread_mutex_unlock(&srv->park_mu);
 }
 

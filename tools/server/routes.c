@@ -560,6 +560,7 @@ void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
         pthread_cond_broadcast(&srv->idle);
         pthread_mutex_unlock(&srv->mu);
     }
+    srv_park_destroy(&cx->park);
     free(cx->body);
     free(cx);
     *con_cls = NULL;

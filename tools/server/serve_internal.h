@@ -29,6 +29,7 @@
 
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -99,9 +100,12 @@ typedef struct srv_config {
 
 typedef struct srv_core_proc srv_core_proc;
 
-/* A connection that may be parked: suspended in libmicrohttpd while its request waits (park.c). All
- * fields under srv->park_mu. */
+/* A connection that may be parked: suspended in libmicrohttpd while its request waits (park.c).
+ * listed, queue, deadline, prev, next: under srv->park_mu; the rest under mu (conn and fd: set once,
+ * before it is listed). */
 typedef struct srv_park {
+    pthread_mutex_t mu;
+    bool inited;              /* mu made (srv_park_init); srv_park_destroy undoes it */
     struct MHD_Connection *conn;
     int fd;                   /* the connection's socket (-1: unknown, never seen gone) */
     bool listed;              /* on srv's watch list: its socket and deadline are watched */
@@ -143,7 +147,7 @@ typedef struct srv_server {
     pthread_cond_t park_cv;
     srv_park *parks;          /* the watch list */
     int n_parks, n_queue_parks;
-    bool park_stopping;       /* the daemon stops: nothing parks any more, every park reads GONE */
+    atomic_bool park_stopping; /* the daemon stops: nothing parks any more, every park reads GONE */
     bool park_quit;           /* the watcher thread ends */
     bool park_started;
     pthread_t park_thread;
@@ -355,8 +359,10 @@ int srv_park_start(srv_server *srv);
 void srv_park_stop_all(srv_server *srv);
 /* Ends the watcher thread (after MHD_stop_daemon). */
 void srv_park_join(srv_server *srv);
-/* p for connection c, not listed, not suspended; its fd from libmicrohttpd. */
+/* p for connection c, not listed, not suspended; its fd from libmicrohttpd. srv_park_destroy when
+ * its owner (a job, a connection's context) goes (idempotent, and a no-op on a zeroed park). */
 void srv_park_init(srv_park *p, struct MHD_Connection *c);
+void srv_park_destroy(srv_park *p);
 /* Lists p (idempotent): its socket is watched for its client leaving; queue: woken by
  * srv_park_wake_queue; deadline (srv_now_s() seconds, 0: none) marks it expired and wakes it. Clears
  * a past expiry (a pending wake stays). Connection thread. */
@@ -371,7 +377,7 @@ srv_park_result srv_park_suspend(srv_server *srv, srv_park *p);
 /* Has p's client left (or does the daemon stop)? */
 bool srv_park_gone(srv_server *srv, srv_park *p);
 /* Any thread: resumes p's connection if suspended, else the next srv_park_suspend says AGAIN. p must
- * be alive (its job or connection context); a job's mutex may be held. */
+ * be alive (its job or connection context); a job's mutex may be held. Takes p's lock only. */
 void srv_park_wake(srv_server *srv, srv_park *p);
 /* Any thread: wakes every park waiting for a queue slot (a slot freed, or the server drains). */
 void srv_park_wake_queue(srv_server *srv);

@@ -91,6 +91,7 @@ static void job_free(srv_job *j) {
     free(j->seqs);
     free(j->out);
     srv_gen_request_free(&j->req);
+    srv_park_destroy(&j->park);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
