@@ -241,7 +241,8 @@ static int daemon_options(const srv_config *cfg, const struct sockaddr *addr, st
      * past this, so that there is room to say so (libmicrohttpd splits it over the pool's threads) */
     const unsigned hard_limit = (unsigned)cfg->max_connections + (unsigned)cfg->max_connections / 16 + 16;
     OPT(MHD_OPTION_SOCK_ADDR, 0, (void *)addr);
-    OPT(MHD_OPTION_THREAD_POOL_SIZE, http_threads(cfg), NULL);
+    const unsigned pool = http_threads(cfg) < hard_limit ? http_threads(cfg) : hard_limit; /* each takes >= 1 */
+    OPT(MHD_OPTION_THREAD_POOL_SIZE, pool, NULL);
     OPT(MHD_OPTION_CONNECTION_LIMIT, hard_limit, NULL);
     OPT(MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_client, NULL);
     OPT(MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s, NULL);
