@@ -28,6 +28,8 @@ typedef struct entry {
     bool adding;              /* its adder still holds it (waiting for, or just past, the ACK) */
     bool orphan;              /* ended while adding: the adder frees it */
     osp_core_output_cb cb;
+    osp_core_ack_cb ack;      /* osp_core_client_add_async: called once with the core's answer; else NULL */
+    double ack_deadline;      /* async, E_PENDING: now_s() past which the add fails (ack_timeout_ms) */
     void *user;
     char error[160];          /* E_REFUSED: the core's reason */
     struct entry *next;       /* bucket chain */
@@ -51,6 +53,7 @@ struct osp_core_client {
     osp_engine_stats stats;
     int64_t dropped, bad;
     uint64_t lost_seq, lost_done; /* core_lost calls made / handled by the I/O thread */
+    int n_async_pending;      /* async adds waiting for their ACK (the I/O thread times them out) */
 };
 
 static double now_s(void) {
@@ -136,7 +139,20 @@ static void on_core_message(osp_core_client *c, const void *data, size_t len) {
         break;
     case OSP_IPC_ACK: {
         entry *e = *find(c, m.id, m.gen);
-        if (e && e->state == E_PENDING) {
+        if (e && e->state == E_PENDING && e->ack) { /* an async add: its answer through its ack */
+            const osp_core_ack_cb ack = e->ack;
+            void *user = e->user;
+            e->ack = NULL;
+            c->n_async_pending--;
+            char why[160];
+            snprintf(why, sizeof why, "%s", m.error[0] ? m.error : "refused by the engine core");
+            if (m.ok) e->state = E_LIVE; /* its outputs come after this message, on this thread */
+            else remove_entry(c, e);
+            pthread_mutex_unlock(&c->mu);
+            ack(user, m.ok ? OSP_OK : OSP_ERR_INVALID_ARG, m.ok ? "" : why);
+            if (!m.ok) free(e);
+            pthread_mutex_lock(&c->mu);
+        } else if (e && e->state == E_PENDING) {
             e->state = m.ok ? E_LIVE : E_REFUSED;
             snprintf(e->error, sizeof e->error, "%s", m.error[0] ? m.error : "refused by the engine core");
             pthread_cond_broadcast(&c->cv);
@@ -191,11 +207,18 @@ static void on_lost(osp_core_client *c, uint32_t next_epoch, const char *why) {
     pthread_mutex_lock(&c->mu);
     c->ready = false;
     if (next_epoch > c->want_epoch) c->want_epoch = next_epoch;
-    entry *failed = NULL;
+    entry *failed = NULL, *unacked = NULL;
     for (size_t b = 0; b < NBUCKETS; b++) {
         entry **pp = &c->buckets[b];
         while (*pp) {
             entry *e = *pp;
+            if (e->state == E_PENDING && e->ack) { /* an async add never admitted: its ack says so */
+                *pp = e->next;
+                e->next = unacked;
+                unacked = e;
+                c->n_async_pending--;
+                continue;
+            }
             if (e->state != E_LIVE) { /* its adder holds it and removes it */
                 if (e->state == E_PENDING) e->state = E_LOST;
                 pp = &e->next;
@@ -208,6 +231,12 @@ static void on_lost(osp_core_client *c, uint32_t next_epoch, const char *why) {
     }
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    while (unacked) {
+        entry *e = unacked;
+        unacked = e->next;
+        e->ack(e->user, OSP_ERR_IO, "the engine core died before admitting the request");
+        free(e);
+    }
     while (failed) {
         entry *e = failed;
         failed = e->next;
@@ -221,6 +250,40 @@ static void on_lost(osp_core_client *c, uint32_t next_epoch, const char *why) {
         pthread_mutex_lock(&c->mu);
         release(e);
         pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* I/O thread: async adds past their ACK deadline fail (OSP_ERR_IO); the core, should it admit one
+ * after all, is told to abort it. */
+static void expire_async(osp_core_client *c) {
+    pthread_mutex_lock(&c->mu);
+    if (c->n_async_pending == 0) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    const double t = now_s();
+    entry *late = NULL;
+    for (size_t b = 0; b < NBUCKETS; b++) {
+        entry **pp = &c->buckets[b];
+        while (*pp) {
+            entry *e = *pp;
+            if (e->state == E_PENDING && e->ack && t >= e->ack_deadline) {
+                *pp = e->next;
+                e->next = late;
+                late = e;
+                c->n_async_pending--;
+            } else {
+                pp = &e->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    while (late) {
+        entry *e = late;
+        late = e->next;
+        send_abort(c, e->id, e->gen);
+        e->ack(e->user, OSP_ERR_IO, "the engine core did not answer in time");
+        free(e);
     }
 }
 
@@ -320,6 +383,7 @@ static void *io_main(void *arg) {
                 pthread_mutex_unlock(&c->mu);
             }
         }
+        expire_async(c);
     }
     msgpack_sbuffer_destroy(&hb);
     return NULL;
@@ -477,6 +541,50 @@ osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp,
     if (st == E_REFUSED) return osp_set_error(OSP_ERR_INVALID_ARG, "%s", why);
     if (st == E_PENDING) send_abort(c, rp->request_id, gen); /* the core may still admit it: stop it */
     return osp_set_error(OSP_ERR_IO, "the engine core %s", st == E_LOST ? "died before admitting the request" : "did not answer in time");
+}
+
+osp_status osp_core_client_add_async(osp_core_client *c, const osp_request_params *rp, osp_core_output_cb cb,
+                                     osp_core_ack_cb ack, void *user) {
+    if (!c || !rp || !cb || !ack) return osp_set_error(OSP_ERR_INVALID_ARG, "core client add: NULL argument");
+    entry *e = calloc(1, sizeof *e);
+    if (!e) return osp_set_error(OSP_ERR_NOMEM, "core client: out of memory");
+    pthread_mutex_lock(&c->mu);
+    if (!c->ready) {
+        pthread_mutex_unlock(&c->mu);
+        free(e);
+        return osp_set_error(OSP_ERR_IO, "the engine core is not ready (it is starting or restarting)");
+    }
+    *e = (entry){.id = rp->request_id, .gen = c->next_gen++, .state = E_PENDING, .cb = cb, .ack = ack, .user = user,
+                 .ack_deadline = now_s() + (c->p.ack_timeout_ms > 0 ? c->p.ack_timeout_ms : 60000) / 1000.0};
+    if (c->next_gen == 0) c->next_gen = 1;
+    const uint64_t id = e->id;
+    const uint32_t gen = e->gen;
+    entry **slot = &c->buckets[bucket(e->id)];
+    e->next = *slot;
+    *slot = e;
+    c->n_async_pending++;
+    pthread_mutex_unlock(&c->mu);
+
+    pthread_mutex_lock(&c->send_mu);
+    osp_status s = osp_ipc_encode_add(&c->sbuf, id, gen, rp);
+    const char kind = 'M';
+    if (s == OSP_OK && (zmq_send(c->push, &kind, 1, ZMQ_SNDMORE) < 0 || zmq_send(c->push, c->sbuf.data, c->sbuf.size, 0) < 0))
+        s = osp_set_error(OSP_ERR_IO, "core client: cannot queue a message: %s", zmq_strerror(errno));
+    pthread_mutex_unlock(&c->send_mu);
+    if (s == OSP_OK) return OSP_OK;
+    /* not sent: take it back, unless the I/O thread already answered it (core lost): then its ack ran */
+    pthread_mutex_lock(&c->mu);
+    entry **pp = find(c, id, gen);
+    const bool ours = *pp && (*pp)->state == E_PENDING && (*pp)->ack;
+    if (ours) {
+        e = *pp;
+        *pp = e->next;
+        c->n_async_pending--;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!ours) return OSP_OK;
+    free(e);
+    return s;
 }
 
 osp_status osp_core_client_abort(osp_core_client *c, uint64_t id) {

@@ -11,7 +11,8 @@
  *     (id, gen) (its request was aborted and has ended, its id was reused, or it comes from a core
  *     that was declared dead) is dropped and counted, never delivered to another request;
  *   - osp_core_client_add waits for the core's ACK, so a refused request is an error of the add (as
- *     osp_engine_add's are) and nothing runs;
+ *     osp_engine_add's are) and nothing runs; osp_core_client_add_async returns at once and gives the
+ *     ACK (or its absence: a lost core, a timeout) to a callback;
  *   - osp_core_client_core_lost (the supervisor saw the core die): every live request gets a final
  *     callback at once (finished, OSP_FINISH_ERROR, core_lost = true), adds fail until a core of a
  *     later epoch says READY. */
@@ -58,6 +59,19 @@ bool osp_core_client_ready(osp_core_client *c);
  * output. OSP_ERR_INVALID_ARG: the core refused it (osp_last_error says why, the engine's words).
  * OSP_ERR_IO: no ready core, or it died, or no ACK within ack_timeout_ms. Thread-safe. */
 osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp, osp_core_output_cb cb, void *user);
+/* The core's answer to an osp_core_client_add_async, on the client's I/O thread, exactly once:
+ * OSP_OK (admitted: the outputs follow through the add's cb, after this call returns),
+ * OSP_ERR_INVALID_ARG (refused; why: the engine's words), OSP_ERR_IO (the core died before admitting
+ * it, or no ACK within ack_timeout_ms; why says which). `why` is valid during the call only. Must not
+ * call osp_core_client_free. */
+typedef void (*osp_core_ack_cb)(void *user, osp_status s, const char *why);
+/* osp_core_client_add without the wait (an event-loop frontend must not block): sends rp and returns.
+ * OSP_OK: sent; ack(user, ...) will be called once with the core's answer, then, if admitted, cb until
+ * a finished output. Else (OSP_ERR_IO: no ready core or the message could not be queued;
+ * OSP_ERR_NOMEM; OSP_ERR_INVALID_ARG: a NULL argument) nothing was sent and neither callback runs.
+ * A request still unanswered when the client is freed gets no ack. Thread-safe. */
+osp_status osp_core_client_add_async(osp_core_client *c, const osp_request_params *rp, osp_core_output_cb cb,
+                                     osp_core_ack_cb ack, void *user);
 /* Aborts every live request with this id (its final output, reason abort, still comes through cb).
  * OSP_ERR_NOT_FOUND when none is live. Thread-safe. */
 osp_status osp_core_client_abort(osp_core_client *c, uint64_t id);

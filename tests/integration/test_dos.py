@@ -250,3 +250,43 @@ def test_request_chat_template_budget(server, which):
     assert requests.post(server.url + "/v1/completions", json={"prompt": "a", "max_tokens": 2}).status_code == 200
     if os.environ.get("OSPREY_SANITIZED") != "1":
         assert server.rss_kb() - rss0 < 256 * 1024
+
+
+def threads_of(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def test_idle_connections_cost_no_thread():
+    # 2,000 connections from one client address (127.0.0.5), half idle and half with a half-sent
+    # request, all within the limits set: libmicrohttpd's event loop holds them on its --http-threads
+    # pool, so the server's thread count barely moves (one thread per connection on b50a107: +2,000),
+    # none is refused, and /health, /metrics and a completion are answered meanwhile
+    import resource
+    from conftest import TINY, Server
+    n = 2000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n + 256:  # this process holds the client ends; the server inherits the limit
+        if hard != resource.RLIM_INFINITY and hard < n + 256:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {n + 256}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n + 256, hard))
+    s = Server(TINY, "--max-connections", "4096", "--max-connections-per-client", "2048",
+               "--connection-timeout", "300", "--http-threads", "4")
+    conns = []
+    try:
+        before = threads_of(s.proc.pid)
+        conns = open_conns(s.port, n // 2, "127.0.0.5") + \
+            open_conns(s.port, n // 2, "127.0.0.5", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        assert wait_for(lambda: metric(s, "osprey:http_connections") >= n + 1, timeout=60), \
+            metric(s, "osprey:http_connections")
+        after = threads_of(s.proc.pid)
+        assert after - before < 8, (before, after)
+        assert not any(closed_by_server(c) for c in conns)
+        assert requests.get(s.url + "/health", timeout=10).status_code == 200
+        assert requests.get(s.url + "/metrics", timeout=10).status_code == 200
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "a", "max_tokens": 4, "ignore_eos": True},
+                          timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        for c in conns:
+            c.close()
+        assert s.stop() == 0

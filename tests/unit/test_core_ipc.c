@@ -3,7 +3,8 @@
  * wrong types, trailing bytes, lengths past the end), the client's generation numbers against a fake
  * core that forces the late-output race (a request aborted just before its final output and a new
  * request given the same id never get each other's tokens), core loss (every live request fails at
- * once; READY of an older epoch is ignored), and the real core loop (osp_core_serve on a thread with
+ * once; READY of an older epoch is ignored), the add without the wait (its ACK, refusal, loss and
+ * timeout through a callback), and the real core loop (osp_core_serve on a thread with
  * a tiny model) giving the same greedy tokens as the engine in-process, freeing the blocks of an
  * aborted request, and aborting the requests of a frontend whose heartbeats stopped. */
 #include <setjmp.h>
@@ -401,6 +402,135 @@ static void test_core_lost(void **state) {
     fake_close(&f);
 }
 
+/* The add without the wait (osp_core_client_add_async, the event-loop server's): the answer comes to
+ * the ack callback once, before any output: admitted (then the outputs), refused (no output), lost
+ * with the core (no output), and unanswered past ack_timeout_ms (failed, and the core told to abort
+ * it should it admit it after all). */
+typedef struct acker {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int calls;
+    osp_status st;
+    char why[160];
+    sink *s; /* its n when the ack came: outputs must not come first */
+    int32_t n_at_ack;
+} acker;
+
+static void ack_cb(void *user, osp_status st, const char *why) {
+    acker *a = user;
+    pthread_mutex_lock(&a->mu);
+    a->calls++;
+    a->st = st;
+    snprintf(a->why, sizeof a->why, "%s", why ? why : "");
+    a->n_at_ack = a->s ? a->s->n : 0;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void acker_wait(acker *a) {
+    pthread_mutex_lock(&a->mu);
+    while (a->calls == 0) pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* the async adds' user: one pointer that is both (the sink for cb, the acker for ack) */
+typedef struct both {
+    sink s;
+    acker a;
+} both;
+
+static void both_out(void *user, const osp_request_output *o, bool lost) { sink_cb(&((both *)user)->s, o, lost); }
+static void both_ack(void *user, osp_status st, const char *why) { ack_cb(&((both *)user)->a, st, why); }
+
+static void both_init(both *b) {
+    sink_init(&b->s);
+    memset(&b->a, 0, sizeof b->a);
+    pthread_mutex_init(&b->a.mu, NULL);
+    pthread_cond_init(&b->a.cv, NULL);
+    b->a.s = &b->s;
+}
+
+static uint32_t async_add(fake *f, osp_core_client *c, uint64_t id, both *b) {
+    osp_request_params rp = osp_request_default_params();
+    const int32_t prompt[2] = {1, 2};
+    rp.request_id = id, rp.prompt = prompt, rp.num_prompt = 2;
+    assert_int_equal(osp_core_client_add_async(c, &rp, both_out, both_ack, b), OSP_OK); /* returns at once */
+    osp_ipc_msg m;
+    fake_recv(f, OSP_IPC_ADD, &m);
+    assert_true(m.id == id);
+    const uint32_t gen = m.gen;
+    osp_ipc_msg_free(&m);
+    return gen;
+}
+
+static void test_add_async(void **state) {
+    (void)state;
+    fake f;
+    fake_open(&f);
+    osp_core_client_params cp = {.endpoint = f.ep, .fe = 3, .heartbeat_ms = 50, .ack_timeout_ms = 3000};
+    osp_core_client *c;
+    assert_int_equal(osp_core_client_create(&cp, &c), OSP_OK);
+    osp_ipc_msg m;
+    fake_recv(&f, OSP_IPC_HELLO, &m);
+    osp_ipc_msg_free(&m);
+    fake_ready(&f, 0);
+    assert_true(osp_core_client_wait_ready(c, 20000, NULL));
+
+    /* admitted: the ack, then the outputs */
+    both a;
+    both_init(&a);
+    const uint32_t ga = async_add(&f, c, 11, &a);
+    assert_int_equal(a.a.calls, 0); /* nothing answered yet */
+    osp_ipc_encode_ack(&f.b, 11, ga, true, NULL);
+    fake_send(&f);
+    const int32_t t[2] = {4, 5};
+    fake_output(&f, 11, ga, t, 2, OSP_FINISH_LENGTH);
+    sink_wait(&a.s);
+    acker_wait(&a.a);
+    assert_true(a.a.calls == 1 && a.a.st == OSP_OK && a.a.n_at_ack == 0);
+    assert_true(a.s.n == 2 && a.s.toks[0] == 4 && a.s.why == OSP_FINISH_LENGTH);
+
+    /* refused: the ack says why, no output */
+    both r;
+    both_init(&r);
+    const uint32_t gr = async_add(&f, c, 12, &r);
+    osp_ipc_encode_ack(&f.b, 12, gr, false, "prompt too long");
+    fake_send(&f);
+    acker_wait(&r.a);
+    assert_true(r.a.st == OSP_ERR_INVALID_ARG && strstr(r.a.why, "prompt too long"));
+    fake_output(&f, 12, gr, t, 1, OSP_FINISH_STOP); /* a stray output for it: dropped */
+
+    /* no answer within ack_timeout_ms: failed, and an ABORT goes to the core */
+    both q;
+    both_init(&q);
+    const uint32_t gq = async_add(&f, c, 13, &q);
+    acker_wait(&q.a);
+    assert_true(q.a.st == OSP_ERR_IO && strstr(q.a.why, "in time"));
+    fake_recv(&f, OSP_IPC_ABORT, &m);
+    assert_true(m.id == 13 && m.gen == gq);
+    osp_ipc_msg_free(&m);
+
+    /* the core dies before answering: the ack says lost */
+    both l;
+    both_init(&l);
+    async_add(&f, c, 14, &l);
+    osp_core_client_core_lost(c, 1, "the engine core died");
+    acker_wait(&l.a);
+    assert_true(l.a.st == OSP_ERR_IO);
+    /* and no core: the add fails at once, no callback */
+    both n;
+    both_init(&n);
+    osp_request_params rp = osp_request_default_params();
+    const int32_t prompt[1] = {1};
+    rp.request_id = 15, rp.prompt = prompt, rp.num_prompt = 1;
+    assert_int_equal(osp_core_client_add_async(c, &rp, both_out, both_ack, &n), OSP_ERR_IO);
+    usleep(100000);
+    assert_true(a.a.calls == 1 && r.a.calls == 1 && q.a.calls == 1 && l.a.calls == 1 && n.a.calls == 0);
+    assert_true(!r.s.finished && !q.s.finished && !l.s.finished && !n.s.finished);
+    osp_core_client_free(c);
+    fake_close(&f);
+}
+
 /* ---- the real core loop on a thread ----------------------------------------------------------- */
 
 typedef struct served {
@@ -612,7 +742,7 @@ int main(void) {
         cmocka_unit_test(test_add_round_trip),          cmocka_unit_test(test_outputs_round_trip),
         cmocka_unit_test(test_hostile),                 cmocka_unit_test(test_cancel_then_reuse_id),
         cmocka_unit_test(test_core_lost),               cmocka_unit_test(test_core_matches_in_process),
-        cmocka_unit_test(test_frontend_death),
+        cmocka_unit_test(test_frontend_death),          cmocka_unit_test(test_add_async),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

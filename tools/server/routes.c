@@ -4,8 +4,10 @@
  * /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
  * --max-request-body), every /v1/ path checks the API key, errors are OpenAI's error JSON (request.c),
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
- * and a job started (serve_jobs.c); the handler then blocks on the connection's thread until the reply
- * is complete, or hands the job to the SSE stream (sse.c). */
+ * and a job started (serve_jobs.c); the handler then parks the connection (park.c) and is called again
+ * by libmicrohttpd each time the engine has news, until the reply is complete; or it hands the job to
+ * the SSE stream (sse.c). No handler blocks its pool thread: a request over --max-queued-requests with
+ * --queue-wait-timeout parks too, woken when a slot frees or its wait ends. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -17,12 +19,25 @@
 #include "osprey/version.h"
 #include "serve_internal.h"
 
+/* One request's state across libmicrohttpd's calls of the handler. */
+typedef enum {
+    CX_BODY,    /* headers, then the body being gathered */
+    CX_QUEUED,  /* a generation request parked waiting for a --max-queued-requests slot */
+    CX_ADMITTING, /* --engine-process: its job waits for the core's answers to its adds */
+    CX_RUNNING, /* a non-streamed generation job runs; the handler is called again on its news */
+} conn_stage;
+
 typedef struct conn_ctx {
     char *body;
     size_t len, cap;
     bool too_large;
     srv_server *srv;
     bool sending; /* a generation response was queued: counted in srv->sending until it completes */
+    conn_stage stage;
+    srv_route route;      /* CX_QUEUED: the route */
+    srv_gen_request req;  /* CX_QUEUED: the parsed request */
+    srv_park park;        /* CX_QUEUED: the connection, parked */
+    srv_job *job;         /* CX_ADMITTING, CX_RUNNING: the job (the connection's reference) */
 } conn_ctx;
 
 /* Counts the generation response about to be queued on cx's connection (see srv_server.sending). */
@@ -47,12 +62,6 @@ enum MHD_Result srv_queue_response(srv_server *srv, struct MHD_Connection *c, un
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     }
     return MHD_queue_response(c, status, r);
-}
-
-void srv_conn_waiting(srv_server *srv, struct MHD_Connection *c, bool waiting) {
-    /* 0 = no timeout; setting a timeout again restarts the idle clock (libmicrohttpd resets the
-     * connection's last activity when its timeout goes from 0 to a value) */
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, waiting ? 0u : (unsigned)srv->cfg.connection_timeout_s);
 }
 
 void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
@@ -103,84 +112,25 @@ static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int 
     return reply_error(srv, c, &e);
 }
 
-static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, conn_ctx *cx) {
-    srv_error err = {0};
-    srv_gen_request req;
-    const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = srv->cfg.enable_auto_tool_choice,
-                                       .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser};
-    if (srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, &req, &err)) {
-        srv_gen_request_free(&req);
-        srv_log(srv, SRV_LOG_DEBUG, "rejected request: %d %s", err.status, err.message);
-        return reply_error(srv, c, &err);
+/* A non-streamed job's connection, each time libmicrohttpd calls the handler for it: turns the news
+ * into text; parks the connection again until the next news, or replies once every choice is done. */
+static enum MHD_Result run_job(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
+    srv_job *j = cx->job;
+    for (;;) {
+        srv_job_pump(j, 0);
+        if (srv_job_all_done(j)) break;
+        const srv_park_result pr = srv_park_suspend(srv, &j->park);
+        if (pr == SRV_PARK_SUSPENDED) return MHD_YES;
+        if (pr == SRV_PARK_AGAIN) continue;
+        /* the client left (the watcher saw its socket close), or the server stops: abort */
+        j->client_gone = true;
+        cx->job = NULL;
+        cx->stage = CX_BODY;
+        srv_job_http_done(j);
+        return MHD_NO;
     }
-    if (req.model && strcmp(req.model, srv->model_name)) {
-        srv_fail(&err, 404, "model", "The model `%.200s` does not exist.", req.model);
-        srv_gen_request_free(&req);
-        return reply_error(srv, c, &err);
-    }
-    if (req.n_unknown > 0 && srv->cfg.log_level <= SRV_LOG_DEBUG) {
-        char names[512] = "";
-        for (int32_t i = 0; i < req.n_unknown; i++) {
-            strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
-            strncat(names, req.unknown[i], sizeof names - strlen(names) - 1);
-        }
-        srv_log(srv, SRV_LOG_DEBUG, "advisory request fields (no effect): %s", names);
-    }
-    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight;
-     * full: 503 at once, or with --queue-wait-timeout S wait up to S seconds for a slot first */
-    pthread_mutex_lock(&srv->mu);
-    bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
-    if (full && !draining && srv->cfg.queue_wait_timeout_s > 0) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += srv->cfg.queue_wait_timeout_s;
-        while (full && !draining && pthread_cond_timedwait(&srv->idle, &srv->mu, &until) != ETIMEDOUT) {
-            draining = srv->draining;
-            full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
-        }
-        draining = srv->draining;
-        full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
-    }
-    if (!draining && !full) srv->rendering++;
-    pthread_mutex_unlock(&srv->mu);
-    if (draining || full) {
-        srv_gen_request_free(&req);
-        return reply_err(srv, c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (--max-queued-requests %d reached); retry later",
-                         srv->cfg.max_queue);
-    }
-    const int built = srv_build_prompts(srv, &req, &err);
-    pthread_mutex_lock(&srv->mu);
-    srv->rendering--;
-    pthread_cond_broadcast(&srv->idle); /* a slot may be free for a request waiting for one */
-    pthread_mutex_unlock(&srv->mu);
-    if (built) {
-        srv_gen_request_free(&req);
-        return reply_error(srv, c, &err);
-    }
-    srv_job *j = srv_job_start(srv, &req, c, &err);
-    srv_gen_request_free(&req);
-    if (!j) return reply_error(srv, c, &err);
-
-    /* the connection waits for the engine (a queue, a prefill): its inactivity timeout must not cut it */
-    srv_conn_waiting(srv, c, true);
-    if (j->req.stream) {
-        mark_sending(srv, cx);
-        return srv_sse_queue(j, c);
-    }
-    /* the client is checked when no token came for 100 ms and at least every 200 ms while they come
-     * (a client that left a long request must not keep the engine busy to its end) */
-    double next_check = srv_now_s() + 0.2;
-    while (!srv_job_all_done(j)) {
-        const bool progress = srv_job_pump(j, 100);
-        if (progress && srv_now_s() < next_check) continue;
-        next_check = srv_now_s() + 0.2;
-        if (!srv_client_alive(j)) {
-            j->client_gone = true;
-            srv_job_http_done(j);
-            return MHD_NO;
-        }
-    }
-    srv_conn_waiting(srv, c, false); /* a client that does not read its reply times out as usual */
+    cx->job = NULL;
+    cx->stage = CX_BODY;
     if (srv_job_core_lost(j)) { /* the core process died under it: an error, not a partial answer */
         mark_sending(srv, cx);
         srv_job_http_done(j);
@@ -190,6 +140,126 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     mark_sending(srv, cx); /* before the job lets the drain go on: the reply is not sent yet */
     srv_job_http_done(j);
     return reply_json(srv, c, 200, body);
+}
+
+/* A started job (CX_ADMITTING) until the engine admitted all its choices (--engine-process: the
+ * core's ACKs, parked for; in process at once): then the SSE stream or run_job; a refusal or a lost
+ * core is the request's error reply. */
+static enum MHD_Result admit_job(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
+    srv_job *j = cx->job;
+    srv_error err = {0};
+    for (;;) {
+        const int a = srv_job_admitted(j, &err);
+        if (a > 0) break;
+        if (a < 0) {
+            cx->job = NULL;
+            cx->stage = CX_BODY;
+            srv_job_cancel(j);
+            return reply_error(srv, c, &err);
+        }
+        const srv_park_result pr = srv_park_suspend(srv, &j->park);
+        if (pr == SRV_PARK_SUSPENDED) return MHD_YES;
+        if (pr == SRV_PARK_AGAIN) continue;
+        cx->job = NULL; /* the client left (or the server stops) */
+        cx->stage = CX_BODY;
+        j->client_gone = true;
+        srv_job_http_done(j);
+        return MHD_NO;
+    }
+    if (j->req.stream) {
+        cx->job = NULL; /* the response holds the job from here (sse.c) */
+        cx->stage = CX_BODY;
+        mark_sending(srv, cx);
+        return srv_sse_queue(j, c);
+    }
+    cx->stage = CX_RUNNING;
+    return run_job(srv, c, cx);
+}
+
+/* Leaves the queue wait (CX_QUEUED): the park off the watch list. */
+static void leave_queue(srv_server *srv, conn_ctx *cx) {
+    if (cx->stage != CX_QUEUED) return;
+    srv_park_unwatch(srv, &cx->park);
+    cx->stage = CX_BODY;
+}
+
+static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, conn_ctx *cx) {
+    srv_error err = {0};
+    srv_gen_request *req = &cx->req;
+    if (cx->stage == CX_BODY) { /* the first call with the whole body (else: a parked wait for a slot) */
+        const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = srv->cfg.enable_auto_tool_choice,
+                                      .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser};
+        if (srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, req, &err)) {
+            srv_gen_request_free(req);
+            srv_log(srv, SRV_LOG_DEBUG, "rejected request: %d %s", err.status, err.message);
+            return reply_error(srv, c, &err);
+        }
+        if (req->model && strcmp(req->model, srv->model_name)) {
+            srv_fail(&err, 404, "model", "The model `%.200s` does not exist.", req->model);
+            srv_gen_request_free(req);
+            return reply_error(srv, c, &err);
+        }
+        if (req->n_unknown > 0 && srv->cfg.log_level <= SRV_LOG_DEBUG) {
+            char names[512] = "";
+            for (int32_t i = 0; i < req->n_unknown; i++) {
+                strncat(names, i ? ", " : "", sizeof names - strlen(names) - 1);
+                strncat(names, req->unknown[i], sizeof names - strlen(names) - 1);
+            }
+            srv_log(srv, SRV_LOG_DEBUG, "advisory request fields (no effect): %s", names);
+        }
+        cx->route = route;
+    }
+    /* a chat render (its memory and work) counts against --max-queued-requests like a request in flight;
+     * full: 503 at once, or with --queue-wait-timeout S park up to S seconds for a slot first (woken
+     * when a request ends or a render is done: srv_park_wake_queue) */
+    bool expired = false;
+    for (;;) {
+        pthread_mutex_lock(&srv->mu);
+        const bool draining = srv->draining, full = srv->in_flight + srv->rendering >= srv->cfg.max_queue;
+        if (!draining && !full) srv->rendering++;
+        pthread_mutex_unlock(&srv->mu);
+        if (!draining && !full) break;
+        if (!draining && srv->cfg.queue_wait_timeout_s > 0 && !expired) {
+            if (cx->stage != CX_QUEUED) {
+                /* listed before the next look at the counts, so a slot freed in between wakes it */
+                srv_park_init(&cx->park, c);
+                srv_park_watch(srv, &cx->park, true, srv_now_s() + srv->cfg.queue_wait_timeout_s);
+                cx->stage = CX_QUEUED;
+                continue;
+            }
+            const srv_park_result pr = srv_park_suspend(srv, &cx->park);
+            if (pr == SRV_PARK_SUSPENDED) return MHD_YES;
+            if (pr == SRV_PARK_AGAIN) continue;
+            if (pr == SRV_PARK_GONE) { /* the client left while it waited */
+                leave_queue(srv, cx);
+                srv_gen_request_free(req);
+                return MHD_NO;
+            }
+            expired = true; /* one more look, then the 503 */
+            continue;
+        }
+        leave_queue(srv, cx);
+        srv_gen_request_free(req);
+        return reply_err(srv, c, 503, NULL, draining ? "the server is shutting down" : "the server is busy (--max-queued-requests %d reached); retry later",
+                         srv->cfg.max_queue);
+    }
+    leave_queue(srv, cx);
+    const int built = srv_build_prompts(srv, req, &err);
+    pthread_mutex_lock(&srv->mu);
+    srv->rendering--;
+    pthread_cond_broadcast(&srv->idle); /* the drain waits on it */
+    pthread_mutex_unlock(&srv->mu);
+    srv_park_wake_queue(srv); /* a slot may be free for a request parked waiting for one */
+    if (built) {
+        srv_gen_request_free(req);
+        return reply_error(srv, c, &err);
+    }
+    srv_job *j = srv_job_start(srv, req, c, &err);
+    srv_gen_request_free(req);
+    if (!j) return reply_error(srv, c, &err);
+    cx->job = j;
+    cx->stage = CX_ADMITTING;
+    return admit_job(srv, c, cx);
 }
 
 static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c, conn_ctx *cx) {
@@ -237,6 +307,7 @@ static enum MHD_Result handle_tokenize(srv_server *srv, struct MHD_Connection *c
         srv->rendering--;
         pthread_cond_broadcast(&srv->idle);
         pthread_mutex_unlock(&srv->mu);
+        srv_park_wake_queue(srv);
         srv_gen_request_free(&r);
         if (rc) goto fail;
     } else {
@@ -370,6 +441,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         cx = calloc(1, sizeof *cx);
         if (!cx) return MHD_NO;
         *con_cls = cx;
+        cx->srv = srv;
         const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
         const char *acrm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method");
         if (!strcmp(method, "OPTIONS") && origin && acrm) {
@@ -393,6 +465,10 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         }
         return MHD_YES;
     }
+    /* called again after a park (park.c): the job's news, or a queue slot */
+    if (cx->stage == CX_RUNNING) return run_job(srv, c, cx);
+    if (cx->stage == CX_ADMITTING) return admit_job(srv, c, cx);
+    if (cx->stage == CX_QUEUED) return handle_generate(srv, c, cx->route, cx);
     if (*upload_size) {
         if (!cx->too_large && cx->len + *upload_size > srv->cfg.max_body) {
             cx->too_large = true;
@@ -467,17 +543,28 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
 }
 
 void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c, (void)toe; /* libmicrohttpd's callback signature */
+    (void)c, (void)toe; /* libmicrohttpd's callback signature */
+    srv_server *srv = cls;
     conn_ctx *cx = *con_cls;
-    if (cx && cx->sending) { /* the generation response is done (sent, or the connection ended) */
-        pthread_mutex_lock(&cx->srv->mu);
-        cx->srv->sending--;
-        pthread_cond_broadcast(&cx->srv->idle);
-        pthread_mutex_unlock(&cx->srv->mu);
+    if (!cx) return;
+    /* the connection ended before its reply (the client left, a timeout, the daemon stops) */
+    if (cx->stage == CX_QUEUED) {
+        leave_queue(srv, cx);
+        srv_gen_request_free(&cx->req);
     }
-    if (cx) {
-        free(cx->body);
-        free(cx);
-        *con_cls = NULL;
+    if (cx->job) {
+        cx->job->client_gone = true;
+        srv_job_http_done(cx->job);
+        cx->job = NULL;
     }
+    if (cx->sending) { /* the generation response is done (sent, or the connection ended) */
+        pthread_mutex_lock(&srv->mu);
+        srv->sending--;
+        pthread_cond_broadcast(&srv->idle);
+        pthread_mutex_unlock(&srv->mu);
+    }
+    srv_park_destroy(&cx->park);
+    free(cx->body);
+    free(cx);
+    *con_cls = NULL;
 }

@@ -2,12 +2,13 @@
  * and shutdown.
  *
  * Start-up: the engine (model, KV cache, scheduler) and its loop thread, the tokenizer, the chat
- * template (parsed once), the metrics, then libmicrohttpd listening on --host:--port with one thread
- * per connection (routes.c), at most --max-connections-per-client per client address and
- * --max-connections in all (past it requests get 503 + Retry-After; the daemon refuses connections
- * past N + N/16 + 16), each closed after --connection-timeout seconds idle. SIGTERM/SIGINT (taken with sigwait on the main thread): stop taking
- * requests (503), finish those in flight for up to --drain-timeout seconds, exit 0. How a request runs
- * is in serve_internal.h. */
+ * template (parsed once), the metrics, then libmicrohttpd listening on --host:--port in its event-loop
+ * mode: a pool of --http-threads threads on epoll, each serving many connections, none blocked by a
+ * request that waits (it parks its connection: park.c). At most --max-connections-per-client per
+ * client address and --max-connections in all (past it requests get 503 + Retry-After; the daemon
+ * refuses connections past N + N/16 + 16), each closed after --connection-timeout seconds idle.
+ * SIGTERM/SIGINT (taken with sigwait on the main thread): stop taking requests (503), finish those in
+ * flight for up to --drain-timeout seconds, exit 0. How a request runs is in serve_internal.h. */
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "osprey/engine.h"
@@ -106,6 +108,8 @@ static const char *k_serve_usage =
     "                                   once (512; 0 = no cap)\n"
     "  --connection-timeout S           close a connection idle (nothing received or sent) this long,\n"
     "                                   half-sent requests included; not while its request generates (30)\n"
+    "  --http-threads N                 HTTP event-loop threads (epoll), each serving many connections\n"
+    "                                   (the cores, 2..16)\n"
     "  --allowed-origins LIST           CORS origins, a JSON list or comma-separated (\"*\": any; the default)\n"
     "  --allowed-methods LIST           CORS methods (\"*\": any; the default)\n"
     "  --allowed-headers LIST           CORS request headers (\"*\": any; the default)\n"
@@ -196,6 +200,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--api-server-count")) c.api_server_count = (int)cli_int(f, v, 1, 64), i++;
         else if (!strcmp(f, "--engine-heartbeat-timeout")) c.core_frontend_timeout_ms = (int)cli_int(f, v, 100, 3600000), i++;
         else if (!strcmp(f, "--connection-timeout")) c.connection_timeout_s = (int)cli_int(f, v, 1, 86400), i++;
+        else if (!strcmp(f, "--http-threads")) c.http_threads = (int)cli_int(f, v, 1, 256), i++;
         else if (!strcmp(f, "--log-level")) {
             if (v && !strcmp(v, "debug")) c.log_level = SRV_LOG_DEBUG;
             else if (v && !strcmp(v, "info")) c.log_level = SRV_LOG_INFO;
@@ -219,6 +224,35 @@ srv_config srv_parse_flags(int argc, char **argv) {
     if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
+}
+
+/* --http-threads, or from the cores (2..16): the pool threads detokenize and write JSON for every
+ * stream, so more than one; past 16 they would only compete with the engine's threads. */
+static unsigned http_threads(const srv_config *cfg) {
+    if (cfg->http_threads > 0) return (unsigned)cfg->http_threads;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 2 ? 2u : n > 16 ? 16u : (unsigned)n;
+}
+
+/* The daemon's options (MHD_OPTION_ARRAY, ended by MHD_OPTION_END) into o[cap]; the one place they are
+ * built (TLS options go here too). Returns the count, MHD_OPTION_END included. */
+static int daemon_options(const srv_config *cfg, const struct sockaddr *addr, struct MHD_OptionItem *o, int cap) {
+    int n = 0;
+#define OPT(opt, val, ptr) \
+    if (n < cap - 1) o[n++] = (struct MHD_OptionItem){(opt), (intptr_t)(val), (ptr)}
+    /* past --max-connections requests get a 503 (routes.c); the daemon itself refuses connections only
+     * past this, so that there is room to say so (libmicrohttpd splits it over the pool's threads) */
+    const unsigned hard_limit = (unsigned)cfg->max_connections + (unsigned)cfg->max_connections / 16 + 16;
+    OPT(MHD_OPTION_SOCK_ADDR, 0, (void *)addr);
+    const unsigned pool = http_threads(cfg) < hard_limit ? http_threads(cfg) : hard_limit; /* each takes >= 1 */
+    OPT(MHD_OPTION_THREAD_POOL_SIZE, pool, NULL);
+    OPT(MHD_OPTION_CONNECTION_LIMIT, hard_limit, NULL);
+    OPT(MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_client, NULL);
+    OPT(MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s, NULL);
+    OPT(MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)(cfg->api_server_count > 1), NULL);
+#undef OPT
+    o[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    return n;
 }
 
 osp_engine_params srv_engine_params(const srv_config *cfg) {
@@ -336,23 +370,23 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     char port[16];
     snprintf(port, sizeof port, "%d", cfg->port);
     if (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai) cli_die(OSP_OK, "--host: cannot resolve '%s'", cfg->host);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
+    /* the event-loop mode: internal threads polling with epoll (MHD_USE_AUTO picks it on Linux), a pool
+     * of them (MHD_OPTION_THREAD_POOL_SIZE), and suspend/resume for requests that wait (park.c) */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    /* past --max-connections requests get a 503 (routes.c); the daemon itself refuses connections only
-     * past this, so that there is room to say so */
-    const unsigned hard_limit = (unsigned)cfg->max_connections + (unsigned)cfg->max_connections / 16 + 16;
-    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv_on_request, &srv, MHD_OPTION_SOCK_ADDR,
-                                            ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, srv_on_completed, &srv,
-                                            MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, &srv,
-                                            MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                                            (unsigned)cfg->max_connections_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
-                                            (unsigned)cfg->connection_timeout_s, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-                                            (unsigned)(cfg->api_server_count > 1), MHD_OPTION_END);
+    if (srv_park_start(&srv)) cli_die(OSP_OK, "cannot start the connection watcher thread");
+    struct MHD_OptionItem opts[16];
+    daemon_options(cfg, ai->ai_addr, opts, (int)(sizeof opts / sizeof *opts));
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv_on_request, &srv,
+                                            MHD_OPTION_NOTIFY_COMPLETED, srv_on_completed, &srv,
+                                            MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, &srv, MHD_OPTION_ARRAY, opts,
+                                            MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u (%s)", srv.model_name, cfg->host,
-            di ? (unsigned)di->port : (unsigned)cfg->port, cfg->api_key ? "API key required on /v1/*" : "no API key");
+    srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u (%s; %u HTTP threads)", srv.model_name, cfg->host,
+            di ? (unsigned)di->port : (unsigned)cfg->port, cfg->api_key ? "API key required on /v1/*" : "no API key",
+            http_threads(cfg));
 
     /* --api-server-count N: the first server starts the other N - 1 on the same port (SO_REUSEPORT) */
     if (cfg->api_server_count > 1 && !cfg->attach_endpoint && srv_api_servers_start(&srv, argc, argv))
@@ -362,6 +396,9 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     srv_log(&srv, SRV_LOG_INFO, "%s: draining %d requests in flight", sig == SIGTERM ? "SIGTERM" : "SIGINT", srv.in_flight);
     pthread_mutex_lock(&srv.mu);
     srv.draining = true;
+    pthread_mutex_unlock(&srv.mu);
+    srv_park_wake_queue(&srv); /* requests parked for a queue slot get their 503 now */
+    pthread_mutex_lock(&srv.mu);
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += cfg->drain_timeout_s;
@@ -371,7 +408,9 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     const int left = srv.in_flight + srv.live_jobs + srv.sending;
     pthread_mutex_unlock(&srv.mu);
     if (left) srv_log(&srv, SRV_LOG_WARNING, "drain timeout: %d requests still in flight", left);
+    srv_park_stop_all(&srv); /* no connection may be suspended when the daemon stops */
     MHD_stop_daemon(d);
+    srv_park_join(&srv);
     srv_api_servers_stop(&srv); /* they drain too (SIGTERM) */
     osp_status ls = OSP_OK;
     if (srv.engine) ls = osp_engine_stop(srv.engine);

@@ -6,16 +6,21 @@
  *   openai_json.c  OpenAI response objects: completions, chat completions, stream chunks, logprobs, usage
  *   sse.c          the text/event-stream reply of a streaming job
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
+ *   park.c         parked (suspended) connections and the watcher that sees their clients leave
  *   core_proc.c    --engine-process: the EngineCore's child process, its supervisor, --api-server-count
  *
- * Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), so a handler
- * may block while it waits for tokens; the engine runs on its own loop thread (osp_engine_start). A
+ * Threads: libmicrohttpd runs a pool of --http-threads event-loop threads (epoll; many connections
+ * each, none blocks), the engine its own loop thread (osp_engine_start), park.c one watcher thread. A
  * generation request becomes a job with one engine request per choice (n per prompt). The engine's
  * per-request callback (on the loop thread) appends the new token ids to the choice's inbox under the
- * job's mutex and signals; the connection thread drains the inboxes, detokenizes, checks stop strings
- * and writes the JSON reply or the SSE chunks. A job is reference counted (the connection plus every
- * engine request not yet finished), so a client that disconnects (a failed write, or a peek at its
- * socket while waiting) aborts its engine requests and the job is freed by the last finishing callback.
+ * job's mutex and wakes the job's parked connection (MHD_resume_connection); the connection's pool
+ * thread (in the handler, or the SSE content reader) drains the inboxes, detokenizes, checks stop
+ * strings and writes the JSON reply or the SSE chunks, then parks the connection again
+ * (MHD_suspend_connection) until the next news. "Connection thread" below means whichever pool thread
+ * runs that connection's callbacks (one at a time). A job is reference counted (the connection plus
+ * every engine request not yet finished), so a client that disconnects (a failed write, or the
+ * watcher's look at its socket) aborts its engine requests and the job is freed by the last finishing
+ * callback.
  * With --engine-process the engine is another process: the same callbacks come from the core client's
  * I/O thread (src/engine/core_client.h), and a choice whose core died ends with core_lost set.
  * Not for use outside tools/server/. */
@@ -24,6 +29,7 @@
 
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
@@ -76,6 +82,7 @@ typedef struct srv_config {
     int max_connections;            /* --max-connections: open HTTP connections before requests get 503 */
     int max_connections_per_client; /* --max-connections-per-client: per client address (0: no cap) */
     int connection_timeout_s;       /* --connection-timeout: a connection idle this long is closed */
+    int http_threads;               /* --http-threads: libmicrohttpd's event-loop threads (0: from the cores) */
     bool trust_request_chat_template; /* --trust-request-chat-template */
     bool allow_special_tokens_in_content; /* --allow-special-tokens-in-content */
     bool enable_auto_tool_choice;   /* --enable-auto-tool-choice: tool_choice auto (needs tool_parser) */
@@ -93,6 +100,24 @@ typedef struct srv_config {
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
+
+/* A connection that may be parked: suspended in libmicrohttpd while its request waits (park.c).
+ * listed, queue, deadline, prev, next: under srv->park_mu; the rest under mu (conn and fd: set once,
+ * before it is listed). */
+typedef struct srv_park {
+    pthread_mutex_t mu;
+    bool inited;              /* mu made (srv_park_init); srv_park_destroy undoes it */
+    struct MHD_Connection *conn;
+    int fd;                   /* the connection's socket (-1: unknown, never seen gone) */
+    bool listed;              /* on srv's watch list: its socket and deadline are watched */
+    bool queue;               /* waits for a --max-queued-requests slot: woken when one frees */
+    bool suspended;           /* MHD_suspend_connection'ed and not resumed yet */
+    bool wake;                /* news came while it was not suspended: the next suspend says AGAIN */
+    bool gone;                /* the watcher saw its client leave */
+    bool expired;             /* its deadline passed */
+    double deadline;          /* srv_now_s() seconds (0: none) */
+    struct srv_park *prev, *next; /* the watch list */
+} srv_park;
 
 typedef struct srv_server {
     srv_config cfg;
@@ -118,6 +143,15 @@ typedef struct srv_server {
     srv_id_key id_key;        /* drawn once at start-up: makes the public ids differ between processes */
     int n_connections;        /* open HTTP connections (srv_on_connection) */
     bool draining;
+    /* parked connections (park.c) */
+    pthread_mutex_t park_mu;
+    pthread_cond_t park_cv;
+    srv_park *parks;          /* the watch list */
+    int n_parks, n_queue_parks;
+    atomic_bool park_stopping; /* the daemon stops: nothing parks any more, every park reads GONE */
+    bool park_quit;           /* the watcher thread ends */
+    bool park_started;
+    pthread_t park_thread;
 } srv_server;
 
 /* serve's flags (argv[0] is "serve"; exits with a message on a bad one) and the engine parameters
@@ -183,7 +217,8 @@ struct srv_seq {
     srv_job *job;
     int32_t index, prompt_idx;
     uint64_t engine_id;
-    bool added;               /* osp_engine_add succeeded */
+    bool added;               /* osp_engine_add succeeded (--engine-process: sent; see refused) */
+    bool refused;             /* --engine-process: the core refused it or died before admitting it (job->mu) */
     /* shared with the engine callback (job->mu) */
     int32_t *inbox;
     int32_t n_inbox, cap_inbox;
@@ -219,6 +254,10 @@ struct srv_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;                 /* the connection + engine requests not yet finished */
+    int32_t n_unacked;        /* --engine-process: choices sent whose ACK has not come (job->mu) */
+    osp_status admit_fail;    /* the first refusal (INVALID_ARG) or loss (IO) of a choice (job->mu) */
+    char admit_why[160];
+    bool conn_done;           /* the connection let the job go (job->mu) */
     bool changed;             /* new tokens or a finish since the last drain */
     srv_gen_request req;
     char id[48];
@@ -232,12 +271,13 @@ struct srv_job {
     int32_t n_seqs;
     srv_seq *seqs;
     struct MHD_Connection *conn;
+    srv_park park;            /* the connection, parked while the job waits for the engine; watched
+                                 from srv_job_start to srv_job_http_done */
     bool http_done, client_gone;
     /* SSE */
     char *out;
     size_t out_len, out_off, out_cap;
     bool started, finished_stream;
-    bool waiting;             /* the connection's timeout is off while the reader waits for tokens */
 };
 
 /* Renders the chat (chat route) into r->prompts[0] and tokenizes every text prompt into its ids
@@ -250,8 +290,18 @@ char *srv_detok_all(srv_server *srv, const int32_t *ids, int32_t n);
  * *r (left zeroed). Counts the job in srv->in_flight. Returns NULL with *err set (400: context length,
  * min_tokens, the engine refused a request; 500: out of memory), in which case nothing runs. */
 srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connection *conn, srv_error *err);
-/* Connection thread: waits up to timeout_ms for news, then turns new tokens into text (stop strings
- * end a choice and abort its engine request). Returns true when something changed. */
+/* --engine-process: have the core's answers to the job's adds come? 0: not all yet (park and look
+ * again on news); 1: every choice admitted; -1: one was refused or lost, *err says why (400: refused;
+ * 503: the core died or did not answer), and the caller gives the job up with srv_job_cancel. In
+ * process the engine admits at add: always 1. Connection thread. */
+int srv_job_admitted(srv_job *j, srv_error *err);
+/* Gives up a job whose admission failed (srv_job_admitted -1) before any reply: aborts its admitted
+ * choices, undoes srv_job_start's accounting (in_flight, the watch list) without counting a request,
+ * drops the connection's reference. Connection thread. */
+void srv_job_cancel(srv_job *j);
+/* Connection thread: waits up to timeout_ms for news (0: does not wait; the pool threads never do),
+ * then turns new tokens into text (stop strings end a choice and abort its engine request). Returns
+ * true when something changed. */
 bool srv_job_pump(srv_job *j, int timeout_ms);
 /* Every choice has its finish reason. */
 bool srv_job_all_done(const srv_job *j);
@@ -259,12 +309,9 @@ bool srv_job_all_done(const srv_job *j);
  * error event and [DONE].) */
 bool srv_job_core_lost(const srv_job *j);
 extern const char k_core_lost_message[];
-/* Is the client still there? poll(POLLRDHUP): a peer that closed or half-closed its end is gone even
- * with bytes of its own still unread; so is a reset socket. */
-bool srv_client_alive(srv_job *j);
-/* The connection is done with the job (reply sent, or client gone): aborts what still runs, logs the
- * request and its metrics, drops the connection's reference (the job may be freed: do not touch it
- * after). Idempotent. */
+/* The connection is done with the job (reply sent, or client gone): takes its park off the watch list,
+ * aborts what still runs, logs the request and its metrics, drops the connection's reference (the job
+ * may be freed: do not touch it after). Idempotent. Connection thread. */
 void srv_job_http_done(srv_job *j);
 
 /* ---- OpenAI JSON (openai_json.c) ----------------------------------------------------------- */
@@ -298,6 +345,49 @@ uint64_t srv_job_call_seed(const srv_job *j, int32_t i);
 /* The last stream chunk when stream_options.include_usage: no choices, the usage. New ref. */
 json_t *srv_json_usage_chunk(const srv_job *j);
 
+/* ---- parked connections (park.c) ---------------------------------------------------------- */
+
+typedef enum {
+    SRV_PARK_SUSPENDED, /* parked: return to libmicrohttpd; the handler or reader is called again on wake */
+    SRV_PARK_AGAIN,     /* news came since the last look: not parked, look again */
+    SRV_PARK_GONE,      /* the client left (or the daemon stops): not parked, give the request up */
+    SRV_PARK_EXPIRED,   /* the deadline passed: not parked */
+} srv_park_result;
+
+/* Starts the watcher thread (and inits park_mu, park_cv): 0, or -1 when the thread cannot start. */
+int srv_park_start(srv_server *srv);
+/* The daemon is about to stop: every listed park is resumed and none parks again (GONE). Before
+ * MHD_stop_daemon, which must not find a suspended connection. */
+void srv_park_stop_all(srv_server *srv);
+/* Ends the watcher thread (after MHD_stop_daemon). */
+void srv_park_join(srv_server *srv);
+/* p for connection c, not listed, not suspended; its fd from libmicrohttpd. srv_park_destroy when
+ * its owner (a job, a connection's context) goes (idempotent, and a no-op on a zeroed park). */
+void srv_park_init(srv_park *p, struct MHD_Connection *c);
+void srv_park_destroy(srv_park *p);
+/* Lists p (idempotent): its socket is watched for its client leaving; queue: woken by
+ * srv_park_wake_queue; deadline (srv_now_s() seconds, 0: none) marks it expired and wakes it. Clears
+ * a past expiry (a pending wake stays). Connection thread. */
+void srv_park_watch(srv_server *srv, srv_park *p, bool queue, double deadline);
+/* Takes p off the list (idempotent). Connection thread, p not suspended; before the connection can
+ * close (the watcher polls listed sockets). */
+void srv_park_unwatch(srv_server *srv, srv_park *p);
+/* Connection thread, from the access handler or the content reader only: suspends p's connection
+ * unless there is news, its client left, or its deadline passed (see srv_park_result). A wake between
+ * the caller's last look and this call is never lost: it makes this call say AGAIN. */
+srv_park_result srv_park_suspend(srv_server *srv, srv_park *p);
+/* Has p's client left (or does the daemon stop)? */
+bool srv_park_gone(srv_server *srv, srv_park *p);
+/* Any thread: resumes p's connection if suspended, else the next srv_park_suspend says AGAIN. p must
+ * be alive (its job or connection context); a job's mutex may be held. Takes p's lock only. */
+void srv_park_wake(srv_server *srv, srv_park *p);
+/* Any thread: wakes every park waiting for a queue slot (a slot freed, or the server drains). */
+void srv_park_wake_queue(srv_server *srv);
+/* Is the peer of socket fd still there? poll(POLLRDHUP): a peer that closed or half-closed its end is
+ * gone even with bytes of its own still unread; so is a reset socket; readable with a peek that reads
+ * 0 bytes is an orderly close. fd < 0: true. Does not read or block. */
+bool srv_fd_alive(int fd);
+
 /* ---- SSE (sse.c) --------------------------------------------------------------------------- */
 
 /* Queues the text/event-stream reply of a streaming job on c; the response's callbacks pump the job
@@ -309,9 +399,6 @@ enum MHD_Result srv_sse_queue(srv_job *j, struct MHD_Connection *c);
 
 /* Queues response r on c with what every reply carries (a 503: Retry-After, Connection: close). */
 enum MHD_Result srv_queue_response(srv_server *srv, struct MHD_Connection *c, unsigned status, struct MHD_Response *r);
-/* Turns c's inactivity timeout off (waiting: the connection waits for the engine, not the client) or
- * back to --connection-timeout, restarting its idle clock. Connection thread. */
-void srv_conn_waiting(srv_server *srv, struct MHD_Connection *c, bool waiting);
 /* MHD_NotifyConnectionCallback (cls: the srv_server): counts open connections in srv->n_connections. */
 void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code);
 /* MHD_AccessHandlerCallback (cls: the srv_server) and MHD_RequestCompletedCallback for the daemon. */

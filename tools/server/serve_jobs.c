@@ -9,7 +9,6 @@
  * it, so a client that goes away leaves nothing behind once its aborted requests end. */
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +91,7 @@ static void job_free(srv_job *j) {
     free(j->seqs);
     free(j->out);
     srv_gen_request_free(&j->req);
+    srv_park_destroy(&j->park);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -148,12 +148,41 @@ static void on_output_any(srv_seq *s, const osp_request_output *o, bool core_los
     }
     j->changed = true;
     pthread_cond_broadcast(&j->cv);
+    srv_park_wake(srv, &j->park); /* the connection's pool thread pumps the job (a no-op once it left) */
     pthread_mutex_unlock(&j->mu);
     if (free_it) job_free(j);
 }
 
 static void on_output(void *user, const osp_request_output *o) { on_output_any(user, o, false); }
 static void on_core_output(void *user, const osp_request_output *o, bool core_lost) { on_output_any(user, o, core_lost); }
+
+/* The core client's I/O thread: the core's answer to one choice's add (--engine-process). A refused
+ * or lost choice will get no output: its reference goes. An admitted one that nobody wants any more
+ * (the connection left, or another choice of the job failed) is aborted at once. */
+static void on_core_ack(void *user, osp_status st, const char *why) {
+    srv_seq *s = user;
+    srv_job *j = s->job;
+    srv_server *srv = j->srv;
+    bool free_it = false, abort_it = false;
+    pthread_mutex_lock(&j->mu);
+    j->n_unacked--;
+    if (st != OSP_OK) {
+        s->refused = true;
+        if (j->admit_fail == OSP_OK) {
+            j->admit_fail = st;
+            snprintf(j->admit_why, sizeof j->admit_why, "%s", why ? why : "");
+        }
+        free_it = --j->refs == 0;
+    } else {
+        abort_it = j->conn_done || j->admit_fail != OSP_OK;
+    }
+    j->changed = true;
+    srv_park_wake(srv, &j->park);
+    const uint64_t id = s->engine_id;
+    pthread_mutex_unlock(&j->mu);
+    if (abort_it) srv_engine_abort(srv, id); /* its final output (abort) still comes and drops its reference */
+    if (free_it) job_free(j);
+}
 
 /* ---- the engine, in this process or in the core process (serve_internal.h) ------------------ */
 
@@ -165,7 +194,57 @@ osp_status srv_engine_add(srv_server *srv, osp_request_params *rp, srv_seq *seq)
     }
     rp->callback = NULL;
     rp->callback_user = NULL;
-    return osp_core_client_add(srv->core, rp, on_core_output, seq);
+    /* the pool thread must not wait for the core's ACK: it comes to on_core_ack */
+    srv_job *j = seq->job;
+    pthread_mutex_lock(&j->mu);
+    j->n_unacked++;
+    pthread_mutex_unlock(&j->mu);
+    const osp_status st = osp_core_client_add_async(srv->core, rp, on_core_output, on_core_ack, seq);
+    if (st != OSP_OK) {
+        pthread_mutex_lock(&j->mu);
+        j->n_unacked--;
+        pthread_mutex_unlock(&j->mu);
+    }
+    return st;
+}
+
+int srv_job_admitted(srv_job *j, srv_error *err) {
+    pthread_mutex_lock(&j->mu);
+    const int32_t pending = j->n_unacked;
+    const osp_status fail = j->admit_fail;
+    if (pending == 0 && fail != OSP_OK) {
+        if (fail == OSP_ERR_IO) srv_fail(err, 503, NULL, "%s; retry later", j->admit_why);
+        else srv_fail(err, 400, NULL, "%s", j->admit_why);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return pending > 0 ? 0 : fail == OSP_OK ? 1 : -1;
+}
+
+void srv_job_cancel(srv_job *j) {
+    srv_server *srv = j->srv;
+    if (j->http_done) return;
+    j->http_done = true;
+    srv_park_unwatch(srv, &j->park);
+    pthread_mutex_lock(&j->mu);
+    j->conn_done = true;
+    bool refused[SRV_MAX_N];
+    for (int32_t i = 0; i < j->n_seqs; i++) refused[i] = j->seqs[i].refused;
+    pthread_mutex_unlock(&j->mu);
+    for (int32_t i = 0; i < j->n_seqs; i++) {
+        srv_seq *s = &j->seqs[i];
+        if (s->added && !refused[i]) srv_engine_abort(srv, s->engine_id);
+        s->done = true;
+        if (!s->finish) s->finish = "error";
+    }
+    pthread_mutex_lock(&srv->mu);
+    srv->in_flight--;
+    pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mu);
+    srv_park_wake_queue(srv);
+    pthread_mutex_lock(&j->mu);
+    const bool free_it = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (free_it) job_free(j);
 }
 
 void srv_engine_abort(srv_server *srv, uint64_t id) {
@@ -188,8 +267,8 @@ static const char *finish_name(osp_finish_reason r) {
     }
 }
 
-/* Connection thread: waits up to timeout_ms for news, then turns new tokens into text. Returns true
- * when something changed. */
+/* Connection thread: waits up to timeout_ms for news (0: not at all), then turns new tokens into text.
+ * Returns true when something changed. */
 bool srv_job_pump(srv_job *j, int timeout_ms) {
     srv_server *srv = j->srv;
     pthread_mutex_lock(&j->mu);
@@ -282,34 +361,13 @@ bool srv_job_all_done(const srv_job *j) {
     return true;
 }
 
-/* Is the client still there? poll(2) with POLLRDHUP reports a peer that closed (or half-closed) its
- * end even when bytes it sent are still unread: a client that pipelined anything after its request
- * (or sent a stray CRLF) and then hung up kept a recv(MSG_PEEK) returning those bytes, so it looked
- * alive and its request ran to max_tokens. A reset or error (POLLHUP, POLLERR) is gone too. */
-bool srv_client_alive(srv_job *j) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(j->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    int n;
-    while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR) {
-    }
-    if (n <= 0) return true;
-    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return false;
-    if (p.revents & POLLIN) { /* readable, no hang-up seen: a peek that reads 0 bytes is an orderly close */
-        char c;
-        const ssize_t r = recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r == 0) return false;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    }
-    return true;
-}
-
 /* The connection is done with the job (reply sent, or client gone): abort what still runs, log the
  * request, drop the connection's reference. */
 void srv_job_http_done(srv_job *j) {
     srv_server *srv = j->srv;
     if (j->http_done) return;
     j->http_done = true;
+    srv_park_unwatch(srv, &j->park);
     const double t = srv_now_s();
     int64_t n_prompt = 0, n_out = 0;
     for (int32_t i = 0; i < j->req.n_prompts; i++) n_prompt += j->prompt_lens ? j->prompt_lens[i] : 0;
@@ -331,7 +389,9 @@ void srv_job_http_done(srv_job *j) {
     srv->in_flight--;
     pthread_cond_broadcast(&srv->idle);
     pthread_mutex_unlock(&srv->mu);
+    srv_park_wake_queue(srv); /* a slot is free for a request parked waiting for one */
     pthread_mutex_lock(&j->mu);
+    j->conn_done = true; /* a choice admitted from here on is aborted at once (on_core_ack) */
     const bool free_it = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (free_it) job_free(j);
@@ -408,6 +468,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     memset(r, 0, sizeof *r);
     r = &j->req;
     j->conn = conn;
+    srv_park_init(&j->park, conn);
     j->t_arrival = srv_now_s();
     j->created = time(NULL);
     j->refs = 1;
@@ -509,6 +570,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
             else srv_fail(err, 400, NULL, "%s", osp_last_error());
             pthread_mutex_lock(&j->mu);
             j->refs--;
+            j->conn_done = true; /* --engine-process: those not admitted yet are aborted when they are */
             pthread_mutex_unlock(&j->mu);
             for (int32_t k = 0; k < i; k++) srv_engine_abort(srv, j->seqs[k].engine_id);
             for (int32_t k = i; k < j->n_seqs; k++) j->seqs[k].done = true, j->seqs[k].finish = "error";
@@ -519,6 +581,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     pthread_mutex_lock(&srv->mu);
     srv->in_flight++;
     pthread_mutex_unlock(&srv->mu);
+    srv_park_watch(srv, &j->park, false, 0); /* from here a client that leaves is seen (park.c) */
     return j;
 oom:
     srv_fail(err, 500, NULL, "out of memory");

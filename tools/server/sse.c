@@ -1,10 +1,11 @@
 /* osprey serve: streaming replies (stream: true) as server-sent events.
  *
- * libmicrohttpd pulls the body through sse_reader on the connection thread: it hands out what is
- * buffered in j->out, else pumps the job (100 ms at a time) and turns new text into "data: {chunk}"
+ * libmicrohttpd pulls the body through sse_reader on the connection's pool thread: it hands out what
+ * is buffered in j->out, else pumps the job (without waiting) and turns new text into "data: {chunk}"
  * events (the chat's role chunk or the completion's echo first, one finish chunk per choice once its
- * held-back text is out, the usage chunk when asked, then "data: [DONE]"). A quiet stream peeks at the
- * socket so a client that left is noticed and its requests aborted. */
+ * held-back text is out, the usage chunk when asked, then "data: [DONE]"). With nothing to send it
+ * parks the connection (park.c) and returns 0; the engine callback resumes it when tokens come, and
+ * the watcher when the client leaves (then the stream ends with an error and the requests abort). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,21 +177,23 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             if (n > max) n = max;
             memcpy(buf, j->out + j->out_off, n);
             j->out_off += n;
-            if (j->waiting) { /* from here the client's reading is timed as usual (--connection-timeout) */
-                srv_conn_waiting(j->srv, j->conn, false);
-                j->waiting = false;
-            }
             return (ssize_t)n;
         }
         j->out_len = j->out_off = 0;
         if (j->finished_stream) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (!j->waiting) { /* waiting for tokens (a queue, a prefill) is no inactivity of the client's */
-            srv_conn_waiting(j->srv, j->conn, true);
-            j->waiting = true;
+        if (srv_park_gone(j->srv, &j->park)) { /* tokens flow, yet the watcher saw the client leave */
+            j->client_gone = true;
+            return MHD_CONTENT_READER_END_WITH_ERROR;
         }
-        const bool progress = srv_job_pump(j, 100);
+        srv_job_pump(j, 0);
         stream_fill(j);
-        if (j->out_len == 0 && !progress && !srv_client_alive(j)) {
+        if (j->out_len > 0 || j->finished_stream) continue;
+        /* nothing to send: park until the engine (or the watcher) has news; libmicrohttpd calls
+         * again after the resume (a suspended connection is not timed out meanwhile) */
+        switch (srv_park_suspend(j->srv, &j->park)) {
+        case SRV_PARK_SUSPENDED: return 0;
+        case SRV_PARK_AGAIN: continue;
+        default: /* the client left, or the server stops */
             j->client_gone = true;
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -211,7 +214,6 @@ enum MHD_Result srv_sse_queue(srv_job *j, struct MHD_Connection *c) {
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    j->waiting = true; /* the route set the connection waiting (no timeout) when it started the job */
     const enum MHD_Result ret = srv_queue_response(j->srv, c, 200, r);
     MHD_destroy_response(r);
     return ret;
