@@ -70,7 +70,7 @@ osp_status osp_kv_page_format_of(const osp_kv_shape *sh, osp_kv_dtype dtype, osp
  * fp8 / nvfp4 pages, head_dim a power of two, a backend whose RoPE+KV-write op rotates, and the
  * environment variable OSPREY_KV_HADAMARD not "0" (a diagnostic switch for A/B accuracy runs; the
  * README lists it). Why on by default: on SmolLM2-135M (ctx 1024, 8 chunks, bench/RESULTS.md) it
- * takes fp8's perplexity cost from +0.71 % to +0.62 % and nvfp4's from +15.5 % to +7.5 %. */
+ * takes fp8's perplexity cost from +0.71 % to +0.62 % and nvfp4's from +17.5 % to +7.5 %. */
 bool osp_kv_k_hadamard_default(const osp_backend *be, const osp_kv_page_format *fmt);
 
 /* Creates a cache of num_blocks blocks on backend `be` for shape `sh`. The cache holds a reference to
