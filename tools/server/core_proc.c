@@ -284,7 +284,10 @@ int cmd_engine_core(int argc, char **argv) {
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "engine core: cannot start the engine");
-    if (epoch == 0) cli_report_device(e);
+    if (epoch == 0) {
+        cli_report_device(e);
+        srv_log_memory(&pub_srv, e);
+    }
     const osp_core_server_params sp = {.endpoint = endpoint, .epoch = epoch, .frontend_timeout_ms = cfg.core_frontend_timeout_ms,
                                        .idle_stats_ms = 250, .stop = &g_stop};
     s = osp_core_serve(e, &sp, NULL);

@@ -89,6 +89,8 @@ typedef struct srv_config {
     int api_server_count;           /* --api-server-count: HTTP frontend processes sharing the core (1) */
     const char *attach_endpoint;    /* an extra API server (hidden __api-server): the core's endpoint */
     int fe_index;                   /* this frontend's index at the core (0: the first) */
+    const char *ssl_keyfile;        /* --ssl-keyfile PEM (tls.h); NULL: plain HTTP */
+    const char *ssl_certfile;       /* --ssl-certfile PEM; given together with ssl_keyfile */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
@@ -123,6 +125,10 @@ typedef struct srv_server {
  * they give (serve.c); the core process parses the same flags. */
 srv_config srv_parse_flags(int argc, char **argv);
 osp_engine_params srv_engine_params(const srv_config *cfg);
+/* The start-up log's memory line for an engine of this process: the weights' MiB (device memory on a
+ * GPU; on the CPU the GGUF tensors, mapped from the file), the KV cache's MiB and its capacity in
+ * tokens (num_blocks x block_size). */
+void srv_log_memory(const srv_server *s, const osp_engine *e);
 
 /* Seconds on CLOCK_MONOTONIC (for durations only). */
 double srv_now_s(void);
