@@ -274,6 +274,7 @@ int cmd_engine_core(int argc, char **argv) {
         }
     }
     osp_engine_params ep = srv_engine_params(&cfg);
+    if (epoch == 0 && isatty(STDERR_FILENO)) ep.load_progress = srv_load_bar; /* the terminal the server has */
     /* --kv-events-config: the block pool lives here, so this process publishes (a restarted core binds
      * the same endpoints again; its sequence numbers start over) */
     srv_server pub_srv = {.cfg = cfg};

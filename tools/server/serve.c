@@ -278,10 +278,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     return ep;
 }
 
-/* osp_engine_params.load_progress on a terminal: the bar redrawn in place (startup_log.c), then a
- * newline at the end. The engine reports it while weights are copied to a device (on the CPU the
- * weights stay mapped from the file and there is nothing to wait for). */
-static void load_bar(void *ctx, float fraction) {
+void srv_load_bar(void *ctx, float fraction) {
     (void)ctx;
     static int last = -1;
     const int per_mille = (int)(fraction * 1000.0f);
@@ -336,7 +333,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     if (!cfg->engine_process) {
         osp_engine_params ep = srv_engine_params(cfg);
         if ((srv.kv_events = srv_kv_events_open(&srv))) ep.kv_event_sink = osp_kv_publisher_sink(srv.kv_events);
-        if (isatty(STDERR_FILENO)) ep.load_progress = load_bar; /* a terminal only: never in a log file */
+        if (isatty(STDERR_FILENO)) ep.load_progress = srv_load_bar; /* a terminal only: never in a log file */
         s = osp_engine_create(&ep, &srv.engine);
         if (s != OSP_OK) cli_die(s, "cannot start the engine");
         cli_report_device(srv.engine);

@@ -129,6 +129,10 @@ osp_engine_params srv_engine_params(const srv_config *cfg);
  * GPU; on the CPU the GGUF tensors, mapped from the file), the KV cache's MiB and its capacity in
  * tokens (num_blocks x block_size). */
 void srv_log_memory(const srv_server *s, const osp_engine *e);
+/* osp_engine_params.load_progress for a terminal (the caller checks isatty(2); a log file never gets
+ * it): srv_progress_bar redrawn in place after '\r', a newline at 1. The engine reports progress while
+ * weights are copied to a device; on the CPU they stay mapped from the file (nothing to wait for). */
+void srv_load_bar(void *ctx, float fraction);
 
 /* Seconds on CLOCK_MONOTONIC (for durations only). */
 double srv_now_s(void);
