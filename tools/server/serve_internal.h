@@ -7,6 +7,7 @@
  *   sse.c          the text/event-stream reply of a streaming job
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
  *   core_proc.c    --engine-process: the EngineCore's child process, its supervisor, --api-server-count
+ *   serve_startup.c  the start-up log's memory line and load bar (tls.c: --ssl-keyfile / --ssl-certfile)
  *
  * Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION), so a handler
  * may block while it waits for tokens; the engine runs on its own loop thread (osp_engine_start). A

@@ -14,7 +14,8 @@
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
  *   core_proc.c    --engine-process / --api-server-count: the EngineCore in a child process
  *   tls.c          --ssl-keyfile / --ssl-certfile (tls.h), shared with osprey router
- *   startup_log.c  the start-up log's load progress bar and URL
+ *   startup_log.c  the start-up log's load progress bar and URL (pure text)
+ *   serve_startup.c  the start-up log's memory line, the load bar on a terminal
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H
