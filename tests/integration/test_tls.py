@@ -319,3 +319,44 @@ def test_positional_and_same_flag_serve():
         assert requests.get(s.url + "/v1/models", timeout=10).json()["data"][0]["id"] == os.path.basename(TINY)
     finally:
         assert s.stop() == 0
+
+
+def test_abandoned_request_over_tls_is_aborted():
+    """A non-streaming request whose TLS client hangs up is aborted and its KV blocks freed, as over
+    plain http (the server watches the TCP socket under the TLS session): far fewer than max_tokens are
+    generated, and the request counts as finished_reason="abort"."""
+    need_bin()
+    if not os.path.exists(SMOL):
+        pytest.skip(f"no SmolLM2 model at {SMOL} (make fetch)")
+    import json
+    import socket
+    from test_dos import wait_for
+    s = TlsProc(serve_args(SMOL, "--ssl-keyfile", KEY, "--ssl-certfile", CERT))
+    try:
+        s.health = lambda: requests.get(s.url + "/health", timeout=10, verify=CERT).json()
+
+        def metric_tls(name, **labels):  # test_dos.metric, over https
+            for line in requests.get(s.url + "/metrics", timeout=10, verify=CERT).text.splitlines():
+                if (line.startswith(name + "{") or line.startswith(name + " ")) and \
+                        all(f'{k}="{v}"' in line for k, v in labels.items()):
+                    return float(line.split()[-1])
+            return 0.0
+        n = 2000  # within the 64M cache's 2912 tokens
+        gen0 = metric_tls("vllm:generation_tokens_total")
+        ctx = ssl.create_default_context(cafile=CERT)
+        raw = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        c = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        body = json.dumps({"prompt": "a", "max_tokens": n, "ignore_eos": True}).encode()
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+        assert wait_for(lambda: s.health()["num_requests_running"] >= 1, timeout=30)
+        c.close()
+        wait_for(lambda: metric_tls("vllm:request_success_total", finished_reason="abort") >= 1
+                 or metric_tls("vllm:request_success_total", finished_reason="length") >= 1, timeout=120)
+        assert metric_tls("vllm:request_success_total", finished_reason="abort") == 1
+        assert metric_tls("vllm:request_success_total", finished_reason="length") == 0
+        assert metric_tls("vllm:generation_tokens_total") - gen0 < n
+        assert wait_for(lambda: (lambda h: h["kv_cache_free_blocks"] == h["kv_cache_total_blocks"]
+                                 and h["num_requests_running"] == 0)(s.health()), timeout=30), s.health()
+    finally:
+        assert s.stop() == 0, s.read_log()[-4000:]
