@@ -62,7 +62,8 @@ static char *read_pem(const char *flag, const char *path, char *why, size_t cap)
     }
     buf[n] = '\0';
     close(fd);
-    return buf;
+    char *fit = realloc(buf, n + 1); /* kept while the daemon runs: no need for the whole bound */
+    return fit ? fit : buf;
 fail:
     free(buf);
     close(fd);
