@@ -86,6 +86,7 @@ fuzz: build-fuzz
 	    c=$${t#fuzz_}; mkdir -p build-fuzz/corpus/$$c build-fuzz/artifacts; \
 	    echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
 	    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	    LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	    build-fuzz/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -timeout=10 \
 	        -print_final_stats=1 -artifact_prefix=build-fuzz/artifacts/$$t- \
 	        build-fuzz/corpus/$$c tests/fuzz/corpus/$$c || failed="$$failed $$t"; \

@@ -633,6 +633,42 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* `osprey serve MODEL` (vllm serve's positional form) and serve's TLS flags (issue 20): the argument
+ * errors and bad key/certificate pairs are one error line and exit 1, before any model loads (no
+ * "loading model" line), and --help lists the flags. Serving over https: tests/integration/test_tls.py. */
+static void test_serve_positional_and_tls_flags(void **state) {
+    (void)state;
+    char args[2048], fix[600];
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(fix, sizeof fix, "%s/tests/integration/fixtures/tls", root ? root : ".");
+    assert_int_equal(run("serve --help"), 0);
+    assert_non_null(strstr(g_out, "usage: osprey serve MODEL"));
+    assert_non_null(strstr(g_out, "--ssl-keyfile FILE"));
+    assert_non_null(strstr(g_out, "--ssl-certfile FILE"));
+    snprintf(args, sizeof args, "serve '%s' -m '%s/other.gguf' --port 0", g_model, g_dir);
+    expect_error(run(args), "two different models", "(positional)");
+    snprintf(args, sizeof args, "serve '%s' second.gguf --port 0", g_model);
+    expect_error(run(args), "unexpected argument 'second.gguf'", NULL);
+    expect_error(run("serve --port 0"), "serve needs a model", "osprey serve MODEL");
+    snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-keyfile '%s/key.pem'", g_model, fix);
+    expect_error(run(args), "--ssl-keyfile needs --ssl-certfile too", NULL);
+    snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-certfile '%s/cert.pem'", g_model, fix);
+    expect_error(run(args), "--ssl-certfile needs --ssl-keyfile too", NULL);
+    snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-keyfile '%s/other-key.pem' --ssl-certfile '%s/cert.pem'", g_model,
+             fix, fix);
+    expect_error(run(args), "do not match", "other-key.pem");
+    assert_null(strstr(g_err, "loading model"));
+    snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-keyfile '%s/nope.pem' --ssl-certfile '%s/cert.pem'", g_model,
+             g_dir, fix);
+    expect_error(run(args), "--ssl-keyfile: cannot open", "nope.pem");
+    snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-keyfile '%s/key.pem' --ssl-certfile '%s/cert.pem' "
+             "--ssl-ca-certs '%s/cert.pem'", g_model, fix, fix, fix);
+    expect_error(run(args), "--ssl-ca-certs", "not implemented");
+    snprintf(args, sizeof args, "router --backends http://127.0.0.1:9 --port 0 --ssl-keyfile '%s/cert.pem' "
+             "--ssl-certfile '%s/cert.pem'", fix, fix);
+    expect_error(run(args), "holds no PEM private key", NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_empty_and_not_gguf),
@@ -652,6 +688,7 @@ int main(void) {
         cmocka_unit_test(test_write_error),
         cmocka_unit_test(test_serve_kernel_table),
         cmocka_unit_test(test_perplexity),
+        cmocka_unit_test(test_serve_positional_and_tls_flags),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -37,7 +37,7 @@ static const char *k_usage =
     "  make-random-model --preset NAME [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--seed S]\n"
     "           [--vocab-from FILE] [--vocab-size N] [-t THREADS] -o FILE  (--list-presets)\n"
     "           write a GGUF model with random weights in a real architecture's shapes\n"
-    "  serve    -m FILE [--host H] [--port N] [--api-key K] [--served-model-name NAME] ...\n"
+    "  serve    MODEL (or -m MODEL) [--host H] [--port N] [--api-key K] [--ssl-keyfile K --ssl-certfile C] ...\n"
     "           OpenAI-compatible HTTP server (osprey serve --help lists the flags)\n"
     "  router   --backends URL,URL,... [--port N] [--weights prefix=3,queue=2,kv=1,active=1] ...\n"
     "           prefix- and load-aware proxy over osprey serve replicas (osprey router --help)\n"

@@ -43,6 +43,7 @@
 #include "kv_index.h"
 #include "osprey_internal.h"
 #include "picker.h"
+#include "tls.h" /* tools/server/tls.h: --ssl-keyfile / --ssl-certfile, as osprey serve takes them */
 
 #define RT_MAX_BACKENDS 64
 /* the poller's GETs and the precise scorer's /tokenize: a backend that hangs this long is not healthy
@@ -570,6 +571,9 @@ static const char *k_usage =
     "  --backends LIST        http://host:port of each osprey serve (or vLLM) replica, comma-separated\n"
     "  --host HOST            address to listen on (127.0.0.1)\n"
     "  --port N               port (8000; 0 = any free port)\n"
+    "  --ssl-keyfile FILE     serve HTTPS with this PEM private key (needs --ssl-certfile; off). Clients only:\n"
+    "                         the backends are still reached over http://\n"
+    "  --ssl-certfile FILE    the PEM certificate (chain, leaf first) of --ssl-keyfile (off)\n"
     "  --weights LIST         scorer weights, e.g. prefix=3,queue=2,kv=1,active=1 (those)\n"
     "  --hot-queue N          a backend with more waiting requests than N scores no prefix (8; -1: never)\n"
     "  --block-chars N        prompt bytes per chunk of the approximate prefix index (64)\n"
@@ -603,7 +607,7 @@ int cmd_router(int argc, char **argv) {
     if (!r) cli_die(OSP_OK, "out of memory");
     r->w = rt_default_weights();
     r->block_chars = 64, r->poll_ms = 200, r->connect_timeout_ms = 2000, r->max_body = 16u << 20, r->log_level = 1;
-    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL;
+    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL, *ssl_keyfile = NULL, *ssl_certfile = NULL;
     cli_engine_args hash = cli_engine_args_default();
     r->block_size = 16;
     int port = 8000;
@@ -623,6 +627,10 @@ int cmd_router(int argc, char **argv) {
         else if (!strcmp(f, "--block-size")) r->block_size = (int32_t)cli_int(f, v, 1, 1024);
         else if (!strcmp(f, "--host")) host = v;
         else if (!strcmp(f, "--port")) port = (int)cli_int(f, v, 0, 65535);
+        else if (!strcmp(f, "--ssl-keyfile")) ssl_keyfile = v;
+        else if (!strcmp(f, "--ssl-certfile")) ssl_certfile = v;
+        else if (!strcmp(f, "--ssl-ca-certs"))
+            cli_die(OSP_OK, "--ssl-ca-certs (client certificate verification) is not implemented");
         else if (!strcmp(f, "--weights")) parse_weights(v, &r->w);
         else if (!strcmp(f, "--hot-queue")) r->w.hot_queue = cli_float(f, v, -1, 1e9);
         else if (!strcmp(f, "--block-chars")) r->block_chars = (int)cli_int(f, v, 1, 1 << 20);
@@ -635,6 +643,9 @@ int cmd_router(int argc, char **argv) {
         i++;
     }
     if (!backends) cli_die(OSP_OK, "router needs --backends URL,URL,...");
+    srv_tls tls; /* checked before anything starts (tools/server/tls.h) */
+    char tls_why[768];
+    if (srv_tls_load(&tls, ssl_keyfile, ssl_certfile, tls_why, sizeof tls_why)) cli_die(OSP_OK, "%s", tls_why);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) cli_die(OSP_OK, "cannot initialize libcurl");
     char list[8192];
     if (strlen(backends) >= sizeof list) cli_die(OSP_OK, "--backends: the list is too long");
@@ -687,19 +698,22 @@ int cmd_router(int argc, char **argv) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     if (getaddrinfo(host, ps, &hints, &ai) != 0 || !ai) cli_die(OSP_OK, "--host: cannot resolve '%s'", host);
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                     srv_tls_daemon_flags(&tls);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, r, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
+                                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_ARRAY,
+                                            srv_tls_daemon_options(&tls), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", host, port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    rlog(r, 1, "routing to %d backends on http://%s:%u (weights prefix %g queue %g kv %g active %g, hot queue %g)", r->n,
-         host, di ? (unsigned)di->port : (unsigned)port, r->w.prefix, r->w.queue, r->w.kv, r->w.active, r->w.hot_queue);
+    rlog(r, 1, "routing to %d backends on %s://%s:%u (weights prefix %g queue %g kv %g active %g, hot queue %g)", r->n,
+         srv_tls_scheme(&tls), host, di ? (unsigned)di->port : (unsigned)port, r->w.prefix, r->w.queue, r->w.kv, r->w.active, r->w.hot_queue);
     int sig = 0;
     sigwait(&sigs, &sig);
     rlog(r, 1, "%s: stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     MHD_stop_daemon(d);
+    srv_tls_free(&tls);
     atomic_store(&r->stop, true);
     pthread_join(poller, NULL);
     rt_kv_index_stop(r->kvx);

@@ -274,6 +274,7 @@ int cmd_engine_core(int argc, char **argv) {
         }
     }
     osp_engine_params ep = srv_engine_params(&cfg);
+    if (epoch == 0 && isatty(STDERR_FILENO)) ep.load_progress = srv_load_bar; /* the terminal the server has */
     /* --kv-events-config: the block pool lives here, so this process publishes (a restarted core binds
      * the same endpoints again; its sequence numbers start over) */
     srv_server pub_srv = {.cfg = cfg};
@@ -284,7 +285,10 @@ int cmd_engine_core(int argc, char **argv) {
     osp_engine *e;
     osp_status s = osp_engine_create(&ep, &e);
     if (s != OSP_OK) cli_die(s, "engine core: cannot start the engine");
-    if (epoch == 0) cli_report_device(e);
+    if (epoch == 0) {
+        cli_report_device(e);
+        srv_log_memory(&pub_srv, e);
+    }
     const osp_core_server_params sp = {.endpoint = endpoint, .epoch = epoch, .frontend_timeout_ms = cfg.core_frontend_timeout_ms,
                                        .idle_stats_ms = 250, .stop = &g_stop};
     s = osp_core_serve(e, &sp, NULL);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #include "osprey/version.h"
 #include "osprey_internal.h"
 #include "serve_internal.h"
+#include "tls.h"
 
 double srv_now_s(void) {
     struct timespec ts;
@@ -54,11 +56,15 @@ void srv_log(const srv_server *s, int level, const char *fmt, ...) {
 /* ---- flags and main ------------------------------------------------------------------------ */
 
 static const char *k_serve_usage =
-    "usage: osprey serve -m FILE [options]\n"
-    "  -m, --model FILE                 GGUF model\n"
+    "usage: osprey serve MODEL [options]      (or osprey serve -m MODEL [options], as before)\n"
+    "  MODEL, -m, --model FILE          GGUF model (positional as in `vllm serve MODEL`; both forms at\n"
+    "                                   once must name the same file)\n"
     "  --host HOST                      address to listen on (127.0.0.1)\n"
     "  --port N                         port (8000; 0 = any free port)\n"
     "  --api-key KEY                    require 'Authorization: Bearer KEY' on /v1/* (empty: no key)\n"
+    "  --ssl-keyfile FILE               serve HTTPS with this PEM private key (needs --ssl-certfile; off)\n"
+    "  --ssl-certfile FILE              the PEM certificate (chain, leaf first) of --ssl-keyfile (off)\n"
+    "                                   (--ssl-ca-certs, client certificates, is not implemented: refused)\n"
     "  --served-model-name NAME         the model's name in the API (the file name)\n"
     "  --max-model-len N                prompt + output tokens (the model's context length)\n"
     "  --max-num-seqs N                 running sequences per step (64)\n"
@@ -136,6 +142,13 @@ static long long parse_bytes(const char *flag, const char *v) {
     return (long long)(x * mul);
 }
 
+/* Whether two paths name one file: the same text, or the same device and inode. */
+static bool same_file(const char *a, const char *b) {
+    if (!strcmp(a, b)) return true;
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 srv_config srv_parse_flags(int argc, char **argv) {
     srv_config c = {.host = "127.0.0.1", .port = 8000, .log_level = SRV_LOG_INFO, .max_num_seqs = 64,
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
@@ -144,6 +157,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
                     .core_frontend_timeout_ms = 5000, .api_server_count = 1};
     if (srv_cors_default(&c.cors)) cli_die(OSP_OK, "out of memory");
     cli_engine_args eng = cli_engine_args_default();
+    const char *positional = NULL; /* osprey serve MODEL */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -207,10 +221,30 @@ srv_config srv_parse_flags(int argc, char **argv) {
             else if (v && (!strcmp(v, "warning") || !strcmp(v, "warn"))) c.log_level = SRV_LOG_WARNING;
             else cli_die(OSP_OK, "--log-level: '%s' is not debug, info or warning", v ? v : "");
             i++;
+        } else if (!strcmp(f, "--ssl-keyfile")) {
+            if (!v || !v[0]) cli_die(OSP_OK, "--ssl-keyfile needs a PEM file");
+            c.ssl_keyfile = v, i++;
+        } else if (!strcmp(f, "--ssl-certfile")) {
+            if (!v || !v[0]) cli_die(OSP_OK, "--ssl-certfile needs a PEM file");
+            c.ssl_certfile = v, i++;
+        } else if (!strcmp(f, "--ssl-ca-certs")) {
+            cli_die(OSP_OK, "--ssl-ca-certs (client certificate verification) is not implemented; serve HTTPS with "
+                            "--ssl-keyfile and --ssl-certfile alone, and guard /v1/* with --api-key");
+        } else if (!strcmp(f, "--ssl-cert-reqs")) {
+            if (!v || strcmp(v, "0") != 0)
+                cli_die(OSP_OK, "--ssl-cert-reqs: only 0 (no client certificate, the default) is implemented, not '%s'",
+                        v ? v : "");
+            i++;
+        } else if (f[0] != '-' && f[0]) {
+            /* the model as `vllm serve MODEL` takes it */
+            if (positional) cli_die(OSP_OK, "serve: unexpected argument '%s' (the model is already '%s')", f, positional);
+            positional = f;
         } else cli_die(OSP_OK, "serve: unknown option '%s' (see osprey serve --help)", f);
         if (i >= argc) cli_die(OSP_OK, "%s needs a value", f);
     }
-    c.model_path = eng.model;
+    if (positional && eng.model && !same_file(positional, eng.model))
+        cli_die(OSP_OK, "serve: two different models: '%s' (positional) and '%s' (-m); give one", positional, eng.model);
+    c.model_path = positional ? positional : eng.model;
     c.n_threads = eng.n_threads;
     c.device = eng.device;
     c.kv_dtype = eng.kv_dtype;
@@ -221,7 +255,10 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.hash_algo = eng.hash_algo, c.hash_seed_set = eng.hash_seed_set, c.hash_seed = eng.hash_seed;
     if (c.enable_auto_tool_choice && c.tool_parser == SRV_TOOL_PARSER_NONE)
         cli_die(OSP_OK, "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)");
-    if (!c.model_path) cli_die(OSP_OK, "serve needs -m FILE");
+    if (!c.ssl_keyfile != !c.ssl_certfile)
+        cli_die(OSP_OK, "%s needs %s too (TLS takes a private key and its certificate)",
+                c.ssl_keyfile ? "--ssl-keyfile" : "--ssl-certfile", c.ssl_keyfile ? "--ssl-certfile" : "--ssl-keyfile");
+    if (!c.model_path) cli_die(OSP_OK, "serve needs a model: osprey serve MODEL (or -m MODEL)");
     if (!c.host) cli_die(OSP_OK, "--host needs a value");
     return c;
 }
@@ -293,6 +330,10 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     const char *base = strrchr(cfg->model_path, '/');
     srv.model_name = cfg->served_model_name ? cfg->served_model_name : base ? base + 1 : cfg->model_path;
     srv_log(&srv, SRV_LOG_INFO, "%s", osp_version_line());
+    /* --ssl-keyfile / --ssl-certfile: read and checked before the model loads (a bad pair costs no wait) */
+    srv_tls tls;
+    char tls_why[768];
+    if (srv_tls_load(&tls, cfg->ssl_keyfile, cfg->ssl_certfile, tls_why, sizeof tls_why)) cli_die(OSP_OK, "%s", tls_why);
     srv_log(&srv, SRV_LOG_INFO, "loading model %s ...", cfg->model_path);
     const double t0 = srv_now_s();
     osp_status s;
@@ -303,13 +344,12 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     if (!cfg->engine_process) {
         osp_engine_params ep = srv_engine_params(cfg);
         if ((srv.kv_events = srv_kv_events_open(&srv))) ep.kv_event_sink = osp_kv_publisher_sink(srv.kv_events);
+        if (isatty(STDERR_FILENO)) ep.load_progress = srv_load_bar; /* a terminal only: never in a log file */
         s = osp_engine_create(&ep, &srv.engine);
         if (s != OSP_OK) cli_die(s, "cannot start the engine");
         cli_report_device(srv.engine);
+        srv_log_memory(&srv, srv.engine);
         const osp_engine_params *pe = osp_engine_params_get(srv.engine);
-        srv_log(&srv, SRV_LOG_INFO, "KV cache: %s pages, %.1f MiB, %d blocks of %d = %lld tokens", osp_kv_dtype_name(pe->kv_dtype),
-                (double)osp_engine_kv_cache_bytes(srv.engine) / 1048576.0, pe->num_blocks, pe->block_size,
-                (long long)pe->num_blocks * pe->block_size);
         g = osp_model_gguf(osp_engine_model(srv.engine));
         s = osp_tokenizer_load(g, &srv.tok);
         if (s != OSP_OK) cli_die(s, "cannot load the tokenizer");
@@ -338,7 +378,8 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
         if (info.n_vocab < srv.n_vocab) srv.n_vocab = info.n_vocab;
         arch = "engine core process";
         n_blocks = info.num_blocks, blk_size = info.block_size;
-        srv_log(&srv, SRV_LOG_INFO, "engine core process %lld ready (epoch %u)", (long long)info.pid, info.epoch);
+        srv_log(&srv, SRV_LOG_INFO, "engine core process %lld ready (epoch %u): KV cache capacity %lld tokens (%d blocks of %d)",
+                (long long)info.pid, info.epoch, (long long)n_blocks * blk_size, n_blocks, blk_size);
     }
 
     if (srv_chat_env_load(&srv.chat, g, srv.tok, cfg->chat_template_path))
@@ -372,7 +413,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     if (getaddrinfo(cfg->host, port, &hints, &ai) != 0 || !ai) cli_die(OSP_OK, "--host: cannot resolve '%s'", cfg->host);
     /* the event-loop mode: internal threads polling with epoll (MHD_USE_AUTO picks it on Linux), a pool
      * of them (MHD_OPTION_THREAD_POOL_SIZE), and suspend/resume for requests that wait (park.c) */
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | srv_tls_daemon_flags(&tls);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     if (srv_park_start(&srv)) cli_die(OSP_OK, "cannot start the connection watcher thread");
     struct MHD_OptionItem opts[16];
@@ -380,13 +421,20 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, srv_on_request, &srv,
                                             MHD_OPTION_NOTIFY_COMPLETED, srv_on_completed, &srv,
                                             MHD_OPTION_NOTIFY_CONNECTION, srv_on_connection, &srv, MHD_OPTION_ARRAY, opts,
-                                            MHD_OPTION_END);
+                                            MHD_OPTION_ARRAY, srv_tls_daemon_options(&tls), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", cfg->host, cfg->port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    srv_log(&srv, SRV_LOG_INFO, "serving %s on http://%s:%u (%s; %u HTTP threads)", srv.model_name, cfg->host,
-            di ? (unsigned)di->port : (unsigned)cfg->port, cfg->api_key ? "API key required on /v1/*" : "no API key",
-            http_threads(cfg));
+    const unsigned bound = di ? (unsigned)di->port : (unsigned)cfg->port;
+    const bool v6 = strchr(cfg->host, ':') != NULL;
+    srv_log(&srv, SRV_LOG_INFO, "serving %s on %s://%s%s%s:%u (%s%s; %u HTTP threads)", srv.model_name, srv_tls_scheme(&tls),
+            v6 ? "[" : "", cfg->host, v6 ? "]" : "", bound, cfg->api_key ? "API key required on /v1/*" : "no API key",
+            srv_tls_on(&tls) ? ", TLS" : "", http_threads(cfg));
+    char url[300];
+    srv_local_url(url, sizeof url, srv_tls_scheme(&tls), cfg->host, bound);
+    srv_log(&srv, SRV_LOG_INFO, "open %s/v1 as the OpenAI API base, e.g. curl %s%s%s%s/v1/models%s", url,
+            srv_tls_on(&tls) ? "--cacert " : "", srv_tls_on(&tls) ? cfg->ssl_certfile : "", srv_tls_on(&tls) ? " " : "", url,
+            cfg->api_key ? " -H 'Authorization: Bearer KEY'" : "");
 
     /* --api-server-count N: the first server starts the other N - 1 on the same port (SO_REUSEPORT) */
     if (cfg->api_server_count > 1 && !cfg->attach_endpoint && srv_api_servers_start(&srv, argc, argv))
@@ -411,6 +459,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     srv_park_stop_all(&srv); /* no connection may be suspended when the daemon stops */
     MHD_stop_daemon(d);
     srv_park_join(&srv);
+    srv_tls_free(&tls); /* the daemon kept pointers to the PEM text until here */
     srv_api_servers_stop(&srv); /* they drain too (SIGTERM) */
     osp_status ls = OSP_OK;
     if (srv.engine) ls = osp_engine_stop(srv.engine);

@@ -8,6 +8,7 @@
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
  *   park.c         parked (suspended) connections and the watcher that sees their clients leave
  *   core_proc.c    --engine-process: the EngineCore's child process, its supervisor, --api-server-count
+ *   serve_startup.c  the start-up log's memory line and load bar (tls.c: --ssl-keyfile / --ssl-certfile)
  *
  * Threads: libmicrohttpd runs a pool of --http-threads event-loop threads (epoll; many connections
  * each, none blocks), the engine its own loop thread (osp_engine_start), park.c one watcher thread. A
@@ -97,6 +98,8 @@ typedef struct srv_config {
     int api_server_count;           /* --api-server-count: HTTP frontend processes sharing the core (1) */
     const char *attach_endpoint;    /* an extra API server (hidden __api-server): the core's endpoint */
     int fe_index;                   /* this frontend's index at the core (0: the first) */
+    const char *ssl_keyfile;        /* --ssl-keyfile PEM (tls.h); NULL: plain HTTP */
+    const char *ssl_certfile;       /* --ssl-certfile PEM; given together with ssl_keyfile */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
@@ -158,6 +161,14 @@ typedef struct srv_server {
  * they give (serve.c); the core process parses the same flags. */
 srv_config srv_parse_flags(int argc, char **argv);
 osp_engine_params srv_engine_params(const srv_config *cfg);
+/* The start-up log's memory line for an engine of this process: the weights' MiB (device memory on a
+ * GPU; on the CPU the GGUF tensors, mapped from the file), the KV cache's MiB and its capacity in
+ * tokens (num_blocks x block_size). */
+void srv_log_memory(const srv_server *s, const osp_engine *e);
+/* osp_engine_params.load_progress for a terminal (the caller checks isatty(2); a log file never gets
+ * it): srv_progress_bar redrawn in place after '\r', a newline at 1. The engine reports progress while
+ * weights are copied to a device; on the CPU they stay mapped from the file (nothing to wait for). */
+void srv_load_bar(void *ctx, float fraction);
 
 /* Seconds on CLOCK_MONOTONIC (for durations only). */
 double srv_now_s(void);

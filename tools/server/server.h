@@ -13,6 +13,9 @@
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
  *   core_proc.c    --engine-process / --api-server-count: the EngineCore in a child process
+ *   tls.c          --ssl-keyfile / --ssl-certfile (tls.h), shared with osprey router
+ *   startup_log.c  the start-up log's load progress bar and URL (pure text)
+ *   serve_startup.c  the start-up log's memory line, the load bar on a terminal
  * Everything here is tool code: it may print (stderr) and exit. */
 #ifndef OSPREY_TOOLS_SERVER_H
 #define OSPREY_TOOLS_SERVER_H
@@ -364,5 +367,16 @@ typedef struct srv_metrics_gauges {
 } srv_metrics_gauges;
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);
+
+/* ---- start-up log (startup_log.c) ---------------------------------------------------------- */
+
+/* Writes "loading weights [####......]  40%" (a 30-character bar; fraction clamped to [0, 1], NaN as
+ * 0) into out[cap], NUL-terminated and truncated to fit; returns the length written. The caller draws
+ * it only on a terminal (isatty(2)), after a '\r'. Pure. */
+size_t srv_progress_bar(char *out, size_t cap, double fraction);
+/* Writes "<scheme>://<host>:<port>" into out[cap] (truncated to fit; returns the length): the address
+ * a client on this machine opens. A wildcard host ("0.0.0.0", "::", empty or NULL) becomes loopback
+ * (127.0.0.1, [::1]); an IPv6 literal gets brackets (RFC 3986 §3.2.2). Pure. */
+size_t srv_local_url(char *out, size_t cap, const char *scheme, const char *host, unsigned port);
 
 #endif
