@@ -111,6 +111,43 @@ void osp_cuda_gemm_destroy(osp_cuda_gemm *g);
 osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32,
                               int64_t T, int64_t N, int64_t K, void *stream);
 
+/* As osp_cuda_gemm_bf16 with the output's rows ldy >= N elements apart: the N columns land at d_y
+ * (which may point into a wider [T, ldy] output, e.g. one row range of a matrix done in chunks). */
+osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32,
+                                 int64_t T, int64_t N, int64_t K, int64_t ldy, void *stream);
+
+/* ---- quantized weights (qmatmul.cu) ---------------------------------------------------------------- */
+
+/* Matrices the CUDA backend keeps in their GGUF block-quantized form (issue 17): rows of `type`
+ * exactly as ggml-common.h lays them out (the file's bytes), row_bytes = K / block values * block
+ * bytes apart. True for Q8_0, Q4_0, Q4_1, Q4_K and Q6_K. */
+bool osp_cuda_qtype_supported(uint32_t type);
+
+/* The most activation rows osp_cuda_qgemv takes: past it, dequantize (osp_cuda_qdequant_bf16) and use
+ * the tensor cores. */
+#define OSP_CUDA_QGEMV_MAX_T 8
+
+/* y[t, n] = sum_k x[t, k] w[n, k] for t < T <= OSP_CUDA_QGEMV_MAX_T, n < N: d_w N quantized rows of K
+ * values (row_bytes apart; 16-byte aligned for Q4_K, 4 for Q4_1, 2 for the others), d_x [T, K] bf16
+ * (16-byte aligned, K % 8 == 0), d_y [T, ldy] fp32 (y_f32) or bf16, columns [0, N) written. Weights
+ * are dequantized to fp32 exactly as core/dtype.c does (not rounded to bf16), products accumulated in
+ * fp32 in an order that depends only on K: row t's result is the same for any T (batch invariance).
+ * Errors: OSP_ERR_UNSUPPORTED (type), OSP_ERR_INVALID_ARG (shapes, alignment), OSP_ERR_INTERNAL
+ * (launch). Enqueues only (graph-capturable). */
+osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, int64_t K,
+                          const uint16_t *d_x, int64_t T, void *d_y, int64_t ldy, bool y_f32, void *stream);
+
+/* d_dst[r, :] = bf16(row r of d_w) for r < rows, [rows, K] bf16 (16-byte aligned): the values of
+ * core/dtype.c's osp_dequant_row rounded to nearest even, bit for bit (what the bf16 weight path
+ * uploads). Errors as osp_cuda_qgemv. Enqueues only. */
+osp_status osp_cuda_qdequant_bf16(uint32_t type, const void *d_w, size_t row_bytes, int64_t rows, int64_t K,
+                                  uint16_t *d_dst, void *stream);
+
+/* d_x[t, :] = bf16(row d_ids[t] of d_table) * scale in fp32, for t < T rows of E values: osp_cuda_embed
+ * on the bf16 copy of the table, bit for bit. Ids are not checked (the engine validates them). */
+osp_status osp_cuda_qembed(uint32_t type, const void *d_table, size_t row_bytes, const int32_t *d_ids, float *d_x,
+                           int64_t T, int64_t E, float scale, void *stream);
+
 /* The device's bf16 GEMM rate, measured: a GEMM of [T, K] x [N, K]^T with bf16 output (the layout and
  * path of osp_cuda_gemm_bf16, fp32 accumulation), its operands filled on the device with pseudo-random
  * values in [-1, 1) (constant data draws less power and would overstate the peak), 5 warm-up calls,

@@ -21,7 +21,7 @@
 #define GEMM_MAX_PLANS 256
 
 typedef struct gemm_plan {
-    int64_t T, N, K;
+    int64_t T, N, K, ldy;
     bool y_f32;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
@@ -82,16 +82,17 @@ extern "C" void osp_cuda_gemm_destroy(osp_cuda_gemm *g) {
     free(g);
 }
 
-static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N, int64_t K, bool y_f32) {
+static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N, int64_t K, int64_t ldy,
+                            bool y_f32) {
     memset(p, 0, sizeof *p);
-    p->T = T, p->N = N, p->K = K, p->y_f32 = y_f32;
+    p->T = T, p->N = N, p->K = K, p->ldy = ldy, p->y_f32 = y_f32;
     LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
     LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
     LT_TRY(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K), "layout A");
     LT_TRY(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K), "layout B");
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, N),
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, ldy),
            "layout D");
     cublasLtMatmulPreference_t pref;
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
@@ -114,13 +115,18 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
 
 extern "C" osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y,
                                          bool y_f32, int64_t T, int64_t N, int64_t K, void *stream) {
-    if (!g || !d_x || !d_w || !d_y || T <= 0 || N <= 0 || K <= 0)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_gemm_bf16: bad arguments (T %lld, N %lld, K %lld)",
-                             (long long)T, (long long)N, (long long)K);
+    return osp_cuda_gemm_bf16_ld(g, d_x, d_w, d_y, y_f32, T, N, K, N, stream);
+}
+
+extern "C" osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y,
+                                            bool y_f32, int64_t T, int64_t N, int64_t K, int64_t ldy, void *stream) {
+    if (!g || !d_x || !d_w || !d_y || T <= 0 || N <= 0 || K <= 0 || ldy < N)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_gemm_bf16: bad arguments (T %lld, N %lld, K %lld, ldy %lld)",
+                             (long long)T, (long long)N, (long long)K, (long long)ldy);
     gemm_plan *p = NULL;
     for (int i = 0; i < g->n_plans && !p; i++) {
         gemm_plan *q = &g->plans[i];
-        if (q->T == T && q->N == N && q->K == K && q->y_f32 == y_f32) p = q;
+        if (q->T == T && q->N == N && q->K == K && q->ldy == ldy && q->y_f32 == y_f32) p = q;
     }
     if (!p) {
         if (g->n_plans == GEMM_MAX_PLANS) { /* evict the oldest: shapes this many are a workload change */
@@ -129,7 +135,7 @@ extern "C" osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, 
             g->n_plans--;
         }
         p = &g->plans[g->n_plans];
-        osp_status s = plan_make(g, p, T, N, K, y_f32);
+        osp_status s = plan_make(g, p, T, N, K, ldy, y_f32);
         if (s != OSP_OK) {
             plan_free(p);
             return s;

@@ -1,0 +1,426 @@
+/* Matrices kept in their GGUF block-quantized form on the device (cuda_ops.h, "quantized weights"):
+ * Q8_0, Q4_0, Q4_1, Q4_K and Q6_K rows exactly as the file stores them (ggml-common.h's block
+ * layouts, the same that core/dtype.c reads), dequantized inside the kernels that read them:
+ *
+ *   qgemv      y[t, n] = sum_k x[t, k] w[n, k] for T <= OSP_CUDA_QGEMV_MAX_T rows (decode): each weight
+ *              byte is read once, dequantized to fp32 in registers and multiplied into every row.
+ *   qdequant   rows of a quantized matrix written out as bf16 (for cuBLASLt when T is larger, and for
+ *              the tests: bit-identical to core/dtype.c's osp_dequant_row rounded to bf16, the values
+ *              the bf16 weight path uploads).
+ *   qembed     token embedding rows gathered from a quantized table (the bf16 path's values, times scale).
+ *
+ * The dequantization is core/dtype.c's arithmetic spelled with __fmul_rn / __fadd_rn / __fsub_rn (the
+ * CPU is ISO C17 without FMA contraction), so every weight value equals the CPU's fp32 value.
+ *
+ * A matrix row is cut into pieces of 8 consecutive values that one thread loads (a few loads of the
+ * block's bytes it needs) and dequantizes; consecutive threads take consecutive pieces, so every warp
+ * access is one contiguous span (the first qgemv gave each lane a whole 64-value unit: its activation
+ * loads were 128 bytes apart across the warp and L1 throughput bound it at 32% of the copy bandwidth).
+ * qgemv: a warp owns QG_ROWS weight rows; lane l takes pieces l, l + 32, ... in increasing order and
+ * accumulates each (row, t) in fp32 in that fixed order (one FMA chain per value), then the warp adds
+ * its lanes in a fixed xor-shuffle tree. A row's result therefore depends
+ * only on its own x row and the weights: not on T, not on which other rows share the launch (batch
+ * invariance within the kernel). qgemv's weights are the exact fp32 values (not rounded to bf16): it is
+ * at least as accurate as the bf16 path; the difference from cuBLASLt on the bf16 copy is one rounding
+ * of each weight and the reduction order. */
+#include <stdint.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+#include "core/dtype.h"
+
+namespace {
+
+constexpr int kWarps = 4;  /* warps per qgemv block */
+constexpr int QG_ROWS = 2; /* weight rows per warp: a piece of x loaded once serves both */
+
+__device__ __forceinline__ float half_bits(uint32_t h) { return osp_f16_to_f((uint16_t)h); }
+
+/* 8 bytes from a 2-byte aligned address as two 32-bit words (byte i of the span is byte i % 4 of word
+ * i / 4), and from 4- and 8-byte aligned ones */
+__device__ __forceinline__ void load8_a2(const uint8_t *p, uint32_t w[2]) {
+    const uint16_t *h = reinterpret_cast<const uint16_t *>(p);
+    w[0] = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+    w[1] = (uint32_t)__ldg(h + 2) | (uint32_t)__ldg(h + 3) << 16;
+}
+__device__ __forceinline__ void load8_a4(const uint8_t *p, uint32_t w[2]) {
+    const uint32_t *q = reinterpret_cast<const uint32_t *>(p);
+    w[0] = __ldg(q), w[1] = __ldg(q + 1);
+}
+__device__ __forceinline__ void load8_a8(const uint8_t *p, uint32_t w[2]) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+    w[0] = v.x, w[1] = v.y;
+}
+__device__ __forceinline__ int byte_of(const uint32_t *w, int i) { return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xffu); }
+__device__ __forceinline__ float half_at(const uint8_t *p) { return half_bits(__ldg(reinterpret_cast<const uint16_t *>(p))); }
+
+/* (float)(q - BIAS) for 0 <= q < 2^23 without an int-to-float conversion (a quarter-rate instruction):
+ * 2^23 + q as float bits, minus 2^23 + BIAS, both exact. */
+template <int BIAS> __device__ __forceinline__ float qf(int q) {
+    return __fsub_rn(__int_as_float(0x4B000000 | q), (float)(8388608 + BIAS));
+}
+
+/* ---- the block types ----------------------------------------------------------------------------
+ * A row is a sequence of units (VALS values); a unit is PIECES pieces of 8 values. piece() loads what
+ * piece p of unit u needs and dequantizes it (core/dtype.c's arithmetic); xoff() is the index of its
+ * first value in the row (a piece's 8 values are consecutive). Threads take consecutive pieces, so a
+ * warp's loads of weights, of activations and its bf16 stores each cover one contiguous span. */
+
+template <uint32_t TYPE> struct qt;
+
+/* block_q8_0 { half d; i8 qs[32]; } (34 bytes): x = q d */
+template <> struct qt<OSP_DTYPE_Q8_0> {
+    static constexpr int VALS = 32, PIECES = 4, BLOCK_BYTES = 34, BLOCK_VALS = 32;
+    static_assert(VALS == 8 * PIECES && BLOCK_VALS % VALS == 0, "a unit is whole pieces, a block whole units");
+    static __device__ __forceinline__ void piece(const uint8_t *row, int64_t u, int p, float w[8]) {
+        const uint8_t *b = row + u * BLOCK_BYTES;
+        const float d = half_at(b);
+        uint32_t q[2];
+        load8_a2(b + 2 + 8 * p, q);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = __fmul_rn(qf<128>(byte_of(q, i) ^ 0x80), d); /* the int8 */
+    }
+    static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
+};
+
+/* block_q4_0 { half d; u8 qs[16]; } (18 bytes): value j < 16 is the low nibble of qs[j], 16 + j its
+ * high nibble; x = (q - 8) d */
+template <> struct qt<OSP_DTYPE_Q4_0> {
+    static constexpr int VALS = 32, PIECES = 4, BLOCK_BYTES = 18, BLOCK_VALS = 32;
+    static_assert(VALS == 8 * PIECES && BLOCK_VALS % VALS == 0, "a unit is whole pieces, a block whole units");
+    static __device__ __forceinline__ void piece(const uint8_t *row, int64_t u, int p, float w[8]) {
+        const uint8_t *b = row + u * BLOCK_BYTES;
+        const float d = half_at(b);
+        uint32_t q[2];
+        load8_a2(b + 2 + 8 * (p & 1), q);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int by = byte_of(q, i);
+            w[i] = __fmul_rn(qf<8>(p < 2 ? (by & 15) : (by >> 4)), d);
+        }
+    }
+    static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
+};
+
+/* block_q4_1 { half d; half m; u8 qs[16]; } (20 bytes): as Q4_0 with x = q d + m */
+template <> struct qt<OSP_DTYPE_Q4_1> {
+    static constexpr int VALS = 32, PIECES = 4, BLOCK_BYTES = 20, BLOCK_VALS = 32;
+    static_assert(VALS == 8 * PIECES && BLOCK_VALS % VALS == 0, "a unit is whole pieces, a block whole units");
+    static __device__ __forceinline__ void piece(const uint8_t *row, int64_t u, int p, float w[8]) {
+        const uint8_t *b = row + u * BLOCK_BYTES;
+        const uint32_t dm = __ldg(reinterpret_cast<const uint32_t *>(b));
+        const float d = half_bits(dm & 0xffffu), m = half_bits(dm >> 16);
+        uint32_t q[2];
+        load8_a4(b + 4 + 8 * (p & 1), q);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int by = byte_of(q, i);
+            w[i] = __fadd_rn(__fmul_rn(qf<0>(p < 2 ? (by & 15) : (by >> 4)), d), m);
+        }
+    }
+    static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
+};
+
+/* block_q4_K { half d; half dmin; u8 scales[12]; u8 qs[128]; } (144 bytes, 256 values). Unit u is the
+ * pair of sub-blocks (2c, 2c + 1), c = u % 4, of superblock u / 4: values 64c + l (the low nibble of
+ * qs[32c + l]) and 64c + 32 + l (its high nibble); pieces 0-3 are sub-block 2c, 4-7 sub-block 2c + 1.
+ * x = (d sc) q - dmin m, the 6-bit sc and m unpacked as core/dtype.c's k4_scales. The block's first
+ * 16 bytes (d, dmin, scales) are one aligned load. */
+template <> struct qt<OSP_DTYPE_Q4_K> {
+    static constexpr int VALS = 64, PIECES = 8, BLOCK_BYTES = 144, BLOCK_VALS = 256;
+    static_assert(VALS == 8 * PIECES && BLOCK_VALS % VALS == 0, "a unit is whole pieces, a block whole units");
+    static __device__ __forceinline__ void piece(const uint8_t *row, int64_t u, int p, float w[8]) {
+        const uint8_t *b = row + (u >> 2) * BLOCK_BYTES;
+        const int c = (int)(u & 3), j = 2 * c + (p >> 2);
+        const uint4 hdr = __ldg(reinterpret_cast<const uint4 *>(b));
+        /* scales[i] is byte i % 4 of word i / 4 of (hdr.y, hdr.z, hdr.w); j is a runtime value, so the
+         * bytes are picked by selects (an indexed array would live in local memory) */
+        const int jj = j & 3;
+        const uint32_t lo = j < 4 ? hdr.y : hdr.w, mid = hdr.z; /* scales[j or j + 4 (j >= 4)], scales[j + 4 or j] */
+        const int b_j = (int)((hdr.y >> (8 * jj)) & 0xffu), b_j4 = (int)((mid >> (8 * jj)) & 0xffu);
+        const int b_j8 = (int)((lo >> (8 * jj)) & 0xffu); /* scales[j + 4] for j >= 4, i.e. word w */
+        int sc, m;
+        if (j < 4) {
+            sc = b_j & 63;   /* scales[j] */
+            m = b_j4 & 63;   /* scales[j + 4] */
+        } else {             /* j >= 4: scales[j + 4] = byte jj of hdr.w, scales[j - 4] = byte jj of hdr.y, scales[j] = byte jj of hdr.z */
+            sc = (b_j8 & 0x0f) | (b_j >> 6) << 4;
+            m = (b_j8 >> 4) | (b_j4 >> 6) << 4;
+        }
+        const float dl = __fmul_rn(half_bits(hdr.x & 0xffffu), (float)sc);
+        const float ml = __fmul_rn(half_bits(hdr.x >> 16), (float)m);
+        uint32_t q[2];
+        load8_a8(b + 16 + 32 * c + 8 * (p & 3), q);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int by = byte_of(q, i);
+            w[i] = __fsub_rn(__fmul_rn(dl, qf<0>(p < 4 ? (by & 15) : (by >> 4))), ml);
+        }
+    }
+    static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 64 * u + 8 * p; }
+};
+
+/* block_q6_K { u8 ql[128]; u8 qh[64]; i8 scales[16]; half d; } (210 bytes, 256 values). In half h,
+ * value 128h + 32s + l has its low nibble in ql[64h + 32(s & 1) + l] (the low nibble for s < 2, the
+ * high for s >= 2) and its top two bits at bits 2s, 2s + 1 of qh[32h + l]; its scale is sub-block
+ * (128h + 32s + l) / 16. Unit u of superblock u / 4 is (h, s0) = ((u % 4) / 2, u % 2): pieces 0-3
+ * are s = s0, 4-7 s = s0 + 2 (which share their ql bytes). x = (d sc) (q - 32). */
+template <> struct qt<OSP_DTYPE_Q6_K> {
+    static constexpr int VALS = 64, PIECES = 8, BLOCK_BYTES = 210, BLOCK_VALS = 256;
+    static_assert(VALS == 8 * PIECES && BLOCK_VALS % VALS == 0, "a unit is whole pieces, a block whole units");
+    static __device__ __forceinline__ void piece(const uint8_t *row, int64_t u, int p, float w[8]) {
+        const uint8_t *b = row + (u >> 2) * BLOCK_BYTES;
+        const int h = (int)((u & 3) >> 1), s0 = (int)(u & 1), s = s0 + (p >> 2) * 2, l0 = 8 * (p & 3);
+        const float d = half_at(b + 208);
+        const float dl = __fmul_rn(d, (float)(int8_t)__ldg(b + 192 + 8 * h + 2 * s + (l0 >> 4)));
+        uint32_t ql[2], qh[2];
+        load8_a2(b + 64 * h + 32 * s0 + l0, ql);
+        load8_a2(b + 128 + 32 * h + l0, qh);
+        /* a shift of the whole word by 2s <= 6: bits 0-1 of every byte still come from that byte */
+        qh[0] >>= 2 * s, qh[1] >>= 2 * s;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int lo = p < 4 ? (byte_of(ql, i) & 15) : (byte_of(ql, i) >> 4);
+            w[i] = __fmul_rn(dl, qf<32>(lo | (byte_of(qh, i) & 3) << 4));
+        }
+    }
+    static __device__ __forceinline__ int64_t xoff(int64_t u, int p) {
+        return 256 * (u >> 2) + 128 * ((u & 3) >> 1) + 32 * (u & 1) + (p < 4 ? 8 * p : 64 + 8 * (p - 4));
+    }
+};
+
+__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float f[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+/* ---- qgemv ------------------------------------------------------------------------------------- */
+
+/* Lane l of a warp takes pieces l, l + 32, ... of its QG_ROWS rows (a warp covers 256 consecutive
+ * values a step): each (row, t) sums its pieces in that order, 8 FMAs a piece, then the lanes in a
+ * fixed xor-shuffle tree. */
+template <uint32_t TYPE, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    qgemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t K,
+                 const uint16_t *__restrict__ x, int T, void *__restrict__ y, int64_t ldy, bool y_f32) {
+    using Q = qt<TYPE>;
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = ((int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5)) * QG_ROWS;
+    if (n0 >= N) return;
+    const int64_t pieces = K / 8;
+    float acc[QG_ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < QG_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    const uint8_t *rows[QG_ROWS];
+#pragma unroll
+    for (int r = 0; r < QG_ROWS; r++) rows[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * row_bytes;
+#pragma unroll 2
+    for (int64_t q = lane; q < pieces; q += 32) {
+        const int64_t u = q / Q::PIECES;
+        const int p = (int)(q % Q::PIECES);
+        float wv[QG_ROWS][8];
+#pragma unroll
+        for (int r = 0; r < QG_ROWS; r++) Q::piece(rows[r], u, p, wv[r]);
+        const int64_t off = Q::xoff(u, p);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < T) {
+                float xf[8];
+                unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(x + (size_t)t * K + off)), xf);
+#pragma unroll
+                for (int r = 0; r < QG_ROWS; r++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[r][t] = fmaf(wv[r][i], xf[i], acc[r][t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < QG_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < QG_ROWS; r++) {
+        if (n0 + r >= N) continue;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) continue;
+            const size_t i = (size_t)t * (size_t)ldy + (size_t)(n0 + r);
+            if (y_f32) static_cast<float *>(y)[i] = acc[r][t];
+            else static_cast<uint16_t *>(y)[i] = osp_f_to_bf16(acc[r][t]);
+        }
+    }
+}
+
+/* ---- qdequant and qembed --------------------------------------------------------------------------- */
+
+/* One thread per (row, piece): 8 bf16 values, one 16-byte store; a warp writes 512 contiguous bytes. */
+template <uint32_t TYPE>
+__global__ void qdequant_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, int64_t K,
+                                uint16_t *__restrict__ dst) {
+    using Q = qt<TYPE>;
+    const int64_t pieces = K / 8, total = rows * pieces;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / pieces, q = i % pieces, u = q / Q::PIECES;
+        const int p = (int)(q % Q::PIECES);
+        float v[8];
+        Q::piece(w + (size_t)row * row_bytes, u, p, v);
+        uint32_t h[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* round to nearest even, two a conversion (osp_f_to_bf16 for finite values) */
+            const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+            h[j] = *reinterpret_cast<const uint32_t *>(&b);
+        }
+        *reinterpret_cast<uint4 *>(dst + (size_t)row * (size_t)K + Q::xoff(u, p)) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+}
+
+/* x[t, :] = bf16(table[ids[t], :]) * scale, fp32: the bf16 weight path's embed_kernel on the same values. */
+template <uint32_t TYPE>
+__global__ void qembed_kernel(const uint8_t *__restrict__ table, size_t row_bytes, const int32_t *__restrict__ ids,
+                              float *__restrict__ x, int64_t T, int64_t E, float scale) {
+    using Q = qt<TYPE>;
+    const int64_t pieces = E / 8;
+    for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+        const uint8_t *row = table + (size_t)ids[t] * row_bytes;
+        for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < pieces; q += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t u = q / Q::PIECES;
+            const int p = (int)(q % Q::PIECES);
+            float v[8];
+            Q::piece(row, u, p, v);
+            float *o = x + (size_t)t * (size_t)E + Q::xoff(u, p);
+#pragma unroll
+            for (int j = 0; j < 8; j++) o[j] = __fmul_rn(osp_bf16_to_f(osp_f_to_bf16(v[j])), scale);
+        }
+    }
+}
+
+template <uint32_t TYPE>
+osp_status launch_gemv(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const uint16_t *d_x, int64_t T,
+                       void *d_y, int64_t ldy, bool y_f32, cudaStream_t st) {
+    const int64_t rows_per_block = (int64_t)kWarps * QG_ROWS;
+    const dim3 grid((unsigned)((N + rows_per_block - 1) / rows_per_block));
+    const uint8_t *w = static_cast<const uint8_t *>(d_w);
+    const int t = (int)T;
+    if (T == 1) qgemv_kernel<TYPE, 1><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    else if (T == 2) qgemv_kernel<TYPE, 2><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    else if (T <= 4) qgemv_kernel<TYPE, 4><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    else qgemv_kernel<TYPE, 8><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    OSP_CUDA_LAUNCH_CHECK("qgemv_kernel");
+    return OSP_OK;
+}
+
+template <uint32_t TYPE>
+osp_status launch_dequant(const void *d_w, size_t row_bytes, int64_t rows, int64_t K, uint16_t *d_dst, cudaStream_t st) {
+    const int64_t total = rows * (K / 8);
+    int64_t blocks = (total + 255) / 256;
+    if (blocks > 1048576) blocks = 1048576;
+    qdequant_kernel<TYPE><<<(unsigned)blocks, 256, 0, st>>>(static_cast<const uint8_t *>(d_w), row_bytes, rows, K, d_dst);
+    OSP_CUDA_LAUNCH_CHECK("qdequant_kernel");
+    return OSP_OK;
+}
+
+template <uint32_t TYPE>
+osp_status launch_embed(const void *d_table, size_t row_bytes, const int32_t *d_ids, float *d_x, int64_t T, int64_t E,
+                        float scale, cudaStream_t st) {
+    const int64_t pieces = E / 8;
+    const dim3 grid((unsigned)((pieces + 127) / 128), (unsigned)(T < 65535 ? T : 65535));
+    qembed_kernel<TYPE><<<grid, 128, 0, st>>>(static_cast<const uint8_t *>(d_table), row_bytes, d_ids, d_x, T, E, scale);
+    OSP_CUDA_LAUNCH_CHECK("qembed_kernel");
+    return OSP_OK;
+}
+
+int64_t block_vals(uint32_t type) {
+    switch (type) {
+    case OSP_DTYPE_Q8_0: return qt<OSP_DTYPE_Q8_0>::BLOCK_VALS;
+    case OSP_DTYPE_Q4_0: return qt<OSP_DTYPE_Q4_0>::BLOCK_VALS;
+    case OSP_DTYPE_Q4_1: return qt<OSP_DTYPE_Q4_1>::BLOCK_VALS;
+    case OSP_DTYPE_Q4_K: return qt<OSP_DTYPE_Q4_K>::BLOCK_VALS;
+    case OSP_DTYPE_Q6_K: return qt<OSP_DTYPE_Q6_K>::BLOCK_VALS;
+    default: return 0;
+    }
+}
+
+int64_t block_bytes(uint32_t type) {
+    switch (type) {
+    case OSP_DTYPE_Q8_0: return qt<OSP_DTYPE_Q8_0>::BLOCK_BYTES;
+    case OSP_DTYPE_Q4_0: return qt<OSP_DTYPE_Q4_0>::BLOCK_BYTES;
+    case OSP_DTYPE_Q4_1: return qt<OSP_DTYPE_Q4_1>::BLOCK_BYTES;
+    case OSP_DTYPE_Q4_K: return qt<OSP_DTYPE_Q4_K>::BLOCK_BYTES;
+    case OSP_DTYPE_Q6_K: return qt<OSP_DTYPE_Q6_K>::BLOCK_BYTES;
+    default: return 0;
+    }
+}
+
+/* Shape checks shared by the launchers: K whole blocks, rows exactly K's blocks apart, row starts
+ * aligned as the widest load of the type needs (16 bytes for Q4_K, 4 for Q4_1, 2 otherwise). */
+osp_status check(const char *fn, uint32_t type, const void *d_w, size_t row_bytes, int64_t K) {
+    const int64_t bv = block_vals(type);
+    if (!bv) return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: no kernel for weight type %u", fn, type);
+    if (K <= 0 || K % bv != 0 || row_bytes != (size_t)(K / bv * block_bytes(type)))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "%s: %lld columns, %zu bytes a row: not whole blocks of the type", fn,
+                             (long long)K, row_bytes);
+    const size_t align = type == OSP_DTYPE_Q4_K ? 16 : type == OSP_DTYPE_Q4_1 ? 4 : 2;
+    if ((uintptr_t)d_w % align != 0 || row_bytes % align != 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "%s: weight rows not %zu-byte aligned", fn, align);
+    return OSP_OK;
+}
+
+} // namespace
+
+extern "C" bool osp_cuda_qtype_supported(uint32_t type) { return block_vals(type) != 0; }
+
+extern "C" osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, int64_t K,
+                                     const uint16_t *d_x, int64_t T, void *d_y, int64_t ldy, bool y_f32, void *stream) {
+    OSP_TRY(check("osp_cuda_qgemv", type, d_w, row_bytes, K));
+    if (!d_x || !d_y || N <= 0 || T <= 0 || T > OSP_CUDA_QGEMV_MAX_T || ldy < N || (uintptr_t)d_x % 16 != 0 || K % 8 != 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qgemv: bad arguments (N %lld, K %lld, T %lld, ldy %lld)",
+                             (long long)N, (long long)K, (long long)T, (long long)ldy);
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (type) {
+    case OSP_DTYPE_Q8_0: return launch_gemv<OSP_DTYPE_Q8_0>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    case OSP_DTYPE_Q4_0: return launch_gemv<OSP_DTYPE_Q4_0>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    case OSP_DTYPE_Q4_1: return launch_gemv<OSP_DTYPE_Q4_1>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    case OSP_DTYPE_Q4_K: return launch_gemv<OSP_DTYPE_Q4_K>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    default: return launch_gemv<OSP_DTYPE_Q6_K>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    }
+}
+
+extern "C" osp_status osp_cuda_qdequant_bf16(uint32_t type, const void *d_w, size_t row_bytes, int64_t rows, int64_t K,
+                                             uint16_t *d_dst, void *stream) {
+    OSP_TRY(check("osp_cuda_qdequant_bf16", type, d_w, row_bytes, K));
+    if (!d_dst || rows < 0 || (uintptr_t)d_dst % 16 != 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qdequant_bf16: bad arguments");
+    if (rows == 0) return OSP_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (type) {
+    case OSP_DTYPE_Q8_0: return launch_dequant<OSP_DTYPE_Q8_0>(d_w, row_bytes, rows, K, d_dst, st);
+    case OSP_DTYPE_Q4_0: return launch_dequant<OSP_DTYPE_Q4_0>(d_w, row_bytes, rows, K, d_dst, st);
+    case OSP_DTYPE_Q4_1: return launch_dequant<OSP_DTYPE_Q4_1>(d_w, row_bytes, rows, K, d_dst, st);
+    case OSP_DTYPE_Q4_K: return launch_dequant<OSP_DTYPE_Q4_K>(d_w, row_bytes, rows, K, d_dst, st);
+    default: return launch_dequant<OSP_DTYPE_Q6_K>(d_w, row_bytes, rows, K, d_dst, st);
+    }
+}
+
+extern "C" osp_status osp_cuda_qembed(uint32_t type, const void *d_table, size_t row_bytes, const int32_t *d_ids,
+                                      float *d_x, int64_t T, int64_t E, float scale, void *stream) {
+    OSP_TRY(check("osp_cuda_qembed", type, d_table, row_bytes, E));
+    if (!d_ids || !d_x || T < 0) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qembed: bad arguments");
+    if (T == 0) return OSP_OK;
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (type) {
+    case OSP_DTYPE_Q8_0: return launch_embed<OSP_DTYPE_Q8_0>(d_table, row_bytes, d_ids, d_x, T, E, scale, st);
+    case OSP_DTYPE_Q4_0: return launch_embed<OSP_DTYPE_Q4_0>(d_table, row_bytes, d_ids, d_x, T, E, scale, st);
+    case OSP_DTYPE_Q4_1: return launch_embed<OSP_DTYPE_Q4_1>(d_table, row_bytes, d_ids, d_x, T, E, scale, st);
+    case OSP_DTYPE_Q4_K: return launch_embed<OSP_DTYPE_Q4_K>(d_table, row_bytes, d_ids, d_x, T, E, scale, st);
+    default: return launch_embed<OSP_DTYPE_Q6_K>(d_table, row_bytes, d_ids, d_x, T, E, scale, st);
+    }
+}

@@ -1,0 +1,308 @@
+/* Quantized weights on the GPU (issue 17; src/backend/cuda/qmatmul.cu) against the CPU:
+ *  - osp_cuda_qdequant_bf16 equals core/dtype.c's osp_dequant_row rounded to bf16, bit for bit, for
+ *    Q8_0, Q4_0, Q4_1, Q4_K and Q6_K rows (reference-quantized rows and rows of random bytes, so every
+ *    bit pattern of the packed scales and quants is read), whole matrices and row ranges;
+ *  - osp_cuda_qembed equals the bf16 table's values times the scale, bit for bit;
+ *  - osp_cuda_qgemv is within fp32 accumulation error of a double-precision sum over the CPU's fp32
+ *    weights (fp32 and bf16 outputs), writes only its N columns of a wider output, and gives every row
+ *    the same bits whatever T is and wherever the row sits in the batch (batch invariance);
+ *  - bad arguments are refused with the right status and nothing is launched.
+ * Outputs are poisoned (0xff bytes: NaN) before each call, so unwritten values fail. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "core/dtype.h"
+#include "core/quantize.h"
+#include "gpu_test_rng.h"
+
+static const uint32_t k_types[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q4_K, OSP_DTYPE_Q6_K};
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n > 0 ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+static void *dev_alloc_fill(size_t n, int byte) {
+    void *d = NULL;
+    assert_int_equal(osp_cuda_malloc(&d, n > 0 ? n : 16, "test buffer"), OSP_OK);
+    assert_int_equal(osp_cuda_memset(d, byte, n > 0 ? n : 16, NULL), OSP_OK);
+    return d;
+}
+static void *dev_put(const void *h, size_t n) {
+    void *d = dev_alloc_fill(n, 0);
+    if (n) assert_int_equal(osp_cuda_h2d(d, h, n, NULL), OSP_OK);
+    return d;
+}
+static void dev_get(void *h, const void *d, size_t n) {
+    assert_int_equal(osp_cuda_d2h(h, d, n, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
+}
+
+/* A finite f16 of magnitude in [2^-12, 2^-4), either sign when `sign`. */
+static uint16_t rnd_scale_f16(bool sign) {
+    const uint16_t e = (uint16_t)(15 - 12 + rnd_int(8)), m = (uint16_t)rnd_int(1024);
+    return (uint16_t)((sign && rnd_int(2) ? 0x8000u : 0u) | e << 10 | m);
+}
+
+/* Byte offsets of a block's f16 fields (d, and dmin / m where the type has one). */
+static void half_fields(uint32_t t, int *d_off, int *m_off) {
+    *m_off = -1;
+    switch (t) {
+    case OSP_DTYPE_Q4_1: *d_off = 0, *m_off = 2; break;
+    case OSP_DTYPE_Q4_K: *d_off = 0, *m_off = 2; break;
+    case OSP_DTYPE_Q6_K: *d_off = 208; break;
+    default: *d_off = 0; break;
+    }
+}
+
+/* rows x K of type t: even rows quantized from random values by core/quantize.c, odd rows random bytes
+ * with finite f16 scales. */
+static uint8_t *make_rows(uint32_t t, int64_t rows, int64_t K) {
+    const size_t rb = osp_dtype_row_size(t, K), bb = osp_dtype_type_size(t);
+    const int64_t nb = K / osp_dtype_block_size(t);
+    uint8_t *w = xmalloc((size_t)rows * rb);
+    float *v = xmalloc((size_t)K * sizeof *v);
+    int d_off, m_off;
+    half_fields(t, &d_off, &m_off);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *row = w + (size_t)r * rb;
+        if (r % 2 == 0) {
+            const float amp = 0.01f + 2.0f * (rnd_unit() + 1.0f);
+            for (int64_t i = 0; i < K; i++) v[i] = amp * rnd_unit() * (rnd_int(16) == 0 ? 4.0f : 1.0f);
+            assert_int_equal(osp_quantize_row(t, v, row, K), OSP_OK);
+        } else {
+            for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)rnd64();
+            for (int64_t b = 0; b < nb; b++) {
+                uint16_t h = rnd_scale_f16(t != OSP_DTYPE_Q4_K);
+                memcpy(row + (size_t)b * bb + d_off, &h, 2);
+                if (m_off >= 0) {
+                    h = rnd_scale_f16(t == OSP_DTYPE_Q4_1);
+                    memcpy(row + (size_t)b * bb + m_off, &h, 2);
+                }
+            }
+        }
+    }
+    free(v);
+    return w;
+}
+
+/* The CPU's fp32 values of rows x K. */
+static float *cpu_dequant(uint32_t t, const uint8_t *w, int64_t rows, int64_t K) {
+    const size_t rb = osp_dtype_row_size(t, K);
+    float *f = xmalloc((size_t)rows * (size_t)K * sizeof *f);
+    for (int64_t r = 0; r < rows; r++)
+        assert_int_equal(osp_dequant_row(t, w + (size_t)r * rb, f + (size_t)r * (size_t)K, K), OSP_OK);
+    return f;
+}
+
+static int64_t k_for(uint32_t t, int i) {
+    static const int64_t small[] = {96, 512, 2048 + 32, 4096};
+    static const int64_t big[] = {256, 768, 2048 + 256, 4096};
+    return osp_dtype_block_size(t) == 256 ? big[i] : small[i];
+}
+
+static void test_dequant(void **state) {
+    (void)state;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        for (int ki = 0; ki < 4; ki++) {
+            g_rng = 1000 + 10 * ti + (uint64_t)ki;
+            const int64_t K = k_for(t, ki), rows = 37;
+            const size_t rb = osp_dtype_row_size(t, K);
+            uint8_t *w = make_rows(t, rows, K);
+            float *ref = cpu_dequant(t, w, rows, K);
+            void *dw = dev_put(w, (size_t)rows * rb);
+            uint16_t *dd = dev_alloc_fill((size_t)rows * (size_t)K * 2, 0xff);
+            uint16_t *got = xmalloc((size_t)rows * (size_t)K * 2);
+            /* the whole matrix, then rows [5, 29) into the start of a poisoned buffer */
+            for (int pass = 0; pass < 2; pass++) {
+                const int64_t r0 = pass ? 5 : 0, n = pass ? 24 : rows;
+                assert_int_equal(osp_cuda_memset(dd, 0xff, (size_t)rows * (size_t)K * 2, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_qdequant_bf16(t, (const uint8_t *)dw + (size_t)r0 * rb, rb, n, K, dd, NULL), OSP_OK);
+                dev_get(got, dd, (size_t)n * (size_t)K * 2);
+                int64_t bad = 0;
+                for (int64_t i = 0; i < n * K; i++) {
+                    const uint16_t want = osp_fp32_to_bf16(ref[(size_t)r0 * (size_t)K + (size_t)i]);
+                    if (got[i] != want && bad++ < 4)
+                        printf("  %s K %lld row %lld col %lld: got 0x%04x, want 0x%04x (%g)\n", osp_dtype_name(t),
+                               (long long)K, (long long)(r0 + i / K), (long long)(i % K), got[i], want,
+                               (double)ref[(size_t)r0 * (size_t)K + (size_t)i]);
+                }
+                assert_int_equal(bad, 0);
+            }
+            printf("dequant %-4s K %5lld: %lld rows bit-identical to the CPU's (bf16)\n", osp_dtype_name(t), (long long)K,
+                   (long long)rows);
+            osp_cuda_free(dw), osp_cuda_free(dd);
+            free(w), free(ref), free(got);
+        }
+    }
+}
+
+static void test_embed(void **state) {
+    (void)state;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        g_rng = 2000 + ti;
+        const int64_t E = k_for(t, 1), V = 50, T = 13;
+        const size_t rb = osp_dtype_row_size(t, E);
+        uint8_t *w = make_rows(t, V, E);
+        float *ref = cpu_dequant(t, w, V, E);
+        int32_t ids[13];
+        for (int i = 0; i < T; i++) ids[i] = rnd_int((int)V);
+        ids[3] = ids[7]; /* a repeated id */
+        const float scale = 1.7f;
+        void *dw = dev_put(w, (size_t)V * rb), *di = dev_put(ids, sizeof ids);
+        float *dx = dev_alloc_fill((size_t)T * (size_t)E * 4, 0xff), *got = xmalloc((size_t)T * (size_t)E * 4);
+        assert_int_equal(osp_cuda_qembed(t, dw, rb, di, dx, T, E, scale, NULL), OSP_OK);
+        dev_get(got, dx, (size_t)T * (size_t)E * 4);
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t c = 0; c < E; c++) {
+                const float want = osp_bf16_to_fp32(osp_fp32_to_bf16(ref[(size_t)ids[i] * (size_t)E + (size_t)c])) * scale;
+                const float g = got[(size_t)i * (size_t)E + (size_t)c];
+                if (memcmp(&g, &want, 4) != 0) {
+                    printf("  %s embed row %lld col %lld: got %g want %g\n", osp_dtype_name(t), (long long)i, (long long)c,
+                           (double)g, (double)want);
+                    fail();
+                }
+            }
+        printf("embed %-4s E %lld: %lld rows bit-identical to the bf16 table's\n", osp_dtype_name(t), (long long)E,
+               (long long)T);
+        osp_cuda_free(dw), osp_cuda_free(di), osp_cuda_free(dx);
+        free(w), free(ref), free(got);
+    }
+}
+
+/* qgemv into columns [c0, c0 + N) of a [T, ldy] output, against a double-precision reference; then
+ * every row t computed alone (T = 1, its x row first) and at another batch position must give the
+ * same bits. */
+static void test_gemv(void **state) {
+    (void)state;
+    static const int64_t Ts[] = {1, 2, 3, 5, 8};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        for (int ki = 0; ki < 4; ki++) {
+            g_rng = 3000 + 10 * ti + (uint64_t)ki;
+            const int64_t K = k_for(t, ki), N = 67, c0 = 5, ldy = N + 11;
+            const size_t rb = osp_dtype_row_size(t, K);
+            uint8_t *w = make_rows(t, N, K);
+            float *wf = cpu_dequant(t, w, N, K);
+            uint16_t *x = xmalloc((size_t)8 * (size_t)K * 2);
+            for (int64_t i = 0; i < 8 * K; i++) x[i] = osp_fp32_to_bf16(rnd_unit() * (rnd_int(32) ? 1.0f : 8.0f));
+            void *dw = dev_put(w, (size_t)N * rb);
+            uint16_t *dx = dev_put(x, (size_t)8 * (size_t)K * 2), *dx1 = dev_alloc_fill((size_t)8 * (size_t)K * 2, 0);
+            void *dy = dev_alloc_fill((size_t)8 * (size_t)ldy * 4, 0xff);
+            float *yf = xmalloc((size_t)8 * (size_t)ldy * 4), *yref = xmalloc((size_t)8 * (size_t)ldy * 4);
+            uint16_t *yb = xmalloc((size_t)8 * (size_t)ldy * 2);
+            double max_rel = 0.0;
+            for (int f32 = 1; f32 >= 0; f32--) {
+                const size_t esz = f32 ? 4 : 2;
+                for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+                    const int64_t T = Ts[k];
+                    assert_int_equal(osp_cuda_memset(dy, 0xff, (size_t)8 * (size_t)ldy * 4, NULL), OSP_OK);
+                    assert_int_equal(osp_cuda_qgemv(t, dw, rb, N, K, dx, T, (char *)dy + (size_t)c0 * esz, ldy, f32 != 0,
+                                                    NULL),
+                                     OSP_OK);
+                    dev_get(f32 ? (void *)yf : (void *)yb, dy, (size_t)T * (size_t)ldy * esz);
+                    for (int64_t r = 0; r < T; r++)
+                        for (int64_t c = 0; c < ldy; c++) {
+                            const size_t i = (size_t)r * (size_t)ldy + (size_t)c;
+                            const bool mine = c >= c0 && c < c0 + N;
+                            if (!mine) { /* untouched: still the poison */
+                                if (f32) assert_true(isnan(yf[i]));
+                                else assert_int_equal(yb[i], 0xffff);
+                                continue;
+                            }
+                            const int64_t n = c - c0;
+                            double s = 0.0, a = 0.0;
+                            for (int64_t j = 0; j < K; j++) {
+                                const double p = (double)wf[(size_t)n * (size_t)K + (size_t)j] *
+                                                 (double)osp_bf16_to_fp32(x[(size_t)r * (size_t)K + (size_t)j]);
+                                s += p, a += fabs(p);
+                            }
+                            const double g = f32 ? (double)yf[i] : (double)osp_bf16_to_fp32(yb[i]);
+                            /* fp32 accumulation: |err| <= ~K 2^-24 sum|p| (loose: 4 K); bf16: half an ulp more */
+                            const double tol = 4.0 * (double)K * 0x1p-24 * a + (f32 ? 0.0 : 0x1p-8 * fabs(s)) + 1e-30;
+                            const double err = fabs(g - s);
+                            if (!(err <= tol)) {
+                                printf("  %s K %lld T %lld row %lld col %lld %s: got %.9g want %.9g (tol %.3g)\n",
+                                       osp_dtype_name(t), (long long)K, (long long)T, (long long)r, (long long)n,
+                                       f32 ? "f32" : "bf16", g, s, tol);
+                                fail();
+                            }
+                            if (a > 0 && f32) max_rel = fmax(max_rel, err / a);
+                            if (f32 && T == 8) yref[i] = yf[i];
+                        }
+                }
+            }
+            /* invariance: each x row alone, and rotated to position (r + 3) % 8 in a batch of 8 */
+            for (int64_t r = 0; r < 8; r++) {
+                assert_int_equal(osp_cuda_memset(dy, 0xff, (size_t)8 * (size_t)ldy * 4, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_qgemv(t, dw, rb, N, K, dx + (size_t)r * (size_t)K, 1, dy, N, true, NULL), OSP_OK);
+                dev_get(yf, dy, (size_t)N * 4);
+                assert_memory_equal(yf, yref + (size_t)r * (size_t)ldy + (size_t)c0, (size_t)N * 4);
+            }
+            for (int64_t r = 0; r < 8; r++)
+                assert_int_equal(osp_cuda_h2d(dx1 + (size_t)((r + 3) % 8) * (size_t)K, x + (size_t)r * (size_t)K,
+                                              (size_t)K * 2, NULL),
+                                 OSP_OK);
+            assert_int_equal(osp_cuda_qgemv(t, dw, rb, N, K, dx1, 8, dy, N, true, NULL), OSP_OK);
+            dev_get(yf, dy, (size_t)8 * (size_t)N * 4);
+            for (int64_t r = 0; r < 8; r++)
+                assert_memory_equal(yf + (size_t)((r + 3) % 8) * (size_t)N, yref + (size_t)r * (size_t)ldy + (size_t)c0,
+                                    (size_t)N * 4);
+            printf("qgemv %-4s K %5lld N %lld: T 1..8 within fp32 error (max |err|/sum|p| %.2g), rows bit-identical "
+                   "alone and moved\n",
+                   osp_dtype_name(t), (long long)K, (long long)N, max_rel);
+            osp_cuda_free(dw), osp_cuda_free(dx), osp_cuda_free(dx1), osp_cuda_free(dy);
+            free(w), free(wf), free(x), free(yf), free(yref), free(yb);
+        }
+    }
+}
+
+static void test_arguments(void **state) {
+    (void)state;
+    const int64_t K = 256;
+    const size_t rb = osp_dtype_row_size(OSP_DTYPE_Q4_K, K);
+    void *dw = dev_alloc_fill(4 * rb, 0), *dx = dev_alloc_fill(16 * (size_t)K * 2, 0), *dy = dev_alloc_fill(4096, 0);
+    assert_false(osp_cuda_qtype_supported(OSP_DTYPE_Q5_K));
+    assert_false(osp_cuda_qtype_supported(OSP_DTYPE_F16));
+    assert_true(osp_cuda_qtype_supported(OSP_DTYPE_Q6_K));
+    assert_int_equal(osp_cuda_qgemv(OSP_DTYPE_Q5_K, dw, rb, 4, K, dx, 1, dy, 4, true, NULL), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_cuda_qgemv(OSP_DTYPE_Q4_K, dw, rb, 4, 128, dx, 1, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qgemv(OSP_DTYPE_Q4_K, dw, rb + 2, 4, K, dx, 1, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qgemv(OSP_DTYPE_Q4_K, dw, rb, 4, K, dx, 9, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qgemv(OSP_DTYPE_Q4_K, dw, rb, 4, K, dx, 1, dy, 3, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qgemv(OSP_DTYPE_Q4_K, (char *)dw + 4, rb, 4, K, dx, 1, dy, 4, true, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qdequant_bf16(OSP_DTYPE_Q4_K, dw, rb, 4, K, (uint16_t *)((char *)dy + 2), NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qembed(OSP_DTYPE_Q8_0, dw, 34, NULL, dy, 1, 32, 1.0f, NULL), OSP_ERR_INVALID_ARG);
+    osp_cuda_free(dw), osp_cuda_free(dx), osp_cuda_free(dy);
+}
+
+int main(void) {
+    if (osp_cuda_device_count() == 0) {
+        printf("test_gpu_qmatmul: skipped: no CUDA device\n");
+        return 77;
+    }
+    char name[256];
+    if (osp_cuda_device_name(name, sizeof name) == OSP_OK) printf("device: %s\n", name);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_dequant),
+        cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_gemv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
