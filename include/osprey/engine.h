@@ -59,6 +59,7 @@ typedef struct osp_engine_params {
     osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA) */
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
     osp_device device;              /* OSP_DEVICE_CPU (default) or OSP_DEVICE_CUDA (osp_model_params.device) */
+    bool gpu_quant_weights;         /* osp_model_params.gpu_quant_weights; needs max_num_seqs 1 */
     void (*load_progress)(void *ctx, float fraction); /* osp_model_params.progress; NULL: silent */
     void *load_progress_ctx;
     int32_t max_num_seqs;           /* running requests per step (256) */

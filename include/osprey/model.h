@@ -92,6 +92,12 @@ typedef struct osp_model_params {
                     * false (default): int8-quantized activations for block-quantized weights (faster;
                     * per-row quantization keeps results batch-invariant). CPU only: the GPU
                     * ignores it (bf16 operands, fp32 accumulation) */
+    bool gpu_quant_weights; /* CUDA: keep Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their GGUF blocks on
+                             * the device (src/backend/cuda/qmatmul.cu: 3.3x less memory for Q4_K_M, faster
+                             * batch-1 decode) instead of dequantizing every matrix to bf16 at load (the
+                             * default). Steps of <= 8 rows then use one kernel and larger ones another,
+                             * so a row's bits depend on the step's size: the engine takes it only with
+                             * max_num_seqs 1 (osp_engine_create). The CPU ignores it. */
 } osp_model_params;
 
 osp_model_params osp_model_default_params(void);

@@ -31,6 +31,9 @@ typedef struct osp_backend_params {
      * default) costs nothing; on, a run records two device timestamps around its ops and nothing else
      * changes (the same kernels, results and synchronization). Backends without a device clock ignore it. */
     bool time_runs;
+    /* CUDA: keep Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their blocks (qmatmul.cu) instead of
+     * dequantizing every matrix to bf16 at load (osp_model_params.gpu_quant_weights). CPU: ignored. */
+    bool quant_weights;
 } osp_backend_params;
 
 /* Where a placed weight's values come from: rows of a stored tensor (GGUF mapping), or seeded random

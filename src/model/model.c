@@ -75,6 +75,7 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
         .pool = m->pool,
         .exact = params && (params->exact || (params->emulate_bf16 && dev == OSP_DEVICE_CPU)),
         .emulate_bf16 = params && params->emulate_bf16 && dev == OSP_DEVICE_CPU,
+        .quant_weights = params && params->gpu_quant_weights,
     };
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));
     m->be->n_vocab = m->cfg.n_vocab;

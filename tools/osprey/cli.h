@@ -24,6 +24,7 @@ noreturn void cli_help(const char *text);
     "  -m, --model FILE        the GGUF model (required)\n"                                                    \
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"                                    \
     "  --device D              cpu | cuda | auto (default: auto, cuda when a GPU is present)\n"                \
+    CLI_GPU_WEIGHTS_HELP                                                                                       \
     "  --kernel-table FILE     kernel choices from osprey bench-kernels --make-table\n"                         \
     "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
     "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
@@ -42,6 +43,14 @@ noreturn void cli_help(const char *text);
     "                          documented constants; a file for another model is refused)\n"
 /* Parses --device cpu|cuda|auto or dies. */
 osp_device cli_device(const char *flag, const char *v);
+/* Parses --gpu-weights bf16|quant or dies: true for quant (osp_model_params.gpu_quant_weights). */
+bool cli_gpu_weights(const char *flag, const char *v);
+/* The --help line of --gpu-weights (generate, chat, serve, bench, perplexity). */
+#define CLI_GPU_WEIGHTS_HELP                                                                                   \
+    "  --gpu-weights W         bf16 | quant: on the GPU dequantize every matrix to bf16 at load (default), or\n" \
+    "                          keep Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices in their GGUF blocks (less memory,\n"  \
+    "                          faster batch-1 decode; one sequence at a time for now)\n"
+
 /* osp_model_params.progress for the CLI: a percentage on stderr while weights go to the GPU. */
 void cli_load_progress(void *ctx, float fraction);
 /* One stderr line with the device and, on the GPU, the memory of the weights and the KV cache. */
@@ -62,6 +71,7 @@ typedef struct cli_engine_args {
     const char *model;     /* -m, --model FILE; NULL when absent (the command says what it needs) */
     int n_threads;         /* -t, --threads N in [1, 1024]; 0 (the default): all cores */
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
+    bool gpu_quant_weights; /* --gpu-weights quant (default bf16): osp_engine_params.gpu_quant_weights */
     osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
     bool kv_dtype_set;     /* --kv-cache-dtype was given */
     const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path), taken with --kv-cache-dtype; NULL: none */

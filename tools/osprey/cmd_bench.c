@@ -180,6 +180,7 @@ static const char k_help[] =
     "  -r, --repetitions R     runs of each test; mean and sd over them (default: 3)\n"
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
+    CLI_GPU_WEIGHTS_HELP
     CLI_KV_DTYPE_HELP
     CLI_KV_SCALES_HELP
     "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
@@ -194,6 +195,7 @@ int cmd_bench(int argc, char **argv) {
     bool exact = false;
     int batch = 1, depth = 0;
     osp_device dev = OSP_DEVICE_CPU;
+    bool gpu_quant = false; /* --gpu-weights quant */
     osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
     bool kvd_set = false;
     out_format fmt = OUT_TEXT;
@@ -214,6 +216,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "--batch")) batch = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--depth") || !strcmp(f, "-d")) depth = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
+        else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
         else if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             if (v && !strcmp(v, "text")) fmt = OUT_TEXT;
@@ -235,6 +238,7 @@ int cmd_bench(int argc, char **argv) {
     mp.n_threads = n_threads;
     mp.exact = exact;
     mp.device = dev;
+    mp.gpu_quant_weights = gpu_quant;
     mp.progress = cli_load_progress;
     osp_model *m;
     osp_status s = random_preset ? osp_model_load_random(random_preset, 0, &mp, &m) : osp_model_load(model, &mp, &m);

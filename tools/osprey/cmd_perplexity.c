@@ -40,6 +40,7 @@ static const char *k_help =
     "  --ubatch N              tokens a forward pass, 1..ctx (default: min(ctx, 512))\n"
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
+    CLI_GPU_WEIGHTS_HELP
     CLI_KV_DTYPE_HELP
     CLI_KV_SCALES_HELP
     "  --save-kl-base FILE     write this run's top-k log-probabilities of every scored position\n"
@@ -131,6 +132,7 @@ int cmd_perplexity(int argc, char **argv) {
     int ctx = 512, ubatch = 0, n_threads = 0, kl_top = 32;
     long long max_chunks = 0;
     osp_device dev = OSP_DEVICE_CPU;
+    bool gpu_quant = false; /* --gpu-weights quant */
     osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -143,6 +145,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "--ubatch")) ubatch = (int)cli_int(f, v, 1, 65536), i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
+        else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
         else if (!strcmp(f, "--kv-cache-dtype")) kvd = cli_kv_dtype(f, v), i++;
         else if (!strcmp(f, "--kv-scales")) scales_path = v, i++;
         else if (!strcmp(f, "--save-kl-base")) save_base = v, i++;
@@ -167,6 +170,7 @@ int cmd_perplexity(int argc, char **argv) {
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = n_threads;
     mp.device = dev;
+    mp.gpu_quant_weights = gpu_quant;
     mp.progress = cli_load_progress;
     osp_model *m;
     osp_status s = osp_model_load(model, &mp, &m);

@@ -47,6 +47,7 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     if (!strcmp(f, "-m") || !strcmp(f, "--model")) a->model = v, ++*i;
     else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) a->n_threads = (int)cli_int(f, v, 1, 1024), ++*i;
     else if (!strcmp(f, "--device")) a->device = cli_device(f, v), ++*i;
+    else if (!strcmp(f, "--gpu-weights")) a->gpu_quant_weights = cli_gpu_weights(f, v), ++*i;
     else if (!strcmp(f, "--kernel-table")) {
         if (!v) cli_die(OSP_OK, "--kernel-table needs a file (osprey bench-kernels --make-table writes one)");
         a->kernel_table = v, ++*i;
@@ -143,6 +144,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.kv_scales_path = a->kv_scales;
     ep.exact = a->exact;
     ep.device = a->device;
+    ep.gpu_quant_weights = a->gpu_quant_weights;
     ep.kernel_table = a->kernel_table;
     ep.speculative = a->spec;
     cli_engine_args seeded = *a;

@@ -98,6 +98,13 @@ osp_device cli_device(const char *flag, const char *v) {
     return d;
 }
 
+bool cli_gpu_weights(const char *flag, const char *v) {
+    if (v && !strcmp(v, "quant")) return true;
+    if (v && !strcmp(v, "bf16")) return false;
+    cli_die(OSP_OK, "%s: '%s' is not one of bf16, quant", flag, v ? v : "");
+    return false;
+}
+
 void cli_load_progress(void *ctx, float fraction) {
     (void)ctx;
     static int last = -1;

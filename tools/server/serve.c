@@ -98,7 +98,9 @@ static const char *k_serve_usage =
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
-    "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
+    "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
+    "  --gpu-weights bf16|quant         GPU: every matrix bf16 (default) or Q8_0/Q4_0/Q4_1/Q4_K/Q6_K kept in their\n"
+    "                                   blocks (quant: needs --max-num-seqs 1 for now)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' (off; CPU only)\n"
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
@@ -247,6 +249,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.model_path = positional ? positional : eng.model;
     c.n_threads = eng.n_threads;
     c.device = eng.device;
+    c.gpu_quant_weights = eng.gpu_quant_weights;
     c.kv_dtype = eng.kv_dtype;
     c.kv_scales = eng.kv_scales;
     c.kernel_table = eng.kernel_table;
@@ -306,6 +309,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.enable_prefix_caching = cfg->prefix_caching;
     ep.trace_shapes_path = cfg->trace_shapes;
     ep.device = cfg->device;
+    ep.gpu_quant_weights = cfg->gpu_quant_weights;
     ep.kv_dtype = cfg->kv_dtype;
     ep.kv_scales_path = cfg->kv_scales;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */

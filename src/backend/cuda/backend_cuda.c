@@ -45,6 +45,7 @@ _Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_K
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
 #define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
+#define DEQ_MAX_BYTES ((size_t)256 << 20)  /* the bf16 copy of a quantized matrix's rows, per GEMM chunk */
 
 static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 #define N_GRAPH_SIZES ((int)(sizeof k_graph_sizes / sizeof k_graph_sizes[0]))
@@ -58,6 +59,12 @@ typedef struct cuda_backend {
     int32_t n_weights, cap_weights;
     size_t weight_bytes;
     uint16_t *staging; /* pinned, STAGING_VALUES bf16 (while loading) */
+    /* quantized matrices (osp_backend_params.quant_weights): kept in their GGUF blocks; a matmul
+     * of more than OSP_CUDA_QGEMV_MAX_T rows dequantizes row chunks into deq (bf16, deq_bytes) for
+     * cuBLASLt. deq is sized at load, for the largest such matrix, at most DEQ_MAX_BYTES. */
+    bool quant_weights;
+    uint16_t *deq;
+    size_t deq_bytes;
     float *rowbuf;     /* [n_threads, rowbuf_cols] (while loading) */
     int64_t rowbuf_cols;
 
@@ -182,6 +189,7 @@ static void cuda_free(osp_backend *be) {
     free_acts(g);
     free_sampler(g);
     osp_cuda_free(g->d_kv_fixed);
+    osp_cuda_free(g->deq);
     end_load(g);
     for (int32_t i = 0; i < g->n_weights; i++) osp_cuda_free(g->weights[i]);
     free(g->weights);
@@ -296,12 +304,64 @@ static osp_status upload_matrix(cuda_backend *g, uint16_t *dst, const osp_weight
     return OSP_OK;
 }
 
-/* Matrices: bf16 on the device, parts packed one after another (one GEMM). Vectors: fp32. Random
- * sources are drawn on the device (fill_randn: bit-identical to make-random-model's values). */
+/* A stored matrix whose parts are all of a type with quantized kernels (qmatmul.cu), copied as the
+ * file's bytes: the parts one after another in one allocation, each its own osp_tensor part. The
+ * bf16 scratch a large-T matmul dequantizes into grows to fit this matrix (up to DEQ_MAX_BYTES). */
+static bool can_place_quantized(const cuda_backend *g, const osp_weight_src *src, int32_t n) {
+    if (!g->quant_weights) return false;
+    for (int32_t i = 0; i < n; i++)
+        if (!src[i].data || !osp_cuda_qtype_supported(src[i].type)) return false;
+    return true;
+}
+
+static osp_status place_quantized(cuda_backend *g, const osp_weight_src *src, int32_t n, int64_t cols,
+                                  osp_tensor *out) {
+    size_t bytes = 0;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n; i++) {
+        bytes += ((size_t)src[i].rows * src[i].row_bytes + 255) & ~(size_t)255; /* each part 256-byte aligned */
+        rows += src[i].rows;
+    }
+    char *d;
+    OSP_TRY(device_alloc(g, bytes, (void **)&d));
+    if (!g->staging) OSP_TRY(osp_cuda_host_alloc((void **)&g->staging, STAGING_VALUES * 2, "weight upload staging"));
+    size_t off = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const size_t part = (size_t)src[i].rows * src[i].row_bytes;
+        for (size_t c = 0; c < part; c += STAGING_VALUES * 2) { /* the file's pages through pinned memory */
+            const size_t len = part - c < STAGING_VALUES * 2 ? part - c : STAGING_VALUES * 2;
+            memcpy(g->staging, (const char *)src[i].data + c, len);
+            OSP_TRY(osp_cuda_h2d(d + off + c, g->staging, len, g->stream));
+            OSP_TRY(osp_cuda_stream_sync(g->stream)); /* the staging buffer is reused */
+        }
+        out->parts[i] = (osp_tensor_part){.data = d + off, .type = src[i].type, .rows = src[i].rows,
+                                          .row_bytes = src[i].row_bytes};
+        off += (part + 255) & ~(size_t)255;
+    }
+    out->cols = cols;
+    out->rows = rows;
+    out->n_parts = n;
+    size_t need = (size_t)rows * (size_t)cols * 2;
+    if (need > DEQ_MAX_BYTES) need = DEQ_MAX_BYTES;
+    if ((size_t)cols * 2 > need) need = (size_t)cols * 2;
+    if (need > g->deq_bytes) {
+        osp_cuda_free(g->deq);
+        g->deq = NULL;
+        g->deq_bytes = 0;
+        OSP_TRY(osp_cuda_malloc((void **)&g->deq, need, "the dequantized-weight scratch"));
+        g->deq_bytes = need;
+    }
+    return OSP_OK;
+}
+
+/* Matrices: bf16 on the device, parts packed one after another (one GEMM), or (quant_weights) in their
+ * stored block types where every part has kernels. Vectors: fp32. Random sources are drawn on the
+ * device (fill_randn: bit-identical to make-random-model's values). */
 static osp_status cuda_place(osp_backend *be, const osp_weight_src *src, int32_t n, int64_t cols, bool f32_exact,
                              osp_tensor *out) {
     cuda_backend *g = CU(be);
     memset(out, 0, sizeof *out);
+    if (!f32_exact && can_place_quantized(g, src, n)) return place_quantized(g, src, n, cols, out);
     int64_t rows = 0;
     for (int32_t i = 0; i < n; i++) rows += src[i].rows;
     const size_t elem = f32_exact ? 4 : 2;
@@ -459,6 +519,42 @@ fail:
     return s;
 }
 
+/* y [R, w->rows] = x [R, w->cols] w^T for a matrix placed quantized (place_quantized). R <= the qgemv
+ * limit (decode): one qgemv per part into its columns of y. Larger R: row chunks of the matrix
+ * dequantized into the bf16 scratch (the bf16 path's values, bit for bit), each multiplied by cuBLASLt
+ * into its columns of y. Which of the two runs depends on R, so a row's bits can differ between a step
+ * of <= 8 rows and a larger one (as cuBLASLt's algorithm per shape already can). */
+static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const void *x, void *y, bool y_f32,
+                                   int64_t R, void *st) {
+    const int64_t N = w->rows, K = w->cols;
+    const size_t esz = y_f32 ? 4 : 2;
+    if (R <= OSP_CUDA_QGEMV_MAX_T) {
+        int64_t c0 = 0;
+        for (int32_t i = 0; i < w->n_parts; i++) {
+            const osp_tensor_part *p = &w->parts[i];
+            OSP_TRY(osp_cuda_qgemv(p->type, p->data, p->row_bytes, p->rows, K, x, R, (char *)y + (size_t)c0 * esz, N,
+                                   y_f32, st));
+            c0 += p->rows;
+        }
+        return OSP_OK;
+    }
+    const int64_t chunk = (int64_t)(g->deq_bytes / ((size_t)K * 2));
+    if (chunk < 1) return osp_set_error(OSP_ERR_INTERNAL, "cuda: no dequantization scratch for a %lld-column matrix", (long long)K);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t r1 = r0 + chunk < N ? r0 + chunk : N;
+        int64_t p0 = 0; /* the first row of part i */
+        for (int32_t i = 0; i < w->n_parts; p0 += w->parts[i].rows, i++) {
+            const osp_tensor_part *p = &w->parts[i];
+            const int64_t a = r0 > p0 ? r0 : p0, b = r1 < p0 + p->rows ? r1 : p0 + p->rows;
+            if (a >= b) continue;
+            OSP_TRY(osp_cuda_qdequant_bf16(p->type, (const char *)p->data + (size_t)(a - p0) * p->row_bytes,
+                                           p->row_bytes, b - a, K, g->deq + (size_t)(a - r0) * (size_t)K, st));
+        }
+        OSP_TRY(osp_cuda_gemm_bf16_ld(g->gemm, x, g->deq, (char *)y + (size_t)r0 * esz, y_f32, R, r1 - r0, K, N, st));
+    }
+    return OSP_OK;
+}
+
 /* Enqueues op list gr for T tokens / S sequences / L logits rows whose inputs are in d_in. */
 static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv, int64_t T, int32_t S, int64_t L) {
     const in_layout lay = layout_of(g);
@@ -484,7 +580,11 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         g->base.launches++; /* one launcher call an op (osp_backend.launches) */
         switch (op->kind) {
         case OSP_OP_EMBED:
-            OSP_TRY(osp_cuda_embed(w, ids, dst, T, op->w->cols, op->p.embed.scale, st));
+            if (op->w->parts[0].type != OSP_DTYPE_BF16)
+                OSP_TRY(osp_cuda_qembed(op->w->parts[0].type, w, op->w->parts[0].row_bytes, ids, dst, T, op->w->cols,
+                                        op->p.embed.scale, st));
+            else
+                OSP_TRY(osp_cuda_embed(w, ids, dst, T, op->w->cols, op->p.embed.scale, st));
             break;
         case OSP_OP_ADD_RMSNORM:
             OSP_TRY(osp_cuda_add_rmsnorm(s1, s0, w, dst, T, gr->acts[op->src1].cols, op->p.norm.eps, st));
@@ -493,8 +593,11 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             OSP_TRY(osp_cuda_gather_rmsnorm(s1, lidx, w, dst, L, gr->acts[op->src1].cols, op->p.norm.eps, st));
             break;
         case OSP_OP_MATMUL:
-            OSP_TRY(osp_cuda_gemm_bf16(g->gemm, s0, w, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R, op->w->rows,
-                                       op->w->cols, st));
+            if (op->w->parts[0].type != OSP_DTYPE_BF16)
+                OSP_TRY(matmul_quantized(g, op->w, s0, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R, st));
+            else
+                OSP_TRY(osp_cuda_gemm_bf16(g->gemm, s0, w, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R,
+                                           op->w->rows, op->w->cols, st));
             break;
         case OSP_OP_ROPE_KV_WRITE:
             OSP_TRY(osp_cuda_rope_kv_write_q(s0, w, op->w1 ? op->w1->parts[0].data : NULL,
@@ -934,6 +1037,7 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     const char *ge = getenv("OSPREY_CUDA_GRAPHS");
     g->use_graphs = !(ge && ge[0] == '0');
     g->time_runs = p->time_runs;
+    g->quant_weights = p->quant_weights;
     osp_status s = osp_cuda_stream_create(&g->stream);
     if (s == OSP_OK) s = osp_cuda_gemm_create(GEMM_WORKSPACE_BYTES, &g->gemm);
     if (s == OSP_OK && g->time_runs) s = osp_cuda_event_create(&g->ev_start);
