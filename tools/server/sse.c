@@ -14,6 +14,10 @@
 
 #include "serve_internal.h"
 
+static void out_put(srv_job *j, const char *s, size_t n);
+
+void srv_sse_put(srv_job *j, const char *s, size_t n) { out_put(j, s, n); }
+
 static void out_put(srv_job *j, const char *s, size_t n) {
     if (j->out_len + n > j->out_cap) {
         size_t cap = j->out_cap ? j->out_cap : 4096;
@@ -131,6 +135,10 @@ static void stream_fill(srv_job *j) {
         }
         out_put(j, "data: [DONE]\n\n", 14);
         j->finished_stream = true;
+        return;
+    }
+    if (j->req.responses) { /* /v1/responses: typed events, no [DONE] (responses_out.c) */
+        srv_responses_stream_fill(j);
         return;
     }
     if (!j->started) {
