@@ -212,6 +212,12 @@ static void emit_item(srv_job *j, size_t idx, const json_t *item, bool opened) {
     emit(j, "response.output_item.done", json_pack("{s:I, s:O}", "output_index", (json_int_t)idx, "item", item));
 }
 
+void srv_responses_stream_error(srv_job *j, const char *message) {
+    emit(j, "error", json_pack("{s:s, s:s, s:n}", "code", "server_error", "message", message, "param"));
+    j->resp_stage = 3;
+    j->finished_stream = true;
+}
+
 void srv_responses_stream_fill(srv_job *j) {
     srv_seq *s = &j->seqs[0];
     const bool parsed = srv_job_tool_mode(j) || j->req.reasoning_parser != SRV_REASONING_NONE;
@@ -245,9 +251,7 @@ void srv_responses_stream_fill(srv_job *j) {
     if (!s->done || ready != s->text.len || j->resp_stage == 3) return;
     json_t *r = srv_responses_final(j);
     if (!r) { /* out of memory: end the stream with what OpenAI sends for an error */
-        emit(j, "error", json_pack("{s:s, s:s, s:n}", "code", "server_error", "message", "out of memory", "param"));
-        j->resp_stage = 3;
-        j->finished_stream = true;
+        srv_responses_stream_error(j, "out of memory");
         return;
     }
     const json_t *items = json_object_get(r, "output");

@@ -377,6 +377,8 @@ json_t *srv_responses_final(srv_job *j);
  * with function_call_arguments.delta / .done; response.completed, .incomplete or .failed last), each
  * "event: TYPE" + "data: {..., "sequence_number": n}". Sets j->finished_stream after the last. */
 void srv_responses_stream_fill(srv_job *j);
+/* Ends a Responses stream with an "error" event ({"code": "server_error", "message"}). */
+void srv_responses_stream_error(srv_job *j, const char *message);
 /* Appends bytes to a streaming job's output buffer (sse.c). */
 void srv_sse_put(srv_job *j, const char *s, size_t n);
 

@@ -123,7 +123,12 @@ static void stream_parsed(srv_job *j, int32_t i) {
 /* Turns what the pump produced into SSE events in j->out. */
 static void stream_fill(srv_job *j) {
     if (!j->finished_stream && srv_job_core_lost(j)) {
-        /* the core process died under the stream: an error event (OpenAI's error object), then [DONE] */
+        /* the core process died under the stream: an error event (OpenAI's error object), then [DONE];
+         * a Responses stream ends with its own "error" event */
+        if (j->req.responses) {
+            srv_responses_stream_error(j, k_core_lost_message);
+            return;
+        }
         srv_error e = {.status = 503};
         snprintf(e.message, sizeof e.message, "%s", k_core_lost_message);
         char *body = srv_error_json(&e);
