@@ -608,10 +608,17 @@ int srv_resp_store_get(srv_resp_store *st, const char *id, json_t **response, js
     if (e) {
         unlink_entry(st, e);
         push_front(st, e);
-        if (response) *response = json_incref(e->response);
-        if (conversation) *conversation = json_incref(e->conversation);
+        /* deep copies, made under the lock: what a request holds is its own (entries share message
+         * objects with each other, and jansson's reference counts are all that guards them) */
+        if (response) *response = json_deep_copy(e->response);
+        if (conversation) *conversation = json_deep_copy(e->conversation);
     }
     pthread_mutex_unlock(&st->mu);
+    if (e && ((response && !*response) || (conversation && !*conversation))) {
+        if (response) json_decref(*response), *response = NULL;
+        if (conversation) json_decref(*conversation), *conversation = NULL;
+        return -1;
+    }
     return e ? 0 : -1;
 }
 

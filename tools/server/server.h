@@ -222,8 +222,8 @@ void srv_resp_store_free(srv_resp_store *st);
 /* Stores (id, response, conversation), taking both references (also on failure); an existing id is
  * replaced. Evicts the least recently used entry when full. 0, or -1 when out of memory. */
 int srv_resp_store_put(srv_resp_store *st, const char *id, json_t *response, json_t *conversation);
-/* New references to entry id's response and conversation (either pointer may be NULL: not wanted);
- * marks it most recently used. 0, or -1 when id is not stored. */
+/* Deep copies of entry id's response and conversation (either pointer may be NULL: not wanted; the
+ * caller owns them); marks it most recently used. 0, or -1 when id is not stored (or out of memory). */
 int srv_resp_store_get(srv_resp_store *st, const char *id, json_t **response, json_t **conversation);
 /* Removes id: 0, or -1 when it is not stored. */
 int srv_resp_store_delete(srv_resp_store *st, const char *id);
