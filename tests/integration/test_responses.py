@@ -216,10 +216,23 @@ def test_tool_round_trip(smol, stream):
 
 def test_named_tool(smol):
     c = smol.client()
-    r = c.responses.create(model=smol.model, input="Weather in Oslo?", tools=TOOLS, max_output_tokens=100,
-                           tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+    kw = dict(model=smol.model, input="Weather in Oslo?", tools=TOOLS, max_output_tokens=100,
+              tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+    r = c.responses.create(**kw)
     assert [o.type for o in r.output] == ["function_call"] and r.output[0].name == "get_weather"
     Weather.model_validate_json(r.output[0].arguments)
+    # streamed: the arguments come as they are generated, under one function_call item
+    events = list(c.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert events[2].item.type == "function_call" and events[2].item.name == "get_weather"
+    assert events[2].item.call_id == r.output[0].call_id or events[2].item.call_id.startswith("call_")
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and set(types[3:-3]) == {"response.function_call_arguments.delta"}
+    assert types[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    assert "".join(deltas) == r.output[0].arguments == events[-3].arguments
+    final = events[-1].response
+    assert final.output[0].call_id == events[2].item.call_id and final.output[0].arguments == r.output[0].arguments
 
 
 class Step(BaseModel):

@@ -6,8 +6,9 @@
  * route would give them, as output items: {"type": "message", "content": [{"type": "output_text"}]},
  * {"type": "function_call", "call_id", "name", "arguments"}, {"type": "reasoning"}. Streaming follows
  * OpenAI's event order with a sequence_number on each: plain text streams as output_text.delta
- * events while it is generated; output that needs a parse (tools, --reasoning-parser) goes out as
- * whole items once the choice is done (one arguments delta per call). The stored conversation (for
+ * events while it is generated, and so do a named tool_choice's arguments (function_call_arguments
+ * deltas: the text is the arguments); output that needs a parse (tool_choice required or auto,
+ * --reasoning-parser) goes out as whole items once the choice is done (one arguments delta per call). The stored conversation (for
  * previous_response_id) is the request's, then the output as an assistant message, in the chat's
  * normalized form. Only builds JSON and SSE text: the connection thread owns the job here. */
 #include <stdio.h>
@@ -203,8 +204,9 @@ static void emit_item(srv_job *j, size_t idx, const json_t *item, bool opened) {
                                                        "content_index", 0, "part", part));
     } else if (!strcmp(type, "function_call")) {
         const json_t *args = json_object_get(item, "arguments");
-        emit(j, "response.function_call_arguments.delta",
-             json_pack("{s:O, s:I, s:O}", "item_id", id, "output_index", (json_int_t)idx, "delta", args));
+        if (!opened && json_string_length(args) > 0)
+            emit(j, "response.function_call_arguments.delta",
+                 json_pack("{s:O, s:I, s:O}", "item_id", id, "output_index", (json_int_t)idx, "delta", args));
         emit(j, "response.function_call_arguments.done", json_pack("{s:O, s:I, s:O, s:O}", "item_id", id, "output_index",
                                                                   (json_int_t)idx, "name", json_object_get(item, "name"),
                                                                   "arguments", args));
@@ -229,7 +231,24 @@ void srv_responses_stream_fill(srv_job *j) {
         j->resp_stage = 1;
     }
     const size_t ready = srv_text_ready(&s->text);
-    if (!parsed) {
+    /* a named tool_choice: the text is the call's arguments (srv_tool_parse_forced), streamed as they come */
+    const bool named = j->req.tool_choice == SRV_TOOL_CHOICE_NAMED && j->req.reasoning_parser == SRV_REASONING_NONE;
+    if (named) {
+        char fc_id[80], call_id[40];
+        snprintf(fc_id, sizeof fc_id, "fc_%s0", id_hex(j));
+        if (j->resp_stage == 1) {
+            srv_tool_call_id(SRV_TOOL_PARSER_NONE, srv_job_call_seed(j, 0), 0, call_id, sizeof call_id);
+            emit(j, "response.output_item.added",
+                 json_pack("{s:i, s:{s:s, s:s, s:s, s:s, s:s, s:s}}", "output_index", 0, "item", "id", fc_id, "type", "function_call",
+                           "status", "in_progress", "call_id", call_id, "name", j->req.tool_name, "arguments", ""));
+            j->resp_stage = 2;
+        }
+        if (ready > s->text.sent) {
+            emit(j, "response.function_call_arguments.delta", json_pack("{s:s, s:i, s:s%}", "item_id", fc_id, "output_index", 0, "delta",
+                                                                       s->text.buf + s->text.sent, ready - s->text.sent));
+            s->text.sent = ready;
+        }
+    } else if (!parsed) {
         /* plain text: the message item opens at once and its text streams as it is decided */
         if (j->resp_stage == 1) {
             json_t *m = message_item(j, NULL, 0, "in_progress");
@@ -257,7 +276,7 @@ void srv_responses_stream_fill(srv_job *j) {
     const json_t *items = json_object_get(r, "output");
     size_t k;
     const json_t *item;
-    json_array_foreach(items, k, item) emit_item(j, k, item, !parsed && k == 0);
+    json_array_foreach(items, k, item) emit_item(j, k, item, (!parsed || named) && k == 0);
     const char *status = json_string_value(json_object_get(r, "status"));
     const char *type = !strcmp(status, "completed") ? "response.completed" : !strcmp(status, "incomplete") ? "response.incomplete" : "response.failed";
     emit(j, type, json_pack("{s:o}", "response", r));
