@@ -338,3 +338,9 @@ def test_missing_input_and_model(smol):
     assert r.status_code == 404
     r = requests.get(smol.url + "/v1/responses/resp_nope")
     assert r.status_code == 404 and r.json()["error"]["message"]
+    r = requests.get(smol.url + "/v1/responses/resp_nope/input_items")  # not served
+    assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    r = requests.put(smol.url + "/v1/responses/resp_nope")
+    assert r.status_code == 405
+    r = requests.get(smol.url + "/v1/responses")
+    assert r.status_code == 405

@@ -546,7 +546,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
                                             "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len,
                                             "version", osp_version_string()));
     }
-    if (!strncmp(url, "/v1/responses/", 14)) { /* a stored response: GET it, DELETE it */
+    if (!strncmp(url, "/v1/responses/", 14) && !strchr(url + 14, '/')) { /* a stored response: GET it, DELETE it */
         const char *id = url + 14;
         json_t *r = NULL;
         if (!strcmp(method, "GET") && !srv_resp_store_get(srv->responses, id, &r, NULL)) return reply_json(srv, c, 200, r);
