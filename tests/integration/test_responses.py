@@ -57,6 +57,17 @@ def test_text(smol):
     assert r.metadata == {"k": "v"} and r.user == "u1" and r.max_output_tokens == 40 and r.store is True
 
 
+def test_same_as_chat(smol):
+    """The same conversation through /v1/responses and /v1/chat/completions: one prompt, one greedy reply."""
+    c = smol.client()
+    r = c.responses.create(model=smol.model, instructions="Be brief.", input=Q, max_output_tokens=30, temperature=0)
+    ch = c.chat.completions.create(model=smol.model, max_tokens=30, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": Q}])
+    assert r.output_text == ch.choices[0].message.content
+    assert r.usage.input_tokens == ch.usage.prompt_tokens and r.usage.output_tokens == ch.usage.completion_tokens
+    assert (r.status == "incomplete") == (ch.choices[0].finish_reason == "length")
+
+
 def test_instructions_and_items(smol):
     c = smol.client()
     ins = "You answer in one word."
