@@ -190,6 +190,7 @@ int srv_job_chat_parts(const srv_job *j, int32_t i, char **content, char **reaso
 }
 
 json_t *srv_json_final(srv_job *j) {
+    if (j->req.responses) return srv_responses_final(j);
     const bool chat = j->req.route == SRV_ROUTE_CHAT;
     json_t *choices = json_array();
     for (int32_t i = 0; i < j->n_seqs; i++) {

@@ -573,5 +573,7 @@ void srv_gen_request_free(srv_gen_request *r) {
     free(r->tool_name);
     for (int32_t i = 0; i < r->n_unknown; i++) free(r->unknown[i]);
     free(r->unknown);
+    json_decref(r->resp_echo);
+    json_decref(r->resp_conversation);
     memset(r, 0, sizeof *r);
 }

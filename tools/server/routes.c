@@ -1,6 +1,7 @@
 /* osprey serve: the HTTP side, libmicrohttpd's request handler.
  *
- * Routes: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET /v1/models, /health,
+ * Routes: POST /v1/completions, /v1/chat/completions, /v1/responses, /tokenize, /detokenize; GET and
+ * DELETE /v1/responses/{id} (the store, responses.c); GET /v1/models, /health,
  * /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
  * --max-request-body), every /v1/ path checks the API key, errors are OpenAI's error JSON (request.c),
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
@@ -183,13 +184,33 @@ static void leave_queue(srv_server *srv, conn_ctx *cx) {
     cx->stage = CX_BODY;
 }
 
-static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, conn_ctx *cx) {
+/* A /v1/responses body -> the chat request it runs as (responses.c), with the conversation of its
+ * previous_response_id from the store. 0, or -1 with *err. */
+static int parse_responses(srv_server *srv, conn_ctx *cx, const srv_parse_limits *lim, srv_gen_request *req, srv_error *err) {
+    srv_responses_request rq;
+    json_t *history = NULL;
+    int rc = -1;
+    memset(req, 0, sizeof *req);
+    if (srv_responses_parse(cx->body ? cx->body : "", cx->len, &rq, err)) goto done;
+    if (rq.previous_response_id && srv_resp_store_get(srv->responses, rq.previous_response_id, NULL, &history)) {
+        srv_fail(err, 400, "previous_response_id", "Previous response with id '%.128s' not found.", rq.previous_response_id);
+        goto done;
+    }
+    rc = srv_responses_to_chat(&rq, history, lim, req, err);
+done:
+    json_decref(history);
+    srv_responses_request_free(&rq);
+    return rc;
+}
+
+static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c, srv_route route, bool responses, conn_ctx *cx) {
     srv_error err = {0};
     srv_gen_request *req = &cx->req;
     if (cx->stage == CX_BODY) { /* the first call with the whole body (else: a parked wait for a slot) */
         const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = srv->cfg.enable_auto_tool_choice,
                                       .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser};
-        if (srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, req, &err)) {
+        if (responses ? parse_responses(srv, cx, &lim, req, &err)
+                      : srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, req, &err)) {
             srv_gen_request_free(req);
             srv_log(srv, SRV_LOG_DEBUG, "rejected request: %d %s", err.status, err.message);
             return reply_error(srv, c, &err);
@@ -468,7 +489,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     /* called again after a park (park.c): the job's news, or a queue slot */
     if (cx->stage == CX_RUNNING) return run_job(srv, c, cx);
     if (cx->stage == CX_ADMITTING) return admit_job(srv, c, cx);
-    if (cx->stage == CX_QUEUED) return handle_generate(srv, c, cx->route, cx);
+    if (cx->stage == CX_QUEUED) return handle_generate(srv, c, cx->route, false, cx); /* parsed already */
     if (*upload_size) {
         if (!cx->too_large && cx->len + *upload_size > srv->cfg.max_body) {
             cx->too_large = true;
@@ -525,16 +546,26 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
                                             "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len,
                                             "version", osp_version_string()));
     }
+    if (!strncmp(url, "/v1/responses/", 14) && !strchr(url + 14, '/')) { /* a stored response: GET it, DELETE it */
+        const char *id = url + 14;
+        json_t *r = NULL;
+        if (!strcmp(method, "GET") && !srv_resp_store_get(srv->responses, id, &r, NULL)) return reply_json(srv, c, 200, r);
+        if (!strcmp(method, "DELETE") && !srv_resp_store_delete(srv->responses, id))
+            return reply_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+        if (strcmp(method, "GET") && strcmp(method, "DELETE")) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        return reply_err(srv, c, 404, NULL, "Response with id '%.128s' not found.", id);
+    }
     struct {
         const char *path;
         int kind;
-    } const routes[] = {{"/v1/completions", 0}, {"/v1/chat/completions", 1}, {"/tokenize", 2}, {"/detokenize", 3}};
+    } const routes[] = {{"/v1/completions", 0}, {"/v1/chat/completions", 1}, {"/tokenize", 2}, {"/detokenize", 3}, {"/v1/responses", 4}};
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         if (strcmp(url, routes[i].path)) continue;
         if (!post) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
         switch (routes[i].kind) {
-        case 0: return handle_generate(srv, c, SRV_ROUTE_COMPLETIONS, cx);
-        case 1: return handle_generate(srv, c, SRV_ROUTE_CHAT, cx);
+        case 0: return handle_generate(srv, c, SRV_ROUTE_COMPLETIONS, false, cx);
+        case 1: return handle_generate(srv, c, SRV_ROUTE_CHAT, false, cx);
+        case 4: return handle_generate(srv, c, SRV_ROUTE_CHAT, true, cx);
         case 2: return handle_tokenize(srv, c, cx);
         default: return handle_detokenize(srv, c, cx);
         }

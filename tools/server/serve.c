@@ -106,6 +106,8 @@ static const char *k_serve_usage =
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
+    "  --responses-store-size N         /v1/responses kept in memory for previous_response_id and GET\n"
+    "                                   /v1/responses/{id}, least recently used dropped first (256; 0: none)\n"
     "  --queue-wait-timeout S           past --max-queued-requests, wait up to S seconds for a slot before\n"
     "                                   the 503 (0: 503 at once)\n"
     "  --drain-timeout S                on SIGTERM, wait this long for requests in flight (60)\n"
@@ -156,7 +158,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
                     .max_num_batched_tokens = 2048, .block_size = 16, .kv_cache_memory = 1ll << 30,
                     .prefix_caching = true, .max_body = 4u << 20, .max_queue = 1024, .drain_timeout_s = 60,
                     .max_connections = 1024, .max_connections_per_client = 512, .connection_timeout_s = 30,
-                    .core_frontend_timeout_ms = 5000, .api_server_count = 1};
+                    .core_frontend_timeout_ms = 5000, .api_server_count = 1, .responses_store_size = 256};
     if (srv_cors_default(&c.cors)) cli_die(OSP_OK, "out of memory");
     cli_engine_args eng = cli_engine_args_default();
     const char *positional = NULL; /* osprey serve MODEL */
@@ -200,6 +202,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--trace-shapes")) c.trace_shapes = v, i++;
         else if (!strcmp(f, "--max-request-body")) c.max_body = (size_t)parse_bytes(f, v), i++;
         else if (!strcmp(f, "--max-queued-requests")) c.max_queue = (int)cli_int(f, v, 1, 1 << 20), i++;
+        else if (!strcmp(f, "--responses-store-size")) c.responses_store_size = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--queue-wait-timeout")) c.queue_wait_timeout_s = (int)cli_int(f, v, 0, 3600), i++;
         else if (!strcmp(f, "--drain-timeout")) c.drain_timeout_s = (int)cli_int(f, v, 0, 86400), i++;
         else if (!strcmp(f, "--max-connections")) c.max_connections = (int)cli_int(f, v, 1, 1 << 20), i++;
@@ -402,6 +405,8 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
         srv_log(&srv, SRV_LOG_WARNING, "the model has no chat template: /v1/chat/completions needs --chat-template");
 
     srv.metrics = srv_metrics_new();
+    srv.responses = srv_resp_store_new(cfg->responses_store_size);
+    if (!srv.metrics || !srv.responses) cli_die(OSP_ERR_NOMEM, "out of memory");
     srv.chat.metrics = srv.metrics;
     pthread_mutex_init(&srv.mu, NULL);
     pthread_cond_init(&srv.idle, NULL);
@@ -474,6 +479,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     osp_gguf_close(own_gguf);
     osp_tokenizer_free(srv.tok);
     srv_metrics_free(srv.metrics);
+    srv_resp_store_free(srv.responses);
     srv_chat_env_free(&srv.chat);
     srv_cors_free(&srv.cfg.cors);
     return ls == OSP_OK ? 0 : 1;

@@ -101,6 +101,7 @@ typedef struct srv_config {
     int fe_index;                   /* this frontend's index at the core (0: the first) */
     const char *ssl_keyfile;        /* --ssl-keyfile PEM (tls.h); NULL: plain HTTP */
     const char *ssl_certfile;       /* --ssl-certfile PEM; given together with ssl_keyfile */
+    int responses_store_size;       /* --responses-store-size: stored responses kept (LRU) */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
@@ -136,6 +137,7 @@ typedef struct srv_server {
     int32_t max_model_len, n_vocab;
     srv_chat_env chat;
     srv_metrics *metrics;
+    srv_resp_store *responses; /* /v1/responses' previous_response_id store (--responses-store-size) */
     pthread_mutex_t mu;
     pthread_cond_t idle;
     int in_flight;            /* generation requests a connection is serving */
@@ -259,6 +261,7 @@ struct srv_seq {
      * content (the tool calls' text, for a named tool_choice: its arguments) already streamed */
     size_t r_sent, c_sent;
     bool tool_head_sent;      /* named tool_choice: the call's id and name went out */
+    int32_t n_cached;         /* prompt tokens the prefix cache served (job->mu) */
 };
 
 struct srv_job {
@@ -290,6 +293,10 @@ struct srv_job {
     char *out;
     size_t out_len, out_off, out_cap;
     bool started, finished_stream;
+    /* /v1/responses (responses_out.c) */
+    int64_t resp_seq;         /* the next stream event's sequence_number */
+    int resp_stage;           /* streaming: 0 nothing sent, 1 created, 2 the message item opened, 3 done */
+    json_t *resp_final;       /* the finished response object, built (and stored) once */
 };
 
 /* Renders the chat (chat route) into r->prompts[0] and tokenizes every text prompt into its ids
@@ -356,6 +363,25 @@ int srv_job_chat_parts(const srv_job *j, int32_t i, char **content, char **reaso
 uint64_t srv_job_call_seed(const srv_job *j, int32_t i);
 /* The last stream chunk when stream_options.include_usage: no choices, the usage. New ref. */
 json_t *srv_json_usage_chunk(const srv_job *j);
+
+/* ---- the Responses API's output (responses_out.c) ------------------------------------------- */
+
+/* The finished response object of a /v1/responses job (status completed, incomplete with
+ * incomplete_details when max_output_tokens or the context cut it, failed when the generation
+ * failed): output items (a message with its output_text, function_call items, a reasoning item with
+ * --reasoning-parser), usage, and the request's echoed fields. Built once; with store, the response
+ * and its conversation go to srv->responses (previous_response_id) then. New reference. */
+json_t *srv_responses_final(srv_job *j);
+/* Streaming: turns what the pump produced into OpenAI's typed SSE events in j->out (response.created,
+ * response.in_progress, then per output item: output_item.added, content_part.added,
+ * output_text.delta..., output_text.done, content_part.done, output_item.done; function_call items
+ * with function_call_arguments.delta / .done; response.completed, .incomplete or .failed last), each
+ * "event: TYPE" + "data: {..., "sequence_number": n}". Sets j->finished_stream after the last. */
+void srv_responses_stream_fill(srv_job *j);
+/* Ends a Responses stream with an "error" event ({"code": "server_error", "message"}). */
+void srv_responses_stream_error(srv_job *j, const char *message);
+/* Appends bytes to a streaming job's output buffer (sse.c). */
+void srv_sse_put(srv_job *j, const char *s, size_t n);
 
 /* ---- parked connections (park.c) ---------------------------------------------------------- */
 

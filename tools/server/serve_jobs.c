@@ -90,6 +90,7 @@ static void job_free(srv_job *j) {
     free(j->prompt_lens);
     free(j->seqs);
     free(j->out);
+    json_decref(j->resp_final);
     srv_gen_request_free(&j->req);
     srv_park_destroy(&j->park);
     pthread_mutex_destroy(&j->mu);
@@ -134,6 +135,7 @@ static void on_output_any(srv_seq *s, const osp_request_output *o, bool core_los
         }
     }
     if (o->first_scheduled_s > 0 && s->t_sched == 0) s->t_sched = o->first_scheduled_s;
+    if (o->num_cached_tokens > s->n_cached) s->n_cached = o->num_cached_tokens;
     if (o->num_tokens > 0 && s->t_first_tok == 0) s->t_first_tok = t;
     if (o->finished) {
         /* vLLM's phases: queued (added -> scheduled), prefill (-> first token), decode (-> finished),
@@ -476,7 +478,9 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     const uint64_t first_id = srv->next_id;
     srv->next_id += (uint64_t)r->n * (uint64_t)r->n_prompts + 1;
     pthread_mutex_unlock(&srv->mu);
-    srv_id_format(j->id, sizeof j->id, r->route == SRV_ROUTE_CHAT ? "chatcmpl" : "cmpl", &srv->id_key, first_id);
+    srv_id_format(j->id, sizeof j->id, r->responses ? "resp" : r->route == SRV_ROUTE_CHAT ? "chatcmpl" : "cmpl", &srv->id_key,
+                  first_id);
+    if (r->responses) j->id[4] = '_'; /* OpenAI's "resp_<hex>" */
 
     j->prompt_lens = calloc((size_t)r->n_prompts, sizeof(int32_t));
     j->n_seqs = r->n * r->n_prompts;

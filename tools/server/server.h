@@ -121,6 +121,14 @@ typedef struct srv_gen_request {
     srv_reasoning_parser reasoning_parser; /* the server's --reasoning-parser (chat only) */
     char **unknown;             /* top-level fields that were ignored, for the debug log */
     int32_t n_unknown;
+    /* /v1/responses (responses.c): the request came as a Responses API body, turned into this chat
+     * request; route is SRV_ROUTE_CHAT, n 1 */
+    bool responses;
+    json_t *resp_echo;          /* the fields the response object repeats (instructions, tools in the
+                                   flat shape, metadata, ...: srv_responses_to_chat) (owned) */
+    json_t *resp_conversation;  /* the conversation so far without instructions: the previous
+                                   response's, then this input (normalized chat messages) (owned) */
+    bool resp_store;            /* keep the response for previous_response_id */
 } srv_gen_request;
 
 typedef struct srv_parse_limits {
@@ -164,6 +172,63 @@ int srv_messages_normalize(const json_t *m, json_t **out, srv_error *err);
  * absent or valid (value written), -1 with *err on a wrong type or a value outside [lo, hi]. */
 int srv_get_int(const json_t *obj, const char *key, long long lo, long long hi, long long *out, srv_error *err);
 int srv_get_bool(const json_t *obj, const char *key, bool *out, srv_error *err);
+
+/* ---- the Responses API (responses.c) --------------------------------------------------------- */
+
+/* A /v1/responses body, checked and turned into the chat route's terms. */
+typedef struct srv_responses_request {
+    json_t *chat;               /* a /v1/chat/completions body without "messages" (owned) */
+    json_t *input;              /* `input` as normalized chat messages (owned) */
+    char *instructions;         /* or NULL */
+    char *previous_response_id; /* or NULL */
+    bool store;                 /* true unless "store": false */
+    json_t *echo;               /* the response object's echoed fields (owned) */
+} srv_responses_request;
+
+/* Parses a /v1/responses body (OpenAI's Responses API) into *out (free with
+ * srv_responses_request_free, also after an error). input: a string (one user message) or a list of
+ * items: messages (role user, system, developer or assistant; content a string or input_text /
+ * output_text parts), function_call and function_call_output (the tool round trip: an assistant
+ * message's tool_calls and a tool message), reasoning items (dropped: the chat templates drop past
+ * reasoning). instructions, max_output_tokens, temperature, top_p, tools (function tools in the flat
+ * shape {"type": "function", "name", "description", "parameters", "strict"}), tool_choice,
+ * parallel_tool_calls, text.format (text, json_object, json_schema), stream, store,
+ * previous_response_id, model become their chat fields or out's; metadata (at most 16 string values,
+ * keys <= 64 and values <= 512 characters), user, service_tier, safety_identifier, prompt_cache_key,
+ * truncation "disabled" and an empty include are accepted with no effect. Anything else (reasoning,
+ * background, built-in tools such as web_search, conversation, prompt, image or file inputs, ...) is
+ * a 400 naming the field. Returns 0, or -1 with *err (400; 500 when out of memory). Pure: no
+ * engine, no store. */
+int srv_responses_parse(const char *body, size_t len, srv_responses_request *out, srv_error *err);
+void srv_responses_request_free(srv_responses_request *rq);
+
+/* The chat request of rq: messages = [instructions as a system message] + history (the previous
+ * response's conversation, normalized messages, or NULL) + rq->input, the rest from rq->chat, parsed
+ * by srv_parse_gen_request (so every chat rule holds: tools, structured output, sampling ranges); a
+ * 400's param is given in Responses terms (max_output_tokens, text.format, input). Fills *req with
+ * responses set and resp_echo, resp_conversation (history + input), resp_store. Returns 0, or -1
+ * with *err (free *req either way with srv_gen_request_free). */
+int srv_responses_to_chat(const srv_responses_request *rq, const json_t *history, const srv_parse_limits *lim,
+                          srv_gen_request *req, srv_error *err);
+
+/* The store behind previous_response_id: the last `capacity` stored responses, least recently used
+ * evicted first; thread-safe. Each entry holds a response object and the conversation it ends
+ * (normalized chat messages: its input and history, then its output as an assistant message);
+ * message objects are shared between entries by reference count, never changed. */
+typedef struct srv_resp_store srv_resp_store;
+/* capacity >= 0 (0: nothing is kept). NULL when out of memory. */
+srv_resp_store *srv_resp_store_new(int32_t capacity);
+void srv_resp_store_free(srv_resp_store *st);
+/* Stores (id, response, conversation), taking both references (also on failure); an existing id is
+ * replaced. Evicts the least recently used entry when full. 0, or -1 when out of memory. */
+int srv_resp_store_put(srv_resp_store *st, const char *id, json_t *response, json_t *conversation);
+/* Deep copies of entry id's response and conversation (either pointer may be NULL: not wanted; the
+ * caller owns them); marks it most recently used. 0, or -1 when id is not stored (or out of memory). */
+int srv_resp_store_get(srv_resp_store *st, const char *id, json_t **response, json_t **conversation);
+/* Removes id: 0, or -1 when it is not stored. */
+int srv_resp_store_delete(srv_resp_store *st, const char *id);
+/* Entries stored now. */
+int32_t srv_resp_store_size(srv_resp_store *st);
 
 /* ---- output text --------------------------------------------------------------------------- */
 

@@ -14,6 +14,10 @@
 
 #include "serve_internal.h"
 
+static void out_put(srv_job *j, const char *s, size_t n);
+
+void srv_sse_put(srv_job *j, const char *s, size_t n) { out_put(j, s, n); }
+
 static void out_put(srv_job *j, const char *s, size_t n) {
     if (j->out_len + n > j->out_cap) {
         size_t cap = j->out_cap ? j->out_cap : 4096;
@@ -119,7 +123,12 @@ static void stream_parsed(srv_job *j, int32_t i) {
 /* Turns what the pump produced into SSE events in j->out. */
 static void stream_fill(srv_job *j) {
     if (!j->finished_stream && srv_job_core_lost(j)) {
-        /* the core process died under the stream: an error event (OpenAI's error object), then [DONE] */
+        /* the core process died under the stream: an error event (OpenAI's error object), then [DONE];
+         * a Responses stream ends with its own "error" event */
+        if (j->req.responses) {
+            srv_responses_stream_error(j, k_core_lost_message);
+            return;
+        }
         srv_error e = {.status = 503};
         snprintf(e.message, sizeof e.message, "%s", k_core_lost_message);
         char *body = srv_error_json(&e);
@@ -131,6 +140,10 @@ static void stream_fill(srv_job *j) {
         }
         out_put(j, "data: [DONE]\n\n", 14);
         j->finished_stream = true;
+        return;
+    }
+    if (j->req.responses) { /* /v1/responses: typed events, no [DONE] (responses_out.c) */
+        srv_responses_stream_fill(j);
         return;
     }
     if (!j->started) {
