@@ -354,7 +354,7 @@ static void test_kv_cache_dtype(void **state) {
     assert_non_null(strstr(g_out, "kv cache dtype: fp8"));
     assert_non_null(strstr(g_out, "bytes per token: 11520"));
     /* side by side: 2 x 30 x 3 x 64 x 1/2 + 2 x 30 x 3 x 4 scale bytes = 5760 + 720 for nvfp4 */
-    const char *rows[] = {"  f32 ", "  f16 ", "  bf16   not available", "  fp8 ", "  nvfp4 "};
+    const char *rows[] = {"  f32 ", "  f16 ", "  bf16      not available", "  fp8 ", "  nvfp4 "};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (!strstr(g_out, rows[i])) fail_msg("plan lacks the row '%s':\n%s", rows[i], g_out);
     assert_non_null(strstr(g_out, "6480             720"));
@@ -467,7 +467,7 @@ static void test_bench_output(void **state) {
 
     snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 2 -t 1 -o md", g_model);
     assert_int_equal(run(args), 0);
-    if (!starts(g_out, "| model | backend | threads | type_k | test | t/s |\n| --") ||
+    if (!starts(g_out, "| model | backend | threads | type_k | type_v | test | t/s |\n| --") ||
         !strstr(g_out, " | pp8 | ") || !strstr(g_out, " | tg4 | ") || !strstr(g_out, " ± ") || strchr(g_out, '#'))
         fail_msg("bench -o md:\n%s", g_out);
 
@@ -475,7 +475,7 @@ static void test_bench_output(void **state) {
     assert_int_equal(run(args), 0);
     int lines = 0;
     for (const char *c = g_out; *c; c++) lines += *c == '\n';
-    if (lines != 3 || !starts(g_out, "model_filename,backend,n_threads,type_k,n_prompt,n_gen,") ||
+    if (lines != 3 || !starts(g_out, "model_filename,backend,n_threads,type_k,type_v,n_prompt,n_gen,") ||
         !strstr(g_out, ",avg_ts,stddev_ts\n") || !strstr(g_out, ",8,0,0,1,pp8,") || !strstr(g_out, ",0,4,0,1,tg4,"))
         fail_msg("bench --output csv:\n%s", g_out);
 
