@@ -427,7 +427,9 @@ static void test_loop_thread(void **state) {
  * compared with the CPU's: the GPU's bf16 weights and activations already differ from the CPU run at f16
  * KV; the GPU read itself is checked against the CPU's attention over the same pages in
  * tests/gpu/test_gpu_kv_quant.c. The same holds for a split cache (K fp8 + V nvfp4 pages: each
- * side quantized on its own at its slot), asserted the same way, prefix-cache hits included. */
+ * side quantized on its own at its slot), asserted the same way, prefix-cache hits included, on the
+ * CPU; the CUDA kernels take one page type for K and V, so on the GPU a split is refused at creation
+ * (OSP_ERR_UNSUPPORTED, saying so). */
 static void test_quantized_kv(void **state) {
     (void)state;
     const osp_kv_dtype dts[3][2] = {{OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_FP8}, {OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_NVFP4},
@@ -437,6 +439,13 @@ static void test_quantized_kv(void **state) {
         p.kv_dtype = dts[d][0];
         p.kv_dtype_v = dts[d][1], p.kv_dtype_v_set = true;
         const char *what = d == 2 ? "fp8/nvfp4" : osp_kv_dtype_name(dts[d][0]);
+        if (g_gpu && dts[d][0] != dts[d][1]) {
+            osp_engine *e = NULL;
+            assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+            assert_null(e);
+            assert_non_null(strstr(osp_last_error(), "no split K/V page dtypes"));
+            continue;
+        }
         /* together vs alone, prefix caching off */
         p.enable_prefix_caching = false;
         job alone[NREQ], batch[NREQ];
@@ -512,8 +521,13 @@ static void test_quantized_kv(void **state) {
     const size_t values = (size_t)c->n_layer * 8 * (size_t)p.block_size * (size_t)c->n_head_kv * (size_t)c->head_dim;
     assert_int_equal(osp_engine_kv_cache_bytes(e), 2 * values); /* K and V: 1 byte a value */
     osp_engine_free(e);
-    /* a split: K 1 byte + V 1/2 byte + 1/16 scale byte a value */
+    /* a split: K 1 byte + V 1/2 byte + 1/16 scale byte a value (CPU only, see above) */
     p.kv_dtype_v = OSP_KV_DTYPE_NVFP4, p.kv_dtype_v_set = true;
+    if (g_gpu) {
+        assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+        assert_null(e);
+        return;
+    }
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
     assert_int_equal(osp_engine_params_get(e)->kv_dtype, OSP_KV_DTYPE_FP8);
     assert_int_equal(osp_engine_params_get(e)->kv_dtype_v, OSP_KV_DTYPE_NVFP4);
