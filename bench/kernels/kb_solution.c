@@ -240,8 +240,8 @@ static bool prepare_rope(be_state *st, const kb_case *c, char *err, size_t n) {
 /* rope_kv_write: the T tokens' page rows, poisoned (poison) or read back into out[1], out[2] */
 static bool rope_pages(be_state *st, const kb_case *c, float **out, bool poison, char *err, size_t n) {
     const osp_kv_cache *kv = st->kv_attn;
-    const size_t row = kv->fmt.bytes_per_token;
-    const int64_t KD = kv->fmt.kv_row;
+    const size_t row = kv->k_fmt.bytes_per_token; /* f16 pages, K and V alike */
+    const int64_t KD = kv->k_fmt.kv_row;
     uint16_t *buf = malloc(row);
     bool ok = buf != NULL;
     for (int64_t t = 0; ok && t < c->dim[0]; t++) {

@@ -54,7 +54,7 @@ static void run(osp_model *m, osp_kv_dtype dt, float scale, const int32_t *ids, 
     const int32_t per = dt == OSP_KV_DTYPE_FP8 ? c->n_head_kv : 1;
     float *sc = malloc(sizeof *sc * (size_t)(c->n_layer * per));
     for (int32_t i = 0; i < c->n_layer * per; i++) sc[i] = scale;
-    if (osp_kv_cache_create_with_scales(m, nb, BS, dt, scale > 0 ? sc : NULL, scale > 0 ? sc : NULL, &kv) != OSP_OK)
+    if (osp_kv_cache_create_with_scales(m, nb, BS, dt, dt, scale > 0 ? sc : NULL, scale > 0 ? sc : NULL, &kv) != OSP_OK)
         die("kv cache");
     free(sc);
     int32_t *bt = malloc(sizeof *bt * (size_t)nb), *pos = malloc(sizeof *pos * (size_t)chunk),

@@ -56,7 +56,11 @@ typedef struct osp_engine_params {
                                        a 3 GiB reserve for activations); 0 = 0.9 (vLLM's default); only
                                        when kv_cache_memory is 0 */
     int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests) */
-    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA) */
+    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA): the K
+                                       pages' dtype, and the V pages' unless kv_dtype_v_set */
+    osp_kv_dtype kv_dtype_v;        /* with kv_dtype_v_set: the V pages' dtype (a split cache, e.g. K fp8 +
+                                       V nvfp4; llama.cpp's --cache-type-v); CPU only, CUDA refuses a split */
+    bool kv_dtype_v_set;            /* false (default): V pages of kv_dtype */
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
     osp_device device;              /* OSP_DEVICE_CPU (default) or OSP_DEVICE_CUDA (osp_model_params.device) */
     bool gpu_quant_weights;         /* osp_model_params.gpu_quant_weights; needs max_num_seqs 1 */

@@ -36,7 +36,9 @@ size_t osp_kv_cache_bytes(const osp_kv_cache *kv);
 void osp_kv_cache_free(osp_kv_cache *kv);
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv);
+/* The K pages' dtype, and the V pages' (the same unless the cache is split, e.g. K fp8 + V nvfp4). */
 osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv);
+osp_kv_dtype osp_kv_cache_dtype_v(const osp_kv_cache *kv);
 /* Copies block `src`'s K/V (every layer) into block `dst` (copy-on-write after a fork). On the GPU
  * the copy is enqueued on the model's stream, ahead of the next forward pass. Errors:
  * OSP_ERR_INVALID_ARG for a block outside the cache, OSP_ERR_INTERNAL when the device copy fails. */

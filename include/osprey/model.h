@@ -136,15 +136,17 @@ int osp_model_n_threads(const osp_model *m);
 void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 
 
-/* Bytes of K and V for one token over all layers, scales included: 2 * n_layer * (data bytes + scale
- * bytes of one token's row), data = n_head_kv * head_dim * elem bytes (fp8: 1, nvfp4: 1/2), scales =
- * n_head_kv * head_dim / 16 E4M3 bytes for nvfp4, 0 otherwise. 0 for a dtype the shape cannot take.
- * The per-layer 256-byte alignment of each pool is not in it: osp_kv_cache_bytes_for. */
-int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d);
+/* Bytes of K (pages of k_dtype) and V (pages of v_dtype; equal unless split) for one token over all
+ * layers, scales included: n_layer * (K data + K scale + V data + V scale bytes of one token's row),
+ * data = n_head_kv * head_dim * elem bytes (fp8: 1, nvfp4: 1/2), scales = n_head_kv * head_dim / 16 E4M3
+ * bytes for an nvfp4 side, 0 otherwise. 0 for a dtype the shape cannot take. The per-layer 256-byte
+ * alignment of each pool is not in it: osp_kv_cache_bytes_for. */
+int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype);
 /* The exact bytes osp_kv_cache_create allocates for num_blocks blocks of block_size tokens (pages and
  * scale pools, each padded to 256 bytes per layer); the fixed fp32 scales (fp8: n_layer * n_head_kv * 2,
  * nvfp4: n_layer * 2 floats) live on the host and are not counted. 0 on bad sizes or dtype. */
-int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype d, int32_t num_blocks, int32_t block_size);
+int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, int32_t num_blocks,
+                               int32_t block_size);
 
 /* A paged KV cache for one model: per layer K and V pages [num_blocks, block_size, n_head_kv,
  * head_dim] of `dtype`, in host memory, or in one device allocation when `m` runs on the GPU (such a
@@ -155,16 +157,20 @@ int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype d, int32_
  * OSP_ERR_NOMEM (host or device memory). */
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out);
-/* As osp_kv_cache_create, with a quantized cache's fixed fp32 scales given (what a scales file will
- * hold): k_fixed, v_fixed [n_layer, per_layer] with per_layer = n_head_kv for fp8 (one scale per layer
- * and KV head), 1 for nvfp4 (the tensor scale of the layer's K or V); copied; NULL takes the default
- * (src/kv/kv_cache.h). Ignored for f16 / f32. OSP_ERR_INVALID_ARG for a scale that is not finite and > 0. */
-osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                                           const float *k_fixed, const float *v_fixed, osp_kv_cache **out);
-/* Whether m can have a KV cache of `dtype` (the page format fits its shape, its backend has such
- * pages), without allocating anything: the errors osp_kv_cache_create would give for the dtype
- * (OSP_ERR_INVALID_ARG, OSP_ERR_UNSUPPORTED with the reason). */
-osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype dtype);
+/* As osp_kv_cache_create, with K pages of k_dtype and V pages of v_dtype (equal: as osp_kv_cache_create;
+ * different: a split cache, e.g. K fp8 + V nvfp4, llama.cpp's --cache-type-k / --cache-type-v; the CPU
+ * backend has every pair, CUDA none: OSP_ERR_UNSUPPORTED), and a quantized side's fixed fp32 scales
+ * given (what a scales file holds): k_fixed [n_layer, per_layer of K's dtype], v_fixed [n_layer,
+ * per_layer of V's dtype], per_layer = n_head_kv for fp8 (one scale per layer and KV head), 1 for nvfp4
+ * (the tensor scale of the layer's K or V); copied; NULL takes the default (src/kv/kv_cache.h). Ignored
+ * for an f16 / f32 side. OSP_ERR_INVALID_ARG for a scale that is not finite and > 0. */
+osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size,
+                                           osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float *k_fixed,
+                                           const float *v_fixed, osp_kv_cache **out);
+/* Whether m can have a KV cache of K pages of k_dtype and V pages of v_dtype (both page formats fit its
+ * shape, its backend has the pair), without allocating anything: the errors osp_kv_cache_create_with_scales
+ * would give (OSP_ERR_INVALID_ARG, OSP_ERR_UNSUPPORTED with the reason). */
+osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype);
 /* (the cache's other functions: osprey/kv_cache.h) */
 
 

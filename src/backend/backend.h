@@ -113,10 +113,11 @@ typedef struct osp_backend_vtable {
     osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);
-    /* Whether this backend's KV write and attention read pages of `dtype` (osprey/batch.h); when not,
-     * the reason in `why`. Asked once, when a KV cache is created on the backend (kv_cache.c), so a
-     * dtype the backend lacks fails at start-up, before any page is allocated. */
-    bool (*supports_kv)(osp_backend *be, osp_kv_dtype dtype, char *why, size_t why_len);
+    /* Whether this backend's KV write and attention read K pages of `k_dtype` together with V pages of
+     * `v_dtype` (osprey/batch.h; equal for an unsplit cache); when not, the reason in `why`. Asked once,
+     * when a KV cache is created on the backend (kv_cache.c), so a dtype or a K/V pair the backend lacks
+     * fails at start-up, before any page is allocated. */
+    bool (*supports_kv)(osp_backend *be, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, char *why, size_t why_len);
     /* Whether this backend's RoPE+KV-write op honours osp_kv_page_format.k_hadamard (rotates q and K
      * per head). Caches created on a backend without it never set the flag. */
     bool kv_k_hadamard;

@@ -39,17 +39,20 @@ typedef struct osp_kv_page_format {
                                * kv_k_hadamard); false for f16 / f32. */
 } osp_kv_page_format;
 
+/* K and V pages each have their own format (llama.cpp's --cache-type-k / --cache-type-v): k_fmt and
+ * v_fmt share kv_row and head_dim but may differ in dtype, bytes per token, scale pool and fixed
+ * scales, e.g. K in fp8 (rotated) with V in nvfp4. v_fmt.k_hadamard is always false. */
 struct osp_kv_cache {
     int32_t num_blocks, block_size, n_layer;
-    osp_kv_page_format fmt;
-    void **k;         /* [n_layer] -> pages [num_blocks, block_size, n_head_kv, head_dim] of fmt.elem_type
+    osp_kv_page_format k_fmt, v_fmt;
+    void **k;         /* [n_layer] -> pages [num_blocks, block_size, n_head_kv, head_dim] of k_fmt.elem_type
                        * (NVFP4: [.., head_dim / 2] bytes, two values a byte) */
-    void **v;         /* same */
+    void **v;         /* same, of v_fmt.elem_type */
     void **k_scale;   /* [n_layer] -> pool [num_blocks, block_size, n_head_kv, head_dim / 16] of E4M3
-                       * codes (NVFP4), or NULL (no scale pool) */
-    void **v_scale;
-    float *k_fixed;   /* host [n_layer, fmt.fixed_scales_per_layer] fp32, or NULL (f16 / f32) */
-    float *v_fixed;
+                       * codes (k_fmt NVFP4), or NULL (no scale pool) */
+    void **v_scale;   /* same, for v_fmt */
+    float *k_fixed;   /* host [n_layer, k_fmt.fixed_scales_per_layer] fp32, or NULL (f16 / f32) */
+    float *v_fixed;   /* host [n_layer, v_fmt.fixed_scales_per_layer] fp32, or NULL */
     void *pages;      /* one backend allocation holding every page and scale pool */
     size_t bytes;
     osp_backend *be;  /* where the pages live (the model's backend) */

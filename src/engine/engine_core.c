@@ -126,11 +126,16 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                              "its small and large steps use different kernels, so a batch could change a "
                              "request's tokens",
                              p.max_num_seqs);
+    if (!p.kv_dtype_v_set) p.kv_dtype_v = p.kv_dtype; /* V pages as K's unless split */
+    p.kv_dtype_v_set = true;
     if (!osp_kv_dtype_name(p.kv_dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "engine: unknown kv_dtype %d", (int)p.kv_dtype);
+    if (!osp_kv_dtype_name(p.kv_dtype_v))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "engine: unknown kv_dtype_v %d", (int)p.kv_dtype_v);
     OSP_TRY(osp_kv_dtype_available(p.kv_dtype)); /* bf16: refused before anything is loaded */
-    if (p.exact && osp_kv_dtype_quantized(p.kv_dtype))
+    OSP_TRY(osp_kv_dtype_available(p.kv_dtype_v));
+    if (p.exact && (osp_kv_dtype_quantized(p.kv_dtype) || osp_kv_dtype_quantized(p.kv_dtype_v)))
         return osp_set_error(OSP_ERR_INVALID_ARG, "engine: exact mode needs f32 KV pages, not quantized %s ones",
-                             osp_kv_dtype_name(p.kv_dtype));
+                             osp_kv_dtype_name(osp_kv_dtype_quantized(p.kv_dtype) ? p.kv_dtype : p.kv_dtype_v));
     OSP_TRY(osp_spec_config_check(&p.speculative));
     OSP_TRY(osp_sparse_config_check(&p.sparse_attention));
     /* the scales file before the model: a bad one fails fast, nothing loaded */
@@ -162,8 +167,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_kernel_table_apply(p.kernel_table, osp_model_device(e->model), c->head_dim, p.kv_dtype,
                                     p.log ? p.log : log_stderr, p.log_ctx)) != OSP_OK)
         goto fail;
-    /* the model's shape and backend take the KV dtype (CUDA: no fp8 / nvfp4 pages yet), before sizing */
-    if ((s = osp_kv_cache_check(e->model, p.kv_dtype)) != OSP_OK) goto fail;
+    /* the model's shape and backend take the K and V dtypes (CUDA: no split K/V), before sizing */
+    if ((s = osp_kv_cache_check(e->model, p.kv_dtype, p.kv_dtype_v)) != OSP_OK) goto fail;
     if (p.kv_scales_path &&
         (s = osp_kv_scales_check_shape(&scales, c->n_layer, c->n_head_kv, c->head_dim)) != OSP_OK) {
         char msg[512];
@@ -177,7 +182,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                           p.max_model_len, c->n_ctx_train);
         goto fail;
     }
-    const int64_t block_bytes = osp_kv_cache_bytes_per_token(c, p.kv_dtype) * p.block_size;
+    const int64_t block_bytes = osp_kv_cache_bytes_per_token(c, p.kv_dtype, p.kv_dtype_v) * p.block_size;
     if (p.num_blocks == 0) {
         int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
                                          : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
@@ -238,8 +243,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         goto fail;
     }
     const float *k_fixed, *v_fixed;
-    osp_kv_scales_for(p.kv_scales_path ? &scales : NULL, p.kv_dtype, &k_fixed, &v_fixed);
-    if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, k_fixed, v_fixed, p.max_num_seqs, p.max_model_len,
+    osp_kv_scales_for(p.kv_scales_path ? &scales : NULL, p.kv_dtype, p.kv_dtype_v, &k_fixed, &v_fixed);
+    if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.kv_dtype_v, k_fixed, v_fixed, p.max_num_seqs, p.max_model_len,
                                p.max_num_batched_tokens, e->spec_k, &e->runner)) != OSP_OK)
         goto fail;
     if (p.sparse_attention.method != OSP_SPARSE_NONE) {

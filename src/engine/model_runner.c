@@ -35,7 +35,7 @@ static void sample_task(void *arg, int ith, int nth) {
     if (st != OSP_OK && !row_failed) c->call_status = st;
 }
 
-osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype,
                              const float *k_fixed, const float *v_fixed,
                              int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int32_t max_spec,
                              osp_model_runner **out) {
@@ -45,7 +45,7 @@ osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_siz
     r->model = m;
     r->n_vocab = osp_model_config_get(m)->n_vocab;
     r->max_rows = max_rows;
-    osp_status s = osp_kv_cache_create_with_scales(m, num_blocks, block_size, dtype, k_fixed, v_fixed, &r->kv);
+    osp_status s = osp_kv_cache_create_with_scales(m, num_blocks, block_size, k_dtype, v_dtype, k_fixed, v_fixed, &r->kv);
     if (s == OSP_OK) s = osp_pb_create(max_rows, max_model_len, block_size, max_tokens, max_spec, &r->pb);
     /* a verification row samples each of its positions: up to pb->max_logits sampler rows a step */
     if (s == OSP_OK) r->max_sample = r->pb->max_logits > max_rows ? r->pb->max_logits : max_rows;

@@ -43,12 +43,13 @@ typedef struct osp_model_runner {
     int64_t trace_step;
 } osp_model_runner;
 
-/* The sampler runs on the model's thread pool (osp_model_run_parallel). max_spec: drafts per row at
+/* The KV cache has K pages of k_dtype and V pages of v_dtype (equal unless split).
+ * The sampler runs on the model's thread pool (osp_model_run_parallel). max_spec: drafts per row at
  * most (0: no speculative decoding; > 0 only where the model samples on the host). k_fixed / v_fixed:
  * a quantized cache's fixed scales (osp_kv_cache_create_with_scales: fp8 [n_layer, n_head_kv], nvfp4
  * [n_layer]; copied), NULL for the defaults. Errors: those of osp_kv_cache_create_with_scales,
  * OSP_ERR_NOMEM. */
-osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
+osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype,
                              const float *k_fixed, const float *v_fixed,
                              int32_t max_rows, int32_t max_model_len, int32_t max_tokens, int32_t max_spec,
                              osp_model_runner **out);

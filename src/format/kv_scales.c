@@ -191,9 +191,12 @@ osp_status osp_kv_scales_check_shape(const osp_kv_scales *s, int32_t n_layer, in
     return OSP_OK;
 }
 
-void osp_kv_scales_for(const osp_kv_scales *s, osp_kv_dtype dtype, const float **k_fixed, const float **v_fixed) {
+void osp_kv_scales_for(const osp_kv_scales *s, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float **k_fixed,
+                       const float **v_fixed) {
     *k_fixed = *v_fixed = NULL;
     if (!s) return;
-    if (dtype == OSP_KV_DTYPE_FP8) *k_fixed = s->fp8_k, *v_fixed = s->fp8_v;
-    else if (dtype == OSP_KV_DTYPE_NVFP4) *k_fixed = s->nvfp4_k, *v_fixed = s->nvfp4_v;
+    if (k_dtype == OSP_KV_DTYPE_FP8) *k_fixed = s->fp8_k;
+    else if (k_dtype == OSP_KV_DTYPE_NVFP4) *k_fixed = s->nvfp4_k;
+    if (v_dtype == OSP_KV_DTYPE_FP8) *v_fixed = s->fp8_v;
+    else if (v_dtype == OSP_KV_DTYPE_NVFP4) *v_fixed = s->nvfp4_v;
 }

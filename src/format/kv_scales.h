@@ -70,9 +70,11 @@ void osp_kv_scales_free(osp_kv_scales *s); /* NULL is fine; zeroes *s */
  * OSP_ERR_INVALID_ARG naming both shapes otherwise. */
 osp_status osp_kv_scales_check_shape(const osp_kv_scales *s, int32_t n_layer, int32_t n_head_kv, int32_t head_dim);
 
-/* The fixed scales a cache of `dtype` takes from *s (kv_cache.h's k_fixed / v_fixed: fp8 [n_layer,
- * n_head_kv], nvfp4 [n_layer]); NULL for both when s is NULL or the dtype has no fixed scales (f16,
- * f32), so the cache then takes its defaults. The pointers borrow from *s. */
-void osp_kv_scales_for(const osp_kv_scales *s, osp_kv_dtype dtype, const float **k_fixed, const float **v_fixed);
+/* The fixed scales a cache of K pages of k_dtype and V pages of v_dtype takes from *s (kv_cache.h's
+ * k_fixed / v_fixed: fp8 [n_layer, n_head_kv], nvfp4 [n_layer]; each side from its own dtype's set, so
+ * a split K fp8 + V nvfp4 cache takes fp8_k and nvfp4_v); NULL for a side when s is NULL or that side's
+ * dtype has no fixed scales (f16, f32), so the cache then takes its defaults. The pointers borrow from *s. */
+void osp_kv_scales_for(const osp_kv_scales *s, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float **k_fixed,
+                       const float **v_fixed);
 
 #endif

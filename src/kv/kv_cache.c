@@ -3,6 +3,7 @@
 #include "kv/kv_cache.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,37 +81,58 @@ osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_
     return OSP_OK;
 }
 
-/* Sizes of one layer's K (or V) page region and scale pool, each padded to 256 bytes, and of the whole
- * allocation; false when a product overflows size_t. */
-static bool sizes_of(const osp_kv_page_format *f, int32_t n_layer, int32_t num_blocks, int32_t block_size,
-                     size_t *page_al, size_t *scale_al, size_t *total) {
+/* Sizes of one layer's page region and scale pool for K (format fk) and for V (fv), each padded to 256
+ * bytes, and of the whole allocation (per layer: K pages, V pages, K scales, V scales); false when a
+ * product overflows size_t. */
+typedef struct kv_sizes { size_t page[2], scale[2], total; } kv_sizes; /* [0] K, [1] V */
+
+static bool sizes_of(const osp_kv_page_format *fk, const osp_kv_page_format *fv, int32_t n_layer, int32_t num_blocks,
+                     int32_t block_size, kv_sizes *z) {
     const size_t pad = 255;
-    size_t slots, page, scales, per_layer;
-    if (__builtin_mul_overflow((size_t)num_blocks, (size_t)block_size, &slots) ||
-        __builtin_mul_overflow(slots, f->bytes_per_token, &page) ||
-        __builtin_mul_overflow(slots, f->scale_bytes_per_token, &scales) || page > SIZE_MAX / 4 - pad ||
-        scales > SIZE_MAX / 4 - pad)
-        return false;
-    *page_al = (page + pad) & ~pad;
-    *scale_al = (scales + pad) & ~pad;
-    per_layer = 2 * (*page_al + *scale_al);
-    return !__builtin_mul_overflow(per_layer, (size_t)n_layer, total);
+    size_t slots, per_layer = 0;
+    if (__builtin_mul_overflow((size_t)num_blocks, (size_t)block_size, &slots)) return false;
+    for (int i = 0; i < 2; i++) {
+        const osp_kv_page_format *f = i ? fv : fk;
+        size_t page, scales;
+        if (__builtin_mul_overflow(slots, f->bytes_per_token, &page) ||
+            __builtin_mul_overflow(slots, f->scale_bytes_per_token, &scales) || page > SIZE_MAX / 4 - pad ||
+            scales > SIZE_MAX / 4 - pad)
+            return false;
+        z->page[i] = (page + pad) & ~pad;
+        z->scale[i] = (scales + pad) & ~pad;
+        per_layer += z->page[i] + z->scale[i]; /* each term < SIZE_MAX / 4: no overflow */
+    }
+    return !__builtin_mul_overflow(per_layer, (size_t)n_layer, &z->total);
 }
 
-osp_status osp_kv_cache_size(const osp_kv_shape *c, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             size_t *bytes) {
+/* The K and V formats of a cache of k_dtype / v_dtype pages for shape c (osp_kv_page_format_of's errors,
+ * naming the side that fails in a split cache). */
+static osp_status formats_of(const osp_kv_shape *c, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, osp_kv_page_format *fk,
+                             osp_kv_page_format *fv) {
+    osp_status s = osp_kv_page_format_of(c, k_dtype, fk);
+    if (s == OSP_OK) s = osp_kv_page_format_of(c, v_dtype, fv);
+    if (s != OSP_OK && k_dtype != v_dtype) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", osp_last_error());
+        return osp_set_error(s, "%s (split cache: K %s, V %s)", msg, osp_kv_dtype_name(k_dtype) ? osp_kv_dtype_name(k_dtype) : "?",
+                             osp_kv_dtype_name(v_dtype) ? osp_kv_dtype_name(v_dtype) : "?");
+    }
+    return s;
+}
+
+osp_status osp_kv_cache_size(const osp_kv_shape *c, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype,
+                             osp_kv_dtype v_dtype, size_t *bytes) {
     *bytes = 0;
     if (num_blocks <= 0 || block_size <= 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: num_blocks %d and block_size %d must be > 0",
                              num_blocks, block_size);
-    osp_kv_page_format fmt;
-    OSP_TRY(osp_kv_page_format_of(c, dtype, &fmt));
-    size_t pa, sa;
-    if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &pa, &sa, bytes)) {
-        *bytes = 0; /* not the wrapped product */
+    osp_kv_page_format fk, fv;
+    OSP_TRY(formats_of(c, k_dtype, v_dtype, &fk, &fv));
+    kv_sizes z;
+    if (!sizes_of(&fk, &fv, c->n_layer, num_blocks, block_size, &z))
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
                              num_blocks, block_size);
-    }
+    *bytes = z.total;
     return OSP_OK;
 }
 
@@ -136,24 +158,28 @@ bool osp_kv_k_hadamard_default(const osp_backend *be, const osp_kv_page_format *
 
 osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *c, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out) {
-    return osp_kv_cache_create_scaled(be, c, num_blocks, block_size, dtype, NULL, NULL, out);
+    return osp_kv_cache_create_scaled(be, c, num_blocks, block_size, dtype, dtype, NULL, NULL, out);
+}
+
+static float default_fixed_scale(osp_kv_dtype d) {
+    return d == OSP_KV_DTYPE_FP8 ? OSP_KV_FP8_DEFAULT_SCALE : OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE;
 }
 
 osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *c, int32_t num_blocks, int32_t block_size,
-                                      osp_kv_dtype dtype, const float *k_fixed, const float *v_fixed,
-                                      osp_kv_cache **out) {
+                                      osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float *k_fixed,
+                                      const float *v_fixed, osp_kv_cache **out) {
     *out = NULL;
     if (num_blocks <= 0 || block_size <= 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: num_blocks %d and block_size %d must be > 0",
                              num_blocks, block_size);
-    osp_kv_page_format fmt;
-    OSP_TRY(osp_kv_page_format_of(c, dtype, &fmt));
+    osp_kv_page_format fk, fv;
+    OSP_TRY(formats_of(c, k_dtype, v_dtype, &fk, &fv));
     char why[256] = "";
-    if (be->vt->supports_kv && !be->vt->supports_kv(be, dtype, why, sizeof why))
+    if (be->vt->supports_kv && !be->vt->supports_kv(be, k_dtype, v_dtype, why, sizeof why))
         return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: %s", why);
-    fmt.k_hadamard = osp_kv_k_hadamard_default(be, &fmt);
-    size_t page_al, scale_al, total;
-    if (!sizes_of(&fmt, c->n_layer, num_blocks, block_size, &page_al, &scale_al, &total))
+    fk.k_hadamard = osp_kv_k_hadamard_default(be, &fk); /* V is never rotated */
+    kv_sizes z;
+    if (!sizes_of(&fk, &fv, c->n_layer, num_blocks, block_size, &z))
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: %d blocks of %d tokens do not fit in memory sizes",
                              num_blocks, block_size);
     osp_kv_cache *kv = calloc(1, sizeof *kv);
@@ -163,19 +189,23 @@ osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *c, in
     kv->num_blocks = num_blocks;
     kv->block_size = block_size;
     kv->n_layer = c->n_layer;
-    kv->fmt = fmt;
+    kv->k_fmt = fk;
+    kv->v_fmt = fv;
     kv->be = be;
-    kv->bytes = total;
+    kv->bytes = z.total;
     osp_backend_retain(be); /* the pages are freed through it, maybe after the model */
     osp_status s = OSP_OK;
-    if (fmt.fixed_scales_per_layer) {
-        const int32_t n = c->n_layer * fmt.fixed_scales_per_layer;
-        const float dflt = dtype == OSP_KV_DTYPE_FP8 ? OSP_KV_FP8_DEFAULT_SCALE : OSP_KV_NVFP4_DEFAULT_TENSOR_SCALE;
-        if ((s = fixed_scales(k_fixed, dflt, n, "K", &kv->k_fixed)) != OSP_OK ||
-            (s = fixed_scales(v_fixed, dflt, n, "V", &kv->v_fixed)) != OSP_OK) {
-            osp_kv_cache_free(kv);
-            return s;
-        }
+    if (fk.fixed_scales_per_layer &&
+        (s = fixed_scales(k_fixed, default_fixed_scale(k_dtype), c->n_layer * fk.fixed_scales_per_layer, "K",
+                          &kv->k_fixed)) != OSP_OK) {
+        osp_kv_cache_free(kv);
+        return s;
+    }
+    if (fv.fixed_scales_per_layer &&
+        (s = fixed_scales(v_fixed, default_fixed_scale(v_dtype), c->n_layer * fv.fixed_scales_per_layer, "V",
+                          &kv->v_fixed)) != OSP_OK) {
+        osp_kv_cache_free(kv);
+        return s;
     }
     kv->k = calloc((size_t)kv->n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)kv->n_layer, sizeof *kv->v);
@@ -187,16 +217,15 @@ osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *c, in
         osp_kv_cache_free(kv);
         if (s == OSP_ERR_NOMEM)
             return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory for %d blocks of %d tokens (%zu bytes)",
-                                 num_blocks, block_size, total);
+                                 num_blocks, block_size, z.total);
         return s;
     }
     char *p = kv->pages;
-    const bool has_scales = fmt.scale_bytes_per_token != 0;
     for (int32_t l = 0; l < kv->n_layer; l++) {
-        kv->k[l] = p, p += page_al;
-        kv->v[l] = p, p += page_al;
-        kv->k_scale[l] = has_scales ? p : NULL, p += scale_al;
-        kv->v_scale[l] = has_scales ? p : NULL, p += scale_al;
+        kv->k[l] = p, p += z.page[0];
+        kv->v[l] = p, p += z.page[1];
+        kv->k_scale[l] = fk.scale_bytes_per_token ? p : NULL, p += z.scale[0];
+        kv->v_scale[l] = fv.scale_bytes_per_token ? p : NULL, p += z.scale[1];
     }
     *out = kv;
     return OSP_OK;
@@ -217,29 +246,27 @@ void osp_kv_cache_free(osp_kv_cache *kv) {
 
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv) { return kv->block_size; }
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv) { return kv->num_blocks; }
-osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->fmt.dtype; }
+osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->k_fmt.dtype; }
+osp_kv_dtype osp_kv_cache_dtype_v(const osp_kv_cache *kv) { return kv->v_fmt.dtype; }
 
 size_t osp_kv_cache_bytes(const osp_kv_cache *kv) {
-    return 2 * (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size *
-           (kv->fmt.bytes_per_token + kv->fmt.scale_bytes_per_token);
+    return (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size *
+           (kv->k_fmt.bytes_per_token + kv->k_fmt.scale_bytes_per_token + kv->v_fmt.bytes_per_token +
+            kv->v_fmt.scale_bytes_per_token);
 }
 
 osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
     if (src < 0 || src >= kv->num_blocks || dst < 0 || dst >= kv->num_blocks)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: copy of block %d to %d outside the %d blocks", src, dst,
                              kv->num_blocks);
-    const size_t bytes = (size_t)kv->block_size * kv->fmt.bytes_per_token,
-                 sb = (size_t)kv->block_size * kv->fmt.scale_bytes_per_token;
     for (int32_t l = 0; l < kv->n_layer; l++) {
-        OSP_TRY(kv->be->vt->copy(kv->be, (char *)kv->k[l] + (size_t)dst * bytes, (const char *)kv->k[l] + (size_t)src * bytes,
-                                 bytes));
-        OSP_TRY(kv->be->vt->copy(kv->be, (char *)kv->v[l] + (size_t)dst * bytes, (const char *)kv->v[l] + (size_t)src * bytes,
-                                 bytes));
-        if (sb) {
-            OSP_TRY(kv->be->vt->copy(kv->be, (char *)kv->k_scale[l] + (size_t)dst * sb,
-                                     (const char *)kv->k_scale[l] + (size_t)src * sb, sb));
-            OSP_TRY(kv->be->vt->copy(kv->be, (char *)kv->v_scale[l] + (size_t)dst * sb,
-                                     (const char *)kv->v_scale[l] + (size_t)src * sb, sb));
+        for (int i = 0; i < 2; i++) { /* K, then V, each in its own format */
+            const osp_kv_page_format *f = i ? &kv->v_fmt : &kv->k_fmt;
+            char *pages = i ? kv->v[l] : kv->k[l], *scales = i ? kv->v_scale[l] : kv->k_scale[l];
+            const size_t bytes = (size_t)kv->block_size * f->bytes_per_token,
+                         sb = (size_t)kv->block_size * f->scale_bytes_per_token;
+            OSP_TRY(kv->be->vt->copy(kv->be, pages + (size_t)dst * bytes, pages + (size_t)src * bytes, bytes));
+            if (sb) OSP_TRY(kv->be->vt->copy(kv->be, scales + (size_t)dst * sb, scales + (size_t)src * sb, sb));
         }
     }
     return OSP_OK;

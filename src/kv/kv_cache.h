@@ -24,6 +24,11 @@
  *             layer for K and one for V (k_fixed / v_fixed, [n_layer, 1]), fixed at creation. Read
  *             back as e2m1 * (e4m3(scale) * T), the product of the two scales taken in fp32 first.
  *             head_dim must be a multiple of 16.
+ * K and V may have different formats (a split cache: llama.cpp's --cache-type-k / --cache-type-v),
+ * e.g. K fp8 and V nvfp4: each side has its own bytes per token, scale pool (only an nvfp4 side has
+ * one) and fixed scales (k_fixed in K's format, v_fixed in V's), so a block's bytes differ for K and V.
+ * Layout of the one allocation, per layer: K pages, V pages, K scale pool, V scale pool, each padded to
+ * 256 bytes (the same offsets as before for K and V of one format).
  * Every token's K and V rows are quantized on their own (a write touches only its slot's bytes and
  * its slot's scales), so a block copy (copy-on-write), a prefix-cache hit or a preemption handles a
  * quantized block exactly as an f16 one: data and scales move together by block id.
@@ -79,19 +84,22 @@ bool osp_kv_k_hadamard_default(const osp_backend *be, const osp_kv_page_format *
 osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *sh, int32_t num_blocks,
                                   int32_t block_size, osp_kv_dtype dtype, osp_kv_cache **out);
 
-/* As osp_kv_cache_create_on, with the fixed fp32 scales of a quantized cache given:
- * k_fixed, v_fixed: [n_layer, fixed_scales_per_layer] (fp8: n_head_kv per layer; nvfp4: 1), copied;
- * NULL takes the default constant. Ignored for f16 / f32. Each scale must be finite and > 0
- * (OSP_ERR_INVALID_ARG otherwise). The backend may refuse the dtype (its supports_kv hook):
- * OSP_ERR_UNSUPPORTED with its reason, before anything is allocated. */
+/* As osp_kv_cache_create_on, with K pages of k_dtype and V pages of v_dtype (equal: an unsplit cache)
+ * and the fixed fp32 scales of a quantized side given: k_fixed [n_layer, K format's
+ * fixed_scales_per_layer], v_fixed [n_layer, V format's] (fp8: n_head_kv per layer; nvfp4: 1), copied;
+ * NULL takes the default constant of that side's dtype. Ignored for an f16 / f32 side. Each scale must
+ * be finite and > 0 (OSP_ERR_INVALID_ARG otherwise). The backend may refuse a dtype or the pair (its
+ * supports_kv hook; CUDA refuses K != V): OSP_ERR_UNSUPPORTED with its reason, before anything is
+ * allocated. */
 osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size,
-                                      osp_kv_dtype dtype, const float *k_fixed, const float *v_fixed,
-                                      osp_kv_cache **out);
+                                      osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float *k_fixed,
+                                      const float *v_fixed, osp_kv_cache **out);
 
-/* The exact size of a cache's one allocation (pages, scale pools, each pool padded to 256 bytes per
- * layer), as osp_kv_cache_create_on computes it. OSP_ERR_INVALID_ARG on overflow or bad sizes, and the
- * page format's errors (osp_kv_page_format_of); *bytes is 0 on any error. */
-osp_status osp_kv_cache_size(const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                             size_t *bytes);
+/* The exact size of a cache's one allocation with K pages of k_dtype and V pages of v_dtype (pages,
+ * scale pools, each pool padded to 256 bytes per layer), as osp_kv_cache_create_scaled computes it.
+ * OSP_ERR_INVALID_ARG on overflow or bad sizes, and the page formats' errors (osp_kv_page_format_of);
+ * *bytes is 0 on any error. */
+osp_status osp_kv_cache_size(const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype,
+                             osp_kv_dtype v_dtype, size_t *bytes);
 
 #endif

@@ -177,8 +177,8 @@ void osp_kv_calib_add_rows(osp_kv_calib *c, int32_t layer, int which, const floa
 
 osp_status osp_kv_calib_add_cache(osp_kv_calib *c, const osp_kv_cache *kv, const int32_t *block_table,
                                   int32_t n_tokens) {
-    if (kv->fmt.dtype != OSP_KV_DTYPE_F32 || kv->n_layer != c->n_layer ||
-        kv->fmt.kv_row != (int64_t)c->n_head_kv * c->head_dim || kv->fmt.head_dim != c->head_dim)
+    if (kv->k_fmt.dtype != OSP_KV_DTYPE_F32 || kv->v_fmt.dtype != OSP_KV_DTYPE_F32 || kv->n_layer != c->n_layer ||
+        kv->k_fmt.kv_row != (int64_t)c->n_head_kv * c->head_dim || kv->k_fmt.head_dim != c->head_dim)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv calibration: needs an f32 cache of %d layers x %d KV heads x %d",
                              c->n_layer, c->n_head_kv, c->head_dim);
     const int32_t bs = kv->block_size;
@@ -186,7 +186,7 @@ osp_status osp_kv_calib_add_cache(osp_kv_calib *c, const osp_kv_cache *kv, const
         if (block_table[b] < 0 || block_table[b] >= kv->num_blocks)
             return osp_set_error(OSP_ERR_INVALID_ARG, "kv calibration: block id %d outside the cache's %d",
                                  block_table[b], kv->num_blocks);
-    const size_t row = (size_t)kv->fmt.kv_row;
+    const size_t row = (size_t)kv->k_fmt.kv_row;
     for (int32_t l = 0; l < c->n_layer; l++)
         for (int w = 0; w < 2; w++) {
             const float *pages = (const float *)(w ? kv->v[l] : kv->k[l]);

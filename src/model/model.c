@@ -206,33 +206,36 @@ osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t b
     return osp_kv_cache_create_on(m->be, &sh, num_blocks, block_size, dtype, out);
 }
 
-osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                                           const float *k_fixed, const float *v_fixed, osp_kv_cache **out) {
+osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size,
+                                           osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float *k_fixed,
+                                           const float *v_fixed, osp_kv_cache **out) {
     const osp_kv_shape sh = kv_shape(&m->cfg);
-    return osp_kv_cache_create_scaled(m->be, &sh, num_blocks, block_size, dtype, k_fixed, v_fixed, out);
+    return osp_kv_cache_create_scaled(m->be, &sh, num_blocks, block_size, k_dtype, v_dtype, k_fixed, v_fixed, out);
 }
 
-osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype dtype) {
+osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype) {
     const osp_kv_shape sh = kv_shape(&m->cfg);
-    osp_kv_page_format f;
-    OSP_TRY(osp_kv_page_format_of(&sh, dtype, &f));
+    size_t bytes; /* the page formats of both sides fit the shape (osp_kv_cache_size checks both) */
+    OSP_TRY(osp_kv_cache_size(&sh, 1, 1, k_dtype, v_dtype, &bytes));
     char why[256] = "";
-    if (m->be->vt->supports_kv && !m->be->vt->supports_kv(m->be, dtype, why, sizeof why))
+    if (m->be->vt->supports_kv && !m->be->vt->supports_kv(m->be, k_dtype, v_dtype, why, sizeof why))
         return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: %s", why);
     return OSP_OK;
 }
 
-int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype d) {
+int64_t osp_kv_cache_bytes_per_token(const osp_model_config *c, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype) {
     const osp_kv_shape sh = kv_shape(c);
-    osp_kv_page_format f;
-    if (osp_kv_page_format_of(&sh, d, &f) != OSP_OK) return 0;
-    return 2 * (int64_t)c->n_layer * (int64_t)(f.bytes_per_token + f.scale_bytes_per_token);
+    osp_kv_page_format fk, fv;
+    if (osp_kv_page_format_of(&sh, k_dtype, &fk) != OSP_OK || osp_kv_page_format_of(&sh, v_dtype, &fv) != OSP_OK) return 0;
+    return (int64_t)c->n_layer *
+           (int64_t)(fk.bytes_per_token + fk.scale_bytes_per_token + fv.bytes_per_token + fv.scale_bytes_per_token);
 }
 
-int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype d, int32_t num_blocks, int32_t block_size) {
+int64_t osp_kv_cache_bytes_for(const osp_model_config *c, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, int32_t num_blocks,
+                               int32_t block_size) {
     const osp_kv_shape sh = kv_shape(c);
     size_t bytes;
-    if (osp_kv_cache_size(&sh, num_blocks, block_size, d, &bytes) != OSP_OK || bytes > INT64_MAX) return 0;
+    if (osp_kv_cache_size(&sh, num_blocks, block_size, k_dtype, v_dtype, &bytes) != OSP_OK || bytes > INT64_MAX) return 0;
     return (int64_t)bytes;
 }
 
@@ -293,7 +296,7 @@ osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_ba
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
     /* A cache serves any model of its shape on the CPU (host pages); on a device only the model it
      * was made for (its pages are ordered on that model's stream). */
-    if (kv->n_layer != m->cfg.n_layer || kv->fmt.kv_row != (int64_t)m->cfg.n_head_kv * m->cfg.head_dim)
+    if (kv->n_layer != m->cfg.n_layer || kv->k_fmt.kv_row != (int64_t)m->cfg.n_head_kv * m->cfg.head_dim)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for a model of another shape");
     if (kv->be->vt->device != m->be->vt->device) /* the CPU path would dereference device pages */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache is on the %s, the model on the %s",

@@ -48,12 +48,12 @@ osp_status osp_sparse_runtime_create(const osp_sparse_config *cfg, const osp_kv_
     *out = NULL;
     OSP_TRY(osp_sparse_config_check(cfg));
     if (cfg->method == OSP_SPARSE_NONE) return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: the config is off");
-    if (!kv || kv->fmt.head_dim < 1) return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: no KV cache");
+    if (!kv || kv->k_fmt.head_dim < 1) return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: no KV cache");
     osp_sparse_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return osp_set_error(OSP_ERR_NOMEM, "sparse attention: out of memory");
     rt->cfg = *cfg;
     const osp_status s = osp_quest_create(kv->n_layer, kv->num_blocks, kv->block_size,
-                                          (int32_t)(kv->fmt.kv_row / kv->fmt.head_dim), kv->fmt.head_dim, &rt->qs);
+                                          (int32_t)(kv->k_fmt.kv_row / kv->k_fmt.head_dim), kv->k_fmt.head_dim, &rt->qs);
     if (s != OSP_OK) {
         free(rt);
         return s;
@@ -82,13 +82,16 @@ static osp_status prepare(void *ctx, const osp_attn_call *c) {
     const int32_t layer = c->op->layer, H = c->op->p.attn.n_head, HK = c->op->p.attn.n_head_kv;
     const int32_t D = c->op->p.attn.head_dim, window = c->op->p.attn.window, bs = kv->block_size;
     const int32_t T = b->num_tokens, grp = H / HK;
-    const int64_t F = kv->fmt.fixed_scales_per_layer;
+    const int64_t FK = kv->k_fmt.fixed_scales_per_layer, FV = kv->v_fmt.fixed_scales_per_layer;
     if (kv->num_blocks != rt->qs.num_blocks || bs != rt->qs.block_size || HK != rt->qs.n_head_kv || D != rt->qs.head_dim ||
         layer < 0 || layer >= rt->qs.n_layer)
         return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: the runtime was made for another KV cache shape");
-    rt->pages = (osp_cpu_kv_pages){.type = kv->fmt.elem_type, .k = kv->k[layer], .v = kv->v[layer],
-                                   .k_scale = kv->k_scale[layer], .v_scale = kv->v_scale[layer],
-                                   .k_fixed = F ? kv->k_fixed + layer * F : NULL, .v_fixed = F ? kv->v_fixed + layer * F : NULL};
+    rt->pages = (osp_cpu_kv_pages){.k_type = kv->k_fmt.elem_type, .v_type = kv->v_fmt.elem_type, .k = kv->k[layer],
+                                   .v = kv->v[layer], .k_scale = kv->k_scale[layer], .v_scale = kv->v_scale[layer],
+                                   .k_fixed = FK ? kv->k_fixed + layer * FK : NULL,
+                                   .v_fixed = FV ? kv->v_fixed + layer * FV : NULL};
+    /* one token's K + V bytes for one KV head (K and V may have different formats) */
+    const int64_t kv_head_bytes2 = (int64_t)(kv->k_fmt.bytes_per_token + kv->v_fmt.bytes_per_token) / HK;
     rt->stats.calls++;
     /* 1. summaries of the pages this step wrote (the last write into each page covers the earlier ones) */
     int32_t s = 0;
@@ -147,7 +150,7 @@ static osp_status prepare(void *ctx, const osp_attn_call *c) {
                                 .q_tile = 1};
     const osp_sparse_cands cands = {rt->cand_indptr, rt->cand};
     OSP_TRY(osp_sparse_wt_build(&rt->wt, &rt->L, window > 0 ? NULL : &cands, &rt->mask,
-                                (int64_t)kv->fmt.bytes_per_token / HK));
+                                kv_head_bytes2 / 2));
     const osp_sparse_attn_args a = {.q = c->q, .out = c->out, .kv = &rt->pages, .L = &rt->L, .wt = &rt->wt,
                                     .mask = &rt->mask, .head_dim = D, .scale = c->op->p.attn.scale};
     OSP_TRY(osp_sparse_attention_check(&a));
@@ -160,7 +163,7 @@ static osp_status prepare(void *ctx, const osp_attn_call *c) {
         for (int32_t g = 0; g < HK; g++) rt->stats.tiles_read += rt->wt.row_tiles[(int64_t)t * HK + g];
         rt->stats.tiles_dense += (int64_t)(b->positions[t] / bs + 1) * HK;
     }
-    rt->stats.bytes_read = rt->stats.tiles_read * bs * 2 * (int64_t)(kv->fmt.bytes_per_token / HK);
+    rt->stats.bytes_read = rt->stats.tiles_read * bs * kv_head_bytes2;
     return OSP_OK;
 }
 

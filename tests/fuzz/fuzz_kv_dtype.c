@@ -2,7 +2,8 @@
  * format / size arithmetic it leads to.
  *
  * Input: the first 16 bytes, when present, give a shape (layers, KV heads, head_dim, blocks, block
- * size, 16 bits each, and a dtype id); the rest is a dtype name. A parsed name must round-trip through
+ * size, 16 bits each, a K dtype id and a V dtype id, 16 bits each: a split cache when they differ); the
+ * rest is a dtype name. A parsed name must round-trip through
  * osp_kv_dtype_name; a rejected one must say why and leave the output alone. The shape goes through
  * osp_kv_page_format_of and osp_kv_cache_size: either an error with a message, or sizes at least the
  * pages and scales need (no wrapped products). A crash, a sanitizer report or a silent rejection is a
@@ -24,19 +25,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size >= 16) {
         const osp_kv_shape sh = {u16(data), u16(data + 2), u16(data + 4)};
         const int32_t nb = u16(data + 6) * 64, bs = u16(data + 8);
-        const osp_kv_dtype dt = (osp_kv_dtype)(data[10] | data[11] << 8);
-        osp_kv_page_format f;
+        const osp_kv_dtype dt = (osp_kv_dtype)(data[10] | data[11] << 8), dv = (osp_kv_dtype)(data[12] | data[13] << 8);
+        osp_kv_page_format f, fv;
         size_t bytes = 1;
         const osp_status s = osp_kv_page_format_of(&sh, dt, &f);
-        const osp_status z = osp_kv_cache_size(&sh, nb, bs, dt, &bytes);
-        if ((s != OSP_OK || z != OSP_OK) && !osp_last_error()[0]) abort();
+        const osp_status sv = osp_kv_page_format_of(&sh, dv, &fv);
+        const osp_status z = osp_kv_cache_size(&sh, nb, bs, dt, dv, &bytes);
+        if ((s != OSP_OK || sv != OSP_OK || z != OSP_OK) && !osp_last_error()[0]) abort();
         if (z != OSP_OK && bytes != 0) abort();
-        if (s == OSP_OK && z == OSP_OK) {
-            const unsigned __int128 need = (unsigned __int128)2 * (unsigned)sh.n_layer * (unsigned)nb * (unsigned)bs *
-                                           (f.bytes_per_token + f.scale_bytes_per_token);
+        if (s == OSP_OK && sv == OSP_OK && z == OSP_OK) {
+            const unsigned __int128 need = (unsigned __int128)(unsigned)sh.n_layer * (unsigned)nb * (unsigned)bs *
+                                           (f.bytes_per_token + f.scale_bytes_per_token + fv.bytes_per_token +
+                                            fv.scale_bytes_per_token);
             if (need > bytes) abort();
             if (dt == OSP_KV_DTYPE_NVFP4 && (sh.head_dim % 16 || f.scale_bytes_per_token * 16 != (size_t)f.kv_row)) abort();
+            if (dv == OSP_KV_DTYPE_NVFP4 && (sh.head_dim % 16 || fv.scale_bytes_per_token * 16 != (size_t)fv.kv_row)) abort();
         }
+        /* the size is a success exactly when both formats are */
+        if ((z == OSP_OK) != (s == OSP_OK && sv == OSP_OK) && nb > 0 && bs > 0 && z != OSP_ERR_INVALID_ARG) abort();
         data += 16, size -= 16;
     }
     char name[64];

@@ -191,7 +191,7 @@ static void write_case(uint32_t kvt, const wcase *wc, int64_t T, uint64_t seed) 
     /* the CPU's write of the GPU's fp32 rows, into pages that start with the same fill */
     uint8_t *ck = xmalloc(page_bytes), *cv = xmalloc(page_bytes), *cks = xmalloc(sc_bytes), *cvs = xmalloc(sc_bytes);
     memset(ck, 0xA5, page_bytes), memset(cv, 0xA5, page_bytes), memset(cks, 0xA5, sc_bytes), memset(cvs, 0xA5, sc_bytes);
-    osp_cpu_kv_pages cp = {.type = kvt, .k_fixed = kfix, .v_fixed = vfix};
+    osp_cpu_kv_pages cp = {.k_type = kvt, .v_type = kvt, .k_fixed = kfix, .v_fixed = vfix};
     int64_t raw_bad = 0;
     for (int64_t t = 0; t < T; t++) {
         if (slot[t] < 0) continue;
@@ -321,7 +321,7 @@ static void pool_write(qpool *p, int64_t slot) {
         k[i] = 3.0f * rnd_unit() * (rnd_int(64) == 0 ? 20.0f : 1.0f);
         v[i] = 1.5f * rnd_unit() * (rnd_int(64) == 0 ? 8.0f : 1.0f);
     }
-    osp_cpu_kv_pages cp = {.type = p->kvt, .k_fixed = p->kfix, .v_fixed = p->vfix};
+    osp_cpu_kv_pages cp = {.k_type = p->kvt, .v_type = p->kvt, .k_fixed = p->kfix, .v_fixed = p->vfix};
     osp_cpu_kv_write_quant(&cp, p->k, p->v, p->ks, p->vs, k, v, (int32_t)slot, p->n_kv, p->D);
     float *kd = p->kf + slot * p->KD, *vd = p->vf + slot * p->KD;
     for (int64_t h = 0; h < p->n_kv; h++)
@@ -410,7 +410,7 @@ static float *cpu_attention(const qpool *p, const qbatch *b) {
     const int64_t n = b->T * b->n_head * p->D;
     float *ref = xmalloc(sizeof(float) * (size_t)n);
     float *sc = xmalloc(sizeof(float) * (size_t)(b->max_ctx + 1));
-    osp_cpu_kv_pages cp = {.type = p->kvt, .k = p->k, .v = p->v, .k_scale = p->ks, .v_scale = p->vs,
+    osp_cpu_kv_pages cp = {.k_type = p->kvt, .v_type = p->kvt, .k = p->k, .v = p->v, .k_scale = p->ks, .v_scale = p->vs,
                            .k_fixed = p->kfix, .v_fixed = p->vfix};
     if (p->kvt == OSP_KV_PAGE_FP8) cp.k_scale = cp.v_scale = NULL;
     osp_cpu_paged_attention_kv(b->qf, &cp, ref, b->num_seqs, b->qsl, b->positions, b->bt, b->max_blocks, p->bs,

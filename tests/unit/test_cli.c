@@ -354,7 +354,7 @@ static void test_kv_cache_dtype(void **state) {
     assert_non_null(strstr(g_out, "kv cache dtype: fp8"));
     assert_non_null(strstr(g_out, "bytes per token: 11520"));
     /* side by side: 2 x 30 x 3 x 64 x 1/2 + 2 x 30 x 3 x 4 scale bytes = 5760 + 720 for nvfp4 */
-    const char *rows[] = {"  f32 ", "  f16 ", "  bf16   not available", "  fp8 ", "  nvfp4 "};
+    const char *rows[] = {"  f32 ", "  f16 ", "  bf16      not available", "  fp8 ", "  nvfp4 "};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (!strstr(g_out, rows[i])) fail_msg("plan lacks the row '%s':\n%s", rows[i], g_out);
     assert_non_null(strstr(g_out, "6480             720"));
@@ -370,6 +370,67 @@ static void test_kv_cache_dtype(void **state) {
     }
     snprintf(args, sizeof args, "generate -m '%s' -p hi -n 2 --temp 0 -t 2 --kv-cache-dtype f16 --exact", g_model);
     assert_int_equal(run(args), 0);
+}
+
+/* K/V split page dtypes (llama.cpp's -ctk / --cache-type-k, -ctv / --cache-type-v) on every command that
+ * takes --kv-cache-dtype: bad values and --exact with a quantized side are one error line before the
+ * model loads; a side's flag wins over --kv-cache-dtype in either order; plan sizes the split (SmolLM2:
+ * 30 x 3 x 64 x (1 + 1/2) + 30 x 3 x 4 nvfp4 scale bytes = 8640 + 360 per token); generate, bench and
+ * perplexity run with K fp8 + V nvfp4 and say so. */
+static void test_kv_split_flags(void **state) {
+    (void)state;
+    char args[1024];
+    const char *cmds[] = {"generate -p hi -n 2", "chat", "serve --port 0", "bench -p 4 -n 2", "plan", "perplexity -f /dev/null"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *bad[][3] = {{"-ctk q9", "-ctk", "'q9'"},
+                                {"--cache-type-v bf16", "bf16", "not implemented"},
+                                {"-ctv", "-ctv", "''"}};
+        for (int b = 0; b < 3; b++) {
+            snprintf(args, sizeof args, "%s -m '%s' %s", cmds[i], g_model, bad[b][0]);
+            expect_error(run(args), bad[b][1], bad[b][2]);
+            if (strchr(g_err, '\n') != g_err + strlen(g_err) - 1) fail_msg("%s: more than one line: %s", args, g_err);
+        }
+    }
+    const char *exact[] = {"generate -p hi -n 2 --exact -ctv nvfp4", "generate -p hi -ctk fp8 --exact",
+                           "bench --exact --cache-type-v fp8"};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++) {
+        snprintf(args, sizeof args, "%s -m '%s'", exact[i], g_model);
+        expect_error(run(args), "--exact", "--cache-type-");
+    }
+    /* plan: the split's bytes, in either flag order and with --kv-cache-dtype under a side's flag */
+    const char *orders[] = {"-ctk fp8 -ctv nvfp4", "--cache-type-v nvfp4 --kv-cache-dtype fp8",
+                            "-ctv nvfp4 --kv-cache-dtype f32 -ctk fp8_e4m3"};
+    for (size_t i = 0; i < sizeof orders / sizeof orders[0]; i++) {
+        snprintf(args, sizeof args, "plan -m '%s' %s", g_model, orders[i]);
+        assert_int_equal(run(args), 0);
+        if (!strstr(g_out, "kv cache dtype: K fp8, V nvfp4") || !strstr(g_out, "bytes per token: 9000 ") ||
+            !strstr(g_out, "  fp8/nvfp4            9000             360"))
+            fail_msg("plan %s:\n%s", orders[i], g_out);
+    }
+    /* the split row is there for any dtype, and another split gets its own row */
+    snprintf(args, sizeof args, "plan -m '%s' -ctk f16 -ctv fp8", g_model);
+    assert_int_equal(run(args), 0);
+    if (!strstr(g_out, "  fp8/nvfp4 ") || !strstr(g_out, "  f16/fp8 ") || !strstr(g_out, "kv cache dtype: K f16, V fp8"))
+        fail_msg("plan -ctk f16 -ctv fp8:\n%s", g_out);
+    snprintf(args, sizeof args, "generate -m '%s' -p 'The three primary colors are' -n 4 --temp 0 -t 2 -ctk fp8 -ctv nvfp4",
+             g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "The three primary colors are"));
+    assert_non_null(strstr(g_err, "generation: 4 tokens"));
+    snprintf(args, sizeof args, "bench -m '%s' -p 4 -n 2 -r 1 -t 1 -ctk fp8 -ctv nvfp4 -o csv", g_model);
+    assert_int_equal(run(args), 0);
+    if (!strstr(g_out, ",fp8,nvfp4,4,0,")) fail_msg("bench csv lacks type_k fp8, type_v nvfp4:\n%s", g_out);
+    char text[512];
+    snprintf(text, sizeof text, "%s/split.txt", g_dir);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 40; i++) fputs("The quick brown fox jumps over the lazy dog. ", f);
+    fclose(f);
+    snprintf(args, sizeof args, "perplexity -m '%s' -f '%s' --ctx 64 --chunks 1 -t 1 -ctk fp8 -ctv nvfp4", g_model, text);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "Final estimate"));
+    assert_non_null(strstr(g_err, "kv K fp8, V nvfp4"));
+    remove(text);
 }
 
 /* bench: a '#' header, then one line per test; --depth and --batch name their lines */
@@ -467,7 +528,7 @@ static void test_bench_output(void **state) {
 
     snprintf(args, sizeof args, "bench -m '%s' -p 8 -n 4 -r 2 -t 1 -o md", g_model);
     assert_int_equal(run(args), 0);
-    if (!starts(g_out, "| model | backend | threads | type_k | test | t/s |\n| --") ||
+    if (!starts(g_out, "| model | backend | threads | type_k | type_v | test | t/s |\n| --") ||
         !strstr(g_out, " | pp8 | ") || !strstr(g_out, " | tg4 | ") || !strstr(g_out, " ± ") || strchr(g_out, '#'))
         fail_msg("bench -o md:\n%s", g_out);
 
@@ -475,7 +536,7 @@ static void test_bench_output(void **state) {
     assert_int_equal(run(args), 0);
     int lines = 0;
     for (const char *c = g_out; *c; c++) lines += *c == '\n';
-    if (lines != 3 || !starts(g_out, "model_filename,backend,n_threads,type_k,n_prompt,n_gen,") ||
+    if (lines != 3 || !starts(g_out, "model_filename,backend,n_threads,type_k,type_v,n_prompt,n_gen,") ||
         !strstr(g_out, ",avg_ts,stddev_ts\n") || !strstr(g_out, ",8,0,0,1,pp8,") || !strstr(g_out, ",0,4,0,1,tg4,"))
         fail_msg("bench --output csv:\n%s", g_out);
 
@@ -679,6 +740,7 @@ int main(void) {
         cmocka_unit_test(test_speculative_config),
         cmocka_unit_test(test_generate_greedy),
         cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_kv_split_flags),
         cmocka_unit_test(test_bench_lines),
         cmocka_unit_test(test_kv_cache_dtype),
         cmocka_unit_test(test_kv_scales),

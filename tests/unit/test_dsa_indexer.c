@@ -198,7 +198,7 @@ static void test_pipeline(void **state) {
     assert_int_equal(osp_sparse_wt_build(&wt, &L, &C, NULL, D * 4), OSP_OK);
     assert_int_equal(wt.stats.logical_candidates, 11 * HK * K);
     assert_int_equal(wt.stats.dropped, 0);
-    const osp_cpu_kv_pages pg = {.type = OSP_DTYPE_F32, .k = k, .v = v};
+    const osp_cpu_kv_pages pg = {.k_type = OSP_DTYPE_F32, .v_type = OSP_DTYPE_F32, .k = k, .v = v};
     static float out[11 * H * D];
     const osp_sparse_attn_args sa = {.q = q, .out = out, .kv = &pg, .L = &L, .wt = &wt, .head_dim = D, .scale = 0.25f};
     assert_int_equal(osp_sparse_attention_check(&sa), OSP_OK);

@@ -426,13 +426,26 @@ static void test_loop_thread(void **state) {
  * depend on its batch or chunking (src/backend/cuda/attention.cu, attention_mma.cu). GPU tokens are not
  * compared with the CPU's: the GPU's bf16 weights and activations already differ from the CPU run at f16
  * KV; the GPU read itself is checked against the CPU's attention over the same pages in
- * tests/gpu/test_gpu_kv_quant.c. */
+ * tests/gpu/test_gpu_kv_quant.c. The same holds for a split cache (K fp8 + V nvfp4 pages: each
+ * side quantized on its own at its slot), asserted the same way, prefix-cache hits included, on the
+ * CPU; the CUDA kernels take one page type for K and V, so on the GPU a split is refused at creation
+ * (OSP_ERR_UNSUPPORTED, saying so). */
 static void test_quantized_kv(void **state) {
     (void)state;
-    const osp_kv_dtype dts[2] = {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4};
-    for (int d = 0; d < 2; d++) {
+    const osp_kv_dtype dts[3][2] = {{OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_FP8}, {OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_NVFP4},
+                                    {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4}};
+    for (int d = 0; d < 3; d++) {
         osp_engine_params p = base(g_tiny);
-        p.kv_dtype = dts[d];
+        p.kv_dtype = dts[d][0];
+        p.kv_dtype_v = dts[d][1], p.kv_dtype_v_set = true;
+        const char *what = d == 2 ? "fp8/nvfp4" : osp_kv_dtype_name(dts[d][0]);
+        if (g_gpu && dts[d][0] != dts[d][1]) {
+            osp_engine *e = NULL;
+            assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+            assert_null(e);
+            assert_non_null(strstr(osp_last_error(), "no split K/V page dtypes"));
+            continue;
+        }
         /* together vs alone, prefix caching off */
         p.enable_prefix_caching = false;
         job alone[NREQ], batch[NREQ];
@@ -440,7 +453,7 @@ static void test_quantized_kv(void **state) {
         memcpy(batch, alone, sizeof alone);
         run_alone(&p, alone, NREQ);
         run_jobs(&p, batch, NREQ, 0);
-        assert_same(alone, batch, NREQ, osp_kv_dtype_name(dts[d]));
+        assert_same(alone, batch, NREQ, what);
         for (int i = 0; i < NREQ; i++) assert_int_equal(alone[i].n_out, alone[i].max_tokens);
         /* prefix caching on: shared prefixes hit quantized blocks, tokens unchanged */
         p.enable_prefix_caching = true;
@@ -456,7 +469,7 @@ static void test_quantized_kv(void **state) {
         assert_true(st.prefix_hits_tokens > 0);
         p.enable_prefix_caching = false;
         run_jobs(&p, off, NREQ, 0);
-        assert_same(on, off, NREQ, "quantized KV, prefix caching on/off");
+        assert_same(on, off, NREQ, what); /* quantized KV, prefix caching on/off */
         /* a token budget of 7 (chunked prefill), then a pool small enough to preempt */
         job chunked[NREQ];
         memcpy(chunked, alone, sizeof chunked);
@@ -481,10 +494,48 @@ static void test_quantized_kv(void **state) {
     osp_engine *e = NULL;
     assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
     assert_null(e);
+    p.kv_dtype = OSP_KV_DTYPE_F32; /* a split with one quantized side is not exact either */
+    p.kv_dtype_v = OSP_KV_DTYPE_NVFP4, p.kv_dtype_v_set = true;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    assert_non_null(strstr(osp_last_error(), "nvfp4"));
+    assert_null(e);
     p.exact = false;
+    p.kv_dtype_v_set = false;
     p.kv_dtype = OSP_KV_DTYPE_BF16; /* named, refused: no backend has bf16 pages */
     assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
     assert_null(e);
+    p.kv_dtype = OSP_KV_DTYPE_FP8; /* on either side */
+    p.kv_dtype_v = OSP_KV_DTYPE_BF16, p.kv_dtype_v_set = true;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+    assert_null(e);
+    p.kv_dtype_v = (osp_kv_dtype)77; /* an unknown V dtype */
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    assert_non_null(strstr(osp_last_error(), "kv_dtype_v"));
+    assert_null(e);
+    /* kv_dtype_v_set false: V pages follow kv_dtype, whatever kv_dtype_v holds */
+    p.kv_dtype_v_set = false;
+    p.num_blocks = 8;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    assert_int_equal(osp_engine_params_get(e)->kv_dtype_v, OSP_KV_DTYPE_FP8);
+    const osp_model_config *c = osp_model_config_get(osp_engine_model(e));
+    const size_t values = (size_t)c->n_layer * 8 * (size_t)p.block_size * (size_t)c->n_head_kv * (size_t)c->head_dim;
+    assert_int_equal(osp_engine_kv_cache_bytes(e), 2 * values); /* K and V: 1 byte a value */
+    osp_engine_free(e);
+    /* a split: K 1 byte + V 1/2 byte + 1/16 scale byte a value (CPU only, see above) */
+    p.kv_dtype_v = OSP_KV_DTYPE_NVFP4, p.kv_dtype_v_set = true;
+    if (g_gpu) {
+        assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+        assert_null(e);
+        return;
+    }
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    assert_int_equal(osp_engine_params_get(e)->kv_dtype, OSP_KV_DTYPE_FP8);
+    assert_int_equal(osp_engine_params_get(e)->kv_dtype_v, OSP_KV_DTYPE_NVFP4);
+    assert_int_equal(osp_engine_kv_cache_bytes(e), values * (16 + 8 + 1) / 16);
+    assert_int_equal(osp_kv_cache_bytes_per_token(osp_model_config_get(osp_engine_model(e)), OSP_KV_DTYPE_FP8,
+                                                  OSP_KV_DTYPE_NVFP4) * 8 * p.block_size,
+                     (int64_t)(values * (16 + 8 + 1) / 16));
+    osp_engine_free(e);
 }
 
 /* The real model, briefly: 3 requests together vs alone, f16 KV (the default). */

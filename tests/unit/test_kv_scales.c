@@ -74,14 +74,19 @@ static void test_round_trip(void **st) {
     assert_true(back.nvfp4_v[2] == s.nvfp4_v[2]);
     /* the dtype picks its arrays */
     const float *k, *v;
-    osp_kv_scales_for(&back, OSP_KV_DTYPE_FP8, &k, &v);
+    osp_kv_scales_for(&back, OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_FP8, &k, &v);
     assert_ptr_equal(k, back.fp8_k), assert_ptr_equal(v, back.fp8_v);
-    osp_kv_scales_for(&back, OSP_KV_DTYPE_NVFP4, &k, &v);
+    osp_kv_scales_for(&back, OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_NVFP4, &k, &v);
     assert_ptr_equal(k, back.nvfp4_k), assert_ptr_equal(v, back.nvfp4_v);
-    osp_kv_scales_for(&back, OSP_KV_DTYPE_F16, &k, &v);
+    osp_kv_scales_for(&back, OSP_KV_DTYPE_F16, OSP_KV_DTYPE_F16, &k, &v);
     assert_null(k), assert_null(v);
-    osp_kv_scales_for(NULL, OSP_KV_DTYPE_FP8, &k, &v);
+    osp_kv_scales_for(NULL, OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_FP8, &k, &v);
     assert_null(k), assert_null(v);
+    /* a split cache: each side from its own dtype's set */
+    osp_kv_scales_for(&back, OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4, &k, &v);
+    assert_ptr_equal(k, back.fp8_k), assert_ptr_equal(v, back.nvfp4_v);
+    osp_kv_scales_for(&back, OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_F16, &k, &v);
+    assert_ptr_equal(k, back.nvfp4_k), assert_null(v);
     osp_kv_scales_free(&back);
     osp_kv_scales_free(&back); /* twice is fine */
     remove(g_path);

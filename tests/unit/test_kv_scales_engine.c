@@ -61,13 +61,14 @@ static void test_scales_reach_the_cache(void **st) {
         const int32_t per = dts[d] == OSP_KV_DTYPE_FP8 ? g_H : 1;
         const size_t n = (size_t)g_L * (size_t)per;
         const float *wk, *wv;
-        osp_kv_scales_for(&want, dts[d], &wk, &wv);
+        osp_kv_scales_for(&want, dts[d], dts[d], &wk, &wv);
         /* with the file: the cache's fixed scales are the file's */
         osp_engine_params p = base(dts[d], path);
         osp_engine *e = NULL;
         if (osp_engine_create(&p, &e) != OSP_OK) fail_msg("create: %s", osp_last_error());
         const osp_kv_cache *kv = osp_engine_kv_cache(e);
-        assert_int_equal(kv->fmt.fixed_scales_per_layer, per);
+        assert_int_equal(kv->k_fmt.fixed_scales_per_layer, per);
+        assert_int_equal(kv->v_fmt.fixed_scales_per_layer, per);
         assert_memory_equal(kv->k_fixed, wk, n * sizeof(float));
         assert_memory_equal(kv->v_fixed, wv, n * sizeof(float));
         osp_engine_free(e);
@@ -81,9 +82,20 @@ static void test_scales_reach_the_cache(void **st) {
         }
         osp_engine_free(e);
     }
-    /* an f16 cache takes a valid file and has no fixed scales */
-    osp_engine_params p = base(OSP_KV_DTYPE_F16, path);
+    /* a split cache, K fp8 + V nvfp4: K takes the file's fp8 K scales (per layer and head), V its nvfp4
+     * V scales (per layer) */
+    osp_engine_params p = base(OSP_KV_DTYPE_FP8, path);
+    p.kv_dtype_v = OSP_KV_DTYPE_NVFP4, p.kv_dtype_v_set = true;
     osp_engine *e = NULL;
+    if (osp_engine_create(&p, &e) != OSP_OK) fail_msg("create split: %s", osp_last_error());
+    const osp_kv_cache *skv = osp_engine_kv_cache(e);
+    assert_int_equal(skv->k_fmt.dtype, OSP_KV_DTYPE_FP8), assert_int_equal(skv->v_fmt.dtype, OSP_KV_DTYPE_NVFP4);
+    assert_memory_equal(skv->k_fixed, want.fp8_k, (size_t)g_L * (size_t)g_H * sizeof(float));
+    assert_memory_equal(skv->v_fixed, want.nvfp4_v, (size_t)g_L * sizeof(float));
+    osp_engine_free(e);
+    /* an f16 cache takes a valid file and has no fixed scales */
+    p = base(OSP_KV_DTYPE_F16, path);
+    e = NULL;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
     assert_null(osp_engine_kv_cache(e)->k_fixed);
     osp_engine_free(e);

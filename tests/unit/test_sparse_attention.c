@@ -365,7 +365,7 @@ static void run_case(int32_t H, osp_sparse_share share, int32_t q_tile, int mk, 
     osp_sparse_cands C = {ci, c};
     osp_sparse_wt wt = {0};
     assert_int_equal(osp_sparse_wt_build(&wt, &L, with_cands ? &C : NULL, &m, D * 4), OSP_OK);
-    const osp_cpu_kv_pages kv = {.type = OSP_DTYPE_F32, .k = sc.k, .v = sc.v};
+    const osp_cpu_kv_pages kv = {.k_type = OSP_DTYPE_F32, .v_type = OSP_DTYPE_F32, .k = sc.k, .v = sc.v};
     const size_t n = (size_t)sc.num_tokens * (size_t)H * D;
     float *out = malloc(sizeof(float) * n), *out2 = malloc(sizeof(float) * n), *ref = malloc(sizeof(float) * n);
     osp_sparse_attn_args a = {.q = sc.q, .out = out, .kv = &kv, .L = &L, .wt = &wt, .mask = &m, .head_dim = D,

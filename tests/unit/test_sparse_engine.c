@@ -82,7 +82,7 @@ static void test_quest(void **state) {
     enum { BS = 4, NB = 12, HK = 2, D = 8 };
     float k[NB * BS * HK * D], v[NB * BS * HK * D];
     for (int i = 0; i < NB * BS * HK * D; i++) k[i] = 3.0f * frand(), v[i] = 0;
-    const osp_cpu_kv_pages kv = {.type = 0 /* f32 */, .k = k, .v = v};
+    const osp_cpu_kv_pages kv = {.k_type = 0 /* f32 */, .v_type = 0 /* f32 */, .k = k, .v = v};
     osp_quest_summaries qs;
     assert_int_equal(osp_quest_create(1, NB, BS, HK, D, &qs), OSP_OK);
     for (int b = 0; b < NB; b++) osp_quest_summarize_block(&qs, 0, &kv, b, b == NB - 1 ? 2 : BS);
@@ -156,8 +156,9 @@ static void test_hook_op(void **state) {
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) k[i] = 2.0f * frand(), v[i] = frand();
     void *kl[1] = {k}, *vl[1] = {v}, *sl_[1] = {NULL};
     osp_kv_cache kv = {.num_blocks = HNB, .block_size = HB, .n_layer = 1, .k = kl, .v = vl, .k_scale = sl_, .v_scale = sl_};
-    kv.fmt = (osp_kv_page_format){.dtype = OSP_KV_DTYPE_F32, .elem_type = OSP_DTYPE_F32, .kv_row = HHK * HD,
-                                  .head_dim = HD, .bytes_per_token = HHK * HD * 4};
+    kv.k_fmt = (osp_kv_page_format){.dtype = OSP_KV_DTYPE_F32, .elem_type = OSP_DTYPE_F32, .kv_row = HHK * HD,
+                                    .head_dim = HD, .bytes_per_token = HHK * HD * 4};
+    kv.v_fmt = kv.k_fmt;
     int32_t bt[2 * HMAXB];
     for (int i = 0; i < 2 * HMAXB; i++) bt[i] = (i * 7) % HNB; /* 24 distinct blocks, scattered */
     const int32_t len[2] = {70, 33};
@@ -169,7 +170,7 @@ static void test_hook_op(void **state) {
                     .seq_lens = seql, .block_table = bt, .max_blocks_per_seq = HMAXB};
     static float q[103 * HH * HD], out[103 * HH * HD], ref[103 * HH * HD], sc[2 * 128];
     for (size_t i = 0; i < sizeof q / sizeof *q; i++) q[i] = 2.0f * frand();
-    const osp_cpu_kv_pages pg = {.type = OSP_DTYPE_F32, .k = k, .v = v};
+    const osp_cpu_kv_pages pg = {.k_type = OSP_DTYPE_F32, .v_type = OSP_DTYPE_F32, .k = k, .v = v};
     for (int w = 0; w < 3; w++) {
         /* w 0: sliding window 5 (BlockMask); 1: a budget covering the context (dense); 2: Quest top-k */
         osp_op op = {.kind = OSP_OP_ATTENTION, .layer = 0, .p.attn = {HH, HHK, HD, w == 0 ? 5 : 0, 0.25f}};

@@ -33,10 +33,28 @@ noreturn void cli_help(const char *text);
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
     "                          the budget is dense (default: off; CPU only for now)\n"
-/* The --help line of --kv-cache-dtype (the same values everywhere). */
+/* The --help line of --kv-cache-dtype and the K/V split flags (the same values everywhere). */
 #define CLI_KV_DTYPE_HELP                                                                                      \
-    "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 (default: auto = f16;\n"                 \
-    "                          vLLM's fp16, bfloat16, fp8_e4m3 accepted; bf16 is refused: no backend has it)\n"
+    "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 for K and V (default: auto = f16;\n"     \
+    "                          vLLM's fp16, bfloat16, fp8_e4m3 accepted; bf16 is refused: no backend has it)\n" \
+    "  -ctk, --cache-type-k D  K pages only, -ctv, --cache-type-v D  V pages only (llama.cpp's; win over\n"     \
+    "                          --kv-cache-dtype; e.g. -ctk fp8 -ctv nvfp4; a split needs --device cpu)\n"
+
+/* The KV dtype flags as given: --kv-cache-dtype (both), --cache-type-k / -ctk, --cache-type-v / -ctv.
+ * A side's own flag wins over --kv-cache-dtype, in either order; the last of the same flag wins. */
+typedef struct cli_kv_types {
+    osp_kv_dtype both, k, v;
+    bool both_set, k_set, v_set;
+} cli_kv_types;
+/* When f is one of the flags above, parses its value v into *t (cli_kv_dtype: dies on a bad or missing
+ * value) and returns true; false, *t unchanged, for any other flag. */
+bool cli_kv_types_arg(cli_kv_types *t, const char *f, const char *v);
+/* The K and V dtypes *t picks: a side's own flag, else --kv-cache-dtype, else dflt. */
+void cli_kv_types_resolve(const cli_kv_types *t, osp_kv_dtype dflt, osp_kv_dtype *k, osp_kv_dtype *v);
+/* "fp8" when k == v, else "K fp8, V nvfp4" into buf (n bytes); returns buf. */
+const char *cli_kv_types_name(osp_kv_dtype k, osp_kv_dtype v, char *buf, size_t n);
+/* Dies when exact and k or v is quantized (--exact needs f32 / f16 pages), naming the flag. */
+void cli_kv_types_check_exact(bool exact, osp_kv_dtype k, osp_kv_dtype v);
 /* The --help line of --kv-scales (generate, chat, serve, bench, perplexity). */
 #define CLI_KV_SCALES_HELP                                                                                     \
     "  --kv-scales FILE        fixed fp8 / nvfp4 KV scales from osprey calibrate-kv (default: the\n"           \
@@ -58,12 +76,13 @@ void cli_report_device(const osp_engine *e);
 
 /* --kv-scales for the commands that create their own cache (perplexity, bench): cli_kv_scales_load reads
  * and parses `path` into *s (dies with the parser's message; NULL path: *s zeroed, nothing read), before
- * the model loads; cli_kv_cache_create creates m's cache of `dtype` with those scales (s->n_layer == 0:
+ * the model loads; cli_kv_cache_create creates m's cache of K pages of k_dtype and V pages of v_dtype
+ * with those scales (s->n_layer == 0:
  * the defaults), dying when they were made for another shape or the cache cannot be created. */
 typedef struct osp_kv_scales osp_kv_scales;
 void cli_kv_scales_load(const char *path, osp_kv_scales *s);
-osp_kv_cache *cli_kv_cache_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                                  const osp_kv_scales *s, const char *path);
+osp_kv_cache *cli_kv_cache_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype,
+                                  osp_kv_dtype v_dtype, const osp_kv_scales *s, const char *path);
 
 /* ---- engine flags (engine_args.c), shared by generate, chat and serve ---- */
 
@@ -72,8 +91,9 @@ typedef struct cli_engine_args {
     int n_threads;         /* -t, --threads N in [1, 1024]; 0 (the default): all cores */
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
     bool gpu_quant_weights; /* --gpu-weights quant (default bf16): osp_engine_params.gpu_quant_weights */
-    osp_kv_dtype kv_dtype; /* --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) */
-    bool kv_dtype_set;     /* --kv-cache-dtype was given */
+    cli_kv_types kv_types; /* --kv-cache-dtype, -ctk / --cache-type-k, -ctv / --cache-type-v as given */
+    osp_kv_dtype kv_dtype; /* K pages, resolved from kv_types after each flag (default f16; f32 with --exact) */
+    osp_kv_dtype kv_dtype_v; /* V pages, likewise (osp_engine_params.kv_dtype_v) */
     const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path), taken with --kv-cache-dtype; NULL: none */
     bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path);
                               --kv-cache-dtype, before or after, still picks the cache, but a quantized

@@ -89,7 +89,7 @@ typedef enum { OUT_TEXT, OUT_MD, OUT_CSV, OUT_JSON } out_format;
 /* What every result row repeats (the run's shape), and how many rows were printed (json's commas). */
 typedef struct bench_out {
     out_format fmt;
-    const char *model, *backend, *type_k;
+    const char *model, *backend, *type_k, *type_v; /* type_k / type_v: the K and V pages' dtypes (llama-bench's) */
     int threads, rows;
 } bench_out;
 
@@ -98,11 +98,11 @@ static void report_begin(const bench_out *o) {
     switch (o->fmt) {
     case OUT_TEXT: printf("%-20s %12s\n", "# test", "t/s"); break;
     case OUT_MD:
-        printf("| model | backend | threads | type_k | test | t/s |\n");
-        printf("| ----- | ------- | ------: | ------ | ---: | --: |\n");
+        printf("| model | backend | threads | type_k | type_v | test | t/s |\n");
+        printf("| ----- | ------- | ------: | ------ | ------ | ---: | --: |\n");
         break;
     case OUT_CSV:
-        printf("model_filename,backend,n_threads,type_k,n_prompt,n_gen,n_depth,n_seqs,test,avg_ts,stddev_ts\n");
+        printf("model_filename,backend,n_threads,type_k,type_v,n_prompt,n_gen,n_depth,n_seqs,test,avg_ts,stddev_ts\n");
         break;
     case OUT_JSON: printf("["); break;
     }
@@ -130,7 +130,8 @@ static void report_n(bench_out *o, const char *name, int n_label, const char *su
     switch (o->fmt) {
     case OUT_TEXT: printf("%-20s %12.2f ± %.2f\n", test, mean, sd); break;
     case OUT_MD:
-        printf("| %s | %s | %d | %s | %s | %.2f ± %.2f |\n", o->model, o->backend, o->threads, o->type_k, test, mean, sd);
+        printf("| %s | %s | %d | %s | %s | %s | %.2f ± %.2f |\n", o->model, o->backend, o->threads, o->type_k, o->type_v,
+               test, mean, sd);
         break;
     case OUT_CSV: {
         putchar('"'); /* the path quoted as csv wants it: "" for " */
@@ -138,15 +139,15 @@ static void report_n(bench_out *o, const char *name, int n_label, const char *su
             if (*c == '"') putchar('"');
             putchar(*c);
         }
-        printf("\",%s,%d,%s,%d,%d,%d,%d,%s,%.6f,%.6f\n", o->backend, o->threads, o->type_k, n_prompt, n_gen, depth,
+        printf("\",%s,%d,%s,%s,%d,%d,%d,%d,%s,%.6f,%.6f\n", o->backend, o->threads, o->type_k, o->type_v, n_prompt, n_gen, depth,
                n_seqs, test, mean, sd);
         break;
     }
     case OUT_JSON: {
         json_t *samples = json_array();
         for (int r = 0; r < reps; r++) json_array_append_new(samples, json_real(n / t[r]));
-        json_t *row = json_pack("{s:s, s:s, s:i, s:s, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:o}", "model_filename",
-                                o->model, "backend", o->backend, "n_threads", o->threads, "type_k", o->type_k,
+        json_t *row = json_pack("{s:s, s:s, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:o}", "model_filename",
+                                o->model, "backend", o->backend, "n_threads", o->threads, "type_k", o->type_k, "type_v", o->type_v,
                                 "n_prompt", n_prompt, "n_gen", n_gen, "n_depth", depth, "n_seqs", n_seqs, "test",
                                 test, "avg_ts", mean, "stddev_ts", sd, "samples_ts", samples);
         char *s = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -196,8 +197,7 @@ int cmd_bench(int argc, char **argv) {
     int batch = 1, depth = 0;
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
-    osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
-    bool kvd_set = false;
+    cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     out_format fmt = OUT_TEXT;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -207,8 +207,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "-n") || !strcmp(f, "--n-gen")) n_gen = (int)cli_int(f, v, 0, 1 << 16), i++;
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "-r") || !strcmp(f, "--repetitions")) reps = (int)cli_int(f, v, 1, 1000), i++;
-        else if (!strcmp(f, "--exact")) exact = true, kvd = kvd_set ? kvd : OSP_KV_DTYPE_F32;
-        else if (!strcmp(f, "--kv-cache-dtype")) kvd = cli_kv_dtype(f, v), kvd_set = true, i++;
+        else if (!strcmp(f, "--exact")) exact = true;
+        else if (cli_kv_types_arg(&kvt, f, v)) i++;
         else if (!strcmp(f, "--kv-scales")) {
             if (!v) cli_die(OSP_OK, "--kv-scales needs a file (osprey calibrate-kv -o FILE writes one)");
             scales_path = v, i++;
@@ -228,9 +228,10 @@ int cmd_bench(int argc, char **argv) {
         }
         else cli_die(OSP_OK, "bench: unknown option '%s'", f);
     }
-    if (exact && osp_kv_dtype_quantized(kvd))
-        cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s: drop one of --exact and "
-                        "--kv-cache-dtype %s", osp_kv_dtype_name(kvd), osp_kv_dtype_name(kvd));
+    osp_kv_dtype kvd, kvd_v; /* a side no flag names: f16, or f32 with --exact */
+    cli_kv_types_resolve(&kvt, exact ? OSP_KV_DTYPE_F32 : OSP_KV_DTYPE_F16, &kvd, &kvd_v);
+    cli_kv_types_check_exact(exact, kvd, kvd_v);
+    char kv_name[64];
     if (!model && !random_preset) cli_die(OSP_OK, "bench needs -m FILE or --random-weights PRESET (with --device cuda)");
     osp_kv_scales scales; /* before the model: a bad file fails fast */
     cli_kv_scales_load(scales_path, &scales);
@@ -247,7 +248,7 @@ int cmd_bench(int argc, char **argv) {
     const int32_t n_ctx0 = n_prompt > depth ? n_prompt : depth; /* the longest context before decoding */
     const int32_t n_total = n_ctx0 + n_gen + 1;
     const int32_t max_blocks = (n_total + BLOCK_SIZE - 1) / BLOCK_SIZE;
-    osp_kv_cache *kv = cli_kv_cache_create(m, max_blocks * (batch > 1 ? batch : 1), BLOCK_SIZE, kvd, &scales, scales_path);
+    osp_kv_cache *kv = cli_kv_cache_create(m, max_blocks * (batch > 1 ? batch : 1), BLOCK_SIZE, kvd, kvd_v, &scales, scales_path);
     osp_kv_scales_free(&scales);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_total + batch)),
             *bt = malloc(sizeof(int32_t) * (size_t)max_blocks * (size_t)batch);
@@ -264,10 +265,10 @@ int cmd_bench(int argc, char **argv) {
     for (int32_t i = 0; i < max_blocks * batch; i++) bt[i] = i;
     if (fmt == OUT_TEXT)
         printf("# osprey bench: %s, device %s, threads %d, kv %s, pp %d, tg %d, depth %d, batch %d, %d repetitions\n",
-           model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m), osp_kv_dtype_name(kvd), n_prompt,
+           model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m), cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name), n_prompt,
            n_gen, depth, batch, reps);
     bench_out out = {.fmt = fmt, .model = model ? model : random_preset, .backend = osp_device_name(dev),
-                     .type_k = osp_kv_dtype_name(kvd), .threads = osp_model_n_threads(m)};
+                     .type_k = osp_kv_dtype_name(kvd), .type_v = osp_kv_dtype_name(kvd_v), .threads = osp_model_n_threads(m)};
     report_begin(&out);
     char dsuf[32] = "";
     if (depth > 0) snprintf(dsuf, sizeof dsuf, "@d%d", depth);

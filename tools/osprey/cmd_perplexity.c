@@ -133,7 +133,7 @@ int cmd_perplexity(int argc, char **argv) {
     long long max_chunks = 0;
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
-    osp_kv_dtype kvd = OSP_KV_DTYPE_F16;
+    cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
@@ -146,7 +146,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
-        else if (!strcmp(f, "--kv-cache-dtype")) kvd = cli_kv_dtype(f, v), i++;
+        else if (cli_kv_types_arg(&kvt, f, v)) i++;
         else if (!strcmp(f, "--kv-scales")) scales_path = v, i++;
         else if (!strcmp(f, "--save-kl-base")) save_base = v, i++;
         else if (!strcmp(f, "--kl-top")) kl_top = (int)cli_int(f, v, 1, OSP_KLB_MAX_TOP), i++;
@@ -205,9 +205,12 @@ int cmd_perplexity(int argc, char **argv) {
     }
 
     const int32_t nblk = (ctx + PPL_BLOCK - 1) / PPL_BLOCK;
-    osp_kv_cache *kv = cli_kv_cache_create(m, nblk, PPL_BLOCK, kvd, &scales, scales_path);
+    osp_kv_dtype kvd, kvd_v;
+    cli_kv_types_resolve(&kvt, OSP_KV_DTYPE_F16, &kvd, &kvd_v);
+    char kv_name[64];
+    osp_kv_cache *kv = cli_kv_cache_create(m, nblk, PPL_BLOCK, kvd, kvd_v, &scales, scales_path);
     fprintf(stderr, "perplexity: %s: %zu tokens, %lld chunks of %d (%d scored each), kv %s%s%s, device %s, %d threads\n",
-            text_path, n_ids, (long long)n_chunks, ctx, n_scored, osp_kv_dtype_name(kvd),
+            text_path, n_ids, (long long)n_chunks, ctx, n_scored, cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name),
             scales_path ? " scales " : "", scales_path ? scales_path : "", osp_device_name(dev), osp_model_n_threads(m));
     osp_kv_scales_free(&scales);
 

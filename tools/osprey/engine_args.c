@@ -7,6 +7,7 @@
  * hands each argument to cli_engine_arg first; what it does not take (a flag outside `accept`) stays
  * the command's to reject, with its own "unknown option" message. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,23 +21,23 @@ void cli_kv_scales_load(const char *path, osp_kv_scales *s) {
     if (st != OSP_OK) cli_die(st, "--kv-scales");
 }
 
-osp_kv_cache *cli_kv_cache_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
-                                  const osp_kv_scales *s, const char *path) {
+osp_kv_cache *cli_kv_cache_create(osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype,
+                                  osp_kv_dtype v_dtype, const osp_kv_scales *s, const char *path) {
     const float *k = NULL, *v = NULL;
     if (s && s->n_layer) {
         const osp_model_config *c = osp_model_config_get(m);
         const osp_status st = osp_kv_scales_check_shape(s, c->n_layer, c->n_head_kv, c->head_dim);
         if (st != OSP_OK) cli_die(st, "--kv-scales %s", path ? path : "");
-        osp_kv_scales_for(s, dtype, &k, &v);
+        osp_kv_scales_for(s, k_dtype, v_dtype, &k, &v);
     }
     osp_kv_cache *kv;
-    const osp_status st = osp_kv_cache_create_with_scales(m, num_blocks, block_size, dtype, k, v, &kv);
+    const osp_status st = osp_kv_cache_create_with_scales(m, num_blocks, block_size, k_dtype, v_dtype, k, v, &kv);
     if (st != OSP_OK) cli_die(st, "cannot create the KV cache");
     return kv;
 }
 
 cli_engine_args cli_engine_args_default(void) {
-    cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16, .spec = osp_spec_default_config(),
+    cli_engine_args a = {.kv_dtype = OSP_KV_DTYPE_F16, .kv_dtype_v = OSP_KV_DTYPE_F16, .spec = osp_spec_default_config(),
                          .sparse = osp_sparse_default_config()};
     a.device = cli_device("--device", "auto");
     return a;
@@ -81,10 +82,7 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     }
     else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) {
         a->exact = true;
-        if (!a->kv_dtype_set) a->kv_dtype = OSP_KV_DTYPE_F32;
-    } else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-cache-dtype")) {
-        a->kv_dtype = cli_kv_dtype(f, v);
-        a->kv_dtype_set = true;
+    } else if ((accept & CLI_ENGINE_KV_DTYPE) && cli_kv_types_arg(&a->kv_types, f, v)) {
         ++*i;
     } else if ((accept & CLI_ENGINE_KV_DTYPE) && !strcmp(f, "--kv-scales")) {
         if (!v) cli_die(OSP_OK, "--kv-scales needs a file (osprey calibrate-kv -o FILE writes one)");
@@ -93,11 +91,43 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         osp_kv_scales_free(&s);
         a->kv_scales = v, ++*i;
     } else return false;
-    /* either order: --exact is the fp32 reference path, a quantized cache is not exact */
-    if (a->exact && osp_kv_dtype_quantized(a->kv_dtype))
-        cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s: drop one of --exact and "
-                        "--kv-cache-dtype %s", osp_kv_dtype_name(a->kv_dtype), osp_kv_dtype_name(a->kv_dtype));
+    /* a side no flag names: f16, or f32 with --exact (the fp32 reference path) */
+    cli_kv_types_resolve(&a->kv_types, a->exact ? OSP_KV_DTYPE_F32 : OSP_KV_DTYPE_F16, &a->kv_dtype, &a->kv_dtype_v);
+    /* either order: a quantized cache is not exact */
+    cli_kv_types_check_exact(a->exact, a->kv_dtype, a->kv_dtype_v);
     return true;
+}
+
+bool cli_kv_types_arg(cli_kv_types *t, const char *f, const char *v) {
+    if (!strcmp(f, "--kv-cache-dtype")) t->both = cli_kv_dtype(f, v), t->both_set = true;
+    else if (!strcmp(f, "--cache-type-k") || !strcmp(f, "-ctk")) t->k = cli_kv_dtype(f, v), t->k_set = true;
+    else if (!strcmp(f, "--cache-type-v") || !strcmp(f, "-ctv")) t->v = cli_kv_dtype(f, v), t->v_set = true;
+    else return false;
+    return true;
+}
+
+void cli_kv_types_resolve(const cli_kv_types *t, osp_kv_dtype dflt, osp_kv_dtype *k, osp_kv_dtype *v) {
+    const osp_kv_dtype both = t->both_set ? t->both : dflt;
+    *k = t->k_set ? t->k : both;
+    *v = t->v_set ? t->v : both;
+}
+
+const char *cli_kv_types_name(osp_kv_dtype k, osp_kv_dtype v, char *buf, size_t n) {
+    const char *kn = osp_kv_dtype_name(k) ? osp_kv_dtype_name(k) : "?", *vn = osp_kv_dtype_name(v) ? osp_kv_dtype_name(v) : "?";
+    if (k == v) snprintf(buf, n, "%s", kn);
+    else snprintf(buf, n, "K %s, V %s", kn, vn);
+    return buf;
+}
+
+void cli_kv_types_check_exact(bool exact, osp_kv_dtype k, osp_kv_dtype v) {
+    if (!exact || (!osp_kv_dtype_quantized(k) && !osp_kv_dtype_quantized(v))) return;
+    if (k == v)
+        cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s: drop one of --exact and "
+                        "--kv-cache-dtype %s", osp_kv_dtype_name(k), osp_kv_dtype_name(k));
+    const bool kq = osp_kv_dtype_quantized(k);
+    cli_die(OSP_OK, "--exact needs an exact KV cache (f32 or f16), not %s %s pages: drop one of --exact and "
+                    "--cache-type-%c %s", kq ? "K" : "V", osp_kv_dtype_name(kq ? k : v), kq ? 'k' : 'v',
+            osp_kv_dtype_name(kq ? k : v));
 }
 
 osp_kv_dtype cli_kv_dtype(const char *flag, const char *v) {
@@ -141,6 +171,8 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.model_path = a->model;
     ep.n_threads = a->n_threads;
     ep.kv_dtype = a->kv_dtype;
+    ep.kv_dtype_v = a->kv_dtype_v;
+    ep.kv_dtype_v_set = true;
     ep.kv_scales_path = a->kv_scales;
     ep.exact = a->exact;
     ep.device = a->device;

@@ -54,7 +54,9 @@ static const char *k_usage =
     "           K/V statistics per layer and KV head, and the fp8 / nvfp4 scales file --kv-scales loads\n"
     "\n"
     "  --kv-cache-dtype D: auto|f16|bf16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16, bfloat16, fp8_e4m3 accepted);\n"
-    "  fp8 / nvfp4 run on the CPU and CUDA backends; bf16 pages are refused (no backend has them)\n";
+    "  fp8 / nvfp4 run on the CPU and CUDA backends; bf16 pages are refused (no backend has them);\n"
+    "  -ctk / --cache-type-k D and -ctv / --cache-type-v D (llama.cpp's) set K's or V's pages alone, wherever\n"
+    "  --kv-cache-dtype is taken, e.g. -ctk fp8 -ctv nvfp4 (a K/V split: CPU only)\n";
 
 noreturn void cli_help(const char *text) {
     fputs(text, stdout);

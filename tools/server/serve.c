@@ -72,6 +72,8 @@ static const char *k_serve_usage =
     "  --block-size N                   tokens per KV block (16)\n"
     "  --kv-cache-dtype D               auto|f16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16 and fp8_e4m3\n"
     "                                   too; bf16 is not implemented yet; fp8 / nvfp4 on CPU and CUDA)\n"
+    "  -ctk, --cache-type-k D           K pages only; -ctv, --cache-type-v D: V pages only (llama.cpp's;\n"
+    "                                   win over --kv-cache-dtype; e.g. -ctk fp8 -ctv nvfp4; CPU only)\n"
     "  --kv-scales FILE                 fixed fp8 / nvfp4 KV scales from osprey calibrate-kv (default:\n"
     "                                   the documented constants; a file for another model is refused)\n"
     "  --kv-cache-memory BYTES          KV cache size, K/M/G suffixes (CPU: 1G; GPU: what\n"
@@ -168,7 +170,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
             fputs(k_serve_usage, stdout);
             exit(0);
         } else if (cli_engine_arg(&eng, CLI_ENGINE_KV_DTYPE, argc, argv, &i)) {
-            /* -m, -t, --device, --kv-cache-dtype: parsed as osprey generate and chat parse them */
+            /* -m, -t, --device, --kv-cache-dtype, -ctk, -ctv: parsed as osprey generate and chat parse them */
         } else if (!strcmp(f, "--host")) c.host = v, i++;
         else if (!strcmp(f, "--port")) c.port = (int)cli_int(f, v, 0, 65535), i++;
         else if (!strcmp(f, "--api-key")) c.api_key = v[0] ? v : NULL, i++; /* empty: no key (as vLLM) */
@@ -254,6 +256,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.device = eng.device;
     c.gpu_quant_weights = eng.gpu_quant_weights;
     c.kv_dtype = eng.kv_dtype;
+    c.kv_dtype_v = eng.kv_dtype_v;
     c.kv_scales = eng.kv_scales;
     c.kernel_table = eng.kernel_table;
     c.spec = eng.spec;
@@ -314,6 +317,8 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.device = cfg->device;
     ep.gpu_quant_weights = cfg->gpu_quant_weights;
     ep.kv_dtype = cfg->kv_dtype;
+    ep.kv_dtype_v = cfg->kv_dtype_v;
+    ep.kv_dtype_v_set = true;
     ep.kv_scales_path = cfg->kv_scales;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;

@@ -28,7 +28,10 @@ void srv_log_memory(const srv_server *s, const osp_engine *e) {
     else
         for (uint64_t i = 0, n = osp_gguf_n_tensors(osp_model_gguf(m)); i < n; i++)
             weights += osp_gguf_tensor_at(osp_model_gguf(m), i)->nbytes;
+    char kv[48]; /* "fp8", or "K fp8, V nvfp4" for a split cache */
+    if (pe->kv_dtype == pe->kv_dtype_v) snprintf(kv, sizeof kv, "%s", osp_kv_dtype_name(pe->kv_dtype));
+    else snprintf(kv, sizeof kv, "K %s, V %s", osp_kv_dtype_name(pe->kv_dtype), osp_kv_dtype_name(pe->kv_dtype_v));
     srv_log(s, SRV_LOG_INFO, "memory: weights %.1f MiB (%s), KV cache %.1f MiB (%s), KV capacity %lld tokens (%d blocks of %d)",
             (double)weights / 1048576.0, cuda ? "GPU" : "CPU, mapped from the file", (double)osp_engine_kv_cache_bytes(e) / 1048576.0,
-            osp_kv_dtype_name(pe->kv_dtype), (long long)pe->num_blocks * pe->block_size, pe->num_blocks, pe->block_size);
+            kv, (long long)pe->num_blocks * pe->block_size, pe->num_blocks, pe->block_size);
 }

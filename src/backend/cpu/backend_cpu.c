@@ -334,26 +334,27 @@ static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nt
             osp_cpu_rope_interleaved(q, pos, 1, H, D, op->p.rope.n_rot, inv_freq);
             osp_cpu_rope_interleaved(k, pos, 1, HK, D, op->p.rope.n_rot, inv_freq);
         }
-        if (kv->fmt.k_hadamard) { /* rotated K pages: q.k = (H q).(H k) (kv_layout.h) */
+        if (kv->k_fmt.k_hadamard) { /* rotated K pages: q.k = (H q).(H k) (kv_layout.h) */
             osp_cpu_hadamard(q, H, D);
             osp_cpu_hadamard(k, HK, D);
         }
         float *qo = qout + t * QD;
         memcpy(qo, q, (size_t)QD * sizeof(float));
         round_if(r, op->dst, qo, QD);
-        const int32_t *slot = r->b->slot_mapping + t;
-        if (kv->fmt.elem_type == OSP_DTYPE_F16) {
-            osp_cpu_kv_write_f16(k, v, kv->k[l], kv->v[l], slot, 1, KD);
-        } else if (kv->fmt.elem_type == OSP_KV_DTYPE_FP8 || kv->fmt.elem_type == OSP_KV_DTYPE_NVFP4) {
-            const int64_t F = kv->fmt.fixed_scales_per_layer;
-            const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k_fixed = kv->k_fixed + l * F,
-                                         .v_fixed = kv->v_fixed + l * F};
-            osp_cpu_kv_write_quant(&pg, kv->k[l], kv->v[l], kv->k_scale[l], kv->v_scale[l], k, v, *slot, HK, D);
-        } else if (*slot >= 0) { /* slot < 0: a padding row, no write */
-            memcpy((float *)kv->k[l] + (size_t)*slot * KD, k, (size_t)KD * sizeof(float));
-            memcpy((float *)kv->v[l] + (size_t)*slot * KD, v, (size_t)KD * sizeof(float));
-        }
+        /* K and V each in their own page format (kv_layout.h); slot < 0: a padding row, no write */
+        const int32_t slot = r->b->slot_mapping[t];
+        const int64_t FK = kv->k_fmt.fixed_scales_per_layer, FV = kv->v_fmt.fixed_scales_per_layer;
+        osp_cpu_kv_write_row(kv->k_fmt.elem_type, FK ? kv->k_fixed + l * FK : NULL, kv->k[l], kv->k_scale[l], k, slot, HK, D);
+        osp_cpu_kv_write_row(kv->v_fmt.elem_type, FV ? kv->v_fixed + l * FV : NULL, kv->v[l], kv->v_scale[l], v, slot, HK, D);
     }
+}
+
+/* This layer's pages as the CPU ops see them (ops.h), K and V each in their own format. */
+static osp_cpu_kv_pages cpu_pages_of(const osp_kv_cache *kv, int64_t l) {
+    const int64_t FK = kv->k_fmt.fixed_scales_per_layer, FV = kv->v_fmt.fixed_scales_per_layer;
+    return (osp_cpu_kv_pages){.k_type = kv->k_fmt.elem_type, .v_type = kv->v_fmt.elem_type, .k = kv->k[l],
+                              .v = kv->v[l], .k_scale = kv->k_scale[l], .v_scale = kv->v_scale[l],
+                              .k_fixed = FK ? kv->k_fixed + l * FK : NULL, .v_fixed = FV ? kv->v_fixed + l * FV : NULL};
 }
 
 /* The cost of one attention item (token t, one head): its key count (positions[t] + 1, or the window)
@@ -404,10 +405,7 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
         return;
     }
     attn_split(b, r->T, H, op->p.attn.window, ith, nth, &i0, &i1);
-    const int64_t F = kv->fmt.fixed_scales_per_layer, l = op->layer;
-    const osp_cpu_kv_pages pg = {.type = kv->fmt.elem_type, .k = kv->k[l], .v = kv->v[l], .k_scale = kv->k_scale[l],
-                                 .v_scale = kv->v_scale[l], .k_fixed = F ? kv->k_fixed + l * F : NULL,
-                                 .v_fixed = F ? kv->v_fixed + l * F : NULL};
+    const osp_cpu_kv_pages pg = cpu_pages_of(kv, op->layer);
     osp_cpu_paged_attention_tiled(r->bufs[op->src0], &pg, out, b->num_seqs, b->query_start_loc, b->positions,
                                   b->block_table, b->max_blocks_per_seq, kv->block_size, H, op->p.attn.n_head_kv, D,
                                   op->p.attn.scale, op->p.attn.window,
@@ -504,12 +502,17 @@ static void run_task(void *arg, int ith, int nth) {
     }
 }
 
-static bool cpu_supports_kv(osp_backend *be, osp_kv_dtype d, char *why, size_t n) {
+/* K and V pages are written and read each in their own format, so any pair of the four is served. */
+static bool cpu_supports_kv(osp_backend *be, osp_kv_dtype dk, osp_kv_dtype dv, char *why, size_t n) {
     (void)be;
-    if (d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) return true;
-    snprintf(why, n, "the CPU backend has f32, f16, fp8 and nvfp4 KV pages, not %s",
-             osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "this dtype");
-    return false;
+    for (int i = 0; i < 2; i++) {
+        const osp_kv_dtype d = i ? dv : dk;
+        if (d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) continue;
+        snprintf(why, n, "the CPU backend has f32, f16, fp8 and nvfp4 KV pages, not %s (%s)",
+                 osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "this dtype", i ? "V" : "K");
+        return false;
+    }
+    return true;
 }
 
 static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t n) {

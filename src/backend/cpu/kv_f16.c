@@ -12,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-static void to_f16(const float *restrict x, uint16_t *restrict y, int64_t n) {
+void osp_cpu_f32_to_f16_row(const float *restrict x, uint16_t *restrict y, int64_t n) {
     int64_t i = 0;
 #if defined(__F16C__)
     for (; i + 8 <= n; i += 8)
@@ -35,7 +35,7 @@ void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v
     for (int64_t t = 0; t < num_tokens; t++) {
         if (slot_mapping[t] < 0) continue; /* a padding row: no write (as the CUDA kernel) */
         const size_t slot = (size_t)slot_mapping[t];
-        to_f16(k + t * kv_row, kp + slot * (size_t)kv_row, kv_row);
-        to_f16(v + t * kv_row, vp + slot * (size_t)kv_row, kv_row);
+        osp_cpu_f32_to_f16_row(k + t * kv_row, kp + slot * (size_t)kv_row, kv_row);
+        osp_cpu_f32_to_f16_row(v + t * kv_row, vp + slot * (size_t)kv_row, kv_row);
     }
 }

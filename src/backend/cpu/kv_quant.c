@@ -28,26 +28,35 @@
  * the dequantizers'. E4M3's NaN codes (S.1111.111) would map to 480; they are put back to NaN. */
 static inline uint16_t e4m3_half_bits(uint8_t c) { return (uint16_t)(((c & 0x7Fu) << 7) | ((c & 0x80u) << 8)); }
 
+void osp_cpu_kv_write_row(uint32_t type, const float *fixed, void *pages, uint8_t *scales, const float *x, int32_t slot,
+                          int64_t n_head_kv, int64_t head_dim) {
+    if (slot < 0) return; /* a padding row: no write */
+    const int64_t kv_row = n_head_kv * head_dim;
+    switch (type) {
+    case OSP_DTYPE_F32: memcpy((float *)pages + (size_t)slot * (size_t)kv_row, x, (size_t)kv_row * sizeof(float)); break;
+    case OSP_DTYPE_F16: osp_cpu_f32_to_f16_row(x, (uint16_t *)pages + (size_t)slot * (size_t)kv_row, kv_row); break;
+    case OSP_KV_DTYPE_FP8: {
+        uint8_t *dst = (uint8_t *)pages + (size_t)slot * (size_t)kv_row;
+        for (int64_t h = 0; h < n_head_kv; h++) {
+            const float s = fixed[h];
+            for (int64_t d = 0; d < head_dim; d++) dst[h * head_dim + d] = osp_fp32_to_e4m3(x[h * head_dim + d] / s);
+        }
+        break;
+    }
+    default: { /* NVFP4 */
+        uint8_t *dst = (uint8_t *)pages + (size_t)slot * (size_t)(kv_row / 2);
+        uint8_t *sc = scales + (size_t)slot * (size_t)(kv_row / 16);
+        for (int64_t j = 0; j < kv_row / 16; j++) osp_nvfp4_quantize16(x + 16 * j, fixed[0], dst + 8 * j, sc + j);
+        break;
+    }
+    }
+}
+
 void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_pages, uint8_t *k_scales,
                             uint8_t *v_scales, const float *k, const float *v, int32_t slot, int64_t n_head_kv,
                             int64_t head_dim) {
-    if (slot < 0) return; /* a padding row: no write */
-    const int64_t kv_row = n_head_kv * head_dim;
-    for (int which = 0; which < 2; which++) {
-        const float *x = which ? v : k;
-        const float *fixed = which ? kv->v_fixed : kv->k_fixed;
-        if (kv->type == OSP_KV_DTYPE_FP8) {
-            uint8_t *dst = (uint8_t *)(which ? v_pages : k_pages) + (size_t)slot * (size_t)kv_row;
-            for (int64_t h = 0; h < n_head_kv; h++) {
-                const float s = fixed[h];
-                for (int64_t d = 0; d < head_dim; d++) dst[h * head_dim + d] = osp_fp32_to_e4m3(x[h * head_dim + d] / s);
-            }
-        } else { /* NVFP4 */
-            uint8_t *dst = (uint8_t *)(which ? v_pages : k_pages) + (size_t)slot * (size_t)(kv_row / 2);
-            uint8_t *sc = (which ? v_scales : k_scales) + (size_t)slot * (size_t)(kv_row / 16);
-            for (int64_t j = 0; j < kv_row / 16; j++) osp_nvfp4_quantize16(x + 16 * j, fixed[0], dst + 8 * j, sc + j);
-        }
-    }
+    osp_cpu_kv_write_row(kv->k_type, kv->k_fixed, k_pages, k_scales, k, slot, n_head_kv, head_dim);
+    osp_cpu_kv_write_row(kv->v_type, kv->v_fixed, v_pages, v_scales, v, slot, n_head_kv, head_dim);
 }
 
 /* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. */
@@ -55,7 +64,7 @@ static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64
                                     int64_t n_head_kv, int64_t head_dim, float *restrict row, uint16_t *restrict half) {
     const int64_t kv_row = n_head_kv * head_dim;
     const void *pages = which ? kv->v : kv->k;
-    switch (kv->type) {
+    switch (which ? kv->v_type : kv->k_type) { /* K and V may differ (a split cache) */
     case OSP_DTYPE_F32: return (const float *)pages + slot * kv_row + kvh * head_dim;
     case OSP_DTYPE_F16:
         osp_cpu_f16_to_f32_row((const uint16_t *)pages + slot * kv_row + kvh * head_dim, row, head_dim);

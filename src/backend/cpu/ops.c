@@ -133,7 +133,8 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint3
                              int32_t max_blocks, int32_t block_size, int64_t n_head,
                              int64_t n_head_kv, int64_t head_dim, float scale, int32_t window, float *sc,
                              int64_t item_begin, int64_t item_end) {
-    const osp_cpu_kv_pages kv = {.type = kv_type == OSP_DTYPE_F16 ? OSP_DTYPE_F16 : OSP_DTYPE_F32, .k = k, .v = v};
+    const uint32_t t = kv_type == OSP_DTYPE_F16 ? OSP_DTYPE_F16 : OSP_DTYPE_F32;
+    const osp_cpu_kv_pages kv = {.k_type = t, .v_type = t, .k = k, .v = v};
     osp_cpu_paged_attention_kv(q, &kv, out, num_seqs, query_start_loc, positions, block_table, max_blocks, block_size,
                                n_head, n_head_kv, head_dim, scale, window, sc, item_begin, item_end);
 }

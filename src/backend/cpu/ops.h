@@ -110,13 +110,14 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint3
                              int64_t item_begin, int64_t item_end);
 
 /* One layer's KV pages as attention and the KV write see them (layouts: src/kv/kv_cache.h).
- * type: OSP_DTYPE_F32, OSP_DTYPE_F16, OSP_KV_DTYPE_FP8 or OSP_KV_DTYPE_NVFP4 (the page format's
- * elem_type). k, v: pages [num_blocks, block_size, n_head_kv, head_dim] of the type (nvfp4: head_dim / 2
- * bytes a row). k_scale, v_scale: nvfp4's E4M3 micro-block scales [num_blocks, block_size, n_head_kv,
- * head_dim / 16], else NULL. k_fixed, v_fixed: this layer's fixed fp32 scales (fp8: [n_head_kv]; nvfp4:
- * [1], the tensor scale), else NULL. All borrowed. */
+ * k_type, v_type: the K and V pages' types, each OSP_DTYPE_F32, OSP_DTYPE_F16, OSP_KV_DTYPE_FP8 or
+ * OSP_KV_DTYPE_NVFP4 (the page formats' elem_type; they differ in a split cache, e.g. K fp8 + V nvfp4).
+ * k, v: pages [num_blocks, block_size, n_head_kv, head_dim] of their type (nvfp4: head_dim / 2 bytes a
+ * row). k_scale, v_scale: nvfp4's E4M3 micro-block scales [num_blocks, block_size, n_head_kv,
+ * head_dim / 16] of an nvfp4 side, else NULL. k_fixed, v_fixed: this layer's fixed fp32 scales of a
+ * quantized side (fp8: [n_head_kv]; nvfp4: [1], the tensor scale), else NULL. All borrowed. */
 typedef struct osp_cpu_kv_pages {
-    uint32_t type;
+    uint32_t k_type, v_type;
     const void *k, *v;
     const uint8_t *k_scale, *v_scale;
     const float *k_fixed, *v_fixed;
@@ -152,18 +153,29 @@ const float *osp_cpu_kv_read_row(const osp_cpu_kv_pages *kv, int which, int64_t 
                                  int64_t head_dim, float *row, uint16_t *half);
 
 /* Quantizes one token's K and V rows k, v: [n_head_kv * head_dim] fp32 into slot `slot` of fp8 or nvfp4
- * pages (kv->type; kv->k_fixed / v_fixed the layer's fixed scales; the pointers in kv other than those
- * are ignored): fp8 writes head_dim bytes per head at the slot, nvfp4 head_dim / 2 bytes per head and
+ * pages (kv->k_type for K, kv->v_type for V, each fp8 or nvfp4; kv->k_fixed / v_fixed the layer's fixed
+ * scales; the pointers in kv other than those are ignored): fp8 writes head_dim bytes per head at the slot, nvfp4 head_dim / 2 bytes per head and
  * head_dim / 16 scales per head into k_scales / v_scales at the slot. Nothing else is touched (no
  * other slot, no shared scale). slot < 0 writes nothing (a padding row). */
 void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_pages, uint8_t *k_scales,
                             uint8_t *v_scales, const float *k, const float *v, int32_t slot, int64_t n_head_kv,
                             int64_t head_dim);
 
+/* Writes one token's K (or V) row x: [n_head_kv * head_dim] fp32 into slot `slot` of pages of `type`
+ * (OSP_DTYPE_F32, OSP_DTYPE_F16 rounded to nearest even, OSP_KV_DTYPE_FP8 or OSP_KV_DTYPE_NVFP4 as
+ * osp_cpu_kv_write_quant; fixed: the layer's fixed scales of that side, NULL for f32 / f16; scales: the
+ * nvfp4 micro-block scale pool of that side, else unused). Only that slot's bytes and scales are
+ * touched; slot < 0 writes nothing (a padding row). K and V of a split cache are written by one call
+ * each, in their own formats. */
+void osp_cpu_kv_write_row(uint32_t type, const float *fixed, void *pages, uint8_t *scales, const float *x, int32_t slot,
+                          int64_t n_head_kv, int64_t head_dim);
+
 /* f16 pages (kv_f16.c). Writes K/V rows k, v: [num_tokens, kv_row] fp32 into f16 pages at
  * slot_mapping (round to nearest even); a negative slot writes nothing. */
 void osp_cpu_kv_write_f16(const float *k, const float *v, void *k_pages, void *v_pages, const int32_t *slot_mapping,
                           int64_t num_tokens, int64_t kv_row);
+/* Rounds n fp32 values to f16, nearest even (F16C when the build has it; both paths bit-identical). */
+void osp_cpu_f32_to_f16_row(const float *x, uint16_t *y, int64_t n);
 /* Widens n f16 values to fp32 (exact; F16C when the build has it). */
 void osp_cpu_f16_to_f32_row(const uint16_t *x, float *y, int64_t n);
 

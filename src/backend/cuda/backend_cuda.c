@@ -405,8 +405,14 @@ static bool is(const osp_graph *gr, int32_t act, uint32_t type) {
  * 13: quantized on write by rope_kv_write, read by the CUDA-core attention kernel, attention.cu; the
  * tensor-core kernels take f16 only). bf16 pages are not written: refused here, once, when the cache is
  * created, so the error comes at start-up and not from the first launch. */
-static bool cuda_supports_kv(osp_backend *be, osp_kv_dtype d, char *why, size_t n) {
+static bool cuda_supports_kv(osp_backend *be, osp_kv_dtype d, osp_kv_dtype dv, char *why, size_t n) {
     (void)be;
+    if (d != dv) { /* rope_kv_write and the attention kernels take one page type for K and V */
+        snprintf(why, n, "the CUDA backend has no split K/V page dtypes (K %s, V %s): its kernels take one page type "
+                 "for both; use the same --cache-type-k and --cache-type-v, or --device cpu",
+                 osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "?", osp_kv_dtype_name(dv) ? osp_kv_dtype_name(dv) : "?");
+        return false;
+    }
     if (d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) return true;
     snprintf(why, n, "the CUDA backend has no %s KV pages (its kernels read f16, f32, fp8 or nvfp4 pages)",
              osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "such");
@@ -560,8 +566,9 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
     const in_layout lay = layout_of(g);
     const int32_t *ids = g->d_in + lay.ids, *pos = g->d_in + lay.pos, *slot = g->d_in + lay.slot;
     const int32_t *qsl = g->d_in + lay.qsl, *bt = g->d_in + lay.bt, *lidx = g->d_in + lay.lidx;
-    const uint32_t kvt = kv->fmt.elem_type; /* the kernels check it is a type they have */
-    const int32_t per = kv->fmt.fixed_scales_per_layer; /* quantized pages: their scales, per layer */
+    /* one page type for K and V: cuda_supports_kv refuses a split cache at creation, so v_fmt == k_fmt */
+    const uint32_t kvt = kv->k_fmt.elem_type; /* the kernels check it is a type they have */
+    const int32_t per = kv->k_fmt.fixed_scales_per_layer; /* quantized pages: their scales, per layer */
     void *st = g->stream;
     for (int32_t k = 0; k < gr->n_ops; k++) {
         const osp_op *op = &gr->ops[k];
@@ -680,7 +687,7 @@ static osp_status act_copy(cuda_backend *g, const osp_graph *gr, const osp_act_i
  * when too small); nothing for f16 / f32 caches. Synchronous; called when another cache is first run,
  * never during a graph capture. */
 static osp_status upload_kv_fixed(cuda_backend *g, const osp_kv_cache *kv) {
-    const int32_t per = kv->fmt.fixed_scales_per_layer;
+    const int32_t per = kv->k_fmt.fixed_scales_per_layer;
     if (per <= 0) return OSP_OK;
     const size_t n = (size_t)kv->n_layer * (size_t)per, bytes = 2 * n * sizeof(float);
     if (bytes > g->kv_fixed_bytes) {
