@@ -130,8 +130,9 @@ bool osp_cuda_qtype_supported(uint32_t type);
 /* y[t, n] = sum_k x[t, k] w[n, k] for t < T <= OSP_CUDA_QGEMV_MAX_T, n < N: d_w N quantized rows of K
  * values (row_bytes apart; 16-byte aligned for Q4_K, 4 for Q4_1, 2 for the others), d_x [T, K] bf16
  * (16-byte aligned, K % 8 == 0), d_y [T, ldy] fp32 (y_f32) or bf16, columns [0, N) written. Weights
- * are dequantized to fp32 exactly as core/dtype.c does (not rounded to bf16), products accumulated in
- * fp32 in an order that depends only on K: row t's result is the same for any T (batch invariance).
+ * are dequantized to fp32 (not rounded to bf16): core/dtype.c's values for Q8_0, Q4_0 and Q6_K, within
+ * an ulp of them for Q4_1 and Q4_K (one FMA where the CPU rounds twice); products accumulated in fp32
+ * in an order that depends only on K: row t's result is the same for any T (batch invariance).
  * Errors: OSP_ERR_UNSUPPORTED (type), OSP_ERR_INVALID_ARG (shapes, alignment), OSP_ERR_INTERNAL
  * (launch). Enqueues only (graph-capturable). */
 osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, int64_t K,

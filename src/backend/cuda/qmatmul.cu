@@ -20,9 +20,9 @@
  * accumulates each (row, t) in fp32 in that fixed order (one FMA chain per value), then the warp adds
  * its lanes in a fixed xor-shuffle tree. A row's result therefore depends
  * only on its own x row and the weights: not on T, not on which other rows share the launch (batch
- * invariance within the kernel). qgemv's weights are the exact fp32 values (not rounded to bf16): it is
- * at least as accurate as the bf16 path; the difference from cuBLASLt on the bf16 copy is one rounding
- * of each weight and the reduction order. */
+ * invariance within the kernel). qgemv's weights are fp32 (not rounded to bf16): the CPU's values for
+ * Q8_0, Q4_0 and Q6_K, within an ulp for Q4_1 and Q4_K (codes(): w = a v + b in one FMA); the
+ * difference from cuBLASLt on the bf16 copy is one bf16 rounding of each weight and the reduction order. */
 #include <stdint.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -80,6 +80,13 @@ template <> struct qt<OSP_DTYPE_Q8_0> {
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = __fmul_rn(qf<128>(byte_of(q, i) ^ 0x80), d); /* the int8 */
     }
+    /* qgemv's form: 8 codes v (bytes, 0..255) with w = a v + b: the int8 is v - 128 */
+    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
+        const uint8_t *bl = row + u * BLOCK_BYTES;
+        a = half_at(bl), b = -128.0f * a;
+        load8_a2(bl + 2 + 8 * p, v);
+        v[0] ^= 0x80808080u, v[1] ^= 0x80808080u;
+    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
 };
 
@@ -99,6 +106,13 @@ template <> struct qt<OSP_DTYPE_Q4_0> {
             w[i] = __fmul_rn(qf<8>(p < 2 ? (by & 15) : (by >> 4)), d);
         }
     }
+    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
+        const uint8_t *bl = row + u * BLOCK_BYTES;
+        a = half_at(bl), b = -8.0f * a;
+        load8_a2(bl + 2 + 8 * (p & 1), v);
+        const int sh = p < 2 ? 0 : 4;
+        v[0] = (v[0] >> sh) & 0x0F0F0F0Fu, v[1] = (v[1] >> sh) & 0x0F0F0F0Fu;
+    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
 };
 
@@ -117,6 +131,14 @@ template <> struct qt<OSP_DTYPE_Q4_1> {
             const int by = byte_of(q, i);
             w[i] = __fadd_rn(__fmul_rn(qf<0>(p < 2 ? (by & 15) : (by >> 4)), d), m);
         }
+    }
+    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
+        const uint8_t *bl = row + u * BLOCK_BYTES;
+        const uint32_t dm = __ldg(reinterpret_cast<const uint32_t *>(bl));
+        a = half_bits(dm & 0xffffu), b = half_bits(dm >> 16);
+        load8_a4(bl + 4 + 8 * (p & 1), v);
+        const int sh = p < 2 ? 0 : 4;
+        v[0] = (v[0] >> sh) & 0x0F0F0F0Fu, v[1] = (v[1] >> sh) & 0x0F0F0F0Fu;
     }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
 };
@@ -157,6 +179,20 @@ template <> struct qt<OSP_DTYPE_Q4_K> {
             w[i] = __fsub_rn(__fmul_rn(dl, qf<0>(p < 4 ? (by & 15) : (by >> 4))), ml);
         }
     }
+    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
+        const uint8_t *bl = row + (u >> 2) * BLOCK_BYTES;
+        const int c = (int)(u & 3), j = 2 * c + (p >> 2), jj = j & 3;
+        const uint4 hdr = __ldg(reinterpret_cast<const uint4 *>(bl));
+        const int b_j = (int)((hdr.y >> (8 * jj)) & 0xffu), b_j4 = (int)((hdr.z >> (8 * jj)) & 0xffu);
+        const int b_j8 = (int)(((j < 4 ? hdr.y : hdr.w) >> (8 * jj)) & 0xffu);
+        const int sc = j < 4 ? (b_j & 63) : ((b_j8 & 0x0f) | (b_j >> 6) << 4);
+        const int m = j < 4 ? (b_j4 & 63) : ((b_j8 >> 4) | (b_j4 >> 6) << 4);
+        a = __fmul_rn(half_bits(hdr.x & 0xffffu), qf<0>(sc));
+        b = -__fmul_rn(half_bits(hdr.x >> 16), qf<0>(m));
+        load8_a8(bl + 16 + 32 * c + 8 * (p & 3), v);
+        const int sh = p < 4 ? 0 : 4;
+        v[0] = (v[0] >> sh) & 0x0F0F0F0Fu, v[1] = (v[1] >> sh) & 0x0F0F0F0Fu;
+    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 64 * u + 8 * p; }
 };
 
@@ -183,6 +219,18 @@ template <> struct qt<OSP_DTYPE_Q6_K> {
             const int lo = p < 4 ? (byte_of(ql, i) & 15) : (byte_of(ql, i) >> 4);
             w[i] = __fmul_rn(dl, qf<32>(lo | (byte_of(qh, i) & 3) << 4));
         }
+    }
+    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
+        const uint8_t *bl = row + (u >> 2) * BLOCK_BYTES;
+        const int h = (int)((u & 3) >> 1), s0 = (int)(u & 1), s = s0 + (p >> 2) * 2, l0 = 8 * (p & 3);
+        a = __fmul_rn(half_at(bl + 208), (float)(int8_t)__ldg(bl + 192 + 8 * h + 2 * s + (l0 >> 4)));
+        b = -32.0f * a;
+        uint32_t qh[2];
+        load8_a2(bl + 64 * h + 32 * s0 + l0, v);
+        load8_a2(bl + 128 + 32 * h + l0, qh);
+        const int sh = p < 4 ? 0 : 4;
+#pragma unroll
+        for (int k = 0; k < 2; k++) v[k] = ((v[k] >> sh) & 0x0F0F0F0Fu) | ((qh[k] >> (2 * s)) & 0x03030303u) << 4;
     }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) {
         return 256 * (u >> 2) + 128 * ((u & 3) >> 1) + 32 * (u & 1) + (p < 4 ? 8 * p : 64 + 8 * (p - 4));
@@ -224,9 +272,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int64_t q = lane; q < pieces; q += 32) {
         const int64_t u = q / Q::PIECES;
         const int p = (int)(q % Q::PIECES);
+        /* w = a v + b in one FMA (the product exact, one rounding: the CPU's value for Q8_0, Q4_0 and
+         * Q6_K, within an ulp of it for Q4_1 and Q4_K), v from its byte as the bits of 2^23 + v */
         float wv[QG_ROWS][8];
 #pragma unroll
-        for (int r = 0; r < QG_ROWS; r++) Q::piece(rows[r], u, p, wv[r]);
+        for (int r = 0; r < QG_ROWS; r++) {
+            uint32_t v[2];
+            float a, b;
+            Q::codes(rows[r], u, p, v, a, b);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float vf = __fsub_rn(__int_as_float(__byte_perm(v[i >> 2], 0x4B000000u, 0x7540u | (unsigned)(i & 3))),
+                                           8388608.0f);
+                wv[r][i] = fmaf(a, vf, b);
+            }
+        }
         const int64_t off = Q::xoff(u, p);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
