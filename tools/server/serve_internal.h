@@ -100,6 +100,9 @@ typedef struct srv_config {
     int fe_index;                   /* this frontend's index at the core (0: the first) */
     const char *ssl_keyfile;        /* --ssl-keyfile PEM (tls.h); NULL: plain HTTP */
     const char *ssl_certfile;       /* --ssl-certfile PEM; given together with ssl_keyfile */
+    osp_pooling pooling;            /* --pooling mean|cls|last for /v1/embeddings (NONE: not given: the
+                                       GGUF's <arch>.pooling_type, else last) */
+    bool no_embd_normalize;         /* --no-embd-normalize: raw pooled vectors (default: L2-normalized) */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
@@ -133,6 +136,8 @@ typedef struct srv_server {
     osp_tokenizer *tok;
     const char *model_name;
     int32_t max_model_len, n_vocab;
+    int32_t n_embd;           /* the model's hidden size: the length of an embedding */
+    osp_pooling pooling;      /* /v1/embeddings' pooling, resolved at start-up (srv_config.pooling) */
     srv_chat_env chat;
     srv_metrics *metrics;
     pthread_mutex_t mu;
@@ -258,6 +263,8 @@ struct srv_seq {
      * content (the tool calls' text, for a named tool_choice: its arguments) already streamed */
     size_t r_sent, c_sent;
     bool tool_head_sent;      /* named tool_choice: the call's id and name went out */
+    float *embd;              /* an embedding input: its vector [n_embd] from the finishing output (job->mu) */
+    int32_t n_embd;
 };
 
 struct srv_job {
@@ -336,6 +343,14 @@ void srv_json_add_prompt_logprobs(srv_job *j, srv_seq *s, const int32_t *ids, co
 /* Appends one consumed token's logprobs (capped at req.logprobs top entries) to s->lp in the route's
  * format. Connection thread. */
 void srv_json_add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp);
+/* The /v1/embeddings reply (embed.c): {"object": "list", "data": [{"object": "embedding", "index",
+ * "embedding": floats or base64 of little-endian float32}], "model", "usage": {prompt_tokens,
+ * total_tokens}}, from a finished job whose every choice has its vector. New ref; NULL when out of
+ * memory. */
+json_t *srv_json_embeddings(const srv_job *j);
+/* The bytes of v[0..n) as little-endian float32, base64-encoded (RFC 4648, padded): what OpenAI's
+ * encoding_format "base64" returns. malloc'd, NUL-terminated; NULL when out of memory. */
+char *srv_embd_base64(const float *v, int32_t n);
 /* The whole non-streaming reply: a text_completion or chat.completion object with usage (new ref). */
 json_t *srv_json_final(srv_job *j);
 /* A stream chunk for choice i: text piece [len] (or NULL), finish reason (or NULL), role (the chat's
