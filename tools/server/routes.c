@@ -209,10 +209,6 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
             srv_gen_request_free(req);
             return reply_error(srv, c, &err);
         }
-        if (route == SRV_ROUTE_EMBEDDINGS && srv->core) { /* the core's protocol carries no vectors yet */
-            srv_gen_request_free(req);
-            return reply_err(srv, c, 501, NULL, "/v1/embeddings is not available with --engine-process yet");
-        }
         if (req->n_unknown > 0 && srv->cfg.log_level <= SRV_LOG_DEBUG) {
             char names[512] = "";
             for (int32_t i = 0; i < req->n_unknown; i++) {
