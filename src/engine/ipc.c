@@ -620,6 +620,7 @@ static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_
         }
     }
     if ((seen & 0x7) != 0x7) return BAD("ADD lacks id, gen or prompt");
+    if ((seen >> 24 & 1) && !(seen >> 23 & 1)) return BAD("ADD has enorm without pool");
     rp->request_id = m->id;
     rp->prompt = m->prompt;
     return OSP_OK;

@@ -2,8 +2,9 @@
  * core receives is hostile input. Whatever the bytes, osp_ipc_decode must not crash, must leave no
  * leak, and must either refuse them (OSP_ERR_FORMAT or OSP_ERR_NOMEM, with a message) or give a
  * message that respects its own bounds (ids >= 0, logprobs <= 0, counts within the limits, an
- * embedding only in a stop output) and that encodes back to bytes decoding to the same fields. Seeds: tests/fuzz/corpus/ipc/ (one of each
- * message type, written by tests/fuzz/make_ipc_seeds.py with msgpack). */
+ * embedding only in a stop output) and that encodes back to bytes decoding to the same fields.
+ * Seeds: tests/fuzz/corpus/ipc/ (one of each message type, written by tests/fuzz/make_ipc_seeds.py
+ * with msgpack). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -55,3 +55,6 @@ with open(os.path.join(OUT, "bad_truncated"), "wb") as f:
     f.write(msgpack.packb(seeds["add_full"], use_bin_type=True)[:-7])
 with open(os.path.join(OUT, "bad_prompt_len"), "wb") as f:
     f.write(msgpack.packb({"t": 3, "id": 1, "gen": 1, "prompt": b"\x01\x02\x03"}, use_bin_type=True))
+# an ADD with enorm but no pool (refused: it would not survive re-encoding), found by the fuzzer
+with open(os.path.join(OUT, "bad_enorm_without_pool"), "wb") as f:
+    f.write(msgpack.packb({"t": 3, "id": 3, "gen": 2, "prompt": ids(5, 6, 7), "prio": 1, "enorm": False}, use_bin_type=True))

@@ -1,7 +1,7 @@
 /* osprey serve: the HTTP side, libmicrohttpd's request handler.
  *
- * Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize, /detokenize; GET /v1/models, /health,
- * /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
+ * Routes: POST /v1/completions, /v1/chat/completions, /v1/embeddings, /tokenize, /detokenize; GET
+ * /v1/models, /health, /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
  * --max-request-body), every /v1/ path checks the API key, errors are OpenAI's error JSON (request.c),
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
  * and a job started (serve_jobs.c); the handler then parks the connection (park.c) and is called again

@@ -4,6 +4,7 @@
  *   serve.c        flags, start-up (engine, tokenizer, chat template, HTTP daemon), SIGTERM drain, logging
  *   serve_jobs.c   jobs: prompts -> engine requests, the engine callback, draining tokens into text
  *   openai_json.c  OpenAI response objects: completions, chat completions, stream chunks, logprobs, usage
+ *   embed.c        the /v1/embeddings reply (float or base64 vectors, usage)
  *   sse.c          the text/event-stream reply of a streaming job
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
  *   park.c         parked (suspended) connections and the watcher that sees their clients leave

@@ -9,6 +9,7 @@
  *   serve.c        flags, start-up, SIGTERM drain; it and the four below share serve_internal.h
  *   serve_jobs.c   jobs between the HTTP threads and the engine's loop thread
  *   openai_json.c  response, stream chunk, logprobs and usage objects
+ *   embed.c        the /v1/embeddings reply
  *   sse.c          streaming replies (text/event-stream)
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
