@@ -370,7 +370,7 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
     /* children copy it; a request under a grammar gets no drafts (the matcher does not verify drafts:
        drafted tokens would bypass its mask) */
-    r->spec_k = rp->grammar ? 0 : e->spec_k;
+    r->spec_k = rp->grammar || rp->pooling != OSP_POOLING_NONE ? 0 : e->spec_k; /* an embedding decodes nothing */
     osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
     if (s == OSP_OK && r->pooling != OSP_POOLING_NONE) {
         const size_t E = (size_t)osp_model_config_get(e->model)->n_embd;
