@@ -144,3 +144,25 @@ def test_errors_through_the_client(smol):
     with pytest.raises(openai.BadRequestError) as e:
         c.embeddings.create(model=smol.model, input=[[1] * 8193])
     assert "maximum context length" in str(e.value)
+
+
+def test_pooling_flags(smol):
+    """--no-embd-normalize gives the raw pooled vector (normalized by hand: the default server's);
+    --pooling mean gives another vector, normalized."""
+    from conftest import SMOL, Server
+    text = "Pooling flags change the vector."
+    ref = smol.client().embeddings.create(model=smol.model, input=text, encoding_format="float").data[0].embedding
+    raw_srv = Server(SMOL, "--served-model-name", "smollm2", "--no-embd-normalize")
+    try:
+        raw = raw_srv.client().embeddings.create(model="smollm2", input=text, encoding_format="float").data[0].embedding
+    finally:
+        assert raw_srv.stop() == 0
+    norm = math.sqrt(sum(x * x for x in raw))
+    assert abs(norm - 1.0) > 1e-3
+    assert close([x / norm for x in raw], ref)
+    mean_srv = Server(SMOL, "--served-model-name", "smollm2", "--pooling", "mean")
+    try:
+        mean = mean_srv.client().embeddings.create(model="smollm2", input=text, encoding_format="float").data[0].embedding
+    finally:
+        assert mean_srv.stop() == 0
+    assert abs(sum(x * x for x in mean) - 1.0) < 1e-4 and not close(mean, ref, 1e-3)
