@@ -145,6 +145,19 @@ typedef struct osp_request_output osp_request_output;
  * finishes. */
 typedef void (*osp_output_cb)(void *user, const osp_request_output *out);
 
+/* How an embedding request turns the output norms of its prompt's tokens into one vector (the values
+ * of llama.cpp's llama_pooling_type and of the GGUF key <arch>.pooling_type). */
+typedef enum osp_pooling {
+    OSP_POOLING_NONE = 0, /* not an embedding request: generate */
+    OSP_POOLING_MEAN = 1, /* the mean over every prompt token */
+    OSP_POOLING_CLS = 2,  /* the first token's */
+    OSP_POOLING_LAST = 3, /* the last token's */
+} osp_pooling;
+
+/* "mean" / "cls" / "last" -> *out; OSP_ERR_INVALID_ARG otherwise. */
+osp_status osp_pooling_parse(const char *name, osp_pooling *out);
+const char *osp_pooling_name(osp_pooling p); /* "none", "mean", "cls", "last" */
+
 /* One request. Arrays are copied by osp_engine_add(); the caller keeps ownership. */
 typedef struct osp_request_params {
     uint64_t request_id;        /* unique among unfinished-and-unpolled requests */
@@ -194,6 +207,16 @@ typedef struct osp_request_params {
        OSP_ERR_FORMAT for a bad grammar and OSP_ERR_UNSUPPORTED where the model samples on the GPU (not
        yet masked there) or has no vocabulary. */
     const char *grammar;
+    /* embeddings: pooling other than OSP_POOLING_NONE makes this a prefill-only request. Its prompt runs
+       through the model with the other requests of each step (chunked as any prompt, never served from
+       the prefix cache: every token's hidden state is needed); the output norm of its tokens (the
+       RMSNorm the lm_head reads, llama.cpp's embeddings' "result_norm") is pooled as `pooling` says,
+       L2-normalized when embd_normalize, and the request finishes (OSP_FINISH_STOP, no tokens) with
+       osp_request_output.embedding set. The prompt may fill max_model_len. Sampling fields, max_tokens,
+       stops and n are not used; osp_engine_add refuses n > 1, logprobs, prompt_logprobs and a grammar
+       with it (OSP_ERR_INVALID_ARG). */
+    osp_pooling pooling;
+    bool embd_normalize;
 } osp_request_params;
 
 osp_request_params osp_request_default_params(void); /* greedy, no limits, no callback, no logprobs */
@@ -218,6 +241,10 @@ struct osp_request_output {
     bool finished;
     osp_finish_reason finish_reason;
     char error[160];            /* with OSP_FINISH_ERROR: why; else empty */
+    /* an embedding request (osp_request_params.pooling), in its finishing output only: [n_embd] fp32.
+       Engine-owned, valid during the callback; osp_engine_poll gives NULL (use a callback) */
+    const float *embedding;
+    int32_t n_embd;
 };
 
 #define OSP_ENGINE_ITERATION_BUCKETS 13

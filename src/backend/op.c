@@ -10,6 +10,7 @@
 osp_status osp_graph_init(osp_graph *g) {
     memset(g, 0, sizeof *g);
     g->logits = -1;
+    g->embd = -1;
     return OSP_OK;
 }
 
@@ -18,6 +19,7 @@ void osp_graph_free(osp_graph *g) {
     free(g->ops);
     memset(g, 0, sizeof *g);
     g->logits = -1;
+    g->embd = -1;
 }
 
 osp_status osp_graph_act(osp_graph *g, const char *name, uint32_t type, int64_t cols, osp_act_rows rows, int32_t *id) {
@@ -38,6 +40,17 @@ osp_status osp_graph_hidden(osp_graph *g, const osp_build_opts *o, int32_t layer
         OSP_TRY(osp_graph_push(g, &op));
         g->hidden[g->n_hidden++] = h;
     }
+    return OSP_OK;
+}
+
+osp_status osp_graph_final_norm(osp_graph *g, const osp_build_opts *o, int32_t x, int64_t n_embd,
+                                const struct osp_tensor *out_norm, float eps) {
+    if (!o || !o->final_norm) return OSP_OK;
+    int32_t e = -1;
+    OSP_TRY(osp_graph_act(g, "embd", OSP_DTYPE_BF16, n_embd, OSP_ROWS_TOKENS, &e));
+    const osp_op op = {.kind = OSP_OP_ADD_RMSNORM, .dst = e, .src0 = -1, .src1 = x, .w = out_norm, .p.norm.eps = eps};
+    OSP_TRY(osp_graph_push(g, &op));
+    g->embd = e;
     return OSP_OK;
 }
 

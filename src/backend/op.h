@@ -128,12 +128,16 @@ typedef struct osp_graph {
     int32_t logits; /* activation holding the logits [num_logits, n_vocab] fp32, -1 when none */
     int32_t n_hidden; /* hidden-state outputs (osp_build_opts.hidden_layers), fp32 [num_tokens, n_embd] */
     int32_t hidden[8];
+    int32_t embd; /* osp_build_opts.final_norm: the output norm of every token [num_tokens, n_embd]
+                   * (bf16 where the backend stores bf16; fp32 on the CPU), -1 when none */
 } osp_graph;
 
 /* What a builder adds to the op list beyond the logits. */
 typedef struct osp_build_opts {
     int32_t n_hidden_layers;
     const int32_t *hidden_layers; /* copy the residual stream after these layers to outputs */
+    bool final_norm; /* also the output norm (RMSNorm with output_norm.weight, the norm the lm_head
+                      * reads) of every token, not only of the logits rows: pooled embeddings */
 } osp_build_opts;
 
 /* One step's inputs, in host memory, as the engine built them (osprey/model.h osp_batch). */
@@ -148,6 +152,11 @@ osp_status osp_graph_act(osp_graph *g, const char *name, uint32_t type, int64_t 
  * (fp32) into a new output activation, listed in g->hidden. Builders call it after each layer, once
  * the layer's residual adds are done. */
 osp_status osp_graph_hidden(osp_graph *g, const osp_build_opts *o, int32_t layer, int32_t x, int64_t n_embd);
+/* With o->final_norm: an ADD_RMSNORM (no add) of the final residual stream x [num_tokens, n_embd]
+ * with out_norm into a new activation "embd" (bf16 type, ROWS_TOKENS), recorded in g->embd. Builders
+ * call it after the last layer. Without: nothing. */
+osp_status osp_graph_final_norm(osp_graph *g, const osp_build_opts *o, int32_t x, int64_t n_embd,
+                                const struct osp_tensor *out_norm, float eps);
 /* Appends a copy of *op. */
 osp_status osp_graph_push(osp_graph *g, const osp_op *op);
 /* "embed", "add_rmsnorm", ... */

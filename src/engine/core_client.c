@@ -116,6 +116,8 @@ static void fill_output(const osp_ipc_output *x, osp_request_output *o) {
     o->finished = x->finished;
     o->finish_reason = x->finish_reason;
     memcpy(o->error, x->error, sizeof o->error);
+    o->embedding = x->embedding;
+    o->n_embd = x->n_embd;
 }
 
 /* I/O thread: one message from the core. */

@@ -364,6 +364,18 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
             return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: prompt token %d is %d, outside the vocabulary (%d)",
                                  (unsigned long long)rp->request_id, i, rp->prompt[i], e->n_vocab);
     OSP_TRY(osp_request_check_sampling(rp, e->n_vocab));
+    if (rp->pooling != OSP_POOLING_NONE) {
+        const char *bad = rp->pooling != OSP_POOLING_MEAN && rp->pooling != OSP_POOLING_CLS && rp->pooling != OSP_POOLING_LAST
+                              ? "an unknown pooling"
+                          : rp->n > 1                ? "n > 1"
+                          : rp->logprobs >= 0        ? "logprobs"
+                          : rp->prompt_logprobs >= 0 ? "prompt_logprobs"
+                          : rp->grammar              ? "a grammar"
+                                                     : NULL;
+        if (bad)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: an embedding request (pooling %d) cannot have %s",
+                                 (unsigned long long)rp->request_id, (int)rp->pooling, bad);
+    }
     const int32_t n = rp->n > 1 ? rp->n : 1;
     if (n > e->p.max_num_seqs)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: n = %d exceeds max_num_seqs %d",
@@ -373,8 +385,14 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
     /* children copy it; a request under a grammar gets no drafts (the matcher does not verify drafts:
        drafted tokens would bypass its mask) */
-    r->spec_k = rp->grammar ? 0 : e->spec_k;
+    r->spec_k = rp->grammar || rp->pooling != OSP_POOLING_NONE ? 0 : e->spec_k; /* an embedding decodes nothing */
     osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
+    if (s == OSP_OK && r->pooling != OSP_POOLING_NONE) {
+        const size_t E = (size_t)osp_model_config_get(e->model)->n_embd;
+        r->embd_acc = calloc(E, sizeof *r->embd_acc);
+        r->embd = calloc(E, sizeof *r->embd);
+        if (!r->embd_acc || !r->embd) s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
+    }
     if (s == OSP_OK && rp->grammar) {
         if (osp_model_samples_on_device(e->model))
             s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output (a grammar) is not supported when "
@@ -456,7 +474,7 @@ static void to_public(const osp_logprobs *a, osp_token_logprobs *b) {
 /* Outputs of r from output token `from`, n of them: tokens and logprobs into the given buffers (lp may
  * be NULL), and the prompt logprobs into plp once (if not NULL and ready). */
 static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, osp_token_logprobs *lp,
-                        osp_token_logprobs *plp, bool finished, osp_request_output *o) {
+                        osp_token_logprobs *plp, bool finished, bool embd_ok, int32_t n_embd, osp_request_output *o) {
     memset(o, 0, sizeof *o);
     o->request_id = r->id;
     o->sample_index = r->sampling.sample_index;
@@ -481,6 +499,10 @@ static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, 
     o->finished = finished;
     o->finish_reason = finished ? r->published_reason : OSP_FINISH_NONE;
     if (finished && r->published_reason == OSP_FINISH_ERROR) snprintf(o->error, sizeof o->error, "%s", r->error);
+    if (finished && r->published_reason == OSP_FINISH_STOP && r->embd && embd_ok) {
+        o->embedding = r->embd;
+        o->n_embd = n_embd;
+    }
 }
 
 const int32_t osp_engine_iteration_token_buckets[OSP_ENGINE_ITERATION_BUCKETS] = {1, 8, 16, 32, 64, 128, 256,
@@ -560,8 +582,8 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         OSP_TRY(osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]));
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
     if (e->proposer) OSP_TRY(propose_drafts(e, so));
-    for (int32_t i = 0; i < so->num_entries; i++)
-        if (so->entries[i].sampled != -1) mark(e, so->entries[i].req);
+    for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
+        if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);
     for (int32_t i = 0; i < so->num_touched; i++) {
         gen += osp_request_num_output(so->touched[i]);
         mark(e, so->touched[i]);
@@ -621,7 +643,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         }
         if (e->cb_lp && need <= e->cb_cap) lp = e->cb_lp, plp = e->cb_lp + n; /* no arithmetic on NULL */
         fill_output(r, from, n, r->tokens + r->num_prompt + from, r->logprobs ? lp : NULL, plp, r->published_finished,
-                    &o);
+                    true, osp_model_config_get(e->model)->n_embd, &o);
         r->num_delivered = r->num_published;
         r->callback(r->callback_user, &o);
         if (r->published_finished) {
@@ -715,7 +737,7 @@ static osp_status poll_impl(osp_engine *e, uint64_t id, bool by_index, uint32_t 
         if (avail > 0 || r->published_finished || timeout_ms == 0 || e->stop) {
             const int32_t n = avail < cap ? avail : (cap > 0 ? cap : 0);
             const bool done = r->published_finished && r->num_delivered + n == r->num_published;
-            fill_output(r, r->num_delivered, n, tokens, logprobs, prompt_logprobs, done, out);
+            fill_output(r, r->num_delivered, n, tokens, logprobs, prompt_logprobs, done, false, 0, out);
             r->num_delivered += n;
             if (done) {
                 vec_del(&e->table, i);

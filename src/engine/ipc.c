@@ -72,7 +72,8 @@ osp_status osp_ipc_encode_add(msgpack_sbuffer *buf, uint64_t id, uint32_t gen, c
     msgpack_packer pk;
     start(buf, &pk);
     const int32_t nb = rp->logit_bias ? rp->num_logit_bias : 0, ns = rp->stop_token_ids ? rp->num_stop_token_ids : 0;
-    PK(msgpack_pack_map(&pk, 22 + (rp->has_seed ? 1 : 0) + (rp->grammar ? 1 : 0)));
+    const bool embed = rp->pooling != OSP_POOLING_NONE;
+    PK(msgpack_pack_map(&pk, 22 + (rp->has_seed ? 1 : 0) + (rp->grammar ? 1 : 0) + (embed ? 2 : 0)));
     PK(pk_key(&pk, "t") || msgpack_pack_uint8(&pk, OSP_IPC_ADD));
     PK(pk_key(&pk, "id") || msgpack_pack_uint64(&pk, id));
     PK(pk_key(&pk, "gen") || msgpack_pack_uint32(&pk, gen));
@@ -100,6 +101,10 @@ osp_status osp_ipc_encode_add(msgpack_sbuffer *buf, uint64_t id, uint32_t gen, c
     PK(pk_key(&pk, "prio") || msgpack_pack_int32(&pk, rp->priority));
     PK(pk_key(&pk, "salt") || msgpack_pack_uint64(&pk, rp->cache_salt));
     if (rp->grammar) PK(pk_key(&pk, "gram") || msgpack_pack_str_with_body(&pk, rp->grammar, strlen(rp->grammar)));
+    if (embed) {
+        PK(pk_key(&pk, "pool") || msgpack_pack_int32(&pk, (int32_t)rp->pooling));
+        PK(pk_key(&pk, "enorm") || (rp->embd_normalize ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk)));
+    }
     return OSP_OK;
 }
 
@@ -171,7 +176,8 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
     msgpack_packer_init(&pk, &b->body, msgpack_sbuffer_write);
     const bool has_err = o->finished && o->finish_reason == OSP_FINISH_ERROR && o->error[0];
     const bool has_lp = o->logprobs && o->num_tokens > 0, has_plp = o->prompt_logprobs && o->num_prompt_logprobs > 0;
-    PK(msgpack_pack_map(&pk, 9 + has_err + has_lp + has_plp));
+    const bool has_embd = o->finished && o->embedding && o->n_embd > 0;
+    PK(msgpack_pack_map(&pk, 9 + has_err + has_lp + has_plp + has_embd));
     PK(pk_key(&pk, "id") || msgpack_pack_uint64(&pk, id));
     PK(pk_key(&pk, "gen") || msgpack_pack_uint32(&pk, gen));
     PK(pk_key(&pk, "tok") || pk_ids(&pk, o->token_ids, o->token_ids ? o->num_tokens : 0));
@@ -184,6 +190,10 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
     if (has_err) PK(pk_key(&pk, "err") || msgpack_pack_str_with_body(&pk, o->error, strnlen(o->error, sizeof o->error - 1)));
     if (has_lp) PK(pk_key(&pk, "lp") || pk_logprobs(&pk, o->logprobs, o->num_tokens));
     if (has_plp) PK(pk_key(&pk, "plp") || pk_logprobs(&pk, o->prompt_logprobs, o->num_prompt_logprobs));
+    if (has_embd) {
+        PK(pk_key(&pk, "embd") || msgpack_pack_array(&pk, (size_t)o->n_embd));
+        for (int32_t i = 0; i < o->n_embd; i++) PK(msgpack_pack_float(&pk, o->embedding[i]));
+    }
     b->n++;
     return OSP_OK;
 }
@@ -466,7 +476,8 @@ static osp_status get_logprobs(rd *r, int32_t max, osp_token_logprobs **out, int
 }
 
 static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o) {
-    static const char *const names[] = {"id", "gen", "tok", "fin", "why", "nout", "np", "nc", "sched", "err", "lp", "plp"};
+    static const char *const names[] = {"id", "gen", "tok", "fin", "why", "nout", "np", "nc", "sched", "err", "lp", "plp",
+                                        "embd"};
     val v;
     OSP_TRY(want(r, &v, K_MAP, "an output"));
     const uint64_t n = v.u;
@@ -474,7 +485,7 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
     int32_t why = 0, n_lp = 0;
     for (uint64_t e = 0; e < n; e++) {
         int k = 0;
-        OSP_TRY(get_key(r, names, 12, &seen, &k));
+        OSP_TRY(get_key(r, names, 13, &seen, &k));
         switch (k) {
         case 0: OSP_TRY(get_u64(r, &o->id, "id")); break;
         case 1: {
@@ -496,9 +507,25 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
             break;
         case 9: OSP_TRY(get_text(r, o->error, sizeof o->error, "err")); break;
         case 10: OSP_TRY(get_logprobs(r, lim->max_tokens, &o->logprobs, &n_lp, "lp")); break;
-        default: OSP_TRY(get_logprobs(r, lim->max_prompt, &o->prompt_logprobs, &o->num_prompt_logprobs, "plp")); break;
+        case 11: OSP_TRY(get_logprobs(r, lim->max_prompt, &o->prompt_logprobs, &o->num_prompt_logprobs, "plp")); break;
+        default: {
+            OSP_TRY(want(r, &v, K_ARRAY, "embd"));
+            if (v.u == 0 || v.u > 1u << 20) return BAD("embd has %llu values", (unsigned long long)v.u);
+            if (!(o->embedding = malloc(sizeof *o->embedding * (size_t)v.u)))
+                return osp_set_error(OSP_ERR_NOMEM, "ipc: out of memory");
+            o->n_embd = (int32_t)v.u;
+            for (int32_t i = 0; i < o->n_embd; i++) {
+                double f = 0;
+                OSP_TRY(get_f(r, &f, "an embedding value"));
+                if (!isfinite(f) || fabs(f) > 3.4e38) return BAD("embd value %d is not a finite float", i);
+                o->embedding[i] = (float)f;
+            }
+            break;
+        }
         }
     }
+    if (o->embedding && (why != OSP_FINISH_STOP || o->num_tokens > 0))
+        return BAD("an output has embd without finishing (stop, no tokens)");
     if ((seen & 0x1ff) != 0x1ff) return BAD("an output lacks one of id, gen, tok, fin, why, nout, np, nc, sched");
     if (o->finished != (why != OSP_FINISH_NONE)) return BAD("an output's fin and why disagree");
     if (o->error[0] && why != OSP_FINISH_ERROR) return BAD("an output has err without finishing on an error");
@@ -510,7 +537,7 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
 static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_msg *m) {
     static const char *const names[] = {"id", "gen", "prompt", "temp", "top_k", "top_p", "min_p", "pres", "freq",
                                         "rep", "bias", "seed", "n", "sidx", "lp", "plp", "max", "min", "ieos",
-                                        "stop", "prio", "salt", "gram"};
+                                        "stop", "prio", "salt", "gram", "pool", "enorm"};
     osp_request_params *rp = &m->rp;
     *rp = osp_request_default_params();
     uint64_t seen = 0;
@@ -518,7 +545,7 @@ static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_
         int k = 0;
         double f = 0;
         val v;
-        OSP_TRY(get_key(r, names, 23, &seen, &k));
+        OSP_TRY(get_key(r, names, 25, &seen, &k));
         switch (k) {
         case 0: OSP_TRY(get_u64(r, &m->id, "id")); break;
         case 1: {
@@ -574,6 +601,13 @@ static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_
         case 19: OSP_TRY(get_ids(r, 1 << 16, &m->stop_ids, &rp->num_stop_token_ids, "stop")); rp->stop_token_ids = m->stop_ids; break;
         case 20: OSP_TRY(get_i32(r, INT32_MIN, INT32_MAX, &rp->priority, "prio")); break;
         case 21: OSP_TRY(get_u64(r, &rp->cache_salt, "salt")); break;
+        case 23: {
+            int32_t p = 0;
+            OSP_TRY(get_i32(r, OSP_POOLING_MEAN, OSP_POOLING_LAST, &p, "pool"));
+            rp->pooling = (osp_pooling)p;
+            break;
+        }
+        case 24: OSP_TRY(get_bool(r, &rp->embd_normalize, "enorm")); break;
         default:
             OSP_TRY(want(r, &v, K_STR, "gram"));
             if (v.u > (uint64_t)lim->max_grammar) return BAD("gram is %llu bytes", (unsigned long long)v.u);
@@ -586,6 +620,7 @@ static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_
         }
     }
     if ((seen & 0x7) != 0x7) return BAD("ADD lacks id, gen or prompt");
+    if ((seen >> 24 & 1) && !(seen >> 23 & 1)) return BAD("ADD has enorm without pool");
     rp->request_id = m->id;
     rp->prompt = m->prompt;
     return OSP_OK;
@@ -720,6 +755,7 @@ void osp_ipc_msg_free(osp_ipc_msg *m) {
         free(m->outs[i].tokens);
         free(m->outs[i].logprobs);
         free(m->outs[i].prompt_logprobs);
+        free(m->outs[i].embedding);
     }
     free(m->outs);
     memset(m, 0, sizeof *m);

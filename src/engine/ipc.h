@@ -25,7 +25,7 @@
 typedef enum osp_ipc_type {
     OSP_IPC_HELLO = 1,     /* frontend -> core {t, fe}: register (the core answers READY) */
     OSP_IPC_READY = 2,     /* core -> frontend {t, epoch, mml, vocab, nb, bs, pid}: the engine is loaded */
-    OSP_IPC_ADD = 3,       /* frontend -> core {t, id, gen, prompt, sampling fields..., gram?} */
+    OSP_IPC_ADD = 3,       /* frontend -> core {t, id, gen, prompt, sampling fields..., gram?, pool? enorm?} */
     OSP_IPC_ABORT = 4,     /* frontend -> core {t, id, gen} */
     OSP_IPC_HEARTBEAT = 5, /* frontend -> core {t}: I am alive (any message counts) */
     OSP_IPC_ACK = 6,       /* core -> frontend {t, id, gen, ok, err?}: admission of an ADD */
@@ -64,6 +64,8 @@ typedef struct osp_ipc_output {
     bool finished;
     osp_finish_reason finish_reason;
     char error[160];
+    float *embedding;                /* [n_embd]: an embedding request's vector, in its finishing output; or NULL */
+    int32_t n_embd;
 } osp_ipc_output;
 
 /* A decoded message. Fields are filled as the type says; the rest are zero. Free with

@@ -44,6 +44,7 @@ osp_status osp_runner_create(osp_model *m, int32_t num_blocks, int32_t block_siz
     if (!r) return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory");
     r->model = m;
     r->n_vocab = osp_model_config_get(m)->n_vocab;
+    r->n_embd = osp_model_config_get(m)->n_embd;
     r->max_rows = max_rows;
     osp_status s = osp_kv_cache_create_with_scales(m, num_blocks, block_size, k_dtype, v_dtype, k_fixed, v_fixed, &r->kv);
     if (s == OSP_OK) s = osp_pb_create(max_rows, max_model_len, block_size, max_tokens, max_spec, &r->pb);
@@ -80,6 +81,7 @@ void osp_runner_destroy(osp_model_runner *r) {
     osp_pb_destroy(r->pb);
     osp_sampler_workspace_free(r->ws);
     free(r->logits);
+    free(r->embd);
     free(r->gmask);
     free(r->rows);
     free(r->row_req);
@@ -112,6 +114,39 @@ static void plp_range(const osp_request *q, int32_t c0, int32_t n, int32_t *lo, 
     *lo = c0 > q->num_prompt_lp ? c0 : q->num_prompt_lp;
     *hi = c0 + n < q->num_prompt - 1 ? c0 + n : q->num_prompt - 1;
     if (*hi < *lo) *hi = *lo;
+}
+
+/* Pools this step's chunk of embedding row `row` (its tokens are rows t0.. of r->embd) into its request;
+ * finishes the vector when the chunk ends the prompt. */
+static void pool_row(osp_model_runner *r, osp_sched_entry *en, int32_t row, int32_t t0) {
+    const osp_persistent_batch *pb = r->pb;
+    osp_request *q = en->req;
+    const int32_t n = pb->num_scheduled[row], c0 = pb->num_computed[row], E = r->n_embd;
+    if (c0 == 0) memset(q->embd_acc, 0, sizeof *q->embd_acc * (size_t)E); /* first chunk (or recomputed) */
+    const float *h = r->embd + (size_t)t0 * (size_t)E;
+    if (q->pooling == OSP_POOLING_MEAN) {
+        for (int32_t t = 0; t < n; t++)
+            for (int32_t i = 0; i < E; i++) q->embd_acc[i] += h[(size_t)t * E + i];
+    } else if (q->pooling == OSP_POOLING_CLS && c0 == 0) {
+        for (int32_t i = 0; i < E; i++) q->embd_acc[i] = h[i];
+    }
+    if (c0 + n < q->num_prompt) return;
+    if (q->pooling == OSP_POOLING_LAST)
+        for (int32_t i = 0; i < E; i++) q->embd_acc[i] = h[(size_t)(n - 1) * E + i];
+    const double div = q->pooling == OSP_POOLING_MEAN ? (double)q->num_prompt : 1.0;
+    double ss = 0;
+    for (int32_t i = 0; i < E; i++) {
+        const double v = q->embd_acc[i] / div;
+        q->embd_acc[i] = v;
+        ss += v * v;
+    }
+    if (!isfinite(ss)) {
+        snprintf(q->error, sizeof q->error, "embedding: the model produced a non-finite hidden state");
+        en->sampled = OSP_SAMPLED_ERROR;
+        return;
+    }
+    const double scale = q->embd_normalize && ss > 0 ? 1.0 / sqrt(ss) : 1.0;
+    for (int32_t i = 0; i < E; i++) q->embd[i] = (float)(q->embd_acc[i] * scale);
 }
 
 /* One line of the shape trace: what the forward pass of this step sees (the kernels' workload). */
@@ -189,7 +224,17 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     if (r->trace) trace_step(r, &pb->batch);
     /* On the GPU the logits stay there: only prompt-logprob rows (and rows that fail) come back. */
     const bool gpu = osp_model_samples_on_device(r->model);
-    OSP_TRY(osp_model_forward(r->model, r->kv, &pb->batch, gpu ? NULL : r->logits));
+    bool any_embd = false;
+    for (int32_t row = 0; row < pb->num_rows && !any_embd; row++)
+        any_embd = pb->num_scheduled[row] > 0 && pb->pooling[row] != OSP_POOLING_NONE;
+    if (any_embd && !r->embd && !(r->embd = malloc(sizeof *r->embd * (size_t)pb->max_tokens * (size_t)r->n_embd)))
+        return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for embeddings");
+    OSP_TRY(osp_model_forward_embd(r->model, r->kv, &pb->batch, gpu ? NULL : r->logits, NULL, any_embd ? r->embd : NULL));
+    for (int32_t row = 0, t0 = 0; any_embd && row < pb->num_rows; row++) {
+        if (pb->num_scheduled[row] == 0) continue;
+        if (pb->pooling[row] != OSP_POOLING_NONE) pool_row(r, &out->entries[pb->entry[row]], row, t0);
+        t0 += pb->num_scheduled[row];
+    }
     if (gpu && np > 0) OSP_TRY(osp_model_logits_to_host(r->model, nl, np, r->logits + (size_t)nl * V));
 
     if (np > 0) {

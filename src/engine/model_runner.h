@@ -11,7 +11,13 @@
  * position, each sampled exactly as plain decoding would sample that output position (its penalties
  * see the drafts before it as outputs, its random draw is the request's Philox stream at that output
  * position); verification (src/spec/verify.h) keeps the drafts up to the first one the target did not
- * draw, then the target's own token. */
+ * draw, then the target's own token.
+ *
+ * Embeddings: a row of an embedding request (pooling != NONE) has no logits; in a step with such rows
+ * the forward also returns the output norm of every token (osp_model_forward_embd), and each such row's
+ * chunk is pooled into its request (mean: summed in double, divided at the end; cls: position 0; last:
+ * the last prompt position); at the chunk that computes its last prompt token the vector is finished
+ * (L2-normalized when asked) into req->embd. A non-finite value fails the request (OSP_SAMPLED_ERROR). */
 #ifndef OSP_ENGINE_MODEL_RUNNER_H
 #define OSP_ENGINE_MODEL_RUNNER_H
 
@@ -39,6 +45,9 @@ typedef struct osp_model_runner {
     uint32_t *gmask;               /* [max_sample, (n_vocab + 31) / 32] this step's grammar masks, made at the
                                       first grammar row (indexed by sampler row, which verification rows of
                                       other requests can push past max_rows) */
+    float *embd;                   /* [pb->max_tokens, n_embd] the output norm of every token of a step with
+                                      embedding rows (allocated at the first such step, then kept) */
+    int32_t n_embd;
     FILE *trace;                   /* step shapes, one JSON line a step (osp_engine_params.trace_shapes_path), or NULL */
     int64_t trace_step;
 } osp_model_runner;

@@ -32,6 +32,7 @@ osp_status osp_pb_create(int32_t max_rows, int32_t max_model_len, int32_t block_
     pb->sampling = calloc(R, sizeof *pb->sampling);
     pb->num_scheduled = calloc(R, sizeof(int32_t));
     pb->entry = calloc(R, sizeof(int32_t));
+    pb->pooling = calloc(R, sizeof(int32_t));
     pb->num_spec = calloc(R, sizeof(int32_t));
     pb->in_tokens = calloc((size_t)max_tokens, sizeof(int32_t));
     pb->in_positions = calloc((size_t)max_tokens, sizeof(int32_t));
@@ -45,7 +46,7 @@ osp_status osp_pb_create(int32_t max_rows, int32_t max_model_len, int32_t block_
     if (!pb->req_id || !pb->token_ids || !pb->num_tokens || !pb->num_prompt || !pb->num_computed ||
         !pb->block_table || !pb->num_blocks || !pb->sampling || !pb->num_scheduled || !pb->entry || !pb->in_tokens ||
         !pb->in_positions || !pb->in_slots || !pb->in_qsl || !pb->in_seq_lens || !pb->in_block_table ||
-        !pb->in_logits_idx || !pb->in_logits_row || !pb->num_spec || !pb->in_logits_pos) {
+        !pb->in_logits_idx || !pb->in_logits_row || !pb->num_spec || !pb->in_logits_pos || !pb->pooling) {
         osp_pb_destroy(pb);
         return osp_set_error(OSP_ERR_NOMEM, "persistent batch: out of memory for %d rows of %d tokens", max_rows,
                              max_model_len);
@@ -59,7 +60,7 @@ void osp_pb_destroy(osp_persistent_batch *pb) {
     void *bufs[] = {pb->req_id, pb->token_ids, pb->num_tokens, pb->num_prompt, pb->num_computed, pb->block_table,
                     pb->num_blocks, pb->sampling, pb->num_scheduled, pb->entry, pb->in_tokens, pb->in_positions,
                     pb->in_slots, pb->in_qsl, pb->in_seq_lens, pb->in_block_table, pb->in_logits_idx,
-                    pb->in_logits_row, pb->num_spec, pb->in_logits_pos};
+                    pb->in_logits_row, pb->num_spec, pb->in_logits_pos, pb->pooling};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(pb);
 }
@@ -80,6 +81,7 @@ static void move_row(osp_persistent_batch *pb, int32_t from, int32_t to) {
     memcpy(pb->block_table + to * B, pb->block_table + from * B, sizeof(int32_t) * (size_t)pb->num_blocks[from]);
     pb->num_blocks[to] = pb->num_blocks[from];
     pb->sampling[to] = pb->sampling[from];
+    pb->pooling[to] = pb->pooling[from];
     pb->num_moves++;
 }
 
@@ -108,6 +110,7 @@ osp_status osp_pb_apply(osp_persistent_batch *pb, const osp_sched_output *out) {
             pb->num_prompt[r] = q->num_prompt;
             pb->num_blocks[r] = 0;
             pb->sampling[r] = q->sampling;
+            pb->pooling[r] = (int32_t)q->pooling;
         } else {
             r = osp_pb_find(pb, q->uid);
             if (r < 0 || pb->num_tokens[r] != q->num_tokens)
@@ -156,7 +159,8 @@ int32_t osp_pb_build(osp_persistent_batch *pb) {
         pb->in_seq_lens[s] = c0 + n;
         pb->in_qsl[++s] = t;
         const int32_t ns = pb->num_spec[r];
-        if (c0 + n == pb->num_tokens[r] + ns) /* reaches the end: sample (each draft's position too) */
+        if (c0 + n == pb->num_tokens[r] + ns && pb->pooling[r] == OSP_POOLING_NONE) /* reaches the end: sample
+                                                                               (each draft's position too) */
             for (int32_t j = 0; j <= ns; j++, nl++) {
                 pb->in_logits_idx[nl] = t - 1 - ns + j;
                 pb->in_logits_row[nl] = r;

@@ -29,6 +29,8 @@ typedef struct osp_persistent_batch {
     int32_t *num_spec;            /* [max_rows] drafts among them (a verification row), written into
                                      token_ids past num_tokens; 0 = none */
     int32_t *entry;               /* [max_rows] index of the row's osp_sched_entry this step */
+    int32_t *pooling;             /* [max_rows] the request's osp_pooling: not NONE for an embedding request
+                                     (prefill only: no logits, its hidden states pooled by the runner) */
     int64_t num_moves;            /* rows moved to fill holes, over the batch's life */
 
     /* model inputs built by osp_pb_build (sized for max_tokens / max_rows) */
@@ -57,8 +59,9 @@ void osp_pb_destroy(osp_persistent_batch *pb);
  * tokens). Errors: OSP_ERR_INTERNAL on an inconsistent diff. */
 osp_status osp_pb_apply(osp_persistent_batch *pb, const osp_sched_output *out);
 
-/* Builds pb->batch for the scheduled rows, in row order: one logit for a row reaching its end, 1 +
- * num_spec for a verification row (its last token's and each draft's). Returns the number of logits. */
+/* Builds pb->batch for the scheduled rows, in row order: one logit for a row reaching its end (none for
+ * an embedding row), 1 + num_spec for a verification row (its last token's and each draft's). Returns
+ * the number of logits. */
 int32_t osp_pb_build(osp_persistent_batch *pb);
 
 /* Row of a request uid, or -1. */

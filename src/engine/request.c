@@ -59,10 +59,15 @@ osp_status osp_request_create(const osp_request_params *rp, int32_t max_model_le
     *out = NULL;
     if (!rp->prompt || rp->num_prompt <= 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: the prompt is empty", (unsigned long long)rp->request_id);
-    if (rp->num_prompt >= max_model_len)
+    const bool embed = rp->pooling != OSP_POOLING_NONE;
+    if (embed && rp->num_prompt > max_model_len)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: input of %d tokens exceeds max_model_len %d",
+                             (unsigned long long)rp->request_id, rp->num_prompt, max_model_len);
+    if (!embed && rp->num_prompt >= max_model_len)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: prompt of %d tokens leaves no room under max_model_len %d",
                              (unsigned long long)rp->request_id, rp->num_prompt, max_model_len);
-    int64_t max_len = rp->max_tokens > 0 ? (int64_t)rp->num_prompt + rp->max_tokens : max_model_len;
+    /* an embedding request holds its prompt only: nothing is generated */
+    int64_t max_len = embed ? rp->num_prompt : rp->max_tokens > 0 ? (int64_t)rp->num_prompt + rp->max_tokens : max_model_len;
     if (max_len > max_model_len)
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "request %llu: prompt (%d tokens) + max_tokens (%d) exceeds max_model_len %d",
@@ -98,6 +103,8 @@ osp_status osp_request_create(const osp_request_params *rp, int32_t max_model_le
     r->min_tokens = rp->min_tokens;
     r->ignore_eos = rp->ignore_eos;
     r->cache_salt = rp->cache_salt;
+    r->pooling = rp->pooling;
+    r->embd_normalize = rp->embd_normalize;
     r->callback = rp->callback;
     r->callback_user = rp->callback_user;
     r->fork_token = -1;
@@ -168,6 +175,8 @@ void osp_request_destroy(osp_request *r) {
     free(r->logprobs);
     free(r->prompt_lp);
     free(r->children);
+    free(r->embd_acc);
+    free(r->embd);
     osp_grammar_matcher_free(r->matcher);
     free(r);
 }
@@ -182,6 +191,26 @@ void osp_request_update_hashes(osp_request *r, const osp_prefix_hasher *h, int32
     if (full > r->num_hashes) r->num_hashes = full;
 }
 
+osp_status osp_pooling_parse(const char *name, osp_pooling *out) {
+    static const struct { const char *name; osp_pooling p; } k[] = {
+        {"mean", OSP_POOLING_MEAN}, {"cls", OSP_POOLING_CLS}, {"last", OSP_POOLING_LAST}};
+    for (size_t i = 0; name && i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(name, k[i].name)) {
+            *out = k[i].p;
+            return OSP_OK;
+        }
+    return osp_set_error(OSP_ERR_INVALID_ARG, "pooling '%s' is not one of mean, cls, last", name ? name : "(null)");
+}
+
+const char *osp_pooling_name(osp_pooling p) {
+    switch (p) {
+    case OSP_POOLING_MEAN: return "mean";
+    case OSP_POOLING_CLS: return "cls";
+    case OSP_POOLING_LAST: return "last";
+    default: return "none";
+    }
+}
+
 osp_request_params osp_request_default_params(void) {
     osp_request_params p;
     memset(&p, 0, sizeof p);
@@ -191,5 +220,6 @@ osp_request_params osp_request_default_params(void) {
     p.n = 1;
     p.logprobs = -1;
     p.prompt_logprobs = -1;
+    p.embd_normalize = true;
     return p;
 }

@@ -66,6 +66,14 @@ typedef struct osp_request {
     bool prompt_lp_delivered;
     uint64_t cache_salt;
     struct osp_grammar_matcher *matcher; /* structured output state (owned; children hold clones), or NULL */
+    /* an embedding request (pooling != NONE; osp_request_params.pooling): prefill only. The runner pools
+       the output norm of each computed chunk into embd_acc (restarted at position 0, so a preempted
+       request recomputed from scratch pools afresh) and writes the finished vector to embd when the
+       last prompt token is computed; the scheduler then finishes it. Both [n_embd], set at add. */
+    osp_pooling pooling;
+    bool embd_normalize;
+    double *embd_acc;
+    float *embd;
 
     int32_t block_size;
     int32_t *block_ids;         /* [cap_blocks] blocks for tokens [0, num_blocks * block_size) */

@@ -93,8 +93,9 @@ osp_status osp_scheduler_admissible(const osp_scheduler *s, const osp_request *r
     if (r->max_len > s->cfg.max_model_len)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: %d tokens exceed max_model_len %d",
                              (unsigned long long)r->id, r->max_len, s->cfg.max_model_len);
-    /* the last token is never computed, so a request needs KV for at most max_len - 1 tokens */
-    const int32_t need = cdiv(r->max_len - 1, s->cfg.block_size);
+    /* the last token is never computed, so a request needs KV for at most max_len - 1 tokens; an
+       embedding request computes all of its max_len (= prompt) tokens */
+    const int32_t need = cdiv(r->pooling != OSP_POOLING_NONE ? r->max_len : r->max_len - 1, s->cfg.block_size);
     if (need > osp_block_pool_num_blocks(s->pool))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "request %llu: up to %d tokens need %d KV blocks, the cache has only %d",
@@ -329,7 +330,9 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
         const int32_t seats = 1 + (r->children ? r->num_children : 0);
         if (s->num_running + s->num_reserved + seats > s->cfg.max_num_seqs) break;
         int32_t n_hits = 0;
-        if (s->cfg.enable_prefix_caching && r->num_computed_tokens == 0 && !wants_prompt_lp(r)) {
+        /* an embedding request pools every token's hidden state: nothing may come from the cache */
+        if (s->cfg.enable_prefix_caching && r->num_computed_tokens == 0 && !wants_prompt_lp(r) &&
+            r->pooling == OSP_POOLING_NONE) {
             osp_request_update_hashes(r, &s->cfg.hasher, s->cfg.block_size);
             int32_t max_hit = (r->num_tokens - 1) / s->cfg.block_size; /* always compute the last token */
             if (max_hit > r->num_hashes) max_hit = r->num_hashes;
@@ -466,6 +469,11 @@ void osp_scheduler_update(osp_scheduler *s, osp_sched_output *out) {
             continue;
         }
         r->num_computed_tokens += en->num_scheduled_tokens;
+        if (r->pooling != OSP_POOLING_NONE) { /* prefill only: done once every prompt token is computed */
+            if (en->sampled == OSP_SAMPLED_ERROR) osp_scheduler_finish(s, r, OSP_FINISH_ERROR);
+            else if (r->num_computed_tokens >= r->num_tokens) osp_scheduler_finish(s, r, OSP_FINISH_STOP);
+            continue;
+        }
         if (en->sampled == -1) continue;
         const osp_finish_reason why = append(s, r, en->sampled);
         en->num_new_tokens = why == OSP_FINISH_ERROR ? 0 : 1;

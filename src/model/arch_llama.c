@@ -176,6 +176,7 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
             OSP_TRY(osp_graph_hidden(g, opts, l, x, E));
         }
     }
+    OSP_TRY(osp_graph_final_norm(g, opts, x, E, w->io.out_norm, c->rms_eps));
     if (!with_logits) return OSP_OK;
     OSP_ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
     OSP_ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);

@@ -29,7 +29,8 @@ struct osp_model {
     osp_backend *be;
     osp_threadpool *pool;
     int n_threads;
-    osp_graph graph[2]; /* [0]: no logits rows, [1]: with the logits tail */
+    osp_graph graph[4]; /* [with_logits + 2 * with_embd]: bit 0 the logits tail, bit 1 the output norm of
+                         * every token (osp_model_forward_embd) */
     const osp_attn_hook *attn_hook; /* osp_model_set_attn_hook, or NULL */
 };
 
@@ -54,8 +55,7 @@ int osp_device_count(osp_device d) { return osp_backend_device_count(d); }
 void osp_model_free(osp_model *m) {
     if (!m) return;
     if (m->be) (void)m->be->vt->sync(m->be);
-    osp_graph_free(&m->graph[0]);
-    osp_graph_free(&m->graph[1]);
+    for (int i = 0; i < 4; i++) osp_graph_free(&m->graph[i]);
     if (m->arch && m->weights) m->arch->free_weights(m->weights);
     osp_loader_free(&m->loader);
     osp_backend_free(m->be);
@@ -103,9 +103,10 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
         bo.n_hidden_layers = params->n_hidden_layers;
         bo.hidden_layers = params->hidden_layers;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 4; i++) {
+        bo.final_norm = i >= 2;
         OSP_TRY(osp_graph_init(&m->graph[i]));
-        OSP_TRY(m->arch->build(&m->cfg, m->weights, i == 1, &bo, &m->graph[i]));
+        OSP_TRY(m->arch->build(&m->cfg, m->weights, (i & 1) != 0, &bo, &m->graph[i]));
         for (int32_t k = 0; k < m->graph[i].n_ops; k++) {
             const osp_op *op = &m->graph[i].ops[k];
             if (!m->be->vt->supports_op(m->be, &m->graph[i], op, why, sizeof why))
@@ -291,6 +292,11 @@ osp_status osp_model_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
 }
 
 osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits, float *const *hidden) {
+    return osp_model_forward_embd(m, kv, b, logits, hidden, NULL);
+}
+
+osp_status osp_model_forward_embd(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits,
+                                  float *const *hidden, float *embd) {
     const bool host = m->be->vt->device == OSP_DEVICE_CPU;
     if (!kv || !b || (b->num_logits > 0 && !logits && host)) /* on a device NULL keeps them there */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
@@ -305,10 +311,12 @@ osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_ba
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model on the %s",
                              m->be->vt->name);
     OSP_TRY(check_batch(m, kv, b));
-    const osp_graph *g = &m->graph[b->num_logits > 0];
-    osp_act_io acts[8];
-    for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[i] = (osp_act_io){g->hidden[i], hidden[i], false};
-    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = hidden ? g->n_hidden : 0, .attn_hook = m->attn_hook};
+    const osp_graph *g = &m->graph[(b->num_logits > 0) + (embd ? 2 : 0)];
+    osp_act_io acts[9];
+    int32_t n_acts = 0;
+    for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[n_acts++] = (osp_act_io){g->hidden[i], hidden[i], false};
+    if (embd) acts[n_acts++] = (osp_act_io){g->embd, embd, false};
+    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = n_acts, .attn_hook = m->attn_hook};
     return m->be->vt->run(m->be, g, kv, b, &io);
 }
 

@@ -33,6 +33,14 @@ osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_by
  * host (synchronous then). hidden may be NULL (none copied). Errors as osp_model_forward. */
 osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits,
                                     float *const *hidden);
+/* osp_model_forward_hidden that also writes the output norm of every token of the batch (the RMSNorm
+ * with output_norm.weight that the lm_head reads: llama.cpp's "result_norm", what its embeddings pool)
+ * to embd: fp32 [num_tokens, n_embd], host, caller-owned (synchronous then). Runs the op list with that
+ * norm appended (an extra op over all tokens; the logits tail as usual for num_logits > 0). On the CPU
+ * the values are fp32; on the GPU they pass through bf16 as the logits' norm does. embd NULL: exactly
+ * osp_model_forward_hidden. Errors as osp_model_forward. */
+osp_status osp_model_forward_embd(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits,
+                                  float *const *hidden, float *embd);
 /* Runs every ATTENTION op of later forwards through `hook` (src/backend/backend.h; sparse attention,
  * src/sparse/engine_hook.h) instead of the backend's own attention; NULL restores it. The hook must
  * outlive its use. Only backends that take hooks (the CPU) run forwards with one: the others return

@@ -1,9 +1,10 @@
 /* libFuzzer target for the EngineCore IPC decoder (src/engine/ipc.c): every message a frontend or a
  * core receives is hostile input. Whatever the bytes, osp_ipc_decode must not crash, must leave no
  * leak, and must either refuse them (OSP_ERR_FORMAT or OSP_ERR_NOMEM, with a message) or give a
- * message that respects its own bounds (ids >= 0, logprobs <= 0, counts within the limits) and that
- * encodes back to bytes decoding to the same fields. Seeds: tests/fuzz/corpus/ipc/ (one of each
- * message type, written by tests/fuzz/make_ipc_seeds.py with msgpack). */
+ * message that respects its own bounds (ids >= 0, logprobs <= 0, counts within the limits, an
+ * embedding only in a stop output) and that encodes back to bytes decoding to the same fields.
+ * Seeds: tests/fuzz/corpus/ipc/ (one of each message type, written by tests/fuzz/make_ipc_seeds.py
+ * with msgpack). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,7 +44,8 @@ static void reencode(const osp_ipc_msg *m, msgpack_sbuffer *b) {
                                     .prompt_logprobs = x->prompt_logprobs, .num_prompt_logprobs = x->num_prompt_logprobs,
                                     .num_output_tokens = x->num_output_tokens, .num_prompt_tokens = x->num_prompt_tokens,
                                     .num_cached_tokens = x->num_cached_tokens, .first_scheduled_s = x->first_scheduled_s,
-                                    .finished = x->finished, .finish_reason = x->finish_reason};
+                                    .finished = x->finished, .finish_reason = x->finish_reason,
+                                    .embedding = x->embedding, .n_embd = x->n_embd};
             memcpy(o.error, x->error, sizeof o.error);
             s = osp_ipc_outputs_add(&ob, x->id, x->gen, &o);
         }
@@ -77,6 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (x->tokens[k] < 0) abort();
         check_lp(x->logprobs, x->num_tokens);
         check_lp(x->prompt_logprobs, x->num_prompt_logprobs);
+        if ((x->embedding != NULL) != (x->n_embd > 0) || (x->embedding && x->finish_reason != OSP_FINISH_STOP)) abort();
     }
     /* round trip: what decoded encodes, and decodes to the same fields */
     msgpack_sbuffer b;
@@ -85,12 +88,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     osp_ipc_msg m2;
     if (osp_ipc_decode(b.data, b.size, NULL, &m2) != OSP_OK) abort();
     if (m2.type != m.type || m2.id != m.id || m2.gen != m.gen || m2.n_outs != m.n_outs || m2.rp.num_prompt != m.rp.num_prompt ||
-        m2.ok != m.ok || strcmp(m2.error, m.error) != 0 || m2.fe != m.fe || m2.ready.epoch != m.ready.epoch)
+        m2.ok != m.ok || strcmp(m2.error, m.error) != 0 || m2.fe != m.fe || m2.ready.epoch != m.ready.epoch ||
+        m2.rp.pooling != m.rp.pooling || m2.rp.embd_normalize != m.rp.embd_normalize)
         abort();
     if (m.rp.num_prompt && memcmp(m.rp.prompt, m2.rp.prompt, sizeof(int32_t) * (size_t)m.rp.num_prompt)) abort();
     for (int32_t i = 0; i < m.n_outs; i++)
         if (m2.outs[i].num_tokens != m.outs[i].num_tokens || m2.outs[i].finish_reason != m.outs[i].finish_reason ||
-            (m.outs[i].num_tokens && memcmp(m.outs[i].tokens, m2.outs[i].tokens, sizeof(int32_t) * (size_t)m.outs[i].num_tokens)))
+            (m.outs[i].num_tokens && memcmp(m.outs[i].tokens, m2.outs[i].tokens, sizeof(int32_t) * (size_t)m.outs[i].num_tokens)) ||
+            m2.outs[i].n_embd != m.outs[i].n_embd ||
+            (m.outs[i].n_embd && memcmp(m.outs[i].embedding, m2.outs[i].embedding, sizeof(float) * (size_t)m.outs[i].n_embd)))
             abort();
     osp_ipc_msg_free(&m2);
     msgpack_sbuffer_destroy(&b);

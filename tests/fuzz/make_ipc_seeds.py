@@ -26,6 +26,7 @@ seeds = {
                  "min_p": 0.05, "pres": 0.5, "freq": -0.5, "rep": 1.1, "bias": [[5, -100.0], [6, 2.0]], "seed": 42,
                  "n": 1, "sidx": 2, "lp": 5, "plp": -1, "max": 64, "min": 2, "ieos": True, "stop": ids(2, 9),
                  "prio": -3, "salt": 99, "gram": 'root ::= "yes" | "no"'},
+    "add_embed": {"t": 3, "id": 3, "gen": 2, "prompt": ids(5, 6, 7), "pool": 1, "enorm": False},
     "abort": {"t": 4, "id": 5, "gen": 9},
     "heartbeat": {"t": 5},
     "ack_ok": {"t": 6, "id": 5, "gen": 9, "ok": True},
@@ -38,6 +39,9 @@ seeds = {
         {"id": 3, "gen": 5, "tok": ids(1), "fin": True, "why": 3, "nout": 1, "np": 1, "nc": 1, "sched": 0.0},
     ], "stats": list(range(NSTATS))},
     "outputs_empty": {"t": 7, "outs": [], "stats": [0] * NSTATS},
+    "outputs_embd": {"t": 7, "outs": [
+        {"id": 4, "gen": 2, "tok": b"", "fin": True, "why": 1, "nout": 0, "np": 3, "nc": 0, "sched": 2.0,
+         "embd": [0.5, -0.25, 0.125, 1e-3]}], "stats": [0] * NSTATS},
 }
 
 os.makedirs(OUT, exist_ok=True)
@@ -51,3 +55,6 @@ with open(os.path.join(OUT, "bad_truncated"), "wb") as f:
     f.write(msgpack.packb(seeds["add_full"], use_bin_type=True)[:-7])
 with open(os.path.join(OUT, "bad_prompt_len"), "wb") as f:
     f.write(msgpack.packb({"t": 3, "id": 1, "gen": 1, "prompt": b"\x01\x02\x03"}, use_bin_type=True))
+# an ADD with enorm but no pool (refused: it would not survive re-encoding), found by the fuzzer
+with open(os.path.join(OUT, "bad_enorm_without_pool"), "wb") as f:
+    f.write(msgpack.packb({"t": 3, "id": 3, "gen": 2, "prompt": ids(5, 6, 7), "prio": 1, "enorm": False}, use_bin_type=True))

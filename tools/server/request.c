@@ -153,40 +153,42 @@ static int get_ids(const json_t *arr, const char *key, int32_t n_vocab, bool all
 
 /* ---- prompt, messages, stop, logit_bias ---------------------------------------------------- */
 
-static int parse_prompt(const json_t *root, const srv_parse_limits *lim, srv_gen_request *r, srv_error *err) {
-    const json_t *p = field(root, "prompt");
-    if (!p) return srv_fail(err, 400, "prompt", "'prompt' is required");
+/* `key` ("prompt", or "input" for embeddings): a string, a list of strings, token ids, or lists of
+ * token ids -> r->prompts. */
+static int parse_prompt(const json_t *root, const char *key, const srv_parse_limits *lim, srv_gen_request *r, srv_error *err) {
+    const json_t *p = field(root, key);
+    if (!p) return srv_fail(err, 400, key, "'%s' is required", key);
     if (json_is_string(p)) {
-        if (json_string_length(p) == 0) return srv_fail(err, 400, "prompt", "'prompt' must not be empty");
+        if (json_string_length(p) == 0) return srv_fail(err, 400, key, "'%s' must not be empty", key);
         r->prompts = calloc(1, sizeof(srv_prompt));
         if (!r->prompts || !(r->prompts[0].text = strdup(json_string_value(p))))
             return srv_fail(err, 500, NULL, "out of memory");
         r->n_prompts = 1;
         return 0;
     }
-    if (!json_is_array(p)) return srv_fail(err, 400, "prompt", "'prompt' must be a string, a list of strings or token ids");
+    if (!json_is_array(p)) return srv_fail(err, 400, key, "'%s' must be a string, a list of strings or token ids", key);
     const size_t n = json_array_size(p);
-    if (n == 0) return srv_fail(err, 400, "prompt", "'prompt' must not be empty");
+    if (n == 0) return srv_fail(err, 400, key, "'%s' must not be empty", key);
     const json_t *first = json_array_get(p, 0);
     if (json_is_integer(first)) { /* one prompt as token ids */
         r->prompts = calloc(1, sizeof(srv_prompt));
         if (!r->prompts) return srv_fail(err, 500, NULL, "out of memory");
         r->n_prompts = 1;
-        return get_ids(p, "prompt", lim->n_vocab, false, &r->prompts[0].ids, &r->prompts[0].n_ids, err);
+        return get_ids(p, key, lim->n_vocab, false, &r->prompts[0].ids, &r->prompts[0].n_ids, err);
     }
-    if (n > SRV_MAX_N) return srv_fail(err, 400, "prompt", "at most %d prompts per request", SRV_MAX_N);
+    if (n > SRV_MAX_N) return srv_fail(err, 400, key, "at most %d %ss per request", SRV_MAX_N, key);
     r->prompts = calloc(n, sizeof(srv_prompt));
     if (!r->prompts) return srv_fail(err, 500, NULL, "out of memory");
     r->n_prompts = (int32_t)n;
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_array_get(p, i);
         if (json_is_string(x)) {
-            if (json_string_length(x) == 0) return srv_fail(err, 400, "prompt", "'prompt' must not hold empty strings");
+            if (json_string_length(x) == 0) return srv_fail(err, 400, key, "'%s' must not hold empty strings", key);
             if (!(r->prompts[i].text = strdup(json_string_value(x)))) return srv_fail(err, 500, NULL, "out of memory");
         } else if (json_is_array(x)) {
-            if (get_ids(x, "prompt", lim->n_vocab, false, &r->prompts[i].ids, &r->prompts[i].n_ids, err)) return -1;
+            if (get_ids(x, key, lim->n_vocab, false, &r->prompts[i].ids, &r->prompts[i].n_ids, err)) return -1;
         } else {
-            return srv_fail(err, 400, "prompt", "'prompt' must be a string, a list of strings or token ids");
+            return srv_fail(err, 400, key, "'%s' must be a string, a list of strings or token ids", key);
         }
     }
     return 0;
@@ -380,6 +382,35 @@ static const char *const k_known[] = {
     "guided_whitespace_pattern", "structured_outputs",
 };
 
+/* /v1/embeddings (the request's fields: server.h). */
+static int parse_embeddings(const json_t *root, const srv_parse_limits *lim, srv_gen_request *r, srv_error *err) {
+    if (parse_prompt(root, "input", lim, r, err)) return -1;
+    const json_t *ef = field(root, "encoding_format");
+    if (ef) {
+        const char *f = json_is_string(ef) ? json_string_value(ef) : NULL;
+        if (!f || (strcmp(f, "float") && strcmp(f, "base64")))
+            return srv_fail(err, 400, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+        r->embd_base64 = !strcmp(f, "base64");
+    }
+    long long x = 0;
+    if (srv_get_int(root, "dimensions", 1, INT32_MAX, &x, err)) return -1;
+    if (field(root, "dimensions"))
+        return srv_fail(err, 400, "dimensions",
+                        "'dimensions' is not supported by this model: its embeddings have a fixed size of %d (it was "
+                        "not trained with Matryoshka representations, so a shortened vector would lose quality)",
+                        lim->n_embd);
+    if (get_string(root, "user", &r->user, err)) return -1;
+    static const char *const known[] = {"model", "input", "encoding_format", "dimensions", "user"};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)root, key, v) {
+        bool ok = json_is_null(v);
+        for (size_t k = 0; k < sizeof known / sizeof *known && !ok; k++) ok = !strcmp(key, known[k]);
+        if (!ok) return srv_fail(err, 400, key, "'%.100s' is not supported by this server on /v1/embeddings", key);
+    }
+    return 0;
+}
+
 int srv_parse_gen_request(const char *body, size_t len, srv_route route, const srv_parse_limits *lim,
                           srv_gen_request *r, srv_error *err) {
     memset(r, 0, sizeof *r);
@@ -404,7 +435,11 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
     }
     long long x;
     if (get_string(root, "model", &r->model, err)) goto done;
-    if (route == SRV_ROUTE_COMPLETIONS ? parse_prompt(root, lim, r, err) : parse_messages(root, r, err)) goto done;
+    if (route == SRV_ROUTE_EMBEDDINGS) {
+        rc = parse_embeddings(root, lim, r, err);
+        goto done;
+    }
+    if (route == SRV_ROUTE_COMPLETIONS ? parse_prompt(root, "prompt", lim, r, err) : parse_messages(root, r, err)) goto done;
 
     x = -1;
     /* 0 only with echo on /v1/completions (checked below, once echo is read): the prompt alone */

@@ -1,7 +1,7 @@
 /* osprey serve: the HTTP side, libmicrohttpd's request handler.
  *
- * Routes: POST /v1/completions, /v1/chat/completions, /v1/responses, /tokenize, /detokenize; GET and
- * DELETE /v1/responses/{id} (the store, responses.c); GET /v1/models, /health,
+ * Routes: POST /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings, /tokenize,
+ * /detokenize; GET and DELETE /v1/responses/{id} (the store, responses.c); GET /v1/models, /health,
  * /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
  * --max-request-body), every /v1/ path checks the API key, errors are OpenAI's error JSON (request.c),
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
@@ -137,7 +137,16 @@ static enum MHD_Result run_job(srv_server *srv, struct MHD_Connection *c, conn_c
         srv_job_http_done(j);
         return reply_err(srv, c, 503, NULL, "%s", k_core_lost_message);
     }
-    json_t *body = srv_json_final(j);
+    if (j->req.route == SRV_ROUTE_EMBEDDINGS) { /* every input's vector, or the engine's error */
+        for (int32_t i = 0; i < j->n_seqs; i++)
+            if (!j->seqs[i].embd) {
+                mark_sending(srv, cx);
+                srv_job_http_done(j);
+                return reply_err(srv, c, 500, NULL, "the engine produced no embedding for input %d (finish: %s)", i,
+                                 j->seqs[i].finish ? j->seqs[i].finish : "none");
+            }
+    }
+    json_t *body = j->req.route == SRV_ROUTE_EMBEDDINGS ? srv_json_embeddings(j) : srv_json_final(j);
     mark_sending(srv, cx); /* before the job lets the drain go on: the reply is not sent yet */
     srv_job_http_done(j);
     return reply_json(srv, c, 200, body);
@@ -208,7 +217,8 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     srv_gen_request *req = &cx->req;
     if (cx->stage == CX_BODY) { /* the first call with the whole body (else: a parked wait for a slot) */
         const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = srv->cfg.enable_auto_tool_choice,
-                                      .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser};
+                                      .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser,
+                                      .n_embd = srv->n_embd};
         if (responses ? parse_responses(srv, cx, &lim, req, &err)
                       : srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, req, &err)) {
             srv_gen_request_free(req);
@@ -558,7 +568,8 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     struct {
         const char *path;
         int kind;
-    } const routes[] = {{"/v1/completions", 0}, {"/v1/chat/completions", 1}, {"/tokenize", 2}, {"/detokenize", 3}, {"/v1/responses", 4}};
+    } const routes[] = {{"/v1/completions", 0}, {"/v1/chat/completions", 1}, {"/tokenize", 2}, {"/detokenize", 3},
+                        {"/v1/responses", 4}, {"/v1/embeddings", 5}};
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         if (strcmp(url, routes[i].path)) continue;
         if (!post) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
@@ -566,6 +577,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         case 0: return handle_generate(srv, c, SRV_ROUTE_COMPLETIONS, false, cx);
         case 1: return handle_generate(srv, c, SRV_ROUTE_CHAT, false, cx);
         case 4: return handle_generate(srv, c, SRV_ROUTE_CHAT, true, cx);
+        case 5: return handle_generate(srv, c, SRV_ROUTE_EMBEDDINGS, false, cx);
         case 2: return handle_tokenize(srv, c, cx);
         default: return handle_detokenize(srv, c, cx);
         }

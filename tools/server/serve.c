@@ -97,6 +97,9 @@ static const char *k_serve_usage =
     "  --tool-call-parser NAME          how the model writes calls: hermes (<tool_call>, Qwen2.5/3, Hermes),\n"
     "                                   llama3_json (a bare {\"name\", \"parameters\"}), mistral ([TOOL_CALLS])\n"
     "  --reasoning-parser NAME          deepseek_r1 | qwen3: <think>...</think> goes to reasoning_content\n"
+    "  --pooling mean|cls|last          how /v1/embeddings pools the output norm of the input's tokens (default:\n"
+    "                                   the GGUF's <arch>.pooling_type, else last)\n"
+    "  --no-embd-normalize              /v1/embeddings returns the pooled vectors as they are (default: L2-normalized)\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
     "  -t, --threads N                  compute threads (all cores)\n"
@@ -196,6 +199,11 @@ srv_config srv_parse_flags(int argc, char **argv) {
             if (srv_tool_parser_from_name(v, &c.tool_parser))
                 cli_die(OSP_OK, "--tool-call-parser: '%s' is not hermes, llama3_json or mistral", v ? v : "");
             i++;
+        } else if (!strcmp(f, "--pooling")) {
+            if (osp_pooling_parse(v, &c.pooling) != OSP_OK) cli_die(OSP_OK, "--pooling: '%s' is not mean, cls or last", v ? v : "");
+            i++;
+        } else if (!strcmp(f, "--no-embd-normalize")) {
+            c.no_embd_normalize = true;
         } else if (!strcmp(f, "--reasoning-parser")) {
             if (srv_reasoning_parser_from_name(v, &c.reasoning_parser))
                 cli_die(OSP_OK, "--reasoning-parser: '%s' is not deepseek_r1 or qwen3", v ? v : "");
@@ -394,6 +402,23 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
                 (long long)info.pid, info.epoch, (long long)n_blocks * blk_size, n_blocks, blk_size);
     }
 
+    /* /v1/embeddings: the vector's length, and the pooling: --pooling, else the file's own
+     * <arch>.pooling_type (what embedding models' GGUFs carry; llama.cpp's enum), else last: a
+     * decoder's last token is the one that has seen the whole input (vLLM's default for a decoder LM) */
+    {
+        osp_gguf_str a = {0};
+        char key[96];
+        uint32_t u = 0;
+        if (osp_gguf_get_str(g, "general.architecture", &a) == OSP_OK && a.len < 48) {
+            snprintf(key, sizeof key, "%.*s.embedding_length", (int)a.len, a.data);
+            if (osp_gguf_get_u32(g, key, &u) == OSP_OK) srv.n_embd = (int32_t)u;
+            snprintf(key, sizeof key, "%.*s.pooling_type", (int)a.len, a.data);
+            if (osp_gguf_get_u32(g, key, &u) != OSP_OK || u < OSP_POOLING_MEAN || u > OSP_POOLING_LAST) u = OSP_POOLING_LAST;
+        } else {
+            u = OSP_POOLING_LAST;
+        }
+        srv.pooling = cfg->pooling != OSP_POOLING_NONE ? cfg->pooling : (osp_pooling)u;
+    }
     if (srv_chat_env_load(&srv.chat, g, srv.tok, cfg->chat_template_path))
         cli_die(OSP_OK, "--chat-template: cannot read '%s'", cfg->chat_template_path);
     /* every render within a budget (the renderer's own is 512 MiB / 50M steps); a request's template
@@ -419,6 +444,8 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     srv_id_key_init(&srv.id_key);
     srv_log(&srv, SRV_LOG_INFO, "model loaded in %.2f s: %s, vocab %d, max_model_len %d, KV cache %d blocks of %d tokens, prefix caching %s",
             srv_now_s() - t0, arch, srv.n_vocab, srv.max_model_len, n_blocks, blk_size, cfg->prefix_caching ? "on" : "off");
+    srv_log(&srv, SRV_LOG_INFO, "embeddings: %d dimensions, %s pooling of the output norm, %s", srv.n_embd,
+            osp_pooling_name(srv.pooling), cfg->no_embd_normalize ? "not normalized" : "L2-normalized");
     if (srv.engine && (s = osp_engine_start(srv.engine)) != OSP_OK) cli_die(s, "cannot start the engine loop");
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;

@@ -4,6 +4,7 @@
  *   serve.c        flags, start-up (engine, tokenizer, chat template, HTTP daemon), SIGTERM drain, logging
  *   serve_jobs.c   jobs: prompts -> engine requests, the engine callback, draining tokens into text
  *   openai_json.c  OpenAI response objects: completions, chat completions, stream chunks, logprobs, usage
+ *   embed.c        the /v1/embeddings reply (float or base64 vectors, usage)
  *   sse.c          the text/event-stream reply of a streaming job
  *   routes.c       libmicrohttpd's request handler: body upload, auth, routes, error replies
  *   park.c         parked (suspended) connections and the watcher that sees their clients leave
@@ -103,6 +104,9 @@ typedef struct srv_config {
     const char *ssl_keyfile;        /* --ssl-keyfile PEM (tls.h); NULL: plain HTTP */
     const char *ssl_certfile;       /* --ssl-certfile PEM; given together with ssl_keyfile */
     int responses_store_size;       /* --responses-store-size: stored responses kept (LRU) */
+    osp_pooling pooling;            /* --pooling mean|cls|last for /v1/embeddings (NONE: not given: the
+                                       GGUF's <arch>.pooling_type, else last) */
+    bool no_embd_normalize;         /* --no-embd-normalize: raw pooled vectors (default: L2-normalized) */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;
@@ -136,6 +140,8 @@ typedef struct srv_server {
     osp_tokenizer *tok;
     const char *model_name;
     int32_t max_model_len, n_vocab;
+    int32_t n_embd;           /* the model's hidden size: the length of an embedding */
+    osp_pooling pooling;      /* /v1/embeddings' pooling, resolved at start-up (srv_config.pooling) */
     srv_chat_env chat;
     srv_metrics *metrics;
     srv_resp_store *responses; /* /v1/responses' previous_response_id store (--responses-store-size) */
@@ -263,6 +269,8 @@ struct srv_seq {
     size_t r_sent, c_sent;
     bool tool_head_sent;      /* named tool_choice: the call's id and name went out */
     int32_t n_cached;         /* prompt tokens the prefix cache served (job->mu) */
+    float *embd;              /* an embedding input: its vector [n_embd] from the finishing output (job->mu) */
+    int32_t n_embd;
 };
 
 struct srv_job {
@@ -345,6 +353,14 @@ void srv_json_add_prompt_logprobs(srv_job *j, srv_seq *s, const int32_t *ids, co
 /* Appends one consumed token's logprobs (capped at req.logprobs top entries) to s->lp in the route's
  * format. Connection thread. */
 void srv_json_add_logprobs(srv_job *j, srv_seq *s, const osp_token_logprobs *lp);
+/* The /v1/embeddings reply (embed.c): {"object": "list", "data": [{"object": "embedding", "index",
+ * "embedding": floats or base64 of little-endian float32}], "model", "usage": {prompt_tokens,
+ * total_tokens}}, from a finished job whose every choice has its vector. New ref; NULL when out of
+ * memory. */
+json_t *srv_json_embeddings(const srv_job *j);
+/* The bytes of v[0..n) as little-endian float32, base64-encoded (RFC 4648, padded): what OpenAI's
+ * encoding_format "base64" returns. malloc'd, NUL-terminated; NULL when out of memory. */
+char *srv_embd_base64(const float *v, int32_t n);
 /* The whole non-streaming reply: a text_completion or chat.completion object with usage (new ref). */
 json_t *srv_json_final(srv_job *j);
 /* A stream chunk for choice i: text piece [len] (or NULL), finish reason (or NULL), role (the chat's

@@ -82,6 +82,7 @@ static void job_free(srv_job *j) {
         free(j->seqs[i].lp_work);
         free(j->seqs[i].plp_inbox);
         json_decref(j->seqs[i].lp);
+        free(j->seqs[i].embd);
         srv_text_free(&j->seqs[i].text);
     }
     if (j->echo)
@@ -133,6 +134,10 @@ static void on_output_any(srv_seq *s, const osp_request_output *o, bool core_los
             j->t_first = t;
             srv_metrics_observe_ttft(srv->metrics, t - j->t_arrival);
         }
+    }
+    if (o->embedding && o->n_embd > 0 && !s->embd && (s->embd = malloc(sizeof(float) * (size_t)o->n_embd))) {
+        memcpy(s->embd, o->embedding, sizeof(float) * (size_t)o->n_embd);
+        s->n_embd = o->n_embd;
     }
     if (o->first_scheduled_s > 0 && s->t_sched == 0) s->t_sched = o->first_scheduled_s;
     if (o->num_cached_tokens > s->n_cached) s->n_cached = o->num_cached_tokens;
@@ -430,11 +435,14 @@ int srv_build_prompts(srv_server *srv, srv_gen_request *r, srv_error *err) {
         int32_t *ids;
         size_t n;
         /* a chat prompt already holds its special tokens; a completion prompt gets BOS as usual */
-        if (osp_tokenizer_encode(srv->tok, p->text, strlen(p->text), r->route == SRV_ROUTE_COMPLETIONS, true, &ids, &n) != OSP_OK)
+        /* embeddings' inputs too (vLLM's and llama-server's add_special_tokens default) */
+        if (osp_tokenizer_encode(srv->tok, p->text, strlen(p->text), r->route != SRV_ROUTE_CHAT, true, &ids, &n) != OSP_OK)
             return srv_fail(err, 500, NULL, "tokenization failed: %s", osp_last_error());
         p->ids = ids;
         p->n_ids = (int32_t)n;
-        if (n == 0) return srv_fail(err, 400, "prompt", "the prompt is empty after tokenization");
+        if (n == 0)
+            return r->route == SRV_ROUTE_EMBEDDINGS ? srv_fail(err, 400, "input", "input %d is empty after tokenization", i)
+                                                    : srv_fail(err, 400, "prompt", "the prompt is empty after tokenization");
     }
     return 0;
 }
@@ -478,8 +486,12 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     const uint64_t first_id = srv->next_id;
     srv->next_id += (uint64_t)r->n * (uint64_t)r->n_prompts + 1;
     pthread_mutex_unlock(&srv->mu);
-    srv_id_format(j->id, sizeof j->id, r->responses ? "resp" : r->route == SRV_ROUTE_CHAT ? "chatcmpl" : "cmpl", &srv->id_key,
-                  first_id);
+    srv_id_format(j->id, sizeof j->id,
+                  r->responses                       ? "resp"
+                  : r->route == SRV_ROUTE_CHAT       ? "chatcmpl"
+                  : r->route == SRV_ROUTE_EMBEDDINGS ? "embd"
+                                                     : "cmpl",
+                  &srv->id_key, first_id);
     if (r->responses) j->id[4] = '_'; /* OpenAI's "resp_<hex>" */
 
     j->prompt_lens = calloc((size_t)r->n_prompts, sizeof(int32_t));
@@ -494,6 +506,16 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
     for (int32_t p = 0; p < r->n_prompts; p++) {
         const int32_t np = r->prompts[p].n_ids;
         j->prompt_lens[p] = np;
+        if (r->route == SRV_ROUTE_EMBEDDINGS) { /* prefill only: the input may fill the context */
+            if (np > srv->max_model_len) {
+                srv_fail(err, 400, "input",
+                         "This model's maximum context length is %d tokens. However, you requested %d tokens in the input "
+                         "for embedding generation (input %d). Please reduce the length of the input.",
+                         srv->max_model_len, np, p);
+                goto fail;
+            }
+            continue;
+        }
         const int32_t max_tokens = j->echo_only ? 1 /* the engine samples one token (dropped), as vLLM */
                                    : r->max_tokens > 0 ? r->max_tokens
                                    : r->route == SRV_ROUTE_COMPLETIONS ? 16
@@ -563,6 +585,13 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.num_stop_token_ids = r->n_stop_token_ids;
         rp.cache_salt = r->cache_salt ? salt_hash(r->cache_salt) : 0;
         rp.grammar = r->grammar;
+        if (r->route == SRV_ROUTE_EMBEDDINGS) { /* prefill only: nothing sampled */
+            rp.pooling = srv->pooling;
+            rp.embd_normalize = !srv->cfg.no_embd_normalize;
+            rp.max_tokens = 0;
+            rp.logprobs = rp.prompt_logprobs = -1;
+            rp.grammar = NULL;
+        }
         pthread_mutex_lock(&j->mu);
         j->refs++;
         s->t_added = srv_now_s();

@@ -9,6 +9,7 @@
  *   serve.c        flags, start-up, SIGTERM drain; it and the four below share serve_internal.h
  *   serve_jobs.c   jobs between the HTTP threads and the engine's loop thread
  *   openai_json.c  response, stream chunk, logprobs and usage objects
+ *   embed.c        the /v1/embeddings reply
  *   sse.c          streaming replies (text/event-stream)
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
@@ -51,7 +52,11 @@ char *srv_error_json(const srv_error *err);
 
 /* ---- requests ------------------------------------------------------------------------------ */
 
-typedef enum srv_route { SRV_ROUTE_COMPLETIONS = 0, SRV_ROUTE_CHAT = 1 } srv_route;
+typedef enum srv_route {
+    SRV_ROUTE_COMPLETIONS = 0,
+    SRV_ROUTE_CHAT = 1,
+    SRV_ROUTE_EMBEDDINGS = 2, /* /v1/embeddings: prompts from `input`, prefill-only engine requests */
+} srv_route;
 
 /* vLLM's --tool-call-parser (toolcall.c): how a model writes tool calls in its text. */
 typedef enum srv_tool_parser {
@@ -85,7 +90,7 @@ typedef struct srv_prompt {
 typedef struct srv_gen_request {
     srv_route route;
     char *model;                /* NULL when absent */
-    srv_prompt *prompts;        /* completions: [n_prompts] */
+    srv_prompt *prompts;        /* completions, embeddings (`input`): [n_prompts] */
     int32_t n_prompts;
     json_t *messages;           /* chat: normalized [{"role": str, "content": str}, ...] (owned) */
     bool add_generation_prompt; /* chat: true */
@@ -119,6 +124,7 @@ typedef struct srv_gen_request {
     bool parallel_tool_calls;   /* true (OpenAI's default); false: at most one call */
     srv_tool_parser tool_parser; /* the server's --tool-call-parser, used with tool_choice auto */
     srv_reasoning_parser reasoning_parser; /* the server's --reasoning-parser (chat only) */
+    bool embd_base64;           /* embeddings: encoding_format "base64" (little-endian float32), else "float" */
     char **unknown;             /* top-level fields that were ignored, for the debug log */
     int32_t n_unknown;
     /* /v1/responses (responses.c): the request came as a Responses API body, turned into this chat
@@ -136,11 +142,16 @@ typedef struct srv_parse_limits {
     bool auto_tool_choice;      /* --enable-auto-tool-choice */
     srv_tool_parser tool_parser; /* --tool-call-parser (NONE: not given) */
     srv_reasoning_parser reasoning_parser; /* --reasoning-parser (NONE: not given) */
+    int32_t n_embd;             /* embeddings: the model's hidden size (named in the 'dimensions' refusal) */
 } srv_parse_limits;
 
-/* Parses and validates a /v1/completions or /v1/chat/completions body. Returns 0 and fills *req
- * (free it with srv_gen_request_free, also after an error), or -1 with *err set (400 for malformed
- * JSON, wrong types and out-of-range values). */
+/* Parses and validates a /v1/completions, /v1/chat/completions or /v1/embeddings body. Embeddings
+ * (OpenAI's and vLLM's request): `input` a string, a list of strings, a list of token ids or a list of
+ * token-id lists (at most SRV_MAX_N inputs, none empty, ids below lim->n_vocab), `encoding_format`
+ * "float" (default) or "base64", `model`, `user` (advisory: no effect); `dimensions` is refused (no
+ * model here was trained for shortened embeddings), as is every other field but those set to null.
+ * Returns 0 and fills *req (free it with srv_gen_request_free, also after an error), or -1 with *err
+ * set (400 for malformed JSON, wrong types and out-of-range values). */
 int srv_parse_gen_request(const char *body, size_t len, srv_route route, const srv_parse_limits *lim,
                           srv_gen_request *req, srv_error *err);
 void srv_gen_request_free(srv_gen_request *req);
