@@ -49,8 +49,13 @@ def retry_port_clash(make, tries=5):
 
 
 class Server:
-    def __init__(self, model, *extra):
-        retry_port_clash(lambda: self._launch(model, extra))
+    def __init__(self, model, *extra, retry=True):
+        """retry=False: the caller retries (retry_port_clash) itself because extra names more ports, which
+        a retry here would reuse (a kv-events port lost to a race stays lost)."""
+        if retry:
+            retry_port_clash(lambda: self._launch(model, extra))
+        else:
+            self._launch(model, extra)
 
     def _launch(self, model, extra):
         self.port = free_port()

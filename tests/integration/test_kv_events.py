@@ -163,7 +163,8 @@ def start(extra, cfg_extra=""):
         pub, rep = free_port(), free_port()
         cfg = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d", "replay_endpoint": "tcp://*:%d"%s}' % (
             pub, rep, cfg_extra)
-        return Server(TINY, "--kv-cache-memory", "64K", "--block-size", "16", "--kv-events-config", cfg, *extra), pub, rep
+        return (Server(TINY, "--kv-cache-memory", "64K", "--block-size", "16", "--kv-events-config", cfg, *extra,
+                       retry=False), pub, rep)
     return retry_port_clash(make)
 
 

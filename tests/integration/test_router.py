@@ -307,7 +307,7 @@ def test_precise_prefix_from_kv_events():
     def publishing_server():
         p = free_port()
         return Server(TINY, "--block-size", "16", *hash_args, "--kv-events-config",
-                      '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"}' % p), p
+                      '{"enable_kv_cache_events": true, "endpoint": "tcp://*:%d"}' % p, retry=False), p
     servers, pubs = zip(*[retry_port_clash(publishing_server) for _ in range(2)])
     r = None
     try:
