@@ -7,6 +7,7 @@
 # same session; no llama.cpp row when absent). Same file, same call; prints a table with the ratios.
 #   MODEL   the GGUF (default /tmp/m8b-q4km.gguf; made here when missing)
 #   N_GEN, N_PROMPT, BATCH   tg / pp lengths and the batched row (128, 512, 64)
+#   WEIGHTS  the osprey rows ("quant bf16")
 # Run after scripts/gpu-test.sh unpacked the binaries into /tmp/osprey-gpu/gpu (same warm machine).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -24,7 +25,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 rows=()
 val() { echo "$1" | awk -v t="$2" '$1 == t {print $2}'; }
-for w in quant bf16; do
+for w in ${WEIGHTS:-quant bf16}; do
     out=$($O bench -m "$MODEL" --device cuda --gpu-weights $w -p "$N_PROMPT" -n "$N_GEN" -r 3 --batch "$BATCH" 2>&1)
     echo "osprey --gpu-weights $w:"; echo "$out" | sed 's/^/  /'
     eval "o_${w}_tg=\$(val \"\$out\" tg$N_GEN)"

@@ -497,8 +497,14 @@ bool osp_core_client_ready(osp_core_client *c) {
     return r;
 }
 
-osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp, osp_core_output_cb cb, void *user) {
-    if (!c || !rp || !cb) return osp_set_error(OSP_ERR_INVALID_ARG, "core client add: NULL argument");
+/* A new entry for request rp, a copy of *proto with the request's id, the next generation and state
+ * PENDING, linked into its bucket (and counted in n_async_pending when it has an ack). *out is the
+ * entry, owned by the client's table, and *gen its generation, read under the lock (an async entry
+ * may be answered and freed by the I/O thread as soon as the lock is let go); OSP_ERR_IO while the
+ * core is not ready, OSP_ERR_NOMEM. */
+static osp_status register_entry(osp_core_client *c, const osp_request_params *rp, const entry *proto, entry **out,
+                                 uint32_t *gen) {
+    *out = NULL;
     entry *e = calloc(1, sizeof *e);
     if (!e) return osp_set_error(OSP_ERR_NOMEM, "core client: out of memory");
     pthread_mutex_lock(&c->mu);
@@ -507,19 +513,36 @@ osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp,
         free(e);
         return osp_set_error(OSP_ERR_IO, "the engine core is not ready (it is starting or restarting)");
     }
-    *e = (entry){.id = rp->request_id, .gen = c->next_gen++, .state = E_PENDING, .adding = true, .cb = cb, .user = user};
+    *e = *proto;
+    e->id = rp->request_id, e->gen = c->next_gen++, e->state = E_PENDING;
     if (c->next_gen == 0) c->next_gen = 1;
     entry **slot = &c->buckets[bucket(e->id)];
     e->next = *slot;
     *slot = e;
+    if (e->ack) c->n_async_pending++;
+    *gen = e->gen;
     pthread_mutex_unlock(&c->mu);
+    *out = e;
+    return OSP_OK;
+}
 
+/* The ADD message of request (id, gen) to the core; OSP_ERR_IO when ZeroMQ cannot queue it. */
+static osp_status send_add(osp_core_client *c, uint64_t id, uint32_t gen, const osp_request_params *rp) {
     pthread_mutex_lock(&c->send_mu);
-    osp_status s = osp_ipc_encode_add(&c->sbuf, e->id, e->gen, rp);
+    osp_status s = osp_ipc_encode_add(&c->sbuf, id, gen, rp);
     const char kind = 'M';
     if (s == OSP_OK && (zmq_send(c->push, &kind, 1, ZMQ_SNDMORE) < 0 || zmq_send(c->push, c->sbuf.data, c->sbuf.size, 0) < 0))
         s = osp_set_error(OSP_ERR_IO, "core client: cannot queue a message: %s", zmq_strerror(errno));
     pthread_mutex_unlock(&c->send_mu);
+    return s;
+}
+
+osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp, osp_core_output_cb cb, void *user) {
+    if (!c || !rp || !cb) return osp_set_error(OSP_ERR_INVALID_ARG, "core client add: NULL argument");
+    entry *e;
+    uint32_t gen0;
+    OSP_TRY(register_entry(c, rp, &(entry){.adding = true, .cb = cb, .user = user}, &e, &gen0));
+    osp_status s = send_add(c, rp->request_id, gen0, rp); /* an adding entry is freed only here */
 
     struct timespec ts;
     deadline_in(&ts, c->p.ack_timeout_ms > 0 ? c->p.ack_timeout_ms : 60000);
@@ -548,31 +571,12 @@ osp_status osp_core_client_add(osp_core_client *c, const osp_request_params *rp,
 osp_status osp_core_client_add_async(osp_core_client *c, const osp_request_params *rp, osp_core_output_cb cb,
                                      osp_core_ack_cb ack, void *user) {
     if (!c || !rp || !cb || !ack) return osp_set_error(OSP_ERR_INVALID_ARG, "core client add: NULL argument");
-    entry *e = calloc(1, sizeof *e);
-    if (!e) return osp_set_error(OSP_ERR_NOMEM, "core client: out of memory");
-    pthread_mutex_lock(&c->mu);
-    if (!c->ready) {
-        pthread_mutex_unlock(&c->mu);
-        free(e);
-        return osp_set_error(OSP_ERR_IO, "the engine core is not ready (it is starting or restarting)");
-    }
-    *e = (entry){.id = rp->request_id, .gen = c->next_gen++, .state = E_PENDING, .cb = cb, .ack = ack, .user = user,
-                 .ack_deadline = now_s() + (c->p.ack_timeout_ms > 0 ? c->p.ack_timeout_ms : 60000) / 1000.0};
-    if (c->next_gen == 0) c->next_gen = 1;
-    const uint64_t id = e->id;
-    const uint32_t gen = e->gen;
-    entry **slot = &c->buckets[bucket(e->id)];
-    e->next = *slot;
-    *slot = e;
-    c->n_async_pending++;
-    pthread_mutex_unlock(&c->mu);
-
-    pthread_mutex_lock(&c->send_mu);
-    osp_status s = osp_ipc_encode_add(&c->sbuf, id, gen, rp);
-    const char kind = 'M';
-    if (s == OSP_OK && (zmq_send(c->push, &kind, 1, ZMQ_SNDMORE) < 0 || zmq_send(c->push, c->sbuf.data, c->sbuf.size, 0) < 0))
-        s = osp_set_error(OSP_ERR_IO, "core client: cannot queue a message: %s", zmq_strerror(errno));
-    pthread_mutex_unlock(&c->send_mu);
+    entry *e;
+    const double deadline = now_s() + (c->p.ack_timeout_ms > 0 ? c->p.ack_timeout_ms : 60000) / 1000.0;
+    uint32_t gen;
+    OSP_TRY(register_entry(c, rp, &(entry){.cb = cb, .ack = ack, .user = user, .ack_deadline = deadline}, &e, &gen));
+    const uint64_t id = rp->request_id; /* e may be the I/O thread's already: nothing of it is read here */
+    const osp_status s = send_add(c, id, gen, rp);
     if (s == OSP_OK) return OSP_OK;
     /* not sent: take it back, unless the I/O thread already answered it (core lost): then its ack ran */
     pthread_mutex_lock(&c->mu);
