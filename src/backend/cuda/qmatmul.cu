@@ -24,6 +24,7 @@
  * Q8_0, Q4_0 and Q6_K, within an ulp for Q4_1 and Q4_K (codes(): w = a v + b in one FMA); the
  * difference from cuBLASLt on the bf16 copy is one bf16 rounding of each weight and the reduction order. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -33,6 +34,7 @@ namespace {
 
 constexpr int kWarps = 4;  /* warps per qgemv block */
 constexpr int QG_ROWS = 2; /* weight rows per warp: a piece of x loaded once serves both */
+constexpr int kDefaultPieces = 1; /* qgemv_pieces(): 1 is the layout measured on the H200 (bench/gpu/DECODE.md) */
 
 __device__ __forceinline__ float half_bits(uint32_t h) { return osp_f16_to_f((uint16_t)h); }
 
@@ -251,7 +253,7 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4 v, float f[8]) {
 /* Lane l of a warp takes pieces l, l + 32, ... of its QG_ROWS rows (a warp covers 256 consecutive
  * values a step): each (row, t) sums its pieces in that order, 8 FMAs a piece, then the lanes in a
  * fixed xor-shuffle tree. */
-template <uint32_t TYPE, int NT>
+template <uint32_t TYPE, int NT, int PL>
 __global__ void __launch_bounds__(kWarps * 32)
     qgemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t K,
                  const uint16_t *__restrict__ x, int T, void *__restrict__ y, int64_t ldy, bool y_f32) {
@@ -268,8 +270,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     const uint8_t *rows[QG_ROWS];
 #pragma unroll
     for (int r = 0; r < QG_ROWS; r++) rows[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * row_bytes;
-#pragma unroll 2
-    for (int64_t q = lane; q < pieces; q += 32) {
+    for (int64_t q0 = (int64_t)lane * PL; q0 < pieces; q0 += 32 * PL)
+#pragma unroll
+    for (int j = 0; j < PL; j++) {
+        const int64_t q = q0 + j;
         const int64_t u = q / Q::PIECES;
         const int p = (int)(q % Q::PIECES);
         /* w = a v + b in one FMA (the product exact, one rounding: the CPU's value for Q8_0, Q4_0 and
@@ -363,19 +367,44 @@ __global__ void qembed_kernel(const uint8_t *__restrict__ table, size_t row_byte
     }
 }
 
-template <uint32_t TYPE>
-osp_status launch_gemv(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const uint16_t *d_x, int64_t T,
-                       void *d_y, int64_t ldy, bool y_f32, cudaStream_t st) {
+/* Pieces a lane takes in a row before the next lane's (OSPREY_QGEMV_PIECES: 1, 2 or 4; read once). More
+ * share a block's scale decode and issue wider runs of loads; fewer keep the warp's accesses denser.
+ * Only 1 has run on a device (test_gpu_qmatmul and the timings in bench/gpu/DECODE.md); 2 and 4 are
+ * there to be measured next, by the same test and qmatmul_bench under the variable. A lane's order is
+ * fixed for a given setting, so each keeps qgemv's batch invariance. */
+int qgemv_pieces(void) {
+    static int pl = 0;
+    if (!pl) {
+        const char *e = getenv("OSPREY_QGEMV_PIECES");
+        const int v = e ? atoi(e) : 0;
+        pl = v == 1 || v == 2 || v == 4 ? v : kDefaultPieces;
+    }
+    return pl;
+}
+
+template <uint32_t TYPE, int PL>
+osp_status launch_gemv_pl(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const uint16_t *d_x, int64_t T,
+                          void *d_y, int64_t ldy, bool y_f32, cudaStream_t st) {
     const int64_t rows_per_block = (int64_t)kWarps * QG_ROWS;
     const dim3 grid((unsigned)((N + rows_per_block - 1) / rows_per_block));
     const uint8_t *w = static_cast<const uint8_t *>(d_w);
     const int t = (int)T;
-    if (T == 1) qgemv_kernel<TYPE, 1><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    else if (T == 2) qgemv_kernel<TYPE, 2><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    else if (T <= 4) qgemv_kernel<TYPE, 4><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    else qgemv_kernel<TYPE, 8><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    if (T == 1) qgemv_kernel<TYPE, 1, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    else if (T == 2) qgemv_kernel<TYPE, 2, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    else if (T <= 4) qgemv_kernel<TYPE, 4, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
+    else qgemv_kernel<TYPE, 8, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
     OSP_CUDA_LAUNCH_CHECK("qgemv_kernel");
     return OSP_OK;
+}
+
+template <uint32_t TYPE>
+osp_status launch_gemv(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const uint16_t *d_x, int64_t T,
+                       void *d_y, int64_t ldy, bool y_f32, cudaStream_t st) {
+    switch (qgemv_pieces()) {
+    case 1: return launch_gemv_pl<TYPE, 1>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    case 2: return launch_gemv_pl<TYPE, 2>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    default: return launch_gemv_pl<TYPE, 4>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    }
 }
 
 template <uint32_t TYPE>
