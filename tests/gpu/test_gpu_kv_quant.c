@@ -43,6 +43,7 @@
 #include "backend/cuda/attention_v1.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/dtype.h"
+#include "gpu_test_mem.h"
 #include "gpu_test_rng.h"
 #include "osprey/batch.h"
 
@@ -51,26 +52,6 @@
 
 /* ---- random numbers: gpu_test_rng.h (g_rng, rnd64, rnd_int, rnd_unit) ---------------------------- */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n > 0 ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-static void *dev_alloc_fill(size_t n, int byte) {
-    void *d = NULL;
-    assert_int_equal(osp_cuda_malloc(&d, n > 0 ? n : 16, "test buffer"), OSP_OK);
-    assert_int_equal(osp_cuda_memset(d, byte, n > 0 ? n : 16, NULL), OSP_OK);
-    return d;
-}
-static void *dev_put(const void *h, size_t n) {
-    void *d = dev_alloc_fill(n, 0);
-    if (n) assert_int_equal(osp_cuda_h2d(d, h, n, NULL), OSP_OK);
-    return d;
-}
-static void dev_get(void *h, const void *d, size_t n) {
-    assert_int_equal(osp_cuda_d2h(h, d, n, NULL), OSP_OK);
-    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
-}
 
 static const char *kv_name(uint32_t kvt) { return kvt == OSP_KV_PAGE_FP8 ? "fp8" : "nvfp4"; }
 

@@ -23,31 +23,12 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/dtype.h"
 #include "core/quantize.h"
+#include "gpu_test_mem.h"
 #include "gpu_test_rng.h"
 
 static const uint32_t k_types[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q4_K, OSP_DTYPE_Q6_K};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n > 0 ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-static void *dev_alloc_fill(size_t n, int byte) {
-    void *d = NULL;
-    assert_int_equal(osp_cuda_malloc(&d, n > 0 ? n : 16, "test buffer"), OSP_OK);
-    assert_int_equal(osp_cuda_memset(d, byte, n > 0 ? n : 16, NULL), OSP_OK);
-    return d;
-}
-static void *dev_put(const void *h, size_t n) {
-    void *d = dev_alloc_fill(n, 0);
-    if (n) assert_int_equal(osp_cuda_h2d(d, h, n, NULL), OSP_OK);
-    return d;
-}
-static void dev_get(void *h, const void *d, size_t n) {
-    assert_int_equal(osp_cuda_d2h(h, d, n, NULL), OSP_OK);
-    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
-}
 
 /* A finite f16 of magnitude in [2^-12, 2^-4), either sign when `sign`. */
 static uint16_t rnd_scale_f16(bool sign) {
