@@ -103,6 +103,7 @@ if [ "$what" = model ] || [ "$what" = all ]; then
     fi
     run test_gpu_model $G/bin/test_gpu_model
     run test_gpu_engine $G/bin/test_gpu_engine
+    run test_gpu_engine_quant $G/bin/test_gpu_engine_quant
     run test_gpu_engine_sampling $G/bin/test_gpu_engine_sampling
     # Gemma 3 270M Q4_K_M, when every chunk of it is stashed: joined, checked against its sha256
     gn=$(cat $STASH/gemma.chunks 2>/dev/null || echo 0)

@@ -1,8 +1,10 @@
 /* The quantized-weight kernels alone (src/backend/cuda/qmatmul.cu, issue 17), beside the device's
  * measured copy bandwidth and cuBLASLt on the bf16 copy of the same matrix, in one process:
  *   qgemv      T = 1, 2, 4, 8 rows: weight bytes read per second
+ *   qmma       T = 1, 2, 8, 64, 512 rows (osp_cuda_qmatmul on activations quantized once before the
+ *              timing), and "qx+qmma" with the activations' quantization inside each launch
  *   qdequant   bf16 bytes written per second
- *   cuBLASLt   T = 1 on the bf16 copy (the --gpu-weights bf16 path): bf16 bytes read per second
+ *   cuBLASLt   T = 1, 64, 512 on the bf16 copy (the --gpu-weights bf16 path): bf16 bytes read per second
  * Matrix: N x K (default 14336 x 4096, Llama-3.1-8B's gate / up), random block bytes with small fixed
  * scales (values do not change the time). Each figure: 5 warm-up launches, then the mean of `reps`
  * launches timed with events around all of them (the device's time, not the enqueue's).
@@ -45,11 +47,23 @@ typedef struct ctx {
     size_t row_bytes, copy_bytes;
     int64_t N, K, T;
     osp_cuda_gemm *gemm;
+    void *ws;
+    size_t ws_bytes;
+    osp_cuda_qx qx;
 } ctx;
 
 static osp_status run_gemv(void *p) {
     ctx *c = p;
     return osp_cuda_qgemv(c->type, c->w, c->row_bytes, c->N, c->K, c->x, c->T, c->y, c->N, false, NULL);
+}
+static osp_status run_qmma(void *p) {
+    ctx *c = p;
+    return osp_cuda_qmatmul(c->type, c->w, c->row_bytes, c->N, &c->qx, c->y, c->N, false, NULL);
+}
+static osp_status run_qx_qmma(void *p) {
+    ctx *c = p;
+    osp_status s = osp_cuda_qx_quantize(c->x, c->T, c->K, c->ws, c->ws_bytes, &c->qx, NULL);
+    return s != OSP_OK ? s : run_qmma(p);
 }
 static osp_status run_dequant(void *p) {
     ctx *c = p;
@@ -106,9 +120,11 @@ int main(int argc, char **argv) {
     const double copy_gbs = 2.0 * (double)c.copy_bytes / copy_ms / 1e6; /* read + write */
     printf("# %s; N %lld, K %lld, %d launches a figure\n", name, (long long)N, (long long)K, reps);
     printf("copy (d2d, 1 GiB): %.1f GB/s (read + write)\n", copy_gbs);
-    CHECK(osp_cuda_malloc((void **)&c.x, (size_t)8 * (size_t)K * 2, "x"));
-    CHECK(osp_cuda_memset(c.x, 0x3c, (size_t)8 * (size_t)K * 2, NULL)); /* bf16 0x3c3c: ~0.011 */
-    CHECK(osp_cuda_malloc(&c.y, (size_t)8 * (size_t)N * 4, "y"));
+    CHECK(osp_cuda_malloc((void **)&c.x, (size_t)512 * (size_t)K * 2, "x"));
+    CHECK(osp_cuda_memset(c.x, 0x3c, (size_t)512 * (size_t)K * 2, NULL)); /* bf16 0x3c3c: ~0.011 */
+    CHECK(osp_cuda_malloc(&c.y, (size_t)512 * (size_t)N * 4, "y"));
+    c.ws_bytes = osp_cuda_qx_workspace_bytes(512, K);
+    CHECK(osp_cuda_malloc(&c.ws, c.ws_bytes, "qx workspace"));
     CHECK(osp_cuda_malloc((void **)&c.wb, (size_t)N * (size_t)K * 2, "bf16 copy"));
     const uint32_t types[] = {OSP_DTYPE_Q4_K, OSP_DTYPE_Q6_K, OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0};
     printf("%-6s %-14s %10s %10s %8s\n", "type", "kernel", "us", "GB/s", "of copy");
@@ -129,13 +145,30 @@ int main(int argc, char **argv) {
             printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, kn, ms * 1e3, (double)wbytes / ms / 1e6,
                    100.0 * (double)wbytes / ms / 1e6 / copy_gbs);
         }
+        static const int64_t qTs[] = {1, 2, 8, 64, 512};
+        for (size_t k = 0; k < sizeof qTs / sizeof qTs[0]; k++) {
+            c.T = qTs[k];
+            CHECK(osp_cuda_qx_quantize(c.x, c.T, K, c.ws, c.ws_bytes, &c.qx, NULL));
+            const double ms = time_ms(run_qmma, &c, reps), ms2 = time_ms(run_qx_qmma, &c, reps);
+            char kn[32];
+            snprintf(kn, sizeof kn, "qmma T=%lld", (long long)c.T);
+            printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, kn, ms * 1e3, (double)wbytes / ms / 1e6,
+                   100.0 * (double)wbytes / ms / 1e6 / copy_gbs);
+            snprintf(kn, sizeof kn, "qx+qmma T=%lld", (long long)c.T);
+            printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, kn, ms2 * 1e3, (double)wbytes / ms2 / 1e6,
+                   100.0 * (double)wbytes / ms2 / 1e6 / copy_gbs);
+        }
         const double dq = time_ms(run_dequant, &c, reps);
         printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, "qdequant", dq * 1e3, (double)N * K * 2 / dq / 1e6,
                100.0 * (double)N * K * 2 / dq / 1e6 / copy_gbs);
-        c.T = 1;
-        const double gm = time_ms(run_gemm, &c, reps);
-        printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, "cuBLASLt bf16", gm * 1e3, (double)N * K * 2 / gm / 1e6,
-               100.0 * (double)N * K * 2 / gm / 1e6 / copy_gbs);
+        for (int64_t T = 1; T <= 512; T *= T == 1 ? 64 : 8) {
+            c.T = T;
+            const double gm = time_ms(run_gemm, &c, reps);
+            char kn[32];
+            snprintf(kn, sizeof kn, "cuBLAS T=%lld", (long long)T);
+            printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, kn, gm * 1e3, (double)N * K * 2 / gm / 1e6,
+                   100.0 * (double)N * K * 2 / gm / 1e6 / copy_gbs);
+        }
         osp_cuda_free(c.w);
     }
     return 0;

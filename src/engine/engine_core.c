@@ -117,15 +117,6 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         p.kv_cache_memory < 0 || p.num_blocks < 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "engine: block_size, max_num_seqs and max_num_batched_tokens must "
                                                   "be > 0; max_model_len, kv_cache_memory, num_blocks >= 0");
-    /* quantized GPU weights run steps of <= 8 rows through qgemv and larger ones through cuBLASLt: a
-     * request alone in every step is the only way its tokens cannot depend on the batch (issue 17
-     * replaces this with one batch-invariant kernel for every step size) */
-    if (p.gpu_quant_weights && p.device == OSP_DEVICE_CUDA && p.max_num_seqs > 1)
-        return osp_set_error(OSP_ERR_INVALID_ARG,
-                             "--gpu-weights quant runs one sequence at a time for now (--max-num-seqs 1, not %d): "
-                             "its small and large steps use different kernels, so a batch could change a "
-                             "request's tokens",
-                             p.max_num_seqs);
     if (!p.kv_dtype_v_set) p.kv_dtype_v = p.kv_dtype; /* V pages as K's unless split */
     p.kv_dtype_v_set = true;
     if (!osp_kv_dtype_name(p.kv_dtype)) return osp_set_error(OSP_ERR_INVALID_ARG, "engine: unknown kv_dtype %d", (int)p.kv_dtype);

@@ -264,12 +264,13 @@ static void test_greedy(void **state) {
            total, compared, (double)delta);
 }
 
-/* Quantized weights on the GPU (--gpu-weights quant, issue 17) against the same model dequantized to
- * bf16 at load (the default, g_gpu): a prefill of more than 8 tokens multiplies the same bf16 values (dequantized
- * on the device, bit-identical to the upload's), so its logits must be within the GPU's own noise of
- * the bf16 path (g_gpu_bound); decode steps use qgemv on the exact fp32 weights, so greedy decoding
- * must agree token for token while the bf16 path's top-2 margin is at least delta. The quantized
- * model takes less device memory. */
+/* Quantized weights on the GPU (--gpu-weights quant, issue 17: qmma, the exact block values against
+ * activations in two int8 levels) against the same model dequantized to bf16 at load (the default,
+ * g_gpu). Both are approximations of the fp32 CPU model; the bf16 path is within g_gpu_bound of it
+ * (teacher forcing), and the quantized path rounds less (fp32 weights, activations to ~1e-5), so the
+ * two must be within 2 g_gpu_bound of each other at every prefill position, and greedy decoding must
+ * agree token for token while the bf16 path's top-2 margin is at least twice that. The quantized model
+ * takes less device memory. */
 static void test_quantized_weights(void **state) {
     (void)state;
     osp_model *qm, *bf = g_gpu;
@@ -280,7 +281,8 @@ static void test_quantized_weights(void **state) {
     const size_t qb = osp_model_device_weight_bytes(qm), bb = osp_model_device_weight_bytes(bf);
     printf("device weights: %.1f MB quantized, %.1f MB bf16\n", (double)qb / 1e6, (double)bb / 1e6);
     assert_true(qb < bb);
-    const float delta = g_gpu_bound > 0 ? (float)(2.0 * g_gpu_bound) : 2.0f;
+    const double bound = 2.0 * g_gpu_bound + 1e-3;
+    const float delta = g_gpu_bound > 0 ? (float)(2.0 * bound) : 2.0f;
     const int32_t V = osp_model_config_get(qm)->n_vocab;
     long same_all = 0, total = 0;
     double worst = 0;
@@ -301,10 +303,10 @@ static void test_quantized_weights(void **state) {
         for (int32_t i = 0; i < n; i++) {
             int32_t w = 0;
             const double d = row_max_diff(zq + (size_t)i * (size_t)V, zb + (size_t)i * (size_t)V, V, &w);
-            if (n > 8 && d > worst) worst = d;
-            if (n > 8 && !(d <= g_gpu_bound + 1e-3))
+            if (d > worst) worst = d;
+            if (!(d <= bound))
                 fail_msg("prompt %d position %d: quantized-weight prefill logit %d is %.4f from the bf16 path's (bound %.4f)",
-                         p, i, w, d, g_gpu_bound);
+                         p, i, w, d, bound);
         }
         osp_kv_cache_free(kq), osp_kv_cache_free(kb);
         free(zq), free(zb);
@@ -319,7 +321,7 @@ static void test_quantized_weights(void **state) {
         same_all += same, total += N_GEN;
     }
     printf("quantized vs bf16 weights: prefill logits within %.4f (bound %.4f); greedy: %ld of %ld leading tokens "
-           "identical\n", worst, g_gpu_bound, same_all, total);
+           "identical\n", worst, bound, same_all, total);
     osp_model_free(qm);
 }
 

@@ -6,6 +6,8 @@
  *  - osp_cuda_qgemv is within fp32 accumulation error of a double-precision sum over the CPU's fp32
  *    weights (fp32 and bf16 outputs), writes only its N columns of a wider output, and gives every row
  *    the same bits whatever T is and wherever the row sits in the batch (batch invariance);
+ *  - qmma (osp_cuda_qx_quantize + osp_cuda_qmatmul) is within its two-level activation bound for T
+ *    1..130 and gives each row the same bits alone, in any batch and any 64-row chunk;
  *  - bad arguments are refused with the right status and nothing is launched.
  * Outputs are poisoned (0xff bytes: NaN) before each call, so unwritten values fail. */
 #include <math.h>
@@ -251,6 +253,131 @@ static void test_gemv(void **state) {
     }
 }
 
+/* qmma (osp_cuda_qx_quantize + osp_cuda_qmatmul) into columns [c0, c0 + N) of a [T, ldy] output for
+ * T from 1 to 130 (three 64-row chunks), against a double-precision sum over the CPU's fp32 weights and
+ * the bf16 activations. The bound: the activations' two-level quantization moves each value by at most
+ * 1.5 d2 (d2 = its block's amax / 127 / 256; 2 d2 allowed), plus fp32 rounding in each block's fold
+ * (a few ulps a block of everything it adds). Then batch invariance, bit for bit: rows of T = 130 alone
+ * (T = 1) and as a batch of 9 starting at row 60 (rows that sat in two chunks), the bf16 output the
+ * rounding of the fp32 one, and a non-finite activation row that leaves the others' bits untouched. */
+static int64_t qmma_k_for(uint32_t t, int i) {
+    static const int64_t small[] = {64, 576, 2048 + 64, 4096};
+    static const int64_t big[] = {256, 768, 2048 + 256, 4096};
+    return osp_dtype_block_size(t) == 256 ? big[i] : small[i];
+}
+
+static void run_qmma(uint32_t t, const void *dw, size_t rb, int64_t N, int64_t K, const uint16_t *dx, int64_t T,
+                     void *ws, size_t ws_bytes, void *dy, int64_t ldy, bool f32) {
+    osp_cuda_qx qx;
+    assert_int_equal(osp_cuda_qx_quantize(dx, T, K, ws, ws_bytes, &qx, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_qmatmul(t, dw, rb, N, &qx, dy, ldy, f32, NULL), OSP_OK);
+}
+
+static void test_qmma(void **state) {
+    (void)state;
+    static const int64_t Ts[] = {1, 2, 5, 8, 9, 17, 33, 64, 65, 130};
+    enum { TMAX = 130 };
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        for (int ki = 0; ki < 4; ki++) {
+            g_rng = 5000 + 10 * ti + (uint64_t)ki;
+            const int64_t K = qmma_k_for(t, ki), N = 67, c0 = 5, ldy = N + 11;
+            assert_true(osp_cuda_qmatmul_supported(t, K));
+            const size_t rb = osp_dtype_row_size(t, K);
+            uint8_t *w = make_rows(t, N, K);
+            float *wf = cpu_dequant(t, w, N, K);
+            uint16_t *x = xmalloc((size_t)TMAX * (size_t)K * 2);
+            for (int64_t i = 0; i < TMAX * K; i++)
+                x[i] = osp_fp32_to_bf16(rnd_unit() * (rnd_int(32) ? 1.0f : 8.0f) * (i / K % 7 == 3 ? 1e-3f : 1.0f));
+            const size_t ws_bytes = osp_cuda_qx_workspace_bytes(TMAX, K), ybytes = (size_t)TMAX * (size_t)ldy * 4;
+            void *dw = dev_put(w, (size_t)N * rb), *ws = dev_alloc_fill(ws_bytes, 0x5a);
+            uint16_t *dx = dev_put(x, (size_t)TMAX * (size_t)K * 2);
+            void *dy = dev_alloc_fill(ybytes, 0xff);
+            float *yf = xmalloc(ybytes), *yref = xmalloc(ybytes);
+            uint16_t *yb = xmalloc(ybytes / 2);
+            double max_rel = 0.0;
+            for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+                const int64_t T = Ts[k];
+                assert_int_equal(osp_cuda_memset(dy, 0xff, ybytes, NULL), OSP_OK);
+                run_qmma(t, dw, rb, N, K, dx, T, ws, ws_bytes, (float *)dy + c0, ldy, true);
+                dev_get(yf, dy, (size_t)T * (size_t)ldy * 4);
+                for (int64_t r = 0; r < T; r++) {
+                    /* the row's block maxima, for the quantization bound */
+                    for (int64_t c = 0; c < ldy; c++) {
+                        const size_t i = (size_t)r * (size_t)ldy + (size_t)c;
+                        if (c < c0 || c >= c0 + N) { /* untouched: still the poison */
+                            assert_true(isnan(yf[i]));
+                            continue;
+                        }
+                        const int64_t n = c - c0;
+                        const float *wr = wf + (size_t)n * (size_t)K;
+                        const uint16_t *xr = x + (size_t)r * (size_t)K;
+                        double s = 0.0, a = 0.0, eq = 0.0, wmax = 0.0, xa = 0.0;
+                        for (int64_t j = 0; j < K; j++) wmax = fmax(wmax, fabs((double)wr[j]));
+                        for (int64_t b0 = 0; b0 < K; b0 += 32) {
+                            double amax = 0.0;
+                            for (int64_t j = b0; j < b0 + 32; j++) amax = fmax(amax, fabs((double)osp_bf16_to_fp32(xr[j])));
+                            for (int64_t j = b0; j < b0 + 32; j++) {
+                                const double xv = (double)osp_bf16_to_fp32(xr[j]), p = (double)wr[j] * xv;
+                                s += p, a += fabs(p), xa += fabs(xv);
+                                eq += fabs((double)wr[j]) * 2.0 * amax / 127.0 / 256.0;
+                            }
+                        }
+                        const double tol = eq + (double)(K / 32 + 16) * 0x1p-22 * (a + wmax * xa) + 1e-30;
+                        const double err = fabs((double)yf[i] - s);
+                        if (!(err <= tol)) {
+                            printf("  %s K %lld T %lld row %lld col %lld: got %.9g want %.9g (tol %.3g)\n",
+                                   osp_dtype_name(t), (long long)K, (long long)T, (long long)r, (long long)n,
+                                   (double)yf[i], s, tol);
+                            fail();
+                        }
+                        if (a > 0) max_rel = fmax(max_rel, err / a);
+                        if (T == TMAX) yref[i] = yf[i];
+                    }
+                }
+            }
+            /* invariance: rows alone, and 9 rows from row 60 (in T = 130 they sat in chunks 0 and 1) */
+            static const int64_t alone[] = {0, 1, 7, 63, 64, 65, 129};
+            for (size_t k = 0; k < sizeof alone / sizeof alone[0]; k++) {
+                const int64_t r = alone[k];
+                assert_int_equal(osp_cuda_memset(dy, 0xff, ybytes, NULL), OSP_OK);
+                run_qmma(t, dw, rb, N, K, dx + (size_t)r * (size_t)K, 1, ws, ws_bytes, dy, N, true);
+                dev_get(yf, dy, (size_t)N * 4);
+                assert_memory_equal(yf, yref + (size_t)r * (size_t)ldy + (size_t)c0, (size_t)N * 4);
+            }
+            run_qmma(t, dw, rb, N, K, dx + (size_t)60 * (size_t)K, 9, ws, ws_bytes, dy, N, true);
+            dev_get(yf, dy, (size_t)9 * (size_t)N * 4);
+            for (int64_t r = 0; r < 9; r++)
+                assert_memory_equal(yf + (size_t)r * (size_t)N, yref + (size_t)(60 + r) * (size_t)ldy + (size_t)c0,
+                                    (size_t)N * 4);
+            /* bf16 output: the fp32 result rounded */
+            run_qmma(t, dw, rb, N, K, dx, 33, ws, ws_bytes, dy, ldy, false);
+            dev_get(yb, dy, (size_t)33 * (size_t)ldy * 2);
+            for (int64_t r = 0; r < 33; r++)
+                for (int64_t n = 0; n < N; n++) {
+                    const size_t i = (size_t)r * (size_t)ldy + (size_t)n;
+                    assert_int_equal(yb[i], osp_fp32_to_bf16(yref[i + (size_t)c0]));
+                }
+            /* a non-finite activation (row 3 of 9) makes only its row NaN */
+            const uint16_t inf = 0x7f80;
+            assert_int_equal(osp_cuda_h2d(dx + (size_t)63 * (size_t)K + (size_t)(K / 2), &inf, 2, NULL), OSP_OK);
+            run_qmma(t, dw, rb, N, K, dx + (size_t)60 * (size_t)K, 9, ws, ws_bytes, dy, N, true);
+            dev_get(yf, dy, (size_t)9 * (size_t)N * 4);
+            for (int64_t r = 0; r < 9; r++)
+                for (int64_t n = 0; n < N; n++) {
+                    const float v = yf[(size_t)r * (size_t)N + (size_t)n];
+                    if (r == 3) assert_true(isnan(v));
+                    else assert_memory_equal(&v, &yref[(size_t)(60 + r) * (size_t)ldy + (size_t)(c0 + n)], 4);
+                }
+            printf("qmma %-4s K %5lld N %lld: T 1..130 within the two-level bound (max |err|/sum|p| %.2g), rows "
+                   "bit-identical alone and moved, bf16 = rounded fp32, a NaN row stays its own\n",
+                   osp_dtype_name(t), (long long)K, (long long)N, max_rel);
+            osp_cuda_free(dw), osp_cuda_free(ws), osp_cuda_free(dx), osp_cuda_free(dy);
+            free(w), free(wf), free(x), free(yf), free(yref), free(yb);
+        }
+    }
+}
+
 static void test_arguments(void **state) {
     (void)state;
     const int64_t K = 256;
@@ -269,7 +396,20 @@ static void test_arguments(void **state) {
     assert_int_equal(osp_cuda_qdequant_bf16(OSP_DTYPE_Q4_K, dw, rb, 4, K, (uint16_t *)((char *)dy + 2), NULL),
                      OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_qembed(OSP_DTYPE_Q8_0, dw, 34, NULL, dy, 1, 32, 1.0f, NULL), OSP_ERR_INVALID_ARG);
-    osp_cuda_free(dw), osp_cuda_free(dx), osp_cuda_free(dy);
+    /* qmma: a width that is not whole units, a workspace too small, no activations */
+    osp_cuda_qx qx;
+    const size_t wsb = osp_cuda_qx_workspace_bytes(16, K);
+    void *ws = dev_alloc_fill(wsb, 0);
+    assert_false(osp_cuda_qmatmul_supported(OSP_DTYPE_Q4_1, 96));
+    assert_false(osp_cuda_qmatmul_supported(OSP_DTYPE_Q5_K, 256));
+    assert_int_equal(osp_cuda_qx_quantize(dx, 16, K, ws, wsb - 1, &qx, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, 100, ws, wsb, &qx, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, K, ws, wsb, &qx, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q5_K, dw, rb, 4, &qx, dy, 4, true, NULL), OSP_ERR_UNSUPPORTED);
+    assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q4_K, dw, rb, 4, NULL, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q4_K, dw, rb, 4, &qx, dy, 3, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
+    osp_cuda_free(dw), osp_cuda_free(dx), osp_cuda_free(dy), osp_cuda_free(ws);
 }
 
 int main(void) {
@@ -284,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_gemv),
+        cmocka_unit_test(test_qmma),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

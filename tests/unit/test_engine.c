@@ -73,6 +73,9 @@ static osp_engine_params base(const char *model) {
     p.hash_seed_set = true;
     p.hash_seed = 5;
     p.device = TEST_DEVICE;
+#ifdef TEST_GPU_QUANT /* tests/gpu/test_gpu_engine_quant.c */
+    p.gpu_quant_weights = true;
+#endif
     return p;
 }
 
@@ -539,20 +542,6 @@ static void test_quantized_kv(void **state) {
 }
 
 /* The real model, briefly: 3 requests together vs alone, f16 KV (the default). */
-/* Quantized GPU weights (issue 17) run small and large steps through different kernels, so the engine
- * takes them only when every request runs alone: refused, before anything loads, with more. */
-static void test_quant_weights_one_sequence(void **state) {
-    (void)state;
-    osp_engine_params p = base("/nonexistent.gguf");
-    p.device = OSP_DEVICE_CUDA;
-    p.gpu_quant_weights = true;
-    p.max_num_seqs = 4;
-    osp_engine *e = NULL;
-    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
-    assert_null(e);
-    assert_non_null(strstr(osp_last_error(), "--max-num-seqs 1"));
-}
-
 static void test_smollm2_batch_invariance(void **state) {
     (void)state;
     if (!g_smol) skip();
@@ -600,7 +589,6 @@ int main(void) {
         cmocka_unit_test(test_loop_thread),
         cmocka_unit_test(test_shape_trace),
         cmocka_unit_test(test_quantized_kv),
-        cmocka_unit_test(test_quant_weights_one_sequence),
         cmocka_unit_test(test_smollm2_batch_invariance),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,7 +67,7 @@ bool cli_gpu_weights(const char *flag, const char *v);
 #define CLI_GPU_WEIGHTS_HELP                                                                                   \
     "  --gpu-weights W         bf16 | quant: on the GPU dequantize every matrix to bf16 at load (default), or\n" \
     "                          keep Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices in their GGUF blocks (less memory,\n"  \
-    "                          faster batch-1 decode; one sequence at a time for now)\n"
+    "                          activations quantized to two int8 levels for the tensor cores)\n"
 
 /* osp_model_params.progress for the CLI: a percentage on stderr while weights go to the GPU. */
 void cli_load_progress(void *ctx, float fraction);

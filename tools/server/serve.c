@@ -105,7 +105,7 @@ static const char *k_serve_usage =
     "  -t, --threads N                  compute threads (all cores)\n"
     "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
     "  --gpu-weights bf16|quant         GPU: every matrix bf16 (default) or Q8_0/Q4_0/Q4_1/Q4_K/Q6_K kept in their\n"
-    "                                   blocks (quant: needs --max-num-seqs 1 for now)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
+    "                                   blocks (quant: integer tensor cores, activations in two int8 levels)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' (off; CPU only)\n"
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"

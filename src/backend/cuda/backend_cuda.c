@@ -45,7 +45,7 @@ _Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_K
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
 #define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
-#define DEQ_MAX_BYTES ((size_t)256 << 20)  /* the bf16 copy of a quantized matrix's rows, per GEMM chunk */
+#define QX_ROWS 1024 /* activation rows a quantized matmul quantizes at a time (osp_cuda_qx_quantize) */
 
 static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 #define N_GRAPH_SIZES ((int)(sizeof k_graph_sizes / sizeof k_graph_sizes[0]))
@@ -59,12 +59,12 @@ typedef struct cuda_backend {
     int32_t n_weights, cap_weights;
     size_t weight_bytes;
     uint16_t *staging; /* pinned, STAGING_VALUES bf16 (while loading) */
-    /* quantized matrices (osp_backend_params.quant_weights): kept in their GGUF blocks; a matmul
-     * of more than OSP_CUDA_QGEMV_MAX_T rows dequantizes row chunks into deq (bf16, deq_bytes) for
-     * cuBLASLt. deq is sized at load, for the largest such matrix, at most DEQ_MAX_BYTES. */
+    /* quantized matrices (osp_backend_params.quant_weights): kept in their GGUF blocks and multiplied
+     * by osp_cuda_qmatmul at every step size, its activations quantized into qx (sized at load for
+     * QX_ROWS rows of the widest such matrix) */
     bool quant_weights;
-    uint16_t *deq;
-    size_t deq_bytes;
+    void *qx;
+    size_t qx_bytes;
     float *rowbuf;     /* [n_threads, rowbuf_cols] (while loading) */
     int64_t rowbuf_cols;
 
@@ -189,7 +189,7 @@ static void cuda_free(osp_backend *be) {
     free_acts(g);
     free_sampler(g);
     osp_cuda_free(g->d_kv_fixed);
-    osp_cuda_free(g->deq);
+    osp_cuda_free(g->qx);
     end_load(g);
     for (int32_t i = 0; i < g->n_weights; i++) osp_cuda_free(g->weights[i]);
     free(g->weights);
@@ -304,13 +304,13 @@ static osp_status upload_matrix(cuda_backend *g, uint16_t *dst, const osp_weight
     return OSP_OK;
 }
 
-/* A stored matrix whose parts are all of a type with quantized kernels (qmatmul.cu), copied as the
+/* A stored matrix whose parts are all of a type and width osp_cuda_qmatmul takes, copied as the
  * file's bytes: the parts one after another in one allocation, each its own osp_tensor part. The
- * bf16 scratch a large-T matmul dequantizes into grows to fit this matrix (up to DEQ_MAX_BYTES). */
-static bool can_place_quantized(const cuda_backend *g, const osp_weight_src *src, int32_t n) {
+ * activation workspace (qx) grows to fit this matrix's width. */
+static bool can_place_quantized(const cuda_backend *g, const osp_weight_src *src, int32_t n, int64_t cols) {
     if (!g->quant_weights) return false;
     for (int32_t i = 0; i < n; i++)
-        if (!src[i].data || !osp_cuda_qtype_supported(src[i].type)) return false;
+        if (!src[i].data || !osp_cuda_qmatmul_supported(src[i].type, cols)) return false;
     return true;
 }
 
@@ -341,15 +341,13 @@ static osp_status place_quantized(cuda_backend *g, const osp_weight_src *src, in
     out->cols = cols;
     out->rows = rows;
     out->n_parts = n;
-    size_t need = (size_t)rows * (size_t)cols * 2;
-    if (need > DEQ_MAX_BYTES) need = DEQ_MAX_BYTES;
-    if ((size_t)cols * 2 > need) need = (size_t)cols * 2;
-    if (need > g->deq_bytes) {
-        osp_cuda_free(g->deq);
-        g->deq = NULL;
-        g->deq_bytes = 0;
-        OSP_TRY(osp_cuda_malloc((void **)&g->deq, need, "the dequantized-weight scratch"));
-        g->deq_bytes = need;
+    const size_t need = osp_cuda_qx_workspace_bytes(QX_ROWS, cols);
+    if (need > g->qx_bytes) {
+        osp_cuda_free(g->qx);
+        g->qx = NULL;
+        g->qx_bytes = 0;
+        OSP_TRY(osp_cuda_malloc(&g->qx, need, "the quantized-activation workspace"));
+        g->qx_bytes = need;
     }
     return OSP_OK;
 }
@@ -361,7 +359,7 @@ static osp_status cuda_place(osp_backend *be, const osp_weight_src *src, int32_t
                              osp_tensor *out) {
     cuda_backend *g = CU(be);
     memset(out, 0, sizeof *out);
-    if (!f32_exact && can_place_quantized(g, src, n)) return place_quantized(g, src, n, cols, out);
+    if (!f32_exact && can_place_quantized(g, src, n, cols)) return place_quantized(g, src, n, cols, out);
     int64_t rows = 0;
     for (int32_t i = 0; i < n; i++) rows += src[i].rows;
     const size_t elem = f32_exact ? 4 : 2;
@@ -525,38 +523,24 @@ fail:
     return s;
 }
 
-/* y [R, w->rows] = x [R, w->cols] w^T for a matrix placed quantized (place_quantized). R <= the qgemv
- * limit (decode): one qgemv per part into its columns of y. Larger R: row chunks of the matrix
- * dequantized into the bf16 scratch (the bf16 path's values, bit for bit), each multiplied by cuBLASLt
- * into its columns of y. Which of the two runs depends on R, so a row's bits can differ between a step
- * of <= 8 rows and a larger one (as cuBLASLt's algorithm per shape already can). */
+/* y [R, w->rows] = x [R, w->cols] w^T for a matrix placed quantized (place_quantized): the rows of x
+ * quantized QX_ROWS at a time (osp_cuda_qx_quantize), then one osp_cuda_qmatmul per part into its
+ * columns of y. Every row's bits depend only on its own x row and the weights, at any R. */
 static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const void *x, void *y, bool y_f32,
                                    int64_t R, void *st) {
     const int64_t N = w->rows, K = w->cols;
     const size_t esz = y_f32 ? 4 : 2;
-    if (R <= OSP_CUDA_QGEMV_MAX_T) {
+    for (int64_t r0 = 0; r0 < R; r0 += QX_ROWS) {
+        const int64_t rn = R - r0 < QX_ROWS ? R - r0 : QX_ROWS;
+        osp_cuda_qx qx;
+        OSP_TRY(osp_cuda_qx_quantize((const uint16_t *)x + (size_t)r0 * (size_t)K, rn, K, g->qx, g->qx_bytes, &qx, st));
         int64_t c0 = 0;
         for (int32_t i = 0; i < w->n_parts; i++) {
             const osp_tensor_part *p = &w->parts[i];
-            OSP_TRY(osp_cuda_qgemv(p->type, p->data, p->row_bytes, p->rows, K, x, R, (char *)y + (size_t)c0 * esz, N,
-                                   y_f32, st));
+            OSP_TRY(osp_cuda_qmatmul(p->type, p->data, p->row_bytes, p->rows, &qx,
+                                     (char *)y + ((size_t)r0 * (size_t)N + (size_t)c0) * esz, N, y_f32, st));
             c0 += p->rows;
         }
-        return OSP_OK;
-    }
-    const int64_t chunk = (int64_t)(g->deq_bytes / ((size_t)K * 2));
-    if (chunk < 1) return osp_set_error(OSP_ERR_INTERNAL, "cuda: no dequantization scratch for a %lld-column matrix", (long long)K);
-    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-        const int64_t r1 = r0 + chunk < N ? r0 + chunk : N;
-        int64_t p0 = 0; /* the first row of part i */
-        for (int32_t i = 0; i < w->n_parts; p0 += w->parts[i].rows, i++) {
-            const osp_tensor_part *p = &w->parts[i];
-            const int64_t a = r0 > p0 ? r0 : p0, b = r1 < p0 + p->rows ? r1 : p0 + p->rows;
-            if (a >= b) continue;
-            OSP_TRY(osp_cuda_qdequant_bf16(p->type, (const char *)p->data + (size_t)(a - p0) * p->row_bytes,
-                                           p->row_bytes, b - a, K, g->deq + (size_t)(a - r0) * (size_t)K, st));
-        }
-        OSP_TRY(osp_cuda_gemm_bf16_ld(g->gemm, x, g->deq, (char *)y + (size_t)r0 * esz, y_f32, R, r1 - r0, K, N, st));
     }
     return OSP_OK;
 }

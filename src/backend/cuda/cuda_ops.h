@@ -138,6 +138,39 @@ bool osp_cuda_qtype_supported(uint32_t type);
 osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, int64_t K,
                           const uint16_t *d_x, int64_t T, void *d_y, int64_t ldy, bool y_f32, void *stream);
 
+/* Activations quantized for osp_cuda_qmatmul: T rows of K values in blocks of 32, two int8 levels
+ * per block (x ~ d q1 + d2 q2, d = amax / 127, d2 = d / 256: the CPU's osp_q8_block scheme,
+ * backend/cpu/qdot.h), rows padded to Tp = T rounded up to 8. Points into the caller's workspace. */
+typedef struct osp_cuda_qx {
+    const void *codes;  /* [K / 32][Tp][64] int8: a block's 32 first-level codes, then its 32 second-level */
+    const void *scales; /* [K / 32][Tp] float4: {d2, sum of values 0..15, of 16..31, of all 32} */
+    int64_t T, Tp, K;
+} osp_cuda_qx;
+
+/* Workspace bytes osp_cuda_qx_quantize needs for T rows of K values (0 for T or K <= 0): 80 a block. */
+size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K);
+
+/* Quantizes d_x [T, K] bf16 (K % 32 == 0) into d_ws (16-byte aligned, >= the workspace bytes) and
+ * describes it in *qx. Each row is quantized on its own (its codes do not depend on T). A block with
+ * a non-finite value makes its outputs NaN. Errors: OSP_ERR_INVALID_ARG (shapes, workspace),
+ * OSP_ERR_INTERNAL (launch). Enqueues only. */
+osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void *d_ws, size_t ws_bytes, osp_cuda_qx *qx,
+                                void *stream);
+
+/* Whether osp_cuda_qmatmul takes `type` with K columns (K % 64 == 0 for Q8_0, Q4_0, Q4_1; K % 256
+ * == 0 for Q4_K, Q6_K). */
+bool osp_cuda_qmatmul_supported(uint32_t type, int64_t K);
+
+/* y[t, n] = sum_k x[t, k] w[n, k] for t < qx->T, n < N, any T: d_w N rows of `type` (row_bytes apart,
+ * aligned as osp_cuda_qgemv needs), x as quantized by osp_cuda_qx_quantize (K = qx->K), d_y [T, ldy]
+ * fp32 (y_f32) or bf16, columns [0, N) written. The products of each 32-value block run on the
+ * integer tensor cores (exact), each output folds its blocks in K order in fp32 over 8 K slices
+ * fixed by K: a row's result is the same bits for any T and any place in the batch (issue 17's batch
+ * invariance). Errors: OSP_ERR_UNSUPPORTED (type, K), OSP_ERR_INVALID_ARG, OSP_ERR_INTERNAL.
+ * Enqueues only (graph-capturable). */
+osp_status osp_cuda_qmatmul(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, const osp_cuda_qx *qx, void *d_y,
+                            int64_t ldy, bool y_f32, void *stream);
+
 /* d_dst[r, :] = bf16(row r of d_w) for r < rows, [rows, K] bf16 (16-byte aligned): the values of
  * core/dtype.c's osp_dequant_row rounded to nearest even, bit for bit (what the bf16 weight path
  * uploads). Errors as osp_cuda_qgemv. Enqueues only. */

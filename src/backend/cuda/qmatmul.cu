@@ -367,6 +367,349 @@ __global__ void qembed_kernel(const uint8_t *__restrict__ table, size_t row_byte
     }
 }
 
+/* ---- qmma: y = x w^T on the integer tensor cores, for every T -----------------------------------
+ *
+ * Activations are quantized first (qx_kernel) per row in blocks of 32 in two int8 levels, the CPU's
+ * osp_q8_block scheme (backend/cpu/qdot.h): x_i ~ d q1_i + d2 q2_i, d = amax / 127, d2 = d / 256, the
+ * second level quantizing the first's rounding residual (relative error ~1e-5, below bf16's 2^-9).
+ * A weight block of 32 codes (unsigned 0..63 for Q4/Q6, the int8 itself for Q8_0) then meets an
+ * activation block in mma.sync m16n8k32 s8 x s8 -> s32, once per level: the integer sums are exact,
+ * so the tensor cores' summation order is irrelevant. Each (weight row, activation row) output folds
+ * its blocks in K order in fp32:
+ *     v = (256 I1 + I2) d2,   y = fma(a, v, y),   y = fma(o, s, y)
+ * with the block's weight scale a and offset o (Q4_0: a = d, o = -8 d; Q4_1: a = d, o = m; Q4_K:
+ * a = d sc, o = -dmin m; Q6_K per 16-value half: a = d sc, o = -32 a; Q8_0: a = d, no offset) and the
+ * activation block's value sum s. The s32 accumulators start at the bits of 1.5 * 2^23, so a sum
+ * |I| < 2^22 (every type here: Q8_0's bound is 32 * 128 * 127) reads back as a float with one FADD.
+ *
+ * A CTA owns 16 weight rows (the mma's M) and up to 64 activation rows (eight n-tiles of 8); its 8
+ * warps split the row's blocks into 8 fixed K slices (a function of K alone) and the CTA adds the 8
+ * partial sums in warp order. Every output's arithmetic therefore depends only on K and its own two
+ * rows: not on T, on the n-tile or CTA it lands in, or on the other rows (batch invariance).
+ * Lane (g, c) = (lane / 4, lane % 4) holds weight rows g and g + 8. The mma's k positions are
+ * permuted (the same permutation in A and B, which leaves the sum unchanged): the lane's k 4c..4c+3
+ * and 16+4c..16+4c+3 are the block's values 8c .. 8c+7, so it loads 8 consecutive codes per row and
+ * 8 consecutive bytes of each activation level. */
+
+constexpr int QM_WARPS = 8;    /* K slices of a CTA, one warp each */
+constexpr int QM_ROWS = 16;    /* weight rows of a CTA */
+constexpr int QM_TCHUNK = 64;  /* activation rows of a CTA (8 n-tiles) */
+constexpr int QM_MAGIC = 0x4B400000; /* 1.5 * 2^23 as float bits */
+constexpr int64_t QX_BLOCK_BYTES = 64 + 16; /* a row's block in the workspace: 64 codes, a float4 of scales */
+
+__device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return __ldg(reinterpret_cast<const uint16_t *>(p)); }
+
+/* the value of one s32 accumulator that started at QM_MAGIC (exact for |I| < 2^22) */
+__device__ __forceinline__ float magic_f(int v) { return __int_as_float(v) - 12582912.0f; }
+
+/* a signed byte as float, exactly (2^23 + 128 + b as bits, minus 2^23 + 128) */
+__device__ __forceinline__ float sbyte_f(uint32_t word, int i) {
+    const uint32_t u = ((word >> (8 * i)) & 0xffu) ^ 0x80u;
+    return __int_as_float(0x4B000000 | (int)u) - 8388736.0f;
+}
+/* an unsigned byte (< 2^8) as float: PRMT into the bits of 2^23 + b, then the FMA's own rounding gives
+ * b * s exactly rounded: fma(2^23 + b, s, -2^23 s), the last product exact (a power of two) */
+__device__ __forceinline__ float ubyte_times(uint32_t word, int i, float s, float neg_s23) {
+    return fmaf(__int_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | (unsigned)i)), s, neg_s23);
+}
+
+__device__ __forceinline__ void mma_s8_16832(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Per type: a unit is UB blocks of 32 values that one load step fetches (Raw: this lane's bytes of
+ * one row); codes() gives block j's values 8c .. 8c+3 (lo) and 8c+4 .. 8c+7 (hi) as bytes, scales()
+ * its a and o. HALVES: the block has a scale per 16 values (Q6_K; a[0] / o[0] values 0..15, a[1] /
+ * o[1] values 16..31). HAS_O: the type has an offset term. */
+template <uint32_t TYPE> struct qm;
+
+template <> struct qm<OSP_DTYPE_Q8_0> {
+    static constexpr int UB = 2;
+    static constexpr bool HALVES = false, HAS_O = false;
+    struct Raw { uint32_t q[2][2]; uint32_t d[2]; };
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint8_t *b = row + (2 * u + j) * 34;
+            r.d[j] = ld16(b);
+            load8_a2(b + 2 + 8 * c, r.q[j]);
+        }
+    }
+    static __device__ __forceinline__ void codes(const Raw &r, int j, int c, uint32_t &lo, uint32_t &hi) {
+        (void)c;
+        lo = r.q[j][0], hi = r.q[j][1];
+    }
+    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
+        (void)c;
+        a[0] = half_bits(r.d[j]), o[0] = 0.0f;
+    }
+};
+
+template <> struct qm<OSP_DTYPE_Q4_0> {
+    static constexpr int UB = 2;
+    static constexpr bool HALVES = false, HAS_O = true;
+    struct Raw { uint32_t q[2][2]; uint32_t d[2]; };
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint8_t *b = row + (2 * u + j) * 18;
+            r.d[j] = ld16(b);
+            load8_a2(b + 2 + 8 * (c & 1), r.q[j]); /* values 8c..8c+7: low nibbles (c < 2) or high of these bytes */
+        }
+    }
+    static __device__ __forceinline__ void codes(const Raw &r, int j, int c, uint32_t &lo, uint32_t &hi) {
+        const int sh = 4 * (c >> 1);
+        lo = (r.q[j][0] >> sh) & 0x0F0F0F0Fu, hi = (r.q[j][1] >> sh) & 0x0F0F0F0Fu;
+    }
+    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
+        (void)c;
+        a[0] = half_bits(r.d[j]), o[0] = -8.0f * a[0];
+    }
+};
+
+template <> struct qm<OSP_DTYPE_Q4_1> {
+    static constexpr int UB = 2;
+    static constexpr bool HALVES = false, HAS_O = true;
+    struct Raw { uint32_t q[2][2]; uint32_t dm[2]; };
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint8_t *b = row + (2 * u + j) * 20;
+            r.dm[j] = __ldg(reinterpret_cast<const uint32_t *>(b));
+            load8_a4(b + 4 + 8 * (c & 1), r.q[j]);
+        }
+    }
+    static __device__ __forceinline__ void codes(const Raw &r, int j, int c, uint32_t &lo, uint32_t &hi) {
+        const int sh = 4 * (c >> 1);
+        lo = (r.q[j][0] >> sh) & 0x0F0F0F0Fu, hi = (r.q[j][1] >> sh) & 0x0F0F0F0Fu;
+    }
+    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
+        (void)c;
+        a[0] = half_bits(r.dm[j] & 0xffffu), o[0] = half_bits(r.dm[j] >> 16);
+    }
+};
+
+/* a unit is a super-block: the 16-byte header and, for sub-block pair i, bytes 32 i + 8c .. + 7 of qs
+ * (low nibbles: sub-block 2i, high: 2i + 1) */
+template <> struct qm<OSP_DTYPE_Q4_K> {
+    static constexpr int UB = 8;
+    static constexpr bool HALVES = false, HAS_O = true;
+    struct Raw { uint4 hdr; uint2 q[4]; };
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+        const uint8_t *b = row + u * 144;
+        r.hdr = __ldg(reinterpret_cast<const uint4 *>(b));
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.q[i] = __ldg(reinterpret_cast<const uint2 *>(b + 16 + 32 * i + 8 * c));
+    }
+    static __device__ __forceinline__ void codes(const Raw &r, int j, int c, uint32_t &lo, uint32_t &hi) {
+        (void)c;
+        const int sh = 4 * (j & 1);
+        lo = (r.q[j >> 1].x >> sh) & 0x0F0F0F0Fu, hi = (r.q[j >> 1].y >> sh) & 0x0F0F0F0Fu;
+    }
+    /* core/dtype.c's k4 scale layout, four 6-bit values a word: sc 0-3 = scales[0..3] & 63, m 0-3 =
+     * scales[4..7] & 63, sc 4-7 = scales[8..11] low nibbles | (scales[0..3] >> 6) << 4, m 4-7 = the high
+     * nibbles | (scales[4..7] >> 6) << 4 */
+    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
+        (void)c;
+        const uint32_t y = r.hdr.y, z = r.hdr.z, w = r.hdr.w;
+        const uint32_t sc = j < 4 ? y & 0x3F3F3F3Fu : (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
+        const uint32_t m = j < 4 ? z & 0x3F3F3F3Fu : ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
+        const float d = half_bits(r.hdr.x & 0xffffu), dmin = half_bits(r.hdr.x >> 16);
+        a[0] = ubyte_times(sc, j & 3, d, -8388608.0f * d);
+        o[0] = ubyte_times(m, j & 3, -dmin, 8388608.0f * dmin);
+    }
+};
+
+/* a unit is half a super-block (h = u % 2: 128 values, sub-blocks s = 0..3 of 32): ql bytes 64h +
+ * 32(s & 1) + 8c .. + 7 (low nibbles for s < 2, high for s >= 2), qh bytes 128 + 32h + 8c .. + 7 (bits
+ * 2s, 2s + 1), the half's 8 scales (16 values each) and d */
+template <> struct qm<OSP_DTYPE_Q6_K> {
+    static constexpr int UB = 4;
+    static constexpr bool HALVES = true, HAS_O = true;
+    struct Raw { uint32_t ql[2][2]; uint32_t qh[2]; uint32_t sc[2]; uint32_t d; };
+    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+        const uint8_t *b = row + (u >> 1) * 210;
+        const int h = (int)(u & 1);
+        load8_a2(b + 64 * h + 8 * c, r.ql[0]);
+        load8_a2(b + 64 * h + 32 + 8 * c, r.ql[1]);
+        load8_a2(b + 128 + 32 * h + 8 * c, r.qh);
+        load8_a2(b + 192 + 8 * h, r.sc);
+        r.d = ld16(b + 208);
+    }
+    static __device__ __forceinline__ void codes(const Raw &r, int s, int c, uint32_t &lo, uint32_t &hi) {
+        (void)c;
+        const int sh = 4 * (s >> 1);
+        lo = ((r.ql[s & 1][0] >> sh) & 0x0F0F0F0Fu) | ((r.qh[0] >> (2 * s)) & 0x03030303u) << 4;
+        hi = ((r.ql[s & 1][1] >> sh) & 0x0F0F0F0Fu) | ((r.qh[1] >> (2 * s)) & 0x03030303u) << 4;
+    }
+    static __device__ __forceinline__ void scales(const Raw &r, int s, int c, float a[2], float o[2]) {
+        (void)c;
+        const float d = half_bits(r.d);
+        const uint32_t wd = r.sc[s >> 1]; /* scales 2s and 2s + 1 of the half: bytes 2(s & 1), +1 */
+        a[0] = __fmul_rn(d, sbyte_f(wd, 2 * (s & 1)));
+        a[1] = __fmul_rn(d, sbyte_f(wd, 2 * (s & 1) + 1));
+        o[0] = -32.0f * a[0], o[1] = -32.0f * a[1];
+    }
+};
+
+/* One warp per (block, row): the CPU's osp_quantize_row_q8 arithmetic (round to nearest even, the
+ * second level saturated at +-127); rows t in [T, Tp) are zero. A block with a non-finite value gets
+ * zero codes and a NaN d2 (the output is NaN, as on the CPU). */
+__global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp, int64_t K, int8_t *__restrict__ codes,
+                          float4 *__restrict__ sc) {
+    const int lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nb = K / 32;
+    if (item >= nb * Tp) return;
+    const int64_t b = item / Tp, t = item % Tp;
+    const float v = t < T ? osp_bf16_to_f(x[(size_t)t * (size_t)K + (size_t)b * 32 + lane]) : 0.0f;
+    const bool bad = __any_sync(0xffffffffu, !isfinite(v));
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f), id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const float d2 = d * (1.0f / 256.0f), id2 = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
+    int q = 0, q2 = 0;
+    if (!bad) {
+        q = __float2int_rn(__fmul_rn(v, id));
+        q2 = __float2int_rn(__fmul_rn(__fsub_rn(v, __fmul_rn(d, (float)q)), id2));
+        q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
+    }
+    int8_t *out = codes + item * 64;
+    out[lane] = (int8_t)q;
+    out[32 + lane] = (int8_t)q2;
+    int s1 = q, s2 = q2; /* sums over each half of the block (lanes 0-15, 16-31) */
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) {
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+    }
+    const int h1 = __shfl_sync(0xffffffffu, s1, 16), h2 = __shfl_sync(0xffffffffu, s2, 16);
+    if (lane == 0) {
+        const float lo = fmaf(d2, (float)s2, __fmul_rn(d, (float)s1));
+        const float hi = fmaf(d2, (float)h2, __fmul_rn(d, (float)h1));
+        sc[item] = bad ? make_float4(__int_as_float(0x7fc00000), 0.0f, 0.0f, 0.0f) : make_float4(d2, lo, hi, lo + hi);
+    }
+}
+
+template <uint32_t TYPE, int NTT, bool T1>
+__global__ void __launch_bounds__(QM_WARPS * 32)
+    qmma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
+                const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
+                void *__restrict__ y, int64_t ldy, bool y_f32) {
+    using Q = qm<TYPE>;
+    __shared__ float part[QM_WARPS][QM_ROWS][QM_TCHUNK];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * QM_ROWS, t0 = (int64_t)blockIdx.y * QM_TCHUNK;
+    const int tc = (int)(T - t0 < QM_TCHUNK ? T - t0 : QM_TCHUNK), ntiles = (tc + 7) / 8;
+    const int64_t u0 = n_units * warp / QM_WARPS, u1 = n_units * (warp + 1) / QM_WARPS;
+    const uint8_t *rp[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int64_t n = n0 + g + 8 * i;
+        rp[i] = w + (size_t)(n < N ? n : N - 1) * row_bytes;
+    }
+    float acc[NTT][4];
+#pragma unroll
+    for (int tt = 0; tt < NTT; tt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[tt][e] = 0.0f;
+    typename Q::Raw cur[2], nxt[2];
+    if (u0 < u1) Q::load(rp[0], u0, c, cur[0]), Q::load(rp[1], u0, c, cur[1]);
+    for (int64_t u = u0; u < u1; u++) {
+        if (u + 1 < u1) Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
+#pragma unroll
+        for (int j = 0; j < Q::UB; j++) {
+            uint32_t a[4]; /* row g values 8c..8c+3, row g + 8 the same, then 8c+4..8c+7 of each */
+            Q::codes(cur[0], j, c, a[0], a[2]);
+            Q::codes(cur[1], j, c, a[1], a[3]);
+            float sa[2][2], so[2][2]; /* [row][half] */
+            Q::scales(cur[0], j, c, sa[0], so[0]);
+            Q::scales(cur[1], j, c, sa[1], so[1]);
+            const int64_t blk = u * Q::UB + j;
+            const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)(t0 + g)) * 64 + 8 * c;
+            const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(t0 + 2 * c);
+#pragma unroll
+            for (int tt = 0; tt < NTT; tt++) {
+                if (tt >= ntiles) continue;
+                const uint2 b1 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64));
+                const uint2 b2 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32));
+                const float4 s0 = __ldg(sb + tt * 8), s1 = T1 ? s0 : __ldg(sb + tt * 8 + 1);
+                constexpr int NH = Q::HALVES ? 2 : 1;
+                int c1[NH][4], c2[NH][4];
+#pragma unroll
+                for (int h = 0; h < NH; h++) {
+                    uint32_t ah[4];
+                    /* a Q6_K half: lanes c < 2 hold values 0..15, c >= 2 values 16..31; the other half's
+                     * lanes give zeros */
+                    const bool mine = !Q::HALVES || (h == 0) == (c < 2);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) ah[i] = mine ? a[i] : 0u;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) c1[h][e] = QM_MAGIC, c2[h][e] = QM_MAGIC;
+                    mma_s8_16832(c1[h], ah, b1.x, b1.y);
+                    mma_s8_16832(c2[h], ah, b2.x, b2.y);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (T1 && (e & 1)) continue; /* one activation row: only column 0 (lanes c == 0) counts */
+                    const int r = e >> 1;
+                    const float4 s = (e & 1) ? s1 : s0;
+                    float v = acc[tt][e];
+#pragma unroll
+                    for (int h = 0; h < NH; h++) {
+                        const float I = fmaf(magic_f(c1[h][e]), 256.0f, magic_f(c2[h][e]));
+                        v = fmaf(sa[r][h], I * s.x, v);
+                        if (Q::HAS_O) v = fmaf(so[r][h], Q::HALVES ? (h ? s.z : s.y) : s.w, v);
+                    }
+                    acc[tt][e] = v;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) cur[i] = nxt[i];
+    }
+#pragma unroll
+    for (int tt = 0; tt < NTT; tt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (tt < ntiles) part[warp][g + 8 * (e >> 1)][tt * 8 + 2 * c + (e & 1)] = acc[tt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < QM_ROWS * tc; i += blockDim.x) {
+        const int r = i / tc, col = i % tc;
+        if (n0 + r >= N) continue;
+        float s = part[0][r][col];
+#pragma unroll
+        for (int k = 1; k < QM_WARPS; k++) s += part[k][r][col];
+        const size_t o = (size_t)(t0 + col) * (size_t)ldy + (size_t)(n0 + r);
+        if (y_f32) static_cast<float *>(y)[o] = s;
+        else static_cast<uint16_t *>(y)[o] = osp_f_to_bf16(s);
+    }
+}
+
+template <uint32_t TYPE>
+osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const osp_cuda_qx *qx, void *d_y,
+                       int64_t ldy, bool y_f32, cudaStream_t st) {
+    const int64_t n_units = K / (32 * qm<TYPE>::UB);
+    const dim3 grid((unsigned)((N + QM_ROWS - 1) / QM_ROWS), (unsigned)((qx->T + QM_TCHUNK - 1) / QM_TCHUNK));
+    const uint8_t *w = static_cast<const uint8_t *>(d_w);
+    const int8_t *xc = static_cast<const int8_t *>(qx->codes);
+    const float4 *xs = static_cast<const float4 *>(qx->scales);
+#define OSP_QMMA_LAUNCH(NTT, T1)                                                                                     \
+    qmma_kernel<TYPE, NTT, T1><<<grid, QM_WARPS * 32, 0, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, \
+                                                              ldy, y_f32)
+    if (qx->T == 1) OSP_QMMA_LAUNCH(1, true);
+    else if (qx->T <= 8) OSP_QMMA_LAUNCH(1, false);
+    else if (qx->T <= 16) OSP_QMMA_LAUNCH(2, false);
+    else if (qx->T <= 32) OSP_QMMA_LAUNCH(4, false);
+    else OSP_QMMA_LAUNCH(8, false);
+#undef OSP_QMMA_LAUNCH
+    OSP_CUDA_LAUNCH_CHECK("qmma_kernel");
+    return OSP_OK;
+}
+
 /* Pieces a lane takes in a row before the next lane's (OSPREY_QGEMV_PIECES: 1, 2 or 4; read once). More
  * share a block's scale decode and issue wider runs of loads; fewer keep the warp's accesses denser.
  * Only 1 has run on a device (test_gpu_qmatmul and the timings in bench/gpu/DECODE.md); 2 and 4 are
@@ -480,6 +823,59 @@ extern "C" osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_
     case OSP_DTYPE_Q4_1: return launch_gemv<OSP_DTYPE_Q4_1>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
     case OSP_DTYPE_Q4_K: return launch_gemv<OSP_DTYPE_Q4_K>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
     default: return launch_gemv<OSP_DTYPE_Q6_K>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
+    }
+}
+
+extern "C" size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K) {
+    if (T <= 0 || K <= 0) return 0;
+    const int64_t Tp = (T + 7) / 8 * 8;
+    return (size_t)Tp * (size_t)(K / 32) * (size_t)QX_BLOCK_BYTES;
+}
+
+extern "C" osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void *d_ws, size_t ws_bytes,
+                                           osp_cuda_qx *qx, void *stream) {
+    if (!d_x || !d_ws || !qx || T <= 0 || K <= 0 || K % 32 != 0 || (uintptr_t)d_ws % 16 != 0 ||
+        ws_bytes < osp_cuda_qx_workspace_bytes(T, K))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx_quantize: bad arguments (T %lld, K %lld, %zu workspace bytes)",
+                             (long long)T, (long long)K, ws_bytes);
+    const int64_t Tp = (T + 7) / 8 * 8, nb = K / 32, items = nb * Tp;
+    int8_t *codes = static_cast<int8_t *>(d_ws);
+    float4 *sc = reinterpret_cast<float4 *>(codes + (size_t)items * 64);
+    qx_kernel<<<(unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream>>>(d_x, T, Tp, K, codes, sc);
+    OSP_CUDA_LAUNCH_CHECK("qx_kernel");
+    *qx = (osp_cuda_qx){.codes = codes, .scales = sc, .T = T, .Tp = Tp, .K = K};
+    return OSP_OK;
+}
+
+extern "C" bool osp_cuda_qmatmul_supported(uint32_t type, int64_t K) {
+    switch (type) {
+    case OSP_DTYPE_Q8_0:
+    case OSP_DTYPE_Q4_0:
+    case OSP_DTYPE_Q4_1: return K > 0 && K % 64 == 0;
+    case OSP_DTYPE_Q4_K:
+    case OSP_DTYPE_Q6_K: return K > 0 && K % 256 == 0;
+    default: return false;
+    }
+}
+
+extern "C" osp_status osp_cuda_qmatmul(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, const osp_cuda_qx *qx,
+                                       void *d_y, int64_t ldy, bool y_f32, void *stream) {
+    if (!qx) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qmatmul: no quantized activations");
+    const int64_t K = qx->K;
+    OSP_TRY(check("osp_cuda_qmatmul", type, d_w, row_bytes, K));
+    if (!osp_cuda_qmatmul_supported(type, K))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "osp_cuda_qmatmul: %lld columns of type %u: not whole units of the kernel",
+                             (long long)K, type);
+    if (!d_y || N <= 0 || ldy < N || qx->T <= 0 || qx->Tp < qx->T || qx->Tp % 8 != 0 || !qx->codes || !qx->scales)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qmatmul: bad arguments (N %lld, T %lld, ldy %lld)",
+                             (long long)N, (long long)qx->T, (long long)ldy);
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (type) {
+    case OSP_DTYPE_Q8_0: return launch_qmma<OSP_DTYPE_Q8_0>(d_w, row_bytes, N, K, qx, d_y, ldy, y_f32, st);
+    case OSP_DTYPE_Q4_0: return launch_qmma<OSP_DTYPE_Q4_0>(d_w, row_bytes, N, K, qx, d_y, ldy, y_f32, st);
+    case OSP_DTYPE_Q4_1: return launch_qmma<OSP_DTYPE_Q4_1>(d_w, row_bytes, N, K, qx, d_y, ldy, y_f32, st);
+    case OSP_DTYPE_Q4_K: return launch_qmma<OSP_DTYPE_Q4_K>(d_w, row_bytes, N, K, qx, d_y, ldy, y_f32, st);
+    default: return launch_qmma<OSP_DTYPE_Q6_K>(d_w, row_bytes, N, K, qx, d_y, ldy, y_f32, st);
     }
 }
 
