@@ -594,6 +594,62 @@ __global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp,
     }
 }
 
+/* One n-tile of one block: the two levels' products (per Q6_K half) on the tensor cores, then each of
+ * this lane's four outputs (rows g, g + 8; columns 2c, 2c + 1) folds the block in: v = (256 I1 + I2)
+ * d2, acc = fma(a, v, acc), acc = fma(o, s, acc). a: the A fragment (rows g, g + 8, values 8c..8c+3,
+ * then rows g, g + 8, values 8c+4..8c+7); sa / so: [row][half] scales; b1 / b2: this lane's activation
+ * codes of column g (levels 1 and 2); s0 / s1: columns 2c and 2c + 1's {d2, s_lo, s_hi, s}. Both
+ * kernels call this, so an output's arithmetic is the same whichever computes it. T1: only column 0
+ * counts (one activation row). */
+template <uint32_t TYPE, bool T1>
+__device__ __forceinline__ void fold_tile(float acc[4], const uint32_t a[4], const float sa[2][2], const float so[2][2],
+                                          uint2 b1, uint2 b2, float4 s0, float4 s1, int c) {
+    using Q = qm<TYPE>;
+    constexpr int NH = Q::HALVES ? 2 : 1;
+    int c1[NH][4], c2[NH][4];
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        uint32_t ah[4];
+        /* a Q6_K half: lanes c < 2 hold values 0..15, c >= 2 values 16..31; the other half's lanes give
+         * zeros */
+        const bool mine = !Q::HALVES || (h == 0) == (c < 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) ah[i] = mine ? a[i] : 0u;
+#pragma unroll
+        for (int e = 0; e < 4; e++) c1[h][e] = QM_MAGIC, c2[h][e] = QM_MAGIC;
+        mma_s8_16832(c1[h], ah, b1.x, b1.y);
+        mma_s8_16832(c2[h], ah, b2.x, b2.y);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (T1 && (e & 1)) continue;
+        const int r = e >> 1;
+        const float4 sv = (e & 1) ? s1 : s0;
+        float v = acc[e];
+#pragma unroll
+        for (int h = 0; h < NH; h++) {
+            const float I = fmaf(magic_f(c1[h][e]), 256.0f, magic_f(c2[h][e]));
+            v = fmaf(sa[r][h], I * sv.x, v);
+            if (Q::HAS_O) v = fmaf(so[r][h], Q::HALVES ? (h ? sv.z : sv.y) : sv.w, v);
+        }
+        acc[e] = v;
+    }
+}
+
+/* Block j of unit `cur` (rows g and g + 8): the A fragment and the scales. */
+template <uint32_t TYPE>
+__device__ __forceinline__ void block_frag(const typename qm<TYPE>::Raw cur[2], int j, int c, uint32_t a[4],
+                                           float sa[2][2], float so[2][2]) {
+    using Q = qm<TYPE>;
+    Q::codes(cur[0], j, c, a[0], a[2]);
+    Q::codes(cur[1], j, c, a[1], a[3]);
+    Q::scales(cur[0], j, c, sa[0], so[0]);
+    Q::scales(cur[1], j, c, sa[1], so[1]);
+}
+
+/* Split mode (small T): a CTA is 16 weight rows x up to 64 activation rows; warp w takes K slice w (its
+ * units u0 .. u1) and the CTA adds the 8 slices' sums in order. Activation codes come from global memory
+ * (L1/L2); lanes whose column is past T load nothing. */
 template <uint32_t TYPE, int NTT, bool T1>
 __global__ void __launch_bounds__(QM_WARPS * 32)
     qmma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
@@ -622,50 +678,23 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
         if (u + 1 < u1) Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
 #pragma unroll
         for (int j = 0; j < Q::UB; j++) {
-            uint32_t a[4]; /* row g values 8c..8c+3, row g + 8 the same, then 8c+4..8c+7 of each */
-            Q::codes(cur[0], j, c, a[0], a[2]);
-            Q::codes(cur[1], j, c, a[1], a[3]);
-            float sa[2][2], so[2][2]; /* [row][half] */
-            Q::scales(cur[0], j, c, sa[0], so[0]);
-            Q::scales(cur[1], j, c, sa[1], so[1]);
+            uint32_t a[4];
+            float sa[2][2], so[2][2];
+            block_frag<TYPE>(cur, j, c, a, sa, so);
             const int64_t blk = u * Q::UB + j;
             const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)(t0 + g)) * 64 + 8 * c;
             const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(t0 + 2 * c);
 #pragma unroll
             for (int tt = 0; tt < NTT; tt++) {
                 if (tt >= ntiles) continue;
-                const uint2 b1 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64));
-                const uint2 b2 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32));
+                const bool live = tt * 8 + g < tc; /* padding columns: zeros, no load */
+                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                if (live) {
+                    b1 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64));
+                    b2 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32));
+                }
                 const float4 s0 = __ldg(sb + tt * 8), s1 = T1 ? s0 : __ldg(sb + tt * 8 + 1);
-                constexpr int NH = Q::HALVES ? 2 : 1;
-                int c1[NH][4], c2[NH][4];
-#pragma unroll
-                for (int h = 0; h < NH; h++) {
-                    uint32_t ah[4];
-                    /* a Q6_K half: lanes c < 2 hold values 0..15, c >= 2 values 16..31; the other half's
-                     * lanes give zeros */
-                    const bool mine = !Q::HALVES || (h == 0) == (c < 2);
-#pragma unroll
-                    for (int i = 0; i < 4; i++) ah[i] = mine ? a[i] : 0u;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) c1[h][e] = QM_MAGIC, c2[h][e] = QM_MAGIC;
-                    mma_s8_16832(c1[h], ah, b1.x, b1.y);
-                    mma_s8_16832(c2[h], ah, b2.x, b2.y);
-                }
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (T1 && (e & 1)) continue; /* one activation row: only column 0 (lanes c == 0) counts */
-                    const int r = e >> 1;
-                    const float4 s = (e & 1) ? s1 : s0;
-                    float v = acc[tt][e];
-#pragma unroll
-                    for (int h = 0; h < NH; h++) {
-                        const float I = fmaf(magic_f(c1[h][e]), 256.0f, magic_f(c2[h][e]));
-                        v = fmaf(sa[r][h], I * s.x, v);
-                        if (Q::HAS_O) v = fmaf(so[r][h], Q::HALVES ? (h ? s.z : s.y) : s.w, v);
-                    }
-                    acc[tt][e] = v;
-                }
+                fold_tile<TYPE, T1>(acc[tt], a, sa, so, b1, b2, s0, s1, c);
             }
         }
 #pragma unroll
@@ -689,14 +718,177 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     }
 }
 
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* Wide mode (large T): a CTA is 8 warps x 16 = 128 weight rows x 64 activation rows, each warp running the
+ * whole K for its 16 rows; a unit's activation codes and scales for the CTA's 64 columns are staged in
+ * shared memory once (cp.async, double-buffered) for all 8 warps. The warp folds K slice s (split
+ * mode's slices) into a fresh sum and adds it to the total in slice order: split mode's arithmetic,
+ * bit for bit, with 8x less activation traffic. */
+template <uint32_t TYPE> struct wide_smem {
+    static constexpr int UB = qm<TYPE>::UB;
+    static constexpr size_t CODES = (size_t)UB * QM_TCHUNK * 64, SCALES = (size_t)UB * QM_TCHUNK * 16;
+    static constexpr size_t BYTES = 2 * (CODES + SCALES);
+};
+
+template <uint32_t TYPE, int NTT>
+__global__ void __launch_bounds__(QM_WARPS * 32)
+    qmma_wide_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
+                     const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
+                     void *__restrict__ y, int64_t ldy, bool y_f32) {
+    using Q = qm<TYPE>;
+    using S = wide_smem<TYPE>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * (QM_ROWS * QM_WARPS) + QM_ROWS * warp;
+    const int64_t t0 = (int64_t)blockIdx.y * QM_TCHUNK;
+    const int tc = (int)(T - t0 < QM_TCHUNK ? T - t0 : QM_TCHUNK), ntiles = (tc + 7) / 8;
+    const int cols = ntiles * 8; /* staged columns (< Tp - t0 + 1: Tp is a multiple of 8) */
+    const uint8_t *rp[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int64_t n = n0 + g + 8 * i;
+        rp[i] = w + (size_t)(n < N ? n : N - 1) * row_bytes;
+    }
+    /* stage unit u's activations into buffer b: UB blocks x cols x (64 code bytes, 16 scale bytes) */
+    auto stage = [&](int64_t u, int b) {
+        uint8_t *codes = smem + (size_t)b * (S::CODES + S::SCALES), *scl = codes + S::CODES;
+        const int code_chunks = Q::UB * cols * 4, scale_chunks = Q::UB * cols; /* 16-byte pieces */
+        for (int i = threadIdx.x; i < code_chunks + scale_chunks; i += blockDim.x) {
+            if (i < code_chunks) {
+                const int j = i / (cols * 4), r = i % (cols * 4); /* block j, piece r of its cols x 64 bytes */
+                const int64_t blk = u * Q::UB + j;
+                cp_async16(codes + ((size_t)j * QM_TCHUNK * 64 + (size_t)r * 16),
+                           xc + ((size_t)blk * (size_t)Tp + (size_t)t0) * 64 + (size_t)r * 16);
+            } else {
+                const int k = i - code_chunks, j = k / cols, col = k % cols;
+                const int64_t blk = u * Q::UB + j;
+                cp_async16(scl + ((size_t)j * QM_TCHUNK + (size_t)col) * 16, xs + (size_t)blk * (size_t)Tp + (size_t)(t0 + col));
+            }
+        }
+    };
+    float total[NTT][4], acc[NTT][4];
+#pragma unroll
+    for (int tt = 0; tt < NTT; tt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) total[tt][e] = 0.0f, acc[tt][e] = 0.0f;
+    typename Q::Raw cur[2], nxt[2];
+    int slice = 0;
+    int64_t slice_end = n_units / QM_WARPS; /* split mode's u1 of warp 0 */
+    while (slice < QM_WARPS - 1 && slice_end == 0) slice++, slice_end = n_units * (slice + 1) / QM_WARPS;
+    Q::load(rp[0], 0, c, cur[0]), Q::load(rp[1], 0, c, cur[1]);
+    stage(0, 0);
+    cp_async_wait_all();
+    __syncthreads();
+    for (int64_t u = 0; u < n_units; u++) {
+        const int buf = (int)(u & 1);
+        if (u + 1 < n_units) {
+            Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
+            stage(u + 1, buf ^ 1);
+        }
+        const uint8_t *codes = smem + (size_t)buf * (S::CODES + S::SCALES);
+        const float4 *scl = reinterpret_cast<const float4 *>(codes + S::CODES);
+#pragma unroll
+        for (int j = 0; j < Q::UB; j++) {
+            uint32_t a[4];
+            float sa[2][2], so[2][2];
+            block_frag<TYPE>(cur, j, c, a, sa, so);
+            const uint8_t *xb = codes + ((size_t)j * QM_TCHUNK + (size_t)g) * 64 + 8 * c;
+            const float4 *sb = scl + (size_t)j * QM_TCHUNK + 2 * c;
+#pragma unroll
+            for (int tt = 0; tt < NTT; tt++) {
+                if (tt >= ntiles) continue;
+                const bool live = tt * 8 + g < tc;
+                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                if (live) {
+                    b1 = *reinterpret_cast<const uint2 *>(xb + tt * 8 * 64);
+                    b2 = *reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32);
+                }
+                fold_tile<TYPE, false>(acc[tt], a, sa, so, b1, b2, sb[tt * 8], sb[tt * 8 + 1], c);
+            }
+        }
+        if (u + 1 == slice_end) { /* the end of a K slice: total += its sum (total = it, for the first) */
+#pragma unroll
+            for (int tt = 0; tt < NTT; tt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    total[tt][e] = slice == 0 ? acc[tt][e] : total[tt][e] + acc[tt][e];
+                    acc[tt][e] = 0.0f;
+                }
+            slice++;
+            /* empty slices (n_units < 8): split mode adds their 0.0 too */
+            while (slice < QM_WARPS && n_units * (slice + 1) / QM_WARPS == u + 1) {
+#pragma unroll
+                for (int tt = 0; tt < NTT; tt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) total[tt][e] = total[tt][e] + 0.0f;
+                slice++;
+            }
+            slice_end = slice < QM_WARPS ? n_units * (slice + 1) / QM_WARPS : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) cur[i] = nxt[i];
+        cp_async_wait_all();
+        __syncthreads();
+    }
+#pragma unroll
+    for (int tt = 0; tt < NTT; tt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t n = n0 + g + 8 * (e >> 1);
+            const int col = tt * 8 + 2 * c + (e & 1);
+            if (tt >= ntiles || n >= N || col >= tc) continue;
+            const size_t o = (size_t)(t0 + col) * (size_t)ldy + (size_t)n;
+            if (y_f32) static_cast<float *>(y)[o] = total[tt][e];
+            else static_cast<uint16_t *>(y)[o] = osp_f_to_bf16(total[tt][e]);
+        }
+}
+
+/* T above which the wide mode runs (OSPREY_QMMA_WIDE_T; read once). Both modes give the same bits. */
+int qmma_wide_t(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_QMMA_WIDE_T");
+        v = e ? atoi(e) : 16;
+        if (v < 0) v = 0;
+    }
+    return v;
+}
+
 template <uint32_t TYPE>
 osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const osp_cuda_qx *qx, void *d_y,
                        int64_t ldy, bool y_f32, cudaStream_t st) {
     const int64_t n_units = K / (32 * qm<TYPE>::UB);
-    const dim3 grid((unsigned)((N + QM_ROWS - 1) / QM_ROWS), (unsigned)((qx->T + QM_TCHUNK - 1) / QM_TCHUNK));
     const uint8_t *w = static_cast<const uint8_t *>(d_w);
     const int8_t *xc = static_cast<const int8_t *>(qx->codes);
     const float4 *xs = static_cast<const float4 *>(qx->scales);
+    const unsigned chunks = (unsigned)((qx->T + QM_TCHUNK - 1) / QM_TCHUNK);
+    if (qx->T > qmma_wide_t()) {
+        const size_t sm = wide_smem<TYPE>::BYTES;
+        static bool attr = false; /* one per TYPE instantiation */
+        if (!attr) {
+            if (cudaFuncSetAttribute(qmma_wide_kernel<TYPE, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
+                    cudaSuccess ||
+                cudaFuncSetAttribute(qmma_wide_kernel<TYPE, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
+                    cudaSuccess)
+                return osp_set_error(OSP_ERR_INTERNAL, "qmma: cannot allow %zu bytes of shared memory", sm);
+            attr = true;
+        }
+        const dim3 grid((unsigned)((N + QM_ROWS * QM_WARPS - 1) / (QM_ROWS * QM_WARPS)), chunks);
+        if (qx->T <= 32)
+            qmma_wide_kernel<TYPE, 4><<<grid, QM_WARPS * 32, sm, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp,
+                                                                      d_y, ldy, y_f32);
+        else
+            qmma_wide_kernel<TYPE, 8><<<grid, QM_WARPS * 32, sm, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp,
+                                                                      d_y, ldy, y_f32);
+        OSP_CUDA_LAUNCH_CHECK("qmma_wide_kernel");
+        return OSP_OK;
+    }
+    const dim3 grid((unsigned)((N + QM_ROWS - 1) / QM_ROWS), chunks);
 #define OSP_QMMA_LAUNCH(NTT, T1)                                                                                     \
     qmma_kernel<TYPE, NTT, T1><<<grid, QM_WARPS * 32, 0, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, \
                                                               ldy, y_f32)
