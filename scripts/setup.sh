@@ -3,8 +3,9 @@
 # toolchain, CMake + Ninja, the libraries libosprey links (PCRE2, xxHash, jansson, OpenMP, and
 # ZeroMQ + msgpack-c for engine IPC and KV events, libcurl for the router's client, libedit for
 # `osprey chat`'s line editing), cmocka for the tests, clang with its
-# sanitizer/libFuzzer runtimes for `make test-asan` and `make fuzz`, and pip + unzip for
-# scripts/fetch-model.sh.
+# sanitizer/libFuzzer runtimes for `make test-asan` and `make fuzz`, pip + unzip for
+# scripts/fetch-model.sh, and chromium + chromium-driver for the web page's headless-browser test
+# (tests/integration/test_webui_browser.py; selenium itself comes from scripts/setup-integration.sh).
 #
 # Idempotent and non-interactive: when every package is already installed it does nothing (no apt
 # run at all), so `make` can call it on every invocation. Runs as root, or through sudo otherwise.
@@ -17,6 +18,7 @@ PACKAGES=(
     libzmq3-dev libmsgpack-dev libcurl4-gnutls-dev libedit-dev
     clang libclang-rt-dev libomp-dev
     python3 python3-pip unzip ca-certificates
+    chromium chromium-driver
 )
 
 missing=()

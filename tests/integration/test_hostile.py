@@ -87,7 +87,7 @@ CASES = [
     ("chat_unknown_model", CH, {"model": "nope", "messages": MSG}, 404),
     ("chat_kwargs_list", CH, {"messages": MSG, "chat_template_kwargs": [1]}, 400),
     ("unknown_route", "/v1/nothing", {"prompt": "a"}, 404),
-    ("unknown_route_root", "/", {}, 404),
+    ("wrong_method_root", "/", {}, 405),  # GET / is the web page (404 with --no-webui: test_webui.py)
     ("wrong_method_models", "/v1/models", {}, 405),
     ("huge_body", C, {"prompt": "a" * (2 << 20)}, 413),
     ("tokenize_bad", "/tokenize", {"prompt": 5}, 400),

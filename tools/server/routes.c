@@ -2,7 +2,8 @@
  *
  * Routes: POST /v1/completions, /v1/chat/completions, /v1/responses, /v1/embeddings, /tokenize,
  * /detokenize; GET and DELETE /v1/responses/{id} (the store, responses.c); GET /v1/models, /health,
- * /metrics, /version (build info: include/osprey/version.h). The body is gathered (413 past
+ * /metrics, /version (build info: include/osprey/version.h); GET / and /dashboard (the web page) and
+ * /webui/<file> (its files, webui.c) unless --no-webui. The body is gathered (413 past
  * --max-request-body), every /v1/ path checks the API key, errors are OpenAI's error JSON (request.c),
  * 503 while draining or past --max-queued-requests. A generation request is parsed, its prompts built
  * and a job started (serve_jobs.c); the handler then parks the connection (park.c) and is called again
@@ -428,6 +429,27 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     return g;
 }
 
+/* One file of the web page (webui.c): from the binary's own bytes, never copied; revalidated on each
+ * load (no-cache + ETag: a conditional GET gets 304, and a rebuilt binary's new files are seen at once).
+ * The page is served without the API key (it holds no secret); its own API calls send the key the user
+ * types. The CSP keeps the page to its own origin: no inline script, nothing loaded from elsewhere. */
+static enum MHD_Result serve_asset(srv_server *srv, struct MHD_Connection *c, const srv_webui_asset *a) {
+    const bool fresh = srv_webui_etag_match(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match"), a->etag);
+    struct MHD_Response *r = MHD_create_response_from_buffer(fresh ? 0 : a->len, fresh ? NULL : (void *)a->bytes,
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    if (!fresh) MHD_add_response_header(r, "Content-Type", a->content_type);
+    MHD_add_response_header(r, "ETag", a->etag);
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                            "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+    const enum MHD_Result ret = srv_queue_response(srv, c, fresh ? 304 : 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static bool authorized(srv_server *srv, struct MHD_Connection *c) {
     return srv_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), srv->cfg.api_key);
 }
@@ -581,6 +603,11 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         case 2: return handle_tokenize(srv, c, cx);
         default: return handle_detokenize(srv, c, cx);
         }
+    }
+    const srv_webui_asset *asset = srv->cfg.no_webui ? NULL : srv_webui_find(url);
+    if (asset) {
+        if (!get && strcmp(method, "HEAD")) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        return serve_asset(srv, c, asset);
     }
     return reply_err(srv, c, 404, NULL, "no route %s %.200s", method, url);
 }

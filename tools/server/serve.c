@@ -135,6 +135,8 @@ static const char *k_serve_usage =
     "                                   engine core process (implies --engine-process; 1)\n"
     "  --engine-heartbeat-timeout MS    with --engine-process: the core aborts the requests of a frontend\n"
     "                                   silent this long (5000)\n"
+    "  --no-webui                       no chat page and dashboard at / and /dashboard (on; the page needs no\n"
+    "                                   key, its API calls send the key typed in its settings)\n"
     "  --log-level debug|info|warning   (info)\n";
 
 static long long parse_bytes(const char *flag, const char *v) {
@@ -193,6 +195,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
             c.kv_events_set = true, i++;
         } else if (!strcmp(f, "--kv-events-array-like")) c.kv_events_array_like = true;
         else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
+        else if (!strcmp(f, "--no-webui")) c.no_webui = true;
         else if (!strcmp(f, "--allow-special-tokens-in-content")) c.allow_special_tokens_in_content = true;
         else if (!strcmp(f, "--enable-auto-tool-choice")) c.enable_auto_tool_choice = true;
         else if (!strcmp(f, "--tool-call-parser")) {
@@ -473,6 +476,7 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
             srv_tls_on(&tls) ? ", TLS" : "", http_threads(cfg));
     char url[300];
     srv_local_url(url, sizeof url, srv_tls_scheme(&tls), cfg->host, bound);
+    if (!cfg->no_webui) srv_log(&srv, SRV_LOG_INFO, "web chat and dashboard: open %s/ in a browser (--no-webui: off)", url);
     srv_log(&srv, SRV_LOG_INFO, "open %s/v1 as the OpenAI API base, e.g. curl %s%s%s%s/v1/models%s", url,
             srv_tls_on(&tls) ? "--cacert " : "", srv_tls_on(&tls) ? cfg->ssl_certfile : "", srv_tls_on(&tls) ? " " : "", url,
             cfg->api_key ? " -H 'Authorization: Bearer KEY'" : "");

@@ -107,6 +107,7 @@ typedef struct srv_config {
     osp_pooling pooling;            /* --pooling mean|cls|last for /v1/embeddings (NONE: not given: the
                                        GGUF's <arch>.pooling_type, else last) */
     bool no_embd_normalize;         /* --no-embd-normalize: raw pooled vectors (default: L2-normalized) */
+    bool no_webui;                  /* --no-webui: no chat page and dashboard at / (then 404 there) */
 } srv_config;
 
 typedef struct srv_core_proc srv_core_proc;

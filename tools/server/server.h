@@ -444,6 +444,27 @@ typedef struct srv_metrics_gauges {
 /* The /metrics body (malloc'd). */
 char *srv_metrics_render(srv_metrics *m, const char *model_name, const srv_metrics_gauges *g);
 
+/* ---- the web page (webui.c; the files in tools/server/webui/, embedded by cmake/embed_webui.cmake) ---- */
+
+/* One embedded static file: served at path ("/webui/<name>") with this Content-Type; bytes[len] is
+ * NUL-terminated beyond len; etag is the quoted strong ETag ("\"<16 hex digits of SHA-256>\""). */
+typedef struct srv_webui_asset {
+    const char *path, *content_type;
+    const unsigned char *bytes;
+    size_t len;
+    const char *etag;
+} srv_webui_asset;
+/* The generated table (build-dir/generated/webui_assets.c), sorted by name. */
+extern const srv_webui_asset srv_webui_assets[];
+extern const int srv_webui_n_assets;
+/* The asset a GET of url serves, or NULL: "/" and "/dashboard" give the page (index.html; its script
+ * opens the tab the path names), "/webui/<name>" that file. url is libmicrohttpd's, without the query
+ * string. Pure. */
+const srv_webui_asset *srv_webui_find(const char *url);
+/* Does an If-None-Match header value (or NULL) match etag (RFC 9110 §13.1.2: "*", or a comma-separated
+ * list of entity tags compared weakly, so W/"x" matches "x")? Pure. */
+bool srv_webui_etag_match(const char *if_none_match, const char *etag);
+
 /* ---- start-up log (startup_log.c) ---------------------------------------------------------- */
 
 /* Writes "loading weights [####......]  40%" (a 30-character bar; fraction clamped to [0, 1], NaN as

@@ -1,0 +1,38 @@
+/* libFuzzer target for the web page's request-side parsing (tools/server/webui.c): the If-None-Match
+ * list (srv_webui_etag_match, against every embedded asset's ETag) and the path lookup
+ * (srv_webui_find). Input: the header value, a NUL byte, the path (no NUL: the path is empty).
+ * A match must be explainable (the value holds "*" or the tag's text); a lookup returns NULL or an
+ * entry of the table whose path is the input (or the page for "/" and "/dashboard"); a crash, a
+ * sanitizer report or a hang is a bug. Seeds: tests/fuzz/corpus/webui/. */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size > 16 * 1024) return 0;
+    char *buf = malloc(size + 2);
+    if (!buf) return 0;
+    memcpy(buf, data, size);
+    buf[size] = buf[size + 1] = 0;
+    const char *inm = buf, *path = buf + strlen(buf) + 1;
+    if (path > buf + size) path = buf + size + 1;
+    for (int i = 0; i < srv_webui_n_assets; i++) {
+        const srv_webui_asset *a = &srv_webui_assets[i];
+        const bool explained = strchr(inm, '*') || strstr(inm, a->etag); /* the quoted tag itself */
+        if (srv_webui_etag_match(inm, a->etag) && !explained) abort();
+    }
+    const srv_webui_asset *a = srv_webui_find(path);
+    if (a) {
+        const bool page = !strcmp(path, "/") || !strcmp(path, "/dashboard");
+        if (page ? strcmp(a->path, "/webui/index.html") : strcmp(a->path, path)) abort();
+        if (a < srv_webui_assets || a >= srv_webui_assets + srv_webui_n_assets) abort();
+    }
+    free(buf);
+    return 0;
+}
