@@ -398,8 +398,9 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
  * one-token kernel -- which is the NT = 1 instance of the same macro -- so a token's result never
  * depends on how many tokens share its tile (batch invariance holds by construction; test_qdot
  * asserts the bits). The token loops have a constant trip count and unroll completely, keeping the
- * 2 NT accumulators in registers (NT = 8 uses AVX512VL's 32 vector registers; AVX2 has 16: NT = 4;
- * the K-quants take 4 on both: measured, bench/cpu/NOTES.md). */
+ * 2 NT accumulators in registers (AVX2 has 16 vector registers: NT = 4). On AVX512-VNNI the
+ * K-quants take 4 tokens here, and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 take 8 as 4 token pairs in 512-bit
+ * vectors (the pair kernels below; measured, bench/cpu/NOTES.md). */
 /* every token loop unrolls completely, so the per-token accumulators are registers, not arrays */
 #define UNROLL_NT _Pragma("GCC unroll 16")
 #define TILE_ARGS const void *w, const osp_q8_block *a, int64_t nb, int64_t as, float *y, int64_t ys
@@ -722,7 +723,6 @@ DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot2_vnni)
 DEFINE_X86_TILES(avx2, TGT_AVX2, dot2_avx2, 4)
 DEFINE_X86_KTILES(avx2, TGT_AVX2, dot2_avx2, 4)
 Q8_0_KERNEL(tile_q8_0_avx24, TGT_AVX2, dot2_avx2, 4)
-DEFINE_X86_TILES(vnni, TGT_VNNI, dot2_vnni, 8)
 DEFINE_X86_KTILES(vnni, TGT_VNNI, dot2_vnni, 4)
 
 /* Q8_0 on AVX512-VNNI over token pairs in 512-bit vectors: the low 256 bits carry token 2k, the high
@@ -783,6 +783,76 @@ DEFINE_X86_KTILES(vnni, TGT_VNNI, dot2_vnni, 4)
         }                                                                                          \
     }
 Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
+
+/* The Q4/Q5 families over token pairs the same way (the AVX512-VNNI tiles of Q4_0, Q4_1, Q5_0,
+ * Q5_1): the unpacked codes (unsigned) broadcast to both halves, each half the one-token kernel's
+ * LEVEL for its token, the offset terms per token in scalar as in Q4_KERNEL and Q5_KERNEL; 8 tokens.
+ * Measured against the 256-bit tiles on the same build: pp512 +8 % (SmolLM2 Q4_1), +9 % (Qwen2.5's
+ * Q5_0 matrices). */
+#define PAIR_HALVES(blk0, blk1, f)                                                                 \
+    _mm512_mask_broadcast_i64x4(                                                                   \
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk0)->f)), 0xf0, \
+        _mm256_loadu_si256((const __m256i *)(const void *)(blk1)->f))
+#define LEVEL_PAIR(acc, qz, blk0, blk1, dwz)                                                       \
+    acc = _mm512_fmadd_ps(                                                                         \
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(                                                    \
+            _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, qz, PAIR_HALVES(blk0, blk1, qs)), 8), qz,   \
+            PAIR_HALVES(blk0, blk1, qs2))),                                                        \
+        _mm512_mul_ps(dwz, _mm512_mask_broadcastss_ps(_mm512_set1_ps((blk0)->d2), 0xff00,          \
+                                                      _mm_load_ss(&(blk1)->d2))),                  \
+        acc)
+#define Q4_CODES(p, QOFF, HOFF) unpack_nibbles((p) + (QOFF))
+#define Q5_CODES(p, QOFF, HOFF)                                                                    \
+    _mm256_or_si256(unpack_nibbles((p) + (QOFF)), q5_high_bits((p) + (HOFF)))
+#define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, OFFSET_TERM)                               \
+    TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
+        enum { NP = 4 };                                                                           \
+        const uint8_t *p = w;                                                                      \
+        const __m512i zero = _mm512_setzero_si512();                                               \
+        __m512 A0[NP], A1[NP];                                                                     \
+        float OFF[2 * NP];                                                                         \
+        UNROLL_NT for (int k = 0; k < NP; k++)                                                     \
+            A0[k] = A1[k] = _mm512_setzero_ps(), OFF[2 * k] = OFF[2 * k + 1] = 0.0f;               \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
+            const uint8_t *p1 = p + (BYTES);                                                       \
+            const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
+            const __m512i q1 = _mm512_broadcast_i64x4(CODES(p1, QOFF, HOFF));                      \
+            const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
+            const __m512 dw0 = _mm512_set1_ps(d0), dw1 = _mm512_set1_ps(d1);                       \
+            UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
+                const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;                        \
+                LEVEL_PAIR(A0[k], q0, a0, a1, dw0);                                                \
+                LEVEL_PAIR(A1[k], q1, a0 + 1, a1 + 1, dw1);                                        \
+                OFF[2 * k] += OFFSET_TERM(p, d0, a0) + OFFSET_TERM(p1, d1, a0 + 1);                \
+                OFF[2 * k + 1] += OFFSET_TERM(p, d0, a1) + OFFSET_TERM(p1, d1, a1 + 1);            \
+            }                                                                                      \
+        }                                                                                          \
+        for (; b < nb; b++, p += (BYTES)) {                                                        \
+            const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
+            const float d0 = half_f16c(p);                                                         \
+            const __m512 dw0 = _mm512_set1_ps(d0);                                                 \
+            UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
+                const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;                        \
+                LEVEL_PAIR(A0[k], q0, a0, a1, dw0);                                                \
+                OFF[2 * k] += OFFSET_TERM(p, d0, a0);                                              \
+                OFF[2 * k + 1] += OFFSET_TERM(p, d0, a1);                                          \
+            }                                                                                      \
+        }                                                                                          \
+        UNROLL_NT for (int k = 0; k < NP; k++) {                                                   \
+            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
+            y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]),                     \
+                                                _mm512_castps512_ps256(A1[k]))) +                  \
+                            OFF[2 * k];                                                            \
+            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
+                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))) + \
+                                  OFF[2 * k + 1];                                                  \
+        }                                                                                          \
+    }
+Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_OFFSET)
+Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_OFFSET)
+Q45_PAIR_KERNEL(tile_q5_0_vnni8, Q5_CODES, 22, 6, 2, Q5_0_OFFSET)
+Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_OFFSET)
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
