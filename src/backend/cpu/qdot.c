@@ -787,8 +787,9 @@ Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
 /* The Q4/Q5 families over token pairs the same way (the AVX512-VNNI tiles of Q4_0, Q4_1, Q5_0,
  * Q5_1): the unpacked codes (unsigned) broadcast to both halves, each half the one-token kernel's
  * LEVEL for its token, the offset terms per token in scalar as in Q4_KERNEL and Q5_KERNEL; 8 tokens.
- * Measured against the 256-bit tiles on the same build: pp512 +8 % (SmolLM2 Q4_1), +9 % (Qwen2.5's
- * Q5_0 matrices). */
+ * Against the 256-bit tiles, 2 quick runs each on a loaded box: pp512 +8 % (SmolLM2 Q4_1), +9 %
+ * (Qwen2.5's Q5_0 matrices); interleaved against the first pass's kernels SmolLM2 Q4_1 gained only
+ * 4 % overall (bench/RESULTS.md). */
 #define PAIR_HALVES(blk0, blk1, f)                                                                 \
     _mm512_mask_broadcast_i64x4(                                                                   \
         _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk0)->f)), 0xf0, \
