@@ -189,6 +189,43 @@ static void test_tiles_match_one_token(void **state) {
     printf("qdot tiles: %d tiles matched the one-token kernels bit for bit\n", tested);
 }
 
+/* AVX2 and AVX512-VNNI form the same exact int32 lane sums (4 products a lane, whatever the
+ * instructions: vpmaddubsw + vpmaddwd, vpdpbusd, vpdpbusd + vpmulld for the K-quants' 16-value scales)
+ * and then the same float operations in the same order, so the two families agree bit for bit on
+ * every type: rewriting a kernel's integer part for one family must not move a result. Random bytes
+ * reach the extremes (Q8_0 code -128, Q6_K scale -128, 6-bit codes 63); outlier activations saturate
+ * the second level. Skipped where the CPU lacks AVX512-VNNI. */
+static void test_families_agree(void **state) {
+    (void)state;
+    const uint32_t types[] = {OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_0,
+                              OSP_DTYPE_Q2_K, OSP_DTYPE_Q3_K, OSP_DTYPE_Q4_K, OSP_DTYPE_Q5_K, OSP_DTYPE_Q6_K};
+    if (!osp_qdot_force_isa("avx512vnni")) {
+        printf("qdot families: avx512vnni not available on this CPU, skipped\n");
+        return;
+    }
+    int tested = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t t = types[ti];
+        for (int trial = 0; trial < 200; trial++) {
+            const int64_t per = osp_dtype_block_size(t) / 32, nb = per * (1 + rnd() % (64 / per));
+            uint8_t w[64 * 34];
+            float x[64 * 32];
+            osp_q8_block xq[64];
+            fill_blocks(t, w, nb / per);
+            for (int64_t i = 0; i < nb * 32; i++) x[i] = frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
+            osp_quantize_row_q8(x, xq, nb * 32);
+            assert_true(osp_qdot_force_isa("avx512vnni"));
+            const float v = osp_qdot_for(t)(w, xq, nb);
+            assert_true(osp_qdot_force_isa("avx2"));
+            const float a = osp_qdot_for(t)(w, xq, nb);
+            if (memcmp(&v, &a, sizeof v) != 0)
+                fail_msg("%s: avx512vnni %.9g, avx2 %.9g", osp_dtype_name(t), v, a);
+            tested++;
+        }
+    }
+    printf("qdot families: %d rows agreed bit for bit between avx512vnni and avx2\n", tested);
+}
+
 /* The activation quantizer (SIMD where the build has it) against the contract written out in scalar
  * C: d = max|x| / 127, q = rne(x * 127 / max|x|), r = x - d q, q2 = rne(r * 256 / d) saturated. */
 static void test_quantize_contract(void **state) {
@@ -226,6 +263,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_contract),
         cmocka_unit_test(test_nonfinite_activations),
         cmocka_unit_test(test_tiles_match_one_token),
+        cmocka_unit_test(test_families_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -398,7 +398,9 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
  * one-token kernel -- which is the NT = 1 instance of the same macro -- so a token's result never
  * depends on how many tokens share its tile (batch invariance holds by construction; test_qdot
  * asserts the bits). The token loops have a constant trip count and unroll completely, keeping the
- * 2 NT accumulators in registers (NT = 8 uses AVX512VL's 32 vector registers; AVX2 has 16: NT = 4). */
+ * 2 NT accumulators in registers (AVX2 has 16 vector registers: NT = 4). On AVX512-VNNI the
+ * K-quants take 4 tokens here, and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 take 8 as 4 token pairs in 512-bit
+ * vectors (the pair kernels below; measured, bench/cpu/NOTES.md). */
 /* every token loop unrolls completely, so the per-token accumulators are registers, not arrays */
 #define UNROLL_NT _Pragma("GCC unroll 16")
 #define TILE_ARGS const void *w, const osp_q8_block *a, int64_t nb, int64_t as, float *y, int64_t ys
@@ -470,11 +472,25 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
 /* Block j with per-16 scales: acc += dw d2 (256 first-level + second-level scaled int sums). A lane
  * holds 4 products times a sub-block scale: |lane| <= 4 * 63 * 127 * 128 (Q6_K), so 256 |lane| + |lane|
  * < 2^31: the combination is exact in int32. */
-#define LEVEL_SC(acc, qw, scv, blk, dw)                                                            \
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(                                     \
-                              _mm256_slli_epi32(dot_sc16(qw, (blk)->qs, scv), 8),                  \
-                              dot_sc16(qw, (blk)->qs2, scv))),                                     \
+#define LEVEL_SC(acc, qw, scv, blk, dw, SUFFIX)                                                    \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SC_DOT_##SUFFIX(qw, scv, blk)),                       \
                           _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_broadcast_ss(&(blk)->d2)), acc)
+
+/* The scaled integer sums of LEVEL_SC per family, the same int32 in every lane:
+ * sc (256 S1 + S2) = 256 (sc S1) + sc S2 exactly (the bound above), S1, S2 the lane's 4 products of
+ * each level. AVX2 scales the int16 pair sums with vpmaddwd (scv: 16 int16 scales, SC_SEL0 picks
+ * bytes 2j x8, 2j+1 x8); AVX512-VNNI forms 256 S1 + S2 with two vpdpbusd (dot2_vnni) and scales the
+ * 8 lanes with one vpmulld (scv: 8 int32 scales, bytes 2j x4, 2j+1 x4): 8 operations instead of 12. */
+#define SC_SEL0_avx2 _mm_set_epi64x(0x0101010101010101LL, 0)
+#define SC_SEL0_vnni _mm_set_epi64x(0, 0x0101010100000000LL)
+#define SC_VEC_avx2(sc8, sel) sc16_pair(sc8, sel)
+#define SC_VEC_vnni(sc8, sel) _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc8, sel))
+#define SC_DOT_avx2(qw, scv, blk)                                                                  \
+    _mm256_add_epi32(_mm256_slli_epi32(dot_sc16(qw, (blk)->qs, scv), 8), dot_sc16(qw, (blk)->qs2, scv))
+#define SC_DOT_vnni(qw, scv, blk)                                                                  \
+    _mm256_mullo_epi32(dot2_vnni(qw, _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs),  \
+                                 _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2)),    \
+                       scv)
 
 #define Q5_0_OFFSET(p, dw, blk) (-16.0f * (dw) * (blk)->s)
 #define Q5_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
@@ -555,17 +571,18 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
 
 /* Q6_K: per half h, codes of block 4h+s from ql (low/high nibbles of two 32-byte rows) and qh
  * (bits 2s..2s+1 moved to 0x30); the -32 offset per 16-value sub-block uses the half sums. */
-#define Q6K_STEP(NT, ACC, q, k)                                                             \
+#define Q6K_STEP(NT, ACC, q, k, SUFFIX)                                                            \
     do {                                                                                           \
-        const __m256i scv = sc16_pair(sc8, sel);                                                   \
+        const __m256i scv = SC_VEC_##SUFFIX(sc8, sel);                                             \
         sel = _mm_add_epi8(sel, two);                                                              \
-        UNROLL_NT for (int j = 0; j < (NT); j++) LEVEL_SC(ACC[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d); \
+        UNROLL_NT for (int j = 0; j < (NT); j++)                                                   \
+            LEVEL_SC(ACC[j], q, scv, a + j * as + 8 * sb + 4 * h + (k), d, SUFFIX);                \
     } while (0)
-#define Q6K_KERNEL(NAME, TGT, NT)                                                                  \
+#define Q6K_KERNEL(NAME, TGT, SUFFIX, NT)                                                          \
     TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);                   \
-        const __m128i sel0 = _mm_set_epi64x(0x0101010101010101LL, 0), two = _mm_set1_epi8(2);      \
+        const __m128i sel0 = SC_SEL0_##SUFFIX, two = _mm_set1_epi8(2);           \
         ACC_DECL(NT);                                                                              \
         for (int64_t sb = 0; sb < nb / 8; sb++, p += 210) {                                        \
             const int8_t *sc = (const int8_t *)(p + 192);                                          \
@@ -584,10 +601,10 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                                                    _mm256_and_si256(qh, m30));                     \
                 const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), \
                                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)); \
-                Q6K_STEP(NT, A0, q0, 0);                                                       \
-                Q6K_STEP(NT, A1, q1, 1);                                                       \
-                Q6K_STEP(NT, A0, q2, 2);                                                       \
-                Q6K_STEP(NT, A1, q3, 3);                                                       \
+                Q6K_STEP(NT, A0, q0, 0, SUFFIX);                                                       \
+                Q6K_STEP(NT, A1, q1, 1, SUFFIX);                                                       \
+                Q6K_STEP(NT, A0, q2, 2, SUFFIX);                                                       \
+                Q6K_STEP(NT, A1, q3, 3, SUFFIX);                                                       \
             }                                                                                      \
             UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= 32.0f * d * halves8(sc, a + j * as + 8 * sb); \
         }                                                                                          \
@@ -597,11 +614,11 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
 /* Q2_K / Q3_K: block 4h+s takes bits 2s..2s+1 of qs[32h + l] (Q3_K adds bit 4h+s of hmask[l] as 4);
  * scales per 16 values (Q2_K nibbles, Q3_K decoded 6-bit values minus 32); offsets on the half sums:
  * Q2_K -dmin m, Q3_K -4 d sc. */
-#define Q23K_KERNEL(NAME, TGT, THREE, NT)                                                          \
+#define Q23K_KERNEL(NAME, TGT, SUFFIX, THREE, NT)                                                          \
     TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);                         \
-        const __m128i sel0 = _mm_set_epi64x(0x0101010101010101LL, 0), two = _mm_set1_epi8(2);      \
+        const __m128i sel0 = SC_SEL0_##SUFFIX, two = _mm_set1_epi8(2);           \
         ACC_DECL(NT);                                                                              \
         for (int64_t sb = 0; sb < nb / 8; sb++, p += (THREE) ? 110 : 84) {                         \
             int8_t sc[16];                                                                         \
@@ -632,14 +649,14 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                         hm = _mm256_srli_epi16(hm, 1);                                             \
                     }                                                                              \
                     raw = _mm256_srli_epi16(raw, 2);                                               \
-                    const __m256i scv = sc16_pair(sc8, sel);                                       \
+                    const __m256i scv = SC_VEC_##SUFFIX(sc8, sel);                                       \
                     sel = _mm_add_epi8(sel, two);                                                  \
                     UNROLL_NT for (int j = 0; j < (NT); j++) {                                               \
                         const osp_q8_block *blk = a + j * as + 8 * sb + 4 * h + s;                 \
                         if (s & 1)                                                                 \
-                            LEVEL_SC(A1[j], q, scv, blk, d);                               \
+                            LEVEL_SC(A1[j], q, scv, blk, d, SUFFIX);                               \
                         else                                                                       \
-                            LEVEL_SC(A0[j], q, scv, blk, d);                               \
+                            LEVEL_SC(A0[j], q, scv, blk, d, SUFFIX);                               \
                     }                                                                              \
                 }                                                                                  \
             }                                                                                      \
@@ -672,18 +689,19 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
         UNROLL_NT for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j);                                     \
     }
 
-/* Every family at NT tokens: tile_<type>_<suffix><NT>. */
+/* Every family at NT tokens: tile_<type>_<suffix><NT>; the K-quants alone at KNT (their tiles hold
+ * a super-block's decoded scales and codes beside the accumulators). */
+#define DEFINE_X86_KTILES(SUFFIX, TGT, DOT, NT)                                                    \
+    QK45_KERNEL(tile_q4_k_##SUFFIX##NT, TGT, DOT, 144, 0, NT)                                      \
+    QK45_KERNEL(tile_q5_k_##SUFFIX##NT, TGT, DOT, 176, 1, NT)                                      \
+    Q6K_KERNEL(tile_q6_k_##SUFFIX##NT, TGT, SUFFIX, NT)                                            \
+    Q23K_KERNEL(tile_q2_k_##SUFFIX##NT, TGT, SUFFIX, 0, NT)                                        \
+    Q23K_KERNEL(tile_q3_k_##SUFFIX##NT, TGT, SUFFIX, 1, NT)
 #define DEFINE_X86_TILES(SUFFIX, TGT, DOT, NT)                                                     \
     Q4_KERNEL(tile_q4_1_##SUFFIX##NT, TGT, DOT, 20, 4, Q4_1_OFFSET, NT)                            \
     Q4_KERNEL(tile_q4_0_##SUFFIX##NT, TGT, DOT, 18, 2, Q4_0_OFFSET, NT)                            \
     Q5_KERNEL(tile_q5_0_##SUFFIX##NT, TGT, DOT, 22, 2, 6, Q5_0_OFFSET, NT)                         \
-    Q5_KERNEL(tile_q5_1_##SUFFIX##NT, TGT, DOT, 24, 4, 8, Q5_1_OFFSET, NT)                         \
-    QK45_KERNEL(tile_q4_k_##SUFFIX##NT, TGT, DOT, 144, 0, NT)                                      \
-    QK45_KERNEL(tile_q5_k_##SUFFIX##NT, TGT, DOT, 176, 1, NT)                                      \
-    Q6K_KERNEL(tile_q6_k_##SUFFIX##NT, TGT, NT)                                                    \
-    Q23K_KERNEL(tile_q2_k_##SUFFIX##NT, TGT, 0, NT)                                                \
-    Q23K_KERNEL(tile_q3_k_##SUFFIX##NT, TGT, 1, NT)                                                \
-    Q8_0_KERNEL(tile_q8_0_##SUFFIX##NT, TGT, DOT, NT)
+    Q5_KERNEL(tile_q5_1_##SUFFIX##NT, TGT, DOT, 24, 4, 8, Q5_1_OFFSET, NT)
 
 /* The one-token dot products: the NT = 1 tiles. */
 #define ONE(TYPE, SUFFIX, TGT)                                                                     \
@@ -694,6 +712,8 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
     }
 #define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
     DEFINE_X86_TILES(SUFFIX, TGT, DOT, 1)                                                          \
+    DEFINE_X86_KTILES(SUFFIX, TGT, DOT, 1)                                                         \
+    Q8_0_KERNEL(tile_q8_0_##SUFFIX##1, TGT, DOT, 1)                                                \
     ONE(q4_1, SUFFIX, TGT) ONE(q4_0, SUFFIX, TGT) ONE(q5_0, SUFFIX, TGT) ONE(q5_1, SUFFIX, TGT)   \
     ONE(q4_k, SUFFIX, TGT) ONE(q5_k, SUFFIX, TGT) ONE(q6_k, SUFFIX, TGT) ONE(q2_k, SUFFIX, TGT)   \
     ONE(q3_k, SUFFIX, TGT) ONE(q8_0, SUFFIX, TGT)
@@ -701,7 +721,139 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
 DEFINE_X86_KERNELS(avx2, TGT_AVX2, dot2_avx2)
 DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot2_vnni)
 DEFINE_X86_TILES(avx2, TGT_AVX2, dot2_avx2, 4)
-DEFINE_X86_TILES(vnni, TGT_VNNI, dot2_vnni, 8)
+DEFINE_X86_KTILES(avx2, TGT_AVX2, dot2_avx2, 4)
+Q8_0_KERNEL(tile_q8_0_avx24, TGT_AVX2, dot2_avx2, 4)
+DEFINE_X86_KTILES(vnni, TGT_VNNI, dot2_vnni, 4)
+
+/* Q8_0 on AVX512-VNNI over token pairs in 512-bit vectors: the low 256 bits carry token 2k, the high
+ * 256 bits token 2k + 1, against the weight block broadcast to both halves, so each instruction does
+ * two tokens' work. Every 32-bit lane sees exactly the one-token kernel's operations: the int32
+ * 256 dot(|w|, sign(qa, w)) + dot(|w|, sign(qa2, w)) (AVX512 has no vpsignb: qa is negated under the
+ * mask of negative weights, and where w = 0 the product is 0 either way), then the conversion, the
+ * dw * d2 product and the FMA into the even or odd block's accumulator; each half is summed as
+ * ACC_SUM sums a 256-bit pair. So the bits are the one-token kernel's (test_qdot). Shuffles cost:
+ * the pair's d2 vector is one broadcast with a masked broadcast on top (two 256-bit products and an
+ * insert were 6 % slower end to end). 8 tokens (4 pairs): 16 (8 pairs) measured 4-6 % slower. */
+#define Q8_0_PAIR_STEP(ACC, k, blkoff, aw, neg, dw)                                                 \
+    do {                                                                                           \
+        const osp_q8_block *a0 = a + 2 * (k) * as + (blkoff), *a1 = a0 + as;                       \
+        __m512i qa = _mm512_inserti64x4(                                                           \
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs)),      \
+            _mm256_loadu_si256((const __m256i *)(const void *)a1->qs), 1);                         \
+        __m512i qa2 = _mm512_inserti64x4(                                                          \
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs2)),     \
+            _mm256_loadu_si256((const __m256i *)(const void *)a1->qs2), 1);                        \
+        qa = _mm512_mask_sub_epi8(qa, neg, zero, qa);                                              \
+        qa2 = _mm512_mask_sub_epi8(qa2, neg, zero, qa2);                                           \
+        const __m512i x =                                                                          \
+            _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, aw, qa), 8), aw, qa2);  \
+        const __m512 sc = _mm512_mul_ps(                                                           \
+            dw, _mm512_mask_broadcastss_ps(_mm512_set1_ps(a0->d2), 0xff00, _mm_load_ss(&a1->d2)));  \
+        ACC[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), sc, ACC[k]);                               \
+    } while (0)
+#define Q8_0_PAIR_WEIGHT(wp, q, aw, neg, dw)                                                       \
+    const __m512i q =                                                                              \
+        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)((wp) + 2)));     \
+    const __m512i aw = _mm512_abs_epi8(q);                                                         \
+    const __mmask64 neg = _mm512_movepi8_mask(q);                                                  \
+    const __m512 dw = _mm512_set1_ps(half_f16c(wp))
+#define Q8_0_PAIR_KERNEL(NAME, NP)                                                                 \
+    TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
+        const uint8_t *p = w;                                                                      \
+        const __m512i zero = _mm512_setzero_si512();                                               \
+        __m512 A0[NP], A1[NP];                                                                     \
+        UNROLL_NT for (int k = 0; k < (NP); k++) A0[k] = A1[k] = _mm512_setzero_ps();              \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2, p += 68) {                                                     \
+            Q8_0_PAIR_WEIGHT(p, q0, aw0, neg0, dw0);                                               \
+            UNROLL_NT for (int k = 0; k < (NP); k++) Q8_0_PAIR_STEP(A0, k, b, aw0, neg0, dw0);     \
+            Q8_0_PAIR_WEIGHT(p + 34, q1, aw1, neg1, dw1);                                          \
+            UNROLL_NT for (int k = 0; k < (NP); k++) Q8_0_PAIR_STEP(A1, k, b + 1, aw1, neg1, dw1); \
+        }                                                                                          \
+        if (b < nb) {                                                                              \
+            Q8_0_PAIR_WEIGHT(p, q0, aw0, neg0, dw0);                                               \
+            UNROLL_NT for (int k = 0; k < (NP); k++) Q8_0_PAIR_STEP(A0, k, b, aw0, neg0, dw0);     \
+        }                                                                                          \
+        UNROLL_NT for (int k = 0; k < (NP); k++) {                                                 \
+            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
+            y[2 * k * ys] =                                                                        \
+                hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k])));   \
+            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
+                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))); \
+        }                                                                                          \
+    }
+Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
+
+/* The Q4/Q5 families over token pairs the same way (the AVX512-VNNI tiles of Q4_0, Q4_1, Q5_0,
+ * Q5_1): the unpacked codes (unsigned) broadcast to both halves, each half the one-token kernel's
+ * LEVEL for its token, the offset terms per token in scalar as in Q4_KERNEL and Q5_KERNEL; 8 tokens.
+ * Against the 256-bit tiles, 2 quick runs each on a loaded box: pp512 +8 % (SmolLM2 Q4_1), +9 %
+ * (Qwen2.5's Q5_0 matrices); interleaved against the first pass's kernels SmolLM2 Q4_1 gained only
+ * 4 % overall (bench/RESULTS.md). */
+#define PAIR_HALVES(blk0, blk1, f)                                                                 \
+    _mm512_mask_broadcast_i64x4(                                                                   \
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk0)->f)), 0xf0, \
+        _mm256_loadu_si256((const __m256i *)(const void *)(blk1)->f))
+#define LEVEL_PAIR(acc, qz, blk0, blk1, dwz)                                                       \
+    acc = _mm512_fmadd_ps(                                                                         \
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(                                                    \
+            _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, qz, PAIR_HALVES(blk0, blk1, qs)), 8), qz,   \
+            PAIR_HALVES(blk0, blk1, qs2))),                                                        \
+        _mm512_mul_ps(dwz, _mm512_mask_broadcastss_ps(_mm512_set1_ps((blk0)->d2), 0xff00,          \
+                                                      _mm_load_ss(&(blk1)->d2))),                  \
+        acc)
+#define Q4_CODES(p, QOFF, HOFF) unpack_nibbles((p) + (QOFF))
+#define Q5_CODES(p, QOFF, HOFF)                                                                    \
+    _mm256_or_si256(unpack_nibbles((p) + (QOFF)), q5_high_bits((p) + (HOFF)))
+#define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, OFFSET_TERM)                               \
+    TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
+        enum { NP = 4 };                                                                           \
+        const uint8_t *p = w;                                                                      \
+        const __m512i zero = _mm512_setzero_si512();                                               \
+        __m512 A0[NP], A1[NP];                                                                     \
+        float OFF[2 * NP];                                                                         \
+        UNROLL_NT for (int k = 0; k < NP; k++)                                                     \
+            A0[k] = A1[k] = _mm512_setzero_ps(), OFF[2 * k] = OFF[2 * k + 1] = 0.0f;               \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
+            const uint8_t *p1 = p + (BYTES);                                                       \
+            const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
+            const __m512i q1 = _mm512_broadcast_i64x4(CODES(p1, QOFF, HOFF));                      \
+            const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
+            const __m512 dw0 = _mm512_set1_ps(d0), dw1 = _mm512_set1_ps(d1);                       \
+            UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
+                const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;                        \
+                LEVEL_PAIR(A0[k], q0, a0, a1, dw0);                                                \
+                LEVEL_PAIR(A1[k], q1, a0 + 1, a1 + 1, dw1);                                        \
+                OFF[2 * k] += OFFSET_TERM(p, d0, a0) + OFFSET_TERM(p1, d1, a0 + 1);                \
+                OFF[2 * k + 1] += OFFSET_TERM(p, d0, a1) + OFFSET_TERM(p1, d1, a1 + 1);            \
+            }                                                                                      \
+        }                                                                                          \
+        for (; b < nb; b++, p += (BYTES)) {                                                        \
+            const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
+            const float d0 = half_f16c(p);                                                         \
+            const __m512 dw0 = _mm512_set1_ps(d0);                                                 \
+            UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
+                const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;                        \
+                LEVEL_PAIR(A0[k], q0, a0, a1, dw0);                                                \
+                OFF[2 * k] += OFFSET_TERM(p, d0, a0);                                              \
+                OFF[2 * k + 1] += OFFSET_TERM(p, d0, a1);                                          \
+            }                                                                                      \
+        }                                                                                          \
+        UNROLL_NT for (int k = 0; k < NP; k++) {                                                   \
+            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
+            y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]),                     \
+                                                _mm512_castps512_ps256(A1[k]))) +                  \
+                            OFF[2 * k];                                                            \
+            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
+                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))) + \
+                                  OFF[2 * k + 1];                                                  \
+        }                                                                                          \
+    }
+Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_OFFSET)
+Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_OFFSET)
+Q45_PAIR_KERNEL(tile_q5_0_vnni8, Q5_CODES, 22, 6, 2, Q5_0_OFFSET)
+Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_OFFSET)
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -801,22 +953,22 @@ osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n) {
     *n = 1;
 #ifdef OSP_X86
     const isa_t isa = detect();
-#define TILE_CASES(SUFFIX, NT)                                                                     \
+#define TILE_CASES(SUFFIX, NT, KNT)                                                                \
     switch (type) {                                                                                \
     case OSP_DTYPE_Q8_0: *n = NT; return tile_q8_0_##SUFFIX##NT;                                   \
     case OSP_DTYPE_Q4_0: *n = NT; return tile_q4_0_##SUFFIX##NT;                                   \
     case OSP_DTYPE_Q4_1: *n = NT; return tile_q4_1_##SUFFIX##NT;                                   \
     case OSP_DTYPE_Q5_0: *n = NT; return tile_q5_0_##SUFFIX##NT;                                   \
     case OSP_DTYPE_Q5_1: *n = NT; return tile_q5_1_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q2_K: *n = NT; return tile_q2_k_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q3_K: *n = NT; return tile_q3_k_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q4_K: *n = NT; return tile_q4_k_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q5_K: *n = NT; return tile_q5_k_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q6_K: *n = NT; return tile_q6_k_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q2_K: *n = KNT; return tile_q2_k_##SUFFIX##KNT;                                 \
+    case OSP_DTYPE_Q3_K: *n = KNT; return tile_q3_k_##SUFFIX##KNT;                                 \
+    case OSP_DTYPE_Q4_K: *n = KNT; return tile_q4_k_##SUFFIX##KNT;                                 \
+    case OSP_DTYPE_Q5_K: *n = KNT; return tile_q5_k_##SUFFIX##KNT;                                 \
+    case OSP_DTYPE_Q6_K: *n = KNT; return tile_q6_k_##SUFFIX##KNT;                                 \
     default: return NULL;                                                                          \
     }
-    if (isa == ISA_VNNI) TILE_CASES(vnni, 8)
-    if (isa == ISA_AVX2) TILE_CASES(avx2, 4)
+    if (isa == ISA_VNNI) TILE_CASES(vnni, 8, 4)
+    if (isa == ISA_AVX2) TILE_CASES(avx2, 4, 4)
 #undef TILE_CASES
 #else
     (void)type;

@@ -50,8 +50,9 @@ osp_qdot_fn osp_qdot_for(uint32_t type);
 typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t nb, int64_t a_stride, float *y,
                                  int64_t y_stride);
 /* The tile kernel for `type` in the family osp_qdot_for picks, with its width in *n (8 on
- * AVX512-VNNI, whose 32 vector registers hold 8 tokens' accumulators; 4 on AVX2), or NULL with *n = 1
- * where the family has none (the portable kernels, F32/F16/BF16). */
+ * AVX512-VNNI, as 4 token pairs in 512-bit vectors, but 4 for the K-quants, whose super-block state
+ * needs the room; 4 on AVX2), or NULL with *n = 1 where the family has none (the
+ * portable kernels, F32/F16/BF16). */
 osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n);
 /* The portable reference kernel for `type` (NULL as above). */
 osp_qdot_fn osp_qdot_ref_for(uint32_t type);
