@@ -163,13 +163,16 @@ static void poll_backend(router *r, int32_t i) {
 
 static void *poller_main(void *arg) {
     router *r = arg;
+    /* main polled every backend once before starting this thread: wait a whole interval first, so the
+       next view is --poll-interval after that one, not a second poll at once */
     while (!atomic_load(&r->stop)) {
-        for (int32_t i = 0; i < r->n; i++) poll_backend(r, i);
         for (int slept = 0; slept < r->poll_ms && !atomic_load(&r->stop); slept += 10) { /* stop within 10 ms */
             const int ms = r->poll_ms - slept < 10 ? r->poll_ms - slept : 10;
             struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
             nanosleep(&ts, NULL);
         }
+        if (atomic_load(&r->stop)) break;
+        for (int32_t i = 0; i < r->n; i++) poll_backend(r, i);
     }
     return NULL;
 }
