@@ -40,6 +40,7 @@ struct srv_core_proc {
     pid_t pid;                /* the running core, or 0 */
     uint32_t epoch;
     bool stopping, ever_ready, first_failed;
+    char first_why[160];      /* how the first core ended when it never came up */
     int64_t restarts;
 };
 
@@ -71,6 +72,7 @@ static void *supervise(void *arg) {
             break;
         }
         const pid_t pid = spawn(p);
+        const int fork_err = errno;
         p->pid = pid > 0 ? pid : 0;
         pthread_mutex_unlock(&p->mu);
         const time_t started = time(NULL);
@@ -80,22 +82,26 @@ static void *supervise(void *arg) {
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
             }
         } else {
-            srv_log(srv, SRV_LOG_WARNING, "cannot fork the engine core: %s", strerror(errno));
+            srv_log(srv, SRV_LOG_WARNING, "cannot fork the engine core: %s", strerror(fork_err));
         }
+        char why[160];
+        if (pid <= 0) snprintf(why, sizeof why, "the engine core process could not be forked (%s)", strerror(fork_err));
+        else if (WIFSIGNALED(status)) snprintf(why, sizeof why, "the engine core process died (signal %d)", WTERMSIG(status));
+        else snprintf(why, sizeof why, "the engine core process exited (status %d)", WEXITSTATUS(status));
         pthread_mutex_lock(&p->mu);
         p->pid = 0;
         const bool stopping = p->stopping, ever = p->ever_ready;
         if (!stopping && ever) p->restarts++;
-        if (!ever) p->first_failed = true;
+        if (!ever) {
+            p->first_failed = true;
+            snprintf(p->first_why, sizeof p->first_why, "%s", why);
+        }
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
         if (stopping) break;
-        char why[160];
-        if (WIFSIGNALED(status)) snprintf(why, sizeof why, "the engine core process died (signal %d)", WTERMSIG(status));
-        else snprintf(why, sizeof why, "the engine core process exited (status %d)", WEXITSTATUS(status));
+        if (!ever) break; /* it never came up: srv_core_start reports it, and nothing was sent to it */
         srv_log(srv, SRV_LOG_WARNING, "%s; failing its requests and restarting it", why);
         osp_core_client_core_lost(srv->core, p->epoch + 1, why);
-        if (!ever) break; /* it never came up: srv_core_start reports it */
         p->epoch++;
         if (time(NULL) - started <= 1) { /* dying at once: back off */
             struct timespec ts = {.tv_sec = (time_t)pause, .tv_nsec = (long)((pause - (double)(time_t)pause) * 1e9)};
@@ -108,7 +114,8 @@ static void *supervise(void *arg) {
     return NULL;
 }
 
-int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_ready *info) {
+int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_ready *info, char *why, size_t why_cap) {
+    if (why_cap) snprintf(why, why_cap, "it could not be set up");
     srv_core_proc *p = calloc(1, sizeof *p);
     if (!p) return -1;
     p->srv = srv;
@@ -142,6 +149,7 @@ int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_r
         pthread_mutex_unlock(&p->mu);
         if (failed) {
             pthread_join(p->thread, NULL);
+            if (why_cap) snprintf(why, why_cap, "%s before it was ready", p->first_why);
             char path[160];
             snprintf(path, sizeof path, "%s/core", p->dir);
             unlink(path);
@@ -152,6 +160,7 @@ int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, osp_ipc_r
     pthread_mutex_lock(&p->mu);
     p->ever_ready = true;
     const bool died = p->first_failed; /* it died after READY but before ever_ready was set */
+    if (died && why_cap) snprintf(why, why_cap, "%s just after it was ready", p->first_why);
     pthread_mutex_unlock(&p->mu);
     return died ? -1 : 0;
 }

@@ -386,11 +386,12 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     } else {
         /* the core process loads the model; this one reads the file's tokenizer and chat template */
         osp_ipc_ready info;
+        char core_why[200];
         if (cfg->attach_endpoint) {
             if (srv_core_attach(&srv, cfg->attach_endpoint, (uint32_t)cfg->fe_index, &info))
                 cli_die(OSP_OK, "API server %d: no engine core at %s", cfg->fe_index, cfg->attach_endpoint);
-        } else if (srv_core_start(&srv, argc, argv, &info)) {
-            cli_die(OSP_OK, "cannot start the engine core process");
+        } else if (srv_core_start(&srv, argc, argv, &info, core_why, sizeof core_why)) {
+            cli_die(OSP_OK, "cannot start the engine core process: %s (its own error is above)", core_why);
         }
         if ((s = osp_gguf_open(cfg->model_path, &own_gguf)) != OSP_OK) cli_die(s, "cannot open %s", cfg->model_path);
         g = own_gguf;

@@ -214,10 +214,11 @@ bool srv_engine_ready(srv_server *srv);
 /* --engine-process start-up: makes a private directory for the ipc:// endpoint, starts the client
  * (srv->core) and a supervisor thread that runs `argv0 __engine-core ENDPOINT EPOCH <serve args>`
  * (fork + exec of this binary), restarts it when it dies (after failing its requests, counted in
- * srv_core_restarts) and waits for its first READY; fills *info. Returns 0, or -1 with a message on
- * stderr when the first core could not start. serve_argc/argv: serve's own arguments (argv[0]
- * "serve"). */
-int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, struct osp_ipc_ready *info);
+ * srv_core_restarts) and waits for its first READY; fills *info. Returns 0, or -1 when the first core
+ * could not start, with how it ended (exit status or signal) in why[why_cap] (the core's own error is
+ * on the shared stderr before it). serve_argc/argv: serve's own arguments (argv[0] "serve"). */
+int srv_core_start(srv_server *srv, int serve_argc, char **serve_argv, struct osp_ipc_ready *info, char *why,
+                   size_t why_cap);
 /* An extra API server of --api-server-count: only a client of the core at `endpoint` (no supervisor;
  * the core's connection closing counts as its death). Waits for READY. 0, or -1. */
 int srv_core_attach(srv_server *srv, const char *endpoint, uint32_t fe, struct osp_ipc_ready *info);
