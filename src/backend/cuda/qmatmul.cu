@@ -25,6 +25,7 @@
  * difference from cuBLASLt on the bf16 copy is one bf16 rounding of each weight and the reduction order. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -718,6 +719,81 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     }
 }
 
+/* Persistent split mode (T <= 8 unless OSPREY_QMMA_PERSIST=0): as many CTAs as fit on the device at
+ * once, CTA b taking the 16-row tiles b, b + gridDim.x, ...; warp w folds slice w of each tile with the
+ * split kernel's calls in the split kernel's order, and the CTA adds the slices in warp order as there
+ * (the same bits: test_gpu_qmatmul compares rows across T and modes). What differs is the loading: a
+ * warp's register double buffer runs on across tiles, so the first unit of its next tile is in flight
+ * while the CTA adds the current tile's slices, and no CTA pays a cold start per 16 rows. The slice sums
+ * go through a double-buffered shared array: one barrier a tile. */
+template <uint32_t TYPE, bool T1>
+__global__ void __launch_bounds__(QM_WARPS * 32)
+    qmma_persist_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
+                        const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
+                        void *__restrict__ y, int64_t ldy, bool y_f32) {
+    using Q = qm<TYPE>;
+    __shared__ float part[2][QM_WARPS][QM_ROWS][8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int tc = (int)T; /* <= 8: one n-tile */
+    const bool live = g < tc;
+    const int64_t u0 = n_units * warp / QM_WARPS, u1 = n_units * (warp + 1) / QM_WARPS;
+    const int64_t n_tiles = (N + QM_ROWS - 1) / QM_ROWS;
+    auto rows_of = [&](int64_t tile, const uint8_t *rp[2]) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int64_t n = tile * QM_ROWS + g + 8 * i;
+            rp[i] = w + (size_t)(n < N ? n : N - 1) * row_bytes;
+        }
+    };
+    int64_t tile = blockIdx.x;
+    const uint8_t *rp[2], *np[2];
+    rows_of(tile, rp);
+    typename Q::Raw cur[2], nxt[2];
+    if (tile < n_tiles && u0 < u1) Q::load(rp[0], u0, c, cur[0]), Q::load(rp[1], u0, c, cur[1]);
+    for (int buf = 0; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
+        const int64_t next = tile + gridDim.x;
+        rows_of(next < n_tiles ? next : tile, np);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t u = u0; u < u1; u++) {
+            if (u + 1 < u1) Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
+            else if (next < n_tiles) Q::load(np[0], u0, c, nxt[0]), Q::load(np[1], u0, c, nxt[1]);
+#pragma unroll
+            for (int j = 0; j < Q::UB; j++) {
+                uint32_t a[4];
+                float sa[2][2], so[2][2];
+                block_frag<TYPE>(cur, j, c, a, sa, so);
+                const int64_t blk = u * Q::UB + j;
+                const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)g) * 64 + 8 * c;
+                const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(2 * c);
+                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                if (live) {
+                    b1 = __ldg(reinterpret_cast<const uint2 *>(xb));
+                    b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
+                }
+                const float4 s0 = __ldg(sb), s1 = T1 ? s0 : __ldg(sb + 1);
+                fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1, c);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) cur[i] = nxt[i];
+        }
+        rp[0] = np[0], rp[1] = np[1];
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[buf][warp][g + 8 * (e >> 1)][2 * c + (e & 1)] = acc[e];
+        __syncthreads();
+        for (int i = threadIdx.x; i < QM_ROWS * tc; i += blockDim.x) {
+            const int r = i / tc, col = i % tc;
+            const int64_t n = tile * QM_ROWS + r;
+            if (n >= N) continue;
+            float sum = part[buf][0][r][col];
+#pragma unroll
+            for (int k = 1; k < QM_WARPS; k++) sum += part[buf][k][r][col];
+            const size_t o = (size_t)col * (size_t)ldy + (size_t)n;
+            if (y_f32) static_cast<float *>(y)[o] = sum;
+            else static_cast<uint16_t *>(y)[o] = osp_f_to_bf16(sum);
+        }
+    }
+}
+
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
@@ -859,6 +935,31 @@ int qmma_wide_t(void) {
     return v;
 }
 
+/* OSPREY_QMMA_PERSIST=0 runs steps of T <= 8 on the split kernel instead of the persistent one (the same
+ * bits; read once) */
+bool qmma_persist(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_QMMA_PERSIST");
+        v = e && !strcmp(e, "0") ? 0 : 1;
+    }
+    return v == 1;
+}
+
+/* CTAs of qmma_persist_kernel<TYPE, T1> resident on the current device at once (>= 1) */
+template <uint32_t TYPE, bool T1> int persist_grid() {
+    static int ctas = 0; /* one per instantiation; the backend drives one device per process */
+    if (!ctas) {
+        int dev = 0, sms = 0, per_sm = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qmma_persist_kernel<TYPE, T1>, QM_WARPS * 32, 0) !=
+                cudaSuccess)
+            sms = 132, per_sm = 1;
+        ctas = (sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+    }
+    return ctas;
+}
+
 template <uint32_t TYPE>
 osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const osp_cuda_qx *qx, void *d_y,
                        int64_t ldy, bool y_f32, cudaStream_t st) {
@@ -886,6 +987,20 @@ osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, 
             qmma_wide_kernel<TYPE, 8><<<grid, QM_WARPS * 32, sm, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp,
                                                                       d_y, ldy, y_f32);
         OSP_CUDA_LAUNCH_CHECK("qmma_wide_kernel");
+        return OSP_OK;
+    }
+    if (qx->T <= 8 && qmma_persist()) {
+        const int64_t tiles = (N + QM_ROWS - 1) / QM_ROWS;
+        if (qx->T == 1) {
+            const int64_t ctas = persist_grid<TYPE, true>();
+            qmma_persist_kernel<TYPE, true><<<(unsigned)(tiles < ctas ? tiles : ctas), QM_WARPS * 32, 0, st>>>(
+                w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, ldy, y_f32);
+        } else {
+            const int64_t ctas = persist_grid<TYPE, false>();
+            qmma_persist_kernel<TYPE, false><<<(unsigned)(tiles < ctas ? tiles : ctas), QM_WARPS * 32, 0, st>>>(
+                w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, ldy, y_f32);
+        }
+        OSP_CUDA_LAUNCH_CHECK("qmma_persist_kernel");
         return OSP_OK;
     }
     const dim3 grid((unsigned)((N + QM_ROWS - 1) / QM_ROWS), chunks);
