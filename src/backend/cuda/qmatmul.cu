@@ -727,7 +727,7 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
  * while the CTA adds the current tile's slices, and no CTA pays a cold start per 16 rows. The slice sums
  * go through a double-buffered shared array: one barrier a tile. */
 template <uint32_t TYPE, bool T1>
-__global__ void __launch_bounds__(QM_WARPS * 32)
+__global__ void __launch_bounds__(QM_WARPS * 32, 2)
     qmma_persist_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
                         const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
                         void *__restrict__ y, int64_t ldy, bool y_f32) {
