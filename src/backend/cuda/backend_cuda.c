@@ -535,11 +535,20 @@ static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const v
         osp_cuda_qx qx;
         OSP_TRY(osp_cuda_qx_quantize((const uint16_t *)x + (size_t)r0 * (size_t)K, rn, K, g->qx, g->qx_bytes, &qx, st));
         int64_t c0 = 0;
-        for (int32_t i = 0; i < w->n_parts; i++) {
+        for (int32_t i = 0; i < w->n_parts;) {
+            /* adjacent parts of one type that lie back to back (place_quantized pads a part to 256 bytes
+             * only when its size needs it) run as one launch: more row tiles for the small k / v
+             * parts, and the same bits (a row's arithmetic does not depend on its tile) */
             const osp_tensor_part *p = &w->parts[i];
-            OSP_TRY(osp_cuda_qmatmul(p->type, p->data, p->row_bytes, p->rows, &qx,
+            int64_t rows = p->rows;
+            int32_t j = i + 1;
+            while (j < w->n_parts && w->parts[j].type == p->type && w->parts[j].row_bytes == p->row_bytes &&
+                   (const char *)w->parts[j].data == (const char *)p->data + (size_t)rows * p->row_bytes)
+                rows += w->parts[j++].rows;
+            OSP_TRY(osp_cuda_qmatmul(p->type, p->data, p->row_bytes, rows, &qx,
                                      (char *)y + ((size_t)r0 * (size_t)N + (size_t)c0) * esz, N, y_f32, st));
-            c0 += p->rows;
+            c0 += rows;
+            i = j;
         }
     }
     return OSP_OK;
