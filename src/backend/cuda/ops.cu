@@ -129,17 +129,35 @@ __global__ void __launch_bounds__(kRowThreads)
         float *xr = x + t * E;
         const uint16_t *dr = delta ? delta + t * E : nullptr;
         float ss = 0.0f;
-        for (int64_t u = threadIdx.x; u < n_units; u += blockDim.x) {
-            if constexpr (VEC == 4) {
-                float4 v = *reinterpret_cast<const float4 *>(xr + 4 * u);
-                if (dr) {
-                    const float4 d = load_bf16x4(dr + 4 * u);
-                    v.x = __fadd_rn(v.x, d.x), v.y = __fadd_rn(v.y, d.y);
-                    v.z = __fadd_rn(v.z, d.z), v.w = __fadd_rn(v.w, d.w);
-                    *reinterpret_cast<float4 *>(xr + 4 * u) = v;
+        if constexpr (VEC == 4) {
+            /* kGroup units a thread at a time, every load issued before the first store (x is not
+             * __restrict__, so a store would otherwise hold back the next unit's loads: one memory
+             * round trip per unit at T = 1); ss adds the units in the same order as one at a time */
+            constexpr int kGroup = 4;
+            for (int64_t u0 = threadIdx.x; u0 < n_units; u0 += kGroup * (int64_t)blockDim.x) {
+                float4 v[kGroup], d[kGroup];
+#pragma unroll
+                for (int k = 0; k < kGroup; k++) {
+                    const int64_t u = u0 + k * (int64_t)blockDim.x;
+                    if (u < n_units) {
+                        v[k] = *reinterpret_cast<const float4 *>(xr + 4 * u);
+                        if (dr) d[k] = load_bf16x4(dr + 4 * u);
+                    }
                 }
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            } else {
+#pragma unroll
+                for (int k = 0; k < kGroup; k++) {
+                    const int64_t u = u0 + k * (int64_t)blockDim.x;
+                    if (u >= n_units) break;
+                    if (dr) {
+                        v[k].x = __fadd_rn(v[k].x, d[k].x), v[k].y = __fadd_rn(v[k].y, d[k].y);
+                        v[k].z = __fadd_rn(v[k].z, d[k].z), v[k].w = __fadd_rn(v[k].w, d[k].w);
+                        *reinterpret_cast<float4 *>(xr + 4 * u) = v[k];
+                    }
+                    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+                }
+            }
+        } else {
+            for (int64_t u = threadIdx.x; u < n_units; u += blockDim.x) {
                 float v = xr[u];
                 if (dr) {
                     v = __fadd_rn(v, osp_bf16_to_f(dr[u]));
