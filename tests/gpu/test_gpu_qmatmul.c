@@ -350,6 +350,20 @@ static void test_qmma(void **state) {
             for (int64_t r = 0; r < 9; r++)
                 assert_memory_equal(yf + (size_t)r * (size_t)N, yref + (size_t)(60 + r) * (size_t)ldy + (size_t)c0,
                                     (size_t)N * 4);
+            /* the rows in two launches of 40 and 27 rows (the CUDA backend runs adjacent parts of one type
+             * as one launch): a row's bits do not depend on the launch or tile it is in, at T = 1 (the
+             * persistent kernel) and T = 130 (the wide one) */
+            for (int pass = 0; pass < 2; pass++) {
+                const int64_t T = pass ? TMAX : 1, n1 = 40;
+                assert_int_equal(osp_cuda_memset(dy, 0xff, ybytes, NULL), OSP_OK);
+                run_qmma(t, dw, rb, n1, K, dx, T, ws, ws_bytes, (float *)dy + c0, ldy, true);
+                run_qmma(t, (char *)dw + (size_t)n1 * rb, rb, N - n1, K, dx, T, ws, ws_bytes, (float *)dy + c0 + n1,
+                         ldy, true);
+                dev_get(yf, dy, (size_t)T * (size_t)ldy * 4);
+                for (int64_t r = 0; r < T; r++)
+                    assert_memory_equal(yf + (size_t)r * (size_t)ldy + (size_t)c0, yref + (size_t)r * (size_t)ldy + (size_t)c0,
+                                        (size_t)N * 4);
+            }
             /* bf16 output: the fp32 result rounded */
             run_qmma(t, dw, rb, N, K, dx, 33, ws, ws_bytes, dy, ldy, false);
             dev_get(yb, dy, (size_t)33 * (size_t)ldy * 2);
@@ -370,7 +384,7 @@ static void test_qmma(void **state) {
                     else assert_memory_equal(&v, &yref[(size_t)(60 + r) * (size_t)ldy + (size_t)(c0 + n)], 4);
                 }
             printf("qmma %-4s K %5lld N %lld: T 1..130 within the two-level bound (max |err|/sum|p| %.2g), rows "
-                   "bit-identical alone and moved, bf16 = rounded fp32, a NaN row stays its own\n",
+                   "bit-identical alone, moved and split over two launches, bf16 = rounded fp32, a NaN row stays its own\n",
                    osp_dtype_name(t), (long long)K, (long long)N, max_rel);
             osp_cuda_free(dw), osp_cuda_free(ws), osp_cuda_free(dx), osp_cuda_free(dy);
             free(w), free(wf), free(x), free(yf), free(yref), free(yb);

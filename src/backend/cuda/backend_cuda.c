@@ -526,6 +526,17 @@ fail:
 /* y [R, w->rows] = x [R, w->cols] w^T for a matrix placed quantized (place_quantized): the rows of x
  * quantized QX_ROWS at a time (osp_cuda_qx_quantize), then one osp_cuda_qmatmul per part into its
  * columns of y. Every row's bits depend only on its own x row and the weights, at any R. */
+/* OSPREY_QMMA_MERGE_PARTS=0: one launch per part even where parts could share one (to compare the two
+ * on a device: the same bits are expected) */
+static bool merge_parts(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_QMMA_MERGE_PARTS");
+        v = e && !strcmp(e, "0") ? 0 : 1;
+    }
+    return v == 1;
+}
+
 static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const void *x, void *y, bool y_f32,
                                    int64_t R, void *st) {
     const int64_t N = w->rows, K = w->cols;
@@ -542,7 +553,7 @@ static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const v
             const osp_tensor_part *p = &w->parts[i];
             int64_t rows = p->rows;
             int32_t j = i + 1;
-            while (j < w->n_parts && w->parts[j].type == p->type && w->parts[j].row_bytes == p->row_bytes &&
+            while (merge_parts() && j < w->n_parts && w->parts[j].type == p->type && w->parts[j].row_bytes == p->row_bytes &&
                    (const char *)w->parts[j].data == (const char *)p->data + (size_t)rows * p->row_bytes)
                 rows += w->parts[j++].rows;
             OSP_TRY(osp_cuda_qmatmul(p->type, p->data, p->row_bytes, rows, &qx,
