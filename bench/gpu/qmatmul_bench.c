@@ -1,8 +1,8 @@
 /* The quantized-weight kernels alone (src/backend/cuda/qmatmul.cu, issue 17), beside the device's
  * measured copy bandwidth and cuBLASLt on the bf16 copy of the same matrix, in one process:
- *   qgemv      T = 1, 2, 4, 8 rows: weight bytes read per second
  *   qmma       T = 1, 2, 8, 64, 512 rows (osp_cuda_qmatmul on activations quantized once before the
- *              timing), and "qx+qmma" with the activations' quantization inside each launch
+ *              timing), and "qx+qmma" with the activations' quantization inside each launch: weight
+ *              bytes read per second
  *   qdequant   bf16 bytes written per second
  *   cuBLASLt   T = 1, 64, 512 on the bf16 copy (the --gpu-weights bf16 path): bf16 bytes read per second
  * Matrix: N x K (default 14336 x 4096, Llama-3.1-8B's gate / up), random block bytes with small fixed
@@ -52,10 +52,6 @@ typedef struct ctx {
     osp_cuda_qx qx;
 } ctx;
 
-static osp_status run_gemv(void *p) {
-    ctx *c = p;
-    return osp_cuda_qgemv(c->type, c->w, c->row_bytes, c->N, c->K, c->x, c->T, c->y, c->N, false, NULL);
-}
 static osp_status run_qmma(void *p) {
     ctx *c = p;
     return osp_cuda_qmatmul(c->type, c->w, c->row_bytes, c->N, &c->qx, c->y, c->N, false, NULL);
@@ -137,14 +133,6 @@ int main(int argc, char **argv) {
         CHECK(osp_cuda_stream_sync(NULL));
         free(h);
         const char *tn = osp_dtype_name(c.type);
-        for (int64_t T = 1; T <= 8; T *= 2) {
-            c.T = T;
-            const double ms = time_ms(run_gemv, &c, reps);
-            char kn[32];
-            snprintf(kn, sizeof kn, "qgemv T=%lld", (long long)T);
-            printf("%-6s %-14s %10.1f %10.1f %7.0f%%\n", tn, kn, ms * 1e3, (double)wbytes / ms / 1e6,
-                   100.0 * (double)wbytes / ms / 1e6 / copy_gbs);
-        }
         static const int64_t qTs[] = {1, 2, 8, 64, 512};
         for (size_t k = 0; k < sizeof qTs / sizeof qTs[0]; k++) {
             c.T = qTs[k];

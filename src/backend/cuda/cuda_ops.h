@@ -123,21 +123,6 @@ osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_x, const ui
  * bytes apart. True for Q8_0, Q4_0, Q4_1, Q4_K and Q6_K. */
 bool osp_cuda_qtype_supported(uint32_t type);
 
-/* The most activation rows osp_cuda_qgemv takes: past it, dequantize (osp_cuda_qdequant_bf16) and use
- * the tensor cores. */
-#define OSP_CUDA_QGEMV_MAX_T 8
-
-/* y[t, n] = sum_k x[t, k] w[n, k] for t < T <= OSP_CUDA_QGEMV_MAX_T, n < N: d_w N quantized rows of K
- * values (row_bytes apart; 16-byte aligned for Q4_K, 4 for Q4_1, 2 for the others), d_x [T, K] bf16
- * (16-byte aligned, K % 8 == 0), d_y [T, ldy] fp32 (y_f32) or bf16, columns [0, N) written. Weights
- * are dequantized to fp32 (not rounded to bf16): core/dtype.c's values for Q8_0, Q4_0 and Q6_K, within
- * an ulp of them for Q4_1 and Q4_K (one FMA where the CPU rounds twice); products accumulated in fp32
- * in an order that depends only on K: row t's result is the same for any T (batch invariance).
- * Errors: OSP_ERR_UNSUPPORTED (type), OSP_ERR_INVALID_ARG (shapes, alignment), OSP_ERR_INTERNAL
- * (launch). Enqueues only (graph-capturable). */
-osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, int64_t K,
-                          const uint16_t *d_x, int64_t T, void *d_y, int64_t ldy, bool y_f32, void *stream);
-
 /* Activations quantized for osp_cuda_qmatmul: T rows of K values in blocks of 32, two int8 levels
  * per block (x ~ d q1 + d2 q2, d = amax / 127, d2 = d / 256: the CPU's osp_q8_block scheme,
  * backend/cpu/qdot.h), rows padded to Tp = T rounded up to 8. Points into the caller's workspace. */
@@ -161,8 +146,8 @@ osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void 
  * == 0 for Q4_K, Q6_K). */
 bool osp_cuda_qmatmul_supported(uint32_t type, int64_t K);
 
-/* y[t, n] = sum_k x[t, k] w[n, k] for t < qx->T, n < N, any T: d_w N rows of `type` (row_bytes apart,
- * aligned as osp_cuda_qgemv needs), x as quantized by osp_cuda_qx_quantize (K = qx->K), d_y [T, ldy]
+/* y[t, n] = sum_k x[t, k] w[n, k] for t < qx->T, n < N, any T: d_w N rows of `type` (row_bytes apart;
+ * 16-byte aligned for Q4_K, 4 for Q4_1, 2 for the others), x as quantized by osp_cuda_qx_quantize (K = qx->K), d_y [T, ldy]
  * fp32 (y_f32) or bf16, columns [0, N) written. The products of each 32-value block run on the
  * integer tensor cores (exact), each output folds its blocks in K order in fp32 over 8 K slices
  * fixed by K: a row's result is the same bits for any T and any place in the batch (issue 17's batch
@@ -173,7 +158,8 @@ osp_status osp_cuda_qmatmul(uint32_t type, const void *d_w, size_t row_bytes, in
 
 /* d_dst[r, :] = bf16(row r of d_w) for r < rows, [rows, K] bf16 (16-byte aligned): the values of
  * core/dtype.c's osp_dequant_row rounded to nearest even, bit for bit (what the bf16 weight path
- * uploads). Errors as osp_cuda_qgemv. Enqueues only. */
+ * uploads; the tests' proof of the per-type decoding). Errors: OSP_ERR_UNSUPPORTED (type),
+ * OSP_ERR_INVALID_ARG (shapes, alignment), OSP_ERR_INTERNAL (launch). Enqueues only. */
 osp_status osp_cuda_qdequant_bf16(uint32_t type, const void *d_w, size_t row_bytes, int64_t rows, int64_t K,
                                   uint16_t *d_dst, void *stream);
 

@@ -2,27 +2,19 @@
  * Q8_0, Q4_0, Q4_1, Q4_K and Q6_K rows exactly as the file stores them (ggml-common.h's block
  * layouts, the same that core/dtype.c reads), dequantized inside the kernels that read them:
  *
- *   qgemv      y[t, n] = sum_k x[t, k] w[n, k] for T <= OSP_CUDA_QGEMV_MAX_T rows (decode): each weight
- *              byte is read once, dequantized to fp32 in registers and multiplied into every row.
- *   qdequant   rows of a quantized matrix written out as bf16 (for cuBLASLt when T is larger, and for
- *              the tests: bit-identical to core/dtype.c's osp_dequant_row rounded to bf16, the values
- *              the bf16 weight path uploads).
+ *   qdequant   rows of a quantized matrix written out as bf16 (for the tests and the benchmark:
+ *              bit-identical to core/dtype.c's osp_dequant_row rounded to bf16, the values the bf16
+ *              weight path uploads; it proves each type's piece() below).
  *   qembed     token embedding rows gathered from a quantized table (the bf16 path's values, times scale).
+ *   qmma       y = x w^T for every T on the integer tensor cores (below, before its kernels).
  *
  * The dequantization is core/dtype.c's arithmetic spelled with __fmul_rn / __fadd_rn / __fsub_rn (the
  * CPU is ISO C17 without FMA contraction), so every weight value equals the CPU's fp32 value.
  *
- * A matrix row is cut into pieces of 8 consecutive values that one thread loads (a few loads of the
- * block's bytes it needs) and dequantizes; consecutive threads take consecutive pieces, so every warp
- * access is one contiguous span (the first qgemv gave each lane a whole 64-value unit: its activation
- * loads were 128 bytes apart across the warp and L1 throughput bound it at 32% of the copy bandwidth).
- * qgemv: a warp owns QG_ROWS weight rows; lane l takes pieces l, l + 32, ... in increasing order and
- * accumulates each (row, t) in fp32 in that fixed order (one FMA chain per value), then the warp adds
- * its lanes in a fixed xor-shuffle tree. A row's result therefore depends
- * only on its own x row and the weights: not on T, not on which other rows share the launch (batch
- * invariance within the kernel). qgemv's weights are fp32 (not rounded to bf16): the CPU's values for
- * Q8_0, Q4_0 and Q6_K, within an ulp for Q4_1 and Q4_K (codes(): w = a v + b in one FMA); the
- * difference from cuBLASLt on the bf16 copy is one bf16 rounding of each weight and the reduction order. */
+ * For qdequant and qembed a matrix row is cut into pieces of 8 consecutive values that one thread loads
+ * (a few loads of the block's bytes it needs) and dequantizes; consecutive threads take consecutive
+ * pieces, so every warp access is one contiguous span. (qgemv, the fp32 kernel for T <= 8 that qmma
+ * replaced, is described in bench/gpu/DECODE.md.) */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,9 +25,6 @@
 
 namespace {
 
-constexpr int kWarps = 4;  /* warps per qgemv block */
-constexpr int QG_ROWS = 2; /* weight rows per warp: a piece of x loaded once serves both */
-constexpr int kDefaultPieces = 1; /* qgemv_pieces(): 1 is the layout measured on the H200 (bench/gpu/DECODE.md) */
 
 __device__ __forceinline__ float half_bits(uint32_t h) { return osp_f16_to_f((uint16_t)h); }
 
@@ -83,13 +72,6 @@ template <> struct qt<OSP_DTYPE_Q8_0> {
 #pragma unroll
         for (int i = 0; i < 8; i++) w[i] = __fmul_rn(qf<128>(byte_of(q, i) ^ 0x80), d); /* the int8 */
     }
-    /* qgemv's form: 8 codes v (bytes, 0..255) with w = a v + b: the int8 is v - 128 */
-    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
-        const uint8_t *bl = row + u * BLOCK_BYTES;
-        a = half_at(bl), b = -128.0f * a;
-        load8_a2(bl + 2 + 8 * p, v);
-        v[0] ^= 0x80808080u, v[1] ^= 0x80808080u;
-    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
 };
 
@@ -109,13 +91,6 @@ template <> struct qt<OSP_DTYPE_Q4_0> {
             w[i] = __fmul_rn(qf<8>(p < 2 ? (by & 15) : (by >> 4)), d);
         }
     }
-    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
-        const uint8_t *bl = row + u * BLOCK_BYTES;
-        a = half_at(bl), b = -8.0f * a;
-        load8_a2(bl + 2 + 8 * (p & 1), v);
-        const int sh = p < 2 ? 0 : 4;
-        v[0] = (v[0] >> sh) & 0x0F0F0F0Fu, v[1] = (v[1] >> sh) & 0x0F0F0F0Fu;
-    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
 };
 
@@ -134,14 +109,6 @@ template <> struct qt<OSP_DTYPE_Q4_1> {
             const int by = byte_of(q, i);
             w[i] = __fadd_rn(__fmul_rn(qf<0>(p < 2 ? (by & 15) : (by >> 4)), d), m);
         }
-    }
-    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
-        const uint8_t *bl = row + u * BLOCK_BYTES;
-        const uint32_t dm = __ldg(reinterpret_cast<const uint32_t *>(bl));
-        a = half_bits(dm & 0xffffu), b = half_bits(dm >> 16);
-        load8_a4(bl + 4 + 8 * (p & 1), v);
-        const int sh = p < 2 ? 0 : 4;
-        v[0] = (v[0] >> sh) & 0x0F0F0F0Fu, v[1] = (v[1] >> sh) & 0x0F0F0F0Fu;
     }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 32 * u + 8 * p; }
 };
@@ -182,20 +149,6 @@ template <> struct qt<OSP_DTYPE_Q4_K> {
             w[i] = __fsub_rn(__fmul_rn(dl, qf<0>(p < 4 ? (by & 15) : (by >> 4))), ml);
         }
     }
-    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
-        const uint8_t *bl = row + (u >> 2) * BLOCK_BYTES;
-        const int c = (int)(u & 3), j = 2 * c + (p >> 2), jj = j & 3;
-        const uint4 hdr = __ldg(reinterpret_cast<const uint4 *>(bl));
-        const int b_j = (int)((hdr.y >> (8 * jj)) & 0xffu), b_j4 = (int)((hdr.z >> (8 * jj)) & 0xffu);
-        const int b_j8 = (int)(((j < 4 ? hdr.y : hdr.w) >> (8 * jj)) & 0xffu);
-        const int sc = j < 4 ? (b_j & 63) : ((b_j8 & 0x0f) | (b_j >> 6) << 4);
-        const int m = j < 4 ? (b_j4 & 63) : ((b_j8 >> 4) | (b_j4 >> 6) << 4);
-        a = __fmul_rn(half_bits(hdr.x & 0xffffu), qf<0>(sc));
-        b = -__fmul_rn(half_bits(hdr.x >> 16), qf<0>(m));
-        load8_a8(bl + 16 + 32 * c + 8 * (p & 3), v);
-        const int sh = p < 4 ? 0 : 4;
-        v[0] = (v[0] >> sh) & 0x0F0F0F0Fu, v[1] = (v[1] >> sh) & 0x0F0F0F0Fu;
-    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) { return 64 * u + 8 * p; }
 };
 
@@ -223,107 +176,10 @@ template <> struct qt<OSP_DTYPE_Q6_K> {
             w[i] = __fmul_rn(dl, qf<32>(lo | (byte_of(qh, i) & 3) << 4));
         }
     }
-    static __device__ __forceinline__ void codes(const uint8_t *row, int64_t u, int p, uint32_t v[2], float &a, float &b) {
-        const uint8_t *bl = row + (u >> 2) * BLOCK_BYTES;
-        const int h = (int)((u & 3) >> 1), s0 = (int)(u & 1), s = s0 + (p >> 2) * 2, l0 = 8 * (p & 3);
-        a = __fmul_rn(half_at(bl + 208), (float)(int8_t)__ldg(bl + 192 + 8 * h + 2 * s + (l0 >> 4)));
-        b = -32.0f * a;
-        uint32_t qh[2];
-        load8_a2(bl + 64 * h + 32 * s0 + l0, v);
-        load8_a2(bl + 128 + 32 * h + l0, qh);
-        const int sh = p < 4 ? 0 : 4;
-#pragma unroll
-        for (int k = 0; k < 2; k++) v[k] = ((v[k] >> sh) & 0x0F0F0F0Fu) | ((qh[k] >> (2 * s)) & 0x03030303u) << 4;
-    }
     static __device__ __forceinline__ int64_t xoff(int64_t u, int p) {
         return 256 * (u >> 2) + 128 * ((u & 3) >> 1) + 32 * (u & 1) + (p < 4 ? 8 * p : 64 + 8 * (p - 4));
     }
 };
-
-__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float f[8]) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
-/* ---- qgemv ------------------------------------------------------------------------------------- */
-
-/* Lane l of a warp takes pieces l, l + 32, ... of its QG_ROWS rows (a warp covers 256 consecutive
- * values a step): each (row, t) sums its pieces in that order, 8 FMAs a piece, then the lanes in a
- * fixed xor-shuffle tree. */
-template <uint32_t TYPE, int NT, int PL>
-__global__ void __launch_bounds__(kWarps * 32)
-    qgemv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t K,
-                 const uint16_t *__restrict__ x, int T, void *__restrict__ y, int64_t ldy, bool y_f32) {
-    using Q = qt<TYPE>;
-    const int lane = threadIdx.x & 31;
-    const int64_t n0 = ((int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5)) * QG_ROWS;
-    if (n0 >= N) return;
-    const int64_t pieces = K / 8;
-    float acc[QG_ROWS][NT];
-#pragma unroll
-    for (int r = 0; r < QG_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-    const uint8_t *rows[QG_ROWS];
-#pragma unroll
-    for (int r = 0; r < QG_ROWS; r++) rows[r] = w + (size_t)(n0 + r < N ? n0 + r : n0) * row_bytes;
-    for (int64_t q0 = (int64_t)lane * PL; q0 < pieces; q0 += 32 * PL)
-#pragma unroll
-    for (int j = 0; j < PL; j++) {
-        const int64_t q = q0 + j;
-        const int64_t u = q / Q::PIECES;
-        const int p = (int)(q % Q::PIECES);
-        /* w = a v + b in one FMA (the product exact, one rounding: the CPU's value for Q8_0, Q4_0 and
-         * Q6_K, within an ulp of it for Q4_1 and Q4_K), v from its byte as the bits of 2^23 + v */
-        float wv[QG_ROWS][8];
-#pragma unroll
-        for (int r = 0; r < QG_ROWS; r++) {
-            uint32_t v[2];
-            float a, b;
-            Q::codes(rows[r], u, p, v, a, b);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float vf = __fsub_rn(__int_as_float(__byte_perm(v[i >> 2], 0x4B000000u, 0x7540u | (unsigned)(i & 3))),
-                                           8388608.0f);
-                wv[r][i] = fmaf(a, vf, b);
-            }
-        }
-        const int64_t off = Q::xoff(u, p);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t < T) {
-                float xf[8];
-                unpack_bf16x8(__ldg(reinterpret_cast<const uint4 *>(x + (size_t)t * K + off)), xf);
-#pragma unroll
-                for (int r = 0; r < QG_ROWS; r++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) acc[r][t] = fmaf(wv[r][i], xf[i], acc[r][t]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < QG_ROWS; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
-    if (lane != 0) return;
-#pragma unroll
-    for (int r = 0; r < QG_ROWS; r++) {
-        if (n0 + r >= N) continue;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= T) continue;
-            const size_t i = (size_t)t * (size_t)ldy + (size_t)(n0 + r);
-            if (y_f32) static_cast<float *>(y)[i] = acc[r][t];
-            else static_cast<uint16_t *>(y)[i] = osp_f_to_bf16(acc[r][t]);
-        }
-    }
-}
 
 /* ---- qdequant and qembed --------------------------------------------------------------------------- */
 
@@ -1017,46 +873,6 @@ osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, 
     return OSP_OK;
 }
 
-/* Pieces a lane takes in a row before the next lane's (OSPREY_QGEMV_PIECES: 1, 2 or 4; read once). More
- * share a block's scale decode and issue wider runs of loads; fewer keep the warp's accesses denser.
- * Only 1 has run on a device (test_gpu_qmatmul and the timings in bench/gpu/DECODE.md); 2 and 4 are
- * there to be measured next, by the same test and qmatmul_bench under the variable. A lane's order is
- * fixed for a given setting, so each keeps qgemv's batch invariance. */
-int qgemv_pieces(void) {
-    static int pl = 0;
-    if (!pl) {
-        const char *e = getenv("OSPREY_QGEMV_PIECES");
-        const int v = e ? atoi(e) : 0;
-        pl = v == 1 || v == 2 || v == 4 ? v : kDefaultPieces;
-    }
-    return pl;
-}
-
-template <uint32_t TYPE, int PL>
-osp_status launch_gemv_pl(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const uint16_t *d_x, int64_t T,
-                          void *d_y, int64_t ldy, bool y_f32, cudaStream_t st) {
-    const int64_t rows_per_block = (int64_t)kWarps * QG_ROWS;
-    const dim3 grid((unsigned)((N + rows_per_block - 1) / rows_per_block));
-    const uint8_t *w = static_cast<const uint8_t *>(d_w);
-    const int t = (int)T;
-    if (T == 1) qgemv_kernel<TYPE, 1, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    else if (T == 2) qgemv_kernel<TYPE, 2, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    else if (T <= 4) qgemv_kernel<TYPE, 4, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    else qgemv_kernel<TYPE, 8, PL><<<grid, kWarps * 32, 0, st>>>(w, row_bytes, N, K, d_x, t, d_y, ldy, y_f32);
-    OSP_CUDA_LAUNCH_CHECK("qgemv_kernel");
-    return OSP_OK;
-}
-
-template <uint32_t TYPE>
-osp_status launch_gemv(const void *d_w, size_t row_bytes, int64_t N, int64_t K, const uint16_t *d_x, int64_t T,
-                       void *d_y, int64_t ldy, bool y_f32, cudaStream_t st) {
-    switch (qgemv_pieces()) {
-    case 1: return launch_gemv_pl<TYPE, 1>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    case 2: return launch_gemv_pl<TYPE, 2>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    default: return launch_gemv_pl<TYPE, 4>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    }
-}
-
 template <uint32_t TYPE>
 osp_status launch_dequant(const void *d_w, size_t row_bytes, int64_t rows, int64_t K, uint16_t *d_dst, cudaStream_t st) {
     const int64_t total = rows * (K / 8);
@@ -1116,22 +932,6 @@ osp_status check(const char *fn, uint32_t type, const void *d_w, size_t row_byte
 } // namespace
 
 extern "C" bool osp_cuda_qtype_supported(uint32_t type) { return block_vals(type) != 0; }
-
-extern "C" osp_status osp_cuda_qgemv(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, int64_t K,
-                                     const uint16_t *d_x, int64_t T, void *d_y, int64_t ldy, bool y_f32, void *stream) {
-    OSP_TRY(check("osp_cuda_qgemv", type, d_w, row_bytes, K));
-    if (!d_x || !d_y || N <= 0 || T <= 0 || T > OSP_CUDA_QGEMV_MAX_T || ldy < N || (uintptr_t)d_x % 16 != 0 || K % 8 != 0)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qgemv: bad arguments (N %lld, K %lld, T %lld, ldy %lld)",
-                             (long long)N, (long long)K, (long long)T, (long long)ldy);
-    cudaStream_t st = (cudaStream_t)stream;
-    switch (type) {
-    case OSP_DTYPE_Q8_0: return launch_gemv<OSP_DTYPE_Q8_0>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    case OSP_DTYPE_Q4_0: return launch_gemv<OSP_DTYPE_Q4_0>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    case OSP_DTYPE_Q4_1: return launch_gemv<OSP_DTYPE_Q4_1>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    case OSP_DTYPE_Q4_K: return launch_gemv<OSP_DTYPE_Q4_K>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    default: return launch_gemv<OSP_DTYPE_Q6_K>(d_w, row_bytes, N, K, d_x, T, d_y, ldy, y_f32, st);
-    }
-}
 
 extern "C" size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K) {
     if (T <= 0 || K <= 0) return 0;
