@@ -227,6 +227,17 @@ def test_api_key_from_settings(page):
         assert s.stop() == 0
 
 
+def test_out_of_range_setting_refused_in_the_page(smol, page):
+    # top_p 0 is outside the server's (0, 1]: the page says so and sends nothing, and stays usable
+    d = page
+    open_page(d, smol.url)
+    set_field(d, "top-p", 0)
+    say(d, "hi")
+    err = d.find_element(By.ID, "settings-error")
+    wait(d, "the settings error shown", lambda: err.is_displayed())
+    assert "top_p must be a number in (0, 1]" in err.text and not replies(d) and state(d) == "idle"
+
+
 def test_markdown_and_metrics_parsing_in_the_page(smol, page):
     """The page's own renderer and parser, run in the browser on fixed inputs."""
     d = page
@@ -260,6 +271,11 @@ def test_markdown_and_metrics_parsing_in_the_page(smol, page):
         '<p><a href="https://example.com/a_b" target="_blank" rel="noopener noreferrer">site</a> and '
         '<a href="https://example.org/x" target="_blank" rel="noopener noreferrer">https://example.org/x</a>.</p>')
     assert d.execute_script("return window.pwned === undefined")
+    # thousands of nesting levels (a looping model's '>' or indented '-') do not overflow the stack: past 32
+    # levels the rest is plain text
+    deep = render(">" * 4000)
+    assert deep.count("<blockquote>") == 33 and deep.endswith("</blockquote>" * 33), deep[:200]
+    assert render("\n".join(" " * i + "- x" for i in range(200))).count("<ul>") == 33
     # the dashboard's Prometheus text parser
     parsed = d.execute_script("""
         const m = OspreyDashboard.parse(arguments[0]);

@@ -20,16 +20,17 @@ const OspreyChat = (() => {
   // The request's sampling fields from the settings form; throws Error(reason) on a bad value.
   function samplingFields() {
     const out = {};
-    const num = (id, name, lo, hi, integer) => {
+    // loOpen: the lower bound itself is refused (the server takes top_p in (0, 1])
+    const num = (id, name, lo, hi, integer, loOpen = false) => {
       const raw = $(id).value.trim();
       if (raw === "") return;
       const v = Number(raw);
-      if (!Number.isFinite(v) || v < lo || v > hi || (integer && !Number.isInteger(v)))
-        throw new Error(`${name} must be ${integer ? "an integer" : "a number"} in [${lo}, ${hi}]`);
+      if (!Number.isFinite(v) || v < lo || (loOpen && v === lo) || v > hi || (integer && !Number.isInteger(v)))
+        throw new Error(`${name} must be ${integer ? "an integer" : "a number"} in ${loOpen ? "(" : "["}${lo}, ${hi}]`);
       out[name] = v;
     };
     num("temperature", "temperature", 0, 2, false);
-    num("top-p", "top_p", 0, 1, false);
+    num("top-p", "top_p", 0, 1, false, true);
     num("max-tokens", "max_tokens", 1, 1 << 30, true);
     num("seed", "seed", Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER, true);
     return out;
@@ -121,7 +122,11 @@ const OspreyChat = (() => {
     let tFirst = null;
     const draw = () => {
       pending = false;
-      content.replaceChildren(OspreyMarkdown.render(reply));
+      try {
+        content.replaceChildren(OspreyMarkdown.render(reply));
+      } catch (_) { // a reply the renderer cannot take is shown as text; the page must get back to idle
+        content.textContent = reply;
+      }
       if (reasoning) {
         let d = m.querySelector("details.reasoning");
         if (!d) {

@@ -8,7 +8,7 @@
 const OspreyDashboard = (() => {
   const $ = (id) => document.getElementById(id);
   const WINDOW = 120;
-  let interval = 1000;  // ms between polls (?poll=MS in the page's address overrides; at least 100)
+  let interval = 1000;  // ms between polls (?poll=MS in the page's address overrides; 100 .. 3,600,000)
   let timer = null, prev = null, inflight = false;
   const series = { running: [], waiting: [], kv: [], hit: [], engineTps: [], genTps: [], ttft: [], tpot: [] };
 
@@ -207,7 +207,7 @@ const OspreyDashboard = (() => {
 
   function init() {
     const q = Number(new URLSearchParams(location.search).get("poll"));
-    if (Number.isFinite(q) && q >= 100) interval = Math.round(q);
+    if (Number.isFinite(q) && q >= 100 && q <= 3600000) interval = Math.round(q); // setInterval takes < 2^31 ms
     $("poll-interval").textContent = String(interval);
     $("window-size").textContent = String(WINDOW);
     window.addEventListener("resize", draw);

@@ -128,7 +128,17 @@ const OspreyMarkdown = (() => {
   const cells = (line) => line.trim().replace(/^\|/, "").replace(/\|$/, "").split("|").map((s) => s.trim());
   const startsBlock = (line) => FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
 
-  function blocks(lines, parent) {
+  // Block quotes and lists nest by recursion; past MAX_DEPTH levels the rest is shown as plain text (a
+  // reply of thousands of '>' must not overflow the stack and leave the page stuck).
+  const MAX_DEPTH = 32;
+
+  function blocks(lines, parent, depth = 0) {
+    if (depth > MAX_DEPTH) {
+      const p = el("p");
+      p.textContent = lines.join("\n");
+      parent.appendChild(p);
+      return;
+    }
     let i = 0;
     while (i < lines.length) {
       const line = lines[i];
@@ -152,10 +162,10 @@ const OspreyMarkdown = (() => {
         const body = [];
         while (i < lines.length && (m = QUOTE.exec(lines[i]))) { body.push(m[1]); i++; }
         const q = el("blockquote");
-        blocks(body, q);
+        blocks(body, q, depth + 1);
         parent.appendChild(q);
       } else if ((m = ITEM.exec(line))) {
-        i = list(lines, i, parent);
+        i = list(lines, i, parent, depth);
       } else if (line.includes("|") && i + 1 < lines.length && TABLE_SEP.test(lines[i + 1]) && lines[i + 1].includes("-")) {
         const t = el("table"), head = el("tr");
         for (const c of cells(line)) { const th = el("th"); inline(c, th); head.appendChild(th); }
@@ -185,7 +195,7 @@ const OspreyMarkdown = (() => {
 
   // A list from lines[i]: its items (a deeper-indented item or line belongs to the item above, as a
   // nested list or more text). Returns the index after it.
-  function list(lines, i, parent) {
+  function list(lines, i, parent, depth) {
     const first = ITEM.exec(lines[i]);
     const indent = first[1].length, ordered = /\d/.test(first[2]);
     const ul = el(ordered ? "ol" : "ul");
@@ -207,7 +217,7 @@ const OspreyMarkdown = (() => {
       if (sub.length) {
         const cut = Math.min(...sub.map((l) => l.length - l.trimStart().length));
         const inner = sub.map((l) => l.slice(cut));
-        blocks(inner, li);
+        blocks(inner, li, depth + 1);
       }
       ul.appendChild(li);
       // a blank line between two items of this list does not end it
