@@ -23,8 +23,11 @@ ENGINE_PROCESS = os.environ.get("OSPREY_ENGINE_PROCESS") == "1"
 
 
 def free_port():
+    """A port free on every address: probed on the wildcard, as the servers bind their ZeroMQ endpoints
+    (tcp://*:P). A probe on 127.0.0.1 could return a port that a client socket holds on another loopback
+    address (test_dos binds 2,000 on 127.0.0.5), which a wildcard bind then finds in use."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("0.0.0.0", 0))
         return s.getsockname()[1]
 
 
