@@ -402,6 +402,7 @@ template <int D> constexpr size_t attn_smem_bytes() {
 }
 
 template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_attention_kernel(const AttnParams p) {
+    osp_pdl_begin();
     extern __shared__ float4 smem_f4[];
     constexpr int KS = D + kPad;
     constexpr int DPL = D / 32;
@@ -542,6 +543,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     paged_attention_merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out, int64_t rows,
                                  int num_splits) {
+    osp_pdl_begin();
     constexpr int DPL = D / 32;
     using L = LaneDims<D>;
     const int lane = (int)threadIdx.x & 31;
@@ -615,12 +617,12 @@ template <int D, int KV> osp_status launch(const AttnParams &prm, const Plan &pl
         OSP_CUDA_TRY(cudaFuncSetAttribute(paged_attention_kernel<D, KV>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((unsigned)pl.tl.n_tiles, (unsigned)(prm.n_head_kv * pl.tl.head_chunks), (unsigned)pl.num_splits);
-    paged_attention_kernel<D, KV><<<grid, kThreads, smem, st>>>(prm);
+    osp_launch(paged_attention_kernel<D, KV>, grid, kThreads, smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("paged_attention_kernel");
     if (pl.num_splits > 1) {
         const int64_t rows = (int64_t)prm.T * prm.n_head;
-        paged_attention_merge_kernel<D>
-            <<<(unsigned)ceil_div(rows, kWarps), kThreads, 0, st>>>(prm.ws_acc, prm.ws_ml, prm.out, rows, pl.num_splits);
+        osp_launch(paged_attention_merge_kernel<D>, (unsigned)ceil_div(rows, kWarps), kThreads, 0, st, prm.ws_acc,
+                   prm.ws_ml, prm.out, rows, pl.num_splits);
         OSP_CUDA_LAUNCH_CHECK("paged_attention_merge_kernel");
     }
     return OSP_OK;

@@ -116,6 +116,7 @@ __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t &lo, uint32
  * scale_v after the fold). */
 template <int D, int ST, bool kFold, bool kWg, bool kFp8 = false>
 __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
+    osp_pdl_begin();
     static_assert(D == 32 || D == 64 || D == 128, "head_dim");
     static_assert(!kWg || D == 64 || D == 128, "wgmma: D 64 or 128");
     static_assert(!kFp8 || kWg, "E4M3 pages: wgmma only");
@@ -564,6 +565,7 @@ template <int D>
 __global__ void __launch_bounds__(kMergeDims) merge_kernel(const float *ws_acc, const float2 *ws_ml, uint16_t *out,
                                                            const int32_t *positions, int n_head, int ws_stride,
                                                            const float *v_fixed, int group) {
+    osp_pdl_begin();
     constexpr int R = kMergeRound, S = kMergeStages, W = kMergeDims;
     static_assert(D % W == 0 && R * W / 4 % W == 0 && R / 2 <= W, "a round's 16-byte copies spread evenly");
     extern __shared__ float4 merge_smem[];
@@ -674,7 +676,7 @@ template <int D, int ST, bool kFold, int kKind> osp_status launch_kernel(const P
     if (smem > 48 * 1024)
         OSP_CUDA_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, ST, kFold, kWg, kFp8>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attn_mma_kernel<D, ST, kFold, kWg, kFp8><<<grid, kThreads, smem, st>>>(prm);
+    osp_launch(attn_mma_kernel<D, ST, kFold, kWg, kFp8>, grid, kThreads, smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("attn_mma_kernel");
     return OSP_OK;
 }
@@ -720,8 +722,8 @@ osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int st
     if (rc != OSP_OK || !split) return rc;
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
     static_assert(kMergeSmem <= 48 * 1024, "the merge's shared memory");
-    merge_kernel<D><<<dim3((unsigned)nrow, D / kMergeDims), kMergeDims, kMergeSmem, st>>>(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride,
-                                                  prm.v_fixed, prm.n_head / prm.n_head_kv);
+    osp_launch(merge_kernel<D>, dim3((unsigned)nrow, D / kMergeDims), kMergeDims, kMergeSmem, st, prm.ws_acc,
+               prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride, prm.v_fixed, prm.n_head / prm.n_head_kv);
     OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
     return OSP_OK;
 }

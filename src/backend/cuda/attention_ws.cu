@@ -126,6 +126,7 @@ __device__ __forceinline__ uint32_t swz_off(int r, int part) {
 /* ST: K/V stages; kPing: the consumers take the tensor cores in turns (named barriers 1 and 2) */
 template <int ST, bool kPing>
 __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) {
+    osp_pdl_begin();
     static_assert(ST >= 2, "stages");
     constexpr int NB = kKeys / 8, ND = kD / 8, KT = kD / 16;
     extern __shared__ uint4 smem_u4[];
@@ -483,7 +484,7 @@ template <int ST, bool kPing> osp_status launch_ws(const Params &prm, dim3 grid,
     constexpr int smem = ws_smem_bytes<ST>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     OSP_CUDA_TRY(cudaFuncSetAttribute(attn_ws_kernel<ST, kPing>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attn_ws_kernel<ST, kPing><<<grid, kThreadsWs, smem, st>>>(prm);
+    osp_launch(attn_ws_kernel<ST, kPing>, grid, kThreadsWs, smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("attn_ws_kernel");
     return OSP_OK;
 }

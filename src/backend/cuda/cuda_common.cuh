@@ -29,6 +29,54 @@
                                  cudaGetErrorString(osp_e_));                                      \
     } while (0)
 
+/* Programmatic dependent launch (CUDA C++ Programming Guide, "Programmatic Dependent Launch and
+ * Synchronization"; PTX ISA "griddepcontrol", sm_90+). Every kernel of this backend is launched through
+ * osp_launch, which lets the next kernel in the stream (or the CUDA graph captured from it) be launched
+ * while this one still runs, so a kernel's launch latency and CTA start overlap its predecessor's tail.
+ *
+ * Contract, for every __global__ function launched by osp_launch: its first statement is osp_pdl_begin(),
+ * executed unconditionally by every thread before any global-memory access. griddepcontrol.wait returns
+ * once every grid this one depends on has completed and its writes are visible, so nothing a kernel
+ * reads or writes can race with its predecessors (read-after-write and write-after-read alike), and the
+ * arithmetic, hence every bit, is unchanged. launch_dependents then allows the next kernel's launch; it
+ * is issued only after the wait, so at most one kernel waits resident behind a running one. On a
+ * device or launch without the attribute both instructions return at once. */
+static __device__ __forceinline__ void osp_pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Whether launches carry the programmatic-serialization attribute: compute capability 9.0 or later
+ * and OSPREY_CUDA_PDL not "0" (read once, at the first launch). runtime.cu. */
+extern "C" bool osp_cuda_pdl_enabled(void);
+/* Set (this thread) after a launch that is not ours (cuBLASLt: gemm.cu); osp_launch then launches the
+ * next kernel without the attribute. Measured on the H200 (bench/gpu/DECODE.md): overlapping our kernel
+ * with a cuBLASLt GEMM before it cost the bf16 8B decode 2 %, while chains of our own kernels (the
+ * quantized path) gained 1 %. Only speed depends on it: osp_pdl_begin() is correct either way. */
+extern thread_local bool osp_cuda_prev_launch_foreign;
+
+/* Launch `kernel` on `st` like kernel<<<grid, block, smem, st>>>(args...), with programmatic
+ * dependent launch when osp_cuda_pdl_enabled() (the kernel must keep osp_pdl_begin()'s contract).
+ * Errors are left for OSP_CUDA_LAUNCH_CHECK (cudaGetLastError), as with <<<>>>. */
+template <typename... KArgs, typename... Args>
+static inline void osp_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                              Args &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = osp_cuda_pdl_enabled() && !osp_cuda_prev_launch_foreign ? 1 : 0;
+    osp_cuda_prev_launch_foreign = false;
+    (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+}
+
 static __device__ __forceinline__ float osp_bf16_load(const uint16_t *p) {
     return __uint_as_float((uint32_t)*p << 16);
 }

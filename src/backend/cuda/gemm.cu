@@ -146,6 +146,7 @@ extern "C" osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_
     LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, d_w, p->a, d_x, p->b, &beta, d_y, p->d, d_y, p->d, &p->algo,
                           g->workspace, g->workspace_bytes, (cudaStream_t)stream),
            "Matmul");
+    osp_cuda_prev_launch_foreign = true;
     return OSP_OK;
 }
 
@@ -155,6 +156,7 @@ extern "C" osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_
  * GEMM over constant or zero data toggles fewer bits, draws less power and holds higher clocks, so it
  * would overstate the peak). */
 __global__ void peak_fill_kernel(uint16_t *v, int64_t n, uint64_t seed) {
+    osp_pdl_begin();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull;
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -179,8 +181,8 @@ extern "C" osp_status osp_cuda_gemm_peak_gflops(int64_t T, int64_t N, int64_t K,
     if (s == OSP_OK) s = osp_cuda_event_create(&e0);
     if (s == OSP_OK) s = osp_cuda_event_create(&e1);
     if (s == OSP_OK) {
-        peak_fill_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>((uint16_t *)x, T * K, 0x5eedull);
-        peak_fill_kernel<<<1024, 256, 0, (cudaStream_t)stream>>>((uint16_t *)w, N * K, 0xfeedull);
+        osp_launch(peak_fill_kernel, 1024, 256, 0, (cudaStream_t)stream, (uint16_t *)x, T * K, 0x5eedull);
+        osp_launch(peak_fill_kernel, 1024, 256, 0, (cudaStream_t)stream, (uint16_t *)w, N * K, 0xfeedull);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess)
             s = osp_set_error(OSP_ERR_INTERNAL, "cuda: launching peak_fill_kernel failed: %s", cudaGetErrorString(e));

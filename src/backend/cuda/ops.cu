@@ -77,6 +77,7 @@ template <int VEC>
 __global__ void __launch_bounds__(kEltThreads)
     embed_kernel(const uint16_t *__restrict__ table, const int32_t *__restrict__ ids, float *__restrict__ x,
                  int64_t T, int64_t E, float scale) {
+    osp_pdl_begin();
     const int64_t n_units = E / VEC;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
         const uint16_t *src = table + (int64_t)ids[t] * E;
@@ -123,6 +124,7 @@ template <int VEC>
 __global__ void __launch_bounds__(kRowThreads)
     add_rmsnorm_kernel(float *x, const uint16_t *__restrict__ delta, const float *__restrict__ w,
                        uint16_t *__restrict__ out, int64_t T, int64_t E, float eps) {
+    osp_pdl_begin();
     __shared__ float red[32];
     const int64_t n_units = E / VEC;
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -177,6 +179,7 @@ template <int VEC>
 __global__ void __launch_bounds__(kRowThreads)
     gather_rmsnorm_kernel(const float *__restrict__ x, const int32_t *__restrict__ idx, const float *__restrict__ w,
                           uint16_t *__restrict__ out, int64_t n, int64_t E, float eps) {
+    osp_pdl_begin();
     __shared__ float red[32];
     const int64_t n_units = E / VEC;
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -219,6 +222,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
                    const float *__restrict__ k_fixed, const float *__restrict__ v_fixed, uint8_t *__restrict__ k_scale,
                    uint8_t *__restrict__ v_scale, int64_t T, int n_head, int n_head_kv, int D, int n_rot, bool neox,
                    float eps) {
+    osp_pdl_begin();
     extern __shared__ float smem[];
     const int half = n_rot / 2;
     float *cos_t = smem, *sin_t = smem + half;
@@ -342,6 +346,7 @@ template <bool GELU> __device__ __forceinline__ float glu1(float g, float u) {
 template <int VEC, bool GELU>
 __global__ void __launch_bounds__(kEltThreads)
     silu_mul_kernel(const uint16_t *__restrict__ gu, uint16_t *__restrict__ out, int64_t T, int64_t F) {
+    osp_pdl_begin();
     const int64_t n_units = F / VEC;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
         const uint16_t *g = gu + t * 2 * F, *up = g + F;
@@ -376,6 +381,7 @@ __device__ __forceinline__ void argmax_scan(float v, int32_t i, float &bv, int32
 template <int VEC>
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_kernel(const float *__restrict__ logits, int32_t *__restrict__ out, int64_t R, int64_t V) {
+    osp_pdl_begin();
     __shared__ float red_v[32];
     __shared__ int32_t red_i[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
@@ -423,6 +429,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 template <int VEC>
 __global__ void __launch_bounds__(kEltThreads)
     f32_to_bf16_kernel(const float *__restrict__ in, uint16_t *__restrict__ out, int64_t n) {
+    osp_pdl_begin();
     const int64_t n_units = n / VEC;
     for (int64_t u = global_thread(); u < n_units; u += global_stride()) {
         if constexpr (VEC == 4)
@@ -438,6 +445,7 @@ __global__ void __launch_bounds__(kEltThreads)
 template <bool SOFTCAP>
 __global__ void __launch_bounds__(kEltThreads)
     scale_f32_kernel(const float *in, float *out, int64_t n, float scale) {
+    osp_pdl_begin();
     for (int64_t i = global_thread(); i < n; i += global_stride()) {
         const float x = in[i];
         out[i] = SOFTCAP ? scale * tanhf(x / scale) : scale * x;
@@ -463,6 +471,7 @@ __device__ __forceinline__ float randn_at(uint64_t key, uint64_t i, float scale,
 template <int VEC, bool BF16>
 __global__ void __launch_bounds__(kEltThreads)
     fill_randn_kernel(void *__restrict__ out, int64_t n, uint64_t key, uint64_t base, float scale, float offset) {
+    osp_pdl_begin();
     const int64_t n_units = n / VEC;
     for (int64_t u = global_thread(); u < n_units; u += global_stride()) {
         const uint64_t i = base + (uint64_t)(VEC * u);
@@ -520,9 +529,9 @@ osp_status osp_cuda_embed(const uint16_t *d_table, const int32_t *d_ids, float *
     const int vw = vec ? 4 : 1;
     const dim3 grid(blocks_for(E / vw, kEltThreads, kMaxGridX), rows_grid(T, kMaxGridY));
     if (vec)
-        embed_kernel<4><<<grid, kEltThreads, 0, st>>>(d_table, d_ids, d_x, T, E, scale);
+        osp_launch(embed_kernel<4>, grid, kEltThreads, 0, st, d_table, d_ids, d_x, T, E, scale);
     else
-        embed_kernel<1><<<grid, kEltThreads, 0, st>>>(d_table, d_ids, d_x, T, E, scale);
+        osp_launch(embed_kernel<1>, grid, kEltThreads, 0, st, d_table, d_ids, d_x, T, E, scale);
     OSP_CUDA_LAUNCH_CHECK("embed_kernel");
     return OSP_OK;
 }
@@ -538,9 +547,9 @@ osp_status osp_cuda_add_rmsnorm(float *d_x, const uint16_t *d_delta, const float
                      (!d_delta || aligned(d_delta, 8));
     const unsigned grid = rows_grid(T, kMaxGridX);
     if (vec)
-        add_rmsnorm_kernel<4><<<grid, kRowThreads, 0, st>>>(d_x, d_delta, d_w, d_out, T, E, eps);
+        osp_launch(add_rmsnorm_kernel<4>, grid, kRowThreads, 0, st, d_x, d_delta, d_w, d_out, T, E, eps);
     else
-        add_rmsnorm_kernel<1><<<grid, kRowThreads, 0, st>>>(d_x, d_delta, d_w, d_out, T, E, eps);
+        osp_launch(add_rmsnorm_kernel<1>, grid, kRowThreads, 0, st, d_x, d_delta, d_w, d_out, T, E, eps);
     OSP_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
     return OSP_OK;
 }
@@ -555,9 +564,9 @@ osp_status osp_cuda_gather_rmsnorm(const float *d_x, const int32_t *d_idx, const
     const bool vec = E % 4 == 0 && aligned(d_x, 16) && aligned(d_w, 16) && aligned(d_out, 8);
     const unsigned grid = rows_grid(n, kMaxGridX);
     if (vec)
-        gather_rmsnorm_kernel<4><<<grid, kRowThreads, 0, st>>>(d_x, d_idx, d_w, d_out, n, E, eps);
+        osp_launch(gather_rmsnorm_kernel<4>, grid, kRowThreads, 0, st, d_x, d_idx, d_w, d_out, n, E, eps);
     else
-        gather_rmsnorm_kernel<1><<<grid, kRowThreads, 0, st>>>(d_x, d_idx, d_w, d_out, n, E, eps);
+        osp_launch(gather_rmsnorm_kernel<1>, grid, kRowThreads, 0, st, d_x, d_idx, d_w, d_out, n, E, eps);
     OSP_CUDA_LAUNCH_CHECK("gather_rmsnorm_kernel");
     return OSP_OK;
 }
@@ -610,7 +619,7 @@ osp_status osp_cuda_rope_kv_write_q(const float *d_qkv, const float *d_bias, con
     const int n_units = n_head + 2 * n_head_kv;
     const dim3 grid((unsigned)((n_units + kRopeWarps - 1) / kRopeWarps), rows_grid(T, kMaxGridY));
     const size_t smem = (size_t)(n_rot + (kv == kPageNvfp4 ? 2 : 1) * kRopeWarps * D) * sizeof(float);
-    rope_kv_kernel<<<grid, kRopeWarps * 32, smem, st>>>(
+    osp_launch(rope_kv_kernel, grid, kRopeWarps * 32, smem, st,
         d_qkv, d_bias, d_q_norm, d_k_norm, d_positions, d_inv_freq, d_slot_mapping, d_q_out, d_k_pages, d_v_pages, kv,
         quant ? kq->d_k_fixed : nullptr, quant ? kq->d_v_fixed : nullptr, quant ? kq->d_k_scale : nullptr,
         quant ? kq->d_v_scale : nullptr, T, n_head, n_head_kv, D, n_rot, neox, eps);
@@ -628,13 +637,13 @@ static osp_status glu_launch(const uint16_t *d_gu, uint16_t *d_out, int64_t T, i
     const int vw = vec ? 4 : 1;
     const dim3 grid(blocks_for(F / vw, kEltThreads, kMaxGridX), rows_grid(T, kMaxGridY));
     if (vec && gelu)
-        silu_mul_kernel<4, true><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+        osp_launch(silu_mul_kernel<4, true>, grid, kEltThreads, 0, st, d_gu, d_out, T, F);
     else if (vec)
-        silu_mul_kernel<4, false><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+        osp_launch(silu_mul_kernel<4, false>, grid, kEltThreads, 0, st, d_gu, d_out, T, F);
     else if (gelu)
-        silu_mul_kernel<1, true><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+        osp_launch(silu_mul_kernel<1, true>, grid, kEltThreads, 0, st, d_gu, d_out, T, F);
     else
-        silu_mul_kernel<1, false><<<grid, kEltThreads, 0, st>>>(d_gu, d_out, T, F);
+        osp_launch(silu_mul_kernel<1, false>, grid, kEltThreads, 0, st, d_gu, d_out, T, F);
     OSP_CUDA_LAUNCH_CHECK("silu_mul_kernel");
     return OSP_OK;
 }
@@ -656,9 +665,9 @@ osp_status osp_cuda_argmax(const float *d_logits, int32_t *d_out, int64_t R, int
     const bool vec = V % 4 == 0 && aligned(d_logits, 16);
     const unsigned grid = rows_grid(R, kMaxGridX);
     if (vec)
-        argmax_kernel<4><<<grid, kArgmaxThreads, 0, st>>>(d_logits, d_out, R, V);
+        osp_launch(argmax_kernel<4>, grid, kArgmaxThreads, 0, st, d_logits, d_out, R, V);
     else
-        argmax_kernel<1><<<grid, kArgmaxThreads, 0, st>>>(d_logits, d_out, R, V);
+        osp_launch(argmax_kernel<1>, grid, kArgmaxThreads, 0, st, d_logits, d_out, R, V);
     OSP_CUDA_LAUNCH_CHECK("argmax_kernel");
     return OSP_OK;
 }
@@ -671,9 +680,9 @@ osp_status osp_cuda_f32_to_bf16(const float *d_in, uint16_t *d_out, int64_t n, v
     const bool vec = aligned(d_in, 16) && aligned(d_out, 8);
     const unsigned grid = blocks_for(vec ? (n + 3) / 4 : n, kEltThreads, kMaxGridX);
     if (vec)
-        f32_to_bf16_kernel<4><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n);
+        osp_launch(f32_to_bf16_kernel<4>, grid, kEltThreads, 0, st, d_in, d_out, n);
     else
-        f32_to_bf16_kernel<1><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n);
+        osp_launch(f32_to_bf16_kernel<1>, grid, kEltThreads, 0, st, d_in, d_out, n);
     OSP_CUDA_LAUNCH_CHECK("f32_to_bf16_kernel");
     return OSP_OK;
 }
@@ -686,9 +695,9 @@ static osp_status scale_launch(const float *d_in, float *d_out, int64_t n, float
     cudaStream_t st = (cudaStream_t)stream;
     const unsigned grid = blocks_for(n, kEltThreads, kMaxGridX);
     if (softcap)
-        scale_f32_kernel<true><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n, s);
+        osp_launch(scale_f32_kernel<true>, grid, kEltThreads, 0, st, d_in, d_out, n, s);
     else
-        scale_f32_kernel<false><<<grid, kEltThreads, 0, st>>>(d_in, d_out, n, s);
+        osp_launch(scale_f32_kernel<false>, grid, kEltThreads, 0, st, d_in, d_out, n, s);
     OSP_CUDA_LAUNCH_CHECK("scale_f32_kernel");
     return OSP_OK;
 }
@@ -711,9 +720,9 @@ osp_status osp_cuda_fill_randn_bf16(uint16_t *d_out, int64_t n, uint64_t key, ui
     const bool vec = aligned(d_out, 8);
     const unsigned grid = blocks_for(vec ? (n + 3) / 4 : n, kEltThreads, kMaxGridX);
     if (vec)
-        fill_randn_kernel<4, true><<<grid, kEltThreads, 0, st>>>(d_out, n, key, base, scale, offset);
+        osp_launch(fill_randn_kernel<4, true>, grid, kEltThreads, 0, st, d_out, n, key, base, scale, offset);
     else
-        fill_randn_kernel<1, true><<<grid, kEltThreads, 0, st>>>(d_out, n, key, base, scale, offset);
+        osp_launch(fill_randn_kernel<1, true>, grid, kEltThreads, 0, st, d_out, n, key, base, scale, offset);
     OSP_CUDA_LAUNCH_CHECK("fill_randn_kernel (bf16)");
     return OSP_OK;
 }
@@ -728,9 +737,9 @@ osp_status osp_cuda_fill_randn_f32(float *d_out, int64_t n, uint64_t key, uint64
     const bool vec = aligned(d_out, 16);
     const unsigned grid = blocks_for(vec ? (n + 3) / 4 : n, kEltThreads, kMaxGridX);
     if (vec)
-        fill_randn_kernel<4, false><<<grid, kEltThreads, 0, st>>>(d_out, n, key, base, scale, offset);
+        osp_launch(fill_randn_kernel<4, false>, grid, kEltThreads, 0, st, d_out, n, key, base, scale, offset);
     else
-        fill_randn_kernel<1, false><<<grid, kEltThreads, 0, st>>>(d_out, n, key, base, scale, offset);
+        osp_launch(fill_randn_kernel<1, false>, grid, kEltThreads, 0, st, d_out, n, key, base, scale, offset);
     OSP_CUDA_LAUNCH_CHECK("fill_randn_kernel (f32)");
     return OSP_OK;
 }

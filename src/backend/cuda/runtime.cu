@@ -2,6 +2,8 @@
  * graphs, each turning a CUDA error into an osp_status with CUDA's message (the thread-local error of
  * core/status.c), so the C code above never sees a cudaError_t. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -9,6 +11,27 @@
 extern "C" {
 
 bool osp_cuda_built(void) { return true; }
+
+} /* extern "C" */
+
+thread_local bool osp_cuda_prev_launch_foreign = false;
+
+extern "C" {
+
+bool osp_cuda_pdl_enabled(void) {
+    static const bool on = [] {
+        const char *env = getenv("OSPREY_CUDA_PDL");
+        if (env && strcmp(env, "0") == 0) return false;
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        return major >= 9;
+    }();
+    return on;
+}
 
 int osp_cuda_device_count(void) {
     int n = 0;

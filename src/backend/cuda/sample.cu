@@ -629,6 +629,7 @@ __global__ void __launch_bounds__(kThreads)
                   const float *__restrict__ bias_vals, unsigned char *scratch, size_t row_bytes, size_t cnt_offset,
                   int32_t *__restrict__ tokens, osp_status *__restrict__ status, osp_logprobs *__restrict__ lps,
                   int max_rounds, int32_t *__restrict__ rounds_out) {
+    osp_pdl_begin();
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p; /* the row's parameters (kept out of registers) */
     const int row = blockIdx.x;
@@ -726,7 +727,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
     if ((uintptr_t)d_scratch % 16u)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda sample: scratch must be 16-byte aligned");
     const size_t half = round_up_256((size_t)vocab * 4u);
-    sample_kernel<<<(unsigned)num_rows, kThreads, 0, (cudaStream_t)stream>>>(
+    osp_launch(sample_kernel, (unsigned)num_rows, kThreads, 0, (cudaStream_t)stream,
         d_logits, vocab, d_rows, d_ids, d_bias_ids, d_bias_vals, (unsigned char *)d_scratch, 2u * half, half, d_tokens,
         d_status, d_logprobs, max_rounds, d_rounds);
     OSP_CUDA_LAUNCH_CHECK("sample_kernel");
