@@ -6,7 +6,8 @@
  *  - qmma (osp_cuda_qx_quantize + osp_cuda_qmatmul) is within its two-level activation bound for T
  *    1..130 against a double-precision sum over the CPU's fp32 weights, writes only its N columns of a
  *    wider output, and gives each row the same bits alone, in any batch, any 64-row chunk, either
- *    kernel mode and either split of the matrix into launches (batch invariance);
+ *    kernel mode and either split of the matrix into launches (batch invariance), also where the
+ *    persistent kernels take several tiles a CTA;
  *  - bad arguments are refused with the right status and nothing is launched.
  * Outputs are poisoned (0xff bytes: NaN) before each call, so unwritten values fail. */
 #include <math.h>
@@ -304,6 +305,43 @@ static void test_qmma(void **state) {
     }
 }
 
+/* Matrices of more 16-row tiles than the device holds CTAs at once (6,000 rows: 375 tiles, against
+ * 2-3 CTAs an SM), so the persistent and streamed kernels (T <= 8) take several tiles a CTA and run
+ * their loads on across tiles: rows at T = 1 and T = 5 have the bits of T = 130 (the wide kernel). */
+static void test_qmma_many_tiles(void **state) {
+    (void)state;
+    enum { TMAX = 130 };
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        g_rng = 7000 + ti;
+        const int64_t K = qmma_k_for(t, 2), N = 6000;
+        const size_t rb = osp_dtype_row_size(t, K);
+        uint8_t *w = make_rows(t, N, K);
+        uint16_t *x = xmalloc((size_t)TMAX * (size_t)K * 2);
+        for (int64_t i = 0; i < TMAX * K; i++) x[i] = osp_fp32_to_bf16(rnd_unit());
+        const size_t ws_bytes = osp_cuda_qx_workspace_bytes(TMAX, K), ybytes = (size_t)TMAX * (size_t)N * 4;
+        void *dw = dev_put(w, (size_t)N * rb), *ws = dev_alloc_fill(ws_bytes, 0x5a), *dy = dev_alloc_fill(ybytes, 0xff);
+        uint16_t *dx = dev_put(x, (size_t)TMAX * (size_t)K * 2);
+        float *yref = xmalloc(ybytes), *yf = xmalloc(ybytes);
+        run_qmma(t, dw, rb, N, K, dx, TMAX, ws, ws_bytes, dy, N, true);
+        dev_get(yref, dy, ybytes);
+        static const int64_t first[] = {0, 129, 40};
+        static const int64_t count[] = {1, 1, 5};
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(osp_cuda_memset(dy, 0xff, ybytes, NULL), OSP_OK);
+            run_qmma(t, dw, rb, N, K, dx + (size_t)first[k] * (size_t)K, count[k], ws, ws_bytes, dy, N, true);
+            dev_get(yf, dy, (size_t)count[k] * (size_t)N * 4);
+            for (int64_t r = 0; r < count[k]; r++)
+                assert_memory_equal(yf + (size_t)r * (size_t)N, yref + (size_t)(first[k] + r) * (size_t)N,
+                                    (size_t)N * 4);
+        }
+        printf("qmma %-4s K %lld N %lld: rows at T = 1 and 5 bit-identical to T = %d\n", osp_dtype_name(t),
+               (long long)K, (long long)N, TMAX);
+        osp_cuda_free(dw), osp_cuda_free(ws), osp_cuda_free(dx), osp_cuda_free(dy);
+        free(w), free(x), free(yref), free(yf);
+    }
+}
+
 static void test_arguments(void **state) {
     (void)state;
     const int64_t K = 256;
@@ -346,6 +384,7 @@ int main(void) {
         cmocka_unit_test(test_dequant),
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_qmma),
+        cmocka_unit_test(test_qmma_many_tiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

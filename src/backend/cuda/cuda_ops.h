@@ -128,7 +128,7 @@ bool osp_cuda_qtype_supported(uint32_t type);
  * backend/cpu/qdot.h), rows padded to Tp = T rounded up to 8. Points into the caller's workspace. */
 typedef struct osp_cuda_qx {
     const void *codes;  /* [K / 32][Tp][64] int8: a block's 32 first-level codes, then its 32 second-level */
-    const void *scales; /* [K / 32][Tp] float4: {d2, sum of values 0..15, of 16..31, of all 32} */
+    const void *scales; /* [K / 32][Tp] float4: {d2, sum of all 32 values, of values 0..15, of 16..31} */
     int64_t T, Tp, K;
 } osp_cuda_qx;
 

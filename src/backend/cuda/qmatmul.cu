@@ -187,6 +187,7 @@ template <> struct qt<OSP_DTYPE_Q6_K> {
 template <uint32_t TYPE>
 __global__ void qdequant_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t rows, int64_t K,
                                 uint16_t *__restrict__ dst) {
+    osp_pdl_begin();
     using Q = qt<TYPE>;
     const int64_t pieces = K / 8, total = rows * pieces;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -208,6 +209,7 @@ __global__ void qdequant_kernel(const uint8_t *__restrict__ w, size_t row_bytes,
 template <uint32_t TYPE>
 __global__ void qembed_kernel(const uint8_t *__restrict__ table, size_t row_bytes, const int32_t *__restrict__ ids,
                               float *__restrict__ x, int64_t T, int64_t E, float scale) {
+    osp_pdl_begin();
     using Q = qt<TYPE>;
     const int64_t pieces = E / 8;
     for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
@@ -287,7 +289,7 @@ template <> struct qm<OSP_DTYPE_Q8_0> {
     static constexpr int UB = 2;
     static constexpr bool HALVES = false, HAS_O = false;
     struct Raw { uint32_t q[2][2]; uint32_t d[2]; };
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+    static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const uint8_t *b = row + (2 * u + j) * 34;
@@ -309,7 +311,7 @@ template <> struct qm<OSP_DTYPE_Q4_0> {
     static constexpr int UB = 2;
     static constexpr bool HALVES = false, HAS_O = true;
     struct Raw { uint32_t q[2][2]; uint32_t d[2]; };
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+    static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const uint8_t *b = row + (2 * u + j) * 18;
@@ -331,7 +333,7 @@ template <> struct qm<OSP_DTYPE_Q4_1> {
     static constexpr int UB = 2;
     static constexpr bool HALVES = false, HAS_O = true;
     struct Raw { uint32_t q[2][2]; uint32_t dm[2]; };
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+    static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const uint8_t *b = row + (2 * u + j) * 20;
@@ -355,7 +357,7 @@ template <> struct qm<OSP_DTYPE_Q4_K> {
     static constexpr int UB = 8;
     static constexpr bool HALVES = false, HAS_O = true;
     struct Raw { uint4 hdr; uint2 q[4]; };
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+    static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
         const uint8_t *b = row + u * 144;
         r.hdr = __ldg(reinterpret_cast<const uint4 *>(b));
 #pragma unroll
@@ -387,7 +389,7 @@ template <> struct qm<OSP_DTYPE_Q6_K> {
     static constexpr int UB = 4;
     static constexpr bool HALVES = true, HAS_O = true;
     struct Raw { uint32_t ql[2][2]; uint32_t qh[2]; uint32_t sc[2]; uint32_t d; };
-    static __device__ __forceinline__ void load(const uint8_t *row, int64_t u, int c, Raw &r) {
+    static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
         const uint8_t *b = row + (u >> 1) * 210;
         const int h = (int)(u & 1);
         load8_a2(b + 64 * h + 8 * c, r.ql[0]);
@@ -417,6 +419,7 @@ template <> struct qm<OSP_DTYPE_Q6_K> {
  * zero codes and a NaN d2 (the output is NaN, as on the CPU). */
 __global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp, int64_t K, int8_t *__restrict__ codes,
                           float4 *__restrict__ sc) {
+    osp_pdl_begin();
     const int lane = threadIdx.x & 31;
     const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nb = K / 32;
     if (item >= nb * Tp) return;
@@ -447,15 +450,27 @@ __global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp,
     if (lane == 0) {
         const float lo = fmaf(d2, (float)s2, __fmul_rn(d, (float)s1));
         const float hi = fmaf(d2, (float)h2, __fmul_rn(d, (float)h1));
-        sc[item] = bad ? make_float4(__int_as_float(0x7fc00000), 0.0f, 0.0f, 0.0f) : make_float4(d2, lo, hi, lo + hi);
+        sc[item] = bad ? make_float4(__int_as_float(0x7fc00000), 0.0f, 0.0f, 0.0f) : make_float4(d2, lo + hi, lo, hi);
     }
+}
+
+/* An activation block's scales {d2, s, s_lo, s_hi} from global memory, loading only what the type
+ * reads: d2 alone (no offset term), d2 and s (one scale a block), all four (Q6_K's halves). Fewer
+ * registers for the loads the compiler hoists over a unit's blocks (Q4_K at T = 1 spilled with float4s). */
+template <uint32_t TYPE> __device__ __forceinline__ float4 scales_at(const float4 *p) {
+    using Q = qm<TYPE>;
+    if constexpr (Q::HALVES) return __ldg(p);
+    else if constexpr (Q::HAS_O) {
+        const float2 v = __ldg(reinterpret_cast<const float2 *>(p));
+        return make_float4(v.x, v.y, 0.0f, 0.0f);
+    } else return make_float4(__ldg(reinterpret_cast<const float *>(p)), 0.0f, 0.0f, 0.0f);
 }
 
 /* One n-tile of one block: the two levels' products (per Q6_K half) on the tensor cores, then each of
  * this lane's four outputs (rows g, g + 8; columns 2c, 2c + 1) folds the block in: v = (256 I1 + I2)
  * d2, acc = fma(a, v, acc), acc = fma(o, s, acc). a: the A fragment (rows g, g + 8, values 8c..8c+3,
  * then rows g, g + 8, values 8c+4..8c+7); sa / so: [row][half] scales; b1 / b2: this lane's activation
- * codes of column g (levels 1 and 2); s0 / s1: columns 2c and 2c + 1's {d2, s_lo, s_hi, s}. Both
+ * codes of column g (levels 1 and 2); s0 / s1: columns 2c and 2c + 1's {d2, s, s_lo, s_hi}. Both
  * kernels call this, so an output's arithmetic is the same whichever computes it. T1: only column 0
  * counts (one activation row). */
 template <uint32_t TYPE, bool T1>
@@ -487,7 +502,7 @@ __device__ __forceinline__ void fold_tile(float acc[4], const uint32_t a[4], con
         for (int h = 0; h < NH; h++) {
             const float I = fmaf(magic_f(c1[h][e]), 256.0f, magic_f(c2[h][e]));
             v = fmaf(sa[r][h], I * sv.x, v);
-            if (Q::HAS_O) v = fmaf(so[r][h], Q::HALVES ? (h ? sv.z : sv.y) : sv.w, v);
+            if (Q::HAS_O) v = fmaf(so[r][h], Q::HALVES ? (h ? sv.w : sv.z) : sv.y, v);
         }
         acc[e] = v;
     }
@@ -512,6 +527,7 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     qmma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
                 const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
                 void *__restrict__ y, int64_t ldy, bool y_f32) {
+    osp_pdl_begin();
     using Q = qm<TYPE>;
     __shared__ float part[QM_WARPS][QM_ROWS][QM_TCHUNK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -550,7 +566,7 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
                     b1 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64));
                     b2 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32));
                 }
-                const float4 s0 = __ldg(sb + tt * 8), s1 = T1 ? s0 : __ldg(sb + tt * 8 + 1);
+                const float4 s0 = scales_at<TYPE>(sb + tt * 8), s1 = T1 ? s0 : scales_at<TYPE>(sb + tt * 8 + 1);
                 fold_tile<TYPE, T1>(acc[tt], a, sa, so, b1, b2, s0, s1, c);
             }
         }
@@ -575,6 +591,12 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     }
 }
 
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 /* Persistent split mode (T <= 8 unless OSPREY_QMMA_PERSIST=0): as many CTAs as fit on the device at
  * once, CTA b taking the 16-row tiles b, b + gridDim.x, ...; warp w folds slice w of each tile with the
  * split kernel's calls in the split kernel's order, and the CTA adds the slices in warp order as there
@@ -587,12 +609,13 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     qmma_persist_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
                         const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
                         void *__restrict__ y, int64_t ldy, bool y_f32) {
+    osp_pdl_begin();
     using Q = qm<TYPE>;
     __shared__ float part[2][QM_WARPS][QM_ROWS][8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int tc = (int)T; /* <= 8: one n-tile */
     const bool live = g < tc;
-    const int64_t u0 = n_units * warp / QM_WARPS, u1 = n_units * (warp + 1) / QM_WARPS;
+    const int u0 = (int)(n_units * warp / QM_WARPS), u1 = (int)(n_units * (warp + 1) / QM_WARPS);
     const int64_t n_tiles = (N + QM_ROWS - 1) / QM_ROWS;
     auto rows_of = [&](int64_t tile, const uint8_t *rp[2]) {
 #pragma unroll
@@ -606,29 +629,49 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     rows_of(tile, rp);
     typename Q::Raw cur[2], nxt[2];
     if (tile < n_tiles && u0 < u1) Q::load(rp[0], u0, c, cur[0]), Q::load(rp[1], u0, c, cur[1]);
+    /* this lane's activation codes (column g) and scales (columns 2c, 2c + 1) of the slice's first block;
+     * block b + 1's lie xstep bytes / Tp float4s after block b's. Walked by pointer increments: the
+     * products blk * Tp of every block in 64 bits were ~200 of a Q4_K unit's 618 instructions (SASS). */
+    const size_t xstep = (size_t)Tp * 64;
+    const int8_t *const xb0 = xc + ((size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)g) * 64 + 8 * c;
+    const float4 *const sb0 = xs + (size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)(2 * c);
+    /* fold unit u (held in r) into acc: the blocks in K order, the activation pointers walked along */
+    const int8_t *xb;
+    const float4 *sb;
+    auto fold_unit = [&](const typename Q::Raw r[2], float acc[4]) {
+#pragma unroll
+        for (int j = 0; j < Q::UB; j++, xb += xstep, sb += Tp) {
+            uint32_t a[4];
+            float sa[2][2], so[2][2];
+            block_frag<TYPE>(r, j, c, a, sa, so);
+            uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+            if (live) {
+                b1 = __ldg(reinterpret_cast<const uint2 *>(xb));
+                b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
+            }
+            const float4 s0 = scales_at<TYPE>(sb), s1 = T1 ? s0 : scales_at<TYPE>(sb + 1);
+            fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1, c);
+        }
+    };
     for (int buf = 0; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
         const int64_t next = tile + gridDim.x;
         rows_of(next < n_tiles ? next : tile, np);
+        const bool more = next < n_tiles;
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t u = u0; u < u1; u++) {
-            if (u + 1 < u1) Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
-            else if (next < n_tiles) Q::load(np[0], u0, c, nxt[0]), Q::load(np[1], u0, c, nxt[1]);
-#pragma unroll
-            for (int j = 0; j < Q::UB; j++) {
-                uint32_t a[4];
-                float sa[2][2], so[2][2];
-                block_frag<TYPE>(cur, j, c, a, sa, so);
-                const int64_t blk = u * Q::UB + j;
-                const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)g) * 64 + 8 * c;
-                const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(2 * c);
-                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
-                if (live) {
-                    b1 = __ldg(reinterpret_cast<const uint2 *>(xb));
-                    b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
-                }
-                const float4 s0 = __ldg(sb), s1 = T1 ? s0 : __ldg(sb + 1);
-                fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1, c);
-            }
+        xb = xb0, sb = sb0;
+        /* units in pairs, cur and nxt trading roles (no register copies); each load is issued before
+         * the fold of the unit before it, the next tile's first unit after this tile's last */
+        int u = u0;
+        for (; u + 1 < u1; u += 2) {
+            Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
+            fold_unit(cur, acc);
+            if (u + 2 < u1) Q::load(rp[0], u + 2, c, cur[0]), Q::load(rp[1], u + 2, c, cur[1]);
+            else if (more) Q::load(np[0], u0, c, cur[0]), Q::load(np[1], u0, c, cur[1]);
+            fold_unit(nxt, acc);
+        }
+        if (u < u1) { /* an odd unit count: the last unit alone, then one copy a tile */
+            if (more) Q::load(np[0], u0, c, nxt[0]), Q::load(np[1], u0, c, nxt[1]);
+            fold_unit(cur, acc);
 #pragma unroll
             for (int i = 0; i < 2; i++) cur[i] = nxt[i];
         }
@@ -650,11 +693,6 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     }
 }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* Wide mode (large T): a CTA is 8 warps x 16 = 128 weight rows x 64 activation rows, each warp running the
  * whole K for its 16 rows; a unit's activation codes and scales for the CTA's 64 columns are staged in
@@ -672,6 +710,7 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     qmma_wide_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
                      const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
                      void *__restrict__ y, int64_t ldy, bool y_f32) {
+    osp_pdl_begin();
     using Q = qm<TYPE>;
     using S = wide_smem<TYPE>;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -837,11 +876,11 @@ osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, 
         }
         const dim3 grid((unsigned)((N + QM_ROWS * QM_WARPS - 1) / (QM_ROWS * QM_WARPS)), chunks);
         if (qx->T <= 32)
-            qmma_wide_kernel<TYPE, 4><<<grid, QM_WARPS * 32, sm, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp,
-                                                                      d_y, ldy, y_f32);
+            osp_launch(qmma_wide_kernel<TYPE, 4>, grid, QM_WARPS * 32, sm, st, w, row_bytes, N, n_units, xc, xs, qx->T,
+                       qx->Tp, d_y, ldy, y_f32);
         else
-            qmma_wide_kernel<TYPE, 8><<<grid, QM_WARPS * 32, sm, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp,
-                                                                      d_y, ldy, y_f32);
+            osp_launch(qmma_wide_kernel<TYPE, 8>, grid, QM_WARPS * 32, sm, st, w, row_bytes, N, n_units, xc, xs, qx->T,
+                       qx->Tp, d_y, ldy, y_f32);
         OSP_CUDA_LAUNCH_CHECK("qmma_wide_kernel");
         return OSP_OK;
     }
@@ -849,20 +888,20 @@ osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, 
         const int64_t tiles = (N + QM_ROWS - 1) / QM_ROWS;
         if (qx->T == 1) {
             const int64_t ctas = persist_grid<TYPE, true>();
-            qmma_persist_kernel<TYPE, true><<<(unsigned)(tiles < ctas ? tiles : ctas), QM_WARPS * 32, 0, st>>>(
-                w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, ldy, y_f32);
+            osp_launch(qmma_persist_kernel<TYPE, true>, (unsigned)(tiles < ctas ? tiles : ctas), QM_WARPS * 32, 0, st,
+                       w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, ldy, y_f32);
         } else {
             const int64_t ctas = persist_grid<TYPE, false>();
-            qmma_persist_kernel<TYPE, false><<<(unsigned)(tiles < ctas ? tiles : ctas), QM_WARPS * 32, 0, st>>>(
-                w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, ldy, y_f32);
+            osp_launch(qmma_persist_kernel<TYPE, false>, (unsigned)(tiles < ctas ? tiles : ctas), QM_WARPS * 32, 0, st,
+                       w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, ldy, y_f32);
         }
         OSP_CUDA_LAUNCH_CHECK("qmma_persist_kernel");
         return OSP_OK;
     }
     const dim3 grid((unsigned)((N + QM_ROWS - 1) / QM_ROWS), chunks);
 #define OSP_QMMA_LAUNCH(NTT, T1)                                                                                     \
-    qmma_kernel<TYPE, NTT, T1><<<grid, QM_WARPS * 32, 0, st>>>(w, row_bytes, N, n_units, xc, xs, qx->T, qx->Tp, d_y, \
-                                                              ldy, y_f32)
+    osp_launch(qmma_kernel<TYPE, NTT, T1>, grid, QM_WARPS * 32, 0, st, w, row_bytes, N, n_units, xc, xs, qx->T,     \
+               qx->Tp, d_y, ldy, y_f32)
     if (qx->T == 1) OSP_QMMA_LAUNCH(1, true);
     else if (qx->T <= 8) OSP_QMMA_LAUNCH(1, false);
     else if (qx->T <= 16) OSP_QMMA_LAUNCH(2, false);
@@ -878,7 +917,8 @@ osp_status launch_dequant(const void *d_w, size_t row_bytes, int64_t rows, int64
     const int64_t total = rows * (K / 8);
     int64_t blocks = (total + 255) / 256;
     if (blocks > 1048576) blocks = 1048576;
-    qdequant_kernel<TYPE><<<(unsigned)blocks, 256, 0, st>>>(static_cast<const uint8_t *>(d_w), row_bytes, rows, K, d_dst);
+    osp_launch(qdequant_kernel<TYPE>, (unsigned)blocks, 256, 0, st, static_cast<const uint8_t *>(d_w), row_bytes, rows,
+               K, d_dst);
     OSP_CUDA_LAUNCH_CHECK("qdequant_kernel");
     return OSP_OK;
 }
@@ -888,7 +928,8 @@ osp_status launch_embed(const void *d_table, size_t row_bytes, const int32_t *d_
                         float scale, cudaStream_t st) {
     const int64_t pieces = E / 8;
     const dim3 grid((unsigned)((pieces + 127) / 128), (unsigned)(T < 65535 ? T : 65535));
-    qembed_kernel<TYPE><<<grid, 128, 0, st>>>(static_cast<const uint8_t *>(d_table), row_bytes, d_ids, d_x, T, E, scale);
+    osp_launch(qembed_kernel<TYPE>, grid, 128, 0, st, static_cast<const uint8_t *>(d_table), row_bytes, d_ids, d_x, T,
+               E, scale);
     OSP_CUDA_LAUNCH_CHECK("qembed_kernel");
     return OSP_OK;
 }
@@ -948,7 +989,7 @@ extern "C" osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64
     const int64_t Tp = (T + 7) / 8 * 8, nb = K / 32, items = nb * Tp;
     int8_t *codes = static_cast<int8_t *>(d_ws);
     float4 *sc = reinterpret_cast<float4 *>(codes + (size_t)items * 64);
-    qx_kernel<<<(unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream>>>(d_x, T, Tp, K, codes, sc);
+    osp_launch(qx_kernel, (unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream, d_x, T, Tp, K, codes, sc);
     OSP_CUDA_LAUNCH_CHECK("qx_kernel");
     *qx = (osp_cuda_qx){.codes = codes, .scales = sc, .T = T, .Tp = Tp, .K = K};
     return OSP_OK;
