@@ -2,7 +2,8 @@
 # The GPU tests, on the GPU machine, from the binaries scripts/gpu-pack.sh built (nothing is built
 # or installed here). `make test-gpu` calls this when .carry/gpu.tar.xz is present.
 #   ops    unpack; every CUDA op against its CPU reference (test_gpu_ops, test_gpu_attention,
-#          test_gpu_sampler), then compute-sanitizer memcheck and racecheck over the op tests
+#          test_gpu_sampler, test_gpu_qmatmul; ops, sampler and qmatmul again with OSPREY_CUDA_PDL=1),
+#          then compute-sanitizer memcheck and racecheck over the op tests
 #          (RACECHECK=0: memcheck only); test_ops (the backend op tests, when staged) and its memcheck
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
 #          on the GPU (test_gpu_engine, test_gpu_engine_sampling); then test_gpu_model on Gemma 3 270M
@@ -77,7 +78,10 @@ run() { # name, command...
 }
 : >"$LOG"
 if [ "$what" = ops ] || [ "$what" = all ]; then
-    for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do run "$t" $G/bin/$t; done
+    for t in test_gpu_ops test_gpu_attention test_gpu_sampler test_gpu_qmatmul; do run "$t" $G/bin/$t; done
+    # programmatic dependent launch is on only where the backend's matrices are quantized: the kernels
+    # again with it forced on (every kernel waits for its predecessor before touching memory)
+    for t in test_gpu_ops test_gpu_qmatmul test_gpu_sampler; do run "$t (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/$t; done
     [ -x $G/bin/test_ops ] && run test_ops $G/bin/test_ops
     if command -v compute-sanitizer >/dev/null; then
         for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do

@@ -8,6 +8,8 @@
  *    wider output, and gives each row the same bits alone, in any batch, any 64-row chunk, either
  *    kernel mode and either split of the matrix into launches (batch invariance), also where the
  *    persistent kernels take several tiles a CTA;
+ *  - the GLU kernel that writes its output quantized gives the bytes of the kernel followed by
+ *    osp_cuda_qx_quantize;
  *  - bad arguments are refused with the right status and nothing is launched.
  * Outputs are poisoned (0xff bytes: NaN) before each call, so unwritten values fail. */
 #include <math.h>
@@ -342,6 +344,57 @@ static void test_qmma_many_tiles(void **state) {
     }
 }
 
+/* The producer that writes its output quantized (osp_cuda_glu_qx: the CUDA backend's fusion of the GLU
+ * with the quantized matmul after it) against the two launches it replaces: the same bf16 output and
+ * the same workspace bytes (codes and scales of every row up to Tp, the padding rows included), for
+ * T = 1, 3 and 9 (Tp 8, 8, 16), widths of 128 and 17 blocks, silu and gelu. The workspaces start from
+ * different poison, so a byte written by one path and not the other fails. */
+static void test_fused_qx(void **state) {
+    (void)state;
+    static const int64_t Ts[] = {1, 3, 9};
+    static const int64_t Fs[] = {4096, 544};
+    g_rng = 9100;
+    for (size_t fi = 0; fi < 2; fi++)
+        for (size_t ti = 0; ti < 3; ti++) {
+            const int64_t F = Fs[fi], T = Ts[ti];
+            const size_t wsb = osp_cuda_qx_workspace_bytes(T, F), ob = (size_t)T * (size_t)F * 2;
+            uint16_t *gu = xmalloc(2 * ob);
+            for (int64_t i = 0; i < T * 2 * F; i++) gu[i] = osp_fp32_to_bf16(3.0f * rnd_unit());
+            void *dgu = dev_put(gu, 2 * ob), *o1 = dev_alloc_fill(ob, 0x11), *o2 = dev_alloc_fill(ob, 0x22);
+            void *ws1 = dev_alloc_fill(wsb, 0x5a), *ws2 = dev_alloc_fill(wsb, 0xa5);
+            uint8_t *h1 = xmalloc(wsb + ob), *h2 = xmalloc(wsb + ob);
+            for (int gelu = 0; gelu < 2; gelu++) {
+                osp_cuda_qx q1, q2;
+                assert_int_equal(osp_cuda_memset(ws1, 0x5a, wsb, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_memset(ws2, 0xa5, wsb, NULL), OSP_OK);
+                assert_int_equal(gelu ? osp_cuda_gelu_mul(dgu, o1, T, F, NULL) : osp_cuda_silu_mul(dgu, o1, T, F, NULL),
+                                 OSP_OK);
+                assert_int_equal(osp_cuda_qx_quantize(o1, T, F, ws1, wsb, &q1, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_glu_qx(dgu, o2, T, F, gelu, ws2, wsb, &q2, NULL), OSP_OK);
+                assert_true(q1.codes == ws1 && q2.codes == ws2 && q1.T == q2.T && q1.Tp == q2.Tp && q1.K == q2.K);
+                assert_true((const char *)q2.scales - (const char *)q2.codes ==
+                            (const char *)q1.scales - (const char *)q1.codes);
+                dev_get(h1, ws1, wsb), dev_get(h2, ws2, wsb);
+                assert_memory_equal(h1, h2, wsb);
+                dev_get(h1, o1, ob), dev_get(h2, o2, ob);
+                assert_memory_equal(h1, h2, ob);
+            }
+            printf("fused qx: F %lld T %lld: glu_qx (silu, gelu) = the kernel + osp_cuda_qx_quantize, byte for byte\n",
+                   (long long)F, (long long)T);
+            osp_cuda_free(dgu), osp_cuda_free(o1), osp_cuda_free(o2), osp_cuda_free(ws1), osp_cuda_free(ws2);
+            free(gu), free(h1), free(h2);
+        }
+    /* refused: no workspace, a workspace too small, a width not whole blocks */
+    osp_cuda_qx q;
+    void *d = dev_alloc_fill(4096 * 8, 0);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, NULL, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, d, osp_cuda_qx_workspace_bytes(1, 64) - 1, &q, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 48, false, d, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
+    osp_cuda_free(d);
+}
+
 static void test_arguments(void **state) {
     (void)state;
     const int64_t K = 256;
@@ -385,6 +438,7 @@ int main(void) {
         cmocka_unit_test(test_embed),
         cmocka_unit_test(test_qmma),
         cmocka_unit_test(test_qmma_many_tiles),
+        cmocka_unit_test(test_fused_qx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -538,13 +538,16 @@ static bool merge_parts(void) {
 }
 
 static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const void *x, void *y, bool y_f32,
-                                   int64_t R, void *st) {
+                                   int64_t R, const osp_cuda_qx *ready, void *st) {
     const int64_t N = w->rows, K = w->cols;
     const size_t esz = y_f32 ? 4 : 2;
     for (int64_t r0 = 0; r0 < R; r0 += QX_ROWS) {
         const int64_t rn = R - r0 < QX_ROWS ? R - r0 : QX_ROWS;
         osp_cuda_qx qx;
-        OSP_TRY(osp_cuda_qx_quantize((const uint16_t *)x + (size_t)r0 * (size_t)K, rn, K, g->qx, g->qx_bytes, &qx, st));
+        if (ready && r0 == 0 && ready->T == rn && ready->K == K)
+            qx = *ready; /* x's producer wrote it quantized (fused_qx) */
+        else
+            OSP_TRY(osp_cuda_qx_quantize((const uint16_t *)x + (size_t)r0 * (size_t)K, rn, K, g->qx, g->qx_bytes, &qx, st));
         int64_t c0 = 0;
         for (int32_t i = 0; i < w->n_parts;) {
             /* adjacent parts of one type that lie back to back (place_quantized pads a part to 256 bytes
@@ -565,6 +568,32 @@ static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const v
     return OSP_OK;
 }
 
+/* OSPREY_CUDA_FUSE_QX=0: the GLU kernel never writes its output's quantized form (the quantized matmul
+ * then quantizes its input itself; the same bytes, one launch more) */
+static bool fuse_qx_enabled(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_CUDA_FUSE_QX");
+        v = e && !strcmp(e, "0") ? 0 : 1;
+    }
+    return v == 1;
+}
+
+/* Whether op k's output (R rows) is what the next op, a matmul on a quantized matrix, quantizes: then
+ * op k's kernel writes it quantized into g->qx too and the matmul skips its own quantization (one
+ * launch less; the bytes are the same). Only within one QX_ROWS chunk, and only for the very next
+ * op, so nothing can overwrite the workspace or the activation in between. */
+static bool fused_qx(const cuda_backend *g, const osp_graph *gr, int32_t k, int64_t R) {
+    if (!g->quant_weights || !fuse_qx_enabled() || k + 1 >= gr->n_ops || R <= 0 || R > QX_ROWS) return false;
+    const osp_op *op = &gr->ops[k], *nx = &gr->ops[k + 1];
+    if (nx->kind != OSP_OP_MATMUL || !nx->w || op->dst < 0 || nx->src0 != op->dst ||
+        nx->w->parts[0].type == OSP_DTYPE_BF16)
+        return false;
+    /* token rows (not the logits rows), so both ops run R = T rows */
+    return gr->acts[op->dst].rows != OSP_ROWS_LOGITS && nx->w->cols % 32 == 0 &&
+           osp_cuda_qx_workspace_bytes(R, nx->w->cols) <= g->qx_bytes;
+}
+
 /* Enqueues op list gr for T tokens / S sequences / L logits rows whose inputs are in d_in. */
 static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv, int64_t T, int32_t S, int64_t L) {
     const in_layout lay = layout_of(g);
@@ -574,6 +603,8 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
     const uint32_t kvt = kv->k_fmt.elem_type; /* the kernels check it is a type they have */
     const int32_t per = kv->k_fmt.fixed_scales_per_layer; /* quantized pages: their scales, per layer */
     void *st = g->stream;
+    osp_cuda_qx qx_ready; /* valid for op k while qx_for == k: written by op k - 1 */
+    int32_t qx_for = -1;
     for (int32_t k = 0; k < gr->n_ops; k++) {
         const osp_op *op = &gr->ops[k];
         void *dst = op->dst >= 0 ? g->act[op->dst] : NULL;
@@ -605,7 +636,8 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             break;
         case OSP_OP_MATMUL:
             if (op->w->parts[0].type != OSP_DTYPE_BF16)
-                OSP_TRY(matmul_quantized(g, op->w, s0, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R, st));
+                OSP_TRY(matmul_quantized(g, op->w, s0, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R,
+                                         qx_for == k ? &qx_ready : NULL, st));
             else
                 OSP_TRY(osp_cuda_gemm_bf16(g->gemm, s0, w, dst, gr->acts[op->dst].type == OSP_DTYPE_F32, R,
                                            op->w->rows, op->w->cols, st));
@@ -624,6 +656,12 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
                                                op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));
             break;
         case OSP_OP_GLU:
+            if (fused_qx(g, gr, k, R)) {
+                OSP_TRY(osp_cuda_glu_qx(s0, dst, R, gr->acts[op->dst].cols, op->p.glu.act == OSP_GLU_GELU_TANH, g->qx,
+                                        g->qx_bytes, &qx_ready, st));
+                qx_for = k + 1;
+                break;
+            }
             OSP_TRY(op->p.glu.act == OSP_GLU_GELU_TANH
                         ? osp_cuda_gelu_mul(s0, dst, R, gr->acts[op->dst].cols, st)
                         : osp_cuda_silu_mul(s0, dst, R, gr->acts[op->dst].cols, st));
@@ -1049,6 +1087,7 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     g->use_graphs = !(ge && ge[0] == '0');
     g->time_runs = p->time_runs;
     g->quant_weights = p->quant_weights;
+    osp_cuda_set_pdl_default(p->quant_weights);
     osp_status s = osp_cuda_stream_create(&g->stream);
     if (s == OSP_OK) s = osp_cuda_gemm_create(GEMM_WORKSPACE_BYTES, &g->gemm);
     if (s == OSP_OK && g->time_runs) s = osp_cuda_event_create(&g->ev_start);

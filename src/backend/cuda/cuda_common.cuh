@@ -48,14 +48,13 @@ static __device__ __forceinline__ void osp_pdl_begin() {
 #endif
 }
 
-/* Whether launches carry the programmatic-serialization attribute: compute capability 9.0 or later
- * and OSPREY_CUDA_PDL not "0" (read once, at the first launch). runtime.cu. */
+/* Whether launches carry the programmatic-serialization attribute (runtime.cu): compute capability
+ * 9.0 or later, and OSPREY_CUDA_PDL=1, or the variable unset and osp_cuda_set_pdl_default(true) called
+ * (the CUDA backend does when its matrices are quantized). Measured on the H200 (bench/gpu/DECODE.md):
+ * +1 % on the 8B Q4_K_M decode, whose kernels are all ours, but -3 % on the 8B bf16 decode, where
+ * cuBLASLt's GEMMs sit between them (also with the attribute left off after each GEMM). Only speed
+ * depends on it: osp_pdl_begin() is correct either way. */
 extern "C" bool osp_cuda_pdl_enabled(void);
-/* Set (this thread) after a launch that is not ours (cuBLASLt: gemm.cu); osp_launch then launches the
- * next kernel without the attribute. Measured on the H200 (bench/gpu/DECODE.md): overlapping our kernel
- * with a cuBLASLt GEMM before it cost the bf16 8B decode 2 %, while chains of our own kernels (the
- * quantized path) gained 1 %. Only speed depends on it: osp_pdl_begin() is correct either way. */
-extern thread_local bool osp_cuda_prev_launch_foreign;
 
 /* Launch `kernel` on `st` like kernel<<<grid, block, smem, st>>>(args...), with programmatic
  * dependent launch when osp_cuda_pdl_enabled() (the kernel must keep osp_pdl_begin()'s contract).
@@ -72,8 +71,7 @@ static inline void osp_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, s
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
-    cfg.numAttrs = osp_cuda_pdl_enabled() && !osp_cuda_prev_launch_foreign ? 1 : 0;
-    osp_cuda_prev_launch_foreign = false;
+    cfg.numAttrs = osp_cuda_pdl_enabled() ? 1 : 0;
     (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
 }
 

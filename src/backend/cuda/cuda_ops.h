@@ -142,6 +142,15 @@ size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K);
 osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void *d_ws, size_t ws_bytes, osp_cuda_qx *qx,
                                 void *stream);
 
+/* Programmatic dependent launch for the kernels launched after this (cuda_common.cuh: osp_launch)
+ * when OSPREY_CUDA_PDL is unset; process-wide. The CUDA backend turns it on where its matrices are
+ * quantized (every kernel of a step is then ours). */
+void osp_cuda_set_pdl_default(bool on);
+
+/* Describes in *qx where T rows of K values lie quantized in d_ws (the layout osp_cuda_qx_quantize
+ * writes), checking what it checks; writes nothing on the device. */
+osp_status osp_cuda_qx_layout(void *d_ws, size_t ws_bytes, int64_t T, int64_t K, osp_cuda_qx *qx);
+
 /* Whether osp_cuda_qmatmul takes `type` with K columns (K % 64 == 0 for Q8_0, Q4_0, Q4_1; K % 256
  * == 0 for Q4_K, Q6_K). */
 bool osp_cuda_qmatmul_supported(uint32_t type, int64_t K);
@@ -237,6 +246,13 @@ osp_status osp_cuda_scale_f32(const float *d_in, float *d_out, int64_t n, float 
 osp_status osp_cuda_softcap_f32(const float *d_in, float *d_out, int64_t n, float cap, void *stream);
 /* The same with GELU's tanh approximation in place of silu (Gemma's gelu_pytorch_tanh). */
 osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
+/* silu_mul (gelu_mul when gelu) that also quantizes out for osp_cuda_qmatmul into d_ws and describes
+ * it in *qx: out's bits and the bytes osp_cuda_qx_quantize(d_out, T, F, ...) writes (F % 32 == 0),
+ * without its launch (the CUDA backend runs this when a quantized matmul reads the product next).
+ * Errors as both. (The same for the RMSNorm was slower at T = 1: one thread block a row quantizes its
+ * 128 blocks in turn, where qx_kernel spreads them over the device; bench/gpu/DECODE.md.) */
+osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, void *d_ws,
+                           size_t ws_bytes, osp_cuda_qx *qx, void *stream);
 
 /* out[r] = the index of the largest of logits[r, 0..V) (the smallest such index on ties; a NaN
  * never wins unless the row is all NaN, then -1). d_logits: [R, V] fp32, d_out: [R] int32. */

@@ -146,7 +146,6 @@ extern "C" osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_
     LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, d_w, p->a, d_x, p->b, &beta, d_y, p->d, d_y, p->d, &p->algo,
                           g->workspace, g->workspace_bytes, (cudaStream_t)stream),
            "Matmul");
-    osp_cuda_prev_launch_foreign = true;
     return OSP_OK;
 }
 

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/qx.cuh"
 #include "backend/cuda/kv_quant.cuh" /* the E4M3 / NVFP4 encoders of the quantized KV write */
 
 namespace {
@@ -363,6 +364,29 @@ __global__ void __launch_bounds__(kEltThreads)
     }
 }
 
+/* The GLU product with its quantized form for qmma (qx.cuh): a warp per (32-value block b, row t < Tp),
+ * qx_kernel's geometry; lane l computes out[t, 32 b + l] (silu_mul_kernel's arithmetic, so its bits),
+ * stores it and quantizes the bf16 value; rows t >= T quantize zeros. */
+template <bool GELU>
+__global__ void __launch_bounds__(kEltThreads)
+    glu_qx_kernel(const uint16_t *__restrict__ gu, uint16_t *__restrict__ out, int64_t T, int64_t Tp, int64_t F,
+                  int8_t *__restrict__ qc, float4 *__restrict__ qs) {
+    osp_pdl_begin();
+    const int lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (item >= F / 32 * Tp) return;
+    const int64_t b = item / Tp, t = item % Tp;
+    float v = 0.0f;
+    if (t < T) {
+        const int64_t i = b * 32 + lane;
+        const uint16_t *g = gu + t * 2 * F;
+        const uint16_t h = osp_f_to_bf16(glu1<GELU>(osp_bf16_to_f(g[i]), osp_bf16_to_f(g[F + i])));
+        out[t * F + i] = h;
+        v = osp_bf16_to_f(h);
+    }
+    osp_qx_block(v, lane, qc + item * 64, qs + item);
+}
+
 /* ---- argmax ------------------------------------------------------------------------------------- */
 
 /* (v, i) beats (bv, bi): i valid (>= 0, never a NaN), and bv invalid, or v larger, or equal and earlier.
@@ -654,6 +678,26 @@ osp_status osp_cuda_silu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, i
 
 osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream) {
     return glu_launch(d_gu, d_out, T, F, true, stream);
+}
+
+osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, void *d_ws,
+                           size_t ws_bytes, osp_cuda_qx *qx, void *stream) {
+    if (T <= 0 || F <= 0 || !d_gu || !d_out || !qx)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_glu_qx: T %lld, F %lld or a NULL pointer", (long long)T,
+                             (long long)F);
+    osp_cuda_qx q;
+    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, F, &q));
+    const int64_t items = F / 32 * q.Tp;
+    const unsigned grid = (unsigned)((items + kEltThreads / 32 - 1) / (kEltThreads / 32));
+    int8_t *qc = (int8_t *)q.codes;
+    float4 *qs = (float4 *)q.scales;
+    if (gelu)
+        osp_launch(glu_qx_kernel<true>, grid, kEltThreads, 0, (cudaStream_t)stream, d_gu, d_out, T, q.Tp, F, qc, qs);
+    else
+        osp_launch(glu_qx_kernel<false>, grid, kEltThreads, 0, (cudaStream_t)stream, d_gu, d_out, T, q.Tp, F, qc, qs);
+    OSP_CUDA_LAUNCH_CHECK("glu_qx_kernel");
+    *qx = q;
+    return OSP_OK;
 }
 
 osp_status osp_cuda_argmax(const float *d_logits, int32_t *d_out, int64_t R, int64_t V, void *stream) {

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/qx.cuh"
 #include "core/dtype.h"
 
 namespace {
@@ -425,33 +426,7 @@ __global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp,
     if (item >= nb * Tp) return;
     const int64_t b = item / Tp, t = item % Tp;
     const float v = t < T ? osp_bf16_to_f(x[(size_t)t * (size_t)K + (size_t)b * 32 + lane]) : 0.0f;
-    const bool bad = __any_sync(0xffffffffu, !isfinite(v));
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = __fdiv_rn(amax, 127.0f), id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const float d2 = d * (1.0f / 256.0f), id2 = d != 0.0f ? __fdiv_rn(256.0f, d) : 0.0f;
-    int q = 0, q2 = 0;
-    if (!bad) {
-        q = __float2int_rn(__fmul_rn(v, id));
-        q2 = __float2int_rn(__fmul_rn(__fsub_rn(v, __fmul_rn(d, (float)q)), id2));
-        q2 = q2 > 127 ? 127 : q2 < -127 ? -127 : q2;
-    }
-    int8_t *out = codes + item * 64;
-    out[lane] = (int8_t)q;
-    out[32 + lane] = (int8_t)q2;
-    int s1 = q, s2 = q2; /* sums over each half of the block (lanes 0-15, 16-31) */
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) {
-        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-        s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-    }
-    const int h1 = __shfl_sync(0xffffffffu, s1, 16), h2 = __shfl_sync(0xffffffffu, s2, 16);
-    if (lane == 0) {
-        const float lo = fmaf(d2, (float)s2, __fmul_rn(d, (float)s1));
-        const float hi = fmaf(d2, (float)h2, __fmul_rn(d, (float)h1));
-        sc[item] = bad ? make_float4(__int_as_float(0x7fc00000), 0.0f, 0.0f, 0.0f) : make_float4(d2, lo + hi, lo, hi);
-    }
+    osp_qx_block(v, lane, codes + item * 64, sc + item);
 }
 
 /* An activation block's scales {d2, s, s_lo, s_hi} from global memory, loading only what the type
@@ -980,18 +955,27 @@ extern "C" size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K) {
     return (size_t)Tp * (size_t)(K / 32) * (size_t)QX_BLOCK_BYTES;
 }
 
+extern "C" osp_status osp_cuda_qx_layout(void *d_ws, size_t ws_bytes, int64_t T, int64_t K, osp_cuda_qx *qx) {
+    if (!d_ws || !qx || T <= 0 || K <= 0 || K % 32 != 0 || (uintptr_t)d_ws % 16 != 0 ||
+        ws_bytes < osp_cuda_qx_workspace_bytes(T, K))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx: bad arguments (T %lld, K %lld, %zu workspace bytes)",
+                             (long long)T, (long long)K, ws_bytes);
+    const int64_t Tp = (T + 7) / 8 * 8, items = K / 32 * Tp;
+    int8_t *codes = static_cast<int8_t *>(d_ws);
+    *qx = (osp_cuda_qx){.codes = codes, .scales = codes + (size_t)items * 64, .T = T, .Tp = Tp, .K = K};
+    return OSP_OK;
+}
+
 extern "C" osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void *d_ws, size_t ws_bytes,
                                            osp_cuda_qx *qx, void *stream) {
-    if (!d_x || !d_ws || !qx || T <= 0 || K <= 0 || K % 32 != 0 || (uintptr_t)d_ws % 16 != 0 ||
-        ws_bytes < osp_cuda_qx_workspace_bytes(T, K))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx_quantize: bad arguments (T %lld, K %lld, %zu workspace bytes)",
-                             (long long)T, (long long)K, ws_bytes);
-    const int64_t Tp = (T + 7) / 8 * 8, nb = K / 32, items = nb * Tp;
-    int8_t *codes = static_cast<int8_t *>(d_ws);
-    float4 *sc = reinterpret_cast<float4 *>(codes + (size_t)items * 64);
-    osp_launch(qx_kernel, (unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream, d_x, T, Tp, K, codes, sc);
+    if (!d_x) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx_quantize: no activations");
+    osp_cuda_qx q;
+    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, K, &q));
+    const int64_t items = K / 32 * q.Tp;
+    osp_launch(qx_kernel, (unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream, d_x, T, q.Tp, K,
+               (int8_t *)q.codes, (float4 *)q.scales);
     OSP_CUDA_LAUNCH_CHECK("qx_kernel");
-    *qx = (osp_cuda_qx){.codes = codes, .scales = sc, .T = T, .Tp = Tp, .K = K};
+    *qx = q;
     return OSP_OK;
 }
 

@@ -12,16 +12,16 @@ extern "C" {
 
 bool osp_cuda_built(void) { return true; }
 
-} /* extern "C" */
+static int g_pdl_default = 0; /* osp_cuda_set_pdl_default */
 
-thread_local bool osp_cuda_prev_launch_foreign = false;
-
-extern "C" {
+void osp_cuda_set_pdl_default(bool on) { __atomic_store_n(&g_pdl_default, on ? 1 : 0, __ATOMIC_RELAXED); }
 
 bool osp_cuda_pdl_enabled(void) {
-    static const bool on = [] {
-        const char *env = getenv("OSPREY_CUDA_PDL");
-        if (env && strcmp(env, "0") == 0) return false;
+    static const int env = [] { /* -1: unset, 0, 1 */
+        const char *e = getenv("OSPREY_CUDA_PDL");
+        return !e ? -1 : strcmp(e, "0") == 0 ? 0 : 1;
+    }();
+    static const bool capable = [] {
         int dev = 0, major = 0;
         if (cudaGetDevice(&dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
@@ -30,7 +30,8 @@ bool osp_cuda_pdl_enabled(void) {
         }
         return major >= 9;
     }();
-    return on;
+    if (!capable || env == 0) return false;
+    return env == 1 || __atomic_load_n(&g_pdl_default, __ATOMIC_RELAXED) != 0;
 }
 
 int osp_cuda_device_count(void) {
