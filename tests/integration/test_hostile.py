@@ -112,6 +112,29 @@ def test_at_least_40_cases():
     assert len(CASES) >= 40
 
 
+def test_method_not_allowed_names_the_allowed(server):
+    # RFC 9110 15.5.6: a 405 carries Allow, the methods the path takes
+    for method, path, allow in (("POST", "/health", "GET"), ("POST", "/v1/models", "GET"), ("DELETE", "/metrics", "GET"),
+                                ("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/completions", "POST"),
+                                ("PUT", "/v1/responses/resp_x", "GET, DELETE"), ("POST", "/", "GET, HEAD")):
+        r = requests.request(method, server.url + path, timeout=10)
+        assert r.status_code == 405 and r.headers.get("Allow") == allow, (method, path, r.headers)
+        assert r.json()["error"]["message"] == f"method {method} not allowed on {path}"
+
+
+def test_an_escaped_nul_matches_no_route(server):
+    # a %00 decoded into the path ended the C string the routes compare: /v1/models%00x was /v1/models
+    for path in ("/v1/models%00x", "/health%00", "/%00", "/v1/completions%00"):
+        r = requests.get(server.url + path, timeout=10)
+        assert r.status_code == 404, (path, r.status_code)
+        assert r.json()["error"]["message"] == f"no route GET {path}"
+    r = requests.post(server.url + "/v1/completions%00", json={"prompt": "a", "max_tokens": 1}, timeout=10)
+    assert r.status_code == 404
+    # any other escape still decodes, and a stray % stays as it is
+    assert requests.get(server.url + "/v1/mod%65ls", timeout=10).status_code == 200
+    assert requests.get(server.url + "/v1/models?q=%zz%4", timeout=10).status_code == 200
+
+
 def test_unknown_fields_are_refused(server):
     # a field the server does not implement is a 400 naming it, never silently ignored
     for extra in ({"frobnicate": [1, 2]}, {"best_of": 3},

@@ -102,6 +102,25 @@ static enum MHD_Result reply_error(srv_server *srv, struct MHD_Connection *c, co
     return reply(srv, c, e->status, "application/json", srv_error_json(e));
 }
 
+/* 405 with the Allow header RFC 9110 (15.5.6) requires: the methods the path takes */
+static enum MHD_Result reply_405(srv_server *srv, struct MHD_Connection *c, const char *method, const char *url,
+                                 const char *allow) {
+    srv_error e = {.status = 405};
+    snprintf(e.message, sizeof e.message, "method %s not allowed on %s", method, url);
+    char *body = srv_error_json(&e);
+    if (!body) return reply(srv, c, 500, "application/json", NULL);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Allow", allow);
+    const enum MHD_Result ret = srv_queue_response(srv, c, 405, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int status, const char *param, const char *fmt, ...) {
@@ -450,6 +469,32 @@ static enum MHD_Result serve_asset(srv_server *srv, struct MHD_Connection *c, co
     return ret;
 }
 
+static int hex_digit(char ch) {
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* A decoded %00 would end the C string every route compares, so "/v1/models%00x" routed as /v1/models
+ * and "/%00anything" as the page (found by a fresh-user review); kept as "%00" it matches no route
+ * (404), and no query argument carries a NUL either. Everything else decodes as libmicrohttpd's
+ * MHD_http_unescape does: a % not followed by two hex digits stays as it is. */
+size_t srv_unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls, (void)c; /* libmicrohttpd's callback signature */
+    char *w = s;
+    for (const char *r = s; *r;) {
+        if (r[0] == '%' && hex_digit(r[1]) >= 0 && hex_digit(r[2]) >= 0) {
+            const int v = hex_digit(r[1]) * 16 + hex_digit(r[2]);
+            if (v != 0) {
+                *w++ = (char)v;
+                r += 3;
+                continue;
+            }
+        }
+        *w++ = *r++;
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 static bool authorized(srv_server *srv, struct MHD_Connection *c) {
     return srv_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), srv->cfg.api_key);
 }
@@ -550,7 +595,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strncmp(url, "/v1/", 4) && !authorized(srv, c)) return reply_err(srv, c, 401, NULL, "invalid or missing API key");
     if (!strcmp(url, "/health")) {
-        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get) return reply_405(srv, c, method, url, "GET");
         const srv_metrics_gauges g = gauges(srv);
         pthread_mutex_lock(&srv->mu);
         const bool draining = srv->draining;
@@ -563,16 +608,16 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
                                     "requests_in_flight", g.in_flight));
     }
     if (!strcmp(url, "/metrics")) {
-        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get) return reply_405(srv, c, method, url, "GET");
         const srv_metrics_gauges g = gauges(srv);
         return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(srv->metrics, srv->model_name, &g));
     }
     if (!strcmp(url, "/version")) { /* as vLLM's /version: outside /v1/, so no API key */
-        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get) return reply_405(srv, c, method, url, "GET");
         return reply_json(srv, c, 200, json_loads(osp_build_info_json(), 0, NULL));
     }
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get) return reply_405(srv, c, method, url, "GET");
         return reply_json(srv, c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id",
                                             srv->model_name, "object", "model", "created", (json_int_t)time(NULL), "owned_by",
                                             "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len,
@@ -584,7 +629,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
         if (!strcmp(method, "GET") && !srv_resp_store_get(srv->responses, id, &r, NULL)) return reply_json(srv, c, 200, r);
         if (!strcmp(method, "DELETE") && !srv_resp_store_delete(srv->responses, id))
             return reply_json(srv, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
-        if (strcmp(method, "GET") && strcmp(method, "DELETE")) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (strcmp(method, "GET") && strcmp(method, "DELETE")) return reply_405(srv, c, method, url, "GET, DELETE");
         return reply_err(srv, c, 404, NULL, "Response with id '%.128s' not found.", id);
     }
     struct {
@@ -594,7 +639,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
                         {"/v1/responses", 4}, {"/v1/embeddings", 5}};
     for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
         if (strcmp(url, routes[i].path)) continue;
-        if (!post) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!post) return reply_405(srv, c, method, url, "POST");
         switch (routes[i].kind) {
         case 0: return handle_generate(srv, c, SRV_ROUTE_COMPLETIONS, false, cx);
         case 1: return handle_generate(srv, c, SRV_ROUTE_CHAT, false, cx);
@@ -606,7 +651,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     }
     const srv_webui_asset *asset = srv->cfg.no_webui ? NULL : srv_webui_find(url);
     if (asset) {
-        if (!get && strcmp(method, "HEAD")) return reply_err(srv, c, 405, NULL, "method %s not allowed on %s", method, url);
+        if (!get && strcmp(method, "HEAD")) return reply_405(srv, c, method, url, "GET, HEAD");
         return serve_asset(srv, c, asset);
     }
     return reply_err(srv, c, 404, NULL, "no route %s %.200s", method, url);

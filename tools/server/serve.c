@@ -307,6 +307,7 @@ static int daemon_options(const srv_config *cfg, const struct sockaddr *addr, st
     OPT(MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_client, NULL);
     OPT(MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s, NULL);
     OPT(MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)(cfg->api_server_count > 1), NULL);
+    OPT(MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_unescape, NULL); /* no NUL in a path (routes.c) */
 #undef OPT
     o[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     return n;
