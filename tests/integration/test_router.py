@@ -178,6 +178,18 @@ def test_sse_byte_for_byte(fakes):
         assert r.stop() == 0
 
 
+def test_an_escaped_nul_matches_no_route(fakes):
+    # the router unescapes as osprey serve does (tools/server/url.h): /v1/models%00x is not /v1/models
+    r = Router([f.url for f in fakes])
+    try:
+        for path in ("/v1/models%00x", "/health%00", "/metrics%00"):
+            assert requests.get(r.url + path, timeout=10).status_code == 404, path
+        assert requests.post(r.url + "/v1/completions%00", json={"prompt": "a"}, timeout=10).status_code == 404
+        assert requests.get(r.url + "/v1/mod%65ls", timeout=10).status_code == 200
+    finally:
+        assert r.stop() == 0
+
+
 def test_prefix_affinity_and_hot_spot(fakes):
     a, b = fakes
     r = Router([a.url, b.url], "--poll-interval", "50")

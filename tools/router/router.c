@@ -44,6 +44,7 @@
 #include "osprey_internal.h"
 #include "picker.h"
 #include "tls.h" /* tools/server/tls.h: --ssl-keyfile / --ssl-certfile, as osprey serve takes them */
+#include "url.h" /* tools/server/url.h: the same unescaping as osprey serve */
 
 #define RT_MAX_BACKENDS 64
 /* the poller's GETs and the precise scorer's /tokenize: a backend that hangs this long is not healthy
@@ -705,6 +706,7 @@ int cmd_router(int argc, char **argv) {
                      srv_tls_daemon_flags(&tls);
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, r, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_UNESCAPE_CALLBACK, srv_unescape, NULL,
                                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_ARRAY,
                                             srv_tls_daemon_options(&tls), MHD_OPTION_END);
     freeaddrinfo(ai);

@@ -469,32 +469,6 @@ static enum MHD_Result serve_asset(srv_server *srv, struct MHD_Connection *c, co
     return ret;
 }
 
-static int hex_digit(char ch) {
-    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
-}
-
-/* A decoded %00 would end the C string every route compares, so "/v1/models%00x" routed as /v1/models
- * and "/%00anything" as the page (found by a fresh-user review); kept as "%00" it matches no route
- * (404), and no query argument carries a NUL either. Everything else decodes as libmicrohttpd's
- * MHD_http_unescape does: a % not followed by two hex digits stays as it is. */
-size_t srv_unescape(void *cls, struct MHD_Connection *c, char *s) {
-    (void)cls, (void)c; /* libmicrohttpd's callback signature */
-    char *w = s;
-    for (const char *r = s; *r;) {
-        if (r[0] == '%' && hex_digit(r[1]) >= 0 && hex_digit(r[2]) >= 0) {
-            const int v = hex_digit(r[1]) * 16 + hex_digit(r[2]);
-            if (v != 0) {
-                *w++ = (char)v;
-                r += 3;
-                continue;
-            }
-        }
-        *w++ = *r++;
-    }
-    *w = '\0';
-    return (size_t)(w - s);
-}
-
 static bool authorized(srv_server *srv, struct MHD_Connection *c) {
     return srv_bearer_ok(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"), srv->cfg.api_key);
 }

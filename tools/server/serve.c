@@ -30,6 +30,7 @@
 #include "osprey/version.h"
 #include "osprey_internal.h"
 #include "serve_internal.h"
+#include "url.h"
 #include "tls.h"
 
 double srv_now_s(void) {
@@ -307,7 +308,7 @@ static int daemon_options(const srv_config *cfg, const struct sockaddr *addr, st
     OPT(MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_client, NULL);
     OPT(MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s, NULL);
     OPT(MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)(cfg->api_server_count > 1), NULL);
-    OPT(MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_unescape, NULL); /* no NUL in a path (routes.c) */
+    OPT(MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_unescape, NULL); /* no NUL in a path (url.h) */
 #undef OPT
     o[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     return n;

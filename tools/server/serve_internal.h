@@ -462,9 +462,5 @@ void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_contex
 enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload_data, size_t *upload_size, void **con_cls);
 void srv_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe);
-/* libmicrohttpd's unescape step (MHD_OPTION_UNESCAPE_CALLBACK) for the path and the query arguments, in
- * place: %XX with two hex digits becomes its byte, as libmicrohttpd's own, except %00, which stays the
- * three characters it was (routes.c). Returns the new length. */
-size_t srv_unescape(void *cls, struct MHD_Connection *c, char *s);
 
 #endif
