@@ -1,6 +1,8 @@
-/* libFuzzer target for the web page's request-side parsing (tools/server/webui.c): the If-None-Match
- * list (srv_webui_etag_match, against every embedded asset's ETag) and the path lookup
- * (srv_webui_find). Input: the header value, a NUL byte, the path (no NUL: the path is empty).
+/* libFuzzer target for the web server's request-side parsing (tools/server/webui.c, url.c): the
+ * If-None-Match list (srv_webui_etag_match, against every embedded asset's ETag), the path lookup
+ * (srv_webui_find) and the URL unescaping (srv_unescape: the result is no longer than the input, holds
+ * no NUL, equals the input where it has no '%', and never decodes a %00). Input: the header value, a
+ * NUL byte, the path (no NUL: the path is empty).
  * A match must be explainable (the value holds "*" or the tag's text); a lookup returns NULL or an
  * entry of the table whose path is the input (or the page for "/" and "/dashboard"); a crash, a
  * sanitizer report or a hang is a bug. Seeds: tests/fuzz/corpus/webui/. */
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "server.h"
+#include "url.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -33,6 +36,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (page ? strcmp(a->path, "/webui/index.html") : strcmp(a->path, path)) abort();
         if (a < srv_webui_assets || a >= srv_webui_assets + srv_webui_n_assets) abort();
     }
+    /* the unescaping of the path, in place on a copy */
+    const size_t n = strlen(path);
+    char *u = malloc(n + 1);
+    if (!u) abort();
+    memcpy(u, path, n + 1);
+    const size_t m = srv_unescape(NULL, NULL, u);
+    if (m > n || strlen(u) != m) abort();
+    if (!strchr(path, '%') && strcmp(u, path)) abort();
+    if (strstr(path, "%00") && !strstr(u, "%00")) abort(); /* the three characters stay */
+    free(u);
     free(buf);
     return 0;
 }
