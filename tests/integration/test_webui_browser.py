@@ -270,7 +270,15 @@ def test_markdown_and_metrics_parsing_in_the_page(smol, page):
     assert render("[site](https://example.com/a_b) and https://example.org/x.") == (
         '<p><a href="https://example.com/a_b" target="_blank" rel="noopener noreferrer">site</a> and '
         '<a href="https://example.org/x" target="_blank" rel="noopener noreferrer">https://example.org/x</a>.</p>')
+    # balanced parentheses in a destination or a bare URL (one level), an unbalanced ")" left outside
+    a = lambda href, text: f'<a href="{href}" target="_blank" rel="noopener noreferrer">{text}</a>'  # noqa: E731
+    wiki = "https://en.wikipedia.org/wiki/Foo_(bar)"
+    assert render(f"[w]({wiki}) and {wiki}, (see https://x.org/a)") == (
+        f"<p>{a(wiki, 'w')} and {a(wiki, wiki)}, (see {a('https://x.org/a', 'https://x.org/a')})</p>")
     assert d.execute_script("return window.pwned === undefined")
+    # a long line of short matches beside an unclosed "**" renders (each rule's search is kept until
+    # passed; it was cubic: 32 KB of this took 47 s in node), and its 4,000 <em> are all there
+    assert render("**a *b* " * 4000).count("<em>b</em>") == 4000
     # thousands of nesting levels (a looping model's '>' or indented '-') do not overflow the stack: past 32
     # levels the rest is plain text
     deep = render(">" * 4000)

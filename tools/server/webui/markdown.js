@@ -23,8 +23,10 @@ const OspreyMarkdown = (() => {
     { re: /\*(?=[^\s*])([^*\n]*?[^\s*])\*/g, make: (m) => wrap("em", m[1]) },
     { re: /(?<![\w\\])_(?=[^\s_])([^_\n]*?[^\s_])_(?!\w)/g, make: (m) => wrap("em", m[1]) },
     { re: /~~(?=\S)([^~\n]*?\S)~~/g, make: (m) => wrap("del", m[1]) },
-    { re: /\[([^\]\n]+)\]\(\s*([^)\s]+)\s*\)/g, make: (m) => link(m[1], m[2]) },
-    { re: /\bhttps?:\/\/[^\s<>()]*[^\s<>().,;:!?'"\]]/g, make: (m) => link(null, m[0]) },
+    // a destination or bare URL may hold balanced parentheses, one level (Wikipedia's Foo_(bar)); a
+    // bare URL's trailing punctuation and an unbalanced ")" stay outside it, as GitHub's autolinks
+    { re: /\[([^\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)\s*\)/g, make: (m) => link(m[1], m[2]) },
+    { re: /\bhttps?:\/\/(?:[^\s<>()]|\([^\s<>()]*\))*(?:[^\s<>().,;:!?'"\]]|\([^\s<>()]*\))/g, make: (m) => link(null, m[0]) },
   ];
 
   function wrap(tag, text) {
@@ -44,15 +46,27 @@ const OspreyMarkdown = (() => {
     return a;
   }
 
-  // Appends text's inline markup to parent as nodes.
+  // Appends text's inline markup to parent as nodes. Each rule's leftmost match from pos is kept until
+  // pos passes its start: no match of that rule starts between the old pos and it, so none between the
+  // new pos and it either (and a rule with none from pos has none later). Searching every rule again
+  // after each match made a line of many short matches and one unclosed "**" cubic (a 32 KB line of
+  // "**a *b* " took 47 s; a fresh-user review found it).
   function inline(text, parent) {
+    if (text.length > 65536) { // a line this long shows as it is (a rule's single search is quadratic in it)
+      parent.appendChild(document.createTextNode(text));
+      return;
+    }
     let pos = 0;
+    const next = INLINE.map(() => undefined); // per rule: its cached match, null when it has none left
     while (pos < text.length) {
       let best = null, bestRule = null;
-      for (const rule of INLINE) {
-        rule.re.lastIndex = pos;
-        const m = rule.re.exec(text);
-        if (m && (!best || m.index < best.index)) { best = m; bestRule = rule; }
+      for (let r = 0; r < INLINE.length; r++) {
+        let m = next[r];
+        if (m === undefined || (m !== null && m.index < pos)) {
+          INLINE[r].re.lastIndex = pos;
+          m = next[r] = INLINE[r].re.exec(text);
+        }
+        if (m && (!best || m.index < best.index)) { best = m; bestRule = INLINE[r]; }
       }
       if (!best) break;
       if (best.index > pos) parent.appendChild(document.createTextNode(text.slice(pos, best.index)));
