@@ -482,11 +482,13 @@ static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, 
         o->num_prompt_logprobs = r->num_prompt - 1;
         r->prompt_lp_delivered = true;
     }
+    /* the published state only (set under the lock in step 3 of the loop): a poller holds the lock
+     * while the loop thread appends tokens and schedules without it (TSan: a race on num_tokens) */
     o->num_tokens = n;
-    o->num_output_tokens = osp_request_num_output(r);
+    o->num_output_tokens = r->num_published;
     o->num_prompt_tokens = r->num_prompt;
-    o->num_cached_tokens = r->num_cached_tokens > 0 ? r->num_cached_tokens : 0;
-    o->first_scheduled_s = r->t_scheduled;
+    o->num_cached_tokens = r->published_cached_tokens > 0 ? r->published_cached_tokens : 0;
+    o->first_scheduled_s = r->published_t_scheduled;
     o->finished = finished;
     o->finish_reason = finished ? r->published_reason : OSP_FINISH_NONE;
     if (finished && r->published_reason == OSP_FINISH_ERROR) snprintf(o->error, sizeof o->error, "%s", r->error);
@@ -611,6 +613,8 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     for (int32_t i = 0; i < e->publish.n; i++) {
         osp_request *r = e->publish.v[i];
         r->num_published = osp_request_num_output(r);
+        r->published_cached_tokens = r->num_cached_tokens;
+        r->published_t_scheduled = r->t_scheduled;
         if (r->state == OSP_REQ_FINISHED && !r->published_finished) {
             r->published_finished = true;
             r->published_reason = r->finish_reason;

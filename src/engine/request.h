@@ -94,6 +94,10 @@ typedef struct osp_request {
     void *callback_user;
     int32_t num_published;      /* output tokens visible to pollers */
     int32_t num_delivered;      /* output tokens already handed out by poll */
+    /* num_cached_tokens and t_scheduled as of the last publish: what a poller reads (the loop thread
+       writes the live fields outside the lock) */
+    int32_t published_cached_tokens;
+    double published_t_scheduled;
     bool published_finished;
     osp_finish_reason published_reason;
     bool abort_requested;
