@@ -630,3 +630,43 @@ def test_metrics_phases_iterations_and_process():
         assert abs(val["process_start_time_seconds"] - time.time()) < 3600, val["process_start_time_seconds"]
     finally:
         assert s.stop() == 0
+
+
+def test_restart_at_once_on_the_same_port():
+    """A server stopped and started again at once binds its port although the first one's closed
+    connections sit in TIME_WAIT: the listening socket keeps libmicrohttpd's default SO_REUSEADDR (serve
+    once passed MHD_OPTION_LISTENING_ADDRESS_REUSE 0, which means "disallow", and the restart failed with
+    "Address already in use" for up to a minute)."""
+    import subprocess
+    from conftest import BIN, TINY, free_port
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def start():
+        p = subprocess.Popen([BIN, "serve", "-m", TINY, "--port", str(port), "-t", "2", "--kv-cache-memory", "64M"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if p.poll() is not None:
+                return p, p.stdout.read()
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    return p, None
+            except requests.RequestException:
+                time.sleep(0.05)
+        p.kill()
+        return p, "did not come up"
+
+    first, err = start()
+    assert err is None, err
+    for _ in range(20):  # connections the server closes: TIME_WAIT on its side
+        assert requests.get(url + "/health", headers={"Connection": "close"}, timeout=10).status_code == 200
+    first.terminate()
+    assert first.wait(timeout=30) == 0
+    second, err = start()
+    try:
+        assert err is None, err
+    finally:
+        if second.poll() is None:
+            second.terminate()
+            second.wait(timeout=30)

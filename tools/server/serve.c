@@ -307,7 +307,10 @@ static int daemon_options(const srv_config *cfg, const struct sockaddr *addr, st
     OPT(MHD_OPTION_CONNECTION_LIMIT, hard_limit, NULL);
     OPT(MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)cfg->max_connections_per_client, NULL);
     OPT(MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->connection_timeout_s, NULL);
-    OPT(MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)(cfg->api_server_count > 1), NULL);
+    /* several API servers share the port (SO_REUSEPORT). Otherwise the option is left out: passed as 0 it
+     * means "disallow", and libmicrohttpd then skips its default SO_REUSEADDR, so a server restarted at
+     * once failed to bind while the old one's connections sat in TIME_WAIT (up to a minute) */
+    if (cfg->api_server_count > 1) OPT(MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, NULL);
     OPT(MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)srv_unescape, NULL); /* no NUL in a path (url.h) */
 #undef OPT
     o[n++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
