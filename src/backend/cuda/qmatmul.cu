@@ -483,6 +483,35 @@ __device__ __forceinline__ void fold_tile(float acc[4], const uint32_t a[4], con
     }
 }
 
+/* Q6_K at T = 1, one mma a level instead of two (fold_tile's HALVES path zeroes the other half's lanes
+ * of A and runs the mma once a half): B's column 0 holds the activation's values 0..15 and zeros, column
+ * 1 its values 16..31 and zeros (the caller loads b1 / b2 only in lanes (g, c) with g = c / 2 < 2), so
+ * lane c = 0's accumulators are already split by half: e = 2r the first half of row r, e = 2r + 1 the
+ * second. The integer sums are the same, and each row's fold runs fold_tile's operations in its order,
+ * so the bits are fold_tile's (test_gpu_qmatmul compares T = 1 with the wide kernel bit for bit). The
+ * result for row r lands in acc[2 r]; only lane c = 0's column 0 is stored. */
+template <uint32_t TYPE>
+__device__ __forceinline__ void fold_tile_halves_t1(float acc[4], const uint32_t a[4], const float sa[2][2],
+                                                    const float so[2][2], uint2 b1, uint2 b2, float4 s0) {
+    static_assert(qm<TYPE>::HALVES, "one scale a half");
+    int c1[4], c2[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) c1[e] = QM_MAGIC, c2[e] = QM_MAGIC;
+    mma_s8_16832(c1, a, b1.x, b1.y);
+    mma_s8_16832(c2, a, b2.x, b2.y);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float v = acc[2 * r];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float I = fmaf(magic_f(c1[2 * r + h]), 256.0f, magic_f(c2[2 * r + h]));
+            v = fmaf(sa[r][h], I * s0.x, v);
+            v = fmaf(so[r][h], h ? s0.w : s0.z, v);
+        }
+        acc[2 * r] = v;
+    }
+}
+
 /* Block j of unit `cur` (rows g and g + 8): the A fragment and the scales. */
 template <uint32_t TYPE>
 __device__ __forceinline__ void block_frag(const typename qm<TYPE>::Raw cur[2], int j, int c, uint32_t a[4],
@@ -589,7 +618,10 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     __shared__ float part[2][QM_WARPS][QM_ROWS][8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int tc = (int)T; /* <= 8: one n-tile */
-    const bool live = g < tc;
+    /* SH: Q6_K at T = 1 takes a half a column (fold_tile_halves_t1): columns 0 and 1 are the one
+     * activation row's halves, loaded by the lanes of column g = c / 2 */
+    constexpr bool SH = qm<TYPE>::HALVES && T1;
+    const bool live = SH ? g < 2 && (c >> 1) == g : g < tc;
     const int u0 = (int)(n_units * warp / QM_WARPS), u1 = (int)(n_units * (warp + 1) / QM_WARPS);
     const int64_t n_tiles = (N + QM_ROWS - 1) / QM_ROWS;
     auto rows_of = [&](int64_t tile, const uint8_t *rp[2]) {
@@ -608,7 +640,7 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
      * block b + 1's lie xstep bytes / Tp float4s after block b's. Walked by pointer increments: the
      * products blk * Tp of every block in 64 bits were ~200 of a Q4_K unit's 618 instructions (SASS). */
     const size_t xstep = (size_t)Tp * 64;
-    const int8_t *const xb0 = xc + ((size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)g) * 64 + 8 * c;
+    const int8_t *const xb0 = xc + ((size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)(SH ? 0 : g)) * 64 + 8 * c;
     const float4 *const sb0 = xs + (size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)(2 * c);
     /* fold unit u (held in r) into acc: the blocks in K order, the activation pointers walked along */
     const int8_t *xb;
@@ -625,7 +657,8 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
                 b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
             }
             const float4 s0 = scales_at<TYPE>(sb), s1 = T1 ? s0 : scales_at<TYPE>(sb + 1);
-            fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1, c);
+            if constexpr (SH) fold_tile_halves_t1<TYPE>(acc, a, sa, so, b1, b2, s0);
+            else fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1, c);
         }
     };
     for (int buf = 0; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
