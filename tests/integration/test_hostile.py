@@ -114,12 +114,18 @@ def test_at_least_40_cases():
 
 def test_method_not_allowed_names_the_allowed(server):
     # RFC 9110 15.5.6: a 405 carries Allow, the methods the path takes
-    for method, path, allow in (("POST", "/health", "GET"), ("POST", "/v1/models", "GET"), ("DELETE", "/metrics", "GET"),
+    for method, path, allow in (("POST", "/health", "GET, HEAD"), ("POST", "/v1/models", "GET, HEAD"),
+                                ("DELETE", "/metrics", "GET, HEAD"), ("PUT", "/version", "GET, HEAD"),
                                 ("GET", "/v1/chat/completions", "POST"), ("PUT", "/v1/completions", "POST"),
                                 ("PUT", "/v1/responses/resp_x", "GET, DELETE"), ("POST", "/", "GET, HEAD")):
         r = requests.request(method, server.url + path, timeout=10)
         assert r.status_code == 405 and r.headers.get("Allow") == allow, (method, path, r.headers)
         assert r.json()["error"]["message"] == f"method {method} not allowed on {path}"
+    # HEAD where GET is taken: the GET's status and headers, no body
+    for path in ("/health", "/metrics", "/version", "/v1/models", "/"):
+        h, g = requests.head(server.url + path, timeout=10), requests.get(server.url + path, timeout=10)
+        assert h.status_code == g.status_code == 200 and h.content == b"", path
+        assert h.headers["Content-Type"] == g.headers["Content-Type"], path
 
 
 def test_an_escaped_nul_matches_no_route(server):

@@ -279,6 +279,13 @@ def test_markdown_and_metrics_parsing_in_the_page(smol, page):
     # a long line of short matches beside an unclosed "**" renders (each rule's search is kept until
     # passed; it was cubic: 32 KB of this took 47 s in node), and its 4,000 <em> are all there
     assert render("**a *b* " * 4000).count("<em>b</em>") == 4000
+    # and the block rules on long runs of spaces or brackets (each once quadratic: 4,000 spaces after a
+    # "#" took 8 s): headings, fences and table separators are matched without backtracking over them
+    heading = render("# a" + " " * 4000 + "x ##")
+    assert heading.startswith("<h1>a ") and heading.endswith(" x</h1>")
+    assert render("[" * 65000) == "<p>" + "[" * 65000 + "</p>"
+    assert code("```" + " " * 50000 + "js  more\nx") == ["x"]
+    assert render("|a|b|\n" + " " * 50000 + "-:-x").startswith("<p>|a|b|<br>")
     # thousands of nesting levels (a looping model's '>' or indented '-') do not overflow the stack: past 32
     # levels the rest is plain text
     deep = render(">" * 4000)

@@ -566,10 +566,11 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     }
     if (cx->too_large) return reply_err(srv, c, 413, NULL, "the request body is larger than %zu bytes", srv->cfg.max_body);
 
-    const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    /* HEAD is GET without the body (RFC 9110 9.3.2; libmicrohttpd leaves the body out) */
+    const bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strncmp(url, "/v1/", 4) && !authorized(srv, c)) return reply_err(srv, c, 401, NULL, "invalid or missing API key");
     if (!strcmp(url, "/health")) {
-        if (!get) return reply_405(srv, c, method, url, "GET");
+        if (!get) return reply_405(srv, c, method, url, "GET, HEAD");
         const srv_metrics_gauges g = gauges(srv);
         pthread_mutex_lock(&srv->mu);
         const bool draining = srv->draining;
@@ -582,16 +583,16 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
                                     "requests_in_flight", g.in_flight));
     }
     if (!strcmp(url, "/metrics")) {
-        if (!get) return reply_405(srv, c, method, url, "GET");
+        if (!get) return reply_405(srv, c, method, url, "GET, HEAD");
         const srv_metrics_gauges g = gauges(srv);
         return reply(srv, c, 200, "text/plain; version=0.0.4; charset=utf-8", srv_metrics_render(srv->metrics, srv->model_name, &g));
     }
     if (!strcmp(url, "/version")) { /* as vLLM's /version: outside /v1/, so no API key */
-        if (!get) return reply_405(srv, c, method, url, "GET");
+        if (!get) return reply_405(srv, c, method, url, "GET, HEAD");
         return reply_json(srv, c, 200, json_loads(osp_build_info_json(), 0, NULL));
     }
     if (!strcmp(url, "/v1/models")) {
-        if (!get) return reply_405(srv, c, method, url, "GET");
+        if (!get) return reply_405(srv, c, method, url, "GET, HEAD");
         return reply_json(srv, c, 200, json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id",
                                             srv->model_name, "object", "model", "created", (json_int_t)time(NULL), "owned_by",
                                             "osprey", "root", srv->cfg.model_path, "max_model_len", srv->max_model_len,
@@ -625,7 +626,7 @@ enum MHD_Result srv_on_request(void *cls, struct MHD_Connection *c, const char *
     }
     const srv_webui_asset *asset = srv->cfg.no_webui ? NULL : srv_webui_find(url);
     if (asset) {
-        if (!get && strcmp(method, "HEAD")) return reply_405(srv, c, method, url, "GET, HEAD");
+        if (!get) return reply_405(srv, c, method, url, "GET, HEAD");
         return serve_asset(srv, c, asset);
     }
     return reply_err(srv, c, 404, NULL, "no route %s %.200s", method, url);

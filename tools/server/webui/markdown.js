@@ -25,8 +25,9 @@ const OspreyMarkdown = (() => {
     { re: /~~(?=\S)([^~\n]*?\S)~~/g, make: (m) => wrap("del", m[1]) },
     // a destination or bare URL may hold balanced parentheses, one level (Wikipedia's Foo_(bar)); a
     // bare URL's trailing punctuation and an unbalanced ")" stay outside it, as GitHub's autolinks
-    { re: /\[([^\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)\s*\)/g, make: (m) => link(m[1], m[2]) },
-    { re: /\bhttps?:\/\/(?:[^\s<>()]|\([^\s<>()]*\))*(?:[^\s<>().,;:!?'"\]]|\([^\s<>()]*\))/g, make: (m) => link(null, m[0]) },
+    // (link text at most 1,000 characters: unbounded, a line of "[" was quadratic in this one search)
+    { re: /\[([^\]\n]{1,1000})\]\(\s*((?:[^()\s]|\([^()\s]*\))+)\s*\)/g, make: (m) => link(m[1], m[2]) },
+    { re: /\bhttps?:\/\/(?:[^\s<>()]|\([^\s<>()[\]`]*\))*(?:[^\s<>().,;:!?'"\]]|\([^\s<>()[\]`]*\))/g, make: (m) => link(null, m[0]) },
   ];
 
   function wrap(tag, text) {
@@ -132,12 +133,23 @@ const OspreyMarkdown = (() => {
   }
 
   // ---- blocks ------------------------------------------------------------------------------
-  const FENCE = /^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$/;
-  const HEADING = /^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$/;
+  // Written so a failing search cannot backtrack over a long run of spaces more than once (the reviewed
+  // forms "\s*([^`\s]*)[^`]*$", "\s+(.*?)\s*#*\s*$" and "\s*\|?\s*" were quadratic: 4,000 spaces after
+  // a "#" took 8 s): the fence's info string and the heading's text are cut by hand (fenceLang,
+  // headingText).
+  const FENCE = /^ {0,3}(`{3,}|~{3,})([^`]*)$/;
+  const HEADING = /^ {0,3}(#{1,6})\s+(.*)$/;
+  const fenceLang = (info) => info.trim().split(/\s/)[0];
+  const headingText = (t) => { // the text without trailing spaces, closing #s and spaces before them
+    t = t.trimEnd();
+    let e = t.length;
+    while (e > 0 && t[e - 1] === "#") e--;
+    return t.slice(0, e).trimEnd();
+  };
   const RULE = /^ {0,3}([-*_])(?:\s*\1){2,}\s*$/;
   const QUOTE = /^ {0,3}> ?(.*)$/;
   const ITEM = /^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/;
-  const TABLE_SEP = /^\s*\|?\s*:?-{1,}:?\s*(\|\s*:?-{1,}:?\s*)*\|?\s*$/;
+  const TABLE_SEP = /^\s*(?:\|\s*)?:?-+:?\s*(?:\|\s*:?-+:?\s*)*(?:\|\s*)?$/;
 
   const cells = (line) => line.trim().replace(/^\|/, "").replace(/\|$/, "").split("|").map((s) => s.trim());
   const startsBlock = (line) => FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
@@ -163,10 +175,10 @@ const OspreyMarkdown = (() => {
         i++;
         while (i < lines.length && !(lines[i].trim().startsWith(fence[0].repeat(fence.length)) && /^\s*[`~]+\s*$/.test(lines[i]))) body.push(lines[i++]);
         i++;
-        parent.appendChild(codeBlock(body.join("\n"), m[2]));
+        parent.appendChild(codeBlock(body.join("\n"), fenceLang(m[2])));
       } else if ((m = HEADING.exec(line))) {
         const h = el("h" + m[1].length);
-        inline(m[2], h);
+        inline(headingText(m[2]), h);
         parent.appendChild(h);
         i++;
       } else if (RULE.test(line)) {
