@@ -3,6 +3,7 @@ not (deltas concatenate to the non-streamed text), n > 1, several prompts, token
 stop strings (inside and across tokens, never streamed), usage, /v1/models, /tokenize, /detokenize,
 /metrics names, and chat on SmolLM2."""
 import json
+import subprocess
 import time
 
 import pytest
@@ -637,7 +638,6 @@ def test_restart_at_once_on_the_same_port():
     connections sit in TIME_WAIT: the listening socket keeps libmicrohttpd's default SO_REUSEADDR (serve
     once passed MHD_OPTION_LISTENING_ADDRESS_REUSE 0, which means "disallow", and the restart failed with
     "Address already in use" for up to a minute)."""
-    import subprocess
     from conftest import BIN, TINY, free_port
     port = free_port()
     url = f"http://127.0.0.1:{port}"

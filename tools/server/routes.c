@@ -74,7 +74,10 @@ void srv_on_connection(void *cls, struct MHD_Connection *c, void **socket_contex
     pthread_mutex_unlock(&srv->mu);
 }
 
-static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int status, const char *type, char *body) {
+/* body (malloc'd, owned from here; NULL: a 500 "out of memory") as `type`, with one more header when
+ * hdr is not NULL */
+static enum MHD_Result reply_hdr(srv_server *srv, struct MHD_Connection *c, int status, const char *type, char *body,
+                                 const char *hdr, const char *hdr_value) {
     if (!body) {
         status = 500;
         body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}");
@@ -87,9 +90,14 @@ static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int stat
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", type);
+    if (hdr) MHD_add_response_header(r, hdr, hdr_value);
     const enum MHD_Result ret = srv_queue_response(srv, c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result reply(srv_server *srv, struct MHD_Connection *c, int status, const char *type, char *body) {
+    return reply_hdr(srv, c, status, type, body, NULL, NULL);
 }
 
 static enum MHD_Result reply_json(srv_server *srv, struct MHD_Connection *c, int status, json_t *j) {
@@ -107,18 +115,7 @@ static enum MHD_Result reply_405(srv_server *srv, struct MHD_Connection *c, cons
                                  const char *allow) {
     srv_error e = {.status = 405};
     snprintf(e.message, sizeof e.message, "method %s not allowed on %s", method, url);
-    char *body = srv_error_json(&e);
-    if (!body) return reply(srv, c, 500, "application/json", NULL);
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    MHD_add_response_header(r, "Allow", allow);
-    const enum MHD_Result ret = srv_queue_response(srv, c, 405, r);
-    MHD_destroy_response(r);
-    return ret;
+    return reply_hdr(srv, c, 405, "application/json", srv_error_json(&e), "Allow", allow);
 }
 
 static enum MHD_Result reply_err(srv_server *srv, struct MHD_Connection *c, int status, const char *param, const char *fmt, ...)

@@ -523,20 +523,26 @@ fail:
     return s;
 }
 
-/* y [R, w->rows] = x [R, w->cols] w^T for a matrix placed quantized (place_quantized): the rows of x
- * quantized QX_ROWS at a time (osp_cuda_qx_quantize), then one osp_cuda_qmatmul per part into its
- * columns of y. Every row's bits depend only on its own x row and the weights, at any R. */
-/* OSPREY_QMMA_MERGE_PARTS=0: one launch per part even where parts could share one (to compare the two
- * on a device: the same bits are expected) */
-static bool merge_parts(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSPREY_QMMA_MERGE_PARTS");
-        v = e && !strcmp(e, "0") ? 0 : 1;
+/* An on-by-default switch: false when the environment variable `name` is "0", read once into *cache
+ * (-1 before). For the A/B comparisons on a device below; the paths they choose give the same bits. */
+static bool env_switch(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && !strcmp(e, "0") ? 0 : 1;
     }
-    return v == 1;
+    return *cache == 1;
 }
 
+/* OSPREY_QMMA_MERGE_PARTS=0: one launch per part even where parts could share one */
+static bool merge_parts(void) {
+    static int v = -1;
+    return env_switch("OSPREY_QMMA_MERGE_PARTS", &v);
+}
+
+/* y [R, w->rows] = x [R, w->cols] w^T for a matrix placed quantized (place_quantized): the rows of x
+ * quantized QX_ROWS at a time (osp_cuda_qx_quantize; `ready` when x's producer already wrote them, see
+ * fused_qx), then one osp_cuda_qmatmul per part into its columns of y. Every row's bits depend only on
+ * its own x row and the weights, at any R. */
 static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const void *x, void *y, bool y_f32,
                                    int64_t R, const osp_cuda_qx *ready, void *st) {
     const int64_t N = w->rows, K = w->cols;
@@ -572,11 +578,7 @@ static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const v
  * then quantizes its input itself; the same bytes, one launch more) */
 static bool fuse_qx_enabled(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSPREY_CUDA_FUSE_QX");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-    }
-    return v == 1;
+    return env_switch("OSPREY_CUDA_FUSE_QX", &v);
 }
 
 /* Whether op k's output (R rows) is what the next op, a matmul on a quantized matrix, quantizes: then

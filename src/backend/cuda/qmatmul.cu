@@ -415,9 +415,7 @@ template <> struct qm<OSP_DTYPE_Q6_K> {
     }
 };
 
-/* One warp per (block, row): the CPU's osp_quantize_row_q8 arithmetic (round to nearest even, the
- * second level saturated at +-127); rows t in [T, Tp) are zero. A block with a non-finite value gets
- * zero codes and a NaN d2 (the output is NaN, as on the CPU). */
+/* One warp per (block, row), osp_qx_block's arithmetic (qx.cuh); rows t in [T, Tp) are zero. */
 __global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp, int64_t K, int8_t *__restrict__ codes,
                           float4 *__restrict__ sc) {
     osp_pdl_begin();
@@ -595,12 +593,6 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     }
 }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 /* Persistent split mode (T <= 8 unless OSPREY_QMMA_PERSIST=0): as many CTAs as fit on the device at
  * once, CTA b taking the 16-row tiles b, b + gridDim.x, ...; warp w folds slice w of each tile with the
  * split kernel's calls in the split kernel's order, and the CTA adds the slices in warp order as there
@@ -701,6 +693,11 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     }
 }
 
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* Wide mode (large T): a CTA is 8 warps x 16 = 128 weight rows x 64 activation rows, each warp running the
  * whole K for its 16 rows; a unit's activation codes and scales for the CTA's 64 columns are staged in
