@@ -49,7 +49,7 @@ strip .carry/stage/bin/*
 # libzmq/msgpack-c and what libzmq pulls in (libsodium, OpenPGM, NORM, libbsd, Kerberos' GSSAPI):
 # copied only when the CLI links them, so a tarball stays small until the IPC code is used
 for lib in libcmocka.so.0 libmicrohttpd.so.12; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .carry/stage/lib/; done
-if ldd .carry/stage/bin/osprey | grep -q 'libzmq\|libmsgpackc'; then
+if ldd .carry/stage/bin/osprey | grep 'libzmq\|libmsgpackc' >/dev/null; then
     for lib in libzmq.so.5 libmsgpackc.so.2 libsodium.so.23 libpgm-5.3.so.0 libnorm.so.1 libbsd.so.0 \
                libmd.so.0 libgssapi_krb5.so.2 libkrb5.so.3 libk5crypto.so.3 libkrb5support.so.0 \
                libcom_err.so.2 libkeyutils.so.1; do
@@ -58,14 +58,14 @@ if ldd .carry/stage/bin/osprey | grep -q 'libzmq\|libmsgpackc'; then
 fi
 # libedit (osprey chat's line editing) and what it pulls in beyond Ubuntu's base system (libbsd, libmd;
 # libtinfo is there): Ubuntu 24.04's CUDA images have no libedit2
-if ldd .carry/stage/bin/osprey | grep -q 'libedit'; then
+if ldd .carry/stage/bin/osprey | grep 'libedit' >/dev/null; then # not grep -q: its early exit fails ldd under pipefail
     for lib in libedit.so.2 libbsd.so.0 libmd.so.0; do
         if [ -e "/usr/lib/x86_64-linux-gnu/$lib" ]; then cp -L "/usr/lib/x86_64-linux-gnu/$lib" .carry/stage/lib/; fi
     done
 fi
 # libcurl-gnutls and its dependencies (GnuTLS, nettle, nghttp2, libssh2, LDAP, Kerberos, ...), found by
 # ldd, as the fallback described above; glibc's own libraries stay the machine's
-if ldd .carry/stage/bin/osprey | grep -q 'libcurl-gnutls'; then
+if ldd .carry/stage/bin/osprey | grep 'libcurl-gnutls' >/dev/null; then
     curl_so=$(ldd .carry/stage/bin/osprey | awk '$1 ~ /^libcurl-gnutls/ {print $3}')
     mkdir -p .carry/curlstage/lib/curl .carry/curl
     cp -L "$curl_so" .carry/curlstage/lib/curl/

@@ -58,7 +58,7 @@ static osp_status run_qmma(void *p) {
 }
 static osp_status run_qx_qmma(void *p) {
     ctx *c = p;
-    osp_status s = osp_cuda_qx_quantize(c->x, c->T, c->K, c->ws, c->ws_bytes, &c->qx, NULL);
+    osp_status s = osp_cuda_qx_quantize(c->x, c->T, c->K, osp_cuda_qmatmul_group(c->type), c->ws, c->ws_bytes, &c->qx, NULL);
     return s != OSP_OK ? s : run_qmma(p);
 }
 static osp_status run_dequant(void *p) {
@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
         static const int64_t qTs[] = {1, 2, 8, 64, 512};
         for (size_t k = 0; k < sizeof qTs / sizeof qTs[0]; k++) {
             c.T = qTs[k];
-            CHECK(osp_cuda_qx_quantize(c.x, c.T, K, c.ws, c.ws_bytes, &c.qx, NULL));
+            CHECK(osp_cuda_qx_quantize(c.x, c.T, K, osp_cuda_qmatmul_group(c.type), c.ws, c.ws_bytes, &c.qx, NULL));
             const double ms = time_ms(run_qmma, &c, reps), ms2 = time_ms(run_qx_qmma, &c, reps);
             char kn[32];
             snprintf(kn, sizeof kn, "qmma T=%lld", (long long)c.T);

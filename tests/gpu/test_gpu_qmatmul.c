@@ -4,12 +4,13 @@
  *    bit pattern of the packed scales and quants is read), whole matrices and row ranges;
  *  - osp_cuda_qembed equals the bf16 table's values times the scale, bit for bit;
  *  - qmma (osp_cuda_qx_quantize + osp_cuda_qmatmul) is within its two-level activation bound for T
- *    1..130 against a double-precision sum over the CPU's fp32 weights, writes only its N columns of a
+ *    1..130 against a double-precision sum over the CPU's fp32 weights (activations quantized in the
+ *    type's group: 32 values for Q8_0 / Q4_0 / Q4_1, 256 for Q4_K / Q6_K), writes only its N columns of a
  *    wider output, and gives each row the same bits alone, in any batch, any 64-row chunk, either
  *    kernel mode and either split of the matrix into launches (batch invariance), also where the
  *    persistent kernels take several tiles a CTA;
  *  - the GLU kernel that writes its output quantized gives the bytes of the kernel followed by
- *    osp_cuda_qx_quantize;
+ *    osp_cuda_qx_quantize, in either group;
  *  - bad arguments are refused with the right status and nothing is launched.
  * Outputs are poisoned (0xff bytes: NaN) before each call, so unwritten values fail. */
 #include <math.h>
@@ -171,8 +172,8 @@ static void test_embed(void **state) {
 /* qmma (osp_cuda_qx_quantize + osp_cuda_qmatmul) into columns [c0, c0 + N) of a [T, ldy] output for
  * T from 1 to 130 (three 64-row chunks), against a double-precision sum over the CPU's fp32 weights and
  * the bf16 activations. The bound: the activations' two-level quantization moves each value by at most
- * 1.5 d2 (d2 = its block's amax / 127 / 256; 2 d2 allowed), plus fp32 rounding in each block's fold
- * (a few ulps a block of everything it adds). Then batch invariance, bit for bit: rows of T = 130 alone
+ * 1.5 d2 (d2 = its group's amax / 127 / 256, the group the type reads; 2 d2 allowed), plus fp32
+ * rounding in each block's or unit's fold (a few ulps a block of everything it adds). Then batch invariance, bit for bit: rows of T = 130 alone
  * (T = 1) and as a batch of 9 starting at row 60 (rows that sat in two chunks), the bf16 output the
  * rounding of the fp32 one, and a non-finite activation row that leaves the others' bits untouched. */
 static int64_t qmma_k_for(uint32_t t, int i) {
@@ -184,7 +185,7 @@ static int64_t qmma_k_for(uint32_t t, int i) {
 static void run_qmma(uint32_t t, const void *dw, size_t rb, int64_t N, int64_t K, const uint16_t *dx, int64_t T,
                      void *ws, size_t ws_bytes, void *dy, int64_t ldy, bool f32) {
     osp_cuda_qx qx;
-    assert_int_equal(osp_cuda_qx_quantize(dx, T, K, ws, ws_bytes, &qx, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_qx_quantize(dx, T, K, osp_cuda_qmatmul_group(t), ws, ws_bytes, &qx, NULL), OSP_OK);
     assert_int_equal(osp_cuda_qmatmul(t, dw, rb, N, &qx, dy, ldy, f32, NULL), OSP_OK);
 }
 
@@ -229,10 +230,11 @@ static void test_qmma(void **state) {
                         const uint16_t *xr = x + (size_t)r * (size_t)K;
                         double s = 0.0, a = 0.0, eq = 0.0, wmax = 0.0, xa = 0.0;
                         for (int64_t j = 0; j < K; j++) wmax = fmax(wmax, fabs((double)wr[j]));
-                        for (int64_t b0 = 0; b0 < K; b0 += 32) {
+                        const int64_t grp = osp_cuda_qmatmul_group(t);
+                        for (int64_t b0 = 0; b0 < K; b0 += grp) {
                             double amax = 0.0;
-                            for (int64_t j = b0; j < b0 + 32; j++) amax = fmax(amax, fabs((double)osp_bf16_to_fp32(xr[j])));
-                            for (int64_t j = b0; j < b0 + 32; j++) {
+                            for (int64_t j = b0; j < b0 + grp; j++) amax = fmax(amax, fabs((double)osp_bf16_to_fp32(xr[j])));
+                            for (int64_t j = b0; j < b0 + grp; j++) {
                                 const double xv = (double)osp_bf16_to_fp32(xr[j]), p = (double)wr[j] * xv;
                                 s += p, a += fabs(p), xa += fabs(xv);
                                 eq += fabs((double)wr[j]) * 2.0 * amax / 127.0 / 256.0;
@@ -347,16 +349,19 @@ static void test_qmma_many_tiles(void **state) {
 /* The producer that writes its output quantized (osp_cuda_glu_qx: the CUDA backend's fusion of the GLU
  * with the quantized matmul after it) against the two launches it replaces: the same bf16 output and
  * the same workspace bytes (codes and scales of every row up to Tp, the padding rows included), for
- * T = 1, 3 and 9 (Tp 8, 8, 16), widths of 128 and 17 blocks, silu and gelu. The workspaces start from
- * different poison, so a byte written by one path and not the other fails. */
+ * T = 1, 3 and 9 (Tp 8, 8, 16), widths of 128 and 17 blocks (group 32) and 128 and 24 (group 256),
+ * silu and gelu. The workspaces start from different poison, so a byte written by one path and not
+ * the other fails. */
 static void test_fused_qx(void **state) {
     (void)state;
     static const int64_t Ts[] = {1, 3, 9};
-    static const int64_t Fs[] = {4096, 544};
+    static const int64_t Fs[] = {4096, 544, 4096, 768};
+    static const int32_t groups[] = {32, 32, 256, 256};
     g_rng = 9100;
-    for (size_t fi = 0; fi < 2; fi++)
+    for (size_t fi = 0; fi < 4; fi++)
         for (size_t ti = 0; ti < 3; ti++) {
             const int64_t F = Fs[fi], T = Ts[ti];
+            const int32_t grp = groups[fi];
             const size_t wsb = osp_cuda_qx_workspace_bytes(T, F), ob = (size_t)T * (size_t)F * 2;
             uint16_t *gu = xmalloc(2 * ob);
             for (int64_t i = 0; i < T * 2 * F; i++) gu[i] = osp_fp32_to_bf16(3.0f * rnd_unit());
@@ -369,9 +374,10 @@ static void test_fused_qx(void **state) {
                 assert_int_equal(osp_cuda_memset(ws2, 0xa5, wsb, NULL), OSP_OK);
                 assert_int_equal(gelu ? osp_cuda_gelu_mul(dgu, o1, T, F, NULL) : osp_cuda_silu_mul(dgu, o1, T, F, NULL),
                                  OSP_OK);
-                assert_int_equal(osp_cuda_qx_quantize(o1, T, F, ws1, wsb, &q1, NULL), OSP_OK);
-                assert_int_equal(osp_cuda_glu_qx(dgu, o2, T, F, gelu, ws2, wsb, &q2, NULL), OSP_OK);
-                assert_true(q1.codes == ws1 && q2.codes == ws2 && q1.T == q2.T && q1.Tp == q2.Tp && q1.K == q2.K);
+                assert_int_equal(osp_cuda_qx_quantize(o1, T, F, grp, ws1, wsb, &q1, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_glu_qx(dgu, o2, T, F, gelu, grp, ws2, wsb, &q2, NULL), OSP_OK);
+                assert_true(q1.codes == ws1 && q2.codes == ws2 && q1.T == q2.T && q1.Tp == q2.Tp && q1.K == q2.K &&
+                            q1.group == grp && q2.group == grp);
                 assert_true((const char *)q2.scales - (const char *)q2.codes ==
                             (const char *)q1.scales - (const char *)q1.codes);
                 dev_get(h1, ws1, wsb), dev_get(h2, ws2, wsb);
@@ -379,18 +385,22 @@ static void test_fused_qx(void **state) {
                 dev_get(h1, o1, ob), dev_get(h2, o2, ob);
                 assert_memory_equal(h1, h2, ob);
             }
-            printf("fused qx: F %lld T %lld: glu_qx (silu, gelu) = the kernel + osp_cuda_qx_quantize, byte for byte\n",
-                   (long long)F, (long long)T);
+            printf("fused qx: F %lld T %lld group %d: glu_qx (silu, gelu) = the kernel + osp_cuda_qx_quantize, byte "
+                   "for byte\n",
+                   (long long)F, (long long)T, (int)grp);
             osp_cuda_free(dgu), osp_cuda_free(o1), osp_cuda_free(o2), osp_cuda_free(ws1), osp_cuda_free(ws2);
             free(gu), free(h1), free(h2);
         }
-    /* refused: no workspace, a workspace too small, a width not whole blocks */
+    /* refused: no workspace, a workspace too small, a width not whole blocks or groups, a group qmma
+     * does not read */
     osp_cuda_qx q;
     void *d = dev_alloc_fill(4096 * 8, 0);
-    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, NULL, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, d, osp_cuda_qx_workspace_bytes(1, 64) - 1, &q, NULL),
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, 32, NULL, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, 32, d, osp_cuda_qx_workspace_bytes(1, 64) - 1, &q, NULL),
                      OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 48, false, d, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 48, false, 32, d, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 288, false, 256, d, 4096 * 8, &q, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_glu_qx(d, d, 1, 64, false, 64, d, 4096, &q, NULL), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
     osp_cuda_free(d);
 }
@@ -412,9 +422,20 @@ static void test_arguments(void **state) {
     void *ws = dev_alloc_fill(wsb, 0);
     assert_false(osp_cuda_qmatmul_supported(OSP_DTYPE_Q4_1, 96));
     assert_false(osp_cuda_qmatmul_supported(OSP_DTYPE_Q5_K, 256));
-    assert_int_equal(osp_cuda_qx_quantize(dx, 16, K, ws, wsb - 1, &qx, NULL), OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_qx_quantize(dx, 1, 100, ws, wsb, &qx, NULL), OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_cuda_qx_quantize(dx, 1, K, ws, wsb, &qx, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 16, K, 256, ws, wsb - 1, &qx, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, 100, 32, ws, wsb, &qx, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, 288, 256, ws, wsb, &qx, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, K, 128, ws, wsb, &qx, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize((const uint16_t *)((char *)dx + 2), 1, K, 256, ws, wsb, &qx, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qmatmul_group(OSP_DTYPE_Q4_K), 256);
+    assert_int_equal(osp_cuda_qmatmul_group(OSP_DTYPE_Q4_1), 32);
+    assert_int_equal(osp_cuda_qmatmul_group(OSP_DTYPE_Q5_K), 0);
+    /* activations in the wrong group for the type */
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, K, 32, ws, wsb, &qx, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q4_K, dw, rb, 4, &qx, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_qx_quantize(dx, 1, K, 256, ws, wsb, &qx, NULL), OSP_OK);
+    assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q4_0, dw, 144, 4, &qx, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q5_K, dw, rb, 4, &qx, dy, 4, true, NULL), OSP_ERR_UNSUPPORTED);
     assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q4_K, dw, rb, 4, NULL, dy, 4, true, NULL), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_cuda_qmatmul(OSP_DTYPE_Q4_K, dw, rb, 4, &qx, dy, 3, true, NULL), OSP_ERR_INVALID_ARG);

@@ -549,13 +549,17 @@ static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const v
     const size_t esz = y_f32 ? 4 : 2;
     for (int64_t r0 = 0; r0 < R; r0 += QX_ROWS) {
         const int64_t rn = R - r0 < QX_ROWS ? R - r0 : QX_ROWS;
-        osp_cuda_qx qx;
+        osp_cuda_qx qx = {0};
         if (ready && r0 == 0 && ready->T == rn && ready->K == K)
             qx = *ready; /* x's producer wrote it quantized (fused_qx) */
-        else
-            OSP_TRY(osp_cuda_qx_quantize((const uint16_t *)x + (size_t)r0 * (size_t)K, rn, K, g->qx, g->qx_bytes, &qx, st));
         int64_t c0 = 0;
         for (int32_t i = 0; i < w->n_parts;) {
+            /* the activation group the part's type reads (osp_cuda_qmatmul_group): quantized again
+             * only where it changes between parts (a K-quant part beside a Q8_0 one, say) */
+            const int32_t group = osp_cuda_qmatmul_group(w->parts[i].type);
+            if (qx.group != group)
+                OSP_TRY(osp_cuda_qx_quantize((const uint16_t *)x + (size_t)r0 * (size_t)K, rn, K, group, g->qx,
+                                             g->qx_bytes, &qx, st));
             /* adjacent parts of one type that lie back to back (place_quantized pads a part to 256 bytes
              * only when its size needs it) run as one launch: more row tiles for the small k / v
              * parts, and the same bits (a row's arithmetic does not depend on its tile) */
@@ -592,7 +596,8 @@ static bool fused_qx(const cuda_backend *g, const osp_graph *gr, int32_t k, int6
         nx->w->parts[0].type == OSP_DTYPE_BF16)
         return false;
     /* token rows (not the logits rows), so both ops run R = T rows */
-    return gr->acts[op->dst].rows != OSP_ROWS_LOGITS && nx->w->cols % 32 == 0 &&
+    const int32_t group = osp_cuda_qmatmul_group(nx->w->parts[0].type);
+    return gr->acts[op->dst].rows != OSP_ROWS_LOGITS && group > 0 && nx->w->cols % group == 0 &&
            osp_cuda_qx_workspace_bytes(R, nx->w->cols) <= g->qx_bytes;
 }
 
@@ -659,8 +664,9 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             break;
         case OSP_OP_GLU:
             if (fused_qx(g, gr, k, R)) {
-                OSP_TRY(osp_cuda_glu_qx(s0, dst, R, gr->acts[op->dst].cols, op->p.glu.act == OSP_GLU_GELU_TANH, g->qx,
-                                        g->qx_bytes, &qx_ready, st));
+                OSP_TRY(osp_cuda_glu_qx(s0, dst, R, gr->acts[op->dst].cols, op->p.glu.act == OSP_GLU_GELU_TANH,
+                                        osp_cuda_qmatmul_group(gr->ops[k + 1].w->parts[0].type), g->qx, g->qx_bytes,
+                                        &qx_ready, st));
                 qx_for = k + 1;
                 break;
             }

@@ -124,23 +124,35 @@ osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_x, const ui
 bool osp_cuda_qtype_supported(uint32_t type);
 
 /* Activations quantized for osp_cuda_qmatmul: T rows of K values in blocks of 32, two int8 levels
- * per block (x ~ d q1 + d2 q2, d = amax / 127, d2 = d / 256: the CPU's osp_q8_block scheme,
- * backend/cpu/qdot.h), rows padded to Tp = T rounded up to 8. Points into the caller's workspace. */
+ * per block (x ~ d q1 + d2 q2, d2 = d / 256, the second level quantizing the first's residual: the
+ * CPU's osp_q8_block scheme, backend/cpu/qdot.h), with one d = amax / 127 per `group` values: 32 (the
+ * CPU's scheme; Q8_0, Q4_0, Q4_1 read it) or 256 (the K-quant types: a super-block's sub-blocks then
+ * share the activation scale and qmma folds them in integers; ~2^-15 of the group's amax instead of
+ * the block's). Rows padded to Tp = T rounded up to 8. Points into the caller's workspace. */
 typedef struct osp_cuda_qx {
     const void *codes;  /* [K / 32][Tp][64] int8: a block's 32 first-level codes, then its 32 second-level */
-    const void *scales; /* [K / 32][Tp] float4: {d2, sum of all 32 values, of values 0..15, of 16..31} */
+    const void *scales; /* [K / 32][Tp] float4: group 32: {d2, sum of all 32 values, of values 0..15, of
+                         * 16..31}; group 256: {d2 of the group, then as int32 bits S = 256 s1 + s2 (s1, s2
+                         * the level's code sums) over the block's 32 values, its values 0..15, 16..31} */
     int64_t T, Tp, K;
+    int32_t group; /* values sharing one d: 32 or 256 */
 } osp_cuda_qx;
 
-/* Workspace bytes osp_cuda_qx_quantize needs for T rows of K values (0 for T or K <= 0): 80 a block. */
+/* The group osp_cuda_qmatmul reads for `type`: 256 for Q4_K and Q6_K, 32 for Q8_0, Q4_0, Q4_1, 0 for
+ * types it does not take. */
+int32_t osp_cuda_qmatmul_group(uint32_t type);
+
+/* Workspace bytes osp_cuda_qx_quantize needs for T rows of K values (0 for T or K <= 0): 80 a block,
+ * for either group. */
 size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K);
 
-/* Quantizes d_x [T, K] bf16 (K % 32 == 0) into d_ws (16-byte aligned, >= the workspace bytes) and
- * describes it in *qx. Each row is quantized on its own (its codes do not depend on T). A block with
- * a non-finite value makes its outputs NaN. Errors: OSP_ERR_INVALID_ARG (shapes, workspace),
- * OSP_ERR_INTERNAL (launch). Enqueues only. */
-osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void *d_ws, size_t ws_bytes, osp_cuda_qx *qx,
-                                void *stream);
+/* Quantizes d_x [T, K] bf16 (K % group == 0; group 32 or 256; for 256, d_x 16-byte aligned) into d_ws
+ * (16-byte aligned, >= the workspace bytes) and describes it in *qx. Each row is quantized on its own
+ * (its codes do not depend on T). A block (group 32) or group (256) with a non-finite value makes its
+ * outputs NaN. Errors: OSP_ERR_INVALID_ARG (shapes, group, workspace), OSP_ERR_INTERNAL (launch).
+ * Enqueues only. */
+osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, int32_t group, void *d_ws, size_t ws_bytes,
+                                osp_cuda_qx *qx, void *stream);
 
 /* Programmatic dependent launch for the kernels launched after this (cuda_common.cuh: osp_launch)
  * when OSPREY_CUDA_PDL is unset; process-wide. The CUDA backend turns it on where its matrices are
@@ -149,18 +161,20 @@ void osp_cuda_set_pdl_default(bool on);
 
 /* Describes in *qx where T rows of K values lie quantized in d_ws (the layout osp_cuda_qx_quantize
  * writes), checking what it checks; writes nothing on the device. */
-osp_status osp_cuda_qx_layout(void *d_ws, size_t ws_bytes, int64_t T, int64_t K, osp_cuda_qx *qx);
+osp_status osp_cuda_qx_layout(void *d_ws, size_t ws_bytes, int64_t T, int64_t K, int32_t group, osp_cuda_qx *qx);
 
 /* Whether osp_cuda_qmatmul takes `type` with K columns (K % 64 == 0 for Q8_0, Q4_0, Q4_1; K % 256
  * == 0 for Q4_K, Q6_K). */
 bool osp_cuda_qmatmul_supported(uint32_t type, int64_t K);
 
 /* y[t, n] = sum_k x[t, k] w[n, k] for t < qx->T, n < N, any T: d_w N rows of `type` (row_bytes apart;
- * 16-byte aligned for Q4_K, 4 for Q4_1, 2 for the others), x as quantized by osp_cuda_qx_quantize (K = qx->K), d_y [T, ldy]
- * fp32 (y_f32) or bf16, columns [0, N) written. The products of each 32-value block run on the
- * integer tensor cores (exact), each output folds its blocks in K order in fp32 over 8 K slices
- * fixed by K: a row's result is the same bits for any T and any place in the batch (issue 17's batch
- * invariance). Errors: OSP_ERR_UNSUPPORTED (type, K), OSP_ERR_INVALID_ARG, OSP_ERR_INTERNAL.
+ * 16-byte aligned for Q4_K, 4 for Q4_1, 2 for the others), x as quantized by osp_cuda_qx_quantize (K = qx->K,
+ * qx->group = osp_cuda_qmatmul_group(type)), d_y [T, ldy] fp32 (y_f32) or bf16, columns [0, N) written.
+ * The products of each 32-value block run on the integer tensor cores (exact); Q8_0 / Q4_0 / Q4_1 fold
+ * every block into the output in fp32, Q4_K / Q6_K sum a unit's blocks times their sub-block scales in
+ * int32 (exact) and fold once a unit; in K order over 8 K slices fixed by K: a row's result is the same
+ * bits for any T and any place in the batch (issue 17's batch invariance). Errors:
+ * OSP_ERR_UNSUPPORTED (type, K), OSP_ERR_INVALID_ARG (also a qx of the wrong group), OSP_ERR_INTERNAL.
  * Enqueues only (graph-capturable). */
 osp_status osp_cuda_qmatmul(uint32_t type, const void *d_w, size_t row_bytes, int64_t N, const osp_cuda_qx *qx, void *d_y,
                             int64_t ldy, bool y_f32, void *stream);
@@ -247,12 +261,12 @@ osp_status osp_cuda_softcap_f32(const float *d_in, float *d_out, int64_t n, floa
 /* The same with GELU's tanh approximation in place of silu (Gemma's gelu_pytorch_tanh). */
 osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, void *stream);
 /* silu_mul (gelu_mul when gelu) that also quantizes out for osp_cuda_qmatmul into d_ws and describes
- * it in *qx: out's bits and the bytes osp_cuda_qx_quantize(d_out, T, F, ...) writes (F % 32 == 0),
+ * it in *qx: out's bits and the bytes osp_cuda_qx_quantize(d_out, T, F, group, ...) writes (F % group == 0),
  * without its launch (the CUDA backend runs this when a quantized matmul reads the product next).
  * Errors as both. (The same for the RMSNorm was slower at T = 1: one thread block a row quantizes its
  * 128 blocks in turn, where qx_kernel spreads them over the device; bench/gpu/DECODE.md.) */
-osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, void *d_ws,
-                           size_t ws_bytes, osp_cuda_qx *qx, void *stream);
+osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, int32_t group,
+                           void *d_ws, size_t ws_bytes, osp_cuda_qx *qx, void *stream);
 
 /* out[r] = the index of the largest of logits[r, 0..V) (the smallest such index on ties; a NaN
  * never wins unless the row is all NaN, then -1). d_logits: [R, V] fp32, d_out: [R] int32. */

@@ -387,6 +387,32 @@ __global__ void __launch_bounds__(kEltThreads)
     osp_qx_block(v, lane, qc + item * 64, qs + item);
 }
 
+/* The same for group 256 (qx.cuh's osp_qx_group256, qx256_kernel's geometry): a warp per (256-value
+ * group, row t < Tp), lane l computing values 8l .. 8l + 7 of the group. */
+template <bool GELU>
+__global__ void __launch_bounds__(kEltThreads)
+    glu_qx256_kernel(const uint16_t *__restrict__ gu, uint16_t *__restrict__ out, int64_t T, int64_t Tp, int64_t F,
+                     int8_t *__restrict__ qc, float4 *__restrict__ qs) {
+    osp_pdl_begin();
+    const int lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (item >= F / 256 * Tp) return;
+    const int64_t gi = item / Tp, t = item % Tp;
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (t < T) {
+        const int64_t i0 = gi * 256 + 8 * lane;
+        const uint16_t *g = gu + t * 2 * F;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const uint16_t h = osp_f_to_bf16(glu1<GELU>(osp_bf16_to_f(g[i0 + k]), osp_bf16_to_f(g[F + i0 + k])));
+            out[t * F + i0 + k] = h;
+            v[k] = osp_bf16_to_f(h);
+        }
+    }
+    const int64_t it = osp_qx_item(8 * gi, t, Tp);
+    osp_qx_group256(v, lane, qc + it * 64, qs + it, Tp);
+}
+
 /* ---- argmax ------------------------------------------------------------------------------------- */
 
 /* (v, i) beats (bv, bi): i valid (>= 0, never a NaN), and bv invalid, or v larger, or equal and earlier.
@@ -680,21 +706,23 @@ osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, i
     return glu_launch(d_gu, d_out, T, F, true, stream);
 }
 
-osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, void *d_ws,
-                           size_t ws_bytes, osp_cuda_qx *qx, void *stream) {
+osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, int32_t group,
+                           void *d_ws, size_t ws_bytes, osp_cuda_qx *qx, void *stream) {
     if (T <= 0 || F <= 0 || !d_gu || !d_out || !qx)
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_glu_qx: T %lld, F %lld or a NULL pointer", (long long)T,
                              (long long)F);
     osp_cuda_qx q;
-    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, F, &q));
-    const int64_t items = F / 32 * q.Tp;
+    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, F, group, &q));
+    const int64_t items = F / group * q.Tp;
     const unsigned grid = (unsigned)((items + kEltThreads / 32 - 1) / (kEltThreads / 32));
     int8_t *qc = (int8_t *)q.codes;
     float4 *qs = (float4 *)q.scales;
-    if (gelu)
-        osp_launch(glu_qx_kernel<true>, grid, kEltThreads, 0, (cudaStream_t)stream, d_gu, d_out, T, q.Tp, F, qc, qs);
-    else
-        osp_launch(glu_qx_kernel<false>, grid, kEltThreads, 0, (cudaStream_t)stream, d_gu, d_out, T, q.Tp, F, qc, qs);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (group == 256) {
+        if (gelu) osp_launch(glu_qx256_kernel<true>, grid, kEltThreads, 0, st, d_gu, d_out, T, q.Tp, F, qc, qs);
+        else osp_launch(glu_qx256_kernel<false>, grid, kEltThreads, 0, st, d_gu, d_out, T, q.Tp, F, qc, qs);
+    } else if (gelu) osp_launch(glu_qx_kernel<true>, grid, kEltThreads, 0, st, d_gu, d_out, T, q.Tp, F, qc, qs);
+    else osp_launch(glu_qx_kernel<false>, grid, kEltThreads, 0, st, d_gu, d_out, T, q.Tp, F, qc, qs);
     OSP_CUDA_LAUNCH_CHECK("glu_qx_kernel");
     *qx = q;
     return OSP_OK;

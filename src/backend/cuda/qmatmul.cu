@@ -229,18 +229,21 @@ __global__ void qembed_kernel(const uint8_t *__restrict__ table, size_t row_byte
 
 /* ---- qmma: y = x w^T on the integer tensor cores, for every T -----------------------------------
  *
- * Activations are quantized first (qx_kernel) per row in blocks of 32 in two int8 levels, the CPU's
- * osp_q8_block scheme (backend/cpu/qdot.h): x_i ~ d q1_i + d2 q2_i, d = amax / 127, d2 = d / 256, the
- * second level quantizing the first's rounding residual (relative error ~1e-5, below bf16's 2^-9).
- * A weight block of 32 codes (unsigned 0..63 for Q4/Q6, the int8 itself for Q8_0) then meets an
- * activation block in mma.sync m16n8k32 s8 x s8 -> s32, once per level: the integer sums are exact,
- * so the tensor cores' summation order is irrelevant. Each (weight row, activation row) output folds
- * its blocks in K order in fp32:
+ * Activations are quantized first (qx_kernel, qx256_kernel) per row in blocks of 32 in two int8 levels,
+ * the CPU's osp_q8_block scheme (backend/cpu/qdot.h): x_i ~ d q1_i + d2 q2_i, d2 = d / 256, the second
+ * level quantizing the first's rounding residual, with d = amax / 127 over a group of 32 values (Q8_0,
+ * Q4_0, Q4_1: relative error ~1e-5, below bf16's 2^-9) or 256 (Q4_K, Q6_K: a super-block's values
+ * share d). A weight block of 32 codes (unsigned 0..63 for Q4/Q6, the int8 itself for Q8_0) then
+ * meets an activation block in mma.sync m16n8k32 s8 x s8 -> s32, once per level: the integer sums are
+ * exact, so the tensor cores' summation order is irrelevant. Group 32 (fold_tile): each (weight row,
+ * activation row) output folds its blocks in K order in fp32:
  *     v = (256 I1 + I2) d2,   y = fma(a, v, y),   y = fma(o, s, y)
- * with the block's weight scale a and offset o (Q4_0: a = d, o = -8 d; Q4_1: a = d, o = m; Q4_K:
- * a = d sc, o = -dmin m; Q6_K per 16-value half: a = d sc, o = -32 a; Q8_0: a = d, no offset) and the
- * activation block's value sum s. The s32 accumulators start at the bits of 1.5 * 2^23, so a sum
- * |I| < 2^22 (every type here: Q8_0's bound is 32 * 128 * 127) reads back as a float with one FADD.
+ * with the block's weight scale a and offset o (Q4_0: a = d, o = -8 d; Q4_1: a = d, o = m; Q8_0:
+ * a = d, no offset) and the activation block's value sum s. The s32 accumulators start at the bits of
+ * 1.5 * 2^23, so a sum |I| < 2^22 (Q8_0's bound is 32 * 128 * 127) reads back as a float with one FADD.
+ * Group 256 (ifold_unit): a unit's blocks are summed times their integer sub-block scales in int32,
+ * exactly, and fold into y once a unit (Q4_K: 256 values, Q6_K: 128) in K order; measured on the H200
+ * against the group-32 fold (bench/gpu/DECODE.md, fourth session): Q4_K T = 1 -13 %, T = 512 -26 %.
  *
  * A CTA owns 16 weight rows (the mma's M) and up to 64 activation rows (eight n-tiles of 8); its 8
  * warps split the row's blocks into 8 fixed K slices (a function of K alone) and the CTA adds the 8
@@ -262,17 +265,6 @@ __device__ __forceinline__ uint16_t ld16(const uint8_t *p) { return __ldg(reinte
 /* the value of one s32 accumulator that started at QM_MAGIC (exact for |I| < 2^22) */
 __device__ __forceinline__ float magic_f(int v) { return __int_as_float(v) - 12582912.0f; }
 
-/* a signed byte as float, exactly (2^23 + 128 + b as bits, minus 2^23 + 128) */
-__device__ __forceinline__ float sbyte_f(uint32_t word, int i) {
-    const uint32_t u = ((word >> (8 * i)) & 0xffu) ^ 0x80u;
-    return __int_as_float(0x4B000000 | (int)u) - 8388736.0f;
-}
-/* an unsigned byte (< 2^8) as float: PRMT into the bits of 2^23 + b, then the FMA's own rounding gives
- * b * s exactly rounded: fma(2^23 + b, s, -2^23 s), the last product exact (a power of two) */
-__device__ __forceinline__ float ubyte_times(uint32_t word, int i, float s, float neg_s23) {
-    return fmaf(__int_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | (unsigned)i)), s, neg_s23);
-}
-
 __device__ __forceinline__ void mma_s8_16832(int c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"
@@ -281,14 +273,16 @@ __device__ __forceinline__ void mma_s8_16832(int c[4], const uint32_t a[4], uint
 }
 
 /* Per type: a unit is UB blocks of 32 values that one load step fetches (Raw: this lane's bytes of
- * one row); codes() gives block j's values 8c .. 8c+3 (lo) and 8c+4 .. 8c+7 (hi) as bytes, scales()
- * its a and o. HALVES: the block has a scale per 16 values (Q6_K; a[0] / o[0] values 0..15, a[1] /
- * o[1] values 16..31). HAS_O: the type has an offset term. */
+ * one row); codes() gives block j's values 8c .. 8c+3 (lo) and 8c+4 .. 8c+7 (hi) as bytes. INT = false
+ * (group-32 activations, fold_tile): scales() gives the block's float a and o. INT = true (group 256,
+ * ifold_unit): iscales() gives its integer scales (sc[0]; per 16-value half sc[0], sc[1] where HALVES)
+ * and integer min m, unit_d() / unit_o() the unit's float factors of the main and offset terms.
+ * HAS_O: the type has an offset term. */
 template <uint32_t TYPE> struct qm;
 
 template <> struct qm<OSP_DTYPE_Q8_0> {
     static constexpr int UB = 2;
-    static constexpr bool HALVES = false, HAS_O = false;
+    static constexpr bool HALVES = false, HAS_O = false, INT = false;
     struct Raw { uint32_t q[2][2]; uint32_t d[2]; };
     static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
 #pragma unroll
@@ -302,15 +296,14 @@ template <> struct qm<OSP_DTYPE_Q8_0> {
         (void)c;
         lo = r.q[j][0], hi = r.q[j][1];
     }
-    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
-        (void)c;
-        a[0] = half_bits(r.d[j]), o[0] = 0.0f;
+    static __device__ __forceinline__ void scales(const Raw &r, int j, float &a, float &o) {
+        a = half_bits(r.d[j]), o = 0.0f;
     }
 };
 
 template <> struct qm<OSP_DTYPE_Q4_0> {
     static constexpr int UB = 2;
-    static constexpr bool HALVES = false, HAS_O = true;
+    static constexpr bool HALVES = false, HAS_O = true, INT = false;
     struct Raw { uint32_t q[2][2]; uint32_t d[2]; };
     static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
 #pragma unroll
@@ -324,15 +317,14 @@ template <> struct qm<OSP_DTYPE_Q4_0> {
         const int sh = 4 * (c >> 1);
         lo = (r.q[j][0] >> sh) & 0x0F0F0F0Fu, hi = (r.q[j][1] >> sh) & 0x0F0F0F0Fu;
     }
-    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
-        (void)c;
-        a[0] = half_bits(r.d[j]), o[0] = -8.0f * a[0];
+    static __device__ __forceinline__ void scales(const Raw &r, int j, float &a, float &o) {
+        a = half_bits(r.d[j]), o = -8.0f * a;
     }
 };
 
 template <> struct qm<OSP_DTYPE_Q4_1> {
     static constexpr int UB = 2;
-    static constexpr bool HALVES = false, HAS_O = true;
+    static constexpr bool HALVES = false, HAS_O = true, INT = false;
     struct Raw { uint32_t q[2][2]; uint32_t dm[2]; };
     static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
 #pragma unroll
@@ -346,9 +338,8 @@ template <> struct qm<OSP_DTYPE_Q4_1> {
         const int sh = 4 * (c >> 1);
         lo = (r.q[j][0] >> sh) & 0x0F0F0F0Fu, hi = (r.q[j][1] >> sh) & 0x0F0F0F0Fu;
     }
-    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
-        (void)c;
-        a[0] = half_bits(r.dm[j] & 0xffffu), o[0] = half_bits(r.dm[j] >> 16);
+    static __device__ __forceinline__ void scales(const Raw &r, int j, float &a, float &o) {
+        a = half_bits(r.dm[j] & 0xffffu), o = half_bits(r.dm[j] >> 16);
     }
 };
 
@@ -356,7 +347,7 @@ template <> struct qm<OSP_DTYPE_Q4_1> {
  * (low nibbles: sub-block 2i, high: 2i + 1) */
 template <> struct qm<OSP_DTYPE_Q4_K> {
     static constexpr int UB = 8;
-    static constexpr bool HALVES = false, HAS_O = true;
+    static constexpr bool HALVES = false, HAS_O = true, INT = true;
     struct Raw { uint4 hdr; uint2 q[4]; };
     static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
         const uint8_t *b = row + u * 144;
@@ -369,18 +360,19 @@ template <> struct qm<OSP_DTYPE_Q4_K> {
         const int sh = 4 * (j & 1);
         lo = (r.q[j >> 1].x >> sh) & 0x0F0F0F0Fu, hi = (r.q[j >> 1].y >> sh) & 0x0F0F0F0Fu;
     }
-    /* core/dtype.c's k4 scale layout, four 6-bit values a word: sc 0-3 = scales[0..3] & 63, m 0-3 =
-     * scales[4..7] & 63, sc 4-7 = scales[8..11] low nibbles | (scales[0..3] >> 6) << 4, m 4-7 = the high
-     * nibbles | (scales[4..7] >> 6) << 4 */
-    static __device__ __forceinline__ void scales(const Raw &r, int j, int c, float a[2], float o[2]) {
-        (void)c;
+    /* block j's 6-bit scale and min in core/dtype.c's k4 scale layout, four 6-bit values a word: sc 0-3
+     * = scales[0..3] & 63, m 0-3 = scales[4..7] & 63, sc 4-7 = scales[8..11] low nibbles | (scales[0..3]
+     * >> 6) << 4, m 4-7 = the high nibbles | (scales[4..7] >> 6) << 4; the unit's d, and the offset's
+     * factor -dmin */
+    static __device__ __forceinline__ void iscales(const Raw &r, int j, int sc[2], int &m) {
         const uint32_t y = r.hdr.y, z = r.hdr.z, w = r.hdr.w;
-        const uint32_t sc = j < 4 ? y & 0x3F3F3F3Fu : (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
-        const uint32_t m = j < 4 ? z & 0x3F3F3F3Fu : ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
-        const float d = half_bits(r.hdr.x & 0xffffu), dmin = half_bits(r.hdr.x >> 16);
-        a[0] = ubyte_times(sc, j & 3, d, -8388608.0f * d);
-        o[0] = ubyte_times(m, j & 3, -dmin, 8388608.0f * dmin);
+        const uint32_t scw = j < 4 ? y & 0x3F3F3F3Fu : (w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u);
+        const uint32_t mw = j < 4 ? z & 0x3F3F3F3Fu : ((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u);
+        sc[0] = (int)__byte_perm(scw, 0u, 0x4440u | (unsigned)(j & 3)), sc[1] = 0;
+        m = (int)__byte_perm(mw, 0u, 0x4440u | (unsigned)(j & 3));
     }
+    static __device__ __forceinline__ float unit_d(const Raw &r) { return half_bits(r.hdr.x & 0xffffu); }
+    static __device__ __forceinline__ float unit_o(const Raw &r) { return -half_bits(r.hdr.x >> 16); }
 };
 
 /* a unit is half a super-block (h = u % 2: 128 values, sub-blocks s = 0..3 of 32): ql bytes 64h +
@@ -388,7 +380,7 @@ template <> struct qm<OSP_DTYPE_Q4_K> {
  * 2s, 2s + 1), the half's 8 scales (16 values each) and d */
 template <> struct qm<OSP_DTYPE_Q6_K> {
     static constexpr int UB = 4;
-    static constexpr bool HALVES = true, HAS_O = true;
+    static constexpr bool HALVES = true, INT = true; /* the offset -32 x scale: ifold_unit */
     struct Raw { uint32_t ql[2][2]; uint32_t qh[2]; uint32_t sc[2]; uint32_t d; };
     static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
         const uint8_t *b = row + (u >> 1) * 210;
@@ -405,14 +397,14 @@ template <> struct qm<OSP_DTYPE_Q6_K> {
         lo = ((r.ql[s & 1][0] >> sh) & 0x0F0F0F0Fu) | ((r.qh[0] >> (2 * s)) & 0x03030303u) << 4;
         hi = ((r.ql[s & 1][1] >> sh) & 0x0F0F0F0Fu) | ((r.qh[1] >> (2 * s)) & 0x03030303u) << 4;
     }
-    static __device__ __forceinline__ void scales(const Raw &r, int s, int c, float a[2], float o[2]) {
-        (void)c;
-        const float d = half_bits(r.d);
-        const uint32_t wd = r.sc[s >> 1]; /* scales 2s and 2s + 1 of the half: bytes 2(s & 1), +1 */
-        a[0] = __fmul_rn(d, sbyte_f(wd, 2 * (s & 1)));
-        a[1] = __fmul_rn(d, sbyte_f(wd, 2 * (s & 1) + 1));
-        o[0] = -32.0f * a[0], o[1] = -32.0f * a[1];
+    /* the int8 scales of block s's two 16-value halves (scales 2s and 2s + 1 of the half: bytes 2(s & 1),
+     * + 1); the offset -32 is folded by ifold_unit */
+    static __device__ __forceinline__ void iscales(const Raw &r, int s, int sc[2], int &m) {
+        const uint32_t wd = r.sc[s >> 1] >> (16 * (s & 1));
+        sc[0] = (int)(int8_t)(wd & 0xffu), sc[1] = (int)(int8_t)((wd >> 8) & 0xffu), m = 0;
     }
+    static __device__ __forceinline__ float unit_d(const Raw &r) { return half_bits(r.d); }
+    static __device__ __forceinline__ float unit_o(const Raw &r) { (void)r; return 0.0f; }
 };
 
 /* One warp per (block, row), osp_qx_block's arithmetic (qx.cuh); rows t in [T, Tp) are zero. */
@@ -427,6 +419,26 @@ __global__ void qx_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp,
     osp_qx_block(v, lane, codes + item * 64, sc + item);
 }
 
+/* group 256 (the K-quant types): one warp per (256-value group, row), osp_qx_group256 (qx.cuh); rows t
+ * in [T, Tp) are zero. x's rows 16-byte aligned (K % 256 == 0 keeps them so). */
+__global__ void qx256_kernel(const uint16_t *__restrict__ x, int64_t T, int64_t Tp, int64_t K, int8_t *__restrict__ codes,
+                             float4 *__restrict__ sc) {
+    osp_pdl_begin();
+    const int lane = threadIdx.x & 31;
+    const int64_t item = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), ng = K / 256;
+    if (item >= ng * Tp) return;
+    const int64_t gi = item / Tp, t = item % Tp;
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (t < T) {
+        const uint4 r = *reinterpret_cast<const uint4 *>(x + (size_t)t * (size_t)K + (size_t)gi * 256 + 8 * lane);
+        const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = osp_bf16_to_f((uint16_t)(w[i >> 1] >> (16 * (i & 1))));
+    }
+    const int64_t it = osp_qx_item(8 * gi, t, Tp);
+    osp_qx_group256(v, lane, codes + it * 64, sc + it, Tp);
+}
+
 /* An activation block's scales {d2, s, s_lo, s_hi} from global memory, loading only what the type
  * reads: d2 alone (no offset term), d2 and s (one scale a block), all four (Q6_K's halves). Fewer
  * registers for the loads the compiler hoists over a unit's blocks (Q4_K at T = 1 spilled with float4s). */
@@ -439,86 +451,141 @@ template <uint32_t TYPE> __device__ __forceinline__ float4 scales_at(const float
     } else return make_float4(__ldg(reinterpret_cast<const float *>(p)), 0.0f, 0.0f, 0.0f);
 }
 
-/* One n-tile of one block: the two levels' products (per Q6_K half) on the tensor cores, then each of
- * this lane's four outputs (rows g, g + 8; columns 2c, 2c + 1) folds the block in: v = (256 I1 + I2)
- * d2, acc = fma(a, v, acc), acc = fma(o, s, acc). a: the A fragment (rows g, g + 8, values 8c..8c+3,
- * then rows g, g + 8, values 8c+4..8c+7); sa / so: [row][half] scales; b1 / b2: this lane's activation
- * codes of column g (levels 1 and 2); s0 / s1: columns 2c and 2c + 1's {d2, s, s_lo, s_hi}. Both
- * kernels call this, so an output's arithmetic is the same whichever computes it. T1: only column 0
- * counts (one activation row). */
+/* Q8_0, Q4_0, Q4_1 (activations in groups of 32): one n-tile of one block, the two levels' products on
+ * the tensor cores, then each of this lane's four outputs (rows g, g + 8; columns 2c, 2c + 1) folds the
+ * block in: v = (256 I1 + I2) d2, acc = fma(a, v, acc), acc = fma(o, s, acc). a: the A fragment (rows
+ * g, g + 8, values 8c..8c+3, then rows g, g + 8, values 8c+4..8c+7); sa / so: the rows' scales; b1 / b2:
+ * this lane's activation codes of column g (levels 1 and 2); s0 / s1: columns 2c and 2c + 1's {d2, s,
+ * s_lo, s_hi}. Every kernel calls this, so an output's arithmetic is the same whichever computes it.
+ * T1: only column 0 counts (one activation row). */
 template <uint32_t TYPE, bool T1>
-__device__ __forceinline__ void fold_tile(float acc[4], const uint32_t a[4], const float sa[2][2], const float so[2][2],
-                                          uint2 b1, uint2 b2, float4 s0, float4 s1, int c) {
+__device__ __forceinline__ void fold_tile(float acc[4], const uint32_t a[4], const float sa[2], const float so[2],
+                                          uint2 b1, uint2 b2, float4 s0, float4 s1) {
     using Q = qm<TYPE>;
-    constexpr int NH = Q::HALVES ? 2 : 1;
-    int c1[NH][4], c2[NH][4];
-#pragma unroll
-    for (int h = 0; h < NH; h++) {
-        uint32_t ah[4];
-        /* a Q6_K half: lanes c < 2 hold values 0..15, c >= 2 values 16..31; the other half's lanes give
-         * zeros */
-        const bool mine = !Q::HALVES || (h == 0) == (c < 2);
-#pragma unroll
-        for (int i = 0; i < 4; i++) ah[i] = mine ? a[i] : 0u;
-#pragma unroll
-        for (int e = 0; e < 4; e++) c1[h][e] = QM_MAGIC, c2[h][e] = QM_MAGIC;
-        mma_s8_16832(c1[h], ah, b1.x, b1.y);
-        mma_s8_16832(c2[h], ah, b2.x, b2.y);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        if (T1 && (e & 1)) continue;
-        const int r = e >> 1;
-        const float4 sv = (e & 1) ? s1 : s0;
-        float v = acc[e];
-#pragma unroll
-        for (int h = 0; h < NH; h++) {
-            const float I = fmaf(magic_f(c1[h][e]), 256.0f, magic_f(c2[h][e]));
-            v = fmaf(sa[r][h], I * sv.x, v);
-            if (Q::HAS_O) v = fmaf(so[r][h], Q::HALVES ? (h ? sv.w : sv.z) : sv.y, v);
-        }
-        acc[e] = v;
-    }
-}
-
-/* Q6_K at T = 1, one mma a level instead of two (fold_tile's HALVES path zeroes the other half's lanes
- * of A and runs the mma once a half): B's column 0 holds the activation's values 0..15 and zeros, column
- * 1 its values 16..31 and zeros (the caller loads b1 / b2 only in lanes (g, c) with g = c / 2 < 2), so
- * lane c = 0's accumulators are already split by half: e = 2r the first half of row r, e = 2r + 1 the
- * second. The integer sums are the same, and each row's fold runs fold_tile's operations in its order,
- * so the bits are fold_tile's (test_gpu_qmatmul compares T = 1 with the wide kernel bit for bit). The
- * result for row r lands in acc[2 r]; only lane c = 0's column 0 is stored. */
-template <uint32_t TYPE>
-__device__ __forceinline__ void fold_tile_halves_t1(float acc[4], const uint32_t a[4], const float sa[2][2],
-                                                    const float so[2][2], uint2 b1, uint2 b2, float4 s0) {
-    static_assert(qm<TYPE>::HALVES, "one scale a half");
+    static_assert(!Q::INT && !Q::HALVES, "the group-32 types");
     int c1[4], c2[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) c1[e] = QM_MAGIC, c2[e] = QM_MAGIC;
     mma_s8_16832(c1, a, b1.x, b1.y);
     mma_s8_16832(c2, a, b2.x, b2.y);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float v = acc[2 * r];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float I = fmaf(magic_f(c1[2 * r + h]), 256.0f, magic_f(c2[2 * r + h]));
-            v = fmaf(sa[r][h], I * s0.x, v);
-            v = fmaf(so[r][h], h ? s0.w : s0.z, v);
-        }
-        acc[2 * r] = v;
+    for (int e = 0; e < 4; e++) {
+        if (T1 && (e & 1)) continue;
+        const int r = e >> 1;
+        const float4 sv = (e & 1) ? s1 : s0;
+        const float I = fmaf(magic_f(c1[e]), 256.0f, magic_f(c2[e]));
+        float v = fmaf(sa[r], I * sv.x, acc[e]);
+        if (Q::HAS_O) v = fmaf(so[r], sv.y, v);
+        acc[e] = v;
     }
 }
 
-/* Block j of unit `cur` (rows g and g + 8): the A fragment and the scales. */
+/* Q4_K and Q6_K (INT; activations in groups of 256, cuda_ops.h's osp_cuda_qx): one unit's blocks for
+ * one n-tile, folded into acc[4] once. Block j's two levels run on the tensor cores as in fold_tile
+ * (Q6_K: a mma a half with the other half's A lanes zero, or at T = 1 (SH) fold_tile_halves_t1's one
+ * mma a level); then, in int32 and so exactly, per output (row r, column k)
+ *     A1 += sc c1,   A2 += sc c2,   M += m S
+ * with the sub-block's integer scale sc (Q6_K: each half's) and, for the offset, Q4_K's 6-bit min m
+ * times the column's block code sum S = 256 s1 + s2 (Q6_K: each half's scale times its half's sum).
+ * Once a unit: acc = fma(d d2, (float)(256 A1 + A2), acc) then acc = fma(-dmin d2, (float)M, acc)
+ * (Q4_K), acc = fma(d d2, (float)(256 A1 + A2 - 32 M), acc) (Q6_K), 256 A1 + A2 - 32 M in int64, d2
+ * the column's group scale. int32 holds the sums: Q4_K |A| <= 8 blocks x 32 x 15 x 127 x 63 < 2^25,
+ * |M| <= 8 x 63 x (257 x 32 x 127) < 2^30; Q6_K (4 blocks, 8 halves) |A| <= 8 x 16 x 63 x 127 x 128
+ * < 2^28, |M| <= 8 x 128 x (257 x 16 x 127) < 2^30. Against fold_tile's per-block fold this is one
+ * fp32 epilogue per 256 (Q4_K) or 128 (Q6_K) values instead of 8 or 4. ld(j, b1, b2, s0, s1) gives
+ * block j's activation codes of this lane's column g (levels 1, 2) and the scales of columns 2c and
+ * 2c + 1 ({d2, S, S_lo, S_hi}, the ints as bits); it is called for j = 0, 1, .. in order. Every kernel
+ * calls this, so an output's bits do not depend on which one computes it. */
+template <uint32_t TYPE, bool T1, bool SH, class LD>
+__device__ __forceinline__ void ifold_unit(const typename qm<TYPE>::Raw r[2], int c, float acc[4], LD &&ld) {
+    using Q = qm<TYPE>;
+    static_assert(Q::INT, "integer fold: the group-256 types");
+    static_assert(!SH || (Q::HALVES && T1), "SH: Q6_K at T = 1");
+    int A1[4] = {0, 0, 0, 0}, A2[4] = {0, 0, 0, 0}, M[4] = {0, 0, 0, 0};
+    float d2c[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < Q::UB; j++) {
+        uint32_t a[4];
+        Q::codes(r[0], j, c, a[0], a[2]);
+        Q::codes(r[1], j, c, a[1], a[3]);
+        int sc[2][2], mo[2];
+        Q::iscales(r[0], j, sc[0], mo[0]);
+        Q::iscales(r[1], j, sc[1], mo[1]);
+        uint2 b1, b2;
+        float4 s0, s1;
+        ld(j, b1, b2, s0, s1);
+        if (j == 0) d2c[0] = s0.x, d2c[1] = s1.x;
+        if constexpr (SH) {
+            /* columns 0 and 1 of the mma are the one row's halves: lane c = 0's c[2 r + h] */
+            int c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+            mma_s8_16832(c1, a, b1.x, b1.y);
+            mma_s8_16832(c2, a, b2.x, b2.y);
+            const int lo = __float_as_int(s0.z), hi = __float_as_int(s0.w);
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                A1[2 * rr] += sc[rr][0] * c1[2 * rr] + sc[rr][1] * c1[2 * rr + 1];
+                A2[2 * rr] += sc[rr][0] * c2[2 * rr] + sc[rr][1] * c2[2 * rr + 1];
+                M[2 * rr] += sc[rr][0] * lo + sc[rr][1] * hi;
+            }
+        } else if constexpr (Q::HALVES) {
+            int c1[2][4], c2[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t ah[4];
+                const bool mine = (h == 0) == (c < 2); /* lanes c < 2 hold values 0..15 */
+#pragma unroll
+                for (int i = 0; i < 4; i++) ah[i] = mine ? a[i] : 0u;
+#pragma unroll
+                for (int e = 0; e < 4; e++) c1[h][e] = 0, c2[h][e] = 0;
+                mma_s8_16832(c1[h], ah, b1.x, b1.y);
+                mma_s8_16832(c2[h], ah, b2.x, b2.y);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (T1 && (e & 1)) continue;
+                const int rr = e >> 1;
+                const float4 sv = (e & 1) ? s1 : s0;
+                A1[e] += sc[rr][0] * c1[0][e] + sc[rr][1] * c1[1][e];
+                A2[e] += sc[rr][0] * c2[0][e] + sc[rr][1] * c2[1][e];
+                M[e] += sc[rr][0] * __float_as_int(sv.z) + sc[rr][1] * __float_as_int(sv.w);
+            }
+        } else {
+            int c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+            mma_s8_16832(c1, a, b1.x, b1.y);
+            mma_s8_16832(c2, a, b2.x, b2.y);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (T1 && (e & 1)) continue;
+                const int rr = e >> 1;
+                A1[e] += sc[rr][0] * c1[e];
+                A2[e] += sc[rr][0] * c2[e];
+                M[e] += mo[rr] * __float_as_int((e & 1) ? s1.y : s0.y);
+            }
+        }
+    }
+    const float dr[2] = {Q::unit_d(r[0]), Q::unit_d(r[1])};
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (T1 && (e & 1)) continue;
+        const int rr = e >> 1;
+        const float d2 = d2c[e & 1];
+        long long I = (long long)A1[e] * 256 + A2[e];
+        if constexpr (Q::HALVES) I -= 32LL * M[e];
+        float v = fmaf(__fmul_rn(dr[rr], d2), (float)I, acc[e]);
+        if constexpr (!Q::HALVES) v = fmaf(__fmul_rn(Q::unit_o(r[rr]), d2), (float)M[e], v);
+        acc[e] = v;
+    }
+}
+
+/* Block j of unit `cur` (rows g and g + 8) of a group-32 type: the A fragment and the rows' scales. */
 template <uint32_t TYPE>
-__device__ __forceinline__ void block_frag(const typename qm<TYPE>::Raw cur[2], int j, int c, uint32_t a[4],
-                                           float sa[2][2], float so[2][2]) {
+__device__ __forceinline__ void block_frag(const typename qm<TYPE>::Raw cur[2], int j, int c, uint32_t a[4], float sa[2],
+                                           float so[2]) {
     using Q = qm<TYPE>;
     Q::codes(cur[0], j, c, a[0], a[2]);
     Q::codes(cur[1], j, c, a[1], a[3]);
-    Q::scales(cur[0], j, c, sa[0], so[0]);
-    Q::scales(cur[1], j, c, sa[1], so[1]);
+    Q::scales(cur[0], j, sa[0], so[0]);
+    Q::scales(cur[1], j, sa[1], so[1]);
 }
 
 /* Split mode (small T): a CTA is 16 weight rows x up to 64 activation rows; warp w takes K slice w (its
@@ -551,25 +618,45 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
     if (u0 < u1) Q::load(rp[0], u0, c, cur[0]), Q::load(rp[1], u0, c, cur[1]);
     for (int64_t u = u0; u < u1; u++) {
         if (u + 1 < u1) Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
-#pragma unroll
-        for (int j = 0; j < Q::UB; j++) {
-            uint32_t a[4];
-            float sa[2][2], so[2][2];
-            block_frag<TYPE>(cur, j, c, a, sa, so);
-            const int64_t blk = u * Q::UB + j;
-            const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)(t0 + g)) * 64 + 8 * c;
-            const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(t0 + 2 * c);
+        if constexpr (Q::INT) {
 #pragma unroll
             for (int tt = 0; tt < NTT; tt++) {
                 if (tt >= ntiles) continue;
                 const bool live = tt * 8 + g < tc; /* padding columns: zeros, no load */
-                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
-                if (live) {
-                    b1 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64));
-                    b2 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32));
+                auto ld = [&](int j, uint2 &b1, uint2 &b2, float4 &s0, float4 &s1) {
+                    const int64_t blk = u * Q::UB + j;
+                    const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)(t0 + tt * 8 + g)) * 64 + 8 * c;
+                    const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(t0 + tt * 8 + 2 * c);
+                    b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                    if (live) {
+                        b1 = __ldg(reinterpret_cast<const uint2 *>(xb));
+                        b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
+                    }
+                    s0 = scales_at<TYPE>(sb), s1 = T1 ? s0 : scales_at<TYPE>(sb + 1);
+                };
+                ifold_unit<TYPE, T1, false>(cur, c, acc[tt], ld);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < Q::UB; j++) {
+                uint32_t a[4];
+                float sa[2], so[2];
+                block_frag<TYPE>(cur, j, c, a, sa, so);
+                const int64_t blk = u * Q::UB + j;
+                const int8_t *xb = xc + ((size_t)blk * (size_t)Tp + (size_t)(t0 + g)) * 64 + 8 * c;
+                const float4 *sb = xs + (size_t)blk * (size_t)Tp + (size_t)(t0 + 2 * c);
+#pragma unroll
+                for (int tt = 0; tt < NTT; tt++) {
+                    if (tt >= ntiles) continue;
+                    const bool live = tt * 8 + g < tc; /* padding columns: zeros, no load */
+                    uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                    if (live) {
+                        b1 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64));
+                        b2 = __ldg(reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32));
+                    }
+                    const float4 s0 = scales_at<TYPE>(sb + tt * 8), s1 = T1 ? s0 : scales_at<TYPE>(sb + tt * 8 + 1);
+                    fold_tile<TYPE, T1>(acc[tt], a, sa, so, b1, b2, s0, s1);
                 }
-                const float4 s0 = scales_at<TYPE>(sb + tt * 8), s1 = T1 ? s0 : scales_at<TYPE>(sb + tt * 8 + 1);
-                fold_tile<TYPE, T1>(acc[tt], a, sa, so, b1, b2, s0, s1, c);
             }
         }
 #pragma unroll
@@ -635,22 +722,40 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     const int8_t *const xb0 = xc + ((size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)(SH ? 0 : g)) * 64 + 8 * c;
     const float4 *const sb0 = xs + (size_t)(u0 * Q::UB) * (size_t)Tp + (size_t)(2 * c);
     /* fold unit u (held in r) into acc: the blocks in K order, the activation pointers walked along */
-    const int8_t *xb;
-    const float4 *sb;
-    auto fold_unit = [&](const typename Q::Raw r[2], float acc[4]) {
+    const int8_t *xb = xb0;
+    const float4 *sb = sb0;
+    auto fold_unit = [&](const typename Q::Raw r[2], float acc[4], int u) {
+        if constexpr (Q::INT) {
+            /* T <= 8, so Tp = 8: block j of the unit is 8 items on, an immediate offset (32-bit
+             * indices) */
+            const int it = u * Q::UB * 8;
+            const int8_t *xu = xc + (size_t)(it + (SH ? 0 : g)) * 64 + 8 * c;
+            const float4 *su = xs + (it + 2 * c);
+            /* lanes of columns past T load nothing (zeros): at T = 1 the other 7 rows' loads would be
+             * 8x the activation traffic (measured slower) */
+            auto ld = [&](int j, uint2 &b1, uint2 &b2, float4 &s0, float4 &s1) {
+                b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                if (live) {
+                    b1 = __ldg(reinterpret_cast<const uint2 *>(xu + 512 * j));
+                    b2 = __ldg(reinterpret_cast<const uint2 *>(xu + 512 * j + 32));
+                }
+                s0 = scales_at<TYPE>(su + 8 * j), s1 = T1 ? s0 : scales_at<TYPE>(su + 8 * j + 1);
+            };
+            ifold_unit<TYPE, T1, SH>(r, c, acc, ld);
+        } else {
 #pragma unroll
-        for (int j = 0; j < Q::UB; j++, xb += xstep, sb += Tp) {
-            uint32_t a[4];
-            float sa[2][2], so[2][2];
-            block_frag<TYPE>(r, j, c, a, sa, so);
-            uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
-            if (live) {
-                b1 = __ldg(reinterpret_cast<const uint2 *>(xb));
-                b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
+            for (int j = 0; j < Q::UB; j++, xb += xstep, sb += Tp) {
+                uint32_t a[4];
+                float sa[2], so[2];
+                block_frag<TYPE>(r, j, c, a, sa, so);
+                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                if (live) {
+                    b1 = __ldg(reinterpret_cast<const uint2 *>(xb));
+                    b2 = __ldg(reinterpret_cast<const uint2 *>(xb + 32));
+                }
+                const float4 s0 = scales_at<TYPE>(sb), s1 = T1 ? s0 : scales_at<TYPE>(sb + 1);
+                fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1);
             }
-            const float4 s0 = scales_at<TYPE>(sb), s1 = T1 ? s0 : scales_at<TYPE>(sb + 1);
-            if constexpr (SH) fold_tile_halves_t1<TYPE>(acc, a, sa, so, b1, b2, s0);
-            else fold_tile<TYPE, T1>(acc, a, sa, so, b1, b2, s0, s1, c);
         }
     };
     for (int buf = 0; tile < n_tiles; tile += gridDim.x, buf ^= 1) {
@@ -664,14 +769,14 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
         int u = u0;
         for (; u + 1 < u1; u += 2) {
             Q::load(rp[0], u + 1, c, nxt[0]), Q::load(rp[1], u + 1, c, nxt[1]);
-            fold_unit(cur, acc);
+            fold_unit(cur, acc, u);
             if (u + 2 < u1) Q::load(rp[0], u + 2, c, cur[0]), Q::load(rp[1], u + 2, c, cur[1]);
             else if (more) Q::load(np[0], u0, c, cur[0]), Q::load(np[1], u0, c, cur[1]);
-            fold_unit(nxt, acc);
+            fold_unit(nxt, acc, u + 1);
         }
         if (u < u1) { /* an odd unit count: the last unit alone, then one copy a tile */
             if (more) Q::load(np[0], u0, c, nxt[0]), Q::load(np[1], u0, c, nxt[1]);
-            fold_unit(cur, acc);
+            fold_unit(cur, acc, u);
 #pragma unroll
             for (int i = 0; i < 2; i++) cur[i] = nxt[i];
         }
@@ -768,23 +873,42 @@ __global__ void __launch_bounds__(QM_WARPS * 32)
         }
         const uint8_t *codes = smem + (size_t)buf * (S::CODES + S::SCALES);
         const float4 *scl = reinterpret_cast<const float4 *>(codes + S::CODES);
-#pragma unroll
-        for (int j = 0; j < Q::UB; j++) {
-            uint32_t a[4];
-            float sa[2][2], so[2][2];
-            block_frag<TYPE>(cur, j, c, a, sa, so);
-            const uint8_t *xb = codes + ((size_t)j * QM_TCHUNK + (size_t)g) * 64 + 8 * c;
-            const float4 *sb = scl + (size_t)j * QM_TCHUNK + 2 * c;
+        if constexpr (Q::INT) {
 #pragma unroll
             for (int tt = 0; tt < NTT; tt++) {
                 if (tt >= ntiles) continue;
                 const bool live = tt * 8 + g < tc;
-                uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
-                if (live) {
-                    b1 = *reinterpret_cast<const uint2 *>(xb + tt * 8 * 64);
-                    b2 = *reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32);
+                auto ld = [&](int j, uint2 &b1, uint2 &b2, float4 &s0, float4 &s1) {
+                    const uint8_t *xb = codes + ((size_t)j * QM_TCHUNK + (size_t)(tt * 8 + g)) * 64 + 8 * c;
+                    const float4 *sb = scl + (size_t)j * QM_TCHUNK + tt * 8 + 2 * c;
+                    b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                    if (live) {
+                        b1 = *reinterpret_cast<const uint2 *>(xb);
+                        b2 = *reinterpret_cast<const uint2 *>(xb + 32);
+                    }
+                    s0 = sb[0], s1 = sb[1];
+                };
+                ifold_unit<TYPE, false, false>(cur, c, acc[tt], ld);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < Q::UB; j++) {
+                uint32_t a[4];
+                float sa[2], so[2];
+                block_frag<TYPE>(cur, j, c, a, sa, so);
+                const uint8_t *xb = codes + ((size_t)j * QM_TCHUNK + (size_t)g) * 64 + 8 * c;
+                const float4 *sb = scl + (size_t)j * QM_TCHUNK + 2 * c;
+#pragma unroll
+                for (int tt = 0; tt < NTT; tt++) {
+                    if (tt >= ntiles) continue;
+                    const bool live = tt * 8 + g < tc;
+                    uint2 b1 = make_uint2(0, 0), b2 = make_uint2(0, 0);
+                    if (live) {
+                        b1 = *reinterpret_cast<const uint2 *>(xb + tt * 8 * 64);
+                        b2 = *reinterpret_cast<const uint2 *>(xb + tt * 8 * 64 + 32);
+                    }
+                    fold_tile<TYPE, false>(acc[tt], a, sa, so, b1, b2, sb[tt * 8], sb[tt * 8 + 1]);
                 }
-                fold_tile<TYPE, false>(acc[tt], a, sa, so, b1, b2, sb[tt * 8], sb[tt * 8 + 1], c);
             }
         }
         if (u + 1 == slice_end) { /* the end of a K slice: total += its sum (total = it, for the first) */
@@ -889,7 +1013,7 @@ osp_status launch_qmma(const void *d_w, size_t row_bytes, int64_t N, int64_t K, 
         OSP_CUDA_LAUNCH_CHECK("qmma_wide_kernel");
         return OSP_OK;
     }
-    if (qx->T <= 8 && qmma_persist()) {
+    if (qx->T <= 8 && qx->Tp == 8 && qmma_persist()) { /* Tp = 8: ifold_unit's offsets */
         const int64_t tiles = (N + QM_ROWS - 1) / QM_ROWS;
         if (qx->T == 1) {
             const int64_t ctas = persist_grid<TYPE, true>();
@@ -985,28 +1109,46 @@ extern "C" size_t osp_cuda_qx_workspace_bytes(int64_t T, int64_t K) {
     return (size_t)Tp * (size_t)(K / 32) * (size_t)QX_BLOCK_BYTES;
 }
 
-extern "C" osp_status osp_cuda_qx_layout(void *d_ws, size_t ws_bytes, int64_t T, int64_t K, osp_cuda_qx *qx) {
-    if (!d_ws || !qx || T <= 0 || K <= 0 || K % 32 != 0 || (uintptr_t)d_ws % 16 != 0 ||
-        ws_bytes < osp_cuda_qx_workspace_bytes(T, K))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx: bad arguments (T %lld, K %lld, %zu workspace bytes)",
-                             (long long)T, (long long)K, ws_bytes);
+extern "C" osp_status osp_cuda_qx_layout(void *d_ws, size_t ws_bytes, int64_t T, int64_t K, int32_t group,
+                                         osp_cuda_qx *qx) {
+    if (!d_ws || !qx || T <= 0 || K <= 0 || (group != 32 && group != 256) || K % group != 0 ||
+        (uintptr_t)d_ws % 16 != 0 || ws_bytes < osp_cuda_qx_workspace_bytes(T, K))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "osp_cuda_qx: bad arguments (T %lld, K %lld, group %d, %zu workspace bytes)", (long long)T,
+                             (long long)K, (int)group, ws_bytes);
     const int64_t Tp = (T + 7) / 8 * 8, items = K / 32 * Tp;
     int8_t *codes = static_cast<int8_t *>(d_ws);
-    *qx = (osp_cuda_qx){.codes = codes, .scales = codes + (size_t)items * 64, .T = T, .Tp = Tp, .K = K};
+    *qx = (osp_cuda_qx){.codes = codes, .scales = codes + (size_t)items * 64, .T = T, .Tp = Tp, .K = K, .group = group};
     return OSP_OK;
 }
 
-extern "C" osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, void *d_ws, size_t ws_bytes,
-                                           osp_cuda_qx *qx, void *stream) {
-    if (!d_x) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx_quantize: no activations");
+extern "C" osp_status osp_cuda_qx_quantize(const uint16_t *d_x, int64_t T, int64_t K, int32_t group, void *d_ws,
+                                           size_t ws_bytes, osp_cuda_qx *qx, void *stream) {
+    if (!d_x || (group == 256 && (uintptr_t)d_x % 16 != 0))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qx_quantize: no activations, or not 16-byte aligned");
     osp_cuda_qx q;
-    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, K, &q));
-    const int64_t items = K / 32 * q.Tp;
-    osp_launch(qx_kernel, (unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream, d_x, T, q.Tp, K,
-               (int8_t *)q.codes, (float4 *)q.scales);
+    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, K, group, &q));
+    const int64_t items = K / group * q.Tp; /* a warp each */
+    if (group == 256)
+        osp_launch(qx256_kernel, (unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream, d_x, T, q.Tp, K,
+                   (int8_t *)q.codes, (float4 *)q.scales);
+    else
+        osp_launch(qx_kernel, (unsigned)((items + 7) / 8), 256, 0, (cudaStream_t)stream, d_x, T, q.Tp, K,
+                   (int8_t *)q.codes, (float4 *)q.scales);
     OSP_CUDA_LAUNCH_CHECK("qx_kernel");
     *qx = q;
     return OSP_OK;
+}
+
+extern "C" int32_t osp_cuda_qmatmul_group(uint32_t type) {
+    switch (type) {
+    case OSP_DTYPE_Q8_0:
+    case OSP_DTYPE_Q4_0:
+    case OSP_DTYPE_Q4_1: return 32;
+    case OSP_DTYPE_Q4_K:
+    case OSP_DTYPE_Q6_K: return 256;
+    default: return 0;
+    }
 }
 
 extern "C" bool osp_cuda_qmatmul_supported(uint32_t type, int64_t K) {
@@ -1031,6 +1173,9 @@ extern "C" osp_status osp_cuda_qmatmul(uint32_t type, const void *d_w, size_t ro
     if (!d_y || N <= 0 || ldy < N || qx->T <= 0 || qx->Tp < qx->T || qx->Tp % 8 != 0 || !qx->codes || !qx->scales)
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qmatmul: bad arguments (N %lld, T %lld, ldy %lld)",
                              (long long)N, (long long)qx->T, (long long)ldy);
+    if (qx->group != osp_cuda_qmatmul_group(type))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_qmatmul: activations quantized in groups of %d, type %u reads %d",
+                             (int)qx->group, type, (int)osp_cuda_qmatmul_group(type));
     cudaStream_t st = (cudaStream_t)stream;
     switch (type) {
     case OSP_DTYPE_Q8_0: return launch_qmma<OSP_DTYPE_Q8_0>(d_w, row_bytes, N, K, qx, d_y, ldy, y_f32, st);
