@@ -34,8 +34,10 @@
  * osp_launch, which lets the next kernel in the stream (or the CUDA graph captured from it) be launched
  * while this one still runs, so a kernel's launch latency and CTA start overlap its predecessor's tail.
  *
- * Contract, for every __global__ function launched by osp_launch: its first statement is osp_pdl_begin(),
- * executed unconditionally by every thread before any global-memory access. griddepcontrol.wait returns
+ * Contract, for every __global__ function launched by osp_launch: every thread executes osp_pdl_begin()
+ * unconditionally before any access to memory a kernel may write (activations, the KV cache, outputs,
+ * workspaces); only loads of model weights, which no kernel writes, may come before it (qmma's
+ * persistent kernel issues its first weight loads first). griddepcontrol.wait returns
  * once every grid this one depends on has completed and its writes are visible, so nothing a kernel
  * reads or writes can race with its predecessors (read-after-write and write-after-read alike), and the
  * arithmetic, hence every bit, is unchanged. launch_dependents then allows the next kernel's launch; it

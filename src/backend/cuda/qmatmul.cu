@@ -382,13 +382,24 @@ template <> struct qm<OSP_DTYPE_Q6_K> {
     static constexpr int UB = 4;
     static constexpr bool HALVES = true, INT = true; /* the offset -32 x scale: ifold_unit */
     struct Raw { uint32_t ql[2][2]; uint32_t qh[2]; uint32_t sc[2]; uint32_t d; };
+    /* A 210-byte block is only 2-byte aligned: each 8-byte span (at a multiple of 4 in the block) comes
+     * as 32-bit words from the block's 4-byte aligned base, shifted by 0 or 16 bits (3 loads, the third
+     * only when misaligned, so nothing past the block is read; 4 16-bit loads before) */
     static __device__ __forceinline__ void load(const uint8_t *row, int u, int c, Raw &r) {
         const uint8_t *b = row + (u >> 1) * 210;
         const int h = (int)(u & 1);
-        load8_a2(b + 64 * h + 8 * c, r.ql[0]);
-        load8_a2(b + 64 * h + 32 + 8 * c, r.ql[1]);
-        load8_a2(b + 128 + 32 * h + 8 * c, r.qh);
-        load8_a2(b + 192 + 8 * h, r.sc);
+        const uintptr_t a = reinterpret_cast<uintptr_t>(b);
+        const uint32_t *w = reinterpret_cast<const uint32_t *>(a & ~(uintptr_t)3);
+        const unsigned sh = (unsigned)(a & 2u) * 8u; /* 0 or 16 */
+        auto span = [&](int o, uint32_t v[2]) {
+            const uint32_t *p = w + (o >> 2);
+            const uint32_t w0 = __ldg(p), w1 = __ldg(p + 1), w2 = sh ? __ldg(p + 2) : 0u;
+            v[0] = __funnelshift_r(w0, w1, sh), v[1] = __funnelshift_r(w1, w2, sh);
+        };
+        span(64 * h + 8 * c, r.ql[0]);
+        span(64 * h + 32 + 8 * c, r.ql[1]);
+        span(128 + 32 * h + 8 * c, r.qh);
+        span(192 + 8 * h, r.sc);
         r.d = ld16(b + 208);
     }
     static __device__ __forceinline__ void codes(const Raw &r, int s, int c, uint32_t &lo, uint32_t &hi) {
@@ -482,8 +493,8 @@ __device__ __forceinline__ void fold_tile(float acc[4], const uint32_t a[4], con
 
 /* Q4_K and Q6_K (INT; activations in groups of 256, cuda_ops.h's osp_cuda_qx): one unit's blocks for
  * one n-tile, folded into acc[4] once. Block j's two levels run on the tensor cores as in fold_tile
- * (Q6_K: a mma a half with the other half's A lanes zero, or at T = 1 (SH) fold_tile_halves_t1's one
- * mma a level); then, in int32 and so exactly, per output (row r, column k)
+ * (Q6_K: a mma a half with the other half's A lanes zero, or at T = 1 (SH) one mma a level with the
+ * activation's halves in B's columns 0 and 1, so lane c = 0's accumulators come out split by half); then, in int32 and so exactly, per output (row r, column k)
  *     A1 += sc c1,   A2 += sc c2,   M += m S
  * with the sub-block's integer scale sc (Q6_K: each half's) and, for the offset, Q4_K's 6-bit min m
  * times the column's block code sum S = 256 s1 + s2 (Q6_K: each half's scale times its half's sum).
@@ -692,13 +703,12 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     qmma_persist_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t N, int64_t n_units,
                         const int8_t *__restrict__ xc, const float4 *__restrict__ xs, int64_t T, int64_t Tp,
                         void *__restrict__ y, int64_t ldy, bool y_f32) {
-    osp_pdl_begin();
     using Q = qm<TYPE>;
     __shared__ float part[2][QM_WARPS][QM_ROWS][8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int tc = (int)T; /* <= 8: one n-tile */
-    /* SH: Q6_K at T = 1 takes a half a column (fold_tile_halves_t1): columns 0 and 1 are the one
-     * activation row's halves, loaded by the lanes of column g = c / 2 */
+    /* SH: Q6_K at T = 1 takes a half a column (ifold_unit): columns 0 and 1 are the one activation
+     * row's halves, loaded by the lanes of column g = c / 2 */
     constexpr bool SH = qm<TYPE>::HALVES && T1;
     const bool live = SH ? g < 2 && (c >> 1) == g : g < tc;
     const int u0 = (int)(n_units * warp / QM_WARPS), u1 = (int)(n_units * (warp + 1) / QM_WARPS);
@@ -715,6 +725,9 @@ __global__ void __launch_bounds__(QM_WARPS * 32, 2)
     rows_of(tile, rp);
     typename Q::Raw cur[2], nxt[2];
     if (tile < n_tiles && u0 < u1) Q::load(rp[0], u0, c, cur[0]), Q::load(rp[1], u0, c, cur[1]);
+    /* the first unit's weights are in flight before the wait: no kernel writes them (osp_pdl_begin's
+     * contract), so their latency overlaps the kernel before this one */
+    osp_pdl_begin();
     /* this lane's activation codes (column g) and scales (columns 2c, 2c + 1) of the slice's first block;
      * block b + 1's lie xstep bytes / Tp float4s after block b's. Walked by pointer increments: the
      * products blk * Tp of every block in 64 bits were ~200 of a Q4_K unit's 618 instructions (SASS). */
