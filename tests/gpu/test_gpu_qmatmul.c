@@ -10,7 +10,8 @@
  *    kernel mode and either split of the matrix into launches (batch invariance), also where the
  *    persistent kernels take several tiles a CTA;
  *  - the GLU kernel that writes its output quantized gives the bytes of the kernel followed by
- *    osp_cuda_qx_quantize, in either group;
+ *    osp_cuda_qx_quantize, in either group, and so does the residual add + RMSNorm (x, out and the
+ *    workspace, its row over several CTAs);
  *  - bad arguments are refused with the right status and nothing is launched.
  * Outputs are poisoned (0xff bytes: NaN) before each call, so unwritten values fail. */
 #include <math.h>
@@ -405,6 +406,82 @@ static void test_fused_qx(void **state) {
     osp_cuda_free(d);
 }
 
+/* The residual add + RMSNorm that writes its output quantized (osp_cuda_add_rmsnorm_qx: a row over
+ * several CTAs, the residual updated in place behind a per-row arrival counter) against
+ * osp_cuda_add_rmsnorm followed by osp_cuda_qx_quantize: the same x, the same out and the same
+ * workspace bytes, for T = 1, 3 and 8, widths 4096 and 768 (group 256) and 4096 and 576 (group 32),
+ * with and without delta (1 to 8 CTAs a row, so the row barriers see every count); each case run 12
+ * times from the same x (the barriers carry over between launches, and a CTA writing x before another
+ * has read it would change a sum). */
+static void test_fused_norm_qx(void **state) {
+    (void)state;
+    static const int64_t Ts[] = {1, 3, 8};
+    static const int64_t Es[] = {4096, 768, 4096, 576};
+    static const int32_t groups[] = {256, 256, 32, 32};
+    const float eps = 1e-5f;
+    unsigned *sync = dev_alloc_fill(16 * sizeof(unsigned), 0);
+    g_rng = 9300;
+    for (size_t ei = 0; ei < 4; ei++)
+        for (size_t ti = 0; ti < 3; ti++)
+            for (int with_delta = 0; with_delta < 2; with_delta++) {
+                const int64_t E = Es[ei], T = Ts[ti];
+                const int32_t grp = groups[ei];
+                const size_t xb = (size_t)T * (size_t)E * 4, ob = (size_t)T * (size_t)E * 2;
+                const size_t wsb = osp_cuda_qx_workspace_bytes(T, E);
+                float *x = xmalloc(xb), *w = xmalloc((size_t)E * 4);
+                uint16_t *dl = xmalloc(ob);
+                for (int64_t i = 0; i < T * E; i++) {
+                    x[i] = 4.0f * rnd_unit() * (rnd_int(64) ? 1.0f : 30.0f);
+                    dl[i] = osp_fp32_to_bf16(2.0f * rnd_unit());
+                }
+                for (int64_t i = 0; i < E; i++) w[i] = 0.5f + rnd_unit();
+                float *dx0 = dev_put(x, xb), *dxa = dev_alloc_fill(xb, 0), *dxb = dev_alloc_fill(xb, 0);
+                float *dw = dev_put(w, (size_t)E * 4);
+                uint16_t *ddl = dev_put(dl, ob), *oa = dev_alloc_fill(ob, 0x11), *obb = dev_alloc_fill(ob, 0x22);
+                void *wsa = dev_alloc_fill(wsb, 0x5a), *wsbb = dev_alloc_fill(wsb, 0xa5);
+                uint8_t *h1 = xmalloc(wsb + xb), *h2 = xmalloc(wsb + xb);
+                const uint16_t *delta = with_delta ? ddl : NULL;
+                osp_cuda_qx qa, qb;
+                assert_int_equal(osp_cuda_d2d(dxa, dx0, xb, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_add_rmsnorm(dxa, delta, dw, oa, T, E, eps, NULL), OSP_OK);
+                assert_int_equal(osp_cuda_qx_quantize(oa, T, E, grp, wsa, wsb, &qa, NULL), OSP_OK);
+                for (int rep = 0; rep < 12; rep++) {
+                    assert_int_equal(osp_cuda_d2d(dxb, dx0, xb, NULL), OSP_OK);
+                    assert_int_equal(osp_cuda_memset(obb, 0x22, ob, NULL), OSP_OK);
+                    assert_int_equal(osp_cuda_memset(wsbb, 0xa5, wsb, NULL), OSP_OK);
+                    assert_int_equal(
+                        osp_cuda_add_rmsnorm_qx(dxb, delta, dw, obb, T, E, eps, grp, sync, wsbb, wsb, &qb, NULL), OSP_OK);
+                    assert_true(qb.codes == wsbb && qb.T == T && qb.Tp == qa.Tp && qb.K == E && qb.group == grp);
+                    dev_get(h1, dxa, xb), dev_get(h2, dxb, xb);
+                    assert_memory_equal(h1, h2, xb);
+                    dev_get(h1, oa, ob), dev_get(h2, obb, ob);
+                    assert_memory_equal(h1, h2, ob);
+                    dev_get(h1, wsa, wsb), dev_get(h2, wsbb, wsb);
+                    assert_memory_equal(h1, h2, wsb);
+                }
+                printf("fused norm qx: E %lld T %lld group %d %s: x, out and the workspace = add_rmsnorm + "
+                       "osp_cuda_qx_quantize, byte for byte, 12 times\n",
+                       (long long)E, (long long)T, (int)grp, with_delta ? "with delta" : "no delta");
+                osp_cuda_free(dx0), osp_cuda_free(dxa), osp_cuda_free(dxb), osp_cuda_free(dw), osp_cuda_free(ddl);
+                osp_cuda_free(oa), osp_cuda_free(obb), osp_cuda_free(wsa), osp_cuda_free(wsbb);
+                free(x), free(w), free(dl), free(h1), free(h2);
+            }
+    /* refused: T past 8, a width not whole groups, no counters */
+    osp_cuda_qx q;
+    void *d = dev_alloc_fill(1 << 20, 0);
+    assert_false(osp_cuda_add_rmsnorm_qx_supported(9, 4096, 256));
+    assert_false(osp_cuda_add_rmsnorm_qx_supported(1, 4096 + 32, 256));
+    assert_true(osp_cuda_add_rmsnorm_qx_supported(8, 576, 32));
+    assert_int_equal(osp_cuda_add_rmsnorm_qx(d, NULL, d, d, 9, 256, eps, 256, sync, d, 1 << 20, &q, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_add_rmsnorm_qx(d, NULL, d, d, 1, 288, eps, 256, sync, d, 1 << 20, &q, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_add_rmsnorm_qx(d, NULL, d, d, 1, 256, eps, 256, NULL, d, 1 << 20, &q, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
+    osp_cuda_free(d), osp_cuda_free(sync);
+}
+
 static void test_arguments(void **state) {
     (void)state;
     const int64_t K = 256;
@@ -460,6 +537,7 @@ int main(void) {
         cmocka_unit_test(test_qmma),
         cmocka_unit_test(test_qmma_many_tiles),
         cmocka_unit_test(test_fused_qx),
+        cmocka_unit_test(test_fused_norm_qx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

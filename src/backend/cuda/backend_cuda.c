@@ -65,6 +65,7 @@ typedef struct cuda_backend {
     bool quant_weights;
     void *qx;
     size_t qx_bytes;
+    unsigned *d_norm_sync; /* osp_cuda_add_rmsnorm_qx's 8 row barriers (16 unsigned, with qx) */
     float *rowbuf;     /* [n_threads, rowbuf_cols] (while loading) */
     int64_t rowbuf_cols;
 
@@ -190,6 +191,7 @@ static void cuda_free(osp_backend *be) {
     free_sampler(g);
     osp_cuda_free(g->d_kv_fixed);
     osp_cuda_free(g->qx);
+    osp_cuda_free(g->d_norm_sync);
     end_load(g);
     for (int32_t i = 0; i < g->n_weights; i++) osp_cuda_free(g->weights[i]);
     free(g->weights);
@@ -348,6 +350,11 @@ static osp_status place_quantized(cuda_backend *g, const osp_weight_src *src, in
         g->qx_bytes = 0;
         OSP_TRY(osp_cuda_malloc(&g->qx, need, "the quantized-activation workspace"));
         g->qx_bytes = need;
+    }
+    if (!g->d_norm_sync) {
+        OSP_TRY(osp_cuda_malloc((void **)&g->d_norm_sync, 16 * sizeof *g->d_norm_sync, "the norm's row barriers"));
+        OSP_TRY(osp_cuda_memset(g->d_norm_sync, 0, 16 * sizeof *g->d_norm_sync, NULL));
+        OSP_TRY(osp_cuda_stream_sync(NULL));
     }
     return OSP_OK;
 }
@@ -586,8 +593,9 @@ static bool fuse_qx_enabled(void) {
 }
 
 /* Whether op k's output (R rows) is what the next op, a matmul on a quantized matrix, quantizes: then
- * op k's kernel writes it quantized into g->qx too and the matmul skips its own quantization (one
- * launch less; the bytes are the same). Only within one QX_ROWS chunk, and only for the very next
+ * op k's kernel (the GLU; the residual add + RMSNorm where osp_cuda_add_rmsnorm_qx takes the shape)
+ * writes it quantized into g->qx too and the matmul skips its own quantization (one launch less; the
+ * bytes are the same). Only within one QX_ROWS chunk, and only for the very next
  * op, so nothing can overwrite the workspace or the activation in between. */
 static bool fused_qx(const cuda_backend *g, const osp_graph *gr, int32_t k, int64_t R) {
     if (!g->quant_weights || !fuse_qx_enabled() || k + 1 >= gr->n_ops || R <= 0 || R > QX_ROWS) return false;
@@ -635,9 +643,20 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             else
                 OSP_TRY(osp_cuda_embed(w, ids, dst, T, op->w->cols, op->p.embed.scale, st));
             break;
-        case OSP_OP_ADD_RMSNORM:
-            OSP_TRY(osp_cuda_add_rmsnorm(s1, s0, w, dst, T, gr->acts[op->src1].cols, op->p.norm.eps, st));
+        case OSP_OP_ADD_RMSNORM: {
+            const int64_t E = gr->acts[op->src1].cols;
+            const int32_t group = k + 1 < gr->n_ops && gr->ops[k + 1].w
+                                      ? osp_cuda_qmatmul_group(gr->ops[k + 1].w->parts[0].type) : 0;
+            if (g->d_norm_sync && fused_qx(g, gr, k, T) && osp_cuda_add_rmsnorm_qx_supported(T, E, group)) {
+                /* the norm writes its output quantized too, its row over several CTAs (T <= 8) */
+                OSP_TRY(osp_cuda_add_rmsnorm_qx(s1, s0, w, dst, T, E, op->p.norm.eps, group, g->d_norm_sync, g->qx,
+                                                g->qx_bytes, &qx_ready, st));
+                qx_for = k + 1;
+                break;
+            }
+            OSP_TRY(osp_cuda_add_rmsnorm(s1, s0, w, dst, T, E, op->p.norm.eps, st));
             break;
+        }
         case OSP_OP_GATHER_RMSNORM:
             OSP_TRY(osp_cuda_gather_rmsnorm(s1, lidx, w, dst, L, gr->acts[op->src1].cols, op->p.norm.eps, st));
             break;

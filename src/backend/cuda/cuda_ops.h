@@ -216,6 +216,20 @@ osp_status osp_cuda_embed(const uint16_t *d_table, const int32_t *d_ids, float *
 osp_status osp_cuda_add_rmsnorm(float *d_x, const uint16_t *d_delta, const float *d_w, uint16_t *d_out, int64_t T,
                                 int64_t E, float eps, void *stream);
 
+/* osp_cuda_add_rmsnorm with d_out (and d_w) given, for T <= 8 rows, that also quantizes out for
+ * osp_cuda_qmatmul in `group` into d_ws and describes it in *qx: x's and out's bits are
+ * osp_cuda_add_rmsnorm's, the workspace bytes osp_cuda_qx_quantize(d_out, T, E, group, ...)'s (the CUDA
+ * backend runs this when a quantized matmul reads the norm next: one launch instead of two, and a row
+ * spread over up to 8 CTAs instead of one). d_sync: 16 unsigned (a barrier per row: its arrivals and
+ * generation; zero when first used, then left to this function; not shared with concurrent launches).
+ * d_x 16-byte, d_w
+ * 16-byte, d_out and d_delta 8-byte aligned, E % 4 == 0, E % group == 0. Errors: OSP_ERR_INVALID_ARG
+ * (shapes, pointers, workspace), OSP_ERR_INTERNAL (launch). */
+bool osp_cuda_add_rmsnorm_qx_supported(int64_t T, int64_t E, int32_t group);
+osp_status osp_cuda_add_rmsnorm_qx(float *d_x, const uint16_t *d_delta, const float *d_w, uint16_t *d_out, int64_t T,
+                                   int64_t E, float eps, int32_t group, unsigned *d_sync, void *d_ws,
+                                   size_t ws_bytes, osp_cuda_qx *qx, void *stream);
+
 /* RMSNorm of the rows in idx: out[i] = bf16(rmsnorm(x[idx[i]]) * w) for i < n.
  * d_x: [*, E] fp32, d_idx: [n], d_w: [E] fp32, d_out: [n, E] bf16 (the lm_head's input). */
 osp_status osp_cuda_gather_rmsnorm(const float *d_x, const int32_t *d_idx, const float *d_w, uint16_t *d_out,

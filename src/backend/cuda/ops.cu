@@ -119,6 +119,40 @@ __device__ __forceinline__ float rms_scale(float ss, int64_t E, float eps) {
     return 1.0f / sqrtf(ss / (float)E + eps); /* IEEE division and sqrt (no fast-math) */
 }
 
+/* A thread's share of the sum of squares of a row of n_units float4s, v = x (+ float(delta) when dr),
+ * kGroup units a thread at a time, every load issued before the first store (x is not __restrict__, so
+ * a store would otherwise hold back the next unit's loads: one memory round trip per unit at T = 1); ss
+ * adds the units in the same order as one at a time. STORE: x = v in place. add_rmsnorm_kernel and
+ * add_rmsnorm_qx_kernel both call this, so their sums are the same bits. */
+template <bool STORE>
+__device__ __forceinline__ float row_sumsq4(float *xr, const uint16_t *dr, int64_t n_units) {
+    constexpr int kGroup = 4;
+    float ss = 0.0f;
+    for (int64_t u0 = threadIdx.x; u0 < n_units; u0 += kGroup * (int64_t)blockDim.x) {
+        float4 v[kGroup], d[kGroup];
+#pragma unroll
+        for (int k = 0; k < kGroup; k++) {
+            const int64_t u = u0 + k * (int64_t)blockDim.x;
+            if (u < n_units) {
+                v[k] = *reinterpret_cast<const float4 *>(xr + 4 * u);
+                if (dr) d[k] = load_bf16x4(dr + 4 * u);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kGroup; k++) {
+            const int64_t u = u0 + k * (int64_t)blockDim.x;
+            if (u >= n_units) break;
+            if (dr) {
+                v[k].x = __fadd_rn(v[k].x, d[k].x), v[k].y = __fadd_rn(v[k].y, d[k].y);
+                v[k].z = __fadd_rn(v[k].z, d[k].z), v[k].w = __fadd_rn(v[k].w, d[k].w);
+                if (STORE) *reinterpret_cast<float4 *>(xr + 4 * u) = v[k];
+            }
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        }
+    }
+    return ss;
+}
+
 /* One block per row: x[t] += float(delta[t]) (when delta), then out[t] = bf16(rmsnorm(x[t]) * w).
  * x is read back after being written by the same thread: no __restrict__ / read-only loads on it. */
 template <int VEC>
@@ -133,32 +167,7 @@ __global__ void __launch_bounds__(kRowThreads)
         const uint16_t *dr = delta ? delta + t * E : nullptr;
         float ss = 0.0f;
         if constexpr (VEC == 4) {
-            /* kGroup units a thread at a time, every load issued before the first store (x is not
-             * __restrict__, so a store would otherwise hold back the next unit's loads: one memory
-             * round trip per unit at T = 1); ss adds the units in the same order as one at a time */
-            constexpr int kGroup = 4;
-            for (int64_t u0 = threadIdx.x; u0 < n_units; u0 += kGroup * (int64_t)blockDim.x) {
-                float4 v[kGroup], d[kGroup];
-#pragma unroll
-                for (int k = 0; k < kGroup; k++) {
-                    const int64_t u = u0 + k * (int64_t)blockDim.x;
-                    if (u < n_units) {
-                        v[k] = *reinterpret_cast<const float4 *>(xr + 4 * u);
-                        if (dr) d[k] = load_bf16x4(dr + 4 * u);
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < kGroup; k++) {
-                    const int64_t u = u0 + k * (int64_t)blockDim.x;
-                    if (u >= n_units) break;
-                    if (dr) {
-                        v[k].x = __fadd_rn(v[k].x, d[k].x), v[k].y = __fadd_rn(v[k].y, d[k].y);
-                        v[k].z = __fadd_rn(v[k].z, d[k].z), v[k].w = __fadd_rn(v[k].w, d[k].w);
-                        *reinterpret_cast<float4 *>(xr + 4 * u) = v[k];
-                    }
-                    ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-                }
-            }
+            ss = row_sumsq4<true>(xr, dr, n_units);
         } else {
             for (int64_t u = threadIdx.x; u < n_units; u += blockDim.x) {
                 float v = xr[u];
@@ -172,6 +181,80 @@ __global__ void __launch_bounds__(kRowThreads)
         if (!out) continue; /* a plain residual add (every thread of the block takes this branch) */
         const float scale = rms_scale(block_sum(ss, red), E, eps);
         norm_store_row<VEC>(xr, w, out + t * E, E, scale);
+    }
+}
+
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* add_rmsnorm_kernel<4> for T <= 8 rows, each split over gridDim.x CTAs of `slice` values (whole
+ * GROUPs), that also writes its slice of out quantized for qmma (qx.cuh: the bytes osp_cuda_qx_quantize
+ * writes for out). Every CTA of a row computes the whole row's sum of squares with add_rmsnorm_kernel's
+ * code (row_sumsq4), so out's bits are that kernel's. x is updated in place, so a CTA writes its slice
+ * of x only once every CTA of the row has read the row: a barrier per row over sync[2t] (arrivals) and
+ * sync[2t + 1] (its generation): the last CTA to arrive sets the count back to 0 and bumps the
+ * generation, the others wait for the bump (so any number of CTAs a row, launch after launch). A row's
+ * CTAs are resident together: at most 8 x gridDim.x small CTAs, and the kernel after this one launches
+ * only once all of them have started (osp_pdl_begin). Rows t in [T, Tp) quantize zeros. */
+template <int GROUP>
+__global__ void __launch_bounds__(kRowThreads)
+    add_rmsnorm_qx_kernel(float *x, const uint16_t *delta, const float *__restrict__ w, uint16_t *out, int64_t T,
+                          int64_t Tp, int64_t E, float eps, int64_t slice, unsigned *sync,
+                          int8_t *__restrict__ qc, float4 *__restrict__ qs) {
+    osp_pdl_begin();
+    __shared__ float red[32];
+    const int64_t t = blockIdx.y, c0 = (int64_t)blockIdx.x * slice, c1 = c0 + slice < E ? c0 + slice : E;
+    if (t < T) {
+        float *xr = x + t * E;
+        const uint16_t *dr = delta ? delta + t * E : nullptr;
+        const float scale = rms_scale(block_sum(row_sumsq4<false>(xr, dr, E / 4), red), E, eps);
+        if (dr) { /* block_sum ended in a barrier: this CTA's reads of the row are done */
+            if (threadIdx.x == 0) {
+                unsigned *count = sync + 2 * t, *gen = count + 1;
+                const unsigned g0 = ld_acquire_u32(gen);
+                __threadfence();
+                if (atomicAdd(count, 1u) == gridDim.x - 1) {
+                    atomicExch(count, 0u);
+                    __threadfence();
+                    atomicAdd(gen, 1u);
+                } else {
+                    while (ld_acquire_u32(gen) == g0) __nanosleep(32);
+                }
+            }
+            __syncthreads();
+        }
+        for (int64_t u = c0 / 4 + threadIdx.x; u < c1 / 4; u += blockDim.x) {
+            float4 v = *reinterpret_cast<const float4 *>(xr + 4 * u);
+            if (dr) {
+                const float4 d = load_bf16x4(dr + 4 * u);
+                v.x = __fadd_rn(v.x, d.x), v.y = __fadd_rn(v.y, d.y), v.z = __fadd_rn(v.z, d.z), v.w = __fadd_rn(v.w, d.w);
+                *reinterpret_cast<float4 *>(xr + 4 * u) = v;
+            }
+            const float4 g = *reinterpret_cast<const float4 *>(w + 4 * u);
+            store_bf16x4(out + t * E + 4 * u, make_float4(v.x * scale * g.x, v.y * scale * g.y, v.z * scale * g.z,
+                                                          v.w * scale * g.w));
+        }
+    }
+    __syncthreads(); /* this CTA's slice of out is written */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
+    const uint16_t *orow = out + t * E;
+    if constexpr (GROUP == 256) {
+        for (int64_t gi = c0 / 256 + warp; gi < c1 / 256; gi += n_warps) {
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = t < T ? osp_bf16_to_f(orow[gi * 256 + 8 * lane + k]) : 0.0f;
+            const int64_t it = osp_qx_item(8 * gi, t, Tp);
+            osp_qx_group256(v, lane, qc + it * 64, qs + it, Tp);
+        }
+    } else {
+        for (int64_t b = c0 / 32 + warp; b < c1 / 32; b += n_warps) {
+            const float v = t < T ? osp_bf16_to_f(orow[b * 32 + lane]) : 0.0f;
+            const int64_t it = osp_qx_item(b, t, Tp);
+            osp_qx_block(v, lane, qc + it * 64, qs + it);
+        }
     }
 }
 
@@ -601,6 +684,36 @@ osp_status osp_cuda_add_rmsnorm(float *d_x, const uint16_t *d_delta, const float
     else
         osp_launch(add_rmsnorm_kernel<1>, grid, kRowThreads, 0, st, d_x, d_delta, d_w, d_out, T, E, eps);
     OSP_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+    return OSP_OK;
+}
+
+bool osp_cuda_add_rmsnorm_qx_supported(int64_t T, int64_t E, int32_t group) {
+    return T > 0 && T <= 8 && (group == 32 || group == 256) && E > 0 && E % group == 0 && E % 4 == 0 &&
+           E <= (1LL << 24);
+}
+
+osp_status osp_cuda_add_rmsnorm_qx(float *d_x, const uint16_t *d_delta, const float *d_w, uint16_t *d_out, int64_t T,
+                                   int64_t E, float eps, int32_t group, unsigned *d_sync, void *d_ws,
+                                   size_t ws_bytes, osp_cuda_qx *qx, void *stream) {
+    if (!osp_cuda_add_rmsnorm_qx_supported(T, E, group) || !d_x || !d_w || !d_out || !d_sync || !qx ||
+        !aligned(d_x, 16) || !aligned(d_w, 16) || !aligned(d_out, 8) || (d_delta && !aligned(d_delta, 8)) ||
+        !aligned(d_sync, 8))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_add_rmsnorm_qx: T %lld, E %lld, group %d, or a pointer",
+                             (long long)T, (long long)E, (int)group);
+    osp_cuda_qx q;
+    OSP_TRY(osp_cuda_qx_layout(d_ws, ws_bytes, T, E, group, &q));
+    /* slices of whole groups, at most 8 a row (a row is re-read by each: 8 x its bytes from L2) */
+    const int64_t groups = E / group, per = (groups + 7) / 8, slice = per * group;
+    const dim3 grid((unsigned)((E + slice - 1) / slice), (unsigned)q.Tp);
+    cudaStream_t st = (cudaStream_t)stream;
+    if (group == 256)
+        osp_launch(add_rmsnorm_qx_kernel<256>, grid, kRowThreads, 0, st, d_x, d_delta, d_w, d_out, T, q.Tp, E, eps, slice,
+                   d_sync, (int8_t *)q.codes, (float4 *)q.scales);
+    else
+        osp_launch(add_rmsnorm_qx_kernel<32>, grid, kRowThreads, 0, st, d_x, d_delta, d_w, d_out, T, q.Tp, E, eps, slice,
+                   d_sync, (int8_t *)q.codes, (float4 *)q.scales);
+    OSP_CUDA_LAUNCH_CHECK("add_rmsnorm_qx_kernel");
+    *qx = q;
     return OSP_OK;
 }
 
