@@ -190,6 +190,27 @@ def test_an_escaped_nul_matches_no_route(fakes):
         assert r.stop() == 0
 
 
+def test_wrong_method_is_405_with_allow(fakes):
+    # RFC 9110 15.5.6: a known path with a method it does not take is 405 with Allow (osprey serve does
+    # the same); HEAD is served wherever GET is; an unknown path stays 404
+    r = Router([f.url for f in fakes])
+    try:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            resp = requests.get(r.url + path, timeout=10)
+            assert resp.status_code == 405 and resp.headers["Allow"] == "POST", path
+            assert resp.json()["error"]["code"] == 405
+        for path in ("/health", "/metrics", "/v1/models"):
+            resp = requests.post(r.url + path, json={}, timeout=10)
+            assert resp.status_code == 405 and resp.headers["Allow"] == "GET, HEAD", path
+            head = requests.head(r.url + path, timeout=10)  # /health: 503 until a backend is polled healthy
+            assert head.status_code in ((200, 503) if path == "/health" else (200,)) and head.content == b"", path
+        assert requests.delete(r.url + "/v1/models", timeout=10).status_code == 405
+        assert requests.get(r.url + "/v1/nothing", timeout=10).status_code == 404
+        assert requests.post(r.url + "/v1/nothing", json={}, timeout=10).status_code == 404
+    finally:
+        assert r.stop() == 0
+
+
 def test_prefix_affinity_and_hot_spot(fakes):
     a, b = fakes
     r = Router([a.url, b.url], "--poll-interval", "50")

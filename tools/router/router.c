@@ -246,15 +246,28 @@ static enum MHD_Result reply_text(struct MHD_Connection *c, unsigned status, con
     return ret;
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *msg) {
+/* An OpenAI-style error body; with `allow` (a 405) the Allow header RFC 9110 (15.5.6) requires. */
+static enum MHD_Result reply_error_allow(struct MHD_Connection *c, unsigned status, const char *msg, const char *allow) {
     json_t *j = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type",
                           status == 503 ? "ServiceUnavailableError" : status == 502 ? "BadGatewayError" : "BadRequestError",
                           "param", "code", (int)status);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    const enum MHD_Result ret = reply_text(c, status, "application/json", "%s", s ? s : "{}");
-    free(s);
+    if (!s) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (allow) MHD_add_response_header(resp, "Allow", allow);
+    const enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
     return ret;
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *msg) {
+    return reply_error_allow(c, status, msg, NULL);
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -526,7 +539,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (cx->too_large) return reply_error(c, 413, "the request body is too large");
-    const bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    /* HEAD is served wherever GET is (libmicrohttpd sends the headers only), as osprey serve does */
+    const bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (get && !strcmp(url, "/health")) {
         bool any = false;
         pthread_mutex_lock(&r->mu);
@@ -556,7 +570,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         free(s);
         return ret;
     }
-    if (post && (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions"))) return proxy(r, c, url, cx);
+    const bool proxied = !strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions");
+    if (post && proxied) return proxy(r, c, url, cx);
+    /* a known path with another method: 405 and the methods it takes */
+    if (proxied) return reply_error_allow(c, 405, "method not allowed", "POST");
+    if (!strcmp(url, "/health") || !strcmp(url, "/metrics") || !strcmp(url, "/v1/models"))
+        return reply_error_allow(c, 405, "method not allowed", "GET, HEAD");
     return reply_error(c, 404, "not found");
 }
 
