@@ -20,7 +20,8 @@ through the server's /tokenize before the run, and every reply's usage.prompt_to
 
 Per request: TTFT = first SSE chunk with content - send; e2e = [DONE] (or end of stream) - send.
 Prints one JSON line: rate, duration, sent, done, errors, unfinished (no answer --drain-s after the last
-arrival), send_rate (achieved), ttft_p50/p90/p99 and e2e_p50/p99 (ms, over the requests done),
+arrival), send_rate (requests sent over the span of their actual send times), ttft_p50/p90/p99 and
+e2e_p50/p99 (ms, over the requests done: when done < sent, the slow tail is missing from them),
 done_req_s, prompt_tokens (mean of usage.prompt_tokens), send_lag_p99_ms, prefix_hit (the engine's
 prefix-cache hit share of prompt tokens over the run, from /metrics). --probe N only times /tokenize.
 """
@@ -114,6 +115,9 @@ def fit_words(args):
         if abs(mean - args.prompt_tokens) <= max(8, args.prompt_tokens // 200):
             break
         n = max(1, int(round(n * args.prompt_tokens / mean)))
+    else:  # three steps without converging: the counts of the last n, measured
+        prefix = shared_prefix(args.seed, n)
+        counts = [tokens_of(args, prompt_text(args.mode, args.seed, i, n, prefix)) for i in range(4)]
     return n, counts
 
 
@@ -126,6 +130,7 @@ def one(args, path, payload, t_send, res, lock):
     rec["lag"] = t0 - t_send
     first = None
     usage = None
+    c = None
     try:
         c, _ = conn(args, args.timeout)
         c.request("POST", path, payload, {"Content-Type": "application/json", "Accept": "text/event-stream"})
@@ -159,6 +164,9 @@ def one(args, path, payload, t_send, res, lock):
                    prompt_tokens=usage.get("prompt_tokens") if usage else None)
     except Exception as e:  # noqa: BLE001 - counted and reported
         rec.update(error=repr(e)[:240], end=time.monotonic())
+    finally:
+        if c is not None:
+            c.close()
     with lock:
         res.append(rec)
 
@@ -273,12 +281,12 @@ def main():
     ready.wait(timeout=600)  # every worker has built its bodies
     t_start = start.value = time.monotonic() + 0.2
     go.wait()
-    sent, last_send, res = 0, t_start, []
+    sent, res = 0, []
     for _ in ps:
-        _, n, last, r = q.get(timeout=a.duration + a.drain_s + 120)
+        _, n, _, r = q.get(timeout=a.duration + a.drain_s + 120)
         sent += n
-        last_send = max(last_send, last)
         res += r
+    t_sends = [r["t_sched"] + r["lag"] for r in res if "lag" in r]  # when each request actually went out
     for p in ps:
         p.join()
     pc1 = prefix_counters(a)
@@ -289,7 +297,7 @@ def main():
     pts = [r["prompt_tokens"] for r in ok if r.get("prompt_tokens")]
     out = {"mode": a.mode, "rate": a.rate, "duration": a.duration, "sent": sent, "done": len(ok),
            "errors": len(errs), "unfinished": sent - len(res),
-           "send_rate": round(sent / (last_send - t_start), 3) if sent > 1 and last_send > t_start else None,
+           "send_rate": round(len(t_sends) / (max(t_sends) - t_start), 3) if len(t_sends) > 1 and max(t_sends) > t_start else None,
            "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p90_ms": 1e3 * pct(ttft, 90), "ttft_p99_ms": 1e3 * pct(ttft, 99),
            "e2e_p50_ms": 1e3 * pct(e2e, 50), "e2e_p99_ms": 1e3 * pct(e2e, 99),
            "done_req_s": round(len(ok) / (max(r["end"] for r in ok) - t_start), 3) if ok else 0,

@@ -78,7 +78,7 @@ run_one() { # api server count, rep
     [ -n "$SERVE_ARGS" ] && extra+=($SERVE_ARGS)
     ${PIN_SERVER[@]+"${PIN_SERVER[@]}"} "$OSPREY_BIN" serve "$MODEL" --port "$PORT" --device "$DEVICE" --api-server-count "$n" \
         --max-num-seqs "$MAX_NUM_SEQS" --served-model-name model --max-connections 16384 --max-connections-per-client 0 \
-        --max-queued-requests 16384 --drain-timeout 5 "${extra[@]}" >"$log" 2>&1 &
+        --max-queued-requests 16384 --drain-timeout 5 ${extra[@]+"${extra[@]}"} >"$log" 2>&1 &
     SRV_PID=$!
     echo "$SRV_PID" >"$LOG_DIR/server.pid" # for a caller that has to clean up after a SIGKILL
     # ready: /health answers and all n API servers have bound the port (one "serving ... on" line each)
@@ -126,5 +126,9 @@ med = {c: statistics.median(d["ttft_p50_ms"] for n, _, d in rows if n == c) for 
 a, b = counts[0], counts[-1]
 print("median TTFT p50: " + ", ".join(f"{c} API server(s) {med[c]:.0f} ms" for c in counts) +
       f"; ratio {a} / {b}: {med[a] / med[b]:.2f}")
+short = [(n, rep) for n, rep, d in rows if d["done"] != d["sent"]]
+if short:  # the percentiles cover only the requests done: a run that lost its slow tail looks faster
+    print("warning: runs with requests not done (errors or unfinished), their TTFT is over the done ones only: " +
+          ", ".join(f"{n} servers rep {rep}" for n, rep in short))
 PY
 echo "(logs: $LOG_DIR)" >&2

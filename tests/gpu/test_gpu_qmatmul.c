@@ -410,9 +410,10 @@ static void test_fused_qx(void **state) {
  * several CTAs, the residual updated in place behind a per-row arrival counter) against
  * osp_cuda_add_rmsnorm followed by osp_cuda_qx_quantize: the same x, the same out and the same
  * workspace bytes, for T = 1, 3 and 8, widths 4096 and 768 (group 256) and 4096 and 576 (group 32),
- * with and without delta (1 to 8 CTAs a row, so the row barriers see every count); each case run 12
- * times from the same x (the barriers carry over between launches, and a CTA writing x before another
- * has read it would change a sum). */
+ * with and without delta (8, 3, 8 and 6 CTAs a row, so the row barriers see different counts in turn);
+ * each case run 12 times from the same x (the barriers carry over between launches, and a CTA writing x
+ * before another has read it would change a sum; every CTA does the same work before the barrier, so a
+ * missing barrier might still pass: the test cannot force the race). */
 static void test_fused_norm_qx(void **state) {
     (void)state;
     static const int64_t Ts[] = {1, 3, 8};

@@ -585,8 +585,8 @@ static osp_status matmul_quantized(cuda_backend *g, const osp_tensor *w, const v
     return OSP_OK;
 }
 
-/* OSPREY_CUDA_FUSE_QX=0: the GLU kernel never writes its output's quantized form (the quantized matmul
- * then quantizes its input itself; the same bytes, one launch more) */
+/* OSPREY_CUDA_FUSE_QX=0: neither the GLU nor the residual add + RMSNorm writes its output's quantized
+ * form (the quantized matmul then quantizes its input itself; the same bytes, one launch more) */
 static bool fuse_qx_enabled(void) {
     static int v = -1;
     return env_switch("OSPREY_CUDA_FUSE_QX", &v);
@@ -647,7 +647,10 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             const int64_t E = gr->acts[op->src1].cols;
             const int32_t group = k + 1 < gr->n_ops && gr->ops[k + 1].w
                                       ? osp_cuda_qmatmul_group(gr->ops[k + 1].w->parts[0].type) : 0;
-            if (g->d_norm_sync && fused_qx(g, gr, k, T) && osp_cuda_add_rmsnorm_qx_supported(T, E, group)) {
+            /* its alignment needs (the unfused kernel falls back to scalar loads instead) */
+            const bool aligned = ((uintptr_t)s1 % 16 == 0) && ((uintptr_t)w % 16 == 0) && ((uintptr_t)dst % 8 == 0) &&
+                                 ((uintptr_t)s0 % 8 == 0);
+            if (g->d_norm_sync && aligned && fused_qx(g, gr, k, T) && osp_cuda_add_rmsnorm_qx_supported(T, E, group)) {
                 /* the norm writes its output quantized too, its row over several CTAs (T <= 8) */
                 OSP_TRY(osp_cuda_add_rmsnorm_qx(s1, s0, w, dst, T, E, op->p.norm.eps, group, g->d_norm_sync, g->qx,
                                                 g->qx_bytes, &qx_ready, st));

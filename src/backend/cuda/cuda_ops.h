@@ -277,8 +277,8 @@ osp_status osp_cuda_gelu_mul(const uint16_t *d_gu, uint16_t *d_out, int64_t T, i
 /* silu_mul (gelu_mul when gelu) that also quantizes out for osp_cuda_qmatmul into d_ws and describes
  * it in *qx: out's bits and the bytes osp_cuda_qx_quantize(d_out, T, F, group, ...) writes (F % group == 0),
  * without its launch (the CUDA backend runs this when a quantized matmul reads the product next).
- * Errors as both. (The same for the RMSNorm was slower at T = 1: one thread block a row quantizes its
- * 128 blocks in turn, where qx_kernel spreads them over the device; bench/gpu/DECODE.md.) */
+ * Errors as both. (The RMSNorm's counterpart, osp_cuda_add_rmsnorm_qx, spreads a row over several CTAs:
+ * with one thread block a row quantizing its 128 blocks in turn it was slower; bench/gpu/DECODE.md.) */
 osp_status osp_cuda_glu_qx(const uint16_t *d_gu, uint16_t *d_out, int64_t T, int64_t F, bool gelu, int32_t group,
                            void *d_ws, size_t ws_bytes, osp_cuda_qx *qx, void *stream);
 

@@ -277,7 +277,7 @@ __device__ __forceinline__ void mma_s8_16832(int c[4], const uint32_t a[4], uint
  * (group-32 activations, fold_tile): scales() gives the block's float a and o. INT = true (group 256,
  * ifold_unit): iscales() gives its integer scales (sc[0]; per 16-value half sc[0], sc[1] where HALVES)
  * and integer min m, unit_d() / unit_o() the unit's float factors of the main and offset terms.
- * HAS_O: the type has an offset term. */
+ * HAS_O: the group-32 type has a float offset term (fold_tile); Q6_K's offset is ifold_unit's. */
 template <uint32_t TYPE> struct qm;
 
 template <> struct qm<OSP_DTYPE_Q8_0> {
