@@ -652,7 +652,10 @@ static void test_core_matches_in_process(void **state) {
         assert_int_equal(sk[i].n, n_want[i]);
         assert_memory_equal(sk[i].toks, want[i], sizeof(int32_t) * (size_t)n_want[i]);
     }
-    /* an aborted long request frees its blocks: the stats come back to every block free */
+    /* an aborted long request frees its blocks: the stats come back to every block free. The core may
+     * run the request's 200 steps (a few ms on the tiny model) before the abort reaches it when this
+     * thread is descheduled (seen once on a loaded 2-core box), so finishing by length with all 200
+     * tokens is the other legal outcome; either way the blocks must come back */
     sink ab;
     sink_init(&ab);
     {
@@ -663,8 +666,7 @@ static void test_core_matches_in_process(void **state) {
         assert_int_equal(osp_core_client_add(c, &rp, sink_cb, &ab), OSP_OK);
         assert_int_equal(osp_core_client_abort(c, 50), OSP_OK);
         sink_wait(&ab);
-        assert_int_equal(ab.why, OSP_FINISH_ABORT);
-        assert_true(ab.n < 200);
+        assert_true((ab.why == OSP_FINISH_ABORT && ab.n < 200) || (ab.why == OSP_FINISH_LENGTH && ab.n == 200));
     }
     osp_engine_stats st = osp_core_client_stats(c);
     for (int i = 0; i < 500 && (st.num_free_blocks != st.num_blocks || st.num_running != 0); i++) {
