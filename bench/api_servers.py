@@ -27,6 +27,8 @@ prefix-cache hit share of prompt tokens over the run, from /metrics). --probe N 
 """
 import argparse, http.client, json, multiprocessing as mp, random, signal, sys, threading, time, urllib.parse
 
+from percentile import pct  # bench/percentile.py
+
 WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have "
          "an had they you were their one all we can her has there been if more when will would who so no time "
          "people year way day man thing woman life child world school state family student group country "
@@ -212,16 +214,6 @@ def worker(args, k, n_words, ready, go, start, q):
         with lock:
             out = list(res)
         q.put((k, sent, last, out))
-
-
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    x = (len(xs) - 1) * p / 100.0
-    f = int(x)
-    c = min(f + 1, len(xs) - 1)
-    return xs[f] + (xs[c] - xs[f]) * (x - f)
 
 
 def main():

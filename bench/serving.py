@@ -12,6 +12,8 @@ import argparse, asyncio, json, random, statistics, sys, time
 
 import openai
 
+from percentile import pct  # bench/percentile.py
+
 TOPICS = ["the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
           "the rules of chess", "how a compiler works", "the water cycle", "photosynthesis", "black holes",
           "the French revolution", "how to bake bread", "plate tectonics", "the stock market", "honey bees",
@@ -22,16 +24,6 @@ def make_prompt(rng):
     topic = rng.choice(TOPICS)
     extra = " ".join(rng.choice(TOPICS) for _ in range(rng.randint(4, 12)))
     return f"Write a short explanation of {topic} for a curious student. Mention, if relevant: {extra}."
-
-
-def pct(xs, p):
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p / 100.0
-    f = int(k)
-    c = min(f + 1, len(xs) - 1)
-    return xs[f] + (xs[c] - xs[f]) * (k - f)
 
 
 async def one(client, model, prompt, max_tokens, res):

@@ -592,21 +592,23 @@ static bool fuse_qx_enabled(void) {
     return env_switch("OSPREY_CUDA_FUSE_QX", &v);
 }
 
-/* Whether op k's output (R rows) is what the next op, a matmul on a quantized matrix, quantizes: then
- * op k's kernel (the GLU; the residual add + RMSNorm where osp_cuda_add_rmsnorm_qx takes the shape)
+/* The activation group the next op reads (osp_cuda_qmatmul_group) when op k's output (R rows) is what
+ * that op, a matmul on a quantized matrix, quantizes, else 0: then op k's kernel (the GLU; the residual add + RMSNorm where osp_cuda_add_rmsnorm_qx takes the shape)
  * writes it quantized into g->qx too and the matmul skips its own quantization (one launch less; the
  * bytes are the same). Only within one QX_ROWS chunk, and only for the very next
  * op, so nothing can overwrite the workspace or the activation in between. */
-static bool fused_qx(const cuda_backend *g, const osp_graph *gr, int32_t k, int64_t R) {
-    if (!g->quant_weights || !fuse_qx_enabled() || k + 1 >= gr->n_ops || R <= 0 || R > QX_ROWS) return false;
+static int32_t fused_qx(const cuda_backend *g, const osp_graph *gr, int32_t k, int64_t R) {
+    if (!g->quant_weights || !fuse_qx_enabled() || k + 1 >= gr->n_ops || R <= 0 || R > QX_ROWS) return 0;
     const osp_op *op = &gr->ops[k], *nx = &gr->ops[k + 1];
     if (nx->kind != OSP_OP_MATMUL || !nx->w || op->dst < 0 || nx->src0 != op->dst ||
         nx->w->parts[0].type == OSP_DTYPE_BF16)
-        return false;
+        return 0;
     /* token rows (not the logits rows), so both ops run R = T rows */
     const int32_t group = osp_cuda_qmatmul_group(nx->w->parts[0].type);
     return gr->acts[op->dst].rows != OSP_ROWS_LOGITS && group > 0 && nx->w->cols % group == 0 &&
-           osp_cuda_qx_workspace_bytes(R, nx->w->cols) <= g->qx_bytes;
+                   osp_cuda_qx_workspace_bytes(R, nx->w->cols) <= g->qx_bytes
+               ? group
+               : 0;
 }
 
 /* Enqueues op list gr for T tokens / S sequences / L logits rows whose inputs are in d_in. */
@@ -645,12 +647,11 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             break;
         case OSP_OP_ADD_RMSNORM: {
             const int64_t E = gr->acts[op->src1].cols;
-            const int32_t group = k + 1 < gr->n_ops && gr->ops[k + 1].w
-                                      ? osp_cuda_qmatmul_group(gr->ops[k + 1].w->parts[0].type) : 0;
+            const int32_t group = fused_qx(g, gr, k, T);
             /* its alignment needs (the unfused kernel falls back to scalar loads instead) */
             const bool aligned = ((uintptr_t)s1 % 16 == 0) && ((uintptr_t)w % 16 == 0) && ((uintptr_t)dst % 8 == 0) &&
                                  ((uintptr_t)s0 % 8 == 0);
-            if (g->d_norm_sync && aligned && fused_qx(g, gr, k, T) && osp_cuda_add_rmsnorm_qx_supported(T, E, group)) {
+            if (group && g->d_norm_sync && aligned && osp_cuda_add_rmsnorm_qx_supported(T, E, group)) {
                 /* the norm writes its output quantized too, its row over several CTAs (T <= 8) */
                 OSP_TRY(osp_cuda_add_rmsnorm_qx(s1, s0, w, dst, T, E, op->p.norm.eps, group, g->d_norm_sync, g->qx,
                                                 g->qx_bytes, &qx_ready, st));
@@ -684,11 +685,11 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
                                                op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
                                                op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));
             break;
-        case OSP_OP_GLU:
-            if (fused_qx(g, gr, k, R)) {
-                OSP_TRY(osp_cuda_glu_qx(s0, dst, R, gr->acts[op->dst].cols, op->p.glu.act == OSP_GLU_GELU_TANH,
-                                        osp_cuda_qmatmul_group(gr->ops[k + 1].w->parts[0].type), g->qx, g->qx_bytes,
-                                        &qx_ready, st));
+        case OSP_OP_GLU: {
+            const int32_t group = fused_qx(g, gr, k, R);
+            if (group) {
+                OSP_TRY(osp_cuda_glu_qx(s0, dst, R, gr->acts[op->dst].cols, op->p.glu.act == OSP_GLU_GELU_TANH, group,
+                                        g->qx, g->qx_bytes, &qx_ready, st));
                 qx_for = k + 1;
                 break;
             }
@@ -696,6 +697,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
                         ? osp_cuda_gelu_mul(s0, dst, R, gr->acts[op->dst].cols, st)
                         : osp_cuda_silu_mul(s0, dst, R, gr->acts[op->dst].cols, st));
             break;
+        }
         case OSP_OP_ADD:
             OSP_TRY(osp_cuda_add_rmsnorm(dst, s0, NULL, NULL, T, gr->acts[op->dst].cols, 0.0f, st));
             break;

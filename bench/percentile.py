@@ -1,0 +1,13 @@
+"""The p-th percentile of xs (0 <= p <= 100) by linear interpolation between the closest ranks (numpy's
+default and Python's statistics.quantiles(method="inclusive")); NaN for no values. Shared by the
+standard-library bench clients (bench/serving.py, bench/api_servers.py)."""
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100.0
+    f = int(k)
+    c = min(f + 1, len(xs) - 1)
+    return xs[f] + (xs[c] - xs[f]) * (k - f)
