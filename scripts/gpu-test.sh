@@ -2,7 +2,8 @@
 # The GPU tests, on the GPU machine, from the binaries scripts/gpu-pack.sh built (nothing is built
 # or installed here). `make test-gpu` calls this when .carry/gpu.tar.xz is present.
 #   ops    unpack; every CUDA op against its CPU reference (test_gpu_ops, test_gpu_attention,
-#          test_gpu_sampler, test_gpu_qmatmul; ops, sampler and qmatmul again with OSPREY_CUDA_PDL=1),
+#          test_gpu_sampler, test_gpu_qmatmul; ops, sampler and qmatmul again with OSPREY_CUDA_PDL=1, the
+#          sampler under its other launch shapes),
 #          then compute-sanitizer memcheck and racecheck over the op tests
 #          (RACECHECK=0: memcheck only); test_ops (the backend op tests, when staged) and its memcheck
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
@@ -82,6 +83,10 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     # programmatic dependent launch is on only where the backend's matrices are quantized: the kernels
     # again with it forced on (every kernel waits for its predecessor before touching memory)
     for t in test_gpu_ops test_gpu_qmatmul test_gpu_sampler; do run "$t (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/$t; done
+    # the sampler's optional launch shapes (sample.cu: select and finish fused for small grids, several
+    # slices a CTA for large ones; the same bits as the default by design)
+    run "test_gpu_sampler (fused, grouped slices)" env OSPREY_SAMPLE_FUSED=1 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (U in global memory)" env OSPREY_SAMPLE_SMEM_U=0 $G/bin/test_gpu_sampler
     [ -x $G/bin/test_ops ] && run test_ops $G/bin/test_ops
     if command -v compute-sanitizer >/dev/null; then
         for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do

@@ -392,6 +392,65 @@ static void test_distributions_vocab128256(void **state) {
     large_vocab(128256);
 }
 
+/* ---- the sliced passes' candidate lists (sample.cu: slices of 4096, lists of at most 512) -------------- */
+
+/* Rows built to land on each path of the select kernel's last CTA at vocab 128256 (32 slices): lists
+ * that cover the filtered set (top-k boundary ties spread over slices, a small min-p set, top_k at
+ * and past the lists' depth, top_k = 1 and top_p = 0 over planted ties), lists that overflow (40,000
+ * tokens tied at the maximum: ~1,250 a slice), and one-draw rows whose mass is spread over every slice.
+ * Same checks as the distributions above: the exact distribution and the CPU's tokens. */
+static void test_slice_lists(void **state) {
+    (void)state;
+    enum { V = 128256, NR = 9 };
+    static const big_cfg cfgs[NR] = {
+        {"40000 ties at the max, top_k=50 top_p=0.9", 1.0f, 50, 0.9f, 0.0f},
+        {"ties at the k-th across slices, top_k=50 top_p=0.95", 1.0f, 50, 0.95f, 0.0f},
+        {"min_p=0.3 over ~40 tokens, top_p=0.8", 1.0f, 0, 0.8f, 0.3f},
+        {"top_k=256 top_p=0.8 (the lists' depth)", 1.0f, 256, 0.8f, 0.0f},
+        {"top_k=257 top_p=0.8 (past it)", 1.0f, 257, 0.8f, 0.0f},
+        {"top_k=1 over 3 ties", 1.0f, 1, 1.0f, 0.0f},
+        {"top_p=0 over 3 ties", 1.0f, 0, 0.0f, 0.0f},
+        {"min_p=0.9 T=1", 1.0f, 0, 1.0f, 0.9f},
+        {"T=0.5 over a flat row", 0.5f, 0, 1.0f, 0.0f},
+    };
+    float *logits = malloc(sizeof(float) * (size_t)NR * V);
+    assert_non_null(logits);
+    osp_sampler_row base[NR];
+    const char *names[NR];
+    for (int r = 0; r < NR; r++) {
+        float *l = logits + (size_t)r * V;
+        const uint64_t salt = 9100 + (uint64_t)r;
+        if (r == 0 || r == 8) {
+            for (int32_t i = 0; i < V; i++) l[i] = (float)(6.0 * uni(salt, (uint64_t)i, 0) - 4.0);
+            if (r == 0)
+                for (int32_t i = 0; i < V; i++)
+                    if (uni(salt, (uint64_t)i, 1) < 40000.0 / V) l[i] = 3.0f;
+        } else if (r == 1) {
+            for (int32_t i = 0; i < V; i++) l[i] = (float)(5.0 * uni(salt, (uint64_t)i, 0) - 3.0);
+            for (int j = 0; j < 130; j++) l[(int32_t)(uni(salt, (uint64_t)j, 2) * V)] = j < 30 ? 6.0f : 5.0f;
+        } else if (r == 2) {
+            for (int32_t i = 0; i < V; i++) l[i] = (float)(4.0 * uni(salt, (uint64_t)i, 0) - 6.0);
+            for (int j = 0; j < 40; j++) l[(int32_t)(uni(salt, (uint64_t)j, 2) * V)] = (float)(1.2 * uni(salt, (uint64_t)j, 3));
+        } else {
+            make_head_logits(l, V, salt);
+            if (r == 5 || r == 6) {
+                float mx = l[0];
+                for (int32_t i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+                for (int j = 0; j < 3; j++) l[(int32_t)(uni(salt, (uint64_t)j, 2) * V)] = mx + 0.5f;
+            }
+        }
+        base[r] = osp_sampler_row_default();
+        base[r].temperature = cfgs[r].t;
+        base[r].top_k = cfgs[r].k;
+        base[r].top_p = cfgs[r].p;
+        base[r].min_p = cfgs[r].minp;
+        base[r].seed = 0x51ce0000u + 104729u * (uint64_t)r;
+        names[r] = cfgs[r].name;
+    }
+    run_distributions("slice lists", logits, V, base, names, NR, 20000, 300, 0.99);
+    free(logits);
+}
+
 /* ---- the exact fallback and the rounds, against osp_reject_sample_ex -------------------------------- */
 
 /* the library's weight, bit for bit */
@@ -890,6 +949,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_distributions_vocab49152),
         cmocka_unit_test(test_distributions_vocab128256),
         cmocka_unit_test(test_fallback_and_rounds),
+        cmocka_unit_test(test_slice_lists),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dbuf *bufs[] = {&G.logits, &G.rows, &G.tokens, &G.status, &G.lp, &G.rounds, &G.ids, &G.bias_ids, &G.bias_vals};

@@ -1,10 +1,13 @@
 /* The sampler on the GPU (sample.cu): the same rules, order, random streams and per-row errors as
- * the CPU sampler (src/sample/sampler.h, whose contract this follows point for point), one thread
- * block per row, no sort: min-p / top-k / top-p by pivot rejection as in src/sample/reject.c, with
- * the same Philox4x32-10 addresses (seed, sample_index, output_pos, draw), so a seeded request draws
- * from the same uniforms on either backend (and, the weights being bit-identical, almost always the
- * same token: only sums rounded in another order can differ). The exact fallback after 32 rounds
- * finds the CPU's sorted-order draw by binary searches over the weights' bit patterns, not a sort.
+ * the CPU sampler (src/sample/sampler.h, whose contract this follows point for point), no sort:
+ * min-p / top-k / top-p by pivot rejection as in src/sample/reject.c, with the same Philox4x32-10
+ * addresses (seed, sample_index, output_pos, draw), so a seeded request draws from the same uniforms
+ * on either backend (and, the weights being bit-identical, almost always the same token: only sums
+ * rounded in another order can differ). The full-vocabulary passes run over slices of 4,096 values,
+ * one thread block each (two launches); the row's last block to finish samples from the slices'
+ * candidate lists where they provably hold the filtered set, else over the whole row. The exact
+ * fallback after 32 rounds finds the CPU's sorted-order draw by binary searches over the weights' bit
+ * patterns, not a sort.
  *
  * Plain C header (no CUDA types): the engine fills the rows on the host, copies them and the packed
  * id lists to the device, and reads back only the tokens, statuses and (when asked) logprobs. */
@@ -36,9 +39,10 @@ typedef struct osp_cuda_sample_row {
 } osp_cuda_sample_row;
 
 /* Device scratch of osp_cuda_sample_scratch_bytes(max_rows, vocab) bytes (0 for max_rows or vocab
- * <= 0 or vocab > 2^30): per row a [vocab] float working copy and a [vocab] uint32 count array, each
- * padded to 256 bytes. Zero it once with osp_cuda_memset before first use with a given vocab (the
- * layout depends on it); the kernel leaves its count arrays zeroed again on exit. The pointer must be
+ * <= 0 or vocab > 2^30): per row a [vocab] float working copy, a [vocab] uint32 count array, the
+ * slices' candidate lists (512 values and ids a slice of 4,096) and per-slice results, ~1.13x the
+ * bytes of the first two. Zero it once with osp_cuda_memset before first use with a given vocab (the
+ * layout depends on it); the kernels leave its count arrays and arrival counters zeroed again. The pointer must be
  * 16-byte aligned (cudaMalloc's are), and every launch must have num_rows <= max_rows. */
 size_t osp_cuda_sample_scratch_bytes(int32_t max_rows, int32_t vocab);
 

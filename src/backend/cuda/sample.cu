@@ -1,7 +1,9 @@
-/* The sampler on the GPU (cuda_sample.h): one thread block of 512 threads per row, the CPU sampler's
- * steps in the CPU's order and arithmetic (src/sample/sampler.c, reject.c, rng.c, logprobs.c are the
- * spec), so a seeded row draws the same token on either backend except where a sum rounded in a
- * different order lands on the other side of a boundary.
+/* The sampler on the GPU (cuda_sample.h): the CPU sampler's steps in the CPU's order and arithmetic
+ * (src/sample/sampler.c, reject.c, rng.c, logprobs.c are the spec), so a seeded row draws the same
+ * token on either backend except where a sum rounded in a different order lands on the other side of
+ * a boundary. The passes over the whole vocabulary run on slices of 4,096 values, a block of 512
+ * threads each (see "the sliced passes" below); the row's last block then runs the steps below on
+ * the slices' candidate lists, or on the whole row where the lists do not provably hold the answer.
  *
  * Per row (block-uniform control flow; every decision is made by all threads from broadcast values):
  *   1. parameter and id-list checks, then one pass over the raw logits: finiteness, the raw argmax
@@ -37,6 +39,8 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -124,6 +128,15 @@ struct ArgMaxOp { /* larger value, then lower id */
     }
 };
 
+struct ArgMax2 { /* the raw and the processed argmax, reduced together */
+    ArgMax raw, best;
+};
+struct ArgMax2Op {
+    __device__ ArgMax2 operator()(const ArgMax2 &a, const ArgMax2 &b) const {
+        return ArgMax2{ArgMaxOp()(a.raw, b.raw), ArgMaxOp()(a.best, b.best)};
+    }
+};
+
 struct Agg { /* counts and masses above two pivots */
     int c0, c1;
     double m0, m1;
@@ -145,12 +158,16 @@ struct LpAggOp {
 struct MaxIntOp {
     __device__ int operator()(int a, int b) const { return a > b ? a : b; }
 };
+struct SumIntOp {
+    __device__ int operator()(int a, int b) const { return a + b; }
+};
 struct MinIntOp {
     __device__ int operator()(int a, int b) const { return a < b ? a : b; }
 };
 
 union TempStorage {
     cub::BlockReduce<ArgMax, kThreads>::TempStorage r_argmax;
+    cub::BlockReduce<ArgMax2, kThreads>::TempStorage r_argmax2;
     cub::BlockReduce<Agg, kThreads>::TempStorage r_agg;
     cub::BlockReduce<LpAgg, kThreads>::TempStorage r_lp;
     cub::BlockReduce<int, kThreads>::TempStorage r_int;
@@ -204,11 +221,34 @@ struct View {
 
 __device__ __forceinline__ int view_id(const View &v, int i) { return v.have_ids ? v.ids[i] : i; }
 
-/* f(i, x[i]) for the i < n this thread owns in a striped pass (i = tid, tid + 512, ...), in
- * increasing i (so per-thread sums have a fixed order and strict > keeps the lowest id), the loads
- * issued kUnroll at a time to keep enough bytes in flight. */
+/* f(i, x[i]) for the i < n this thread owns in a striped pass, in increasing i (so per-thread sums have
+ * a fixed order and strict > keeps the lowest id). Where x is 16-byte aligned the thread owns float4
+ * groups tid, tid + 512, ... (then the tail's i = 4 * (n / 4) + tid), 8 float4 loads in flight, so one
+ * block streams a 128k row from L2 at several times the rate of scalar loads; else i = tid, tid + 512,
+ * ..., kUnroll scalar loads at a time. Which one depends only on x and n (block-uniform). */
 template <typename F>
 __device__ __forceinline__ void for_each(const float *x, int n, F f) {
+    constexpr int kU4 = 8;
+    if ((reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
+        const int n4 = n / 4;
+        const float4 *x4 = reinterpret_cast<const float4 *>(x);
+        for (int base = threadIdx.x; base < n4; base += kU4 * kThreads) {
+            float4 v[kU4];
+#pragma unroll
+            for (int u = 0; u < kU4; u++) {
+                const int i = base + u * kThreads;
+                v[u] = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < kU4; u++) {
+                const int i = base + u * kThreads;
+                if (i < n4) f(4 * i, v[u].x), f(4 * i + 1, v[u].y), f(4 * i + 2, v[u].z), f(4 * i + 3, v[u].w);
+            }
+        }
+        const int i = 4 * n4 + (int)threadIdx.x;
+        if (i < n) f(i, x[i]);
+        return;
+    }
     for (int base = threadIdx.x; base < n; base += kUnroll * kThreads) {
         float v[kUnroll];
 #pragma unroll
@@ -543,18 +583,22 @@ __device__ __forceinline__ bool list_ok(int32_t n, int32_t off, const void *base
     return n >= 0 && (n == 0 || (base != nullptr && off >= 0));
 }
 
-/* sampler.c's check_params, plus what the packed form adds (offsets, logits_row >= 0). */
-__device__ bool params_ok(const osp_cuda_sample_row &p, int32_t vocab, const int32_t *ids, const int32_t *bias_ids,
-                          const float *bias_vals) {
-    const bool scalars = p.temperature >= 0.0f && !isinf(p.temperature) && p.top_k >= -1 && p.top_p >= 0.0f &&
-                         p.top_p <= 1.0f && p.min_p >= 0.0f && p.min_p <= 1.0f && isfinite(p.presence_penalty) &&
-                         isfinite(p.frequency_penalty) && p.repetition_penalty > 0.0f &&
-                         !isinf(p.repetition_penalty) && p.num_logprobs >= -1 &&
-                         p.num_logprobs <= OSP_MAX_LOGPROBS && p.logits_row >= 0 &&
-                         list_ok(p.n_bias, p.bias_off, bias_ids) && (p.n_bias == 0 || bias_vals != nullptr) &&
-                         list_ok(p.n_stop, p.stop_off, ids) && list_ok(p.n_prompt, p.prompt_off, ids) &&
-                         list_ok(p.n_output, p.output_off, ids);
-    if (!scalars) return false; /* block-uniform */
+/* sampler.c's check_params on the scalars, plus what the packed form adds (offsets, logits_row >= 0).
+ * Reads only the row (cheap enough for every CTA of the row to call). */
+__device__ bool scalars_ok(const osp_cuda_sample_row &p, const int32_t *ids, const int32_t *bias_ids,
+                           const float *bias_vals) {
+    return p.temperature >= 0.0f && !isinf(p.temperature) && p.top_k >= -1 && p.top_p >= 0.0f && p.top_p <= 1.0f &&
+           p.min_p >= 0.0f && p.min_p <= 1.0f && isfinite(p.presence_penalty) && isfinite(p.frequency_penalty) &&
+           p.repetition_penalty > 0.0f && !isinf(p.repetition_penalty) && p.num_logprobs >= -1 &&
+           p.num_logprobs <= OSP_MAX_LOGPROBS && p.logits_row >= 0 && list_ok(p.n_bias, p.bias_off, bias_ids) &&
+           (p.n_bias == 0 || bias_vals != nullptr) && list_ok(p.n_stop, p.stop_off, ids) &&
+           list_ok(p.n_prompt, p.prompt_off, ids) && list_ok(p.n_output, p.output_off, ids);
+}
+
+/* The rest of check_params: every listed id in [0, vocab), every bias finite. Reads the whole lists,
+ * so one CTA of the row calls it; all threads of that block must (it ends in a block vote). */
+__device__ bool lists_ok(const osp_cuda_sample_row &p, int32_t vocab, const int32_t *ids, const int32_t *bias_ids,
+                         const float *bias_vals) {
     bool bad = false;
     for (int e = threadIdx.x; e < p.n_bias; e += kThreads) {
         const int32_t id = bias_ids[(int64_t)p.bias_off + e];
@@ -569,16 +613,26 @@ __device__ bool params_ok(const osp_cuda_sample_row &p, int32_t vocab, const int
     return !__syncthreads_or(bad);
 }
 
-/* Bias, min_tokens and penalties on w (sampler.c's process_logits), cnt all zero on entry and exit. */
+__device__ __forceinline__ bool row_modified(const osp_cuda_sample_row &p) {
+    return p.n_bias > 0 || (p.n_output < p.min_tokens && p.n_stop > 0) || p.repetition_penalty != 1.0f ||
+           p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
+/* Bias, min_tokens and penalties on w (sampler.c's process_logits) for the ids in [id_lo, id_hi) only:
+ * a CTA applies what falls in its own slice, so slices never touch each other's entries (and an id out
+ * of [0, vocab), which fails the row, is never written). cnt zero on entry and exit in that range. */
 __device__ void process_logits(const osp_cuda_sample_row &p, float *w, uint32_t *cnt, const int32_t *ids,
-                               const int32_t *bias_ids, const float *bias_vals) {
+                               const int32_t *bias_ids, const float *bias_vals, int32_t id_lo, int32_t id_hi) {
+    auto mine = [&](int32_t id) { return id >= id_lo && id < id_hi; };
     if (p.n_bias > 0) {
         const int32_t *bid = bias_ids + p.bias_off;
         const float *bv = bias_vals + p.bias_off;
-        for (int e = threadIdx.x; e < p.n_bias; e += kThreads) atomicAdd(&cnt[bid[e]], 1u);
+        for (int e = threadIdx.x; e < p.n_bias; e += kThreads)
+            if (mine(bid[e])) atomicAdd(&cnt[bid[e]], 1u);
         __syncthreads();
         for (int e = threadIdx.x; e < p.n_bias; e += kThreads) {
             const int32_t id = bid[e];
+            if (!mine(id)) continue;
             if (cnt[id] == 1u) {
                 w[id] = __fadd_rn(w[id], bv[e]);
                 continue;
@@ -593,11 +647,15 @@ __device__ void process_logits(const osp_cuda_sample_row &p, float *w, uint32_t 
             w[id] = x;
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < p.n_bias; e += kThreads) cnt[bid[e]] = 0u;
+        for (int e = threadIdx.x; e < p.n_bias; e += kThreads)
+            if (mine(bid[e])) cnt[bid[e]] = 0u;
         __syncthreads();
     }
     if (p.n_output < p.min_tokens && p.n_stop > 0) {
-        for (int e = threadIdx.x; e < p.n_stop; e += kThreads) w[ids[(int64_t)p.stop_off + e]] = -INFINITY;
+        for (int e = threadIdx.x; e < p.n_stop; e += kThreads) {
+            const int32_t id = ids[(int64_t)p.stop_off + e];
+            if (mine(id)) w[id] = -INFINITY;
+        }
         __syncthreads();
     }
     const bool rep = p.repetition_penalty != 1.0f;
@@ -605,13 +663,16 @@ __device__ void process_logits(const osp_cuda_sample_row &p, float *w, uint32_t 
     if (!rep && !freq) return;
     const int32_t *out_ids = ids + p.output_off, *prompt_ids = ids + p.prompt_off;
     const int n_prompt = rep ? p.n_prompt : 0;
-    for (int e = threadIdx.x; e < p.n_output; e += kThreads) atomicAdd(&cnt[out_ids[e]], 1u);
-    for (int e = threadIdx.x; e < n_prompt; e += kThreads) atomicOr(&cnt[prompt_ids[e]], 0x80000000u);
+    for (int e = threadIdx.x; e < p.n_output; e += kThreads)
+        if (mine(out_ids[e])) atomicAdd(&cnt[out_ids[e]], 1u);
+    for (int e = threadIdx.x; e < n_prompt; e += kThreads)
+        if (mine(prompt_ids[e])) atomicOr(&cnt[prompt_ids[e]], 0x80000000u);
     __syncthreads();
     /* each distinct id once: whoever clears its entry applies it */
     const float r = p.repetition_penalty, f = p.frequency_penalty, pres = p.presence_penalty;
     for (int e = threadIdx.x; e < p.n_output + n_prompt; e += kThreads) {
         const int32_t id = e < p.n_output ? out_ids[e] : prompt_ids[e - p.n_output];
+        if (!mine(id)) continue;
         const uint32_t old = atomicExch(&cnt[id], 0u);
         if (!old) continue;
         float x = w[id];
@@ -623,78 +684,497 @@ __device__ void process_logits(const osp_cuda_sample_row &p, float *w, uint32_t 
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
-                  const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
-                  const float *__restrict__ bias_vals, unsigned char *scratch, size_t row_bytes, size_t cnt_offset,
-                  int32_t *__restrict__ tokens, osp_status *__restrict__ status, osp_logprobs *__restrict__ lps,
-                  int max_rounds, int32_t *__restrict__ rounds_out) {
+/* ---- the sliced passes ------------------------------------------------------------------------------
+ *
+ * A row is cut into slices of kSlice values (one CTA each: grid = slices x rows), so a full pass over a
+ * 128k vocabulary is 32 CTAs reading 16 KB each instead of one CTA reading 512 KB. The slice size is a
+ * constant, so a row's slices, sums and lists depend on the vocabulary alone, never on the batch. Three
+ * launches; the first two are lean (40 registers: three CTAs of 512 threads an SM), the third carries the algorithm:
+ *
+ *   sample_scan_kernel    per slice: bias/penalties for the slice's ids (modified rows, into w), raw
+ *                         and processed argmax, finiteness; the row's last CTA to finish combines the
+ *                         slices into the row's RowState (ok, greedy, the two argmaxes).
+ *   sample_select_kernel  per slice of a row still to sample: the weights e = exp((l - max) / T) (in
+ *                         registers), the count and mass of {e > lo} (lo: min-p's pivot), and a
+ *                         candidate list: the slice's e > lo at or above a threshold under which at least
+ *                         K of them lie (K: top_k when 1 <= top_k <= kListKMax, else kListKDefault), found
+ *                         by a radix histogram over the float bits, at most kListCap entries, in id order.
+ *   sample_finish_kernel  one CTA per row: greedy and failed rows from the RowState; the others sample
+ *                         as below, then logprobs.
+ *
+ * Why the lists suffice. A token left out of its slice's list has at least K weights of its slice
+ * strictly above it, so every token with fewer than K weights above it in the row is in the union U of
+ * the lists. That covers: the top-k set {e >= t} when top_k <= K (each member has fewer than k above it),
+ * the maximum's tie group (top_k = 1, top_p = 0), and the whole candidate set when it has at most K
+ * members. reject_sample on U (with the row's count and mass of {e > lo}) then takes exactly the steps it
+ * takes on the whole row: top-k's threshold is U's k-th largest, and everything after it stays inside
+ * {e >= t}. A row with neither top-k nor top-p draws once: the slice whose running mass crosses the
+ * target, then the token inside it (draw_index's chunks are the slices). Anything else (top-p alone over
+ * more than K candidates, top-k alone or above kListKMax, a list that overflowed) runs the one-block
+ * algorithm over the whole row, as before the slices. */
+
+constexpr int kSlice = kChunk;     /* values a CTA in the sliced passes: 512 threads x 8 consecutive */
+constexpr int kListCap = 512;      /* candidate list entries a slice */
+constexpr int kListKMax = 256;     /* top_k up to this builds lists of at least top_k */
+constexpr int kListKDefault = 64;  /* the lists' depth otherwise (covers min-p sets of up to 64 tokens) */
+static_assert(kListCap <= kThreads, "the finisher gathers a list per thread pass");
+
+struct SlicePart {      /* one slice's results (scan: raw..nan0; select: c0..m0) */
+    float raw_v, best_v;
+    int raw_i, best_i;
+    int bad;            /* a non-finite raw logit in the slice; slice 0 also: a list entry out of range */
+    int nan0;           /* slice 0 of a modified row: the processed w[0] is NaN (the CPU's scan fails) */
+    int c0, list_n;     /* #{e > lo} in the slice; entries in its list */
+    int overflow, pad;  /* the list would exceed kListCap (ties): the row takes the one-block path */
+    double m0;          /* sum{e > lo} over the slice, each thread's 8 in order, then the block's tree */
+};
+
+struct RowState {       /* a row's combined scan and the last-CTA tickets (zero between launches) */
+    unsigned arrive_scan, arrive_select;
+    int ok, greedy;
+    float raw_v, best_v;
+    int raw_i, best_i;
+};
+
+struct Layout {         /* byte offsets inside a row's scratch (osp_cuda_sample_scratch_bytes) */
+    size_t row_bytes, cnt, list_w, list_id, parts, state;
+};
+
+struct RowPtrs {
+    float *w;
+    uint32_t *cnt;
+    float *list_w;
+    int32_t *list_id;
+    SlicePart *parts;
+    RowState *st;
+};
+
+__device__ __forceinline__ RowPtrs row_ptrs(unsigned char *scratch, const Layout &L, int row) {
+    unsigned char *b = scratch + (size_t)row * L.row_bytes;
+    return RowPtrs{reinterpret_cast<float *>(b), reinterpret_cast<uint32_t *>(b + L.cnt),
+                   reinterpret_cast<float *>(b + L.list_w), reinterpret_cast<int32_t *>(b + L.list_id),
+                   reinterpret_cast<SlicePart *>(b + L.parts), reinterpret_cast<RowState *>(b + L.state)};
+}
+
+/* This thread's kItems values of a slice pass: a[first .. first + kItems), 0 past n. */
+__device__ __forceinline__ void load_slice(const float *a, int n, int first, float x[kItems]) {
+    if (first + kItems <= n && (reinterpret_cast<uintptr_t>(a + first) & 15u) == 0) {
+        load_items<float, float4>(a, n, first, x);
+    } else {
+#pragma unroll
+        for (int j = 0; j < kItems; j++) x[j] = first + j < n ? a[first + j] : 0.0f;
+    }
+}
+
+/* The last CTA of a row to arrive at *ticket (after making its writes visible) gets true, resets the
+ * ticket for the next launch and sees every other CTA's writes. All threads must call it. */
+__device__ bool last_to_arrive(unsigned *ticket, unsigned ctas) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(ticket, 1u) == ctas - 1u;
+        if (last) *ticket = 0u;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* The lowest threshold bit pattern thr such that the slice's e > lo with bits >= thr are at least `need`
+ * (need <= their count) and at most kListCap, by a radix histogram over the bits (levels of 8, 8, 8 and
+ * 6 bits under bit 30: weights lie in [0, 1]); *count gets how many lie at or above it, > kListCap only
+ * when ties of one exact value exceed the cap. */
+__device__ uint32_t list_threshold(const float e[kItems], float lo, int need, int *count, Shared &s) {
+    constexpr int kShift[4] = {22, 14, 6, 0};
+    constexpr uint32_t kMask[4] = {0xFFu, 0xFFu, 0xFFu, 0x3Fu};
+    uint32_t prefix = 0; /* the bits above the level's, fixed so far */
+    int above = 0;       /* values in higher buckets of earlier levels */
+    for (int level = 0; level < 4; level++) {
+        const int sh = kShift[level];
+        for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kItems; j++) {
+            const uint32_t bits = __float_as_uint(e[j]);
+            if (e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix))
+                atomicAdd(&s.hist[(bits >> sh) & kMask[level]], 1u);
+        }
+        __syncthreads();
+        const int h = threadIdx.x < 256 ? (int)s.hist[255 - threadIdx.x] : 0; /* bins from the top */
+        int total;
+        const int excl = block_exclusive_sum(h, &total, s);
+        const int rem = need - above;
+        if (h > 0 && excl < rem && excl + h >= rem) s.bcast[0] = 255 - (int)threadIdx.x, s.bcast[1] = excl, s.bcast[2] = h;
+        __syncthreads();
+        const int b = s.bcast[0], ex = s.bcast[1], hb = s.bcast[2];
+        __syncthreads();
+        prefix = level == 0 ? (uint32_t)b : (prefix << (kShift[level - 1] - sh)) | (uint32_t)b;
+        *count = above + ex + hb;
+        if (*count <= kListCap || level == 3) return prefix << sh;
+        above += ex;
+    }
+    return 0; /* unreachable */
+}
+
+/* Per CTA, slices [blockIdx.x * spc, + spc) of row blockIdx.y: copy (modified rows), bias and penalties
+ * of the slices' ids, argmaxes, finiteness (parts[blockIdx.x]: the argmax is order-free, so how slices
+ * group into CTAs changes no bit); the row's last CTA combines them into the RowState. */
+__global__ void __launch_bounds__(kThreads, 3)
+    sample_scan_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
+                       const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
+                       const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc) {
     osp_pdl_begin();
     __shared__ Shared s;
-    __shared__ osp_cuda_sample_row p; /* the row's parameters (kept out of registers) */
-    const int row = blockIdx.x;
+    __shared__ osp_cuda_sample_row p;
+    const int row = blockIdx.y, b = blockIdx.x, G = (vocab + kSlice - 1) / kSlice;
+    const int c_end = (b + 1) * spc < G ? (b + 1) * spc : G;
     if (threadIdx.x == 0) p = rows[row];
     __syncthreads();
-    float *w = reinterpret_cast<float *>(scratch + (size_t)row * row_bytes);
-    uint32_t *cnt = reinterpret_cast<uint32_t *>(scratch + (size_t)row * row_bytes + cnt_offset);
-    int rounds = 0;
-
-    bool ok = params_ok(p, vocab, ids, bias_ids, bias_vals);
-    const float *x = logits + (size_t)(ok ? p.logits_row : 0) * (size_t)vocab;
-    const bool modified = p.n_bias > 0 || (p.n_output < p.min_tokens && p.n_stop > 0) ||
-                          p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-
-    /* pass over the raw logits: finite?, raw argmax, copy when the row modifies them */
-    ArgMax raw{0.0f, -1};
-    if (ok) {
-        bool bad = false;
-        for_each(x, vocab, [&](int i, float v) {
-            bad |= !(fabsf(v) <= FLT_MAX);
-            if (modified) w[i] = v;
-            if (raw.i < 0 || v > raw.v) raw = ArgMax{v, i};
-        });
-        ok = !__syncthreads_or(bad);
-    }
-    if (ok) raw = block_reduce(raw, ArgMaxOp(), s);
-
-    ArgMax best = raw;
-    if (ok && modified) {
-        process_logits(p, w, cnt, ids, bias_ids, bias_vals);
-        ArgMax am{0.0f, -1};
-        for_each(w, vocab, [&](int i, float v) {
-            if (!isnan(v) && (am.i < 0 || v > am.v)) am = ArgMax{v, i};
-        });
-        best = block_reduce(am, ArgMaxOp(), s);
-        /* the CPU's scan starts at w[0]: a NaN there is never replaced, so the row fails */
-        ok = best.i >= 0 && isfinite(best.v) && !isnan(w[0]);
-    }
-
-    int token = 0;
-    if (ok && p.temperature >= OSP_SAMPLING_EPS) {
-        /* weights with max exactly 1 (exp(-inf) = 0 for masked tokens), and the count and mass of
-         * the min-p candidates {w > lo} in the same pass */
-        const float *src = modified ? w : x;
-        const float inv_t = __fdiv_rn(1.0f, p.temperature);
-        const float lo = p.min_p > 0.0f ? nextafterf(fminf(p.min_p, 1.0f), 0.0f) : 0.0f;
-        Agg a{0, 0, 0.0, 0.0};
-        for_each(src, vocab, [&](int i, float l) {
-            const float e = i == best.i ? 1.0f : exp_shifted(l, best.v, inv_t);
-            w[i] = e;
-            if (e > lo) a.c0++, a.m0 += (double)e;
-        });
-        a = block_reduce(a, AggOp(), s); /* also makes w visible to the block */
-        View v{w, reinterpret_cast<int32_t *>(cnt), vocab, false, 0};
-        token = reject_sample(v, p.top_k, p.top_p, lo, a.c0, a.m0, p.seed, p.sample_index, p.output_pos,
-                              max_rounds, &rounds, s);
-        if (v.ids_used > 0) { /* the count array held ids: zero it again */
-            __syncthreads();
-            for (int i = threadIdx.x; i < v.ids_used; i += kThreads) cnt[i] = 0u;
+    const RowPtrs rp = row_ptrs(scratch, L, row);
+    const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
+    const bool modified = row_modified(p);
+    int bad = 0, nan0 = 0;
+    ArgMax2 am{{0.0f, -1}, {0.0f, -1}};
+    if (sok) {
+        if (b == 0 && !lists_ok(p, vocab, ids, bias_ids, bias_vals)) bad = 1;
+        const float *x = logits + (size_t)p.logits_row * (size_t)vocab;
+        bool nf = false;
+        for (int c = b * spc; c < c_end; c++) {
+            const int first = c * kSlice + (int)threadIdx.x * kItems;
+            float v[kItems];
+            load_slice(x, vocab, first, v);
+#pragma unroll
+            for (int j = 0; j < kItems; j++)
+                if (first + j < vocab) {
+                    nf |= !(fabsf(v[j]) <= FLT_MAX);
+                    if (am.raw.i < 0 || v[j] > am.raw.v) am.raw = ArgMax{v[j], first + j};
+                }
+            if (modified) {
+#pragma unroll
+                for (int j = 0; j < kItems; j++)
+                    if (first + j < vocab) rp.w[first + j] = v[j];
+                __syncthreads();
+                const int32_t hi = vocab - c * kSlice < kSlice ? vocab : c * kSlice + kSlice;
+                process_logits(p, rp.w, rp.cnt, ids, bias_ids, bias_vals, c * kSlice, hi);
+                load_slice(rp.w, vocab, first, v);
+                if (c == 0 && threadIdx.x == 0) nan0 = isnan(rp.w[0]);
+            }
+#pragma unroll
+            for (int j = 0; j < kItems; j++)
+                if (first + j < vocab && !isnan(v[j]) && (am.best.i < 0 || v[j] > am.best.v))
+                    am.best = ArgMax{v[j], first + j};
         }
-    } else if (ok) {
-        token = best.i;
+        if (__syncthreads_or(nf)) bad = 1;
+        am = block_reduce(am, ArgMax2Op(), s);
     }
+    if (threadIdx.x == 0) {
+        SlicePart *q = &rp.parts[b];
+        q->raw_v = am.raw.v, q->raw_i = am.raw.i, q->best_v = am.best.v, q->best_i = am.best.i;
+        q->bad = bad, q->nan0 = nan0;
+    }
+    if (!last_to_arrive(&rp.st->arrive_scan, gridDim.x)) return;
 
-    if (ok && lps && p.num_logprobs >= 0) fill_logprobs(x, vocab, token, p.num_logprobs, raw.v, &lps[row], s);
+    /* the row's last CTA: combine the CTAs' parts (larger value, lower id: any grouping gives the same) */
+    ArgMax2 r{{0.0f, -1}, {0.0f, -1}};
+    int anybad = 0;
+    for (int i = threadIdx.x; i < (int)gridDim.x; i += kThreads) {
+        const SlicePart *q = &rp.parts[i];
+        r = ArgMax2Op()(r, ArgMax2{{__ldcg(&q->raw_v), __ldcg(&q->raw_i)}, {__ldcg(&q->best_v), __ldcg(&q->best_i)}});
+        anybad |= __ldcg(&q->bad);
+    }
+    r = block_reduce(r, ArgMax2Op(), s);
+    anybad = __syncthreads_or(anybad);
+    bool ok = sok && !anybad;
+    /* a modified row fails like the CPU's scan: no non-NaN value, a non-finite maximum, or w[0] NaN */
+    if (ok && modified) ok = r.best.i >= 0 && isfinite(r.best.v) && !__ldcg(&rp.parts[0].nan0);
+    if (threadIdx.x == 0) {
+        rp.st->ok = ok;
+        rp.st->greedy = p.temperature < OSP_SAMPLING_EPS;
+        rp.st->raw_v = r.raw.v, rp.st->raw_i = r.raw.i, rp.st->best_v = r.best.v, rp.st->best_i = r.best.i;
+    }
+}
+
+/* The weight of token i (< vocab) with logit l: the maximum's own is exactly 1. */
+__device__ __forceinline__ float weight(int i, float l, const ArgMax &best, float inv_t) {
+    return i == best.i ? 1.0f : exp_shifted(l, best.v, inv_t);
+}
+
+struct RowParams { /* what the select and finish kernels derive from a row */
+    const float *x, *src;
+    float inv_t, lo;
+    int K;
+};
+
+__device__ __forceinline__ RowParams row_params(const osp_cuda_sample_row &p, const float *logits, int32_t vocab,
+                                                const RowPtrs &rp) {
+    RowParams r;
+    r.x = logits + (size_t)p.logits_row * (size_t)vocab;
+    r.src = row_modified(p) ? rp.w : r.x;
+    r.inv_t = __fdiv_rn(1.0f, p.temperature);
+    r.lo = p.min_p > 0.0f ? nextafterf(fminf(p.min_p, 1.0f), 0.0f) : 0.0f;
+    r.K = p.top_k >= 1 && p.top_k <= kListKMax ? p.top_k : kListKDefault;
+    return r;
+}
+
+/* Slices [c_begin, c_end) of a row still to sample, each on its own (a slice's results do not depend on
+ * how slices group into CTAs): weights, count and mass above lo, the candidate list. */
+__device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMax &best, int32_t vocab, int c_begin,
+                              int c_end, Shared &s) {
+    for (int c = c_begin; c < c_end; c++) {
+    const int first = c * kSlice + (int)threadIdx.x * kItems;
+    float e[kItems];
+    load_slice(q.src, vocab, first, e);
+    Agg a{0, 0, 0.0, 0.0};
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+        e[j] = first + j < vocab ? weight(first + j, e[j], best, q.inv_t) : 0.0f;
+        if (e[j] > q.lo) a.c0++, a.m0 += (double)e[j];
+    }
+    a = block_reduce(a, AggOp(), s);
+    const int need = a.c0 < q.K ? a.c0 : q.K;
+    int count = 0;
+    const uint32_t thr = need > 0 ? list_threshold(e, q.lo, need, &count, s) : 0xFFFFFFFFu;
+    const bool overflow = count > kListCap;
+    int keep = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; j++) keep += !overflow && e[j] > q.lo && __float_as_uint(e[j]) >= thr;
+    int total;
+    int pos = c * kListCap + block_exclusive_sum(keep, &total, s);
+#pragma unroll
+    for (int j = 0; j < kItems; j++)
+        if (!overflow && e[j] > q.lo && __float_as_uint(e[j]) >= thr)
+            rp.list_w[pos] = e[j], rp.list_id[pos] = first + j, pos++;
+    if (threadIdx.x == 0) {
+        SlicePart *d = &rp.parts[c];
+        d->c0 = a.c0, d->m0 = a.m0, d->list_n = total, d->overflow = overflow;
+    }
+    }
+}
+
+/* The select pass alone: slices [blockIdx.x * spc, + spc) of row blockIdx.y. */
+__global__ void __launch_bounds__(kThreads, 3)
+    sample_select_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
+                         unsigned char *scratch, Layout L, int spc) {
+    osp_pdl_begin();
+    __shared__ Shared s;
+    __shared__ osp_cuda_sample_row p;
+    const int row = blockIdx.y, G = (vocab + kSlice - 1) / kSlice;
+    const RowPtrs rp = row_ptrs(scratch, L, row);
+    if (!rp.st->ok || rp.st->greedy) return; /* written by the scan kernel, which has completed */
+    if (threadIdx.x == 0) p = rows[row];
+    __syncthreads();
+    const ArgMax best{rp.st->best_v, rp.st->best_i};
+    const int c_end = ((int)blockIdx.x + 1) * spc < G ? ((int)blockIdx.x + 1) * spc : G;
+    select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, (int)blockIdx.x * spc, c_end, s);
+}
+
+/* The finishing kernel's view of the slices, a tile of kThreads slices at a time in shared memory. */
+struct TileParts {
+    double m0[kThreads];
+    int c0[kThreads], list_n[kThreads], off[kThreads];
+};
+
+/* Loads slices [t0, t0 + kThreads) (those < G) into the tile; returns the tile's size. */
+__device__ int load_tile(const SlicePart *parts, int G, int t0, TileParts &t) {
+    __syncthreads(); /* the previous tile is no longer read */
+    const int i = t0 + (int)threadIdx.x;
+    const bool in = i < G;
+    /* through L2 (ld.global.cg): in the fused launch other CTAs of this kernel wrote them */
+    t.m0[threadIdx.x] = in ? __ldcg(&parts[i].m0) : 0.0;
+    t.c0[threadIdx.x] = in ? __ldcg(&parts[i].c0) : 0;
+    t.list_n[threadIdx.x] = in ? __ldcg(&parts[i].list_n) : 0;
+    __syncthreads();
+    return G - t0 < kThreads ? G - t0 : kThreads;
+}
+
+/* One draw over {e > lo} (temperature, min-p only: reject_sample's first round with neither filter):
+ * the slice where the running mass, in slice order, crosses u * mass, then the token in it as
+ * draw_index finds it in a chunk; the last candidate if rounding leaves the target at the total. */
+__device__ int draw_over_slices(const RowPtrs &rp, const RowParams &q, const ArgMax &best, int32_t vocab, int G,
+                                double target, TileParts &t, Shared &s) {
+    __shared__ int sh_slice, sh_last;
+    __shared__ double sh_run;
+    int found = -1, last_nz = 0; /* thread 0's walk, in registers across tiles */
+    double run = 0.0;
+    for (int t0 = 0; t0 < G; t0 += kThreads) {
+        const int n = load_tile(rp.parts, G, t0, t);
+        if (threadIdx.x == 0)
+            for (int j = 0; j < n && found < 0; j++) {
+                if (t.c0[j] > 0) last_nz = t0 + j;
+                if (run + t.m0[j] > target) found = t0 + j;
+                else run += t.m0[j];
+            }
+    }
+    if (threadIdx.x == 0) sh_slice = found, sh_last = last_nz, sh_run = run;
+    __syncthreads();
+    const int hit = sh_slice, sl = hit >= 0 ? hit : sh_last;
+    const int f = sl * kSlice + (int)threadIdx.x * kItems;
+    float y[kItems];
+    load_slice(q.src, vocab, f, y);
+    double tsum = 0.0;
+    int last = -1;
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+        y[j] = f + j < vocab ? weight(f + j, y[j], best, q.inv_t) : 0.0f;
+        y[j] = y[j] > q.lo ? y[j] : 0.0f;
+        tsum += (double)y[j];
+        if (y[j] > 0.0f) last = f + j;
+    }
+    if (hit < 0) return block_reduce(last, MaxIntOp(), s);
+    double tot;
+    const double excl = sh_run + block_exclusive_sum(tsum, &tot, s);
+    int owner = block_reduce(tsum > 0.0 && excl + tsum > target ? (int)threadIdx.x : kThreads, MinIntOp(), s);
+    if (owner == kThreads) owner = block_reduce(tsum > 0.0 ? (int)threadIdx.x : -1, MaxIntOp(), s);
+    if ((int)threadIdx.x == owner) {
+        double acc = excl;
+        int pick = f;
+#pragma unroll
+        for (int j = 0; j < kItems; j++)
+            if (y[j] > 0.0f && !(acc > target)) acc += (double)y[j], pick = f + j;
+        s.bcast[0] = pick;
+    }
+    __syncthreads();
+    const int token = s.bcast[0];
+    __syncthreads();
+    return token;
+}
+
+/* U, the slices' lists in slice order (each in id order, so view order is id order), into uw / uid. */
+__device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, TileParts &t, Shared &s) {
+    int n = 0;
+    for (int t0 = 0; t0 < G; t0 += kThreads) {
+        const int m = load_tile(rp.parts, G, t0, t);
+        int total;
+        t.off[threadIdx.x] = block_exclusive_sum(t.list_n[threadIdx.x], &total, s);
+        __syncthreads();
+        /* entry o of the tile: slice j with off[j] <= o < off[j] + list_n[j], by binary search */
+        for (int o = threadIdx.x; o < total; o += kThreads) {
+            int a = 0, b = m - 1;
+            while (a < b) {
+                const int mid = (a + b + 1) / 2;
+                if (t.off[mid] <= o) a = mid;
+                else b = mid - 1;
+            }
+            const size_t src = (size_t)(t0 + a) * kListCap + (size_t)(o - t.off[a]);
+            uw[n + o] = __ldcg(&rp.list_w[src]);
+            uid[n + o] = __ldcg(&rp.list_id[src]);
+        }
+        n += total;
+    }
+    __syncthreads();
+    return n;
+}
+
+/* Entries of U the finishing kernel keeps in shared memory (its dynamic part: values and ids, 24 KB) when
+ * OSPREY_SAMPLE_SMEM_U is not 0; a larger U stays in the row's scratch. Same operations, same bits. */
+constexpr int kUCap = 3072;
+constexpr size_t kUSmemBytes = (size_t)kUCap * 8u;
+
+/* With OSPREY_SAMPLE_FUSED=1, grids of at most this many CTAs (rows x slices) run select and finish as
+ * one launch (one CTA an SM: the finishing code needs 128 registers a thread), the same bits. Off by
+ * default until it has run on the device (built after the last device call of 2026-12-04). */
+constexpr int64_t kFusedCtas = 132;
+
+bool sample_fused(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_SAMPLE_FUSED");
+        v = e && !strcmp(e, "1") ? 1 : 0;
+    }
+    return v == 1;
+}
+
+/* OSPREY_SAMPLE_GRID_CTAS=N (N > 0): a sliced pass whose grid would pass N CTAs gives each CTA several
+ * slices (the same bits: see sample_scan_kernel). 0 or unset: one slice a CTA, as measured; the grouping
+ * is built but has not run on the device yet (see kFusedCtas). */
+int64_t sample_grid_ctas(void) {
+    static int64_t v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_SAMPLE_GRID_CTAS");
+        v = e ? atoll(e) : 0;
+        if (v < 0) v = 0;
+    }
+    return v;
+}
+
+bool sample_smem_u(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("OSPREY_SAMPLE_SMEM_U");
+        v = e && !strcmp(e, "0") ? 0 : 1;
+    }
+    return v == 1;
+}
+
+/* Row `row`'s token (p: its parameters, in shared memory), from the RowState and, for rows sampled, the
+ * slices' parts: greedy and failed rows at once, the others as "the sliced passes" say; then logprobs.
+ * dyn: kUSmemBytes of shared memory for U when smem_u. All threads of the block call it. */
+__device__ void finish_row(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row &p, int row,
+                           unsigned char *scratch, const Layout &L, int32_t *__restrict__ tokens,
+                           osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
+                           int32_t *__restrict__ rounds_out, int smem_u, unsigned char *dyn, Shared &s) {
+    __shared__ TileParts t;
+    __shared__ double sh_mass;
+    const int G = (vocab + kSlice - 1) / kSlice;
+    const RowPtrs rp = row_ptrs(scratch, L, row);
+    const bool ok = rp.st->ok, greedy = rp.st->greedy;
+    const ArgMax best{rp.st->best_v, rp.st->best_i};
+    int token = 0, rounds = 0;
+    if (ok && greedy) {
+        token = best.i;
+    } else if (ok) {
+        const RowParams q = row_params(p, logits, vocab, rp);
+        /* the row's count and mass of {e > lo}: counts by the block, the mass in slice order */
+        int cnt_lo = 0, ovf = 0, n_u = 0;
+        if (threadIdx.x == 0) sh_mass = 0.0;
+        for (int t0 = 0; t0 < G; t0 += kThreads) {
+            const int n = load_tile(rp.parts, G, t0, t);
+            cnt_lo += t.c0[threadIdx.x];
+            n_u += t.list_n[threadIdx.x];
+            ovf |= (int)threadIdx.x < n && __ldcg(&rp.parts[t0 + (int)threadIdx.x].overflow);
+            if (threadIdx.x == 0)
+                for (int j = 0; j < n; j++) sh_mass += t.m0[j];
+        }
+        cnt_lo = block_reduce(cnt_lo, SumIntOp(), s); /* also publishes sh_mass */
+        n_u = block_reduce(n_u, SumIntOp(), s);
+        ovf = __syncthreads_or(ovf);
+        const double mass_lo = sh_mass;
+        const bool p_on = p.top_p < 1.0f;
+        const int k = p.top_k > 0 && p.top_k < cnt_lo ? p.top_k : 0;
+        const bool covered =
+            !ovf && (k == 1 || (p_on && p.top_p <= 0.0f) || cnt_lo <= q.K || (k > 0 && p_on && k <= q.K));
+        if (covered) {
+            const bool in_smem = smem_u && n_u <= kUCap;
+            float *uw = in_smem ? reinterpret_cast<float *>(dyn) : rp.w;
+            int32_t *uid = in_smem ? reinterpret_cast<int32_t *>(dyn + (size_t)kUCap * 4u)
+                                   : reinterpret_cast<int32_t *>(rp.cnt);
+            const int n = gather_lists(rp, G, uw, uid, t, s);
+            View v{uw, uid, n, true, n};
+            token = reject_sample(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index, p.output_pos,
+                                  max_rounds, &rounds, s);
+            if (!in_smem) {
+                __syncthreads();
+                for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
+            }
+        } else if (!k && !p_on && max_rounds > 0) {
+            const double target = uniform_at(p.seed, p.sample_index, p.output_pos, 0) * mass_lo;
+            token = draw_over_slices(rp, q, best, vocab, G, target, t, s);
+        } else { /* the one-block algorithm over the whole row */
+            for_each(q.src, vocab, [&](int i, float l) { rp.w[i] = weight(i, l, best, q.inv_t); });
+            __syncthreads();
+            View v{rp.w, reinterpret_cast<int32_t *>(rp.cnt), vocab, false, 0};
+            token = reject_sample(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index, p.output_pos,
+                                  max_rounds, &rounds, s);
+            if (v.ids_used > 0) {
+                __syncthreads();
+                for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
+            }
+        }
+    }
+    if (ok && lps && p.num_logprobs >= 0)
+        fill_logprobs(logits + (size_t)p.logits_row * (size_t)vocab, vocab, token, p.num_logprobs, rp.st->raw_v,
+                      &lps[row], s);
     if (threadIdx.x == 0) {
         tokens[row] = ok ? token : 0;
         status[row] = ok ? OSP_OK : OSP_ERR_INVALID_ARG;
@@ -702,7 +1182,65 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/* One CTA per row: finish_row. Dynamic shared memory: 0, or kUSmemBytes for U. */
+__global__ void __launch_bounds__(kThreads)
+    sample_finish_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
+                         unsigned char *scratch, Layout L, int32_t *__restrict__ tokens,
+                         osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
+                         int32_t *__restrict__ rounds_out, int smem_u) {
+    osp_pdl_begin();
+    extern __shared__ __align__(16) unsigned char dyn[];
+    __shared__ Shared s;
+    __shared__ osp_cuda_sample_row p;
+    if (threadIdx.x == 0) p = rows[blockIdx.x];
+    __syncthreads();
+    finish_row(logits, vocab, p, (int)blockIdx.x, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, dyn,
+               s);
+}
+
+/* The select pass and the finish in one launch, for small grids (one slice a CTA): the row's last CTA to
+ * finish its slice runs finish_row (the same function as sample_finish_kernel's: the same bits). A row
+ * the scan finished (greedy, failed) is finished by its CTA 0 alone. */
+__global__ void __launch_bounds__(kThreads)
+    sample_select_finish_kernel(const float *__restrict__ logits, int32_t vocab,
+                                const osp_cuda_sample_row *__restrict__ rows, unsigned char *scratch, Layout L,
+                                int32_t *__restrict__ tokens, osp_status *__restrict__ status,
+                                osp_logprobs *__restrict__ lps, int max_rounds, int32_t *__restrict__ rounds_out,
+                                int smem_u) {
+    osp_pdl_begin();
+    extern __shared__ __align__(16) unsigned char dyn[];
+    __shared__ Shared s;
+    __shared__ osp_cuda_sample_row p;
+    const int row = blockIdx.y, c = blockIdx.x;
+    const RowPtrs rp = row_ptrs(scratch, L, row);
+    const bool done = !rp.st->ok || rp.st->greedy; /* written by the scan kernel, which has completed */
+    if (done && c != 0) return;
+    if (threadIdx.x == 0) p = rows[row];
+    __syncthreads();
+    if (!done) {
+        const ArgMax best{rp.st->best_v, rp.st->best_i};
+        select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, c, c + 1, s);
+        if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
+    }
+    finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, dyn, s);
+}
+
 size_t round_up_256(size_t b) { return (b + 255u) & ~(size_t)255u; }
+
+/* A row's scratch: w [vocab] f32 | cnt [vocab] u32 | list values [slices x kListCap] f32 | list ids
+ * (same) | SlicePart [slices] | RowState, each part 256-byte aligned. */
+Layout layout_for(int32_t vocab) {
+    const size_t slices = ((size_t)vocab + kSlice - 1) / kSlice;
+    Layout L;
+    const size_t w = round_up_256((size_t)vocab * 4u), list = round_up_256(slices * kListCap * 4u);
+    L.cnt = w;
+    L.list_w = L.cnt + w;
+    L.list_id = L.list_w + list;
+    L.parts = L.list_id + list;
+    L.state = L.parts + round_up_256(slices * sizeof(SlicePart));
+    L.row_bytes = L.state + round_up_256(sizeof(RowState));
+    return L;
+}
 
 } /* namespace */
 
@@ -710,7 +1248,7 @@ extern "C" {
 
 size_t osp_cuda_sample_scratch_bytes(int32_t max_rows, int32_t vocab) {
     if (max_rows <= 0 || vocab <= 0 || vocab > kMaxVocab) return 0;
-    return (size_t)max_rows * 2u * round_up_256((size_t)vocab * 4u);
+    return (size_t)max_rows * layout_for(vocab).row_bytes;
 }
 
 osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cuda_sample_row *d_rows,
@@ -726,11 +1264,38 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda sample: logits, rows, scratch, tokens and status are required");
     if ((uintptr_t)d_scratch % 16u)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda sample: scratch must be 16-byte aligned");
-    const size_t half = round_up_256((size_t)vocab * 4u);
-    osp_launch(sample_kernel, (unsigned)num_rows, kThreads, 0, (cudaStream_t)stream,
-        d_logits, vocab, d_rows, d_ids, d_bias_ids, d_bias_vals, (unsigned char *)d_scratch, 2u * half, half, d_tokens,
-        d_status, d_logprobs, max_rounds, d_rounds);
-    OSP_CUDA_LAUNCH_CHECK("sample_kernel");
+    const Layout L = layout_for(vocab);
+    const int64_t slices = ((int64_t)vocab + kSlice - 1) / kSlice;
+    for (int32_t r0 = 0; r0 < num_rows; r0 += 65535) { /* the grid's second dimension holds 65,535 rows */
+        const int32_t n = num_rows - r0 < 65535 ? num_rows - r0 : 65535;
+        unsigned char *sc = (unsigned char *)d_scratch + (size_t)r0 * L.row_bytes;
+        osp_logprobs *lp = d_logprobs ? d_logprobs + r0 : NULL;
+        int32_t *rd = d_rounds ? d_rounds + r0 : NULL;
+        /* slices a CTA: one, or (OSPREY_SAMPLE_GRID_CTAS) more once the grid would pass that many CTAs,
+         * so a large batch is not thousands of CTAs of fixed overhead each (no bit depends on it) */
+        const int64_t grid_ctas = sample_grid_ctas();
+        int64_t spc = grid_ctas > 0 ? ((int64_t)n * slices + grid_ctas - 1) / grid_ctas : 1;
+        spc = spc < 1 ? 1 : spc > slices ? slices : spc;
+        const dim3 grid((unsigned)((slices + spc - 1) / spc), (unsigned)n);
+        osp_launch(sample_scan_kernel, grid, kThreads, 0, (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids,
+                   d_bias_ids, d_bias_vals, sc, L, (int)spc);
+        OSP_CUDA_LAUNCH_CHECK("sample_scan_kernel");
+        const int smem_u = sample_smem_u() ? 1 : 0;
+        const size_t dyn = smem_u ? kUSmemBytes : 0;
+        if ((int64_t)n * slices <= kFusedCtas && sample_fused()) { /* a small grid: select and finish in one */
+            osp_launch(sample_select_finish_kernel, dim3((unsigned)slices, (unsigned)n), kThreads, dyn,
+                       (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp,
+                       (int)max_rounds, rd, smem_u);
+            OSP_CUDA_LAUNCH_CHECK("sample_select_finish_kernel");
+            continue;
+        }
+        osp_launch(sample_select_kernel, grid, kThreads, 0, (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L,
+                   (int)spc);
+        OSP_CUDA_LAUNCH_CHECK("sample_select_kernel");
+        osp_launch(sample_finish_kernel, dim3((unsigned)n), kThreads, dyn, (cudaStream_t)stream, d_logits, vocab,
+                   d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u);
+        OSP_CUDA_LAUNCH_CHECK("sample_finish_kernel");
+    }
     return OSP_OK;
 }
 
