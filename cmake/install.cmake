@@ -11,7 +11,7 @@ set(OSPREY_PC_CFLAGS "")
 set(OSPREY_PC_LIBS "")
 if(OSPREY_CUDA)
   set(OSPREY_PC_CFLAGS " -DOSPREY_HAVE_CUDA=1")
-  set(OSPREY_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart -lstdc++ -ldl -lrt")
+  set(OSPREY_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -Wl,-rpath,${CUDAToolkit_LIBRARY_DIR} -lcudart -lstdc++ -ldl -lrt")
 endif()
 configure_file(${CMAKE_SOURCE_DIR}/cmake/osprey.pc.in ${CMAKE_BINARY_DIR}/osprey.pc @ONLY)
 

@@ -12,11 +12,93 @@
  * shape once before capturing. One workspace, allocated at creation, is shared by all calls (calls
  * are serialized on the caller's stream). */
 #include <cublasLt.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+
+/* cuBLASLt is opened with dlopen when the first GEMM context is created, not linked: mapping it costs a
+ * process ~140 MB of resident memory (57 MB of code, 84 MB of relocated data), which a CUDA-enabled
+ * build running on the CPU backend never needs (bench/RESULTS.md, issue 21's peak RSS). The functions
+ * used are looked up once; their types come from cublasLt.h (decltype names no symbol). */
+namespace {
+
+struct LtApi {
+#define LT_FN(name) decltype(&::cublasLt##name) name;
+    LT_FN(Create)
+    LT_FN(Destroy)
+    LT_FN(GetStatusString)
+    LT_FN(Matmul)
+    LT_FN(MatmulAlgoGetHeuristic)
+    LT_FN(MatmulDescCreate)
+    LT_FN(MatmulDescDestroy)
+    LT_FN(MatmulDescSetAttribute)
+    LT_FN(MatmulPreferenceCreate)
+    LT_FN(MatmulPreferenceDestroy)
+    LT_FN(MatmulPreferenceSetAttribute)
+    LT_FN(MatrixLayoutCreate)
+    LT_FN(MatrixLayoutDestroy)
+#undef LT_FN
+};
+
+LtApi lt;
+pthread_once_t lt_once = PTHREAD_ONCE_INIT;
+char lt_error[320]; /* empty once loaded */
+
+#define LT_STR2(x) #x
+#define LT_STR(x) LT_STR2(x)
+
+void lt_load_once(void) {
+    /* the soname of the cuBLAS this was compiled against, then the unversioned name */
+    static const char *const names[] = {"libcublasLt.so." LT_STR(CUBLAS_VER_MAJOR), "libcublasLt.so"};
+    void *h = NULL;
+    const char *why = "";
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !h; i++) {
+        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) why = dlerror();
+    }
+    if (!h) {
+        snprintf(lt_error, sizeof lt_error, "cuBLASLt: cannot load %s: %s", names[0], why ? why : "?");
+        return;
+    }
+#define LT_SYM(name)                                                                               \
+    do {                                                                                           \
+        void *f_ = dlsym(h, "cublasLt" #name);                                                     \
+        if (!f_) {                                                                                 \
+            snprintf(lt_error, sizeof lt_error, "cuBLASLt: %s has no cublasLt" #name, names[0]);  \
+            return;                                                                                \
+        }                                                                                          \
+        memcpy(&lt.name, &f_, sizeof f_);                                                          \
+    } while (0)
+    LT_SYM(Create);
+    LT_SYM(Destroy);
+    LT_SYM(GetStatusString);
+    LT_SYM(Matmul);
+    LT_SYM(MatmulAlgoGetHeuristic);
+    LT_SYM(MatmulDescCreate);
+    LT_SYM(MatmulDescDestroy);
+    LT_SYM(MatmulDescSetAttribute);
+    LT_SYM(MatmulPreferenceCreate);
+    LT_SYM(MatmulPreferenceDestroy);
+    LT_SYM(MatmulPreferenceSetAttribute);
+    LT_SYM(MatrixLayoutCreate);
+    LT_SYM(MatrixLayoutDestroy);
+#undef LT_SYM
+    /* the handle stays open for the life of the process */
+}
+
+/* OSP_OK once cuBLASLt's functions are in `lt`; else OSP_ERR_UNSUPPORTED with why (every call). */
+osp_status lt_load(void) {
+    pthread_once(&lt_once, lt_load_once);
+    if (lt_error[0]) return osp_set_error(OSP_ERR_UNSUPPORTED, "%s", lt_error);
+    return OSP_OK;
+}
+
+} /* namespace */
 
 #define GEMM_MAX_PLANS 256
 
@@ -41,31 +123,32 @@ struct osp_cuda_gemm {
         cublasStatus_t st_ = (call);                                                               \
         if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
             return osp_set_error(OSP_ERR_INTERNAL, "cublasLt: %s failed: %s (%d)", (what),         \
-                                 cublasLtGetStatusString(st_), (int)st_);                          \
+                                 lt.GetStatusString(st_), (int)st_);                          \
     } while (0)
 
 static void plan_free(gemm_plan *p) {
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-    if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+    if (p->op) lt.MatmulDescDestroy(p->op);
+    if (p->a) lt.MatrixLayoutDestroy(p->a);
+    if (p->b) lt.MatrixLayoutDestroy(p->b);
+    if (p->d) lt.MatrixLayoutDestroy(p->d);
     memset(p, 0, sizeof *p);
 }
 
 extern "C" osp_status osp_cuda_gemm_create(size_t workspace_bytes, osp_cuda_gemm **out) {
     *out = NULL;
+    OSP_TRY(lt_load());
     osp_cuda_gemm *g = (osp_cuda_gemm *)calloc(1, sizeof *g);
     if (!g) return osp_set_error(OSP_ERR_NOMEM, "cublasLt: out of memory");
-    cublasStatus_t st = cublasLtCreate(&g->lt);
+    cublasStatus_t st = lt.Create(&g->lt);
     if (st != CUBLAS_STATUS_SUCCESS) {
         free(g);
-        return osp_set_error(OSP_ERR_INTERNAL, "cublasLt: cublasLtCreate failed: %s", cublasLtGetStatusString(st));
+        return osp_set_error(OSP_ERR_INTERNAL, "cublasLt: cublasLtCreate failed: %s", lt.GetStatusString(st));
     }
     g->workspace_bytes = workspace_bytes;
     if (workspace_bytes) {
         osp_status s = osp_cuda_malloc(&g->workspace, workspace_bytes, "the cuBLASLt workspace");
         if (s != OSP_OK) {
-            cublasLtDestroy(g->lt);
+            lt.Destroy(g->lt);
             free(g);
             return s;
         }
@@ -78,7 +161,7 @@ extern "C" void osp_cuda_gemm_destroy(osp_cuda_gemm *g) {
     if (!g) return;
     for (int i = 0; i < g->n_plans; i++) plan_free(&g->plans[i]);
     osp_cuda_free(g->workspace);
-    cublasLtDestroy(g->lt);
+    lt.Destroy(g->lt);
     free(g);
 }
 
@@ -86,26 +169,26 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
                             bool y_f32) {
     memset(p, 0, sizeof *p);
     p->T = T, p->N = N, p->K = K, p->ldy = ldy, p->y_f32 = y_f32;
-    LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    LT_TRY(lt.MatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K), "layout A");
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K), "layout B");
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, ldy),
+    LT_TRY(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
+    LT_TRY(lt.MatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+    LT_TRY(lt.MatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K), "layout A");
+    LT_TRY(lt.MatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K), "layout B");
+    LT_TRY(lt.MatrixLayoutCreate(&p->d, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, ldy),
            "layout D");
     cublasLtMatmulPreference_t pref;
-    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    LT_TRY(lt.MatmulPreferenceCreate(&pref), "PreferenceCreate");
     size_t ws = g->workspace_bytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     /* split-K partial sums in fp32 (the compute type) or none: never added up in the output's bf16 (the
      * INPLACE and OUTPUT_TYPE schemes), which would round every partial to 8 bits */
     const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
+    lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
     cublasLtMatmulHeuristicResult_t res;
     int n = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &n);
-    cublasLtMatmulPreferenceDestroy(pref);
+    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &n);
+    lt.MatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || n == 0)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "cublasLt: no algorithm for a bf16 GEMM of [%lld, %lld] x [%lld, %lld]^T",
                              (long long)T, (long long)K, (long long)N, (long long)K);
@@ -143,7 +226,7 @@ extern "C" osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_
         g->n_plans++;
     }
     const float alpha = 1.0f, beta = 0.0f;
-    LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, d_w, p->a, d_x, p->b, &beta, d_y, p->d, d_y, p->d, &p->algo,
+    LT_TRY(lt.Matmul(g->lt, p->op, &alpha, d_w, p->a, d_x, p->b, &beta, d_y, p->d, d_y, p->d, &p->algo,
                           g->workspace, g->workspace_bytes, (cudaStream_t)stream),
            "Matmul");
     return OSP_OK;
