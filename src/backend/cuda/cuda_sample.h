@@ -4,8 +4,9 @@
  * addresses (seed, sample_index, output_pos, draw), so a seeded request draws from the same uniforms
  * on either backend (and, the weights being bit-identical, almost always the same token: only sums
  * rounded in another order can differ). The full-vocabulary passes run over slices of 4,096 values,
- * one thread block each (two launches); the row's last block to finish samples from the slices'
- * candidate lists where they provably hold the filtered set, else over the whole row. The exact
+ * one thread block each (three launches: scan, select, finish; two when select and finish are fused);
+ * the finishing block samples from the slices' candidate lists where they provably hold the filtered
+ * set, else over the whole row. The exact
  * fallback after 32 rounds finds the CPU's sorted-order draw by binary searches over the weights' bit
  * patterns, not a sort.
  *

@@ -990,7 +990,10 @@ __device__ int load_tile(const SlicePart *parts, int G, int t0, TileParts &t) {
 
 /* One draw over {e > lo} (temperature, min-p only: reject_sample's first round with neither filter):
  * the slice where the running mass, in slice order, crosses u * mass, then the token in it as
- * draw_index finds it in a chunk; the last candidate if rounding leaves the target at the total. */
+ * draw_index finds it in a chunk; the last candidate if rounding leaves the target at the total. The
+ * slice is chosen by its select-pass mass (a block reduction) and the token by a block scan of the same
+ * weights: where the two sums differ in the last bit and no thread crosses, the slice's last candidate
+ * is taken (rounding only, as draw_index's own fallback). */
 __device__ int draw_over_slices(const RowPtrs &rp, const RowParams &q, const ArgMax &best, int32_t vocab, int G,
                                 double target, TileParts &t, Shared &s) {
     __shared__ int sh_slice, sh_last;
