@@ -730,6 +730,36 @@ static void test_serve_positional_and_tls_flags(void **state) {
     expect_error(run(args), "holds no PEM private key", NULL);
 }
 
+/* A run on the CPU maps no cuBLASLt, also in a CUDA-enabled build: gemm.cu opens it with the first GPU
+ * GEMM context (linked, it cost every run ~140 MB of resident memory: issue 21's peak RSS). ld.so's
+ * LD_DEBUG=libs trace names every library it loads, linked or dlopened; that it names libjansson
+ * (always linked) shows the trace was read. */
+static void test_cpu_run_loads_no_cublaslt(void **state) {
+    (void)state;
+    char cmd[4096], path[512];
+    snprintf(path, sizeof path, "%s/ld-trace", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "LD_DEBUG=libs '%s' generate -m '%s' --device cpu -p 'The sky is' -n 2 --temp 0 2>'%s' >/dev/null "
+             "</dev/null",
+             g_bin, g_model, path);
+    const int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096];
+    int jansson = 0, cublas = 0;
+    while (fgets(line, sizeof line, f)) {
+        jansson += strstr(line, "libjansson") != NULL;
+        if (strstr(line, "libcublas")) {
+            cublas++;
+            printf("  loaded on the CPU: %s", line);
+        }
+    }
+    fclose(f);
+    assert_true(jansson > 0);
+    assert_int_equal(cublas, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_missing_empty_and_not_gguf),
@@ -751,6 +781,7 @@ int main(void) {
         cmocka_unit_test(test_serve_kernel_table),
         cmocka_unit_test(test_perplexity),
         cmocka_unit_test(test_serve_positional_and_tls_flags),
+        cmocka_unit_test(test_cpu_run_loads_no_cublaslt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
