@@ -33,9 +33,11 @@
  *
  * Inverse-CDF draws walk the view in chunks of 512 x 8 values: each thread sums its 8, a block scan
  * gives the prefix, and the first thread whose running mass exceeds the target finds the token among
- * its 8. Passes where order does not matter are striped (coalesced, 16 loads in flight per thread).
+ * its 8. Passes where order does not matter are striped (coalesced; 8 float4 loads in flight a thread
+ * where the array is 16-byte aligned, else 16 scalar loads).
  *
- * Scratch per row: w [vocab] floats and cnt [vocab] uint32, each padded to 256 bytes. */
+ * Scratch per row (layout_for): w [vocab] floats, cnt [vocab] uint32, the slices' lists and parts and
+ * the RowState, each padded to 256 bytes. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -54,7 +56,7 @@ extern "C" {
 
 namespace {
 
-constexpr int kThreads = 512;             /* one block per row */
+constexpr int kThreads = 512;             /* every kernel's block: a slice's CTA, the finishing CTA of a row */
 constexpr int kItems = 8;                 /* consecutive values per thread in ordered (chunked) passes */
 constexpr int kUnroll = 16;               /* loads in flight per thread in striped passes */
 constexpr int kChunk = kThreads * kItems; /* values per chunk of an ordered pass */
