@@ -1081,35 +1081,34 @@ constexpr size_t kUSmemBytes = (size_t)kUCap * 8u;
  * default until it has run on the device (built after the last device call of 2026-12-04). */
 constexpr int64_t kFusedCtas = 132;
 
-bool sample_fused(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSPREY_SAMPLE_FUSED");
-        v = e && !strcmp(e, "1") ? 1 : 0;
+/* The integer value of the environment variable `name`, or `dflt` when it is unset; read once into
+ * *cache (INT64_MIN before). The sampler's launch-shape switches below; every shape gives the same bits. */
+int64_t env_int(const char *name, int64_t dflt, int64_t *cache) {
+    if (*cache == INT64_MIN) {
+        const char *e = getenv(name);
+        *cache = e ? atoll(e) : dflt;
     }
-    return v == 1;
+    return *cache;
+}
+
+bool sample_fused(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_FUSED", 0, &v) == 1;
 }
 
 /* OSPREY_SAMPLE_GRID_CTAS=N (N > 0): a sliced pass whose grid would pass N CTAs gives each CTA several
  * slices (the same bits: see sample_scan_kernel). 0 or unset: one slice a CTA, as measured; the grouping
  * is built but has not run on the device yet (see kFusedCtas). */
 int64_t sample_grid_ctas(void) {
-    static int64_t v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSPREY_SAMPLE_GRID_CTAS");
-        v = e ? atoll(e) : 0;
-        if (v < 0) v = 0;
-    }
-    return v;
+    static int64_t v = INT64_MIN;
+    const int64_t n = env_int("OSPREY_SAMPLE_GRID_CTAS", 0, &v);
+    return n > 0 ? n : 0;
 }
 
+/* OSPREY_SAMPLE_SMEM_U=0 keeps U in the row's scratch (see kUCap) */
 bool sample_smem_u(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("OSPREY_SAMPLE_SMEM_U");
-        v = e && !strcmp(e, "0") ? 0 : 1;
-    }
-    return v == 1;
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_SMEM_U", 1, &v) != 0;
 }
 
 /* Row `row`'s token (p: its parameters, in shared memory), from the RowState and, for rows sampled, the
