@@ -151,10 +151,12 @@ static void test_tiles_match_one_token(void **state) {
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
             const uint32_t t = types[ti];
             int n = 0;
-            const osp_qdot_tile_fn tile = osp_qdot_tile_for(t, &n);
+            bool packed = true;
+            const osp_qdot_tile_fn tile = osp_qdot_tile_for(t, &n, &packed);
             const osp_qdot_fn one = osp_qdot_for(t);
             if (!tile) {
                 assert_int_equal(n, 1);
+                assert_false(packed);
                 assert_string_equal(osp_qdot_isa(), "scalar"); /* every SIMD family has tiles */
                 continue;
             }
@@ -174,7 +176,12 @@ static void test_tiles_match_one_token(void **state) {
                 }
                 float y[8 * 3];
                 for (int j = 0; j < 8 * 3; j++) y[j] = 12345.0f;
-                tile(w, xq, nb, stride, y, 3);
+                static _Alignas(64) osp_q8_pack pk[64];
+                if (packed) {
+                    assert_int_equal(n, OSP_Q8_PACK_TOKENS);
+                    osp_pack_q8(xq, stride, nb, pk);
+                }
+                tile(w, xq, nb, stride, packed ? pk : NULL, y, 3);
                 for (int j = 0; j < n; j++) {
                     const float r = one(w, xq + j * stride, nb);
                     if (memcmp(&r, &y[j * 3], sizeof r) != 0)
@@ -256,6 +263,52 @@ static void test_quantize_contract(void **state) {
     }
 }
 
+/* osp_pack_q8 holds exactly what its contract says (qdot.h): each pair's codes side by side, d2 8 times
+ * each, the Q8_0 bias -128 (256 L1 + L2) of every 4-code lane, the 8 tokens' s and s0; and the
+ * AVX512 packer (picked on AVX512-VNNI) writes the same bytes as the portable one (AVX2 and below).
+ * Full-scale codes (-127, 127: the int32 extremes of the bias) come from outlier-only blocks. */
+static void test_pack_layout(void **state) {
+    (void)state;
+    enum { NB = 9, STRIDE = 11 };
+    static float x[8 * STRIDE * 32];
+    static osp_q8_block xq[8 * STRIDE];
+    static _Alignas(64) osp_q8_pack a[NB], b[NB];
+    int checked = 0;
+    for (int trial = 0; trial < 20; trial++) {
+        for (int j = 0; j < 8; j++) {
+            for (int64_t i = 0; i < NB * 32; i++) x[i] = frand() * (rnd() % 40 == 0 ? 50.0f : 1.0f);
+            if (trial == 0) for (int64_t i = 0; i < NB * 32; i++) x[i] = (i & 1) ? 1.0f : -1.0f;
+            osp_quantize_row_q8(x, xq + j * STRIDE, NB * 32);
+        }
+        const char *isas[] = {"avx512vnni", "avx2"};
+        for (int ii = 0; ii < 2; ii++) {
+            osp_q8_pack *out = ii ? b : a;
+            memset(out, 0x5a, sizeof a);
+            if (!osp_qdot_force_isa(isas[ii])) osp_qdot_force_isa("scalar"); /* then both are portable */
+            osp_pack_q8(xq, STRIDE, NB, out);
+        }
+        if (!osp_qdot_force_isa("avx512vnni") && !osp_qdot_force_isa("avx2")) osp_qdot_force_isa("scalar");
+        assert_memory_equal(a, b, sizeof a);
+        for (int blk = 0; blk < NB; blk++)
+            for (int j = 0; j < 8; j++) {
+                const osp_q8_block *q = xq + j * STRIDE + blk;
+                const osp_q8_pair *pr = &a[blk].pair[j / 2];
+                const int h = j % 2;
+                assert_memory_equal(pr->qs + 32 * h, q->qs, 32);
+                assert_memory_equal(pr->qs2 + 32 * h, q->qs2, 32);
+                assert_true(a[blk].s[j] == q->s && a[blk].s0[j] == q->s0);
+                for (int l = 0; l < 8; l++) {
+                    int32_t l1 = 0, l2 = 0;
+                    for (int i = 0; i < 4; i++) l1 += q->qs[4 * l + i], l2 += q->qs2[4 * l + i];
+                    assert_true(pr->d2[8 * h + l] == q->d2);
+                    assert_int_equal(pr->bias[8 * h + l], -128 * (256 * l1 + l2));
+                }
+                checked++;
+            }
+    }
+    printf("qdot packs: %d token blocks packed as specified, both packers alike\n", checked);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
@@ -264,6 +317,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_activations),
         cmocka_unit_test(test_tiles_match_one_token),
         cmocka_unit_test(test_families_agree),
+        cmocka_unit_test(test_pack_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -236,7 +236,10 @@ static inline float block32_ref(const uint8_t *q, const osp_q8_block *blk) {
 
 /* sc0 s0 + sc1 (s - s0): an offset weighted per 16-value half. */
 static inline float halves(int sc0, int sc1, const osp_q8_block *blk) {
-    return (float)sc0 * blk->s0 + (float)sc1 * (blk->s - blk->s0);
+    const float h0 = (float)sc0 * blk->s0; /* separate statements: no FMA contraction, so the pair */
+    const float s1 = blk->s - blk->s0;     /* tiles' lane-wise vector form gives the same bits */
+    const float h1 = (float)sc1 * s1;
+    return h0 + h1;
 }
 
 /* sum_j halves(sc[2j], sc[2j+1], a + j) over a super-block's eight activation blocks, summed as a
@@ -244,7 +247,9 @@ static inline float halves(int sc0, int sc1, const osp_q8_block *blk) {
 static inline float halves8(const int8_t *sc, const osp_q8_block *a) {
     float t[8];
     for (int j = 0; j < 8; j++) t[j] = halves(sc[2 * j], sc[2 * j + 1], a + j);
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+    const float u0 = t[0] + t[1], u1 = t[2] + t[3], u2 = t[4] + t[5], u3 = t[6] + t[7];
+    const float v0 = u0 + u1, v1 = u2 + u3;
+    return v0 + v1;
 }
 
 static float dot_q4_k_ref(const void *w, const osp_q8_block *a, int64_t nb) {
@@ -398,22 +403,24 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
  * one-token kernel -- which is the NT = 1 instance of the same macro -- so a token's result never
  * depends on how many tokens share its tile (batch invariance holds by construction; test_qdot
  * asserts the bits). The token loops have a constant trip count and unroll completely, keeping the
- * 2 NT accumulators in registers (AVX2 has 16 vector registers: NT = 4). On AVX512-VNNI the
- * K-quants take 4 tokens here, and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 take 8 as 4 token pairs in 512-bit
- * vectors (the pair kernels below; measured, bench/cpu/NOTES.md). */
+ * 2 NT accumulators in registers (AVX2 has 16 vector registers: NT = 4). On AVX512-VNNI Q2_K and
+ * Q3_K take 4 tokens here, and every other type 8 as 4 token pairs in 512-bit vectors on packed
+ * activations (the pair kernels below; measured, bench/cpu/NOTES.md). */
 /* every token loop unrolls completely, so the per-token accumulators are registers, not arrays */
 #define UNROLL_NT _Pragma("GCC unroll 16")
-#define TILE_ARGS const void *w, const osp_q8_block *a, int64_t nb, int64_t as, float *y, int64_t ys
+#define TILE_ARGS                                                                                  \
+    const void *w, const osp_q8_block *a, int64_t nb, int64_t as, const osp_q8_pack *pk, float *y, int64_t ys
 #define ACC_DECL(NT)                                                                               \
     __m256 A0[NT], A1[NT];                                                                         \
     float OFF[NT];                                                                                 \
+    (void)pk; /* these tiles read the rows, not packs */                                           \
     UNROLL_NT for (int j = 0; j < (NT); j++) A0[j] = A1[j] = _mm256_setzero_ps(), OFF[j] = 0.0f
 #define ACC_SUM(j) hsum8(_mm256_add_ps(A0[j], A1[j]))
 #define ACC_STORE(NT)                                                                              \
     UNROLL_NT for (int j = 0; j < (NT); j++) y[j * ys] = ACC_SUM(j) + OFF[j]
 
 /* The Q4 kernels differ only in block size, where the nibbles start and the offset term. */
-#define Q4_KERNEL(NAME, TGT, DOT, BYTES, QOFF, OFFSET_TERM, NT)                                    \
+#define Q4_KERNEL(NAME, TGT, DOT, BYTES, QOFF, FACTOR, NT)                                    \
     TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         ACC_DECL(NT);                                                                              \
@@ -425,7 +432,7 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 LEVEL(A1[j], q1, aj + 1, d1, DOT);                                         \
-                OFF[j] += OFFSET_TERM(p, d0, aj) + OFFSET_TERM(p + (BYTES), d1, aj + 1);           \
+                OFFSET_PAIR(OFF[j], FACTOR(p, d0), aj->s, FACTOR(p + (BYTES), d1), aj[1].s);           \
             }                                                                                      \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
@@ -434,14 +441,31 @@ TGT_VNNI static inline __m256i dot2_vnni(__m256i u, __m256i s1, __m256i s2) {
             UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
-                OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
+                OFFSET_ONE(OFF[j], FACTOR(p, d0), aj->s);                                                  \
             }                                                                                      \
         }                                                                                          \
         ACC_STORE(NT);                                                                             \
     }
 
-#define Q4_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
-#define Q4_0_OFFSET(p, dw, blk) (-8.0f * (dw) * (blk)->s)
+/* The offset terms' per-block factors f: the term is f * s_a (Q4_1's minimum m_w, Q4_0's -8 d_w;
+ * -8 d_w is exact). Every kernel forms a token's offset sum as OFF + (f0 s0 + f1 s1) over a pair of
+ * blocks (OFF + f0 s0 for a last odd block), each product and sum rounded on its own (OFFSET_PAIR:
+ * separate statements, so no compiler contracts them into an FMA), which the pair tiles repeat in
+ * 8 lanes for 8 tokens at once. */
+#define Q4_1_FACTOR(p, dw) half_f16c((p) + 2)
+#define Q4_0_FACTOR(p, dw) (-8.0f * (dw))
+#define OFFSET_PAIR(off, f0, s0, f1, s1)                                                           \
+    do {                                                                                           \
+        const float t0_ = (f0) * (s0);                                                             \
+        const float t1_ = (f1) * (s1);                                                             \
+        const float t_ = t0_ + t1_;                                                                \
+        (off) += t_;                                                                               \
+    } while (0)
+#define OFFSET_ONE(off, f0, s0)                                                                    \
+    do {                                                                                           \
+        const float t0_ = (f0) * (s0);                                                             \
+        (off) += t0_;                                                                              \
+    } while (0)
 
 /* ---- Q5 and K-quant kernels ---- */
 
@@ -492,11 +516,11 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                                  _mm256_loadu_si256((const __m256i *)(const void *)(blk)->qs2)),    \
                        scv)
 
-#define Q5_0_OFFSET(p, dw, blk) (-16.0f * (dw) * (blk)->s)
-#define Q5_1_OFFSET(p, dw, blk) (half_f16c((p) + 2) * (blk)->s)
+#define Q5_0_FACTOR(p, dw) (-16.0f * (dw))
+#define Q5_1_FACTOR(p, dw) half_f16c((p) + 2)
 
 /* Q5_0 / Q5_1: nibbles at QOFF, fifth bits at HOFF. */
-#define Q5_KERNEL(NAME, TGT, DOT, BYTES, HOFF, QOFF, OFFSET_TERM, NT)                              \
+#define Q5_KERNEL(NAME, TGT, DOT, BYTES, HOFF, QOFF, FACTOR, NT)                              \
     TGT static void NAME(TILE_ARGS) {                                                              \
         const uint8_t *p = w;                                                                      \
         ACC_DECL(NT);                                                                              \
@@ -510,7 +534,7 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
                 LEVEL(A1[j], q1, aj + 1, d1, DOT);                                         \
-                OFF[j] += OFFSET_TERM(p, d0, aj) + OFFSET_TERM(p1, d1, aj + 1);                    \
+                OFFSET_PAIR(OFF[j], FACTOR(p, d0), aj->s, FACTOR(p1, d1), aj[1].s);                    \
             }                                                                                      \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
@@ -519,11 +543,21 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
             UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
                 const osp_q8_block *aj = a + j * as + b;                                           \
                 LEVEL(A0[j], q0, aj, d0, DOT);                                             \
-                OFF[j] += OFFSET_TERM(p, d0, aj);                                                  \
+                OFFSET_ONE(OFF[j], FACTOR(p, d0), aj->s);                                                  \
             }                                                                                      \
         }                                                                                          \
         ACC_STORE(NT);                                                                             \
     }
+
+/* sum_j m_j s_j over a super-block's eight blocks as a tree, every product and sum rounded on its
+ * own (separate statements: no FMA contraction), the order the pair tiles repeat lane-wise. */
+static inline float mins8(const uint8_t *m, const osp_q8_block *a) {
+    float t[8];
+    for (int j = 0; j < 8; j++) t[j] = (float)m[j] * a[j].s;
+    const float u0 = t[0] + t[1], u1 = t[2] + t[3], u2 = t[4] + t[5], u3 = t[6] + t[7];
+    const float v0 = u0 + u1, v1 = u2 + u3;
+    return v0 + v1;
+}
 
 /* Q4_K / Q5_K: one scale per activation block, folded into the float factor d sc_j d_a; the mins
  * give -dmin sum_j m_j s_j. Q5_K's fifth bit of value 32j + l is bit j of qh[l]: qh is shifted right
@@ -558,12 +592,8 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 }                                                                                  \
             }                                                                                      \
             UNROLL_NT for (int j = 0; j < (NT); j++) {                                                       \
-                const osp_q8_block *aj = a + j * as + 8 * sb;                                      \
-                const float moff = (((float)m[0] * aj[0].s + (float)m[1] * aj[1].s) +              \
-                                    ((float)m[2] * aj[2].s + (float)m[3] * aj[3].s)) +             \
-                                   (((float)m[4] * aj[4].s + (float)m[5] * aj[5].s) +              \
-                                    ((float)m[6] * aj[6].s + (float)m[7] * aj[7].s));              \
-                OFF[j] -= dmin * moff;                                                             \
+                const float t_ = dmin * mins8(m, a + j * as + 8 * sb);                             \
+                OFF[j] -= t_;                                                                      \
             }                                                                                      \
         }                                                                                          \
         ACC_STORE(NT);                                                                             \
@@ -606,7 +636,10 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
                 Q6K_STEP(NT, A0, q2, 2, SUFFIX);                                                       \
                 Q6K_STEP(NT, A1, q3, 3, SUFFIX);                                                       \
             }                                                                                      \
-            UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= 32.0f * d * halves8(sc, a + j * as + 8 * sb); \
+            UNROLL_NT for (int j = 0; j < (NT); j++) {                                             \
+                const float t_ = 32.0f * d * halves8(sc, a + j * as + 8 * sb);                     \
+                OFF[j] -= t_;                                                                      \
+            }                                                                                      \
         }                                                                                          \
         ACC_STORE(NT);                                                                             \
     }
@@ -698,16 +731,16 @@ TGT_AVX2 static inline __m256i sc16_pair(__m128i sc8, __m128i sel) {
     Q23K_KERNEL(tile_q2_k_##SUFFIX##NT, TGT, SUFFIX, 0, NT)                                        \
     Q23K_KERNEL(tile_q3_k_##SUFFIX##NT, TGT, SUFFIX, 1, NT)
 #define DEFINE_X86_TILES(SUFFIX, TGT, DOT, NT)                                                     \
-    Q4_KERNEL(tile_q4_1_##SUFFIX##NT, TGT, DOT, 20, 4, Q4_1_OFFSET, NT)                            \
-    Q4_KERNEL(tile_q4_0_##SUFFIX##NT, TGT, DOT, 18, 2, Q4_0_OFFSET, NT)                            \
-    Q5_KERNEL(tile_q5_0_##SUFFIX##NT, TGT, DOT, 22, 2, 6, Q5_0_OFFSET, NT)                         \
-    Q5_KERNEL(tile_q5_1_##SUFFIX##NT, TGT, DOT, 24, 4, 8, Q5_1_OFFSET, NT)
+    Q4_KERNEL(tile_q4_1_##SUFFIX##NT, TGT, DOT, 20, 4, Q4_1_FACTOR, NT)                            \
+    Q4_KERNEL(tile_q4_0_##SUFFIX##NT, TGT, DOT, 18, 2, Q4_0_FACTOR, NT)                            \
+    Q5_KERNEL(tile_q5_0_##SUFFIX##NT, TGT, DOT, 22, 2, 6, Q5_0_FACTOR, NT)                         \
+    Q5_KERNEL(tile_q5_1_##SUFFIX##NT, TGT, DOT, 24, 4, 8, Q5_1_FACTOR, NT)
 
 /* The one-token dot products: the NT = 1 tiles. */
 #define ONE(TYPE, SUFFIX, TGT)                                                                     \
     TGT static float dot_##TYPE##_##SUFFIX(const void *w, const osp_q8_block *a, int64_t nb) {     \
         float y;                                                                                   \
-        tile_##TYPE##_##SUFFIX##1(w, a, nb, 0, &y, 0);                                             \
+        tile_##TYPE##_##SUFFIX##1(w, a, nb, 0, NULL, &y, 0);                                             \
         return y;                                                                                  \
     }
 #define DEFINE_X86_KERNELS(SUFFIX, TGT, DOT)                                                       \
@@ -723,97 +756,119 @@ DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot2_vnni)
 DEFINE_X86_TILES(avx2, TGT_AVX2, dot2_avx2, 4)
 DEFINE_X86_KTILES(avx2, TGT_AVX2, dot2_avx2, 4)
 Q8_0_KERNEL(tile_q8_0_avx24, TGT_AVX2, dot2_avx2, 4)
-DEFINE_X86_KTILES(vnni, TGT_VNNI, dot2_vnni, 4)
+/* AVX512-VNNI's 4-token tiles: Q2_K and Q3_K (the other K-quants take token pairs) */
+Q23K_KERNEL(tile_q2_k_vnni4, TGT_VNNI, vnni, 0, 4)
+Q23K_KERNEL(tile_q3_k_vnni4, TGT_VNNI, vnni, 1, 4)
 
-/* Q8_0 on AVX512-VNNI over token pairs in 512-bit vectors: the low 256 bits carry token 2k, the high
- * 256 bits token 2k + 1, against the weight block broadcast to both halves, so each instruction does
- * two tokens' work. Every 32-bit lane sees exactly the one-token kernel's operations: the int32
- * 256 dot(|w|, sign(qa, w)) + dot(|w|, sign(qa2, w)) (AVX512 has no vpsignb: qa is negated under the
- * mask of negative weights, and where w = 0 the product is 0 either way), then the conversion, the
- * dw * d2 product and the FMA into the even or odd block's accumulator; each half is summed as
- * ACC_SUM sums a 256-bit pair. So the bits are the one-token kernel's (test_qdot). Shuffles cost:
- * the pair's d2 vector is one broadcast with a masked broadcast on top (two 256-bit products and an
- * insert were 6 % slower end to end). 8 tokens (4 pairs): 16 (8 pairs) measured 4-6 % slower. */
-#define Q8_0_PAIR_STEP(ACC, k, blkoff, aw, neg, dw)                                                 \
-    do {                                                                                           \
-        const osp_q8_block *a0 = a + 2 * (k) * as + (blkoff), *a1 = a0 + as;                       \
-        __m512i qa = _mm512_inserti64x4(                                                           \
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs)),      \
-            _mm256_loadu_si256((const __m256i *)(const void *)a1->qs), 1);                         \
-        __m512i qa2 = _mm512_inserti64x4(                                                          \
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs2)),     \
-            _mm256_loadu_si256((const __m256i *)(const void *)a1->qs2), 1);                        \
-        qa = _mm512_mask_sub_epi8(qa, neg, zero, qa);                                              \
-        qa2 = _mm512_mask_sub_epi8(qa2, neg, zero, qa2);                                           \
-        const __m512i x =                                                                          \
-            _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, aw, qa), 8), aw, qa2);  \
-        const __m512 sc = _mm512_mul_ps(                                                           \
-            dw, _mm512_mask_broadcastss_ps(_mm512_set1_ps(a0->d2), 0xff00, _mm_load_ss(&a1->d2)));  \
-        ACC[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), sc, ACC[k]);                               \
-    } while (0)
-#define Q8_0_PAIR_WEIGHT(wp, q, aw, neg, dw)                                                       \
-    const __m512i q =                                                                              \
-        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)((wp) + 2)));     \
-    const __m512i aw = _mm512_abs_epi8(q);                                                         \
-    const __mmask64 neg = _mm512_movepi8_mask(q);                                                  \
-    const __m512 dw = _mm512_set1_ps(half_f16c(wp))
-#define Q8_0_PAIR_KERNEL(NAME, NP)                                                                 \
-    TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
-        const uint8_t *p = w;                                                                      \
-        const __m512i zero = _mm512_setzero_si512();                                               \
-        __m512 A0[NP], A1[NP];                                                                     \
-        UNROLL_NT for (int k = 0; k < (NP); k++) A0[k] = A1[k] = _mm512_setzero_ps();              \
-        int64_t b = 0;                                                                             \
-        for (; b + 2 <= nb; b += 2, p += 68) {                                                     \
-            Q8_0_PAIR_WEIGHT(p, q0, aw0, neg0, dw0);                                               \
-            UNROLL_NT for (int k = 0; k < (NP); k++) Q8_0_PAIR_STEP(A0, k, b, aw0, neg0, dw0);     \
-            Q8_0_PAIR_WEIGHT(p + 34, q1, aw1, neg1, dw1);                                          \
-            UNROLL_NT for (int k = 0; k < (NP); k++) Q8_0_PAIR_STEP(A1, k, b + 1, aw1, neg1, dw1); \
-        }                                                                                          \
-        if (b < nb) {                                                                              \
-            Q8_0_PAIR_WEIGHT(p, q0, aw0, neg0, dw0);                                               \
-            UNROLL_NT for (int k = 0; k < (NP); k++) Q8_0_PAIR_STEP(A0, k, b, aw0, neg0, dw0);     \
-        }                                                                                          \
-        UNROLL_NT for (int k = 0; k < (NP); k++) {                                                 \
-            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
-            y[2 * k * ys] =                                                                        \
-                hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k])));   \
-            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
-                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))); \
-        }                                                                                          \
-    }
-Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
+/* The tiles over token pairs in 512-bit vectors (AVX512-VNNI; Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): the low
+ * 256 bits carry token 2k, the high 256 bits token 2k + 1, against the weight block's codes broadcast
+ * to both halves, so each instruction does two tokens' work; 8 tokens = 4 pairs (16 measured 4-6 %
+ * slower). The activations come packed (osp_pack_q8_pairs: each operand one 512-bit load, made once
+ * per matmul for all weight rows) -- the unpacked rows cost a 256-bit load and a masked broadcast
+ * per operand, and the d2 vector two broadcasts, per pair and block. Every 32-bit lane sees exactly
+ * the one-token kernel's operations: the int32 256 dot(w, qs) + dot(w, qs2) of its 4 codes, the
+ * conversion, the dw * d2 product and the FMA into the even or odd block's accumulator; each half is
+ * summed as ACC_SUM sums a 256-bit pair, and the Q4/Q5 offset terms stay per token in scalar as in
+ * Q4_KERNEL and Q5_KERNEL. So the bits are the one-token kernel's (test_qdot).
+ *
+ * Q8_0's signed codes: the one-token kernel moves w's sign onto the activations (vpsignb); here the
+ * tile multiplies the unsigned u = w + 128 (w XOR 0x80) and starts the second level from the pack's
+ * bias -128 (256 L1 + L2): 256 (dot(w, qs) + 128 L1) + (dot(w, qs2) + 128 L2) - 128 (256 L1 + L2) is
+ * the same int32 (every partial < 2^26: 4 * 255 * 127 * 256 + 128 * 257 * 508). That takes the
+ * two sign-masked negations off each pair's step: 7 operations where the unpacked tile had 13. */
 
-/* The Q4/Q5 families over token pairs the same way (the AVX512-VNNI tiles of Q4_0, Q4_1, Q5_0,
- * Q5_1): the unpacked codes (unsigned) broadcast to both halves, each half the one-token kernel's
- * LEVEL for its token, the offset terms per token in scalar as in Q4_KERNEL and Q5_KERNEL; 8 tokens.
- * Against the 256-bit tiles, 2 quick runs each on a loaded box: pp512 +8 % (SmolLM2 Q4_1), +9 %
- * (Qwen2.5's Q5_0 matrices); interleaved against the first pass's kernels SmolLM2 Q4_1 gained only
- * 4 % overall (bench/RESULTS.md). */
-#define PAIR_HALVES(blk0, blk1, f)                                                                 \
-    _mm512_mask_broadcast_i64x4(                                                                   \
-        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(blk0)->f)), 0xf0, \
-        _mm256_loadu_si256((const __m256i *)(const void *)(blk1)->f))
-#define LEVEL_PAIR(acc, qz, blk0, blk1, dwz)                                                       \
+TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb, osp_q8_pack *pk) {
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++)
+        for (int k = 0; k < 4; k++) {
+            const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;
+            osp_q8_pair *o = &pk[b].pair[k];
+            pk[b].s[2 * k] = a0->s, pk[b].s[2 * k + 1] = a1->s;
+            pk[b].s0[2 * k] = a0->s0, pk[b].s0[2 * k + 1] = a1->s0;
+            const __m512i qs = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs)),
+                _mm256_loadu_si256((const __m256i *)(const void *)a1->qs), 1);
+            const __m512i qs2 = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs2)),
+                _mm256_loadu_si256((const __m256i *)(const void *)a1->qs2), 1);
+            const __m512i lsum = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, qs), 8),
+                                                     ones, qs2); /* 256 L1 + L2 per lane, exact */
+            _mm512_store_si512((void *)o->qs, qs);
+            _mm512_store_si512((void *)o->qs2, qs2);
+            _mm512_store_ps(o->d2, _mm512_mask_broadcastss_ps(_mm512_set1_ps(a0->d2), 0xff00, _mm_load_ss(&a1->d2)));
+            _mm512_store_si512((void *)o->bias, _mm512_sub_epi32(zero, _mm512_slli_epi32(lsum, 7)));
+        }
+}
+
+#define PK_LOAD(pp, f) _mm512_load_si512((const void *)(pp)->f)
+/* acc += cvt(256 dot(u, qs) + [bias] + dot(u, qs2)) * (dw * d2) for one packed pair; BIAS(pp) is the
+ * second level's starting value (zero, or the pack's bias for Q8_0's offset codes). */
+#define LEVEL_PACKED(acc, u, pp, dwz, BIAS)                                                        \
     acc = _mm512_fmadd_ps(                                                                         \
         _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(                                                    \
-            _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, qz, PAIR_HALVES(blk0, blk1, qs)), 8), qz,   \
-            PAIR_HALVES(blk0, blk1, qs2))),                                                        \
-        _mm512_mul_ps(dwz, _mm512_mask_broadcastss_ps(_mm512_set1_ps((blk0)->d2), 0xff00,          \
-                                                      _mm_load_ss(&(blk1)->d2))),                  \
-        acc)
+            BIAS(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, u, PK_LOAD(pp, qs)), 8), pp), u,      \
+            PK_LOAD(pp, qs2))),                                                                    \
+        _mm512_mul_ps(dwz, _mm512_load_ps((pp)->d2)), acc)
+#define NO_BIAS(x, pp) (x)
+#define Q8_BIAS(x, pp) _mm512_add_epi32(x, PK_LOAD(pp, bias))
+/* the halves of A0[k] + A1[k], each summed as ACC_SUM sums one token's two accumulators */
+#define PAIR_STORE(k, off0, off1)                                                                  \
+    do {                                                                                           \
+        const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);                  \
+        y[2 * (k) * ys] =                                                                          \
+            hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k]))) + (off0); \
+        y[(2 * (k) + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
+                                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))) + \
+                                (off1);                                                            \
+    } while (0)
+
+/* Q8_0: u = w XOR 0x80 broadcast to both halves; no offset term (the sum is returned as is, so -0.0
+ * stays -0.0: adding 0.0f would turn it into +0.0). */
+#define Q8_0_CODES(wp) \
+    _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)((wp) + 2))), \
+                     _mm512_set1_epi8((char)0x80))
+TGT_VNNI static void tile_q8_0_vnni8(TILE_ARGS) {
+    enum { NP = 4 };
+    (void)a, (void)as;
+    const uint8_t *p = w;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 A0[NP], A1[NP];
+    UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += 68) {
+        const __m512i u0 = Q8_0_CODES(p), u1 = Q8_0_CODES(p + 34);
+        const __m512 dw0 = _mm512_set1_ps(half_f16c(p)), dw1 = _mm512_set1_ps(half_f16c(p + 34));
+        const osp_q8_pack *pb = pk + b;
+        UNROLL_NT for (int k = 0; k < NP; k++) {
+            LEVEL_PACKED(A0[k], u0, &pb[0].pair[k], dw0, Q8_BIAS);
+            LEVEL_PACKED(A1[k], u1, &pb[1].pair[k], dw1, Q8_BIAS);
+        }
+    }
+    if (b < nb) {
+        const __m512i u0 = Q8_0_CODES(p);
+        const __m512 dw0 = _mm512_set1_ps(half_f16c(p));
+        UNROLL_NT for (int k = 0; k < NP; k++) LEVEL_PACKED(A0[k], u0, &pk[b].pair[k], dw0, Q8_BIAS);
+    }
+    UNROLL_NT for (int k = 0; k < NP; k++) {
+        const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);
+        y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k])));
+        y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)),
+                                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1))));
+    }
+}
+
 #define Q4_CODES(p, QOFF, HOFF) unpack_nibbles((p) + (QOFF))
 #define Q5_CODES(p, QOFF, HOFF)                                                                    \
     _mm256_or_si256(unpack_nibbles((p) + (QOFF)), q5_high_bits((p) + (HOFF)))
-#define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, OFFSET_TERM)                               \
+#define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, FACTOR)                                    \
     TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
         enum { NP = 4 };                                                                           \
+        (void)a, (void)as;                                                                         \
         const uint8_t *p = w;                                                                      \
         const __m512i zero = _mm512_setzero_si512();                                               \
         __m512 A0[NP], A1[NP];                                                                     \
-        float OFF[2 * NP];                                                                         \
-        UNROLL_NT for (int k = 0; k < NP; k++)                                                     \
-            A0[k] = A1[k] = _mm512_setzero_ps(), OFF[2 * k] = OFF[2 * k + 1] = 0.0f;               \
+        __m256 off = _mm256_setzero_ps(); /* the 8 tokens' offset sums, OFFSET_PAIR lane-wise */    \
+        UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
             const uint8_t *p1 = p + (BYTES);                                                       \
@@ -821,39 +876,147 @@ Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
             const __m512i q1 = _mm512_broadcast_i64x4(CODES(p1, QOFF, HOFF));                      \
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
             const __m512 dw0 = _mm512_set1_ps(d0), dw1 = _mm512_set1_ps(d1);                       \
+            const osp_q8_pack *pb = pk + b;                                                        \
             UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
-                const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;                        \
-                LEVEL_PAIR(A0[k], q0, a0, a1, dw0);                                                \
-                LEVEL_PAIR(A1[k], q1, a0 + 1, a1 + 1, dw1);                                        \
-                OFF[2 * k] += OFFSET_TERM(p, d0, a0) + OFFSET_TERM(p1, d1, a0 + 1);                \
-                OFF[2 * k + 1] += OFFSET_TERM(p, d0, a1) + OFFSET_TERM(p1, d1, a1 + 1);            \
+                LEVEL_PACKED(A0[k], q0, &pb[0].pair[k], dw0, NO_BIAS);                             \
+                LEVEL_PACKED(A1[k], q1, &pb[1].pair[k], dw1, NO_BIAS);                             \
             }                                                                                      \
+            const __m256 t0 = _mm256_mul_ps(_mm256_set1_ps(FACTOR(p, d0)), _mm256_load_ps(pb[0].s)); \
+            const __m256 t1 = _mm256_mul_ps(_mm256_set1_ps(FACTOR(p1, d1)), _mm256_load_ps(pb[1].s)); \
+            off = _mm256_add_ps(off, _mm256_add_ps(t0, t1));                                       \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
             const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
             const float d0 = half_f16c(p);                                                         \
             const __m512 dw0 = _mm512_set1_ps(d0);                                                 \
-            UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
-                const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;                        \
-                LEVEL_PAIR(A0[k], q0, a0, a1, dw0);                                                \
-                OFF[2 * k] += OFFSET_TERM(p, d0, a0);                                              \
-                OFF[2 * k + 1] += OFFSET_TERM(p, d0, a1);                                          \
-            }                                                                                      \
+            UNROLL_NT for (int k = 0; k < NP; k++) LEVEL_PACKED(A0[k], q0, &pk[b].pair[k], dw0, NO_BIAS); \
+            off = _mm256_add_ps(off, _mm256_mul_ps(_mm256_set1_ps(FACTOR(p, d0)), _mm256_load_ps(pk[b].s))); \
         }                                                                                          \
-        UNROLL_NT for (int k = 0; k < NP; k++) {                                                   \
-            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
-            y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]),                     \
-                                                _mm512_castps512_ps256(A1[k]))) +                  \
-                            OFF[2 * k];                                                            \
-            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
-                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))) + \
-                                  OFF[2 * k + 1];                                                  \
-        }                                                                                          \
+        float OFF[2 * NP];                                                                         \
+        _mm256_storeu_ps(OFF, off);                                                                \
+        UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);          \
     }
-Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_OFFSET)
-Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_OFFSET)
-Q45_PAIR_KERNEL(tile_q5_0_vnni8, Q5_CODES, 22, 6, 2, Q5_0_OFFSET)
-Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_OFFSET)
+Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_FACTOR)
+Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_FACTOR)
+Q45_PAIR_KERNEL(tile_q5_0_vnni8, Q5_CODES, 22, 6, 2, Q5_0_FACTOR)
+Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_FACTOR)
+
+/* Q4_K / Q5_K over token pairs (QK45_KERNEL's steps on packs): each block's codes broadcast to both
+ * halves, the float factor d sc_j per block, and the mins' tree (mins8) in 8 lanes for 8 tokens. */
+#define QK45_PAIR_KERNEL(NAME, BYTES, FIVE)                                                        \
+    TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
+        enum { NP = 4 };                                                                           \
+        (void)a, (void)as;                                                                         \
+        const uint8_t *p = w;                                                                      \
+        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                      \
+        const __m512i zero = _mm512_setzero_si512();                                               \
+        __m512 A0[NP], A1[NP];                                                                     \
+        __m256 off = _mm256_setzero_ps();                                                          \
+        UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                \
+        for (int64_t sb = 0; sb < nb / 8; sb++, p += (BYTES)) {                                    \
+            const float d = half_f16c(p), dmin = half_f16c(p + 2);                                 \
+            uint8_t sc[8], m[8];                                                                   \
+            k4_scales(p + 4, sc, m);                                                               \
+            const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                            \
+            __m256i qh = (FIVE) ? _mm256_loadu_si256((const __m256i *)(const void *)(p + 16))      \
+                                : _mm256_setzero_si256();                                          \
+            const osp_q8_pack *pb = pk + 8 * sb;                                                   \
+            for (int c = 0; c < 4; c++) {                                                          \
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c)); \
+                __m256i lo = _mm256_and_si256(raw, m4);                                            \
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);                      \
+                if (FIVE) {                                                                        \
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));     \
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                    \
+                                                 _mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
+                    qh = _mm256_srli_epi16(qh, 2);                                                 \
+                }                                                                                  \
+                const __m512i lo2 = _mm512_broadcast_i64x4(lo), hi2 = _mm512_broadcast_i64x4(hi);  \
+                const __m512 dlo = _mm512_set1_ps(d * (float)sc[2 * c]);                           \
+                const __m512 dhi = _mm512_set1_ps(d * (float)sc[2 * c + 1]);                       \
+                UNROLL_NT for (int k = 0; k < NP; k++) {                                           \
+                    LEVEL_PACKED(A0[k], lo2, &pb[2 * c].pair[k], dlo, NO_BIAS);                    \
+                    LEVEL_PACKED(A1[k], hi2, &pb[2 * c + 1].pair[k], dhi, NO_BIAS);                \
+                }                                                                                  \
+            }                                                                                      \
+            __m256 t[8];                                                                           \
+            UNROLL_NT for (int j = 0; j < 8; j++)                                                  \
+                t[j] = _mm256_mul_ps(_mm256_set1_ps((float)m[j]), _mm256_load_ps(pb[j].s));        \
+            const __m256 v0 = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));  \
+            const __m256 v1 = _mm256_add_ps(_mm256_add_ps(t[4], t[5]), _mm256_add_ps(t[6], t[7]));  \
+            off = _mm256_sub_ps(off, _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_add_ps(v0, v1)));  \
+        }                                                                                          \
+        float OFF[2 * NP];                                                                         \
+        _mm256_storeu_ps(OFF, off);                                                                \
+        UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);          \
+    }
+QK45_PAIR_KERNEL(tile_q4_k_vnni8, 144, 0)
+QK45_PAIR_KERNEL(tile_q5_k_vnni8, 176, 1)
+
+/* Q6_K over token pairs (Q6K_KERNEL's steps on packs): each block's codes broadcast to both halves,
+ * its two 16-value scales as int32 lanes (sc[2j] for lanes 0-3 of each half, sc[2j + 1] for 4-7:
+ * one shuffle and one widening a block), and the -32 offset's halves8 tree in 8 lanes for 8 tokens. */
+TGT_VNNI static void tile_q6_k_vnni8(TILE_ARGS) {
+    enum { NP = 4 };
+    (void)a, (void)as;
+    const uint8_t *p = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m128i two = _mm_set1_epi8(2);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 A0[NP], A1[NP];
+    __m256 off = _mm256_setzero_ps();
+    UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 210) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);
+        const float d = half_f16c(p + 208);
+        const __m512 dv = _mm512_set1_ps(d);
+        const osp_q8_pack *pb = pk + 8 * sb;
+        __m128i sel = _mm_set_epi64x(0x0101010100000000LL, 0x0101010100000000LL);
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(p + 128 + 32 * h));
+            __m512i q[4];
+            q[0] = _mm512_broadcast_i64x4(
+                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
+            q[1] = _mm512_broadcast_i64x4(
+                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
+            q[2] = _mm512_broadcast_i64x4(
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)));
+            q[3] = _mm512_broadcast_i64x4(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+            for (int s4 = 0; s4 < 4; s4++) {
+                const __m512i scv = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc8, sel));
+                sel = _mm_add_epi8(sel, two);
+                const osp_q8_pair *pp = pb[4 * h + s4].pair;
+                UNROLL_NT for (int k = 0; k < NP; k++) {
+                    const __m512i x = _mm512_mullo_epi32(
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, q[s4], PK_LOAD(pp + k, qs)), 8),
+                                            q[s4], PK_LOAD(pp + k, qs2)),
+                        scv);
+                    const __m512 f = _mm512_mul_ps(dv, _mm512_load_ps(pp[k].d2));
+                    if (s4 & 1)
+                        A1[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), f, A1[k]);
+                    else
+                        A0[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), f, A0[k]);
+                }
+            }
+        }
+        __m256 t[8];
+        UNROLL_NT for (int j = 0; j < 8; j++) {
+            const __m256 s0 = _mm256_load_ps(pb[j].s0), s1 = _mm256_sub_ps(_mm256_load_ps(pb[j].s), s0);
+            t[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps((float)sc[2 * j]), s0),
+                                 _mm256_mul_ps(_mm256_set1_ps((float)sc[2 * j + 1]), s1));
+        }
+        const __m256 v0 = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));
+        const __m256 v1 = _mm256_add_ps(_mm256_add_ps(t[4], t[5]), _mm256_add_ps(t[6], t[7]));
+        off = _mm256_sub_ps(off, _mm256_mul_ps(_mm256_set1_ps(32.0f * d), _mm256_add_ps(v0, v1)));
+    }
+    float OFF[2 * NP];
+    _mm256_storeu_ps(OFF, off);
+    UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);
+}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -949,26 +1112,58 @@ osp_qdot_fn osp_qdot_for(uint32_t type) {
     return osp_qdot_ref_for(type);
 }
 
-osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n) {
+/* The portable packer (the layout's definition; tests and non-x86 builds). */
+static void pack_q8_ref(const osp_q8_block *a, int64_t as, int64_t nb, osp_q8_pack *pk) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int k = 0; k < 4; k++) {
+            osp_q8_pair *o = &pk[b].pair[k];
+            for (int h = 0; h < 2; h++) {
+                const osp_q8_block *blk = a + (2 * k + h) * as + b;
+                pk[b].s[2 * k + h] = blk->s;
+                pk[b].s0[2 * k + h] = blk->s0;
+                memcpy(o->qs + 32 * h, blk->qs, 32);
+                memcpy(o->qs2 + 32 * h, blk->qs2, 32);
+                for (int l = 0; l < 8; l++) {
+                    int32_t l1 = 0, l2 = 0;
+                    for (int i = 0; i < 4; i++) l1 += blk->qs[4 * l + i], l2 += blk->qs2[4 * l + i];
+                    o->d2[8 * h + l] = blk->d2;
+                    o->bias[8 * h + l] = -128 * (256 * l1 + l2);
+                }
+            }
+        }
+}
+
+void osp_pack_q8(const osp_q8_block *a, int64_t a_stride, int64_t nb, osp_q8_pack *pk) {
+#ifdef OSP_X86
+    if (detect() == ISA_VNNI) {
+        pack_q8_vnni(a, a_stride, nb, pk);
+        return;
+    }
+#endif
+    pack_q8_ref(a, a_stride, nb, pk);
+}
+
+osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n, bool *packed) {
     *n = 1;
+    *packed = false;
 #ifdef OSP_X86
     const isa_t isa = detect();
-#define TILE_CASES(SUFFIX, NT, KNT)                                                                \
+#define TILE_CASES(SUFFIX, NT, KNT, PK)                                                            \
     switch (type) {                                                                                \
-    case OSP_DTYPE_Q8_0: *n = NT; return tile_q8_0_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q4_0: *n = NT; return tile_q4_0_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q4_1: *n = NT; return tile_q4_1_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q5_0: *n = NT; return tile_q5_0_##SUFFIX##NT;                                   \
-    case OSP_DTYPE_Q5_1: *n = NT; return tile_q5_1_##SUFFIX##NT;                                   \
+    case OSP_DTYPE_Q8_0: *n = NT, *packed = PK; return tile_q8_0_##SUFFIX##NT;                     \
+    case OSP_DTYPE_Q4_0: *n = NT, *packed = PK; return tile_q4_0_##SUFFIX##NT;                     \
+    case OSP_DTYPE_Q4_1: *n = NT, *packed = PK; return tile_q4_1_##SUFFIX##NT;                     \
+    case OSP_DTYPE_Q5_0: *n = NT, *packed = PK; return tile_q5_0_##SUFFIX##NT;                     \
+    case OSP_DTYPE_Q5_1: *n = NT, *packed = PK; return tile_q5_1_##SUFFIX##NT;                     \
     case OSP_DTYPE_Q2_K: *n = KNT; return tile_q2_k_##SUFFIX##KNT;                                 \
     case OSP_DTYPE_Q3_K: *n = KNT; return tile_q3_k_##SUFFIX##KNT;                                 \
-    case OSP_DTYPE_Q4_K: *n = KNT; return tile_q4_k_##SUFFIX##KNT;                                 \
-    case OSP_DTYPE_Q5_K: *n = KNT; return tile_q5_k_##SUFFIX##KNT;                                 \
-    case OSP_DTYPE_Q6_K: *n = KNT; return tile_q6_k_##SUFFIX##KNT;                                 \
+    case OSP_DTYPE_Q4_K: *n = NT, *packed = PK; return tile_q4_k_##SUFFIX##NT;                     \
+    case OSP_DTYPE_Q5_K: *n = NT, *packed = PK; return tile_q5_k_##SUFFIX##NT;                     \
+    case OSP_DTYPE_Q6_K: *n = NT, *packed = PK; return tile_q6_k_##SUFFIX##NT;                     \
     default: return NULL;                                                                          \
     }
-    if (isa == ISA_VNNI) TILE_CASES(vnni, 8, 4)
-    if (isa == ISA_AVX2) TILE_CASES(avx2, 4, 4)
+    if (isa == ISA_VNNI) TILE_CASES(vnni, 8, 4, true)
+    if (isa == ISA_AVX2) TILE_CASES(avx2, 4, 4, false)
 #undef TILE_CASES
 #else
     (void)type;

@@ -42,18 +42,40 @@ typedef float (*osp_qdot_fn)(const void *w, const osp_q8_block *a, int64_t nbloc
 /* The fastest kernel for weight type `type` on this CPU, or NULL when the type has no quantized
  * path (F32, F16, BF16: those use the fp32 path). */
 osp_qdot_fn osp_qdot_for(uint32_t type);
+/* Eight tokens' activation blocks packed for the AVX512-VNNI pair tiles: block b of tokens 2k and
+ * 2k + 1 (k < 4) is pk[b].pair[k], laid out as the 512-bit registers the tile multiplies (low 256 bits
+ * token 2k, high 256 bits token 2k + 1), so a tile loads each operand once and every weight row of
+ * the matmul reuses the pack. bias holds, per vpdpbusd lane (4 codes), -128 (256 L1 + L2) with L1,
+ * L2 the lane's sums of qs and qs2: Q8_0's tile multiplies the unsigned codes w + 128 and adds it,
+ * which gives exactly the int32 of the signed product (256 dot(w, qs) + dot(w, qs2)). 256 bytes. */
+typedef struct osp_q8_pair {
+    int8_t qs[64], qs2[64];
+    float d2[16];
+    int32_t bias[16];
+} osp_q8_pair;
+/* Block b of the 8 tokens: the 4 pairs, and the tokens' s and s0 in token order (the offset terms,
+ * 8 tokens in one vector). 1088 bytes. */
+typedef struct osp_q8_pack {
+    osp_q8_pair pair[4];
+    float s[8], s0[8];
+} osp_q8_pack;
+#define OSP_Q8_PACK_TOKENS 8
+/* pk[nb] <- the blocks 0..nb-1 of activation rows a + j * a_stride, j < 8. pk 64-byte aligned. */
+void osp_pack_q8(const osp_q8_block *a, int64_t a_stride, int64_t nb, osp_q8_pack *pk);
+
 /* A GEMM tile: one weight row (`nb` blocks at w) against n tokens' activation rows (a + j * a_stride
  * blocks, j < n): y[j * y_stride] = dot(w, a + j * a_stride, nb). Each weight block is unpacked once
  * for all n tokens. Every y is bit-identical to osp_qdot_for(type)(w, a + j * a_stride, nb) -- the
  * one-token kernel is the same code at n = 1 -- so a token's result never depends on how many tokens
- * share its tile (batch invariance). */
-typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t nb, int64_t a_stride, float *y,
-                                 int64_t y_stride);
+ * share its tile (batch invariance). A tile that reads packs (osp_qdot_tile_for's *packed) also takes
+ * those rows' osp_pack_q8 in pk (n = 8); the others ignore pk. */
+typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t nb, int64_t a_stride,
+                                 const osp_q8_pack *pk, float *y, int64_t y_stride);
 /* The tile kernel for `type` in the family osp_qdot_for picks, with its width in *n (8 on
- * AVX512-VNNI, as 4 token pairs in 512-bit vectors, but 4 for the K-quants, whose super-block state
- * needs the room; 4 on AVX2), or NULL with *n = 1 where the family has none (the
- * portable kernels, F32/F16/BF16). */
-osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n);
+ * AVX512-VNNI, as 4 token pairs in 512-bit vectors on packs, but 4 for Q2_K and Q3_K; 4 on AVX2) and
+ * in *packed whether it reads packs (osp_pack_q8), or NULL with *n = 1 where the family has none
+ * (the portable kernels, F32/F16/BF16). */
+osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n, bool *packed);
 /* The portable reference kernel for `type` (NULL as above). */
 osp_qdot_fn osp_qdot_ref_for(uint32_t type);
 /* "avx512vnni", "avx2" or "scalar": the kernel family osp_qdot_for picks. */
