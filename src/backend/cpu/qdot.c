@@ -857,23 +857,37 @@ TGT_VNNI static void tile_q8_0_vnni8(TILE_ARGS) {
     }
 }
 
-#define Q4_CODES(p, QOFF, HOFF) unpack_nibbles((p) + (QOFF))
-#define Q5_CODES(p, QOFF, HOFF)                                                                    \
-    _mm256_or_si256(unpack_nibbles((p) + (QOFF)), q5_high_bits((p) + (HOFF)))
+/* A block's 32 codes in both 256-bit halves (unpack_nibbles' order: low nibbles are values 0..15,
+ * high nibbles 16..31), built in 512 bits: the 16 bytes broadcast to the four 128-bit lanes, lanes 1
+ * and 3 shifted right by 4, masked to 0x0f -- 3 operations where unpacking in 256 bits and
+ * broadcasting took 5. Q5's fifth bits are the u32 at HOFF as a byte mask (bit i = value i, for both
+ * halves), added as 0x10 under it: 2 operations (q5_high_bits' spread and compare took 6). */
+#define Q4_CODES(p, QOFF, HOFF)                                                                    \
+    _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128(                     \
+                                           (const __m128i *)(const void *)((p) + (QOFF)))),        \
+                                       nib_shift),                                                 \
+                     _mm512_set1_epi8(0x0f))
+#define Q5_CODES(p, QOFF, HOFF) q5_codes512(Q4_CODES(p, QOFF, HOFF), (p) + (HOFF))
+TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return _mm512_mask_add_epi8(q4, (__mmask64)h | (__mmask64)h << 32, q4, _mm512_set1_epi8(0x10));
+}
 #define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, FACTOR)                                    \
     TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
         enum { NP = 4 };                                                                           \
         (void)a, (void)as;                                                                         \
         const uint8_t *p = w;                                                                      \
         const __m512i zero = _mm512_setzero_si512();                                               \
+        const __m512i nib_shift = _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, \
+                                                   4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0); \
         __m512 A0[NP], A1[NP];                                                                     \
         __m256 off = _mm256_setzero_ps(); /* the 8 tokens' offset sums, OFFSET_PAIR lane-wise */    \
         UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
             const uint8_t *p1 = p + (BYTES);                                                       \
-            const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
-            const __m512i q1 = _mm512_broadcast_i64x4(CODES(p1, QOFF, HOFF));                      \
+            const __m512i q0 = CODES(p, QOFF, HOFF), q1 = CODES(p1, QOFF, HOFF);                   \
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
             const __m512 dw0 = _mm512_set1_ps(d0), dw1 = _mm512_set1_ps(d1);                       \
             const osp_q8_pack *pb = pk + b;                                                        \
@@ -886,7 +900,7 @@ TGT_VNNI static void tile_q8_0_vnni8(TILE_ARGS) {
             off = _mm256_add_ps(off, _mm256_add_ps(t0, t1));                                       \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
-            const __m512i q0 = _mm512_broadcast_i64x4(CODES(p, QOFF, HOFF));                       \
+            const __m512i q0 = CODES(p, QOFF, HOFF);                                               \
             const float d0 = half_f16c(p);                                                         \
             const __m512 dw0 = _mm512_set1_ps(d0);                                                 \
             UNROLL_NT for (int k = 0; k < NP; k++) LEVEL_PACKED(A0[k], q0, &pk[b].pair[k], dw0, NO_BIAS); \
