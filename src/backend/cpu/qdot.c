@@ -922,7 +922,7 @@ Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_FACTOR)
         enum { NP = 4 };                                                                           \
         (void)a, (void)as;                                                                         \
         const uint8_t *p = w;                                                                      \
-        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                      \
+        const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);                      \
         const __m512i zero = _mm512_setzero_si512();                                               \
         __m512 A0[NP], A1[NP];                                                                     \
         __m256 off = _mm256_setzero_ps();                                                          \
@@ -932,20 +932,21 @@ Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_FACTOR)
             uint8_t sc[8], m[8];                                                                   \
             k4_scales(p + 4, sc, m);                                                               \
             const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                            \
-            __m256i qh = (FIVE) ? _mm256_loadu_si256((const __m256i *)(const void *)(p + 16))      \
-                                : _mm256_setzero_si256();                                          \
+            __m512i qh = (FIVE) ? _mm512_broadcast_i64x4(                                          \
+                                      _mm256_loadu_si256((const __m256i *)(const void *)(p + 16))) \
+                                : _mm512_setzero_si512();                                          \
             const osp_q8_pack *pb = pk + 8 * sb;                                                   \
-            for (int c = 0; c < 4; c++) {                                                          \
-                const __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c)); \
-                __m256i lo = _mm256_and_si256(raw, m4);                                            \
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);                      \
+            for (int c = 0; c < 4; c++) { /* codes built in 512 bits: the 32 bytes broadcast */     \
+                const __m512i raw =                                                                \
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * c))); \
+                __m512i lo2 = _mm512_and_si512(raw, m4);                                           \
+                __m512i hi2 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);                     \
                 if (FIVE) {                                                                        \
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));     \
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                    \
-                                                 _mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
-                    qh = _mm256_srli_epi16(qh, 2);                                                 \
+                    lo2 = _mm512_or_si512(lo2, _mm512_slli_epi16(_mm512_and_si512(qh, one), 4));   \
+                    hi2 = _mm512_or_si512(hi2, _mm512_slli_epi16(                                  \
+                                                   _mm512_and_si512(_mm512_srli_epi16(qh, 1), one), 4)); \
+                    qh = _mm512_srli_epi16(qh, 2);                                                 \
                 }                                                                                  \
-                const __m512i lo2 = _mm512_broadcast_i64x4(lo), hi2 = _mm512_broadcast_i64x4(hi);  \
                 const __m512 dlo = _mm512_set1_ps(d * (float)sc[2 * c]);                           \
                 const __m512 dhi = _mm512_set1_ps(d * (float)sc[2 * c + 1]);                       \
                 UNROLL_NT for (int k = 0; k < NP; k++) {                                           \
@@ -974,7 +975,7 @@ TGT_VNNI static void tile_q6_k_vnni8(TILE_ARGS) {
     enum { NP = 4 };
     (void)a, (void)as;
     const uint8_t *p = w;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m128i two = _mm_set1_epi8(2);
     const __m512i zero = _mm512_setzero_si512();
     __m512 A0[NP], A1[NP];
@@ -988,18 +989,17 @@ TGT_VNNI static void tile_q6_k_vnni8(TILE_ARGS) {
         const osp_q8_pack *pb = pk + 8 * sb;
         __m128i sel = _mm_set_epi64x(0x0101010100000000LL, 0x0101010100000000LL);
         for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(p + 128 + 32 * h));
-            __m512i q[4];
-            q[0] = _mm512_broadcast_i64x4(
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)));
-            q[1] = _mm512_broadcast_i64x4(
-                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)));
-            q[2] = _mm512_broadcast_i64x4(
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30)));
-            q[3] = _mm512_broadcast_i64x4(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30)));
+            /* the codes built in 512 bits from the rows broadcast to both halves */
+#define BCAST32(ptr) _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(ptr)))
+            const __m512i l0 = BCAST32(p + 64 * h), l1 = BCAST32(p + 64 * h + 32), qh = BCAST32(p + 128 + 32 * h);
+#undef BCAST32
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
+                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, m30)),
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30)),
+            };
             for (int s4 = 0; s4 < 4; s4++) {
                 const __m512i scv = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc8, sel));
                 sel = _mm_add_epi8(sel, two);
