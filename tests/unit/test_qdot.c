@@ -309,6 +309,69 @@ static void test_pack_layout(void **state) {
     printf("qdot packs: %d token blocks packed as specified, both packers alike\n", checked);
 }
 
+/* The GEMV kernels (osp_qdot_gemv_for: block pairs in 512-bit vectors) give the one-token kernel's
+ * bits for every type they cover, odd block counts (a masked last block) and zero weights (-0.0 sums)
+ * included; the row packer writes what its contract says and both packers agree. Skipped where the
+ * CPU lacks AVX512-VNNI (no GEMV kernels: osp_qdot_gemv_for is NULL there, which is checked). */
+static void test_gemv_match_one_token(void **state) {
+    (void)state;
+    const uint32_t types[] = {OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1, OSP_DTYPE_Q8_0,
+                              OSP_DTYPE_Q2_K, OSP_DTYPE_Q3_K, OSP_DTYPE_Q4_K, OSP_DTYPE_Q5_K, OSP_DTYPE_Q6_K};
+    if (!osp_qdot_force_isa("avx512vnni")) {
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) assert_null(osp_qdot_gemv_for(types[ti]));
+        skip();
+    }
+    int tested = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t t = types[ti];
+        const osp_qdot_gemv_fn gemv = osp_qdot_gemv_for(t);
+        if (!gemv) {
+            assert_true(t == OSP_DTYPE_Q2_K || t == OSP_DTYPE_Q3_K);
+            continue;
+        }
+        const osp_qdot_fn one = osp_qdot_for(t);
+        for (int trial = 0; trial < 200; trial++) {
+            const int64_t per = osp_dtype_block_size(t) / 32, nb = per * (1 + rnd() % (64 / per));
+            static float x[64 * 32];
+            static osp_q8_block xq[64];
+            static _Alignas(64) osp_q8_pair bp[34], bq[34]; /* 32 pairs and 64 sums */
+            for (int64_t i = 0; i < nb * 32; i++) x[i] = frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
+            if (trial == 1) for (int64_t i = 0; i < nb * 32; i++) x[i] = -0.0f;
+            osp_quantize_row_q8(x, xq, nb * 32);
+            osp_pack_q8_row(xq, nb, bp);
+            osp_qdot_force_isa("avx2"); /* the portable packer */
+            osp_pack_q8_row(xq, nb, bq);
+            osp_qdot_force_isa("avx512vnni");
+            assert_memory_equal(bp, bq, (size_t)(nb + 1) / 2 * sizeof bp[0] + (size_t)nb * sizeof(float));
+            for (int64_t b = 0; b < nb; b++) assert_true(((const float *)(const void *)(bp + (nb + 1) / 2))[b] == xq[b].s);
+            for (int64_t b = 0; b < nb; b++)
+                for (int l = 0; l < 8; l++) {
+                    const osp_q8_pair *pr = &bp[b / 2];
+                    const int h = (int)(b % 2);
+                    assert_memory_equal(pr->qs + 32 * h, xq[b].qs, 32);
+                    assert_true(pr->d2[8 * h + l] == xq[b].d2);
+                }
+            /* rows of the test's weights: nrows = 1..6 covers a group of 4 and the single rows */
+            const int64_t nrows = 1 + rnd() % 6, rb = (int64_t)osp_dtype_type_size(t) * (nb / per);
+            static uint8_t wr[6 * 64 * 34];
+            for (int64_t r = 0; r < nrows; r++) {
+                fill_blocks(t, wr + r * rb, nb / per);
+                if (trial == 0) memset(wr + r * rb, 0, (size_t)rb);
+            }
+            float g[6];
+            gemv(wr, (size_t)rb, xq, bp, nb, g, nrows);
+            for (int64_t r = 0; r < nrows; r++) {
+                const float o = one(wr + r * rb, xq, nb);
+                if (memcmp(&o, &g[r], sizeof o) != 0)
+                    fail_msg("%s nb %d row %d of %d: GEMV gives %.9g, one-token kernel %.9g", osp_dtype_name(t),
+                             (int)nb, (int)r, (int)nrows, g[r], o);
+            }
+            tested++;
+        }
+    }
+    printf("qdot GEMV: %d row groups matched the one-token kernels bit for bit\n", tested);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
@@ -318,6 +381,7 @@ int main(void) {
         cmocka_unit_test(test_tiles_match_one_token),
         cmocka_unit_test(test_families_agree),
         cmocka_unit_test(test_pack_layout),
+        cmocka_unit_test(test_gemv_match_one_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

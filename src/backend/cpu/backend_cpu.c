@@ -308,9 +308,21 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
                         for (int64_t rr = lo - base; rr < hi - base; rr++)
                             tile(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb, nb, pk, yp + t * N + rr, N);
                     }
-                for (; t < R; t++)
-                    for (int64_t rr = lo - base; rr < hi - base; rr++)
-                        yp[t * N + rr] = dot(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb);
+                /* the leftover tokens (a decode step's one) one at a time, on block pairs where the
+                 * CPU has a GEMV kernel; the pack buffer's room (nb packs) holds a row's pairs */
+                const osp_qdot_gemv_fn gemv = osp_qdot_gemv_for(p->type);
+                osp_q8_pair *bp = (osp_q8_pair *)(void *)(c->pack + (size_t)ith * (size_t)c->pack_nb);
+                for (; t < R; t++) {
+                    const osp_q8_block *xt = c->xq + t * nb;
+                    if (gemv) {
+                        osp_pack_q8_row(xt, nb, bp);
+                        gemv(wb + (size_t)(lo - base) * p->row_bytes, p->row_bytes, xt, bp, nb, yp + t * N + (lo - base),
+                             hi - lo);
+                    } else {
+                        for (int64_t rr = lo - base; rr < hi - base; rr++)
+                            yp[t * N + rr] = dot(wb + (size_t)rr * p->row_bytes, xt, nb);
+                    }
+                }
             }
             if (c->emulate && r->g->acts[op->dst].type == OSP_DTYPE_BF16)
                 for (int64_t t = 0; t < R; t++) osp_cpu_round_bf16(yp + t * N + (lo - base), hi - lo);

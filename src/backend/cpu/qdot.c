@@ -1031,6 +1031,274 @@ TGT_VNNI static void tile_q6_k_vnni8(TILE_ARGS) {
     _mm256_storeu_ps(OFF, off);
     UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);
 }
+
+/* ---- one token against a weight row on AVX512-VNNI: block pairs in 512-bit vectors (GEMV) ----
+ * The one-token kernels keep even blocks in accumulator A0 and odd blocks in A1 and return
+ * hsum8(A0 + A1) (+ OFF); here blocks 2i and 2i + 1 share one 512-bit vector, low half even, high
+ * half odd, so the low half IS A0 and the high half A1, lane for lane the same operations (the int32
+ * of the 4 codes, the conversion, the dw d2 product, the FMA) -- the same bits (test_qdot) at half
+ * the instructions, which a decode step needs: one token's matmuls stream every weight once, and the
+ * 256-bit kernels ran below the memory's rate. The activations come as the token's block pairs in
+ * osp_q8_pair form (osp_pack_q8_row, once per token and matmul); a last odd block updates the low
+ * half alone (masked: adding zeros could turn a -0.0 in A1 into +0.0). Offsets stay scalar, as in
+ * the one-token kernels. */
+
+/* [h(p0), h(p1), 0, 0]: two fp16 values as floats */
+TGT_VNNI static inline __m128 half2(const uint8_t *p0, const uint8_t *p1) {
+    uint16_t h0, h1;
+    memcpy(&h0, p0, 2);
+    memcpy(&h1, p1, 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)h0 | (uint32_t)h1 << 16)));
+}
+/* [x[0] x 8 | x[1] x 8] */
+TGT_VNNI static inline __m512 spread2(__m128 x) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(x));
+}
+/* the row's scales of blocks b, b + 1 as [d_b x 8 | d_b+1 x 8] (fp16 at p0 and p1) */
+TGT_VNNI static inline __m512 half_pair(const uint8_t *p0, const uint8_t *p1) { return spread2(half2(p0, p1)); }
+/* [x0 x 8 | x1 x 8] from two floats */
+TGT_VNNI static inline __m512 float_pair(float x0, float x1) {
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                 _mm512_castps128_ps512(_mm_set_ps(0.0f, 0.0f, x1, x0)));
+}
+TGT_VNNI static inline float hsum_halves(__m512 acc) {
+    const __m512d v = _mm512_castps_pd(acc);
+    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(v, 1))));
+}
+/* Each kernel runs NR = 4 rows at once (then the last rows one at a time): one row's pairs form
+ * a single chain of dependent FMAs (4 cycles each), which held a lone row at the 256-bit kernels'
+ * rate; four rows' chains interleave, and the activation pairs are loaded once for the four. */
+#define GEMV_ARGS                                                                                  \
+    const void *w, size_t row_bytes, const osp_q8_block *a, const osp_q8_pair *bp, int64_t nb, float *y, int64_t nrows
+#define GEMV_NR 4
+#define ROWS_UNROLL _Pragma("GCC unroll 4")
+#define FORCE_INLINE inline __attribute__((always_inline))
+/* the low half only (a last odd block): lanes 8..15 of acc untouched */
+#define LEVEL_LOW(acc, u, pp, dwz, BIAS)                                                           \
+    acc = _mm512_mask3_fmadd_ps(                                                                   \
+        _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(                                                    \
+            BIAS(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, u, PK_LOAD(pp, qs)), 8), pp), u,      \
+            PK_LOAD(pp, qs2))),                                                                    \
+        _mm512_mul_ps(dwz, _mm512_load_ps((pp)->d2)), acc, 0x00ff)
+/* the driver: rows in groups of GEMV_NR through BODY(..., GEMV_NR), the rest through BODY(..., 1) */
+#define GEMV_DRIVER(NAME, BODY)                                                                    \
+    TGT_VNNI static void NAME(GEMV_ARGS) {                                                         \
+        int64_t r = 0;                                                                             \
+        for (; r + GEMV_NR <= nrows; r += GEMV_NR)                                                 \
+            BODY((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, a, bp, nb, y + r, GEMV_NR); \
+        for (; r < nrows; r++) BODY((const uint8_t *)w + (size_t)r * row_bytes, row_bytes, a, bp, nb, y + r, 1); \
+    }
+
+/* Q8_0: the two blocks' codes side by side (34-byte blocks: two loads), u = w XOR 0x80 */
+#define Q8_0_CODES2(p)                                                                             \
+    _mm512_xor_si512(                                                                              \
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)((p) + 2))), \
+                           _mm256_loadu_si256((const __m256i *)(const void *)((p) + 36)), 1),      \
+        _mm512_set1_epi8((char)0x80))
+TGT_VNNI static FORCE_INLINE void q8_0_rows(const uint8_t *w, size_t row_bytes, const osp_q8_block *a,
+                                            const osp_q8_pair *bp, int64_t nb, float *y, const int NR) {
+    (void)a;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[GEMV_NR];
+    ROWS_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        ROWS_UNROLL for (int r = 0; r < NR; r++) {
+            const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * 34;
+            LEVEL_PACKED(acc[r], Q8_0_CODES2(p), bp + b / 2, half_pair(p, p + 34), Q8_BIAS);
+        }
+    }
+    if (b < nb)
+        ROWS_UNROLL for (int r = 0; r < NR; r++) {
+            const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * 34;
+            const __m512i u = _mm512_xor_si512(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(p + 2))),
+                _mm512_set1_epi8((char)0x80));
+            LEVEL_LOW(acc[r], u, bp + b / 2, _mm512_set1_ps(half_f16c(p)), Q8_BIAS);
+        }
+    ROWS_UNROLL for (int r = 0; r < NR; r++) y[r] = hsum_halves(acc[r]);
+}
+GEMV_DRIVER(gemv_q8_0_vnni, q8_0_rows)
+
+/* Q4/Q5: the two blocks' 16 nibble bytes in 128-bit lanes 0-1 and 2-3, then Q4_CODES' shift and mask
+ * (and Q5's fifth bits of both blocks as one 64-bit mask) */
+#define Q4_CODES2(p, p1, QOFF, HOFF)                                                               \
+    _mm512_and_si512(                                                                              \
+        _mm512_srlv_epi16(                                                                         \
+            _mm512_mask_broadcast_i32x4(                                                           \
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)((p) + (QOFF)))), 0xff00, \
+                _mm_loadu_si128((const __m128i *)(const void *)((p1) + (QOFF)))),                  \
+            nib_shift),                                                                            \
+        _mm512_set1_epi8(0x0f))
+#define Q5_CODES2(p, p1, QOFF, HOFF) q5_codes512_2(Q4_CODES2(p, p1, QOFF, HOFF), (p) + (HOFF), (p1) + (HOFF))
+TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, const uint8_t *qh1) {
+    uint32_t h0, h1;
+    memcpy(&h0, qh0, 4);
+    memcpy(&h1, qh1, 4);
+    return _mm512_mask_add_epi8(q4, (__mmask64)h0 | (__mmask64)h1 << 32, q4, _mm512_set1_epi8(0x10));
+}
+#define NIB_SHIFT                                                                                  \
+    _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, 4 * 0x0001000100010001LL, \
+                     4 * 0x0001000100010001LL, 0, 0)
+#define Q45_GEMV_KERNEL(NAME, CODES2, BYTES, QOFF, HOFF, FACTOR, FACTOR2)                          \
+    TGT_VNNI static FORCE_INLINE void NAME##_rows(const uint8_t *w, size_t row_bytes, const osp_q8_block *a, \
+                                                  const osp_q8_pair *bp, int64_t nb, float *y, const int NR) { \
+        const float *sums = (const float *)(const void *)(bp + (nb + 1) / 2); /* osp_pack_q8_row */ \
+        (void)a;                                                                                   \
+        const __m512i zero = _mm512_setzero_si512(), nib_shift = NIB_SHIFT;                        \
+        __m512 acc[GEMV_NR];                                                                       \
+        __m128 OFF[GEMV_NR]; /* lane 0 */                                                          \
+        ROWS_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), OFF[r] = _mm_setzero_ps(); \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2) {                                                              \
+            const __m128 s2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(sums + b))); \
+            ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
+                const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * (BYTES), *p1 = p + (BYTES); \
+                const __m128 d2w = half2(p, p1);                                                   \
+                LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2, spread2(d2w), NO_BIAS); \
+                /* OFFSET_PAIR in two lanes: t0, t1 = f0 s0, f1 s1, then OFF + (t0 + t1) */         \
+                const __m128 t = _mm_mul_ps(FACTOR2(p, p1, d2w), s2);                              \
+                OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehdup_ps(t)));                    \
+            }                                                                                      \
+        }                                                                                          \
+        if (b < nb)                                                                                \
+            ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
+                const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * (BYTES);                \
+                LEVEL_LOW(acc[r], CODES2(p, p, QOFF, HOFF), bp + b / 2, _mm512_set1_ps(half_f16c(p)), NO_BIAS); \
+                float off = _mm_cvtss_f32(OFF[r]);                                                 \
+                OFFSET_ONE(off, FACTOR(p, half_f16c(p)), sums[b]);                                 \
+                OFF[r] = _mm_set_ss(off);                                                          \
+            }                                                                                      \
+        ROWS_UNROLL for (int r = 0; r < NR; r++) y[r] = hsum_halves(acc[r]) + _mm_cvtss_f32(OFF[r]); \
+    }                                                                                              \
+    GEMV_DRIVER(NAME, NAME##_rows)
+/* the offset factors of blocks b, b + 1 in two lanes (d2w: their scales), as the FACTOR macros */
+#define Q4_1_FACTOR2(p, p1, d2w) half2((p) + 2, (p1) + 2)
+#define Q4_0_FACTOR2(p, p1, d2w) _mm_mul_ps(_mm_set1_ps(-8.0f), d2w)
+#define Q5_0_FACTOR2(p, p1, d2w) _mm_mul_ps(_mm_set1_ps(-16.0f), d2w)
+#define Q5_1_FACTOR2(p, p1, d2w) half2((p) + 2, (p1) + 2)
+Q45_GEMV_KERNEL(gemv_q4_1_vnni, Q4_CODES2, 20, 4, 0, Q4_1_FACTOR, Q4_1_FACTOR2)
+Q45_GEMV_KERNEL(gemv_q4_0_vnni, Q4_CODES2, 18, 2, 0, Q4_0_FACTOR, Q4_0_FACTOR2)
+Q45_GEMV_KERNEL(gemv_q5_0_vnni, Q5_CODES2, 22, 6, 2, Q5_0_FACTOR, Q5_0_FACTOR2)
+Q45_GEMV_KERNEL(gemv_q5_1_vnni, Q5_CODES2, 24, 8, 4, Q5_1_FACTOR, Q5_1_FACTOR2)
+
+/* Q4_K / Q5_K: chunk c's 32 bytes hold blocks 2c (low nibbles) and 2c + 1 (high): broadcast to both
+ * halves and shifted by 0 | 4; Q5_K's fifth bits j = 2c, 2c + 1 shifted the same way */
+#define QK45_GEMV_KERNEL(NAME, BYTES, FIVE)                                                        \
+    TGT_VNNI static FORCE_INLINE void NAME##_rows(const uint8_t *w, size_t row_bytes, const osp_q8_block *a, \
+                                                  const osp_q8_pair *bp, int64_t nb, float *y, const int NR) { \
+        const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1); \
+        const __m512i half_shift = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL,     \
+                                                    0x0004000400040004LL, 0x0004000400040004LL, 0, 0, 0, 0); \
+        __m512 acc[GEMV_NR];                                                                       \
+        float OFF[GEMV_NR];                                                                        \
+        ROWS_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), OFF[r] = 0.0f;       \
+        for (int64_t sb = 0; sb < nb / 8; sb++) {                                                  \
+            ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
+                const uint8_t *p = w + (size_t)r * row_bytes + (size_t)sb * (BYTES);               \
+                const float d = half_f16c(p), dmin = half_f16c(p + 2);                             \
+                uint8_t sc[8], m[8];                                                               \
+                k4_scales(p + 4, sc, m);                                                           \
+                const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                        \
+                /* qh's bits (2c, 2c + 1) at bit 0 of each half: low half unshifted, high >> 1 */  \
+                __m512i qh = (FIVE) ? _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(   \
+                                                            (const __m256i *)(const void *)(p + 16))), \
+                                                        _mm512_srli_epi16(half_shift, 2))          \
+                                    : zero;                                                        \
+                for (int c = 0; c < 4; c++) {                                                      \
+                    __m512i q = _mm512_and_si512(                                                  \
+                        _mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256(                \
+                                              (const __m256i *)(const void *)(qs + 32 * c))),      \
+                                          half_shift),                                             \
+                        m4);                                                                       \
+                    if (FIVE) {                                                                    \
+                        q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(qh, one), 4));   \
+                        qh = _mm512_srli_epi16(qh, 2);                                             \
+                    }                                                                              \
+                    LEVEL_PACKED(acc[r], q, bp + 4 * sb + c,                                       \
+                                 float_pair(d * (float)sc[2 * c], d * (float)sc[2 * c + 1]), NO_BIAS); \
+                }                                                                                  \
+                const float t_ = dmin * mins8(m, a + 8 * sb);                                      \
+                OFF[r] -= t_;                                                                      \
+            }                                                                                      \
+        }                                                                                          \
+        ROWS_UNROLL for (int r = 0; r < NR; r++) y[r] = hsum_halves(acc[r]) + OFF[r];              \
+    }                                                                                              \
+    GEMV_DRIVER(NAME, NAME##_rows)
+QK45_GEMV_KERNEL(gemv_q4_k_vnni, 144, 0)
+QK45_GEMV_KERNEL(gemv_q5_k_vnni, 176, 1)
+
+/* Q6_K: per half h, blocks (4h, 4h + 1) from ql's 64 bytes [l0 | l1] in one load and qh shifted
+ * 4 | 2 (mask 0x30), blocks (4h + 2, 4h + 3) from [l0 | l1] >> 4 and qh shifted 0 | 2 right; each
+ * block's two 16-value scales as int32 lanes (4 scales a pair: one shuffle and one widening). */
+TGT_VNNI static FORCE_INLINE void q6_k_rows(const uint8_t *w, size_t row_bytes, const osp_q8_block *a,
+                                            const osp_q8_pair *bp, int64_t nb, float *y, const int NR) {
+    const __m512i zero = _mm512_setzero_si512(), m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i sh_lo = _mm512_set_epi64(0x0002000200020002LL, 0x0002000200020002LL, 0x0002000200020002LL,
+                                           0x0002000200020002LL, 0x0004000400040004LL, 0x0004000400040004LL,
+                                           0x0004000400040004LL, 0x0004000400040004LL);
+    const __m512i sh_hi = _mm512_set_epi64(0x0002000200020002LL, 0x0002000200020002LL, 0x0002000200020002LL,
+                                           0x0002000200020002LL, 0, 0, 0, 0);
+    const __m128i four = _mm_set1_epi8(4);
+    __m512 acc[GEMV_NR];
+    float OFF[GEMV_NR];
+    ROWS_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), OFF[r] = 0.0f;
+    for (int64_t sb = 0; sb < nb / 8; sb++) {
+        ROWS_UNROLL for (int r = 0; r < NR; r++) {
+            const uint8_t *p = w + (size_t)r * row_bytes + (size_t)sb * 210;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);
+            const __m512 dv = _mm512_set1_ps(half_f16c(p + 208));
+            __m128i sel = _mm_set_epi64x(0x0303030302020202LL, 0x0101010100000000LL);
+            for (int h = 0; h < 2; h++) {
+                const __m512i l = _mm512_loadu_si512((const void *)(p + 64 * h));
+                const __m512i qh =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(p + 128 + 32 * h)));
+                const __m512i q01 =
+                    _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, sh_lo), m30));
+                const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                    _mm512_and_si512(_mm512_srlv_epi16(qh, sh_hi), m30));
+                for (int s2 = 0; s2 < 2; s2++) {
+                    const __m512i scv = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc8, sel));
+                    sel = _mm_add_epi8(sel, four);
+                    const osp_q8_pair *pp = bp + 4 * sb + 2 * h + s2;
+                    const __m512i q = s2 ? q23 : q01;
+                    const __m512i x = _mm512_mullo_epi32(
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, q, PK_LOAD(pp, qs)), 8), q,
+                                            PK_LOAD(pp, qs2)),
+                        scv);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_mul_ps(dv, _mm512_load_ps(pp->d2)), acc[r]);
+                }
+            }
+            const float t_ = 32.0f * half_f16c(p + 208) * halves8(sc, a + 8 * sb);
+            OFF[r] -= t_;
+        }
+    }
+    ROWS_UNROLL for (int r = 0; r < NR; r++) y[r] = hsum_halves(acc[r]) + OFF[r];
+}
+GEMV_DRIVER(gemv_q6_k_vnni, q6_k_rows)
+
+TGT_VNNI static void pack_q8_row_vnni(const osp_q8_block *a, int64_t nb, osp_q8_pair *bp) {
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b += 2) {
+        const osp_q8_block *a0 = a + b;
+        osp_q8_pair *o = bp + b / 2;
+        const bool two = b + 1 < nb;
+        const __m256i q1 = two ? _mm256_loadu_si256((const __m256i *)(const void *)a0[1].qs) : _mm256_setzero_si256();
+        const __m256i r1 = two ? _mm256_loadu_si256((const __m256i *)(const void *)a0[1].qs2) : _mm256_setzero_si256();
+        const __m512i qs = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs)), q1, 1);
+        const __m512i qs2 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs2)), r1, 1);
+        const __m512i lsum =
+            _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, qs), 8), ones, qs2);
+        _mm512_store_si512((void *)o->qs, qs);
+        _mm512_store_si512((void *)o->qs2, qs2);
+        _mm512_store_ps(o->d2, float_pair(a0->d2, two ? a0[1].d2 : 0.0f));
+        _mm512_store_si512((void *)o->bias, _mm512_sub_epi32(zero, _mm512_slli_epi32(lsum, 7)));
+    }
+}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -1155,6 +1423,57 @@ void osp_pack_q8(const osp_q8_block *a, int64_t a_stride, int64_t nb, osp_q8_pac
     }
 #endif
     pack_q8_ref(a, a_stride, nb, pk);
+}
+
+/* The portable row packer (the layout's definition). */
+static void pack_q8_row_ref(const osp_q8_block *a, int64_t nb, osp_q8_pair *bp) {
+    for (int64_t b = 0; b < nb; b += 2) {
+        osp_q8_pair *o = bp + b / 2;
+        memset(o, 0, sizeof *o);
+        for (int h = 0; h < 2 && b + h < nb; h++) {
+            const osp_q8_block *blk = a + b + h;
+            memcpy(o->qs + 32 * h, blk->qs, 32);
+            memcpy(o->qs2 + 32 * h, blk->qs2, 32);
+            for (int l = 0; l < 8; l++) {
+                int32_t l1 = 0, l2 = 0;
+                for (int i = 0; i < 4; i++) l1 += blk->qs[4 * l + i], l2 += blk->qs2[4 * l + i];
+                o->d2[8 * h + l] = blk->d2;
+                o->bias[8 * h + l] = -128 * (256 * l1 + l2);
+            }
+        }
+    }
+}
+
+void osp_pack_q8_row(const osp_q8_block *a, int64_t nb, osp_q8_pair *bp) {
+#ifdef OSP_X86
+    if (detect() == ISA_VNNI)
+        pack_q8_row_vnni(a, nb, bp);
+    else
+#endif
+        pack_q8_row_ref(a, nb, bp);
+    float *sums = (float *)(void *)(bp + (nb + 1) / 2);
+    for (int64_t b = 0; b < nb; b++) sums[b] = a[b].s;
+}
+
+osp_qdot_gemv_fn osp_qdot_gemv_for(uint32_t type) {
+#ifdef OSP_X86
+    if (detect() == ISA_VNNI) {
+        switch (type) {
+        case OSP_DTYPE_Q8_0: return gemv_q8_0_vnni;
+        case OSP_DTYPE_Q4_0: return gemv_q4_0_vnni;
+        case OSP_DTYPE_Q4_1: return gemv_q4_1_vnni;
+        case OSP_DTYPE_Q5_0: return gemv_q5_0_vnni;
+        case OSP_DTYPE_Q5_1: return gemv_q5_1_vnni;
+        case OSP_DTYPE_Q4_K: return gemv_q4_k_vnni;
+        case OSP_DTYPE_Q5_K: return gemv_q5_k_vnni;
+        case OSP_DTYPE_Q6_K: return gemv_q6_k_vnni;
+        default: return NULL;
+        }
+    }
+#else
+    (void)type;
+#endif
+    return NULL;
 }
 
 osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n, bool *packed) {

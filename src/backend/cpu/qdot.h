@@ -14,6 +14,7 @@
 #define OSP_BACKEND_CPU_QDOT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define OSP_Q8_BLOCK 32
@@ -62,6 +63,20 @@ typedef struct osp_q8_pack {
 #define OSP_Q8_PACK_TOKENS 8
 /* pk[nb] <- the blocks 0..nb-1 of activation rows a + j * a_stride, j < 8. pk 64-byte aligned. */
 void osp_pack_q8(const osp_q8_block *a, int64_t a_stride, int64_t nb, osp_q8_pack *pk);
+
+/* One token's blocks as pairs for the GEMV kernels: bp[i] holds blocks 2i (low 256 bits) and 2i + 1
+ * (high; zeros past the end when nb is odd) in osp_q8_pair's fields, i < (nb + 1) / 2, followed by the
+ * nb blocks' sums s as floats (the offset terms, two at a time). bp: 64-aligned, at least
+ * (nb + 1) / 2 * 256 + nb * 4 bytes. */
+void osp_pack_q8_row(const osp_q8_block *a, int64_t nb, osp_q8_pair *bp);
+/* y[r] = dot(w + r * row_bytes, a, nb) for r < nrows weight rows and one token, on the token's
+ * osp_pack_q8_row pairs bp (and its blocks a, for the offset terms): each bit-identical to
+ * osp_qdot_for(type), at about half its instructions, four rows at a time. */
+typedef void (*osp_qdot_gemv_fn)(const void *w, size_t row_bytes, const osp_q8_block *a, const osp_q8_pair *bp,
+                                 int64_t nb, float *y, int64_t nrows);
+/* The GEMV kernel for `type` on this CPU (AVX512-VNNI: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K), or NULL: use osp_qdot_for. */
+osp_qdot_gemv_fn osp_qdot_gemv_for(uint32_t type);
 
 /* A GEMM tile: one weight row (`nb` blocks at w) against n tokens' activation rows (a + j * a_stride
  * blocks, j < n): y[j * y_stride] = dot(w, a + j * a_stride, nb). Each weight block is unpacked once
