@@ -1150,26 +1150,40 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
 #define NIB_SHIFT                                                                                  \
     _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, 4 * 0x0001000100010001LL, \
                      4 * 0x0001000100010001LL, 0, 0)
-#define Q45_GEMV_KERNEL(NAME, CODES2, BYTES, QOFF, HOFF, FACTOR, FACTOR2)                          \
+#define Q45_GEMV_KERNEL(NAME, CODES2, BYTES, QOFF, HOFF, FACTOR, FACTOR2, DM)                      \
     TGT_VNNI static FORCE_INLINE void NAME##_rows(const uint8_t *w, size_t row_bytes, const osp_q8_block *a, \
                                                   const osp_q8_pair *bp, int64_t nb, float *y, const int NR) { \
         const float *sums = (const float *)(const void *)(bp + (nb + 1) / 2); /* osp_pack_q8_row */ \
         (void)a;                                                                                   \
         const __m512i zero = _mm512_setzero_si512(), nib_shift = NIB_SHIFT;                        \
+        const __m512i idx02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);      \
         __m512 acc[GEMV_NR];                                                                       \
         __m128 OFF[GEMV_NR]; /* lane 0 */                                                          \
         ROWS_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), OFF[r] = _mm_setzero_ps(); \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2) {                                                              \
             const __m128 s2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(sums + b))); \
+            const __m128 s22 = _mm_unpacklo_ps(s2, s2); /* [s0, s0, s1, s1] */                     \
             ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
                 const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * (BYTES), *p1 = p + (BYTES); \
                 _mm_prefetch((const char *)(p + GEMV_PREFETCH), _MM_HINT_T0);                      \
-                const __m128 d2w = half2(p, p1);                                                   \
-                LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2, spread2(d2w), NO_BIAS); \
-                /* OFFSET_PAIR in two lanes: t0, t1 = f0 s0, f1 s1, then OFF + (t0 + t1) */         \
-                const __m128 t = _mm_mul_ps(FACTOR2(p, p1, d2w), s2);                              \
-                OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehdup_ps(t)));                    \
+                if (DM) { /* [d, m] leads the block: [d0, m0, d1, m1] from two 32-bit loads */       \
+                    uint32_t h0, h1;                                                               \
+                    memcpy(&h0, p, 4);                                                             \
+                    memcpy(&h1, p1, 4);                                                            \
+                    const __m128 f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)h0), (int)h1, 1)); \
+                    LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2,                    \
+                                 _mm512_permutexvar_ps(idx02, _mm512_castps128_ps512(f)), NO_BIAS); \
+                    /* OFFSET_PAIR: [m0 s0, ., m1 s1, .], then OFF + (t0 + t1) */                   \
+                    const __m128 t = _mm_mul_ps(_mm_movehdup_ps(f), s22);                          \
+                    OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehl_ps(t, t)));               \
+                } else {                                                                           \
+                    const __m128 d2w = half2(p, p1);                                               \
+                    LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2, spread2(d2w), NO_BIAS); \
+                    /* OFFSET_PAIR in two lanes: t0, t1 = f0 s0, f1 s1, then OFF + (t0 + t1) */     \
+                    const __m128 t = _mm_mul_ps(FACTOR2(p, p1, d2w), s2);                          \
+                    OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehdup_ps(t)));                \
+                }                                                                                  \
             }                                                                                      \
         }                                                                                          \
         if (b < nb)                                                                                \
@@ -1188,10 +1202,10 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
 #define Q4_0_FACTOR2(p, p1, d2w) _mm_mul_ps(_mm_set1_ps(-8.0f), d2w)
 #define Q5_0_FACTOR2(p, p1, d2w) _mm_mul_ps(_mm_set1_ps(-16.0f), d2w)
 #define Q5_1_FACTOR2(p, p1, d2w) half2((p) + 2, (p1) + 2)
-Q45_GEMV_KERNEL(gemv_q4_1_vnni, Q4_CODES2, 20, 4, 0, Q4_1_FACTOR, Q4_1_FACTOR2)
-Q45_GEMV_KERNEL(gemv_q4_0_vnni, Q4_CODES2, 18, 2, 0, Q4_0_FACTOR, Q4_0_FACTOR2)
-Q45_GEMV_KERNEL(gemv_q5_0_vnni, Q5_CODES2, 22, 6, 2, Q5_0_FACTOR, Q5_0_FACTOR2)
-Q45_GEMV_KERNEL(gemv_q5_1_vnni, Q5_CODES2, 24, 8, 4, Q5_1_FACTOR, Q5_1_FACTOR2)
+Q45_GEMV_KERNEL(gemv_q4_1_vnni, Q4_CODES2, 20, 4, 0, Q4_1_FACTOR, Q4_1_FACTOR2, 1)
+Q45_GEMV_KERNEL(gemv_q4_0_vnni, Q4_CODES2, 18, 2, 0, Q4_0_FACTOR, Q4_0_FACTOR2, 0)
+Q45_GEMV_KERNEL(gemv_q5_0_vnni, Q5_CODES2, 22, 6, 2, Q5_0_FACTOR, Q5_0_FACTOR2, 0)
+Q45_GEMV_KERNEL(gemv_q5_1_vnni, Q5_CODES2, 24, 8, 4, Q5_1_FACTOR, Q5_1_FACTOR2, 1)
 
 /* Q4_K / Q5_K: chunk c's 32 bytes hold blocks 2c (low nibbles) and 2c + 1 (high): broadcast to both
  * halves and shifted by 0 | 4; Q5_K's fifth bits j = 2c, 2c + 1 shifted the same way */
