@@ -1150,7 +1150,7 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
 #define NIB_SHIFT                                                                                  \
     _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, 4 * 0x0001000100010001LL, \
                      4 * 0x0001000100010001LL, 0, 0)
-#define Q45_GEMV_KERNEL(NAME, CODES2, BYTES, QOFF, HOFF, FACTOR, FACTOR2, DM)                      \
+#define Q45_GEMV_KERNEL(NAME, CODES2, BYTES, QOFF, HOFF, FACTOR, FACTORV)                          \
     TGT_VNNI static FORCE_INLINE void NAME##_rows(const uint8_t *w, size_t row_bytes, const osp_q8_block *a, \
                                                   const osp_q8_pair *bp, int64_t nb, float *y, const int NR) { \
         const float *sums = (const float *)(const void *)(bp + (nb + 1) / 2); /* osp_pack_q8_row */ \
@@ -1167,23 +1167,17 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
             ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
                 const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * (BYTES), *p1 = p + (BYTES); \
                 _mm_prefetch((const char *)(p + GEMV_PREFETCH), _MM_HINT_T0);                      \
-                if (DM) { /* [d, m] leads the block: [d0, m0, d1, m1] from two 32-bit loads */       \
-                    uint32_t h0, h1;                                                               \
-                    memcpy(&h0, p, 4);                                                             \
-                    memcpy(&h1, p1, 4);                                                            \
-                    const __m128 f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)h0), (int)h1, 1)); \
-                    LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2,                    \
-                                 _mm512_permutexvar_ps(idx02, _mm512_castps128_ps512(f)), NO_BIAS); \
-                    /* OFFSET_PAIR: [m0 s0, ., m1 s1, .], then OFF + (t0 + t1) */                   \
-                    const __m128 t = _mm_mul_ps(_mm_movehdup_ps(f), s22);                          \
-                    OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehl_ps(t, t)));               \
-                } else {                                                                           \
-                    const __m128 d2w = half2(p, p1);                                               \
-                    LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2, spread2(d2w), NO_BIAS); \
-                    /* OFFSET_PAIR in two lanes: t0, t1 = f0 s0, f1 s1, then OFF + (t0 + t1) */     \
-                    const __m128 t = _mm_mul_ps(FACTOR2(p, p1, d2w), s2);                          \
-                    OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehdup_ps(t)));                \
-                }                                                                                  \
+                /* [d0, x0, d1, x1] from two 32-bit loads (x: Q4_1/Q5_1's minimum m, else bytes of  \
+                 * no use to us), then the scale pair [d0 x 8 | d1 x 8] and OFFSET_PAIR in lanes 0 and \
+                 * 2: [f0 s0, ., f1 s1, .] and OFF + (t0 + t1) */                                  \
+                uint32_t h0, h1;                                                                   \
+                memcpy(&h0, p, 4);                                                                 \
+                memcpy(&h1, p1, 4);                                                                \
+                const __m128 f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)h0), (int)h1, 1)); \
+                LEVEL_PACKED(acc[r], CODES2(p, p1, QOFF, HOFF), bp + b / 2,                        \
+                             _mm512_permutexvar_ps(idx02, _mm512_castps128_ps512(f)), NO_BIAS);     \
+                const __m128 t = _mm_mul_ps(FACTORV(f), s22);                                      \
+                OFF[r] = _mm_add_ss(OFF[r], _mm_add_ss(t, _mm_movehl_ps(t, t)));                   \
             }                                                                                      \
         }                                                                                          \
         if (b < nb)                                                                                \
@@ -1197,15 +1191,15 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
         ROWS_UNROLL for (int r = 0; r < NR; r++) y[r] = hsum_halves(acc[r]) + _mm_cvtss_f32(OFF[r]); \
     }                                                                                              \
     GEMV_DRIVER(NAME, NAME##_rows)
-/* the offset factors of blocks b, b + 1 in two lanes (d2w: their scales), as the FACTOR macros */
-#define Q4_1_FACTOR2(p, p1, d2w) half2((p) + 2, (p1) + 2)
-#define Q4_0_FACTOR2(p, p1, d2w) _mm_mul_ps(_mm_set1_ps(-8.0f), d2w)
-#define Q5_0_FACTOR2(p, p1, d2w) _mm_mul_ps(_mm_set1_ps(-16.0f), d2w)
-#define Q5_1_FACTOR2(p, p1, d2w) half2((p) + 2, (p1) + 2)
-Q45_GEMV_KERNEL(gemv_q4_1_vnni, Q4_CODES2, 20, 4, 0, Q4_1_FACTOR, Q4_1_FACTOR2, 1)
-Q45_GEMV_KERNEL(gemv_q4_0_vnni, Q4_CODES2, 18, 2, 0, Q4_0_FACTOR, Q4_0_FACTOR2, 0)
-Q45_GEMV_KERNEL(gemv_q5_0_vnni, Q5_CODES2, 22, 6, 2, Q5_0_FACTOR, Q5_0_FACTOR2, 0)
-Q45_GEMV_KERNEL(gemv_q5_1_vnni, Q5_CODES2, 24, 8, 4, Q5_1_FACTOR, Q5_1_FACTOR2, 1)
+/* the offset factors of blocks b, b + 1 in lanes 0 and 2 from [d0, x0, d1, x1], as the FACTOR macros */
+#define Q4_1_FACTORV(f) _mm_movehdup_ps(f)
+#define Q4_0_FACTORV(f) _mm_mul_ps(_mm_set1_ps(-8.0f), f)
+#define Q5_0_FACTORV(f) _mm_mul_ps(_mm_set1_ps(-16.0f), f)
+#define Q5_1_FACTORV(f) _mm_movehdup_ps(f)
+Q45_GEMV_KERNEL(gemv_q4_1_vnni, Q4_CODES2, 20, 4, 0, Q4_1_FACTOR, Q4_1_FACTORV)
+Q45_GEMV_KERNEL(gemv_q4_0_vnni, Q4_CODES2, 18, 2, 0, Q4_0_FACTOR, Q4_0_FACTORV)
+Q45_GEMV_KERNEL(gemv_q5_0_vnni, Q5_CODES2, 22, 6, 2, Q5_0_FACTOR, Q5_0_FACTORV)
+Q45_GEMV_KERNEL(gemv_q5_1_vnni, Q5_CODES2, 24, 8, 4, Q5_1_FACTOR, Q5_1_FACTORV)
 
 /* Q4_K / Q5_K: chunk c's 32 bytes hold blocks 2c (low nibbles) and 2c + 1 (high): broadcast to both
  * halves and shifted by 0 | 4; Q5_K's fifth bits j = 2c, 2c + 1 shifted the same way */
