@@ -41,13 +41,15 @@ typedef struct cpu_backend {
     int64_t cap_ctx;
     osp_q8_block *xq; /* quantized matmul input */
     size_t cap_xq;    /* blocks */
-    osp_q8_pack *pack; /* [nt, pack_nb]: each thread's packed token group (osp_pack_q8_pairs) */
+    osp_q8_pack *pack; /* [nt, OSP_CPU_PACK_GROUPS, pack_nb]: each thread's packed token groups (osp_pack_q8) */
     int64_t pack_nb;   /* blocks a thread's pack holds */
     const float *logits; /* the last run's logits [last_logits, n_vocab] (the caller's buffer) */
     int32_t last_logits;
 } cpu_backend;
 
 #define CPU(be) ((cpu_backend *)(be))
+/* token groups of 8 a tile packs at most (osp_qdot_tile_for: 16 tokens) */
+#define OSP_CPU_PACK_GROUPS 2
 
 /* ---- memory ------------------------------------------------------------------------------------ */
 
@@ -295,23 +297,27 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
                  * the slice's weight rows stream past), then the leftover tokens one at a time; the
                  * tile and the one-token kernel give identical bits, so the split is invisible. */
                 const uint8_t *wb = p->data;
-                int nt;
-                bool packed;
-                const osp_qdot_tile_fn tile = osp_qdot_tile_for(p->type, &nt, &packed);
-                osp_q8_pack *pk = packed ? c->pack + (size_t)ith * (size_t)c->pack_nb : NULL;
+                osp_q8_pack *mypack = c->pack + (size_t)ith * OSP_CPU_PACK_GROUPS * (size_t)c->pack_nb;
                 int64_t t = 0;
-                if (tile)
-                    for (; t + nt <= R; t += nt) {
-                        /* this thread's copy of the group in the tile's register layout (each thread
-                         * packs the groups it uses: about 1 % of its rows' work, and no barrier) */
-                        if (pk) osp_pack_q8(c->xq + t * nb, nb, nb, pk);
-                        for (int64_t rr = lo - base; rr < hi - base; rr++)
-                            tile(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb, nb, pk, yp + t * N + rr, N);
-                    }
+                for (;;) { /* the widest tile that fits the tokens left, then the next */
+                    int nt;
+                    bool packed;
+                    const osp_qdot_tile_fn tile = osp_qdot_tile_for(p->type, R - t, &nt, &packed);
+                    if (!tile) break;
+                    /* this thread's copy of the tile's token groups in its register layout (each
+                     * thread packs the groups it uses: about 1 % of its rows' work, and no barrier) */
+                    if (packed)
+                        for (int g = 0; g < nt / OSP_Q8_PACK_TOKENS; g++)
+                            osp_pack_q8(c->xq + (t + OSP_Q8_PACK_TOKENS * g) * nb, nb, nb, mypack + g * nb);
+                    for (int64_t rr = lo - base; rr < hi - base; rr++)
+                        tile(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb, nb, packed ? mypack : NULL,
+                             yp + t * N + rr, N);
+                    t += nt;
+                }
                 /* the leftover tokens (a decode step's one) one at a time, on block pairs where the
                  * CPU has a GEMV kernel; the pack buffer's room (nb packs) holds a row's pairs */
                 const osp_qdot_gemv_fn gemv = osp_qdot_gemv_for(p->type);
-                osp_q8_pair *bp = (osp_q8_pair *)(void *)(c->pack + (size_t)ith * (size_t)c->pack_nb);
+                osp_q8_pair *bp = (osp_q8_pair *)(void *)mypack;
                 for (; t < R; t++) {
                     const osp_q8_block *xt = c->xq + t * nb;
                     if (gemv) {
@@ -592,7 +598,8 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
     if (max_cols / OSP_Q8_BLOCK > c->pack_nb) {
         free(c->pack);
         c->pack_nb = 0;
-        const size_t bytes = (size_t)c->nt * (size_t)(max_cols / OSP_Q8_BLOCK) * sizeof(osp_q8_pack);
+        const size_t bytes =
+            (size_t)c->nt * OSP_CPU_PACK_GROUPS * (size_t)(max_cols / OSP_Q8_BLOCK) * sizeof(osp_q8_pack);
         c->pack = aligned_alloc(64, bytes); /* bytes: a multiple of 64 */
         if (!c->pack) goto nomem;
         c->pack_nb = max_cols / OSP_Q8_BLOCK;

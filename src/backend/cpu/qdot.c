@@ -801,6 +801,9 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
 }
 
 #define PK_LOAD(pp, f) _mm512_load_si512((const void *)(pp)->f)
+/* pair k of block b for a tile of 2 NP tokens: tokens 8g .. 8g + 7 come from the g-th pack of nb
+ * blocks (pk + g nb, osp_pack_q8 of those 8 tokens) */
+#define PK_PAIR(b, k) (&pk[((k) / 4) * nb + (b)].pair[(k) % 4])
 /* acc += cvt(256 dot(u, qs) + [bias] + dot(u, qs2)) * (dw * d2) for one packed pair; BIAS(pp) is the
  * second level's starting value (zero, or the pack's bias for Q8_0's offset codes). */
 #define LEVEL_PACKED(acc, u, pp, dwz, BIAS)                                                        \
@@ -827,35 +830,36 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
 #define Q8_0_CODES(wp) \
     _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)((wp) + 2))), \
                      _mm512_set1_epi8((char)0x80))
-TGT_VNNI static void tile_q8_0_vnni8(TILE_ARGS) {
-    enum { NP = 4 };
-    (void)a, (void)as;
-    const uint8_t *p = w;
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 A0[NP], A1[NP];
-    UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, p += 68) {
-        const __m512i u0 = Q8_0_CODES(p), u1 = Q8_0_CODES(p + 34);
-        const __m512 dw0 = _mm512_set1_ps(half_f16c(p)), dw1 = _mm512_set1_ps(half_f16c(p + 34));
-        const osp_q8_pack *pb = pk + b;
-        UNROLL_NT for (int k = 0; k < NP; k++) {
-            LEVEL_PACKED(A0[k], u0, &pb[0].pair[k], dw0, Q8_BIAS);
-            LEVEL_PACKED(A1[k], u1, &pb[1].pair[k], dw1, Q8_BIAS);
-        }
+#define Q8_0_PAIR_KERNEL(NAME, NP)                                                                 \
+    TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
+        (void)a, (void)as;                                                                         \
+        const uint8_t *p = w;                                                                      \
+        const __m512i zero = _mm512_setzero_si512();                                               \
+        __m512 A0[NP], A1[NP];                                                                     \
+        UNROLL_NT for (int k = 0; k < (NP); k++) A0[k] = A1[k] = _mm512_setzero_ps();              \
+        int64_t b = 0;                                                                             \
+        for (; b + 2 <= nb; b += 2, p += 68) {                                                     \
+            const __m512i u0 = Q8_0_CODES(p), u1 = Q8_0_CODES(p + 34);                             \
+            const __m512 dw0 = _mm512_set1_ps(half_f16c(p)), dw1 = _mm512_set1_ps(half_f16c(p + 34)); \
+            UNROLL_NT for (int k = 0; k < (NP); k++) {                                             \
+                LEVEL_PACKED(A0[k], u0, PK_PAIR(b, k), dw0, Q8_BIAS);                              \
+                LEVEL_PACKED(A1[k], u1, PK_PAIR(b + 1, k), dw1, Q8_BIAS);                          \
+            }                                                                                      \
+        }                                                                                          \
+        if (b < nb) {                                                                              \
+            const __m512i u0 = Q8_0_CODES(p);                                                      \
+            const __m512 dw0 = _mm512_set1_ps(half_f16c(p));                                       \
+            UNROLL_NT for (int k = 0; k < (NP); k++) LEVEL_PACKED(A0[k], u0, PK_PAIR(b, k), dw0, Q8_BIAS); \
+        }                                                                                          \
+        UNROLL_NT for (int k = 0; k < (NP); k++) {                                                 \
+            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
+            y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k]))); \
+            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
+                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))); \
+        }                                                                                          \
     }
-    if (b < nb) {
-        const __m512i u0 = Q8_0_CODES(p);
-        const __m512 dw0 = _mm512_set1_ps(half_f16c(p));
-        UNROLL_NT for (int k = 0; k < NP; k++) LEVEL_PACKED(A0[k], u0, &pk[b].pair[k], dw0, Q8_BIAS);
-    }
-    UNROLL_NT for (int k = 0; k < NP; k++) {
-        const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);
-        y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k])));
-        y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)),
-                                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1))));
-    }
-}
+Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
+Q8_0_PAIR_KERNEL(tile_q8_0_vnni16, 8)
 
 /* A block's 32 codes in both 256-bit halves (unpack_nibbles' order: low nibbles are values 0..15,
  * high nibbles 16..31), built in 512 bits: the 16 bytes broadcast to the four 128-bit lanes, lanes 1
@@ -873,16 +877,17 @@ TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
     memcpy(&h, qh, 4);
     return _mm512_mask_add_epi8(q4, (__mmask64)h | (__mmask64)h << 32, q4, _mm512_set1_epi8(0x10));
 }
-#define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, FACTOR)                                    \
+#define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, FACTOR, NP)                                \
     TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
-        enum { NP = 4 };                                                                           \
+        enum { NG = (NP) / 4 };                                                                    \
         (void)a, (void)as;                                                                         \
         const uint8_t *p = w;                                                                      \
         const __m512i zero = _mm512_setzero_si512();                                               \
         const __m512i nib_shift = _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, \
                                                    4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0); \
         __m512 A0[NP], A1[NP];                                                                     \
-        __m256 off = _mm256_setzero_ps(); /* the 8 tokens' offset sums, OFFSET_PAIR lane-wise */    \
+        __m256 off[NG]; /* each 8 tokens' offset sums, OFFSET_PAIR lane-wise */                    \
+        UNROLL_NT for (int g = 0; g < NG; g++) off[g] = _mm256_setzero_ps();                       \
         UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
@@ -890,30 +895,38 @@ TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
             const __m512i q0 = CODES(p, QOFF, HOFF), q1 = CODES(p1, QOFF, HOFF);                   \
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
             const __m512 dw0 = _mm512_set1_ps(d0), dw1 = _mm512_set1_ps(d1);                       \
-            const osp_q8_pack *pb = pk + b;                                                        \
             UNROLL_NT for (int k = 0; k < NP; k++) {                                               \
-                LEVEL_PACKED(A0[k], q0, &pb[0].pair[k], dw0, NO_BIAS);                             \
-                LEVEL_PACKED(A1[k], q1, &pb[1].pair[k], dw1, NO_BIAS);                             \
+                LEVEL_PACKED(A0[k], q0, PK_PAIR(b, k), dw0, NO_BIAS);                              \
+                LEVEL_PACKED(A1[k], q1, PK_PAIR(b + 1, k), dw1, NO_BIAS);                          \
             }                                                                                      \
-            const __m256 t0 = _mm256_mul_ps(_mm256_set1_ps(FACTOR(p, d0)), _mm256_load_ps(pb[0].s)); \
-            const __m256 t1 = _mm256_mul_ps(_mm256_set1_ps(FACTOR(p1, d1)), _mm256_load_ps(pb[1].s)); \
-            off = _mm256_add_ps(off, _mm256_add_ps(t0, t1));                                       \
+            const __m256 f0 = _mm256_set1_ps(FACTOR(p, d0)), f1 = _mm256_set1_ps(FACTOR(p1, d1));  \
+            UNROLL_NT for (int g = 0; g < NG; g++) {                                               \
+                const __m256 t0 = _mm256_mul_ps(f0, _mm256_load_ps(pk[g * nb + b].s));             \
+                const __m256 t1 = _mm256_mul_ps(f1, _mm256_load_ps(pk[g * nb + b + 1].s));         \
+                off[g] = _mm256_add_ps(off[g], _mm256_add_ps(t0, t1));                             \
+            }                                                                                      \
         }                                                                                          \
         for (; b < nb; b++, p += (BYTES)) {                                                        \
             const __m512i q0 = CODES(p, QOFF, HOFF);                                               \
             const float d0 = half_f16c(p);                                                         \
             const __m512 dw0 = _mm512_set1_ps(d0);                                                 \
-            UNROLL_NT for (int k = 0; k < NP; k++) LEVEL_PACKED(A0[k], q0, &pk[b].pair[k], dw0, NO_BIAS); \
-            off = _mm256_add_ps(off, _mm256_mul_ps(_mm256_set1_ps(FACTOR(p, d0)), _mm256_load_ps(pk[b].s))); \
+            UNROLL_NT for (int k = 0; k < NP; k++) LEVEL_PACKED(A0[k], q0, PK_PAIR(b, k), dw0, NO_BIAS); \
+            UNROLL_NT for (int g = 0; g < NG; g++)                                                 \
+                off[g] = _mm256_add_ps(off[g], _mm256_mul_ps(_mm256_set1_ps(FACTOR(p, d0)),         \
+                                                             _mm256_load_ps(pk[g * nb + b].s)));   \
         }                                                                                          \
         float OFF[2 * NP];                                                                         \
-        _mm256_storeu_ps(OFF, off);                                                                \
+        UNROLL_NT for (int g = 0; g < NG; g++) _mm256_storeu_ps(OFF + 8 * g, off[g]);              \
         UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);          \
     }
-Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_FACTOR)
-Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_FACTOR)
-Q45_PAIR_KERNEL(tile_q5_0_vnni8, Q5_CODES, 22, 6, 2, Q5_0_FACTOR)
-Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_FACTOR)
+Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 4)
+Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 4)
+Q45_PAIR_KERNEL(tile_q5_0_vnni8, Q5_CODES, 22, 6, 2, Q5_0_FACTOR, 4)
+Q45_PAIR_KERNEL(tile_q5_1_vnni8, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 4)
+Q45_PAIR_KERNEL(tile_q4_1_vnni16, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 8)
+Q45_PAIR_KERNEL(tile_q4_0_vnni16, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 8)
+Q45_PAIR_KERNEL(tile_q5_0_vnni16, Q5_CODES, 22, 6, 2, Q5_0_FACTOR, 8)
+Q45_PAIR_KERNEL(tile_q5_1_vnni16, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 8)
 
 /* Q4_K / Q5_K over token pairs (QK45_KERNEL's steps on packs): each block's codes broadcast to both
  * halves, the float factor d sc_j per block, and the mins' tree (mins8) in 8 lanes for 8 tokens. */
@@ -1496,30 +1509,57 @@ osp_qdot_gemv_fn osp_qdot_gemv_for(uint32_t type) {
     return NULL;
 }
 
-osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n, bool *packed) {
+osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int64_t max_n, int *n, bool *packed) {
     *n = 1;
     *packed = false;
 #ifdef OSP_X86
     const isa_t isa = detect();
-#define TILE_CASES(SUFFIX, NT, KNT, PK)                                                            \
-    switch (type) {                                                                                \
-    case OSP_DTYPE_Q8_0: *n = NT, *packed = PK; return tile_q8_0_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q4_0: *n = NT, *packed = PK; return tile_q4_0_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q4_1: *n = NT, *packed = PK; return tile_q4_1_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q5_0: *n = NT, *packed = PK; return tile_q5_0_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q5_1: *n = NT, *packed = PK; return tile_q5_1_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q2_K: *n = KNT; return tile_q2_k_##SUFFIX##KNT;                                 \
-    case OSP_DTYPE_Q3_K: *n = KNT; return tile_q3_k_##SUFFIX##KNT;                                 \
-    case OSP_DTYPE_Q4_K: *n = NT, *packed = PK; return tile_q4_k_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q5_K: *n = NT, *packed = PK; return tile_q5_k_##SUFFIX##NT;                     \
-    case OSP_DTYPE_Q6_K: *n = NT, *packed = PK; return tile_q6_k_##SUFFIX##NT;                     \
-    default: return NULL;                                                                          \
-    }
-    if (isa == ISA_VNNI) TILE_CASES(vnni, 8, 4, true)
-    if (isa == ISA_AVX2) TILE_CASES(avx2, 4, 4, false)
-#undef TILE_CASES
+#define TILE(NAME, NT, PK) return *n = (NT), *packed = (PK), NAME
+    if (isa == ISA_VNNI && max_n >= 16)
+        switch (type) {
+        case OSP_DTYPE_Q8_0: TILE(tile_q8_0_vnni16, 16, true);
+        case OSP_DTYPE_Q4_0: TILE(tile_q4_0_vnni16, 16, true);
+        case OSP_DTYPE_Q4_1: TILE(tile_q4_1_vnni16, 16, true);
+        case OSP_DTYPE_Q5_0: TILE(tile_q5_0_vnni16, 16, true);
+        case OSP_DTYPE_Q5_1: TILE(tile_q5_1_vnni16, 16, true);
+        default: break;
+        }
+    if (isa == ISA_VNNI && max_n >= 8)
+        switch (type) {
+        case OSP_DTYPE_Q8_0: TILE(tile_q8_0_vnni8, 8, true);
+        case OSP_DTYPE_Q4_0: TILE(tile_q4_0_vnni8, 8, true);
+        case OSP_DTYPE_Q4_1: TILE(tile_q4_1_vnni8, 8, true);
+        case OSP_DTYPE_Q5_0: TILE(tile_q5_0_vnni8, 8, true);
+        case OSP_DTYPE_Q5_1: TILE(tile_q5_1_vnni8, 8, true);
+        case OSP_DTYPE_Q4_K: TILE(tile_q4_k_vnni8, 8, true);
+        case OSP_DTYPE_Q5_K: TILE(tile_q5_k_vnni8, 8, true);
+        case OSP_DTYPE_Q6_K: TILE(tile_q6_k_vnni8, 8, true);
+        default: break;
+        }
+    if (isa == ISA_VNNI && max_n >= 4)
+        switch (type) {
+        case OSP_DTYPE_Q2_K: TILE(tile_q2_k_vnni4, 4, false);
+        case OSP_DTYPE_Q3_K: TILE(tile_q3_k_vnni4, 4, false);
+        default: break;
+        }
+    if (isa == ISA_AVX2 && max_n >= 4)
+        switch (type) {
+        case OSP_DTYPE_Q8_0: TILE(tile_q8_0_avx24, 4, false);
+        case OSP_DTYPE_Q4_0: TILE(tile_q4_0_avx24, 4, false);
+        case OSP_DTYPE_Q4_1: TILE(tile_q4_1_avx24, 4, false);
+        case OSP_DTYPE_Q5_0: TILE(tile_q5_0_avx24, 4, false);
+        case OSP_DTYPE_Q5_1: TILE(tile_q5_1_avx24, 4, false);
+        case OSP_DTYPE_Q2_K: TILE(tile_q2_k_avx24, 4, false);
+        case OSP_DTYPE_Q3_K: TILE(tile_q3_k_avx24, 4, false);
+        case OSP_DTYPE_Q4_K: TILE(tile_q4_k_avx24, 4, false);
+        case OSP_DTYPE_Q5_K: TILE(tile_q5_k_avx24, 4, false);
+        case OSP_DTYPE_Q6_K: TILE(tile_q6_k_avx24, 4, false);
+        default: break;
+        }
+#undef TILE
 #else
     (void)type;
+    (void)max_n;
 #endif
     return NULL;
 }

@@ -83,14 +83,15 @@ osp_qdot_gemv_fn osp_qdot_gemv_for(uint32_t type);
  * for all n tokens. Every y is bit-identical to osp_qdot_for(type)(w, a + j * a_stride, nb) -- the
  * one-token kernel is the same code at n = 1 -- so a token's result never depends on how many tokens
  * share its tile (batch invariance). A tile that reads packs (osp_qdot_tile_for's *packed) also takes
- * those rows' osp_pack_q8 in pk (n = 8); the others ignore pk. */
+ * those rows' osp_pack_q8 in pk (pk + g nb for tokens 8g .. 8g + 7); the others ignore pk. */
 typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t nb, int64_t a_stride,
                                  const osp_q8_pack *pk, float *y, int64_t y_stride);
-/* The tile kernel for `type` in the family osp_qdot_for picks, with its width in *n (8 on
- * AVX512-VNNI, as 4 token pairs in 512-bit vectors on packs, but 4 for Q2_K and Q3_K; 4 on AVX2) and
- * in *packed whether it reads packs (osp_pack_q8), or NULL with *n = 1 where the family has none
- * (the portable kernels, F32/F16/BF16). */
-osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int *n, bool *packed);
+/* The widest tile kernel for `type`, of at most max_n tokens, in the family osp_qdot_for picks, with
+ * its width in *n and in *packed whether it reads packs (osp_pack_q8 of each 8 of its tokens, the g-th
+ * at pk + g nb), or NULL with *n = 1 where there is none (max_n too small; the portable kernels;
+ * F32/F16/BF16). AVX512-VNNI: 16 tokens (8 pairs in 512-bit vectors) for Q4_0, Q4_1, Q5_0, Q5_1 and
+ * Q8_0, 8 (4 pairs) for those and Q4_K, Q5_K, Q6_K, 4 for Q2_K and Q3_K; AVX2: 4. */
+osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int64_t max_n, int *n, bool *packed);
 /* The portable reference kernel for `type` (NULL as above). */
 osp_qdot_fn osp_qdot_ref_for(uint32_t type);
 /* "avx512vnni", "avx2" or "scalar": the kernel family osp_qdot_for picks. */
