@@ -664,12 +664,18 @@ static inline float mins8(const uint8_t *m, const osp_q8_block *a) {
                 d = half_f16c(p + 108);                                                            \
                 qs = p + 32;                                                                       \
                 hm = _mm256_loadu_si256((const __m256i *)(const void *)p);                         \
-                UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= 4.0f * d * halves8(sc, a + j * as + 8 * sb); \
+                UNROLL_NT for (int j = 0; j < (NT); j++) { /* product, then subtract: no contraction */ \
+                    const float t_ = 4.0f * d * halves8(sc, a + j * as + 8 * sb);                  \
+                    OFF[j] -= t_;                                                                  \
+                }                                                                                  \
             } else {                                                                               \
                 for (int k = 0; k < 16; k++) sc[k] = (int8_t)(p[k] & 0x0f), mn[k] = (int8_t)(p[k] >> 4); \
                 d = half_f16c(p + 80);                                                             \
                 qs = p + 16;                                                                       \
-                UNROLL_NT for (int j = 0; j < (NT); j++) OFF[j] -= half_f16c(p + 82) * halves8(mn, a + j * as + 8 * sb); \
+                UNROLL_NT for (int j = 0; j < (NT); j++) {                                         \
+                    const float t_ = half_f16c(p + 82) * halves8(mn, a + j * as + 8 * sb);         \
+                    OFF[j] -= t_;                                                                  \
+                }                                                                                  \
             }                                                                                      \
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                \
             __m128i sel = sel0;                                                                    \
@@ -756,9 +762,9 @@ DEFINE_X86_KERNELS(vnni, TGT_VNNI, dot2_vnni)
 DEFINE_X86_TILES(avx2, TGT_AVX2, dot2_avx2, 4)
 DEFINE_X86_KTILES(avx2, TGT_AVX2, dot2_avx2, 4)
 Q8_0_KERNEL(tile_q8_0_avx24, TGT_AVX2, dot2_avx2, 4)
-/* AVX512-VNNI's 4-token tiles: Q2_K and Q3_K (the other K-quants take token pairs) */
-Q23K_KERNEL(tile_q2_k_vnni4, TGT_VNNI, vnni, 0, 4)
-Q23K_KERNEL(tile_q3_k_vnni4, TGT_VNNI, vnni, 1, 4)
+/* AVX512-VNNI's 4-token tiles: every K-quant (Q2_K and Q3_K have no wider ones; the others use them
+ * for 4-7 tokens left, a small batched decode step, rather than one GEMV pass per token) */
+DEFINE_X86_KTILES(vnni, TGT_VNNI, dot2_vnni, 4)
 
 /* The tiles over token pairs in 512-bit vectors (AVX512-VNNI; Q8_0, Q4_0, Q4_1, Q5_0, Q5_1): the low
  * 256 bits carry token 2k, the high 256 bits token 2k + 1, against the weight block's codes broadcast
@@ -1175,7 +1181,7 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
         ROWS_UNROLL for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), OFF[r] = _mm_setzero_ps(); \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2) {                                                              \
-            const __m128 s2 = _mm_castpd_ps(_mm_load_sd((const double *)(const void *)(sums + b))); \
+            const __m128 s2 = _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(const void *)(sums + b))); \
             const __m128 s22 = _mm_unpacklo_ps(s2, s2); /* [s0, s0, s1, s1] */                     \
             ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
                 const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * (BYTES), *p1 = p + (BYTES); \
@@ -1536,10 +1542,19 @@ osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int64_t max_n, int *n, bool *p
         case OSP_DTYPE_Q6_K: TILE(tile_q6_k_vnni8, 8, true);
         default: break;
         }
-    if (isa == ISA_VNNI && max_n >= 4)
+    if (isa == ISA_VNNI && max_n >= 4) /* 4-7 tokens: one weight pass for them all, not one each */
         switch (type) {
         case OSP_DTYPE_Q2_K: TILE(tile_q2_k_vnni4, 4, false);
         case OSP_DTYPE_Q3_K: TILE(tile_q3_k_vnni4, 4, false);
+        case OSP_DTYPE_Q4_K: TILE(tile_q4_k_vnni4, 4, false);
+        case OSP_DTYPE_Q5_K: TILE(tile_q5_k_vnni4, 4, false);
+        case OSP_DTYPE_Q6_K: TILE(tile_q6_k_vnni4, 4, false);
+        /* the AVX2 tiles: bit-identical to the AVX512-VNNI one-token kernels (test_families_agree) */
+        case OSP_DTYPE_Q8_0: TILE(tile_q8_0_avx24, 4, false);
+        case OSP_DTYPE_Q4_0: TILE(tile_q4_0_avx24, 4, false);
+        case OSP_DTYPE_Q4_1: TILE(tile_q4_1_avx24, 4, false);
+        case OSP_DTYPE_Q5_0: TILE(tile_q5_0_avx24, 4, false);
+        case OSP_DTYPE_Q5_1: TILE(tile_q5_1_avx24, 4, false);
         default: break;
         }
     if (isa == ISA_AVX2 && max_n >= 4)

@@ -50,7 +50,8 @@ osp_qdot_fn osp_qdot_for(uint32_t type);
  * L2 the lane's sums of qs and qs2: Q8_0's tile multiplies the unsigned codes w + 128 and adds it,
  * which gives exactly the int32 of the signed product (256 dot(w, qs) + dot(w, qs2)). 256 bytes. */
 typedef struct osp_q8_pair {
-    int8_t qs[64], qs2[64];
+    _Alignas(64) int8_t qs[64];
+    int8_t qs2[64];
     float d2[16];
     int32_t bias[16];
 } osp_q8_pair;
@@ -60,6 +61,7 @@ typedef struct osp_q8_pack {
     osp_q8_pair pair[4];
     float s[8], s0[8];
 } osp_q8_pack;
+_Static_assert(sizeof(osp_q8_pair) == 256 && sizeof(osp_q8_pack) == 1088, "the pack layouts' sizes");
 #define OSP_Q8_PACK_TOKENS 8
 /* pk[nb] <- the blocks 0..nb-1 of activation rows a + j * a_stride, j < 8. pk 64-byte aligned. */
 void osp_pack_q8(const osp_q8_block *a, int64_t a_stride, int64_t nb, osp_q8_pack *pk);
@@ -90,7 +92,7 @@ typedef void (*osp_qdot_tile_fn)(const void *w, const osp_q8_block *a, int64_t n
  * its width in *n and in *packed whether it reads packs (osp_pack_q8 of each 8 of its tokens, the g-th
  * at pk + g nb), or NULL with *n = 1 where there is none (max_n too small; the portable kernels;
  * F32/F16/BF16). AVX512-VNNI: 16 tokens (8 pairs in 512-bit vectors) for Q4_0, Q4_1, Q5_0, Q5_1 and
- * Q8_0, 8 (4 pairs) for those and Q4_K, Q5_K, Q6_K, 4 for Q2_K and Q3_K; AVX2: 4. */
+ * Q8_0, 8 (4 pairs) for those and Q4_K, Q5_K, Q6_K, 4 (256-bit) for every type; AVX2: 4. */
 osp_qdot_tile_fn osp_qdot_tile_for(uint32_t type, int64_t max_n, int *n, bool *packed);
 /* The portable reference kernel for `type` (NULL as above). */
 osp_qdot_fn osp_qdot_ref_for(uint32_t type);
