@@ -783,26 +783,31 @@ DEFINE_X86_KTILES(vnni, TGT_VNNI, dot2_vnni, 4)
  * the same int32 (every partial < 2^26: 4 * 255 * 127 * 256 + 128 * 257 * 508). That takes the
  * two sign-masked negations off each pair's step: 7 operations where the unpacked tile had 13. */
 
-TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb, osp_q8_pack *pk) {
+/* One osp_q8_pair from block `lo` (low 256 bits) and block `hi` (high; zeros where hi is NULL). */
+TGT_VNNI static inline void pack_pair_vnni(const osp_q8_block *lo, const osp_q8_block *hi, osp_q8_pair *o) {
     const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    const __m256i z = _mm256_setzero_si256();
+    const __m512i qs = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)lo->qs)),
+        hi ? _mm256_loadu_si256((const __m256i *)(const void *)hi->qs) : z, 1);
+    const __m512i qs2 = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)lo->qs2)),
+        hi ? _mm256_loadu_si256((const __m256i *)(const void *)hi->qs2) : z, 1);
+    const __m512i lsum = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, qs), 8), ones,
+                                             qs2); /* 256 L1 + L2 per lane, exact */
+    _mm512_store_si512((void *)o->qs, qs);
+    _mm512_store_si512((void *)o->qs2, qs2);
+    _mm512_store_ps(o->d2, _mm512_mask_broadcastss_ps(_mm512_set1_ps(lo->d2), 0xff00, _mm_set_ss(hi ? hi->d2 : 0.0f)));
+    _mm512_store_si512((void *)o->bias, _mm512_sub_epi32(zero, _mm512_slli_epi32(lsum, 7)));
+}
+
+TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb, osp_q8_pack *pk) {
     for (int64_t b = 0; b < nb; b++)
         for (int k = 0; k < 4; k++) {
             const osp_q8_block *a0 = a + 2 * k * as + b, *a1 = a0 + as;
-            osp_q8_pair *o = &pk[b].pair[k];
             pk[b].s[2 * k] = a0->s, pk[b].s[2 * k + 1] = a1->s;
             pk[b].s0[2 * k] = a0->s0, pk[b].s0[2 * k + 1] = a1->s0;
-            const __m512i qs = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs)),
-                _mm256_loadu_si256((const __m256i *)(const void *)a1->qs), 1);
-            const __m512i qs2 = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs2)),
-                _mm256_loadu_si256((const __m256i *)(const void *)a1->qs2), 1);
-            const __m512i lsum = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, qs), 8),
-                                                     ones, qs2); /* 256 L1 + L2 per lane, exact */
-            _mm512_store_si512((void *)o->qs, qs);
-            _mm512_store_si512((void *)o->qs2, qs2);
-            _mm512_store_ps(o->d2, _mm512_mask_broadcastss_ps(_mm512_set1_ps(a0->d2), 0xff00, _mm_load_ss(&a1->d2)));
-            _mm512_store_si512((void *)o->bias, _mm512_sub_epi32(zero, _mm512_slli_epi32(lsum, 7)));
+            pack_pair_vnni(a0, a1, &pk[b].pair[k]);
         }
 }
 
@@ -820,15 +825,16 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
         _mm512_mul_ps(dwz, _mm512_load_ps((pp)->d2)), acc)
 #define NO_BIAS(x, pp) (x)
 #define Q8_BIAS(x, pp) _mm512_add_epi32(x, PK_LOAD(pp, bias))
-/* the halves of A0[k] + A1[k], each summed as ACC_SUM sums one token's two accumulators */
-#define PAIR_STORE(k, off0, off1)                                                                  \
+/* the halves of A0[k] + A1[k], each summed as ACC_SUM sums one token's two accumulators, then
+ * PLUS_OFF0 / PLUS_OFF1 (`+ OFF[..]`, or empty for Q8_0, which adds no offset) */
+#define PAIR_STORE(k, PLUS_OFF0, PLUS_OFF1)                                                        \
     do {                                                                                           \
         const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);                  \
         y[2 * (k) * ys] =                                                                          \
-            hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k]))) + (off0); \
+            hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k]))) PLUS_OFF0; \
         y[(2 * (k) + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
-                                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))) + \
-                                (off1);                                                            \
+                                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))) \
+                                    PLUS_OFF1;                                                     \
     } while (0)
 
 /* Q8_0: u = w XOR 0x80 broadcast to both halves; no offset term (the sum is returned as is, so -0.0
@@ -857,12 +863,7 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
             const __m512 dw0 = _mm512_set1_ps(half_f16c(p));                                       \
             UNROLL_NT for (int k = 0; k < (NP); k++) LEVEL_PACKED(A0[k], u0, PK_PAIR(b, k), dw0, Q8_BIAS); \
         }                                                                                          \
-        UNROLL_NT for (int k = 0; k < (NP); k++) {                                                 \
-            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
-            y[2 * k * ys] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k]))); \
-            y[(2 * k + 1) * ys] = hsum8(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)), \
-                                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))); \
-        }                                                                                          \
+        UNROLL_NT for (int k = 0; k < (NP); k++) PAIR_STORE(k, , );                                \
     }
 Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
 Q8_0_PAIR_KERNEL(tile_q8_0_vnni16, 8)
@@ -923,7 +924,7 @@ TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
         }                                                                                          \
         float OFF[2 * NP];                                                                         \
         UNROLL_NT for (int g = 0; g < NG; g++) _mm256_storeu_ps(OFF + 8 * g, off[g]);              \
-        UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);          \
+        UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);          \
     }
 Q45_PAIR_KERNEL(tile_q4_1_vnni8, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 4)
 Q45_PAIR_KERNEL(tile_q4_0_vnni8, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 4)
@@ -982,7 +983,7 @@ Q45_PAIR_KERNEL(tile_q5_1_vnni16, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 8)
         }                                                                                          \
         float OFF[2 * NP];                                                                         \
         _mm256_storeu_ps(OFF, off);                                                                \
-        UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);          \
+        UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);          \
     }
 QK45_PAIR_KERNEL(tile_q4_k_vnni8, 144, 0)
 QK45_PAIR_KERNEL(tile_q5_k_vnni8, 176, 1)
@@ -1048,7 +1049,7 @@ TGT_VNNI static void tile_q6_k_vnni8(TILE_ARGS) {
     }
     float OFF[2 * NP];
     _mm256_storeu_ps(OFF, off);
-    UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, OFF[2 * k], OFF[2 * k + 1]);
+    UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);
 }
 
 /* ---- one token against a weight row on AVX512-VNNI: block pairs in 512-bit vectors (GEMV) ----
@@ -1319,24 +1320,7 @@ TGT_VNNI static FORCE_INLINE void q6_k_rows(const uint8_t *w, size_t row_bytes, 
 GEMV_DRIVER(gemv_q6_k_vnni, q6_k_rows)
 
 TGT_VNNI static void pack_q8_row_vnni(const osp_q8_block *a, int64_t nb, osp_q8_pair *bp) {
-    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
-    for (int64_t b = 0; b < nb; b += 2) {
-        const osp_q8_block *a0 = a + b;
-        osp_q8_pair *o = bp + b / 2;
-        const bool two = b + 1 < nb;
-        const __m256i q1 = two ? _mm256_loadu_si256((const __m256i *)(const void *)a0[1].qs) : _mm256_setzero_si256();
-        const __m256i r1 = two ? _mm256_loadu_si256((const __m256i *)(const void *)a0[1].qs2) : _mm256_setzero_si256();
-        const __m512i qs = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs)), q1, 1);
-        const __m512i qs2 = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)a0->qs2)), r1, 1);
-        const __m512i lsum =
-            _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, qs), 8), ones, qs2);
-        _mm512_store_si512((void *)o->qs, qs);
-        _mm512_store_si512((void *)o->qs2, qs2);
-        _mm512_store_ps(o->d2, float_pair(a0->d2, two ? a0[1].d2 : 0.0f));
-        _mm512_store_si512((void *)o->bias, _mm512_sub_epi32(zero, _mm512_slli_epi32(lsum, 7)));
-    }
+    for (int64_t b = 0; b < nb; b += 2) pack_pair_vnni(a + b, b + 1 < nb ? a + b + 1 : NULL, bp + b / 2);
 }
 #endif
 
@@ -1433,24 +1417,26 @@ osp_qdot_fn osp_qdot_for(uint32_t type) {
     return osp_qdot_ref_for(type);
 }
 
-/* The portable packer (the layout's definition; tests and non-x86 builds). */
+/* The portable packers (the layouts' definition; tests and non-x86 builds): half h of pair o from
+ * block blk -- its codes, d2 eight times, and the bias -128 (256 L1 + L2) of each 4-code lane. */
+static void pack_half_ref(const osp_q8_block *blk, osp_q8_pair *o, int h) {
+    memcpy(o->qs + 32 * h, blk->qs, 32);
+    memcpy(o->qs2 + 32 * h, blk->qs2, 32);
+    for (int l = 0; l < 8; l++) {
+        int32_t l1 = 0, l2 = 0;
+        for (int i = 0; i < 4; i++) l1 += blk->qs[4 * l + i], l2 += blk->qs2[4 * l + i];
+        o->d2[8 * h + l] = blk->d2;
+        o->bias[8 * h + l] = -128 * (256 * l1 + l2);
+    }
+}
+
 static void pack_q8_ref(const osp_q8_block *a, int64_t as, int64_t nb, osp_q8_pack *pk) {
     for (int64_t b = 0; b < nb; b++)
-        for (int k = 0; k < 4; k++) {
-            osp_q8_pair *o = &pk[b].pair[k];
-            for (int h = 0; h < 2; h++) {
-                const osp_q8_block *blk = a + (2 * k + h) * as + b;
-                pk[b].s[2 * k + h] = blk->s;
-                pk[b].s0[2 * k + h] = blk->s0;
-                memcpy(o->qs + 32 * h, blk->qs, 32);
-                memcpy(o->qs2 + 32 * h, blk->qs2, 32);
-                for (int l = 0; l < 8; l++) {
-                    int32_t l1 = 0, l2 = 0;
-                    for (int i = 0; i < 4; i++) l1 += blk->qs[4 * l + i], l2 += blk->qs2[4 * l + i];
-                    o->d2[8 * h + l] = blk->d2;
-                    o->bias[8 * h + l] = -128 * (256 * l1 + l2);
-                }
-            }
+        for (int j = 0; j < 8; j++) { /* token j: half j % 2 of pair j / 2 */
+            const osp_q8_block *blk = a + j * as + b;
+            pk[b].s[j] = blk->s;
+            pk[b].s0[j] = blk->s0;
+            pack_half_ref(blk, &pk[b].pair[j / 2], j % 2);
         }
 }
 
@@ -1464,22 +1450,10 @@ void osp_pack_q8(const osp_q8_block *a, int64_t a_stride, int64_t nb, osp_q8_pac
     pack_q8_ref(a, a_stride, nb, pk);
 }
 
-/* The portable row packer (the layout's definition). */
 static void pack_q8_row_ref(const osp_q8_block *a, int64_t nb, osp_q8_pair *bp) {
     for (int64_t b = 0; b < nb; b += 2) {
-        osp_q8_pair *o = bp + b / 2;
-        memset(o, 0, sizeof *o);
-        for (int h = 0; h < 2 && b + h < nb; h++) {
-            const osp_q8_block *blk = a + b + h;
-            memcpy(o->qs + 32 * h, blk->qs, 32);
-            memcpy(o->qs2 + 32 * h, blk->qs2, 32);
-            for (int l = 0; l < 8; l++) {
-                int32_t l1 = 0, l2 = 0;
-                for (int i = 0; i < 4; i++) l1 += blk->qs[4 * l + i], l2 += blk->qs2[4 * l + i];
-                o->d2[8 * h + l] = blk->d2;
-                o->bias[8 * h + l] = -128 * (256 * l1 + l2);
-            }
-        }
+        memset(&bp[b / 2], 0, sizeof bp[0]); /* a last odd block's high half stays zero */
+        for (int h = 0; h < 2 && b + h < nb; h++) pack_half_ref(a + b + h, &bp[b / 2], h);
     }
 }
 
