@@ -3,9 +3,12 @@
  *
  *     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
  *
- * Only "ngram" (prompt lookup: src/spec/proposer.h) is implemented; the engine verifies the drafts
- * losslessly, so outputs are the target's own (greedy: token for token; sampled: the same
- * distribution, and with a seed the same tokens). */
+ *     {"method": "draft_model", "model": "Qwen2.5-Coder-0.5B.gguf", "num_speculative_tokens": 4}
+ *
+ * "ngram" (prompt lookup) and "draft_model" (a smaller model of the target's vocabulary, run with its
+ * own KV cache: src/spec/proposer.h) are implemented; the engine verifies the drafts losslessly, so
+ * outputs are the target's own (greedy: token for token; sampled: the same distribution, and with a
+ * seed the same tokens). */
 #ifndef OSPREY_SPEC_H
 #define OSPREY_SPEC_H
 
@@ -24,23 +27,31 @@ extern "C" {
 typedef enum osp_spec_method {
     OSP_SPEC_NONE = 0,  /* no speculation (the default) */
     OSP_SPEC_NGRAM = 1, /* prompt lookup: the last n tokens matched earlier in prompt + output */
+    OSP_SPEC_DRAFT_MODEL = 2, /* a separate, smaller model with the target's tokenizer drafts greedily */
 } osp_spec_method;
+
+/* Bytes of osp_spec_config.model, the terminating NUL included. */
+#define OSP_SPEC_MODEL_PATH_MAX 1024
 
 typedef struct osp_spec_config {
     osp_spec_method method;
     int32_t num_speculative_tokens; /* k: drafts per request and step, in [1, OSP_SPEC_MAX_TOKENS] */
     int32_t prompt_lookup_min;      /* ngram: shortest n matched, >= 1 */
     int32_t prompt_lookup_max;      /* ngram: longest n matched (tried first), >= prompt_lookup_min */
+    char model[OSP_SPEC_MODEL_PATH_MAX]; /* draft_model: the draft's GGUF path (non-empty); "" otherwise */
 } osp_spec_config;
 
 /* No speculation. */
 osp_spec_config osp_spec_default_config(void);
 
-/* Parses a vLLM speculative_config JSON object into *out. Keys: "method" ("ngram"; vLLM's "[ngram]"
- * too), "num_speculative_tokens" (required, 1..OSP_SPEC_MAX_TOKENS), "prompt_lookup_min" and
- * "prompt_lookup_max" (as vLLM: both absent = 5 and 5, one absent = the other). A method vLLM knows
- * but osprey does not run yet (draft_model, eagle, ...) is OSP_ERR_UNSUPPORTED; anything else wrong (not
- * JSON, not an object, an unknown key or method, a value of the wrong type or out of range) is
+/* Parses a vLLM speculative_config JSON object into *out. Keys: "method" ("ngram", vLLM's "[ngram]"
+ * too, or "draft_model"; absent with "model" given: "draft_model", as vLLM infers it),
+ * "num_speculative_tokens" (required, 1..OSP_SPEC_MAX_TOKENS); ngram only: "prompt_lookup_min" and
+ * "prompt_lookup_max" (as vLLM: both absent = 5 and 5, one absent = the other); draft_model only:
+ * "model" (required, a non-empty path shorter than OSP_SPEC_MODEL_PATH_MAX; whether it loads and
+ * shares the target's vocabulary is checked when the engine starts). A method vLLM knows but osprey
+ * does not run yet (eagle, ...) is OSP_ERR_UNSUPPORTED; anything else wrong (not JSON, not an object,
+ * an unknown key or method, a key of the other method, a value of the wrong type or out of range) is
  * OSP_ERR_INVALID_ARG. Either way the message names the key and the accepted values, and *out is
  * left unchanged. json == NULL or "" gives osp_spec_default_config(). */
 osp_status osp_spec_config_parse(const char *json, osp_spec_config *out);
@@ -49,7 +60,7 @@ osp_status osp_spec_config_parse(const char *json, osp_spec_config *out);
  * naming the field. */
 osp_status osp_spec_config_check(const osp_spec_config *c);
 
-/* The method's vLLM name ("ngram"), "none", or NULL for an unknown value. */
+/* The method's vLLM name ("ngram", "draft_model"), "none", or NULL for an unknown value. */
 const char *osp_spec_method_name(osp_spec_method m);
 
 #ifdef __cplusplus

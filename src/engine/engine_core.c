@@ -226,7 +226,11 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                               osp_spec_method_name(p.speculative.method));
             goto fail;
         }
-        if ((s = osp_proposer_create(&p.speculative, &e->proposer)) != OSP_OK) goto fail;
+        const osp_proposer_target pt = {.model = e->model, .n_threads = p.n_threads, .kv_dtype = p.kv_dtype,
+                                        .block_size = p.block_size, .num_blocks = p.num_blocks,
+                                        .max_model_len = p.max_model_len,
+                                        .max_num_batched_tokens = p.max_num_batched_tokens};
+        if ((s = osp_proposer_create(&p.speculative, &pt, &e->proposer)) != OSP_OK) goto fail;
         e->spec_k = p.speculative.num_speculative_tokens;
     }
     if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs))) {
@@ -448,6 +452,9 @@ bool osp_engine_has_unfinished(osp_engine *e) {
 }
 
 static void mark(osp_engine *e, osp_request *r) {
+    /* a finished request's draft state (a draft model's KV) goes back now, not when evicted */
+    if (r->state == OSP_REQ_FINISHED && e->proposer && e->proposer->ops->release)
+        e->proposer->ops->release(e->proposer, r->uid);
     for (int32_t i = 0; i < e->publish.n; i++)
         if (e->publish.v[i] == r) return;
     vec_push(&e->publish, r);
@@ -511,7 +518,9 @@ static osp_status propose_drafts(osp_engine *e, const osp_sched_output *so) {
         r->num_spec = 0;
         int32_t k = r->max_len - r->num_tokens - 1;
         if (k > r->spec_k) k = r->spec_k;
-        if (r->state != OSP_REQ_RUNNING || k <= 0 || r->num_computed_tokens != r->num_tokens - 1) continue;
+        /* not a parent whose children fork at its first token: the fork follows a plain sampled row
+           (a verification row there would skip the fork; a chunked prompt can end one token short) */
+        if (r->state != OSP_REQ_RUNNING || k <= 0 || r->num_computed_tokens != r->num_tokens - 1 || r->children) continue;
         e->spec_seqs[n++] = (osp_spec_seq){.uid = r->uid, .tokens = r->tokens, .num_tokens = r->num_tokens,
                                            .num_prompt = r->num_prompt, .max_draft = k, .draft = r->spec_tokens};
     }

@@ -7,29 +7,38 @@
 #include "osprey/spec.h"
 
 /* Methods vLLM accepts that osprey does not run yet: named so the error says "not yet", not "unknown". */
-static const char *const later_methods[] = {"draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
-                                            "deepseek_mtp", "suffix", "quantspec"};
+static const char *const later_methods[] = {"eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp",
+                                            "suffix", "quantspec"};
 
 osp_spec_config osp_spec_default_config(void) {
-    return (osp_spec_config){.method = OSP_SPEC_NONE, .num_speculative_tokens = 0, .prompt_lookup_min = 0,
-                             .prompt_lookup_max = 0};
+    osp_spec_config c;
+    memset(&c, 0, sizeof c);
+    c.method = OSP_SPEC_NONE;
+    return c;
 }
 
 const char *osp_spec_method_name(osp_spec_method m) {
     switch (m) {
     case OSP_SPEC_NONE: return "none";
     case OSP_SPEC_NGRAM: return "ngram";
+    case OSP_SPEC_DRAFT_MODEL: return "draft_model";
     }
     return NULL;
 }
 
 osp_status osp_spec_config_check(const osp_spec_config *c) {
     if (c->method == OSP_SPEC_NONE) return OSP_OK;
-    if (c->method != OSP_SPEC_NGRAM)
+    if (c->method != OSP_SPEC_NGRAM && c->method != OSP_SPEC_DRAFT_MODEL)
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method %d", (int)c->method);
     if (c->num_speculative_tokens < 1 || c->num_speculative_tokens > OSP_SPEC_MAX_TOKENS)
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: num_speculative_tokens %d is outside [1, %d]",
                              c->num_speculative_tokens, OSP_SPEC_MAX_TOKENS);
+    if (c->method == OSP_SPEC_DRAFT_MODEL) {
+        if (!c->model[0] || !memchr(c->model, 0, sizeof c->model))
+            return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: draft_model needs \"model\", the draft's "
+                                                      "GGUF path (at most %d bytes)", OSP_SPEC_MODEL_PATH_MAX - 1);
+        return OSP_OK;
+    }
     if (c->prompt_lookup_min < 1 || c->prompt_lookup_max < c->prompt_lookup_min)
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "speculative config: prompt_lookup_min %d and prompt_lookup_max %d must satisfy "
@@ -54,35 +63,61 @@ static osp_status parse_obj(json_t *o, osp_spec_config *out) {
     json_t *val;
     json_object_foreach(o, key, val) {
         if (strcmp(key, "method") && strcmp(key, "num_speculative_tokens") && strcmp(key, "prompt_lookup_min") &&
-            strcmp(key, "prompt_lookup_max"))
+            strcmp(key, "prompt_lookup_max") && strcmp(key, "model"))
             return osp_set_error(OSP_ERR_INVALID_ARG,
                                  "speculative config: unknown or unsupported key \"%s\" (osprey takes method, "
-                                 "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)", key);
+                                 "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max for ngram, model for "
+                                 "draft_model)", key);
     }
-    json_t *m = json_object_get(o, "method");
-    if (!m) return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" is required (\"ngram\")");
-    if (!json_is_string(m))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" must be a string (\"ngram\")");
-    const char *ms = json_string_value(m);
-    if (strcmp(ms, "ngram") && strcmp(ms, "[ngram]")) {
+    json_t *m = json_object_get(o, "method"), *model = json_object_get(o, "model");
+    if (!m && !model)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" is required (\"ngram\" or "
+                                                  "\"draft_model\")");
+    if (m && !json_is_string(m))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" must be a string (\"ngram\" or "
+                                                  "\"draft_model\")");
+    const char *ms = m ? json_string_value(m) : "draft_model"; /* vLLM: a model without a method drafts with it */
+    osp_spec_config c = osp_spec_default_config();
+    c.num_speculative_tokens = -1;
+    if (!strcmp(ms, "ngram") || !strcmp(ms, "[ngram]")) {
+        c.method = OSP_SPEC_NGRAM;
+    } else if (!strcmp(ms, "draft_model")) {
+        c.method = OSP_SPEC_DRAFT_MODEL;
+    } else {
         for (size_t i = 0; i < sizeof later_methods / sizeof later_methods[0]; i++)
             if (!strcmp(ms, later_methods[i]))
-                return osp_set_error(OSP_ERR_UNSUPPORTED,
-                                     "speculative config: method \"%s\" is not implemented yet (only \"ngram\")", ms);
-        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method \"%s\" (osprey runs \"ngram\")",
-                             ms);
+                return osp_set_error(OSP_ERR_UNSUPPORTED, "speculative config: method \"%s\" is not implemented yet "
+                                                          "(osprey runs \"ngram\" and \"draft_model\")", ms);
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method \"%s\" (osprey runs \"ngram\" "
+                                                  "and \"draft_model\")", ms);
     }
-    osp_spec_config c = {.method = OSP_SPEC_NGRAM, .num_speculative_tokens = -1, .prompt_lookup_min = -1,
-                         .prompt_lookup_max = -1};
     if (!json_object_get(o, "num_speculative_tokens"))
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"num_speculative_tokens\" is required");
     OSP_TRY(int_key(o, "num_speculative_tokens", 1, OSP_SPEC_MAX_TOKENS, &c.num_speculative_tokens));
-    OSP_TRY(int_key(o, "prompt_lookup_min", 1, 1 << 20, &c.prompt_lookup_min));
-    OSP_TRY(int_key(o, "prompt_lookup_max", 1, 1 << 20, &c.prompt_lookup_max));
-    /* vLLM's defaults: both absent 5 and 5; one absent takes the other's value */
-    if (c.prompt_lookup_min < 0 && c.prompt_lookup_max < 0) c.prompt_lookup_min = c.prompt_lookup_max = 5;
-    else if (c.prompt_lookup_min < 0) c.prompt_lookup_min = c.prompt_lookup_max;
-    else if (c.prompt_lookup_max < 0) c.prompt_lookup_max = c.prompt_lookup_min;
+    if (c.method == OSP_SPEC_DRAFT_MODEL) {
+        const char *other = json_object_get(o, "prompt_lookup_min") ? "prompt_lookup_min"
+                            : json_object_get(o, "prompt_lookup_max") ? "prompt_lookup_max" : NULL;
+        if (other)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"%s\" is for method \"ngram\", not "
+                                                      "\"draft_model\"", other);
+        if (!model || !json_is_string(model) || !json_string_length(model) ||
+            json_string_length(model) >= sizeof c.model || strlen(json_string_value(model)) != json_string_length(model))
+            return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: draft_model needs \"model\": the draft's "
+                                                      "GGUF path, a non-empty string of at most %d bytes",
+                                 OSP_SPEC_MODEL_PATH_MAX - 1);
+        memcpy(c.model, json_string_value(model), json_string_length(model) + 1);
+    } else {
+        if (model)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"model\" is for method \"draft_model\", "
+                                                      "not \"ngram\"");
+        c.prompt_lookup_min = c.prompt_lookup_max = -1;
+        OSP_TRY(int_key(o, "prompt_lookup_min", 1, 1 << 20, &c.prompt_lookup_min));
+        OSP_TRY(int_key(o, "prompt_lookup_max", 1, 1 << 20, &c.prompt_lookup_max));
+        /* vLLM's defaults: both absent 5 and 5; one absent takes the other's value */
+        if (c.prompt_lookup_min < 0 && c.prompt_lookup_max < 0) c.prompt_lookup_min = c.prompt_lookup_max = 5;
+        else if (c.prompt_lookup_min < 0) c.prompt_lookup_min = c.prompt_lookup_max;
+        else if (c.prompt_lookup_max < 0) c.prompt_lookup_max = c.prompt_lookup_min;
+    }
     OSP_TRY(osp_spec_config_check(&c));
     *out = c;
     return OSP_OK;

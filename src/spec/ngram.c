@@ -5,7 +5,7 @@
  *
  * Which match: the longest n in [min_n, max_n] that matches at all, and of its matches the earliest
  * in the sequence (vLLM's choice: in an edit the source text comes first, and it is what the
- * output copies). Also the proposer factory (osp_proposer_create) while ngram is the only method. */
+ * output copies). Also the proposer factory (osp_proposer_create). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,9 +48,13 @@ static void ngram_destroy(osp_proposer *p) { free(p); }
 
 static const osp_proposer_ops ngram_ops = {.name = "ngram", .propose = ngram_run, .destroy = ngram_destroy};
 
-osp_status osp_proposer_create(const osp_spec_config *c, osp_proposer **out) {
+osp_status osp_proposer_create(const osp_spec_config *c, const osp_proposer_target *t, osp_proposer **out) {
     *out = NULL;
     OSP_TRY(osp_spec_config_check(c));
+    if (c->method == OSP_SPEC_DRAFT_MODEL) {
+        if (!t) return osp_set_error(OSP_ERR_INVALID_ARG, "speculative decoding: a draft model needs its target");
+        return osp_draft_proposer_create(c, t, out);
+    }
     if (c->method != OSP_SPEC_NGRAM)
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative decoding: no proposer for method %s",
                              osp_spec_method_name(c->method) ? osp_spec_method_name(c->method) : "?");

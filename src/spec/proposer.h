@@ -9,8 +9,11 @@
  *     n-gram proposer holds by construction: it copies ids from the sequence itself).
  *   - Inputs are borrowed for the call only: tokens (the sequence's prompt then its accepted outputs,
  *     never rejected drafts) stays owned by the engine; draft is the caller's buffer of max_draft ids.
- *   - The n-gram proposer keeps no state between calls. (A draft model will keep its own KV per
- *     sequence, keyed by uid, and need a hook for sequences that finish or are preempted: not here yet.)
+ *   - The n-gram proposer keeps no state between calls. The draft-model proposer keeps the draft's KV
+ *     of each sequence keyed by uid; release(p, uid) (optional: NULL for a stateless proposer) drops
+ *     it when the sequence has finished. Any state is only a cache: a proposer must still propose
+ *     correctly for a uid it has never seen or has released (the engine does not tell it about
+ *     preemption; a preempted sequence comes back with the same tokens).
  *   - Errors (OSP_ERR_NOMEM, a draft model's forward failing) fail the step; proposing nothing is not
  *     an error.
  * Proposers run on the engine's step thread, one call per step for every decoding sequence. */
@@ -19,6 +22,7 @@
 
 #include <stdint.h>
 
+#include "osprey/model.h"
 #include "osprey/spec.h"
 #include "osprey/status.h"
 
@@ -38,6 +42,7 @@ typedef struct osp_proposer osp_proposer;
 typedef struct osp_proposer_ops {
     const char *name; /* vLLM's method name ("ngram") */
     osp_status (*propose)(osp_proposer *p, osp_spec_seq *seqs, int32_t n);
+    void (*release)(osp_proposer *p, uint64_t uid); /* optional; an unknown uid is fine */
     void (*destroy)(osp_proposer *p);
 } osp_proposer_ops;
 
@@ -46,9 +51,23 @@ struct osp_proposer {
     const osp_proposer_ops *ops;
 };
 
-/* The proposer of a config (OSP_SPEC_NGRAM). Errors: OSP_ERR_INVALID_ARG (osp_spec_config_check, or
- * OSP_SPEC_NONE: nothing to create), OSP_ERR_NOMEM. The caller owns *out (osp_proposer_destroy). */
-osp_status osp_proposer_create(const osp_spec_config *c, osp_proposer **out);
+/* What a proposer may need of the engine it drafts for (a draft model sizes its KV cache by it). */
+typedef struct osp_proposer_target {
+    const osp_model *model; /* the target (borrowed: its vocabulary and device) */
+    int n_threads;          /* the draft model's threads (0: all cores), as the target's */
+    osp_kv_dtype kv_dtype;  /* the draft's KV pages (the target's K dtype) */
+    int32_t block_size;     /* the draft's KV blocks: block_size tokens each ... */
+    int32_t num_blocks;     /* ... num_blocks of them (the target's count: a draft's sequence never holds
+                             * more than its target's tokens plus k) */
+    int32_t max_model_len;  /* tokens a sequence holds at most */
+    int32_t max_num_batched_tokens; /* tokens one draft forward pass takes at most (prompts catch up in chunks) */
+} osp_proposer_target;
+
+/* The proposer of a config (OSP_SPEC_NGRAM, OSP_SPEC_DRAFT_MODEL; t may be NULL for ngram). Errors:
+ * OSP_ERR_INVALID_ARG (osp_spec_config_check, or OSP_SPEC_NONE: nothing to create; a draft model whose
+ * vocabulary is not the target's), OSP_ERR_NOMEM, and what loading the draft model returns. The caller
+ * owns *out (osp_proposer_destroy). */
+osp_status osp_proposer_create(const osp_spec_config *c, const osp_proposer_target *t, osp_proposer **out);
 void osp_proposer_destroy(osp_proposer *p); /* NULL is fine */
 
 /* ---- n-gram / prompt lookup (vLLM's "ngram"; Saxena's prompt lookup decoding) ------------------ */
@@ -62,5 +81,14 @@ void osp_proposer_destroy(osp_proposer *p); /* NULL is fine */
  * 1 <= min_n <= max_n. */
 int32_t osp_ngram_propose(const int32_t *tokens, int32_t num_tokens, int32_t min_n, int32_t max_n, int32_t k,
                           int32_t *draft);
+
+/* ---- draft model (vLLM's "draft_model") --------------------------------------------------------- */
+
+/* A draft model proposer: loads c->model on the target's device (the CPU: speculation runs there) and
+ * checks that its tokenizer is the target's (same number of tokens, every token's text equal;
+ * OSP_ERR_INVALID_ARG naming the first difference otherwise). Each step it brings each sequence's
+ * draft KV up to the sequence's tokens (rolling back over rejected drafts by the longest common
+ * prefix) and drafts the draft model's argmax k times. Called by osp_proposer_create. */
+osp_status osp_draft_proposer_create(const osp_spec_config *c, const osp_proposer_target *t, osp_proposer **out);
 
 #endif

@@ -106,3 +106,37 @@ def test_bad_config(cfg, frag):
     assert r.returncode == 1
     errs = [line for line in r.stderr.splitlines() if "error" in line]
     assert len(errs) == 1 and "--speculative-config" in errs[0] and frag in errs[0], r.stderr
+
+
+def test_draft_model_same_completions(pair):
+    """vLLM's draft_model method with SmolLM2 as its own draft: the plain server's completions (greedy,
+    seeded n = 2, streamed), and the drafts counted."""
+    plain, _ = pair
+    cfg = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 3}' % SMOL
+    draft = Server(SMOL, "--served-model-name", "smollm2", "--speculative-config", cfg)
+    try:
+        for p in PROMPTS[:2]:
+            for kw in ({"temperature": 0, "max_tokens": 32},
+                       {"temperature": 0.8, "top_p": 0.9, "seed": 7, "max_tokens": 24, "n": 2}):
+                want = complete(plain, prompt=p, **kw)
+                assert complete(draft, prompt=p, **kw) == want, (p, kw)
+                assert stream(draft, prompt=p, **kw) == want, (p, kw)
+        body = requests.get(draft.url + "/metrics").text
+        m = re.search(r'^vllm:spec_decode_num_accepted_tokens_total\{model_name="smollm2"\} (\S+)$', body, re.M)
+        assert m and float(m.group(1)) > 0
+    finally:
+        rc = draft.stop()
+    assert rc == 0, draft.read_log()[-4000:]
+
+
+def test_draft_model_missing_file():
+    if not os.path.exists(BIN):
+        pytest.skip(f"no osprey binary at {BIN}")
+    if not os.path.exists(SMOL):
+        pytest.skip(f"no SmolLM2 model at {SMOL} (make fetch)")
+    cfg = '{"method": "draft_model", "model": "/nonexistent/draft.gguf", "num_speculative_tokens": 2}'
+    r = subprocess.run([BIN, "serve", "-m", SMOL, "--port", "0", "--speculative-config", cfg], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    errs = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errs) == 1 and "draft model" in errs[0] and "/nonexistent/draft.gguf" in errs[0], r.stderr

@@ -231,9 +231,15 @@ static void test_speculative_config(void **state) {
     snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"magic\", "
                                 "\"num_speculative_tokens\": 2}'", g_model);
     expect_error(run(args), "--speculative-config", "unknown method \"magic\"");
-    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"draft_model\", "
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"eagle\", "
                                 "\"num_speculative_tokens\": 2}'", g_model);
     expect_error(run(args), "--speculative-config", "not implemented yet");
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"draft_model\", "
+                                "\"num_speculative_tokens\": 2}'", g_model);
+    expect_error(run(args), "--speculative-config", "draft_model needs \"model\"");
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"draft_model\", "
+                                "\"model\": \"/nonexistent/draft.gguf\", \"num_speculative_tokens\": 2}'", g_model);
+    expect_error(run(args), "draft model", "/nonexistent/draft.gguf");
     snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config '{\"method\": \"ngram\", "
                                 "\"num_speculative_tokens\": 99}'", g_model);
     expect_error(run(args), "--speculative-config", "num_speculative_tokens");
@@ -247,6 +253,13 @@ static void test_speculative_config(void **state) {
     if (strncmp(g_out, want, strlen(want)) != 0) fail_msg("got: %s", g_out);
     assert_non_null(strstr(g_err, "generation: 20 tokens"));
     assert_non_null(strstr(g_err, "speculative (ngram, k 3)"));
+    /* the model as its own draft: the same text, every draft kept */
+    snprintf(args, sizeof args, "generate -m '%s' -p 'The three primary colors are' -n 20 --temp 0 -t 2 --exact "
+                                "--speculative-config '{\"method\": \"draft_model\", \"model\": \"%s\", "
+                                "\"num_speculative_tokens\": 3}'", g_model, g_model);
+    assert_int_equal(run(args), 0);
+    if (strncmp(g_out, want, strlen(want)) != 0) fail_msg("got: %s", g_out);
+    assert_non_null(strstr(g_err, "speculative (draft_model, k 3)"));
 }
 
 /* osprey plan: 2 x 30 layers x 3 KV heads x 64 dims x 2 bytes (f16) per token; 512 MiB / (16 x 23040) blocks. */

@@ -60,7 +60,7 @@ static void test_ngram(void **state) {
     osp_spec_config cfg = {.method = OSP_SPEC_NGRAM, .num_speculative_tokens = 3, .prompt_lookup_min = 1,
                            .prompt_lookup_max = 3};
     osp_proposer *p;
-    assert_int_equal(osp_proposer_create(&cfg, &p), OSP_OK);
+    assert_int_equal(osp_proposer_create(&cfg, NULL, &p), OSP_OK);
     assert_string_equal(p->ops->name, "ngram");
     int32_t d2[2][3];
     osp_spec_seq s[2] = {{.uid = 1, .tokens = a, .num_tokens = 10, .num_prompt = 4, .max_draft = 3, .draft = d2[0]},
@@ -72,7 +72,7 @@ static void test_ngram(void **state) {
     assert_int_equal(d2[1][0], 8);
     osp_proposer_destroy(p);
     cfg.method = OSP_SPEC_NONE;
-    assert_int_equal(osp_proposer_create(&cfg, &p), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_proposer_create(&cfg, NULL, &p), OSP_ERR_INVALID_ARG);
 }
 
 static void test_config(void **state) {
@@ -98,6 +98,27 @@ static void test_config(void **state) {
     assert_int_equal(c.prompt_lookup_min, 1);
     assert_int_equal(c.prompt_lookup_max, 4);
     assert_string_equal(osp_spec_method_name(c.method), "ngram");
+    /* draft_model: the path kept; a model without a method is a draft model (vLLM infers it) */
+    assert_int_equal(osp_spec_config_parse("{\"method\": \"draft_model\", \"model\": \"/m/d.gguf\", "
+                                           "\"num_speculative_tokens\": 3}", &c), OSP_OK);
+    assert_int_equal(c.method, OSP_SPEC_DRAFT_MODEL);
+    assert_string_equal(c.model, "/m/d.gguf");
+    assert_int_equal(c.num_speculative_tokens, 3);
+    assert_string_equal(osp_spec_method_name(c.method), "draft_model");
+    assert_int_equal(osp_spec_config_parse("{\"model\": \"d.gguf\", \"num_speculative_tokens\": 2}", &c), OSP_OK);
+    assert_int_equal(c.method, OSP_SPEC_DRAFT_MODEL);
+    assert_string_equal(c.model, "d.gguf");
+    {
+        char big[OSP_SPEC_MODEL_PATH_MAX + 80];
+        int n = snprintf(big, sizeof big, "{\"model\": \"");
+        for (int i = 0; i < OSP_SPEC_MODEL_PATH_MAX; i++) big[n++] = 'a';
+        snprintf(big + n, sizeof big - (size_t)n, "\", \"num_speculative_tokens\": 2}");
+        const osp_spec_config before = c;
+        assert_int_equal(osp_spec_config_parse(big, &c), OSP_ERR_INVALID_ARG);
+        assert_memory_equal(&before, &c, sizeof c);
+    }
+    assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":7,\"prompt_lookup_min\":1,"
+                                           "\"prompt_lookup_max\":4}", &c), OSP_OK);
     /* each mistake: one error naming it, *out unchanged */
     const struct {
         const char *json, *needle;
@@ -108,7 +129,17 @@ static void test_config(void **state) {
         {"{\"num_speculative_tokens\": 4}", "\"method\" is required", OSP_ERR_INVALID_ARG},
         {"{\"method\": 3, \"num_speculative_tokens\": 4}", "must be a string", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngrams\", \"num_speculative_tokens\": 4}", "unknown method \"ngrams\"", OSP_ERR_INVALID_ARG},
-        {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4}", "not implemented yet", OSP_ERR_UNSUPPORTED},
+        {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4}", "draft_model needs \"model\"",
+         OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, \"model\": \"\"}", "draft_model needs \"model\"",
+         OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, \"model\": 7}", "draft_model needs \"model\"",
+         OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, \"model\": \"d.gguf\", \"prompt_lookup_max\": 3}",
+         "\"prompt_lookup_max\" is for method \"ngram\"", OSP_ERR_INVALID_ARG},
+        {"{\"model\": \"d.gguf\"}", "\"num_speculative_tokens\" is required", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, \"model\": \"d.gguf\", \"draft_tensor_parallel_size\": 1}",
+         "unknown or unsupported key \"draft_tensor_parallel_size\"", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"eagle\", \"num_speculative_tokens\": 4}", "not implemented yet", OSP_ERR_UNSUPPORTED},
         {"{\"method\": \"ngram\"}", "\"num_speculative_tokens\" is required", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
@@ -119,7 +150,9 @@ static void test_config(void **state) {
          OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 4, \"prompt_lookup_max\": 3}",
          "prompt_lookup_min <= prompt_lookup_max", OSP_ERR_INVALID_ARG},
-        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"model\": \"x\"}", "unknown or unsupported key \"model\"",
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"model\": \"x\"}", "\"model\" is for method \"draft_model\"",
+         OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"temperature\": 1}", "unknown or unsupported key \"temperature\"",
          OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"num_speculative_tokens\": 5}", "not JSON",
          OSP_ERR_INVALID_ARG},

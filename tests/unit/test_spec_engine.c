@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -238,6 +239,8 @@ static void test_ngram_greedy_mixes(void **state) {
     enum { N = 8 };
     job ref[N], j[N];
     make_jobs(ref, N, 1);
+    ref[5].n = 3; /* a parent forks at its first token (never a verification row: a chunked prompt may end
+                     one token short of it with drafts proposed) */
     osp_engine_params plain = base(g_tiny, NULL);
     run_jobs(&plain, ref, N, NULL, 0);
     for (int i = 0; i < N; i++) assert_int_equal(ref[i].n_out[0], ref[i].max_tokens);
@@ -258,7 +261,8 @@ static void test_ngram_greedy_mixes(void **state) {
     for (int i = 1; i < OSP_SPEC_MAX_TOKENS; i++) assert_true(st.spec_accepted_per_pos[i] <= st.spec_accepted_per_pos[i - 1]);
     /* fewer steps than tokens: drafts were kept */
     int64_t toks = 0;
-    for (int i = 0; i < N; i++) toks += ref[i].n_out[0];
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < ref[i].n; k++) toks += ref[i].n_out[k];
     assert_int_equal(st.num_generated_tokens, toks);
 
     p.enable_prefix_caching = false;
@@ -462,6 +466,147 @@ static void test_smollm2_copy(void **state) {
            (long long)st.spec_num_drafts, (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens,
            100 * acceptance(&st), (long long)st.num_steps, (long long)st.num_generated_tokens);
     assert_true(acceptance(&st) > 0.5);
+    /* the model as its own draft: the same tokens, and greedy drafts the target's own picks (a draft
+       forward at batch 1 gives the same bits as the target's verification rows) */
+    osp_spec_config dc = osp_spec_default_config();
+    dc.method = OSP_SPEC_DRAFT_MODEL;
+    dc.num_speculative_tokens = 4;
+    snprintf(dc.model, sizeof dc.model, "%s", g_smol);
+    ps = base(g_smol, &dc);
+    ps.kv_dtype = OSP_KV_DTYPE_F16;
+    memcpy(j, ref, sizeof j);
+    const osp_engine_stats sd = run_jobs(&ps, j, 2, NULL, 0);
+    assert_same(ref, j, 2, true, "smollm2, itself as draft");
+    printf("smollm2, itself as draft: %lld drafts, %lld accepted (%.0f%%)\n", (long long)sd.spec_num_draft_tokens,
+           (long long)sd.spec_num_accepted_tokens, 100 * acceptance(&sd));
+    assert_true(acceptance(&sd) > 0.9);
+}
+
+
+/* ---- draft model --------------------------------------------------------------------------------- */
+
+static osp_spec_config draft_cfg(const char *file, int32_t k) {
+    osp_spec_config c = osp_spec_default_config();
+    c.method = OSP_SPEC_DRAFT_MODEL;
+    c.num_speculative_tokens = k;
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(c.model, sizeof c.model, "%s/tests/models/%s", root ? root : ".", file);
+    return c;
+}
+
+/* Greedy with a draft model: the q8_0 twin of the target (most drafts right) and an unrelated model
+ * (most wrong), alone and batched, under small budgets (the draft's prompt catch-up in chunks), a
+ * small pool (preemption on the target, eviction in the draft's own cache), without prefix caching, and
+ * n = 3: the plain tokens every time. */
+static void test_draft_greedy(void **state) {
+    (void)state;
+    enum { N = 8 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 21);
+    ref[7].n = 3;
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    const char *drafts[2] = {"tiny-llama-q8_0.gguf", "tiny-llama-untied-q4_1.gguf"};
+    for (int d = 0; d < 2; d++) {
+        const osp_spec_config c = draft_cfg(drafts[d], 4);
+        osp_engine_params p = base(g_tiny, &c);
+        memcpy(j, ref, sizeof j);
+        run_alone(&p, j, N);
+        assert_same(ref, j, N, false, "draft alone");
+        memcpy(j, ref, sizeof j);
+        const osp_engine_stats st = run_jobs(&p, j, N, NULL, 0);
+        assert_same(ref, j, N, false, "draft batched");
+        printf("draft %s batched: %lld rows, %lld drafts, %lld accepted (%.0f%%), %lld steps for %lld tokens\n",
+               drafts[d], (long long)st.spec_num_drafts, (long long)st.spec_num_draft_tokens,
+               (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st), (long long)st.num_steps,
+               (long long)st.num_generated_tokens);
+        assert_true(st.spec_num_draft_tokens > 0);
+        if (d == 0) assert_true(acceptance(&st) > 0.5); /* the target's own weights, rounded */
+        for (int round = 0; round < 4; round++) {
+            osp_engine_params q = p;
+            if (round == 0) q.max_num_batched_tokens = 3;
+            if (round == 1) q.max_num_batched_tokens = 9;
+            if (round == 2) q.num_blocks = 12; /* preemption; the draft's 12 blocks evict */
+            if (round == 3) q.enable_prefix_caching = false;
+            memcpy(j, ref, sizeof j);
+            const osp_engine_stats sr = run_jobs(&q, j, N, NULL, 0);
+            char what[96];
+            snprintf(what, sizeof what, "draft %s round %d", drafts[d], round);
+            assert_same(ref, j, N, false, what);
+            if (round == 2) assert_true(sr.num_preemptions > 0);
+            assert_true(sr.spec_num_draft_tokens > 0);
+        }
+    }
+}
+
+/* Seeded sampled requests with a draft model: the plain tokens and logprobs (the draft proposes its
+ * argmax; the verification draws at plain decoding's Philox address). */
+static void test_draft_sampled(void **state) {
+    (void)state;
+    enum { N = 6 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 22);
+    for (int i = 0; i < N; i++) {
+        ref[i].seed = 2000 + (uint64_t)i;
+        ref[i].temperature = 0.2f + 0.4f * (float)(i % 3);
+        ref[i].logprobs = i % 3;
+        ref[i].n = 1 + i % 2;
+        if (i == 1) ref[i].top_k = 5;
+        if (i == 2) ref[i].top_p = 0.8f, ref[i].min_p = 0.05f;
+        if (i == 3) ref[i].presence = 0.3f, ref[i].frequency = 0.2f, ref[i].repetition = 1.1f;
+    }
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    const osp_spec_config c = draft_cfg("tiny-llama-q8_0.gguf", 5);
+    osp_engine_params p = base(g_tiny, &c);
+    memcpy(j, ref, sizeof j);
+    const osp_engine_stats st = run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, true, "sampled, draft model");
+    printf("sampled, draft: %lld drafts, %lld accepted (%.0f%%)\n", (long long)st.spec_num_draft_tokens,
+           (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st));
+    assert_true(st.spec_num_accepted_tokens > 0);
+}
+
+/* A draft that cannot serve is refused when the engine starts: a missing file, another vocabulary. */
+static void test_draft_refused(void **state) {
+    (void)state;
+    osp_engine *e = NULL;
+    osp_spec_config c = draft_cfg("no-such-draft.gguf", 3);
+    osp_engine_params p = base(g_tiny, &c);
+    assert_int_not_equal(osp_engine_create(&p, &e), OSP_OK);
+    assert_null(e);
+    assert_non_null(strstr(osp_last_error(), "draft model"));
+    /* the q8_0 twin with one token's text changed (every copy of "<|im_start|>", same length) */
+    c = draft_cfg("tiny-llama-q8_0.gguf", 3);
+    FILE *f = fopen(c.model, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    const long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)len);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    static const char tok[] = "<|im_start|>";
+    int changed = 0;
+    for (long i = 0; i + (long)sizeof tok - 1 <= len; i++)
+        if (!memcmp(buf + i, tok, sizeof tok - 1)) buf[i + 5] = 'X', changed++;
+    assert_true(changed > 0);
+    char path[] = "/tmp/osprey-draft-vocab-XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    f = fdopen(fd, "wb");
+    assert_int_equal(fwrite(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    free(buf);
+    snprintf(c.model, sizeof c.model, "%s", path);
+    p = base(g_tiny, &c);
+    const osp_status st = osp_engine_create(&p, &e);
+    printf("another vocabulary: %s\n", osp_last_error());
+    remove(path);
+    assert_int_equal(st, OSP_ERR_INVALID_ARG);
+    assert_null(e);
+    assert_non_null(strstr(osp_last_error(), "token 1 is \"<|im_Xtart|>\" in the draft"));
 }
 
 int main(void) {
@@ -485,6 +630,9 @@ int main(void) {
         cmocka_unit_test(test_prefix_cache_after_rollback),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_smollm2_copy),
+        cmocka_unit_test(test_draft_greedy),
+        cmocka_unit_test(test_draft_sampled),
+        cmocka_unit_test(test_draft_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@ noreturn void cli_help(const char *text);
     "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
     "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
     "                          \"num_speculative_tokens\": K, \"prompt_lookup_min\": N, \"prompt_lookup_max\": M}\n" \
+    "                          or {\"method\": \"draft_model\", \"model\": DRAFT.gguf, \"num_speculative_tokens\": K}\n" \
     "                          (default: off; CPU only for now)\n"                                          \
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
