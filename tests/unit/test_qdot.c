@@ -204,6 +204,66 @@ static void test_tiles_match_one_token(void **state) {
     printf("qdot tiles: %d tiles matched the one-token kernels bit for bit\n", tested);
 }
 
+/* The padded tail tiles (osp_qdot_tile_padded_for): n_left tokens' results are the one-token kernel's
+ * bits whatever the pack holds past them (junk rows, NaN-free or not), the tile writes exactly its
+ * n results ys apart, and its width is the smallest of 4, 6, 8 that holds n_left. */
+static void test_padded_tail_tiles(void **state) {
+    (void)state;
+    if (!osp_qdot_force_isa("avx512vnni")) {
+        printf("padded tail tiles: no AVX512-VNNI here, skipped\n");
+        return;
+    }
+    int tested = 0;
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        const uint32_t t = types[ti];
+        for (int64_t n_left = 1; n_left <= 9; n_left++) {
+            int n = 0;
+            const osp_qdot_tile_fn tile = osp_qdot_tile_padded_for(t, n_left, &n);
+            const bool pair_type = t == OSP_DTYPE_Q8_0 || t == OSP_DTYPE_Q4_0 || t == OSP_DTYPE_Q4_1 ||
+                                   t == OSP_DTYPE_Q5_0 || t == OSP_DTYPE_Q5_1 || t == OSP_DTYPE_Q4_K ||
+                                   t == OSP_DTYPE_Q5_K || t == OSP_DTYPE_Q6_K;
+            const bool want = pair_type && n_left >= (t == OSP_DTYPE_Q8_0 ? 4 : OSP_QDOT_PAD_MIN) && n_left <= 8;
+            if (!tile) {
+                if (want) fail_msg("%s: no padded tile for %d tokens", osp_dtype_name(t), (int)n_left);
+                assert_int_equal(n, 1);
+                continue;
+            }
+            assert_true(want);
+            assert_int_equal(n, n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
+            const osp_qdot_fn one = osp_qdot_for(t);
+            for (int trial = 0; trial < 20; trial++) {
+                const int64_t per = osp_dtype_block_size(t) / 32, nb = per * (1 + rnd() % (64 / per));
+                static uint8_t w[64 * 34];
+                static float x[67 * 32];
+                static osp_q8_block xq[8 * 64];
+                fill_blocks(t, w, nb / per);
+                for (int j = 0; j < 8; j++) { /* rows past n_left: other activations, sometimes huge */
+                    for (int64_t i = 0; i < nb * 32; i++)
+                        x[i] = frand() * (j >= n_left && trial % 2 ? 1e30f : rnd() % 50 == 0 ? 30.0f : 1.0f);
+                    osp_quantize_row_q8(x, xq + j * nb, nb * 32);
+                }
+                static _Alignas(64) osp_q8_pack pk[64];
+                osp_pack_q8(xq, nb, nb, pk);
+                float y[8 * 3];
+                for (int j = 0; j < 8 * 3; j++) y[j] = 12345.0f;
+                tile(w, xq, nb, nb, pk, y, 3);
+                for (int j = 0; j < 8; j++) {
+                    if (j < n_left) {
+                        const float r = one(w, xq + j * nb, nb);
+                        if (memcmp(&r, &y[j * 3], sizeof r) != 0)
+                            fail_msg("%s: padded tile of %d for %d tokens, token %d gives %.9g, one-token kernel %.9g",
+                                     osp_dtype_name(t), n, (int)n_left, j, y[j * 3], r);
+                    }
+                    if (j >= n) assert_true(y[j * 3] == 12345.0f); /* nothing past its n results */
+                    assert_true(y[j * 3 + 1] == 12345.0f && y[j * 3 + 2] == 12345.0f);
+                }
+                tested++;
+            }
+        }
+    }
+    printf("padded tail tiles: %d matched the one-token kernels bit for bit\n", tested);
+}
+
 /* AVX2 and AVX512-VNNI form the same exact int32 lane sums (4 products a lane, whatever the
  * instructions: vpmaddubsw + vpmaddwd, vpdpbusd, vpdpbusd + vpmulld for the K-quants' 16-value scales)
  * and then the same float operations in the same order, so the two families agree bit for bit on
@@ -407,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_quantize_contract),
         cmocka_unit_test(test_nonfinite_activations),
         cmocka_unit_test(test_tiles_match_one_token),
+        cmocka_unit_test(test_padded_tail_tiles),
         cmocka_unit_test(test_families_agree),
         cmocka_unit_test(test_pack_layout),
         cmocka_unit_test(test_gemv_match_one_token),

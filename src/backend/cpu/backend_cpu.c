@@ -39,8 +39,10 @@ typedef struct cpu_backend {
     int64_t scratch_cols;
     float *scores; /* [nt, OSP_CPU_ATTN_MAX_TILE, cap_ctx]: attention's per-item scores */
     int64_t cap_ctx;
-    osp_q8_block *xq; /* quantized matmul input */
+    osp_q8_block *xq; /* quantized matmul input, 7 rows past the largest input (padded tail tiles) */
     size_t cap_xq;    /* blocks */
+    float *ypad;      /* [nt, ypad_cap]: each thread's padded tail tile outputs, 8 tokens x its rows */
+    size_t ypad_cap;
     osp_q8_pack *pack; /* [nt, OSP_CPU_PACK_GROUPS, pack_nb]: each thread's packed token groups (osp_pack_q8) */
     int64_t pack_nb;   /* blocks a thread's pack holds */
     const float *logits; /* the last run's logits [last_logits, n_vocab] (the caller's buffer) */
@@ -152,6 +154,9 @@ static void ws_free(cpu_backend *c) {
     c->xq = NULL;
     c->scratch_cols = c->cap_ctx = 0;
     c->cap_xq = 0;
+    free(c->ypad);
+    c->ypad = NULL;
+    c->ypad_cap = 0;
     free(c->pack);
     c->pack = NULL;
     c->pack_nb = 0;
@@ -303,6 +308,20 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
                     int nt;
                     bool packed;
                     const osp_qdot_tile_fn tile = osp_qdot_tile_for(p->type, R - t, &nt, &packed);
+                    int np;
+                    const osp_qdot_tile_fn pad = nt < 8 ? osp_qdot_tile_padded_for(p->type, R - t, &np) : NULL;
+                    if (pad) { /* the last 3-7 tokens in one weight pass: a tile of np >= R - t tokens
+                                  into this thread's scratch (xq has room for the rows past R it packs) */
+                        float *yt = c->ypad + (size_t)ith * c->ypad_cap;
+                        const int64_t nr = hi - lo;
+                        osp_pack_q8(c->xq + t * nb, nb, nb, mypack);
+                        for (int64_t rr = lo - base; rr < hi - base; rr++)
+                            pad(wb + (size_t)rr * p->row_bytes, c->xq + t * nb, nb, nb, mypack, yt + (rr - (lo - base)), nr);
+                        for (int64_t k = t; k < R; k++)
+                            memcpy(yp + k * N + (lo - base), yt + (k - t) * nr, sizeof(float) * (size_t)nr);
+                        t = R;
+                        break;
+                    }
                     if (!tile) break;
                     /* this thread's copy of the tile's token groups in its register layout (each
                      * thread packs the groups it uses: about 1 % of its rows' work, and no barrier) */
@@ -565,14 +584,17 @@ static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *o
 static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b, float *logits, float **bufs) {
     const int64_t T = b->num_tokens, L = b->num_logits;
     int64_t max_ctx = 0, max_cols = 0;
-    size_t need_xq = 0;
+    size_t need_xq = 0, need_ypad = 0;
     for (int32_t s = 0; s < b->num_seqs; s++) max_ctx = b->seq_lens[s] > max_ctx ? b->seq_lens[s] : max_ctx;
     for (int32_t k = 0; k < g->n_ops; k++) {
         const osp_op *op = &g->ops[k];
         if (op->kind != OSP_OP_MATMUL) continue;
         max_cols = op->w->cols > max_cols ? op->w->cols : max_cols;
         const int64_t R = g->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
-        const size_t nxq = (size_t)R * (size_t)(op->w->cols / OSP_Q8_BLOCK);
+        /* + 7 rows: a padded tail tile packs 8 rows (osp_qdot_tile_padded_for) */
+        const size_t nxq = (size_t)(R + 7) * (size_t)(op->w->cols / OSP_Q8_BLOCK);
+        const size_t yrows = (size_t)((op->w->rows + c->nt - 1) / c->nt + 1); /* a thread's slice at most */
+        need_ypad = 8 * yrows > need_ypad ? 8 * yrows : need_ypad;
         need_xq = nxq > need_xq ? nxq : need_xq;
     }
     for (int32_t a = 0; a < g->n_acts; a++) {
@@ -591,9 +613,15 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
     }
     if (need_xq > c->cap_xq) {
         free(c->xq);
-        c->xq = malloc(need_xq * sizeof *c->xq);
+        c->xq = calloc(need_xq, sizeof *c->xq); /* zeros: rows a padded tile packs past R start defined */
         if (!c->xq) goto nomem;
         c->cap_xq = need_xq;
+    }
+    if (need_ypad > c->ypad_cap) {
+        free(c->ypad);
+        c->ypad = malloc((size_t)c->nt * need_ypad * sizeof(float));
+        if (!c->ypad) goto nomem;
+        c->ypad_cap = need_ypad;
     }
     if (max_cols / OSP_Q8_BLOCK > c->pack_nb) {
         free(c->pack);

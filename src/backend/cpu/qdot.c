@@ -867,6 +867,8 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
     }
 Q8_0_PAIR_KERNEL(tile_q8_0_vnni8, 4)
 Q8_0_PAIR_KERNEL(tile_q8_0_vnni16, 8)
+Q8_0_PAIR_KERNEL(tile_q8_0_vnnip4, 2)
+Q8_0_PAIR_KERNEL(tile_q8_0_vnnip6, 3)
 
 /* A block's 32 codes in both 256-bit halves (unpack_nibbles' order: low nibbles are values 0..15,
  * high nibbles 16..31), built in 512 bits: the 16 bytes broadcast to the four 128-bit lanes, lanes 1
@@ -886,7 +888,7 @@ TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
 }
 #define Q45_PAIR_KERNEL(NAME, CODES, BYTES, QOFF, HOFF, FACTOR, NP)                                \
     TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
-        enum { NG = (NP) / 4 };                                                                    \
+        enum { NG = ((NP) + 3) / 4 };                                                                    \
         (void)a, (void)as;                                                                         \
         const uint8_t *p = w;                                                                      \
         const __m512i zero = _mm512_setzero_si512();                                               \
@@ -922,7 +924,7 @@ TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
                 off[g] = _mm256_add_ps(off[g], _mm256_mul_ps(_mm256_set1_ps(FACTOR(p, d0)),         \
                                                              _mm256_load_ps(pk[g * nb + b].s)));   \
         }                                                                                          \
-        float OFF[2 * NP];                                                                         \
+        float OFF[8 * NG];                                                                         \
         UNROLL_NT for (int g = 0; g < NG; g++) _mm256_storeu_ps(OFF + 8 * g, off[g]);              \
         UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);          \
     }
@@ -934,12 +936,19 @@ Q45_PAIR_KERNEL(tile_q4_1_vnni16, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 8)
 Q45_PAIR_KERNEL(tile_q4_0_vnni16, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 8)
 Q45_PAIR_KERNEL(tile_q5_0_vnni16, Q5_CODES, 22, 6, 2, Q5_0_FACTOR, 8)
 Q45_PAIR_KERNEL(tile_q5_1_vnni16, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 8)
+Q45_PAIR_KERNEL(tile_q4_1_vnnip4, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 2)
+Q45_PAIR_KERNEL(tile_q4_0_vnnip4, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 2)
+Q45_PAIR_KERNEL(tile_q5_0_vnnip4, Q5_CODES, 22, 6, 2, Q5_0_FACTOR, 2)
+Q45_PAIR_KERNEL(tile_q5_1_vnnip4, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 2)
+Q45_PAIR_KERNEL(tile_q4_1_vnnip6, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 3)
+Q45_PAIR_KERNEL(tile_q4_0_vnnip6, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 3)
+Q45_PAIR_KERNEL(tile_q5_0_vnnip6, Q5_CODES, 22, 6, 2, Q5_0_FACTOR, 3)
+Q45_PAIR_KERNEL(tile_q5_1_vnnip6, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 3)
 
 /* Q4_K / Q5_K over token pairs (QK45_KERNEL's steps on packs): each block's codes broadcast to both
  * halves, the float factor d sc_j per block, and the mins' tree (mins8) in 8 lanes for 8 tokens. */
-#define QK45_PAIR_KERNEL(NAME, BYTES, FIVE)                                                        \
+#define QK45_PAIR_KERNEL(NAME, BYTES, FIVE, NP)                                                     \
     TGT_VNNI static void NAME(TILE_ARGS) {                                                         \
-        enum { NP = 4 };                                                                           \
         (void)a, (void)as;                                                                         \
         const uint8_t *p = w;                                                                      \
         const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);                      \
@@ -981,76 +990,82 @@ Q45_PAIR_KERNEL(tile_q5_1_vnni16, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 8)
             const __m256 v1 = _mm256_add_ps(_mm256_add_ps(t[4], t[5]), _mm256_add_ps(t[6], t[7]));  \
             off = _mm256_sub_ps(off, _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_add_ps(v0, v1)));  \
         }                                                                                          \
-        float OFF[2 * NP];                                                                         \
+        float OFF[8];                                                                               \
         _mm256_storeu_ps(OFF, off);                                                                \
         UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);          \
     }
-QK45_PAIR_KERNEL(tile_q4_k_vnni8, 144, 0)
-QK45_PAIR_KERNEL(tile_q5_k_vnni8, 176, 1)
+QK45_PAIR_KERNEL(tile_q4_k_vnni8, 144, 0, 4)
+QK45_PAIR_KERNEL(tile_q5_k_vnni8, 176, 1, 4)
+QK45_PAIR_KERNEL(tile_q4_k_vnnip4, 144, 0, 2)
+QK45_PAIR_KERNEL(tile_q5_k_vnnip4, 176, 1, 2)
+QK45_PAIR_KERNEL(tile_q4_k_vnnip6, 144, 0, 3)
+QK45_PAIR_KERNEL(tile_q5_k_vnnip6, 176, 1, 3)
 
 /* Q6_K over token pairs (Q6K_KERNEL's steps on packs): each block's codes broadcast to both halves,
  * its two 16-value scales as int32 lanes (sc[2j] for lanes 0-3 of each half, sc[2j + 1] for 4-7:
  * one shuffle and one widening a block), and the -32 offset's halves8 tree in 8 lanes for 8 tokens. */
-TGT_VNNI static void tile_q6_k_vnni8(TILE_ARGS) {
-    enum { NP = 4 };
-    (void)a, (void)as;
-    const uint8_t *p = w;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m128i two = _mm_set1_epi8(2);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 A0[NP], A1[NP];
-    __m256 off = _mm256_setzero_ps();
-    UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();
-    for (int64_t sb = 0; sb < nb / 8; sb++, p += 210) {
-        const int8_t *sc = (const int8_t *)(p + 192);
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);
-        const float d = half_f16c(p + 208);
-        const __m512 dv = _mm512_set1_ps(d);
-        const osp_q8_pack *pb = pk + 8 * sb;
-        __m128i sel = _mm_set_epi64x(0x0101010100000000LL, 0x0101010100000000LL);
-        for (int h = 0; h < 2; h++) {
-            /* the codes built in 512 bits from the rows broadcast to both halves */
-#define BCAST32(ptr) _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(ptr)))
-            const __m512i l0 = BCAST32(p + 64 * h), l1 = BCAST32(p + 64 * h + 32), qh = BCAST32(p + 128 + 32 * h);
-#undef BCAST32
-            const __m512i q[4] = {
-                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
-                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, m30)),
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                                _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30)),
-            };
-            for (int s4 = 0; s4 < 4; s4++) {
-                const __m512i scv = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc8, sel));
-                sel = _mm_add_epi8(sel, two);
-                const osp_q8_pair *pp = pb[4 * h + s4].pair;
-                UNROLL_NT for (int k = 0; k < NP; k++) {
-                    const __m512i x = _mm512_mullo_epi32(
-                        _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, q[s4], PK_LOAD(pp + k, qs)), 8),
-                                            q[s4], PK_LOAD(pp + k, qs2)),
-                        scv);
-                    const __m512 f = _mm512_mul_ps(dv, _mm512_load_ps(pp[k].d2));
-                    if (s4 & 1)
-                        A1[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), f, A1[k]);
-                    else
-                        A0[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), f, A0[k]);
-                }
-            }
-        }
-        __m256 t[8];
-        UNROLL_NT for (int j = 0; j < 8; j++) {
-            const __m256 s0 = _mm256_load_ps(pb[j].s0), s1 = _mm256_sub_ps(_mm256_load_ps(pb[j].s), s0);
-            t[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps((float)sc[2 * j]), s0),
-                                 _mm256_mul_ps(_mm256_set1_ps((float)sc[2 * j + 1]), s1));
-        }
-        const __m256 v0 = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));
-        const __m256 v1 = _mm256_add_ps(_mm256_add_ps(t[4], t[5]), _mm256_add_ps(t[6], t[7]));
-        off = _mm256_sub_ps(off, _mm256_mul_ps(_mm256_set1_ps(32.0f * d), _mm256_add_ps(v0, v1)));
-    }
-    float OFF[2 * NP];
-    _mm256_storeu_ps(OFF, off);
-    UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);
+#define Q6_BCAST32(ptr) _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(ptr)))
+#define Q6K_PAIR_KERNEL(NAME, NP)                                                                                           \
+TGT_VNNI static void NAME(TILE_ARGS) {                                                                                      \
+    (void)a, (void)as;                                                                                                      \
+    const uint8_t *p = w;                                                                                                   \
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);                                                \
+    const __m128i two = _mm_set1_epi8(2);                                                                                   \
+    const __m512i zero = _mm512_setzero_si512();                                                                            \
+    __m512 A0[NP], A1[NP];                                                                                                  \
+    __m256 off = _mm256_setzero_ps();                                                                                       \
+    UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                                             \
+    for (int64_t sb = 0; sb < nb / 8; sb++, p += 210) {                                                                     \
+        const int8_t *sc = (const int8_t *)(p + 192);                                                                       \
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                                             \
+        const float d = half_f16c(p + 208);                                                                                 \
+        const __m512 dv = _mm512_set1_ps(d);                                                                                \
+        const osp_q8_pack *pb = pk + 8 * sb;                                                                                \
+        __m128i sel = _mm_set_epi64x(0x0101010100000000LL, 0x0101010100000000LL);                                           \
+        for (int h = 0; h < 2; h++) {                                                                                       \
+            /* the codes built in 512 bits from the rows broadcast to both halves */                                        \
+            const __m512i l0 = Q6_BCAST32(p + 64 * h), l1 = Q6_BCAST32(p + 64 * h + 32), qh = Q6_BCAST32(p + 128 + 32 * h); \
+            const __m512i q[4] = {                                                                                          \
+                _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),                 \
+                _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),                 \
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, m30)),                 \
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),                                             \
+                                _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30)),                                           \
+            };                                                                                                              \
+            for (int s4 = 0; s4 < 4; s4++) {                                                                                \
+                const __m512i scv = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc8, sel));                                       \
+                sel = _mm_add_epi8(sel, two);                                                                               \
+                const osp_q8_pair *pp = pb[4 * h + s4].pair;                                                                \
+                UNROLL_NT for (int k = 0; k < NP; k++) {                                                                    \
+                    const __m512i x = _mm512_mullo_epi32(                                                                   \
+                        _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(zero, q[s4], PK_LOAD(pp + k, qs)), 8),    \
+                                            q[s4], PK_LOAD(pp + k, qs2)),                                                   \
+                        scv);                                                                                               \
+                    const __m512 f = _mm512_mul_ps(dv, _mm512_load_ps(pp[k].d2));                                           \
+                    if (s4 & 1)                                                                                             \
+                        A1[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), f, A1[k]);                                           \
+                    else                                                                                                    \
+                        A0[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), f, A0[k]);                                           \
+                }                                                                                                           \
+            }                                                                                                               \
+        }                                                                                                                   \
+        __m256 t[8];                                                                                                        \
+        UNROLL_NT for (int j = 0; j < 8; j++) {                                                                             \
+            const __m256 s0 = _mm256_load_ps(pb[j].s0), s1 = _mm256_sub_ps(_mm256_load_ps(pb[j].s), s0);                    \
+            t[j] = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps((float)sc[2 * j]), s0),                                       \
+                                 _mm256_mul_ps(_mm256_set1_ps((float)sc[2 * j + 1]), s1));                                  \
+        }                                                                                                                   \
+        const __m256 v0 = _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));                              \
+        const __m256 v1 = _mm256_add_ps(_mm256_add_ps(t[4], t[5]), _mm256_add_ps(t[6], t[7]));                              \
+        off = _mm256_sub_ps(off, _mm256_mul_ps(_mm256_set1_ps(32.0f * d), _mm256_add_ps(v0, v1)));                          \
+    }                                                                                                                       \
+    float OFF[8];                                                                                                           \
+    _mm256_storeu_ps(OFF, off);                                                                                             \
+    UNROLL_NT for (int k = 0; k < NP; k++) PAIR_STORE(k, +OFF[2 * k], +OFF[2 * k + 1]);                                     \
 }
+Q6K_PAIR_KERNEL(tile_q6_k_vnni8, 4)
+Q6K_PAIR_KERNEL(tile_q6_k_vnnip4, 2)
+Q6K_PAIR_KERNEL(tile_q6_k_vnnip6, 3)
 
 /* ---- one token against a weight row on AVX512-VNNI: block pairs in 512-bit vectors (GEMV) ----
  * The one-token kernels keep even blocks in accumulator A0 and odd blocks in A1 and return
@@ -1485,6 +1500,32 @@ osp_qdot_gemv_fn osp_qdot_gemv_for(uint32_t type) {
     }
 #else
     (void)type;
+#endif
+    return NULL;
+}
+
+osp_qdot_tile_fn osp_qdot_tile_padded_for(uint32_t type, int64_t n_left, int *n) {
+    *n = 1;
+#ifdef OSP_X86
+    if (detect() != ISA_VNNI || n_left < OSP_QDOT_PAD_MIN || n_left > 8) return NULL;
+    if (type == OSP_DTYPE_Q8_0 && n_left < 4) return NULL; /* its GEMV is cheaper for 3 (measured) */
+    const int w = n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8;
+#define PAD(T4, T6, T8) return *n = w, w == 4 ? (T4) : w == 6 ? (T6) : (T8)
+    switch (type) {
+    case OSP_DTYPE_Q8_0: PAD(tile_q8_0_vnnip4, tile_q8_0_vnnip6, tile_q8_0_vnni8);
+    case OSP_DTYPE_Q4_0: PAD(tile_q4_0_vnnip4, tile_q4_0_vnnip6, tile_q4_0_vnni8);
+    case OSP_DTYPE_Q4_1: PAD(tile_q4_1_vnnip4, tile_q4_1_vnnip6, tile_q4_1_vnni8);
+    case OSP_DTYPE_Q5_0: PAD(tile_q5_0_vnnip4, tile_q5_0_vnnip6, tile_q5_0_vnni8);
+    case OSP_DTYPE_Q5_1: PAD(tile_q5_1_vnnip4, tile_q5_1_vnnip6, tile_q5_1_vnni8);
+    case OSP_DTYPE_Q4_K: PAD(tile_q4_k_vnnip4, tile_q4_k_vnnip6, tile_q4_k_vnni8);
+    case OSP_DTYPE_Q5_K: PAD(tile_q5_k_vnnip4, tile_q5_k_vnnip6, tile_q5_k_vnni8);
+    case OSP_DTYPE_Q6_K: PAD(tile_q6_k_vnnip4, tile_q6_k_vnnip6, tile_q6_k_vnni8);
+    default: break;
+    }
+#undef PAD
+#else
+    (void)type;
+    (void)n_left;
 #endif
     return NULL;
 }
