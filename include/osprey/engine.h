@@ -96,7 +96,11 @@ typedef struct osp_engine_params {
                                        drafts, verified in the same forward pass as the rest of the batch;
                                        outputs are the target's own. method OSP_SPEC_NONE (default): off.
                                        CPU only for now: OSP_ERR_UNSUPPORTED where the model samples on
-                                       the GPU */
+                                       the GPU. k adapts per request (fewer drafts while they are
+                                       rejected, none for a pause when few are kept) unless
+                                       speculative_fixed_k */
+    bool speculative_fixed_k;       /* every decoding request is offered num_speculative_tokens drafts each
+                                       step (tests and measurements; default false: adaptive k) */
     osp_sparse_config sparse_attention; /* --sparse-attention (osprey/sparse.h): Quest top-k pages per query
                                        token and KV head; method OSP_SPARSE_NONE (default): dense. CPU
                                        only for now: OSP_ERR_UNSUPPORTED where the model runs on the GPU */

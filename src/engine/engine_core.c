@@ -29,11 +29,24 @@
 #include "grammar/grammar.h"
 #include "osprey/tokenizer.h"
 #include "sample/rng.h"
+#include "spec/switch.h"
 
 typedef struct ptr_vec {
     void **v;
     int32_t n, cap;
 } ptr_vec;
+
+/* Adaptive k, per request, from its own verification rows only (so never from its batch; and drafts
+ * never change outputs, only time). The schedule of HF transformers' assisted generation: all drafts
+ * kept, ask for two more next time; any rejected, one fewer (at least 1). Where the moving share of
+ * drafts kept falls below OSP_SPEC_OFF_BELOW (a verification row then costs more than its kept
+ * tokens save: on 2 CPU cores a 2-token row costs ~1.5 decode steps), the request decodes without
+ * drafts for a pause of OSP_SPEC_PAUSE_MIN steps, doubling up to OSP_SPEC_PAUSE_MAX while it keeps
+ * failing, then tries again from k = 1. Above that, the engine-wide switch (spec/switch.h) turns
+ * speculation off where it measures it slower. */
+#define OSP_SPEC_OFF_BELOW 0.3f
+#define OSP_SPEC_PAUSE_MIN 8
+#define OSP_SPEC_PAUSE_MAX 128
 
 static int vec_push(ptr_vec *a, void *p) {
     if (a->n == a->cap) {
@@ -71,6 +84,7 @@ struct osp_engine {
     osp_proposer *proposer;     /* speculative decoding's drafts, or NULL */
     int32_t spec_k;             /* drafts per request and step at most (0: off) */
     osp_spec_seq *spec_seqs;    /* [max_num_seqs] step-thread scratch for the proposer */
+    osp_spec_switch sw;         /* speculation on or off by measured decode rate (spec/switch.h) */
     osp_sparse_runtime *sparse; /* sparse attention's hook state, or NULL (dense) */
 
     pthread_mutex_t mu;
@@ -232,6 +246,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                         .max_num_batched_tokens = p.max_num_batched_tokens};
         if ((s = osp_proposer_create(&p.speculative, &pt, &e->proposer)) != OSP_OK) goto fail;
         e->spec_k = p.speculative.num_speculative_tokens;
+        osp_spec_switch_init(&e->sw);
     }
     if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs))) {
         s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
@@ -381,6 +396,9 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     /* children copy it; a request under a grammar gets no drafts (the matcher does not verify drafts:
        drafted tokens would bypass its mask) */
     r->spec_k = rp->grammar || rp->pooling != OSP_POOLING_NONE ? 0 : e->spec_k; /* an embedding decodes nothing */
+    r->spec_k_cur = r->spec_k;
+    r->spec_accept = 1.0f;
+    r->spec_next_pause = OSP_SPEC_PAUSE_MIN;
     osp_status s = osp_request_set_eos(r, e->eos, e->n_eos);
     if (s == OSP_OK && r->pooling != OSP_POOLING_NONE) {
         const size_t E = (size_t)osp_model_config_get(e->model)->n_embd;
@@ -511,13 +529,40 @@ const int32_t osp_engine_iteration_token_buckets[OSP_ENGINE_ITERATION_BUCKETS] =
  * next one (vLLM V1's order: propose after sampling), at most what leaves room under max_len for the
  * target's token after them; one proposer call for all. Drafts of a request not scheduled next step
  * stay valid (its tokens have not changed); the scheduler drops them on preemption. */
+/* adapt_spec: adaptive k after a step (the rule at the top) */
+static void adapt_spec(osp_request *r, const osp_sched_entry *en) {
+    if (en->num_spec <= 0 || en->sampled == -1) {
+        if (r->spec_pause > 0 && en->num_new_tokens > 0) r->spec_pause--;
+        return;
+    }
+    const int32_t a = en->num_accepted < 0 ? 0 : en->num_accepted > en->num_spec ? en->num_spec : en->num_accepted;
+    r->spec_accept = 0.7f * r->spec_accept + 0.3f * (float)a / (float)en->num_spec;
+    r->spec_k_cur = a == en->num_spec ? r->spec_k_cur + 2 : r->spec_k_cur - 1;
+    if (r->spec_k_cur > r->spec_k) r->spec_k_cur = r->spec_k;
+    if (r->spec_k_cur < 1) r->spec_k_cur = 1;
+    if (r->spec_accept < OSP_SPEC_OFF_BELOW) {
+        r->spec_pause = r->spec_next_pause;
+        r->spec_next_pause = r->spec_next_pause * 2 > OSP_SPEC_PAUSE_MAX ? OSP_SPEC_PAUSE_MAX : r->spec_next_pause * 2;
+        r->spec_accept = 0.5f; /* the retry starts between off and on */
+        r->spec_k_cur = 1;
+    } else if (a > 0) {
+        r->spec_next_pause = OSP_SPEC_PAUSE_MIN;
+    }
+}
+
 static osp_status propose_drafts(osp_engine *e, const osp_sched_output *so) {
     int32_t n = 0;
     for (int32_t i = 0; i < so->num_entries; i++) {
         osp_request *r = so->entries[i].req;
+        if (r->spec_k > 0 && !e->p.speculative_fixed_k) adapt_spec(r, &so->entries[i]);
         r->num_spec = 0;
+        if (e->sw.off && !e->p.speculative_fixed_k) continue;
         int32_t k = r->max_len - r->num_tokens - 1;
         if (k > r->spec_k) k = r->spec_k;
+        if (!e->p.speculative_fixed_k) {
+            if (r->spec_pause > 0) continue;
+            if (k > r->spec_k_cur) k = r->spec_k_cur;
+        }
         /* not a parent whose children fork at its first token: the fork follows a plain sampled row
            (a verification row there would skip the fork; a chunked prompt can end one token short) */
         if (r->state != OSP_REQ_RUNNING || k <= 0 || r->num_computed_tokens != r->num_tokens - 1 || r->children) continue;
@@ -575,6 +620,11 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         for (int32_t i = 0; i < so->num_entries; i++)
             if (so->entries[i].req->t_scheduled == 0) so->entries[i].req->t_scheduled = now;
     }
+    struct timespec ts0, ts1;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    bool decode_only = so->num_entries > 0; /* for the speculation switch: every row a decode or verification */
+    for (int32_t i = 0; i < so->num_entries && decode_only; i++)
+        decode_only = so->entries[i].num_scheduled_tokens == 1 + so->entries[i].num_spec;
     OSP_TRY(osp_runner_execute(e->runner, so));
     osp_scheduler_update(e->sched, so);
     if (e->p.kv_event_sink && e->p.kv_event_sink->end_step) e->p.kv_event_sink->end_step(e->p.kv_event_sink->ctx);
@@ -583,7 +633,13 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */
         OSP_TRY(osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]));
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
-    if (e->proposer) OSP_TRY(propose_drafts(e, so));
+    if (e->proposer) {
+        OSP_TRY(propose_drafts(e, so));
+        clock_gettime(CLOCK_MONOTONIC, &ts1);
+        if (decode_only && !e->p.speculative_fixed_k)
+            osp_spec_switch_step(&e->sw, (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec),
+                                 gen);
+    }
     for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
         if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);
     for (int32_t i = 0; i < so->num_touched; i++) {

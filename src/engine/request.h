@@ -88,6 +88,11 @@ typedef struct osp_request {
     int32_t spec_k;                               /* drafts per step at most (0: no speculation) */
     int32_t spec_tokens[OSP_SPEC_MAX_TOKENS];     /* [num_spec] */
     int32_t num_spec;
+    /* adaptive k (engine_core.c adapt_spec): drafts asked for next (1..spec_k), the moving share of
+       drafts accepted, decode steps left without drafts after acceptance fell, and the next such pause */
+    int32_t spec_k_cur;
+    float spec_accept;
+    int32_t spec_pause, spec_next_pause;
 
     /* engine-side output bookkeeping (under the engine's lock) */
     osp_output_cb callback;

@@ -17,6 +17,7 @@
 
 #include "osprey/spec.h"
 #include "spec/proposer.h"
+#include "spec/switch.h"
 #include "spec/verify.h"
 
 static int32_t propose(const int32_t *t, int32_t n, int32_t lo, int32_t hi, int32_t k, int32_t *d) {
@@ -273,12 +274,57 @@ static void test_accept_or_resample(void **state) {
     assert_true(ok);
 }
 
+
+/* The engine-wide switch (spec/switch.h): the phases' lengths, the unmeasured first step of each, and
+ * the verdict follows the measured rates. */
+static void run_steps(osp_spec_switch *w, int n, double on_rate, double off_rate, int *steps_off) {
+    for (int i = 0; i < n; i++) {
+        const bool off = w->off;
+        *steps_off += off;
+        /* one token a step plain; the first step of a phase is poisoned (would flip any verdict) */
+        const double rate = off ? off_rate : on_rate;
+        osp_spec_switch_step(w, w->transition ? 1000.0 : 1.0 / rate, 1);
+        (void)off;
+    }
+}
+
+static void test_switch(void **state) {
+    (void)state;
+    osp_spec_switch w;
+    osp_spec_switch_init(&w);
+    assert_false(w.off);
+    int off_steps = 0;
+    /* speculation slower: first look 16 on, 8 off probe, then 256 off */
+    run_steps(&w, OSP_SPEC_FIRST_ON, 10.0, 15.0, &off_steps);
+    assert_true(w.off && w.probe);
+    run_steps(&w, OSP_SPEC_OFF_PROBE, 10.0, 15.0, &off_steps);
+    assert_true(w.off && !w.probe);
+    assert_int_equal(w.decisions, 1);
+    assert_int_equal(w.decisions_off, 1);
+    run_steps(&w, OSP_SPEC_OFF_STEPS, 10.0, 15.0, &off_steps);
+    assert_true(!w.off && w.probe); /* the on probe */
+    run_steps(&w, OSP_SPEC_ON_PROBE, 10.0, 15.0, &off_steps);
+    assert_true(w.off && !w.probe);
+    assert_int_equal(off_steps, OSP_SPEC_OFF_PROBE + OSP_SPEC_OFF_STEPS);
+    /* now speculation pays: the next on probe wins and the main phase is on */
+    run_steps(&w, OSP_SPEC_OFF_STEPS, 20.0, 15.0, &off_steps);
+    run_steps(&w, OSP_SPEC_ON_PROBE, 20.0, 15.0, &off_steps);
+    assert_true(!w.off && !w.probe);
+    assert_int_equal(w.decisions, 3);
+    assert_int_equal(w.decisions_off, 2);
+    run_steps(&w, OSP_SPEC_ON_STEPS, 20.0, 15.0, &off_steps);
+    assert_true(w.off && w.probe);
+    run_steps(&w, OSP_SPEC_OFF_PROBE, 20.0, 15.0, &off_steps);
+    assert_true(!w.off && !w.probe);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_verify_point),
         cmocka_unit_test(test_accept_or_resample),
+        cmocka_unit_test(test_switch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,6 +82,7 @@ static osp_engine_params base(const char *model, const osp_spec_config *spec) {
     p.hash_seed = 5;
     p.device = OSP_DEVICE_CPU;
     if (spec) p.speculative = *spec;
+    p.speculative_fixed_k = true; /* k drafts every step (test_adaptive_k turns it off) */
     return p;
 }
 
@@ -567,6 +568,42 @@ static void test_draft_sampled(void **state) {
     assert_true(st.spec_num_accepted_tokens > 0);
 }
 
+/* Adaptive k: with a draft that is always wrong, far fewer drafts than with k fixed (pauses), with
+ * one that is always right, most of them; the tokens are the plain ones either way. (The engine-wide
+ * switch's verdicts depend on timing; its logic is test_spec's test_switch.) */
+static void test_adaptive_k(void **state) {
+    (void)state;
+    enum { N = 6 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 23);
+    for (int i = 0; i < N; i++) ref[i].max_tokens = 60;
+    osp_engine_params plain = base(g_tiny, NULL);
+    run_jobs(&plain, ref, N, NULL, 0);
+    const char *drafts[2] = {"tiny-llama-untied-q4_1.gguf", "tiny-llama-q8_0.gguf"};
+    for (int d = 0; d < 2; d++) {
+        const osp_spec_config c = draft_cfg(drafts[d], 6);
+        osp_engine_params p = base(g_tiny, &c);
+        memcpy(j, ref, sizeof j);
+        const osp_engine_stats fixed = run_jobs(&p, j, N, NULL, 0);
+        assert_same(ref, j, N, false, "fixed k");
+        p.speculative_fixed_k = false;
+        memcpy(j, ref, sizeof j);
+        const osp_engine_stats ad = run_jobs(&p, j, N, NULL, 0);
+        assert_same(ref, j, N, false, "adaptive k");
+        printf("%s: fixed k %lld drafts, %lld accepted, %lld steps; adaptive %lld drafts, %lld accepted, %lld steps\n",
+               drafts[d], (long long)fixed.spec_num_draft_tokens, (long long)fixed.spec_num_accepted_tokens,
+               (long long)fixed.num_steps, (long long)ad.spec_num_draft_tokens, (long long)ad.spec_num_accepted_tokens,
+               (long long)ad.num_steps);
+        if (d == 0) {
+            assert_true(ad.spec_num_draft_tokens * 8 < fixed.spec_num_draft_tokens);
+        } else {
+            /* the engine-wide switch probes 8 steps without drafts after its first 8: timing may keep
+               it off after that, so only most of the drafts are certain */
+            assert_true(ad.spec_num_accepted_tokens * 2 >= fixed.spec_num_accepted_tokens);
+        }
+    }
+}
+
 /* A draft that cannot serve is refused when the engine starts: a missing file, another vocabulary. */
 static void test_draft_refused(void **state) {
     (void)state;
@@ -633,6 +670,7 @@ int main(void) {
         cmocka_unit_test(test_draft_greedy),
         cmocka_unit_test(test_draft_sampled),
         cmocka_unit_test(test_draft_refused),
+        cmocka_unit_test(test_adaptive_k),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

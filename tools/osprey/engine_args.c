@@ -179,6 +179,9 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.gpu_quant_weights = a->gpu_quant_weights;
     ep.kernel_table = a->kernel_table;
     ep.speculative = a->spec;
+    /* measurements of adaptive k against fixed (bench/spec.sh FIXED_K=1): k drafts every step */
+    const char *fk = getenv("OSPREY_SPEC_FIXED_K");
+    ep.speculative_fixed_k = fk && *fk && strcmp(fk, "0") != 0;
     cli_engine_args seeded = *a;
     cli_engine_env_seed(&seeded);
     ep.hash_algo = a->hash_algo;
