@@ -83,9 +83,10 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     # programmatic dependent launch is on only where the backend's matrices are quantized: the kernels
     # again with it forced on (every kernel waits for its predecessor before touching memory)
     for t in test_gpu_ops test_gpu_qmatmul test_gpu_sampler; do run "$t (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/$t; done
-    # the sampler's optional launch shapes (sample.cu: select and finish fused for small grids, several
-    # slices a CTA for large ones; the same bits as the default by design)
-    run "test_gpu_sampler (fused, grouped slices)" env OSPREY_SAMPLE_FUSED=1 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
+    # the sampler's other launch shapes (sample.cu: select and finish apart, one slice a CTA; and slices
+    # grouped from 256 CTAs on; the same bits as the default by design)
+    run "test_gpu_sampler (unfused, one slice a CTA)" env OSPREY_SAMPLE_FUSED=0 OSPREY_SAMPLE_GRID_CTAS=0 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (slices grouped from 256 CTAs)" env OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (U in global memory)" env OSPREY_SAMPLE_SMEM_U=0 $G/bin/test_gpu_sampler
     [ -x $G/bin/test_ops ] && run test_ops $G/bin/test_ops
     if command -v compute-sanitizer >/dev/null; then

@@ -19,8 +19,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 # with programmatic dependent launch forced on (the CUDA backend turns it on when its matrices are quantized)
 OSPREY_CUDA_PDL=1 "$G/bin/sample_bench" "$vocab" "$reps" | sed 's/"sampler": "osprey"/"sampler": "osprey-pdl"/' > "$dir/pdl.jsonl" ||
     echo "sample_bench (PDL) failed"
-# the launch shapes not yet the default (sample.cu: OSPREY_SAMPLE_FUSED, OSPREY_SAMPLE_GRID_CTAS)
-OSPREY_SAMPLE_FUSED=1 OSPREY_SAMPLE_GRID_CTAS=1024 "$G/bin/sample_bench" "$vocab" "$reps" |
+# the launch shapes before they became the default (sample.cu: OSPREY_SAMPLE_FUSED, OSPREY_SAMPLE_GRID_CTAS)
+OSPREY_SAMPLE_FUSED=0 OSPREY_SAMPLE_GRID_CTAS=0 "$G/bin/sample_bench" "$vocab" "$reps" |
     sed 's/"sampler": "osprey"/"sampler": "osprey-shapes"/' > "$dir/shapes.jsonl" || echo "sample_bench (shapes) failed"
 if [ -n "${BASE_BENCH:-}" ]; then
     "$BASE_BENCH" "$vocab" "$reps" | sed 's/"sampler": "osprey"/"sampler": "osprey-base"/' > "$dir/base.jsonl" ||

@@ -1076,9 +1076,10 @@ __device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, T
 constexpr int kUCap = 3072;
 constexpr size_t kUSmemBytes = (size_t)kUCap * 8u;
 
-/* With OSPREY_SAMPLE_FUSED=1, grids of at most this many CTAs (rows x slices) run select and finish as
- * one launch (one CTA an SM: the finishing code needs 128 registers a thread), the same bits. Off by
- * default until it has run on the device (built after the last device call of 2026-12-04). */
+/* Grids of at most this many CTAs (rows x slices) run select and finish as one launch (one CTA an SM:
+ * the finishing code needs 128 registers a thread), the same bits; OSPREY_SAMPLE_FUSED=0 launches them
+ * apart. Default since 2026-12-05 (H200, bench/gpu/sample.sh: never slower, B = 128 top-k + top-p
+ * 423 -> 351 us with the grouping below, greedy 194 -> 123). */
 constexpr int64_t kFusedCtas = 132;
 
 /* The integer value of the environment variable `name`, or `dflt` when it is unset; read once into
@@ -1093,15 +1094,15 @@ int64_t env_int(const char *name, int64_t dflt, int64_t *cache) {
 
 bool sample_fused(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_FUSED", 0, &v) == 1;
+    return env_int("OSPREY_SAMPLE_FUSED", 1, &v) == 1;
 }
 
-/* OSPREY_SAMPLE_GRID_CTAS=N (N > 0): a sliced pass whose grid would pass N CTAs gives each CTA several
- * slices (the same bits: see sample_scan_kernel). 0 or unset: one slice a CTA, as measured; the grouping
- * is built but has not run on the device yet (see kFusedCtas). */
+/* A sliced pass whose grid would pass N CTAs gives each CTA several slices (the same bits: see
+ * sample_scan_kernel): N = OSPREY_SAMPLE_GRID_CTAS, default 1024 (measured with kFusedCtas above);
+ * 0: one slice a CTA whatever the grid. */
 int64_t sample_grid_ctas(void) {
     static int64_t v = INT64_MIN;
-    const int64_t n = env_int("OSPREY_SAMPLE_GRID_CTAS", 0, &v);
+    const int64_t n = env_int("OSPREY_SAMPLE_GRID_CTAS", 1024, &v);
     return n > 0 ? n : 0;
 }
 
