@@ -622,9 +622,11 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     }
     struct timespec ts0, ts1;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
-    bool decode_only = so->num_entries > 0; /* for the speculation switch: every row a decode or verification */
-    for (int32_t i = 0; i < so->num_entries && decode_only; i++)
+    bool decode_only = so->num_entries > 0, drafted = false; /* for the speculation switch: every row a decode */
+    for (int32_t i = 0; i < so->num_entries && decode_only; i++) {  /* or a verification row */
         decode_only = so->entries[i].num_scheduled_tokens == 1 + so->entries[i].num_spec;
+        drafted |= so->entries[i].num_spec > 0;
+    }
     OSP_TRY(osp_runner_execute(e->runner, so));
     osp_scheduler_update(e->sched, so);
     if (e->p.kv_event_sink && e->p.kv_event_sink->end_step) e->p.kv_event_sink->end_step(e->p.kv_event_sink->ctx);
@@ -638,7 +640,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         clock_gettime(CLOCK_MONOTONIC, &ts1);
         if (decode_only && !e->p.speculative_fixed_k)
             osp_spec_switch_step(&e->sw, (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec),
-                                 gen);
+                                 gen, drafted);
     }
     for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
         if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);

@@ -275,16 +275,15 @@ static void test_accept_or_resample(void **state) {
 }
 
 
-/* The engine-wide switch (spec/switch.h): the phases' lengths, the unmeasured first step of each, and
- * the verdict follows the measured rates. */
-static void run_steps(osp_spec_switch *w, int n, double on_rate, double off_rate, int *steps_off) {
+/* The engine-wide switch (spec/switch.h): the phases' lengths, the unmeasured first step of each, the
+ * verdict following the measured rates, phases doubling for a mode that keeps winning, and an on phase
+ * judged by its own undrafted steps without an off probe. */
+static void run_steps(osp_spec_switch *w, int n, double on_rate, double off_rate, bool drafted, int *steps_off) {
     for (int i = 0; i < n; i++) {
-        const bool off = w->off;
-        *steps_off += off;
-        /* one token a step plain; the first step of a phase is poisoned (would flip any verdict) */
-        const double rate = off ? off_rate : on_rate;
-        osp_spec_switch_step(w, w->transition ? 1000.0 : 1.0 / rate, 1);
-        (void)off;
+        *steps_off += w->off;
+        /* one token a step; the first step of a phase is poisoned (it would flip any verdict) */
+        const double rate = w->off || !drafted ? off_rate : on_rate;
+        osp_spec_switch_step(w, w->transition ? 1000.0 : 1.0 / rate, 1, !w->off && drafted);
     }
 }
 
@@ -294,28 +293,41 @@ static void test_switch(void **state) {
     osp_spec_switch_init(&w);
     assert_false(w.off);
     int off_steps = 0;
-    /* speculation slower: first look 16 on, 8 off probe, then 256 off */
-    run_steps(&w, OSP_SPEC_FIRST_ON, 10.0, 15.0, &off_steps);
+    /* speculation slower: the first look (8 on), an off probe, then off for 256 */
+    run_steps(&w, OSP_SPEC_FIRST_ON, 10.0, 15.0, true, &off_steps);
     assert_true(w.off && w.probe);
-    run_steps(&w, OSP_SPEC_OFF_PROBE, 10.0, 15.0, &off_steps);
+    run_steps(&w, OSP_SPEC_OFF_PROBE, 10.0, 15.0, true, &off_steps);
     assert_true(w.off && !w.probe);
+    assert_int_equal(w.left, OSP_SPEC_OFF_STEPS);
     assert_int_equal(w.decisions, 1);
     assert_int_equal(w.decisions_off, 1);
-    run_steps(&w, OSP_SPEC_OFF_STEPS, 10.0, 15.0, &off_steps);
+    run_steps(&w, OSP_SPEC_OFF_STEPS, 10.0, 15.0, true, &off_steps);
     assert_true(!w.off && w.probe); /* the on probe */
-    run_steps(&w, OSP_SPEC_ON_PROBE, 10.0, 15.0, &off_steps);
+    run_steps(&w, OSP_SPEC_ON_PROBE, 10.0, 15.0, true, &off_steps);
     assert_true(w.off && !w.probe);
+    assert_int_equal(w.left, 2 * OSP_SPEC_OFF_STEPS); /* off won twice: a longer phase */
     assert_int_equal(off_steps, OSP_SPEC_OFF_PROBE + OSP_SPEC_OFF_STEPS);
-    /* now speculation pays: the next on probe wins and the main phase is on */
-    run_steps(&w, OSP_SPEC_OFF_STEPS, 20.0, 15.0, &off_steps);
-    run_steps(&w, OSP_SPEC_ON_PROBE, 20.0, 15.0, &off_steps);
+    /* now speculation pays: the next on probe wins, the main phase is on, off's length resets */
+    run_steps(&w, 2 * OSP_SPEC_OFF_STEPS, 20.0, 15.0, true, &off_steps);
+    run_steps(&w, OSP_SPEC_ON_PROBE, 20.0, 15.0, true, &off_steps);
     assert_true(!w.off && !w.probe);
+    assert_int_equal(w.left, OSP_SPEC_ON_STEPS);
     assert_int_equal(w.decisions, 3);
     assert_int_equal(w.decisions_off, 2);
-    run_steps(&w, OSP_SPEC_ON_STEPS, 20.0, 15.0, &off_steps);
+    run_steps(&w, OSP_SPEC_ON_STEPS, 20.0, 15.0, true, &off_steps);
     assert_true(w.off && w.probe);
-    run_steps(&w, OSP_SPEC_OFF_PROBE, 20.0, 15.0, &off_steps);
+    run_steps(&w, OSP_SPEC_OFF_PROBE, 20.0, 15.0, true, &off_steps);
     assert_true(!w.off && !w.probe);
+    assert_int_equal(w.left, 2 * OSP_SPEC_ON_STEPS); /* on won twice */
+    /* an on phase with undrafted steps (they measure plain decoding) is judged without an off probe:
+       here its drafted steps are slow, so it goes off directly */
+    const int64_t before = w.decisions;
+    for (int i = 0; i < 2 * OSP_SPEC_ON_STEPS; i++) {
+        const bool drafted = i % 2 == 0;
+        osp_spec_switch_step(&w, w.transition ? 1000.0 : drafted ? 1.0 / 5.0 : 1.0 / 15.0, 1, drafted);
+    }
+    assert_int_equal(w.decisions, before + 1);
+    assert_true(w.off && !w.probe);
 }
 
 int main(void) {
