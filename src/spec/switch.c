@@ -24,7 +24,9 @@ void osp_spec_switch_init(osp_spec_switch *w) {
 /* The verdict on the latest rates of both modes; the winner's main phases lengthen while it keeps
  * winning (fewer probes), the loser's go back to their first length. */
 static void decide(osp_spec_switch *w, double on, double off) {
-    const bool go_off = off > on;
+    /* speculation must win by OSP_SPEC_MARGIN: on a tie (an on phase that drafted nothing measures the
+       plain rate twice) plain decoding is the safe side, and the on probe comes back for it anyway */
+    const bool go_off = on < off * (1.0 + OSP_SPEC_MARGIN);
     w->decisions++;
     w->decisions_off += go_off;
     if (getenv("OSPREY_SPEC_DEBUG"))

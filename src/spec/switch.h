@@ -3,7 +3,8 @@
  * depends on the model, the machine and the batch. So the engine measures it: over decode-only steps
  * (every row a decode or a verification row, no prompt tokens) it runs a main phase in one mode and then
  * a short probe of the other, adds up output tokens and seconds (the step plus the proposer's call
- * after it) in each, and at the end keeps the mode with more tokens a second. Steps of an on phase
+ * after it) in each, and at the end keeps speculation on only where it made at least 2 % more tokens a
+ * second (a tie goes to plain decoding). Steps of an on phase
  * that verified no drafts (the n-gram proposer found nothing) measure plain decoding too: with at least
  * OSP_SPEC_OFF_PROBE of them the on phase is judged without an off probe. Phases: on 64 decode steps
  * (8 the first time, so short generations get a verdict), off 256, probes of 4 off or 8 on; a mode that
@@ -27,6 +28,7 @@
 #define OSP_SPEC_OFF_STEPS 256
 #define OSP_SPEC_ON_PROBE 8
 #define OSP_SPEC_MAX_STEPS 1024
+#define OSP_SPEC_MARGIN 0.02 /* speculation stays on only when 2 % faster */
 
 typedef struct osp_spec_switch {
     bool off;        /* the current phase's mode: true = no drafts */
