@@ -240,7 +240,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                               osp_spec_method_name(p.speculative.method));
             goto fail;
         }
-        const osp_proposer_target pt = {.model = e->model, .n_threads = p.n_threads, .kv_dtype = p.kv_dtype,
+        const osp_proposer_target pt = {.model = e->model, .n_threads = p.n_threads, .exact = p.exact,
+                                        .kv_dtype = p.kv_dtype,
                                         .block_size = p.block_size, .num_blocks = p.num_blocks,
                                         .max_model_len = p.max_model_len,
                                         .max_num_batched_tokens = p.max_num_batched_tokens};

@@ -196,8 +196,8 @@ static osp_status draft_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) 
     d->tick++;
     OSP_TRY(grow_rows(d, n));
     OSP_TRY(seqs_room(d, n));
-    draft_seq **ds = NULL;
-    if (!(ds = malloc(sizeof *ds * (size_t)(n ? n : 1)))) return osp_set_error(OSP_ERR_NOMEM, "draft model: out of memory");
+    draft_seq **ds = calloc((size_t)(n ? n : 1), sizeof *ds); /* NULL until set: the error path skips them */
+    if (!ds) return osp_set_error(OSP_ERR_NOMEM, "draft model: out of memory");
     osp_status st = OSP_OK;
     /* 1. find or make each sequence's state, cut its cache to the common prefix, reserve its blocks */
     for (int32_t i = 0; i < n; i++) {
@@ -218,6 +218,11 @@ static osp_status draft_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) 
         s->num_cached = lcp; /* rollback: what follows (rejected drafts, another past) is overwritten */
         s->k = q->max_draft;
         if (q->num_tokens < 1 || q->num_tokens + s->k - 1 > d->max_pos) s->k = 0;
+        /* the draft's embedding may have fewer rows than the target's (Qwen2.5-7B 152,064, 0.5B
+           151,936, one tokenizer): a sequence holding an id past the draft's gets no drafts, never a
+           failed step */
+        for (int32_t t = lcp; t < q->num_tokens && s->k > 0; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= d->n_vocab_model) s->k = 0;
     }
     for (int32_t i = 0; i < n; i++) { /* blocks after every state is marked in use (no evicting each other) */
         draft_seq *s = ds[i];
@@ -346,6 +351,7 @@ osp_status osp_draft_proposer_create(const osp_spec_config *c, const osp_propose
     osp_model_params mp = osp_model_default_params();
     mp.device = osp_model_device(t->model);
     mp.n_threads = t->n_threads;
+    mp.exact = t->exact; /* the target's arithmetic: a model drafting for itself then agrees always */
     osp_status s = osp_model_load(c->model, &mp, &d->model);
     if (s != OSP_OK) {
         char msg[512];

@@ -25,6 +25,7 @@
 
 #include "engine/engine_internal.h"
 #include "osprey/engine.h"
+#include "osprey/model.h"
 #include "osprey/tokenizer.h"
 
 #define MAXOUT 96
@@ -536,6 +537,9 @@ static void test_draft_greedy(void **state) {
             assert_same(ref, j, N, false, what);
             if (round == 2) assert_true(sr.num_preemptions > 0);
             assert_true(sr.spec_num_draft_tokens > 0);
+            /* the twin's drafts stay right through chunked catch-up, eviction and rollback (a wrong
+               slot, position or rollback would only cost acceptance, so it is asserted) */
+            if (d == 0 && acceptance(&sr) <= 0.5) fail_msg("%s: acceptance %.2f", what, acceptance(&sr));
         }
     }
 }
@@ -604,6 +608,74 @@ static void test_adaptive_k(void **state) {
     }
 }
 
+/* The draft proposer called directly, the target itself as the draft: its state is only a cache, so
+ * drafts after rollback, catch-up in chunks and eviction equal those of a fresh proposer for the same
+ * tokens; a sequence holding an id past the draft's vocabulary gets no drafts and the call succeeds. */
+static void propose_fresh(const osp_spec_config *c, const osp_proposer_target *t, const int32_t *toks, int32_t n,
+                          int32_t *draft, int32_t *nd) {
+    osp_proposer *p;
+    assert_int_equal(osp_proposer_create(c, t, &p), OSP_OK);
+    osp_spec_seq q = {.uid = 99, .tokens = toks, .num_tokens = n, .num_prompt = n, .max_draft = 4, .draft = draft};
+    assert_int_equal(p->ops->propose(p, &q, 1), OSP_OK);
+    *nd = q.num_draft;
+    osp_proposer_destroy(p);
+}
+
+static void test_draft_direct(void **state) {
+    (void)state;
+    osp_model_params mp = osp_model_default_params();
+    mp.n_threads = 2;
+    osp_model *target;
+    assert_int_equal(osp_model_load(g_tiny, &mp, &target), OSP_OK);
+    const osp_spec_config c = draft_cfg("tiny-llama-f32.gguf", 4);
+    /* 6 blocks of 8: two sequences of 30 tokens cannot both stay */
+    const osp_proposer_target t = {.model = target, .n_threads = 2, .kv_dtype = OSP_KV_DTYPE_F32, .block_size = 8,
+                                   .num_blocks = 6, .max_model_len = 64, .max_num_batched_tokens = 7};
+    osp_proposer *p;
+    assert_int_equal(osp_proposer_create(&c, &t, &p), OSP_OK);
+    int32_t a[40], b[40], da[4], db[4], want[4], nwant;
+    for (int i = 0; i < 40; i++) a[i] = 3 + (i * 37) % 500, b[i] = 3 + (i * 53) % 500;
+    osp_spec_seq q = {.uid = 1, .tokens = a, .num_tokens = 20, .num_prompt = 20, .max_draft = 4, .draft = da};
+    assert_int_equal(p->ops->propose(p, &q, 1), OSP_OK); /* catch-up in 3 chunks of <= 7 */
+    assert_int_equal(q.num_draft, 4);
+    propose_fresh(&c, &t, a, 20, want, &nwant);
+    assert_int_equal(nwant, 4);
+    assert_memory_equal(da, want, sizeof want);
+    /* the target kept 2 drafts and then its own token: rollback of the other 2, catch-up of 3 */
+    a[20] = da[0], a[21] = da[1], a[22] = da[2] == 7 ? 8 : 7;
+    q.num_tokens = 23;
+    assert_int_equal(p->ops->propose(p, &q, 1), OSP_OK);
+    propose_fresh(&c, &t, a, 23, want, &nwant);
+    assert_int_equal(q.num_draft, nwant);
+    assert_memory_equal(da, want, sizeof(int32_t) * (size_t)nwant);
+    /* a second sequence needs 4 of the 6 blocks: the first (not in this call) gives its blocks back */
+    osp_spec_seq r = {.uid = 2, .tokens = b, .num_tokens = 28, .num_prompt = 28, .max_draft = 4, .draft = db};
+    assert_int_equal(p->ops->propose(p, &r, 1), OSP_OK);
+    propose_fresh(&c, &t, b, 28, want, &nwant);
+    assert_int_equal(r.num_draft, nwant);
+    assert_memory_equal(db, want, sizeof(int32_t) * (size_t)nwant);
+    /* both in one call: only one fits, the other gets no drafts (and no error) */
+    osp_spec_seq both[2] = {q, r};
+    both[0].draft = da, both[1].draft = db;
+    assert_int_equal(p->ops->propose(p, both, 2), OSP_OK);
+    assert_true((both[0].num_draft == 0) != (both[1].num_draft == 0));
+    /* the first again, alone: it catches up from nothing and drafts as a fresh proposer does */
+    assert_int_equal(p->ops->propose(p, &q, 1), OSP_OK);
+    propose_fresh(&c, &t, a, 23, want, &nwant);
+    assert_int_equal(q.num_draft, nwant);
+    assert_memory_equal(da, want, sizeof(int32_t) * (size_t)nwant);
+    /* an id the draft's embedding does not have: no drafts, the step goes on */
+    a[23] = 100000;
+    q.num_tokens = 24;
+    assert_int_equal(p->ops->propose(p, &q, 1), OSP_OK);
+    assert_int_equal(q.num_draft, 0);
+    p->ops->release(p, 1);
+    p->ops->release(p, 2);
+    p->ops->release(p, 3); /* unknown: fine */
+    osp_proposer_destroy(p);
+    osp_model_free(target);
+}
+
 /* A draft that cannot serve is refused when the engine starts: a missing file, another vocabulary. */
 static void test_draft_refused(void **state) {
     (void)state;
@@ -669,6 +741,7 @@ int main(void) {
         cmocka_unit_test(test_smollm2_copy),
         cmocka_unit_test(test_draft_greedy),
         cmocka_unit_test(test_draft_sampled),
+        cmocka_unit_test(test_draft_direct),
         cmocka_unit_test(test_draft_refused),
         cmocka_unit_test(test_adaptive_k),
     };
