@@ -84,6 +84,8 @@ struct osp_engine {
     osp_proposer *proposer;     /* speculative decoding's drafts, or NULL */
     int32_t spec_k;             /* drafts per request and step at most (0: off) */
     osp_spec_seq *spec_seqs;    /* [max_num_seqs] step-thread scratch for the proposer */
+    osp_request **spec_reqs;    /* [max_num_seqs] the request of each spec_seqs entry */
+    int32_t spec_n;             /* entries listed for this step's proposer call */
     osp_spec_switch sw;         /* speculation on or off by measured decode rate (spec/switch.h) */
     osp_sparse_runtime *sparse; /* sparse attention's hook state, or NULL (dense) */
 
@@ -249,7 +251,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         e->spec_k = p.speculative.num_speculative_tokens;
         osp_spec_switch_init(&e->sw);
     }
-    if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs))) {
+    if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs)) ||
+        !(e->spec_reqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_reqs))) {
         s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -310,6 +313,7 @@ void osp_engine_free(osp_engine *e) {
     pthread_mutex_destroy(&e->gmu);
     osp_proposer_destroy(e->proposer);
     free(e->spec_seqs);
+    free(e->spec_reqs);
     osp_scheduler_destroy(e->sched);
     osp_model_free(e->model);
     pthread_mutex_destroy(&e->mu);
@@ -551,7 +555,7 @@ static void adapt_spec(osp_request *r, const osp_sched_entry *en) {
     }
 }
 
-static osp_status propose_drafts(osp_engine *e, const osp_sched_output *so) {
+static void collect_drafts(osp_engine *e, const osp_sched_output *so) {
     int32_t n = 0;
     for (int32_t i = 0; i < so->num_entries; i++) {
         osp_request *r = so->entries[i].req;
@@ -567,15 +571,22 @@ static osp_status propose_drafts(osp_engine *e, const osp_sched_output *so) {
         /* not a parent whose children fork at its first token: the fork follows a plain sampled row
            (a verification row there would skip the fork; a chunked prompt can end one token short) */
         if (r->state != OSP_REQ_RUNNING || k <= 0 || r->num_computed_tokens != r->num_tokens - 1 || r->children) continue;
+        e->spec_reqs[n] = r;
         e->spec_seqs[n++] = (osp_spec_seq){.uid = r->uid, .tokens = r->tokens, .num_tokens = r->num_tokens,
                                            .num_prompt = r->num_prompt, .max_draft = k, .draft = r->spec_tokens};
     }
+    e->spec_n = n;
+}
+
+/* The proposer's call for the requests collect_drafts listed (all running: none is freed in between). */
+static osp_status propose_drafts(osp_engine *e) {
+    const int32_t n = e->spec_n;
+    e->spec_n = 0;
     if (n == 0) return OSP_OK;
     OSP_TRY(e->proposer->ops->propose(e->proposer, e->spec_seqs, n));
-    for (int32_t i = 0, j = 0; i < so->num_entries && j < n; i++) {
-        osp_request *r = so->entries[i].req;
-        if (r->uid != e->spec_seqs[j].uid) continue;
-        const int32_t nd = e->spec_seqs[j++].num_draft;
+    for (int32_t j = 0; j < n; j++) {
+        osp_request *r = e->spec_reqs[j];
+        const int32_t nd = e->spec_seqs[j].num_draft;
         for (int32_t t = 0; t < nd; t++)
             if (r->spec_tokens[t] < 0 || r->spec_tokens[t] >= e->n_vocab)
                 return osp_set_error(OSP_ERR_INTERNAL, "speculative decoding: proposer %s drafted token %d outside the "
@@ -636,13 +647,10 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */
         OSP_TRY(osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]));
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
-    if (e->proposer) {
-        OSP_TRY(propose_drafts(e, so));
-        clock_gettime(CLOCK_MONOTONIC, &ts1);
-        if (decode_only && !e->p.speculative_fixed_k)
-            osp_spec_switch_step(&e->sw, (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec),
-                                 gen, drafted);
-    }
+    /* drafts for the next step: the requests listed now, the proposer called once the outputs are out
+       (a draft model's catch-up over a new prompt must not delay that prompt's first token) */
+    if (e->proposer) collect_drafts(e, so);
+    clock_gettime(CLOCK_MONOTONIC, &ts1);
     for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
         if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);
     for (int32_t i = 0; i < so->num_touched; i++) {
@@ -716,6 +724,17 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
             pthread_mutex_unlock(&e->mu);
             osp_request_destroy(r);
         }
+    }
+    if (e->proposer) {
+        struct timespec ts2, ts3;
+        clock_gettime(CLOCK_MONOTONIC, &ts2);
+        OSP_TRY(propose_drafts(e));
+        clock_gettime(CLOCK_MONOTONIC, &ts3);
+        if (decode_only && !e->p.speculative_fixed_k) /* the step and the proposer, not the publishing between */
+            osp_spec_switch_step(&e->sw,
+                                 (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec) +
+                                     (double)(ts3.tv_sec - ts2.tv_sec) + 1e-9 * (double)(ts3.tv_nsec - ts2.tv_nsec),
+                                 gen, drafted);
     }
     return OSP_OK;
 }
