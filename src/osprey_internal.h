@@ -34,6 +34,9 @@
  * it the rows of an f32 cache after each forward pass. */
 #include "format/kv_scales.h"
 #include "kv/kv_calib.h"
+/* the paged KV cache's internals (kv/kv_cache.h): `perplexity --kv-draft-view` sets QuantSpec's draft
+ * view of int8_hier pages on its own cache (osp_kv_cache_set_hier_view). */
+#include "kv/kv_cache.h"
 /* the prefix-cache block hashes (kv/prefix_cache.h): `router` hashes a request's tokens as its
  * backends do (same algorithm and seed) to look them up in the index built from their KV events. */
 #include "kv/prefix_cache.h"

@@ -28,6 +28,9 @@ typedef enum osp_kv_dtype {
     OSP_KV_DTYPE_BF16 = 30,  /* named so it can be refused clearly: no backend has bf16 pages yet */
     OSP_KV_DTYPE_FP8 = 128,  /* FP8 E4M3 values, one fixed fp32 scale per layer and KV head */
     OSP_KV_DTYPE_NVFP4 = 129, /* E2M1 values, an E4M3 scale per 16, one fixed fp32 scale per layer (K, V) */
+    OSP_KV_DTYPE_INT8_HIER = 130, /* QuantSpec's hierarchical INT8: a 4-bit upper and a 4-bit lower half per
+                                   * value, an f16 scale and minimum per token and KV head; readable as
+                                   * 8-bit (both halves) or 4-bit (upper halves only: a self-draft's view) */
 } osp_kv_dtype;
 
 /* One step's inputs, the flattened variable-length batch (all arrays caller-owned). */

@@ -17,10 +17,10 @@ extern "C" {
 typedef struct osp_kv_cache osp_kv_cache;
 
 
-/* "f32", "f16", "bf16", "fp8" or "nvfp4", or NULL for an unknown value. */
+/* "f32", "f16", "bf16", "fp8", "nvfp4" or "int8_hier", or NULL for an unknown value. */
 const char *osp_kv_dtype_name(osp_kv_dtype d);
 /* Parses a --kv-cache-dtype value: auto (= f16, the default, so outputs stay as before), f16, bf16,
- * f32, fp8, nvfp4, and vLLM's spellings fp16, float16, bfloat16, float32, fp8_e4m3. Case-sensitive.
+ * f32, fp8, nvfp4, int8_hier, and vLLM's spellings fp16, float16, bfloat16, float32, fp8_e4m3. Case-sensitive.
  * OSP_ERR_INVALID_ARG (with the accepted list) otherwise; *out unchanged then. Parsing bf16 succeeds;
  * creating bf16 pages is refused (OSP_ERR_UNSUPPORTED) since no backend has them. */
 osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out);
@@ -28,7 +28,7 @@ osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out);
  * OSP_ERR_INVALID_ARG for an unknown value, OSP_ERR_UNSUPPORTED for bf16 (no backend has bf16 pages;
  * refused rather than silently stored as something else). */
 osp_status osp_kv_dtype_available(osp_kv_dtype d);
-/* True for the quantized page types (fp8, nvfp4): not exact, refused with --exact. */
+/* True for the quantized page types (fp8, nvfp4, int8_hier): not exact, refused with --exact. */
 bool osp_kv_dtype_quantized(osp_kv_dtype d);
 
 /* Bytes of the cache's pages (host or device memory). */

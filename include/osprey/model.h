@@ -98,6 +98,11 @@ typedef struct osp_model_params {
                              * default). Steps of <= 8 rows then use one kernel and larger ones another,
                              * so a row's bits depend on the step's size: the engine takes it only with
                              * max_num_seqs 1 (osp_engine_create). The CPU ignores it. */
+    bool draft_4bit_weights; /* QuantSpec's self-draft (speculative method "quantspec"): every matrix stored at
+                              * more than 5 bits a weight (F16, BF16, F32, Q8_0, Q5_*, Q6_K) is computed from
+                              * a Q4_0 copy made at load (src/model/loader.c), whose rows are whole blocks of
+                              * 32; 4- and 4.5-bit matrices (Q4_0, Q4_1, Q4_K, ...) stay as stored. CPU only
+                              * (OSP_ERR_UNSUPPORTED on the GPU). */
 } osp_model_params;
 
 osp_model_params osp_model_default_params(void);

@@ -14,17 +14,19 @@
 typedef struct osp_backend osp_backend;
 typedef struct osp_kv_cache osp_kv_cache;
 
-/* What one page stores, per layer and per K or V. The quantized layouts (FP8, NVFP4) and their
- * scales are described in src/kv/kv_cache.h. */
+/* What one page stores, per layer and per K or V. The quantized layouts (FP8, NVFP4, INT8_HIER) and
+ * their second pools are described in src/kv/kv_cache.h. */
 typedef struct osp_kv_page_format {
     osp_kv_dtype dtype;       /* the public name of the format */
     uint32_t elem_type;       /* ggml type id of the stored values (F32, F16), or the osp_kv_dtype value
-                               * for the quantized formats (OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4) */
+                               * for the quantized formats (OSP_KV_DTYPE_FP8, _NVFP4, _INT8_HIER) */
     int64_t kv_row;           /* values per token: n_head_kv * head_dim */
     int32_t head_dim;         /* values per KV head */
-    size_t bytes_per_token;   /* bytes of one token's K (or V) data row in one layer (NVFP4: kv_row / 2) */
+    size_t bytes_per_token;   /* bytes of one token's K (or V) data row in one layer (NVFP4: kv_row / 2;
+                               * INT8_HIER: n_head_kv * (head_dim / 2 + 4)) */
     size_t scale_bytes_per_token; /* bytes of one token's K (or V) micro-block scales in one layer (NVFP4:
-                                   * kv_row / 16 E4M3 codes; 0: no scale pool) */
+                                   * kv_row / 16 E4M3 codes; INT8_HIER: kv_row / 2 bytes of lower
+                                   * 4-bit codes; 0: no second pool) */
     int32_t fixed_scales_per_layer; /* fp32 scales fixed at creation, per layer, per K or V: FP8 n_head_kv,
                                      * NVFP4 1 (the tensor scale), 0 for f16 / f32 */
     bool k_hadamard;          /* K rows are stored rotated: each KV head's post-RoPE row k becomes H k, H the
@@ -56,6 +58,12 @@ struct osp_kv_cache {
     void *pages;      /* one backend allocation holding every page and scale pool */
     size_t bytes;
     osp_backend *be;  /* where the pages live (the model's backend) */
+    bool hier_upper_only; /* int8_hier pages read through this struct give the upper 4-bit halves only
+                           * (QuantSpec's draft view: a shallow copy of the target's cache with this set),
+                           * except each query's last hier_full_recent positions, read in full (QuantSpec
+                           * keeps its most recent tokens in full precision); false (every cache as
+                           * created): both halves everywhere. Writes ignore it. */
+    int32_t hier_full_recent;
     uint64_t id;      /* unique per cache in this process: CUDA graphs captured with one cache's pages
                        * are replayed only with that cache */
 };

@@ -445,3 +445,50 @@ void osp_nvfp4_dequantize16(const uint8_t *packed, uint8_t scale, float tensor_s
         y[2 * i + 1] = osp_e2m1_to_fp32(packed[i] >> 4) * s;
     }
 }
+
+/* f16 bits of v rounded toward -inf (down) or +inf (up): the nearest f16, stepped one unit when it lies on
+ * the wrong side of v. Finite v within f16's range. */
+static uint16_t fp16_directed(float v, bool up) {
+    uint16_t h = osp_fp32_to_fp16(v);
+    const float back = osp_fp16_to_fp32(h);
+    if (up ? back >= v : back <= v) return h;
+    const bool neg = h & 0x8000u, mag0 = (h & 0x7FFFu) == 0;
+    if (up) return mag0 ? 0x0001u : neg ? (uint16_t)(h - 1) : (uint16_t)(h + 1);
+    return mag0 ? 0x8001u : neg ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
+}
+
+void osp_int8h_quantize_row(const float *x, int64_t n, uint8_t *upper, uint8_t *lower, uint16_t sm[2]) {
+    float mn = INFINITY, mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mn = fminf(mn, x[i]), mx = fmaxf(mx, x[i]); /* fminf/fmaxf drop NaN */
+    if (!(mn <= mx)) mn = mx = 0.0f;                                            /* all NaN */
+    sm[1] = fp16_directed(mn, false);
+    const float M = osp_fp16_to_fp32(sm[1]);
+    sm[0] = mx > M ? fp16_directed((mx - M) / 15.0f, true) : 0;
+    const float S = osp_fp16_to_fp32(sm[0]);
+    for (int64_t i = 0; i < n; i += 2) {
+        uint8_t u[2] = {0, 0}, l[2] = {8, 8};
+        for (int j = 0; j < 2 && S > 0.0f; j++) {
+            const float v = x[i + j];
+            float cu = rintf((v - M) / S);
+            cu = cu < 0.0f ? 0.0f : cu > 15.0f ? 15.0f : cu; /* NaN stays NaN: the cast below is guarded */
+            float cl = rintf((v - (M + S * cu)) * 16.0f / S + 7.5f);
+            cl = cl < 0.0f ? 0.0f : cl > 15.0f ? 15.0f : cl;
+            u[j] = cu == cu ? (uint8_t)cu : 0, l[j] = cl == cl ? (uint8_t)cl : 8;
+        }
+        upper[i / 2] = (uint8_t)(u[0] | (u[1] << 4));
+        lower[i / 2] = (uint8_t)(l[0] | (l[1] << 4));
+    }
+}
+
+void osp_int8h_dequantize_row(const uint8_t *upper, const uint8_t *lower, const uint16_t sm[2], float *y, int64_t n) {
+    const float S = osp_fp16_to_fp32(sm[0]), M = osp_fp16_to_fp32(sm[1]), S32 = S * 0.03125f;
+    for (int64_t i = 0; i < n; i++) {
+        const int u = (upper[i / 2] >> (4 * (i & 1))) & 0xF;
+        if (!lower) {
+            y[i] = M + S * (float)u;
+        } else {
+            const int l = (lower[i / 2] >> (4 * (i & 1))) & 0xF;
+            y[i] = M + S32 * (float)(32 * u + 2 * l - 15);
+        }
+    }
+}

@@ -92,4 +92,23 @@ void osp_nvfp4_quantize16(const float *x, float tensor_scale, uint8_t *packed, u
 /* The inverse: y[i] = e2m1(value i) * e4m3(scale) * tensor_scale. */
 void osp_nvfp4_dequantize16(const uint8_t *packed, uint8_t scale, float tensor_scale, float *y);
 
+/* QuantSpec's hierarchical INT8 (Tiwari et al. 2025, "QuantSpec: Self-Speculative Decoding with
+ * Hierarchical Quantized KV Cache", section 4.1): a row x[n] (n even) is an asymmetric 4-bit code per
+ * value (the upper half) plus a 4-bit code of its rounding residual (the lower half), so the upper
+ * halves alone are a round-to-nearest INT4 row and both together an 8-bit one.
+ *   M = min(x) rounded down to f16, S = (max(x) - M) / 15 rounded up to f16 (both stored: sm[0] = S,
+ *   sm[1] = M, IEEE half bits), so every (x - M) / S lies in [0, 15];
+ *   u = clamp(rint((x - M) / S), 0, 15), the upper code;
+ *   l = clamp(rint((x - (M + S u)) * 16 / S + 7.5), 0, 15), the lower code (the residual, which lies in
+ *       [-S/2, S/2], in 16 steps of S/16 centred on 0);
+ *   upper-only value: M + S * u                       (error <= S/2 = range/30)
+ *   full value:       M + (S/32) * (32 u + 2 l - 15)  (= M + S u + (S/16)(l - 7.5); error <= S/32 = range/480)
+ * S = 0 (a constant row) stores u = 0, l = 8. Values beyond f16's range (|x| > 65504) are not
+ * representable (as with f16 pages). upper, lower: n/2 bytes each, value 2i in the low nibble of byte
+ * i, 2i + 1 in the high one. */
+void osp_int8h_quantize_row(const float *x, int64_t n, uint8_t *upper, uint8_t *lower, uint16_t sm[2]);
+/* The inverse: y[n] from the upper codes alone (lower == NULL) or from both halves, by the formulas
+ * above, in exactly that fp32 arithmetic (the CPU attention reads the same values). */
+void osp_int8h_dequantize_row(const uint8_t *upper, const uint8_t *lower, const uint16_t sm[2], float *y, int64_t n);
+
 #endif

@@ -1,5 +1,5 @@
-/* The paged KV cache on a backend (see kv_cache.h): page formats (f32, f16, fp8, nvfp4 and their
- * scale pools), one allocation per cache, block copies for copy-on-write (data and scales together). */
+/* The paged KV cache on a backend (see kv_cache.h): page formats (f32, f16, fp8, nvfp4, int8_hier and
+ * their second pools), one allocation per cache, block copies for copy-on-write (data and scales together). */
 #include "kv/kv_cache.h"
 
 #include <math.h>
@@ -15,13 +15,14 @@
 /* Names: the canonical one first, then the aliases vLLM's --kv-cache-dtype accepts. */
 static const struct { const char *name; osp_kv_dtype d; } k_names[] = {
     {"f16", OSP_KV_DTYPE_F16},   {"f32", OSP_KV_DTYPE_F32},     {"bf16", OSP_KV_DTYPE_BF16},
-    {"fp8", OSP_KV_DTYPE_FP8},   {"nvfp4", OSP_KV_DTYPE_NVFP4}, {"auto", OSP_KV_DTYPE_F16},
+    {"fp8", OSP_KV_DTYPE_FP8},   {"nvfp4", OSP_KV_DTYPE_NVFP4}, {"int8_hier", OSP_KV_DTYPE_INT8_HIER},
+    {"auto", OSP_KV_DTYPE_F16},
     {"fp16", OSP_KV_DTYPE_F16},  {"float16", OSP_KV_DTYPE_F16}, {"bfloat16", OSP_KV_DTYPE_BF16},
     {"fp8_e4m3", OSP_KV_DTYPE_FP8}, {"float32", OSP_KV_DTYPE_F32},
 };
 
 const char *osp_kv_dtype_name(osp_kv_dtype d) {
-    for (size_t i = 0; i < 5; i++)
+    for (size_t i = 0; i < 6; i++) /* the canonical names */
         if (k_names[i].d == d) return k_names[i].name;
     return NULL;
 }
@@ -30,8 +31,8 @@ osp_status osp_kv_dtype_parse(const char *name, osp_kv_dtype *out) {
     for (size_t i = 0; name && i < sizeof k_names / sizeof k_names[0]; i++)
         if (!strcmp(name, k_names[i].name)) return *out = k_names[i].d, OSP_OK;
     return osp_set_error(OSP_ERR_INVALID_ARG,
-                         "kv cache dtype '%s' is not one of auto, f16, bf16, f32, fp8, nvfp4 (or fp16, bfloat16, "
-                         "fp8_e4m3)", name ? name : "(null)");
+                         "kv cache dtype '%s' is not one of auto, f16, bf16, f32, fp8, nvfp4, int8_hier (or fp16, "
+                         "bfloat16, fp8_e4m3)", name ? name : "(null)");
 }
 
 osp_status osp_kv_dtype_available(osp_kv_dtype d) {
@@ -42,7 +43,9 @@ osp_status osp_kv_dtype_available(osp_kv_dtype d) {
     return OSP_OK;
 }
 
-bool osp_kv_dtype_quantized(osp_kv_dtype d) { return d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4; }
+bool osp_kv_dtype_quantized(osp_kv_dtype d) {
+    return d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4 || d == OSP_KV_DTYPE_INT8_HIER;
+}
 
 osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_kv_page_format *out) {
     memset(out, 0, sizeof *out);
@@ -60,6 +63,10 @@ osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_
         return osp_set_error(OSP_ERR_UNSUPPORTED,
                              "kv cache: nvfp4 pages need head_dim a multiple of 16 (micro-blocks of 16; model has %d)",
                              c->head_dim);
+    if (dtype == OSP_KV_DTYPE_INT8_HIER && c->head_dim % 2)
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "kv cache: int8_hier pages need an even head_dim (two 4-bit codes a byte; model has %d)",
+                             c->head_dim);
     out->dtype = dtype;
     out->kv_row = (int64_t)c->n_head_kv * c->head_dim;
     out->head_dim = c->head_dim;
@@ -70,6 +77,11 @@ osp_status osp_kv_page_format_of(const osp_kv_shape *c, osp_kv_dtype dtype, osp_
         out->elem_type = OSP_KV_DTYPE_FP8;
         out->bytes_per_token = (size_t)out->kv_row;
         out->fixed_scales_per_layer = c->n_head_kv;
+        break;
+    case OSP_KV_DTYPE_INT8_HIER: /* upper codes + scale and minimum in the pages, lower codes in the pool */
+        out->elem_type = OSP_KV_DTYPE_INT8_HIER;
+        out->bytes_per_token = (size_t)c->n_head_kv * ((size_t)c->head_dim / 2 + 4);
+        out->scale_bytes_per_token = (size_t)out->kv_row / 2;
         break;
     default: /* NVFP4 */
         out->elem_type = OSP_KV_DTYPE_NVFP4;
@@ -150,7 +162,7 @@ static osp_status fixed_scales(const float *src, float dflt, int32_t n, const ch
 }
 
 bool osp_kv_k_hadamard_default(const osp_backend *be, const osp_kv_page_format *fmt) {
-    const bool quantized = fmt->elem_type == OSP_KV_DTYPE_FP8 || fmt->elem_type == OSP_KV_DTYPE_NVFP4;
+    const bool quantized = osp_kv_dtype_quantized(fmt->dtype);
     const int32_t d = fmt->head_dim;
     const char *env = getenv("OSPREY_KV_HADAMARD");
     return quantized && d > 0 && (d & (d - 1)) == 0 && be->vt->kv_k_hadamard && !(env && !strcmp(env, "0"));
@@ -242,6 +254,15 @@ void osp_kv_cache_free(osp_kv_cache *kv) {
     free(kv->k_fixed);
     free(kv->v_fixed);
     free(kv);
+}
+
+osp_status osp_kv_cache_set_hier_view(osp_kv_cache *kv, int32_t full_recent) {
+    if (kv->k_fmt.dtype != OSP_KV_DTYPE_INT8_HIER && kv->v_fmt.dtype != OSP_KV_DTYPE_INT8_HIER)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: a draft view reads int8_hier pages; this cache has K %s, V %s",
+                             osp_kv_dtype_name(kv->k_fmt.dtype), osp_kv_dtype_name(kv->v_fmt.dtype));
+    kv->hier_upper_only = full_recent >= 0;
+    kv->hier_full_recent = full_recent >= 0 ? full_recent : 0;
+    return OSP_OK;
 }
 
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv) { return kv->block_size; }

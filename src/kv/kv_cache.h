@@ -24,6 +24,18 @@
  *             layer for K and one for V (k_fixed / v_fixed, [n_layer, 1]), fixed at creation. Read
  *             back as e2m1 * (e4m3(scale) * T), the product of the two scales taken in fp32 first.
  *             head_dim must be a multiple of 16.
+ *  int8_hier  QuantSpec's hierarchical INT8 (Tiwari et al. 2025, section 4.1; the row format and its
+ *             rounding: core/dtype.h osp_int8h_quantize_row), one row per token and KV head (head_dim
+ *             values, even). The pages hold, per token and KV head, head_dim / 2 bytes of upper 4-bit codes
+ *             followed by the row's f16 scale S and f16 minimum M (4 bytes): [num_blocks, block_size,
+ *             n_head_kv, head_dim / 2 + 4] bytes. The second pool beside them (where nvfp4 keeps its
+ *             scales) holds the lower 4-bit codes, [num_blocks, block_size, n_head_kv, head_dim / 2]
+ *             bytes. A reader of the upper halves only (QuantSpec's draft: osp_kv_cache.hier_upper_only)
+ *             touches the pages alone, head_dim / 2 + 4 bytes a row instead of head_dim + 4; the full
+ *             reader (the target) reads both, an 8-bit value with error <= range / 480 per row. No fixed
+ *             scales: each row carries its own, so nothing needs calibrating. Per-token rows (not the
+ *             paper's per-channel K groups of 128 tokens) keep each write to its own slot, as the other
+ *             formats; K's outlier channels are spread first by the Hadamard rotation (k_hadamard).
  * K and V may have different formats (a split cache: llama.cpp's --cache-type-k / --cache-type-v),
  * e.g. K fp8 and V nvfp4: each side has its own bytes per token, scale pool (only an nvfp4 side has
  * one) and fixed scales (k_fixed in K's format, v_fixed in V's), so a block's bytes differ for K and V.
@@ -94,6 +106,13 @@ osp_status osp_kv_cache_create_on(osp_backend *be, const osp_kv_shape *sh, int32
 osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size,
                                       osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float *k_fixed,
                                       const float *v_fixed, osp_kv_cache **out);
+
+/* Sets how attention reads the int8_hier sides of kv (kv_layout.h hier_upper_only): full_recent >= 0 gives
+ * QuantSpec's draft view, upper 4-bit halves except each query's last full_recent keys; full_recent < 0
+ * reads both halves again (the default). The perplexity tool measures the view with it; a draft sharing
+ * the target's pages uses a shallow copy of the cache with the view set. OSP_ERR_INVALID_ARG when
+ * neither side is int8_hier (nothing would change). */
+osp_status osp_kv_cache_set_hier_view(osp_kv_cache *kv, int32_t full_recent);
 
 /* The exact size of a cache's one allocation with K pages of k_dtype and V pages of v_dtype (pages,
  * scale pools, each pool padded to 256 bytes per layer), as osp_kv_cache_create_scaled computes it.

@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "core/quantize.h"
 #include "core/status_internal.h"
 #include "model/presets.h"
 
@@ -69,6 +70,53 @@ static osp_status source(osp_loader *ld, const char *name, int64_t cols, int64_t
     return OSP_OK;
 }
 
+/* Keeps p in ld->host (freed with the loader); frees it and fails when the list cannot grow. */
+static osp_status keep_host(osp_loader *ld, void *p) {
+    if (ld->n_host == ld->cap_host) {
+        const int32_t cap = ld->cap_host ? 2 * ld->cap_host : 8;
+        void **h = realloc(ld->host, (size_t)cap * sizeof *h);
+        if (!h) {
+            free(p);
+            return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+        }
+        ld->host = h;
+        ld->cap_host = cap;
+    }
+    ld->host[ld->n_host++] = p;
+    return OSP_OK;
+}
+
+/* QuantSpec's 4-bit draft weights (Tiwari et al. 2025, section 4.2: the draft is the target with its
+ * weights quantized to 4 bits): a source stored at more than 5 bits a weight (F32, F16, BF16, Q8_0,
+ * Q5_0, Q5_1, Q5_K, Q6_K, ...) whose rows are whole Q4_0 blocks is replaced by a Q4_0 copy, each row
+ * dequantized to fp32 and rounded by osp_quantize_row (ggml's Q4_0: a scale per 32, amax / -8). Sources
+ * at 5 bits or fewer (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, the IQ types) are already the draft's precision and
+ * stay as stored. */
+static osp_status requant_4bit(osp_loader *ld, osp_weight_src *src, int64_t cols) {
+    const double bpw = 8.0 * (double)osp_dtype_type_size(src->type) / (double)osp_dtype_block_size(src->type);
+    if (bpw <= 5.0 || cols % 32 != 0 || !src->data) return OSP_OK;
+    const size_t rb = osp_dtype_row_size(OSP_DTYPE_Q4_0, cols);
+    uint8_t *copy = malloc(rb * (size_t)src->rows);
+    float *row = malloc(sizeof *row * (size_t)cols);
+    if (!copy || !row) {
+        free(copy), free(row);
+        return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory for a 4-bit draft copy", ld->path);
+    }
+    osp_status s = OSP_OK;
+    for (int64_t r = 0; r < src->rows && s == OSP_OK; r++) {
+        s = osp_dequant_row(src->type, (const uint8_t *)src->data + (size_t)r * src->row_bytes, row, cols);
+        if (s == OSP_OK) s = osp_quantize_row(OSP_DTYPE_Q4_0, row, copy + (size_t)r * rb, cols);
+    }
+    free(row);
+    if (s != OSP_OK) {
+        free(copy);
+        return s;
+    }
+    OSP_TRY(keep_host(ld, copy));
+    src->data = copy, src->type = OSP_DTYPE_Q4_0, src->row_bytes = rb;
+    return OSP_OK;
+}
+
 osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int64_t *rows, int32_t n, int64_t cols,
                              bool optional, const osp_tensor **out) {
     *out = NULL;
@@ -80,6 +128,8 @@ osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int
         if (!found && optional && i == 0) return OSP_OK;
         if (!found) return osp_set_error(OSP_ERR_FORMAT, "%s: tensor '%s' is missing", ld->path, names[i]);
     }
+    if (ld->requant_4bit && ld->gguf)
+        for (int32_t i = 0; i < n; i++) OSP_TRY(requant_4bit(ld, &src[i], cols));
     osp_tensor *t;
     OSP_TRY(new_tensor(ld, &t));
     OSP_TRY(ld->be->vt->place(ld->be, src, n, cols, false, t));

@@ -25,7 +25,11 @@ typedef struct osp_loader {
     void (*progress)(void *ctx, float fraction);
     void *progress_ctx;
     size_t done_bytes, total_bytes;
+    /* QuantSpec's self-draft (osp_model_params.draft_4bit_weights): matrices stored at more than 5 bits a
+     * weight are placed as a Q4_0 copy made here (kept in `host`) */
+    bool requant_4bit;
     /* host copies of constants (the CPU backend points at them) */
+
     void **host;
     int32_t n_host, cap_host;
 } osp_loader;

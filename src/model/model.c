@@ -80,7 +80,10 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));
     m->be->n_vocab = m->cfg.n_vocab;
     char why[256] = "";
-    m->loader = (osp_loader){.gguf = m->gguf, .seed = seed, .preset = preset, .be = m->be, .path = path};
+    if (params && params->draft_4bit_weights && dev != OSP_DEVICE_CPU)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "model: 4-bit draft weights (QuantSpec) are made on the CPU only");
+    m->loader = (osp_loader){.gguf = m->gguf, .seed = seed, .preset = preset, .be = m->be, .path = path,
+                             .requant_4bit = params && params->draft_4bit_weights};
     /* only a device backend copies (and reports progress): on the CPU the weights stay mapped */
     if (params && params->progress && dev != OSP_DEVICE_CPU) {
         m->loader.progress = params->progress;

@@ -40,6 +40,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (need > bytes) abort();
             if (dt == OSP_KV_DTYPE_NVFP4 && (sh.head_dim % 16 || f.scale_bytes_per_token * 16 != (size_t)f.kv_row)) abort();
             if (dv == OSP_KV_DTYPE_NVFP4 && (sh.head_dim % 16 || fv.scale_bytes_per_token * 16 != (size_t)fv.kv_row)) abort();
+            /* int8_hier: an even head_dim, upper codes + S + M a row in the pages, lower codes in the pool */
+            if (dt == OSP_KV_DTYPE_INT8_HIER &&
+                (sh.head_dim % 2 || f.scale_bytes_per_token * 2 != (size_t)f.kv_row ||
+                 f.bytes_per_token != (size_t)sh.n_head_kv * ((size_t)sh.head_dim / 2 + 4)))
+                abort();
+            if (dv == OSP_KV_DTYPE_INT8_HIER &&
+                (sh.head_dim % 2 || fv.scale_bytes_per_token * 2 != (size_t)fv.kv_row ||
+                 fv.bytes_per_token != (size_t)sh.n_head_kv * ((size_t)sh.head_dim / 2 + 4)))
+                abort();
         }
         /* the size is a success exactly when both formats are */
         if ((z == OSP_OK) != (s == OSP_OK && sv == OSP_OK) && nb > 0 && bs > 0 && z != OSP_ERR_INVALID_ARG) abort();

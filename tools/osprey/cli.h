@@ -36,7 +36,8 @@ noreturn void cli_help(const char *text);
     "                          the budget is dense (default: off; CPU only for now)\n"
 /* The --help line of --kv-cache-dtype and the K/V split flags (the same values everywhere). */
 #define CLI_KV_DTYPE_HELP                                                                                      \
-    "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 for K and V (default: auto = f16;\n"     \
+    "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 | int8_hier for K and V (default: auto =\n" \
+    "                          f16; int8_hier: QuantSpec's 4+4-bit pages, CPU only;\n"                       \
     "                          vLLM's fp16, bfloat16, fp8_e4m3 accepted; bf16 is refused: no backend has it)\n" \
     "  -ctk, --cache-type-k D  K pages only, -ctv, --cache-type-v D  V pages only (llama.cpp's; win over\n"     \
     "                          --kv-cache-dtype; e.g. -ctk fp8 -ctv nvfp4; a split needs --device cpu)\n"
@@ -98,7 +99,7 @@ typedef struct cli_engine_args {
     const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path), taken with --kv-cache-dtype; NULL: none */
     bool exact;            /* --exact: fp32 activations and an f32 KV cache (the reference path);
                               --kv-cache-dtype, before or after, still picks the cache, but a quantized
-                              one (fp8, nvfp4) with --exact is an error at parse time */
+                              one (fp8, nvfp4, int8_hier) with --exact is an error at parse time */
     const char *kernel_table; /* --kernel-table FILE (osp_engine_params.kernel_table); NULL: $OSPREY_KERNEL_TABLE */
     osp_spec_config spec;  /* --speculative-config JSON (osp_spec_config_parse); off by default */
     osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo xxh3_128|sha256|sha256_cbor (xxh3_128) */
@@ -113,7 +114,7 @@ enum { CLI_ENGINE_KV_DTYPE = 1u << 0, CLI_ENGINE_EXACT = 1u << 1 };
 
 /* The defaults above. */
 cli_engine_args cli_engine_args_default(void);
-/* Parses flag's value v as a KV cache dtype (osp_kv_dtype_parse: auto, f16, bf16, f32, fp8, nvfp4,
+/* Parses flag's value v as a KV cache dtype (osp_kv_dtype_parse: auto, f16, bf16, f32, fp8, nvfp4, int8_hier,
  * fp16, bfloat16, fp8_e4m3, ...); dies naming the flag and the accepted values otherwise, and with
  * osp_kv_dtype_available's reason for a dtype no backend has (bf16). */
 osp_kv_dtype cli_kv_dtype(const char *flag, const char *v);

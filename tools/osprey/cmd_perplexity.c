@@ -42,6 +42,10 @@ static const char *k_help =
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_GPU_WEIGHTS_HELP
     CLI_KV_DTYPE_HELP
+    "  --kv-draft-view R       read int8_hier pages as QuantSpec's draft does: upper 4-bit halves only,\n"
+    "                          except each query's last R keys (R >= 0; default: off, both halves)\n"
+    "  --draft-4bit-weights    compute with QuantSpec's draft weights: matrices above 5 bits a weight\n"
+    "                          as a Q4_0 copy made at load (CPU; with --kv-draft-view: the whole self-draft)\n"
     CLI_KV_SCALES_HELP
     "  --save-kl-base FILE     write this run's top-k log-probabilities of every scored position\n"
     "  --kl-top K              entries a position in --save-kl-base, 1..64 (default 32)\n"
@@ -129,15 +133,16 @@ static char *read_text(const char *path, size_t *n) {
 
 int cmd_perplexity(int argc, char **argv) {
     const char *model = NULL, *text_path = NULL, *save_base = NULL, *kl_base_path = NULL, *scales_path = NULL;
-    int ctx = 512, ubatch = 0, n_threads = 0, kl_top = 32;
+    int ctx = 512, ubatch = 0, n_threads = 0, kl_top = 32, draft_recent = -1;
     long long max_chunks = 0;
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
+    bool draft_weights = false; /* --draft-4bit-weights */
     cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) cli_help(k_help);
-        const bool has_v = v != NULL;
+        bool has_v = v != NULL;
         if (!strcmp(f, "-m") || !strcmp(f, "--model")) model = v, i++;
         else if (!strcmp(f, "-f") || !strcmp(f, "--file")) text_path = v, i++;
         else if (!strcmp(f, "--ctx")) ctx = (int)cli_int(f, v, 4, 65536), i++;
@@ -148,6 +153,8 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
         else if (cli_kv_types_arg(&kvt, f, v)) i++;
         else if (!strcmp(f, "--kv-scales")) scales_path = v, i++;
+        else if (!strcmp(f, "--kv-draft-view")) draft_recent = (int)cli_int(f, v, 0, 1 << 30), i++;
+        else if (!strcmp(f, "--draft-4bit-weights")) draft_weights = true, has_v = true;
         else if (!strcmp(f, "--save-kl-base")) save_base = v, i++;
         else if (!strcmp(f, "--kl-top")) kl_top = (int)cli_int(f, v, 1, OSP_KLB_MAX_TOP), i++;
         else if (!strcmp(f, "--kl-base")) kl_base_path = v, i++;
@@ -171,6 +178,7 @@ int cmd_perplexity(int argc, char **argv) {
     mp.n_threads = n_threads;
     mp.device = dev;
     mp.gpu_quant_weights = gpu_quant;
+    mp.draft_4bit_weights = draft_weights;
     mp.progress = cli_load_progress;
     osp_model *m;
     osp_status s = osp_model_load(model, &mp, &m);
@@ -209,6 +217,11 @@ int cmd_perplexity(int argc, char **argv) {
     cli_kv_types_resolve(&kvt, OSP_KV_DTYPE_F16, &kvd, &kvd_v);
     char kv_name[64];
     osp_kv_cache *kv = cli_kv_cache_create(m, nblk, PPL_BLOCK, kvd, kvd_v, &scales, scales_path);
+    if (draft_recent >= 0) { /* QuantSpec's draft view of int8_hier pages (kv/kv_cache.h) */
+        if (dev != OSP_DEVICE_CPU) cli_die(OSP_OK, "--kv-draft-view needs --device cpu (int8_hier pages are CPU only)");
+        if ((s = osp_kv_cache_set_hier_view(kv, draft_recent)) != OSP_OK)
+            cli_die(s, "--kv-draft-view (give --kv-cache-dtype int8_hier, or -ctk / -ctv int8_hier)");
+    }
     fprintf(stderr, "perplexity: %s: %zu tokens, %lld chunks of %d (%d scored each), kv %s%s%s, device %s, %d threads\n",
             text_path, n_ids, (long long)n_chunks, ctx, n_scored, cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name),
             scales_path ? " scales " : "", scales_path ? scales_path : "", osp_device_name(dev), osp_model_n_threads(m));

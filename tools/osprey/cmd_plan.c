@@ -30,8 +30,10 @@ static long long parse_bytes(const char *flag, const char *v) {
     return (long long)(x * (double)mul);
 }
 
-/* Scale bytes per token over all layers of one side (K or V): nvfp4's E4M3 micro-block scales, one per 16. */
+/* Scale bytes per token over all layers of one side (K or V): nvfp4's E4M3 micro-block scales, one per 16;
+ * int8_hier's f16 scale and minimum per KV head row. */
 static long long side_scale_bytes(const osp_model_config *c, osp_kv_dtype d) {
+    if (d == OSP_KV_DTYPE_INT8_HIER) return (long long)c->n_layer * c->n_head_kv * 4;
     return d == OSP_KV_DTYPE_NVFP4 ? (long long)c->n_layer * c->n_head_kv * (c->head_dim / 16) : 0;
 }
 /* ... of K (pages of k) and V (pages of v) together. */
@@ -50,7 +52,11 @@ static long long blocks_in(const osp_model_config *c, osp_kv_dtype k, osp_kv_dty
 }
 
 static const char *elem_bytes(osp_kv_dtype d) {
-    return d == OSP_KV_DTYPE_F32 ? "4 bytes" : d == OSP_KV_DTYPE_F16 ? "2 bytes" : d == OSP_KV_DTYPE_FP8 ? "1 byte" : "1/2 byte";
+    return d == OSP_KV_DTYPE_F32    ? "4 bytes"
+           : d == OSP_KV_DTYPE_F16  ? "2 bytes"
+           : d == OSP_KV_DTYPE_FP8  ? "1 byte"
+           : d == OSP_KV_DTYPE_INT8_HIER ? "1 byte (4-bit upper + 4-bit lower half)"
+                                    : "1/2 byte";
 }
 
 static void print_bytes_per_token(const osp_model_config *c, osp_kv_dtype k, osp_kv_dtype v, long long bpt) {
@@ -62,6 +68,8 @@ static void print_bytes_per_token(const osp_model_config *c, osp_kv_dtype k, osp
                c->n_head_kv, c->head_dim, osp_kv_dtype_name(k), elem_bytes(k), osp_kv_dtype_name(v), elem_bytes(v));
     if (k == OSP_KV_DTYPE_NVFP4 || v == OSP_KV_DTYPE_NVFP4)
         printf(", + one E4M3 scale byte per 16 values: %lld", scale_bytes(c, k, v));
+    if (k == OSP_KV_DTYPE_INT8_HIER || v == OSP_KV_DTYPE_INT8_HIER)
+        printf(", + an f16 scale and minimum per KV head row: %lld", scale_bytes(c, k, v));
     const int fp8_sides = (k == OSP_KV_DTYPE_FP8) + (v == OSP_KV_DTYPE_FP8);
     if (fp8_sides) printf("; %d fp32 per-head scales per layer, fixed, on the host", fp8_sides * c->n_head_kv);
     printf(")\n");
@@ -127,13 +135,14 @@ int cmd_plan(int argc, char **argv) {
     printf("every kv cache dtype in %lld bytes, blocks of %d tokens:\n", mem, block_size);
     printf("  %-9s %15s %15s %19s %10s %12s %8s\n", "dtype", "bytes/token", "of which scales", "with alignment",
            "blocks", "tokens", "x f16");
-    /* the five dtypes for K and V, then the K/V split the accuracy runs favour (K fp8 + V nvfp4,
+    /* the six dtypes for K and V, then the K/V split the accuracy runs favour (K fp8 + V nvfp4,
      * bench/RESULTS.md), then the chosen split when it is another */
     osp_kv_dtype all[][2] = {{OSP_KV_DTYPE_F32, OSP_KV_DTYPE_F32}, {OSP_KV_DTYPE_F16, OSP_KV_DTYPE_F16},
                              {OSP_KV_DTYPE_BF16, OSP_KV_DTYPE_BF16}, {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_FP8},
-                             {OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_NVFP4}, {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4}, {dk, dv}};
-    size_t n_all = 6;
-    if (dk != dv && !(dk == OSP_KV_DTYPE_FP8 && dv == OSP_KV_DTYPE_NVFP4)) n_all = 7;
+                             {OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_NVFP4}, {OSP_KV_DTYPE_INT8_HIER, OSP_KV_DTYPE_INT8_HIER},
+                             {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4}, {dk, dv}};
+    size_t n_all = 7;
+    if (dk != dv && !(dk == OSP_KV_DTYPE_FP8 && dv == OSP_KV_DTYPE_NVFP4)) n_all = 8;
     const long long f16_blocks = blocks_in(c, OSP_KV_DTYPE_F16, OSP_KV_DTYPE_F16, block_size, mem);
     for (size_t i = 0; i < n_all; i++) {
         const osp_kv_dtype k = all[i][0], v = all[i][1];

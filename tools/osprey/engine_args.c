@@ -133,7 +133,7 @@ void cli_kv_types_check_exact(bool exact, osp_kv_dtype k, osp_kv_dtype v) {
 osp_kv_dtype cli_kv_dtype(const char *flag, const char *v) {
     osp_kv_dtype d;
     if (!v || osp_kv_dtype_parse(v, &d) != OSP_OK)
-        cli_die(OSP_OK, "%s: '%s' is not one of auto, f16, bf16, f32, fp8, nvfp4 (vLLM's fp16, bfloat16 and fp8_e4m3 "
+        cli_die(OSP_OK, "%s: '%s' is not one of auto, f16, bf16, f32, fp8, nvfp4, int8_hier (vLLM's fp16, bfloat16 and fp8_e4m3 "
                         "are accepted too)", flag, v ? v : "");
     const osp_status s = osp_kv_dtype_available(d); /* bf16: named, refused, never stored as another type */
     if (s != OSP_OK) cli_die(s, "%s %s", flag, v);

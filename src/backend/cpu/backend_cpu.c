@@ -402,7 +402,8 @@ static osp_cpu_kv_pages cpu_pages_of(const osp_kv_cache *kv, int64_t l) {
     const int64_t FK = kv->k_fmt.fixed_scales_per_layer, FV = kv->v_fmt.fixed_scales_per_layer;
     return (osp_cpu_kv_pages){.k_type = kv->k_fmt.elem_type, .v_type = kv->v_fmt.elem_type, .k = kv->k[l],
                               .v = kv->v[l], .k_scale = kv->k_scale[l], .v_scale = kv->v_scale[l],
-                              .k_fixed = FK ? kv->k_fixed + l * FK : NULL, .v_fixed = FV ? kv->v_fixed + l * FV : NULL};
+                              .k_fixed = FK ? kv->k_fixed + l * FK : NULL, .v_fixed = FV ? kv->v_fixed + l * FV : NULL,
+                              .hier_upper_only = kv->hier_upper_only, .hier_full_recent = kv->hier_full_recent};
 }
 
 /* The cost of one attention item (token t, one head): its key count (positions[t] + 1, or the window)
@@ -550,13 +551,15 @@ static void run_task(void *arg, int ith, int nth) {
     }
 }
 
-/* K and V pages are written and read each in their own format, so any pair of the four is served. */
+/* K and V pages are written and read each in their own format, so any pair of the five is served. */
 static bool cpu_supports_kv(osp_backend *be, osp_kv_dtype dk, osp_kv_dtype dv, char *why, size_t n) {
     (void)be;
     for (int i = 0; i < 2; i++) {
         const osp_kv_dtype d = i ? dv : dk;
-        if (d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) continue;
-        snprintf(why, n, "the CPU backend has f32, f16, fp8 and nvfp4 KV pages, not %s (%s)",
+        if (d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4 ||
+            d == OSP_KV_DTYPE_INT8_HIER)
+            continue;
+        snprintf(why, n, "the CPU backend has f32, f16, fp8, nvfp4 and int8_hier KV pages, not %s (%s)",
                  osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "this dtype", i ? "V" : "K");
         return false;
     }

@@ -43,6 +43,17 @@ void osp_cpu_kv_write_row(uint32_t type, const float *fixed, void *pages, uint8_
         }
         break;
     }
+    case OSP_KV_DTYPE_INT8_HIER: { /* per KV head: upper codes + S + M in the pages, lower codes in the pool */
+        const size_t rb = (size_t)head_dim / 2 + 4;
+        uint8_t *dst = (uint8_t *)pages + (size_t)slot * (size_t)n_head_kv * rb;
+        uint8_t *lo = scales + (size_t)slot * (size_t)(kv_row / 2);
+        for (int64_t h = 0; h < n_head_kv; h++) {
+            uint16_t sm[2];
+            osp_int8h_quantize_row(x + h * head_dim, head_dim, dst + h * rb, lo + h * (head_dim / 2), sm);
+            memcpy(dst + h * rb + head_dim / 2, sm, sizeof sm);
+        }
+        break;
+    }
     default: { /* NVFP4 */
         uint8_t *dst = (uint8_t *)pages + (size_t)slot * (size_t)(kv_row / 2);
         uint8_t *sc = scales + (size_t)slot * (size_t)(kv_row / 16);
@@ -60,11 +71,22 @@ void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_p
 }
 
 /* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. */
+/* full: int8_hier rows read with both halves (else the upper ones alone); other types ignore it. */
 static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh,
-                                    int64_t n_head_kv, int64_t head_dim, float *restrict row, uint16_t *restrict half) {
+                                    int64_t n_head_kv, int64_t head_dim, float *restrict row, uint16_t *restrict half,
+                                    bool full) {
     const int64_t kv_row = n_head_kv * head_dim;
     const void *pages = which ? kv->v : kv->k;
     switch (which ? kv->v_type : kv->k_type) { /* K and V may differ (a split cache) */
+    case OSP_KV_DTYPE_INT8_HIER: {
+        const int64_t rb = head_dim / 2 + 4;
+        const uint8_t *up = (const uint8_t *)pages + (slot * n_head_kv + kvh) * rb;
+        const uint8_t *lo = (which ? kv->v_scale : kv->k_scale) + (slot * kv_row + kvh * head_dim) / 2;
+        uint16_t sm[2];
+        memcpy(sm, up + head_dim / 2, sizeof sm);
+        osp_int8h_dequantize_row(up, full ? lo : NULL, sm, row, head_dim);
+        return row;
+    }
     case OSP_DTYPE_F32: return (const float *)pages + slot * kv_row + kvh * head_dim;
     case OSP_DTYPE_F16:
         osp_cpu_f16_to_f32_row((const uint16_t *)pages + slot * kv_row + kvh * head_dim, row, head_dim);
@@ -124,11 +146,14 @@ static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const i
         if (tl->p0s[j] < lo) lo = tl->p0s[j];
         if (tl->n_ctxs[j] > hi) hi = tl->n_ctxs[j];
     }
+    /* int8_hier: keys from full_from on are read with both halves (all of them unless the draft's view);
+     * a tile's items share one n_ctx but a query block's (never a draft's), where the latest one counts */
+    const int64_t full_from = kv->hier_upper_only ? hi - kv->hier_full_recent : 0;
     float mx[OSP_CPU_ATTN_MAX_TILE] = {0}, sum[OSP_CPU_ATTN_MAX_TILE] = {0};
     for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
     for (int64_t p = lo; p < hi; p++) {
         const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-        const float *kr = read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half);
+        const float *kr = read_row(kv, 0, slot, kvh, n_head_kv, head_dim, row, half, p >= full_from);
         for (int64_t j = 0; j < m; j++) {
             if (p < tl->p0s[j] || p >= tl->n_ctxs[j]) continue;
             float *scj = sc + j * sc_stride;
@@ -147,7 +172,7 @@ static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const i
     }
     for (int64_t p = lo; p < hi; p++) {
         const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-        const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half);
+        const float *vp = read_row(kv, 1, slot, kvh, n_head_kv, head_dim, row, half, p >= full_from);
         for (int64_t j = 0; j < m; j++) {
             if (p < tl->p0s[j] || p >= tl->n_ctxs[j]) continue;
             const float w = sc[j * sc_stride + p];
@@ -236,5 +261,5 @@ void osp_cpu_paged_attention_kv(const float *q, const osp_cpu_kv_pages *kv, floa
 
 const float *osp_cpu_kv_read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh, int64_t n_head_kv,
                                  int64_t head_dim, float *row, uint16_t *half) {
-    return read_row(kv, which, slot, kvh, n_head_kv, head_dim, row, half);
+    return read_row(kv, which, slot, kvh, n_head_kv, head_dim, row, half, !kv->hier_upper_only);
 }

@@ -115,12 +115,16 @@ void osp_cpu_paged_attention(const float *q, const void *k, const void *v, uint3
  * k, v: pages [num_blocks, block_size, n_head_kv, head_dim] of their type (nvfp4: head_dim / 2 bytes a
  * row). k_scale, v_scale: nvfp4's E4M3 micro-block scales [num_blocks, block_size, n_head_kv,
  * head_dim / 16] of an nvfp4 side, else NULL. k_fixed, v_fixed: this layer's fixed fp32 scales of a
- * quantized side (fp8: [n_head_kv]; nvfp4: [1], the tensor scale), else NULL. All borrowed. */
+ * quantized side (fp8: [n_head_kv]; nvfp4: [1], the tensor scale), else NULL. All borrowed.
+ * OSP_KV_DTYPE_INT8_HIER sides: k, v hold the upper codes with each row's scale and minimum, k_scale,
+ * v_scale the lower codes (src/kv/kv_cache.h). */
 typedef struct osp_cpu_kv_pages {
     uint32_t k_type, v_type;
     const void *k, *v;
     const uint8_t *k_scale, *v_scale;
     const float *k_fixed, *v_fixed;
+    bool hier_upper_only;     /* int8_hier sides: upper halves only (a QuantSpec draft's view), except */
+    int32_t hier_full_recent; /* each item's last hier_full_recent keys, read in full (kv_layout.h) */
 } osp_cpu_kv_pages;
 
 /* osp_cpu_paged_attention over pages of any type in `kv` (same shapes, items and workspace): fp8 and
@@ -148,7 +152,8 @@ void osp_cpu_paged_attention_tiled(const float *q, const osp_cpu_kv_pages *kv, f
 
 /* Row (slot, kvh) of K (which = 0) or V (which = 1) of pages of any type in kv, as fp32: a pointer into
  * f32 pages, or `row` [head_dim] filled (half: [head_dim] workspace), the same values attention reads
- * (for the block-sparse reference, src/sparse/). head_dim <= 1024. */
+ * (for the block-sparse reference, src/sparse/). head_dim <= 1024. An int8_hier side is read in full, or by
+ * its upper halves alone under hier_upper_only (no recent window: the caller knows no query here). */
 const float *osp_cpu_kv_read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh, int64_t n_head_kv,
                                  int64_t head_dim, float *row, uint16_t *half);
 
