@@ -5,8 +5,11 @@
  *
  *     {"method": "draft_model", "model": "Qwen2.5-Coder-0.5B.gguf", "num_speculative_tokens": 4}
  *
- * "ngram" (prompt lookup) and "draft_model" (a smaller model of the target's vocabulary, run with its
- * own KV cache: src/spec/proposer.h) are implemented; the engine verifies the drafts losslessly, so
+ *     {"method": "quantspec", "num_speculative_tokens": 4}
+ *
+ * "ngram" (prompt lookup), "draft_model" (a smaller model of the target's vocabulary, run with its
+ * own KV cache) and "quantspec" (osprey's own method name, vLLM has none: the target itself with 4-bit
+ * weights drafts over the target's KV pages; src/spec/proposer.h) are implemented; the engine verifies the drafts losslessly, so
  * outputs are the target's own (greedy: token for token; sampled: the same distribution, and with a
  * seed the same tokens). */
 #ifndef OSPREY_SPEC_H
@@ -28,6 +31,8 @@ typedef enum osp_spec_method {
     OSP_SPEC_NONE = 0,  /* no speculation (the default) */
     OSP_SPEC_NGRAM = 1, /* prompt lookup: the last n tokens matched earlier in prompt + output */
     OSP_SPEC_DRAFT_MODEL = 2, /* a separate, smaller model with the target's tokenizer drafts greedily */
+    OSP_SPEC_QUANTSPEC = 3,   /* self-speculation (QuantSpec, Tiwari et al. 2025): the target drafts for itself
+                               * with 4-bit weights, reading int8_hier KV pages by their upper halves */
 } osp_spec_method;
 
 /* Bytes of osp_spec_config.model, the terminating NUL included. */
@@ -45,7 +50,7 @@ typedef struct osp_spec_config {
 osp_spec_config osp_spec_default_config(void);
 
 /* Parses a vLLM speculative_config JSON object into *out. Keys: "method" ("ngram", vLLM's "[ngram]"
- * too, or "draft_model"; absent with "model" given: "draft_model", as vLLM infers it),
+ * too, "draft_model" or "quantspec"; absent with "model" given: "draft_model", as vLLM infers it),
  * "num_speculative_tokens" (required, 1..OSP_SPEC_MAX_TOKENS); ngram only: "prompt_lookup_min" and
  * "prompt_lookup_max" (as vLLM: both absent = 5 and 5, one absent = the other); draft_model only:
  * "model" (required, a non-empty path shorter than OSP_SPEC_MODEL_PATH_MAX; whether it loads and
@@ -60,7 +65,7 @@ osp_status osp_spec_config_parse(const char *json, osp_spec_config *out);
  * naming the field. */
 osp_status osp_spec_config_check(const osp_spec_config *c);
 
-/* The method's vLLM name ("ngram", "draft_model"), "none", or NULL for an unknown value. */
+/* The method's name ("ngram", "draft_model", "quantspec"), "none", or NULL for an unknown value. */
 const char *osp_spec_method_name(osp_spec_method m);
 
 #ifdef __cplusplus

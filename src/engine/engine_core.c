@@ -234,7 +234,9 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
     if (p.kv_event_sink) osp_block_pool_set_event_sink(osp_scheduler_pool(e->sched), p.kv_event_sink, p.hash_algo);
     /* speculative decoding: verification samples every draft position on the host (the GPU sampler
-       takes one row per sequence), so it is CPU-only for now */
+       takes one row per sequence), so it is CPU-only for now. quantspec drafts over the target's own
+       cache, into staging blocks past the pool's (osp_quantspec_staging_blocks) */
+    int32_t num_staging = 0;
     if (p.speculative.method != OSP_SPEC_NONE) {
         if (osp_model_samples_on_device(e->model)) {
             s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: speculative decoding (%s) runs on the CPU only for now; "
@@ -242,14 +244,9 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                               osp_spec_method_name(p.speculative.method));
             goto fail;
         }
-        const osp_proposer_target pt = {.model = e->model, .n_threads = p.n_threads, .exact = p.exact,
-                                        .kv_dtype = p.kv_dtype,
-                                        .block_size = p.block_size, .num_blocks = p.num_blocks,
-                                        .max_model_len = p.max_model_len,
-                                        .max_num_batched_tokens = p.max_num_batched_tokens};
-        if ((s = osp_proposer_create(&p.speculative, &pt, &e->proposer)) != OSP_OK) goto fail;
         e->spec_k = p.speculative.num_speculative_tokens;
-        osp_spec_switch_init(&e->sw);
+        if (p.speculative.method == OSP_SPEC_QUANTSPEC)
+            num_staging = osp_quantspec_staging_blocks(e->spec_k, p.block_size);
     }
     if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs)) ||
         !(e->spec_reqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_reqs))) {
@@ -258,9 +255,21 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     }
     const float *k_fixed, *v_fixed;
     osp_kv_scales_for(p.kv_scales_path ? &scales : NULL, p.kv_dtype, p.kv_dtype_v, &k_fixed, &v_fixed);
-    if ((s = osp_runner_create(e->model, p.num_blocks, p.block_size, p.kv_dtype, p.kv_dtype_v, k_fixed, v_fixed, p.max_num_seqs, p.max_model_len,
-                               p.max_num_batched_tokens, e->spec_k, &e->runner)) != OSP_OK)
+    if ((s = osp_runner_create(e->model, p.num_blocks + num_staging, p.block_size, p.kv_dtype, p.kv_dtype_v, k_fixed,
+                               v_fixed, p.max_num_seqs, p.max_model_len, p.max_num_batched_tokens, e->spec_k,
+                               &e->runner)) != OSP_OK)
         goto fail;
+    if (p.speculative.method != OSP_SPEC_NONE) {
+        const osp_proposer_target pt = {.model = e->model, .n_threads = p.n_threads, .exact = p.exact,
+                                        .kv_dtype = p.kv_dtype,
+                                        .block_size = p.block_size, .num_blocks = p.num_blocks,
+                                        .max_model_len = p.max_model_len,
+                                        .max_num_batched_tokens = p.max_num_batched_tokens,
+                                        .kv = e->runner->kv, .staging_block0 = p.num_blocks,
+                                        .num_staging_blocks = num_staging};
+        if ((s = osp_proposer_create(&p.speculative, &pt, &e->proposer)) != OSP_OK) goto fail;
+        osp_spec_switch_init(&e->sw);
+    }
     if (p.sparse_attention.method != OSP_SPARSE_NONE) {
         if (osp_model_samples_on_device(e->model)) {
             s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: sparse attention runs on the CPU only for now; use --device "
@@ -573,7 +582,9 @@ static void collect_drafts(osp_engine *e, const osp_sched_output *so) {
         if (r->state != OSP_REQ_RUNNING || k <= 0 || r->num_computed_tokens != r->num_tokens - 1 || r->children) continue;
         e->spec_reqs[n] = r;
         e->spec_seqs[n++] = (osp_spec_seq){.uid = r->uid, .tokens = r->tokens, .num_tokens = r->num_tokens,
-                                           .num_prompt = r->num_prompt, .max_draft = k, .draft = r->spec_tokens};
+                                           .num_prompt = r->num_prompt, .max_draft = k, .draft = r->spec_tokens,
+                                           .block_ids = r->block_ids, .num_blocks = r->num_blocks,
+                                           .num_computed = r->num_computed_tokens};
     }
     e->spec_n = n;
 }

@@ -8,7 +8,7 @@
 
 /* Methods vLLM accepts that osprey does not run yet: named so the error says "not yet", not "unknown". */
 static const char *const later_methods[] = {"eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp",
-                                            "suffix", "quantspec"};
+                                            "suffix"};
 
 osp_spec_config osp_spec_default_config(void) {
     osp_spec_config c;
@@ -22,13 +22,14 @@ const char *osp_spec_method_name(osp_spec_method m) {
     case OSP_SPEC_NONE: return "none";
     case OSP_SPEC_NGRAM: return "ngram";
     case OSP_SPEC_DRAFT_MODEL: return "draft_model";
+    case OSP_SPEC_QUANTSPEC: return "quantspec";
     }
     return NULL;
 }
 
 osp_status osp_spec_config_check(const osp_spec_config *c) {
     if (c->method == OSP_SPEC_NONE) return OSP_OK;
-    if (c->method != OSP_SPEC_NGRAM && c->method != OSP_SPEC_DRAFT_MODEL)
+    if (c->method != OSP_SPEC_NGRAM && c->method != OSP_SPEC_DRAFT_MODEL && c->method != OSP_SPEC_QUANTSPEC)
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method %d", (int)c->method);
     if (c->num_speculative_tokens < 1 || c->num_speculative_tokens > OSP_SPEC_MAX_TOKENS)
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: num_speculative_tokens %d is outside [1, %d]",
@@ -39,6 +40,7 @@ osp_status osp_spec_config_check(const osp_spec_config *c) {
                                                       "GGUF path (at most %d bytes)", OSP_SPEC_MODEL_PATH_MAX - 1);
         return OSP_OK;
     }
+    if (c->method == OSP_SPEC_QUANTSPEC) return OSP_OK;
     if (c->prompt_lookup_min < 1 || c->prompt_lookup_max < c->prompt_lookup_min)
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "speculative config: prompt_lookup_min %d and prompt_lookup_max %d must satisfy "
@@ -67,15 +69,15 @@ static osp_status parse_obj(json_t *o, osp_spec_config *out) {
             return osp_set_error(OSP_ERR_INVALID_ARG,
                                  "speculative config: unknown or unsupported key \"%s\" (osprey takes method, "
                                  "num_speculative_tokens, prompt_lookup_min, prompt_lookup_max for ngram, model for "
-                                 "draft_model)", key);
+                                 "draft_model, nothing else for quantspec)", key);
     }
     json_t *m = json_object_get(o, "method"), *model = json_object_get(o, "model");
     if (!m && !model)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" is required (\"ngram\" or "
-                                                  "\"draft_model\")");
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" is required (\"ngram\", "
+                                                  "\"draft_model\" or \"quantspec\")");
     if (m && !json_is_string(m))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" must be a string (\"ngram\" or "
-                                                  "\"draft_model\")");
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"method\" must be a string (\"ngram\", "
+                                                  "\"draft_model\" or \"quantspec\")");
     const char *ms = m ? json_string_value(m) : "draft_model"; /* vLLM: a model without a method drafts with it */
     osp_spec_config c = osp_spec_default_config();
     c.num_speculative_tokens = -1;
@@ -83,18 +85,28 @@ static osp_status parse_obj(json_t *o, osp_spec_config *out) {
         c.method = OSP_SPEC_NGRAM;
     } else if (!strcmp(ms, "draft_model")) {
         c.method = OSP_SPEC_DRAFT_MODEL;
+    } else if (!strcmp(ms, "quantspec")) {
+        c.method = OSP_SPEC_QUANTSPEC;
     } else {
         for (size_t i = 0; i < sizeof later_methods / sizeof later_methods[0]; i++)
             if (!strcmp(ms, later_methods[i]))
                 return osp_set_error(OSP_ERR_UNSUPPORTED, "speculative config: method \"%s\" is not implemented yet "
-                                                          "(osprey runs \"ngram\" and \"draft_model\")", ms);
-        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method \"%s\" (osprey runs \"ngram\" "
-                                                  "and \"draft_model\")", ms);
+                                                          "(osprey runs \"ngram\", \"draft_model\" and \"quantspec\")", ms);
+        return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: unknown method \"%s\" (osprey runs \"ngram\", "
+                                                  "\"draft_model\" and \"quantspec\")", ms);
     }
     if (!json_object_get(o, "num_speculative_tokens"))
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"num_speculative_tokens\" is required");
     OSP_TRY(int_key(o, "num_speculative_tokens", 1, OSP_SPEC_MAX_TOKENS, &c.num_speculative_tokens));
-    if (c.method == OSP_SPEC_DRAFT_MODEL) {
+    if (c.method == OSP_SPEC_QUANTSPEC) {
+        const char *other = json_object_get(o, "prompt_lookup_min")   ? "prompt_lookup_min"
+                            : json_object_get(o, "prompt_lookup_max") ? "prompt_lookup_max"
+                            : model                                   ? "model"
+                                                                      : NULL;
+        if (other)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"%s\" is not for method \"quantspec\" "
+                                                      "(the target drafts for itself)", other);
+    } else if (c.method == OSP_SPEC_DRAFT_MODEL) {
         const char *other = json_object_get(o, "prompt_lookup_min") ? "prompt_lookup_min"
                             : json_object_get(o, "prompt_lookup_max") ? "prompt_lookup_max" : NULL;
         if (other)

@@ -55,6 +55,10 @@ osp_status osp_proposer_create(const osp_spec_config *c, const osp_proposer_targ
         if (!t) return osp_set_error(OSP_ERR_INVALID_ARG, "speculative decoding: a draft model needs its target");
         return osp_draft_proposer_create(c, t, out);
     }
+    if (c->method == OSP_SPEC_QUANTSPEC) {
+        if (!t) return osp_set_error(OSP_ERR_INVALID_ARG, "speculative decoding: quantspec needs its target");
+        return osp_quantspec_proposer_create(c, t, out);
+    }
     if (c->method != OSP_SPEC_NGRAM)
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative decoding: no proposer for method %s",
                              osp_spec_method_name(c->method) ? osp_spec_method_name(c->method) : "?");

@@ -35,6 +35,11 @@ typedef struct osp_spec_seq {
     int32_t max_draft;     /* in [0, OSP_SPEC_MAX_TOKENS] */
     int32_t *draft;        /* [max_draft] out: the drafted ids */
     int32_t num_draft;     /* out: in [0, max_draft] */
+    /* the target's KV of the sequence (quantspec reads it; others ignore it): positions
+     * [0, num_computed) are in the target's cache, in blocks block_ids[0..num_blocks) (borrowed) */
+    const int32_t *block_ids;
+    int32_t num_blocks;
+    int32_t num_computed;
 } osp_spec_seq;
 
 typedef struct osp_proposer osp_proposer;
@@ -62,9 +67,14 @@ typedef struct osp_proposer_target {
                              * more than its target's tokens plus k) */
     int32_t max_model_len;  /* tokens a sequence holds at most */
     int32_t max_num_batched_tokens; /* tokens one draft forward pass takes at most (prompts catch up in chunks) */
+    /* quantspec: the target's KV cache (borrowed, outlives the proposer) and the blocks of it no sequence
+     * gets, [staging_block0, staging_block0 + num_staging_blocks): the draft writes its candidates' K/V
+     * there, never into a sequence's blocks (osp_quantspec_staging_blocks says how many it needs) */
+    osp_kv_cache *kv;
+    int32_t staging_block0, num_staging_blocks;
 } osp_proposer_target;
 
-/* The proposer of a config (OSP_SPEC_NGRAM, OSP_SPEC_DRAFT_MODEL; t may be NULL for ngram). Errors:
+/* The proposer of a config (OSP_SPEC_NGRAM, OSP_SPEC_DRAFT_MODEL, OSP_SPEC_QUANTSPEC; t may be NULL for ngram). Errors:
  * OSP_ERR_INVALID_ARG (osp_spec_config_check, or OSP_SPEC_NONE: nothing to create; a draft model whose
  * vocabulary is not the target's), OSP_ERR_NOMEM, and what loading the draft model returns. The caller
  * owns *out (osp_proposer_destroy). */
@@ -91,5 +101,31 @@ int32_t osp_ngram_propose(const int32_t *tokens, int32_t num_tokens, int32_t min
  * draft KV up to the sequence's tokens (rolling back over rejected drafts by the longest common
  * prefix) and drafts the draft model's argmax k times. Called by osp_proposer_create. */
 osp_status osp_draft_proposer_create(const osp_spec_config *c, const osp_proposer_target *t, osp_proposer **out);
+
+/* ---- QuantSpec self-speculation ("quantspec"; Tiwari et al. 2025) -------------------------------- */
+
+/* Sequences one quantspec call drafts for at most; the others of the call get no drafts. */
+#define OSP_QUANTSPEC_MAX_SEQS 8
+/* Keys at the end of a draft query's context read with both halves of int8_hier pages (the paper keeps
+ * its most recent tokens in full precision, a buffer of one to two groups of 128). */
+#define OSP_QUANTSPEC_FULL_RECENT 128
+
+/* Staging blocks a quantspec proposer needs for k drafts with blocks of block_size tokens: per sequence
+ * the copy of its partly filled last block plus room for k candidates, for OSP_QUANTSPEC_MAX_SEQS
+ * sequences. The engine creates the target's cache with that many blocks more than its pool hands out. */
+int32_t osp_quantspec_staging_blocks(int32_t k, int32_t block_size);
+
+/* The target drafts for itself: it loads the target's GGUF again with 4-bit weights
+ * (osp_model_params.draft_4bit_weights: matrices above 5 bits a weight as Q4_0 copies) and runs it over
+ * the target's own KV cache t->kv, reading int8_hier pages by their upper halves except the last
+ * OSP_QUANTSPEC_FULL_RECENT keys (osp_kv_cache_set_hier_view; other page types it reads as the target
+ * does). Each step, per sequence with num_computed == num_tokens - 1: its partly filled last block is
+ * copied to a staging block, the draft's block table is the sequence's full blocks then the staging
+ * ones, and k single-token passes (one batch over the sequences) draft the draft's argmax, writing
+ * their K/V to staging slots only: a rejected candidate never touches a sequence's blocks, so there is
+ * nothing to roll back and no state kept between steps. Called by osp_proposer_create; t->kv and
+ * t->num_staging_blocks >= osp_quantspec_staging_blocks(k, block_size) are required
+ * (OSP_ERR_INVALID_ARG otherwise). */
+osp_status osp_quantspec_proposer_create(const osp_spec_config *c, const osp_proposer_target *t, osp_proposer **out);
 
 #endif

@@ -1,5 +1,5 @@
 /* libFuzzer target for the --speculative-config parser (osprey/spec.h, src/spec/config.c): vLLM's
- * speculative_config JSON (ngram, draft_model).
+ * speculative_config JSON (ngram, draft_model, quantspec).
  *
  * Input: the bytes are the JSON text (cut at 4,095 bytes, NUL-terminated; an embedded NUL ends it
  * early). An accepted config must pass osp_spec_config_check, hold a method it names, and serialized
@@ -31,11 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (osp_spec_config_check(&c) != OSP_OK || !osp_spec_method_name(c.method)) abort();
     if (c.method == OSP_SPEC_NONE) return 0; /* empty input */
     if (c.method == OSP_SPEC_DRAFT_MODEL && (!c.model[0] || !memchr(c.model, 0, sizeof c.model))) abort();
-    if (c.method == OSP_SPEC_NGRAM && c.model[0]) abort();
+    if ((c.method == OSP_SPEC_NGRAM || c.method == OSP_SPEC_QUANTSPEC) && c.model[0]) abort();
     json_t *o = c.method == OSP_SPEC_NGRAM
                     ? json_pack("{s:s, s:i, s:i, s:i}", "method", "ngram", "num_speculative_tokens",
                                 (json_int_t)c.num_speculative_tokens, "prompt_lookup_min", (json_int_t)c.prompt_lookup_min,
                                 "prompt_lookup_max", (json_int_t)c.prompt_lookup_max)
+                    : c.method == OSP_SPEC_QUANTSPEC
+                    ? json_pack("{s:s, s:i}", "method", "quantspec", "num_speculative_tokens",
+                                (json_int_t)c.num_speculative_tokens)
                     : json_pack("{s:s, s:s, s:i}", "method", "draft_model", "model", c.model, "num_speculative_tokens",
                                 (json_int_t)c.num_speculative_tokens);
     if (!o) abort();

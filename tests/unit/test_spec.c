@@ -93,6 +93,13 @@ static void test_config(void **state) {
     assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":2,\"prompt_lookup_min\":2}",
                                            &c), OSP_OK);
     assert_int_equal(c.prompt_lookup_max, 2);
+    /* quantspec: k only (the target drafts for itself) */
+    assert_int_equal(osp_spec_config_parse("{\"method\": \"quantspec\", \"num_speculative_tokens\": 5}", &c), OSP_OK);
+    assert_int_equal(c.method, OSP_SPEC_QUANTSPEC);
+    assert_int_equal(c.num_speculative_tokens, 5);
+    assert_string_equal(c.model, "");
+    assert_string_equal(osp_spec_method_name(c.method), "quantspec");
+    assert_int_equal(osp_spec_config_check(&c), OSP_OK);
     assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":7,\"prompt_lookup_min\":1,"
                                            "\"prompt_lookup_max\":4}", &c), OSP_OK);
     assert_int_equal(c.num_speculative_tokens, 7);
@@ -118,6 +125,13 @@ static void test_config(void **state) {
         assert_int_equal(osp_spec_config_parse(big, &c), OSP_ERR_INVALID_ARG);
         assert_memory_equal(&before, &c, sizeof c);
     }
+    /* quantspec: k only (the target drafts for itself) */
+    assert_int_equal(osp_spec_config_parse("{\"method\": \"quantspec\", \"num_speculative_tokens\": 5}", &c), OSP_OK);
+    assert_int_equal(c.method, OSP_SPEC_QUANTSPEC);
+    assert_int_equal(c.num_speculative_tokens, 5);
+    assert_string_equal(c.model, "");
+    assert_string_equal(osp_spec_method_name(c.method), "quantspec");
+    assert_int_equal(osp_spec_config_check(&c), OSP_OK);
     assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":7,\"prompt_lookup_min\":1,"
                                            "\"prompt_lookup_max\":4}", &c), OSP_OK);
     /* each mistake: one error naming it, *out unchanged */
@@ -142,6 +156,13 @@ static void test_config(void **state) {
         {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, \"model\": \"d.gguf\", \"draft_tensor_parallel_size\": 1}",
          "unknown or unsupported key \"draft_tensor_parallel_size\"", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"eagle\", \"num_speculative_tokens\": 4}", "not implemented yet", OSP_ERR_UNSUPPORTED},
+        {"{\"method\": \"quantspec\", \"num_speculative_tokens\": 4, \"model\": \"d.gguf\"}",
+         "\"model\" is not for method \"quantspec\"", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"quantspec\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 2}",
+         "\"prompt_lookup_min\" is not for method \"quantspec\"", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"quantspec\"}", "\"num_speculative_tokens\" is required", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"quantspec\", \"num_speculative_tokens\": 4, \"recent\": 64}", "unknown or unsupported key",
+         OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\"}", "\"num_speculative_tokens\" is required", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 17}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},

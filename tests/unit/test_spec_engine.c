@@ -718,6 +718,134 @@ static void test_draft_refused(void **state) {
     assert_non_null(strstr(osp_last_error(), "token 1 is \"<|im_Xtart|>\" in the draft"));
 }
 
+/* ---- QuantSpec self-speculation -------------------------------------------------------------------- */
+
+static osp_spec_config qs_cfg(int32_t k) {
+    osp_spec_config c = osp_spec_default_config();
+    c.method = OSP_SPEC_QUANTSPEC;
+    c.num_speculative_tokens = k;
+    return c;
+}
+
+/* QuantSpec greedy over f32 and int8_hier pages (the plain reference with the same pages): the plain
+ * tokens alone and batched, under budgets 3 and 9 (chunked prefill), a small pool (preemption), without
+ * prefix caching, n = 3, and blocks of 4 with k 4 and 7 (candidates spread over two and three staging
+ * blocks, the last block copied at every offset).
+ * Staging, asserted exactly: a Q4_1 target keeps every matrix as stored (4-bit already), so over f32
+ * pages the draft computes the target's own function and every draft must be accepted; a draft that read
+ * a wrong slot or the partial block's copy wrongly would lose some. Over int8_hier pages the draft reads
+ * upper halves (4-bit) of all but the last OSP_QUANTSPEC_FULL_RECENT keys (here all keys: contexts are
+ * shorter), so it too drafts the target's tokens; the f32 tiny target drafts with Q4_0 weights. */
+static void test_quantspec_greedy(void **state) {
+    (void)state;
+    enum { N = 8 };
+    job ref[N], j[N];
+    char q41[512];
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(q41, sizeof q41, "%s/tests/models/tiny-llama-untied-q4_1.gguf", root ? root : ".");
+    const char *targets[2] = {q41, g_tiny};
+    const osp_kv_dtype dts[2] = {OSP_KV_DTYPE_F32, OSP_KV_DTYPE_INT8_HIER};
+    for (int ti = 0; ti < 2; ti++)
+        for (int di = 0; di < 2; di++) {
+            make_jobs(ref, N, 31 + (uint32_t)ti);
+            ref[6].n = 3;
+            osp_engine_params plain = base(targets[ti], NULL);
+            plain.kv_dtype = dts[di];
+            run_jobs(&plain, ref, N, NULL, 0);
+            for (int round = 0; round < 7; round++) {
+                const osp_spec_config c = qs_cfg(round == 6 ? 7 : 4);
+                osp_engine_params p = base(targets[ti], &c);
+                p.kv_dtype = dts[di];
+                if (round == 1) p.max_num_batched_tokens = 3;
+                if (round == 2) p.max_num_batched_tokens = 9;
+                if (round == 3) p.num_blocks = 12; /* preemption */
+                if (round == 4) p.enable_prefix_caching = false;
+                if (round >= 5) p.block_size = 4;
+                memcpy(j, ref, sizeof j);
+                osp_engine_stats st;
+                if (round == 0) {
+                    run_alone(&p, j, N);
+                    assert_same(ref, j, N, false, "quantspec alone");
+                    memcpy(j, ref, sizeof j);
+                }
+                st = run_jobs(&p, j, N, NULL, 0);
+                char what[128];
+                snprintf(what, sizeof what, "quantspec %s kv %s round %d", ti ? "f32 target" : "q4_1 target",
+                         osp_kv_dtype_name(dts[di]), round);
+                assert_same(ref, j, N, false, what);
+                if (round == 3) assert_true(st.num_preemptions > 0);
+                printf("%s: %lld drafts, %lld accepted (%.1f%%)\n", what, (long long)st.spec_num_draft_tokens,
+                       (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st));
+                assert_true(st.spec_num_draft_tokens > 0);
+                if (ti == 0 && di == 0 && st.spec_num_accepted_tokens != st.spec_num_draft_tokens)
+                    fail_msg("%s: the draft is the target here, yet %lld of %lld drafts were rejected", what,
+                             (long long)(st.spec_num_draft_tokens - st.spec_num_accepted_tokens),
+                             (long long)st.spec_num_draft_tokens);
+                if (acceptance(&st) <= 0.5) fail_msg("%s: acceptance %.2f", what, acceptance(&st));
+            }
+        }
+}
+
+/* Seeded sampled requests with QuantSpec over int8_hier pages: the plain tokens and logprobs. */
+static void test_quantspec_sampled(void **state) {
+    (void)state;
+    enum { N = 6 };
+    job ref[N], j[N];
+    make_jobs(ref, N, 33);
+    for (int i = 0; i < N; i++) {
+        ref[i].seed = 3000 + (uint64_t)i;
+        ref[i].temperature = 0.3f + 0.4f * (float)(i % 3);
+        ref[i].logprobs = i % 3;
+        ref[i].n = 1 + i % 2;
+        if (i == 1) ref[i].top_k = 5;
+        if (i == 2) ref[i].top_p = 0.8f, ref[i].min_p = 0.05f;
+        if (i == 3) ref[i].presence = 0.3f, ref[i].frequency = 0.2f, ref[i].repetition = 1.1f;
+    }
+    osp_engine_params plain = base(g_tiny, NULL);
+    plain.kv_dtype = OSP_KV_DTYPE_INT8_HIER;
+    run_jobs(&plain, ref, N, NULL, 0);
+    const osp_spec_config c = qs_cfg(5);
+    osp_engine_params p = base(g_tiny, &c);
+    p.kv_dtype = OSP_KV_DTYPE_INT8_HIER;
+    memcpy(j, ref, sizeof j);
+    const osp_engine_stats st = run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, true, "sampled, quantspec");
+    printf("sampled, quantspec: %lld drafts, %lld accepted (%.0f%%)\n", (long long)st.spec_num_draft_tokens,
+           (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st));
+    assert_true(st.spec_num_accepted_tokens > 0);
+}
+
+/* The proposer alone refuses what it cannot run: no cache, too few staging blocks, staging past the cache. */
+static void test_quantspec_refused(void **state) {
+    (void)state;
+    osp_model_params mp = osp_model_default_params();
+    mp.n_threads = 1;
+    osp_model *m;
+    assert_int_equal(osp_model_load(g_tiny, &mp, &m), OSP_OK);
+    osp_kv_cache *kv;
+    assert_int_equal(osp_kv_cache_create(m, 40, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
+    const osp_spec_config c = qs_cfg(4);
+    const int32_t need = osp_quantspec_staging_blocks(4, 16);
+    assert_int_equal(need, OSP_QUANTSPEC_MAX_SEQS * 2);
+    assert_int_equal(osp_quantspec_staging_blocks(16, 16), OSP_QUANTSPEC_MAX_SEQS * 2);
+    assert_int_equal(osp_quantspec_staging_blocks(7, 4), OSP_QUANTSPEC_MAX_SEQS * 3);
+    osp_proposer_target t = {.model = m, .n_threads = 1, .block_size = 16, .num_blocks = 24, .max_model_len = 256,
+                             .max_num_batched_tokens = 64, .kv = NULL, .staging_block0 = 24, .num_staging_blocks = need};
+    osp_proposer *p = NULL;
+    assert_int_equal(osp_proposer_create(&c, &t, &p), OSP_ERR_INVALID_ARG); /* no cache */
+    t.kv = kv, t.num_staging_blocks = need - 1;
+    assert_int_equal(osp_proposer_create(&c, &t, &p), OSP_ERR_INVALID_ARG); /* too few */
+    t.num_staging_blocks = need, t.staging_block0 = 25;
+    assert_int_equal(osp_proposer_create(&c, &t, &p), OSP_ERR_INVALID_ARG); /* past the cache's 40 */
+    assert_null(p);
+    t.staging_block0 = 24;
+    assert_int_equal(osp_proposer_create(&c, &t, &p), OSP_OK);
+    assert_string_equal(p->ops->name, "quantspec");
+    osp_proposer_destroy(p);
+    osp_kv_cache_free(kv);
+    osp_model_free(m);
+}
+
 int main(void) {
     const char *root = getenv("OSPREY_ROOT");
     if (!root) root = ".";
@@ -744,6 +872,9 @@ int main(void) {
         cmocka_unit_test(test_draft_direct),
         cmocka_unit_test(test_draft_refused),
         cmocka_unit_test(test_adaptive_k),
+        cmocka_unit_test(test_quantspec_greedy),
+        cmocka_unit_test(test_quantspec_sampled),
+        cmocka_unit_test(test_quantspec_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

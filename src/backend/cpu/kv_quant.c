@@ -71,6 +71,28 @@ void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_p
 }
 
 /* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. */
+/* An int8_hier row (core/dtype.h osp_int8h_dequantize_row's formulas and fp32 operations, so the values are
+ * bit-identical to it): the codes are first spread into 16-bit integers (h = 32 u + 2 l, or u alone), a
+ * loop the compiler vectorizes, then widened and scaled in a second one. */
+static inline void int8h_row(const uint8_t *restrict up, const uint8_t *restrict lo, float *restrict y,
+                             uint16_t *restrict h, int64_t D) {
+    uint16_t sm[2];
+    memcpy(sm, up + D / 2, sizeof sm);
+    const float S = osp_fp16_to_fp32(sm[0]), M = osp_fp16_to_fp32(sm[1]);
+    if (lo) {
+        for (int64_t i = 0; i < D / 2; i++) {
+            const uint16_t b = up[i], c = lo[i];
+            h[2 * i] = (uint16_t)(32 * (b & 15) + 2 * (c & 15));
+            h[2 * i + 1] = (uint16_t)(32 * (b >> 4) + 2 * (c >> 4));
+        }
+        const float S32 = S * 0.03125f;
+        for (int64_t i = 0; i < D; i++) y[i] = M + S32 * (float)((int32_t)h[i] - 15);
+    } else {
+        for (int64_t i = 0; i < D / 2; i++) h[2 * i] = up[i] & 15, h[2 * i + 1] = up[i] >> 4;
+        for (int64_t i = 0; i < D; i++) y[i] = M + S * (float)h[i];
+    }
+}
+
 /* full: int8_hier rows read with both halves (else the upper ones alone); other types ignore it. */
 static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh,
                                     int64_t n_head_kv, int64_t head_dim, float *restrict row, uint16_t *restrict half,
@@ -82,9 +104,7 @@ static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64
         const int64_t rb = head_dim / 2 + 4;
         const uint8_t *up = (const uint8_t *)pages + (slot * n_head_kv + kvh) * rb;
         const uint8_t *lo = (which ? kv->v_scale : kv->k_scale) + (slot * kv_row + kvh * head_dim) / 2;
-        uint16_t sm[2];
-        memcpy(sm, up + head_dim / 2, sizeof sm);
-        osp_int8h_dequantize_row(up, full ? lo : NULL, sm, row, head_dim);
+        int8h_row(up, full ? lo : NULL, row, half, head_dim);
         return row;
     }
     case OSP_DTYPE_F32: return (const float *)pages + slot * kv_row + kvh * head_dim;
