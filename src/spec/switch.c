@@ -8,7 +8,7 @@
 static void begin(osp_spec_switch *w, bool off, bool probe) {
     w->off = off, w->probe = probe;
     w->left = off ? (probe ? OSP_SPEC_OFF_PROBE : w->off_steps) : (probe ? OSP_SPEC_ON_PROBE : w->on_steps);
-    w->sec[off] = 0, w->tok[off] = 0;
+    w->sec[off] = 0, w->tok[off] = 0, w->measured = 0;
     if (!off) w->plain_sec = 0, w->plain_tok = 0, w->plain_steps = 0;
     w->transition = true;
 }
@@ -17,8 +17,10 @@ void osp_spec_switch_init(osp_spec_switch *w) {
     memset(w, 0, sizeof *w);
     w->on_steps = OSP_SPEC_ON_STEPS;
     w->off_steps = OSP_SPEC_OFF_STEPS;
-    begin(w, false, false);
-    w->left = OSP_SPEC_FIRST_ON;
+    /* the first look: a short off phase, so every on phase after it has a plain rate to lose against
+       early, then the usual on probe and verdict */
+    begin(w, true, false);
+    w->left = OSP_SPEC_FIRST_OFF;
 }
 
 /* The verdict on the latest rates of both modes; the winner's main phases lengthen while it keeps
@@ -47,9 +49,20 @@ static double rate(int64_t tok, double sec) { return sec > 0 ? (double)tok / sec
 void osp_spec_switch_step(osp_spec_switch *w, double sec, int64_t tokens, bool drafted) {
     if (!w->transition) {
         w->sec[w->off] += sec, w->tok[w->off] += tokens;
+        if (!w->off) w->measured++;
         if (!w->off && !drafted) w->plain_sec += sec, w->plain_tok += tokens, w->plain_steps++;
     }
     w->transition = false;
+    /* an on phase (main or probe) losing clearly to the latest plain rate ends early, off: a method that
+       does not pay costs a few steps per look, not the whole look */
+    if (!w->off && w->measured >= OSP_SPEC_EARLY_STEPS && w->tok[1] > 0) {
+        const double on = rate(w->tok[0], w->sec[0]), off = rate(w->tok[1], w->sec[1]);
+        if (on < off * (1.0 - OSP_SPEC_EARLY_LOSS)) {
+            w->early_exits++;
+            decide(w, on, off);
+            return;
+        }
+    }
     if (--w->left > 0) return;
     if (!w->probe) {
         /* an on phase whose own steps without drafts measured plain decoding needs no off probe */

@@ -312,22 +312,31 @@ static void test_switch(void **state) {
     (void)state;
     osp_spec_switch w;
     osp_spec_switch_init(&w);
-    assert_false(w.off);
-    int off_steps = 0;
-    /* speculation slower: the first look (8 on), an off probe, then off for 256 */
-    run_steps(&w, OSP_SPEC_FIRST_ON, 10.0, 15.0, true, &off_steps);
-    assert_true(w.off && w.probe);
-    run_steps(&w, OSP_SPEC_OFF_PROBE, 10.0, 15.0, true, &off_steps);
     assert_true(w.off && !w.probe);
-    assert_int_equal(w.left, OSP_SPEC_OFF_STEPS);
+    assert_int_equal(w.left, OSP_SPEC_FIRST_OFF);
+    int off_steps = 0;
+    /* speculation a little slower (14 vs 15 tokens/s: not an early exit): the first look (4 off, then the
+       8-step on probe), off wins and its main phase doubles */
+    run_steps(&w, OSP_SPEC_FIRST_OFF, 14.0, 15.0, true, &off_steps);
+    assert_true(!w.off && w.probe);
+    run_steps(&w, OSP_SPEC_ON_PROBE, 14.0, 15.0, true, &off_steps);
+    assert_true(w.off && !w.probe);
+    assert_int_equal(w.left, 2 * OSP_SPEC_OFF_STEPS);
     assert_int_equal(w.decisions, 1);
     assert_int_equal(w.decisions_off, 1);
-    run_steps(&w, OSP_SPEC_OFF_STEPS, 10.0, 15.0, true, &off_steps);
+    assert_int_equal(w.early_exits, 0);
+    run_steps(&w, 2 * OSP_SPEC_OFF_STEPS, 14.0, 15.0, true, &off_steps);
     assert_true(!w.off && w.probe); /* the on probe */
-    run_steps(&w, OSP_SPEC_ON_PROBE, 10.0, 15.0, true, &off_steps);
+    /* now speculation loses by a third: the probe ends after its transition step and 3 measured steps */
+    run_steps(&w, 1 + OSP_SPEC_EARLY_STEPS - 1, 10.0, 15.0, true, &off_steps);
+    assert_true(!w.off && w.probe);
+    run_steps(&w, 1, 10.0, 15.0, true, &off_steps);
     assert_true(w.off && !w.probe);
-    assert_int_equal(w.left, 2 * OSP_SPEC_OFF_STEPS); /* off won twice: a longer phase */
-    assert_int_equal(off_steps, OSP_SPEC_OFF_PROBE + OSP_SPEC_OFF_STEPS);
+    assert_int_equal(w.early_exits, 1);
+    assert_int_equal(w.decisions, 2);
+    assert_int_equal(w.decisions_off, 2);
+    assert_int_equal(w.left, 2 * OSP_SPEC_OFF_STEPS); /* judged from the on side: off's length kept */
+    assert_int_equal(off_steps, OSP_SPEC_FIRST_OFF + 2 * OSP_SPEC_OFF_STEPS);
     /* now speculation pays: the next on probe wins, the main phase is on, off's length resets */
     run_steps(&w, 2 * OSP_SPEC_OFF_STEPS, 20.0, 15.0, true, &off_steps);
     run_steps(&w, OSP_SPEC_ON_PROBE, 20.0, 15.0, true, &off_steps);
@@ -340,14 +349,17 @@ static void test_switch(void **state) {
     run_steps(&w, OSP_SPEC_OFF_PROBE, 20.0, 15.0, true, &off_steps);
     assert_true(!w.off && !w.probe);
     assert_int_equal(w.left, 2 * OSP_SPEC_ON_STEPS); /* on won twice */
+    assert_int_equal(w.early_exits, 1);
     /* an on phase with undrafted steps (they measure plain decoding) is judged without an off probe:
-       here its drafted steps are slow, so it goes off directly */
+       here its drafted steps are slow, so it goes off directly (mildly slow overall: 2 of every 3 steps
+       plain, so no early exit) */
     const int64_t before = w.decisions;
     for (int i = 0; i < 2 * OSP_SPEC_ON_STEPS; i++) {
-        const bool drafted = i % 2 == 0;
-        osp_spec_switch_step(&w, w.transition ? 1000.0 : drafted ? 1.0 / 5.0 : 1.0 / 15.0, 1, drafted);
+        const bool drafted = i % 3 == 0;
+        osp_spec_switch_step(&w, w.transition ? 1000.0 : drafted ? 1.0 / 10.0 : 1.0 / 15.0, 1, drafted);
     }
     assert_int_equal(w.decisions, before + 1);
+    assert_int_equal(w.early_exits, 1);
     assert_true(w.off && !w.probe);
 }
 
