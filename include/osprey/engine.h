@@ -270,6 +270,11 @@ typedef struct osp_engine_stats {
        1 + spec_num_accepted_tokens / spec_num_drafts tokens per row) */
     int64_t spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
     int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
+    /* speculation's costs (the issue's draft and verify time per round): proposer calls that drafted and
+       the seconds they took; steps that verified drafts and their seconds (the forward pass with its
+       sampling and verification, wall time on the step thread) */
+    int64_t spec_propose_calls, spec_verify_steps;
+    double spec_propose_seconds, spec_verify_seconds;
     /* sparse attention (osp_engine_params.sparse_attention), over (token, layer) pairs: pairs whose context
        fit the budget (dense), pairs that read selected pages; KV tiles those read (summed over KV heads)
        and what dense attention of the same pairs would have read, and the K + V bytes read */

@@ -739,8 +739,19 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     if (e->proposer) {
         struct timespec ts2, ts3;
         clock_gettime(CLOCK_MONOTONIC, &ts2);
+        const int32_t listed = e->spec_n;
         OSP_TRY(propose_drafts(e));
         clock_gettime(CLOCK_MONOTONIC, &ts3);
+        pthread_mutex_lock(&e->mu); /* the stats are read under it (osp_engine_get_stats) */
+        if (listed > 0) {
+            e->stats.spec_propose_calls++;
+            e->stats.spec_propose_seconds += (double)(ts3.tv_sec - ts2.tv_sec) + 1e-9 * (double)(ts3.tv_nsec - ts2.tv_nsec);
+        }
+        if (drafted) {
+            e->stats.spec_verify_steps++;
+            e->stats.spec_verify_seconds += (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
+        }
+        pthread_mutex_unlock(&e->mu);
         if (decode_only && !e->p.speculative_fixed_k) /* the step and the proposer, not the publishing between */
             osp_spec_switch_step(&e->sw,
                                  (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec) +

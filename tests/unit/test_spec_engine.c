@@ -777,6 +777,10 @@ static void test_quantspec_greedy(void **state) {
                 printf("%s: %lld drafts, %lld accepted (%.1f%%)\n", what, (long long)st.spec_num_draft_tokens,
                        (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st));
                 assert_true(st.spec_num_draft_tokens > 0);
+                /* the cost counters: every verifying step followed a proposer call that drafted */
+                assert_true(st.spec_verify_steps > 0 && st.spec_verify_steps <= st.num_steps);
+                assert_true(st.spec_propose_calls >= st.spec_verify_steps);
+                assert_true(st.spec_verify_seconds > 0 && st.spec_propose_seconds > 0);
                 if (ti == 0 && di == 0 && st.spec_num_accepted_tokens != st.spec_num_draft_tokens)
                     fail_msg("%s: the draft is the target here, yet %lld of %lld drafts were rejected", what,
                              (long long)(st.spec_num_draft_tokens - st.spec_num_accepted_tokens),

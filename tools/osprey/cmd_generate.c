@@ -159,6 +159,12 @@ int cmd_generate(int argc, char **argv) {
                 (long long)st.spec_num_drafts, (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens,
                 st.spec_num_drafts ? 1.0 + (double)st.spec_num_accepted_tokens / (double)st.spec_num_drafts : 1.0,
                 n_steps > 0 ? (double)n_decode / n_steps : 0.0);
+        /* what a round costs: drafting (the proposer's calls) and verifying (the steps with drafts) */
+        if (st.spec_propose_calls > 0 && st.spec_verify_steps > 0)
+            fprintf(stderr, "speculative cost: draft %.1f ms a call (%lld calls), verify %.1f ms a step with drafts "
+                            "(%lld steps)\n",
+                    1e3 * st.spec_propose_seconds / (double)st.spec_propose_calls, (long long)st.spec_propose_calls,
+                    1e3 * st.spec_verify_seconds / (double)st.spec_verify_steps, (long long)st.spec_verify_steps);
     }
 
     osp_detokenizer_free(dt);
