@@ -101,6 +101,9 @@ typedef struct osp_engine_params {
                                        speculative_fixed_k */
     bool speculative_fixed_k;       /* every decoding request is offered num_speculative_tokens drafts each
                                        step (tests and measurements; default false: adaptive k) */
+    bool speculative_no_switch;     /* adaptive k per request without the engine-wide switch that times
+                                       steps with and without drafts (src/spec/switch.h): for tests whose
+                                       outcome must not depend on timing (default false: the switch on) */
     osp_sparse_config sparse_attention; /* --sparse-attention (osprey/sparse.h): Quest top-k pages per query
                                        token and KV head; method OSP_SPARSE_NONE (default): dense. CPU
                                        only for now: OSP_ERR_UNSUPPORTED where the model runs on the GPU */

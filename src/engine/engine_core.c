@@ -570,7 +570,7 @@ static void collect_drafts(osp_engine *e, const osp_sched_output *so) {
         osp_request *r = so->entries[i].req;
         if (r->spec_k > 0 && !e->p.speculative_fixed_k) adapt_spec(r, &so->entries[i]);
         r->num_spec = 0;
-        if (e->sw.off && !e->p.speculative_fixed_k) continue;
+        if (e->sw.off && !e->p.speculative_fixed_k && !e->p.speculative_no_switch) continue;
         int32_t k = r->max_len - r->num_tokens - 1;
         if (k > r->spec_k) k = r->spec_k;
         if (!e->p.speculative_fixed_k) {
@@ -752,7 +752,8 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
             e->stats.spec_verify_seconds += (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
         }
         pthread_mutex_unlock(&e->mu);
-        if (decode_only && !e->p.speculative_fixed_k) /* the step and the proposer, not the publishing between */
+        if (decode_only && !e->p.speculative_fixed_k && !e->p.speculative_no_switch) /* the step and the proposer,
+                                                                                        not the publishing between */
             osp_spec_switch_step(&e->sw,
                                  (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec) +
                                      (double)(ts3.tv_sec - ts2.tv_sec) + 1e-9 * (double)(ts3.tv_nsec - ts2.tv_nsec),

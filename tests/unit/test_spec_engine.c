@@ -573,8 +573,9 @@ static void test_draft_sampled(void **state) {
 }
 
 /* Adaptive k: with a draft that is always wrong, far fewer drafts than with k fixed (pauses), with
- * one that is always right, most of them; the tokens are the plain ones either way. (The engine-wide
- * switch's verdicts depend on timing; its logic is test_spec's test_switch.) */
+ * one that is always right, most of them; the tokens are the plain ones either way. The engine-wide
+ * switch is off here (speculative_no_switch): its verdicts depend on timing; its logic is test_spec's
+ * test_switch. */
 static void test_adaptive_k(void **state) {
     (void)state;
     enum { N = 6 };
@@ -591,6 +592,7 @@ static void test_adaptive_k(void **state) {
         const osp_engine_stats fixed = run_jobs(&p, j, N, NULL, 0);
         assert_same(ref, j, N, false, "fixed k");
         p.speculative_fixed_k = false;
+        p.speculative_no_switch = true; /* per-request k alone: the switch's verdicts depend on timing */
         memcpy(j, ref, sizeof j);
         const osp_engine_stats ad = run_jobs(&p, j, N, NULL, 0);
         assert_same(ref, j, N, false, "adaptive k");
@@ -601,9 +603,9 @@ static void test_adaptive_k(void **state) {
         if (d == 0) {
             assert_true(ad.spec_num_draft_tokens * 8 < fixed.spec_num_draft_tokens);
         } else {
-            /* the engine-wide switch probes 8 steps without drafts after its first 8: timing may keep
-               it off after that, so only most of the drafts are certain */
-            assert_true(ad.spec_num_accepted_tokens * 2 >= fixed.spec_num_accepted_tokens);
+            /* k grows 2 a step from the start (+2 while all are kept) to 6: nearly every draft of fixed k */
+            printf("adaptive / fixed accepted: %.2f\n", (double)ad.spec_num_accepted_tokens / (double)fixed.spec_num_accepted_tokens);
+            assert_true(ad.spec_num_accepted_tokens * 10 >= fixed.spec_num_accepted_tokens * 8);
         }
     }
 }

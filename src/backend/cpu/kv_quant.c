@@ -157,6 +157,123 @@ typedef struct attn_tile {
     int64_t p0s[OSP_CPU_ATTN_MAX_TILE], n_ctxs[OSP_CPU_ATTN_MAX_TILE];
 } attn_tile;
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define ATTN_KBLK 16 /* keys a block in the blocked path */
+#define ATTN_KBLK_MAX_D 128
+
+/* out[i] = osp_cpu_dot(q, k[i], D) for 16 keys, bit for bit: each key's 16-lane accumulator of rounded
+ * products is built as osp_cpu_dot16_avx512 builds it, then the 16 accumulators are folded together, two
+ * keys a shuffle, in exactly its tree (acc[j] += acc[j + w], w = 8, 4, 2, 1): after the four stages the
+ * float at 4 q + r holds key 4 r + q, put back in order by one permute. D % 16 == 0. */
+static inline void dot16_keys(const float *q, const float *const *k, int64_t D, float *out) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(qv, _mm512_loadu_ps(k[i] + d)));
+    }
+    __m512 c[8], e[4], f[2];
+    for (int i = 0; i < 8; i++) /* w = 8: [A lo8 + A hi8 | B lo8 + B hi8] */
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++) /* w = 4: one key's 4 sums a 128-bit lane */
+        e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++) /* w = 2 */
+        f[i] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)), /* w = 1 */
+                                   _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, r));
+}
+
+/* attend_tile's arithmetic in blocks of 16 keys (head_dim a multiple of 16, at most 128): a block's K (V)
+ * rows are read once into a buffer; each item's 16 scores come from one dot16_keys; each item's output
+ * stays in registers, 64 dims at a time, across a block's keys. Every score, maximum, sum and output value
+ * is computed with the operations, in the order, of attend_tile's one-key-at-a-time loops (products
+ * rounded then added, keys in increasing position), so the results are the same bits. */
+static void attend_tile_blocked(const attn_tile *tl, const osp_cpu_kv_pages *kv, const int32_t *bt,
+                                int32_t block_size, int64_t kvh, int64_t n_head_kv, int64_t head_dim, float scale,
+                                float *sc, int64_t sc_stride, uint16_t *half, int64_t lo, int64_t hi,
+                                int64_t full_from) {
+    const int64_t m = tl->m, D = head_dim;
+    float buf[ATTN_KBLK * ATTN_KBLK_MAX_D];
+    const float *rp[ATTN_KBLK];
+    float mx[OSP_CPU_ATTN_MAX_TILE], sum[OSP_CPU_ATTN_MAX_TILE];
+    for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
+    for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
+        const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        for (int64_t i = 0; i < nb; i++) {
+            const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            rp[i] = read_row(kv, 0, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
+        }
+        for (int64_t i = nb; i < ATTN_KBLK; i++) rp[i] = rp[0]; /* scores computed, never used */
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t a = pb > tl->p0s[j] ? pb : tl->p0s[j], b = pb + nb < tl->n_ctxs[j] ? pb + nb : tl->n_ctxs[j];
+            if (a >= b) continue;
+            float s16[ATTN_KBLK];
+            dot16_keys(tl->qs[j], rp, D, s16);
+            float *scj = sc + j * sc_stride;
+            for (int64_t p = a; p < b; p++) {
+                scj[p] = s16[p - pb] * scale;
+                if (scj[p] > mx[j]) mx[j] = scj[p];
+            }
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        float *scj = sc + j * sc_stride, acc = 0.0f;
+        const float mj = mx[j];
+        for (int64_t p = tl->p0s[j]; p < tl->n_ctxs[j]; p++) {
+            const float e = expf(scj[p] - mj);
+            scj[p] = e;
+            acc += e;
+        }
+        sum[j] = acc;
+        memset(tl->os[j], 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
+        const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        for (int64_t i = 0; i < nb; i++) {
+            const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+            rp[i] = read_row(kv, 1, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
+        }
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t a = pb > tl->p0s[j] ? pb : tl->p0s[j], b = pb + nb < tl->n_ctxs[j] ? pb + nb : tl->n_ctxs[j];
+            if (a >= b) continue;
+            const float *w = sc + j * sc_stride;
+            float *o = tl->os[j];
+            int64_t d0 = 0;
+            for (; d0 + 64 <= D; d0 += 64) { /* 64 dims in four registers across the block's keys */
+                __m512 a0 = _mm512_loadu_ps(o + d0), a1 = _mm512_loadu_ps(o + d0 + 16),
+                       a2 = _mm512_loadu_ps(o + d0 + 32), a3 = _mm512_loadu_ps(o + d0 + 48);
+                for (int64_t p = a; p < b; p++) {
+                    const __m512 wv = _mm512_set1_ps(w[p]);
+                    const float *vr = rp[p - pb] + d0;
+                    a0 = _mm512_add_ps(a0, _mm512_mul_ps(wv, _mm512_loadu_ps(vr)));
+                    a1 = _mm512_add_ps(a1, _mm512_mul_ps(wv, _mm512_loadu_ps(vr + 16)));
+                    a2 = _mm512_add_ps(a2, _mm512_mul_ps(wv, _mm512_loadu_ps(vr + 32)));
+                    a3 = _mm512_add_ps(a3, _mm512_mul_ps(wv, _mm512_loadu_ps(vr + 48)));
+                }
+                _mm512_storeu_ps(o + d0, a0), _mm512_storeu_ps(o + d0 + 16, a1);
+                _mm512_storeu_ps(o + d0 + 32, a2), _mm512_storeu_ps(o + d0 + 48, a3);
+            }
+            for (; d0 < D; d0 += 16) { /* head_dim 16, 32, 48, 80, 96, 112: the rest, 16 at a time */
+                __m512 a0 = _mm512_loadu_ps(o + d0);
+                for (int64_t p = a; p < b; p++)
+                    a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(w[p]), _mm512_loadu_ps(rp[p - pb] + d0)));
+                _mm512_storeu_ps(o + d0, a0);
+            }
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        const float inv = 1.0f / sum[j];
+        float *oj = tl->os[j];
+        for (int64_t d = 0; d < D; d++) oj[d] *= inv;
+    }
+}
+#endif
+
 static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const int32_t *bt, int32_t block_size,
                         int64_t kvh, int64_t n_head_kv, int64_t head_dim, float scale, float *sc, int64_t sc_stride,
                         float *row, uint16_t *half) {
@@ -169,6 +286,13 @@ static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const i
     /* int8_hier: keys from full_from on are read with both halves (all of them unless the draft's view);
      * a tile's items share one n_ctx but a query block's (never a draft's), where the latest one counts */
     const int64_t full_from = kv->hier_upper_only ? hi - kv->hier_full_recent : 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (head_dim % 16 == 0 && head_dim <= ATTN_KBLK_MAX_D) {
+        attend_tile_blocked(tl, kv, bt, block_size, kvh, n_head_kv, head_dim, scale, sc, sc_stride, half, lo, hi,
+                            full_from);
+        return;
+    }
+#endif
     float mx[OSP_CPU_ATTN_MAX_TILE] = {0}, sum[OSP_CPU_ATTN_MAX_TILE] = {0};
     for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
     for (int64_t p = lo; p < hi; p++) {
