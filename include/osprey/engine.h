@@ -55,8 +55,12 @@ typedef struct osp_engine_params {
     float gpu_memory_utilization;   /* share of the GPU's memory osprey may use in all (weights, KV cache,
                                        a 3 GiB reserve for activations); 0 = 0.9 (vLLM's default); only
                                        when kv_cache_memory is 0 */
-    int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests) */
-    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA): the K
+    int32_t num_blocks;             /* > 0 overrides kv_cache_memory (tests). The blocks requests get: with
+                                       the speculative method quantspec the cache holds
+                                       osp_quantspec_staging_blocks more (src/spec/proposer.h: 16 while
+                                       k <= block_size; within kv_cache_memory when
+                                       the count comes from it, on top of num_blocks when given) */
+    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA), INT8_HIER (CPU): the K
                                        pages' dtype, and the V pages' unless kv_dtype_v_set */
     osp_kv_dtype kv_dtype_v;        /* with kv_dtype_v_set: the V pages' dtype (a split cache, e.g. K fp8 +
                                        V nvfp4; llama.cpp's --cache-type-v); CPU only, CUDA refuses a split */

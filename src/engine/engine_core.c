@@ -208,6 +208,17 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                 goto fail;
             }
         }
+        /* quantspec's staging blocks (osp_quantspec_staging_blocks) come out of a memory budget */
+        const int32_t staging = p.speculative.method == OSP_SPEC_QUANTSPEC && p.kv_cache_memory
+                                    ? osp_quantspec_staging_blocks(p.speculative.num_speculative_tokens, p.block_size)
+                                    : 0;
+        if (staging > 0 && want - staging < 1) {
+            s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: kv_cache_memory %lld bytes holds %lld blocks of %lld bytes, "
+                              "and quantspec needs %d of them as staging blocks: give a larger budget",
+                              (long long)p.kv_cache_memory, (long long)want, (long long)block_bytes, staging);
+            goto fail;
+        }
+        want -= staging;
         if (want < 1 || want > INT32_MAX) {
             s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: kv_cache_memory %lld bytes holds %lld blocks of %lld bytes",
                               (long long)p.kv_cache_memory, (long long)want, (long long)block_bytes);

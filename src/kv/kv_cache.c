@@ -39,7 +39,7 @@ osp_status osp_kv_dtype_available(osp_kv_dtype d) {
     if (!osp_kv_dtype_name(d)) return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: unknown dtype %d", (int)d);
     if (d == OSP_KV_DTYPE_BF16)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: bf16 pages are not implemented by any backend "
-                                                  "(use f16, f32, fp8 or nvfp4)");
+                                                  "(use f16, f32, fp8, nvfp4 or int8_hier)");
     return OSP_OK;
 }
 

@@ -260,6 +260,27 @@ static void test_speculative_config(void **state) {
     assert_int_equal(run(args), 0);
     if (strncmp(g_out, want, strlen(want)) != 0) fail_msg("got: %s", g_out);
     assert_non_null(strstr(g_err, "speculative (draft_model, k 3)"));
+    /* '' is no config (the flag left out is) */
+    snprintf(args, sizeof args, "generate -m '%s' -p hi -n 4 --speculative-config ''", g_model);
+    expect_error(run(args), "--speculative-config needs a JSON object", NULL);
+    /* quantspec over int8_hier pages: plain decoding's text over the same pages, and its cost line */
+    snprintf(args, sizeof args, "generate -m '%s' -p 'The three primary colors are' -n 20 --temp 0 -t 2 "
+                                "--kv-cache-dtype int8_hier", g_model);
+    assert_int_equal(run(args), 0);
+    char *plain = strdup(g_out);
+    assert_non_null(plain);
+    snprintf(args, sizeof args, "generate -m '%s' -p 'The three primary colors are' -n 20 --temp 0 -t 2 "
+                                "--kv-cache-dtype int8_hier --speculative-config '{\"method\": \"quantspec\", "
+                                "\"num_speculative_tokens\": 3}'", g_model);
+    assert_int_equal(run(args), 0);
+    assert_string_equal(g_out, plain);
+    free(plain);
+    assert_non_null(strstr(g_err, "speculative (quantspec, k 3)"));
+    /* its staging blocks come out of a memory budget, so a budget of fewer blocks is refused */
+    snprintf(args, sizeof args, "serve -m '%s' --port 0 --kv-cache-dtype int8_hier --kv-cache-memory 2M "
+                                "--speculative-config '{\"method\": \"quantspec\", \"num_speculative_tokens\": 3}'",
+             g_model);
+    expect_error(run(args), "quantspec needs 16 of them as staging blocks", NULL);
 }
 
 /* osprey plan: 2 x 30 layers x 3 KV heads x 64 dims x 2 bytes (f16) per token; 512 MiB / (16 x 23040) blocks. */

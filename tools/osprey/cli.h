@@ -31,7 +31,7 @@ noreturn void cli_help(const char *text);
     "                          \"num_speculative_tokens\": K, \"prompt_lookup_min\": N, \"prompt_lookup_max\": M}\n" \
     "                          or {\"method\": \"draft_model\", \"model\": DRAFT.gguf, \"num_speculative_tokens\": K}\n" \
     "                          or {\"method\": \"quantspec\", \"num_speculative_tokens\": K} (the target drafts\n"     \
-    "                          for itself with 4-bit weights; with --kv-cache-dtype int8_hier)\n"            \
+    "                          for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"            \
     "                          (default: off; CPU only for now)\n"                                          \
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \

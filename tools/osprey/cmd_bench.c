@@ -184,8 +184,8 @@ static const char k_help[] =
     CLI_GPU_WEIGHTS_HELP
     CLI_KV_DTYPE_HELP
     CLI_KV_SCALES_HELP
-    "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
-    "                          says otherwise (default: off)\n"
+    "  --exact                 fp32 activations and an f32 KV cache (or f16 with --kv-cache-dtype f16;\n"
+    "                          a quantized cache is refused) (default: off)\n"
     "  -o, --output FORMAT     text | md | csv | json: llama-bench's table shapes (default: text,\n"
     "                          one '<test> <t/s> ± <sd>' line per test)\n"
     "  -h, --help              this text\n";

@@ -39,8 +39,8 @@ static const char k_help[] =
     "  --seed S                sampler seed, 0..4294967295 (default: from the clock, printed on stderr)\n"
     CLI_KV_DTYPE_HELP
     CLI_KV_SCALES_HELP
-    "  --exact                 fp32 activations and an f32 KV cache unless --kv-cache-dtype\n"
-    "                          says otherwise (the reference path; default: off)\n"
+    "  --exact                 fp32 activations and an f32 KV cache (or f16 with --kv-cache-dtype f16;\n"
+    "                          a quantized cache is refused) (the reference path; default: off)\n"
     "  -h, --help              this text\n";
 
 static gen_args parse(int argc, char **argv) {
@@ -161,8 +161,8 @@ int cmd_generate(int argc, char **argv) {
                 n_steps > 0 ? (double)n_decode / n_steps : 0.0);
         /* what a round costs: drafting (the proposer's calls) and verifying (the steps with drafts) */
         if (st.spec_propose_calls > 0 && st.spec_verify_steps > 0)
-            fprintf(stderr, "speculative cost: draft %.1f ms a call (%lld calls), verify %.1f ms a step with drafts "
-                            "(%lld steps)\n",
+            fprintf(stderr, "speculative cost: draft %.1f ms a call (proposer calls: %lld), verify %.1f ms a step with "
+                            "drafts (such steps: %lld)\n",
                     1e3 * st.spec_propose_seconds / (double)st.spec_propose_calls, (long long)st.spec_propose_calls,
                     1e3 * st.spec_verify_seconds / (double)st.spec_verify_steps, (long long)st.spec_verify_steps);
     }

@@ -222,9 +222,15 @@ int cmd_perplexity(int argc, char **argv) {
         if ((s = osp_kv_cache_set_hier_view(kv, draft_recent)) != OSP_OK)
             cli_die(s, "--kv-draft-view (give --kv-cache-dtype int8_hier, or -ctk / -ctv int8_hier)");
     }
-    fprintf(stderr, "perplexity: %s: %zu tokens, %lld chunks of %d (%d scored each), kv %s%s%s, device %s, %d threads\n",
+    char draft[128] = "";
+    if (draft_recent >= 0)
+        snprintf(draft, sizeof draft, ", QuantSpec draft view (upper halves but the last %d keys)%s", draft_recent,
+                 draft_weights ? " and 4-bit weights" : "");
+    else if (draft_weights)
+        snprintf(draft, sizeof draft, ", QuantSpec draft's 4-bit weights");
+    fprintf(stderr, "perplexity: %s: %zu tokens, %lld chunks of %d (%d scored each), kv %s%s%s%s, device %s, %d threads\n",
             text_path, n_ids, (long long)n_chunks, ctx, n_scored, cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name),
-            scales_path ? " scales " : "", scales_path ? scales_path : "", osp_device_name(dev), osp_model_n_threads(m));
+            scales_path ? " scales " : "", scales_path ? scales_path : "", draft, osp_device_name(dev), osp_model_n_threads(m));
     osp_kv_scales_free(&scales);
 
     const size_t n_pos = (size_t)n_chunks * (size_t)n_scored;

@@ -54,8 +54,9 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         a->kernel_table = v, ++*i;
     }
     else if (!strcmp(f, "--speculative-config")) {
-        if (!v) cli_die(OSP_OK, "--speculative-config needs a JSON object, e.g. "
-                                "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'");
+        if (!v || !*v) /* '' is not a config: leave the flag out for no speculation */
+            cli_die(OSP_OK, "--speculative-config needs a JSON object, e.g. "
+                            "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' (leave the flag out for none)");
         const osp_status s = osp_spec_config_parse(v, &a->spec);
         if (s != OSP_OK) cli_die(s, "--speculative-config");
         ++*i;

@@ -71,8 +71,9 @@ static const char *k_serve_usage =
     "  --max-num-seqs N                 running sequences per step (64)\n"
     "  --max-num-batched-tokens N       token budget per step (2048)\n"
     "  --block-size N                   tokens per KV block (16)\n"
-    "  --kv-cache-dtype D               auto|f16|f32|fp8|nvfp4 (auto = f16; vLLM's fp16 and fp8_e4m3\n"
-    "                                   too; bf16 is not implemented yet; fp8 / nvfp4 on CPU and CUDA)\n"
+    "  --kv-cache-dtype D               auto|f16|f32|fp8|nvfp4|int8_hier (auto = f16; vLLM's fp16 and\n"
+    "                                   fp8_e4m3 too; bf16 is not implemented yet; fp8 / nvfp4 on CPU and\n"
+    "                                   CUDA; int8_hier, QuantSpec's 4+4-bit pages, on the CPU)\n"
     "  -ctk, --cache-type-k D           K pages only; -ctv, --cache-type-v D: V pages only (llama.cpp's;\n"
     "                                   win over --kv-cache-dtype; e.g. -ctk fp8 -ctv nvfp4; CPU only)\n"
     "  --kv-scales FILE                 fixed fp8 / nvfp4 KV scales from osprey calibrate-kv (default:\n"
@@ -109,7 +110,10 @@ static const char *k_serve_usage =
     "                                   blocks (quant: integer tensor cores, activations in two int8 levels)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' or '{\"method\":\n"
-    "                                   \"draft_model\", \"model\": \"DRAFT.gguf\", \"num_speculative_tokens\": 4}' (off; CPU only)\n"
+    "                                   \"draft_model\", \"model\": \"DRAFT.gguf\", \"num_speculative_tokens\": 4}' or\n"
+    "                                   '{\"method\": \"quantspec\", \"num_speculative_tokens\": 3}' (the target drafts\n"
+    "                                   for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"
+    "                                   (off; CPU only)\n"
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
@@ -454,6 +458,11 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
     srv_id_key_init(&srv.id_key);
     srv_log(&srv, SRV_LOG_INFO, "model loaded in %.2f s: %s, vocab %d, max_model_len %d, KV cache %d blocks of %d tokens, prefix caching %s",
             srv_now_s() - t0, arch, srv.n_vocab, srv.max_model_len, n_blocks, blk_size, cfg->prefix_caching ? "on" : "off");
+    if (cfg->spec.method != OSP_SPEC_NONE)
+        srv_log(&srv, SRV_LOG_INFO, "speculative decoding: %s, up to %d drafts a step%s%s",
+                osp_spec_method_name(cfg->spec.method), cfg->spec.num_speculative_tokens,
+                cfg->spec.method == OSP_SPEC_DRAFT_MODEL ? ", draft " : "",
+                cfg->spec.method == OSP_SPEC_DRAFT_MODEL ? cfg->spec.model : "");
     srv_log(&srv, SRV_LOG_INFO, "embeddings: %d dimensions, %s pooling of the output norm, %s", srv.n_embd,
             osp_pooling_name(srv.pooling), cfg->no_embd_normalize ? "not normalized" : "L2-normalized");
     if (srv.engine && (s = osp_engine_start(srv.engine)) != OSP_OK) cli_die(s, "cannot start the engine loop");
