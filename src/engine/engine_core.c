@@ -189,6 +189,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                           p.max_model_len, c->n_ctx_train);
         goto fail;
     }
+    /* quantspec drafts over the target's own cache, into staging blocks past the pool's */
+    const int32_t num_staging = p.speculative.method == OSP_SPEC_QUANTSPEC
+                                    ? osp_quantspec_staging_blocks(p.speculative.num_speculative_tokens, p.block_size)
+                                    : 0;
     const int64_t block_bytes = osp_kv_cache_bytes_per_token(c, p.kv_dtype, p.kv_dtype_v) * p.block_size;
     if (p.num_blocks == 0) {
         int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
@@ -208,10 +212,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                 goto fail;
             }
         }
-        /* quantspec's staging blocks (osp_quantspec_staging_blocks) come out of a memory budget */
-        const int32_t staging = p.speculative.method == OSP_SPEC_QUANTSPEC && p.kv_cache_memory
-                                    ? osp_quantspec_staging_blocks(p.speculative.num_speculative_tokens, p.block_size)
-                                    : 0;
+        /* quantspec's staging blocks come out of a memory budget */
+        const int32_t staging = p.kv_cache_memory ? num_staging : 0;
         if (staging > 0 && want - staging < 1) {
             s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: kv_cache_memory %lld bytes holds %lld blocks of %lld bytes, "
                               "and quantspec needs %d of them as staging blocks: give a larger budget",
@@ -245,9 +247,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
     if (p.kv_event_sink) osp_block_pool_set_event_sink(osp_scheduler_pool(e->sched), p.kv_event_sink, p.hash_algo);
     /* speculative decoding: verification samples every draft position on the host (the GPU sampler
-       takes one row per sequence), so it is CPU-only for now. quantspec drafts over the target's own
-       cache, into staging blocks past the pool's (osp_quantspec_staging_blocks) */
-    int32_t num_staging = 0;
+       takes one row per sequence), so it is CPU-only for now */
     if (p.speculative.method != OSP_SPEC_NONE) {
         if (osp_model_samples_on_device(e->model)) {
             s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: speculative decoding (%s) runs on the CPU only for now; "
@@ -256,8 +256,6 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
             goto fail;
         }
         e->spec_k = p.speculative.num_speculative_tokens;
-        if (p.speculative.method == OSP_SPEC_QUANTSPEC)
-            num_staging = osp_quantspec_staging_blocks(e->spec_k, p.block_size);
     }
     if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs)) ||
         !(e->spec_reqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_reqs))) {
@@ -628,6 +626,11 @@ osp_status osp_engine_set_proposer(osp_engine *e, osp_proposer *p, int32_t k) {
     return OSP_OK;
 }
 
+/* Seconds from a to b (CLOCK_MONOTONIC readings). */
+static double seconds(struct timespec a, struct timespec b) {
+    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+}
+
 static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->publish.n = 0;
     /* 1. take adds and aborts */
@@ -753,22 +756,14 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         const int32_t listed = e->spec_n;
         OSP_TRY(propose_drafts(e));
         clock_gettime(CLOCK_MONOTONIC, &ts3);
+        const double step_sec = seconds(ts0, ts1), propose_sec = seconds(ts2, ts3);
         pthread_mutex_lock(&e->mu); /* the stats are read under it (osp_engine_get_stats) */
-        if (listed > 0) {
-            e->stats.spec_propose_calls++;
-            e->stats.spec_propose_seconds += (double)(ts3.tv_sec - ts2.tv_sec) + 1e-9 * (double)(ts3.tv_nsec - ts2.tv_nsec);
-        }
-        if (drafted) {
-            e->stats.spec_verify_steps++;
-            e->stats.spec_verify_seconds += (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec);
-        }
+        if (listed > 0) e->stats.spec_propose_calls++, e->stats.spec_propose_seconds += propose_sec;
+        if (drafted) e->stats.spec_verify_steps++, e->stats.spec_verify_seconds += step_sec;
         pthread_mutex_unlock(&e->mu);
-        if (decode_only && !e->p.speculative_fixed_k && !e->p.speculative_no_switch) /* the step and the proposer,
-                                                                                        not the publishing between */
-            osp_spec_switch_step(&e->sw,
-                                 (double)(ts1.tv_sec - ts0.tv_sec) + 1e-9 * (double)(ts1.tv_nsec - ts0.tv_nsec) +
-                                     (double)(ts3.tv_sec - ts2.tv_sec) + 1e-9 * (double)(ts3.tv_nsec - ts2.tv_nsec),
-                                 gen, drafted);
+        /* the switch times the step and the proposer, not the publishing between */
+        if (decode_only && !e->p.speculative_fixed_k && !e->p.speculative_no_switch)
+            osp_spec_switch_step(&e->sw, step_sec + propose_sec, gen, drafted);
     }
     return OSP_OK;
 }

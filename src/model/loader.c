@@ -180,17 +180,10 @@ osp_status osp_loader_vectors(osp_loader *ld, const char *const *names, const in
 osp_status osp_loader_constant(osp_loader *ld, const float *values, int64_t n, const osp_tensor **out) {
     *out = NULL;
     /* the host copy lives as long as the loader (the CPU backend points at it) */
-    if (ld->n_host == ld->cap_host) {
-        const int32_t cap = ld->cap_host ? 2 * ld->cap_host : 8;
-        void **h = realloc(ld->host, (size_t)cap * sizeof *h);
-        if (!h) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
-        ld->host = h;
-        ld->cap_host = cap;
-    }
     float *copy = malloc((size_t)(n > 0 ? n : 1) * sizeof *copy);
     if (!copy) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
     memcpy(copy, values, (size_t)n * sizeof *copy);
-    ld->host[ld->n_host++] = copy;
+    OSP_TRY(keep_host(ld, copy));
     osp_tensor *t;
     OSP_TRY(new_tensor(ld, &t));
     osp_weight_src src = {.data = copy, .type = OSP_DTYPE_F32, .rows = 1, .row_bytes = (size_t)n * sizeof(float)};

@@ -124,13 +124,6 @@ static osp_status ids_reserve(draft_seq *s, int32_t n) {
     return OSP_OK;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i; /* ties: the lowest id */
-    return best;
-}
-
 /* Adds tokens of s to the pass under construction: ids ids[0..n) at positions from pos0; logits of the
  * last one when want_logits. */
 static void add_row(draft_proposer *d, osp_batch *b, draft_seq *s, const int32_t *ids, int32_t n, int32_t pos0,
@@ -247,7 +240,7 @@ static osp_status draft_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) 
         if ((st = osp_model_forward(d->model, d->kv, &b, d->logits)) != OSP_OK) goto out;
         for (int32_t l = 0; l < b.num_logits; l++) {
             osp_spec_seq *q = seqs + d->row_of[l];
-            q->draft[0] = argmax(d->logits + (size_t)l * (size_t)d->n_vocab_model, d->n_vocab);
+            q->draft[0] = osp_spec_argmax(d->logits + (size_t)l * (size_t)d->n_vocab_model, d->n_vocab);
             q->num_draft = 1;
         }
     }
@@ -272,7 +265,7 @@ static osp_status draft_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) 
         if ((st = osp_model_forward(d->model, d->kv, &b, d->logits)) != OSP_OK) goto out;
         for (int32_t l = 0; l < b.num_logits; l++) {
             osp_spec_seq *q = seqs + d->row_of[l];
-            q->draft[q->num_draft++] = argmax(d->logits + (size_t)l * (size_t)d->n_vocab_model, d->n_vocab);
+            q->draft[q->num_draft++] = osp_spec_argmax(d->logits + (size_t)l * (size_t)d->n_vocab_model, d->n_vocab);
         }
     }
 out:

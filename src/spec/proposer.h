@@ -26,6 +26,14 @@
 #include "osprey/spec.h"
 #include "osprey/status.h"
 
+/* The id of x's largest value among n (ties: the lowest id): what the model-based proposers draft. */
+static inline int32_t osp_spec_argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
 /* One sequence to draft for. */
 typedef struct osp_spec_seq {
     uint64_t uid;          /* the sequence (unique per process) */

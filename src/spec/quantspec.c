@@ -43,13 +43,6 @@ int32_t osp_quantspec_staging_blocks(int32_t k, int32_t block_size) {
     return OSP_QUANTSPEC_MAX_SEQS * ((block_size - 1 + k + block_size - 1) / block_size);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i; /* ties: the lowest id */
-    return best;
-}
-
 static osp_status qs_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) {
     qs_proposer *q = (qs_proposer *)p;
     const int32_t bs = q->block_size, W = q->max_blocks_per_seq, per = q->staging_per_seq;
@@ -76,7 +69,7 @@ static osp_status qs_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) {
         q->qsl[0] = 0;
         for (int32_t i = 0; i < m; i++) {
             osp_spec_seq *s = rows[i];
-            if (s->max_draft <= j || s->num_draft != j) continue;
+            if (s->max_draft <= j) continue; /* its drafts are done (each pass adds one to every row) */
             const int32_t p0 = s->num_tokens - 1, full = p0 / bs, off = p0 % bs + j, stage0 = q->staging0 + i * per;
             int32_t *bt = q->bt + (size_t)r * (size_t)W;
             memcpy(bt, s->block_ids, sizeof *bt * (size_t)full);
@@ -98,7 +91,7 @@ static osp_status qs_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) {
             for (int32_t i = 0; i < n; i++) seqs[i].num_draft = 0;
             return st;
         }
-        for (int32_t l = 0; l < r; l++) in[l]->draft[in[l]->num_draft++] = argmax(q->logits + (size_t)l * (size_t)q->n_vocab, q->n_vocab);
+        for (int32_t l = 0; l < r; l++) in[l]->draft[in[l]->num_draft++] = osp_spec_argmax(q->logits + (size_t)l * (size_t)q->n_vocab, q->n_vocab);
     }
     return OSP_OK;
 }

@@ -27,13 +27,7 @@
 #include "core/threadpool.h"
 #include "kv/kv_cache.h"
 #include "osprey/kv_cache.h"
-
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 11);
-}
-static float urand(void) { return (float)rnd() / 2097152.0f / 1024.0f * 2.0f - 1.0f; } /* [-1, 1) */
+#include "test_rng.h"
 
 static osp_threadpool *g_pool;
 
@@ -48,11 +42,11 @@ static osp_backend *cpu(void) {
 static void make_row(float *x, int64_t n, int kind) {
     for (int64_t i = 0; i < n; i++) {
         switch (kind % 5) {
-        case 0: x[i] = 3.0f * urand(); break;
-        case 1: x[i] = 100.0f + 0.5f * urand(); break;
-        case 2: x[i] = i == 5 ? 40.0f : 0.7f * urand(); break;
+        case 0: x[i] = 3.0f * frand(); break;
+        case 1: x[i] = 100.0f + 0.5f * frand(); break;
+        case 2: x[i] = i == 5 ? 40.0f : 0.7f * frand(); break;
         case 3: x[i] = -2.375f; break;
-        default: x[i] = 1e-4f * urand(); break;
+        default: x[i] = 1e-4f * frand(); break;
         }
     }
 }
@@ -131,7 +125,7 @@ static void test_write_layout(void **state) {
     uint8_t *pools[4] = {kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0]};
     for (int i = 0; i < 4; i++) memset(pools[i], 0xA5, len[i / 2]);
     float k[192], v[192];
-    for (int i = 0; i < 192; i++) k[i] = 2.0f * urand(), v[i] = 0.5f * urand();
+    for (int i = 0; i < 192; i++) k[i] = 2.0f * frand(), v[i] = 0.5f * frand();
     const osp_cpu_kv_pages pg = {.k_type = OSP_KV_DTYPE_INT8_HIER, .v_type = OSP_KV_DTYPE_INT8_HIER};
     const int32_t slot = 21;
     osp_cpu_kv_write_quant(&pg, kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0], k, v, slot, HK, D);
@@ -192,7 +186,7 @@ static void run_case(const hcase *c, osp_kv_dtype dk, osp_kv_dtype dv, bool uppe
     float krow[1024], vrow[1024];
     for (int s = 0; s < c->n_seq; s++)
         for (int32_t p = 0; p < c->ctx[s]; p++) {
-            for (int64_t i = 0; i < R; i++) krow[i] = 2.0f * urand() + (i % 7 == 0 ? 3.0f : 0.0f), vrow[i] = 0.5f * urand();
+            for (int64_t i = 0; i < R; i++) krow[i] = 2.0f * frand() + (i % 7 == 0 ? 3.0f : 0.0f), vrow[i] = 0.5f * frand();
             const int32_t slot = bt[s * max_blocks + p / BS] * BS + p % BS;
             osp_cpu_kv_write_quant(&pg, kv->k[0], kv->v[0], kv->k_scale[0], kv->v_scale[0], krow, vrow, slot, HK, D);
             /* the values each view reads, by the row decoders of core/dtype.c (f16 / fp8 sides likewise) */
@@ -227,7 +221,7 @@ static void run_case(const hcase *c, osp_kv_dtype dk, osp_kv_dtype dv, bool uppe
     const int64_t items = (int64_t)T * H;
     float *q = malloc(sizeof *q * (size_t)(items * D)), *o = malloc(sizeof *o * (size_t)(items * D)),
           *o_ref = malloc(sizeof *o_ref * (size_t)(items * D));
-    for (int64_t i = 0; i < items * D; i++) q[i] = urand();
+    for (int64_t i = 0; i < items * D; i++) q[i] = frand();
     float *sc = malloc(sizeof *sc * OSP_CPU_ATTN_MAX_TILE * 4096);
     const float scale = 1.0f / sqrtf((float)D);
     osp_cpu_paged_attention_tiled(q, &pg, o, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D, scale, c->window, sc,

@@ -125,13 +125,6 @@ static void test_config(void **state) {
         assert_int_equal(osp_spec_config_parse(big, &c), OSP_ERR_INVALID_ARG);
         assert_memory_equal(&before, &c, sizeof c);
     }
-    /* quantspec: k only (the target drafts for itself) */
-    assert_int_equal(osp_spec_config_parse("{\"method\": \"quantspec\", \"num_speculative_tokens\": 5}", &c), OSP_OK);
-    assert_int_equal(c.method, OSP_SPEC_QUANTSPEC);
-    assert_int_equal(c.num_speculative_tokens, 5);
-    assert_string_equal(c.model, "");
-    assert_string_equal(osp_spec_method_name(c.method), "quantspec");
-    assert_int_equal(osp_spec_config_check(&c), OSP_OK);
     assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":7,\"prompt_lookup_min\":1,"
                                            "\"prompt_lookup_max\":4}", &c), OSP_OK);
     /* each mistake: one error naming it, *out unchanged */

@@ -487,6 +487,21 @@ static void test_smollm2_copy(void **state) {
 
 /* ---- draft model --------------------------------------------------------------------------------- */
 
+/* make_jobs, each seeded (seed0 + i) and sampled under a different sampler setting: temperatures t0,
+ * t0 + 0.4, t0 + 0.8; logprobs 0-2; n = 1 or 2; top-k 5; top-p + min-p; the three penalties. */
+static void make_sampled_jobs(job *ref, int n, uint32_t seed, uint64_t seed0, float t0) {
+    make_jobs(ref, n, seed);
+    for (int i = 0; i < n; i++) {
+        ref[i].seed = seed0 + (uint64_t)i;
+        ref[i].temperature = t0 + 0.4f * (float)(i % 3);
+        ref[i].logprobs = i % 3;
+        ref[i].n = 1 + i % 2;
+        if (i == 1) ref[i].top_k = 5;
+        if (i == 2) ref[i].top_p = 0.8f, ref[i].min_p = 0.05f;
+        if (i == 3) ref[i].presence = 0.3f, ref[i].frequency = 0.2f, ref[i].repetition = 1.1f;
+    }
+}
+
 static osp_spec_config draft_cfg(const char *file, int32_t k) {
     osp_spec_config c = osp_spec_default_config();
     c.method = OSP_SPEC_DRAFT_MODEL;
@@ -550,16 +565,7 @@ static void test_draft_sampled(void **state) {
     (void)state;
     enum { N = 6 };
     job ref[N], j[N];
-    make_jobs(ref, N, 22);
-    for (int i = 0; i < N; i++) {
-        ref[i].seed = 2000 + (uint64_t)i;
-        ref[i].temperature = 0.2f + 0.4f * (float)(i % 3);
-        ref[i].logprobs = i % 3;
-        ref[i].n = 1 + i % 2;
-        if (i == 1) ref[i].top_k = 5;
-        if (i == 2) ref[i].top_p = 0.8f, ref[i].min_p = 0.05f;
-        if (i == 3) ref[i].presence = 0.3f, ref[i].frequency = 0.2f, ref[i].repetition = 1.1f;
-    }
+    make_sampled_jobs(ref, N, 22, 2000, 0.2f);
     osp_engine_params plain = base(g_tiny, NULL);
     run_jobs(&plain, ref, N, NULL, 0);
     const osp_spec_config c = draft_cfg("tiny-llama-q8_0.gguf", 5);
@@ -797,16 +803,7 @@ static void test_quantspec_sampled(void **state) {
     (void)state;
     enum { N = 6 };
     job ref[N], j[N];
-    make_jobs(ref, N, 33);
-    for (int i = 0; i < N; i++) {
-        ref[i].seed = 3000 + (uint64_t)i;
-        ref[i].temperature = 0.3f + 0.4f * (float)(i % 3);
-        ref[i].logprobs = i % 3;
-        ref[i].n = 1 + i % 2;
-        if (i == 1) ref[i].top_k = 5;
-        if (i == 2) ref[i].top_p = 0.8f, ref[i].min_p = 0.05f;
-        if (i == 3) ref[i].presence = 0.3f, ref[i].frequency = 0.2f, ref[i].repetition = 1.1f;
-    }
+    make_sampled_jobs(ref, N, 33, 3000, 0.3f);
     osp_engine_params plain = base(g_tiny, NULL);
     plain.kv_dtype = OSP_KV_DTYPE_INT8_HIER;
     run_jobs(&plain, ref, N, NULL, 0);

@@ -66,10 +66,13 @@ static void print_bytes_per_token(const osp_model_config *c, osp_kv_dtype k, osp
     else
         printf("bytes per token: %lld (%d layers x %d KV heads x %d dims x (K %s %s + V %s %s)", bpt, c->n_layer,
                c->n_head_kv, c->head_dim, osp_kv_dtype_name(k), elem_bytes(k), osp_kv_dtype_name(v), elem_bytes(v));
-    if (k == OSP_KV_DTYPE_NVFP4 || v == OSP_KV_DTYPE_NVFP4)
-        printf(", + one E4M3 scale byte per 16 values: %lld", scale_bytes(c, k, v));
-    if (k == OSP_KV_DTYPE_INT8_HIER || v == OSP_KV_DTYPE_INT8_HIER)
-        printf(", + an f16 scale and minimum per KV head row: %lld", scale_bytes(c, k, v));
+    /* each kind of scale counted over the sides that have it (a split may have both) */
+    const long long nv = (k == OSP_KV_DTYPE_NVFP4 ? side_scale_bytes(c, k) : 0) +
+                         (v == OSP_KV_DTYPE_NVFP4 ? side_scale_bytes(c, v) : 0);
+    const long long ih = (k == OSP_KV_DTYPE_INT8_HIER ? side_scale_bytes(c, k) : 0) +
+                         (v == OSP_KV_DTYPE_INT8_HIER ? side_scale_bytes(c, v) : 0);
+    if (nv) printf(", + one E4M3 scale byte per 16 values: %lld", nv);
+    if (ih) printf(", + an f16 scale and minimum per KV head row: %lld", ih);
     const int fp8_sides = (k == OSP_KV_DTYPE_FP8) + (v == OSP_KV_DTYPE_FP8);
     if (fp8_sides) printf("; %d fp32 per-head scales per layer, fixed, on the host", fp8_sides * c->n_head_kv);
     printf(")\n");

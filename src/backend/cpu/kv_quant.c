@@ -70,7 +70,6 @@ void osp_cpu_kv_write_quant(const osp_cpu_kv_pages *kv, void *k_pages, void *v_p
     osp_cpu_kv_write_row(kv->v_type, kv->v_fixed, v_pages, v_scales, v, slot, n_head_kv, head_dim);
 }
 
-/* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. */
 /* An int8_hier row (core/dtype.h osp_int8h_dequantize_row's formulas and fp32 operations, so the values are
  * bit-identical to it): the codes are first spread into 16-bit integers (h = 32 u + 2 l, or u alone), a
  * loop the compiler vectorizes, then widened and scaled in a second one. */
@@ -93,7 +92,8 @@ static inline void int8h_row(const uint8_t *restrict up, const uint8_t *restrict
     }
 }
 
-/* full: int8_hier rows read with both halves (else the upper ones alone); other types ignore it. */
+/* Row (slot, kvh) of K (which 0) or V (1) as fp32: a pointer into f32 pages, or `row` filled. full:
+ * int8_hier rows read with both halves (else the upper ones alone); other types ignore it. */
 static inline const float *read_row(const osp_cpu_kv_pages *kv, int which, int64_t slot, int64_t kvh,
                                     int64_t n_head_kv, int64_t head_dim, float *restrict row, uint16_t *restrict half,
                                     bool full) {
