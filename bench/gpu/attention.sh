@@ -21,17 +21,17 @@ rows = [json.loads(l) for f in sys.argv[1:] for l in open(f) if l.strip()]
 by = {}
 for r in rows:
     by.setdefault((r["kind"], r["B"], r["ctx"]), {})[r["kernel"]] = r
-ks = ["v3", "v3-np", "v2", "v2-fold", "v1", "v0", "sdpa"]
+ks = ["v4", "v3", "v3-np", "v2", "v2-fold", "v1", "v0", "sdpa"]
 print(f"{'kind':8} {'B':>3} {'ctx':>7} | " + " ".join(f"{n + ' us':>9}" for n in ks) +
-      f" | {'best':>8} {'sdpa':>8} {'unit':>6} | {'best/sdpa':>9} {'v3/v2':>6} {'v2/sdpa':>7} {'v2/v1':>6}")
+      f" | {'best':>8} {'sdpa':>8} {'unit':>6} | {'best/sdpa':>9} {'v3/v2':>6} {'v2/sdpa':>7} {'v2/v1':>6} {'v4/v2':>6}")
 for (kind, B, ctx), k in sorted(by.items()):
     unit = "GB/s" if kind == "decode" else "TF/s"
     f = "gbps" if kind == "decode" else "tflops"
-    v3, v2, v1, s = k.get("v3"), k.get("v2"), k.get("v1"), k.get("sdpa")
+    v4, v3, v2, v1, s = k.get("v4"), k.get("v3"), k.get("v2"), k.get("v1"), k.get("sdpa")
     best = v3 or v2  # the default kernel of the shape: v3 where it runs (prefill, D 128), else v2
     def us(n): return f"{k[n]['us']:9.1f}" if n in k else f"{'-':>9}"
     def ratio(a, b, w): return f"{b['us'] / a['us']:{w}.2f}" if a and b else f"{'-':>{w}}"
     print(f"{kind:8} {B:3d} {ctx:7d} | " + " ".join(us(n) for n in ks) +
           f" | {best[f] if best else 0:8.1f} {s[f] if s else 0:8.1f} {unit:>6} | {ratio(best, s, 9)} {ratio(v3, v2, 6)} "
-          f"{ratio(v2, s, 7)} {ratio(v2, v1, 6)}")
+          f"{ratio(v2, s, 7)} {ratio(v2, v1, 6)} {ratio(v4, v2, 6)}")
 PY

@@ -8,7 +8,8 @@
  * with gbps = K + V bytes read once (B * ctx * n_kv * D * 2 bytes * 2) over the time, tflops =
  * causal FLOPs (2 * 2 * n^2 / 2 * D * n_head) over the time; bench/gpu/attention.sh puts PyTorch's
  * SDPA on the same shapes beside it. kernel: "v2" (the tensor-core kernel with wgmma, its own choice of
- * mode), "v2-fold" (the same in fold mode), "v1" (mma.sync), "v0" (the CUDA-core fallback).
+ * mode), "v2-fold" (the same in fold mode), "v1" (mma.sync), "v0" (the CUDA-core fallback), "v4" (decode:
+ * split mode with the keys on the long side of the products, attention_dec.cu).
  *
  * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v2|v2-fold|v1|v0: that kernel only;
  *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first)
@@ -132,13 +133,15 @@ static void run(const shape *sh) {
     CK(cudaMemcpy(d_q, q, sizeof(uint16_t) * (size_t)(T * H * D), cudaMemcpyHostToDevice));
 
     /* ws: v3 (attention_ws.cu) for fold mode at D 128, with ping-pong (v3) or without (v3-np); v2 never */
-    static const struct { const char *name; int mode, mma, ws; } ks[] = {
-        {"v3", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_PINGPONG},
-        {"v3-np", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_ON},
-        {"v2", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_OFF},
-        {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF},
-        {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF},
-        {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF}};
+    /* dec: v4 (attention_dec.cu, split mode for short query tiles) every launch it serves, or never */
+    static const struct { const char *name; int mode, mma, ws, dec; } ks[] = {
+        {"v4", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_ALL},
+        {"v3", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_PINGPONG, OSP_CUDA_ATTN_DEC_OFF},
+        {"v3-np", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_ON, OSP_CUDA_ATTN_DEC_OFF},
+        {"v2", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
+        {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
+        {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
+        {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF}};
     const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * (g_fp8 ? 1.0 : 2.0);
     const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
     cudaEvent_t e0, e1;
@@ -148,10 +151,12 @@ static void run(const shape *sh) {
         if (g_only && strcmp(g_only, ks[ki].name)) continue;
         if (!g_only && ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
         if (!g_only && ks[ki].ws != OSP_CUDA_ATTN_WS_OFF && (!prefill || D != 128)) continue; /* v3: fold mode, D 128 */
+        if (!g_only && ks[ki].dec != OSP_CUDA_ATTN_DEC_OFF && prefill) continue; /* v4: short query tiles */
         if (ks[ki].mode == OSP_CUDA_ATTN_V0 && prefill && ctx > 16384) continue; /* v0: ~0.5 s a launch */
         osp_cuda_attention_force_mode(ks[ki].mode);
         osp_cuda_attention_force_mma(ks[ki].mma);
         osp_cuda_attention_ws(ks[ki].ws, g_ws_stages);
+        osp_cuda_attention_dec(ks[ki].dec);
 #define LAUNCH()                                                                                     \
     OK(osp_cuda_paged_attention_q(d_q, k, v, g_fp8 ? OSP_KV_PAGE_FP8 : OSP_KV_PAGE_F16, &kq, d_out, B, d_qsl, d_pos, \
                                   d_bt, nb_seq, BS, T, H, HKV, D, 0.08838834764f, 0, ctx, d_ws, NULL))
@@ -186,6 +191,7 @@ static void run(const shape *sh) {
     osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
     osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
     osp_cuda_attention_ws(-1, 0);
+    osp_cuda_attention_dec(-1);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     osp_cuda_free(d_fix);
     osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);

@@ -277,12 +277,16 @@ static int g_mode = OSP_CUDA_ATTN_V0;
 /* the test's name for v3 (attention_ws.cu): fold mode under wgmma with the warp-specialized kernel and
  * ping-pong, every launch (decode batches too, which auto mode would split); D 128, f16 pages */
 #define TEST_V3 100
-static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, TEST_V3};
+/* the test's name for v4 (attention_dec.cu): split mode with the keys on the long side of the products,
+ * every launch it can serve (prefills too); D 64 / 128, f16 pages, groups up to 16 */
+#define TEST_V4 101
+static const int k_kernels[] = {OSP_CUDA_ATTN_V0, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, TEST_V3, TEST_V4};
 static const char *mode_name(int m) {
     return m == OSP_CUDA_ATTN_V0   ? "v0"
            : m == OSP_CUDA_ATTN_V1 ? "v1"
            : m == OSP_CUDA_ATTN_V2 ? "v2"
            : m == TEST_V3 ? "v3"
+           : m == TEST_V4 ? "v4"
            : m == OSP_CUDA_ATTN_FOLD ? "fold"
                                      : "split";
 }
@@ -291,18 +295,21 @@ static bool kernel_applies(int mode, const acase *c) {
     const uint32_t kvt = c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32;
     if (mode == OSP_CUDA_ATTN_V0) return true;
     if (mode == TEST_V3) return c->f16 && c->D == 128;
+    if (mode == TEST_V4) return c->f16 && (c->D == 64 || c->D == 128) && c->n_head / c->n_kv <= 16;
     if (!osp_cuda_attention_uses_v1(mode, kvt, c->D)) return false;
     return mode != OSP_CUDA_ATTN_V2 || osp_cuda_attention_v2_supported(kvt, c->D);
 }
 
 static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
     const acase *c = &b->c;
-    const bool v3 = g_mode == TEST_V3;
-    osp_cuda_attention_force_mode(v3 ? OSP_CUDA_ATTN_FOLD : g_mode);
+    const bool v3 = g_mode == TEST_V3, v4 = g_mode == TEST_V4;
+    osp_cuda_attention_force_mode(v3 ? OSP_CUDA_ATTN_FOLD : v4 ? OSP_CUDA_ATTN_V2 : g_mode);
     if (v3) { /* fold mode by v3 for every launch, then back to the defaults */
         osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_WGMMA);
         osp_cuda_attention_ws(OSP_CUDA_ATTN_WS_PINGPONG, 0);
     }
+    /* v4 for every launch it serves (split mode: max_seq_len > 256); v2 otherwise; nothing else v4 */
+    osp_cuda_attention_dec(v4 ? OSP_CUDA_ATTN_DEC_ALL : OSP_CUDA_ATTN_DEC_OFF);
     const osp_status st = osp_cuda_paged_attention(d->q, d->k, d->v, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d->out,
                                                    c->num_seqs, d->qsl, d->positions, d->block_table, b->max_blocks,
                                                    c->bs, b->T, c->n_head, c->n_kv, c->D, batch_scale(b), c->window,
@@ -311,6 +318,7 @@ static osp_status dev_launch(const dev_bufs *d, const batch *b, void *stream) {
         osp_cuda_attention_ws(-1, 0);
         osp_cuda_attention_force_mma(OSP_CUDA_ATTN_MMA_AUTO);
     }
+    osp_cuda_attention_dec(-1);
     return st;
 }
 
@@ -332,7 +340,7 @@ static void dev_check(const dev_bufs *d, const batch *b, void *stream, const cha
     /* v1 (tensor cores: f16 pages, D <= 128) rounds P to f16 for the P V product: each weight p_j
      * carries a relative error up to 2^-11 that the fp32 denominator does not, so the result moves by
      * sum_j w_j eps_j v_j <= 2^-11 vmax at worst; 2^-10 vmax allows that and the fp32 terms above. */
-    const bool v1 = g_mode == TEST_V3 || osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D);
+    const bool v1 = g_mode == TEST_V3 || g_mode == TEST_V4 || osp_cuda_attention_uses_v1(g_mode, c->f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, c->D);
     const float abs_tol = ldexpf(b->vmax, v1 ? -10 : -12);
     double err_sum = 0.0, ref_sum = 0.0;
     int64_t bad = 0, exact = 0; /* exact: gpu == bf16(cpu), a measure of the fp32 agreement */
@@ -556,7 +564,7 @@ static void test_random_batches(void **state) {
 static void test_graph_replay(void **state) {
     (void)state;
     static const head_cfg cfgs[] = {{32, 8, 128}, {9, 3, 64}};
-    for (int run = 0; run < 8; run++) { /* v0, v1, v2, v3 on each shape */
+    for (int run = 0; run < 10; run++) { /* v0, v1, v2, v3, v4 on each shape */
         const int ci = run % 2;
         g_mode = k_kernels[run / 2];
         if (g_mode == TEST_V3 && cfgs[ci].D != 128) continue;
@@ -612,13 +620,20 @@ static void test_graph_replay(void **state) {
 
 /* ---- batch invariance (v1) ------------------------------------------------------------------------- */
 
-/* Runs batch b under force mode `mode` and returns its output bits (T * n_head * D, caller frees). */
-static uint16_t *run_bits(const batch *b, int mode) {
+/* Runs batch b under force mode `mode` with v4 in mode `dec` (OSP_CUDA_ATTN_DEC_*) and returns its
+ * output bits (T * n_head * D, caller frees). */
+static uint16_t *run_bits(const batch *b, int mode, int dec) {
     dev_bufs d;
     dev_alloc(&d, b, b->T);
     dev_upload(&d, b, NULL);
     g_mode = mode;
-    const osp_status st = dev_launch(&d, b, NULL);
+    osp_cuda_attention_force_mode(mode);
+    osp_cuda_attention_dec(dec);
+    const osp_status st = osp_cuda_paged_attention(d.q, d.k, d.v, b->c.f16 ? OSP_KV_PAGE_F16 : OSP_KV_PAGE_F32, d.out,
+                                                   b->c.num_seqs, d.qsl, d.positions, d.block_table, b->max_blocks,
+                                                   b->c.bs, b->T, b->c.n_head, b->c.n_kv, b->c.D, batch_scale(b),
+                                                   b->c.window, b->max_seq_len, d.ws, NULL);
+    osp_cuda_attention_dec(-1);
     g_mode = OSP_CUDA_ATTN_V0;
     if (st != OSP_OK) printf("  run_bits: %s\n", osp_last_error());
     assert_int_equal(st, OSP_OK);
@@ -717,7 +732,7 @@ static void test_batch_invariance(void **state) {
             dev_free(&d);
             g_mode = OSP_CUDA_ATTN_V0;
         }
-        uint16_t *ref = run_bits(&full, base_mode);
+        uint16_t *ref = run_bits(&full, base_mode, OSP_CUDA_ATTN_DEC_OFF);
         const int64_t hd = (int64_t)c.n_head * c.D;
         /* X's token ranges as sequence 0, with company */
         typedef struct { int n; int32_t start[4], count[4]; } layout;
@@ -729,27 +744,37 @@ static void test_batch_invariance(void **state) {
         /* modes, v1's launch shapes (osp_cuda_attention_v1_tune: fold stages, split stages, split
          * waves, chunks per split CTA; 0 the default) and fold mode's CTA order (the last: slot order,
          * not longest first): none may change a bit */
-        const int modes[] = {base_mode, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD,
-                             OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_FOLD};
+        const int modes[] = {base_mode,          OSP_CUDA_ATTN_FOLD,  OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT,
+                             OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_FOLD,  OSP_CUDA_ATTN_FOLD,  OSP_CUDA_ATTN_FOLD,
+                             base_mode,          OSP_CUDA_ATTN_SPLIT, base_mode};
         static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3},
-                                       {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+                                       {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},
+                                       {0, 0, 0, 0}, {0, 4, 0, 3}, {0, 2, 0, 0}};
         /* the last two: fold mode by v3 (D 128 under wgmma; elsewhere the same launches as mode 1)
          * with ping-pong and 4 stages, and without it with 3: v3's rows must be v2's bits */
         static const int ws_modes[][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0},
-                                          {OSP_CUDA_ATTN_WS_PINGPONG, 4}, {OSP_CUDA_ATTN_WS_ON, 3}};
+                                          {OSP_CUDA_ATTN_WS_PINGPONG, 4}, {OSP_CUDA_ATTN_WS_ON, 3},
+                                          {0, 0}, {0, 0}, {0, 0}};
+        /* v4 (under wgmma; elsewhere the same launches as v1's): every launch it serves, by default
+         * shape, with 4 stages and 3 chunks a CTA, and auto (decode launches only) with 2 stages:
+         * v4's rows must be v2's bits too */
+        static const int dec_modes[] = {OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF,
+                                        OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF,
+                                        OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_ALL,
+                                        OSP_CUDA_ATTN_DEC_ALL, OSP_CUDA_ATTN_DEC_AUTO};
         const int n_modes = (int)(sizeof modes / sizeof modes[0]);
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)
             for (int mi = 0; mi < n_modes; mi++) {
                 /* under a sanitizer (racecheck runs ~1000x slower): two layouts, the base mode, split
                  * mode and v3, so the test finishes inside one device call */
-                if (sanitizer_subset() && (li > 1 || (mi != 0 && mi != 2 && mi != 6))) continue;
+                if (sanitizer_subset() && (li > 1 || (mi != 0 && mi != 2 && mi != 6 && mi != 8))) continue;
                 batch b;
                 derive(&b, &full, lays[li].n, lays[li].start, lays[li].count, 7100u + li);
                 osp_cuda_attention_v1_tune(tunes[mi][0], tunes[mi][1], tunes[mi][2], tunes[mi][3]);
                 osp_cuda_attention_tile_order(mi != 5);
                 osp_cuda_attention_ws(ws_modes[mi][0] ? ws_modes[mi][0] : OSP_CUDA_ATTN_WS_OFF, ws_modes[mi][1]);
-                uint16_t *got = run_bits(&b, modes[mi]);
+                uint16_t *got = run_bits(&b, modes[mi], dec_modes[mi]);
                 osp_cuda_attention_ws(-1, 0);
                 osp_cuda_attention_tile_order(1);
                 osp_cuda_attention_v1_tune(0, 0, 0, 0);
@@ -759,11 +784,11 @@ static void test_batch_invariance(void **state) {
                 if (diff) {
                     int64_t first = 0;
                     while (got[first] == ref[x0 * hd + first]) first++;
-                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, %s order, v3 %d/%d): X's "
-                           "tokens %d.. differ from the one-prefill bits (first at row %lld)\n",
+                    printf("  invariance: heads %d/%d D %d layout %zu mode %d (tune %d %d %d %d, %s order, v3 %d/%d, v4 "
+                           "%d): X's tokens %d.. differ from the one-prefill bits (first at row %lld: %04x vs %04x)\n",
                            c.n_head, c.n_kv, c.D, li, modes[mi], tunes[mi][0], tunes[mi][1], tunes[mi][2],
-                           tunes[mi][3], mi == 5 ? "slot" : "longest-first", ws_modes[mi][0], ws_modes[mi][1], (int)x0,
-                           (long long)(first / hd));
+                           tunes[mi][3], mi == 5 ? "slot" : "longest-first", ws_modes[mi][0], ws_modes[mi][1],
+                           dec_modes[mi], (int)x0, (long long)(first / hd), got[first], ref[x0 * hd + first]);
                 }
                 assert_int_equal(diff, 0);
                 compared += nx;

@@ -510,6 +510,18 @@ static void read_case(uint32_t kvt, const rcase *c, uint64_t seed, const char *w
         }
         free(o);
     }
+    /* v4 (split mode with the keys on the long side, every launch it serves): split mode's bits */
+    if (split_bits && osp_cuda_attention_uses_wgmma(OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_MMA_AUTO, kvt, c->D)) {
+        osp_cuda_attention_dec(OSP_CUDA_ATTN_DEC_ALL);
+        uint16_t *o = gpu_attention(&p, &b, false, OSP_CUDA_ATTN_AUTO);
+        osp_cuda_attention_dec(-1);
+        char w[96];
+        snprintf(w, sizeof w, "%s (v4)", what);
+        check_close(&p, &b, o, ref, w, true);
+        if (memcmp(o, split_bits, bytes)) printf("  %s: v4's bits differ from split mode's\n", what);
+        assert_memory_equal(o, split_bits, bytes);
+        free(o);
+    }
     free(split_bits);
     free(got), free(ref), free(perm);
     qbatch_free(&b);

@@ -51,6 +51,7 @@
 #include "backend/cuda/attention_v1.h"
 #include "backend/cuda/attention_mma.cuh" /* Params, the fold, the PTX wrappers */
 #include "backend/cuda/attention_ws.h"  /* v3: fold mode at D 128, warp-specialized */
+#include "backend/cuda/attention_dec.h" /* v4: split mode for short query tiles */
 
 #include <cuda_fp8.h> /* E4M3 -> f16 (pages of issue 13) */
 
@@ -710,6 +711,16 @@ osp_status launch_mode(const Params &prm, dim3 grid, int stages, bool split, cud
     return split ? launch_stages<D, false, kKind>(prm, grid, stages, st) : launch_stages<D, true, kKind>(prm, grid, stages, st);
 }
 
+/* split mode's merge of the partials in prm's workspace into prm.out */
+template <int D> osp_status merge_launch(const Params &prm, cudaStream_t st) {
+    const int64_t nrow = (int64_t)prm.T * prm.n_head;
+    static_assert(kMergeSmem <= 48 * 1024, "the merge's shared memory");
+    osp_launch(merge_kernel<D>, dim3((unsigned)nrow, D / kMergeDims), kMergeDims, kMergeSmem, st, prm.ws_acc,
+               prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride, prm.v_fixed, prm.n_head / prm.n_head_kv);
+    OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
+    return OSP_OK;
+}
+
 template <int D>
 osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int stages, bool split, int kind, cudaStream_t st) {
     const dim3 grid(n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), split ? n_groups : 1u);
@@ -720,12 +731,7 @@ osp_status launch(const Params &prm, unsigned n_tiles, unsigned n_groups, int st
                                 : launch_mode<D, kKindSync>(prm, grid, stages, split, st);
     else rc = launch_mode<D, kKindSync>(prm, grid, stages, split, st);
     if (rc != OSP_OK || !split) return rc;
-    const int64_t nrow = (int64_t)prm.T * prm.n_head;
-    static_assert(kMergeSmem <= 48 * 1024, "the merge's shared memory");
-    osp_launch(merge_kernel<D>, dim3((unsigned)nrow, D / kMergeDims), kMergeDims, kMergeSmem, st, prm.ws_acc,
-               prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride, prm.v_fixed, prm.n_head / prm.n_head_kv);
-    OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
-    return OSP_OK;
+    return merge_launch<D>(prm, st);
 }
 
 /* CTAs of one launch resident on an SM: shared memory (228 KiB an SM, 1 KiB reserved a CTA) and
@@ -758,6 +764,21 @@ int ws_mode() {
     return g_ws_mode;
 }
 
+/* v4 (osp_cuda_attention_dec): -1 not read yet; then OSP_CUDA_ATTN_DEC_* (OSPREY_CUDA_ATTN_DEC=off / auto
+ * / all, unset: the default) */
+int g_dec_mode = -1;
+int dec_mode() {
+    if (g_dec_mode < 0) {
+        const char *e = getenv("OSPREY_CUDA_ATTN_DEC");
+        g_dec_mode = !e ? OSP_CUDA_ATTN_DEC_DEFAULT
+                     : !strcmp(e, "off") ? OSP_CUDA_ATTN_DEC_OFF
+                     : !strcmp(e, "auto") ? OSP_CUDA_ATTN_DEC_AUTO
+                     : !strcmp(e, "all") ? OSP_CUDA_ATTN_DEC_ALL
+                                         : OSP_CUDA_ATTN_DEC_DEFAULT;
+    }
+    return g_dec_mode;
+}
+
 /* -1: not read yet; then the mode OSPREY_CUDA_ATTENTION names (v0 / v1 / v2 / fold / split; unset: auto)
  * or the one a test forced */
 int g_force_mode = -1;
@@ -772,6 +793,9 @@ extern "C" void osp_cuda_attention_tile_order(int heavy_first) { g_heavy_first =
 extern "C" void osp_cuda_attention_ws(int mode, int stages) {
     g_ws_mode = mode >= OSP_CUDA_ATTN_WS_OFF && mode <= OSP_CUDA_ATTN_WS_PINGPONG ? mode : -1;
     g_ws_stages = stages == 3 || stages == 4 ? stages : 0;
+}
+extern "C" void osp_cuda_attention_dec(int mode) {
+    g_dec_mode = mode >= OSP_CUDA_ATTN_DEC_OFF && mode <= OSP_CUDA_ATTN_DEC_ALL ? mode : -1;
 }
 extern "C" void osp_cuda_attention_v1_tune(int fold_stages, int split_stages, int split_waves, int chunks_per_cta) {
     g_fold_stages = fold_stages >= 2 && fold_stages <= kMaxStages ? fold_stages : 0;
@@ -852,7 +876,14 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: fp8 pages on tensor cores need wgmma (D 64 / "
                                                   "128) and their scales");
     const int kind = fp8 ? kKindWgFp8 : wg ? kKindWg : kKindSync;
-    const bool split = forced == OSP_CUDA_ATTN_SPLIT ? can_split
+    /* v4 (split mode, v2's bits) under the wgmma family where enabled: every launch it can serve (ALL)
+     * or launches of at most 4 query tokens a sequence on average (AUTO: decode, speculative
+     * verification; prefill is v2's / v3's) */
+    const int group = n_head / n_head_kv, dmode = dec_mode();
+    const bool dec = wg && can_split && forced != OSP_CUDA_ATTN_FOLD && dec_rows(group) > 0 &&
+                     (dmode == OSP_CUDA_ATTN_DEC_ALL || (dmode == OSP_CUDA_ATTN_DEC_AUTO && T <= 4 * (int64_t)num_seqs));
+    const bool split = dec                               ? true
+                       : forced == OSP_CUDA_ATTN_SPLIT ? can_split
                        : forced == OSP_CUDA_ATTN_FOLD ? false
                                                       : can_split && ctas < 2 * sm_count();
     if (split && (!d_workspace || ((uintptr_t)d_workspace & 15u)))
@@ -889,6 +920,29 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * a CTA, 528 CTAs in two full waves, where spreading 2,064 chunks evenly over 264 resident CTAs
      * (8 a CTA) made 272 CTAs: a second wave of 8 (predicted to cost a whole wave; not yet measured). The shapes bench/gpu/tune.sh
      * measured (B 1 / 2 / 8 / 64 at 1k .. 128k) keep the counts they were measured with. */
+    if (dec) {
+        prm.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, dec_rows(group));
+        const int64_t dctas = prm.tl.n_tiles * n_head_kv * prm.tl.head_chunks;
+        if (prm.tl.n_tiles > INT32_MAX || (int64_t)n_head_kv * prm.tl.head_chunks > 65535)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
+        const int dstages = g_split_stages ? g_split_stages : dec_default_stages(fp8);
+        const int dsmem = dec_smem_bytes(D, fp8, dec_rows(group), dstages);
+        int64_t res = (int64_t)sm_count() * (int64_t)min(4, 228 * 1024 / (dsmem + 1024)) * (g_split_waves ? g_split_waves : kSplitWaves);
+        int64_t per = g_chunks_per_cta;
+        if (!per) { /* as below: the fewest chunk-times over the waves, ends of a CTA's run counted */
+            int64_t best = INT64_MAX;
+            for (int64_t c = 1; c <= n_chunks && 2 * c + 1 < best; c++) {
+                const int64_t cost = ceil_div(ceil_div(n_chunks, c) * dctas, res) * (2 * c + 1);
+                if (cost < best) best = cost, per = c;
+            }
+        }
+        per = per < 1 ? 1 : per > n_chunks ? n_chunks : per;
+        prm.chunks_per_cta = (int)per;
+        cudaStream_t dst = static_cast<cudaStream_t>(stream);
+        const osp_status rc = dec_launch(prm, (unsigned)ceil_div(n_chunks, per), D, fp8, dstages, dst);
+        if (rc != OSP_OK) return rc;
+        return D == 64 ? merge_launch<64>(prm, dst) : merge_launch<128>(prm, dst);
+    }
     /* v3: fold mode at D 128 under wgmma, where enabled; its rows are v2's bits */
     if (!split && wg && !fp8 && D == 128 && ws_mode() != OSP_CUDA_ATTN_WS_OFF) {
         prm.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, ws_rows());
