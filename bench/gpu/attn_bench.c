@@ -88,6 +88,7 @@ typedef struct {
 
 static const char *g_only; /* one kernel by name, or NULL: all */
 static bool g_fp8;         /* ATTN_KV=fp8: E4M3 pages (issue 13), scales 1 */
+static bool g_nv;          /* ATTN_KV=nvfp4: NVFP4 pages (random codes and E4M3 micro-block scales), tensor scales 1 */
 static int g_ws_stages; /* v3's K/V stages (ATTN_WS_STAGES; 0: the default) */
 
 static void run(const shape *sh) {
@@ -97,13 +98,15 @@ static void run(const shape *sh) {
     const int32_t nb_seq = (ctx + BS - 1) / BS;
     const int64_t nblocks = (int64_t)B * nb_seq;
     const size_t nval = (size_t)(nblocks * BS * HKV * D);
-    void *k = random_pages(nval, g_fp8), *v = random_pages(nval, g_fp8);
+    /* NVFP4: any byte is two E2M1 codes; the micro-block scales are E4M3 codes as fp8's */
+    void *k = random_pages(g_nv ? nval / 2 : nval, g_fp8 || g_nv), *v = random_pages(g_nv ? nval / 2 : nval, g_fp8 || g_nv);
+    void *kscl = g_nv ? random_pages(nval / 16, true) : NULL, *vscl = g_nv ? random_pages(nval / 16, true) : NULL;
     float ones[HKV];
     for (int i = 0; i < HKV; i++) ones[i] = 1.0f;
     float *d_fix = NULL;
     OK(osp_cuda_malloc((void **)&d_fix, sizeof ones, "scales"));
     CK(cudaMemcpy(d_fix, ones, sizeof ones, cudaMemcpyHostToDevice));
-    const osp_cuda_kv_quant kq = {d_fix, d_fix, NULL, NULL};
+    const osp_cuda_kv_quant kq = {d_fix, d_fix, (uint8_t *)kscl, (uint8_t *)vscl};
     /* block tables: a shuffled pool */
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
     for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
@@ -142,7 +145,7 @@ static void run(const shape *sh) {
         {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
         {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
         {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF}};
-    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * (g_fp8 ? 1.0 : 2.0);
+    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * (g_nv ? 0.5625 : g_fp8 ? 1.0 : 2.0);
     const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -158,7 +161,8 @@ static void run(const shape *sh) {
         osp_cuda_attention_ws(ks[ki].ws, g_ws_stages);
         osp_cuda_attention_dec(ks[ki].dec);
 #define LAUNCH()                                                                                     \
-    OK(osp_cuda_paged_attention_q(d_q, k, v, g_fp8 ? OSP_KV_PAGE_FP8 : OSP_KV_PAGE_F16, &kq, d_out, B, d_qsl, d_pos, \
+    OK(osp_cuda_paged_attention_q(d_q, k, v, g_nv ? OSP_KV_PAGE_NVFP4 : g_fp8 ? OSP_KV_PAGE_FP8 : OSP_KV_PAGE_F16, &kq, \
+                                  d_out, B, d_qsl, d_pos, \
                                   d_bt, nb_seq, BS, T, H, HKV, D, 0.08838834764f, 0, ctx, d_ws, NULL))
         LAUNCH();
         CK(cudaDeviceSynchronize());
@@ -185,7 +189,8 @@ static void run(const shape *sh) {
         const double us = samples[2] * 1e3;
         printf("{\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"kernel\": \"%s%s\", \"us\": %.2f, \"gbps\": %.1f, "
                "\"tflops\": %.2f}\n",
-               sh->kind, B, ctx, ks[ki].name, g_fp8 ? "-fp8" : "", us, kv_bytes / (us * 1e3), flops / (us * 1e6));
+               sh->kind, B, ctx, ks[ki].name, g_nv ? "-nvfp4" : g_fp8 ? "-fp8" : "", us, kv_bytes / (us * 1e3),
+               flops / (us * 1e6));
         fflush(stdout);
     }
     osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
@@ -194,7 +199,7 @@ static void run(const shape *sh) {
     osp_cuda_attention_dec(-1);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     osp_cuda_free(d_fix);
-    osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);
+    osp_cuda_free(k), osp_cuda_free(v), osp_cuda_free(kscl), osp_cuda_free(vscl), osp_cuda_free(d_qsl), osp_cuda_free(d_pos), osp_cuda_free(d_bt);
     osp_cuda_free(d_q), osp_cuda_free(d_out), osp_cuda_free(d_ws);
     free(perm), free(qsl), free(pos), free(q);
 }
@@ -208,6 +213,7 @@ int main(int argc, char **argv) {
     osp_cuda_attention_v1_tune(e1 ? atoi(e1) : 0, e2 ? atoi(e2) : 0, e3 ? atoi(e3) : 0, e4 ? atoi(e4) : 0);
     const char *e8 = getenv("ATTN_KV"); /* fp8: E4M3 pages (v2's tensor-core path, or v0 under v1 / v0) */
     g_fp8 = e8 && !strcmp(e8, "fp8");
+    g_nv = e8 && !strcmp(e8, "nvfp4");
     g_only = getenv("ATTN_KERNEL"); /* one kernel (v3, v3-np, v2, v2-fold, v1 or v0) instead of all */
     const char *e7 = getenv("ATTN_WS_STAGES"); /* v3's K/V stages (3 or 4; unset: the default) */
     g_ws_stages = e7 ? atoi(e7) : 0;

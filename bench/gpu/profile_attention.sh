@@ -15,7 +15,7 @@ for k in ${KERNELS:-v2}; do
     for c in "${cases[@]}"; do
         tag="ncu-$k-$(echo "$c" | tr ' ' '-')"
         # skip the warm-up launch; profile the next one (its attention kernel, not the merge)
-        ncu --kernel-name regex:'attn_ws_kernel|attn_mma_kernel|paged_attention_kernel' --launch-skip 1 --launch-count 1 $secs \
+        ncu --kernel-name regex:'attn_ws_kernel|attn_mma_kernel|attn_dec_kernel|paged_attention_kernel' --launch-skip 1 --launch-count 1 $secs \
             $G/bin/attn_bench one $c $k > "$dir/$tag.txt" 2>&1
         echo "== $tag"
         grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Stall|Executed Ipc|Shared|Bank" "$dir/$tag.txt" | head -24

@@ -746,22 +746,22 @@ static void test_batch_invariance(void **state) {
          * not longest first): none may change a bit */
         const int modes[] = {base_mode,          OSP_CUDA_ATTN_FOLD,  OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_SPLIT,
                              OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_FOLD,  OSP_CUDA_ATTN_FOLD,  OSP_CUDA_ATTN_FOLD,
-                             base_mode,          OSP_CUDA_ATTN_SPLIT, base_mode};
+                             base_mode,          OSP_CUDA_ATTN_SPLIT, base_mode,           OSP_CUDA_ATTN_FOLD};
         static const int tunes[][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 3, 0, 3},
                                        {4, 4, 0, 2}, {0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0},
-                                       {0, 0, 0, 0}, {0, 4, 0, 3}, {0, 2, 0, 0}};
+                                       {0, 0, 0, 0}, {0, 4, 0, 3}, {0, 2, 0, 0}, {3, 0, 0, 0}};
         /* the last two: fold mode by v3 (D 128 under wgmma; elsewhere the same launches as mode 1)
          * with ping-pong and 4 stages, and without it with 3: v3's rows must be v2's bits */
         static const int ws_modes[][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0},
                                           {OSP_CUDA_ATTN_WS_PINGPONG, 4}, {OSP_CUDA_ATTN_WS_ON, 3},
-                                          {0, 0}, {0, 0}, {0, 0}};
+                                          {0, 0}, {0, 0}, {0, 0}, {0, 0}};
         /* v4 (under wgmma; elsewhere the same launches as v1's): every launch it serves, by default
-         * shape, with 4 stages and 3 chunks a CTA, and auto (decode launches only) with 2 stages:
-         * v4's rows must be v2's bits too */
+         * shape, in split mode with 4 stages and 3 chunks a CTA, auto (decode launches only) with 2
+         * stages, and every launch in fold mode with 3: v4's rows must be v2's bits too */
         static const int dec_modes[] = {OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF,
                                         OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF,
                                         OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_ALL,
-                                        OSP_CUDA_ATTN_DEC_ALL, OSP_CUDA_ATTN_DEC_AUTO};
+                                        OSP_CUDA_ATTN_DEC_ALL, OSP_CUDA_ATTN_DEC_AUTO, OSP_CUDA_ATTN_DEC_ALL};
         const int n_modes = (int)(sizeof modes / sizeof modes[0]);
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)

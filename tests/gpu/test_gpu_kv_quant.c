@@ -490,13 +490,15 @@ static void read_case(uint32_t kvt, const rcase *c, uint64_t seed, const char *w
         assert_memory_equal(got, deq, bytes);
         free(deq);
     }
-    /* the tensor-core modes: E4M3 pages at D 64 / 128 under wgmma run the tensor-core kernel (checked
-     * against the CPU, and fold mode's bits against split mode's); elsewhere they still run v0 (its bits) */
+    /* the tensor-core modes: E4M3 pages at D 64 / 128 under wgmma run the tensor-core kernel, NVFP4 pages
+     * at D 64 / 128 (groups up to 16) v4 in every mode but v0 (checked against the CPU, and fold mode's
+     * bits against split mode's); elsewhere they still run v0 (its bits) */
     const int modes[] = {OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
     uint16_t *split_bits = NULL;
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
         uint16_t *o = gpu_attention(&p, &b, false, modes[m]);
-        if (osp_cuda_attention_uses_wgmma(modes[m], OSP_CUDA_ATTN_MMA_AUTO, kvt, c->D)) {
+        if (osp_cuda_attention_uses_wgmma(modes[m], OSP_CUDA_ATTN_MMA_AUTO, kvt, c->D) ||
+            (kvt == OSP_KV_PAGE_NVFP4 && osp_cuda_attention_v4_nvfp4(modes[m], c->D, c->n_head / c->n_kv))) {
             char w[96];
             snprintf(w, sizeof w, "%s (tensor cores, mode %d)", what, modes[m]);
             check_close(&p, &b, o, ref, w, true);
@@ -512,15 +514,17 @@ static void read_case(uint32_t kvt, const rcase *c, uint64_t seed, const char *w
     }
     /* v4 (split mode with the keys on the long side, every launch it serves): split mode's bits */
     if (split_bits && osp_cuda_attention_uses_wgmma(OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_MMA_AUTO, kvt, c->D)) {
-        osp_cuda_attention_dec(OSP_CUDA_ATTN_DEC_ALL);
-        uint16_t *o = gpu_attention(&p, &b, false, OSP_CUDA_ATTN_AUTO);
-        osp_cuda_attention_dec(-1);
-        char w[96];
-        snprintf(w, sizeof w, "%s (v4)", what);
-        check_close(&p, &b, o, ref, w, true);
-        if (memcmp(o, split_bits, bytes)) printf("  %s: v4's bits differ from split mode's\n", what);
-        assert_memory_equal(o, split_bits, bytes);
-        free(o);
+        for (int fold = 0; fold < 2; fold++) {
+            osp_cuda_attention_dec(OSP_CUDA_ATTN_DEC_ALL);
+            uint16_t *o = gpu_attention(&p, &b, false, fold ? OSP_CUDA_ATTN_FOLD : OSP_CUDA_ATTN_AUTO);
+            osp_cuda_attention_dec(-1);
+            char w[96];
+            snprintf(w, sizeof w, "%s (v4%s)", what, fold ? ", fold mode" : "");
+            check_close(&p, &b, o, ref, w, true);
+            if (memcmp(o, split_bits, bytes)) printf("  %s: v4's bits differ from split mode's\n", w);
+            assert_memory_equal(o, split_bits, bytes);
+            free(o);
+        }
     }
     free(split_bits);
     free(got), free(ref), free(perm);
@@ -629,7 +633,9 @@ static void test_read_invariance(void **state) {
                 if (li == 0) {
                     float *cref = cpu_attention(&p, &b);
                     check_close(&p, &b, got, cref, "invariance reference",
-                                osp_cuda_attention_uses_wgmma(OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_MMA_AUTO, kvts[k], heads[h].D));
+                                osp_cuda_attention_uses_wgmma(OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_MMA_AUTO, kvts[k], heads[h].D) ||
+                                    (kvts[k] == OSP_KV_PAGE_NVFP4 &&
+                                     osp_cuda_attention_v4_nvfp4(OSP_CUDA_ATTN_AUTO, heads[h].D, heads[h].n_head / heads[h].n_kv)));
                     free(cref);
                     ref = got;
                 } else {

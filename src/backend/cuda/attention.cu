@@ -708,11 +708,15 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
     if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
 
-    /* the tensor-core kernel takes f16 pages, and E4M3 pages under wgmma (osp_cuda_attention_tc_serves);
-     * NVFP4 pages, and E4M3 elsewhere, run here whatever mode is forced */
-    if (osp_cuda_attention_tc_serves(kv_type, D))
+    /* the tensor-core kernels take f16 pages, E4M3 pages under wgmma (osp_cuda_attention_tc_serves) and
+     * NVFP4 pages at D 64 / 128 (v4, osp_cuda_attention_v4_nvfp4); the rest runs here whatever mode is
+     * forced */
+    const bool nv_tc = kv_type == OSP_KV_PAGE_NVFP4 &&
+                       osp_cuda_attention_v4_nvfp4(osp_cuda_attention_forced_mode(), D, n_head / n_head_kv);
+    if (nv_tc || osp_cuda_attention_tc_serves(kv_type, D))
         return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, kv_type, quant ? kq->d_k_fixed : NULL,
-                                           quant ? kq->d_v_fixed : NULL, d_out, num_seqs, d_query_start_loc, d_positions,
+                                           quant ? kq->d_v_fixed : NULL, nv_tc ? kq->d_k_scale : NULL,
+                                           nv_tc ? kq->d_v_scale : NULL, d_out, num_seqs, d_query_start_loc, d_positions,
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);
     const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len, quant);

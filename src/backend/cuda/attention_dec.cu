@@ -55,11 +55,18 @@ constexpr int kThreads = 128; /* 4 warps */
 constexpr int kKeys = 64;     /* keys a tile: v2's (part of the numerics) */
 constexpr int kPS = kKeys + 8; /* P^T's shared row stride, halves (144 bytes: ldmatrix without conflicts) */
 
-/* shared row stride of a K/V row, bytes: padded by 16 so ldmatrix's 8 rows hit distinct banks */
-template <int D, bool kFp8> constexpr int row_bytes() { return (kFp8 ? D : 2 * D) + 16; }
-template <int D, bool kFp8, int NQ, int ST> constexpr int smem_bytes() {
-    return ST * 2 * kKeys * row_bytes<D, kFp8>() + 8 * NQ * kPS * 2 /* sP */ + 4 * 8 * NQ * 4 /* sMax */ +
-           8 * NQ * 32 * 4 /* sPair */;
+/* page formats (template KV): f16, E4M3 (read from the staged codes into the fragments), NVFP4 (each
+ * tile's codes and micro-block scales staged, then widened once into an f16 tile the f16 path reads) */
+constexpr int kPageF16 = OSP_CUDA_DEC_F16, kPageFp8 = OSP_CUDA_DEC_FP8, kPageNv = OSP_CUDA_DEC_NVFP4;
+
+/* shared row stride of a K/V row the products read, bytes: padded by 16 so ldmatrix's 8 rows hit
+ * distinct banks */
+template <int D, int KV> constexpr int row_bytes() { return (KV == kPageFp8 ? D : 2 * D) + 16; }
+/* NVFP4: one stage of the codes (K then V, [kKeys][D / 2]) and scales (K then V, [kKeys][D / 16]) */
+template <int D> constexpr int nv_stage_bytes() { return 2 * kKeys * (D / 2) + 2 * kKeys * (D / 16); }
+template <int D, int KV, int NQ, int ST> constexpr int smem_bytes() {
+    return (KV == kPageNv ? 2 * kKeys * row_bytes<D, KV>() + ST * nv_stage_bytes<D>() : ST * 2 * kKeys * row_bytes<D, KV>()) +
+           8 * NQ * kPS * 2 /* sP */ + 4 * 8 * NQ * 4 /* sMax */ + 8 * NQ * 32 * 4 /* sPair */ + 8 * NQ * 4 /* sLc */;
 }
 
 __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
@@ -78,28 +85,67 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3);
     return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
+/* cp.async of 4 or 8 bytes (zero-filled when !valid) */
+template <int N> __device__ __forceinline__ void cp_async_small(uint32_t dst, const void *src, bool valid) {
+    static_assert(N == 4 || N == 8, "cp.async.ca size");
+    const int n = valid ? N : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(n));
+}
+/* Eight E2M1 codes (a 32-bit word of NVFP4 pairs: value 2 i in the low nibble of byte i, sign in the
+ * nibble's bit 3) times one micro-block scale s2 = (s, s) in f16 -> four f16x2 words (values 0, 1 in
+ * out[0]), exactly: every E2M1 value is a half (its high byte from an 8-entry table by PRMT, the sign
+ * set by bit operations), and the product of an E2M1 value and an E4M3 scale has at most 6
+ * significant bits between 2^-10 and 2688, so the f16 product is exact (OCP MX spec v1.0 section 5.3.3,
+ * NVIDIA's NVFP4 description; src/kv/kv_cache.h). */
+__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, uint32_t s2, uint32_t (&out)[4]) {
+    constexpr uint32_t kT0 = 0x3E3C3800u, kT1 = 0x46444240u; /* high bytes of 0, .5, 1, 1.5 | 2, 3, 4, 6 */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t q = h ? w >> 16 : w; /* nibbles 4 h .. 4 h + 3: values 4 h .. 4 h + 3 */
+        const uint32_t mag = __byte_perm(kT0, kT1, q & 0x7777u);
+        uint32_t a = __byte_perm(mag, 0u, 0x1404u), b = __byte_perm(mag, 0u, 0x3424u);
+        a |= ((q << 12) & 0x8000u) | ((q << 24) & 0x80000000u); /* nibble bits 3, 7 -> 15, 31 */
+        b |= ((q << 4) & 0x8000u) | ((q << 16) & 0x80000000u);  /* nibble bits 11, 15 -> 15, 31 */
+        const __half2 ha = __hmul2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&s2));
+        const __half2 hb = __hmul2(*reinterpret_cast<const __half2 *>(&b), *reinterpret_cast<const __half2 *>(&s2));
+        out[2 * h] = *reinterpret_cast<const uint32_t *>(&ha);
+        out[2 * h + 1] = *reinterpret_cast<const uint32_t *>(&hb);
+    }
+}
 
 /* D: head_dim (64, 128); NQ: 8-row blocks of query rows (rows <= 8 NQ); ST: K/V stages in flight;
- * kFp8: E4M3 pages. Split mode only (p.ws_acc, p.ws_ml, p.ws_stride, p.chunks_per_cta). */
-template <int D, int NQ, int ST, bool kFp8>
+ * KV: the page format (kPageF16, kPageFp8, kPageNv); kFold: fold mode (a CTA walks every chunk of its tile and folds them as v2's fold
+ * mode does: fold_state / fold_elem in chunk order, then out = O / L, times the V scale) instead of
+ * split mode (p.ws_acc, p.ws_ml, p.ws_stride, p.chunks_per_cta). */
+template <int D, int NQ, int ST, int KV, bool kFold>
 __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
     osp_pdl_begin();
     static_assert(D == 64 || D == 128, "head_dim");
     static_assert(ST >= 2 && ST <= 4, "stages");
+    constexpr bool kFp8 = KV == kPageFp8, kNvfp4 = KV == kPageNv;
     constexpr int R = 8 * NQ;           /* query rows a CTA */
     constexpr int KT = D / 16;          /* k-steps of S^T */
     constexpr int MB = D / 64;          /* O^T's 16-dimension blocks a warp */
-    constexpr int RB = row_bytes<D, kFp8>();
-    constexpr int TB = kKeys * RB;      /* one K (or V) tile in shared memory */
-    constexpr int ESZ = kFp8 ? 1 : 2;   /* bytes a value in the pages */
-    constexpr int LCPR = D * ESZ / 16;  /* 16-byte chunks a K/V row */
-    constexpr int LCPT = kKeys * LCPR / kThreads; /* chunks a thread per K (or V) tile */
+    constexpr int RB = row_bytes<D, KV>();
+    constexpr int TB = kKeys * RB;      /* one K (or V) tile the products read */
+    /* bytes of a K/V row in the pages and in a staged tile; 16-byte chunks of it; a thread's per tile */
+    constexpr int PRB = kNvfp4 ? D / 2 : kFp8 ? D : 2 * D;
+    constexpr int LCPR = PRB / 16;
+    constexpr int LCPT = kKeys * LCPR / kThreads;
     static_assert(LCPT * kThreads == kKeys * LCPR, "tile chunking");
+    constexpr int SRB = kNvfp4 ? PRB : RB; /* staged row stride: NVFP4 codes unpadded (read linearly) */
+    constexpr int SB = D / 16;             /* NVFP4: micro-block scale bytes a row */
+    /* a stage: [K, V][kKeys][SRB] (+ NVFP4: the scales [K, V][kKeys][SB]) */
+    constexpr int STB = kNvfp4 ? nv_stage_bytes<D>() : 2 * TB;
     extern __shared__ uint4 dec_smem[];
-    char *sKV = reinterpret_cast<char *>(dec_smem);                     /* [ST][K, V][kKeys][RB] */
-    uint16_t *sP = reinterpret_cast<uint16_t *>(sKV + ST * 2 * TB);     /* P^T [R][kPS] f16 */
+    /* NVFP4: the f16 tile [K, V][kKeys][RB] the products read, then the stages; else the stages are
+     * what the products read */
+    char *sKV = reinterpret_cast<char *>(dec_smem);
+    char *sStage = sKV + (kNvfp4 ? 2 * TB : 0);                       /* [ST][STB] */
+    uint16_t *sP = reinterpret_cast<uint16_t *>(sStage + ST * STB);  /* P^T [R][kPS] f16 */
     float *sMax = reinterpret_cast<float *>(sP + R * kPS);              /* [4 warps][R] */
     float *sPair = sMax + 4 * R;                                        /* [R][4 tq][8 n] */
+    float *sLc = sPair + R * 32;                                        /* fold mode: a chunk's l per row */
 
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, c4 = lane & 3;
@@ -117,17 +163,19 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
     }
     int kb = k_first / kKeys * kKeys, ke = kv_len;
-    const int c_begin = (int)blockIdx.z * p.chunks_per_cta;
-    if (c_begin * kChunk >= kv_len) return;
-    const int c_end = min(c_begin + p.chunks_per_cta, (kv_len + kChunk - 1) / kChunk);
-    for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
-        for (int r = tid; r < rows; r += kThreads) {
-            const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-            p.ws_ml[orow * p.ws_stride + c] = make_float2(-INFINITY, 0.0f);
-        }
-    kb = max(kb, c_begin * kChunk);
-    ke = min(ke, c_end * kChunk);
-    if (kb >= ke) return;
+    if constexpr (!kFold) {
+        const int c_begin = (int)blockIdx.z * p.chunks_per_cta;
+        if (c_begin * kChunk >= kv_len) return;
+        const int c_end = min(c_begin + p.chunks_per_cta, (kv_len + kChunk - 1) / kChunk);
+        for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
+            for (int r = tid; r < rows; r += kThreads) {
+                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+                p.ws_ml[orow * p.ws_stride + c] = make_float2(-INFINITY, 0.0f);
+            }
+        kb = max(kb, c_begin * kChunk);
+        ke = min(ke, c_end * kChunk);
+        if (kb >= ke) return;
+    }
 
     /* Q^T fragments (B of S^T): column 8 nq + g is row 8 nq + g of the tile; k-step kk's registers hold
      * dims 16 kk + 2 c4, + 1 and 16 kk + 2 c4 + 8, + 9, as f16 (v2's rounding: bf16 -> f16, clamped) */
@@ -157,33 +205,44 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
             first[nq][ci] = p.window > 0 && lim[nq][ci] > p.window ? lim[nq][ci] - p.window : 0;
         }
 
-    /* K/V loader: v2's (slots one tile ahead; keys >= ke zero-filled), into padded rows */
+    /* K/V loader: v2's (slots one tile ahead; keys >= ke zero-filled), into padded rows (NVFP4: the
+     * codes unpadded, and thread t's key t mod 64's K (t < 64) or V micro-block scales) */
     const int32_t *bt = p.block_table + (int64_t)w.s * p.max_blocks;
-    const int64_t row_bytes_g = (int64_t)p.n_head_kv * D * ESZ;
+    const int64_t row_bytes_g = (int64_t)p.n_head_kv * PRB;
     const int part = tid % LCPR, jrow = tid / LCPR;
-    const char *kbase = reinterpret_cast<const char *>(p.k_pages) + (int64_t)kvh * D * ESZ + part * 16,
-               *vbase = reinterpret_cast<const char *>(p.v_pages) + (int64_t)kvh * D * ESZ + part * 16;
-    const uint32_t s0 = smem_u32(sKV) + (uint32_t)(jrow * RB + part * 16);
-    auto fetch_slots = [&](int k0, int (&slot)[LCPT]) {
-#pragma unroll
-        for (int u = 0; u < LCPT; u++) {
-            const int key = k0 + jrow + u * (kThreads / LCPR);
-            const int blk = p.bdiv.div(key);
-            slot[u] = key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
-        }
+    const char *kbase = reinterpret_cast<const char *>(p.k_pages) + (int64_t)kvh * PRB + part * 16,
+               *vbase = reinterpret_cast<const char *>(p.v_pages) + (int64_t)kvh * PRB + part * 16;
+    const uint32_t s0 = smem_u32(sStage) + (uint32_t)(jrow * SRB + part * 16);
+    const int skey = tid & (kKeys - 1);
+    const uint8_t *sbase = kNvfp4 ? (tid < kKeys ? p.k_scale : p.v_scale) + (int64_t)kvh * SB : nullptr;
+    const uint32_t ss0 = smem_u32(sStage) + (uint32_t)(2 * kKeys * SRB + (tid >= kKeys ? kKeys * SB : 0) + skey * SB);
+    auto slot_of = [&](int key) {
+        const int blk = p.bdiv.div(key);
+        return key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
     };
-    auto load_tile = [&](const int (&slot)[LCPT], int st) {
+    constexpr int NSL = LCPT + (kNvfp4 ? 1 : 0); /* slots a thread looks up a tile (NVFP4: + its scale key's) */
+    auto fetch_slots = [&](int k0, int (&slot)[NSL]) {
+#pragma unroll
+        for (int u = 0; u < LCPT; u++) slot[u] = slot_of(k0 + jrow + u * (kThreads / LCPR));
+        if constexpr (kNvfp4) slot[LCPT] = slot_of(k0 + skey);
+    };
+    auto load_tile = [&](const int (&slot)[NSL], int st) {
 #pragma unroll
         for (int u = 0; u < LCPT; u++) {
             const bool valid = slot[u] >= 0;
             const int64_t off = valid ? (int64_t)slot[u] * row_bytes_g : 0;
-            const uint32_t so = (uint32_t)(st * 2 * TB + u * (kThreads / LCPR) * RB);
+            const uint32_t so = (uint32_t)(st * STB + u * (kThreads / LCPR) * SRB);
             cp_async16(s0 + so, kbase + off, valid);
-            cp_async16(s0 + so + TB, vbase + off, valid);
+            cp_async16(s0 + so + kKeys * SRB, vbase + off, valid);
+        }
+        if constexpr (kNvfp4) {
+            const bool valid = slot[LCPT] >= 0;
+            cp_async_small<SB>(ss0 + (uint32_t)(st * STB), sbase + (valid ? (int64_t)slot[LCPT] * p.n_head_kv * SB : 0), valid);
         }
     };
 
-    const float qscale = kFp8 ? __fmul_rn(p.qscale, p.k_fixed[kvh]) : p.qscale;
+    /* scores scale (log2 domain) times the KV head's K scale (E4M3) or the layer's K tensor scale (NVFP4) */
+    const float qscale = kFp8 || kNvfp4 ? __fmul_rn(p.qscale, p.k_fixed[p.fixed_per_tensor ? 0 : kvh]) : p.qscale;
 
     /* running state: every thread keeps m of its own columns; owner thread (row orow_r = tid / 4, lane
      * tq = tid % 4 of v2's quad) keeps that lane's l (and m again); o: O^T's fragments of this warp's
@@ -192,12 +251,20 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
     const int own_r = tid >> 2, own_tq = tid & 3;
     float m[NQ][2], m_own = -INFINITY, l_own = 0.0f;
     float o[MB][NQ][4];
+    /* fold mode: the folded state of this thread's columns (every thread folds its own copy of (M, L),
+     * the same instructions on the same values) and of its accumulator elements */
+    constexpr int FMB = kFold ? MB : 1;
+    float Ms[NQ][2], Ls[NQ][2], oa[FMB][NQ][4];
 #pragma unroll
-    for (int nq = 0; nq < NQ; nq++) m[nq][0] = m[nq][1] = -INFINITY;
+    for (int nq = 0; nq < NQ; nq++) m[nq][0] = m[nq][1] = Ms[nq][0] = Ms[nq][1] = -INFINITY, Ls[nq][0] = Ls[nq][1] = 0.0f;
 #pragma unroll
     for (int mb = 0; mb < MB; mb++)
 #pragma unroll
         for (int nq = 0; nq < NQ; nq++) o[mb][nq][0] = o[mb][nq][1] = o[mb][nq][2] = o[mb][nq][3] = 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < FMB; mb++)
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++) oa[mb][nq][0] = oa[mb][nq][1] = oa[mb][nq][2] = oa[mb][nq][3] = 0.0f;
 
     /* O^T's rows: dimension of fragment row g (+ 8 hf) of block mb */
     auto out_dim = [&](int mb, int hf) {
@@ -205,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         return kFp8 ? d0 + 2 * g + hf : d0 + g + 8 * hf;
     };
 
-    int slot_next[LCPT];
+    int slot_next[NSL];
     fetch_slots(kb, slot_next);
 #pragma unroll
     for (int i = 0; i < ST - 1; i++) {
@@ -232,7 +299,27 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         }
         cp_async_commit();
         stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
-        const uint32_t sk = smem_u32(sKV) + (uint32_t)(stage * 2 * TB), sv = sk + (uint32_t)TB;
+        if constexpr (kNvfp4) {
+            /* the stage's codes and scales -> the f16 tile, once: unit (K or V, key, micro-block) is 8
+             * code bytes and a scale byte, 16 values, two 16-byte stores (every warp's products of the
+             * previous tile were done before the barrier above) */
+            const char *cs = sStage + stage * STB;
+#pragma unroll
+            for (int i = 0; i < 2 * kKeys * SB / kThreads; i++) {
+                const int u = tid + kThreads * i, kv = u / (kKeys * SB), key = (u / SB) % kKeys, mb = u % SB;
+                const uint2 cw = *reinterpret_cast<const uint2 *>(cs + (kv * kKeys + key) * SRB + 8 * mb);
+                const uint32_t sc8 = (uint8_t)cs[2 * kKeys * SRB + (kv * kKeys + key) * SB + mb];
+                const uint32_t s2 = e4m3x2_to_f16x2(__byte_perm(sc8, 0u, 0x0000u));
+                uint32_t lo[4], hi[4];
+                e2m1x8_scaled(cw.x, s2, lo);
+                e2m1x8_scaled(cw.y, s2, hi);
+                uint4 *dst = reinterpret_cast<uint4 *>(sKV + kv * TB + key * RB + 32 * mb);
+                dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            }
+            __syncthreads();
+        }
+        const uint32_t sk = smem_u32(sKV) + (uint32_t)(kNvfp4 ? 0 : stage * 2 * TB), sv = sk + (uint32_t)TB;
 
         /* S^T: keys 16 warp + g (elements 0, 1) and + 8 (2, 3), columns 8 nq + 2 c4 (+ 1) */
         float sc[NQ][4];
@@ -341,16 +428,34 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
             }
         }
 
-        /* chunk end: its partial, v2's bits, then a fresh chunk */
+        /* chunk end: its partial (split mode) or its fold (fold mode), v2's bits, then a fresh chunk */
         if ((k0 + kKeys) % kChunk == 0 || !more) {
             const int c = k0 / kChunk;
             if (warp < R / 8) { /* the owner warps: every lane an owner; quads are rows */
                 const float lc = quad_sum(l_own);
-                if (own_tq == 0 && own_r < rows) {
+                if constexpr (kFold) {
+                    if (own_tq == 0) sLc[own_r] = lc;
+                } else if (own_tq == 0 && own_r < rows) {
                     const int64_t orow = (int64_t)(t0 + own_r / nh) * p.n_head + h0 + own_r % nh;
                     p.ws_ml[orow * p.ws_stride + c] = make_float2(m_own, lc);
                 }
             }
+            if constexpr (kFold) {
+                __syncthreads(); /* sLc written; read before the next chunk end's barrier-separated write */
+#pragma unroll
+                for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+                    for (int ci = 0; ci < 2; ci++) {
+                        float wA, wc;
+                        if (fold_state(Ms[nq][ci], Ls[nq][ci], m[nq][ci], sLc[8 * nq + 2 * c4 + ci], wA, wc)) {
+#pragma unroll
+                            for (int mb = 0; mb < MB; mb++) {
+                                oa[mb][nq][ci] = fold_elem(oa[mb][nq][ci], wA, o[mb][nq][ci], wc);
+                                oa[mb][nq][2 + ci] = fold_elem(oa[mb][nq][2 + ci], wA, o[mb][nq][2 + ci], wc);
+                            }
+                        }
+                    }
+            } else {
 #pragma unroll
             for (int nq = 0; nq < NQ; nq++)
 #pragma unroll
@@ -365,6 +470,7 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
                         dst[out_dim(mb, 1)] = o[mb][nq][2 + ci];
                     }
                 }
+            }
             m_own = -INFINITY, l_own = 0.0f;
 #pragma unroll
             for (int nq = 0; nq < NQ; nq++) m[nq][0] = m[nq][1] = -INFINITY;
@@ -376,50 +482,86 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         stage = stage + 1 == ST ? 0 : stage + 1;
     }
     cp_async_wait<0>();
+
+    /* fold mode: out = O / L (times the V scale on E4M3 pages, as merge_kernel and v2 form it) */
+    if constexpr (kFold) {
+#pragma unroll
+        for (int nq = 0; nq < NQ; nq++)
+#pragma unroll
+            for (int ci = 0; ci < 2; ci++) {
+                const int r = 8 * nq + 2 * c4 + ci;
+                if (r >= rows) continue;
+                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+                const float inv = out_scale(Ls[nq][ci]);
+                auto outv = [&](float a) {
+                    return kFp8 || kNvfp4 ? __fmul_rn(__fmul_rn(a, inv), p.v_fixed[p.fixed_per_tensor ? 0 : kvh])
+                                          : __fmul_rn(a, inv);
+                };
+                uint16_t *dst = p.out + orow * D;
+#pragma unroll
+                for (int mb = 0; mb < MB; mb++) {
+                    dst[out_dim(mb, 0)] = osp_f_to_bf16(outv(oa[mb][nq][ci]));
+                    dst[out_dim(mb, 1)] = osp_f_to_bf16(outv(oa[mb][nq][2 + ci]));
+                }
+            }
+    }
 }
 
-template <int D, int NQ, int ST, bool kFp8> osp_status launch_one(const Params &prm, dim3 grid, cudaStream_t st) {
-    constexpr int smem = smem_bytes<D, kFp8, NQ, ST>();
+template <int D, int NQ, int ST, int KV, bool kFold> osp_status launch_one(const Params &prm, dim3 grid, cudaStream_t st) {
+    constexpr int smem = smem_bytes<D, KV, NQ, ST>();
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_dec_kernel<D, NQ, ST, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    osp_launch(attn_dec_kernel<D, NQ, ST, kFp8>, grid, kThreads, smem, st, prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(attn_dec_kernel<D, NQ, ST, KV, kFold>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem));
+    osp_launch(attn_dec_kernel<D, NQ, ST, KV, kFold>, grid, kThreads, smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("attn_dec_kernel");
     return OSP_OK;
 }
 
-template <int D, int NQ, bool kFp8> osp_status launch_st(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
+template <int D, int NQ, int KV, bool kFold>
+osp_status launch_st(const Params &prm, dim3 grid, int stages, cudaStream_t st) {
     switch (stages) {
-    case 2: return launch_one<D, NQ, 2, kFp8>(prm, grid, st);
-    case 4: return launch_one<D, NQ, 4, kFp8>(prm, grid, st);
-    default: return launch_one<D, NQ, 3, kFp8>(prm, grid, st);
+    case 2: return launch_one<D, NQ, 2, KV, kFold>(prm, grid, st);
+    case 4: return launch_one<D, NQ, 4, KV, kFold>(prm, grid, st);
+    default: return launch_one<D, NQ, 3, KV, kFold>(prm, grid, st);
     }
 }
 
-template <int D> osp_status launch_d(const Params &prm, dim3 grid, int nq, bool fp8, int stages, cudaStream_t st) {
-    if (fp8) return nq == 2 ? launch_st<D, 2, true>(prm, grid, stages, st) : launch_st<D, 1, true>(prm, grid, stages, st);
-    return nq == 2 ? launch_st<D, 2, false>(prm, grid, stages, st) : launch_st<D, 1, false>(prm, grid, stages, st);
+template <int D, int KV, bool kFold> osp_status launch_nq(const Params &prm, dim3 grid, int nq, int stages, cudaStream_t st) {
+    return nq == 2 ? launch_st<D, 2, KV, kFold>(prm, grid, stages, st) : launch_st<D, 1, KV, kFold>(prm, grid, stages, st);
+}
+
+template <int D, bool kFold>
+osp_status launch_d(const Params &prm, dim3 grid, int nq, int kv, int stages, cudaStream_t st) {
+    switch (kv) {
+    case kPageFp8: return launch_nq<D, kPageFp8, kFold>(prm, grid, nq, stages, st);
+    case kPageNv: return launch_nq<D, kPageNv, kFold>(prm, grid, nq, stages, st);
+    default: return launch_nq<D, kPageF16, kFold>(prm, grid, nq, stages, st);
+    }
 }
 
 } // namespace
 
 int dec_rows(int group) { return group <= 8 ? 8 : group <= 16 ? 16 : 0; }
 
-int dec_default_stages(bool fp8) { return fp8 ? 3 : 2; }
+int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 4 : kv == OSP_CUDA_DEC_FP8 ? 3 : 2; }
 
-int dec_smem_bytes(int D, bool fp8, int rows, int stages) {
+int dec_smem_bytes(int D, int kv, int rows, int stages) {
     const int nq = rows > 8 ? 2 : 1;
-    const int rb = (fp8 ? D : 2 * D) + 16;
-    return stages * 2 * kKeys * rb + 8 * nq * kPS * 2 + 4 * 8 * nq * 4 + 8 * nq * 32 * 4;
+    const int rb = (kv == kPageFp8 ? D : 2 * D) + 16;
+    const int tiles = kv == kPageNv ? 2 * kKeys * rb + stages * (2 * kKeys * (D / 2) + 2 * kKeys * (D / 16))
+                                : stages * 2 * kKeys * rb;
+    return tiles + 8 * nq * kPS * 2 + 4 * 8 * nq * 4 + 8 * nq * 32 * 4 + 8 * nq * 4;
 }
 
-osp_status dec_launch(const Params &prm, unsigned n_groups, int D, bool fp8, int stages, void *stream) {
+osp_status dec_launch(const Params &prm, bool fold, unsigned n_groups, int D, int kv, int stages, void *stream) {
     const int rows = prm.tl.heads_per_cta * prm.tl.bq;
     const int nq = rows > 8 ? 2 : 1;
-    if (stages < 2 || stages > 4) stages = dec_default_stages(fp8);
-    const dim3 grid((unsigned)prm.tl.n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), n_groups);
+    if (stages < 2 || stages > 4) stages = dec_default_stages(kv);
+    const dim3 grid((unsigned)prm.tl.n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), fold ? 1u : n_groups);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    return D == 64 ? launch_d<64>(prm, grid, nq, fp8, stages, st) : launch_d<128>(prm, grid, nq, fp8, stages, st);
+    if (fold) return D == 64 ? launch_d<64, true>(prm, grid, nq, kv, stages, st) : launch_d<128, true>(prm, grid, nq, kv, stages, st);
+    return D == 64 ? launch_d<64, false>(prm, grid, nq, kv, stages, st) : launch_d<128, false>(prm, grid, nq, kv, stages, st);
 }
 
 } // namespace osp_attn

@@ -13,15 +13,18 @@ namespace osp_attn {
 /* query rows a v4 CTA serves (the `rows` of its attn_tiling) for a GQA group of `group` heads: 8 up
  * to 8 heads, 16 up to 16; 0 where v4 does not serve the group */
 int dec_rows(int group);
+/* the page kinds v4 reads (its `kv` arguments) */
+enum { OSP_CUDA_DEC_F16 = 0, OSP_CUDA_DEC_FP8 = 1, OSP_CUDA_DEC_NVFP4 = 2 };
 /* dynamic shared memory of one v4 CTA, bytes */
-int dec_smem_bytes(int D, bool fp8, int rows, int stages);
-/* K/V stages in flight by default (f16 pages 2, E4M3 pages 3: three CTAs an SM either way) */
-int dec_default_stages(bool fp8);
-/* Launches v4 over prm (prm.tl tiled with dec_rows rows; split mode's parameters: the workspace,
- * ws_stride, chunks_per_cta), grid (tiles, KV heads x head chunks, n_groups). stages: 2 .. 4 (others
- * mean the default). D 64 or 128. Writes every chunk's partial exactly as v2's split mode does (the
- * same (m, l) and accumulator bits); the caller merges them. */
-osp_status dec_launch(const Params &prm, unsigned n_groups, int D, bool fp8, int stages, void *stream);
+int dec_smem_bytes(int D, int kv, int rows, int stages);
+/* K/V stages in flight by default (f16 pages 2, E4M3 pages 3, NVFP4 pages 4: three CTAs an SM each) */
+int dec_default_stages(int kv);
+/* Launches v4 over prm (prm.tl tiled with dec_rows rows), grid (tiles, KV heads x head chunks, fold ? 1
+ * : n_groups). Split mode (fold false; the workspace, ws_stride, chunks_per_cta set): writes every
+ * chunk's partial exactly as v2's split mode does (the same (m, l) and accumulator bits) and the caller
+ * merges them. Fold mode: folds every chunk of the tile as v2's fold mode and writes prm.out (no
+ * workspace). stages: 2 .. 4 (others mean the default). D 64 or 128. */
+osp_status dec_launch(const Params &prm, bool fold, unsigned n_groups, int D, int kv, int stages, void *stream);
 
 } // namespace osp_attn
 

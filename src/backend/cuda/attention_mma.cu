@@ -716,7 +716,8 @@ template <int D> osp_status merge_launch(const Params &prm, cudaStream_t st) {
     const int64_t nrow = (int64_t)prm.T * prm.n_head;
     static_assert(kMergeSmem <= 48 * 1024, "the merge's shared memory");
     osp_launch(merge_kernel<D>, dim3((unsigned)nrow, D / kMergeDims), kMergeDims, kMergeSmem, st, prm.ws_acc,
-               prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride, prm.v_fixed, prm.n_head / prm.n_head_kv);
+               prm.ws_ml, prm.out, prm.positions, prm.n_head, prm.ws_stride, prm.v_fixed,
+               prm.fixed_per_tensor ? prm.n_head : prm.n_head / prm.n_head_kv); /* per tensor: index 0 always */
     OSP_CUDA_LAUNCH_CHECK("attention merge_kernel");
     return OSP_OK;
 }
@@ -851,8 +852,13 @@ extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, 
     return (size_t)(tokens * n_head * chunks) * ((size_t)D * sizeof(float) + sizeof(float2));
 }
 
+extern "C" bool osp_cuda_attention_v4_nvfp4(int mode, int D, int group) {
+    return mode != OSP_CUDA_ATTN_V0 && (D == 64 || D == 128) && dec_rows(group) > 0;
+}
+
 extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
                                                   uint32_t kv_type, const float *d_k_fixed, const float *d_v_fixed,
+                                                  const uint8_t *d_k_scale, const uint8_t *d_v_scale,
                                                   uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
                                                   const int32_t *d_positions, const int32_t *d_block_table,
                                                   int32_t max_blocks, int32_t block_size, int64_t T, int n_head,
@@ -870,22 +876,30 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * the workspace budget (osp_cuda_attention_workspace_bytes allocates at most that) */
     const bool can_split = n_chunks > 1 && n_chunks <= 65535 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET;
     const int forced = osp_cuda_attention_forced_mode();
-    const bool fp8 = kv_type == OSP_KV_PAGE_FP8;
+    const bool fp8 = kv_type == OSP_KV_PAGE_FP8, nv = kv_type == OSP_KV_PAGE_NVFP4;
+    const int group = n_head / n_head_kv;
+    if (nv && (!osp_cuda_attention_v4_nvfp4(forced, D, group) || !d_k_fixed || !d_v_fixed || !d_k_scale || !d_v_scale))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: nvfp4 pages on tensor cores need v4 (D 64 / 128, "
+                                                  "GQA groups up to 16) and their scales");
     const bool wg = osp_cuda_attention_uses_wgmma(forced, g_force_mma, kv_type, D);
     if (fp8 && (!wg || !d_k_fixed || !d_v_fixed))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: fp8 pages on tensor cores need wgmma (D 64 / "
                                                   "128) and their scales");
     const int kind = fp8 ? kKindWgFp8 : wg ? kKindWg : kKindSync;
-    /* v4 (split mode, v2's bits) under the wgmma family where enabled: every launch it can serve (ALL)
-     * or launches of at most 4 query tokens a sequence on average (AUTO: decode, speculative
-     * verification; prefill is v2's / v3's) */
-    const int group = n_head / n_head_kv, dmode = dec_mode();
-    const bool dec = wg && can_split && forced != OSP_CUDA_ATTN_FOLD && dec_rows(group) > 0 &&
-                     (dmode == OSP_CUDA_ATTN_DEC_ALL || (dmode == OSP_CUDA_ATTN_DEC_AUTO && T <= 4 * (int64_t)num_seqs));
-    const bool split = dec                               ? true
+    /* v4 (v2's bits) under the wgmma family where enabled: every launch it can serve (ALL) or launches
+     * of at most 4 query tokens a sequence on average (AUTO: decode, speculative verification; prefill
+     * is v2's / v3's); in split mode unless fold mode is forced or the partials cannot be kept, or its
+     * own tiles fill the GPU 4 times over (8 .. 16 rows a CTA, up to 4 CTAs an SM) */
+    const int dmode = dec_mode();
+    const bool dec = nv || (wg && dec_rows(group) > 0 &&
+                            (dmode == OSP_CUDA_ATTN_DEC_ALL || (dmode == OSP_CUDA_ATTN_DEC_AUTO && T <= 4 * (int64_t)num_seqs)));
+    const AttnTiling dec_tl = attn_tiling(T, num_seqs, n_head, n_head_kv, dec ? dec_rows(group) : kRows);
+    const int64_t dec_ctas = dec_tl.n_tiles * n_head_kv * dec_tl.head_chunks;
+    const bool split = dec ? can_split && (forced == OSP_CUDA_ATTN_SPLIT ||
+                                           (forced != OSP_CUDA_ATTN_FOLD && dec_ctas < 4 * (int64_t)sm_count()))
                        : forced == OSP_CUDA_ATTN_SPLIT ? can_split
-                       : forced == OSP_CUDA_ATTN_FOLD ? false
-                                                      : can_split && ctas < 2 * sm_count();
+                       : forced == OSP_CUDA_ATTN_FOLD  ? false
+                                                       : can_split && ctas < 2 * sm_count();
     if (split && (!d_workspace || ((uintptr_t)d_workspace & 15u)))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: a 16-byte aligned workspace of "
@@ -894,8 +908,11 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
     prm.q = d_q;
     prm.k_pages = static_cast<const uint16_t *>(d_k_pages);
     prm.v_pages = static_cast<const uint16_t *>(d_v_pages);
-    prm.k_fixed = fp8 ? d_k_fixed : nullptr;
-    prm.v_fixed = fp8 ? d_v_fixed : nullptr;
+    prm.k_fixed = fp8 || nv ? d_k_fixed : nullptr;
+    prm.v_fixed = fp8 || nv ? d_v_fixed : nullptr;
+    prm.k_scale = nv ? d_k_scale : nullptr;
+    prm.v_scale = nv ? d_v_scale : nullptr;
+    prm.fixed_per_tensor = nv;
     prm.out = d_out;
     prm.qsl = d_query_start_loc;
     prm.positions = d_positions;
@@ -921,26 +938,29 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
      * (8 a CTA) made 272 CTAs: a second wave of 8 (predicted to cost a whole wave; not yet measured). The shapes bench/gpu/tune.sh
      * measured (B 1 / 2 / 8 / 64 at 1k .. 128k) keep the counts they were measured with. */
     if (dec) {
-        prm.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, dec_rows(group));
-        const int64_t dctas = prm.tl.n_tiles * n_head_kv * prm.tl.head_chunks;
+        const int dkv = nv ? OSP_CUDA_DEC_NVFP4 : fp8 ? OSP_CUDA_DEC_FP8 : OSP_CUDA_DEC_F16;
+        prm.tl = dec_tl;
         if (prm.tl.n_tiles > INT32_MAX || (int64_t)n_head_kv * prm.tl.head_chunks > 65535)
             return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
-        const int dstages = g_split_stages ? g_split_stages : dec_default_stages(fp8);
-        const int dsmem = dec_smem_bytes(D, fp8, dec_rows(group), dstages);
-        int64_t res = (int64_t)sm_count() * (int64_t)min(4, 228 * 1024 / (dsmem + 1024)) * (g_split_waves ? g_split_waves : kSplitWaves);
-        int64_t per = g_chunks_per_cta;
-        if (!per) { /* as below: the fewest chunk-times over the waves, ends of a CTA's run counted */
+        const int dstages = (split ? g_split_stages : g_fold_stages) ? (split ? g_split_stages : g_fold_stages)
+                                                                     : dec_default_stages(dkv);
+        int64_t per = n_chunks;
+        if (split && !(per = g_chunks_per_cta)) {
+            /* as below: the fewest chunk-times over the waves, ends of a CTA's run counted */
+            const int dsmem = dec_smem_bytes(D, dkv, dec_rows(group), dstages);
+            const int64_t res = (int64_t)sm_count() * (int64_t)min(4, 228 * 1024 / (dsmem + 1024)) *
+                                (g_split_waves ? g_split_waves : kSplitWaves);
             int64_t best = INT64_MAX;
             for (int64_t c = 1; c <= n_chunks && 2 * c + 1 < best; c++) {
-                const int64_t cost = ceil_div(ceil_div(n_chunks, c) * dctas, res) * (2 * c + 1);
+                const int64_t cost = ceil_div(ceil_div(n_chunks, c) * dec_ctas, res) * (2 * c + 1);
                 if (cost < best) best = cost, per = c;
             }
         }
         per = per < 1 ? 1 : per > n_chunks ? n_chunks : per;
         prm.chunks_per_cta = (int)per;
         cudaStream_t dst = static_cast<cudaStream_t>(stream);
-        const osp_status rc = dec_launch(prm, (unsigned)ceil_div(n_chunks, per), D, fp8, dstages, dst);
-        if (rc != OSP_OK) return rc;
+        const osp_status rc = dec_launch(prm, !split, (unsigned)ceil_div(n_chunks, per), D, dkv, dstages, dst);
+        if (rc != OSP_OK || !split) return rc;
         return D == 64 ? merge_launch<64>(prm, dst) : merge_launch<128>(prm, dst);
     }
     /* v3: fold mode at D 128 under wgmma, where enabled; its rows are v2's bits */

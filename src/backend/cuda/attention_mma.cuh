@@ -41,7 +41,11 @@ struct Params {
     const uint16_t *q;          /* [T, n_head, D] bf16 */
     const uint16_t *k_pages;    /* [num_blocks, block_size, n_head_kv, D] f16, or E4M3 codes (bytes) */
     const uint16_t *v_pages;
-    const float *k_fixed, *v_fixed; /* E4M3 pages: the layer's scales, [n_head_kv] fp32; else NULL */
+    const float *k_fixed, *v_fixed; /* E4M3 pages: the layer's scales, [n_head_kv] fp32; NVFP4 pages: the
+                                     * layer's tensor scales, [1] fp32 (fixed_per_tensor); else NULL */
+    const uint8_t *k_scale, *v_scale; /* NVFP4 pages (v4 only): the E4M3 micro-block scale pools,
+                                       * [num_blocks, block_size, n_head_kv, D / 16]; else NULL */
+    bool fixed_per_tensor;      /* k_fixed / v_fixed hold one scale (NVFP4) rather than one a KV head */
     uint16_t *out;              /* [T, n_head, D] bf16 */
     const int32_t *qsl;         /* [num_seqs + 1] */
     const int32_t *positions;   /* [T] */

@@ -94,12 +94,18 @@ bool osp_cuda_attention_tc_serves(uint32_t kv_type, int D);
 bool osp_cuda_attention_uses_wgmma(int mode, int mma, uint32_t kv_type, int D);
 /* Bytes of split-mode partials for `tokens` query tokens at this max_seq_len (0: never splits). */
 size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len);
+/* true where NVFP4 launches (issue 13) of this forced mode, head_dim and GQA group run v4 (attention_dec.cu:
+ * every such launch, in fold or split mode, whatever OSP_CUDA_ATTN_DEC_* says, so their rows have one
+ * numerics): D 64 / 128, groups up to 16, any mode but v0; elsewhere NVFP4 runs v0. */
+bool osp_cuda_attention_v4_nvfp4(int mode, int D, int group);
 /* The launcher; arguments as osp_cuda_paged_attention_q, already validated by it: kv_type
  * OSP_KV_PAGE_F16, or OSP_KV_PAGE_FP8 with the layer's fixed scales d_k_fixed / d_v_fixed ([n_head_kv]
- * fp32; NULL for f16) where osp_cuda_attention_tc_serves says so. */
+ * fp32; NULL for f16) where osp_cuda_attention_tc_serves says so, or OSP_KV_PAGE_NVFP4 with its tensor
+ * scales d_k_fixed / d_v_fixed ([1] fp32) and micro-block scale pools d_k_scale / d_v_scale where
+ * osp_cuda_attention_v4_nvfp4 says so (NULL otherwise). */
 osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
                                        uint32_t kv_type, const float *d_k_fixed, const float *d_v_fixed,
-                                       uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
+                                       const uint8_t *d_k_scale, const uint8_t *d_v_scale, uint16_t *d_out, int32_t num_seqs, const int32_t *d_query_start_loc,
                                        const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
                                        int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
                                        int32_t window, int32_t max_seq_len, void *d_workspace, void *stream);
