@@ -756,12 +756,12 @@ static void test_batch_invariance(void **state) {
                                           {OSP_CUDA_ATTN_WS_PINGPONG, 4}, {OSP_CUDA_ATTN_WS_ON, 3},
                                           {0, 0}, {0, 0}, {0, 0}, {0, 0}};
         /* v4 (under wgmma; elsewhere the same launches as v1's): every launch it serves, by default
-         * shape, in split mode with 4 stages and 3 chunks a CTA, auto (decode launches only) with 2
+         * shape, in split mode with 4 stages and 3 chunks a CTA, decode launches only with 2
          * stages, and every launch in fold mode with 3: v4's rows must be v2's bits too */
         static const int dec_modes[] = {OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF,
                                         OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF,
                                         OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_OFF, OSP_CUDA_ATTN_DEC_ALL,
-                                        OSP_CUDA_ATTN_DEC_ALL, OSP_CUDA_ATTN_DEC_AUTO, OSP_CUDA_ATTN_DEC_ALL};
+                                        OSP_CUDA_ATTN_DEC_ALL, OSP_CUDA_ATTN_DEC_DECODE, OSP_CUDA_ATTN_DEC_ALL};
         const int n_modes = (int)(sizeof modes / sizeof modes[0]);
         int64_t compared = 0;
         for (size_t li = 0; li < sizeof lays / sizeof lays[0]; li++)

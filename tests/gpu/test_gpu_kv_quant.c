@@ -21,11 +21,13 @@
  *    32/64/128/256, GQA 1/3/4/8, block sizes 16 and 32 (and 7), decodes at contexts 1..5000, prefill
  *    chunks with partial last blocks, sliding windows, unwritten slots NaN-poisoned (E4M3 NaN codes,
  *    NaN micro-block scales) so a key outside a row's range poisons its output.
- *  - routing: with OSPREY_CUDA_ATTENTION-style forced modes v1 / v2 (tensor cores, f16 pages only) a
- *    quantized launch gives v0's bits; the registry predicates say the same (tests/unit/test_kernel_table.c).
+ *  - routing: under OSPREY_CUDA_ATTENTION-style forced modes, fp8 at D 64 / 128 under wgmma runs the
+ *    tensor-core kernels (v2, and v4 for decode: checked against the CPU within the tensor-core bound,
+ *    fold mode's bits = split mode's = v4's), nvfp4 at D 64 / 128 runs v4 in every mode but v0 (the same
+ *    checks); the other launches give v0's bits.
  *  - batch invariance: a sequence's rows give the same bits as one prefill, as decodes alone or beside
- *    others, and in prefill chunks beside other sequences (quantized launches never split over the KV
- *    length, attention.cu says why).
+ *    others, and in prefill chunks beside other sequences (v0's quantized launches never split over the
+ *    KV length, attention.cu says why; the tensor-core kernels' chunked reduction follows the row).
  * Skipped (77) without a CUDA device. */
 #include <math.h>
 #include <setjmp.h>

@@ -22,9 +22,9 @@
  * Quantized pages (issue 13, osp_cuda_paged_attention_q): FP8 E4M3 and NVFP4 tiles are decoded once per
  * tile into the same fp32 shared-memory rows (load_kv_tile_q, kv_quant.cuh's exact decoders: each value
  * one fp32 product with its scale, the CPU read's value), then everything below is the f16 path; no
- * dequantized copy of the cache exists. NVFP4 launches, and fp8 ones the tensor-core kernel does not serve
- * (osp_cuda_attention_tc_serves: it takes fp8 at D 64 / 128 under wgmma), run here, in one split
- * (make_plan says why).
+ * dequantized copy of the cache exists. The launches the tensor-core kernels do not serve run here, in
+ * one split (make_plan says why): fp8 outside D 64 / 128 under wgmma (osp_cuda_attention_tc_serves),
+ * NVFP4 outside v4's shapes (osp_cuda_attention_v4_nvfp4: D 64 / 128, groups up to 16) or forced to v0.
  *
  * Shared memory per CTA: 2 * 32 * (D + 4) + 16 * D + 16 * 32 floats (D = 128: 43 KiB; D = 256:
  * 83 KiB, opted in with cudaFuncSetAttribute). The partials in d_workspace: fp32 [splits, T, n_head,

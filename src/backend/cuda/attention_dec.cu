@@ -544,7 +544,7 @@ osp_status launch_d(const Params &prm, dim3 grid, int nq, int kv, int stages, cu
 
 int dec_rows(int group) { return group <= 8 ? 8 : group <= 16 ? 16 : 0; }
 
-int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 4 : kv == OSP_CUDA_DEC_FP8 ? 3 : 2; }
+int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 2 : 3; }
 
 int dec_smem_bytes(int D, int kv, int rows, int stages) {
     const int nq = rows > 8 ? 2 : 1;

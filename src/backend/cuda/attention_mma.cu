@@ -766,7 +766,7 @@ int ws_mode() {
 }
 
 /* v4 (osp_cuda_attention_dec): -1 not read yet; then OSP_CUDA_ATTN_DEC_* (OSPREY_CUDA_ATTN_DEC=off / auto
- * / all, unset: the default) */
+ * / decode / all, unset: the default) */
 int g_dec_mode = -1;
 int dec_mode() {
     if (g_dec_mode < 0) {
@@ -774,6 +774,7 @@ int dec_mode() {
         g_dec_mode = !e ? OSP_CUDA_ATTN_DEC_DEFAULT
                      : !strcmp(e, "off") ? OSP_CUDA_ATTN_DEC_OFF
                      : !strcmp(e, "auto") ? OSP_CUDA_ATTN_DEC_AUTO
+                     : !strcmp(e, "decode") ? OSP_CUDA_ATTN_DEC_DECODE
                      : !strcmp(e, "all") ? OSP_CUDA_ATTN_DEC_ALL
                                          : OSP_CUDA_ATTN_DEC_DEFAULT;
     }
@@ -886,13 +887,16 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: fp8 pages on tensor cores need wgmma (D 64 / "
                                                   "128) and their scales");
     const int kind = fp8 ? kKindWgFp8 : wg ? kKindWg : kKindSync;
-    /* v4 (v2's bits) under the wgmma family where enabled: every launch it can serve (ALL) or launches
-     * of at most 4 query tokens a sequence on average (AUTO: decode, speculative verification; prefill
-     * is v2's / v3's); in split mode unless fold mode is forced or the partials cannot be kept, or its
-     * own tiles fill the GPU 4 times over (8 .. 16 rows a CTA, up to 4 CTAs an SM) */
+    /* v4 (v2's bits) under the wgmma family where enabled: every launch it can serve (ALL), or launches
+     * of at most 4 query tokens a sequence on average (decode, speculative verification; prefill is
+     * v2's / v3's) on any page (DECODE) or on E4M3 pages (AUTO); NVFP4 pages always. In split mode
+     * unless fold mode is forced or the partials cannot be kept, or its own tiles fill the GPU 4 times
+     * over (8 .. 16 rows a CTA, up to 4 CTAs an SM) */
     const int dmode = dec_mode();
+    const bool short_q = T <= 4 * (int64_t)num_seqs;
     const bool dec = nv || (wg && dec_rows(group) > 0 &&
-                            (dmode == OSP_CUDA_ATTN_DEC_ALL || (dmode == OSP_CUDA_ATTN_DEC_AUTO && T <= 4 * (int64_t)num_seqs)));
+                            (dmode == OSP_CUDA_ATTN_DEC_ALL || (dmode == OSP_CUDA_ATTN_DEC_DECODE && short_q) ||
+                             (dmode == OSP_CUDA_ATTN_DEC_AUTO && short_q && fp8)));
     const AttnTiling dec_tl = attn_tiling(T, num_seqs, n_head, n_head_kv, dec ? dec_rows(group) : kRows);
     const int64_t dec_ctas = dec_tl.n_tiles * n_head_kv * dec_tl.head_chunks;
     const bool split = dec ? can_split && (forced == OSP_CUDA_ATTN_SPLIT ||
@@ -950,9 +954,13 @@ extern "C" osp_status osp_cuda_paged_attention_v1(const uint16_t *d_q, const voi
             const int dsmem = dec_smem_bytes(D, dkv, dec_rows(group), dstages);
             const int64_t res = (int64_t)sm_count() * (int64_t)min(4, 228 * 1024 / (dsmem + 1024)) *
                                 (g_split_waves ? g_split_waves : kSplitWaves);
+            /* the CTAs with work: a decode launch (one token a sequence) has one tile a sequence, not the
+             * grid's tile slots (T / bq + num_seqs: with 2 tokens a tile, half the slots are empty, and
+             * counting them put 2 CTAs an SM where 3 fit: SMs 27 % idle, ncu on an H100, fp8 B 8 at 32k) */
+            const int64_t work = T == num_seqs ? (int64_t)num_seqs * n_head_kv * dec_tl.head_chunks : dec_ctas;
             int64_t best = INT64_MAX;
             for (int64_t c = 1; c <= n_chunks && 2 * c + 1 < best; c++) {
-                const int64_t cost = ceil_div(ceil_div(n_chunks, c) * dec_ctas, res) * (2 * c + 1);
+                const int64_t cost = ceil_div(ceil_div(n_chunks, c) * work, res) * (2 * c + 1);
                 if (cost < best) best = cost, per = c;
             }
         }

@@ -61,15 +61,18 @@ enum { OSP_CUDA_ATTN_WS_OFF = 0, OSP_CUDA_ATTN_WS_ON = 1, OSP_CUDA_ATTN_WS_PINGP
 /* process-wide, tests and benchmarks: mode OSP_CUDA_ATTN_WS_* (anything else: back to the environment /
  * default), stages 3 or 4 K/V tiles in flight (anything else: the default, 4). No result bit changes. */
 void osp_cuda_attention_ws(int mode, int stages);
-/* v4 (attention_dec.cu): split mode for short query tiles under the wgmma family (f16 and E4M3 pages,
- * D 64 / 128, GQA groups up to 16): the keys on the long side of mma.sync's products, so a decode tile's
- * work scales with its real rows; its rows are v2's bits (test_gpu_attention and test_gpu_kv_quant
- * assert it), so which launches take it is free: OFF never, AUTO launches of at most 4 query tokens a
- * sequence on average, ALL every launch it can serve (tests). Fold mode forced keeps v2 / v3. */
-enum { OSP_CUDA_ATTN_DEC_OFF = 0, OSP_CUDA_ATTN_DEC_AUTO = 1, OSP_CUDA_ATTN_DEC_ALL = 2 };
-#define OSP_CUDA_ATTN_DEC_DEFAULT OSP_CUDA_ATTN_DEC_OFF
+/* v4 (attention_dec.cu): short query tiles (8 or 16 rows a CTA) with the keys on the long side of
+ * mma.sync's products, so a decode tile's work scales with its real rows, in split or fold mode; f16
+ * and E4M3 pages (D 64 / 128, GQA groups up to 16) under the wgmma family, where its rows are v2's bits
+ * (test_gpu_attention and test_gpu_kv_quant assert it; measured on an H100), so which launches take it
+ * is free: OFF never, AUTO decode launches (at most 4 query tokens a sequence on average) on E4M3
+ * pages (faster than v2 there; on f16 pages v2 is faster past 8k), DECODE decode launches on f16 and
+ * E4M3 pages, ALL every launch it can serve (tests). NVFP4 pages take v4 whatever this says
+ * (osp_cuda_attention_v4_nvfp4). */
+enum { OSP_CUDA_ATTN_DEC_OFF = 0, OSP_CUDA_ATTN_DEC_AUTO = 1, OSP_CUDA_ATTN_DEC_DECODE = 2, OSP_CUDA_ATTN_DEC_ALL = 3 };
+#define OSP_CUDA_ATTN_DEC_DEFAULT OSP_CUDA_ATTN_DEC_AUTO
 /* process-wide, tests and benchmarks: OSP_CUDA_ATTN_DEC_* (anything else: back to the environment,
- * OSPREY_CUDA_ATTN_DEC=off / auto / all, or the default) */
+ * OSPREY_CUDA_ATTN_DEC=off / auto / decode / all, or the default) */
 void osp_cuda_attention_dec(int mode);
 /* v1's launch shape (process-wide, for benchmarks; 0 keeps the default): K/V stages in flight in fold
  * and in split mode (2 .. 4), the waves of resident CTAs split mode spreads its chunks over, or a fixed
