@@ -1,6 +1,7 @@
 /* --speculative-config: vLLM's JSON object (vllm/config/speculative.py) read into osp_spec_config,
  * with vLLM's defaults for the n-gram method and one clear error for anything osprey cannot run. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/status_internal.h"
@@ -49,14 +50,18 @@ osp_status osp_spec_config_check(const osp_spec_config *c) {
     return OSP_OK;
 }
 
-/* The integer member `key` of o into *v, within [lo, hi]; *v unchanged when the key is absent. */
+/* The integer member `key` of o into *v, within [lo, hi]; *v unchanged when the key is absent. A JSON
+ * number with no fractional part (3.0) counts as that integer, as vLLM's config takes it (pydantic's lax
+ * int); 3.5, strings and booleans are refused. */
 static osp_status int_key(json_t *o, const char *key, long long lo, long long hi, int32_t *v) {
     json_t *x = json_object_get(o, key);
     if (!x) return OSP_OK;
-    if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+    const double r = json_is_real(x) ? json_real_value(x) : 0.0;
+    const bool integral_real = json_is_real(x) && r >= (double)lo && r <= (double)hi && r == (double)(long long)r;
+    if (!integral_real && (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi))
         return osp_set_error(OSP_ERR_INVALID_ARG, "speculative config: \"%s\" must be an integer in [%lld, %lld]", key,
                              lo, hi);
-    *v = (int32_t)json_integer_value(x);
+    *v = integral_real ? (int32_t)r : (int32_t)json_integer_value(x);
     return OSP_OK;
 }
 

@@ -98,6 +98,11 @@ static void test_config(void **state) {
     assert_int_equal(c.method, OSP_SPEC_QUANTSPEC);
     assert_int_equal(c.num_speculative_tokens, 5);
     assert_string_equal(c.model, "");
+    /* a number without a fractional part is that integer (vLLM's config takes 3.0); 2.5 is refused below */
+    assert_int_equal(osp_spec_config_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3.0, "
+                                           "\"prompt_lookup_max\": 4.0}", &c), OSP_OK);
+    assert_int_equal(c.num_speculative_tokens, 3);
+    assert_int_equal(c.prompt_lookup_max, 4);
     assert_string_equal(osp_spec_method_name(c.method), "quantspec");
     assert_int_equal(osp_spec_config_check(&c), OSP_OK);
     assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":7,\"prompt_lookup_min\":1,"
@@ -160,6 +165,9 @@ static void test_config(void **state) {
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 17}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 2.5}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 17.0}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 1e300}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": true}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": \"4\"}", "num_speculative_tokens", OSP_ERR_INVALID_ARG},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 0}", "prompt_lookup_min",
          OSP_ERR_INVALID_ARG},
