@@ -98,13 +98,13 @@ static void test_config(void **state) {
     assert_int_equal(c.method, OSP_SPEC_QUANTSPEC);
     assert_int_equal(c.num_speculative_tokens, 5);
     assert_string_equal(c.model, "");
+    assert_string_equal(osp_spec_method_name(c.method), "quantspec");
+    assert_int_equal(osp_spec_config_check(&c), OSP_OK);
     /* a number without a fractional part is that integer (vLLM's config takes 3.0); 2.5 is refused below */
     assert_int_equal(osp_spec_config_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3.0, "
                                            "\"prompt_lookup_max\": 4.0}", &c), OSP_OK);
     assert_int_equal(c.num_speculative_tokens, 3);
     assert_int_equal(c.prompt_lookup_max, 4);
-    assert_string_equal(osp_spec_method_name(c.method), "quantspec");
-    assert_int_equal(osp_spec_config_check(&c), OSP_OK);
     assert_int_equal(osp_spec_config_parse("{\"method\":\"ngram\",\"num_speculative_tokens\":7,\"prompt_lookup_min\":1,"
                                            "\"prompt_lookup_max\":4}", &c), OSP_OK);
     assert_int_equal(c.num_speculative_tokens, 7);
