@@ -543,8 +543,9 @@ typedef struct {
  * blocks of 16 and 32. */
 static void test_read_mixed(void **state) {
     (void)state;
+    /* {16, 1, 128} and {12, 1, 64}: groups of 16 and 12 (v4's 16-row tiles) */
     static const hcfg heads[] = {{8, 8, 64}, {16, 4, 64}, {32, 8, 128}, {16, 2, 128}, {8, 1, 128}, {9, 3, 64},
-                                 {4, 4, 32}, {8, 2, 256}};
+                                 {4, 4, 32}, {8, 2, 256}, {16, 1, 128}, {12, 1, 64}};
     static const int32_t prefix[] = {0, 1, 16, 99, 999, 2999, 0, 100, 37};
     static const int32_t nnew[] = {1, 1, 1, 1, 1, 1, 33, 20, 0};
     static const int bss[] = {16, 32};

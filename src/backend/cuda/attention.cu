@@ -707,6 +707,10 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: NULL device pointer");
     if (!aligned16(d_q) || !aligned16(d_k_pages) || !aligned16(d_v_pages) || !aligned16(d_out))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: q, out and the pages must be 16-byte aligned");
+    /* v4 copies a row's NVFP4 micro-block scales (D / 16 bytes) in one piece */
+    if (kv_type == OSP_KV_PAGE_NVFP4 &&
+        (((uintptr_t)kq->d_k_scale | (uintptr_t)kq->d_v_scale) & (uintptr_t)(D / 16 - 1)) != 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: nvfp4 scale pools must be %d-byte aligned", D / 16);
 
     /* the tensor-core kernels take f16 pages, E4M3 pages under wgmma (osp_cuda_attention_tc_serves) and
      * NVFP4 pages at D 64 / 128 (v4, osp_cuda_attention_v4_nvfp4); the rest runs here whatever mode is

@@ -1,5 +1,5 @@
-/* Paged attention v4: split mode for short query tiles (decode: one token's GQA group; speculative
- * verification: a few tokens of it), on f16 and E4M3 pages at head_dim 64 / 128 (issues 12 and 13).
+/* Paged attention v4: short query tiles (decode: one token's GQA group; speculative verification: a few
+ * tokens of it) in split or fold mode, on f16, E4M3 and NVFP4 pages at head_dim 64 / 128 (issues 12, 13).
  *
  * Why: v2's split mode multiplies a 64-row wgmma tile for a decode tile's 4 real rows (one token of a
  * 32/8 group), and every one of its 4 warps runs the softmax of 16 rows x 64 keys a tile: ~1,100
@@ -558,6 +558,7 @@ osp_status dec_launch(const Params &prm, bool fold, unsigned n_groups, int D, in
     const int rows = prm.tl.heads_per_cta * prm.tl.bq;
     const int nq = rows > 8 ? 2 : 1;
     if (stages < 2 || stages > 4) stages = dec_default_stages(kv);
+    if (D != 64 && D != 128) return osp_set_error(OSP_ERR_INVALID_ARG, "attention v4: head_dim %d (64 or 128)", D);
     const dim3 grid((unsigned)prm.tl.n_tiles, (unsigned)(prm.n_head_kv * prm.tl.head_chunks), fold ? 1u : n_groups);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     if (fold) return D == 64 ? launch_d<64, true>(prm, grid, nq, kv, stages, st) : launch_d<128, true>(prm, grid, nq, kv, stages, st);

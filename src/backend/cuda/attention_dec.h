@@ -1,7 +1,8 @@
-/* Paged attention v4 (attention_dec.cu): split mode for short query tiles (decode, speculative
- * verification) on f16 and E4M3 pages at head_dim 64 / 128, with v2's numerics row for row. C++
- * only; internal to the CUDA backend: attention_mma.cu's launcher calls it where v4 is enabled
- * (osp_cuda_attention_dec) and then runs its own merge over the partials. */
+/* Paged attention v4 (attention_dec.cu): short query tiles (decode, speculative verification) in split
+ * or fold mode on f16 and E4M3 pages at head_dim 64 / 128 with v2's numerics row for row, and on NVFP4
+ * pages. C++ only; internal to the CUDA backend: attention_mma.cu's launcher calls it where v4 is
+ * enabled (osp_cuda_attention_dec, osp_cuda_attention_v4_nvfp4) and then, in split mode, runs its own
+ * merge over the partials. */
 #ifndef OSP_BACKEND_CUDA_ATTENTION_DEC_H
 #define OSP_BACKEND_CUDA_ATTENTION_DEC_H
 
