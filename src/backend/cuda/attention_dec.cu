@@ -43,7 +43,7 @@
 #include "backend/cuda/attention_dec.h"
 
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
+
 
 #include <math.h>
 #include <stdint.h>
@@ -61,12 +61,19 @@ constexpr int kPageF16 = OSP_CUDA_DEC_F16, kPageFp8 = OSP_CUDA_DEC_FP8, kPageNv 
 
 /* shared row stride of a K/V row the products read, bytes: padded by 16 so ldmatrix's 8 rows hit
  * distinct banks */
-template <int D, int KV> constexpr int row_bytes() { return (KV == kPageFp8 ? D : 2 * D) + 16; }
+constexpr int row_bytes_of(int D, int KV) { return (KV == kPageFp8 ? D : 2 * D) + 16; }
+template <int D, int KV> constexpr int row_bytes() { return row_bytes_of(D, KV); }
 /* NVFP4: one stage of the codes (K then V, [kKeys][D / 2]) and scales (K then V, [kKeys][D / 16]) */
-template <int D> constexpr int nv_stage_bytes() { return 2 * kKeys * (D / 2) + 2 * kKeys * (D / 16); }
-template <int D, int KV, int NQ, int ST> constexpr int smem_bytes() {
-    return (KV == kPageNv ? 2 * kKeys * row_bytes<D, KV>() + ST * nv_stage_bytes<D>() : ST * 2 * kKeys * row_bytes<D, KV>()) +
+constexpr int nv_stage_of(int D) { return 2 * kKeys * (D / 2) + 2 * kKeys * (D / 16); }
+template <int D> constexpr int nv_stage_bytes() { return nv_stage_of(D); }
+/* a CTA's dynamic shared memory (host and device: the launch and the kernel's static check) */
+constexpr int smem_of(int D, int KV, int NQ, int ST) {
+    const int rb = row_bytes_of(D, KV);
+    return (KV == kPageNv ? 2 * kKeys * rb + ST * nv_stage_of(D) : ST * 2 * kKeys * rb) +
            8 * NQ * kPS * 2 /* sP */ + 4 * 8 * NQ * 4 /* sMax */ + 8 * NQ * 32 * 4 /* sPair */ + 8 * NQ * 4 /* sLc */;
+}
+template <int D, int KV, int NQ, int ST> constexpr int smem_bytes() {
+    return smem_of(D, KV, NQ, ST);
 }
 
 __device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t &r0, uint32_t &r1) {
@@ -79,11 +86,6 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
     uint16_t v;
     asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
     return v;
-}
-/* two E4M3 codes (the low one in bits 0..7) -> f16x2 (the low one in the low half), exactly */
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3);
-    return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 /* cp.async of 4 or 8 bytes (zero-filled when !valid) */
 template <int N> __device__ __forceinline__ void cp_async_small(uint32_t dst, const void *src, bool valid) {
@@ -155,27 +157,8 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
     const int t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
     const int rows = ntok * nh;
 
-    /* the chunk run, as v2's split mode */
-    int kv_len = 0, k_first = INT32_MAX;
-    for (int i = 0; i < ntok; i++) {
-        const int li = p.positions[t0 + i] + 1;
-        kv_len = max(kv_len, li);
-        k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
-    }
-    int kb = k_first / kKeys * kKeys, ke = kv_len;
-    if constexpr (!kFold) {
-        const int c_begin = (int)blockIdx.z * p.chunks_per_cta;
-        if (c_begin * kChunk >= kv_len) return;
-        const int c_end = min(c_begin + p.chunks_per_cta, (kv_len + kChunk - 1) / kChunk);
-        for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
-            for (int r = tid; r < rows; r += kThreads) {
-                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-                p.ws_ml[orow * p.ws_stride + c] = make_float2(-INFINITY, 0.0f);
-            }
-        kb = max(kb, c_begin * kChunk);
-        ke = min(ke, c_end * kChunk);
-        if (kb >= ke) return;
-    }
+    int kb, ke; /* the keys this CTA walks: v2's (cta_key_range) */
+    if (!cta_key_range<kKeys, !kFold>(p, w, tid, kThreads, kb, ke)) return;
 
     /* Q^T fragments (B of S^T): column 8 nq + g is row 8 nq + g of the tile; k-step kk's registers hold
      * dims 16 kk + 2 c4, + 1 and 16 kk + 2 c4 + 8, + 9, as f16 (v2's rounding: bf16 -> f16, clamped) */
@@ -546,13 +529,7 @@ int dec_rows(int group) { return group <= 8 ? 8 : group <= 16 ? 16 : 0; }
 
 int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 2 : 3; }
 
-int dec_smem_bytes(int D, int kv, int rows, int stages) {
-    const int nq = rows > 8 ? 2 : 1;
-    const int rb = (kv == kPageFp8 ? D : 2 * D) + 16;
-    const int tiles = kv == kPageNv ? 2 * kKeys * rb + stages * (2 * kKeys * (D / 2) + 2 * kKeys * (D / 16))
-                                : stages * 2 * kKeys * rb;
-    return tiles + 8 * nq * kPS * 2 + 4 * 8 * nq * 4 + 8 * nq * 32 * 4 + 8 * nq * 4;
-}
+int dec_smem_bytes(int D, int kv, int rows, int stages) { return smem_of(D, kv, rows > 8 ? 2 : 1, stages); }
 
 osp_status dec_launch(const Params &prm, bool fold, unsigned n_groups, int D, int kv, int stages, void *stream) {
     const int rows = prm.tl.heads_per_cta * prm.tl.bq;

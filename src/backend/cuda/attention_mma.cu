@@ -53,7 +53,6 @@
 #include "backend/cuda/attention_ws.h"  /* v3: fold mode at D 128, warp-specialized */
 #include "backend/cuda/attention_dec.h" /* v4: split mode for short query tiles */
 
-#include <cuda_fp8.h> /* E4M3 -> f16 (pages of issue 13) */
 
 #include <math.h>
 #include <stdint.h>
@@ -99,13 +98,10 @@ template <int D, int ST, bool kFold, bool kWg, bool kFp8 = false> constexpr int 
            (kFp8 ? ST * 2 * tile_keys<D>() * D : 0);
 }
 
-/* Four E4M3 codes (byte 0 first) -> two f16x2 words, exactly (every E4M3 number is a half; NaN codes give
- * NaN), by the hardware conversion (sm_89+) */
+/* Four E4M3 codes (byte 0 first) -> two f16x2 words, exactly (e4m3x2_to_f16x2 twice) */
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t &lo, uint32_t &hi) {
-    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3);
-    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-    lo = (uint32_t)a.x | ((uint32_t)a.y << 16);
-    hi = (uint32_t)b.x | ((uint32_t)b.y << 16);
+    lo = e4m3x2_to_f16x2(w);
+    hi = e4m3x2_to_f16x2(w >> 16);
 }
 
 /* ---- the kernel --------------------------------------------------------------------------------- */
@@ -158,29 +154,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_mma_kernel(const Params p) {
     const int s = w.s, t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
     const int rows = ntok * nh;
 
-    int kv_len = 0, k_first = INT32_MAX;
-    for (int i = 0; i < ntok; i++) {
-        const int li = p.positions[t0 + i] + 1;
-        kv_len = max(kv_len, li);
-        k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
-    }
-    int kb = k_first / kKeys * kKeys, ke = kv_len;
-    if constexpr (!kFold) {
-        /* chunks [c_begin, c_end) of this CTA (p.chunks_per_cta a CTA: a launch choice; every chunk's
-         * partial is the same whichever CTA computes it) */
-        const int c_begin = (int)blockIdx.z * p.chunks_per_cta;
-        if (c_begin * kChunk >= kv_len) return; /* no row of the tile reaches these chunks: never read */
-        const int c_end = min(c_begin + p.chunks_per_cta, (kv_len + kChunk - 1) / kChunk);
-        /* chunks wholly before every row's window: empty partials (the merge reads them) */
-        for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
-            for (int r = tid; r < rows; r += kThreads) {
-                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-                p.ws_ml[orow * p.ws_stride + c] = make_float2(-INFINITY, 0.0f);
-            }
-        kb = max(kb, c_begin * kChunk);
-        ke = min(ke, c_end * kChunk);
-        if (kb >= ke) return;
-    }
+    int kb, ke; /* the keys this CTA walks (cta_key_range: the tile's reach, split mode's chunk run) */
+    if (!cta_key_range<kKeys, !kFold>(p, w, tid, kThreads, kb, ke)) return;
 
     /* Q rows into shared memory as f16 (rows past the tile: zeros) */
     for (int c = tid; c < kRows * CPR; c += kThreads) {

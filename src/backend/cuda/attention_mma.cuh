@@ -6,6 +6,7 @@
 #define OSP_BACKEND_CUDA_ATTENTION_MMA_CUH
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h> /* E4M3 -> f16 (pages of issue 13) */
 #include <math.h>
 #include <stdint.h>
 
@@ -62,6 +63,40 @@ struct Params {
     float qscale; /* scale * log2(e) */
     bool heavy_first; /* fold mode: the query tiles in reverse slot order (attn_cta_work) */
 };
+
+/* ---- the keys a CTA walks (every kernel: part of the numerics) ---------------------------------- */
+
+/* The key range [kb, ke) a CTA of query tile w walks in tiles of KEYS keys from key 0: kb the tile
+ * holding the earliest window start of the tile's rows (0 without a window), ke the longest row's
+ * position + 1. Split mode (SPLIT) narrows it to the CTA's chunk run (blockIdx.z x p.chunks_per_cta
+ * chunks: a launch choice; every chunk's partial is the same whichever CTA computes it) after writing
+ * (-inf, 0) partials for the run's chunks wholly before every row's window (the merge reads them);
+ * threads tid of nthreads share those writes. false: nothing for this CTA (uniform over it). */
+template <int KEYS, bool SPLIT>
+__device__ __forceinline__ bool cta_key_range(const Params &p, const AttnCtaWork &w, int tid, int nthreads, int &kb,
+                                              int &ke) {
+    int kv_len = 0, k_first = INT32_MAX;
+    for (int i = 0; i < w.ntok; i++) {
+        const int li = p.positions[w.t0 + i] + 1;
+        kv_len = max(kv_len, li);
+        k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
+    }
+    kb = k_first / KEYS * KEYS, ke = kv_len;
+    if constexpr (SPLIT) {
+        const int c_begin = (int)blockIdx.z * p.chunks_per_cta;
+        if (c_begin * kChunk >= kv_len) return false; /* no row of the tile reaches these chunks: never read */
+        const int c_end = min(c_begin + p.chunks_per_cta, (kv_len + kChunk - 1) / kChunk);
+        const int rows = w.ntok * w.nh;
+        for (int c = c_begin; c < c_end && (c + 1) * kChunk <= kb; c++)
+            for (int r = tid; r < rows; r += nthreads) {
+                const int64_t orow = (int64_t)(w.t0 + r / w.nh) * p.n_head + w.h0 + r % w.nh;
+                p.ws_ml[orow * p.ws_stride + c] = make_float2(-INFINITY, 0.0f);
+            }
+        kb = max(kb, c_begin * kChunk);
+        ke = min(ke, c_end * kChunk);
+    }
+    return kb < ke;
+}
 
 /* ---- the fold (shared by both modes: the same instructions on the same values) --------------- */
 
@@ -204,6 +239,13 @@ template <int TB> __device__ __forceinline__ void wgmma_m64n128(float (&d)[16][4
                    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
                    "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
+}
+
+/* two E4M3 codes (the low one in bits 0..7) -> f16x2 (the low one in the low half), exactly (every E4M3
+ * number is a half; NaN codes give NaN), by the hardware conversion (sm_89+) */
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xFFFFu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {

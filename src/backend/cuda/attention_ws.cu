@@ -145,13 +145,8 @@ __global__ void __launch_bounds__(kThreadsWs, 1) attn_ws_kernel(const Params p) 
     const int rows = ntok * nh;
     const int consumers = rows > 64 ? 2 : 1; /* a consumer with no rows leaves at once */
 
-    int kv_len = 0, k_first = INT32_MAX;
-    for (int i = 0; i < ntok; i++) {
-        const int li = p.positions[t0 + i] + 1;
-        kv_len = max(kv_len, li);
-        k_first = min(k_first, p.window > 0 && li > p.window ? li - p.window : 0);
-    }
-    const int kb = k_first / kKeys * kKeys, ke = kv_len;
+    int kb, ke; /* the keys this CTA walks, v2's (never empty in fold mode: every row has its own key) */
+    (void)cta_key_range<kKeys, false>(p, w, tid, (int)blockDim.x, kb, ke);
     const int n_tiles = (ke - kb + kKeys - 1) / kKeys;
 
     if (tid == 0) {
