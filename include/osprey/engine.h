@@ -117,6 +117,15 @@ typedef struct osp_engine_params {
                                        a file that does not parse, or was made for another layer / KV head /
                                        head_dim count, fails osp_engine_create. Ignored by f16 / f32 caches
                                        (still checked) */
+    /* tiered KV offload (src/kv/offload.h): prefix blocks the pool evicts move to host memory, then to
+       local disk, instead of vanishing, and come back for a later request with that prefix when loading
+       beats recomputing (measured). Needs enable_prefix_caching; not with sparse attention. Off unless a
+       size is given */
+    int64_t kv_offload_host_bytes;  /* host-memory tier (vLLM's --kv-offloading-size); 0: none */
+    const char *kv_offload_disk_dir; /* disk tier directory; NULL: none */
+    int64_t kv_offload_disk_bytes;  /* disk tier capacity, > 0 with kv_offload_disk_dir */
+    bool kv_offload_no_cost_model;  /* load every block a tier holds, whatever the measured costs (tests:
+                                       outcomes that must not depend on timing); default false */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);
@@ -286,6 +295,11 @@ typedef struct osp_engine_stats {
        fit the budget (dense), pairs that read selected pages; KV tiles those read (summed over KV heads)
        and what dense attention of the same pairs would have read, and the K + V bytes read */
     int64_t sparse_dense_tokens, sparse_tokens, sparse_tiles_read, sparse_tiles_dense, sparse_bytes_read;
+    /* tiered KV offload: blocks held now in host memory and on disk; blocks stored into a tier (evicted
+       from the pool, or moved down), loaded back, found corrupt on disk (recomputed); prompt tokens served
+       by loads (part of prefix_hits_tokens) and tokens a tier held that the cost model recomputed */
+    int64_t offload_host_blocks, offload_disk_blocks, offload_stored_blocks, offload_loaded_blocks;
+    int64_t offload_corrupt_blocks, offload_hits_tokens, offload_skipped_tokens;
 } osp_engine_stats;
 
 /* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */

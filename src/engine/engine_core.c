@@ -25,6 +25,7 @@
 #define OSP_GPU_RESERVE_BYTES ((int64_t)3 << 30)
 #include "engine/engine_internal.h"
 #include "engine/model_runner.h"
+#include "engine/offload.h"
 #include "engine/scheduler.h"
 #include "grammar/grammar.h"
 #include "osprey/tokenizer.h"
@@ -88,6 +89,7 @@ struct osp_engine {
     int32_t spec_n;             /* entries listed for this step's proposer call */
     osp_spec_switch sw;         /* speculation on or off by measured decode rate (spec/switch.h) */
     osp_sparse_runtime *sparse; /* sparse attention's hook state, or NULL (dense) */
+    osp_offload *offload;       /* tiered KV offload, or NULL */
 
     pthread_mutex_t mu;
     pthread_cond_t wake;        /* the loop thread waits for work */
@@ -288,6 +290,21 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         if ((s = osp_sparse_runtime_create(&p.sparse_attention, e->runner->kv, &e->sparse)) != OSP_OK) goto fail;
         osp_model_set_attn_hook(e->model, osp_sparse_runtime_hook(e->sparse));
     }
+    if (p.kv_offload_host_bytes != 0 || p.kv_offload_disk_dir) {
+        if (!p.enable_prefix_caching || p.sparse_attention.method != OSP_SPARSE_NONE) {
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: KV offload needs prefix caching and dense attention (%s)",
+                              !p.enable_prefix_caching ? "prefix caching is off" : "sparse attention is on");
+            goto fail;
+        }
+        const osp_offload_config oc = {.tiers = {.host_bytes = p.kv_offload_host_bytes, .disk_dir = p.kv_offload_disk_dir,
+                                                 .disk_bytes = p.kv_offload_disk_bytes},
+                                       .no_cost_model = p.kv_offload_no_cost_model};
+        const osp_offload_identity oid = {.model_path = p.random_weights ? NULL : p.model_path,
+                                          .random_weights = p.random_weights, .random_seed = p.random_seed,
+                                          .device = (int)p.device, .exact = p.exact,
+                                          .gpu_quant_weights = p.gpu_quant_weights};
+        if ((s = osp_offload_create(&oc, &oid, e->runner->kv, e->sched, &e->offload)) != OSP_OK) goto fail;
+    }
     if (p.trace_shapes_path && !(e->runner->trace = fopen(p.trace_shapes_path, "a"))) {
         s = osp_set_error(OSP_ERR_IO, "engine: cannot open the shape trace %s: %s", p.trace_shapes_path, strerror(errno));
         goto fail;
@@ -332,6 +349,7 @@ void osp_engine_free(osp_engine *e) {
     osp_proposer_destroy(e->proposer);
     free(e->spec_seqs);
     free(e->spec_reqs);
+    osp_offload_destroy(e->offload, e->sched);
     osp_scheduler_destroy(e->sched);
     osp_model_free(e->model);
     pthread_mutex_destroy(&e->mu);
@@ -650,6 +668,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     /* 2. schedule, run, update */
     osp_sched_output *so;
     OSP_TRY(osp_scheduler_schedule(e->sched, &so));
+    if (e->offload) OSP_TRY(osp_offload_status(e->offload)); /* a block copy the backend refused */
     if (so->num_entries > 0) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -669,6 +688,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     if (e->p.kv_event_sink && e->p.kv_event_sink->end_step) e->p.kv_event_sink->end_step(e->p.kv_event_sink->ctx);
     int64_t gen = 0;
     for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].num_new_tokens;
+    if (e->offload) OSP_TRY(osp_offload_status(e->offload)); /* evictions by forks save before the copies */
     for (int32_t i = 0; i < so->num_copies; i++) /* copy-on-write of forked children's partial blocks */
         OSP_TRY(osp_kv_cache_copy_block(e->runner->kv, so->copy_src[i], so->copy_dst[i]));
     if (e->p.check_invariants) OSP_TRY(osp_engine_check_invariants(e));
@@ -676,6 +696,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
        (a draft model's catch-up over a new prompt must not delay that prompt's first token) */
     if (e->proposer) collect_drafts(e, so);
     clock_gettime(CLOCK_MONOTONIC, &ts1);
+    if (e->offload) osp_offload_note_step(e->offload, so->total_tokens, seconds(ts0, ts1));
     for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
         if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);
     for (int32_t i = 0; i < so->num_touched; i++) {
@@ -699,6 +720,16 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         e->stats.sparse_dense_tokens = sp.dense_tokens, e->stats.sparse_tokens = sp.sparse_tokens;
         e->stats.sparse_tiles_read = sp.tiles_read, e->stats.sparse_tiles_dense = sp.tiles_dense;
         e->stats.sparse_bytes_read = sp.bytes_read;
+    }
+    if (e->offload) {
+        const osp_offload_stats os = osp_offload_get_stats(e->offload);
+        e->stats.offload_host_blocks = os.store.blocks[OSP_KV_TIER_HOST];
+        e->stats.offload_disk_blocks = os.store.blocks[OSP_KV_TIER_DISK];
+        e->stats.offload_stored_blocks = os.store.stored[OSP_KV_TIER_HOST] + os.store.stored[OSP_KV_TIER_DISK];
+        e->stats.offload_loaded_blocks = os.store.loaded[OSP_KV_TIER_HOST] + os.store.loaded[OSP_KV_TIER_DISK];
+        e->stats.offload_corrupt_blocks = os.store.corrupt;
+        e->stats.offload_hits_tokens = ss.tier_hits_tokens;
+        e->stats.offload_skipped_tokens = ss.tier_skipped_tokens;
     }
     e->stats.num_preemptions = ss.num_preemptions;
     e->stats.prefix_queries_tokens = ss.prefix_queries_tokens;

@@ -26,6 +26,8 @@ struct osp_scheduler {
     int32_t *hit_ids;           /* [max blocks per request] scratch for prefix hits */
     int32_t cap_hits;
     int32_t num_reserved;       /* seats of not yet forked children of running requests */
+    osp_sched_tier tier;        /* tiered offload; tier.load NULL: none */
+    int32_t *tier_ids;          /* [cap_hits] scratch for tier loads */
     osp_scheduler_stats stats;
 };
 
@@ -51,13 +53,14 @@ osp_status osp_scheduler_create(const osp_scheduler_config *cfg, osp_scheduler *
     s->removed = malloc(sizeof *s->removed * (size_t)s->cap_removed);
     s->out.removed_ids = malloc(sizeof *s->removed * (size_t)s->cap_removed);
     s->hit_ids = malloc(sizeof *s->hit_ids * (size_t)s->cap_hits);
+    s->tier_ids = malloc(sizeof *s->tier_ids * (size_t)s->cap_hits);
     s->out.touched = malloc(sizeof *s->out.touched * (size_t)cfg->max_num_seqs);
     s->out.copy_src = malloc(sizeof(int32_t) * (size_t)cfg->max_num_seqs);
     s->out.copy_dst = malloc(sizeof(int32_t) * (size_t)cfg->max_num_seqs);
     if (s->cfg.max_prompt_logprob_tokens <= 0 || s->cfg.max_prompt_logprob_tokens > OSP_MAX_PROMPT_LP_PER_STEP)
         s->cfg.max_prompt_logprob_tokens = OSP_MAX_PROMPT_LP_PER_STEP;
     osp_status st = OSP_OK;
-    if (!s->eos || !s->running || !s->waiting || !s->out.entries || !s->removed || !s->out.removed_ids || !s->hit_ids ||
+    if (!s->eos || !s->running || !s->waiting || !s->out.entries || !s->removed || !s->out.removed_ids || !s->hit_ids || !s->tier_ids ||
         !s->out.touched || !s->out.copy_src || !s->out.copy_dst)
         st = osp_set_error(OSP_ERR_NOMEM, "scheduler: out of memory");
     else st = osp_block_pool_create(cfg->num_blocks, cfg->enable_prefix_caching, &s->pool);
@@ -81,6 +84,7 @@ void osp_scheduler_destroy(osp_scheduler *s) {
     free(s->removed);
     free(s->out.removed_ids);
     free(s->hit_ids);
+    free(s->tier_ids);
     free(s->out.touched);
     free(s->out.copy_src);
     free(s->out.copy_dst);
@@ -88,6 +92,10 @@ void osp_scheduler_destroy(osp_scheduler *s) {
 }
 
 osp_block_pool *osp_scheduler_pool(osp_scheduler *s) { return s->pool; }
+
+void osp_scheduler_set_tier(osp_scheduler *s, const osp_sched_tier *t) {
+    s->tier = t ? *t : (osp_sched_tier){0};
+}
 
 osp_status osp_scheduler_admissible(const osp_scheduler *s, const osp_request *r) {
     if (r->max_len > s->cfg.max_model_len)
@@ -231,6 +239,10 @@ static bool allocate_slots(osp_scheduler *s, osp_request *r, const int32_t *hits
 }
 
 static osp_status preempt(osp_scheduler *s, osp_request *r) {
+    /* blocks this step cached for tokens it was about to compute hold no such KV: forget their hashes
+       (else a later prefix hit, or a tier, would take whatever the pages hold) */
+    for (int32_t b = r->num_computed_tokens / s->cfg.block_size; b < r->num_blocks; b++)
+        if (osp_block_pool_ref_count(s->pool, r->block_ids[b]) == 1) osp_block_pool_uncache(s->pool, r->block_ids[b]);
     list_remove(s->running, &s->num_running, r);
     if (r->children) s->num_reserved -= r->num_children;
     note_removed(s, r->uid);
@@ -241,6 +253,40 @@ static osp_status preempt(osp_scheduler *s, osp_request *r) {
     r->num_preemptions++;
     s->stats.num_preemptions++;
     return waiting_insert(s, r, true);
+}
+
+/* ---- tiers below the pool --------------------------------------------------------------------- */
+
+/* r's prefix continues past its n_hits pool hits (in s->hit_ids) into blocks the tier holds: loads
+ * what the cost model allows into free pool blocks, caches them and frees them again, so the next
+ * prefix match takes them. Returns the new hit count (s->hit_ids refilled). */
+static int32_t tier_fill(osp_scheduler *s, osp_request *r, int32_t n_hits, int32_t max_hit) {
+    int32_t n = 0;
+    while (n_hits + n < max_hit && s->tier.contains(s->tier.ctx, &r->hashes[n_hits + n])) n++;
+    if (n == 0) return n_hits;
+    const int32_t bs = s->cfg.block_size;
+    if (!s->tier.worth(s->tier.ctx, n)) {
+        s->stats.tier_skipped_tokens += (int64_t)n * bs;
+        return n_hits;
+    }
+    /* the hits are free cached blocks too: hold them so the allocation cannot evict them */
+    osp_block_pool_touch(s->pool, s->hit_ids, n_hits);
+    const int32_t room = osp_block_pool_num_free(s->pool);
+    if (n > room) n = room;
+    int32_t loaded = 0;
+    if (n > 0 && osp_block_pool_alloc(s->pool, n, s->tier_ids) == OSP_OK) {
+        while (loaded < n && s->tier.load(s->tier.ctx, s->tier_ids[loaded], &r->hashes[n_hits + loaded])) {
+            const int32_t b = n_hits + loaded;
+            osp_block_pool_cache_block(s->pool, s->tier_ids[loaded], &r->hashes[b], b ? &r->hashes[b - 1] : NULL,
+                                       r->tokens + (size_t)b * bs, bs);
+            loaded++;
+        }
+        for (int32_t i = n - 1; i >= 0; i--) osp_block_pool_release(s->pool, &s->tier_ids[i], 1); /* tail first */
+    }
+    for (int32_t i = n_hits - 1; i >= 0; i--) osp_block_pool_release(s->pool, &s->hit_ids[i], 1);
+    if (loaded == 0) return n_hits;
+    s->stats.tier_hits_tokens += (int64_t)loaded * bs;
+    return osp_prefix_cache_match(s->pool, r->hashes, max_hit, s->hit_ids);
 }
 
 /* ---- schedule / update ----------------------------------------------------------------------- */
@@ -337,6 +383,7 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
             int32_t max_hit = (r->num_tokens - 1) / s->cfg.block_size; /* always compute the last token */
             if (max_hit > r->num_hashes) max_hit = r->num_hashes;
             n_hits = osp_prefix_cache_match(s->pool, r->hashes, max_hit, s->hit_ids);
+            if (s->tier.load && n_hits < max_hit) n_hits = tier_fill(s, r, n_hits, max_hit);
         }
         const int32_t computed = n_hits * s->cfg.block_size;
         int32_t n_new = r->num_tokens - computed;

@@ -72,13 +72,30 @@ typedef struct osp_scheduler_stats {
        accepted, and accepted by position (position i counts rows whose draft i was accepted) */
     int64_t spec_num_drafts, spec_num_draft_tokens, spec_num_accepted_tokens;
     int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
+    int64_t tier_hits_tokens;        /* of prefix_hits_tokens, tokens whose blocks a tier loaded back */
+    int64_t tier_skipped_tokens;     /* tokens a tier held but the cost model chose to recompute */
 } osp_scheduler_stats;
+
+/* KV blocks below the pool (tiered offload, src/engine/offload.c). When a waiting request's prefix
+ * continues past its prefix-cache hits into blocks the tier holds, the scheduler, at admission, takes
+ * free pool blocks, has the tier load them, caches them under their hashes and releases them, so the
+ * request's prefix match finds them like any cached block (a load that fails leaves its block uncached,
+ * and that part of the prompt is computed). All callbacks run inside osp_scheduler_schedule. */
+typedef struct osp_sched_tier {
+    void *ctx;
+    bool (*contains)(void *ctx, const osp_block_hash *h); /* held now (no I/O) */
+    bool (*worth)(void *ctx, int32_t n_blocks);            /* loading beats recomputing them */
+    bool (*load)(void *ctx, int32_t id, const osp_block_hash *h); /* into pool block id; false: unusable */
+} osp_sched_tier;
 
 /* Errors: OSP_ERR_INVALID_ARG (sizes <= 0), OSP_ERR_NOMEM. */
 osp_status osp_scheduler_create(const osp_scheduler_config *cfg, osp_scheduler **out);
 void osp_scheduler_destroy(osp_scheduler *s); /* does not free requests */
 
 osp_block_pool *osp_scheduler_pool(osp_scheduler *s);
+
+/* Consults `t` (copied; NULL: no tier) at admission; needs prefix caching. */
+void osp_scheduler_set_tier(osp_scheduler *s, const osp_sched_tier *t);
 
 /* OSP_OK if `r` could run alone in the whole pool; else OSP_ERR_INVALID_ARG with a message. */
 osp_status osp_scheduler_admissible(const osp_scheduler *s, const osp_request *r);

@@ -28,6 +28,8 @@ struct osp_block_pool {
     osp_block_pool_stats stats;
     const osp_kv_event_sink *sink; /* KV events, or NULL */
     osp_prefix_hash_algo algo;     /* the 64-bit form of hashes in events */
+    osp_block_evict_fn evict_fn;   /* eviction hook, or NULL */
+    void *evict_ctx;
 };
 
 /* ---- free queue ------------------------------------------------------------------------------ */
@@ -150,6 +152,7 @@ osp_status osp_block_pool_alloc(osp_block_pool *p, int32_t n, int32_t *ids) {
         const int32_t id = p->head;
         fq_remove(p, id);
         if (p->blocks[id].has_hash) {
+            if (p->evict_fn) p->evict_fn(p->evict_ctx, id, &p->blocks[id].hash);
             uncache(p, id);
             p->stats.num_evictions++;
         }
@@ -158,6 +161,13 @@ osp_status osp_block_pool_alloc(osp_block_pool *p, int32_t n, int32_t *ids) {
     }
     return OSP_OK;
 }
+
+void osp_block_pool_set_evict_hook(osp_block_pool *p, osp_block_evict_fn fn, void *ctx) {
+    p->evict_fn = fn;
+    p->evict_ctx = ctx;
+}
+
+void osp_block_pool_uncache(osp_block_pool *p, int32_t id) { uncache(p, id); }
 
 void osp_block_pool_release(osp_block_pool *p, const int32_t *ids, int32_t n) {
     for (int32_t i = 0; i < n; i++) {

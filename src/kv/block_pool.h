@@ -80,6 +80,17 @@ void osp_block_pool_cache_block(osp_block_pool *p, int32_t id, const osp_block_h
  * (osp_block_hash_external). The sink must outlive the pool or be replaced. */
 void osp_block_pool_set_event_sink(osp_block_pool *p, const osp_kv_event_sink *sink, osp_prefix_hash_algo algo);
 
+/* Called by osp_block_pool_alloc for every cached block it evicts, before the block's hash is dropped:
+ * the block's pages still hold the hash's KV then (nothing has written them since it was freed), so a
+ * tiered store (src/kv/offload.h) can copy them out. NULL fn: none. */
+typedef void (*osp_block_evict_fn)(void *ctx, int32_t id, const osp_block_hash *h);
+void osp_block_pool_set_evict_hook(osp_block_pool *p, osp_block_evict_fn fn, void *ctx);
+
+/* Drops the hash block `id` carries (a BlockRemoved event), if any; the block stays where it is. For
+ * blocks whose pages will never hold the hash's KV (a request preempted before the step that would
+ * have computed them). */
+void osp_block_pool_uncache(osp_block_pool *p, int32_t id);
+
 /* The hash block `id` carries: true and *out, or false when it carries none. */
 bool osp_block_pool_block_hash(const osp_block_pool *p, int32_t id, osp_block_hash *out);
 

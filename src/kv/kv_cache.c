@@ -292,3 +292,34 @@ osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {
     }
     return OSP_OK;
 }
+
+size_t osp_kv_cache_block_bytes(const osp_kv_cache *kv) {
+    const size_t per_token = kv->k_fmt.bytes_per_token + kv->k_fmt.scale_bytes_per_token + kv->v_fmt.bytes_per_token +
+                             kv->v_fmt.scale_bytes_per_token;
+    return (size_t)kv->n_layer * (size_t)kv->block_size * per_token;
+}
+
+/* Walks block id's segments in osp_kv_cache_block_read's order: to_host (read) or from_host (write). */
+static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool read) {
+    if (id < 0 || id >= kv->num_blocks)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: block %d outside the %d blocks", id, kv->num_blocks);
+    for (int32_t l = 0; l < kv->n_layer; l++) {
+        for (int i = 0; i < 4; i++) { /* K pages, V pages, K scales, V scales */
+            const osp_kv_page_format *f = i & 1 ? &kv->v_fmt : &kv->k_fmt;
+            const size_t per_token = i < 2 ? f->bytes_per_token : f->scale_bytes_per_token;
+            const size_t n = (size_t)kv->block_size * per_token;
+            if (n == 0) continue;
+            char *base = i == 0 ? kv->k[l] : i == 1 ? kv->v[l] : i == 2 ? kv->k_scale[l] : kv->v_scale[l];
+            char *dev = base + (size_t)id * n;
+            OSP_TRY(read ? kv->be->vt->to_host(kv->be, host, dev, n) : kv->be->vt->from_host(kv->be, dev, host, n));
+            host += n;
+        }
+    }
+    return OSP_OK;
+}
+
+osp_status osp_kv_cache_block_read(osp_kv_cache *kv, int32_t id, void *dst) { return block_move(kv, id, dst, true); }
+
+osp_status osp_kv_cache_block_write(osp_kv_cache *kv, int32_t id, const void *src) {
+    return block_move(kv, id, (uint8_t *)(uintptr_t)src, false);
+}

@@ -121,4 +121,15 @@ osp_status osp_kv_cache_set_hier_view(osp_kv_cache *kv, int32_t full_recent);
 osp_status osp_kv_cache_size(const osp_kv_shape *sh, int32_t num_blocks, int32_t block_size, osp_kv_dtype k_dtype,
                              osp_kv_dtype v_dtype, size_t *bytes);
 
+/* One block's bytes over every layer: per layer, K pages, V pages, K scale pool, V scale pool (each
+ * block_size tokens; absent pools take no bytes). The unit of KV offload (src/kv/offload.h). */
+size_t osp_kv_cache_block_bytes(const osp_kv_cache *kv);
+
+/* Copies block id's bytes (osp_kv_cache_block_bytes, in that order) to host memory dst, after every run
+ * enqueued before; returns when they are there. OSP_ERR_INVALID_ARG for an id outside the cache. */
+osp_status osp_kv_cache_block_read(osp_kv_cache *kv, int32_t id, void *dst);
+
+/* Copies host bytes src (osp_kv_cache_block_read's layout) into block id, ordered before the next run. */
+osp_status osp_kv_cache_block_write(osp_kv_cache *kv, int32_t id, const void *src);
+
 #endif

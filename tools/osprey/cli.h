@@ -109,6 +109,9 @@ typedef struct cli_engine_args {
                               $PYTHONHASHSEED (vLLM's; "random" there means unset); else random */
     uint64_t hash_seed;
     osp_sparse_config sparse; /* --sparse-attention topk:PAGES[,recent:R][,sink:S] (osp_sparse_config_parse); off */
+    int64_t kv_offload_host_bytes; /* --kv-offloading-size GIB (vLLM's): host-memory KV tier; 0: none */
+    const char *kv_offload_disk;   /* --kv-offload-disk DIR: disk KV tier; NULL: none */
+    int64_t kv_offload_disk_bytes; /* --kv-offload-disk-size GIB, needed with --kv-offload-disk */
 } cli_engine_args;
 
 /* The flags a command takes beyond -m, -t and --device (which every caller takes). */
@@ -133,6 +136,10 @@ bool cli_parse_hash_seed(const char *v, uint64_t *out);
 /* The environment's seed into *a unless a seed is already set: $OSPREY_HASH_SEED, else $PYTHONHASHSEED
  * ("random" or empty: none). A malformed value dies naming the variable. */
 void cli_engine_env_seed(cli_engine_args *a);
+/* Parses flag's value v as a size in GiB (a decimal number >= 0) into bytes; dies naming the flag. */
+int64_t cli_gib(const char *flag, const char *v);
+/* Dies when the KV offload flags do not go together (a disk directory without a size, or the reverse). */
+void cli_engine_offload_check(const cli_engine_args *a);
 /* osp_engine_default_params() with the model, threads, device, KV cache dtype, exact and the prefix
  * hash (algorithm; seed from *a or, when unset there, from the environment: cli_engine_env_seed) taken from *a
  * and load_progress = cli_load_progress. The command sets the rest (block size, max_num_seqs, ...). */

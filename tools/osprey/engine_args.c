@@ -81,6 +81,12 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         if (s != OSP_OK) cli_die(s, "--sparse-attention %s", v);
         ++*i;
     }
+    else if (!strcmp(f, "--kv-offloading-size")) a->kv_offload_host_bytes = cli_gib(f, v), ++*i;
+    else if (!strcmp(f, "--kv-offload-disk-size")) a->kv_offload_disk_bytes = cli_gib(f, v), ++*i;
+    else if (!strcmp(f, "--kv-offload-disk")) {
+        if (!v || !*v) cli_die(OSP_OK, "--kv-offload-disk needs a directory (created if missing)");
+        a->kv_offload_disk = v, ++*i;
+    }
     else if ((accept & CLI_ENGINE_EXACT) && !strcmp(f, "--exact")) {
         a->exact = true;
     } else if ((accept & CLI_ENGINE_KV_DTYPE) && cli_kv_types_arg(&a->kv_types, f, v)) {
@@ -167,6 +173,22 @@ void cli_engine_env_seed(cli_engine_args *a) {
     }
 }
 
+int64_t cli_gib(const char *flag, const char *v) {
+    char *end = NULL;
+    const double x = v ? strtod(v, &end) : -1;
+    if (!v || end == v || *end || !(x >= 0) || x > 1e9)
+        cli_die(OSP_OK, "%s: '%s' is not a size in GiB (a number >= 0, e.g. 4 or 0.5)", flag, v ? v : "");
+    return (int64_t)(x * 1073741824.0);
+}
+
+void cli_engine_offload_check(const cli_engine_args *a) {
+    if (a->kv_offload_disk && a->kv_offload_disk_bytes <= 0)
+        cli_die(OSP_OK, "--kv-offload-disk %s needs --kv-offload-disk-size GIB (how much of the disk the KV blocks may take)",
+                a->kv_offload_disk);
+    if (!a->kv_offload_disk && a->kv_offload_disk_bytes > 0)
+        cli_die(OSP_OK, "--kv-offload-disk-size needs --kv-offload-disk DIR");
+}
+
 osp_engine_params cli_engine_params(const cli_engine_args *a) {
     osp_engine_params ep = osp_engine_default_params();
     ep.model_path = a->model;
@@ -189,6 +211,10 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.hash_seed_set = seeded.hash_seed_set;
     ep.hash_seed = seeded.hash_seed;
     ep.sparse_attention = a->sparse;
+    cli_engine_offload_check(a);
+    ep.kv_offload_host_bytes = a->kv_offload_host_bytes;
+    ep.kv_offload_disk_dir = a->kv_offload_disk;
+    ep.kv_offload_disk_bytes = a->kv_offload_disk_bytes;
     ep.load_progress = cli_load_progress;
     return ep;
 }

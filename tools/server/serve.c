@@ -115,6 +115,9 @@ static const char *k_serve_usage =
     "                                   for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"
     "                                   (off; CPU only)\n"
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
+    "  --kv-offloading-size GIB         host-memory tier for prefix KV blocks the cache evicts (vLLM's; off)\n"
+    "  --kv-offload-disk DIR            disk tier below it (files per block, checksummed; off)\n"
+    "  --kv-offload-disk-size GIB       the disk tier's size (needed with --kv-offload-disk)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --responses-store-size N         /v1/responses kept in memory for previous_response_id and GET\n"
@@ -277,6 +280,11 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.kv_scales = eng.kv_scales;
     c.kernel_table = eng.kernel_table;
     c.spec = eng.spec;
+    c.sparse = eng.sparse; /* was parsed and dropped here: serve ran dense attention under --sparse-attention */
+    cli_engine_offload_check(&eng);
+    c.kv_offload_host_bytes = eng.kv_offload_host_bytes;
+    c.kv_offload_disk = eng.kv_offload_disk;
+    c.kv_offload_disk_bytes = eng.kv_offload_disk_bytes;
     cli_engine_env_seed(&eng);
     c.hash_algo = eng.hash_algo, c.hash_seed_set = eng.hash_seed_set, c.hash_seed = eng.hash_seed;
     if (c.enable_auto_tool_choice && c.tool_parser == SRV_TOOL_PARSER_NONE)
@@ -343,6 +351,10 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.kv_scales_path = cfg->kv_scales;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;
+    ep.sparse_attention = cfg->sparse;
+    ep.kv_offload_host_bytes = cfg->kv_offload_host_bytes;
+    ep.kv_offload_disk_dir = cfg->kv_offload_disk;
+    ep.kv_offload_disk_bytes = cfg->kv_offload_disk_bytes;
     ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
     return ep;
 }

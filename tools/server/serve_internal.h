@@ -70,6 +70,9 @@ typedef struct srv_config {
     const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path); NULL: default scales */
     const char *kernel_table; /* --kernel-table FILE (or $OSPREY_KERNEL_TABLE): osp_engine_params.kernel_table */
     osp_spec_config spec;     /* --speculative-config JSON: osp_engine_params.speculative */
+    osp_sparse_config sparse; /* --sparse-attention: osp_engine_params.sparse_attention */
+    int64_t kv_offload_host_bytes, kv_offload_disk_bytes; /* --kv-offloading-size, --kv-offload-disk-size */
+    const char *kv_offload_disk;                          /* --kv-offload-disk */
     osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo (cli_engine_args) */
     bool hash_seed_set;       /* --prefix-caching-hash-seed, $OSPREY_HASH_SEED or $PYTHONHASHSEED */
     uint64_t hash_seed;

@@ -1,0 +1,59 @@
+/* The engine's side of tiered KV offload (src/kv/offload.h holds the blocks): blocks the pool evicts
+ * are copied out of the KV cache into the store, and a waiting request's blocks found in the store are
+ * loaded back into pool blocks at admission (the scheduler's osp_sched_tier) when the measured cost
+ * model says loading beats recomputing.
+ *
+ * Cost model: loading one block takes the measured mean seconds of the last loads (an exponential
+ * moving average of each load's wall time, from the store's read to the pages being written);
+ * recomputing it takes block_size times the measured seconds per token of recent prompt-heavy steps
+ * (steps of at least 64 tokens). Until both have been measured, loading is chosen. */
+#ifndef OSP_ENGINE_OFFLOAD_H
+#define OSP_ENGINE_OFFLOAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/scheduler.h"
+#include "kv/offload.h"
+#include "osprey/kv_cache.h"
+
+typedef struct osp_offload osp_offload;
+
+/* Identity of the KV a block holds, beyond its hash: the files of a disk tier are read only by an engine
+ * with the same fingerprint. */
+typedef struct osp_offload_identity {
+    const char *model_path;     /* the GGUF file (its real path, size and modification time count), or NULL */
+    const char *random_weights; /* with random_seed, instead of a file */
+    uint64_t random_seed;
+    int device;                 /* osp_device: the CPU and CUDA kernels round differently */
+    bool exact, gpu_quant_weights;
+} osp_offload_identity;
+
+/* How the store is used: the tiers, and whether the cost model decides (false: every held block is
+ * loaded). */
+typedef struct osp_offload_config {
+    osp_kv_offload_config tiers;
+    bool no_cost_model;
+} osp_offload_config;
+
+/* Creates the store for `kv` (block bytes from osp_kv_cache_block_bytes) and hooks it to the scheduler's
+ * pool (evictions) and admission (loads). Errors: those of osp_kv_offload_create, OSP_ERR_NOMEM. */
+osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_identity *id, osp_kv_cache *kv,
+                              osp_scheduler *sched, osp_offload **out);
+/* Unhooks and frees (the scheduler must still exist). NULL is fine. */
+void osp_offload_destroy(osp_offload *o, osp_scheduler *sched);
+
+/* A step of `tokens` tokens took `seconds` (the cost model's prompt rate). */
+void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds);
+
+/* The first error a hook met (a block copy the backend refused), or OSP_OK; the engine fails the step
+ * with it, as any backend error. */
+osp_status osp_offload_status(const osp_offload *o);
+
+typedef struct osp_offload_stats {
+    osp_kv_offload_stats store;
+    double load_s_per_block, prefill_s_per_token; /* the cost model's figures (0: not measured yet) */
+} osp_offload_stats;
+osp_offload_stats osp_offload_get_stats(const osp_offload *o);
+
+#endif

@@ -1,0 +1,545 @@
+/* Tiered KV offload (see offload.h): an index from block hash to entry (open addressing, linear
+ * probing, deletion by backward shift, as the block pool's), one LRU list per tier over the entries,
+ * host slots in one reservation, disk blocks as checksummed files. */
+#include "kv/offload.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "core/status_internal.h"
+
+#define HDR_BYTES 72
+#define FORMAT_VERSION 1u
+static const char MAGIC[8] = {'O', 'S', 'P', 'K', 'V', 'B', 'K', '1'};
+
+typedef struct entry {
+    osp_block_hash h;
+    int32_t tier;       /* OSP_KV_TIER_HOST / _DISK, -1 while on the free list */
+    int32_t prev, next; /* the tier's LRU list (head: least recently used), or the free list (next) */
+    int32_t slot;       /* host tier: slot index */
+} entry;
+
+typedef struct lru {
+    int32_t head, tail;
+    int64_t n, cap;
+} lru;
+
+struct osp_kv_offload {
+    size_t block_bytes;
+    uint64_t fp;
+    entry *e;
+    int32_t cap_e, free_e; /* free_e: first free entry, -1 when none */
+    int32_t *table;        /* [mask + 1] entry index or -1 */
+    uint32_t mask;
+    int64_t n_table;
+    lru tier[OSP_KV_NUM_TIERS];
+    uint8_t *host;         /* [tier[HOST].cap * block_bytes] */
+    int32_t *free_slots, n_free_slots;
+    char *dir;             /* disk tier directory, or NULL */
+    osp_kv_offload_stats stats;
+};
+
+/* ---- little-endian fields ------------------------------------------------------------------- */
+
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+/* ---- index ------------------------------------------------------------------------------------ */
+
+static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) {
+    return a->lo == b->lo && a->hi == b->hi && a->ext[0] == b->ext[0] && a->ext[1] == b->ext[1];
+}
+static uint32_t home(const osp_kv_offload *o, const osp_block_hash *h) {
+    return (uint32_t)(h->lo ^ (h->hi >> 17) ^ (h->ext[0] >> 31)) & o->mask;
+}
+
+/* The table slot holding h, or -1. */
+static int64_t find(const osp_kv_offload *o, const osp_block_hash *h) {
+    for (uint32_t i = home(o, h);; i = (i + 1) & o->mask) {
+        const int32_t id = o->table[i];
+        if (id < 0) return -1;
+        if (hash_eq(&o->e[id].h, h)) return i;
+    }
+}
+
+static void table_put(osp_kv_offload *o, int32_t id) {
+    uint32_t i = home(o, &o->e[id].h);
+    while (o->table[i] >= 0) i = (i + 1) & o->mask;
+    o->table[i] = id;
+    o->n_table++;
+}
+
+/* Removes slot i, shifting later entries of the probe run back (Knuth 6.4 algorithm R). */
+static void table_delete_at(osp_kv_offload *o, uint32_t i) {
+    o->table[i] = -1;
+    o->n_table--;
+    for (uint32_t j = i;;) {
+        j = (j + 1) & o->mask;
+        const int32_t id = o->table[j];
+        if (id < 0) return;
+        const uint32_t k = home(o, &o->e[id].h);
+        const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+        if (!stays) {
+            o->table[i] = id;
+            o->table[j] = -1;
+            i = j;
+        }
+    }
+}
+
+/* A free entry (growing the entry array and the table as needed), or -1 when out of memory. */
+static int32_t entry_new(osp_kv_offload *o) {
+    if (o->free_e < 0) {
+        if (o->cap_e > INT32_MAX / 2) return -1;
+        const int32_t cap = o->cap_e ? 2 * o->cap_e : 256;
+        entry *e = realloc(o->e, sizeof *e * (size_t)cap);
+        if (!e) return -1;
+        o->e = e;
+        for (int32_t i = cap - 1; i >= o->cap_e; i--) e[i] = (entry){.tier = -1, .next = o->free_e};
+        o->free_e = o->cap_e;
+        for (int32_t i = o->cap_e; i < cap - 1; i++) e[i].next = i + 1;
+        e[cap - 1].next = -1;
+        o->cap_e = cap;
+    }
+    if ((uint64_t)(o->n_table + 1) * 2 > (uint64_t)o->mask + 1) { /* keep the load under one half */
+        const uint32_t cap = 2 * (o->mask + 1);
+        int32_t *t = malloc(sizeof *t * cap);
+        if (!t) return -1;
+        int32_t *old = o->table;
+        const uint32_t old_cap = o->mask + 1;
+        memset(t, 0xff, sizeof *t * cap);
+        o->table = t;
+        o->mask = cap - 1;
+        o->n_table = 0;
+        for (uint32_t i = 0; i < old_cap; i++)
+            if (old[i] >= 0) table_put(o, old[i]);
+        free(old);
+    }
+    const int32_t id = o->free_e;
+    o->free_e = o->e[id].next;
+    return id;
+}
+
+/* ---- LRU lists -------------------------------------------------------------------------------- */
+
+static void lru_push_tail(osp_kv_offload *o, int t, int32_t id) {
+    lru *l = &o->tier[t];
+    entry *x = &o->e[id];
+    x->tier = t;
+    x->prev = l->tail;
+    x->next = -1;
+    if (l->tail >= 0) o->e[l->tail].next = id;
+    else l->head = id;
+    l->tail = id;
+    l->n++;
+    o->stats.blocks[t] = l->n;
+}
+
+static void lru_remove(osp_kv_offload *o, int32_t id) {
+    entry *x = &o->e[id];
+    lru *l = &o->tier[x->tier];
+    if (x->prev >= 0) o->e[x->prev].next = x->next;
+    else l->head = x->next;
+    if (x->next >= 0) o->e[x->next].prev = x->prev;
+    else l->tail = x->prev;
+    l->n--;
+    o->stats.blocks[x->tier] = l->n;
+}
+
+/* Forgets entry id (index and list; the host slot goes back; a disk file is not touched here). */
+static void entry_drop(osp_kv_offload *o, int32_t id) {
+    const int64_t i = find(o, &o->e[id].h);
+    if (i >= 0) table_delete_at(o, (uint32_t)i);
+    if (o->e[id].tier == OSP_KV_TIER_HOST) o->free_slots[o->n_free_slots++] = o->e[id].slot;
+    lru_remove(o, id);
+    o->e[id].tier = -1;
+    o->e[id].next = o->free_e;
+    o->free_e = id;
+}
+
+/* ---- disk files ------------------------------------------------------------------------------- */
+
+static void file_path(const osp_kv_offload *o, const osp_block_hash *h, const char *suffix, char *out, size_t n) {
+    snprintf(out, n, "%s/%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%s", o->dir, h->lo, h->hi, h->ext[0],
+             h->ext[1], suffix);
+}
+
+static bool write_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        const ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        b += w, n -= (size_t)w;
+    }
+    return true;
+}
+
+static size_t read_all(int fd, void *p, size_t n) {
+    uint8_t *b = p;
+    size_t got = 0;
+    while (got < n) {
+        const ssize_t r = read(fd, b + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    return got;
+}
+
+static void header_make(const osp_kv_offload *o, const osp_block_hash *h, const void *payload, uint8_t *hdr) {
+    memcpy(hdr, MAGIC, 8);
+    put_u32(hdr + 8, FORMAT_VERSION);
+    put_u32(hdr + 12, 0);
+    put_u64(hdr + 16, o->fp);
+    put_u64(hdr + 24, h->lo);
+    put_u64(hdr + 32, h->hi);
+    put_u64(hdr + 40, h->ext[0]);
+    put_u64(hdr + 48, h->ext[1]);
+    put_u64(hdr + 56, (uint64_t)o->block_bytes);
+    put_u64(hdr + 64, XXH3_64bits_withSeed(payload, o->block_bytes, o->fp));
+}
+
+/* Whether hdr belongs to this store and names h (the checksum is not looked at). */
+static bool header_ok(const osp_kv_offload *o, const osp_block_hash *h, const uint8_t *hdr) {
+    return memcmp(hdr, MAGIC, 8) == 0 && get_u32(hdr + 8) == FORMAT_VERSION && get_u64(hdr + 16) == o->fp &&
+           get_u64(hdr + 24) == h->lo && get_u64(hdr + 32) == h->hi && get_u64(hdr + 40) == h->ext[0] &&
+           get_u64(hdr + 48) == h->ext[1] && get_u64(hdr + 56) == (uint64_t)o->block_bytes;
+}
+
+static bool disk_write(const osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
+    char tmp[PATH_MAX], path[PATH_MAX];
+    file_path(o, h, ".kv.tmp", tmp, sizeof tmp);
+    file_path(o, h, ".kv", path, sizeof path);
+    uint8_t hdr[HDR_BYTES];
+    header_make(o, h, bytes, hdr);
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    bool ok = write_all(fd, hdr, sizeof hdr) && write_all(fd, bytes, o->block_bytes);
+    ok = close(fd) == 0 && ok;
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok) unlink(tmp);
+    return ok;
+}
+
+static void disk_unlink(const osp_kv_offload *o, const osp_block_hash *h) {
+    char path[PATH_MAX];
+    file_path(o, h, ".kv", path, sizeof path);
+    unlink(path);
+}
+
+/* Reads and checks h's file into dst. */
+static bool disk_read(const osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+    char path[PATH_MAX];
+    file_path(o, h, ".kv", path, sizeof path);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    uint8_t hdr[HDR_BYTES], extra;
+    bool ok = read_all(fd, hdr, sizeof hdr) == sizeof hdr && header_ok(o, h, hdr) &&
+              read_all(fd, dst, o->block_bytes) == o->block_bytes && read_all(fd, &extra, 1) == 0;
+    close(fd);
+    return ok && XXH3_64bits_withSeed(dst, o->block_bytes, o->fp) == get_u64(hdr + 64);
+}
+
+/* ---- tiers ------------------------------------------------------------------------------------ */
+
+/* Makes room in tier t for one more block by moving its least recently used block down (or dropping it
+ * from the last tier). */
+static void make_room(osp_kv_offload *o, int t);
+
+/* Puts (h, bytes) into tier t as its most recently used block, entry id given or -1 for a new one;
+ * false (entry dropped) when the block could not be stored. */
+static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_hash *h, const void *bytes) {
+    if (o->tier[t].cap == 0) return false;
+    if (o->tier[t].n >= o->tier[t].cap) make_room(o, t);
+    if (id < 0) {
+        id = entry_new(o);
+        if (id < 0) return false;
+        o->e[id].h = *h;
+        table_put(o, id);
+    }
+    if (t == OSP_KV_TIER_HOST) {
+        const int32_t slot = o->free_slots[--o->n_free_slots];
+        memcpy(o->host + (size_t)slot * o->block_bytes, bytes, o->block_bytes);
+        o->e[id].slot = slot;
+    } else if (!disk_write(o, h, bytes)) {
+        o->stats.io_errors++;
+        const int64_t i = find(o, h);
+        if (i >= 0) table_delete_at(o, (uint32_t)i);
+        o->e[id].tier = -1;
+        o->e[id].next = o->free_e;
+        o->free_e = id;
+        return false;
+    }
+    lru_push_tail(o, t, id);
+    o->stats.stored[t]++;
+    return true;
+}
+
+static void make_room(osp_kv_offload *o, int t) {
+    const int32_t id = o->tier[t].head;
+    if (id < 0) return;
+    if (t == OSP_KV_TIER_HOST && o->tier[OSP_KV_TIER_DISK].cap > 0) {
+        /* demote: the entry leaves the host list with its slot and joins the disk tier */
+        const int32_t slot = o->e[id].slot;
+        lru_remove(o, id);
+        o->free_slots[o->n_free_slots++] = slot;
+        const osp_block_hash h = o->e[id].h;
+        /* the slot's bytes stay intact until the next host insert, which comes after this returns */
+        if (!tier_insert(o, OSP_KV_TIER_DISK, id, &h, o->host + (size_t)slot * o->block_bytes)) o->stats.dropped++;
+        return;
+    }
+    if (t == OSP_KV_TIER_DISK) disk_unlink(o, &o->e[id].h);
+    entry_drop(o, id);
+    o->stats.dropped++;
+}
+
+/* ---- public ----------------------------------------------------------------------------------- */
+
+typedef struct found {
+    osp_block_hash h;
+    struct timespec mtime;
+} found;
+
+static int found_cmp(const void *a, const void *b) {
+    const struct timespec *x = &((const found *)a)->mtime, *y = &((const found *)b)->mtime;
+    if (x->tv_sec != y->tv_sec) return x->tv_sec < y->tv_sec ? -1 : 1;
+    return x->tv_nsec < y->tv_nsec ? -1 : x->tv_nsec > y->tv_nsec;
+}
+
+static bool parse_name(const char *name, osp_block_hash *h) {
+    if (strlen(name) != 64 + 3 || strcmp(name + 64, ".kv") != 0) return false;
+    uint64_t w[4];
+    for (int k = 0; k < 4; k++) {
+        w[k] = 0;
+        for (int i = 0; i < 16; i++) {
+            const char c = name[16 * k + i];
+            const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+            if (v < 0) return false;
+            w[k] = w[k] << 4 | (uint64_t)v;
+        }
+    }
+    *h = (osp_block_hash){.lo = w[0], .hi = w[1], .ext = {w[2], w[3]}};
+    return true;
+}
+
+/* Indexes the blocks an earlier run left in the directory, oldest first (LRU order). */
+static osp_status disk_scan(osp_kv_offload *o) {
+    DIR *d = opendir(o->dir);
+    if (!d) return osp_set_error(OSP_ERR_IO, "kv offload: cannot read %s: %s", o->dir, strerror(errno));
+    found *f = NULL;
+    size_t n = 0, cap = 0;
+    osp_status st = OSP_OK;
+    const off_t want = (off_t)(HDR_BYTES + o->block_bytes);
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", o->dir, de->d_name);
+        const size_t len = strlen(de->d_name);
+        static const char tmp_suffix[] = ".kv.tmp";
+        if (len > sizeof tmp_suffix - 1 && strcmp(de->d_name + len - (sizeof tmp_suffix - 1), tmp_suffix) == 0) {
+            /* a write cut short */
+            unlink(path);
+            continue;
+        }
+        osp_block_hash h;
+        struct stat sb;
+        if (!parse_name(de->d_name, &h) || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        uint8_t hdr[HDR_BYTES];
+        const int fd = open(path, O_RDONLY | O_CLOEXEC);
+        const bool ok = fd >= 0 && sb.st_size == want && read_all(fd, hdr, sizeof hdr) == sizeof hdr &&
+                        header_ok(o, &h, hdr);
+        if (fd >= 0) close(fd);
+        if (!ok) { /* this directory is named by the fingerprint: a file that does not fit it is damaged */
+            unlink(path);
+            o->stats.corrupt++;
+            continue;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            found *g = realloc(f, sizeof *g * cap);
+            if (!g) {
+                st = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory indexing %s", o->dir);
+                break;
+            }
+            f = g;
+        }
+        f[n++] = (found){.h = h, .mtime = sb.st_mtim};
+    }
+    closedir(d);
+    if (st == OSP_OK) {
+        qsort(f, n, sizeof *f, found_cmp);
+        const size_t skip = n > (size_t)o->tier[OSP_KV_TIER_DISK].cap ? n - (size_t)o->tier[OSP_KV_TIER_DISK].cap : 0;
+        for (size_t i = 0; i < n && st == OSP_OK; i++) {
+            if (i < skip || find(o, &f[i].h) >= 0) {
+                if (i < skip) disk_unlink(o, &f[i].h);
+                continue;
+            }
+            const int32_t id = entry_new(o);
+            if (id < 0) {
+                st = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory indexing %s", o->dir);
+                break;
+            }
+            o->e[id].h = f[i].h;
+            table_put(o, id);
+            lru_push_tail(o, OSP_KV_TIER_DISK, id);
+            o->stats.found_at_start++;
+        }
+    }
+    free(f);
+    return st;
+}
+
+static osp_status mkdir_p(const char *path) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: directory path too long");
+    for (char *p = buf + 1;; p++) {
+        const bool end = *p == '\0';
+        if (*p == '/' || end) {
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return osp_set_error(OSP_ERR_IO, "kv offload: cannot create %s: %s", buf, strerror(errno));
+            if (end) break;
+            *p = '/';
+        }
+    }
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return osp_set_error(OSP_ERR_IO, "kv offload: %s is not a directory", path);
+    return OSP_OK;
+}
+
+osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_bytes, uint64_t fingerprint,
+                                 osp_kv_offload **out) {
+    *out = NULL;
+    const bool disk = cfg->disk_dir && cfg->disk_dir[0];
+    if (block_bytes == 0) return osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: block size 0");
+    if (cfg->host_bytes < 0 || (!disk && cfg->host_bytes == 0))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: no tier (give a host size or a disk directory)");
+    const int64_t host_cap = cfg->host_bytes / (int64_t)block_bytes;
+    const int64_t disk_cap = disk ? cfg->disk_bytes / (int64_t)(block_bytes + HDR_BYTES) : 0;
+    if (cfg->host_bytes > 0 && host_cap == 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: host size %" PRId64 " bytes is less than one block (%zu)",
+                             cfg->host_bytes, block_bytes);
+    if (disk && disk_cap == 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: disk size %" PRId64 " bytes is less than one block (%zu)",
+                             cfg->disk_bytes, block_bytes + HDR_BYTES);
+    if (host_cap > INT32_MAX / 2 || disk_cap > INT32_MAX / 2 || (uint64_t)host_cap > SIZE_MAX / block_bytes)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: too many blocks for one store");
+    osp_kv_offload *o = calloc(1, sizeof *o);
+    if (!o) return osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+    o->block_bytes = block_bytes;
+    o->fp = fingerprint;
+    o->free_e = -1;
+    o->mask = 255;
+    o->table = malloc(sizeof *o->table * 256);
+    for (int t = 0; t < OSP_KV_NUM_TIERS; t++) o->tier[t] = (lru){.head = -1, .tail = -1};
+    o->tier[OSP_KV_TIER_HOST].cap = host_cap;
+    o->tier[OSP_KV_TIER_DISK].cap = disk_cap;
+    o->stats.capacity[OSP_KV_TIER_HOST] = host_cap;
+    o->stats.capacity[OSP_KV_TIER_DISK] = disk_cap;
+    osp_status st = o->table ? OSP_OK : osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+    if (st == OSP_OK) memset(o->table, 0xff, sizeof *o->table * 256);
+    if (st == OSP_OK && host_cap > 0) {
+        o->host = malloc((size_t)host_cap * block_bytes);
+        o->free_slots = malloc(sizeof *o->free_slots * (size_t)host_cap);
+        if (!o->host || !o->free_slots)
+            st = osp_set_error(OSP_ERR_NOMEM, "kv offload: cannot reserve %" PRId64 " bytes of host memory",
+                               host_cap * (int64_t)block_bytes);
+        else
+            for (int32_t i = 0; i < (int32_t)host_cap; i++) o->free_slots[o->n_free_slots++] = (int32_t)host_cap - 1 - i;
+    }
+    if (st == OSP_OK && disk) {
+        char buf[PATH_MAX];
+        if (snprintf(buf, sizeof buf, "%s/osprey-kv-%016" PRIx64, cfg->disk_dir, fingerprint) >= (int)sizeof buf - 70)
+            st = osp_set_error(OSP_ERR_INVALID_ARG, "kv offload: directory path too long");
+        else if (!(o->dir = strdup(buf)))
+            st = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+        if (st == OSP_OK) st = mkdir_p(o->dir);
+        if (st == OSP_OK) st = disk_scan(o);
+    }
+    if (st != OSP_OK) {
+        osp_kv_offload_destroy(o);
+        return st;
+    }
+    *out = o;
+    return OSP_OK;
+}
+
+void osp_kv_offload_destroy(osp_kv_offload *o) {
+    if (!o) return;
+    free(o->e);
+    free(o->table);
+    free(o->host);
+    free(o->free_slots);
+    free(o->dir);
+    free(o);
+}
+
+size_t osp_kv_offload_block_bytes(const osp_kv_offload *o) { return o->block_bytes; }
+
+static void touch(osp_kv_offload *o, int32_t id) {
+    const int t = o->e[id].tier;
+    lru_remove(o, id);
+    lru_push_tail(o, t, id);
+}
+
+void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
+    const int64_t i = find(o, h);
+    if (i >= 0) {
+        touch(o, o->table[i]);
+        return;
+    }
+    const int t = o->tier[OSP_KV_TIER_HOST].cap > 0 ? OSP_KV_TIER_HOST : OSP_KV_TIER_DISK;
+    if (!tier_insert(o, t, -1, h, bytes)) o->stats.dropped++;
+}
+
+int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h) {
+    const int64_t i = find(o, h);
+    return i < 0 ? -1 : o->e[o->table[i]].tier;
+}
+
+bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+    const int64_t i = find(o, h);
+    if (i < 0) return false;
+    const int32_t id = o->table[i];
+    const int t = o->e[id].tier;
+    if (t == OSP_KV_TIER_HOST) {
+        memcpy(dst, o->host + (size_t)o->e[id].slot * o->block_bytes, o->block_bytes);
+    } else if (!disk_read(o, h, dst)) {
+        disk_unlink(o, h);
+        entry_drop(o, id);
+        o->stats.corrupt++;
+        return false;
+    }
+    touch(o, id);
+    o->stats.loaded[t]++;
+    return true;
+}
+
+osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o) { return o->stats; }
+
+const char *osp_kv_offload_disk_path(const osp_kv_offload *o) { return o->dir; }

@@ -1,0 +1,84 @@
+/* Tiered KV offload: where prefix blocks go when the block pool evicts them, instead of vanishing.
+ *
+ * A store of whole KV blocks (every layer's K and V pages and scale pools of one block id, as
+ * osp_kv_cache_block_read lays them out) keyed by block hash (src/kv/prefix_cache.h), in up to two
+ * tiers below the pool: host memory, then local disk (vLLM's --kv-offloading-size buffer; LMCache's
+ * local-disk backend). A block the pool evicts is put into the fastest tier; each tier evicts its least
+ * recently used block into the next one, and the last tier drops it. A request whose prefix continues
+ * past the pool's hits into blocks this store holds gets them loaded back into pool blocks
+ * (src/engine/offload.c) instead of recomputing them. Equal hashes mean equal prefixes, so any stored
+ * copy of a hash is valid KV for it.
+ *
+ * Disk tier: one file per block in <disk_dir>/osprey-kv-<fingerprint as 16 hex digits>/, named by the
+ * hash's four words in hex, written to a temporary name and renamed (a reader never sees half a file).
+ * The file is a 72-byte header -- magic "OSPKVBK1", format version (u32 1), reserved (u32 0), the
+ * fingerprint (u64), the hash's four words lo, hi, ext[0], ext[1] (u64 each), the payload's byte count
+ * (u64), the payload's XXH3-64 seeded with the fingerprint (u64), all little-endian -- then the payload.
+ * A read checks every header field and the checksum; a block that fails (corrupt, truncated, another
+ * fingerprint) is deleted and reported as a miss, so it is recomputed, never used. The fingerprint
+ * names the model and the cache's page format (the engine computes it), so files of another model or
+ * format are never read; with a hash seed shared across restarts (--prefix-caching-hash-seed), the
+ * files of an earlier run with the same fingerprint are found again at creation (indexed by file age).
+ *
+ * Not thread-safe: the engine's step thread owns the store. */
+#ifndef OSP_KV_OFFLOAD_H
+#define OSP_KV_OFFLOAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/block_pool.h"
+#include "osprey/status.h"
+
+enum { OSP_KV_TIER_HOST = 0, OSP_KV_TIER_DISK = 1, OSP_KV_NUM_TIERS = 2 };
+
+typedef struct osp_kv_offload_config {
+    int64_t host_bytes;   /* host-memory tier capacity in bytes; 0: no host tier */
+    const char *disk_dir; /* disk tier directory (created if missing); NULL or "": no disk tier */
+    int64_t disk_bytes;   /* disk tier capacity in bytes (headers included); > 0 with disk_dir */
+} osp_kv_offload_config;
+
+typedef struct osp_kv_offload_stats {
+    int64_t blocks[OSP_KV_NUM_TIERS];  /* held now, per tier */
+    int64_t capacity[OSP_KV_NUM_TIERS]; /* blocks each tier can hold (0: no such tier) */
+    int64_t stored[OSP_KV_NUM_TIERS];  /* blocks that entered each tier (puts and demotions) */
+    int64_t loaded[OSP_KV_NUM_TIERS];  /* blocks read back from each tier (checked) */
+    int64_t dropped;                   /* blocks that fell off the last tier */
+    int64_t corrupt;                   /* disk blocks that failed their check and were deleted */
+    int64_t io_errors;                 /* disk writes that failed (the block was dropped) */
+    int64_t found_at_start;            /* disk blocks of an earlier run indexed at creation */
+} osp_kv_offload_stats;
+
+typedef struct osp_kv_offload osp_kv_offload;
+
+/* Creates a store for blocks of block_bytes bytes (> 0) under `fingerprint`. At least one tier must be
+ * configured. The host tier's memory is reserved up front (untouched pages cost nothing until used); the
+ * disk tier's directory is created and indexed (files of this fingerprint; over-capacity ones, oldest
+ * first, and leftover temporary files are deleted). Errors: OSP_ERR_INVALID_ARG (no tier, sizes
+ * smaller than one block, disk_bytes <= 0 with a directory), OSP_ERR_IO (the directory cannot be
+ * created or read; the message names it), OSP_ERR_NOMEM. */
+osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_bytes, uint64_t fingerprint,
+                                 osp_kv_offload **out);
+void osp_kv_offload_destroy(osp_kv_offload *o); /* NULL is fine; disk files stay */
+
+size_t osp_kv_offload_block_bytes(const osp_kv_offload *o);
+
+/* Stores block_bytes bytes under h. A hash already held is only marked recently used (its copy is
+ * equally valid). A disk write that fails is counted (io_errors) and the block dropped: the store is a
+ * cache, so nothing is reported to the caller. */
+void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *bytes);
+
+/* The tier holding h (OSP_KV_TIER_HOST or OSP_KV_TIER_DISK), or -1. Index only: no I/O. */
+int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h);
+
+/* Reads h's block_bytes bytes into dst and marks it recently used: true, or false on a miss or a disk
+ * block that failed its check (then deleted and counted). dst may be written on failure. */
+bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst);
+
+osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o);
+
+/* The disk tier's directory (<disk_dir>/osprey-kv-<fingerprint>), or NULL without a disk tier. */
+const char *osp_kv_offload_disk_path(const osp_kv_offload *o);
+
+#endif

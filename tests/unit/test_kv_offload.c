@@ -1,0 +1,453 @@
+/* Tiered KV offload (src/kv/offload.h, src/engine/offload.h).
+ *
+ * The store alone: blocks come back byte for byte from host memory and from disk; a full host tier moves
+ * its least recently used block to disk, a full disk tier drops its oldest; a flipped byte, a truncated
+ * file or a foreign header is detected (a miss, the file deleted, counted), never returned; a second store
+ * with the same fingerprint finds the first one's files (oldest first, over-capacity ones deleted), one
+ * with another fingerprint does not; leftover temporary files are removed; bad configurations are refused.
+ *
+ * The engine (tiny f32 model, CPU): a prompt whose blocks the pool evicted is served from the tier on its
+ * second run -- its cached-token count says so, and its tokens equal those of the first run and of a run
+ * without offload; with every disk file corrupted the blocks are recomputed (same tokens, corrupt blocks
+ * counted); a new engine on the same directory serves the prompt from the earlier engine's files; mixed
+ * batches under preemption give the same tokens with offload on and off. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "kv/kv_cache.h"
+#include "kv/offload.h"
+#include "osprey/engine.h"
+
+#define BB 1000 /* block bytes in the store tests */
+
+static char g_tiny[512];
+
+static osp_block_hash hash_of(uint64_t i) { return (osp_block_hash){.lo = i * 0x9e3779b97f4a7c15ull, .hi = i, .ext = {0, 0}}; }
+
+static void fill(uint8_t *b, uint64_t i) {
+    for (int k = 0; k < BB; k++) b[k] = (uint8_t)(i * 31 + (uint64_t)k * 7);
+}
+
+static void make_tmpdir(char *dir, size_t n) {
+    snprintf(dir, n, "/tmp/osprey-test-offload-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+}
+
+/* Removes dir and everything under it (two levels: the store's own directory is one level down). */
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) rm_tree(p);
+        else unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static int count_files(const char *dir, const char *suffix) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        const size_t l = strlen(de->d_name), s = strlen(suffix);
+        n += l > s && !strcmp(de->d_name + l - s, suffix);
+    }
+    closedir(d);
+    return n;
+}
+
+static void block_file(const osp_kv_offload *o, uint64_t i, char *out, size_t n) {
+    const osp_block_hash h = hash_of(i);
+    snprintf(out, n, "%s/%016llx%016llx%016llx%016llx.kv", osp_kv_offload_disk_path(o), (unsigned long long)h.lo,
+             (unsigned long long)h.hi, 0ull, 0ull);
+}
+
+static void test_host_tier(void **state) {
+    (void)state;
+    const osp_kv_offload_config cfg = {.host_bytes = 3 * BB};
+    osp_kv_offload *o;
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 7, &o), OSP_OK);
+    uint8_t b[BB], got[BB];
+    const osp_block_hash zero = {0};
+    for (uint64_t i = 0; i < 3; i++) { /* the same hash three times is one block */
+        fill(b, i);
+        osp_kv_offload_put(o, &zero, b);
+    }
+    assert_int_equal(osp_kv_offload_get_stats(o).blocks[OSP_KV_TIER_HOST], 1);
+    for (uint64_t i = 1; i <= 3; i++) {
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    /* 4 blocks into 3 slots: the least recently used (the zero hash) is dropped */
+    assert_int_equal(osp_kv_offload_where(o, &zero), -1);
+    const osp_block_hash h1 = hash_of(1), h2 = hash_of(2), h4 = hash_of(4);
+    assert_true(osp_kv_offload_get(o, &h1, got)); /* 1 becomes the most recent */
+    fill(b, 1);
+    assert_memory_equal(got, b, BB);
+    fill(b, 4);
+    osp_kv_offload_put(o, &h4, b); /* drops 2, the least recent now */
+    assert_int_equal(osp_kv_offload_where(o, &h2), -1);
+    assert_int_equal(osp_kv_offload_where(o, &h1), OSP_KV_TIER_HOST);
+    const osp_kv_offload_stats st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.dropped, 2);
+    assert_int_equal(st.blocks[OSP_KV_TIER_HOST], 3);
+    assert_int_equal(st.loaded[OSP_KV_TIER_HOST], 1);
+    assert_false(osp_kv_offload_get(o, &(osp_block_hash){.lo = 12345}, got));
+    osp_kv_offload_destroy(o);
+}
+
+static void test_disk_tier(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    const osp_kv_offload_config cfg = {.host_bytes = 2 * BB, .disk_dir = dir, .disk_bytes = 4 * (BB + 72)};
+    osp_kv_offload *o;
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 99, &o), OSP_OK);
+    uint8_t b[BB], got[BB];
+    for (uint64_t i = 1; i <= 7; i++) { /* 2 in host, 4 on disk, 1 dropped */
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    osp_kv_offload_stats st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.blocks[OSP_KV_TIER_HOST], 2);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 4);
+    assert_int_equal(st.dropped, 1);
+    assert_int_equal(count_files(osp_kv_offload_disk_path(o), ".kv"), 4);
+    const osp_block_hash h1 = hash_of(1);
+    assert_int_equal(osp_kv_offload_where(o, &h1), -1);
+    for (uint64_t i = 2; i <= 7; i++) {
+        const osp_block_hash h = hash_of(i);
+        assert_int_equal(osp_kv_offload_where(o, &h), i <= 5 ? OSP_KV_TIER_DISK : OSP_KV_TIER_HOST);
+        assert_true(osp_kv_offload_get(o, &h, got));
+        fill(b, i);
+        assert_memory_equal(got, b, BB);
+    }
+    /* a flipped payload byte, a truncated file, a header naming another hash: all detected */
+    char path[1024];
+    block_file(o, 2, path, sizeof path);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, 72 + 500, SEEK_SET);
+    fputc(fgetc(f) ^ 0x10, f), fseek(f, 72 + 500, SEEK_SET);
+    fclose(f);
+    block_file(o, 3, path, sizeof path);
+    assert_int_equal(truncate(path, 72 + BB - 1), 0);
+    char p4[1024];
+    block_file(o, 4, p4, sizeof p4);
+    block_file(o, 5, path, sizeof path);
+    assert_int_equal(rename(p4, path), 0); /* 5's name, 4's header */
+    for (uint64_t i = 2; i <= 5; i++) {
+        const osp_block_hash h = hash_of(i);
+        assert_false(osp_kv_offload_get(o, &h, got));
+        assert_int_equal(osp_kv_offload_where(o, &h), -1);
+    }
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.corrupt, 4); /* 2, 3, 5 failed their checks; 4's file was gone */
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
+    assert_int_equal(count_files(osp_kv_offload_disk_path(o), ".kv"), 0);
+    osp_kv_offload_destroy(o);
+    rm_tree(dir);
+}
+
+static void test_disk_persists(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    osp_kv_offload_config cfg = {.disk_dir = dir, .disk_bytes = 5 * (BB + 72)};
+    osp_kv_offload *o;
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 1234, &o), OSP_OK);
+    uint8_t b[BB], got[BB];
+    for (uint64_t i = 1; i <= 5; i++) {
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    char spath[1024], tmp[1100];
+    snprintf(spath, sizeof spath, "%s", osp_kv_offload_disk_path(o));
+    snprintf(tmp, sizeof tmp, "%s/%064d.kv.tmp", spath, 0);
+    FILE *f = fopen(tmp, "wb");
+    assert_non_null(f);
+    fclose(f);
+    osp_kv_offload_destroy(o);
+    /* the same fingerprint finds them, and removes the half-written file */
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 1234, &o), OSP_OK);
+    assert_int_equal(osp_kv_offload_get_stats(o).found_at_start, 5);
+    assert_int_equal(count_files(spath, ".tmp"), 0);
+    for (uint64_t i = 1; i <= 5; i++) {
+        const osp_block_hash h = hash_of(i);
+        assert_true(osp_kv_offload_get(o, &h, got));
+        fill(b, i);
+        assert_memory_equal(got, b, BB);
+    }
+    osp_kv_offload_destroy(o);
+    /* a smaller capacity keeps only what fits; another fingerprint sees nothing */
+    cfg.disk_bytes = 2 * (BB + 72);
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 1234, &o), OSP_OK);
+    assert_int_equal(osp_kv_offload_get_stats(o).blocks[OSP_KV_TIER_DISK], 2);
+    assert_int_equal(count_files(spath, ".kv"), 2);
+    osp_kv_offload_destroy(o);
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 4321, &o), OSP_OK);
+    assert_int_equal(osp_kv_offload_get_stats(o).found_at_start, 0);
+    const osp_block_hash h5 = hash_of(5);
+    assert_int_equal(osp_kv_offload_where(o, &h5), -1);
+    osp_kv_offload_destroy(o);
+    rm_tree(dir);
+}
+
+static void test_bad_config(void **state) {
+    (void)state;
+    osp_kv_offload *o = (osp_kv_offload *)1;
+    const osp_kv_offload_config none = {0}, tiny_host = {.host_bytes = BB - 1},
+                                no_size = {.disk_dir = "/tmp/osprey-test-offload-never"},
+                                not_dir = {.disk_dir = "/dev/null/x", .disk_bytes = 1 << 20};
+    assert_int_equal(osp_kv_offload_create(&none, BB, 1, &o), OSP_ERR_INVALID_ARG);
+    assert_null(o);
+    assert_int_equal(osp_kv_offload_create(&tiny_host, BB, 1, &o), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_kv_offload_create(&no_size, BB, 1, &o), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_kv_offload_create(&not_dir, BB, 1, &o), OSP_ERR_IO);
+    assert_null(o);
+}
+
+/* ---- the engine ---------------------------------------------------------------------------------- */
+
+#define MAXOUT 16
+
+typedef struct job {
+    int32_t prompt[96];
+    int32_t n_prompt, max_tokens;
+    int32_t out[MAXOUT];
+    int32_t n_out, cached;
+} job;
+
+static void make_job(job *j, uint32_t seed, int32_t n_prompt) {
+    memset(j, 0, sizeof *j);
+    srand(seed);
+    j->n_prompt = n_prompt;
+    for (int t = 0; t < n_prompt; t++) j->prompt[t] = 3 + rand() % 500;
+    j->max_tokens = 6;
+}
+
+static osp_engine_params base(const char *disk_dir) {
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = g_tiny;
+    p.n_threads = 2;
+    p.kv_dtype = OSP_KV_DTYPE_F32;
+    p.max_model_len = 256;
+    p.num_blocks = 8; /* 128 slots: one 80-token request at a time keeps its blocks until the next */
+    p.check_invariants = true;
+    p.hash_seed_set = true;
+    p.hash_seed = 11;
+    p.kv_offload_no_cost_model = true; /* the decision must not depend on timing */
+    if (disk_dir) {
+        p.kv_offload_host_bytes = 0;
+        p.kv_offload_disk_dir = disk_dir;
+        p.kv_offload_disk_bytes = 64ll << 20;
+    }
+    return p;
+}
+
+/* Runs the jobs one after another through engine e (each to completion). */
+static void run_seq(osp_engine *e, job *j, int n) {
+    for (int i = 0; i < n; i++) {
+        osp_request_params rp = osp_request_default_params();
+        static uint64_t id = 1;
+        rp.request_id = id++;
+        rp.prompt = j[i].prompt;
+        rp.num_prompt = j[i].n_prompt;
+        rp.max_tokens = j[i].max_tokens;
+        rp.ignore_eos = true;
+        assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+        while (osp_engine_has_unfinished(e)) assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+        osp_request_output o;
+        assert_int_equal(osp_engine_poll(e, rp.request_id, j[i].out, MAXOUT, &o, 0), OSP_OK);
+        assert_true(o.finished);
+        j[i].n_out = o.num_tokens;
+        j[i].cached = o.num_cached_tokens;
+        assert_int_equal(j[i].n_out, j[i].max_tokens);
+    }
+}
+
+/* A, then B and C (which evict A's blocks from the 8-block pool), then A again. */
+static void scenario(job *j) {
+    make_job(&j[0], 1, 80);
+    make_job(&j[1], 2, 80);
+    make_job(&j[2], 3, 80);
+    j[3] = j[0];
+}
+
+static void test_engine_offload(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    job ref[4], on[4], again[4], bad[4];
+    scenario(ref);
+    scenario(on);
+    scenario(again);
+    scenario(bad);
+    osp_engine *e;
+    osp_engine_params p = base(NULL);
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, ref, 4);
+    const size_t block_bytes = osp_kv_cache_block_bytes((osp_kv_cache *)osp_engine_kv_cache(e));
+    osp_engine_free(e);
+    assert_int_equal(ref[3].cached, 0); /* evicted: without offload the second A recomputes */
+    assert_memory_equal(ref[0].out, ref[3].out, sizeof ref[0].out);
+
+    p = base(dir);
+    p.kv_offload_host_bytes = 2 * (int64_t)block_bytes; /* two blocks in host memory, the rest on disk */
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, on, 4);
+    osp_engine_stats st = osp_engine_get_stats(e);
+    osp_engine_free(e);
+    assert_int_equal(on[3].cached, 4 * 16); /* (80 - 1) / 16 blocks, each loaded back */
+    assert_int_equal(st.offload_hits_tokens, 4 * 16);
+    assert_true(st.offload_loaded_blocks >= 4);
+    assert_true(st.offload_disk_blocks > 0 && st.offload_host_blocks == 2);
+    for (int i = 0; i < 4; i++) assert_memory_equal(on[i].out, ref[i].out, sizeof ref[i].out);
+
+    /* a new engine on the same directory: A is served from the first engine's files at once */
+    p.kv_offload_host_bytes = 0;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, &again[3], 1);
+    st = osp_engine_get_stats(e);
+    osp_engine_free(e);
+    /* B's and C's evictions filled the host tier last (lost with the engine): A's blocks were on disk */
+    assert_int_equal(again[3].cached, 4 * 16);
+    assert_int_equal(st.offload_hits_tokens, 4 * 16);
+    assert_memory_equal(again[3].out, ref[3].out, sizeof ref[3].out);
+
+    /* every file corrupted: recomputed, the same tokens, counted */
+    char sub[512];
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    sub[0] = '\0';
+    for (struct dirent *de; (de = readdir(d)) != NULL;)
+        if (!strncmp(de->d_name, "osprey-kv-", 10)) snprintf(sub, sizeof sub, "%s/%s", dir, de->d_name);
+    closedir(d);
+    assert_true(sub[0] != '\0');
+    d = opendir(sub);
+    int n_bad = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (de->d_name[0] == '.') continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", sub, de->d_name);
+        FILE *f = fopen(path, "r+b");
+        assert_non_null(f);
+        fseek(f, 100, SEEK_SET);
+        const int c = fgetc(f);
+        fseek(f, 100, SEEK_SET);
+        fputc(c ^ 1, f);
+        fclose(f);
+        n_bad++;
+    }
+    closedir(d);
+    assert_true(n_bad > 0);
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, &bad[3], 1);
+    st = osp_engine_get_stats(e);
+    osp_engine_free(e);
+    assert_int_equal(bad[3].cached, 0);
+    assert_true(st.offload_corrupt_blocks >= 1);
+    assert_memory_equal(bad[3].out, ref[3].out, sizeof ref[3].out);
+    rm_tree(dir);
+}
+
+/* Eight requests at once, half sharing prefixes, in a pool that forces preemption: offload on and off
+ * give the same tokens. */
+static void test_engine_offload_batch(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    job j[2][8];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 8; i++) {
+            make_job(&j[k][i], 40 + (uint32_t)i / 2, 20 + 9 * i);
+            j[k][i].max_tokens = 10 + i % 5;
+        }
+        osp_engine_params p = base(k ? dir : NULL);
+        p.num_blocks = 12;
+        osp_engine *e;
+        assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+        for (int round = 0; round < 2; round++) { /* the second round finds its prefixes in the tier */
+            for (int i = 0; i < 8; i++) {
+                osp_request_params rp = osp_request_default_params();
+                rp.request_id = (uint64_t)(100 * round + i);
+                rp.prompt = j[k][i].prompt;
+                rp.num_prompt = j[k][i].n_prompt;
+                rp.max_tokens = j[k][i].max_tokens;
+                rp.ignore_eos = true;
+                assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+            }
+            while (osp_engine_has_unfinished(e)) assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+            for (int i = 0; i < 8; i++) {
+                osp_request_output o;
+                int32_t out[MAXOUT] = {0};
+                assert_int_equal(osp_engine_poll(e, (uint64_t)(100 * round + i), out, MAXOUT, &o, 0), OSP_OK);
+                assert_int_equal(o.num_tokens, j[k][i].max_tokens);
+                if (round == 0) memcpy(j[k][i].out, out, sizeof out);
+                else assert_memory_equal(out, j[k][i].out, sizeof(int32_t) * (size_t)o.num_tokens);
+            }
+        }
+        const osp_engine_stats st = osp_engine_get_stats(e);
+        if (k) assert_true(st.offload_stored_blocks > 0 && st.offload_hits_tokens > 0);
+        printf("offload %s: preemptions %lld, stored %lld, loaded %lld, hits %lld tokens\n", k ? "on" : "off", (long long)st.num_preemptions, (long long)st.offload_stored_blocks, (long long)st.offload_loaded_blocks, (long long)st.offload_hits_tokens);
+        osp_engine_free(e);
+    }
+    for (int i = 0; i < 8; i++) assert_memory_equal(j[0][i].out, j[1][i].out, sizeof j[0][i].out);
+    rm_tree(dir);
+}
+
+static void test_engine_refusals(void **state) {
+    (void)state;
+    osp_engine_params p = base("/tmp/osprey-test-offload-refused");
+    p.enable_prefix_caching = false;
+    osp_engine *e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+    assert_null(e);
+    p = base("/tmp/osprey-test-offload-refused");
+    p.kv_offload_disk_bytes = 100; /* less than one block */
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    rmdir("/tmp/osprey-test-offload-refused");
+}
+
+int main(void) {
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root ? root : ".");
+    const struct CMUnitTest store[] = {
+        cmocka_unit_test(test_host_tier),
+        cmocka_unit_test(test_disk_tier),
+        cmocka_unit_test(test_disk_persists),
+        cmocka_unit_test(test_bad_config),
+    };
+    int rc = cmocka_run_group_tests(store, NULL, NULL);
+    FILE *f = fopen(g_tiny, "rb");
+    if (!f) {
+        fprintf(stderr, "SKIP engine tests: %s missing\n", g_tiny);
+        return rc;
+    }
+    fclose(f);
+    const struct CMUnitTest engine[] = {
+        cmocka_unit_test(test_engine_offload),
+        cmocka_unit_test(test_engine_offload_batch),
+        cmocka_unit_test(test_engine_refusals),
+    };
+    return rc | cmocka_run_group_tests(engine, NULL, NULL);
+}
