@@ -30,6 +30,11 @@ typedef struct osp_kv_event_sink {
                          int32_t n_tokens);
     /* A cached block was forgotten (evicted for reuse, or rolled back into). */
     void (*block_removed)(void *ctx, uint64_t hash);
+    /* A block entered / left a tier below the cache (KV offload, src/kv/offload.h), whose medium is
+     * "CPU" (host memory) or "DISK". Offloaded blocks carry no parent and no tokens: the pool's
+     * block_stored gave them when the block was computed. NULL: tier changes are not reported. */
+    void (*tier_stored)(void *ctx, uint64_t hash, const char *medium);
+    void (*tier_removed)(void *ctx, uint64_t hash, const char *medium);
     /* Every cached block was forgotten at once (a cache reset). */
     void (*all_cleared)(void *ctx);
     /* The engine finished a step: what was reported since the last call is one batch. */

@@ -296,9 +296,17 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                               !p.enable_prefix_caching ? "prefix caching is off" : "sparse attention is on");
             goto fail;
         }
+        if (p.kv_offload_host_bytes > 0 && osp_model_device(e->model) == OSP_DEVICE_CPU) {
+            s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: a host-memory KV tier (--kv-offloading-size) on the CPU "
+                                                   "backend would copy host memory to host memory: give the KV cache "
+                                                   "that memory instead (--kv-cache-memory), or offload to disk "
+                                                   "(--kv-offload-disk)");
+            goto fail;
+        }
         const osp_offload_config oc = {.tiers = {.host_bytes = p.kv_offload_host_bytes, .disk_dir = p.kv_offload_disk_dir,
                                                  .disk_bytes = p.kv_offload_disk_bytes},
-                                       .no_cost_model = p.kv_offload_no_cost_model};
+                                       .no_cost_model = p.kv_offload_no_cost_model,
+                                       .sink = p.kv_event_sink, .hash_algo = p.hash_algo};
         const osp_offload_identity oid = {.model_path = p.random_weights ? NULL : p.model_path,
                                           .random_weights = p.random_weights, .random_seed = p.random_seed,
                                           .device = (int)p.device, .exact = p.exact,

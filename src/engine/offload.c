@@ -12,6 +12,7 @@
 #include "backend/kv_layout.h"
 #include "core/status_internal.h"
 #include "kv/kv_cache.h"
+#include "kv/prefix_cache.h"
 
 #define EMA_WEIGHT 0.25         /* of the newest measurement */
 #define PROMPT_STEP_TOKENS 64   /* steps at least this long measure the prompt rate */
@@ -22,6 +23,8 @@ struct osp_offload {
     void *buf;                  /* one block, host */
     osp_status err;
     bool no_cost_model;
+    const osp_kv_event_sink *sink;
+    osp_prefix_hash_algo algo;
     double load_s, prefill_s;   /* EMAs: seconds per block loaded, per prompt token computed (0: none yet) */
 };
 
@@ -44,6 +47,14 @@ static void on_evict(void *ctx, int32_t id, const osp_block_hash *h) {
         return;
     }
     osp_kv_offload_put(o->store, h, o->buf);
+}
+
+static void on_tier_change(void *ctx, const osp_block_hash *h, int tier, bool stored) {
+    const osp_offload *o = ctx;
+    const char *medium = tier == OSP_KV_TIER_HOST ? "CPU" : "DISK";
+    const uint64_t x = osp_block_hash_external(h, o->algo);
+    if (stored && o->sink->tier_stored) o->sink->tier_stored(o->sink->ctx, x, medium);
+    if (!stored && o->sink->tier_removed) o->sink->tier_removed(o->sink->ctx, x, medium);
 }
 
 static bool tier_contains(void *ctx, const osp_block_hash *h) {
@@ -119,8 +130,13 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     if (!o) return osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     o->kv = kv;
     o->no_cost_model = cfg->no_cost_model;
+    o->sink = cfg->sink;
+    o->algo = cfg->hash_algo;
     const size_t bytes = osp_kv_cache_block_bytes(kv);
-    osp_status s = osp_kv_offload_create(&cfg->tiers, bytes, fingerprint(id, kv), &o->store);
+    osp_kv_offload_config tiers = cfg->tiers;
+    tiers.listener = o->sink ? on_tier_change : NULL;
+    tiers.listener_ctx = o;
+    osp_status s = osp_kv_offload_create(&tiers, bytes, fingerprint(id, kv), &o->store);
     if (s == OSP_OK && !(o->buf = malloc(bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     if (s != OSP_OK) {
         osp_offload_destroy(o, NULL);

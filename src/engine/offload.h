@@ -16,6 +16,7 @@
 #include "engine/scheduler.h"
 #include "kv/offload.h"
 #include "osprey/kv_cache.h"
+#include "osprey/kv_events.h"
 
 typedef struct osp_offload osp_offload;
 
@@ -32,8 +33,10 @@ typedef struct osp_offload_identity {
 /* How the store is used: the tiers, and whether the cost model decides (false: every held block is
  * loaded). */
 typedef struct osp_offload_config {
-    osp_kv_offload_config tiers;
+    osp_kv_offload_config tiers;  /* its listener is the engine's own (set here) */
     bool no_cost_model;
+    const osp_kv_event_sink *sink; /* KV events of the tiers (tier_stored / tier_removed), or NULL */
+    osp_prefix_hash_algo hash_algo; /* the 64-bit form of hashes in events */
 } osp_offload_config;
 
 /* Creates the store for `kv` (block bytes from osp_kv_cache_block_bytes) and hooks it to the scheduler's

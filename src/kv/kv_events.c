@@ -135,6 +135,7 @@ typedef struct kv_ev {
     bool has_parent;
     uint64_t parent;
     int32_t t0, nt; /* toks[t0 .. t0 + nt) */
+    const char *medium; /* NULL: the publisher's; else a tier's ("CPU", "DISK": static strings) */
 } kv_ev;
 
 typedef struct kept {
@@ -202,7 +203,7 @@ static void on_stored(void *ctx, uint64_t hash, bool has_parent, uint64_t parent
     }
     kv_ev *e = last_ev(p, EV_STORED);
     /* the next block of the same chain joins the previous BlockStored */
-    if (!(e && has_parent && p->hashes[e->h0 + e->nh - 1] == parent)) {
+    if (!(e && !e->medium && has_parent && p->hashes[e->h0 + e->nh - 1] == parent)) {
         if (!(e = new_ev(p, EV_STORED))) return;
         e->has_parent = has_parent, e->parent = parent;
     }
@@ -219,9 +220,29 @@ static void on_removed(void *ctx, uint64_t hash) {
         return;
     }
     kv_ev *e = last_ev(p, EV_REMOVED);
+    if (e && e->medium) e = NULL; /* a tier's removals are an event of their own */
     if (!e && !(e = new_ev(p, EV_REMOVED))) return;
     p->hashes[p->n_hashes++] = hash, e->nh++;
 }
+
+/* A tier's event: joins the previous event of the same kind and medium (tier blocks have no chain). */
+static void on_tier(osp_kv_publisher *p, int kind, uint64_t hash, const char *medium) {
+    if (p->oom) return;
+    if (!grow((void **)&p->hashes, &p->cap_hashes, p->n_hashes + 1, sizeof *p->hashes)) {
+        p->oom = true;
+        return;
+    }
+    static const char *const known[] = {"CPU", "DISK"}; /* kept as static strings until the batch is packed */
+    const char *m = !strcmp(medium, known[0]) ? known[0] : known[1];
+    kv_ev *e = last_ev(p, kind);
+    if (!(e && e->medium == m && !e->has_parent && e->nt == 0)) {
+        if (!(e = new_ev(p, kind))) return;
+        e->medium = m;
+    }
+    p->hashes[p->n_hashes++] = hash, e->nh++;
+}
+static void on_tier_stored(void *ctx, uint64_t hash, const char *medium) { on_tier(ctx, EV_STORED, hash, medium); }
+static void on_tier_removed(void *ctx, uint64_t hash, const char *medium) { on_tier(ctx, EV_REMOVED, hash, medium); }
 
 static void on_cleared(void *ctx) {
     osp_kv_publisher *p = ctx;
@@ -259,7 +280,7 @@ static void pack_event(const osp_kv_publisher *p, msgpack_packer *pk, const kv_e
         if (!a) pack_cstr(pk, "lora_id");
         msgpack_pack_nil(pk);
         if (!a) pack_cstr(pk, "medium");
-        pack_cstr(pk, p->medium);
+        pack_cstr(pk, e->medium ? e->medium : p->medium);
         if (!a) {
             pack_cstr(pk, "lora_name"), msgpack_pack_nil(pk);
             pack_cstr(pk, "group_idx"), msgpack_pack_int32(pk, 0);
@@ -271,7 +292,7 @@ static void pack_event(const osp_kv_publisher *p, msgpack_packer *pk, const kv_e
         if (!a) pack_cstr(pk, "block_hashes");
         pack_u64s(pk, p->hashes + e->h0, e->nh);
         if (!a) pack_cstr(pk, "medium");
-        pack_cstr(pk, p->medium);
+        pack_cstr(pk, e->medium ? e->medium : p->medium);
         if (!a) pack_cstr(pk, "group_idx"), msgpack_pack_int32(pk, 0);
     } else {
         if (a) msgpack_pack_array(pk, 1);
@@ -403,6 +424,7 @@ osp_status osp_kv_publisher_create(const osp_kv_events_config *cfg, const osp_kv
     p->array_like = pp->array_like;
     snprintf(p->topic, sizeof p->topic, "%s", cfg->topic_set ? cfg->topic : pp->topic ? pp->topic : "");
     p->sink = (osp_kv_event_sink){.ctx = p, .block_stored = on_stored, .block_removed = on_removed,
+                                  .tier_stored = on_tier_stored, .tier_removed = on_tier_removed,
                                   .all_cleared = on_cleared, .end_step = on_end_step};
     osp_status s = OSP_OK;
     if (!(p->ring = calloc((size_t)cfg->buffer_steps, sizeof *p->ring))) {

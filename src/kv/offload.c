@@ -45,8 +45,14 @@ struct osp_kv_offload {
     uint8_t *host;         /* [tier[HOST].cap * block_bytes] */
     int32_t *free_slots, n_free_slots;
     char *dir;             /* disk tier directory, or NULL */
+    osp_kv_offload_listener listener;
+    void *listener_ctx;
     osp_kv_offload_stats stats;
 };
+
+static void tell(const osp_kv_offload *o, const osp_block_hash *h, int tier, bool stored) {
+    if (o->listener) o->listener(o->listener_ctx, h, tier, stored);
+}
 
 /* ---- little-endian fields ------------------------------------------------------------------- */
 
@@ -296,6 +302,7 @@ static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_ha
     }
     lru_push_tail(o, t, id);
     o->stats.stored[t]++;
+    tell(o, h, t, true);
     return true;
 }
 
@@ -305,6 +312,7 @@ static void make_room(osp_kv_offload *o, int t) {
     if (t == OSP_KV_TIER_HOST && o->tier[OSP_KV_TIER_DISK].cap > 0) {
         /* demote: the entry leaves the host list with its slot and joins the disk tier */
         const int32_t slot = o->e[id].slot;
+        tell(o, &o->e[id].h, OSP_KV_TIER_HOST, false);
         lru_remove(o, id);
         o->free_slots[o->n_free_slots++] = slot;
         const osp_block_hash h = o->e[id].h;
@@ -313,6 +321,7 @@ static void make_room(osp_kv_offload *o, int t) {
         return;
     }
     if (t == OSP_KV_TIER_DISK) disk_unlink(o, &o->e[id].h);
+    tell(o, &o->e[id].h, t, false);
     entry_drop(o, id);
     o->stats.dropped++;
 }
@@ -406,6 +415,7 @@ static osp_status disk_scan(osp_kv_offload *o) {
             table_put(o, id);
             lru_push_tail(o, OSP_KV_TIER_DISK, id);
             o->stats.found_at_start++;
+            tell(o, &f[i].h, OSP_KV_TIER_DISK, true);
         }
     }
     free(f);
@@ -453,6 +463,8 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
     if (!o) return osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     o->block_bytes = block_bytes;
     o->fp = fingerprint;
+    o->listener = cfg->listener;
+    o->listener_ctx = cfg->listener_ctx;
     o->free_e = -1;
     o->mask = 255;
     o->table = malloc(sizeof *o->table * 256);
@@ -531,6 +543,7 @@ bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
         memcpy(dst, o->host + (size_t)o->e[id].slot * o->block_bytes, o->block_bytes);
     } else if (!disk_read(o, h, dst)) {
         disk_unlink(o, h);
+        tell(o, h, OSP_KV_TIER_DISK, false);
         entry_drop(o, id);
         o->stats.corrupt++;
         return false;

@@ -33,10 +33,16 @@
 
 enum { OSP_KV_TIER_HOST = 0, OSP_KV_TIER_DISK = 1, OSP_KV_NUM_TIERS = 2 };
 
+/* Told of every block entering (stored true) or leaving (false) a tier, including the disk blocks found
+ * at creation and moves between tiers (a removal from one, then a store into the next): KV events. */
+typedef void (*osp_kv_offload_listener)(void *ctx, const osp_block_hash *h, int tier, bool stored);
+
 typedef struct osp_kv_offload_config {
     int64_t host_bytes;   /* host-memory tier capacity in bytes; 0: no host tier */
     const char *disk_dir; /* disk tier directory (created if missing); NULL or "": no disk tier */
     int64_t disk_bytes;   /* disk tier capacity in bytes (headers included); > 0 with disk_dir */
+    osp_kv_offload_listener listener; /* NULL: none */
+    void *listener_ctx;
 } osp_kv_offload_config;
 
 typedef struct osp_kv_offload_stats {

@@ -285,6 +285,25 @@ static void run_seq(osp_engine *e, job *j, int n) {
     }
 }
 
+typedef struct events {
+    int64_t removed, tier_stored, tier_removed;
+    bool media_ok;
+} events;
+static void ev_removed(void *ctx, uint64_t h) {
+    (void)h;
+    ((events *)ctx)->removed++;
+}
+static void ev_tier_stored(void *ctx, uint64_t h, const char *medium) {
+    (void)h;
+    events *v = ctx;
+    v->media_ok = (v->tier_stored == 0 || v->media_ok) && !strcmp(medium, "DISK");
+    v->tier_stored++;
+}
+static void ev_tier_removed(void *ctx, uint64_t h, const char *medium) {
+    (void)h, (void)medium;
+    ((events *)ctx)->tier_removed++;
+}
+
 /* A, then B and C (which evict A's blocks from the 8-block pool), then A again. */
 static void scenario(job *j) {
     make_job(&j[0], 1, 80);
@@ -312,24 +331,36 @@ static void test_engine_offload(void **state) {
     assert_memory_equal(ref[0].out, ref[3].out, sizeof ref[0].out);
 
     p = base(dir);
-    p.kv_offload_host_bytes = 2 * (int64_t)block_bytes; /* two blocks in host memory, the rest on disk */
+    p.kv_offload_host_bytes = 2 * (int64_t)block_bytes; /* the CPU backend takes no host tier */
+    e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    assert_null(e);
+    p.kv_offload_host_bytes = 0;
+    events ev = {0};
+    const osp_kv_event_sink sink = {.ctx = &ev, .block_removed = ev_removed, .tier_stored = ev_tier_stored,
+                                    .tier_removed = ev_tier_removed};
+    p.kv_event_sink = &sink;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
     run_seq(e, on, 4);
     osp_engine_stats st = osp_engine_get_stats(e);
     osp_engine_free(e);
     assert_int_equal(on[3].cached, 4 * 16); /* (80 - 1) / 16 blocks, each loaded back */
     assert_int_equal(st.offload_hits_tokens, 4 * 16);
-    assert_true(st.offload_loaded_blocks >= 4);
-    assert_true(st.offload_disk_blocks > 0 && st.offload_host_blocks == 2);
+    assert_int_equal(st.offload_loaded_blocks, 4);
+    assert_true(st.offload_disk_blocks > 0 && st.offload_host_blocks == 0);
     for (int i = 0; i < 4; i++) assert_memory_equal(on[i].out, ref[i].out, sizeof ref[i].out);
+    /* every block evicted from the pool (a removal event) was stored on disk (a DISK event), once */
+    assert_int_equal(ev.tier_stored, st.offload_stored_blocks);
+    assert_int_equal(ev.tier_stored, ev.removed);
+    assert_int_equal(ev.tier_removed, 0);
+    assert_true(ev.media_ok);
 
     /* a new engine on the same directory: A is served from the first engine's files at once */
-    p.kv_offload_host_bytes = 0;
+    p.kv_event_sink = NULL;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
     run_seq(e, &again[3], 1);
     st = osp_engine_get_stats(e);
     osp_engine_free(e);
-    /* B's and C's evictions filled the host tier last (lost with the engine): A's blocks were on disk */
     assert_int_equal(again[3].cached, 4 * 16);
     assert_int_equal(st.offload_hits_tokens, 4 * 16);
     assert_memory_equal(again[3].out, ref[3].out, sizeof ref[3].out);

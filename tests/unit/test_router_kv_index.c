@@ -19,6 +19,8 @@ static void pstr(msgpack_packer *pk, const char *s) {
     msgpack_pack_str_body(pk, s, strlen(s));
 }
 
+static const char *g_medium; /* batch(): a medium field in the map form (NULL: none); the array form's ("GPU" if NULL) */
+
 /* A batch with one event of kind tag over hashes[0..n) in the map or the array form. */
 static void batch(msgpack_sbuffer *sb, bool array_like, const char *tag, const uint64_t *h, int n) {
     msgpack_sbuffer_clear(sb);
@@ -40,15 +42,16 @@ static void batch(msgpack_sbuffer *sb, bool array_like, const char *tag, const u
             msgpack_pack_int(&pk, 16);
             msgpack_pack_nil(&pk);
         }
-        pstr(&pk, "GPU");
+        pstr(&pk, g_medium ? g_medium : "GPU");
         return;
     }
     msgpack_pack_map(&pk, 2);
     pstr(&pk, "ts"), msgpack_pack_double(&pk, 1.0);
     pstr(&pk, "events"), msgpack_pack_array(&pk, 1);
-    msgpack_pack_map(&pk, cleared ? 1 : 2);
+    msgpack_pack_map(&pk, cleared ? 1 : g_medium ? 3 : 2);
     pstr(&pk, "type"), pstr(&pk, tag);
     if (cleared) return;
+    if (g_medium) pstr(&pk, "medium"), pstr(&pk, g_medium);
     pstr(&pk, "block_hashes");
     msgpack_pack_array(&pk, (size_t)n);
     for (int i = 0; i < n; i++) { /* odd positions as 32-byte strings ending in the hash, big-endian */
@@ -97,6 +100,37 @@ static void test_both_forms(void **state) {
     rt_kv_index_stop(x);
 }
 
+/* A block in the pool and in offload tiers ("CPU", "DISK") is one entry per medium: removing it from one
+ * medium leaves the others (a backend holds it while any medium does). */
+static void test_media(void **state) {
+    (void)state;
+    const char *eps[1] = {NULL};
+    char why[128];
+    rt_kv_index *x = rt_kv_index_start(eps, 1, why, sizeof why);
+    assert_non_null(x);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    const uint64_t h[1] = {77};
+    static const char *const media[3] = {"GPU", "CPU", "DISK"};
+    for (int form = 0; form < 2; form++) {
+        for (int m = 0; m < 3; m++) {
+            g_medium = media[m];
+            batch(&sb, form, "BlockStored", h, 1);
+            assert_true(rt_kv_index_apply(x, 0, sb.data, sb.size));
+        }
+        assert_int_equal(rt_kv_index_size(x, 0), 3);
+        for (int m = 0; m < 3; m++) {
+            g_medium = media[(m + form) % 3];
+            batch(&sb, !form, "BlockRemoved", h, 1);
+            assert_true(rt_kv_index_apply(x, 0, sb.data, sb.size));
+            assert_int_equal(rt_kv_index_size(x, 0), 2 - m);
+        }
+    }
+    g_medium = NULL;
+    msgpack_sbuffer_destroy(&sb);
+    rt_kv_index_stop(x);
+}
+
 static void test_leading_run(void **state) {
     (void)state;
     /* a source makes match count: an endpoint nobody publishes on is fine for a SUB socket */
@@ -126,6 +160,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_both_forms),
         cmocka_unit_test(test_leading_run),
+        cmocka_unit_test(test_media),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,8 +15,12 @@
 #define NB 64
 #define BUCKETS (1u << 16)
 
+/* One (hash, medium) pair: a backend may hold a block in its KV pool and in a tier below it (KV offload:
+ * "CPU" host memory, "DISK"), each reported and removed on its own; it holds the block while any medium
+ * does. */
 typedef struct node {
     uint64_t hash, mask;
+    uint8_t medium;
     struct node *next;
 } node;
 
@@ -36,24 +40,24 @@ struct rt_kv_index {
 static uint32_t slot(uint64_t h) { return (uint32_t)((h ^ (h >> 29)) * 0x9e3779b97f4a7c15ull >> 48) & (BUCKETS - 1); }
 
 /* mu held */
-static void add(rt_kv_index *x, int32_t b, uint64_t h) {
+static void add(rt_kv_index *x, int32_t b, uint64_t h, uint8_t medium) {
     node **pp = &x->bucket[slot(h)];
     for (node *p = *pp; p; p = p->next)
-        if (p->hash == h) {
+        if (p->hash == h && p->medium == medium) {
             if (!(p->mask >> b & 1)) p->mask |= 1ull << b, x->size[b]++;
             return;
         }
     node *p = malloc(sizeof *p);
     if (!p) return; /* the index only ranks: a lost entry costs a hit, nothing else */
-    *p = (node){.hash = h, .mask = 1ull << b, .next = *pp};
+    *p = (node){.hash = h, .mask = 1ull << b, .medium = medium, .next = *pp};
     *pp = p;
     x->size[b]++;
 }
 
-static void del(rt_kv_index *x, int32_t b, uint64_t h) {
+static void del(rt_kv_index *x, int32_t b, uint64_t h, uint8_t medium) {
     for (node **pp = &x->bucket[slot(h)]; *pp; pp = &(*pp)->next) {
         node *p = *pp;
-        if (p->hash != h) continue;
+        if (p->hash != h || p->medium != medium) continue;
         if (p->mask >> b & 1) p->mask &= ~(1ull << b), x->size[b]--;
         if (!p->mask) *pp = p->next, free(p);
         return;
@@ -73,7 +77,7 @@ static void clear(rt_kv_index *x, int32_t b) {
 
 static bool holds(const rt_kv_index *x, int32_t b, uint64_t h) {
     for (const node *p = x->bucket[slot(h)]; p; p = p->next)
-        if (p->hash == h) return p->mask >> b & 1;
+        if (p->hash == h && (p->mask >> b & 1)) return true;
     return false;
 }
 
@@ -100,15 +104,25 @@ static bool hash_of(const msgpack_object *o, uint64_t *h) {
     return false;
 }
 
-/* One event: its kind (0 stored, 1 removed, 2 cleared, -1 unknown) and its hashes array. */
-static int event_kind(const msgpack_object *e, const msgpack_object **hashes) {
-    const msgpack_object *tag = NULL;
+/* A medium's id: "GPU" (or none given) 0, "CPU" 1, "DISK" 2, any other 3. */
+static uint8_t medium_id(const msgpack_object *m) {
+    if (!m || m->type != MSGPACK_OBJECT_STR) return 0;
+    return str_is(m, "GPU") ? 0 : str_is(m, "CPU") ? 1 : str_is(m, "DISK") ? 2 : 3;
+}
+
+/* One event: its kind (0 stored, 1 removed, 2 cleared, -1 unknown), its hashes array and its medium
+ * (BlockStored's 7th field, BlockRemoved's 3rd in the positional form). */
+static int event_kind(const msgpack_object *e, const msgpack_object **hashes, uint8_t *medium) {
+    const msgpack_object *tag = NULL, *med = NULL;
     *hashes = NULL;
-    if (e->type == MSGPACK_OBJECT_MAP) tag = map_get(e, "type"), *hashes = map_get(e, "block_hashes");
+    if (e->type == MSGPACK_OBJECT_MAP) tag = map_get(e, "type"), *hashes = map_get(e, "block_hashes"), med = map_get(e, "medium");
     else if (e->type == MSGPACK_OBJECT_ARRAY && e->via.array.size >= 1) {
         tag = &e->via.array.ptr[0];
         if (e->via.array.size >= 2) *hashes = &e->via.array.ptr[1];
+        const uint32_t at = str_is(tag, "BlockStored") ? 6 : 2;
+        if (e->via.array.size > at) med = &e->via.array.ptr[at];
     }
+    *medium = medium_id(med);
     if (!tag) return -1;
     if (str_is(tag, "AllBlocksCleared")) return 2;
     if (!*hashes || (*hashes)->type != MSGPACK_OBJECT_ARRAY) return -1;
@@ -176,14 +190,15 @@ bool rt_kv_index_apply(rt_kv_index *x, int32_t b, const char *payload, size_t le
         pthread_mutex_lock(&x->mu);
         for (uint32_t i = 0; i < events->via.array.size; i++) {
             const msgpack_object *hs;
-            const int kind = event_kind(&events->via.array.ptr[i], &hs);
+            uint8_t medium;
+            const int kind = event_kind(&events->via.array.ptr[i], &hs, &medium);
             if (kind == 2) clear(x, b);
             else if (kind >= 0)
                 for (uint32_t j = 0; j < hs->via.array.size; j++) {
                     uint64_t h;
                     if (!hash_of(&hs->via.array.ptr[j], &h)) continue;
-                    if (kind == 0) add(x, b, h);
-                    else del(x, b, h);
+                    if (kind == 0) add(x, b, h, medium);
+                    else del(x, b, h, medium);
                 }
         }
         pthread_mutex_unlock(&x->mu);

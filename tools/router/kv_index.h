@@ -1,7 +1,9 @@
 /* The router's precise prefix index: which backend holds which KV block, rebuilt from the backends'
  * KV events (include/osprey/kv_events.h: vLLM's ZeroMQ stream, both msgpack forms). One subscriber
  * thread reads every backend's PUB endpoint; BlockStored adds its hashes to that backend's set,
- * BlockRemoved removes them, AllBlocksCleared empties it. A sequence gap (a batch lost) is counted and
+ * BlockRemoved removes them, AllBlocksCleared empties it. Each medium counts on its own (the KV pool,
+ * "GPU" or "CPU", and the offload tiers below it, "CPU" and "DISK"): a backend holds a block while any
+ * of its media does. A sequence gap (a batch lost) is counted and
  * logged; the set may then be stale until the blocks change again (the router's picker only ranks
  * with it, it never trusts it for correctness). */
 #ifndef OSPREY_TOOLS_ROUTER_KV_INDEX_H
@@ -29,7 +31,8 @@ void rt_kv_index_match(rt_kv_index *x, const uint64_t *hashes, int32_t k, int32_
  * decode as one (nothing applied). Exposed for the tests; the thread calls it. */
 bool rt_kv_index_apply(rt_kv_index *x, int32_t b, const char *payload, size_t len);
 
-/* Blocks backend b holds now; batches seen and gaps in their sequence numbers. */
+/* Blocks backend b holds now (a block in two media counts twice); batches seen and gaps in their
+ * sequence numbers. */
 int64_t rt_kv_index_size(rt_kv_index *x, int32_t b);
 void rt_kv_index_counts(rt_kv_index *x, int32_t b, int64_t *batches, int64_t *gaps);
 
