@@ -140,6 +140,9 @@ void cli_engine_env_seed(cli_engine_args *a);
 int64_t cli_gib(const char *flag, const char *v);
 /* Dies when the KV offload flags do not go together (a disk directory without a size, or the reverse). */
 void cli_engine_offload_check(const cli_engine_args *a);
+/* $OSPREY_KV_OFFLOAD_ALWAYS_LOAD set and not "0": load every block an offload tier holds, whatever the
+ * cost model measures (osp_engine_params.kv_offload_no_cost_model; tests and A/B runs). */
+bool cli_offload_always_load(void);
 /* osp_engine_default_params() with the model, threads, device, KV cache dtype, exact and the prefix
  * hash (algorithm; seed from *a or, when unset there, from the environment: cli_engine_env_seed) taken from *a
  * and load_progress = cli_load_progress. The command sets the rest (block size, max_num_seqs, ...). */

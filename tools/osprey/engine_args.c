@@ -181,6 +181,11 @@ int64_t cli_gib(const char *flag, const char *v) {
     return (int64_t)(x * 1073741824.0);
 }
 
+bool cli_offload_always_load(void) {
+    const char *v = getenv("OSPREY_KV_OFFLOAD_ALWAYS_LOAD");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 void cli_engine_offload_check(const cli_engine_args *a) {
     if (a->kv_offload_disk && a->kv_offload_disk_bytes <= 0)
         cli_die(OSP_OK, "--kv-offload-disk %s needs --kv-offload-disk-size GIB (how much of the disk the KV blocks may take)",
@@ -215,6 +220,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.kv_offload_host_bytes = a->kv_offload_host_bytes;
     ep.kv_offload_disk_dir = a->kv_offload_disk;
     ep.kv_offload_disk_bytes = a->kv_offload_disk_bytes;
+    ep.kv_offload_no_cost_model = cli_offload_always_load();
     ep.load_progress = cli_load_progress;
     return ep;
 }

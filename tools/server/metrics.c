@@ -251,6 +251,24 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
             put(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %lld\n", model,
                 i, (long long)g->spec_accepted_per_pos[i]);
     }
+    if (g->offload) { /* --kv-offloading-size / --kv-offload-disk */
+        put(&b, "# HELP osprey:kv_offload_blocks KV blocks held in each offload tier.\n"
+                "# TYPE osprey:kv_offload_blocks gauge\n"
+                "osprey:kv_offload_blocks{model_name=\"%s\",tier=\"cpu\"} %lld\n"
+                "osprey:kv_offload_blocks{model_name=\"%s\",tier=\"disk\"} %lld\n",
+            model, (long long)g->offload_host_blocks, model, (long long)g->offload_disk_blocks);
+        counter(&b, "osprey:kv_offload_stored_blocks", "KV blocks stored into an offload tier (evicted from the pool, or moved down).",
+                model, (double)g->offload_stored);
+        counter(&b, "osprey:kv_offload_loaded_blocks", "KV blocks loaded back from an offload tier.", model,
+                (double)g->offload_loaded);
+        counter(&b, "osprey:kv_offload_corrupt_blocks", "Disk KV blocks that failed their checksum or header check (recomputed).",
+                model, (double)g->offload_corrupt);
+        counter(&b, "osprey:kv_offload_hit_tokens", "Prompt tokens served by blocks loaded back from an offload tier.", model,
+                (double)g->offload_hits_tokens);
+        counter(&b, "osprey:kv_offload_recomputed_tokens",
+                "Prompt tokens an offload tier held that the cost model chose to recompute.", model,
+                (double)g->offload_skipped_tokens);
+    }
     gauge(&b, "osprey:kv_cache_free_blocks", "KV blocks free (cached-but-unreferenced blocks count as free).", model,
           g->num_free_blocks);
     gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);

@@ -428,6 +428,11 @@ static srv_metrics_gauges gauges(srv_server *srv) {
                             .prefix_hits = st.prefix_hits_tokens, .num_preemptions = st.num_preemptions,
                             .num_steps = st.num_steps, .num_scheduled_tokens = st.num_scheduled_tokens};
     memcpy(g.iteration_tokens, st.iteration_tokens, sizeof g.iteration_tokens);
+    g.offload = srv->cfg.kv_offload_host_bytes > 0 || srv->cfg.kv_offload_disk;
+    g.offload_host_blocks = st.offload_host_blocks, g.offload_disk_blocks = st.offload_disk_blocks;
+    g.offload_stored = st.offload_stored_blocks, g.offload_loaded = st.offload_loaded_blocks;
+    g.offload_corrupt = st.offload_corrupt_blocks, g.offload_hits_tokens = st.offload_hits_tokens;
+    g.offload_skipped_tokens = st.offload_skipped_tokens;
     const osp_spec_config *sc = srv->engine ? &osp_engine_params_get(srv->engine)->speculative : &srv->cfg.spec;
     if (sc->method != OSP_SPEC_NONE) {
         g.spec_k = sc->num_speculative_tokens;

@@ -355,6 +355,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.kv_offload_host_bytes = cfg->kv_offload_host_bytes;
     ep.kv_offload_disk_dir = cfg->kv_offload_disk;
     ep.kv_offload_disk_bytes = cfg->kv_offload_disk_bytes;
+    ep.kv_offload_no_cost_model = cli_offload_always_load();
     ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
     return ep;
 }

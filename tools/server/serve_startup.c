@@ -34,4 +34,14 @@ void srv_log_memory(const srv_server *s, const osp_engine *e) {
     srv_log(s, SRV_LOG_INFO, "memory: weights %.1f MiB (%s), KV cache %.1f MiB (%s), KV capacity %lld tokens (%d blocks of %d)",
             (double)weights / 1048576.0, cuda ? "GPU" : "CPU, mapped from the file", (double)osp_engine_kv_cache_bytes(e) / 1048576.0,
             kv, (long long)pe->num_blocks * pe->block_size, pe->num_blocks, pe->block_size);
+    if (pe->kv_offload_host_bytes > 0 || pe->kv_offload_disk_dir) {
+        char host[48] = "", disk[1100] = "";
+        if (pe->kv_offload_host_bytes > 0)
+            snprintf(host, sizeof host, "host memory %.2f GiB", (double)pe->kv_offload_host_bytes / 1073741824.0);
+        if (pe->kv_offload_disk_dir)
+            snprintf(disk, sizeof disk, "%sdisk %.2f GiB in %s", host[0] ? ", then " : "",
+                     (double)pe->kv_offload_disk_bytes / 1073741824.0, pe->kv_offload_disk_dir);
+        srv_log(s, SRV_LOG_INFO, "KV offload: evicted prefix blocks go to %s%s (loaded back when %s)", host, disk,
+                pe->kv_offload_no_cost_model ? "held: OSPREY_KV_OFFLOAD_ALWAYS_LOAD" : "that beats recomputing them, measured");
+    }
 }

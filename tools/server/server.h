@@ -438,6 +438,10 @@ typedef struct srv_metrics_gauges {
     int32_t spec_k;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     int64_t spec_accepted_per_pos[OSP_SPEC_MAX_TOKENS];
+    /* tiered KV offload (osp_engine_stats.offload_*), shown when a tier is configured */
+    bool offload;
+    int64_t offload_host_blocks, offload_disk_blocks, offload_stored, offload_loaded, offload_corrupt;
+    int64_t offload_hits_tokens, offload_skipped_tokens;
     bool engine_process;        /* --engine-process: show the core's restarts */
     int64_t core_restarts;
 } srv_metrics_gauges;
