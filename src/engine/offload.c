@@ -2,6 +2,7 @@
 #include "engine/offload.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,11 +17,35 @@
 
 #define EMA_WEIGHT 0.25         /* of the newest measurement */
 #define PROMPT_STEP_TOKENS 64   /* steps at least this long measure the prompt rate */
+#define STAGING_BYTES (256u << 20) /* host buffers of background loads at most (at least one block) */
+
+/* A background load: blocks read from disk by the loader thread into buffers, written into the pages
+ * by the step thread when poll finds it done. */
+typedef struct batch {
+    uint64_t token;
+    int32_t n, n_done;          /* n_done: read so far (loader), under mu */
+    bool cancelled;             /* under mu */
+    int32_t *ids;               /* [n] pool blocks */
+    osp_block_hash *h;          /* [n] */
+    uint8_t *buf;               /* [n * block_bytes] */
+    osp_kv_read_result *res;    /* [n]; a host-tier block is copied (OK) at start */
+    bool *from_disk;            /* [n] */
+    double read_s;              /* the loader's seconds on the disk blocks */
+    struct batch *next;
+} batch;
 
 struct osp_offload {
     osp_kv_offload *store;
     osp_kv_cache *kv;
     void *buf;                  /* one block, host */
+    /* background loads (a disk tier only): the loader thread reads the queue's batches in order */
+    pthread_t loader;
+    bool loader_started, stop;  /* stop under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    batch *queue, *queue_tail;  /* under mu; each batch stays in the list until poll or cancel takes it */
+    uint64_t next_token;
+    size_t staging_bytes, staging_cap; /* buffers of the batches in the list (step thread) */
     osp_status err;
     bool no_cost_model;
     const osp_kv_event_sink *sink;
@@ -69,18 +94,148 @@ static bool tier_worth(void *ctx, int32_t n_blocks) {
     return o->no_cost_model || o->load_s <= 0 || o->prefill_s <= 0 || o->load_s < (double)bs * o->prefill_s;
 }
 
-static bool tier_load(void *ctx, int32_t id, const osp_block_hash *h) {
-    osp_offload *o = ctx;
-    if (o->err != OSP_OK) return false;
-    const double t0 = now_s();
-    if (!osp_kv_offload_get(o->store, h, o->buf)) return false;
-    const osp_status s = osp_kv_cache_block_write(o->kv, id, o->buf);
-    if (s != OSP_OK) {
-        o->err = s;
-        return false;
+static void batch_free(batch *b) {
+    if (!b) return;
+    free(b->ids);
+    free(b->h);
+    free(b->buf);
+    free(b->res);
+    free(b->from_disk);
+    free(b);
+}
+
+/* Writes block i of a finished load into its pool block: false when it did not load. */
+static bool write_block(osp_offload *o, const int32_t id, const void *bytes) {
+    const osp_status s = osp_kv_cache_block_write(o->kv, id, bytes);
+    if (s != OSP_OK && o->err == OSP_OK) o->err = s;
+    return s == OSP_OK;
+}
+
+static void *loader_main(void *arg) {
+    osp_offload *o = arg;
+    const size_t bb = osp_kv_offload_block_bytes(o->store);
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        batch *b = o->queue;
+        while (b && b->n_done == b->n) b = b->next;
+        if (!b) {
+            if (o->stop) break;
+            pthread_cond_wait(&o->wake, &o->mu);
+            continue;
+        }
+        const int32_t i = b->n_done;
+        const bool skip = b->cancelled || !b->from_disk[i];
+        pthread_mutex_unlock(&o->mu);
+        if (!skip) { /* the batch stays listed (poll and cancel only take done ones), so b lives */
+            const double t0 = now_s();
+            b->res[i] = osp_kv_offload_read(o->store, &b->h[i], b->buf + (size_t)i * bb);
+            b->read_s += now_s() - t0;
+        }
+        pthread_mutex_lock(&o->mu);
+        b->n_done++;
     }
-    ema(&o->load_s, now_s() - t0);
-    return true;
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
+static int32_t tier_start(void *ctx, const int32_t *ids, const osp_block_hash *hashes, int32_t n, uint64_t *token,
+                          int32_t *n_ok) {
+    osp_offload *o = ctx;
+    *token = 0;
+    *n_ok = 0;
+    if (o->err != OSP_OK) return 0;
+    bool any_disk = false;
+    for (int32_t i = 0; i < n && !any_disk; i++) any_disk = osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_DISK;
+    if (!any_disk || !o->loader_started) { /* host memory (or no loader): now, in order, up to the first miss */
+        const double t0 = now_s();
+        while (*n_ok < n && osp_kv_offload_get(o->store, &hashes[*n_ok], o->buf) &&
+               write_block(o, ids[*n_ok], o->buf))
+            ++*n_ok;
+        if (*n_ok > 0) ema(&o->load_s, (now_s() - t0) / *n_ok);
+        return n;
+    }
+    const size_t bb = osp_kv_offload_block_bytes(o->store);
+    int32_t m = 0; /* blocks the staging room takes (at least one while nothing is staged) */
+    while (m < n && (o->staging_bytes + (size_t)(m + 1) * bb <= o->staging_cap || (o->staging_bytes == 0 && m == 0))) m++;
+    batch *b = calloc(1, sizeof *b);
+    if (b) {
+        b->ids = malloc(sizeof *b->ids * (size_t)m);
+        b->h = malloc(sizeof *b->h * (size_t)m);
+        b->buf = malloc(bb * (size_t)m);
+        b->res = calloc((size_t)m, sizeof *b->res);
+        b->from_disk = calloc((size_t)m, sizeof *b->from_disk);
+    }
+    if (!b || !b->ids || !b->h || !b->buf || !b->res || !b->from_disk) {
+        batch_free(b);
+        return 0; /* out of memory: recomputed */
+    }
+    b->n = m;
+    memcpy(b->ids, ids, sizeof *ids * (size_t)m);
+    memcpy(b->h, hashes, sizeof *hashes * (size_t)m);
+    for (int32_t i = 0; i < m; i++) { /* host-tier blocks now: the tier may reuse their slots meanwhile */
+        b->from_disk[i] = osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_DISK;
+        if (!b->from_disk[i])
+            b->res[i] = osp_kv_offload_get_host(o->store, &hashes[i], b->buf + (size_t)i * bb) ? OSP_KV_READ_OK
+                                                                                            : OSP_KV_READ_MISSING;
+    }
+    b->token = ++o->next_token;
+    o->staging_bytes += (size_t)m * bb;
+    pthread_mutex_lock(&o->mu);
+    if (o->queue_tail) o->queue_tail->next = b;
+    else o->queue = b;
+    o->queue_tail = b;
+    pthread_cond_signal(&o->wake);
+    pthread_mutex_unlock(&o->mu);
+    *token = b->token;
+    return m;
+}
+
+/* Takes batch b (done) out of the list; mu held. */
+static void unlink_batch(osp_offload *o, batch *b) {
+    batch **pp = &o->queue, *prev = NULL;
+    while (*pp && *pp != b) prev = *pp, pp = &(*pp)->next;
+    if (!*pp) return;
+    *pp = b->next;
+    if (o->queue_tail == b) o->queue_tail = prev;
+    b->next = NULL;
+}
+
+static bool tier_poll(void *ctx, uint64_t *token, int32_t *n_ok) {
+    osp_offload *o = ctx;
+    const size_t bb = osp_kv_offload_block_bytes(o->store);
+    for (;;) {
+        pthread_mutex_lock(&o->mu);
+        batch *b = o->queue;
+        while (b && b->n_done < b->n) b = b->next;
+        if (b) unlink_batch(o, b);
+        pthread_mutex_unlock(&o->mu);
+        if (!b) return false;
+        o->staging_bytes -= (size_t)b->n * bb;
+        if (b->cancelled) { /* its request went away: nothing is written, the disk outcomes still count */
+            for (int32_t i = 0; i < b->n; i++)
+                if (b->from_disk[i]) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]);
+            batch_free(b);
+            continue;
+        }
+        int32_t ok = 0, n_disk = 0;
+        for (int32_t i = 0; i < b->n; i++) {
+            if (b->from_disk[i]) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]), n_disk++;
+            if (ok == i && b->res[i] == OSP_KV_READ_OK && write_block(o, b->ids[i], b->buf + (size_t)i * bb)) ok++;
+        }
+        if (n_disk > 0 && b->read_s > 0) ema(&o->load_s, b->read_s / n_disk);
+        *token = b->token;
+        *n_ok = ok;
+        batch_free(b);
+        return true;
+    }
+}
+
+static void tier_cancel(void *ctx, uint64_t token) {
+    osp_offload *o = ctx;
+    pthread_mutex_lock(&o->mu);
+    for (batch *b = o->queue; b; b = b->next)
+        if (b->token == token) b->cancelled = true; /* poll frees it once the loader is past it */
+    pthread_mutex_unlock(&o->mu);
 }
 
 /* ---- fingerprint ------------------------------------------------------------------------------- */
@@ -139,11 +294,21 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     osp_status s = osp_kv_offload_create(&tiers, bytes, fingerprint(id, kv), &o->store);
     if (s == OSP_OK && !(o->buf = malloc(bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     if (s != OSP_OK) {
-        osp_offload_destroy(o, NULL);
+        osp_kv_offload_destroy(o->store);
+        free(o->buf);
+        free(o);
         return s;
     }
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->wake, NULL);
+    o->staging_cap = STAGING_BYTES;
+    if (cfg->tiers.disk_dir && cfg->tiers.disk_dir[0]) {
+        if (pthread_create(&o->loader, NULL, loader_main, o) == 0) o->loader_started = true;
+        /* else: disk blocks load on the step thread (tier_start's synchronous path) */
+    }
     osp_block_pool_set_evict_hook(osp_scheduler_pool(sched), on_evict, o);
-    const osp_sched_tier t = {.ctx = o, .contains = tier_contains, .worth = tier_worth, .load = tier_load};
+    const osp_sched_tier t = {.ctx = o, .contains = tier_contains, .worth = tier_worth, .start = tier_start,
+                              .poll = tier_poll, .cancel = tier_cancel};
     osp_scheduler_set_tier(sched, &t);
     *out = o;
     return OSP_OK;
@@ -155,6 +320,17 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
         osp_block_pool_set_evict_hook(osp_scheduler_pool(sched), NULL, NULL);
         osp_scheduler_set_tier(sched, NULL);
     }
+    if (o->loader_started) {
+        pthread_mutex_lock(&o->mu);
+        o->stop = true;
+        for (batch *b = o->queue; b; b = b->next) b->cancelled = true; /* the loader skips what is left */
+        pthread_cond_signal(&o->wake);
+        pthread_mutex_unlock(&o->mu);
+        pthread_join(o->loader, NULL);
+    }
+    for (batch *b = o->queue, *next; b; b = next) next = b->next, batch_free(b);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->wake);
     osp_kv_offload_destroy(o->store);
     free(o->buf);
     free(o);

@@ -56,6 +56,7 @@ typedef struct osp_request {
     int32_t num_children;
     int32_t fork_token;         /* set by the runner on children at the fork step: their first token */
     bool needs_row;             /* running, but the runner holds no row for it yet (a forked child) */
+    bool tier_loading;          /* waiting while KV offload loads its prefix blocks in the background */
     char error[160];            /* with OSP_FINISH_ERROR */
 
     /* logprobs */

@@ -26,8 +26,15 @@ struct osp_scheduler {
     int32_t *hit_ids;           /* [max blocks per request] scratch for prefix hits */
     int32_t cap_hits;
     int32_t num_reserved;       /* seats of not yet forked children of running requests */
-    osp_sched_tier tier;        /* tiered offload; tier.load NULL: none */
+    osp_sched_tier tier;        /* tiered offload; tier.start NULL: none */
     int32_t *tier_ids;          /* [cap_hits] scratch for tier loads */
+    struct tier_pending {       /* background loads: the request, its hit and load blocks held meanwhile */
+        osp_request *r;
+        uint64_t token;
+        int32_t n_hits, n_load;
+        int32_t *ids;           /* [n_hits + n_load] */
+    } *pend;
+    int32_t n_pend, cap_pend;
     osp_scheduler_stats stats;
 };
 
@@ -85,6 +92,11 @@ void osp_scheduler_destroy(osp_scheduler *s) {
     free(s->out.removed_ids);
     free(s->hit_ids);
     free(s->tier_ids);
+    for (int32_t i = 0; i < s->n_pend; i++) {
+        if (s->tier.cancel) s->tier.cancel(s->tier.ctx, s->pend[i].token);
+        free(s->pend[i].ids);
+    }
+    free(s->pend);
     free(s->out.touched);
     free(s->out.copy_src);
     free(s->out.copy_dst);
@@ -166,6 +178,8 @@ static void free_blocks(osp_scheduler *s, osp_request *r) {
     r->num_cached_blocks = 0;
 }
 
+static void tier_forget(osp_scheduler *s, const osp_request *r);
+
 osp_status osp_scheduler_add(osp_scheduler *s, osp_request *r) {
     r->state = OSP_REQ_WAITING;
     return waiting_insert(s, r, false);
@@ -200,6 +214,7 @@ void osp_scheduler_finish(osp_scheduler *s, osp_request *r, osp_finish_reason re
         note_removed(s, r->uid);
     } else {
         list_remove(s->waiting, &s->num_waiting, r);
+        if (r->tier_loading) tier_forget(s, r);
     }
     free_blocks(s, r);
     r->state = OSP_REQ_FINISHED;
@@ -257,9 +272,54 @@ static osp_status preempt(osp_scheduler *s, osp_request *r) {
 
 /* ---- tiers below the pool --------------------------------------------------------------------- */
 
-/* r's prefix continues past its n_hits pool hits (in s->hit_ids) into blocks the tier holds: loads
- * what the cost model allows into free pool blocks, caches them and frees them again, so the next
- * prefix match takes them. Returns the new hit count (s->hit_ids refilled). */
+/* Releases a pending load's blocks (loads first, tail first, then the hits) and forgets the entry. */
+static void pend_drop(osp_scheduler *s, int32_t k) {
+    struct tier_pending *p = &s->pend[k];
+    for (int32_t i = p->n_hits + p->n_load - 1; i >= 0; i--) osp_block_pool_release(s->pool, &p->ids[i], 1);
+    p->r->tier_loading = false;
+    free(p->ids);
+    s->pend[k] = s->pend[--s->n_pend];
+}
+
+/* Caches the first n_ok of a load's blocks (block indices first..) under r's hashes. */
+static void cache_loaded(osp_scheduler *s, osp_request *r, const int32_t *ids, int32_t first, int32_t n_ok) {
+    const int32_t bs = s->cfg.block_size;
+    for (int32_t i = 0; i < n_ok; i++) {
+        const int32_t b = first + i;
+        osp_block_pool_cache_block(s->pool, ids[i], &r->hashes[b], b ? &r->hashes[b - 1] : NULL,
+                                   r->tokens + (size_t)b * bs, bs);
+    }
+    s->stats.tier_hits_tokens += (int64_t)n_ok * bs;
+}
+
+/* Background loads that finished: their blocks cached (those that loaded) and freed for the prefix match. */
+static void tier_collect(osp_scheduler *s) {
+    uint64_t token;
+    int32_t n_ok;
+    while (s->tier.poll(s->tier.ctx, &token, &n_ok)) {
+        for (int32_t k = 0; k < s->n_pend; k++) {
+            struct tier_pending *p = &s->pend[k];
+            if (p->token != token) continue;
+            cache_loaded(s, p->r, p->ids + p->n_hits, p->n_hits, n_ok < p->n_load ? n_ok : p->n_load);
+            pend_drop(s, k);
+            break;
+        }
+    }
+}
+
+/* A waiting request leaves (finished or aborted) while its blocks load: the load is cancelled. */
+static void tier_forget(osp_scheduler *s, const osp_request *r) {
+    for (int32_t k = 0; k < s->n_pend; k++)
+        if (s->pend[k].r == r) {
+            s->tier.cancel(s->tier.ctx, s->pend[k].token);
+            pend_drop(s, k);
+            return;
+        }
+}
+
+/* r's prefix continues past its n_hits pool hits (in s->hit_ids) into blocks the tier holds: loads what
+ * the cost model allows into free pool blocks. Returns the new hit count (s->hit_ids refilled), or -1
+ * when the load goes on in the background (r waits; its blocks are held in s->pend). */
 static int32_t tier_fill(osp_scheduler *s, osp_request *r, int32_t n_hits, int32_t max_hit) {
     int32_t n = 0;
     while (n_hits + n < max_hit && s->tier.contains(s->tier.ctx, &r->hashes[n_hits + n])) n++;
@@ -273,19 +333,34 @@ static int32_t tier_fill(osp_scheduler *s, osp_request *r, int32_t n_hits, int32
     osp_block_pool_touch(s->pool, s->hit_ids, n_hits);
     const int32_t room = osp_block_pool_num_free(s->pool);
     if (n > room) n = room;
-    int32_t loaded = 0;
+    uint64_t token = 0;
+    int32_t took = 0, n_ok = 0;
     if (n > 0 && osp_block_pool_alloc(s->pool, n, s->tier_ids) == OSP_OK) {
-        while (loaded < n && s->tier.load(s->tier.ctx, s->tier_ids[loaded], &r->hashes[n_hits + loaded])) {
-            const int32_t b = n_hits + loaded;
-            osp_block_pool_cache_block(s->pool, s->tier_ids[loaded], &r->hashes[b], b ? &r->hashes[b - 1] : NULL,
-                                       r->tokens + (size_t)b * bs, bs);
-            loaded++;
-        }
-        for (int32_t i = n - 1; i >= 0; i--) osp_block_pool_release(s->pool, &s->tier_ids[i], 1); /* tail first */
+        took = s->tier.start(s->tier.ctx, s->tier_ids, r->hashes + n_hits, n, &token, &n_ok);
+        if (took < 0) took = 0;
+        for (int32_t i = n - 1; i >= took; i--) osp_block_pool_release(s->pool, &s->tier_ids[i], 1);
     }
+    if (token != 0 && took > 0) {
+        if (s->n_pend == s->cap_pend) {
+            const int32_t cap = s->cap_pend ? 2 * s->cap_pend : 8;
+            struct tier_pending *pp = realloc(s->pend, sizeof *pp * (size_t)cap);
+            if (pp) s->pend = pp, s->cap_pend = cap;
+        }
+        int32_t *ids = s->n_pend < s->cap_pend ? malloc(sizeof *ids * (size_t)(n_hits + took)) : NULL;
+        if (ids) {
+            memcpy(ids, s->hit_ids, sizeof *ids * (size_t)n_hits);
+            memcpy(ids + n_hits, s->tier_ids, sizeof *ids * (size_t)took);
+            s->pend[s->n_pend++] = (struct tier_pending){.r = r, .token = token, .n_hits = n_hits, .n_load = took, .ids = ids};
+            r->tier_loading = true;
+            return -1;
+        }
+        s->tier.cancel(s->tier.ctx, token); /* out of memory: recompute instead */
+        n_ok = 0;
+    }
+    cache_loaded(s, r, s->tier_ids, n_hits, n_ok < took ? n_ok : took);
+    for (int32_t i = took - 1; i >= 0; i--) osp_block_pool_release(s->pool, &s->tier_ids[i], 1); /* tail first */
     for (int32_t i = n_hits - 1; i >= 0; i--) osp_block_pool_release(s->pool, &s->hit_ids[i], 1);
-    if (loaded == 0) return n_hits;
-    s->stats.tier_hits_tokens += (int64_t)loaded * bs;
+    if (n_ok == 0) return n_hits;
     return osp_prefix_cache_match(s->pool, r->hashes, max_hit, s->hit_ids);
 }
 
@@ -316,6 +391,7 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
     bool preempted_any = false;
     out->num_touched = 0;
     out->num_copies = 0;
+    if (s->tier.poll) tier_collect(s); /* also frees the buffers of cancelled loads */
 
     /* running requests, in admission order */
     int32_t i = 0;
@@ -370,9 +446,15 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
         i++;
     }
 
-    /* waiting requests, in service order; none in a step that had to preempt */
-    while (!preempted_any && s->num_waiting > 0 && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
-        osp_request *r = s->waiting[0];
+    /* waiting requests, in service order; none in a step that had to preempt. One whose prefix blocks
+       load in the background is passed over until they are in. */
+    int32_t w = 0;
+    while (!preempted_any && w < s->num_waiting && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
+        osp_request *r = s->waiting[w];
+        if (r->tier_loading) {
+            w++;
+            continue;
+        }
         const int32_t seats = 1 + (r->children ? r->num_children : 0);
         if (s->num_running + s->num_reserved + seats > s->cfg.max_num_seqs) break;
         int32_t n_hits = 0;
@@ -383,7 +465,10 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
             int32_t max_hit = (r->num_tokens - 1) / s->cfg.block_size; /* always compute the last token */
             if (max_hit > r->num_hashes) max_hit = r->num_hashes;
             n_hits = osp_prefix_cache_match(s->pool, r->hashes, max_hit, s->hit_ids);
-            if (s->tier.load && n_hits < max_hit) n_hits = tier_fill(s, r, n_hits, max_hit);
+            if (s->tier.start && n_hits < max_hit && (n_hits = tier_fill(s, r, n_hits, max_hit)) < 0) {
+                w++; /* loading: the next one may go first */
+                continue;
+            }
         }
         const int32_t computed = n_hits * s->cfg.block_size;
         int32_t n_new = r->num_tokens - computed;
@@ -401,7 +486,7 @@ osp_status osp_scheduler_schedule(osp_scheduler *s, osp_sched_output **outp) {
             s->stats.prefix_hits_tokens += computed;
         }
         if (r->num_cached_tokens < 0) r->num_cached_tokens = computed;
-        memmove(s->waiting, s->waiting + 1, sizeof *s->waiting * (size_t)(s->num_waiting - 1));
+        memmove(s->waiting + w, s->waiting + w + 1, sizeof *s->waiting * (size_t)(s->num_waiting - w - 1));
         s->num_waiting--;
         s->running[s->num_running++] = r;
         r->state = OSP_REQ_RUNNING;
@@ -569,6 +654,12 @@ osp_status osp_scheduler_check_invariants(const osp_scheduler *s) {
                                                        (unsigned long long)r->id, id);
             else refs[id]++;
         }
+    }
+    for (int32_t k = 0; k < s->n_pend && st == OSP_OK; k++) { /* background loads hold their hits and blocks */
+        if (!s->pend[k].r->tier_loading || s->pend[k].r->state == OSP_REQ_RUNNING)
+            st = osp_set_error(OSP_ERR_INTERNAL, "scheduler: request %llu has a background load but is not waiting on it",
+                               (unsigned long long)s->pend[k].r->id);
+        for (int32_t i = 0; i < s->pend[k].n_hits + s->pend[k].n_load; i++) refs[s->pend[k].ids[i]]++;
     }
     for (int32_t b = 0; b < nb && st == OSP_OK; b++)
         if (refs[b] != osp_block_pool_ref_count(s->pool, b))

@@ -78,14 +78,27 @@ typedef struct osp_scheduler_stats {
 
 /* KV blocks below the pool (tiered offload, src/engine/offload.c). When a waiting request's prefix
  * continues past its prefix-cache hits into blocks the tier holds, the scheduler, at admission, takes
- * free pool blocks, has the tier load them, caches them under their hashes and releases them, so the
- * request's prefix match finds them like any cached block (a load that fails leaves its block uncached,
- * and that part of the prompt is computed). All callbacks run inside osp_scheduler_schedule. */
+ * free pool blocks and has the tier load them. A load done at once (host memory) is cached under its
+ * hashes and the blocks freed, so the request's prefix match finds them like any cached block. A load
+ * in the background (disk) keeps the blocks -- and the request's hits -- out of use and the request
+ * waiting (others behind it may be admitted: vLLM's WAITING_FOR_REMOTE_KVS) until `poll` hands it
+ * back at the start of a later schedule; then the same. A block that failed to load stays uncached, and
+ * that part of the prompt is computed. All callbacks run inside the scheduler's calls. */
 typedef struct osp_sched_tier {
     void *ctx;
     bool (*contains)(void *ctx, const osp_block_hash *h); /* held now (no I/O) */
     bool (*worth)(void *ctx, int32_t n_blocks);            /* loading beats recomputing them */
-    bool (*load)(void *ctx, int32_t id, const osp_block_hash *h); /* into pool block id; false: unusable */
+    /* Loads hashes[0..n) into pool blocks ids[0..n). Returns how many it took on (a prefix of the n; the
+     * rest are not loaded). *token == 0: done now, *n_ok of them loaded (a prefix, pages written);
+     * *token != 0: loading in the background, the blocks must stay out of use until poll returns the
+     * token. */
+    int32_t (*start)(void *ctx, const int32_t *ids, const osp_block_hash *hashes, int32_t n, uint64_t *token,
+                     int32_t *n_ok);
+    /* A finished background load: true with its token and *n_ok (the prefix whose pages are written),
+     * false when none is finished. */
+    bool (*poll)(void *ctx, uint64_t *token, int32_t *n_ok);
+    /* Forgets a background load (its request went away): poll never returns it, no page is written. */
+    void (*cancel)(void *ctx, uint64_t token);
 } osp_sched_tier;
 
 /* Errors: OSP_ERR_INVALID_ARG (sizes <= 0), OSP_ERR_NOMEM. */

@@ -257,17 +257,18 @@ static void disk_unlink(const osp_kv_offload *o, const osp_block_hash *h) {
     unlink(path);
 }
 
-/* Reads and checks h's file into dst. */
-static bool disk_read(const osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+osp_kv_read_result osp_kv_offload_read(const osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+    if (!o->dir) return OSP_KV_READ_MISSING;
     char path[PATH_MAX];
     file_path(o, h, ".kv", path, sizeof path);
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
+    if (fd < 0) return errno == ENOENT ? OSP_KV_READ_MISSING : OSP_KV_READ_CORRUPT;
     uint8_t hdr[HDR_BYTES], extra;
-    bool ok = read_all(fd, hdr, sizeof hdr) == sizeof hdr && header_ok(o, h, hdr) &&
-              read_all(fd, dst, o->block_bytes) == o->block_bytes && read_all(fd, &extra, 1) == 0;
+    const bool ok = read_all(fd, hdr, sizeof hdr) == sizeof hdr && header_ok(o, h, hdr) &&
+                    read_all(fd, dst, o->block_bytes) == o->block_bytes && read_all(fd, &extra, 1) == 0;
     close(fd);
-    return ok && XXH3_64bits_withSeed(dst, o->block_bytes, o->fp) == get_u64(hdr + 64);
+    return ok && XXH3_64bits_withSeed(dst, o->block_bytes, o->fp) == get_u64(hdr + 64) ? OSP_KV_READ_OK
+                                                                                       : OSP_KV_READ_CORRUPT;
 }
 
 /* ---- tiers ------------------------------------------------------------------------------------ */
@@ -534,23 +535,42 @@ int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h) {
     return i < 0 ? -1 : o->e[o->table[i]].tier;
 }
 
-bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+void osp_kv_offload_settle(osp_kv_offload *o, const osp_block_hash *h, osp_kv_read_result r) {
     const int64_t i = find(o, h);
-    if (i < 0) return false;
-    const int32_t id = o->table[i];
-    const int t = o->e[id].tier;
-    if (t == OSP_KV_TIER_HOST) {
-        memcpy(dst, o->host + (size_t)o->e[id].slot * o->block_bytes, o->block_bytes);
-    } else if (!disk_read(o, h, dst)) {
-        disk_unlink(o, h);
-        tell(o, h, OSP_KV_TIER_DISK, false);
-        entry_drop(o, id);
-        o->stats.corrupt++;
-        return false;
+    if (i < 0 || o->e[o->table[i]].tier != OSP_KV_TIER_DISK) { /* dropped meanwhile, or moved: nothing to do */
+        if (r == OSP_KV_READ_OK) o->stats.loaded[OSP_KV_TIER_DISK]++;
+        return;
     }
+    const int32_t id = o->table[i];
+    if (r == OSP_KV_READ_OK) {
+        touch(o, id);
+        o->stats.loaded[OSP_KV_TIER_DISK]++;
+        return;
+    }
+    if (r == OSP_KV_READ_CORRUPT) {
+        disk_unlink(o, h);
+        o->stats.corrupt++;
+    }
+    tell(o, h, OSP_KV_TIER_DISK, false);
+    entry_drop(o, id);
+}
+
+bool osp_kv_offload_get_host(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+    const int64_t i = find(o, h);
+    if (i < 0 || o->e[o->table[i]].tier != OSP_KV_TIER_HOST) return false;
+    const int32_t id = o->table[i];
+    memcpy(dst, o->host + (size_t)o->e[id].slot * o->block_bytes, o->block_bytes);
     touch(o, id);
-    o->stats.loaded[t]++;
+    o->stats.loaded[OSP_KV_TIER_HOST]++;
     return true;
+}
+
+bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
+    if (osp_kv_offload_get_host(o, h, dst)) return true;
+    if (osp_kv_offload_where(o, h) != OSP_KV_TIER_DISK) return false;
+    const osp_kv_read_result r = osp_kv_offload_read(o, h, dst);
+    osp_kv_offload_settle(o, h, r);
+    return r == OSP_KV_READ_OK;
 }
 
 osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o) { return o->stats; }

@@ -82,6 +82,19 @@ int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h);
  * block that failed its check (then deleted and counted). dst may be written on failure. */
 bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst);
 
+/* Reading a disk block away from the step thread (a loader thread): osp_kv_offload_read touches only
+ * what never changes after creation (the directory, the fingerprint, the block size), so it may run
+ * while the owner thread uses the store; the owner then reports the outcome with osp_kv_offload_settle,
+ * which does the index's bookkeeping (recency and counts on success; a corrupt block deleted and
+ * counted; a file found missing, e.g. dropped by the tier meanwhile, forgotten). */
+typedef enum osp_kv_read_result { OSP_KV_READ_OK = 0, OSP_KV_READ_MISSING = 1, OSP_KV_READ_CORRUPT = 2 } osp_kv_read_result;
+osp_kv_read_result osp_kv_offload_read(const osp_kv_offload *o, const osp_block_hash *h, void *dst);
+void osp_kv_offload_settle(osp_kv_offload *o, const osp_block_hash *h, osp_kv_read_result r);
+
+/* A host-tier block's bytes copied to dst (true), or false when h is not in the host tier. Marks it
+ * recently used and counts a load. */
+bool osp_kv_offload_get_host(osp_kv_offload *o, const osp_block_hash *h, void *dst);
+
 osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o);
 
 /* The disk tier's directory (<disk_dir>/osprey-kv-<fingerprint>), or NULL without a disk tier. */
