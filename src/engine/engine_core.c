@@ -90,6 +90,7 @@ struct osp_engine {
     osp_spec_switch sw;         /* speculation on or off by measured decode rate (spec/switch.h) */
     osp_sparse_runtime *sparse; /* sparse attention's hook state, or NULL (dense) */
     osp_offload *offload;       /* tiered KV offload, or NULL */
+    bool offload_ready;         /* a background load finished since the loop last looked (under mu) */
 
     pthread_mutex_t mu;
     pthread_cond_t wake;        /* the loop thread waits for work */
@@ -106,6 +107,8 @@ struct osp_engine {
     osp_token_logprobs *cb_lp;  /* step-thread scratch: logprobs handed to callbacks */
     int32_t cb_cap;
 };
+
+static void offload_loaded(void *ctx);
 
 osp_engine_params osp_engine_default_params(void) {
     osp_engine_params p;
@@ -306,7 +309,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         const osp_offload_config oc = {.tiers = {.host_bytes = p.kv_offload_host_bytes, .disk_dir = p.kv_offload_disk_dir,
                                                  .disk_bytes = p.kv_offload_disk_bytes},
                                        .no_cost_model = p.kv_offload_no_cost_model,
-                                       .sink = p.kv_event_sink, .hash_algo = p.hash_algo};
+                                       .sink = p.kv_event_sink, .hash_algo = p.hash_algo,
+                                       .loaded = offload_loaded, .loaded_ctx = e};
         const osp_offload_identity oid = {.model_path = p.random_weights ? NULL : p.model_path,
                                           .random_weights = p.random_weights, .random_seed = p.random_seed,
                                           .device = (int)p.device, .exact = p.exact,
@@ -815,16 +819,37 @@ osp_status osp_engine_step(osp_engine *e, bool *did_work) {
     return step_locked_out(e, did_work);
 }
 
+/* The loader thread: a background KV load is ready for the next schedule. */
+static void offload_loaded(void *ctx) {
+    osp_engine *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    e->offload_ready = true;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *loop_main(void *arg) {
     osp_engine *e = arg;
+    bool idle = false; /* the last step ran nothing while KV offload loads were in flight */
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && e->num_unfinished == 0) pthread_cond_wait(&e->wake, &e->mu);
+        if (idle) { /* wait for a load, a new request or an abort (each signals wake); 20 ms at most */
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            dl.tv_nsec += 20 * 1000000L;
+            if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+            while (!e->stop && !e->offload_ready && e->pending.n == 0 &&
+                   pthread_cond_timedwait(&e->wake, &e->mu, &dl) == 0) {
+            }
+        }
+        e->offload_ready = false;
         const bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         bool did;
         osp_status s = step_locked_out(e, &did);
+        idle = s == OSP_OK && !did && e->offload && osp_offload_busy(e->offload);
         if (s != OSP_OK) {
             pthread_mutex_lock(&e->mu);
             e->loop_status = s;

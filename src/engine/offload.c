@@ -45,6 +45,8 @@ struct osp_offload {
     pthread_cond_t wake;
     batch *queue, *queue_tail;  /* under mu; each batch stays in the list until poll or cancel takes it */
     uint64_t next_token;
+    void (*loaded)(void *ctx);
+    void *loaded_ctx;
     size_t staging_bytes, staging_cap; /* buffers of the batches in the list (step thread) */
     osp_status err;
     bool no_cost_model;
@@ -132,7 +134,11 @@ static void *loader_main(void *arg) {
             b->read_s += now_s() - t0;
         }
         pthread_mutex_lock(&o->mu);
-        b->n_done++;
+        if (++b->n_done == b->n && o->loaded) {
+            pthread_mutex_unlock(&o->mu); /* the engine's lock is taken inside: never under ours */
+            o->loaded(o->loaded_ctx);
+            pthread_mutex_lock(&o->mu);
+        }
     }
     pthread_mutex_unlock(&o->mu);
     return NULL;
@@ -301,6 +307,8 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     }
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->wake, NULL);
+    o->loaded = cfg->loaded;
+    o->loaded_ctx = cfg->loaded_ctx;
     o->staging_cap = STAGING_BYTES;
     if (cfg->tiers.disk_dir && cfg->tiers.disk_dir[0]) {
         if (pthread_create(&o->loader, NULL, loader_main, o) == 0) o->loader_started = true;
@@ -341,6 +349,13 @@ void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds) {
 }
 
 osp_status osp_offload_status(const osp_offload *o) { return o->err; }
+
+bool osp_offload_busy(osp_offload *o) {
+    pthread_mutex_lock(&o->mu);
+    const bool busy = o->queue != NULL;
+    pthread_mutex_unlock(&o->mu);
+    return busy;
+}
 
 osp_offload_stats osp_offload_get_stats(const osp_offload *o) {
     return (osp_offload_stats){.store = osp_kv_offload_get_stats(o->store), .load_s_per_block = o->load_s,

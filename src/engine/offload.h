@@ -37,6 +37,9 @@ typedef struct osp_offload_config {
     bool no_cost_model;
     const osp_kv_event_sink *sink; /* KV events of the tiers (tier_stored / tier_removed), or NULL */
     osp_prefix_hash_algo hash_algo; /* the 64-bit form of hashes in events */
+    void (*loaded)(void *ctx);     /* called by the loader thread when a background load is ready for
+                                      the next schedule (the engine's idle loop waits for it); NULL: none */
+    void *loaded_ctx;
 } osp_offload_config;
 
 /* Creates the store for `kv` (block bytes from osp_kv_cache_block_bytes) and hooks it to the scheduler's
@@ -48,6 +51,9 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched);
 
 /* A step of `tokens` tokens took `seconds` (the cost model's prompt rate). */
 void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds);
+
+/* Whether background loads are in flight or waiting to be collected by the scheduler. */
+bool osp_offload_busy(osp_offload *o);
 
 /* The first error a hook met (a block copy the backend refused), or OSP_OK; the engine fails the step
  * with it, as any backend error. */

@@ -400,7 +400,7 @@ static osp_status disk_scan(osp_kv_offload *o) {
     }
     closedir(d);
     if (st == OSP_OK) {
-        qsort(f, n, sizeof *f, found_cmp);
+        if (n > 1) qsort(f, n, sizeof *f, found_cmp);
         const size_t skip = n > (size_t)o->tier[OSP_KV_TIER_DISK].cap ? n - (size_t)o->tier[OSP_KV_TIER_DISK].cap : 0;
         for (size_t i = 0; i < n && st == OSP_OK; i++) {
             if (i < skip || find(o, &f[i].h) >= 0) {
