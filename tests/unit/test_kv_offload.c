@@ -24,10 +24,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gpu_test_models.h"
 #include "engine/engine_internal.h"
 #include "kv/kv_cache.h"
 #include "kv/offload.h"
 #include "osprey/engine.h"
+
+/* tests/gpu/test_gpu_kv_offload.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the engine
+ * scenarios with the pages on the GPU (to_host / from_host copies; a host-memory tier above the disk),
+ * on a 2-layer head_dim-32 model written at start. */
+#ifndef TEST_DEVICE
+#define TEST_DEVICE OSP_DEVICE_CPU
+#endif
+static const bool g_gpu = TEST_DEVICE == OSP_DEVICE_CUDA;
 
 #define BB 1000 /* block bytes in the store tests */
 
@@ -256,6 +265,7 @@ static osp_engine_params base(const char *disk_dir) {
     p.hash_seed_set = true;
     p.hash_seed = 11;
     p.kv_offload_no_cost_model = true; /* the decision must not depend on timing */
+    p.device = TEST_DEVICE;
     if (disk_dir) {
         p.kv_offload_host_bytes = 0;
         p.kv_offload_disk_dir = disk_dir;
@@ -331,11 +341,13 @@ static void test_engine_offload(void **state) {
     assert_memory_equal(ref[0].out, ref[3].out, sizeof ref[0].out);
 
     p = base(dir);
-    p.kv_offload_host_bytes = 2 * (int64_t)block_bytes; /* the CPU backend takes no host tier */
-    e = NULL;
-    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
-    assert_null(e);
-    p.kv_offload_host_bytes = 0;
+    p.kv_offload_host_bytes = 2 * (int64_t)block_bytes; /* the CPU backend takes no host tier; CUDA: 2 blocks */
+    if (!g_gpu) {
+        e = NULL;
+        assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+        assert_null(e);
+        p.kv_offload_host_bytes = 0;
+    }
     events ev = {0};
     const osp_kv_event_sink sink = {.ctx = &ev, .block_removed = ev_removed, .tier_stored = ev_tier_stored,
                                     .tier_removed = ev_tier_removed};
@@ -347,15 +359,21 @@ static void test_engine_offload(void **state) {
     assert_int_equal(on[3].cached, 4 * 16); /* (80 - 1) / 16 blocks, each loaded back */
     assert_int_equal(st.offload_hits_tokens, 4 * 16);
     assert_int_equal(st.offload_loaded_blocks, 4);
-    assert_true(st.offload_disk_blocks > 0 && st.offload_host_blocks == 0);
+    assert_true(st.offload_disk_blocks > 0 && st.offload_host_blocks == (g_gpu ? 2 : 0));
     for (int i = 0; i < 4; i++) assert_memory_equal(on[i].out, ref[i].out, sizeof ref[i].out);
-    /* every block evicted from the pool (a removal event) was stored on disk (a DISK event), once */
+    /* every block evicted from the pool (a removal event) was stored into a tier once (a DISK event on
+       the CPU; on CUDA a CPU event, and a CPU removal + DISK store for each move down) */
     assert_int_equal(ev.tier_stored, st.offload_stored_blocks);
-    assert_int_equal(ev.tier_stored, ev.removed);
-    assert_int_equal(ev.tier_removed, 0);
-    assert_true(ev.media_ok);
+    if (!g_gpu) {
+        assert_int_equal(ev.tier_stored, ev.removed);
+        assert_int_equal(ev.tier_removed, 0);
+        assert_true(ev.media_ok);
+    } else {
+        assert_int_equal(ev.tier_stored, ev.removed + ev.tier_removed);
+    }
 
-    /* a new engine on the same directory: A is served from the first engine's files at once */
+    /* a new engine on the same directory: A is served from the first engine's files at once (the host
+       tier's blocks went with the first engine: B's and C's, the last evicted) */
     p.kv_event_sink = NULL;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
     run_seq(e, &again[3], 1);
@@ -513,6 +531,11 @@ static void test_engine_refusals(void **state) {
 int main(void) {
     const char *root = getenv("OSPREY_ROOT");
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root ? root : ".");
+    if (g_gpu && osp_device_count(OSP_DEVICE_CUDA) == 0) {
+        printf("test_gpu_kv_offload: skipped: no CUDA device\n");
+        return 77;
+    }
+    if (g_gpu && gpu_test_model("gpu-offload-f32", "f32", g_tiny, sizeof g_tiny) != 0) return 1;
     const struct CMUnitTest store[] = {
         cmocka_unit_test(test_host_tier),
         cmocka_unit_test(test_disk_tier),
@@ -532,5 +555,7 @@ int main(void) {
         cmocka_unit_test(test_engine_abort_while_loading),
         cmocka_unit_test(test_engine_refusals),
     };
-    return rc | cmocka_run_group_tests(engine, NULL, NULL);
+    rc |= cmocka_run_group_tests(engine, NULL, NULL);
+    if (g_gpu) remove(g_tiny);
+    return rc;
 }
