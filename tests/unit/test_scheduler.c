@@ -39,12 +39,14 @@ typedef struct sim {
     int64_t steps, arrival;
 } sim;
 
+static int32_t g_lp_tokens; /* sim_init: max_prompt_logprob_tokens (0: the default) */
+
 static void sim_init(sim *m, int32_t num_blocks, int32_t budget, int32_t max_seqs, bool caching, osp_sched_policy pol) {
     static const int32_t eos[1] = {EOS};
     memset(m, 0, sizeof *m);
     m->cfg = (osp_scheduler_config){.max_num_seqs = max_seqs, .max_num_batched_tokens = budget, .max_model_len = 256,
                                     .block_size = BS, .num_blocks = num_blocks, .policy = pol,
-                                    .enable_prefix_caching = caching,
+                                    .enable_prefix_caching = caching, .max_prompt_logprob_tokens = g_lp_tokens,
                                     .hasher = osp_prefix_hasher_make(OSP_PREFIX_HASH_XXH3_128, true, 3),
                                     .eos_ids = eos, .num_eos = 1};
     assert_int_equal(osp_scheduler_create(&m->cfg, &m->s), OSP_OK);
@@ -189,6 +191,52 @@ static void test_preemption(void **state) {
     sim_free(&m);
 }
 
+/* A request preempted in the step that had already given it blocks for a chunk (it was scheduled before
+ * the request that ran out of blocks) never computes that chunk: the blocks it had cached for it must not
+ * keep their hashes, or a later request with the same prompt reads KV that was never written. The
+ * scenario: priorities put the low-priority victim first in the running list (admitted first) and its
+ * prompt logprobs cap its chunks at 8 positions, so it is still in prefill when a higher-priority request
+ * admitted after it needs a block of an exhausted pool. A copy of the victim's prompt then asks the prefix
+ * cache (the sim reads every computed position back through the block table). */
+static void test_preempted_chunk_uncached(void **state) {
+    (void)state;
+    sim m;
+    g_lp_tokens = 12; /* the victim's chunks: 12 positions (3 blocks) */
+    sim_init(&m, 10, 32, 4, true, OSP_SCHED_PRIORITY);
+    g_lp_tokens = 0;
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 100 + i;
+    osp_request *victim = make_req(&m, 1, 36, 4, prompt);
+    victim->priority = 1;
+    victim->prompt_logprobs = 0;
+    assert_int_equal(osp_scheduler_admissible(m.s, victim), OSP_OK); /* 39 tokens of KV: 10 blocks */
+    assert_int_equal(osp_scheduler_add(m.s, victim), OSP_OK);
+    sim_step(&m); /* victim: positions 0-11 (blocks 0-2) */
+    osp_request *needy = make_req(&m, 2, 4, 30, NULL);
+    needy->priority = 0;
+    assert_int_equal(osp_scheduler_add(m.s, needy), OSP_OK);
+    sim_step(&m); /* victim: 12-23 (blocks 3-5); needy admitted: 0-3 (1 block); 7 of 10 blocks used */
+    sim_step(&m); /* victim given 24-35 (blocks 6-8, cached at once), then preempted: needy's decode needs a block */
+    assert_int_equal(osp_scheduler_get_stats(m.s).num_preemptions, 1);
+    /* the victim's first 28 tokens and one more: its blocks 0-5 were computed, block 6 never was */
+    osp_request *copy = make_req(&m, 3, 29, 4, prompt);
+    copy->priority = 0;
+    assert_int_equal(osp_scheduler_add(m.s, copy), OSP_OK);
+    sim_step(&m); /* the sim reads every hit back: a hit on block 6 would read never-written slots */
+    assert_int_equal(copy->num_cached_tokens, 24);
+    while (osp_scheduler_has_unfinished(m.s)) {
+        sim_step(&m);
+        assert_true(m.steps < 10000);
+    }
+    expect_alone(victim);
+    expect_alone(needy);
+    expect_alone(copy);
+    osp_request_destroy(victim);
+    osp_request_destroy(needy);
+    osp_request_destroy(copy);
+    sim_free(&m);
+}
+
 static void test_priority_and_admission(void **state) {
     (void)state;
     sim m;
@@ -281,6 +329,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_hits_counted),
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_priority_and_admission),
+        cmocka_unit_test(test_preempted_chunk_uncached),
         cmocka_unit_test(test_randomized),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
