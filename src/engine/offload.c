@@ -163,6 +163,7 @@ static int32_t tier_start(void *ctx, const int32_t *ids, const osp_block_hash *h
     const size_t bb = osp_kv_offload_block_bytes(o->store);
     int32_t m = 0; /* blocks the staging room takes (at least one while nothing is staged) */
     while (m < n && (o->staging_bytes + (size_t)(m + 1) * bb <= o->staging_cap || (o->staging_bytes == 0 && m == 0))) m++;
+    if (m == 0) return 0; /* the buffers are taken: recomputed */
     batch *b = calloc(1, sizeof *b);
     if (b) {
         b->ids = malloc(sizeof *b->ids * (size_t)m);

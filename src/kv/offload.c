@@ -45,6 +45,7 @@ struct osp_kv_offload {
     uint8_t *host;         /* [tier[HOST].cap * block_bytes] */
     int32_t *free_slots, n_free_slots;
     char *dir;             /* disk tier directory, or NULL */
+    uint64_t n_writes;     /* temporary file names */
     osp_kv_offload_listener listener;
     void *listener_ctx;
     osp_kv_offload_stats stats;
@@ -236,9 +237,11 @@ static bool header_ok(const osp_kv_offload *o, const osp_block_hash *h, const ui
            get_u64(hdr + 48) == h->ext[1] && get_u64(hdr + 56) == (uint64_t)o->block_bytes;
 }
 
-static bool disk_write(const osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
-    char tmp[PATH_MAX], path[PATH_MAX];
-    file_path(o, h, ".kv.tmp", tmp, sizeof tmp);
+static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
+    char tmp[PATH_MAX], path[PATH_MAX], suffix[64];
+    /* a name of this process's own: replicas sharing the directory never write one file together */
+    snprintf(suffix, sizeof suffix, ".kv.%ld-%llu.tmp", (long)getpid(), (unsigned long long)++o->n_writes);
+    file_path(o, h, suffix, tmp, sizeof tmp);
     file_path(o, h, ".kv", path, sizeof path);
     uint8_t hdr[HDR_BYTES];
     header_make(o, h, bytes, hdr);
@@ -368,9 +371,9 @@ static osp_status disk_scan(osp_kv_offload *o) {
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s/%s", o->dir, de->d_name);
         const size_t len = strlen(de->d_name);
-        static const char tmp_suffix[] = ".kv.tmp";
-        if (len > sizeof tmp_suffix - 1 && strcmp(de->d_name + len - (sizeof tmp_suffix - 1), tmp_suffix) == 0) {
-            /* a write cut short */
+        if (len > 4 && strcmp(de->d_name + len - 4, ".tmp") == 0 && strstr(de->d_name, ".kv.")) {
+            /* a write cut short (or, in a directory shared with a running replica, one in flight: its
+               rename then fails and that block is dropped, counted in io_errors) */
             unlink(path);
             continue;
         }

@@ -20,7 +20,11 @@
  * format are never read; with a hash seed shared across restarts (--prefix-caching-hash-seed), the
  * files of an earlier run with the same fingerprint are found again at creation (indexed by file age).
  *
- * Not thread-safe: the engine's step thread owns the store. */
+ * Several processes may share a directory (replicas on one host with one fingerprint): each writes under
+ * a temporary name of its own and indexes what it wrote plus what it found at creation; a file another
+ * process deleted is a miss, a torn one fails its checksum. Their capacities are counted apart.
+ *
+ * Not thread-safe: the engine's step thread owns the store (osp_kv_offload_read excepted). */
 #ifndef OSP_KV_OFFLOAD_H
 #define OSP_KV_OFFLOAD_H
 
