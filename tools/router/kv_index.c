@@ -28,12 +28,13 @@ struct rt_kv_index {
     int32_t n;
     bool has[NB];
     void *zctx, *sub[NB];
+    void *replay[NB];     /* DEALER sockets to the backends' replay endpoints, or NULL */
     pthread_t thread;
     bool started;
     atomic_bool stop;
     pthread_mutex_t mu;
     node *bucket[BUCKETS];
-    int64_t size[NB], batches[NB], gaps[NB];
+    int64_t size[NB], batches[NB], gaps[NB], replayed[NB];
     int64_t last_seq[NB]; /* -1: none yet */
 };
 
@@ -207,6 +208,53 @@ bool rt_kv_index_apply(rt_kv_index *x, int32_t b, const char *payload, size_t le
     return ok;
 }
 
+/* ---- replay of missed batches ------------------------------------------------------------------ */
+
+#define REPLAY_TIMEOUT_MS 1000
+
+/* Asks backend b's replay endpoint for the batches from `from` on and applies those before `upto` in
+ * order (the publisher's protocol: ["", start seq] in, ["", seq, payload] per kept batch and
+ * ["", -1, ""] at the end out; kv_events.c). Returns the last sequence number applied, or from - 1 when
+ * none came within REPLAY_TIMEOUT_MS. Subscriber thread only. */
+static int64_t replay_range(rt_kv_index *x, int32_t b, int64_t from, int64_t upto) {
+    void *d = x->replay[b];
+    uint8_t start[8];
+    for (int i = 0; i < 8; i++) start[i] = (uint8_t)((uint64_t)from >> (56 - 8 * i));
+    if (zmq_send(d, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 || zmq_send(d, start, 8, ZMQ_DONTWAIT) < 0) return from - 1;
+    int64_t last = from - 1;
+    for (;;) {
+        zmq_pollitem_t it = {.socket = d, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, REPLAY_TIMEOUT_MS) <= 0) break; /* no answer: the gap stays */
+        zmq_msg_t f[3];
+        int nf = 0, more = 1;
+        size_t ms = sizeof more;
+        while (more) {
+            zmq_msg_t tmp;
+            zmq_msg_init(&tmp);
+            if (zmq_msg_recv(&tmp, d, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&tmp);
+                break;
+            }
+            if (nf < 3) f[nf++] = tmp;
+            else zmq_msg_close(&tmp);
+            if (zmq_getsockopt(d, ZMQ_RCVMORE, &more, &ms) != 0) more = 0;
+        }
+        bool end = nf != 3 || zmq_msg_size(&f[1]) != 8;
+        if (!end) {
+            const uint8_t *q = zmq_msg_data(&f[1]);
+            uint64_t seq = 0;
+            for (int i = 0; i < 8; i++) seq = seq << 8 | q[i];
+            end = seq == UINT64_MAX;
+            if (!end && (int64_t)seq == last + 1 && (int64_t)seq < upto &&
+                rt_kv_index_apply(x, b, zmq_msg_data(&f[2]), zmq_msg_size(&f[2])))
+                last = (int64_t)seq;
+        }
+        for (int i = 0; i < nf; i++) zmq_msg_close(&f[i]);
+        if (end) break;
+    }
+    return last;
+}
+
 /* ---- the subscriber thread -------------------------------------------------------------------- */
 
 static void *sub_main(void *arg) {
@@ -239,10 +287,17 @@ static void *sub_main(void *arg) {
                 int64_t seq = 0;
                 for (int i = 0; i < 8; i++) seq = (int64_t)((uint64_t)seq << 8 | s[i]);
                 pthread_mutex_lock(&x->mu);
-                if (x->last_seq[b] >= 0 && seq != x->last_seq[b] + 1) {
+                const int64_t prev = x->last_seq[b];
+                pthread_mutex_unlock(&x->mu);
+                /* batches missed (a slow subscriber, a reconnect): from the replay endpoint first, in order */
+                const int64_t got = prev >= 0 && seq > prev + 1 && x->replay[b] ? replay_range(x, b, prev + 1, seq) : prev;
+                pthread_mutex_lock(&x->mu);
+                if (got > prev) x->replayed[b] += got - prev;
+                if (prev >= 0 && seq != got + 1) {
                     x->gaps[b]++;
-                    fprintf(stderr, "WARNING router: KV events of backend %d: sequence %lld after %lld (batches lost; "
-                                    "its prefix index may be stale)\n", (int)b, (long long)seq, (long long)x->last_seq[b]);
+                    fprintf(stderr, "WARNING router: KV events of backend %d: sequence %lld after %lld (batches lost%s; "
+                                    "its prefix index may be stale)\n", (int)b, (long long)seq, (long long)got,
+                            x->replay[b] ? ", not all replayed" : "");
                 }
                 x->last_seq[b] = seq;
                 x->batches[b]++;
@@ -255,7 +310,8 @@ static void *sub_main(void *arg) {
     return NULL;
 }
 
-rt_kv_index *rt_kv_index_start(const char *const *endpoints, int32_t n, char *why, size_t why_cap) {
+rt_kv_index *rt_kv_index_start(const char *const *endpoints, const char *const *replay, int32_t n, char *why,
+                               size_t why_cap) {
     if (n < 0 || n > NB) {
         snprintf(why, why_cap, "at most %d backends", NB);
         return NULL;
@@ -282,6 +338,12 @@ rt_kv_index *rt_kv_index_start(const char *const *endpoints, int32_t n, char *wh
             goto fail;
         }
         x->has[b] = any = true;
+        if (replay && replay[b] && replay[b][0] &&
+            (!(x->replay[b] = zmq_socket(x->zctx, ZMQ_DEALER)) ||
+             zmq_setsockopt(x->replay[b], ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(x->replay[b], replay[b]) != 0)) {
+            snprintf(why, why_cap, "cannot connect to the replay endpoint '%s': %s", replay[b], zmq_strerror(zmq_errno()));
+            goto fail;
+        }
     }
     if (any) {
         if (pthread_create(&x->thread, NULL, sub_main, x) != 0) {
@@ -302,6 +364,8 @@ void rt_kv_index_stop(rt_kv_index *x) {
     if (x->started) pthread_join(x->thread, NULL);
     for (int32_t b = 0; b < x->n; b++)
         if (x->sub[b]) zmq_close(x->sub[b]);
+    for (int32_t b = 0; b < x->n; b++)
+        if (x->replay[b]) zmq_close(x->replay[b]);
     if (x->zctx) zmq_ctx_term(x->zctx);
     for (uint32_t i = 0; i < BUCKETS; i++)
         for (node *p = x->bucket[i], *q; p; p = q) q = p->next, free(p);
@@ -332,9 +396,10 @@ int64_t rt_kv_index_size(rt_kv_index *x, int32_t b) {
     return s;
 }
 
-void rt_kv_index_counts(rt_kv_index *x, int32_t b, int64_t *batches, int64_t *gaps) {
+void rt_kv_index_counts(rt_kv_index *x, int32_t b, int64_t *batches, int64_t *gaps, int64_t *replayed) {
     pthread_mutex_lock(&x->mu);
     *batches = b >= 0 && b < x->n ? x->batches[b] : 0;
     *gaps = b >= 0 && b < x->n ? x->gaps[b] : 0;
+    *replayed = b >= 0 && b < x->n ? x->replayed[b] : 0;
     pthread_mutex_unlock(&x->mu);
 }

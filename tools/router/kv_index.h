@@ -15,9 +15,13 @@
 
 typedef struct rt_kv_index rt_kv_index;
 
-/* Subscribes to endpoints[0..n) (NULL or "" for a backend without events; at most 64). Returns NULL
- * with *why set when ZeroMQ refuses an endpoint or memory runs out. */
-rt_kv_index *rt_kv_index_start(const char *const *endpoints, int32_t n, char *why, size_t why_cap);
+/* Subscribes to endpoints[0..n) (NULL or "" for a backend without events; at most 64). replay (NULL, or
+ * [n] with NULL / "" for none) are the backends' replay endpoints (--kv-events-config's replay_endpoint):
+ * when a backend's sequence numbers jump, the batches in between are asked for there and applied in
+ * order before the new one (waiting up to a second); only what is still missing then counts as a gap.
+ * Returns NULL with *why set when ZeroMQ refuses an endpoint or memory runs out. */
+rt_kv_index *rt_kv_index_start(const char *const *endpoints, const char *const *replay, int32_t n, char *why,
+                               size_t why_cap);
 void rt_kv_index_stop(rt_kv_index *x); /* NULL is fine */
 
 /* Whether backend b has an event source. */
@@ -31,9 +35,9 @@ void rt_kv_index_match(rt_kv_index *x, const uint64_t *hashes, int32_t k, int32_
  * decode as one (nothing applied). Exposed for the tests; the thread calls it. */
 bool rt_kv_index_apply(rt_kv_index *x, int32_t b, const char *payload, size_t len);
 
-/* Blocks backend b holds now (a block in two media counts twice); batches seen and gaps in their
- * sequence numbers. */
+/* Blocks backend b holds now (a block in two media counts twice); batches seen, gaps left in their
+ * sequence numbers, and batches recovered from the replay endpoint. */
 int64_t rt_kv_index_size(rt_kv_index *x, int32_t b);
-void rt_kv_index_counts(rt_kv_index *x, int32_t b, int64_t *batches, int64_t *gaps);
+void rt_kv_index_counts(rt_kv_index *x, int32_t b, int64_t *batches, int64_t *gaps, int64_t *replayed);
 
 #endif

@@ -500,11 +500,19 @@ static char *render_metrics(router *r) {
                 fprintf(f, "osprey_router_kv_blocks{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)rt_kv_index_size(r->kvx, i));
         fputs("# HELP osprey_router_kv_event_gaps Batches lost in a backend's KV-event sequence.\n"
               "# TYPE osprey_router_kv_event_gaps counter\n", f);
+        int64_t nbat, gaps, replayed;
         for (int32_t i = 0; i < r->n; i++) {
-            int64_t nbat, gaps;
-            rt_kv_index_counts(r->kvx, i, &nbat, &gaps);
+            rt_kv_index_counts(r->kvx, i, &nbat, &gaps, &replayed);
             if (rt_kv_index_has(r->kvx, i))
                 fprintf(f, "osprey_router_kv_event_gaps_total{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)gaps);
+        }
+        fputs("# HELP osprey_router_kv_event_replayed Batches recovered from a backend's replay endpoint.\n"
+              "# TYPE osprey_router_kv_event_replayed counter\n", f);
+        for (int32_t i = 0; i < r->n; i++) {
+            rt_kv_index_counts(r->kvx, i, &nbat, &gaps, &replayed);
+            if (rt_kv_index_has(r->kvx, i))
+                fprintf(f, "osprey_router_kv_event_replayed_total{backend=\"%s\"} %lld\n", r->b[i].url_text,
+                        (long long)replayed);
         }
     }
     fclose(f);
@@ -603,6 +611,8 @@ static const char *k_usage =
     "  --poll-interval MS     how often each backend's /health and /metrics are read (200)\n"
     "  --kv-events LIST       each backend's KV-event PUB endpoint (tcp://host:port, '-' for none), in\n"
     "                         --backends order: precise prefix scoring from the blocks each one holds\n"
+    "  --kv-replay LIST       each backend's KV-event replay endpoint ('-' for none), in --backends order:\n"
+    "                         batches missed in the stream are asked for there and applied in order\n"
     "  --prefix-caching-hash-algo A, --prefix-caching-hash-seed N, --block-size N\n"
     "                         the backends' block hash (as given to osprey serve; seed also from\n"
     "                         $OSPREY_HASH_SEED / $PYTHONHASHSEED; block size 16)\n"
@@ -630,7 +640,7 @@ int cmd_router(int argc, char **argv) {
     if (!r) cli_die(OSP_OK, "out of memory");
     r->w = rt_default_weights();
     r->block_chars = 64, r->poll_ms = 200, r->connect_timeout_ms = 2000, r->max_body = 16u << 20, r->log_level = 1;
-    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL, *ssl_keyfile = NULL, *ssl_certfile = NULL;
+    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL, *kv_replay = NULL, *ssl_keyfile = NULL, *ssl_certfile = NULL;
     cli_engine_args hash = cli_engine_args_default();
     r->block_size = 16;
     int port = 8000;
@@ -647,6 +657,7 @@ int cmd_router(int argc, char **argv) {
         }
         if (!strcmp(f, "--backends")) backends = v;
         else if (!strcmp(f, "--kv-events")) kv_events = v;
+        else if (!strcmp(f, "--kv-replay")) kv_replay = v;
         else if (!strcmp(f, "--block-size")) r->block_size = (int32_t)cli_int(f, v, 1, 1024);
         else if (!strcmp(f, "--host")) host = v;
         else if (!strcmp(f, "--port")) port = (int)cli_int(f, v, 0, 65535);
@@ -682,6 +693,7 @@ int cmd_router(int argc, char **argv) {
         r->n++;
     }
     if (r->n == 0) cli_die(OSP_OK, "--backends: no backend given");
+    if (kv_replay && !kv_events) cli_die(OSP_OK, "--kv-replay needs --kv-events (the streams whose gaps it fills)");
     if (kv_events) {
         cli_engine_env_seed(&hash);
         if (!hash.hash_seed_set)
@@ -698,8 +710,20 @@ int cmd_router(int argc, char **argv) {
             ep[m++] = strcmp(t, "-") ? t : NULL;
         }
         if (m != r->n) cli_die(OSP_OK, "--kv-events: %d endpoints for %d backends (use '-' for one without)", m, r->n);
+        const char *rp[RT_MAX_BACKENDS] = {0};
+        if (kv_replay) {
+            static char rps[8192];
+            if (strlen(kv_replay) >= sizeof rps) cli_die(OSP_OK, "--kv-replay: the list is too long");
+            strcpy(rps, kv_replay);
+            int32_t k = 0;
+            for (char *save = NULL, *t = strtok_r(rps, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (k == r->n) cli_die(OSP_OK, "--kv-replay: more endpoints than --backends");
+                rp[k++] = strcmp(t, "-") ? t : NULL;
+            }
+            if (k != r->n) cli_die(OSP_OK, "--kv-replay: %d endpoints for %d backends (use '-' for one without)", k, r->n);
+        }
         char why[512];
-        if (!(r->kvx = rt_kv_index_start(ep, r->n, why, sizeof why))) cli_die(OSP_OK, "--kv-events: %s", why);
+        if (!(r->kvx = rt_kv_index_start(ep, rp, r->n, why, sizeof why))) cli_die(OSP_OK, "--kv-events: %s", why);
     }
     r->tab_slots_mask = (1u << 16) - 1;
     r->tab_hash = calloc((size_t)r->tab_slots_mask + 1, sizeof *r->tab_hash);
