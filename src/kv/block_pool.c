@@ -1,7 +1,6 @@
 /* The KV block pool (see block_pool.h): reference counts, one free queue in eviction order (an
  * intrusive doubly linked list over block ids, so taking a block out of the middle on a cache hit is
- * O(1)), and an open-addressing table from block hash to block id (linear probing, deletion by
- * backward shift, so there are no tombstones to age). */
+ * O(1)), and an open-addressing index from block hash to block id (kv/hash_index.h). */
 #include "kv/block_pool.h"
 
 #include <assert.h>
@@ -9,6 +8,7 @@
 #include <string.h>
 
 #include "core/status_internal.h"
+#include "kv/hash_index.h"
 #include "kv/prefix_cache.h"
 
 typedef struct block {
@@ -23,8 +23,7 @@ struct osp_block_pool {
     bool caching;
     block *blocks;       /* [num_blocks] */
     int32_t head, tail;  /* free queue: head is evicted first; -1 when empty */
-    int32_t *table;      /* [table_cap] block id or -1 */
-    uint32_t table_mask; /* table_cap - 1 */
+    osp_hash_index index; /* block hash -> block id (the hash in blocks[id].hash) */
     osp_block_pool_stats stats;
     const osp_kv_event_sink *sink; /* KV events, or NULL */
     osp_prefix_hash_algo algo;     /* the 64-bit form of hashes in events */
@@ -54,55 +53,17 @@ static void fq_remove(osp_block_pool *p, int32_t id) {
     p->num_free--;
 }
 
-/* ---- hash table ------------------------------------------------------------------------------ */
+/* ---- hash table (kv/hash_index.h) ----------------------------------------------------------- */
 
-static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) {
-    return a->lo == b->lo && a->hi == b->hi && a->ext[0] == b->ext[0] && a->ext[1] == b->ext[1];
-}
-static uint32_t home(const osp_block_pool *p, const osp_block_hash *h) {
-    return (uint32_t)(h->lo ^ (h->hi >> 17)) & p->table_mask;
-}
-
-static int64_t table_find(const osp_block_pool *p, const osp_block_hash *h) {
-    for (uint32_t i = home(p, h);; i = (i + 1) & p->table_mask) {
-        const int32_t id = p->table[i];
-        if (id < 0) return -1;
-        if (hash_eq(&p->blocks[id].hash, h)) return i;
-    }
-}
-
-static void table_insert(osp_block_pool *p, int32_t id) {
-    uint32_t i = home(p, &p->blocks[id].hash);
-    while (p->table[i] >= 0) i = (i + 1) & p->table_mask;
-    p->table[i] = id;
-}
-
-/* Removes the entry at slot i, shifting later entries of the probe run back (Knuth 6.4 algorithm R). */
-static void table_delete_at(osp_block_pool *p, uint32_t i) {
-    uint32_t j = i;
-    p->table[i] = -1;
-    for (;;) {
-        j = (j + 1) & p->table_mask;
-        const int32_t id = p->table[j];
-        if (id < 0) return;
-        const uint32_t k = home(p, &p->blocks[id].hash);
-        /* move id to i unless its home k lies cyclically in (i, j] */
-        const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (!stays) {
-            p->table[i] = id;
-            p->table[j] = -1;
-            i = j;
-        }
-    }
-}
+static int64_t table_find(const osp_block_pool *p, const osp_block_hash *h) { return osp_hash_index_find(&p->index, h); }
 
 static void uncache(osp_block_pool *p, int32_t id) {
     block *b = &p->blocks[id];
     if (!b->has_hash) return;
     if (p->sink && p->sink->block_removed) p->sink->block_removed(p->sink->ctx, osp_block_hash_external(&b->hash, p->algo));
     const int64_t i = table_find(p, &b->hash);
-    assert(i >= 0 && p->table[i] == id);
-    if (i >= 0) table_delete_at(p, (uint32_t)i);
+    assert(i >= 0 && p->index.slot[i] == id);
+    if (i >= 0) osp_hash_index_delete_at(&p->index, (uint32_t)i);
     b->has_hash = false;
     p->stats.num_cached--;
 }
@@ -117,13 +78,13 @@ osp_status osp_block_pool_create(int32_t num_blocks, bool enable_caching, osp_bl
     uint32_t cap = 16;
     while (cap < 2u * (uint32_t)num_blocks) cap *= 2;
     p->blocks = calloc((size_t)num_blocks, sizeof *p->blocks);
-    p->table = malloc(sizeof *p->table * cap);
-    if (!p->blocks || !p->table) {
+    p->index = (osp_hash_index){.slot = malloc(sizeof(int32_t) * cap), .mask = cap - 1,
+                                .base = (const char *)p->blocks + offsetof(block, hash), .stride = sizeof(block)};
+    if (!p->blocks || !p->index.slot) {
         osp_block_pool_destroy(p);
         return osp_set_error(OSP_ERR_NOMEM, "block pool: out of memory for %d blocks", num_blocks);
     }
-    memset(p->table, 0xff, sizeof *p->table * cap);
-    p->table_mask = cap - 1;
+    memset(p->index.slot, 0xff, sizeof(int32_t) * cap);
     p->num_blocks = num_blocks;
     p->caching = enable_caching;
     p->head = p->tail = -1;
@@ -135,7 +96,7 @@ osp_status osp_block_pool_create(int32_t num_blocks, bool enable_caching, osp_bl
 void osp_block_pool_destroy(osp_block_pool *p) {
     if (!p) return;
     free(p->blocks);
-    free(p->table);
+    free(p->index.slot);
     free(p);
 }
 
@@ -187,7 +148,7 @@ void osp_block_pool_touch(osp_block_pool *p, const int32_t *ids, int32_t n) {
 int32_t osp_block_pool_lookup(const osp_block_pool *p, const osp_block_hash *h) {
     if (!p->caching) return -1;
     const int64_t i = table_find(p, h);
-    return i < 0 ? -1 : p->table[i];
+    return i < 0 ? -1 : p->index.slot[i];
 }
 
 void osp_block_pool_cache(osp_block_pool *p, int32_t id, const osp_block_hash *h) {
@@ -200,7 +161,7 @@ void osp_block_pool_cache_block(osp_block_pool *p, int32_t id, const osp_block_h
     if (!p->caching || b->has_hash || table_find(p, h) >= 0) return;
     b->hash = *h;
     b->has_hash = true;
-    table_insert(p, id);
+    osp_hash_index_put(&p->index, id);
     p->stats.num_cached++;
     if (p->sink && p->sink->block_stored)
         p->sink->block_stored(p->sink->ctx, osp_block_hash_external(h, p->algo), parent != NULL,
@@ -221,7 +182,7 @@ bool osp_block_pool_block_hash(const osp_block_pool *p, int32_t id, osp_block_ha
 void osp_block_pool_reset_cache(osp_block_pool *p) {
     if (p->sink && p->sink->all_cleared && p->stats.num_cached > 0) p->sink->all_cleared(p->sink->ctx);
     for (int32_t i = 0; i < p->num_blocks; i++) p->blocks[i].has_hash = false;
-    memset(p->table, 0xff, sizeof *p->table * ((size_t)p->table_mask + 1));
+    memset(p->index.slot, 0xff, sizeof(int32_t) * ((size_t)p->index.mask + 1));
     p->stats.num_cached = 0;
 }
 
@@ -268,7 +229,7 @@ osp_status osp_block_pool_check_invariants(const osp_block_pool *p) {
         if (b->has_hash) {
             n_hashed++;
             const int64_t s = table_find(p, &b->hash);
-            if (s < 0 || p->table[s] != i)
+            if (s < 0 || p->index.slot[s] != i)
                 return osp_set_error(OSP_ERR_INTERNAL, "block pool: cached block %d is not in the hash table", i);
         }
     }
@@ -291,8 +252,8 @@ osp_status osp_block_pool_check_invariants(const osp_block_pool *p) {
         return osp_set_error(OSP_ERR_INTERNAL, "block pool: free queue holds %d blocks, num_free is %d", walked,
                              p->num_free);
     int32_t in_table = 0;
-    for (uint32_t s = 0; s <= p->table_mask; s++) {
-        const int32_t id = p->table[s];
+    for (uint32_t s = 0; s <= p->index.mask; s++) {
+        const int32_t id = p->index.slot[s];
         if (id < 0) continue;
         in_table++;
         if (id >= p->num_blocks || !p->blocks[id].has_hash)

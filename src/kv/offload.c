@@ -1,5 +1,5 @@
-/* Tiered KV offload (see offload.h): an index from block hash to entry (open addressing, linear
- * probing, deletion by backward shift, as the block pool's), one LRU list per tier over the entries,
+/* Tiered KV offload (see offload.h): an index from block hash to entry (kv/hash_index.h, as the block
+ * pool's), one LRU list per tier over the entries,
  * host slots in one reservation, disk blocks as checksummed files. */
 #include "kv/offload.h"
 
@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "core/status_internal.h"
+#include "kv/hash_index.h"
 
 #define HDR_BYTES 72
 #define FORMAT_VERSION 1u
@@ -38,8 +39,7 @@ struct osp_kv_offload {
     uint64_t fp;
     entry *e;
     int32_t cap_e, free_e; /* free_e: first free entry, -1 when none */
-    int32_t *table;        /* [mask + 1] entry index or -1 */
-    uint32_t mask;
+    osp_hash_index index;  /* hash -> entry (the hash in e[id].h) */
     int64_t n_table;
     lru tier[OSP_KV_NUM_TIERS];
     uint8_t *host;         /* [tier[HOST].cap * block_bytes] */
@@ -76,45 +76,17 @@ static uint32_t get_u32(const uint8_t *p) {
 
 /* ---- index ------------------------------------------------------------------------------------ */
 
-static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) {
-    return a->lo == b->lo && a->hi == b->hi && a->ext[0] == b->ext[0] && a->ext[1] == b->ext[1];
-}
-static uint32_t home(const osp_kv_offload *o, const osp_block_hash *h) {
-    return (uint32_t)(h->lo ^ (h->hi >> 17) ^ (h->ext[0] >> 31)) & o->mask;
-}
-
-/* The table slot holding h, or -1. */
-static int64_t find(const osp_kv_offload *o, const osp_block_hash *h) {
-    for (uint32_t i = home(o, h);; i = (i + 1) & o->mask) {
-        const int32_t id = o->table[i];
-        if (id < 0) return -1;
-        if (hash_eq(&o->e[id].h, h)) return i;
-    }
-}
+/* The index over the entries (kv/hash_index.h): its base follows the entry array when that grows. */
+static int64_t find(const osp_kv_offload *o, const osp_block_hash *h) { return osp_hash_index_find(&o->index, h); }
 
 static void table_put(osp_kv_offload *o, int32_t id) {
-    uint32_t i = home(o, &o->e[id].h);
-    while (o->table[i] >= 0) i = (i + 1) & o->mask;
-    o->table[i] = id;
+    osp_hash_index_put(&o->index, id);
     o->n_table++;
 }
 
-/* Removes slot i, shifting later entries of the probe run back (Knuth 6.4 algorithm R). */
 static void table_delete_at(osp_kv_offload *o, uint32_t i) {
-    o->table[i] = -1;
+    osp_hash_index_delete_at(&o->index, i);
     o->n_table--;
-    for (uint32_t j = i;;) {
-        j = (j + 1) & o->mask;
-        const int32_t id = o->table[j];
-        if (id < 0) return;
-        const uint32_t k = home(o, &o->e[id].h);
-        const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-        if (!stays) {
-            o->table[i] = id;
-            o->table[j] = -1;
-            i = j;
-        }
-    }
 }
 
 /* A free entry (growing the entry array and the table as needed), or -1 when out of memory. */
@@ -125,24 +97,24 @@ static int32_t entry_new(osp_kv_offload *o) {
         entry *e = realloc(o->e, sizeof *e * (size_t)cap);
         if (!e) return -1;
         o->e = e;
+        o->index.base = (const char *)e + offsetof(entry, h);
         for (int32_t i = cap - 1; i >= o->cap_e; i--) e[i] = (entry){.tier = -1, .next = o->free_e};
         o->free_e = o->cap_e;
         for (int32_t i = o->cap_e; i < cap - 1; i++) e[i].next = i + 1;
         e[cap - 1].next = -1;
         o->cap_e = cap;
     }
-    if ((uint64_t)(o->n_table + 1) * 2 > (uint64_t)o->mask + 1) { /* keep the load under one half */
-        const uint32_t cap = 2 * (o->mask + 1);
+    if ((uint64_t)(o->n_table + 1) * 2 > (uint64_t)o->index.mask + 1) { /* keep the load under one half */
+        const uint32_t cap = 2 * (o->index.mask + 1);
         int32_t *t = malloc(sizeof *t * cap);
         if (!t) return -1;
-        int32_t *old = o->table;
-        const uint32_t old_cap = o->mask + 1;
+        int32_t *old = o->index.slot;
+        const uint32_t old_cap = o->index.mask + 1;
         memset(t, 0xff, sizeof *t * cap);
-        o->table = t;
-        o->mask = cap - 1;
-        o->n_table = 0;
+        o->index.slot = t;
+        o->index.mask = cap - 1;
         for (uint32_t i = 0; i < old_cap; i++)
-            if (old[i] >= 0) table_put(o, old[i]);
+            if (old[i] >= 0) osp_hash_index_put(&o->index, old[i]);
         free(old);
     }
     const int32_t id = o->free_e;
@@ -470,15 +442,14 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
     o->listener = cfg->listener;
     o->listener_ctx = cfg->listener_ctx;
     o->free_e = -1;
-    o->mask = 255;
-    o->table = malloc(sizeof *o->table * 256);
+    o->index = (osp_hash_index){.slot = malloc(sizeof(int32_t) * 256), .mask = 255, .stride = sizeof(entry)};
     for (int t = 0; t < OSP_KV_NUM_TIERS; t++) o->tier[t] = (lru){.head = -1, .tail = -1};
     o->tier[OSP_KV_TIER_HOST].cap = host_cap;
     o->tier[OSP_KV_TIER_DISK].cap = disk_cap;
     o->stats.capacity[OSP_KV_TIER_HOST] = host_cap;
     o->stats.capacity[OSP_KV_TIER_DISK] = disk_cap;
-    osp_status st = o->table ? OSP_OK : osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
-    if (st == OSP_OK) memset(o->table, 0xff, sizeof *o->table * 256);
+    osp_status st = o->index.slot ? OSP_OK : osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+    if (st == OSP_OK) memset(o->index.slot, 0xff, sizeof(int32_t) * 256);
     if (st == OSP_OK && host_cap > 0) {
         o->host = malloc((size_t)host_cap * block_bytes);
         o->free_slots = malloc(sizeof *o->free_slots * (size_t)host_cap);
@@ -508,7 +479,7 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
 void osp_kv_offload_destroy(osp_kv_offload *o) {
     if (!o) return;
     free(o->e);
-    free(o->table);
+    free(o->index.slot);
     free(o->host);
     free(o->free_slots);
     free(o->dir);
@@ -526,7 +497,7 @@ static void touch(osp_kv_offload *o, int32_t id) {
 void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
     const int64_t i = find(o, h);
     if (i >= 0) {
-        touch(o, o->table[i]);
+        touch(o, o->index.slot[i]);
         return;
     }
     const int t = o->tier[OSP_KV_TIER_HOST].cap > 0 ? OSP_KV_TIER_HOST : OSP_KV_TIER_DISK;
@@ -535,16 +506,16 @@ void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *
 
 int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h) {
     const int64_t i = find(o, h);
-    return i < 0 ? -1 : o->e[o->table[i]].tier;
+    return i < 0 ? -1 : o->e[o->index.slot[i]].tier;
 }
 
 void osp_kv_offload_settle(osp_kv_offload *o, const osp_block_hash *h, osp_kv_read_result r) {
     const int64_t i = find(o, h);
-    if (i < 0 || o->e[o->table[i]].tier != OSP_KV_TIER_DISK) { /* dropped meanwhile, or moved: nothing to do */
+    if (i < 0 || o->e[o->index.slot[i]].tier != OSP_KV_TIER_DISK) { /* dropped meanwhile, or moved: nothing to do */
         if (r == OSP_KV_READ_OK) o->stats.loaded[OSP_KV_TIER_DISK]++;
         return;
     }
-    const int32_t id = o->table[i];
+    const int32_t id = o->index.slot[i];
     if (r == OSP_KV_READ_OK) {
         touch(o, id);
         o->stats.loaded[OSP_KV_TIER_DISK]++;
@@ -560,8 +531,8 @@ void osp_kv_offload_settle(osp_kv_offload *o, const osp_block_hash *h, osp_kv_re
 
 bool osp_kv_offload_get_host(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
     const int64_t i = find(o, h);
-    if (i < 0 || o->e[o->table[i]].tier != OSP_KV_TIER_HOST) return false;
-    const int32_t id = o->table[i];
+    if (i < 0 || o->e[o->index.slot[i]].tier != OSP_KV_TIER_HOST) return false;
+    const int32_t id = o->index.slot[i];
     memcpy(dst, o->host + (size_t)o->e[id].slot * o->block_bytes, o->block_bytes);
     touch(o, id);
     o->stats.loaded[OSP_KV_TIER_HOST]++;
