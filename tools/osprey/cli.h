@@ -35,7 +35,10 @@ noreturn void cli_help(const char *text);
     "                          (default: off; CPU only for now)\n"                                          \
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
-    "                          the budget is dense (default: off; CPU only for now)\n"
+    "                          the budget is dense (default: off; CPU only for now)\n"                      \
+    "  --kv-offloading-size G  host-memory tier of G GiB for prefix KV blocks the cache evicts (GPU only)\n"  \
+    "  --kv-offload-disk DIR   disk tier for them, with --kv-offload-disk-size G (GiB); loaded back when that\n" \
+    "                          beats recomputing (default: no tiers)\n"
 /* The --help line of --kv-cache-dtype and the K/V split flags (the same values everywhere). */
 #define CLI_KV_DTYPE_HELP                                                                                      \
     "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 | int8_hier for K and V (default: auto =\n" \
