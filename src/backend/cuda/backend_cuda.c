@@ -94,6 +94,14 @@ typedef struct cuda_backend {
      * last run recorded both */
     bool time_runs, timed;
     void *ev_start, *ev_end;
+    /* OSPREY_CUDA_OP_TIMES=1 (a diagnostic): every eager run's ops each between two events, summed per op
+     * kind, apart for pure decode steps [1] and the others [0], and printed to stderr when the backend is
+     * freed. Graphs are off then, and each run waits for its ops: a profile, not a serving mode. */
+    bool op_times;
+    void **op_ev;
+    int32_t n_op_ev;
+    double op_ms[2][OSP_OP_COUNT];
+    int64_t op_calls[2][OSP_OP_COUNT], op_steps[2];
 
     /* sampler */
     int32_t cap_r, cap_ids, cap_bias;
@@ -184,6 +192,24 @@ static void end_load(cuda_backend *g) {
     g->rowbuf_cols = 0;
 }
 
+/* OSPREY_CUDA_OP_TIMES: the per-kind device time of the ops, decode steps and the others apart. */
+static void print_op_times(const cuda_backend *g) {
+    static const char *const phase[2] = {"prefill / mixed steps", "decode steps"};
+    for (int d = 0; d < 2; d++) {
+        double total = 0.0;
+        for (int k = 0; k < OSP_OP_COUNT; k++) total += g->op_ms[d][k];
+        if (g->op_steps[d] == 0) continue;
+        fprintf(stderr, "cuda op times, %s: %lld steps, %.3f ms of ops (%.1f us a step)\n", phase[d],
+                (long long)g->op_steps[d], total, 1e3 * total / (double)g->op_steps[d]);
+        fprintf(stderr, "  %-16s %10s %12s %12s %7s\n", "op", "calls", "ms", "us a step", "share");
+        for (int k = 0; k < OSP_OP_COUNT; k++)
+            if (g->op_calls[d][k] > 0)
+                fprintf(stderr, "  %-16s %10lld %12.3f %12.1f %6.1f%%\n", osp_op_name((osp_op_kind)k),
+                        (long long)g->op_calls[d][k], g->op_ms[d][k], 1e3 * g->op_ms[d][k] / (double)g->op_steps[d],
+                        total > 0 ? 100.0 * g->op_ms[d][k] / total : 0.0);
+    }
+}
+
 static void cuda_free(osp_backend *be) {
     cuda_backend *g = CU(be);
     if (g->stream) (void)osp_cuda_stream_sync(g->stream);
@@ -198,6 +224,9 @@ static void cuda_free(osp_backend *be) {
     osp_cuda_gemm_destroy(g->gemm);
     osp_cuda_event_destroy(g->ev_start);
     osp_cuda_event_destroy(g->ev_end);
+    if (g->op_times) print_op_times(g);
+    for (int32_t i = 0; i < g->n_op_ev; i++) osp_cuda_event_destroy(g->op_ev[i]);
+    free(g->op_ev);
     osp_cuda_stream_destroy(g->stream);
     free(g);
 }
@@ -637,6 +666,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             kq.d_v_scale = kv->v_scale[op->layer];
         }
         g->base.launches++; /* one launcher call an op (osp_backend.launches) */
+        if (g->op_times) OSP_TRY(osp_cuda_event_record(g->op_ev[k], st));
         switch (op->kind) {
         case OSP_OP_EMBED:
             if (op->w->parts[0].type != OSP_DTYPE_BF16)
@@ -714,6 +744,33 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         default: return osp_set_error(OSP_ERR_INTERNAL, "cuda: op kind %d", (int)op->kind);
         }
     }
+    if (g->op_times) OSP_TRY(osp_cuda_event_record(g->op_ev[gr->n_ops], st));
+    return OSP_OK;
+}
+
+/* OSPREY_CUDA_OP_TIMES: events for n ops (n + 1), made as needed. */
+static osp_status op_events(cuda_backend *g, int32_t n) {
+    if (n + 1 <= g->n_op_ev) return OSP_OK;
+    void **ev = realloc(g->op_ev, sizeof *ev * (size_t)(n + 1));
+    if (!ev) return osp_set_error(OSP_ERR_NOMEM, "cuda: out of memory for op timing events");
+    g->op_ev = ev;
+    while (g->n_op_ev < n + 1) {
+        OSP_TRY(osp_cuda_event_create(&g->op_ev[g->n_op_ev]));
+        g->n_op_ev++;
+    }
+    return OSP_OK;
+}
+
+/* OSPREY_CUDA_OP_TIMES: waits for the run's ops and adds their times to phase d. */
+static osp_status op_times_add(cuda_backend *g, const osp_graph *gr, int d) {
+    OSP_TRY(osp_cuda_stream_sync(g->stream));
+    for (int32_t k = 0; k < gr->n_ops; k++) {
+        float ms = 0.0f;
+        OSP_TRY(osp_cuda_event_elapsed_ms(g->op_ev[k], g->op_ev[k + 1], &ms));
+        g->op_ms[d][gr->ops[k].kind] += (double)ms;
+        g->op_calls[d][gr->ops[k].kind]++;
+    }
+    g->op_steps[d]++;
     return OSP_OK;
 }
 
@@ -849,9 +906,11 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
         g->timed = g->time_runs;
     } else {
+        if (g->op_times) OSP_TRY(op_events(g, gr->n_ops));
         OSP_TRY(enqueue(g, gr, kv, T, S, L));
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
         g->timed = g->time_runs;
+        if (g->op_times) OSP_TRY(op_times_add(g, gr, is_pure_decode(b) ? 1 : 0));
         if (gi >= 0) { /* capture this size now that its GEMM plans exist */
             OSP_TRY(osp_cuda_graph_begin(g->stream));
             osp_status s = enqueue(g, gr, kv, T, S, L);
@@ -1115,8 +1174,9 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     if (!g) return osp_set_error(OSP_ERR_NOMEM, "cuda: out of memory");
     g->base.vt = &k_cuda_vt;
     g->pool = p->pool;
-    const char *ge = getenv("OSPREY_CUDA_GRAPHS");
-    g->use_graphs = !(ge && ge[0] == '0');
+    const char *ge = getenv("OSPREY_CUDA_GRAPHS"), *ot = getenv("OSPREY_CUDA_OP_TIMES");
+    g->op_times = ot && ot[0] && strcmp(ot, "0") != 0;
+    g->use_graphs = !(ge && ge[0] == '0') && !g->op_times; /* events inside a capture would time nothing */
     g->time_runs = p->time_runs;
     g->quant_weights = p->quant_weights;
     osp_cuda_set_pdl_default(p->quant_weights);
