@@ -83,6 +83,9 @@ typedef struct cuda_backend {
     int32_t num_logits;
 
     void *graphs[N_GRAPH_SIZES];
+    int64_t graph_len[N_GRAPH_SIZES]; /* the attention length each graph was captured with */
+    int64_t attn_len;    /* this run's attention length: keys its launches cover (attn_len_of) */
+    bool attn_len_cap;   /* OSPREY_CUDA_ATTN_LEN=cap: the capacity instead (the earlier sizing, A/B runs) */
     const osp_graph *graphs_g; /* the op list and KV cache the graphs were captured with */
     uint64_t graphs_kv;
     /* a quantized cache's fixed fp32 scales on the device: [n_layer, per] K then [n_layer, per] V
@@ -713,7 +716,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             OSP_TRY(osp_cuda_paged_attention_q(s0, kv->k[op->layer], kv->v[op->layer], kvt, per > 0 ? &kq : NULL, dst,
                                                S, qsl, pos, bt, (int32_t)g->cap_w, kv->block_size, T, op->p.attn.n_head,
                                                op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
-                                               op->p.attn.window, (int32_t)g->cap_len, g->attn_ws, st));
+                                               op->p.attn.window, (int32_t)g->attn_len, g->attn_ws, st));
             break;
         case OSP_OP_GLU: {
             const int32_t group = fused_qx(g, gr, k, R);
@@ -772,6 +775,24 @@ static osp_status op_times_add(cuda_backend *g, const osp_graph *gr, int d) {
     }
     g->op_steps[d]++;
     return OSP_OK;
+}
+
+/* The key count a run's attention launches are sized for: the batch's longest sequence rounded up to a
+ * step of an eighth of its power of two (at least 1,024 keys), at most cap_len. The kernels' split-mode
+ * grid, chunk runs and merge follow it, so it must cover every sequence; the block-table capacity
+ * (cap_len, a power of two of the longest ever seen) overshot a 32.8k context by 2x: half the split grid
+ * empty and the merge reading twice the partials (OSPREY_CUDA_OP_TIMES on an H100: attention ~1.5-2x
+ * attn_bench's time at the same shape). A row's bits do not depend on it (chunks are fixed key ranges of
+ * its own sequence). A graph captured at one length replays only at that length. */
+static int64_t attn_len_of(const cuda_backend *g, const osp_batch *b) {
+    if (g->attn_len_cap) return g->cap_len;
+    int64_t n = 1;
+    for (int32_t s = 0; s < b->num_seqs; s++) n = b->seq_lens[s] > n ? b->seq_lens[s] : n;
+    int64_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    const int64_t step = p / 8 > 1024 ? p / 8 : 1024;
+    const int64_t len = (n + step - 1) / step * step;
+    return len < g->cap_len ? len : g->cap_len;
 }
 
 /* The graph-ladder size for a pure decode batch of n sequences, or -1. */
@@ -872,6 +893,12 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         drop_graphs(g);
         g->graphs_g = gr;
     }
+    g->attn_len = attn_len_of(g, b);
+    if (gi >= 0 && g->graphs[gi] && g->graph_len[gi] != g->attn_len) { /* captured for another length */
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+        osp_cuda_graph_destroy(g->graphs[gi]);
+        g->graphs[gi] = NULL;
+    }
     const int64_t copy_w = g->cap_w < b->max_blocks_per_seq ? g->cap_w : b->max_blocks_per_seq;
     const in_layout lay = layout_of(g);
     int32_t *h = g->h_in;
@@ -922,6 +949,7 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
             }
             OSP_TRY(s2);
             g->graphs[gi] = ge;
+            g->graph_len[gi] = g->attn_len;
         }
     }
     if (gr->logits >= 0) {
@@ -1177,6 +1205,8 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     const char *ge = getenv("OSPREY_CUDA_GRAPHS"), *ot = getenv("OSPREY_CUDA_OP_TIMES");
     g->op_times = ot && ot[0] && strcmp(ot, "0") != 0;
     g->use_graphs = !(ge && ge[0] == '0') && !g->op_times; /* events inside a capture would time nothing */
+    const char *al = getenv("OSPREY_CUDA_ATTN_LEN");
+    g->attn_len_cap = al && !strcmp(al, "cap");
     g->time_runs = p->time_runs;
     g->quant_weights = p->quant_weights;
     osp_cuda_set_pdl_default(p->quant_weights);
