@@ -70,7 +70,7 @@ def run(mode, tier_dir):
            "--prefix-caching-hash-seed", "1"]
     if mode == "disk":
         cmd += ["--kv-offload-disk", tier_dir, "--kv-offload-disk-size", "4"]
-    log = open(os.path.join(tempfile.gettempdir(), f"osprey-offload-bench-{mode}.log"), "w")
+    log = open(os.path.join(tempfile.gettempdir(), f"osprey-offload-bench-{os.getpid()}-{mode}.log"), "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):

@@ -300,6 +300,7 @@ typedef struct osp_engine_stats {
        by loads (part of prefix_hits_tokens) and tokens a tier held that the cost model recomputed */
     int64_t offload_host_blocks, offload_disk_blocks, offload_stored_blocks, offload_loaded_blocks;
     int64_t offload_corrupt_blocks, offload_hits_tokens, offload_skipped_tokens;
+    int64_t offload_write_errors;   /* disk writes that failed (the block dropped; a full or removed disk) */
 } osp_engine_stats;
 
 /* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */

@@ -310,12 +310,16 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                                  .disk_bytes = p.kv_offload_disk_bytes},
                                        .no_cost_model = p.kv_offload_no_cost_model,
                                        .sink = p.kv_event_sink, .hash_algo = p.hash_algo,
-                                       .loaded = offload_loaded, .loaded_ctx = e};
+                                       .loaded = offload_loaded, .loaded_ctx = e,
+                                       .log = p.log ? p.log : log_stderr, .log_ctx = p.log_ctx};
         const osp_offload_identity oid = {.model_path = p.random_weights ? NULL : p.model_path,
                                           .random_weights = p.random_weights, .random_seed = p.random_seed,
                                           .device = (int)p.device, .exact = p.exact,
                                           .gpu_quant_weights = p.gpu_quant_weights};
         if ((s = osp_offload_create(&oc, &oid, e->runner->kv, e->sched, &e->offload)) != OSP_OK) goto fail;
+        const osp_offload_stats os = osp_offload_get_stats(e->offload); /* blocks found on disk, before any step */
+        e->stats.offload_host_blocks = os.store.blocks[OSP_KV_TIER_HOST];
+        e->stats.offload_disk_blocks = os.store.blocks[OSP_KV_TIER_DISK];
     }
     if (p.trace_shapes_path && !(e->runner->trace = fopen(p.trace_shapes_path, "a"))) {
         s = osp_set_error(OSP_ERR_IO, "engine: cannot open the shape trace %s: %s", p.trace_shapes_path, strerror(errno));
@@ -742,6 +746,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         e->stats.offload_corrupt_blocks = os.store.corrupt;
         e->stats.offload_hits_tokens = ss.tier_hits_tokens;
         e->stats.offload_skipped_tokens = ss.tier_skipped_tokens;
+        e->stats.offload_write_errors = os.store.io_errors;
     }
     e->stats.num_preemptions = ss.num_preemptions;
     e->stats.prefix_queries_tokens = ss.prefix_queries_tokens;

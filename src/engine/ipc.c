@@ -199,7 +199,7 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
 }
 
 /* The stats array: every field of osp_engine_stats that the frontend shows, in this order. */
-#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 7)
+#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 8)
 
 static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     int k = 0;
@@ -211,7 +211,7 @@ static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     for (int i = 0; i < OSP_SPEC_MAX_TOKENS; i++) a[k++] = s->spec_accepted_per_pos[i];
     a[k++] = s->offload_host_blocks, a[k++] = s->offload_disk_blocks, a[k++] = s->offload_stored_blocks;
     a[k++] = s->offload_loaded_blocks, a[k++] = s->offload_corrupt_blocks, a[k++] = s->offload_hits_tokens;
-    a[k++] = s->offload_skipped_tokens;
+    a[k++] = s->offload_skipped_tokens, a[k++] = s->offload_write_errors;
 }
 
 static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
@@ -228,7 +228,7 @@ static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
     for (int i = 0; i < OSP_SPEC_MAX_TOKENS; i++) s->spec_accepted_per_pos[i] = a[k++];
     s->offload_host_blocks = a[k++], s->offload_disk_blocks = a[k++], s->offload_stored_blocks = a[k++];
     s->offload_loaded_blocks = a[k++], s->offload_corrupt_blocks = a[k++], s->offload_hits_tokens = a[k++];
-    s->offload_skipped_tokens = a[k++];
+    s->offload_skipped_tokens = a[k++], s->offload_write_errors = a[k++];
     return true;
 }
 

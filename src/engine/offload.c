@@ -47,6 +47,10 @@ struct osp_offload {
     uint64_t next_token;
     void (*loaded)(void *ctx);
     void *loaded_ctx;
+    void (*log)(void *ctx, const char *line);
+    void *log_ctx;
+    int64_t logged_io, logged_corrupt; /* counts already reported */
+    double logged_at;                  /* when (0: never) */
     size_t staging_bytes, staging_cap; /* buffers of the batches in the list (step thread) */
     osp_status err;
     bool no_cost_model;
@@ -310,6 +314,24 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     pthread_cond_init(&o->wake, NULL);
     o->loaded = cfg->loaded;
     o->loaded_ctx = cfg->loaded_ctx;
+    o->log = cfg->log;
+    o->log_ctx = cfg->log_ctx;
+    if (o->log) {
+        const osp_kv_offload_stats st = osp_kv_offload_get_stats(o->store);
+        char line[1200];
+        if (st.found_at_start > 0) {
+            snprintf(line, sizeof line, "kv offload: %lld blocks of an earlier run found in %s", (long long)st.found_at_start,
+                     osp_kv_offload_disk_path(o->store));
+            o->log(o->log_ctx, line);
+        }
+        if (st.other_dirs > 0) {
+            snprintf(line, sizeof line,
+                     "kv offload: %s also holds %lld directories of other models or page formats (%.1f MiB), never read "
+                     "and not counted in --kv-offload-disk-size: remove them when their model is gone",
+                     cfg->tiers.disk_dir, (long long)st.other_dirs, (double)st.other_bytes / 1048576.0);
+            o->log(o->log_ctx, line);
+        }
+    }
     o->staging_cap = STAGING_BYTES;
     if (cfg->tiers.disk_dir && cfg->tiers.disk_dir[0]) {
         if (pthread_create(&o->loader, NULL, loader_main, o) == 0) o->loader_started = true;
@@ -347,6 +369,18 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
 
 void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds) {
     if (tokens >= PROMPT_STEP_TOKENS && seconds > 0) ema(&o->prefill_s, seconds / tokens);
+    if (!o->log) return;
+    const osp_kv_offload_stats st = osp_kv_offload_get_stats(o->store);
+    if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt) return;
+    const double now = now_s();
+    if (o->logged_at > 0 && now - o->logged_at < 60.0) return; /* at most one warning a minute */
+    char line[1200];
+    snprintf(line, sizeof line,
+             "kv offload: %lld disk writes failed (blocks dropped) and %lld disk blocks failed their checks (recomputed) "
+             "so far, in %s", (long long)st.io_errors, (long long)st.corrupt,
+             osp_kv_offload_disk_path(o->store) ? osp_kv_offload_disk_path(o->store) : "(no disk tier)");
+    o->log(o->log_ctx, line);
+    o->logged_io = st.io_errors, o->logged_corrupt = st.corrupt, o->logged_at = now;
 }
 
 osp_status osp_offload_status(const osp_offload *o) { return o->err; }

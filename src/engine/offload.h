@@ -40,6 +40,9 @@ typedef struct osp_offload_config {
     void (*loaded)(void *ctx);     /* called by the loader thread when a background load is ready for
                                       the next schedule (the engine's idle loop waits for it); NULL: none */
     void *loaded_ctx;
+    void (*log)(void *ctx, const char *line); /* warnings (failed disk writes, corrupt blocks: at most one a
+                                      minute each, with counts), on the step thread; NULL: none */
+    void *log_ctx;
 } osp_offload_config;
 
 /* Creates the store for `kv` (block bytes from osp_kv_cache_block_bytes) and hooks it to the scheduler's

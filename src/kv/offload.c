@@ -209,6 +209,8 @@ static bool header_ok(const osp_kv_offload *o, const osp_block_hash *h, const ui
            get_u64(hdr + 48) == h->ext[1] && get_u64(hdr + 56) == (uint64_t)o->block_bytes;
 }
 
+static osp_status mkdir_p(const char *path);
+
 static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
     char tmp[PATH_MAX], path[PATH_MAX], suffix[64];
     /* a name of this process's own: replicas sharing the directory never write one file together */
@@ -217,7 +219,9 @@ static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *b
     file_path(o, h, ".kv", path, sizeof path);
     uint8_t hdr[HDR_BYTES];
     header_make(o, h, bytes, hdr);
-    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == ENOENT && mkdir_p(o->dir) == OSP_OK) /* the directory was removed: made again */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return false;
     bool ok = write_all(fd, hdr, sizeof hdr) && write_all(fd, bytes, o->block_bytes);
     ok = close(fd) == 0 && ok;
@@ -398,6 +402,29 @@ static osp_status disk_scan(osp_kv_offload *o) {
     return st;
 }
 
+/* Other fingerprints' directories in the disk tier's parent (their count and files' bytes, one level). */
+static void count_others(osp_kv_offload *o, const char *parent) {
+    DIR *d = opendir(parent);
+    if (!d) return;
+    const char *mine = strrchr(o->dir, '/') + 1;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (strncmp(de->d_name, "osprey-kv-", 10) != 0 || !strcmp(de->d_name, mine)) continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", parent, de->d_name);
+        DIR *sub = opendir(path);
+        if (!sub) continue;
+        o->stats.other_dirs++;
+        for (struct dirent *f; (f = readdir(sub)) != NULL;) {
+            char fp[PATH_MAX + 256];
+            struct stat sb;
+            snprintf(fp, sizeof fp, "%s/%s", path, f->d_name);
+            if (lstat(fp, &sb) == 0 && S_ISREG(sb.st_mode)) o->stats.other_bytes += (int64_t)sb.st_size;
+        }
+        closedir(sub);
+    }
+    closedir(d);
+}
+
 static osp_status mkdir_p(const char *path) {
     char buf[PATH_MAX];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
@@ -467,6 +494,7 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
             st = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
         if (st == OSP_OK) st = mkdir_p(o->dir);
         if (st == OSP_OK) st = disk_scan(o);
+        if (st == OSP_OK) count_others(o, cfg->disk_dir);
     }
     if (st != OSP_OK) {
         osp_kv_offload_destroy(o);

@@ -58,6 +58,9 @@ typedef struct osp_kv_offload_stats {
     int64_t corrupt;                   /* disk blocks that failed their check and were deleted */
     int64_t io_errors;                 /* disk writes that failed (the block was dropped) */
     int64_t found_at_start;            /* disk blocks of an earlier run indexed at creation */
+    int64_t other_dirs, other_bytes;   /* other fingerprints' directories beside this store's in disk_dir
+                                          (other models or page formats), and their files' bytes: never
+                                          read, not counted in disk_bytes (found at creation) */
 } osp_kv_offload_stats;
 
 typedef struct osp_kv_offload osp_kv_offload;

@@ -10,9 +10,11 @@ reference; the kustomizations against schemas/kustomization.json.
 Wiring: the overlay's kustomization takes the base and deletes exactly osprey router's objects (which
 exist in the base); the InferencePool selects the replicas' pods (and nothing else) on their HTTP
 port and names the EPP Service on the EPP's ext-proc port; the EPP runs with the pool's name and the
-mounted config file; its Role lets it watch the pool and the pods; its config declares every plugin a
-profile uses, has one picker per profile and scores by prefix, queue and KV-cache use, whose metrics
-(vllm:num_requests_waiting, vllm:kv_cache_usage_perc) osprey serve's /metrics has."""
+mounted config file and reads osprey's KV-usage metric name (its default is vLLM's older one); its Role
+lets it watch the pool, the pods and InferenceObjectives, its ClusterRole review scrapers' tokens; its
+config declares every plugin a profile uses, has one picker per profile and scores by prefix, queue and
+KV-cache use, whose metrics (vllm:num_requests_waiting, vllm:kv_cache_usage_perc) osprey serve's /metrics
+has."""
 import json
 import os
 import subprocess
@@ -26,7 +28,9 @@ K8S = os.path.join(ROOT, "deploy", "k8s")
 LLMD = os.path.join(K8S, "llm-d")
 SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas")
 BIN = os.environ.get("OSPREY_BIN", os.path.join(ROOT, "build", "bin", "osprey"))
-CORE = {"ConfigMap", "Service", "Deployment", "StatefulSet", "ServiceAccount", "Role", "RoleBinding"}
+KV_METRIC = "vllm:kv_cache_usage_perc"
+CORE = {"ConfigMap", "Service", "Deployment", "StatefulSet", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
+        "ClusterRoleBinding"}
 
 
 def docs_in(d):
@@ -164,6 +168,14 @@ def test_pool_selects_the_replicas_and_names_the_epp(base, llmd):
     grants = {(g, r) for rule in role["rules"] if {"get", "watch", "list"} <= set(rule["verbs"])
               for g in rule["apiGroups"] for r in rule["resources"]}
     assert ("inference.networking.k8s.io", "inferencepools") in grants and ("", "pods") in grants
+    assert ("inference.networking.x-k8s.io", "inferenceobjectives") in grants  # v1.0.1 watches them too
+    # the KV-cache scorer reads the metric osprey exports (v1.0.1's default name is vLLM's older one)
+    assert flag("--kv-cache-usage-percentage-metric") == KV_METRIC
+    crb = one(llmd, "ClusterRoleBinding")
+    assert any(x["kind"] == "ServiceAccount" and x["name"] == sa for x in crb["subjects"])
+    cr = one(llmd, "ClusterRole", crb["roleRef"]["name"])
+    auth = {(g, r) for rule in cr["rules"] if "create" in rule["verbs"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert auth == {("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews")}
 
 
 def test_epp_scores_by_prefix_queue_and_kv(llmd):
@@ -198,7 +210,7 @@ def test_osprey_exports_the_metrics_the_scorers_read():
             except OSError:
                 time.sleep(0.1)
         assert text is not None
-        for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", KV_METRIC):
             assert f"# TYPE {name} gauge" in text, name
     finally:
         p.terminate()

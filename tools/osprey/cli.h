@@ -115,6 +115,7 @@ typedef struct cli_engine_args {
     int64_t kv_offload_host_bytes; /* --kv-offloading-size GIB (vLLM's): host-memory KV tier; 0: none */
     const char *kv_offload_disk;   /* --kv-offload-disk DIR: disk KV tier; NULL: none */
     int64_t kv_offload_disk_bytes; /* --kv-offload-disk-size GIB, needed with --kv-offload-disk */
+    bool kv_offload_host_set, kv_offload_disk_size_set; /* the size flags were given */
 } cli_engine_args;
 
 /* The flags a command takes beyond -m, -t and --device (which every caller takes). */
@@ -139,7 +140,8 @@ bool cli_parse_hash_seed(const char *v, uint64_t *out);
 /* The environment's seed into *a unless a seed is already set: $OSPREY_HASH_SEED, else $PYTHONHASHSEED
  * ("random" or empty: none). A malformed value dies naming the variable. */
 void cli_engine_env_seed(cli_engine_args *a);
-/* Parses flag's value v as a size in GiB (a decimal number >= 0) into bytes; dies naming the flag. */
+/* Parses flag's value v as a size in GiB (a plain decimal number, at most 1 PiB) into bytes; dies naming
+ * the flag. */
 int64_t cli_gib(const char *flag, const char *v);
 /* Dies when the KV offload flags do not go together (a disk directory without a size, or the reverse). */
 void cli_engine_offload_check(const cli_engine_args *a);

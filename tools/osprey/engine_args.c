@@ -81,8 +81,9 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         if (s != OSP_OK) cli_die(s, "--sparse-attention %s", v);
         ++*i;
     }
-    else if (!strcmp(f, "--kv-offloading-size")) a->kv_offload_host_bytes = cli_gib(f, v), ++*i;
-    else if (!strcmp(f, "--kv-offload-disk-size")) a->kv_offload_disk_bytes = cli_gib(f, v), ++*i;
+    else if (!strcmp(f, "--kv-offloading-size")) a->kv_offload_host_bytes = cli_gib(f, v), a->kv_offload_host_set = true, ++*i;
+    else if (!strcmp(f, "--kv-offload-disk-size"))
+        a->kv_offload_disk_bytes = cli_gib(f, v), a->kv_offload_disk_size_set = true, ++*i;
     else if (!strcmp(f, "--kv-offload-disk")) {
         if (!v || !*v) cli_die(OSP_OK, "--kv-offload-disk needs a directory (created if missing)");
         a->kv_offload_disk = v, ++*i;
@@ -174,10 +175,15 @@ void cli_engine_env_seed(cli_engine_args *a) {
 }
 
 int64_t cli_gib(const char *flag, const char *v) {
-    char *end = NULL;
-    const double x = v ? strtod(v, &end) : -1;
-    if (!v || end == v || *end || !(x >= 0) || x > 1e9)
-        cli_die(OSP_OK, "%s: '%s' is not a size in GiB (a number >= 0, e.g. 4 or 0.5)", flag, v ? v : "");
+    /* a plain decimal: digits with an optional fraction (no sign, hex, exponent or spaces) */
+    bool ok = v && *v, digits = false;
+    for (const char *c = v; ok && *c; c++) {
+        if (*c >= '0' && *c <= '9') digits = true;
+        else if (*c != '.' || strchr(c + 1, '.')) ok = false;
+    }
+    if (!ok || !digits) cli_die(OSP_OK, "%s: '%s' is not a size in GiB (a decimal number, e.g. 4 or 0.5)", flag, v ? v : "");
+    const double x = strtod(v, NULL);
+    if (x > 1048576.0) cli_die(OSP_OK, "%s: %s GiB is more than the 1048576 GiB (1 PiB) it takes", flag, v);
     return (int64_t)(x * 1073741824.0);
 }
 
@@ -187,11 +193,14 @@ bool cli_offload_always_load(void) {
 }
 
 void cli_engine_offload_check(const cli_engine_args *a) {
-    if (a->kv_offload_disk && a->kv_offload_disk_bytes <= 0)
+    if (a->kv_offload_disk && !a->kv_offload_disk_size_set)
         cli_die(OSP_OK, "--kv-offload-disk %s needs --kv-offload-disk-size GIB (how much of the disk the KV blocks may take)",
                 a->kv_offload_disk);
-    if (!a->kv_offload_disk && a->kv_offload_disk_bytes > 0)
-        cli_die(OSP_OK, "--kv-offload-disk-size needs --kv-offload-disk DIR");
+    if (a->kv_offload_disk_size_set && !a->kv_offload_disk) cli_die(OSP_OK, "--kv-offload-disk-size needs --kv-offload-disk DIR");
+    if (a->kv_offload_disk && a->kv_offload_disk_bytes <= 0)
+        cli_die(OSP_OK, "--kv-offload-disk-size must be more than 0 GiB (it holds whole KV blocks)");
+    if (a->kv_offload_host_set && a->kv_offload_host_bytes <= 0)
+        cli_die(OSP_OK, "--kv-offloading-size must be more than 0 GiB (leave the flag out for no host tier)");
 }
 
 osp_engine_params cli_engine_params(const cli_engine_args *a) {

@@ -493,7 +493,8 @@ static char *render_metrics(router *r) {
         fprintf(f, "osprey_router_backend_active{backend=\"%s\"} %d\n", r->b[i].url_text, r->b[i].active);
     pthread_mutex_unlock(&r->mu);
     if (r->kvx) {
-        fputs("# HELP osprey_router_kv_blocks Blocks a backend holds per its KV events.\n"
+        fputs("# HELP osprey_router_kv_blocks Blocks a backend holds per its KV events, one per medium (a block in the "
+              "KV pool and in an offload tier counts twice).\n"
               "# TYPE osprey_router_kv_blocks gauge\n", f);
         for (int32_t i = 0; i < r->n; i++)
             if (rt_kv_index_has(r->kvx, i))
@@ -721,9 +722,14 @@ int cmd_router(int argc, char **argv) {
                 rp[k++] = strcmp(t, "-") ? t : NULL;
             }
             if (k != r->n) cli_die(OSP_OK, "--kv-replay: %d endpoints for %d backends (use '-' for one without)", k, r->n);
+            for (int32_t b = 0; b < r->n; b++)
+                if (rp[b] && !ep[b])
+                    cli_die(OSP_OK, "--kv-replay: backend %d has a replay endpoint but no --kv-events endpoint (nothing to "
+                                    "fill)", (int)b + 1);
         }
         char why[512];
-        if (!(r->kvx = rt_kv_index_start(ep, rp, r->n, why, sizeof why))) cli_die(OSP_OK, "--kv-events: %s", why);
+        if (!(r->kvx = rt_kv_index_start(ep, rp, r->n, why, sizeof why)))
+            cli_die(OSP_OK, "%s: %s", strstr(why, "replay endpoint") ? "--kv-replay" : "--kv-events", why);
     }
     r->tab_slots_mask = (1u << 16) - 1;
     r->tab_hash = calloc((size_t)r->tab_slots_mask + 1, sizeof *r->tab_hash);

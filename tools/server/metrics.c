@@ -265,6 +265,8 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
                 model, (double)g->offload_corrupt);
         counter(&b, "osprey:kv_offload_hit_tokens", "Prompt tokens served by blocks loaded back from an offload tier.", model,
                 (double)g->offload_hits_tokens);
+        counter(&b, "osprey:kv_offload_write_errors", "Disk KV block writes that failed (the block was dropped).", model,
+                (double)g->offload_write_errors);
         counter(&b, "osprey:kv_offload_recomputed_tokens",
                 "Prompt tokens an offload tier held that the cost model chose to recompute.", model,
                 (double)g->offload_skipped_tokens);

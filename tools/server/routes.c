@@ -432,7 +432,7 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     g.offload_host_blocks = st.offload_host_blocks, g.offload_disk_blocks = st.offload_disk_blocks;
     g.offload_stored = st.offload_stored_blocks, g.offload_loaded = st.offload_loaded_blocks;
     g.offload_corrupt = st.offload_corrupt_blocks, g.offload_hits_tokens = st.offload_hits_tokens;
-    g.offload_skipped_tokens = st.offload_skipped_tokens;
+    g.offload_skipped_tokens = st.offload_skipped_tokens, g.offload_write_errors = st.offload_write_errors;
     const osp_spec_config *sc = srv->engine ? &osp_engine_params_get(srv->engine)->speculative : &srv->cfg.spec;
     if (sc->method != OSP_SPEC_NONE) {
         g.spec_k = sc->num_speculative_tokens;

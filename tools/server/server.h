@@ -441,7 +441,7 @@ typedef struct srv_metrics_gauges {
     /* tiered KV offload (osp_engine_stats.offload_*), shown when a tier is configured */
     bool offload;
     int64_t offload_host_blocks, offload_disk_blocks, offload_stored, offload_loaded, offload_corrupt;
-    int64_t offload_hits_tokens, offload_skipped_tokens;
+    int64_t offload_hits_tokens, offload_skipped_tokens, offload_write_errors;
     bool engine_process;        /* --engine-process: show the core's restarts */
     int64_t core_restarts;
 } srv_metrics_gauges;
