@@ -72,6 +72,10 @@ static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA_WEIGHT) * *x + EMA
 static void on_evict(void *ctx, int32_t id, const osp_block_hash *h) {
     osp_offload *o = ctx;
     if (o->err != OSP_OK) return;
+    if (osp_kv_offload_where(o->store, h) >= 0) { /* held already (it was loaded from there): no copy */
+        osp_kv_offload_put(o->store, h, NULL);
+        return;
+    }
     const osp_status s = osp_kv_cache_block_read(o->kv, id, o->buf);
     if (s != OSP_OK) {
         o->err = s;

@@ -78,7 +78,7 @@ void osp_kv_offload_destroy(osp_kv_offload *o); /* NULL is fine; disk files stay
 size_t osp_kv_offload_block_bytes(const osp_kv_offload *o);
 
 /* Stores block_bytes bytes under h. A hash already held is only marked recently used (its copy is
- * equally valid). A disk write that fails is counted (io_errors) and the block dropped: the store is a
+ * equally valid; bytes may then be NULL). A disk write that fails is counted (io_errors) and the block dropped: the store is a
  * cache, so nothing is reported to the caller. */
 void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *bytes);
 
