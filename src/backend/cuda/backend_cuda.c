@@ -49,6 +49,7 @@ _Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_K
 
 static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 #define N_GRAPH_SIZES ((int)(sizeof k_graph_sizes / sizeof k_graph_sizes[0]))
+#define GRAPH_WAYS 2
 
 typedef struct cuda_backend {
     osp_backend base;
@@ -82,8 +83,12 @@ typedef struct cuda_backend {
     const float *logits;  /* the last run's logits [num_logits, n_vocab] on the device */
     int32_t num_logits;
 
-    void *graphs[N_GRAPH_SIZES];
-    int64_t graph_len[N_GRAPH_SIZES]; /* the attention length each graph was captured with */
+    /* GRAPH_WAYS graphs a ladder size, each captured at one attention length (attn_len_of), the least
+     * recently replayed replaced: a batch whose longest sequence alternates between two length buckets
+     * replays both instead of re-capturing every step */
+    void *graphs[N_GRAPH_SIZES][GRAPH_WAYS];
+    int64_t graph_len[N_GRAPH_SIZES][GRAPH_WAYS]; /* the attention length each graph was captured with */
+    uint64_t graph_used[N_GRAPH_SIZES][GRAPH_WAYS], graph_tick;
     int64_t attn_len;    /* this run's attention length: keys its launches cover (attn_len_of) */
     bool attn_len_cap;   /* OSPREY_CUDA_ATTN_LEN=cap: the block-table capacity instead (the earlier sizing, A/B) */
     const osp_graph *graphs_g; /* the op list and KV cache the graphs were captured with */
@@ -137,10 +142,11 @@ static in_layout layout_of(const cuda_backend *g) {
 }
 
 static void drop_graphs(cuda_backend *g) {
-    for (int i = 0; i < N_GRAPH_SIZES; i++) {
-        osp_cuda_graph_destroy(g->graphs[i]);
-        g->graphs[i] = NULL;
-    }
+    for (int i = 0; i < N_GRAPH_SIZES; i++)
+        for (int w = 0; w < GRAPH_WAYS; w++) {
+            osp_cuda_graph_destroy(g->graphs[i][w]);
+            g->graphs[i][w] = NULL;
+        }
 }
 
 static void free_acts(cuda_backend *g) {
@@ -896,10 +902,28 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         g->graphs_g = gr;
     }
     g->attn_len = attn_len_of(g, b);
-    if (gi >= 0 && g->graphs[gi] && g->graph_len[gi] != g->attn_len) { /* captured for another length */
-        OSP_TRY(osp_cuda_stream_sync(g->stream));
-        osp_cuda_graph_destroy(g->graphs[gi]);
-        g->graphs[gi] = NULL;
+    /* gw: this size's graph captured at this length, or the way a new capture takes (an empty one, else
+     * the least recently replayed, destroyed first) */
+    int gw = -1;
+    if (gi >= 0) {
+        for (int w = 0; w < GRAPH_WAYS && gw < 0; w++)
+            if (g->graphs[gi][w] && g->graph_len[gi][w] == g->attn_len) gw = w;
+        if (gw < 0) {
+            gw = 0;
+            for (int w = 0; w < GRAPH_WAYS; w++) {
+                if (!g->graphs[gi][w]) {
+                    gw = w;
+                    break;
+                }
+                if (g->graph_used[gi][w] < g->graph_used[gi][gw]) gw = w;
+            }
+            if (g->graphs[gi][gw]) {
+                OSP_TRY(osp_cuda_stream_sync(g->stream));
+                osp_cuda_graph_destroy(g->graphs[gi][gw]);
+                g->graphs[gi][gw] = NULL;
+            }
+        }
+        g->graph_used[gi][gw] = ++g->graph_tick;
     }
     const int64_t copy_w = g->cap_w < b->max_blocks_per_seq ? g->cap_w : b->max_blocks_per_seq;
     const in_layout lay = layout_of(g);
@@ -929,9 +953,9 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     /* time_runs: the ops' device time between two events, both outside any capture (the eager run
      * before a capture is the one timed; the capture itself runs nothing) */
     if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_start, g->stream));
-    if (gi >= 0 && g->graphs[gi]) {
+    if (gi >= 0 && g->graphs[gi][gw]) {
         g->base.launches++;
-        OSP_TRY(osp_cuda_graph_launch(g->graphs[gi], g->stream));
+        OSP_TRY(osp_cuda_graph_launch(g->graphs[gi][gw], g->stream));
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
         g->timed = g->time_runs;
     } else {
@@ -950,8 +974,8 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
                 return s;
             }
             OSP_TRY(s2);
-            g->graphs[gi] = ge;
-            g->graph_len[gi] = g->attn_len;
+            g->graphs[gi][gw] = ge;
+            g->graph_len[gi][gw] = g->attn_len;
         }
     }
     if (gr->logits >= 0) {
