@@ -37,6 +37,14 @@ typedef enum osp_prefix_hash_algo {
                                         (src/kv/prefix_cache.h) */
 } osp_prefix_hash_algo;
 
+/* A server's part in prefill/decode disaggregation (vLLM's kv_role) */
+typedef enum osp_kv_role {
+    OSP_KV_ROLE_NONE = 0,
+    OSP_KV_ROLE_PRODUCER = 1, /* kv_producer: computes prompts and serves their KV blocks */
+    OSP_KV_ROLE_CONSUMER = 2, /* kv_consumer: loads prompt KV blocks from producers */
+    OSP_KV_ROLE_BOTH = 3,     /* kv_both */
+} osp_kv_role;
+
 typedef enum osp_sched_policy {
     OSP_SCHED_FCFS = 0,     /* arrival order */
     OSP_SCHED_PRIORITY = 1, /* lower `priority` first, then arrival order */
@@ -126,9 +134,41 @@ typedef struct osp_engine_params {
     int64_t kv_offload_disk_bytes;  /* disk tier capacity, > 0 with kv_offload_disk_dir */
     bool kv_offload_no_cost_model;  /* load every block a tier holds, whatever the measured costs (tests:
                                        outcomes that must not depend on timing); default false */
+    /* prefill/decode disaggregation (src/kv/transfer.h; vLLM's --kv-transfer-config): a producer computes
+       prompts for requests marked do_remote_decode and keeps copies of their full KV blocks in host memory
+       for a consumer to pull over TCP; a consumer loads a do_remote_prefill request's blocks from the
+       producer named in it before computing the rest of its prompt. Needs prefix caching (blocks are
+       addressed by their hashes: both sides need the same --prefix-caching-hash-seed) and dense attention */
+    osp_kv_role kv_role;            /* OSP_KV_ROLE_NONE (default): neither */
+    const char *kv_transfer_ip;     /* the producer's listening address (NULL: 127.0.0.1) */
+    int32_t kv_transfer_port;       /* its port (0: any free one; osp_engine_kv_transfer_info says which) */
+    int64_t kv_transfer_buffer_bytes; /* the producer's held copies at most (0: 1 GiB); the oldest
+                                       transfer is dropped for a new one (its consumer recomputes) */
+    double kv_transfer_timeout_s;   /* a held transfer no consumer pulled is dropped after this (0: 120 s) */
 } osp_engine_params;
 
 osp_engine_params osp_engine_default_params(void);
+
+/* Where a consumer finds a request's prompt KV (the producer's reply, passed on by the router) */
+typedef struct osp_kv_transfer_params {
+    bool do_remote_decode;      /* producer side: hold this request's prompt blocks for a consumer */
+    bool do_remote_prefill;     /* consumer side: load the prompt's first remote_num_blocks blocks from
+                                   remote_host:remote_port before computing the rest */
+    char remote_host[256];      /* a numeric address or a host name */
+    int32_t remote_port;
+    uint64_t remote_engine_id;  /* the producer's KV identity (osp_engine_kv_transfer_info); another
+                                   identity than the consumer's own: nothing is loaded (recomputed) */
+    uint64_t remote_request_id; /* the producer's transfer id (osp_request_output.kv_transfer_id) */
+    int32_t remote_num_blocks;  /* full prompt blocks the producer holds */
+} osp_kv_transfer_params;
+
+/* A producer's listener and identity (for the kv_transfer_params it returns). */
+typedef struct osp_kv_transfer_info {
+    osp_kv_role role;
+    char host[256];             /* as configured (kv_transfer_ip) */
+    int32_t port;               /* the bound port */
+    uint64_t engine_id;         /* the KV identity: model content, page format, device, modes */
+} osp_kv_transfer_info;
 
 typedef enum osp_finish_reason {
     OSP_FINISH_NONE = 0,    /* still running */
@@ -237,6 +277,11 @@ typedef struct osp_request_params {
        with it (OSP_ERR_INVALID_ARG). */
     osp_pooling pooling;
     bool embd_normalize;
+    /* prefill/decode disaggregation (osp_engine_params.kv_role): NULL, or (copied at add)
+       do_remote_decode on a producer / do_remote_prefill on a consumer; osp_engine_add refuses it
+       (OSP_ERR_INVALID_ARG) on an engine without that role, and do_remote_decode with n > 1, a grammar,
+       prompt logprobs or an embedding */
+    const osp_kv_transfer_params *kv_transfer;
 } osp_request_params;
 
 osp_request_params osp_request_default_params(void); /* greedy, no limits, no callback, no logprobs */
@@ -265,6 +310,11 @@ struct osp_request_output {
        Engine-owned, valid during the callback; osp_engine_poll gives NULL (use a callback) */
     const float *embedding;
     int32_t n_embd;
+    /* a do_remote_decode request's finishing output (STOP or LENGTH): kv_transfer_num_blocks > 0 when its
+       prompt's full blocks are held for a consumer under kv_transfer_id (0 blocks: nothing held: a prompt
+       shorter than a block, or no room) */
+    uint64_t kv_transfer_id;
+    int32_t kv_transfer_num_blocks;
 };
 
 #define OSP_ENGINE_ITERATION_BUCKETS 13
@@ -301,6 +351,13 @@ typedef struct osp_engine_stats {
     int64_t offload_host_blocks, offload_disk_blocks, offload_stored_blocks, offload_loaded_blocks;
     int64_t offload_corrupt_blocks, offload_hits_tokens, offload_skipped_tokens;
     int64_t offload_write_errors;   /* disk writes that failed (the block dropped; a full or removed disk) */
+    /* prefill/decode disaggregation (osp_engine_params.kv_role). Producer: transfers held now and their
+       blocks, blocks sent, transfers dropped unpulled (timed out or pushed out by newer ones). Consumer:
+       blocks loaded from producers, blocks asked for that did not load (recomputed), and the seconds the
+       loads took (connect to the last byte) */
+    int64_t kv_transfer_held, kv_transfer_held_blocks, kv_transfer_sent_blocks, kv_transfer_dropped;
+    int64_t kv_transfer_recv_blocks, kv_transfer_failed_blocks;
+    double kv_transfer_recv_seconds;
 } osp_engine_stats;
 
 /* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */
@@ -318,6 +375,8 @@ const osp_model *osp_engine_model(const osp_engine *e);
 /* Bytes of the engine's KV cache pages (on the model's device). */
 size_t osp_engine_kv_cache_bytes(const osp_engine *e);
 const osp_engine_params *osp_engine_params_get(const osp_engine *e); /* resolved values */
+/* The engine's KV transfer role, listener and identity; role OSP_KV_ROLE_NONE when it has none. */
+osp_kv_transfer_info osp_engine_kv_transfer_info(const osp_engine *e);
 
 /* Queues a request (thread-safe). Admission checks happen here, synchronously:
  * OSP_ERR_INVALID_ARG for an empty prompt, a token outside the vocabulary, a duplicate id,

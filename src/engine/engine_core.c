@@ -378,6 +378,11 @@ const osp_model *osp_engine_model(const osp_engine *e) { return e->model; }
 size_t osp_engine_kv_cache_bytes(const osp_engine *e) { return osp_kv_cache_bytes(e->runner->kv); }
 const osp_engine_params *osp_engine_params_get(const osp_engine *e) { return &e->p; }
 
+osp_kv_transfer_info osp_engine_kv_transfer_info(const osp_engine *e) {
+    (void)e;
+    return (osp_kv_transfer_info){.role = OSP_KV_ROLE_NONE};
+}
+
 static int32_t table_find(const osp_engine *e, uint64_t id) {
     for (int32_t i = 0; i < e->table.n; i++)
         if (((osp_request *)e->table.v[i])->id == id) return i;
@@ -443,6 +448,9 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
             return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: an embedding request (pooling %d) cannot have %s",
                                  (unsigned long long)rp->request_id, (int)rp->pooling, bad);
     }
+    if (rp->kv_transfer && (rp->kv_transfer->do_remote_decode || rp->kv_transfer->do_remote_prefill))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: KV transfer parameters, but this engine has no KV "
+                             "transfer role", (unsigned long long)rp->request_id);
     const int32_t n = rp->n > 1 ? rp->n : 1;
     if (n > e->p.max_num_seqs)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: n = %d exceeds max_num_seqs %d",
