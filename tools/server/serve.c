@@ -496,10 +496,10 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
             osp_pooling_name(srv.pooling), cfg->no_embd_normalize ? "not normalized" : "L2-normalized");
     if (cfg->kv_transfer.role != OSP_KV_ROLE_NONE) { /* --kv-transfer-config: what the engine bound */
         const osp_kv_transfer_info ki = srv_engine_kv_transfer_info(&srv);
-        if (ki.role == OSP_KV_ROLE_NONE)
-            srv_log(&srv, SRV_LOG_WARNING, "kv transfer: the engine has no KV transfer role (asked for %s): requests with "
-                    "kv_transfer_params will be refused", srv_kv_role_name(cfg->kv_transfer.role));
-        else if (ki.role == OSP_KV_ROLE_PRODUCER || ki.role == OSP_KV_ROLE_BOTH)
+        if (ki.role != cfg->kv_transfer.role)
+            cli_die(OSP_OK, "--kv-transfer-config: the engine took kv_role %s, not %s", srv_kv_role_name(ki.role),
+                    srv_kv_role_name(cfg->kv_transfer.role));
+        if (ki.role == OSP_KV_ROLE_PRODUCER || ki.role == OSP_KV_ROLE_BOTH)
             srv_log(&srv, SRV_LOG_INFO, "kv transfer: producer listening on %s:%d (%s, engine id %016llx)", ki.host, (int)ki.port,
                     srv_kv_role_name(ki.role), (unsigned long long)ki.engine_id);
         else
