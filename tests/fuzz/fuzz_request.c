@@ -4,7 +4,8 @@
  * message, and what it accepts must hold its invariants (n in range, ids in the vocabulary, stop
  * strings non-empty, a chat conversation rendered by its own chat_template, when it has one; tool
  * fields consistent: a forced tool_choice has its grammar, auto only with a parser; the first byte's
- * bits 1-4 pick the server's tool and reasoning parsers). The error JSON is
+ * bits 1-4 pick the server's tool and reasoning parsers, bits 5-6 its kv_role; kv_transfer_params
+ * accepted only as that role allows, with one flag and a prefill's remote fields). The error JSON is
  * rendered for every rejection. Seeds: tests/fuzz/corpus/request/. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* bits 1-2: the server's --tool-call-parser (0: none; else with --enable-auto-tool-choice) */
     const srv_tool_parser tp = (srv_tool_parser)((data[0] >> 1) & 3);
     const srv_parse_limits lim = {.n_vocab = VOCAB, .auto_tool_choice = tp != SRV_TOOL_PARSER_NONE, .tool_parser = tp,
-                                  .reasoning_parser = (srv_reasoning_parser)((data[0] >> 3) % 3)};
+                                  .reasoning_parser = (srv_reasoning_parser)((data[0] >> 3) % 3),
+                                  .kv_role = (osp_kv_role)((data[0] >> 5) & 3)};
     srv_gen_request r;
     srv_error err = {0};
     const int rc = srv_parse_gen_request((const char *)data + 1, size - 1, route, &lim, &r, &err);
@@ -36,6 +38,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!r.stop[i][0]) abort();
         for (int32_t i = 0; i < r.n_bias; i++)
             if (r.bias_ids[i] < 0 || r.bias_ids[i] >= VOCAB || r.bias_values[i] < -100 || r.bias_values[i] > 100) abort();
+        if (r.kv_transfer_set) {
+            const osp_kv_transfer_params *k = &r.kv_transfer;
+            const bool prod = lim.kv_role == OSP_KV_ROLE_PRODUCER || lim.kv_role == OSP_KV_ROLE_BOTH;
+            const bool cons = lim.kv_role == OSP_KV_ROLE_CONSUMER || lim.kv_role == OSP_KV_ROLE_BOTH;
+            if (k->do_remote_decode == k->do_remote_prefill || (k->do_remote_decode && !prod) || (k->do_remote_prefill && !cons))
+                abort();
+            if (k->do_remote_decode && (r.stream || r.n != 1 || r.n_prompts > 1)) abort();
+            if (k->do_remote_prefill && (!k->remote_host[0] || k->remote_port < 1 || k->remote_port > 65535 ||
+                                         k->remote_num_blocks < 0 || !memchr(k->remote_host, 0, sizeof k->remote_host)))
+                abort();
+        }
         if (route == SRV_ROUTE_COMPLETIONS) {
             if (r.n_prompts < 1) abort();
             for (int32_t p = 0; p < r.n_prompts; p++) {
