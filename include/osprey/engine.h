@@ -165,7 +165,8 @@ typedef struct osp_kv_transfer_params {
 /* A producer's listener and identity (for the kv_transfer_params it returns). */
 typedef struct osp_kv_transfer_info {
     osp_kv_role role;
-    char host[256];             /* as configured (kv_transfer_ip) */
+    char host[256];             /* what consumers are told: kv_transfer_ip, or for a wildcard (0.0.0.0, ::,
+                                   *) $POD_IP, else the host name */
     int32_t port;               /* the bound port */
     uint64_t engine_id;         /* the KV identity: model content, page format, device, modes */
 } osp_kv_transfer_info;
@@ -375,7 +376,8 @@ const osp_model *osp_engine_model(const osp_engine *e);
 /* Bytes of the engine's KV cache pages (on the model's device). */
 size_t osp_engine_kv_cache_bytes(const osp_engine *e);
 const osp_engine_params *osp_engine_params_get(const osp_engine *e); /* resolved values */
-/* The engine's KV transfer role, listener and identity; role OSP_KV_ROLE_NONE when it has none. */
+/* The engine's KV transfer role, listener and identity; role OSP_KV_ROLE_NONE when it has none. Fixed
+ * at create: any thread may call it. */
 osp_kv_transfer_info osp_engine_kv_transfer_info(const osp_engine *e);
 
 /* Queues a request (thread-safe). Admission checks happen here, synchronously:

@@ -115,6 +115,10 @@ typedef struct osp_backend_vtable {
      * block is n_layer x 2 segments). NULL: the loop of single copies. */
     osp_status (*copy_host_many)(osp_backend *be, bool to_host, int32_t n, void *const *dst, const void *const *src,
                                  const size_t *bytes);
+    /* Page-locks host memory the backend copies from and to often (the KV offload's host tier), so those
+     * copies run as DMA; unregister before freeing it. NULL: nothing to do (the CPU backend). */
+    osp_status (*host_register)(osp_backend *be, void *p, size_t bytes);
+    void (*host_unregister)(osp_backend *be, void *p);
     osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "backend/kv_layout.h"
@@ -48,6 +49,8 @@ typedef struct release {
 
 struct osp_offload {
     osp_kv_offload *store;      /* NULL without tiers (a transfer role only) */
+    void *pinned_arena;         /* the host tier's slots and buf, page-locked by the backend (or NULL) */
+    bool pinned_buf;
     osp_kv_role role;
     osp_kv_xfer_server *xsrv;   /* a producer's */
     char xfer_host[256];
@@ -249,9 +252,19 @@ static int32_t tier_start(void *ctx, osp_request *r, const int32_t *ids, const o
         any_bg = !(o->store && osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_HOST);
     if (!any_bg || !o->loader_started) { /* host memory (or no loader): now, in order, up to the first miss */
         const double t0 = now_s();
-        while (*n_ok < n && o->store && osp_kv_offload_get(o->store, &hashes[*n_ok], o->buf) &&
-               write_block(o, ids[*n_ok], o->buf))
-            ++*n_ok;
+        /* the host tier's blocks in place, all written in one go (page-locked on the GPU: DMA) */
+        const void **srcs = malloc(sizeof *srcs * (size_t)n);
+        int32_t m = 0;
+        while (srcs && m < n && o->store && (srcs[m] = osp_kv_offload_host_block(o->store, &hashes[m]))) m++;
+        if (m > 0) {
+            const osp_status st = osp_kv_cache_blocks_write(o->kv, m, ids, srcs);
+            if (st != OSP_OK && o->err == OSP_OK) o->err = st;
+            *n_ok = st == OSP_OK ? m : 0;
+        }
+        free(srcs);
+        while (*n_ok == m && *n_ok < n && o->store && osp_kv_offload_get(o->store, &hashes[*n_ok], o->buf) &&
+               write_block(o, ids[*n_ok], o->buf)) /* disk blocks without a loader thread: one at a time */
+            ++*n_ok, ++m;
         if (*n_ok > 0) ema(&o->load_s, (now_s() - t0) / *n_ok);
         return n;
     }
@@ -348,7 +361,16 @@ static bool tier_poll(void *ctx, uint64_t *token, int32_t *n_ok) {
         int32_t ok = 0, n_disk = 0;
         for (int32_t i = 0; i < b->n; i++) {
             if (b->src[i] == SRC_DISK) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]), n_disk++;
-            if (ok == i && b->res[i] == OSP_KV_READ_OK && write_block(o, b->ids[i], b->buf + (size_t)i * bb)) ok++;
+            if (ok == i && b->res[i] == OSP_KV_READ_OK) ok++;
+        }
+        if (ok > 0) { /* the loaded prefix, written in one go */
+            const void **srcs = malloc(sizeof *srcs * (size_t)ok);
+            osp_status st = srcs ? OSP_OK : osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+            for (int32_t i = 0; srcs && i < ok; i++) srcs[i] = b->buf + (size_t)i * bb;
+            if (st == OSP_OK) st = osp_kv_cache_blocks_write(o->kv, ok, b->ids, srcs);
+            free(srcs);
+            if (st != OSP_OK && o->err == OSP_OK) o->err = st;
+            if (st != OSP_OK) ok = 0;
         }
         if (n_disk > 0 && b->read_s > 0) ema(&o->load_s, b->read_s / n_disk);
         *token = b->token;
@@ -465,10 +487,21 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     if (s == OSP_OK && !(o->buf = malloc(o->block_bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     if (s == OSP_OK && o->role != OSP_KV_ROLE_NONE) {
         o->engine_id = identity_hash(id, kv, true);
-        snprintf(o->xfer_host, sizeof o->xfer_host, "%s", cfg->xfer_ip && cfg->xfer_ip[0] ? cfg->xfer_ip : "127.0.0.1");
+        /* the address a consumer is told: the listening one, unless that is a wildcard, then $POD_IP (as
+           the KV events' topic takes it), else the host name */
+        const char *ip = cfg->xfer_ip && cfg->xfer_ip[0] ? cfg->xfer_ip : "127.0.0.1";
+        if (!strcmp(ip, "0.0.0.0") || !strcmp(ip, "::") || !strcmp(ip, "*")) {
+            const char *pod = getenv("POD_IP");
+            if (pod && pod[0]) snprintf(o->xfer_host, sizeof o->xfer_host, "%s", pod);
+            else if (gethostname(o->xfer_host, sizeof o->xfer_host - 1) != 0) snprintf(o->xfer_host, sizeof o->xfer_host, "%s", ip);
+        } else {
+            snprintf(o->xfer_host, sizeof o->xfer_host, "%s", ip);
+        }
     }
     if (s == OSP_OK && is_producer(o)) {
-        const osp_kv_xfer_server_config xc = {.ip = o->xfer_host, .port = cfg->xfer_port, .block_bytes = o->block_bytes,
+        const char *bind = !cfg->xfer_ip || !cfg->xfer_ip[0] ? "127.0.0.1" : !strcmp(cfg->xfer_ip, "*") ? "0.0.0.0" : cfg->xfer_ip;
+        const osp_kv_xfer_server_config xc = {.ip = bind,
+                                              .port = cfg->xfer_port, .block_bytes = o->block_bytes,
                                               .engine_id = o->engine_id, .cap_bytes = cfg->xfer_cap_bytes,
                                               .timeout_s = cfg->xfer_timeout_s};
         s = osp_kv_xfer_server_create(&xc, &o->xsrv);
@@ -479,6 +512,13 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
         free(o);
         return s;
     }
+    /* the host tier's slots and the eviction buffer page-locked where the backend copies by DMA (the GPU):
+       a block's copies then run at the bus's speed instead of through the driver's staging */
+    void *arena = NULL;
+    size_t arena_bytes = 0;
+    if (o->store) osp_kv_offload_host_arena(o->store, &arena, &arena_bytes);
+    if (osp_kv_cache_host_register(kv, arena, arena_bytes)) o->pinned_arena = arena;
+    o->pinned_buf = osp_kv_cache_host_register(kv, o->buf, o->block_bytes);
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->wake, NULL);
     o->loaded = cfg->loaded;
@@ -535,6 +575,8 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->wake);
     osp_kv_xfer_server_destroy(o->xsrv);
+    if (o->pinned_arena) osp_kv_cache_host_unregister(o->kv, o->pinned_arena);
+    if (o->pinned_buf) osp_kv_cache_host_unregister(o->kv, o->buf);
     osp_kv_offload_destroy(o->store);
     free(o->buf);
     free(o);

@@ -299,17 +299,10 @@ size_t osp_kv_cache_block_bytes(const osp_kv_cache *kv) {
     return (size_t)kv->n_layer * (size_t)kv->block_size * per_token;
 }
 
-/* Walks block id's segments in osp_kv_cache_block_read's order: to_host (read) or from_host (write), all
- * in one backend call where it has one (one wait for the block instead of one a segment). */
-static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool read) {
-    if (id < 0 || id >= kv->num_blocks)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: block %d outside the %d blocks", id, kv->num_blocks);
-    enum { MAX_SEG = 4 * 256 };
-    void *dst[MAX_SEG];
-    const void *src[MAX_SEG];
-    size_t bytes[MAX_SEG];
-    int32_t m = 0;
-    const bool many = kv->be->vt->copy_host_many && kv->n_layer * 4 <= MAX_SEG;
+/* The segments of block id in osp_kv_cache_block_read's order into dst / src / bytes from *m on (host
+ * the block's bytes; read: pages to host). */
+static void block_segments(osp_kv_cache *kv, int32_t id, uint8_t *host, bool read, void **dst, const void **src,
+                           size_t *bytes, int32_t *m) {
     for (int32_t l = 0; l < kv->n_layer; l++) {
         for (int i = 0; i < 4; i++) { /* K pages, V pages, K scales, V scales */
             const osp_kv_page_format *f = i & 1 ? &kv->v_fmt : &kv->k_fmt;
@@ -318,17 +311,58 @@ static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool r
             if (n == 0) continue;
             char *base = i == 0 ? kv->k[l] : i == 1 ? kv->v[l] : i == 2 ? kv->k_scale[l] : kv->v_scale[l];
             char *dev = base + (size_t)id * n;
-            if (many) {
-                dst[m] = read ? (void *)host : (void *)dev;
-                src[m] = read ? (const void *)dev : (const void *)host;
-                bytes[m++] = n;
-            } else {
-                OSP_TRY(read ? kv->be->vt->to_host(kv->be, host, dev, n) : kv->be->vt->from_host(kv->be, dev, host, n));
-            }
+            dst[*m] = read ? (void *)host : (void *)dev;
+            src[*m] = read ? (const void *)dev : (const void *)host;
+            bytes[(*m)++] = n;
             host += n;
         }
     }
-    return many ? kv->be->vt->copy_host_many(kv->be, read, m, dst, src, bytes) : OSP_OK;
+}
+
+/* Moves blocks ids[0..n) to or from hosts[0..n): in one backend call where it has one (every segment
+ * enqueued, one wait), else a copy a segment. */
+static osp_status blocks_move(osp_kv_cache *kv, int32_t n, const int32_t *ids, uint8_t *const *hosts, bool read) {
+    for (int32_t b = 0; b < n; b++)
+        if (ids[b] < 0 || ids[b] >= kv->num_blocks)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: block %d outside the %d blocks", ids[b], kv->num_blocks);
+    const size_t per_block = (size_t)kv->n_layer * 4;
+    void **dst = malloc(sizeof *dst * per_block * (size_t)(n > 0 ? n : 1));
+    const void **src = malloc(sizeof *src * per_block * (size_t)(n > 0 ? n : 1));
+    size_t *bytes = malloc(sizeof *bytes * per_block * (size_t)(n > 0 ? n : 1));
+    osp_status s = OSP_OK;
+    if (!dst || !src || !bytes) {
+        s = osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
+    } else {
+        int32_t m = 0;
+        for (int32_t b = 0; b < n; b++) block_segments(kv, ids[b], hosts[b], read, dst, src, bytes, &m);
+        if (kv->be->vt->copy_host_many) {
+            s = kv->be->vt->copy_host_many(kv->be, read, m, dst, src, bytes);
+        } else {
+            for (int32_t i = 0; i < m && s == OSP_OK; i++)
+                s = read ? kv->be->vt->to_host(kv->be, dst[i], src[i], bytes[i])
+                         : kv->be->vt->from_host(kv->be, dst[i], src[i], bytes[i]);
+        }
+    }
+    free(dst);
+    free((void *)src);
+    free(bytes);
+    return s;
+}
+
+static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool read) {
+    return blocks_move(kv, 1, &id, &host, read);
+}
+
+bool osp_kv_cache_host_register(osp_kv_cache *kv, void *p, size_t bytes) {
+    return p && bytes > 0 && kv->be->vt->host_register && kv->be->vt->host_register(kv->be, p, bytes) == OSP_OK;
+}
+
+void osp_kv_cache_host_unregister(osp_kv_cache *kv, void *p) {
+    if (p && kv->be->vt->host_unregister) kv->be->vt->host_unregister(kv->be, p);
+}
+
+osp_status osp_kv_cache_blocks_write(osp_kv_cache *kv, int32_t n, const int32_t *ids, const void *const *srcs) {
+    return blocks_move(kv, n, ids, (uint8_t *const *)(uintptr_t)srcs, false);
 }
 
 osp_status osp_kv_cache_block_read(osp_kv_cache *kv, int32_t id, void *dst) { return block_move(kv, id, dst, true); }

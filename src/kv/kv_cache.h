@@ -131,5 +131,15 @@ osp_status osp_kv_cache_block_read(osp_kv_cache *kv, int32_t id, void *dst);
 
 /* Copies host bytes src (osp_kv_cache_block_read's layout) into block id, ordered before the next run. */
 osp_status osp_kv_cache_block_write(osp_kv_cache *kv, int32_t id, const void *src);
+/* Blocks ids[0..n) from srcs[0..n) at once (one wait on the GPU for all of them; from page-locked memory
+ * the copies are DMA). Returns when the host buffers may be reused. OSP_ERR_INVALID_ARG for an id
+ * outside the cache (nothing copied), OSP_ERR_NOMEM. */
+osp_status osp_kv_cache_blocks_write(osp_kv_cache *kv, int32_t n, const int32_t *ids, const void *const *srcs);
+
+/* Page-locks host memory that blocks are copied from and to often (a KV offload's host tier) where the
+ * backend copies by DMA (CUDA); true when it did (then unregister before freeing it), false when the
+ * backend has nothing to do or the driver refused (copies still work, slower). */
+bool osp_kv_cache_host_register(osp_kv_cache *kv, void *p, size_t bytes);
+void osp_kv_cache_host_unregister(osp_kv_cache *kv, void *p);
 
 #endif

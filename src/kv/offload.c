@@ -549,6 +549,20 @@ bool osp_kv_offload_get_host(osp_kv_offload *o, const osp_block_hash *h, void *d
     return true;
 }
 
+const void *osp_kv_offload_host_block(osp_kv_offload *o, const osp_block_hash *h) {
+    const int64_t i = find(o, h);
+    if (i < 0 || o->e[o->index.slot[i]].tier != OSP_KV_TIER_HOST) return NULL;
+    const int32_t id = o->index.slot[i];
+    touch(o, id);
+    o->stats.loaded[OSP_KV_TIER_HOST]++;
+    return o->host + (size_t)o->e[id].slot * o->block_bytes;
+}
+
+void osp_kv_offload_host_arena(const osp_kv_offload *o, void **p, size_t *bytes) {
+    *p = o->host;
+    *bytes = o->host ? (size_t)o->tier[OSP_KV_TIER_HOST].cap * o->block_bytes : 0;
+}
+
 bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
     if (osp_kv_offload_get_host(o, h, dst)) return true;
     if (osp_kv_offload_where(o, h) != OSP_KV_TIER_DISK) return false;

@@ -89,6 +89,13 @@ int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h);
  * block that failed its check (then deleted and counted). dst may be written on failure. */
 bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst);
 
+/* A host-tier block's bytes in place (no copy), or NULL when h is not in the host tier; marks it recently
+ * used and counts a load. The pointer is valid until the next call that stores, moves or drops a block. */
+const void *osp_kv_offload_host_block(osp_kv_offload *o, const osp_block_hash *h);
+/* The host tier's slots, one reservation (*p NULL and *bytes 0 without a host tier): what a GPU engine
+ * page-locks so its loads and stores are DMA. */
+void osp_kv_offload_host_arena(const osp_kv_offload *o, void **p, size_t *bytes);
+
 /* Reading a disk block away from the step thread (a loader thread): osp_kv_offload_read touches only
  * what never changes after creation (the directory, the fingerprint, the block size), so it may run
  * while the owner thread uses the store; the owner then reports the outcome with osp_kv_offload_settle,

@@ -281,6 +281,16 @@ static osp_status cuda_copy_host_many(osp_backend *be, bool to_host, int32_t n, 
     return osp_cuda_stream_sync(st);
 }
 
+static osp_status cuda_host_register(osp_backend *be, void *p, size_t bytes) {
+    (void)be;
+    return osp_cuda_host_register(p, bytes);
+}
+
+static void cuda_host_unregister(osp_backend *be, void *p) {
+    (void)be;
+    osp_cuda_host_unregister(p);
+}
+
 static osp_status cuda_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     return osp_cuda_mem_info(free_bytes, total_bytes);
@@ -1177,6 +1187,8 @@ static const osp_backend_vtable k_cuda_vt = {
     .copy = cuda_copy,
     .to_host = cuda_to_host,
     .copy_host_many = cuda_copy_host_many,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
     .from_host = cuda_from_host,
     .mem_info = cuda_mem_info,
     .supports_op = cuda_supports_op,

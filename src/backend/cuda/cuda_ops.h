@@ -52,6 +52,10 @@ void osp_cuda_free(void *d_ptr); /* NULL is fine */
 /* Pinned host allocation (cudaMallocHost): the source/destination of asynchronous copies. */
 osp_status osp_cuda_host_alloc(void **ptr, size_t bytes, const char *what);
 void osp_cuda_host_free(void *ptr);
+/* Page-locks [ptr, ptr + bytes) of ordinary host memory (cudaHostRegister) so copies from and to it are
+ * DMA, asynchronous to the host; OSP_ERR_NOMEM when the driver refuses. Unregister before freeing it. */
+osp_status osp_cuda_host_register(void *ptr, size_t bytes);
+void osp_cuda_host_unregister(void *ptr);
 
 osp_status osp_cuda_stream_create(void **stream);
 void osp_cuda_stream_destroy(void *stream);

@@ -114,6 +114,20 @@ void osp_cuda_host_free(void *ptr) {
     if (ptr) (void)cudaFreeHost(ptr);
 }
 
+osp_status osp_cuda_host_register(void *ptr, size_t bytes) {
+    const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return osp_set_error(OSP_ERR_NOMEM, "cuda: cannot page-lock %.1f MiB of host memory: %s", (double)bytes / 1048576.0,
+                             cudaGetErrorString(e));
+    }
+    return OSP_OK;
+}
+
+void osp_cuda_host_unregister(void *ptr) {
+    if (ptr) (void)cudaHostUnregister(ptr);
+}
+
 osp_status osp_cuda_stream_create(void **stream) {
     cudaStream_t s;
     OSP_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
