@@ -293,10 +293,18 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         if ((s = osp_sparse_runtime_create(&p.sparse_attention, e->runner->kv, &e->sparse)) != OSP_OK) goto fail;
         osp_model_set_attn_hook(e->model, osp_sparse_runtime_hook(e->sparse));
     }
-    if (p.kv_offload_host_bytes != 0 || p.kv_offload_disk_dir) {
+    if (p.kv_offload_host_bytes != 0 || p.kv_offload_disk_dir || p.kv_role != OSP_KV_ROLE_NONE) {
+        const char *what = p.kv_role != OSP_KV_ROLE_NONE ? "KV transfer (--kv-transfer-config)" : "KV offload";
         if (!p.enable_prefix_caching || p.sparse_attention.method != OSP_SPARSE_NONE) {
-            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: KV offload needs prefix caching and dense attention (%s)",
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: %s needs prefix caching and dense attention (%s)", what,
                               !p.enable_prefix_caching ? "prefix caching is off" : "sparse attention is on");
+            goto fail;
+        }
+        if ((int)p.kv_role < OSP_KV_ROLE_NONE || p.kv_role > OSP_KV_ROLE_BOTH || p.kv_transfer_port < 0 ||
+            p.kv_transfer_port > 65535 || p.kv_transfer_buffer_bytes < 0 || p.kv_transfer_timeout_s < 0) {
+            s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: bad KV transfer settings (role %d, port %d, buffer %lld bytes, "
+                              "timeout %g s)", (int)p.kv_role, p.kv_transfer_port, (long long)p.kv_transfer_buffer_bytes,
+                              p.kv_transfer_timeout_s);
             goto fail;
         }
         if (p.kv_offload_host_bytes > 0 && osp_model_device(e->model) == OSP_DEVICE_CPU) {
@@ -306,8 +314,13 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                                    "(--kv-offload-disk)");
             goto fail;
         }
+        if (p.kv_transfer_buffer_bytes == 0) p.kv_transfer_buffer_bytes = (int64_t)1 << 30;
+        if (p.kv_transfer_timeout_s == 0) p.kv_transfer_timeout_s = 120.0;
         const osp_offload_config oc = {.tiers = {.host_bytes = p.kv_offload_host_bytes, .disk_dir = p.kv_offload_disk_dir,
                                                  .disk_bytes = p.kv_offload_disk_bytes},
+                                       .role = p.kv_role, .xfer_ip = p.kv_transfer_ip, .xfer_port = p.kv_transfer_port,
+                                       .xfer_cap_bytes = (size_t)p.kv_transfer_buffer_bytes,
+                                       .xfer_timeout_s = p.kv_transfer_timeout_s,
                                        .no_cost_model = p.kv_offload_no_cost_model,
                                        .sink = p.kv_event_sink, .hash_algo = p.hash_algo,
                                        .loaded = offload_loaded, .loaded_ctx = e,
@@ -315,7 +328,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         const osp_offload_identity oid = {.model_path = p.random_weights ? NULL : p.model_path,
                                           .random_weights = p.random_weights, .random_seed = p.random_seed,
                                           .device = (int)p.device, .exact = p.exact,
-                                          .gpu_quant_weights = p.gpu_quant_weights};
+                                          .gpu_quant_weights = p.gpu_quant_weights, .hash_algo = p.hash_algo,
+                                          .hash_seed = sc.hasher.seed};
         if ((s = osp_offload_create(&oc, &oid, e->runner->kv, e->sched, &e->offload)) != OSP_OK) goto fail;
         const osp_offload_stats os = osp_offload_get_stats(e->offload); /* blocks found on disk, before any step */
         e->stats.offload_host_blocks = os.store.blocks[OSP_KV_TIER_HOST];
@@ -378,10 +392,7 @@ const osp_model *osp_engine_model(const osp_engine *e) { return e->model; }
 size_t osp_engine_kv_cache_bytes(const osp_engine *e) { return osp_kv_cache_bytes(e->runner->kv); }
 const osp_engine_params *osp_engine_params_get(const osp_engine *e) { return &e->p; }
 
-osp_kv_transfer_info osp_engine_kv_transfer_info(const osp_engine *e) {
-    (void)e;
-    return (osp_kv_transfer_info){.role = OSP_KV_ROLE_NONE};
-}
+osp_kv_transfer_info osp_engine_kv_transfer_info(const osp_engine *e) { return osp_offload_transfer_info(e->offload); }
 
 static int32_t table_find(const osp_engine *e, uint64_t id) {
     for (int32_t i = 0; i < e->table.n; i++)
@@ -429,6 +440,34 @@ static osp_status grammar_matcher(osp_engine *e, const char *text, osp_grammar_m
     return OSP_OK;
 }
 
+/* A request's kv_transfer_params against the engine's role (osp_request_params.kv_transfer). */
+static osp_status check_kv_transfer(const osp_engine *e, const osp_request_params *rp) {
+    const osp_kv_transfer_params *t = rp->kv_transfer;
+    const unsigned long long id = (unsigned long long)rp->request_id;
+    const osp_kv_role role = e->p.kv_role;
+    const bool prod = role == OSP_KV_ROLE_PRODUCER || role == OSP_KV_ROLE_BOTH;
+    const bool cons = role == OSP_KV_ROLE_CONSUMER || role == OSP_KV_ROLE_BOTH;
+    if (t->do_remote_decode && t->do_remote_prefill)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_decode and do_remote_prefill together", id);
+    if (t->do_remote_decode && !prod)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_decode needs a KV producer (kv_role "
+                             "kv_producer or kv_both)", id);
+    if (t->do_remote_prefill && !cons)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_prefill needs a KV consumer (kv_role "
+                             "kv_consumer or kv_both)", id);
+    if (t->do_remote_decode) {
+        const char *bad = rp->n > 1 ? "n > 1" : rp->grammar ? "a grammar" : rp->prompt_logprobs >= 0 ? "prompt logprobs"
+                          : rp->pooling != OSP_POOLING_NONE ? "pooling (an embedding)" : NULL;
+        if (bad) return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_decode cannot have %s", id, bad);
+    }
+    if (t->do_remote_prefill &&
+        (t->remote_port <= 0 || t->remote_port > 65535 || !t->remote_host[0] || t->remote_num_blocks < 0 ||
+         !memchr(t->remote_host, '\0', sizeof t->remote_host)))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_prefill needs remote_host, remote_port "
+                             "(1..65535) and remote_num_blocks >= 0", id);
+    return OSP_OK;
+}
+
 osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     if (!e || !rp) return osp_set_error(OSP_ERR_INVALID_ARG, "engine add: NULL argument");
     for (int32_t i = 0; i < rp->num_prompt && rp->prompt; i++)
@@ -449,8 +488,7 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
                                  (unsigned long long)rp->request_id, (int)rp->pooling, bad);
     }
     if (rp->kv_transfer && (rp->kv_transfer->do_remote_decode || rp->kv_transfer->do_remote_prefill))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: KV transfer parameters, but this engine has no KV "
-                             "transfer role", (unsigned long long)rp->request_id);
+        OSP_TRY(check_kv_transfer(e, rp));
     const int32_t n = rp->n > 1 ? rp->n : 1;
     if (n > e->p.max_num_seqs)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: n = %d exceeds max_num_seqs %d",
@@ -582,6 +620,7 @@ static void fill_output(osp_request *r, int32_t from, int32_t n, int32_t *toks, 
     o->finished = finished;
     o->finish_reason = finished ? r->published_reason : OSP_FINISH_NONE;
     if (finished && r->published_reason == OSP_FINISH_ERROR) snprintf(o->error, sizeof o->error, "%s", r->error);
+    if (finished) o->kv_transfer_id = r->kv_xfer_id, o->kv_transfer_num_blocks = r->kv_xfer_blocks;
     if (finished && r->published_reason == OSP_FINISH_STOP && r->embd && embd_ok) {
         o->embedding = r->embd;
         o->n_embd = n_embd;
@@ -693,6 +732,8 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     osp_sched_output *so;
     OSP_TRY(osp_scheduler_schedule(e->sched, &so));
     if (e->offload) OSP_TRY(osp_offload_status(e->offload)); /* a block copy the backend refused */
+    for (int32_t i = 0; e->offload && i < so->num_entries; i++) /* a consumer's producer copies not needed now */
+        osp_offload_admitted(e->offload, so->entries[i].req);
     if (so->num_entries > 0) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -709,6 +750,14 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     }
     OSP_TRY(osp_runner_execute(e->runner, so));
     osp_scheduler_update(e->sched, so);
+    /* a producer's finished prompts: held for their consumers now, while the freed blocks still hold
+       their pages (nothing is allocated before the next schedule) */
+    for (int32_t i = 0; e->offload && i < so->num_entries; i++) {
+        osp_request *r = so->entries[i].req;
+        if (r->state == OSP_REQ_FINISHED && r->has_kv_xfer && r->kv_xfer.do_remote_decode && r->kv_xfer_id == 0 &&
+            (r->finish_reason == OSP_FINISH_STOP || r->finish_reason == OSP_FINISH_LENGTH))
+            OSP_TRY(osp_offload_hold(e->offload, r));
+    }
     if (e->p.kv_event_sink && e->p.kv_event_sink->end_step) e->p.kv_event_sink->end_step(e->p.kv_event_sink->ctx);
     int64_t gen = 0;
     for (int32_t i = 0; i < so->num_entries; i++) gen += so->entries[i].num_new_tokens;
@@ -755,6 +804,13 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         e->stats.offload_hits_tokens = ss.tier_hits_tokens;
         e->stats.offload_skipped_tokens = ss.tier_skipped_tokens;
         e->stats.offload_write_errors = os.store.io_errors;
+        e->stats.kv_transfer_held = os.producer.held;
+        e->stats.kv_transfer_held_blocks = os.producer.held_blocks;
+        e->stats.kv_transfer_sent_blocks = os.producer.sent_blocks;
+        e->stats.kv_transfer_dropped = os.producer.dropped;
+        e->stats.kv_transfer_recv_blocks = os.recv_blocks;
+        e->stats.kv_transfer_failed_blocks = os.failed_blocks;
+        e->stats.kv_transfer_recv_seconds = os.recv_s;
     }
     e->stats.num_preemptions = ss.num_preemptions;
     e->stats.prefix_queries_tokens = ss.prefix_queries_tokens;
@@ -956,6 +1012,12 @@ osp_engine_stats osp_engine_get_stats(osp_engine *e) {
     pthread_mutex_lock(&e->mu);
     osp_engine_stats st = e->stats;
     pthread_mutex_unlock(&e->mu);
+    osp_kv_xfer_server *xs = e->offload ? osp_offload_producer(e->offload) : NULL;
+    if (xs) { /* a producer's transfers time out while no step runs: read them now (the server locks) */
+        const osp_kv_xfer_server_stats ps = osp_kv_xfer_server_get_stats(xs);
+        st.kv_transfer_held = ps.held, st.kv_transfer_held_blocks = ps.held_blocks;
+        st.kv_transfer_sent_blocks = ps.sent_blocks, st.kv_transfer_dropped = ps.dropped;
+    }
     return st;
 }
 

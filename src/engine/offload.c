@@ -19,8 +19,10 @@
 #define PROMPT_STEP_TOKENS 64   /* steps at least this long measure the prompt rate */
 #define STAGING_BYTES (256u << 20) /* host buffers of background loads at most (at least one block) */
 
-/* A background load: blocks read from disk by the loader thread into buffers, written into the pages
- * by the step thread when poll finds it done. */
+enum { SRC_HOST = 0, SRC_DISK = 1, SRC_REMOTE = 2 }; /* where a block of a load comes from */
+
+/* A background load: blocks read from disk or fetched from a producer by the loader thread into
+ * buffers, written into the pages by the step thread when poll finds it done. */
 typedef struct batch {
     uint64_t token;
     int32_t n, n_done;          /* n_done: read so far (loader), under mu */
@@ -29,16 +31,37 @@ typedef struct batch {
     osp_block_hash *h;          /* [n] */
     uint8_t *buf;               /* [n * block_bytes] */
     osp_kv_read_result *res;    /* [n]; a host-tier block is copied (OK) at start */
-    bool *from_disk;            /* [n] */
-    double read_s;              /* the loader's seconds on the disk blocks */
+    uint8_t *src;               /* [n] SRC_* */
+    double read_s, remote_s;    /* the loader's seconds on the disk blocks, on the fetches */
+    /* the producer of the SRC_REMOTE blocks (a copy of the request's kv_transfer_params) */
+    osp_kv_transfer_params remote;
+    bool release;               /* this fetch is the request's last: the producer drops its copies */
+    char remote_err[240];       /* why a fetch failed (loader; read by poll), or empty */
     struct batch *next;
 } batch;
 
+/* A consumer's release of a producer's copies it did not need to fetch to the end (loader thread) */
+typedef struct release {
+    osp_kv_transfer_params remote;
+    struct release *next;
+} release;
+
 struct osp_offload {
-    osp_kv_offload *store;
+    osp_kv_offload *store;      /* NULL without tiers (a transfer role only) */
+    osp_kv_role role;
+    osp_kv_xfer_server *xsrv;   /* a producer's */
+    char xfer_host[256];
+    uint64_t engine_id;         /* the transfer identity (identity_hash with content) */
+    size_t block_bytes;
+    release *releases;          /* under mu */
+    int64_t recv_blocks, failed_blocks; /* a consumer's, step thread */
+    double recv_s;
+    double logged_xfer_at;      /* the last transfer warning (0: never) */
+    int64_t logged_xfer_failed;
     osp_kv_cache *kv;
     void *buf;                  /* one block, host */
-    /* background loads (a disk tier only): the loader thread reads the queue's batches in order */
+    /* background loads (a disk tier or a consumer's fetches): the loader thread reads the queue's
+       batches in order, and sends releases */
     pthread_t loader;
     bool loader_started, stop;  /* stop under mu */
     pthread_mutex_t mu;
@@ -92,14 +115,50 @@ static void on_tier_change(void *ctx, const osp_block_hash *h, int tier, bool st
     if (!stored && o->sink->tier_removed) o->sink->tier_removed(o->sink->ctx, x, medium);
 }
 
-static bool tier_contains(void *ctx, const osp_block_hash *h) {
-    const osp_offload *o = ctx;
-    return o->err == OSP_OK && osp_kv_offload_where(o->store, h) >= 0;
+static bool is_consumer(const osp_offload *o) { return o->role == OSP_KV_ROLE_CONSUMER || o->role == OSP_KV_ROLE_BOTH; }
+static bool is_producer(const osp_offload *o) { return o->role == OSP_KV_ROLE_PRODUCER || o->role == OSP_KV_ROLE_BOTH; }
+
+static void log_xfer(osp_offload *o, const char *what) {
+    if (!o->log) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (o->logged_xfer_at > 0 && now - o->logged_xfer_at < 60.0) return; /* at most one warning a minute */
+    char line[600];
+    if (!strncmp(what, "kv transfer: ", 13)) what += 13; /* a fetch's own message */
+    snprintf(line, sizeof line, "kv transfer: %s; the prompt is computed here instead (%lld blocks so far)", what,
+             (long long)o->failed_blocks);
+    o->log(o->log_ctx, line);
+    o->logged_xfer_at = now;
 }
 
-static bool tier_worth(void *ctx, int32_t n_blocks) {
+/* Block `index` of r is at r's producer, not yet asked for. A producer of another identity is given
+ * up on at the first look (every block counted as failed). */
+static bool remote_has(osp_offload *o, osp_request *r, int32_t index) {
+    if (!is_consumer(o) || !r->has_kv_xfer || !r->kv_xfer.do_remote_prefill) return false;
+    const int32_t n = r->kv_xfer.remote_num_blocks;
+    if (r->kv_xfer_tried < n && r->kv_xfer.remote_engine_id != o->engine_id) {
+        o->failed_blocks += n - r->kv_xfer_tried;
+        r->kv_xfer_tried = n;
+        char what[400];
+        snprintf(what, sizeof what, "the producer %s:%d has engine id %016llx, this engine %016llx (another model, "
+                 "page format, device or --prefix-caching-hash-seed)", r->kv_xfer.remote_host, r->kv_xfer.remote_port,
+                 (unsigned long long)r->kv_xfer.remote_engine_id, (unsigned long long)o->engine_id);
+        log_xfer(o, what);
+    }
+    return index >= r->kv_xfer_tried && index < n;
+}
+
+static bool tier_contains(void *ctx, osp_request *r, int32_t index, const osp_block_hash *h) {
+    osp_offload *o = ctx;
+    if (o->err != OSP_OK) return false;
+    return (o->store && osp_kv_offload_where(o->store, h) >= 0) || remote_has(o, r, index);
+}
+
+static bool tier_worth(void *ctx, const osp_request *r, int32_t n_blocks) {
     (void)n_blocks; /* both sides scale with the count */
     const osp_offload *o = ctx;
+    if (is_consumer(o) && r->has_kv_xfer && r->kv_xfer.do_remote_prefill) return true; /* computed already */
     const int32_t bs = o->kv->block_size;
     return o->no_cost_model || o->load_s <= 0 || o->prefill_s <= 0 || o->load_s < (double)bs * o->prefill_s;
 }
@@ -110,7 +169,7 @@ static void batch_free(batch *b) {
     free(b->h);
     free(b->buf);
     free(b->res);
-    free(b->from_disk);
+    free(b->src);
     free(b);
 }
 
@@ -121,28 +180,54 @@ static bool write_block(osp_offload *o, const int32_t id, const void *bytes) {
     return s == OSP_OK;
 }
 
+#define XFER_TIMEOUT_S 10.0 /* a fetch's connect / send / receive stall limit */
+
 static void *loader_main(void *arg) {
     osp_offload *o = arg;
-    const size_t bb = osp_kv_offload_block_bytes(o->store);
+    const size_t bb = o->block_bytes;
     pthread_mutex_lock(&o->mu);
     for (;;) {
         batch *b = o->queue;
         while (b && b->n_done == b->n) b = b->next;
+        if (!b && o->releases) { /* releases after the loads: a load is someone's first token */
+            release *rl = o->releases;
+            o->releases = rl->next;
+            pthread_mutex_unlock(&o->mu);
+            osp_kv_xfer_fetch(rl->remote.remote_host, rl->remote.remote_port, rl->remote.remote_engine_id,
+                              rl->remote.remote_request_id, bb, NULL, 0, true, XFER_TIMEOUT_S, NULL, NULL);
+            free(rl); /* a failed release: the producer drops the copies at its timeout */
+            pthread_mutex_lock(&o->mu);
+            continue;
+        }
         if (!b) {
             if (o->stop) break;
             pthread_cond_wait(&o->wake, &o->mu);
             continue;
         }
         const int32_t i = b->n_done;
-        const bool skip = b->cancelled || !b->from_disk[i];
+        int32_t m = 1; /* blocks handled now: a run of remote ones goes in one fetch */
+        const bool skip = b->cancelled || b->src[i] == SRC_HOST;
+        if (!skip && b->src[i] == SRC_REMOTE)
+            while (i + m < b->n && b->src[i + m] == SRC_REMOTE) m++;
         pthread_mutex_unlock(&o->mu);
-        if (!skip) { /* the batch stays listed (poll and cancel only take done ones), so b lives */
+        /* the batch stays listed (poll and cancel only take done ones), so b lives */
+        if (!skip && b->src[i] == SRC_DISK) {
             const double t0 = now_s();
             b->res[i] = osp_kv_offload_read(o->store, &b->h[i], b->buf + (size_t)i * bb);
             b->read_s += now_s() - t0;
+        } else if (!skip) {
+            const double t0 = now_s();
+            const bool last = b->release && i + m == b->n;
+            const osp_status st = osp_kv_xfer_fetch(b->remote.remote_host, b->remote.remote_port,
+                                                    b->remote.remote_engine_id, b->remote.remote_request_id, bb,
+                                                    &b->h[i], m, last, XFER_TIMEOUT_S, b->buf + (size_t)i * bb,
+                                                    &b->res[i]);
+            b->remote_s += now_s() - t0;
+            if (st != OSP_OK) snprintf(b->remote_err, sizeof b->remote_err, "%s", osp_last_error());
         }
         pthread_mutex_lock(&o->mu);
-        if (++b->n_done == b->n && o->loaded) {
+        b->n_done += m;
+        if (b->n_done == b->n && o->loaded) {
             pthread_mutex_unlock(&o->mu); /* the engine's lock is taken inside: never under ours */
             o->loaded(o->loaded_ctx);
             pthread_mutex_lock(&o->mu);
@@ -152,23 +237,25 @@ static void *loader_main(void *arg) {
     return NULL;
 }
 
-static int32_t tier_start(void *ctx, const int32_t *ids, const osp_block_hash *hashes, int32_t n, uint64_t *token,
-                          int32_t *n_ok) {
+static int32_t tier_start(void *ctx, osp_request *r, const int32_t *ids, const osp_block_hash *hashes, int32_t first,
+                          int32_t n, uint64_t *token, int32_t *n_ok) {
     osp_offload *o = ctx;
     *token = 0;
     *n_ok = 0;
     if (o->err != OSP_OK) return 0;
-    bool any_disk = false;
-    for (int32_t i = 0; i < n && !any_disk; i++) any_disk = osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_DISK;
-    if (!any_disk || !o->loader_started) { /* host memory (or no loader): now, in order, up to the first miss */
+    /* where each block comes from: a tier first, else the producer (tier_contains said one holds it) */
+    bool any_bg = false;
+    for (int32_t i = 0; i < n && !any_bg; i++)
+        any_bg = !(o->store && osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_HOST);
+    if (!any_bg || !o->loader_started) { /* host memory (or no loader): now, in order, up to the first miss */
         const double t0 = now_s();
-        while (*n_ok < n && osp_kv_offload_get(o->store, &hashes[*n_ok], o->buf) &&
+        while (*n_ok < n && o->store && osp_kv_offload_get(o->store, &hashes[*n_ok], o->buf) &&
                write_block(o, ids[*n_ok], o->buf))
             ++*n_ok;
         if (*n_ok > 0) ema(&o->load_s, (now_s() - t0) / *n_ok);
         return n;
     }
-    const size_t bb = osp_kv_offload_block_bytes(o->store);
+    const size_t bb = o->block_bytes;
     int32_t m = 0; /* blocks the staging room takes (at least one while nothing is staged) */
     while (m < n && (o->staging_bytes + (size_t)(m + 1) * bb <= o->staging_cap || (o->staging_bytes == 0 && m == 0))) m++;
     if (m == 0) return 0; /* the buffers are taken: recomputed */
@@ -178,9 +265,9 @@ static int32_t tier_start(void *ctx, const int32_t *ids, const osp_block_hash *h
         b->h = malloc(sizeof *b->h * (size_t)m);
         b->buf = malloc(bb * (size_t)m);
         b->res = calloc((size_t)m, sizeof *b->res);
-        b->from_disk = calloc((size_t)m, sizeof *b->from_disk);
+        b->src = calloc((size_t)m, sizeof *b->src);
     }
-    if (!b || !b->ids || !b->h || !b->buf || !b->res || !b->from_disk) {
+    if (!b || !b->ids || !b->h || !b->buf || !b->res || !b->src) {
         batch_free(b);
         return 0; /* out of memory: recomputed */
     }
@@ -188,11 +275,19 @@ static int32_t tier_start(void *ctx, const int32_t *ids, const osp_block_hash *h
     memcpy(b->ids, ids, sizeof *ids * (size_t)m);
     memcpy(b->h, hashes, sizeof *hashes * (size_t)m);
     for (int32_t i = 0; i < m; i++) { /* host-tier blocks now: the tier may reuse their slots meanwhile */
-        b->from_disk[i] = osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_DISK;
-        if (!b->from_disk[i])
+        const int where = o->store ? osp_kv_offload_where(o->store, &hashes[i]) : -1;
+        b->src[i] = where == OSP_KV_TIER_HOST ? SRC_HOST : where == OSP_KV_TIER_DISK ? SRC_DISK : SRC_REMOTE;
+        if (b->src[i] == SRC_HOST)
             b->res[i] = osp_kv_offload_get_host(o->store, &hashes[i], b->buf + (size_t)i * bb) ? OSP_KV_READ_OK
                                                                                             : OSP_KV_READ_MISSING;
+        if (b->src[i] == SRC_REMOTE) {
+            b->remote = r->kv_xfer;
+            if (first + i + 1 > r->kv_xfer_tried) r->kv_xfer_tried = first + i + 1; /* asked for once */
+        }
     }
+    /* the request's last remote blocks: the producer drops its copies after answering */
+    if (b->src[m - 1] == SRC_REMOTE && r->kv_xfer_tried >= r->kv_xfer.remote_num_blocks && !r->kv_xfer_released)
+        b->release = r->kv_xfer_released = true;
     b->token = ++o->next_token;
     o->staging_bytes += (size_t)m * bb;
     pthread_mutex_lock(&o->mu);
@@ -215,9 +310,26 @@ static void unlink_batch(osp_offload *o, batch *b) {
     b->next = NULL;
 }
 
+/* A finished batch's remote outcomes into the consumer's counts (and a warning for a failed fetch). */
+static void count_remote(osp_offload *o, const batch *b) {
+    int32_t ok = 0, bad = 0;
+    for (int32_t i = 0; i < b->n; i++)
+        if (b->src[i] == SRC_REMOTE) b->res[i] == OSP_KV_READ_OK ? ok++ : bad++;
+    o->recv_blocks += ok;
+    o->failed_blocks += bad;
+    o->recv_s += b->remote_s;
+    if (b->remote_err[0]) log_xfer(o, b->remote_err);
+    else if (bad > 0) {
+        char what[400];
+        snprintf(what, sizeof what, "%d of %d blocks did not come from %s:%d (not held there, or corrupt)", bad,
+                 ok + bad, b->remote.remote_host, b->remote.remote_port);
+        log_xfer(o, what);
+    }
+}
+
 static bool tier_poll(void *ctx, uint64_t *token, int32_t *n_ok) {
     osp_offload *o = ctx;
-    const size_t bb = osp_kv_offload_block_bytes(o->store);
+    const size_t bb = o->block_bytes;
     for (;;) {
         pthread_mutex_lock(&o->mu);
         batch *b = o->queue;
@@ -228,13 +340,14 @@ static bool tier_poll(void *ctx, uint64_t *token, int32_t *n_ok) {
         o->staging_bytes -= (size_t)b->n * bb;
         if (b->cancelled) { /* its request went away: nothing is written, the disk outcomes still count */
             for (int32_t i = 0; i < b->n; i++)
-                if (b->from_disk[i]) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]);
+                if (b->src[i] == SRC_DISK) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]);
             batch_free(b);
             continue;
         }
+        count_remote(o, b);
         int32_t ok = 0, n_disk = 0;
         for (int32_t i = 0; i < b->n; i++) {
-            if (b->from_disk[i]) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]), n_disk++;
+            if (b->src[i] == SRC_DISK) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]), n_disk++;
             if (ok == i && b->res[i] == OSP_KV_READ_OK && write_block(o, b->ids[i], b->buf + (size_t)i * bb)) ok++;
         }
         if (n_disk > 0 && b->read_s > 0) ema(&o->load_s, b->read_s / n_disk);
@@ -255,10 +368,44 @@ static void tier_cancel(void *ctx, uint64_t token) {
 
 /* ---- fingerprint ------------------------------------------------------------------------------- */
 
-static uint64_t fingerprint(const osp_offload_identity *id, const osp_kv_cache *kv) {
-    char text[PATH_MAX + 512];
+/* The model's content for a transfer's engine id: its size and XXH3 of its first and last 4 MiB (the GGUF
+ * header, metadata and tensor table, and the last tensors' data), so two hosts with copies of one file
+ * agree where a path and a modification time would not. 0 when the file cannot be read. */
+static uint64_t model_content_hash(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    enum { SPAN = 4 << 20 };
+    uint8_t *buf = malloc(SPAN);
+    XXH3_state_t *st = XXH3_createState();
+    uint64_t h = 0;
+    if (buf && st && fseeko(f, 0, SEEK_END) == 0) {
+        const off_t size = ftello(f);
+        XXH3_64bits_reset(st);
+        XXH3_64bits_update(st, &size, sizeof size);
+        const off_t tail = size > SPAN ? size - SPAN : 0;
+        size_t got = 0;
+        if (fseeko(f, 0, SEEK_SET) == 0 && (got = fread(buf, 1, SPAN, f)) > 0) XXH3_64bits_update(st, buf, got);
+        if (tail > 0 && fseeko(f, tail, SEEK_SET) == 0 && (got = fread(buf, 1, SPAN, f)) > 0)
+            XXH3_64bits_update(st, buf, got);
+        h = XXH3_64bits_digest(st);
+    }
+    XXH3_freeState(st);
+    free(buf);
+    fclose(f);
+    return h;
+}
+
+/* Identity of the KV a block holds. The disk tier's fingerprint (content = false) names the model file
+ * by real path, size and modification time (cheap at every start; a replaced file starts afresh); a
+ * transfer's engine id (content = true) by size and content (model_content_hash), plus the block hashes'
+ * algorithm and seed. Both cover the device, the exact / quantized-weights modes, the page formats and
+ * the fixed scales. */
+static uint64_t identity_hash(const osp_offload_identity *id, const osp_kv_cache *kv, bool content) {
+    char text[PATH_MAX + 640];
     int n = 0;
-    if (id->model_path) {
+    if (id->model_path && content) {
+        n = snprintf(text, sizeof text, "model-content=%016llx", (unsigned long long)model_content_hash(id->model_path));
+    } else if (id->model_path) {
         char real[PATH_MAX];
         struct stat sb = {0};
         const char *path = realpath(id->model_path, real) ? real : id->model_path;
@@ -270,11 +417,16 @@ static uint64_t fingerprint(const osp_offload_identity *id, const osp_kv_cache *
                      (unsigned long long)id->random_seed);
     }
     if (n < 0 || n >= (int)sizeof text) n = (int)sizeof text - 1;
-    snprintf(text + n, sizeof text - (size_t)n,
-             " device=%d exact=%d qw=%d layers=%d block=%d k=%d/%zu/%zu/%d v=%d/%zu/%zu/%d", id->device, id->exact,
-             id->gpu_quant_weights, kv->n_layer, kv->block_size, (int)kv->k_fmt.elem_type, kv->k_fmt.bytes_per_token,
-             kv->k_fmt.scale_bytes_per_token, kv->k_fmt.k_hadamard, (int)kv->v_fmt.elem_type, kv->v_fmt.bytes_per_token,
-             kv->v_fmt.scale_bytes_per_token, kv->v_fmt.k_hadamard);
+    int m = snprintf(text + n, sizeof text - (size_t)n,
+                     " device=%d exact=%d qw=%d layers=%d block=%d k=%d/%zu/%zu/%d v=%d/%zu/%zu/%d", id->device, id->exact,
+                     id->gpu_quant_weights, kv->n_layer, kv->block_size, (int)kv->k_fmt.elem_type,
+                     kv->k_fmt.bytes_per_token, kv->k_fmt.scale_bytes_per_token, kv->k_fmt.k_hadamard,
+                     (int)kv->v_fmt.elem_type, kv->v_fmt.bytes_per_token, kv->v_fmt.scale_bytes_per_token,
+                     kv->v_fmt.k_hadamard);
+    if (m > 0 && n + m < (int)sizeof text) n += m;
+    if (content && n < (int)sizeof text)
+        snprintf(text + n, sizeof text - (size_t)n, " hash=%d/%016llx", (int)id->hash_algo,
+                 (unsigned long long)id->hash_seed);
     XXH3_state_t *st = XXH3_createState();
     uint64_t fp = 0;
     if (st) {
@@ -302,12 +454,25 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     o->no_cost_model = cfg->no_cost_model;
     o->sink = cfg->sink;
     o->algo = cfg->hash_algo;
-    const size_t bytes = osp_kv_cache_block_bytes(kv);
+    o->role = cfg->role;
+    o->block_bytes = osp_kv_cache_block_bytes(kv);
+    const bool tiers_on = cfg->tiers.host_bytes != 0 || (cfg->tiers.disk_dir && cfg->tiers.disk_dir[0]);
     osp_kv_offload_config tiers = cfg->tiers;
     tiers.listener = o->sink ? on_tier_change : NULL;
     tiers.listener_ctx = o;
-    osp_status s = osp_kv_offload_create(&tiers, bytes, fingerprint(id, kv), &o->store);
-    if (s == OSP_OK && !(o->buf = malloc(bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+    osp_status s = OSP_OK;
+    if (tiers_on) s = osp_kv_offload_create(&tiers, o->block_bytes, identity_hash(id, kv, false), &o->store);
+    if (s == OSP_OK && !(o->buf = malloc(o->block_bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+    if (s == OSP_OK && o->role != OSP_KV_ROLE_NONE) {
+        o->engine_id = identity_hash(id, kv, true);
+        snprintf(o->xfer_host, sizeof o->xfer_host, "%s", cfg->xfer_ip && cfg->xfer_ip[0] ? cfg->xfer_ip : "127.0.0.1");
+    }
+    if (s == OSP_OK && is_producer(o)) {
+        const osp_kv_xfer_server_config xc = {.ip = o->xfer_host, .port = cfg->xfer_port, .block_bytes = o->block_bytes,
+                                              .engine_id = o->engine_id, .cap_bytes = cfg->xfer_cap_bytes,
+                                              .timeout_s = cfg->xfer_timeout_s};
+        s = osp_kv_xfer_server_create(&xc, &o->xsrv);
+    }
     if (s != OSP_OK) {
         osp_kv_offload_destroy(o->store);
         free(o->buf);
@@ -320,7 +485,7 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     o->loaded_ctx = cfg->loaded_ctx;
     o->log = cfg->log;
     o->log_ctx = cfg->log_ctx;
-    if (o->log) {
+    if (o->log && o->store) {
         const osp_kv_offload_stats st = osp_kv_offload_get_stats(o->store);
         char line[1200];
         if (st.found_at_start > 0) {
@@ -337,14 +502,16 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
         }
     }
     o->staging_cap = STAGING_BYTES;
-    if (cfg->tiers.disk_dir && cfg->tiers.disk_dir[0]) {
+    if ((cfg->tiers.disk_dir && cfg->tiers.disk_dir[0]) || is_consumer(o)) {
         if (pthread_create(&o->loader, NULL, loader_main, o) == 0) o->loader_started = true;
-        /* else: disk blocks load on the step thread (tier_start's synchronous path) */
+        /* else: disk blocks load on the step thread (tier_start's synchronous path); remote ones are computed */
     }
-    osp_block_pool_set_evict_hook(osp_scheduler_pool(sched), on_evict, o);
-    const osp_sched_tier t = {.ctx = o, .contains = tier_contains, .worth = tier_worth, .start = tier_start,
-                              .poll = tier_poll, .cancel = tier_cancel};
-    osp_scheduler_set_tier(sched, &t);
+    if (o->store) osp_block_pool_set_evict_hook(osp_scheduler_pool(sched), on_evict, o);
+    if (o->store || is_consumer(o)) {
+        const osp_sched_tier t = {.ctx = o, .contains = tier_contains, .worth = tier_worth, .start = tier_start,
+                                  .poll = tier_poll, .cancel = tier_cancel};
+        osp_scheduler_set_tier(sched, &t);
+    }
     *out = o;
     return OSP_OK;
 }
@@ -361,19 +528,76 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
         for (batch *b = o->queue; b; b = b->next) b->cancelled = true; /* the loader skips what is left */
         pthread_cond_signal(&o->wake);
         pthread_mutex_unlock(&o->mu);
-        pthread_join(o->loader, NULL);
+        pthread_join(o->loader, NULL); /* it sends the releases queued before it stops */
     }
     for (batch *b = o->queue, *next; b; b = next) next = b->next, batch_free(b);
+    for (release *rl = o->releases, *next; rl; rl = next) next = rl->next, free(rl);
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->wake);
+    osp_kv_xfer_server_destroy(o->xsrv);
     osp_kv_offload_destroy(o->store);
     free(o->buf);
     free(o);
 }
 
+/* ---- prefill/decode transfer ------------------------------------------------------------------- */
+
+typedef struct hold_ctx {
+    osp_offload *o;
+    const osp_request *r;
+} hold_ctx;
+
+static osp_status hold_read(void *ctx, int32_t i, void *dst) {
+    const hold_ctx *h = ctx;
+    return osp_kv_cache_block_read(h->o->kv, h->r->block_ids[i], dst);
+}
+
+osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
+    r->kv_xfer_id = 0;
+    r->kv_xfer_blocks = 0;
+    if (!o->xsrv) return OSP_OK;
+    int32_t n = r->num_prompt / o->kv->block_size; /* full prompt blocks: those the consumer can match */
+    if (n > r->num_hashes) n = r->num_hashes;
+    if (n <= 0) return OSP_OK;
+    hold_ctx h = {.o = o, .r = r};
+    osp_status err = OSP_OK;
+    const uint64_t id = osp_kv_xfer_server_hold(o->xsrv, r->hashes, n, hold_read, &h, &err);
+    if (err != OSP_OK) return err;
+    if (id != 0) r->kv_xfer_id = id, r->kv_xfer_blocks = n;
+    return OSP_OK;
+}
+
+void osp_offload_admitted(osp_offload *o, osp_request *r) {
+    if (!is_consumer(o) || !r->has_kv_xfer || !r->kv_xfer.do_remote_prefill || r->kv_xfer_released) return;
+    r->kv_xfer_released = true;
+    if (!o->loader_started) return; /* the producer drops its copies at its timeout */
+    release *rl = calloc(1, sizeof *rl);
+    if (!rl) return;
+    rl->remote = r->kv_xfer;
+    pthread_mutex_lock(&o->mu);
+    release **pp = &o->releases;
+    while (*pp) pp = &(*pp)->next;
+    *pp = rl;
+    pthread_cond_signal(&o->wake);
+    pthread_mutex_unlock(&o->mu);
+}
+
+osp_kv_xfer_server *osp_offload_producer(const osp_offload *o) { return o->xsrv; }
+
+osp_kv_transfer_info osp_offload_transfer_info(const osp_offload *o) {
+    osp_kv_transfer_info info = {.role = o ? o->role : OSP_KV_ROLE_NONE};
+    if (!o || o->role == OSP_KV_ROLE_NONE) return info;
+    snprintf(info.host, sizeof info.host, "%s", o->xfer_host);
+    info.port = o->xsrv ? osp_kv_xfer_server_port(o->xsrv) : 0;
+    info.engine_id = o->engine_id;
+    return info;
+}
+
+/* ---- step bookkeeping -------------------------------------------------------------------------- */
+
 void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds) {
     if (tokens >= PROMPT_STEP_TOKENS && seconds > 0) ema(&o->prefill_s, seconds / tokens);
-    if (!o->log) return;
+    if (!o->log || !o->store) return;
     const osp_kv_offload_stats st = osp_kv_offload_get_stats(o->store);
     if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt) return;
     const double now = now_s();
@@ -397,6 +621,9 @@ bool osp_offload_busy(osp_offload *o) {
 }
 
 osp_offload_stats osp_offload_get_stats(const osp_offload *o) {
-    return (osp_offload_stats){.store = osp_kv_offload_get_stats(o->store), .load_s_per_block = o->load_s,
-                               .prefill_s_per_token = o->prefill_s};
+    osp_offload_stats st = {.load_s_per_block = o->load_s, .prefill_s_per_token = o->prefill_s,
+                            .recv_blocks = o->recv_blocks, .failed_blocks = o->failed_blocks, .recv_s = o->recv_s};
+    if (o->store) st.store = osp_kv_offload_get_stats(o->store);
+    if (o->xsrv) st.producer = osp_kv_xfer_server_get_stats(o->xsrv);
+    return st;
 }

@@ -103,6 +103,11 @@ osp_status osp_request_create(const osp_request_params *rp, int32_t max_model_le
     r->min_tokens = rp->min_tokens;
     r->ignore_eos = rp->ignore_eos;
     r->cache_salt = rp->cache_salt;
+    if (rp->kv_transfer && (rp->kv_transfer->do_remote_decode || rp->kv_transfer->do_remote_prefill)) {
+        r->has_kv_xfer = true;
+        r->kv_xfer = *rp->kv_transfer;
+        r->kv_xfer.remote_host[sizeof r->kv_xfer.remote_host - 1] = '\0';
+    }
     r->pooling = rp->pooling;
     r->embd_normalize = rp->embd_normalize;
     r->callback = rp->callback;

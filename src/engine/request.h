@@ -57,6 +57,15 @@ typedef struct osp_request {
     int32_t fork_token;         /* set by the runner on children at the fork step: their first token */
     bool needs_row;             /* running, but the runner holds no row for it yet (a forked child) */
     bool tier_loading;          /* waiting while KV offload loads its prefix blocks in the background */
+    /* prefill/decode disaggregation (osp_request_params.kv_transfer, copied): a producer's request holds
+       its prompt blocks for a consumer when it finishes; a consumer's loads blocks [kv_xfer_tried,
+       remote_num_blocks) from the producer at admission (each block is asked for once: one that does
+       not load is computed) and releases the producer's copies once admitted (kv_xfer_released) */
+    bool has_kv_xfer, kv_xfer_released;
+    osp_kv_transfer_params kv_xfer;
+    int32_t kv_xfer_tried;
+    uint64_t kv_xfer_id;        /* a producer's: the transfer its finished prompt is held under (0: none) */
+    int32_t kv_xfer_blocks;     /* and its block count */
     char error[160];            /* with OSP_FINISH_ERROR */
 
     /* logprobs */

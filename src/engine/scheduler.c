@@ -322,10 +322,10 @@ static void tier_forget(osp_scheduler *s, const osp_request *r) {
  * when the load goes on in the background (r waits; its blocks are held in s->pend). */
 static int32_t tier_fill(osp_scheduler *s, osp_request *r, int32_t n_hits, int32_t max_hit) {
     int32_t n = 0;
-    while (n_hits + n < max_hit && s->tier.contains(s->tier.ctx, &r->hashes[n_hits + n])) n++;
+    while (n_hits + n < max_hit && s->tier.contains(s->tier.ctx, r, n_hits + n, &r->hashes[n_hits + n])) n++;
     if (n == 0) return n_hits;
     const int32_t bs = s->cfg.block_size;
-    if (!s->tier.worth(s->tier.ctx, n)) {
+    if (!s->tier.worth(s->tier.ctx, r, n)) {
         s->stats.tier_skipped_tokens += (int64_t)n * bs;
         return n_hits;
     }
@@ -336,7 +336,7 @@ static int32_t tier_fill(osp_scheduler *s, osp_request *r, int32_t n_hits, int32
     uint64_t token = 0;
     int32_t took = 0, n_ok = 0;
     if (n > 0 && osp_block_pool_alloc(s->pool, n, s->tier_ids) == OSP_OK) {
-        took = s->tier.start(s->tier.ctx, s->tier_ids, r->hashes + n_hits, n, &token, &n_ok);
+        took = s->tier.start(s->tier.ctx, r, s->tier_ids, r->hashes + n_hits, n_hits, n, &token, &n_ok);
         if (took < 0) took = 0;
         for (int32_t i = n - 1; i >= took; i--) osp_block_pool_release(s->pool, &s->tier_ids[i], 1);
     }

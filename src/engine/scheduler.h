@@ -86,14 +86,16 @@ typedef struct osp_scheduler_stats {
  * that part of the prompt is computed. All callbacks run inside the scheduler's calls. */
 typedef struct osp_sched_tier {
     void *ctx;
-    bool (*contains)(void *ctx, const osp_block_hash *h); /* held now (no I/O) */
-    bool (*worth)(void *ctx, int32_t n_blocks);            /* loading beats recomputing them */
-    /* Loads hashes[0..n) into pool blocks ids[0..n). Returns how many it took on (a prefix of the n; the
-     * rest are not loaded). *token == 0: done now, *n_ok of them loaded (a prefix, pages written);
-     * *token != 0: loading in the background, the blocks must stay out of use until poll returns the
-     * token. */
-    int32_t (*start)(void *ctx, const int32_t *ids, const osp_block_hash *hashes, int32_t n, uint64_t *token,
-                     int32_t *n_ok);
+    /* block `index` of r's prompt (hash h) is held below the pool now (no I/O): in a tier, or at r's
+       producer (prefill/decode disaggregation) */
+    bool (*contains)(void *ctx, osp_request *r, int32_t index, const osp_block_hash *h);
+    bool (*worth)(void *ctx, const osp_request *r, int32_t n_blocks); /* loading beats recomputing them */
+    /* Loads blocks first..first+n of r (hashes[0..n)) into pool blocks ids[0..n). Returns how many it took
+     * on (a prefix of the n; the rest are not loaded). *token == 0: done now, *n_ok of them loaded (a
+     * prefix, pages written); *token != 0: loading in the background, the blocks must stay out of use
+     * until poll returns the token. */
+    int32_t (*start)(void *ctx, osp_request *r, const int32_t *ids, const osp_block_hash *hashes, int32_t first,
+                     int32_t n, uint64_t *token, int32_t *n_ok);
     /* A finished background load: true with its token and *n_ok (the prefix whose pages are written),
      * false when none is finished. */
     bool (*poll)(void *ctx, uint64_t *token, int32_t *n_ok);

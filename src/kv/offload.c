@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "core/le.h"
 #include "core/status_internal.h"
 #include "kv/hash_index.h"
 
@@ -53,25 +54,6 @@ struct osp_kv_offload {
 
 static void tell(const osp_kv_offload *o, const osp_block_hash *h, int tier, bool stored) {
     if (o->listener) o->listener(o->listener_ctx, h, tier, stored);
-}
-
-/* ---- little-endian fields ------------------------------------------------------------------- */
-
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
 }
 
 /* ---- index ------------------------------------------------------------------------------------ */
@@ -191,22 +173,22 @@ static size_t read_all(int fd, void *p, size_t n) {
 
 static void header_make(const osp_kv_offload *o, const osp_block_hash *h, const void *payload, uint8_t *hdr) {
     memcpy(hdr, MAGIC, 8);
-    put_u32(hdr + 8, FORMAT_VERSION);
-    put_u32(hdr + 12, 0);
-    put_u64(hdr + 16, o->fp);
-    put_u64(hdr + 24, h->lo);
-    put_u64(hdr + 32, h->hi);
-    put_u64(hdr + 40, h->ext[0]);
-    put_u64(hdr + 48, h->ext[1]);
-    put_u64(hdr + 56, (uint64_t)o->block_bytes);
-    put_u64(hdr + 64, XXH3_64bits_withSeed(payload, o->block_bytes, o->fp));
+    osp_put_le32(hdr + 8, FORMAT_VERSION);
+    osp_put_le32(hdr + 12, 0);
+    osp_put_le64(hdr + 16, o->fp);
+    osp_put_le64(hdr + 24, h->lo);
+    osp_put_le64(hdr + 32, h->hi);
+    osp_put_le64(hdr + 40, h->ext[0]);
+    osp_put_le64(hdr + 48, h->ext[1]);
+    osp_put_le64(hdr + 56, (uint64_t)o->block_bytes);
+    osp_put_le64(hdr + 64, XXH3_64bits_withSeed(payload, o->block_bytes, o->fp));
 }
 
 /* Whether hdr belongs to this store and names h (the checksum is not looked at). */
 static bool header_ok(const osp_kv_offload *o, const osp_block_hash *h, const uint8_t *hdr) {
-    return memcmp(hdr, MAGIC, 8) == 0 && get_u32(hdr + 8) == FORMAT_VERSION && get_u64(hdr + 16) == o->fp &&
-           get_u64(hdr + 24) == h->lo && get_u64(hdr + 32) == h->hi && get_u64(hdr + 40) == h->ext[0] &&
-           get_u64(hdr + 48) == h->ext[1] && get_u64(hdr + 56) == (uint64_t)o->block_bytes;
+    return memcmp(hdr, MAGIC, 8) == 0 && osp_get_le32(hdr + 8) == FORMAT_VERSION && osp_get_le64(hdr + 16) == o->fp &&
+           osp_get_le64(hdr + 24) == h->lo && osp_get_le64(hdr + 32) == h->hi && osp_get_le64(hdr + 40) == h->ext[0] &&
+           osp_get_le64(hdr + 48) == h->ext[1] && osp_get_le64(hdr + 56) == (uint64_t)o->block_bytes;
 }
 
 static osp_status mkdir_p(const char *path);
@@ -246,7 +228,7 @@ osp_kv_read_result osp_kv_offload_read(const osp_kv_offload *o, const osp_block_
     const bool ok = read_all(fd, hdr, sizeof hdr) == sizeof hdr && header_ok(o, h, hdr) &&
                     read_all(fd, dst, o->block_bytes) == o->block_bytes && read_all(fd, &extra, 1) == 0;
     close(fd);
-    return ok && XXH3_64bits_withSeed(dst, o->block_bytes, o->fp) == get_u64(hdr + 64) ? OSP_KV_READ_OK
+    return ok && XXH3_64bits_withSeed(dst, o->block_bytes, o->fp) == osp_get_le64(hdr + 64) ? OSP_KV_READ_OK
                                                                                        : OSP_KV_READ_CORRUPT;
 }
 

@@ -13,6 +13,8 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "core/le.h"
+
 /* ---- sha256 (FIPS 180-4 §6.2) ---------------------------------------------------------------- */
 
 typedef struct sha256_ctx {
@@ -141,16 +143,6 @@ osp_prefix_hasher osp_prefix_hasher_make(osp_prefix_hash_algo algo, bool seed_se
     return h;
 }
 
-static uint64_t get_le64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static void put_le64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 static uint64_t bswap64(uint64_t v) { return __builtin_bswap64(v); }
 
 uint64_t osp_block_hash_external(const osp_block_hash *h, osp_prefix_hash_algo algo) {
@@ -170,8 +162,8 @@ static osp_block_hash hash_cbor(const osp_prefix_hasher *h, const osp_block_hash
     size_t k = osp_cbor_head(buf, 4, 3);  /* [parent, tokens, extra] */
     k += osp_cbor_head(buf + k, 2, 32);  /* parent: a 32-byte byte string */
     if (parent) {
-        put_le64(buf + k, parent->lo), put_le64(buf + k + 8, parent->hi);
-        put_le64(buf + k + 16, parent->ext[0]), put_le64(buf + k + 24, parent->ext[1]);
+        osp_put_le64(buf + k, parent->lo), osp_put_le64(buf + k + 8, parent->hi);
+        osp_put_le64(buf + k + 16, parent->ext[0]), osp_put_le64(buf + k + 24, parent->ext[1]);
     } else memcpy(buf + k, h->none_hash, 32);
     k += 32;
     k += osp_cbor_head(buf + k, 4, (uint64_t)n);
@@ -199,18 +191,18 @@ static osp_block_hash hash_cbor(const osp_prefix_hasher *h, const osp_block_hash
     }
     uint8_t d[32];
     sha256_final(&c, d);
-    return (osp_block_hash){.lo = get_le64(d), .hi = get_le64(d + 8), .ext = {get_le64(d + 16), get_le64(d + 24)}};
+    return (osp_block_hash){.lo = osp_get_le64(d), .hi = osp_get_le64(d + 8), .ext = {osp_get_le64(d + 16), osp_get_le64(d + 24)}};
 }
 
 osp_block_hash osp_prefix_hash_block(const osp_prefix_hasher *h, const osp_block_hash *parent,
                                      const int32_t *tokens, int32_t n, const void *extra, size_t extra_len) {
     if (h->algo == OSP_PREFIX_HASH_SHA256_CBOR) return hash_cbor(h, parent, tokens, n, extra, extra_len);
     uint8_t head[8 + 1 + 16 + 4] = {0};
-    put_le64(head, h->seed);
+    osp_put_le64(head, h->seed);
     if (parent) {
         head[8] = 1;
-        put_le64(head + 9, parent->lo);
-        put_le64(head + 17, parent->hi);
+        osp_put_le64(head + 9, parent->lo);
+        osp_put_le64(head + 17, parent->hi);
     }
     for (int i = 0; i < 4; i++) head[25 + i] = (uint8_t)((uint32_t)n >> (8 * i));
     uint8_t tok[4 * 64];

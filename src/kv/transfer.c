@@ -1,0 +1,474 @@
+/* KV block transfer over TCP (see transfer.h). */
+#include "kv/transfer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "core/le.h"
+#include "core/status_internal.h"
+
+#define REQ_MAGIC "OSPKVQ01"
+#define RESP_MAGIC "OSPKVR01"
+#define REQ_HEADER 40  /* magic, engine id, transfer id, block bytes, n, flags */
+#define RESP_HEADER 16 /* magic, status, n */
+#define FLAG_RELEASE 1u
+enum { ST_OK = 0, ST_NO_TRANSFER = 1, ST_FOREIGN = 2, ST_MALFORMED = 3 };
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void put_hash(uint8_t *p, const osp_block_hash *h) {
+    osp_put_le64(p, h->lo);
+    osp_put_le64(p + 8, h->hi);
+    osp_put_le64(p + 16, h->ext[0]);
+    osp_put_le64(p + 24, h->ext[1]);
+}
+
+static osp_block_hash get_hash(const uint8_t *p) {
+    return (osp_block_hash){.lo = osp_get_le64(p), .hi = osp_get_le64(p + 8),
+                            .ext = {osp_get_le64(p + 16), osp_get_le64(p + 24)}};
+}
+
+static bool hash_eq(const osp_block_hash *a, const osp_block_hash *b) {
+    return a->lo == b->lo && a->hi == b->hi && a->ext[0] == b->ext[0] && a->ext[1] == b->ext[1];
+}
+
+/* ---- sockets ------------------------------------------------------------------------------------ */
+
+static void set_timeouts(int fd, double s) {
+    struct timeval tv = {.tv_sec = (time_t)s, .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/* All n bytes, or false (EOF, error, timeout). */
+static bool read_full(int fd, void *buf, size_t n) {
+    uint8_t *p = buf;
+    while (n > 0) {
+        const ssize_t r = recv(fd, p, n, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        p += r, n -= (size_t)r;
+    }
+    return true;
+}
+
+/* Sends the iovecs whole (MSG_NOSIGNAL: a closed peer is an error, not a signal), or false. */
+static bool send_all(int fd, struct iovec *iov, int cnt) {
+    while (cnt > 0) {
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        while (cnt > 0 && (size_t)w >= iov->iov_len) w -= (ssize_t)iov->iov_len, iov++, cnt--;
+        if (cnt > 0) iov->iov_base = (uint8_t *)iov->iov_base + w, iov->iov_len -= (size_t)w;
+    }
+    return true;
+}
+
+/* ---- the producer's server ----------------------------------------------------------------------- */
+
+typedef struct xfer {
+    uint64_t id;
+    int32_t n;
+    osp_block_hash *h; /* [n] */
+    uint8_t *data;     /* [n * block_bytes] */
+    double deadline;
+    int32_t refs;      /* answers in progress (the serving thread) */
+    bool listed;       /* false once dropped or released: freed when refs reaches 0 */
+    struct xfer *next; /* oldest first */
+} xfer;
+
+struct osp_kv_xfer_server {
+    osp_kv_xfer_server_config cfg;
+    int fd, port;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    pthread_mutex_t mu;
+    xfer *head, *tail; /* under mu */
+    size_t bytes;      /* of the listed transfers, under mu */
+    uint64_t next_id;  /* under mu */
+    osp_kv_xfer_server_stats st; /* under mu */
+};
+
+static void xfer_free(xfer *x) {
+    if (!x) return;
+    free(x->h);
+    free(x->data);
+    free(x);
+}
+
+/* Takes x out of the list (mu held); frees it unless an answer is using it. */
+static void unlist(osp_kv_xfer_server *s, xfer *x) {
+    xfer **pp = &s->head, *prev = NULL;
+    while (*pp && *pp != x) prev = *pp, pp = &(*pp)->next;
+    if (!*pp) return;
+    *pp = x->next;
+    if (s->tail == x) s->tail = prev;
+    x->next = NULL;
+    x->listed = false;
+    s->bytes -= (size_t)x->n * s->cfg.block_bytes;
+    s->st.held--;
+    s->st.held_blocks -= x->n;
+    if (x->refs == 0) xfer_free(x);
+}
+
+static void sweep_expired(osp_kv_xfer_server *s) {
+    const double t = now_s();
+    pthread_mutex_lock(&s->mu);
+    for (xfer *x = s->head, *next; x; x = next) {
+        next = x->next;
+        if (x->deadline <= t) {
+            s->st.dropped++;
+            unlist(s, x);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void answer_status(int fd, uint32_t status) {
+    uint8_t hdr[RESP_HEADER];
+    memcpy(hdr, RESP_MAGIC, 8);
+    osp_put_le32(hdr + 8, status);
+    osp_put_le32(hdr + 12, 0);
+    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
+    send_all(fd, &iov, 1);
+}
+
+static void serve_one(osp_kv_xfer_server *s, int fd) {
+    set_timeouts(fd, s->cfg.io_timeout_s);
+    uint8_t hdr[REQ_HEADER];
+    if (!read_full(fd, hdr, sizeof hdr)) return;
+    const uint64_t engine_id = osp_get_le64(hdr + 8), id = osp_get_le64(hdr + 16), bb = osp_get_le64(hdr + 24);
+    const uint32_t n = osp_get_le32(hdr + 32), flags = osp_get_le32(hdr + 36);
+    if (memcmp(hdr, REQ_MAGIC, 8) != 0 || n > OSP_KV_XFER_MAX_BLOCKS || (flags & ~FLAG_RELEASE) != 0) {
+        pthread_mutex_lock(&s->mu);
+        s->st.bad_requests++;
+        pthread_mutex_unlock(&s->mu);
+        answer_status(fd, ST_MALFORMED);
+        return;
+    }
+    uint8_t *raw = n ? malloc((size_t)n * OSP_KV_XFER_HASH_BYTES) : NULL;
+    if (n && !raw) return; /* out of memory: the consumer sees a cut answer and recomputes */
+    if (n && !read_full(fd, raw, (size_t)n * OSP_KV_XFER_HASH_BYTES)) {
+        free(raw);
+        return;
+    }
+    if (engine_id != s->cfg.engine_id || bb != s->cfg.block_bytes) {
+        free(raw);
+        pthread_mutex_lock(&s->mu);
+        s->st.bad_requests++;
+        pthread_mutex_unlock(&s->mu);
+        answer_status(fd, ST_FOREIGN);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    xfer *x = s->head;
+    while (x && x->id != id) x = x->next;
+    if (x) x->refs++;
+    pthread_mutex_unlock(&s->mu);
+    if (!x) {
+        free(raw);
+        answer_status(fd, ST_NO_TRANSFER);
+        return;
+    }
+    uint8_t rh[RESP_HEADER];
+    memcpy(rh, RESP_MAGIC, 8);
+    osp_put_le32(rh + 8, ST_OK);
+    osp_put_le32(rh + 12, n);
+    struct iovec iov[3] = {{.iov_base = rh, .iov_len = sizeof rh}};
+    bool ok = send_all(fd, iov, 1);
+    int64_t sent = 0;
+    int32_t at = 0; /* where the last block was found: a consumer asks in the transfer's order */
+    for (uint32_t i = 0; ok && i < n; i++) {
+        const osp_block_hash h = get_hash(raw + (size_t)i * OSP_KV_XFER_HASH_BYTES);
+        int32_t j = -1;
+        for (int32_t k = 0; k < x->n && j < 0; k++) {
+            const int32_t c = (at + k) % x->n;
+            if (hash_eq(&x->h[c], &h)) j = c;
+        }
+        uint8_t found = j >= 0, sum[8];
+        iov[0] = (struct iovec){.iov_base = &found, .iov_len = 1};
+        int cnt = 1;
+        if (j >= 0) {
+            const uint8_t *p = x->data + (size_t)j * s->cfg.block_bytes;
+            osp_put_le64(sum, XXH3_64bits(p, s->cfg.block_bytes));
+            iov[1] = (struct iovec){.iov_base = (void *)p, .iov_len = s->cfg.block_bytes};
+            iov[2] = (struct iovec){.iov_base = sum, .iov_len = 8};
+            cnt = 3;
+            at = j + 1;
+        }
+        ok = send_all(fd, iov, cnt);
+        if (ok && j >= 0) sent++;
+    }
+    free(raw);
+    pthread_mutex_lock(&s->mu);
+    s->st.sent_blocks += sent;
+    x->refs--;
+    if (ok && (flags & FLAG_RELEASE) && x->listed) {
+        s->st.released++;
+        unlist(s, x); /* frees it (refs is 0 now) */
+    } else if (!x->listed && x->refs == 0) {
+        xfer_free(x); /* dropped while it was being sent */
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *serve_main(void *arg) {
+    osp_kv_xfer_server *s = arg;
+    while (!atomic_load(&s->stop)) {
+        struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
+        const int r = poll(&pfd, 1, 200);
+        sweep_expired(s);
+        if (r <= 0) continue;
+        const int c = accept(s->fd, NULL, NULL);
+        if (c < 0) continue;
+        serve_one(s, c);
+        close(c);
+    }
+    return NULL;
+}
+
+osp_status osp_kv_xfer_server_create(const osp_kv_xfer_server_config *cfg, osp_kv_xfer_server **out) {
+    *out = NULL;
+    if (!cfg || cfg->block_bytes == 0 || cfg->port < 0 || cfg->port > 65535)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv transfer: bad server configuration (block bytes %zu, port %d)",
+                             cfg ? cfg->block_bytes : 0, cfg ? cfg->port : -1);
+    osp_kv_xfer_server *s = calloc(1, sizeof *s);
+    if (!s) return osp_set_error(OSP_ERR_NOMEM, "kv transfer: out of memory");
+    s->cfg = *cfg;
+    if (s->cfg.io_timeout_s <= 0) s->cfg.io_timeout_s = 10.0;
+    const char *ip = cfg->ip && cfg->ip[0] ? cfg->ip : "127.0.0.1";
+    s->cfg.ip = NULL; /* not kept: the caller's string */
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    const int gai = getaddrinfo(ip, port, &hints, &ai);
+    if (gai != 0) {
+        free(s);
+        return osp_set_error(OSP_ERR_IO, "kv transfer: cannot resolve the listening address %s: %s", ip, gai_strerror(gai));
+    }
+    s->fd = -1;
+    int err = 0;
+    for (struct addrinfo *a = ai; a && s->fd < 0; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        const int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 64) == 0) {
+            s->fd = fd;
+            struct sockaddr_storage ss;
+            socklen_t len = sizeof ss;
+            if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
+                s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                                   : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        } else {
+            err = errno;
+            close(fd);
+        }
+    }
+    freeaddrinfo(ai);
+    if (s->fd < 0) {
+        free(s);
+        return osp_set_error(OSP_ERR_IO, "kv transfer: cannot listen on %s:%d: %s", ip, cfg->port, strerror(err));
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    /* transfer ids: a random start, so a restarted producer does not reuse its predecessor's ids */
+    if (getrandom(&s->next_id, sizeof s->next_id, 0) != (ssize_t)sizeof s->next_id)
+        s->next_id = XXH3_64bits_withSeed(&s, sizeof s, (uint64_t)time(NULL) ^ (uint64_t)getpid());
+    atomic_store(&s->stop, false);
+    if (pthread_create(&s->thread, NULL, serve_main, s) != 0) {
+        close(s->fd);
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return osp_set_error(OSP_ERR_NOMEM, "kv transfer: cannot start the serving thread");
+    }
+    s->started = true;
+    *out = s;
+    return OSP_OK;
+}
+
+void osp_kv_xfer_server_destroy(osp_kv_xfer_server *s) {
+    if (!s) return;
+    atomic_store(&s->stop, true);
+    if (s->started) pthread_join(s->thread, NULL);
+    close(s->fd);
+    for (xfer *x = s->head, *next; x; x = next) next = x->next, xfer_free(x);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+int32_t osp_kv_xfer_server_port(const osp_kv_xfer_server *s) { return s->port; }
+
+uint64_t osp_kv_xfer_server_hold(osp_kv_xfer_server *s, const osp_block_hash *hashes, int32_t n,
+                                 osp_status (*read)(void *ctx, int32_t i, void *dst), void *ctx, osp_status *err) {
+    *err = OSP_OK;
+    const size_t bb = s->cfg.block_bytes;
+    if (n <= 0 || n > OSP_KV_XFER_MAX_BLOCKS || (size_t)n > s->cfg.cap_bytes / bb) return 0;
+    xfer *x = calloc(1, sizeof *x);
+    if (x && (!(x->h = malloc(sizeof *x->h * (size_t)n)) || !(x->data = malloc(bb * (size_t)n)))) {
+        xfer_free(x);
+        x = NULL;
+    }
+    if (!x) return 0;
+    x->n = n;
+    memcpy(x->h, hashes, sizeof *hashes * (size_t)n);
+    for (int32_t i = 0; i < n; i++) {
+        const osp_status st = read(ctx, i, x->data + (size_t)i * bb);
+        if (st != OSP_OK) {
+            *err = st;
+            xfer_free(x);
+            return 0;
+        }
+    }
+    x->deadline = now_s() + (s->cfg.timeout_s > 0 ? s->cfg.timeout_s : 120.0);
+    x->listed = true;
+    pthread_mutex_lock(&s->mu);
+    while (s->head && s->bytes + (size_t)n * bb > s->cfg.cap_bytes) { /* the oldest make room */
+        s->st.dropped++;
+        unlist(s, s->head);
+    }
+    if (++s->next_id == 0) s->next_id = 1;
+    x->id = s->next_id;
+    if (s->tail) s->tail->next = x;
+    else s->head = x;
+    s->tail = x;
+    s->bytes += (size_t)n * bb;
+    s->st.held++;
+    s->st.held_blocks += n;
+    const uint64_t id = x->id;
+    pthread_mutex_unlock(&s->mu);
+    return id;
+}
+
+osp_kv_xfer_server_stats osp_kv_xfer_server_get_stats(osp_kv_xfer_server *s) {
+    pthread_mutex_lock(&s->mu);
+    const osp_kv_xfer_server_stats st = s->st;
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+/* ---- the consumer's fetch ------------------------------------------------------------------------- */
+
+/* A connected socket to host:port within timeout_s, or -1 (errno-like reason in *why). */
+static int dial(const char *host, int32_t port, double timeout_s, char *why, size_t cap) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    const int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai != 0) {
+        snprintf(why, cap, "cannot resolve %s: %s", host, gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1;
+    snprintf(why, cap, "no address for %s", host);
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) continue;
+        int r = connect(fd, a->ai_addr, a->ai_addrlen), e = r == 0 ? 0 : errno;
+        if (r != 0 && e == EINPROGRESS) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            r = poll(&pfd, 1, (int)(timeout_s * 1000));
+            socklen_t len = sizeof e;
+            if (r == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e == 0) r = 0;
+            else if (r == 0) e = ETIMEDOUT, r = -1;
+            else r = -1;
+        }
+        if (r != 0) {
+            snprintf(why, cap, "cannot connect to %s:%d: %s", host, port, strerror(e));
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd >= 0) {
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        set_timeouts(fd, timeout_s);
+    }
+    return fd;
+}
+
+osp_status osp_kv_xfer_fetch(const char *host, int32_t port, uint64_t engine_id, uint64_t transfer_id,
+                             size_t block_bytes, const osp_block_hash *hashes, int32_t n, bool release,
+                             double timeout_s, uint8_t *dst, osp_kv_read_result *res) {
+    for (int32_t i = 0; i < n; i++) res[i] = OSP_KV_READ_MISSING;
+    if (!host || port <= 0 || port > 65535 || n < 0 || n > OSP_KV_XFER_MAX_BLOCKS || block_bytes == 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv transfer: bad fetch (host %s, port %d, %d blocks)",
+                             host ? host : "(none)", port, n);
+    if (timeout_s <= 0) timeout_s = 10.0;
+    char why[320];
+    const int fd = dial(host, port, timeout_s, why, sizeof why);
+    if (fd < 0) return osp_set_error(OSP_ERR_IO, "kv transfer: %s", why);
+    osp_status st = OSP_OK;
+    uint8_t hdr[REQ_HEADER];
+    memcpy(hdr, REQ_MAGIC, 8);
+    osp_put_le64(hdr + 8, engine_id);
+    osp_put_le64(hdr + 16, transfer_id);
+    osp_put_le64(hdr + 24, (uint64_t)block_bytes);
+    osp_put_le32(hdr + 32, (uint32_t)n);
+    osp_put_le32(hdr + 36, release ? FLAG_RELEASE : 0);
+    uint8_t *raw = n ? malloc((size_t)n * OSP_KV_XFER_HASH_BYTES) : NULL;
+    if (n && !raw) {
+        close(fd);
+        return osp_set_error(OSP_ERR_NOMEM, "kv transfer: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) put_hash(raw + (size_t)i * OSP_KV_XFER_HASH_BYTES, &hashes[i]);
+    struct iovec iov[2] = {{.iov_base = hdr, .iov_len = sizeof hdr},
+                           {.iov_base = raw, .iov_len = (size_t)n * OSP_KV_XFER_HASH_BYTES}};
+    uint8_t rh[RESP_HEADER];
+    if (!send_all(fd, iov, n ? 2 : 1) || !read_full(fd, rh, sizeof rh) || memcmp(rh, RESP_MAGIC, 8) != 0) {
+        st = osp_set_error(OSP_ERR_IO, "kv transfer: %s:%d sent no answer", host, port);
+    } else if (osp_get_le32(rh + 8) != ST_OK) {
+        const uint32_t code = osp_get_le32(rh + 8);
+        st = osp_set_error(OSP_ERR_INVALID_ARG, "kv transfer: %s:%d refused transfer %016llx: %s", host, port,
+                           (unsigned long long)transfer_id,
+                           code == ST_NO_TRANSFER ? "it holds no such transfer (released, timed out or pushed out)"
+                           : code == ST_FOREIGN   ? "another engine id or block size (another model, page format, "
+                                                    "device or --prefix-caching-hash-seed)"
+                                                  : "a malformed request");
+    } else if (osp_get_le32(rh + 12) != (uint32_t)n) {
+        st = osp_set_error(OSP_ERR_IO, "kv transfer: %s:%d answered for another block count", host, port);
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            uint8_t found, sum[8];
+            if (!read_full(fd, &found, 1)) {
+                st = osp_set_error(OSP_ERR_IO, "kv transfer: the answer from %s:%d broke off", host, port);
+                break;
+            }
+            if (!found) continue;
+            uint8_t *p = dst + (size_t)i * block_bytes;
+            if (!read_full(fd, p, block_bytes) || !read_full(fd, sum, 8)) {
+                st = osp_set_error(OSP_ERR_IO, "kv transfer: the answer from %s:%d broke off", host, port);
+                break;
+            }
+            res[i] = osp_get_le64(sum) == XXH3_64bits(p, block_bytes) ? OSP_KV_READ_OK : OSP_KV_READ_CORRUPT;
+        }
+    }
+    free(raw);
+    close(fd);
+    return st;
+}

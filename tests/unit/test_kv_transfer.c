@@ -1,0 +1,428 @@
+/* KV block transfer for prefill/decode disaggregation (src/kv/transfer.h, src/engine/offload.h).
+ *
+ * The protocol on loopback: held blocks come back byte for byte by hash, in any order, with the ones a
+ * transfer does not hold reported missing; another engine id or block size and an unknown transfer are
+ * refused with a message saying which; a release frees the copies (a later fetch finds no transfer);
+ * an unpulled transfer is dropped at its timeout and the oldest are pushed out by new ones past the
+ * buffer's size; a malformed request is answered and counted, and the server goes on serving; a fetch
+ * from a port nobody listens on fails cleanly.
+ *
+ * Two engines in one process (tiny f32 model): a producer computes a prompt with do_remote_decode and
+ * returns a transfer id with its full blocks; a consumer given that id loads them, computes only the
+ * rest, and gives exactly the tokens of a co-located engine (greedy and seeded sampling); the producer's
+ * copies are released after the pull. A producer that cannot be reached, one with another hash seed
+ * (another engine id) and a transfer already released all make the consumer recompute: same tokens,
+ * the blocks counted as failed. Requests the roles do not allow are refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <arpa/inet.h>
+#include <cmocka.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu_test_models.h"
+#include "kv/transfer.h"
+#include "osprey/engine.h"
+
+/* tests/gpu/test_gpu_kv_transfer.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the
+ * engines' pages on the GPU (blocks copied to the host to be held, and back after the fetch). */
+#ifndef TEST_DEVICE
+#define TEST_DEVICE OSP_DEVICE_CPU
+#endif
+static const bool g_gpu = TEST_DEVICE == OSP_DEVICE_CUDA;
+static char g_tiny[512];
+
+#define BB 4096
+
+static void fill(uint8_t *p, int seed) {
+    for (int i = 0; i < BB; i++) p[i] = (uint8_t)(seed * 131 + i * 7);
+}
+
+static osp_block_hash hash_of(int k) { return (osp_block_hash){.lo = 1000u + (uint64_t)k, .hi = 7, .ext = {3, (uint64_t)k}}; }
+
+static osp_status read_block(void *ctx, int32_t i, void *dst) {
+    const int *seeds = ctx;
+    fill(dst, seeds[i]);
+    return OSP_OK;
+}
+
+static osp_kv_xfer_server *server(size_t cap_blocks, double timeout_s) {
+    const osp_kv_xfer_server_config c = {.ip = "127.0.0.1", .port = 0, .block_bytes = BB, .engine_id = 42,
+                                         .cap_bytes = cap_blocks * BB, .timeout_s = timeout_s, .io_timeout_s = 2};
+    osp_kv_xfer_server *s = NULL;
+    assert_int_equal(osp_kv_xfer_server_create(&c, &s), OSP_OK);
+    assert_true(osp_kv_xfer_server_port(s) > 0);
+    return s;
+}
+
+static uint64_t hold3(osp_kv_xfer_server *s, int first) {
+    const osp_block_hash h[3] = {hash_of(first), hash_of(first + 1), hash_of(first + 2)};
+    int seeds[3] = {first, first + 1, first + 2};
+    osp_status err;
+    const uint64_t id = osp_kv_xfer_server_hold(s, h, 3, read_block, seeds, &err);
+    assert_int_equal(err, OSP_OK);
+    return id;
+}
+
+static void test_protocol(void **state) {
+    (void)state;
+    osp_kv_xfer_server *s = server(16, 60);
+    const int port = osp_kv_xfer_server_port(s);
+    const uint64_t id = hold3(s, 0);
+    assert_true(id != 0);
+    /* blocks 2, 0, an unknown one, 1: found by hash in any order */
+    const osp_block_hash ask[4] = {hash_of(2), hash_of(0), hash_of(99), hash_of(1)};
+    uint8_t *dst = malloc(4 * BB), want[BB];
+    osp_kv_read_result res[4];
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, ask, 4, false, 2, dst, res), OSP_OK);
+    const int seeds[4] = {2, 0, -1, 1};
+    for (int i = 0; i < 4; i++) {
+        if (seeds[i] < 0) {
+            assert_int_equal(res[i], OSP_KV_READ_MISSING);
+            continue;
+        }
+        assert_int_equal(res[i], OSP_KV_READ_OK);
+        fill(want, seeds[i]);
+        assert_memory_equal(dst + (size_t)i * BB, want, BB);
+    }
+    osp_kv_xfer_server_stats st = osp_kv_xfer_server_get_stats(s);
+    assert_int_equal(st.sent_blocks, 3);
+    assert_int_equal(st.held, 1);
+    assert_int_equal(st.held_blocks, 3);
+    /* refusals: another engine id, another block size, an unknown transfer */
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 43, id, BB, ask, 1, false, 2, dst, res), OSP_ERR_INVALID_ARG);
+    assert_non_null(strstr(osp_last_error(), "another engine id"));
+    assert_int_equal(res[0], OSP_KV_READ_MISSING);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB / 2, ask, 1, false, 2, dst, res), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id + 1, BB, ask, 1, false, 2, dst, res), OSP_ERR_INVALID_ARG);
+    assert_non_null(strstr(osp_last_error(), "no such transfer"));
+    assert_int_equal(osp_kv_xfer_server_get_stats(s).bad_requests, 2);
+    /* the last fetch releases: the copies are gone */
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, ask, 1, true, 2, dst, res), OSP_OK);
+    assert_int_equal(res[0], OSP_KV_READ_OK);
+    st = osp_kv_xfer_server_get_stats(s);
+    assert_int_equal(st.held, 0);
+    assert_int_equal(st.held_blocks, 0);
+    assert_int_equal(st.released, 1);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, ask, 1, false, 2, dst, res), OSP_ERR_INVALID_ARG);
+    /* a release alone (n = 0) */
+    const uint64_t id2 = hold3(s, 10);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id2, BB, NULL, 0, true, 2, NULL, NULL), OSP_OK);
+    assert_int_equal(osp_kv_xfer_server_get_stats(s).held, 0);
+    free(dst);
+    osp_kv_xfer_server_destroy(s);
+}
+
+static void sleep_s(double s) {
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void test_drops(void **state) {
+    (void)state;
+    /* room for 4 blocks: a second transfer of 3 pushes the first out */
+    osp_kv_xfer_server *s = server(4, 60);
+    const int port = osp_kv_xfer_server_port(s);
+    const uint64_t a = hold3(s, 0), b = hold3(s, 3);
+    assert_true(a != 0 && b != 0 && a != b);
+    osp_kv_xfer_server_stats st = osp_kv_xfer_server_get_stats(s);
+    assert_int_equal(st.held, 1);
+    assert_int_equal(st.dropped, 1);
+    uint8_t *dst = malloc(BB);
+    osp_kv_read_result res[1];
+    const osp_block_hash h0 = hash_of(0), h3 = hash_of(3);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, a, BB, &h0, 1, false, 2, dst, res), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, b, BB, &h3, 1, false, 2, dst, res), OSP_OK);
+    assert_int_equal(res[0], OSP_KV_READ_OK);
+    /* more than the whole buffer: nothing held */
+    const osp_block_hash h5[5] = {hash_of(0), hash_of(1), hash_of(2), hash_of(3), hash_of(4)};
+    int seeds[5] = {0, 1, 2, 3, 4};
+    osp_status err;
+    assert_int_equal(osp_kv_xfer_server_hold(s, h5, 5, read_block, seeds, &err), 0);
+    assert_int_equal(err, OSP_OK);
+    osp_kv_xfer_server_destroy(s);
+    /* a transfer nobody pulls is dropped at its timeout (the serving thread sweeps every 200 ms) */
+    s = server(16, 0.2);
+    hold3(s, 0);
+    for (int i = 0; i < 100 && osp_kv_xfer_server_get_stats(s).held > 0; i++) sleep_s(0.05);
+    st = osp_kv_xfer_server_get_stats(s);
+    assert_int_equal(st.held, 0);
+    assert_int_equal(st.dropped, 1);
+    osp_kv_xfer_server_destroy(s);
+    free(dst);
+}
+
+static void test_malformed_and_unreachable(void **state) {
+    (void)state;
+    osp_kv_xfer_server *s = server(16, 60);
+    const int port = osp_kv_xfer_server_port(s);
+    const uint64_t id = hold3(s, 0);
+    /* garbage: answered (status 3) and counted; a request cut short: dropped */
+    for (int k = 0; k < 2; k++) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+        assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+        char junk[64];
+        memset(junk, k ? 'O' : 'x', sizeof junk);
+        const size_t n = k ? 10 : sizeof junk; /* 10 bytes: shorter than a header */
+        assert_int_equal(send(fd, junk, n, 0), (ssize_t)n);
+        shutdown(fd, SHUT_WR);
+        char back[32];
+        const ssize_t got = recv(fd, back, sizeof back, 0);
+        if (k == 0) {
+            assert_int_equal(got, 16);
+            assert_memory_equal(back, "OSPKVR01", 8);
+        } else {
+            assert_int_equal(got, 0);
+        }
+        close(fd);
+    }
+    assert_int_equal(osp_kv_xfer_server_get_stats(s).bad_requests, 1);
+    /* still serving */
+    uint8_t *dst = malloc(BB);
+    osp_kv_read_result res[1];
+    const osp_block_hash h = hash_of(1);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, &h, 1, false, 2, dst, res), OSP_OK);
+    assert_int_equal(res[0], OSP_KV_READ_OK);
+    osp_kv_xfer_server_destroy(s);
+    /* nobody listens there now */
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, &h, 1, false, 2, dst, res), OSP_ERR_IO);
+    assert_int_equal(res[0], OSP_KV_READ_MISSING);
+    assert_int_equal(osp_kv_xfer_fetch("no-such-host.invalid", port, 42, id, BB, &h, 1, false, 2, dst, res), OSP_ERR_IO);
+    /* bad listening settings */
+    osp_kv_xfer_server_config c = {.ip = "127.0.0.1", .port = 70000, .block_bytes = BB, .cap_bytes = BB};
+    osp_kv_xfer_server *t = NULL;
+    assert_int_equal(osp_kv_xfer_server_create(&c, &t), OSP_ERR_INVALID_ARG);
+    c.port = 0;
+    c.ip = "203.0.113.77"; /* TEST-NET-3: not an address of this machine */
+    assert_int_equal(osp_kv_xfer_server_create(&c, &t), OSP_ERR_IO);
+    assert_null(t);
+    free(dst);
+}
+
+/* ---- two engines ------------------------------------------------------------------------------- */
+
+#define MAXOUT 32
+
+static osp_engine_params base(osp_kv_role role, uint64_t hash_seed) {
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = g_tiny;
+    p.n_threads = 2;
+    p.kv_dtype = OSP_KV_DTYPE_F32;
+    p.max_model_len = 256;
+    p.num_blocks = 32;
+    p.check_invariants = true;
+    p.hash_seed_set = true;
+    p.hash_seed = hash_seed;
+    p.device = TEST_DEVICE;
+    p.kv_role = role;
+    p.kv_transfer_ip = "127.0.0.1";
+    return p;
+}
+
+typedef struct run {
+    int32_t out[MAXOUT], n_out, cached;
+    uint64_t xfer_id;
+    int32_t xfer_blocks;
+} run;
+
+static uint64_t g_next_id = 1;
+
+/* One request through e to completion. */
+static run run_one(osp_engine *e, const int32_t *prompt, int32_t n_prompt, int32_t max_tokens, float temperature,
+                   const osp_kv_transfer_params *kt) {
+    osp_request_params rp = osp_request_default_params();
+    rp.request_id = g_next_id++;
+    rp.prompt = prompt;
+    rp.num_prompt = n_prompt;
+    rp.max_tokens = max_tokens;
+    rp.ignore_eos = true;
+    rp.temperature = temperature;
+    rp.has_seed = true;
+    rp.seed = 1234;
+    rp.kv_transfer = kt;
+    assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+    while (osp_engine_has_unfinished(e)) assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+    run r = {0};
+    osp_request_output o;
+    assert_int_equal(osp_engine_poll(e, rp.request_id, r.out, MAXOUT, &o, 0), OSP_OK);
+    assert_true(o.finished);
+    r.n_out = o.num_tokens;
+    r.cached = o.num_cached_tokens;
+    r.xfer_id = o.kv_transfer_id;
+    r.xfer_blocks = o.kv_transfer_num_blocks;
+    return r;
+}
+
+/* The consumer's parameters from a producer's answer (what the router passes on). */
+static osp_kv_transfer_params answer(osp_engine *producer, const run *pr) {
+    const osp_kv_transfer_info info = osp_engine_kv_transfer_info(producer);
+    osp_kv_transfer_params t = {.do_remote_prefill = true, .remote_port = info.port, .remote_engine_id = info.engine_id,
+                                .remote_request_id = pr->xfer_id, .remote_num_blocks = pr->xfer_blocks};
+    snprintf(t.remote_host, sizeof t.remote_host, "%s", info.host);
+    return t;
+}
+
+static void wait_held(osp_engine *e, int64_t want) {
+    for (int i = 0; i < 200 && osp_engine_get_stats(e).kv_transfer_held != want; i++) sleep_s(0.02);
+    assert_int_equal(osp_engine_get_stats(e).kv_transfer_held, want);
+}
+
+static void test_engines(void **state) {
+    (void)state;
+    int32_t prompt[90];
+    srand(5);
+    for (int i = 0; i < 90; i++) prompt[i] = 3 + rand() % 500;
+    osp_engine *prod, *cons, *ref;
+    osp_engine_params pp = base(OSP_KV_ROLE_PRODUCER, 11), cp = base(OSP_KV_ROLE_CONSUMER, 11), rp = base(OSP_KV_ROLE_NONE, 11);
+    assert_int_equal(osp_engine_create(&pp, &prod), OSP_OK);
+    assert_int_equal(osp_engine_create(&cp, &cons), OSP_OK);
+    assert_int_equal(osp_engine_create(&rp, &ref), OSP_OK);
+    const osp_kv_transfer_info pi = osp_engine_kv_transfer_info(prod), ci = osp_engine_kv_transfer_info(cons);
+    assert_int_equal(pi.role, OSP_KV_ROLE_PRODUCER);
+    assert_true(pi.port > 0);
+    assert_int_equal(ci.role, OSP_KV_ROLE_CONSUMER);
+    assert_true(pi.engine_id == ci.engine_id); /* same model, format, device and hash seed */
+    assert_int_equal(osp_engine_kv_transfer_info(ref).role, OSP_KV_ROLE_NONE);
+    const osp_kv_transfer_params decode_there = {.do_remote_decode = true};
+    for (int sampled = 0; sampled < 2; sampled++) {
+        const float temp = sampled ? 0.8f : 0.0f;
+        const run want = run_one(ref, prompt, 90, 12, temp, NULL);
+        assert_int_equal(want.n_out, 12);
+        /* the producer: one token, its 5 full blocks held */
+        const run pr = run_one(prod, prompt, 90, 1, temp, &decode_there);
+        assert_true(pr.xfer_id != 0);
+        assert_int_equal(pr.xfer_blocks, 90 / 16);
+        wait_held(prod, 1);
+        /* the consumer: those 5 blocks loaded, the last 10 tokens computed, the same tokens */
+        const osp_kv_transfer_params t = answer(prod, &pr);
+        const osp_engine_stats before = osp_engine_get_stats(cons);
+        const run got = run_one(cons, prompt, 90, 12, temp, &t);
+        assert_int_equal(got.n_out, 12);
+        assert_memory_equal(got.out, want.out, sizeof want.out[0] * 12);
+        const osp_engine_stats after = osp_engine_get_stats(cons);
+        assert_int_equal(after.kv_transfer_recv_blocks - before.kv_transfer_recv_blocks, 5);
+        assert_int_equal(after.kv_transfer_failed_blocks, 0);
+        assert_int_equal(got.cached, 5 * 16);
+        wait_held(prod, 0); /* released by the last fetch */
+        /* the consumer's own prefix cache serves it next time: nothing fetched */
+        osp_engine_free(cons);
+        assert_int_equal(osp_engine_create(&cp, &cons), OSP_OK);
+    }
+    assert_int_equal(osp_engine_get_stats(prod).kv_transfer_sent_blocks, 10);
+    /* a short prompt: nothing held */
+    const run small = run_one(prod, prompt, 10, 1, 0, &decode_there);
+    assert_int_equal(small.xfer_blocks, 0);
+    assert_int_equal(small.xfer_id, 0);
+
+    /* failures: the consumer recomputes, with the same tokens, and counts the blocks */
+    const run want = run_one(ref, prompt, 90, 12, 0, NULL);
+    const run pr = run_one(prod, prompt, 90, 1, 0, &decode_there);
+    osp_kv_transfer_params t = answer(prod, &pr);
+    t.remote_request_id ^= 1; /* a transfer the producer does not hold */
+    run got = run_one(cons, prompt, 90, 12, 0, &t);
+    assert_memory_equal(got.out, want.out, sizeof want.out[0] * 12);
+    assert_int_equal(osp_engine_get_stats(cons).kv_transfer_failed_blocks, 5);
+    assert_int_equal(got.cached, 0);
+    osp_engine_free(cons);
+    assert_int_equal(osp_engine_create(&cp, &cons), OSP_OK);
+    t = answer(prod, &pr);
+    t.remote_port = 1; /* nobody listens */
+    got = run_one(cons, prompt, 90, 12, 0, &t);
+    assert_memory_equal(got.out, want.out, sizeof want.out[0] * 12);
+    assert_int_equal(osp_engine_get_stats(cons).kv_transfer_failed_blocks, 5);
+    osp_engine_free(cons);
+    /* a consumer with another hash seed: another engine id, refused before any fetch */
+    osp_engine_params cp2 = base(OSP_KV_ROLE_CONSUMER, 12);
+    assert_int_equal(osp_engine_create(&cp2, &cons), OSP_OK);
+    assert_true(osp_engine_kv_transfer_info(cons).engine_id != pi.engine_id);
+    t = answer(prod, &pr);
+    got = run_one(cons, prompt, 90, 12, 0, &t);
+    assert_memory_equal(got.out, want.out, sizeof want.out[0] * 12);
+    assert_int_equal(osp_engine_get_stats(cons).kv_transfer_failed_blocks, 5);
+    assert_int_equal(osp_engine_get_stats(cons).kv_transfer_recv_blocks, 0);
+    osp_engine_free(cons);
+    /* the last transfer was never pulled: dropped when the producer goes */
+    osp_engine_free(prod);
+    osp_engine_free(ref);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    osp_engine *prod, *none;
+    osp_engine_params pp = base(OSP_KV_ROLE_PRODUCER, 11), np = base(OSP_KV_ROLE_NONE, 11);
+    assert_int_equal(osp_engine_create(&pp, &prod), OSP_OK);
+    assert_int_equal(osp_engine_create(&np, &none), OSP_OK);
+    int32_t prompt[20] = {5, 6, 7};
+    osp_request_params rp = osp_request_default_params();
+    rp.request_id = g_next_id++;
+    rp.prompt = prompt;
+    rp.num_prompt = 20;
+    rp.max_tokens = 1;
+    osp_kv_transfer_params t = {.do_remote_decode = true};
+    rp.kv_transfer = &t;
+    assert_int_equal(osp_engine_add(none, &rp), OSP_ERR_INVALID_ARG); /* no role */
+    t = (osp_kv_transfer_params){.do_remote_prefill = true, .remote_port = 5, .remote_num_blocks = 1};
+    snprintf(t.remote_host, sizeof t.remote_host, "127.0.0.1");
+    assert_int_equal(osp_engine_add(prod, &rp), OSP_ERR_INVALID_ARG); /* a producer only */
+    t.do_remote_decode = true;
+    assert_int_equal(osp_engine_add(prod, &rp), OSP_ERR_INVALID_ARG); /* both */
+    t = (osp_kv_transfer_params){.do_remote_decode = true};
+    rp.n = 2;
+    assert_int_equal(osp_engine_add(prod, &rp), OSP_ERR_INVALID_ARG);
+    assert_non_null(strstr(osp_last_error(), "n > 1"));
+    rp.n = 1;
+    rp.prompt_logprobs = 1;
+    assert_int_equal(osp_engine_add(prod, &rp), OSP_ERR_INVALID_ARG);
+    rp.prompt_logprobs = -1;
+    t = (osp_kv_transfer_params){0}; /* both false: nothing asked */
+    assert_int_equal(osp_engine_add(none, &rp), OSP_OK);
+    while (osp_engine_has_unfinished(none)) assert_int_equal(osp_engine_step(none, NULL), OSP_OK);
+    osp_engine_free(prod);
+    osp_engine_free(none);
+    /* a transfer role needs prefix caching; a port out of range is refused */
+    osp_engine *e;
+    pp.enable_prefix_caching = false;
+    assert_int_equal(osp_engine_create(&pp, &e), OSP_ERR_UNSUPPORTED);
+    pp = base(OSP_KV_ROLE_PRODUCER, 11);
+    pp.kv_transfer_port = 70000;
+    assert_int_equal(osp_engine_create(&pp, &e), OSP_ERR_INVALID_ARG);
+}
+
+int main(void) {
+    const char *root = getenv("OSPREY_ROOT");
+    snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root ? root : ".");
+    if (g_gpu && osp_device_count(OSP_DEVICE_CUDA) == 0) {
+        printf("test_gpu_kv_transfer: skipped: no CUDA device\n");
+        return 77;
+    }
+    if (g_gpu && gpu_test_model("gpu-transfer-f32", "f32", g_tiny, sizeof g_tiny) != 0) return 1;
+    const struct CMUnitTest proto[] = {
+        cmocka_unit_test(test_protocol),
+        cmocka_unit_test(test_drops),
+        cmocka_unit_test(test_malformed_and_unreachable),
+    };
+    int rc = g_gpu ? 0 : cmocka_run_group_tests(proto, NULL, NULL);
+    FILE *f = fopen(g_tiny, "rb");
+    if (!f) {
+        fprintf(stderr, "SKIP engine tests: %s missing\n", g_tiny);
+        return rc;
+    }
+    fclose(f);
+    const struct CMUnitTest engine[] = {
+        cmocka_unit_test(test_engines),
+        cmocka_unit_test(test_refusals),
+    };
+    rc |= cmocka_run_group_tests(engine, NULL, NULL);
+    if (g_gpu) remove(g_tiny);
+    return rc;
+}
