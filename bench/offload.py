@@ -9,7 +9,9 @@ mode the disk files are the page cache's (a warm local disk); the cost model dec
 unless ALWAYS_LOAD=1. Standard library only.
 
 Environment: OSPREY_BIN (build/bin/osprey), MODEL (the default SmolLM2), THREADS (2), WORDS (prompt words,
-1500), KV_MEM (48M), REPS (5), ALWAYS_LOAD (0)."""
+1500), KV_MEM (48M), REPS (5), ALWAYS_LOAD (0), DEVICE (cpu; cuda for the GPU), MODES (the tiers timed
+against recomputing: disk, or host (--kv-offloading-size HOST_GIB, GPU only), comma-separated; default
+disk), HOST_GIB (8)."""
 import json
 import os
 import shutil
@@ -28,6 +30,9 @@ THREADS = os.environ.get("THREADS", "2")
 WORDS = int(os.environ.get("WORDS", "1500"))
 KV_MEM = os.environ.get("KV_MEM", "48M")
 REPS = int(os.environ.get("REPS", "5"))
+DEVICE = os.environ.get("DEVICE", "cpu")
+MODES = [m for m in os.environ.get("MODES", "disk").split(",") if m]
+HOST_GIB = os.environ.get("HOST_GIB", "8")
 
 
 def free_port():
@@ -67,9 +72,11 @@ def run(mode, tier_dir):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [BIN, "serve", "-m", MODEL, "--port", str(port), "-t", THREADS, "--kv-cache-memory", KV_MEM,
-           "--prefix-caching-hash-seed", "1"]
+           "--prefix-caching-hash-seed", "1", "--device", DEVICE]
     if mode == "disk":
         cmd += ["--kv-offload-disk", tier_dir, "--kv-offload-disk-size", "4"]
+    if mode == "host":
+        cmd += ["--kv-offloading-size", HOST_GIB]
     log = open(os.path.join(tempfile.gettempdir(), f"osprey-offload-bench-{os.getpid()}-{mode}.log"), "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -109,18 +116,21 @@ def main():
                 if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
                     break
-        print(f"# {BIN}, {os.path.basename(MODEL)}, {THREADS} threads, KV cache {KV_MEM}, {WORDS}-word prompts, "
-              f"{REPS} reps, CPU {cpu}")
+        print(f"# {BIN}, {os.path.basename(MODEL)}, device {DEVICE}, {THREADS} threads, KV cache {KV_MEM}, "
+              f"{WORDS}-word prompts, {REPS} reps, CPU {cpu}")
         res = {}
-        for mode in ("recompute", "disk"):
+        for mode in ["recompute"] + MODES:
             res[mode] = run(mode, tier_dir)
             t, _, hits, n = res[mode]
             print(f"{mode:10s} TTFT of the evicted prompt ({n} tokens): median {1e3 * statistics.median(t):8.1f} ms "
                   f"(min {1e3 * min(t):.1f}, max {1e3 * max(t):.1f}); tokens served by offload loads: {int(hits)}")
-        same = res["recompute"][1] == res["disk"][1]
-        ratio = statistics.median(res["recompute"][0]) / statistics.median(res["disk"][0])
-        print(f"recompute / disk TTFT: {ratio:.2f}x; first tokens identical: {same}")
-        return 0 if same else 1
+        ok = True
+        for mode in MODES:
+            same = res["recompute"][1] == res[mode][1]
+            ratio = statistics.median(res["recompute"][0]) / statistics.median(res[mode][0])
+            print(f"recompute / {mode} TTFT: {ratio:.2f}x; first tokens identical: {same}")
+            ok &= same
+        return 0 if ok else 1
     finally:
         shutil.rmtree(tier_dir, ignore_errors=True)
 

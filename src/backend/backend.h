@@ -110,6 +110,11 @@ typedef struct osp_backend_vtable {
     /* Copies bytes of host memory into backend memory, ordered before the next run; returns when the
      * host buffer may be reused. */
     osp_status (*from_host)(osp_backend *be, void *dst, const void *src, size_t bytes);
+    /* n such copies in one go (to_host: backend memory to host memory, else the other way), ordered as
+     * to_host / from_host are; returns when every one is done (one wait on the GPU instead of n: a KV
+     * block is n_layer x 2 segments). NULL: the loop of single copies. */
+    osp_status (*copy_host_many)(osp_backend *be, bool to_host, int32_t n, void *const *dst, const void *const *src,
+                                 const size_t *bytes);
     osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);

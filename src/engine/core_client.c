@@ -118,6 +118,8 @@ static void fill_output(const osp_ipc_output *x, osp_request_output *o) {
     memcpy(o->error, x->error, sizeof o->error);
     o->embedding = x->embedding;
     o->n_embd = x->n_embd;
+    o->kv_transfer_id = x->kv_transfer_id;
+    o->kv_transfer_num_blocks = x->kv_transfer_num_blocks;
 }
 
 /* I/O thread: one message from the core. */
@@ -488,6 +490,13 @@ bool osp_core_client_wait_ready(osp_core_client *c, int timeout_ms, osp_ipc_read
     if (r && info) *info = c->info;
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+osp_kv_transfer_info osp_core_client_kv_transfer_info(osp_core_client *c) {
+    pthread_mutex_lock(&c->mu);
+    const osp_kv_transfer_info kv = c->info.kv;
+    pthread_mutex_unlock(&c->mu);
+    return kv;
 }
 
 bool osp_core_client_ready(osp_core_client *c) {

@@ -53,6 +53,9 @@ void osp_core_client_free(osp_core_client *c);
  * when ready. */
 bool osp_core_client_wait_ready(osp_core_client *c, int timeout_ms, osp_ipc_ready *info);
 bool osp_core_client_ready(osp_core_client *c);
+/* osp_engine_kv_transfer_info of the core's engine, from its last READY (role OSP_KV_ROLE_NONE before
+ * any; a restarted core may listen on another port). Thread-safe. */
+osp_kv_transfer_info osp_core_client_kv_transfer_info(osp_core_client *c);
 
 /* Sends request rp (rp->request_id is the id; its callback fields are ignored: cb/user get the
  * outputs) and waits for the core's ACK. OSP_OK: admitted, cb will be called until a finished

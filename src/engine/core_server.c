@@ -97,7 +97,8 @@ static void send_ready(core *c, int fe, uint32_t epoch) {
     const osp_engine_params *p = osp_engine_params_get(c->e);
     const osp_ipc_ready r = {.epoch = epoch, .max_model_len = p->max_model_len,
                              .n_vocab = osp_model_config_get(osp_engine_model(c->e))->n_vocab,
-                             .num_blocks = p->num_blocks, .block_size = p->block_size, .pid = (int64_t)getpid()};
+                             .num_blocks = p->num_blocks, .block_size = p->block_size, .pid = (int64_t)getpid(),
+                             .kv = osp_engine_kv_transfer_info(c->e)};
     if (osp_ipc_encode_ready(&c->buf, &r) == OSP_OK) send_to(c, fe, c->buf.data, c->buf.size);
 }
 

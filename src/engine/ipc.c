@@ -57,7 +57,8 @@ osp_status osp_ipc_encode_hello(msgpack_sbuffer *buf, uint32_t fe) {
 osp_status osp_ipc_encode_ready(msgpack_sbuffer *buf, const osp_ipc_ready *r) {
     msgpack_packer pk;
     start(buf, &pk);
-    PK(msgpack_pack_map(&pk, 7));
+    const bool kv = r->kv.role != OSP_KV_ROLE_NONE;
+    PK(msgpack_pack_map(&pk, 7 + (kv ? 1 : 0)));
     PK(pk_key(&pk, "t") || msgpack_pack_uint8(&pk, OSP_IPC_READY));
     PK(pk_key(&pk, "epoch") || msgpack_pack_uint32(&pk, r->epoch));
     PK(pk_key(&pk, "mml") || msgpack_pack_int32(&pk, r->max_model_len));
@@ -65,6 +66,11 @@ osp_status osp_ipc_encode_ready(msgpack_sbuffer *buf, const osp_ipc_ready *r) {
     PK(pk_key(&pk, "nb") || msgpack_pack_int32(&pk, r->num_blocks));
     PK(pk_key(&pk, "bs") || msgpack_pack_int32(&pk, r->block_size));
     PK(pk_key(&pk, "pid") || msgpack_pack_int64(&pk, r->pid));
+    if (kv) {
+        PK(pk_key(&pk, "kv") || msgpack_pack_array(&pk, 4) || msgpack_pack_uint8(&pk, (uint8_t)r->kv.role) ||
+           msgpack_pack_str_with_body(&pk, r->kv.host, strnlen(r->kv.host, sizeof r->kv.host - 1)) ||
+           msgpack_pack_int32(&pk, r->kv.port) || msgpack_pack_uint64(&pk, r->kv.engine_id));
+    }
     return OSP_OK;
 }
 
@@ -73,7 +79,9 @@ osp_status osp_ipc_encode_add(msgpack_sbuffer *buf, uint64_t id, uint32_t gen, c
     start(buf, &pk);
     const int32_t nb = rp->logit_bias ? rp->num_logit_bias : 0, ns = rp->stop_token_ids ? rp->num_stop_token_ids : 0;
     const bool embed = rp->pooling != OSP_POOLING_NONE;
-    PK(msgpack_pack_map(&pk, 22 + (rp->has_seed ? 1 : 0) + (rp->grammar ? 1 : 0) + (embed ? 2 : 0)));
+    const osp_kv_transfer_params *kt = rp->kv_transfer;
+    const bool kvt = kt && (kt->do_remote_decode || kt->do_remote_prefill);
+    PK(msgpack_pack_map(&pk, 22 + (rp->has_seed ? 1 : 0) + (rp->grammar ? 1 : 0) + (embed ? 2 : 0) + (kvt ? 1 : 0)));
     PK(pk_key(&pk, "t") || msgpack_pack_uint8(&pk, OSP_IPC_ADD));
     PK(pk_key(&pk, "id") || msgpack_pack_uint64(&pk, id));
     PK(pk_key(&pk, "gen") || msgpack_pack_uint32(&pk, gen));
@@ -104,6 +112,14 @@ osp_status osp_ipc_encode_add(msgpack_sbuffer *buf, uint64_t id, uint32_t gen, c
     if (embed) {
         PK(pk_key(&pk, "pool") || msgpack_pack_int32(&pk, (int32_t)rp->pooling));
         PK(pk_key(&pk, "enorm") || (rp->embd_normalize ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk)));
+    }
+    if (kvt) {
+        PK(pk_key(&pk, "kvt") || msgpack_pack_array(&pk, 7) ||
+           (kt->do_remote_decode ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk)) ||
+           (kt->do_remote_prefill ? msgpack_pack_true(&pk) : msgpack_pack_false(&pk)) ||
+           msgpack_pack_str_with_body(&pk, kt->remote_host, strnlen(kt->remote_host, sizeof kt->remote_host - 1)) ||
+           msgpack_pack_int32(&pk, kt->remote_port) || msgpack_pack_uint64(&pk, kt->remote_engine_id) ||
+           msgpack_pack_uint64(&pk, kt->remote_request_id) || msgpack_pack_int32(&pk, kt->remote_num_blocks));
     }
     return OSP_OK;
 }
@@ -177,7 +193,8 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
     const bool has_err = o->finished && o->finish_reason == OSP_FINISH_ERROR && o->error[0];
     const bool has_lp = o->logprobs && o->num_tokens > 0, has_plp = o->prompt_logprobs && o->num_prompt_logprobs > 0;
     const bool has_embd = o->finished && o->embedding && o->n_embd > 0;
-    PK(msgpack_pack_map(&pk, 9 + has_err + has_lp + has_plp + has_embd));
+    const bool has_kvt = o->finished && o->kv_transfer_num_blocks > 0;
+    PK(msgpack_pack_map(&pk, 9 + has_err + has_lp + has_plp + has_embd + 2 * has_kvt));
     PK(pk_key(&pk, "id") || msgpack_pack_uint64(&pk, id));
     PK(pk_key(&pk, "gen") || msgpack_pack_uint32(&pk, gen));
     PK(pk_key(&pk, "tok") || pk_ids(&pk, o->token_ids, o->token_ids ? o->num_tokens : 0));
@@ -194,12 +211,17 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
         PK(pk_key(&pk, "embd") || msgpack_pack_array(&pk, (size_t)o->n_embd));
         for (int32_t i = 0; i < o->n_embd; i++) PK(msgpack_pack_float(&pk, o->embedding[i]));
     }
+    if (has_kvt) {
+        PK(pk_key(&pk, "kvid") || msgpack_pack_uint64(&pk, o->kv_transfer_id));
+        PK(pk_key(&pk, "kvnb") || msgpack_pack_int32(&pk, o->kv_transfer_num_blocks));
+    }
     b->n++;
     return OSP_OK;
 }
 
-/* The stats array: every field of osp_engine_stats that the frontend shows, in this order. */
-#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 8)
+/* The stats array: every field of osp_engine_stats that the frontend shows, in this order
+ * (kv_transfer_recv_seconds as whole microseconds). */
+#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 8 + 7)
 
 static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     int k = 0;
@@ -212,6 +234,10 @@ static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     a[k++] = s->offload_host_blocks, a[k++] = s->offload_disk_blocks, a[k++] = s->offload_stored_blocks;
     a[k++] = s->offload_loaded_blocks, a[k++] = s->offload_corrupt_blocks, a[k++] = s->offload_hits_tokens;
     a[k++] = s->offload_skipped_tokens, a[k++] = s->offload_write_errors;
+    a[k++] = s->kv_transfer_held, a[k++] = s->kv_transfer_held_blocks, a[k++] = s->kv_transfer_sent_blocks;
+    a[k++] = s->kv_transfer_dropped, a[k++] = s->kv_transfer_recv_blocks, a[k++] = s->kv_transfer_failed_blocks;
+    const double us = s->kv_transfer_recv_seconds * 1e6;
+    a[k++] = us > 0 && us < 9e18 ? (int64_t)llround(us) : 0;
 }
 
 static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
@@ -229,6 +255,9 @@ static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
     s->offload_host_blocks = a[k++], s->offload_disk_blocks = a[k++], s->offload_stored_blocks = a[k++];
     s->offload_loaded_blocks = a[k++], s->offload_corrupt_blocks = a[k++], s->offload_hits_tokens = a[k++];
     s->offload_skipped_tokens = a[k++], s->offload_write_errors = a[k++];
+    s->kv_transfer_held = a[k++], s->kv_transfer_held_blocks = a[k++], s->kv_transfer_sent_blocks = a[k++];
+    s->kv_transfer_dropped = a[k++], s->kv_transfer_recv_blocks = a[k++], s->kv_transfer_failed_blocks = a[k++];
+    s->kv_transfer_recv_seconds = (double)a[k++] * 1e-6;
     return true;
 }
 
@@ -483,7 +512,7 @@ static osp_status get_logprobs(rd *r, int32_t max, osp_token_logprobs **out, int
 
 static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o) {
     static const char *const names[] = {"id", "gen", "tok", "fin", "why", "nout", "np", "nc", "sched", "err", "lp", "plp",
-                                        "embd"};
+                                        "embd", "kvid", "kvnb"};
     val v;
     OSP_TRY(want(r, &v, K_MAP, "an output"));
     const uint64_t n = v.u;
@@ -491,7 +520,7 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
     int32_t why = 0, n_lp = 0;
     for (uint64_t e = 0; e < n; e++) {
         int k = 0;
-        OSP_TRY(get_key(r, names, 13, &seen, &k));
+        OSP_TRY(get_key(r, names, 15, &seen, &k));
         switch (k) {
         case 0: OSP_TRY(get_u64(r, &o->id, "id")); break;
         case 1: {
@@ -514,6 +543,8 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
         case 9: OSP_TRY(get_text(r, o->error, sizeof o->error, "err")); break;
         case 10: OSP_TRY(get_logprobs(r, lim->max_tokens, &o->logprobs, &n_lp, "lp")); break;
         case 11: OSP_TRY(get_logprobs(r, lim->max_prompt, &o->prompt_logprobs, &o->num_prompt_logprobs, "plp")); break;
+        case 13: OSP_TRY(get_u64(r, &o->kv_transfer_id, "kvid")); break;
+        case 14: OSP_TRY(get_i32(r, 1, INT32_MAX, &o->kv_transfer_num_blocks, "kvnb")); break;
         default: {
             OSP_TRY(want(r, &v, K_ARRAY, "embd"));
             if (v.u == 0 || v.u > 1u << 20) return BAD("embd has %llu values", (unsigned long long)v.u);
@@ -536,6 +567,8 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
     if (o->finished != (why != OSP_FINISH_NONE)) return BAD("an output's fin and why disagree");
     if (o->error[0] && why != OSP_FINISH_ERROR) return BAD("an output has err without finishing on an error");
     if (o->logprobs && n_lp != o->num_tokens) return BAD("an output has %d logprobs for %d tokens", n_lp, o->num_tokens);
+    if ((seen >> 13 & 1) != (seen >> 14 & 1)) return BAD("an output has one of kvid and kvnb without the other");
+    if ((seen >> 13 & 1) && !o->finished) return BAD("an output has kvid without finishing");
     o->finish_reason = (osp_finish_reason)why;
     return OSP_OK;
 }
@@ -543,7 +576,7 @@ static osp_status dec_output(rd *r, const osp_ipc_limits *lim, osp_ipc_output *o
 static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_msg *m) {
     static const char *const names[] = {"id", "gen", "prompt", "temp", "top_k", "top_p", "min_p", "pres", "freq",
                                         "rep", "bias", "seed", "n", "sidx", "lp", "plp", "max", "min", "ieos",
-                                        "stop", "prio", "salt", "gram", "pool", "enorm"};
+                                        "stop", "prio", "salt", "gram", "pool", "enorm", "kvt"};
     osp_request_params *rp = &m->rp;
     *rp = osp_request_default_params();
     uint64_t seen = 0;
@@ -551,7 +584,7 @@ static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_
         int k = 0;
         double f = 0;
         val v;
-        OSP_TRY(get_key(r, names, 25, &seen, &k));
+        OSP_TRY(get_key(r, names, 26, &seen, &k));
         switch (k) {
         case 0: OSP_TRY(get_u64(r, &m->id, "id")); break;
         case 1: {
@@ -614,6 +647,23 @@ static osp_status dec_add(rd *r, uint64_t n, const osp_ipc_limits *lim, osp_ipc_
             break;
         }
         case 24: OSP_TRY(get_bool(r, &rp->embd_normalize, "enorm")); break;
+        case 25: {
+            OSP_TRY(want(r, &v, K_ARRAY, "kvt"));
+            if (v.u != 7) return BAD("kvt has %llu fields, not 7", (unsigned long long)v.u);
+            osp_kv_transfer_params *kt = calloc(1, sizeof *kt);
+            if (!kt) return osp_set_error(OSP_ERR_NOMEM, "ipc: out of memory");
+            m->kvt = kt; /* owned by the message from here: freed with it on error too */
+            OSP_TRY(get_bool(r, &kt->do_remote_decode, "kvt do_remote_decode"));
+            OSP_TRY(get_bool(r, &kt->do_remote_prefill, "kvt do_remote_prefill"));
+            OSP_TRY(get_text(r, kt->remote_host, sizeof kt->remote_host, "kvt remote_host"));
+            OSP_TRY(get_i32(r, 0, 65535, &kt->remote_port, "kvt remote_port"));
+            OSP_TRY(get_u64(r, &kt->remote_engine_id, "kvt remote_engine_id"));
+            OSP_TRY(get_u64(r, &kt->remote_request_id, "kvt remote_request_id"));
+            OSP_TRY(get_i32(r, 0, INT32_MAX, &kt->remote_num_blocks, "kvt remote_num_blocks"));
+            if (!kt->do_remote_decode && !kt->do_remote_prefill) return BAD("kvt sets neither do_remote_decode nor do_remote_prefill");
+            rp->kv_transfer = kt;
+            break;
+        }
         default:
             OSP_TRY(want(r, &v, K_STR, "gram"));
             if (v.u > (uint64_t)lim->max_grammar) return BAD("gram is %llu bytes", (unsigned long long)v.u);
@@ -665,9 +715,9 @@ osp_status osp_ipc_decode(const void *data, size_t len, const osp_ipc_limits *li
         break;
     }
     case OSP_IPC_READY: {
-        static const char *const names[] = {"epoch", "mml", "vocab", "nb", "bs", "pid"};
+        static const char *const names[] = {"epoch", "mml", "vocab", "nb", "bs", "pid", "kv"};
         for (uint64_t e = 1; e < n && s == OSP_OK; e++) {
-            if ((s = get_key(&r, names, 6, &seen, &k)) != OSP_OK) break;
+            if ((s = get_key(&r, names, 7, &seen, &k)) != OSP_OK) break;
             uint64_t u = 0;
             switch (k) {
             case 0:
@@ -678,10 +728,21 @@ osp_status osp_ipc_decode(const void *data, size_t len, const osp_ipc_limits *li
             case 2: s = get_i32(&r, 1, INT32_MAX, &m->ready.n_vocab, "vocab"); break;
             case 3: s = get_i32(&r, 1, INT32_MAX, &m->ready.num_blocks, "nb"); break;
             case 4: s = get_i32(&r, 1, INT32_MAX, &m->ready.block_size, "bs"); break;
-            default: s = get_i64(&r, &m->ready.pid, "pid"); break;
+            case 5: s = get_i64(&r, &m->ready.pid, "pid"); break;
+            default: {
+                osp_kv_transfer_info *kv = &m->ready.kv;
+                int32_t role = 0;
+                if ((s = want(&r, &v, K_ARRAY, "kv")) == OSP_OK && v.u != 4) s = BAD("kv has %llu fields, not 4", (unsigned long long)v.u);
+                if (s == OSP_OK) s = get_i32(&r, OSP_KV_ROLE_PRODUCER, OSP_KV_ROLE_BOTH, &role, "kv role");
+                if (s == OSP_OK) s = get_text(&r, kv->host, sizeof kv->host, "kv host");
+                if (s == OSP_OK) s = get_i32(&r, 0, 65535, &kv->port, "kv port");
+                if (s == OSP_OK) s = get_u64(&r, &kv->engine_id, "kv engine_id");
+                kv->role = (osp_kv_role)role;
+                break;
+            }
             }
         }
-        if (s == OSP_OK && seen != 0x3f) s = BAD("READY lacks a field");
+        if (s == OSP_OK && (seen & 0x3f) != 0x3f) s = BAD("READY lacks a field");
         break;
     }
     case OSP_IPC_ADD: s = dec_add(&r, n - 1, &lim, m); break;
@@ -757,6 +818,7 @@ void osp_ipc_msg_free(osp_ipc_msg *m) {
     free(m->stop_ids);
     free(m->bias);
     free(m->grammar);
+    free(m->kvt);
     for (int32_t i = 0; i < m->n_outs; i++) {
         free(m->outs[i].tokens);
         free(m->outs[i].logprobs);

@@ -24,8 +24,8 @@
 
 typedef enum osp_ipc_type {
     OSP_IPC_HELLO = 1,     /* frontend -> core {t, fe}: register (the core answers READY) */
-    OSP_IPC_READY = 2,     /* core -> frontend {t, epoch, mml, vocab, nb, bs, pid}: the engine is loaded */
-    OSP_IPC_ADD = 3,       /* frontend -> core {t, id, gen, prompt, sampling fields..., gram?, pool? enorm?} */
+    OSP_IPC_READY = 2,     /* core -> frontend {t, epoch, mml, vocab, nb, bs, pid, kv?}: the engine is loaded */
+    OSP_IPC_ADD = 3,       /* frontend -> core {t, id, gen, prompt, sampling fields..., gram?, pool? enorm?, kvt?} */
     OSP_IPC_ABORT = 4,     /* frontend -> core {t, id, gen} */
     OSP_IPC_HEARTBEAT = 5, /* frontend -> core {t}: I am alive (any message counts) */
     OSP_IPC_ACK = 6,       /* core -> frontend {t, id, gen, ok, err?}: admission of an ADD */
@@ -47,6 +47,9 @@ typedef struct osp_ipc_ready {
     uint32_t epoch;          /* which incarnation of the core (0, 1, ... per restart) */
     int32_t max_model_len, n_vocab, num_blocks, block_size;
     int64_t pid;
+    /* osp_engine_kv_transfer_info of the core's engine ("kv": [role, host, port, engine_id], sent only
+       with a role; role OSP_KV_ROLE_NONE without) */
+    osp_kv_transfer_info kv;
 } osp_ipc_ready;
 
 /* One entry of OUTPUTS: what osp_request_output says, for request (id, gen). Arrays owned by the
@@ -66,6 +69,9 @@ typedef struct osp_ipc_output {
     char error[160];
     float *embedding;                /* [n_embd]: an embedding request's vector, in its finishing output; or NULL */
     int32_t n_embd;
+    uint64_t kv_transfer_id;         /* a finishing output's held KV transfer ("kvid", "kvnb": sent only with
+                                        kv_transfer_num_blocks > 0); else 0, 0 */
+    int32_t kv_transfer_num_blocks;
 } osp_ipc_output;
 
 /* A decoded message. Fields are filled as the type says; the rest are zero. Free with
@@ -81,6 +87,9 @@ typedef struct osp_ipc_msg {
     int32_t *prompt, *stop_ids;
     osp_token_bias *bias;
     char *grammar;
+    osp_kv_transfer_params *kvt; /* ADD: rp.kv_transfer's copy ("kvt": [do_remote_decode, do_remote_prefill,
+                                host, port, engine_id, request_id, num_blocks], sent only when a flag is
+                                set), or NULL */
     bool ok;                 /* ACK */
     char error[160];         /* ACK: why the add was refused */
     osp_ipc_output *outs;    /* OUTPUTS [n_outs] */
@@ -100,7 +109,8 @@ void osp_ipc_msg_free(osp_ipc_msg *m);
  * the memory is reused across calls). OSP_ERR_NOMEM if the buffer cannot grow. */
 osp_status osp_ipc_encode_hello(msgpack_sbuffer *buf, uint32_t fe);
 osp_status osp_ipc_encode_ready(msgpack_sbuffer *buf, const osp_ipc_ready *r);
-/* rp's arrays are copied into the message; rp->callback and request_id are not sent (id is). */
+/* rp's arrays are copied into the message; rp->callback and request_id are not sent (id is);
+ * rp->kv_transfer only when one of its flags is set (else it means nothing). */
 osp_status osp_ipc_encode_add(msgpack_sbuffer *buf, uint64_t id, uint32_t gen, const osp_request_params *rp);
 osp_status osp_ipc_encode_abort(msgpack_sbuffer *buf, uint64_t id, uint32_t gen);
 osp_status osp_ipc_encode_heartbeat(msgpack_sbuffer *buf);

@@ -299,10 +299,17 @@ size_t osp_kv_cache_block_bytes(const osp_kv_cache *kv) {
     return (size_t)kv->n_layer * (size_t)kv->block_size * per_token;
 }
 
-/* Walks block id's segments in osp_kv_cache_block_read's order: to_host (read) or from_host (write). */
+/* Walks block id's segments in osp_kv_cache_block_read's order: to_host (read) or from_host (write), all
+ * in one backend call where it has one (one wait for the block instead of one a segment). */
 static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool read) {
     if (id < 0 || id >= kv->num_blocks)
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: block %d outside the %d blocks", id, kv->num_blocks);
+    enum { MAX_SEG = 4 * 256 };
+    void *dst[MAX_SEG];
+    const void *src[MAX_SEG];
+    size_t bytes[MAX_SEG];
+    int32_t m = 0;
+    const bool many = kv->be->vt->copy_host_many && kv->n_layer * 4 <= MAX_SEG;
     for (int32_t l = 0; l < kv->n_layer; l++) {
         for (int i = 0; i < 4; i++) { /* K pages, V pages, K scales, V scales */
             const osp_kv_page_format *f = i & 1 ? &kv->v_fmt : &kv->k_fmt;
@@ -311,11 +318,17 @@ static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool r
             if (n == 0) continue;
             char *base = i == 0 ? kv->k[l] : i == 1 ? kv->v[l] : i == 2 ? kv->k_scale[l] : kv->v_scale[l];
             char *dev = base + (size_t)id * n;
-            OSP_TRY(read ? kv->be->vt->to_host(kv->be, host, dev, n) : kv->be->vt->from_host(kv->be, dev, host, n));
+            if (many) {
+                dst[m] = read ? (void *)host : (void *)dev;
+                src[m] = read ? (const void *)dev : (const void *)host;
+                bytes[m++] = n;
+            } else {
+                OSP_TRY(read ? kv->be->vt->to_host(kv->be, host, dev, n) : kv->be->vt->from_host(kv->be, dev, host, n));
+            }
             host += n;
         }
     }
-    return OSP_OK;
+    return many ? kv->be->vt->copy_host_many(kv->be, read, m, dst, src, bytes) : OSP_OK;
 }
 
 osp_status osp_kv_cache_block_read(osp_kv_cache *kv, int32_t id, void *dst) { return block_move(kv, id, dst, true); }

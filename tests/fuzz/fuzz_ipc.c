@@ -45,7 +45,8 @@ static void reencode(const osp_ipc_msg *m, msgpack_sbuffer *b) {
                                     .num_output_tokens = x->num_output_tokens, .num_prompt_tokens = x->num_prompt_tokens,
                                     .num_cached_tokens = x->num_cached_tokens, .first_scheduled_s = x->first_scheduled_s,
                                     .finished = x->finished, .finish_reason = x->finish_reason,
-                                    .embedding = x->embedding, .n_embd = x->n_embd};
+                                    .embedding = x->embedding, .n_embd = x->n_embd,
+                                    .kv_transfer_id = x->kv_transfer_id, .kv_transfer_num_blocks = x->kv_transfer_num_blocks};
             memcpy(o.error, x->error, sizeof o.error);
             s = osp_ipc_outputs_add(&ob, x->id, x->gen, &o);
         }
@@ -80,7 +81,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_lp(x->logprobs, x->num_tokens);
         check_lp(x->prompt_logprobs, x->num_prompt_logprobs);
         if ((x->embedding != NULL) != (x->n_embd > 0) || (x->embedding && x->finish_reason != OSP_FINISH_STOP)) abort();
+        if (x->kv_transfer_num_blocks < 0 || (x->kv_transfer_num_blocks > 0 && !x->finished) ||
+            (x->kv_transfer_num_blocks == 0 && x->kv_transfer_id != 0))
+            abort();
     }
+    if (m.type == OSP_IPC_ADD && m.rp.kv_transfer) { /* only with a flag set, a port, a NUL-terminated host */
+        const osp_kv_transfer_params *kt = m.rp.kv_transfer;
+        if ((!kt->do_remote_decode && !kt->do_remote_prefill) || kt->remote_port < 0 || kt->remote_port > 65535 ||
+            kt->remote_num_blocks < 0 || !memchr(kt->remote_host, 0, sizeof kt->remote_host))
+            abort();
+    }
+    if (m.ready.kv.role != OSP_KV_ROLE_NONE &&
+        (m.ready.kv.role > OSP_KV_ROLE_BOTH || m.ready.kv.port < 0 || m.ready.kv.port > 65535 ||
+         !memchr(m.ready.kv.host, 0, sizeof m.ready.kv.host)))
+        abort();
     /* round trip: what decoded encodes, and decodes to the same fields */
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
@@ -89,13 +103,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (osp_ipc_decode(b.data, b.size, NULL, &m2) != OSP_OK) abort();
     if (m2.type != m.type || m2.id != m.id || m2.gen != m.gen || m2.n_outs != m.n_outs || m2.rp.num_prompt != m.rp.num_prompt ||
         m2.ok != m.ok || strcmp(m2.error, m.error) != 0 || m2.fe != m.fe || m2.ready.epoch != m.ready.epoch ||
-        m2.rp.pooling != m.rp.pooling || m2.rp.embd_normalize != m.rp.embd_normalize)
+        m2.rp.pooling != m.rp.pooling || m2.rp.embd_normalize != m.rp.embd_normalize ||
+        !m2.rp.kv_transfer != !m.rp.kv_transfer || memcmp(&m2.ready.kv, &m.ready.kv, sizeof m.ready.kv) ||
+        m2.stats.kv_transfer_failed_blocks != m.stats.kv_transfer_failed_blocks)
         abort();
+    if (m.rp.kv_transfer) {
+        const osp_kv_transfer_params *a = m.rp.kv_transfer, *b2 = m2.rp.kv_transfer;
+        if (a->do_remote_decode != b2->do_remote_decode || a->do_remote_prefill != b2->do_remote_prefill ||
+            strcmp(a->remote_host, b2->remote_host) || a->remote_port != b2->remote_port ||
+            a->remote_engine_id != b2->remote_engine_id || a->remote_request_id != b2->remote_request_id ||
+            a->remote_num_blocks != b2->remote_num_blocks)
+            abort();
+    }
     if (m.rp.num_prompt && memcmp(m.rp.prompt, m2.rp.prompt, sizeof(int32_t) * (size_t)m.rp.num_prompt)) abort();
     for (int32_t i = 0; i < m.n_outs; i++)
         if (m2.outs[i].num_tokens != m.outs[i].num_tokens || m2.outs[i].finish_reason != m.outs[i].finish_reason ||
             (m.outs[i].num_tokens && memcmp(m.outs[i].tokens, m2.outs[i].tokens, sizeof(int32_t) * (size_t)m.outs[i].num_tokens)) ||
-            m2.outs[i].n_embd != m.outs[i].n_embd ||
+            m2.outs[i].n_embd != m.outs[i].n_embd || m2.outs[i].kv_transfer_id != m.outs[i].kv_transfer_id ||
+            m2.outs[i].kv_transfer_num_blocks != m.outs[i].kv_transfer_num_blocks ||
             (m.outs[i].n_embd && memcmp(m.outs[i].embedding, m2.outs[i].embedding, sizeof(float) * (size_t)m.outs[i].n_embd)))
             abort();
     osp_ipc_msg_free(&m2);

@@ -7,7 +7,9 @@ import struct
 import msgpack
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "ipc")
-NSTATS = 11 + 14 + 3 + 16  # osp_engine_stats fields sent (ipc.c: N_STATS; OSP_SPEC_MAX_TOKENS is 16)
+# osp_engine_stats fields sent (ipc.c: N_STATS; OSP_SPEC_MAX_TOKENS is 16): counts, iteration buckets,
+# speculation, its positions, KV offload, KV transfer
+NSTATS = 11 + 14 + 3 + 16 + 8 + 7
 
 
 def ids(*xs):
@@ -26,6 +28,11 @@ seeds = {
                  "min_p": 0.05, "pres": 0.5, "freq": -0.5, "rep": 1.1, "bias": [[5, -100.0], [6, 2.0]], "seed": 42,
                  "n": 1, "sidx": 2, "lp": 5, "plp": -1, "max": 64, "min": 2, "ieos": True, "stop": ids(2, 9),
                  "prio": -3, "salt": 99, "gram": 'root ::= "yes" | "no"'},
+    "ready_kv": {"t": 2, "epoch": 0, "mml": 2048, "vocab": 32000, "nb": 64, "bs": 16, "pid": 77,
+                 "kv": [1, "127.0.0.1", 41234, 2 ** 63 + 5]},
+    "add_kvt_prefill": {"t": 3, "id": 6, "gen": 1, "prompt": ids(*range(50)),
+                        "kvt": [False, True, "10.1.2.3", 5600, 2 ** 64 - 1, 12, 3]},
+    "add_kvt_decode": {"t": 3, "id": 7, "gen": 1, "prompt": ids(1, 2), "kvt": [True, False, "", 0, 0, 0, 0]},
     "add_embed": {"t": 3, "id": 3, "gen": 2, "prompt": ids(5, 6, 7), "pool": 1, "enorm": False},
     "abort": {"t": 4, "id": 5, "gen": 9},
     "heartbeat": {"t": 5},
@@ -38,6 +45,9 @@ seeds = {
          "plp": [lp(2, [(2, -0.1)]), lp(3, [(3, -0.5)])]},
         {"id": 3, "gen": 5, "tok": ids(1), "fin": True, "why": 3, "nout": 1, "np": 1, "nc": 1, "sched": 0.0},
     ], "stats": list(range(NSTATS))},
+    "outputs_kvt": {"t": 7, "outs": [
+        {"id": 5, "gen": 1, "tok": ids(9), "fin": True, "why": 2, "nout": 1, "np": 40, "nc": 0, "sched": 3.0,
+         "kvid": 2 ** 40 + 1, "kvnb": 2}], "stats": list(range(NSTATS))},
     "outputs_empty": {"t": 7, "outs": [], "stats": [0] * NSTATS},
     "outputs_embd": {"t": 7, "outs": [
         {"id": 4, "gen": 2, "tok": b"", "fin": True, "why": 1, "nout": 0, "np": 3, "nc": 0, "sched": 2.0,

@@ -160,6 +160,116 @@ static void test_hostile(void **state) {
     osp_ipc_msg_free(&m);
 }
 
+/* Prefill/decode disaggregation's fields: an ADD's kv_transfer, a finishing output's held transfer,
+ * READY's listener and identity, the stats; and their hostile shapes. */
+static void test_kv_transfer_round_trip(void **state) {
+    (void)state;
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    osp_ipc_msg m;
+    const int32_t prompt[2] = {1, 2};
+    osp_request_params rp = osp_request_default_params();
+    rp.prompt = prompt, rp.num_prompt = 2;
+    osp_kv_transfer_params kt = {.do_remote_prefill = true, .remote_port = 4242, .remote_engine_id = 0xfedcba9876543210ull,
+                                 .remote_request_id = 7, .remote_num_blocks = 6};
+    snprintf(kt.remote_host, sizeof kt.remote_host, "10.0.0.5");
+    rp.kv_transfer = &kt;
+    assert_int_equal(osp_ipc_encode_add(&b, 1, 1, &rp), OSP_OK);
+    assert_int_equal(osp_ipc_decode(b.data, b.size, NULL, &m), OSP_OK);
+    assert_non_null(m.rp.kv_transfer);
+    assert_true(m.rp.kv_transfer->do_remote_prefill && !m.rp.kv_transfer->do_remote_decode);
+    assert_string_equal(m.rp.kv_transfer->remote_host, "10.0.0.5");
+    assert_true(m.rp.kv_transfer->remote_port == 4242 && m.rp.kv_transfer->remote_engine_id == 0xfedcba9876543210ull &&
+                m.rp.kv_transfer->remote_request_id == 7 && m.rp.kv_transfer->remote_num_blocks == 6);
+    osp_ipc_msg_free(&m);
+    /* both flags false means nothing: not sent */
+    kt.do_remote_prefill = false;
+    assert_int_equal(osp_ipc_encode_add(&b, 1, 1, &rp), OSP_OK);
+    assert_int_equal(osp_ipc_decode(b.data, b.size, NULL, &m), OSP_OK);
+    assert_null(m.rp.kv_transfer);
+    osp_ipc_msg_free(&m);
+
+    osp_ipc_outputs ob;
+    osp_ipc_outputs_init(&ob);
+    osp_ipc_outputs_begin(&ob);
+    osp_request_output f = {.finished = true, .finish_reason = OSP_FINISH_LENGTH, .kv_transfer_id = 1ull << 63,
+                            .kv_transfer_num_blocks = 5};
+    assert_int_equal(osp_ipc_outputs_add(&ob, 3, 1, &f), OSP_OK);
+    osp_request_output g = {.finished = true, .finish_reason = OSP_FINISH_STOP, .kv_transfer_id = 9}; /* 0 blocks */
+    assert_int_equal(osp_ipc_outputs_add(&ob, 4, 1, &g), OSP_OK);
+    osp_engine_stats st = {.kv_transfer_held = 2, .kv_transfer_held_blocks = 11, .kv_transfer_sent_blocks = 40,
+                           .kv_transfer_dropped = 1, .kv_transfer_recv_blocks = 30, .kv_transfer_failed_blocks = 3,
+                           .kv_transfer_recv_seconds = 1.25};
+    assert_int_equal(osp_ipc_outputs_finish(&ob, &st, &b), OSP_OK);
+    osp_ipc_outputs_destroy(&ob);
+    assert_int_equal(osp_ipc_decode(b.data, b.size, NULL, &m), OSP_OK);
+    assert_int_equal(m.n_outs, 2);
+    assert_true(m.outs[0].kv_transfer_id == 1ull << 63 && m.outs[0].kv_transfer_num_blocks == 5);
+    assert_true(m.outs[1].kv_transfer_id == 0 && m.outs[1].kv_transfer_num_blocks == 0);
+    assert_true(m.stats.kv_transfer_held == 2 && m.stats.kv_transfer_held_blocks == 11 && m.stats.kv_transfer_sent_blocks == 40 &&
+                m.stats.kv_transfer_dropped == 1 && m.stats.kv_transfer_recv_blocks == 30 &&
+                m.stats.kv_transfer_failed_blocks == 3 && m.stats.kv_transfer_recv_seconds == 1.25);
+    osp_ipc_msg_free(&m);
+
+    osp_ipc_ready r = {.epoch = 1, .max_model_len = 64, .n_vocab = 10, .num_blocks = 4, .block_size = 16, .pid = 9,
+                       .kv = {.role = OSP_KV_ROLE_PRODUCER, .port = 5555, .engine_id = 42}};
+    snprintf(r.kv.host, sizeof r.kv.host, "0.0.0.0");
+    assert_int_equal(osp_ipc_encode_ready(&b, &r), OSP_OK);
+    assert_int_equal(osp_ipc_decode(b.data, b.size, NULL, &m), OSP_OK);
+    assert_true(m.ready.kv.role == OSP_KV_ROLE_PRODUCER && m.ready.kv.port == 5555 && m.ready.kv.engine_id == 42);
+    assert_string_equal(m.ready.kv.host, "0.0.0.0");
+    osp_ipc_msg_free(&m);
+    for (size_t n = 0; n < b.size; n++) {
+        assert_int_equal(osp_ipc_decode(b.data, n, NULL, &m), OSP_ERR_FORMAT);
+        osp_ipc_msg_free(&m);
+    }
+    r.kv.role = OSP_KV_ROLE_NONE; /* no role: no "kv" */
+    assert_int_equal(osp_ipc_encode_ready(&b, &r), OSP_OK);
+    assert_int_equal(osp_ipc_decode(b.data, b.size, NULL, &m), OSP_OK);
+    assert_int_equal(m.ready.kv.role, OSP_KV_ROLE_NONE);
+    osp_ipc_msg_free(&m);
+    msgpack_sbuffer_destroy(&b);
+
+#define B(what, lit) {what, lit, sizeof(lit) - 1}
+    static const struct {
+        const char *what;
+        const char *bytes;
+        size_t n;
+    } bad[] = {
+        B("kvt with no flag", "\x85\xa1t\x03\xa2id\x01\xa3gen\x01\xa6prompt\xc4\x00\xa3kvt\x97\xc2\xc2\xa0\x00\x00\x00\x00"),
+        B("kvt of 6 fields", "\x85\xa1t\x03\xa2id\x01\xa3gen\x01\xa6prompt\xc4\x00\xa3kvt\x96\xc3\xc2\xa0\x00\x00\x00"),
+        B("kvt port 70000", "\x85\xa1t\x03\xa2id\x01\xa3gen\x01\xa6prompt\xc4\x00\xa3kvt\x97\xc3\xc2\xa0\xce\x00\x01\x11p\x00\x00\x00"),
+        B("kvt negative blocks", "\x85\xa1t\x03\xa2id\x01\xa3gen\x01\xa6prompt\xc4\x00\xa3kvt\x97\xc3\xc2\xa0\x00\x00\x00\xff"),
+        B("kvt host not a str", "\x85\xa1t\x03\xa2id\x01\xa3gen\x01\xa6prompt\xc4\x00\xa3kvt\x97\xc3\xc2\x01\x00\x00\x00\x00"),
+        B("kvid without kvnb",
+          "\x82\xa1t\x07\xa4outs\x91\x8a\xa2id\x01\xa3gen\x01\xa3tok\xc4\x00\xa3" "fin\xc3\xa3why\x02\xa4nout\x00\xa2np\x00"
+          "\xa2nc\x00\xa5sched\x00\xa4kvid\x05"),
+        B("kvnb 0", "\x82\xa1t\x07\xa4outs\x91\x8b\xa2id\x01\xa3gen\x01\xa3tok\xc4\x00\xa3" "fin\xc3\xa3why\x02\xa4nout\x00\xa2np\x00"
+                    "\xa2nc\x00\xa5sched\x00\xa4kvid\x05\xa4kvnb\x00"),
+        B("kvnb on a running output",
+          "\x82\xa1t\x07\xa4outs\x91\x8b\xa2id\x01\xa3gen\x01\xa3tok\xc4\x00\xa3" "fin\xc2\xa3why\x00\xa4nout\x00\xa2np\x00"
+          "\xa2nc\x00\xa5sched\x00\xa4kvid\x05\xa4kvnb\x02"),
+        B("ready kv role 4", "\x88\xa1t\x02\xa5" "epoch\x00\xa3mml\x10\xa5vocab\x10\xa2nb\x01\xa2" "bs\x10\xa3pid\x01\xa2kv\x94\x04\xa0\x00\x00"),
+        B("ready kv role 0", "\x88\xa1t\x02\xa5" "epoch\x00\xa3mml\x10\xa5vocab\x10\xa2nb\x01\xa2" "bs\x10\xa3pid\x01\xa2kv\x94\x00\xa0\x00\x00"),
+    };
+#undef B
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const osp_status s = osp_ipc_decode(bad[i].bytes, bad[i].n, NULL, &m);
+        if (s != OSP_ERR_FORMAT) fail_msg("%s: decoded (status %d)", bad[i].what, (int)s);
+        osp_ipc_msg_free(&m);
+    }
+    /* the good shapes of the same, so the refusals above are for the reason named */
+    static const char ok_kvt2[] = "\x85\xa1t\x03\xa2id\x01\xa3gen\x01\xa6prompt\xc4\x00\xa3kvt\x97\xc3\xc2\xa0\x00\x00\x00\x00";
+    assert_int_equal(osp_ipc_decode(ok_kvt2, sizeof ok_kvt2 - 1, NULL, &m), OSP_OK);
+    assert_true(m.rp.kv_transfer && m.rp.kv_transfer->do_remote_decode);
+    osp_ipc_msg_free(&m);
+    static const char ok_ready[] =
+        "\x88\xa1t\x02\xa5" "epoch\x00\xa3mml\x10\xa5vocab\x10\xa2nb\x01\xa2" "bs\x10\xa3pid\x01\xa2kv\x94\x02\xa0\x00\x00";
+    assert_int_equal(osp_ipc_decode(ok_ready, sizeof ok_ready - 1, NULL, &m), OSP_OK);
+    assert_int_equal(m.ready.kv.role, OSP_KV_ROLE_CONSUMER);
+    osp_ipc_msg_free(&m);
+}
+
 /* ---- a fake core: the test plays the core's side of the socket --------------------------------- */
 
 typedef struct sink {
@@ -743,6 +853,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_round_trip),          cmocka_unit_test(test_outputs_round_trip),
         cmocka_unit_test(test_hostile),                 cmocka_unit_test(test_cancel_then_reuse_id),
+        cmocka_unit_test(test_kv_transfer_round_trip),
         cmocka_unit_test(test_core_lost),               cmocka_unit_test(test_core_matches_in_process),
         cmocka_unit_test(test_frontend_death),          cmocka_unit_test(test_add_async),
     };

@@ -271,6 +271,22 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
                 "Prompt tokens an offload tier held that the cost model chose to recompute.", model,
                 (double)g->offload_skipped_tokens);
     }
+    if (g->kv_transfer) { /* --kv-transfer-config: a producer's held transfers, a consumer's loads */
+        gauge(&b, "osprey:kv_transfer_held", "KV transfers a producer holds for consumers to pull.", model,
+              (double)g->kv_transfer_held);
+        gauge(&b, "osprey:kv_transfer_held_blocks", "KV blocks in the transfers a producer holds.", model,
+              (double)g->kv_transfer_held_blocks);
+        counter(&b, "osprey:kv_transfer_sent_blocks", "KV blocks a producer sent to consumers.", model,
+                (double)g->kv_transfer_sent_blocks);
+        counter(&b, "osprey:kv_transfer_dropped", "KV transfers a producer dropped unpulled (timed out or pushed out).", model,
+                (double)g->kv_transfer_dropped);
+        counter(&b, "osprey:kv_transfer_recv_blocks", "KV blocks a consumer loaded from producers.", model,
+                (double)g->kv_transfer_recv_blocks);
+        counter(&b, "osprey:kv_transfer_failed_blocks", "KV blocks a consumer asked a producer for that did not load (recomputed).",
+                model, (double)g->kv_transfer_failed_blocks);
+        counter(&b, "osprey:kv_transfer_recv_seconds", "Seconds a consumer spent loading KV blocks from producers.", model,
+                g->kv_transfer_recv_seconds);
+    }
     gauge(&b, "osprey:kv_cache_free_blocks", "KV blocks free (cached-but-unreferenced blocks count as free).", model,
           g->num_free_blocks);
     gauge(&b, "osprey:kv_cache_total_blocks", "KV blocks in the pool.", model, g->num_blocks);

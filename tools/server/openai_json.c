@@ -239,9 +239,20 @@ json_t *srv_json_final(srv_job *j) {
         }
         json_array_append_new(choices, c);
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object", chat ? "chat.completion" : "text_completion",
-                     "created", (json_int_t)j->created, "model", j->srv->model_name, "choices", choices, "usage",
-                     usage_json(j));
+    json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", j->id, "object", chat ? "chat.completion" : "text_completion",
+                             "created", (json_int_t)j->created, "model", j->srv->model_name, "choices", choices, "usage",
+                             usage_json(j));
+    /* a prefill server's answer to do_remote_decode: where the decode server finds the prompt's KV
+       (null: nothing held); the request has one choice (srv_parse_kv_transfer_params) */
+    if (root && j->req.kv_transfer_set && j->req.kv_transfer.do_remote_decode && j->n_seqs == 1) {
+        const osp_kv_transfer_info ki = srv_engine_kv_transfer_info(j->srv);
+        pthread_mutex_lock(&j->mu);
+        const uint64_t tid = j->seqs[0].kv_transfer_id;
+        const int32_t nb = j->seqs[0].kv_transfer_num_blocks;
+        pthread_mutex_unlock(&j->mu);
+        json_object_set_new(root, "kv_transfer_params", srv_json_kv_transfer_params(&ki, tid, nb));
+    }
+    return root;
 }
 
 /* The logprobs of the tokens consumed since choice i's last chunk (NULL: none or not asked). */

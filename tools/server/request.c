@@ -379,7 +379,7 @@ static const char *const k_known[] = {
     "frequency_penalty", "repetition_penalty", "echo", "skip_special_tokens", "add_generation_prompt",
     "continue_final_message", "chat_template", "chat_template_kwargs", "user", "cache_salt",
     "response_format", "guided_json", "guided_grammar", "guided_choice", "guided_regex", "guided_decoding_backend",
-    "guided_whitespace_pattern", "structured_outputs",
+    "guided_whitespace_pattern", "structured_outputs", "kv_transfer_params",
 };
 
 /* /v1/embeddings (the request's fields: server.h). */
@@ -550,6 +550,7 @@ int srv_parse_gen_request(const char *body, size_t len, srv_route route, const s
         srv_fail(err, 400, "cache_salt", "'cache_salt' must not be empty");
         goto done;
     }
+    if (srv_parse_kv_transfer_params(root, lim->kv_role, r, err)) goto done; /* after stream, n, the prompts */
 
     /* Fields this parser does not read: a 400 naming the field (a field accepted and ignored would change
      * what the client asked for without a word: tools, best_of, ...), except OpenAI's advisory fields,

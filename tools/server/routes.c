@@ -235,7 +235,7 @@ static enum MHD_Result handle_generate(srv_server *srv, struct MHD_Connection *c
     if (cx->stage == CX_BODY) { /* the first call with the whole body (else: a parked wait for a slot) */
         const srv_parse_limits lim = {.n_vocab = srv->n_vocab, .auto_tool_choice = srv->cfg.enable_auto_tool_choice,
                                       .tool_parser = srv->cfg.tool_parser, .reasoning_parser = srv->cfg.reasoning_parser,
-                                      .n_embd = srv->n_embd};
+                                      .n_embd = srv->n_embd, .kv_role = srv->cfg.kv_transfer.role};
         if (responses ? parse_responses(srv, cx, &lim, req, &err)
                       : srv_parse_gen_request(cx->body ? cx->body : "", cx->len, route, &lim, req, &err)) {
             srv_gen_request_free(req);
@@ -433,6 +433,11 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     g.offload_stored = st.offload_stored_blocks, g.offload_loaded = st.offload_loaded_blocks;
     g.offload_corrupt = st.offload_corrupt_blocks, g.offload_hits_tokens = st.offload_hits_tokens;
     g.offload_skipped_tokens = st.offload_skipped_tokens, g.offload_write_errors = st.offload_write_errors;
+    g.kv_transfer = srv->cfg.kv_transfer.role != OSP_KV_ROLE_NONE;
+    g.kv_transfer_held = st.kv_transfer_held, g.kv_transfer_held_blocks = st.kv_transfer_held_blocks;
+    g.kv_transfer_sent_blocks = st.kv_transfer_sent_blocks, g.kv_transfer_dropped = st.kv_transfer_dropped;
+    g.kv_transfer_recv_blocks = st.kv_transfer_recv_blocks, g.kv_transfer_failed_blocks = st.kv_transfer_failed_blocks;
+    g.kv_transfer_recv_seconds = st.kv_transfer_recv_seconds;
     const osp_spec_config *sc = srv->engine ? &osp_engine_params_get(srv->engine)->speculative : &srv->cfg.spec;
     if (sc->method != OSP_SPEC_NONE) {
         g.spec_k = sc->num_speculative_tokens;

@@ -118,6 +118,10 @@ static const char *k_serve_usage =
     "  --kv-offloading-size GIB         host-memory tier for prefix KV blocks the cache evicts (vLLM's; off)\n"
     "  --kv-offload-disk DIR            disk tier below it (files per block, checksummed; off)\n"
     "  --kv-offload-disk-size GIB       the disk tier's size (needed with --kv-offload-disk)\n"
+    "  --kv-transfer-config JSON        prefill/decode disaggregation (vLLM's flag), e.g. '{\"kv_connector\":\n"
+    "                                   \"OspreyConnector\", \"kv_role\": \"kv_producer\"}' (keys: kv_role kv_producer|\n"
+    "                                   kv_consumer|kv_both, kv_ip (127.0.0.1), kv_port (0: any), kv_buffer_size\n"
+    "                                   (bytes; 1 GiB), kv_connector_extra_config {\"timeout_s\": 120}; off)\n"
     "  --max-request-body BYTES         request body limit, K/M suffixes (4M)\n"
     "  --max-queued-requests N          generation requests in flight before 503 (1024)\n"
     "  --responses-store-size N         /v1/responses kept in memory for previous_response_id and GET\n"
@@ -203,6 +207,11 @@ srv_config srv_parse_flags(int argc, char **argv) {
             if (ks != OSP_OK) cli_die(ks, "serve");
             c.kv_events_set = true, i++;
         } else if (!strcmp(f, "--kv-events-array-like")) c.kv_events_array_like = true;
+        else if (!strcmp(f, "--kv-transfer-config")) {
+            char why[320];
+            if (srv_kv_transfer_config_parse(v ? v : "", &c.kv_transfer, why, sizeof why)) cli_die(OSP_OK, "%s", why);
+            i++;
+        }
         else if (!strcmp(f, "--trust-request-chat-template")) c.trust_request_chat_template = true;
         else if (!strcmp(f, "--no-webui")) c.no_webui = true;
         else if (!strcmp(f, "--allow-special-tokens-in-content")) c.allow_special_tokens_in_content = true;
@@ -356,6 +365,13 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.kv_offload_disk_dir = cfg->kv_offload_disk;
     ep.kv_offload_disk_bytes = cfg->kv_offload_disk_bytes;
     ep.kv_offload_no_cost_model = cli_offload_always_load();
+    ep.kv_role = cfg->kv_transfer.role;
+    if (ep.kv_role != OSP_KV_ROLE_NONE) {
+        ep.kv_transfer_ip = cfg->kv_transfer.ip;
+        ep.kv_transfer_port = cfg->kv_transfer.port;
+        ep.kv_transfer_buffer_bytes = cfg->kv_transfer.buffer_bytes;
+        ep.kv_transfer_timeout_s = cfg->kv_transfer.timeout_s;
+    }
     ep.hash_algo = cfg->hash_algo, ep.hash_seed_set = cfg->hash_seed_set, ep.hash_seed = cfg->hash_seed;
     return ep;
 }
@@ -478,6 +494,18 @@ static int serve_run(srv_config cfg_in, int argc, char **argv) {
                 cfg->spec.method == OSP_SPEC_DRAFT_MODEL ? cfg->spec.model : "");
     srv_log(&srv, SRV_LOG_INFO, "embeddings: %d dimensions, %s pooling of the output norm, %s", srv.n_embd,
             osp_pooling_name(srv.pooling), cfg->no_embd_normalize ? "not normalized" : "L2-normalized");
+    if (cfg->kv_transfer.role != OSP_KV_ROLE_NONE) { /* --kv-transfer-config: what the engine bound */
+        const osp_kv_transfer_info ki = srv_engine_kv_transfer_info(&srv);
+        if (ki.role != cfg->kv_transfer.role)
+            cli_die(OSP_OK, "--kv-transfer-config: the engine took kv_role %s, not %s", srv_kv_role_name(ki.role),
+                    srv_kv_role_name(cfg->kv_transfer.role));
+        if (ki.role == OSP_KV_ROLE_PRODUCER || ki.role == OSP_KV_ROLE_BOTH)
+            srv_log(&srv, SRV_LOG_INFO, "kv transfer: producer listening on %s:%d (%s, engine id %016llx)", ki.host, (int)ki.port,
+                    srv_kv_role_name(ki.role), (unsigned long long)ki.engine_id);
+        else
+            srv_log(&srv, SRV_LOG_INFO, "kv transfer: consumer (%s, engine id %016llx): loads prompt KV from the producers "
+                    "that requests name", srv_kv_role_name(ki.role), (unsigned long long)ki.engine_id);
+    }
     if (srv.engine && (s = osp_engine_start(srv.engine)) != OSP_OK) cli_die(s, "cannot start the engine loop");
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;

@@ -73,6 +73,7 @@ typedef struct srv_config {
     osp_sparse_config sparse; /* --sparse-attention: osp_engine_params.sparse_attention */
     int64_t kv_offload_host_bytes, kv_offload_disk_bytes; /* --kv-offloading-size, --kv-offload-disk-size */
     const char *kv_offload_disk;                          /* --kv-offload-disk */
+    srv_kv_transfer_config kv_transfer; /* --kv-transfer-config JSON (role NONE: not given) */
     osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo (cli_engine_args) */
     bool hash_seed_set;       /* --prefix-caching-hash-seed, $OSPREY_HASH_SEED or $PYTHONHASHSEED */
     uint64_t hash_seed;
@@ -209,6 +210,8 @@ osp_status srv_engine_add(srv_server *srv, osp_request_params *rp, srv_seq *seq)
 void srv_engine_abort(srv_server *srv, uint64_t id);
 /* The engine's stats (either mode: the core's last report with --engine-process). */
 osp_engine_stats srv_engine_stats(srv_server *srv);
+/* osp_engine_kv_transfer_info (either mode: from the core's last READY with --engine-process). */
+osp_kv_transfer_info srv_engine_kv_transfer_info(srv_server *srv);
 /* Can generation requests be served now? (false while the core process restarts) */
 bool srv_engine_ready(srv_server *srv);
 
@@ -276,6 +279,8 @@ struct srv_seq {
     int32_t n_cached;         /* prompt tokens the prefix cache served (job->mu) */
     float *embd;              /* an embedding input: its vector [n_embd] from the finishing output (job->mu) */
     int32_t n_embd;
+    uint64_t kv_transfer_id;  /* do_remote_decode: the finishing output's held transfer (job->mu) */
+    int32_t kv_transfer_num_blocks;
 };
 
 struct srv_job {

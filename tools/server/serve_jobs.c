@@ -150,6 +150,8 @@ static void on_output_any(srv_seq *s, const osp_request_output *o, bool core_los
                                    tok ? t - s->t_first_tok : -1, sched ? t - s->t_sched : -1);
         s->eng_finished = true;
         s->eng_reason = o->finish_reason;
+        s->kv_transfer_id = o->kv_transfer_id;
+        s->kv_transfer_num_blocks = o->kv_transfer_num_blocks;
         s->core_lost = core_lost;
         free_it = --j->refs == 0;
     }
@@ -261,6 +263,10 @@ void srv_engine_abort(srv_server *srv, uint64_t id) {
 
 osp_engine_stats srv_engine_stats(srv_server *srv) {
     return srv->engine ? osp_engine_get_stats(srv->engine) : osp_core_client_stats(srv->core);
+}
+
+osp_kv_transfer_info srv_engine_kv_transfer_info(srv_server *srv) {
+    return srv->engine ? osp_engine_kv_transfer_info(srv->engine) : osp_core_client_kv_transfer_info(srv->core);
 }
 
 bool srv_engine_ready(srv_server *srv) { return srv->engine || osp_core_client_ready(srv->core); }
@@ -585,6 +591,7 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.num_stop_token_ids = r->n_stop_token_ids;
         rp.cache_salt = r->cache_salt ? salt_hash(r->cache_salt) : 0;
         rp.grammar = r->grammar;
+        rp.kv_transfer = r->kv_transfer_set ? &r->kv_transfer : NULL; /* copied at add */
         if (r->route == SRV_ROUTE_EMBEDDINGS) { /* prefill only: nothing sampled */
             rp.pooling = srv->pooling;
             rp.embd_normalize = !srv->cfg.no_embd_normalize;

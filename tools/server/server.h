@@ -14,6 +14,7 @@
  *   routes.c       libmicrohttpd's request handler: body, auth, routes, error replies
  *   access.c       the API key (constant time) and CORS (vLLM's flags, Starlette's headers)
  *   core_proc.c    --engine-process / --api-server-count: the EngineCore in a child process
+ *   kv_transfer.c  prefill/decode disaggregation: --kv-transfer-config, kv_transfer_params in and out
  *   tls.c          --ssl-keyfile / --ssl-certfile (tls.h), shared with osprey router
  *   startup_log.c  the start-up log's load progress bar and URL (pure text)
  *   serve_startup.c  the start-up log's memory line, the load bar on a terminal
@@ -135,6 +136,10 @@ typedef struct srv_gen_request {
     json_t *resp_conversation;  /* the conversation so far without instructions: the previous
                                    response's, then this input (normalized chat messages) (owned) */
     bool resp_store;            /* keep the response for previous_response_id */
+    /* kv_transfer_params (srv_parse_kv_transfer_params): set when it asks for do_remote_decode or
+       do_remote_prefill (the engine's rp.kv_transfer); both false or absent: not set */
+    bool kv_transfer_set;
+    osp_kv_transfer_params kv_transfer;
 } srv_gen_request;
 
 typedef struct srv_parse_limits {
@@ -143,6 +148,8 @@ typedef struct srv_parse_limits {
     srv_tool_parser tool_parser; /* --tool-call-parser (NONE: not given) */
     srv_reasoning_parser reasoning_parser; /* --reasoning-parser (NONE: not given) */
     int32_t n_embd;             /* embeddings: the model's hidden size (named in the 'dimensions' refusal) */
+    osp_kv_role kv_role;        /* --kv-transfer-config's kv_role (NONE: not given): which kv_transfer_params
+                                   flags the server takes */
 } srv_parse_limits;
 
 /* Parses and validates a /v1/completions, /v1/chat/completions or /v1/embeddings body. Embeddings
@@ -183,6 +190,41 @@ int srv_messages_normalize(const json_t *m, json_t **out, srv_error *err);
  * absent or valid (value written), -1 with *err on a wrong type or a value outside [lo, hi]. */
 int srv_get_int(const json_t *obj, const char *key, long long lo, long long hi, long long *out, srv_error *err);
 int srv_get_bool(const json_t *obj, const char *key, bool *out, srv_error *err);
+
+/* ---- prefill/decode disaggregation (kv_transfer.c) ------------------------------------------- */
+
+/* --kv-transfer-config (vLLM's KVTransferConfig JSON): what osp_engine_params.kv_* get. */
+typedef struct srv_kv_transfer_config {
+    osp_kv_role role;           /* kv_role: kv_producer | kv_consumer | kv_both; NONE: no flag given */
+    char ip[256];               /* kv_ip: the producer's listening address (127.0.0.1) */
+    int32_t port;               /* kv_port (0: any free port) */
+    int64_t buffer_bytes;       /* kv_buffer_size in bytes (0: not given: the engine's 1 GiB) */
+    double timeout_s;           /* kv_connector_extra_config.timeout_s (0: not given: the engine's 120 s) */
+} srv_kv_transfer_config;
+
+/* Parses --kv-transfer-config's JSON: an object with kv_connector "OspreyConnector" and kv_role
+ * (required), kv_ip (a string), kv_port (0..65535), kv_buffer_size (a number of bytes > 0),
+ * kv_connector_extra_config ({"timeout_s": seconds > 0}). Returns 0 and fills *out, or -1 with a
+ * message naming the offending key in why[why_cap] (not JSON, not an object, an unknown key, a wrong
+ * type or value, a required key missing). Pure. */
+int srv_kv_transfer_config_parse(const char *text, srv_kv_transfer_config *out, char *why, size_t why_cap);
+/* "kv_producer", "kv_consumer", "kv_both" or "none". */
+const char *srv_kv_role_name(osp_kv_role r);
+/* A request body's `kv_transfer_params` (vLLM's NixlConnector fields: do_remote_decode,
+ * do_remote_prefill, remote_engine_id and remote_request_id as 16 hex digits, remote_host,
+ * remote_port 1..65535, remote_block_ids (ints >= 0; only their number is used), tp_size 1; JSON null
+ * is "not given") -> req->kv_transfer / kv_transfer_set. Call once req->stream, n and the prompts are
+ * parsed. Absent, null, or both flags false: 0 and nothing set. 400 naming the field for: not an
+ * object, an unknown key, a wrong type or value, both flags, do_remote_prefill without every remote_*
+ * field, do_remote_decode streamed or with n > 1 or several prompts, a flag the server's role
+ * (`role`) does not take (none: no flag at all). */
+int srv_parse_kv_transfer_params(const json_t *root, osp_kv_role role, srv_gen_request *req, srv_error *err);
+/* The producer's reply for a do_remote_decode request (what vLLM's NixlConnector returns, for the proxy
+ * to copy into the decode request): {"do_remote_prefill": true, "do_remote_decode": false,
+ * "remote_engine_id", "remote_host", "remote_port" (from info), "remote_request_id" (transfer_id),
+ * "remote_block_ids": [0..num_blocks), "tp_size": 1}; JSON null when num_blocks <= 0 or info has no
+ * role (nothing held). New reference; NULL when out of memory. */
+json_t *srv_json_kv_transfer_params(const osp_kv_transfer_info *info, uint64_t transfer_id, int32_t num_blocks);
 
 /* ---- the Responses API (responses.c) --------------------------------------------------------- */
 
@@ -442,6 +484,11 @@ typedef struct srv_metrics_gauges {
     bool offload;
     int64_t offload_host_blocks, offload_disk_blocks, offload_stored, offload_loaded, offload_corrupt;
     int64_t offload_hits_tokens, offload_skipped_tokens, offload_write_errors;
+    /* prefill/decode disaggregation (osp_engine_stats.kv_transfer_*), shown with --kv-transfer-config */
+    bool kv_transfer;
+    int64_t kv_transfer_held, kv_transfer_held_blocks, kv_transfer_sent_blocks, kv_transfer_dropped;
+    int64_t kv_transfer_recv_blocks, kv_transfer_failed_blocks;
+    double kv_transfer_recv_seconds;
     bool engine_process;        /* --engine-process: show the core's restarts */
     int64_t core_restarts;
 } srv_metrics_gauges;

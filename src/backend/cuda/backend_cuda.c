@@ -273,6 +273,14 @@ static osp_status cuda_from_host(osp_backend *be, void *dst, const void *src, si
     return osp_cuda_stream_sync(CU(be)->stream); /* the host buffer is free again */
 }
 
+static osp_status cuda_copy_host_many(osp_backend *be, bool to_host, int32_t n, void *const *dst, const void *const *src,
+                                      const size_t *bytes) {
+    void *st = CU(be)->stream;
+    for (int32_t i = 0; i < n; i++)
+        OSP_TRY(to_host ? osp_cuda_d2h(dst[i], src[i], bytes[i], st) : osp_cuda_h2d(dst[i], src[i], bytes[i], st));
+    return osp_cuda_stream_sync(st);
+}
+
 static osp_status cuda_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
     (void)be;
     return osp_cuda_mem_info(free_bytes, total_bytes);
@@ -1168,6 +1176,7 @@ static const osp_backend_vtable k_cuda_vt = {
     .buffer_free = cuda_buffer_free,
     .copy = cuda_copy,
     .to_host = cuda_to_host,
+    .copy_host_many = cuda_copy_host_many,
     .from_host = cuda_from_host,
     .mem_info = cuda_mem_info,
     .supports_op = cuda_supports_op,
