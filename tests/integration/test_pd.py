@@ -245,6 +245,12 @@ def test_n_above_1_goes_straight_to_decode(pd):
         assert resp.headers.get("X-Osprey-Prefill-Backend") is None
         assert router_metric(r, 'osprey_router_pd_fallback_total{reason="n"}') == 1
         assert router_metric(r, "osprey_router_pd_requests_total") == 0
+        # several prompts in one request: the same (a list of token ids is one prompt)
+        for prompt, n_d in ((["a", "b"], 2), ([1, 2, 3], 3)):
+            resp = requests.post(r.url + "/v1/completions", json={"model": "m", "prompt": prompt}, timeout=30)
+            assert resp.status_code == 200 and len(d.bodies) == n_d
+        assert router_metric(r, 'osprey_router_pd_fallback_total{reason="prompts"}') == 1
+        assert len(p.bodies) == 1 and router_metric(r, "osprey_router_pd_requests_total") == 1
     finally:
         assert r.stop() == 0
 
@@ -414,10 +420,11 @@ def test_pd_greedy_matches_colocated(trio):
     for i, words in enumerate((120, 200, 280)):
         same_as_colo(t, long_prompt(i, words))
         same_as_colo(t, long_prompt(i + 10, words), stream=True)
-    same_as_colo(t, "Hello there, my friend")  # a few tokens: nothing held, null kv_transfer_params
-    same_as_colo(t, "Hello there, my friend", stream=True)
+    same_as_colo(t, "Hello there, my friend")  # 16 tokens: one full block held, the last token computed
+    same_as_colo(t, "Hi you")  # 5 tokens: nothing held, null kv_transfer_params
+    same_as_colo(t, "Hi you", stream=True)
     assert router_metric(t.router, 'osprey_router_pd_fallback_total{reason="no_transfer"}') >= 2
-    assert router_metric(t.router, "osprey_router_pd_requests_total") >= 8
+    assert router_metric(t.router, "osprey_router_pd_requests_total") >= 9
     assert metric(t.prefill, "osprey:kv_transfer_sent_blocks_total") > sent0
     assert metric(t.decode, "osprey:kv_transfer_recv_blocks_total") > recv0
     assert metric(t.decode, "vllm:prefix_cache_hits_total") > 0  # the pulled blocks count as cached

@@ -76,8 +76,8 @@ typedef struct backend {
 } backend;
 
 /* The P/D path's reasons for the decode pool to compute a whole request (osprey_router_pd_fallback_total) */
-enum { PD_FALLBACK_N, PD_FALLBACK_NO_TRANSFER, PD_FALLBACK_COUNT };
-static const char *const k_fallback_reason[PD_FALLBACK_COUNT] = {"n", "no_transfer"};
+enum { PD_FALLBACK_N, PD_FALLBACK_PROMPTS, PD_FALLBACK_NO_TRANSFER, PD_FALLBACK_COUNT };
+static const char *const k_fallback_reason[PD_FALLBACK_COUNT] = {"n", "prompts", "no_transfer"};
 
 typedef struct router {
     backend b[RT_MAX_BACKENDS]; /* [0, n_decode): --backends; [n_decode, n): --prefill-backends */
@@ -534,12 +534,13 @@ static double now_s(void) {
 
 
 /* What the P/D path cannot do: a prefill server refuses do_remote_decode with n > 1 (one sequence's
- * blocks are held), best_of > 1 likewise. Returns the fallback reason, -1 when the request can go the
- * P/D way. */
+ * blocks are held; best_of > 1 likewise) and with several prompts in one completion request (a list of
+ * strings or of token lists). Returns the fallback reason, -1 when the request can go the P/D way. */
 static int pd_unfit(json_t *req) {
-    json_t *n = json_object_get(req, "n"), *bo = json_object_get(req, "best_of");
+    json_t *n = json_object_get(req, "n"), *bo = json_object_get(req, "best_of"), *p = json_object_get(req, "prompt");
     if ((json_is_integer(n) && json_integer_value(n) > 1) || (json_is_integer(bo) && json_integer_value(bo) > 1))
         return PD_FALLBACK_N;
+    if (json_is_array(p) && json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0))) return PD_FALLBACK_PROMPTS;
     return -1;
 }
 
@@ -746,7 +747,8 @@ static char *render_metrics(router *r) {
                 "# TYPE osprey_router_pd_prefill_rejected counter\n"
                 "osprey_router_pd_prefill_rejected_total %lld\n"
                 "# HELP osprey_router_pd_fallback Requests the decode pool computed whole: n (n or best_of > 1, "
-                "straight there), no_transfer (the prefill held nothing: a short prompt).\n"
+                "straight there), prompts (several in one request, straight there), no_transfer (the prefill held nothing: a short "
+                "prompt).\n"
                 "# TYPE osprey_router_pd_fallback counter\n",
                 r->pd_requests, r->pd_prefill_seconds, r->pd_prefill_count, r->pd_prefill_rejected);
         for (int k = 0; k < PD_FALLBACK_COUNT; k++)
@@ -871,10 +873,10 @@ static const char *k_usage =
     "                         with kv_transfer_params {\"do_remote_decode\": true}; the kv_transfer_params of its\n"
     "                         answer are added to the client's request, which goes to a decode backend (that pulls\n"
     "                         the prompt's KV blocks) and streams back. A prefill answering non-2xx: its answer as\n"
-    "                         is; failing mid-request: 502; n or best_of > 1: straight to the decode pool. Both\n"
-    "                         pools are scored alike (--kv-events is for the decode pool only); /health is 200\n"
-    "                         when some backend of each pool is healthy; a client's own kv_transfer_params are\n"
-    "                         dropped\n"
+    "                         is; failing mid-request: 502; n or best_of > 1, or several prompts in one\n"
+    "                         request: straight to the decode pool. Both pools are scored alike (--kv-events\n"
+    "                         is for the decode pool only); /health is 200 when some backend of each pool is\n"
+    "                         healthy; a client's own kv_transfer_params are dropped\n"
     "  --prefill-timeout S    a prefill request's whole-exchange limit (300; 0: none): past it, 502\n"
     "  --host HOST            address to listen on (127.0.0.1)\n"
     "  --port N               port (8000; 0 = any free port)\n"
