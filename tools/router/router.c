@@ -32,7 +32,7 @@
  * decode backend (--backends), which pulls the blocks, computes the prompt's last tokens and decodes;
  * its answer streams back as above. A prefill backend refusing the connection: the next is tried; one
  * answering non-2xx: that answer goes to the client as is; one failing mid-request or past
- * --prefill-timeout: 502. Requests a prefill server refuses (n or best_of > 1) go straight to the decode
+ * --prefill-timeout: 502. Requests a prefill server refuses (n or best_of > 1, several prompts) go straight to the decode
  * pool (kv_consumer servers compute prompts themselves). While the router waits for a backend's answer
  * it watches the client's socket: a client gone closes the backend connection (the backend aborts). */
 #include <errno.h>
