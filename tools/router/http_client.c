@@ -6,9 +6,11 @@
  * until the caller has drained it, so a fast backend and a slow client cannot grow it without end. */
 #include "http_client.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define RT_BUF_MAX (1u << 20) /* body bytes buffered before the transfer is paused */
 
@@ -99,6 +101,18 @@ static size_t on_body(char *p, size_t size, size_t n, void *ud) {
 
 static bool have(const rt_http_resp *r, bool want_headers) { return want_headers ? r->headers_done : r->w > r->r; }
 
+/* The watched socket is readable: its peer closed it (end-of-file or an error on a peek), or it has
+ * bytes for us, which end the watch (nothing is read from it). */
+static void check_watch(rt_http_resp *r) {
+    char c;
+    const ssize_t k = recv(r->watch_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k > 0) r->watch_fd = -1;
+    else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        r->gone = true, r->done = true, r->result = CURLE_ABORTED_BY_CALLBACK;
+        snprintf(r->error, sizeof r->error, "the client went away");
+    }
+}
+
 /* Runs the transfer until the headers (want_headers) or some body bytes are there, or it is done. */
 static void drive(rt_http_resp *r, bool want_headers) {
     while (!have(r, want_headers) && !r->done) {
@@ -107,7 +121,11 @@ static void drive(rt_http_resp *r, bool want_headers) {
         int left = 0;
         for (CURLMsg *m; mc == CURLM_OK && (m = curl_multi_info_read(r->multi, &left));)
             if (m->msg == CURLMSG_DONE) r->done = true, r->result = m->data.result;
-        if (mc == CURLM_OK && !have(r, want_headers) && !r->done) mc = curl_multi_poll(r->multi, NULL, 0, 1000, NULL);
+        if (mc == CURLM_OK && !have(r, want_headers) && !r->done) {
+            struct curl_waitfd w = {.fd = r->watch_fd, .events = CURL_WAIT_POLLIN};
+            mc = curl_multi_poll(r->multi, r->watch_fd >= 0 ? &w : NULL, r->watch_fd >= 0 ? 1 : 0, 1000, NULL);
+            if (mc == CURLM_OK && r->watch_fd >= 0 && w.revents) check_watch(r);
+        }
         if (mc != CURLM_OK) {
             snprintf(r->error, sizeof r->error, "%s", curl_multi_strerror(mc));
             r->done = true, r->result = CURLE_RECV_ERROR;
@@ -123,7 +141,14 @@ static bool add_header(rt_http_resp *r, const char *line) {
 
 int rt_http_request(const rt_url *u, const char *method, const char *path, const char *const *headers,
                     const char *body, size_t len, long connect_timeout_ms, long total_timeout_ms, rt_http_resp *resp) {
+    return rt_http_request_watched(u, method, path, headers, body, len, connect_timeout_ms, total_timeout_ms, -1, resp);
+}
+
+int rt_http_request_watched(const rt_url *u, const char *method, const char *path, const char *const *headers,
+                            const char *body, size_t len, long connect_timeout_ms, long total_timeout_ms, int watch_fd,
+                            rt_http_resp *resp) {
     memset(resp, 0, sizeof *resp);
+    resp->watch_fd = watch_fd;
     char url[2048];
     const int un = snprintf(url, sizeof url, "%s%s", u->base, path);
     if (un <= 0 || (size_t)un >= sizeof url) {
@@ -164,8 +189,9 @@ int rt_http_request(const rt_url *u, const char *method, const char *path, const
     long sent = 0;
     curl_easy_getinfo(e, CURLINFO_REQUEST_SIZE, &sent);
     if (!resp->error[0]) snprintf(resp->error, sizeof resp->error, "%s", curl_easy_strerror(resp->result));
+    const bool gone = resp->gone;
     rt_http_close(resp);
-    return sent > 0 ? -2 : -1;
+    return gone ? -3 : sent > 0 ? -2 : -1;
 }
 
 ssize_t rt_http_read_body(rt_http_resp *r, char *out, size_t cap) {

@@ -40,6 +40,8 @@ typedef struct rt_http_resp {
     char *buf;               /* body bytes received and not yet consumed: buf[r..w), capacity cap */
     size_t cap, r, w;
     char error[CURL_ERROR_SIZE]; /* libcurl's message for a failure, "" otherwise */
+    int watch_fd;            /* the client's socket, watched while waiting (-1: none; see rt_http_request_watched) */
+    bool gone;               /* the watched socket's peer closed it: the exchange was abandoned */
 } rt_http_resp;
 
 /* Sends method ("GET" or "POST") path to u with body[0..len) (POST: Content-Type application/json;
@@ -54,9 +56,20 @@ typedef struct rt_http_resp {
 int rt_http_request(const rt_url *u, const char *method, const char *path, const char *const *headers,
                     const char *body, size_t len, long connect_timeout_ms, long total_timeout_ms, rt_http_resp *resp);
 
+/* rt_http_request, and while it (and later rt_http_read_body) waits for the backend, watch_fd (a
+ * connected socket: the router's client; -1 for none) is polled too: when its peer has closed it (a
+ * peek reads end-of-file or a reset) the exchange is abandoned at once, resp->gone is set and the
+ * backend's connection is closed when the caller closes resp, so the backend aborts the request. Bytes
+ * waiting on watch_fd (a pipelined request, a TLS record) end the watch: nothing is consumed from it.
+ * Returns as rt_http_request, and -3 when the client went away before the headers came (*resp closed). */
+int rt_http_request_watched(const rt_url *u, const char *method, const char *path, const char *const *headers,
+                            const char *body, size_t len, long connect_timeout_ms, long total_timeout_ms, int watch_fd,
+                            rt_http_resp *resp);
+
 /* Copies up to cap body bytes into out, blocking until some arrive. Returns the count, 0 at the clean
  * end of the body (or once resp->eof is set), -1 on an error or a body cut short (the backend went
- * away, a Content-Length or chunked body ended early, the total timeout passed). */
+ * away, a Content-Length or chunked body ended early, the total timeout passed, the watched client
+ * went away: resp->gone). */
 ssize_t rt_http_read_body(rt_http_resp *resp, char *out, size_t cap);
 
 /* Reads the whole body (at most max bytes) into a malloc'd NUL-terminated string (*len its length

@@ -21,7 +21,20 @@
  * of --block-chars bytes and remembers, in a bounded direct-mapped table, which backends it sent each
  * chunk to; a request's prefix score on a backend is the number of its leading chunks found there.
  * Router metrics on GET /metrics: requests, retries and errors per backend, its health and in-flight
- * count (osprey_router_*). GET /health: 200 when some backend is healthy. */
+ * count (osprey_router_*). GET /health: 200 when some backend is healthy.
+ *
+ * Prefill/decode disaggregation (--prefill-backends; vLLM's toy_proxy_server, llm-d's routing sidecar,
+ * vLLM's NixlConnector field names): a completion goes first to a prefill backend (the same picker over
+ * the prefill pool) as {"kv_transfer_params": {"do_remote_decode": true}, "max_tokens": 1, "stream":
+ * false}; that backend computes the prompt, holds its KV blocks and answers with kv_transfer_params
+ * (where to pull them: remote_host, remote_port, remote_request_id, remote_block_ids, ...; null when
+ * nothing is held). The client's own request, with those kv_transfer_params added, then goes to a
+ * decode backend (--backends), which pulls the blocks, computes the prompt's last tokens and decodes;
+ * its answer streams back as above. A prefill backend refusing the connection: the next is tried; one
+ * answering non-2xx: that answer goes to the client as is; one failing mid-request or past
+ * --prefill-timeout: 502. Requests a prefill server refuses (n or best_of > 1, several prompts) go straight to the decode
+ * pool (kv_consumer servers compute prompts themselves). While the router waits for a backend's answer
+ * it watches the client's socket: a client gone closes the backend connection (the backend aborts). */
 #include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -62,9 +75,18 @@ typedef struct backend {
     long long n_requests, n_retries, n_errors;
 } backend;
 
+/* The P/D path's reasons for the decode pool to compute a whole request (osprey_router_pd_fallback_total) */
+enum { PD_FALLBACK_N, PD_FALLBACK_PROMPTS, PD_FALLBACK_NO_TRANSFER, PD_FALLBACK_COUNT };
+static const char *const k_fallback_reason[PD_FALLBACK_COUNT] = {"n", "prompts", "no_transfer"};
+
 typedef struct router {
-    backend b[RT_MAX_BACKENDS];
-    int32_t n;
+    backend b[RT_MAX_BACKENDS]; /* [0, n_decode): --backends; [n_decode, n): --prefill-backends */
+    int32_t n, n_decode;
+    /* P/D (--prefill-backends): prefill requests' whole-exchange bound; counters (mu) */
+    bool pd;
+    long prefill_timeout_ms;
+    long long pd_requests, pd_fallback[PD_FALLBACK_COUNT], pd_prefill_count, pd_prefill_rejected;
+    double pd_prefill_seconds;
     rt_weights w;
     int block_chars, poll_ms, connect_timeout_ms;
     size_t max_body;
@@ -276,6 +298,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     const ssize_t k = rt_http_read_body(&s->resp, buf, max);
     if (k > 0) return k;
     if (k == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (s->resp.gone) return MHD_CONTENT_READER_END_WITH_ERROR; /* the client went away: nothing to tell it */
     /* the backend went away mid-response */
     pthread_mutex_lock(&s->r->mu);
     s->r->b[s->backend].n_errors++;
@@ -331,8 +354,9 @@ static uint64_t *precise_hashes(router *r, const conn_ctx *cx, int32_t *n) {
     json_decref(req);
     int32_t b = -1;
     pthread_mutex_lock(&r->mu);
-    for (int32_t i = 0; i < r->n && b < 0; i++)
-        if (r->b[(r->rr + (uint32_t)i) % (uint32_t)r->n].healthy) b = (int32_t)((r->rr + (uint32_t)i) % (uint32_t)r->n);
+    for (int32_t i = 0; i < r->n_decode && b < 0; i++) /* the decode pool's: the KV events are theirs */
+        if (r->b[(r->rr + (uint32_t)i) % (uint32_t)r->n_decode].healthy)
+            b = (int32_t)((r->rr + (uint32_t)i) % (uint32_t)r->n_decode);
     pthread_mutex_unlock(&r->mu);
     uint64_t *out = NULL;
     rt_http_resp resp;
@@ -369,6 +393,277 @@ static uint64_t *precise_hashes(router *r, const conn_ctx *cx, int32_t *n) {
     return out;
 }
 
+/* What the picker knows of one request: its model, its chunk hashes in the approximate index, and (the
+ * decode pool, with --kv-events) how many of its blocks each backend holds per its KV events. */
+typedef struct route_in {
+    char model[256];                  /* "" when the request names none */
+    const uint64_t *h;                /* the request's chunk hashes [k] */
+    int32_t k;
+    int32_t nblk;                     /* its full blocks (0: no precise scoring) */
+    int32_t precise[RT_MAX_BACKENDS]; /* decode backend i holds precise[i] leading blocks; -1: no events */
+    const char *extra[2];             /* the extra header lines: Authorization passes through */
+    int client_fd;                    /* the client's socket, watched while a backend works (-1: none) */
+} route_in;
+
+/* The backends of a pool: b[0..n_decode) are --backends (the decode pool, or the only one), and
+ * b[n_decode..n) --prefill-backends. */
+static void pool_range(const router *r, bool prefill, int32_t *lo, int32_t *hi) {
+    *lo = prefill ? r->n_decode : 0;
+    *hi = prefill ? r->n : r->n_decode;
+}
+
+/* Picks the best backend of a pool not in tried[], counts a request in flight to it and records the
+ * request's chunks there (the approximate index). Returns its index, -1 when none passes the filters. */
+static int32_t pick_in_pool(router *r, bool prefill, const route_in *in, const bool *tried, bool retry) {
+    int32_t lo, hi;
+    pool_range(r, prefill, &lo, &hi);
+    rt_backend_view v[RT_MAX_BACKENDS];
+    int32_t prefix[RT_MAX_BACKENDS];
+    /* KV events cover the decode pool only: the prefill pool is scored by the approximate index alone */
+    const bool precise = !prefill && in->nblk > 0;
+    pthread_mutex_lock(&r->mu);
+    prefix_match(r, in->h, in->k, prefix);
+    /* with the request's blocks known, a backend with KV events scores by the blocks it holds, one
+       without by the share of chunks the approximate index gives it */
+    const int32_t total = precise ? in->nblk : in->k;
+    if (precise)
+        for (int32_t i = lo; i < hi; i++)
+            prefix[i] = in->precise[i] >= 0 ? in->precise[i] : in->k > 0 ? (int32_t)((int64_t)prefix[i] * in->nblk / in->k) : 0;
+    for (int32_t i = lo; i < hi; i++) {
+        const backend *b = &r->b[i];
+        v[i - lo] = (rt_backend_view){.healthy = b->healthy && !tried[i],
+                                      .serves_model = !in->model[0] || !b->model[0] || !strcmp(in->model, b->model),
+                                      .num_waiting = b->num_waiting, .num_running = b->num_running,
+                                      .kv_usage = b->kv_usage, .active = b->active, .prefix_blocks = prefix[i]};
+    }
+    const int32_t p = rt_pick(v, hi - lo, total, &r->w, r->rr++, NULL);
+    const int32_t pick = p < 0 ? -1 : lo + p;
+    if (pick >= 0) {
+        r->b[pick].active++;
+        r->b[pick].n_requests++;
+        if (retry) r->b[pick].n_retries++;
+        prefix_record(r, in->h, in->k, pick);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (pick >= 0)
+        rlog(r, 0, "-> %s%s (prefix %d of %d %s)", prefill ? "prefill " : "", r->b[pick].url_text, prefix[pick], total,
+             precise ? "blocks" : "chunks");
+    return pick;
+}
+
+static void done_with(router *r, int32_t i, bool failed) {
+    pthread_mutex_lock(&r->mu);
+    r->b[i].active--;
+    if (failed) r->b[i].n_errors++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Sends body[0..len) as POST `path` to the best backend of a pool; one that refuses the connection
+ * (nothing was sent) is marked unhealthy and the next best is tried. timeout_ms bounds the whole
+ * exchange (0: none). Returns the backend's index with *resp open (at this address for its life: libcurl
+ * writes into it) and counted in flight (end that with done_with), or -1: no backend left to try,
+ * -2: the chosen one failed after the request was sent (counted; why[] says), -3: the client went away. */
+static int32_t send_to_pool(router *r, bool prefill, const char *path, const route_in *in, const char *body, size_t len,
+                            long timeout_ms, rt_http_resp *resp, char *why, size_t why_cap) {
+    bool tried[RT_MAX_BACKENDS] = {0};
+    for (int attempt = 0; attempt < r->n; attempt++) {
+        const int32_t pick = pick_in_pool(r, prefill, in, tried, attempt > 0);
+        if (pick < 0) return -1;
+        const int rc = rt_http_request_watched(&r->b[pick].url, "POST", path, in->extra, body, len, r->connect_timeout_ms,
+                                               timeout_ms, in->client_fd, resp);
+        if (rc == 0) return pick;
+        done_with(r, pick, rc != -3);
+        snprintf(why, why_cap, "%s", resp->error);
+        tried[pick] = true;
+        if (rc == -3) {
+            rlog(r, 1, "the client went away while %s%s worked; its request is aborted", prefill ? "prefill backend " : "",
+                 r->b[pick].url_text);
+            return -3;
+        }
+        if (rc == -1) {
+            pthread_mutex_lock(&r->mu);
+            r->b[pick].healthy = false; /* refused: the poller brings it back */
+            pthread_mutex_unlock(&r->mu);
+            rlog(r, 1, "backend %s refused the connection (%s); trying another", r->b[pick].url_text, why);
+            continue;
+        }
+        rlog(r, 1, "backend %s failed before answering (%s)", r->b[pick].url_text, why);
+        return -2;
+    }
+    return -1;
+}
+
+/* Forwards body to the decode pool (the only pool without --prefill-backends) and passes its response
+ * through as it arrives. prefill: the prefill backend that served the request (-1: none), named in
+ * the X-Osprey-Prefill-Backend header. */
+static enum MHD_Result forward(router *r, struct MHD_Connection *c, const char *url, const route_in *in, const char *body,
+                               size_t len, int32_t prefill) {
+    stream_ctx *s = calloc(1, sizeof *s);
+    if (!s) return reply_error(c, 500, "out of memory");
+    char why[CURL_ERROR_SIZE];
+    const int32_t pick = send_to_pool(r, false, url, in, body, len, 0, &s->resp, why, sizeof why);
+    if (pick < 0) {
+        free(s);
+        if (pick == -3) return MHD_NO;
+        if (pick == -2) return reply_error(c, 502, "the backend failed before answering");
+        return reply_error(c, 503, r->pd ? "no healthy backend serves this model (decode pool)"
+                                         : "no healthy backend serves this model");
+    }
+    s->r = r;
+    s->backend = pick;
+    s->sse = !strncmp(s->resp.content_type, "text/event-stream", 17);
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+    if (!resp) {
+        stream_free(s);
+        return MHD_NO;
+    }
+    if (s->resp.content_type[0]) MHD_add_response_header(resp, "Content-Type", s->resp.content_type);
+    if (s->sse) MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Osprey-Backend", r->b[pick].url_text);
+    if (prefill >= 0) MHD_add_response_header(resp, "X-Osprey-Prefill-Backend", r->b[prefill].url_text);
+    const enum MHD_Result ret = MHD_queue_response(c, (unsigned)s->resp.status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+
+/* What the P/D path cannot do: a prefill server refuses do_remote_decode with n > 1 (one sequence's
+ * blocks are held; best_of > 1 likewise) and with several prompts in one completion request (a list of
+ * strings or of token lists). Returns the fallback reason, -1 when the request can go the P/D way. */
+static int pd_unfit(json_t *req) {
+    json_t *n = json_object_get(req, "n"), *bo = json_object_get(req, "best_of"), *p = json_object_get(req, "prompt");
+    if ((json_is_integer(n) && json_integer_value(n) > 1) || (json_is_integer(bo) && json_integer_value(bo) > 1))
+        return PD_FALLBACK_N;
+    if (json_is_array(p) && json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0))) return PD_FALLBACK_PROMPTS;
+    return -1;
+}
+
+/* The prefill request (vLLM's toy_proxy_server and llm-d's sidecar send the same): the client's body with
+ * kv_transfer_params {"do_remote_decode": true}, one token (max_tokens, and max_completion_tokens when
+ * given), no stream, no stream_options, no min_tokens (which could exceed the one token). */
+static char *prefill_body(json_t *req) {
+    json_t *p = json_deep_copy(req);
+    if (!p) return NULL;
+    json_object_set_new(p, "kv_transfer_params", json_pack("{s:b}", "do_remote_decode", 1));
+    json_object_set_new(p, "max_tokens", json_integer(1));
+    if (json_object_get(p, "max_completion_tokens")) json_object_set_new(p, "max_completion_tokens", json_integer(1));
+    json_object_set_new(p, "stream", json_false());
+    json_object_del(p, "stream_options");
+    json_object_del(p, "min_tokens");
+    char *s = json_dumps(p, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(p);
+    return s;
+}
+
+static void pd_count_fallback(router *r, int reason) {
+    pthread_mutex_lock(&r->mu);
+    r->pd_fallback[reason]++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The P/D path (--prefill-backends): the prefill request to the prefill pool, its kv_transfer_params
+ * onto the client's request, that to the decode pool. req: the client's request (owned by the caller). */
+static enum MHD_Result proxy_pd(router *r, struct MHD_Connection *c, const char *url, const route_in *in, json_t *req,
+                                const conn_ctx *cx) {
+    /* the router owns kv_transfer_params on this path: a client's own (which could point a decode server
+       at any host) is dropped */
+    const bool client_params = json_object_get(req, "kv_transfer_params") != NULL;
+    json_object_del(req, "kv_transfer_params");
+    const int unfit = pd_unfit(req);
+    if (unfit >= 0) {
+        pd_count_fallback(r, unfit);
+        rlog(r, 0, "%s: straight to the decode pool (%s)", url, k_fallback_reason[unfit]);
+        if (!client_params) return forward(r, c, url, in, cx->body, cx->len, -1);
+        char *b = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        const enum MHD_Result ret = b ? forward(r, c, url, in, b, strlen(b), -1) : reply_error(c, 500, "out of memory");
+        free(b);
+        return ret;
+    }
+    char *pb = prefill_body(req);
+    if (!pb) return reply_error(c, 500, "out of memory");
+    pthread_mutex_lock(&r->mu);
+    r->pd_requests++;
+    pthread_mutex_unlock(&r->mu);
+    const double t0 = now_s();
+    rt_http_resp pr;
+    char why[CURL_ERROR_SIZE];
+    const int32_t pp = send_to_pool(r, true, url, in, pb, strlen(pb), r->prefill_timeout_ms, &pr, why, sizeof why);
+    free(pb);
+    if (pp == -3) return MHD_NO;
+    if (pp == -1) return reply_error(c, 503, "no healthy backend serves this model (prefill pool)");
+    if (pp == -2) {
+        char msg[CURL_ERROR_SIZE + 64];
+        snprintf(msg, sizeof msg, "the prefill backend failed (%s)", why);
+        return reply_error(c, 502, msg);
+    }
+    size_t n = 0;
+    char *text = rt_http_read_all(&pr, 64u << 20, &n);
+    if (!text) {
+        const bool gone = pr.gone;
+        snprintf(why, sizeof why, "%s", pr.error[0] ? pr.error : "its answer is larger than 64 MiB");
+        rt_http_close(&pr);
+        done_with(r, pp, !gone);
+        if (gone) return MHD_NO;
+        rlog(r, 1, "prefill backend %s failed mid-response (%s)", r->b[pp].url_text, why);
+        char msg[CURL_ERROR_SIZE + 64];
+        snprintf(msg, sizeof msg, "the prefill backend failed mid-response (%s)", why);
+        return reply_error(c, 502, msg);
+    }
+    const int status = pr.status;
+    char ctype[128];
+    snprintf(ctype, sizeof ctype, "%s", pr.content_type[0] ? pr.content_type : "application/json");
+    rt_http_close(&pr);
+    done_with(r, pp, false);
+    if (status < 200 || status > 299) { /* the client's error (a 400) or the prefill server's (an overload): as is */
+        rlog(r, 1, "prefill backend %s answered %d; passed to the client", r->b[pp].url_text, status);
+        pthread_mutex_lock(&r->mu);
+        r->pd_prefill_rejected++;
+        pthread_mutex_unlock(&r->mu);
+        const enum MHD_Result ret = reply_text(c, (unsigned)status, ctype, "%s", text);
+        free(text);
+        return ret;
+    }
+    json_t *ans = json_loadb(text, n, 0, NULL);
+    free(text);
+    json_t *kv = json_object_get(ans, "kv_transfer_params");
+    if (!json_is_object(ans) || (kv && !json_is_object(kv) && !json_is_null(kv))) {
+        json_decref(ans);
+        rlog(r, 1, "prefill backend %s answered no JSON object with kv_transfer_params", r->b[pp].url_text);
+        pthread_mutex_lock(&r->mu);
+        r->b[pp].n_errors++;
+        pthread_mutex_unlock(&r->mu);
+        return reply_error(c, 502, "the prefill backend's answer is not a completion with kv_transfer_params");
+    }
+    const double dt = now_s() - t0;
+    pthread_mutex_lock(&r->mu);
+    r->pd_prefill_seconds += dt;
+    r->pd_prefill_count++;
+    pthread_mutex_unlock(&r->mu);
+    enum MHD_Result ret;
+    if (json_is_object(kv)) {
+        json_object_set(req, "kv_transfer_params", kv);
+        char *db = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        ret = db ? forward(r, c, url, in, db, strlen(db), pp) : reply_error(c, 500, "out of memory");
+        free(db);
+    } else { /* null or absent: nothing held (a prompt shorter than a block): the decode server computes it */
+        pd_count_fallback(r, PD_FALLBACK_NO_TRANSFER);
+        char *db = client_params ? json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        ret = !client_params ? forward(r, c, url, in, cx->body, cx->len, pp)
+              : db           ? forward(r, c, url, in, db, strlen(db), pp)
+                             : reply_error(c, 500, "out of memory");
+        free(db);
+    }
+    json_decref(ans);
+    rlog(r, 0, "%s: prefill on %s took %.3f s", url, r->b[pp].url_text, dt);
+    return ret;
+}
+
 static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *url, conn_ctx *cx) {
     json_error_t je;
     json_t *req = json_loadb(cx->body ? cx->body : "", cx->len, 0, &je);
@@ -376,95 +671,37 @@ static enum MHD_Result proxy(router *r, struct MHD_Connection *c, const char *ur
         json_decref(req);
         return reply_error(c, 400, "the request body is not a JSON object");
     }
+    route_in *in = calloc(1, sizeof *in);
+    if (!in) {
+        json_decref(req);
+        return reply_error(c, 500, "out of memory");
+    }
     const char *model = json_is_string(json_object_get(req, "model")) ? json_string_value(json_object_get(req, "model")) : NULL;
-    char model_copy[256] = "";
-    if (model) snprintf(model_copy, sizeof model_copy, "%s", model);
+    if (model) snprintf(in->model, sizeof in->model, "%s", model);
     size_t pn = 0;
     char *pm = prompt_material(req, &pn);
-    json_decref(req); /* model points into req: copied above */
     enum { MAXC = 4096 };
     uint64_t *h = malloc(sizeof *h * MAXC);
-    const int32_t k = pm && h ? chunk_hashes(r, pm, pn, h, MAXC) : 0;
+    in->h = h;
+    in->k = pm && h ? chunk_hashes(r, pm, pn, h, MAXC) : 0;
     free(pm);
     /* Authorization passes through (the backends may want their key) */
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     char auth_line[1200] = "";
     if (auth && strlen(auth) < 1000 && !strpbrk(auth, "\r\n")) snprintf(auth_line, sizeof auth_line, "Authorization: %s", auth);
-    const char *extra[] = {auth_line[0] ? auth_line : NULL, NULL};
+    in->extra[0] = auth_line[0] ? auth_line : NULL;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    in->client_fd = ci ? ci->connect_fd : -1;
     /* precise: the request's block hashes, from its tokens as a backend tokenizes them */
-    int32_t nblk = 0, precise[RT_MAX_BACKENDS];
-    uint64_t *bh = r->kvx ? precise_hashes(r, cx, &nblk) : NULL;
-    if (bh) rt_kv_index_match(r->kvx, bh, nblk, precise);
+    uint64_t *bh = r->kvx ? precise_hashes(r, cx, &in->nblk) : NULL;
+    for (int32_t i = 0; i < RT_MAX_BACKENDS; i++) in->precise[i] = -1;
+    if (bh) rt_kv_index_match(r->kvx, bh, in->nblk, in->precise);
     free(bh);
-    bool tried[RT_MAX_BACKENDS] = {0};
-    for (int attempt = 0; attempt < r->n; attempt++) {
-        rt_backend_view v[RT_MAX_BACKENDS];
-        int32_t prefix[RT_MAX_BACKENDS];
-        pthread_mutex_lock(&r->mu);
-        prefix_match(r, h, k, prefix);
-        /* with the request's blocks known, a backend with KV events scores by the blocks it holds, one
-           without by the share of chunks the approximate index gives it */
-        const int32_t total = nblk > 0 ? nblk : k;
-        if (nblk > 0)
-            for (int32_t i = 0; i < r->n; i++)
-                prefix[i] = precise[i] >= 0 ? precise[i] : k > 0 ? (int32_t)((int64_t)prefix[i] * nblk / k) : 0;
-        for (int32_t i = 0; i < r->n; i++) {
-            const backend *b = &r->b[i];
-            v[i] = (rt_backend_view){.healthy = b->healthy && !tried[i],
-                                     .serves_model = !model_copy[0] || !b->model[0] || !strcmp(model_copy, b->model),
-                                     .num_waiting = b->num_waiting, .num_running = b->num_running,
-                                     .kv_usage = b->kv_usage, .active = b->active, .prefix_blocks = prefix[i]};
-        }
-        const int32_t pick = rt_pick(v, r->n, total, &r->w, r->rr++, NULL);
-        if (pick >= 0) {
-            r->b[pick].active++;
-            r->b[pick].n_requests++;
-            if (attempt > 0) r->b[pick].n_retries++;
-            prefix_record(r, h, k, pick);
-        }
-        pthread_mutex_unlock(&r->mu);
-        if (pick < 0) break;
-        rlog(r, 0, "%s -> %s (prefix %d of %d %s)", url, r->b[pick].url_text, prefix[pick], total,
-             nblk > 0 ? "blocks" : "chunks");
-        stream_ctx *s = calloc(1, sizeof *s);
-        const int rc = s ? rt_http_request(&r->b[pick].url, "POST", url, extra, cx->body, cx->len, r->connect_timeout_ms, 0, &s->resp)
-                         : -2;
-        if (rc != 0) {
-            pthread_mutex_lock(&r->mu);
-            r->b[pick].active--;
-            r->b[pick].n_errors++;
-            if (rc == -1) r->b[pick].healthy = false; /* refused: the poller brings it back */
-            pthread_mutex_unlock(&r->mu);
-            char why[CURL_ERROR_SIZE];
-            snprintf(why, sizeof why, "%s", s ? s->resp.error : "out of memory");
-            free(s);
-            tried[pick] = true;
-            if (rc == -1) {
-                rlog(r, 1, "backend %s refused the connection (%s); trying another", r->b[pick].url_text, why);
-                continue;
-            }
-            rlog(r, 1, "backend %s failed before answering (%s)", r->b[pick].url_text, why);
-            free(h);
-            return reply_error(c, 502, "the backend failed before answering");
-        }
-        free(h);
-        s->r = r;
-        s->backend = pick;
-        s->sse = !strncmp(s->resp.content_type, "text/event-stream", 17);
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
-        if (!resp) {
-            stream_free(s);
-            return MHD_NO;
-        }
-        if (s->resp.content_type[0]) MHD_add_response_header(resp, "Content-Type", s->resp.content_type);
-        if (s->sse) MHD_add_response_header(resp, "Cache-Control", "no-cache");
-        MHD_add_response_header(resp, "X-Osprey-Backend", r->b[pick].url_text);
-        const enum MHD_Result ret = MHD_queue_response(c, (unsigned)s->resp.status, resp);
-        MHD_destroy_response(resp);
-        return ret;
-    }
+    const enum MHD_Result ret = r->pd ? proxy_pd(r, c, url, in, req, cx) : forward(r, c, url, in, cx->body, cx->len, -1);
+    json_decref(req);
     free(h);
-    return reply_error(c, 503, "no healthy backend serves this model");
+    free(in);
+    return ret;
 }
 
 static char *render_metrics(router *r) {
@@ -491,25 +728,51 @@ static char *render_metrics(router *r) {
           "# TYPE osprey_router_backend_active gauge\n", f);
     for (int32_t i = 0; i < r->n; i++)
         fprintf(f, "osprey_router_backend_active{backend=\"%s\"} %d\n", r->b[i].url_text, r->b[i].active);
+    if (r->pd) {
+        fputs("# HELP osprey_router_backend_pool The pool a backend is in (1): prefill (--prefill-backends) or decode.\n"
+              "# TYPE osprey_router_backend_pool gauge\n", f);
+        for (int32_t i = 0; i < r->n; i++)
+            fprintf(f, "osprey_router_backend_pool{backend=\"%s\",pool=\"%s\"} 1\n", r->b[i].url_text,
+                    i < r->n_decode ? "decode" : "prefill");
+        fprintf(f,
+                "# HELP osprey_router_pd_requests Requests sent the P/D way (a prefill request first).\n"
+                "# TYPE osprey_router_pd_requests counter\n"
+                "osprey_router_pd_requests_total %lld\n"
+                "# HELP osprey_router_pd_prefill_seconds Prefill requests answered 2xx: time from sending to the whole "
+                "answer.\n"
+                "# TYPE osprey_router_pd_prefill_seconds summary\n"
+                "osprey_router_pd_prefill_seconds_sum %.6f\n"
+                "osprey_router_pd_prefill_seconds_count %lld\n"
+                "# HELP osprey_router_pd_prefill_rejected Prefill requests answered non-2xx (passed to the client as is).\n"
+                "# TYPE osprey_router_pd_prefill_rejected counter\n"
+                "osprey_router_pd_prefill_rejected_total %lld\n"
+                "# HELP osprey_router_pd_fallback Requests the decode pool computed whole: n (n or best_of > 1, "
+                "straight there), prompts (several in one request, straight there), no_transfer (the prefill held nothing: a short "
+                "prompt).\n"
+                "# TYPE osprey_router_pd_fallback counter\n",
+                r->pd_requests, r->pd_prefill_seconds, r->pd_prefill_count, r->pd_prefill_rejected);
+        for (int k = 0; k < PD_FALLBACK_COUNT; k++)
+            fprintf(f, "osprey_router_pd_fallback_total{reason=\"%s\"} %lld\n", k_fallback_reason[k], r->pd_fallback[k]);
+    }
     pthread_mutex_unlock(&r->mu);
     if (r->kvx) {
         fputs("# HELP osprey_router_kv_blocks Blocks a backend holds per its KV events, one per medium (a block in the "
               "KV pool and in an offload tier counts twice).\n"
               "# TYPE osprey_router_kv_blocks gauge\n", f);
-        for (int32_t i = 0; i < r->n; i++)
+        for (int32_t i = 0; i < r->n_decode; i++)
             if (rt_kv_index_has(r->kvx, i))
                 fprintf(f, "osprey_router_kv_blocks{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)rt_kv_index_size(r->kvx, i));
         fputs("# HELP osprey_router_kv_event_gaps Batches lost in a backend's KV-event sequence.\n"
               "# TYPE osprey_router_kv_event_gaps counter\n", f);
         int64_t nbat, gaps, replayed;
-        for (int32_t i = 0; i < r->n; i++) {
+        for (int32_t i = 0; i < r->n_decode; i++) {
             rt_kv_index_counts(r->kvx, i, &nbat, &gaps, &replayed);
             if (rt_kv_index_has(r->kvx, i))
                 fprintf(f, "osprey_router_kv_event_gaps_total{backend=\"%s\"} %lld\n", r->b[i].url_text, (long long)gaps);
         }
         fputs("# HELP osprey_router_kv_event_replayed Batches recovered from a backend's replay endpoint.\n"
               "# TYPE osprey_router_kv_event_replayed counter\n", f);
-        for (int32_t i = 0; i < r->n; i++) {
+        for (int32_t i = 0; i < r->n_decode; i++) {
             rt_kv_index_counts(r->kvx, i, &nbat, &gaps, &replayed);
             if (rt_kv_index_has(r->kvx, i))
                 fprintf(f, "osprey_router_kv_event_replayed_total{backend=\"%s\"} %lld\n", r->b[i].url_text,
@@ -551,10 +814,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     /* HEAD is served wherever GET is (libmicrohttpd sends the headers only), as osprey serve does */
     const bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (get && !strcmp(url, "/health")) {
-        bool any = false;
+        /* P/D: some backend of each pool */
+        bool any = false, any_prefill = !r->pd;
         pthread_mutex_lock(&r->mu);
-        for (int32_t i = 0; i < r->n; i++) any |= r->b[i].healthy;
+        for (int32_t i = 0; i < r->n; i++) *(i < r->n_decode ? &any : &any_prefill) |= r->b[i].healthy;
         pthread_mutex_unlock(&r->mu);
+        any = any && any_prefill;
         return reply_text(c, any ? 200 : 503, "application/json", "{\"status\": \"%s\"}", any ? "ok" : "no healthy backend");
     }
     if (get && !strcmp(url, "/metrics")) {
@@ -600,7 +865,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 static const char *k_usage =
     "usage: osprey router --backends URL,URL,... [options]\n"
-    "  --backends LIST        http://host:port of each osprey serve (or vLLM) replica, comma-separated\n"
+    "  --backends LIST        http://host:port of each osprey serve (or vLLM) replica, comma-separated; with\n"
+    "                         --prefill-backends: the decode pool (kv_consumer or kv_both servers)\n"
+    "  --prefill-backends LIST  prefill/decode disaggregation (vLLM's toy proxy, llm-d's sidecar): the prefill\n"
+    "                         pool (kv_producer or kv_both servers, the same model and --prefix-caching-hash-seed).\n"
+    "                         Each completion first goes to a prefill backend as a one-token, non-streaming request\n"
+    "                         with kv_transfer_params {\"do_remote_decode\": true}; the kv_transfer_params of its\n"
+    "                         answer are added to the client's request, which goes to a decode backend (that pulls\n"
+    "                         the prompt's KV blocks) and streams back. A prefill answering non-2xx: its answer as\n"
+    "                         is; failing mid-request: 502; n or best_of > 1, or several prompts in one\n"
+    "                         request: straight to the decode pool. Both pools are scored alike (--kv-events\n"
+    "                         is for the decode pool only); /health is 200 when some backend of each pool is\n"
+    "                         healthy; a client's own kv_transfer_params are dropped\n"
+    "  --prefill-timeout S    a prefill request's whole-exchange limit (300; 0: none): past it, 502\n"
     "  --host HOST            address to listen on (127.0.0.1)\n"
     "  --port N               port (8000; 0 = any free port)\n"
     "  --ssl-keyfile FILE     serve HTTPS with this PEM private key (needs --ssl-certfile; off). Clients only:\n"
@@ -611,7 +888,8 @@ static const char *k_usage =
     "  --block-chars N        prompt bytes per chunk of the approximate prefix index (64)\n"
     "  --poll-interval MS     how often each backend's /health and /metrics are read (200)\n"
     "  --kv-events LIST       each backend's KV-event PUB endpoint (tcp://host:port, '-' for none), in\n"
-    "                         --backends order: precise prefix scoring from the blocks each one holds\n"
+    "                         --backends order: precise prefix scoring from the blocks each one holds (with\n"
+    "                         --prefill-backends: the decode pool's; the prefill pool has the approximate index)\n"
     "  --kv-replay LIST       each backend's KV-event replay endpoint ('-' for none), in --backends order:\n"
     "                         batches missed in the stream are asked for there and applied in order\n"
     "  --prefix-caching-hash-algo A, --prefix-caching-hash-seed N, --block-size N\n"
@@ -636,12 +914,33 @@ static void parse_weights(const char *v, rt_weights *w) {
     }
 }
 
+/* Appends the backends of a comma-separated list (flag names it in errors); one URL in both pools is
+ * refused (its metrics would be two series of one name). */
+static void add_backends(router *r, const char *flag, const char *v) {
+    char list[8192];
+    if (strlen(v) >= sizeof list) cli_die(OSP_OK, "%s: the list is too long", flag);
+    strcpy(list, v);
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (r->n == RT_MAX_BACKENDS) cli_die(OSP_OK, "%s: at most %d backends in all", flag, RT_MAX_BACKENDS);
+        backend *b = &r->b[r->n];
+        if (strlen(t) >= sizeof b->url_text || !rt_url_parse(t, &b->url))
+            cli_die(OSP_OK, "%s: '%s' is not http://host:port", flag, t);
+        for (int32_t j = 0; j < r->n; j++)
+            if (!strcmp(r->b[j].url.base, b->url.base))
+                cli_die(OSP_OK, "%s: '%s' is given twice%s", flag, t,
+                        r->n_decode && j < r->n_decode ? " (one backend in both pools is not supported)" : "");
+        snprintf(b->url_text, sizeof b->url_text, "%s", t);
+        r->n++;
+    }
+}
+
 int cmd_router(int argc, char **argv) {
     router *r = calloc(1, sizeof *r);
     if (!r) cli_die(OSP_OK, "out of memory");
     r->w = rt_default_weights();
+    r->prefill_timeout_ms = 300000;
     r->block_chars = 64, r->poll_ms = 200, r->connect_timeout_ms = 2000, r->max_body = 16u << 20, r->log_level = 1;
-    const char *host = "127.0.0.1", *backends = NULL, *kv_events = NULL, *kv_replay = NULL, *ssl_keyfile = NULL, *ssl_certfile = NULL;
+    const char *host = "127.0.0.1", *backends = NULL, *prefill_backends = NULL, *kv_events = NULL, *kv_replay = NULL, *ssl_keyfile = NULL, *ssl_certfile = NULL;
     cli_engine_args hash = cli_engine_args_default();
     r->block_size = 16;
     int port = 8000;
@@ -657,6 +956,8 @@ int cmd_router(int argc, char **argv) {
             continue;
         }
         if (!strcmp(f, "--backends")) backends = v;
+        else if (!strcmp(f, "--prefill-backends")) prefill_backends = v;
+        else if (!strcmp(f, "--prefill-timeout")) r->prefill_timeout_ms = (long)(cli_float(f, v, 0, 86400) * 1000);
         else if (!strcmp(f, "--kv-events")) kv_events = v;
         else if (!strcmp(f, "--kv-replay")) kv_replay = v;
         else if (!strcmp(f, "--block-size")) r->block_size = (int32_t)cli_int(f, v, 1, 1024);
@@ -682,18 +983,14 @@ int cmd_router(int argc, char **argv) {
     char tls_why[768];
     if (srv_tls_load(&tls, ssl_keyfile, ssl_certfile, tls_why, sizeof tls_why)) cli_die(OSP_OK, "%s", tls_why);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) cli_die(OSP_OK, "cannot initialize libcurl");
-    char list[8192];
-    if (strlen(backends) >= sizeof list) cli_die(OSP_OK, "--backends: the list is too long");
-    strcpy(list, backends);
-    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (r->n == RT_MAX_BACKENDS) cli_die(OSP_OK, "--backends: at most %d", RT_MAX_BACKENDS);
-        backend *b = &r->b[r->n];
-        if (strlen(t) >= sizeof b->url_text || !rt_url_parse(t, &b->url))
-            cli_die(OSP_OK, "--backends: '%s' is not http://host:port", t);
-        snprintf(b->url_text, sizeof b->url_text, "%s", t);
-        r->n++;
-    }
+    add_backends(r, "--backends", backends);
     if (r->n == 0) cli_die(OSP_OK, "--backends: no backend given");
+    r->n_decode = r->n;
+    if (prefill_backends) {
+        add_backends(r, "--prefill-backends", prefill_backends);
+        if (r->n == r->n_decode) cli_die(OSP_OK, "--prefill-backends: no backend given");
+        r->pd = true;
+    }
     if (kv_replay && !kv_events) cli_die(OSP_OK, "--kv-replay needs --kv-events (the streams whose gaps it fills)");
     if (kv_events) {
         cli_engine_env_seed(&hash);
@@ -707,10 +1004,10 @@ int cmd_router(int argc, char **argv) {
         const char *ep[RT_MAX_BACKENDS] = {0};
         int32_t m = 0;
         for (char *save = NULL, *t = strtok_r(eps, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            if (m == r->n) cli_die(OSP_OK, "--kv-events: more endpoints than --backends");
+            if (m == r->n_decode) cli_die(OSP_OK, "--kv-events: more endpoints than --backends");
             ep[m++] = strcmp(t, "-") ? t : NULL;
         }
-        if (m != r->n) cli_die(OSP_OK, "--kv-events: %d endpoints for %d backends (use '-' for one without)", m, r->n);
+        if (m != r->n_decode) cli_die(OSP_OK, "--kv-events: %d endpoints for %d backends (use '-' for one without)", m, r->n_decode);
         const char *rp[RT_MAX_BACKENDS] = {0};
         if (kv_replay) {
             static char rps[8192];
@@ -718,17 +1015,17 @@ int cmd_router(int argc, char **argv) {
             strcpy(rps, kv_replay);
             int32_t k = 0;
             for (char *save = NULL, *t = strtok_r(rps, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (k == r->n) cli_die(OSP_OK, "--kv-replay: more endpoints than --backends");
+                if (k == r->n_decode) cli_die(OSP_OK, "--kv-replay: more endpoints than --backends");
                 rp[k++] = strcmp(t, "-") ? t : NULL;
             }
-            if (k != r->n) cli_die(OSP_OK, "--kv-replay: %d endpoints for %d backends (use '-' for one without)", k, r->n);
-            for (int32_t b = 0; b < r->n; b++)
+            if (k != r->n_decode) cli_die(OSP_OK, "--kv-replay: %d endpoints for %d backends (use '-' for one without)", k, r->n_decode);
+            for (int32_t b = 0; b < r->n_decode; b++)
                 if (rp[b] && !ep[b])
                     cli_die(OSP_OK, "--kv-replay: backend %d has a replay endpoint but no --kv-events endpoint (nothing to "
                                     "fill)", (int)b + 1);
         }
         char why[512];
-        if (!(r->kvx = rt_kv_index_start(ep, rp, r->n, why, sizeof why)))
+        if (!(r->kvx = rt_kv_index_start(ep, rp, r->n_decode, why, sizeof why)))
             cli_die(OSP_OK, "%s: %s", strstr(why, "replay endpoint") ? "--kv-replay" : "--kv-events", why);
     }
     r->tab_slots_mask = (1u << 16) - 1;
@@ -761,6 +1058,7 @@ int cmd_router(int argc, char **argv) {
     freeaddrinfo(ai);
     if (!d) cli_die(OSP_OK, "cannot listen on %s:%d (%s)", host, port, strerror(errno));
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    if (r->pd) rlog(r, 1, "P/D: %d prefill backends, %d decode backends", r->n - r->n_decode, r->n_decode);
     rlog(r, 1, "routing to %d backends on %s://%s:%u (weights prefix %g queue %g kv %g active %g, hot queue %g)", r->n,
          srv_tls_scheme(&tls), host, di ? (unsigned)di->port : (unsigned)port, r->w.prefix, r->w.queue, r->w.kv, r->w.active, r->w.hot_queue);
     int sig = 0;
