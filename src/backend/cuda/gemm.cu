@@ -34,6 +34,7 @@ struct LtApi {
     LT_FN(GetStatusString)
     LT_FN(Matmul)
     LT_FN(MatmulAlgoGetHeuristic)
+    LT_FN(MatmulAlgoConfigGetAttribute)
     LT_FN(MatmulDescCreate)
     LT_FN(MatmulDescDestroy)
     LT_FN(MatmulDescSetAttribute)
@@ -79,6 +80,7 @@ void lt_load_once(void) {
     LT_SYM(GetStatusString);
     LT_SYM(Matmul);
     LT_SYM(MatmulAlgoGetHeuristic);
+    LT_SYM(MatmulAlgoConfigGetAttribute);
     LT_SYM(MatmulDescCreate);
     LT_SYM(MatmulDescDestroy);
     LT_SYM(MatmulDescSetAttribute);
@@ -183,7 +185,9 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
     lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     /* split-K partial sums in fp32 (the compute type) or none: never added up in the output's bf16 (the
      * INPLACE and OUTPUT_TYPE schemes), which would round every partial to 8 bits */
-    const uint32_t red = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    const char *sk = getenv("OSPREY_CUDA_GEMM_SPLITK"); /* "0": no split-K at all (a diagnostic, A/B) */
+    const uint32_t red = sk && !strcmp(sk, "0") ? (uint32_t)CUBLASLT_REDUCTION_SCHEME_NONE
+                                               : (uint32_t)(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
     lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
     cublasLtMatmulHeuristicResult_t res;
     int n = 0;
@@ -193,6 +197,17 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
         return osp_set_error(OSP_ERR_UNSUPPORTED, "cublasLt: no algorithm for a bf16 GEMM of [%lld, %lld] x [%lld, %lld]^T",
                              (long long)T, (long long)K, (long long)N, (long long)K);
     p->algo = res.algo;
+    const char *log = getenv("OSPREY_CUDA_GEMM_LOG"); /* "1": each new plan's choice on stderr (a diagnostic) */
+    if (log && !strcmp(log, "1")) {
+        int32_t splitk = -1, scheme = -1, tile = -1, id = -1;
+        size_t w = 0;
+        lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+        lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
+        lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+        lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+        fprintf(stderr, "cublasLt plan T %lld N %lld K %lld: algo %d tile %d split-K %d reduction %d\n", (long long)T,
+                (long long)N, (long long)K, id, tile, splitk, scheme);
+    }
     return OSP_OK;
 }
 
