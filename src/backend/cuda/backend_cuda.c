@@ -1258,7 +1258,9 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     g->quant_weights = p->quant_weights;
     osp_cuda_set_pdl_default(p->quant_weights);
     osp_status s = osp_cuda_stream_create(&g->stream);
-    if (s == OSP_OK) s = osp_cuda_gemm_create(GEMM_WORKSPACE_BYTES, &g->gemm);
+    const char *wsmb = getenv("OSPREY_CUDA_GEMM_WS_MB"); /* a diagnostic: the cuBLASLt workspace in MiB */
+    const size_t ws = wsmb && atoi(wsmb) > 0 ? (size_t)atoi(wsmb) << 20 : GEMM_WORKSPACE_BYTES;
+    if (s == OSP_OK) s = osp_cuda_gemm_create(ws, &g->gemm);
     if (s == OSP_OK && g->time_runs) s = osp_cuda_event_create(&g->ev_start);
     if (s == OSP_OK && g->time_runs) s = osp_cuda_event_create(&g->ev_end);
     if (s != OSP_OK) {

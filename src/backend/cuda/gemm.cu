@@ -35,6 +35,8 @@ struct LtApi {
     LT_FN(Matmul)
     LT_FN(MatmulAlgoGetHeuristic)
     LT_FN(MatmulAlgoConfigGetAttribute)
+    LT_FN(MatmulAlgoConfigSetAttribute)
+    LT_FN(MatmulAlgoCheck)
     LT_FN(MatmulDescCreate)
     LT_FN(MatmulDescDestroy)
     LT_FN(MatmulDescSetAttribute)
@@ -81,6 +83,8 @@ void lt_load_once(void) {
     LT_SYM(Matmul);
     LT_SYM(MatmulAlgoGetHeuristic);
     LT_SYM(MatmulAlgoConfigGetAttribute);
+    LT_SYM(MatmulAlgoConfigSetAttribute);
+    LT_SYM(MatmulAlgoCheck);
     LT_SYM(MatmulDescCreate);
     LT_SYM(MatmulDescDestroy);
     LT_SYM(MatmulDescSetAttribute);
@@ -186,17 +190,35 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
     /* split-K partial sums in fp32 (the compute type) or none: never added up in the output's bf16 (the
      * INPLACE and OUTPUT_TYPE schemes), which would round every partial to 8 bits */
     const char *sk = getenv("OSPREY_CUDA_GEMM_SPLITK"); /* "0": no split-K at all (a diagnostic, A/B) */
+    if (sk && !sk[0]) sk = NULL;
     const uint32_t red = sk && !strcmp(sk, "0") ? (uint32_t)CUBLASLT_REDUCTION_SCHEME_NONE
                                                : (uint32_t)(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
     lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[8];
     int n = 0;
-    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res, &n);
+    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 8, res, &n);
     lt.MatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || n == 0)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "cublasLt: no algorithm for a bf16 GEMM of [%lld, %lld] x [%lld, %lld]^T",
                              (long long)T, (long long)K, (long long)N, (long long)K);
-    p->algo = res.algo;
+    p->algo = res[0].algo;
+    /* OSPREY_CUDA_GEMM_SPLITK=S (S >= 2; a diagnostic): every plan forced to S-way split-K with fp32
+       partials, the first of the heuristic's candidates that takes it within the workspace (else the
+       heuristic's own choice), to test whether a fixed split keeps a row's bits across T */
+    const int force = sk ? atoi(sk) : 0;
+    for (int i = 0; force >= 2 && i < n; i++) {
+        cublasLtMatmulAlgo_t a = res[i].algo;
+        const int32_t split = force;
+        const int32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        cublasLtMatmulHeuristicResult_t chk;
+        if (lt.MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split) == CUBLAS_STATUS_SUCCESS &&
+            lt.MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
+            lt.MatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->d, p->d, &a, &chk) == CUBLAS_STATUS_SUCCESS &&
+            chk.workspaceSize <= g->workspace_bytes) {
+            p->algo = a;
+            break;
+        }
+    }
     const char *log = getenv("OSPREY_CUDA_GEMM_LOG"); /* "1": each new plan's choice on stderr (a diagnostic) */
     if (log && !strcmp(log, "1")) {
         int32_t splitk = -1, scheme = -1, tile = -1, id = -1;
