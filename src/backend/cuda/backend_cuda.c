@@ -89,6 +89,7 @@ typedef struct cuda_backend {
     void *graphs[N_GRAPH_SIZES][GRAPH_WAYS];
     int64_t graph_len[N_GRAPH_SIZES][GRAPH_WAYS]; /* the attention length each graph was captured with */
     uint64_t graph_used[N_GRAPH_SIZES][GRAPH_WAYS], graph_tick;
+    uint64_t graphs_gemm_gen; /* osp_cuda_gemm_generation the graphs were captured at (its workspace) */
     int64_t attn_len;    /* this run's attention length: keys its launches cover (attn_len_of) */
     bool attn_len_cap;   /* OSPREY_CUDA_ATTN_LEN=cap: the block-table capacity instead (the earlier sizing, A/B) */
     const osp_graph *graphs_g; /* the op list and KV cache the graphs were captured with */
@@ -919,6 +920,11 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         drop_graphs(g);
         g->graphs_g = gr;
     }
+    if (osp_cuda_gemm_generation(g->gemm) != g->graphs_gemm_gen) { /* the GEMM workspace moved */
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+        drop_graphs(g);
+        g->graphs_gemm_gen = osp_cuda_gemm_generation(g->gemm);
+    }
     g->attn_len = attn_len_of(g, b);
     /* gw: this size's graph captured at this length, or the way a new capture takes (an empty one, else
      * the least recently replayed, destroyed first) */
@@ -982,6 +988,12 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
         g->timed = g->time_runs;
         if (g->op_times) OSP_TRY(op_times_add(g, gr, is_pure_decode(b) ? 1 : 0));
+        if (gi >= 0 && osp_cuda_gemm_generation(g->gemm) != g->graphs_gemm_gen) { /* this run's plans moved the
+                                                                                     GEMM workspace */
+            OSP_TRY(osp_cuda_stream_sync(g->stream));
+            drop_graphs(g);
+            g->graphs_gemm_gen = osp_cuda_gemm_generation(g->gemm);
+        }
         if (gi >= 0) { /* capture this size now that its GEMM plans exist */
             OSP_TRY(osp_cuda_graph_begin(g->stream));
             osp_status s = enqueue(g, gr, kv, T, S, L);

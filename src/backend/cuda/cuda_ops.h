@@ -120,6 +120,10 @@ osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint1
 osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32,
                                  int64_t T, int64_t N, int64_t K, int64_t ldy, void *stream);
 
+/* Moves when a plan needed a larger workspace (split-K partials of a large T) and it was reallocated:
+ * a CUDA graph captured before holds the old workspace and must be dropped. */
+uint64_t osp_cuda_gemm_generation(const osp_cuda_gemm *g);
+
 /* ---- quantized weights (qmatmul.cu) ---------------------------------------------------------------- */
 
 /* Matrices the CUDA backend keeps in their GGUF block-quantized form (issue 17): rows of `type`

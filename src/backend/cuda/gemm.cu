@@ -116,12 +116,29 @@ typedef struct gemm_plan {
     cublasLtMatmulAlgo_t algo;
 } gemm_plan;
 
+/* The split-K count every plan of an (N, K, output) shape uses, whatever T: what the heuristic picks for
+ * T = 1 (decode's shape, where splitting K pays). One count for every T is what keeps a row's bits the
+ * same whatever T it is computed in: tiles without split-K accumulate in the same k order (measured,
+ * tests/gpu/test_gpu_gemm.c), and a fixed S-way split adds the same fp32 partials in the same order;
+ * the heuristic alone splits o and down of an 8B model at T <= 16 / 64 only, which gave a decode row
+ * other bits than the same row in a larger step (bench/gpu/DECODE.md, seventh session). */
+typedef struct split_rule {
+    int64_t N, K, ldy;
+    bool y_f32;
+    int32_t splitk;
+} split_rule;
+
+#define GEMM_MAX_RULES 64
+
 struct osp_cuda_gemm {
     cublasLtHandle_t lt;
     void *workspace;
     size_t workspace_bytes;
+    uint64_t generation; /* bumped when the workspace moves (graphs holding the old one are stale) */
     int n_plans;
     gemm_plan plans[GEMM_MAX_PLANS];
+    int n_rules;
+    split_rule rules[GEMM_MAX_RULES];
 };
 
 #define LT_TRY(call, what)                                                                         \
@@ -171,8 +188,9 @@ extern "C" void osp_cuda_gemm_destroy(osp_cuda_gemm *g) {
     free(g);
 }
 
-static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N, int64_t K, int64_t ldy,
-                            bool y_f32) {
+/* The descriptors of a (T, N, K) plan and the heuristic's candidates (best first) into res[0..*n). */
+static osp_status plan_describe(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N, int64_t K, int64_t ldy,
+                                bool y_f32, const char *sk, cublasLtMatmulHeuristicResult_t *res, int cap, int *n) {
     memset(p, 0, sizeof *p);
     p->T = T, p->N = N, p->K = K, p->ldy = ldy, p->y_f32 = y_f32;
     LT_TRY(lt.MatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
@@ -189,49 +207,109 @@ static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N
     lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     /* split-K partial sums in fp32 (the compute type) or none: never added up in the output's bf16 (the
      * INPLACE and OUTPUT_TYPE schemes), which would round every partial to 8 bits */
-    const char *sk = getenv("OSPREY_CUDA_GEMM_SPLITK"); /* "0": no split-K at all (a diagnostic, A/B) */
-    if (sk && !sk[0]) sk = NULL;
     const uint32_t red = sk && !strcmp(sk, "0") ? (uint32_t)CUBLASLT_REDUCTION_SCHEME_NONE
                                                : (uint32_t)(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
     lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red, sizeof red);
-    cublasLtMatmulHeuristicResult_t res[8];
-    int n = 0;
-    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, 8, res, &n);
+    cublasStatus_t st = lt.MatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->d, p->d, pref, cap, res, n);
     lt.MatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || n == 0)
+    if (st != CUBLAS_STATUS_SUCCESS || *n == 0)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "cublasLt: no algorithm for a bf16 GEMM of [%lld, %lld] x [%lld, %lld]^T",
                              (long long)T, (long long)K, (long long)N, (long long)K);
-    p->algo = res[0].algo;
-    /* OSPREY_CUDA_GEMM_SPLITK=S (S >= 2; a diagnostic): every plan forced to S-way split-K with fp32
-       partials, the first of the heuristic's candidates that takes it within the workspace (else the
-       heuristic's own choice), to test whether a fixed split keeps a row's bits across T */
-    const int force = sk ? atoi(sk) : 0;
-    for (int i = 0; force >= 2 && i < n; i++) {
-        cublasLtMatmulAlgo_t a = res[i].algo;
-        const int32_t split = force;
-        const int32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        cublasLtMatmulHeuristicResult_t chk;
-        if (lt.MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split) == CUBLAS_STATUS_SUCCESS &&
-            lt.MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
-            lt.MatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->d, p->d, &a, &chk) == CUBLAS_STATUS_SUCCESS &&
-            chk.workspaceSize <= g->workspace_bytes) {
-            p->algo = a;
-            break;
+    return OSP_OK;
+}
+
+static int32_t splitk_of(const cublasLtMatmulAlgo_t *a) {
+    int32_t splitk = 1;
+    size_t w = 0;
+    lt.MatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    return splitk > 1 ? splitk : 1;
+}
+
+/* A workspace of at least `bytes` (a new one: the generation moves). cudaFree waits for the device, so
+ * no enqueued GEMM still uses the old one. */
+static osp_status workspace_grow(osp_cuda_gemm *g, size_t bytes) {
+    if (bytes <= g->workspace_bytes) return OSP_OK;
+    osp_cuda_free(g->workspace);
+    g->workspace = NULL;
+    g->workspace_bytes = 0;
+    g->generation++;
+    OSP_TRY(osp_cuda_malloc(&g->workspace, bytes, "the cuBLASLt workspace (split-K partials)"));
+    g->workspace_bytes = bytes;
+    return OSP_OK;
+}
+
+/* The split-K count of (N, K, ldy, y_f32): the rule's, or (first seen) the heuristic's at T = 1. */
+static osp_status split_rule_of(osp_cuda_gemm *g, int64_t N, int64_t K, int64_t ldy, bool y_f32, const char *sk,
+                                int32_t *out) {
+    for (int i = 0; i < g->n_rules; i++) {
+        const split_rule *r = &g->rules[i];
+        if (r->N == N && r->K == K && r->ldy == ldy && r->y_f32 == y_f32) {
+            *out = r->splitk;
+            return OSP_OK;
         }
     }
+    const int force = sk ? atoi(sk) : -1; /* OSPREY_CUDA_GEMM_SPLITK: 0 none, S >= 2 that many, else the rule */
+    int32_t splitk = force == 0 ? 1 : force >= 2 ? force : 0;
+    if (splitk == 0) {
+        gemm_plan t1;
+        cublasLtMatmulHeuristicResult_t res[1];
+        int n = 0;
+        const osp_status s = plan_describe(g, &t1, 1, N, K, ldy, y_f32, sk, res, 1, &n);
+        splitk = s == OSP_OK ? splitk_of(&res[0].algo) : 1;
+        plan_free(&t1);
+        OSP_TRY(s);
+    }
+    if (g->n_rules == GEMM_MAX_RULES) { /* forget the oldest (its shapes re-derive the same count) */
+        memmove(&g->rules[0], &g->rules[1], sizeof(split_rule) * (GEMM_MAX_RULES - 1));
+        g->n_rules--;
+    }
+    g->rules[g->n_rules++] = (split_rule){.N = N, .K = K, .ldy = ldy, .y_f32 = y_f32, .splitk = splitk};
+    *out = splitk;
+    return OSP_OK;
+}
+
+static osp_status plan_make(osp_cuda_gemm *g, gemm_plan *p, int64_t T, int64_t N, int64_t K, int64_t ldy,
+                            bool y_f32) {
+    const char *sk = getenv("OSPREY_CUDA_GEMM_SPLITK"); /* a diagnostic, A/B: "0" no split-K, "S" S-way everywhere */
+    if (sk && !sk[0]) sk = NULL;
+    int32_t want = 1;
+    OSP_TRY(split_rule_of(g, N, K, ldy, y_f32, sk, &want));
+    cublasLtMatmulHeuristicResult_t res[8];
+    int n = 0;
+    OSP_TRY(plan_describe(g, p, T, N, K, ldy, y_f32, sk, res, 8, &n));
+    bool found = false;
+    for (int i = 0; i < n && !found; i++) /* the heuristic's best that already splits as the rule says */
+        if (splitk_of(&res[i].algo) == want) p->algo = res[i].algo, found = true;
+    for (int i = 0; i < n && !found; i++) { /* else the first candidate that takes the rule's split */
+        cublasLtMatmulAlgo_t a = res[i].algo;
+        const int32_t split = want;
+        const int32_t scheme = want > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+        cublasLtMatmulHeuristicResult_t chk;
+        if (lt.MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split) != CUBLAS_STATUS_SUCCESS ||
+            lt.MatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) != CUBLAS_STATUS_SUCCESS ||
+            lt.MatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->d, p->d, &a, &chk) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        OSP_TRY(workspace_grow(g, chk.workspaceSize)); /* the partials of a large T */
+        p->algo = a, found = true;
+    }
+    if (!found)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cublasLt: no %d-way split-K algorithm for a bf16 GEMM of [%lld, %lld] x "
+                             "[%lld, %lld]^T (the split its T = 1 plan takes: every T must split alike to keep a row's bits)",
+                             want, (long long)T, (long long)K, (long long)N, (long long)K);
     const char *log = getenv("OSPREY_CUDA_GEMM_LOG"); /* "1": each new plan's choice on stderr (a diagnostic) */
     if (log && !strcmp(log, "1")) {
-        int32_t splitk = -1, scheme = -1, tile = -1, id = -1;
+        int32_t scheme = -1, tile = -1, id = -1;
         size_t w = 0;
-        lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
         lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme, &w);
         lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
         lt.MatmulAlgoConfigGetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
-        fprintf(stderr, "cublasLt plan T %lld N %lld K %lld: algo %d tile %d split-K %d reduction %d\n", (long long)T,
-                (long long)N, (long long)K, id, tile, splitk, scheme);
+        fprintf(stderr, "cublasLt plan T %lld N %lld K %lld: algo %d tile %d split-K %d reduction %d, workspace %zu\n",
+                (long long)T, (long long)N, (long long)K, id, tile, splitk_of(&p->algo), scheme, g->workspace_bytes);
     }
     return OSP_OK;
 }
+
+extern "C" uint64_t osp_cuda_gemm_generation(const osp_cuda_gemm *g) { return g->generation; }
 
 extern "C" osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y,
                                          bool y_f32, int64_t T, int64_t N, int64_t K, void *stream) {
