@@ -42,6 +42,7 @@ PROMPT_WORDS = int(os.environ.get("PROMPT_WORDS", "950"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "64"))
 THREADS = os.environ.get("THREADS", "1")
 KV_MEM = os.environ.get("KV_MEM", "512M")
+SERVE_EXTRA = os.environ.get("SERVE_EXTRA", "").split()  # more `osprey serve` flags, e.g. "--device cuda"
 SEED = "7"
 
 
@@ -68,7 +69,7 @@ def wait_up(url, proc, what):
 def serve(procs, *extra):
     port = free_port()
     p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(port), "-t", THREADS, "--kv-cache-memory", KV_MEM,
-                          "--prefix-caching-hash-seed", SEED, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          "--prefix-caching-hash-seed", SEED, *SERVE_EXTRA, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs.append(p)
     url = f"http://127.0.0.1:{port}"
     wait_up(url + "/health", p, "server " + " ".join(extra))

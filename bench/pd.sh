@@ -7,7 +7,7 @@
 # with the defaults. The default rates (0.1-0.4 req/s) are sized for the 2-core CPU: one thread prefills
 # a ~950-token SmolLM2 prompt in ~4 s, so one server prefills ~0.25 req/s at most; on a bigger machine
 # raise THREADS and RATES. Knobs (environment): RATES DURATION DRAIN PROMPT_WORDS MAX_TOKENS THREADS
-# KV_MEM MODEL OSPREY_BIN.
+# KV_MEM MODEL OSPREY_BIN SERVE_EXTRA (more serve flags, e.g. "--device cuda").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup-integration.sh .venv-it
