@@ -42,6 +42,7 @@ PROMPT_WORDS = int(os.environ.get("PROMPT_WORDS", "950"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "64"))
 THREADS = os.environ.get("THREADS", "1")
 KV_MEM = os.environ.get("KV_MEM", "512M")
+SEQUENTIAL = os.environ.get("SEQUENTIAL", "0") == "1"
 SERVE_EXTRA = os.environ.get("SERVE_EXTRA", "").split()  # more `osprey serve` flags, e.g. "--device cuda"
 SEED = "7"
 
@@ -56,7 +57,9 @@ def wait_up(url, proc, what):
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"{what} exited ({proc.returncode})")
+            log = getattr(proc, "log_path", None)
+            tail = open(log).read()[-2000:] if log and os.path.exists(log) else ""
+            sys.exit(f"{what} exited ({proc.returncode})\n{tail}")
         try:
             if requests.get(url, timeout=1).status_code == 200:
                 return
@@ -68,8 +71,11 @@ def wait_up(url, proc, what):
 
 def serve(procs, *extra):
     port = free_port()
-    p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(port), "-t", THREADS, "--kv-cache-memory", KV_MEM,
-                          "--prefix-caching-hash-seed", SEED, *SERVE_EXTRA, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_path = f"/tmp/osprey-pd-bench-{os.getpid()}-{port}.log"
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([BIN, "serve", "-m", MODEL, "--port", str(port), "-t", THREADS, "--kv-cache-memory", KV_MEM,
+                              "--prefix-caching-hash-seed", SEED, *SERVE_EXTRA, *extra], stdout=log, stderr=subprocess.STDOUT)
+    p.log_path = log_path  # its start-up lines, shown if it exits before it is up
     procs.append(p)
     url = f"http://127.0.0.1:{port}"
     wait_up(url + "/health", p, "server " + " ".join(extra))
@@ -241,26 +247,42 @@ def stop(procs):
             p.kill()
 
 
-def main():
-    procs = []
-    try:
+def start(procs, which):
+    """The servers and router of one setup: "pd" (1 prefill + 1 decode) or "colo" (2 plain servers)."""
+    if which == "pd":
         pre = serve(procs, "--kv-transfer-config", kv("kv_producer"))
         dec = serve(procs, "--kv-transfer-config", kv("kv_consumer"))
-        c1, c2 = serve(procs), serve(procs)
-        pd = {"name": "P/D 1P+1D", "url": router(procs, "--backends", dec, "--prefill-backends", pre), "decode": dec}
-        colo = {"name": "co-located", "url": router(procs, "--backends", f"{c1},{c2}")}
-        model = requests.get(c1 + "/v1/models").json()["data"][0]["id"]
-        print(f"# {os.path.basename(MODEL)}, every server -t {THREADS} and KV {KV_MEM}; P/D: 1 prefill + 1 decode server, "
-              f"co-located: 2 servers; ~{PROMPT_WORDS}-word unique prompts, {MAX_TOKENS} tokens (ignore_eos, greedy, "
-              f"streamed); Poisson arrivals for {DURATION:g} s per rate, cancelled {DRAIN:g} s after the last arrival")
-        print(f"# {os.cpu_count()} CPUs; load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
-        print("setup        rate done/sent  TTFT ms    p50    p90 TPOT ms    p50    p90   tok/s")
-        rows = []
-        for rate in RATES:
-            jobs = workload(rate)
-            for s in (pd, colo):
-                rows.append(phase(s, s["url"], model, rate, jobs))
-                time.sleep(1)
+        return {"name": "P/D 1P+1D", "url": router(procs, "--backends", dec, "--prefill-backends", pre), "decode": dec,
+                "models": dec}
+    c1, c2 = serve(procs), serve(procs)
+    return {"name": "co-located", "url": router(procs, "--backends", f"{c1},{c2}"), "models": c1}
+
+
+def main():
+    procs = []
+    rows = []
+    try:
+        # SEQUENTIAL=1: one setup's servers at a time (one GPU holds two 8B servers, not four)
+        setups = [["pd"], ["colo"]] if SEQUENTIAL else [["pd", "colo"]]
+        header = False
+        for group in setups:
+            live = [start(procs, w) for w in group]
+            model = requests.get(live[0]["models"] + "/v1/models").json()["data"][0]["id"]
+            if not header:
+                print(f"# {os.path.basename(MODEL)}, every server -t {THREADS} and KV {KV_MEM} {' '.join(SERVE_EXTRA)}; P/D: 1 "
+                      f"prefill + 1 decode server, co-located: 2 servers; ~{PROMPT_WORDS}-word unique prompts, "
+                      f"{MAX_TOKENS} tokens (ignore_eos, greedy, streamed); Poisson arrivals for {DURATION:g} s per rate, "
+                      f"cancelled {DRAIN:g} s after the last arrival{'; the setups one after the other' if SEQUENTIAL else ''}")
+                print(f"# {os.cpu_count()} CPUs; load average: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+                print("setup        rate done/sent  TTFT ms    p50    p90 TPOT ms    p50    p90   tok/s")
+                header = True
+            for rate in RATES:
+                jobs = workload(rate)
+                for s in live:
+                    rows.append(phase(s, s["url"], model, rate, jobs))
+                    time.sleep(1)
+            stop(procs)
+            procs = []
         ptoks = [r["prompt_tokens"] for r in rows if r["prompt_tokens"]]
         print(f"# prompt tokens per request: {statistics.mean(ptoks):.0f}" if ptoks else "# no request finished")
         print(f"# load average at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
