@@ -26,6 +26,7 @@
 #include "engine/engine_internal.h"
 #include "engine/model_runner.h"
 #include "engine/offload.h"
+#include "kv/kv_cache.h"
 #include "engine/scheduler.h"
 #include "grammar/grammar.h"
 #include "osprey/tokenizer.h"
@@ -316,6 +317,19 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         }
         if (p.kv_transfer_buffer_bytes == 0) p.kv_transfer_buffer_bytes = (int64_t)1 << 30;
         if (p.kv_transfer_timeout_s == 0) p.kv_transfer_timeout_s = 120.0;
+        const size_t xfer_block_bytes = osp_kv_cache_block_bytes(e->runner->kv);
+        if ((p.kv_role == OSP_KV_ROLE_PRODUCER || p.kv_role == OSP_KV_ROLE_BOTH) &&
+            (size_t)p.kv_transfer_buffer_bytes < xfer_block_bytes) {
+            s = osp_set_error(OSP_ERR_INVALID_ARG, "engine: the KV transfer buffer (kv_buffer_size, %lld bytes) holds no "
+                              "block (%zu bytes each): a producer could hold nothing", (long long)p.kv_transfer_buffer_bytes,
+                              xfer_block_bytes);
+            goto fail;
+        }
+        if (p.kv_role != OSP_KV_ROLE_NONE && !p.hash_seed_set)
+            (p.log ? p.log : log_stderr)(p.log_ctx, "kv transfer: no --prefix-caching-hash-seed (or $OSPREY_HASH_SEED / "
+                                                    "$PYTHONHASHSEED): this process's block hashes are its own, so no "
+                                                    "other server's blocks match (every transfer is recomputed); give "
+                                                    "producers and consumers the same seed");
         const osp_offload_config oc = {.tiers = {.host_bytes = p.kv_offload_host_bytes, .disk_dir = p.kv_offload_disk_dir,
                                                  .disk_bytes = p.kv_offload_disk_bytes},
                                        .role = p.kv_role, .xfer_ip = p.kv_transfer_ip, .xfer_port = p.kv_transfer_port,
@@ -455,9 +469,10 @@ static osp_status check_kv_transfer(const osp_engine *e, const osp_request_param
     if (t->do_remote_prefill && !cons)
         return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_prefill needs a KV consumer (kv_role "
                              "kv_consumer or kv_both)", id);
+    /* a grammar or prompt logprobs are fine: the producer computes the prompt either way (a prompt-logprobs
+       request's blocks are not in the prefix cache: nothing is held, and its consumer computes it) */
     if (t->do_remote_decode) {
-        const char *bad = rp->n > 1 ? "n > 1" : rp->grammar ? "a grammar" : rp->prompt_logprobs >= 0 ? "prompt logprobs"
-                          : rp->pooling != OSP_POOLING_NONE ? "pooling (an embedding)" : NULL;
+        const char *bad = rp->n > 1 ? "n > 1" : rp->pooling != OSP_POOLING_NONE ? "pooling (an embedding)" : NULL;
         if (bad) return osp_set_error(OSP_ERR_INVALID_ARG, "request %llu: do_remote_decode cannot have %s", id, bad);
     }
     if (t->do_remote_prefill &&

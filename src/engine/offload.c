@@ -38,6 +38,7 @@ typedef struct batch {
     osp_kv_transfer_params remote;
     bool release;               /* this fetch is the request's last: the producer drops its copies */
     char remote_err[240];       /* why a fetch failed (loader; read by poll), or empty */
+    bool remote_io;             /* it failed on the network (OSP_ERR_IO), not by the producer's refusal */
     struct batch *next;
 } batch;
 
@@ -60,6 +61,12 @@ struct osp_offload {
     int64_t recv_blocks, failed_blocks; /* a consumer's, step thread */
     double recv_s;
     double logged_xfer_at;      /* the last transfer warning (0: never) */
+    double logged_hold_at;      /* the last "not held" warning (0: never) */
+    /* producers whose last fetch failed (connect, a stall, a cut answer): not asked again for
+       XFER_BACKOFF_S, their requests computed at once instead of each waiting out the same failure
+       (the loader fetches one at a time), step thread */
+    struct { char host[256]; int32_t port; double until; } down[8];
+    int32_t n_down;
     int64_t logged_xfer_failed;
     osp_kv_cache *kv;
     void *buf;                  /* one block, host */
@@ -135,11 +142,48 @@ static void log_xfer(osp_offload *o, const char *what) {
     o->logged_xfer_at = now;
 }
 
-/* Block `index` of r is at r's producer, not yet asked for. A producer of another identity is given
- * up on at the first look (every block counted as failed). */
+#define XFER_BACKOFF_S 10.0
+
+static bool producer_down(osp_offload *o, const osp_kv_transfer_params *t) {
+    const double now = now_s();
+    for (int32_t i = 0; i < o->n_down; i++)
+        if (o->down[i].until > now && o->down[i].port == t->remote_port && !strcmp(o->down[i].host, t->remote_host))
+            return true;
+    return false;
+}
+
+static void mark_down(osp_offload *o, const osp_kv_transfer_params *t) {
+    const double now = now_s();
+    int32_t k = -1; /* this producer's slot, else an expired one, else a new one, else the first to expire */
+    for (int32_t i = 0; i < o->n_down && k < 0; i++)
+        if (o->down[i].port == t->remote_port && !strcmp(o->down[i].host, t->remote_host)) k = i;
+    for (int32_t i = 0; i < o->n_down && k < 0; i++)
+        if (o->down[i].until <= now) k = i;
+    if (k < 0 && o->n_down < 8) k = o->n_down++;
+    if (k < 0) {
+        k = 0;
+        for (int32_t i = 1; i < o->n_down; i++)
+            if (o->down[i].until < o->down[k].until) k = i;
+    }
+    snprintf(o->down[k].host, sizeof o->down[k].host, "%s", t->remote_host);
+    o->down[k].port = t->remote_port;
+    o->down[k].until = now + XFER_BACKOFF_S;
+}
+
+/* Block `index` of r is at r's producer, not yet asked for. A producer of another identity, or one whose
+ * last fetch failed in the last XFER_BACKOFF_S, is given up on at the first look (every block counted as
+ * failed, the prompt computed here). */
 static bool remote_has(osp_offload *o, osp_request *r, int32_t index) {
     if (!is_consumer(o) || !r->has_kv_xfer || !r->kv_xfer.do_remote_prefill) return false;
     const int32_t n = r->kv_xfer.remote_num_blocks;
+    if (r->kv_xfer_tried < n && producer_down(o, &r->kv_xfer)) {
+        o->failed_blocks += n - r->kv_xfer_tried;
+        r->kv_xfer_tried = n;
+        char what[400];
+        snprintf(what, sizeof what, "the producer %s:%d failed a fetch in the last %.0f s: not asked again yet",
+                 r->kv_xfer.remote_host, r->kv_xfer.remote_port, XFER_BACKOFF_S);
+        log_xfer(o, what);
+    }
     if (r->kv_xfer_tried < n && r->kv_xfer.remote_engine_id != o->engine_id) {
         o->failed_blocks += n - r->kv_xfer_tried;
         r->kv_xfer_tried = n;
@@ -183,7 +227,8 @@ static bool write_block(osp_offload *o, const int32_t id, const void *bytes) {
     return s == OSP_OK;
 }
 
-#define XFER_TIMEOUT_S 10.0 /* a fetch's connect / send / receive stall limit */
+#define XFER_TIMEOUT_S 3.0 /* a fetch's connect / send / receive stall limit (its whole: 2 of these plus the
+                              payload at 50 MB/s, kv/transfer.h) */
 
 static void *loader_main(void *arg) {
     osp_offload *o = arg;
@@ -227,6 +272,7 @@ static void *loader_main(void *arg) {
                                                     &b->res[i]);
             b->remote_s += now_s() - t0;
             if (st != OSP_OK) snprintf(b->remote_err, sizeof b->remote_err, "%s", osp_last_error());
+            b->remote_io = st == OSP_ERR_IO;
         }
         pthread_mutex_lock(&o->mu);
         b->n_done += m;
@@ -331,6 +377,7 @@ static void count_remote(osp_offload *o, const batch *b) {
     o->recv_blocks += ok;
     o->failed_blocks += bad;
     o->recv_s += b->remote_s;
+    if (b->remote_err[0] && b->remote_io) mark_down(o, &b->remote); /* unreachable or stuck, not a refusal */
     if (b->remote_err[0]) log_xfer(o, b->remote_err);
     else if (bad > 0) {
         char what[400];
@@ -606,6 +653,17 @@ osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
     const uint64_t id = osp_kv_xfer_server_hold(o->xsrv, r->hashes, n, hold_read, &h, &err);
     if (err != OSP_OK) return err;
     if (id != 0) r->kv_xfer_id = id, r->kv_xfer_blocks = n;
+    if (id == 0 && o->log) { /* too big for the buffer (or out of memory): its consumer computes it */
+        const double now = now_s();
+        if (o->logged_hold_at == 0 || now - o->logged_hold_at >= 60.0) {
+            char line[300];
+            snprintf(line, sizeof line, "kv transfer: a prompt of %d blocks (%.1f MiB) was not held: larger than the "
+                     "transfer buffer (kv_buffer_size), or out of memory; its consumer computes it", n,
+                     (double)n * (double)o->block_bytes / 1048576.0);
+            o->log(o->log_ctx, line);
+            o->logged_hold_at = now;
+        }
+    }
     return OSP_OK;
 }
 

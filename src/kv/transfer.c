@@ -61,10 +61,20 @@ static void set_timeouts(int fd, double s) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/* All n bytes, or false (EOF, error, timeout). */
-static bool read_full(int fd, void *buf, size_t n) {
+/* All n bytes, or false (EOF, error, a stall past the socket's timeout, or past `deadline`, a
+ * CLOCK_MONOTONIC time in seconds; 0: none): a peer that trickles a byte at a time cannot hold the
+ * reader longer than the deadline. */
+static bool read_full_by(int fd, void *buf, size_t n, double deadline) {
     uint8_t *p = buf;
     while (n > 0) {
+        if (deadline > 0) {
+            const double left = deadline - now_s();
+            if (left <= 0) return false;
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            const int r = poll(&pfd, 1, (int)(left * 1000) + 1);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) return false;
+        }
         const ssize_t r = recv(fd, p, n, 0);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return false;
@@ -109,6 +119,8 @@ struct osp_kv_xfer_server {
     xfer *head, *tail; /* under mu */
     size_t bytes;      /* of the listed transfers, under mu */
     uint64_t next_id;  /* under mu */
+    int32_t n_conns;   /* connection threads running, under mu */
+    pthread_cond_t conns_done;
     osp_kv_xfer_server_stats st; /* under mu */
 };
 
@@ -158,8 +170,9 @@ static void answer_status(int fd, uint32_t status) {
 
 static void serve_one(osp_kv_xfer_server *s, int fd) {
     set_timeouts(fd, s->cfg.io_timeout_s);
+    const double deadline = now_s() + s->cfg.io_timeout_s; /* the whole request (it is small) */
     uint8_t hdr[REQ_HEADER];
-    if (!read_full(fd, hdr, sizeof hdr)) return;
+    if (!read_full_by(fd, hdr, sizeof hdr, deadline)) return;
     const uint64_t engine_id = osp_get_le64(hdr + 8), id = osp_get_le64(hdr + 16), bb = osp_get_le64(hdr + 24);
     const uint32_t n = osp_get_le32(hdr + 32), flags = osp_get_le32(hdr + 36);
     if (memcmp(hdr, REQ_MAGIC, 8) != 0 || n > OSP_KV_XFER_MAX_BLOCKS || (flags & ~FLAG_RELEASE) != 0) {
@@ -171,7 +184,7 @@ static void serve_one(osp_kv_xfer_server *s, int fd) {
     }
     uint8_t *raw = n ? malloc((size_t)n * OSP_KV_XFER_HASH_BYTES) : NULL;
     if (n && !raw) return; /* out of memory: the consumer sees a cut answer and recomputes */
-    if (n && !read_full(fd, raw, (size_t)n * OSP_KV_XFER_HASH_BYTES)) {
+    if (n && !read_full_by(fd, raw, (size_t)n * OSP_KV_XFER_HASH_BYTES, deadline)) {
         free(raw);
         return;
     }
@@ -187,6 +200,11 @@ static void serve_one(osp_kv_xfer_server *s, int fd) {
     xfer *x = s->head;
     while (x && x->id != id) x = x->next;
     if (x) x->refs++;
+    if (x && (flags & FLAG_RELEASE)) { /* released now (the answer's reference keeps it until sent): the
+                                          consumer may ask the stats right after it has read the answer */
+        s->st.released++;
+        unlist(s, x);
+    }
     pthread_mutex_unlock(&s->mu);
     if (!x) {
         free(raw);
@@ -199,9 +217,11 @@ static void serve_one(osp_kv_xfer_server *s, int fd) {
     osp_put_le32(rh + 12, n);
     struct iovec iov[3] = {{.iov_base = rh, .iov_len = sizeof rh}};
     bool ok = send_all(fd, iov, 1);
-    int64_t sent = 0;
     int32_t at = 0; /* where the last block was found: a consumer asks in the transfer's order */
-    for (uint32_t i = 0; ok && i < n; i++) {
+    /* the answer within 2 stalls plus its bytes at 50 MB/s: a consumer that reads slowly cannot hold its
+       thread (and the transfer) longer */
+    const double send_deadline = now_s() + 2 * s->cfg.io_timeout_s + (double)n * (double)s->cfg.block_bytes / 50e6;
+    for (uint32_t i = 0; ok && i < n && now_s() < send_deadline; i++) {
         const osp_block_hash h = get_hash(raw + (size_t)i * OSP_KV_XFER_HASH_BYTES);
         int32_t j = -1;
         for (int32_t k = 0; k < x->n && j < 0; k++) {
@@ -219,34 +239,79 @@ static void serve_one(osp_kv_xfer_server *s, int fd) {
             cnt = 3;
             at = j + 1;
         }
+        if (j >= 0) { /* counted before it goes: a consumer may read the stats once it has the bytes */
+            pthread_mutex_lock(&s->mu);
+            s->st.sent_blocks++;
+            pthread_mutex_unlock(&s->mu);
+        }
         ok = send_all(fd, iov, cnt);
-        if (ok && j >= 0) sent++;
     }
     free(raw);
     pthread_mutex_lock(&s->mu);
-    s->st.sent_blocks += sent;
-    x->refs--;
-    if (ok && (flags & FLAG_RELEASE) && x->listed) {
-        s->st.released++;
-        unlist(s, x); /* frees it (refs is 0 now) */
-    } else if (!x->listed && x->refs == 0) {
-        xfer_free(x); /* dropped while it was being sent */
-    }
+    if (--x->refs == 0 && !x->listed) xfer_free(x); /* released, or dropped while it was being sent */
     pthread_mutex_unlock(&s->mu);
 }
 
+#define MAX_CONNS 16 /* answers at once; a further connection waits in the listen backlog */
+
+typedef struct conn {
+    osp_kv_xfer_server *s;
+    int fd;
+} conn;
+
+static void *conn_main(void *arg) {
+    conn *c = arg;
+    serve_one(c->s, c->fd);
+    close(c->fd);
+    pthread_mutex_lock(&c->s->mu);
+    c->s->n_conns--;
+    pthread_cond_signal(&c->s->conns_done);
+    pthread_mutex_unlock(&c->s->mu);
+    free(c);
+    return NULL;
+}
+
+/* Accepts; each connection is answered on a thread of its own (at most MAX_CONNS), so one slow or stuck
+ * consumer does not hold the others. */
 static void *serve_main(void *arg) {
     osp_kv_xfer_server *s = arg;
     while (!atomic_load(&s->stop)) {
+        pthread_mutex_lock(&s->mu);
+        const bool room = s->n_conns < MAX_CONNS;
+        pthread_mutex_unlock(&s->mu);
         struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
-        const int r = poll(&pfd, 1, 200);
+        const int r = room ? poll(&pfd, 1, 200) : (poll(NULL, 0, 20), 0);
         sweep_expired(s);
         if (r <= 0) continue;
-        const int c = accept(s->fd, NULL, NULL);
-        if (c < 0) continue;
-        serve_one(s, c);
-        close(c);
+        const int fd = accept(s->fd, NULL, NULL);
+        if (fd < 0) continue;
+        conn *c = malloc(sizeof *c);
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (c) {
+            *c = (conn){.s = s, .fd = fd};
+            pthread_mutex_lock(&s->mu);
+            s->n_conns++;
+            pthread_mutex_unlock(&s->mu);
+            if (pthread_create(&t, &at, conn_main, c) != 0) {
+                pthread_mutex_lock(&s->mu);
+                s->n_conns--;
+                pthread_mutex_unlock(&s->mu);
+                free(c);
+                c = NULL;
+            }
+        }
+        pthread_attr_destroy(&at);
+        if (!c) { /* no thread: answered here */
+            serve_one(s, fd);
+            close(fd);
+        }
     }
+    pthread_mutex_lock(&s->mu); /* answers in progress end (their deadlines bound them) before the memory goes */
+    while (s->n_conns > 0) pthread_cond_wait(&s->conns_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     return NULL;
 }
 
@@ -297,6 +362,7 @@ osp_status osp_kv_xfer_server_create(const osp_kv_xfer_server_config *cfg, osp_k
         return osp_set_error(OSP_ERR_IO, "kv transfer: cannot listen on %s:%d: %s", ip, cfg->port, strerror(err));
     }
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->conns_done, NULL);
     /* transfer ids: a random start, so a restarted producer does not reuse its predecessor's ids */
     if (getrandom(&s->next_id, sizeof s->next_id, 0) != (ssize_t)sizeof s->next_id)
         s->next_id = XXH3_64bits_withSeed(&s, sizeof s, (uint64_t)time(NULL) ^ (uint64_t)getpid());
@@ -304,6 +370,7 @@ osp_status osp_kv_xfer_server_create(const osp_kv_xfer_server_config *cfg, osp_k
     if (pthread_create(&s->thread, NULL, serve_main, s) != 0) {
         close(s->fd);
         pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->conns_done);
         free(s);
         return osp_set_error(OSP_ERR_NOMEM, "kv transfer: cannot start the serving thread");
     }
@@ -319,6 +386,7 @@ void osp_kv_xfer_server_destroy(osp_kv_xfer_server *s) {
     close(s->fd);
     for (xfer *x = s->head, *next; x; x = next) next = x->next, xfer_free(x);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->conns_done);
     free(s);
 }
 
@@ -420,6 +488,9 @@ osp_status osp_kv_xfer_fetch(const char *host, int32_t port, uint64_t engine_id,
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv transfer: bad fetch (host %s, port %d, %d blocks)",
                              host ? host : "(none)", port, n);
     if (timeout_s <= 0) timeout_s = 10.0;
+    /* the whole answer within 2 stalls plus its bytes at 50 MB/s: a producer that trickles cannot hold the
+       consumer's loader longer */
+    const double deadline = now_s() + 2 * timeout_s + (double)n * (double)block_bytes / 50e6;
     char why[320];
     const int fd = dial(host, port, timeout_s, why, sizeof why);
     if (fd < 0) return osp_set_error(OSP_ERR_IO, "kv transfer: %s", why);
@@ -440,7 +511,7 @@ osp_status osp_kv_xfer_fetch(const char *host, int32_t port, uint64_t engine_id,
     struct iovec iov[2] = {{.iov_base = hdr, .iov_len = sizeof hdr},
                            {.iov_base = raw, .iov_len = (size_t)n * OSP_KV_XFER_HASH_BYTES}};
     uint8_t rh[RESP_HEADER];
-    if (!send_all(fd, iov, n ? 2 : 1) || !read_full(fd, rh, sizeof rh) || memcmp(rh, RESP_MAGIC, 8) != 0) {
+    if (!send_all(fd, iov, n ? 2 : 1) || !read_full_by(fd, rh, sizeof rh, deadline) || memcmp(rh, RESP_MAGIC, 8) != 0) {
         st = osp_set_error(OSP_ERR_IO, "kv transfer: %s:%d sent no answer", host, port);
     } else if (osp_get_le32(rh + 8) != ST_OK) {
         const uint32_t code = osp_get_le32(rh + 8);
@@ -455,13 +526,13 @@ osp_status osp_kv_xfer_fetch(const char *host, int32_t port, uint64_t engine_id,
     } else {
         for (int32_t i = 0; i < n; i++) {
             uint8_t found, sum[8];
-            if (!read_full(fd, &found, 1)) {
+            if (!read_full_by(fd, &found, 1, deadline)) {
                 st = osp_set_error(OSP_ERR_IO, "kv transfer: the answer from %s:%d broke off", host, port);
                 break;
             }
             if (!found) continue;
             uint8_t *p = dst + (size_t)i * block_bytes;
-            if (!read_full(fd, p, block_bytes) || !read_full(fd, sum, 8)) {
+            if (!read_full_by(fd, p, block_bytes, deadline) || !read_full_by(fd, sum, 8, deadline)) {
                 st = osp_set_error(OSP_ERR_IO, "kv transfer: the answer from %s:%d broke off", host, port);
                 break;
             }

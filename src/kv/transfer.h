@@ -16,8 +16,9 @@
  *   response "OSPKVR01", u32 status (0 ok, 1 no such transfer, 2 another engine id or block size,
  *            3 a malformed request), u32 n, then per block: u8 found and, when found, block_bytes of
  *            payload followed by the XXH3-64 of that payload.
- * One request per connection. The server answers one connection at a time (a consumer fetches a
- * request's blocks in one round trip), with send and receive timeouts so a stuck peer cannot hold it. */
+ * One request per connection (a consumer fetches a request's blocks in one round trip). The server
+ * answers each connection on a thread of its own (16 at once); every read and write has a stall limit
+ * and a deadline for the whole exchange, on both sides, so a stuck or trickling peer holds neither. */
 #ifndef OSP_KV_TRANSFER_H
 #define OSP_KV_TRANSFER_H
 
@@ -72,8 +73,9 @@ osp_kv_xfer_server_stats osp_kv_xfer_server_get_stats(osp_kv_xfer_server *s);
 
 /* A consumer's fetch: asks host:port for transfer `transfer_id`'s blocks of hashes[0..n) (and the
  * release of the transfer afterwards when `release`). dst: [n * block_bytes]; res[i]: OSP_KV_READ_OK
- * (dst's block i written, its checksum verified) or OSP_KV_READ_MISSING (not held there, or the answer
- * broke off before it). Returns OSP_OK when an answer was read (res says what came), else
+ * (dst's block i written, its checksum verified), OSP_KV_READ_CORRUPT (a checksum that does not match)
+ * or OSP_KV_READ_MISSING (not held there, or the answer broke off before it). The whole exchange ends
+ * within 2 x timeout_s plus the payload at 50 MB/s. Returns OSP_OK when an answer was read (res says what came), else
  * OSP_ERR_IO (connect, timeout, a cut or malformed answer; every res MISSING) or OSP_ERR_INVALID_ARG
  * (the producer refused: another engine id or block size, an unknown transfer; the message says
  * which). Blocking, with timeout_s (0: 10 s) per connect / send / receive stall. n = 0 with release:

@@ -24,7 +24,9 @@
 #include <arpa/inet.h>
 #include <cmocka.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -187,13 +189,49 @@ static void test_malformed_and_unreachable(void **state) {
         close(fd);
     }
     assert_int_equal(osp_kv_xfer_server_get_stats(s).bad_requests, 1);
+    /* a client that sends one byte and stalls holds only its own connection: others are answered */
+    const int stall = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(stall, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(send(stall, "O", 1, 0), 1);
     /* still serving */
     uint8_t *dst = malloc(BB);
     osp_kv_read_result res[1];
     const osp_block_hash h = hash_of(1);
     assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, &h, 1, false, 2, dst, res), OSP_OK);
     assert_int_equal(res[0], OSP_KV_READ_OK);
-    osp_kv_xfer_server_destroy(s);
+    osp_kv_xfer_server_destroy(s); /* returns once the stalled connection's deadline (2 s) ends it */
+    close(stall);
+    /* a producer that answers a valid header, then trickles: the fetch ends by its deadline */
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in la = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &la.sin_addr);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&la, sizeof la), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    socklen_t ll = sizeof la;
+    getsockname(lfd, (struct sockaddr *)&la, &ll);
+    const pid_t child = fork();
+    if (child == 0) {
+        const int c = accept(lfd, NULL, NULL);
+        char req[40 + 32];
+        recv(c, req, sizeof req, MSG_WAITALL);
+        uint8_t hdr[16] = "OSPKVR01";
+        hdr[12] = 1; /* status 0, n = 1 */
+        send(c, hdr, sizeof hdr, 0);
+        send(c, "\1", 1, 0); /* found */
+        for (;;) { /* then a byte every 100 ms, until killed: never the whole block */
+            if (send(c, "x", 1, MSG_NOSIGNAL) != 1) _exit(0);
+            sleep_s(0.1);
+        }
+    }
+    /* it returns (ended by its deadline, 2 x 0.5 s plus the payload's time: without one it would wait for
+       ever, each byte resetting the stall limit) */
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", ntohs(la.sin_port), 42, id, BB, &h, 1, false, 0.5, dst, res), OSP_ERR_IO);
+    assert_int_equal(res[0], OSP_KV_READ_MISSING);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    close(lfd);
     /* nobody listens there now */
     assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id, BB, &h, 1, false, 2, dst, res), OSP_ERR_IO);
     assert_int_equal(res[0], OSP_KV_READ_MISSING);
@@ -381,8 +419,10 @@ static void test_refusals(void **state) {
     assert_int_equal(osp_engine_add(prod, &rp), OSP_ERR_INVALID_ARG);
     assert_non_null(strstr(osp_last_error(), "n > 1"));
     rp.n = 1;
-    rp.prompt_logprobs = 1;
-    assert_int_equal(osp_engine_add(prod, &rp), OSP_ERR_INVALID_ARG);
+    rp.prompt_logprobs = 1; /* fine: computed, nothing held (its blocks are not cached) */
+    assert_int_equal(osp_engine_add(prod, &rp), OSP_OK);
+    while (osp_engine_has_unfinished(prod)) assert_int_equal(osp_engine_step(prod, NULL), OSP_OK);
+    rp.request_id = g_next_id++;
     rp.prompt_logprobs = -1;
     t = (osp_kv_transfer_params){0}; /* both false: nothing asked */
     assert_int_equal(osp_engine_add(none, &rp), OSP_OK);
@@ -395,6 +435,9 @@ static void test_refusals(void **state) {
     assert_int_equal(osp_engine_create(&pp, &e), OSP_ERR_UNSUPPORTED);
     pp = base(OSP_KV_ROLE_PRODUCER, 11);
     pp.kv_transfer_port = 70000;
+    assert_int_equal(osp_engine_create(&pp, &e), OSP_ERR_INVALID_ARG);
+    pp.kv_transfer_port = 0;
+    pp.kv_transfer_buffer_bytes = 1000; /* smaller than one block */
     assert_int_equal(osp_engine_create(&pp, &e), OSP_ERR_INVALID_ARG);
 }
 
