@@ -542,3 +542,18 @@ def test_pd_decode_killed_after_prefill():
         idle(t.prefill)
     finally:
         t.stop()
+
+
+def test_pd_structured_and_prompt_logprobs_match_colocated(trio):
+    """A grammar (guided_choice) and echo + logprobs (prompt logprobs) through the P/D router: the prefill
+    server takes them (its one token under the grammar; a prompt-logprobs prompt is not held, so the
+    decode server computes it) and the text is the co-located server's."""
+    t = trio
+    prompt = long_prompt(40, 150)
+    for extra in ({"guided_choice": ["alpha beta", "gamma delta"]}, {"echo": True, "logprobs": 1}):
+        body = {"model": t.colo.model, "prompt": prompt, "max_tokens": 6, "temperature": 0, **extra}
+        want = requests.post(t.colo.url + "/v1/completions", json=body, timeout=60)
+        got = requests.post(t.router.url + "/v1/completions", json=body, timeout=60)
+        assert want.status_code == 200, want.text
+        assert got.status_code == 200, got.text
+        assert got.json()["choices"][0]["text"] == want.json()["choices"][0]["text"], extra
