@@ -19,6 +19,7 @@
 #define EMA_WEIGHT 0.25         /* of the newest measurement */
 #define PROMPT_STEP_TOKENS 64   /* steps at least this long measure the prompt rate */
 #define STAGING_BYTES (256u << 20) /* host buffers of background loads at most (at least one block) */
+#define STAGE_BYTES (64u << 20)    /* the page-locked chunk blocks go to and from the device through */
 
 enum { SRC_HOST = 0, SRC_DISK = 1, SRC_REMOTE = 2 }; /* where a block of a load comes from */
 
@@ -52,6 +53,11 @@ struct osp_offload {
     osp_kv_offload *store;      /* NULL without tiers (a transfer role only) */
     void *pinned_arena;         /* the host tier's slots and buf, page-locked by the backend (or NULL) */
     bool pinned_buf;
+    /* STAGE_BLOCKS blocks of host memory, page-locked where the backend copies by DMA: a producer's held
+       blocks are read through it, and a background load's blocks written through it, a chunk a wait */
+    uint8_t *stage;
+    int32_t stage_blocks;
+    bool pinned_stage;
     osp_kv_role role;
     osp_kv_xfer_server *xsrv;   /* a producer's */
     char xfer_host[256];
@@ -369,6 +375,22 @@ static void unlink_batch(osp_offload *o, batch *b) {
     b->next = NULL;
 }
 
+/* Blocks ids[0..n) from the contiguous host bytes src, through the stage: a chunk copied in, then written
+ * with one wait (from page-locked memory: DMA). */
+static osp_status write_staged(osp_offload *o, int32_t n, const int32_t *ids, const uint8_t *src) {
+    const size_t bb = o->block_bytes;
+    const void *srcs[64];
+    for (int32_t at = 0; at < n;) {
+        int32_t m = n - at < o->stage_blocks ? n - at : o->stage_blocks;
+        if (m > 64) m = 64;
+        memcpy(o->stage, src + (size_t)at * bb, (size_t)m * bb);
+        for (int32_t i = 0; i < m; i++) srcs[i] = o->stage + (size_t)i * bb;
+        OSP_TRY(osp_kv_cache_blocks_write(o->kv, m, ids + at, srcs));
+        at += m;
+    }
+    return OSP_OK;
+}
+
 /* A finished batch's remote outcomes into the consumer's counts (and a warning for a failed fetch). */
 static void count_remote(osp_offload *o, const batch *b) {
     int32_t ok = 0, bad = 0;
@@ -410,12 +432,8 @@ static bool tier_poll(void *ctx, uint64_t *token, int32_t *n_ok) {
             if (b->src[i] == SRC_DISK) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]), n_disk++;
             if (ok == i && b->res[i] == OSP_KV_READ_OK) ok++;
         }
-        if (ok > 0) { /* the loaded prefix, written in one go */
-            const void **srcs = malloc(sizeof *srcs * (size_t)ok);
-            osp_status st = srcs ? OSP_OK : osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
-            for (int32_t i = 0; srcs && i < ok; i++) srcs[i] = b->buf + (size_t)i * bb;
-            if (st == OSP_OK) st = osp_kv_cache_blocks_write(o->kv, ok, b->ids, srcs);
-            free(srcs);
+        if (ok > 0) { /* the loaded prefix, through the page-locked stage a chunk at a time (one wait each) */
+            const osp_status st = write_staged(o, ok, b->ids, b->buf);
             if (st != OSP_OK && o->err == OSP_OK) o->err = st;
             if (st != OSP_OK) ok = 0;
         }
@@ -532,6 +550,11 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     osp_status s = OSP_OK;
     if (tiers_on) s = osp_kv_offload_create(&tiers, o->block_bytes, identity_hash(id, kv, false), &o->store);
     if (s == OSP_OK && !(o->buf = malloc(o->block_bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
+    o->stage_blocks = (int32_t)(STAGE_BYTES / o->block_bytes);
+    if (o->stage_blocks < 1) o->stage_blocks = 1;
+    if (o->stage_blocks > 64) o->stage_blocks = 64;
+    if (s == OSP_OK && !(o->stage = malloc((size_t)o->stage_blocks * o->block_bytes)))
+        s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     if (s == OSP_OK && o->role != OSP_KV_ROLE_NONE) {
         o->engine_id = identity_hash(id, kv, true);
         /* the address a consumer is told: the listening one, unless that is a wildcard, then $POD_IP (as
@@ -556,6 +579,7 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     if (s != OSP_OK) {
         osp_kv_offload_destroy(o->store);
         free(o->buf);
+        free(o->stage);
         free(o);
         return s;
     }
@@ -566,6 +590,7 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     if (o->store) osp_kv_offload_host_arena(o->store, &arena, &arena_bytes);
     if (osp_kv_cache_host_register(kv, arena, arena_bytes)) o->pinned_arena = arena;
     o->pinned_buf = osp_kv_cache_host_register(kv, o->buf, o->block_bytes);
+    o->pinned_stage = osp_kv_cache_host_register(kv, o->stage, (size_t)o->stage_blocks * o->block_bytes);
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->wake, NULL);
     o->loaded = cfg->loaded;
@@ -624,8 +649,10 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
     osp_kv_xfer_server_destroy(o->xsrv);
     if (o->pinned_arena) osp_kv_cache_host_unregister(o->kv, o->pinned_arena);
     if (o->pinned_buf) osp_kv_cache_host_unregister(o->kv, o->buf);
+    if (o->pinned_stage) osp_kv_cache_host_unregister(o->kv, o->stage);
     osp_kv_offload_destroy(o->store);
     free(o->buf);
+    free(o->stage);
     free(o);
 }
 
@@ -634,11 +661,24 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
 typedef struct hold_ctx {
     osp_offload *o;
     const osp_request *r;
+    int32_t n, first, count; /* the request's n blocks; blocks first..first+count are in the stage */
 } hold_ctx;
 
+/* Block i of the request (asked in order): from the stage, which is refilled a chunk at a time with one
+ * wait (page-locked on the GPU: DMA instead of a staged copy a segment). */
 static osp_status hold_read(void *ctx, int32_t i, void *dst) {
-    const hold_ctx *h = ctx;
-    return osp_kv_cache_block_read(h->o->kv, h->r->block_ids[i], dst);
+    hold_ctx *h = ctx;
+    osp_offload *o = h->o;
+    if (i < h->first || i >= h->first + h->count) {
+        int32_t m = h->n - i < o->stage_blocks ? h->n - i : o->stage_blocks;
+        if (m > 64) m = 64;
+        void *dsts[64];
+        for (int32_t k = 0; k < m; k++) dsts[k] = o->stage + (size_t)k * o->block_bytes;
+        OSP_TRY(osp_kv_cache_blocks_read(o->kv, m, h->r->block_ids + i, dsts));
+        h->first = i, h->count = m;
+    }
+    memcpy(dst, o->stage + (size_t)(i - h->first) * o->block_bytes, o->block_bytes);
+    return OSP_OK;
 }
 
 osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
@@ -648,7 +688,7 @@ osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
     int32_t n = r->num_prompt / o->kv->block_size; /* full prompt blocks: those the consumer can match */
     if (n > r->num_hashes) n = r->num_hashes;
     if (n <= 0) return OSP_OK;
-    hold_ctx h = {.o = o, .r = r};
+    hold_ctx h = {.o = o, .r = r, .n = n};
     osp_status err = OSP_OK;
     const uint64_t id = osp_kv_xfer_server_hold(o->xsrv, r->hashes, n, hold_read, &h, &err);
     if (err != OSP_OK) return err;

@@ -361,6 +361,10 @@ void osp_kv_cache_host_unregister(osp_kv_cache *kv, void *p) {
     if (p && kv->be->vt->host_unregister) kv->be->vt->host_unregister(kv->be, p);
 }
 
+osp_status osp_kv_cache_blocks_read(osp_kv_cache *kv, int32_t n, const int32_t *ids, void *const *dsts) {
+    return blocks_move(kv, n, ids, (uint8_t *const *)dsts, true);
+}
+
 osp_status osp_kv_cache_blocks_write(osp_kv_cache *kv, int32_t n, const int32_t *ids, const void *const *srcs) {
     return blocks_move(kv, n, ids, (uint8_t *const *)(uintptr_t)srcs, false);
 }

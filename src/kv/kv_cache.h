@@ -135,6 +135,8 @@ osp_status osp_kv_cache_block_write(osp_kv_cache *kv, int32_t id, const void *sr
  * the copies are DMA). Returns when the host buffers may be reused. OSP_ERR_INVALID_ARG for an id
  * outside the cache (nothing copied), OSP_ERR_NOMEM. */
 osp_status osp_kv_cache_blocks_write(osp_kv_cache *kv, int32_t n, const int32_t *ids, const void *const *srcs);
+/* Blocks ids[0..n) into dsts[0..n) at once (after every run enqueued before; one wait on the GPU). */
+osp_status osp_kv_cache_blocks_read(osp_kv_cache *kv, int32_t n, const int32_t *ids, void *const *dsts);
 
 /* Page-locks host memory that blocks are copied from and to often (a KV offload's host tier) where the
  * backend copies by DMA (CUDA); true when it did (then unregister before freeing it), false when the
