@@ -269,18 +269,23 @@ def test_client_params_are_dropped(pd):
         assert r.stop() == 0
 
 
-def test_health_needs_both_pools(pd):
+def test_no_prefill_backend_goes_to_decode(pd):
+    """The prefill pool down: the router stays healthy and the decode pool computes whole requests."""
     p, d = pd["p"], pd["d"]
     r = pd_router([d], [p], "--poll-interval", "50")
     try:
         assert requests.get(r.url + "/health", timeout=5).status_code == 200
         p.close()
         deadline = time.time() + 10
-        while time.time() < deadline and requests.get(r.url + "/health", timeout=5).status_code == 200:
+        while time.time() < deadline and router_metric(r, 'osprey_router_backend_healthy{backend="%s"}' % p.url) != 0:
             time.sleep(0.05)
-        assert requests.get(r.url + "/health", timeout=5).status_code == 503
-        resp = requests.post(r.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=30)
-        assert resp.status_code == 503 and "prefill" in resp.json()["error"]["message"]
+        assert requests.get(r.url + "/health", timeout=5).status_code == 200
+        n0 = len(d.bodies)
+        resp = requests.post(r.url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 5}, timeout=30)
+        assert resp.status_code == 200, resp.text
+        assert len(d.bodies) == n0 + 1 and "kv_transfer_params" not in d.bodies[-1]
+        assert d.bodies[-1]["max_tokens"] == 5
+        assert router_metric(r, 'osprey_router_pd_fallback_total{reason="no_prefill"}') == 1
     finally:
         pd["p"] = FakePD("ok")  # the fixture closes it
         assert r.stop() == 0
@@ -492,8 +497,9 @@ def idle(server):
 
 def test_pd_prefill_killed():
     """The prefill server SIGKILLed, once after answering a prefill whose blocks the decode server then
-    cannot pull (recomputed: the same text), then for good: new requests through the router fail with a
-    5xx error JSON. The decode server ends idle with no blocks in use."""
+    cannot pull (recomputed: the same text), then for good: new requests through the router go straight to
+    the decode pool, which computes them (the same text). The decode server ends idle with no blocks in
+    use."""
     if not has_pd():
         pytest.skip("osprey serve has no --kv-transfer-config (P/D disaggregation) in this build")
     t = Trio(TINY, poll="600000")  # the router learns of the dead server from the refused connection
@@ -511,12 +517,16 @@ def test_pd_prefill_killed():
                                   "kv_transfer_params": r.json()["kv_transfer_params"]})
         assert got.status_code == 200 and got.json()["choices"][0]["text"] == want.choices[0].text
         assert metric(t.decode, "osprey:kv_transfer_failed_blocks_total") > 0
+        # the prefill pool is gone: the decode pool computes whole requests (the same text)
+        body = {"model": t.decode.model, "prompt": long_prompt(41, 150), "max_tokens": 12, "temperature": 0}
+        want = requests.post(t.colo.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
         for stream in (False, True):
-            resp = requests.post(t.router.url + "/v1/completions", timeout=60,
-                                 json={"model": t.decode.model, "prompt": long_prompt(41, 150), "stream": stream})
-            assert 500 <= resp.status_code < 600 and resp.headers["Content-Type"] == "application/json"
-            assert resp.json()["error"]["code"] == resp.status_code
-        assert requests.get(t.router.url + "/health", timeout=5).status_code in (200, 503)
+            resp = requests.post(t.router.url + "/v1/completions", timeout=60, json={**body, "stream": stream})
+            assert resp.status_code == 200, resp.text
+            if not stream:
+                assert resp.json()["choices"][0]["text"] == want
+        assert router_metric(t.router, 'osprey_router_pd_fallback_total{reason="no_prefill"}') >= 1
+        assert requests.get(t.router.url + "/health", timeout=5).status_code == 200
         idle(t.decode)
     finally:
         t.stop()

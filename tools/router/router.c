@@ -76,8 +76,8 @@ typedef struct backend {
 } backend;
 
 /* The P/D path's reasons for the decode pool to compute a whole request (osprey_router_pd_fallback_total) */
-enum { PD_FALLBACK_N, PD_FALLBACK_PROMPTS, PD_FALLBACK_NO_TRANSFER, PD_FALLBACK_COUNT };
-static const char *const k_fallback_reason[PD_FALLBACK_COUNT] = {"n", "prompts", "no_transfer"};
+enum { PD_FALLBACK_N, PD_FALLBACK_PROMPTS, PD_FALLBACK_NO_TRANSFER, PD_FALLBACK_NO_PREFILL, PD_FALLBACK_COUNT };
+static const char *const k_fallback_reason[PD_FALLBACK_COUNT] = {"n", "prompts", "no_transfer", "no_prefill"};
 
 typedef struct router {
     backend b[RT_MAX_BACKENDS]; /* [0, n_decode): --backends; [n_decode, n): --prefill-backends */
@@ -596,7 +596,14 @@ static enum MHD_Result proxy_pd(router *r, struct MHD_Connection *c, const char 
     const int32_t pp = send_to_pool(r, true, url, in, pb, strlen(pb), r->prefill_timeout_ms, &pr, why, sizeof why);
     free(pb);
     if (pp == -3) return MHD_NO;
-    if (pp == -1) return reply_error(c, 503, "no healthy backend serves this model (prefill pool)");
+    if (pp == -1) { /* no healthy prefill backend: the decode pool computes the prompt itself (slower, not down) */
+        pd_count_fallback(r, PD_FALLBACK_NO_PREFILL);
+        rlog(r, 0, "%s: straight to the decode pool (no healthy prefill backend)", url);
+        char *b = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        const enum MHD_Result ret = b ? forward(r, c, url, in, b, strlen(b), -1) : reply_error(c, 500, "out of memory");
+        free(b);
+        return ret;
+    }
     if (pp == -2) {
         char msg[CURL_ERROR_SIZE + 64];
         snprintf(msg, sizeof msg, "the prefill backend failed (%s)", why);
@@ -748,7 +755,7 @@ static char *render_metrics(router *r) {
                 "osprey_router_pd_prefill_rejected_total %lld\n"
                 "# HELP osprey_router_pd_fallback Requests the decode pool computed whole: n (n or best_of > 1, "
                 "straight there), prompts (several in one request, straight there), no_transfer (the prefill held nothing: a short "
-                "prompt).\n"
+                "prompt), no_prefill (no healthy prefill backend).\n"
                 "# TYPE osprey_router_pd_fallback counter\n",
                 r->pd_requests, r->pd_prefill_seconds, r->pd_prefill_count, r->pd_prefill_rejected);
         for (int k = 0; k < PD_FALLBACK_COUNT; k++)
@@ -814,12 +821,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     /* HEAD is served wherever GET is (libmicrohttpd sends the headers only), as osprey serve does */
     const bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (get && !strcmp(url, "/health")) {
-        /* P/D: some backend of each pool */
-        bool any = false, any_prefill = !r->pd;
+        /* some decode backend (P/D: without a prefill backend the decode pool computes prompts itself) */
+        bool any = false;
         pthread_mutex_lock(&r->mu);
-        for (int32_t i = 0; i < r->n; i++) *(i < r->n_decode ? &any : &any_prefill) |= r->b[i].healthy;
+        for (int32_t i = 0; i < r->n_decode; i++) any |= r->b[i].healthy;
         pthread_mutex_unlock(&r->mu);
-        any = any && any_prefill;
         return reply_text(c, any ? 200 : 503, "application/json", "{\"status\": \"%s\"}", any ? "ok" : "no healthy backend");
     }
     if (get && !strcmp(url, "/metrics")) {
@@ -874,9 +880,10 @@ static const char *k_usage =
     "                         answer are added to the client's request, which goes to a decode backend (that pulls\n"
     "                         the prompt's KV blocks) and streams back. A prefill answering non-2xx: its answer as\n"
     "                         is; failing mid-request: 502; n or best_of > 1, or several prompts in one\n"
-    "                         request: straight to the decode pool. Both pools are scored alike (--kv-events\n"
-    "                         is for the decode pool only); /health is 200 when some backend of each pool is\n"
-    "                         healthy; a client's own kv_transfer_params are dropped\n"
+    "                         request, or no healthy prefill backend: straight to the decode pool (it computes the\n"
+    "                         prompt itself). Both pools are scored alike (--kv-events is for the decode pool\n"
+    "                         only); /health is 200 when some decode backend is healthy; a client's own\n"
+    "                         kv_transfer_params are dropped\n"
     "  --prefill-timeout S    a prefill request's whole-exchange limit (300; 0: none): past it, 502\n"
     "  --host HOST            address to listen on (127.0.0.1)\n"
     "  --port N               port (8000; 0 = any free port)\n"
