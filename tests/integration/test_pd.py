@@ -567,3 +567,24 @@ def test_pd_structured_and_prompt_logprobs_match_colocated(trio):
         assert want.status_code == 200, want.text
         assert got.status_code == 200, got.text
         assert got.json()["choices"][0]["text"] == want.json()["choices"][0]["text"], extra
+
+
+def test_pd_consumer_n2_pulls_once(trio):
+    """n = 2 sent to a consumer with a producer's kv_transfer_params (as a proxy might): the blocks are
+    pulled once (the first choice's), none fails, and both choices are the co-located server's."""
+    t = trio
+    prompt = long_prompt(50, 150)
+    r = requests.post(t.prefill.url + "/v1/completions", timeout=60,
+                      json={"model": t.prefill.model, "prompt": prompt, "max_tokens": 1,
+                            "kv_transfer_params": {"do_remote_decode": True}})
+    params = r.json()["kv_transfer_params"]
+    assert params and params["remote_block_ids"], r.text
+    recv0 = metric(t.decode, "osprey:kv_transfer_recv_blocks_total") or 0
+    failed0 = metric(t.decode, "osprey:kv_transfer_failed_blocks_total") or 0
+    body = {"model": t.colo.model, "prompt": prompt, "max_tokens": 8, "temperature": 0.8, "seed": 7, "n": 2}
+    want = requests.post(t.colo.url + "/v1/completions", json=body, timeout=60).json()["choices"]
+    got = requests.post(t.decode.url + "/v1/completions", json={**body, "kv_transfer_params": params}, timeout=60)
+    assert got.status_code == 200, got.text
+    assert [c["text"] for c in got.json()["choices"]] == [c["text"] for c in want]
+    assert metric(t.decode, "osprey:kv_transfer_recv_blocks_total") - recv0 == len(params["remote_block_ids"])
+    assert (metric(t.decode, "osprey:kv_transfer_failed_blocks_total") or 0) == failed0

@@ -591,7 +591,9 @@ srv_job *srv_job_start(srv_server *srv, srv_gen_request *r, struct MHD_Connectio
         rp.num_stop_token_ids = r->n_stop_token_ids;
         rp.cache_salt = r->cache_salt ? salt_hash(r->cache_salt) : 0;
         rp.grammar = r->grammar;
-        rp.kv_transfer = r->kv_transfer_set ? &r->kv_transfer : NULL; /* copied at add */
+        /* copied at add; a prompt's first choice only: its KV is pulled once (the producer releases its copies
+           after the pull), and the other choices find it in the prefix cache or compute it */
+        rp.kv_transfer = r->kv_transfer_set && i % r->n == 0 ? &r->kv_transfer : NULL;
         if (r->route == SRV_ROUTE_EMBEDDINGS) { /* prefill only: nothing sampled */
             rp.pooling = srv->pooling;
             rp.embd_normalize = !srv->cfg.no_embd_normalize;
