@@ -188,7 +188,7 @@ static void serve_one(osp_kv_xfer_server *s, int fd) {
         free(raw);
         return;
     }
-    if (engine_id != s->cfg.engine_id || bb != s->cfg.block_bytes) {
+    if (engine_id != s->cfg.engine_id || (bb != s->cfg.block_bytes && n > 0)) { /* a release alone: any size */
         free(raw);
         pthread_mutex_lock(&s->mu);
         s->st.bad_requests++;
@@ -484,7 +484,7 @@ osp_status osp_kv_xfer_fetch(const char *host, int32_t port, uint64_t engine_id,
                              size_t block_bytes, const osp_block_hash *hashes, int32_t n, bool release,
                              double timeout_s, uint8_t *dst, osp_kv_read_result *res) {
     for (int32_t i = 0; i < n; i++) res[i] = OSP_KV_READ_MISSING;
-    if (!host || port <= 0 || port > 65535 || n < 0 || n > OSP_KV_XFER_MAX_BLOCKS || block_bytes == 0)
+    if (!host || port <= 0 || port > 65535 || n < 0 || n > OSP_KV_XFER_MAX_BLOCKS || (block_bytes == 0 && n > 0))
         return osp_set_error(OSP_ERR_INVALID_ARG, "kv transfer: bad fetch (host %s, port %d, %d blocks)",
                              host ? host : "(none)", port, n);
     if (timeout_s <= 0) timeout_s = 10.0;

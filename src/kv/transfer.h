@@ -79,7 +79,8 @@ osp_kv_xfer_server_stats osp_kv_xfer_server_get_stats(osp_kv_xfer_server *s);
  * OSP_ERR_IO (connect, timeout, a cut or malformed answer; every res MISSING) or OSP_ERR_INVALID_ARG
  * (the producer refused: another engine id or block size, an unknown transfer; the message says
  * which). Blocking, with timeout_s (0: 10 s) per connect / send / receive stall. n = 0 with release:
- * releases only. Thread-safe (no shared state). */
+ * releases only (block_bytes may then be 0: a proxy that knows only the kv_transfer_params). Thread-safe
+ * (no shared state). */
 osp_status osp_kv_xfer_fetch(const char *host, int32_t port, uint64_t engine_id, uint64_t transfer_id,
                              size_t block_bytes, const osp_block_hash *hashes, int32_t n, bool release,
                              double timeout_s, uint8_t *dst, osp_kv_read_result *res);

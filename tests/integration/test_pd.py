@@ -534,8 +534,8 @@ def test_pd_prefill_killed():
 
 def test_pd_decode_killed_after_prefill():
     """The decode server dies with the router not yet aware: the prefill runs and holds the blocks, the
-    decode connection is refused, the client gets a clean 5xx error JSON, and the prefill server drops
-    the held transfer at its timeout (2 s)."""
+    decode connection is refused, the client gets a clean 5xx error JSON, and the router releases the
+    held transfer on the prefill server (which would otherwise drop it at its timeout, 2 s here)."""
     if not has_pd():
         pytest.skip("osprey serve has no --kv-transfer-config (P/D disaggregation) in this build")
     t = Trio(TINY, timeout_s=2, poll="600000")
@@ -547,8 +547,9 @@ def test_pd_decode_killed_after_prefill():
                              json={"model": t.prefill.model, "prompt": long_prompt(50, 150), "max_tokens": 8})
         assert 500 <= resp.status_code < 600 and resp.json()["error"]["code"] == resp.status_code, resp.text
         assert router_metric(t.router, "osprey_router_pd_prefill_seconds_count") == 1  # the prefill did answer
-        wait_metric(t.prefill, "osprey:kv_transfer_dropped_total", lambda v: v is not None and v > dropped0)
+        assert router_metric(t.router, "osprey_router_pd_released_total") == 1
         wait_metric(t.prefill, "osprey:kv_transfer_held", lambda v: v == 0)
+        assert (metric(t.prefill, "osprey:kv_transfer_dropped_total") or 0) == dropped0  # released, not timed out
         idle(t.prefill)
     finally:
         t.stop()
@@ -588,3 +589,17 @@ def test_pd_consumer_n2_pulls_once(trio):
     assert [c["text"] for c in got.json()["choices"]] == [c["text"] for c in want]
     assert metric(t.decode, "osprey:kv_transfer_recv_blocks_total") - recv0 == len(params["remote_block_ids"])
     assert (metric(t.decode, "osprey:kv_transfer_failed_blocks_total") or 0) == failed0
+
+
+def test_pd_decode_refusal_releases_the_transfer(trio):
+    """A request the decode server refuses (max_tokens past the model's length) after the prefill held its
+    blocks: the client gets the 400, and the router releases the producer's copies at once instead of
+    leaving them to the timeout."""
+    t = trio
+    released0 = router_metric(t.router, "osprey_router_pd_released_total")
+    held0 = metric(t.prefill, "osprey:kv_transfer_held") or 0  # other tests' unpulled transfers
+    body = {"model": t.colo.model, "prompt": long_prompt(60, 150), "max_tokens": 100000}
+    resp = requests.post(t.router.url + "/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert router_metric(t.router, "osprey_router_pd_released_total") == released0 + 1
+    wait_metric(t.prefill, "osprey:kv_transfer_held", lambda v: v == held0)

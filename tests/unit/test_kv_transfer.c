@@ -119,6 +119,13 @@ static void test_protocol(void **state) {
     const uint64_t id2 = hold3(s, 10);
     assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id2, BB, NULL, 0, true, 2, NULL, NULL), OSP_OK);
     assert_int_equal(osp_kv_xfer_server_get_stats(s).held, 0);
+    /* a release alone from a proxy that knows no block size (0); another engine id is still refused */
+    const uint64_t id3 = hold3(s, 20);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 41, id3, 0, NULL, 0, true, 2, NULL, NULL), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_kv_xfer_server_get_stats(s).held, 1);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id3, 0, NULL, 0, true, 2, NULL, NULL), OSP_OK);
+    assert_int_equal(osp_kv_xfer_server_get_stats(s).held, 0);
+    assert_int_equal(osp_kv_xfer_fetch("127.0.0.1", port, 42, id3, 0, ask, 1, false, 2, dst, res), OSP_ERR_INVALID_ARG);
     free(dst);
     osp_kv_xfer_server_destroy(s);
 }

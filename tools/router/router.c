@@ -53,6 +53,7 @@
 
 #include "cli.h"
 #include "http_client.h"
+#include "kv/transfer.h"
 #include "kv_index.h"
 #include "osprey_internal.h"
 #include "picker.h"
@@ -86,6 +87,7 @@ typedef struct router {
     bool pd;
     long prefill_timeout_ms;
     long long pd_requests, pd_fallback[PD_FALLBACK_COUNT], pd_prefill_count, pd_prefill_rejected;
+    long long pd_released; /* held transfers released because the decode pool refused or missed the request */
     double pd_prefill_seconds;
     rt_weights w;
     int block_chars, poll_ms, connect_timeout_ms;
@@ -496,12 +498,63 @@ static int32_t send_to_pool(router *r, bool prefill, const char *path, const rou
 /* Forwards body to the decode pool (the only pool without --prefill-backends) and passes its response
  * through as it arrives. prefill: the prefill backend that served the request (-1: none), named in
  * the X-Osprey-Prefill-Backend header. */
+/* A P/D request's held transfer (kv: the prefill's kv_transfer_params) released on its producer, on a thread
+ * of its own: the decode pool refused the request or could not be reached, so nobody will pull it. */
+typedef struct release_job {
+    char host[256];
+    int32_t port;
+    uint64_t engine_id, transfer_id;
+} release_job;
+
+static void *release_main(void *arg) {
+    release_job *j = arg;
+    osp_kv_xfer_fetch(j->host, j->port, j->engine_id, j->transfer_id, 0, NULL, 0, true, 3.0, NULL, NULL);
+    free(j);
+    return NULL;
+}
+
+static uint64_t hex64(const json_t *v) {
+    const char *t = json_string_value(v);
+    return t ? strtoull(t, NULL, 16) : 0;
+}
+
+static void release_transfer(router *r, const json_t *kv) {
+    const char *host = json_string_value(json_object_get(kv, "remote_host"));
+    const json_t *port = json_object_get(kv, "remote_port");
+    release_job *j = host && json_is_integer(port) ? calloc(1, sizeof *j) : NULL;
+    if (!j) return;
+    snprintf(j->host, sizeof j->host, "%s", host);
+    j->port = (int32_t)json_integer_value(port);
+    j->engine_id = hex64(json_object_get(kv, "remote_engine_id"));
+    j->transfer_id = hex64(json_object_get(kv, "remote_request_id"));
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, release_main, j) != 0) free(j);
+    pthread_attr_destroy(&at);
+    pthread_mutex_lock(&r->mu);
+    r->pd_released++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static enum MHD_Result forward_kv(router *r, struct MHD_Connection *c, const char *url, const route_in *in,
+                                  const char *body, size_t len, int32_t prefill, const json_t *kv);
+
 static enum MHD_Result forward(router *r, struct MHD_Connection *c, const char *url, const route_in *in, const char *body,
                                size_t len, int32_t prefill) {
+    return forward_kv(r, c, url, in, body, len, prefill, NULL);
+}
+
+/* forward, and with kv (a P/D request's transfer) its release when the decode pool refuses the request
+ * (non-2xx) or cannot take it. */
+static enum MHD_Result forward_kv(router *r, struct MHD_Connection *c, const char *url, const route_in *in,
+                                  const char *body, size_t len, int32_t prefill, const json_t *kv) {
     stream_ctx *s = calloc(1, sizeof *s);
     if (!s) return reply_error(c, 500, "out of memory");
     char why[CURL_ERROR_SIZE];
     const int32_t pick = send_to_pool(r, false, url, in, body, len, 0, &s->resp, why, sizeof why);
+    if (kv && (pick < 0 || s->resp.status < 200 || s->resp.status > 299)) release_transfer(r, kv);
     if (pick < 0) {
         free(s);
         if (pick == -3) return MHD_NO;
@@ -656,7 +709,7 @@ static enum MHD_Result proxy_pd(router *r, struct MHD_Connection *c, const char 
     if (json_is_object(kv)) {
         json_object_set(req, "kv_transfer_params", kv);
         char *db = json_dumps(req, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        ret = db ? forward(r, c, url, in, db, strlen(db), pp) : reply_error(c, 500, "out of memory");
+        ret = db ? forward_kv(r, c, url, in, db, strlen(db), pp, kv) : reply_error(c, 500, "out of memory");
         free(db);
     } else { /* null or absent: nothing held (a prompt shorter than a block): the decode server computes it */
         pd_count_fallback(r, PD_FALLBACK_NO_TRANSFER);
@@ -753,11 +806,15 @@ static char *render_metrics(router *r) {
                 "# HELP osprey_router_pd_prefill_rejected Prefill requests answered non-2xx (passed to the client as is).\n"
                 "# TYPE osprey_router_pd_prefill_rejected counter\n"
                 "osprey_router_pd_prefill_rejected_total %lld\n"
+                "# HELP osprey_router_pd_released Transfers the router released on their producer: the decode pool "
+                "refused the request (non-2xx) or could not take it, so nobody pulls them.\n"
+                "# TYPE osprey_router_pd_released counter\n"
+                "osprey_router_pd_released_total %lld\n"
                 "# HELP osprey_router_pd_fallback Requests the decode pool computed whole: n (n or best_of > 1, "
                 "straight there), prompts (several in one request, straight there), no_transfer (the prefill held nothing: a short "
                 "prompt), no_prefill (no healthy prefill backend).\n"
                 "# TYPE osprey_router_pd_fallback counter\n",
-                r->pd_requests, r->pd_prefill_seconds, r->pd_prefill_count, r->pd_prefill_rejected);
+                r->pd_requests, r->pd_prefill_seconds, r->pd_prefill_count, r->pd_prefill_rejected, r->pd_released);
         for (int k = 0; k < PD_FALLBACK_COUNT; k++)
             fprintf(f, "osprey_router_pd_fallback_total{reason=\"%s\"} %lld\n", k_fallback_reason[k], r->pd_fallback[k]);
     }
