@@ -339,8 +339,25 @@ static int daemon_options(const srv_config *cfg, const struct sockaddr *addr, st
     return n;
 }
 
+/* The engine's own lines (kernel choices at start, KV offload and transfer warnings) in the server's log
+ * format: a warning when it says what went wrong, else information. ctx: the srv_config. */
+static void engine_log(void *ctx, const char *line) {
+    const srv_config *cfg = ctx;
+    const bool warn = strstr(line, "failed") || strstr(line, "cannot") || strstr(line, "instead") || strstr(line, "no --");
+    const int level = warn ? SRV_LOG_WARNING : SRV_LOG_INFO;
+    if (level < cfg->log_level) return;
+    char ts[32];
+    const time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(ts, sizeof ts, "%m-%d %H:%M:%S", &tm);
+    fprintf(stderr, "%s %s %s\n", warn ? "WARNING" : "INFO", ts, line);
+}
+
 osp_engine_params srv_engine_params(const srv_config *cfg) {
     osp_engine_params ep = osp_engine_default_params();
+    ep.log = engine_log;
+    ep.log_ctx = (void *)(uintptr_t)cfg;
     ep.model_path = cfg->model_path;
     ep.n_threads = cfg->n_threads;
     ep.block_size = cfg->block_size;
