@@ -2,7 +2,7 @@
 # The GPU tests, on the GPU machine, from the binaries scripts/gpu-pack.sh built (nothing is built
 # or installed here). `make test-gpu` calls this when .carry/gpu.tar.xz is present.
 #   ops    unpack; every CUDA op against its CPU reference (test_gpu_ops, test_gpu_attention,
-#          test_gpu_sampler, test_gpu_qmatmul; ops, sampler and qmatmul again with OSPREY_CUDA_PDL=1, the
+#          test_gpu_sampler, test_gpu_qmatmul; test_gpu_gemm's batch invariance, cuBLASLt and the skinny kernel; ops, sampler and qmatmul again with OSPREY_CUDA_PDL=1, the
 #          sampler under its other launch shapes),
 #          then compute-sanitizer memcheck and racecheck over the op tests
 #          (RACECHECK=0: memcheck only); test_ops (the backend op tests, when staged) and its memcheck
@@ -88,6 +88,13 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     run "test_gpu_sampler (unfused, one slice a CTA)" env OSPREY_SAMPLE_FUSED=0 OSPREY_SAMPLE_GRID_CTAS=0 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (slices grouped from 256 CTAs)" env OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (U in global memory)" env OSPREY_SAMPLE_SMEM_U=0 $G/bin/test_gpu_sampler
+    # the bf16 GEMM's batch invariance: cuBLASLt (split-K by the T = 1 rule, the default), then the
+    # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL
+    run test_gpu_gemm $G/bin/test_gpu_gemm
+    run "test_gpu_gemm (OSPREY_CUDA_GEMM_SKINNY=64)" env OSPREY_CUDA_GEMM_SKINNY=64 $G/bin/test_gpu_gemm
+    run "test_gpu_gemm (skinny, W=1, KC=128)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_SKINNY_W=1 OSPREY_CUDA_SKINNY_KC=128 $G/bin/test_gpu_gemm
+    run "test_gpu_gemm (skinny, W=4, 2 stages)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_SKINNY_W=4 OSPREY_CUDA_SKINNY_STAGES=2 $G/bin/test_gpu_gemm
+    run "test_gpu_gemm (skinny, OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_PDL=1 $G/bin/test_gpu_gemm
     [ -x $G/bin/test_ops ] && run test_ops $G/bin/test_ops
     if command -v compute-sanitizer >/dev/null; then
         for t in test_gpu_ops test_gpu_attention test_gpu_sampler; do

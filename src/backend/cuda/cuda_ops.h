@@ -120,6 +120,24 @@ osp_status osp_cuda_gemm_bf16(osp_cuda_gemm *g, const uint16_t *d_x, const uint1
 osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32,
                                  int64_t T, int64_t N, int64_t K, int64_t ldy, void *stream);
 
+/* ---- skinny GEMMs (gemm_skinny.cu) -------------------------------------------------------------- */
+
+/* The largest T the skinny kernel takes. */
+#define OSP_CUDA_SKINNY_MAX_T 64
+
+/* Whether osp_cuda_skinny_bf16 takes these arguments: compute capability >= 9.0, 1 <= T <=
+ * OSP_CUDA_SKINNY_MAX_T, K a multiple of 16, d_x and d_w 16-byte aligned. */
+bool osp_cuda_skinny_supported(const void *d_x, const void *d_w, int64_t T, int64_t N, int64_t K);
+
+/* y = x w^T as osp_cuda_gemm_bf16_ld (same shapes, types and ldy), for the few rows of a decode step:
+ * weights streamed through shared memory by TMA, N spread over the SMs, and every output the fp32 chain
+ * of tensor-core k16 steps in K order that cuBLASLt's unsplit plans compute, so its bits equal theirs
+ * (measured by tests/gpu/test_gpu_gemm.c; gemm_skinny.cu has the design). Enqueue only; no host work
+ * after the first call of a configuration (capturable). Errors: OSP_ERR_INVALID_ARG where
+ * osp_cuda_skinny_supported is false. */
+osp_status osp_cuda_skinny_bf16(const uint16_t *d_x, const uint16_t *d_w, void *d_y, bool y_f32, int64_t T, int64_t N,
+                                int64_t K, int64_t ldy, void *stream);
+
 /* Moves when a plan needed a larger workspace (split-K partials of a large T) and it was reallocated:
  * a CUDA graph captured before holds the old workspace and must be dropped. */
 uint64_t osp_cuda_gemm_generation(const osp_cuda_gemm *g);

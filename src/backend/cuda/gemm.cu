@@ -116,8 +116,11 @@ typedef struct gemm_plan {
     cublasLtMatmulAlgo_t algo;
 } gemm_plan;
 
-/* The split-K count every plan of an (N, K, output) shape uses, whatever T: what the heuristic picks for
- * T = 1 (decode's shape, where splitting K pays). One count for every T is what keeps a row's bits the
+/* The split-K count every plan of an (N, K, output) shape uses, whatever T. With the skinny kernel on
+ * (OSPREY_CUDA_GEMM_SKINNY=M: gemm_skinny.cu takes T <= M and is meant to give cuBLASLt's unsplit bits;
+ * built, not yet run on a device, so off by default) it is 1: no plan splits, so every T gives a row the
+ * same bits and decode's T gets its parallelism from the skinny kernel's N instead of from a split.
+ * With it off (the default): what the heuristic picks for T = 1 (decode's shape, where splitting K pays). One count for every T is what keeps a row's bits the
  * same whatever T it is computed in: tiles without split-K accumulate in the same k order (measured,
  * tests/gpu/test_gpu_gemm.c), and a fixed S-way split adds the same fp32 partials in the same order;
  * the heuristic alone splits o and down of an 8B model at T <= 16 / 64 only, which gave a decode row
@@ -139,6 +142,7 @@ struct osp_cuda_gemm {
     gemm_plan plans[GEMM_MAX_PLANS];
     int n_rules;
     split_rule rules[GEMM_MAX_RULES];
+    int skinny_max; /* T <= this go to osp_cuda_skinny_bf16 when it supports the call; 0: never */
 };
 
 #define LT_TRY(call, what)                                                                         \
@@ -167,6 +171,13 @@ extern "C" osp_status osp_cuda_gemm_create(size_t workspace_bytes, osp_cuda_gemm
         free(g);
         return osp_set_error(OSP_ERR_INTERNAL, "cublasLt: cublasLtCreate failed: %s", lt.GetStatusString(st));
     }
+    /* OSPREY_CUDA_GEMM_SKINNY: "M" the skinny kernel up to T = M (at most OSP_CUDA_SKINNY_MAX_T) and no
+     * split-K anywhere; unset or "0": every T through cuBLASLt with the T = 1 split rule. Opt-in until
+     * test_gpu_gemm has passed on a device with it (bench/gpu/DECODE.md, eighth session). */
+    const char *sk = getenv("OSPREY_CUDA_GEMM_SKINNY");
+    g->skinny_max = sk && sk[0] ? atoi(sk) : 0;
+    if (g->skinny_max < 0) g->skinny_max = 0;
+    if (g->skinny_max > OSP_CUDA_SKINNY_MAX_T) g->skinny_max = OSP_CUDA_SKINNY_MAX_T;
     g->workspace_bytes = workspace_bytes;
     if (workspace_bytes) {
         osp_status s = osp_cuda_malloc(&g->workspace, workspace_bytes, "the cuBLASLt workspace");
@@ -248,7 +259,8 @@ static osp_status split_rule_of(osp_cuda_gemm *g, int64_t N, int64_t K, int64_t 
             return OSP_OK;
         }
     }
-    const int force = sk ? atoi(sk) : -1; /* OSPREY_CUDA_GEMM_SPLITK: 0 none, S >= 2 that many, else the rule */
+    /* OSPREY_CUDA_GEMM_SPLITK: 0 none, S >= 2 that many, else the rule (none while the skinny kernel is on) */
+    const int force = sk ? atoi(sk) : g->skinny_max > 0 ? 0 : -1;
     int32_t splitk = force == 0 ? 1 : force >= 2 ? force : 0;
     if (splitk == 0) {
         gemm_plan t1;
@@ -321,6 +333,8 @@ extern "C" osp_status osp_cuda_gemm_bf16_ld(osp_cuda_gemm *g, const uint16_t *d_
     if (!g || !d_x || !d_w || !d_y || T <= 0 || N <= 0 || K <= 0 || ldy < N)
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_gemm_bf16: bad arguments (T %lld, N %lld, K %lld, ldy %lld)",
                              (long long)T, (long long)N, (long long)K, (long long)ldy);
+    if (T <= g->skinny_max && osp_cuda_skinny_supported(d_x, d_w, T, N, K))
+        return osp_cuda_skinny_bf16(d_x, d_w, d_y, y_f32, T, N, K, ldy, stream);
     gemm_plan *p = NULL;
     for (int i = 0; i < g->n_plans && !p; i++) {
         gemm_plan *q = &g->plans[i];
