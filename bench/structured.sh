@@ -19,7 +19,8 @@
 #   without it only osprey runs], GRAMMAR_BENCH [grammar_bench beside OSPREY_BIN; skipped if absent],
 #   MODEL [models/SmolLM2-135M-Instruct.Q4_1.gguf], SCHEMA [bench/structured_schema.json], REPS [3],
 #   MAX_TOKENS [256], THREADS [2], CTX [4096], PORT [8393: osprey; llama-server on PORT+1], PYTHON [python3: needs only the standard
-#   library; jsonschema if present], GB_REPS [5: grammar_bench repetitions])
+#   library; jsonschema if present], GB_REPS [5: grammar_bench repetitions], SPEC_CONFIG [a
+#   --speculative-config JSON: osprey runs a second time with it, as "osprey-spec", on PORT+2])
 # llama-server is not built here (a CPU build of llama.cpp, e.g. cmake --build build --target llama-server).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -87,7 +88,7 @@ def body(kind):
     b = {"model": "model", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
          "max_tokens": max_tokens, "stream": False}
     if kind == "structured":
-        if name == "osprey":
+        if name.startswith("osprey"):
             b["response_format"] = {"type": "json_schema", "json_schema": {"name": "employee", "schema": schema, "strict": True}}
         else:
             b["json_schema"] = schema  # llama-server's own field
@@ -157,6 +158,11 @@ run_server() { # name, command...
 : >"$OUT/results.jsonl"
 run_server osprey "$OSPREY_BIN" serve -m "$MODEL" --port "$PORT" -t "$THREADS" --max-model-len "$CTX" \
     --served-model-name model --log-level warning
+if [ -n "${SPEC_CONFIG:-}" ]; then # the same server with speculative decoding (under a grammar: its forced
+    PORT=$((BASE_PORT + 2))           # continuations drafted, every draft verified: the same tokens)
+    run_server osprey-spec "$OSPREY_BIN" serve -m "$MODEL" --port "$PORT" -t "$THREADS" --max-model-len "$CTX" \
+        --served-model-name model --log-level warning --speculative-config "$SPEC_CONFIG"
+fi
 if [ -n "${LLAMA_SERVER:-}" ]; then
     PORT=$((BASE_PORT + 1))
     run_server llama-server "$LLAMA_SERVER" -m "$MODEL" --port "$PORT" -t "$THREADS" -tb "$THREADS" -np 1 -c "$CTX" \
@@ -205,6 +211,9 @@ def ratio(a, b):
     return "-"
 print(f"osprey structured / osprey unconstrained tok/s: {ratio(('osprey', 'structured'), ('osprey', 'unconstrained'))}  (goal >= 0.9)")
 print(f"osprey structured / llama-server structured tok/s: {ratio(('osprey', 'structured'), ('llama-server', 'structured'))}  (goal >= 1.5)")
+if ("osprey-spec", "structured") in agg:
+    print(f"osprey-spec structured / osprey structured tok/s: {ratio(('osprey-spec', 'structured'), ('osprey', 'structured'))}")
+    print(f"osprey-spec structured / llama-server structured tok/s: {ratio(('osprey-spec', 'structured'), ('llama-server', 'structured'))}  (goal >= 1.5)")
 print(f"llama-server structured / llama-server unconstrained tok/s: {ratio(('llama-server', 'structured'), ('llama-server', 'unconstrained'))}")
 if gb:
     print()

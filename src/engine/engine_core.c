@@ -511,9 +511,10 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
     osp_request *r;
     OSP_TRY(osp_request_create(rp, e->p.max_model_len, e->p.block_size, 0, &r));
     if (!rp->has_seed) r->sampling.seed = osp_rng_entropy_seed();
-    /* children copy it; a request under a grammar gets no drafts (the matcher does not verify drafts:
-       drafted tokens would bypass its mask) */
-    r->spec_k = rp->grammar || rp->pooling != OSP_POOLING_NONE ? 0 : e->spec_k; /* an embedding decodes nothing */
+    /* children copy it; a request under a grammar drafts too: its drafts are the grammar's forced
+       continuation or the proposer's cut at the first token the grammar refuses (propose_drafts), and
+       each verification position samples under the mask of the drafts before it (model_runner.c) */
+    r->spec_k = rp->pooling != OSP_POOLING_NONE ? 0 : e->spec_k; /* an embedding decodes nothing */
     r->spec_k_cur = r->spec_k;
     r->spec_accept = 1.0f;
     r->spec_next_pause = OSP_SPEC_PAUSE_MIN;
@@ -694,6 +695,24 @@ static void collect_drafts(osp_engine *e, const osp_sched_output *so) {
     e->spec_n = n;
 }
 
+/* The drafts of a request under a grammar, in r->spec_tokens[0..returned): the proposer's nd drafts up to
+ * the first one the grammar refuses (a refused draft could never be accepted: the target samples under
+ * the mask), then the grammar's forced continuation from there (bytes only the grammar allows, cut into
+ * whole tokens: the target accepts them unless it would cut them otherwise), at most max_draft in all.
+ * JSON's whitespace is free, so forced runs are short (a key after its quote); the n-gram proposer's
+ * copy of the text's own layout (",\n  \"") bridges them. Drafts are guesses: a failure here only
+ * drafts less. */
+static int32_t grammar_drafts(osp_engine *e, osp_request *r, int32_t max_draft, int32_t nd) {
+    if (!e->trie || max_draft <= 0) return 0;
+    osp_grammar_matcher *m;
+    if (osp_grammar_matcher_clone(r->matcher, &m) != OSP_OK) return 0;
+    int32_t ok = 0;
+    while (ok < nd && osp_grammar_matcher_accept_token(m, e->trie, r->spec_tokens[ok]) == OSP_OK) ok++;
+    ok += osp_grammar_matcher_forced_tokens(m, e->trie, r->spec_tokens + ok, max_draft - ok);
+    osp_grammar_matcher_free(m);
+    return ok;
+}
+
 /* The proposer's call for the requests collect_drafts listed (all running: none is freed in between). */
 static osp_status propose_drafts(osp_engine *e) {
     const int32_t n = e->spec_n;
@@ -702,12 +721,14 @@ static osp_status propose_drafts(osp_engine *e) {
     OSP_TRY(e->proposer->ops->propose(e->proposer, e->spec_seqs, n));
     for (int32_t j = 0; j < n; j++) {
         osp_request *r = e->spec_reqs[j];
-        const int32_t nd = e->spec_seqs[j].num_draft;
+        int32_t nd = e->spec_seqs[j].num_draft;
         for (int32_t t = 0; t < nd; t++)
             if (r->spec_tokens[t] < 0 || r->spec_tokens[t] >= e->n_vocab)
                 return osp_set_error(OSP_ERR_INTERNAL, "speculative decoding: proposer %s drafted token %d outside the "
                                      "vocabulary (%d)", e->proposer->ops->name, r->spec_tokens[t], e->n_vocab);
-        r->num_spec = nd < 0 ? 0 : nd > r->spec_k ? r->spec_k : nd;
+        nd = nd < 0 ? 0 : nd > r->spec_k ? r->spec_k : nd;
+        if (r->matcher) nd = grammar_drafts(e, r, e->spec_seqs[j].max_draft, nd);
+        r->num_spec = nd;
     }
     return OSP_OK;
 }

@@ -183,6 +183,17 @@ static int32_t verify_row(osp_model_runner *r, osp_sched_output *out, int32_t i0
     for (int32_t j = 0; j <= a && j <= ns; j++)
         if (r->status[i0 + j] == OSP_OK && r->rows[i0 + j].num_logprobs >= 0 && q->logprobs)
             q->logprobs[r->rows[i0 + j].n_output] = r->lp[i0 + j];
+    if (q->matcher && r->status[i0 + a] == OSP_OK) { /* the kept drafts, then the target's token */
+        for (int32_t j = 0; j <= a; j++)
+            if (osp_grammar_matcher_accept_token(q->matcher, r->trie, j < a ? q->spec_tokens[j] : r->tokens[i0 + a]) !=
+                OSP_OK) {
+                snprintf(q->error, sizeof q->error, "structured output at position %d: %s", q->num_tokens + j,
+                         osp_last_error());
+                r->status[i0 + j] = OSP_ERR_INVALID_ARG;
+                a = j;
+                break;
+            }
+    }
     en->num_accepted = a;
     if (r->status[i0 + a] != OSP_OK) {
         en->sampled = OSP_SAMPLED_ERROR;
@@ -278,18 +289,35 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         r->row_entry[nr++] = pb->entry[row];
     }
     /* structured output: each grammar row's mask (children being forked share their parent's: the
-     * same state, no token yet) */
+     * same state, no token yet). Position j of a verification row samples under the mask after the
+     * row's drafts 0 .. j - 1 (a clone of the matcher walks them; the drafts were cut at the first the
+     * grammar refuses, and a position past a refused one is never kept, so its mask is left empty). */
     const size_t W = (size_t)(r->n_vocab + 31) / 32;
+    osp_grammar_matcher *walk = NULL; /* the current verification row's clone */
+    bool walk_ok = false;
     for (int32_t i = 0; i < nl; i++) {
         osp_request *q = r->row_req[i];
         if (!q->matcher) continue;
-        if (!r->gmask && !(r->gmask = malloc(sizeof *r->gmask * W * (size_t)r->max_sample)))
+        if (!r->gmask && !(r->gmask = malloc(sizeof *r->gmask * W * (size_t)r->max_sample))) {
+            osp_grammar_matcher_free(walk);
             return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for grammar masks");
+        }
         uint32_t *mk = r->gmask + W * (size_t)i;
-        if (gpu || !r->trie || osp_grammar_matcher_fill_mask(q->matcher, r->trie, mk) != OSP_OK)
+        const int32_t j = pb->in_logits_pos[i], ns = out->entries[r->row_entry[i]].num_spec;
+        osp_grammar_matcher *m = q->matcher;
+        if (ns > 0 && j == 0) { /* a verification row starts */
+            osp_grammar_matcher_free(walk);
+            walk = NULL;
+            walk_ok = osp_grammar_matcher_clone(q->matcher, &walk) == OSP_OK;
+        } else if (ns > 0) {
+            walk_ok = walk_ok && osp_grammar_matcher_accept_token(walk, r->trie, q->spec_tokens[j - 1]) == OSP_OK;
+            m = walk_ok ? walk : NULL;
+        }
+        if (gpu || !r->trie || !m || osp_grammar_matcher_fill_mask(m, r->trie, mk) != OSP_OK)
             memset(mk, 0, sizeof *mk * W); /* the row fails as "every token is masked" */
         r->rows[i].allowed = mk;
     }
+    osp_grammar_matcher_free(walk);
     for (int32_t i = 0; i < nl; i++) {
         const osp_request *q = r->row_req[i];
         if (!q->children || r->rows[i].n_output != 0) continue;

@@ -147,6 +147,16 @@ bool osp_grammar_matcher_can_continue(const osp_grammar_matcher *m);
 #define OSP_GRAMMAR_MASK_CACHE 256
 osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token_trie *t, uint32_t *mask);
 
+/* Drafts for speculative decoding under a grammar (the forced continuation, lossless because the target
+ * verifies every draft): while the input so far is not a whole sentence and the grammar allows exactly
+ * one next byte, that byte is forced; the forced bytes (at most OSP_GRAMMAR_MAX_FORCED) are cut into
+ * tokens of the trie by longest match, each token wholly inside them (so every draft is one the grammar
+ * accepts; the model may still prefer another cut, which verification rejects). Writes at most cap ids to out and returns how many (0: nothing
+ * forced, or no whole token fits; also on NOMEM while extending the shared automaton, which is only a
+ * missed draft). The matcher's state is unchanged. */
+#define OSP_GRAMMAR_MAX_FORCED 256
+int32_t osp_grammar_matcher_forced_tokens(osp_grammar_matcher *m, const osp_token_trie *t, int32_t *out, int32_t cap);
+
 /* Sets every logit whose token the mask does not allow to -inf: logits [n_vocab], mask as above. */
 void osp_grammar_apply_mask(float *logits, int32_t n_vocab, const uint32_t *mask);
 

@@ -803,6 +803,58 @@ osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token
     return st;
 }
 
+/* The bytes forced from state s into F[0..OSP_GRAMMAR_MAX_FORCED): how many. Under the family's lock. */
+static int32_t forced_bytes_locked(automaton *a, int32_t s, uint8_t *F) {
+    const osp_grammar *g = a->g;
+    int32_t nf = 0;
+    while (nf < OSP_GRAMMAR_MAX_FORCED && !a->st_accept[s]) {
+        int32_t live = -1, next = 0;
+        for (int32_t c = 0; c < a->nc; c++) {
+            int32_t t = a->trans[(size_t)s * (size_t)a->nc + (size_t)c];
+            if (t < 0 && (t = step(a, s, c)) < 0) return nf; /* NOMEM or too ambiguous: stop here */
+            if (t == 0) continue;
+            if (live >= 0) return nf; /* two classes continue: the model chooses */
+            live = c, next = t;
+        }
+        if (live < 0) return nf;
+        int32_t count = 0;
+        uint8_t b = 0;
+        for (int32_t x = 0; x < 256 && count < 2; x++)
+            if (g->byte_class[x] == live) b = (uint8_t)x, count++;
+        if (count != 1) return nf; /* a class of several bytes: the model chooses among them */
+        F[nf++] = b;
+        s = next;
+    }
+    return nf;
+}
+
+int32_t osp_grammar_matcher_forced_tokens(osp_grammar_matcher *m, const osp_token_trie *t, int32_t *out, int32_t cap) {
+    if (!m || !t || !out || cap <= 0 || m->terminated) return 0;
+    automaton *a = m->a;
+    uint8_t F[OSP_GRAMMAR_MAX_FORCED];
+    pthread_mutex_lock(&a->mu);
+    int32_t nf = 0;
+    if (maybe_compact(a) == OSP_OK) nf = forced_bytes_locked(a, m->state, F);
+    pthread_mutex_unlock(&a->mu);
+    /* longest match over the trie (preorder: node i's children are i + 1, then each child's skip,
+     * while below skip[i]) */
+    int32_t n = 0;
+    for (int32_t p = 0; p < nf && n < cap;) {
+        int32_t node = 0, best = -1, best_len = 0;
+        for (int32_t q = p; q < nf; q++) {
+            int32_t j = node + 1;
+            while (j < t->skip[node] && t->byte[j] != F[q]) j = t->skip[j];
+            if (j >= t->skip[node]) break;
+            node = j;
+            if (t->tok_begin[node] < t->tok_begin[node + 1]) best = t->toks[t->tok_begin[node]], best_len = q - p + 1;
+        }
+        if (best < 0) break;
+        out[n++] = best;
+        p += best_len;
+    }
+    return n;
+}
+
 void osp_grammar_apply_mask(float *logits, int32_t n_vocab, const uint32_t *mask) {
     for (int32_t i = 0; i < n_vocab; i++)
         if (!((mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -__builtin_inff();

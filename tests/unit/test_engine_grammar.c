@@ -2,8 +2,11 @@
  * schema) generate greedy, sampled and with n = 3 (children share the parent's grammar automaton);
  * every output that ends with EOS is a complete sentence of the grammar and parses as JSON with the
  * schema's required keys, one that hits max_tokens is a viable prefix and ends "length". Bad grammars
- * are refused at add. Skips without OSPREY_MODEL. */
+ * are refused at add. With speculative decoding (n-gram proposer, k = 4): the same tokens and
+ * logprobs as without, greedy and seeded sampling, n = 1 and 2, with the grammar's forced
+ * continuations drafted and mostly accepted. Skips without OSPREY_MODEL. */
 #include <jansson.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +20,7 @@
 #include "grammar/grammar.h"
 #include "osprey/engine.h"
 #include "osprey/gguf.h"
+#include "osprey/spec.h"
 #include "osprey/tokenizer.h"
 
 static const char *g_model;
@@ -140,7 +144,94 @@ static void test_engine_structured(void **st) {
     free(gbnf);
 }
 
+/* Outputs of the jobs below (tokens and logprobs of every sequence), with speculation (k drafts) or
+ * without (k = 0); the engine's stats out. */
+#define NSEQ 4
+typedef struct job_out {
+    int32_t ids[NSEQ][96];
+    osp_token_logprobs lp[NSEQ][96];
+    int32_t n[NSEQ];
+    osp_finish_reason why[NSEQ];
+} job_out;
+
+static void run_structured(const char *gbnf, int32_t k, job_out *o, osp_engine_stats *st) {
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = g_model;
+    p.n_threads = 2;
+    p.max_model_len = 512;
+    p.device = OSP_DEVICE_CPU;
+    p.check_invariants = true;
+    if (k > 0) {
+        p.speculative = osp_spec_default_config();
+        p.speculative.method = OSP_SPEC_NGRAM;
+        p.speculative.num_speculative_tokens = k;
+        p.speculative.prompt_lookup_min = 2, p.speculative.prompt_lookup_max = 4;
+        p.speculative_fixed_k = true; /* drafts every step: no pause, no switch */
+    }
+    osp_engine *e;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    const char *prompt = "<|im_start|>user\nGive a person as JSON with name, age and city.<|im_end|>\n<|im_start|>assistant\n";
+    int32_t *ids;
+    size_t n_ids;
+    assert_int_equal(osp_tokenizer_encode(g_tok, prompt, strlen(prompt), false, true, &ids, &n_ids), OSP_OK);
+    osp_request_params rp = osp_request_default_params();
+    rp.prompt = ids;
+    rp.num_prompt = (int32_t)n_ids;
+    rp.grammar = gbnf;
+    rp.logprobs = 0; /* the sampled token's logprob */
+    /* 0: greedy; 1: sampled, seeded, n = 2; 2: greedy cut short by max_tokens */
+    rp.request_id = 0, rp.max_tokens = 80;
+    assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+    rp.request_id = 1, rp.temperature = 0.8f, rp.has_seed = true, rp.seed = 11, rp.n = 2;
+    assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+    rp.request_id = 2, rp.temperature = 0.0f, rp.n = 1, rp.max_tokens = 9;
+    assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+    while (osp_engine_has_unfinished(e)) assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+    int seq = 0;
+    for (uint64_t id = 0; id < 3; id++)
+        for (uint32_t c = 0; c < (id == 1 ? 2u : 1u); c++, seq++) {
+            osp_request_output ro;
+            assert_int_equal(osp_engine_poll_seq(e, id, c, o->ids[seq], o->lp[seq], 96, NULL, &ro, 0), OSP_OK);
+            assert_true(ro.finished);
+            if (ro.finish_reason == OSP_FINISH_ERROR) fail_msg("request %d.%u failed: %s", (int)id, c, ro.error);
+            o->n[seq] = ro.num_tokens;
+            o->why[seq] = ro.finish_reason;
+        }
+    *st = osp_engine_get_stats(e);
+    free(ids);
+    osp_engine_free(e);
+}
+
+static void test_engine_structured_spec(void **st) {
+    (void)st;
+    if (!g_model) skip();
+    char *gbnf;
+    assert_int_equal(osp_json_schema_to_gbnf(SCHEMA, strlen(SCHEMA), &gbnf), OSP_OK);
+    osp_grammar *g;
+    assert_int_equal(osp_grammar_parse(gbnf, strlen(gbnf), NULL, &g), OSP_OK);
+    static job_out base, spec;
+    osp_engine_stats s0, s1;
+    run_structured(gbnf, 0, &base, &s0);
+    run_structured(gbnf, 4, &spec, &s1);
+    assert_int_equal(s0.spec_num_draft_tokens, 0);
+    printf("  speculative under the grammar: %lld rows, %lld drafts, %lld accepted\n", (long long)s1.spec_num_drafts,
+           (long long)s1.spec_num_draft_tokens, (long long)s1.spec_num_accepted_tokens);
+    assert_true(s1.spec_num_accepted_tokens > 0);
+    for (int i = 0; i < NSEQ; i++) {
+        assert_int_equal(spec.n[i], base.n[i]);
+        assert_int_equal(spec.why[i], base.why[i]);
+        assert_memory_equal(spec.ids[i], base.ids[i], sizeof(int32_t) * (size_t)base.n[i]);
+        for (int32_t t = 0; t < base.n[i]; t++) /* logprobs: the target's at each position, computed in a
+                                                    verification row or a plain one (fp32, the same forward) */
+            assert_true(fabsf(spec.lp[i][t].logprob - base.lp[i][t].logprob) <= 1e-3f);
+        check_output(g, base.ids[i], base.n[i], base.why[i]);
+    }
+    osp_grammar_free(g);
+    free(gbnf);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_engine_structured)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_engine_structured),
+                                       cmocka_unit_test(test_engine_structured_spec)};
     return cmocka_run_group_tests(tests, setup, teardown);
 }

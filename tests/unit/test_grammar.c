@@ -316,6 +316,48 @@ static void test_mask_small_vocab(void **st) {
     osp_token_trie_free(t);
 }
 
+/* Forced continuations as drafts: bytes the grammar alone allows, cut by longest match into whole
+ * tokens; nothing where the model chooses (alternatives, a class of several bytes, a complete input). */
+static void test_forced_tokens(void **st) {
+    (void)st;
+    /* 0 "{", 1 "\"", 2 "{\"", 3 "na", 4 "name", 5 "\":", 6 " ", 7 "a", 8 "b", 9 "<eos>", 10 "m", 11 "e" */
+    const char *toks[] = {"{", "\"", "{\"", "na", "name", "\":", " ", "a", "b", "<eos>", "m", "e"};
+    const int32_t nv = 12;
+    const uint8_t *bytes[12];
+    size_t lens[12];
+    bool excl[12] = {0};
+    for (int i = 0; i < nv; i++) bytes[i] = (const uint8_t *)toks[i], lens[i] = strlen(toks[i]);
+    const int32_t eog = 9;
+    osp_token_trie *t;
+    assert_int_equal(osp_token_trie_new(nv, bytes, lens, excl, &eog, 1, &t), OSP_OK);
+    osp_grammar *g = parse_ok("root ::= \"{\\\"name\\\": \" [ab]+ \"}\" | \"{\\\"nam\" [x]");
+    osp_grammar_matcher *m;
+    assert_int_equal(osp_grammar_matcher_new(g, &m), OSP_OK);
+    int32_t d[16];
+    /* forced: {"nam (the alternatives part after it): longest match {" + na, then "m" */
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 3);
+    assert_int_equal(d[0], 2), assert_int_equal(d[1], 3), assert_int_equal(d[2], 10);
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 2), 2); /* cap */
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"{\"name", 6), OSP_OK);
+    /* forced: ": then the space; [ab]+ is the model's */
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 2);
+    assert_int_equal(d[0], 5), assert_int_equal(d[1], 6);
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"\": ", 3), OSP_OK);
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 0); /* a class of two bytes */
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"ab}", 3), OSP_OK);
+    assert_true(osp_grammar_matcher_is_complete(m));
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 0); /* complete: EOS is the model's */
+    osp_grammar_matcher_free(m);
+    osp_grammar_free(g);
+    /* a forced byte no token starts with: no draft */
+    g = parse_ok("root ::= \"}}\" [ab]");
+    assert_int_equal(osp_grammar_matcher_new(g, &m), OSP_OK);
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 0);
+    osp_grammar_matcher_free(m);
+    osp_grammar_free(g);
+    osp_token_trie_free(t);
+}
+
 static osp_tokenizer *g_smol;
 
 static int load_smol(void **st) {
@@ -482,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_compaction),
         cmocka_unit_test(test_too_ambiguous),
         cmocka_unit_test(test_mask_small_vocab),
+        cmocka_unit_test(test_forced_tokens),
         cmocka_unit_test(test_mask_smollm2),
         cmocka_unit_test(test_schema),
     };
