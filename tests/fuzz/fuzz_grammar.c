@@ -33,6 +33,28 @@ static void check_mask(osp_grammar_matcher *m, const osp_token_trie *t) {
     }
 }
 
+/* The forced continuation's drafts: each accepted in turn by a clone (a draft the grammar refuses would
+ * be a bug: the engine's verification never keeps one, but it would waste every step), none EOG, at
+ * most cap, and the matcher itself unchanged. */
+static void check_forced(osp_grammar_matcher *m, const osp_token_trie *t) {
+    int32_t d[8];
+    uint32_t before[(NV + 31) / 32], after[(NV + 31) / 32];
+    const bool masked = osp_grammar_matcher_fill_mask(m, t, before) == OSP_OK;
+    const int32_t n = osp_grammar_matcher_forced_tokens(m, t, d, 8);
+    if (n < 0 || n > 8) abort();
+    osp_grammar_matcher *c;
+    if (osp_grammar_matcher_clone(m, &c) != OSP_OK) abort();
+    for (int32_t i = 0; i < n; i++) {
+        if (d[i] < 0 || d[i] >= NV - 1) abort();
+        const osp_status s = osp_grammar_matcher_accept_token(c, t, d[i]);
+        if (s != OSP_OK && s != OSP_ERR_UNSUPPORTED) abort();
+        if (s != OSP_OK) break;
+    }
+    osp_grammar_matcher_free(c);
+    if (masked && (osp_grammar_matcher_fill_mask(m, t, after) != OSP_OK || memcmp(before, after, sizeof before) != 0))
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *nul = memchr(data, 0, size);
     const size_t glen = nul ? (size_t)(nul - data) : size;
@@ -69,9 +91,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (osp_grammar_matcher_is_complete(m) != was) abort();
             continue;
         }
-        if (i % 8 == 0) check_mask(m, t);
+        if (i % 8 == 0) check_mask(m, t), check_forced(m, t);
     }
     check_mask(m, t);
+    check_forced(m, t);
     if (osp_grammar_matcher_check_invariants(m) != OSP_OK) abort();
     osp_grammar_matcher_free(m);
     osp_token_trie_free(t);
