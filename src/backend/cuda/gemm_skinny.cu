@@ -142,6 +142,9 @@ __global__ void __launch_bounds__((W + 1) * 32) skinny_kernel(const uint16_t *__
         }
         if (!waited) osp_pdl_begin(); /* a CTA without tiles */
         return;
+        /* The consumers never execute osp_pdl_begin() (an exception to its every-thread rule): each of
+         * their y stores follows a full barrier whose x bytes were requested after this warp's wait, so
+         * it comes after the previous grid has completed and flushed (T >= 1: every stage holds x). */
     }
     /* a consumer: rows 16 warp .. 16 warp + 15 of each tile */
     const int g = lane >> 2, cq = lane & 3;
@@ -249,7 +252,9 @@ extern "C" bool osp_cuda_skinny_supported(const void *d_x, const void *d_w, int6
                  ? major
                  : 0;
     }
-    return cc >= 9 && T >= 1 && T <= OSP_CUDA_SKINNY_MAX_T && N >= 1 && N <= INT32_MAX && K >= 16 && K % 16 == 0 &&
+    /* cc 9 only: the code is sm_90a (other architectures get cuBLASLt, not a launch error); N leaves
+     * room for the tile count's rounding in int */
+    return cc == 9 && T >= 1 && T <= OSP_CUDA_SKINNY_MAX_T && N >= 1 && N <= INT32_MAX - 64 && K >= 16 && K % 16 == 0 &&
            K <= INT32_MAX / 2 && (uintptr_t)d_x % 16 == 0 && (uintptr_t)d_w % 16 == 0;
 }
 
