@@ -149,9 +149,11 @@ osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token
 
 /* Drafts for speculative decoding under a grammar (the forced continuation, lossless because the target
  * verifies every draft): while the input so far is not a whole sentence and the grammar allows exactly
- * one next byte, that byte is forced; the forced bytes (at most OSP_GRAMMAR_MAX_FORCED) are cut into
- * tokens of the trie by longest match, each token wholly inside them (so every draft is one the grammar
- * accepts; the model may still prefer another cut, which verification rejects). Writes at most cap ids to out and returns how many (0: nothing
+ * one next byte, that byte is drafted; inside a run, a colon that is the only next byte besides optional
+ * whitespace (space, tab, newline, return) is drafted too, the whitespace assumed left out (JSON's
+ * "key":); those bytes (at most OSP_GRAMMAR_MAX_FORCED) are cut into tokens of the
+ * trie by longest match, each token wholly inside them (so every draft is one the grammar accepts; the
+ * model may still write the whitespace or cut the bytes otherwise, which verification rejects). Writes at most cap ids to out and returns how many (0: nothing
  * forced, or no whole token fits; also on NOMEM while extending the shared automaton, which is only a
  * missed draft). The matcher's state is unchanged. */
 #define OSP_GRAMMAR_MAX_FORCED 256

@@ -349,6 +349,20 @@ static void test_forced_tokens(void **st) {
     assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 0); /* complete: EOS is the model's */
     osp_grammar_matcher_free(m);
     osp_grammar_free(g);
+    /* optional whitespace drafted as left out only before a colon inside a run: "{" alone from the
+     * start (the layout after it is the model's); from inside the key, name then ":, then stop (the
+     * layout after the colon is the model's) */
+    g = parse_ok("root ::= \"{\" ws \"\\\"nam\" [e] \"\\\"\" ws \":\" ws \"a\" \"}\"\nws ::= [ \\t\\n]*");
+    assert_int_equal(osp_grammar_matcher_new(g, &m), OSP_OK);
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 1);
+    assert_int_equal(d[0], 0);
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"{ \n", 3), OSP_OK);
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 0); /* whitespace or the quote */
+    assert_int_equal(osp_grammar_matcher_accept_bytes(m, (const uint8_t *)"\"", 1), OSP_OK);
+    assert_int_equal(osp_grammar_matcher_forced_tokens(m, t, d, 16), 2); /* name, ": (not "a") */
+    assert_int_equal(d[0], 4), assert_int_equal(d[1], 5);
+    osp_grammar_matcher_free(m);
+    osp_grammar_free(g);
     /* a forced byte no token starts with: no draft */
     g = parse_ok("root ::= \"}}\" [ab]");
     assert_int_equal(osp_grammar_matcher_new(g, &m), OSP_OK);

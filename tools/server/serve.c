@@ -377,6 +377,9 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.kv_scales_path = cfg->kv_scales;
     ep.kernel_table = cfg->kernel_table; /* the flag was parsed and then dropped here (fresh-user walkthrough) */
     ep.speculative = cfg->spec;
+    /* measurements (bench/spec.sh FIXED_K=1, bench/structured.sh): k drafts every step, no pause or switch */
+    const char *fk = getenv("OSPREY_SPEC_FIXED_K");
+    ep.speculative_fixed_k = fk && *fk && strcmp(fk, "0") != 0;
     ep.sparse_attention = cfg->sparse;
     ep.kv_offload_host_bytes = cfg->kv_offload_host_bytes;
     ep.kv_offload_disk_dir = cfg->kv_offload_disk;
