@@ -8,10 +8,11 @@
  * (bench/gpu/DECODE.md, seventh session). This kernel keeps the chain (so every T gives cuBLASLt's
  * unsplit bits) and finds its parallelism in N instead: every warp owns 16 weight rows and streams them.
  *
- *   chain      per output y[t, n]: acc = 0; for k0 = 0, 16, .. K - 16: acc = mma(w[n, k0 .. k0 + 15],
+ *   chain      per output y[t, n]: acc = -0; for k0 = 0, 16, .. K - 16: acc = mma(w[n, k0 .. k0 + 15],
  *              x[t, k0 .. k0 + 15], acc) by mma.sync m16n8k16 (A = 16 weight rows, B = 8 tokens), the
  *              canonical k-slot layout (ldmatrix of row-major tiles, no permutation); y = acc (fp32) or
- *              bf16(acc) rounded to nearest even. That equals cuBLASLt's unsplit result bit for bit is a
+ *              bf16(acc) rounded to nearest even (-0 is the identity of IEEE addition: a sum of
+ *              products that are all -0 stays -0, as a first step with no accumulator gives). That equals cuBLASLt's unsplit result bit for bit is a
  *              measurement (test_gpu_gemm compares every T against cuBLASLt at T = 2048), not a documented
  *              property of the tensor core.
  *   stream     a CTA = W consumer warps (16 W rows) + 1 producer warp. The producer brings chunks of KC
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__((W + 1) * 32) skinny_kernel(const uint16_t *__
     for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         float acc[NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = -0.0f;
         for (int c = 0; c < nchunks; c++, it++) {
             const int s = it % S, kc = min(KC, K - c * KC);
             mbar_wait(bars + 8u * s, (it / S) & 1);
