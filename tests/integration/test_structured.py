@@ -2,15 +2,21 @@
 `chat.completions.parse` with Pydantic models on SmolLM2 (greedy and sampled, streamed and not, outputs
 validated by the models), json_object, vLLM's guided_choice / guided_grammar / guided_json, a grammar cut
 by max_tokens ending "length", and a 400 in OpenAI's error shape for everything the server cannot
-honour (unknown types, unsupported schema keywords, regex, bad grammars, two kinds at once)."""
+honour (unknown types, unsupported schema keywords, regex, bad grammars, two kinds at once). With
+--speculative-config (n-gram, k drafts every step): the very same structured outputs as without, greedy
+and seeded, plain and streamed, with drafts verified and accepted (the grammar's forced continuations)."""
 import json
 import re
 from typing import List, Literal, Optional
+
+import os
 
 import openai
 import pytest
 import requests
 from pydantic import BaseModel, Field
+
+from conftest import BIN, SMOL, Server
 
 
 class Address(BaseModel):
@@ -109,3 +115,39 @@ def test_unsupported_is_400(server, extra, param):
     assert err["param"] == param and err["message"] and err["type"]
     with pytest.raises(openai.BadRequestError):
         server.client().completions.create(model=server.model, prompt="x", max_tokens=4, extra_body=extra)
+
+
+def spec_metric(server, name):
+    for line in requests.get(server.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"vllm:spec_decode_{name}_total{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no vllm:spec_decode_{name}_total in /metrics")
+
+
+def test_speculation_under_a_grammar_changes_no_token(smol):
+    if not os.path.exists(BIN) or not os.path.exists(SMOL):
+        pytest.skip("needs the binary and SmolLM2")
+    os.environ["OSPREY_SPEC_FIXED_K"] = "1"  # k drafts every step: no switch deciding they do not pay here
+    try:
+        spec = Server(SMOL, "--served-model-name", "smollm2", "--speculative-config",
+                      '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}')
+    finally:
+        del os.environ["OSPREY_SPEC_FIXED_K"]
+    try:
+        rf = {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": Person.model_json_schema()}}
+        for kw in (dict(temperature=0), dict(temperature=0.8, seed=5)):
+            want = smol.client().chat.completions.create(model=smol.model, messages=MSG, response_format=rf,
+                                                         max_tokens=200, **kw)
+            got = spec.client().chat.completions.create(model=smol.model, messages=MSG, response_format=rf,
+                                                        max_tokens=200, **kw)
+            assert got.choices[0].message.content == want.choices[0].message.content
+            assert got.choices[0].finish_reason == want.choices[0].finish_reason
+            assert got.usage.completion_tokens == want.usage.completion_tokens
+            streamed = "".join(ch.choices[0].delta.content or "" for ch in spec.client().chat.completions.create(
+                model=smol.model, messages=MSG, response_format=rf, max_tokens=200, stream=True, **kw) if ch.choices)
+            assert streamed == want.choices[0].message.content
+        Person.model_validate_json(want.choices[0].message.content)
+        drafted, accepted = spec_metric(spec, "num_draft_tokens"), spec_metric(spec, "num_accepted_tokens")
+        assert drafted > 0 and accepted > drafted / 2, (drafted, accepted)
+    finally:
+        assert spec.stop() == 0, spec.read_log()[-4000:]
