@@ -20,7 +20,8 @@
 #   MODEL [models/SmolLM2-135M-Instruct.Q4_1.gguf], SCHEMA [bench/structured_schema.json], REPS [3],
 #   MAX_TOKENS [256], THREADS [2], CTX [4096], PORT [8393: osprey; llama-server on PORT+1], PYTHON [python3: needs only the standard
 #   library; jsonschema if present], GB_REPS [5: grammar_bench repetitions], SPEC_CONFIG [a
-#   --speculative-config JSON: osprey runs a second time with it, as "osprey-spec", on PORT+2])
+#   --speculative-config JSON: osprey runs a second time with it, as "osprey-spec", on PORT+2],
+#   OSPREY_ARGS [more `osprey serve` arguments for both, e.g. --cpu-activations q8])
 # llama-server is not built here (a CPU build of llama.cpp, e.g. cmake --build build --target llama-server).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -157,11 +158,11 @@ run_server() { # name, command...
 
 : >"$OUT/results.jsonl"
 run_server osprey "$OSPREY_BIN" serve -m "$MODEL" --port "$PORT" -t "$THREADS" --max-model-len "$CTX" \
-    --served-model-name model --log-level warning
+    --served-model-name model --log-level warning ${OSPREY_ARGS:-}
 if [ -n "${SPEC_CONFIG:-}" ]; then # the same server with speculative decoding (under a grammar: its forced
     PORT=$((BASE_PORT + 2))           # continuations drafted, every draft verified: the same tokens)
     run_server osprey-spec "$OSPREY_BIN" serve -m "$MODEL" --port "$PORT" -t "$THREADS" --max-model-len "$CTX" \
-        --served-model-name model --log-level warning --speculative-config "$SPEC_CONFIG"
+        --served-model-name model --log-level warning --speculative-config "$SPEC_CONFIG" ${OSPREY_ARGS:-}
 fi
 if [ -n "${LLAMA_SERVER:-}" ]; then
     PORT=$((BASE_PORT + 1))
