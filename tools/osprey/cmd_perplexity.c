@@ -41,6 +41,7 @@ static const char *k_help =
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_GPU_WEIGHTS_HELP
+    CLI_CPU_ACT_HELP
     CLI_KV_DTYPE_HELP
     "  --kv-draft-view R       read int8_hier pages as QuantSpec's draft does: upper 4-bit halves only,\n"
     "                          except each query's last R keys (R >= 0; default: off, both halves)\n"
@@ -137,6 +138,7 @@ int cmd_perplexity(int argc, char **argv) {
     long long max_chunks = 0;
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
+    osp_cpu_activations cpu_act = OSP_CPU_ACT_TWO_LEVEL; /* --cpu-activations */
     bool draft_weights = false; /* --draft-4bit-weights */
     cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     for (int i = 1; i < argc; i++) {
@@ -151,6 +153,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
+        else if (!strcmp(f, "--cpu-activations")) cpu_act = cli_cpu_activations(f, v), i++;
         else if (cli_kv_types_arg(&kvt, f, v)) i++;
         else if (!strcmp(f, "--kv-scales")) scales_path = v, i++;
         else if (!strcmp(f, "--kv-draft-view")) draft_recent = (int)cli_int(f, v, 0, 1 << 30), i++;
@@ -178,6 +181,7 @@ int cmd_perplexity(int argc, char **argv) {
     mp.n_threads = n_threads;
     mp.device = dev;
     mp.gpu_quant_weights = gpu_quant;
+    mp.cpu_activations = cpu_act;
     mp.draft_4bit_weights = draft_weights;
     mp.progress = cli_load_progress;
     osp_model *m;
