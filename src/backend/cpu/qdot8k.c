@@ -23,10 +23,39 @@
 
 /* ---- quantizer ---------------------------------------------------------------------------------- */
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+/* One block on AVX512 (false, nothing written, if a value is not finite): the scalar loop's arithmetic
+ * value for value (amax exact in any order, x * id rounded to nearest even by the conversion; the
+ * integer sums exact). */
+static bool quantize_q8k_avx512(const float *xb, osp_q8k_block *o) {
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int k = 0; k < 16; k++) {
+        const __m512 v = _mm512_loadu_ps(xb + 16 * k), z = _mm512_sub_ps(v, v); /* NaN exactly for NaN, inf */
+        bad |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+    }
+    if (bad) return false;
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 idv = _mm512_set1_ps(id);
+    for (int k = 0; k < 16; k++) {
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16 * k), idv));
+        _mm_storeu_si128((__m128i *)(void *)(o->qs + 16 * k), _mm512_cvtepi32_epi8(q));
+        o->bsums[k] = (int16_t)_mm512_reduce_add_epi32(q);
+    }
+    o->d = d;
+    return true;
+}
+#endif
+
 void osp_quantize_row_q8k(const float *restrict x, osp_q8k_block *restrict y, int64_t n) {
     for (int64_t b = 0; b < n / OSP_Q8K_BLOCK; b++) {
         const float *xb = x + b * OSP_Q8K_BLOCK;
         osp_q8k_block *o = y + b;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+        if (quantize_q8k_avx512(xb, o)) continue;
+#endif
         float amax = 0.0f;
         bool finite = true;
         for (int i = 0; i < OSP_Q8K_BLOCK; i++) {
