@@ -181,8 +181,8 @@ static void test_one_token_and_gemv(void **state) {
     if (osp_qdot_force_isa("avx512vnni")) assert_true(isnan(osp_qdot8k_for(OSP_DTYPE_Q6_K)(w, &xq, 1)));
 }
 
-/* The tiles: for 3..12 tokens left, the tile osp_qdot8k_tile_for picks (8, or the narrowest of 4, 6, 8
- * that holds them) gives each real token the one-token kernel's bits whatever the pack's other rows hold
+/* The tiles: for 1..20 tokens left, the tile osp_qdot8k_tile_for picks (16, 8, or the narrowest of 4,
+ * 6, 8 that holds 3..7) gives each real token the one-token kernel's bits whatever the pack's other rows hold
  * (huge values in some trials), writes exactly its n results ys apart, and is NULL below 3 tokens. */
 static void test_tiles(void **state) {
     (void)state;
@@ -196,7 +196,7 @@ static void test_tiles(void **state) {
     for (size_t ti = 0; ti < NTYPES; ti++) {
         const uint32_t t = types[ti];
         const osp_qdot8k_fn one = osp_qdot8k_for(t);
-        for (int64_t n_left = 1; n_left <= 12; n_left++) {
+        for (int64_t n_left = 1; n_left <= 20; n_left++) {
             int n = 0;
             const osp_qdot8k_tile_fn tile = osp_qdot8k_tile_for(t, n_left, &n);
             const bool want = (t == OSP_DTYPE_Q4_K || t == OSP_DTYPE_Q5_K || t == OSP_DTYPE_Q6_K) && n_left >= 3;
@@ -206,25 +206,25 @@ static void test_tiles(void **state) {
                 continue;
             }
             assert_true(want);
-            assert_int_equal(n, n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
-            const int real = n_left < 8 ? (int)n_left : 8;
+            assert_int_equal(n, n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
+            const int real = n_left < n ? (int)n_left : n;
             for (int trial = 0; trial < 30; trial++) {
                 const int64_t nsb = 1 + rnd() % MAX_SB, stride = nsb + rnd() % 3;
                 static uint8_t w[MAX_SB * 210];
                 static float x[MAX_SB * 256];
-                static osp_q8k_block xq[8 * (MAX_SB + 2)];
-                static _Alignas(64) osp_q8k_pack pk[MAX_SB];
+                static osp_q8k_block xq[16 * (MAX_SB + 2)];
+                static _Alignas(64) osp_q8k_pack pk[2 * MAX_SB];
                 weights(t, w, nsb, trial);
-                for (int j = 0; j < 8; j++) {
+                for (int j = 0; j < 16; j++) {
                     fill_x(x, nsb * 256, j >= real && trial % 2 ? 1e30f : 1.0f);
                     if (trial == 1 && j == 1) for (int64_t i = 0; i < nsb * 256; i++) x[i] = -0.0f;
                     osp_quantize_row_q8k(x, xq + j * stride, nsb * 256);
                 }
-                osp_pack_q8k(xq, stride, nsb, pk);
-                float y[8 * 3];
-                for (int j = 0; j < 8 * 3; j++) y[j] = 12345.0f;
+                for (int g = 0; g < 2; g++) osp_pack_q8k(xq + 8 * g * stride, stride, nsb, pk + g * nsb);
+                float y[16 * 3];
+                for (int j = 0; j < 16 * 3; j++) y[j] = 12345.0f;
                 tile(w, nsb, pk, y, 3);
-                for (int j = 0; j < 8; j++) {
+                for (int j = 0; j < 16; j++) {
                     if (j < real) {
                         const float r = one(w, xq + j * stride, nsb);
                         if (memcmp(&r, &y[j * 3], sizeof r) != 0)

@@ -285,22 +285,23 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
     round_if(r, op->dst, out + l0 * E, (l1 - l0) * E);
 }
 
-/* One part's rows rr0..rr1 on one-level activations (xqk): tiles of 8 tokens, then the last 3-7 in
+/* One part's rows rr0..rr1 on one-level activations (xqk): tiles of 16 and 8 tokens, then the last 3-7 in
  * one narrower tile (4, 6 or 8 tokens, reading spare rows past R: its outputs past the real tokens
  * go to this thread's scratch and are dropped), then 1-2 tokens by GEMV. Every kernel gives the
  * one-token kernel's bits (qdot8k.h), so the split is invisible. */
 static void matmul_q8k(cpu_backend *c, const osp_tensor_part *p, int64_t nsb, int64_t R, int64_t N, int64_t rr0,
                        int64_t rr1, float *yp, int ith) {
     const uint8_t *wb = p->data;
-    /* the two-level pack buffer holds this thread's 8-token pack with room to spare (1088 bytes a
-     * block of 32 there, 2752 a super-block of 256 here) */
+    /* the two-level pack buffer holds this thread's two 8-token packs with room to spare (2 x 1088
+     * bytes a block of 32 there, 2 x 2752 a super-block of 256 here) */
     osp_q8k_pack *pk = (osp_q8k_pack *)(void *)(c->pack + (size_t)ith * OSP_CPU_PACK_GROUPS * (size_t)c->pack_nb);
     int64_t t = 0;
     for (;;) {
         int nt;
         const osp_qdot8k_tile_fn tile = osp_qdot8k_tile_for(p->type, R - t, &nt);
         if (!tile) break;
-        osp_pack_q8k(c->xqk + t * nsb, nsb, nsb, pk);
+        for (int g = 0; g < (nt + OSP_Q8K_PACK_TOKENS - 1) / OSP_Q8K_PACK_TOKENS; g++)
+            osp_pack_q8k(c->xqk + (t + OSP_Q8K_PACK_TOKENS * g) * nsb, nsb, nsb, pk + g * nsb);
         if (R - t >= nt) {
             for (int64_t rr = rr0; rr < rr1; rr++) tile(wb + (size_t)rr * p->row_bytes, nsb, pk, yp + t * N + rr, N);
             t += nt;

@@ -415,16 +415,27 @@ GEMV8K(gemv8k_q4_k_vnni, Q4K_BODY)
 GEMV8K(gemv8k_q5_k_vnni, Q5K_BODY)
 GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
 
-/* ---- tiles: NP token pairs on a pack ----
+/* ---- tiles: NP token pairs on NG = ceil(NP / 4) packs of 8 tokens ----
  * Each pair's register holds tokens 2k (low) and 2k + 1 (high); the weight sub-block's codes are
- * broadcast to both halves, so each half's lanes are that token's L[l] (two accumulators per pair,
- * even and odd sub-blocks, added at the super-block's end: exact). The offsets of the 8 tokens are
- * one 256-bit vector: M by vpmaddwd of the pack's int16 sum pairs with the scale pairs. */
+ * broadcast to both halves, so each half's lanes are that token's L[l] (one int32 accumulator per
+ * pair over the super-block). The offsets of each 8 tokens are one 256-bit vector: M by vpmaddwd of
+ * the pack's int16 sum pairs with the weight's scale pairs. The per-super-block scale vectors are
+ * broadcast from small arrays in memory (vpbroadcastd from memory is a load, not a shuffle):
+ * measured, the super-block's setup (scales, mins, codes, the float step) is about as much work as
+ * its multiplies at 4 pairs, hence the 8-pair (16-token) tiles. */
 #define TILE8K_ARGS const void *w, int64_t nsb, const osp_q8k_pack *pk, float *y, int64_t ys
+#define TILE8K_DECL(NP)                                                                            \
+    enum { NG = ((NP) + 3) / 4 };                                                                  \
+    __m512 acc[NP];                                                                                \
+    __m256 off[NG];                                                                                \
+    UNROLL8K for (int k = 0; k < (NP); k++) acc[k] = _mm512_setzero_ps();                          \
+    UNROLL8K for (int g = 0; g < NG; g++) off[g] = _mm256_setzero_ps()
+/* pair k of super-block s: pack k / 4 of the tile's groups */
+#define PB(k) (pk + ((k) / 4) * nsb + s)
 #define TILE8K_STORE(NP)                                                                           \
     do {                                                                                           \
-        float OFF[8];                                                                              \
-        _mm256_storeu_ps(OFF, off);                                                                \
+        float OFF[8 * NG];                                                                         \
+        UNROLL8K for (int g = 0; g < NG; g++) _mm256_storeu_ps(OFF + 8 * g, off[g]);               \
         UNROLL8K for (int k = 0; k < (NP); k++) {                                                  \
             y[2 * k * ys] = hsum8k(_mm512_castps512_ps256(acc[k])) + OFF[2 * k];                   \
             y[(2 * k + 1) * ys] =                                                                  \
@@ -433,23 +444,34 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
     } while (0)
 #define TILE8K_FLOAT(NP, dv)                                                                       \
     UNROLL8K for (int k = 0; k < (NP); k++) acc[k] = _mm512_fmadd_ps(                              \
-        _mm512_cvtepi32_ps(_mm512_add_epi32(i0[k], i1[k])), _mm512_mul_ps(dv, _mm512_load_ps(pb->dp[k])), acc[k])
+        _mm512_cvtepi32_ps(isum[k]), _mm512_mul_ps(dv, _mm512_load_ps(PB(k)->dp[(k) % 4])), acc[k])
+/* off[g] -= M_g (dmw d_a) for each 8 tokens: M_g = sum_i vpmaddwd(the pack's pairs, pairs[i]) (exact) */
+#define TILE8K_OFFSET(NPAIRS, SUMS, pairs, dmw, SHIFT)                                             \
+    UNROLL8K for (int g = 0; g < NG; g++) {                                                        \
+        const osp_q8k_pack *pg = pk + g * nsb + s;                                                 \
+        __m256i M = _mm256_setzero_si256();                                                        \
+        UNROLL8K for (int i = 0; i < (NPAIRS); i++)                                                \
+            M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)pg->SUMS[i]), \
+                                                      _mm256_set1_epi32(pairs[i])));               \
+        off[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_slli_epi32(M, SHIFT)),                 \
+                                  _mm256_mul_ps(_mm256_set1_ps(dmw), _mm256_load_ps(pg->d)), off[g]); \
+    }
 
 #define QK45_TILE8K(NAME, FIVE, NP)                                                                \
     TGT8K static void NAME(TILE8K_ARGS) {                                                          \
         const uint8_t *p = w;                                                                      \
         const __m512i m4 = _mm512_set1_epi8(0x0f);                                                 \
-        __m512 acc[NP];                                                                            \
-        __m256 off = _mm256_setzero_ps();                                                          \
-        UNROLL8K for (int k = 0; k < (NP); k++) acc[k] = _mm512_setzero_ps();                      \
+        TILE8K_DECL(NP);                                                                           \
         for (int64_t s = 0; s < nsb; s++, p += (FIVE) ? 176 : 144) {                               \
-            const osp_q8k_pack *pb = pk + s;                                                       \
             uint8_t sc[8], m[8];                                                                   \
             k4_scales8(p + 4, sc, m);                                                              \
+            int32_t scd[8], mp[4]; /* scales as int16 pairs (sc, sc); mins as pairs (m_2i, m_2i+1) */ \
+            for (int j = 0; j < 8; j++) scd[j] = (int32_t)(sc[j] * 0x10001u);                     \
+            for (int i = 0; i < 4; i++) mp[i] = i16pair(m[2 * i], m[2 * i + 1]);                   \
             const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                            \
             const __m512i qh = (FIVE) ? BCAST32(p + 16) : _mm512_setzero_si512();                  \
-            __m512i i0[NP], i1[NP];                                                                \
-            UNROLL8K for (int k = 0; k < (NP); k++) i0[k] = i1[k] = _mm512_setzero_si512();        \
+            __m512i isum[NP];                                                                      \
+            UNROLL8K for (int k = 0; k < (NP); k++) isum[k] = _mm512_setzero_si512();              \
             for (int c = 0; c < 4; c++) {                                                          \
                 const __m512i raw = BCAST32(qs + 32 * c);                                          \
                 __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4); \
@@ -458,48 +480,44 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
                     lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << (2 * c)))), lo, x10); \
                     hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, _mm512_set1_epi8((char)(1 << (2 * c + 1)))), hi, x10); \
                 }                                                                                  \
-                const __m512i slo = _mm512_set1_epi16((short)sc[2 * c]), shi = _mm512_set1_epi16((short)sc[2 * c + 1]); \
+                const __m512i slo = _mm512_set1_epi32(scd[2 * c]), shi = _mm512_set1_epi32(scd[2 * c + 1]); \
                 UNROLL8K for (int k = 0; k < (NP); k++) {                                          \
-                    MAC(i0[k], lo, _mm512_load_si512((const void *)pb->qs[2 * c][k]), slo);        \
-                    MAC(i1[k], hi, _mm512_load_si512((const void *)pb->qs[2 * c + 1][k]), shi);    \
+                    MAC(isum[k], lo, _mm512_load_si512((const void *)PB(k)->qs[2 * c][k % 4]), slo); \
+                    MAC(isum[k], hi, _mm512_load_si512((const void *)PB(k)->qs[2 * c + 1][k % 4]), shi); \
                 }                                                                                  \
             }                                                                                      \
             const __m512 dv = _mm512_set1_ps(half8k(p));                                           \
             TILE8K_FLOAT(NP, dv);                                                                  \
-            __m256i M = _mm256_setzero_si256();                                                    \
-            UNROLL8K for (int i = 0; i < 4; i++)                                                   \
-                M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)pb->s32[i]), \
-                                                          _mm256_set1_epi32(i16pair(m[2 * i], m[2 * i + 1])))); \
-            off = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M),                                          \
-                                   _mm256_mul_ps(_mm256_set1_ps(half8k(p + 2)), _mm256_load_ps(pb->d)), off); \
+            TILE8K_OFFSET(4, s32, mp, half8k(p + 2), 0);                                           \
         }                                                                                          \
         TILE8K_STORE(NP);                                                                          \
     }
+QK45_TILE8K(tile8k_q4_k_16, 0, 8)
 QK45_TILE8K(tile8k_q4_k_8, 0, 4)
 QK45_TILE8K(tile8k_q4_k_6, 0, 3)
 QK45_TILE8K(tile8k_q4_k_4, 0, 2)
+QK45_TILE8K(tile8k_q5_k_16, 1, 8)
 QK45_TILE8K(tile8k_q5_k_8, 1, 4)
 QK45_TILE8K(tile8k_q5_k_6, 1, 3)
 QK45_TILE8K(tile8k_q5_k_4, 1, 2)
 
 /* Q6_K: qdot.c's pair-kernel codes (four sub-blocks per half from ql's two rows and qh, broadcast to
- * both halves); sub-block j's two 16-value scales by vpermw from the 16 widened int8 scales. */
+ * both halves); sub-block j's two 16-value scales by vpermw from the 16 widened int8 scales, whose
+ * int16 pairs (sc_2i, sc_2i+1) are also M's multipliers. */
 #define Q6K_TILE8K(NAME, NP)                                                                       \
     TGT8K static void NAME(TILE8K_ARGS) {                                                          \
         const uint8_t *p = w;                                                                      \
         const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);                   \
         const __m512i idx0 = _mm512_set_epi64(0x0001000100010001LL, 0x0001000100010001LL, 0, 0,    \
                                               0x0001000100010001LL, 0x0001000100010001LL, 0, 0);   \
-        __m512 acc[NP];                                                                            \
-        __m256 off = _mm256_setzero_ps();                                                          \
-        UNROLL8K for (int k = 0; k < (NP); k++) acc[k] = _mm512_setzero_ps();                      \
+        TILE8K_DECL(NP);                                                                           \
         for (int64_t s = 0; s < nsb; s++, p += 210) {                                              \
-            const osp_q8k_pack *pb = pk + s;                                                       \
-            const int8_t *sc = (const int8_t *)(p + 192);                                          \
-            const __m512i scl = _mm512_castsi256_si512(                                            \
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)sc)));         \
-            __m512i i0[NP], i1[NP];                                                                \
-            UNROLL8K for (int k = 0; k < (NP); k++) i0[k] = i1[k] = _mm512_setzero_si512();        \
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 192))); \
+            const __m512i scl = _mm512_castsi256_si512(sc16);                                      \
+            _Alignas(32) int32_t sp[8];                                                            \
+            _mm256_store_si256((__m256i *)(void *)sp, sc16);                                       \
+            __m512i isum[NP];                                                                      \
+            UNROLL8K for (int k = 0; k < (NP); k++) isum[k] = _mm512_setzero_si512();              \
             for (int h = 0; h < 2; h++) {                                                          \
                 const __m512i l0 = BCAST32(p + 64 * h), l1 = BCAST32(p + 64 * h + 32), qh = BCAST32(p + 128 + 32 * h); \
                 const __m512i q[4] = {                                                             \
@@ -512,26 +530,18 @@ QK45_TILE8K(tile8k_q5_k_4, 1, 2)
                 UNROLL8K for (int s4 = 0; s4 < 4; s4++) {                                          \
                     const int j = 4 * h + s4;                                                      \
                     const __m512i sv = _mm512_permutexvar_epi16(_mm512_add_epi16(idx0, _mm512_set1_epi16((short)(2 * j))), scl); \
-                    UNROLL8K for (int k = 0; k < (NP); k++) {                                      \
-                        if (s4 & 1)                                                                \
-                            MAC(i1[k], q[s4], _mm512_load_si512((const void *)pb->qs[j][k]), sv);  \
-                        else                                                               \
-                            MAC(i0[k], q[s4], _mm512_load_si512((const void *)pb->qs[j][k]), sv);  \
-                    }                                                                              \
+                    UNROLL8K for (int k = 0; k < (NP); k++)                                        \
+                        MAC(isum[k], q[s4], _mm512_load_si512((const void *)PB(k)->qs[j][k % 4]), sv); \
                 }                                                                                  \
             }                                                                                      \
             const float d = half8k(p + 208);                                                       \
             const __m512 dv = _mm512_set1_ps(d);                                                   \
             TILE8K_FLOAT(NP, dv);                                                                  \
-            __m256i M = _mm256_setzero_si256();                                                    \
-            UNROLL8K for (int i = 0; i < 8; i++)                                                   \
-                M = _mm256_add_epi32(M, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)pb->s16[i]), \
-                                                          _mm256_set1_epi32(i16pair(sc[2 * i], sc[2 * i + 1])))); \
-            off = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_slli_epi32(M, 5)),                    \
-                                   _mm256_mul_ps(_mm256_set1_ps(d), _mm256_load_ps(pb->d)), off);  \
+            TILE8K_OFFSET(8, s16, sp, d, 5);                                                       \
         }                                                                                          \
         TILE8K_STORE(NP);                                                                          \
     }
+Q6K_TILE8K(tile8k_q6_k_16, 8)
 Q6K_TILE8K(tile8k_q6_k_8, 4)
 Q6K_TILE8K(tile8k_q6_k_6, 3)
 Q6K_TILE8K(tile8k_q6_k_4, 2)
@@ -587,12 +597,12 @@ osp_qdot8k_tile_fn osp_qdot8k_tile_for(uint32_t type, int64_t n_left, int *n) {
     *n = 1;
 #ifdef OSP_X86
     if (!have_vnni() || n_left < 3) return NULL;
-    const int wd = n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8;
-#define PICK(T4, T6, T8) return *n = wd, wd == 4 ? (T4) : wd == 6 ? (T6) : (T8)
+    const int wd = n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8;
+#define PICK(T4, T6, T8, T16) return *n = wd, wd == 4 ? (T4) : wd == 6 ? (T6) : wd == 8 ? (T8) : (T16)
     switch (type) {
-    case OSP_DTYPE_Q4_K: PICK(tile8k_q4_k_4, tile8k_q4_k_6, tile8k_q4_k_8);
-    case OSP_DTYPE_Q5_K: PICK(tile8k_q5_k_4, tile8k_q5_k_6, tile8k_q5_k_8);
-    case OSP_DTYPE_Q6_K: PICK(tile8k_q6_k_4, tile8k_q6_k_6, tile8k_q6_k_8);
+    case OSP_DTYPE_Q4_K: PICK(tile8k_q4_k_4, tile8k_q4_k_6, tile8k_q4_k_8, tile8k_q4_k_16);
+    case OSP_DTYPE_Q5_K: PICK(tile8k_q5_k_4, tile8k_q5_k_6, tile8k_q5_k_8, tile8k_q5_k_16);
+    case OSP_DTYPE_Q6_K: PICK(tile8k_q6_k_4, tile8k_q6_k_6, tile8k_q6_k_8, tile8k_q6_k_16);
     default: break;
     }
 #undef PICK

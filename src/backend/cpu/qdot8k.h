@@ -79,14 +79,15 @@ _Static_assert(sizeof(osp_q8k_pack) == 2752, "the pack layout's size");
 /* pk[s] <- super-block s (s < nsb) of the 8 activation rows a + j * a_stride, j < 8. pk 64-aligned. */
 void osp_pack_q8k(const osp_q8k_block *a, int64_t a_stride, int64_t nsb, osp_q8k_pack *pk);
 
-/* A tile: one weight row (nsb super-blocks at w) against the n tokens of one pack row pk[0..nsb):
- * y[j * ys] = dot(w, token j) for j < n, bit-identical to the one-token kernel whatever the pack's
- * other tokens hold. */
+/* A tile: one weight row (nsb super-blocks at w) against n tokens of packs: token j in pack row
+ * pk + (j / 8) * nsb (pk[0..nsb) for tiles of at most 8 tokens), y[j * ys] = dot(w, token j) for j < n,
+ * bit-identical to the one-token kernel whatever the packs' other tokens hold. */
 typedef void (*osp_qdot8k_tile_fn)(const void *w, int64_t nsb, const osp_q8k_pack *pk, float *y, int64_t ys);
-/* The tile for `type` and n_left tokens still to do: 8 tokens when n_left >= 8; else, for
- * 3 <= n_left < 8, the narrowest of 4, 6 and 8 tokens holding them (the pack's rows past n_left are
- * other rows in bounds; their outputs are junk the caller drops). *n = the tile's width. NULL with
- * *n = 1 where there is none (n_left < 3; a CPU without AVX512-VNNI; Q2_K, Q3_K): use the GEMV. */
+/* The tile for `type` and n_left tokens still to do: 16 tokens (two packs) when n_left >= 16, 8 when
+ * n_left >= 8; else, for 3 <= n_left < 8, the narrowest of 4, 6 and 8 tokens holding them (the pack's
+ * rows past n_left are other rows in bounds; their outputs are junk the caller drops). *n = the
+ * tile's width. NULL with *n = 1 where there is none (n_left < 3; a CPU without AVX512-VNNI; Q2_K,
+ * Q3_K): use the GEMV. */
 osp_qdot8k_tile_fn osp_qdot8k_tile_for(uint32_t type, int64_t n_left, int *n);
 
 #endif
