@@ -1,6 +1,7 @@
 /* One-level activations for the K-quants (see qdot8k.h for the arithmetic every kernel shares):
- * the quantizer, the portable kernels (the definition), and on AVX512-VNNI the GEMV (one token against
- * four rows; also the one-token kernel) and the tiles over token pairs on packs.
+ * the quantizer, the portable kernels (the definition), on AVX512-VNNI the GEMV (one token against
+ * four rows; also the one-token kernel) and the tiles over token pairs on packs, and on AVX2 one-token
+ * kernels (no tiles there: prompts run them token by token).
  *
  * The integer part on AVX512: vpmaddubsw (unsigned codes x signed activation codes, pairs summed in
  * int16: |pair| <= 2 * 63 * 127 = 16002, no saturation for codes up to 6 bits) then vpdpwssd with the
@@ -547,9 +548,96 @@ Q6K_TILE8K(tile8k_q6_k_6, 3)
 Q6K_TILE8K(tile8k_q6_k_4, 2)
 #endif
 
+/* the GEMV of the types without a SIMD one: the one-token kernel row by row */
+#define GEMV_LOOP(NAME, DOT)                                                                       \
+    static void NAME(const void *w, size_t rb, const osp_q8k_block *a, int64_t nsb, float *y, int64_t nrows) { \
+        for (int64_t r = 0; r < nrows; r++) y[r] = DOT((const uint8_t *)w + (size_t)r * rb, a, nsb); \
+    }
+/* ---- AVX2 (no AVX512-VNNI): one-token kernels --------------------------------------------------
+ * A sub-block of 32 codes is one 256-bit vector, so vpmaddubsw then vpmaddwd by the sub-block's int16
+ * scales gives its 8 lanes' contributions to L[l] directly; the same float steps as everywhere. */
+#ifdef OSP_X86
+#define TGT8K_AVX2 __attribute__((target("avx2,fma,f16c")))
+TGT8K_AVX2 static inline float hsum8k_avx2(__m256 v) {
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    return _mm_cvtss_f32(t);
+}
+TGT8K_AVX2 static inline float half8k_avx2(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+#define LOAD256(ptr) _mm256_loadu_si256((const __m256i *)(const void *)(ptr))
+/* acc += L (dd), L[l] = sum_j scv[j] (4 products of sub-block j's lane l) */
+TGT8K_AVX2 static inline __m256 sb_avx2(const __m256i *q, const __m256i *scv, const osp_q8k_block *a, float dd, __m256 acc) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++)
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q[j], LOAD256(a->qs + 32 * j)), scv[j]));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc);
+}
+TGT8K_AVX2 static inline float q45k_avx2(const void *w, const osp_q8k_block *a, int64_t nsb, const int FIVE) {
+    const uint8_t *p = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    float off = 0.0f;
+    for (int64_t s = 0; s < nsb; s++, a++, p += FIVE ? 176 : 144) {
+        uint8_t sc[8], m[8];
+        k4_scales8(p + 4, sc, m);
+        const uint8_t *qs = p + (FIVE ? 48 : 16);
+        const __m256i qh = FIVE ? LOAD256(p + 16) : _mm256_setzero_si256();
+        __m256i q[8], scv[8];
+        int32_t M = 0;
+        for (int j = 0; j < 8; j++) {
+            const __m256i raw = LOAD256(qs + 32 * (j / 2));
+            q[j] = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+            if (FIVE) q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, j), one), 4));
+            scv[j] = _mm256_set1_epi16((short)sc[j]);
+            M += m[j] * (a->bsums[2 * j] + a->bsums[2 * j + 1]);
+        }
+        acc = sb_avx2(q, scv, a, half8k_avx2(p) * a->d, acc);
+        off = fmaf(-(float)M, half8k_avx2(p + 2) * a->d, off);
+    }
+    return hsum8k_avx2(acc) + off;
+}
+TGT8K_AVX2 static float dot8k_q4_k_avx2(const void *w, const osp_q8k_block *a, int64_t nsb) { return q45k_avx2(w, a, nsb, 0); }
+TGT8K_AVX2 static float dot8k_q5_k_avx2(const void *w, const osp_q8k_block *a, int64_t nsb) { return q45k_avx2(w, a, nsb, 1); }
+TGT8K_AVX2 static float dot8k_q6_k_avx2(const void *w, const osp_q8k_block *a, int64_t nsb) {
+    const uint8_t *p = w;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc = _mm256_setzero_ps();
+    float off = 0.0f;
+    for (int64_t s = 0; s < nsb; s++, a++, p += 210) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        __m256i q[8], scv[8];
+        for (int h = 0; h < 2; h++) {
+            const __m256i l0 = LOAD256(p + 64 * h), l1 = LOAD256(p + 64 * h + 32), qh = LOAD256(p + 128 + 32 * h);
+            q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+        }
+        int32_t M = 0;
+        for (int j = 0; j < 8; j++) /* values 0..15 of sub-block j: scale 2j; 16..31: 2j + 1 */
+            scv[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+        for (int k = 0; k < 16; k++) M += sc[k] * a->bsums[k];
+        const float d = half8k_avx2(p + 208);
+        acc = sb_avx2(q, scv, a, d * a->d, acc);
+        off = fmaf(-(float)(32 * M), d * a->d, off);
+    }
+    return hsum8k_avx2(acc) + off;
+}
+GEMV_LOOP(gemv8k_q4_k_avx2, dot8k_q4_k_avx2)
+GEMV_LOOP(gemv8k_q5_k_avx2, dot8k_q5_k_avx2)
+GEMV_LOOP(gemv8k_q6_k_avx2, dot8k_q6_k_avx2)
+#endif
+
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
 static bool have_vnni(void) { return !strcmp(osp_qdot_isa(), "avx512vnni"); }
+static bool have_avx2(void) { return !strcmp(osp_qdot_isa(), "avx2"); }
 
 osp_qdot8k_fn osp_qdot8k_for(uint32_t type) {
 #ifdef OSP_X86
@@ -559,15 +647,16 @@ osp_qdot8k_fn osp_qdot8k_for(uint32_t type) {
         case OSP_DTYPE_Q6_K: return gemv8k_q6_k_vnni_one;
         default: break;
         }
+    if (have_avx2()) switch (type) {
+        case OSP_DTYPE_Q4_K: return dot8k_q4_k_avx2;
+        case OSP_DTYPE_Q5_K: return dot8k_q5_k_avx2;
+        case OSP_DTYPE_Q6_K: return dot8k_q6_k_avx2;
+        default: break;
+        }
 #endif
     return osp_qdot8k_ref_for(type);
 }
 
-/* the GEMV of the types without a SIMD one: the one-token kernel row by row */
-#define GEMV_LOOP(NAME, DOT)                                                                       \
-    static void NAME(const void *w, size_t rb, const osp_q8k_block *a, int64_t nsb, float *y, int64_t nrows) { \
-        for (int64_t r = 0; r < nrows; r++) y[r] = DOT((const uint8_t *)w + (size_t)r * rb, a, nsb); \
-    }
 GEMV_LOOP(gemv8k_q2_k_ref, dot8k_q2_k_ref)
 GEMV_LOOP(gemv8k_q3_k_ref, dot8k_q3_k_ref)
 GEMV_LOOP(gemv8k_q4_k_ref, dot8k_q4_k_ref)
@@ -580,6 +669,12 @@ osp_qdot8k_gemv_fn osp_qdot8k_gemv_for(uint32_t type) {
         case OSP_DTYPE_Q4_K: return gemv8k_q4_k_vnni;
         case OSP_DTYPE_Q5_K: return gemv8k_q5_k_vnni;
         case OSP_DTYPE_Q6_K: return gemv8k_q6_k_vnni;
+        default: break;
+        }
+    if (have_avx2()) switch (type) {
+        case OSP_DTYPE_Q4_K: return gemv8k_q4_k_avx2;
+        case OSP_DTYPE_Q5_K: return gemv8k_q5_k_avx2;
+        case OSP_DTYPE_Q6_K: return gemv8k_q6_k_avx2;
         default: break;
         }
 #endif

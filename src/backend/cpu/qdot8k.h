@@ -51,15 +51,16 @@ bool osp_qdot8k_supports(uint32_t type);
 typedef float (*osp_qdot8k_fn)(const void *w, const osp_q8k_block *a, int64_t nsb);
 /* The portable kernel (the arithmetic written out in C), or NULL for a type without the mode. */
 osp_qdot8k_fn osp_qdot8k_ref_for(uint32_t type);
-/* The fastest one-token kernel on this CPU (osp_qdot_isa's family; bit-identical to the portable one). */
+/* The fastest one-token kernel on this CPU (osp_qdot_isa's family: AVX512-VNNI or AVX2 for Q4_K, Q5_K,
+ * Q6_K, else the portable one; all bit-identical to the portable one). */
 osp_qdot8k_fn osp_qdot8k_for(uint32_t type);
 
 /* y[r] = dot(w + r * row_bytes, a, nsb) for r < nrows (one token against nrows weight rows), each
  * bit-identical to osp_qdot8k_for(type). */
 typedef void (*osp_qdot8k_gemv_fn)(const void *w, size_t row_bytes, const osp_q8k_block *a, int64_t nsb, float *y,
                                    int64_t nrows);
-/* The GEMV kernel for `type` on this CPU (AVX512-VNNI: Q4_K, Q5_K, Q6_K; else a loop over the
- * one-token kernel), or NULL for a type without the mode. */
+/* The GEMV kernel for `type` on this CPU (AVX512-VNNI: Q4_K, Q5_K, Q6_K four rows at a time; else a
+ * loop over osp_qdot8k_for's one-token kernel), or NULL for a type without the mode. */
 osp_qdot8k_gemv_fn osp_qdot8k_gemv_for(uint32_t type);
 
 /* Super-block s of 8 tokens packed for the AVX512-VNNI pair tiles (token pairs 2k, 2k + 1 as the low
