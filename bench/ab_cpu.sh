@@ -20,6 +20,8 @@
 # whole-process wall time of each run (load included) is kept too and its median ratio A/B printed
 # beside it (> 1: B finished sooner). THREADS (default 2), N_PROMPT (128), N_GEN (64), REPS (3), PAIRS,
 # MODEL and TESTS ("pp tg") override the shape. Every run's line goes to $LOG (default a file in /tmp).
+# A_ARGS / B_ARGS: extra flags for each side's `osprey bench` (word-split), e.g. a mode A/B on one binary:
+#   A_ARGS= B_ARGS="--cpu-activations q8" bench/ab_cpu.sh build/bin/osprey build/bin/osprey
 set -euo pipefail
 # paths given on the command line or in BASE_DIR are the caller's; the defaults are the repository's
 args=(); for a in "$@"; do args+=("${a:+$(realpath -m -- "$a")}"); done
@@ -61,27 +63,28 @@ fi
 [ "$PAIRS" -ge 1 ] || { echo "PAIRS must be >= 1" >&2; exit 1; }
 
 # one run: prints "<tokens/s> <wall seconds>"; the bench line itself goes to $LOG
-run_one() { # BIN TEST
-    local bin=$1 test=$2 p n t0 t1 out fig
+run_one() { # BIN TEST EXTRA_ARGS
+    local bin=$1 test=$2 extra=${3:-} p n t0 t1 out fig
     if [ "$test" = pp ]; then p=$N_PROMPT n=0; else p=0 n=$N_GEN; fi
     t0=$(date +%s.%N)
-    out=$("$bin" bench -m "$MODEL" -p "$p" -n "$n" -t "$THREADS" -r "$REPS" 2>/dev/null) ||
+    # shellcheck disable=SC2086 # extra flags are word-split on purpose
+    out=$("$bin" bench -m "$MODEL" -p "$p" -n "$n" -t "$THREADS" -r "$REPS" $extra 2>/dev/null) ||
         { echo "$bin bench failed" >&2; exit 1; }
     t1=$(date +%s.%N)
     fig=$(awk -v t="$test" '$1 ~ "^"t"[0-9]+$" {print $2}' <<<"$out")
     [ -n "$fig" ] || { echo "$bin printed no $test line: $out" >&2; exit 1; }
-    echo "$bin $test $out wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')" >>"$LOG"
+    echo "$bin${extra:+ $extra} $test $out wall=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')" >>"$LOG"
     awk -v f="$fig" -v a="$t0" -v b="$t1" 'BEGIN {printf "%s %.4f\n", f, b - a}'
 }
 
-echo "A: $A"
-echo "B: $B"
+echo "A: $A${A_ARGS:+ $A_ARGS}"
+echo "B: $B${B_ARGS:+ $B_ARGS}"
 echo "model $MODEL, -t $THREADS, pp$N_PROMPT, tg$N_GEN, -r $REPS, $PAIRS pairs A B A B ...; load $(cut -d' ' -f1-3 /proc/loadavg); log $LOG"
 declare -A ratios wall_ratios a_figs b_figs
 for ((i = 1; i <= PAIRS; i++)); do
     for test in $TESTS; do
-        ra=$(run_one "$A" "$test"); read -r fa wa <<<"$ra"
-        rb=$(run_one "$B" "$test"); read -r fb wb <<<"$rb"
+        ra=$(run_one "$A" "$test" "${A_ARGS:-}"); read -r fa wa <<<"$ra"
+        rb=$(run_one "$B" "$test" "${B_ARGS:-}"); read -r fb wb <<<"$rb"
         ratios[$test]+="$(awk -v a="$fa" -v b="$fb" 'BEGIN {printf "%.6f", b / a}') "
         wall_ratios[$test]+="$(awk -v a="$wa" -v b="$wb" 'BEGIN {printf "%.6f", a / b}') "
         a_figs[$test]+="$fa "; b_figs[$test]+="$fb "

@@ -72,6 +72,22 @@ const char *osp_device_name(osp_device d); /* "cpu" / "cuda" */
  * without CUDA). */
 int osp_device_count(osp_device d);
 
+/* How the CPU backend quantizes the activations of a matmul with block-quantized weights
+ * (osp_model_params.cpu_activations; bench/cpu/NOTES.md has the measured accuracy and speed). */
+typedef enum osp_cpu_activations {
+    OSP_CPU_ACT_TWO_LEVEL = 0, /* the default: int8 in blocks of 32 with a second level for the residual
+                                  (relative error ~1e-5 a value) for every quantized weight type */
+    OSP_CPU_ACT_Q8 = 1,        /* K-quant weights (Q2_K..Q6_K) on one int8 level with one scale per 256
+                                  values (llama.cpp's Q8_K; ~2e-3 a value): faster prompts, results
+                                  that differ from the default's (still batch-invariant); other types
+                                  keep two levels */
+} osp_cpu_activations;
+/* "two-level" -> OSP_CPU_ACT_TWO_LEVEL, "q8" -> OSP_CPU_ACT_Q8; OSP_ERR_INVALID_ARG (with a message
+ * naming the accepted values) for anything else, *out untouched. */
+osp_status osp_cpu_activations_parse(const char *name, osp_cpu_activations *out);
+/* "two-level" / "q8" (NULL for a value outside the enum). */
+const char *osp_cpu_activations_name(osp_cpu_activations a);
+
 typedef struct osp_model_params {
     osp_device device; /* default OSP_DEVICE_CPU */
     /* Called during loading with the fraction done (0..1] of the weights placed on the device; NULL:
@@ -92,6 +108,8 @@ typedef struct osp_model_params {
                     * false (default): int8-quantized activations for block-quantized weights (faster;
                     * per-row quantization keeps results batch-invariant). CPU only: the GPU
                     * ignores it (bf16 operands, fp32 accumulation) */
+    osp_cpu_activations cpu_activations; /* CPU, without exact: OSP_CPU_ACT_TWO_LEVEL (default) or
+                                          * OSP_CPU_ACT_Q8 (see the enum). The GPU ignores it */
     bool gpu_quant_weights; /* CUDA: keep Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their GGUF blocks on
                              * the device (src/backend/cuda/qmatmul.cu: 3.3x less memory for Q4_K_M, faster
                              * batch-1 decode) instead of dequantizing every matrix to bf16 at load (the

@@ -27,6 +27,8 @@ typedef struct osp_backend_params {
     osp_threadpool *pool; /* host worker threads lent by the model (CPU ops; dequantizing at upload) */
     bool exact;           /* CPU: fp32 activations in every matmul (osp_model_params.exact) */
     bool emulate_bf16;    /* CPU: round to bf16 where the CUDA backend stores bf16 (op.h) */
+    bool act_q8;          /* CPU: one-level activations for K-quant weights (qdot8k.h;
+                             osp_model_params.cpu_activations == OSP_CPU_ACT_Q8); ignored with exact */
     /* Benchmarks (bench/kernels/): time every run's ops on the device, for run_device_us. Off (the
      * default) costs nothing; on, a run records two device timestamps around its ops and nothing else
      * changes (the same kernels, results and synchronization). Backends without a device clock ignore it. */

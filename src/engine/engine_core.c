@@ -167,6 +167,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = p.n_threads;
     mp.exact = p.exact;
+    mp.cpu_activations = p.cpu_activations;
     mp.device = p.device;
     mp.gpu_quant_weights = p.gpu_quant_weights;
     mp.progress = p.load_progress;
@@ -342,6 +343,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         const osp_offload_identity oid = {.model_path = p.random_weights ? NULL : p.model_path,
                                           .random_weights = p.random_weights, .random_seed = p.random_seed,
                                           .device = (int)p.device, .exact = p.exact,
+                                          .cpu_activations = (int)p.cpu_activations,
                                           .gpu_quant_weights = p.gpu_quant_weights, .hash_algo = p.hash_algo,
                                           .hash_seed = sc.hasher.seed};
         if ((s = osp_offload_create(&oc, &oid, e->runner->kv, e->sched, &e->offload)) != OSP_OK) goto fail;

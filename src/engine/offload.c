@@ -485,8 +485,8 @@ static uint64_t model_content_hash(const char *path) {
 /* Identity of the KV a block holds. The disk tier's fingerprint (content = false) names the model file
  * by real path, size and modification time (cheap at every start; a replaced file starts afresh); a
  * transfer's engine id (content = true) by size and content (model_content_hash), plus the block hashes'
- * algorithm and seed. Both cover the device, the exact / quantized-weights modes, the page formats and
- * the fixed scales. */
+ * algorithm and seed. Both cover the device, the exact / quantized-weights modes, the CPU activations
+ * (only when not the default), the page formats and the fixed scales. */
 static uint64_t identity_hash(const osp_offload_identity *id, const osp_kv_cache *kv, bool content) {
     char text[PATH_MAX + 640];
     int n = 0;
@@ -511,6 +511,10 @@ static uint64_t identity_hash(const osp_offload_identity *id, const osp_kv_cache
                      (int)kv->v_fmt.elem_type, kv->v_fmt.bytes_per_token, kv->v_fmt.scale_bytes_per_token,
                      kv->v_fmt.k_hadamard);
     if (m > 0 && n + m < (int)sizeof text) n += m;
+    if (id->cpu_activations && n < (int)sizeof text) { /* the default's fingerprints stay as they were */
+        m = snprintf(text + n, sizeof text - (size_t)n, " cpu-act=%d", id->cpu_activations);
+        if (m > 0 && n + m < (int)sizeof text) n += m;
+    }
     if (content && n < (int)sizeof text)
         snprintf(text + n, sizeof text - (size_t)n, " hash=%d/%016llx", (int)id->hash_algo,
                  (unsigned long long)id->hash_seed);

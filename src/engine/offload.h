@@ -30,6 +30,7 @@ typedef struct osp_offload_identity {
     uint64_t random_seed;
     int device;                 /* osp_device: the CPU and CUDA kernels round differently */
     bool exact, gpu_quant_weights;
+    int cpu_activations;        /* osp_cpu_activations: one-level activations compute other KV values */
     osp_prefix_hash_algo hash_algo; /* the block hashes' algorithm and seed (a transfer's engine id: a */
     uint64_t hash_seed;             /* consumer with another seed finds no block, so it is refused early) */
 } osp_offload_identity;

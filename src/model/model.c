@@ -39,6 +39,17 @@ osp_model_params osp_model_default_params(void) {
     return p;
 }
 
+osp_status osp_cpu_activations_parse(const char *name, osp_cpu_activations *out) {
+    if (name && !strcmp(name, "two-level")) *out = OSP_CPU_ACT_TWO_LEVEL;
+    else if (name && !strcmp(name, "q8")) *out = OSP_CPU_ACT_Q8;
+    else return osp_set_error(OSP_ERR_INVALID_ARG, "CPU activations '%s' are not one of two-level, q8", name ? name : "(null)");
+    return OSP_OK;
+}
+
+const char *osp_cpu_activations_name(osp_cpu_activations a) {
+    return a == OSP_CPU_ACT_TWO_LEVEL ? "two-level" : a == OSP_CPU_ACT_Q8 ? "q8" : NULL;
+}
+
 const char *osp_device_name(osp_device d) { return d == OSP_DEVICE_CUDA ? "cuda" : "cpu"; }
 
 osp_status osp_device_parse(const char *name, osp_device *out) {
@@ -75,6 +86,7 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
         .pool = m->pool,
         .exact = params && (params->exact || (params->emulate_bf16 && dev == OSP_DEVICE_CPU)),
         .emulate_bf16 = params && params->emulate_bf16 && dev == OSP_DEVICE_CPU,
+        .act_q8 = params && params->cpu_activations == OSP_CPU_ACT_Q8,
         .quant_weights = params && params->gpu_quant_weights,
     };
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));

@@ -25,6 +25,7 @@ noreturn void cli_help(const char *text);
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"                                    \
     "  --device D              cpu | cuda | auto (default: auto, cuda when a GPU is present)\n"                \
     CLI_GPU_WEIGHTS_HELP                                                                                       \
+    CLI_CPU_ACT_HELP                                                                                           \
     "  --kernel-table FILE     kernel choices from osprey bench-kernels --make-table\n"                         \
     "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
     "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
@@ -70,6 +71,13 @@ void cli_kv_types_check_exact(bool exact, osp_kv_dtype k, osp_kv_dtype v);
 osp_device cli_device(const char *flag, const char *v);
 /* Parses --gpu-weights bf16|quant or dies: true for quant (osp_model_params.gpu_quant_weights). */
 bool cli_gpu_weights(const char *flag, const char *v);
+/* Parses --cpu-activations two-level|q8 or dies naming the accepted values. */
+osp_cpu_activations cli_cpu_activations(const char *flag, const char *v);
+/* The --help lines of --cpu-activations (generate, chat, serve, bench, perplexity). */
+#define CLI_CPU_ACT_HELP                                                                                       \
+    "  --cpu-activations A     two-level | q8: how the CPU quantizes matmul inputs: two int8 levels per 32\n"  \
+    "                          values (default), or for K-quant weights one level per 256 (llama.cpp's Q8_K:\n" \
+    "                          faster prompts; KL vs the default in bench/cpu/NOTES.md)\n"
 /* The --help line of --gpu-weights (generate, chat, serve, bench, perplexity). */
 #define CLI_GPU_WEIGHTS_HELP                                                                                   \
     "  --gpu-weights W         bf16 | quant: on the GPU dequantize every matrix to bf16 at load (default), or\n" \
@@ -98,6 +106,7 @@ typedef struct cli_engine_args {
     int n_threads;         /* -t, --threads N in [1, 1024]; 0 (the default): all cores */
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
     bool gpu_quant_weights; /* --gpu-weights quant (default bf16): osp_engine_params.gpu_quant_weights */
+    osp_cpu_activations cpu_activations; /* --cpu-activations two-level|q8 (osp_engine_params.cpu_activations) */
     cli_kv_types kv_types; /* --kv-cache-dtype, -ctk / --cache-type-k, -ctv / --cache-type-v as given */
     osp_kv_dtype kv_dtype; /* K pages, resolved from kv_types after each flag (default f16; f32 with --exact) */
     osp_kv_dtype kv_dtype_v; /* V pages, likewise (osp_engine_params.kv_dtype_v) */

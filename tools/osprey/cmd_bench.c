@@ -182,6 +182,7 @@ static const char k_help[] =
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_GPU_WEIGHTS_HELP
+    CLI_CPU_ACT_HELP
     CLI_KV_DTYPE_HELP
     CLI_KV_SCALES_HELP
     "  --exact                 fp32 activations and an f32 KV cache (or f16 with --kv-cache-dtype f16;\n"
@@ -197,6 +198,7 @@ int cmd_bench(int argc, char **argv) {
     int batch = 1, depth = 0;
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
+    osp_cpu_activations cpu_act = OSP_CPU_ACT_TWO_LEVEL; /* --cpu-activations */
     cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     out_format fmt = OUT_TEXT;
     for (int i = 1; i < argc; i++) {
@@ -217,6 +219,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "--depth") || !strcmp(f, "-d")) depth = (int)cli_int(f, v, 0, 1 << 20), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
+        else if (!strcmp(f, "--cpu-activations")) cpu_act = cli_cpu_activations(f, v), i++;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
         else if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             if (v && !strcmp(v, "text")) fmt = OUT_TEXT;
@@ -240,6 +243,7 @@ int cmd_bench(int argc, char **argv) {
     mp.exact = exact;
     mp.device = dev;
     mp.gpu_quant_weights = gpu_quant;
+    mp.cpu_activations = cpu_act;
     mp.progress = cli_load_progress;
     osp_model *m;
     osp_status s = random_preset ? osp_model_load_random(random_preset, 0, &mp, &m) : osp_model_load(model, &mp, &m);

@@ -41,6 +41,9 @@ static const char *k_help =
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_GPU_WEIGHTS_HELP
+    CLI_CPU_ACT_HELP
+    "  --exact                 fp32 activations in every matmul (the reference the quantized activations\n"
+    "                          are measured against with --kl-base); the KV cache stays f16 unless given\n"
     CLI_KV_DTYPE_HELP
     "  --kv-draft-view R       read int8_hier pages as QuantSpec's draft does: upper 4-bit halves only,\n"
     "                          except each query's last R keys (R >= 0; default: off, both halves)\n"
@@ -137,6 +140,8 @@ int cmd_perplexity(int argc, char **argv) {
     long long max_chunks = 0;
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
+    osp_cpu_activations cpu_act = OSP_CPU_ACT_TWO_LEVEL; /* --cpu-activations */
+    bool exact = false; /* --exact */
     bool draft_weights = false; /* --draft-4bit-weights */
     cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     for (int i = 1; i < argc; i++) {
@@ -151,6 +156,8 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) n_threads = (int)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
+        else if (!strcmp(f, "--cpu-activations")) cpu_act = cli_cpu_activations(f, v), i++;
+        else if (!strcmp(f, "--exact")) exact = true, has_v = true;
         else if (cli_kv_types_arg(&kvt, f, v)) i++;
         else if (!strcmp(f, "--kv-scales")) scales_path = v, i++;
         else if (!strcmp(f, "--kv-draft-view")) draft_recent = (int)cli_int(f, v, 0, 1 << 30), i++;
@@ -178,6 +185,8 @@ int cmd_perplexity(int argc, char **argv) {
     mp.n_threads = n_threads;
     mp.device = dev;
     mp.gpu_quant_weights = gpu_quant;
+    mp.cpu_activations = cpu_act;
+    mp.exact = exact;
     mp.draft_4bit_weights = draft_weights;
     mp.progress = cli_load_progress;
     osp_model *m;
@@ -215,6 +224,7 @@ int cmd_perplexity(int argc, char **argv) {
     const int32_t nblk = (ctx + PPL_BLOCK - 1) / PPL_BLOCK;
     osp_kv_dtype kvd, kvd_v;
     cli_kv_types_resolve(&kvt, OSP_KV_DTYPE_F16, &kvd, &kvd_v);
+    cli_kv_types_check_exact(exact, kvd, kvd_v);
     char kv_name[64];
     osp_kv_cache *kv = cli_kv_cache_create(m, nblk, PPL_BLOCK, kvd, kvd_v, &scales, scales_path);
     if (draft_recent >= 0) { /* QuantSpec's draft view of int8_hier pages (kv/kv_cache.h) */

@@ -107,6 +107,12 @@ bool cli_gpu_weights(const char *flag, const char *v) {
     return false;
 }
 
+osp_cpu_activations cli_cpu_activations(const char *flag, const char *v) {
+    osp_cpu_activations a = OSP_CPU_ACT_TWO_LEVEL;
+    if (osp_cpu_activations_parse(v, &a) != OSP_OK) cli_die(OSP_OK, "%s: '%s' is not one of two-level, q8", flag, v ? v : "");
+    return a;
+}
+
 void cli_load_progress(void *ctx, float fraction) {
     (void)ctx;
     static int last = -1;

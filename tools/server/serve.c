@@ -107,7 +107,9 @@ static const char *k_serve_usage =
     "  -t, --threads N                  compute threads (all cores)\n"
     "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
     "  --gpu-weights bf16|quant         GPU: every matrix bf16 (default) or Q8_0/Q4_0/Q4_1/Q4_K/Q6_K kept in their\n"
-    "                                   blocks (quant: integer tensor cores, activations in two int8 levels)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
+    "                                   blocks (quant: integer tensor cores, activations in two int8 levels)\n"
+    "  --cpu-activations two-level|q8   CPU: matmul inputs in two int8 levels (default), or one level per 256\n"
+    "                                   values for K-quant weights (faster prompts; KL in bench/cpu/NOTES.md)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' or '{\"method\":\n"
     "                                   \"draft_model\", \"model\": \"DRAFT.gguf\", \"num_speculative_tokens\": 4}' or\n"
@@ -284,6 +286,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.n_threads = eng.n_threads;
     c.device = eng.device;
     c.gpu_quant_weights = eng.gpu_quant_weights;
+    c.cpu_activations = eng.cpu_activations;
     c.kv_dtype = eng.kv_dtype;
     c.kv_dtype_v = eng.kv_dtype_v;
     c.kv_scales = eng.kv_scales;
@@ -371,6 +374,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.trace_shapes_path = cfg->trace_shapes;
     ep.device = cfg->device;
     ep.gpu_quant_weights = cfg->gpu_quant_weights;
+    ep.cpu_activations = cfg->cpu_activations;
     ep.kv_dtype = cfg->kv_dtype;
     ep.kv_dtype_v = cfg->kv_dtype_v;
     ep.kv_dtype_v_set = true;
