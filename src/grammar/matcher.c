@@ -805,6 +805,8 @@ osp_status osp_grammar_matcher_fill_mask(osp_grammar_matcher *m, const osp_token
 
 /* Whether byte class c holds only whitespace bytes (space, tab, newline, carriage return). */
 static bool class_is_space(const osp_grammar *g, int32_t c) {
+    const uint8_t r = g->class_rep[c]; /* most classes end here, without the scan */
+    if (r != ' ' && r != '\t' && r != '\n' && r != '\r') return false;
     for (int32_t x = 0; x < 256; x++)
         if (g->byte_class[x] == c && x != ' ' && x != '\t' && x != '\n' && x != '\r') return false;
     return true;

@@ -88,6 +88,25 @@ static void check_output(const osp_grammar *g, const int32_t *ids, int32_t n, os
     free(text);
 }
 
+/* The engine both tests run: SmolLM2 on the CPU, invariants checked every step. */
+static osp_engine_params cpu_params(void) {
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = g_model;
+    p.n_threads = 2;
+    p.max_model_len = 512;
+    p.device = OSP_DEVICE_CPU;
+    p.check_invariants = true;
+    return p;
+}
+
+/* The chat prompt both tests send, as token ids (the caller frees them). */
+static int32_t *person_prompt(size_t *n_ids) {
+    const char *prompt = "<|im_start|>user\nGive a person as JSON with name, age and city.<|im_end|>\n<|im_start|>assistant\n";
+    int32_t *ids;
+    assert_int_equal(osp_tokenizer_encode(g_tok, prompt, strlen(prompt), false, true, &ids, n_ids), OSP_OK);
+    return ids;
+}
+
 static void test_engine_structured(void **st) {
     (void)st;
     if (!g_model) skip();
@@ -96,19 +115,12 @@ static void test_engine_structured(void **st) {
     osp_grammar *g;
     assert_int_equal(osp_grammar_parse(gbnf, strlen(gbnf), NULL, &g), OSP_OK);
 
-    osp_engine_params p = osp_engine_default_params();
-    p.model_path = g_model;
-    p.n_threads = 2;
-    p.max_model_len = 512;
-    p.device = OSP_DEVICE_CPU;
-    p.check_invariants = true;
+    osp_engine_params p = cpu_params();
     osp_engine *e;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
 
-    const char *prompt = "<|im_start|>user\nGive a person as JSON with name, age and city.<|im_end|>\n<|im_start|>assistant\n";
-    int32_t *ids;
     size_t n_ids;
-    assert_int_equal(osp_tokenizer_encode(g_tok, prompt, strlen(prompt), false, true, &ids, &n_ids), OSP_OK);
+    int32_t *ids = person_prompt(&n_ids);
 
     osp_request_params rp = osp_request_default_params();
     rp.prompt = ids;
@@ -155,12 +167,7 @@ typedef struct job_out {
 } job_out;
 
 static void run_structured(const char *gbnf, int32_t k, job_out *o, osp_engine_stats *st) {
-    osp_engine_params p = osp_engine_default_params();
-    p.model_path = g_model;
-    p.n_threads = 2;
-    p.max_model_len = 512;
-    p.device = OSP_DEVICE_CPU;
-    p.check_invariants = true;
+    osp_engine_params p = cpu_params();
     if (k > 0) {
         p.speculative = osp_spec_default_config();
         p.speculative.method = OSP_SPEC_NGRAM;
@@ -170,10 +177,8 @@ static void run_structured(const char *gbnf, int32_t k, job_out *o, osp_engine_s
     }
     osp_engine *e;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
-    const char *prompt = "<|im_start|>user\nGive a person as JSON with name, age and city.<|im_end|>\n<|im_start|>assistant\n";
-    int32_t *ids;
     size_t n_ids;
-    assert_int_equal(osp_tokenizer_encode(g_tok, prompt, strlen(prompt), false, true, &ids, &n_ids), OSP_OK);
+    int32_t *ids = person_prompt(&n_ids);
     osp_request_params rp = osp_request_default_params();
     rp.prompt = ids;
     rp.num_prompt = (int32_t)n_ids;

@@ -162,28 +162,16 @@ __global__ void __launch_bounds__((W + 1) * 32) skinny_kernel(const uint16_t *__
             const int s = it % S, kc = min(KC, K - c * KC);
             mbar_wait(bars + 8u * s, (it / S) & 1);
             const uint32_t st = base + (uint32_t)(s * ROWS * RB);
-            if (kc == KC) {
+            /* one k16 step: A's 16 rows, then every token tile's B against them (the chain's order) */
 #pragma unroll 4
-                for (int ks = 0; ks < KC / 16; ks++) {
-                    uint32_t a[4];
-                    ldsm_x4(st + a_off + ks * 32, a[0], a[1], a[2], a[3]);
+            for (int ks = 0; ks < kc / 16; ks++) {
+                uint32_t a[4];
+                ldsm_x4(st + a_off + ks * 32, a[0], a[1], a[2], a[3]);
 #pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        uint32_t b0, b1;
-                        ldsm_x2(st + b_off + (uint32_t)(j * 8 * RB) + ks * 32, b0, b1);
-                        mma_bf16(acc[j], a, b0, b1);
-                    }
-                }
-            } else {
-                for (int ks = 0; ks < kc / 16; ks++) {
-                    uint32_t a[4];
-                    ldsm_x4(st + a_off + ks * 32, a[0], a[1], a[2], a[3]);
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        uint32_t b0, b1;
-                        ldsm_x2(st + b_off + (uint32_t)(j * 8 * RB) + ks * 32, b0, b1);
-                        mma_bf16(acc[j], a, b0, b1);
-                    }
+                for (int j = 0; j < NT; j++) {
+                    uint32_t b0, b1;
+                    ldsm_x2(st + b_off + (uint32_t)(j * 8 * RB) + ks * 32, b0, b1);
+                    mma_bf16(acc[j], a, b0, b1);
                 }
             }
             __syncwarp();
