@@ -15,20 +15,19 @@ through the P/D router, for long prompts (blocks pulled) and a 5-token one (null
 the transfer counters move; a dead prefill server makes requests fail cleanly; a dead decode server
 after the prefill answered is a clean error and the held transfer is dropped at its timeout; a pull from
 nowhere is recomputed to the same text. Skipped when the binary has no --kv-transfer-config."""
-import http.server
 import json
 import os
 import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
 import requests
 
 from conftest import BIN, SMOL, TINY, Server, free_port, retry_port_clash
+from fake_backend import FakeBackend
 from test_router import Router
 
 PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "0123456789abcdef",
@@ -37,90 +36,49 @@ PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_i
 SSE = [b'data: {"id": "d", "choices": [{"text": "decoded"}]}\n\n', b"data: [DONE]\n\n"]
 
 
-class FakePD:
+class FakePD(FakeBackend):
     """A fake P/D backend recording the JSON bodies it was sent. mode (prefill): "ok" (a completion with
     PARAMS), "null" (kv_transfer_params null), "400" (an error answer), "die" (half an answer, then a
     reset), "hang" (no answer; records when the client closes the connection). Decode: SSE when the
     request streams, else a JSON completion."""
 
     def __init__(self, mode="ok", model="m"):
-        self.mode, self.model = mode, model
         self.bodies = []
-        self.client_gone = threading.Event()
-        fake = self
+        super().__init__(mode, model)
 
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def send_text(self, code, body, ctype="application/json"):
-                b = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(b)))
-                self.end_headers()
-                self.wfile.write(b)
-
-            def do_GET(self):
-                if self.path == "/health":
-                    self.send_text(200, '{"status": "ok"}')
-                elif self.path == "/metrics":
-                    self.send_text(200, f'vllm:num_requests_waiting{{model_name="{fake.model}"}} 0\n'
-                                        f'vllm:num_requests_running{{model_name="{fake.model}"}} 0\n'
-                                        f'vllm:kv_cache_usage_perc{{model_name="{fake.model}"}} 0.1\n',
-                                   "text/plain; version=0.0.4")
-                elif self.path == "/v1/models":
-                    self.send_text(200, '{"object": "list", "data": [{"id": "%s"}]}' % fake.model)
-                else:
-                    self.send_text(404, "{}")
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.bodies.append(body)
-                self.close_connection = True
-                if fake.mode == "decode":
-                    if body.get("stream"):
-                        self.send_response(200)
-                        self.send_header("Content-Type", "text/event-stream")
-                        self.end_headers()
-                        for c in SSE:
-                            self.wfile.write(c)
-                    else:
-                        self.send_text(200, '{"id": "d", "choices": [{"text": "decoded"}]}')
-                elif fake.mode in ("ok", "null"):
-                    self.send_text(200, json.dumps({"id": "p", "object": "text_completion",
-                                                    "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-                                                    "kv_transfer_params": PARAMS if fake.mode == "ok" else None}))
-                elif fake.mode == "400":
-                    self.send_text(400, '{"error": {"message": "bad prompt", "type": "BadRequestError", "code": 400}}')
-                elif fake.mode == "die":
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "1000")
-                    self.end_headers()
-                    self.wfile.write(b'{"id": "p", "choi')
-                    self.wfile.flush()
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    self.connection.close()
-                elif fake.mode == "hang":
-                    deadline = time.time() + 30
-                    while time.time() < deadline:
-                        if select.select([self.connection], [], [], 0.05)[0]:
-                            if not self.connection.recv(1, socket.MSG_PEEK):
-                                fake.client_gone.set()
-                                return
-                    self.send_text(500, "{}")
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def post(self, h, body):
+        self.bodies.append(body)
+        if self.mode == "decode":
+            if body.get("stream"):
+                h.send_response(200)
+                h.send_header("Content-Type", "text/event-stream")
+                h.end_headers()
+                for c in SSE:
+                    h.wfile.write(c)
+            else:
+                h.send_text(200, '{"id": "d", "choices": [{"text": "decoded"}]}')
+        elif self.mode in ("ok", "null"):
+            h.send_text(200, json.dumps({"id": "p", "object": "text_completion",
+                                         "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                                         "kv_transfer_params": PARAMS if self.mode == "ok" else None}))
+        elif self.mode == "400":
+            h.send_text(400, '{"error": {"message": "bad prompt", "type": "BadRequestError", "code": 400}}')
+        elif self.mode == "die":
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", "1000")
+            h.end_headers()
+            h.wfile.write(b'{"id": "p", "choi')
+            h.wfile.flush()
+            h.reset()
+        elif self.mode == "hang":
+            deadline = time.time() + 30
+            while time.time() < deadline:
+                if select.select([h.connection], [], [], 0.05)[0]:
+                    if not h.connection.recv(1, socket.MSG_PEEK):
+                        self.client_gone.set()
+                        return
+            h.send_text(500, "{}")
 
 
 def need_bin():

@@ -9,104 +9,51 @@ new prefix; a backend that stopped listening is skipped by a retry (osprey_route
 counts it) before the poller notices; a backend that dies mid-stream ends the client's SSE stream
 with an error event; a client that disconnects makes the router close its backend connection; no
 healthy backend means 503; real servers behind the router stream completions through it."""
-import http.server
 import os
-import socket
 import subprocess
-import threading
 import time
 
 import pytest
 import requests
 
 from conftest import BIN, TINY, Server, free_port, last_line, retry_port_clash
+from fake_backend import FakeBackend
 
 SSE = [b'data: {"id": "x", "choices": [{"text": "h\\u00e9llo"}]}\n\n', b": a comment line\n\n",
        b'data: {"id": "x", "choices": [{"text": " world"}]}\n\n', b"data: [DONE]\n\n"]
 
 
-class Fake:
+class Fake(FakeBackend):
     """A fake backend. mode: "sse" (the SSE chunks above), "die" (two chunks, then a reset),
     "slow" (a chunk every 50 ms until the client goes; records that it went)."""
 
     def __init__(self, name, model="m"):
-        self.name, self.model = name, model
-        self.waiting = 0
-        self.mode = "sse"
+        self.name = name
         self.prompts = []
-        self.client_gone = threading.Event()
-        fake = self
+        super().__init__("sse", model)
 
-        class H(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def send_text(self, code, body, ctype="application/json"):
-                b = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(b)))
-                self.end_headers()
-                self.wfile.write(b)
-
-            def do_GET(self):
-                if self.path == "/health":
-                    self.send_text(200, '{"status": "ok"}')
-                elif self.path == "/metrics":
-                    self.send_text(200, "# TYPE vllm:num_requests_waiting gauge\n"
-                                        f'vllm:num_requests_waiting{{model_name="{fake.model}"}} {fake.waiting}\n'
-                                        "# TYPE vllm:num_requests_running gauge\n"
-                                        f'vllm:num_requests_running{{model_name="{fake.model}"}} 0\n'
-                                        "# TYPE vllm:kv_cache_usage_perc gauge\n"
-                                        f'vllm:kv_cache_usage_perc{{model_name="{fake.model}"}} 0.1\n',
-                                   "text/plain; version=0.0.4")
-                elif self.path == "/v1/models":
-                    self.send_text(200, '{"object": "list", "data": [{"id": "%s"}]}' % fake.model)
-                else:
-                    self.send_text(404, "{}")
-
-            def chunk(self, b):
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
-                self.wfile.flush()
-
-            def do_POST(self):
-                import json
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.prompts.append(body.get("prompt"))
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                if fake.mode == "sse":
-                    for c in SSE:
-                        self.chunk(c)
-                        time.sleep(0.01)
-                    self.wfile.write(b"0\r\n\r\n")
-                elif fake.mode == "die":
-                    self.chunk(SSE[0])
-                    self.chunk(SSE[1])
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    self.connection.close()
-                else:
-                    try:
-                        for _ in range(2000):
-                            self.chunk(b"data: {}\n\n")
-                            time.sleep(0.05)
-                    except OSError:
-                        fake.client_gone.set()
-                self.close_connection = True
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def post(self, h, body):
+        self.prompts.append(body.get("prompt"))
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        if self.mode == "sse":
+            for c in SSE:
+                h.chunk(c)
+                time.sleep(0.01)
+            h.wfile.write(b"0\r\n\r\n")
+        elif self.mode == "die":
+            h.chunk(SSE[0])
+            h.chunk(SSE[1])
+            h.reset()
+        else:
+            try:
+                for _ in range(2000):
+                    h.chunk(b"data: {}\n\n")
+                    time.sleep(0.05)
+            except OSError:
+                self.client_gone.set()
 
 
 class Router:
