@@ -29,13 +29,10 @@ import time
 
 import requests
 
+from procs import free_port  # bench/procs.py
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -15,13 +15,14 @@ disk), HOST_GIB (8)."""
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+from procs import free_port  # bench/procs.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("OSPREY_BIN", os.path.join(ROOT, "build", "bin", "osprey"))
@@ -34,11 +35,6 @@ DEVICE = os.environ.get("DEVICE", "cpu")
 MODES = [m for m in os.environ.get("MODES", "disk").split(",") if m]
 HOST_GIB = os.environ.get("HOST_GIB", "8")
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def text(seed, n):

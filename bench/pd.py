@@ -22,15 +22,16 @@ import http.client
 import json
 import os
 import random
-import signal
 import socket
 import statistics
 import subprocess
-import sys
 import threading
 import time
 
 import requests
+
+from percentile import nearest_rank  # bench/percentile.py
+from procs import free_port, metric_sum, stop, wait_up  # bench/procs.py
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("OSPREY_BIN", os.path.join(ROOT, "build", "bin", "osprey"))
@@ -45,28 +46,6 @@ KV_MEM = os.environ.get("KV_MEM", "512M")
 SEQUENTIAL = os.environ.get("SEQUENTIAL", "0") == "1"
 SERVE_EXTRA = os.environ.get("SERVE_EXTRA", "").split()  # more `osprey serve` flags, e.g. "--device cuda"
 SEED = "7"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url, proc, what):
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            log = getattr(proc, "log_path", None)
-            tail = open(log).read()[-2000:] if log and os.path.exists(log) else ""
-            sys.exit(f"{what} exited ({proc.returncode})\n{tail}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    sys.exit(f"{what} did not come up")
 
 
 def serve(procs, *extra):
@@ -95,15 +74,6 @@ def kv(role):
     return json.dumps({"kv_connector": "OspreyConnector", "kv_role": role, "kv_ip": "127.0.0.1", "kv_port": 0})
 
 
-def metric(url, name):
-    total, seen = 0.0, False
-    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.split()[-1])
-            seen = True
-    return total if seen else 0.0
-
-
 VOCAB = ("the of and to in is that for it as with was on be by this are from at or an have not they which system "
          "assistant answer question policy customer order account service please always never information data "
          "report summary detail example rule must should may will can user reply river mountain city garden "
@@ -120,10 +90,6 @@ def workload(rate):
         prompt = f"Document {len(jobs)} at rate {rate}: " + " ".join(rng.choice(VOCAB) for _ in range(PROMPT_WORDS))
         jobs.append((t, prompt + "\nSummary:"))
     return jobs
-
-
-def pct(xs, q):
-    return xs[min(len(xs) - 1, max(0, -(-int(q * 1000) * len(xs) // 1000) - 1))]
 
 
 def phase(setup, url, model, rate, jobs):
@@ -178,9 +144,9 @@ def phase(setup, url, model, rate, jobs):
         finally:
             conn.close()
 
-    before = {k: metric(url, k) for k in ("osprey_router_pd_prefill_seconds_sum", "osprey_router_pd_prefill_seconds_count")}
+    before = {k: metric_sum([url], k) for k in ("osprey_router_pd_prefill_seconds_sum", "osprey_router_pd_prefill_seconds_count")}
     dec = setup.get("decode")
-    xb = {k: metric(dec, k) for k in ("osprey:kv_transfer_recv_seconds_total", "osprey:kv_transfer_recv_blocks_total",
+    xb = {k: metric_sum([dec], k) for k in ("osprey:kv_transfer_recv_seconds_total", "osprey:kv_transfer_recv_blocks_total",
                                       "osprey:kv_transfer_failed_blocks_total")} if dec else {}
     t0 = time.time() + 0.2
     threads = [threading.Thread(target=one, args=j, daemon=True) for j in jobs]
@@ -203,17 +169,17 @@ def phase(setup, url, model, rate, jobs):
     row = {"setup": setup["name"], "rate": rate, "sent": len(jobs), "done": len(ptok), "errors": errors,
            "tps": ntok[0] / wall, "prompt_tokens": statistics.mean(ptok) if ptok else 0}
     for k, xs in (("ttft", sorted(ttft)), ("tpot", sorted(tpot))):
-        row[k] = (statistics.mean(xs), pct(xs, 0.5), pct(xs, 0.9)) if xs else (float("nan"),) * 3
-    n = metric(url, "osprey_router_pd_prefill_seconds_count") - before["osprey_router_pd_prefill_seconds_count"]
-    row["prefill"] = (metric(url, "osprey_router_pd_prefill_seconds_sum") - before["osprey_router_pd_prefill_seconds_sum"]) / n \
+        row[k] = (statistics.mean(xs), nearest_rank(xs, 0.5), nearest_rank(xs, 0.9)) if xs else (float("nan"),) * 3
+    n = metric_sum([url], "osprey_router_pd_prefill_seconds_count") - before["osprey_router_pd_prefill_seconds_count"]
+    row["prefill"] = (metric_sum([url], "osprey_router_pd_prefill_seconds_sum") - before["osprey_router_pd_prefill_seconds_sum"]) / n \
         if n else None
     if dec:
-        secs = metric(dec, "osprey:kv_transfer_recv_seconds_total") - xb["osprey:kv_transfer_recv_seconds_total"]
-        blocks = metric(dec, "osprey:kv_transfer_recv_blocks_total") - xb["osprey:kv_transfer_recv_blocks_total"]
+        secs = metric_sum([dec], "osprey:kv_transfer_recv_seconds_total") - xb["osprey:kv_transfer_recv_seconds_total"]
+        blocks = metric_sum([dec], "osprey:kv_transfer_recv_blocks_total") - xb["osprey:kv_transfer_recv_blocks_total"]
         row["xfer_block_ms"] = secs / blocks * 1000 if blocks else None
         row["xfer_req_ms"] = secs / n * 1000 if n else None
         row["xfer_blocks"] = blocks
-        row["failed_blocks"] = metric(dec, "osprey:kv_transfer_failed_blocks_total") - xb["osprey:kv_transfer_failed_blocks_total"]
+        row["failed_blocks"] = metric_sum([dec], "osprey:kv_transfer_failed_blocks_total") - xb["osprey:kv_transfer_failed_blocks_total"]
     print_row(row)
     for e in sorted(set(e for e in errors if e != "cancelled"))[:3]:
         print(f"#   error: {e}", flush=True)
@@ -234,17 +200,6 @@ def print_row(r):
                  f", {r['failed_blocks']:.0f} failed)"
     print(f"{r['setup']:11s} {r['rate']:5.2f} {r['done']:4d}/{r['sent']:<4d} {ms(t[0]):>7s} {ms(t[1]):>6s} {ms(t[2]):>6s} "
           f"{ms(p[0]):>7s} {ms(p[1]):>6s} {ms(p[2]):>6s} {r['tps']:7.1f}{extra}", flush=True)
-
-
-def stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def start(procs, which):

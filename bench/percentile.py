@@ -11,3 +11,9 @@ def pct(xs, p):
     f = int(k)
     c = min(f + 1, len(xs) - 1)
     return xs[f] + (xs[c] - xs[f]) * (k - f)
+
+
+def nearest_rank(xs, q):
+    """The q-quantile (0 < q <= 1) of sorted xs by the nearest-rank rule (so p99 of fewer than 100 values
+    is the max); the bench drivers that report p50 / p90 / p99 of latencies (bench/pd.py, bench/scale.py)."""
+    return xs[min(len(xs) - 1, max(0, -(-int(q * 1000) * len(xs) // 1000) - 1))]

@@ -23,8 +23,6 @@ whose queue passes it scores no prefix, so the hot prompt spills over). Printed 
 p50, p90, p99 and max, requests/s, the share of hot requests the busiest replica took, and the hit rate."""
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +30,9 @@ import threading
 import time
 
 import requests
+
+from percentile import nearest_rank  # bench/percentile.py
+from procs import free_port, metric_sum, stop, wait_up  # bench/procs.py
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 BIN = os.environ.get("OSPREY_BIN", os.path.join(ROOT, "build", "bin", "osprey"))
@@ -52,39 +53,11 @@ MAX_NUM_SEQS = os.environ.get("MAX_NUM_SEQS", "4")
 HOT_QUEUE = os.environ.get("HOT_QUEUE", "2")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_up(url, proc, what):
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{what} exited")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            time.sleep(0.1)
-    sys.exit(f"{what} did not come up")
-
-
 def words(rng, n):
     vocab = ("the of and to in is that for it as with was on be by this are from at or an have not they which "
              "system assistant answer question policy customer order account service please always never "
              "information data report summary detail example rule must should may will can user reply").split()
     return " ".join(rng.choice(vocab) for _ in range(n))
-
-
-def metric_sum(urls, name):
-    total = 0.0
-    for u in urls:
-        for line in requests.get(u + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + "{"):
-                total += float(line.split()[-1])
-    return total
 
 
 def phase(name, router_url, replica_urls, model, systems, rng):
@@ -159,22 +132,6 @@ def start(procs, router_kinds, serve_extra=()):
     return reps, model, routers
 
 
-def stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
-def pct(xs, q):
-    """The q-quantile of sorted xs by the nearest-rank rule (so p99 of fewer than 100 is the max)."""
-    return xs[min(len(xs) - 1, max(0, -(-int(q * 1000) * len(xs) // 1000) - 1))]
-
-
 def hot_phase(name, router_url, replica_urls, model, hot, others, rng):
     """Open-loop: request i starts at its Poisson arrival time whatever the others are doing."""
     t, jobs = 0.0, []
@@ -218,7 +175,7 @@ def hot_phase(name, router_url, replica_urls, model, hot, others, rng):
     h = metric_sum(replica_urls, "vllm:prefix_cache_hits_total") - h0
     ttft.sort()
     nhot = sum(where.values())
-    row = {"name": name, "mean": statistics.mean(ttft), "p50": pct(ttft, 0.5), "p90": pct(ttft, 0.9), "p99": pct(ttft, 0.99),
+    row = {"name": name, "mean": statistics.mean(ttft), "p50": nearest_rank(ttft, 0.5), "p90": nearest_rank(ttft, 0.9), "p99": nearest_rank(ttft, 0.99),
            "max": ttft[-1], "rps": len(ttft) / wall, "busiest": max(where.values()) / nhot if nhot else 0.0,
            "hit": h / q if q else 0.0, "errors": len(errors)}
     print(f"{name:12s} {len(ttft):5d} {row['mean'] * 1000:8.0f} {row['p50'] * 1000:7.0f} {row['p90'] * 1000:7.0f} "
