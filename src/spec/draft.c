@@ -345,6 +345,7 @@ osp_status osp_draft_proposer_create(const osp_spec_config *c, const osp_propose
     mp.device = osp_model_device(t->model);
     mp.n_threads = t->n_threads;
     mp.exact = t->exact; /* the target's arithmetic: a model drafting for itself then agrees always */
+    mp.cpu_activations = t->cpu_activations;
     osp_status s = osp_model_load(c->model, &mp, &d->model);
     if (s != OSP_OK) {
         char msg[512];

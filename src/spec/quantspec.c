@@ -125,6 +125,7 @@ osp_status osp_quantspec_proposer_create(const osp_spec_config *c, const osp_pro
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = t->n_threads;
     mp.exact = t->exact;
+    mp.cpu_activations = t->cpu_activations;
     mp.draft_4bit_weights = true;
     osp_status s = osp_model_load(osp_gguf_path(g), &mp, &q->model);
     if (s != OSP_OK) {

@@ -11,7 +11,12 @@
  * verification draws at plain decoding's Philox address); a request whose prompt is an earlier
  * request's prompt + output hits the blocks that request filled while speculating and continues as
  * without the cache (hashes only over accepted tokens); SmolLM2 copies an input-grounded prompt with
- * speculation exactly as without, accepting most drafts. */
+ * speculation exactly as without, accepting most drafts.
+ *
+ * tests/gpu/test_gpu_spec_engine.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the same
+ * assertions with the target (and a draft model) on the GPU, where the GPU sampler draws every position
+ * of a verification row; the models are tiny-d32 ones written at start (gpu_test_models.h: the CUDA
+ * attention takes head_dim >= 32), and QuantSpec, CPU-only, must be refused there. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +32,14 @@
 #include "osprey/engine.h"
 #include "osprey/model.h"
 #include "osprey/tokenizer.h"
+#include "gpu_test_models.h"
+
+#ifndef TEST_DEVICE
+#define TEST_DEVICE OSP_DEVICE_CPU
+#endif
+static const bool g_gpu = TEST_DEVICE == OSP_DEVICE_CUDA;
+/* the GPU run's draft models: the target's q8_0 twin, and an unrelated (other seed) q4_1 model */
+static char g_gpu_twin[512], g_gpu_other[512];
 
 #define MAXOUT 96
 #define MAXSEQ 3
@@ -81,7 +94,7 @@ static osp_engine_params base(const char *model, const osp_spec_config *spec) {
     p.check_invariants = true;
     p.hash_seed_set = true;
     p.hash_seed = 5;
-    p.device = OSP_DEVICE_CPU;
+    p.device = TEST_DEVICE;
     if (spec) p.speculative = *spec;
     p.speculative_fixed_k = true; /* k drafts every step (test_adaptive_k turns it off) */
     return p;
@@ -507,7 +520,14 @@ static osp_spec_config draft_cfg(const char *file, int32_t k) {
     c.method = OSP_SPEC_DRAFT_MODEL;
     c.num_speculative_tokens = k;
     const char *root = getenv("OSPREY_ROOT");
-    snprintf(c.model, sizeof c.model, "%s/tests/models/%s", root ? root : ".", file);
+    if (g_gpu) /* the GPU run's models in the CPU run's roles */
+        snprintf(c.model, sizeof c.model, "%s",
+                 !strcmp(file, "tiny-llama-q8_0.gguf") ? g_gpu_twin
+                 : !strcmp(file, "tiny-llama-f32.gguf") ? g_tiny
+                 : !strcmp(file, "tiny-llama-untied-q4_1.gguf") ? g_gpu_other
+                                                               : file);
+    else
+        snprintf(c.model, sizeof c.model, "%s/tests/models/%s", root ? root : ".", file);
     return c;
 }
 
@@ -616,6 +636,30 @@ static void test_adaptive_k(void **state) {
     }
 }
 
+/* The draft model computes as its target does: a target with one-level CPU activations
+ * (--cpu-activations q8) drafting for itself has every greedy draft accepted, which holds only when the
+ * draft is loaded in the same mode (its two-level logits would pick other tokens at near-ties). */
+static void test_draft_inherits_activations(void **state) {
+    (void)state;
+    if (g_gpu) skip(); /* a CPU mode */
+    enum { N = 6 };
+    job ref[N], j[N];
+    const osp_spec_config c = draft_cfg("tiny-llama-q8_0.gguf", 4);
+    make_jobs(ref, N, 24);
+    osp_engine_params plain = base(c.model, NULL);
+    plain.cpu_activations = OSP_CPU_ACT_Q8;
+    run_jobs(&plain, ref, N, NULL, 0);
+    osp_engine_params p = base(c.model, &c);
+    p.cpu_activations = OSP_CPU_ACT_Q8;
+    memcpy(j, ref, sizeof j);
+    const osp_engine_stats st = run_jobs(&p, j, N, NULL, 0);
+    assert_same(ref, j, N, false, "q8 activations, itself as draft");
+    printf("q8 activations, itself as draft: %lld drafts, %lld accepted\n", (long long)st.spec_num_draft_tokens,
+           (long long)st.spec_num_accepted_tokens);
+    assert_true(st.spec_num_draft_tokens > 0);
+    assert_int_equal(st.spec_num_accepted_tokens, st.spec_num_draft_tokens);
+}
+
 /* The draft proposer called directly, the target itself as the draft: its state is only a cache, so
  * drafts after rollback, catch-up in chunks and eviction equal those of a fresh proposer for the same
  * tokens; a sequence holding an id past the draft's vocabulary gets no drafts and the call succeeds. */
@@ -633,6 +677,7 @@ static void test_draft_direct(void **state) {
     (void)state;
     osp_model_params mp = osp_model_default_params();
     mp.n_threads = 2;
+    mp.device = TEST_DEVICE;
     osp_model *target;
     assert_int_equal(osp_model_load(g_tiny, &mp, &target), OSP_OK);
     const osp_spec_config c = draft_cfg("tiny-llama-f32.gguf", 4);
@@ -694,6 +739,7 @@ static void test_draft_refused(void **state) {
     assert_null(e);
     assert_non_null(strstr(osp_last_error(), "draft model"));
     /* the q8_0 twin with one token's text changed (every copy of "<|im_start|>", same length) */
+    if (g_gpu) skip(); /* the generated vocabulary has no "<|im_start|>" (the CPU run covers the check) */
     c = draft_cfg("tiny-llama-q8_0.gguf", 3);
     FILE *f = fopen(c.model, "rb");
     assert_non_null(f);
@@ -746,6 +792,15 @@ static osp_spec_config qs_cfg(int32_t k) {
  * shorter), so it too drafts the target's tokens; the f32 tiny target drafts with Q4_0 weights. */
 static void test_quantspec_greedy(void **state) {
     (void)state;
+    if (g_gpu) { /* CPU-only: refused when the engine starts, saying so */
+        osp_engine *e = NULL;
+        const osp_spec_config c = qs_cfg(4);
+        osp_engine_params p = base(g_tiny, &c);
+        assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+        assert_null(e);
+        assert_non_null(strstr(osp_last_error(), "QuantSpec"));
+        return;
+    }
     enum { N = 8 };
     job ref[N], j[N];
     char q41[512];
@@ -801,6 +856,7 @@ static void test_quantspec_greedy(void **state) {
 /* Seeded sampled requests with QuantSpec over int8_hier pages: the plain tokens and logprobs. */
 static void test_quantspec_sampled(void **state) {
     (void)state;
+    if (g_gpu) skip(); /* CPU-only (test_quantspec_greedy asserts the refusal) */
     enum { N = 6 };
     job ref[N], j[N];
     make_sampled_jobs(ref, N, 33, 3000, 0.3f);
@@ -853,6 +909,14 @@ int main(void) {
     const char *root = getenv("OSPREY_ROOT");
     if (!root) root = ".";
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root);
+    if (g_gpu && osp_device_count(OSP_DEVICE_CUDA) == 0) {
+        printf("test_gpu_spec_engine: skipped: no CUDA device\n");
+        return 77;
+    }
+    if (g_gpu && (gpu_test_model("gpu-spec-f32", "f32", g_tiny, sizeof g_tiny) != 0 ||
+                  gpu_test_model("gpu-spec-q8_0", "q8_0", g_gpu_twin, sizeof g_gpu_twin) != 0 ||
+                  gpu_test_model_seeded("gpu-spec-other", "q4_1", 11, g_gpu_other, sizeof g_gpu_other) != 0))
+        return 1;
     FILE *f = fopen(g_tiny, "rb");
     if (!f) {
         fprintf(stderr, "SKIP: %s missing\n", g_tiny);
@@ -874,10 +938,13 @@ int main(void) {
         cmocka_unit_test(test_draft_sampled),
         cmocka_unit_test(test_draft_direct),
         cmocka_unit_test(test_draft_refused),
+        cmocka_unit_test(test_draft_inherits_activations),
         cmocka_unit_test(test_adaptive_k),
         cmocka_unit_test(test_quantspec_greedy),
         cmocka_unit_test(test_quantspec_sampled),
         cmocka_unit_test(test_quantspec_refused),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (g_gpu) remove(g_tiny), remove(g_gpu_twin), remove(g_gpu_other);
+    return rc;
 }
