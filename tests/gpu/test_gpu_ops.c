@@ -693,6 +693,89 @@ static void test_graph_capture(void **state) {
     free(tab), free(delta), free(w);
 }
 
+/* ---- many small host <-> device copies (osp_cuda_copy_many) -------------------------------------------- */
+
+/* Segments of every alignment and length (0, odd, 16-byte multiples, one large), laid out in host order
+ * and scattered in reverse order on the device; host memory registered (the kernel path), pageable (the
+ * cudaMemcpyAsync path), and mixed (one pageable segment sends the call down the second). Every segment
+ * must arrive, and every byte between segments keep its poison. */
+#define CM_SEGS 257
+#define CM_BYTES ((size_t)6 << 20)
+static void copy_many_case(uint8_t *h_src, uint8_t *h_dst, uint8_t *d, const char *what) {
+    void *dst[CM_SEGS];
+    const void *src[CM_SEGS];
+    size_t len[CM_SEGS], hoff[CM_SEGS], doff[CM_SEGS];
+    size_t at = 0;
+    for (int i = 0; i < CM_SEGS; i++) { /* host layout */
+        const uint32_t r = (uint32_t)rnd();
+        len[i] = i == 7 ? 0 : i == 100 ? ((size_t)1 << 20) : (i % 3 == 0) ? (size_t)(r % 64 + 1) * 16 : (size_t)(r % 3000 + 1);
+        at += (i % 4 == 0) ? 16 : (r % 37);
+        hoff[i] = at;
+        at += len[i];
+    }
+    assert_true(at <= CM_BYTES);
+    at = 0;
+    for (int i = CM_SEGS - 1; i >= 0; i--) { /* device layout: reversed, other gaps */
+        at += (i % 5 == 0) ? 32 : (size_t)(i % 13);
+        doff[i] = at;
+        at += len[i];
+    }
+    assert_true(at <= CM_BYTES);
+    for (size_t i = 0; i < CM_BYTES; i++) h_src[i] = (uint8_t)(i * 131u + 7u);
+    poison(d, CM_BYTES);
+    wait_stream();
+    for (int i = 0; i < CM_SEGS; i++) dst[i] = d + doff[i], src[i] = h_src + hoff[i];
+    ok(osp_cuda_copy_many(false, CM_SEGS, dst, src, len, g_stream), "osp_cuda_copy_many (to the device)");
+    uint8_t *got = xmalloc(CM_BYTES), *mark = xmalloc(CM_BYTES);
+    down(got, d, CM_BYTES);
+    memset(mark, 0, CM_BYTES);
+    cmp c = {what, 0};
+    for (int i = 0; i < CM_SEGS; i++)
+        for (size_t k = 0; k < len[i]; k++) same_bits(&c, (int64_t)(doff[i] + k), got[doff[i] + k], h_src[hoff[i] + k]), mark[doff[i] + k] = 1;
+    for (size_t k = 0; k < CM_BYTES; k++)
+        if (!mark[k]) same_bits(&c, (int64_t)k, got[k], 0xFF);
+    done(&c, "to the device");
+    /* and back, gathered from the device into the host layout */
+    memset(h_dst, 0xA5, CM_BYTES);
+    for (int i = 0; i < CM_SEGS; i++) dst[i] = h_dst + hoff[i], src[i] = d + doff[i];
+    ok(osp_cuda_copy_many(true, CM_SEGS, dst, src, len, g_stream), "osp_cuda_copy_many (to the host)");
+    memset(mark, 0, CM_BYTES);
+    for (int i = 0; i < CM_SEGS; i++)
+        for (size_t k = 0; k < len[i]; k++) same_bits(&c, (int64_t)(hoff[i] + k), h_dst[hoff[i] + k], h_src[hoff[i] + k]), mark[hoff[i] + k] = 1;
+    for (size_t k = 0; k < CM_BYTES; k++)
+        if (!mark[k]) same_bits(&c, (int64_t)k, h_dst[k], 0xA5);
+    done(&c, "to the host");
+    free(got), free(mark);
+}
+
+static void test_copy_many(void **state) {
+    (void)state;
+    dev_reset();
+    uint8_t *d = dev(CM_BYTES);
+    uint8_t *reg = aligned_alloc(4096, 2 * CM_BYTES), *page = xmalloc(2 * CM_BYTES);
+    assert_non_null(reg);
+    ok(osp_cuda_host_register(reg, 2 * CM_BYTES), "osp_cuda_host_register");
+    copy_many_case(reg, reg + CM_BYTES, d, "registered");
+    copy_many_case(page, page + CM_BYTES, d, "pageable");
+    copy_many_case(reg, page, d, "registered to pageable");
+    copy_many_case(page, reg, d, "pageable to registered");
+    /* a segment that runs past the registered range's end goes the cudaMemcpyAsync way, whole */
+    const size_t tail = 1000;
+    uint8_t *edge = reg + 2 * CM_BYTES - tail, *after = xmalloc(2 * tail);
+    for (size_t k = 0; k < tail; k++) edge[k] = (uint8_t)(k * 7u + 1u);
+    memset(after, 0x5A, 2 * tail);
+    void *dst1[1] = {d};
+    const void *src1[1] = {edge};
+    size_t n1[1] = {tail};
+    ok(osp_cuda_copy_many(false, 1, dst1, src1, n1, g_stream), "osp_cuda_copy_many (edge)");
+    down(after, d, tail);
+    assert_memory_equal(after, edge, tail);
+    assert_int_equal(osp_cuda_copy_many(false, 0, NULL, NULL, NULL, g_stream), OSP_OK);
+    assert_int_equal(osp_cuda_copy_many(false, 2, NULL, NULL, NULL, g_stream), OSP_ERR_INVALID_ARG);
+    osp_cuda_host_unregister(reg);
+    free(reg), free(page), free(after);
+}
+
 /* ---- argument checks ----------------------------------------------------------------------------------- */
 
 static void test_invalid_args(void **state) {
@@ -755,6 +838,7 @@ int main(void) {
         cmocka_unit_test(test_silu_mul),       cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_f32_to_bf16),    cmocka_unit_test(test_fill_randn),
         cmocka_unit_test(test_graph_capture),  cmocka_unit_test(test_invalid_args),
+        cmocka_unit_test(test_copy_many),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     osp_cuda_free(arena);

@@ -276,10 +276,7 @@ static osp_status cuda_from_host(osp_backend *be, void *dst, const void *src, si
 
 static osp_status cuda_copy_host_many(osp_backend *be, bool to_host, int32_t n, void *const *dst, const void *const *src,
                                       const size_t *bytes) {
-    void *st = CU(be)->stream;
-    for (int32_t i = 0; i < n; i++)
-        OSP_TRY(to_host ? osp_cuda_d2h(dst[i], src[i], bytes[i], st) : osp_cuda_h2d(dst[i], src[i], bytes[i], st));
-    return osp_cuda_stream_sync(st);
+    return osp_cuda_copy_many(to_host, n, dst, src, bytes, CU(be)->stream);
 }
 
 static osp_status cuda_host_register(osp_backend *be, void *p, size_t bytes) {

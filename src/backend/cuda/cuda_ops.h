@@ -53,7 +53,9 @@ void osp_cuda_free(void *d_ptr); /* NULL is fine */
 osp_status osp_cuda_host_alloc(void **ptr, size_t bytes, const char *what);
 void osp_cuda_host_free(void *ptr);
 /* Page-locks [ptr, ptr + bytes) of ordinary host memory (cudaHostRegister) so copies from and to it are
- * DMA, asynchronous to the host; OSP_ERR_NOMEM when the driver refuses. Unregister before freeing it. */
+ * DMA, asynchronous to the host, and maps it into the device's address space where the driver allows
+ * (osp_cuda_copy_many's kernel then reads and writes it in place); OSP_ERR_NOMEM when the driver refuses.
+ * Unregister before freeing it. */
 osp_status osp_cuda_host_register(void *ptr, size_t bytes);
 void osp_cuda_host_unregister(void *ptr);
 
@@ -64,6 +66,15 @@ osp_status osp_cuda_stream_sync(void *stream);
 osp_status osp_cuda_h2d(void *d_dst, const void *src, size_t bytes, void *stream);
 osp_status osp_cuda_d2h(void *dst, const void *d_src, size_t bytes, void *stream);
 osp_status osp_cuda_d2d(void *d_dst, const void *d_src, size_t bytes, void *stream);
+/* n copies between device memory and host memory in one direction (to_host: dst[i] host, src[i] device;
+ * else the reverse), bytes[i] each (0 allowed, any alignment), done when it returns (it synchronizes
+ * `stream`). When every host side lies in memory registered by osp_cuda_host_register and mapped, one
+ * kernel moves them all over the mapped addresses (a KV block is n_layer x K/V segments of a few
+ * dozen KiB: one cudaMemcpyAsync each costs ~10 us of overhead); otherwise, or with
+ * OSPREY_CUDA_COPY_KERNEL=0, one cudaMemcpyAsync a copy. The copies must not overlap. Calls are
+ * serialized (one descriptor buffer). */
+osp_status osp_cuda_copy_many(bool to_host, int32_t n, void *const *dst, const void *const *src, const size_t *bytes,
+                              void *stream);
 osp_status osp_cuda_memset(void *d_dst, int byte, size_t bytes, void *stream);
 
 /* Events for timing: elapsed milliseconds between two recorded events (synchronizes on `end`). */

@@ -1,6 +1,7 @@
 /* The CUDA runtime behind cuda_ops.h: device queries, allocations, streams, copies, events and
  * graphs, each turning a CUDA error into an osp_status with CUDA's message (the thread-local error of
  * core/status.c), so the C code above never sees a cudaError_t. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,18 +115,79 @@ void osp_cuda_host_free(void *ptr) {
     if (ptr) (void)cudaFreeHost(ptr);
 }
 
+/* Registered host ranges that the device can address (osp_cuda_copy_many's kernel path): the host range,
+ * the device address of its first byte (cudaHostGetDevicePointer). */
+typedef struct mapped_range {
+    uintptr_t host, dev;
+    size_t bytes;
+} mapped_range;
+
+static pthread_mutex_t g_map_mu = PTHREAD_MUTEX_INITIALIZER;
+static mapped_range *g_map;
+static int32_t g_n_map, g_cap_map;
+
+static void map_add(void *ptr, size_t bytes) {
+    void *d = NULL;
+    if (cudaHostGetDevicePointer(&d, ptr, 0) != cudaSuccess || !d) {
+        (void)cudaGetLastError();
+        return; /* page-locked but not addressable: its copies stay cudaMemcpyAsync */
+    }
+    pthread_mutex_lock(&g_map_mu);
+    if (g_n_map == g_cap_map) {
+        const int32_t cap = g_cap_map ? 2 * g_cap_map : 16;
+        mapped_range *m = (mapped_range *)realloc(g_map, sizeof *m * (size_t)cap);
+        if (!m) {
+            pthread_mutex_unlock(&g_map_mu);
+            return;
+        }
+        g_map = m;
+        g_cap_map = cap;
+    }
+    g_map[g_n_map++] = mapped_range{(uintptr_t)ptr, (uintptr_t)d, bytes};
+    pthread_mutex_unlock(&g_map_mu);
+}
+
+static void map_remove(void *ptr) {
+    pthread_mutex_lock(&g_map_mu);
+    for (int32_t i = 0; i < g_n_map; i++)
+        if (g_map[i].host == (uintptr_t)ptr) {
+            g_map[i] = g_map[--g_n_map];
+            break;
+        }
+    pthread_mutex_unlock(&g_map_mu);
+}
+
+/* The device address of host bytes [p, p + n) when one registered range holds them all, else 0. Under
+ * g_map_mu. */
+static uintptr_t map_find(const void *p, size_t n) {
+    const uintptr_t a = (uintptr_t)p;
+    for (int32_t i = 0; i < g_n_map; i++)
+        if (a >= g_map[i].host && n <= g_map[i].bytes && a - g_map[i].host <= g_map[i].bytes - n)
+            return g_map[i].dev + (a - g_map[i].host);
+    return 0;
+}
+
 osp_status osp_cuda_host_register(void *ptr, size_t bytes) {
-    const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    /* mapped as well as locked, so osp_cuda_copy_many's kernel can read and write it in place */
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    bool mapped = e == cudaSuccess;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return osp_set_error(OSP_ERR_NOMEM, "cuda: cannot page-lock %.1f MiB of host memory: %s", (double)bytes / 1048576.0,
                              cudaGetErrorString(e));
     }
+    if (mapped) map_add(ptr, bytes);
     return OSP_OK;
 }
 
 void osp_cuda_host_unregister(void *ptr) {
-    if (ptr) (void)cudaHostUnregister(ptr);
+    if (!ptr) return;
+    map_remove(ptr);
+    (void)cudaHostUnregister(ptr);
 }
 
 osp_status osp_cuda_stream_create(void **stream) {
@@ -154,6 +216,110 @@ osp_status osp_cuda_d2h(void *dst, const void *d_src, size_t bytes, void *stream
     if (bytes == 0) return OSP_OK;
     OSP_CUDA_TRY(cudaMemcpyAsync(dst, d_src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream));
     return OSP_OK;
+}
+
+/* ---- many small copies in one kernel ------------------------------------------------------------- */
+
+typedef struct copy_seg {
+    const uint8_t *src;
+    uint8_t *dst;
+    unsigned long long bytes;
+} copy_seg;
+
+/* One CTA a segment (grid-stride over them): 16-byte words when both ends and the length allow, four in
+ * flight a thread (reads of host memory cross PCIe: the latency wants many outstanding), bytes otherwise. */
+__global__ void __launch_bounds__(256) copy_many_kernel(const copy_seg *segs, int32_t n) {
+    for (int32_t s = blockIdx.x; s < n; s += gridDim.x) {
+        const copy_seg g = segs[s];
+        const unsigned bd = blockDim.x;
+        if ((((uintptr_t)g.src | (uintptr_t)g.dst | (uintptr_t)g.bytes) & 15) == 0) {
+            const uint4 *src = (const uint4 *)g.src;
+            uint4 *dst = (uint4 *)g.dst;
+            const size_t n16 = (size_t)(g.bytes / 16);
+            size_t i = threadIdx.x;
+            for (; i + 3 * (size_t)bd < n16; i += 4 * (size_t)bd) {
+                const uint4 a = src[i], b = src[i + bd], c = src[i + 2 * (size_t)bd], d = src[i + 3 * (size_t)bd];
+                dst[i] = a;
+                dst[i + bd] = b;
+                dst[i + 2 * (size_t)bd] = c;
+                dst[i + 3 * (size_t)bd] = d;
+            }
+            for (; i < n16; i += bd) dst[i] = src[i];
+        } else {
+            for (size_t i = threadIdx.x; i < (size_t)g.bytes; i += bd) g.dst[i] = g.src[i];
+        }
+    }
+}
+
+/* The descriptors' buffers (pinned host, device), grown as needed; under g_copy_mu, which also keeps one
+ * osp_cuda_copy_many at a time (the descriptors live until its kernel is done). */
+static pthread_mutex_t g_copy_mu = PTHREAD_MUTEX_INITIALIZER;
+static copy_seg *g_seg_host, *g_seg_dev;
+static int32_t g_seg_cap;
+
+static bool copy_kernel_enabled(void) {
+    static const bool on = [] {
+        const char *e = getenv("OSPREY_CUDA_COPY_KERNEL");
+        return !(e && strcmp(e, "0") == 0);
+    }();
+    return on;
+}
+
+/* The kernel path: false (nothing enqueued) when some host side is outside the mapped ranges. */
+static osp_status copy_many_kernel_path(bool to_host, int32_t n, void *const *dst, const void *const *src,
+                                        const size_t *bytes, cudaStream_t st, bool *done) {
+    *done = false;
+    if (n > g_seg_cap) {
+        int32_t cap = g_seg_cap ? g_seg_cap : 1024;
+        while (cap < n) cap = cap > INT32_MAX / 2 ? n : 2 * cap;
+        if (g_seg_host) (void)cudaFreeHost(g_seg_host);
+        if (g_seg_dev) (void)cudaFree(g_seg_dev);
+        g_seg_host = g_seg_dev = NULL;
+        g_seg_cap = 0;
+        OSP_CUDA_TRY(cudaMallocHost((void **)&g_seg_host, sizeof(copy_seg) * (size_t)cap));
+        OSP_CUDA_TRY(cudaMalloc((void **)&g_seg_dev, sizeof(copy_seg) * (size_t)cap));
+        g_seg_cap = cap;
+    }
+    pthread_mutex_lock(&g_map_mu);
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (bytes[i] == 0) continue;
+        const uintptr_t h = map_find(to_host ? dst[i] : src[i], bytes[i]);
+        if (!h) {
+            pthread_mutex_unlock(&g_map_mu);
+            return OSP_OK;
+        }
+        g_seg_host[m].src = to_host ? (const uint8_t *)src[i] : (const uint8_t *)h;
+        g_seg_host[m].dst = to_host ? (uint8_t *)h : (uint8_t *)dst[i];
+        g_seg_host[m].bytes = bytes[i];
+        m++;
+    }
+    pthread_mutex_unlock(&g_map_mu);
+    *done = true;
+    if (m == 0) return OSP_OK;
+    OSP_CUDA_TRY(cudaMemcpyAsync(g_seg_dev, g_seg_host, sizeof(copy_seg) * (size_t)m, cudaMemcpyHostToDevice, st));
+    int dev = 0, sms = 0;
+    OSP_CUDA_TRY(cudaGetDevice(&dev));
+    OSP_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int grid = m < 8 * sms ? m : 8 * sms;
+    copy_many_kernel<<<grid, 256, 0, st>>>(g_seg_dev, m);
+    OSP_CUDA_LAUNCH_CHECK("copy_many_kernel");
+    return OSP_OK;
+}
+
+osp_status osp_cuda_copy_many(bool to_host, int32_t n, void *const *dst, const void *const *src, const size_t *bytes,
+                              void *stream) {
+    if (n < 0 || (n > 0 && (!dst || !src || !bytes)))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_copy_many: %d copies without their arrays", n);
+    cudaStream_t st = (cudaStream_t)stream;
+    pthread_mutex_lock(&g_copy_mu);
+    bool done = false;
+    osp_status s = copy_kernel_enabled() && n > 0 ? copy_many_kernel_path(to_host, n, dst, src, bytes, st, &done) : OSP_OK;
+    for (int32_t i = 0; s == OSP_OK && !done && i < n; i++)
+        s = to_host ? osp_cuda_d2h(dst[i], src[i], bytes[i], stream) : osp_cuda_h2d(dst[i], src[i], bytes[i], stream);
+    if (s == OSP_OK) s = osp_cuda_stream_sync(stream);
+    pthread_mutex_unlock(&g_copy_mu);
+    return s;
 }
 
 osp_status osp_cuda_d2d(void *d_dst, const void *d_src, size_t bytes, void *stream) {
