@@ -8,7 +8,8 @@
 #   bench/spec.sh [MODEL.gguf]          REPS (5), N_GEN (128), THREADS (2), SPEC (the config JSON),
 #                                       PROMPT (an input-grounded one: edit a given text), TEMP (0),
 #                                       ARGS (more generate flags for both runs, e.g. "--kv-cache-dtype
-#                                       int8_hier": QuantSpec's pages, which the plain run must use too)
+#                                       int8_hier": QuantSpec's pages, which the plain run must use too),
+#                                       DEVICE (cpu; cuda: the target and a draft model on the GPU)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -40,7 +41,7 @@ trap 'rm -rf "$tmp"' EXIT
 run() { # $1: plain|spec, $2: rep
     local extra=()
     [ "$1" = spec ] && extra=(--speculative-config "$SPEC")
-    "$OSPREY" generate -m "$MODEL" -p "$PROMPT" -n "$N_GEN" --temp "$TEMP" --seed 1 -t "$THREADS" --device cpu \
+    "$OSPREY" generate -m "$MODEL" -p "$PROMPT" -n "$N_GEN" --temp "$TEMP" --seed 1 -t "$THREADS" --device "${DEVICE:-cpu}" \
         ${ARGS_A[@]+"${ARGS_A[@]}"} "${extra[@]}" >"$tmp/$1.$2.out" 2>"$tmp/$1.$2.err"
     # "generation: N tokens, S decode steps in T ms, R tokens/s"
     sed -n 's/.*generation: \([0-9]*\) tokens, \([0-9]*\) decode steps in \([0-9.]*\) ms, \([0-9.]*\) tokens\/s.*/\1 \2 \3 \4/p' \
@@ -49,7 +50,7 @@ run() { # $1: plain|spec, $2: rep
 
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
-echo "# model $MODEL, $N_GEN tokens, temp $TEMP, $THREADS threads, $REPS interleaved pairs; spec: $SPEC; args: ${ARGS:-none}"
+echo "# model $MODEL on ${DEVICE:-cpu}, $N_GEN tokens, temp $TEMP, $THREADS threads, $REPS interleaved pairs; spec: $SPEC; args: ${ARGS:-none}"
 echo "# load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-6s %4s %7s %6s %9s %9s\n' run rep tokens steps ms tok/s
 for r in $(seq 1 "$REPS"); do

@@ -253,13 +253,13 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                      .eos_ids = eos, .num_eos = n_eos};
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
     if (p.kv_event_sink) osp_block_pool_set_event_sink(osp_scheduler_pool(e->sched), p.kv_event_sink, p.hash_algo);
-    /* speculative decoding: verification samples every draft position on the host (the GPU sampler
-       takes one row per sequence), so it is CPU-only for now */
+    /* speculative decoding: a verification row is one sampler row a position (the drafts before it
+       are its outputs), on the host or the GPU sampler alike. QuantSpec's self-draft reads the target's
+       int8_hier pages with a CPU copy of its weights: CPU-only */
     if (p.speculative.method != OSP_SPEC_NONE) {
-        if (osp_model_samples_on_device(e->model)) {
-            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: speculative decoding (%s) runs on the CPU only for now; "
-                              "use --device cpu or leave out the speculative config",
-                              osp_spec_method_name(p.speculative.method));
+        if (p.speculative.method == OSP_SPEC_QUANTSPEC && osp_model_samples_on_device(e->model)) {
+            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: QuantSpec self-speculation runs on the CPU only for now; "
+                              "use --device cpu, or the ngram or draft_model method on the GPU");
             goto fail;
         }
         e->spec_k = p.speculative.num_speculative_tokens;
