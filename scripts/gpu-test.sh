@@ -7,7 +7,7 @@
 #          then compute-sanitizer memcheck and racecheck over the op tests
 #          (RACECHECK=0: memcheck only); test_ops (the backend op tests, when staged) and its memcheck
 #   model  join the model halves; SmolLM2 on the GPU vs the CPU (test_gpu_model) and the engine tests
-#          on the GPU (test_gpu_engine, test_gpu_engine_sampling, test_gpu_kv_offload); then test_gpu_model on Gemma 3 270M
+#          on the GPU (test_gpu_engine, test_gpu_engine_sampling, test_gpu_spec_engine, test_gpu_engine_grammar, test_gpu_kv_offload); then test_gpu_model on Gemma 3 270M
 #          when all its chunks (.carry/g0 ..) are stashed (not on the tiny random gemma3 fixture:
 #          its greedy picks are near-ties, top-1 under bf16 was 97% there; tests/ops covers its kernels)
 #   cli    `osprey generate` and `osprey serve` with --device cuda (greedy text vs the CPU's; one
@@ -122,6 +122,8 @@ if [ "$what" = model ] || [ "$what" = all ]; then
     run test_gpu_engine $G/bin/test_gpu_engine
     run test_gpu_engine_quant $G/bin/test_gpu_engine_quant
     run test_gpu_engine_sampling $G/bin/test_gpu_engine_sampling
+    run test_gpu_spec_engine $G/bin/test_gpu_spec_engine
+    run test_gpu_engine_grammar $G/bin/test_gpu_engine_grammar
     run test_gpu_kv_offload $G/bin/test_gpu_kv_offload
     # Gemma 3 270M Q4_K_M, when every chunk of it is stashed: joined, checked against its sha256
     gn=$(cat $STASH/gemma.chunks 2>/dev/null || echo 0)

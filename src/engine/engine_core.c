@@ -529,10 +529,7 @@ osp_status osp_engine_add(osp_engine *e, const osp_request_params *rp) {
         if (!r->embd_acc || !r->embd) s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
     }
     if (s == OSP_OK && rp->grammar) {
-        if (osp_model_samples_on_device(e->model))
-            s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output (a grammar) is not supported when "
-                                                   "sampling on the GPU yet", (unsigned long long)rp->request_id);
-        else if (!e->trie)
+        if (!e->trie)
             s = osp_set_error(OSP_ERR_UNSUPPORTED, "request %llu: structured output needs the model's vocabulary",
                               (unsigned long long)rp->request_id);
         else s = grammar_matcher(e, rp->grammar, &r->matcher);

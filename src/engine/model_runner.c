@@ -83,6 +83,7 @@ void osp_runner_destroy(osp_model_runner *r) {
     free(r->logits);
     free(r->embd);
     free(r->gmask);
+    free(r->g_rows), free(r->g_lrow), free(r->g_idx), free(r->g_tokens), free(r->g_lp), free(r->g_status);
     free(r->rows);
     free(r->row_req);
     free(r->row_entry);
@@ -207,6 +208,50 @@ static int32_t verify_row(osp_model_runner *r, osp_sched_output *out, int32_t i0
     return ns + 1;
 }
 
+/* GPU sampling with some rows under a grammar mask: the unmasked rows, compacted in order, through the GPU
+ * sampler; each masked row's logits to the host and through the CPU sampler (the same steps, the mask
+ * being step 0; sampler.h). */
+static osp_status sample_masked_on_host(osp_model_runner *r, int32_t nr) {
+    const size_t V = (size_t)r->n_vocab, M = (size_t)r->max_sample;
+    if (!r->g_rows) {
+        r->g_rows = malloc(sizeof *r->g_rows * M);
+        r->g_lrow = malloc(sizeof *r->g_lrow * M);
+        r->g_idx = malloc(sizeof *r->g_idx * M);
+        r->g_tokens = malloc(sizeof *r->g_tokens * M);
+        r->g_lp = malloc(sizeof *r->g_lp * M);
+        r->g_status = malloc(sizeof *r->g_status * M);
+        if (!r->g_rows || !r->g_lrow || !r->g_idx || !r->g_tokens || !r->g_lp || !r->g_status) {
+            free(r->g_rows), free(r->g_lrow), free(r->g_idx), free(r->g_tokens), free(r->g_lp), free(r->g_status);
+            r->g_rows = NULL;
+            return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory");
+        }
+    }
+    int32_t ng = 0;
+    for (int32_t i = 0; i < nr; i++) {
+        if (r->rows[i].allowed) continue;
+        r->g_rows[ng] = r->rows[i];
+        r->g_lrow[ng] = r->lrow[i];
+        r->g_idx[ng++] = i;
+    }
+    if (ng > 0) {
+        OSP_TRY(osp_model_sample(r->model, r->g_rows, r->g_lrow, ng, r->g_tokens, r->g_lp, r->g_status));
+        for (int32_t k = 0; k < ng; k++) {
+            const int32_t i = r->g_idx[k];
+            r->tokens[i] = r->g_tokens[k];
+            r->lp[i] = r->g_lp[k];
+            r->status[i] = r->g_status[k];
+        }
+    }
+    for (int32_t i = 0; i < nr; i++) {
+        if (!r->rows[i].allowed) continue;
+        OSP_TRY(osp_model_logits_to_host(r->model, r->lrow[i], 1, r->logits + (size_t)i * V));
+        const osp_status st = osp_sample_rows(r->ws, 0, r->logits, i, i + 1, r->n_vocab, r->rows, r->tokens, r->lp,
+                                              r->status);
+        if (st != OSP_OK && r->status[i] == OSP_OK) return st; /* a bad call, not a bad row */
+    }
+    return OSP_OK;
+}
+
 osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     osp_persistent_batch *pb = r->pb;
     const size_t V = (size_t)r->n_vocab, L = (size_t)pb->max_model_len;
@@ -313,7 +358,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
             walk_ok = walk_ok && osp_grammar_matcher_accept_token(walk, r->trie, q->spec_tokens[j - 1]) == OSP_OK;
             m = walk_ok ? walk : NULL;
         }
-        if (gpu || !r->trie || !m || osp_grammar_matcher_fill_mask(m, r->trie, mk) != OSP_OK)
+        if (!r->trie || !m || osp_grammar_matcher_fill_mask(m, r->trie, mk) != OSP_OK)
             memset(mk, 0, sizeof *mk * W); /* the row fails as "every token is masked" */
         r->rows[i].allowed = mk;
     }
@@ -335,9 +380,17 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         }
     }
     if (nr > 0 && gpu) {
-        OSP_TRY(osp_model_sample(r->model, r->rows, r->lrow, nr, r->tokens, r->lp, r->status));
+        /* rows under a grammar mask are sampled on the host (their logits come back; the GPU sampler
+           applies no masks): the GPU sampler takes the others, the whole list when none has a mask */
+        int32_t nm = 0;
+        for (int32_t i = 0; i < nr; i++) nm += r->rows[i].allowed != NULL;
+        if (nm == 0) {
+            OSP_TRY(osp_model_sample(r->model, r->rows, r->lrow, nr, r->tokens, r->lp, r->status));
+        } else {
+            OSP_TRY(sample_masked_on_host(r, nr));
+        }
         for (int32_t i = 0; i < nr; i++) /* a failed row's logits, for its error message */
-            if (r->status[i] != OSP_OK)
+            if (r->status[i] != OSP_OK && !r->rows[i].allowed)
                 OSP_TRY(osp_model_logits_to_host(r->model, r->lrow[i], 1, r->logits + (size_t)i * V));
     } else if (nr > 0) {
         sample_ctx sc = {r, nr, OSP_OK};

@@ -45,6 +45,12 @@ typedef struct osp_model_runner {
     uint32_t *gmask;               /* [max_sample, (n_vocab + 31) / 32] this step's grammar masks, made at the
                                       first grammar row (indexed by sampler row, which verification rows of
                                       other requests can push past max_rows) */
+    /* GPU steps with grammar rows: the rows without a mask, compacted for the GPU sampler, [max_sample]
+       each (allocated at the first such step, then kept) */
+    osp_sampler_row *g_rows;
+    int32_t *g_lrow, *g_idx, *g_tokens;
+    osp_logprobs *g_lp;
+    osp_status *g_status;
     float *embd;                   /* [pb->max_tokens, n_embd] the output norm of every token of a step with
                                       embedding rows (allocated at the first such step, then kept) */
     int32_t n_embd;

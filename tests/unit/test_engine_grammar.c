@@ -4,7 +4,9 @@
  * schema's required keys, one that hits max_tokens is a viable prefix and ends "length". Bad grammars
  * are refused at add. With speculative decoding (n-gram proposer, k = 4): the same tokens and
  * logprobs as without, greedy and seeded sampling, n = 1 and 2, with the grammar's forced
- * continuations drafted and mostly accepted. Skips without OSPREY_MODEL. */
+ * continuations drafted and mostly accepted. Skips without OSPREY_MODEL.
+ * tests/gpu/test_gpu_engine_grammar.c compiles this file again with TEST_DEVICE OSP_DEVICE_CUDA: the model
+ * on the GPU, its grammar rows sampled on the host from their logits (the GPU sampler takes no masks). */
 #include <jansson.h>
 #include <math.h>
 #include <setjmp.h>
@@ -22,6 +24,10 @@
 #include "osprey/gguf.h"
 #include "osprey/spec.h"
 #include "osprey/tokenizer.h"
+
+#ifndef TEST_DEVICE
+#define TEST_DEVICE OSP_DEVICE_CPU
+#endif
 
 static const char *g_model;
 static osp_tokenizer *g_tok;
@@ -88,13 +94,13 @@ static void check_output(const osp_grammar *g, const int32_t *ids, int32_t n, os
     free(text);
 }
 
-/* The engine both tests run: SmolLM2 on the CPU, invariants checked every step. */
-static osp_engine_params cpu_params(void) {
+/* The engine both tests run: SmolLM2 on TEST_DEVICE, invariants checked every step. */
+static osp_engine_params engine_params(void) {
     osp_engine_params p = osp_engine_default_params();
     p.model_path = g_model;
     p.n_threads = 2;
     p.max_model_len = 512;
-    p.device = OSP_DEVICE_CPU;
+    p.device = TEST_DEVICE;
     p.check_invariants = true;
     return p;
 }
@@ -115,7 +121,7 @@ static void test_engine_structured(void **st) {
     osp_grammar *g;
     assert_int_equal(osp_grammar_parse(gbnf, strlen(gbnf), NULL, &g), OSP_OK);
 
-    osp_engine_params p = cpu_params();
+    osp_engine_params p = engine_params();
     osp_engine *e;
     assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
 
@@ -167,7 +173,7 @@ typedef struct job_out {
 } job_out;
 
 static void run_structured(const char *gbnf, int32_t k, job_out *o, osp_engine_stats *st) {
-    osp_engine_params p = cpu_params();
+    osp_engine_params p = engine_params();
     if (k > 0) {
         p.speculative = osp_spec_default_config();
         p.speculative.method = OSP_SPEC_NGRAM;
@@ -236,6 +242,10 @@ static void test_engine_structured_spec(void **st) {
 }
 
 int main(void) {
+    if (TEST_DEVICE == OSP_DEVICE_CUDA && osp_device_count(OSP_DEVICE_CUDA) == 0) {
+        printf("test_gpu_engine_grammar: skipped: no CUDA device\n");
+        return 77;
+    }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_engine_structured),
                                        cmocka_unit_test(test_engine_structured_spec)};
     return cmocka_run_group_tests(tests, setup, teardown);
