@@ -92,7 +92,7 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL
     run test_gpu_gemm $G/bin/test_gpu_gemm
     run "test_gpu_gemm (OSPREY_CUDA_GEMM_SKINNY=64)" env OSPREY_CUDA_GEMM_SKINNY=64 $G/bin/test_gpu_gemm
-    run "test_gpu_gemm (skinny, W=1, KC=128)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_SKINNY_W=1 OSPREY_CUDA_SKINNY_KC=128 $G/bin/test_gpu_gemm
+    run "test_gpu_gemm (skinny, W=2, KC=128)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_SKINNY_W=2 OSPREY_CUDA_SKINNY_KC=128 $G/bin/test_gpu_gemm
     run "test_gpu_gemm (skinny, W=4, 2 stages)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_SKINNY_W=4 OSPREY_CUDA_SKINNY_STAGES=2 $G/bin/test_gpu_gemm
     run "test_gpu_gemm (skinny, OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_GEMM_SKINNY=64 OSPREY_CUDA_PDL=1 $G/bin/test_gpu_gemm
     [ -x $G/bin/test_ops ] && run test_ops $G/bin/test_ops

@@ -257,10 +257,10 @@ extern "C" osp_status osp_cuda_skinny_bf16(const uint16_t *d_x, const uint16_t *
      * 256: values of a row a stage): diagnostics for tuning; the bits do not depend on them */
     static int Wc = 0, S = 0, KCc = 0; /* read once */
     if (!Wc) {
-        const int wv = env_int("OSPREY_CUDA_SKINNY_W", 2), sv = env_int("OSPREY_CUDA_SKINNY_STAGES", 4);
+        const int wv = env_int("OSPREY_CUDA_SKINNY_W", 1), sv = env_int("OSPREY_CUDA_SKINNY_STAGES", 4);
         S = sv < 2 ? 2 : sv > kMaxStages ? kMaxStages : sv;
         KCc = env_int("OSPREY_CUDA_SKINNY_KC", 256) == 128 ? 128 : 256; /* T <= 16's chunk; past 16: 128 */
-        Wc = wv == 1 || wv == 4 ? wv : 2;
+        Wc = wv == 2 || wv == 4 ? wv : 1; /* 1: the fastest on an H100 (bench/gpu/DECODE.md, eighth session) */
     }
     const int t = (int)T, n = (int)N, k = (int)K;
 #define SKINNY_CASE(Wv, NTv, KCv)                                                                  \
