@@ -264,19 +264,15 @@ static void test_pack_layout(void **state) {
     }
     for (size_t ti = 0; ti < NTYPES; ti++) {
         const uint32_t t = types[ti];
-        const int c = t == OSP_DTYPE_Q8_0 ? -128 : t == OSP_DTYPE_Q4_0 ? -8 : t == OSP_DTYPE_Q5_0 ? -16 : 0;
+        const uint8_t xo = t == OSP_DTYPE_Q8_0 || t == OSP_DTYPE_Q4_0 || t == OSP_DTYPE_Q5_0 ? 0x80 : 0;
         osp_pack_q8b(t, xq, STRIDE, NB, pk);
         for (int b = 0; b < NB; b++)
             for (int j = 0; j < 8; j++) {
                 const osp_q8b_block *blk = xq + j * STRIDE + b;
                 const osp_q8b_pair *pr = &pk[b].pair[j / 2];
                 const int h = j % 2;
-                assert_memory_equal(pr->qs + 32 * h, blk->qs, 32);
-                for (int l = 0; l < 8; l++) {
-                    assert_true(pr->d[8 * h + l] == blk->d);
-                    const int L = blk->qs[4 * l] + blk->qs[4 * l + 1] + blk->qs[4 * l + 2] + blk->qs[4 * l + 3];
-                    assert_int_equal(pr->bias[8 * h + l], c * L);
-                }
+                for (int i = 0; i < 32; i++) assert_int_equal((uint8_t)pr->qs[32 * h + i], (uint8_t)blk->qs[i] ^ xo);
+                for (int l = 0; l < 8; l++) assert_true(pr->d[8 * h + l] == blk->d);
                 assert_true(pk[b].s[j] == blk->s);
             }
         assert_true(osp_pack_q8b_row_bytes(NB) <= sizeof bp);
@@ -285,18 +281,10 @@ static void test_pack_layout(void **state) {
         for (int b = 0; b < 4; b++) {
             const osp_q8b_pair *pr = &bp[b / 2];
             const int h = b % 2;
-            for (int l = 0; l < 8; l++) {
-                if (b == NB) {
-                    assert_true(pr->d[8 * h + l] == 0.0f && pr->bias[8 * h + l] == 0 && pr->qs[32 * h + 4 * l] == 0);
-                    continue;
-                }
-                const int L = xq[b].qs[4 * l] + xq[b].qs[4 * l + 1] + xq[b].qs[4 * l + 2] + xq[b].qs[4 * l + 3];
-                assert_true(pr->d[8 * h + l] == xq[b].d && pr->bias[8 * h + l] == c * L);
-            }
-            if (b < NB) {
-                assert_memory_equal(pr->qs + 32 * h, xq[b].qs, 32);
-                assert_true(s[b] == xq[b].s);
-            }
+            for (int l = 0; l < 8; l++) assert_true(pr->d[8 * h + l] == (b < NB ? xq[b].d : 0.0f));
+            for (int i = 0; i < 32; i++)
+                assert_int_equal((uint8_t)pr->qs[32 * h + i], b < NB ? (uint8_t)xq[b].qs[i] ^ xo : 0);
+            if (b < NB) assert_true(s[b] == xq[b].s);
         }
     }
 }

@@ -55,24 +55,25 @@ osp_qdot8b_fn osp_qdot8b_ref_for(uint32_t type);
 osp_qdot8b_fn osp_qdot8b_for(uint32_t type);
 
 /* Two activation blocks (or two tokens' blocks) as the 512-bit registers the AVX512-VNNI kernels
- * multiply, low 256 bits first: qs the codes, d the scales (8 lanes each), bias the int32 each lane's
- * integer sum starts from, c * (the lane's 4 codes summed) with c = -128 (Q8_0: its kernels multiply the
- * unsigned w + 128), -8 (Q4_0), -16 (Q5_0), 0 (Q4_1, Q5_1). 192 bytes. */
+ * multiply, low 256 bits first: qs the codes, d the scales (8 lanes each). For Q8_0, Q4_0 and Q5_0 the
+ * codes are stored + 128 (XOR 0x80: unsigned, 1..255): their kernels multiply them by the signed weight
+ * values and start each lane from -128 x the lane's weight values summed (the same int32 I[l]), so the
+ * correction is one per weight block, not one per token. Q4_1/Q5_1 store them as they are (their
+ * weight codes are the unsigned operand). 128 bytes. */
 typedef struct osp_q8b_pair {
     _Alignas(64) int8_t qs[64];
     float d[16];
-    int32_t bias[16];
 } osp_q8b_pair;
 /* Block b of 8 tokens for the pair tiles: pair[k] holds tokens 2k (low) and 2k + 1 (high); s the 8
- * tokens' s in token order (Q4_1/Q5_1's min terms, 8 tokens in one vector). 832 bytes, 64-aligned. */
+ * tokens' s in token order (Q4_1/Q5_1's min terms, 8 tokens in one vector). 576 bytes, 64-aligned. */
 typedef struct osp_q8b_pack {
     osp_q8b_pair pair[4];
     float s[8];
 } osp_q8b_pack;
-_Static_assert(sizeof(osp_q8b_pair) == 192 && sizeof(osp_q8b_pack) == 832, "the pack layouts' sizes");
+_Static_assert(sizeof(osp_q8b_pair) == 128 && sizeof(osp_q8b_pack) == 576, "the pack layouts' sizes");
 #define OSP_Q8B_PACK_TOKENS 8
 /* pk[b] <- block b (b < nb) of the 8 activation rows a + j * a_stride (j < 8), for weights of `type`
- * (the bias depends on it). pk 64-aligned. */
+ * (the codes' storage depends on it). pk 64-aligned. */
 void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64_t nb, osp_q8b_pack *pk);
 /* One token's nb blocks for the GEMV, for weights of `type`: bp[i] holds blocks 2i (low) and 2i + 1
  * (high; zeros past the end when nb is odd), i < (nb + 1) / 2, followed by the nb blocks' s as floats.
