@@ -363,6 +363,11 @@ TGT8B_VNNI static inline __mmask64 fifth_mask(const uint8_t *qh0, const uint8_t 
 #define W_Q5_1_G(p, p1) Q5_CODES(TWO_Q4(p, p1, 8), (p) + 4, (p1) + 4)
 
 #define PLOAD(ptr) _mm512_load_si512((const void *)(ptr))
+static inline int u32at(const uint8_t *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return v;
+}
 /* the correction of the signed types' lanes: -128 x each lane's 4 weight values summed */
 #define CORR8B(MIN, wv) \
     ((MIN) ? _mm512_setzero_si512() : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv)))
@@ -452,14 +457,16 @@ GEMV8B_KERNEL(gemv8b_q5_1_vnni512, W_Q5_1_G, 24, 1)
     do {                                                                                           \
         const __m512i wv_ = WV(pp);                                                                \
         const __m512i corr_ = CORR8B(MIN, wv_);                                                    \
-        const __m512 dw_ = _mm512_set1_ps(half8b(pp));                                             \
+        /* Q4_1/Q5_1: d and m from one 32-bit broadcast, [d, m, d, m, ...] as floats, then split */ \
+        const __m512 dm_ = (MIN) ? _mm512_cvtph_ps(_mm256_set1_epi32(u32at(pp))) : _mm512_setzero_ps(); \
+        const __m512 dw_ = (MIN) ? _mm512_moveldup_ps(dm_) : _mm512_set1_ps(half8b(pp));          \
         UNROLL8B for (int k = 0; k < (NP); k++) {                                                  \
             const osp_q8b_pair *pr_ = TILE8B_PAIR(k / 4, k % 4, bb);                               \
             A[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ISUM8B(MIN, wv_, corr_, pr_->qs)),           \
                                    _mm512_mul_ps(dw_, _mm512_load_ps(pr_->d)), A[k]);              \
         }                                                                                          \
         if (MIN) {                                                                                 \
-            const __m256 m_ = _mm256_set1_ps(half8b((pp) + 2));                                    \
+            const __m256 m_ = _mm512_castps512_ps256(_mm512_movehdup_ps(dm_));                     \
             UNROLL8B for (int g = 0; g < NG; g++) off[g] = _mm256_fmadd_ps(m_, _mm256_load_ps(pk[g * nb + (bb)].s), off[g]); \
         }                                                                                          \
     } while (0)
