@@ -313,7 +313,7 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
     const bool k8 = osp_qdot8k_supports(p->type); /* else blocks of 32 */
     const int64_t nb = k8 ? K / OSP_Q8K_BLOCK : K / OSP_Q8B_BLOCK;
     /* this thread's share of the pack buffer, made for two 8-token two-level packs (2 x 1088 bytes a block
-     * of 32): it holds two one-level packs with room to spare (2 x 2752 bytes a super-block of 256, 2 x 832
+     * of 32): it holds two one-level packs with room to spare (2 x 2752 bytes a super-block of 256, 2 x 576
      * a block of 32), or a token's GEMV pairs */
     void *pk = c->pack + (size_t)ith * OSP_CPU_PACK_GROUPS * (size_t)c->pack_nb;
     osp_q8k_pack *pkk = pk;

@@ -5,10 +5,11 @@
  * 16 tokens), which the matmul schedules as it does the K-quants' (backend_cpu.c, matmul_onelevel).
  *
  * Per (weight row, token pair, block) a tile does one vpdpbusd (the integer sum, started from the
- * pack's bias), one conversion, the dw d_a product and one FMA: 4 operations on the vector ports where
- * the two-level tiles (qdot.c) do 6-7. The weight block's codes are built in 512 bits as qdot.c's
- * pair tiles build them (Q4: 16 bytes broadcast to the four 128-bit lanes, lanes 1 and 3 shifted by 4,
- * masked; Q5: the fifth bits as a byte mask adding 0x10; Q8_0: w XOR 0x80 = w + 128 unsigned).
+ * weight block's correction), one conversion, the dw d_a product and one FMA: 4 operations on the
+ * vector ports where the two-level tiles (qdot.c) do 6-7, and 2 loads from the pack (codes, scales).
+ * The weight block's values are built in 512 bits as qdot.c's pair tiles build them (Q4: 16 bytes
+ * broadcast to the four 128-bit lanes, lanes 1 and 3 shifted by 4, masked; Q5: the fifth bits as a
+ * byte mask), once per block for all the tile's tokens.
  * Weight layouts: ggml-common.h (block_q8_0, block_q4_0, block_q4_1, block_q5_0, block_q5_1). */
 #include "backend/cpu/qdot8b.h"
 
