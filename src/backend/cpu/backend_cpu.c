@@ -698,7 +698,7 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
         need_xq = nxq > need_xq ? nxq : need_xq;
         const size_t nxqk = c->act_q8 ? (size_t)(R + 7) * (size_t)(op->w->cols / OSP_Q8K_BLOCK) : 0;
         need_xqk = nxqk > need_xqk ? nxqk : need_xqk;
-        const size_t nxqb = c->act_q8 ? nxq : 0;
+        const size_t nxqb = mm_quantizes1b(c, op->w) ? nxq : 0; /* only where a part has the 32-value mode */
         need_xqb = nxqb > need_xqb ? nxqb : need_xqb;
     }
     for (int32_t a = 0; a < g->n_acts; a++) {
