@@ -192,18 +192,13 @@ static void test_one_token_and_gemv(void **state) {
     assert_true(osp_qdot_force_isa("scalar"));
 }
 
-/* The tiles: for 1..20 tokens left, the tile osp_qdot8b_tile_for picks (16, 8, or the narrowest of 4,
- * 6, 8 that holds 3..7) gives each real token the one-token kernel's bits whatever the pack's other
- * rows hold (huge values in some trials), writes exactly its n results ys apart, and is NULL below 3. */
-static void test_tiles(void **state) {
-    (void)state;
-    if (!osp_qdot_force_isa("avx512vnni")) {
-        int n = 0;
-        for (size_t ti = 0; ti < NTYPES; ti++) assert_null(osp_qdot8b_tile_for(types[ti], 8, &n));
-        printf("qdot8b tiles: no AVX512-VNNI here, skipped\n");
-        return;
-    }
+/* The tiles: for 1..20 tokens left, the tile osp_qdot8b_tile_for picks (AVX512-VNNI: 16, 8, or the
+ * narrowest of 4, 6, 8 that holds 3..7; AVX2: 4 for 3-4, else 8) gives each real token the portable
+ * kernel's bits whatever the pack's other rows hold (huge values in some trials), writes exactly its n
+ * results ys apart, and is NULL below 3 tokens and on the portable family. */
+static int tiles_on(const char *isa) {
     int tested = 0, n = 0;
+    const bool vnni = !strcmp(isa, "avx512vnni");
     assert_null(osp_qdot8b_tile_for(OSP_DTYPE_Q4_K, 16, &n));
     for (size_t ti = 0; ti < NTYPES; ti++) {
         const uint32_t t = types[ti];
@@ -211,12 +206,13 @@ static void test_tiles(void **state) {
         for (int64_t n_left = 1; n_left <= 20; n_left++) {
             const osp_qdot8b_tile_fn tile = osp_qdot8b_tile_for(t, n_left, &n);
             if (!tile) {
-                if (n_left >= 3) fail_msg("%s: no tile for %d tokens", osp_dtype_name(t), (int)n_left);
+                if (n_left >= 3) fail_msg("%s %s: no tile for %d tokens", isa, osp_dtype_name(t), (int)n_left);
                 assert_int_equal(n, 1);
                 continue;
             }
             assert_true(n_left >= 3);
-            assert_int_equal(n, n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
+            if (vnni) assert_int_equal(n, n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
+            else assert_int_equal(n, n_left <= 4 ? 4 : 8);
             const int real = n_left < n ? (int)n_left : n;
             for (int trial = 0; trial < 40; trial++) {
                 const int64_t nb = trial < MAX_NB ? 1 + trial : 1 + (int64_t)(rnd() % MAX_NB), stride = nb + (int64_t)(rnd() % 3);
@@ -237,7 +233,7 @@ static void test_tiles(void **state) {
                     if (j < real) {
                         const float r = ref(w, xq + j * stride, nb);
                         if (memcmp(&r, &y[j * 3], sizeof r) != 0)
-                            fail_msg("%s: tile of %d for %d tokens, nb %d, token %d gives %.9g, reference %.9g",
+                            fail_msg("%s %s: tile of %d for %d tokens, nb %d, token %d gives %.9g, reference %.9g", isa,
                                      osp_dtype_name(t), n, (int)n_left, (int)nb, j, y[j * 3], r);
                     }
                     if (j >= n) assert_true(y[j * 3] == 12345.0f);
@@ -247,7 +243,22 @@ static void test_tiles(void **state) {
             }
         }
     }
-    printf("qdot8b tiles: %d tiles matched the reference bit for bit\n", tested);
+    return tested;
+}
+
+static void test_tiles(void **state) {
+    (void)state;
+    const char *isas[] = {"avx512vnni", "avx2"};
+    for (size_t ii = 0; ii < 2; ii++) {
+        if (!osp_qdot_force_isa(isas[ii])) {
+            printf("qdot8b tiles: %s not available on this CPU, skipped\n", isas[ii]);
+            continue;
+        }
+        printf("qdot8b tiles (%s): %d tiles matched the reference bit for bit\n", isas[ii], tiles_on(isas[ii]));
+    }
+    int n = 0;
+    assert_true(osp_qdot_force_isa("scalar"));
+    for (size_t ti = 0; ti < NTYPES; ti++) assert_null(osp_qdot8b_tile_for(types[ti], 8, &n));
 }
 
 /* osp_pack_q8b and osp_pack_q8b_row write what their contracts say. */

@@ -1,8 +1,9 @@
 /* One-level activations for the 32-value block types (see qdot8b.h for the arithmetic every kernel
  * shares): the quantizer, the packs, the portable kernels (the definition), the AVX2 and AVX512-VNNI
- * one-token kernels (256 bits: a block's 32 products are one register), and on AVX512-VNNI the GEMV
- * (block pairs in 512 bits, four rows at a time) and the tiles over token pairs on packs (4, 6, 8 and
- * 16 tokens), which the matmul schedules as it does the K-quants' (backend_cpu.c, matmul_onelevel).
+ * one-token kernels (256 bits: a block's 32 products are one register), AVX2 tiles of 4 and 8 tokens
+ * on packs, and on AVX512-VNNI the GEMV (block pairs in 512 bits, four rows at a time) and the tiles
+ * over token pairs on packs (4, 6, 8 and 16 tokens), which the matmul schedules as it does the
+ * K-quants' (backend_cpu.c, matmul_onelevel).
  *
  * Per (weight row, token pair, block) a tile does one vpdpbusd (the integer sum, started from the
  * weight block's correction), one conversion, the dw d_a product and one FMA: 4 operations on the
@@ -319,6 +320,60 @@ GEMV8B_LOOP(gemv8b_q4_1_avx2, dot8b_q4_1_avx2)
 GEMV8B_LOOP(gemv8b_q5_0_avx2, dot8b_q5_0_avx2)
 GEMV8B_LOOP(gemv8b_q5_1_avx2, dot8b_q5_1_avx2)
 
+/* AVX2 tiles on the packs (4 and 8 tokens: 4 tokens' accumulators fill the 16 registers, so the 8-token
+ * tile runs the 4-token body on each half of the pack): each token's 256-bit lanes do the one-token
+ * kernel's operations. The packed codes of Q8_0 are XORed back to signed for the sign trick; Q4_0 / Q5_0
+ * multiply the unsigned codes + 128 by the small signed values directly (|pair| <= 2 * 255 * 16 < 2^15)
+ * and add the block's correction -128 sum(v); Q4_1 / Q5_1 read the signed codes as stored. */
+#define TILE8B_AVX2_BODY(NAME, CODES, BYTES, SUB, MIN)                                              \
+    TGT8B_AVX2 static inline __attribute__((always_inline)) void NAME##_body(                      \
+        const uint8_t *w, int64_t nb, const osp_q8b_pack *pk, int t0, float *y, int64_t ys) {      \
+        const __m256i ones16 = _mm256_set1_epi16(1);                                               \
+        __m256 A0[4], A1[4], off = _mm256_setzero_ps();                                            \
+        UNROLL8B for (int j = 0; j < 4; j++) A0[j] = A1[j] = _mm256_setzero_ps();                  \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            const uint8_t *p = w + b * (BYTES);                                                    \
+            const __m256i q = CODES(p);                                                            \
+            const __m256 dw = _mm256_set1_ps(half8b(p));                                           \
+            const __m256i v = (SUB) ? _mm256_sub_epi8(q, _mm256_set1_epi8(SUB)) : q;              \
+            const __m256i av = _mm256_sign_epi8(v, v);                                             \
+            const __m256i corr = (SUB) ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(  \
+                                             _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), ones16), 7)) \
+                                       : _mm256_setzero_si256();                                   \
+            UNROLL8B for (int j = 0; j < 4; j++) {                                                 \
+                const osp_q8b_pair *pr = &pk[b].pair[(t0 + j) / 2];                                \
+                const int h = (t0 + j) % 2;                                                        \
+                const __m256i qa = LOAD256B(pr->qs + 32 * h);                                      \
+                __m256i I;                                                                         \
+                if (MIN) I = _mm256_madd_epi16(_mm256_maddubs_epi16(q, qa), ones16);               \
+                else if (SUB) I = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(qa, v), ones16), corr); \
+                else I = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(_mm256_xor_si256(qa, _mm256_set1_epi8((char)0x80)), v)), ones16); \
+                const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps(pr->d + 8 * h));               \
+                if (b & 1) A1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, A1[j]);              \
+                else A0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, A0[j]);                    \
+            }                                                                                      \
+            if (MIN) off = _mm256_fmadd_ps(_mm256_set1_ps(half8b(p + 2)), _mm256_loadu_ps(pk[b].s), off); \
+        }                                                                                          \
+        float OFF[8];                                                                              \
+        _mm256_storeu_ps(OFF, off);                                                                \
+        UNROLL8B for (int j = 0; j < 4; j++) {                                                     \
+            const float s = hsum8b(_mm256_add_ps(A0[j], A1[j]));                                   \
+            y[j * ys] = (MIN) ? s + OFF[t0 + j] : s;                                               \
+        }                                                                                          \
+    }                                                                                              \
+    TGT8B_AVX2 static void NAME##_4(const void *w, int64_t nb, const osp_q8b_pack *pk, float *y, int64_t ys) { \
+        NAME##_body(w, nb, pk, 0, y, ys);                                                          \
+    }                                                                                              \
+    TGT8B_AVX2 static void NAME##_8(const void *w, int64_t nb, const osp_q8b_pack *pk, float *y, int64_t ys) { \
+        NAME##_body(w, nb, pk, 0, y, ys);                                                          \
+        NAME##_body(w, nb, pk, 4, y + 4 * ys, ys);                                                 \
+    }
+TILE8B_AVX2_BODY(tile8b_avx2_q8_0, CODES256_Q8_0, 34, 0, 0)
+TILE8B_AVX2_BODY(tile8b_avx2_q4_0, CODES256_Q4_0, 18, 8, 0)
+TILE8B_AVX2_BODY(tile8b_avx2_q4_1, CODES256_Q4_1, 20, 0, 1)
+TILE8B_AVX2_BODY(tile8b_avx2_q5_0, CODES256_Q5_0, 22, 16, 0)
+TILE8B_AVX2_BODY(tile8b_avx2_q5_1, CODES256_Q5_1, 24, 0, 1)
+
 /* ---- AVX512-VNNI: the weight values in 512 bits ----
  * Q8_0, Q4_0, Q5_0 (signed values v, the signed operand of vpdpbusd against the pack's activation
  * codes + 128): I[l] = sum (a + 128) v - 128 sum v, the lane's correction -128 sum v formed once per
@@ -544,7 +599,13 @@ osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type) {
 osp_qdot8b_tile_fn osp_qdot8b_tile_for(uint32_t type, int64_t n_left, int *n) {
     *n = 1;
 #ifdef OSP_X86
-    if (!have_vnni() || n_left < 3 || !osp_qdot8b_supports(type)) return NULL;
+    if (n_left < 3 || !osp_qdot8b_supports(type)) return NULL;
+    if (have_avx2()) { /* 4 tokens, or 8 as two halves of one pack */
+        *n = n_left <= 4 ? 4 : 8;
+        if (*n == 4) PICK5(tile8b_avx2_, _4)
+        PICK5(tile8b_avx2_, _8)
+    }
+    if (!have_vnni()) return NULL;
     const int wd = n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8;
     *n = wd;
     switch (wd) {

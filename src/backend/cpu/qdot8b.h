@@ -94,11 +94,13 @@ osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type);
  * pk + (j / 8) * nb, y[j * ys] = dot(w, token j) for j < n, bit-identical to the one-token kernel
  * whatever the packs' other tokens hold. */
 typedef void (*osp_qdot8b_tile_fn)(const void *w, int64_t nb, const osp_q8b_pack *pk, float *y, int64_t ys);
-/* The tile for `type` and n_left tokens still to do, as osp_qdot8k_tile_for picks: 16 tokens (two
- * packs) when n_left >= 16, 8 when n_left >= 8; for 3 <= n_left < 8 the narrowest of 4, 6 and 8 tokens
- * holding them (the caller packs rows in bounds past n_left and drops their outputs). *n = the
- * tile's width. NULL with *n = 1 where there is none (n_left < 3; a CPU without AVX512-VNNI; a type
- * without the mode): use the GEMV. */
+/* The tile for `type` and n_left tokens still to do: on AVX512-VNNI as osp_qdot8k_tile_for picks, 16
+ * tokens (two packs) when n_left >= 16, 8 when n_left >= 8, else for 3 <= n_left < 8 the narrowest of 4,
+ * 6 and 8 tokens holding them; on AVX2 4 tokens for n_left 3-4, else 8 (one pack; 256-bit kernels, the
+ * 8-token tile runs the 4-token body on each half). A tile wider than n_left reads the pack's rows past
+ * n_left (the caller packs rows in bounds there and drops their outputs). *n = the tile's width. NULL
+ * with *n = 1 where there is none (n_left < 3; the portable family; a type without the mode): use the
+ * GEMV. */
 osp_qdot8b_tile_fn osp_qdot8b_tile_for(uint32_t type, int64_t n_left, int *n);
 
 #endif
