@@ -77,10 +77,11 @@ int osp_device_count(osp_device d);
 typedef enum osp_cpu_activations {
     OSP_CPU_ACT_TWO_LEVEL = 0, /* the default: int8 in blocks of 32 with a second level for the residual
                                   (relative error ~1e-5 a value) for every quantized weight type */
-    OSP_CPU_ACT_Q8 = 1,        /* K-quant weights (Q2_K..Q6_K) on one int8 level with one scale per 256
-                                  values (llama.cpp's Q8_K; ~2e-3 a value): faster prompts, results
-                                  that differ from the default's (still batch-invariant); other types
-                                  keep two levels */
+    OSP_CPU_ACT_Q8 = 1,        /* one int8 level (~2e-3 a value; llama.cpp's accuracy): one scale per
+                                  256 values for K-quant weights (Q2_K..Q6_K; llama.cpp's Q8_K), per 32
+                                  for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (its Q8_0/Q8_1 with fp32 scales);
+                                  faster prompts, results that differ from the default's (still
+                                  batch-invariant); F16/BF16/F32 weights are unaffected */
 } osp_cpu_activations;
 /* "two-level" -> OSP_CPU_ACT_TWO_LEVEL, "q8" -> OSP_CPU_ACT_Q8; OSP_ERR_INVALID_ARG (with a message
  * naming the accepted values) for anything else, *out untouched. */

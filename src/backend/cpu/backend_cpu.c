@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/qdot.h"
+#include "backend/cpu/qdot8b.h"
 #include "backend/cpu/qdot8k.h"
 #include "core/dtype.h"
 #include "core/status_internal.h"
@@ -31,7 +32,8 @@ typedef struct cpu_backend {
     osp_threadpool *pool;
     int nt;
     bool exact, emulate;
-    bool act_q8; /* one-level activations (qdot8k.h) for the K-quant parts of a matmul */
+    bool act_q8; /* one-level activations for the parts of a matmul that have them (qdot8k.h: the
+                  * K-quants; qdot8b.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) */
     void **allocs; /* host buffers this backend made (concatenated vectors, KV pages) */
     int32_t n_allocs, cap_allocs;
     /* workspace, grown on demand (never on a steady decode step) */
@@ -45,6 +47,8 @@ typedef struct cpu_backend {
     size_t cap_xq;    /* blocks */
     osp_q8k_block *xqk; /* with act_q8: the input quantized in one level, 7 spare rows as xq */
     size_t cap_xqk;     /* blocks of 256 */
+    osp_q8b_block *xqb; /* with act_q8: the input quantized in one level per 32 values, 7 spare rows as xq */
+    size_t cap_xqb;     /* blocks of 32 */
     float *ypad;      /* [nt, ypad_cap]: each thread's padded tail tile outputs, 8 tokens x its rows */
     size_t ypad_cap;
     osp_q8_pack *pack; /* [nt, OSP_CPU_PACK_GROUPS, pack_nb]: each thread's packed token groups (osp_pack_q8) */
@@ -155,6 +159,9 @@ static void ws_free(cpu_backend *c) {
     free(c->scores);
     free(c->xq);
     free(c->xqk);
+    free(c->xqb);
+    c->xqb = NULL;
+    c->cap_xqb = 0;
     c->scratch = c->scores = NULL;
     c->xq = NULL;
     c->xqk = NULL;
@@ -179,15 +186,18 @@ static void cpu_free(osp_backend *be) {
 
 /* ---- ops --------------------------------------------------------------------------------------- */
 
-/* Whether a part of type t runs on one-level activations (qdot8k.h). */
+/* Whether a part of type t runs on one-level activations: in super-blocks of 256 (qdot8k.h, the
+ * K-quants) or in blocks of 32 (qdot8b.h). */
 static bool part_q8k(const cpu_backend *c, uint32_t t) { return c->act_q8 && !c->exact && osp_qdot8k_supports(t); }
+static bool part_q8b(const cpu_backend *c, uint32_t t) { return c->act_q8 && !c->exact && osp_qdot8b_supports(t); }
 
 /* Whether the matmul of w quantizes its input in two levels (xq: a part on the default quantized
  * path) and in one level (xqk: a part on the one-level path). */
 static bool mm_quantizes2(const cpu_backend *c, const osp_tensor *w) {
     if (c->exact) return false;
     for (int32_t i = 0; i < w->n_parts; i++)
-        if (osp_qdot_for(w->parts[i].type) && !part_q8k(c, w->parts[i].type)) return true;
+        if (osp_qdot_for(w->parts[i].type) && !part_q8k(c, w->parts[i].type) && !part_q8b(c, w->parts[i].type))
+            return true;
     return false;
 }
 static bool mm_quantizes1(const cpu_backend *c, const osp_tensor *w) {
@@ -195,8 +205,15 @@ static bool mm_quantizes1(const cpu_backend *c, const osp_tensor *w) {
         if (part_q8k(c, w->parts[i].type)) return true;
     return false;
 }
+static bool mm_quantizes1b(const cpu_backend *c, const osp_tensor *w) { /* one level in blocks of 32 (xqb) */
+    for (int32_t i = 0; i < w->n_parts; i++)
+        if (part_q8b(c, w->parts[i].type)) return true;
+    return false;
+}
 /* Whether the matmul of w quantizes its input at all (the fast path has a kernel for one of its parts). */
-static bool mm_quantizes(const cpu_backend *c, const osp_tensor *w) { return mm_quantizes2(c, w) || mm_quantizes1(c, w); }
+static bool mm_quantizes(const cpu_backend *c, const osp_tensor *w) {
+    return mm_quantizes2(c, w) || mm_quantizes1(c, w) || mm_quantizes1b(c, w);
+}
 
 /* How an op reads its input and writes its output across threads: by the standard split of `rows`
  * rows (osp_split), or in another pattern (0). A barrier is needed before an op unless it reads by the
@@ -285,36 +302,59 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
     round_if(r, op->dst, out + l0 * E, (l1 - l0) * E);
 }
 
-/* One part's rows rr0..rr1 on one-level activations (xqk): tiles of 16 and 8 tokens, then the last 3-7 in
- * one narrower tile (4, 6 or 8 tokens, reading spare rows past R: its outputs past the real tokens
- * go to this thread's scratch and are dropped), then 1-2 tokens by GEMV. Every kernel gives the
- * one-token kernel's bits (qdot8k.h), so the split is invisible. */
-static void matmul_q8k(cpu_backend *c, const osp_tensor_part *p, int64_t nsb, int64_t R, int64_t N, int64_t rr0,
-                       int64_t rr1, float *yp, int ith) {
+/* One part's rows rr0..rr1 on one-level activations (xqk for the K-quants, in super-blocks of 256; xqb
+ * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32): tiles of 16 and 8 tokens, then the last 3-7 in one
+ * narrower tile (4, 6 or 8 tokens, reading spare rows past R: its outputs past the real tokens go to
+ * this thread's scratch and are dropped), then 1-2 tokens by GEMV. Every kernel gives the one-token
+ * kernel's bits (qdot8k.h, qdot8b.h), so the split is invisible. */
+static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K, int64_t R, int64_t N, int64_t rr0,
+                            int64_t rr1, float *yp, int ith) {
     const uint8_t *wb = p->data;
-    /* the two-level pack buffer holds this thread's two 8-token packs with room to spare (2 x 1088
-     * bytes a block of 32 there, 2 x 2752 a super-block of 256 here) */
-    osp_q8k_pack *pk = (osp_q8k_pack *)(void *)(c->pack + (size_t)ith * OSP_CPU_PACK_GROUPS * (size_t)c->pack_nb);
+    const bool k8 = osp_qdot8k_supports(p->type); /* else blocks of 32 */
+    const int64_t nb = k8 ? K / OSP_Q8K_BLOCK : K / OSP_Q8B_BLOCK;
+    /* this thread's share of the pack buffer, made for two 8-token two-level packs (2 x 1088 bytes a block
+     * of 32): it holds two one-level packs with room to spare (2 x 2752 bytes a super-block of 256, 2 x 576
+     * a block of 32), or a token's GEMV pairs */
+    void *pk = c->pack + (size_t)ith * OSP_CPU_PACK_GROUPS * (size_t)c->pack_nb;
+    osp_q8k_pack *pkk = pk;
+    osp_q8b_pack *pkb = pk;
     int64_t t = 0;
     for (;;) {
         int nt;
-        const osp_qdot8k_tile_fn tile = osp_qdot8k_tile_for(p->type, R - t, &nt);
-        if (!tile) break;
-        for (int g = 0; g < (nt + OSP_Q8K_PACK_TOKENS - 1) / OSP_Q8K_PACK_TOKENS; g++)
-            osp_pack_q8k(c->xqk + (t + OSP_Q8K_PACK_TOKENS * g) * nsb, nsb, nsb, pk + g * nsb);
-        if (R - t >= nt) {
-            for (int64_t rr = rr0; rr < rr1; rr++) tile(wb + (size_t)rr * p->row_bytes, nsb, pk, yp + t * N + rr, N);
+        const osp_qdot8k_tile_fn tk = k8 ? osp_qdot8k_tile_for(p->type, R - t, &nt) : NULL;
+        const osp_qdot8b_tile_fn tb = k8 ? NULL : osp_qdot8b_tile_for(p->type, R - t, &nt);
+        if (!tk && !tb) break;
+        for (int g = 0; g < (nt + 7) / 8; g++) {
+            if (k8) osp_pack_q8k(c->xqk + (t + 8 * g) * nb, nb, nb, pkk + g * nb);
+            else osp_pack_q8b(p->type, c->xqb + (t + 8 * g) * nb, nb, nb, pkb + g * nb);
+        }
+        const bool full = R - t >= nt;
+        const int64_t nr = rr1 - rr0;
+        /* row rr's results: column rr of y's rows t.., or (a padded tile) column rr - rr0 of nt x nr scratch */
+        float *yt = full ? yp + t * N + rr0 : c->ypad + (size_t)ith * c->ypad_cap;
+        const int64_t ys = full ? N : nr;
+        for (int64_t rr = rr0; rr < rr1; rr++) {
+            if (k8) tk(wb + (size_t)rr * p->row_bytes, nb, pkk, yt + (rr - rr0), ys);
+            else tb(wb + (size_t)rr * p->row_bytes, nb, pkb, yt + (rr - rr0), ys);
+        }
+        if (full) {
             t += nt;
             continue;
         }
-        float *yt = c->ypad + (size_t)ith * c->ypad_cap; /* nt x (rr1 - rr0) */
-        const int64_t nr = rr1 - rr0;
-        for (int64_t rr = rr0; rr < rr1; rr++) tile(wb + (size_t)rr * p->row_bytes, nsb, pk, yt + (rr - rr0), nr);
         for (int64_t k = t; k < R; k++) memcpy(yp + k * N + rr0, yt + (k - t) * nr, sizeof(float) * (size_t)nr);
         t = R;
     }
-    const osp_qdot8k_gemv_fn gemv = osp_qdot8k_gemv_for(p->type);
-    for (; t < R; t++) gemv(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqk + t * nsb, nsb, yp + t * N + rr0, rr1 - rr0);
+    if (k8) {
+        const osp_qdot8k_gemv_fn gemv = osp_qdot8k_gemv_for(p->type);
+        for (; t < R; t++) gemv(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqk + t * nb, nb, yp + t * N + rr0, rr1 - rr0);
+    } else {
+        const osp_qdot8b_gemv_fn gemv = osp_qdot8b_gemv_for(p->type);
+        osp_q8b_pair *bp = pk;
+        for (; t < R; t++) {
+            osp_pack_q8b_row(p->type, c->xqb + t * nb, nb, bp);
+            gemv(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqb + t * nb, bp, nb, yp + t * N + rr0, rr1 - rr0);
+        }
+    }
 }
 
 /* y = x W^T over this thread's slice of W's (stacked) rows: int8 dot products on the quantized input
@@ -325,15 +365,17 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
     const int64_t R = rows_of(r, op->src0), K = w->cols, N = w->rows;
     const float *x = r->bufs[op->src0];
     float *y = r->bufs[op->dst];
-    const bool quant2 = mm_quantizes2(c, w), quant1 = mm_quantizes1(c, w);
+    const bool quant2 = mm_quantizes2(c, w), quant1 = mm_quantizes1(c, w), quant1b = mm_quantizes1b(c, w);
     const int64_t nb = K / OSP_Q8_BLOCK, nsb = K / OSP_Q8K_BLOCK;
-    if (quant2 || quant1) { /* my rows of the input, then everyone's */
+    if (quant2 || quant1 || quant1b) { /* my rows of the input, then everyone's */
         long long t0, t1;
         osp_split(R, ith, nth, &t0, &t1);
         if (quant2)
             for (long long t = t0; t < t1; t++) osp_quantize_row_q8(x + t * K, c->xq + t * nb, K);
         if (quant1)
             for (long long t = t0; t < t1; t++) osp_quantize_row_q8k(x + t * K, c->xqk + t * nsb, K);
+        if (quant1b)
+            for (long long t = t0; t < t1; t++) osp_quantize_row_q8b(x + t * K, c->xqb + t * nb, K);
         osp_threadpool_barrier(c->pool);
     }
     long long r0, r1;
@@ -346,8 +388,8 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
         if (lo < hi) {
             const osp_qdot_fn dot = c->exact ? NULL : osp_qdot_for(p->type);
             float *yp = y + base; /* column `base` of y: part rows land at their stacked offset */
-            if (part_q8k(c, p->type)) {
-                matmul_q8k(c, p, nsb, R, N, lo - base, hi - base, yp, ith);
+            if (part_q8k(c, p->type) || part_q8b(c, p->type)) {
+                matmul_onelevel(c, p, K, R, N, lo - base, hi - base, yp, ith);
             } else if (!dot) {
                 const osp_weight wt = {.data = p->data, .type = p->type, .cols = K, .rows = p->rows,
                                        .row_bytes = p->row_bytes, .round_bf16 = w->round_bf16};
@@ -642,7 +684,7 @@ static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *o
 static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b, float *logits, float **bufs) {
     const int64_t T = b->num_tokens, L = b->num_logits;
     int64_t max_ctx = 0, max_cols = 0;
-    size_t need_xq = 0, need_xqk = 0, need_ypad = 0;
+    size_t need_xq = 0, need_xqk = 0, need_xqb = 0, need_ypad = 0;
     for (int32_t s = 0; s < b->num_seqs; s++) max_ctx = b->seq_lens[s] > max_ctx ? b->seq_lens[s] : max_ctx;
     for (int32_t k = 0; k < g->n_ops; k++) {
         const osp_op *op = &g->ops[k];
@@ -656,6 +698,8 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
         need_xq = nxq > need_xq ? nxq : need_xq;
         const size_t nxqk = c->act_q8 ? (size_t)(R + 7) * (size_t)(op->w->cols / OSP_Q8K_BLOCK) : 0;
         need_xqk = nxqk > need_xqk ? nxqk : need_xqk;
+        const size_t nxqb = mm_quantizes1b(c, op->w) ? nxq : 0; /* only where a part has the 32-value mode */
+        need_xqb = nxqb > need_xqb ? nxqb : need_xqb;
     }
     for (int32_t a = 0; a < g->n_acts; a++) {
         if (a == g->logits) {
@@ -682,6 +726,12 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
         c->xqk = calloc(need_xqk, sizeof *c->xqk); /* zeros: the spare rows a narrow tile packs */
         if (!c->xqk) goto nomem;
         c->cap_xqk = need_xqk;
+    }
+    if (need_xqb > c->cap_xqb) {
+        free(c->xqb);
+        c->xqb = calloc(need_xqb, sizeof *c->xqb); /* zeros: the spare rows a narrow tile packs */
+        if (!c->xqb) goto nomem;
+        c->cap_xqb = need_xqb;
     }
     if (need_ypad > c->ypad_cap) {
         free(c->ypad);

@@ -1,0 +1,312 @@
+/* One-level activations for the 32-value block types (src/backend/cpu/qdot8b.h): the quantizer against
+ * its written contract; the portable kernels against a double-precision dot of the dequantized weights
+ * (the arithmetic is right) and the original activations (the one-level error bound); and every other
+ * kernel of the mode -- the AVX2 and AVX512-VNNI one-token kernels, the GEMV over 1..6 rows, the tiles
+ * of 4, 6, 8 and 16 tokens with junk rows past the real tokens -- against the portable kernel bit for
+ * bit, on random rows of 1..13 blocks (odd counts: the GEMV's half pair), all-zero weights, -0.0 and
+ * zero activations, large weight scales and activations: a token's result must not depend on the kernel,
+ * so it does not depend on how many tokens share the matmul (batch invariance). Deterministic inputs
+ * (test_rng.h); kernels the CPU lacks are skipped with a message. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/qdot.h"
+#include "backend/cpu/qdot8b.h"
+#include "core/dtype.h"
+#include "test_rng.h"
+
+static const uint32_t types[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0, OSP_DTYPE_Q5_1};
+#define NTYPES (sizeof types / sizeof types[0])
+#define MAX_NB 13 /* blocks a test row has at most (416 values) */
+#define MAX_TS 34 /* bytes of the largest block (Q8_0) */
+
+static void put_half(uint8_t *p, float v) {
+    const uint16_t h = osp_fp32_to_fp16(v);
+    memcpy(p, &h, 2);
+}
+
+/* Random codes (random bytes reach the extremes: Q8_0's -128 and 127, 5-bit 31), sane fp16 scales and
+ * mins, or (big) scales near fp16's largest. */
+static void fill_blocks(uint32_t t, uint8_t *w, int64_t nb, bool big) {
+    const size_t ts = osp_dtype_type_size(t);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * ts;
+        for (size_t i = 0; i < ts; i++) p[i] = (uint8_t)rnd();
+        put_half(p, big ? 60000.0f * frand() : 0.01f * frand());
+        if (t == OSP_DTYPE_Q4_1 || t == OSP_DTYPE_Q5_1) put_half(p + 2, big ? -60000.0f * frand() : 0.02f * frand());
+    }
+}
+
+static void fill_x(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = scale * frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
+}
+
+/* d = max|x| / 127, q = rne(x * 127 / max|x|), s = d * sum(q); all zeros give d = 0; NaN gives d = s = NaN. */
+static void test_quantize_contract(void **state) {
+    (void)state;
+    static float x[4 * 32];
+    static osp_q8b_block q[4];
+    for (int trial = 0; trial < 2000; trial++) {
+        fill_x(x, 128, trial % 7 == 0 ? 1e-30f : trial % 13 == 0 ? 1e30f : 1.0f);
+        if (trial % 11 == 0) for (int i = 0; i < 32; i++) x[i] = trial % 2 ? 0.0f : -0.0f;
+        osp_quantize_row_q8b(x, q, 128);
+        for (int b = 0; b < 4; b++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
+            assert_memory_equal(&q[b].d, &d, 4);
+            int s = 0;
+            for (int i = 0; i < 32; i++) {
+                const int qi = (int)nearbyintf(x[32 * b + i] * id);
+                if (q[b].qs[i] != qi) fail_msg("trial %d block %d value %d: code %d, contract %d", trial, b, i, q[b].qs[i], qi);
+                s += qi;
+            }
+            const float sf = d * (float)s;
+            assert_memory_equal(&q[b].s, &sf, 4);
+        }
+    }
+    for (int i = 0; i < 128; i++) x[i] = 0.5f;
+    x[40] = NAN;
+    x[100] = -INFINITY;
+    osp_quantize_row_q8b(x, q, 128);
+    assert_true(q[0].d == 0.5f / 127.0f && isnan(q[1].d) && isnan(q[1].s) && isnan(q[3].d) && q[2].d == q[0].d);
+}
+
+/* The portable kernels: within float rounding of the exact dot of the dequantized weights with the
+ * quantized activations, and within the one-level bound (|x - d q| <= d / 2 per value) of the dot
+ * with the original activations. */
+static void test_reference_accuracy(void **state) {
+    (void)state;
+    int tested = 0;
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        const uint32_t t = types[ti];
+        const osp_qdot8b_fn ref = osp_qdot8b_ref_for(t);
+        assert_non_null(ref);
+        for (int trial = 0; trial < 300; trial++) {
+            const int64_t nb = 1 + rnd() % MAX_NB, n = nb * 32;
+            static uint8_t w[MAX_NB * MAX_TS];
+            static float x[MAX_NB * 32], wf[MAX_NB * 32];
+            static osp_q8b_block xq[MAX_NB];
+            fill_blocks(t, w, nb, false);
+            fill_x(x, n, 1.0f);
+            osp_quantize_row_q8b(x, xq, n);
+            assert_int_equal(osp_dequant_row(t, w, wf, n), OSP_OK);
+            double exact_q = 0, exact = 0, mag = 0, bound = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const osp_q8b_block *b = &xq[i / 32];
+                exact_q += (double)wf[i] * b->d * b->qs[i % 32];
+                exact += (double)wf[i] * x[i];
+                mag += fabs((double)wf[i] * x[i]);
+                bound += fabs((double)wf[i]) * b->d * 0.5 * 1.001;
+            }
+            const float r = ref(w, xq, nb);
+            if (fabs((double)r - exact_q) > 2e-6 * mag + 1e-30)
+                fail_msg("%s: reference %.9g vs exact %.9g (mag %g)", osp_dtype_name(t), r, exact_q, mag);
+            if (fabs((double)r - exact) > bound + 2e-6 * mag)
+                fail_msg("%s: one level %.9g vs fp32 %.9g exceeds bound %g", osp_dtype_name(t), r, exact, bound);
+            tested++;
+        }
+    }
+    assert_null(osp_qdot8b_ref_for(OSP_DTYPE_Q4_K));
+    assert_null(osp_qdot8b_for(OSP_DTYPE_F32));
+    printf("qdot8b reference: %d rows within the bounds\n", tested);
+}
+
+/* Weights for the bit tests: random (large scales in every fifth trial), or all zeros (trial 0). */
+static void weights(uint32_t t, uint8_t *w, int64_t nb, int trial) {
+    fill_blocks(t, w, nb, trial % 5 == 4);
+    if (trial == 0) memset(w, 0, (size_t)nb * osp_dtype_type_size(t));
+}
+/* Activations for the bit tests: random, -0.0 (trial 1), zeros in every other block (trial 2), large. */
+static void activations(float *x, int64_t n, int trial, float junk) {
+    fill_x(x, n, junk != 0.0f ? junk : trial % 7 == 6 ? 1e4f : 1.0f);
+    if (trial == 1) for (int64_t i = 0; i < n; i++) x[i] = -0.0f;
+    if (trial == 2) for (int64_t i = 0; i < n; i++) if ((i / 32) % 2) x[i] = 0.0f;
+}
+
+/* The one-token kernel and the GEMV of every family equal the portable kernel bit for bit. */
+static void test_one_token_and_gemv(void **state) {
+    (void)state;
+    const char *isas[] = {"avx512vnni", "avx2", "scalar"};
+    int tested = 0;
+    for (size_t ii = 0; ii < 3; ii++) {
+        if (!osp_qdot_force_isa(isas[ii])) {
+            printf("qdot8b: %s not available on this CPU, skipped\n", isas[ii]);
+            continue;
+        }
+        for (size_t ti = 0; ti < NTYPES; ti++) {
+            const uint32_t t = types[ti];
+            const osp_qdot8b_fn one = osp_qdot8b_for(t), ref = osp_qdot8b_ref_for(t);
+            const osp_qdot8b_gemv_fn gemv = osp_qdot8b_gemv_for(t);
+            assert_non_null(one);
+            assert_non_null(gemv);
+            const int64_t ts = (int64_t)osp_dtype_type_size(t);
+            for (int trial = 0; trial < 200; trial++) {
+                const int64_t nb = trial < 2 * MAX_NB ? 1 + trial % MAX_NB : 1 + (int64_t)(rnd() % MAX_NB);
+                const int64_t nrows = 1 + rnd() % 6, rb = ts * nb;
+                static uint8_t w[6 * MAX_NB * MAX_TS];
+                static float x[MAX_NB * 32];
+                static osp_q8b_block xq[MAX_NB];
+                static _Alignas(64) uint8_t bp[8192];
+                for (int64_t r = 0; r < nrows; r++) weights(t, w + r * rb, nb, trial);
+                activations(x, nb * 32, trial, 0.0f);
+                osp_quantize_row_q8b(x, xq, nb * 32);
+                assert_true(osp_pack_q8b_row_bytes(nb) <= sizeof bp);
+                osp_pack_q8b_row(t, xq, nb, (osp_q8b_pair *)(void *)bp);
+                float g[6];
+                gemv(w, (size_t)rb, xq, (const osp_q8b_pair *)(const void *)bp, nb, g, nrows);
+                for (int64_t r = 0; r < nrows; r++) {
+                    const float a = one(w + r * rb, xq, nb), b = ref(w + r * rb, xq, nb);
+                    if (memcmp(&a, &b, 4) != 0)
+                        fail_msg("%s %s nb %d trial %d: one-token %.9g, reference %.9g", isas[ii], osp_dtype_name(t),
+                                 (int)nb, trial, a, b);
+                    if (memcmp(&a, &g[r], 4) != 0)
+                        fail_msg("%s %s nb %d row %d of %d trial %d: GEMV %.9g, one-token %.9g", isas[ii],
+                                 osp_dtype_name(t), (int)nb, (int)r, (int)nrows, trial, g[r], a);
+                }
+                tested++;
+            }
+        }
+    }
+    printf("qdot8b: %d one-token/GEMV row groups matched the reference bit for bit\n", tested);
+    /* a NaN activation gives NaN from every kernel */
+    float x[64];
+    for (int i = 0; i < 64; i++) x[i] = 1.0f;
+    x[40] = NAN;
+    osp_q8b_block xq[2];
+    osp_quantize_row_q8b(x, xq, 64);
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        uint8_t w[2 * MAX_TS];
+        fill_blocks(types[ti], w, 2, false);
+        for (size_t ii = 0; ii < 3; ii++)
+            if (osp_qdot_force_isa(isas[ii])) assert_true(isnan(osp_qdot8b_for(types[ti])(w, xq, 2)));
+    }
+    assert_true(osp_qdot_force_isa("scalar"));
+}
+
+/* The tiles: for 1..20 tokens left, the tile osp_qdot8b_tile_for picks (AVX512-VNNI: 16, 8, or the
+ * narrowest of 4, 6, 8 that holds 3..7; AVX2: 4 for 3-4, else 8) gives each real token the portable
+ * kernel's bits whatever the pack's other rows hold (huge values in some trials), writes exactly its n
+ * results ys apart, and is NULL below 3 tokens and on the portable family. */
+static int tiles_on(const char *isa) {
+    int tested = 0, n = 0;
+    const bool vnni = !strcmp(isa, "avx512vnni");
+    assert_null(osp_qdot8b_tile_for(OSP_DTYPE_Q4_K, 16, &n));
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        const uint32_t t = types[ti];
+        const osp_qdot8b_fn ref = osp_qdot8b_ref_for(t);
+        for (int64_t n_left = 1; n_left <= 20; n_left++) {
+            const osp_qdot8b_tile_fn tile = osp_qdot8b_tile_for(t, n_left, &n);
+            if (!tile) {
+                if (n_left >= 3) fail_msg("%s %s: no tile for %d tokens", isa, osp_dtype_name(t), (int)n_left);
+                assert_int_equal(n, 1);
+                continue;
+            }
+            assert_true(n_left >= 3);
+            if (vnni) assert_int_equal(n, n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
+            else assert_int_equal(n, n_left <= 4 ? 4 : 8);
+            const int real = n_left < n ? (int)n_left : n;
+            for (int trial = 0; trial < 40; trial++) {
+                const int64_t nb = trial < MAX_NB ? 1 + trial : 1 + (int64_t)(rnd() % MAX_NB), stride = nb + (int64_t)(rnd() % 3);
+                static uint8_t w[MAX_NB * MAX_TS];
+                static float x[MAX_NB * 32];
+                static osp_q8b_block xq[16 * (MAX_NB + 2)];
+                static _Alignas(64) osp_q8b_pack pk[2 * MAX_NB];
+                weights(t, w, nb, trial);
+                for (int j = 0; j < 16; j++) {
+                    activations(x, nb * 32, j == 1 ? trial : trial == 1 ? 3 : trial, j >= real && trial % 2 ? 1e30f : 0.0f);
+                    osp_quantize_row_q8b(x, xq + j * stride, nb * 32);
+                }
+                for (int g = 0; g < 2; g++) osp_pack_q8b(t, xq + 8 * g * stride, stride, nb, pk + g * nb);
+                float y[16 * 3];
+                for (int j = 0; j < 16 * 3; j++) y[j] = 12345.0f;
+                tile(w, nb, pk, y, 3);
+                for (int j = 0; j < 16; j++) {
+                    if (j < real) {
+                        const float r = ref(w, xq + j * stride, nb);
+                        if (memcmp(&r, &y[j * 3], sizeof r) != 0)
+                            fail_msg("%s %s: tile of %d for %d tokens, nb %d, token %d gives %.9g, reference %.9g", isa,
+                                     osp_dtype_name(t), n, (int)n_left, (int)nb, j, y[j * 3], r);
+                    }
+                    if (j >= n) assert_true(y[j * 3] == 12345.0f);
+                    assert_true(y[j * 3 + 1] == 12345.0f && y[j * 3 + 2] == 12345.0f);
+                }
+                tested++;
+            }
+        }
+    }
+    return tested;
+}
+
+static void test_tiles(void **state) {
+    (void)state;
+    const char *isas[] = {"avx512vnni", "avx2"};
+    for (size_t ii = 0; ii < 2; ii++) {
+        if (!osp_qdot_force_isa(isas[ii])) {
+            printf("qdot8b tiles: %s not available on this CPU, skipped\n", isas[ii]);
+            continue;
+        }
+        printf("qdot8b tiles (%s): %d tiles matched the reference bit for bit\n", isas[ii], tiles_on(isas[ii]));
+    }
+    int n = 0;
+    assert_true(osp_qdot_force_isa("scalar"));
+    for (size_t ti = 0; ti < NTYPES; ti++) assert_null(osp_qdot8b_tile_for(types[ti], 8, &n));
+}
+
+/* osp_pack_q8b and osp_pack_q8b_row write what their contracts say. */
+static void test_pack_layout(void **state) {
+    (void)state;
+    enum { NB = 3, STRIDE = 5 };
+    static float x[NB * 32];
+    static osp_q8b_block xq[8 * STRIDE];
+    static _Alignas(64) osp_q8b_pack pk[NB];
+    static _Alignas(64) osp_q8b_pair bp[4];
+    for (int j = 0; j < 8; j++) {
+        fill_x(x, NB * 32, 1.0f);
+        osp_quantize_row_q8b(x, xq + j * STRIDE, NB * 32);
+    }
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        const uint32_t t = types[ti];
+        const uint8_t xo = t == OSP_DTYPE_Q8_0 || t == OSP_DTYPE_Q4_0 || t == OSP_DTYPE_Q5_0 ? 0x80 : 0;
+        osp_pack_q8b(t, xq, STRIDE, NB, pk);
+        for (int b = 0; b < NB; b++)
+            for (int j = 0; j < 8; j++) {
+                const osp_q8b_block *blk = xq + j * STRIDE + b;
+                const osp_q8b_pair *pr = &pk[b].pair[j / 2];
+                const int h = j % 2;
+                for (int i = 0; i < 32; i++) assert_int_equal((uint8_t)pr->qs[32 * h + i], (uint8_t)blk->qs[i] ^ xo);
+                for (int l = 0; l < 8; l++) assert_true(pr->d[8 * h + l] == blk->d);
+                assert_true(pk[b].s[j] == blk->s);
+            }
+        assert_true(osp_pack_q8b_row_bytes(NB) <= sizeof bp);
+        osp_pack_q8b_row(t, xq, NB, bp);
+        const float *s = (const float *)(const void *)(bp + 2);
+        for (int b = 0; b < 4; b++) {
+            const osp_q8b_pair *pr = &bp[b / 2];
+            const int h = b % 2;
+            for (int l = 0; l < 8; l++) assert_true(pr->d[8 * h + l] == (b < NB ? xq[b].d : 0.0f));
+            for (int i = 0; i < 32; i++)
+                assert_int_equal((uint8_t)pr->qs[32 * h + i], b < NB ? (uint8_t)xq[b].qs[i] ^ xo : 0);
+            if (b < NB) assert_true(s[b] == xq[b].s);
+        }
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantize_contract),
+        cmocka_unit_test(test_reference_accuracy),
+        cmocka_unit_test(test_one_token_and_gemv),
+        cmocka_unit_test(test_tiles),
+        cmocka_unit_test(test_pack_layout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
