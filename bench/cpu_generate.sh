@@ -9,7 +9,8 @@
 # shape. llama.cpp is a build made outside this repository (no recipe for it is kept here); without
 # LLAMA_CPP_BIN only osprey runs. Default models: the SmolLM2 Q4_1 model, and random-weight Q8_0 and
 # Q4_1 models of the same shapes that `osprey make-random-model` writes to /tmp (speed depends only
-# on shapes and types). Peak RSS (from /usr/bin/time) is printed for both sides.
+# on shapes and types). Peak RSS (from /usr/bin/time) is printed for both sides. OSPREY_ARGS: more
+# `osprey bench` flags (word-split), e.g. "--cpu-activations q8" (one activation level, as llama.cpp's).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,6 +20,7 @@ N_GEN="${N_GEN:-128}"
 REPS="${REPS:-3}"
 OSPREY="${OSPREY:-build/bin/osprey}"
 LLAMA_BENCH="${LLAMA_CPP_BIN:+$LLAMA_CPP_BIN/llama-bench}"
+read -r -a OARGS <<<"${OSPREY_ARGS:-}"
 
 [ -x "$OSPREY" ] || { echo "build osprey first (make build)" >&2; exit 1; }
 models=("$@")
@@ -33,8 +35,8 @@ peak_kb() { /usr/bin/time -f '%M' "$@" 2>&1 >/dev/null | tail -n 1; }
 
 printf '%-44s %-6s %12s %12s %8s %10s %10s\n' model test osprey_t/s llama_t/s ratio osprey_KB llama_KB
 for m in "${models[@]}"; do
-    o=$("$OSPREY" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r "$REPS")
-    o_rss=$(peak_kb "$OSPREY" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1)
+    o=$("$OSPREY" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r "$REPS" ${OARGS[@]+"${OARGS[@]}"})
+    o_rss=$(peak_kb "$OSPREY" bench -m "$m" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" -r 1 ${OARGS[@]+"${OARGS[@]}"})
     o_pp=$(awk '/^pp/ {print $2}' <<<"$o"); o_tg=$(awk '/^tg/ {print $2}' <<<"$o")
     l_pp=-; l_tg=-; l_rss=-
     if [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMA_BENCH" ]; then

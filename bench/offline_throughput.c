@@ -26,6 +26,12 @@ static osp_engine *make(const char *model, int threads, int max_seqs, int max_le
     p.max_num_seqs = max_seqs;
     p.max_model_len = max_len;
     p.enable_prefix_caching = caching;
+    /* CPU_ACTIVATIONS=q8 (bench/offline_throughput.sh passes it on): --cpu-activations q8 */
+    const char *act = getenv("CPU_ACTIVATIONS");
+    if (act && osp_cpu_activations_parse(act, &p.cpu_activations) != OSP_OK) {
+        fprintf(stderr, "CPU_ACTIVATIONS: %s\n", osp_last_error());
+        exit(2);
+    }
     osp_engine *e;
     if (osp_engine_create(&p, &e) != OSP_OK) {
         fprintf(stderr, "engine: %s\n", osp_last_error());

@@ -8,6 +8,7 @@
 # Env: N (64) PROMPT (32) GEN (256) THREADS (2); SINGLE_N (N): how many of the requests the
 # one-at-a-time run does (its tokens/s is a per-request rate, so a subset measures the same thing);
 # PREFIX_N (32): requests in the shared-prefix test;
+# CPU_ACTIVATIONS=q8: osprey's engine with --cpu-activations q8 (one activation level, as llama.cpp's).
 # LLAMA_CPP_BIN: directory holding llama-batched-bench (a llama.cpp build outside the repo; skipped
 # when unset). The benchmark binary is the CMake target offline_throughput of $BUILD.
 set -euo pipefail
