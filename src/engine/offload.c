@@ -115,12 +115,15 @@ static void on_evict(void *ctx, int32_t id, const osp_block_hash *h) {
         osp_kv_offload_put(o->store, h, NULL);
         return;
     }
-    const osp_status s = osp_kv_cache_block_read(o->kv, id, o->buf);
+    /* straight into the host slot it will occupy (page-locked on the GPU: one copy, no memcpy after) */
+    void *slot = osp_kv_offload_host_slot_next(o->store);
+    void *dst = slot ? slot : o->buf;
+    const osp_status s = osp_kv_cache_block_read(o->kv, id, dst);
     if (s != OSP_OK) {
         o->err = s;
         return;
     }
-    osp_kv_offload_put(o->store, h, o->buf);
+    osp_kv_offload_put(o->store, h, dst);
 }
 
 static void on_tier_change(void *ctx, const osp_block_hash *h, int tier, bool stored) {

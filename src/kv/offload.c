@@ -251,7 +251,8 @@ static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_ha
     }
     if (t == OSP_KV_TIER_HOST) {
         const int32_t slot = o->free_slots[--o->n_free_slots];
-        memcpy(o->host + (size_t)slot * o->block_bytes, bytes, o->block_bytes);
+        uint8_t *dst = o->host + (size_t)slot * o->block_bytes;
+        if (bytes != dst) memcpy(dst, bytes, o->block_bytes); /* written in place: osp_kv_offload_host_slot_next */
         o->e[id].slot = slot;
     } else if (!disk_write(o, h, bytes)) {
         o->stats.io_errors++;
@@ -512,6 +513,14 @@ void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *
     }
     const int t = o->tier[OSP_KV_TIER_HOST].cap > 0 ? OSP_KV_TIER_HOST : OSP_KV_TIER_DISK;
     if (!tier_insert(o, t, -1, h, bytes)) o->stats.dropped++;
+}
+
+void *osp_kv_offload_host_slot_next(osp_kv_offload *o) {
+    lru *t = &o->tier[OSP_KV_TIER_HOST];
+    if (t->cap == 0) return NULL;
+    if (t->n >= t->cap) make_room(o, OSP_KV_TIER_HOST);
+    if (o->n_free_slots == 0) return NULL;
+    return o->host + (size_t)o->free_slots[o->n_free_slots - 1] * o->block_bytes;
 }
 
 int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h) {

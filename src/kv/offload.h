@@ -81,6 +81,11 @@ size_t osp_kv_offload_block_bytes(const osp_kv_offload *o);
  * equally valid; bytes may then be NULL). A disk write that fails is counted (io_errors) and the block dropped: the store is a
  * cache, so nothing is reported to the caller. */
 void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *bytes);
+/* The host slot the next put of a block not held will fill (making room first when the host tier is full:
+ * its least recently used block moves to disk or is dropped), or NULL without a host tier. A caller may
+ * write the block's bytes there and then put with bytes = that pointer (no copy): a GPU engine reads an
+ * evicted block straight from the device into it. Valid until the next call that stores, moves or drops. */
+void *osp_kv_offload_host_slot_next(osp_kv_offload *o);
 
 /* The tier holding h (OSP_KV_TIER_HOST or OSP_KV_TIER_DISK), or -1. Index only: no I/O. */
 int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h);

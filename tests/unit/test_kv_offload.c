@@ -119,7 +119,29 @@ static void test_host_tier(void **state) {
     assert_int_equal(st.blocks[OSP_KV_TIER_HOST], 3);
     assert_int_equal(st.loaded[OSP_KV_TIER_HOST], 1);
     assert_false(osp_kv_offload_get(o, &(osp_block_hash){.lo = 12345}, got));
+    /* written in place: the next slot (making room: drops 3, now the least recent), then put with it */
+    const osp_block_hash h5 = hash_of(5), h3 = hash_of(3);
+    uint8_t *slot = osp_kv_offload_host_slot_next(o);
+    assert_non_null(slot);
+    assert_int_equal(osp_kv_offload_where(o, &h3), -1);
+    fill(slot, 5);
+    osp_kv_offload_put(o, &h5, slot);
+    assert_true(osp_kv_offload_get(o, &h5, got));
+    fill(b, 5);
+    assert_memory_equal(got, b, BB);
+    assert_true(osp_kv_offload_get(o, &h1, got)); /* the others untouched */
+    fill(b, 1);
+    assert_memory_equal(got, b, BB);
+    assert_int_equal(osp_kv_offload_get_stats(o).blocks[OSP_KV_TIER_HOST], 3);
     osp_kv_offload_destroy(o);
+    /* no host tier: no slot */
+    char dir[] = "/tmp/osprey-kvo-slot-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const osp_kv_offload_config dcfg = {.disk_dir = dir, .disk_bytes = 4 * BB};
+    assert_int_equal(osp_kv_offload_create(&dcfg, BB, 7, &o), OSP_OK);
+    assert_null(osp_kv_offload_host_slot_next(o));
+    osp_kv_offload_destroy(o);
+    rm_tree(dir);
 }
 
 static void test_disk_tier(void **state) {
