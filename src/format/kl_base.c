@@ -136,6 +136,14 @@ osp_status osp_kl_base_load(const char *path, osp_kl_base *out) {
     return OSP_OK;
 }
 
+void osp_kl_base_order_ties(int32_t *ids, const float *logprob, uint32_t k) {
+    for (uint32_t j = 1; j < k; j++) /* equal values only swap ids: an insertion sort within each tie run */
+        for (uint32_t i = j; i > 0 && logprob[i] == logprob[i - 1] && ids[i] < ids[i - 1]; i--) {
+            const int32_t t = ids[i];
+            ids[i] = ids[i - 1], ids[i - 1] = t;
+        }
+}
+
 osp_status osp_kl_base_save(const char *path, const osp_kl_base *b) {
     const size_t bytes = osp_kl_base_file_bytes(b->n_chunks, b->n_scored, b->k);
     if (!bytes) return osp_set_error(OSP_ERR_INVALID_ARG, "KL base: bad counts");

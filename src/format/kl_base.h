@@ -62,6 +62,11 @@ osp_status osp_kl_base_load(const char *path, osp_kl_base *out);
 osp_status osp_kl_base_save(const char *path, const osp_kl_base *b);
 void osp_kl_base_free(osp_kl_base *b); /* NULL is fine; zeroes *b */
 
+/* One record's k entries ids [k], logprob [k], already in non-increasing logprob order (a top-k by
+ * logit, each logit minus one log-sum-exp rounded to float), put in the file's order: equal
+ * log-probabilities lower id first (distinct logits can round to one float). In place. */
+void osp_kl_base_order_ties(int32_t *ids, const float *logprob, uint32_t k);
+
 /* FNV-1a 64 of the little-endian bytes of ids[0..n), continuing from h (start: OSP_FNV64_OFFSET). */
 #define OSP_FNV64_OFFSET 0xcbf29ce484222325ull
 uint64_t osp_fnv1a64_ids(uint64_t h, const int32_t *ids, size_t n);

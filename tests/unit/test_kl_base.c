@@ -80,6 +80,21 @@ static void expect_refused(const uint8_t *buf, size_t n, const char *frag) {
     if (!strstr(osp_last_error(), frag)) fail_msg("'%s' not in: %s", frag, osp_last_error());
 }
 
+/* A top-k by logit whose float log-probabilities tie (distinct logits, one rounded value) in the wrong
+ * id order: put in the file's order (osprey perplexity --save-kl-base wrote such records before, which
+ * --kl-base then refused: a random-weight Q8_0 SmolLM2, record 965 of 6 chunks of 512). */
+static void test_order_ties(void **state) {
+    (void)state;
+    int32_t ids[6] = {9, 4, 7, 2, 5, 1};
+    const float lp[6] = {-0.5f, -1.0f, -1.0f, -1.0f, -2.0f, -2.0f};
+    osp_kl_base_order_ties(ids, lp, 6);
+    const int32_t want[6] = {9, 2, 4, 7, 1, 5};
+    assert_memory_equal(ids, want, sizeof want);
+    osp_kl_base_order_ties(ids, lp, 0); /* nothing to do */
+    osp_kl_base_order_ties(ids, lp, 1);
+    assert_memory_equal(ids, want, sizeof want);
+}
+
 static void test_refused(void **state) {
     (void)state;
     const osp_kl_base b = sample();
@@ -154,6 +169,7 @@ static void test_load_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_order_ties),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_load_errors),
     };

@@ -308,6 +308,8 @@ int cmd_perplexity(int argc, char **argv) {
                         out.logprob[pi * kl_top + j] = (float)((double)top_val[j] - lse);
                         T += exp((double)top_val[j] - mx);
                     }
+                    /* distinct logits can round to one float log-probability: ties lower id first */
+                    osp_kl_base_order_ties(out.ids + pi * kl_top, out.logprob + pi * kl_top, (uint32_t)kl_top);
                     out.logprob_rest[pi] = S - T > 0 ? (float)log((S - T) / S) : -INFINITY;
                     out.nll[pi] = (float)x;
                 }
