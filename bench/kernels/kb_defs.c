@@ -218,8 +218,9 @@ static bool parse_root(json_t *root, const char *path, kb_def *d, char *err, siz
         dm->max = json_integer_value(json_object_get(dv, "max"));
         dm->multiple = json_is_integer(json_object_get(dv, "multiple")) ? json_integer_value(json_object_get(dv, "multiple")) : 1;
         const int64_t lo = kk->may_be_zero && !strcmp(kk->may_be_zero, dm->name) ? 0 : 1;
-        if (dm->min < lo || dm->max < dm->min || dm->multiple < 1 || dm->max > (1 << 24) || (dm->max == 0)) {
-            kb_fail(err, errn, "%s: dimension '%s': need %lld <= min <= max <= 2^24, max >= 1, multiple >= 1", path,
+        if (dm->min < lo || dm->max < dm->min || dm->multiple < 1 || dm->multiple > dm->max || dm->max > (1 << 24) ||
+            (dm->max == 0)) {
+            kb_fail(err, errn, "%s: dimension '%s': need %lld <= min <= max <= 2^24, max >= 1, 1 <= multiple <= max", path,
                  dm->name, (long long)lo);
             goto done;
         }

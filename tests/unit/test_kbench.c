@@ -265,6 +265,12 @@ static void test_loader_rejects(void **state) {
         " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
         " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0}}],"
         " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 16384, \"E\": 16384}, \"big\": true}]}",
+        /* a 'multiple' past the dimension's max (the fuzzer's 3888888888888888882 overflowed the hidden
+           workloads' draw) */
+        "{\"name\": \"a\", \"op\": \"copy\", \"description\": \"\", \"dims\": {\"T\": {\"min\": 1, \"max\": 2}, \"E\": {\"min\": 1, \"max\": 2048, \"multiple\": 3888888888888888882}},"
+        " \"inputs\": [{\"name\": \"x\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\"}],"
+        " \"outputs\": [{\"name\": \"y\", \"shape\": [\"T\", \"E\"], \"dtype\": \"f32\", \"tol\": {\"rtol\": 0, \"atol\": 0}}],"
+        " \"workloads\": [{\"id\": \"w\", \"dims\": {\"T\": 1, \"E\": 1}}]}",
         "not json",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
