@@ -30,6 +30,7 @@
 
 #include "engine/engine_internal.h"
 #include "osprey/engine.h"
+#include "osprey/gguf.h"
 #include "osprey/model.h"
 #include "osprey/tokenizer.h"
 #include "gpu_test_models.h"
@@ -436,6 +437,30 @@ static void test_bad_config(void **state) {
     osp_engine_free(e);
 }
 
+/* A greedy SmolLM2 job for `text` (tokenized with the model's own tokenizer, BOS added), max_tokens
+ * tokens, `logprobs` top entries (-1: none). */
+static void smol_job(job *j, const char *text, int32_t max_tokens, int32_t logprobs) {
+    osp_gguf *g;
+    osp_tokenizer *tok;
+    assert_int_equal(osp_gguf_open(g_smol, &g), OSP_OK);
+    assert_int_equal(osp_tokenizer_load(g, &tok), OSP_OK);
+    osp_gguf_close(g);
+    int32_t *ids;
+    size_t n;
+    assert_int_equal(osp_tokenizer_encode(tok, text, strlen(text), true, true, &ids, &n), OSP_OK);
+    osp_tokenizer_free(tok);
+    assert_true(n <= sizeof j->prompt / sizeof j->prompt[0]);
+    memset(j, 0, sizeof *j);
+    memcpy(j->prompt, ids, sizeof(int32_t) * n);
+    free(ids);
+    j->n_prompt = (int32_t)n;
+    j->max_tokens = max_tokens;
+    j->n = 1;
+    j->top_p = 1.0f;
+    j->repetition = 1.0f;
+    j->logprobs = logprobs;
+}
+
 /* The real model on an input-grounded prompt (copy a text): the same tokens, most drafts accepted. */
 static void test_smollm2_copy(void **state) {
     (void)state;
@@ -447,28 +472,10 @@ static void test_smollm2_copy(void **state) {
         "underparts.\nRepeated text: The osprey";
     osp_engine_params p = base(g_smol, NULL);
     p.kv_dtype = OSP_KV_DTYPE_F16;
-    osp_engine *e;
-    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
-    osp_tokenizer *tok;
-    assert_int_equal(osp_tokenizer_load(osp_model_gguf(osp_engine_model(e)), &tok), OSP_OK);
-    int32_t *ids;
-    size_t n;
-    assert_int_equal(osp_tokenizer_encode(tok, text, strlen(text), true, true, &ids, &n), OSP_OK);
-    osp_tokenizer_free(tok);
-    osp_engine_free(e);
     job ref[2], j[2];
-    memset(ref, 0, sizeof ref);
-    for (int i = 0; i < 2; i++) {
-        memcpy(ref[i].prompt, ids, sizeof(int32_t) * n);
-        ref[i].n_prompt = (int32_t)n;
-        ref[i].max_tokens = i ? 30 : 48;
-        ref[i].n = 1;
-        ref[i].top_p = 1.0f;
-        ref[i].repetition = 1.0f;
-        ref[i].logprobs = 2;
-    }
-    ref[1].prompt[ref[1].n_prompt - 1] = ids[3]; /* a second, different request in the batch */
-    free(ids);
+    smol_job(&ref[0], text, 48, 2);
+    smol_job(&ref[1], text, 30, 2);
+    ref[1].prompt[ref[1].n_prompt - 1] = ref[1].prompt[3]; /* a second, different request in the batch */
     run_jobs(&p, ref, 2, NULL, 0);
     osp_spec_config c = {.method = OSP_SPEC_NGRAM, .num_speculative_tokens = 4, .prompt_lookup_min = 2,
                          .prompt_lookup_max = 5};
@@ -638,33 +645,15 @@ static void test_adaptive_k(void **state) {
 
 /* The draft model computes as its target does: SmolLM2 Q4_1 with one-level CPU activations
  * (--cpu-activations q8) drafting for itself has every greedy draft accepted, which holds only when the
- * draft is loaded in the same mode (a two-level draft lost 7 of 164 drafts on this text). */
+ * draft is loaded in the same mode (a two-level draft had 7 of 81 drafts rejected here). */
 static void test_draft_inherits_activations(void **state) {
     (void)state;
     if (g_gpu || !g_smol) skip(); /* a CPU mode; the tiny models' margins are too wide to tell */
-    static const char text[] = "Once upon a time, a fox lived near a river. One day";
     osp_engine_params plain = base(g_smol, NULL);
     plain.kv_dtype = OSP_KV_DTYPE_F16;
     plain.cpu_activations = OSP_CPU_ACT_Q8;
-    osp_engine *e;
-    assert_int_equal(osp_engine_create(&plain, &e), OSP_OK);
-    osp_tokenizer *tok;
-    assert_int_equal(osp_tokenizer_load(osp_model_gguf(osp_engine_model(e)), &tok), OSP_OK);
-    int32_t *ids;
-    size_t n;
-    assert_int_equal(osp_tokenizer_encode(tok, text, strlen(text), true, true, &ids, &n), OSP_OK);
-    osp_tokenizer_free(tok);
-    osp_engine_free(e);
     job ref[1], j[1];
-    memset(ref, 0, sizeof ref);
-    memcpy(ref[0].prompt, ids, sizeof(int32_t) * n);
-    free(ids);
-    ref[0].n_prompt = (int32_t)n;
-    ref[0].max_tokens = MAXOUT;
-    ref[0].n = 1;
-    ref[0].top_p = 1.0f;
-    ref[0].repetition = 1.0f;
-    ref[0].logprobs = -1;
+    smol_job(&ref[0], "Once upon a time, a fox lived near a river. One day", MAXOUT, -1);
     run_jobs(&plain, ref, 1, NULL, 0);
     osp_spec_config c = osp_spec_default_config();
     c.method = OSP_SPEC_DRAFT_MODEL;
