@@ -298,9 +298,12 @@ static osp_status copy_many_kernel_path(bool to_host, int32_t n, void *const *ds
     *done = true;
     if (m == 0) return OSP_OK;
     OSP_CUDA_TRY(cudaMemcpyAsync(g_seg_dev, g_seg_host, sizeof(copy_seg) * (size_t)m, cudaMemcpyHostToDevice, st));
-    int dev = 0, sms = 0;
-    OSP_CUDA_TRY(cudaGetDevice(&dev));
-    OSP_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    static int sms = 0; /* the device's SM count, asked once (under g_copy_mu) */
+    if (!sms) {
+        int dev = 0;
+        OSP_CUDA_TRY(cudaGetDevice(&dev));
+        OSP_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
     const int grid = m < 8 * sms ? m : 8 * sms;
     copy_many_kernel<<<grid, 256, 0, st>>>(g_seg_dev, m);
     OSP_CUDA_LAUNCH_CHECK("copy_many_kernel");
