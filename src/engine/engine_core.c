@@ -68,6 +68,7 @@ static void vec_del(ptr_vec *a, int32_t i) { a->v[i] = a->v[--a->n]; }
 
 struct osp_engine {
     osp_engine_params p;
+    bool step_trace;            /* OSPREY_STEP_TRACE=1 (a diagnostic): a line a step on stderr */
     osp_model *model;
     int32_t n_vocab;
     int32_t *eos, n_eos;        /* end-of-generation ids (min_tokens masks them) */
@@ -159,6 +160,8 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         osp_kv_scales_free(&scales);
         return osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");
     }
+    const char *trace = getenv("OSPREY_STEP_TRACE");
+    e->step_trace = trace && strcmp(trace, "1") == 0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gmu, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -771,6 +774,9 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     OSP_TRY(s);
     /* 2. schedule, run, update */
     osp_sched_output *so;
+    struct timespec tsch;
+    clock_gettime(CLOCK_MONOTONIC, &tsch);
+    const osp_offload_stats os0 = e->step_trace && e->offload ? osp_offload_get_stats(e->offload) : (osp_offload_stats){0};
     OSP_TRY(osp_scheduler_schedule(e->sched, &so));
     if (e->offload) OSP_TRY(osp_offload_status(e->offload)); /* a block copy the backend refused */
     for (int32_t i = 0; e->offload && i < so->num_entries; i++) /* a consumer's producer copies not needed now */
@@ -811,6 +817,15 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     if (e->proposer) collect_drafts(e, so);
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (e->offload) osp_offload_note_step(e->offload, so->total_tokens, seconds(ts0, ts1));
+    if (e->step_trace && so->num_entries > 0) {
+        const osp_offload_stats os1 = e->offload ? osp_offload_get_stats(e->offload) : (osp_offload_stats){0};
+        fprintf(stderr,
+                "step trace: %d entries, %d tokens; schedule %.3f ms (offload saves %lld blocks %.3f ms, host loads "
+                "%lld blocks %.3f ms), run %.3f ms\n",
+                so->num_entries, so->total_tokens, 1e3 * seconds(tsch, ts0), (long long)(os1.saved_blocks - os0.saved_blocks),
+                1e3 * (os1.save_s - os0.save_s), (long long)(os1.host_loaded_blocks - os0.host_loaded_blocks),
+                1e3 * (os1.host_load_s - os0.host_load_s), 1e3 * seconds(ts0, ts1));
+    }
     for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
         if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);
     for (int32_t i = 0; i < so->num_touched; i++) {

@@ -66,6 +66,8 @@ struct osp_offload {
     release *releases;          /* under mu */
     int64_t recv_blocks, failed_blocks; /* a consumer's, step thread */
     double recv_s;
+    int64_t saved_blocks, host_loaded_blocks; /* osp_offload_stats */
+    double save_s, host_load_s;
     double logged_xfer_at;      /* the last transfer warning (0: never) */
     double logged_hold_at;      /* the last "not held" warning (0: never) */
     /* producers whose last fetch failed (connect, a stall, a cut answer): not asked again for
@@ -108,22 +110,38 @@ static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA_WEIGHT) * *x + EMA
 
 /* ---- hooks ------------------------------------------------------------------------------------ */
 
-static void on_evict(void *ctx, int32_t id, const osp_block_hash *h) {
+/* The pool's evicted blocks into the store: those it holds already (loaded from there) only marked recently
+ * used; the others read from the pool in runs of up to EVICT_RUN blocks straight into the host slots they
+ * will occupy (page-locked on the GPU: one transfer and one wait a run, no memcpy after), or, without a
+ * host tier, one at a time through the bounce buffer to disk. */
+#define EVICT_RUN 64
+static void on_evict(void *ctx, int32_t n, const int32_t *ids, const osp_block_hash *hs) {
     osp_offload *o = ctx;
-    if (o->err != OSP_OK) return;
-    if (osp_kv_offload_where(o->store, h) >= 0) { /* held already (it was loaded from there): no copy */
-        osp_kv_offload_put(o->store, h, NULL);
-        return;
+    const double t0 = now_s();
+    int32_t run_ids[EVICT_RUN], run_at[EVICT_RUN];
+    void *slots[EVICT_RUN];
+    for (int32_t i = 0; i < n && o->err == OSP_OK;) {
+        int32_t m = 0; /* the next run of blocks the store does not hold */
+        for (; i < n && m < EVICT_RUN; i++) {
+            if (osp_kv_offload_where(o->store, &hs[i]) >= 0) osp_kv_offload_put(o->store, &hs[i], NULL);
+            else run_ids[m] = ids[i], run_at[m++] = i;
+        }
+        if (m == 0) break;
+        int32_t k = osp_kv_offload_host_slots_next(o->store, m, slots);
+        if (k == 0) k = 1, slots[0] = o->buf; /* no host tier: through the bounce buffer, a block at a time */
+        for (int32_t at = 0; at < m && o->err == OSP_OK; at += k) {
+            if (at > 0 && slots[0] != o->buf) k = osp_kv_offload_host_slots_next(o->store, m - at, slots);
+            if (k > m - at) k = m - at;
+            const osp_status s = osp_kv_cache_blocks_read(o->kv, k, run_ids + at, slots);
+            if (s != OSP_OK) {
+                o->err = s;
+                return;
+            }
+            for (int32_t j = 0; j < k; j++) osp_kv_offload_put(o->store, &hs[run_at[at + j]], slots[j]);
+            o->saved_blocks += k;
+        }
     }
-    /* straight into the host slot it will occupy (page-locked on the GPU: one copy, no memcpy after) */
-    void *slot = osp_kv_offload_host_slot_next(o->store);
-    void *dst = slot ? slot : o->buf;
-    const osp_status s = osp_kv_cache_block_read(o->kv, id, dst);
-    if (s != OSP_OK) {
-        o->err = s;
-        return;
-    }
-    osp_kv_offload_put(o->store, h, dst);
+    o->save_s += now_s() - t0;
 }
 
 static void on_tier_change(void *ctx, const osp_block_hash *h, int tier, bool stored) {
@@ -321,6 +339,8 @@ static int32_t tier_start(void *ctx, osp_request *r, const int32_t *ids, const o
                write_block(o, ids[*n_ok], o->buf)) /* disk blocks without a loader thread: one at a time */
             ++*n_ok, ++m;
         if (*n_ok > 0) ema(&o->load_s, (now_s() - t0) / *n_ok);
+        o->host_loaded_blocks += *n_ok;
+        o->host_load_s += now_s() - t0;
         return n;
     }
     const size_t bb = o->block_bytes;
@@ -625,7 +645,13 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
         if (pthread_create(&o->loader, NULL, loader_main, o) == 0) o->loader_started = true;
         /* else: disk blocks load on the step thread (tier_start's synchronous path); remote ones are computed */
     }
-    if (o->store) osp_block_pool_set_evict_hook(osp_scheduler_pool(sched), on_evict, o);
+    if (o->store) {
+        const osp_status hs = osp_block_pool_set_evict_hook(osp_scheduler_pool(sched), on_evict, o);
+        if (hs != OSP_OK) {
+            osp_offload_destroy(o, NULL);
+            return hs;
+        }
+    }
     if (o->store || is_consumer(o)) {
         const osp_sched_tier t = {.ctx = o, .contains = tier_contains, .worth = tier_worth, .start = tier_start,
                                   .poll = tier_poll, .cancel = tier_cancel};
@@ -769,7 +795,9 @@ bool osp_offload_busy(osp_offload *o) {
 
 osp_offload_stats osp_offload_get_stats(const osp_offload *o) {
     osp_offload_stats st = {.load_s_per_block = o->load_s, .prefill_s_per_token = o->prefill_s,
-                            .recv_blocks = o->recv_blocks, .failed_blocks = o->failed_blocks, .recv_s = o->recv_s};
+                            .recv_blocks = o->recv_blocks, .failed_blocks = o->failed_blocks, .recv_s = o->recv_s,
+                            .saved_blocks = o->saved_blocks, .save_s = o->save_s,
+                            .host_loaded_blocks = o->host_loaded_blocks, .host_load_s = o->host_load_s};
     if (o->store) st.store = osp_kv_offload_get_stats(o->store);
     if (o->xsrv) st.producer = osp_kv_xfer_server_get_stats(o->xsrv);
     return st;

@@ -92,6 +92,10 @@ typedef struct osp_offload_stats {
     int64_t recv_blocks, failed_blocks; /* a consumer's: blocks loaded from producers, asked for but not loaded */
     double recv_s;                /* the seconds those loads took */
     double load_s_per_block, prefill_s_per_token; /* the cost model's figures (0: not measured yet) */
+    int64_t saved_blocks;         /* blocks copied out of the pool into the store at eviction */
+    double save_s;                /* the seconds those copies took (on the step thread) */
+    int64_t host_loaded_blocks;   /* blocks written into the pool from the host tier on the step thread */
+    double host_load_s;           /* the seconds those writes took */
 } osp_offload_stats;
 osp_offload_stats osp_offload_get_stats(const osp_offload *o);
 

@@ -29,6 +29,8 @@ struct osp_block_pool {
     osp_prefix_hash_algo algo;     /* the 64-bit form of hashes in events */
     osp_block_evict_fn evict_fn;   /* eviction hook, or NULL */
     void *evict_ctx;
+    int32_t *evict_ids;            /* [num_blocks] scratch for the hook's batch (with the hook only) */
+    osp_block_hash *evict_hashes;  /* [num_blocks] */
 };
 
 /* ---- free queue ------------------------------------------------------------------------------ */
@@ -97,6 +99,8 @@ void osp_block_pool_destroy(osp_block_pool *p) {
     if (!p) return;
     free(p->blocks);
     free(p->index.slot);
+    free(p->evict_ids);
+    free(p->evict_hashes);
     free(p);
 }
 
@@ -109,11 +113,16 @@ osp_block_pool_stats osp_block_pool_get_stats(const osp_block_pool *p) { return 
 osp_status osp_block_pool_alloc(osp_block_pool *p, int32_t n, int32_t *ids) {
     if (n < 0 || n > p->num_free)
         return osp_set_error(OSP_ERR_NOMEM, "block pool: %d blocks wanted, %d free", n, p->num_free);
+    if (p->evict_fn) { /* the cached blocks this takes, all told at once while their pages still hold them */
+        int32_t ne = 0;
+        for (int32_t i = 0, id = p->head; i < n; i++, id = p->blocks[id].next)
+            if (p->blocks[id].has_hash) p->evict_ids[ne] = id, p->evict_hashes[ne++] = p->blocks[id].hash;
+        if (ne > 0) p->evict_fn(p->evict_ctx, ne, p->evict_ids, p->evict_hashes);
+    }
     for (int32_t i = 0; i < n; i++) {
         const int32_t id = p->head;
         fq_remove(p, id);
         if (p->blocks[id].has_hash) {
-            if (p->evict_fn) p->evict_fn(p->evict_ctx, id, &p->blocks[id].hash);
             uncache(p, id);
             p->stats.num_evictions++;
         }
@@ -123,9 +132,21 @@ osp_status osp_block_pool_alloc(osp_block_pool *p, int32_t n, int32_t *ids) {
     return OSP_OK;
 }
 
-void osp_block_pool_set_evict_hook(osp_block_pool *p, osp_block_evict_fn fn, void *ctx) {
+osp_status osp_block_pool_set_evict_hook(osp_block_pool *p, osp_block_evict_fn fn, void *ctx) {
+    if (fn && !p->evict_ids) {
+        p->evict_ids = malloc(sizeof *p->evict_ids * (size_t)p->num_blocks);
+        p->evict_hashes = malloc(sizeof *p->evict_hashes * (size_t)p->num_blocks);
+        if (!p->evict_ids || !p->evict_hashes) {
+            free(p->evict_ids);
+            free(p->evict_hashes);
+            p->evict_ids = NULL, p->evict_hashes = NULL;
+            return osp_set_error(OSP_ERR_NOMEM, "block pool: out of memory for the eviction hook's %d blocks",
+                                 p->num_blocks);
+        }
+    }
     p->evict_fn = fn;
     p->evict_ctx = ctx;
+    return OSP_OK;
 }
 
 void osp_block_pool_uncache(osp_block_pool *p, int32_t id) { uncache(p, id); }

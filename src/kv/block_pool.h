@@ -80,11 +80,14 @@ void osp_block_pool_cache_block(osp_block_pool *p, int32_t id, const osp_block_h
  * (osp_block_hash_external). The sink must outlive the pool or be replaced. */
 void osp_block_pool_set_event_sink(osp_block_pool *p, const osp_kv_event_sink *sink, osp_prefix_hash_algo algo);
 
-/* Called by osp_block_pool_alloc for every cached block it evicts, before the block's hash is dropped:
- * the block's pages still hold the hash's KV then (nothing has written them since it was freed), so a
- * tiered store (src/kv/offload.h) can copy them out. NULL fn: none. */
-typedef void (*osp_block_evict_fn)(void *ctx, int32_t id, const osp_block_hash *h);
-void osp_block_pool_set_evict_hook(osp_block_pool *p, osp_block_evict_fn fn, void *ctx);
+/* Called by osp_block_pool_alloc once per allocation that evicts: ids[0..n) are the cached blocks it takes,
+ * in the order taken, hashes[0..n) the hashes they carry (both arrays the pool's, valid during the call),
+ * before any hash is dropped. The blocks' pages still hold the hashes' KV then (nothing has written them
+ * since they were freed), so a tiered store (src/kv/offload.h) can copy them out, all in one transfer. */
+typedef void (*osp_block_evict_fn)(void *ctx, int32_t n, const int32_t *ids, const osp_block_hash *hashes);
+/* NULL fn: none. OSP_ERR_NOMEM when the hook's scratch arrays (num_blocks ids and hashes) cannot be had;
+ * the hook is then unchanged. */
+osp_status osp_block_pool_set_evict_hook(osp_block_pool *p, osp_block_evict_fn fn, void *ctx);
 
 /* Drops the hash block `id` carries (a BlockRemoved event), if any; the block stays where it is. For
  * blocks whose pages will never hold the hash's KV (a request preempted before the step that would

@@ -252,7 +252,7 @@ static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_ha
     if (t == OSP_KV_TIER_HOST) {
         const int32_t slot = o->free_slots[--o->n_free_slots];
         uint8_t *dst = o->host + (size_t)slot * o->block_bytes;
-        if (bytes != dst) memcpy(dst, bytes, o->block_bytes); /* written in place: osp_kv_offload_host_slot_next */
+        if (bytes != dst) memcpy(dst, bytes, o->block_bytes); /* written in place: osp_kv_offload_host_slots_next */
         o->e[id].slot = slot;
     } else if (!disk_write(o, h, bytes)) {
         o->stats.io_errors++;
@@ -515,12 +515,14 @@ void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *
     if (!tier_insert(o, t, -1, h, bytes)) o->stats.dropped++;
 }
 
-void *osp_kv_offload_host_slot_next(osp_kv_offload *o) {
+int32_t osp_kv_offload_host_slots_next(osp_kv_offload *o, int32_t n, void **slots) {
     lru *t = &o->tier[OSP_KV_TIER_HOST];
-    if (t->cap == 0) return NULL;
-    if (t->n >= t->cap) make_room(o, OSP_KV_TIER_HOST);
-    if (o->n_free_slots == 0) return NULL;
-    return o->host + (size_t)o->free_slots[o->n_free_slots - 1] * o->block_bytes;
+    const int32_t k = n < 0 ? 0 : n < t->cap ? n : (int32_t)t->cap;
+    while (o->n_free_slots < k && t->n > 0) make_room(o, OSP_KV_TIER_HOST);
+    const int32_t m = k < o->n_free_slots ? k : o->n_free_slots;
+    for (int32_t i = 0; i < m; i++) /* the puts pop the free-slot stack from its top */
+        slots[i] = o->host + (size_t)o->free_slots[o->n_free_slots - 1 - i] * o->block_bytes;
+    return m;
 }
 
 int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h) {

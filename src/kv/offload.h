@@ -81,11 +81,14 @@ size_t osp_kv_offload_block_bytes(const osp_kv_offload *o);
  * equally valid; bytes may then be NULL). A disk write that fails is counted (io_errors) and the block dropped: the store is a
  * cache, so nothing is reported to the caller. */
 void osp_kv_offload_put(osp_kv_offload *o, const osp_block_hash *h, const void *bytes);
-/* The host slot the next put of a block not held will fill (making room first when the host tier is full:
- * its least recently used block moves to disk or is dropped), or NULL without a host tier. A caller may
- * write the block's bytes there and then put with bytes = that pointer (no copy): a GPU engine reads an
- * evicted block straight from the device into it. Valid until the next call that stores, moves or drops. */
-void *osp_kv_offload_host_slot_next(osp_kv_offload *o);
+/* The host slots the next n puts of blocks not held will fill, in put order, into slots[0..k); returns k,
+ * which is n, or the host tier's capacity when n exceeds it, or 0 without a host tier (or n <= 0). Makes
+ * room first (the host tier's least recently used blocks move to disk or are dropped until k slots are
+ * free). A caller may write the blocks' bytes there and then put each with bytes = its slot (no copy): a
+ * GPU engine reads evicted blocks straight from the device into them, in one transfer. Valid until the
+ * next call that stores, moves or drops a block other than those k puts (a put of a hash already held takes
+ * no slot). */
+int32_t osp_kv_offload_host_slots_next(osp_kv_offload *o, int32_t n, void **slots);
 
 /* The tier holding h (OSP_KV_TIER_HOST or OSP_KV_TIER_DISK), or -1. Index only: no I/O. */
 int osp_kv_offload_where(const osp_kv_offload *o, const osp_block_hash *h);

@@ -36,6 +36,66 @@ static void test_alloc_release_order(void **state) {
     osp_block_pool_destroy(p);
 }
 
+/* The eviction hook: one call an allocation, every cached block it takes in the order taken, their hashes
+ * still in the pool during the call; uncached blocks and allocations that evict nothing are not reported. */
+typedef struct evict_log {
+    int calls, n;
+    int32_t ids[8];
+    osp_block_hash hs[8];
+    bool cached_during; /* every reported hash was still looked up to its block inside the call */
+    osp_block_pool *p;
+} evict_log;
+
+static void log_evict(void *ctx, int32_t n, const int32_t *ids, const osp_block_hash *hs) {
+    evict_log *l = ctx;
+    l->calls++;
+    for (int32_t i = 0; i < n && l->n < 8; i++) {
+        l->cached_during &= osp_block_pool_lookup(l->p, &hs[i]) == ids[i];
+        l->ids[l->n] = ids[i], l->hs[l->n++] = hs[i];
+    }
+}
+
+static void test_evict_hook_batched(void **state) {
+    (void)state;
+    osp_block_pool *p;
+    OK(osp_block_pool_create(6, true, &p));
+    evict_log l = {.cached_during = true, .p = p};
+    OK(osp_block_pool_set_evict_hook(p, log_evict, &l));
+    int32_t ids[6];
+    OK(osp_block_pool_alloc(p, 6, ids));
+    assert_int_equal(l.calls, 0); /* nothing cached yet */
+    for (int i = 0; i < 6; i += 2) { /* blocks 0, 2, 4 cached */
+        osp_block_hash h = H(i + 1);
+        osp_block_pool_cache(p, ids[i], &h);
+    }
+    osp_block_pool_release(p, (int32_t[]){5, 4, 3, 2, 1, 0}, 6);
+    int32_t got[5];
+    OK(osp_block_pool_alloc(p, 5, got)); /* takes 5 4 3 2 1: cached among them 4 then 2 */
+    assert_int_equal(l.calls, 1);
+    assert_int_equal(l.n, 2);
+    assert_int_equal(l.ids[0], 4);
+    assert_int_equal(l.ids[1], 2);
+    osp_block_hash h5 = H(5), h3 = H(3), h1 = H(1);
+    assert_memory_equal(&l.hs[0], &h5, sizeof h5);
+    assert_memory_equal(&l.hs[1], &h3, sizeof h3);
+    assert_true(l.cached_during);
+    assert_int_equal(osp_block_pool_lookup(p, &h5), -1); /* dropped after the call */
+    assert_int_equal(osp_block_pool_lookup(p, &h1), 0);  /* block 0 not taken */
+    assert_int_equal(osp_block_pool_get_stats(p).num_evictions, 2);
+    osp_block_pool_release(p, (int32_t[]){3}, 1); /* uncached, behind block 0 */
+    int32_t one;
+    OK(osp_block_pool_set_evict_hook(p, NULL, NULL));
+    OK(osp_block_pool_alloc(p, 1, &one)); /* block 0, cached: no hook now */
+    assert_int_equal(one, 0);
+    assert_int_equal(l.calls, 1);
+    OK(osp_block_pool_set_evict_hook(p, log_evict, &l));
+    OK(osp_block_pool_alloc(p, 1, &one)); /* block 3, not cached: no call */
+    assert_int_equal(one, 3);
+    assert_int_equal(l.calls, 1);
+    OK(osp_block_pool_check_invariants(p));
+    osp_block_pool_destroy(p);
+}
+
 static void test_cache_hit_and_eviction(void **state) {
     (void)state;
     osp_block_pool *p;
@@ -193,6 +253,7 @@ int main(void) {
         cmocka_unit_test(test_wide_hashes_distinct),
         cmocka_unit_test(test_alloc_release_order),
         cmocka_unit_test(test_cache_hit_and_eviction),
+        cmocka_unit_test(test_evict_hook_batched),
         cmocka_unit_test(test_fork_and_free_tail),
         cmocka_unit_test(test_randomized),
     };

@@ -121,7 +121,9 @@ static void test_host_tier(void **state) {
     assert_false(osp_kv_offload_get(o, &(osp_block_hash){.lo = 12345}, got));
     /* written in place: the next slot (making room: drops 3, now the least recent), then put with it */
     const osp_block_hash h5 = hash_of(5), h3 = hash_of(3);
-    uint8_t *slot = osp_kv_offload_host_slot_next(o);
+    void *slotp = NULL;
+    assert_int_equal(osp_kv_offload_host_slots_next(o, 1, &slotp), 1);
+    uint8_t *slot = slotp;
     assert_non_null(slot);
     assert_int_equal(osp_kv_offload_where(o, &h3), -1);
     fill(slot, 5);
@@ -133,13 +135,31 @@ static void test_host_tier(void **state) {
     fill(b, 1);
     assert_memory_equal(got, b, BB);
     assert_int_equal(osp_kv_offload_get_stats(o).blocks[OSP_KV_TIER_HOST], 3);
+    /* a run of slots: more than the tier holds gives its capacity, distinct slots, the tier emptied first;
+       the puts in order fill them in order */
+    void *slots[5] = {0};
+    assert_int_equal(osp_kv_offload_host_slots_next(o, 5, slots), 3);
+    assert_int_equal(osp_kv_offload_get_stats(o).blocks[OSP_KV_TIER_HOST], 0);
+    assert_true(slots[0] != slots[1] && slots[1] != slots[2] && slots[0] != slots[2]);
+    for (int i = 0; i < 3; i++) fill(slots[i], 10 + i);
+    for (int i = 0; i < 3; i++) {
+        const osp_block_hash hi = hash_of(900 + (uint64_t)i);
+        osp_kv_offload_put(o, &hi, slots[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        const osp_block_hash hi = hash_of(900 + (uint64_t)i);
+        assert_true(osp_kv_offload_get(o, &hi, got));
+        fill(b, 10 + i);
+        assert_memory_equal(got, b, BB);
+    }
+    assert_int_equal(osp_kv_offload_host_slots_next(o, 0, slots), 0);
     osp_kv_offload_destroy(o);
     /* no host tier: no slot */
     char dir[] = "/tmp/osprey-kvo-slot-XXXXXX";
     assert_non_null(mkdtemp(dir));
     const osp_kv_offload_config dcfg = {.disk_dir = dir, .disk_bytes = 4 * BB};
     assert_int_equal(osp_kv_offload_create(&dcfg, BB, 7, &o), OSP_OK);
-    assert_null(osp_kv_offload_host_slot_next(o));
+    assert_int_equal(osp_kv_offload_host_slots_next(o, 2, slots), 0);
     osp_kv_offload_destroy(o);
     rm_tree(dir);
 }
