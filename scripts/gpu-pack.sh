@@ -36,7 +36,7 @@ cmake -S . -B build -G Ninja -DOSPREY_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DOSP
 cmake --build build -j "${JOBS:-2}"
 rm -rf .carry/stage .carry/gpu.tar.xz .carry/m0 .carry/m1 .carry/base .carry/curl
 mkdir -p .carry/stage/bin .carry/stage/lib .carry/m0 .carry/m1
-cp build/bin/osprey build/bin/attn_bench build/bin/qmatmul_bench build/bin/gemm_bench build/bin/sample_bench build/tests/test_gpu_* .carry/stage/bin/
+cp build/bin/osprey build/bin/attn_bench build/bin/qmatmul_bench build/bin/gemm_bench build/bin/sample_bench build/bin/sparse_decode_bench build/tests/test_gpu_* .carry/stage/bin/
 if [ -f build/tests/test_ops ]; then cp build/tests/test_ops .carry/stage/bin/; else echo "gpu-pack: no build/tests/test_ops (not staged)"; fi
 if [ -f "$BASE_BIN" ]; then
     mkdir -p .carry/stage/base/bin
