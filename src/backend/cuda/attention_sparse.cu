@@ -174,6 +174,24 @@ __global__ void __launch_bounds__(kThreads, 2) sparse_dec_kernel(const SParams p
     const int kvh = p.per_q_head ? grp_i / p.grp : grp_i;
     const int s = p.token_seq[t], pos = p.positions[t], seq_len = p.seq_lens[s];
 
+    uint32_t qb[NQ][KT][2]; /* Q^T (B of S^T): column 8 nq + g is query head h0 + 8 nq + g;
+                             * loaded first, its latency under the gather's */
+#pragma unroll
+    for (int nq = 0; nq < NQ; nq++) {
+        const int col = 8 * nq + g;
+        const bool ok = col < nh;
+        const int64_t qrow = ok ? (int64_t)t * p.n_head + h0 + col : 0;
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const uint32_t pair =
+                    ok ? *reinterpret_cast<const uint32_t *>(p.q + qrow * D + 16 * kk + 2 * c4 + 8 * hf) : 0u;
+                const float lo_f = __uint_as_float(pair << 16), hi_f = __uint_as_float(pair & 0xffff0000u);
+                qb[nq][kk][hf] = pack_f16x2(clamp_f16_range(lo_f), clamp_f16_range(hi_f));
+            }
+    }
+
     /* ---- 1. gather the chunk's kept keys: thread tid owns entries [eb + tid per, eb + (tid + 1) per) ---- */
     const int ne = ee - eb, per = (ne + kThreads - 1) / kThreads;
     const int my_b = eb + min(ne, tid * per), my_e = eb + min(ne, (tid + 1) * per);
@@ -205,24 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) sparse_dec_kernel(const SParams p
     }
     __syncthreads();
 
-    /* ---- 2. attend over the kept keys in 64-key tiles ---- */
-    uint32_t qb[NQ][KT][2]; /* Q^T (B of S^T): column 8 nq + g is query head h0 + 8 nq + g */
-#pragma unroll
-    for (int nq = 0; nq < NQ; nq++) {
-        const int col = 8 * nq + g;
-        const bool ok = col < nh;
-        const int64_t qrow = ok ? (int64_t)t * p.n_head + h0 + col : 0;
-#pragma unroll
-        for (int kk = 0; kk < KT; kk++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const uint32_t pair =
-                    ok ? *reinterpret_cast<const uint32_t *>(p.q + qrow * D + 16 * kk + 2 * c4 + 8 * hf) : 0u;
-                const float lo_f = __uint_as_float(pair << 16), hi_f = __uint_as_float(pair & 0xffff0000u);
-                qb[nq][kk][hf] = pack_f16x2(clamp_f16_range(lo_f), clamp_f16_range(hi_f));
-            }
-    }
-
+    /* ---- 2. attend over the kept keys in 64-key tiles (Q^T loaded above) ---- */
     const int ntiles = (nkeys + kKeys - 1) / kKeys;
     const int64_t row_bytes_g = (int64_t)p.n_head_kv * 2 * D;
     const int part = tid % LCPR, jrow = tid / LCPR;
