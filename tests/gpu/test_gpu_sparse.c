@@ -35,6 +35,7 @@
 #include "core/dtype.h"
 #include "gpu_test_mem.h"
 #include "gpu_test_rng.h"
+#include "sparse/quest.h"
 #include "sparse/sparse_attention.h"
 #include "sparse/worktable.h"
 
@@ -480,6 +481,105 @@ static void test_arguments(void **state) {
     assert_int_equal(osp_cuda_sparse_max_chunks(8192, 16), 128);
 }
 
+/* osp_cuda_quest_select against osp_quest_select (src/sparse/quest.c): the same pages for every (token,
+ * KV head) row. Summaries on a coarse grid (multiples of 1/4) and q on a coarse grid too, so many pages
+ * tie and the tie order (lower page first) is exercised; some blocks never summarized (+inf / -inf:
+ * bounds of +inf, or NaN where a q component is 0, which never wins); contexts below, at and above the
+ * budget; budgets with and without sinks and recent pages. */
+static void quest_case(int n_head, int n_kv, int D, int bs, int num_seqs, const int32_t *lens, int topk, int sink,
+                       int recent, bool coarse, uint64_t seed) {
+    g_rng = seed;
+    int32_t maxb = 0, used = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        const int32_t nb = pages_of(lens[s], bs);
+        maxb = nb > maxb ? nb : maxb, used += nb;
+    }
+    const int32_t nblocks = used + 3;
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)nblocks), *bt = xmalloc(sizeof(int32_t) * (size_t)(num_seqs * maxb));
+    for (int32_t i = 0; i < nblocks; i++) perm[i] = i;
+    for (int32_t i = nblocks - 1; i > 0; i--) {
+        const int32_t j = rnd_int(i + 1), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    int32_t next = 0;
+    for (int s = 0; s < num_seqs; s++)
+        for (int32_t j = 0; j < maxb; j++) bt[s * maxb + j] = j < pages_of(lens[s], bs) ? perm[next++] : 0;
+    osp_quest_summaries qs;
+    assert_int_equal(osp_quest_create(1, nblocks, bs, n_kv, D, &qs), OSP_OK);
+    for (int32_t b = 0; b < nblocks; b++) {
+        if (rnd_int(20) == 0) continue; /* never summarized: +inf / -inf */
+        for (int h = 0; h < n_kv; h++)
+            for (int d = 0; d < D; d++) {
+                float x = rnd_unit() * 2.0f, y = rnd_unit() * 2.0f;
+                if (coarse) x = roundf(x * 4.0f) / 4.0f, y = roundf(y * 4.0f) / 4.0f;
+                const size_t o = ((size_t)b * (size_t)n_kv + (size_t)h) * (size_t)D + (size_t)d;
+                qs.kmin[o] = x < y ? x : y, qs.kmax[o] = x < y ? y : x;
+            }
+    }
+    const size_t nq = (size_t)num_seqs * (size_t)n_head * (size_t)D;
+    uint16_t *q = xmalloc(nq * 2);
+    float *qf = xmalloc(nq * sizeof(float));
+    for (size_t i = 0; i < nq; i++) {
+        float x = rnd_unit() * 2.0f;
+        if (coarse) x = roundf(x * 2.0f) / 2.0f; /* zeros included */
+        q[i] = osp_fp32_to_bf16(x);
+        qf[i] = osp_bf16_to_fp32(q[i]);
+    }
+    int32_t pos[MAX_SEQS], seqs[MAX_SEQS];
+    for (int s = 0; s < num_seqs; s++) pos[s] = lens[s] - 1, seqs[s] = s;
+    const size_t tab = (size_t)nblocks * (size_t)n_kv * (size_t)D * sizeof(float);
+    void *dmin = dev_put(qs.kmin, tab), *dmax = dev_put(qs.kmax, tab), *dq = dev_put(q, nq * 2);
+    void *dpos = dev_put(pos, sizeof(int32_t) * (size_t)num_seqs), *dseq = dev_put(seqs, sizeof(int32_t) * (size_t)num_seqs);
+    void *dbt = dev_put(bt, sizeof(int32_t) * (size_t)(num_seqs * maxb));
+    const int rows = num_seqs * n_kv;
+    void *dsc = dev_alloc_fill(sizeof(float) * (size_t)rows * (size_t)maxb, 0xFF);
+    void *dpages = dev_alloc_fill(sizeof(int32_t) * (size_t)rows * (size_t)topk, 0xFF);
+    void *dcnt = dev_alloc_fill(sizeof(int32_t) * (size_t)rows, 0xFF);
+    assert_int_equal(osp_cuda_quest_select(dmin, dmax, dq, dpos, dseq, dbt, maxb, bs, num_seqs, n_head, n_kv, D, topk,
+                                           sink, recent, dsc, dpages, dcnt, NULL),
+                     OSP_OK);
+    int32_t *gp = xmalloc(sizeof(int32_t) * (size_t)rows * (size_t)topk), *gc = xmalloc(sizeof(int32_t) * (size_t)rows);
+    dev_get(gp, dpages, sizeof(int32_t) * (size_t)rows * (size_t)topk);
+    dev_get(gc, dcnt, sizeof(int32_t) * (size_t)rows);
+    const osp_sparse_config cfg = {.method = OSP_SPARSE_TOPK, .topk_pages = topk, .recent_pages = recent, .sink_pages = sink};
+    osp_quest_scored *ws = xmalloc(sizeof(osp_quest_scored) * (size_t)maxb);
+    int32_t *want = xmalloc(sizeof(int32_t) * (size_t)maxb);
+    int bad = 0;
+    for (int s = 0; s < num_seqs; s++)
+        for (int h = 0; h < n_kv; h++) {
+            const int grp = n_head / n_kv, row = s * n_kv + h;
+            const int32_t n = osp_quest_select(&qs, 0, bt + s * maxb, pos[s], qf + ((size_t)s * (size_t)n_head + (size_t)h * (size_t)grp) * (size_t)D,
+                                               grp, h, &cfg, ws, want);
+            const bool same = gc[row] == n && !memcmp(want, gp + (size_t)row * (size_t)topk, sizeof(int32_t) * (size_t)n);
+            if (!same && bad++ < 4) {
+                printf("  quest row %d (seq %d, kv head %d, %d pages): gpu %d pages, cpu %d; first differences:", row, s, h,
+                       pages_of(lens[s], bs), gc[row], n);
+                int shown = 0;
+                for (int32_t i = 0; i < n && shown < 6; i++)
+                    if (i >= gc[row] || gp[(size_t)row * (size_t)topk + (size_t)i] != want[i])
+                        printf(" [%d] gpu %d cpu %d", i, i < gc[row] ? gp[(size_t)row * (size_t)topk + (size_t)i] : -1, want[i]), shown++;
+                printf("\n");
+            }
+        }
+    printf("quest heads %d/%d D %d bs %d topk %d sink %d recent %d coarse %d: %d of %d rows differ\n", n_head, n_kv, D,
+           bs, topk, sink, recent, (int)coarse, bad, rows);
+    assert_int_equal(bad, 0);
+    free(ws), free(want), free(gp), free(gc), free(perm), free(bt), free(q), free(qf);
+    osp_quest_free(&qs);
+    osp_cuda_free(dmin), osp_cuda_free(dmax), osp_cuda_free(dq), osp_cuda_free(dpos), osp_cuda_free(dseq);
+    osp_cuda_free(dbt), osp_cuda_free(dsc), osp_cuda_free(dpages), osp_cuda_free(dcnt);
+}
+
+static void test_quest_select(void **state) {
+    (void)state;
+    const int32_t lens[] = {4096, 16, 1000, 33000, 257, 2048, 8192, 5};
+    quest_case(32, 8, 128, 16, 8, lens, 64, 1, 2, false, 0x9E57u);
+    quest_case(32, 8, 128, 16, 8, lens, 256, 0, 0, true, 0x9E58u);
+    quest_case(32, 8, 128, 16, 8, lens, 16, 4, 12, true, 0x9E59u); /* k = 0: sinks and recent pages only */
+    quest_case(8, 8, 64, 16, 8, lens, 100, 2, 1, true, 0x9E5Au);
+    quest_case(16, 2, 64, 32, 8, lens, 40, 1, 1, true, 0x9E5Bu);
+}
+
 int main(void) {
     if (osp_cuda_device_count() == 0) {
         printf("test_gpu_sparse: skipped: no CUDA device\n");
@@ -490,6 +590,7 @@ int main(void) {
         cmocka_unit_test(test_gqa_and_dims),
         cmocka_unit_test(test_selections),
         cmocka_unit_test(test_all_pages_is_dense),
+        cmocka_unit_test(test_quest_select),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
