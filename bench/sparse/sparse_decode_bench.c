@@ -15,7 +15,9 @@
  * layer's attention). Printed: us a layer, bytes each kernel must read (dense: K and V of every token;
  * sparse: K and V rows of the kept tokens plus the table's 16 bytes an entry) and those bytes over the time
  * (effective GB/s), table entries (pages) and kept tokens, chunks a row, and dense / sparse. Goals (issue
- * 15): >= 4x at 256 pages / 32k, >= 8x at 2,048 tokens / 128k (attention only).
+ * 15): >= 4x at 256 pages / 32k, >= 8x at 2,048 tokens / 128k (attention only). Pages rows also time
+ * Quest's scoring and top-k on the GPU (osp_cuda_quest_select: fp32 summaries, sink 1, recent 2) for the
+ * same rows, separately, and dense / (Quest + sparse).
  *
  * Usage: sparse_decode_bench [pages|tokens|all] (default all). One JSON object a row on stdout after the
  * table (prefix "json ") for RESULTS.md. */
@@ -130,6 +132,10 @@ typedef struct {
     uint16_t *d_q, *d_out;
     size_t ws_sparse_bytes;
     osp_cuda_sparse_table tab;
+    /* Quest on the GPU (pages rows): fp32 summaries [nblocks, HKV, D], scores, pages, counts */
+    float *d_kmin, *d_kmax, *d_scores;
+    int32_t *d_qpages, *d_qcounts;
+    int topk;
 } bench_ctx;
 
 static void launch_dense(void *p) {
@@ -142,6 +148,12 @@ static void launch_sparse(void *p) {
     OK(osp_cuda_sparse_attention_decode(&c->tab, c->d_q, c->k, c->v, OSP_KV_PAGE_F16, c->d_out, c->B, c->d_pos,
                                         c->d_tok, c->d_sl, c->d_bt, c->nb_seq, BS, H, HKV, D, 0.08838834764f, NULL,
                                         c->ws_sparse, c->ws_sparse_bytes, NULL));
+}
+
+static void launch_quest(void *p) {
+    bench_ctx *c = p;
+    OK(osp_cuda_quest_select(c->d_kmin, c->d_kmax, c->d_q, c->d_pos, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, H, HKV, D,
+                             c->topk, 1, 2, c->d_scores, c->d_qpages, c->d_qcounts, NULL));
 }
 
 /* kind 'p': budget pages a KV head (sink, 2 recent, random); kind 't': budget tokens at random */
@@ -242,6 +254,30 @@ static void run(char kind, int B, int ctx, int budget, const char *label) {
     if (c.ws_sparse_bytes) OK(osp_cuda_malloc(&c.ws_sparse, c.ws_sparse_bytes, "ws sparse"));
 
     const double us_d = time_us(launch_dense, &c), us_s = time_us(launch_sparse, &c);
+    double us_q = 0.0; /* Quest's scoring and top-k for the same rows (pages rows), fp32 summaries */
+    if (kind == 'p') {
+        const size_t ns = (size_t)nblocks * HKV * D;
+        float *h = malloc(ns * sizeof(float) * 2);
+        for (size_t i = 0; i < ns; i++) {
+            const float x = rnd_unit(), y = rnd_unit();
+            h[i] = x < y ? x : y, h[ns + i] = x < y ? y : x;
+        }
+        OK(osp_cuda_malloc((void **)&c.d_kmin, ns * sizeof(float), "kmin"));
+        OK(osp_cuda_malloc((void **)&c.d_kmax, ns * sizeof(float), "kmax"));
+        OK(osp_cuda_malloc((void **)&c.d_scores, sizeof(float) * (size_t)rows * (size_t)c.nb_seq, "scores"));
+        OK(osp_cuda_malloc((void **)&c.d_qpages, sizeof(int32_t) * (size_t)rows * (size_t)budget, "pages"));
+        OK(osp_cuda_malloc((void **)&c.d_qcounts, sizeof(int32_t) * (size_t)rows, "counts"));
+        CK(cudaMemcpy(c.d_kmin, h, ns * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(c.d_kmax, h + ns, ns * sizeof(float), cudaMemcpyHostToDevice));
+        free(h);
+        c.topk = budget;
+        us_q = time_us(launch_quest, &c);
+        printf("quest   B %d ctx %6d budget %4d        | scores + top-k %7.1f us (summaries %.1f MB: %6.0f GB/s) | "
+               "quest + sparse %7.1f us | dense / (quest + sparse) %5.2fx\n",
+               B, ctx, budget, us_q, 2.0 * ns * 4 / 1e6, 2.0 * ns * 4 / (us_q * 1e3), us_q + us_s, us_d / (us_q + us_s));
+        osp_cuda_free(c.d_kmin), osp_cuda_free(c.d_kmax), osp_cuda_free(c.d_scores), osp_cuda_free(c.d_qpages);
+        osp_cuda_free(c.d_qcounts);
+    }
     const double bytes_d = (double)B * ctx * HKV * D * 2.0 * 2.0;
     const double bytes_s = (double)kept * D * 2.0 * 2.0 + (double)nnz * 16.0 + (double)(rows + 1) * 4.0;
     const int chunks = osp_cuda_sparse_max_chunks(mx, BS);
@@ -251,9 +287,9 @@ static void run(char kind, int B, int ctx, int budget, const char *label) {
            bytes_s / (us_s * 1e3), bytes_s / 1e6, nnz, (double)nnz / rows, (long long)kept, chunks, build_ms, us_d / us_s);
     printf("json {\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"budget\": %d, \"dense_us\": %.2f, \"sparse_us\": %.2f, "
            "\"dense_gbps\": %.1f, \"sparse_gbps\": %.1f, \"sparse_bytes\": %.0f, \"entries\": %d, \"kept\": %lld, "
-           "\"chunks_per_row\": %d, \"build_ms\": %.3f, \"ratio\": %.3f}\n",
+           "\"chunks_per_row\": %d, \"build_ms\": %.3f, \"ratio\": %.3f, \"quest_us\": %.2f}\n",
            kind == 'p' ? "pages" : "tokens", B, ctx, budget, us_d, us_s, bytes_d / (us_d * 1e3), bytes_s / (us_s * 1e3),
-           bytes_s, nnz, (long long)kept, chunks, build_ms, us_d / us_s);
+           bytes_s, nnz, (long long)kept, chunks, build_ms, us_d / us_s, us_q);
     fflush(stdout);
 
     osp_cuda_free(d_ip), osp_cuda_free(d_ind), osp_cuda_free(d_pg), osp_cuda_free(d_fl), osp_cuda_free(d_tm);
