@@ -12,7 +12,8 @@
  *      kv == p, FULL every kv < seq_len, partial tmask bit and kv < seq_len and the built-in mask), count
  *      them, scan the counts over the CTA, and write the chunk's kept physical rows (page * block_size +
  *      slot) in entry order, slot order within an entry, to shared memory: at most 1,024 keys a chunk.
- *   2. attend: the kept keys in 64-key tiles through a cp.async pipeline of 3 K/V tiles (rows past the
+ *   2. attend: the kept keys in 64-key tiles through a cp.async pipeline of 3 K/V tiles (2 .. 4 with
+ *      OSPREY_SPARSE_STAGES, for benchmarks; no result bit depends on it) (rows past the
  *      kept count zero-filled, never read), the products of attention_dec.cu (v4) with the keys on the
  *      long side: S^T = K Q^T by mma.sync m16n8k16 (warp w: keys 16 w .. 16 w + 15 of the tile; Q^T's <= 16
  *      columns, the row's query heads, in registers), O^T += V^T P^T (warp w: dimensions
@@ -34,6 +35,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace osp_sparse_attn {
 namespace {
@@ -43,7 +45,7 @@ using namespace osp_attn;
 constexpr int kThreads = 128;     /* 4 warps */
 constexpr int kKeys = 64;         /* keys a tile */
 constexpr int kPS = kKeys + 8;    /* P^T's shared row stride, halves */
-constexpr int kStages = 3;        /* K/V tiles in flight */
+constexpr int kStagesDefault = 3; /* K/V tiles in flight (2 .. 4: OSPREY_SPARSE_STAGES; no bit changes) */
 constexpr int kMaxKeys = 1024;    /* kept keys a chunk at most (entries x block_size) */
 constexpr int kTargetChunks = 16; /* a row is cut into at most this many chunks while chunks stay <= kMaxKeys */
 constexpr int kMaxBlock = 256;
@@ -76,7 +78,7 @@ __host__ __device__ inline int chunks_of(int n, int bs) {
 
 /* shared row stride of a staged K/V row, bytes (padded by 16: ldmatrix's 8 rows on distinct banks) */
 constexpr int row_bytes_of(int D) { return 2 * D + 16; }
-constexpr int smem_of(int D, int NQ) {
+constexpr int smem_of(int D, int NQ, int kStages) {
     return kStages * 2 * kKeys * row_bytes_of(D) + 8 * NQ * kPS * 2 /* sP */ + 2 * 4 * 8 * NQ * 4 /* sMax, sL */ +
            kMaxKeys * 4 /* sSlot */ + 8 * 4 /* scan */;
 }
@@ -141,7 +143,7 @@ __device__ __forceinline__ void write_self(const SParams &p, int t, int s, int p
     }
 }
 
-template <int D, int NQ>
+template <int D, int NQ, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) sparse_dec_kernel(const SParams p) {
     osp_pdl_begin();
     static_assert(D == 64 || D == 128, "head_dim");
@@ -438,18 +440,37 @@ template <int D> __global__ void __launch_bounds__(D) sparse_merge_kernel(const 
     p.out[orow * D + d] = osp_f_to_bf16(osp_f16_to_f(p.v_pages[(slot * p.n_head_kv + kvh) * D + d]));
 }
 
-template <int D, int NQ> osp_status launch_dec(const SParams &prm, dim3 grid, cudaStream_t st) {
-    constexpr int smem = smem_of(D, NQ);
+template <int D, int NQ, int ST> osp_status launch_dec(const SParams &prm, dim3 grid, cudaStream_t st) {
+    constexpr int smem = smem_of(D, NQ, ST);
     static_assert(smem <= 227 * 1024, "shared memory of one CTA");
     if (smem > 48 * 1024)
-        OSP_CUDA_TRY(cudaFuncSetAttribute(sparse_dec_kernel<D, NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    osp_launch(sparse_dec_kernel<D, NQ>, grid, kThreads, smem, st, prm);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(sparse_dec_kernel<D, NQ, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    osp_launch(sparse_dec_kernel<D, NQ, ST>, grid, kThreads, smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("sparse_dec_kernel");
     return OSP_OK;
 }
 
+/* K/V stages: OSPREY_SPARSE_STAGES=2..4 (read once), else the default */
+int stages() {
+    static int cached = 0;
+    if (!cached) {
+        const char *e = getenv("OSPREY_SPARSE_STAGES");
+        const int v = e ? atoi(e) : 0;
+        cached = v >= 2 && v <= 4 ? v : kStagesDefault;
+    }
+    return cached;
+}
+
+template <int D, int NQ> osp_status launch_st(const SParams &prm, dim3 grid, cudaStream_t st) {
+    switch (stages()) {
+    case 2: return launch_dec<D, NQ, 2>(prm, grid, st);
+    case 4: return launch_dec<D, NQ, 4>(prm, grid, st);
+    default: return launch_dec<D, NQ, 3>(prm, grid, st);
+    }
+}
+
 template <int D> osp_status launch_d(const SParams &prm, dim3 grid, int nq, int64_t out_rows, bool merge, cudaStream_t st) {
-    const osp_status rc = nq == 2 ? launch_dec<D, 2>(prm, grid, st) : launch_dec<D, 1>(prm, grid, st);
+    const osp_status rc = nq == 2 ? launch_st<D, 2>(prm, grid, st) : launch_st<D, 1>(prm, grid, st);
     if (rc != OSP_OK || !merge) return rc;
     osp_launch(sparse_merge_kernel<D>, dim3((unsigned)out_rows), D, 0, st, prm);
     OSP_CUDA_LAUNCH_CHECK("sparse_merge_kernel");
