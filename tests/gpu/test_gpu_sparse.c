@@ -132,9 +132,10 @@ static void make_scene(scene *sc, const tcase *c) {
     sc->cand_ip[0] = 0;
     for (int32_t r = 0; r < sc->rows; r++) {
         const int32_t n = c->seq_len[r / sc->G], np = pages_of(n, c->bs);
-        int kind;
-        do kind = 1 << rnd_int(4);
-        while (!(c->sel & kind));
+        int kind = SEL_ALL; /* dense cases (sel 0) build without candidates: these are unused */
+        if (c->sel)
+            do kind = 1 << rnd_int(4);
+            while (!(c->sel & kind));
         if (kind == SEL_PAGES) {
             static const int budgets[] = {1, 2, 4, 16, 64, 1 << 30};
             int32_t B = budgets[rnd_int(6)];
