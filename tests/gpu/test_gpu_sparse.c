@@ -565,6 +565,54 @@ static void quest_case(int n_head, int n_kv, int D, int bs, int num_seqs, const 
     printf("quest heads %d/%d D %d bs %d topk %d sink %d recent %d coarse %d: %d of %d rows differ\n", n_head, n_kv, D,
            bs, topk, sink, recent, (int)coarse, bad, rows);
     assert_int_equal(bad, 0);
+
+    /* the device-built work table of the selection = osp_sparse_wt_build's from the engine hook's candidates */
+    const int mw = (bs + 31) / 32;
+    const size_t cap = (size_t)rows * (size_t)topk;
+    void *dip = dev_alloc_fill(sizeof(int32_t) * (size_t)(rows + 1), 0xFF), *dind = dev_alloc_fill(sizeof(int32_t) * cap, 0xFF);
+    void *dpg = dev_alloc_fill(sizeof(int32_t) * cap, 0xFF), *dfl = dev_alloc_fill(sizeof(int32_t) * cap, 0xFF);
+    void *dtm = dev_alloc_fill(sizeof(uint32_t) * cap * (size_t)mw, 0xFF);
+    int32_t sls[MAX_SEQS];
+    for (int i = 0; i < num_seqs; i++) sls[i] = lens[i];
+    void *dsl = dev_put(sls, sizeof(int32_t) * (size_t)num_seqs);
+    assert_int_equal(osp_cuda_quest_table(dpages, dcnt, topk, dpos, dseq, dsl, dbt, maxb, bs, num_seqs, n_kv, dip, dind, dpg,
+                                          dfl, dtm, NULL),
+                     OSP_OK);
+    int32_t *cip = xmalloc(sizeof(int32_t) * (size_t)(rows + 1)), *cc = xmalloc(sizeof(int32_t) * cap * (size_t)bs + 1);
+    int64_t ncand = 0;
+    cip[0] = 0;
+    for (int r = 0; r < rows; r++) {
+        const int sq = r / n_kv;
+        for (int32_t i = 0; i < gc[r]; i++)
+            for (int o = 0; o < bs && gp[(size_t)r * (size_t)topk + (size_t)i] * bs + o <= pos[sq]; o++)
+                cc[ncand++] = gp[(size_t)r * (size_t)topk + (size_t)i] * bs + o;
+        cip[r + 1] = (int32_t)ncand;
+    }
+    int32_t qsl[MAX_SEQS + 1];
+    for (int i = 0; i <= num_seqs; i++) qsl[i] = i;
+    const osp_sparse_layout L = {.num_tokens = num_seqs, .positions = pos, .num_seqs = num_seqs, .query_start_loc = qsl,
+                                 .seq_lens = sls, .block_table = bt, .max_blocks_per_seq = maxb, .block_size = bs,
+                                 .n_head = n_head, .n_head_kv = n_kv, .share = OSP_SPARSE_PER_KV_HEAD, .q_tile = 1};
+    const osp_sparse_cands C = {cip, cc};
+    osp_sparse_wt wt = {0};
+    assert_int_equal(osp_sparse_wt_build(&wt, &L, &C, NULL, 2 * D), OSP_OK);
+    const int32_t nnz = wt.indptr[rows];
+    int32_t *hip = xmalloc(sizeof(int32_t) * (size_t)(rows + 1)), *hx = xmalloc(sizeof(int32_t) * cap + 4);
+    uint32_t *htm = xmalloc(sizeof(uint32_t) * cap * (size_t)mw + 4);
+    dev_get(hip, dip, sizeof(int32_t) * (size_t)(rows + 1));
+    assert_memory_equal(hip, wt.indptr, sizeof(int32_t) * (size_t)(rows + 1));
+    dev_get(hx, dind, sizeof(int32_t) * (size_t)nnz);
+    assert_memory_equal(hx, wt.indices, sizeof(int32_t) * (size_t)nnz);
+    dev_get(hx, dpg, sizeof(int32_t) * (size_t)nnz);
+    assert_memory_equal(hx, wt.pages, sizeof(int32_t) * (size_t)nnz);
+    dev_get(hx, dfl, sizeof(int32_t) * (size_t)nnz);
+    assert_memory_equal(hx, wt.flags, sizeof(int32_t) * (size_t)nnz);
+    dev_get(htm, dtm, sizeof(uint32_t) * (size_t)nnz * (size_t)mw);
+    assert_memory_equal(htm, wt.tmask, sizeof(uint32_t) * (size_t)nnz * (size_t)mw);
+    printf("  quest table on the device = osp_sparse_wt_build's (%d entries)\n", nnz);
+    osp_sparse_wt_free(&wt);
+    free(cip), free(cc), free(hip), free(hx), free(htm);
+    osp_cuda_free(dip), osp_cuda_free(dind), osp_cuda_free(dpg), osp_cuda_free(dfl), osp_cuda_free(dtm), osp_cuda_free(dsl);
     free(ws), free(want), free(gp), free(gc), free(perm), free(bt), free(q), free(qf);
     osp_quest_free(&qs);
     osp_cuda_free(dmin), osp_cuda_free(dmax), osp_cuda_free(dq), osp_cuda_free(dpos), osp_cuda_free(dseq);

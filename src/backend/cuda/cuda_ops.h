@@ -463,6 +463,22 @@ osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_kmax, const
                                  int32_t topk, int32_t sink, int32_t recent, float *d_scores, int32_t *d_pages_out,
                                  int32_t *d_counts, void *stream);
 
+/* The work table of a Quest selection, built on the device (quest.cu): the arrays osp_sparse_wt_build
+ * makes on the host (src/sparse/worktable.h; q_tile 1, rows per KV head, the causal mask) from the
+ * candidates the CPU engine hook gives it (every position <= p of each selected page), so the selection
+ * never goes back to the host: row r = t * n_head_kv + kvh has d_counts[r] entries, entry i the selected
+ * logical page j = d_sel[r * topk + i] (ascending, as osp_cuda_quest_select writes them): indices j, pages
+ * d_block_table[d_token_seq[t] * max_blocks + j], tmask the slots o with j * block_size + o <= min(p,
+ * seq_len - 1), flags OSP_WT_FULL when the whole page lies below both (else partial). Writes d_indptr
+ * [T * n_head_kv + 1] and the entries (capacity T * n_head_kv * topk each; d_tmask times ceil(block_size /
+ * 32) words); osp_cuda_sparse_attention_decode reads them with max_row_tiles = topk. No empty rows can
+ * arise (every selected page holds a position <= p). Errors: OSP_ERR_INVALID_ARG, OSP_ERR_INTERNAL. */
+osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, int32_t topk, const int32_t *d_positions,
+                                const int32_t *d_token_seq, const int32_t *d_seq_lens, const int32_t *d_block_table,
+                                int32_t max_blocks, int32_t block_size, int64_t T, int n_head_kv, int32_t *d_indptr,
+                                int32_t *d_indices, int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask,
+                                void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -189,6 +189,52 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(const QParams 
     if (tid == 0) p.counts[row] = out_run;
 }
 
+
+/* ---- Quest's pages -> the work table (osp_cuda_quest_table) ---- */
+
+/* indptr: the exclusive prefix sums of counts over rows, one CTA */
+__global__ void __launch_bounds__(kTopkThreads) quest_indptr_kernel(const int32_t *counts, int32_t *indptr, int rows) {
+    osp_pdl_begin();
+    __shared__ int sWarp[32];
+    int run = 0;
+    for (int r0 = 0; r0 < rows; r0 += kTopkThreads) {
+        const int r = r0 + (int)threadIdx.x;
+        int tot;
+        const int incl = block_scan(r < rows ? counts[r] : 0, sWarp, &tot);
+        if (r < rows) indptr[r + 1] = run + incl;
+        run += tot;
+    }
+    if (threadIdx.x == 0) indptr[0] = 0;
+}
+
+struct TParams {
+    const int32_t *sel, *counts, *positions, *token_seq, *seq_lens, *block_table, *indptr;
+    int32_t *indices, *pages, *flags;
+    uint32_t *tmask;
+    int topk, max_blocks, block_size, n_head_kv, mask_words;
+};
+
+/* a CTA per row: entry i is selected page j; tmask the positions j bs + o <= min(p, seq_len - 1); FULL
+ * when the whole page lies below both (osp_sparse_wt_build's classification under the causal mask) */
+__global__ void __launch_bounds__(128) quest_fill_kernel(const TParams p) {
+    osp_pdl_begin();
+    const int r = (int)blockIdx.x, t = r / p.n_head_kv;
+    const int s = p.token_seq[t], pos = p.positions[t], sl = p.seq_lens[s];
+    const int hi = min(pos, sl - 1), n = p.counts[r], e0 = p.indptr[r];
+    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
+        const int j = p.sel[(int64_t)r * p.topk + i], k0 = j * p.block_size, e = e0 + i;
+        p.indices[e] = j;
+        p.pages[e] = p.block_table[(int64_t)s * p.max_blocks + j];
+        p.flags[e] = k0 + p.block_size <= sl && k0 + p.block_size - 1 <= hi ? 1 /* OSP_WT_FULL */ : 0;
+        for (int w = 0; w < p.mask_words; w++) {
+            const int lim = hi - k0 - 32 * w + 1; /* bits [0, lim) of this word */
+            const int nb = min(32, p.block_size - 32 * w);
+            const int b = min(lim, nb);
+            p.tmask[(int64_t)e * p.mask_words + w] = b <= 0 ? 0u : b >= 32 ? 0xffffffffu : (1u << b) - 1u;
+        }
+    }
+}
+
 } // namespace
 
 extern "C" osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_kmax, const uint16_t *d_q,
@@ -224,5 +270,33 @@ extern "C" osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_
     OSP_CUDA_LAUNCH_CHECK("quest_score_kernel");
     osp_launch(quest_topk_kernel, dim3((unsigned)rows), kTopkThreads, 0, st, prm);
     OSP_CUDA_LAUNCH_CHECK("quest_topk_kernel");
+    return OSP_OK;
+}
+
+extern "C" osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, int32_t topk,
+                                           const int32_t *d_positions, const int32_t *d_token_seq,
+                                           const int32_t *d_seq_lens, const int32_t *d_block_table, int32_t max_blocks,
+                                           int32_t block_size, int64_t T, int n_head_kv, int32_t *d_indptr,
+                                           int32_t *d_indices, int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask,
+                                           void *stream) {
+    if (!d_sel || !d_counts || !d_positions || !d_token_seq || !d_seq_lens || !d_block_table || !d_indptr ||
+        !d_indices || !d_pages || !d_flags || !d_tmask)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest table: NULL argument");
+    if (topk < 1 || block_size < 1 || max_blocks < 1 || n_head_kv < 1 || T < 0 || T * n_head_kv > INT32_MAX / 2)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest table: topk %d, block %d, %lld x %d rows", topk, block_size,
+                             (long long)T, n_head_kv);
+    if (T == 0) return OSP_OK;
+    const int rows = (int)(T * n_head_kv);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    osp_launch(quest_indptr_kernel, dim3(1), kTopkThreads, 0, st, d_counts, d_indptr, rows);
+    OSP_CUDA_LAUNCH_CHECK("quest_indptr_kernel");
+    TParams prm = {};
+    prm.sel = d_sel, prm.counts = d_counts, prm.positions = d_positions, prm.token_seq = d_token_seq;
+    prm.seq_lens = d_seq_lens, prm.block_table = d_block_table, prm.indptr = d_indptr;
+    prm.indices = d_indices, prm.pages = d_pages, prm.flags = d_flags, prm.tmask = d_tmask;
+    prm.topk = topk, prm.max_blocks = max_blocks, prm.block_size = block_size, prm.n_head_kv = n_head_kv;
+    prm.mask_words = (block_size + 31) / 32;
+    osp_launch(quest_fill_kernel, dim3((unsigned)rows), 128, 0, st, prm);
+    OSP_CUDA_LAUNCH_CHECK("quest_fill_kernel");
     return OSP_OK;
 }
