@@ -17,7 +17,9 @@
  * (effective GB/s), table entries (pages) and kept tokens, chunks a row, and dense / sparse. Goals (issue
  * 15): >= 4x at 256 pages / 32k, >= 8x at 2,048 tokens / 128k (attention only). Pages rows also time
  * Quest's scoring and top-k on the GPU (osp_cuda_quest_select: fp32 summaries, sink 1, recent 2) for the
- * same rows, separately, and dense / (Quest + sparse).
+ * same rows, separately, and dense / (Quest + sparse), then the whole step on the device (Quest's
+ * selection, osp_cuda_quest_table's work table, the sparse kernel: three launches and the table's two)
+ * against dense.
  *
  * Usage: sparse_decode_bench [pages|tokens|all] (default all). One JSON object a row on stdout after the
  * table (prefix "json ") for RESULTS.md. */
@@ -136,6 +138,11 @@ typedef struct {
     float *d_kmin, *d_kmax, *d_scores;
     int32_t *d_qpages, *d_qcounts;
     int topk;
+    osp_cuda_sparse_table qtab; /* the table of Quest's selection, built on the device */
+    int32_t *d_qip, *d_qind, *d_qpg, *d_qfl;
+    uint32_t *d_qtm;
+    void *ws_q;
+    size_t ws_q_bytes;
 } bench_ctx;
 
 static void launch_dense(void *p) {
@@ -154,6 +161,17 @@ static void launch_quest(void *p) {
     bench_ctx *c = p;
     OK(osp_cuda_quest_select(c->d_kmin, c->d_kmax, c->d_q, c->d_pos, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, H, HKV, D,
                              c->topk, 1, 2, c->d_scores, c->d_qpages, c->d_qcounts, NULL));
+}
+
+/* the whole top-k step on the device: Quest's scores and top-k, its work table, the sparse attention */
+static void launch_pipeline(void *p) {
+    bench_ctx *c = p;
+    launch_quest(c);
+    OK(osp_cuda_quest_table(c->d_qpages, c->d_qcounts, c->topk, c->d_pos, c->d_tok, c->d_sl, c->d_bt, c->nb_seq, BS, c->B,
+                            HKV, c->d_qip, c->d_qind, c->d_qpg, c->d_qfl, c->d_qtm, NULL));
+    OK(osp_cuda_sparse_attention_decode(&c->qtab, c->d_q, c->k, c->v, OSP_KV_PAGE_F16, c->d_out, c->B, c->d_pos, c->d_tok,
+                                        c->d_sl, c->d_bt, c->nb_seq, BS, H, HKV, D, 0.08838834764f, NULL, c->ws_q,
+                                        c->ws_q_bytes, NULL));
 }
 
 /* kind 'p': budget pages a KV head (sink, 2 recent, random); kind 't': budget tokens at random */
@@ -275,6 +293,23 @@ static void run(char kind, int B, int ctx, int budget, const char *label) {
         printf("quest   B %d ctx %6d budget %4d        | scores + top-k %7.1f us (summaries %.1f MB: %6.0f GB/s) | "
                "quest + sparse %7.1f us | dense / (quest + sparse) %5.2fx\n",
                B, ctx, budget, us_q, 2.0 * ns * 4 / 1e6, 2.0 * ns * 4 / (us_q * 1e3), us_q + us_s, us_d / (us_q + us_s));
+        /* the pipeline: selection, device-built table, attention */
+        const size_t cap = (size_t)rows * (size_t)budget;
+        OK(osp_cuda_malloc((void **)&c.d_qip, sizeof(int32_t) * (size_t)(rows + 1), "q indptr"));
+        OK(osp_cuda_malloc((void **)&c.d_qind, sizeof(int32_t) * cap, "q indices"));
+        OK(osp_cuda_malloc((void **)&c.d_qpg, sizeof(int32_t) * cap, "q pages"));
+        OK(osp_cuda_malloc((void **)&c.d_qfl, sizeof(int32_t) * cap, "q flags"));
+        OK(osp_cuda_malloc((void **)&c.d_qtm, sizeof(uint32_t) * cap, "q tmask"));
+        c.qtab = (osp_cuda_sparse_table){.d_indptr = c.d_qip, .d_indices = c.d_qind, .d_pages = c.d_qpg,
+                                         .d_flags = c.d_qfl, .d_tmask = c.d_qtm, .num_rows = rows, .groups = HKV,
+                                         .mask_words = 1, .max_row_tiles = budget};
+        c.ws_q_bytes = osp_cuda_sparse_workspace_bytes(B, H, D, budget, BS);
+        if (c.ws_q_bytes) OK(osp_cuda_malloc(&c.ws_q, c.ws_q_bytes, "ws pipeline"));
+        const double us_p = time_us(launch_pipeline, &c);
+        printf("step    B %d ctx %6d budget %4d        | quest + table + sparse on the device %7.1f us | dense / step %5.2fx\n",
+               B, ctx, budget, us_p, us_d / us_p);
+        osp_cuda_free(c.d_qip), osp_cuda_free(c.d_qind), osp_cuda_free(c.d_qpg), osp_cuda_free(c.d_qfl);
+        osp_cuda_free(c.d_qtm), osp_cuda_free(c.ws_q);
         osp_cuda_free(c.d_kmin), osp_cuda_free(c.d_kmax), osp_cuda_free(c.d_scores), osp_cuda_free(c.d_qpages);
         osp_cuda_free(c.d_qcounts);
     }
