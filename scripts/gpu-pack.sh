@@ -103,7 +103,9 @@ if [ "${GEMMA:-0}" = 1 ]; then
     done
     rmdir .carry/gsplit
 fi
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
+# (in a git worktree .git is a file: the exclude list lives in the common git directory)
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qx '/.carry/' "$exclude" 2>/dev/null || echo '/.carry/' >> "$exclude"
 
 # what one call carries: the working tree (tracked and untracked-not-ignored files) plus the carried paths
 bytes() { { du -sb "$@" 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
