@@ -5,8 +5,10 @@
  * sink and the recent page; token-level selections sparse within a page, DSA-like; every position; only
  * out-of-range candidates: empty rows, which fall back to the query's own position), duplicate
  * candidates, GQA ratios 1 / 4 / 8 (and per-query-head rows), head_dim 64 and 128, block sizes 16, 32 and
- * 7, entries permuted within rows, and tables with holes (entries whose bits were cleared: chunks and
- * whole rows with nothing kept).
+ * 7, entries permuted within rows, tables with holes (entries whose bits were cleared: chunks and
+ * whole rows with nothing kept), and the built-in masks the kernel evaluates on partial entries (sliding
+ * window; sinks beside a window). Then Quest on the GPU: osp_cuda_quest_select's pages against
+ * osp_quest_select's, and osp_cuda_quest_table's arrays against osp_sparse_wt_build's.
  *
  * Both sides see the same inputs: q bf16 on the GPU and the same values as fp32 on the CPU; f16 pages,
  * the same bits. Slots no token has written hold f16 NaN and the output (one guard row past the end) and
@@ -58,7 +60,13 @@ typedef struct {
     bool holes;    /* clear the bits of random entries (and of every entry of some rows) */
     bool permute;  /* entries in random order within their rows */
     float qamp;    /* q values in [-qamp, qamp) */
+    int mask_kind; /* a built-in osp_mask_kind (0: causal) with */
+    int window, sinks; /* its window and sinks */
 } tcase;
+
+static osp_mask mask_of(const tcase *c) {
+    return (osp_mask){.kind = (osp_mask_kind)c->mask_kind, .window = c->window, .sinks = c->sinks};
+}
 
 /* one batch on both sides */
 typedef struct {
@@ -267,10 +275,11 @@ static void run_gpu(const scene *sc, const dev_table *d, int s0, int ns, uint16_
     for (int i = 0; i < ns; i++) zero_seq[i] = i;
     void *dtok = dev_put(zero_seq, sizeof(int32_t) * (size_t)ns);
     const size_t qoff = (size_t)s0 * rowv;
+    const osp_cuda_sparse_mask gm = {.kind = c->mask_kind, .window = c->window, .sinks = c->sinks};
     const osp_status rc = osp_cuda_sparse_attention_decode(
         &d->t, (const uint16_t *)sc->dq + qoff, sc->dk, sc->dv, OSP_KV_PAGE_F16, dout, ns, (const int32_t *)sc->dpos + s0,
         dtok, (const int32_t *)sc->dsl + s0, (const int32_t *)sc->dbt + (size_t)s0 * (size_t)sc->max_blocks,
-        sc->max_blocks, c->bs, c->n_head, c->n_kv, c->D, 1.0f / sqrtf((float)c->D), NULL, ws ? dws : NULL, ws, NULL);
+        sc->max_blocks, c->bs, c->n_head, c->n_kv, c->D, 1.0f / sqrtf((float)c->D), &gm, ws ? dws : NULL, ws, NULL);
     if (rc != OSP_OK) printf("  sparse decode: %s\n", osp_last_error());
     assert_int_equal(rc, OSP_OK);
     uint16_t *buf = xmalloc((n + rowv) * 2);
@@ -290,8 +299,9 @@ static void run_gpu(const scene *sc, const dev_table *d, int s0, int ns, uint16_
 
 static void cpu_ref(const scene *sc, const osp_sparse_layout *L, const osp_sparse_wt *wt, float *ref) {
     const tcase *c = sc->c;
+    const osp_mask m = mask_of(c);
     const osp_cpu_kv_pages kv = {.k_type = OSP_DTYPE_F16, .v_type = OSP_DTYPE_F16, .k = sc->k, .v = sc->v};
-    osp_sparse_attn_args a = {.q = sc->qf, .out = ref, .kv = &kv, .L = L, .wt = wt, .mask = NULL, .head_dim = c->D,
+    osp_sparse_attn_args a = {.q = sc->qf, .out = ref, .kv = &kv, .L = L, .wt = wt, .mask = &m, .head_dim = c->D,
                               .scale = 1.0f / sqrtf((float)c->D), .table_masks = true};
     assert_int_equal(osp_sparse_attention_check(&a), OSP_OK);
     const int64_t items = (int64_t)L->num_tokens * c->n_head;
@@ -335,7 +345,8 @@ static void run_case(const tcase *c, uint64_t seed) {
     osp_sparse_layout L = layout_of(&sc, 0, sc.T, qsl_buf);
     osp_sparse_cands C = {sc.cand_ip, sc.cand};
     osp_sparse_wt wt = {0};
-    assert_int_equal(osp_sparse_wt_build(&wt, &L, c->dense ? NULL : &C, NULL, (int64_t)c->D * 2), OSP_OK);
+    const osp_mask mk = mask_of(c);
+    assert_int_equal(osp_sparse_wt_build(&wt, &L, c->dense ? NULL : &C, &mk, (int64_t)c->D * 2), OSP_OK);
     holes_and_order(&wt, c);
     dev_table d;
     table_put(&d, &wt);
@@ -356,14 +367,16 @@ static void run_case(const tcase *c, uint64_t seed) {
     run_gpu(&sc, &d, 0, sc.T, got2);
     assert_memory_equal(got, got2, (size_t)n * 2);
 
-    if (c->dense) { /* every page: the dense decode kernel's result within both tolerances */
+    if (c->dense) { /* every page: the dense decode kernel's result within both tolerances (causal or a window) */
+        assert_true(c->mask_kind == 0 || c->mask_kind == 1);
         int32_t maxlen = 0;
         for (int s = 0; s < sc.T; s++) maxlen = c->seq_len[s] > maxlen ? c->seq_len[s] : maxlen;
         const size_t ws = osp_cuda_attention_workspace_bytes(sc.T, c->n_head, c->D, maxlen);
         void *dws = ws ? dev_alloc_fill(ws, 0) : NULL, *dout = dev_alloc_fill((size_t)n * 2, 0xFF);
         assert_int_equal(osp_cuda_paged_attention(sc.dq, sc.dk, sc.dv, OSP_KV_PAGE_F16, dout, sc.T, sc.dqsl, sc.dpos,
                                                   sc.dbt, sc.max_blocks, c->bs, sc.T, c->n_head, c->n_kv, c->D,
-                                                  1.0f / sqrtf((float)c->D), 0, maxlen, dws, NULL),
+                                                  1.0f / sqrtf((float)c->D), c->mask_kind == 1 ? c->window : 0, maxlen, dws,
+                                                  NULL),
                          OSP_OK);
         uint16_t *dense = xmalloc((size_t)n * 2);
         dev_get(dense, dout, (size_t)n * 2);
@@ -438,6 +451,19 @@ static void test_selections(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!g_subset || i == 1 || i == 4) run_case(&cases[i], 0xB0D6u + i * 104729u); /* subset: tokens, holes */
+}
+
+/* built-in masks evaluated in the kernel on partial entries (the table drops the tiles they empty and
+ * marks the ones they keep whole FULL): a sliding window, and sinks beside a window, over page and token
+ * selections and dense rows */
+static void test_masks(void **state) {
+    (void)state;
+    const tcase cases[] = {
+        {"sliding window 300", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 5, {3000, 100, 301, 17, 1200}, ALLSEL, false, false, false, 2.0f, 1, 300, 0},
+        {"sinks 20 + window 100", 32, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 5, {3000, 100, 301, 17, 1200}, ALLSEL, false, false, true, 2.0f, 2, 100, 20},
+        {"dense sliding window 77", 16, 4, 128, 16, OSP_SPARSE_PER_Q_HEAD, 4, {2000, 50, 78, 700}, 0, true, false, false, 2.0f, 1, 77, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !(g_subset && i > 0); i++) run_case(&cases[i], 0x3A5Cu + i * 17u);
 }
 
 /* every page: the dense decode kernel's result (and the CPU's) */
@@ -647,6 +673,7 @@ int main(void) {
         cmocka_unit_test(test_gqa_and_dims),
         cmocka_unit_test(test_selections),
         cmocka_unit_test(test_all_pages_is_dense),
+        cmocka_unit_test(test_masks),
         cmocka_unit_test(test_quest_select),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
