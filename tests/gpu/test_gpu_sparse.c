@@ -427,14 +427,14 @@ static void run_case(const tcase *c, uint64_t seed) {
 static void test_gqa_and_dims(void **state) {
     (void)state;
     const tcase cases[] = {
-        {"gqa1 D64", 8, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 5, {1, 17, 300, 1000, 2049}, ALLSEL, false, false, false, 2.0f},
-        {"gqa4 D128", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 6, {16, 15, 700, 4096, 5000, 33}, ALLSEL, false, false, false, 2.0f},
-        {"gqa8 D128", 32, 4, 128, 16, OSP_SPARSE_PER_KV_HEAD, 4, {3000, 1, 129, 4100}, ALLSEL, false, false, false, 4.0f},
-        {"gqa8 D64", 16, 2, 64, 16, OSP_SPARSE_PER_KV_HEAD, 4, {2500, 64, 65, 17}, ALLSEL, false, false, false, 4.0f},
-        {"gqa16 D128", 16, 1, 128, 16, OSP_SPARSE_PER_KV_HEAD, 3, {1500, 300, 2}, ALLSEL, false, false, false, 2.0f},
-        {"gqa4 per-q-head D128", 32, 8, 128, 16, OSP_SPARSE_PER_Q_HEAD, 3, {1200, 77, 3001}, ALLSEL, false, false, false, 2.0f},
-        {"gqa4 D128 bs32", 32, 8, 128, 32, OSP_SPARSE_PER_KV_HEAD, 4, {1000, 31, 33, 2500}, ALLSEL, false, false, false, 2.0f},
-        {"gqa4 D64 bs7", 8, 2, 64, 7, OSP_SPARSE_PER_KV_HEAD, 4, {1000, 6, 8, 700}, ALLSEL, false, false, false, 2.0f},
+        {"gqa1 D64", 8, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 5, {1, 17, 300, 1000, 2049}, ALLSEL, false, false, false, 2.0f, 0, 0, 0},
+        {"gqa4 D128", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 6, {16, 15, 700, 4096, 5000, 33}, ALLSEL, false, false, false, 2.0f, 0, 0, 0},
+        {"gqa8 D128", 32, 4, 128, 16, OSP_SPARSE_PER_KV_HEAD, 4, {3000, 1, 129, 4100}, ALLSEL, false, false, false, 4.0f, 0, 0, 0},
+        {"gqa8 D64", 16, 2, 64, 16, OSP_SPARSE_PER_KV_HEAD, 4, {2500, 64, 65, 17}, ALLSEL, false, false, false, 4.0f, 0, 0, 0},
+        {"gqa16 D128", 16, 1, 128, 16, OSP_SPARSE_PER_KV_HEAD, 3, {1500, 300, 2}, ALLSEL, false, false, false, 2.0f, 0, 0, 0},
+        {"gqa4 per-q-head D128", 32, 8, 128, 16, OSP_SPARSE_PER_Q_HEAD, 3, {1200, 77, 3001}, ALLSEL, false, false, false, 2.0f, 0, 0, 0},
+        {"gqa4 D128 bs32", 32, 8, 128, 32, OSP_SPARSE_PER_KV_HEAD, 4, {1000, 31, 33, 2500}, ALLSEL, false, false, false, 2.0f, 0, 0, 0},
+        {"gqa4 D64 bs7", 8, 2, 64, 7, OSP_SPARSE_PER_KV_HEAD, 4, {1000, 6, 8, 700}, ALLSEL, false, false, false, 2.0f, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !(g_subset && i > 0); i++) run_case(&cases[i], 0x5A55u + i * 7919u);
 }
@@ -442,12 +442,12 @@ static void test_gqa_and_dims(void **state) {
 static void test_selections(void **state) {
     (void)state;
     const tcase cases[] = {
-        {"pages only", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 8, {4096, 4000, 100, 17, 8000, 1, 2000, 300}, SEL_PAGES, false, false, false, 2.0f},
-        {"tokens only (DSA-like)", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 6, {8192, 5000, 64, 1, 3333, 12000}, SEL_TOKENS, false, false, false, 4.0f},
-        {"empty rows", 32, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 4, {100, 1, 16, 17}, SEL_EMPTY | SEL_TOKENS, false, false, false, 2.0f},
-        {"permuted entries", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 5, {3000, 500, 4097, 16, 900}, ALLSEL, false, false, true, 2.0f},
-        {"holes", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 5, {3000, 500, 4097, 16, 900}, ALLSEL, false, true, false, 2.0f},
-        {"holes per-q-head D64", 16, 4, 64, 16, OSP_SPARSE_PER_Q_HEAD, 3, {2000, 40, 700}, ALLSEL, false, true, true, 2.0f},
+        {"pages only", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 8, {4096, 4000, 100, 17, 8000, 1, 2000, 300}, SEL_PAGES, false, false, false, 2.0f, 0, 0, 0},
+        {"tokens only (DSA-like)", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 6, {8192, 5000, 64, 1, 3333, 12000}, SEL_TOKENS, false, false, false, 4.0f, 0, 0, 0},
+        {"empty rows", 32, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 4, {100, 1, 16, 17}, SEL_EMPTY | SEL_TOKENS, false, false, false, 2.0f, 0, 0, 0},
+        {"permuted entries", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 5, {3000, 500, 4097, 16, 900}, ALLSEL, false, false, true, 2.0f, 0, 0, 0},
+        {"holes", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 5, {3000, 500, 4097, 16, 900}, ALLSEL, false, true, false, 2.0f, 0, 0, 0},
+        {"holes per-q-head D64", 16, 4, 64, 16, OSP_SPARSE_PER_Q_HEAD, 3, {2000, 40, 700}, ALLSEL, false, true, true, 2.0f, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!g_subset || i == 1 || i == 4) run_case(&cases[i], 0xB0D6u + i * 104729u); /* subset: tokens, holes */
@@ -470,10 +470,10 @@ static void test_masks(void **state) {
 static void test_all_pages_is_dense(void **state) {
     (void)state;
     const tcase cases[] = {
-        {"dense gqa4 D128", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 6, {1, 16, 17, 1000, 5000, 9000}, 0, true, false, false, 2.0f},
-        {"dense gqa1 D64", 8, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 4, {3000, 31, 256, 4100}, 0, true, false, false, 2.0f},
-        {"dense gqa8 D128", 32, 4, 128, 16, OSP_SPARSE_PER_KV_HEAD, 3, {6000, 2, 800}, 0, true, false, false, 4.0f},
-        {"dense gqa8 D64 per-q", 16, 2, 64, 16, OSP_SPARSE_PER_Q_HEAD, 3, {2100, 7, 640}, 0, true, false, false, 2.0f},
+        {"dense gqa4 D128", 32, 8, 128, 16, OSP_SPARSE_PER_KV_HEAD, 6, {1, 16, 17, 1000, 5000, 9000}, 0, true, false, false, 2.0f, 0, 0, 0},
+        {"dense gqa1 D64", 8, 8, 64, 16, OSP_SPARSE_PER_KV_HEAD, 4, {3000, 31, 256, 4100}, 0, true, false, false, 2.0f, 0, 0, 0},
+        {"dense gqa8 D128", 32, 4, 128, 16, OSP_SPARSE_PER_KV_HEAD, 3, {6000, 2, 800}, 0, true, false, false, 4.0f, 0, 0, 0},
+        {"dense gqa8 D64 per-q", 16, 2, 64, 16, OSP_SPARSE_PER_Q_HEAD, 3, {2100, 7, 640}, 0, true, false, false, 2.0f, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!g_subset || i == 1) run_case(&cases[i], 0xDE45u + i * 31u); /* subset: the smallest */
