@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stages issue 15's GPU binaries for one device call (bench/sparse/run.sh there): test_gpu_sparse and
 # sparse_decode_bench, stripped, with libcmocka (the GPU machine has the CUDA runtime, not cmocka), into
-# .carry/sparse.tar.xz (git-ignored; ~10 MB, so the call fits 64 MiB with the working tree; the full
+# .carry/sparse.tar.xz (git-ignored; ~4.5 MB, so the call fits 64 MiB with the working tree; the full
 # scripts/gpu-pack.sh tarball with every GPU test no longer does beside a model half).
-# Then, on the device: run `bash bench/sparse/run.sh` carrying .carry/sparse.tar.xz.
+# Then, on the device: `bash bench/sparse/run.sh` carrying .carry/sparse.tar.xz; then, same warm machine,
+# `bash bench/sparse/run.sh sanitize` and `bash bench/sparse/run.sh bench2` (no carry).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 command -v nvcc >/dev/null || { echo "sparse pack: nvcc not found"; exit 1; }

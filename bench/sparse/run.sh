@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# On the GPU machine, from bench/sparse/pack.sh's .carry/sparse.tar.xz (nothing built here): the
-# block-sparse decode kernel's and Quest's tests (default; programmatic dependent launch on; 2 K/V
-# stages; compute-sanitizer memcheck and racecheck on the test's OSPREY_TEST_SANITIZER_SUBSET cases
-# unless SANITIZE=0), then sparse_decode_bench (issue 15's timings; also with 2 K/V stages unless
-# STAGES2=0). One line a step, the bench's table, a summary; full output in $OUT/sparse.log when OUT is set.
+# On the GPU machine, from bench/sparse/pack.sh's .carry/sparse.tar.xz (nothing built here; unpacked
+# into /tmp/osprey-sparse, which later calls on the warm machine reuse without carrying it again):
+#   run.sh [test]   the block-sparse decode kernel's and Quest's tests (default; programmatic dependent
+#                   launch on; 2 K/V stages), then sparse_decode_bench (issue 15's timings)
+#   run.sh sanitize compute-sanitizer memcheck and racecheck on the test's OSPREY_TEST_SANITIZER_SUBSET cases
+#   run.sh bench2   sparse_decode_bench with 2 K/V stages (OSPREY_SPARSE_STAGES=2)
+# (split so each fits one 10-minute device call). One line a step, the bench's table, a summary; full
+# output in $OUT/sparse.log when OUT is set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 G=/tmp/osprey-sparse
@@ -20,23 +23,29 @@ step() { # name, command...
     echo "==== $name" >>"$LOG"
     timeout -k 5 "${TEST_TIMEOUT:-400}" "$@" >>"$LOG" 2>&1
     rc=$?
-    printf '%-48s %s\n' "$name" "$([ $rc = 0 ] && echo ok || echo "FAILED ($rc)")"
-    [ $rc = 0 ] || fails=$((fails + 1))
+    case $rc in 0) r=ok ;; 77) r="skipped (no device)" ;; *) r="FAILED ($rc)"; fails=$((fails + 1)) ;; esac
+    printf '%-48s %s\n' "$name" "$r"
 }
-step test_gpu_sparse $G/bin/test_gpu_sparse
-[ $fails = 0 ] || { echo "---- test_gpu_sparse output (tail):"; tail -60 "$LOG"; }
-step "test_gpu_sparse (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/test_gpu_sparse
-step "test_gpu_sparse (OSPREY_SPARSE_STAGES=2)" env OSPREY_SPARSE_STAGES=2 $G/bin/test_gpu_sparse
-if [ "${SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+what=${1:-test}
+if [ "$what" = test ]; then
+    step test_gpu_sparse $G/bin/test_gpu_sparse
+    [ $fails = 0 ] || { echo "---- test_gpu_sparse output (tail):"; tail -60 "$LOG"; }
+    step "test_gpu_sparse (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/test_gpu_sparse
+    step "test_gpu_sparse (OSPREY_SPARSE_STAGES=2)" env OSPREY_SPARSE_STAGES=2 $G/bin/test_gpu_sparse
+    echo "==== sparse_decode_bench" | tee -a "$LOG"
+    $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
+elif [ "$what" = sanitize ]; then
+    command -v compute-sanitizer >/dev/null || { echo "sparse run: no compute-sanitizer"; exit 1; }
     step "memcheck test_gpu_sparse (subset)" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 $G/bin/test_gpu_sparse
     step "racecheck test_gpu_sparse (subset)" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool racecheck --error-exitcode 9 $G/bin/test_gpu_sparse
-fi
-echo "==== sparse_decode_bench" | tee -a "$LOG"
-$G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
-[ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
-if [ "${STAGES2:-1}" = 1 ]; then
+    [ $fails = 0 ] || { echo "---- sanitizer output (tail):"; tail -40 "$LOG"; }
+elif [ "$what" = bench2 ]; then
     echo "==== sparse_decode_bench (OSPREY_SPARSE_STAGES=2)" | tee -a "$LOG"
     OSPREY_SPARSE_STAGES=2 $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
+else
+    echo "sparse run: test, sanitize or bench2"; exit 2
 fi
 echo "sparse run: $fails failed (log: $LOG)"
 exit $((fails > 0))
