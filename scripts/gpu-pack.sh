@@ -36,7 +36,7 @@ cmake -S . -B build -G Ninja -DOSPREY_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DOSP
 cmake --build build -j "${JOBS:-2}"
 rm -rf .carry/stage .carry/gpu.tar.xz .carry/m0 .carry/m1 .carry/base .carry/curl
 mkdir -p .carry/stage/bin .carry/stage/lib .carry/m0 .carry/m1
-cp build/bin/osprey build/bin/attn_bench build/bin/qmatmul_bench build/bin/gemm_bench build/bin/sample_bench build/tests/test_gpu_* .carry/stage/bin/
+cp build/bin/osprey build/bin/attn_bench build/bin/qmatmul_bench build/bin/gemm_bench build/bin/sample_bench build/bin/sparse_decode_bench build/tests/test_gpu_* .carry/stage/bin/
 if [ -f build/tests/test_ops ]; then cp build/tests/test_ops .carry/stage/bin/; else echo "gpu-pack: no build/tests/test_ops (not staged)"; fi
 if [ -f "$BASE_BIN" ]; then
     mkdir -p .carry/stage/base/bin
@@ -103,7 +103,9 @@ if [ "${GEMMA:-0}" = 1 ]; then
     done
     rmdir .carry/gsplit
 fi
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
+# (in a git worktree .git is a file: the exclude list lives in the common git directory)
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qx '/.carry/' "$exclude" 2>/dev/null || echo '/.carry/' >> "$exclude"
 
 # what one call carries: the working tree (tracked and untracked-not-ignored files) plus the carried paths
 bytes() { { du -sb "$@" 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }

@@ -16,6 +16,8 @@
 #   stash  only keep what this call brought (binaries, a model half, a gemma chunk, the baseline CLI)
 #          in /tmp/osprey-gpu for the next
 #   ab     bench/gpu/ab.sh: decode tokens/s of the baseline CLI (base/bin/osprey) vs this tree's
+#   sparse test_gpu_sparse (also under PDL, 2 K/V stages, memcheck and racecheck on its subset), then
+#          bench/sparse/sparse_decode_bench (issue 15)
 # The attention kernel follows OSPREY_CUDA_ATTENTION (v0, v1, v2, fold, split; unset: the default), so
 # `OSPREY_CUDA_ATTENTION=v1 bash scripts/gpu-test.sh model` runs the model and engine tests under v1.
 # Prints one line per test and a summary; exits non-zero if any failed. Logs under $OUT when set.
@@ -78,6 +80,18 @@ run() { # name, command...
     echo "---- $name: $r" >>"$LOG"
 }
 : >"$LOG"
+if [ "$what" = sparse ]; then # issue 15: the block-sparse decode kernel, Quest on the GPU, then their bench
+    run test_gpu_sparse $G/bin/test_gpu_sparse
+    run "test_gpu_sparse (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/test_gpu_sparse
+    run "test_gpu_sparse (2 K/V stages)" env OSPREY_SPARSE_STAGES=2 $G/bin/test_gpu_sparse
+    if command -v compute-sanitizer >/dev/null; then
+        run "memcheck test_gpu_sparse" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 $G/bin/test_gpu_sparse
+        [ "${RACECHECK:-1}" = 1 ] && run "racecheck test_gpu_sparse" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool racecheck --error-exitcode 9 $G/bin/test_gpu_sparse
+    fi
+    echo "---- sparse_decode_bench" >>"$LOG"
+    $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
+    [ "${PIPESTATUS[0]}" = 0 ] || { results+=("sparse_decode_bench FAILED"); fails=$((fails + 1)); }
+fi
 if [ "$what" = ops ] || [ "$what" = all ]; then
     for t in test_gpu_ops test_gpu_attention test_gpu_sampler test_gpu_qmatmul; do run "$t" $G/bin/$t; done
     # programmatic dependent launch is on only where the backend's matrices are quantized: the kernels

@@ -390,6 +390,95 @@ osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void *d_k_pages
                                       int n_head, int n_head_kv, int D, float scale, int32_t window,
                                       int32_t max_seq_len, void *d_workspace, void *stream);
 
+/* ---- block-sparse paged decode attention (attention_sparse.cu, issue 15) ----------------------------
+ *
+ * Decode attention (one query token a sequence) over the KV tiles a work table lists, the CUDA half of
+ * src/sparse/sparse_attention.h (osp_sparse_attention_cpu is its reference; the table's format is
+ * src/sparse/worktable.h's, built with q_tile = 1, so row r = t * groups + g for flat token t).
+ * An element (token t at position p = d_positions[t] of sequence s = d_token_seq[t], query head h, key
+ * position kv in entry e of h's row, kv = indices[e] * block_size + i) is kept when kv < seq_lens[s] and:
+ * flags[e] & OSP_WT_SELF: kv == p; else flags[e] & OSP_WT_FULL: always; else (partial) bit i of tmask[e]
+ * and the built-in mask (*mask: causal when NULL) keeps (p, kv). A query with no kept key gets v at its
+ * own position (worktable.h, empty rows). out = softmax(q k^T * scale) v over the kept keys, fp32
+ * softmax and accumulation, P rounded to f16 for the P V product (as the dense v1 / v4 kernels).
+ *
+ * Work split (batch invariant: a row's bits depend on its own entries only, never on the batch): a
+ * row's entries are cut into chunks of osp_cuda_sparse_chunk_entries(row's entries, block_size) entries;
+ * a CTA per (row, chunk) gathers the chunk's kept keys (only their K / V rows are read: a token-level
+ * selection reads its tokens, not whole pages), walks them in 64-key tiles (mma.sync, keys on the long
+ * side as attention_dec.cu) and writes the chunk's partial (m, l, acc) to the workspace; a second
+ * kernel folds a row's partials in chunk order. A row of one chunk is written directly.
+ *
+ * Arguments: the table's device arrays in *wt (d_indptr [num_rows + 1], d_indices / d_pages / d_flags
+ * [nnz], d_tmask [nnz, mask_words]; groups = n_head_kv: a row serves the KV head's n_head / n_head_kv query
+ * heads with one K/V read, or groups = n_head: a row per query head); max_row_tiles >= the most entries of
+ * any row (host value: sizes the grid and the workspace; keep it fixed, e.g. the most pages a sequence can
+ * have, when capturing a graph). d_q [T, n_head, D] bf16, d_out [T, n_head, D] bf16, pages [num_blocks,
+ * block_size, n_head_kv, D] f16 (kv_type OSP_KV_PAGE_F16), d_positions [T], d_token_seq [T] (the table's
+ * qtile_seq), d_seq_lens [num_seqs], d_block_table [num_seqs, max_blocks] (read only for empty rows' own
+ * position). D 64 or 128, n_head / n_head_kv <= 16, block_size 1 .. 256. d_workspace: at least
+ * osp_cuda_sparse_workspace_bytes(T, n_head, D, max_row_tiles, block_size) bytes, 16-byte aligned (may be
+ * NULL when that is 0). d_q, pages and d_out 16-byte aligned. mask: kind an osp_mask_kind of
+ * src/sparse/block_mask.h other than DOCUMENT and CUSTOM (0 causal, 1 sliding window, 2 sink window,
+ * 4 prefix-LM) with its window / sinks / prefix_len. Errors: OSP_ERR_INVALID_ARG (shapes, pointers,
+ * workspace too small, mask kind), OSP_ERR_INTERNAL (launch). Enqueues only; allocates nothing. */
+typedef struct osp_cuda_sparse_table {
+    const int32_t *d_indptr, *d_indices, *d_pages, *d_flags;
+    const uint32_t *d_tmask;
+    int32_t num_rows, groups, mask_words, max_row_tiles;
+} osp_cuda_sparse_table;
+typedef struct osp_cuda_sparse_mask {
+    int32_t kind, window, sinks, prefix_len;
+} osp_cuda_sparse_mask;
+/* entries a chunk of a row of row_tiles entries (the smallest power of two that cuts the row into <= 16
+ * chunks, at least 64 keys' worth and at most 1,024 keys a chunk): part of the numerics */
+int32_t osp_cuda_sparse_chunk_entries(int32_t row_tiles, int32_t block_size);
+/* the most chunks any row of <= max_row_tiles entries has (the grid's and the workspace's chunk count) */
+int32_t osp_cuda_sparse_max_chunks(int32_t max_row_tiles, int32_t block_size);
+size_t osp_cuda_sparse_workspace_bytes(int64_t T, int n_head, int D, int32_t max_row_tiles, int32_t block_size);
+osp_status osp_cuda_sparse_attention_decode(const osp_cuda_sparse_table *wt, const uint16_t *d_q, const void *d_k_pages,
+                                            const void *d_v_pages, uint32_t kv_type, uint16_t *d_out, int64_t T,
+                                            const int32_t *d_positions, const int32_t *d_token_seq,
+                                            const int32_t *d_seq_lens, const int32_t *d_block_table, int32_t max_blocks,
+                                            int32_t block_size, int n_head, int n_head_kv, int D, float scale,
+                                            const osp_cuda_sparse_mask *mask, void *d_workspace, size_t workspace_bytes,
+                                            void *stream);
+
+/* Quest's top-k page selection on the GPU (quest.cu; Tang et al. 2024, §3.2-3.3), the selection of
+ * src/sparse/quest.c's osp_quest_select for every (token t, KV head) row, the same pages (the scores are
+ * computed with the reference's fp32 operations in its order, and ties go to the lower page):
+ *   n_ctx = d_positions[t] / block_size + 1 pages; n_ctx <= topk: pages 0 .. n_ctx - 1; else the sink
+ *   pages [0, sink), the recent pages [n_ctx - recent, n_ctx) and the topk - sink - recent other pages
+ *   with the largest score, a page's score being the largest Quest bound sum_i max(q_i min_i, q_i max_i)
+ *   over the KV head's query heads (q the bf16 d_q widened to fp32).
+ * d_kmin / d_kmax: one layer's summaries [num_blocks, n_head_kv, D] fp32 (quest.h's layout for that layer,
+ * 16-byte aligned), indexed by the physical block d_block_table[d_token_seq[t] * max_blocks + j]. d_q [T,
+ * n_head, D] bf16. d_scores: workspace [T * n_head_kv, max_blocks] fp32. Writes d_pages_out [T * n_head_kv,
+ * topk] (row t * n_head_kv + kvh: its pages ascending, d_counts[row] of them). D a multiple of 4 up to
+ * 1,024, groups up to 16, T * n_head_kv <= 65,535, sink + recent <= topk. Errors: OSP_ERR_INVALID_ARG,
+ * OSP_ERR_INTERNAL (launch). Enqueues two kernels; allocates nothing. */
+osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_kmax, const uint16_t *d_q,
+                                 const int32_t *d_positions, const int32_t *d_token_seq, const int32_t *d_block_table,
+                                 int32_t max_blocks, int32_t block_size, int64_t T, int n_head, int n_head_kv, int D,
+                                 int32_t topk, int32_t sink, int32_t recent, float *d_scores, int32_t *d_pages_out,
+                                 int32_t *d_counts, void *stream);
+
+/* The work table of a Quest selection, built on the device (quest.cu): the arrays osp_sparse_wt_build
+ * makes on the host (src/sparse/worktable.h; q_tile 1, rows per KV head, the causal mask) from the
+ * candidates the CPU engine hook gives it (every position <= p of each selected page), so the selection
+ * never goes back to the host: row r = t * n_head_kv + kvh has d_counts[r] entries, entry i the selected
+ * logical page j = d_sel[r * topk + i] (ascending, as osp_cuda_quest_select writes them): indices j, pages
+ * d_block_table[d_token_seq[t] * max_blocks + j], tmask the slots o with j * block_size + o <= min(p,
+ * seq_len - 1), flags OSP_WT_FULL when the whole page lies below both (else partial). Writes d_indptr
+ * [T * n_head_kv + 1] and the entries (capacity T * n_head_kv * topk each; d_tmask times ceil(block_size /
+ * 32) words); osp_cuda_sparse_attention_decode reads them with max_row_tiles = topk. No empty rows can
+ * arise (every selected page holds a position <= p). Errors: OSP_ERR_INVALID_ARG, OSP_ERR_INTERNAL. */
+osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, int32_t topk, const int32_t *d_positions,
+                                const int32_t *d_token_seq, const int32_t *d_seq_lens, const int32_t *d_block_table,
+                                int32_t max_blocks, int32_t block_size, int64_t T, int n_head_kv, int32_t *d_indptr,
+                                int32_t *d_indices, int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask,
+                                void *stream);
+
 #ifdef __cplusplus
 }
 #endif

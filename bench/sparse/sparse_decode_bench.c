@@ -1,0 +1,358 @@
+/* Block-sparse decode attention on the GPU against osprey's own dense decode attention, same cache, same
+ * process (issue 15's "Fast" rows for the kernel alone). The 8B shape: 32 query heads, 8 KV heads, head_dim
+ * 128, f16 pages of 16 tokens handed out in a shuffled order; one query token a sequence at position
+ * ctx - 1; rows per KV head (the group's 4 query heads share one K/V read).
+ *
+ *   pages   ctx 32,768 (2,048 pages a sequence), batch 1 and 8, top-k page budgets 256 and 64 per KV
+ *           head: the sink page, the 2 most recent pages, the rest at random (Quest-like selections)
+ *   tokens  ctx 131,072, batch 1 and 8, 2,048 tokens per KV head at random (DSA-like: token-level bitmasks,
+ *           ~1,800 pages touched, ~1 token each)
+ *
+ * Each row: the work table built on the host (osp_sparse_wt_build, timed once, host ms), uploaded; then the
+ * dense kernel (osp_cuda_paged_attention, its default choice for the shape) and the sparse kernel
+ * (osp_cuda_sparse_attention_decode: gather + attend + merge) each timed with CUDA events around
+ * `iters` back-to-back launches after a warm-up and a device sync, the median of 5 samples (one launch is one
+ * layer's attention). Printed: us a layer, bytes each kernel must read (dense: K and V of every token;
+ * sparse: K and V rows of the kept tokens plus the table's 16 bytes an entry) and those bytes over the time
+ * (effective GB/s), table entries (pages) and kept tokens, chunks a row, and dense / sparse. Goals (issue
+ * 15): >= 4x at 256 pages / 32k, >= 8x at 2,048 tokens / 128k (attention only). Pages rows also time
+ * Quest's scoring and top-k on the GPU (osp_cuda_quest_select: fp32 summaries, sink 1, recent 2) for the
+ * same rows, separately, and dense / (Quest + sparse), then the whole step on the device (Quest's
+ * selection, osp_cuda_quest_table's work table, the sparse kernel: three launches and the table's two)
+ * against dense.
+ *
+ * Usage: sparse_decode_bench [pages|tokens|all] (default all). One JSON object a row on stdout after the
+ * table (prefix "json ") for RESULTS.md. */
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "core/dtype.h"
+#include "osprey/status.h"
+#include "sparse/worktable.h"
+
+#define H 32
+#define HKV 8
+#define D 128
+#define BS 16
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "sparse_decode_bench: %s: %s\n", #x, cudaGetErrorString(e_));        \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+#define OK(x)                                                                                    \
+    do {                                                                                         \
+        if ((x) != OSP_OK) {                                                                     \
+            fprintf(stderr, "sparse_decode_bench: %s: %s\n", #x, osp_last_error());              \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static uint64_t g_rng = 0x5EED5;
+static uint64_t rnd64(void) {
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float rnd_unit(void) { return (float)(rnd64() >> 40) / 8388608.0f - 1.0f; }
+static int32_t rnd_int(int32_t n) { return (int32_t)(rnd64() % (uint64_t)n); }
+
+/* n random f16 values in [-1, 1) on the device: a random pattern tiled with an offset (as attn_bench) */
+static void *random_pages(size_t n) {
+    const size_t pat = 1u << 19;
+    uint16_t *h = malloc(pat * 2);
+    for (size_t i = 0; i < pat; i++) h[i] = osp_fp32_to_fp16(rnd_unit());
+    void *d;
+    OK(osp_cuda_malloc(&d, n * 2, "pages"));
+    for (size_t off = 0; off < n; off += pat - 7) {
+        const size_t m = n - off < pat ? n - off : pat;
+        CK(cudaMemcpy((uint16_t *)d + off, h, m * 2, cudaMemcpyHostToDevice));
+    }
+    free(h);
+    return d;
+}
+
+static int cmp_f(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* the median us of one launch of `launch` (5 samples of ~20 ms after a warm-up) */
+typedef void (*launch_fn)(void *ctx);
+static double time_us(launch_fn f, void *ctx) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    f(ctx);
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(e0, NULL));
+    f(ctx);
+    CK(cudaEventRecord(e1, NULL));
+    CK(cudaEventSynchronize(e1));
+    float one = 0.0f;
+    CK(cudaEventElapsedTime(&one, e0, e1));
+    int iters = (int)(20.0f / (one > 0.001f ? one : 0.001f));
+    if (iters < 1) iters = 1;
+    if (iters > 5000) iters = 5000;
+    float samples[5];
+    for (int r = 0; r < 5; r++) {
+        CK(cudaDeviceSynchronize());
+        CK(cudaEventRecord(e0, NULL));
+        for (int i = 0; i < iters; i++) f(ctx);
+        CK(cudaEventRecord(e1, NULL));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        samples[r] = ms / (float)iters;
+    }
+    qsort(samples, 5, sizeof(float), cmp_f);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return samples[2] * 1e3;
+}
+
+typedef struct {
+    int B, ctx;
+    int32_t nb_seq;
+    void *k, *v, *ws_dense, *ws_sparse;
+    int32_t *d_qsl, *d_pos, *d_bt, *d_sl, *d_tok;
+    uint16_t *d_q, *d_out;
+    size_t ws_sparse_bytes;
+    osp_cuda_sparse_table tab;
+    /* Quest on the GPU (pages rows): fp32 summaries [nblocks, HKV, D], scores, pages, counts */
+    float *d_kmin, *d_kmax, *d_scores;
+    int32_t *d_qpages, *d_qcounts;
+    int topk;
+    osp_cuda_sparse_table qtab; /* the table of Quest's selection, built on the device */
+    int32_t *d_qip, *d_qind, *d_qpg, *d_qfl;
+    uint32_t *d_qtm;
+    void *ws_q;
+    size_t ws_q_bytes;
+} bench_ctx;
+
+static void launch_dense(void *p) {
+    bench_ctx *c = p;
+    OK(osp_cuda_paged_attention(c->d_q, c->k, c->v, OSP_KV_PAGE_F16, c->d_out, c->B, c->d_qsl, c->d_pos, c->d_bt,
+                                c->nb_seq, BS, c->B, H, HKV, D, 0.08838834764f, 0, c->ctx, c->ws_dense, NULL));
+}
+static void launch_sparse(void *p) {
+    bench_ctx *c = p;
+    OK(osp_cuda_sparse_attention_decode(&c->tab, c->d_q, c->k, c->v, OSP_KV_PAGE_F16, c->d_out, c->B, c->d_pos,
+                                        c->d_tok, c->d_sl, c->d_bt, c->nb_seq, BS, H, HKV, D, 0.08838834764f, NULL,
+                                        c->ws_sparse, c->ws_sparse_bytes, NULL));
+}
+
+static void launch_quest(void *p) {
+    bench_ctx *c = p;
+    OK(osp_cuda_quest_select(c->d_kmin, c->d_kmax, c->d_q, c->d_pos, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, H, HKV, D,
+                             c->topk, 1, 2, c->d_scores, c->d_qpages, c->d_qcounts, NULL));
+}
+
+/* the whole top-k step on the device: Quest's scores and top-k, its work table, the sparse attention */
+static void launch_pipeline(void *p) {
+    bench_ctx *c = p;
+    launch_quest(c);
+    OK(osp_cuda_quest_table(c->d_qpages, c->d_qcounts, c->topk, c->d_pos, c->d_tok, c->d_sl, c->d_bt, c->nb_seq, BS, c->B,
+                            HKV, c->d_qip, c->d_qind, c->d_qpg, c->d_qfl, c->d_qtm, NULL));
+    OK(osp_cuda_sparse_attention_decode(&c->qtab, c->d_q, c->k, c->v, OSP_KV_PAGE_F16, c->d_out, c->B, c->d_pos, c->d_tok,
+                                        c->d_sl, c->d_bt, c->nb_seq, BS, H, HKV, D, 0.08838834764f, NULL, c->ws_q,
+                                        c->ws_q_bytes, NULL));
+}
+
+/* kind 'p': budget pages a KV head (sink, 2 recent, random); kind 't': budget tokens at random */
+static void run(char kind, int B, int ctx, int budget, const char *label) {
+    bench_ctx c = {.B = B, .ctx = ctx};
+    c.nb_seq = (ctx + BS - 1) / BS;
+    const int64_t nblocks = (int64_t)B * c.nb_seq;
+    const size_t nval = (size_t)nblocks * BS * HKV * D;
+    c.k = random_pages(nval), c.v = random_pages(nval);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)nblocks);
+    for (int64_t i = 0; i < nblocks; i++) bt[i] = (int32_t)i;
+    for (int64_t i = nblocks - 1; i > 0; i--) {
+        const int64_t j = (int64_t)(rnd64() % (uint64_t)(i + 1));
+        const int32_t t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+    int32_t *qsl = malloc(sizeof(int32_t) * (size_t)(B + 1)), *pos = malloc(sizeof(int32_t) * (size_t)B),
+            *sl = malloc(sizeof(int32_t) * (size_t)B), *tok = malloc(sizeof(int32_t) * (size_t)B);
+    for (int s = 0; s <= B; s++) qsl[s] = s;
+    for (int s = 0; s < B; s++) pos[s] = ctx - 1, sl[s] = ctx, tok[s] = s;
+    uint16_t *q = malloc(sizeof(uint16_t) * (size_t)B * H * D);
+    for (int64_t i = 0; i < (int64_t)B * H * D; i++) q[i] = osp_fp32_to_bf16(rnd_unit() * 2.0f);
+
+    /* candidates a row (t * HKV + g) */
+    const int32_t rows = B * HKV;
+    const int64_t per_row = kind == 'p' ? (int64_t)budget * BS : budget;
+    int32_t *ci = malloc(sizeof(int32_t) * (size_t)(rows + 1)), *cand = malloc(sizeof(int32_t) * (size_t)(rows * per_row));
+    uint8_t *pick = malloc((size_t)c.nb_seq);
+    int64_t m = 0;
+    ci[0] = 0;
+    for (int32_t r = 0; r < rows; r++) {
+        if (kind == 'p') {
+            memset(pick, 0, (size_t)c.nb_seq);
+            pick[0] = pick[c.nb_seq - 1] = pick[c.nb_seq - 2] = 1;
+            int got = 3;
+            while (got < budget) {
+                const int32_t j = rnd_int(c.nb_seq);
+                if (!pick[j]) pick[j] = 1, got++;
+            }
+            for (int32_t j = 0; j < c.nb_seq; j++)
+                if (pick[j])
+                    for (int i = 0; i < BS; i++) cand[m++] = j * BS + i;
+        } else {
+            for (int i = 0; i < budget; i++) cand[m++] = rnd_int(ctx); /* duplicates are merged by the builder */
+        }
+        ci[r + 1] = (int32_t)m;
+    }
+    free(pick);
+    osp_sparse_layout L = {.num_tokens = B, .positions = pos, .num_seqs = B, .query_start_loc = qsl, .seq_lens = sl,
+                           .block_table = bt, .max_blocks_per_seq = c.nb_seq, .block_size = BS, .n_head = H,
+                           .n_head_kv = HKV, .share = OSP_SPARSE_PER_KV_HEAD, .q_tile = 1};
+    osp_sparse_cands C = {ci, cand};
+    osp_sparse_wt wt = {0};
+    const double t0 = now_ms();
+    OK(osp_sparse_wt_build(&wt, &L, &C, NULL, (int64_t)D * 2));
+    const double build_ms = now_ms() - t0;
+    const int32_t nnz = wt.indptr[wt.num_rows];
+    int32_t mx = 0;
+    for (int32_t r = 0; r < wt.num_rows; r++)
+        if (wt.indptr[r + 1] - wt.indptr[r] > mx) mx = wt.indptr[r + 1] - wt.indptr[r];
+    int64_t kept = 0;
+    for (int32_t e = 0; e < nnz; e++) {
+        const int32_t base = wt.indices[e] * BS;
+        for (int i = 0; i < BS; i++) kept += base + i < ctx && (wt.flags[e] & OSP_WT_FULL || (wt.tmask[e] >> i & 1u));
+    }
+
+    /* device copies */
+    void *d_ip, *d_ind, *d_pg, *d_fl, *d_tm;
+    OK(osp_cuda_malloc(&d_ip, sizeof(int32_t) * (size_t)(rows + 1), "indptr"));
+    OK(osp_cuda_malloc(&d_ind, sizeof(int32_t) * (size_t)nnz, "indices"));
+    OK(osp_cuda_malloc(&d_pg, sizeof(int32_t) * (size_t)nnz, "pages"));
+    OK(osp_cuda_malloc(&d_fl, sizeof(int32_t) * (size_t)nnz, "flags"));
+    OK(osp_cuda_malloc(&d_tm, sizeof(uint32_t) * (size_t)nnz * (size_t)wt.mask_words, "tmask"));
+    CK(cudaMemcpy(d_ip, wt.indptr, sizeof(int32_t) * (size_t)(rows + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_ind, wt.indices, sizeof(int32_t) * (size_t)nnz, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_pg, wt.pages, sizeof(int32_t) * (size_t)nnz, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_fl, wt.flags, sizeof(int32_t) * (size_t)nnz, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_tm, wt.tmask, sizeof(uint32_t) * (size_t)nnz * (size_t)wt.mask_words, cudaMemcpyHostToDevice));
+    c.tab = (osp_cuda_sparse_table){.d_indptr = d_ip, .d_indices = d_ind, .d_pages = d_pg, .d_flags = d_fl,
+                                    .d_tmask = d_tm, .num_rows = rows, .groups = HKV, .mask_words = wt.mask_words,
+                                    .max_row_tiles = mx};
+    OK(osp_cuda_malloc((void **)&c.d_qsl, sizeof(int32_t) * (size_t)(B + 1), "qsl"));
+    OK(osp_cuda_malloc((void **)&c.d_pos, sizeof(int32_t) * (size_t)B, "pos"));
+    OK(osp_cuda_malloc((void **)&c.d_sl, sizeof(int32_t) * (size_t)B, "seq_lens"));
+    OK(osp_cuda_malloc((void **)&c.d_tok, sizeof(int32_t) * (size_t)B, "token_seq"));
+    OK(osp_cuda_malloc((void **)&c.d_bt, sizeof(int32_t) * (size_t)nblocks, "bt"));
+    OK(osp_cuda_malloc((void **)&c.d_q, sizeof(uint16_t) * (size_t)B * H * D, "q"));
+    OK(osp_cuda_malloc((void **)&c.d_out, sizeof(uint16_t) * (size_t)B * H * D, "out"));
+    CK(cudaMemcpy(c.d_qsl, qsl, sizeof(int32_t) * (size_t)(B + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_pos, pos, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_sl, sl, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_tok, tok, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_bt, bt, sizeof(int32_t) * (size_t)nblocks, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_q, q, sizeof(uint16_t) * (size_t)B * H * D, cudaMemcpyHostToDevice));
+    const size_t wsd = osp_cuda_attention_workspace_bytes(B, H, D, ctx);
+    if (wsd) OK(osp_cuda_malloc(&c.ws_dense, wsd, "ws dense"));
+    c.ws_sparse_bytes = osp_cuda_sparse_workspace_bytes(B, H, D, mx, BS);
+    if (c.ws_sparse_bytes) OK(osp_cuda_malloc(&c.ws_sparse, c.ws_sparse_bytes, "ws sparse"));
+
+    const double us_d = time_us(launch_dense, &c), us_s = time_us(launch_sparse, &c);
+    double us_q = 0.0; /* Quest's scoring and top-k for the same rows (pages rows), fp32 summaries */
+    if (kind == 'p') {
+        const size_t ns = (size_t)nblocks * HKV * D;
+        float *h = malloc(ns * sizeof(float) * 2);
+        for (size_t i = 0; i < ns; i++) {
+            const float x = rnd_unit(), y = rnd_unit();
+            h[i] = x < y ? x : y, h[ns + i] = x < y ? y : x;
+        }
+        OK(osp_cuda_malloc((void **)&c.d_kmin, ns * sizeof(float), "kmin"));
+        OK(osp_cuda_malloc((void **)&c.d_kmax, ns * sizeof(float), "kmax"));
+        OK(osp_cuda_malloc((void **)&c.d_scores, sizeof(float) * (size_t)rows * (size_t)c.nb_seq, "scores"));
+        OK(osp_cuda_malloc((void **)&c.d_qpages, sizeof(int32_t) * (size_t)rows * (size_t)budget, "pages"));
+        OK(osp_cuda_malloc((void **)&c.d_qcounts, sizeof(int32_t) * (size_t)rows, "counts"));
+        CK(cudaMemcpy(c.d_kmin, h, ns * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(c.d_kmax, h + ns, ns * sizeof(float), cudaMemcpyHostToDevice));
+        free(h);
+        c.topk = budget;
+        us_q = time_us(launch_quest, &c);
+        printf("quest   B %d ctx %6d budget %4d        | scores + top-k %7.1f us (summaries %.1f MB: %6.0f GB/s) | "
+               "quest + sparse %7.1f us | dense / (quest + sparse) %5.2fx\n",
+               B, ctx, budget, us_q, 2.0 * ns * 4 / 1e6, 2.0 * ns * 4 / (us_q * 1e3), us_q + us_s, us_d / (us_q + us_s));
+        /* the pipeline: selection, device-built table, attention */
+        const size_t cap = (size_t)rows * (size_t)budget;
+        OK(osp_cuda_malloc((void **)&c.d_qip, sizeof(int32_t) * (size_t)(rows + 1), "q indptr"));
+        OK(osp_cuda_malloc((void **)&c.d_qind, sizeof(int32_t) * cap, "q indices"));
+        OK(osp_cuda_malloc((void **)&c.d_qpg, sizeof(int32_t) * cap, "q pages"));
+        OK(osp_cuda_malloc((void **)&c.d_qfl, sizeof(int32_t) * cap, "q flags"));
+        OK(osp_cuda_malloc((void **)&c.d_qtm, sizeof(uint32_t) * cap, "q tmask"));
+        c.qtab = (osp_cuda_sparse_table){.d_indptr = c.d_qip, .d_indices = c.d_qind, .d_pages = c.d_qpg,
+                                         .d_flags = c.d_qfl, .d_tmask = c.d_qtm, .num_rows = rows, .groups = HKV,
+                                         .mask_words = 1, .max_row_tiles = budget};
+        c.ws_q_bytes = osp_cuda_sparse_workspace_bytes(B, H, D, budget, BS);
+        if (c.ws_q_bytes) OK(osp_cuda_malloc(&c.ws_q, c.ws_q_bytes, "ws pipeline"));
+        const double us_p = time_us(launch_pipeline, &c);
+        printf("step    B %d ctx %6d budget %4d        | quest + table + sparse on the device %7.1f us | dense / step %5.2fx\n",
+               B, ctx, budget, us_p, us_d / us_p);
+        osp_cuda_free(c.d_qip), osp_cuda_free(c.d_qind), osp_cuda_free(c.d_qpg), osp_cuda_free(c.d_qfl);
+        osp_cuda_free(c.d_qtm), osp_cuda_free(c.ws_q);
+        osp_cuda_free(c.d_kmin), osp_cuda_free(c.d_kmax), osp_cuda_free(c.d_scores), osp_cuda_free(c.d_qpages);
+        osp_cuda_free(c.d_qcounts);
+    }
+    const double bytes_d = (double)B * ctx * HKV * D * 2.0 * 2.0;
+    const double bytes_s = (double)kept * D * 2.0 * 2.0 + (double)nnz * 16.0 + (double)(rows + 1) * 4.0;
+    const int chunks = osp_cuda_sparse_max_chunks(mx, BS);
+    printf("%-7s B %d ctx %6d budget %4d %-6s | dense %8.1f us %6.0f GB/s | sparse %7.1f us %6.0f GB/s %7.2f MB | "
+           "entries %6d (%5.0f a row) kept %7lld chunks/row %3d | build %6.2f ms | dense/sparse %5.2fx\n",
+           kind == 'p' ? "pages" : "tokens", B, ctx, budget, label, us_d, bytes_d / (us_d * 1e3), us_s,
+           bytes_s / (us_s * 1e3), bytes_s / 1e6, nnz, (double)nnz / rows, (long long)kept, chunks, build_ms, us_d / us_s);
+    printf("json {\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"budget\": %d, \"dense_us\": %.2f, \"sparse_us\": %.2f, "
+           "\"dense_gbps\": %.1f, \"sparse_gbps\": %.1f, \"sparse_bytes\": %.0f, \"entries\": %d, \"kept\": %lld, "
+           "\"chunks_per_row\": %d, \"build_ms\": %.3f, \"ratio\": %.3f, \"quest_us\": %.2f}\n",
+           kind == 'p' ? "pages" : "tokens", B, ctx, budget, us_d, us_s, bytes_d / (us_d * 1e3), bytes_s / (us_s * 1e3),
+           bytes_s, nnz, (long long)kept, chunks, build_ms, us_d / us_s, us_q);
+    fflush(stdout);
+
+    osp_cuda_free(d_ip), osp_cuda_free(d_ind), osp_cuda_free(d_pg), osp_cuda_free(d_fl), osp_cuda_free(d_tm);
+    osp_cuda_free(c.d_qsl), osp_cuda_free(c.d_pos), osp_cuda_free(c.d_sl), osp_cuda_free(c.d_tok);
+    osp_cuda_free(c.d_bt), osp_cuda_free(c.d_q), osp_cuda_free(c.d_out), osp_cuda_free(c.ws_dense);
+    osp_cuda_free(c.ws_sparse), osp_cuda_free(c.k), osp_cuda_free(c.v);
+    osp_sparse_wt_free(&wt);
+    free(bt), free(qsl), free(pos), free(sl), free(tok), free(q), free(ci), free(cand);
+}
+
+int main(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "all";
+    if (osp_cuda_device_count() == 0) {
+        fprintf(stderr, "sparse_decode_bench: no CUDA device\n");
+        return 1;
+    }
+    char name[128];
+    OK(osp_cuda_device_name(name, sizeof name));
+    printf("device: %s\n", name);
+    const bool all = !strcmp(what, "all");
+    if (all || !strcmp(what, "pages")) {
+        const int Bs[] = {1, 8}, budgets[] = {256, 64};
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) run('p', Bs[i], 32768, budgets[j], "pages");
+    }
+    if (all || !strcmp(what, "tokens")) {
+        run('t', 1, 131072, 2048, "tokens");
+        run('t', 8, 131072, 2048, "tokens");
+    }
+    return 0;
+}

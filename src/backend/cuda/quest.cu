@@ -1,0 +1,302 @@
+/* Quest's page scoring and top-k page selection on the GPU (issue 15; Tang et al. 2024, "Quest:
+ * Query-Aware Sparsity for Efficient Long-Context LLM Inference", ICML 2024, §3.2-3.3). The reference is
+ * src/sparse/quest.c (osp_quest_select): the selection here is the same set of pages, bit for bit in the
+ * scores, for every (token, KV head) row. Contract in cuda_ops.h (osp_cuda_quest_select).
+ *
+ * Two kernels:
+ *   quest_score_kernel   a thread per (row, logical page j in [S, n_ctx - R)): the page's fp32 min / max
+ *                        key summaries of the row's KV head, 16-byte loads, against the group's query
+ *                        heads (fp32 from bf16, in shared memory), every head's bound summed in dimension
+ *                        order with the reference's operations (a = q m, b = q M rounded products, u +=
+ *                        a > b ? a : b, no contraction), best = the largest bound (a NaN never wins).
+ *   quest_topk_kernel    a CTA per row: the k-th largest score by a radix select (4 passes of 8-bit
+ *                        digits over an order-preserving 32-bit key, -0 folded into +0 so equal scores
+ *                        are equal keys), then one pass over the pages in ascending order that keeps the
+ *                        sinks, the recent pages, every page above the threshold and, of the pages equal
+ *                        to it, the lowest-numbered ones (quest.c's tie order: score descending, page
+ *                        ascending), writing them ascending. */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+#include <math.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kScoreThreads = 128;
+constexpr int kTopkThreads = 1024;
+constexpr int kMaxGroup = 16;
+
+/* order-preserving key of a non-NaN float: larger float, larger key; -0 and +0 the same key */
+__device__ __forceinline__ uint32_t order_key(float f) {
+    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct QParams {
+    const float *kmin, *kmax;   /* [num_blocks, n_head_kv, D] */
+    const uint16_t *q;          /* [T, n_head, D] bf16 */
+    const int32_t *positions, *token_seq, *block_table;
+    float *scores;              /* [T * n_head_kv, max_pages] */
+    int32_t *pages_out, *counts;
+    int max_blocks, block_size, n_head, n_head_kv, D, grp, topk, sink, recent, max_pages;
+};
+
+__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(const QParams p) {
+    osp_pdl_begin();
+    extern __shared__ float q_smem[]; /* [grp][D] */
+    const int row = (int)blockIdx.y, t = row / p.n_head_kv, kvh = row % p.n_head_kv;
+    const int n_ctx = p.positions[t] / p.block_size + 1;
+    const int j = (int)blockIdx.x * kScoreThreads + (int)threadIdx.x;
+    if ((int)blockIdx.x * kScoreThreads >= n_ctx - p.recent) return; /* uniform: no candidate page here */
+    for (int i = (int)threadIdx.x; i < p.grp * p.D; i += kScoreThreads) {
+        const int h = i / p.D, d = i % p.D;
+        q_smem[i] = __uint_as_float((uint32_t)p.q[((int64_t)t * p.n_head + kvh * p.grp + h) * p.D + d] << 16);
+    }
+    __syncthreads();
+    if (j < p.sink || j >= n_ctx - p.recent) return;
+    const int32_t blk = p.block_table[(int64_t)p.token_seq[t] * p.max_blocks + j];
+    const float4 *mn = reinterpret_cast<const float4 *>(p.kmin + ((int64_t)blk * p.n_head_kv + kvh) * p.D);
+    const float4 *mx = reinterpret_cast<const float4 *>(p.kmax + ((int64_t)blk * p.n_head_kv + kvh) * p.D);
+    float u[kMaxGroup];
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; h++) u[h] = 0.0f;
+    for (int i4 = 0; i4 < p.D / 4; i4++) {
+        const float4 a4 = mn[i4], b4 = mx[i4];
+        const float am[4] = {a4.x, a4.y, a4.z, a4.w}, bm[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+        for (int h = 0; h < kMaxGroup; h++) {
+            if (h >= p.grp) break;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float qv = q_smem[h * p.D + 4 * i4 + e];
+                const float a = __fmul_rn(qv, am[e]), b = __fmul_rn(qv, bm[e]);
+                u[h] = __fadd_rn(u[h], a > b ? a : b);
+            }
+        }
+    }
+    float best = -INFINITY;
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; h++)
+        if (h < p.grp && u[h] > best) best = u[h];
+    p.scores[(int64_t)row * p.max_pages + j] = best;
+}
+
+/* inclusive block scan of v over kTopkThreads threads (sWarp: 32 ints); returns the inclusive sum, total
+ * through *total */
+__device__ __forceinline__ int block_scan(int v, int *sWarp, int *total) {
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x += y;
+    }
+    if (lane == 31) sWarp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = sWarp[lane];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, off);
+            if (lane >= off) w += y;
+        }
+        sWarp[lane] = w; /* inclusive over warps */
+    }
+    __syncthreads();
+    const int res = x + (warp ? sWarp[warp - 1] : 0);
+    *total = sWarp[31];
+    __syncthreads(); /* sWarp reused by the next call */
+    return res;
+}
+
+__global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(const QParams p) {
+    osp_pdl_begin();
+    __shared__ int sHist[256];
+    __shared__ int sWarp[32];
+    __shared__ int sDigit, sAbove;
+    const int row = (int)blockIdx.x, t = row / p.n_head_kv, tid = (int)threadIdx.x;
+    const int n_ctx = p.positions[t] / p.block_size + 1;
+    int32_t *out = p.pages_out + (int64_t)row * p.topk;
+    if (n_ctx <= p.topk) { /* the budget covers the context: every page */
+        for (int j = tid; j < n_ctx; j += kTopkThreads) out[j] = j;
+        if (tid == 0) p.counts[row] = n_ctx;
+        return;
+    }
+    const int S = p.sink, R = p.recent, lo = S, hi = n_ctx - R; /* candidates [lo, hi) */
+    const int k = p.topk - S - R;
+    const float *sc = p.scores + (int64_t)row * p.max_pages;
+    /* radix select: prefix / mask of the k-th largest key, krem = how many of the keys equal to it to keep */
+    uint32_t prefix = 0u, mask = 0u;
+    int krem = k;
+    if (k > 0) {
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int i = tid; i < 256; i += kTopkThreads) sHist[i] = 0;
+            __syncthreads();
+            for (int j = lo + tid; j < hi; j += kTopkThreads) {
+                const uint32_t key = order_key(sc[j]);
+                if ((key & mask) == prefix) atomicAdd(&sHist[(key >> shift) & 0xFFu], 1);
+            }
+            __syncthreads();
+            if (tid < 32) { /* lane l: bins 8 l .. 8 l + 7; find d with count(> d) < krem <= count(>= d) */
+                int loc[8], tot = 0;
+#pragma unroll
+                for (int b = 0; b < 8; b++) loc[b] = sHist[8 * tid + b], tot += loc[b];
+                int suf = tot; /* bins >= 8 lane */
+#pragma unroll
+                for (int off = 1; off < 32; off <<= 1) {
+                    const int y = __shfl_down_sync(0xffffffffu, suf, off);
+                    if (tid + off < 32) suf += y;
+                }
+                const int above = suf - tot; /* bins >= 8 (lane + 1) */
+                if (above < krem && krem <= suf) {
+                    int acc = above;
+                    for (int b = 7; b >= 0; b--) {
+                        if (acc + loc[b] >= krem) {
+                            sDigit = 8 * tid + b, sAbove = acc;
+                            break;
+                        }
+                        acc += loc[b];
+                    }
+                }
+            }
+            __syncthreads();
+            prefix |= (uint32_t)sDigit << shift;
+            mask |= 0xFFu << shift;
+            krem -= sAbove;
+            __syncthreads(); /* sDigit / sAbove read by all before the next pass writes them */
+        }
+    }
+    /* one pass in page order: keep sinks, recent pages, keys above the threshold, and the first krem
+     * pages equal to it */
+    int eq_run = 0, out_run = 0;
+    for (int j0 = 0; j0 < n_ctx; j0 += kTopkThreads) {
+        const int j = j0 + tid;
+        bool gt = false, eq = false;
+        if (j >= lo && j < hi && k > 0) {
+            const uint32_t key = order_key(sc[j]);
+            gt = key > prefix, eq = key == prefix;
+        }
+        int eq_tot;
+        const int eq_incl = block_scan(eq ? 1 : 0, sWarp, &eq_tot);
+        const bool keep_eq = eq && eq_run + eq_incl - 1 < krem;
+        const bool sel = j < n_ctx && (j < S || (j >= hi) || gt || keep_eq);
+        int sel_tot;
+        const int sel_incl = block_scan(sel ? 1 : 0, sWarp, &sel_tot);
+        if (sel) out[out_run + sel_incl - 1] = j;
+        eq_run += eq_tot, out_run += sel_tot;
+    }
+    if (tid == 0) p.counts[row] = out_run;
+}
+
+
+/* ---- Quest's pages -> the work table (osp_cuda_quest_table) ---- */
+
+/* indptr: the exclusive prefix sums of counts over rows, one CTA */
+__global__ void __launch_bounds__(kTopkThreads) quest_indptr_kernel(const int32_t *counts, int32_t *indptr, int rows) {
+    osp_pdl_begin();
+    __shared__ int sWarp[32];
+    int run = 0;
+    for (int r0 = 0; r0 < rows; r0 += kTopkThreads) {
+        const int r = r0 + (int)threadIdx.x;
+        int tot;
+        const int incl = block_scan(r < rows ? counts[r] : 0, sWarp, &tot);
+        if (r < rows) indptr[r + 1] = run + incl;
+        run += tot;
+    }
+    if (threadIdx.x == 0) indptr[0] = 0;
+}
+
+struct TParams {
+    const int32_t *sel, *counts, *positions, *token_seq, *seq_lens, *block_table, *indptr;
+    int32_t *indices, *pages, *flags;
+    uint32_t *tmask;
+    int topk, max_blocks, block_size, n_head_kv, mask_words;
+};
+
+/* a CTA per row: entry i is selected page j; tmask the positions j bs + o <= min(p, seq_len - 1); FULL
+ * when the whole page lies below both (osp_sparse_wt_build's classification under the causal mask) */
+__global__ void __launch_bounds__(128) quest_fill_kernel(const TParams p) {
+    osp_pdl_begin();
+    const int r = (int)blockIdx.x, t = r / p.n_head_kv;
+    const int s = p.token_seq[t], pos = p.positions[t], sl = p.seq_lens[s];
+    const int hi = min(pos, sl - 1), n = p.counts[r], e0 = p.indptr[r];
+    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x) {
+        const int j = p.sel[(int64_t)r * p.topk + i], k0 = j * p.block_size, e = e0 + i;
+        p.indices[e] = j;
+        p.pages[e] = p.block_table[(int64_t)s * p.max_blocks + j];
+        p.flags[e] = k0 + p.block_size <= sl && k0 + p.block_size - 1 <= hi ? 1 /* OSP_WT_FULL */ : 0;
+        for (int w = 0; w < p.mask_words; w++) {
+            const int lim = hi - k0 - 32 * w + 1; /* bits [0, lim) of this word */
+            const int nb = min(32, p.block_size - 32 * w);
+            const int b = min(lim, nb);
+            p.tmask[(int64_t)e * p.mask_words + w] = b <= 0 ? 0u : b >= 32 ? 0xffffffffu : (1u << b) - 1u;
+        }
+    }
+}
+
+} // namespace
+
+extern "C" osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_kmax, const uint16_t *d_q,
+                                            const int32_t *d_positions, const int32_t *d_token_seq,
+                                            const int32_t *d_block_table, int32_t max_blocks, int32_t block_size,
+                                            int64_t T, int n_head, int n_head_kv, int D, int32_t topk, int32_t sink,
+                                            int32_t recent, float *d_scores, int32_t *d_pages_out, int32_t *d_counts,
+                                            void *stream) {
+    if (!d_kmin || !d_kmax || !d_q || !d_positions || !d_token_seq || !d_block_table || !d_scores || !d_pages_out ||
+        !d_counts)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: NULL argument");
+    if (D < 4 || D % 4 || D > 1024 || n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv > kMaxGroup)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: head_dim %d (a multiple of 4) or heads %d / %d", D, n_head,
+                             n_head_kv);
+    if (block_size < 1 || max_blocks < 1 || topk < 1 || sink < 0 || recent < 0 || sink + recent > topk)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: block %d, topk %d, sink %d, recent %d", block_size, topk,
+                             sink, recent);
+    if ((((uintptr_t)d_kmin) | ((uintptr_t)d_kmax)) & 15u)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: summaries must be 16-byte aligned");
+    if (T <= 0) return OSP_OK;
+    if (T * n_head_kv > 65535) return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: %lld rows (at most 65,535)", (long long)(T * n_head_kv));
+    QParams prm = {};
+    prm.kmin = d_kmin, prm.kmax = d_kmax, prm.q = d_q, prm.positions = d_positions, prm.token_seq = d_token_seq;
+    prm.block_table = d_block_table, prm.scores = d_scores, prm.pages_out = d_pages_out, prm.counts = d_counts;
+    prm.max_blocks = max_blocks, prm.block_size = block_size, prm.n_head = n_head, prm.n_head_kv = n_head_kv, prm.D = D;
+    prm.grp = n_head / n_head_kv, prm.topk = topk, prm.sink = sink, prm.recent = recent, prm.max_pages = max_blocks;
+    const int64_t rows = T * n_head_kv;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const size_t smem = (size_t)prm.grp * (size_t)D * sizeof(float);
+    if (smem > 48 * 1024) OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    osp_launch(quest_score_kernel, dim3((unsigned)((max_blocks + kScoreThreads - 1) / kScoreThreads), (unsigned)rows),
+               kScoreThreads, smem, st, prm);
+    OSP_CUDA_LAUNCH_CHECK("quest_score_kernel");
+    osp_launch(quest_topk_kernel, dim3((unsigned)rows), kTopkThreads, 0, st, prm);
+    OSP_CUDA_LAUNCH_CHECK("quest_topk_kernel");
+    return OSP_OK;
+}
+
+extern "C" osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, int32_t topk,
+                                           const int32_t *d_positions, const int32_t *d_token_seq,
+                                           const int32_t *d_seq_lens, const int32_t *d_block_table, int32_t max_blocks,
+                                           int32_t block_size, int64_t T, int n_head_kv, int32_t *d_indptr,
+                                           int32_t *d_indices, int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask,
+                                           void *stream) {
+    if (!d_sel || !d_counts || !d_positions || !d_token_seq || !d_seq_lens || !d_block_table || !d_indptr ||
+        !d_indices || !d_pages || !d_flags || !d_tmask)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest table: NULL argument");
+    if (topk < 1 || block_size < 1 || max_blocks < 1 || n_head_kv < 1 || T < 0 || T * n_head_kv > INT32_MAX / 2)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest table: topk %d, block %d, %lld x %d rows", topk, block_size,
+                             (long long)T, n_head_kv);
+    if (T == 0) return OSP_OK;
+    const int rows = (int)(T * n_head_kv);
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    osp_launch(quest_indptr_kernel, dim3(1), kTopkThreads, 0, st, d_counts, d_indptr, rows);
+    OSP_CUDA_LAUNCH_CHECK("quest_indptr_kernel");
+    TParams prm = {};
+    prm.sel = d_sel, prm.counts = d_counts, prm.positions = d_positions, prm.token_seq = d_token_seq;
+    prm.seq_lens = d_seq_lens, prm.block_table = d_block_table, prm.indptr = d_indptr;
+    prm.indices = d_indices, prm.pages = d_pages, prm.flags = d_flags, prm.tmask = d_tmask;
+    prm.topk = topk, prm.max_blocks = max_blocks, prm.block_size = block_size, prm.n_head_kv = n_head_kv;
+    prm.mask_words = (block_size + 31) / 32;
+    osp_launch(quest_fill_kernel, dim3((unsigned)rows), 128, 0, st, prm);
+    OSP_CUDA_LAUNCH_CHECK("quest_fill_kernel");
+    return OSP_OK;
+}
