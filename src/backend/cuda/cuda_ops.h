@@ -479,6 +479,57 @@ osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, i
                                 int32_t *d_indices, int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask,
                                 void *stream);
 
+/* ---- the DeepSeek Sparse Attention lightning indexer (dsa_indexer.cu, issue 15) ---------------------
+ *
+ * The GPU half of src/sparse/dsa_indexer.h (osp_dsa_select is the reference; DeepSeek-AI, "DeepSeek-V3.2-
+ * Exp", 2025, §2.1 eq. 1), decode shapes: one query token t a sequence, at position p = d_positions[t] of
+ * sequence d_token_seq[t], attends to the top_k tokens s <= p by I(t, s) = sum_j w(t, j) ReLU(q_I(t, j) .
+ * k_I(s)) under the total order "score descending, then position ascending" (a NaN score as -inf), or to
+ * all p + 1 tokens when p + 1 <= top_k. Three launches (timed apart by the benchmark), all on the device:
+ *
+ * osp_cuda_dsa_score: d_scores [T, max_ctx] fp32 gets I(t, s) for s <= p (other entries untouched) and
+ * d_hist [T, 4,096] uint32 (workspace, zeroed here by a memset on the stream) a histogram of the scores'
+ * top 12 key bits for the top-k. d_q [T, n_heads, head_dim] bf16 (q_I: the projection's output type on
+ * the GPU; its values are exact in the f16 the tensor cores take when within f16's range, else clamped
+ * to +-65504), d_w [T, n_heads] fp32 (w(t, j): 256 bytes a token, kept at the reference's precision for
+ * the fp32 sum of the heads), the index-key pages exactly as the CPU cache holds them (osp_dsa_key_write):
+ * d_k_codes [num_blocks, block_size, head_dim] E4M3 codes, d_k_scales [num_blocks, block_size] fp32 (key
+ * = e4m3(code) * scale, the scale > 0), through d_block_table [num_seqs, max_blocks]. Arithmetic: dots of
+ * the f16-widened codes with q_I on the tensor cores (fp32 accumulation), per key sum_j w_j ReLU(dot_j) in
+ * fp32 in a fixed order, times the key's scale: not the CPU's rounding (test_gpu_dsa.c derives the bound),
+ * the same instructions for every key whatever the batch. n_heads 16 / 32 / 64, head_dim 64 / 128; the
+ * caller guarantees p < max_ctx (keys past max_ctx - 1 are ignored) and p < max_blocks * block_size.
+ *
+ * osp_cuda_dsa_topk: from d_scores and d_hist, the exact top-k: d_idx [T, top_k] the selected positions
+ * ascending (d_count[t] = min(p + 1, top_k) of them; the rest of the row -1), and the selection staged by
+ * page for the table: d_ent_n[t] pages holding a selected token, ascending, d_ent_j [T, top_k] their
+ * logical page indices and d_ent_mask [T, top_k, ceil(block_size / 32)] their selected slots (bit i: token
+ * j * block_size + i). A radix select (12-bit histogram, then 20 bits over that bin's keys in shared
+ * memory, or over all keys when the bin holds > 12,288), ties to the lowest positions. block_size <= 256.
+ *
+ * osp_cuda_dsa_table: the work table (src/sparse/worktable.h; q_tile 1, the causal mask) that
+ * osp_sparse_wt_build makes from the selected positions as each row's candidates, for T * groups rows (row
+ * r = t * groups + g; every group of token t gets the token's selection: groups = n_head_kv for a GQA
+ * model, whose KV heads all read the DSA tokens): d_indptr [T * groups + 1], and per entry (capacity T *
+ * groups * top_k) d_indices (logical page), d_pages (d_block_table[d_token_seq[t] * max_blocks + j]),
+ * d_flags (OSP_WT_FULL when every slot of the page is selected, else 0), d_tmask [.., ceil(block_size / 32)]
+ * (the selected slots). osp_cuda_sparse_attention_decode reads it with max_row_tiles = top_k. No empty
+ * rows (every token selects >= 1 position).
+ *
+ * Errors: OSP_ERR_INVALID_ARG (shapes, NULL, alignment: d_q and d_k_codes 16-byte aligned),
+ * OSP_ERR_INTERNAL (launch). Enqueue only; allocate nothing; graph-capturable. */
+osp_status osp_cuda_dsa_score(const uint16_t *d_q, const float *d_w, const uint8_t *d_k_codes, const float *d_k_scales,
+                              const int32_t *d_positions, const int32_t *d_token_seq, const int32_t *d_block_table,
+                              int32_t max_blocks, int32_t block_size, int64_t T, int n_heads, int head_dim,
+                              int32_t max_ctx, float *d_scores, uint32_t *d_hist, void *stream);
+osp_status osp_cuda_dsa_topk(const float *d_scores, const uint32_t *d_hist, const int32_t *d_positions, int64_t T,
+                             int32_t max_ctx, int32_t top_k, int32_t block_size, int32_t *d_idx, int32_t *d_count,
+                             int32_t *d_ent_j, uint32_t *d_ent_mask, int32_t *d_ent_n, void *stream);
+osp_status osp_cuda_dsa_table(const int32_t *d_ent_j, const uint32_t *d_ent_mask, const int32_t *d_ent_n, int32_t top_k,
+                              const int32_t *d_token_seq, const int32_t *d_block_table, int32_t max_blocks,
+                              int32_t block_size, int64_t T, int groups, int32_t *d_indptr, int32_t *d_indices,
+                              int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

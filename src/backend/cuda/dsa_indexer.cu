@@ -1,0 +1,514 @@
+/* The DeepSeek Sparse Attention lightning indexer on the GPU, decode shapes (issue 15; DeepSeek-AI,
+ * "DeepSeek-V3.2-Exp", 2025, §2.1 eq. 1): I(t, s) = sum_j w(t, j) ReLU(q_I(t, j) . k_I(s)) over the
+ * FP8 E4M3 index-key pages (one fp32 scale a token), the exact top-k of each token's causal range under
+ * the total order "score descending, then position ascending" (NaN as -inf), and the work table of the
+ * selection for osp_cuda_sparse_attention_decode. The reference is src/sparse/dsa_indexer.c
+ * (osp_dsa_select); contracts in cuda_ops.h (osp_cuda_dsa_score / _topk / _table).
+ *
+ * Three kernels, each launched by its own function so a benchmark times them apart:
+ *   dsa_score_kernel  a CTA per (token, run of 128-key tiles): the tile's E4M3 codes (16-byte loads
+ *                     through the block table, the next tile's loads in flight while this one is
+ *                     multiplied) widened exactly to f16 in shared memory, q_I (bf16, exact in f16 in
+ *                     f16's range) in shared memory, dots by mma.sync m16n8k16 (fp32 accumulation: keys
+ *                     x index heads), then per key sum_j w_j ReLU(dot_j) over the thread's heads and the
+ *                     quad (a fixed order), times the key's scale. The scores go to d_scores; a 4,096-bin
+ *                     histogram of the top 12 bits of each score's order-preserving key (shared memory,
+ *                     flushed by atomics) goes to d_hist for the top-k.
+ *   dsa_topk_kernel   a CTA per token (1,024 threads): the bin of the k-th largest key from the histogram,
+ *                     the keys of that bin gathered into shared memory (one pass over the scores), the low
+ *                     20 bits by a radix select over them (3 passes in shared memory; a bin too big for
+ *                     shared memory, e.g. many equal scores, is selected over the scores in global memory
+ *                     instead), then one pass over the pages in order: every key above the k-th, the
+ *                     first ones (lowest positions) equal to it, written ascending (d_idx), and each page
+ *                     holding a selected token as one staged entry with its token bits.
+ *   dsa_table_kernel  a CTA per work-table row (token, head group): the token's staged entries copied to
+ *                     its CSR place (indptr from the counts of the tokens before it), pages through the
+ *                     block table, FULL when every slot of the page is selected.
+ * The scores differ from the CPU's in rounding (tensor-core products and sums in another order), so the
+ * indices equal the CPU's when the scores do (tests/gpu/test_gpu_dsa.c: exact on integer-valued inputs;
+ * otherwise the GPU's selection is the exact top-k of its own scores, which are within a derived bound of
+ * the CPU's). Every key's score is computed by the same instructions whatever its tile, CTA or batch, so a
+ * sequence's selection is the same alone and in a batch. */
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/attention_mma.cuh" /* ldsm_x4, mma16816, smem_u32, e4m3x2_to_f16x2, clamp_f16_range */
+#include "backend/cuda/cuda_ops.h"
+
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace osp_dsa {
+namespace {
+
+using namespace osp_attn;
+
+constexpr int kScoreThreads = 128; /* 4 warps, 32 keys each */
+constexpr int kTileKeys = 128;
+constexpr int kBins = 4096;        /* top 12 bits of the order key */
+constexpr int kTopkThreads = 1024;
+constexpr int kCand = 12288;       /* keys of the k-th's bin held in shared memory (48 KB) */
+constexpr int kMaxWords = 8;       /* block_size <= 256 */
+
+/* order-preserving key: larger score, larger key; NaN as -inf; -0 as +0 */
+__device__ __forceinline__ uint32_t order_key(float f) {
+    if (f != f) f = -INFINITY;
+    const uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct ScoreParams {
+    const uint16_t *q;       /* [T, H, DI] bf16 */
+    const float *w;          /* [T, H] */
+    const uint8_t *codes;    /* [num_blocks, block_size, DI] */
+    const float *scales;     /* [num_blocks, block_size] */
+    const int32_t *positions, *token_seq, *block_table;
+    float *scores;           /* [T, max_ctx] */
+    uint32_t *hist;          /* [T, kBins] */
+    int max_blocks, block_size, max_ctx, tiles_per_cta;
+};
+
+template <int DI, int NT>
+__global__ void __launch_bounds__(kScoreThreads) dsa_score_kernel(const ScoreParams p) {
+    osp_pdl_begin();
+    constexpr int H = 8 * NT;
+    constexpr int RS = DI + 8;                 /* shared row stride, halves (ldmatrix rows on distinct banks) */
+    constexpr int PARTS = DI / 16;             /* 16-byte pieces of a key's codes */
+    constexpr int LOADS = kTileKeys * PARTS / kScoreThreads;
+    constexpr int KT = DI / 16;                /* k-steps */
+    extern __shared__ uint4 ds_smem[];
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(ds_smem); /* [H][RS] f16 */
+    uint16_t *sK = sQ + H * RS;                            /* [kTileKeys][RS] f16 */
+    float *sW = reinterpret_cast<float *>(sK + kTileKeys * RS); /* [H] */
+    float *sScale = sW + H;                                     /* [kTileKeys] */
+    uint32_t *sHist = reinterpret_cast<uint32_t *>(sScale + kTileKeys); /* [kBins] */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c4 = lane & 3;
+    const int t = (int)blockIdx.y;
+    const int n = min(p.positions[t] + 1, p.max_ctx); /* keys [0, n) */
+    const int tile_lo = (int)blockIdx.x * p.tiles_per_cta;
+    const int tile_hi = min(tile_lo + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
+    if (tile_lo >= tile_hi) return; /* uniform */
+    const int s = p.token_seq[t];
+    const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
+
+    for (int i = tid; i < kBins; i += kScoreThreads) sHist[i] = 0u;
+    for (int i = tid; i < H * DI / 2; i += kScoreThreads) {
+        const int h = i / (DI / 2), d2 = i % (DI / 2);
+        const uint32_t pair = reinterpret_cast<const uint32_t *>(p.q + ((int64_t)t * H + h) * DI)[d2];
+        const float lo = __uint_as_float(pair << 16), hi = __uint_as_float(pair & 0xffff0000u);
+        reinterpret_cast<uint32_t *>(sQ + h * RS)[d2] = pack_f16x2(clamp_f16_range(lo), clamp_f16_range(hi));
+    }
+    for (int i = tid; i < H; i += kScoreThreads) sW[i] = p.w[(int64_t)t * H + i];
+
+    uint4 raw[LOADS];
+    float rscale = 0.0f;
+    auto load = [&](int tile) { /* this thread's pieces of the tile, into registers */
+#pragma unroll
+        for (int u = 0; u < LOADS; u++) {
+            const int c = tid + u * kScoreThreads, kk = c / PARTS, part = c % PARTS;
+            const int pos = tile * kTileKeys + kk;
+            raw[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (pos < n) {
+                const int64_t row = (int64_t)bt[pos / p.block_size] * p.block_size + pos % p.block_size;
+                raw[u] = __ldg(reinterpret_cast<const uint4 *>(p.codes + row * DI) + part);
+            }
+        }
+        const int pos = tile * kTileKeys + tid; /* thread tid: the scale of key tid */
+        rscale = 0.0f;
+        if (pos < n) rscale = __ldg(p.scales + (int64_t)bt[pos / p.block_size] * p.block_size + pos % p.block_size);
+    };
+    load(tile_lo);
+
+    const uint32_t a_lane = (uint32_t)(((32 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8) * 2);
+    const uint32_t b_lane = (uint32_t)((((lane & 7)) * RS + (lane >> 3) * 8) * 2);
+    const uint32_t sK_u = smem_u32(sK), sQ_u = smem_u32(sQ);
+    float *out = p.scores + (int64_t)t * p.max_ctx;
+
+    for (int tile = tile_lo; tile < tile_hi; tile++) {
+        /* widen the registers' codes into sK (the previous tile's readers are past the loop's barrier) */
+#pragma unroll
+        for (int u = 0; u < LOADS; u++) {
+            const int c = tid + u * kScoreThreads, kk = c / PARTS, part = c % PARTS;
+            uint4 lo4, hi4;
+            lo4.x = e4m3x2_to_f16x2(raw[u].x), lo4.y = e4m3x2_to_f16x2(raw[u].x >> 16);
+            lo4.z = e4m3x2_to_f16x2(raw[u].y), lo4.w = e4m3x2_to_f16x2(raw[u].y >> 16);
+            hi4.x = e4m3x2_to_f16x2(raw[u].z), hi4.y = e4m3x2_to_f16x2(raw[u].z >> 16);
+            hi4.z = e4m3x2_to_f16x2(raw[u].w), hi4.w = e4m3x2_to_f16x2(raw[u].w >> 16);
+            uint4 *dst = reinterpret_cast<uint4 *>(sK + kk * RS + part * 16);
+            dst[0] = lo4, dst[1] = hi4;
+        }
+        sScale[tid] = rscale;
+        __syncthreads();
+        if (tile + 1 < tile_hi) load(tile + 1); /* in flight during the products */
+
+        float acc[2][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+#pragma unroll
+        for (int k2 = 0; k2 < KT / 2; k2++) {
+            uint32_t a[2][2][4]; /* [mt][kk of the pair] */
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int kq = 0; kq < 2; kq++)
+                    ldsm_x4(sK_u + a_lane + (uint32_t)((16 * mt * RS + 16 * (2 * k2 + kq)) * 2), a[mt][kq][0],
+                            a[mt][kq][1], a[mt][kq][2], a[mt][kq][3]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[4]; /* b0, b1 of k-step 2 k2, then of 2 k2 + 1 */
+                ldsm_x4(sQ_u + b_lane + (uint32_t)((8 * nt * RS + 32 * k2) * 2), b[0], b[1], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma16816(acc[mt][nt], a[mt][0], b[0], b[1]);
+                    mma16816(acc[mt][nt], a[mt][1], b[2], b[3]);
+                }
+            }
+        }
+        /* per key: sum over this thread's heads (ascending), then the quad; times the key's scale */
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float part = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int ci = 0; ci < 2; ci++) {
+                        const float d = acc[mt][nt][2 * hf + ci];
+                        part = __fmaf_rn(sW[8 * nt + 2 * c4 + ci], d > 0.0f ? d : 0.0f, part);
+                    }
+                part = quad_sum(part);
+                const int kk = 32 * warp + 16 * mt + 8 * hf + g, pos = tile * kTileKeys + kk;
+                if (c4 == 2 * mt + hf && pos < n) {
+                    const float sc = __fmul_rn(part, sScale[kk]);
+                    out[pos] = sc;
+                    atomicAdd(&sHist[order_key(sc) >> 20], 1u);
+                }
+            }
+        __syncthreads(); /* sK and sScale are refilled next */
+    }
+    uint32_t *gh = p.hist + (int64_t)t * kBins;
+    for (int i = tid; i < kBins; i += kScoreThreads)
+        if (sHist[i]) atomicAdd(gh + i, sHist[i]);
+}
+
+/* inclusive scan of v over the CTA's kTopkThreads threads (sWarp: 32 ints); the total through *total */
+__device__ __forceinline__ int block_scan(int v, int *sWarp, int *total) {
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, off);
+        if (lane >= off) x += y;
+    }
+    if (lane == 31) sWarp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = sWarp[lane];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, off);
+            if (lane >= off) w += y;
+        }
+        sWarp[lane] = w;
+    }
+    __syncthreads();
+    const int res = x + (warp ? sWarp[warp - 1] : 0);
+    *total = sWarp[31];
+    __syncthreads();
+    return res;
+}
+
+/* the digit d of a histogram h [nbins] (nbins a power of two, <= 4 kTopkThreads) with count(> d) < krem <=
+ * count(>= d), for 1 <= krem <= count(all): sRes[0] = d, sRes[1] = count(> d) */
+__device__ __forceinline__ void find_digit(const uint32_t *h, int nbins, int krem, int *sWarp, int *sRes) {
+    const int tid = (int)threadIdx.x;
+    const int bpt = nbins > kTopkThreads ? nbins / kTopkThreads : 1, b0 = tid * bpt;
+    int loc = 0;
+    if (b0 < nbins)
+        for (int b = 0; b < bpt; b++) loc += (int)h[b0 + b];
+    int tot;
+    const int incl = block_scan(loc, sWarp, &tot);
+    const int ge = tot - (incl - loc), above = ge - loc; /* counts of bins >= b0 and >= b0 + bpt */
+    if (b0 < nbins && above < krem && krem <= ge) {
+        int acc = above;
+        for (int b = bpt - 1; b >= 0; b--) {
+            if (acc + (int)h[b0 + b] >= krem) {
+                sRes[0] = b0 + b, sRes[1] = acc;
+                break;
+            }
+            acc += (int)h[b0 + b];
+        }
+    }
+    __syncthreads();
+}
+
+struct TopkParams {
+    const float *scores;      /* [T, max_ctx] */
+    const uint32_t *hist;     /* [T, kBins] */
+    const int32_t *positions;
+    int32_t *idx, *count;     /* [T, K], [T] */
+    int32_t *ent_j, *ent_n;   /* [T, K], [T] */
+    uint32_t *ent_mask;       /* [T, K, W] */
+    int max_ctx, K, block_size, W;
+};
+
+__global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams p) {
+    osp_pdl_begin();
+    __shared__ uint32_t sHist[kBins];
+    extern __shared__ uint32_t sCand[]; /* [kCand] (dynamic: 48 KB) */
+    __shared__ int sWarp[32], sRes[2], sCnt;
+    const int tid = (int)threadIdx.x, t = (int)blockIdx.x;
+    const int n = min(p.positions[t] + 1, p.max_ctx), K = p.K, bs = p.block_size, W = p.W;
+    const float *sc = p.scores + (int64_t)t * p.max_ctx;
+    const bool all = n <= K;
+    uint32_t thr = 0u; /* the k-th key */
+    int krem = 0;      /* keys equal to thr to keep (the lowest positions) */
+    if (!all) {
+        for (int i = tid; i < kBins; i += kTopkThreads) sHist[i] = p.hist[(int64_t)t * kBins + i];
+        if (tid == 0) sCnt = 0;
+        __syncthreads();
+        find_digit(sHist, kBins, K, sWarp, sRes);
+        const uint32_t b1 = (uint32_t)sRes[0];
+        krem = K - sRes[1];
+        const bool in_smem = (int)sHist[b1] <= kCand;
+        __syncthreads(); /* sHist reused below */
+        if (in_smem) {
+            for (int i = tid; i < n; i += kTopkThreads) {
+                const uint32_t key = order_key(sc[i]);
+                if ((key >> 20) == b1) {
+                    const int slot = atomicAdd(&sCnt, 1);
+                    if (slot < kCand) sCand[slot] = key; /* always: the bin holds <= kCand keys */
+                }
+            }
+            __syncthreads();
+        }
+        const int nc = in_smem ? min(sCnt, kCand) : n;
+        uint32_t prefix = b1 << 20, mask = 0xFFF00000u;
+        const int shifts[3] = {12, 4, 0}, widths[3] = {8, 8, 4};
+#pragma unroll
+        for (int ps = 0; ps < 3; ps++) {
+            const int shift = shifts[ps], nb = 1 << widths[ps];
+            for (int i = tid; i < nb; i += kTopkThreads) sHist[i] = 0u;
+            __syncthreads();
+            for (int i = tid; i < nc; i += kTopkThreads) {
+                const uint32_t key = in_smem ? sCand[i] : order_key(sc[i]);
+                if ((key & mask) == prefix) atomicAdd(&sHist[(key >> shift) & (uint32_t)(nb - 1)], 1u);
+            }
+            __syncthreads();
+            find_digit(sHist, nb, krem, sWarp, sRes);
+            prefix |= (uint32_t)sRes[0] << shift;
+            mask |= (uint32_t)(nb - 1) << shift;
+            krem -= sRes[1];
+            __syncthreads();
+        }
+        thr = prefix;
+    }
+    /* one pass over the pages in order: a thread a page */
+    int32_t *idx = p.idx + (int64_t)t * K;
+    int32_t *ej = p.ent_j + (int64_t)t * K;
+    uint32_t *em = p.ent_mask + (int64_t)t * K * W;
+    const int np = (n + bs - 1) / bs;
+    int eq_run = 0, out_run = 0, ent_run = 0;
+    for (int j0 = 0; j0 < np; j0 += kTopkThreads) {
+        const int j = j0 + tid, k0 = j * bs, cnt = j < np ? min(bs, n - k0) : 0;
+        uint32_t gt[kMaxWords], eq[kMaxWords];
+        int eqc = 0;
+#pragma unroll
+        for (int w = 0; w < kMaxWords; w++) {
+            gt[w] = eq[w] = 0u;
+            if (32 * w < cnt) {
+                const int m = min(32, cnt - 32 * w);
+                for (int b = 0; b < m; b++) {
+                    if (all) {
+                        gt[w] |= 1u << b;
+                        continue;
+                    }
+                    const uint32_t key = order_key(sc[k0 + 32 * w + b]);
+                    gt[w] |= (key > thr ? 1u : 0u) << b;
+                    eq[w] |= (key == thr ? 1u : 0u) << b;
+                }
+                eqc += __popc(eq[w]);
+            }
+        }
+        int eq_tot;
+        const int eq_incl = block_scan(eqc, sWarp, &eq_tot);
+        int keep = krem - (eq_run + eq_incl - eqc); /* equal keys of this page still to keep, in position order */
+        int selc = 0;
+#pragma unroll
+        for (int w = 0; w < kMaxWords; w++) {
+            uint32_t e = eq[w];
+            while (e) {
+                const uint32_t low = e & (0u - e);
+                if (keep > 0) gt[w] |= low, keep--;
+                e ^= low;
+            }
+            selc += __popc(gt[w]);
+        }
+        int sel_tot, ent_tot;
+        const int sel_incl = block_scan(selc, sWarp, &sel_tot);
+        const int ent_incl = block_scan(selc > 0 ? 1 : 0, sWarp, &ent_tot);
+        if (selc > 0) {
+            int o = out_run + sel_incl - selc;
+#pragma unroll
+            for (int w = 0; w < kMaxWords; w++) {
+                uint32_t b = gt[w];
+                while (b) {
+                    const int i = __ffs(b) - 1;
+                    b &= b - 1u;
+                    idx[o++] = k0 + 32 * w + i;
+                }
+            }
+            const int e = ent_run + ent_incl - 1;
+            ej[e] = j;
+#pragma unroll
+            for (int w = 0; w < kMaxWords; w++)
+                if (w < W) em[(int64_t)e * W + w] = gt[w];
+        }
+        eq_run += eq_tot, out_run += sel_tot, ent_run += ent_tot;
+    }
+    for (int i = out_run + tid; i < K; i += kTopkThreads) idx[i] = -1;
+    if (tid == 0) p.count[t] = out_run, p.ent_n[t] = ent_run;
+}
+
+struct TableParams {
+    const int32_t *ent_j, *ent_n, *token_seq, *block_table;
+    const uint32_t *ent_mask;
+    int32_t *indptr, *indices, *pages, *flags;
+    uint32_t *tmask;
+    int K, W, groups, max_blocks, block_size;
+};
+
+/* a CTA per row r = t * groups + g: the token's staged entries at their CSR place */
+__global__ void __launch_bounds__(128) dsa_table_kernel(const TableParams p) {
+    osp_pdl_begin();
+    __shared__ int sSum[4];
+    const int r = (int)blockIdx.x, t = r / p.groups, g = r % p.groups, tid = (int)threadIdx.x;
+    int part = 0;
+    for (int i = tid; i < t; i += 128) part += p.ent_n[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+    if ((tid & 31) == 0) sSum[tid >> 5] = part;
+    __syncthreads();
+    const int before = sSum[0] + sSum[1] + sSum[2] + sSum[3];
+    const int n = p.ent_n[t], e0 = p.groups * before + g * n;
+    if (tid == 0) {
+        p.indptr[r + 1] = e0 + n;
+        if (r == 0) p.indptr[0] = 0;
+    }
+    const int s = p.token_seq[t];
+    for (int i = tid; i < n; i += 128) {
+        const int j = p.ent_j[(int64_t)t * p.K + i], e = e0 + i;
+        p.indices[e] = j;
+        p.pages[e] = p.block_table[(int64_t)s * p.max_blocks + j];
+        bool full = true;
+        for (int w = 0; w < p.W; w++) {
+            const uint32_t m = p.ent_mask[((int64_t)t * p.K + i) * p.W + w];
+            const int nb = min(32, p.block_size - 32 * w);
+            full = full && m == (nb >= 32 ? 0xffffffffu : (1u << nb) - 1u);
+            p.tmask[(int64_t)e * p.W + w] = m;
+        }
+        p.flags[e] = full ? 1 /* OSP_WT_FULL */ : 0;
+    }
+}
+
+template <int DI, int NT> int score_smem() {
+    return (8 * NT * (DI + 8) + kTileKeys * (DI + 8)) * 2 + (8 * NT + kTileKeys) * 4 + kBins * 4;
+}
+
+template <int DI, int NT> osp_status launch_score(const ScoreParams &prm, dim3 grid, cudaStream_t st) {
+    const int smem = score_smem<DI, NT>();
+    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_score_kernel<DI, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    osp_launch(dsa_score_kernel<DI, NT>, grid, kScoreThreads, (size_t)smem, st, prm);
+    OSP_CUDA_LAUNCH_CHECK("dsa_score_kernel");
+    return OSP_OK;
+}
+
+} // namespace
+} // namespace osp_dsa
+
+using namespace osp_dsa;
+
+extern "C" osp_status osp_cuda_dsa_score(const uint16_t *d_q, const float *d_w, const uint8_t *d_k_codes,
+                                         const float *d_k_scales, const int32_t *d_positions, const int32_t *d_token_seq,
+                                         const int32_t *d_block_table, int32_t max_blocks, int32_t block_size, int64_t T,
+                                         int n_heads, int head_dim, int32_t max_ctx, float *d_scores, uint32_t *d_hist,
+                                         void *stream) {
+    if (!d_q || !d_w || !d_k_codes || !d_k_scales || !d_positions || !d_token_seq || !d_block_table || !d_scores || !d_hist)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa score: NULL argument");
+    if ((head_dim != 64 && head_dim != 128) || (n_heads != 16 && n_heads != 32 && n_heads != 64))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa score: %d heads of %d (16 / 32 / 64 heads of 64 / 128)", n_heads,
+                             head_dim);
+    if (block_size < 1 || max_blocks < 1 || max_ctx < 1 || T < 0 || T > 65535)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa score: block %d, %d blocks, max_ctx %d, T %lld", block_size,
+                             max_blocks, max_ctx, (long long)T);
+    if (((uintptr_t)d_q | (uintptr_t)d_k_codes) & 15u)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa score: q and the key pages must be 16-byte aligned");
+    if (T == 0) return OSP_OK;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    OSP_CUDA_TRY(cudaMemsetAsync(d_hist, 0, sizeof(uint32_t) * (size_t)T * kBins, st));
+    ScoreParams prm = {};
+    prm.q = d_q, prm.w = d_w, prm.codes = d_k_codes, prm.scales = d_k_scales, prm.positions = d_positions;
+    prm.token_seq = d_token_seq, prm.block_table = d_block_table, prm.scores = d_scores, prm.hist = d_hist;
+    prm.max_blocks = max_blocks, prm.block_size = block_size, prm.max_ctx = max_ctx;
+    /* tiles a CTA: about 6 CTAs an SM's worth of work over the launch (no bit depends on it) */
+    const int64_t tiles = (max_ctx + kTileKeys - 1) / kTileKeys;
+    int64_t tpc = (tiles * T + 799) / 800;
+    tpc = tpc < 1 ? 1 : tpc > 16 ? 16 : tpc;
+    prm.tiles_per_cta = (int)tpc;
+    const dim3 grid((unsigned)((tiles + tpc - 1) / tpc), (unsigned)T);
+    if (head_dim == 128) {
+        if (n_heads == 64) return launch_score<128, 8>(prm, grid, st);
+        if (n_heads == 32) return launch_score<128, 4>(prm, grid, st);
+        return launch_score<128, 2>(prm, grid, st);
+    }
+    if (n_heads == 64) return launch_score<64, 8>(prm, grid, st);
+    if (n_heads == 32) return launch_score<64, 4>(prm, grid, st);
+    return launch_score<64, 2>(prm, grid, st);
+}
+
+extern "C" osp_status osp_cuda_dsa_topk(const float *d_scores, const uint32_t *d_hist, const int32_t *d_positions,
+                                        int64_t T, int32_t max_ctx, int32_t top_k, int32_t block_size, int32_t *d_idx,
+                                        int32_t *d_count, int32_t *d_ent_j, uint32_t *d_ent_mask, int32_t *d_ent_n,
+                                        void *stream) {
+    if (!d_scores || !d_hist || !d_positions || !d_idx || !d_count || !d_ent_j || !d_ent_mask || !d_ent_n)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa top-k: NULL argument");
+    if (top_k < 1 || max_ctx < 1 || block_size < 1 || block_size > 32 * kMaxWords || T < 0 || T > INT32_MAX / 2)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa top-k: top_k %d, max_ctx %d, block %d (1 .. 256), T %lld", top_k,
+                             max_ctx, block_size, (long long)T);
+    if (T == 0) return OSP_OK;
+    TopkParams prm = {};
+    prm.scores = d_scores, prm.hist = d_hist, prm.positions = d_positions, prm.idx = d_idx, prm.count = d_count;
+    prm.ent_j = d_ent_j, prm.ent_n = d_ent_n, prm.ent_mask = d_ent_mask;
+    prm.max_ctx = max_ctx, prm.K = top_k, prm.block_size = block_size, prm.W = (block_size + 31) / 32;
+    const int smem = kCand * (int)sizeof(uint32_t);
+    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    osp_launch(dsa_topk_kernel, dim3((unsigned)T), kTopkThreads, (size_t)smem, static_cast<cudaStream_t>(stream), prm);
+    OSP_CUDA_LAUNCH_CHECK("dsa_topk_kernel");
+    return OSP_OK;
+}
+
+extern "C" osp_status osp_cuda_dsa_table(const int32_t *d_ent_j, const uint32_t *d_ent_mask, const int32_t *d_ent_n,
+                                         int32_t top_k, const int32_t *d_token_seq, const int32_t *d_block_table,
+                                         int32_t max_blocks, int32_t block_size, int64_t T, int groups,
+                                         int32_t *d_indptr, int32_t *d_indices, int32_t *d_pages, int32_t *d_flags,
+                                         uint32_t *d_tmask, void *stream) {
+    if (!d_ent_j || !d_ent_mask || !d_ent_n || !d_token_seq || !d_block_table || !d_indptr || !d_indices || !d_pages ||
+        !d_flags || !d_tmask)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa table: NULL argument");
+    if (top_k < 1 || block_size < 1 || block_size > 32 * kMaxWords || max_blocks < 1 || groups < 1 || T < 0 ||
+        T * groups > INT32_MAX / 2)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "dsa table: top_k %d, block %d, %lld x %d rows", top_k, block_size,
+                             (long long)T, groups);
+    if (T == 0) return OSP_OK;
+    TableParams prm = {};
+    prm.ent_j = d_ent_j, prm.ent_n = d_ent_n, prm.token_seq = d_token_seq, prm.block_table = d_block_table;
+    prm.ent_mask = d_ent_mask, prm.indptr = d_indptr, prm.indices = d_indices, prm.pages = d_pages, prm.flags = d_flags;
+    prm.tmask = d_tmask, prm.K = top_k, prm.W = (block_size + 31) / 32, prm.groups = groups, prm.max_blocks = max_blocks;
+    prm.block_size = block_size;
+    osp_launch(dsa_table_kernel, dim3((unsigned)(T * groups)), 128, 0, static_cast<cudaStream_t>(stream), prm);
+    OSP_CUDA_LAUNCH_CHECK("dsa_table_kernel");
+    return OSP_OK;
+}
