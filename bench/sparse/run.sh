@@ -5,6 +5,9 @@
 #                   launch on; 2 K/V stages), then sparse_decode_bench (issue 15's timings)
 #   run.sh sanitize compute-sanitizer memcheck and racecheck on the test's OSPREY_TEST_SANITIZER_SUBSET cases
 #   run.sh bench2   sparse_decode_bench with 2 K/V stages (OSPREY_SPARSE_STAGES=2)
+#   run.sh dsa      the DSA lightning indexer's test (test_gpu_dsa, then with programmatic dependent launch)
+#                   and `sparse_decode_bench dsa` (indexer + sparse attention vs dense at 128k, batch 1 and 8)
+#   run.sh dsa-sanitize  compute-sanitizer memcheck and racecheck on test_gpu_dsa's small cases
 # (split so each fits one 10-minute device call). One line a step, the bench's table, a summary; full
 # output in $OUT/sparse.log when OUT is set.
 set -uo pipefail
@@ -44,8 +47,24 @@ elif [ "$what" = bench2 ]; then
     echo "==== sparse_decode_bench (OSPREY_SPARSE_STAGES=2)" | tee -a "$LOG"
     OSPREY_SPARSE_STAGES=2 $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
+elif [ "$what" = dsa ]; then
+    [ -x $G/bin/test_gpu_dsa ] || { echo "sparse run: no test_gpu_dsa in the tarball (bench/sparse/pack.sh)"; exit 1; }
+    step test_gpu_dsa $G/bin/test_gpu_dsa
+    [ $fails = 0 ] || { echo "---- test_gpu_dsa output (tail):"; tail -80 "$LOG"; }
+    step "test_gpu_dsa (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/test_gpu_dsa
+    grep -E '^  (int|random|all equal|3 distinct|e2e)' "$LOG" | head -60
+    echo "==== sparse_decode_bench dsa" | tee -a "$LOG"
+    $G/bin/sparse_decode_bench dsa 2>&1 | tee -a "$LOG" | grep -v '^json '
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
+    echo "==== sparse_decode_bench tokens (the sparse kernel on a host-built table)" | tee -a "$LOG"
+    $G/bin/sparse_decode_bench tokens 2>&1 | tee -a "$LOG" | grep -v '^json '
+elif [ "$what" = dsa-sanitize ]; then
+    command -v compute-sanitizer >/dev/null || { echo "sparse run: no compute-sanitizer"; exit 1; }
+    step "memcheck test_gpu_dsa (subset)" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool memcheck --error-exitcode 9 $G/bin/test_gpu_dsa
+    step "racecheck test_gpu_dsa (subset)" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool racecheck --error-exitcode 9 $G/bin/test_gpu_dsa
+    [ $fails = 0 ] || { echo "---- sanitizer output (tail):"; tail -40 "$LOG"; }
 else
-    echo "sparse run: test, sanitize or bench2"; exit 2
+    echo "sparse run: test, sanitize, bench2, dsa or dsa-sanitize"; exit 2
 fi
 echo "sparse run: $fails failed (log: $LOG)"
 exit $((fails > 0))

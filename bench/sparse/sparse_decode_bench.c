@@ -21,7 +21,12 @@
  * selection, osp_cuda_quest_table's work table, the sparse kernel: three launches and the table's two)
  * against dense.
  *
- * Usage: sparse_decode_bench [pages|tokens|all] (default all). One JSON object a row on stdout after the
+ *   dsa     ctx 131,072, batch 1 and 8: the DSA lightning indexer on the GPU (dsa_indexer.cu; H_I 64, d_I
+ *           128, FP8 E4M3 index keys with a scale a token, random q_I / w / keys; k 2,048): scoring, top-k
+ *           and the device work table timed apart, the sparse attention on that table, the whole chain
+ *           (four launches and a memset), and dense / (indexer + sparse): issue 15's 8x goal.
+ *
+ * Usage: sparse_decode_bench [pages|tokens|dsa|all] (default all). One JSON object a row on stdout after the
  * table (prefix "json ") for RESULTS.md. */
 #include <cuda_runtime.h>
 #include <stdbool.h>
@@ -335,6 +340,166 @@ static void run(char kind, int B, int ctx, int budget, const char *label) {
     free(bt), free(qsl), free(pos), free(sl), free(tok), free(q), free(ci), free(cand);
 }
 
+/* ---- the DSA path: indexer (score, top-k, table) -> sparse attention, against dense ---- */
+#define HI 64
+#define DI 128
+#define TOPK 2048
+
+typedef struct {
+    bench_ctx *c;
+    const uint16_t *d_qi;
+    const float *d_w, *d_scales;
+    const uint8_t *d_codes;
+    float *d_scores;
+    uint32_t *d_hist, *d_em;
+    int32_t *d_idx, *d_cnt, *d_ej, *d_en;
+    int32_t *d_ip, *d_ind, *d_pg, *d_fl;
+    uint32_t *d_tm;
+} dsa_ctx;
+
+static void launch_dsa_score(void *p) {
+    dsa_ctx *x = p;
+    bench_ctx *c = x->c;
+    OK(osp_cuda_dsa_score(x->d_qi, x->d_w, x->d_codes, x->d_scales, c->d_pos, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, HI,
+                          DI, c->ctx, x->d_scores, x->d_hist, NULL));
+}
+static void launch_dsa_topk(void *p) {
+    dsa_ctx *x = p;
+    bench_ctx *c = x->c;
+    OK(osp_cuda_dsa_topk(x->d_scores, x->d_hist, c->d_pos, c->B, c->ctx, TOPK, BS, x->d_idx, x->d_cnt, x->d_ej, x->d_em,
+                         x->d_en, NULL));
+}
+static void launch_dsa_table(void *p) {
+    dsa_ctx *x = p;
+    bench_ctx *c = x->c;
+    OK(osp_cuda_dsa_table(x->d_ej, x->d_em, x->d_en, TOPK, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, HKV, x->d_ip, x->d_ind,
+                          x->d_pg, x->d_fl, x->d_tm, NULL));
+}
+static void launch_dsa_indexer(void *p) {
+    launch_dsa_score(p), launch_dsa_topk(p), launch_dsa_table(p);
+}
+static void launch_dsa_sparse(void *p) { launch_sparse(((dsa_ctx *)p)->c); }
+static void launch_dsa_step(void *p) {
+    launch_dsa_indexer(p);
+    launch_dsa_sparse(p);
+}
+
+static void run_dsa(int B, int ctx) {
+    bench_ctx c = {.B = B, .ctx = ctx};
+    c.nb_seq = (ctx + BS - 1) / BS;
+    const int64_t nblocks = (int64_t)B * c.nb_seq;
+    const size_t nval = (size_t)nblocks * BS * HKV * D;
+    c.k = random_pages(nval), c.v = random_pages(nval);
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)nblocks);
+    for (int64_t i = 0; i < nblocks; i++) bt[i] = (int32_t)i;
+    for (int64_t i = nblocks - 1; i > 0; i--) {
+        const int64_t j = (int64_t)(rnd64() % (uint64_t)(i + 1));
+        const int32_t t = bt[i];
+        bt[i] = bt[j], bt[j] = t;
+    }
+    int32_t qsl[9], pos[8], sl[8], tok[8];
+    for (int s = 0; s <= B; s++) qsl[s] = s;
+    for (int s = 0; s < B; s++) pos[s] = ctx - 1, sl[s] = ctx, tok[s] = s;
+    uint16_t *q = malloc(sizeof(uint16_t) * (size_t)B * H * D);
+    for (int64_t i = 0; i < (int64_t)B * H * D; i++) q[i] = osp_fp32_to_bf16(rnd_unit() * 2.0f);
+    /* index keys: random E4M3 codes of values in [-1, 1) (a random pattern tiled), scales ~1/448 */
+    const size_t slots = (size_t)nblocks * BS, ncodes = slots * DI, pat = 1u << 24; /* few repeats: few ties */
+    uint8_t *hc = malloc(pat);
+    for (size_t i = 0; i < pat; i++) hc[i] = osp_fp32_to_e4m3(rnd_unit() * 448.0f);
+    dsa_ctx x = {.c = &c};
+    OK(osp_cuda_malloc((void **)&x.d_codes, ncodes, "index codes"));
+    for (size_t off = 0; off < ncodes; off += pat - 64) {
+        const size_t m = ncodes - off < pat ? ncodes - off : pat;
+        CK(cudaMemcpy((uint8_t *)x.d_codes + off, hc, m, cudaMemcpyHostToDevice));
+    }
+    free(hc);
+    float *hs = malloc(sizeof(float) * slots);
+    for (size_t i = 0; i < slots; i++) hs[i] = (1.0f + 0.25f * rnd_unit()) / 448.0f;
+    OK(osp_cuda_malloc((void **)&x.d_scales, sizeof(float) * slots, "index scales"));
+    CK(cudaMemcpy((void *)x.d_scales, hs, sizeof(float) * slots, cudaMemcpyHostToDevice));
+    free(hs);
+    uint16_t *hq = malloc(sizeof(uint16_t) * (size_t)B * HI * DI);
+    for (int64_t i = 0; i < (int64_t)B * HI * DI; i++) hq[i] = osp_fp32_to_bf16(rnd_unit());
+    float *hw = malloc(sizeof(float) * (size_t)B * HI);
+    for (int64_t i = 0; i < (int64_t)B * HI; i++) hw[i] = rnd_unit();
+    OK(osp_cuda_malloc((void **)&x.d_qi, sizeof(uint16_t) * (size_t)B * HI * DI, "q_I"));
+    OK(osp_cuda_malloc((void **)&x.d_w, sizeof(float) * (size_t)B * HI, "w"));
+    CK(cudaMemcpy((void *)x.d_qi, hq, sizeof(uint16_t) * (size_t)B * HI * DI, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy((void *)x.d_w, hw, sizeof(float) * (size_t)B * HI, cudaMemcpyHostToDevice));
+    free(hq), free(hw);
+    const int rows = B * HKV;
+    OK(osp_cuda_malloc((void **)&x.d_scores, sizeof(float) * (size_t)B * ctx, "scores"));
+    OK(osp_cuda_malloc((void **)&x.d_hist, sizeof(uint32_t) * (size_t)B * 4096, "hist"));
+    OK(osp_cuda_malloc((void **)&x.d_idx, sizeof(int32_t) * (size_t)B * TOPK, "idx"));
+    OK(osp_cuda_malloc((void **)&x.d_cnt, sizeof(int32_t) * (size_t)B, "count"));
+    OK(osp_cuda_malloc((void **)&x.d_ej, sizeof(int32_t) * (size_t)B * TOPK, "ent_j"));
+    OK(osp_cuda_malloc((void **)&x.d_em, sizeof(uint32_t) * (size_t)B * TOPK, "ent_mask"));
+    OK(osp_cuda_malloc((void **)&x.d_en, sizeof(int32_t) * (size_t)B, "ent_n"));
+    const size_t cap = (size_t)rows * TOPK;
+    OK(osp_cuda_malloc((void **)&x.d_ip, sizeof(int32_t) * (size_t)(rows + 1), "indptr"));
+    OK(osp_cuda_malloc((void **)&x.d_ind, sizeof(int32_t) * cap, "indices"));
+    OK(osp_cuda_malloc((void **)&x.d_pg, sizeof(int32_t) * cap, "pages"));
+    OK(osp_cuda_malloc((void **)&x.d_fl, sizeof(int32_t) * cap, "flags"));
+    OK(osp_cuda_malloc((void **)&x.d_tm, sizeof(uint32_t) * cap, "tmask"));
+    OK(osp_cuda_malloc((void **)&c.d_qsl, sizeof(int32_t) * (size_t)(B + 1), "qsl"));
+    OK(osp_cuda_malloc((void **)&c.d_pos, sizeof(int32_t) * (size_t)B, "pos"));
+    OK(osp_cuda_malloc((void **)&c.d_sl, sizeof(int32_t) * (size_t)B, "seq_lens"));
+    OK(osp_cuda_malloc((void **)&c.d_tok, sizeof(int32_t) * (size_t)B, "token_seq"));
+    OK(osp_cuda_malloc((void **)&c.d_bt, sizeof(int32_t) * (size_t)nblocks, "bt"));
+    OK(osp_cuda_malloc((void **)&c.d_q, sizeof(uint16_t) * (size_t)B * H * D, "q"));
+    OK(osp_cuda_malloc((void **)&c.d_out, sizeof(uint16_t) * (size_t)B * H * D, "out"));
+    CK(cudaMemcpy(c.d_qsl, qsl, sizeof(int32_t) * (size_t)(B + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_pos, pos, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_sl, sl, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_tok, tok, sizeof(int32_t) * (size_t)B, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_bt, bt, sizeof(int32_t) * (size_t)nblocks, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(c.d_q, q, sizeof(uint16_t) * (size_t)B * H * D, cudaMemcpyHostToDevice));
+    const size_t wsd = osp_cuda_attention_workspace_bytes(B, H, D, ctx);
+    if (wsd) OK(osp_cuda_malloc(&c.ws_dense, wsd, "ws dense"));
+    c.tab = (osp_cuda_sparse_table){.d_indptr = x.d_ip, .d_indices = x.d_ind, .d_pages = x.d_pg, .d_flags = x.d_fl,
+                                    .d_tmask = x.d_tm, .num_rows = rows, .groups = HKV, .mask_words = 1,
+                                    .max_row_tiles = TOPK};
+    c.ws_sparse_bytes = osp_cuda_sparse_workspace_bytes(B, H, D, TOPK, BS);
+    if (c.ws_sparse_bytes) OK(osp_cuda_malloc(&c.ws_sparse, c.ws_sparse_bytes, "ws sparse"));
+
+    launch_dsa_indexer(&x); /* the table the sparse kernel reads, then the selection's shape */
+    CK(cudaDeviceSynchronize());
+    int32_t hip[65], hcnt[8], hen[8];
+    CK(cudaMemcpy(hip, x.d_ip, sizeof(int32_t) * (size_t)(rows + 1), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hcnt, x.d_cnt, sizeof(int32_t) * (size_t)B, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hen, x.d_en, sizeof(int32_t) * (size_t)B, cudaMemcpyDeviceToHost));
+    int kept = 0, ents = 0;
+    for (int s = 0; s < B; s++) kept += hcnt[s], ents += hen[s];
+
+    const double us_d = time_us(launch_dense, &c);
+    const double us_sc = time_us(launch_dsa_score, &x), us_tk = time_us(launch_dsa_topk, &x);
+    const double us_tb = time_us(launch_dsa_table, &x), us_ix = time_us(launch_dsa_indexer, &x);
+    const double us_sp = time_us(launch_dsa_sparse, &x), us_st = time_us(launch_dsa_step, &x);
+    const double key_bytes = (double)B * ctx * (DI + 4); /* codes + scales */
+    const double bytes_s = (double)kept * HKV * D * 2.0 * 2.0 + (double)hip[rows] * 16.0;
+    const double bytes_d = (double)B * ctx * HKV * D * 2.0 * 2.0;
+    printf("dsa     B %d ctx %6d k %d | score %7.1f us (%.1f MB keys: %5.0f GB/s) | top-k %6.1f us | table %5.1f us | "
+           "indexer %7.1f us | sparse %6.1f us (%d tokens, %.0f pages a token) | indexer + sparse %7.1f us, chained %7.1f us "
+           "| dense %8.1f us (%5.0f GB/s) | dense / (indexer + sparse) %5.2fx, dense / chained %5.2fx, dense / sparse %5.2fx\n",
+           B, ctx, TOPK, us_sc, key_bytes / 1e6, key_bytes / (us_sc * 1e3), us_tk, us_tb, us_ix, us_sp, kept,
+           (double)ents / B, us_ix + us_sp, us_st, us_d, bytes_d / (us_d * 1e3), us_d / (us_ix + us_sp), us_d / us_st,
+           us_d / us_sp);
+    printf("json {\"kind\": \"dsa\", \"B\": %d, \"ctx\": %d, \"topk\": %d, \"score_us\": %.2f, \"topk_us\": %.2f, "
+           "\"table_us\": %.2f, \"indexer_us\": %.2f, \"sparse_us\": %.2f, \"step_us\": %.2f, \"dense_us\": %.2f, "
+           "\"key_bytes\": %.0f, \"sparse_bytes\": %.0f, \"entries\": %d, \"kept\": %d, \"ratio\": %.3f}\n",
+           B, ctx, TOPK, us_sc, us_tk, us_tb, us_ix, us_sp, us_st, us_d, key_bytes, bytes_s, hip[rows], kept,
+           us_d / (us_ix + us_sp));
+    fflush(stdout);
+    osp_cuda_free((void *)x.d_codes), osp_cuda_free((void *)x.d_scales), osp_cuda_free((void *)x.d_qi);
+    osp_cuda_free((void *)x.d_w), osp_cuda_free(x.d_scores), osp_cuda_free(x.d_hist), osp_cuda_free(x.d_idx);
+    osp_cuda_free(x.d_cnt), osp_cuda_free(x.d_ej), osp_cuda_free(x.d_em), osp_cuda_free(x.d_en);
+    osp_cuda_free(x.d_ip), osp_cuda_free(x.d_ind), osp_cuda_free(x.d_pg), osp_cuda_free(x.d_fl), osp_cuda_free(x.d_tm);
+    osp_cuda_free(c.d_qsl), osp_cuda_free(c.d_pos), osp_cuda_free(c.d_sl), osp_cuda_free(c.d_tok);
+    osp_cuda_free(c.d_bt), osp_cuda_free(c.d_q), osp_cuda_free(c.d_out), osp_cuda_free(c.ws_dense);
+    osp_cuda_free(c.ws_sparse), osp_cuda_free(c.k), osp_cuda_free(c.v);
+    free(bt), free(q);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     if (osp_cuda_device_count() == 0) {
@@ -353,6 +518,10 @@ int main(int argc, char **argv) {
     if (all || !strcmp(what, "tokens")) {
         run('t', 1, 131072, 2048, "tokens");
         run('t', 8, 131072, 2048, "tokens");
+    }
+    if (all || !strcmp(what, "dsa")) {
+        run_dsa(1, 131072);
+        run_dsa(8, 131072);
     }
     return 0;
 }
