@@ -276,11 +276,21 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams
         const bool in_smem = (int)sHist[b1] <= kCand;
         __syncthreads(); /* sHist reused below */
         if (in_smem) {
-            for (int i = tid; i < n; i += kTopkThreads) {
-                const uint32_t key = order_key(sc[i]);
-                if ((key >> 20) == b1) {
-                    const int slot = atomicAdd(&sCnt, 1);
-                    if (slot < kCand) sCand[slot] = key; /* always: the bin holds <= kCand keys */
+            constexpr int U = 8; /* loads in flight a thread (one SM reads the token's n scores) */
+            for (int i0 = 0; i0 < n; i0 += U * kTopkThreads) {
+                float v[U];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int i = i0 + u * kTopkThreads + tid;
+                    v[u] = i < n ? sc[i] : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const uint32_t key = order_key(v[u]);
+                    if (i0 + u * kTopkThreads + tid < n && (key >> 20) == b1) {
+                        const int slot = atomicAdd(&sCnt, 1);
+                        if (slot < kCand) sCand[slot] = key; /* always: the bin holds <= kCand keys */
+                    }
                 }
             }
             __syncthreads();
@@ -321,14 +331,18 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams
             gt[w] = eq[w] = 0u;
             if (32 * w < cnt) {
                 const int m = min(32, cnt - 32 * w);
-                for (int b = 0; b < m; b++) {
-                    if (all) {
-                        gt[w] |= 1u << b;
-                        continue;
+                if (all) {
+                    gt[w] = m >= 32 ? 0xffffffffu : (1u << m) - 1u;
+                } else {
+                    float v[32]; /* the word's scores: independent loads, all in flight */
+#pragma unroll
+                    for (int b = 0; b < 32; b++) v[b] = b < m ? sc[k0 + 32 * w + b] : 0.0f;
+#pragma unroll
+                    for (int b = 0; b < 32; b++) {
+                        const uint32_t key = order_key(v[b]);
+                        gt[w] |= (b < m && key > thr ? 1u : 0u) << b;
+                        eq[w] |= (b < m && key == thr ? 1u : 0u) << b;
                     }
-                    const uint32_t key = order_key(sc[k0 + 32 * w + b]);
-                    gt[w] |= (key > thr ? 1u : 0u) << b;
-                    eq[w] |= (key == thr ? 1u : 0u) << b;
                 }
                 eqc += __popc(eq[w]);
             }
