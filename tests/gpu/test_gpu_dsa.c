@@ -26,7 +26,9 @@
  * End to end: indexer -> device table -> osp_cuda_sparse_attention_decode against osp_dsa_select ->
  * osp_sparse_wt_build -> osp_sparse_attention_cpu (exact inputs, so the selections are the same), within
  * test_gpu_sparse's tolerance. Each case prints its worst score error / bound and the first differing
- * index, if any. */
+ * index, if any. The whole group runs twice: with the top-k over a cluster of CTAs a token (the default) and
+ * with one CTA a token (OSPREY_DSA_TOPK=cta). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -601,5 +603,13 @@ int main(void) {
         cmocka_unit_test(test_random),
         cmocka_unit_test(test_end_to_end),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    /* both top-k kernels: a cluster of CTAs a token (the default), then one CTA a token */
+    static const char *variants[] = {"cluster", "cta"};
+    int rc = 0;
+    for (int v = 0; v < 2; v++) {
+        setenv("OSPREY_DSA_TOPK", variants[v], 1);
+        printf("test_gpu_dsa: top-k kernel: %s\n", variants[v]);
+        rc |= cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    return rc;
 }

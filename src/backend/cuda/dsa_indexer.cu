@@ -33,9 +33,12 @@
 #include "backend/cuda/attention_mma.cuh" /* ldsm_x4, mma16816, smem_u32, e4m3x2_to_f16x2, clamp_f16_range */
 #include "backend/cuda/cuda_ops.h"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 namespace osp_dsa {
 namespace {
@@ -387,6 +390,203 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams
     if (tid == 0) p.count[t] = out_run, p.ent_n[t] = ent_run;
 }
 
+/* ---- the top-k over a cluster of kCluster CTAs a token (the default; OSPREY_DSA_TOPK=cta: the kernel
+ * above). The same selection: each CTA owns a slice of the token's pages (ascending by rank); the radix
+ * histograms are summed over the cluster through distributed shared memory, every CTA finds the same
+ * digits; the emission runs per slice with the running counts (equal keys, positions, entries) of the
+ * slices before it, exchanged the same way: three short passes over the slice instead of two over the
+ * whole history on one SM. */
+constexpr int kCluster = 8;
+
+/* The selection over pages [pg_lo, pg_hi): keys > thr, and keys == thr while the equal keys before them
+ * (from eq_run, in position order) number < krem. write: positions to idx from out_run, entries to ej / em
+ * from ent_run; the slice's counts through *sel_n, *ent_n, *eq_n. */
+__device__ __forceinline__ void emit_pages(const float *sc, int n, int bs, int W, bool all, uint32_t thr, int krem,
+                                           int pg_lo, int pg_hi, bool write, int eq_run, int out_run, int ent_run,
+                                           int32_t *idx, int32_t *ej, uint32_t *em, int *sWarp, int *sel_n,
+                                           int *ent_n) {
+    const int tid = (int)threadIdx.x;
+    int sel_sum = 0, ent_sum = 0;
+    for (int j0 = pg_lo; j0 < pg_hi; j0 += kTopkThreads) {
+        const int j = j0 + tid, k0 = j * bs, cnt = j < pg_hi ? min(bs, n - k0) : 0;
+        uint32_t gt[kMaxWords], eq[kMaxWords];
+        int eqc = 0;
+#pragma unroll
+        for (int w = 0; w < kMaxWords; w++) {
+            gt[w] = eq[w] = 0u;
+            if (32 * w < cnt) {
+                const int m = min(32, cnt - 32 * w);
+                if (all) {
+                    gt[w] = m >= 32 ? 0xffffffffu : (1u << m) - 1u;
+                } else {
+                    float v[32];
+#pragma unroll
+                    for (int b = 0; b < 32; b++) v[b] = b < m ? sc[k0 + 32 * w + b] : 0.0f;
+#pragma unroll
+                    for (int b = 0; b < 32; b++) {
+                        const uint32_t key = order_key(v[b]);
+                        gt[w] |= (b < m && key > thr ? 1u : 0u) << b;
+                        eq[w] |= (b < m && key == thr ? 1u : 0u) << b;
+                    }
+                }
+                eqc += __popc(eq[w]);
+            }
+        }
+        int eq_tot;
+        const int eq_incl = block_scan(eqc, sWarp, &eq_tot);
+        int keep = krem - (eq_run + eq_incl - eqc);
+        int selc = 0;
+#pragma unroll
+        for (int w = 0; w < kMaxWords; w++) {
+            uint32_t e = eq[w];
+            while (e) {
+                const uint32_t low = e & (0u - e);
+                if (keep > 0) gt[w] |= low, keep--;
+                e ^= low;
+            }
+            selc += __popc(gt[w]);
+        }
+        int sel_tot, ent_tot;
+        const int sel_incl = block_scan(selc, sWarp, &sel_tot);
+        const int ent_incl = block_scan(selc > 0 ? 1 : 0, sWarp, &ent_tot);
+        if (write && selc > 0) {
+            int o = out_run + sel_incl - selc;
+#pragma unroll
+            for (int w = 0; w < kMaxWords; w++) {
+                uint32_t b = gt[w];
+                while (b) {
+                    const int i = __ffs(b) - 1;
+                    b &= b - 1u;
+                    idx[o++] = k0 + 32 * w + i;
+                }
+            }
+            const int e = ent_run + ent_incl - 1;
+            ej[e] = j;
+#pragma unroll
+            for (int w = 0; w < kMaxWords; w++)
+                if (w < W) em[(int64_t)e * W + w] = gt[w];
+        }
+        eq_run += eq_tot, out_run += sel_tot, ent_run += ent_tot, sel_sum += sel_tot, ent_sum += ent_tot;
+    }
+    *sel_n = sel_sum, *ent_n = ent_sum;
+}
+
+__global__ void __launch_bounds__(kTopkThreads) dsa_topk_cluster_kernel(const TopkParams p) {
+    osp_pdl_begin();
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ uint32_t sHist[kBins];
+    __shared__ uint32_t sPass[2][256]; /* this CTA's radix histogram (read by the cluster), double-buffered */
+    __shared__ int sWarp[32], sRes[2], sCnt, sBefore[3];
+    __shared__ int sEx[3]; /* this slice's equal keys, selected positions, entries (read by the cluster) */
+    extern __shared__ uint32_t sCand[]; /* [kCand] */
+    const int tid = (int)threadIdx.x, t = (int)blockIdx.y, rank = (int)cl.block_rank();
+    const int n = min(p.positions[t] + 1, p.max_ctx), K = p.K, bs = p.block_size, W = p.W;
+    const float *sc = p.scores + (int64_t)t * p.max_ctx;
+    const bool all = n <= K;
+    const int np = (n + bs - 1) / bs, pp = (np + kCluster - 1) / kCluster;
+    const int pg_lo = min(np, rank * pp), pg_hi = min(np, pg_lo + pp);
+    const int x_lo = min(n, pg_lo * bs), x_hi = min(n, pg_hi * bs);
+    uint32_t thr = 0u;
+    int krem = 0;
+    if (!all) {
+        for (int i = tid; i < kBins; i += kTopkThreads) sHist[i] = p.hist[(int64_t)t * kBins + i];
+        if (tid == 0) sCnt = 0;
+        __syncthreads();
+        find_digit(sHist, kBins, K, sWarp, sRes);
+        const uint32_t b1 = (uint32_t)sRes[0];
+        krem = K - sRes[1];
+        const bool in_smem = (int)sHist[b1] <= kCand; /* the same in every CTA of the cluster */
+        __syncthreads();
+        if (in_smem) {
+            constexpr int U = 8;
+            for (int i0 = x_lo; i0 < x_hi; i0 += U * kTopkThreads) {
+                float v[U];
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int i = i0 + u * kTopkThreads + tid;
+                    v[u] = i < x_hi ? sc[i] : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const uint32_t key = order_key(v[u]);
+                    if (i0 + u * kTopkThreads + tid < x_hi && (key >> 20) == b1) {
+                        const int slot = atomicAdd(&sCnt, 1);
+                        if (slot < kCand) sCand[slot] = key;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        const int nc = in_smem ? min(sCnt, kCand) : x_hi - x_lo;
+        uint32_t prefix = b1 << 20, mask = 0xFFF00000u;
+#pragma unroll
+        for (int ps = 0; ps < 3; ps++) {
+            const int shift = ps == 0 ? 12 : ps == 1 ? 4 : 0, nb = ps == 2 ? 16 : 256;
+            uint32_t *mine = sPass[ps & 1];
+            for (int i = tid; i < 256; i += kTopkThreads) mine[i] = 0u;
+            __syncthreads();
+            for (int i = tid; i < nc; i += kTopkThreads) {
+                const uint32_t key = in_smem ? sCand[i] : order_key(sc[x_lo + i]);
+                if ((key & mask) == prefix) atomicAdd(&mine[(key >> shift) & (uint32_t)(nb - 1)], 1u);
+            }
+            cl.sync(); /* every CTA's histogram of this pass is complete */
+            if (tid < nb) {
+                uint32_t sum = 0u;
+                for (int q = 0; q < kCluster; q++) sum += cl.map_shared_rank(mine, q)[tid];
+                sHist[tid] = sum;
+            }
+            __syncthreads();
+            find_digit(sHist, nb, krem, sWarp, sRes);
+            prefix |= (uint32_t)sRes[0] << shift;
+            mask |= (uint32_t)(nb - 1) << shift;
+            krem -= sRes[1];
+            __syncthreads();
+        }
+        thr = prefix;
+    }
+    int32_t *idx = p.idx + (int64_t)t * K;
+    int32_t *ej = p.ent_j + (int64_t)t * K;
+    uint32_t *em = p.ent_mask + (int64_t)t * K * W;
+    /* 1. this slice's equal keys, then the cluster's before it */
+    int eq_slice = 0;
+    if (!all) {
+        int c = 0;
+        for (int i = x_lo + tid; i < x_hi; i += kTopkThreads) c += order_key(sc[i]) == thr;
+        block_scan(c, sWarp, &eq_slice);
+    }
+    if (tid == 0) sEx[0] = eq_slice;
+    cl.sync();
+    if (tid == 0) {
+        int b = 0;
+        for (int q = 0; q < rank; q++) b += *cl.map_shared_rank(&sEx[0], q);
+        sBefore[0] = b;
+    }
+    __syncthreads();
+    const int eq_before = sBefore[0];
+    /* 2. this slice's selected positions and entries, then the cluster's before it */
+    int sel_n, ent_n;
+    emit_pages(sc, n, bs, W, all, thr, krem, pg_lo, pg_hi, false, eq_before, 0, 0, idx, ej, em, sWarp, &sel_n, &ent_n);
+    if (tid == 0) sEx[1] = sel_n, sEx[2] = ent_n;
+    cl.sync();
+    if (tid == 0) {
+        int a = 0, b = 0;
+        for (int q = 0; q < rank; q++) a += *cl.map_shared_rank(&sEx[1], q), b += *cl.map_shared_rank(&sEx[2], q);
+        sBefore[1] = a, sBefore[2] = b;
+    }
+    __syncthreads();
+    const int out_before = sBefore[1], ent_before = sBefore[2];
+    /* 3. write */
+    emit_pages(sc, n, bs, W, all, thr, krem, pg_lo, pg_hi, true, eq_before, out_before, ent_before, idx, ej, em, sWarp,
+               &sel_n, &ent_n);
+    if (rank == kCluster - 1) {
+        const int total = out_before + sel_n;
+        for (int i = total + tid; i < K; i += kTopkThreads) idx[i] = -1;
+        if (tid == 0) p.count[t] = total, p.ent_n[t] = ent_before + ent_n;
+    }
+    cl.sync(); /* no CTA leaves while another may still read its shared memory */
+}
+
 struct TableParams {
     const int32_t *ent_j, *ent_n, *token_seq, *block_table;
     const uint32_t *ent_mask;
@@ -498,9 +698,30 @@ extern "C" osp_status osp_cuda_dsa_topk(const float *d_scores, const uint32_t *d
     prm.ent_j = d_ent_j, prm.ent_n = d_ent_n, prm.ent_mask = d_ent_mask;
     prm.max_ctx = max_ctx, prm.K = top_k, prm.block_size = block_size, prm.W = (block_size + 31) / 32;
     const int smem = kCand * (int)sizeof(uint32_t);
-    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    osp_launch(dsa_topk_kernel, dim3((unsigned)T), kTopkThreads, (size_t)smem, static_cast<cudaStream_t>(stream), prm);
-    OSP_CUDA_LAUNCH_CHECK("dsa_topk_kernel");
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    const char *v = getenv("OSPREY_DSA_TOPK"); /* "cta": one CTA a token; else a cluster a token */
+    if (v && !strcmp(v, "cta")) {
+        OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        osp_launch(dsa_topk_kernel, dim3((unsigned)T), kTopkThreads, (size_t)smem, st, prm);
+        OSP_CUDA_LAUNCH_CHECK("dsa_topk_kernel");
+        return OSP_OK;
+    }
+    if (T > 65535) return osp_set_error(OSP_ERR_INVALID_ARG, "dsa top-k: T %lld (at most 65,535)", (long long)T);
+    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_topk_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(kCluster, (unsigned)T);
+    cfg.blockDim = dim3(kTopkThreads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = osp_cuda_pdl_enabled() ? 2 : 1;
+    (void)cudaLaunchKernelEx(&cfg, dsa_topk_cluster_kernel, prm);
+    OSP_CUDA_LAUNCH_CHECK("dsa_topk_cluster_kernel");
     return OSP_OK;
 }
 
