@@ -505,7 +505,8 @@ osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, i
  * page for the table: d_ent_n[t] pages holding a selected token, ascending, d_ent_j [T, top_k] their
  * logical page indices and d_ent_mask [T, top_k, ceil(block_size / 32)] their selected slots (bit i: token
  * j * block_size + i). A radix select (12-bit histogram, then 20 bits over that bin's keys in shared
- * memory, or over all keys when the bin holds > 12,288), ties to the lowest positions. block_size <= 256.
+ * memory, or over all keys when the bin holds > 12,288), ties to the lowest positions, by a cluster of 8
+ * CTAs a token (OSPREY_DSA_TOPK=cta: one CTA a token; the same result). block_size <= 256, T <= 65,535.
  *
  * osp_cuda_dsa_table: the work table (src/sparse/worktable.h; q_tile 1, the causal mask) that
  * osp_sparse_wt_build makes from the selected positions as each row's candidates, for T * groups rows (row

@@ -21,6 +21,10 @@
  *                     instead), then one pass over the pages in order: every key above the k-th, the
  *                     first ones (lowest positions) equal to it, written ascending (d_idx), and each page
  *                     holding a selected token as one staged entry with its token bits.
+ *   dsa_topk_cluster_kernel  the default: the same selection by a cluster of 8 CTAs a token, each owning a
+ *                     slice of the pages (radix histograms summed and slice offsets exchanged through
+ *                     distributed shared memory): one SM's L2 bandwidth bounds the one-CTA kernel at 128k
+ *                     (two passes over 512 KB of scores); OSPREY_DSA_TOPK=cta selects the one-CTA kernel.
  *   dsa_table_kernel  a CTA per work-table row (token, head group): the token's staged entries copied to
  *                     its CSR place (indptr from the counts of the tokens before it), pages through the
  *                     block table, FULL when every slot of the page is selected.
@@ -595,25 +599,29 @@ struct TableParams {
     int K, W, groups, max_blocks, block_size;
 };
 
-/* a CTA per row r = t * groups + g: the token's staged entries at their CSR place */
-__global__ void __launch_bounds__(128) dsa_table_kernel(const TableParams p) {
+/* a CTA per row r = t * groups + g: the token's staged entries at their CSR place (1,024 threads: a row's
+ * ~2,000 entries in two rounds of dependent loads, entry -> block table) */
+constexpr int kTableThreads = 1024;
+__global__ void __launch_bounds__(kTableThreads) dsa_table_kernel(const TableParams p) {
     osp_pdl_begin();
-    __shared__ int sSum[4];
+    __shared__ int sSum[kTableThreads / 32];
     const int r = (int)blockIdx.x, t = r / p.groups, g = r % p.groups, tid = (int)threadIdx.x;
     int part = 0;
-    for (int i = tid; i < t; i += 128) part += p.ent_n[i];
+    for (int i = tid; i < t; i += kTableThreads) part += p.ent_n[i];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
     if ((tid & 31) == 0) sSum[tid >> 5] = part;
     __syncthreads();
-    const int before = sSum[0] + sSum[1] + sSum[2] + sSum[3];
+    int before = 0;
+#pragma unroll
+    for (int i = 0; i < kTableThreads / 32; i++) before += sSum[i];
     const int n = p.ent_n[t], e0 = p.groups * before + g * n;
     if (tid == 0) {
         p.indptr[r + 1] = e0 + n;
         if (r == 0) p.indptr[0] = 0;
     }
     const int s = p.token_seq[t];
-    for (int i = tid; i < n; i += 128) {
+    for (int i = tid; i < n; i += kTableThreads) {
         const int j = p.ent_j[(int64_t)t * p.K + i], e = e0 + i;
         p.indices[e] = j;
         p.pages[e] = p.block_table[(int64_t)s * p.max_blocks + j];
@@ -743,7 +751,7 @@ extern "C" osp_status osp_cuda_dsa_table(const int32_t *d_ent_j, const uint32_t 
     prm.ent_mask = d_ent_mask, prm.indptr = d_indptr, prm.indices = d_indices, prm.pages = d_pages, prm.flags = d_flags;
     prm.tmask = d_tmask, prm.K = top_k, prm.W = (block_size + 31) / 32, prm.groups = groups, prm.max_blocks = max_blocks;
     prm.block_size = block_size;
-    osp_launch(dsa_table_kernel, dim3((unsigned)(T * groups)), 128, 0, static_cast<cudaStream_t>(stream), prm);
+    osp_launch(dsa_table_kernel, dim3((unsigned)(T * groups)), kTableThreads, 0, static_cast<cudaStream_t>(stream), prm);
     OSP_CUDA_LAUNCH_CHECK("dsa_table_kernel");
     return OSP_OK;
 }
