@@ -6,7 +6,8 @@
 #   run.sh sanitize compute-sanitizer memcheck and racecheck on the test's OSPREY_TEST_SANITIZER_SUBSET cases
 #   run.sh bench2   sparse_decode_bench with 2 K/V stages (OSPREY_SPARSE_STAGES=2)
 #   run.sh dsa      the DSA lightning indexer's test (test_gpu_dsa, then with programmatic dependent launch)
-#                   and `sparse_decode_bench dsa` (indexer + sparse attention vs dense at 128k, batch 1 and 8)
+#                   and `sparse_decode_bench dsa` (indexer + sparse attention vs dense at 128k, batch 1 and 8;
+#                   again with PDL), then `sparse_decode_bench tokens`
 #   run.sh dsa-sanitize  compute-sanitizer memcheck and racecheck on test_gpu_dsa's small cases
 # (split so each fits one 10-minute device call). One line a step, the bench's table, a summary; full
 # output in $OUT/sparse.log when OUT is set.
@@ -56,6 +57,8 @@ elif [ "$what" = dsa ]; then
     echo "==== sparse_decode_bench dsa" | tee -a "$LOG"
     $G/bin/sparse_decode_bench dsa 2>&1 | tee -a "$LOG" | grep -v '^json '
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
+    echo "==== sparse_decode_bench dsa (OSPREY_CUDA_PDL=1)" | tee -a "$LOG"
+    OSPREY_CUDA_PDL=1 $G/bin/sparse_decode_bench dsa 2>&1 | tee -a "$LOG" | grep -v '^json '
     echo "==== sparse_decode_bench tokens (the sparse kernel on a host-built table)" | tee -a "$LOG"
     $G/bin/sparse_decode_bench tokens 2>&1 | tee -a "$LOG" | grep -v '^json '
 elif [ "$what" = dsa-sanitize ]; then
