@@ -53,7 +53,7 @@ elif [ "$what" = dsa ]; then
     step test_gpu_dsa $G/bin/test_gpu_dsa
     [ $fails = 0 ] || { echo "---- test_gpu_dsa output (tail):"; tail -80 "$LOG"; }
     step "test_gpu_dsa (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/test_gpu_dsa
-    grep -E '^  (int|random|all equal|3 distinct|e2e)' "$LOG" | head -60
+    grep -E '^test_gpu_dsa: top-k|FAIL|DIFFERS|e2e:|PASSED|^  (random 64x128 bs16|3 distinct keys) +t ' "$LOG" | head -80
     echo "==== sparse_decode_bench dsa" | tee -a "$LOG"
     $G/bin/sparse_decode_bench dsa 2>&1 | tee -a "$LOG" | grep -v '^json '
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
