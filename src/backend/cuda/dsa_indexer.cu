@@ -99,11 +99,24 @@ __global__ void __launch_bounds__(kScoreThreads) dsa_score_kernel(const ScorePar
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
 
     for (int i = tid; i < kBins; i += kScoreThreads) sHist[i] = 0u;
-    for (int i = tid; i < H * DI / 2; i += kScoreThreads) {
-        const int h = i / (DI / 2), d2 = i % (DI / 2);
-        const uint32_t pair = reinterpret_cast<const uint32_t *>(p.q + ((int64_t)t * H + h) * DI)[d2];
-        const float lo = __uint_as_float(pair << 16), hi = __uint_as_float(pair & 0xffff0000u);
-        reinterpret_cast<uint32_t *>(sQ + h * RS)[d2] = pack_f16x2(clamp_f16_range(lo), clamp_f16_range(hi));
+    { /* q_I: 16-byte loads, all in flight, then bf16 -> f16 (exact inside f16's range) */
+        constexpr int QL = H * DI / 8 / kScoreThreads; /* uint4 (8 bf16) a thread: 8 at 64 x 128 */
+        const uint4 *qsrc = reinterpret_cast<const uint4 *>(p.q + (int64_t)t * H * DI);
+        uint4 qv[QL];
+#pragma unroll
+        for (int u = 0; u < QL; u++) qv[u] = qsrc[tid + u * kScoreThreads];
+#pragma unroll
+        for (int u = 0; u < QL; u++) {
+            const int i = tid + u * kScoreThreads, h = i / (DI / 8), d8 = i % (DI / 8);
+            const uint32_t in[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
+            uint32_t o4[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float lo = __uint_as_float(in[e] << 16), hi = __uint_as_float(in[e] & 0xffff0000u);
+                o4[e] = pack_f16x2(clamp_f16_range(lo), clamp_f16_range(hi));
+            }
+            *reinterpret_cast<uint4 *>(sQ + h * RS + 8 * d8) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+        }
     }
     for (int i = tid; i < H; i += kScoreThreads) sW[i] = p.w[(int64_t)t * H + i];
 
@@ -675,10 +688,18 @@ extern "C" osp_status osp_cuda_dsa_score(const uint16_t *d_q, const float *d_w, 
     prm.q = d_q, prm.w = d_w, prm.codes = d_k_codes, prm.scales = d_k_scales, prm.positions = d_positions;
     prm.token_seq = d_token_seq, prm.block_table = d_block_table, prm.scores = d_scores, prm.hist = d_hist;
     prm.max_blocks = max_blocks, prm.block_size = block_size, prm.max_ctx = max_ctx;
-    /* tiles a CTA: about 6 CTAs an SM's worth of work over the launch (no bit depends on it) */
-    const int64_t tiles = (max_ctx + kTileKeys - 1) / kTileKeys;
-    int64_t tpc = (tiles * T + 799) / 800;
-    tpc = tpc < 1 ? 1 : tpc > 16 ? 16 : tpc;
+    /* tiles a CTA: one wave of 2 CTAs an SM over the launch (a CTA's fixed cost, q_I and the histogram, is
+     * paid once per run of tiles; no bit depends on it) */
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            sms = v;
+        else sms = 132;
+    }
+    const int64_t tiles = (max_ctx + kTileKeys - 1) / kTileKeys, slots = 2 * (int64_t)sms;
+    int64_t tpc = (tiles * T + slots - 1) / slots;
+    tpc = tpc < 1 ? 1 : tpc > 64 ? 64 : tpc;
     prm.tiles_per_cta = (int)tpc;
     const dim3 grid((unsigned)((tiles + tpc - 1) / tpc), (unsigned)T);
     if (head_dim == 128) {
