@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stages issue 15's GPU binaries for one device call (bench/sparse/run.sh there): test_gpu_sparse,
 # test_gpu_dsa and sparse_decode_bench, stripped, with libcmocka (the GPU machine has the CUDA runtime, not cmocka), into
-# .carry/sparse.tar.xz (git-ignored; ~4.5 MB, so the call fits 64 MiB with the working tree; the full
+# .carry/sparse.tar.xz (git-ignored; ~5 MB, so the call fits 64 MiB with the working tree; the full
 # scripts/gpu-pack.sh tarball with every GPU test no longer does beside a model half).
 # Then, on the device: `bash bench/sparse/run.sh` carrying .carry/sparse.tar.xz; then, same warm machine,
 # `bash bench/sparse/run.sh sanitize`, `bash bench/sparse/run.sh bench2`, `bash bench/sparse/run.sh dsa` and
