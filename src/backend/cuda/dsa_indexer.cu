@@ -569,7 +569,17 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_cluster_kernel(const To
     int eq_slice = 0;
     if (!all) {
         int c = 0;
-        for (int i = x_lo + tid; i < x_hi; i += kTopkThreads) c += order_key(sc[i]) == thr;
+        constexpr int U = 8; /* loads in flight a thread */
+        for (int i0 = x_lo; i0 < x_hi; i0 += U * kTopkThreads) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = i0 + u * kTopkThreads + tid;
+                v[u] = i < x_hi ? sc[i] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) c += i0 + u * kTopkThreads + tid < x_hi && order_key(v[u]) == thr;
+        }
         block_scan(c, sWarp, &eq_slice);
     }
     if (tid == 0) sEx[0] = eq_slice;
