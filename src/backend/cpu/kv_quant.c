@@ -283,12 +283,14 @@ static void attend_tile_blocked(const attn_tile *tl, const osp_cpu_kv_pages *kv,
  *             increasing p, then _mm512_reduce_add_ps's fixed tree;
  *   o[d]      = from 0, fma(e_p, V_p[d], o[d]) for p increasing; then o[d] * (1 / sum).
  * FMAs halve the score and V sums' vector operations and the exp is ~16x cheaper than glibc's expf. */
-static inline __m512 dot16_keys_fma(const float *q, const float *const *k, int64_t D) {
+/* kb: the block's 16 K rows, row i at kb + i D. Inlined with a constant D (64, 128) the row offsets are
+ * immediates. */
+static inline __attribute__((always_inline)) __m512 dot16_keys_fma(const float *q, const float *kb, int64_t D) {
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
         const __m512 qv = _mm512_loadu_ps(q + d);
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i] + d), acc[i]);
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + i * D + d), acc[i]);
     }
     __m512 c[8], e[4], f[2];
     for (int i = 0; i < 8; i++)
@@ -362,16 +364,21 @@ static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *
     for (int64_t j = 0; j < m; j++) mxv[j] = _mm512_set1_ps(-INFINITY);
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
-        for (int64_t i = 0; i < nb; i++) {
+        for (int64_t i = 0; i < nb; i++) { /* every row in buf (f32 pages copied) */
             const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            rp[i] = read_row(kv, 0, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
+            const float *r = read_row(kv, 0, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
+            if (r != buf + i * D) memcpy(buf + i * D, r, (size_t)D * sizeof(float));
         }
-        for (int64_t i = nb; i < ATTN_KBLK; i++) rp[i] = rp[0]; /* scores computed, never used */
+        if (nb < ATTN_KBLK) /* scores computed, never used */
+            memset(buf + nb * D, 0, (size_t)((ATTN_KBLK - nb) * D) * sizeof(float));
         for (int64_t j = 0; j < m; j++) {
             const int64_t a = pb > tl->p0s[j] ? pb : tl->p0s[j], b = pb + nb < tl->n_ctxs[j] ? pb + nb : tl->n_ctxs[j];
             if (a >= b) continue;
             const __mmask16 mk = lanes_between(a - pb, b - pb);
-            const __m512 s = _mm512_mul_ps(dot16_keys_fma(tl->qs[j], rp, D), vscale);
+            const __m512 dots = D == 64    ? dot16_keys_fma(tl->qs[j], buf, 64)
+                                : D == 128 ? dot16_keys_fma(tl->qs[j], buf, 128)
+                                           : dot16_keys_fma(tl->qs[j], buf, D);
+            const __m512 s = _mm512_mul_ps(dots, vscale);
             _mm512_mask_storeu_ps(sc + j * sc_stride + pb, mk, s);
             mxv[j] = _mm512_mask_max_ps(mxv[j], mk, mxv[j], s);
         }
