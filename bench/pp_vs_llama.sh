@@ -13,6 +13,9 @@
 # (2); OSPREY (default build-cpu/bin/osprey, else build/bin/osprey) and OSPREY_ARGS (word-split, e.g.
 # "--cpu-activations q8"); LLAMA_ARGS for llama-bench's extra flags. Every round's line goes to $LOG
 # (default a file in /tmp). LD_LIBRARY_PATH gets LLAMA_CPP_BIN (llama.cpp's shared libraries).
+# OSPREY_B (+ OSPREY_B_ARGS, default OSPREY_ARGS): a second osprey binary (a baseline build, say) run in
+# the same rounds, right after the first one, with its own median ratio to llama.cpp's figure of the
+# round and the median of the per-round ratios OSPREY / OSPREY_B.
 set -euo pipefail
 MODEL=$(realpath -m -- "${1:?usage: bench/pp_vs_llama.sh MODEL.gguf}")
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,6 +31,8 @@ if [ -z "${OSPREY:-}" ]; then
 fi
 LOG="${LOG:-$(mktemp /tmp/osprey-pp-vs-llama.XXXXXX.log)}"
 [ -x "$OSPREY" ] || { echo "no osprey binary $OSPREY" >&2; exit 1; }
+[ -z "${OSPREY_B:-}" ] || [ -x "$OSPREY_B" ] || { echo "no osprey binary $OSPREY_B (OSPREY_B)" >&2; exit 1; }
+OSPREY_B_ARGS="${OSPREY_B_ARGS-${OSPREY_ARGS:-}}"
 [ -x "$LLAMA_CPP_BIN/llama-bench" ] || { echo "no $LLAMA_CPP_BIN/llama-bench" >&2; exit 1; }
 [ -f "$MODEL" ] || { echo "no model $MODEL" >&2; exit 1; }
 export LD_LIBRARY_PATH="$LLAMA_CPP_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -41,25 +46,43 @@ run_llama() { # prints tokens/s (llama-bench's avg_ts, the last CSV field but on
     tail -1 <<<"$out" | awk -F, '{gsub(/"/, "", $(NF - 1)); print $(NF - 1)}'
 }
 
-run_osprey() { # prints tokens/s (osprey bench's ppN line)
+run_osprey() { # BIN ARGS: prints tokens/s (osprey bench's ppN line)
     local out
     # shellcheck disable=SC2086
-    out=$("$OSPREY" bench -m "$MODEL" -p "$N_PROMPT" -n 0 -r "$REPS" -t "$THREADS" ${OSPREY_ARGS:-} 2>/dev/null) ||
-        { echo "osprey bench failed" >&2; exit 1; }
-    echo "osprey ${OSPREY_ARGS:-} $(grep "^pp" <<<"$out")" >>"$LOG"
+    out=$("$1" bench -m "$MODEL" -p "$N_PROMPT" -n 0 -r "$REPS" -t "$THREADS" $2 2>/dev/null) ||
+        { echo "osprey bench failed ($1)" >&2; exit 1; }
+    echo "$1 $2 $(grep "^pp" <<<"$out")" >>"$LOG"
     awk '$1 ~ /^pp[0-9]+$/ {print $2}' <<<"$out"
 }
 
-echo "osprey: $OSPREY ${OSPREY_ARGS:-}; llama.cpp: $LLAMA_CPP_BIN/llama-bench ${LLAMA_ARGS:-}"
+median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR] = $1} END {
+    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "median %.3fx over %d rounds (min %.3f, max %.3f)", m, NR, v[1], v[NR]}'; }
+
+echo "osprey: $OSPREY ${OSPREY_ARGS:-}${OSPREY_B:+; osprey B: $OSPREY_B $OSPREY_B_ARGS}; llama.cpp: $LLAMA_CPP_BIN/llama-bench ${LLAMA_ARGS:-}"
 echo "model $MODEL, pp$N_PROMPT, -t $THREADS, -r $REPS, $ROUNDS rounds; load $(cut -d' ' -f1-3 /proc/loadavg); log $LOG"
-ratios=""
+ratios="" ratios_b="" ratios_ab=""
 for ((i = 1; i <= ROUNDS; i++)); do
-    if ((i % 2)); then l=$(run_llama); o=$(run_osprey); else o=$(run_osprey); l=$(run_llama); fi
+    ob=""
+    if ((i % 2)); then
+        l=$(run_llama); o=$(run_osprey "$OSPREY" "${OSPREY_ARGS:-}")
+        [ -z "${OSPREY_B:-}" ] || ob=$(run_osprey "$OSPREY_B" "$OSPREY_B_ARGS")
+    else
+        [ -z "${OSPREY_B:-}" ] || ob=$(run_osprey "$OSPREY_B" "$OSPREY_B_ARGS")
+        o=$(run_osprey "$OSPREY" "${OSPREY_ARGS:-}"); l=$(run_llama)
+    fi
     r=$(awk -v o="$o" -v l="$l" 'BEGIN {printf "%.4f", o / l}')
     ratios+="$r "
-    printf 'round %-3d llama.cpp %9.2f t/s  osprey %9.2f t/s  osprey/llama.cpp %.3f  (load %s)\n' \
-        "$i" "$l" "$o" "$r" "$(cut -d' ' -f1 /proc/loadavg)"
+    line=$(printf 'round %-3d llama.cpp %9.2f t/s  osprey %9.2f t/s  osprey/llama.cpp %.3f' "$i" "$l" "$o" "$r")
+    if [ -n "$ob" ]; then
+        rb=$(awk -v o="$ob" -v l="$l" 'BEGIN {printf "%.4f", o / l}')
+        rab=$(awk -v o="$o" -v b="$ob" 'BEGIN {printf "%.4f", o / b}')
+        ratios_b+="$rb " ratios_ab+="$rab "
+        line+=$(printf '  B %9.2f t/s  B/llama.cpp %.3f  osprey/B %.3f' "$ob" "$rb" "$rab")
+    fi
+    echo "$line  (load $(cut -d' ' -f1 /proc/loadavg))"
 done
-tr ' ' '\n' <<<"$ratios" | sed '/^$/d' | sort -g | awk -v n="$ROUNDS" -v p="$N_PROMPT" '{v[NR] = $1} END {
-    m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
-    printf "pp%s osprey / llama.cpp: median %.3fx over %d rounds (min %.3f, max %.3f)\n", p, m, NR, v[1], v[NR]}'
+echo "pp$N_PROMPT osprey / llama.cpp: $(median <<<"$ratios")"
+if [ -n "${OSPREY_B:-}" ]; then
+    echo "pp$N_PROMPT osprey B / llama.cpp: $(median <<<"$ratios_b")"
+    echo "pp$N_PROMPT osprey / osprey B: $(median <<<"$ratios_ab")"
+fi
