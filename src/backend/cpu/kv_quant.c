@@ -349,6 +349,23 @@ static inline void v_sum64(float *const *o, const float *const *w, int n, const 
     _mm512_storeu_ps(o[0] + d0 + 32, x2), _mm512_storeu_ps(o[0] + d0 + 48, x3);
 }
 
+/* K (which 0) or V (1) row of key p into row (D floats, D % 16 == 0): f16 pages widened here 16 at a time
+ * (the same exact conversion as osp_cpu_f16_to_f32_row, without a call per row), other types by read_row
+ * (f32 pages copied). */
+static inline void load_row_q8(const osp_cpu_kv_pages *kv, int which, const int32_t *bt, int32_t block_size,
+                               int64_t p, int64_t kvh, int64_t n_head_kv, int64_t D, float *row, uint16_t *half,
+                               bool full) {
+    const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+    if ((which ? kv->v_type : kv->k_type) == OSP_DTYPE_F16) {
+        const uint16_t *h = (const uint16_t *)(which ? kv->v : kv->k) + (slot * n_head_kv + kvh) * D;
+        for (int64_t d = 0; d < D; d += 16)
+            _mm512_storeu_ps(row + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(h + d))));
+        return;
+    }
+    const float *r = read_row(kv, which, slot, kvh, n_head_kv, D, row, half, full);
+    if (r != row) memcpy(row, r, (size_t)D * sizeof(float));
+}
+
 /* attend_tile_blocked's structure (blocks of 16 keys, each K and V row widened once per tile) with the
  * q8 mode's arithmetic above. */
 static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *kv, const int32_t *bt,
@@ -364,11 +381,8 @@ static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *
     for (int64_t j = 0; j < m; j++) mxv[j] = _mm512_set1_ps(-INFINITY);
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
-        for (int64_t i = 0; i < nb; i++) { /* every row in buf (f32 pages copied) */
-            const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            const float *r = read_row(kv, 0, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
-            if (r != buf + i * D) memcpy(buf + i * D, r, (size_t)D * sizeof(float));
-        }
+        for (int64_t i = 0; i < nb; i++) /* every row in buf */
+            load_row_q8(kv, 0, bt, block_size, pb + i, kvh, n_head_kv, D, buf + i * D, half, pb + i >= full_from);
         if (nb < ATTN_KBLK) /* scores computed, never used */
             memset(buf + nb * D, 0, (size_t)((ATTN_KBLK - nb) * D) * sizeof(float));
         for (int64_t j = 0; j < m; j++) {
@@ -399,8 +413,8 @@ static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
         for (int64_t i = 0; i < nb; i++) {
-            const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
-            rp[i] = read_row(kv, 1, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
+            load_row_q8(kv, 1, bt, block_size, pb + i, kvh, n_head_kv, D, buf + i * D, half, pb + i >= full_from);
+            rp[i] = buf + i * D;
         }
         for (int64_t j = 0; j < m;) {
             const int64_t a = pb > tl->p0s[j] ? pb : tl->p0s[j], b = pb + nb < tl->n_ctxs[j] ? pb + nb : tl->n_ctxs[j];
