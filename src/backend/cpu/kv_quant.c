@@ -273,6 +273,7 @@ static void attend_tile_blocked(const attn_tile *tl, const osp_cpu_kv_pages *kv,
         for (int64_t d = 0; d < D; d++) oj[d] *= inv;
     }
 }
+
 /* ATTENTION IN Q8 MODE (kv->q8_arith, `--cpu-activations q8`; AVX512, head_dim % 16 == 0, <= 128). The
  * default path's bits stay the default path's; this mode has its own arithmetic, the same for an item
  * whatever its tile (prefill blocks, decode, any batch), so its results do not depend on the batch:
