@@ -178,6 +178,37 @@ static void run_attn_case(const attn_case *c, osp_kv_dtype dk, osp_kv_dtype dv) 
         if (memcmp(o_t, o_q, sizeof *o_t * (size_t)(items * D)) != 0)
             fail_msg("%s D %d H %d/%d: tiles of %d differ from one item at a time", kv_name(dk, dv), D, H, HK, tile);
     }
+    /* the q8 mode's attention (kv_quant.c, ATTENTION IN Q8 MODE: vexp.h's exp, FMAs): its own bits, the
+     * same for every tile width and item split (batch invariance), and within float rounding of the
+     * default path's: |difference| <= 1e-4 of the row's largest output (the scores here reach |s| ~ 20
+     * with sums of 128 products of magnitude ~4, where fma against a rounded product moves a score by
+     * ~1e-5 absolute, so each softmax weight by ~1e-5 relative; measured worst ~2e-5) */
+    osp_cpu_kv_pages pg8 = pg;
+    pg8.q8_arith = true;
+    float *o_8 = malloc(sizeof *o_8 * (size_t)T * (size_t)H * (size_t)D);
+    for (size_t ti = 0; ti < sizeof tiles / sizeof tiles[0]; ti++) {
+        const int tile = tiles[ti];
+        const int64_t cut = ti % 2 ? items / 3 : items / 2 + 1;
+        for (int part = 0; part < 2; part++)
+            osp_cpu_paged_attention_tiled(q, &pg8, ti ? o_t : o_8, c->n_seq, qsl, pos, bt, max_blocks, BS, H, HK, D,
+                                          scale, c->window, sct, 4096, tile, part ? cut : 0, part ? items : cut);
+        if (ti && memcmp(o_t, o_8, sizeof *o_t * (size_t)(items * D)) != 0)
+            fail_msg("%s D %d H %d/%d: q8 mode, tiles of %d differ from one item at a time", kv_name(dk, dv), D, H, HK,
+                     tile);
+    }
+    float worst = 0.0f;
+    for (int64_t it = 0; it < items; it++) {
+        float amax = 0.0f;
+        for (int64_t d = 0; d < D; d++) amax = fmaxf(amax, fabsf(o_q[it * D + d]));
+        for (int64_t d = 0; d < D; d++) worst = fmaxf(worst, fabsf(o_8[it * D + d] - o_q[it * D + d]) / amax);
+        for (int64_t d = 0; d < D; d++)
+            if (!(fabsf(o_8[it * D + d] - o_q[it * D + d]) <= 1e-4f * amax))
+                fail_msg("%s D %d: q8 mode item %lld dim %lld: %.9g, default %.9g", kv_name(dk, dv), D, (long long)it,
+                         (long long)d, (double)o_8[it * D + d], (double)o_q[it * D + d]);
+    }
+    print_message("%s D %d H %d/%d: q8 mode vs default, worst |difference| / row max %.2g\n", kv_name(dk, dv), D, H,
+                  HK, (double)worst);
+    free(o_8);
     free(o_t), free(sct);
     for (int64_t i = 0; i < items * D; i++) {
         assert_true(isfinite(o_f[i]));

@@ -551,7 +551,8 @@ static void op_attention(const run_ctx *r, const osp_op *op, int ith, int nth) {
         return;
     }
     attn_split(b, r->T, H, op->p.attn.window, ith, nth, &i0, &i1);
-    const osp_cpu_kv_pages pg = cpu_pages_of(kv, op->layer);
+    osp_cpu_kv_pages pg = cpu_pages_of(kv, op->layer);
+    pg.q8_arith = r->c->act_q8; /* the q8 mode's softmax: vexp.h and FMAs (kv_quant.c) */
     osp_cpu_paged_attention_tiled(r->bufs[op->src0], &pg, out, b->num_seqs, b->query_start_loc, b->positions,
                                   b->block_table, b->max_blocks_per_seq, kv->block_size, H, op->p.attn.n_head_kv, D,
                                   op->p.attn.scale, op->p.attn.window,
@@ -570,6 +571,7 @@ static void op_glu(const run_ctx *r, const osp_op *op, int ith, int nth) {
     for (long long t = t0; t < t1; t++) {
         const float *g = gu + t * 2 * F;
         if (op->p.glu.act == OSP_GLU_GELU_TANH) osp_cpu_gelu_mul(g, g + F, out + t * F, F);
+        else if (r->c->act_q8) osp_cpu_silu_mul_q8(g, g + F, out + t * F, F); /* vexp.h: the mode's exp */
         else osp_cpu_silu_mul(g, g + F, out + t * F, F);
     }
     round_if(r, op->dst, out + t0 * F, (t1 - t0) * F);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/vexp.h"
 #include "core/dtype.h"
 #include "osprey/batch.h"
 
@@ -272,6 +273,183 @@ static void attend_tile_blocked(const attn_tile *tl, const osp_cpu_kv_pages *kv,
         for (int64_t d = 0; d < D; d++) oj[d] *= inv;
     }
 }
+
+/* ATTENTION IN Q8 MODE (kv->q8_arith, `--cpu-activations q8`; AVX512, head_dim % 16 == 0, <= 128). The
+ * default path's bits stay the default path's; this mode has its own arithmetic, the same for an item
+ * whatever its tile (prefill blocks, decode, any batch), so its results do not depend on the batch:
+ *   score s_p = dot16_keys's lanes and fold, each lane a chain of fused multiply-adds over the 16-dim
+ *             chunks (fma(q, k, acc), not a rounded product then an add), times scale;
+ *   mx        = the largest s_p (exact in any order);
+ *   e_p       = osp_vexp16(s_p - mx) (vexp.h); sum = 16 lanes, lane (p - p0) % 16 adding its e_p in
+ *             increasing p, then _mm512_reduce_add_ps's fixed tree;
+ *   o[d]      = from 0, fma(e_p, V_p[d], o[d]) for p increasing; then o[d] * (1 / sum).
+ * FMAs halve the score and V sums' vector operations and the exp is ~16x cheaper than glibc's expf. */
+/* kb: the block's 16 K rows, row i at kb + i D. Inlined with a constant D (64, 128) the row offsets are
+ * immediates. */
+static inline __attribute__((always_inline)) __m512 dot16_keys_fma(const float *q, const float *kb, int64_t D) {
+    __m512 acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(q + d);
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kb + i * D + d), acc[i]);
+    }
+    __m512 c[8], e[4], f[2];
+    for (int i = 0; i < 8; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        f[i] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, r);
+}
+
+/* lanes [a, b) of 16 (0 <= a <= b <= 16) */
+static inline __mmask16 lanes_between(int64_t a, int64_t b) {
+    return (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+}
+
+/* o[0..63] of items (one or two: n) += e_p V_p over keys [a, b) of the block, chains in increasing p */
+static inline void v_sum64(float *const *o, const float *const *w, int n, const float *const *rp, int64_t pb,
+                           int64_t a, int64_t b, int64_t d0) {
+    if (n == 2) {
+        __m512 x0 = _mm512_loadu_ps(o[0] + d0), x1 = _mm512_loadu_ps(o[0] + d0 + 16),
+               x2 = _mm512_loadu_ps(o[0] + d0 + 32), x3 = _mm512_loadu_ps(o[0] + d0 + 48);
+        __m512 y0 = _mm512_loadu_ps(o[1] + d0), y1 = _mm512_loadu_ps(o[1] + d0 + 16),
+               y2 = _mm512_loadu_ps(o[1] + d0 + 32), y3 = _mm512_loadu_ps(o[1] + d0 + 48);
+        for (int64_t p = a; p < b; p++) {
+            const float *vr = rp[p - pb] + d0;
+            const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
+                         v3 = _mm512_loadu_ps(vr + 48);
+            const __m512 wx = _mm512_set1_ps(w[0][p]), wy = _mm512_set1_ps(w[1][p]);
+            x0 = _mm512_fmadd_ps(wx, v0, x0), x1 = _mm512_fmadd_ps(wx, v1, x1);
+            x2 = _mm512_fmadd_ps(wx, v2, x2), x3 = _mm512_fmadd_ps(wx, v3, x3);
+            y0 = _mm512_fmadd_ps(wy, v0, y0), y1 = _mm512_fmadd_ps(wy, v1, y1);
+            y2 = _mm512_fmadd_ps(wy, v2, y2), y3 = _mm512_fmadd_ps(wy, v3, y3);
+        }
+        _mm512_storeu_ps(o[0] + d0, x0), _mm512_storeu_ps(o[0] + d0 + 16, x1);
+        _mm512_storeu_ps(o[0] + d0 + 32, x2), _mm512_storeu_ps(o[0] + d0 + 48, x3);
+        _mm512_storeu_ps(o[1] + d0, y0), _mm512_storeu_ps(o[1] + d0 + 16, y1);
+        _mm512_storeu_ps(o[1] + d0 + 32, y2), _mm512_storeu_ps(o[1] + d0 + 48, y3);
+        return;
+    }
+    __m512 x0 = _mm512_loadu_ps(o[0] + d0), x1 = _mm512_loadu_ps(o[0] + d0 + 16),
+           x2 = _mm512_loadu_ps(o[0] + d0 + 32), x3 = _mm512_loadu_ps(o[0] + d0 + 48);
+    for (int64_t p = a; p < b; p++) {
+        const float *vr = rp[p - pb] + d0;
+        const __m512 wx = _mm512_set1_ps(w[0][p]);
+        x0 = _mm512_fmadd_ps(wx, _mm512_loadu_ps(vr), x0), x1 = _mm512_fmadd_ps(wx, _mm512_loadu_ps(vr + 16), x1);
+        x2 = _mm512_fmadd_ps(wx, _mm512_loadu_ps(vr + 32), x2), x3 = _mm512_fmadd_ps(wx, _mm512_loadu_ps(vr + 48), x3);
+    }
+    _mm512_storeu_ps(o[0] + d0, x0), _mm512_storeu_ps(o[0] + d0 + 16, x1);
+    _mm512_storeu_ps(o[0] + d0 + 32, x2), _mm512_storeu_ps(o[0] + d0 + 48, x3);
+}
+
+/* K (which 0) or V (1) row of key p into row (D floats, D % 16 == 0): f16 pages widened here 16 at a time
+ * (the same exact conversion as osp_cpu_f16_to_f32_row, without a call per row), other types by read_row
+ * (f32 pages copied). */
+static inline void load_row_q8(const osp_cpu_kv_pages *kv, int which, const int32_t *bt, int32_t block_size,
+                               int64_t p, int64_t kvh, int64_t n_head_kv, int64_t D, float *row, uint16_t *half,
+                               bool full) {
+    const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+    if ((which ? kv->v_type : kv->k_type) == OSP_DTYPE_F16) {
+        const uint16_t *h = (const uint16_t *)(which ? kv->v : kv->k) + (slot * n_head_kv + kvh) * D;
+        for (int64_t d = 0; d < D; d += 16)
+            _mm512_storeu_ps(row + d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(h + d))));
+        return;
+    }
+    const float *r = read_row(kv, which, slot, kvh, n_head_kv, D, row, half, full);
+    if (r != row) memcpy(row, r, (size_t)D * sizeof(float));
+}
+
+/* attend_tile_blocked's structure (blocks of 16 keys, each K and V row widened once per tile) with the
+ * q8 mode's arithmetic above. */
+static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *kv, const int32_t *bt,
+                                   int32_t block_size, int64_t kvh, int64_t n_head_kv, int64_t head_dim, float scale,
+                                   float *sc, int64_t sc_stride, uint16_t *half, int64_t lo, int64_t hi,
+                                   int64_t full_from) {
+    const int64_t m = tl->m, D = head_dim;
+    float buf[ATTN_KBLK * ATTN_KBLK_MAX_D];
+    const float *rp[ATTN_KBLK];
+    __m512 mxv[OSP_CPU_ATTN_MAX_TILE];
+    float sum[OSP_CPU_ATTN_MAX_TILE];
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < m; j++) mxv[j] = _mm512_set1_ps(-INFINITY);
+    for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
+        const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        for (int64_t i = 0; i < nb; i++) /* every row in buf */
+            load_row_q8(kv, 0, bt, block_size, pb + i, kvh, n_head_kv, D, buf + i * D, half, pb + i >= full_from);
+        if (nb < ATTN_KBLK) /* scores computed, never used */
+            memset(buf + nb * D, 0, (size_t)((ATTN_KBLK - nb) * D) * sizeof(float));
+        for (int64_t j = 0; j < m; j++) {
+            const int64_t a = pb > tl->p0s[j] ? pb : tl->p0s[j], b = pb + nb < tl->n_ctxs[j] ? pb + nb : tl->n_ctxs[j];
+            if (a >= b) continue;
+            const __mmask16 mk = lanes_between(a - pb, b - pb);
+            const __m512 dots = D == 64    ? dot16_keys_fma(tl->qs[j], buf, 64)
+                                : D == 128 ? dot16_keys_fma(tl->qs[j], buf, 128)
+                                           : dot16_keys_fma(tl->qs[j], buf, D);
+            const __m512 s = _mm512_mul_ps(dots, vscale);
+            _mm512_mask_storeu_ps(sc + j * sc_stride + pb, mk, s);
+            mxv[j] = _mm512_mask_max_ps(mxv[j], mk, mxv[j], s);
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        float *scj = sc + j * sc_stride;
+        const __m512 mj = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[j]));
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t p = tl->p0s[j]; p < tl->n_ctxs[j]; p += 16) {
+            const __mmask16 mk = tl->n_ctxs[j] - p >= 16 ? (__mmask16)0xFFFF : lanes_between(0, tl->n_ctxs[j] - p);
+            const __m512 e = osp_vexp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, scj + p), mj));
+            _mm512_mask_storeu_ps(scj + p, mk, e);
+            acc = _mm512_mask_add_ps(acc, mk, acc, e);
+        }
+        sum[j] = _mm512_reduce_add_ps(acc);
+        memset(tl->os[j], 0, (size_t)D * sizeof(float));
+    }
+    for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
+        const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        for (int64_t i = 0; i < nb; i++) {
+            load_row_q8(kv, 1, bt, block_size, pb + i, kvh, n_head_kv, D, buf + i * D, half, pb + i >= full_from);
+            rp[i] = buf + i * D;
+        }
+        for (int64_t j = 0; j < m;) {
+            const int64_t a = pb > tl->p0s[j] ? pb : tl->p0s[j], b = pb + nb < tl->n_ctxs[j] ? pb + nb : tl->n_ctxs[j];
+            if (a >= b) {
+                j++;
+                continue;
+            }
+            /* two items with the same keys in this block share the V loads (each keeps its own chains) */
+            int n = 1;
+            if (j + 1 < m) {
+                const int64_t a1 = pb > tl->p0s[j + 1] ? pb : tl->p0s[j + 1],
+                              b1 = pb + nb < tl->n_ctxs[j + 1] ? pb + nb : tl->n_ctxs[j + 1];
+                if (a1 == a && b1 == b) n = 2;
+            }
+            float *os[2] = {tl->os[j], n == 2 ? tl->os[j + 1] : NULL};
+            const float *ws[2] = {sc + j * sc_stride, n == 2 ? sc + (j + 1) * sc_stride : NULL};
+            int64_t d0 = 0;
+            for (; d0 + 64 <= D; d0 += 64) v_sum64(os, ws, n, rp, pb, a, b, d0);
+            for (; d0 < D; d0 += 16) /* head_dim 16, 32, 48, 80, 96, 112: the rest, 16 at a time */
+                for (int u = 0; u < n; u++) {
+                    __m512 a0 = _mm512_loadu_ps(os[u] + d0);
+                    for (int64_t p = a; p < b; p++)
+                        a0 = _mm512_fmadd_ps(_mm512_set1_ps(ws[u][p]), _mm512_loadu_ps(rp[p - pb] + d0), a0);
+                    _mm512_storeu_ps(os[u] + d0, a0);
+                }
+            j += n;
+        }
+    }
+    for (int64_t j = 0; j < m; j++) {
+        const float inv = 1.0f / sum[j];
+        float *oj = tl->os[j];
+        for (int64_t d = 0; d < D; d++) oj[d] *= inv;
+    }
+}
 #endif
 
 static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const int32_t *bt, int32_t block_size,
@@ -287,6 +465,11 @@ static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const i
      * a tile's items share one n_ctx but a query block's (never a draft's), where the latest one counts */
     const int64_t full_from = kv->hier_upper_only ? hi - kv->hier_full_recent : 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
+    if (head_dim % 16 == 0 && head_dim <= ATTN_KBLK_MAX_D && kv->q8_arith) {
+        attend_tile_blocked_q8(tl, kv, bt, block_size, kvh, n_head_kv, head_dim, scale, sc, sc_stride, half, lo, hi,
+                               full_from);
+        return;
+    }
     if (head_dim % 16 == 0 && head_dim <= ATTN_KBLK_MAX_D) {
         attend_tile_blocked(tl, kv, bt, block_size, kvh, n_head_kv, head_dim, scale, sc, sc_stride, half, lo, hi,
                             full_from);
@@ -309,7 +492,7 @@ static void attend_tile(const attn_tile *tl, const osp_cpu_kv_pages *kv, const i
         float *scj = sc + j * sc_stride;
         sum[j] = 0.0f;
         for (int64_t p = tl->p0s[j]; p < tl->n_ctxs[j]; p++) {
-            scj[p] = expf(scj[p] - mx[j]);
+            scj[p] = kv->q8_arith ? osp_vexp_scalar(scj[p] - mx[j]) : expf(scj[p] - mx[j]); /* vexp.h */
             sum[j] += scj[p];
         }
         memset(tl->os[j], 0, (size_t)head_dim * sizeof(float));

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/vexp.h"
 #include "core/dtype.h"
 
 float osp_cpu_dot(const float *restrict a, const float *restrict b, int64_t n) {
@@ -117,6 +118,39 @@ void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n)
         const float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+void osp_cpu_silu_mul_q8(const float *gate, const float *up, float *out, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
+        const __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), sign)); /* -g */
+        const __m512 e = osp_vexp16(neg);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u));
+    }
+#endif
+    for (; i < n; i++) {
+        const float g = gate[i];
+        const float e = osp_vexp_scalar(-g);
+        const float d = 1.0f + e;
+        const float s = g / d;
+        out[i] = s * up[i];
+    }
+}
+
+void osp_cpu_vexp_row(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m, osp_vexp16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+#endif
+    for (; i < n; i++) y[i] = osp_vexp_scalar(x[i]);
 }
 
 void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n) {

@@ -87,6 +87,12 @@ void osp_cpu_round_bf16(float *x, int64_t n);
 
 /* out[i] = silu(gate[i]) * up[i], silu(x) = x / (1 + exp(-x)). n floats. out may alias gate. */
 void osp_cpu_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+/* osp_cpu_silu_mul for `--cpu-activations q8` (vexp.h): out[i] = (g / (1 + e)) * up[i] with
+ * e = osp_vexp_scalar(-g), g = gate[i], each operation rounded in that order -- the same bits from the
+ * AVX512 kernel (16 at a time, the tail masked) and the scalar loop. n floats; out may alias gate. */
+void osp_cpu_silu_mul_q8(const float *gate, const float *up, float *out, int64_t n);
+/* y[i] = osp_vexp_scalar(x[i]) for i < n (vexp.h; AVX512 16 at a time, the same bits). y may alias x. */
+void osp_cpu_vexp_row(const float *x, float *y, int64_t n);
 /* out[i] = gelu(gate[i]) * up[i] with GELU's tanh approximation (Hendrycks & Gimpel 2016, §2;
  * PyTorch gelu(approximate="tanh")): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 void osp_cpu_gelu_mul(const float *gate, const float *up, float *out, int64_t n);
@@ -125,6 +131,8 @@ typedef struct osp_cpu_kv_pages {
     const float *k_fixed, *v_fixed;
     bool hier_upper_only;     /* int8_hier sides: upper halves only (a QuantSpec draft's view), except */
     int32_t hier_full_recent; /* each item's last hier_full_recent keys, read in full (kv_layout.h) */
+    bool q8_arith; /* attention with `--cpu-activations q8`'s arithmetic (kv_quant.c, ATTENTION IN Q8
+                    * MODE): vexp.h's exp and fused multiply-adds; false: the default path's bits */
 } osp_cpu_kv_pages;
 
 /* osp_cpu_paged_attention over pages of any type in `kv` (same shapes, items and workspace): fp8 and
