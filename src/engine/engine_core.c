@@ -817,14 +817,17 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     if (e->proposer) collect_drafts(e, so);
     clock_gettime(CLOCK_MONOTONIC, &ts1);
     if (e->offload) osp_offload_note_step(e->offload, so->total_tokens, seconds(ts0, ts1));
-    if (e->step_trace && so->num_entries > 0) {
+    if (e->step_trace) { /* steps that ran rows, or moved blocks (a request waiting for its disk loads runs none) */
         const osp_offload_stats os1 = e->offload ? osp_offload_get_stats(e->offload) : (osp_offload_stats){0};
-        fprintf(stderr,
-                "step trace: %d entries, %d tokens; schedule %.3f ms (offload saves %lld blocks %.3f ms, host loads "
-                "%lld blocks %.3f ms), run %.3f ms\n",
-                so->num_entries, so->total_tokens, 1e3 * seconds(tsch, ts0), (long long)(os1.saved_blocks - os0.saved_blocks),
-                1e3 * (os1.save_s - os0.save_s), (long long)(os1.host_loaded_blocks - os0.host_loaded_blocks),
-                1e3 * (os1.host_load_s - os0.host_load_s), 1e3 * seconds(ts0, ts1));
+        const long long saved = (long long)(os1.saved_blocks - os0.saved_blocks),
+                        host = (long long)(os1.host_loaded_blocks - os0.host_loaded_blocks),
+                        disk = (long long)(os1.store.loaded[OSP_KV_TIER_DISK] - os0.store.loaded[OSP_KV_TIER_DISK]);
+        if (so->num_entries > 0 || saved > 0 || host > 0 || disk > 0)
+            fprintf(stderr,
+                    "step trace: %d rows, %d tokens; schedule %.3f ms (offload: %lld blocks copied out of the pool "
+                    "%.3f ms, %lld loaded from host memory %.3f ms, %lld disk loads finished), run %.3f ms\n",
+                    so->num_entries, so->total_tokens, 1e3 * seconds(tsch, ts0), saved, 1e3 * (os1.save_s - os0.save_s),
+                    host, 1e3 * (os1.host_load_s - os0.host_load_s), disk, 1e3 * seconds(ts0, ts1));
     }
     for (int32_t i = 0; i < so->num_entries; i++) /* sampled, or an embedding request finished */
         if (so->entries[i].sampled != -1 || so->entries[i].req->state == OSP_REQ_FINISHED) mark(e, so->entries[i].req);
