@@ -275,6 +275,25 @@ struct TopkParams {
     int max_ctx, K, block_size, W;
 };
 
+/* One page's selected positions (the set bits of gt, W words) into idx from index o in ascending order,
+ * and the page as work-table entry e: its logical index j in ej, its bitmask in em. Both top-k kernels. */
+__device__ __forceinline__ void emit_page(const uint32_t (&gt)[kMaxWords], int W, int k0, int j, int o, int e,
+                                          int32_t *idx, int32_t *ej, uint32_t *em) {
+#pragma unroll
+    for (int w = 0; w < kMaxWords; w++) {
+        uint32_t b = gt[w];
+        while (b) {
+            const int i = __ffs(b) - 1;
+            b &= b - 1u;
+            idx[o++] = k0 + 32 * w + i;
+        }
+    }
+    ej[e] = j;
+#pragma unroll
+    for (int w = 0; w < kMaxWords; w++)
+        if (w < W) em[(int64_t)e * W + w] = gt[w];
+}
+
 __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams p) {
     osp_pdl_begin();
     __shared__ uint32_t sHist[kBins];
@@ -385,21 +404,7 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams
         const int sel_incl = block_scan(selc, sWarp, &sel_tot);
         const int ent_incl = block_scan(selc > 0 ? 1 : 0, sWarp, &ent_tot);
         if (selc > 0) {
-            int o = out_run + sel_incl - selc;
-#pragma unroll
-            for (int w = 0; w < kMaxWords; w++) {
-                uint32_t b = gt[w];
-                while (b) {
-                    const int i = __ffs(b) - 1;
-                    b &= b - 1u;
-                    idx[o++] = k0 + 32 * w + i;
-                }
-            }
-            const int e = ent_run + ent_incl - 1;
-            ej[e] = j;
-#pragma unroll
-            for (int w = 0; w < kMaxWords; w++)
-                if (w < W) em[(int64_t)e * W + w] = gt[w];
+            emit_page(gt, W, k0, j, out_run + sel_incl - selc, ent_run + ent_incl - 1, idx, ej, em);
         }
         eq_run += eq_tot, out_run += sel_tot, ent_run += ent_tot;
     }
@@ -467,21 +472,7 @@ __device__ __forceinline__ void emit_pages(const float *sc, int n, int bs, int W
         const int sel_incl = block_scan(selc, sWarp, &sel_tot);
         const int ent_incl = block_scan(selc > 0 ? 1 : 0, sWarp, &ent_tot);
         if (write && selc > 0) {
-            int o = out_run + sel_incl - selc;
-#pragma unroll
-            for (int w = 0; w < kMaxWords; w++) {
-                uint32_t b = gt[w];
-                while (b) {
-                    const int i = __ffs(b) - 1;
-                    b &= b - 1u;
-                    idx[o++] = k0 + 32 * w + i;
-                }
-            }
-            const int e = ent_run + ent_incl - 1;
-            ej[e] = j;
-#pragma unroll
-            for (int w = 0; w < kMaxWords; w++)
-                if (w < W) em[(int64_t)e * W + w] = gt[w];
+            emit_page(gt, W, k0, j, out_run + sel_incl - selc, ent_run + ent_incl - 1, idx, ej, em);
         }
         eq_run += eq_tot, out_run += sel_tot, ent_run += ent_tot, sel_sum += sel_tot, ent_sum += ent_tot;
     }
