@@ -26,7 +26,7 @@
  *           and the device work table timed apart, the sparse attention on that table, the whole chain
  *           (four launches and a memset), and dense / (indexer + sparse): issue 15's 8x goal.
  *
- * Usage: sparse_decode_bench [pages|tokens|dsa|all] (default all). One JSON object a row on stdout after the
+ * Usage: sparse_decode_bench [pages|tokens|dsa|all] (default all; SPARSE_BENCH_B=1 or 8: that batch only). One JSON object a row on stdout after the
  * table (prefix "json ") for RESULTS.md. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <cuda_runtime.h>
@@ -514,18 +514,24 @@ int main(int argc, char **argv) {
     OK(osp_cuda_device_name(name, sizeof name));
     printf("device: %s\n", name);
     const bool all = !strcmp(what, "all");
+    /* SPARSE_BENCH_B=1 or 8: that batch only (a profiler run of one shape) */
+    const char *eb = getenv("SPARSE_BENCH_B");
+    const int only_b = eb ? atoi(eb) : 0;
+#define B_ON(b) (only_b == 0 || only_b == (b))
     if (all || !strcmp(what, "pages")) {
         const int Bs[] = {1, 8}, budgets[] = {256, 64};
         for (int i = 0; i < 2; i++)
-            for (int j = 0; j < 2; j++) run('p', Bs[i], 32768, budgets[j], "pages");
+            for (int j = 0; j < 2; j++)
+                if (B_ON(Bs[i])) run('p', Bs[i], 32768, budgets[j], "pages");
     }
     if (all || !strcmp(what, "tokens")) {
-        run('t', 1, 131072, 2048, "tokens");
-        run('t', 8, 131072, 2048, "tokens");
+        if (B_ON(1)) run('t', 1, 131072, 2048, "tokens");
+        if (B_ON(8)) run('t', 8, 131072, 2048, "tokens");
     }
     if (all || !strcmp(what, "dsa")) {
-        run_dsa(1, 131072);
-        run_dsa(8, 131072);
+        if (B_ON(1)) run_dsa(1, 131072);
+        if (B_ON(8)) run_dsa(8, 131072);
     }
+#undef B_ON
     return 0;
 }

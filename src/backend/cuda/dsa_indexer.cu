@@ -72,6 +72,7 @@ struct ScoreParams {
     float *scores;           /* [T, max_ctx] */
     uint32_t *hist;          /* [T, kBins] */
     int max_blocks, block_size, max_ctx, tiles_per_cta;
+    int n_heads;             /* dsa_score_wg_kernel: index heads (<= 64; the rest of its 64 columns are zero) */
 };
 
 template <int DI, int NT>
@@ -214,6 +215,146 @@ __global__ void __launch_bounds__(kScoreThreads) dsa_score_kernel(const ScorePar
         if (sHist[i]) atomicAdd(gh + i, sHist[i]);
 }
 
+/* ---- the default scoring kernel: wgmma, keys straight from global memory into A registers ----
+ * A CTA is one warpgroup; per 64-key tile, warp w holds keys 16 w .. 16 w + 15 as the A operand of
+ * wgmma.m64n64k16 (mma.m16n8k16's A fragment: lane (g, c4) rows g and g + 8) and q_I (the 64 index heads,
+ * zero beyond n_heads) is B, K-major in 128-byte-swizzled shared memory, read by descriptor. The dot
+ * product's dimension order is permuted so that a lane's A fragments of all DI / 16 k-steps are whole
+ * 16-byte pieces of its two keys' codes: logical k = 16 kk + 8 hi + 2 c4 + e of k-step kk maps to the
+ * byte 16 (c4 + 4 (kk / 4)) + 4 (kk mod 4) + 2 hi + e of the key (a bijection on [0, DI)); q_I is stored
+ * under the same map, so every product q_j(d) k(d) is still summed once. A lane loads its 2 keys' DI / 4
+ * bytes (16-byte loads; 4 lanes read a key's 64-byte half contiguously), converts E4M3 -> f16 in registers
+ * (exact), and the next tile's loads are in flight during this one's products and sums. No shared memory
+ * for the keys and no barrier in the loop. Per key: sum over the lane's 16 heads (ascending) of
+ * w_j ReLU(dot_j), then the quad, times the key's scale: the same instructions for every key whatever its
+ * tile, CTA or batch. The scores differ from dsa_score_kernel's in rounding (another product order). */
+constexpr int kWgKeys = 64;
+
+template <int DI>
+__global__ void __launch_bounds__(128) dsa_score_wg_kernel(const ScoreParams p) {
+    osp_pdl_begin();
+    constexpr int KT = DI / 16, GROUPS = DI / 64;
+    extern __shared__ uint4 wg_smem[];
+    uint8_t *base = reinterpret_cast<uint8_t *>(wg_smem);
+    base += (1024u - (smem_u32(base) & 1023u)) & 1023u;
+    uint16_t *sQ = reinterpret_cast<uint16_t *>(base);                       /* [GROUPS][64 heads][64] f16, swizzled */
+    uint32_t *sHist = reinterpret_cast<uint32_t *>(base + GROUPS * 8192);     /* [kBins] */
+
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c4 = lane & 3;
+    const int t = (int)blockIdx.y;
+    const int n = min(p.positions[t] + 1, p.max_ctx); /* keys [0, n) */
+    const int tile_lo = (int)blockIdx.x * p.tiles_per_cta;
+    const int tile_hi = min(tile_lo + p.tiles_per_cta, (n + kWgKeys - 1) / kWgKeys);
+    if (tile_lo >= tile_hi) return; /* uniform */
+    const int s = p.token_seq[t];
+    const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
+    const int H = p.n_heads;
+
+    for (int i = tid; i < kBins; i += 128) sHist[i] = 0u;
+    /* q_I: uint4 u = head h, physical dims 8 m .. 8 m + 7; each bf16 pair (2 hi + e, e = 0, 1) lands on
+     * logical k = 16 kk + 8 hi + 2 cc + e with G = m / 8, cc = (m mod 8) / 2, kk = 4 G + 2 (m mod 2) + (pair / 2) */
+    for (int u = tid; u < 64 * DI / 8; u += 128) {
+        const int h = u / (DI / 8), m = u % (DI / 8);
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (h < H) v = __ldg(reinterpret_cast<const uint4 *>(p.q + ((int64_t)t * H + h) * DI) + m);
+        const uint32_t in[4] = {v.x, v.y, v.z, v.w};
+        const int G = m / 8, cc = (m % 8) / 2;
+#pragma unroll
+        for (int pr = 0; pr < 4; pr++) { /* physical dims 8 m + 2 pr, + 1 */
+            const int kk = 4 * G + 2 * (m % 2) + pr / 2, hi = pr % 2;
+            const int k = 16 * kk + 8 * hi + 2 * cc, kc = k % 64;
+            const float lo = __uint_as_float(in[pr] << 16), hv = __uint_as_float(in[pr] & 0xffff0000u);
+            const uint32_t off = (uint32_t)((k / 64) * 8192 + h * 128 + (((kc / 8) ^ (h % 8)) * 16) + (kc % 8) * 2);
+            *reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(sQ) + off) =
+                pack_f16x2(clamp_f16_range(lo), clamp_f16_range(hv));
+        }
+    }
+    /* the lane's 16 heads' weights: head 8 nt + 2 c4 + e */
+    float wr[8][2];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int h = 8 * nt + 2 * c4 + e;
+            wr[nt][e] = h < H ? p.w[(int64_t)t * H + h] : 0.0f;
+        }
+    fence_proxy_async(); /* sQ's generic-proxy stores, visible to wgmma */
+    __syncthreads();
+
+    uint4 raw[2][GROUPS];
+    float rs[2];
+    auto load = [&](int tile) { /* rows g, g + 8 of this warp's 16 keys: bytes 16 (c4 + 4 G) .. + 15 */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int pos = tile * kWgKeys + 16 * warp + 8 * r + g;
+            rs[r] = 0.0f;
+#pragma unroll
+            for (int G = 0; G < GROUPS; G++) raw[r][G] = make_uint4(0u, 0u, 0u, 0u);
+            if (pos < n) {
+                const int64_t row = (int64_t)bt[pos / p.block_size] * p.block_size + pos % p.block_size;
+                const uint4 *src = reinterpret_cast<const uint4 *>(p.codes + row * DI);
+#pragma unroll
+                for (int G = 0; G < GROUPS; G++) raw[r][G] = __ldg(src + c4 + 4 * G);
+                rs[r] = __ldg(p.scales + row);
+            }
+        }
+    };
+    load(tile_lo);
+    const uint32_t sQ_u = smem_u32(sQ);
+    float *out = p.scores + (int64_t)t * p.max_ctx;
+
+    for (int tile = tile_lo; tile < tile_hi; tile++) {
+        uint32_t a[KT][4];
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++) {
+            const int G = kk / 4, wd = kk % 4;
+            const uint32_t w0 = wd == 0 ? raw[0][G].x : wd == 1 ? raw[0][G].y : wd == 2 ? raw[0][G].z : raw[0][G].w;
+            const uint32_t w1 = wd == 0 ? raw[1][G].x : wd == 1 ? raw[1][G].y : wd == 2 ? raw[1][G].z : raw[1][G].w;
+            a[kk][0] = e4m3x2_to_f16x2(w0), a[kk][1] = e4m3x2_to_f16x2(w1);
+            a[kk][2] = e4m3x2_to_f16x2(w0 >> 16), a[kk][3] = e4m3x2_to_f16x2(w1 >> 16);
+        }
+        const float sc0 = rs[0], sc1 = rs[1];
+        if (tile + 1 < tile_hi) load(tile + 1); /* in flight during the products */
+
+        float acc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        wg_fence_operands(acc);
+        wg_fence_operands(a);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < KT; kk++)
+            wgmma_m64n64<0>(acc, a[kk], wg_desc(sQ_u + (uint32_t)((kk / 4) * 8192 + (kk % 4) * 32), 16, 1024), kk > 0);
+        wg_commit();
+        wg_wait_all();
+        wg_fence_operands(acc);
+        wg_fence_operands(a);
+
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float part = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float d = acc[nt][2 * r + e];
+                    part = __fmaf_rn(wr[nt][e], d > 0.0f ? d : 0.0f, part);
+                }
+            part = quad_sum(part);
+            const int pos = tile * kWgKeys + 16 * warp + 8 * r + g;
+            if (c4 == r && pos < n) {
+                const float sc = __fmul_rn(part, r ? sc1 : sc0);
+                out[pos] = sc;
+                atomicAdd(&sHist[order_key(sc) >> 20], 1u);
+            }
+        }
+    }
+    __syncthreads(); /* every key of the CTA counted */
+    uint32_t *gh = p.hist + (int64_t)t * kBins;
+    for (int i = tid; i < kBins; i += 128)
+        if (sHist[i]) atomicAdd(gh + i, sHist[i]);
+}
+
 /* inclusive scan of v over the CTA's kTopkThreads threads (sWarp: 32 ints); the total through *total */
 __device__ __forceinline__ int block_scan(int v, int *sWarp, int *total) {
     const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
@@ -263,6 +404,19 @@ __device__ __forceinline__ void find_digit(const uint32_t *h, int nbins, int kre
         }
     }
     __syncthreads();
+}
+
+/* key appended to cand[] (at most kCand kept) when take: one shared-memory atomic a warp, not a lane (the
+ * k-th's bin can hold thousands of a slice's keys: a lane an atomic on one counter serializes them). Every
+ * lane of the warp calls it. The slots' order is not the keys' order; only counts are read from cand. */
+__device__ __forceinline__ void append_cand(bool take, uint32_t key, int *cnt, uint32_t *cand) {
+    const unsigned m = __ballot_sync(0xffffffffu, take);
+    if (!m) return;
+    const int lane = (int)threadIdx.x & 31, leader = __ffs((int)m) - 1;
+    int slot = 0;
+    if (lane == leader) slot = atomicAdd(cnt, __popc(m));
+    slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & ((1u << lane) - 1u));
+    if (take && slot < kCand) cand[slot] = key;
 }
 
 struct TopkParams {
@@ -326,10 +480,7 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const uint32_t key = order_key(v[u]);
-                    if (i0 + u * kTopkThreads + tid < n && (key >> 20) == b1) {
-                        const int slot = atomicAdd(&sCnt, 1);
-                        if (slot < kCand) sCand[slot] = key; /* always: the bin holds <= kCand keys */
-                    }
+                    append_cand(i0 + u * kTopkThreads + tid < n && (key >> 20) == b1, key, &sCnt, sCand);
                 }
             }
             __syncthreads();
@@ -518,10 +669,7 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_cluster_kernel(const To
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const uint32_t key = order_key(v[u]);
-                    if (i0 + u * kTopkThreads + tid < x_hi && (key >> 20) == b1) {
-                        const int slot = atomicAdd(&sCnt, 1);
-                        if (slot < kCand) sCand[slot] = key;
-                    }
+                    append_cand(i0 + u * kTopkThreads + tid < x_hi && (key >> 20) == b1, key, &sCnt, sCand);
                 }
             }
             __syncthreads();
@@ -662,6 +810,14 @@ template <int DI, int NT> osp_status launch_score(const ScoreParams &prm, dim3 g
     return OSP_OK;
 }
 
+template <int DI> osp_status launch_score_wg(const ScoreParams &prm, dim3 grid, cudaStream_t st) {
+    const int smem = (DI / 64) * 8192 + kBins * 4 + 1024; /* + 1 KiB: the swizzled q_I 1024-byte aligned */
+    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_score_wg_kernel<DI>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    osp_launch(dsa_score_wg_kernel<DI>, grid, 128, (size_t)smem, st, prm);
+    OSP_CUDA_LAUNCH_CHECK("dsa_score_wg_kernel");
+    return OSP_OK;
+}
+
 } // namespace
 } // namespace osp_dsa
 
@@ -689,8 +845,7 @@ extern "C" osp_status osp_cuda_dsa_score(const uint16_t *d_q, const float *d_w, 
     prm.q = d_q, prm.w = d_w, prm.codes = d_k_codes, prm.scales = d_k_scales, prm.positions = d_positions;
     prm.token_seq = d_token_seq, prm.block_table = d_block_table, prm.scores = d_scores, prm.hist = d_hist;
     prm.max_blocks = max_blocks, prm.block_size = block_size, prm.max_ctx = max_ctx;
-    /* tiles a CTA: one wave of 2 CTAs an SM over the launch (a CTA's fixed cost, q_I and the histogram, is
-     * paid once per run of tiles; no bit depends on it) */
+    prm.n_heads = n_heads;
     static int sms = 0;
     if (!sms) {
         int dev = 0, v = 0;
@@ -698,6 +853,18 @@ extern "C" osp_status osp_cuda_dsa_score(const uint16_t *d_q, const float *d_w, 
             sms = v;
         else sms = 132;
     }
+    const char *sv = getenv("OSPREY_DSA_SCORE"); /* "mma": the mma.sync kernel (keys through shared memory) */
+    if (!(sv && !strcmp(sv, "mma"))) {
+        /* tiles a CTA: one wave of the CTAs an SM holds over the launch (a CTA's fixed cost, q_I and the
+         * histogram, is paid once per run of tiles; no bit depends on it) */
+        const int64_t tiles = (max_ctx + kWgKeys - 1) / kWgKeys, slots = 4 * (int64_t)sms;
+        int64_t tpc = (tiles * T + slots - 1) / slots;
+        tpc = tpc < 2 ? 2 : tpc > 128 ? 128 : tpc;
+        prm.tiles_per_cta = (int)tpc;
+        const dim3 grid((unsigned)((tiles + tpc - 1) / tpc), (unsigned)T);
+        return head_dim == 128 ? launch_score_wg<128>(prm, grid, st) : launch_score_wg<64>(prm, grid, st);
+    }
+    /* tiles a CTA: one wave of 2 CTAs an SM over the launch */
     const int64_t tiles = (max_ctx + kTileKeys - 1) / kTileKeys, slots = 2 * (int64_t)sms;
     int64_t tpc = (tiles * T + slots - 1) / slots;
     tpc = tpc < 1 ? 1 : tpc > 64 ? 64 : tpc;
