@@ -2,9 +2,9 @@
 # On the GPU machine, from bench/sparse/pack.sh's .carry/sparse.tar.xz (nothing built here; unpacked
 # into /tmp/osprey-sparse, which later calls on the warm machine reuse without carrying it again):
 #   run.sh [test]   the block-sparse decode kernel's and Quest's tests (default; programmatic dependent
-#                   launch on; 2 K/V stages), then sparse_decode_bench (issue 15's timings)
+#                   launch on; 3 K/V stages), then sparse_decode_bench (issue 15's timings)
 #   run.sh sanitize compute-sanitizer memcheck and racecheck on the test's OSPREY_TEST_SANITIZER_SUBSET cases
-#   run.sh bench2   sparse_decode_bench with 2 K/V stages (OSPREY_SPARSE_STAGES=2)
+#   run.sh bench2   sparse_decode_bench with 3 K/V stages (OSPREY_SPARSE_STAGES=3)
 #   run.sh dsa      the DSA lightning indexer's test (test_gpu_dsa, then with programmatic dependent launch)
 #                   and `sparse_decode_bench dsa` (indexer + sparse attention vs dense at 128k, batch 1 and 8;
 #                   again with PDL), then `sparse_decode_bench tokens`
@@ -35,7 +35,7 @@ if [ "$what" = test ]; then
     step test_gpu_sparse $G/bin/test_gpu_sparse
     [ $fails = 0 ] || { echo "---- test_gpu_sparse output (tail):"; tail -60 "$LOG"; }
     step "test_gpu_sparse (OSPREY_CUDA_PDL=1)" env OSPREY_CUDA_PDL=1 $G/bin/test_gpu_sparse
-    step "test_gpu_sparse (OSPREY_SPARSE_STAGES=2)" env OSPREY_SPARSE_STAGES=2 $G/bin/test_gpu_sparse
+    step "test_gpu_sparse (OSPREY_SPARSE_STAGES=3)" env OSPREY_SPARSE_STAGES=3 $G/bin/test_gpu_sparse
     echo "==== sparse_decode_bench" | tee -a "$LOG"
     $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
@@ -45,8 +45,8 @@ elif [ "$what" = sanitize ]; then
     step "racecheck test_gpu_sparse (subset)" env OSPREY_TEST_SANITIZER_SUBSET=1 compute-sanitizer --tool racecheck --error-exitcode 9 $G/bin/test_gpu_sparse
     [ $fails = 0 ] || { echo "---- sanitizer output (tail):"; tail -40 "$LOG"; }
 elif [ "$what" = bench2 ]; then
-    echo "==== sparse_decode_bench (OSPREY_SPARSE_STAGES=2)" | tee -a "$LOG"
-    OSPREY_SPARSE_STAGES=2 $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
+    echo "==== sparse_decode_bench (OSPREY_SPARSE_STAGES=3)" | tee -a "$LOG"
+    OSPREY_SPARSE_STAGES=3 $G/bin/sparse_decode_bench all 2>&1 | tee -a "$LOG" | grep -v '^json '
     [ "${PIPESTATUS[0]}" = 0 ] || { echo "sparse_decode_bench FAILED"; fails=$((fails + 1)); }
 elif [ "$what" = dsa ]; then
     [ -x $G/bin/test_gpu_dsa ] || { echo "sparse run: no test_gpu_dsa in the tarball (bench/sparse/pack.sh)"; exit 1; }

@@ -16,7 +16,7 @@
  * sparse: K and V rows of the kept tokens plus the table's 16 bytes an entry) and those bytes over the time
  * (effective GB/s), table entries (pages) and kept tokens, chunks a row, and dense / sparse. Goals (issue
  * 15): >= 4x at 256 pages / 32k, >= 8x at 2,048 tokens / 128k (attention only). Pages rows also time
- * Quest's scoring and top-k on the GPU (osp_cuda_quest_select: fp32 summaries, sink 1, recent 2) for the
+ * Quest's scoring and top-k on the GPU (osp_cuda_quest_select: fp32 and f16 summaries, sink 1, recent 2) for the
  * same rows, separately, and dense / (Quest + sparse), then the whole step on the device (Quest's
  * selection, osp_cuda_quest_table's work table, the sparse kernel: three launches and the table's two)
  * against dense.
@@ -140,8 +140,11 @@ typedef struct {
     uint16_t *d_q, *d_out;
     size_t ws_sparse_bytes;
     osp_cuda_sparse_table tab;
-    /* Quest on the GPU (pages rows): fp32 summaries [nblocks, HKV, D], scores, pages, counts */
-    float *d_kmin, *d_kmax, *d_scores;
+    /* Quest on the GPU (pages rows): summaries [nblocks, HKV, D] (fp32, and the same values in f16, the
+     * pages' dtype), scores, pages, counts; qsum: the type launch_quest reads */
+    void *d_kmin, *d_kmax, *d_kmin16, *d_kmax16;
+    osp_cuda_quest_summary qsum;
+    float *d_scores;
     int32_t *d_qpages, *d_qcounts;
     int topk;
     osp_cuda_sparse_table qtab; /* the table of Quest's selection, built on the device */
@@ -165,7 +168,8 @@ static void launch_sparse(void *p) {
 
 static void launch_quest(void *p) {
     bench_ctx *c = p;
-    OK(osp_cuda_quest_select(c->d_kmin, c->d_kmax, c->d_q, c->d_pos, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, H, HKV, D,
+    const bool f32 = c->qsum == OSP_CUDA_QUEST_F32;
+    OK(osp_cuda_quest_select(f32 ? c->d_kmin : c->d_kmin16, f32 ? c->d_kmax : c->d_kmax16, c->qsum, c->d_q, c->d_pos, c->d_tok, c->d_bt, c->nb_seq, BS, c->B, H, HKV, D,
                              c->topk, 1, 2, c->d_scores, c->d_qpages, c->d_qcounts, NULL));
 }
 
@@ -278,27 +282,37 @@ static void run(char kind, int B, int ctx, int budget, const char *label) {
     if (c.ws_sparse_bytes) OK(osp_cuda_malloc(&c.ws_sparse, c.ws_sparse_bytes, "ws sparse"));
 
     const double us_d = time_us(launch_dense, &c), us_s = time_us(launch_sparse, &c);
-    double us_q = 0.0; /* Quest's scoring and top-k for the same rows (pages rows), fp32 summaries */
+    double us_q = 0.0; /* Quest's scoring and top-k for the same rows (pages rows), f16 summaries */
     if (kind == 'p') {
         const size_t ns = (size_t)nblocks * HKV * D;
         float *h = malloc(ns * sizeof(float) * 2);
-        for (size_t i = 0; i < ns; i++) {
-            const float x = rnd_unit(), y = rnd_unit();
+        uint16_t *h16 = malloc(ns * sizeof(uint16_t) * 2);
+        for (size_t i = 0; i < ns; i++) { /* values of f16 keys: the f16 summaries equal the fp32 ones */
+            const float x = osp_fp16_to_fp32(osp_fp32_to_fp16(rnd_unit())), y = osp_fp16_to_fp32(osp_fp32_to_fp16(rnd_unit()));
             h[i] = x < y ? x : y, h[ns + i] = x < y ? y : x;
+            h16[i] = osp_fp32_to_fp16(h[i]), h16[ns + i] = osp_fp32_to_fp16(h[ns + i]);
         }
-        OK(osp_cuda_malloc((void **)&c.d_kmin, ns * sizeof(float), "kmin"));
-        OK(osp_cuda_malloc((void **)&c.d_kmax, ns * sizeof(float), "kmax"));
+        OK(osp_cuda_malloc(&c.d_kmin, ns * sizeof(float), "kmin"));
+        OK(osp_cuda_malloc(&c.d_kmax, ns * sizeof(float), "kmax"));
+        OK(osp_cuda_malloc(&c.d_kmin16, ns * sizeof(uint16_t), "kmin f16"));
+        OK(osp_cuda_malloc(&c.d_kmax16, ns * sizeof(uint16_t), "kmax f16"));
         OK(osp_cuda_malloc((void **)&c.d_scores, sizeof(float) * (size_t)rows * (size_t)c.nb_seq, "scores"));
         OK(osp_cuda_malloc((void **)&c.d_qpages, sizeof(int32_t) * (size_t)rows * (size_t)budget, "pages"));
         OK(osp_cuda_malloc((void **)&c.d_qcounts, sizeof(int32_t) * (size_t)rows, "counts"));
         CK(cudaMemcpy(c.d_kmin, h, ns * sizeof(float), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(c.d_kmax, h + ns, ns * sizeof(float), cudaMemcpyHostToDevice));
-        free(h);
+        CK(cudaMemcpy(c.d_kmin16, h16, ns * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(c.d_kmax16, h16 + ns, ns * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        free(h), free(h16);
         c.topk = budget;
+        c.qsum = OSP_CUDA_QUEST_F32;
+        const double us_q32 = time_us(launch_quest, &c);
+        c.qsum = OSP_CUDA_QUEST_F16;
         us_q = time_us(launch_quest, &c);
-        printf("quest   B %d ctx %6d budget %4d        | scores + top-k %7.1f us (summaries %.1f MB: %6.0f GB/s) | "
-               "quest + sparse %7.1f us | dense / (quest + sparse) %5.2fx\n",
-               B, ctx, budget, us_q, 2.0 * ns * 4 / 1e6, 2.0 * ns * 4 / (us_q * 1e3), us_q + us_s, us_d / (us_q + us_s));
+        printf("quest   B %d ctx %6d budget %4d        | scores + top-k: fp32 summaries %7.1f us (%.1f MB: %6.0f GB/s), "
+               "f16 %7.1f us (%.1f MB: %6.0f GB/s) | f16 quest + sparse %7.1f us | dense / (quest + sparse) %5.2fx\n",
+               B, ctx, budget, us_q32, 2.0 * ns * 4 / 1e6, 2.0 * ns * 4 / (us_q32 * 1e3), us_q, 2.0 * ns * 2 / 1e6,
+               2.0 * ns * 2 / (us_q * 1e3), us_q + us_s, us_d / (us_q + us_s));
         /* the pipeline: selection, device-built table, attention */
         const size_t cap = (size_t)rows * (size_t)budget;
         OK(osp_cuda_malloc((void **)&c.d_qip, sizeof(int32_t) * (size_t)(rows + 1), "q indptr"));
@@ -317,6 +331,7 @@ static void run(char kind, int B, int ctx, int budget, const char *label) {
         osp_cuda_free(c.d_qip), osp_cuda_free(c.d_qind), osp_cuda_free(c.d_qpg), osp_cuda_free(c.d_qfl);
         osp_cuda_free(c.d_qtm), osp_cuda_free(c.ws_q);
         osp_cuda_free(c.d_kmin), osp_cuda_free(c.d_kmax), osp_cuda_free(c.d_scores), osp_cuda_free(c.d_qpages);
+        osp_cuda_free(c.d_kmin16), osp_cuda_free(c.d_kmax16);
         osp_cuda_free(c.d_qcounts);
     }
     const double bytes_d = (double)B * ctx * HKV * D * 2.0 * 2.0;

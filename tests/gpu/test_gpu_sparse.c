@@ -519,7 +519,7 @@ static void test_arguments(void **state) {
  * bounds of +inf, or NaN where a q component is 0, which never wins); contexts below, at and above the
  * budget; budgets with and without sinks and recent pages. */
 static void quest_case(int n_head, int n_kv, int D, int bs, int num_seqs, const int32_t *lens, int topk, int sink,
-                       int recent, bool coarse, uint64_t seed) {
+                       int recent, bool coarse, uint64_t seed, osp_cuda_quest_summary summary) {
     g_rng = seed;
     int32_t maxb = 0, used = 0;
     for (int s = 0; s < num_seqs; s++) {
@@ -559,15 +559,30 @@ static void quest_case(int n_head, int n_kv, int D, int bs, int num_seqs, const 
     }
     int32_t pos[MAX_SEQS], seqs[MAX_SEQS];
     for (int s = 0; s < num_seqs; s++) pos[s] = lens[s] - 1, seqs[s] = s;
-    const size_t tab = (size_t)nblocks * (size_t)n_kv * (size_t)D * sizeof(float);
-    void *dmin = dev_put(qs.kmin, tab), *dmax = dev_put(qs.kmax, tab), *dq = dev_put(q, nq * 2);
+    /* 16-bit summaries: the values rounded to that type first (as a cache of f16 / bf16 pages has them), the
+     * reference reading the rounded values as fp32 */
+    const size_t nsum = (size_t)nblocks * (size_t)n_kv * (size_t)D;
+    void *dmin, *dmax;
+    if (summary == OSP_CUDA_QUEST_F32) {
+        dmin = dev_put(qs.kmin, nsum * sizeof(float)), dmax = dev_put(qs.kmax, nsum * sizeof(float));
+    } else {
+        uint16_t *h16 = xmalloc(nsum * 2 * sizeof(uint16_t));
+        for (size_t i = 0; i < 2 * nsum; i++) {
+            float *v = i < nsum ? &qs.kmin[i] : &qs.kmax[i - nsum];
+            h16[i] = summary == OSP_CUDA_QUEST_F16 ? osp_fp32_to_fp16(*v) : osp_fp32_to_bf16(*v);
+            *v = summary == OSP_CUDA_QUEST_F16 ? osp_fp16_to_fp32(h16[i]) : osp_bf16_to_fp32(h16[i]);
+        }
+        dmin = dev_put(h16, nsum * 2), dmax = dev_put(h16 + nsum, nsum * 2);
+        free(h16);
+    }
+    void *dq = dev_put(q, nq * 2);
     void *dpos = dev_put(pos, sizeof(int32_t) * (size_t)num_seqs), *dseq = dev_put(seqs, sizeof(int32_t) * (size_t)num_seqs);
     void *dbt = dev_put(bt, sizeof(int32_t) * (size_t)(num_seqs * maxb));
     const int rows = num_seqs * n_kv;
     void *dsc = dev_alloc_fill(sizeof(float) * (size_t)rows * (size_t)maxb, 0xFF);
     void *dpages = dev_alloc_fill(sizeof(int32_t) * (size_t)rows * (size_t)topk, 0xFF);
     void *dcnt = dev_alloc_fill(sizeof(int32_t) * (size_t)rows, 0xFF);
-    assert_int_equal(osp_cuda_quest_select(dmin, dmax, dq, dpos, dseq, dbt, maxb, bs, num_seqs, n_head, n_kv, D, topk,
+    assert_int_equal(osp_cuda_quest_select(dmin, dmax, summary, dq, dpos, dseq, dbt, maxb, bs, num_seqs, n_head, n_kv, D, topk,
                                            sink, recent, dsc, dpages, dcnt, NULL),
                      OSP_OK);
     int32_t *gp = xmalloc(sizeof(int32_t) * (size_t)rows * (size_t)topk), *gc = xmalloc(sizeof(int32_t) * (size_t)rows);
@@ -593,8 +608,9 @@ static void quest_case(int n_head, int n_kv, int D, int bs, int num_seqs, const 
                 printf("\n");
             }
         }
-    printf("quest heads %d/%d D %d bs %d topk %d sink %d recent %d coarse %d: %d of %d rows differ\n", n_head, n_kv, D,
-           bs, topk, sink, recent, (int)coarse, bad, rows);
+    printf("quest heads %d/%d D %d bs %d topk %d sink %d recent %d coarse %d summaries %s: %d of %d rows differ\n", n_head,
+           n_kv, D, bs, topk, sink, recent, (int)coarse,
+           summary == OSP_CUDA_QUEST_F32 ? "f32" : summary == OSP_CUDA_QUEST_F16 ? "f16" : "bf16", bad, rows);
     assert_int_equal(bad, 0);
 
     /* the device-built work table of the selection = osp_sparse_wt_build's from the engine hook's candidates */
@@ -653,12 +669,18 @@ static void quest_case(int n_head, int n_kv, int D, int bs, int num_seqs, const 
 static void test_quest_select(void **state) {
     (void)state;
     const int32_t lens[] = {4096, 16, 1000, 33000, 257, 2048, 8192, 5};
-    quest_case(32, 8, 128, 16, 8, lens, 64, 1, 2, false, 0x9E57u);
+    quest_case(32, 8, 128, 16, 8, lens, 64, 1, 2, false, 0x9E57u, OSP_CUDA_QUEST_F32);
+    quest_case(32, 8, 128, 16, 8, lens, 64, 1, 2, false, 0x9E57u, OSP_CUDA_QUEST_BF16);
     if (g_subset) return;
-    quest_case(32, 8, 128, 16, 8, lens, 256, 0, 0, true, 0x9E58u);
-    quest_case(32, 8, 128, 16, 8, lens, 16, 4, 12, true, 0x9E59u); /* k = 0: sinks and recent pages only */
-    quest_case(8, 8, 64, 16, 8, lens, 100, 2, 1, true, 0x9E5Au);
-    quest_case(16, 2, 64, 32, 8, lens, 40, 1, 1, true, 0x9E5Bu);
+    quest_case(32, 8, 128, 16, 8, lens, 64, 1, 2, false, 0x9E5Cu, OSP_CUDA_QUEST_F16);
+    quest_case(32, 8, 128, 16, 8, lens, 256, 0, 0, true, 0x9E58u, OSP_CUDA_QUEST_F32);
+    quest_case(32, 8, 128, 16, 8, lens, 256, 0, 0, true, 0x9E58u, OSP_CUDA_QUEST_BF16);
+    quest_case(32, 8, 128, 16, 8, lens, 16, 4, 12, true, 0x9E59u, OSP_CUDA_QUEST_F32); /* k = 0: sinks and recent pages only */
+    quest_case(8, 8, 64, 16, 8, lens, 100, 2, 1, true, 0x9E5Au, OSP_CUDA_QUEST_F32);
+    quest_case(8, 8, 64, 16, 8, lens, 100, 2, 1, true, 0x9E5Au, OSP_CUDA_QUEST_F16);
+    quest_case(16, 2, 64, 32, 8, lens, 40, 1, 1, true, 0x9E5Bu, OSP_CUDA_QUEST_F32);
+    quest_case(16, 2, 512, 16, 8, lens, 40, 1, 1, false, 0x9E5Du, OSP_CUDA_QUEST_F32); /* 32 pages a CTA */
+    quest_case(8, 1, 1024, 16, 8, lens, 40, 1, 1, false, 0x9E5Eu, OSP_CUDA_QUEST_F32); /* 16 pages a CTA, 8 heads */
 }
 
 int main(void) {

@@ -12,7 +12,7 @@
  *      kv == p, FULL every kv < seq_len, partial tmask bit and kv < seq_len and the built-in mask), count
  *      them, scan the counts over the CTA, and write the chunk's kept physical rows (page * block_size +
  *      slot) in entry order, slot order within an entry, to shared memory: at most 1,024 keys a chunk.
- *   2. attend: the kept keys in 64-key tiles through a cp.async pipeline of 3 K/V tiles (2 .. 4 with
+ *   2. attend: the kept keys in 64-key tiles through a cp.async pipeline of 2 K/V tiles (2 .. 4 with
  *      OSPREY_SPARSE_STAGES, for benchmarks; no result bit depends on it) (rows past the
  *      kept count zero-filled, never read), the products of attention_dec.cu (v4) with the keys on the
  *      long side: S^T = K Q^T by mma.sync m16n8k16 (warp w: keys 16 w .. 16 w + 15 of the tile; Q^T's <= 16
@@ -45,9 +45,11 @@ using namespace osp_attn;
 constexpr int kThreads = 128;     /* 4 warps */
 constexpr int kKeys = 64;         /* keys a tile */
 constexpr int kPS = kKeys + 8;    /* P^T's shared row stride, halves */
-constexpr int kStagesDefault = 3; /* K/V tiles in flight (2 .. 4: OSPREY_SPARSE_STAGES; no bit changes) */
+constexpr int kStagesDefault = 2; /* K/V tiles in flight (2 .. 4: OSPREY_SPARSE_STAGES; no bit changes): 2 measured
+                                   * faster than 3 at batch 8 (70 KB of shared memory, 3 CTAs an SM; H100) */
 constexpr int kMaxKeys = 1024;    /* kept keys a chunk at most (entries x block_size) */
-constexpr int kTargetChunks = 16; /* a row is cut into at most this many chunks while chunks stay <= kMaxKeys */
+constexpr int kTargetChunks = 16; /* a row is cut into at most this many chunks while chunks stay <= kMaxKeys
+                                     * (8 .. 64: OSPREY_SPARSE_CHUNKS, for benchmarks; the chunking changes bits) */
 constexpr int kMaxBlock = 256;
 constexpr int kFull = 1, kSelf = 2; /* OSP_WT_FULL, OSP_WT_SELF (src/sparse/worktable.h) */
 /* osp_mask_kind (src/sparse/block_mask.h) */
@@ -62,17 +64,17 @@ __host__ __device__ inline int floor_pow2(int x) {
     while (2 * p <= x) p *= 2;
     return p;
 }
-__host__ __device__ inline int chunk_entries_of(int n, int bs) {
+__host__ __device__ inline int chunk_entries_of(int n, int bs, int target) {
     const int cmax = floor_pow2(kMaxKeys / bs);
     int cmin = 1;
     while (cmin * bs < kKeys && cmin < cmax) cmin *= 2;
-    const int want = (n + kTargetChunks - 1) / kTargetChunks;
+    const int want = (n + target - 1) / target;
     int ch = cmin;
     while (ch < want && ch < cmax) ch *= 2;
     return ch;
 }
-__host__ __device__ inline int chunks_of(int n, int bs) {
-    const int ch = chunk_entries_of(n, bs);
+__host__ __device__ inline int chunks_of(int n, int bs, int target) {
+    const int ch = chunk_entries_of(n, bs, target);
     return n <= 0 ? 1 : (n + ch - 1) / ch;
 }
 
@@ -92,6 +94,7 @@ struct SParams {
     float *ws_acc;  /* [T, n_head, ws_stride, D] */
     float2 *ws_ml;  /* [T, n_head, ws_stride] */
     int ws_stride;  /* chunks a row in the workspace */
+    int target_chunks; /* kTargetChunks or OSPREY_SPARSE_CHUNKS */
     int groups, mask_words, max_blocks, block_size, n_head, n_head_kv, grp;
     bool per_q_head;
     int mask_kind, window, sinks, prefix_len;
@@ -167,9 +170,9 @@ __global__ void __launch_bounds__(kThreads, 2) sparse_dec_kernel(const SParams p
     const int g = lane >> 2, c4 = lane & 3;
     const int r = (int)blockIdx.x, c = (int)blockIdx.y;
     const int e_lo = p.indptr[r], n = p.indptr[r + 1] - e_lo;
-    const int nch = chunks_of(n, p.block_size);
+    const int nch = chunks_of(n, p.block_size, p.target_chunks);
     if (c >= nch) return;
-    const int CH = chunk_entries_of(n, p.block_size);
+    const int CH = chunk_entries_of(n, p.block_size, p.target_chunks);
     const int eb = e_lo + c * CH, ee = min(eb + CH, e_lo + n);
     const int t = r / p.groups, grp_i = r % p.groups;
     const int h0 = p.per_q_head ? grp_i : grp_i * p.grp, nh = p.per_q_head ? 1 : p.grp;
@@ -409,7 +412,7 @@ template <int D> __global__ void __launch_bounds__(D) sparse_merge_kernel(const 
     const int grp_i = p.per_q_head ? h : h / p.grp;
     const int r = t * p.groups + grp_i;
     const int n = p.indptr[r + 1] - p.indptr[r];
-    const int nch = chunks_of(n, p.block_size);
+    const int nch = chunks_of(n, p.block_size, p.target_chunks);
     if (nch <= 1) return; /* written by the chunk's CTA */
     const float2 *ml = p.ws_ml + orow * p.ws_stride;
     const float *acc = p.ws_acc + orow * p.ws_stride * D + d;
@@ -450,6 +453,17 @@ template <int D, int NQ, int ST> osp_status launch_dec(const SParams &prm, dim3 
     return OSP_OK;
 }
 
+/* chunks a row at most: OSPREY_SPARSE_CHUNKS=8, 16, 32 or 64 (read once), else kTargetChunks */
+int target_chunks() {
+    static int cached = 0;
+    if (!cached) {
+        const char *e = getenv("OSPREY_SPARSE_CHUNKS");
+        const int v = e ? atoi(e) : 0;
+        cached = v == 8 || v == 16 || v == 32 || v == 64 ? v : kTargetChunks;
+    }
+    return cached;
+}
+
 /* K/V stages: OSPREY_SPARSE_STAGES=2..4 (read once), else the default */
 int stages() {
     static int cached = 0;
@@ -484,7 +498,7 @@ using namespace osp_sparse_attn;
 
 extern "C" int32_t osp_cuda_sparse_chunk_entries(int32_t row_tiles, int32_t block_size) {
     if (block_size < 1 || block_size > kMaxBlock) return 0;
-    return chunk_entries_of(row_tiles, block_size);
+    return chunk_entries_of(row_tiles, block_size, target_chunks());
 }
 
 extern "C" int32_t osp_cuda_sparse_max_chunks(int32_t max_row_tiles, int32_t block_size) {
@@ -499,10 +513,10 @@ extern "C" int32_t osp_cuda_sparse_max_chunks(int32_t max_row_tiles, int32_t blo
         /* chunk_entries_of is monotone non-decreasing in n: binary search its last n with size <= ch */
         while (lo <= hi) {
             const int mid = lo + (hi - lo) / 2;
-            if (chunk_entries_of(mid, block_size) <= ch) found = mid, lo = mid + 1;
+            if (chunk_entries_of(mid, block_size, target_chunks()) <= ch) found = mid, lo = mid + 1;
             else hi = mid - 1;
         }
-        if (found >= 0 && chunks_of(found, block_size) > best) best = chunks_of(found, block_size);
+        if (found >= 0 && chunks_of(found, block_size, target_chunks()) > best) best = chunks_of(found, block_size, target_chunks());
     }
     return best;
 }
@@ -560,6 +574,7 @@ extern "C" osp_status osp_cuda_sparse_attention_decode(const osp_cuda_sparse_tab
     prm.out = d_out;
     prm.positions = d_positions, prm.token_seq = d_token_seq, prm.seq_lens = d_seq_lens, prm.block_table = d_block_table;
     prm.ws_stride = (nch + 1) / 2 * 2;
+    prm.target_chunks = target_chunks();
     const size_t rows = (size_t)T * (size_t)n_head;
     prm.ws_acc = need ? static_cast<float *>(d_workspace) : nullptr;
     prm.ws_ml = need ? reinterpret_cast<float2 *>(prm.ws_acc + rows * (size_t)prm.ws_stride * (size_t)D) : nullptr;

@@ -451,13 +451,17 @@ osp_status osp_cuda_sparse_attention_decode(const osp_cuda_sparse_table *wt, con
  *   pages [0, sink), the recent pages [n_ctx - recent, n_ctx) and the topk - sink - recent other pages
  *   with the largest score, a page's score being the largest Quest bound sum_i max(q_i min_i, q_i max_i)
  *   over the KV head's query heads (q the bf16 d_q widened to fp32).
- * d_kmin / d_kmax: one layer's summaries [num_blocks, n_head_kv, D] fp32 (quest.h's layout for that layer,
- * 16-byte aligned), indexed by the physical block d_block_table[d_token_seq[t] * max_blocks + j]. d_q [T,
+ * d_kmin / d_kmax: one layer's summaries [num_blocks, n_head_kv, D] (quest.h's layout for that layer,
+ * 16-byte aligned) of the type `summary`: fp32 as quest.h keeps them, or f16 / bf16 (the min and max of f16
+ * or bf16 keys are those keys' values, so a cache of f16 / bf16 pages loses nothing in 16-bit summaries and
+ * reads half the bytes; the scores are the same bits as from fp32 summaries of the same values), indexed by the physical block d_block_table[d_token_seq[t] * max_blocks + j]. d_q [T,
  * n_head, D] bf16. d_scores: workspace [T * n_head_kv, max_blocks] fp32. Writes d_pages_out [T * n_head_kv,
- * topk] (row t * n_head_kv + kvh: its pages ascending, d_counts[row] of them). D a multiple of 4 up to
- * 1,024, groups up to 16, T * n_head_kv <= 65,535, sink + recent <= topk. Errors: OSP_ERR_INVALID_ARG,
+ * topk] (row t * n_head_kv + kvh: its pages ascending, d_counts[row] of them). D a multiple of 4 (of 8
+ * with 16-bit summaries) up to 1,024, groups up to 16, T * n_head_kv <= 65,535, sink + recent <= topk. Errors: OSP_ERR_INVALID_ARG,
  * OSP_ERR_INTERNAL (launch). Enqueues two kernels; allocates nothing. */
-osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_kmax, const uint16_t *d_q,
+typedef enum { OSP_CUDA_QUEST_F32 = 0, OSP_CUDA_QUEST_F16 = 1, OSP_CUDA_QUEST_BF16 = 2 } osp_cuda_quest_summary;
+osp_status osp_cuda_quest_select(const void *d_kmin, const void *d_kmax, osp_cuda_quest_summary summary,
+                                 const uint16_t *d_q,
                                  const int32_t *d_positions, const int32_t *d_token_seq, const int32_t *d_block_table,
                                  int32_t max_blocks, int32_t block_size, int64_t T, int n_head, int n_head_kv, int D,
                                  int32_t topk, int32_t sink, int32_t recent, float *d_scores, int32_t *d_pages_out,

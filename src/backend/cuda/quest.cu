@@ -4,8 +4,10 @@
  * scores, for every (token, KV head) row. Contract in cuda_ops.h (osp_cuda_quest_select).
  *
  * Two kernels:
- *   quest_score_kernel   a thread per (row, logical page j in [S, n_ctx - R)): the page's fp32 min / max
- *                        key summaries of the row's KV head, 16-byte loads, against the group's query
+ *   quest_score_kernel   a CTA per (row, run of 64 logical pages in [S, n_ctx - R)), a thread a page: the
+ *                        pages' min / max key summaries of the row's KV head (fp32, or f16 / bf16: the
+ *                        page dtype's values, which min and max keep exact) staged in shared memory by
+ *                        cp.async, then read by the page's thread against the group's query
  *                        heads (fp32 from bf16, in shared memory), every head's bound summed in dimension
  *                        order with the reference's operations (a = q m, b = q M rounded products, u +=
  *                        a > b ? a : b, no contraction), best = the largest bound (a NaN never wins).
@@ -18,12 +20,13 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
 
 namespace {
 
-constexpr int kScoreThreads = 128;
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxGroup = 16;
 
@@ -34,7 +37,7 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 struct QParams {
-    const float *kmin, *kmax;   /* [num_blocks, n_head_kv, D] */
+    const void *kmin, *kmax;    /* [num_blocks, n_head_kv, D] of the summary type */
     const uint16_t *q;          /* [T, n_head, D] bf16 */
     const int32_t *positions, *token_seq, *block_table;
     float *scores;              /* [T * n_head_kv, max_pages] */
@@ -42,34 +45,63 @@ struct QParams {
     int max_blocks, block_size, n_head, n_head_kv, D, grp, topk, sink, recent, max_pages;
 };
 
-__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(const QParams p) {
+/* summary element -> fp32 (exact: f16 and bf16 widen exactly) */
+template <typename TS> __device__ __forceinline__ float sum_f32(TS v);
+template <> __device__ __forceinline__ float sum_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float sum_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float sum_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+/* A CTA per (row, run of PPC logical pages): the run's min / max summaries of the row's KV head copied into
+ * shared memory by 16-byte cp.async (all in flight at once; a page's D values are contiguous, so the copy
+ * is coalesced where a thread-per-page read of global memory was not), then thread i scores page j0 + i
+ * from shared memory, dimension by dimension in the reference's order. Shared rows padded by 16 bytes: a
+ * warp's 16-byte reads of 32 rows are conflict-free. */
+template <typename TS, int PPC>
+__global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
     osp_pdl_begin();
-    extern __shared__ float q_smem[]; /* [grp][D] */
-    const int row = (int)blockIdx.y, t = row / p.n_head_kv, kvh = row % p.n_head_kv;
+    extern __shared__ uint4 qs_smem[];
+    float *q_smem = reinterpret_cast<float *>(qs_smem); /* [grp][D] */
+    const int D = p.D, RSB = D * (int)sizeof(TS) + 16, CPV = D * (int)sizeof(TS) / 16;
+    uint8_t *st = reinterpret_cast<uint8_t *>(q_smem + p.grp * D); /* [PPC][min, max][RSB] */
+    const int row = (int)blockIdx.y, t = row / p.n_head_kv, kvh = row % p.n_head_kv, tid = (int)threadIdx.x;
     const int n_ctx = p.positions[t] / p.block_size + 1;
-    const int j = (int)blockIdx.x * kScoreThreads + (int)threadIdx.x;
-    if ((int)blockIdx.x * kScoreThreads >= n_ctx - p.recent) return; /* uniform: no candidate page here */
-    for (int i = (int)threadIdx.x; i < p.grp * p.D; i += kScoreThreads) {
-        const int h = i / p.D, d = i % p.D;
-        q_smem[i] = __uint_as_float((uint32_t)p.q[((int64_t)t * p.n_head + kvh * p.grp + h) * p.D + d] << 16);
+    const int j0 = (int)blockIdx.x * PPC, lo = max(j0, p.sink), hi = min(j0 + PPC, n_ctx - p.recent);
+    if (lo >= hi) return; /* uniform: no candidate page here */
+    const int32_t *bt = p.block_table + (int64_t)p.token_seq[t] * p.max_blocks;
+    const uint8_t *gmin = reinterpret_cast<const uint8_t *>(p.kmin), *gmax = reinterpret_cast<const uint8_t *>(p.kmax);
+    const uint32_t st_u = (uint32_t)__cvta_generic_to_shared(st);
+    for (int c = tid; c < (hi - lo) * 2 * CPV; c += PPC) {
+        const int i = c / (2 * CPV), which = (c / CPV) % 2, part = c % CPV, j = lo + i;
+        const int64_t off = ((int64_t)bt[j] * p.n_head_kv + kvh) * D * (int64_t)sizeof(TS) + part * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(st_u + (uint32_t)((2 * (j - j0) + which) * RSB + part * 16)),
+                     "l"((which ? gmax : gmin) + off));
     }
+    asm volatile("cp.async.commit_group;\n" ::);
+    for (int i = tid; i < p.grp * D; i += PPC) {
+        const int h = i / D, d = i % D;
+        q_smem[i] = __uint_as_float((uint32_t)p.q[((int64_t)t * p.n_head + kvh * p.grp + h) * D + d] << 16);
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
-    if (j < p.sink || j >= n_ctx - p.recent) return;
-    const int32_t blk = p.block_table[(int64_t)p.token_seq[t] * p.max_blocks + j];
-    const float4 *mn = reinterpret_cast<const float4 *>(p.kmin + ((int64_t)blk * p.n_head_kv + kvh) * p.D);
-    const float4 *mx = reinterpret_cast<const float4 *>(p.kmax + ((int64_t)blk * p.n_head_kv + kvh) * p.D);
+    const int j = j0 + tid;
+    if (j < lo || j >= hi) return;
+    const TS *mn = reinterpret_cast<const TS *>(st + 2 * tid * RSB), *mx = reinterpret_cast<const TS *>(st + (2 * tid + 1) * RSB);
+    constexpr int E = 16 / (int)sizeof(TS); /* values a 16-byte read */
     float u[kMaxGroup];
 #pragma unroll
     for (int h = 0; h < kMaxGroup; h++) u[h] = 0.0f;
-    for (int i4 = 0; i4 < p.D / 4; i4++) {
-        const float4 a4 = mn[i4], b4 = mx[i4];
-        const float am[4] = {a4.x, a4.y, a4.z, a4.w}, bm[4] = {b4.x, b4.y, b4.z, b4.w};
+    for (int i0 = 0; i0 < D; i0 += E) {
+        const uint4 a16 = *reinterpret_cast<const uint4 *>(mn + i0), b16 = *reinterpret_cast<const uint4 *>(mx + i0);
+        const TS *av = reinterpret_cast<const TS *>(&a16), *bv = reinterpret_cast<const TS *>(&b16);
+        float am[E], bm[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) am[e] = sum_f32<TS>(av[e]), bm[e] = sum_f32<TS>(bv[e]);
 #pragma unroll
         for (int h = 0; h < kMaxGroup; h++) {
             if (h >= p.grp) break;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float qv = q_smem[h * p.D + 4 * i4 + e];
+            for (int e = 0; e < E; e++) {
+                const float qv = q_smem[h * D + i0 + e];
                 const float a = __fmul_rn(qv, am[e]), b = __fmul_rn(qv, bm[e]);
                 u[h] = __fadd_rn(u[h], a > b ? a : b);
             }
@@ -237,7 +269,32 @@ __global__ void __launch_bounds__(128) quest_fill_kernel(const TParams p) {
 
 } // namespace
 
-extern "C" osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_kmax, const uint16_t *d_q,
+template <typename TS, int PPC> size_t score_smem(int grp, int D) {
+    return (size_t)grp * (size_t)D * sizeof(float) + (size_t)PPC * 2 * ((size_t)D * sizeof(TS) + 16);
+}
+
+/* the score kernel with the most pages a CTA (64, 32, 16) whose shared memory fits 200 KiB */
+template <typename TS> osp_status launch_score(const QParams &prm, int64_t rows, cudaStream_t st) {
+    const dim3 g64((unsigned)((prm.max_pages + 63) / 64), (unsigned)rows), g32((unsigned)((prm.max_pages + 31) / 32), (unsigned)rows),
+        g16((unsigned)((prm.max_pages + 15) / 16), (unsigned)rows);
+    size_t smem = score_smem<TS, 64>(prm.grp, prm.D);
+    if (smem <= 200 * 1024) {
+        OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        osp_launch(quest_score_kernel<TS, 64>, g64, 64, smem, st, prm);
+    } else if ((smem = score_smem<TS, 32>(prm.grp, prm.D)) <= 200 * 1024) {
+        OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        osp_launch(quest_score_kernel<TS, 32>, g32, 32, smem, st, prm);
+    } else {
+        smem = score_smem<TS, 16>(prm.grp, prm.D);
+        OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        osp_launch(quest_score_kernel<TS, 16>, g16, 16, smem, st, prm);
+    }
+    OSP_CUDA_LAUNCH_CHECK("quest_score_kernel");
+    return OSP_OK;
+}
+
+extern "C" osp_status osp_cuda_quest_select(const void *d_kmin, const void *d_kmax, osp_cuda_quest_summary summary,
+                                            const uint16_t *d_q,
                                             const int32_t *d_positions, const int32_t *d_token_seq,
                                             const int32_t *d_block_table, int32_t max_blocks, int32_t block_size,
                                             int64_t T, int n_head, int n_head_kv, int D, int32_t topk, int32_t sink,
@@ -246,8 +303,11 @@ extern "C" osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_
     if (!d_kmin || !d_kmax || !d_q || !d_positions || !d_token_seq || !d_block_table || !d_scores || !d_pages_out ||
         !d_counts)
         return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: NULL argument");
-    if (D < 4 || D % 4 || D > 1024 || n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv > kMaxGroup)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: head_dim %d (a multiple of 4) or heads %d / %d", D, n_head,
+    if (summary != OSP_CUDA_QUEST_F32 && summary != OSP_CUDA_QUEST_F16 && summary != OSP_CUDA_QUEST_BF16)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: summary type %d", (int)summary);
+    const int es = summary == OSP_CUDA_QUEST_F32 ? 4 : 2;
+    if (D < 4 || (D * es) % 16 || D > 1024 || n_head_kv < 1 || n_head % n_head_kv || n_head / n_head_kv > kMaxGroup)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: head_dim %d (a multiple of 4, of 8 with 16-bit summaries) or heads %d / %d", D, n_head,
                              n_head_kv);
     if (block_size < 1 || max_blocks < 1 || topk < 1 || sink < 0 || recent < 0 || sink + recent > topk)
         return osp_set_error(OSP_ERR_INVALID_ARG, "quest select: block %d, topk %d, sink %d, recent %d", block_size, topk,
@@ -263,11 +323,10 @@ extern "C" osp_status osp_cuda_quest_select(const float *d_kmin, const float *d_
     prm.grp = n_head / n_head_kv, prm.topk = topk, prm.sink = sink, prm.recent = recent, prm.max_pages = max_blocks;
     const int64_t rows = T * n_head_kv;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    const size_t smem = (size_t)prm.grp * (size_t)D * sizeof(float);
-    if (smem > 48 * 1024) OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    osp_launch(quest_score_kernel, dim3((unsigned)((max_blocks + kScoreThreads - 1) / kScoreThreads), (unsigned)rows),
-               kScoreThreads, smem, st, prm);
-    OSP_CUDA_LAUNCH_CHECK("quest_score_kernel");
+    const osp_status ss = summary == OSP_CUDA_QUEST_F32   ? launch_score<float>(prm, rows, st)
+                          : summary == OSP_CUDA_QUEST_F16 ? launch_score<__half>(prm, rows, st)
+                                                          : launch_score<__nv_bfloat16>(prm, rows, st);
+    if (ss != OSP_OK) return ss;
     osp_launch(quest_topk_kernel, dim3((unsigned)rows), kTopkThreads, 0, st, prm);
     OSP_CUDA_LAUNCH_CHECK("quest_topk_kernel");
     return OSP_OK;
