@@ -360,6 +360,9 @@ typedef struct osp_engine_stats {
     int64_t kv_transfer_held, kv_transfer_held_blocks, kv_transfer_sent_blocks, kv_transfer_dropped;
     int64_t kv_transfer_recv_blocks, kv_transfer_failed_blocks;
     double kv_transfer_recv_seconds;
+    /* of the blocks sent (producer) or loaded (consumer), those that moved by CUDA IPC (device to device
+       between two processes on one GPU: kv/transfer.h), not over TCP */
+    int64_t kv_transfer_ipc_blocks;
 } osp_engine_stats;
 
 /* The upper bounds of osp_engine_stats.iteration_tokens' buckets: 1, 8, 16, ..., 16384. */

@@ -21,6 +21,9 @@
 #include "sample/sampler.h"
 
 typedef struct osp_backend osp_backend;
+
+#define OSP_BACKEND_UUID_BYTES 16       /* a device's UUID (CUDA's cudaUUID_t) */
+#define OSP_BACKEND_IPC_HANDLE_BYTES 64 /* a memory handle for another process (cudaIpcMemHandle_t) */
 typedef struct osp_threadpool osp_threadpool;
 
 typedef struct osp_backend_params {
@@ -122,6 +125,22 @@ typedef struct osp_backend_vtable {
     osp_status (*host_register)(osp_backend *be, void *p, size_t bytes);
     void (*host_unregister)(osp_backend *be, void *p);
     osp_status (*mem_info)(osp_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* CUDA IPC, for prefill/decode disaggregation between two processes on one device (src/kv/transfer.h).
+     * All NULL where the backend has no such thing (the CPU). device_uuid: the device's UUID, the same
+     * bytes in every process on that device. ipc_handle: the handle of p, an allocation of buffer_alloc,
+     * which another process on the device maps with ipc_open (*out: its first byte there; fails in the
+     * exporting process itself) until ipc_close. */
+    osp_status (*device_uuid)(osp_backend *be, uint8_t uuid[OSP_BACKEND_UUID_BYTES]);
+    osp_status (*ipc_handle)(osp_backend *be, void *p, uint8_t handle[OSP_BACKEND_IPC_HANDLE_BYTES]);
+    osp_status (*ipc_open)(osp_backend *be, const uint8_t handle[OSP_BACKEND_IPC_HANDLE_BYTES], void **out);
+    void (*ipc_close)(osp_backend *be, void *p);
+    /* n copies out of backend memory (src[i]: KV pages, an arena, memory ipc_open mapped), bytes[i] each,
+     * into backend memory (dst[i]) or, with to_host, host memory; done when it returns. side false: on
+     * the run stream, after every run enqueued before (the thread that runs steps only). side true: on a
+     * stream of the backend's own, from any thread while runs go on, in no order with them (the memory
+     * must be out of their use; nothing run later needs a wait). NULL: not offered (the CPU). */
+    osp_status (*copy_dev_many)(osp_backend *be, bool side, bool to_host, int32_t n, void *const *dst,
+                                const void *const *src, const size_t *bytes);
     /* Whether op kind `op` with these operands runs here (OSP_ERR_UNSUPPORTED text in `why`). */
     bool (*supports_op)(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t why_len);
     /* Whether this backend's KV write and attention read K pages of `k_dtype` together with V pages of

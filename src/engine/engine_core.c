@@ -870,6 +870,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         e->stats.kv_transfer_recv_blocks = os.recv_blocks;
         e->stats.kv_transfer_failed_blocks = os.failed_blocks;
         e->stats.kv_transfer_recv_seconds = os.recv_s;
+        e->stats.kv_transfer_ipc_blocks = os.recv_ipc_blocks; /* a producer's: osp_engine_get_stats adds them */
     }
     e->stats.num_preemptions = ss.num_preemptions;
     e->stats.prefix_queries_tokens = ss.prefix_queries_tokens;
@@ -1076,6 +1077,7 @@ osp_engine_stats osp_engine_get_stats(osp_engine *e) {
         const osp_kv_xfer_server_stats ps = osp_kv_xfer_server_get_stats(xs);
         st.kv_transfer_held = ps.held, st.kv_transfer_held_blocks = ps.held_blocks;
         st.kv_transfer_sent_blocks = ps.sent_blocks, st.kv_transfer_dropped = ps.dropped;
+        st.kv_transfer_ipc_blocks += ps.ipc_blocks; /* the step keeps the consumer's part */
     }
     return st;
 }

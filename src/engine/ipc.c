@@ -221,7 +221,7 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
 
 /* The stats array: every field of osp_engine_stats that the frontend shows, in this order
  * (kv_transfer_recv_seconds as whole microseconds). */
-#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 8 + 7)
+#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 8 + 8)
 
 static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     int k = 0;
@@ -238,6 +238,7 @@ static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     a[k++] = s->kv_transfer_dropped, a[k++] = s->kv_transfer_recv_blocks, a[k++] = s->kv_transfer_failed_blocks;
     const double us = s->kv_transfer_recv_seconds * 1e6;
     a[k++] = us > 0 && us < 9e18 ? (int64_t)llround(us) : 0;
+    a[k++] = s->kv_transfer_ipc_blocks;
 }
 
 static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
@@ -258,6 +259,7 @@ static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
     s->kv_transfer_held = a[k++], s->kv_transfer_held_blocks = a[k++], s->kv_transfer_sent_blocks = a[k++];
     s->kv_transfer_dropped = a[k++], s->kv_transfer_recv_blocks = a[k++], s->kv_transfer_failed_blocks = a[k++];
     s->kv_transfer_recv_seconds = (double)a[k++] * 1e-6;
+    s->kv_transfer_ipc_blocks = a[k++];
     return true;
 }
 

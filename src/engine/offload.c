@@ -21,7 +21,9 @@
 #define STAGING_BYTES (256u << 20) /* host buffers of background loads at most (at least one block) */
 #define STAGE_BYTES (64u << 20)    /* the page-locked chunk blocks go to and from the device through */
 
-enum { SRC_HOST = 0, SRC_DISK = 1, SRC_REMOTE = 2 }; /* where a block of a load comes from */
+/* where a block of a load comes from; SRC_IPC: a SRC_REMOTE block the loader wrote into its page itself,
+   from the producer's arena (CUDA IPC: kv/transfer.h) */
+enum { SRC_HOST = 0, SRC_DISK = 1, SRC_REMOTE = 2, SRC_IPC = 3 };
 
 /* A background load: blocks read from disk or fetched from a producer by the loader thread into
  * buffers, written into the pages by the step thread when poll finds it done. */
@@ -29,6 +31,7 @@ typedef struct batch {
     uint64_t token;
     int32_t n, n_done;          /* n_done: read so far (loader), under mu */
     bool cancelled;             /* under mu */
+    bool copying;               /* the loader is writing its pages (CUDA IPC), under mu: cancel waits */
     int32_t *ids;               /* [n] pool blocks */
     osp_block_hash *h;          /* [n] */
     uint8_t *buf;               /* [n * block_bytes] */
@@ -60,6 +63,11 @@ struct osp_offload {
     bool pinned_stage;
     osp_kv_role role;
     osp_kv_xfer_server *xsrv;   /* a producer's */
+    /* CUDA IPC between processes on one device (OSPREY_KV_IPC not "0", a backend that has it): a producer's
+       arena of transfer slots (its server hands out their offsets), a consumer's mapped producer arenas */
+    void *arena;
+    osp_kv_xfer_peers *peers;
+    int64_t recv_ipc_blocks;    /* a consumer's, of recv_blocks: written from a producer's arena (step thread) */
     char xfer_host[256];
     uint64_t engine_id;         /* the transfer identity (identity_hash with content) */
     size_t block_bytes;
@@ -84,6 +92,7 @@ struct osp_offload {
     bool loader_started, stop;  /* stop under mu */
     pthread_mutex_t mu;
     pthread_cond_t wake;
+    pthread_cond_t copied;      /* a batch's copying went false */
     batch *queue, *queue_tail;  /* under mu; each batch stays in the list until poll or cancel takes it */
     uint64_t next_token;
     void (*loaded)(void *ctx);
@@ -257,6 +266,45 @@ static bool write_block(osp_offload *o, const int32_t id, const void *bytes) {
 #define XFER_TIMEOUT_S 3.0 /* a fetch's connect / send / receive stall limit (its whole: 2 of these plus the
                               payload at 50 MB/s, kv/transfer.h) */
 
+/* A consumer's CUDA IPC write (osp_kv_xfer_fetch_ipc): blocks first.. of batch b straight from the
+ * producer's mapped arena into their pages, on the loader thread (a stream apart from the steps'; the
+ * blocks are the load's, out of every step's use). A cancelled batch is not written, and cancel waits for
+ * a write in progress (the scheduler frees the blocks after it). */
+typedef struct ipc_write_ctx {
+    osp_offload *o;
+    batch *b;
+    int32_t first;
+} ipc_write_ctx;
+
+static osp_status ipc_write(void *ctx, int32_t n, const void *const *srcs) {
+    ipc_write_ctx *w = ctx;
+    osp_offload *o = w->o;
+    batch *b = w->b;
+    int32_t *ids = malloc(sizeof *ids * (size_t)n);
+    const void **from = malloc(sizeof *from * (size_t)n);
+    if (!ids || !from) {
+        free(ids);
+        free(from);
+        return osp_set_error(OSP_ERR_NOMEM, "kv transfer: out of memory");
+    }
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (srcs[i]) ids[m] = b->ids[w->first + i], from[m++] = srcs[i];
+    pthread_mutex_lock(&o->mu);
+    const bool cancelled = b->cancelled;
+    b->copying = !cancelled;
+    pthread_mutex_unlock(&o->mu);
+    osp_status st = cancelled ? osp_set_error(OSP_ERR_INVALID_ARG, "kv transfer: the request went away") : OSP_OK;
+    if (!cancelled) st = osp_kv_cache_blocks_write_device(o->kv, m, ids, from);
+    pthread_mutex_lock(&o->mu);
+    b->copying = false;
+    pthread_cond_broadcast(&o->copied);
+    pthread_mutex_unlock(&o->mu);
+    free(ids);
+    free(from);
+    return st;
+}
+
 static void *loader_main(void *arg) {
     osp_offload *o = arg;
     const size_t bb = o->block_bytes;
@@ -293,10 +341,14 @@ static void *loader_main(void *arg) {
         } else if (!skip) {
             const double t0 = now_s();
             const bool last = b->release && i + m == b->n;
-            const osp_status st = osp_kv_xfer_fetch(b->remote.remote_host, b->remote.remote_port,
-                                                    b->remote.remote_engine_id, b->remote.remote_request_id, bb,
-                                                    &b->h[i], m, last, XFER_TIMEOUT_S, b->buf + (size_t)i * bb,
-                                                    &b->res[i]);
+            ipc_write_ctx wc = {.o = o, .b = b, .first = i};
+            bool via_ipc = false;
+            const osp_status st = osp_kv_xfer_fetch_ipc(o->peers, b->remote.remote_host, b->remote.remote_port,
+                                                        b->remote.remote_engine_id, b->remote.remote_request_id, bb,
+                                                        &b->h[i], m, last, XFER_TIMEOUT_S, ipc_write, &wc,
+                                                        b->buf + (size_t)i * bb, &b->res[i], &via_ipc);
+            for (int32_t k = 0; via_ipc && k < m; k++)
+                if (b->res[i + k] == OSP_KV_READ_OK) b->src[i + k] = SRC_IPC; /* in its page already */
             b->remote_s += now_s() - t0;
             if (st != OSP_OK) snprintf(b->remote_err, sizeof b->remote_err, "%s", osp_last_error());
             b->remote_io = st == OSP_ERR_IO;
@@ -417,8 +469,10 @@ static osp_status write_staged(osp_offload *o, int32_t n, const int32_t *ids, co
 /* A finished batch's remote outcomes into the consumer's counts (and a warning for a failed fetch). */
 static void count_remote(osp_offload *o, const batch *b) {
     int32_t ok = 0, bad = 0;
-    for (int32_t i = 0; i < b->n; i++)
-        if (b->src[i] == SRC_REMOTE) b->res[i] == OSP_KV_READ_OK ? ok++ : bad++;
+    for (int32_t i = 0; i < b->n; i++) {
+        if (b->src[i] == SRC_REMOTE || b->src[i] == SRC_IPC) b->res[i] == OSP_KV_READ_OK ? ok++ : bad++;
+        o->recv_ipc_blocks += b->src[i] == SRC_IPC;
+    }
     o->recv_blocks += ok;
     o->failed_blocks += bad;
     o->recv_s += b->remote_s;
@@ -455,10 +509,19 @@ static bool tier_poll(void *ctx, uint64_t *token, int32_t *n_ok) {
             if (b->src[i] == SRC_DISK) osp_kv_offload_settle(o->store, &b->h[i], b->res[i]), n_disk++;
             if (ok == i && b->res[i] == OSP_KV_READ_OK) ok++;
         }
-        if (ok > 0) { /* the loaded prefix, through the page-locked stage a chunk at a time (one wait each) */
-            const osp_status st = write_staged(o, ok, b->ids, b->buf);
+        /* the loaded prefix, through the page-locked stage a chunk at a time (one wait each), but for the
+           blocks the loader wrote from a producer's arena (CUDA IPC) */
+        for (int32_t at = 0; at < ok;) {
+            if (b->src[at] == SRC_IPC) {
+                at++;
+                continue;
+            }
+            int32_t end = at;
+            while (end < ok && b->src[end] != SRC_IPC) end++;
+            const osp_status st = write_staged(o, end - at, b->ids + at, b->buf + (size_t)at * bb);
             if (st != OSP_OK && o->err == OSP_OK) o->err = st;
             if (st != OSP_OK) ok = 0;
+            at = end;
         }
         if (n_disk > 0 && b->read_s > 0) ema(&o->load_s, b->read_s / n_disk);
         *token = b->token;
@@ -472,7 +535,10 @@ static void tier_cancel(void *ctx, uint64_t token) {
     osp_offload *o = ctx;
     pthread_mutex_lock(&o->mu);
     for (batch *b = o->queue; b; b = b->next)
-        if (b->token == token) b->cancelled = true; /* poll frees it once the loader is past it */
+        if (b->token == token) {
+            b->cancelled = true; /* poll frees it once the loader is past it */
+            while (b->copying) pthread_cond_wait(&o->copied, &o->mu); /* its pages are the scheduler's after this */
+        }
     pthread_mutex_unlock(&o->mu);
 }
 
@@ -557,6 +623,21 @@ static uint64_t identity_hash(const osp_offload_identity *id, const osp_kv_cache
     return fp;
 }
 
+/* ---- CUDA IPC callbacks (kv/transfer.h), into the KV cache's backend ----------------------------- */
+
+static osp_status arena_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    return osp_kv_cache_device_to_host(ctx, dst, src, bytes);
+}
+
+static osp_status peer_open(void *ctx, const uint8_t handle[OSP_KV_XFER_HANDLE_BYTES], void **base) {
+    return osp_kv_cache_ipc_open(ctx, handle, base);
+}
+
+static void peer_close(void *ctx, void *base) { osp_kv_cache_ipc_close(ctx, base); }
+
+_Static_assert(OSP_KV_XFER_HANDLE_BYTES == OSP_KV_IPC_HANDLE_BYTES && OSP_KV_XFER_UUID_BYTES == OSP_KV_UUID_BYTES,
+               "the transfer's IPC sizes are the KV cache's");
+
 /* ---- public ------------------------------------------------------------------------------------ */
 
 osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_identity *id, osp_kv_cache *kv,
@@ -595,15 +676,41 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
             snprintf(o->xfer_host, sizeof o->xfer_host, "%s", ip);
         }
     }
+    const char *ipc_env = getenv("OSPREY_KV_IPC");
+    const bool ipc = !(ipc_env && !strcmp(ipc_env, "0")) && osp_kv_cache_ipc_capable(kv) && o->role != OSP_KV_ROLE_NONE;
+    uint8_t uuid[OSP_KV_UUID_BYTES];
+    osp_kv_xfer_device dev = {.to_host = arena_to_host, .ctx = kv};
+    if (s == OSP_OK && ipc && osp_kv_cache_device_uuid(kv, uuid) == OSP_OK) {
+        memcpy(dev.uuid, uuid, sizeof uuid);
+        if (is_producer(o)) { /* the arena: the transfer buffer's size, on the device */
+            dev.bytes = cfg->xfer_cap_bytes / o->block_bytes * o->block_bytes;
+            const osp_status as = dev.bytes ? osp_kv_cache_arena_create(kv, dev.bytes, &o->arena, dev.handle) : OSP_OK;
+            if (as != OSP_OK && cfg->log) {
+                char line[600];
+                snprintf(line, sizeof line, "kv transfer: no CUDA IPC arena (%s); transfers go through host memory and "
+                         "TCP (a smaller kv_buffer_size or --gpu-memory-utilization leaves room)", osp_last_error());
+                cfg->log(cfg->log_ctx, line);
+            }
+            dev.base = o->arena;
+        }
+        if (is_consumer(o)) {
+            osp_kv_xfer_ipc xi = {.open = peer_open, .close = peer_close, .ctx = kv};
+            memcpy(xi.uuid, uuid, sizeof uuid);
+            s = osp_kv_xfer_peers_create(&xi, &o->peers);
+        }
+    }
     if (s == OSP_OK && is_producer(o)) {
         const char *bind = !cfg->xfer_ip || !cfg->xfer_ip[0] ? "127.0.0.1" : !strcmp(cfg->xfer_ip, "*") ? "0.0.0.0" : cfg->xfer_ip;
         const osp_kv_xfer_server_config xc = {.ip = bind,
                                               .port = cfg->xfer_port, .block_bytes = o->block_bytes,
                                               .engine_id = o->engine_id, .cap_bytes = cfg->xfer_cap_bytes,
-                                              .timeout_s = cfg->xfer_timeout_s};
+                                              .timeout_s = cfg->xfer_timeout_s,
+                                              .device = o->arena ? &dev : NULL};
         s = osp_kv_xfer_server_create(&xc, &o->xsrv);
     }
     if (s != OSP_OK) {
+        osp_kv_xfer_peers_destroy(o->peers);
+        osp_kv_cache_arena_free(kv, o->arena);
         osp_kv_offload_destroy(o->store);
         free(o->buf);
         free(o->stage);
@@ -620,6 +727,7 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     o->pinned_stage = osp_kv_cache_host_register(kv, o->stage, (size_t)o->stage_blocks * o->block_bytes);
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->wake, NULL);
+    pthread_cond_init(&o->copied, NULL);
     o->loaded = cfg->loaded;
     o->loaded_ctx = cfg->loaded_ctx;
     o->log = cfg->log;
@@ -679,7 +787,10 @@ void osp_offload_destroy(osp_offload *o, osp_scheduler *sched) {
     for (release *rl = o->releases, *next; rl; rl = next) next = rl->next, free(rl);
     pthread_mutex_destroy(&o->mu);
     pthread_cond_destroy(&o->wake);
-    osp_kv_xfer_server_destroy(o->xsrv);
+    pthread_cond_destroy(&o->copied);
+    osp_kv_xfer_server_destroy(o->xsrv); /* no answer reads the arena after this */
+    osp_kv_cache_arena_free(o->kv, o->arena);
+    osp_kv_xfer_peers_destroy(o->peers); /* the loader is gone: nothing copies from the mappings */
     if (o->pinned_arena) osp_kv_cache_host_unregister(o->kv, o->pinned_arena);
     if (o->pinned_buf) osp_kv_cache_host_unregister(o->kv, o->buf);
     if (o->pinned_stage) osp_kv_cache_host_unregister(o->kv, o->stage);
@@ -714,6 +825,12 @@ static osp_status hold_read(void *ctx, int32_t i, void *dst) {
     return OSP_OK;
 }
 
+/* The request's n blocks into arena slots dsts[0..n) (device to device, after the step that computed them). */
+static osp_status hold_copy(void *ctx, int32_t n, void *const *dsts) {
+    hold_ctx *h = ctx;
+    return osp_kv_cache_blocks_read_device(h->o->kv, n, h->r->block_ids, dsts);
+}
+
 osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
     r->kv_xfer_id = 0;
     r->kv_xfer_blocks = 0;
@@ -723,7 +840,10 @@ osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
     if (n <= 0) return OSP_OK;
     hold_ctx h = {.o = o, .r = r, .n = n};
     osp_status err = OSP_OK;
-    const uint64_t id = osp_kv_xfer_server_hold(o->xsrv, r->hashes, n, hold_read, &h, &err);
+    /* in the device arena (one batched device copy, no host memory), else in host memory */
+    uint64_t id = o->arena ? osp_kv_xfer_server_hold_device(o->xsrv, r->hashes, n, hold_copy, &h, &err) : 0;
+    if (err != OSP_OK) return err;
+    if (id == 0) id = osp_kv_xfer_server_hold(o->xsrv, r->hashes, n, hold_read, &h, &err);
     if (err != OSP_OK) return err;
     if (id != 0) r->kv_xfer_id = id, r->kv_xfer_blocks = n;
     if (id == 0 && o->log) { /* too big for the buffer (or out of memory): its consumer computes it */
@@ -795,7 +915,8 @@ bool osp_offload_busy(osp_offload *o) {
 
 osp_offload_stats osp_offload_get_stats(const osp_offload *o) {
     osp_offload_stats st = {.load_s_per_block = o->load_s, .prefill_s_per_token = o->prefill_s,
-                            .recv_blocks = o->recv_blocks, .failed_blocks = o->failed_blocks, .recv_s = o->recv_s,
+                            .recv_blocks = o->recv_blocks, .recv_ipc_blocks = o->recv_ipc_blocks,
+                            .failed_blocks = o->failed_blocks, .recv_s = o->recv_s,
                             .saved_blocks = o->saved_blocks, .save_s = o->save_s,
                             .host_loaded_blocks = o->host_loaded_blocks, .host_load_s = o->host_load_s};
     if (o->store) st.store = osp_kv_offload_get_stats(o->store);

@@ -90,6 +90,7 @@ typedef struct osp_offload_stats {
     osp_kv_offload_stats store;   /* zero without tiers */
     osp_kv_xfer_server_stats producer; /* zero unless a producer */
     int64_t recv_blocks, failed_blocks; /* a consumer's: blocks loaded from producers, asked for but not loaded */
+    int64_t recv_ipc_blocks;      /* of recv_blocks, those copied from a producer's device arena (CUDA IPC) */
     double recv_s;                /* the seconds those loads took */
     double load_s_per_block, prefill_s_per_token; /* the cost model's figures (0: not measured yet) */
     int64_t saved_blocks;         /* blocks copied out of the pool into the store at eviction */

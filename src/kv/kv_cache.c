@@ -319,9 +319,16 @@ static void block_segments(osp_kv_cache *kv, int32_t id, uint8_t *host, bool rea
     }
 }
 
-/* Moves blocks ids[0..n) to or from hosts[0..n): in one backend call where it has one (every segment
- * enqueued, one wait), else a copy a segment. */
-static osp_status blocks_move(osp_kv_cache *kv, int32_t n, const int32_t *ids, uint8_t *const *hosts, bool read) {
+enum { MOVE_HOST = 0, MOVE_DEV = 1, MOVE_DEV_SIDE = 2 }; /* where blocks_move's other ends are */
+
+/* Moves blocks ids[0..n) to or from hosts[0..n) (MOVE_HOST; or device memory: MOVE_DEV on the run stream,
+ * MOVE_DEV_SIDE on the side stream, backend.h copy_dev_many): in one backend call where it has one (every
+ * segment enqueued, one wait), else a copy a segment. */
+static osp_status blocks_move_to(osp_kv_cache *kv, int32_t n, const int32_t *ids, uint8_t *const *hosts, bool read,
+                                 int where) {
+    if (where != MOVE_HOST && !kv->be->vt->copy_dev_many)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: the %s backend has no device-to-device block copies",
+                             kv->be->vt->name);
     for (int32_t b = 0; b < n; b++)
         if (ids[b] < 0 || ids[b] >= kv->num_blocks)
             return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache: block %d outside the %d blocks", ids[b], kv->num_blocks);
@@ -335,7 +342,9 @@ static osp_status blocks_move(osp_kv_cache *kv, int32_t n, const int32_t *ids, u
     } else {
         int32_t m = 0;
         for (int32_t b = 0; b < n; b++) block_segments(kv, ids[b], hosts[b], read, dst, src, bytes, &m);
-        if (kv->be->vt->copy_host_many) {
+        if (where != MOVE_HOST) {
+            s = kv->be->vt->copy_dev_many(kv->be, where == MOVE_DEV_SIDE, false, m, dst, src, bytes);
+        } else if (kv->be->vt->copy_host_many) {
             s = kv->be->vt->copy_host_many(kv->be, read, m, dst, src, bytes);
         } else {
             for (int32_t i = 0; i < m && s == OSP_OK; i++)
@@ -347,6 +356,10 @@ static osp_status blocks_move(osp_kv_cache *kv, int32_t n, const int32_t *ids, u
     free((void *)src);
     free(bytes);
     return s;
+}
+
+static osp_status blocks_move(osp_kv_cache *kv, int32_t n, const int32_t *ids, uint8_t *const *hosts, bool read) {
+    return blocks_move_to(kv, n, ids, hosts, read, MOVE_HOST);
 }
 
 static osp_status block_move(osp_kv_cache *kv, int32_t id, uint8_t *host, bool read) {
@@ -373,4 +386,63 @@ osp_status osp_kv_cache_block_read(osp_kv_cache *kv, int32_t id, void *dst) { re
 
 osp_status osp_kv_cache_block_write(osp_kv_cache *kv, int32_t id, const void *src) {
     return block_move(kv, id, (uint8_t *)(uintptr_t)src, false);
+}
+
+/* ---- CUDA IPC ---------------------------------------------------------------------------------- */
+
+_Static_assert(OSP_KV_UUID_BYTES == OSP_BACKEND_UUID_BYTES && OSP_KV_IPC_HANDLE_BYTES == OSP_BACKEND_IPC_HANDLE_BYTES,
+               "kv_cache.h's IPC sizes are the backend's");
+
+#define NO_IPC(kv) osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: the %s backend has no CUDA IPC", (kv)->be->vt->name)
+
+bool osp_kv_cache_ipc_capable(const osp_kv_cache *kv) {
+    const osp_backend_vtable *vt = kv->be->vt;
+    return vt->device_uuid && vt->ipc_handle && vt->ipc_open && vt->ipc_close && vt->copy_dev_many;
+}
+
+osp_status osp_kv_cache_device_uuid(osp_kv_cache *kv, uint8_t uuid[OSP_KV_UUID_BYTES]) {
+    if (!osp_kv_cache_ipc_capable(kv)) return NO_IPC(kv);
+    return kv->be->vt->device_uuid(kv->be, uuid);
+}
+
+osp_status osp_kv_cache_arena_create(osp_kv_cache *kv, size_t bytes, void **out,
+                                     uint8_t handle[OSP_KV_IPC_HANDLE_BYTES]) {
+    *out = NULL;
+    if (!osp_kv_cache_ipc_capable(kv)) return NO_IPC(kv);
+    void *p = NULL;
+    OSP_TRY(kv->be->vt->buffer_alloc(kv->be, bytes, "the KV transfer arena (CUDA IPC)", &p));
+    const osp_status s = kv->be->vt->ipc_handle(kv->be, p, handle);
+    if (s != OSP_OK) {
+        kv->be->vt->buffer_free(kv->be, p);
+        return s;
+    }
+    *out = p;
+    return OSP_OK;
+}
+
+void osp_kv_cache_arena_free(osp_kv_cache *kv, void *p) {
+    if (p) kv->be->vt->buffer_free(kv->be, p);
+}
+
+osp_status osp_kv_cache_ipc_open(osp_kv_cache *kv, const uint8_t handle[OSP_KV_IPC_HANDLE_BYTES], void **out) {
+    *out = NULL;
+    if (!osp_kv_cache_ipc_capable(kv)) return NO_IPC(kv);
+    return kv->be->vt->ipc_open(kv->be, handle, out);
+}
+
+void osp_kv_cache_ipc_close(osp_kv_cache *kv, void *p) {
+    if (p && kv->be->vt->ipc_close) kv->be->vt->ipc_close(kv->be, p);
+}
+
+osp_status osp_kv_cache_blocks_read_device(osp_kv_cache *kv, int32_t n, const int32_t *ids, void *const *devs) {
+    return blocks_move_to(kv, n, ids, (uint8_t *const *)devs, true, MOVE_DEV);
+}
+
+osp_status osp_kv_cache_blocks_write_device(osp_kv_cache *kv, int32_t n, const int32_t *ids, const void *const *srcs) {
+    return blocks_move_to(kv, n, ids, (uint8_t *const *)(uintptr_t)srcs, false, MOVE_DEV_SIDE);
+}
+
+osp_status osp_kv_cache_device_to_host(osp_kv_cache *kv, void *dst, const void *src, size_t bytes) {
+    if (!kv->be->vt->copy_dev_many) return NO_IPC(kv);
+    return kv->be->vt->copy_dev_many(kv->be, true, true, 1, &dst, &src, &bytes);
 }

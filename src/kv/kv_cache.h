@@ -144,4 +144,36 @@ osp_status osp_kv_cache_blocks_read(osp_kv_cache *kv, int32_t n, const int32_t *
 bool osp_kv_cache_host_register(osp_kv_cache *kv, void *p, size_t bytes);
 void osp_kv_cache_host_unregister(osp_kv_cache *kv, void *p);
 
+/* ---- CUDA IPC: a producer's blocks handed to a consumer process on the same device (src/kv/transfer.h)
+ * without a host copy. Each call fails with OSP_ERR_UNSUPPORTED on a backend without it (the CPU). */
+
+#define OSP_KV_UUID_BYTES 16       /* a device's UUID (backend.h OSP_BACKEND_UUID_BYTES) */
+#define OSP_KV_IPC_HANDLE_BYTES 64 /* an arena's handle (backend.h OSP_BACKEND_IPC_HANDLE_BYTES) */
+
+/* Whether kv's backend has the calls below. */
+bool osp_kv_cache_ipc_capable(const osp_kv_cache *kv);
+/* The device's UUID (16 bytes): equal in two processes exactly when they run on the same device. */
+osp_status osp_kv_cache_device_uuid(osp_kv_cache *kv, uint8_t uuid[OSP_KV_UUID_BYTES]);
+/* A zeroed device allocation of `bytes` that another process can map, and its handle (64 bytes) for
+ * osp_kv_cache_ipc_open there. Free with osp_kv_cache_arena_free (NULL ok). OSP_ERR_NOMEM when the device
+ * has no room. */
+osp_status osp_kv_cache_arena_create(osp_kv_cache *kv, size_t bytes, void **out,
+                                     uint8_t handle[OSP_KV_IPC_HANDLE_BYTES]);
+void osp_kv_cache_arena_free(osp_kv_cache *kv, void *p);
+/* Maps another process's arena by its handle (*out: its first byte in this process); fails in the process
+ * that made it, on another device, or once that process has freed it or exited. Unmap with
+ * osp_kv_cache_ipc_close (NULL ok). */
+osp_status osp_kv_cache_ipc_open(osp_kv_cache *kv, const uint8_t handle[OSP_KV_IPC_HANDLE_BYTES], void **out);
+void osp_kv_cache_ipc_close(osp_kv_cache *kv, void *p);
+/* Blocks ids[0..n) into device memory devs[0..n) (block_bytes each, osp_kv_cache_block_read's layout),
+ * after every run enqueued before, in one batched copy; returns when they are there. Call from the thread
+ * that runs steps. OSP_ERR_INVALID_ARG for an id outside the cache (nothing copied). */
+osp_status osp_kv_cache_blocks_read_device(osp_kv_cache *kv, int32_t n, const int32_t *ids, void *const *devs);
+/* Blocks ids[0..n) from device memory srcs[0..n) (that layout; e.g. a mapped arena), in one batched copy
+ * on a stream apart from the runs', so any thread may call it while steps run: the blocks must be out of
+ * every run's use until it returns (a background load's blocks). Returns when they are written. */
+osp_status osp_kv_cache_blocks_write_device(osp_kv_cache *kv, int32_t n, const int32_t *ids, const void *const *srcs);
+/* bytes of device memory src (an arena) to host memory dst, apart from the runs (any thread). */
+osp_status osp_kv_cache_device_to_host(osp_kv_cache *kv, void *dst, const void *src, size_t bytes);
+
 #endif

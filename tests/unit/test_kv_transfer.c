@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -254,6 +255,291 @@ static void test_malformed_and_unreachable(void **state) {
     free(dst);
 }
 
+/* ---- the CUDA IPC protocol without a GPU ----------------------------------------------------------
+ * The "device arena" is a shared anonymous mapping made before fork: the producer (a child process)
+ * holds blocks in its slots, and the consumer's "mapping" of the handle is the same mapping. Everything
+ * but the device copies themselves runs as on the GPU: offsets instead of payloads, the done byte, the
+ * release that frees the slots, the fallbacks to TCP, a killed producer. */
+
+#define SLOTS 4
+static uint8_t *g_arena; /* [SLOTS * BB], shared with the child */
+static int g_opens, g_closes;
+
+static osp_status arena_to_host(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    return OSP_OK;
+}
+
+static osp_status fill_slots(void *ctx, int32_t n, void *const *dsts) {
+    const int *seeds = ctx;
+    for (int32_t i = 0; i < n; i++) fill(dsts[i], seeds[i]);
+    return OSP_OK;
+}
+
+static osp_status open_arena(void *ctx, const uint8_t handle[OSP_KV_XFER_HANDLE_BYTES], void **base) {
+    const bool refuse = ctx != NULL;
+    if (refuse || memcmp(handle, "SHMARENA", 8) != 0) return OSP_ERR_INTERNAL; /* another IPC namespace, say */
+    g_opens++;
+    *base = g_arena;
+    return OSP_OK;
+}
+
+static void close_arena(void *ctx, void *base) {
+    (void)ctx;
+    if (base == g_arena) g_closes++;
+}
+
+typedef struct ipc_sink {
+    uint8_t *out; /* [n * BB]: what the consumer's "pages" received */
+    int calls;
+} ipc_sink;
+
+static osp_status write_pages(void *wctx, int32_t n, const void *const *srcs) {
+    ipc_sink *k = wctx;
+    k->calls++;
+    for (int32_t i = 0; i < n; i++)
+        if (srcs[i]) memcpy(k->out + (size_t)i * BB, srcs[i], BB);
+    return OSP_OK;
+}
+
+static osp_kv_xfer_device arena_dev(const char *uuid_char) {
+    osp_kv_xfer_device d = {.base = g_arena, .bytes = SLOTS * BB, .to_host = arena_to_host};
+    memcpy(d.handle, "SHMARENA", 8);
+    memset(d.uuid, uuid_char[0], sizeof d.uuid);
+    return d;
+}
+
+static osp_kv_xfer_peers *peers_on(char uuid_char, bool refuse) {
+    osp_kv_xfer_ipc xi = {.open = open_arena, .close = close_arena, .ctx = refuse ? (void *)1 : NULL};
+    memset(xi.uuid, uuid_char, sizeof xi.uuid);
+    osp_kv_xfer_peers *p = NULL;
+    assert_int_equal(osp_kv_xfer_peers_create(&xi, &p), OSP_OK);
+    return p;
+}
+
+/* The producer child: a server with the shared arena, 3 blocks held there (seeds 0..2); writes its port
+ * and the transfer id to `up`, then answers commands from `down`: 'h' holds 3 more (seeds 10..12) and
+ * writes the id, 's' writes its stats, 'q' ends. */
+static void producer_child(int up, int down) {
+    const osp_kv_xfer_device d = arena_dev("U");
+    const osp_kv_xfer_server_config c = {.ip = "127.0.0.1", .block_bytes = BB, .engine_id = 42, .cap_bytes = 16 * BB,
+                                         .timeout_s = 60, .io_timeout_s = 2, .device = &d};
+    osp_kv_xfer_server *s = NULL;
+    if (osp_kv_xfer_server_create(&c, &s) != OSP_OK) _exit(1);
+    const osp_block_hash h[3] = {hash_of(0), hash_of(1), hash_of(2)};
+    int seeds[3] = {0, 1, 2};
+    osp_status err;
+    const uint64_t id = osp_kv_xfer_server_hold_device(s, h, 3, fill_slots, seeds, &err);
+    const int32_t port = osp_kv_xfer_server_port(s);
+    if (write(up, &port, sizeof port) != sizeof port || write(up, &id, sizeof id) != sizeof id) _exit(1);
+    char cmd;
+    while (read(down, &cmd, 1) == 1 && cmd != 'q') {
+        if (cmd == 'h') {
+            const osp_block_hash h2[3] = {hash_of(10), hash_of(11), hash_of(12)};
+            int seeds2[3] = {10, 11, 12};
+            const uint64_t id2 = osp_kv_xfer_server_hold_device(s, h2, 3, fill_slots, seeds2, &err);
+            if (write(up, &id2, sizeof id2) != sizeof id2) _exit(1);
+        } else if (cmd == 's') {
+            const osp_kv_xfer_server_stats st = osp_kv_xfer_server_get_stats(s);
+            if (write(up, &st, sizeof st) != sizeof st) _exit(1);
+        }
+    }
+    osp_kv_xfer_server_destroy(s);
+    _exit(0);
+}
+
+static osp_kv_xfer_server_stats child_stats(int up, int down) {
+    osp_kv_xfer_server_stats st;
+    assert_int_equal(write(down, "s", 1), 1);
+    assert_int_equal(read(up, &st, sizeof st), (ssize_t)sizeof st);
+    return st;
+}
+
+static void check_seeds(const uint8_t *got, const int *seeds, const osp_kv_read_result *res, int n) {
+    uint8_t want[BB];
+    for (int i = 0; i < n; i++) {
+        if (seeds[i] < 0) {
+            assert_int_equal(res[i], OSP_KV_READ_MISSING);
+            continue;
+        }
+        assert_int_equal(res[i], OSP_KV_READ_OK);
+        fill(want, seeds[i]);
+        assert_memory_equal(got + (size_t)i * BB, want, BB);
+    }
+}
+
+static void test_ipc_protocol(void **state) {
+    (void)state;
+    g_arena = mmap(NULL, SLOTS * BB, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(g_arena != MAP_FAILED);
+    int upf[2], downf[2];
+    assert_int_equal(pipe(upf), 0);
+    assert_int_equal(pipe(downf), 0);
+    const pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        close(upf[0]), close(downf[1]);
+        producer_child(upf[1], downf[0]);
+    }
+    close(upf[1]), close(downf[0]);
+    const int up = upf[0], down = downf[1];
+    int32_t port;
+    uint64_t id;
+    assert_int_equal(read(up, &port, sizeof port), (ssize_t)sizeof port);
+    assert_int_equal(read(up, &id, sizeof id), (ssize_t)sizeof id);
+    assert_true(id != 0);
+    osp_kv_xfer_server_stats st = child_stats(up, down);
+    assert_int_equal(st.held_device_blocks, 3);
+
+    /* same device, another process: by offsets, straight into the "pages", byte for byte; dst untouched */
+    osp_kv_xfer_peers *peers = peers_on('U', false);
+    const osp_block_hash ask[4] = {hash_of(2), hash_of(0), hash_of(99), hash_of(1)};
+    const int seeds[4] = {2, 0, -1, 1};
+    uint8_t *dst = calloc(4, BB), *pages = calloc(4, BB);
+    ipc_sink sink = {.out = pages};
+    osp_kv_read_result res[4];
+    bool via = false;
+    assert_int_equal(osp_kv_xfer_fetch_ipc(peers, "127.0.0.1", port, 42, id, BB, ask, 4, false, 2, write_pages, &sink,
+                                           dst, res, &via), OSP_OK);
+    assert_true(via);
+    assert_int_equal(sink.calls, 1);
+    check_seeds(pages, seeds, res, 4);
+    for (int i = 0; i < 4 * BB; i++) assert_int_equal(dst[i], 0);
+    assert_int_equal(g_opens, 1);
+    assert_int_equal(osp_kv_xfer_peers_mapped(peers), 1);
+    st = child_stats(up, down);
+    assert_int_equal(st.ipc_blocks, 3);
+    assert_int_equal(st.held, 1);
+    /* the last fetch releases once the consumer is done: the slots are free again (a hold of 3 more into the
+       4 slots drops nothing); the mapping is reused */
+    memset(pages, 0, 4 * BB);
+    assert_int_equal(osp_kv_xfer_fetch_ipc(peers, "127.0.0.1", port, 42, id, BB, ask, 4, true, 2, write_pages, &sink,
+                                           dst, res, &via), OSP_OK);
+    assert_true(via);
+    check_seeds(pages, seeds, res, 4);
+    assert_int_equal(g_opens, 1);
+    for (int i = 0; i < 100 && child_stats(up, down).held > 0; i++) sleep_s(0.02);
+    st = child_stats(up, down);
+    assert_int_equal(st.held, 0);
+    assert_int_equal(st.held_device_blocks, 0);
+    assert_int_equal(st.released, 1);
+    assert_int_equal(write(down, "h", 1), 1);
+    uint64_t id2;
+    assert_int_equal(read(up, &id2, sizeof id2), (ssize_t)sizeof id2);
+    assert_true(id2 != 0);
+    st = child_stats(up, down);
+    assert_int_equal(st.held_device_blocks, 3);
+    assert_int_equal(st.dropped, 0);
+
+    /* a consumer on another device: the payload over TCP, read out of the arena */
+    osp_kv_xfer_peers *other = peers_on('V', false);
+    const osp_block_hash ask2[2] = {hash_of(11), hash_of(10)};
+    const int seeds2[2] = {11, 10};
+    sink.calls = 0;
+    assert_int_equal(osp_kv_xfer_fetch_ipc(other, "127.0.0.1", port, 42, id2, BB, ask2, 2, false, 2, write_pages, &sink,
+                                           dst, res, &via), OSP_OK);
+    assert_false(via);
+    assert_int_equal(sink.calls, 0);
+    check_seeds(dst, seeds2, res, 2);
+    osp_kv_xfer_peers_destroy(other);
+    /* an arena that does not map here: asked again over TCP (the release with it), not offered again */
+    osp_kv_xfer_peers *refusing = peers_on('U', true);
+    memset(dst, 0, 4 * BB);
+    assert_int_equal(osp_kv_xfer_fetch_ipc(refusing, "127.0.0.1", port, 42, id2, BB, ask2, 2, true, 2, write_pages, &sink,
+                                           dst, res, &via), OSP_OK);
+    assert_false(via);
+    check_seeds(dst, seeds2, res, 2);
+    assert_int_equal(osp_kv_xfer_peers_mapped(refusing), 0);
+    for (int i = 0; i < 100 && child_stats(up, down).held > 0; i++) sleep_s(0.02);
+    assert_int_equal(child_stats(up, down).held_device_blocks, 0);
+    osp_kv_xfer_peers_destroy(refusing);
+
+    /* a killed producer: a clean failure, every block missing, its mapping dropped */
+    assert_int_equal(write(down, "h", 1), 1);
+    assert_int_equal(read(up, &id2, sizeof id2), (ssize_t)sizeof id2);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    sink.calls = 0;
+    assert_int_equal(osp_kv_xfer_fetch_ipc(peers, "127.0.0.1", port, 42, id2, BB, ask2, 2, true, 1, write_pages, &sink,
+                                           dst, res, &via), OSP_ERR_IO);
+    assert_false(via);
+    assert_int_equal(sink.calls, 0);
+    assert_int_equal(res[0], OSP_KV_READ_MISSING);
+    assert_int_equal(res[1], OSP_KV_READ_MISSING);
+    assert_int_equal(osp_kv_xfer_peers_mapped(peers), 0);
+    assert_int_equal(g_closes, 1);
+    osp_kv_xfer_peers_destroy(peers);
+    close(up), close(down);
+
+    /* a producer in this process (its arena cannot be mapped where it was made): TCP, by the nonce */
+    const osp_kv_xfer_device d = arena_dev("U");
+    const osp_kv_xfer_server_config c = {.ip = "127.0.0.1", .block_bytes = BB, .engine_id = 42, .cap_bytes = 16 * BB,
+                                         .timeout_s = 60, .io_timeout_s = 2, .device = &d};
+    osp_kv_xfer_server *s = NULL;
+    assert_int_equal(osp_kv_xfer_server_create(&c, &s), OSP_OK);
+    int sd[3] = {5, 6, 7};
+    const osp_block_hash h3[3] = {hash_of(5), hash_of(6), hash_of(7)};
+    osp_status err;
+    const uint64_t id3 = osp_kv_xfer_server_hold_device(s, h3, 3, fill_slots, sd, &err);
+    assert_true(id3 != 0);
+    /* a hold of more blocks than the arena has slots holds nothing there (the caller holds on the host) */
+    const osp_block_hash h5[5] = {hash_of(0), hash_of(1), hash_of(2), hash_of(3), hash_of(4)};
+    int s5[5] = {0, 1, 2, 3, 4};
+    assert_int_equal(osp_kv_xfer_server_hold_device(s, h5, 5, fill_slots, s5, &err), 0);
+    assert_int_equal(err, OSP_OK);
+    peers = peers_on('U', false);
+    sink.calls = 0;
+    const int seeds3[3] = {5, 6, 7};
+    assert_int_equal(osp_kv_xfer_fetch_ipc(peers, "127.0.0.1", osp_kv_xfer_server_port(s), 42, id3, BB, h3, 3, true, 2,
+                                           write_pages, &sink, dst, res, &via), OSP_OK);
+    assert_false(via);
+    assert_int_equal(sink.calls, 0);
+    check_seeds(dst, seeds3, res, 3);
+    osp_kv_xfer_peers_destroy(peers);
+    osp_kv_xfer_server_destroy(s);
+
+    /* a producer older than the IPC offer: it refuses the flag (malformed), the consumer asks again without
+       it and answers what that producer says; not offered to it again */
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in la = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &la.sin_addr);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&la, sizeof la), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    socklen_t ll = sizeof la;
+    getsockname(lfd, (struct sockaddr *)&la, &ll);
+    const pid_t old = fork();
+    if (old == 0) {
+        for (int k = 0; k < 3; k++) {
+            const int cfd = accept(lfd, NULL, NULL);
+            uint8_t hdr[40];
+            if (recv(cfd, hdr, sizeof hdr, MSG_WAITALL) != 40) _exit(1);
+            uint8_t ans[16] = "OSPKVR01";
+            ans[8] = hdr[36] & 2 ? 3 : 1; /* the IPC bit: malformed; else: no such transfer */
+            if (send(cfd, ans, sizeof ans, MSG_NOSIGNAL) != 16) _exit(1);
+            if (k == 0 && !(hdr[36] & 2)) _exit(2); /* the first must offer */
+            if (k == 2 && (hdr[36] & 2)) _exit(3);  /* the third must not */
+            close(cfd);
+        }
+        _exit(0);
+    }
+    peers = peers_on('U', false);
+    assert_int_equal(osp_kv_xfer_fetch_ipc(peers, "127.0.0.1", ntohs(la.sin_port), 42, 7, BB, h3, 1, false, 2,
+                                           write_pages, &sink, dst, res, &via), OSP_ERR_INVALID_ARG);
+    assert_non_null(strstr(osp_last_error(), "no such transfer"));
+    assert_int_equal(osp_kv_xfer_fetch_ipc(peers, "127.0.0.1", ntohs(la.sin_port), 42, 7, BB, h3, 1, false, 2,
+                                           write_pages, &sink, dst, res, &via), OSP_ERR_INVALID_ARG);
+    int wst = 0;
+    waitpid(old, &wst, 0);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 0);
+    close(lfd);
+    osp_kv_xfer_peers_destroy(peers);
+    free(dst);
+    free(pages);
+    munmap(g_arena, SLOTS * BB);
+}
+
 /* ---- two engines ------------------------------------------------------------------------------- */
 
 #define MAXOUT 32
@@ -448,7 +734,17 @@ static void test_refusals(void **state) {
     assert_int_equal(osp_engine_create(&pp, &e), OSP_ERR_INVALID_ARG);
 }
 
-int main(void) {
+#ifdef TEST_GPU_IPC /* tests/gpu/test_gpu_kv_transfer.c: CUDA IPC between this process and a child */
+static int gpu_ipc_child(int argc, char **argv);
+static int gpu_ipc_tests(void);
+#endif
+
+int main(int argc, char **argv) {
+#ifdef TEST_GPU_IPC
+    if (argc >= 2 && !strncmp(argv[1], "--ipc-", 6)) return gpu_ipc_child(argc, argv); /* the producer child */
+#else
+    (void)argc, (void)argv;
+#endif
     const char *root = getenv("OSPREY_ROOT");
     snprintf(g_tiny, sizeof g_tiny, "%s/tests/models/tiny-llama-f32.gguf", root ? root : ".");
     if (g_gpu && osp_device_count(OSP_DEVICE_CUDA) == 0) {
@@ -460,6 +756,7 @@ int main(void) {
         cmocka_unit_test(test_protocol),
         cmocka_unit_test(test_drops),
         cmocka_unit_test(test_malformed_and_unreachable),
+        cmocka_unit_test(test_ipc_protocol),
     };
     int rc = g_gpu ? 0 : cmocka_run_group_tests(proto, NULL, NULL);
     FILE *f = fopen(g_tiny, "rb");
@@ -473,6 +770,9 @@ int main(void) {
         cmocka_unit_test(test_refusals),
     };
     rc |= cmocka_run_group_tests(engine, NULL, NULL);
+#ifdef TEST_GPU_IPC
+    rc |= gpu_ipc_tests();
+#endif
     if (g_gpu) remove(g_tiny);
     return rc;
 }

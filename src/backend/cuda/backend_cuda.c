@@ -54,6 +54,7 @@ static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
 typedef struct cuda_backend {
     osp_backend base;
     void *stream;
+    void *side_stream; /* copy_dev_many's side copies (another thread's, while steps run on `stream`) */
     osp_cuda_gemm *gemm;
     osp_threadpool *pool;
     void **weights; /* device allocations made by place */
@@ -238,6 +239,7 @@ static void cuda_free(osp_backend *be) {
     for (int32_t i = 0; i < g->n_op_ev; i++) osp_cuda_event_destroy(g->op_ev[i]);
     free(g->op_ev);
     osp_cuda_stream_destroy(g->stream);
+    osp_cuda_stream_destroy(g->side_stream);
     free(g);
 }
 
@@ -287,6 +289,35 @@ static osp_status cuda_host_register(osp_backend *be, void *p, size_t bytes) {
 static void cuda_host_unregister(osp_backend *be, void *p) {
     (void)be;
     osp_cuda_host_unregister(p);
+}
+
+static osp_status cuda_device_uuid(osp_backend *be, uint8_t uuid[OSP_BACKEND_UUID_BYTES]) {
+    (void)be;
+    return osp_cuda_device_uuid(uuid);
+}
+
+static osp_status cuda_ipc_handle(osp_backend *be, void *p, uint8_t handle[OSP_BACKEND_IPC_HANDLE_BYTES]) {
+    (void)be;
+    return osp_cuda_ipc_handle(p, handle);
+}
+
+static osp_status cuda_ipc_open(osp_backend *be, const uint8_t handle[OSP_BACKEND_IPC_HANDLE_BYTES], void **out) {
+    (void)be;
+    return osp_cuda_ipc_open(handle, out);
+}
+
+static void cuda_ipc_close(osp_backend *be, void *p) {
+    (void)be;
+    osp_cuda_ipc_close(p);
+}
+
+static osp_status cuda_copy_dev_many(osp_backend *be, bool side, bool to_host, int32_t n, void *const *dst,
+                                     const void *const *src, const size_t *bytes) {
+    cuda_backend *g = CU(be);
+    void *st = side ? g->side_stream : g->stream;
+    if (!to_host) return osp_cuda_copy_many_d2d(n, dst, src, bytes, st);
+    for (int32_t i = 0; i < n; i++) OSP_TRY(osp_cuda_d2h(dst[i], src[i], bytes[i], st));
+    return osp_cuda_stream_sync(st);
 }
 
 static osp_status cuda_mem_info(osp_backend *be, size_t *free_bytes, size_t *total_bytes) {
@@ -1200,6 +1231,11 @@ static const osp_backend_vtable k_cuda_vt = {
     .host_unregister = cuda_host_unregister,
     .from_host = cuda_from_host,
     .mem_info = cuda_mem_info,
+    .device_uuid = cuda_device_uuid,
+    .ipc_handle = cuda_ipc_handle,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
+    .copy_dev_many = cuda_copy_dev_many,
     .supports_op = cuda_supports_op,
     .supports_kv = cuda_supports_kv,
     .run = cuda_run,
@@ -1267,6 +1303,7 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     g->quant_weights = p->quant_weights;
     osp_cuda_set_pdl_default(p->quant_weights);
     osp_status s = osp_cuda_stream_create(&g->stream);
+    if (s == OSP_OK) s = osp_cuda_stream_create(&g->side_stream);
     const char *wsmb = getenv("OSPREY_CUDA_GEMM_WS_MB"); /* a diagnostic: the cuBLASLt workspace in MiB */
     const size_t ws = wsmb && atoi(wsmb) > 0 ? (size_t)atoi(wsmb) << 20 : GEMM_WORKSPACE_BYTES;
     if (s == OSP_OK) s = osp_cuda_gemm_create(ws, &g->gemm);

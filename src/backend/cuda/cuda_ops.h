@@ -76,6 +76,30 @@ osp_status osp_cuda_d2d(void *d_dst, const void *d_src, size_t bytes, void *stre
 osp_status osp_cuda_copy_many(bool to_host, int32_t n, void *const *dst, const void *const *src, const size_t *bytes,
                               void *stream);
 osp_status osp_cuda_memset(void *d_dst, int byte, size_t bytes, void *stream);
+/* n copies inside device memory (dst[i], src[i] device addresses of this process, including memory
+ * mapped from another process by osp_cuda_ipc_open), bytes[i] each (0 allowed, any alignment), done when
+ * it returns (it synchronizes `stream`): one copy_many kernel for all of them (or, with
+ * OSPREY_CUDA_COPY_KERNEL=0, one cudaMemcpyAsync a copy). The copies must not overlap. Serialized with
+ * osp_cuda_copy_many (one descriptor buffer). */
+osp_status osp_cuda_copy_many_d2d(int32_t n, void *const *dst, const void *const *src, const size_t *bytes,
+                                  void *stream);
+
+/* ---- CUDA IPC (prefill/decode disaggregation on one GPU: src/kv/transfer.h) ----------------------- */
+
+#define OSP_CUDA_IPC_HANDLE_BYTES 64 /* sizeof(cudaIpcMemHandle_t) */
+#define OSP_CUDA_UUID_BYTES 16       /* sizeof(cudaUUID_t) */
+
+/* The current device's UUID (cudaDeviceProp.uuid): two processes on one GPU see the same bytes, whatever
+ * CUDA_VISIBLE_DEVICES numbers it. */
+osp_status osp_cuda_device_uuid(uint8_t uuid[OSP_CUDA_UUID_BYTES]);
+/* The IPC handle of d_ptr, the start of an allocation made by osp_cuda_malloc (cudaIpcGetMemHandle):
+ * another process on the same device opens it with osp_cuda_ipc_open. */
+osp_status osp_cuda_ipc_handle(void *d_ptr, uint8_t handle[OSP_CUDA_IPC_HANDLE_BYTES]);
+/* Maps another process's allocation (its handle) into this one (cudaIpcOpenMemHandle, lazy peer access):
+ * *d_ptr is its first byte here. Fails (OSP_ERR_INTERNAL with CUDA's message) in the exporting process
+ * itself, on another device, or when the exporter has freed it or exited. Close with osp_cuda_ipc_close. */
+osp_status osp_cuda_ipc_open(const uint8_t handle[OSP_CUDA_IPC_HANDLE_BYTES], void **d_ptr);
+void osp_cuda_ipc_close(void *d_ptr); /* NULL is fine */
 
 /* Events for timing: elapsed milliseconds between two recorded events (synchronizes on `end`). */
 osp_status osp_cuda_event_create(void **ev);

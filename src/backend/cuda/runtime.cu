@@ -265,21 +265,41 @@ static bool copy_kernel_enabled(void) {
     return on;
 }
 
+/* g_seg_host / g_seg_dev hold at least n descriptors; under g_copy_mu. */
+static osp_status ensure_segs(int32_t n) {
+    if (n <= g_seg_cap) return OSP_OK;
+    int32_t cap = g_seg_cap ? g_seg_cap : 1024;
+    while (cap < n) cap = cap > INT32_MAX / 2 ? n : 2 * cap;
+    if (g_seg_host) (void)cudaFreeHost(g_seg_host);
+    if (g_seg_dev) (void)cudaFree(g_seg_dev);
+    g_seg_host = g_seg_dev = NULL;
+    g_seg_cap = 0;
+    OSP_CUDA_TRY(cudaMallocHost((void **)&g_seg_host, sizeof(copy_seg) * (size_t)cap));
+    OSP_CUDA_TRY(cudaMalloc((void **)&g_seg_dev, sizeof(copy_seg) * (size_t)cap));
+    g_seg_cap = cap;
+    return OSP_OK;
+}
+
+/* Enqueues the kernel over g_seg_host[0..m) on st (m > 0); under g_copy_mu. */
+static osp_status launch_segs(int32_t m, cudaStream_t st) {
+    OSP_CUDA_TRY(cudaMemcpyAsync(g_seg_dev, g_seg_host, sizeof(copy_seg) * (size_t)m, cudaMemcpyHostToDevice, st));
+    static int sms = 0; /* the device's SM count, asked once (under g_copy_mu) */
+    if (!sms) {
+        int dev = 0;
+        OSP_CUDA_TRY(cudaGetDevice(&dev));
+        OSP_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const int grid = m < 8 * sms ? m : 8 * sms;
+    copy_many_kernel<<<grid, 256, 0, st>>>(g_seg_dev, m);
+    OSP_CUDA_LAUNCH_CHECK("copy_many_kernel");
+    return OSP_OK;
+}
+
 /* The kernel path: false (nothing enqueued) when some host side is outside the mapped ranges. */
 static osp_status copy_many_kernel_path(bool to_host, int32_t n, void *const *dst, const void *const *src,
                                         const size_t *bytes, cudaStream_t st, bool *done) {
     *done = false;
-    if (n > g_seg_cap) {
-        int32_t cap = g_seg_cap ? g_seg_cap : 1024;
-        while (cap < n) cap = cap > INT32_MAX / 2 ? n : 2 * cap;
-        if (g_seg_host) (void)cudaFreeHost(g_seg_host);
-        if (g_seg_dev) (void)cudaFree(g_seg_dev);
-        g_seg_host = g_seg_dev = NULL;
-        g_seg_cap = 0;
-        OSP_CUDA_TRY(cudaMallocHost((void **)&g_seg_host, sizeof(copy_seg) * (size_t)cap));
-        OSP_CUDA_TRY(cudaMalloc((void **)&g_seg_dev, sizeof(copy_seg) * (size_t)cap));
-        g_seg_cap = cap;
-    }
+    OSP_TRY(ensure_segs(n));
     pthread_mutex_lock(&g_map_mu);
     int32_t m = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -297,17 +317,7 @@ static osp_status copy_many_kernel_path(bool to_host, int32_t n, void *const *ds
     pthread_mutex_unlock(&g_map_mu);
     *done = true;
     if (m == 0) return OSP_OK;
-    OSP_CUDA_TRY(cudaMemcpyAsync(g_seg_dev, g_seg_host, sizeof(copy_seg) * (size_t)m, cudaMemcpyHostToDevice, st));
-    static int sms = 0; /* the device's SM count, asked once (under g_copy_mu) */
-    if (!sms) {
-        int dev = 0;
-        OSP_CUDA_TRY(cudaGetDevice(&dev));
-        OSP_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    const int grid = m < 8 * sms ? m : 8 * sms;
-    copy_many_kernel<<<grid, 256, 0, st>>>(g_seg_dev, m);
-    OSP_CUDA_LAUNCH_CHECK("copy_many_kernel");
-    return OSP_OK;
+    return launch_segs(m, st);
 }
 
 osp_status osp_cuda_copy_many(bool to_host, int32_t n, void *const *dst, const void *const *src, const size_t *bytes,
@@ -323,6 +333,65 @@ osp_status osp_cuda_copy_many(bool to_host, int32_t n, void *const *dst, const v
     if (s == OSP_OK) s = osp_cuda_stream_sync(stream);
     pthread_mutex_unlock(&g_copy_mu);
     return s;
+}
+
+osp_status osp_cuda_copy_many_d2d(int32_t n, void *const *dst, const void *const *src, const size_t *bytes,
+                                  void *stream) {
+    if (n < 0 || (n > 0 && (!dst || !src || !bytes)))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_copy_many_d2d: %d copies without their arrays", n);
+    cudaStream_t st = (cudaStream_t)stream;
+    pthread_mutex_lock(&g_copy_mu);
+    osp_status s = OSP_OK;
+    if (copy_kernel_enabled() && n > 0) {
+        s = ensure_segs(n);
+        int32_t m = 0;
+        for (int32_t i = 0; s == OSP_OK && i < n; i++) {
+            if (bytes[i] == 0) continue;
+            g_seg_host[m++] = copy_seg{(const uint8_t *)src[i], (uint8_t *)dst[i], (unsigned long long)bytes[i]};
+        }
+        if (s == OSP_OK && m > 0) s = launch_segs(m, st);
+    } else {
+        for (int32_t i = 0; s == OSP_OK && i < n; i++) s = osp_cuda_d2d(dst[i], src[i], bytes[i], stream);
+    }
+    if (s == OSP_OK) s = osp_cuda_stream_sync(stream);
+    pthread_mutex_unlock(&g_copy_mu);
+    return s;
+}
+
+osp_status osp_cuda_device_uuid(uint8_t uuid[OSP_CUDA_UUID_BYTES]) {
+    int dev = 0;
+    OSP_CUDA_TRY(cudaGetDevice(&dev));
+    cudaDeviceProp p;
+    OSP_CUDA_TRY(cudaGetDeviceProperties(&p, dev));
+    static_assert(sizeof p.uuid == OSP_CUDA_UUID_BYTES, "cudaUUID_t is 16 bytes");
+    memcpy(uuid, &p.uuid, OSP_CUDA_UUID_BYTES);
+    return OSP_OK;
+}
+
+osp_status osp_cuda_ipc_handle(void *d_ptr, uint8_t handle[OSP_CUDA_IPC_HANDLE_BYTES]) {
+    cudaIpcMemHandle_t h;
+    static_assert(sizeof h == OSP_CUDA_IPC_HANDLE_BYTES, "cudaIpcMemHandle_t is 64 bytes");
+    OSP_CUDA_TRY(cudaIpcGetMemHandle(&h, d_ptr));
+    memcpy(handle, &h, sizeof h);
+    return OSP_OK;
+}
+
+osp_status osp_cuda_ipc_open(const uint8_t handle[OSP_CUDA_IPC_HANDLE_BYTES], void **d_ptr) {
+    *d_ptr = NULL;
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof h);
+    const cudaError_t e = cudaIpcOpenMemHandle(d_ptr, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        *d_ptr = NULL;
+        (void)cudaGetLastError();
+        return osp_set_error(OSP_ERR_INTERNAL, "cuda: cannot map the producer's KV arena (cudaIpcOpenMemHandle): %s",
+                             cudaGetErrorString(e));
+    }
+    return OSP_OK;
+}
+
+void osp_cuda_ipc_close(void *d_ptr) {
+    if (d_ptr && cudaIpcCloseMemHandle(d_ptr) != cudaSuccess) (void)cudaGetLastError();
 }
 
 osp_status osp_cuda_d2d(void *d_dst, const void *d_src, size_t bytes, void *stream) {
