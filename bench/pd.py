@@ -44,6 +44,7 @@ MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "64"))
 THREADS = os.environ.get("THREADS", "1")
 KV_MEM = os.environ.get("KV_MEM", "512M")
 SEQUENTIAL = os.environ.get("SEQUENTIAL", "0") == "1"
+SETUPS = os.environ.get("SETUPS", "pd,colo").split(",")  # "pd" alone: only the P/D pair (e.g. IPC vs TCP)
 SERVE_EXTRA = os.environ.get("SERVE_EXTRA", "").split()  # more `osprey serve` flags, e.g. "--device cuda"
 SEED = "7"
 
@@ -147,7 +148,7 @@ def phase(setup, url, model, rate, jobs):
     before = {k: metric_sum([url], k) for k in ("osprey_router_pd_prefill_seconds_sum", "osprey_router_pd_prefill_seconds_count")}
     dec = setup.get("decode")
     xb = {k: metric_sum([dec], k) for k in ("osprey:kv_transfer_recv_seconds_total", "osprey:kv_transfer_recv_blocks_total",
-                                      "osprey:kv_transfer_failed_blocks_total")} if dec else {}
+                                      "osprey:kv_transfer_failed_blocks_total", "osprey:kv_transfer_ipc_blocks_total")} if dec else {}
     t0 = time.time() + 0.2
     threads = [threading.Thread(target=one, args=j, daemon=True) for j in jobs]
     for th in threads:
@@ -180,6 +181,7 @@ def phase(setup, url, model, rate, jobs):
         row["xfer_req_ms"] = secs / n * 1000 if n else None
         row["xfer_blocks"] = blocks
         row["failed_blocks"] = metric_sum([dec], "osprey:kv_transfer_failed_blocks_total") - xb["osprey:kv_transfer_failed_blocks_total"]
+        row["ipc_blocks"] = metric_sum([dec], "osprey:kv_transfer_ipc_blocks_total") - xb["osprey:kv_transfer_ipc_blocks_total"]
     print_row(row)
     for e in sorted(set(e for e in errors if e != "cancelled"))[:3]:
         print(f"#   error: {e}", flush=True)
@@ -197,7 +199,7 @@ def print_row(r):
         extra = f"  prefill {ms(r['prefill'])} ms"
     if r.get("xfer_block_ms") is not None:
         extra += f", KV pull {r['xfer_req_ms']:.1f} ms/req ({r['xfer_block_ms']:.2f} ms/block, {r['xfer_blocks']:.0f} blocks" \
-                 f", {r['failed_blocks']:.0f} failed)"
+                 f", {r['failed_blocks']:.0f} failed, {r.get('ipc_blocks', 0):.0f} by CUDA IPC)"
     print(f"{r['setup']:11s} {r['rate']:5.2f} {r['done']:4d}/{r['sent']:<4d} {ms(t[0]):>7s} {ms(t[1]):>6s} {ms(t[2]):>6s} "
           f"{ms(p[0]):>7s} {ms(p[1]):>6s} {ms(p[2]):>6s} {r['tps']:7.1f}{extra}", flush=True)
 
@@ -218,7 +220,7 @@ def main():
     rows = []
     try:
         # SEQUENTIAL=1: one setup's servers at a time (one GPU holds two 8B servers, not four)
-        setups = [["pd"], ["colo"]] if SEQUENTIAL else [["pd", "colo"]]
+        setups = [[w] for w in SETUPS] if SEQUENTIAL else [SETUPS]
         header = False
         for group in setups:
             live = [start(procs, w) for w in group]

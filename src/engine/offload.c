@@ -692,11 +692,20 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
                 cfg->log(cfg->log_ctx, line);
             }
             dev.base = o->arena;
+            if (as == OSP_OK && o->arena && cfg->log) {
+                char line[200];
+                snprintf(line, sizeof line, "kv transfer: CUDA IPC arena of %zu MiB on the device (consumers on this GPU copy "
+                         "from it; OSPREY_KV_IPC=0 turns it off)", dev.bytes >> 20);
+                cfg->log(cfg->log_ctx, line);
+            }
         }
         if (is_consumer(o)) {
             osp_kv_xfer_ipc xi = {.open = peer_open, .close = peer_close, .ctx = kv};
             memcpy(xi.uuid, uuid, sizeof uuid);
             s = osp_kv_xfer_peers_create(&xi, &o->peers);
+            if (s == OSP_OK && cfg->log)
+                cfg->log(cfg->log_ctx, "kv transfer: CUDA IPC on: blocks from a producer on this GPU are copied device to "
+                                       "device (OSPREY_KV_IPC=0 turns it off)");
         }
     }
     if (s == OSP_OK && is_producer(o)) {

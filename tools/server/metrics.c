@@ -282,6 +282,9 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
                 (double)g->kv_transfer_dropped);
         counter(&b, "osprey:kv_transfer_recv_blocks", "KV blocks a consumer loaded from producers.", model,
                 (double)g->kv_transfer_recv_blocks);
+        counter(&b, "osprey:kv_transfer_ipc_blocks",
+                "Of the KV blocks a consumer loaded, those copied device to device from a producer's arena (CUDA IPC).", model,
+                (double)g->kv_transfer_ipc_blocks);
         counter(&b, "osprey:kv_transfer_failed_blocks", "KV blocks a consumer asked a producer for that did not load (recomputed).",
                 model, (double)g->kv_transfer_failed_blocks);
         counter(&b, "osprey:kv_transfer_recv_seconds", "Seconds a consumer spent loading KV blocks from producers.", model,

@@ -437,6 +437,7 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     g.kv_transfer_held = st.kv_transfer_held, g.kv_transfer_held_blocks = st.kv_transfer_held_blocks;
     g.kv_transfer_sent_blocks = st.kv_transfer_sent_blocks, g.kv_transfer_dropped = st.kv_transfer_dropped;
     g.kv_transfer_recv_blocks = st.kv_transfer_recv_blocks, g.kv_transfer_failed_blocks = st.kv_transfer_failed_blocks;
+    g.kv_transfer_ipc_blocks = st.kv_transfer_ipc_blocks;
     g.kv_transfer_recv_seconds = st.kv_transfer_recv_seconds;
     const osp_spec_config *sc = srv->engine ? &osp_engine_params_get(srv->engine)->speculative : &srv->cfg.spec;
     if (sc->method != OSP_SPEC_NONE) {

@@ -487,7 +487,7 @@ typedef struct srv_metrics_gauges {
     /* prefill/decode disaggregation (osp_engine_stats.kv_transfer_*), shown with --kv-transfer-config */
     bool kv_transfer;
     int64_t kv_transfer_held, kv_transfer_held_blocks, kv_transfer_sent_blocks, kv_transfer_dropped;
-    int64_t kv_transfer_recv_blocks, kv_transfer_failed_blocks;
+    int64_t kv_transfer_recv_blocks, kv_transfer_failed_blocks, kv_transfer_ipc_blocks;
     double kv_transfer_recv_seconds;
     bool engine_process;        /* --engine-process: show the core's restarts */
     int64_t core_restarts;
