@@ -127,6 +127,9 @@ static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA_WEIGHT) * *x + EMA
 #define EVICT_RUN 64
 static void on_evict(void *ctx, int32_t n, const int32_t *ids, const osp_block_hash *hs) {
     osp_offload *o = ctx;
+    const osp_kv_offload_stats cap = osp_kv_offload_get_stats(o->store);
+    if (cap.capacity[OSP_KV_TIER_HOST] == 0 && cap.capacity[OSP_KV_TIER_DISK] == 0)
+        return; /* the disk tier was turned off (its directory could not be made again) and there is no host tier */
     const double t0 = now_s();
     int32_t run_ids[EVICT_RUN], run_at[EVICT_RUN];
     void *slots[EVICT_RUN];
