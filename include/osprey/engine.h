@@ -353,6 +353,8 @@ typedef struct osp_engine_stats {
     int64_t offload_host_blocks, offload_disk_blocks, offload_stored_blocks, offload_loaded_blocks;
     int64_t offload_corrupt_blocks, offload_hits_tokens, offload_skipped_tokens;
     int64_t offload_write_errors;   /* disk writes that failed (the block dropped; a full or removed disk) */
+    int64_t offload_missing_blocks; /* disk blocks whose file was gone (removed under the server): forgotten,
+                                       recomputed */
     /* prefill/decode disaggregation (osp_engine_params.kv_role). Producer: transfers held now and their
        blocks, blocks sent, transfers dropped unpulled (timed out or pushed out by newer ones). Consumer:
        blocks loaded from producers, blocks asked for that did not load (recomputed), and the seconds the

@@ -863,6 +863,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         e->stats.offload_hits_tokens = ss.tier_hits_tokens;
         e->stats.offload_skipped_tokens = ss.tier_skipped_tokens;
         e->stats.offload_write_errors = os.store.io_errors;
+        e->stats.offload_missing_blocks = os.store.missing;
         e->stats.kv_transfer_held = os.producer.held;
         e->stats.kv_transfer_held_blocks = os.producer.held_blocks;
         e->stats.kv_transfer_sent_blocks = os.producer.sent_blocks;

@@ -221,7 +221,7 @@ osp_status osp_ipc_outputs_add(osp_ipc_outputs *b, uint64_t id, uint32_t gen, co
 
 /* The stats array: every field of osp_engine_stats that the frontend shows, in this order
  * (kv_transfer_recv_seconds as whole microseconds). */
-#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 8 + 8)
+#define N_STATS (11 + OSP_ENGINE_ITERATION_BUCKETS + 1 + 3 + OSP_SPEC_MAX_TOKENS + 9 + 8)
 
 static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     int k = 0;
@@ -233,7 +233,7 @@ static void stats_to_array(const osp_engine_stats *s, int64_t *a) {
     for (int i = 0; i < OSP_SPEC_MAX_TOKENS; i++) a[k++] = s->spec_accepted_per_pos[i];
     a[k++] = s->offload_host_blocks, a[k++] = s->offload_disk_blocks, a[k++] = s->offload_stored_blocks;
     a[k++] = s->offload_loaded_blocks, a[k++] = s->offload_corrupt_blocks, a[k++] = s->offload_hits_tokens;
-    a[k++] = s->offload_skipped_tokens, a[k++] = s->offload_write_errors;
+    a[k++] = s->offload_skipped_tokens, a[k++] = s->offload_write_errors, a[k++] = s->offload_missing_blocks;
     a[k++] = s->kv_transfer_held, a[k++] = s->kv_transfer_held_blocks, a[k++] = s->kv_transfer_sent_blocks;
     a[k++] = s->kv_transfer_dropped, a[k++] = s->kv_transfer_recv_blocks, a[k++] = s->kv_transfer_failed_blocks;
     const double us = s->kv_transfer_recv_seconds * 1e6;
@@ -255,7 +255,7 @@ static bool stats_from_array(const int64_t *a, osp_engine_stats *s) {
     for (int i = 0; i < OSP_SPEC_MAX_TOKENS; i++) s->spec_accepted_per_pos[i] = a[k++];
     s->offload_host_blocks = a[k++], s->offload_disk_blocks = a[k++], s->offload_stored_blocks = a[k++];
     s->offload_loaded_blocks = a[k++], s->offload_corrupt_blocks = a[k++], s->offload_hits_tokens = a[k++];
-    s->offload_skipped_tokens = a[k++], s->offload_write_errors = a[k++];
+    s->offload_skipped_tokens = a[k++], s->offload_write_errors = a[k++], s->offload_missing_blocks = a[k++];
     s->kv_transfer_held = a[k++], s->kv_transfer_held_blocks = a[k++], s->kv_transfer_sent_blocks = a[k++];
     s->kv_transfer_dropped = a[k++], s->kv_transfer_recv_blocks = a[k++], s->kv_transfer_failed_blocks = a[k++];
     s->kv_transfer_recv_seconds = (double)a[k++] * 1e-6;

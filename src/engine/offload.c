@@ -99,7 +99,8 @@ struct osp_offload {
     void *loaded_ctx;
     void (*log)(void *ctx, const char *line);
     void *log_ctx;
-    int64_t logged_io, logged_corrupt; /* counts already reported */
+    int64_t logged_io, logged_corrupt, logged_missing; /* counts already reported */
+    int64_t logged_dir_lost;           /* the disk directory's losses already reported (each: one line) */
     double logged_at;                  /* when (0: never) */
     size_t staging_bytes, staging_cap; /* buffers of the batches in the list (step thread) */
     osp_status err;
@@ -126,6 +127,9 @@ static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA_WEIGHT) * *x + EMA
 #define EVICT_RUN 64
 static void on_evict(void *ctx, int32_t n, const int32_t *ids, const osp_block_hash *hs) {
     osp_offload *o = ctx;
+    const osp_kv_offload_stats cap = osp_kv_offload_get_stats(o->store);
+    if (cap.capacity[OSP_KV_TIER_HOST] == 0 && cap.capacity[OSP_KV_TIER_DISK] == 0)
+        return; /* the disk tier was turned off (its directory could not be made again) and there is no host tier */
     const double t0 = now_s();
     int32_t run_ids[EVICT_RUN], run_at[EVICT_RUN];
     void *slots[EVICT_RUN];
@@ -901,16 +905,32 @@ void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds) {
     if (tokens >= PROMPT_STEP_TOKENS && seconds > 0) ema(&o->prefill_s, seconds / tokens);
     if (!o->log || !o->store) return;
     const osp_kv_offload_stats st = osp_kv_offload_get_stats(o->store);
-    if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt) return;
+    const char *dir = osp_kv_offload_disk_path(o->store) ? osp_kv_offload_disk_path(o->store) : "(no disk tier)";
+    char line[1200];
+    if (st.dir_lost != o->logged_dir_lost) { /* the directory removed or replaced: one line each time, at once */
+        const long long forgotten = (long long)(st.missing - o->logged_missing);
+        if (st.disk_off)
+            snprintf(line, sizeof line,
+                     "kv offload: the disk tier's directory %s was removed or replaced while serving and cannot be "
+                     "made again (%s): disk tier off until restart; %lld disk blocks forgotten (recomputed when needed)",
+                     dir, osp_kv_offload_disk_error(o->store) ? osp_kv_offload_disk_error(o->store) : "?", forgotten);
+        else
+            snprintf(line, sizeof line,
+                     "kv offload: the disk tier's directory %s was removed or replaced while serving: made it again; "
+                     "%lld disk blocks forgotten (recomputed when needed)", dir, forgotten);
+        o->log(o->log_ctx, line);
+        /* the writes that failed with it are explained by this line; later ones get the warning below */
+        o->logged_dir_lost = st.dir_lost, o->logged_missing = st.missing, o->logged_io = st.io_errors;
+    }
+    if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt && st.missing == o->logged_missing) return;
     const double now = now_s();
     if (o->logged_at > 0 && now - o->logged_at < 60.0) return; /* at most one warning a minute */
-    char line[1200];
     snprintf(line, sizeof line,
-             "kv offload: %lld disk writes failed (blocks dropped) and %lld disk blocks failed their checks (recomputed) "
-             "so far, in %s", (long long)st.io_errors, (long long)st.corrupt,
-             osp_kv_offload_disk_path(o->store) ? osp_kv_offload_disk_path(o->store) : "(no disk tier)");
+             "kv offload: %lld disk writes failed (blocks dropped), %lld disk blocks failed their checks and %lld were "
+             "missing (both recomputed) so far, in %s", (long long)st.io_errors, (long long)st.corrupt,
+             (long long)st.missing, dir);
     o->log(o->log_ctx, line);
-    o->logged_io = st.io_errors, o->logged_corrupt = st.corrupt, o->logged_at = now;
+    o->logged_io = st.io_errors, o->logged_corrupt = st.corrupt, o->logged_missing = st.missing, o->logged_at = now;
 }
 
 osp_status osp_offload_status(const osp_offload *o) { return o->err; }

@@ -51,8 +51,10 @@ typedef struct osp_offload_config {
     void (*loaded)(void *ctx);     /* called by the loader thread when a background load is ready for
                                       the next schedule (the engine's idle loop waits for it); NULL: none */
     void *loaded_ctx;
-    void (*log)(void *ctx, const char *line); /* warnings (failed disk writes, corrupt blocks: at most one a
-                                      minute each, with counts), on the step thread; NULL: none */
+    void (*log)(void *ctx, const char *line); /* warnings (failed disk writes, corrupt or missing blocks: at
+                                      most one a minute, with counts; the disk directory found removed or
+                                      replaced: one line each time, saying whether it was made again or the
+                                      tier is off), on the step thread; NULL: none */
     void *log_ctx;
 } osp_offload_config;
 

@@ -46,6 +46,9 @@ struct osp_kv_offload {
     uint8_t *host;         /* [tier[HOST].cap * block_bytes] */
     int32_t *free_slots, n_free_slots;
     char *dir;             /* disk tier directory, or NULL */
+    dev_t dir_dev;         /* its identity when the index was last true to it (made, found, or made again) */
+    ino_t dir_ino;
+    char disk_error[256];  /* why the disk tier was turned off, or empty */
     uint64_t n_writes;     /* temporary file names */
     osp_kv_offload_listener listener;
     void *listener_ctx;
@@ -192,8 +195,38 @@ static bool header_ok(const osp_kv_offload *o, const osp_block_hash *h, const ui
 }
 
 static osp_status mkdir_p(const char *path);
+static void entry_forget_disk_all(osp_kv_offload *o);
+
+/* Whether the disk tier's directory is still the one the index describes (the same device and inode):
+ * false when it was removed (rm -rf), or replaced by a file or by another directory. */
+static bool dir_same(const osp_kv_offload *o) {
+    struct stat sb;
+    return stat(o->dir, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_dev == o->dir_dev && sb.st_ino == o->dir_ino;
+}
+
+/* The directory was removed or replaced under the store, so every file the index lists is gone: forgets
+ * them all (counted as missing; their prefixes are recomputed when asked for), then makes the directory
+ * again (true). When it cannot be made (a file in its place, no permission) the disk tier is off for the
+ * rest of the store's life (false): capacity 0, stats.disk_off, osp_kv_offload_disk_error says why. The
+ * owner reports either with one log line (stats.dir_lost counts these; src/engine/offload.c). */
+static bool disk_dir_lost(osp_kv_offload *o) {
+    o->stats.dir_lost++;
+    entry_forget_disk_all(o);
+    struct stat sb;
+    if (mkdir_p(o->dir) == OSP_OK && stat(o->dir, &sb) == 0) { /* mkdir_p checked it is a directory */
+        o->dir_dev = sb.st_dev, o->dir_ino = sb.st_ino;
+        return true;
+    }
+    snprintf(o->disk_error, sizeof o->disk_error, "%s", osp_last_error()); /* mkdir_p's: which path, why */
+    o->tier[OSP_KV_TIER_DISK].cap = 0;
+    o->stats.capacity[OSP_KV_TIER_DISK] = 0;
+    o->stats.disk_off = true;
+    return false;
+}
 
 static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
+    /* the directory gone (or another one in its place): the index's disk blocks are phantoms */
+    if (!dir_same(o) && !disk_dir_lost(o)) return false;
     char tmp[PATH_MAX], path[PATH_MAX], suffix[64];
     /* a name of this process's own: replicas sharing the directory never write one file together */
     snprintf(suffix, sizeof suffix, ".kv.%ld-%llu.tmp", (long)getpid(), (unsigned long long)++o->n_writes);
@@ -201,9 +234,7 @@ static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *b
     file_path(o, h, ".kv", path, sizeof path);
     uint8_t hdr[HDR_BYTES];
     header_make(o, h, bytes, hdr);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == ENOENT && mkdir_p(o->dir) == OSP_OK) /* the directory was removed: made again */
-        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return false;
     bool ok = write_all(fd, hdr, sizeof hdr) && write_all(fd, bytes, o->block_bytes);
     ok = close(fd) == 0 && ok;
@@ -223,7 +254,8 @@ osp_kv_read_result osp_kv_offload_read(const osp_kv_offload *o, const osp_block_
     char path[PATH_MAX];
     file_path(o, h, ".kv", path, sizeof path);
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == ENOENT ? OSP_KV_READ_MISSING : OSP_KV_READ_CORRUPT;
+    /* ENOTDIR: a file where the directory was; both mean the block is gone, not damaged */
+    if (fd < 0) return errno == ENOENT || errno == ENOTDIR ? OSP_KV_READ_MISSING : OSP_KV_READ_CORRUPT;
     uint8_t hdr[HDR_BYTES], extra;
     const bool ok = read_all(fd, hdr, sizeof hdr) == sizeof hdr && header_ok(o, h, hdr) &&
                     read_all(fd, dst, o->block_bytes) == o->block_bytes && read_all(fd, &extra, 1) == 0;
@@ -267,6 +299,16 @@ static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_ha
     o->stats.stored[t]++;
     tell(o, h, t, true);
     return true;
+}
+
+/* Forgets every disk-tier entry (their files are gone): each counted as missing and told to the listener. */
+static void entry_forget_disk_all(osp_kv_offload *o) {
+    while (o->tier[OSP_KV_TIER_DISK].head >= 0) {
+        const int32_t id = o->tier[OSP_KV_TIER_DISK].head;
+        tell(o, &o->e[id].h, OSP_KV_TIER_DISK, false);
+        entry_drop(o, id);
+        o->stats.missing++;
+    }
 }
 
 static void make_room(osp_kv_offload *o, int t) {
@@ -476,6 +518,10 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
         else if (!(o->dir = strdup(buf)))
             st = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
         if (st == OSP_OK) st = mkdir_p(o->dir);
+        struct stat sb;
+        if (st == OSP_OK && stat(o->dir, &sb) != 0)
+            st = osp_set_error(OSP_ERR_IO, "kv offload: cannot read %s: %s", o->dir, strerror(errno));
+        if (st == OSP_OK) o->dir_dev = sb.st_dev, o->dir_ino = sb.st_ino;
         if (st == OSP_OK) st = disk_scan(o);
         if (st == OSP_OK) count_others(o, cfg->disk_dir);
     }
@@ -545,9 +591,13 @@ void osp_kv_offload_settle(osp_kv_offload *o, const osp_block_hash *h, osp_kv_re
     if (r == OSP_KV_READ_CORRUPT) {
         disk_unlink(o, h);
         o->stats.corrupt++;
+    } else {
+        o->stats.missing++;
     }
     tell(o, h, OSP_KV_TIER_DISK, false);
     entry_drop(o, id);
+    /* a missing file in a directory that is gone or replaced: so are all the others the index lists */
+    if (r == OSP_KV_READ_MISSING && !dir_same(o)) disk_dir_lost(o);
 }
 
 bool osp_kv_offload_get_host(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
@@ -585,3 +635,5 @@ bool osp_kv_offload_get(osp_kv_offload *o, const osp_block_hash *h, void *dst) {
 osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o) { return o->stats; }
 
 const char *osp_kv_offload_disk_path(const osp_kv_offload *o) { return o->dir; }
+
+const char *osp_kv_offload_disk_error(const osp_kv_offload *o) { return o->disk_error[0] ? o->disk_error : NULL; }

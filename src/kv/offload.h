@@ -24,6 +24,12 @@
  * a temporary name of its own and indexes what it wrote plus what it found at creation; a file another
  * process deleted is a miss, a torn one fails its checksum. Their capacities are counted apart.
  *
+ * The directory removed under a running store (rm -rf), or replaced by a file or another directory, is
+ * noticed by the next disk write (which checks the directory's identity first) or the next load that
+ * finds its file missing: every disk block the index lists is then forgotten (counted as missing, never
+ * as corrupt; their prefixes are recomputed), and the directory is made again; when it cannot be (a file
+ * in its place, no permission), the disk tier is turned off for the store's life (stats.disk_off).
+ *
  * Not thread-safe: the engine's step thread owns the store (osp_kv_offload_read excepted). */
 #ifndef OSP_KV_OFFLOAD_H
 #define OSP_KV_OFFLOAD_H
@@ -56,6 +62,10 @@ typedef struct osp_kv_offload_stats {
     int64_t loaded[OSP_KV_NUM_TIERS];  /* blocks read back from each tier (checked) */
     int64_t dropped;                   /* blocks that fell off the last tier */
     int64_t corrupt;                   /* disk blocks that failed their check and were deleted */
+    int64_t missing;                   /* disk blocks whose file was gone (a load found it missing, or the
+                                          directory was removed): forgotten, recomputed when asked for */
+    int64_t dir_lost;                  /* times the directory was found removed or replaced */
+    bool disk_off;                     /* it could not be made again: the disk tier is off (capacity 0) */
     int64_t io_errors;                 /* disk writes that failed (the block was dropped) */
     int64_t found_at_start;            /* disk blocks of an earlier run indexed at creation */
     int64_t other_dirs, other_bytes;   /* other fingerprints' directories beside this store's in disk_dir
@@ -108,7 +118,9 @@ void osp_kv_offload_host_arena(const osp_kv_offload *o, void **p, size_t *bytes)
  * what never changes after creation (the directory, the fingerprint, the block size), so it may run
  * while the owner thread uses the store; the owner then reports the outcome with osp_kv_offload_settle,
  * which does the index's bookkeeping (recency and counts on success; a corrupt block deleted and
- * counted; a file found missing, e.g. dropped by the tier meanwhile, forgotten). */
+ * counted; a file found missing forgotten and counted as missing, and when the directory itself is gone,
+ * every disk block with it). A file that cannot be opened because the directory is gone or is now a file
+ * (ENOENT, ENOTDIR) is MISSING; one that opens but fails a check is CORRUPT. */
 typedef enum osp_kv_read_result { OSP_KV_READ_OK = 0, OSP_KV_READ_MISSING = 1, OSP_KV_READ_CORRUPT = 2 } osp_kv_read_result;
 osp_kv_read_result osp_kv_offload_read(const osp_kv_offload *o, const osp_block_hash *h, void *dst);
 void osp_kv_offload_settle(osp_kv_offload *o, const osp_block_hash *h, osp_kv_read_result r);
@@ -121,5 +133,7 @@ osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o);
 
 /* The disk tier's directory (<disk_dir>/osprey-kv-<fingerprint>), or NULL without a disk tier. */
 const char *osp_kv_offload_disk_path(const osp_kv_offload *o);
+/* Why the disk tier was turned off (stats.disk_off: its directory could not be made again), or NULL. */
+const char *osp_kv_offload_disk_error(const osp_kv_offload *o);
 
 #endif

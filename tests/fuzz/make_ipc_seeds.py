@@ -8,8 +8,8 @@ import msgpack
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", "ipc")
 # osp_engine_stats fields sent (ipc.c: N_STATS; OSP_SPEC_MAX_TOKENS is 16): counts, iteration buckets,
-# speculation, its positions, KV offload, KV transfer
-NSTATS = 11 + 14 + 3 + 16 + 8 + 7
+# speculation, its positions, KV offload (9), KV transfer (8: its CUDA IPC blocks last)
+NSTATS = 11 + 14 + 3 + 16 + 9 + 8
 
 
 def ids(*xs):

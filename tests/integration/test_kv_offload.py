@@ -95,3 +95,35 @@ def test_restart_reads_the_files_and_skips_corrupt_ones(tier_dir):
         assert complete(s, PROMPTS[1]) == ref
     finally:
         stop(s)
+
+
+def test_directory_removed_while_serving():
+    """rm -rf of the tier's directory under a running server: the prompt whose blocks were there is
+    recomputed with the same text, its blocks counted as missing (not corrupt), the disk gauge equals
+    the files really on disk afterwards, and one log line says the directory was made again. The KV
+    cache (16 blocks) is smaller than the tiny model's max_model_len: the start-up warning says so."""
+    d = tempfile.mkdtemp(prefix="osprey-offload-rm-")
+    s = start(d)
+    try:
+        log = s.read_log()
+        assert "less than one max_model_len sequence" in log and "--kv-cache-memory" in log, log[-3000:]
+        first = complete(s, PROMPTS[0])
+        complete(s, PROMPTS[1])
+        complete(s, PROMPTS[2])  # PROMPTS[0]'s blocks are on disk now
+        sub = glob.glob(os.path.join(d, "osprey-kv-*"))
+        assert len(sub) == 1 and glob.glob(os.path.join(sub[0], "*.kv"))
+        shutil.rmtree(sub[0])
+        assert complete(s, PROMPTS[0]) == first
+        assert metric(s, "osprey:kv_offload_missing_blocks_total") >= 1
+        assert metric(s, "osprey:kv_offload_corrupt_blocks_total") == 0
+        on_disk = len(glob.glob(os.path.join(sub[0], "*.kv")))
+        gauge = None
+        for line in requests.get(s.url + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("osprey:kv_offload_blocks{") and 'tier="disk"' in line:
+                gauge = float(line.split()[-1])
+        assert gauge == on_disk
+        lines = [l for l in s.read_log().splitlines() if "was removed or replaced while serving" in l]
+        assert len(lines) == 1 and "made it again" in lines[0], s.read_log()[-3000:]
+    finally:
+        stop(s)
+        shutil.rmtree(d, ignore_errors=True)

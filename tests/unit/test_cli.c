@@ -482,6 +482,45 @@ static void test_bench_lines(void **state) {
     expect_error(run(args), "--depth", NULL);
 }
 
+/* --exact with --cpu-activations q8 (either order; generate, bench, perplexity: the commands that take
+ * --exact) is one error line at
+ * start-up, before the model is read: the f32 reference path quantizes nothing, so q8 would be ignored
+ * silently. --exact with two-level (the default, named) is fine. bench -p 0 -n 0 measures nothing: an
+ * error, not a lone header. bench's header names the CPU activation mode. */
+static void test_exact_activations_and_bench_shape(void **state) {
+    (void)state;
+    char args[1024];
+    const char *both[] = {"generate -p hi -n 2 --exact --cpu-activations q8", "generate -p hi --cpu-activations q8 --exact",
+                          "bench --exact --cpu-activations q8", "bench --cpu-activations q8 --exact -p 4 -n 2",
+                          "perplexity -f /dev/null --exact --cpu-activations q8"};
+    for (size_t i = 0; i < sizeof both / sizeof both[0]; i++) {
+        snprintf(args, sizeof args, "%s -m '%s'", both[i], g_model);
+        const int rc = run(args);
+        if (rc != 1 || !strstr(g_err, "--exact") || !strstr(g_err, "--cpu-activations q8"))
+            fail_msg("%s: exit %d, stderr: %s", args, rc, g_err);
+        if (strchr(g_err, '\n') != g_err + strlen(g_err) - 1) fail_msg("%s: more than one line: %s", args, g_err);
+    }
+    snprintf(args, sizeof args, "bench -m '%s' -p 4 -n 2 -r 1 -t 1 --exact --cpu-activations two-level", g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "cpu activations f32 (exact)"));
+
+    snprintf(args, sizeof args, "bench -m '%s' -p 0 -n 0", g_model);
+    expect_error(run(args), "-p 0 and -n 0", "nothing to measure");
+    snprintf(args, sizeof args, "bench -m '%s' -p 0 -n 0 --batch 2 --depth 16", g_model);
+    expect_error(run(args), "-p 0 and -n 0", NULL);
+    /* one of them 0 still measures the other */
+    snprintf(args, sizeof args, "bench -m '%s' -p 0 -n 2 -r 1 -t 1", g_model);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(g_out, "\ntg2 "));
+    assert_null(strstr(g_out, "\npp"));
+    assert_non_null(strstr(g_out, "cpu activations two-level,")); /* the default, named */
+    snprintf(args, sizeof args, "bench -m '%s' -p 4 -n 0 -r 1 -t 1 --cpu-activations q8", g_model);
+    assert_int_equal(run(args), 0);
+    assert_true(g_out[0] == '#');
+    assert_non_null(strstr(g_out, "cpu activations q8,"));
+    assert_non_null(strstr(g_out, "\npp4 "));
+}
+
 /* `osprey CMD --help` (issue 20): exit 0, CMD's own usage on stdout (not the global command list),
  * naming CMD's own flags and their defaults; nothing on stderr. Also after other flags, and for
  * make-random-model, serve and render-template, which printed their own before. */
@@ -492,7 +531,10 @@ static void test_subcommand_help(void **state) {
     } cases[] = {
         {"generate --help", {"usage: osprey generate", "--n-predict", "default: 128", "--top-k"}},
         {"generate -n 4 -h", {"usage: osprey generate", "--temp", "default: 0.8", "--kv-cache-dtype"}},
+        /* every flag cli_engine_arg takes for them is listed (the hash flags were taken but not shown) */
+        {"generate --help", {"--prefix-caching-hash-seed", "--prefix-caching-hash-algo", "--cpu-activations", "--exact"}},
         {"chat --help", {"usage: osprey chat", "--system", "--chat-template", "default: 0.95"}},
+        {"chat --help", {"--prefix-caching-hash-seed", "--prefix-caching-hash-algo", "--kv-offload-disk", NULL}},
         {"chat -h", {"/save FILE", "/load FILE", "--no-history", "Ctrl-C stops a reply"}},
         {"bench --help", {"usage: osprey bench", "--repetitions", "default: 3", "--depth"}},
         {"plan --help", {"usage: osprey plan", "--kv-cache-memory", "default: 512M", "--block-size"}},
@@ -809,6 +851,7 @@ int main(void) {
         cmocka_unit_test(test_kv_cache_dtype),
         cmocka_unit_test(test_kv_scales),
         cmocka_unit_test(test_subcommand_help),
+        cmocka_unit_test(test_exact_activations_and_bench_shape),
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_bench_output),
         cmocka_unit_test(test_write_error),

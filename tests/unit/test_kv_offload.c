@@ -212,6 +212,8 @@ static void test_disk_tier(void **state) {
     }
     st = osp_kv_offload_get_stats(o);
     assert_int_equal(st.corrupt, 3); /* 2, 3, 5 failed their checks; 4's file was gone: a miss, forgotten */
+    assert_int_equal(st.missing, 1);
+    assert_int_equal(st.dir_lost, 0); /* the directory itself stayed */
     assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
     assert_int_equal(count_files(osp_kv_offload_disk_path(o), ".kv"), 0);
     osp_kv_offload_destroy(o);
@@ -274,6 +276,121 @@ static void test_disk_persists(void **state) {
     assert_true(osp_kv_offload_get(o, &h5, got));
     assert_memory_equal(got, b, BB);
     osp_kv_offload_destroy(o);
+    rm_tree(dir);
+}
+
+/* Counts the disk tier's removals the listener is told of. */
+static void count_disk_removals(void *ctx, const osp_block_hash *h, int tier, bool stored) {
+    (void)h;
+    if (tier == OSP_KV_TIER_DISK && !stored) (*(int64_t *)ctx)++;
+}
+
+/* The store's directory removed (rm -rf) or replaced while the store runs: the index forgets every block
+ * it listed there (missing, never corrupt; the listener told of each), so the gauge and the size budget
+ * count only real files; the directory is made again and blocks are stored there; a file in its place
+ * turns the disk tier off (capacity 0, a reason), nothing written, nothing counted as corrupt. */
+static void test_disk_dir_removed(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    int64_t removals = 0;
+    const osp_kv_offload_config cfg = {.disk_dir = dir, .disk_bytes = 8 * (BB + 72),
+                                       .listener = count_disk_removals, .listener_ctx = &removals};
+    osp_kv_offload *o;
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 55, &o), OSP_OK);
+    char mine[1024];
+    snprintf(mine, sizeof mine, "%s", osp_kv_offload_disk_path(o));
+    uint8_t b[BB], got[BB];
+    for (uint64_t i = 1; i <= 5; i++) {
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    assert_int_equal(osp_kv_offload_get_stats(o).blocks[OSP_KV_TIER_DISK], 5);
+
+    /* 1. rm -rf, then a load: a miss; that block and the four others are forgotten, the directory made again */
+    rm_tree(mine);
+    const osp_block_hash h1 = hash_of(1), h2 = hash_of(2);
+    assert_false(osp_kv_offload_get(o, &h1, got));
+    osp_kv_offload_stats st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.missing, 5);
+    assert_int_equal(st.corrupt, 0);
+    assert_int_equal(st.dir_lost, 1);
+    assert_false(st.disk_off);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
+    assert_int_equal(removals, 5);
+    assert_int_equal(osp_kv_offload_where(o, &h2), -1);
+    assert_int_equal(count_files(mine, ".kv"), 0); /* made again, empty */
+    assert_null(osp_kv_offload_disk_error(o));
+    /* the tier works on: a block stored and read back */
+    const osp_block_hash h6 = hash_of(6), h7 = hash_of(7), h8 = hash_of(8), h9 = hash_of(9);
+    fill(b, 6);
+    osp_kv_offload_put(o, &h6, b);
+    assert_true(osp_kv_offload_get(o, &h6, got));
+    assert_memory_equal(got, b, BB);
+
+    /* 2. rm -rf, then a write: it notices first, forgets h6, writes h7 into the new directory */
+    rm_tree(mine);
+    fill(b, 7);
+    osp_kv_offload_put(o, &h7, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.dir_lost, 2);
+    assert_int_equal(st.missing, 6);
+    assert_int_equal(st.io_errors, 0);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 1);
+    assert_int_equal(count_files(mine, ".kv"), 1);
+    assert_int_equal(osp_kv_offload_where(o, &h6), -1);
+    assert_true(osp_kv_offload_get(o, &h7, got));
+    assert_memory_equal(got, b, BB);
+
+    /* 3. replaced by another (empty) directory: moved away before the new one is made, so its inode
+       differs; the next write forgets h7 */
+    char old[1100];
+    snprintf(old, sizeof old, "%s.old", mine);
+    assert_int_equal(rename(mine, old), 0);
+    assert_int_equal(mkdir(mine, 0755), 0);
+    fill(b, 8);
+    osp_kv_offload_put(o, &h8, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.dir_lost, 3);
+    assert_int_equal(st.missing, 7);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 1);
+    assert_int_equal(osp_kv_offload_where(o, &h7), -1);
+    assert_true(osp_kv_offload_get(o, &h8, got));
+    assert_memory_equal(got, b, BB);
+    rm_tree(old);
+
+    /* 4. replaced by a file: the load of h8 is a miss (ENOTDIR, not corrupt), and the directory cannot be
+       made again: the disk tier is off; later puts store nothing and touch nothing */
+    rm_tree(mine);
+    FILE *f = fopen(mine, "wb");
+    assert_non_null(f);
+    fputs("not a directory", f);
+    fclose(f);
+    assert_false(osp_kv_offload_get(o, &h8, got));
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.missing, 8);
+    assert_int_equal(st.corrupt, 0);
+    assert_int_equal(st.dir_lost, 4);
+    assert_true(st.disk_off);
+    assert_int_equal(st.capacity[OSP_KV_TIER_DISK], 0);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
+    assert_non_null(osp_kv_offload_disk_error(o));
+    assert_non_null(strstr(osp_kv_offload_disk_error(o), "not a directory"));
+    const int64_t dropped = st.dropped;
+    fill(b, 9);
+    osp_kv_offload_put(o, &h9, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.dropped, dropped + 1);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
+    assert_int_equal(osp_kv_offload_where(o, &h9), -1);
+    assert_int_equal(st.dir_lost, 4); /* reported once, not again per put */
+    struct stat sb;
+    assert_int_equal(stat(mine, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode)); /* the file left as it was */
+    assert_int_equal(removals, 8);
+    osp_kv_offload_destroy(o);
+    unlink(mine);
     rm_tree(dir);
 }
 
@@ -475,6 +592,61 @@ static void test_engine_offload(void **state) {
     rm_tree(dir);
 }
 
+typedef struct log_lines {
+    int n, n_dir;
+    char dir_line[1200];
+} log_lines;
+static void capture_log(void *ctx, const char *line) {
+    log_lines *l = ctx;
+    l->n++;
+    if (strstr(line, "was removed or replaced")) l->n_dir++, snprintf(l->dir_line, sizeof l->dir_line, "%s", line);
+}
+
+/* The disk tier's directory removed (rm -rf) while the engine runs: the prompt whose blocks were there is
+ * recomputed with the same tokens, its blocks counted as missing (not corrupt), the disk gauge equals the
+ * files really on disk afterwards, and one log line says the directory was made again. */
+static void test_engine_dir_removed(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    job j[4];
+    scenario(j);
+    osp_engine_params p = base(dir);
+    log_lines log = {0};
+    p.log = capture_log;
+    p.log_ctx = &log;
+    osp_engine *e;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, j, 3); /* A, B, C: A's blocks evicted to disk */
+    osp_engine_stats st = osp_engine_get_stats(e);
+    const int64_t on_disk = st.offload_disk_blocks;
+    assert_true(on_disk >= 4);
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%s/", dir);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    sub[0] = '\0';
+    for (struct dirent *de; (de = readdir(d)) != NULL;)
+        if (!strncmp(de->d_name, "osprey-kv-", 10)) snprintf(sub, sizeof sub, "%s/%s", dir, de->d_name);
+    closedir(d);
+    assert_true(sub[0] != '\0');
+    assert_int_equal(count_files(sub, ".kv"), on_disk);
+    rm_tree(sub);
+    run_seq(e, &j[3], 1); /* A again */
+    st = osp_engine_get_stats(e);
+    osp_engine_free(e);
+    assert_int_equal(j[3].cached, 0);
+    assert_memory_equal(j[3].out, j[0].out, sizeof j[0].out);
+    assert_int_equal(st.offload_corrupt_blocks, 0);
+    assert_int_equal(st.offload_missing_blocks, on_disk);
+    assert_int_equal(st.offload_write_errors, 0);
+    assert_int_equal(st.offload_disk_blocks, count_files(sub, ".kv")); /* made again; only real files */
+    assert_int_equal(log.n_dir, 1);
+    assert_non_null(strstr(log.dir_line, "made it again"));
+    assert_non_null(strstr(log.dir_line, sub));
+    rm_tree(dir);
+}
+
 /* A request whose blocks load from disk in the background waits for them (nothing of it is scheduled
  * in the step that started the load); aborted then, the load is cancelled and every block comes back
  * (invariants checked each step, pending loads' blocks included); an engine freed with a load in flight
@@ -596,6 +768,7 @@ int main(void) {
         cmocka_unit_test(test_host_tier),
         cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_disk_persists),
+        cmocka_unit_test(test_disk_dir_removed),
         cmocka_unit_test(test_bad_config),
     };
     int rc = cmocka_run_group_tests(store, NULL, NULL);
@@ -607,6 +780,7 @@ int main(void) {
     fclose(f);
     const struct CMUnitTest engine[] = {
         cmocka_unit_test(test_engine_offload),
+        cmocka_unit_test(test_engine_dir_removed),
         cmocka_unit_test(test_engine_offload_batch),
         cmocka_unit_test(test_engine_abort_while_loading),
         cmocka_unit_test(test_engine_refusals),

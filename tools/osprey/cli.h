@@ -37,6 +37,9 @@ noreturn void cli_help(const char *text);
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
     "                          the budget is dense (default: off; CPU only for now)\n"                      \
+    "  --prefix-caching-hash-algo A  xxh3_128 (default) | sha256 | sha256_cbor: the block hashes' algorithm\n" \
+    "  --prefix-caching-hash-seed N  block-hash seed (default: $OSPREY_HASH_SEED, else $PYTHONHASHSEED, else\n" \
+    "                          random per run); a fixed one finds a disk tier's blocks again on the next run\n" \
     "  --kv-offloading-size G  host-memory tier of G GiB for prefix KV blocks the cache evicts (GPU only)\n"  \
     "  --kv-offload-disk DIR   disk tier for them, with --kv-offload-disk-size G (GiB); loaded back when that\n" \
     "                          beats recomputing (default: no tiers)\n"
@@ -73,6 +76,9 @@ osp_device cli_device(const char *flag, const char *v);
 bool cli_gpu_weights(const char *flag, const char *v);
 /* Parses --cpu-activations two-level|q8 or dies naming the accepted values. */
 osp_cpu_activations cli_cpu_activations(const char *flag, const char *v);
+/* Dies when exact and the activations are q8: --exact is the f32 reference path, which quantizes no matmul
+ * input, so a q8 request would be silently ignored (generate, chat, serve, bench, perplexity). */
+void cli_check_exact_activations(bool exact, osp_cpu_activations a);
 /* The --help lines of --cpu-activations (generate, chat, serve, bench, perplexity). */
 #define CLI_CPU_ACT_HELP                                                                                       \
     "  --cpu-activations A     two-level | q8: how the CPU quantizes matmul inputs: two int8 levels per 32\n"  \

@@ -14,7 +14,7 @@
  * On the GPU (--device cuda) every decode step also samples (greedy, on the device) and copies back
  * only the token ids, as the engine does; the logits never leave the GPU. Every timed region starts and
  * ends with the device idle (osp_model_sync), so no enqueued work of one test is counted in another.
- * A header line starting with '#' gives the shape.
+ * A header line starting with '#' gives the shape, the KV dtypes and the CPU activation mode (--cpu-activations).
  *
  * --output FORMAT (as llama-bench -o): text (the default: the '#' shape line, a '#' column header
  * "test  t/s", then one line per test "<test> <mean> ± <sd>", so `awk '$1 ~ /^tg/ {print $2}'` still
@@ -234,6 +234,10 @@ int cmd_bench(int argc, char **argv) {
     osp_kv_dtype kvd, kvd_v; /* a side no flag names: f16, or f32 with --exact */
     cli_kv_types_resolve(&kvt, exact ? OSP_KV_DTYPE_F32 : OSP_KV_DTYPE_F16, &kvd, &kvd_v);
     cli_kv_types_check_exact(exact, kvd, kvd_v);
+    cli_check_exact_activations(exact, cpu_act);
+    if (n_prompt == 0 && n_gen == 0)
+        cli_die(OSP_OK, "bench: -p 0 and -n 0 leave nothing to measure: give -p N (a prompt of N tokens), -n N (N "
+                        "generated tokens), or both");
     char kv_name[64];
     if (!model && !random_preset) cli_die(OSP_OK, "bench needs -m FILE or --random-weights PRESET (with --device cuda)");
     osp_kv_scales scales; /* before the model: a bad file fails fast */
@@ -267,10 +271,14 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(x % (uint64_t)c->n_vocab);
     }
     for (int32_t i = 0; i < max_blocks * batch; i++) bt[i] = i;
+    /* how the CPU quantizes matmul inputs (--cpu-activations), which moves CPU figures: f32 with --exact;
+       the GPU ignores the flag */
+    const char *act = exact ? "f32 (exact)" : dev == OSP_DEVICE_CUDA ? "n/a (GPU)" : osp_cpu_activations_name(cpu_act);
     if (fmt == OUT_TEXT)
-        printf("# osprey bench: %s, device %s, threads %d, kv %s, pp %d, tg %d, depth %d, batch %d, %d repetitions\n",
-           model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m), cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name), n_prompt,
-           n_gen, depth, batch, reps);
+        printf("# osprey bench: %s, device %s, threads %d, kv %s, cpu activations %s, pp %d, tg %d, depth %d, batch %d, "
+               "%d repetitions\n",
+               model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m),
+               cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name), act, n_prompt, n_gen, depth, batch, reps);
     bench_out out = {.fmt = fmt, .model = model ? model : random_preset, .backend = osp_device_name(dev),
                      .type_k = osp_kv_dtype_name(kvd), .type_v = osp_kv_dtype_name(kvd_v), .threads = osp_model_n_threads(m)};
     report_begin(&out);

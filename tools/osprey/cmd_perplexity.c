@@ -168,6 +168,7 @@ int cmd_perplexity(int argc, char **argv) {
         else cli_die(OSP_OK, "perplexity: unknown option '%s' (osprey perplexity --help)", f);
         if (!has_v) cli_die(OSP_OK, "%s needs a value", f);
     }
+    cli_check_exact_activations(exact, cpu_act);
     if (!model || !text_path) cli_die(OSP_OK, "perplexity needs -m FILE and -f TEXT (osprey perplexity --help)");
     if (ubatch == 0) ubatch = ctx < 512 ? ctx : 512;
     if (ubatch > ctx) cli_die(OSP_OK, "--ubatch %d is larger than --ctx %d", ubatch, ctx);

@@ -102,8 +102,9 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     } else return false;
     /* a side no flag names: f16, or f32 with --exact (the fp32 reference path) */
     cli_kv_types_resolve(&a->kv_types, a->exact ? OSP_KV_DTYPE_F32 : OSP_KV_DTYPE_F16, &a->kv_dtype, &a->kv_dtype_v);
-    /* either order: a quantized cache is not exact */
+    /* either order: a quantized cache is not exact, nor are q8 activations */
     cli_kv_types_check_exact(a->exact, a->kv_dtype, a->kv_dtype_v);
+    cli_check_exact_activations(a->exact, a->cpu_activations);
     return true;
 }
 

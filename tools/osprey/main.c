@@ -113,6 +113,12 @@ osp_cpu_activations cli_cpu_activations(const char *flag, const char *v) {
     return a;
 }
 
+void cli_check_exact_activations(bool exact, osp_cpu_activations a) {
+    if (exact && a == OSP_CPU_ACT_Q8)
+        cli_die(OSP_OK, "--exact (the f32 reference path) quantizes no activations, so --cpu-activations q8 would be "
+                        "ignored: drop one of --exact and --cpu-activations q8");
+}
+
 void cli_load_progress(void *ctx, float fraction) {
     (void)ctx;
     static int last = -1;

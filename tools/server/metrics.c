@@ -263,6 +263,9 @@ char *srv_metrics_render(srv_metrics *m, const char *model, const srv_metrics_ga
                 (double)g->offload_loaded);
         counter(&b, "osprey:kv_offload_corrupt_blocks", "Disk KV blocks that failed their checksum or header check (recomputed).",
                 model, (double)g->offload_corrupt);
+        counter(&b, "osprey:kv_offload_missing_blocks",
+                "Disk KV blocks whose file was gone, e.g. the directory removed while serving (forgotten, recomputed).",
+                model, (double)g->offload_missing);
         counter(&b, "osprey:kv_offload_hit_tokens", "Prompt tokens served by blocks loaded back from an offload tier.", model,
                 (double)g->offload_hits_tokens);
         counter(&b, "osprey:kv_offload_write_errors", "Disk KV block writes that failed (the block was dropped).", model,

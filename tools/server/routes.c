@@ -433,6 +433,7 @@ static srv_metrics_gauges gauges(srv_server *srv) {
     g.offload_stored = st.offload_stored_blocks, g.offload_loaded = st.offload_loaded_blocks;
     g.offload_corrupt = st.offload_corrupt_blocks, g.offload_hits_tokens = st.offload_hits_tokens;
     g.offload_skipped_tokens = st.offload_skipped_tokens, g.offload_write_errors = st.offload_write_errors;
+    g.offload_missing = st.offload_missing_blocks;
     g.kv_transfer = srv->cfg.kv_transfer.role != OSP_KV_ROLE_NONE;
     g.kv_transfer_held = st.kv_transfer_held, g.kv_transfer_held_blocks = st.kv_transfer_held_blocks;
     g.kv_transfer_sent_blocks = st.kv_transfer_sent_blocks, g.kv_transfer_dropped = st.kv_transfer_dropped;

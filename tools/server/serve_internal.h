@@ -181,6 +181,16 @@ osp_engine_params srv_engine_params(const srv_config *cfg);
  * GPU; on the CPU the GGUF tensors, mapped from the file), the KV cache's MiB and its capacity in
  * tokens (num_blocks x block_size). */
 void srv_log_memory(const srv_server *s, const osp_engine *e);
+/* The start-up warning for a KV cache smaller than one max_model_len sequence (the scheduler then refuses,
+ * with a 400, every request whose prompt + max_tokens needs more blocks than the cache has): written to
+ * out (one line, no newline) and its length returned, or 0 when one sequence of max_model_len tokens fits
+ * (it needs ceil((max_model_len - 1) / block_size) blocks: the last token is never computed).
+ * num_blocks, block_size, max_model_len > 0; block_bytes: one block's bytes (for the size to give);
+ * gpu_auto: the cache was sized from free GPU memory (no --kv-cache-memory), so the flag to raise is
+ * --gpu-memory-utilization (utilization: its value) as well as --kv-cache-memory. vLLM refuses to start
+ * here; osprey serves what fits and says so. */
+int srv_kv_capacity_warning(char *out, size_t n, int32_t num_blocks, int32_t block_size, int32_t max_model_len,
+                            int64_t block_bytes, bool gpu_auto, double utilization);
 /* osp_engine_params.load_progress for a terminal (the caller checks isatty(2); a log file never gets
  * it): srv_progress_bar redrawn in place after '\r', a newline at 1. The engine reports progress while
  * weights are copied to a device; on the CPU they stay mapped from the file (nothing to wait for). */

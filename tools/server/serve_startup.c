@@ -34,6 +34,12 @@ void srv_log_memory(const srv_server *s, const osp_engine *e) {
     srv_log(s, SRV_LOG_INFO, "memory: weights %.1f MiB (%s), KV cache %.1f MiB (%s), KV capacity %lld tokens (%d blocks of %d)",
             (double)weights / 1048576.0, cuda ? "GPU" : "CPU, mapped from the file", (double)osp_engine_kv_cache_bytes(e) / 1048576.0,
             kv, (long long)pe->num_blocks * pe->block_size, pe->num_blocks, pe->block_size);
+    char warn[512];
+    const int64_t block_bytes = pe->num_blocks > 0 ? (int64_t)osp_engine_kv_cache_bytes(e) / pe->num_blocks : 0;
+    const double util = s->cfg.gpu_memory_utilization > 0 ? s->cfg.gpu_memory_utilization : 0.9;
+    if (srv_kv_capacity_warning(warn, sizeof warn, pe->num_blocks, pe->block_size, pe->max_model_len, block_bytes,
+                                cuda && !s->cfg.kv_cache_memory_set, util) > 0)
+        srv_log(s, SRV_LOG_WARNING, "%s", warn);
     if (pe->kv_offload_host_bytes > 0 || pe->kv_offload_disk_dir) {
         char host[48] = "", disk[1100] = "";
         if (pe->kv_offload_host_bytes > 0)

@@ -483,7 +483,7 @@ typedef struct srv_metrics_gauges {
     /* tiered KV offload (osp_engine_stats.offload_*), shown when a tier is configured */
     bool offload;
     int64_t offload_host_blocks, offload_disk_blocks, offload_stored, offload_loaded, offload_corrupt;
-    int64_t offload_hits_tokens, offload_skipped_tokens, offload_write_errors;
+    int64_t offload_hits_tokens, offload_skipped_tokens, offload_write_errors, offload_missing;
     /* prefill/decode disaggregation (osp_engine_stats.kv_transfer_*), shown with --kv-transfer-config */
     bool kv_transfer;
     int64_t kv_transfer_held, kv_transfer_held_blocks, kv_transfer_sent_blocks, kv_transfer_dropped;
