@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -56,7 +57,7 @@ template <> __device__ __forceinline__ float sum_f32<__nv_bfloat16>(__nv_bfloat1
  * is coalesced where a thread-per-page read of global memory was not), then thread i scores page j0 + i
  * from shared memory, dimension by dimension in the reference's order. Shared rows padded by 16 bytes: a
  * warp's 16-byte reads of 32 rows are conflict-free. */
-template <typename TS, int PPC>
+template <typename TS, int PPC, int GRP> /* GRP: the group's query heads, or 0: p.grp (up to kMaxGroup) */
 __global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
     osp_pdl_begin();
     extern __shared__ uint4 qs_smem[];
@@ -87,9 +88,11 @@ __global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
     if (j < lo || j >= hi) return;
     const TS *mn = reinterpret_cast<const TS *>(st + 2 * tid * RSB), *mx = reinterpret_cast<const TS *>(st + (2 * tid + 1) * RSB);
     constexpr int E = 16 / (int)sizeof(TS); /* values a 16-byte read */
-    float u[kMaxGroup];
+    constexpr int NG = GRP ? GRP : kMaxGroup;
+    const int grp = GRP ? GRP : p.grp;
+    float u[NG];
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; h++) u[h] = 0.0f;
+    for (int h = 0; h < NG; h++) u[h] = 0.0f;
     for (int i0 = 0; i0 < D; i0 += E) {
         const uint4 a16 = *reinterpret_cast<const uint4 *>(mn + i0), b16 = *reinterpret_cast<const uint4 *>(mx + i0);
         const TS *av = reinterpret_cast<const TS *>(&a16), *bv = reinterpret_cast<const TS *>(&b16);
@@ -97,20 +100,26 @@ __global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
 #pragma unroll
         for (int e = 0; e < E; e++) am[e] = sum_f32<TS>(av[e]), bm[e] = sum_f32<TS>(bv[e]);
 #pragma unroll
-        for (int h = 0; h < kMaxGroup; h++) {
-            if (h >= p.grp) break;
+        for (int h = 0; h < NG; h++) {
+            if (!GRP && h >= grp) break;
+            /* the head's E query values: 16-byte shared reads (i0 is a multiple of 4, D of 4) */
+            float qv[E];
+#pragma unroll
+            for (int e4 = 0; e4 < E; e4 += 4) {
+                const float4 q4 = *reinterpret_cast<const float4 *>(q_smem + h * D + i0 + e4);
+                qv[e4] = q4.x, qv[e4 + 1] = q4.y, qv[e4 + 2] = q4.z, qv[e4 + 3] = q4.w;
+            }
 #pragma unroll
             for (int e = 0; e < E; e++) {
-                const float qv = q_smem[h * D + i0 + e];
-                const float a = __fmul_rn(qv, am[e]), b = __fmul_rn(qv, bm[e]);
+                const float a = __fmul_rn(qv[e], am[e]), b = __fmul_rn(qv[e], bm[e]);
                 u[h] = __fadd_rn(u[h], a > b ? a : b);
             }
         }
     }
     float best = -INFINITY;
 #pragma unroll
-    for (int h = 0; h < kMaxGroup; h++)
-        if (h < p.grp && u[h] > best) best = u[h];
+    for (int h = 0; h < NG; h++)
+        if (h < grp && u[h] > best) best = u[h];
     p.scores[(int64_t)row * p.max_pages + j] = best;
 }
 
@@ -273,24 +282,36 @@ template <typename TS, int PPC> size_t score_smem(int grp, int D) {
     return (size_t)grp * (size_t)D * sizeof(float) + (size_t)PPC * 2 * ((size_t)D * sizeof(TS) + 16);
 }
 
-/* the score kernel with the most pages a CTA (64, 32, 16) whose shared memory fits 200 KiB */
-template <typename TS> osp_status launch_score(const QParams &prm, int64_t rows, cudaStream_t st) {
-    const dim3 g64((unsigned)((prm.max_pages + 63) / 64), (unsigned)rows), g32((unsigned)((prm.max_pages + 31) / 32), (unsigned)rows),
-        g16((unsigned)((prm.max_pages + 15) / 16), (unsigned)rows);
-    size_t smem = score_smem<TS, 64>(prm.grp, prm.D);
-    if (smem <= 200 * 1024) {
-        OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        osp_launch(quest_score_kernel<TS, 64>, g64, 64, smem, st, prm);
-    } else if ((smem = score_smem<TS, 32>(prm.grp, prm.D)) <= 200 * 1024) {
-        OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        osp_launch(quest_score_kernel<TS, 32>, g32, 32, smem, st, prm);
-    } else {
-        smem = score_smem<TS, 16>(prm.grp, prm.D);
-        OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        osp_launch(quest_score_kernel<TS, 16>, g16, 16, smem, st, prm);
-    }
+template <typename TS, int PPC, int GRP> osp_status launch_grp(const QParams &prm, int64_t rows, cudaStream_t st) {
+    const size_t smem = score_smem<TS, PPC>(prm.grp, prm.D);
+    OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, PPC, GRP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    osp_launch(quest_score_kernel<TS, PPC, GRP>, dim3((unsigned)((prm.max_pages + PPC - 1) / PPC), (unsigned)rows), PPC, smem,
+               st, prm);
     OSP_CUDA_LAUNCH_CHECK("quest_score_kernel");
     return OSP_OK;
+}
+/* groups of 4 and 8 query heads (Llama 3 8B / 70B, Qwen2.5 7B) with the heads unrolled; others generic */
+template <typename TS, int PPC> osp_status launch_ppc(const QParams &prm, int64_t rows, cudaStream_t st) {
+    if (prm.grp == 4) return launch_grp<TS, PPC, 4>(prm, rows, st);
+    if (prm.grp == 8) return launch_grp<TS, PPC, 8>(prm, rows, st);
+    return launch_grp<TS, PPC, 0>(prm, rows, st);
+}
+
+/* the score kernel with the most pages a CTA (64, 32, 16) whose shared memory fits 200 KiB;
+ * OSPREY_QUEST_PPC=16 / 32 forces one where it fits (benchmarks; no score depends on it; 128 measured no
+ * faster than 64 on the H100) */
+template <typename TS> osp_status launch_score(const QParams &prm, int64_t rows, cudaStream_t st) {
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("OSPREY_QUEST_PPC");
+        forced = e ? atoi(e) : 0;
+    }
+    const size_t lim = 200 * 1024;
+    if (forced == 32 && score_smem<TS, 32>(prm.grp, prm.D) <= lim) return launch_ppc<TS, 32>(prm, rows, st);
+    if (forced == 16) return launch_ppc<TS, 16>(prm, rows, st);
+    if (score_smem<TS, 64>(prm.grp, prm.D) <= lim) return launch_ppc<TS, 64>(prm, rows, st);
+    if (score_smem<TS, 32>(prm.grp, prm.D) <= lim) return launch_ppc<TS, 32>(prm, rows, st);
+    return launch_ppc<TS, 16>(prm, rows, st);
 }
 
 extern "C" osp_status osp_cuda_quest_select(const void *d_kmin, const void *d_kmax, osp_cuda_quest_summary summary,
