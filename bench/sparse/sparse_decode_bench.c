@@ -23,7 +23,9 @@
  *
  *   dsa     ctx 131,072, batch 1 and 8: the DSA lightning indexer on the GPU (dsa_indexer.cu; H_I 64, d_I
  *           128, FP8 E4M3 index keys with a scale a token, random q_I / w / keys; k 2,048): scoring, top-k
- *           and the device work table timed apart, the sparse attention on that table, the whole chain
+ *           and the device work table timed apart (the top-k by the default one-pass bitmap kernel, and by
+ *           the 7-barrier cluster kernel and the one-CTA kernel for comparison: OSPREY_DSA_TOPK=cluster8 /
+ *           cta), the sparse attention on that table, the whole chain
  *           (four launches and a memset), and dense / (indexer + sparse): issue 15's 8x goal.
  *
  * Usage: sparse_decode_bench [pages|tokens|dsa|all] (default all; SPARSE_BENCH_B=1 or 8: that batch only). One JSON object a row on stdout after the
@@ -489,6 +491,8 @@ static void run_dsa(int B, int ctx) {
 
     const double us_d = time_us(launch_dense, &c);
     const double us_sc = time_us(launch_dsa_score, &x), us_tk = time_us(launch_dsa_topk, &x);
+    setenv("OSPREY_DSA_TOPK", "cluster8", 1); /* the 7-barrier cluster top-k, for comparison */
+    const double us_tk8 = time_us(launch_dsa_topk, &x);
     setenv("OSPREY_DSA_TOPK", "cta", 1); /* the one-CTA-a-token top-k, for comparison */
     const double us_tk1 = time_us(launch_dsa_topk, &x);
     unsetenv("OSPREY_DSA_TOPK");
@@ -497,16 +501,16 @@ static void run_dsa(int B, int ctx) {
     const double key_bytes = (double)B * ctx * (DI + 4); /* codes + scales */
     const double bytes_s = (double)kept * HKV * D * 2.0 * 2.0 + (double)hip[rows] * 16.0;
     const double bytes_d = (double)B * ctx * HKV * D * 2.0 * 2.0;
-    printf("dsa     B %d ctx %6d k %d | score %7.1f us (%.1f MB keys: %5.0f GB/s) | top-k %6.1f us (1 CTA a token: %6.1f) | table %5.1f us | "
+    printf("dsa     B %d ctx %6d k %d | score %7.1f us (%.1f MB keys: %5.0f GB/s) | top-k %6.1f us (cluster8 %6.1f, 1 CTA a token %6.1f) | table %5.1f us | "
            "indexer %7.1f us | sparse %6.1f us (%d tokens, %.0f pages a token) | indexer + sparse %7.1f us, chained %7.1f us "
            "| dense %8.1f us (%5.0f GB/s) | dense / (indexer + sparse) %5.2fx, dense / chained %5.2fx, dense / sparse %5.2fx\n",
-           B, ctx, TOPK, us_sc, key_bytes / 1e6, key_bytes / (us_sc * 1e3), us_tk, us_tk1, us_tb, us_ix, us_sp, kept,
+           B, ctx, TOPK, us_sc, key_bytes / 1e6, key_bytes / (us_sc * 1e3), us_tk, us_tk8, us_tk1, us_tb, us_ix, us_sp, kept,
            (double)ents / B, us_ix + us_sp, us_st, us_d, bytes_d / (us_d * 1e3), us_d / (us_ix + us_sp), us_d / us_st,
            us_d / us_sp);
     printf("json {\"kind\": \"dsa\", \"B\": %d, \"ctx\": %d, \"topk\": %d, \"score_us\": %.2f, \"topk_us\": %.2f, "
-           "\"topk_1cta_us\": %.2f, \"table_us\": %.2f, \"indexer_us\": %.2f, \"sparse_us\": %.2f, \"step_us\": %.2f, \"dense_us\": %.2f, "
+           "\"topk_cluster8_us\": %.2f, \"topk_1cta_us\": %.2f, \"table_us\": %.2f, \"indexer_us\": %.2f, \"sparse_us\": %.2f, \"step_us\": %.2f, \"dense_us\": %.2f, "
            "\"key_bytes\": %.0f, \"sparse_bytes\": %.0f, \"entries\": %d, \"kept\": %d, \"ratio\": %.3f}\n",
-           B, ctx, TOPK, us_sc, us_tk, us_tk1, us_tb, us_ix, us_sp, us_st, us_d, key_bytes, bytes_s, hip[rows], kept,
+           B, ctx, TOPK, us_sc, us_tk, us_tk8, us_tk1, us_tb, us_ix, us_sp, us_st, us_d, key_bytes, bytes_s, hip[rows], kept,
            us_d / (us_ix + us_sp));
     fflush(stdout);
     osp_cuda_free((void *)x.d_codes), osp_cuda_free((void *)x.d_scales), osp_cuda_free((void *)x.d_qi);

@@ -26,8 +26,10 @@
  * End to end: indexer -> device table -> osp_cuda_sparse_attention_decode against osp_dsa_select ->
  * osp_sparse_wt_build -> osp_sparse_attention_cpu (exact inputs, so the selections are the same), within
  * test_gpu_sparse's tolerance. Each case prints its worst score error / bound and the first differing
- * index, if any. The whole group runs twice: with the top-k over a cluster of CTAs a token (the default) and
- * with one CTA a token (OSPREY_DSA_TOPK=cta). */
+ * index, if any. The whole group runs three times: with the one-pass bitmap top-k over a cluster of CTAs
+ * a token (the default), with the cluster kernel of 7 cluster barriers (OSPREY_DSA_TOPK=cluster8) and with
+ * one CTA a token (OSPREY_DSA_TOPK=cta). Before it, test_topk_kernels runs the three top-k kernels on the
+ * same scores written here and asserts identical outputs. */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <setjmp.h>
@@ -590,6 +592,188 @@ static void test_arguments(void **state) {
     osp_cuda_free(d);
 }
 
+/* ---- the top-k kernels against each other on scores written here (no scoring kernel): the one-pass
+ * bitmap kernel (the default), the 7-barrier cluster kernel (OSPREY_DSA_TOPK=cluster8) and the one-CTA
+ * kernel (=cta) must give the same bits in every output (idx, count, ent_j, ent_mask, ent_n; the buffers
+ * poisoned alike), and idx must be the exact top-k under the total order (full_topk) and the entries its
+ * pages. The scores exercise each path of the bitmap kernel: 128k random (ties from 24-bit values), a k-th
+ * bin crowded with 10,000 keys across every slice (the gathered select), one with ~18,000 (> 12,288: the
+ * cluster kernel's select inside the bitmap kernel), 3,000 keys equal to the k-th (the partial keep of
+ * equal keys, split between slices), NaN / +-0 / +-inf / subnormals, all equal, n <= k, k 1 and 5, block
+ * sizes 7, 16, 48, 64 and 256, and contexts of 1M (the bitmap at 4,096 words a slice) and 2.2M (over the
+ * bitmap's limit: the host launches the cluster kernel). */
+enum { TS_RANDOM = 0, TS_CROWDED = 1, TS_OVERFULL = 2, TS_TIES = 3, TS_SPECIAL = 4, TS_EQUAL = 5 };
+
+typedef struct {
+    const char *name;
+    int bs, K, kind, T;
+    int32_t max_ctx;
+    int32_t pos[MAX_SEQS];
+} tkcase;
+
+/* dsa_indexer.cu's order key: NaN as -inf, -0 as +0 */
+static uint32_t host_order_key(float f) {
+    if (isnan(f)) f = -INFINITY;
+    if (f == 0.0f) f = 0.0f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static float special_score(void) {
+    const int r = rnd_int(100);
+    if (r < 20) return NAN;
+    if (r < 35) return -0.0f;
+    if (r < 50) return 0.0f;
+    if (r < 52) return INFINITY;
+    if (r < 62) return -INFINITY;
+    if (r < 67) return ldexpf(1.0f + (float)rnd_int(8), -140); /* subnormal */
+    return rnd_unit();
+}
+
+static void fill_topk_scores(const tkcase *c, float *sc, int32_t n) {
+    for (int32_t x = 0; x < n; x++) {
+        switch (c->kind) {
+        case TS_SPECIAL: sc[x] = special_score(); break;
+        case TS_EQUAL: sc[x] = 0.25f; break;
+        case TS_RANDOM: sc[x] = rnd_unit(); break;
+        default: sc[x] = rnd_unit() * 0.5f - 0.5f; break; /* below the planted keys */
+        }
+    }
+    if (c->kind == TS_CROWDED || c->kind == TS_OVERFULL || c->kind == TS_TIES) {
+        /* 1,500 keys in [2, 4) above the k-th's bin; then the bin of [1, 1.125) crowded, or 3,000 keys of 1.5 */
+        for (int i = 0; i < 1500; i++) sc[rnd_int(n)] = 2.0f + 2.0f * (float)(rnd64() >> 41) / 8388608.0f;
+        const int m = c->kind == TS_CROWDED ? 10000 : c->kind == TS_OVERFULL ? 20000 : 3000;
+        for (int i = 0; i < m; i++) {
+            int32_t x = rnd_int(n);
+            while (sc[x] >= 1.0f) x = rnd_int(n); /* keep the planted keys above */
+            sc[x] = c->kind == TS_TIES ? 1.5f : 1.0f + 0.125f * (float)(rnd64() >> 41) / 8388608.0f;
+        }
+    }
+}
+
+typedef struct {
+    int32_t *idx, *count, *ent_j, *ent_n;
+    uint32_t *ent_mask;
+} tkout;
+
+static void run_topk_variant(const char *variant, const tkcase *c, void *dsc, void *dh, void *dpos, tkout *o) {
+    const int K = c->K, T = c->T, W = (c->bs + 31) / 32;
+    if (variant) setenv("OSPREY_DSA_TOPK", variant, 1);
+    else unsetenv("OSPREY_DSA_TOPK");
+    void *didx = dev_alloc_fill(sizeof(int32_t) * (size_t)T * K, 0x5A), *dcnt = dev_alloc_fill(sizeof(int32_t) * (size_t)T, 0x5A);
+    void *dej = dev_alloc_fill(sizeof(int32_t) * (size_t)T * K, 0x5A), *den = dev_alloc_fill(sizeof(int32_t) * (size_t)T, 0x5A);
+    void *dem = dev_alloc_fill(sizeof(uint32_t) * (size_t)T * K * W, 0x5A);
+    const osp_status rc = osp_cuda_dsa_topk(dsc, dh, dpos, T, c->max_ctx, K, c->bs, didx, dcnt, dej, dem, den, NULL);
+    if (rc != OSP_OK) printf("  dsa top-k (%s): %s\n", variant ? variant : "default", osp_last_error());
+    assert_int_equal(rc, OSP_OK);
+    o->idx = xmalloc(sizeof(int32_t) * (size_t)T * K), o->count = xmalloc(sizeof(int32_t) * (size_t)T);
+    o->ent_j = xmalloc(sizeof(int32_t) * (size_t)T * K), o->ent_n = xmalloc(sizeof(int32_t) * (size_t)T);
+    o->ent_mask = xmalloc(sizeof(uint32_t) * (size_t)T * K * W);
+    dev_get(o->idx, didx, sizeof(int32_t) * (size_t)T * K);
+    dev_get(o->count, dcnt, sizeof(int32_t) * (size_t)T);
+    dev_get(o->ent_j, dej, sizeof(int32_t) * (size_t)T * K);
+    dev_get(o->ent_n, den, sizeof(int32_t) * (size_t)T);
+    dev_get(o->ent_mask, dem, sizeof(uint32_t) * (size_t)T * K * W);
+    osp_cuda_free(didx), osp_cuda_free(dcnt), osp_cuda_free(dej), osp_cuda_free(den), osp_cuda_free(dem);
+}
+
+static void free_tkout(tkout *o) { free(o->idx), free(o->count), free(o->ent_j), free(o->ent_n), free(o->ent_mask); }
+
+static void run_topk_case(const tkcase *c, uint64_t seed) {
+    g_rng = seed;
+    const int K = c->K, T = c->T, W = (c->bs + 31) / 32;
+    const size_t mc = (size_t)c->max_ctx;
+    float *sc = xmalloc(sizeof(float) * (size_t)T * mc);
+    uint32_t *hist = xmalloc(sizeof(uint32_t) * (size_t)T * 4096);
+    memset(hist, 0, sizeof(uint32_t) * (size_t)T * 4096);
+    for (int t = 0; t < T; t++) {
+        const int32_t n = c->pos[t] + 1;
+        float *row = sc + (size_t)t * mc;
+        fill_topk_scores(c, row, n);
+        for (size_t x = (size_t)n; x < mc; x++) row[x] = INFINITY; /* past the causal limit: never selected */
+        for (int32_t x = 0; x < n; x++) hist[(size_t)t * 4096 + (host_order_key(row[x]) >> 20)]++;
+    }
+    void *dsc = dev_put(sc, sizeof(float) * (size_t)T * mc), *dh = dev_put(hist, sizeof(uint32_t) * (size_t)T * 4096);
+    void *dpos = dev_put(c->pos, sizeof(int32_t) * (size_t)T);
+    static const char *variants[] = {NULL, "cluster8", "cta"};
+    tkout o[3];
+    for (int v = 0; v < 3; v++) run_topk_variant(variants[v], c, dsc, dh, dpos, &o[v]);
+    unsetenv("OSPREY_DSA_TOPK");
+    /* the variants: the same bits */
+    bool same = true;
+    for (int v = 1; v < 3; v++) {
+        const bool s = !memcmp(o[v].idx, o[0].idx, sizeof(int32_t) * (size_t)T * K) &&
+                       !memcmp(o[v].count, o[0].count, sizeof(int32_t) * (size_t)T) &&
+                       !memcmp(o[v].ent_j, o[0].ent_j, sizeof(int32_t) * (size_t)T * K) &&
+                       !memcmp(o[v].ent_n, o[0].ent_n, sizeof(int32_t) * (size_t)T) &&
+                       !memcmp(o[v].ent_mask, o[0].ent_mask, sizeof(uint32_t) * (size_t)T * K * W);
+        if (!s) {
+            for (int t = 0; t < T; t++) {
+                int first = -1;
+                for (int j = 0; j < K && first < 0; j++)
+                    if (o[v].idx[(size_t)t * K + j] != o[0].idx[(size_t)t * K + j]) first = j;
+                printf("    %s: token %d: count %d / %d, ent_n %d / %d, first idx difference %d\n",
+                       variants[v], t, o[0].count[t], o[v].count[t], o[0].ent_n[t], o[v].ent_n[t], first);
+            }
+        }
+        same = same && s;
+    }
+    /* the default against the exact top-k and its pages */
+    int bad = 0;
+    int32_t *want = xmalloc(sizeof(int32_t) * (size_t)K), *tmp = xmalloc(sizeof(int32_t) * mc);
+    for (int t = 0; t < T; t++) {
+        const int32_t n = c->pos[t] + 1, *gi = o[0].idx + (size_t)t * K;
+        const int32_t m = full_topk(sc + (size_t)t * mc, n, K, want, tmp);
+        bool ok = o[0].count[t] == m;
+        for (int j = 0; j < K; j++) ok = ok && gi[j] == (j < m ? want[j] : -1);
+        int32_t e = 0;
+        for (int j = 0; j < m && ok; e++) {
+            const int32_t pg = want[j] / c->bs;
+            uint32_t mask[8] = {0};
+            for (; j < m && want[j] / c->bs == pg; j++) mask[(want[j] - pg * c->bs) / 32] |= 1u << ((want[j] - pg * c->bs) % 32);
+            ok = ok && e < o[0].ent_n[t] && o[0].ent_j[(size_t)t * K + e] == pg &&
+                 !memcmp(o[0].ent_mask + ((size_t)t * K + e) * W, mask, sizeof(uint32_t) * (size_t)W);
+        }
+        ok = ok && o[0].ent_n[t] == e;
+        if (!ok) bad++;
+        const uint32_t *hh = hist + (size_t)t * 4096;
+        int32_t above = 0, b1 = 4095;
+        while (b1 > 0 && above + (int32_t)hh[b1] < (m < K ? m : K)) above += (int32_t)hh[b1--];
+        printf("  %-26s t %d n %7d: count %d, %d pages, k-th bin %u keys: %s\n", c->name, t, n, o[0].count[t],
+               o[0].ent_n[t], hh[b1], ok ? "exact top-k" : "WRONG");
+    }
+    printf("  %-26s kernels: %s\n", c->name, same ? "bitmap = cluster8 = cta" : "DIFFER");
+    for (int v = 0; v < 3; v++) free_tkout(&o[v]);
+    free(want), free(tmp), free(sc), free(hist);
+    osp_cuda_free(dsc), osp_cuda_free(dh), osp_cuda_free(dpos);
+    assert_true(same);
+    assert_int_equal(bad, 0);
+}
+
+static void test_topk_kernels(void **state) {
+    (void)state;
+    const tkcase small[] = {
+        {"special k5 bs64", 64, 5, TS_SPECIAL, 3, 1003, {999, 5, 4}},
+        {"special k2048 bs16", 16, 2048, TS_SPECIAL, 2, 20003, {19999, 5999}},
+        {"random k1 bs7", 7, 1, TS_RANDOM, 3, 3003, {2999, 0, 1500}},
+    };
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) run_topk_case(&small[i], 0xD5D0u + i);
+    if (g_subset) return;
+    const tkcase big[] = {
+        {"random 128k bs16", 16, 2048, TS_RANDOM, 4, 131077, {131071, 100000, 2047, 2048}},
+        {"random 128k bs256", 256, 2048, TS_RANDOM, 2, 131077, {131071, 65536}},
+        {"crowded bin bs16", 16, 2048, TS_CROWDED, 2, 131075, {131071, 50000}},
+        {"overfull bin bs16", 16, 2048, TS_OVERFULL, 1, 131075, {131071}},
+        {"ties at k-th bs48", 48, 2048, TS_TIES, 2, 70003, {70000, 9000}},
+        {"ties at k-th bs7", 7, 2048, TS_TIES, 1, 40003, {40000}},
+        {"all equal bs16", 16, 2048, TS_EQUAL, 2, 40003, {39999, 3000}},
+        {"random 1M bs16", 16, 2048, TS_RANDOM, 1, 1048579, {1048575}},
+        {"random 2.2M bs16 (limit)", 16, 2048, TS_RANDOM, 1, 2200003, {2199999}},
+    };
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) run_topk_case(&big[i], 0xD5E0u + i);
+}
+
 int main(void) {
     if (osp_cuda_device_count() == 0) {
         printf("test_gpu_dsa: skipped: no CUDA device\n");
@@ -603,10 +787,12 @@ int main(void) {
         cmocka_unit_test(test_random),
         cmocka_unit_test(test_end_to_end),
     };
-    /* both top-k kernels: a cluster of CTAs a token (the default), then one CTA a token */
-    static const char *variants[] = {"cluster", "cta"};
-    int rc = 0;
-    for (int v = 0; v < 2; v++) {
+    /* the three top-k kernels on the same scores, then the whole group with each: the one-pass bitmap
+     * kernel (the default), the 7-barrier cluster kernel, one CTA a token */
+    const struct CMUnitTest topk_tests[] = {cmocka_unit_test(test_topk_kernels)};
+    int rc = cmocka_run_group_tests(topk_tests, NULL, NULL);
+    static const char *variants[] = {"bitmap", "cluster8", "cta"};
+    for (int v = 0; v < 3; v++) {
         setenv("OSPREY_DSA_TOPK", variants[v], 1);
         printf("test_gpu_dsa: top-k kernel: %s\n", variants[v]);
         rc |= cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,10 +21,19 @@
  *                     instead), then one pass over the pages in order: every key above the k-th, the
  *                     first ones (lowest positions) equal to it, written ascending (d_idx), and each page
  *                     holding a selected token as one staged entry with its token bits.
- *   dsa_topk_cluster_kernel  the default: the same selection by a cluster of 8 CTAs a token, each owning a
- *                     slice of the pages (radix histograms summed and slice offsets exchanged through
- *                     distributed shared memory): one SM's L2 bandwidth bounds the one-CTA kernel at 128k
- *                     (two passes over 512 KB of scores); OSPREY_DSA_TOPK=cta selects the one-CTA kernel.
+ *   dsa_topk_cluster_kernel  the same selection by a cluster of 8 CTAs a token, each owning a slice of the
+ *                     pages (radix histograms summed and slice offsets exchanged through distributed shared
+ *                     memory): one SM's L2 bandwidth bounds the one-CTA kernel at 128k (two passes over
+ *                     512 KB of scores). Four passes over its slice and 7 cluster barriers: ~32 us at 128k on
+ *                     the H100 at batch 1 and 8 alike (latency, not bandwidth). OSPREY_DSA_TOPK=cluster8.
+ *   dsa_topk_bitmap_kernel  the default: the same clusters and slices, one pass over the slice's scores
+ *                     into a shared bitmap (bins above the k-th's: selected; the k-th's bin: candidates in
+ *                     shared memory), every CTA the radix select over all 8 candidate lists gathered through
+ *                     distributed shared memory, ties resolved from the lists' ranks, then positions and
+ *                     entries from the bitmap alone: 2 cluster barriers and a split one. Falls back to the
+ *                     cluster kernel's select for a k-th bin over 12,288 keys, and to the cluster kernel for
+ *                     contexts over ~2.1M tokens (a slice's bitmap over 2^18 bits). OSPREY_DSA_TOPK=cta
+ *                     selects the one-CTA kernel, =cluster8 the cluster kernel; the same bits from all three.
  *   dsa_table_kernel  a CTA per work-table row (token, head group): the token's staged entries copied to
  *                     its CSR place (indptr from the counts of the tokens before it), pages through the
  *                     block table, FULL when every slot of the page is selected.
@@ -427,6 +436,7 @@ struct TopkParams {
     int32_t *ent_j, *ent_n;   /* [T, K], [T] */
     uint32_t *ent_mask;       /* [T, K, W] */
     int max_ctx, K, block_size, W;
+    int bm_words;             /* dsa_topk_bitmap_kernel: a slice's bitmap words at most (max_ctx's slice) */
 };
 
 /* One page's selected positions (the set bits of gt, W words) into idx from index o in ascending order,
@@ -563,8 +573,9 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(const TopkParams
     if (tid == 0) p.count[t] = out_run, p.ent_n[t] = ent_run;
 }
 
-/* ---- the top-k over a cluster of kCluster CTAs a token (the default; OSPREY_DSA_TOPK=cta: the kernel
- * above). The same selection: each CTA owns a slice of the token's pages (ascending by rank); the radix
+/* ---- the top-k over a cluster of kCluster CTAs a token (OSPREY_DSA_TOPK=cluster8; the default is the
+ * bitmap kernel below, which also runs this one's select for a token whose k-th bin is too big for its
+ * shared memory; =cta: the kernel above). The same selection: each CTA owns a slice of the token's pages (ascending by rank); the radix
  * histograms are summed over the cluster through distributed shared memory, every CTA finds the same
  * digits; the emission runs per slice with the running counts (equal keys, positions, entries) of the
  * slices before it, exchanged the same way: three short passes over the slice instead of two over the
@@ -630,15 +641,18 @@ __device__ __forceinline__ void emit_pages(const float *sc, int n, int bs, int W
     *sel_n = sel_sum, *ent_n = ent_sum;
 }
 
-__global__ void __launch_bounds__(kTopkThreads) dsa_topk_cluster_kernel(const TopkParams p) {
-    osp_pdl_begin();
+/* The cluster kernel's work for token blockIdx.y, over shared buffers the caller provides (the same
+ * offsets in every CTA of the cluster): sHist [kBins], sPass [2][256] (this CTA's radix histogram, read by
+ * the cluster; double-buffered), sWarp [32], sRes [2], sCnt, sBefore [3], sEx [3] (this slice's equal keys,
+ * selected positions, entries; read by the cluster), sCand [kCand]. dsa_topk_cluster_kernel, and
+ * dsa_topk_bitmap_kernel for a token whose k-th bin does not fit its shared memory. Every thread of the
+ * cluster calls it (7 cluster barriers, the last one before it returns). */
+__device__ __forceinline__ void cluster_topk_body(const TopkParams &p, uint32_t *sHist, uint32_t (*sPass)[256],
+                                                  int *sWarp, int *sRes, int *sCnt_, int *sBefore, int *sEx,
+                                                  uint32_t *sCand) {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
-    __shared__ uint32_t sHist[kBins];
-    __shared__ uint32_t sPass[2][256]; /* this CTA's radix histogram (read by the cluster), double-buffered */
-    __shared__ int sWarp[32], sRes[2], sCnt, sBefore[3];
-    __shared__ int sEx[3]; /* this slice's equal keys, selected positions, entries (read by the cluster) */
-    extern __shared__ uint32_t sCand[]; /* [kCand] */
+    int &sCnt = *sCnt_;
     const int tid = (int)threadIdx.x, t = (int)blockIdx.y, rank = (int)cl.block_rank();
     const int n = min(p.positions[t] + 1, p.max_ctx), K = p.K, bs = p.block_size, W = p.W;
     const float *sc = p.scores + (int64_t)t * p.max_ctx;
@@ -751,6 +765,324 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_cluster_kernel(const To
         if (tid == 0) p.count[t] = total, p.ent_n[t] = ent_before + ent_n;
     }
     cl.sync(); /* no CTA leaves while another may still read its shared memory */
+}
+
+__global__ void __launch_bounds__(kTopkThreads) dsa_topk_cluster_kernel(const TopkParams p) {
+    osp_pdl_begin();
+    __shared__ uint32_t sHist[kBins];
+    __shared__ uint32_t sPass[2][256];
+    __shared__ int sWarp[32], sRes[2], sCnt, sBefore[3], sEx[3];
+    extern __shared__ uint32_t sCand[]; /* [kCand] */
+    cluster_topk_body(p, sHist, sPass, sWarp, sRes, &sCnt, sBefore, sEx, sCand);
+}
+
+/* ---- the default top-k: one pass over the scores, the selection as a bitmap (OSPREY_DSA_TOPK=cluster8: the
+ * cluster kernel above; =cta: the one-CTA kernel). A cluster of kCluster CTAs a token, each owning the same
+ * slice of pages as in dsa_topk_cluster_kernel, positions [x_lo, x_hi): bit i of its shared bitmap sSel is
+ * position x_lo + i.
+ *   1. one pass over the slice's scores (coalesced: a warp's load is 32 consecutive positions, one bitmap
+ *      word by ballot; the first loads issued before the histogram is read): bin (top 12 bits of the key)
+ *      above b1, the k-th largest key's bin, -> its bit set (selected for sure); bin b1 -> (key, position)
+ *      appended to the slice's candidate list (warp-aggregated).
+ *   2. cluster barrier; every CTA copies all kCluster candidate lists (distributed shared memory, by rank)
+ *      into its own shared memory and finds the k-th key thr and krem (keys equal to it kept) by the radix
+ *      select of the low 20 bits there (3 passes, CTA barriers only; every CTA the same digits); the last
+ *      pass also counts the keys equal to thr in the lists of lower ranks (lower positions) and in its own.
+ *   3. its own candidates above thr -> their bits; equal to thr -> their bits while the equal keys of lower
+ *      ranks and positions number < krem (ties to the lowest positions): all, none, or (in at most one CTA)
+ *      the lowest ones by a scan of an equal-key bitmap. The bitmap is now the slice's selection.
+ *   4. from the bitmap alone: the slice's selected positions and pages (entries) -> a cluster barrier for
+ *      the counts of the lower ranks -> idx ascending and the entries at their offsets; the last rank writes
+ *      count / ent_n and the -1 tail. A CTA leaves only after every CTA has read the others' counts.
+ * 1 pass over the scores (the cluster kernel: 4) and 2 full cluster barriers plus a split one (7). The same
+ * selection, bit for bit. Fallbacks: n <= K (every position, no select); a token whose b1 bin holds more
+ * than kCand keys (its candidates would not fit) runs cluster_topk_body (its global-memory select); a
+ * max_ctx whose slice exceeds kBitmapMaxBits is launched as dsa_topk_cluster_kernel by the host. */
+constexpr int kBitmapMaxBits = 1 << 18; /* a slice's positions at most (2 bitmaps of 32 KB; ~2.1M-token contexts) */
+constexpr int kPassU = 16;              /* bitmap words (32 positions each) a warp has in flight in the pass */
+
+/* (key, pos) appended to keys / poss when take (at most kCand kept), warp-aggregated as append_cand; every
+ * lane of the warp calls it */
+__device__ __forceinline__ void append_cand_pos(bool take, uint32_t key, uint32_t pos, int *cnt, uint32_t *keys,
+                                                uint32_t *poss) {
+    const unsigned m = __ballot_sync(0xffffffffu, take);
+    if (!m) return;
+    const int lane = (int)threadIdx.x & 31, leader = __ffs((int)m) - 1;
+    int slot = 0;
+    if (lane == leader) slot = atomicAdd(cnt, __popc(m));
+    slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & ((1u << lane) - 1u));
+    if (take && slot < kCand) keys[slot] = key, poss[slot] = pos;
+}
+
+/* find_digit by one warp for nb <= 256 bins (nb a power of two): sRes[0] = d, sRes[1] = count(> d) with
+ * count(> d) < krem <= count(>= d); every lane of the warp calls it; no barrier */
+__device__ __forceinline__ void warp_find_digit(const uint32_t *h, int nb, int krem, int *sRes) {
+    const int lane = (int)threadIdx.x & 31;
+    const int bpl = nb >= 32 ? nb / 32 : 1, b0 = lane * bpl;
+    int loc = 0;
+    if (b0 < nb)
+        for (int b = 0; b < bpl; b++) loc += (int)h[b0 + b];
+    int ge = loc; /* bins >= b0: a suffix sum over the lanes */
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_down_sync(0xffffffffu, ge, off);
+        if (lane + off < 32) ge += y;
+    }
+    const int above = ge - loc;
+    if (b0 < nb && above < krem && krem <= ge) {
+        int acc = above;
+        for (int b = bpl - 1; b >= 0; b--) {
+            if (acc + (int)h[b0 + b] >= krem) {
+                sRes[0] = b0 + b, sRes[1] = acc;
+                break;
+            }
+            acc += (int)h[b0 + b];
+        }
+    }
+}
+
+/* inclusive scan of the pair (a, b) over the CTA (sWarp: 64 ints); the totals through *total */
+__device__ __forceinline__ int2 block_scan2(int a, int b, int *sWarp, int2 *total) {
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int ya = __shfl_up_sync(0xffffffffu, a, off), yb = __shfl_up_sync(0xffffffffu, b, off);
+        if (lane >= off) a += ya, b += yb;
+    }
+    if (lane == 31) sWarp[warp] = a, sWarp[32 + warp] = b;
+    __syncthreads();
+    if (warp == 0) {
+        int wa = sWarp[lane], wb = sWarp[32 + lane];
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int ya = __shfl_up_sync(0xffffffffu, wa, off), yb = __shfl_up_sync(0xffffffffu, wb, off);
+            if (lane >= off) wa += ya, wb += yb;
+        }
+        sWarp[lane] = wa, sWarp[32 + lane] = wb;
+    }
+    __syncthreads();
+    const int2 res = make_int2(a + (warp ? sWarp[warp - 1] : 0), b + (warp ? sWarp[32 + warp - 1] : 0));
+    *total = make_int2(sWarp[31], sWarp[63]);
+    __syncthreads();
+    return res;
+}
+
+/* the page's bits [o, o + cnt) of the bitmap bm as W words (cnt <= 32 kMaxWords; the word after the bit
+ * o + cnt - 1 exists: a slice's bitmap has one word of padding) */
+__device__ __forceinline__ void page_bits(const uint32_t *bm, int o, int cnt, uint32_t (&gt)[kMaxWords]) {
+#pragma unroll
+    for (int w = 0; w < kMaxWords; w++) {
+        gt[w] = 0u;
+        if (32 * w < cnt) {
+            const int b = o + 32 * w, wi = b >> 5, sh = b & 31, m = min(32, cnt - 32 * w);
+            uint32_t x = bm[wi] >> sh;
+            if (sh) x |= bm[wi + 1] << (32 - sh);
+            gt[w] = m >= 32 ? x : x & ((1u << m) - 1u);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kTopkThreads) dsa_topk_bitmap_kernel(const TopkParams p) {
+    osp_pdl_begin();
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    extern __shared__ uint32_t bm_smem[];
+    uint32_t *sHist = bm_smem;               /* [kBins] the token's histogram, then the radix passes' */
+    uint32_t *sKeys = sHist + kBins;         /* [kCand] this slice's candidates (read by the cluster) */
+    uint32_t *sPos = sKeys + kCand;          /* [kCand] their positions in the slice */
+    uint32_t *sAll = sPos + kCand;           /* [kCand] the cluster's candidates, by rank */
+    uint32_t *sSel = sAll + kCand;           /* [bm_words + 1] the slice's selection (bit i: position x_lo + i) */
+    uint32_t *sEq = sSel + p.bm_words + 1;   /* [bm_words + 1] own candidates equal to the k-th (a partial keep) */
+    __shared__ int sWarp[64], sRes[2], sCnt, sBefore[3], sEx[3]; /* sEx: read by the cluster */
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, t = (int)blockIdx.y;
+    const int rank = (int)cl.block_rank();
+    const int n = min(p.positions[t] + 1, p.max_ctx), K = p.K, bs = p.block_size, W = p.W;
+    const float *sc = p.scores + (int64_t)t * p.max_ctx;
+    const bool all = n <= K;
+    const int np = (n + bs - 1) / bs, pp = (np + kCluster - 1) / kCluster;
+    const int pg_lo = min(np, rank * pp), pg_hi = min(np, pg_lo + pp);
+    const int x_lo = min(n, pg_lo * bs), x_hi = min(n, pg_hi * bs);
+    const int L = x_hi - x_lo, nw = (L + 31) >> 5; /* the slice's positions, bitmap words */
+    for (int i = tid; i <= nw; i += kTopkThreads) sEq[i] = 0u;
+    if (tid == 0) sSel[nw] = 0u, sCnt = 0;
+
+    /* the first round of the pass's loads, in flight while the histogram is read: warp w's words w, w + 32, .. */
+    float v[kPassU];
+    auto load = [&](int w0) {
+#pragma unroll
+        for (int u = 0; u < kPassU; u++) {
+            const int i = 32 * (w0 + 32 * u) + lane;
+            v[u] = i < L ? sc[x_lo + i] : 0.0f;
+        }
+    };
+    load(warp);
+    uint32_t b1 = 0u; /* the k-th key's bin */
+    int krem = 0;     /* keys of bin b1, then of each digit's prefix, to keep */
+    if (!all) {
+        for (int i = tid; i < kBins; i += kTopkThreads) sHist[i] = p.hist[(int64_t)t * kBins + i];
+        __syncthreads();
+        find_digit(sHist, kBins, K, sWarp, sRes);
+        b1 = (uint32_t)sRes[0];
+        krem = K - sRes[1];
+        if ((int)sHist[b1] > kCand) { /* the same in every CTA of the cluster: the cluster kernel's select */
+            __syncthreads();          /* sHist and sRes read before the body rewrites them */
+            cluster_topk_body(p, sHist, reinterpret_cast<uint32_t (*)[256]>(sPos), sWarp, sRes, &sCnt, sBefore, sEx,
+                              sKeys);
+            return;
+        }
+    }
+    /* 1. the one pass */
+    for (int w0 = warp; w0 < nw; w0 += 32 * kPassU) { /* warp-uniform */
+        if (w0 != warp) load(w0);
+#pragma unroll
+        for (int u = 0; u < kPassU; u++) {
+            const int w = w0 + 32 * u, i = 32 * w + lane;
+            const bool in = i < L;
+            const uint32_t key = order_key(v[u]), bin = key >> 20;
+            const unsigned word = __ballot_sync(0xffffffffu, in && (all || bin > b1));
+            if (lane == 0 && w < nw) sSel[w] = word;
+            if (!all) append_cand_pos(in && bin == b1, key, (uint32_t)i, &sCnt, sKeys, sPos);
+        }
+    }
+    if (!all) {
+        cl.sync(); /* every slice's candidates complete */
+        /* 2. the cluster's candidates, by rank, into sAll */
+        const int cq = lane < kCluster ? min(*cl.map_shared_rank(&sCnt, lane), kCand) : 0;
+        int incl = cq;
+#pragma unroll
+        for (int off = 1; off < kCluster; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += y;
+        }
+        int offs[kCluster + 1]; /* the ranks' first slots in sAll */
+        offs[0] = 0;
+#pragma unroll
+        for (int q = 0; q < kCluster; q++) offs[q + 1] = __shfl_sync(0xffffffffu, incl, q);
+        const int total = min(offs[kCluster], kCand);
+        const int mine_lo = __shfl_sync(0xffffffffu, incl - cq, rank), mine_n = __shfl_sync(0xffffffffu, cq, rank);
+        for (int i = tid; i < 544; i += kTopkThreads) sHist[i] = 0u; /* radix bins [2][256], below [16], mine [16] */
+        constexpr int G = 4;
+        for (int g0 = tid; g0 < total; g0 += G * kTopkThreads) {
+            uint32_t kv[G];
+#pragma unroll
+            for (int u = 0; u < G; u++) {
+                const int g = g0 + u * kTopkThreads;
+                int q = 0, base = 0;
+#pragma unroll
+                for (int r = 1; r < kCluster; r++)
+                    if (g >= offs[r]) q = r, base = offs[r];
+                kv[u] = g < total ? cl.map_shared_rank(sKeys, q)[g - base] : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < G; u++)
+                if (g0 + u * kTopkThreads < total) sAll[g0 + u * kTopkThreads] = kv[u];
+        }
+        __syncthreads();
+        /* the low 20 bits: 3 radix passes over sAll */
+        uint32_t prefix = b1 << 20, mask = 0xFFF00000u;
+        uint32_t *hb = sHist + 512, *hm = sHist + 528;
+        int eq_before = 0, eq_here = 0;
+#pragma unroll
+        for (int ps = 0; ps < 3; ps++) {
+            const int shift = ps == 0 ? 12 : ps == 1 ? 4 : 0, nb = ps == 2 ? 16 : 256;
+            uint32_t *h = sHist + (ps & 1) * 256;
+            if (ps == 1 && tid < 256) sHist[tid] = 0u; /* pass 0's bins, pass 2's (read before the last barrier) */
+            for (int i = tid; i < total; i += kTopkThreads) {
+                const uint32_t key = sAll[i];
+                if ((key & mask) == prefix) {
+                    const uint32_t d = (key >> shift) & (uint32_t)(nb - 1);
+                    atomicAdd(&h[d], 1u);
+                    if (ps == 2) {
+                        if (i < mine_lo) atomicAdd(&hb[d], 1u);
+                        else if (i < mine_lo + mine_n) atomicAdd(&hm[d], 1u);
+                    }
+                }
+            }
+            __syncthreads();
+            if (warp == 0) warp_find_digit(h, nb, krem, sRes);
+            __syncthreads();
+            const uint32_t d = (uint32_t)sRes[0];
+            prefix |= d << shift;
+            mask |= (uint32_t)(nb - 1) << shift;
+            krem -= sRes[1];
+            if (ps == 2) eq_before = (int)hb[d], eq_here = (int)hm[d];
+        }
+        const uint32_t thr = prefix; /* the k-th key; krem of the keys equal to it kept, lowest positions first */
+        /* 3. own candidates: above thr, and equal to it as the lower ranks leave room */
+        const int keep = min(max(krem - eq_before, 0), eq_here);
+        const bool partial = keep > 0 && keep < eq_here; /* CTA-uniform */
+        for (int i = tid; i < mine_n; i += kTopkThreads) {
+            const uint32_t key = sKeys[i], pos = sPos[i];
+            if (key > thr || (key == thr && keep == eq_here)) atomicOr(&sSel[pos >> 5], 1u << (pos & 31));
+            else if (key == thr && partial) atomicOr(&sEq[pos >> 5], 1u << (pos & 31));
+        }
+        if (partial) { /* the keep lowest positions of sEq: a thread a run of words, in order */
+            __syncthreads();
+            const int cpt = (nw + kTopkThreads - 1) / kTopkThreads, w_lo = min(nw, tid * cpt), w_hi = min(nw, w_lo + cpt);
+            int c = 0;
+            for (int w = w_lo; w < w_hi; w++) c += __popc(sEq[w]);
+            int tot;
+            const int incl_c = block_scan(c, sWarp, &tot);
+            int left = keep - (incl_c - c);
+            for (int w = w_lo; w < w_hi && left > 0; w++) {
+                uint32_t e = sEq[w];
+                if (__popc(e) <= left) {
+                    left -= __popc(e);
+                } else {
+                    uint32_t take = 0u;
+                    for (; left > 0; left--) take |= e & (0u - e), e &= e - 1u;
+                    e = take;
+                }
+                sSel[w] |= e;
+            }
+        }
+    }
+    __syncthreads(); /* sSel final */
+    /* 4. the slice's positions and entries: a thread a run of pages, in order */
+    const int npg = pg_hi - pg_lo, ppt = (npg + kTopkThreads - 1) / kTopkThreads;
+    const int j_lo = pg_lo + min(npg, tid * ppt), j_hi = pg_lo + min(npg, (tid + 1) * ppt);
+    int selc = 0, entc = 0;
+    for (int j = j_lo; j < j_hi; j++) {
+        uint32_t gt[kMaxWords];
+        page_bits(sSel, j * bs - x_lo, min(bs, n - j * bs), gt);
+        int c = 0;
+#pragma unroll
+        for (int w = 0; w < kMaxWords; w++) c += __popc(gt[w]);
+        selc += c, entc += c > 0;
+    }
+    int2 tot;
+    const int2 incl = block_scan2(selc, entc, sWarp, &tot);
+    if (tid == 0) sEx[0] = tot.x, sEx[1] = tot.y;
+    cl.sync(); /* every slice's counts */
+    int out_before = 0, ent_before = 0;
+    if (lane < rank) out_before = *cl.map_shared_rank(&sEx[0], lane), ent_before = *cl.map_shared_rank(&sEx[1], lane);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        out_before += __shfl_xor_sync(0xffffffffu, out_before, off);
+        ent_before += __shfl_xor_sync(0xffffffffu, ent_before, off);
+    }
+    __cluster_barrier_arrive(); /* this CTA reads no other's shared memory from here on */
+    int32_t *idx = p.idx + (int64_t)t * K;
+    int32_t *ej = p.ent_j + (int64_t)t * K;
+    uint32_t *em = p.ent_mask + (int64_t)t * K * W;
+    int o = out_before + incl.x - selc, e = ent_before + incl.y - entc;
+    for (int j = j_lo; j < j_hi; j++) {
+        uint32_t gt[kMaxWords];
+        page_bits(sSel, j * bs - x_lo, min(bs, n - j * bs), gt);
+        int c = 0;
+#pragma unroll
+        for (int w = 0; w < kMaxWords; w++) c += __popc(gt[w]);
+        if (c > 0) {
+            emit_page(gt, W, j * bs, j, o, e, idx, ej, em);
+            o += c, e++;
+        }
+    }
+    if (rank == kCluster - 1) {
+        const int total = out_before + tot.x;
+        for (int i = total + tid; i < K; i += kTopkThreads) idx[i] = -1;
+        if (tid == 0) p.count[t] = total, p.ent_n[t] = ent_before + tot.y;
+    }
+    __cluster_barrier_wait(); /* no CTA leaves while another may still read its shared memory */
 }
 
 struct TableParams {
@@ -894,17 +1226,29 @@ extern "C" osp_status osp_cuda_dsa_topk(const float *d_scores, const uint32_t *d
     prm.scores = d_scores, prm.hist = d_hist, prm.positions = d_positions, prm.idx = d_idx, prm.count = d_count;
     prm.ent_j = d_ent_j, prm.ent_n = d_ent_n, prm.ent_mask = d_ent_mask;
     prm.max_ctx = max_ctx, prm.K = top_k, prm.block_size = block_size, prm.W = (block_size + 31) / 32;
-    const int smem = kCand * (int)sizeof(uint32_t);
     cudaStream_t st = static_cast<cudaStream_t>(stream);
-    const char *v = getenv("OSPREY_DSA_TOPK"); /* "cta": one CTA a token; else a cluster a token */
+    /* "cta": one CTA a token; "cluster8": the cluster kernel of 7 cluster barriers; else (unset, "bitmap") the
+     * one-pass bitmap kernel, or the cluster kernel where max_ctx's slice is over kBitmapMaxBits */
+    const char *v = getenv("OSPREY_DSA_TOPK");
     if (v && !strcmp(v, "cta")) {
+        const int smem = kCand * (int)sizeof(uint32_t);
         OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         osp_launch(dsa_topk_kernel, dim3((unsigned)T), kTopkThreads, (size_t)smem, st, prm);
         OSP_CUDA_LAUNCH_CHECK("dsa_topk_kernel");
         return OSP_OK;
     }
     if (T > 65535) return osp_set_error(OSP_ERR_INVALID_ARG, "dsa top-k: T %lld (at most 65,535)", (long long)T);
-    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_topk_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int64_t pages = ((int64_t)max_ctx + block_size - 1) / block_size;
+    const int64_t slice_bits = (pages + kCluster - 1) / kCluster * block_size; /* the longest slice's positions */
+    const bool bitmap = !(v && !strcmp(v, "cluster8")) && slice_bits <= kBitmapMaxBits;
+    void (*kernel)(TopkParams) = bitmap ? dsa_topk_bitmap_kernel : dsa_topk_cluster_kernel;
+    int smem = kCand * (int)sizeof(uint32_t);
+    if (bitmap) {
+        prm.bm_words = (int)((slice_bits + 31) / 32);
+        /* sHist, sKeys, sPos, sAll, two bitmaps: 160 KB + 8 (bm_words + 1) bytes (168 KB at 128k / 16) */
+        smem = (kBins + 3 * kCand + 2 * (prm.bm_words + 1)) * (int)sizeof(uint32_t);
+    }
+    OSP_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
@@ -917,8 +1261,8 @@ extern "C" osp_status osp_cuda_dsa_topk(const float *d_scores, const uint32_t *d
     cfg.stream = st;
     cfg.attrs = attr;
     cfg.numAttrs = osp_cuda_pdl_enabled() ? 2 : 1;
-    (void)cudaLaunchKernelEx(&cfg, dsa_topk_cluster_kernel, prm);
-    OSP_CUDA_LAUNCH_CHECK("dsa_topk_cluster_kernel");
+    (void)cudaLaunchKernelEx(&cfg, kernel, prm);
+    OSP_CUDA_LAUNCH_CHECK(bitmap ? "dsa_topk_bitmap_kernel" : "dsa_topk_cluster_kernel");
     return OSP_OK;
 }
 
