@@ -30,6 +30,7 @@ namespace {
 
 constexpr int kTopkThreads = 1024;
 constexpr int kMaxGroup = 16;
+constexpr int kTopkSmemPages = 16384; /* a row's scores staged in shared memory up to this many pages (64 KB) */
 
 /* order-preserving key of a non-NaN float: larger float, larger key; -0 and +0 the same key */
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -57,8 +58,12 @@ template <> __device__ __forceinline__ float sum_f32<__nv_bfloat16>(__nv_bfloat1
  * is coalesced where a thread-per-page read of global memory was not), then thread i scores page j0 + i
  * from shared memory, dimension by dimension in the reference's order. Shared rows padded by 16 bytes: a
  * warp's 16-byte reads of 32 rows are conflict-free. */
-template <typename TS, int PPC, int GRP> /* GRP: the group's query heads, or 0: p.grp (up to kMaxGroup) */
-__global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
+/* GRP: the group's query heads, or 0: p.grp (up to kMaxGroup); TPP threads a page, each with GRP / TPP of
+ * the heads (the page's best = the best of the threads' bests, exchanged by shuffles) */
+template <typename TS, int PPC, int GRP, int TPP = 1>
+__global__ void __launch_bounds__(PPC * TPP) quest_score_kernel(const QParams p) {
+    static_assert(TPP == 1 || (GRP > 0 && GRP % TPP == 0), "heads split over a page's threads");
+    constexpr int NT = PPC * TPP;
     osp_pdl_begin();
     extern __shared__ uint4 qs_smem[];
     float *q_smem = reinterpret_cast<float *>(qs_smem); /* [grp][D] */
@@ -71,25 +76,25 @@ __global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
     const int32_t *bt = p.block_table + (int64_t)p.token_seq[t] * p.max_blocks;
     const uint8_t *gmin = reinterpret_cast<const uint8_t *>(p.kmin), *gmax = reinterpret_cast<const uint8_t *>(p.kmax);
     const uint32_t st_u = (uint32_t)__cvta_generic_to_shared(st);
-    for (int c = tid; c < (hi - lo) * 2 * CPV; c += PPC) {
+    for (int c = tid; c < (hi - lo) * 2 * CPV; c += NT) {
         const int i = c / (2 * CPV), which = (c / CPV) % 2, part = c % CPV, j = lo + i;
         const int64_t off = ((int64_t)bt[j] * p.n_head_kv + kvh) * D * (int64_t)sizeof(TS) + part * 16;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(st_u + (uint32_t)((2 * (j - j0) + which) * RSB + part * 16)),
                      "l"((which ? gmax : gmin) + off));
     }
     asm volatile("cp.async.commit_group;\n" ::);
-    for (int i = tid; i < p.grp * D; i += PPC) {
+    for (int i = tid; i < p.grp * D; i += NT) {
         const int h = i / D, d = i % D;
         q_smem[i] = __uint_as_float((uint32_t)p.q[((int64_t)t * p.n_head + kvh * p.grp + h) * D + d] << 16);
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
-    const int j = j0 + tid;
-    if (j < lo || j >= hi) return;
-    const TS *mn = reinterpret_cast<const TS *>(st + 2 * tid * RSB), *mx = reinterpret_cast<const TS *>(st + (2 * tid + 1) * RSB);
+    const int pg = tid / TPP, part = tid % TPP, j = j0 + pg;
+    if (j < lo || j >= hi) return; /* a page's TPP threads (adjacent lanes) leave together */
+    const TS *mn = reinterpret_cast<const TS *>(st + 2 * pg * RSB), *mx = reinterpret_cast<const TS *>(st + (2 * pg + 1) * RSB);
     constexpr int E = 16 / (int)sizeof(TS); /* values a 16-byte read */
-    constexpr int NG = GRP ? GRP : kMaxGroup;
-    const int grp = GRP ? GRP : p.grp;
+    constexpr int NG = GRP ? GRP / TPP : kMaxGroup;
+    const int grp = GRP ? GRP / TPP : p.grp, h0 = part * NG;
     float u[NG];
 #pragma unroll
     for (int h = 0; h < NG; h++) u[h] = 0.0f;
@@ -106,7 +111,7 @@ __global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
             float qv[E];
 #pragma unroll
             for (int e4 = 0; e4 < E; e4 += 4) {
-                const float4 q4 = *reinterpret_cast<const float4 *>(q_smem + h * D + i0 + e4);
+                const float4 q4 = *reinterpret_cast<const float4 *>(q_smem + (h0 + h) * D + i0 + e4);
                 qv[e4] = q4.x, qv[e4 + 1] = q4.y, qv[e4 + 2] = q4.z, qv[e4 + 3] = q4.w;
             }
 #pragma unroll
@@ -120,7 +125,12 @@ __global__ void __launch_bounds__(PPC) quest_score_kernel(const QParams p) {
 #pragma unroll
     for (int h = 0; h < NG; h++)
         if (h < grp && u[h] > best) best = u[h];
-    p.scores[(int64_t)row * p.max_pages + j] = best;
+#pragma unroll
+    for (int off = 1; off < TPP; off <<= 1) { /* no best is NaN; max is exact and order-free */
+        const float o = __shfl_xor_sync(__activemask(), best, off);
+        if (o > best) best = o;
+    }
+    if (part == 0) p.scores[(int64_t)row * p.max_pages + j] = best;
 }
 
 /* inclusive block scan of v over kTopkThreads threads (sWarp: 32 ints); returns the inclusive sum, total
@@ -167,6 +177,14 @@ __global__ void __launch_bounds__(kTopkThreads) quest_topk_kernel(const QParams 
     const int S = p.sink, R = p.recent, lo = S, hi = n_ctx - R; /* candidates [lo, hi) */
     const int k = p.topk - S - R;
     const float *sc = p.scores + (int64_t)row * p.max_pages;
+    /* the row's candidate scores read once into shared memory when they fit (the radix passes and the
+     * final pass then read shared memory, not L2, five times) */
+    extern __shared__ float sSc[];
+    if (p.max_pages <= kTopkSmemPages) {
+        for (int j = lo + tid; j < hi; j += kTopkThreads) sSc[j] = sc[j];
+        __syncthreads();
+        sc = sSc;
+    }
     /* radix select: prefix / mask of the k-th largest key, krem = how many of the keys equal to it to keep */
     uint32_t prefix = 0u, mask = 0u;
     int krem = k;
@@ -283,10 +301,11 @@ template <typename TS, int PPC> size_t score_smem(int grp, int D) {
 }
 
 template <typename TS, int PPC, int GRP> osp_status launch_grp(const QParams &prm, int64_t rows, cudaStream_t st) {
+    constexpr int TPP = GRP >= 2 ? 2 : 1; /* 2 threads a page where the heads split */
     const size_t smem = score_smem<TS, PPC>(prm.grp, prm.D);
-    OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, PPC, GRP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    osp_launch(quest_score_kernel<TS, PPC, GRP>, dim3((unsigned)((prm.max_pages + PPC - 1) / PPC), (unsigned)rows), PPC, smem,
-               st, prm);
+    OSP_CUDA_TRY(cudaFuncSetAttribute(quest_score_kernel<TS, PPC, GRP, TPP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    osp_launch(quest_score_kernel<TS, PPC, GRP, TPP>, dim3((unsigned)((prm.max_pages + PPC - 1) / PPC), (unsigned)rows), PPC * TPP,
+               smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("quest_score_kernel");
     return OSP_OK;
 }
@@ -348,7 +367,9 @@ extern "C" osp_status osp_cuda_quest_select(const void *d_kmin, const void *d_km
                           : summary == OSP_CUDA_QUEST_F16 ? launch_score<__half>(prm, rows, st)
                                                           : launch_score<__nv_bfloat16>(prm, rows, st);
     if (ss != OSP_OK) return ss;
-    osp_launch(quest_topk_kernel, dim3((unsigned)rows), kTopkThreads, 0, st, prm);
+    const size_t tsm = max_blocks <= kTopkSmemPages ? (size_t)max_blocks * sizeof(float) : 0;
+    if (tsm > 48 * 1024) OSP_CUDA_TRY(cudaFuncSetAttribute(quest_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tsm));
+    osp_launch(quest_topk_kernel, dim3((unsigned)rows), kTopkThreads, tsm, st, prm);
     OSP_CUDA_LAUNCH_CHECK("quest_topk_kernel");
     return OSP_OK;
 }
