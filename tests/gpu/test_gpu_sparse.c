@@ -503,12 +503,12 @@ static void test_arguments(void **state) {
     t2 = t, t2.max_row_tiles = 1000; /* needs a workspace */
     assert_int_equal(CALL(&t2, OSP_KV_PAGE_F16, 128, 16, 32, 8, NULL), OSP_ERR_INVALID_ARG);
 #undef CALL
-    /* the chunking: a function of the row alone, <= 16 chunks while chunks hold <= 1,024 keys */
-    assert_int_equal(osp_cuda_sparse_chunk_entries(256, 16), 16);
-    assert_int_equal(osp_cuda_sparse_chunk_entries(64, 16), 4);
+    /* the chunking: a function of the row alone, <= 8 chunks while chunks hold <= 1,024 keys */
+    assert_int_equal(osp_cuda_sparse_chunk_entries(256, 16), 32);
+    assert_int_equal(osp_cuda_sparse_chunk_entries(64, 16), 8);
     assert_int_equal(osp_cuda_sparse_chunk_entries(1, 16), 4);
     assert_int_equal(osp_cuda_sparse_chunk_entries(2048, 16), 64);
-    assert_int_equal(osp_cuda_sparse_max_chunks(256, 16), 16);
+    assert_int_equal(osp_cuda_sparse_max_chunks(256, 16), 8);
     assert_int_equal(osp_cuda_sparse_max_chunks(4, 16), 1);
     assert_int_equal(osp_cuda_sparse_max_chunks(8192, 16), 128);
 }

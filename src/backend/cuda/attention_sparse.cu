@@ -48,8 +48,10 @@ constexpr int kPS = kKeys + 8;    /* P^T's shared row stride, halves */
 constexpr int kStagesDefault = 2; /* K/V tiles in flight (2 .. 4: OSPREY_SPARSE_STAGES; no bit changes): 2 measured
                                    * faster than 3 at batch 8 (70 KB of shared memory, 3 CTAs an SM; H100) */
 constexpr int kMaxKeys = 1024;    /* kept keys a chunk at most (entries x block_size) */
-constexpr int kTargetChunks = 16; /* a row is cut into at most this many chunks while chunks stay <= kMaxKeys
-                                     * (8 .. 64: OSPREY_SPARSE_CHUNKS, for benchmarks; the chunking changes bits) */
+constexpr int kTargetChunks = 8; /* a row is cut into at most this many chunks while chunks stay <= kMaxKeys
+                                    * (4 .. 64: OSPREY_SPARSE_CHUNKS, for benchmarks; the chunking changes bits).
+                                    * 8 measured faster than 16 (H100, 32k pages rows: batch 8 62.5 vs 67.8 us at
+                                    * 256 pages, 22.9 vs 27.4 at 64; batch 1 the same or faster); 32, 64 slower */
 constexpr int kMaxBlock = 256;
 constexpr int kFull = 1, kSelf = 2; /* OSP_WT_FULL, OSP_WT_SELF (src/sparse/worktable.h) */
 /* osp_mask_kind (src/sparse/block_mask.h) */
@@ -453,13 +455,13 @@ template <int D, int NQ, int ST> osp_status launch_dec(const SParams &prm, dim3 
     return OSP_OK;
 }
 
-/* chunks a row at most: OSPREY_SPARSE_CHUNKS=8, 16, 32 or 64 (read once), else kTargetChunks */
+/* chunks a row at most: OSPREY_SPARSE_CHUNKS=4, 8, 16, 32 or 64 (read once), else kTargetChunks */
 int target_chunks() {
     static int cached = 0;
     if (!cached) {
         const char *e = getenv("OSPREY_SPARSE_CHUNKS");
         const int v = e ? atoi(e) : 0;
-        cached = v == 8 || v == 16 || v == 32 || v == 64 ? v : kTargetChunks;
+        cached = v == 4 || v == 8 || v == 16 || v == 32 || v == 64 ? v : kTargetChunks;
     }
     return cached;
 }
