@@ -523,7 +523,7 @@ osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, i
  * the fp32 sum of the heads), the index-key pages exactly as the CPU cache holds them (osp_dsa_key_write):
  * d_k_codes [num_blocks, block_size, head_dim] E4M3 codes, d_k_scales [num_blocks, block_size] fp32 (key
  * = e4m3(code) * scale, the scale > 0), through d_block_table [num_seqs, max_blocks]. Arithmetic: dots of
- * the f16-widened codes with q_I on the tensor cores (fp32 accumulation), per key sum_j w_j ReLU(dot_j) in
+ * the f16-widened codes with q_I on the tensor cores (wgmma, fp32 accumulation), per key sum_j w_j ReLU(dot_j) in
  * fp32 in a fixed order, times the key's scale: not the CPU's rounding (test_gpu_dsa.c derives the bound),
  * the same instructions for every key whatever the batch. n_heads 16 / 32 / 64, head_dim 64 / 128; the
  * caller guarantees p < max_ctx (keys past max_ctx - 1 are ignored) and p < max_blocks * block_size.
@@ -534,7 +534,8 @@ osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, i
  * logical page indices and d_ent_mask [T, top_k, ceil(block_size / 32)] their selected slots (bit i: token
  * j * block_size + i). A radix select (12-bit histogram, then 20 bits over that bin's keys in shared
  * memory, or over all keys when the bin holds > 12,288), ties to the lowest positions, by a cluster of 8
- * CTAs a token (OSPREY_DSA_TOPK=cta: one CTA a token; the same result). block_size <= 256, T <= 65,535.
+ * CTAs a token reading each score once into a shared bitmap (OSPREY_DSA_TOPK=cluster8: the four-pass
+ * cluster kernel; =cta: one CTA a token; the same bytes from all three). block_size <= 256, T <= 65,535.
  *
  * osp_cuda_dsa_table: the work table (src/sparse/worktable.h; q_tile 1, the causal mask) that
  * osp_sparse_wt_build makes from the selected positions as each row's candidates, for T * groups rows (row

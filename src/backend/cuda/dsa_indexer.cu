@@ -5,15 +5,15 @@
  * selection for osp_cuda_sparse_attention_decode. The reference is src/sparse/dsa_indexer.c
  * (osp_dsa_select); contracts in cuda_ops.h (osp_cuda_dsa_score / _topk / _table).
  *
- * Three kernels, each launched by its own function so a benchmark times them apart:
- *   dsa_score_kernel  a CTA per (token, run of 128-key tiles): the tile's E4M3 codes (16-byte loads
- *                     through the block table, the next tile's loads in flight while this one is
- *                     multiplied) widened exactly to f16 in shared memory, q_I (bf16, exact in f16 in
- *                     f16's range) in shared memory, dots by mma.sync m16n8k16 (fp32 accumulation: keys
- *                     x index heads), then per key sum_j w_j ReLU(dot_j) over the thread's heads and the
- *                     quad (a fixed order), times the key's scale. The scores go to d_scores; a 4,096-bin
- *                     histogram of the top 12 bits of each score's order-preserving key (shared memory,
- *                     flushed by atomics) goes to d_hist for the top-k.
+ * The kernels, each stage launched by its own function so a benchmark times them apart:
+ *   dsa_score_wg_kernel  a CTA (one warpgroup) per (token, run of 64-key tiles): wgmma.m64n64k16 with the
+ *                     tile's keys as A, their E4M3 codes loaded straight into registers and widened
+ *                     exactly to f16 there, and q_I (bf16, exact in f16 in f16's range; heads beyond
+ *                     n_heads zero) as B in swizzled shared memory; then per key sum_j w_j ReLU(dot_j)
+ *                     over the lane's heads and the quad (a fixed order), times the key's scale (the
+ *                     comment above the kernel has the dimension map that makes this work). The scores go
+ *                     to d_scores; a 4,096-bin histogram of the top 12 bits of each score's
+ *                     order-preserving key (shared memory, flushed by atomics) goes to d_hist for the top-k.
  *   dsa_topk_kernel   a CTA per token (1,024 threads): the bin of the k-th largest key from the histogram,
  *                     the keys of that bin gathered into shared memory (one pass over the scores), the low
  *                     20 bits by a radix select over them (3 passes in shared memory; a bin too big for
@@ -58,8 +58,6 @@ namespace {
 
 using namespace osp_attn;
 
-constexpr int kScoreThreads = 128; /* 4 warps, 32 keys each */
-constexpr int kTileKeys = 128;
 constexpr int kBins = 4096;        /* top 12 bits of the order key */
 constexpr int kTopkThreads = 1024;
 constexpr int kCand = 12288;       /* keys of the k-th's bin held in shared memory (48 KB) */
@@ -84,147 +82,7 @@ struct ScoreParams {
     int n_heads;             /* dsa_score_wg_kernel: index heads (<= 64; the rest of its 64 columns are zero) */
 };
 
-template <int DI, int NT>
-__global__ void __launch_bounds__(kScoreThreads) dsa_score_kernel(const ScoreParams p) {
-    osp_pdl_begin();
-    constexpr int H = 8 * NT;
-    constexpr int RS = DI + 8;                 /* shared row stride, halves (ldmatrix rows on distinct banks) */
-    constexpr int PARTS = DI / 16;             /* 16-byte pieces of a key's codes */
-    constexpr int LOADS = kTileKeys * PARTS / kScoreThreads;
-    constexpr int KT = DI / 16;                /* k-steps */
-    extern __shared__ uint4 ds_smem[];
-    uint16_t *sQ = reinterpret_cast<uint16_t *>(ds_smem); /* [H][RS] f16 */
-    uint16_t *sK = sQ + H * RS;                            /* [kTileKeys][RS] f16 */
-    float *sW = reinterpret_cast<float *>(sK + kTileKeys * RS); /* [H] */
-    float *sScale = sW + H;                                     /* [kTileKeys] */
-    uint32_t *sHist = reinterpret_cast<uint32_t *>(sScale + kTileKeys); /* [kBins] */
-
-    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, c4 = lane & 3;
-    const int t = (int)blockIdx.y;
-    const int n = min(p.positions[t] + 1, p.max_ctx); /* keys [0, n) */
-    const int tile_lo = (int)blockIdx.x * p.tiles_per_cta;
-    const int tile_hi = min(tile_lo + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
-    if (tile_lo >= tile_hi) return; /* uniform */
-    const int s = p.token_seq[t];
-    const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
-
-    for (int i = tid; i < kBins; i += kScoreThreads) sHist[i] = 0u;
-    { /* q_I: 16-byte loads, all in flight, then bf16 -> f16 (exact inside f16's range) */
-        constexpr int QL = H * DI / 8 / kScoreThreads; /* uint4 (8 bf16) a thread: 8 at 64 x 128 */
-        const uint4 *qsrc = reinterpret_cast<const uint4 *>(p.q + (int64_t)t * H * DI);
-        uint4 qv[QL];
-#pragma unroll
-        for (int u = 0; u < QL; u++) qv[u] = qsrc[tid + u * kScoreThreads];
-#pragma unroll
-        for (int u = 0; u < QL; u++) {
-            const int i = tid + u * kScoreThreads, h = i / (DI / 8), d8 = i % (DI / 8);
-            const uint32_t in[4] = {qv[u].x, qv[u].y, qv[u].z, qv[u].w};
-            uint32_t o4[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float lo = __uint_as_float(in[e] << 16), hi = __uint_as_float(in[e] & 0xffff0000u);
-                o4[e] = pack_f16x2(clamp_f16_range(lo), clamp_f16_range(hi));
-            }
-            *reinterpret_cast<uint4 *>(sQ + h * RS + 8 * d8) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
-        }
-    }
-    for (int i = tid; i < H; i += kScoreThreads) sW[i] = p.w[(int64_t)t * H + i];
-
-    uint4 raw[LOADS];
-    float rscale = 0.0f;
-    auto load = [&](int tile) { /* this thread's pieces of the tile, into registers */
-#pragma unroll
-        for (int u = 0; u < LOADS; u++) {
-            const int c = tid + u * kScoreThreads, kk = c / PARTS, part = c % PARTS;
-            const int pos = tile * kTileKeys + kk;
-            raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (pos < n) {
-                const int64_t row = (int64_t)bt[pos / p.block_size] * p.block_size + pos % p.block_size;
-                raw[u] = __ldg(reinterpret_cast<const uint4 *>(p.codes + row * DI) + part);
-            }
-        }
-        const int pos = tile * kTileKeys + tid; /* thread tid: the scale of key tid */
-        rscale = 0.0f;
-        if (pos < n) rscale = __ldg(p.scales + (int64_t)bt[pos / p.block_size] * p.block_size + pos % p.block_size);
-    };
-    load(tile_lo);
-
-    const uint32_t a_lane = (uint32_t)(((32 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * RS + (lane >> 4) * 8) * 2);
-    const uint32_t b_lane = (uint32_t)((((lane & 7)) * RS + (lane >> 3) * 8) * 2);
-    const uint32_t sK_u = smem_u32(sK), sQ_u = smem_u32(sQ);
-    float *out = p.scores + (int64_t)t * p.max_ctx;
-
-    for (int tile = tile_lo; tile < tile_hi; tile++) {
-        /* widen the registers' codes into sK (the previous tile's readers are past the loop's barrier) */
-#pragma unroll
-        for (int u = 0; u < LOADS; u++) {
-            const int c = tid + u * kScoreThreads, kk = c / PARTS, part = c % PARTS;
-            uint4 lo4, hi4;
-            lo4.x = e4m3x2_to_f16x2(raw[u].x), lo4.y = e4m3x2_to_f16x2(raw[u].x >> 16);
-            lo4.z = e4m3x2_to_f16x2(raw[u].y), lo4.w = e4m3x2_to_f16x2(raw[u].y >> 16);
-            hi4.x = e4m3x2_to_f16x2(raw[u].z), hi4.y = e4m3x2_to_f16x2(raw[u].z >> 16);
-            hi4.z = e4m3x2_to_f16x2(raw[u].w), hi4.w = e4m3x2_to_f16x2(raw[u].w >> 16);
-            uint4 *dst = reinterpret_cast<uint4 *>(sK + kk * RS + part * 16);
-            dst[0] = lo4, dst[1] = hi4;
-        }
-        sScale[tid] = rscale;
-        __syncthreads();
-        if (tile + 1 < tile_hi) load(tile + 1); /* in flight during the products */
-
-        float acc[2][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-#pragma unroll
-        for (int k2 = 0; k2 < KT / 2; k2++) {
-            uint32_t a[2][2][4]; /* [mt][kk of the pair] */
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int kq = 0; kq < 2; kq++)
-                    ldsm_x4(sK_u + a_lane + (uint32_t)((16 * mt * RS + 16 * (2 * k2 + kq)) * 2), a[mt][kq][0],
-                            a[mt][kq][1], a[mt][kq][2], a[mt][kq][3]);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[4]; /* b0, b1 of k-step 2 k2, then of 2 k2 + 1 */
-                ldsm_x4(sQ_u + b_lane + (uint32_t)((8 * nt * RS + 32 * k2) * 2), b[0], b[1], b[2], b[3]);
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
-                    mma16816(acc[mt][nt], a[mt][0], b[0], b[1]);
-                    mma16816(acc[mt][nt], a[mt][1], b[2], b[3]);
-                }
-            }
-        }
-        /* per key: sum over this thread's heads (ascending), then the quad; times the key's scale */
-#pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float part = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int ci = 0; ci < 2; ci++) {
-                        const float d = acc[mt][nt][2 * hf + ci];
-                        part = __fmaf_rn(sW[8 * nt + 2 * c4 + ci], d > 0.0f ? d : 0.0f, part);
-                    }
-                part = quad_sum(part);
-                const int kk = 32 * warp + 16 * mt + 8 * hf + g, pos = tile * kTileKeys + kk;
-                if (c4 == 2 * mt + hf && pos < n) {
-                    const float sc = __fmul_rn(part, sScale[kk]);
-                    out[pos] = sc;
-                    atomicAdd(&sHist[order_key(sc) >> 20], 1u);
-                }
-            }
-        __syncthreads(); /* sK and sScale are refilled next */
-    }
-    uint32_t *gh = p.hist + (int64_t)t * kBins;
-    for (int i = tid; i < kBins; i += kScoreThreads)
-        if (sHist[i]) atomicAdd(gh + i, sHist[i]);
-}
-
-/* ---- the default scoring kernel: wgmma, keys straight from global memory into A registers ----
+/* ---- the scoring kernel: wgmma, keys straight from global memory into A registers ----
  * A CTA is one warpgroup; per 64-key tile, warp w holds keys 16 w .. 16 w + 15 as the A operand of
  * wgmma.m64n64k16 (mma.m16n8k16's A fragment: lane (g, c4) rows g and g + 8) and q_I (the 64 index heads,
  * zero beyond n_heads) is B, K-major in 128-byte-swizzled shared memory, read by descriptor. The dot
@@ -236,7 +94,8 @@ __global__ void __launch_bounds__(kScoreThreads) dsa_score_kernel(const ScorePar
  * (exact), and the next tile's loads are in flight during this one's products and sums. No shared memory
  * for the keys and no barrier in the loop. Per key: sum over the lane's 16 heads (ascending) of
  * w_j ReLU(dot_j), then the quad, times the key's scale: the same instructions for every key whatever its
- * tile, CTA or batch. The scores differ from dsa_score_kernel's in rounding (another product order). */
+ * tile, CTA or batch. (An mma.sync kernel with the keys widened into shared memory came first: 131 vs 69 us
+ * at batch 8, 128k, H100; bench/sparse/NOTES.md.) */
 constexpr int kWgKeys = 64;
 
 template <int DI>
@@ -1130,18 +989,6 @@ __global__ void __launch_bounds__(kTableThreads) dsa_table_kernel(const TablePar
     }
 }
 
-template <int DI, int NT> int score_smem() {
-    return (8 * NT * (DI + 8) + kTileKeys * (DI + 8)) * 2 + (8 * NT + kTileKeys) * 4 + kBins * 4;
-}
-
-template <int DI, int NT> osp_status launch_score(const ScoreParams &prm, dim3 grid, cudaStream_t st) {
-    const int smem = score_smem<DI, NT>();
-    OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_score_kernel<DI, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    osp_launch(dsa_score_kernel<DI, NT>, grid, kScoreThreads, (size_t)smem, st, prm);
-    OSP_CUDA_LAUNCH_CHECK("dsa_score_kernel");
-    return OSP_OK;
-}
-
 template <int DI> osp_status launch_score_wg(const ScoreParams &prm, dim3 grid, cudaStream_t st) {
     const int smem = (DI / 64) * 8192 + kBins * 4 + 1024; /* + 1 KiB: the swizzled q_I 1024-byte aligned */
     OSP_CUDA_TRY(cudaFuncSetAttribute(dsa_score_wg_kernel<DI>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -1185,31 +1032,14 @@ extern "C" osp_status osp_cuda_dsa_score(const uint16_t *d_q, const float *d_w, 
             sms = v;
         else sms = 132;
     }
-    const char *sv = getenv("OSPREY_DSA_SCORE"); /* "mma": the mma.sync kernel (keys through shared memory) */
-    if (!(sv && !strcmp(sv, "mma"))) {
-        /* tiles a CTA: one wave of the CTAs an SM holds over the launch (a CTA's fixed cost, q_I and the
-         * histogram, is paid once per run of tiles; no bit depends on it) */
-        const int64_t tiles = (max_ctx + kWgKeys - 1) / kWgKeys, slots = 4 * (int64_t)sms;
-        int64_t tpc = (tiles * T + slots - 1) / slots;
-        tpc = tpc < 2 ? 2 : tpc > 128 ? 128 : tpc;
-        prm.tiles_per_cta = (int)tpc;
-        const dim3 grid((unsigned)((tiles + tpc - 1) / tpc), (unsigned)T);
-        return head_dim == 128 ? launch_score_wg<128>(prm, grid, st) : launch_score_wg<64>(prm, grid, st);
-    }
-    /* tiles a CTA: one wave of 2 CTAs an SM over the launch */
-    const int64_t tiles = (max_ctx + kTileKeys - 1) / kTileKeys, slots = 2 * (int64_t)sms;
+    /* tiles a CTA: one wave of the CTAs an SM holds over the launch (a CTA's fixed cost, q_I and the
+     * histogram, is paid once per run of tiles; no bit depends on it) */
+    const int64_t tiles = (max_ctx + kWgKeys - 1) / kWgKeys, slots = 4 * (int64_t)sms;
     int64_t tpc = (tiles * T + slots - 1) / slots;
-    tpc = tpc < 1 ? 1 : tpc > 64 ? 64 : tpc;
+    tpc = tpc < 2 ? 2 : tpc > 128 ? 128 : tpc;
     prm.tiles_per_cta = (int)tpc;
     const dim3 grid((unsigned)((tiles + tpc - 1) / tpc), (unsigned)T);
-    if (head_dim == 128) {
-        if (n_heads == 64) return launch_score<128, 8>(prm, grid, st);
-        if (n_heads == 32) return launch_score<128, 4>(prm, grid, st);
-        return launch_score<128, 2>(prm, grid, st);
-    }
-    if (n_heads == 64) return launch_score<64, 8>(prm, grid, st);
-    if (n_heads == 32) return launch_score<64, 4>(prm, grid, st);
-    return launch_score<64, 2>(prm, grid, st);
+    return head_dim == 128 ? launch_score_wg<128>(prm, grid, st) : launch_score_wg<64>(prm, grid, st);
 }
 
 extern "C" osp_status osp_cuda_dsa_topk(const float *d_scores, const uint32_t *d_hist, const int32_t *d_positions,
