@@ -922,6 +922,75 @@ static void test_engine_dir_removed(void **state) {
     rm_tree(dir);
 }
 
+typedef struct start_lines {
+    int n_foreign, n_trimmed;
+    char foreign[1200], trimmed[1200];
+} start_lines;
+static void capture_start(void *ctx, const char *line) {
+    start_lines *l = ctx;
+    if (strstr(line, "another prefix-cache hash seed")) l->n_foreign++, snprintf(l->foreign, sizeof l->foreign, "%s", line);
+    if (strstr(line, "to fit --kv-offload-disk-size")) l->n_trimmed++, snprintf(l->trimmed, sizeof l->trimmed, "%s", line);
+}
+
+/* Restarts on one directory, through the engine: under another --prefix-caching-hash-seed the earlier
+ * blocks are removed with one line (nothing found, the prompt recomputed with the same tokens); a smaller
+ * --kv-offload-disk-size removes the oldest blocks with one line naming the count; a second engine on the
+ * directory while one runs is refused (OSP_ERR_IO, the message naming the directory and the flag). */
+static void test_engine_restarts(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    job j[4], k[4];
+    scenario(j);
+    scenario(k);
+    osp_engine_params p = base(dir);
+    osp_engine *e, *e2 = (osp_engine *)1;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, j, 3); /* A's blocks go to disk */
+    const int64_t on_disk = osp_engine_get_stats(e).offload_disk_blocks;
+    const size_t block_bytes = osp_kv_cache_block_bytes((osp_kv_cache *)osp_engine_kv_cache(e));
+    assert_true(on_disk >= 4);
+    /* a second engine on the same directory: refused, the first one's blocks untouched */
+    osp_engine_params p2 = p;
+    p2.hash_seed = 12;
+    assert_int_equal(osp_engine_create(&p2, &e2), OSP_ERR_IO);
+    assert_null(e2);
+    assert_non_null(strstr(osp_last_error(), dir));
+    assert_non_null(strstr(osp_last_error(), "--kv-offload-disk"));
+    osp_engine_free(e);
+    /* another seed: the blocks are removed, one line says so */
+    start_lines log = {0};
+    p2.log = capture_start;
+    p2.log_ctx = &log;
+    assert_int_equal(osp_engine_create(&p2, &e), OSP_OK);
+    osp_engine_stats st = osp_engine_get_stats(e);
+    assert_int_equal(st.offload_disk_blocks, 0);
+    assert_int_equal(log.n_foreign, 1);
+    char want[64];
+    snprintf(want, sizeof want, "removed %lld blocks", (long long)on_disk);
+    assert_non_null(strstr(log.foreign, want));
+    char log_foreign[1200];
+    snprintf(log_foreign, sizeof log_foreign, "%s", log.foreign);
+    run_seq(e, &k[3], 1); /* A: nothing of it on disk now */
+    run_seq(e, k, 3);     /* B and C push A's blocks (this seed's) to disk */
+    osp_engine_free(e);
+    assert_int_equal(k[3].cached, 0);
+    assert_memory_equal(k[3].out, j[0].out, sizeof j[0].out);
+    /* the same seed again with room for 2 blocks: the oldest removed, one line with the count */
+    memset(&log, 0, sizeof log);
+    p2.kv_offload_disk_bytes = 2 * ((int64_t)block_bytes + 72);
+    assert_int_equal(osp_engine_create(&p2, &e), OSP_OK);
+    st = osp_engine_get_stats(e);
+    osp_engine_free(e);
+    assert_int_equal(st.offload_disk_blocks, 2);
+    assert_int_equal(log.n_foreign, 0);
+    assert_int_equal(log.n_trimmed, 1);
+    assert_non_null(strstr(log.trimmed, "oldest"));
+    assert_non_null(strstr(log.trimmed, "2 most recent are kept"));
+    printf("%s\n%s\n", log_foreign, log.trimmed);
+    rm_tree(dir);
+}
+
 /* A request whose blocks load from disk in the background waits for them (nothing of it is scheduled
  * in the step that started the load); aborted then, the load is cancelled and every block comes back
  * (invariants checked each step, pending loads' blocks included); an engine freed with a load in flight
@@ -1060,6 +1129,7 @@ int main(void) {
     const struct CMUnitTest engine[] = {
         cmocka_unit_test(test_engine_offload),
         cmocka_unit_test(test_engine_dir_removed),
+        cmocka_unit_test(test_engine_restarts),
         cmocka_unit_test(test_engine_offload_batch),
         cmocka_unit_test(test_engine_abort_while_loading),
         cmocka_unit_test(test_engine_refusals),
