@@ -4,12 +4,16 @@
  * its least recently used block to disk, a full disk tier drops its oldest; a flipped byte, a truncated
  * file or a foreign header is detected (a miss, the file deleted, counted), never returned; a second store
  * with the same fingerprint finds the first one's files (oldest first, over-capacity ones deleted), one
- * with another fingerprint does not; leftover temporary files are removed; bad configurations are refused.
+ * with another fingerprint does not; leftover temporary files are removed; bad configurations are refused;
+ * a store of another hash identity (seed) removes the directory's blocks, a smaller size removes the oldest
+ * (both counted), a second store on a locked directory is refused, and a full disk (ENOSPC from a fault
+ * hook, a fake clock) frees the tier's oldest blocks, retries once, then pauses writes while loads go on.
  *
  * The engine (tiny f32 model, CPU): a prompt whose blocks the pool evicted is served from the tier on its
  * second run -- its cached-token count says so, and its tokens equal those of the first run and of a run
  * without offload; with every disk file corrupted the blocks are recomputed (same tokens, corrupt blocks
- * counted); a new engine on the same directory serves the prompt from the earlier engine's files; mixed
+ * counted); a new engine on the same directory serves the prompt from the earlier engine's files (another
+ * seed's engine removes them with one line; a second engine on it is refused); mixed
  * batches under preemption give the same tokens with offload on and off. */
 #include <setjmp.h>
 #include <stdarg.h>
