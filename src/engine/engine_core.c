@@ -349,7 +349,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                           .device = (int)p.device, .exact = p.exact,
                                           .cpu_activations = (int)p.cpu_activations,
                                           .gpu_quant_weights = p.gpu_quant_weights, .hash_algo = p.hash_algo,
-                                          .hash_seed = sc.hasher.seed};
+                                          .hash_seed = sc.hasher.seed, .hash_seed_set = p.hash_seed_set};
         if ((s = osp_offload_create(&oc, &oid, e->runner->kv, e->sched, &e->offload)) != OSP_OK) goto fail;
         const osp_offload_stats os = osp_offload_get_stats(e->offload); /* blocks found on disk, before any step */
         e->stats.offload_host_blocks = os.store.blocks[OSP_KV_TIER_HOST];

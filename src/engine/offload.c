@@ -101,6 +101,7 @@ struct osp_offload {
     void *log_ctx;
     int64_t logged_io, logged_corrupt, logged_missing; /* counts already reported */
     int64_t logged_dir_lost;           /* the disk directory's losses already reported (each: one line) */
+    int64_t logged_full, logged_freed; /* full-disk pauses (each: one line) and blocks freed, already reported */
     double logged_at;                  /* when (0: never) */
     size_t staging_bytes, staging_cap; /* buffers of the batches in the list (step thread) */
     osp_status err;
@@ -660,6 +661,11 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     tiers.listener = o->sink ? on_tier_change : NULL;
     tiers.listener_ctx = o;
     osp_status s = OSP_OK;
+    /* the disk tier's directory is the model's and page format's (the fingerprint: LMCache keys its disk
+       by model and format too); its blocks are one hash identity's (another seed's are removed) */
+    char hid[64];
+    snprintf(hid, sizeof hid, "hash=%d/%016llx", (int)id->hash_algo, (unsigned long long)id->hash_seed);
+    tiers.hash_id = XXH3_64bits(hid, strlen(hid));
     if (tiers_on) s = osp_kv_offload_create(&tiers, o->block_bytes, identity_hash(id, kv, false), &o->store);
     if (s == OSP_OK && !(o->buf = malloc(o->block_bytes))) s = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
     o->stage_blocks = (int32_t)(STAGE_BYTES / o->block_bytes);
@@ -748,6 +754,32 @@ osp_status osp_offload_create(const osp_offload_config *cfg, const osp_offload_i
     if (o->log && o->store) {
         const osp_kv_offload_stats st = osp_kv_offload_get_stats(o->store);
         char line[1200];
+        const char *sub = osp_kv_offload_disk_path(o->store);
+        if (st.foreign_removed > 0) {
+            snprintf(line, sizeof line,
+                     "kv offload: removed %lld blocks (%.1f MiB) from %s: %s, so no block hash of this run could ever "
+                     "match them%s", (long long)st.foreign_removed, (double)st.foreign_bytes / 1048576.0, sub,
+                     st.foreign_unknown ? "written by an older osprey that did not record its prefix-cache hash seed"
+                                        : "written under another prefix-cache hash seed or algorithm "
+                                          "(--prefix-caching-hash-seed, --prefix-caching-hash-algo)",
+                     id->hash_seed_set ? "" : " (without --prefix-caching-hash-seed each start hashes with a seed of "
+                                              "its own: give one to keep disk blocks across restarts)");
+            o->log(o->log_ctx, line);
+        }
+        if (st.trimmed > 0) {
+            snprintf(line, sizeof line,
+                     "kv offload: removed the %lld oldest blocks (%.1f MiB) of an earlier run from %s to fit "
+                     "--kv-offload-disk-size (%.3f GiB: %lld blocks); the %lld most recent are kept",
+                     (long long)st.trimmed, (double)st.trimmed_bytes / 1048576.0, sub,
+                     (double)cfg->tiers.disk_bytes / 1073741824.0, (long long)st.capacity[OSP_KV_TIER_DISK],
+                     (long long)st.found_at_start);
+            o->log(o->log_ctx, line);
+        }
+        if (st.unlocked) {
+            snprintf(line, sizeof line, "kv offload: WARNING: the file system of %s has no flock, so the directory is "
+                     "not locked: make sure no other server uses it", sub);
+            o->log(o->log_ctx, line);
+        }
         if (st.found_at_start > 0) {
             snprintf(line, sizeof line, "kv offload: %lld blocks of an earlier run found in %s", (long long)st.found_at_start,
                      osp_kv_offload_disk_path(o->store));
@@ -922,15 +954,28 @@ void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds) {
         /* the writes that failed with it are explained by this line; later ones get the warning below */
         o->logged_dir_lost = st.dir_lost, o->logged_missing = st.missing, o->logged_io = st.io_errors;
     }
-    if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt && st.missing == o->logged_missing) return;
+    if (st.disk_full != o->logged_full) { /* writes paused by a full disk: one line a pause, at once */
+        snprintf(line, sizeof line,
+                 "kv offload: the disk under %s is full (%s) even after removing %lld of the tier's oldest blocks: "
+                 "no disk writes for %.0f s (its blocks are still loaded; blocks not saved meanwhile are dropped, "
+                 "counted in osprey:kv_offload_write_errors_total, and recomputed when needed)", dir,
+                 osp_kv_offload_full_error(o->store) ? osp_kv_offload_full_error(o->store) : "?",
+                 (long long)(st.full_freed - o->logged_freed), st.full_pause_s);
+        o->log(o->log_ctx, line);
+        o->logged_full = st.disk_full, o->logged_freed = st.full_freed, o->logged_io = st.io_errors;
+    }
+    if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt && st.missing == o->logged_missing &&
+        st.full_freed == o->logged_freed)
+        return;
     const double now = now_s();
     if (o->logged_at > 0 && now - o->logged_at < 60.0) return; /* at most one warning a minute */
     snprintf(line, sizeof line,
              "kv offload: %lld disk writes failed (blocks dropped), %lld disk blocks failed their checks and %lld were "
-             "missing (both recomputed) so far, in %s", (long long)st.io_errors, (long long)st.corrupt,
-             (long long)st.missing, dir);
+             "missing (both recomputed), %lld removed to make room on a full disk so far, in %s",
+             (long long)st.io_errors, (long long)st.corrupt, (long long)st.missing, (long long)st.full_freed, dir);
     o->log(o->log_ctx, line);
     o->logged_io = st.io_errors, o->logged_corrupt = st.corrupt, o->logged_missing = st.missing, o->logged_at = now;
+    o->logged_freed = st.full_freed;
 }
 
 osp_status osp_offload_status(const osp_offload *o) { return o->err; }

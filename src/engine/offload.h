@@ -32,7 +32,9 @@ typedef struct osp_offload_identity {
     bool exact, gpu_quant_weights;
     int cpu_activations;        /* osp_cpu_activations: one-level activations compute other KV values */
     osp_prefix_hash_algo hash_algo; /* the block hashes' algorithm and seed (a transfer's engine id: a */
-    uint64_t hash_seed;             /* consumer with another seed finds no block, so it is refused early) */
+    uint64_t hash_seed;             /* consumer with another seed finds no block, so it is refused early; */
+    bool hash_seed_set;             /* the disk tier's hash identity: a directory's blocks of another are
+                                       removed at start); false: the seed is this process's own */
 } osp_offload_identity;
 
 /* How the store is used: the tiers, and whether the cost model decides (false: every held block is
@@ -54,7 +56,10 @@ typedef struct osp_offload_config {
     void (*log)(void *ctx, const char *line); /* warnings (failed disk writes, corrupt or missing blocks: at
                                       most one a minute, with counts; the disk directory found removed or
                                       replaced: one line each time, saying whether it was made again or the
-                                      tier is off), on the step thread; NULL: none */
+                                      tier is off; a full disk that paused disk writes: one line each pause),
+                                      on the step thread; at creation, one line each for the blocks of another
+                                      hash identity and those over a smaller size removed from the directory;
+                                      NULL: none */
     void *log_ctx;
 } osp_offload_config;
 

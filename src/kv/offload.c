@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -21,6 +23,11 @@
 
 #define HDR_BYTES 72
 #define FORMAT_VERSION 1u
+#define FULL_FREE_BLOCKS 4      /* a full disk: the tier's oldest blocks removed (the write plus a margin) */
+#define FULL_PAUSE_FIRST_S 10.0 /* then, still full: disk writes pause this long, */
+#define FULL_PAUSE_MAX_S 300.0  /* doubling while it stays full, up to this */
+#define IDENTITY_FILE "identity"
+#define LOCK_FILE "lock"
 static const char MAGIC[8] = {'O', 'S', 'P', 'K', 'V', 'B', 'K', '1'};
 
 typedef struct entry {
@@ -48,7 +55,15 @@ struct osp_kv_offload {
     char *dir;             /* disk tier directory, or NULL */
     dev_t dir_dev;         /* its identity when the index was last true to it (made, found, or made again) */
     ino_t dir_ino;
-    char disk_error[256];  /* why the disk tier was turned off, or empty */
+    char disk_error[640];  /* why the disk tier was turned off, or empty */
+    int lock_fd;           /* the directory's lock file, flock'ed (-1: none) */
+    uint64_t hash_id;      /* the block hashes' identity (cfg.hash_id), recorded in the directory */
+    double full_until;     /* disk writes paused until then (a full disk; clock_s), 0: not paused */
+    double full_pause;     /* the current pause's length (doubles while the disk stays full; 0 after a write) */
+    char full_error[128];  /* strerror of the write that paused them last, or empty */
+    int (*write_fault)(void *ctx); /* tests: cfg.test_* */
+    double (*clock)(void *ctx);
+    void *test_ctx;
     uint64_t n_writes;     /* temporary file names */
     osp_kv_offload_listener listener;
     void *listener_ctx;
@@ -151,11 +166,13 @@ static void file_path(const osp_kv_offload *o, const osp_block_hash *h, const ch
              h->ext[1], suffix);
 }
 
+/* false with errno set (a write of 0 bytes: ENOSPC, as the file system would say next) */
 static bool write_all(int fd, const void *p, size_t n) {
     const uint8_t *b = p;
     while (n > 0) {
         const ssize_t w = write(fd, b, n);
         if (w < 0 && errno == EINTR) continue;
+        if (w == 0) errno = ENOSPC;
         if (w <= 0) return false;
         b += w, n -= (size_t)w;
     }
@@ -195,6 +212,8 @@ static bool header_ok(const osp_kv_offload *o, const osp_block_hash *h, const ui
 }
 
 static osp_status mkdir_p(const char *path);
+static osp_status dir_lock(osp_kv_offload *o);
+static osp_status dir_identity(osp_kv_offload *o);
 static void entry_forget_disk_all(osp_kv_offload *o);
 
 /* Whether the disk tier's directory is still the one the index describes (the same device and inode):
@@ -213,20 +232,26 @@ static bool disk_dir_lost(osp_kv_offload *o) {
     o->stats.dir_lost++;
     entry_forget_disk_all(o);
     struct stat sb;
-    if (mkdir_p(o->dir) == OSP_OK && stat(o->dir, &sb) == 0) { /* mkdir_p checked it is a directory */
-        o->dir_dev = sb.st_dev, o->dir_ino = sb.st_ino;
+    if (o->lock_fd >= 0) close(o->lock_fd); /* the lock file went with the directory */
+    o->lock_fd = -1;
+    /* made again, locked again (another store may have taken the new directory meanwhile), identity recorded */
+    if (mkdir_p(o->dir) == OSP_OK && stat(o->dir, &sb) == 0 && dir_lock(o) == OSP_OK && dir_identity(o) == OSP_OK) {
+        o->dir_dev = sb.st_dev, o->dir_ino = sb.st_ino; /* mkdir_p checked it is a directory */
         return true;
     }
-    snprintf(o->disk_error, sizeof o->disk_error, "%s", osp_last_error()); /* mkdir_p's: which path, why */
+    snprintf(o->disk_error, sizeof o->disk_error, "%s", osp_last_error()); /* which path, why */
     o->tier[OSP_KV_TIER_DISK].cap = 0;
     o->stats.capacity[OSP_KV_TIER_DISK] = 0;
     o->stats.disk_off = true;
     return false;
 }
 
-static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
+/* Writes h's file: 0, or the errno of what failed (EIO when the directory is gone for good). */
+static int disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
     /* the directory gone (or another one in its place): the index's disk blocks are phantoms */
-    if (!dir_same(o) && !disk_dir_lost(o)) return false;
+    if (!dir_same(o) && !disk_dir_lost(o)) return EIO;
+    const int fault = o->write_fault ? o->write_fault(o->test_ctx) : 0;
+    if (fault != 0) return fault;
     char tmp[PATH_MAX], path[PATH_MAX], suffix[64];
     /* a name of this process's own: replicas sharing the directory never write one file together */
     snprintf(suffix, sizeof suffix, ".kv.%ld-%llu.tmp", (long)getpid(), (unsigned long long)++o->n_writes);
@@ -235,12 +260,13 @@ static bool disk_write(osp_kv_offload *o, const osp_block_hash *h, const void *b
     uint8_t hdr[HDR_BYTES];
     header_make(o, h, bytes, hdr);
     const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return false;
-    bool ok = write_all(fd, hdr, sizeof hdr) && write_all(fd, bytes, o->block_bytes);
-    ok = close(fd) == 0 && ok;
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) unlink(tmp);
-    return ok;
+    if (fd < 0) return errno ? errno : EIO;
+    int err = 0;
+    if (!write_all(fd, hdr, sizeof hdr) || !write_all(fd, bytes, o->block_bytes)) err = errno ? errno : EIO;
+    if (close(fd) != 0 && err == 0) err = errno ? errno : EIO; /* NFS reports a full disk at close */
+    if (err == 0 && rename(tmp, path) != 0) err = errno ? errno : EIO;
+    if (err != 0) unlink(tmp);
+    return err;
 }
 
 static void disk_unlink(const osp_kv_offload *o, const osp_block_hash *h) {
@@ -270,11 +296,54 @@ osp_kv_read_result osp_kv_offload_read(const osp_kv_offload *o, const osp_block_
  * from the last tier). */
 static void make_room(osp_kv_offload *o, int t);
 
+static double clock_s(const osp_kv_offload *o) {
+    if (o->clock) return o->clock(o->test_ctx);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Writes h's file to disk (true), unless writes are paused. A full file system (ENOSPC, EDQUOT) first
+ * costs the tier its FULL_FREE_BLOCKS oldest blocks (room for this one and a few more: a disk shared with
+ * other files shrinks the tier to what fits) and one retry; failing again, writes pause for full_pause
+ * seconds (doubling while it stays full), so the saves in between cost no I/O. The blocks already on
+ * disk are still read meanwhile. */
+static bool disk_paused(osp_kv_offload *o) {
+    if (o->full_until > 0 && clock_s(o) < o->full_until) return true;
+    o->full_until = 0;
+    return false;
+}
+
+static bool disk_store(osp_kv_offload *o, const osp_block_hash *h, const void *bytes) {
+    int err = disk_write(o, h, bytes);
+    if (err != ENOSPC && err != EDQUOT) {
+        if (err == 0) o->full_pause = 0; /* room again: the next full disk pauses for the first length */
+        return err == 0;
+    }
+    int freed = 0;
+    for (; freed < FULL_FREE_BLOCKS && o->tier[OSP_KV_TIER_DISK].head >= 0; freed++) make_room(o, OSP_KV_TIER_DISK);
+    o->stats.full_freed += freed;
+    if (freed > 0 && (err = disk_write(o, h, bytes)) == 0) {
+        o->full_pause = 0;
+        return true;
+    }
+    if (err != ENOSPC && err != EDQUOT) return false; /* another failure on the retry: a plain write error */
+    o->full_pause = o->full_pause > 0 ? 2 * o->full_pause : FULL_PAUSE_FIRST_S;
+    if (o->full_pause > FULL_PAUSE_MAX_S) o->full_pause = FULL_PAUSE_MAX_S;
+    o->full_until = clock_s(o) + o->full_pause;
+    o->stats.disk_full++;
+    o->stats.full_pause_s = o->full_pause;
+    snprintf(o->full_error, sizeof o->full_error, "%s", strerror(err));
+    return false;
+}
+
 /* Puts (h, bytes) into tier t as its most recently used block, entry id given or -1 for a new one;
  * false (entry dropped) when the block could not be stored. */
 static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_hash *h, const void *bytes) {
     if (o->tier[t].cap == 0) return false;
-    if (o->tier[t].n >= o->tier[t].cap) make_room(o, t);
+    const bool paused = t == OSP_KV_TIER_DISK && disk_paused(o); /* a full disk: nothing written, nothing evicted */
+    if (paused) o->stats.full_skipped++;
+    if (!paused && o->tier[t].n >= o->tier[t].cap) make_room(o, t);
     if (id < 0) {
         id = entry_new(o);
         if (id < 0) return false;
@@ -286,10 +355,10 @@ static bool tier_insert(osp_kv_offload *o, int t, int32_t id, const osp_block_ha
         uint8_t *dst = o->host + (size_t)slot * o->block_bytes;
         if (bytes != dst) memcpy(dst, bytes, o->block_bytes); /* written in place: osp_kv_offload_host_slots_next */
         o->e[id].slot = slot;
-    } else if (!disk_write(o, h, bytes)) {
+    } else if (paused || !disk_store(o, h, bytes)) {
         o->stats.io_errors++;
         const int64_t i = find(o, h);
-        if (i >= 0) table_delete_at(o, (uint32_t)i);
+        if (i >= 0 && o->index.slot[i] == id) table_delete_at(o, (uint32_t)i);
         o->e[id].tier = -1;
         o->e[id].next = o->free_e;
         o->free_e = id;
@@ -408,7 +477,11 @@ static osp_status disk_scan(osp_kv_offload *o) {
         const size_t skip = n > (size_t)o->tier[OSP_KV_TIER_DISK].cap ? n - (size_t)o->tier[OSP_KV_TIER_DISK].cap : 0;
         for (size_t i = 0; i < n && st == OSP_OK; i++) {
             if (i < skip || find(o, &f[i].h) >= 0) {
-                if (i < skip) disk_unlink(o, &f[i].h);
+                if (i < skip) { /* a smaller disk_bytes than the run that wrote them: the oldest go */
+                    disk_unlink(o, &f[i].h);
+                    o->stats.trimmed++;
+                    o->stats.trimmed_bytes += (int64_t)want;
+                }
                 continue;
             }
             const int32_t id = entry_new(o);
@@ -443,11 +516,99 @@ static void count_others(osp_kv_offload *o, const char *parent) {
             char fp[PATH_MAX + 256];
             struct stat sb;
             snprintf(fp, sizeof fp, "%s/%s", path, f->d_name);
-            if (lstat(fp, &sb) == 0 && S_ISREG(sb.st_mode)) o->stats.other_bytes += (int64_t)sb.st_size;
+            osp_block_hash h;
+            if (parse_name(f->d_name, &h) && lstat(fp, &sb) == 0 && S_ISREG(sb.st_mode))
+                o->stats.other_bytes += (int64_t)sb.st_size;
         }
         closedir(sub);
     }
     closedir(d);
+}
+
+/* Takes the directory's exclusive lock (flock on <dir>/lock, held until destroy: the kernel drops it when
+ * the process dies, so a crash leaves nothing to clean up) and writes this process's id in the file for
+ * the message of the next one. OSP_ERR_IO when another store holds it (the message names the directory,
+ * the flag and the holder) or the file cannot be opened. A file system without flock (some network file
+ * systems) is used unlocked (stats.unlocked). */
+static osp_status dir_lock(osp_kv_offload *o) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/" LOCK_FILE, o->dir);
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return osp_set_error(OSP_ERR_IO, "kv offload: cannot open the lock file %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) {
+            close(fd);
+            o->stats.unlocked = true;
+            return OSP_OK;
+        }
+        char holder[32] = {0};
+        const ssize_t r = pread(fd, holder, sizeof holder - 1, 0);
+        close(fd);
+        for (ssize_t i = 0; i < r; i++)
+            if (holder[i] < '0' || holder[i] > '9') holder[i] = '\0';
+        if (err != EWOULDBLOCK)
+            return osp_set_error(OSP_ERR_IO, "kv offload: cannot lock %s: %s", path, strerror(err));
+        return osp_set_error(OSP_ERR_IO,
+                             "kv offload: the disk tier's directory %s is in use by another osprey process%s%s%s "
+                             "(--kv-offload-disk): a directory serves one server at a time; give each server a "
+                             "directory of its own", o->dir, holder[0] ? " (pid " : "", holder, holder[0] ? ")" : "");
+    }
+    char pid[32];
+    const int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) { /* only the message's pid is lost */ }
+    o->lock_fd = fd;
+    return OSP_OK;
+}
+
+/* The directory's record of whose blocks it holds: the fingerprint (also the directory's name) and the
+ * hash identity. */
+static void identity_text(const osp_kv_offload *o, char *out, size_t n) {
+    snprintf(out, n, "osprey kv offload directory\nfingerprint %016" PRIx64 "\nhash %016" PRIx64 "\n", o->fp, o->hash_id);
+}
+
+/* Makes the directory this store's hash identity's: when its identity file names another one (or is
+ * missing: an older osprey's), every block file there is removed (stats.foreign_*: no hash of this store
+ * can match them); then the file records this store's (written to a temporary name and renamed).
+ * OSP_ERR_IO when the directory cannot be read or the file written. Call with the lock held. */
+static osp_status dir_identity(osp_kv_offload *o) {
+    char path[PATH_MAX], tmp[PATH_MAX], want[160], have[160] = {0};
+    snprintf(path, sizeof path, "%s/" IDENTITY_FILE, o->dir);
+    snprintf(tmp, sizeof tmp, "%s/" IDENTITY_FILE ".tmp", o->dir);
+    identity_text(o, want, sizeof want);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const bool known = fd >= 0;
+    if (fd >= 0) {
+        read_all(fd, have, sizeof have - 1);
+        close(fd);
+    }
+    if (known && !strcmp(have, want)) return OSP_OK;
+    DIR *d = opendir(o->dir);
+    if (!d) return osp_set_error(OSP_ERR_IO, "kv offload: cannot read %s: %s", o->dir, strerror(errno));
+    int64_t n = 0, bytes = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        osp_block_hash h;
+        char fp[PATH_MAX + 256];
+        struct stat sb;
+        snprintf(fp, sizeof fp, "%s/%s", o->dir, de->d_name);
+        if (!parse_name(de->d_name, &h) || lstat(fp, &sb) != 0 || !S_ISREG(sb.st_mode) || unlink(fp) != 0) continue;
+        n++;
+        bytes += (int64_t)sb.st_size;
+    }
+    closedir(d);
+    o->stats.foreign_removed += n;
+    o->stats.foreign_bytes += bytes;
+    if (n > 0 && !known) o->stats.foreign_unknown = true;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        if (!write_all(fd, want, strlen(want))) err = errno ? errno : EIO;
+        if (close(fd) != 0 && err == 0) err = errno ? errno : EIO;
+        if (err == 0 && rename(tmp, path) != 0) err = errno;
+        if (err != 0) unlink(tmp);
+    }
+    if (err != 0) return osp_set_error(OSP_ERR_IO, "kv offload: cannot write %s: %s", path, strerror(err));
+    return OSP_OK;
 }
 
 static osp_status mkdir_p(const char *path) {
@@ -493,6 +654,11 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
     o->fp = fingerprint;
     o->listener = cfg->listener;
     o->listener_ctx = cfg->listener_ctx;
+    o->hash_id = cfg->hash_id;
+    o->write_fault = cfg->test_write_fault;
+    o->clock = cfg->test_clock;
+    o->test_ctx = cfg->test_ctx;
+    o->lock_fd = -1;
     o->free_e = -1;
     o->index = (osp_hash_index){.slot = malloc(sizeof(int32_t) * 256), .mask = 255, .stride = sizeof(entry)};
     for (int t = 0; t < OSP_KV_NUM_TIERS; t++) o->tier[t] = (lru){.head = -1, .tail = -1};
@@ -518,6 +684,8 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
         else if (!(o->dir = strdup(buf)))
             st = osp_set_error(OSP_ERR_NOMEM, "kv offload: out of memory");
         if (st == OSP_OK) st = mkdir_p(o->dir);
+        if (st == OSP_OK) st = dir_lock(o);          /* before anything in it is read or removed */
+        if (st == OSP_OK) st = dir_identity(o);      /* another hash identity's blocks go first */
         struct stat sb;
         if (st == OSP_OK && stat(o->dir, &sb) != 0)
             st = osp_set_error(OSP_ERR_IO, "kv offload: cannot read %s: %s", o->dir, strerror(errno));
@@ -535,6 +703,7 @@ osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_
 
 void osp_kv_offload_destroy(osp_kv_offload *o) {
     if (!o) return;
+    if (o->lock_fd >= 0) close(o->lock_fd); /* releases the lock (the file stays: unlinking it would race) */
     free(o->e);
     free(o->index.slot);
     free(o->host);
@@ -637,3 +806,5 @@ osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o) { return 
 const char *osp_kv_offload_disk_path(const osp_kv_offload *o) { return o->dir; }
 
 const char *osp_kv_offload_disk_error(const osp_kv_offload *o) { return o->disk_error[0] ? o->disk_error : NULL; }
+
+const char *osp_kv_offload_full_error(const osp_kv_offload *o) { return o->full_error[0] ? o->full_error : NULL; }

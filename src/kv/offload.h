@@ -20,9 +20,20 @@
  * format are never read; with a hash seed shared across restarts (--prefix-caching-hash-seed), the
  * files of an earlier run with the same fingerprint are found again at creation (indexed by file age).
  *
- * Several processes may share a directory (replicas on one host with one fingerprint): each writes under
- * a temporary name of its own and indexes what it wrote plus what it found at creation; a file another
- * process deleted is a miss, a torn one fails its checksum. Their capacities are counted apart.
+ * One store a directory: creation takes an exclusive advisory lock (flock) on <dir>/lock, held for the
+ * store's life, and a second store on the same directory (another server, the same process) is refused
+ * (OSP_ERR_IO naming the directory). Stores of other fingerprints use directories of their own beside it.
+ *
+ * The directory's blocks belong to one hash identity (the block hashes' algorithm and seed: cfg.hash_id),
+ * recorded in <dir>/identity. A store created under another one (a restart with another
+ * --prefix-caching-hash-seed, or none: a random seed each start) removes the blocks it finds there at
+ * creation (stats.foreign_removed): no hash of its own can ever match them, so they would only use the
+ * size budget. A directory without the file (an older osprey's) counts as another identity.
+ *
+ * A full file system (a write failing with ENOSPC or EDQUOT) makes room by removing the tier's own
+ * FULL_FREE_BLOCKS oldest blocks and retries once; if that fails too, disk writes pause (10 s, doubling
+ * while it stays full, 5 min at most; stats.disk_full counts the pauses): blocks that would have gone to
+ * disk are dropped (io_errors), the blocks on disk are still read.
  *
  * The directory removed under a running store (rm -rf), or replaced by a file or another directory, is
  * noticed by the next disk write (which checks the directory's identity first) or the next load that
@@ -53,6 +64,13 @@ typedef struct osp_kv_offload_config {
     int64_t disk_bytes;   /* disk tier capacity in bytes (headers included); > 0 with disk_dir */
     osp_kv_offload_listener listener; /* NULL: none */
     void *listener_ctx;
+    uint64_t hash_id;     /* the identity of the block hashes (their algorithm and seed; the engine hashes
+                             them into one word): disk blocks recorded under another are removed at creation */
+    /* tests only (NULL in production): a fault before each disk write (0, or the errno the write then fails
+       with: ENOSPC simulates a full disk), and the clock of the full disk's pause (seconds; NULL: monotonic) */
+    int (*test_write_fault)(void *ctx);
+    double (*test_clock)(void *ctx);
+    void *test_ctx;
 } osp_kv_offload_config;
 
 typedef struct osp_kv_offload_stats {
@@ -66,7 +84,19 @@ typedef struct osp_kv_offload_stats {
                                           directory was removed): forgotten, recomputed when asked for */
     int64_t dir_lost;                  /* times the directory was found removed or replaced */
     bool disk_off;                     /* it could not be made again: the disk tier is off (capacity 0) */
-    int64_t io_errors;                 /* disk writes that failed (the block was dropped) */
+    int64_t io_errors;                 /* disk writes that failed, or were skipped while a full disk paused
+                                          writing (the block was dropped) */
+    int64_t disk_full;                 /* times a write found the disk full (ENOSPC, EDQUOT) even after
+                                          removing room: each paused disk writes (full_pause_s) */
+    int64_t full_freed;                /* the tier's oldest blocks removed to make room on a full disk */
+    int64_t full_skipped;              /* blocks not written while paused (of io_errors) */
+    double full_pause_s;               /* the last pause's length in seconds (0: none yet) */
+    int64_t foreign_removed, foreign_bytes; /* blocks of another hash identity (seed, algorithm) removed at
+                                          creation, and their files' bytes */
+    bool foreign_unknown;              /* their identity was unknown (no identity file: an older osprey's) */
+    int64_t trimmed, trimmed_bytes;    /* blocks of an earlier run removed at creation (oldest first) to fit a
+                                          smaller disk_bytes, and their files' bytes */
+    bool unlocked;                     /* the file system has no flock: the directory is not locked */
     int64_t found_at_start;            /* disk blocks of an earlier run indexed at creation */
     int64_t other_dirs, other_bytes;   /* other fingerprints' directories beside this store's in disk_dir
                                           (other models or page formats), and their files' bytes: never
@@ -77,10 +107,11 @@ typedef struct osp_kv_offload osp_kv_offload;
 
 /* Creates a store for blocks of block_bytes bytes (> 0) under `fingerprint`. At least one tier must be
  * configured. The host tier's memory is reserved up front (untouched pages cost nothing until used); the
- * disk tier's directory is created and indexed (files of this fingerprint; over-capacity ones, oldest
- * first, and leftover temporary files are deleted). Errors: OSP_ERR_INVALID_ARG (no tier, sizes
- * smaller than one block, disk_bytes <= 0 with a directory), OSP_ERR_IO (the directory cannot be
- * created or read; the message names it), OSP_ERR_NOMEM. */
+ * disk tier's directory is created, locked and indexed (files of this fingerprint and hash identity;
+ * those of another hash identity, over-capacity ones, oldest first, and leftover temporary files are
+ * deleted and counted). Errors: OSP_ERR_INVALID_ARG (no tier, sizes smaller than one block,
+ * disk_bytes <= 0 with a directory), OSP_ERR_IO (the directory cannot be created, read or locked, or
+ * another store holds it; the message names it), OSP_ERR_NOMEM. */
 osp_status osp_kv_offload_create(const osp_kv_offload_config *cfg, size_t block_bytes, uint64_t fingerprint,
                                  osp_kv_offload **out);
 void osp_kv_offload_destroy(osp_kv_offload *o); /* NULL is fine; disk files stay */
@@ -133,7 +164,10 @@ osp_kv_offload_stats osp_kv_offload_get_stats(const osp_kv_offload *o);
 
 /* The disk tier's directory (<disk_dir>/osprey-kv-<fingerprint>), or NULL without a disk tier. */
 const char *osp_kv_offload_disk_path(const osp_kv_offload *o);
-/* Why the disk tier was turned off (stats.disk_off: its directory could not be made again), or NULL. */
+/* Why the disk tier was turned off (stats.disk_off: its directory could not be made again or locked), or NULL. */
 const char *osp_kv_offload_disk_error(const osp_kv_offload *o);
+/* Why disk writes paused last (stats.disk_full: strerror of the write, e.g. "No space left on device"),
+ * or NULL when they never did. */
+const char *osp_kv_offload_full_error(const osp_kv_offload *o);
 
 #endif

@@ -33,12 +33,12 @@ def tier_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def start(tier_dir):
+def start(tier_dir, seed="7"):
     os.environ["OSPREY_KV_OFFLOAD_ALWAYS_LOAD"] = "1"
     try:
         # 16 blocks of 16 tokens (the tiny model's f16 blocks are 4 KiB): one ~100-token request at a time
         return Server(TINY, "--kv-cache-memory", "64K", "--kv-offload-disk", tier_dir,
-                      "--kv-offload-disk-size", "0.01", "--prefix-caching-hash-seed", "7")
+                      "--kv-offload-disk-size", "0.01", "--prefix-caching-hash-seed", seed)
     finally:
         del os.environ["OSPREY_KV_OFFLOAD_ALWAYS_LOAD"]
 
@@ -124,6 +124,41 @@ def test_directory_removed_while_serving():
         assert gauge == on_disk
         lines = [l for l in s.read_log().splitlines() if "was removed or replaced while serving" in l]
         assert len(lines) == 1 and "made it again" in lines[0], s.read_log()[-3000:]
+    finally:
+        stop(s)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_one_server_a_directory_and_one_seed():
+    """A second server on a directory a running one uses does not start: the error names the directory
+    and --kv-offload-disk, and the first server's files are untouched. A restart under another
+    --prefix-caching-hash-seed removes the earlier blocks (no hash of its own could match them) with one
+    start-up line, and computes the prompt again with the same text."""
+    d = tempfile.mkdtemp(prefix="osprey-offload-lock-")
+    s = start(d)
+    try:
+        first = complete(s, PROMPTS[0])
+        complete(s, PROMPTS[1])
+        complete(s, PROMPTS[2])
+        files = sorted(glob.glob(os.path.join(d, "osprey-kv-*", "*.kv")))
+        assert files
+        with pytest.raises(RuntimeError) as err:
+            start(d).stop()
+        msg = str(err.value)
+        assert "in use by another osprey process" in msg and d in msg and "--kv-offload-disk" in msg, msg[-3000:]
+        assert sorted(glob.glob(os.path.join(d, "osprey-kv-*", "*.kv"))) == files
+        assert complete(s, PROMPTS[0]) == first  # the first server serves on
+    finally:
+        stop(s)
+    n = len(glob.glob(os.path.join(d, "osprey-kv-*", "*.kv")))
+    s = start(d, seed="8")
+    try:
+        lines = [l for l in s.read_log().splitlines() if "another prefix-cache hash seed" in l]
+        assert len(lines) == 1 and f"removed {n} blocks" in lines[0], s.read_log()[-3000:]
+        disk = [l for l in requests.get(s.url + "/metrics", timeout=10).text.splitlines()
+                if l.startswith("osprey:kv_offload_blocks{") and 'tier="disk"' in l]
+        assert disk and float(disk[0].split()[-1]) == 0
+        assert complete(s, PROMPTS[0]) == first
     finally:
         stop(s)
         shutil.rmtree(d, ignore_errors=True)

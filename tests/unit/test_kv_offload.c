@@ -4,12 +4,16 @@
  * its least recently used block to disk, a full disk tier drops its oldest; a flipped byte, a truncated
  * file or a foreign header is detected (a miss, the file deleted, counted), never returned; a second store
  * with the same fingerprint finds the first one's files (oldest first, over-capacity ones deleted), one
- * with another fingerprint does not; leftover temporary files are removed; bad configurations are refused.
+ * with another fingerprint does not; leftover temporary files are removed; bad configurations are refused;
+ * a store of another hash identity (seed) removes the directory's blocks, a smaller size removes the oldest
+ * (both counted), a second store on a locked directory is refused, and a full disk (ENOSPC from a fault
+ * hook, a fake clock) frees the tier's oldest blocks, retries once, then pauses writes while loads go on.
  *
  * The engine (tiny f32 model, CPU): a prompt whose blocks the pool evicted is served from the tier on its
  * second run -- its cached-token count says so, and its tokens equal those of the first run and of a run
  * without offload; with every disk file corrupted the blocks are recomputed (same tokens, corrupt blocks
- * counted); a new engine on the same directory serves the prompt from the earlier engine's files; mixed
+ * counted); a new engine on the same directory serves the prompt from the earlier engine's files (another
+ * seed's engine removes them with one line; a second engine on it is refused); mixed
  * batches under preemption give the same tokens with offload on and off. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,7 +25,10 @@
 
 #include <cmocka.h>
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpu_test_models.h"
@@ -394,6 +401,278 @@ static void test_disk_dir_removed(void **state) {
     rm_tree(dir);
 }
 
+/* Item: blocks belong to one hash identity. A store under another hash identity (a restart with another
+ * --prefix-caching-hash-seed or algorithm) removes the blocks it finds (none of its hashes could match
+ * them; they would only use the budget), counted with their bytes; the same identity finds them; a
+ * directory without its identity file (an older osprey's) is another identity. */
+static void test_disk_hash_identity(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    osp_kv_offload_config cfg = {.disk_dir = dir, .disk_bytes = 8 * (BB + 72), .hash_id = 1};
+    osp_kv_offload *o;
+    uint8_t b[BB], got[BB];
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 77, &o), OSP_OK);
+    for (uint64_t i = 1; i <= 3; i++) {
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%s", osp_kv_offload_disk_path(o));
+    osp_kv_offload_destroy(o);
+    /* the same identity: found */
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 77, &o), OSP_OK);
+    osp_kv_offload_stats st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.found_at_start, 3);
+    assert_int_equal(st.foreign_removed, 0);
+    osp_kv_offload_destroy(o);
+    /* another seed: removed, counted, nothing indexed */
+    cfg.hash_id = 2;
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 77, &o), OSP_OK);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.found_at_start, 0);
+    assert_int_equal(st.foreign_removed, 3);
+    assert_int_equal(st.foreign_bytes, 3 * (BB + 72));
+    assert_false(st.foreign_unknown);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
+    assert_int_equal(count_files(sub, ".kv"), 0);
+    const osp_block_hash h1 = hash_of(1), h9 = hash_of(9);
+    assert_int_equal(osp_kv_offload_where(o, &h1), -1);
+    fill(b, 9);
+    osp_kv_offload_put(o, &h9, b);
+    osp_kv_offload_destroy(o);
+    /* the new identity is the directory's now: its block is found again */
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 77, &o), OSP_OK);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.found_at_start, 1);
+    assert_int_equal(st.foreign_removed, 0);
+    assert_true(osp_kv_offload_get(o, &h9, got));
+    assert_memory_equal(got, b, BB);
+    osp_kv_offload_destroy(o);
+    /* no identity file (an older osprey's directory): its blocks are of an unknown identity, removed */
+    char idf[1100];
+    snprintf(idf, sizeof idf, "%s/identity", sub);
+    assert_int_equal(unlink(idf), 0);
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 77, &o), OSP_OK);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.found_at_start, 0);
+    assert_int_equal(st.foreign_removed, 1);
+    assert_true(st.foreign_unknown);
+    osp_kv_offload_destroy(o);
+    rm_tree(dir);
+}
+
+/* Sets a block file's modification time (seconds): the scan's age order, without depending on the file
+ * system's timestamp granularity. */
+static void set_mtime(const osp_kv_offload *o, uint64_t i, time_t sec) {
+    char path[1024];
+    block_file(o, i, path, sizeof path);
+    const struct timespec ts[2] = {{.tv_sec = sec}, {.tv_sec = sec}};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+/* Item: a smaller disk size at restart keeps the most recent blocks that fit and counts the others (and
+ * their bytes), removed oldest first. */
+static void test_disk_smaller_size(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    osp_kv_offload_config cfg = {.disk_dir = dir, .disk_bytes = 5 * (BB + 72)};
+    osp_kv_offload *o;
+    uint8_t b[BB], got[BB];
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 31, &o), OSP_OK);
+    for (uint64_t i = 1; i <= 5; i++) {
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    for (uint64_t i = 1; i <= 5; i++) set_mtime(o, i, 1000000 + (time_t)(i == 2 ? 10 : i)); /* 2 is the newest */
+    osp_kv_offload_destroy(o);
+    /* the same size: nothing removed */
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 31, &o), OSP_OK);
+    assert_int_equal(osp_kv_offload_get_stats(o).trimmed, 0);
+    osp_kv_offload_destroy(o);
+    cfg.disk_bytes = 2 * (BB + 72) + 71; /* 2 blocks */
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 31, &o), OSP_OK);
+    const osp_kv_offload_stats st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.found_at_start, 2);
+    assert_int_equal(st.trimmed, 3);
+    assert_int_equal(st.trimmed_bytes, 3 * (BB + 72));
+    assert_int_equal(st.corrupt, 0);
+    assert_int_equal(count_files(osp_kv_offload_disk_path(o), ".kv"), 2);
+    for (uint64_t i = 1; i <= 5; i++) { /* 1, 3, 4 were the oldest */
+        const osp_block_hash h = hash_of(i);
+        const bool kept = i == 2 || i == 5;
+        assert_int_equal(osp_kv_offload_where(o, &h), kept ? OSP_KV_TIER_DISK : -1);
+        if (kept) {
+            assert_true(osp_kv_offload_get(o, &h, got));
+            fill(b, i);
+            assert_memory_equal(got, b, BB);
+        }
+    }
+    osp_kv_offload_destroy(o);
+    rm_tree(dir);
+}
+
+/* Item: one store a directory. A second store on the same directory (the same fingerprint; the lock is
+ * per open file, so the same process shows it, and a forked child too) is refused with a message naming
+ * the directory and the flag, and touches nothing; another fingerprint (its own directory) is not; once
+ * the first is gone the directory is free. */
+static void test_disk_lock(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    const osp_kv_offload_config cfg = {.disk_dir = dir, .disk_bytes = 8 * (BB + 72), .hash_id = 5};
+    osp_kv_offload *a, *b2 = (osp_kv_offload *)1, *c;
+    uint8_t b[BB], got[BB];
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 42, &a), OSP_OK);
+    for (uint64_t i = 1; i <= 3; i++) {
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(a, &h, b);
+    }
+    /* the same directory under another hash identity: refused before it could remove a's blocks */
+    osp_kv_offload_config other_seed = cfg;
+    other_seed.hash_id = 6;
+    assert_int_equal(osp_kv_offload_create(&other_seed, BB, 42, &b2), OSP_ERR_IO);
+    assert_null(b2);
+    assert_non_null(strstr(osp_last_error(), osp_kv_offload_disk_path(a)));
+    assert_non_null(strstr(osp_last_error(), "--kv-offload-disk"));
+    assert_non_null(strstr(osp_last_error(), "in use"));
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 42, &b2), OSP_ERR_IO);
+    assert_int_equal(count_files(osp_kv_offload_disk_path(a), ".kv"), 3);
+    /* another process */
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        osp_kv_offload *x = NULL;
+        _exit(osp_kv_offload_create(&cfg, BB, 42, &x) == OSP_ERR_IO && x == NULL ? 0 : 1);
+    }
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    /* a's blocks are intact and served */
+    for (uint64_t i = 1; i <= 3; i++) {
+        const osp_block_hash h = hash_of(i);
+        assert_true(osp_kv_offload_get(a, &h, got));
+        fill(b, i);
+        assert_memory_equal(got, b, BB);
+    }
+    /* another fingerprint beside it: its own directory, its own lock */
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 43, &c), OSP_OK);
+    osp_kv_offload_destroy(c);
+    osp_kv_offload_destroy(a);
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 42, &a), OSP_OK);
+    assert_int_equal(osp_kv_offload_get_stats(a).found_at_start, 3);
+    osp_kv_offload_destroy(a);
+    rm_tree(dir);
+}
+
+/* A file system with room for `limit` block files (ENOSPC beyond; full: none at all), and a clock. */
+typedef struct fake_disk {
+    const char *dir; /* the store's directory, once known */
+    int limit;
+    bool full;
+    int64_t writes;  /* write attempts seen */
+    double now;
+} fake_disk;
+static int fake_fault(void *ctx) {
+    fake_disk *f = ctx;
+    f->writes++;
+    if (f->full || (f->dir && count_files(f->dir, ".kv") >= f->limit)) return ENOSPC;
+    return 0;
+}
+static double fake_clock(void *ctx) { return ((fake_disk *)ctx)->now; }
+
+/* Item: a full disk. A write that fails with ENOSPC removes the tier's oldest blocks (4) and retries: with
+ * room then, the block is stored. Still failing, disk writes pause (10 s, doubling while full, back to
+ * 10 s after a write succeeds): the saves in between try nothing and evict nothing (counted in
+ * io_errors), and the blocks on disk are still read. */
+static void test_disk_full(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    fake_disk fd = {.limit = 10, .now = 100.0};
+    const osp_kv_offload_config cfg = {.disk_dir = dir, .disk_bytes = 16 * (BB + 72), .test_write_fault = fake_fault,
+                                       .test_clock = fake_clock, .test_ctx = &fd};
+    osp_kv_offload *o;
+    uint8_t b[BB], got[BB];
+    assert_int_equal(osp_kv_offload_create(&cfg, BB, 8, &o), OSP_OK);
+    fd.dir = osp_kv_offload_disk_path(o);
+    for (uint64_t i = 1; i <= 11; i++) { /* the 11th finds the disk full: 1..4 go, then it is written */
+        const osp_block_hash h = hash_of(i);
+        fill(b, i);
+        osp_kv_offload_put(o, &h, b);
+    }
+    osp_kv_offload_stats st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.io_errors, 0);
+    assert_int_equal(st.full_freed, 4);
+    assert_int_equal(st.disk_full, 0);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 7);
+    assert_int_equal(count_files(fd.dir, ".kv"), 7);
+    for (uint64_t i = 1; i <= 11; i++) {
+        const osp_block_hash h = hash_of(i);
+        assert_int_equal(osp_kv_offload_where(o, &h), i <= 4 ? -1 : OSP_KV_TIER_DISK);
+    }
+    /* full of other files: 5..8 go, the retry fails too: writes pause 10 s */
+    fd.full = true;
+    const osp_block_hash h12 = hash_of(12), h13 = hash_of(13), h14 = hash_of(14), h15 = hash_of(15), h16 = hash_of(16);
+    fill(b, 12);
+    osp_kv_offload_put(o, &h12, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.disk_full, 1);
+    assert_int_equal(st.io_errors, 1);
+    assert_int_equal(st.full_freed, 8);
+    assert_true(st.full_pause_s == 10.0);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 3);
+    assert_int_equal(osp_kv_offload_where(o, &h12), -1);
+    assert_non_null(osp_kv_offload_full_error(o));
+    /* paused: no write tried, nothing evicted, the blocks on disk still load */
+    fd.now += 5;
+    const int64_t writes = fd.writes;
+    fill(b, 13);
+    osp_kv_offload_put(o, &h13, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(fd.writes, writes);
+    assert_int_equal(st.io_errors, 2);
+    assert_int_equal(st.full_skipped, 1);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 3);
+    assert_int_equal(osp_kv_offload_where(o, &h13), -1);
+    for (uint64_t i = 9; i <= 11; i++) {
+        const osp_block_hash h = hash_of(i);
+        assert_true(osp_kv_offload_get(o, &h, got));
+        fill(b, i);
+        assert_memory_equal(got, b, BB);
+    }
+    /* past the pause, still full: it tries again, frees what is left, pauses twice as long */
+    fd.now += 6;
+    fill(b, 14);
+    osp_kv_offload_put(o, &h14, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_true(fd.writes > writes);
+    assert_int_equal(st.disk_full, 2);
+    assert_true(st.full_pause_s == 20.0);
+    assert_int_equal(st.blocks[OSP_KV_TIER_DISK], 0);
+    /* room again after the pause: written; the next full disk pauses 10 s again */
+    fd.full = false;
+    fd.now += 21;
+    fill(b, 15);
+    osp_kv_offload_put(o, &h15, b);
+    assert_true(osp_kv_offload_get(o, &h15, got));
+    assert_memory_equal(got, b, BB);
+    fd.full = true;
+    fill(b, 16);
+    osp_kv_offload_put(o, &h16, b);
+    st = osp_kv_offload_get_stats(o);
+    assert_int_equal(st.disk_full, 3);
+    assert_true(st.full_pause_s == 10.0);
+    assert_int_equal(st.corrupt, 0);
+    assert_int_equal(count_files(fd.dir, ".tmp"), 0);
+    osp_kv_offload_destroy(o);
+    rm_tree(dir);
+}
+
 static void test_bad_config(void **state) {
     (void)state;
     osp_kv_offload *o = (osp_kv_offload *)1;
@@ -647,6 +926,75 @@ static void test_engine_dir_removed(void **state) {
     rm_tree(dir);
 }
 
+typedef struct start_lines {
+    int n_foreign, n_trimmed;
+    char foreign[1200], trimmed[1200];
+} start_lines;
+static void capture_start(void *ctx, const char *line) {
+    start_lines *l = ctx;
+    if (strstr(line, "another prefix-cache hash seed")) l->n_foreign++, snprintf(l->foreign, sizeof l->foreign, "%s", line);
+    if (strstr(line, "to fit --kv-offload-disk-size")) l->n_trimmed++, snprintf(l->trimmed, sizeof l->trimmed, "%s", line);
+}
+
+/* Restarts on one directory, through the engine: under another --prefix-caching-hash-seed the earlier
+ * blocks are removed with one line (nothing found, the prompt recomputed with the same tokens); a smaller
+ * --kv-offload-disk-size removes the oldest blocks with one line naming the count; a second engine on the
+ * directory while one runs is refused (OSP_ERR_IO, the message naming the directory and the flag). */
+static void test_engine_restarts(void **state) {
+    (void)state;
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    job j[4], k[4];
+    scenario(j);
+    scenario(k);
+    osp_engine_params p = base(dir);
+    osp_engine *e, *e2 = (osp_engine *)1;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_OK);
+    run_seq(e, j, 3); /* A's blocks go to disk */
+    const int64_t on_disk = osp_engine_get_stats(e).offload_disk_blocks;
+    const size_t block_bytes = osp_kv_cache_block_bytes((osp_kv_cache *)osp_engine_kv_cache(e));
+    assert_true(on_disk >= 4);
+    /* a second engine on the same directory: refused, the first one's blocks untouched */
+    osp_engine_params p2 = p;
+    p2.hash_seed = 12;
+    assert_int_equal(osp_engine_create(&p2, &e2), OSP_ERR_IO);
+    assert_null(e2);
+    assert_non_null(strstr(osp_last_error(), dir));
+    assert_non_null(strstr(osp_last_error(), "--kv-offload-disk"));
+    osp_engine_free(e);
+    /* another seed: the blocks are removed, one line says so */
+    start_lines log = {0};
+    p2.log = capture_start;
+    p2.log_ctx = &log;
+    assert_int_equal(osp_engine_create(&p2, &e), OSP_OK);
+    osp_engine_stats st = osp_engine_get_stats(e);
+    assert_int_equal(st.offload_disk_blocks, 0);
+    assert_int_equal(log.n_foreign, 1);
+    char want[64];
+    snprintf(want, sizeof want, "removed %lld blocks", (long long)on_disk);
+    assert_non_null(strstr(log.foreign, want));
+    char log_foreign[1200];
+    snprintf(log_foreign, sizeof log_foreign, "%s", log.foreign);
+    run_seq(e, &k[3], 1); /* A: nothing of it on disk now */
+    run_seq(e, k, 3);     /* B and C push A's blocks (this seed's) to disk */
+    osp_engine_free(e);
+    assert_int_equal(k[3].cached, 0);
+    assert_memory_equal(k[3].out, j[0].out, sizeof j[0].out);
+    /* the same seed again with room for 2 blocks: the oldest removed, one line with the count */
+    memset(&log, 0, sizeof log);
+    p2.kv_offload_disk_bytes = 2 * ((int64_t)block_bytes + 72);
+    assert_int_equal(osp_engine_create(&p2, &e), OSP_OK);
+    st = osp_engine_get_stats(e);
+    osp_engine_free(e);
+    assert_int_equal(st.offload_disk_blocks, 2);
+    assert_int_equal(log.n_foreign, 0);
+    assert_int_equal(log.n_trimmed, 1);
+    assert_non_null(strstr(log.trimmed, "oldest"));
+    assert_non_null(strstr(log.trimmed, "2 most recent are kept"));
+    printf("%s\n%s\n", log_foreign, log.trimmed);
+    rm_tree(dir);
+}
+
 /* A request whose blocks load from disk in the background waits for them (nothing of it is scheduled
  * in the step that started the load); aborted then, the load is cancelled and every block comes back
  * (invariants checked each step, pending loads' blocks included); an engine freed with a load in flight
@@ -769,6 +1117,10 @@ int main(void) {
         cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_disk_persists),
         cmocka_unit_test(test_disk_dir_removed),
+        cmocka_unit_test(test_disk_hash_identity),
+        cmocka_unit_test(test_disk_smaller_size),
+        cmocka_unit_test(test_disk_lock),
+        cmocka_unit_test(test_disk_full),
         cmocka_unit_test(test_bad_config),
     };
     int rc = cmocka_run_group_tests(store, NULL, NULL);
@@ -781,6 +1133,7 @@ int main(void) {
     const struct CMUnitTest engine[] = {
         cmocka_unit_test(test_engine_offload),
         cmocka_unit_test(test_engine_dir_removed),
+        cmocka_unit_test(test_engine_restarts),
         cmocka_unit_test(test_engine_offload_batch),
         cmocka_unit_test(test_engine_abort_while_loading),
         cmocka_unit_test(test_engine_refusals),
