@@ -419,12 +419,20 @@ static int32_t tier_start(void *ctx, osp_request *r, const int32_t *ids, const o
     b->n = m;
     memcpy(b->ids, ids, sizeof *ids * (size_t)m);
     memcpy(b->h, hashes, sizeof *hashes * (size_t)m);
+    /* a block in no tier comes from the producer only when the request names one: a tier can lose blocks
+       between tier_contains and here (a disk directory found removed forgets all of its), and such a block
+       is missing, recomputed, not a remote fetch */
+    const bool remote = is_consumer(o) && r->has_kv_xfer && r->kv_xfer.do_remote_prefill;
     for (int32_t i = 0; i < m; i++) { /* host-tier blocks now: the tier may reuse their slots meanwhile */
         const int where = o->store ? osp_kv_offload_where(o->store, &hashes[i]) : -1;
-        b->src[i] = where == OSP_KV_TIER_HOST ? SRC_HOST : where == OSP_KV_TIER_DISK ? SRC_DISK : SRC_REMOTE;
+        b->src[i] = where == OSP_KV_TIER_HOST ? SRC_HOST
+                    : where == OSP_KV_TIER_DISK ? SRC_DISK
+                    : remote && first + i < r->kv_xfer.remote_num_blocks ? SRC_REMOTE
+                                                                          : SRC_HOST; /* lost: missing below */
         if (b->src[i] == SRC_HOST)
-            b->res[i] = osp_kv_offload_get_host(o->store, &hashes[i], b->buf + (size_t)i * bb) ? OSP_KV_READ_OK
-                                                                                            : OSP_KV_READ_MISSING;
+            b->res[i] = where == OSP_KV_TIER_HOST && osp_kv_offload_get_host(o->store, &hashes[i], b->buf + (size_t)i * bb)
+                            ? OSP_KV_READ_OK
+                            : OSP_KV_READ_MISSING;
         if (b->src[i] == SRC_REMOTE) {
             b->remote = r->kv_xfer;
             if (first + i + 1 > r->kv_xfer_tried) r->kv_xfer_tried = first + i + 1; /* asked for once */

@@ -872,13 +872,14 @@ static void test_engine_offload(void **state) {
 }
 
 typedef struct log_lines {
-    int n, n_dir;
+    int n, n_dir, n_xfer;
     char dir_line[1200];
 } log_lines;
 static void capture_log(void *ctx, const char *line) {
     log_lines *l = ctx;
     l->n++;
     if (strstr(line, "was removed or replaced")) l->n_dir++, snprintf(l->dir_line, sizeof l->dir_line, "%s", line);
+    if (strstr(line, "kv transfer")) l->n_xfer++; /* no P/D here: a block a tier lost is not a remote fetch */
 }
 
 /* The disk tier's directory removed (rm -rf) while the engine runs: the prompt whose blocks were there is
@@ -921,6 +922,7 @@ static void test_engine_dir_removed(void **state) {
     assert_int_equal(st.offload_write_errors, 0);
     assert_int_equal(st.offload_disk_blocks, count_files(sub, ".kv")); /* made again; only real files */
     assert_int_equal(log.n_dir, 1);
+    assert_int_equal(log.n_xfer, 0);
     assert_non_null(strstr(log.dir_line, "made it again"));
     assert_non_null(strstr(log.dir_line, sub));
     rm_tree(dir);
