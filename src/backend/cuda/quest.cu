@@ -4,14 +4,17 @@
  * scores, for every (token, KV head) row. Contract in cuda_ops.h (osp_cuda_quest_select).
  *
  * Two kernels:
- *   quest_score_kernel   a CTA per (row, run of 64 logical pages in [S, n_ctx - R)), a thread a page: the
- *                        pages' min / max key summaries of the row's KV head (fp32, or f16 / bf16: the
- *                        page dtype's values, which min and max keep exact) staged in shared memory by
- *                        cp.async, then read by the page's thread against the group's query
- *                        heads (fp32 from bf16, in shared memory), every head's bound summed in dimension
- *                        order with the reference's operations (a = q m, b = q M rounded products, u +=
- *                        a > b ? a : b, no contraction), best = the largest bound (a NaN never wins).
- *   quest_topk_kernel    a CTA per row: the k-th largest score by a radix select (4 passes of 8-bit
+ *   quest_score_kernel   a CTA per (row, run of 64 logical pages in [S, n_ctx - R); fewer for a large
+ *                        head_dim), one or two threads a page: the pages' min / max key summaries of the
+ *                        row's KV head (fp32, or f16 / bf16: the page dtype's values, which min and max keep
+ *                        exact) staged in shared memory by cp.async, then read by the page's threads against
+ *                        the group's query heads (fp32 from bf16, in shared memory; groups of 4 and 8 heads
+ *                        unrolled and split over the page's 2 threads), every head's bound summed in
+ *                        dimension order with the reference's operations (a = q m, b = q M rounded products,
+ *                        u += a > b ? a : b, no contraction), best = the largest bound (a NaN never wins;
+ *                        the two threads' bests combined by the same rule).
+ *   quest_topk_kernel    a CTA per row, the row's scores read once into shared memory (up to 16,384 pages):
+ *                        the k-th largest score by a radix select (4 passes of 8-bit
  *                        digits over an order-preserving 32-bit key, -0 folded into +0 so equal scores
  *                        are equal keys), then one pass over the pages in ascending order that keeps the
  *                        sinks, the recent pages, every page above the threshold and, of the pages equal
