@@ -32,6 +32,18 @@ static osp_engine *make(const char *model, int threads, int max_seqs, int max_le
         fprintf(stderr, "CPU_ACTIVATIONS: %s\n", osp_last_error());
         exit(2);
     }
+    /* DEVICE=cuda: the model on the GPU; TRACE=FILE: the step timeline (--trace), whose summary line
+       (the GPU's idle share between decode steps) the engine logs when it is freed */
+    const char *dev = getenv("DEVICE"), *trace = getenv("TRACE");
+    if (dev && *dev && osp_device_parse(dev, &p.device) != OSP_OK) {
+        fprintf(stderr, "DEVICE: %s\n", osp_last_error());
+        exit(2);
+    }
+    if (trace && *trace) p.trace_path = trace;
+    /* on the GPU a cache for every sequence at once (kv_cache_memory 0: max_num_seqs x max_model_len,
+       within gpu_memory_utilization); the default 512 MiB holds 4,096 tokens of an 8B model, and the
+       batch would run preempted */
+    if (p.device == OSP_DEVICE_CUDA) p.kv_cache_memory = 0;
     osp_engine *e;
     if (osp_engine_create(&p, &e) != OSP_OK) {
         fprintf(stderr, "engine: %s\n", osp_last_error());

@@ -96,6 +96,10 @@ typedef struct osp_engine_params {
                                        (num_tokens, num_seqs, num_logits, each sequence's query length
                                        and seq_len) to this file: workloads for bench/kernels from real
                                        serving runs. Opening it fails osp_engine_create. */
+    const char *trace_path;         /* non-NULL: write the step timeline here (--trace FILE; Chrome trace-event
+                                       JSON: each step's host phases and, on the GPU, its device spans;
+                                       src/engine/timeline.h) and log the GPU's idle share between decode
+                                       steps when the engine is freed. Opening it fails osp_engine_create */
     const char *kernel_table;       /* a kernel selection table (`osprey bench-kernels --make-table`), or
                                        NULL: $OSPREY_KERNEL_TABLE, if set. Applied before the first step
                                        (src/backend/kernel_table.h): a table for another device, arch or
@@ -108,8 +112,9 @@ typedef struct osp_engine_params {
                                        step every decoding request proposes up to num_speculative_tokens
                                        drafts, verified in the same forward pass as the rest of the batch;
                                        outputs are the target's own. method OSP_SPEC_NONE (default): off.
-                                       CPU only for now: OSP_ERR_UNSUPPORTED where the model samples on
-                                       the GPU. k adapts per request (fewer drafts while they are
+                                       ngram and draft_model run on the CPU and the GPU; quantspec on the
+                                       CPU only (OSP_ERR_UNSUPPORTED where the model samples on the GPU).
+                                       k adapts per request (fewer drafts while they are
                                        rejected, none for a pause when few are kept) unless
                                        speculative_fixed_k */
     bool speculative_fixed_k;       /* every decoding request is offered num_speculative_tokens drafts each

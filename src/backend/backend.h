@@ -92,6 +92,13 @@ typedef struct osp_run_io {
                                      * OSP_ERR_UNSUPPORTED) */
 } osp_run_io;
 
+/* A step's device work on the host's clock (CLOCK_MONOTONIC seconds), for the step timeline: run =
+ * [before its inputs are copied, after its last op], sample = [after the host packed the sampler's rows
+ * (or asked for logits), before the wait for the results]; {-1, -1} when the step had none. */
+typedef struct osp_backend_step_times {
+    double run[2], sample[2];
+} osp_backend_step_times;
+
 typedef struct osp_backend_vtable {
     const char *name; /* "cpu", "cuda" */
     osp_device device;
@@ -173,6 +180,16 @@ typedef struct osp_backend_vtable {
      * time_runs was off; OSP_ERR_INVALID_ARG when no run has been timed, or the last run failed before
      * its ops were enqueued; OSP_ERR_INTERNAL from the device. */
     osp_status (*run_device_us)(osp_backend *be, double *us);
+    /* Optional (NULL where the backend has no device clock: the CPU): the step timeline (osprey
+     * --trace). timeline_enable waits for the device, then takes a reference event and the host's
+     * CLOCK_MONOTONIC beside it; from then on every run records an event before its inputs go to the
+     * device and one after its last op, and the calls that wait for a step's results (sample,
+     * logits_to_host, a run with io->logits) record one after the host has packed their inputs and one
+     * just before they wait. timeline_get gives the last run's spans on the host's clock (waits for its
+     * events); a span not recorded since that run is {-1, -1}. Errors: OSP_ERR_INTERNAL from the device;
+     * OSP_ERR_INVALID_ARG from timeline_get before timeline_enable. */
+    osp_status (*timeline_enable)(osp_backend *be);
+    osp_status (*timeline_get)(osp_backend *be, osp_backend_step_times *t);
 } osp_backend_vtable;
 
 struct osp_backend {

@@ -28,6 +28,7 @@
 #include "engine/offload.h"
 #include "kv/kv_cache.h"
 #include "engine/scheduler.h"
+#include "engine/timeline.h"
 #include "grammar/grammar.h"
 #include "osprey/tokenizer.h"
 #include "sample/rng.h"
@@ -66,9 +67,15 @@ static void vec_del(ptr_vec *a, int32_t i) { a->v[i] = a->v[--a->n]; }
 
 #define OSP_ENGINE_GRAMMAR_CACHE 16
 
+static void timeline_flush(osp_engine *e);
+
 struct osp_engine {
     osp_engine_params p;
     bool step_trace;            /* OSPREY_STEP_TRACE=1 (a diagnostic): a line a step on stderr */
+    osp_timeline *timeline;     /* --trace FILE (osp_engine_params.trace_path), or NULL */
+    bool tl_pending;            /* tl_step ran and waits for its device times (read before the next run) */
+    osp_timeline_step tl_step;
+    int64_t tl_steps;
     osp_model *model;
     int32_t n_vocab;
     int32_t *eos, n_eos;        /* end-of-generation ids (min_tokens masks them) */
@@ -359,6 +366,16 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         s = osp_set_error(OSP_ERR_IO, "engine: cannot open the shape trace %s: %s", p.trace_shapes_path, strerror(errno));
         goto fail;
     }
+    if (p.trace_path) {
+        bool dev = false;
+        if ((s = osp_timeline_open(p.trace_path, &e->timeline)) != OSP_OK) goto fail;
+        if ((s = osp_model_timeline_enable(e->model, &dev)) != OSP_OK) goto fail;
+        e->runner->timeline = true;
+        char line[512];
+        snprintf(line, sizeof line, "trace: writing the step timeline to %s (%s)", p.trace_path,
+                 dev ? "host phases and device spans" : "host phases only: this device has no clock of its own");
+        (p.log ? p.log : log_stderr)(p.log_ctx, line);
+    }
     e->eos = eos;
     e->n_eos = n_eos;
     e->runner->trie = e->trie;
@@ -389,6 +406,14 @@ void osp_engine_free(osp_engine *e) {
     free(e->eos);
     if (e->sparse) osp_model_set_attn_hook(e->model, NULL);
     osp_sparse_runtime_free(e->sparse);
+    if (e->timeline) {
+        timeline_flush(e);
+        char line[512];
+        osp_timeline_summary(e->timeline, line, sizeof line);
+        (e->p.log ? e->p.log : log_stderr)(e->p.log_ctx, line);
+        if (osp_timeline_close(e->timeline) != OSP_OK)
+            (e->p.log ? e->p.log : log_stderr)(e->p.log_ctx, osp_last_error());
+    }
     osp_runner_destroy(e->runner);
     osp_token_trie_free(e->trie);
     for (int32_t i = 0; i < OSP_ENGINE_GRAMMAR_CACHE; i++) {
@@ -756,6 +781,19 @@ static double seconds(struct timespec a, struct timespec b) {
     return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
 }
 
+static double secs(struct timespec t) { return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec; }
+
+/* Writes the pending step to the timeline with its device times. Called before the next run (whose
+ * events replace the last run's) and at the end, so a step's own wait is never added: its device work
+ * has long finished by then in a busy loop. A device error here is logged, not the step's. */
+static void timeline_flush(osp_engine *e) {
+    if (!e->tl_pending) return;
+    e->tl_pending = false;
+    if (osp_model_timeline_get(e->model, &e->tl_step.dev) != OSP_OK)
+        (e->p.log ? e->p.log : log_stderr)(e->p.log_ctx, osp_last_error());
+    osp_timeline_add(e->timeline, &e->tl_step);
+}
+
 static osp_status step_locked_out(osp_engine *e, bool *did_work) {
     e->publish.n = 0;
     /* 1. take adds and aborts */
@@ -795,6 +833,7 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
         decode_only = so->entries[i].num_scheduled_tokens == 1 + so->entries[i].num_spec;
         drafted |= so->entries[i].num_spec > 0;
     }
+    if (e->timeline) timeline_flush(e); /* the last step's device times, before this run records its own */
     OSP_TRY(osp_runner_execute(e->runner, so));
     osp_scheduler_update(e->sched, so);
     /* a producer's finished prompts: held for their consumers now, while the freed blocks still hold
@@ -816,6 +855,16 @@ static osp_status step_locked_out(osp_engine *e, bool *did_work) {
        (a draft model's catch-up over a new prompt must not delay that prompt's first token) */
     if (e->proposer) collect_drafts(e, so);
     clock_gettime(CLOCK_MONOTONIC, &ts1);
+    if (e->timeline && so->num_entries > 0) {
+        osp_timeline_step *t = &e->tl_step;
+        memset(t, 0, sizeof *t);
+        t->step = e->tl_steps++;
+        t->rows = so->num_entries, t->tokens = so->total_tokens, t->decode_only = decode_only;
+        t->host[OSP_TL_SCHEDULE] = secs(tsch), t->host[OSP_TL_PREPARE] = secs(ts0);
+        t->host[OSP_TL_FORWARD] = e->runner->t_forward[0], t->host[OSP_TL_SAMPLE] = e->runner->t_forward[1];
+        t->host[OSP_TL_UPDATE] = e->runner->t_forward[2], t->host[OSP_TL_PHASES] = secs(ts1);
+        e->tl_pending = true;
+    }
     if (e->offload) osp_offload_note_step(e->offload, so->total_tokens, seconds(ts0, ts1));
     if (e->step_trace) { /* steps that ran rows, or moved blocks (a request waiting for its disk loads runs none) */
         const osp_offload_stats os1 = e->offload ? osp_offload_get_stats(e->offload) : (osp_offload_stats){0};

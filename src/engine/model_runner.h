@@ -54,6 +54,9 @@ typedef struct osp_model_runner {
     float *embd;                   /* [pb->max_tokens, n_embd] the output norm of every token of a step with
                                       embedding rows (allocated at the first such step, then kept) */
     int32_t n_embd;
+    bool timeline;                 /* the engine's step timeline is on: t_forward is written each step */
+    double t_forward[3];           /* CLOCK_MONOTONIC seconds: before the forward, after it returned, after
+                                      sampling (engine/timeline.h's prepare / forward / sample boundaries) */
     FILE *trace;                   /* step shapes, one JSON line a step (osp_engine_params.trace_shapes_path), or NULL */
     int64_t trace_step;
 } osp_model_runner;

@@ -350,6 +350,19 @@ bool osp_model_samples_on_device(const osp_model *m) { return m->be->vt->device 
 
 osp_status osp_model_sync(osp_model *m) { return m->be->vt->sync(m->be); }
 
+osp_status osp_model_timeline_enable(osp_model *m, bool *enabled) {
+    *enabled = false;
+    if (!m->be->vt->timeline_enable) return OSP_OK;
+    OSP_TRY(m->be->vt->timeline_enable(m->be));
+    *enabled = true;
+    return OSP_OK;
+}
+
+osp_status osp_model_timeline_get(osp_model *m, osp_backend_step_times *t) {
+    t->run[0] = t->run[1] = t->sample[0] = t->sample[1] = -1.0;
+    return m->be->vt->timeline_get ? m->be->vt->timeline_get(m->be, t) : OSP_OK;
+}
+
 osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes) {
     return m->be->vt->mem_info(m->be, free_bytes, total_bytes);
 }

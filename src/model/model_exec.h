@@ -26,6 +26,12 @@ osp_status osp_model_logits_to_host(osp_model *m, int32_t row0, int32_t n, float
 /* Waits until everything enqueued on the model's device has finished (a no-op on the CPU): timed
  * regions start and end with it. */
 osp_status osp_model_sync(osp_model *m);
+/* The step timeline (backend.h timeline_enable / timeline_get): false where the model's backend has no
+ * device clock (the CPU), and nothing is recorded; else true once enabled (errors: the backend's). */
+osp_status osp_model_timeline_enable(osp_model *m, bool *enabled);
+/* The last forward's device spans (and its sampler's) on the host's CLOCK_MONOTONIC, in seconds; every
+ * field -1 where the timeline is off or the step had none. Waits for them. */
+osp_status osp_model_timeline_get(osp_model *m, osp_backend_step_times *t);
 /* Free and total bytes of the model's device memory (the host's on the CPU). */
 osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_bytes);
 /* osp_model_forward that also copies the hidden states the model was loaded to return

@@ -365,6 +365,68 @@ static void test_shape_trace(void **state) {
     assert_null(e);
 }
 
+/* --trace: the step timeline is one JSON array whose steps are numbered in order, each with its host
+ * phases in time order and, on the GPU, a device forward span within the step's host time; the steps'
+ * tokens add up to what the jobs scheduled; an unwritable path fails the engine's creation. */
+static void test_step_timeline(void **state) {
+    (void)state;
+    char path[] = "/tmp/osprey_timelineXXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    osp_engine_params p = base(g_tiny);
+    p.trace_path = path;
+    job j[3];
+    make_jobs(j, 3, 11, 512);
+    run_jobs(&p, j, 3, 0);
+    long want = 0, got = 0;
+    for (int i = 0; i < 3; i++) want += j[i].n_prompt - j[i].cached + j[i].n_out - 1;
+    json_error_t je;
+    json_t *a = json_load_file(path, 0, &je);
+    remove(path);
+    assert_non_null(a);
+    assert_true(json_is_array(a));
+    static const char *const phases[] = {"schedule", "prepare", "forward", "sample", "update"};
+    long steps = 0, dev_fwd = 0;
+    double last_end = -1.0; /* the previous host event's end: phases and steps never go back in time */
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *ev = json_array_get(a, i);
+        const char *ph = json_string_value(json_object_get(ev, "ph")), *name = json_string_value(json_object_get(ev, "name"));
+        assert_non_null(ph);
+        assert_non_null(name);
+        if (strcmp(ph, "X") != 0) continue;
+        const double ts = json_number_value(json_object_get(ev, "ts")), dur = json_number_value(json_object_get(ev, "dur"));
+        const long tid = (long)json_integer_value(json_object_get(ev, "tid"));
+        json_t *args = json_object_get(ev, "args");
+        const long step = (long)json_integer_value(json_object_get(args, "step"));
+        assert_true(dur >= 0.0);
+        if (tid == 2) { /* a device span: only where the backend has a clock */
+            assert_true(g_gpu);
+            if (!strcmp(name, "forward")) dev_fwd++;
+            continue;
+        }
+        assert_int_equal(tid, 1);
+        bool known = false;
+        for (int k = 0; k < 5; k++) known |= !strcmp(name, phases[k]);
+        assert_true(known);
+        assert_true(ts >= last_end - 1e-3); /* printed to the nanosecond */
+        last_end = ts + dur;
+        if (!strcmp(name, "schedule")) {
+            assert_int_equal(step, steps);
+            steps++;
+            got += (long)json_integer_value(json_object_get(args, "tokens"));
+        }
+    }
+    json_decref(a);
+    assert_true(steps > 0);
+    assert_int_equal(got, want);
+    if (g_gpu) assert_int_equal(dev_fwd, steps); /* every step ran a forward on the device */
+    p.trace_path = "/nonexistent-dir/trace.json";
+    osp_engine *e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_IO);
+    assert_null(e);
+}
+
 static int g_cb_tokens[NREQ], g_cb_finished;
 static void on_output(void *user, const osp_request_output *o) {
     (void)user;
@@ -588,6 +650,7 @@ int main(void) {
         cmocka_unit_test(test_stops_and_admission),
         cmocka_unit_test(test_loop_thread),
         cmocka_unit_test(test_shape_trace),
+        cmocka_unit_test(test_step_timeline),
         cmocka_unit_test(test_quantized_kv),
         cmocka_unit_test(test_smollm2_batch_invariance),
     };

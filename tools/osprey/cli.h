@@ -33,13 +33,15 @@ noreturn void cli_help(const char *text);
     "                          or {\"method\": \"draft_model\", \"model\": DRAFT.gguf, \"num_speculative_tokens\": K}\n" \
     "                          or {\"method\": \"quantspec\", \"num_speculative_tokens\": K} (the target drafts\n"     \
     "                          for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"            \
-    "                          (default: off; CPU only for now)\n"                                          \
+    "                          (default: off; quantspec runs on the CPU only)\n"                           \
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
     "                          the budget is dense (default: off; CPU only for now)\n"                      \
     "  --prefix-caching-hash-algo A  xxh3_128 (default) | sha256 | sha256_cbor: the block hashes' algorithm\n" \
     "  --prefix-caching-hash-seed N  block-hash seed (default: $OSPREY_HASH_SEED, else $PYTHONHASHSEED, else\n" \
     "                          random per run); a fixed one finds a disk tier's blocks again on the next run\n" \
+    "  --trace FILE            the step timeline as Chrome trace-event JSON (host phases; on the GPU device\n" \
+    "                          spans too, and the GPU's idle share between decode steps logged at the end)\n" \
     "  --kv-offloading-size G  host-memory tier of G GiB for prefix KV blocks the cache evicts (GPU only)\n"  \
     "  --kv-offload-disk DIR   disk tier for them, with --kv-offload-disk-size G (GiB); loaded back when that\n" \
     "                          beats recomputing (default: no tiers)\n"
@@ -122,6 +124,7 @@ typedef struct cli_engine_args {
                               --kv-cache-dtype, before or after, still picks the cache, but a quantized
                               one (fp8, nvfp4, int8_hier) with --exact is an error at parse time */
     const char *kernel_table; /* --kernel-table FILE (osp_engine_params.kernel_table); NULL: $OSPREY_KERNEL_TABLE */
+    const char *trace;     /* --trace FILE: the step timeline (osp_engine_params.trace_path); NULL: none */
     osp_spec_config spec;  /* --speculative-config JSON (osp_spec_config_parse); off by default */
     osp_prefix_hash_algo hash_algo; /* --prefix-caching-hash-algo xxh3_128|sha256|sha256_cbor (xxh3_128) */
     bool hash_seed_set;    /* a shared seed: --prefix-caching-hash-seed N, else $OSPREY_HASH_SEED, else

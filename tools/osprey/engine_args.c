@@ -82,6 +82,10 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
         if (s != OSP_OK) cli_die(s, "--sparse-attention %s", v);
         ++*i;
     }
+    else if (!strcmp(f, "--trace")) {
+        if (!v || !*v) cli_die(OSP_OK, "--trace needs a file (the step timeline, Chrome trace-event JSON)");
+        a->trace = v, ++*i;
+    }
     else if (!strcmp(f, "--kv-offloading-size")) a->kv_offload_host_bytes = cli_gib(f, v), a->kv_offload_host_set = true, ++*i;
     else if (!strcmp(f, "--kv-offload-disk-size"))
         a->kv_offload_disk_bytes = cli_gib(f, v), a->kv_offload_disk_size_set = true, ++*i;
@@ -218,6 +222,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.gpu_quant_weights = a->gpu_quant_weights;
     ep.cpu_activations = a->cpu_activations;
     ep.kernel_table = a->kernel_table;
+    ep.trace_path = a->trace;
     ep.speculative = a->spec;
     /* measurements of adaptive k against fixed (bench/spec.sh FIXED_K=1): k drafts every step */
     const char *fk = getenv("OSPREY_SPEC_FIXED_K");

@@ -104,6 +104,8 @@ static const char *k_serve_usage =
     "  --no-embd-normalize              /v1/embeddings returns the pooled vectors as they are (default: L2-normalized)\n"
     "  --trace-shapes FILE              append each step's batch shape to FILE, one JSON line a step\n"
     "                                   (workloads for osprey bench-kernels)\n"
+    "  --trace FILE                     write the step timeline to FILE (Chrome trace-event JSON: host phases,\n"
+    "                                   device spans on the GPU); the GPU's idle share is logged at shutdown\n"
     "  -t, --threads N                  compute threads (all cores)\n"
     "  --device cpu|cuda|auto           where the model runs (auto: cuda when a GPU is present)\n"
     "  --gpu-weights bf16|quant         GPU: every matrix bf16 (default) or Q8_0/Q4_0/Q4_1/Q4_K/Q6_K kept in their\n"
@@ -292,6 +294,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.kv_dtype_v = eng.kv_dtype_v;
     c.kv_scales = eng.kv_scales;
     c.kernel_table = eng.kernel_table;
+    c.trace = eng.trace;
     c.spec = eng.spec;
     c.sparse = eng.sparse; /* was parsed and dropped here: serve ran dense attention under --sparse-attention */
     cli_engine_offload_check(&eng);
@@ -373,6 +376,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.max_model_len = cfg->max_model_len;
     ep.enable_prefix_caching = cfg->prefix_caching;
     ep.trace_shapes_path = cfg->trace_shapes;
+    ep.trace_path = cfg->trace;
     ep.device = cfg->device;
     ep.gpu_quant_weights = cfg->gpu_quant_weights;
     ep.cpu_activations = cfg->cpu_activations;

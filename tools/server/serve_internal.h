@@ -84,6 +84,7 @@ typedef struct srv_config {
     float gpu_memory_utilization; /* --gpu-memory-utilization (0: the engine's 0.9) */
     bool prefix_caching;
     const char *trace_shapes; /* --trace-shapes FILE, or NULL */
+    const char *trace;        /* --trace FILE (the step timeline), or NULL */
     size_t max_body;      /* bytes */
     int max_queue;        /* generation requests in flight (running or waiting) */
     int queue_wait_timeout_s; /* --queue-wait-timeout: over max_queue, wait this long for a slot before 503 (0) */

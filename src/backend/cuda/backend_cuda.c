@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/attention_v1.h"
@@ -104,6 +105,14 @@ typedef struct cuda_backend {
      * last run recorded both */
     bool time_runs, timed;
     void *ev_start, *ev_end;
+    /* the step timeline (timeline_enable): tl_ev = the run's start and end, the sampler's start and
+     * the wait's, tl_have which of them this step recorded; tl_ref taken at tl_ref_s on the host clock */
+    bool tl_on, tl_have[4];
+    /* cuda_sample enqueued copies from its pinned buffers and returned before waiting for them (an
+     * error after the enqueue): the next call waits first */
+    bool sample_inflight;
+    void *tl_ref, *tl_ev[4];
+    double tl_ref_s;
     /* OSPREY_CUDA_OP_TIMES=1 (a diagnostic): every eager run's ops each between two events, summed per op
      * kind, apart for pure decode steps [1] and the others [0], and printed to stderr when the backend is
      * freed. Graphs are off then, and each run waits for its ops: a profile, not a serving mode. */
@@ -235,6 +244,8 @@ static void cuda_free(osp_backend *be) {
     osp_cuda_gemm_destroy(g->gemm);
     osp_cuda_event_destroy(g->ev_start);
     osp_cuda_event_destroy(g->ev_end);
+    osp_cuda_event_destroy(g->tl_ref);
+    for (int i = 0; i < 4; i++) osp_cuda_event_destroy(g->tl_ev[i]);
     if (g->op_times) print_op_times(g);
     for (int32_t i = 0; i < g->n_op_ev; i++) osp_cuda_event_destroy(g->op_ev[i]);
     free(g->op_ev);
@@ -909,6 +920,16 @@ static osp_status upload_kv_fixed(cuda_backend *g, const osp_kv_cache *kv) {
     return osp_cuda_stream_sync(g->stream);
 }
 
+/* the step timeline's events (cuda_timeline_enable): a run's start starts a step's set over */
+enum { TL_RUN0, TL_RUN1, TL_SAMPLE0, TL_WAIT };
+static osp_status tl_mark(cuda_backend *g, int which) {
+    if (!g->tl_on) return OSP_OK;
+    if (which == TL_RUN0) memset(g->tl_have, 0, sizeof g->tl_have);
+    OSP_TRY(osp_cuda_event_record(g->tl_ev[which], g->stream));
+    g->tl_have[which] = true;
+    return OSP_OK;
+}
+
 static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b,
                            const osp_run_io *io) {
     cuda_backend *g = CU(be);
@@ -999,6 +1020,7 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         h[lay.lidx + i] = i;
     }
     /* one copy: everything before the block table, and the table's first S rows */
+    OSP_TRY(tl_mark(g, TL_RUN0));
     OSP_TRY(osp_cuda_h2d(g->d_in, h, (lay.bt + (size_t)S * (size_t)g->cap_w) * 4, g->stream));
     for (int32_t i = 0; has_io && i < io->n_acts; i++)
         if (io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
@@ -1009,11 +1031,13 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         g->base.launches++;
         OSP_TRY(osp_cuda_graph_launch(g->graphs[gi][gw], g->stream));
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
+        OSP_TRY(tl_mark(g, TL_RUN1));
         g->timed = g->time_runs;
     } else {
         if (g->op_times) OSP_TRY(op_events(g, gr->n_ops));
         OSP_TRY(enqueue(g, gr, kv, T, S, L));
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
+        OSP_TRY(tl_mark(g, TL_RUN1));
         g->timed = g->time_runs;
         if (g->op_times) OSP_TRY(op_times_add(g, gr, is_pure_decode(b) ? 1 : 0));
         if (gi >= 0 && osp_cuda_gemm_generation(g->gemm) != g->graphs_gemm_gen) { /* this run's plans moved the
@@ -1043,7 +1067,9 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     for (int32_t i = 0; has_io && i < io->n_acts; i++)
         if (!io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
     if (logits && b->num_logits > 0) {
+        OSP_TRY(tl_mark(g, TL_SAMPLE0));
         OSP_TRY(osp_cuda_d2h(logits, g->logits, (size_t)b->num_logits * (size_t)be->n_vocab * 4, g->stream));
+        OSP_TRY(tl_mark(g, TL_WAIT));
         OSP_TRY(osp_cuda_stream_sync(g->stream));
     }
     return OSP_OK;
@@ -1055,7 +1081,9 @@ static osp_status cuda_logits_to_host(osp_backend *be, int32_t row0, int32_t n, 
         return osp_set_error(OSP_ERR_INVALID_ARG, "logits rows [%d, %d) are outside the last step's %d", row0, row0 + n,
                              g->num_logits);
     const size_t V = (size_t)be->n_vocab;
+    if (!g->tl_have[TL_SAMPLE0]) OSP_TRY(tl_mark(g, TL_SAMPLE0));
     OSP_TRY(osp_cuda_d2h(dst, g->logits + (size_t)row0 * V, (size_t)n * V * 4, g->stream));
+    OSP_TRY(tl_mark(g, TL_WAIT));
     return osp_cuda_stream_sync(g->stream);
 }
 
@@ -1070,6 +1098,47 @@ static osp_status cuda_run_device_us(osp_backend *be, double *us) {
     float ms = 0.0f;
     OSP_TRY(osp_cuda_event_elapsed_ms(g->ev_start, g->ev_end, &ms)); /* waits for the end event */
     *us = 1e3 * (double)ms;
+    return OSP_OK;
+}
+
+/* ---- the step timeline ------------------------------------------------------------------------- */
+
+static double host_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static osp_status cuda_timeline_enable(osp_backend *be) {
+    cuda_backend *g = CU(be);
+    if (g->tl_on) return OSP_OK;
+    if (!g->tl_ref) OSP_TRY(osp_cuda_event_create(&g->tl_ref));
+    for (int i = 0; i < 4; i++)
+        if (!g->tl_ev[i]) OSP_TRY(osp_cuda_event_create(&g->tl_ev[i]));
+    /* the stream idle, the reference event completes as it is recorded: its host time is the midpoint
+       of the clock read before the record and after the wait (a few microseconds apart) */
+    OSP_TRY(osp_cuda_stream_sync(g->stream));
+    const double t0 = host_now();
+    OSP_TRY(osp_cuda_event_record(g->tl_ref, g->stream));
+    OSP_TRY(osp_cuda_stream_sync(g->stream));
+    g->tl_ref_s = 0.5 * (t0 + host_now());
+    memset(g->tl_have, 0, sizeof g->tl_have);
+    g->tl_on = true;
+    return OSP_OK;
+}
+
+static osp_status cuda_timeline_get(osp_backend *be, osp_backend_step_times *t) {
+    cuda_backend *g = CU(be);
+    t->run[0] = t->run[1] = t->sample[0] = t->sample[1] = -1.0;
+    if (!g->tl_on) return osp_set_error(OSP_ERR_INVALID_ARG, "cuda: the step timeline is off (timeline_enable)");
+    double *out[4] = {&t->run[0], &t->run[1], &t->sample[0], &t->sample[1]};
+    for (int i = 0; i < 4; i++) {
+        if (!g->tl_have[i]) continue;
+        float ms = 0.0f;
+        OSP_TRY(osp_cuda_event_elapsed_ms(g->tl_ref, g->tl_ev[i], &ms)); /* waits for the event */
+        *out[i] = g->tl_ref_s + 1e-3 * (double)ms;
+    }
+    if (t->sample[0] >= 0 && t->sample[1] < 0) t->sample[0] = -1.0;
     return OSP_OK;
 }
 
@@ -1152,8 +1221,13 @@ static osp_status cuda_sample(osp_backend *be, const osp_sampler_row *rows, cons
         want_lp |= r->num_logprobs >= 0;
     }
     if (nids > INT32_MAX / 2 || nbias > INT32_MAX / 2) return osp_set_error(OSP_ERR_INVALID_ARG, "sample: id lists too long");
+    /* The pinned buffers are free: every call waits for its copies before it returns, except one that
+     * failed after enqueuing them. No wait here for the step's forward, so the rows are packed while
+     * it runs (a wait here left the GPU idle for the packing: 21 us a step at batch 1, 78 us at 256
+     * on an H100, bench/gpu/DECODE.md). */
+    if (g->sample_inflight) OSP_TRY(osp_cuda_stream_sync(g->stream));
+    g->sample_inflight = false;
     OSP_TRY(sampler_reserve(g, n, (int32_t)nids, (int32_t)nbias));
-    OSP_TRY(osp_cuda_stream_sync(g->stream)); /* the pinned buffers may still be read by the last step */
     int32_t io = 0, bo = 0;
     for (int32_t i = 0; i < n; i++) {
         const osp_sampler_row *r = &rows[i];
@@ -1194,6 +1268,8 @@ static osp_status cuda_sample(osp_backend *be, const osp_sampler_row *rows, cons
         }
     }
     void *st = g->stream;
+    if (!g->tl_have[TL_SAMPLE0]) OSP_TRY(tl_mark(g, TL_SAMPLE0));
+    g->sample_inflight = true;
     OSP_TRY(osp_cuda_h2d(g->d_srows, g->h_srows, sizeof *g->h_srows * (size_t)n, st));
     if (io) OSP_TRY(osp_cuda_h2d(g->d_ids, g->h_ids, 4 * (size_t)io, st));
     if (bo) {
@@ -1205,7 +1281,9 @@ static osp_status cuda_sample(osp_backend *be, const osp_sampler_row *rows, cons
     OSP_TRY(osp_cuda_d2h(g->h_tokens, g->d_tokens, 4 * (size_t)n, st));
     OSP_TRY(osp_cuda_d2h(g->h_status, g->d_status, sizeof(osp_status) * (size_t)n, st));
     if (want_lp && logprobs) OSP_TRY(osp_cuda_d2h(g->h_lp, g->d_lp, sizeof(osp_logprobs) * (size_t)n, st));
+    OSP_TRY(tl_mark(g, TL_WAIT));
     OSP_TRY(osp_cuda_stream_sync(st));
+    g->sample_inflight = false;
     memcpy(tokens, g->h_tokens, 4 * (size_t)n);
     memcpy(status, g->h_status, sizeof(osp_status) * (size_t)n);
     if (want_lp && logprobs)
@@ -1243,6 +1321,8 @@ static const osp_backend_vtable k_cuda_vt = {
     .logits_to_host = cuda_logits_to_host,
     .sync = cuda_sync,
     .run_device_us = cuda_run_device_us,
+    .timeline_enable = cuda_timeline_enable,
+    .timeline_get = cuda_timeline_get,
 };
 
 int osp_backend_cuda_device_count(void) { return osp_cuda_device_count(); }

@@ -250,6 +250,21 @@ __device__ __forceinline__ int block_scan(int v, int *sWarp, int *total) {
     return res;
 }
 
+/* the bin walk both digit finders end in: the thread or lane that owns bins b0 .. b0 + n - 1, with
+ * count(bins >= b0 + n) = above and count(bins >= b0) = ge, writes the digit d of its range with
+ * count(> d) < krem <= count(>= d) to sRes[0] and count(> d) to sRes[1], if d is in its range */
+__device__ __forceinline__ void walk_bins(const uint32_t *h, int b0, int n, int above, int ge, int krem, int *sRes) {
+    if (above >= krem || krem > ge) return;
+    int acc = above;
+    for (int b = n - 1; b >= 0; b--) {
+        if (acc + (int)h[b0 + b] >= krem) {
+            sRes[0] = b0 + b, sRes[1] = acc;
+            return;
+        }
+        acc += (int)h[b0 + b];
+    }
+}
+
 /* the digit d of a histogram h [nbins] (nbins a power of two, <= 4 kTopkThreads) with count(> d) < krem <=
  * count(>= d), for 1 <= krem <= count(all): sRes[0] = d, sRes[1] = count(> d) */
 __device__ __forceinline__ void find_digit(const uint32_t *h, int nbins, int krem, int *sWarp, int *sRes) {
@@ -261,16 +276,7 @@ __device__ __forceinline__ void find_digit(const uint32_t *h, int nbins, int kre
     int tot;
     const int incl = block_scan(loc, sWarp, &tot);
     const int ge = tot - (incl - loc), above = ge - loc; /* counts of bins >= b0 and >= b0 + bpt */
-    if (b0 < nbins && above < krem && krem <= ge) {
-        int acc = above;
-        for (int b = bpt - 1; b >= 0; b--) {
-            if (acc + (int)h[b0 + b] >= krem) {
-                sRes[0] = b0 + b, sRes[1] = acc;
-                break;
-            }
-            acc += (int)h[b0 + b];
-        }
-    }
+    if (b0 < nbins) walk_bins(h, b0, bpt, above, ge, krem, sRes);
     __syncthreads();
 }
 
@@ -687,17 +693,7 @@ __device__ __forceinline__ void warp_find_digit(const uint32_t *h, int nb, int k
         const int y = __shfl_down_sync(0xffffffffu, ge, off);
         if (lane + off < 32) ge += y;
     }
-    const int above = ge - loc;
-    if (b0 < nb && above < krem && krem <= ge) {
-        int acc = above;
-        for (int b = bpl - 1; b >= 0; b--) {
-            if (acc + (int)h[b0 + b] >= krem) {
-                sRes[0] = b0 + b, sRes[1] = acc;
-                break;
-            }
-            acc += (int)h[b0 + b];
-        }
-    }
+    if (b0 < nb) walk_bins(h, b0, bpl, ge - loc, ge, krem, sRes);
 }
 
 /* inclusive scan of the pair (a, b) over the CTA (sWarp: 64 ints); the totals through *total */
