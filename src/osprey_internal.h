@@ -45,5 +45,8 @@
  * runs the core's loop. */
 #include "engine/core_client.h"
 #include "engine/core_server.h"
+/* the step timeline's writer (engine/timeline.h): `bench --trace` writes its own steps in the engine's
+ * trace format (the same phases and device spans), so one viewer and one summary serve both. */
+#include "engine/timeline.h"
 
 #endif

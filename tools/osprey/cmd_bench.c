@@ -34,6 +34,39 @@
 
 #define BLOCK_SIZE 16
 
+/* --trace FILE: every forward (with its sampling, on the GPU) as a step of the engine's timeline
+ * (engine/timeline.h): prepare = the batch's host setup, forward = the enqueue, sample = the GPU
+ * sampler's call; no schedule or update phase here. The device times are read after the step's
+ * sampler has waited (a prefill without one: after its own wait, which bench adds then). */
+static struct {
+    osp_timeline *tl;
+    osp_timeline_step cur;
+    int64_t steps;
+} g_trace;
+
+static void trace_begin(int32_t rows, int32_t tokens, bool decode) {
+    if (!g_trace.tl) return;
+    osp_timeline_step *t = &g_trace.cur;
+    memset(t, 0, sizeof *t);
+    t->step = g_trace.steps++, t->rows = rows, t->tokens = tokens, t->decode_only = decode;
+    for (int i = 0; i <= OSP_TL_PHASES; i++) t->host[i] = cli_now_s();
+}
+
+/* phase boundary i (OSP_TL_FORWARD: the forward's enqueue starts, OSP_TL_SAMPLE: it returned,
+ * OSP_TL_UPDATE: sampling returned): every later boundary moves with it */
+static void trace_mark(int i) {
+    if (!g_trace.tl) return;
+    const double now = cli_now_s();
+    for (int j = i; j <= OSP_TL_PHASES; j++) g_trace.cur.host[j] = now;
+}
+
+static void trace_end(osp_model *m) {
+    if (!g_trace.tl) return;
+    osp_status s = osp_model_timeline_get(m, &g_trace.cur.dev);
+    if (s != OSP_OK) cli_die(s, "--trace: device times");
+    osp_timeline_add(g_trace.tl, &g_trace.cur);
+}
+
 static void run_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int32_t start, int32_t n,
                      const int32_t *bt, int32_t max_blocks, int32_t *pos, int32_t *slot, float *logits) {
     for (int32_t i = 0; i < n; i++) {
@@ -44,8 +77,10 @@ static void run_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int32_t
     const osp_batch b = {.num_tokens = n, .token_ids = ids + start, .positions = pos, .slot_mapping = slot,
                          .num_seqs = 1, .query_start_loc = qsl, .seq_lens = &seq_len, .block_table = bt,
                          .max_blocks_per_seq = max_blocks, .num_logits = 1, .logits_indices = &last};
+    trace_mark(OSP_TL_FORWARD);
     osp_status s = osp_model_forward(m, kv, &b, osp_model_device(m) == OSP_DEVICE_CUDA ? NULL : logits);
     if (s != OSP_OK) cli_die(s, "forward pass failed");
+    trace_mark(OSP_TL_SAMPLE);
 }
 
 /* On the GPU: greedy tokens for the n logits rows of the last step, on the device (what an engine step
@@ -62,12 +97,14 @@ static void gpu_sample(osp_model *m, int32_t n) {
     }
     osp_status s = osp_model_sample(m, rows, lrows, n, toks, NULL, st);
     if (s != OSP_OK) cli_die(s, "sampling failed");
+    trace_mark(OSP_TL_UPDATE);
 }
 
 /* One decode step for B sequences at position p (sequence s owns blocks [s * mb, (s + 1) * mb)). */
 static void run_batch_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, int32_t B, int32_t p, const int32_t *bt,
                            int32_t mb, int32_t *pos, int32_t *slot, int32_t *qsl, int32_t *lens, int32_t *lidx,
                            float *logits) {
+    trace_begin(B, B, true);
     for (int32_t s = 0; s < B; s++) {
         pos[s] = p;
         slot[s] = s * mb * BLOCK_SIZE + p;
@@ -79,9 +116,12 @@ static void run_batch_step(osp_model *m, osp_kv_cache *kv, const int32_t *ids, i
     const osp_batch b = {.num_tokens = B, .token_ids = ids, .positions = pos, .slot_mapping = slot, .num_seqs = B,
                          .query_start_loc = qsl, .seq_lens = lens, .block_table = bt, .max_blocks_per_seq = mb,
                          .num_logits = B, .logits_indices = lidx};
+    trace_mark(OSP_TL_FORWARD);
     osp_status s = osp_model_forward(m, kv, &b, osp_model_device(m) == OSP_DEVICE_CUDA ? NULL : logits);
     if (s != OSP_OK) cli_die(s, "forward pass failed");
+    trace_mark(OSP_TL_SAMPLE);
     gpu_sample(m, B);
+    trace_end(m);
 }
 
 typedef enum { OUT_TEXT, OUT_MD, OUT_CSV, OUT_JSON } out_format;
@@ -189,10 +229,12 @@ static const char k_help[] =
     "                          a quantized cache is refused) (default: off)\n"
     "  -o, --output FORMAT     text | md | csv | json: llama-bench's table shapes (default: text,\n"
     "                          one '<test> <t/s> ± <sd>' line per test)\n"
+    "  --trace FILE            the timed steps as a step timeline (Chrome trace-event JSON; on the GPU with\n"
+    "                          device spans, and the idle share between decode steps printed at the end)\n"
     "  -h, --help              this text\n";
 
 int cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *random_preset = NULL, *scales_path = NULL;
+    const char *model = NULL, *random_preset = NULL, *scales_path = NULL, *trace_path = NULL;
     int n_prompt = 128, n_gen = 128, n_threads = 0, reps = 3;
     bool exact = false;
     int batch = 1, depth = 0;
@@ -221,6 +263,10 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
         else if (!strcmp(f, "--cpu-activations")) cpu_act = cli_cpu_activations(f, v), i++;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
+        else if (!strcmp(f, "--trace")) {
+            if (!v || !*v) cli_die(OSP_OK, "--trace needs a file (the step timeline, Chrome trace-event JSON)");
+            trace_path = v, i++;
+        }
         else if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             if (v && !strcmp(v, "text")) fmt = OUT_TEXT;
             else if (v && !strcmp(v, "md")) fmt = OUT_MD;
@@ -292,12 +338,20 @@ int cmd_bench(int argc, char **argv) {
         run_step(m, kv, ids, 1, 1, bt, max_blocks, pos, slot, logits);
         gpu_sample(m, 1);
     }
+    if (trace_path) { /* after the warm-up: the timed steps only (and the batch rounds' warm-up round) */
+        bool dev_clock = false;
+        s = osp_timeline_open(trace_path, &g_trace.tl);
+        if (s == OSP_OK) s = osp_model_timeline_enable(m, &dev_clock);
+        if (s != OSP_OK) cli_die(s, "--trace");
+    }
     for (int r = 0; r < reps; r++) {
         if (n_prompt > 0) {
             sync_or_die(m);
             const double t0 = cli_now_s();
+            trace_begin(1, n_prompt, false);
             run_step(m, kv, ids, 0, n_prompt, bt, max_blocks, pos, slot, logits);
             gpu_sample(m, 1); /* the first token (on the GPU this also waits for the pass to finish) */
+            trace_end(m);
             sync_or_die(m);
             tp[r] = cli_now_s() - t0;
         }
@@ -306,8 +360,10 @@ int cmd_bench(int argc, char **argv) {
             sync_or_die(m);
             const double t0 = cli_now_s();
             for (int32_t i = 0; i < n_gen; i++) {
+                trace_begin(1, 1, true);
                 run_step(m, kv, ids, depth + i, 1, bt, max_blocks, pos, slot, logits);
                 gpu_sample(m, 1);
+                trace_end(m);
             }
             sync_or_die(m);
             tg[r] = cli_now_s() - t0;
@@ -345,6 +401,14 @@ int cmd_bench(int argc, char **argv) {
         free(tpb);
     }
     report_end(&out);
+    if (g_trace.tl) {
+        char line[512];
+        osp_timeline_summary(g_trace.tl, line, sizeof line);
+        fprintf(stderr, "%s\n", line);
+        s = osp_timeline_close(g_trace.tl);
+        g_trace.tl = NULL;
+        if (s != OSP_OK) cli_die(s, "--trace");
+    }
     free(bpos);
     free(tp);
     free(tg);
