@@ -123,8 +123,9 @@ typedef struct osp_engine_params {
                                        steps with and without drafts (src/spec/switch.h): for tests whose
                                        outcome must not depend on timing (default false: the switch on) */
     osp_sparse_config sparse_attention; /* --sparse-attention (osprey/sparse.h): Quest top-k pages per query
-                                       token and KV head; method OSP_SPARSE_NONE (default): dense. CPU
-                                       only for now: OSP_ERR_UNSUPPORTED where the model runs on the GPU */
+                                       token and KV head; method OSP_SPARSE_NONE (default): dense. On the
+                                       GPU: f16 KV pages, head_dim 64 / 128, groups <= 16 heads, else
+                                       OSP_ERR_UNSUPPORTED at creation */
     const char *kv_scales_path;     /* a KV scales file (`osprey calibrate-kv -o`, src/format/kv_scales.h) whose
                                        fixed scales an fp8 or nvfp4 cache takes at creation; NULL: the
                                        documented defaults (src/kv/kv_cache.h). Read before the model loads;

@@ -9,7 +9,8 @@
  * 2023), the R last pages up to its own (the recent window; R = 1 is the page holding the query), and
  * the best-scoring others by Quest's upper bound. Defaults: recent 1, sink 0. "off" turns it off.
  * Budget at or above the context: a query whose context fits in PAGES pages attends densely (the same
- * arithmetic as without sparse attention), by definition. CPU engine path only for now. */
+ * arithmetic as without sparse attention), by definition. On the CPU through an attention hook
+ * (src/sparse/engine_hook.h); on a GPU by the backend itself (f16 KV pages, head_dim 64 or 128). */
 #ifndef OSPREY_SPARSE_H
 #define OSPREY_SPARSE_H
 

@@ -84,12 +84,38 @@ typedef struct osp_attn_hook {
     void *ctx;
 } osp_attn_hook;
 
+/* Sparse attention that a backend runs on its own device (the CUDA backend; the CPU takes an
+ * osp_attn_hook instead): Quest top-k pages (Tang et al. 2024, §3.2-3.3) with the semantics of
+ * src/sparse/quest.h's osp_quest_select, per (query token, KV head), for every ATTENTION op without a
+ * sliding window. Made by src/sparse/engine_hook.h's osp_sparse_runtime_create_device, which owns the
+ * summaries; the backend reads the config and the summaries and adds to the counters at every run.
+ *  - summaries: kmin / kmax, backend memory [n_layer, num_blocks, n_head_kv, head_dim] f16 each (16-byte
+ *    aligned per layer), the channel-wise min / max of each page's written keys, indexed by physical
+ *    block; the backend recomputes a page's entry whenever a step writes into it (from the page's first
+ *    positions[t] % block_size + 1 slots, t the step's last token writing there), so their initial
+ *    contents are never read;
+ *  - a token at position p whose context fits the budget (p / block_size + 1 <= topk_pages) attends
+ *    densely (the backend's dense kernel, the same bits as without sparse attention); the others read
+ *    the sink, recent and best-scoring pages only.
+ * The counters have osp_sparse_runtime_stats' meaning ((token, layer) pairs). */
+typedef struct osp_dev_sparse {
+    int32_t topk_pages, recent_pages, sink_pages; /* osprey/sparse.h's osp_sparse_config fields */
+    int32_t n_layer, num_blocks, block_size, n_head_kv, head_dim; /* the cache the summaries are for */
+    uint64_t kv_id;        /* that cache's osp_kv_cache.id: runs over another cache are refused */
+    void *kmin, *kmax;     /* see above */
+    /* counters, added to by run: ATTENTION ops run with it, then (token, layer) pairs as in
+     * osp_sparse_runtime_stats */
+    int64_t calls, dense_tokens, sparse_tokens, tiles_read, tiles_dense, bytes_read;
+} osp_dev_sparse;
+
 typedef struct osp_run_io {
     float *logits; /* [num_logits, n_vocab] on the host, or NULL: they stay in the backend */
     const osp_act_io *acts;
     int32_t n_acts;
     const osp_attn_hook *attn_hook; /* NULL: the backend's own attention. CPU backend only (others:
                                      * OSP_ERR_UNSUPPORTED) */
+    osp_dev_sparse *dev_sparse;     /* NULL: dense attention. Backends with supports_dev_sparse only (others:
+                                     * OSP_ERR_UNSUPPORTED); not together with attn_hook */
 } osp_run_io;
 
 /* A step's device work on the host's clock (CLOCK_MONOTONIC seconds), for the step timeline: run =
@@ -155,6 +181,11 @@ typedef struct osp_backend_vtable {
      * when a KV cache is created on the backend (kv_cache.c), so a dtype or a K/V pair the backend lacks
      * fails at start-up, before any page is allocated. */
     bool (*supports_kv)(osp_backend *be, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, char *why, size_t why_len);
+    /* Whether this backend runs osp_dev_sparse (osp_run_io.dev_sparse) over cache kv for a model with
+     * n_head query heads; when not, the reason in `why`. NULL: no device sparse attention (the CPU, which
+     * takes an osp_attn_hook). Asked once, when the sparse runtime is made, so a shape the kernels lack
+     * fails at start-up. */
+    bool (*supports_dev_sparse)(osp_backend *be, const osp_kv_cache *kv, int32_t n_head, char *why, size_t why_len);
     /* Whether this backend's RoPE+KV-write op honours osp_kv_page_format.k_hadamard (rotates q and K
      * per head). Caches created on a backend without it never set the flag. */
     bool kv_k_hadamard;

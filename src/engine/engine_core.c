@@ -210,7 +210,12 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     const int32_t num_staging = p.speculative.method == OSP_SPEC_QUANTSPEC
                                     ? osp_quantspec_staging_blocks(p.speculative.num_speculative_tokens, p.block_size)
                                     : 0;
-    const int64_t block_bytes = osp_kv_cache_bytes_per_token(c, p.kv_dtype, p.kv_dtype_v) * p.block_size;
+    /* on a GPU, sparse attention's page summaries sit beside each block (osp_sparse_runtime_create_device) */
+    const int64_t block_bytes =
+        osp_kv_cache_bytes_per_token(c, p.kv_dtype, p.kv_dtype_v) * p.block_size +
+        (p.sparse_attention.method != OSP_SPARSE_NONE && osp_model_samples_on_device(e->model)
+             ? osp_sparse_device_bytes_per_block(c->n_layer, c->n_head_kv, c->head_dim)
+             : 0);
     if (p.num_blocks == 0) {
         int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
                                          : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
@@ -298,13 +303,15 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         osp_spec_switch_init(&e->sw);
     }
     if (p.sparse_attention.method != OSP_SPARSE_NONE) {
-        if (osp_model_samples_on_device(e->model)) {
-            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: sparse attention runs on the CPU only for now; use --device "
-                                                   "cpu or leave out --sparse-attention");
-            goto fail;
+        if (osp_model_samples_on_device(e->model)) { /* the backend selects and attends (osp_dev_sparse) */
+            if ((s = osp_sparse_runtime_create_device(&p.sparse_attention, e->runner->kv, c->n_head, &e->sparse)) !=
+                OSP_OK)
+                goto fail;
+            osp_model_set_dev_sparse(e->model, osp_sparse_runtime_device(e->sparse));
+        } else {
+            if ((s = osp_sparse_runtime_create(&p.sparse_attention, e->runner->kv, &e->sparse)) != OSP_OK) goto fail;
+            osp_model_set_attn_hook(e->model, osp_sparse_runtime_hook(e->sparse));
         }
-        if ((s = osp_sparse_runtime_create(&p.sparse_attention, e->runner->kv, &e->sparse)) != OSP_OK) goto fail;
-        osp_model_set_attn_hook(e->model, osp_sparse_runtime_hook(e->sparse));
     }
     if (p.kv_offload_host_bytes != 0 || p.kv_offload_disk_dir || p.kv_role != OSP_KV_ROLE_NONE) {
         const char *what = p.kv_role != OSP_KV_ROLE_NONE ? "KV transfer (--kv-transfer-config)" : "KV offload";
@@ -404,7 +411,7 @@ void osp_engine_free(osp_engine *e) {
     free(e->publish.v);
     free(e->cb_lp);
     free(e->eos);
-    if (e->sparse) osp_model_set_attn_hook(e->model, NULL);
+    if (e->sparse) osp_model_set_attn_hook(e->model, NULL), osp_model_set_dev_sparse(e->model, NULL);
     osp_sparse_runtime_free(e->sparse);
     if (e->timeline) {
         timeline_flush(e);

@@ -32,6 +32,7 @@ struct osp_model {
     osp_graph graph[4]; /* [with_logits + 2 * with_embd]: bit 0 the logits tail, bit 1 the output norm of
                          * every token (osp_model_forward_embd) */
     const osp_attn_hook *attn_hook; /* osp_model_set_attn_hook, or NULL */
+    osp_dev_sparse *dev_sparse;     /* osp_model_set_dev_sparse, or NULL */
 };
 
 osp_model_params osp_model_default_params(void) {
@@ -331,7 +332,8 @@ osp_status osp_model_forward_embd(osp_model *m, osp_kv_cache *kv, const osp_batc
     int32_t n_acts = 0;
     for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[n_acts++] = (osp_act_io){g->hidden[i], hidden[i], false};
     if (embd) acts[n_acts++] = (osp_act_io){g->embd, embd, false};
-    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = n_acts, .attn_hook = m->attn_hook};
+    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = n_acts, .attn_hook = m->attn_hook,
+                           .dev_sparse = m->dev_sparse};
     return m->be->vt->run(m->be, g, kv, b, &io);
 }
 
@@ -370,3 +372,5 @@ osp_status osp_model_mem_info(osp_model *m, size_t *free_bytes, size_t *total_by
 const osp_graph *osp_model_graph(const osp_model *m, bool with_logits) { return &m->graph[with_logits]; }
 
 void osp_model_set_attn_hook(osp_model *m, const osp_attn_hook *hook) { m->attn_hook = hook; }
+
+void osp_model_set_dev_sparse(osp_model *m, osp_dev_sparse *ds) { m->dev_sparse = ds; }

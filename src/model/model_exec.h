@@ -52,6 +52,12 @@ osp_status osp_model_forward_embd(osp_model *m, osp_kv_cache *kv, const osp_batc
  * outlive its use. Only backends that take hooks (the CPU) run forwards with one: the others return
  * OSP_ERR_UNSUPPORTED from the forward. */
 void osp_model_set_attn_hook(osp_model *m, const osp_attn_hook *hook);
+/* Runs later forwards with sparse attention on the model's device (osp_run_io.dev_sparse,
+ * src/backend/backend.h; made by src/sparse/engine_hook.h's osp_sparse_runtime_create_device); NULL
+ * restores dense attention. `ds` must outlive its use; the backend adds to its counters at every forward.
+ * Only backends with supports_dev_sparse (CUDA) run forwards with one: the others return
+ * OSP_ERR_UNSUPPORTED from the forward. */
+void osp_model_set_dev_sparse(osp_model *m, osp_dev_sparse *ds);
 /* The op list a forward runs (tests, dumps). */
 const osp_graph *osp_model_graph(const osp_model *m, bool with_logits);
 

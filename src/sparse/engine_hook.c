@@ -13,6 +13,11 @@
 
 struct osp_sparse_runtime {
     osp_sparse_config cfg;
+    /* a device runtime: the backend's summaries and counters (dev.kmin: one allocation holding both);
+     * be retained while they live. Everything below dev is the host runtime's. */
+    bool device;
+    osp_dev_sparse dev;
+    osp_backend *be;
     osp_attn_hook hook;
     osp_quest_summaries qs;
     osp_sparse_wt wt;
@@ -63,17 +68,73 @@ osp_status osp_sparse_runtime_create(const osp_sparse_config *cfg, const osp_kv_
     return OSP_OK;
 }
 
+int64_t osp_sparse_device_bytes_per_block(int32_t n_layer, int32_t n_head_kv, int32_t head_dim) {
+    return 2 * 2 * (int64_t)n_layer * n_head_kv * head_dim; /* min and max, f16 */
+}
+
+osp_status osp_sparse_runtime_create_device(const osp_sparse_config *cfg, const osp_kv_cache *kv, int32_t n_head,
+                                            osp_sparse_runtime **out) {
+    *out = NULL;
+    OSP_TRY(osp_sparse_config_check(cfg));
+    if (cfg->method == OSP_SPARSE_NONE) return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: the config is off");
+    if (!kv || !kv->be || kv->k_fmt.head_dim < 1 || kv->n_layer < 1 || kv->num_blocks < 1)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: no KV cache");
+    osp_backend *be = kv->be;
+    char why[256] = "";
+    if (!be->vt->supports_dev_sparse)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "sparse attention: the %s backend has no device sparse attention",
+                             be->vt->name);
+    if (!be->vt->supports_dev_sparse(be, kv, n_head, why, sizeof why))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "sparse attention on the %s: %s", be->vt->name, why);
+    const int32_t HK = (int32_t)(kv->k_fmt.kv_row / kv->k_fmt.head_dim), D = kv->k_fmt.head_dim;
+    const unsigned __int128 half = (unsigned __int128)osp_sparse_device_bytes_per_block(kv->n_layer, HK, D) / 2 *
+                                   (unsigned)kv->num_blocks;
+    if (half > SIZE_MAX / 4) return osp_set_error(OSP_ERR_INVALID_ARG, "sparse attention: summaries too large");
+    osp_sparse_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return osp_set_error(OSP_ERR_NOMEM, "sparse attention: out of memory");
+    rt->cfg = *cfg;
+    rt->device = true;
+    void *mem = NULL;
+    const osp_status s = be->vt->buffer_alloc(be, 2 * (size_t)half, "the Quest page summaries (sparse attention)", &mem);
+    if (s != OSP_OK) {
+        free(rt);
+        return s;
+    }
+    osp_backend_retain(be);
+    rt->be = be;
+    rt->dev = (osp_dev_sparse){.topk_pages = cfg->topk_pages, .recent_pages = cfg->recent_pages,
+                               .sink_pages = cfg->sink_pages, .n_layer = kv->n_layer, .num_blocks = kv->num_blocks,
+                               .block_size = kv->block_size, .n_head_kv = HK, .head_dim = D, .kv_id = kv->id,
+                               .kmin = mem, .kmax = (char *)mem + (size_t)half};
+    *out = rt;
+    return OSP_OK;
+}
+
 void osp_sparse_runtime_free(osp_sparse_runtime *rt) {
     if (!rt) return;
+    if (rt->device) {
+        rt->be->vt->buffer_free(rt->be, rt->dev.kmin);
+        osp_backend_free(rt->be);
+        free(rt);
+        return;
+    }
     osp_quest_free(&rt->qs);
     osp_sparse_wt_free(&rt->wt);
     free(rt->dense_tok), free(rt->cand_indptr), free(rt->cand), free(rt->sel), free(rt->ws), free(rt->scores);
     free(rt);
 }
 
-const osp_attn_hook *osp_sparse_runtime_hook(osp_sparse_runtime *rt) { return &rt->hook; }
+const osp_attn_hook *osp_sparse_runtime_hook(osp_sparse_runtime *rt) { return rt->device ? NULL : &rt->hook; }
 
-osp_sparse_runtime_stats osp_sparse_runtime_get_stats(const osp_sparse_runtime *rt) { return rt->stats; }
+osp_dev_sparse *osp_sparse_runtime_device(osp_sparse_runtime *rt) { return rt->device ? &rt->dev : NULL; }
+
+osp_sparse_runtime_stats osp_sparse_runtime_get_stats(const osp_sparse_runtime *rt) {
+    if (!rt->device) return rt->stats;
+    return (osp_sparse_runtime_stats){.calls = rt->dev.calls,
+                                      .dense_tokens = rt->dev.dense_tokens, .sparse_tokens = rt->dev.sparse_tokens,
+                                      .tiles_read = rt->dev.tiles_read, .tiles_dense = rt->dev.tiles_dense,
+                                      .bytes_read = rt->dev.bytes_read};
+}
 
 static osp_status prepare(void *ctx, const osp_attn_call *c) {
     osp_sparse_runtime *rt = ctx;

@@ -119,7 +119,7 @@ static const char *k_serve_usage =
     "                                   '{\"method\": \"quantspec\", \"num_speculative_tokens\": 3}' (the target drafts\n"
     "                                   for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"
     "                                   (off; CPU only)\n"
-    "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off; CPU only)\n"
+    "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off)\n"
     "  --kv-offloading-size GIB         host-memory tier for prefix KV blocks the cache evicts (vLLM's; off)\n"
     "  --kv-offload-disk DIR            disk tier below it (files per block, checksummed; off)\n"
     "  --kv-offload-disk-size GIB       the disk tier's size (needed with --kv-offload-disk)\n"

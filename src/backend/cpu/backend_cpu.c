@@ -775,6 +775,9 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
     float *bufs[OSP_GRAPH_MAX_ACTS] = {0};
     float *logits = io ? io->logits : NULL;
     c->last_logits = 0;
+    if (io && io->dev_sparse) /* the CPU runs sparse attention through an osp_attn_hook */
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cpu backend: device sparse attention is the CUDA backend's; the "
+                                                  "CPU takes an attention hook (src/sparse/engine_hook.h)");
     if (b->num_logits > 0 && g->logits >= 0 && !logits)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: logits must go to the host");
     OSP_TRY(reserve(c, g, b, logits, bufs));

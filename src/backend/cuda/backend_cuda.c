@@ -19,6 +19,15 @@
  * when a batch exceeds them, which also drops the captured graphs (they hold the old pointers); in a
  * running engine that happens in the first steps only, so steady steps allocate nothing.
  *
+ * Sparse attention (osp_run_io.dev_sparse, issue 15): every ATTENTION op of a layer without a window
+ * first refreshes the Quest summaries of the pages the step wrote (osp_cuda_quest_refresh), runs the dense
+ * kernel, then, for the step's tokens whose context exceeds the budget (p / block_size + 1 > topk, the
+ * CPU hook's rule, prefill tokens included), gathers their q rows, selects pages (osp_cuda_quest_select),
+ * builds the work table (osp_cuda_quest_table), attends over it (osp_cuda_sparse_attention_decode) and
+ * scatters the rows over the dense output. The per-token lists (which tokens, which pages to refresh)
+ * are built on the host with the other step inputs; a decode graph's launches are sized by its ladder
+ * size, so the capture holds for any positions (see run_sparse_plan).
+ *
  * With osp_backend_params.time_runs (bench-kernels), a run records an event after the step's inputs are
  * uploaded and another after its ops (the graph replay, or the eager enqueue: never inside a capture);
  * run_device_us reads the time between them. */
@@ -47,6 +56,9 @@ _Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_K
 #define GEMM_WORKSPACE_BYTES (32u << 20)
 #define STAGING_VALUES ((size_t)16 << 20) /* bf16 values per upload chunk (32 MiB pinned) */
 #define QX_ROWS 1024 /* activation rows a quantized matmul quantizes at a time (osp_cuda_qx_quantize) */
+/* sparse attention: token rows the Quest kernels take at a time (a decode graph's at most: the largest
+ * ladder size), which sizes their workspace; a prefill with more sparse tokens loops */
+#define SPARSE_ROWS 256
 
 static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 #define N_GRAPH_SIZES ((int)(sizeof k_graph_sizes / sizeof k_graph_sizes[0]))
@@ -81,6 +93,21 @@ typedef struct cuda_backend {
     size_t row_tok[OSP_GRAPH_MAX_ACTS], row_log[OSP_GRAPH_MAX_ACTS];
     void *attn_ws;
     size_t attn_ws_bytes;
+    /* sparse attention: the Quest kernels' workspace (sp_layout_of, SPARSE_ROWS rows at the block-table
+     * width cap_w), this run's plan (run_sparse_plan) and the osp_dev_sparse the graphs were captured
+     * with (their launches and pointers depend on it) */
+    void *sp_ws;
+    size_t sp_ws_bytes;
+    struct sparse_plan {
+        osp_dev_sparse *ds; /* NULL: dense */
+        int32_t rows;       /* the gathered rows the Quest launches cover (0: none) */
+        int32_t refresh;    /* the summary refresh launch's entries (0: none) */
+        /* device lists, in d_in after the block table: seq_lens [S], the dense kernel's positions [T]
+         * (0 for a sparse decode row), the rows' tokens / positions / sequences [rows], the refreshed
+         * pages and their written slots [refresh] */
+        const int32_t *seql, *pdense, *tok, *pos, *seq, *rf_blk, *rf_n;
+    } sp;
+    const osp_dev_sparse *graphs_sparse;
     int32_t *d_in, *h_in; /* packed inputs, device and pinned host */
     const float *logits;  /* the last run's logits [num_logits, n_vocab] on the device */
     int32_t num_logits;
@@ -137,7 +164,7 @@ typedef struct cuda_backend {
 
 /* Offsets of the packed inputs inside d_in / h_in (int32 elements), from the capacities. */
 typedef struct in_layout {
-    size_t ids, pos, slot, qsl, bt, lidx, total;
+    size_t ids, pos, slot, qsl, bt, lidx, sp, total;
 } in_layout;
 
 static in_layout layout_of(const cuda_backend *g) {
@@ -147,8 +174,40 @@ static in_layout layout_of(const cuda_backend *g) {
     L.slot = L.pos + (size_t)g->cap_t;
     L.qsl = L.slot + (size_t)g->cap_t;
     L.lidx = L.qsl + (size_t)g->cap_s + 1;
-    L.bt = L.lidx + (size_t)g->cap_l; /* last: a step copies only its S rows of it */
-    L.total = L.bt + (size_t)g->cap_s * (size_t)g->cap_w;
+    L.bt = L.lidx + (size_t)g->cap_l; /* a step copies only its S rows of it */
+    /* sparse attention's lists (struct sparse_plan), packed by the step's sizes: at most S + 6 T */
+    L.sp = L.bt + (size_t)g->cap_s * (size_t)g->cap_w;
+    L.total = L.sp + (size_t)g->cap_s + 6 * (size_t)g->cap_t;
+    return L;
+}
+
+/* Byte offsets inside sp_ws for C gathered rows of an ATTENTION op (H, HK, D) at budget K pages of bs
+ * slots and block-table width W, each 256-byte aligned: q / o [C, H, D] bf16, scores [C HK, W] fp32, sel
+ * [C HK, K], counts [C HK], the table (indptr [C HK + 1]; indices, pages, flags [C HK K]; tmask [C HK K,
+ * ceil(bs / 32)]) and the sparse kernel's workspace. */
+typedef struct sp_layout {
+    size_t q, o, scores, sel, counts, indptr, indices, pages, flags, tmask, att, att_bytes, total;
+} sp_layout;
+
+static sp_layout sp_layout_of(int64_t C, int H, int HK, int D, int32_t K, int32_t bs, int64_t W) {
+    sp_layout L;
+    size_t at = 0;
+#define SP_TAKE(field, bytes) (L.field = at, at += ((size_t)(bytes) + 255) / 256 * 256)
+    const size_t rows = (size_t)C * (size_t)HK, ent = rows * (size_t)K;
+    SP_TAKE(q, (size_t)C * (size_t)H * (size_t)D * 2);
+    SP_TAKE(o, (size_t)C * (size_t)H * (size_t)D * 2);
+    SP_TAKE(scores, rows * (size_t)W * 4);
+    SP_TAKE(sel, ent * 4);
+    SP_TAKE(counts, rows * 4);
+    SP_TAKE(indptr, (rows + 1) * 4);
+    SP_TAKE(indices, ent * 4);
+    SP_TAKE(pages, ent * 4);
+    SP_TAKE(flags, ent * 4);
+    SP_TAKE(tmask, ent * (size_t)((bs + 31) / 32) * 4);
+    L.att_bytes = osp_cuda_sparse_workspace_bytes(C, H, D, K, bs);
+    SP_TAKE(att, L.att_bytes);
+#undef SP_TAKE
+    L.total = at;
     return L;
 }
 
@@ -168,6 +227,9 @@ static void free_acts(cuda_backend *g) {
         g->act_bytes[i] = 0;
     }
     osp_cuda_free(g->attn_ws);
+    osp_cuda_free(g->sp_ws);
+    g->sp_ws = NULL;
+    g->sp_ws_bytes = 0;
     osp_cuda_free(g->d_in);
     osp_cuda_host_free(g->h_in);
     g->attn_ws = NULL;
@@ -520,6 +582,32 @@ static bool cuda_supports_kv(osp_backend *be, osp_kv_dtype d, osp_kv_dtype dv, c
     return false;
 }
 
+/* What the engine path's sparse kernels take (osp_dev_sparse): f16 K and V pages (the block-sparse kernel
+ * reads f16 only), head_dim 64 or 128, query groups of <= 16 heads, pages of <= 256 slots, and
+ * SPARSE_ROWS rows of KV heads within the Quest kernels' grid (65,535 rows). */
+static bool cuda_supports_dev_sparse(osp_backend *be, const osp_kv_cache *kv, int32_t n_head, char *why, size_t n) {
+    (void)be;
+    const int32_t D = kv->k_fmt.head_dim, HK = D > 0 ? (int32_t)(kv->k_fmt.kv_row / D) : 0;
+    if (kv->k_fmt.elem_type != OSP_KV_PAGE_F16 || kv->v_fmt.elem_type != OSP_KV_PAGE_F16) {
+        snprintf(why, n, "the block-sparse kernel reads f16 KV pages only, not %s (use --kv-cache-dtype f16, or --device "
+                 "cpu)", osp_kv_dtype_name(kv->k_fmt.dtype) ? osp_kv_dtype_name(kv->k_fmt.dtype) : "these");
+        return false;
+    }
+    if (D != 64 && D != 128) {
+        snprintf(why, n, "the block-sparse kernel takes head_dim 64 or 128, not %d", D);
+        return false;
+    }
+    if (HK < 1 || n_head < HK || n_head % HK || n_head / HK > 16 || (int64_t)HK * SPARSE_ROWS > 65535) {
+        snprintf(why, n, "the Quest kernels take groups of <= 16 query heads a KV head (%d / %d)", n_head, HK);
+        return false;
+    }
+    if (kv->block_size > 256) {
+        snprintf(why, n, "the block-sparse kernel takes block_size <= 256, not %d", kv->block_size);
+        return false;
+    }
+    return true;
+}
+
 static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op *op, char *why, size_t n) {
     (void)be;
     const uint32_t F32 = OSP_DTYPE_F32, BF16 = OSP_DTYPE_BF16;
@@ -626,6 +714,28 @@ fail:
     return s;
 }
 
+/* The Quest kernels' workspace for op list gr's ATTENTION ops without a window (the largest of their
+ * shapes) at the current block-table width, grown when short (which drops the graphs). */
+static osp_status reserve_sparse_ws(cuda_backend *g, const osp_graph *gr, const osp_dev_sparse *ds) {
+    size_t need = 0;
+    for (int32_t k = 0; k < gr->n_ops; k++) {
+        const osp_op *op = &gr->ops[k];
+        if (op->kind != OSP_OP_ATTENTION || op->p.attn.window > 0) continue;
+        const sp_layout L = sp_layout_of(SPARSE_ROWS, op->p.attn.n_head, op->p.attn.n_head_kv, op->p.attn.head_dim,
+                                         ds->topk_pages, ds->block_size, g->cap_w);
+        need = L.total > need ? L.total : need;
+    }
+    if (need <= g->sp_ws_bytes) return OSP_OK;
+    OSP_TRY(osp_cuda_stream_sync(g->stream));
+    drop_graphs(g);
+    osp_cuda_free(g->sp_ws);
+    g->sp_ws = NULL;
+    g->sp_ws_bytes = 0;
+    OSP_TRY(osp_cuda_malloc(&g->sp_ws, need, "the sparse attention workspace"));
+    g->sp_ws_bytes = need;
+    return OSP_OK;
+}
+
 /* An on-by-default switch: false when the environment variable `name` is "0", read once into *cache
  * (-1 before). For the A/B comparisons on a device below; the paths they choose give the same bits. */
 static bool env_switch(const char *name, int *cache) {
@@ -707,6 +817,49 @@ static int32_t fused_qx(const cuda_backend *g, const osp_graph *gr, int32_t k, i
                : 0;
 }
 
+/* The sparse rows of ATTENTION op `op` (no window; its dense output already in dst): g->sp.rows gathered
+ * rows, SPARSE_ROWS at a time: q rows gathered, Quest's pages selected from the layer's summaries, the
+ * work table built, block-sparse attention over it, the rows scattered over dst. Every launch is sized
+ * by the chunk's row count and the budget only, and each row's bits depend on its own inputs alone (the
+ * kernels' contracts in cuda_ops.h), so a token's output does not depend on the rest of its batch. */
+static osp_status enqueue_sparse(cuda_backend *g, const osp_op *op, const osp_kv_cache *kv, const void *q, void *dst,
+                                 const int32_t *bt) {
+    const osp_dev_sparse *ds = g->sp.ds;
+    const int H = op->p.attn.n_head, HK = op->p.attn.n_head_kv, D = op->p.attn.head_dim;
+    const int32_t K = ds->topk_pages, bs = kv->block_size, W = (int32_t)g->cap_w;
+    const sp_layout L = sp_layout_of(SPARSE_ROWS, H, HK, D, K, bs, W);
+    if (L.total > g->sp_ws_bytes)
+        return osp_set_error(OSP_ERR_INTERNAL, "cuda: the sparse attention workspace is short (%zu of %zu bytes)",
+                             g->sp_ws_bytes, L.total);
+    char *ws = g->sp_ws;
+    const size_t lay = (size_t)op->layer * (size_t)ds->num_blocks * (size_t)ds->n_head_kv * (size_t)ds->head_dim * 2;
+    const void *kmin = (const char *)ds->kmin + lay, *kmax = (const char *)ds->kmax + lay;
+    const size_t row_bytes = (size_t)H * (size_t)D * 2;
+    void *st = g->stream;
+    for (int32_t c0 = 0; c0 < g->sp.rows; c0 += SPARSE_ROWS) {
+        const int32_t n = g->sp.rows - c0 < SPARSE_ROWS ? g->sp.rows - c0 : SPARSE_ROWS;
+        const int32_t *tok = g->sp.tok + c0, *pos = g->sp.pos + c0, *seq = g->sp.seq + c0;
+        uint16_t *qg = (uint16_t *)(ws + L.q), *og = (uint16_t *)(ws + L.o);
+        int32_t *sel = (int32_t *)(ws + L.sel), *counts = (int32_t *)(ws + L.counts);
+        int32_t *indptr = (int32_t *)(ws + L.indptr), *indices = (int32_t *)(ws + L.indices);
+        int32_t *pages = (int32_t *)(ws + L.pages), *flags = (int32_t *)(ws + L.flags);
+        uint32_t *tmask = (uint32_t *)(ws + L.tmask);
+        OSP_TRY(osp_cuda_rows_copy(q, qg, tok, n, row_bytes, false, st));
+        OSP_TRY(osp_cuda_quest_select(kmin, kmax, OSP_CUDA_QUEST_F16, qg, pos, seq, bt, W, bs, n, H, HK, D, K,
+                                      ds->sink_pages, ds->recent_pages, (float *)(ws + L.scores), sel, counts, st));
+        OSP_TRY(osp_cuda_quest_table(sel, counts, K, pos, seq, g->sp.seql, bt, W, bs, n, HK, indptr, indices, pages,
+                                     flags, tmask, st));
+        const osp_cuda_sparse_table wt = {.d_indptr = indptr, .d_indices = indices, .d_pages = pages, .d_flags = flags,
+                                          .d_tmask = tmask, .num_rows = n * HK, .groups = HK,
+                                          .mask_words = (bs + 31) / 32, .max_row_tiles = K};
+        OSP_TRY(osp_cuda_sparse_attention_decode(&wt, qg, kv->k[op->layer], kv->v[op->layer], OSP_KV_PAGE_F16, og, n,
+                                                 pos, seq, g->sp.seql, bt, W, bs, H, HK, D, op->p.attn.scale, NULL,
+                                                 L.att_bytes ? ws + L.att : NULL, L.att_bytes, st));
+        OSP_TRY(osp_cuda_rows_copy(og, dst, tok, n, row_bytes, true, st));
+    }
+    return OSP_OK;
+}
+
 /* Enqueues op list gr for T tokens / S sequences / L logits rows whose inputs are in d_in. */
 static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv, int64_t T, int32_t S, int64_t L) {
     const in_layout lay = layout_of(g);
@@ -776,12 +929,26 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
                                              op->p.rope.n_head, op->p.rope.n_head_kv, op->p.rope.head_dim,
                                              op->p.rope.n_rot, op->p.rope.neox, op->p.rope.eps, st));
             break;
-        case OSP_OP_ATTENTION:
+        case OSP_OP_ATTENTION: {
+            /* sparse attention (g->sp): layers without a window; sliding-window layers stay dense */
+            const bool sparse = g->sp.ds && op->p.attn.window <= 0;
+            const osp_dev_sparse *ds = g->sp.ds;
+            if (sparse && g->sp.refresh > 0) { /* the summaries of the pages this step wrote, before any read */
+                const size_t loff =
+                    (size_t)op->layer * (size_t)ds->num_blocks * (size_t)ds->n_head_kv * (size_t)ds->head_dim * 2;
+                OSP_TRY(osp_cuda_quest_refresh(kv->k[op->layer], g->sp.rf_blk, g->sp.rf_n, g->sp.refresh,
+                                               kv->block_size, op->p.attn.n_head_kv, op->p.attn.head_dim,
+                                               (char *)ds->kmin + loff, (char *)ds->kmax + loff, st));
+            }
+            /* the dense kernel: every token (a sparse decode row at position 0, its output overwritten below) */
             OSP_TRY(osp_cuda_paged_attention_q(s0, kv->k[op->layer], kv->v[op->layer], kvt, per > 0 ? &kq : NULL, dst,
-                                               S, qsl, pos, bt, (int32_t)g->cap_w, kv->block_size, T, op->p.attn.n_head,
-                                               op->p.attn.n_head_kv, op->p.attn.head_dim, op->p.attn.scale,
-                                               op->p.attn.window, (int32_t)g->attn_len, g->attn_ws, st));
+                                               S, qsl, sparse ? g->sp.pdense : pos, bt, (int32_t)g->cap_w,
+                                               kv->block_size, T, op->p.attn.n_head, op->p.attn.n_head_kv,
+                                               op->p.attn.head_dim, op->p.attn.scale, op->p.attn.window,
+                                               (int32_t)g->attn_len, g->attn_ws, st));
+            if (sparse && g->sp.rows > 0) OSP_TRY(enqueue_sparse(g, op, kv, s0, dst, bt));
             break;
+        }
         case OSP_OP_GLU: {
             const int32_t group = fused_qx(g, gr, k, R);
             if (group) {
@@ -930,11 +1097,91 @@ static osp_status tl_mark(cuda_backend *g, int which) {
     return OSP_OK;
 }
 
+/* This run's sparse attention plan (g->sp) for batch b padded to S sequences / T tokens, its lists
+ * written into h_in at lay.sp (packed by this run's sizes; returns their int32 count, 0 when dense), on
+ * the host from the step's own inputs, as the CPU hook (src/sparse/engine_hook.c) decides:
+ *  - a token at position p is sparse when p / block_size + 1 > topk: prefill tokens included, so a
+ *    token's path depends on its position only, never on how its prompt was chunked or batched; a
+ *    sparse token that is its sequence's only token in the step (a decode) gets position 0 in the dense
+ *    kernel's list (a one-key attention, overwritten), the others keep theirs (the dense kernel then does
+ *    work that is thrown away: prefill chunks past the budget pay for both);
+ *  - the pages to refresh: for each token t writing a slot, its page when no later token of its sequence
+ *    writes the same page, with positions[t] % block_size + 1 written slots.
+ * Returns -1 (nothing planned) if the lists would not fit their launch sizes. Launch sizes: eager, the counts; a decode graph (gi >= 0), fixed by its key: S rows when its attention
+ * length attn_len exceeds the budget's keys (every sparse token has p < attn_len), else none, and T
+ * refresh entries, the unused ones padded (token -1, position 0, sequence 0; block -1). So a replay reads
+ * the same device addresses with this step's values. */
+static int64_t run_sparse_plan(cuda_backend *g, const osp_batch *b, const osp_kv_cache *kv, osp_dev_sparse *ds, int gi,
+                               int32_t S, int64_t T, const in_layout *lay) {
+    g->sp = (struct sparse_plan){.ds = ds};
+    if (!ds) return 0;
+    const int32_t bs = kv->block_size, K = ds->topk_pages, n = b->num_tokens;
+    int32_t n_sp = 0, n_rf = 0;
+    for (int32_t t = 0; t < n; t++) n_sp += b->positions[t] / bs + 1 > K;
+    for (int32_t t = 0; t < n; t++) n_rf += b->slot_mapping[t] >= 0;
+    const int32_t rows = gi >= 0 ? (g->attn_len > (int64_t)K * bs ? S : 0) : n_sp;
+    const int32_t rf = gi >= 0 ? (int32_t)T : n_rf; /* n_rf: an upper bound of the pages in eager runs */
+    if (n_sp > rows || n_rf > rf) return -1; /* cannot happen (see above); refused rather than overrun */
+    int32_t *h = g->h_in + lay->sp;
+    int32_t *seql = h, *pd = seql + S, *tok = pd + T, *pos = tok + rows, *seq = pos + rows, *rfb = seq + rows,
+            *rfn = rfb + rf;
+    const int32_t *d = g->d_in + lay->sp;
+    g->sp.seql = d, g->sp.pdense = d + (pd - h), g->sp.tok = d + (tok - h), g->sp.pos = d + (pos - h);
+    g->sp.seq = d + (seq - h), g->sp.rf_blk = d + (rfb - h), g->sp.rf_n = d + (rfn - h);
+    for (int32_t i = 0; i < S; i++) seql[i] = i < b->num_seqs ? b->seq_lens[i] : 1;
+    int32_t m = 0, r = 0;
+    for (int32_t t = 0, s = 0; t < n; t++) {
+        while (s < b->num_seqs - 1 && t >= b->query_start_loc[s + 1]) s++;
+        const int32_t p = b->positions[t], slot = b->slot_mapping[t], end = b->query_start_loc[s + 1];
+        const bool sp = p / bs + 1 > K, alone = end - b->query_start_loc[s] == 1;
+        pd[t] = sp && alone ? 0 : p;
+        if (sp) tok[m] = t, pos[m] = p, seq[m] = s, m++;
+        if (slot >= 0 && !(t + 1 < end && b->slot_mapping[t + 1] >= 0 && b->slot_mapping[t + 1] / bs == slot / bs))
+            rfb[r] = slot / bs, rfn[r] = p % bs + 1, r++;
+    }
+    for (int32_t t = n; t < T; t++) pd[t] = 0; /* padding rows: position 0 (as in pos) */
+    for (; m < rows; m++) tok[m] = -1, pos[m] = 0, seq[m] = 0;
+    for (; r < rf; r++) rfb[r] = -1, rfn[r] = 1;
+    g->sp.rows = rows;
+    g->sp.refresh = rf;
+    return (int64_t)(pd - h) + T + 3 * (int64_t)rows + 2 * (int64_t)rf;
+}
+
+/* Adds a successful run's sparse counters to ds (osp_sparse_runtime_stats' meaning): per ATTENTION op
+ * without a window, its sparse tokens read topk pages a KV head (the selection is exact in count: n_ctx >
+ * topk), the others are dense; sliding-window layers run dense here (the CPU hook reads them through a
+ * BlockMask and counts them as sparse). */
+static void count_sparse(const osp_graph *gr, const osp_batch *b, const osp_kv_cache *kv, osp_dev_sparse *ds) {
+    int64_t ops = 0, global = 0;
+    for (int32_t k = 0; k < gr->n_ops; k++)
+        if (gr->ops[k].kind == OSP_OP_ATTENTION) ops++, global += gr->ops[k].p.attn.window <= 0;
+    const int32_t bs = kv->block_size, K = ds->topk_pages, HK = ds->n_head_kv;
+    int64_t n_sp = 0, ctx_pages = 0;
+    for (int32_t t = 0; t < b->num_tokens; t++) {
+        const int32_t pages = b->positions[t] / bs + 1;
+        if (pages > K) n_sp++, ctx_pages += pages;
+    }
+    ds->calls += ops;
+    ds->sparse_tokens += n_sp * global;
+    ds->dense_tokens += (int64_t)b->num_tokens * ops - n_sp * global;
+    ds->tiles_read += n_sp * HK * K * global;
+    ds->tiles_dense += ctx_pages * HK * global;
+    ds->bytes_read = ds->tiles_read * bs * (int64_t)((kv->k_fmt.bytes_per_token + kv->v_fmt.bytes_per_token) / (size_t)HK);
+}
+
 static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *kv, const osp_batch *b,
                            const osp_run_io *io) {
     cuda_backend *g = CU(be);
     if (io && io->attn_hook)
-        return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda backend: attention hooks (sparse attention) run on the CPU only for now");
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda backend: attention hooks run on the CPU only (sparse attention "
+                                                  "on the GPU goes through osp_run_io.dev_sparse)");
+    osp_dev_sparse *ds = io ? io->dev_sparse : NULL;
+    if (ds && (ds->kv_id != kv->id || ds->num_blocks != kv->num_blocks || ds->block_size != kv->block_size ||
+               ds->n_layer != kv->n_layer || ds->head_dim != kv->k_fmt.head_dim ||
+               (int64_t)ds->n_head_kv * ds->head_dim != kv->k_fmt.kv_row || kv->k_fmt.elem_type != OSP_KV_PAGE_F16 ||
+               kv->v_fmt.elem_type != OSP_KV_PAGE_F16))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda backend: the sparse attention summaries were made for another "
+                                                  "KV cache (or its pages are not f16)");
     float *logits = io ? io->logits : NULL;
     const bool has_io = io && io->n_acts > 0;
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
@@ -965,9 +1212,15 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     for (int32_t k = 0; k < gr->n_ops && !attn_op; k++)
         if (gr->ops[k].kind == OSP_OP_ATTENTION) attn_op = &gr->ops[k];
     OSP_TRY(reserve(g, gr, T, L, S, need_w, kv->block_size, attn_op));
+    if (ds) OSP_TRY(reserve_sparse_ws(g, gr, ds));
     if (gi >= 0 && g->graphs_g != gr) { /* graphs of another op list */
         drop_graphs(g);
         g->graphs_g = gr;
+    }
+    if (gi >= 0 && g->graphs_sparse != ds) { /* graphs captured with sparse attention on / off / another config */
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+        drop_graphs(g);
+        g->graphs_sparse = ds;
     }
     if (osp_cuda_gemm_generation(g->gemm) != g->graphs_gemm_gen) { /* the GEMM workspace moved */
         OSP_TRY(osp_cuda_stream_sync(g->stream));
@@ -1022,6 +1275,10 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     /* one copy: everything before the block table, and the table's first S rows */
     OSP_TRY(tl_mark(g, TL_RUN0));
     OSP_TRY(osp_cuda_h2d(g->d_in, h, (lay.bt + (size_t)S * (size_t)g->cap_w) * 4, g->stream));
+    const int64_t sp_n = run_sparse_plan(g, b, kv, ds, gi, S, T, &lay); /* after attn_len, which sizes it */
+    if (sp_n < 0)
+        return osp_set_error(OSP_ERR_INTERNAL, "cuda backend: a decode graph's sparse rows do not cover the step");
+    if (sp_n > 0) OSP_TRY(osp_cuda_h2d(g->d_in + lay.sp, h + lay.sp, (size_t)sp_n * 4, g->stream));
     for (int32_t i = 0; has_io && i < io->n_acts; i++)
         if (io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
     /* time_runs: the ops' device time between two events, both outside any capture (the eager run
@@ -1072,6 +1329,7 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         OSP_TRY(tl_mark(g, TL_WAIT));
         OSP_TRY(osp_cuda_stream_sync(g->stream));
     }
+    if (ds) count_sparse(gr, b, kv, ds);
     return OSP_OK;
 }
 
@@ -1316,6 +1574,7 @@ static const osp_backend_vtable k_cuda_vt = {
     .copy_dev_many = cuda_copy_dev_many,
     .supports_op = cuda_supports_op,
     .supports_kv = cuda_supports_kv,
+    .supports_dev_sparse = cuda_supports_dev_sparse,
     .run = cuda_run,
     .sample = cuda_sample,
     .logits_to_host = cuda_logits_to_host,

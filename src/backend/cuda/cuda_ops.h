@@ -507,6 +507,27 @@ osp_status osp_cuda_quest_table(const int32_t *d_sel, const int32_t *d_counts, i
                                 int32_t *d_indices, int32_t *d_pages, int32_t *d_flags, uint32_t *d_tmask,
                                 void *stream);
 
+/* The engine path's Quest glue (sparse_engine.cu, issue 15; the CUDA backend's ATTENTION op with an
+ * osp_dev_sparse, backend_cuda.c).
+ *
+ * osp_cuda_quest_refresh: for each entry e < n with d_blocks[e] >= 0, recomputes physical page
+ * b = d_blocks[e]'s summaries from its first min(d_n_valid[e], block_size) keys (>= 1) of one layer's f16 K
+ * pages d_k_pages [num_blocks, block_size, n_head_kv, D]: d_kmin / d_kmax [num_blocks, n_head_kv, D] f16
+ * (that layer's summaries) get, per channel, the smallest / largest key in slot order by the reference's
+ * comparisons (src/sparse/quest.c's osp_quest_summarize_block; +inf / -inf where every key is NaN).
+ * Entries with d_blocks[e] < 0 do nothing (a graph's fixed grid, padded). No two entries may name one
+ * page. Deterministic (one writer an element, no atomics). Enqueues one kernel; allocates nothing.
+ * Errors: OSP_ERR_INVALID_ARG (shapes, NULL), OSP_ERR_INTERNAL (launch).
+ *
+ * osp_cuda_rows_copy: n rows of row_bytes (a multiple of 16; pointers 16-byte aligned). scatter false
+ * (gather): row i of d_dst = row d_idx[i] of d_src, or zeros where d_idx[i] < 0; scatter true: row
+ * d_idx[i] of d_dst = row i of d_src where d_idx[i] >= 0 (distinct indices), other rows untouched.
+ * Enqueues one kernel. Errors: OSP_ERR_INVALID_ARG, OSP_ERR_INTERNAL. */
+osp_status osp_cuda_quest_refresh(const void *d_k_pages, const int32_t *d_blocks, const int32_t *d_n_valid, int32_t n,
+                                  int32_t block_size, int n_head_kv, int D, void *d_kmin, void *d_kmax, void *stream);
+osp_status osp_cuda_rows_copy(const void *d_src, void *d_dst, const int32_t *d_idx, int64_t n, size_t row_bytes,
+                              bool scatter, void *stream);
+
 /* ---- the DeepSeek Sparse Attention lightning indexer (dsa_indexer.cu, issue 15) ---------------------
  *
  * The GPU half of src/sparse/dsa_indexer.h (osp_dsa_select is the reference; DeepSeek-AI, "DeepSeek-V3.2-
