@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "osprey/engine.h"
+#include "osprey/sparse.h"
 
 static double now(void) {
     struct timespec ts;
@@ -40,6 +41,12 @@ static osp_engine *make(const char *model, int threads, int max_seqs, int max_le
         exit(2);
     }
     if (trace && *trace) p.trace_path = trace;
+    /* SPARSE=topk:PAGES[,...]: --sparse-attention */
+    const char *sparse = getenv("SPARSE");
+    if (sparse && *sparse && osp_sparse_config_parse(sparse, &p.sparse_attention) != OSP_OK) {
+        fprintf(stderr, "SPARSE: %s\n", osp_last_error());
+        exit(2);
+    }
     /* on the GPU a cache for every sequence at once (kv_cache_memory 0: max_num_seqs x max_model_len,
        within gpu_memory_utilization); the default 512 MiB holds 4,096 tokens of an 8B model, and the
        batch would run preempted */
