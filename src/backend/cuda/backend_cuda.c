@@ -63,6 +63,10 @@ _Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_K
 static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 #define N_GRAPH_SIZES ((int)(sizeof k_graph_sizes / sizeof k_graph_sizes[0]))
 #define GRAPH_WAYS 2
+/* tokens a sequence in a graphed step: 1 (a decode) .. GRAPH_MAX_WIDTH (a verification row of up to
+ * GRAPH_MAX_WIDTH - 1 drafts), every sequence of the step the same (issue 14: graphs that cover the
+ * verification widths 1 .. k + 1) */
+#define GRAPH_MAX_WIDTH 8
 
 typedef struct cuda_backend {
     osp_backend base;
@@ -112,12 +116,12 @@ typedef struct cuda_backend {
     const float *logits;  /* the last run's logits [num_logits, n_vocab] on the device */
     int32_t num_logits;
 
-    /* GRAPH_WAYS graphs a ladder size, each captured at one attention length (attn_len_of), the least
-     * recently replayed replaced: a batch whose longest sequence alternates between two length buckets
-     * replays both instead of re-capturing every step */
-    void *graphs[N_GRAPH_SIZES][GRAPH_WAYS];
-    int64_t graph_len[N_GRAPH_SIZES][GRAPH_WAYS]; /* the attention length each graph was captured with */
-    uint64_t graph_used[N_GRAPH_SIZES][GRAPH_WAYS], graph_tick;
+    /* GRAPH_WAYS graphs a (width, ladder size), each captured at one attention length (attn_len_of), the
+     * least recently replayed replaced: a batch whose longest sequence alternates between two length
+     * buckets replays both instead of re-capturing every step */
+    void *graphs[GRAPH_MAX_WIDTH][N_GRAPH_SIZES][GRAPH_WAYS];
+    int64_t graph_len[GRAPH_MAX_WIDTH][N_GRAPH_SIZES][GRAPH_WAYS]; /* the attention length each was captured with */
+    uint64_t graph_used[GRAPH_MAX_WIDTH][N_GRAPH_SIZES][GRAPH_WAYS], graph_tick;
     uint64_t graphs_gemm_gen; /* osp_cuda_gemm_generation the graphs were captured at (its workspace) */
     int64_t attn_len;    /* this run's attention length: keys its launches cover (attn_len_of) */
     bool attn_len_cap;   /* OSPREY_CUDA_ATTN_LEN=cap: the block-table capacity instead (the earlier sizing, A/B) */
@@ -128,6 +132,7 @@ typedef struct cuda_backend {
     float *d_kv_fixed;
     size_t kv_fixed_bytes;
     bool use_graphs;
+    int graph_max_width; /* widths graphed: 1 .. this (OSPREY_CUDA_GRAPH_WIDTH) */
     /* osp_backend_params.time_runs: events recorded around each run's ops (run_device_us); timed: the
      * last run recorded both */
     bool time_runs, timed;
@@ -212,11 +217,12 @@ static sp_layout sp_layout_of(int64_t C, int H, int HK, int D, int32_t K, int32_
 }
 
 static void drop_graphs(cuda_backend *g) {
-    for (int i = 0; i < N_GRAPH_SIZES; i++)
-        for (int w = 0; w < GRAPH_WAYS; w++) {
-            osp_cuda_graph_destroy(g->graphs[i][w]);
-            g->graphs[i][w] = NULL;
-        }
+    for (int x = 0; x < GRAPH_MAX_WIDTH; x++)
+        for (int i = 0; i < N_GRAPH_SIZES; i++)
+            for (int w = 0; w < GRAPH_WAYS; w++) {
+                osp_cuda_graph_destroy(g->graphs[x][i][w]);
+                g->graphs[x][i][w] = NULL;
+            }
 }
 
 static void free_acts(cuda_backend *g) {
@@ -1042,6 +1048,20 @@ static bool is_pure_decode(const osp_batch *b) {
     return true;
 }
 
+/* The tokens every sequence of b has when all have the same number w <= GRAPH_MAX_WIDTH and every token's
+ * logits are wanted in order (a decode step, w = 1, or a step of verification rows with the same number
+ * of drafts, w = 1 + drafts); else 0: the step runs eagerly. */
+static int graph_width(const osp_batch *b) {
+    if (b->num_seqs < 1 || b->num_tokens % b->num_seqs != 0 || b->num_logits != b->num_tokens) return 0;
+    const int32_t w = b->num_tokens / b->num_seqs;
+    if (w > GRAPH_MAX_WIDTH) return 0;
+    for (int32_t s = 0; s < b->num_seqs; s++)
+        if (b->query_start_loc[s + 1] - b->query_start_loc[s] != w) return 0;
+    for (int32_t i = 0; i < b->num_logits; i++)
+        if (b->logits_indices[i] != i) return 0;
+    return (int)w;
+}
+
 /* Host fp32 rows <-> an activation in its dtype (bf16 converted on the host), synchronous. */
 static osp_status act_copy(cuda_backend *g, const osp_graph *gr, const osp_act_io *a, int64_t T, int64_t L) {
     if (a->act < 0 || a->act >= gr->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cuda backend: no activation %d", a->act);
@@ -1187,11 +1207,16 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
     g->logits = NULL;
     g->timed = false; /* until both events of this run are recorded */
-    const int gi = g->use_graphs && !has_io && is_pure_decode(b) ? graph_slot(b->num_seqs) : -1;
-    /* padded sizes: a decode batch runs at its ladder size (eager or graph alike, so the same kernels
+    /* a graphed step: w tokens a sequence (a decode, or verification rows of w - 1 drafts each; with sparse
+     * attention decodes only: its graphed lists hold one sparse token a sequence) */
+    const int gwidth0 = g->use_graphs && !has_io ? graph_width(b) : 0;
+    const int gwidth = gwidth0 <= g->graph_max_width ? gwidth0 : 0;
+    const int gi = gwidth == 1 || (gwidth > 1 && !ds) ? graph_slot(b->num_seqs) : -1;
+    const int wi = gi >= 0 ? gwidth - 1 : 0;
+    /* padded sizes: a graphed batch runs at its ladder size (eager or graph alike, so the same kernels
      * and GEMM plans see the same shapes either way) */
     const int32_t S = gi >= 0 ? k_graph_sizes[gi] : b->num_seqs;
-    const int64_t T = gi >= 0 ? S : b->num_tokens, L = gi >= 0 ? S : b->num_logits;
+    const int64_t T = gi >= 0 ? (int64_t)S * gwidth : b->num_tokens, L = gi >= 0 ? T : b->num_logits;
     /* the block table travels only as wide as the longest sequence needs (capacity doubling), not
      * max_model_len / block_size columns per row */
     int64_t need_w = 1;
@@ -1233,23 +1258,23 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     int gw = -1;
     if (gi >= 0) {
         for (int w = 0; w < GRAPH_WAYS && gw < 0; w++)
-            if (g->graphs[gi][w] && g->graph_len[gi][w] == g->attn_len) gw = w;
+            if (g->graphs[wi][gi][w] && g->graph_len[wi][gi][w] == g->attn_len) gw = w;
         if (gw < 0) {
             gw = 0;
             for (int w = 0; w < GRAPH_WAYS; w++) {
-                if (!g->graphs[gi][w]) {
+                if (!g->graphs[wi][gi][w]) {
                     gw = w;
                     break;
                 }
-                if (g->graph_used[gi][w] < g->graph_used[gi][gw]) gw = w;
+                if (g->graph_used[wi][gi][w] < g->graph_used[wi][gi][gw]) gw = w;
             }
-            if (g->graphs[gi][gw]) {
+            if (g->graphs[wi][gi][gw]) {
                 OSP_TRY(osp_cuda_stream_sync(g->stream));
-                osp_cuda_graph_destroy(g->graphs[gi][gw]);
-                g->graphs[gi][gw] = NULL;
+                osp_cuda_graph_destroy(g->graphs[wi][gi][gw]);
+                g->graphs[wi][gi][gw] = NULL;
             }
         }
-        g->graph_used[gi][gw] = ++g->graph_tick;
+        g->graph_used[wi][gi][gw] = ++g->graph_tick;
     }
     const int64_t copy_w = g->cap_w < b->max_blocks_per_seq ? g->cap_w : b->max_blocks_per_seq;
     const in_layout lay = layout_of(g);
@@ -1264,13 +1289,17 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         memcpy(h + lay.bt + (size_t)s * (size_t)g->cap_w, b->block_table + (size_t)s * (size_t)b->max_blocks_per_seq,
                (size_t)copy_w * 4);
     if (b->num_logits > 0) memcpy(h + lay.lidx, b->logits_indices, (size_t)b->num_logits * 4);
-    for (int32_t i = n; i < T; i++) { /* padding rows: token 0 at position 0 of block 0, no KV write */
+    /* padding sequences (a graphed step's ladder): w tokens each at positions 0 .. w - 1 of block 0, token
+     * 0, no KV write, their logits rows past the real ones */
+    for (int64_t i = n; i < T; i++) {
         h[lay.ids + i] = 0;
-        h[lay.pos + i] = 0;
+        h[lay.pos + i] = (int32_t)(i % (gi >= 0 ? gwidth : 1));
         h[lay.slot + i] = -1;
-        h[lay.qsl + i + 1] = i + 1;
-        memset(h + lay.bt + (size_t)i * (size_t)g->cap_w, 0, (size_t)g->cap_w * 4);
-        h[lay.lidx + i] = i;
+        h[lay.lidx + i] = (int32_t)i;
+    }
+    for (int32_t s = b->num_seqs; s < S; s++) {
+        h[lay.qsl + s + 1] = (s + 1) * (gi >= 0 ? gwidth : 1);
+        memset(h + lay.bt + (size_t)s * (size_t)g->cap_w, 0, (size_t)g->cap_w * 4);
     }
     /* one copy: everything before the block table, and the table's first S rows */
     OSP_TRY(tl_mark(g, TL_RUN0));
@@ -1284,9 +1313,9 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     /* time_runs: the ops' device time between two events, both outside any capture (the eager run
      * before a capture is the one timed; the capture itself runs nothing) */
     if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_start, g->stream));
-    if (gi >= 0 && g->graphs[gi][gw]) {
+    if (gi >= 0 && g->graphs[wi][gi][gw]) {
         g->base.launches++;
-        OSP_TRY(osp_cuda_graph_launch(g->graphs[gi][gw], g->stream));
+        OSP_TRY(osp_cuda_graph_launch(g->graphs[wi][gi][gw], g->stream));
         if (g->time_runs) OSP_TRY(osp_cuda_event_record(g->ev_end, g->stream));
         OSP_TRY(tl_mark(g, TL_RUN1));
         g->timed = g->time_runs;
@@ -1313,8 +1342,8 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
                 return s;
             }
             OSP_TRY(s2);
-            g->graphs[gi][gw] = ge;
-            g->graph_len[gi][gw] = g->attn_len;
+            g->graphs[wi][gi][gw] = ge;
+            g->graph_len[wi][gi][gw] = g->attn_len;
         }
     }
     if (gr->logits >= 0) {
@@ -1636,6 +1665,10 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     const char *ge = getenv("OSPREY_CUDA_GRAPHS"), *ot = getenv("OSPREY_CUDA_OP_TIMES");
     g->op_times = ot && ot[0] && strcmp(ot, "0") != 0;
     g->use_graphs = !(ge && ge[0] == '0') && !g->op_times; /* events inside a capture would time nothing */
+    /* OSPREY_CUDA_GRAPH_WIDTH=1: graphs for decode steps only, verification rows eager (the earlier
+     * behaviour, for A/B runs) */
+    const char *gw = getenv("OSPREY_CUDA_GRAPH_WIDTH");
+    g->graph_max_width = gw && gw[0] == '1' && !gw[1] ? 1 : GRAPH_MAX_WIDTH;
     const char *al = getenv("OSPREY_CUDA_ATTN_LEN");
     g->attn_len_cap = al && !strcmp(al, "cap");
     g->time_runs = p->time_runs;
