@@ -133,6 +133,10 @@ typedef struct cuda_backend {
     size_t kv_fixed_bytes;
     bool use_graphs;
     int graph_max_width; /* widths graphed: 1 .. this (OSPREY_CUDA_GRAPH_WIDTH) */
+    /* a padded verification step (pad_step): the last run's logits row of each wanted row, [num_logits]
+     * (NULL: rows are in order); capacity lmap_cap */
+    int32_t *lmap;
+    int32_t lmap_n, lmap_cap;
     /* osp_backend_params.time_runs: events recorded around each run's ops (run_device_us); timed: the
      * last run recorded both */
     bool time_runs, timed;
@@ -317,6 +321,7 @@ static void cuda_free(osp_backend *be) {
     if (g->op_times) print_op_times(g);
     for (int32_t i = 0; i < g->n_op_ev; i++) osp_cuda_event_destroy(g->op_ev[i]);
     free(g->op_ev);
+    free(g->lmap);
     osp_cuda_stream_destroy(g->stream);
     osp_cuda_stream_destroy(g->side_stream);
     free(g);
@@ -1107,6 +1112,49 @@ static osp_status upload_kv_fixed(cuda_backend *g, const osp_kv_cache *kv) {
     return osp_cuda_stream_sync(g->stream);
 }
 
+/* Whether b may run as a padded verification step (pad_step): at most kPadSeqs sequences (where launches,
+ * not the padded rows' work, are the cost), none longer than w tokens, every token's logits wanted in
+ * order, w > 1. */
+enum { kPadSeqs = 8 };
+static bool pad_step_ok(const osp_batch *b, int w) {
+    if (w <= 1 || b->num_seqs < 1 || b->num_seqs > kPadSeqs || b->num_logits != b->num_tokens) return false;
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        const int32_t q = b->query_start_loc[s + 1] - b->query_start_loc[s];
+        if (q < 1 || q > w) return false;
+    }
+    for (int32_t i = 0; i < b->num_logits; i++)
+        if (b->logits_indices[i] != i) return false;
+    return true;
+}
+
+/* Lays b out with every sequence at w tokens (sequence s's tokens at rows s w ..): a sequence's real
+ * tokens first, then padding tokens that repeat its last token's position (so they read only keys that
+ * exist) with token 0 and no KV write; their rows are computed and ignored. A row's result does not
+ * depend on the rows beside it (GEMM rows, attention per row), so the real rows get their eager bits.
+ * g->lmap maps each wanted row to its padded row for sample and the logits copies. Overwrites the ids,
+ * positions, slots, query starts and logits indices h holds for b's sequences. */
+static osp_status pad_step(cuda_backend *g, const osp_batch *b, int w, int32_t *h, const in_layout *lay) {
+    if (b->num_tokens > g->lmap_cap) {
+        int32_t *m = realloc(g->lmap, sizeof *m * (size_t)b->num_tokens);
+        if (!m) return osp_set_error(OSP_ERR_NOMEM, "cuda backend: out of memory for a padded step's row map");
+        g->lmap = m, g->lmap_cap = b->num_tokens;
+    }
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        const int32_t q0 = b->query_start_loc[s], q = b->query_start_loc[s + 1] - q0;
+        for (int32_t j = 0; j < w; j++) {
+            const int32_t r = s * w + j, t = q0 + (j < q ? j : q - 1);
+            h[lay->ids + r] = j < q ? b->token_ids[t] : 0;
+            h[lay->pos + r] = b->positions[t];
+            h[lay->slot + r] = j < q ? b->slot_mapping[t] : -1;
+            h[lay->lidx + r] = r;
+            if (j < q) g->lmap[t] = r;
+        }
+        h[lay->qsl + s + 1] = (s + 1) * w;
+    }
+    g->lmap_n = b->num_tokens;
+    return OSP_OK;
+}
+
 /* the step timeline's events (cuda_timeline_enable): a run's start starts a step's set over */
 enum { TL_RUN0, TL_RUN1, TL_SAMPLE0, TL_WAIT };
 static osp_status tl_mark(cuda_backend *g, int which) {
@@ -1210,7 +1258,10 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     /* a graphed step: w tokens a sequence (a decode, or verification rows of w - 1 drafts each; with sparse
      * attention decodes only: its graphed lists hold one sparse token a sequence) */
     const int gwidth0 = g->use_graphs && !has_io ? graph_width(b) : 0;
-    const int gwidth = gwidth0 <= g->graph_max_width ? gwidth0 : 0;
+    /* small steps of verification rows with different draft counts: every sequence padded to the widest
+     * graphed width, so one graph a size serves every draft count (pad_step says how) */
+    const bool pad = g->use_graphs && !has_io && !ds && gwidth0 != 1 && pad_step_ok(b, g->graph_max_width);
+    const int gwidth = pad ? g->graph_max_width : gwidth0 <= g->graph_max_width ? gwidth0 : 0;
     const int gi = gwidth == 1 || (gwidth > 1 && !ds) ? graph_slot(b->num_seqs) : -1;
     const int wi = gi >= 0 ? gwidth - 1 : 0;
     /* padded sizes: a graphed batch runs at its ladder size (eager or graph alike, so the same kernels
@@ -1289,9 +1340,11 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         memcpy(h + lay.bt + (size_t)s * (size_t)g->cap_w, b->block_table + (size_t)s * (size_t)b->max_blocks_per_seq,
                (size_t)copy_w * 4);
     if (b->num_logits > 0) memcpy(h + lay.lidx, b->logits_indices, (size_t)b->num_logits * 4);
+    g->lmap_n = 0;
+    if (pad && gi >= 0) OSP_TRY(pad_step(g, b, gwidth, h, &lay));
     /* padding sequences (a graphed step's ladder): w tokens each at positions 0 .. w - 1 of block 0, token
      * 0, no KV write, their logits rows past the real ones */
-    for (int64_t i = n; i < T; i++) {
+    for (int64_t i = pad && gi >= 0 ? (int64_t)b->num_seqs * gwidth : n; i < T; i++) {
         h[lay.ids + i] = 0;
         h[lay.pos + i] = (int32_t)(i % (gi >= 0 ? gwidth : 1));
         h[lay.slot + i] = -1;
@@ -1354,7 +1407,12 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
         if (!io->acts[i].input) OSP_TRY(act_copy(g, gr, &io->acts[i], T, L));
     if (logits && b->num_logits > 0) {
         OSP_TRY(tl_mark(g, TL_SAMPLE0));
-        OSP_TRY(osp_cuda_d2h(logits, g->logits, (size_t)b->num_logits * (size_t)be->n_vocab * 4, g->stream));
+        const size_t V = (size_t)be->n_vocab;
+        if (g->lmap_n)
+            for (int32_t i = 0; i < b->num_logits; i++)
+                OSP_TRY(osp_cuda_d2h(logits + (size_t)i * V, g->logits + (size_t)g->lmap[i] * V, V * 4, g->stream));
+        else
+            OSP_TRY(osp_cuda_d2h(logits, g->logits, (size_t)b->num_logits * V * 4, g->stream));
         OSP_TRY(tl_mark(g, TL_WAIT));
         OSP_TRY(osp_cuda_stream_sync(g->stream));
     }
@@ -1369,7 +1427,11 @@ static osp_status cuda_logits_to_host(osp_backend *be, int32_t row0, int32_t n, 
                              g->num_logits);
     const size_t V = (size_t)be->n_vocab;
     if (!g->tl_have[TL_SAMPLE0]) OSP_TRY(tl_mark(g, TL_SAMPLE0));
-    OSP_TRY(osp_cuda_d2h(dst, g->logits + (size_t)row0 * V, (size_t)n * V * 4, g->stream));
+    if (g->lmap_n)
+        for (int32_t i = 0; i < n; i++)
+            OSP_TRY(osp_cuda_d2h(dst + (size_t)i * V, g->logits + (size_t)g->lmap[row0 + i] * V, V * 4, g->stream));
+    else
+        OSP_TRY(osp_cuda_d2h(dst, g->logits + (size_t)row0 * V, (size_t)n * V * 4, g->stream));
     OSP_TRY(tl_mark(g, TL_WAIT));
     return osp_cuda_stream_sync(g->stream);
 }
@@ -1529,7 +1591,7 @@ static osp_status cuda_sample(osp_backend *be, const osp_sampler_row *rows, cons
         const bool pen = has_penalties(r), min_pending = r->n_output < r->min_tokens;
         d->top_k = r->top_k, d->min_tokens = min_pending ? r->min_tokens : 0, d->num_logprobs = r->num_logprobs;
         d->sample_index = r->sample_index, d->seed = r->seed, d->output_pos = r->output_pos;
-        d->logits_row = logits_rows[i];
+        d->logits_row = g->lmap_n ? g->lmap[logits_rows[i]] : logits_rows[i];
         d->bias_off = bo, d->n_bias = r->n_logit_bias;
         for (int32_t k = 0; k < r->n_logit_bias; k++, bo++) {
             g->h_bias_ids[bo] = r->logit_bias[k].token_id;
