@@ -66,7 +66,7 @@ static const int32_t k_graph_sizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128,
 /* tokens a sequence in a graphed step: 1 (a decode) .. GRAPH_MAX_WIDTH (a verification row of up to
  * GRAPH_MAX_WIDTH - 1 drafts), every sequence of the step the same (issue 14: graphs that cover the
  * verification widths 1 .. k + 1) */
-#define GRAPH_MAX_WIDTH 8 /* (opt-in: OSPREY_CUDA_GRAPH_WIDTH) */
+#define GRAPH_MAX_WIDTH 8
 
 typedef struct cuda_backend {
     osp_backend base;
@@ -1727,12 +1727,11 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     const char *ge = getenv("OSPREY_CUDA_GRAPHS"), *ot = getenv("OSPREY_CUDA_OP_TIMES");
     g->op_times = ot && ot[0] && strcmp(ot, "0") != 0;
     g->use_graphs = !(ge && ge[0] == '0') && !g->op_times; /* events inside a capture would time nothing */
-    /* OSPREY_CUDA_GRAPH_WIDTH=8: verification steps graphed too (widths 2 .. 8); default 1, decode steps
-     * only: each (width, ladder size, attention length) is captured at its first step, and a 256-token
-     * n-gram run meets each too few times to repay it (bench/spec/NOTES.md: 1.75x over plain decoding
-     * with them, 1.89x without, on an H100) */
+    /* OSPREY_CUDA_GRAPH_WIDTH=W (1 .. 8, default 8): verification steps graphed up to W tokens a sequence,
+     * small ones padded to W (pad_step); 1: decode steps only, verification rows eager (the earlier
+     * behaviour, for A/B runs: bench/spec/NOTES.md) */
     const char *gw = getenv("OSPREY_CUDA_GRAPH_WIDTH");
-    g->graph_max_width = gw && gw[0] >= '2' && gw[0] <= '8' && !gw[1] ? gw[0] - '0' : 1;
+    g->graph_max_width = gw && gw[0] >= '1' && gw[0] <= '8' && !gw[1] ? gw[0] - '0' : GRAPH_MAX_WIDTH;
     const char *al = getenv("OSPREY_CUDA_ATTN_LEN");
     g->attn_len_cap = al && !strcmp(al, "cap");
     g->time_runs = p->time_runs;
