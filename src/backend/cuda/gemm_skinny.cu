@@ -207,7 +207,11 @@ __global__ void __launch_bounds__((W + 1) * 32) skinny_kernel(const uint16_t *__
  *   copied 16 bytes at a time by cp.async whose completion the stage's full barrier also counts; rows
  *   T .. NB - 1 are zero (written once, never loaded over). Each stage's 16 k-steps go out as two groups of
  *   8 wgmma (A double-buffered: the second group's ldmatrix while the first runs), then the stage is
- *   released once both completed. */
+ *   released once both completed.
+ * Measured on an H100 (bench/gpu/DECODE.md, tenth session): cuBLASLt's unsplit bits (test_gpu_gemm
+ * passes), but a dependent wgmma on one accumulator took ~330 cycles a k-step, no better than mma.sync,
+ * and m64 has a quarter of m16's chains: 2.3-3.2x slower than the mma.sync kernel on the N = 4096
+ * matrices, about equal on gate_up and the head. Kept as an opt-in variant, not used by default. */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
