@@ -5,7 +5,10 @@
  *   offline_throughput MODEL prefix  N SYS    SUFFIX THREADS CACHING(0|1)
  *        N requests sharing a SYS-token system prompt (+ SUFFIX own tokens, 1 generated token each),
  *        submitted one after another: mean time to first token and the prefix-cache hit rate.
- * Prints one line "RESULT key=value ..." for the script. Prompts are random token ids (fixed seed). */
+ * Prints one line "RESULT key=value ..." for the script. Prompts are random token ids (fixed seed).
+ * Environment: CPU_ACTIVATIONS=q8 (--cpu-activations), DEVICE=cpu|cuda (--device; cuda sizes the KV cache
+ * for every sequence), TRACE=FILE (--trace: the step timeline, its summary on stderr at the end),
+ * SPARSE=topk:PAGES[,...] (--sparse-attention). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

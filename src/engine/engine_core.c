@@ -375,8 +375,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     }
     if (p.trace_path) {
         bool dev = false;
-        if ((s = osp_timeline_open(p.trace_path, &e->timeline)) != OSP_OK) goto fail;
+        const char *keep[4] = {p.model_path, p.speculative.model[0] ? p.speculative.model : NULL, p.kv_scales_path,
+                               p.kernel_table};
         if ((s = osp_model_timeline_enable(e->model, &dev)) != OSP_OK) goto fail;
+        if ((s = osp_timeline_open(p.trace_path, dev, keep, 4, &e->timeline)) != OSP_OK) goto fail;
         e->runner->timeline = true;
         char line[512];
         snprintf(line, sizeof line, "trace: writing the step timeline to %s (%s)", p.trace_path,

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/status_internal.h"
 
@@ -20,8 +21,17 @@ struct osp_timeline {
 
 static const char *const k_phase[OSP_TL_PHASES] = {"schedule", "prepare", "forward", "sample", "update"};
 
-osp_status osp_timeline_open(const char *path, osp_timeline **out) {
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+osp_status osp_timeline_open(const char *path, bool device, const char *const *keep, int n_keep, osp_timeline **out) {
     *out = NULL;
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] && same_file(path, keep[i]))
+            return osp_set_error(OSP_ERR_INVALID_ARG, "trace: %s would overwrite %s, which this run reads: give the trace another file",
+                                 path, keep[i]);
     osp_timeline *t = calloc(1, sizeof *t);
     if (!t || !(t->path = strdup(path))) {
         free(t);
@@ -33,8 +43,9 @@ osp_status osp_timeline_open(const char *path, osp_timeline **out) {
         return osp_set_error(OSP_ERR_IO, "trace: cannot open %s: %s", path, strerror(e));
     }
     fprintf(t->f, "[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":\"osprey engine\"}},\n"
-                  "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"engine (host)\"}},\n"
-                  "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"device\"}}");
+                  "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"engine (host)\"}}");
+    if (device) fprintf(t->f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"device\"}}");
+    if (fflush(t->f) != 0) t->failed = true;
     *out = t;
     return OSP_OK;
 }
@@ -52,6 +63,7 @@ static void event(osp_timeline *t, const osp_timeline_step *s, const char *name,
 static double dev_end(const osp_timeline_step *s) { return s->dev.sample[1] >= 0 ? s->dev.sample[1] : s->dev.run[1]; }
 
 void osp_timeline_add(osp_timeline *t, const osp_timeline_step *s) {
+    if (t->failed) return;
     if (!t->started) t->t0 = s->host[0], t->started = true;
     for (int i = 0; i < OSP_TL_PHASES; i++) event(t, s, k_phase[i], 1, s->host[i], s->host[i + 1]);
     if (s->dev.run[0] >= 0 && s->dev.run[1] >= 0) event(t, s, "forward", 2, s->dev.run[0], s->dev.run[1]);
@@ -73,9 +85,15 @@ void osp_timeline_add(osp_timeline *t, const osp_timeline_step *s) {
     }
     t->prev = *s;
     t->have_prev = true;
+    if (fflush(t->f) != 0) t->failed = true; /* whole events on disk if the process is killed next */
+    if (t->failed) fprintf(stderr, "osprey: trace: writing %s failed: %s; the timeline stops here\n", t->path, strerror(errno));
 }
 
 void osp_timeline_summary(const osp_timeline *t, char *buf, size_t n) {
+    if (t->failed) {
+        snprintf(buf, n, "trace: writing %s failed after %lld steps (the file is incomplete)", t->path, (long long)t->steps);
+        return;
+    }
     if (t->pairs == 0) {
         snprintf(buf, n, "trace: %lld steps in %s; no consecutive decode steps with device times (no device clock, "
                          "or no decoding)", (long long)t->steps, t->path);
@@ -92,7 +110,7 @@ void osp_timeline_summary(const osp_timeline *t, char *buf, size_t n) {
 osp_status osp_timeline_close(osp_timeline *t) {
     if (!t) return OSP_OK;
     bool failed = t->failed;
-    if (fprintf(t->f, "\n]\n") < 0) failed = true;
+    if (!failed && fprintf(t->f, "\n]\n") < 0) failed = true;
     if (fclose(t->f) != 0) failed = true;
     const osp_status s = failed ? osp_set_error(OSP_ERR_IO, "trace: writing %s failed", t->path) : OSP_OK;
     free(t->path);

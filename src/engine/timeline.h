@@ -41,10 +41,15 @@ typedef struct osp_timeline_step {
     osp_backend_step_times dev;
 } osp_timeline_step;
 
-/* Opens (truncates) path and writes the array's head and the track names. Errors: OSP_ERR_IO naming the
+/* Opens (truncates) path and writes the array's head and the track names (the device track only with
+ * device = true: a backend with a device clock). keep [n_keep] (NULL entries skipped): files the process
+ * reads, such as the model, that path must not be: truncating a mapped model kills the process. Errors:
+ * OSP_ERR_INVALID_ARG when path is one of keep (the same file, by device and inode); OSP_ERR_IO naming the
  * path; OSP_ERR_NOMEM. */
-osp_status osp_timeline_open(const char *path, osp_timeline **out);
-/* Appends one step's events (steps in order). A failed write is remembered, reported by the close. */
+osp_status osp_timeline_open(const char *path, bool device, const char *const *keep, int n_keep, osp_timeline **out);
+/* Appends one step's events (steps in order) and flushes them, so a process killed between steps leaves
+ * whole events behind. A failed write is logged once to stderr, stops the writing and is reported by the
+ * close. */
 void osp_timeline_add(osp_timeline *t, const osp_timeline_step *s);
 /* The summary line (decode steps, mean period, device busy and idle share), into buf [n]. */
 void osp_timeline_summary(const osp_timeline *t, char *buf, size_t n);

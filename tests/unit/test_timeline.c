@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -36,7 +37,7 @@ static void test_writer_and_summary(void **state) {
     assert_true(fd >= 0);
     close(fd);
     osp_timeline *t = NULL;
-    assert_int_equal(osp_timeline_open(path, &t), OSP_OK);
+    assert_int_equal(osp_timeline_open(path, true, NULL, 0, &t), OSP_OK);
     char line[512];
     osp_timeline_summary(t, line, sizeof line);
     assert_non_null(strstr(line, "no consecutive decode steps"));
@@ -83,9 +84,27 @@ static void test_writer_and_summary(void **state) {
 static void test_open_error(void **state) {
     (void)state;
     osp_timeline *t = (osp_timeline *)1;
-    assert_int_equal(osp_timeline_open("/nonexistent-dir/t.json", &t), OSP_ERR_IO);
+    assert_int_equal(osp_timeline_open("/nonexistent-dir/t.json", false, NULL, 0, &t), OSP_ERR_IO);
     assert_null(t);
     assert_int_equal(osp_timeline_close(NULL), OSP_OK);
+    /* a file the run reads (the model) is refused, untouched; another name for it too */
+    char path[] = "/tmp/osprey_tl_keepXXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "GGUF", 4), 4);
+    close(fd);
+    char link[64];
+    snprintf(link, sizeof link, "%s.lnk", path);
+    assert_int_equal(symlink(path, link), 0);
+    const char *keep[2] = {NULL, path};
+    t = (osp_timeline *)1;
+    assert_int_equal(osp_timeline_open(link, false, keep, 2, &t), OSP_ERR_INVALID_ARG);
+    assert_null(t);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 4);
+    remove(link);
+    remove(path);
 }
 
 int main(void) {

@@ -36,7 +36,8 @@ noreturn void cli_help(const char *text);
     "                          (default: off; quantspec runs on the CPU only)\n"                           \
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
-    "                          the budget is dense (default: off; GPU: f16 pages, head_dim 64 / 128)\n"     \
+    "                          the budget is dense (default: off; GPU: f16 pages, head_dim 64 / 128,\n"     \
+    "                          groups of at most 16 heads)\n"                                             \
     "  --prefix-caching-hash-algo A  xxh3_128 (default) | sha256 | sha256_cbor: the block hashes' algorithm\n" \
     "  --prefix-caching-hash-seed N  block-hash seed (default: $OSPREY_HASH_SEED, else $PYTHONHASHSEED, else\n" \
     "                          random per run); a fixed one finds a disk tier's blocks again on the next run\n" \

@@ -34,10 +34,12 @@
 
 #define BLOCK_SIZE 16
 
-/* --trace FILE: every forward (with its sampling, on the GPU) as a step of the engine's timeline
+/* --trace FILE: every timed forward (with its sampling, on the GPU) as a step of the engine's timeline
  * (engine/timeline.h): prepare = the batch's host setup, forward = the enqueue, sample = the GPU
  * sampler's call; no schedule or update phase here. The device times are read after the step's
- * sampler has waited (a prefill without one: after its own wait, which bench adds then). */
+ * sampler has waited (a prefill without one, the batch rounds' B prefills: after its own wait, which
+ * bench adds then, so pp@bB is measured with a wait between prefills when tracing). Warm-up runs are
+ * not traced. */
 static struct {
     osp_timeline *tl;
     osp_timeline_step cur;
@@ -340,8 +342,9 @@ int cmd_bench(int argc, char **argv) {
     }
     if (trace_path) { /* after the warm-up: the timed steps only (and the batch rounds' warm-up round) */
         bool dev_clock = false;
-        s = osp_timeline_open(trace_path, &g_trace.tl);
-        if (s == OSP_OK) s = osp_model_timeline_enable(m, &dev_clock);
+        const char *keep[2] = {model, scales_path};
+        s = osp_model_timeline_enable(m, &dev_clock);
+        if (s == OSP_OK) s = osp_timeline_open(trace_path, dev_clock, keep, 2, &g_trace.tl);
         if (s != OSP_OK) cli_die(s, "--trace");
     }
     for (int r = 0; r < reps; r++) {
@@ -378,11 +381,16 @@ int cmd_bench(int argc, char **argv) {
         const int32_t np = depth > 0 ? depth : n_prompt > 0 ? n_prompt : 1;
         double *tb = calloc((size_t)reps, sizeof(double)), *tpb = calloc((size_t)reps, sizeof(double));
         if (!tb || !tpb) cli_die(OSP_OK, "out of memory");
-        for (int r = 0; r < reps + 1; r++) { /* the first round warms up (graph capture) */
+        osp_timeline *tl = g_trace.tl;
+        for (int r = 0; r < reps + 1; r++) { /* the first round warms up (graph capture): not traced */
+            g_trace.tl = r > 0 ? tl : NULL;
             sync_or_die(m);
             const double tp0 = cli_now_s();
-            for (int32_t sq = 0; sq < batch; sq++)
+            for (int32_t sq = 0; sq < batch; sq++) { /* traced, each prefill waits for its device times */
+                trace_begin(1, np, false);
                 run_step(m, kv, ids, 0, np, bt + (size_t)sq * (size_t)max_blocks, max_blocks, pos, slot, logits);
+                trace_end(m);
+            }
             sync_or_die(m); /* the prefills are done before the decode timer starts */
             const double t0 = cli_now_s();
             for (int32_t i = 0; i < n_gen; i++)
@@ -391,6 +399,7 @@ int cmd_bench(int argc, char **argv) {
             sync_or_die(m);
             if (r > 0) tpb[r - 1] = t0 - tp0, tb[r - 1] = cli_now_s() - t0;
         }
+        g_trace.tl = tl;
         char name[64];
         snprintf(name, sizeof name, "@b%d", batch);
         /* tokens/s over the B prefills of np each */
