@@ -117,8 +117,9 @@ typedef struct gemm_plan {
 } gemm_plan;
 
 /* The split-K count every plan of an (N, K, output) shape uses, whatever T. With the skinny kernel on
- * (OSPREY_CUDA_GEMM_SKINNY=M: gemm_skinny.cu takes T <= M and is meant to give cuBLASLt's unsplit bits;
- * built, not yet run on a device, so off by default) it is 1: no plan splits, so every T gives a row the
+ * (OSPREY_CUDA_GEMM_SKINNY=M: gemm_skinny.cu takes T <= M and gives cuBLASLt's unsplit bits, measured by
+ * test_gpu_gemm on an H100; off by default, slower than the split at decode: bench/gpu/DECODE.md) it is
+ * 1: no plan splits, so every T gives a row the
  * same bits and decode's T gets its parallelism from the skinny kernel's N instead of from a split.
  * With it off (the default): what the heuristic picks for T = 1 (decode's shape, where splitting K pays). One count for every T is what keeps a row's bits the
  * same whatever T it is computed in: tiles without split-K accumulate in the same k order (measured,

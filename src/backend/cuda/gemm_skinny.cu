@@ -24,9 +24,11 @@
  *   tails      rows past N are neither loaded nor stored (their accumulators are junk from stale shared
  *              memory: row m of an mma's output depends only on row m of A); token rows past T are zero
  *              (written once at the start, never loaded over) and their columns are not stored.
- * Status: built and compiled, not yet run on a device (the machine was not lent in the session that
- * wrote it); osp_cuda_gemm_bf16 uses it only under OSPREY_CUDA_GEMM_SKINNY=M until test_gpu_gemm passes
- * with it (scripts/gpu-test.sh ops runs it so; bench/gpu/gemm_bench times it).
+ * Status: test_gpu_gemm passes with it on an H100 (cuBLASLt's unsplit bits for every T, both this kernel
+ * and the wgmma variant below), but at decode it is slower than cuBLASLt with the engine's fixed split:
+ * its 16-row chains are latency-bound on the 4096-row matrices (bench/gpu/DECODE.md, eighth to tenth
+ * sessions). osp_cuda_gemm_bf16 uses it only under OSPREY_CUDA_GEMM_SKINNY=M (scripts/gpu-test.sh ops
+ * runs test_gpu_gemm so; bench/gpu/gemm_bench times it).
  * Requirements (else the caller uses cuBLASLt): K % 16 == 0, x and w 16-byte aligned (K % 8 == 0 makes
  * every row aligned then), 1 <= T <= OSP_CUDA_SKINNY_MAX_T, compute capability 9.0 (cp.async.bulk). */
 #include <stdlib.h>
