@@ -28,6 +28,8 @@
 
 #include <cmocka.h>
 
+#include "engine_jobs.h"
+
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/dtype.h"
@@ -127,26 +129,7 @@ static void test_refresh_kernel(void **state) {
 /* ---- the engine ------------------------------------------------------------------------------------ */
 
 #define NREQ 4
-#define MAXOUT 32
-
-typedef struct job {
-    int32_t prompt[256];
-    int32_t n_prompt, max_tokens;
-    int32_t out[MAXOUT];
-    int32_t n_out;
-} job;
-
 static const char *g_smol;
-
-static void make_jobs(job *j, int n) {
-    srand(7);
-    memset(j, 0, sizeof *j * (size_t)n);
-    for (int i = 0; i < n; i++) {
-        j[i].n_prompt = 60 + i * 37; /* 60 .. 171 tokens: 4 .. 11 pages of 16 */
-        for (int t = 0; t < j[i].n_prompt; t++) j[i].prompt[t] = 3 + rand() % (49152 - 3);
-        j[i].max_tokens = 12 + i * 3;
-    }
-}
 
 static osp_engine_params params(osp_device dev, const char *sparse) {
     osp_engine_params p = osp_engine_default_params();
@@ -163,47 +146,6 @@ static osp_engine_params params(osp_device dev, const char *sparse) {
     return p;
 }
 
-static osp_engine_stats run_jobs(const osp_engine_params *p, job *j, int n) {
-    osp_engine *e;
-    if (osp_engine_create(p, &e) != OSP_OK) fail_msg("create: %s", osp_last_error());
-    for (int i = 0; i < n; i++) {
-        osp_request_params rp = osp_request_default_params();
-        rp.request_id = (uint64_t)i;
-        rp.prompt = j[i].prompt;
-        rp.num_prompt = j[i].n_prompt;
-        rp.max_tokens = j[i].max_tokens;
-        rp.ignore_eos = true;
-        j[i].n_out = 0;
-        if (osp_engine_add(e, &rp) != OSP_OK) fail_msg("add: %s", osp_last_error());
-    }
-    while (osp_engine_has_unfinished(e))
-        if (osp_engine_step(e, NULL) != OSP_OK) fail_msg("step: %s", osp_last_error());
-    for (int i = 0; i < n; i++) {
-        osp_request_output o;
-        assert_int_equal(osp_engine_poll(e, (uint64_t)i, j[i].out, MAXOUT, &o, 0), OSP_OK);
-        assert_true(o.finished);
-        if (o.finish_reason == OSP_FINISH_ERROR) fail_msg("request %d: %s", i, o.error);
-        j[i].n_out = o.num_output_tokens;
-    }
-    const osp_engine_stats st = osp_engine_get_stats(e);
-    assert_int_equal(st.num_free_blocks, st.num_blocks);
-    osp_engine_free(e);
-    return st;
-}
-
-static int same_tokens(const job *a, const job *b, int n) {
-    int agree = 0;
-    for (int i = 0; i < n; i++)
-        for (int t = 0; t < a[i].n_out && t < b[i].n_out && a[i].out[t] == b[i].out[t]; t++) agree++;
-    return agree;
-}
-
-static int total_tokens(const job *a, int n) {
-    int s = 0;
-    for (int i = 0; i < n; i++) s += a[i].n_out;
-    return s;
-}
-
 static void assert_same(const job *a, const job *b, int n, const char *what) {
     for (int i = 0; i < n; i++)
         if (a[i].n_out != b[i].n_out || memcmp(a[i].out, b[i].out, sizeof(int32_t) * (size_t)a[i].n_out))
@@ -215,7 +157,7 @@ static void test_engine_full_budget(void **state) {
     (void)state;
     if (!g_smol) skip();
     static job dense[NREQ], full[NREQ];
-    make_jobs(dense, NREQ);
+    make_jobs(dense, NREQ, 49152, 60); /* 60 .. 171 tokens: 4 .. 11 pages of 16 */
     memcpy(full, dense, sizeof dense);
     osp_engine_params p = params(OSP_DEVICE_CUDA, NULL);
     const osp_engine_stats sd = run_jobs(&p, dense, NREQ);
@@ -232,7 +174,7 @@ static void test_engine_small_budget(void **state) {
     (void)state;
     if (!g_smol) skip();
     static job dense[NREQ], small[NREQ], alone[NREQ], chunked[NREQ], eager[NREQ], cpu[NREQ], cpu_dense[NREQ];
-    make_jobs(dense, NREQ);
+    make_jobs(dense, NREQ, 49152, 60); /* 60 .. 171 tokens: 4 .. 11 pages of 16 */
     memcpy(small, dense, sizeof dense), memcpy(alone, dense, sizeof dense), memcpy(chunked, dense, sizeof dense);
     memcpy(eager, dense, sizeof dense), memcpy(cpu, dense, sizeof dense), memcpy(cpu_dense, dense, sizeof dense);
     const char *cfg = "topk:3,recent:1,sink:1";
