@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "core/clock.h"
 #include "core/status_internal.h"
 
 #define NBUCKETS 4096
@@ -29,7 +30,7 @@ typedef struct entry {
     bool orphan;              /* ended while adding: the adder frees it */
     osp_core_output_cb cb;
     osp_core_ack_cb ack;      /* osp_core_client_add_async: called once with the core's answer; else NULL */
-    double ack_deadline;      /* async, E_PENDING: now_s() past which the add fails (ack_timeout_ms) */
+    double ack_deadline;      /* async, E_PENDING: osp_now_s() past which the add fails (ack_timeout_ms) */
     void *user;
     char error[160];          /* E_REFUSED: the core's reason */
     struct entry *next;       /* bucket chain */
@@ -55,12 +56,6 @@ struct osp_core_client {
     uint64_t lost_seq, lost_done; /* core_lost calls made / handled by the I/O thread */
     int n_async_pending;      /* async adds waiting for their ACK (the I/O thread times them out) */
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static size_t bucket(uint64_t id) { return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 52); }
 
@@ -265,7 +260,7 @@ static void expire_async(osp_core_client *c) {
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    const double t = now_s();
+    const double t = osp_now_s();
     entry *late = NULL;
     for (size_t b = 0; b < NBUCKETS; b++) {
         entry **pp = &c->buckets[b];
@@ -302,7 +297,7 @@ static void *io_main(void *arg) {
         const bool ready = c->ready;
         pthread_mutex_unlock(&c->mu);
         const double every = ready ? hb_ms / 1000.0 : 0.05;
-        const double t = now_s();
+        const double t = osp_now_s();
         if (t - last_hb >= every) { /* HELLO until READY, then HEARTBEAT; a full pipe just drops it */
             if ((ready ? osp_ipc_encode_heartbeat(&hb) : osp_ipc_encode_hello(&hb, c->p.fe)) == OSP_OK)
                 zmq_send(c->dealer, hb.data, hb.size, ZMQ_DONTWAIT);
@@ -310,7 +305,7 @@ static void *io_main(void *arg) {
         }
         zmq_pollitem_t it[3] = {{.socket = c->pull, .events = ZMQ_POLLIN}, {.socket = c->dealer, .events = ZMQ_POLLIN},
                                 {.socket = c->mon, .events = ZMQ_POLLIN}};
-        int wait_ms = (int)((last_hb + every - now_s()) * 1000.0) + 1;
+        int wait_ms = (int)((last_hb + every - osp_now_s()) * 1000.0) + 1;
         if (wait_ms < 0) wait_ms = 0;
         if (zmq_poll(it, c->mon ? 3 : 2, wait_ms) < 0 && errno != EINTR) break;
         while (c->mon) { /* the core's connection closed: it died (watch_disconnect) */
@@ -581,7 +576,7 @@ osp_status osp_core_client_add_async(osp_core_client *c, const osp_request_param
                                      osp_core_ack_cb ack, void *user) {
     if (!c || !rp || !cb || !ack) return osp_set_error(OSP_ERR_INVALID_ARG, "core client add: NULL argument");
     entry *e;
-    const double deadline = now_s() + (c->p.ack_timeout_ms > 0 ? c->p.ack_timeout_ms : 60000) / 1000.0;
+    const double deadline = osp_now_s() + (c->p.ack_timeout_ms > 0 ? c->p.ack_timeout_ms : 60000) / 1000.0;
     uint32_t gen;
     OSP_TRY(register_entry(c, rp, &(entry){.cb = cb, .ack = ack, .user = user, .ack_deadline = deadline}, &e, &gen));
     const uint64_t id = rp->request_id; /* e may be the I/O thread's already: nothing of it is read here */

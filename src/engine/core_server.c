@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "core/clock.h"
 #include "core/status_internal.h"
 #include "engine/ipc.h"
 
@@ -46,12 +47,6 @@ typedef struct core {
     osp_status cb_status;      /* an encoding failure inside a callback */
     osp_core_server_counters *ctr;
 } core;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void unlink_req(core *c, core_req *r) {
     if (r->prev) r->prev->next = r->next;
@@ -172,7 +167,7 @@ static void drain(core *c, uint32_t epoch, const osp_ipc_limits *lim) {
         const int fe = ok ? find_fe(c, zmq_msg_data(&id), zmq_msg_size(&id)) : -1;
         osp_ipc_msg m;
         if (fe >= 0 && osp_ipc_decode(zmq_msg_data(&body), zmq_msg_size(&body), lim, &m) == OSP_OK) {
-            c->fes[fe].last_seen = now_s();
+            c->fes[fe].last_seen = osp_now_s();
             c->fes[fe].alive = true;
             handle(c, fe, &m, epoch);
             osp_ipc_msg_free(&m);
@@ -216,7 +211,7 @@ osp_status osp_core_serve(osp_engine *e, const osp_core_server_params *p, osp_co
         zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
         zmq_poll(&it, 1, busy ? 0 : 50);
         drain(c, p->epoch, &lim);
-        const double t = now_s();
+        const double t = osp_now_s();
         for (int i = 0; i < c->n_fes; i++) { /* frontend death: heartbeats stopped */
             frontend *f = &c->fes[i];
             if (!f->alive || t - f->last_seen <= timeout) continue;

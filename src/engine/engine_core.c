@@ -790,7 +790,7 @@ static double seconds(struct timespec a, struct timespec b) {
     return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
 }
 
-static double secs(struct timespec t) { return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec; }
+static double secs(struct timespec t) { return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec; } /* a reading in osp_now_s's units */
 
 /* Writes the pending step to the timeline with its device times. Called before the next run (whose
  * events replace the last run's) and at the end, so a step's own wait is never added: its device work

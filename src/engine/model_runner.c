@@ -6,19 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "core/clock.h"
 #include "core/status_internal.h"
 #include "core/threadpool.h"
 #include "grammar/grammar.h"
 #include "model/model_exec.h"
 #include "spec/verify.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Samples rows [begin, end) of this step on model thread ith, with the sampler scratch slot ith: the
  * forward pass's threads do the sampling too, so no second set of threads (OpenMP) competes with
@@ -262,7 +256,7 @@ static osp_status sample_masked_on_host(osp_model_runner *r, int32_t nr) {
 osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
     osp_persistent_batch *pb = r->pb;
     const size_t V = (size_t)r->n_vocab, L = (size_t)pb->max_model_len;
-    if (r->timeline) r->t_forward[0] = r->t_forward[1] = r->t_forward[2] = now_s(); /* phases a step skips: empty */
+    if (r->timeline) r->t_forward[0] = r->t_forward[1] = r->t_forward[2] = osp_now_s(); /* phases a step skips: empty */
     OSP_TRY(osp_pb_apply(pb, out));
     if (out->num_entries == 0) return OSP_OK;
     const int32_t nl = osp_pb_build(pb);
@@ -293,9 +287,9 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         any_embd = pb->num_scheduled[row] > 0 && pb->pooling[row] != OSP_POOLING_NONE;
     if (any_embd && !r->embd && !(r->embd = malloc(sizeof *r->embd * (size_t)pb->max_tokens * (size_t)r->n_embd)))
         return osp_set_error(OSP_ERR_NOMEM, "model runner: out of memory for embeddings");
-    if (r->timeline) r->t_forward[0] = now_s();
+    if (r->timeline) r->t_forward[0] = osp_now_s();
     OSP_TRY(osp_model_forward_embd(r->model, r->kv, &pb->batch, gpu ? NULL : r->logits, NULL, any_embd ? r->embd : NULL));
-    if (r->timeline) r->t_forward[1] = now_s();
+    if (r->timeline) r->t_forward[1] = osp_now_s();
     for (int32_t row = 0, t0 = 0; any_embd && row < pb->num_rows; row++) {
         if (pb->num_scheduled[row] == 0) continue;
         if (pb->pooling[row] != OSP_POOLING_NONE) pool_row(r, &out->entries[pb->entry[row]], row, t0);
@@ -410,7 +404,7 @@ osp_status osp_runner_execute(osp_model_runner *r, osp_sched_output *out) {
         for (int32_t i = 0; i < nr; i++) row_failed |= r->status[i] != OSP_OK;
         if (st != OSP_OK && !row_failed) return st; /* a bad call, not a bad row */
     }
-    if (r->timeline) r->t_forward[2] = now_s();
+    if (r->timeline) r->t_forward[2] = osp_now_s();
     for (int32_t i = 0; i < nr; i++) {
         osp_request *q = r->row_req[i];
         if (r->row_entry[i] >= 0 && out->entries[r->row_entry[i]].num_spec > 0) {

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "backend/kv_layout.h"
+#include "core/clock.h"
 #include "core/status_internal.h"
 #include "kv/kv_cache.h"
 #include "kv/prefix_cache.h"
@@ -111,12 +112,6 @@ struct osp_offload {
     double load_s, prefill_s;   /* EMAs: seconds per block loaded, per prompt token computed (0: none yet) */
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void ema(double *x, double v) { *x = *x > 0 ? (1 - EMA_WEIGHT) * *x + EMA_WEIGHT * v : v; }
 
 /* ---- hooks ------------------------------------------------------------------------------------ */
@@ -131,7 +126,7 @@ static void on_evict(void *ctx, int32_t n, const int32_t *ids, const osp_block_h
     const osp_kv_offload_stats cap = osp_kv_offload_get_stats(o->store);
     if (cap.capacity[OSP_KV_TIER_HOST] == 0 && cap.capacity[OSP_KV_TIER_DISK] == 0)
         return; /* the disk tier was turned off (its directory could not be made again) and there is no host tier */
-    const double t0 = now_s();
+    const double t0 = osp_now_s();
     int32_t run_ids[EVICT_RUN], run_at[EVICT_RUN];
     void *slots[EVICT_RUN];
     for (int32_t i = 0; i < n && o->err == OSP_OK;) {
@@ -155,7 +150,7 @@ static void on_evict(void *ctx, int32_t n, const int32_t *ids, const osp_block_h
             o->saved_blocks += k;
         }
     }
-    o->save_s += now_s() - t0;
+    o->save_s += osp_now_s() - t0;
 }
 
 static void on_tier_change(void *ctx, const osp_block_hash *h, int tier, bool stored) {
@@ -171,9 +166,7 @@ static bool is_producer(const osp_offload *o) { return o->role == OSP_KV_ROLE_PR
 
 static void log_xfer(osp_offload *o, const char *what) {
     if (!o->log) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const double now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    const double now = osp_now_s();
     if (o->logged_xfer_at > 0 && now - o->logged_xfer_at < 60.0) return; /* at most one warning a minute */
     char line[600];
     if (!strncmp(what, "kv transfer: ", 13)) what += 13; /* a fetch's own message */
@@ -186,7 +179,7 @@ static void log_xfer(osp_offload *o, const char *what) {
 #define XFER_BACKOFF_S 10.0
 
 static bool producer_down(osp_offload *o, const osp_kv_transfer_params *t) {
-    const double now = now_s();
+    const double now = osp_now_s();
     for (int32_t i = 0; i < o->n_down; i++)
         if (o->down[i].until > now && o->down[i].port == t->remote_port && !strcmp(o->down[i].host, t->remote_host))
             return true;
@@ -194,7 +187,7 @@ static bool producer_down(osp_offload *o, const osp_kv_transfer_params *t) {
 }
 
 static void mark_down(osp_offload *o, const osp_kv_transfer_params *t) {
-    const double now = now_s();
+    const double now = osp_now_s();
     int32_t k = -1; /* this producer's slot, else an expired one, else a new one, else the first to expire */
     for (int32_t i = 0; i < o->n_down && k < 0; i++)
         if (o->down[i].port == t->remote_port && !strcmp(o->down[i].host, t->remote_host)) k = i;
@@ -340,11 +333,11 @@ static void *loader_main(void *arg) {
         pthread_mutex_unlock(&o->mu);
         /* the batch stays listed (poll and cancel only take done ones), so b lives */
         if (!skip && b->src[i] == SRC_DISK) {
-            const double t0 = now_s();
+            const double t0 = osp_now_s();
             b->res[i] = osp_kv_offload_read(o->store, &b->h[i], b->buf + (size_t)i * bb);
-            b->read_s += now_s() - t0;
+            b->read_s += osp_now_s() - t0;
         } else if (!skip) {
-            const double t0 = now_s();
+            const double t0 = osp_now_s();
             const bool last = b->release && i + m == b->n;
             ipc_write_ctx wc = {.o = o, .b = b, .first = i};
             bool via_ipc = false;
@@ -354,7 +347,7 @@ static void *loader_main(void *arg) {
                                                         b->buf + (size_t)i * bb, &b->res[i], &via_ipc);
             for (int32_t k = 0; via_ipc && k < m; k++)
                 if (b->res[i + k] == OSP_KV_READ_OK) b->src[i + k] = SRC_IPC; /* in its page already */
-            b->remote_s += now_s() - t0;
+            b->remote_s += osp_now_s() - t0;
             if (st != OSP_OK) snprintf(b->remote_err, sizeof b->remote_err, "%s", osp_last_error());
             b->remote_io = st == OSP_ERR_IO;
         }
@@ -381,7 +374,7 @@ static int32_t tier_start(void *ctx, osp_request *r, const int32_t *ids, const o
     for (int32_t i = 0; i < n && !any_bg; i++)
         any_bg = !(o->store && osp_kv_offload_where(o->store, &hashes[i]) == OSP_KV_TIER_HOST);
     if (!any_bg || !o->loader_started) { /* host memory (or no loader): now, in order, up to the first miss */
-        const double t0 = now_s();
+        const double t0 = osp_now_s();
         /* the host tier's blocks in place, all written in one go (page-locked on the GPU: DMA) */
         const void **srcs = malloc(sizeof *srcs * (size_t)n);
         int32_t m = 0;
@@ -395,9 +388,9 @@ static int32_t tier_start(void *ctx, osp_request *r, const int32_t *ids, const o
         while (*n_ok == m && *n_ok < n && o->store && osp_kv_offload_get(o->store, &hashes[*n_ok], o->buf) &&
                write_block(o, ids[*n_ok], o->buf)) /* disk blocks without a loader thread: one at a time */
             ++*n_ok, ++m;
-        if (*n_ok > 0) ema(&o->load_s, (now_s() - t0) / *n_ok);
+        if (*n_ok > 0) ema(&o->load_s, (osp_now_s() - t0) / *n_ok);
         o->host_loaded_blocks += *n_ok;
-        o->host_load_s += now_s() - t0;
+        o->host_load_s += osp_now_s() - t0;
         return n;
     }
     const size_t bb = o->block_bytes;
@@ -900,7 +893,7 @@ osp_status osp_offload_hold(osp_offload *o, osp_request *r) {
     if (err != OSP_OK) return err;
     if (id != 0) r->kv_xfer_id = id, r->kv_xfer_blocks = n;
     if (id == 0 && o->log) { /* too big for the buffer (or out of memory): its consumer computes it */
-        const double now = now_s();
+        const double now = osp_now_s();
         if (o->logged_hold_at == 0 || now - o->logged_hold_at >= 60.0) {
             char line[300];
             snprintf(line, sizeof line, "kv transfer: a prompt of %d blocks (%.1f MiB) was not held: larger than the "
@@ -975,7 +968,7 @@ void osp_offload_note_step(osp_offload *o, int32_t tokens, double seconds) {
     if (st.io_errors == o->logged_io && st.corrupt == o->logged_corrupt && st.missing == o->logged_missing &&
         st.full_freed == o->logged_freed)
         return;
-    const double now = now_s();
+    const double now = osp_now_s();
     if (o->logged_at > 0 && now - o->logged_at < 60.0) return; /* at most one warning a minute */
     snprintf(line, sizeof line,
              "kv offload: %lld disk writes failed (blocks dropped), %lld disk blocks failed their checks and %lld were "

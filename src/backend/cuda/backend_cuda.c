@@ -35,13 +35,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/attention_v1.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_sample.h"
 #include "backend/kernel_registry.h"
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/status_internal.h"
 #include "core/threadpool.h"
@@ -1053,18 +1053,32 @@ static bool is_pure_decode(const osp_batch *b) {
     return true;
 }
 
-/* The tokens every sequence of b has when all have the same number w <= GRAPH_MAX_WIDTH and every token's
- * logits are wanted in order (a decode step, w = 1, or a step of verification rows with the same number
- * of drafts, w = 1 + drafts); else 0: the step runs eagerly. */
-static int graph_width(const osp_batch *b) {
-    if (b->num_seqs < 1 || b->num_tokens % b->num_seqs != 0 || b->num_logits != b->num_tokens) return 0;
-    const int32_t w = b->num_tokens / b->num_seqs;
-    if (w > GRAPH_MAX_WIDTH) return 0;
-    for (int32_t s = 0; s < b->num_seqs; s++)
-        if (b->query_start_loc[s + 1] - b->query_start_loc[s] != w) return 0;
+/* How step b runs under a graph (cuda_run): at w tokens a sequence (returned), or eagerly (0). Every
+ * token's logits must be wanted in order. Sequences all of one length w <= max_w take that w (a decode,
+ * w = 1, or verification rows of w - 1 drafts each); otherwise at most kPadSeqs sequences of up to max_w
+ * tokens are padded to max_w (*pad; pad_step), where the launches, not the padding's work, are the cost,
+ * so one graph a size serves every draft count. With sparse attention decodes only (its graphed lists
+ * hold one sparse token a sequence). */
+enum { kPadSeqs = 8 };
+static int graph_plan(const osp_batch *b, int max_w, bool sparse, bool *pad) {
+    *pad = false;
+    if (b->num_seqs < 1 || b->num_logits != b->num_tokens) return 0;
     for (int32_t i = 0; i < b->num_logits; i++)
         if (b->logits_indices[i] != i) return 0;
-    return (int)w;
+    const int32_t q0 = b->query_start_loc[1] - b->query_start_loc[0];
+    int32_t qmax = 0;
+    bool uniform = true;
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        const int32_t q = b->query_start_loc[s + 1] - b->query_start_loc[s];
+        if (q < 1) return 0;
+        qmax = q > qmax ? q : qmax;
+        uniform &= q == q0;
+    }
+    if (uniform && q0 == 1) return 1;
+    if (sparse || qmax > max_w) return 0;
+    if (b->num_seqs > kPadSeqs) return uniform ? (int)q0 : 0;
+    *pad = true;
+    return max_w;
 }
 
 /* Host fp32 rows <-> an activation in its dtype (bf16 converted on the host), synchronous. */
@@ -1110,21 +1124,6 @@ static osp_status upload_kv_fixed(cuda_backend *g, const osp_kv_cache *kv) {
     OSP_TRY(osp_cuda_h2d(g->d_kv_fixed, kv->k_fixed, n * sizeof(float), g->stream));
     OSP_TRY(osp_cuda_h2d(g->d_kv_fixed + n, kv->v_fixed, n * sizeof(float), g->stream));
     return osp_cuda_stream_sync(g->stream);
-}
-
-/* Whether b may run as a padded verification step (pad_step): at most kPadSeqs sequences (where launches,
- * not the padded rows' work, are the cost), none longer than w tokens, every token's logits wanted in
- * order, w > 1. */
-enum { kPadSeqs = 8 };
-static bool pad_step_ok(const osp_batch *b, int w) {
-    if (w <= 1 || b->num_seqs < 1 || b->num_seqs > kPadSeqs || b->num_logits != b->num_tokens) return false;
-    for (int32_t s = 0; s < b->num_seqs; s++) {
-        const int32_t q = b->query_start_loc[s + 1] - b->query_start_loc[s];
-        if (q < 1 || q > w) return false;
-    }
-    for (int32_t i = 0; i < b->num_logits; i++)
-        if (b->logits_indices[i] != i) return false;
-    return true;
 }
 
 /* Lays b out with every sequence at w tokens (sequence s's tokens at rows s w ..): a sequence's real
@@ -1255,14 +1254,10 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
     g->logits = NULL;
     g->timed = false; /* until both events of this run are recorded */
-    /* a graphed step: w tokens a sequence (a decode, or verification rows of w - 1 drafts each; with sparse
-     * attention decodes only: its graphed lists hold one sparse token a sequence) */
-    const int gwidth0 = g->use_graphs && !has_io ? graph_width(b) : 0;
-    /* small steps of verification rows with different draft counts: every sequence padded to the widest
-     * graphed width, so one graph a size serves every draft count (pad_step says how) */
-    const bool pad = g->use_graphs && !has_io && !ds && gwidth0 != 1 && pad_step_ok(b, g->graph_max_width);
-    const int gwidth = pad ? g->graph_max_width : gwidth0 <= g->graph_max_width ? gwidth0 : 0;
-    const int gi = gwidth == 1 || (gwidth > 1 && !ds) ? graph_slot(b->num_seqs) : -1;
+    /* a graphed step: w tokens a sequence (graph_plan) */
+    bool pad = false;
+    const int gwidth = g->use_graphs && !has_io ? graph_plan(b, g->graph_max_width, ds != NULL, &pad) : 0;
+    const int gi = gwidth > 0 ? graph_slot(b->num_seqs) : -1;
     const int wi = gi >= 0 ? gwidth - 1 : 0;
     /* padded sizes: a graphed batch runs at its ladder size (eager or graph alike, so the same kernels
      * and GEMM plans see the same shapes either way) */
@@ -1452,12 +1447,6 @@ static osp_status cuda_run_device_us(osp_backend *be, double *us) {
 
 /* ---- the step timeline ------------------------------------------------------------------------- */
 
-static double host_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static osp_status cuda_timeline_enable(osp_backend *be) {
     cuda_backend *g = CU(be);
     if (g->tl_on) return OSP_OK;
@@ -1467,10 +1456,10 @@ static osp_status cuda_timeline_enable(osp_backend *be) {
     /* the stream idle, the reference event completes as it is recorded: its host time is the midpoint
        of the clock read before the record and after the wait (a few microseconds apart) */
     OSP_TRY(osp_cuda_stream_sync(g->stream));
-    const double t0 = host_now();
+    const double t0 = osp_now_s();
     OSP_TRY(osp_cuda_event_record(g->tl_ref, g->stream));
     OSP_TRY(osp_cuda_stream_sync(g->stream));
-    g->tl_ref_s = 0.5 * (t0 + host_now());
+    g->tl_ref_s = 0.5 * (t0 + osp_now_s());
     memset(g->tl_have, 0, sizeof g->tl_have);
     g->tl_on = true;
     return OSP_OK;
