@@ -256,9 +256,9 @@ static void test_tiles(void **state) {
     for (size_t ti = 0; ti < NTYPES; ti++) assert_null(osp_qdot8b_tile_for(types[ti], 8, &n));
 }
 
-/* The AVX512-VNNI strips: 16 rows against 1..20 and 64 tokens (activation rows a_stride >= nb blocks
- * apart, outputs ys >= 16 apart) give every (row, token) the portable kernel's bits and write nothing
- * else; NULL on the other families and for types without the mode. */
+/* The AVX512-VNNI strips: 16 rows against 1..20 and 64 tokens (made block-major by osp_q8b_block_major
+ * from rows a_stride >= nb blocks apart; outputs ys >= 16 apart) give every (row, token) the portable
+ * kernel's bits and write nothing else; NULL on the other families and for types without the mode. */
 static void test_strips(void **state) {
     (void)state;
     if (!osp_qdot_force_isa("avx512vnni")) {
@@ -282,7 +282,7 @@ static void test_strips(void **state) {
                 const int64_t as = nb + (int64_t)(rnd() % 3), ys = 16 + (int64_t)(rnd() % 5), rb = ts * nb + (int64_t)(rnd() % 3);
                 static uint8_t w[16 * (MAX_NB * MAX_TS + 2)];
                 static float x[MAX_NB * 32];
-                static osp_q8b_block xq[MAXT * (MAX_NB + 2)];
+                static osp_q8b_block xq[MAXT * (MAX_NB + 2)], bm[MAXT * MAX_NB];
                 static float y[MAXT * 21 + 16];
                 for (int r = 0; r < 16; r++) weights(t, w + r * rb, nb, trial);
                 for (int64_t j = 0; j < nt; j++) {
@@ -290,7 +290,10 @@ static void test_strips(void **state) {
                     osp_quantize_row_q8b(x, xq + j * as, nb * 32);
                 }
                 for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = 12345.0f;
-                strip(w, (size_t)rb, nb, xq, as, nt, y, ys);
+                osp_q8b_block_major(xq, as, nb, nt, bm);
+                for (int64_t j = 0; j < nt; j++)
+                    for (int64_t b = 0; b < nb; b++) assert_memory_equal(&bm[b * nt + j], &xq[j * as + b], sizeof bm[0]);
+                strip(w, (size_t)rb, nb, bm, nt, y, ys);
                 for (int64_t j = 0; j < nt; j++)
                     for (int64_t r = 0; r < ys; r++) {
                         if (r >= 16) {

@@ -136,6 +136,11 @@ void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64
         }
 }
 
+void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_block *out) {
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t b = 0; b < nb; b++) out[b * n + j] = a[j * a_stride + b];
+}
+
 /* ---- the portable kernels ------------------------------------------------------------------------ */
 
 static inline float half_at(const uint8_t *p) {
@@ -417,36 +422,45 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void transpose16x8(const
 #define STRIP8B_PREFETCH 1
 #endif
 
-/* TG tokens (a: token 0's block, token j's at a + j * as) against one transposed block: y[j * ys + r]
- * is the accumulator A of (row r, token j), +0.0 where first. CSH: the correction n128 >> CSH (Q8_0 0,
- * Q4_0 4, Q5_0 3), or -1 for none (Q4_1 / Q5_1). */
+/* TG tokens (a: token 0's block; token j's at a + j, the block-major layout) against one transposed
+ * block: acc + 16 j holds the accumulators A of token j's 16 rows, +0.0 where first. CSH: the correction
+ * n128 >> CSH (Q8_0 0, Q4_0 4, Q5_0 3), or -1 for none (Q4_1 / Q5_1). One base pointer for the tokens'
+ * blocks and one for the accumulators keep every address a constant displacement. */
 TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(const __m512i *W, __m512 dw, __m512 m,
-                                                                          const osp_q8b_block *a, int64_t as,
-                                                                          float *y, int64_t ys, bool first,
-                                                                          const int TG, const int CSH, const bool MIN) {
-    __m512i I[8];
+                                                                          const osp_q8b_block *a, float *acc,
+                                                                          bool first, const int TG, const int CSH,
+                                                                          const bool MIN) {
+    __m512i I[16];
     UNROLL8B for (int j = 0; j < TG; j++) {
-        const __m512i c = _mm512_set1_epi32(a[j * as].n128);
+        const __m512i c = _mm512_set1_epi32(a[j].n128);
         I[j] = CSH < 0 ? _mm512_setzero_si512() : CSH == 0 ? c : _mm512_srai_epi32(c, CSH);
     }
     UNROLL8B for (int k = 0; k < 8; k++) UNROLL8B for (int j = 0; j < TG; j++)
-        I[j] = _mm512_dpbusd_epi32(I[j], W[k], _mm512_set1_epi32(u32at((const uint8_t *)a[j * as].qs + 4 * k)));
+        I[j] = _mm512_dpbusd_epi32(I[j], W[k], _mm512_set1_epi32(u32at((const uint8_t *)a[j].qs + 4 * k)));
     UNROLL8B for (int j = 0; j < TG; j++) {
-        float *yj = y + j * ys;
-        __m512 A = first ? _mm512_setzero_ps() : _mm512_loadu_ps(yj);
-        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(dw, _mm512_set1_ps(a[j * as].d)), A);
-        if (MIN) A = _mm512_fmadd_ps(m, _mm512_set1_ps(a[j * as].s), A);
-        _mm512_storeu_ps(yj, A);
+        float *aj = acc + 16 * j;
+        __m512 A = first ? _mm512_setzero_ps() : _mm512_load_ps(aj);
+        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(dw, _mm512_set1_ps(a[j].d)), A);
+        if (MIN) A = _mm512_fmadd_ps(m, _mm512_set1_ps(a[j].s), A);
+        _mm512_store_ps(aj, A);
     }
 }
 
+/* gcc cannot see that block 0 writes every accumulator the copy-out reads */
+#if defined(__clang__)
+#define STRIP8B_NOWARN_BEGIN
+#define STRIP8B_NOWARN_END
+#else
+#define STRIP8B_NOWARN_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define STRIP8B_NOWARN_END _Pragma("GCC diagnostic pop")
+#endif
 #define STRIP8B_KERNEL(NAME, UC, BYTES, MIN, CSH)                                                  \
-    TGT8B_VNNI static void NAME(const void *w, size_t rb, int64_t nb, const osp_q8b_block *a, int64_t as, int64_t n, \
-                                float *y, int64_t ys) {                                            \
+    TGT8B_VNNI static void NAME(const void *w, size_t rb, int64_t nb, const osp_q8b_block *a, int64_t n, float *y, \
+                                int64_t ys) {                                                      \
         const __m512i nib_shift = NIB_SHIFT8B;                                                     \
         (void)nib_shift;                                                                           \
-        /* row r's offset for the scales' gather (15 rb < 2^31: osp_qdot8b_strip_for's callers' rows are \
-           far shorter; checked in backend_cpu.c) */                                               \
+        _Alignas(64) float acc[OSP_Q8B_STRIP_TOKENS * 16];                                         \
+        /* row r's offset for the scales' gather (15 rb < 2^31: checked by backend_cpu.c) */        \
         const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
                                                   _mm512_set1_epi32((int)rb));                     \
         for (int64_t b = 0; b < nb; b++) {                                                         \
@@ -460,20 +474,25 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(cons
             const __m512i dmv = _mm512_i32gather_epi32(rowoff, (const void *)p, 1);                \
             const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dmv));                         \
             const __m512 m = (MIN) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dmv, 16))) : _mm512_setzero_ps(); \
-            const osp_q8b_block *ab = a + b;                                                       \
+            const osp_q8b_block *ab = a + b * n;                                                   \
             const bool first = b == 0;                                                             \
             int64_t j = 0;                                                                         \
-            for (; j + 8 <= n; j += 8) strip8b_tokens(W, dw, m, ab + j * as, as, y + j * ys, ys, first, 8, CSH, MIN); \
-            if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j * as, as, y + j * ys, ys, first, 4, CSH, MIN), j += 4; \
-            if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j * as, as, y + j * ys, ys, first, 2, CSH, MIN), j += 2; \
-            if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j * as, as, y + j * ys, ys, first, 1, CSH, MIN); \
+            for (; j + 16 <= n; j += 16) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 16, CSH, MIN); \
+            if (n - j >= 8) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 8, CSH, MIN), j += 8; \
+            if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 4, CSH, MIN), j += 4; \
+            if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 2, CSH, MIN), j += 2; \
+            if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 1, CSH, MIN);    \
         }                                                                                          \
+        STRIP8B_NOWARN_BEGIN                                                                       \
+        /* (block 0 wrote acc[0, 16 n) when nb >= 1; nb = 0 gives +0.0 as the portable kernel) */    \
+        for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps()); \
+        STRIP8B_NOWARN_END                                                                         \
     }                                                                                              \
     /* the GEMV: strips at one token, the one-token kernel for the last nrows % 16 rows */         \
     TGT8B_VNNI static void NAME##_gemv(const void *w, size_t rb, const osp_q8b_block *a, int64_t nb, float *y, \
                                        int64_t nrows) {                                            \
         int64_t r = 0;                                                                             \
-        for (; r + 16 <= nrows; r += 16) NAME((const uint8_t *)w + (size_t)r * rb, rb, nb, a, 0, 1, y + r, 0); \
+        for (; r + 16 <= nrows; r += 16) NAME((const uint8_t *)w + (size_t)r * rb, rb, nb, a, 1, y + r, 0); \
         for (; r < nrows; r++) y[r] = NAME##_one((const uint8_t *)w + (size_t)r * rb, a, nb);     \
     }
 #define strip8b_q8_0_one dot8b_q8_0_vnni

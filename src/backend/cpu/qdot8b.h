@@ -85,15 +85,18 @@ typedef void (*osp_qdot8b_gemv_fn)(const void *w, size_t row_bytes, const osp_q8
  * the last nrows % 16; else the one-token kernel row by row), or NULL for a type without the mode. */
 osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type);
 
-/* A strip (AVX512-VNNI): 16 weight rows (w + r * row_bytes, r < 16, nb blocks each) against n >= 1
- * tokens (token j's blocks at a + j * a_stride): y[j * ys + r] = dot(row r, token j), each bit-identical
- * to the one-token kernel. Per block the 16 rows' 32 values are transposed once into 8 registers (lane
- * r: row r's values 4k..4k+3), then each token costs 8 vpdpbusd against its codes broadcast 4 at a time,
- * one conversion, the dw d_a product and the FMA(s) for all 16 rows; y serves as the accumulators, so any
- * n works with no padding. */
-typedef void (*osp_qdot8b_strip_fn)(const void *w, size_t row_bytes, int64_t nb, const osp_q8b_block *a,
-                                    int64_t a_stride, int64_t n, float *y, int64_t ys);
+/* A strip (AVX512-VNNI): 16 weight rows (w + r * row_bytes, r < 16, nb blocks each) against n tokens,
+ * 1 <= n <= OSP_Q8B_STRIP_TOKENS, whose blocks are block-major: block b of token j at a[b * n + j]
+ * (osp_q8b_block_major; for n = 1 that is the token's row as quantized): y[j * ys + r] = dot(row r,
+ * token j), each bit-identical to the one-token kernel. Per block the 16 rows' 32 values are transposed
+ * once into 8 registers (lane r: row r's values 4k..4k+3), then each token costs 8 vpdpbusd against its
+ * codes broadcast 4 at a time, one conversion, the dw d_a product and the FMA(s) for all 16 rows. */
+typedef void (*osp_qdot8b_strip_fn)(const void *w, size_t row_bytes, int64_t nb, const osp_q8b_block *a, int64_t n,
+                                    float *y, int64_t ys);
 #define OSP_Q8B_STRIP_ROWS 16
+#define OSP_Q8B_STRIP_TOKENS 64
+/* out[b * n + j] <- a[j * a_stride + b] for b < nb, j < n: n token rows made block-major for a strip. */
+void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_block *out);
 /* The strip for `type` on this CPU, or NULL (no AVX512-VNNI, or a type without the mode). */
 osp_qdot8b_strip_fn osp_qdot8b_strip_for(uint32_t type);
 
