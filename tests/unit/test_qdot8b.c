@@ -1,9 +1,9 @@
 /* One-level activations for the 32-value block types (src/backend/cpu/qdot8b.h): the quantizer against
  * its written contract; the portable kernels against a double-precision dot of the dequantized weights
  * (the arithmetic is right) and the original activations (the one-level error bound); and every other
- * kernel of the mode -- the AVX2 and AVX512-VNNI one-token kernels, the GEMV over 1..6 rows, the tiles
- * of 4, 6, 8 and 16 tokens with junk rows past the real tokens -- against the portable kernel bit for
- * bit, on random rows of 1..13 blocks (odd counts: the GEMV's half pair), all-zero weights, -0.0 and
+ * kernel of the mode -- the AVX2 and AVX512-VNNI one-token kernels, the GEMV over 1..40 rows (strips of
+ * 16 and the rows left), the AVX2 tiles of 4 and 8 tokens with junk rows past the real tokens, the
+ * AVX512-VNNI strips over 1..20 and 64 tokens -- against the portable kernel bit for bit, on random rows of 1..13 blocks (odd counts: the GEMV's half pair), all-zero weights, -0.0 and
  * zero activations, large weight scales and activations: a token's result must not depend on the kernel,
  * so it does not depend on how many tokens share the matmul (batch invariance). Deterministic inputs
  * (test_rng.h); kernels the CPU lacks are skipped with a message. */
@@ -49,7 +49,8 @@ static void fill_x(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = scale * frand() * (rnd() % 50 == 0 ? 30.0f : 1.0f);
 }
 
-/* d = max|x| / 127, q = rne(x * 127 / max|x|), s = d * sum(q); all zeros give d = 0; NaN gives d = s = NaN. */
+/* d = max|x| / 127, q = rne(x * 127 / max|x|), s = d * sum(q), n128 = -128 sum(q); all zeros give d = 0;
+ * NaN gives d = s = NaN, n128 = 0. */
 static void test_quantize_contract(void **state) {
     (void)state;
     static float x[4 * 32];
@@ -71,6 +72,7 @@ static void test_quantize_contract(void **state) {
             }
             const float sf = d * (float)s;
             assert_memory_equal(&q[b].s, &sf, 4);
+            assert_int_equal(q[b].n128, -128 * s);
         }
     }
     for (int i = 0; i < 128; i++) x[i] = 0.5f;
@@ -78,6 +80,7 @@ static void test_quantize_contract(void **state) {
     x[100] = -INFINITY;
     osp_quantize_row_q8b(x, q, 128);
     assert_true(q[0].d == 0.5f / 127.0f && isnan(q[1].d) && isnan(q[1].s) && isnan(q[3].d) && q[2].d == q[0].d);
+    assert_true(q[1].n128 == 0 && q[3].n128 == 0);
 }
 
 /* The portable kernels: within float rounding of the exact dot of the dequantized weights with the
@@ -151,18 +154,15 @@ static void test_one_token_and_gemv(void **state) {
             const int64_t ts = (int64_t)osp_dtype_type_size(t);
             for (int trial = 0; trial < 200; trial++) {
                 const int64_t nb = trial < 2 * MAX_NB ? 1 + trial % MAX_NB : 1 + (int64_t)(rnd() % MAX_NB);
-                const int64_t nrows = 1 + rnd() % 6, rb = ts * nb;
-                static uint8_t w[6 * MAX_NB * MAX_TS];
+                const int64_t nrows = trial % 4 == 3 ? 1 + rnd() % 40 : 1 + rnd() % 6, rb = ts * nb;
+                static uint8_t w[40 * MAX_NB * MAX_TS];
                 static float x[MAX_NB * 32];
                 static osp_q8b_block xq[MAX_NB];
-                static _Alignas(64) uint8_t bp[8192];
                 for (int64_t r = 0; r < nrows; r++) weights(t, w + r * rb, nb, trial);
                 activations(x, nb * 32, trial, 0.0f);
                 osp_quantize_row_q8b(x, xq, nb * 32);
-                assert_true(osp_pack_q8b_row_bytes(nb) <= sizeof bp);
-                osp_pack_q8b_row(t, xq, nb, (osp_q8b_pair *)(void *)bp);
-                float g[6];
-                gemv(w, (size_t)rb, xq, (const osp_q8b_pair *)(const void *)bp, nb, g, nrows);
+                float g[40];
+                gemv(w, (size_t)rb, xq, nb, g, nrows);
                 for (int64_t r = 0; r < nrows; r++) {
                     const float a = one(w + r * rb, xq, nb), b = ref(w + r * rb, xq, nb);
                     if (memcmp(&a, &b, 4) != 0)
@@ -192,13 +192,12 @@ static void test_one_token_and_gemv(void **state) {
     assert_true(osp_qdot_force_isa("scalar"));
 }
 
-/* The tiles: for 1..20 tokens left, the tile osp_qdot8b_tile_for picks (AVX512-VNNI: 16, 8, or the
- * narrowest of 4, 6, 8 that holds 3..7; AVX2: 4 for 3-4, else 8) gives each real token the portable
- * kernel's bits whatever the pack's other rows hold (huge values in some trials), writes exactly its n
- * results ys apart, and is NULL below 3 tokens and on the portable family. */
+/* The AVX2 tiles: for 1..20 tokens left, the tile osp_qdot8b_tile_for picks (4 for 3-4, else 8) gives
+ * each real token the portable kernel's bits whatever the pack's other rows hold (huge values in some
+ * trials), writes exactly its n results ys apart, and is NULL below 3 tokens, on the portable family and
+ * on AVX512-VNNI (which has the strips). */
 static int tiles_on(const char *isa) {
     int tested = 0, n = 0;
-    const bool vnni = !strcmp(isa, "avx512vnni");
     assert_null(osp_qdot8b_tile_for(OSP_DTYPE_Q4_K, 16, &n));
     for (size_t ti = 0; ti < NTYPES; ti++) {
         const uint32_t t = types[ti];
@@ -211,8 +210,7 @@ static int tiles_on(const char *isa) {
                 continue;
             }
             assert_true(n_left >= 3);
-            if (vnni) assert_int_equal(n, n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
-            else assert_int_equal(n, n_left <= 4 ? 4 : 8);
+            assert_int_equal(n, n_left <= 4 ? 4 : 8);
             const int real = n_left < n ? (int)n_left : n;
             for (int trial = 0; trial < 40; trial++) {
                 const int64_t nb = trial < MAX_NB ? 1 + trial : 1 + (int64_t)(rnd() % MAX_NB), stride = nb + (int64_t)(rnd() % 3);
@@ -248,27 +246,83 @@ static int tiles_on(const char *isa) {
 
 static void test_tiles(void **state) {
     (void)state;
-    const char *isas[] = {"avx512vnni", "avx2"};
-    for (size_t ii = 0; ii < 2; ii++) {
-        if (!osp_qdot_force_isa(isas[ii])) {
-            printf("qdot8b tiles: %s not available on this CPU, skipped\n", isas[ii]);
-            continue;
-        }
-        printf("qdot8b tiles (%s): %d tiles matched the reference bit for bit\n", isas[ii], tiles_on(isas[ii]));
-    }
     int n = 0;
+    if (!osp_qdot_force_isa("avx2")) printf("qdot8b tiles: avx2 not available on this CPU, skipped\n");
+    else printf("qdot8b tiles (avx2): %d tiles matched the reference bit for bit\n", tiles_on("avx2"));
+    if (osp_qdot_force_isa("avx512vnni"))
+        for (size_t ti = 0; ti < NTYPES; ti++)
+            for (int64_t k = 1; k <= 20; k++) assert_null(osp_qdot8b_tile_for(types[ti], k, &n));
     assert_true(osp_qdot_force_isa("scalar"));
     for (size_t ti = 0; ti < NTYPES; ti++) assert_null(osp_qdot8b_tile_for(types[ti], 8, &n));
 }
 
-/* osp_pack_q8b and osp_pack_q8b_row write what their contracts say. */
+/* The AVX512-VNNI strips: 16 rows against 1..20 and 64 tokens (made block-major by osp_q8b_block_major
+ * from rows a_stride >= nb blocks apart; outputs ys >= 16 apart) give every (row, token) the portable
+ * kernel's bits and write nothing else; NULL on the other families and for types without the mode. */
+static void test_strips(void **state) {
+    (void)state;
+    if (!osp_qdot_force_isa("avx512vnni")) {
+        printf("qdot8b strips: avx512vnni not available on this CPU, skipped\n");
+        assert_true(osp_qdot_force_isa("scalar"));
+        return;
+    }
+    assert_null(osp_qdot8b_strip_for(OSP_DTYPE_Q4_K));
+    enum { MAXT = 64 };
+    int tested = 0;
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        const uint32_t t = types[ti];
+        const osp_qdot8b_strip_fn strip = osp_qdot8b_strip_for(t);
+        const osp_qdot8b_fn ref = osp_qdot8b_ref_for(t);
+        assert_non_null(strip);
+        const int64_t ts = (int64_t)osp_dtype_type_size(t);
+        for (int64_t n = 1; n <= 21; n++) {
+            const int64_t nt = n == 21 ? MAXT : n;
+            for (int trial = 0; trial < 16; trial++) {
+                const int64_t nb = trial < MAX_NB ? 1 + trial : 1 + (int64_t)(rnd() % MAX_NB);
+                const int64_t as = nb + (int64_t)(rnd() % 3), ys = 16 + (int64_t)(rnd() % 5), rb = ts * nb + (int64_t)(rnd() % 3);
+                static uint8_t w[16 * (MAX_NB * MAX_TS + 2)];
+                static float x[MAX_NB * 32];
+                static osp_q8b_block xq[MAXT * (MAX_NB + 2)], bm[MAXT * MAX_NB];
+                static float y[MAXT * 21 + 16];
+                for (int r = 0; r < 16; r++) weights(t, w + r * rb, nb, trial);
+                for (int64_t j = 0; j < nt; j++) {
+                    activations(x, nb * 32, j == 0 ? trial : trial == 1 ? 3 : trial, 0.0f);
+                    osp_quantize_row_q8b(x, xq + j * as, nb * 32);
+                }
+                for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = 12345.0f;
+                osp_q8b_block_major(xq, as, nb, nt, bm);
+                for (int64_t j = 0; j < nt; j++)
+                    for (int64_t b = 0; b < nb; b++) assert_memory_equal(&bm[b * nt + j], &xq[j * as + b], sizeof bm[0]);
+                strip(w, (size_t)rb, nb, bm, nt, y, ys);
+                for (int64_t j = 0; j < nt; j++)
+                    for (int64_t r = 0; r < ys; r++) {
+                        if (r >= 16) {
+                            assert_true(y[j * ys + r] == 12345.0f);
+                            continue;
+                        }
+                        const float e = ref(w + r * rb, xq + j * as, nb);
+                        if (memcmp(&e, &y[j * ys + r], 4) != 0)
+                            fail_msg("%s: strip of %d tokens, nb %d, row %d token %d gives %.9g, reference %.9g",
+                                     osp_dtype_name(t), (int)nt, (int)nb, (int)r, (int)j, y[j * ys + r], e);
+                    }
+                for (size_t i = (size_t)(nt * ys); i < sizeof y / sizeof y[0]; i++) assert_true(y[i] == 12345.0f);
+                tested++;
+            }
+        }
+    }
+    printf("qdot8b strips: %d strips matched the reference bit for bit\n", tested);
+    for (size_t ii = 0; ii < 2; ii++)
+        if (osp_qdot_force_isa(ii ? "scalar" : "avx2")) assert_null(osp_qdot8b_strip_for(OSP_DTYPE_Q4_1));
+    assert_true(osp_qdot_force_isa("scalar"));
+}
+
+/* osp_pack_q8b writes what its contract says. */
 static void test_pack_layout(void **state) {
     (void)state;
     enum { NB = 3, STRIDE = 5 };
     static float x[NB * 32];
     static osp_q8b_block xq[8 * STRIDE];
     static _Alignas(64) osp_q8b_pack pk[NB];
-    static _Alignas(64) osp_q8b_pair bp[4];
     for (int j = 0; j < 8; j++) {
         fill_x(x, NB * 32, 1.0f);
         osp_quantize_row_q8b(x, xq + j * STRIDE, NB * 32);
@@ -286,17 +340,6 @@ static void test_pack_layout(void **state) {
                 for (int l = 0; l < 8; l++) assert_true(pr->d[8 * h + l] == blk->d);
                 assert_true(pk[b].s[j] == blk->s);
             }
-        assert_true(osp_pack_q8b_row_bytes(NB) <= sizeof bp);
-        osp_pack_q8b_row(t, xq, NB, bp);
-        const float *s = (const float *)(const void *)(bp + 2);
-        for (int b = 0; b < 4; b++) {
-            const osp_q8b_pair *pr = &bp[b / 2];
-            const int h = b % 2;
-            for (int l = 0; l < 8; l++) assert_true(pr->d[8 * h + l] == (b < NB ? xq[b].d : 0.0f));
-            for (int i = 0; i < 32; i++)
-                assert_int_equal((uint8_t)pr->qs[32 * h + i], b < NB ? (uint8_t)xq[b].qs[i] ^ xo : 0);
-            if (b < NB) assert_true(s[b] == xq[b].s);
-        }
     }
 }
 
@@ -306,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_reference_accuracy),
         cmocka_unit_test(test_one_token_and_gemv),
         cmocka_unit_test(test_tiles),
+        cmocka_unit_test(test_strips),
         cmocka_unit_test(test_pack_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,16 +1,17 @@
 /* One-level activations for the 32-value block types (see qdot8b.h for the arithmetic every kernel
  * shares): the quantizer, the packs, the portable kernels (the definition), the AVX2 and AVX512-VNNI
- * one-token kernels (256 bits: a block's 32 products are one register), AVX2 tiles of 4 and 8 tokens
- * on packs, and on AVX512-VNNI the GEMV (block pairs in 512 bits, four rows at a time) and the tiles
- * over token pairs on packs (4, 6, 8 and 16 tokens), which the matmul schedules as it does the
- * K-quants' (backend_cpu.c, matmul_onelevel).
+ * one-token kernels (256 bits: a block's 32 products are one register, summed to one int32), AVX2
+ * tiles of 4 and 8 tokens on packs, and on AVX512-VNNI the strips (16 weight rows in the 16 lanes of a
+ * register, any number of tokens) and the GEMV made of them, which the matmul schedules
+ * (backend_cpu.c, matmul_onelevel).
  *
- * Per (weight row, token pair, block) a tile does one vpdpbusd (the integer sum, started from the
- * weight block's correction), one conversion, the dw d_a product and one FMA: 4 operations on the
- * vector ports where the two-level tiles (qdot.c) do 6-7, and 2 loads from the pack (codes, scales).
- * The weight block's values are built in 512 bits as qdot.c's pair tiles build them (Q4: 16 bytes
- * broadcast to the four 128-bit lanes, lanes 1 and 3 shifted by 4, masked; Q5: the fifth bits as a
- * byte mask), once per block for all the tile's tokens.
+ * Per (16 weight rows, token, block) a strip does 8 vpdpbusd (the block's 32 products for 16 rows, the
+ * token's codes broadcast from memory 4 at a time), one conversion, the dw d_a product and one FMA (Q4_1 /
+ * Q5_1 one more for the min): 11-12 operations on the vector ports for 16 rows, where the pair tiles
+ * before them did 4 per (row, 2 tokens). The weight block's values are built two rows to a register as
+ * the pair kernels built them (Q4: 16 bytes broadcast to the 128-bit lanes, lanes 1 and 3 shifted by 4,
+ * masked; Q5: the fifth bits as a byte mask) and transposed (24 permutes) once per (strip, block) for
+ * all the tokens.
  * Weight layouts: ggml-common.h (block_q8_0, block_q4_0, block_q4_1, block_q5_0, block_q5_1). */
 #include "backend/cpu/qdot8b.h"
 
@@ -44,6 +45,7 @@ static bool quantize_q8b_avx512(const float *xb, osp_q8b_block *o) {
     const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     o->d = d;
     o->s = d * (float)sum;
+    o->n128 = -128 * sum;
     return true;
 }
 #endif
@@ -64,6 +66,7 @@ void osp_quantize_row_q8b(const float *restrict x, osp_q8b_block *restrict y, in
         if (!finite) { /* non-finite activations give NaN results, never UB in the casts */
             memset(o->qs, 0, sizeof o->qs);
             o->d = o->s = NAN;
+            o->n128 = 0;
             continue;
         }
         const float d = amax / 127.0f, id = d != 0.0f ? 127.0f / amax : 0.0f;
@@ -75,6 +78,7 @@ void osp_quantize_row_q8b(const float *restrict x, osp_q8b_block *restrict y, in
         }
         o->d = d;
         o->s = d * (float)sum;
+        o->n128 = -128 * sum;
     }
 }
 
@@ -132,18 +136,9 @@ void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64
         }
 }
 
-size_t osp_pack_q8b_row_bytes(int64_t nb) {
-    return (size_t)(nb + 1) / 2 * sizeof(osp_q8b_pair) + (size_t)nb * sizeof(float);
-}
-
-void osp_pack_q8b_row(uint32_t type, const osp_q8b_block *a, int64_t nb, osp_q8b_pair *bp) {
-    const uint8_t x = code_xor(type);
-    float *s = (float *)(void *)(bp + (nb + 1) / 2);
-    for (int64_t i = 0; i < (nb + 1) / 2; i++) {
-        pair_half(a + 2 * i, x, 0, bp + i);
-        pair_half(2 * i + 1 < nb ? a + 2 * i + 1 : NULL, x, 1, bp + i);
-    }
-    for (int64_t b = 0; b < nb; b++) s[b] = a[b].s;
+void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_block *out) {
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t b = 0; b < nb; b++) out[b * n + j] = a[j * a_stride + b];
 }
 
 /* ---- the portable kernels ------------------------------------------------------------------------ */
@@ -184,25 +179,18 @@ static int block_values(uint32_t type, const uint8_t *p, int *v) {
 static float dot8b_ref(uint32_t type, const void *w, const osp_q8b_block *a, int64_t nb) {
     const uint8_t *p = w;
     const bool has_min = type == OSP_DTYPE_Q4_1 || type == OSP_DTYPE_Q5_1;
-    float A[2][8] = {{0}}, off = 0.0f;
+    float A = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         int v[32];
         const int bytes = block_values(type, p, v);
+        int32_t I = 0;
+        for (int i = 0; i < 32; i++) I += v[i] * a[b].qs[i];
         const float sc = half_at(p) * a[b].d;
-        for (int l = 0; l < 8; l++) {
-            int32_t I = 0;
-            for (int i = 0; i < 4; i++) I += v[4 * l + i] * a[b].qs[4 * l + i];
-            A[b & 1][l] = fmaf((float)I, sc, A[b & 1][l]);
-        }
-        if (has_min) off = fmaf(half_at(p + 2), a[b].s, off);
+        A = fmaf((float)I, sc, A);
+        if (has_min) A = fmaf(half_at(p + 2), a[b].s, A);
         p += bytes;
     }
-    float t[8];
-    for (int l = 0; l < 8; l++) t[l] = A[0][l] + A[1][l];
-    const float u0 = t[0] + t[4], u1 = t[1] + t[5], u2 = t[2] + t[6], u3 = t[3] + t[7];
-    const float v0 = u0 + u2, v1 = u1 + u3;
-    const float y = v0 + v1;
-    return has_min ? y + off : y;
+    return A;
 }
 static float dot8b_q8_0_ref(const void *w, const osp_q8b_block *a, int64_t nb) { return dot8b_ref(OSP_DTYPE_Q8_0, w, a, nb); }
 static float dot8b_q4_0_ref(const void *w, const osp_q8b_block *a, int64_t nb) { return dot8b_ref(OSP_DTYPE_Q4_0, w, a, nb); }
@@ -223,9 +211,7 @@ osp_qdot8b_fn osp_qdot8b_ref_for(uint32_t type) {
 
 /* the GEMV of a CPU without a SIMD one: the one-token kernel row by row */
 #define GEMV8B_LOOP(NAME, DOT)                                                                     \
-    static void NAME(const void *w, size_t rb, const osp_q8b_block *a, const osp_q8b_pair *bp, int64_t nb, float *y, \
-                     int64_t nrows) {                                                              \
-        (void)bp;                                                                                  \
+    static void NAME(const void *w, size_t rb, const osp_q8b_block *a, int64_t nb, float *y, int64_t nrows) { \
         for (int64_t r = 0; r < nrows; r++) y[r] = DOT((const uint8_t *)w + (size_t)r * rb, a, nb); \
     }
 GEMV8B_LOOP(gemv8b_q8_0_ref, dot8b_q8_0_ref)
@@ -244,11 +230,11 @@ GEMV8B_LOOP(gemv8b_q5_1_ref, dot8b_q5_1_ref)
 #define TGT8B_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 #define UNROLL8B _Pragma("GCC unroll 16")
 
-TGT8B_AVX2 static inline float hsum8b(__m256 v) { /* the order of qdot8b.h's final sum */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+TGT8B_AVX2 static inline int32_t hsum8b_i32(__m256i v) { /* exact in any order */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
 }
 TGT8B_AVX2 static inline float half8b(const uint8_t *p) {
     uint16_t h;
@@ -286,8 +272,7 @@ TGT8B_VNNI static inline __m256i udot_vnni(__m256i u, __m256i s) { return _mm256
 #define ONE8B(NAME, TGT, UDOT, CODES, BYTES, SUB, MIN)                                             \
     TGT static float NAME(const void *w, const osp_q8b_block *a, int64_t nb) {                     \
         const uint8_t *p = w;                                                                      \
-        __m256 A0 = _mm256_setzero_ps(), A1 = _mm256_setzero_ps();                                 \
-        float off = 0.0f;                                                                          \
+        float A = 0.0f;                                                                            \
         for (int64_t b = 0; b < nb; b++, p += (BYTES)) {                                           \
             const __m256i q = CODES(p), qa = LOAD256B(a[b].qs);                                    \
             __m256i I;                                                                             \
@@ -297,13 +282,11 @@ TGT8B_VNNI static inline __m256i udot_vnni(__m256i u, __m256i s) { return _mm256
                 const __m256i v = (SUB) ? _mm256_sub_epi8(q, _mm256_set1_epi8(SUB)) : q;           \
                 I = UDOT(_mm256_sign_epi8(v, v), _mm256_sign_epi8(qa, v));                         \
             }                                                                                      \
-            const __m256 sc = _mm256_set1_ps(half8b(p) * a[b].d);                                  \
-            if (b & 1) A1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, A1);                        \
-            else A0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, A0);                              \
-            if (MIN) off = fmaf(half8b(p + 2), a[b].s, off);                                       \
+            const float sc = half8b(p) * a[b].d;                                                   \
+            A = fmaf((float)hsum8b_i32(I), sc, A);                                                 \
+            if (MIN) A = fmaf(half8b(p + 2), a[b].s, A);                                           \
         }                                                                                          \
-        const float y = hsum8b(_mm256_add_ps(A0, A1));                                             \
-        return (MIN) ? y + off : y;                                                                \
+        return A;                                                                                  \
     }
 #define ONE8B_FAMILY(SUFFIX, TGT, UDOT)                                                            \
     ONE8B(dot8b_q8_0_##SUFFIX, TGT, UDOT, CODES256_Q8_0, 34, 0, 0)                                 \
@@ -329,12 +312,11 @@ GEMV8B_LOOP(gemv8b_q5_1_avx2, dot8b_q5_1_avx2)
     TGT8B_AVX2 static inline __attribute__((always_inline)) void NAME##_body(                      \
         const uint8_t *w, int64_t nb, const osp_q8b_pack *pk, int t0, float *y, int64_t ys) {      \
         const __m256i ones16 = _mm256_set1_epi16(1);                                               \
-        __m256 A0[4], A1[4], off = _mm256_setzero_ps();                                            \
-        UNROLL8B for (int j = 0; j < 4; j++) A0[j] = A1[j] = _mm256_setzero_ps();                  \
+        float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                                     \
         for (int64_t b = 0; b < nb; b++) {                                                         \
             const uint8_t *p = w + b * (BYTES);                                                    \
             const __m256i q = CODES(p);                                                            \
-            const __m256 dw = _mm256_set1_ps(half8b(p));                                           \
+            const float dw = half8b(p);                                                            \
             const __m256i v = (SUB) ? _mm256_sub_epi8(q, _mm256_set1_epi8(SUB)) : q;              \
             const __m256i av = _mm256_sign_epi8(v, v);                                             \
             const __m256i corr = (SUB) ? _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(  \
@@ -348,18 +330,12 @@ GEMV8B_LOOP(gemv8b_q5_1_avx2, dot8b_q5_1_avx2)
                 if (MIN) I = _mm256_madd_epi16(_mm256_maddubs_epi16(q, qa), ones16);               \
                 else if (SUB) I = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(qa, v), ones16), corr); \
                 else I = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(_mm256_xor_si256(qa, _mm256_set1_epi8((char)0x80)), v)), ones16); \
-                const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps(pr->d + 8 * h));               \
-                if (b & 1) A1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, A1[j]);              \
-                else A0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), sc, A0[j]);                    \
+                const float sc = dw * pr->d[8 * h];                                                \
+                A[j] = fmaf((float)hsum8b_i32(I), sc, A[j]);                                       \
+                if (MIN) A[j] = fmaf(half8b(p + 2), pk[b].s[t0 + j], A[j]);                        \
             }                                                                                      \
-            if (MIN) off = _mm256_fmadd_ps(_mm256_set1_ps(half8b(p + 2)), _mm256_loadu_ps(pk[b].s), off); \
         }                                                                                          \
-        float OFF[8];                                                                              \
-        _mm256_storeu_ps(OFF, off);                                                                \
-        UNROLL8B for (int j = 0; j < 4; j++) {                                                     \
-            const float s = hsum8b(_mm256_add_ps(A0[j], A1[j]));                                   \
-            y[j * ys] = (MIN) ? s + OFF[t0 + j] : s;                                               \
-        }                                                                                          \
+        UNROLL8B for (int j = 0; j < 4; j++) y[j * ys] = A[j];                                     \
     }                                                                                              \
     TGT8B_AVX2 static void NAME##_4(const void *w, int64_t nb, const osp_q8b_pack *pk, float *y, int64_t ys) { \
         NAME##_body(w, nb, pk, 0, y, ys);                                                          \
@@ -374,20 +350,18 @@ TILE8B_AVX2_BODY(tile8b_avx2_q4_1, CODES256_Q4_1, 20, 0, 1)
 TILE8B_AVX2_BODY(tile8b_avx2_q5_0, CODES256_Q5_0, 22, 16, 0)
 TILE8B_AVX2_BODY(tile8b_avx2_q5_1, CODES256_Q5_1, 24, 0, 1)
 
-/* ---- AVX512-VNNI: the weight values in 512 bits ----
- * Q8_0, Q4_0, Q5_0 (signed values v, the signed operand of vpdpbusd against the pack's activation
- * codes + 128): I[l] = sum (a + 128) v - 128 sum v, the lane's correction -128 sum v formed once per
- * weight block (a vpdpbusd of 0x80 bytes with v, negated). Q4_1 / Q5_1: the unsigned codes against
- * the pack's signed activation codes, from zero. */
+/* ---- AVX512-VNNI strips: 16 weight rows in the 16 lanes ----
+ * Per block, two rows' 32 values as unsigned codes in one register (row 2q in the low 256 bits, 2q + 1
+ * in the high: Q8_0 w + 128, Q4_0 / Q5_0 the codes q, Q4_1 / Q5_1 the codes), eight such registers
+ * transposed so that register k's lane r holds row r's codes 4k..4k+3; vpdpbusd of register k with the
+ * token's signed codes 4k..4k+3 broadcast adds their 4 products to every row's lane. Q8_0 / Q4_0 / Q5_0
+ * start from the token block's -128 / -8 / -16 x sum(a.qs) (n128, shifted), which makes each lane the
+ * exact int32 I of qdot8b.h; Q4_1 / Q5_1 start from zero. */
 #define NIB_SHIFT8B                                                                                \
     _mm512_set_epi64(4 * 0x0001000100010001LL, 4 * 0x0001000100010001LL, 0, 0, 4 * 0x0001000100010001LL, \
                      4 * 0x0001000100010001LL, 0, 0)
-/* a block's 16 nibble bytes in value order in both 256-bit halves (the tiles), or the blocks at p (low)
- * and p1 (high) (the GEMV): the bytes in 128-bit lanes, lanes 1 and 3 shifted by 4, masked */
-#define BC_Q4(p, QOFF)                                                                             \
-    _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)((p) + (QOFF)))), \
-                                       nib_shift),                                                 \
-                     _mm512_set1_epi8(0x0f))
+/* the 16 nibble bytes at p + QOFF (low 256 bits) and p1 + QOFF (high) in value order: the bytes in
+ * 128-bit lanes, lanes 1 and 3 shifted by 4, masked */
 #define TWO_Q4(p, p1, QOFF)                                                                        \
     _mm512_and_si512(                                                                              \
         _mm512_srlv_epi16(                                                                         \
@@ -403,166 +377,134 @@ TGT8B_VNNI static inline __mmask64 fifth_mask(const uint8_t *qh0, const uint8_t 
     memcpy(&h1, qh1, 4);
     return (__mmask64)h0 | (__mmask64)h1 << 32;
 }
-/* Q5_1's codes: + 0x10 under the mask; Q5_0's values q - 16: - 16 where the fifth bit is clear */
+/* Q5's codes: + 0x10 under the mask */
 #define Q5_CODES(q4, qh0, qh1) _mm512_mask_add_epi8(q4, fifth_mask(qh0, qh1), q4, _mm512_set1_epi8(0x10))
-#define Q5_VALUES(q4, qh0, qh1) _mm512_mask_sub_epi8(q4, ~fifth_mask(qh0, qh1), q4, _mm512_set1_epi8(0x10))
-/* one block in both halves (tiles: _T) or two blocks (GEMV: _G) */
-#define W_Q8_0_T(p) _mm512_broadcast_i64x4(LOAD256B((p) + 2))
-#define W_Q4_0_T(p) _mm512_sub_epi8(BC_Q4(p, 2), _mm512_set1_epi8(8))
-#define W_Q4_1_T(p) BC_Q4(p, 4)
-#define W_Q5_0_T(p) Q5_VALUES(BC_Q4(p, 6), (p) + 2, (p) + 2)
-#define W_Q5_1_T(p) Q5_CODES(BC_Q4(p, 8), (p) + 4, (p) + 4)
-#define W_Q8_0_G(p, p1) _mm512_inserti64x4(_mm512_castsi256_si512(LOAD256B((p) + 2)), LOAD256B((p1) + 2), 1)
-#define W_Q4_0_G(p, p1) _mm512_sub_epi8(TWO_Q4(p, p1, 2), _mm512_set1_epi8(8))
-#define W_Q4_1_G(p, p1) TWO_Q4(p, p1, 4)
-#define W_Q5_0_G(p, p1) Q5_VALUES(TWO_Q4(p, p1, 6), (p) + 2, (p1) + 2)
-#define W_Q5_1_G(p, p1) Q5_CODES(TWO_Q4(p, p1, 8), (p) + 4, (p1) + 4)
+#define U_Q8_0(p, p1)                                                                              \
+    _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(LOAD256B((p) + 2)), LOAD256B((p1) + 2), 1), \
+                     _mm512_set1_epi8((char)0x80))
+#define U_Q4_0(p, p1) TWO_Q4(p, p1, 2)
+#define U_Q4_1(p, p1) TWO_Q4(p, p1, 4)
+#define U_Q5_0(p, p1) Q5_CODES(TWO_Q4(p, p1, 6), (p) + 2, (p1) + 2)
+#define U_Q5_1(p, p1) Q5_CODES(TWO_Q4(p, p1, 8), (p) + 4, (p1) + 4)
 
-#define PLOAD(ptr) _mm512_load_si512((const void *)(ptr))
 static inline int u32at(const uint8_t *p) {
     int v;
     memcpy(&v, p, 4);
     return v;
 }
-/* the correction of the signed types' lanes: -128 x each lane's 4 weight values summed */
-#define CORR8B(MIN, wv) \
-    ((MIN) ? _mm512_setzero_si512() : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), wv)))
-/* I[l] of a pair register: weight values wv against the pair's codes at qsp (exact int32) */
-#define ISUM8B(MIN, wv, corr, qsp)                                                                 \
-    ((MIN) ? _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, PLOAD(qsp)) : _mm512_dpbusd_epi32(corr, PLOAD(qsp), wv))
 
-/* ---- AVX512-VNNI GEMV: blocks 2i and 2i + 1 of one token in the low and high halves of a register, so
- * the low half is A_0 and the high half A_1, lane for lane the one-token kernel's operations; a last
- * odd block updates the low half alone (masked: adding zeros could turn a -0.0 into +0.0). Four rows
- * at a time share the activation loads; each row's stream prefetches GEMV8B_PREFETCH bytes ahead
- * (qdot.c's GEMV_PREFETCH, measured there: mmap'd pages stop the hardware prefetcher). */
-#define GEMV8B_NR 4
-#ifndef GEMV8B_PREFETCH
-#define GEMV8B_PREFETCH 8192
-#endif
-TGT8B_VNNI static inline float hsum_halves8b(__m512 acc) {
-    return hsum8b(_mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1))));
+/* Z[q] = rows 2q (dwords 0..7) and 2q + 1 (8..15) of a 16 x 8 dword matrix M -> W[k] = column k (lane r =
+ * M[r][k]): rows 4j..4j+3 x 4 columns, then 8 rows x 2 columns, then 16 rows x 1 column (8 + 8 two-source
+ * permutes and 8 128-bit shuffles). */
+TGT8B_VNNI static inline __attribute__((always_inline)) void transpose16x8(const __m512i *Z, __m512i *W) {
+    const __m512i ia0 = _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+    const __m512i ia1 = _mm512_setr_epi32(4, 12, 20, 28, 5, 13, 21, 29, 6, 14, 22, 30, 7, 15, 23, 31);
+    const __m512i ib0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i ib1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    __m512i A[2][4], B[2][2][2];
+    UNROLL8B for (int j = 0; j < 4; j++) {
+        A[0][j] = _mm512_permutex2var_epi32(Z[2 * j], ia0, Z[2 * j + 1]); /* columns 0..3: lane 4c + row */
+        A[1][j] = _mm512_permutex2var_epi32(Z[2 * j], ia1, Z[2 * j + 1]); /* columns 4..7 */
+    }
+    UNROLL8B for (int i = 0; i < 2; i++) UNROLL8B for (int x = 0; x < 2; x++) { /* lane 8c + row */
+        B[i][x][0] = _mm512_permutex2var_epi32(A[x][2 * i], ib0, A[x][2 * i + 1]);
+        B[i][x][1] = _mm512_permutex2var_epi32(A[x][2 * i], ib1, A[x][2 * i + 1]);
+    }
+    UNROLL8B for (int x = 0; x < 2; x++) UNROLL8B for (int h = 0; h < 2; h++) {
+        W[4 * x + 2 * h] = _mm512_shuffle_i64x2(B[0][x][h], B[1][x][h], 0x44);
+        W[4 * x + 2 * h + 1] = _mm512_shuffle_i64x2(B[0][x][h], B[1][x][h], 0xee);
+    }
 }
-#define GEMV8B_KERNEL(NAME, TWO, BYTES, MIN)                                                       \
-    TGT8B_VNNI static inline __attribute__((always_inline)) void NAME##_rows(                      \
-        const uint8_t *w, size_t rb, const osp_q8b_pair *bp, int64_t nb, float *y, const int NR) { \
-        const float *sums = (const float *)(const void *)(bp + (nb + 1) / 2);                      \
-        const __m512i nib_shift = NIB_SHIFT8B;                                                     \
-        const __m512i idx02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);      \
-        __m512 acc[GEMV8B_NR];                                                                     \
-        __m128 off[GEMV8B_NR]; /* lane 0 */                                                        \
-        (void)nib_shift;                                                                           \
-        _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps(), off[r] = _mm_setzero_ps(); \
-        int64_t b = 0;                                                                             \
-        for (; b + 2 <= nb; b += 2) {                                                              \
-            const osp_q8b_pair *pr = bp + b / 2;                                                   \
-            _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {                                 \
-                const uint8_t *p = w + (size_t)r * rb + (size_t)b * (BYTES), *p1 = p + (BYTES);    \
-                _mm_prefetch((const char *)(p + GEMV8B_PREFETCH), _MM_HINT_T0);                    \
-                uint32_t h0, h1; /* [d0, x0, d1, x1]: x the min of Q4_1/Q5_1, else unused */      \
-                memcpy(&h0, p, 4);                                                                 \
-                memcpy(&h1, p1, 4);                                                                \
-                const __m128 f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128((int)h0), (int)h1, 1)); \
-                const __m512 dw = _mm512_permutexvar_ps(idx02, _mm512_castps128_ps512(f));         \
-                const __m512i wv = TWO(p, p1);                                                     \
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ISUM8B(MIN, wv, CORR8B(MIN, wv), pr->qs)), \
-                                         _mm512_mul_ps(dw, _mm512_load_ps(pr->d)), acc[r]);        \
-                if (MIN) {                                                                         \
-                    const __m128 m = _mm_movehdup_ps(f); /* [m0, m0, m1, m1] */                    \
-                    off[r] = _mm_fmadd_ss(m, _mm_set_ss(sums[b]), off[r]);                         \
-                    off[r] = _mm_fmadd_ss(_mm_movehl_ps(m, m), _mm_set_ss(sums[b + 1]), off[r]);   \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        if (b < nb) {                                                                              \
-            const osp_q8b_pair *pr = bp + b / 2;                                                   \
-            _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {                                 \
-                const uint8_t *p = w + (size_t)r * rb + (size_t)b * (BYTES);                       \
-                const __m512 dw = _mm512_set1_ps(half8b(p));                                       \
-                const __m512i wv = TWO(p, p);                                                      \
-                acc[r] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(ISUM8B(MIN, wv, CORR8B(MIN, wv), pr->qs)), \
-                                               _mm512_mul_ps(dw, _mm512_load_ps(pr->d)), acc[r], 0x00ff); \
-                if (MIN) off[r] = _mm_fmadd_ss(_mm_set_ss(half8b(p + 2)), _mm_set_ss(sums[b]), off[r]); \
-            }                                                                                      \
-        }                                                                                          \
-        _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {                                     \
-            const float s = hsum_halves8b(acc[r]);                                                 \
-            y[r] = (MIN) ? s + _mm_cvtss_f32(off[r]) : s;                                          \
-        }                                                                                          \
-    }                                                                                              \
-    TGT8B_VNNI static void NAME(const void *w, size_t rb, const osp_q8b_block *a, const osp_q8b_pair *bp, int64_t nb, \
-                                float *y, int64_t nrows) {                                         \
-        (void)a;                                                                                   \
-        int64_t r = 0;                                                                             \
-        for (; r + GEMV8B_NR <= nrows; r += GEMV8B_NR) NAME##_rows((const uint8_t *)w + (size_t)r * rb, rb, bp, nb, y + r, GEMV8B_NR); \
-        for (; r < nrows; r++) NAME##_rows((const uint8_t *)w + (size_t)r * rb, rb, bp, nb, y + r, 1); \
-    }
-GEMV8B_KERNEL(gemv8b_q8_0_vnni512, W_Q8_0_G, 34, 0)
-GEMV8B_KERNEL(gemv8b_q4_0_vnni512, W_Q4_0_G, 18, 0)
-GEMV8B_KERNEL(gemv8b_q4_1_vnni512, W_Q4_1_G, 20, 1)
-GEMV8B_KERNEL(gemv8b_q5_0_vnni512, W_Q5_0_G, 22, 0)
-GEMV8B_KERNEL(gemv8b_q5_1_vnni512, W_Q5_1_G, 24, 1)
 
-/* ---- AVX512-VNNI tiles: NP token pairs on NG = ceil(NP / 4) packs of 8 tokens ----
- * Pair k's register holds tokens 2k (low) and 2k + 1 (high) against the weight block's values
- * broadcast to both halves; A0[k] / A1[k] the even / odd blocks' accumulators of both tokens. Per pair
- * and block: vpdpbusd (from the block's correction), conversion, dw d_a product, FMA. Q4_1/Q5_1's min
- * terms are one 256-bit FMA per block for each 8 tokens (the pack's s in token order). */
-#define TILE8B_PAIR(g, k, b) (&pk[(g) * nb + (b)].pair[k])
-#define TILE8B_STEP(A, pp, bb, WV, MIN, NP)                                                        \
-    do {                                                                                           \
-        const __m512i wv_ = WV(pp);                                                                \
-        const __m512i corr_ = CORR8B(MIN, wv_);                                                    \
-        /* Q4_1/Q5_1: d and m from one 32-bit broadcast, [d, m, d, m, ...] as floats, then split */ \
-        const __m512 dm_ = (MIN) ? _mm512_cvtph_ps(_mm256_set1_epi32(u32at(pp))) : _mm512_setzero_ps(); \
-        const __m512 dw_ = (MIN) ? _mm512_moveldup_ps(dm_) : _mm512_set1_ps(half8b(pp));          \
-        UNROLL8B for (int k = 0; k < (NP); k++) {                                                  \
-            const osp_q8b_pair *pr_ = TILE8B_PAIR(k / 4, k % 4, bb);                               \
-            A[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ISUM8B(MIN, wv_, corr_, pr_->qs)),           \
-                                   _mm512_mul_ps(dw_, _mm512_load_ps(pr_->d)), A[k]);              \
-        }                                                                                          \
-        if (MIN) {                                                                                 \
-            const __m256 m_ = _mm512_castps512_ps256(_mm512_movehdup_ps(dm_));                     \
-            UNROLL8B for (int g = 0; g < NG; g++) off[g] = _mm256_fmadd_ps(m_, _mm256_load_ps(pk[g * nb + (bb)].s), off[g]); \
-        }                                                                                          \
-    } while (0)
-#define TILE8B_KERNEL(NAME, WV, BYTES, MIN, NP)                                                    \
-    TGT8B_VNNI static void NAME(const void *w, int64_t nb, const osp_q8b_pack *pk, float *y, int64_t ys) { \
-        enum { NG = ((NP) + 3) / 4 };                                                              \
-        const uint8_t *p = w;                                                                      \
+/* prefetch distance of the strips' weight reads, in strips (the GEMV streams the weights from memory;
+ * the hardware prefetcher stops at the mmap'd file's 4 KiB pages) */
+#ifndef STRIP8B_PREFETCH
+#define STRIP8B_PREFETCH 1
+#endif
+
+/* TG tokens (a: token 0's block; token j's at a + j, the block-major layout) against one transposed
+ * block: acc + 16 j holds the accumulators A of token j's 16 rows, +0.0 where first. CSH: the correction
+ * n128 >> CSH (Q8_0 0, Q4_0 4, Q5_0 3), or -1 for none (Q4_1 / Q5_1). One base pointer for the tokens'
+ * blocks and one for the accumulators keep every address a constant displacement. */
+TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(const __m512i *W, __m512 dw, __m512 m,
+                                                                          const osp_q8b_block *a, float *acc,
+                                                                          bool first, const int TG, const int CSH,
+                                                                          const bool MIN) {
+    __m512i I[16];
+    UNROLL8B for (int j = 0; j < TG; j++) {
+        const __m512i c = _mm512_set1_epi32(a[j].n128);
+        I[j] = CSH < 0 ? _mm512_setzero_si512() : CSH == 0 ? c : _mm512_srai_epi32(c, CSH);
+    }
+    UNROLL8B for (int k = 0; k < 8; k++) UNROLL8B for (int j = 0; j < TG; j++)
+        I[j] = _mm512_dpbusd_epi32(I[j], W[k], _mm512_set1_epi32(u32at((const uint8_t *)a[j].qs + 4 * k)));
+    UNROLL8B for (int j = 0; j < TG; j++) {
+        float *aj = acc + 16 * j;
+        __m512 A = first ? _mm512_setzero_ps() : _mm512_load_ps(aj);
+        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(dw, _mm512_set1_ps(a[j].d)), A);
+        if (MIN) A = _mm512_fmadd_ps(m, _mm512_set1_ps(a[j].s), A);
+        _mm512_store_ps(aj, A);
+    }
+}
+
+/* gcc cannot see that block 0 writes every accumulator the copy-out reads */
+#if defined(__clang__)
+#define STRIP8B_NOWARN_BEGIN
+#define STRIP8B_NOWARN_END
+#else
+#define STRIP8B_NOWARN_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define STRIP8B_NOWARN_END _Pragma("GCC diagnostic pop")
+#endif
+#define STRIP8B_KERNEL(NAME, UC, BYTES, MIN, CSH)                                                  \
+    TGT8B_VNNI static void NAME(const void *w, size_t rb, int64_t nb, const osp_q8b_block *a, int64_t n, float *y, \
+                                int64_t ys) {                                                      \
         const __m512i nib_shift = NIB_SHIFT8B;                                                     \
         (void)nib_shift;                                                                           \
-        __m512 A0[NP], A1[NP];                                                                     \
-        __m256 off[NG];                                                                            \
-        UNROLL8B for (int k = 0; k < (NP); k++) A0[k] = A1[k] = _mm512_setzero_ps();               \
-        UNROLL8B for (int g = 0; g < NG; g++) off[g] = _mm256_setzero_ps();                        \
-        int64_t b = 0;                                                                             \
-        for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
-            TILE8B_STEP(A0, p, b, WV, MIN, NP);                                                    \
-            TILE8B_STEP(A1, p + (BYTES), b + 1, WV, MIN, NP);                                      \
+        _Alignas(64) float acc[OSP_Q8B_STRIP_TOKENS * 16];                                         \
+        /* row r's offset for the scales' gather (15 rb < 2^31: checked by backend_cpu.c) */        \
+        const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
+                                                  _mm512_set1_epi32((int)rb));                     \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            const uint8_t *p = (const uint8_t *)w + (size_t)b * (BYTES);                           \
+            _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)                                  \
+                _mm_prefetch((const char *)(p + (size_t)(16 * STRIP8B_PREFETCH + r) * rb), _MM_HINT_T0); \
+            __m512i Z[8], W[8];                                                                    \
+            UNROLL8B for (int q = 0; q < 8; q++) Z[q] = UC(p + (size_t)(2 * q) * rb, p + (size_t)(2 * q + 1) * rb); \
+            transpose16x8(Z, W);                                                                   \
+            /* d (and Q4_1 / Q5_1's m) of the 16 rows: the first 4 bytes of each row's block */    \
+            const __m512i dmv = _mm512_i32gather_epi32(rowoff, (const void *)p, 1);                \
+            const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dmv));                         \
+            const __m512 m = (MIN) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dmv, 16))) : _mm512_setzero_ps(); \
+            const osp_q8b_block *ab = a + b * n;                                                   \
+            const bool first = b == 0;                                                             \
+            int64_t j = 0;                                                                         \
+            for (; j + 16 <= n; j += 16) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 16, CSH, MIN); \
+            if (n - j >= 8) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 8, CSH, MIN), j += 8; \
+            if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 4, CSH, MIN), j += 4; \
+            if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 2, CSH, MIN), j += 2; \
+            if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 1, CSH, MIN);    \
         }                                                                                          \
-        if (b < nb) TILE8B_STEP(A0, p, b, WV, MIN, NP);                                            \
-        float OFF[8 * NG];                                                                         \
-        UNROLL8B for (int g = 0; g < NG; g++) _mm256_storeu_ps(OFF + 8 * g, off[g]);               \
-        UNROLL8B for (int k = 0; k < (NP); k++) {                                                  \
-            const __m512d s0 = _mm512_castps_pd(A0[k]), s1 = _mm512_castps_pd(A1[k]);              \
-            const float lo = hsum8b(_mm256_add_ps(_mm512_castps512_ps256(A0[k]), _mm512_castps512_ps256(A1[k]))); \
-            const float hi = hsum8b(_mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(s0, 1)),  \
-                                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(s1, 1)))); \
-            y[2 * k * ys] = (MIN) ? lo + OFF[2 * k] : lo;                                          \
-            y[(2 * k + 1) * ys] = (MIN) ? hi + OFF[2 * k + 1] : hi;                                \
-        }                                                                                          \
+        STRIP8B_NOWARN_BEGIN                                                                       \
+        /* (block 0 wrote acc[0, 16 n) when nb >= 1; nb = 0 gives +0.0 as the portable kernel) */    \
+        for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps()); \
+        STRIP8B_NOWARN_END                                                                         \
+    }                                                                                              \
+    /* the GEMV: strips at one token, the one-token kernel for the last nrows % 16 rows */         \
+    TGT8B_VNNI static void NAME##_gemv(const void *w, size_t rb, const osp_q8b_block *a, int64_t nb, float *y, \
+                                       int64_t nrows) {                                            \
+        int64_t r = 0;                                                                             \
+        for (; r + 16 <= nrows; r += 16) NAME((const uint8_t *)w + (size_t)r * rb, rb, nb, a, 1, y + r, 0); \
+        for (; r < nrows; r++) y[r] = NAME##_one((const uint8_t *)w + (size_t)r * rb, a, nb);     \
     }
-#define TILE8B_WIDTHS(T, WV, BYTES, MIN)                                                           \
-    TILE8B_KERNEL(tile8b_##T##_4, WV, BYTES, MIN, 2)                                               \
-    TILE8B_KERNEL(tile8b_##T##_6, WV, BYTES, MIN, 3)                                               \
-    TILE8B_KERNEL(tile8b_##T##_8, WV, BYTES, MIN, 4)                                               \
-    TILE8B_KERNEL(tile8b_##T##_16, WV, BYTES, MIN, 8)
-TILE8B_WIDTHS(q8_0, W_Q8_0_T, 34, 0)
-TILE8B_WIDTHS(q4_0, W_Q4_0_T, 18, 0)
-TILE8B_WIDTHS(q4_1, W_Q4_1_T, 20, 1)
-TILE8B_WIDTHS(q5_0, W_Q5_0_T, 22, 0)
-TILE8B_WIDTHS(q5_1, W_Q5_1_T, 24, 1)
+#define strip8b_q8_0_one dot8b_q8_0_vnni
+#define strip8b_q4_0_one dot8b_q4_0_vnni
+#define strip8b_q4_1_one dot8b_q4_1_vnni
+#define strip8b_q5_0_one dot8b_q5_0_vnni
+#define strip8b_q5_1_one dot8b_q5_1_vnni
+STRIP8B_KERNEL(strip8b_q8_0, U_Q8_0, 34, 0, 0)
+STRIP8B_KERNEL(strip8b_q4_0, U_Q4_0, 18, 0, 4)
+STRIP8B_KERNEL(strip8b_q4_1, U_Q4_1, 20, 1, -1)
+STRIP8B_KERNEL(strip8b_q5_0, U_Q5_0, 22, 0, 3)
+STRIP8B_KERNEL(strip8b_q5_1, U_Q5_1, 24, 1, -1)
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -590,10 +532,18 @@ osp_qdot8b_fn osp_qdot8b_for(uint32_t type) {
 
 osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type) {
 #ifdef OSP_X86
-    if (have_vnni()) PICK5(gemv8b_, _vnni512)
+    if (have_vnni()) PICK5(strip8b_, _gemv)
     if (have_avx2()) PICK5(gemv8b_, _avx2)
 #endif
     PICK5(gemv8b_, _ref)
+}
+
+osp_qdot8b_strip_fn osp_qdot8b_strip_for(uint32_t type) {
+#ifdef OSP_X86
+    if (have_vnni()) PICK5(strip8b_, )
+#endif
+    (void)type;
+    return NULL;
 }
 
 osp_qdot8b_tile_fn osp_qdot8b_tile_for(uint32_t type, int64_t n_left, int *n) {
@@ -605,15 +555,7 @@ osp_qdot8b_tile_fn osp_qdot8b_tile_for(uint32_t type, int64_t n_left, int *n) {
         if (*n == 4) PICK5(tile8b_avx2_, _4)
         PICK5(tile8b_avx2_, _8)
     }
-    if (!have_vnni()) return NULL;
-    const int wd = n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8;
-    *n = wd;
-    switch (wd) {
-    case 4: PICK5(tile8b_, _4)
-    case 6: PICK5(tile8b_, _6)
-    case 8: PICK5(tile8b_, _8)
-    default: PICK5(tile8b_, _16)
-    }
+    return NULL; /* AVX512-VNNI: the strips */
 #else
     (void)type;
     (void)n_left;

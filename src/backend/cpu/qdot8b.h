@@ -9,20 +9,23 @@
  * of ~2e-3 per value (two levels ~1e-5): bench/cpu/NOTES.md ("Seventh pass") records what it costs.
  *
  * The arithmetic, identical in every kernel (portable reference, AVX2 / AVX512-VNNI one-token, GEMV,
- * tiles), per weight row and token; block b of the row with fp16 scale dw (and Q4_1/Q5_1's fp16 min
- * m), and the token's block a (ggml-common.h: block_q8_0, block_q4_0, block_q4_1, block_q5_0,
+ * tiles, strips), per weight row and token; block b of the row with fp16 scale dw (and Q4_1/Q5_1's fp16
+ * min m), and the token's block a (ggml-common.h: block_q8_0, block_q4_0, block_q4_1, block_q5_0,
  * block_q5_1 for the weights):
- *   I[l], l < 8:  the int32 sum_{i<4} v[4l + i] * a.qs[4l + i], v the block's 32 weight values in order
- *                 as signed integers (Q8_0 qs; Q4_0 q - 8; Q5_0 q - 16; Q4_1/Q5_1 the codes q);
- *   A_{b mod 2}[l] = fmaf((float)I[l], dw * a.d, A_{b mod 2}[l])   (two accumulators, 8 lanes each);
- *   Q4_1/Q5_1:  off = fmaf(m, a.s, off)                               (block by block, in order);
- * and at the end, with t = A_0 + A_1 lane by lane,
- *   y = ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7))   [+ off for Q4_1/Q5_1].
- * Integer sums are exact in any order (|I| <= 4 * 128 * 127), so the SIMD kernels form them with any
- * instructions (Q8_0's tiles multiply w + 128 and start from -128 sum(a.qs), Q4_0 / Q5_0's from -8 / -16
- * sum(a.qs)); the float steps are the same operations in the same order everywhere, so every kernel
- * gives the same bits and a token's result never depends on how many tokens share the matmul
- * (test_qdot8b asserts it). */
+ *   I = the int32 sum_{i<32} v[i] * a.qs[i], v the block's 32 weight values in order as signed integers
+ *       (Q8_0 qs; Q4_0 q - 8; Q5_0 q - 16; Q4_1/Q5_1 the codes q): exact, |I| <= 32 * 128 * 127 < 2^24,
+ *       so (float)I is exact too;
+ *   A = fmaf((float)I, dw * a.d, A);   Q4_1/Q5_1 then A = fmaf(m, a.s, A);   (one chain, block by block)
+ * from A = +0.0, and y = A after the last block. Integer sums are exact in any order, so the SIMD kernels
+ * form I with any instructions (the strips multiply unsigned weight codes by the signed activation codes
+ * and start from the activation block's correction: Q8_0's codes w + 128 from -128 sum(a.qs), Q4_0 / Q5_0
+ * codes q from -8 / -16 sum(a.qs)); the float steps are the same operations in the same order
+ * everywhere, so every kernel gives the same bits and a token's result never depends on how many tokens
+ * share the matmul (test_qdot8b asserts it).
+ * (Until the ninth pass of bench/cpu/NOTES.md the float steps ran on the 8 int32 lanes of 4 products
+ * each, two accumulators and a final tree: one conversion, product and FMA per 4 products, which fixed
+ * the weight row in the vector lanes. With one int32 per block a vector's lanes can be 16 weight rows
+ * instead, the strips below, at a third of the vector operations.) */
 #ifndef OSP_BACKEND_CPU_QDOT8B_H
 #define OSP_BACKEND_CPU_QDOT8B_H
 
@@ -33,10 +36,12 @@
 #define OSP_Q8B_BLOCK 32
 
 /* 32 activations x_i ~ d * qs[i]: d = max|x| / 127, qs = round-to-nearest-even(x * (127 / max|x|)) in
- * [-127, 127] (all zeros: d = 0, codes 0), s = d * (float)sum(qs). A block with a non-finite value has
- * d = s = NaN and zero codes (its results are NaN). 40 bytes. */
+ * [-127, 127] (all zeros: d = 0, codes 0), s = d * (float)sum(qs), n128 = -128 * sum(qs) (the strips'
+ * correction: exact, |n128| <= 128 * 32 * 127). A block with a non-finite value has d = s = NaN, zero
+ * codes and n128 = 0 (its results are NaN). 44 bytes. */
 typedef struct osp_q8b_block {
     float d, s;
+    int32_t n128;
     int8_t qs[OSP_Q8B_BLOCK];
 } osp_q8b_block;
 
@@ -54,17 +59,14 @@ osp_qdot8b_fn osp_qdot8b_ref_for(uint32_t type);
  * kernels, else the portable one; all bit-identical to the portable one), or NULL as above. */
 osp_qdot8b_fn osp_qdot8b_for(uint32_t type);
 
-/* Two activation blocks (or two tokens' blocks) as the 512-bit registers the AVX512-VNNI kernels
- * multiply, low 256 bits first: qs the codes, d the scales (8 lanes each). For Q8_0, Q4_0 and Q5_0 the
- * codes are stored + 128 (XOR 0x80: unsigned, 1..255): their kernels multiply them by the signed weight
- * values and start each lane from -128 x the lane's weight values summed (the same int32 I[l]), so the
- * correction is one per weight block, not one per token. Q4_1/Q5_1 store them as they are (their
- * weight codes are the unsigned operand). 128 bytes. */
+/* Two tokens' blocks as the AVX2 tiles read them (each token a 256-bit half), low first: qs the codes,
+ * d the scales (8 lanes each). For Q8_0, Q4_0 and Q5_0 the codes are stored + 128 (XOR 0x80: unsigned,
+ * 1..255); Q4_1/Q5_1 store them as they are. 128 bytes. */
 typedef struct osp_q8b_pair {
     _Alignas(64) int8_t qs[64];
     float d[16];
 } osp_q8b_pair;
-/* Block b of 8 tokens for the pair tiles: pair[k] holds tokens 2k (low) and 2k + 1 (high); s the 8
+/* Block b of 8 tokens for the AVX2 tiles: pair[k] holds tokens 2k (low) and 2k + 1 (high); s the 8
  * tokens' s in token order (Q4_1/Q5_1's min terms, 8 tokens in one vector). 576 bytes, 64-aligned. */
 typedef struct osp_q8b_pack {
     osp_q8b_pair pair[4];
@@ -75,32 +77,38 @@ _Static_assert(sizeof(osp_q8b_pair) == 128 && sizeof(osp_q8b_pack) == 576, "the 
 /* pk[b] <- block b (b < nb) of the 8 activation rows a + j * a_stride (j < 8), for weights of `type`
  * (the codes' storage depends on it). pk 64-aligned. */
 void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64_t nb, osp_q8b_pack *pk);
-/* One token's nb blocks for the GEMV, for weights of `type`: bp[i] holds blocks 2i (low) and 2i + 1
- * (high; zeros past the end when nb is odd), i < (nb + 1) / 2, followed by the nb blocks' s as floats.
- * bp 64-aligned, at least osp_pack_q8b_row_bytes(nb) bytes. */
-void osp_pack_q8b_row(uint32_t type, const osp_q8b_block *a, int64_t nb, osp_q8b_pair *bp);
-size_t osp_pack_q8b_row_bytes(int64_t nb);
-
 /* y[r] = dot(w + r * row_bytes, a, nb) for r < nrows (one token against nrows weight rows), each
- * bit-identical to osp_qdot8b_for(type). bp: the token's osp_pack_q8b_row (read by the AVX512-VNNI
- * GEMV; the others read a). */
-typedef void (*osp_qdot8b_gemv_fn)(const void *w, size_t row_bytes, const osp_q8b_block *a, const osp_q8b_pair *bp,
-                                   int64_t nb, float *y, int64_t nrows);
-/* The GEMV for `type` on this CPU (AVX512-VNNI: block pairs in 512-bit vectors, four rows at a time;
- * else the one-token kernel row by row), or NULL for a type without the mode. */
+ * bit-identical to osp_qdot8b_for(type). */
+typedef void (*osp_qdot8b_gemv_fn)(const void *w, size_t row_bytes, const osp_q8b_block *a, int64_t nb, float *y,
+                                   int64_t nrows);
+/* The GEMV for `type` on this CPU (AVX512-VNNI: strips of 16 rows at one token, the one-token kernel for
+ * the last nrows % 16; else the one-token kernel row by row), or NULL for a type without the mode. */
 osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type);
+
+/* A strip (AVX512-VNNI): 16 weight rows (w + r * row_bytes, r < 16, nb blocks each) against n tokens,
+ * 1 <= n <= OSP_Q8B_STRIP_TOKENS, whose blocks are block-major: block b of token j at a[b * n + j]
+ * (osp_q8b_block_major; for n = 1 that is the token's row as quantized): y[j * ys + r] = dot(row r,
+ * token j), each bit-identical to the one-token kernel. Per block the 16 rows' 32 values are transposed
+ * once into 8 registers (lane r: row r's values 4k..4k+3), then each token costs 8 vpdpbusd against its
+ * codes broadcast 4 at a time, one conversion, the dw d_a product and the FMA(s) for all 16 rows. */
+typedef void (*osp_qdot8b_strip_fn)(const void *w, size_t row_bytes, int64_t nb, const osp_q8b_block *a, int64_t n,
+                                    float *y, int64_t ys);
+#define OSP_Q8B_STRIP_ROWS 16
+#define OSP_Q8B_STRIP_TOKENS 64
+/* out[b * n + j] <- a[j * a_stride + b] for b < nb, j < n: n token rows made block-major for a strip. */
+void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_block *out);
+/* The strip for `type` on this CPU, or NULL (no AVX512-VNNI, or a type without the mode). */
+osp_qdot8b_strip_fn osp_qdot8b_strip_for(uint32_t type);
 
 /* A tile: one weight row (nb blocks at w) against n tokens of packs: token j in pack row
  * pk + (j / 8) * nb, y[j * ys] = dot(w, token j) for j < n, bit-identical to the one-token kernel
  * whatever the packs' other tokens hold. */
 typedef void (*osp_qdot8b_tile_fn)(const void *w, int64_t nb, const osp_q8b_pack *pk, float *y, int64_t ys);
-/* The tile for `type` and n_left tokens still to do: on AVX512-VNNI as osp_qdot8k_tile_for picks, 16
- * tokens (two packs) when n_left >= 16, 8 when n_left >= 8, else for 3 <= n_left < 8 the narrowest of 4,
- * 6 and 8 tokens holding them; on AVX2 4 tokens for n_left 3-4, else 8 (one pack; 256-bit kernels, the
- * 8-token tile runs the 4-token body on each half). A tile wider than n_left reads the pack's rows past
- * n_left (the caller packs rows in bounds there and drops their outputs). *n = the tile's width. NULL
- * with *n = 1 where there is none (n_left < 3; the portable family; a type without the mode): use the
- * GEMV. */
+/* The tile for `type` and n_left tokens still to do: on AVX2 4 tokens for n_left 3-4, else 8 (one pack;
+ * 256-bit kernels, the 8-token tile runs the 4-token body on each half). A tile wider than n_left reads
+ * the pack's rows past n_left (the caller packs rows in bounds there and drops their outputs). *n = the
+ * tile's width. NULL with *n = 1 where there is none (n_left < 3; the portable family; AVX512-VNNI,
+ * which has the strips instead; a type without the mode): use the GEMV. */
 osp_qdot8b_tile_fn osp_qdot8b_tile_for(uint32_t type, int64_t n_left, int *n);
 
 #endif
