@@ -308,7 +308,7 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
 }
 
 /* One part's rows rr0..rr1 on one-level activations (xqk for the K-quants, in super-blocks of 256; xqb
- * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: strips of 16 rows over
+ * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: one token by the GEMV, else strips of 16 rows over
  * up to OSP_CPU_STRIP_TOKENS tokens at a time, the one-token kernel for the last rows % 16. Otherwise
  * tiles of 16 and 8 tokens, then the last 3-7 in one narrower tile (4, 6 or 8 tokens, reading spare rows
  * past R: its outputs past the real tokens go to this thread's scratch and are dropped), then 1-2 tokens
@@ -322,6 +322,10 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
     const osp_qdot8b_strip_fn strip = k8 ? NULL : osp_qdot8b_strip_for(p->type);
     if (strip && 15 * p->row_bytes < (size_t)INT32_MAX) { /* the strip gathers its scales at int32 offsets */
         const osp_qdot8b_fn one = osp_qdot8b_for(p->type);
+        if (R == 1) { /* one token: the GEMV (the strips' arithmetic on the weights as they lie) */
+            osp_qdot8b_gemv_for(p->type)(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqb, nb, yp + rr0, rr1 - rr0);
+            return;
+        }
         for (int64_t t = 0; t < R; t += OSP_Q8B_STRIP_TOKENS) {
             const int64_t n = R - t < OSP_Q8B_STRIP_TOKENS ? R - t : OSP_Q8B_STRIP_TOKENS;
             /* this thread's block-major copy of the n tokens (a token alone is its row as it is) */

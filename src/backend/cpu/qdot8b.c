@@ -2,7 +2,7 @@
  * shares): the quantizer, the packs, the portable kernels (the definition), the AVX2 and AVX512-VNNI
  * one-token kernels (256 bits: a block's 32 products are one register, summed to one int32), AVX2
  * tiles of 4 and 8 tokens on packs, and on AVX512-VNNI the strips (16 weight rows in the 16 lanes of a
- * register, any number of tokens) and the GEMV made of them, which the matmul schedules
+ * register, two or more tokens) and a one-token GEMV in the weights' own layout, which the matmul schedules
  * (backend_cpu.c, matmul_onelevel).
  *
  * Per (16 weight rows, token, block) a strip does 8 vpdpbusd (the block's 32 products for 16 rows, the
@@ -487,24 +487,123 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(cons
         /* (block 0 wrote acc[0, 16 n) when nb >= 1; nb = 0 gives +0.0 as the portable kernel) */    \
         for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps()); \
         STRIP8B_NOWARN_END                                                                         \
-    }                                                                                              \
-    /* the GEMV: strips at one token, the one-token kernel for the last nrows % 16 rows */         \
-    TGT8B_VNNI static void NAME##_gemv(const void *w, size_t rb, const osp_q8b_block *a, int64_t nb, float *y, \
-                                       int64_t nrows) {                                            \
-        int64_t r = 0;                                                                             \
-        for (; r + 16 <= nrows; r += 16) NAME((const uint8_t *)w + (size_t)r * rb, rb, nb, a, 1, y + r, 0); \
-        for (; r < nrows; r++) y[r] = NAME##_one((const uint8_t *)w + (size_t)r * rb, a, nb);     \
     }
-#define strip8b_q8_0_one dot8b_q8_0_vnni
-#define strip8b_q4_0_one dot8b_q4_0_vnni
-#define strip8b_q4_1_one dot8b_q4_1_vnni
-#define strip8b_q5_0_one dot8b_q5_0_vnni
-#define strip8b_q5_1_one dot8b_q5_1_vnni
 STRIP8B_KERNEL(strip8b_q8_0, U_Q8_0, 34, 0, 0)
 STRIP8B_KERNEL(strip8b_q4_0, U_Q4_0, 18, 0, 4)
 STRIP8B_KERNEL(strip8b_q4_1, U_Q4_1, 20, 1, -1)
 STRIP8B_KERNEL(strip8b_q5_0, U_Q5_0, 22, 0, 3)
 STRIP8B_KERNEL(strip8b_q5_1, U_Q5_1, 24, 1, -1)
+
+/* ---- AVX512-VNNI GEMV (one token): the weights in their own layout, the sums transposed ----
+ * A strip at one token pays its transpose (24 permutes and the code loads' unpacking for 16 row-blocks
+ * that one token then uses once). Here 4 rows' block b sit in the 4 128-bit lanes of a register as they
+ * lie in memory: lo holds values 0..15 (a 16-byte quarter of each row), hi values 16..31, so two
+ * vpdpbusd against the token's codes 0..15 and 16..31 (each broadcast to the 4 lanes) leave every row 4
+ * partial sums in its lane. Four such registers (16 rows) reduce to one by two unpack-and-add steps:
+ * 9 operations, ending with row 4 i + k in dword 4 k + i, put in row order by one permute. From there it
+ * is the strip's arithmetic lane for lane: the correction (the exact int32 I of qdot8b.h), the conversion,
+ * the dw d_a product, the FMA (Q4_1 / Q5_1: and the min's). The scales (and Q5's fifth bits) of the 16
+ * rows come from one gather. */
+#define LOAD128B(ptr) _mm_loadu_si128((const __m128i *)(const void *)(ptr))
+/* the 16 bytes at q + k rb in 128-bit lane k (k < 4); rb3 = 3 rb */
+TGT8B_VNNI static inline __attribute__((always_inline)) __m512i four_rows128(const uint8_t *q, size_t rb, size_t rb3) {
+    __m512i x = _mm512_castsi128_si512(LOAD128B(q));
+    x = _mm512_inserti32x4(x, LOAD128B(q + rb), 1);
+    x = _mm512_inserti32x4(x, LOAD128B(q + 2 * rb), 2);
+    return _mm512_inserti32x4(x, LOAD128B(q + rb3), 3);
+}
+/* P[g] (lane k: row 4 g + k's 4 partials) -> one register, row r's I in dword r */
+TGT8B_VNNI static inline __attribute__((always_inline)) __m512i reduce4x4(const __m512i *P) {
+    const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi64(P[0], P[1]), _mm512_unpackhi_epi64(P[0], P[1]));
+    const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi64(P[2], P[3]), _mm512_unpackhi_epi64(P[2], P[3]));
+    const __m512 f01 = _mm512_castsi512_ps(s01), f23 = _mm512_castsi512_ps(s23);
+    const __m512i t = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, 0x88)),
+                                       _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, 0xdd)));
+    /* dword 4 k + i holds row 4 i + k */
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+/* prefetch distance of the GEMV, in 16-row strips ahead (each block step prefetches its share of the strip
+ * that far ahead, so every line of it is asked for once) */
+#ifndef GEMV16_PREFETCH
+#define GEMV16_PREFETCH 2
+#endif
+/* KIND: 0 Q8_0 (codes at 2, + 128 by XOR), 4 Q4 (nibbles at QOFF), 5 Q5 (nibbles at QOFF, fifth bits at
+ * QHOFF); CSH as the strips' (the correction n128 >> CSH, -1 none); MIN: Q4_1 / Q5_1 */
+#define GEMV16_KERNEL(NAME, BYTES, KIND, QOFF, QHOFF, CSH, MIN)                                    \
+    TGT8B_VNNI static void NAME(const void *w, size_t rb, const osp_q8b_block *a, int64_t nb, float *y, int64_t nrows) { \
+        const __m512i m0f = _mm512_set1_epi8(0x0f), x80 = _mm512_set1_epi8((char)0x80), x10 = _mm512_set1_epi8(0x10); \
+        const size_t rb3 = 3 * rb;                                                                 \
+        const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
+                                                  _mm512_set1_epi32((int)rb));                     \
+        (void)m0f, (void)x80, (void)x10, (void)rowoff;                                             \
+        int64_t r = 0;                                                                             \
+        for (; r + 16 <= nrows; r += 16) {                                                         \
+            const uint8_t *s = (const uint8_t *)w + (size_t)r * rb;                                \
+            const uint8_t *pf = s + (size_t)(16 * GEMV16_PREFETCH) * rb;                           \
+            __m512 A = _mm512_setzero_ps();                                                        \
+            for (int64_t b = 0; b < nb; b++) {                                                     \
+                const uint8_t *p = s + (size_t)b * (BYTES);                                        \
+                for (int o = 0; o < 16 * (BYTES); o += 64) _mm_prefetch((const char *)(pf + b * 16 * (BYTES) + o), _MM_HINT_T0); \
+                const __m512i alo = _mm512_broadcast_i32x4(LOAD128B(a[b].qs)), ahi = _mm512_broadcast_i32x4(LOAD128B(a[b].qs + 16)); \
+                __m512 dw, m = _mm512_setzero_ps();                                                \
+                __mmask64 qlo[4] = {0, 0, 0, 0}, qhi[4] = {0, 0, 0, 0};                            \
+                (void)qlo, (void)qhi, (void)m;                                                     \
+                if ((KIND) == 5) { /* 8 bytes a row: d (and m), then qh */                         \
+                    const __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(rowoff), (const void *)p, 1); \
+                    const __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(rowoff, 1), (const void *)p, 1); \
+                    dw = _mm512_cvtph_ps(_mm256_set_m128i(_mm512_cvtepi64_epi16(g1), _mm512_cvtepi64_epi16(g0))); \
+                    if (MIN)                                                                       \
+                        m = _mm512_cvtph_ps(_mm256_set_m128i(_mm512_cvtepi64_epi16(_mm512_srli_epi64(g1, 16)), \
+                                                             _mm512_cvtepi64_epi16(_mm512_srli_epi64(g0, 16)))); \
+                    const int sh = 8 * (QHOFF);                                                    \
+                    const __m128i l0 = _mm512_cvtepi64_epi16(_mm512_srli_epi64(g0, sh)), l1 = _mm512_cvtepi64_epi16(_mm512_srli_epi64(g1, sh)); \
+                    const __m128i h0 = _mm512_cvtepi64_epi16(_mm512_srli_epi64(g0, sh + 16)), h1 = _mm512_cvtepi64_epi16(_mm512_srli_epi64(g1, sh + 16)); \
+                    qlo[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(l0)), qlo[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(l0, 1)); \
+                    qlo[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(l1)), qlo[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(l1, 1)); \
+                    qhi[0] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(h0)), qhi[1] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(h0, 1)); \
+                    qhi[2] = _cvtu64_mask64((uint64_t)_mm_cvtsi128_si64(h1)), qhi[3] = _cvtu64_mask64((uint64_t)_mm_extract_epi64(h1, 1)); \
+                } else {                                                                           \
+                    const __m512i dmv = _mm512_i32gather_epi32(rowoff, (const void *)p, 1);        \
+                    dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dmv));                              \
+                    if (MIN) m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dmv, 16))); \
+                }                                                                                  \
+                __m512i P[4];                                                                      \
+                UNROLL8B for (int gq = 0; gq < 4; gq++) {                                          \
+                    const uint8_t *q = p + (size_t)(4 * gq) * rb;                                  \
+                    __m512i lo, hi;                                                                \
+                    if ((KIND) == 0) {                                                             \
+                        lo = _mm512_xor_si512(four_rows128(q + 2, rb, rb3), x80);                  \
+                        hi = _mm512_xor_si512(four_rows128(q + 18, rb, rb3), x80);                 \
+                    } else {                                                                       \
+                        const __m512i x = four_rows128(q + (QOFF), rb, rb3);                      \
+                        lo = _mm512_and_si512(x, m0f);                                             \
+                        hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m0f);                       \
+                        if ((KIND) == 5) {                                                         \
+                            lo = _mm512_mask_add_epi8(lo, qlo[gq], lo, x10);                       \
+                            hi = _mm512_mask_add_epi8(hi, qhi[gq], hi, x10);                       \
+                        }                                                                          \
+                    }                                                                              \
+                    P[gq] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, alo), hi, ahi); \
+                }                                                                                  \
+                __m512i I = reduce4x4(P);                                                          \
+                if ((CSH) >= 0) I = _mm512_add_epi32(I, _mm512_srai_epi32(_mm512_set1_epi32(a[b].n128), (CSH) < 0 ? 0 : (CSH))); \
+                A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw, _mm512_set1_ps(a[b].d)), A); \
+                if (MIN) A = _mm512_fmadd_ps(m, _mm512_set1_ps(a[b].s), A);                        \
+            }                                                                                      \
+            _mm512_storeu_ps(y + r, A);                                                            \
+        }                                                                                          \
+        for (; r < nrows; r++) y[r] = NAME##_one((const uint8_t *)w + (size_t)r * rb, a, nb);     \
+    }
+#define gemv16_q8_0_one dot8b_q8_0_vnni
+#define gemv16_q4_0_one dot8b_q4_0_vnni
+#define gemv16_q4_1_one dot8b_q4_1_vnni
+#define gemv16_q5_0_one dot8b_q5_0_vnni
+#define gemv16_q5_1_one dot8b_q5_1_vnni
+GEMV16_KERNEL(gemv16_q8_0, 34, 0, 2, 0, 0, 0)
+GEMV16_KERNEL(gemv16_q4_0, 18, 4, 2, 0, 4, 0)
+GEMV16_KERNEL(gemv16_q4_1, 20, 4, 4, 0, -1, 1)
+GEMV16_KERNEL(gemv16_q5_0, 22, 5, 6, 2, 3, 0)
+GEMV16_KERNEL(gemv16_q5_1, 24, 5, 8, 4, -1, 1)
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -532,7 +631,7 @@ osp_qdot8b_fn osp_qdot8b_for(uint32_t type) {
 
 osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type) {
 #ifdef OSP_X86
-    if (have_vnni()) PICK5(strip8b_, _gemv)
+    if (have_vnni()) PICK5(gemv16_, )
     if (have_avx2()) PICK5(gemv8b_, _avx2)
 #endif
     PICK5(gemv8b_, _ref)

@@ -81,8 +81,10 @@ void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64
  * bit-identical to osp_qdot8b_for(type). */
 typedef void (*osp_qdot8b_gemv_fn)(const void *w, size_t row_bytes, const osp_q8b_block *a, int64_t nb, float *y,
                                    int64_t nrows);
-/* The GEMV for `type` on this CPU (AVX512-VNNI: strips of 16 rows at one token, the one-token kernel for
- * the last nrows % 16; else the one-token kernel row by row), or NULL for a type without the mode. */
+/* The GEMV for `type` on this CPU (AVX512-VNNI: 16 rows a pass with the weights as they lie, 4 rows' blocks
+ * in the 128-bit lanes of a register and the partial sums reduced across registers, the one-token kernel
+ * for the last nrows % 16; else the one-token kernel row by row), or NULL for a type without the mode.
+ * (A strip at one token would transpose 16 row-blocks for a single use: bench/cpu/NOTES.md, tenth pass.) */
 osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type);
 
 /* A strip (AVX512-VNNI): 16 weight rows (w + r * row_bytes, r < 16, nb blocks each) against n tokens,
