@@ -308,8 +308,9 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
 }
 
 /* One part's rows rr0..rr1 on one-level activations (xqk for the K-quants, in super-blocks of 256; xqb
- * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: one token by the GEMV, else strips of 16 rows over
- * up to OSP_CPU_STRIP_TOKENS tokens at a time, the one-token kernel for the last rows % 16. Otherwise
+ * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: one token by the GEMV,
+ * more by strips of 16 rows over up to OSP_CPU_STRIP_TOKENS tokens at a time, the one-token kernel for
+ * the last rows % 16. Otherwise
  * tiles of 16 and 8 tokens, then the last 3-7 in one narrower tile (4, 6 or 8 tokens, reading spare rows
  * past R: its outputs past the real tokens go to this thread's scratch and are dropped), then 1-2 tokens
  * by GEMV. Every kernel gives the one-token kernel's bits (qdot8k.h, qdot8b.h), so the split is

@@ -189,6 +189,22 @@ static inline void dot16_keys(const float *q, const float *const *k, int64_t D, 
     _mm512_storeu_ps(out, _mm512_permutexvar_ps(idx, r));
 }
 
+/* Asks for the f16 K (which 0) or V (1) rows of keys [p0, min(p0 + ATTN_KBLK, hi)) (other page types:
+ * nothing). A batched decode step reads every sequence's K and V once, 128 bytes a row and KV head at
+ * head_dim 64, through the block table, and the block loops below stalled on those loads
+ * (bench/cpu/NOTES.md, tenth pass), so each block of keys asks for the next one's rows first. */
+static inline void prefetch_block(const osp_cpu_kv_pages *kv, int which, const int32_t *bt, int32_t block_size,
+                                  int64_t p0, int64_t hi, int64_t kvh, int64_t n_head_kv, int64_t D) {
+    if ((which ? kv->v_type : kv->k_type) != OSP_DTYPE_F16) return;
+    const uint16_t *base = (const uint16_t *)(which ? kv->v : kv->k);
+    const int64_t p1 = hi - p0 < ATTN_KBLK ? hi : p0 + ATTN_KBLK;
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
+        const char *h = (const char *)(base + (slot * n_head_kv + kvh) * D);
+        for (int64_t o = 0; o < 2 * D; o += 64) _mm_prefetch(h + o, _MM_HINT_T0);
+    }
+}
+
 /* attend_tile's arithmetic in blocks of 16 keys (head_dim a multiple of 16, at most 128): a block's K (V)
  * rows are read once into a buffer; each item's 16 scores come from one dot16_keys; each item's output
  * stays in registers, 64 dims at a time, across a block's keys. Every score, maximum, sum and output value
@@ -205,6 +221,8 @@ static void attend_tile_blocked(const attn_tile *tl, const osp_cpu_kv_pages *kv,
     for (int64_t j = 0; j < m; j++) mx[j] = -INFINITY;
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        prefetch_block(kv, pb + ATTN_KBLK >= hi, bt, block_size, pb + ATTN_KBLK < hi ? pb + ATTN_KBLK : lo, hi, kvh,
+                       n_head_kv, D);
         for (int64_t i = 0; i < nb; i++) {
             const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
             rp[i] = read_row(kv, 0, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
@@ -235,6 +253,7 @@ static void attend_tile_blocked(const attn_tile *tl, const osp_cpu_kv_pages *kv,
     }
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        prefetch_block(kv, 1, bt, block_size, pb + ATTN_KBLK, hi, kvh, n_head_kv, D);
         for (int64_t i = 0; i < nb; i++) {
             const int64_t p = pb + i, slot = (int64_t)bt[p / block_size] * block_size + p % block_size;
             rp[i] = read_row(kv, 1, slot, kvh, n_head_kv, D, buf + i * D, half, p >= full_from);
@@ -382,6 +401,9 @@ static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *
     for (int64_t j = 0; j < m; j++) mxv[j] = _mm512_set1_ps(-INFINITY);
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        /* the next block's K rows, or (the last block) the first V rows */
+        prefetch_block(kv, pb + ATTN_KBLK >= hi, bt, block_size, pb + ATTN_KBLK < hi ? pb + ATTN_KBLK : lo, hi, kvh,
+                       n_head_kv, D);
         for (int64_t i = 0; i < nb; i++) /* every row in buf */
             load_row_q8(kv, 0, bt, block_size, pb + i, kvh, n_head_kv, D, buf + i * D, half, pb + i >= full_from);
         if (nb < ATTN_KBLK) /* scores computed, never used */
@@ -413,6 +435,7 @@ static void attend_tile_blocked_q8(const attn_tile *tl, const osp_cpu_kv_pages *
     }
     for (int64_t pb = lo; pb < hi; pb += ATTN_KBLK) {
         const int64_t nb = hi - pb < ATTN_KBLK ? hi - pb : ATTN_KBLK;
+        prefetch_block(kv, 1, bt, block_size, pb + ATTN_KBLK, hi, kvh, n_head_kv, D);
         for (int64_t i = 0; i < nb; i++) {
             load_row_q8(kv, 1, bt, block_size, pb + i, kvh, n_head_kv, D, buf + i * D, half, pb + i >= full_from);
             rp[i] = buf + i * D;
