@@ -12,7 +12,9 @@
  * split mode with the keys on the long side of the products, attention_dec.cu).
  *
  * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v2|v2-fold|v1|v0: that kernel only;
- *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first)
+ *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first; ATTN_SUM=1: each row
+ *        also prints "sum", an FNV-1a 64 hash of its first launch's output bits, to compare two
+ *        builds' kernels on the same inputs, which every run draws alike)
  *        attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0   one row, one kernel (for ncu:
  *        bench/gpu/profile_attention.sh) */
 #include <cuda_runtime.h>
@@ -90,6 +92,7 @@ static const char *g_only; /* one kernel by name, or NULL: all */
 static bool g_fp8;         /* ATTN_KV=fp8: E4M3 pages (issue 13), scales 1 */
 static bool g_nv;          /* ATTN_KV=nvfp4: NVFP4 pages (random codes and E4M3 micro-block scales), tensor scales 1 */
 static int g_ws_stages; /* v3's K/V stages (ATTN_WS_STAGES; 0: the default) */
+static bool g_sum;      /* ATTN_SUM=1: print a hash of each row's output */
 
 static void run(const shape *sh) {
     const bool prefill = sh->kind[0] == 'p';
@@ -166,6 +169,16 @@ static void run(const shape *sh) {
                                   d_bt, nb_seq, BS, T, H, HKV, D, 0.08838834764f, 0, ctx, d_ws, NULL))
         LAUNCH();
         CK(cudaDeviceSynchronize());
+        char sum[40] = "";
+        if (g_sum) {
+            const size_t n = (size_t)(T * H * D);
+            uint16_t *h = malloc(sizeof(uint16_t) * n);
+            CK(cudaMemcpy(h, d_out, sizeof(uint16_t) * n, cudaMemcpyDeviceToHost));
+            uint64_t fnv = 0xcbf29ce484222325ull;
+            for (size_t i = 0; i < n; i++) fnv = (fnv ^ h[i]) * 0x100000001b3ull;
+            free(h);
+            snprintf(sum, sizeof sum, ", \"sum\": \"%016llx\"", (unsigned long long)fnv);
+        }
         CK(cudaEventRecord(e0, NULL));
         LAUNCH();
         CK(cudaEventRecord(e1, NULL));
@@ -188,9 +201,9 @@ static void run(const shape *sh) {
         qsort(samples, 5, sizeof(float), cmp_f);
         const double us = samples[2] * 1e3;
         printf("{\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"kernel\": \"%s%s\", \"us\": %.2f, \"gbps\": %.1f, "
-               "\"tflops\": %.2f}\n",
+               "\"tflops\": %.2f%s}\n",
                sh->kind, B, ctx, ks[ki].name, g_nv ? "-nvfp4" : g_fp8 ? "-fp8" : "", us, kv_bytes / (us * 1e3),
-               flops / (us * 1e6));
+               flops / (us * 1e6), sum);
         fflush(stdout);
     }
     osp_cuda_attention_force_mode(OSP_CUDA_ATTN_AUTO);
@@ -217,6 +230,8 @@ int main(int argc, char **argv) {
     g_only = getenv("ATTN_KERNEL"); /* one kernel (v3, v3-np, v2, v2-fold, v1 or v0) instead of all */
     const char *e7 = getenv("ATTN_WS_STAGES"); /* v3's K/V stages (3 or 4; unset: the default) */
     g_ws_stages = e7 ? atoi(e7) : 0;
+    const char *e9 = getenv("ATTN_SUM");
+    g_sum = e9 && !strcmp(e9, "1");
     const char *e6 = getenv("ATTN_ORDER"); /* slot: fold mode's query tiles in slot order, not longest first */
     osp_cuda_attention_tile_order(!e6 || strcmp(e6, "slot") != 0);
     if (osp_cuda_device_count() == 0) {

@@ -37,8 +37,20 @@
  * cvt e4m3x2 -> f16x2; V^T's by ldmatrix.trans on the bytes (an 8 x 8 matrix of 16-bit elements is 8
  * keys x 16 dims), a PRMT per pair of keys and the same cvt, with O^T's rows permuted (row g is dim
  * 2 g of the 16, row g + 8 dim 2 g + 1: a row permutation changes no sum). The K scale of the KV head
- * folds into qscale and the V scale multiplies the merged output, as in v2. No f16 copy of a tile
- * exists. */
+ * folds into qscale and the V scale multiplies the merged output, as in v2.
+ *
+ * NVFP4 pages the same way: the E2M1 codes land in padded shared rows ([64][D / 2 + 16] bytes), the
+ * E4M3 micro-block scales ([64][D / 16]) beside them, and both widen in registers, straight into the
+ * fragments, each f16 the exact product of the E2M1 value and its micro-block's scale (so the mma
+ * inputs are the values the pages hold, whatever the route to them): K's from 16-byte loads a quad
+ * shares, a PRMT for the thread's two code bytes of a micro-block, a PRMT table for the magnitudes and
+ * a sign-replicating PRMT for the signs (E4M3 bytes), the cvt, times the key's scale; V^T's by
+ * ldmatrix.trans on the code bytes (a key's 16 bytes: 32 dims), a PRMT for one code byte of 4 keys,
+ * shifts and masks making E4M3 bytes worth 2^-6 of each value, the cvt, times the keys' scales x 64
+ * (an f16 table each tile builds once), with O^T's rows permuted so that rows g and g + 8 are the low
+ * and high nibble of one code byte (out_dim). The tensor scales factor out as E4M3's head scales do.
+ * Neither format makes an f16 copy of a tile: one made NVFP4 decode shared-memory bound (~85 KB of
+ * shared traffic a tile against E4M3's ~32 KB; bench/kv/NOTES.md). */
 #include "backend/cuda/cuda_common.cuh" /* OSP_CUDA_LAUNCH_CHECK, OSP_CUDA_TRY, osp_launch, osp_pdl_begin */
 #include "backend/cuda/attention_dec.h"
 
@@ -55,22 +67,21 @@ constexpr int kThreads = 128; /* 4 warps */
 constexpr int kKeys = 64;     /* keys a tile: v2's (part of the numerics) */
 constexpr int kPS = kKeys + 8; /* P^T's shared row stride, halves (144 bytes: ldmatrix without conflicts) */
 
-/* page formats (template KV): f16, E4M3 (read from the staged codes into the fragments), NVFP4 (each
- * tile's codes and micro-block scales staged, then widened once into an f16 tile the f16 path reads) */
+/* page formats (template KV): f16, E4M3 and NVFP4 (both read from the staged codes into the fragments) */
 constexpr int kPageF16 = OSP_CUDA_DEC_F16, kPageFp8 = OSP_CUDA_DEC_FP8, kPageNv = OSP_CUDA_DEC_NVFP4;
 
-/* shared row stride of a K/V row the products read, bytes: padded by 16 so ldmatrix's 8 rows hit
- * distinct banks */
-constexpr int row_bytes_of(int D, int KV) { return (KV == kPageFp8 ? D : 2 * D) + 16; }
+/* shared row stride of a staged K/V row, bytes: padded by 16 so the 8 rows of an ldmatrix (or of a
+ * warp's 16-byte loads of NVFP4 K rows) hit distinct banks */
+constexpr int row_bytes_of(int D, int KV) { return (KV == kPageNv ? D / 2 : KV == kPageFp8 ? D : 2 * D) + 16; }
 template <int D, int KV> constexpr int row_bytes() { return row_bytes_of(D, KV); }
-/* NVFP4: one stage of the codes (K then V, [kKeys][D / 2]) and scales (K then V, [kKeys][D / 16]) */
-constexpr int nv_stage_of(int D) { return 2 * kKeys * (D / 2) + 2 * kKeys * (D / 16); }
-template <int D> constexpr int nv_stage_bytes() { return nv_stage_of(D); }
+/* one stage: K then V, [kKeys][row_bytes] (+ NVFP4: the micro-block scales, K then V, [kKeys][D / 16]) */
+constexpr int stage_of(int D, int KV) { return 2 * kKeys * row_bytes_of(D, KV) + (KV == kPageNv ? 2 * kKeys * (D / 16) : 0); }
+/* NVFP4: the tile's V scales times 64 as f16, laid out for the V fragments (see the kernel) */
+constexpr int vscale_of(int D, int KV) { return KV == kPageNv ? kKeys * (D / 16) * 2 : 0; }
 /* a CTA's dynamic shared memory (host and device: the launch and the kernel's static check) */
 constexpr int smem_of(int D, int KV, int NQ, int ST) {
-    const int rb = row_bytes_of(D, KV);
-    return (KV == kPageNv ? 2 * kKeys * rb + ST * nv_stage_of(D) : ST * 2 * kKeys * rb) +
-           8 * NQ * kPS * 2 /* sP */ + 4 * 8 * NQ * 4 /* sMax */ + 8 * NQ * 32 * 4 /* sPair */ + 8 * NQ * 4 /* sLc */;
+    return ST * stage_of(D, KV) + vscale_of(D, KV) + 8 * NQ * kPS * 2 /* sP */ + 4 * 8 * NQ * 4 /* sMax */ +
+           8 * NQ * 32 * 4 /* sPair */ + 8 * NQ * 4 /* sLc */;
 }
 template <int D, int KV, int NQ, int ST> constexpr int smem_bytes() {
     return smem_of(D, KV, NQ, ST);
@@ -93,26 +104,65 @@ template <int N> __device__ __forceinline__ void cp_async_small(uint32_t dst, co
     const int n = valid ? N : 0;
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(n));
 }
-/* Eight E2M1 codes (a 32-bit word of NVFP4 pairs: value 2 i in the low nibble of byte i, sign in the
- * nibble's bit 3) times one micro-block scale s2 = (s, s) in f16 -> four f16x2 words (values 0, 1 in
- * out[0]), exactly: every E2M1 value is a half (its high byte from an 8-entry table by PRMT, the sign
- * set by bit operations), and the product of an E2M1 value and an E4M3 scale has at most 6
- * significant bits between 2^-10 and 2688, so the f16 product is exact (OCP MX spec v1.0 section 5.3.3,
- * NVIDIA's NVFP4 description; src/kv/kv_cache.h). */
-__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, uint32_t s2, uint32_t (&out)[4]) {
-    constexpr uint32_t kT0 = 0x3E3C3800u, kT1 = 0x46444240u; /* high bytes of 0, .5, 1, 1.5 | 2, 3, 4, 6 */
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const uint32_t q = h ? w >> 16 : w; /* nibbles 4 h .. 4 h + 3: values 4 h .. 4 h + 3 */
-        const uint32_t mag = __byte_perm(kT0, kT1, q & 0x7777u);
-        uint32_t a = __byte_perm(mag, 0u, 0x1404u), b = __byte_perm(mag, 0u, 0x3424u);
-        a |= ((q << 12) & 0x8000u) | ((q << 24) & 0x80000000u); /* nibble bits 3, 7 -> 15, 31 */
-        b |= ((q << 4) & 0x8000u) | ((q << 16) & 0x80000000u);  /* nibble bits 11, 15 -> 15, 31 */
-        const __half2 ha = __hmul2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&s2));
-        const __half2 hb = __hmul2(*reinterpret_cast<const __half2 *>(&b), *reinterpret_cast<const __half2 *>(&s2));
-        out[2 * h] = *reinterpret_cast<const uint32_t *>(&ha);
-        out[2 * h + 1] = *reinterpret_cast<const uint32_t *>(&hb);
-    }
+/* PTX prmt in its default mode: a selector nibble with bit 3 set gives its byte's sign (bit 7) in all
+ * 8 bits, which __byte_perm does not promise */
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
+    const __half2 h = __hmul2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&b));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t b) { /* a times (b.lo, b.lo) */
+    const __half2 h = __hmul2(*reinterpret_cast<const __half2 *>(&a), __low2half2(*reinterpret_cast<const __half2 *>(&b)));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t hmul2_hi(uint32_t a, uint32_t b) { /* a times (b.hi, b.hi) */
+    const __half2 h = __hmul2(*reinterpret_cast<const __half2 *>(&a), __high2half2(*reinterpret_cast<const __half2 *>(&b)));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+/* the E4M3 pair in the high half of w -> f16x2 (the cvt reads the half in place) */
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t w) {
+    uint32_t d;
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(d) : "r"(w));
+    return d;
+}
+/* v in a register for the whole kernel: PRMT takes one immediate source, and left to itself ptxas
+ * rebuilds a constant table word before every PRMT that reads it (one IMAD each, even through an asm
+ * mov); threadIdx.y is 0 (the blocks are one-dimensional) but not a constant to it */
+__device__ __forceinline__ uint32_t reg_const(uint32_t v) { return v + threadIdx.y; }
+/* NVFP4 -> the A fragments, every value E2M1 x E4M3 micro-block scale as an exact f16 (the product has
+ * at most 6 significant bits between 2^-10 and 2688: OCP MX spec v1.0 section 5.3.3, NVIDIA's NVFP4
+ * description; src/kv/kv_cache.h), by way of E4M3 bytes and the hardware's exact cvt e4m3x2 -> f16x2.
+ *
+ * K: x holds four codes, (dims 2 c, 2 c + 1) in byte 0 and (2 c + 8, 2 c + 9) in byte 1, one key, one
+ * micro-block. An 8-entry PRMT table (t0: its low word, kNvT0, in a register) gives each code's
+ * magnitude as an E4M3 byte in dim order; a PRMT in sign-replicate mode spreads each code's sign
+ * (nibble bit 3: the byte msb of x << 4 for low nibbles, of x for high ones) over its byte, one LOP3
+ * merges them. Each cvt gives one register's pair, times the key's scale in both halves (sp: the f16x2
+ * of two micro-blocks' scales, hi: the high one). */
+constexpr uint32_t kNvT0 = 0x3C383000u, kNvT1 = 0x4C484440u; /* E4M3 0, .5, 1, 1.5 | 2, 3, 4, 6 */
+__device__ __forceinline__ void nv_k_frag(uint32_t x, uint32_t t0, uint32_t sp, bool hi, uint32_t &r0, uint32_t &r1) {
+    const uint32_t mag = prmt(t0, kNvT1, x & 0x7777u), neg = prmt(x, x << 4, 0x9D8Cu);
+    const uint32_t e = mag | (neg & 0x80808080u);
+    const uint32_t f0 = e4m3x2_to_f16x2(e), f1 = e4m3x2_hi_to_f16x2(e);
+    r0 = hi ? hmul2_hi(f0, sp) : hmul2_lo(f0, sp);
+    r1 = hi ? hmul2_hi(f1, sp) : hmul2_lo(f1, sp);
+}
+/* V: z holds one code byte (dims 2 i, 2 i + 1 in its low, high nibble) of each of keys 2 c, 2 c + 1,
+ * 2 c + 8, 2 c + 9 of a k-step, in that order. Here the pairs run over keys (two nibbles of the same
+ * significance in adjacent bytes), so shifts and masks make the E4M3 bytes: code s e1 e0 m as the byte
+ * s 000 e1 e0 m 00 is exactly the E2M1 value times 2^-6 (subnormal codes included: exponent 0 is
+ * E4M3's subnormal range too), and the scales come times 64 (s64_ab: the f16x2 (64 s_2c, 64 s_2c+1),
+ * s64_cd the other two keys'), exact in f16 (64 x 448 < 65504), so each f16 product is the same exact
+ * E2M1 x E4M3 value. a0 / a2: the low nibbles (O^T row g), a1 / a3: the high ones (row g + 8). */
+__device__ __forceinline__ void nv_v_frag(uint32_t z, uint32_t s64_ab, uint32_t s64_cd, uint32_t (&a)[4]) {
+    const uint32_t lo = ((z << 4) & 0x80808080u) | ((z << 2) & 0x1C1C1C1Cu);
+    const uint32_t hi = (z & 0x80808080u) | ((z >> 2) & 0x1C1C1C1Cu);
+    a[0] = hmul2_u32(e4m3x2_to_f16x2(lo), s64_ab), a[1] = hmul2_u32(e4m3x2_to_f16x2(hi), s64_ab);
+    a[2] = hmul2_u32(e4m3x2_hi_to_f16x2(lo), s64_cd), a[3] = hmul2_u32(e4m3x2_hi_to_f16x2(hi), s64_cd);
 }
 
 /* D: head_dim (64, 128); NQ: 8-row blocks of query rows (rows <= 8 NQ); ST: K/V stages in flight;
@@ -129,22 +179,18 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
     constexpr int KT = D / 16;          /* k-steps of S^T */
     constexpr int MB = D / 64;          /* O^T's 16-dimension blocks a warp */
     constexpr int RB = row_bytes<D, KV>();
-    constexpr int TB = kKeys * RB;      /* one K (or V) tile the products read */
-    /* bytes of a K/V row in the pages and in a staged tile; 16-byte chunks of it; a thread's per tile */
+    constexpr int TB = kKeys * RB;      /* one staged K (or V) tile */
+    /* bytes of a K/V row in the pages; 16-byte chunks of it; a thread's per tile */
     constexpr int PRB = kNvfp4 ? D / 2 : kFp8 ? D : 2 * D;
     constexpr int LCPR = PRB / 16;
     constexpr int LCPT = kKeys * LCPR / kThreads;
     static_assert(LCPT * kThreads == kKeys * LCPR, "tile chunking");
-    constexpr int SRB = kNvfp4 ? PRB : RB; /* staged row stride: NVFP4 codes unpadded (read linearly) */
     constexpr int SB = D / 16;             /* NVFP4: micro-block scale bytes a row */
-    /* a stage: [K, V][kKeys][SRB] (+ NVFP4: the scales [K, V][kKeys][SB]) */
-    constexpr int STB = kNvfp4 ? nv_stage_bytes<D>() : 2 * TB;
+    constexpr int STB = stage_of(D, KV);   /* a stage: [K, V][kKeys][RB] (+ NVFP4: the scales [K, V][kKeys][SB]) */
     extern __shared__ uint4 dec_smem[];
-    /* NVFP4: the f16 tile [K, V][kKeys][RB] the products read, then the stages; else the stages are
-     * what the products read */
-    char *sKV = reinterpret_cast<char *>(dec_smem);
-    char *sStage = sKV + (kNvfp4 ? 2 * TB : 0);                       /* [ST][STB] */
-    uint16_t *sP = reinterpret_cast<uint16_t *>(sStage + ST * STB);  /* P^T [R][kPS] f16 */
+    char *sStage = reinterpret_cast<char *>(dec_smem);                 /* [ST][STB] */
+    char *sVs = sStage + ST * STB;                                      /* NVFP4: [2][SB][4][16 bytes] */
+    uint16_t *sP = reinterpret_cast<uint16_t *>(sVs + vscale_of(D, KV)); /* P^T [R][kPS] f16 */
     float *sMax = reinterpret_cast<float *>(sP + R * kPS);              /* [4 warps][R] */
     float *sPair = sMax + 4 * R;                                        /* [R][4 tq][8 n] */
     float *sLc = sPair + R * 32;                                        /* fold mode: a chunk's l per row */
@@ -188,17 +234,17 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
             first[nq][ci] = p.window > 0 && lim[nq][ci] > p.window ? lim[nq][ci] - p.window : 0;
         }
 
-    /* K/V loader: v2's (slots one tile ahead; keys >= ke zero-filled), into padded rows (NVFP4: the
-     * codes unpadded, and thread t's key t mod 64's K (t < 64) or V micro-block scales) */
+    /* K/V loader: v2's (slots one tile ahead; keys >= ke zero-filled), into padded rows (NVFP4: also
+     * thread t's key t mod 64's K (t < 64) or V micro-block scales) */
     const int32_t *bt = p.block_table + (int64_t)w.s * p.max_blocks;
     const int64_t row_bytes_g = (int64_t)p.n_head_kv * PRB;
     const int part = tid % LCPR, jrow = tid / LCPR;
     const char *kbase = reinterpret_cast<const char *>(p.k_pages) + (int64_t)kvh * PRB + part * 16,
                *vbase = reinterpret_cast<const char *>(p.v_pages) + (int64_t)kvh * PRB + part * 16;
-    const uint32_t s0 = smem_u32(sStage) + (uint32_t)(jrow * SRB + part * 16);
+    const uint32_t s0 = smem_u32(sStage) + (uint32_t)(jrow * RB + part * 16);
     const int skey = tid & (kKeys - 1);
     const uint8_t *sbase = kNvfp4 ? (tid < kKeys ? p.k_scale : p.v_scale) + (int64_t)kvh * SB : nullptr;
-    const uint32_t ss0 = smem_u32(sStage) + (uint32_t)(2 * kKeys * SRB + (tid >= kKeys ? kKeys * SB : 0) + skey * SB);
+    const uint32_t ss0 = smem_u32(sStage) + (uint32_t)(2 * TB + (tid >= kKeys ? kKeys * SB : 0) + skey * SB);
     auto slot_of = [&](int key) {
         const int blk = p.bdiv.div(key);
         return key < ke ? bt[blk] * p.block_size + (key - blk * p.block_size) : -1;
@@ -214,9 +260,9 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         for (int u = 0; u < LCPT; u++) {
             const bool valid = slot[u] >= 0;
             const int64_t off = valid ? (int64_t)slot[u] * row_bytes_g : 0;
-            const uint32_t so = (uint32_t)(st * STB + u * (kThreads / LCPR) * SRB);
+            const uint32_t so = (uint32_t)(st * STB + u * (kThreads / LCPR) * RB);
             cp_async16(s0 + so, kbase + off, valid);
-            cp_async16(s0 + so + kKeys * SRB, vbase + off, valid);
+            cp_async16(s0 + so + TB, vbase + off, valid);
         }
         if constexpr (kNvfp4) {
             const bool valid = slot[LCPT] >= 0;
@@ -249,9 +295,15 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
 #pragma unroll
         for (int nq = 0; nq < NQ; nq++) oa[mb][nq][0] = oa[mb][nq][1] = oa[mb][nq][2] = oa[mb][nq][3] = 0.0f;
 
+    /* NVFP4: this warp's V dimensions lie in [32 vq, 32 vq + 32); PRMT selectors of its K code bytes (c4,
+     * 4 + c4 of a micro-block) and V code bytes (of the 16-bit elements of 4 keys, byte 0 or 1) */
+    const int vq = D == 128 ? warp : warp >> 1;
+    const uint32_t nv_t0 = kNvfp4 ? reg_const(kNvT0) : 0u;
+    const uint32_t selk = (uint32_t)(c4 | (c4 + 4) << 4), selv = 0x6420u + 0x1111u * (D == 128 ? 0u : (uint32_t)(warp & 1));
     /* O^T's rows: dimension of fragment row g (+ 8 hf) of block mb */
     auto out_dim = [&](int mb, int hf) {
         const int d0 = warp * (D / 4) + 16 * mb;
+        if constexpr (kNvfp4) return 32 * vq + 4 * g + 2 * (D == 128 ? mb : warp & 1) + hf;
         return kFp8 ? d0 + 2 * g + hf : d0 + g + 8 * hf;
     };
 
@@ -264,11 +316,14 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         fetch_slots(kb + (i + 1) * kKeys, slot_next);
     }
 
-    /* ldmatrix lane addresses (bytes within a tile) */
+    /* ldmatrix lane addresses (bytes within a tile). NVFP4's V: rows are keys 16 (lane >> 4) + lane mod 16
+     * (x4: k-steps j, j + 1), the 16 bytes are the dimensions [32 vq, 32 vq + 32) of this warp's pair of
+     * micro-blocks (D 64: two warps share them, each taking one byte of every 16-bit element) */
     const uint32_t k_lane = kFp8 ? (uint32_t)((16 * warp + g) * RB + 2 * c4)
                                  : (uint32_t)((16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8) * RB + (lane >> 4) * 16);
-    const uint32_t v_lane = kFp8 ? (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * RB + warp * (D / 4))
-                                 : (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * RB + (warp * (D / 4) + ((lane >> 3) & 1) * 8) * 2);
+    const uint32_t v_lane = kFp8     ? (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * RB + warp * (D / 4))
+                            : kNvfp4 ? (uint32_t)(((lane & 15) + (lane >> 4) * 16) * RB + 16 * vq)
+                                     : (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * RB + (warp * (D / 4) + ((lane >> 3) & 1) * 8) * 2);
     const uint32_t p_lane = smem_u32(sP) + (uint32_t)(((lane & 7) * kPS + ((lane >> 3) & 1) * 8) * 2);
 
     int stage = 0, stage_load = ST - 1;
@@ -282,32 +337,44 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
         }
         cp_async_commit();
         stage_load = stage_load + 1 == ST ? 0 : stage_load + 1;
+        const char *stg = sStage + stage * STB;
         if constexpr (kNvfp4) {
-            /* the stage's codes and scales -> the f16 tile, once: unit (K or V, key, micro-block) is 8
-             * code bytes and a scale byte, 16 values, two 16-byte stores (every warp's products of the
-             * previous tile were done before the barrier above) */
-            const char *cs = sStage + stage * STB;
-#pragma unroll
-            for (int i = 0; i < 2 * kKeys * SB / kThreads; i++) {
-                const int u = tid + kThreads * i, kv = u / (kKeys * SB), key = (u / SB) % kKeys, mb = u % SB;
-                const uint2 cw = *reinterpret_cast<const uint2 *>(cs + (kv * kKeys + key) * SRB + 8 * mb);
-                const uint32_t sc8 = (uint8_t)cs[2 * kKeys * SRB + (kv * kKeys + key) * SB + mb];
-                const uint32_t s2 = e4m3x2_to_f16x2(__byte_perm(sc8, 0u, 0x0000u));
-                uint32_t lo[4], hi[4];
-                e2m1x8_scaled(cw.x, s2, lo);
-                e2m1x8_scaled(cw.y, s2, hi);
-                uint4 *dst = reinterpret_cast<uint4 *>(sKV + kv * TB + key * RB + 32 * mb);
-                dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-                dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            /* the tile's V scales times 64 as f16 into sVs (read after the softmax's barriers; every read
+             * of the previous tile's was before the barrier above): entry t (8 bytes) = ((h SB + mbk) 4 +
+             * c) 2 + jl holds micro-block mbk's f16x2 of keys (2 c, 2 c + 1) and (2 c + 8, 2 c + 9) of
+             * k-step 2 h + jl, so a lane's two k-steps are one conflict-free 16-byte load */
+            if (tid < 16 * SB) {
+                const int jl = tid & 1, c = (tid >> 1) & 3, mbk = (tid >> 3) % SB, h = tid / (8 * SB);
+                const uint8_t *vs = reinterpret_cast<const uint8_t *>(stg + 2 * TB + kKeys * SB) + (16 * (2 * h + jl) + 2 * c) * SB + mbk;
+                const uint32_t ab = vs[0] | (uint32_t)vs[SB] << 8, cd = vs[8 * SB] | (uint32_t)vs[9 * SB] << 8;
+                constexpr uint32_t k64 = 0x54005400u; /* f16x2 (64, 64) */
+                *reinterpret_cast<uint2 *>(sVs + 8 * tid) =
+                    make_uint2(hmul2_u32(e4m3x2_to_f16x2(ab), k64), hmul2_u32(e4m3x2_to_f16x2(cd), k64));
             }
-            __syncthreads();
         }
-        const uint32_t sk = smem_u32(sKV) + (uint32_t)(kNvfp4 ? 0 : stage * 2 * TB), sv = sk + (uint32_t)TB;
+        const uint32_t sk = smem_u32(sStage) + (uint32_t)(stage * STB), sv = sk + (uint32_t)TB;
 
         /* S^T: keys 16 warp + g (elements 0, 1) and + 8 (2, 3), columns 8 nq + 2 c4 (+ 1) */
         float sc[NQ][4];
 #pragma unroll
         for (int nq = 0; nq < NQ; nq++) sc[nq][0] = sc[nq][1] = sc[nq][2] = sc[nq][3] = 0.0f;
+        /* NVFP4: the two keys' micro-block scales (byte kk: k-step kk's) and codes (16 bytes: k-steps
+         * kk, kk + 1; a quad's lanes load the same words) */
+        const char *k_nv = stg + (16 * warp + g) * RB;
+        uint32_t ksc[2][(SB + 3) / 4], ksp[2];
+        uint4 kcw[2];
+        if constexpr (kNvfp4) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const char *q = stg + 2 * TB + (16 * warp + g + 8 * h) * SB;
+                if constexpr (SB == 8) {
+                    const uint2 t = *reinterpret_cast<const uint2 *>(q);
+                    ksc[h][0] = t.x, ksc[h][1] = t.y;
+                } else {
+                    ksc[h][0] = *reinterpret_cast<const uint32_t *>(q);
+                }
+            }
+        }
 #pragma unroll
         for (int kk = 0; kk < KT; kk++) {
             uint32_t a[4];
@@ -315,6 +382,17 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
                 const uint32_t b = sk + k_lane + 16 * kk;
                 a[0] = e4m3x2_to_f16x2(lds_u16(b)), a[1] = e4m3x2_to_f16x2(lds_u16(b + 8 * RB));
                 a[2] = e4m3x2_to_f16x2(lds_u16(b + 8)), a[3] = e4m3x2_to_f16x2(lds_u16(b + 8 * RB + 8));
+            } else if constexpr (kNvfp4) {
+                const bool odd = kk & 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) { /* key 16 warp + g + 8 h: a[h], a[2 + h] */
+                    if (!odd) {
+                        kcw[h] = *reinterpret_cast<const uint4 *>(k_nv + 8 * h * RB + 8 * kk);
+                        ksp[h] = kk & 2 ? e4m3x2_hi_to_f16x2(ksc[h][kk >> 2]) : e4m3x2_to_f16x2(ksc[h][kk >> 2]); /* (s_kk, s_kk+1) */
+                    }
+                    const uint32_t x = prmt(odd ? kcw[h].z : kcw[h].x, odd ? kcw[h].w : kcw[h].y, selk);
+                    nv_k_frag(x, nv_t0, ksp[h], odd, a[h], a[2 + h]);
+                }
             } else {
                 ldsm_x4(sk + k_lane + 32 * kk, a[0], a[1], a[2], a[3]);
             }
@@ -390,11 +468,19 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
             for (int nq = 0; nq < NQ; nq++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) o[mb][nq][e] = __fmul_rn(o[mb][nq][e], alpha[nq][e & 1]);
+        uint32_t vr[4]; /* NVFP4: V codes of k-steps j (vr[0], vr[1]) and j + 1 (vr[2], vr[3]), j even */
+        uint4 vs4;      /* NVFP4: their scale pairs (sVs entries) */
 #pragma unroll
         for (int j = 0; j < kKeys / 16; j++) {
             uint32_t b[NQ][2];
 #pragma unroll
             for (int nq = 0; nq < NQ; nq++) ldsm_x2(p_lane + (uint32_t)((8 * nq * kPS + 16 * j) * 2), b[nq][0], b[nq][1]);
+            if constexpr (kNvfp4) {
+                if (!(j & 1)) {
+                    ldsm_x4_t(sv + v_lane + (uint32_t)(16 * j * RB), vr[0], vr[1], vr[2], vr[3]);
+                    vs4 = *reinterpret_cast<const uint4 *>(sVs + ((j >> 1) * SB + 2 * vq + (g >> 2)) * 64 + 16 * c4);
+                }
+            }
 #pragma unroll
             for (int mb = 0; mb < MB; mb++) {
                 uint32_t a[4];
@@ -403,6 +489,11 @@ __global__ void __launch_bounds__(kThreads, 3) attn_dec_kernel(const Params p) {
                     ldsm_x2_t(sv + v_lane + (uint32_t)(16 * j * RB + 16 * mb), r0, r1);
                     a[0] = e4m3x2_to_f16x2(__byte_perm(r0, 0u, 0x0020)), a[1] = e4m3x2_to_f16x2(__byte_perm(r0, 0u, 0x0031));
                     a[2] = e4m3x2_to_f16x2(__byte_perm(r1, 0u, 0x0020)), a[3] = e4m3x2_to_f16x2(__byte_perm(r1, 0u, 0x0031));
+                } else if constexpr (kNvfp4) {
+                    /* byte 2 g + (D 128: mb; D 64: warp mod 2) of the 16-bit elements of keys 2 c4, + 1
+                     * (vr[2 (j & 1)]) and 2 c4 + 8, + 9 (vr[2 (j & 1) + 1]) */
+                    const uint32_t z = prmt(vr[2 * (j & 1)], vr[2 * (j & 1) + 1], selv + 0x1111u * (D == 128 ? mb : 0));
+                    nv_v_frag(z, j & 1 ? vs4.z : vs4.x, j & 1 ? vs4.w : vs4.y, a);
                 } else {
                     ldsm_x4_t(sv + v_lane + (uint32_t)(16 * j * RB + 32 * mb), a[0], a[1], a[2], a[3]);
                 }
@@ -527,7 +618,8 @@ osp_status launch_d(const Params &prm, dim3 grid, int nq, int kv, int stages, cu
 
 int dec_rows(int group) { return group <= 8 ? 8 : group <= 16 ? 16 : 0; }
 
-int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 2 : 3; }
+/* NVFP4 4 stages: B 8 x 32k on the H100, 2 / 3 / 4 stages 216 / 223 / 197 us (bench/kv/NOTES.md); the others 3 */
+int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 4 : 3; }
 
 int dec_smem_bytes(int D, int kv, int rows, int stages) { return smem_of(D, kv, rows > 8 ? 2 : 1, stages); }
 

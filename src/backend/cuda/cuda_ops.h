@@ -401,8 +401,9 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
  *     factor out of both products (scores times d_k_fixed[kv head], the output times d_v_fixed[kv head]
  *     after the fold), a row's bits independent of its batch as for f16;
  *   nvfp4 at D 64 / 128 with GQA groups up to 16, any forced mode but v0 (osp_cuda_attention_v4_nvfp4):
- *     v4 (attention_dec.cu) widens each 64-key tile's E2M1 codes times their E4M3 micro-block scales
- *     once, exactly, into an f16 tile; the tensor scales factor out as fp8's head scales do;
+ *     v4 (attention_dec.cu) widens each 64-key tile's E2M1 codes times their E4M3 micro-block scales,
+ *     exactly, straight into the mma fragments in registers; the tensor scales factor out as fp8's head
+ *     scales do;
  *   otherwise the CUDA-core kernel (v0): each 32-key K/V tile decoded once into fp32 shared memory as
  *     e4m3(code) * d_*_fixed[kv head] (fp8) or e2m1(code) * (e4m3(scale) * tensor scale) (nvfp4), each
  *     one fp32 product, the values core/dtype.c's dequantizers and the CPU's read give; then the same
