@@ -316,72 +316,6 @@ static void test_strips(void **state) {
     assert_true(osp_qdot_force_isa("scalar"));
 }
 
-/* The AMX strips (where this CPU and kernel allow AMX) equal the portable kernel bit for bit, for 1..21 and
- * 64 tokens (padded groups), rows and tokens with gaps; the pack holds what its contract says. */
-static void test_amx_strips(void **state) {
-    (void)state;
-    assert_true(osp_qdot_force_isa("avx512vnni") || osp_qdot_force_isa("scalar"));
-    if (!osp_qdot8b_amx_for(OSP_DTYPE_Q4_1)) {
-        printf("qdot8b AMX strips: no AMX-INT8 on this CPU, or no kernel permission for it, or OSPREY_CPU_AMX=0: skipped\n");
-        assert_true(osp_qdot_force_isa("scalar"));
-        return;
-    }
-    assert_null(osp_qdot8b_amx_for(OSP_DTYPE_Q4_K));
-    enum { MAXT = 64 };
-    int tested = 0;
-    for (size_t ti = 0; ti < NTYPES; ti++) {
-        const uint32_t t = types[ti];
-        const osp_qdot8b_amx_fn amx = osp_qdot8b_amx_for(t);
-        const osp_qdot8b_fn ref = osp_qdot8b_ref_for(t);
-        assert_non_null(amx);
-        const int64_t ts = (int64_t)osp_dtype_type_size(t);
-        for (int64_t n = 1; n <= 21; n++) {
-            const int64_t nt = n == 21 ? MAXT : n;
-            for (int trial = 0; trial < 12; trial++) {
-                const int64_t nb = trial < MAX_NB ? 1 + trial : 1 + (int64_t)(rnd() % MAX_NB);
-                const int64_t as = nb + (int64_t)(rnd() % 3), ys = 16 + (int64_t)(rnd() % 5), rb = ts * nb + (int64_t)(rnd() % 3);
-                static uint8_t w[16 * (MAX_NB * MAX_TS + 2)];
-                static float x[MAX_NB * 32];
-                static osp_q8b_block xq[MAXT * (MAX_NB + 2)];
-                static osp_q8b_amx pk[(MAXT / 16) * MAX_NB];
-                static float y[MAXT * 21 + 16];
-                for (int r = 0; r < 16; r++) weights(t, w + r * rb, nb, trial);
-                for (int64_t j = 0; j < nt; j++) {
-                    activations(x, nb * 32, j == 0 ? trial : trial == 1 ? 3 : trial, 0.0f);
-                    osp_quantize_row_q8b(x, xq + j * as, nb * 32);
-                }
-                for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = 12345.0f;
-                osp_q8b_amx_pack(xq, as, nb, nt, pk);
-                for (int64_t j = 0; j < (nt + 15) / 16 * 16; j++) /* the pack's contract, padding included */
-                    for (int64_t b = 0; b < nb; b++) {
-                        const osp_q8b_amx *o = &pk[(j / 16) * nb + b];
-                        const osp_q8b_block *src = j < nt ? &xq[j * as + b] : NULL;
-                        for (int k = 0; k < 32; k++) assert_int_equal(o->qs[k / 4][4 * (j % 16) + k % 4], src ? src->qs[k] : 0);
-                        assert_true(o->d[j % 16] == (src ? src->d : 0.0f) || (src && isnan(src->d) && isnan(o->d[j % 16])));
-                        assert_int_equal(o->n128[j % 16], src ? src->n128 : 0);
-                    }
-                amx(w, (size_t)rb, nb, pk, nt, y, ys);
-                for (int64_t j = 0; j < nt; j++)
-                    for (int64_t r = 0; r < ys; r++) {
-                        if (r >= 16) {
-                            assert_true(y[j * ys + r] == 12345.0f);
-                            continue;
-                        }
-                        const float e = ref(w + r * rb, xq + j * as, nb);
-                        if (memcmp(&e, &y[j * ys + r], 4) != 0)
-                            fail_msg("%s: AMX strip of %d tokens, nb %d, row %d token %d gives %.9g, reference %.9g",
-                                     osp_dtype_name(t), (int)nt, (int)nb, (int)r, (int)j, y[j * ys + r], e);
-                    }
-                for (size_t i = (size_t)(nt * ys); i < sizeof y / sizeof y[0]; i++) assert_true(y[i] == 12345.0f);
-                tested++;
-            }
-        }
-    }
-    printf("qdot8b AMX strips: %d strips matched the reference bit for bit\n", tested);
-    assert_true(osp_qdot_force_isa("scalar"));
-    assert_null(osp_qdot8b_amx_for(OSP_DTYPE_Q4_1)); /* AMX only beside the AVX512-VNNI family */
-}
-
 /* osp_pack_q8b writes what its contract says. */
 static void test_pack_layout(void **state) {
     (void)state;
@@ -416,7 +350,6 @@ int main(void) {
         cmocka_unit_test(test_one_token_and_gemv),
         cmocka_unit_test(test_tiles),
         cmocka_unit_test(test_strips),
-        cmocka_unit_test(test_amx_strips),
         cmocka_unit_test(test_pack_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

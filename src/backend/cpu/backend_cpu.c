@@ -309,8 +309,8 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
 
 /* One part's rows rr0..rr1 on one-level activations (xqk for the K-quants, in super-blocks of 256; xqb
  * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: one token by the GEMV,
- * more by strips of 16 rows (on AMX where the CPU and kernel allow it) over up to OSP_Q8B_STRIP_TOKENS
- * tokens at a time, the one-token kernel for the last rows % 16. Otherwise
+ * more by strips of 16 rows over up to OSP_CPU_STRIP_TOKENS tokens at a time, the one-token kernel for
+ * the last rows % 16. Otherwise
  * tiles of 16 and 8 tokens, then the last 3-7 in one narrower tile (4, 6 or 8 tokens, reading spare rows
  * past R: its outputs past the real tokens go to this thread's scratch and are dropped), then 1-2 tokens
  * by GEMV. Every kernel gives the one-token kernel's bits (qdot8k.h, qdot8b.h), so the split is
@@ -327,18 +327,7 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
             osp_qdot8b_gemv_for(p->type)(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqb, nb, yp + rr0, rr1 - rr0);
             return;
         }
-        const osp_qdot8b_amx_fn amx = osp_qdot8b_amx_for(p->type);
-        for (int64_t t = 0; amx && t < R; t += OSP_Q8B_STRIP_TOKENS) { /* AMX: the tokens packed once a chunk */
-            const int64_t n = R - t < OSP_Q8B_STRIP_TOKENS ? R - t : OSP_Q8B_STRIP_TOKENS;
-            osp_q8b_amx *pk = (osp_q8b_amx *)(void *)(c->xqbt + (size_t)ith * OSP_Q8B_STRIP_TOKENS * (size_t)c->xqbt_nb);
-            osp_q8b_amx_pack(c->xqb + t * nb, nb, nb, n, pk);
-            int64_t rr = rr0;
-            for (; rr + OSP_Q8B_STRIP_ROWS <= rr1; rr += OSP_Q8B_STRIP_ROWS)
-                amx(wb + (size_t)rr * p->row_bytes, p->row_bytes, nb, pk, n, yp + t * N + rr, N);
-            for (; rr < rr1; rr++)
-                for (int64_t k = t; k < t + n; k++) yp[k * N + rr] = one(wb + (size_t)rr * p->row_bytes, c->xqb + k * nb, nb);
-        }
-        for (int64_t t = 0; !amx && t < R; t += OSP_Q8B_STRIP_TOKENS) {
+        for (int64_t t = 0; t < R; t += OSP_Q8B_STRIP_TOKENS) {
             const int64_t n = R - t < OSP_Q8B_STRIP_TOKENS ? R - t : OSP_Q8B_STRIP_TOKENS;
             /* this thread's block-major copy of the n tokens (a token alone is its row as it is) */
             const osp_q8b_block *a = c->xqb + t * nb;

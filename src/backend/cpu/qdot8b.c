@@ -22,11 +22,7 @@
 #include "core/dtype.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
-#include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #define OSP_X86 1
 #endif
 
@@ -143,22 +139,6 @@ void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64
 void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_block *out) {
     for (int64_t j = 0; j < n; j++)
         for (int64_t b = 0; b < nb; b++) out[b * n + j] = a[j * a_stride + b];
-}
-
-void osp_q8b_amx_pack(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_amx *pk) {
-    for (int64_t g = 0; g < (n + 15) / 16; g++)
-        for (int64_t b = 0; b < nb; b++) {
-            osp_q8b_amx *o = pk + g * nb + b;
-            for (int j = 0; j < 16; j++) {
-                const int64_t t = 16 * g + j;
-                const osp_q8b_block *x = t < n ? a + t * a_stride + b : NULL;
-                for (int k4 = 0; k4 < 8; k4++) {
-                    if (x) memcpy(&o->qs[k4][4 * j], x->qs + 4 * k4, 4);
-                    else memset(&o->qs[k4][4 * j], 0, 4);
-                }
-                o->d[j] = x ? x->d : 0.0f, o->s[j] = x ? x->s : 0.0f, o->n128[j] = x ? x->n128 : 0;
-            }
-        }
 }
 
 /* ---- the portable kernels ------------------------------------------------------------------------ */
@@ -624,112 +604,6 @@ GEMV16_KERNEL(gemv16_q4_0, 18, 4, 2, 0, 4, 0)
 GEMV16_KERNEL(gemv16_q4_1, 20, 4, 4, 0, -1, 1)
 GEMV16_KERNEL(gemv16_q5_0, 22, 5, 6, 2, 3, 0)
 GEMV16_KERNEL(gemv16_q5_1, 24, 5, 8, 4, -1, 1)
-
-/* ---- AMX strips: TDPBUSD forms a block's 16 rows x 16 tokens int32 sums at once ----
- * Per chunk of AMX_CB blocks the 16 rows' codes are unpacked (the strips' U_* registers: rows 2 q and
- * 2 q + 1 in one register, stored as tile rows of 32 bytes) and their scales gathered; then per block and
- * token group: the A tile (rows), the group's B tile, TDPBUSD into a zeroed C tile, C to memory, and per
- * row the float steps with the 16 tokens in the lanes: correction, conversion, dw d_a (the same product as
- * everywhere), FMA, min FMA. Accumulators [group][row][token] stay in L1 between blocks. */
-#define TGT8B_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,amx-tile,amx-int8")))
-#define AMX_CB 16
-typedef struct amx_cfg { /* LDTILECFG's 64-byte operand, palette 1 */
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_cfg;
-#define AMX8B_KERNEL(NAME, UC, BYTES, MIN, CSH)                                                    \
-    TGT8B_AMX static void NAME(const void *w, size_t rb, int64_t nb, const osp_q8b_amx *pk, int64_t n, float *y, \
-                               int64_t ys) {                                                       \
-        const __m512i nib_shift = NIB_SHIFT8B;                                                     \
-        (void)nib_shift;                                                                           \
-        _Alignas(64) amx_cfg cfg;                                                                  \
-        memset(&cfg, 0, sizeof cfg);                                                               \
-        cfg.palette = 1;                                                                           \
-        /* C (tiles 0, 3, 4, 5): 16 rows x 16 tokens' int32; A (1): 16 rows x 32 codes; B (2, 6): 8 x (16 \
-           tokens x 4 codes) */                                                                    \
-        for (int t_ = 0; t_ < 7; t_++) cfg.rows[t_] = t_ == 2 || t_ == 6 ? 8 : 16, cfg.colsb[t_] = t_ == 1 ? 32 : 64; \
-        _tile_loadconfig(&cfg);                                                                    \
-        const int64_t ng = (n + 15) / 16;                                                          \
-        _Alignas(64) float acc[OSP_Q8B_STRIP_TOKENS / 16][16][16];                                 \
-        _Alignas(64) uint8_t ua[AMX_CB][16][32];                                                   \
-        _Alignas(64) float dws[AMX_CB][16], ms[AMX_CB][16];                                        \
-        _Alignas(64) int32_t cb[2][OSP_Q8B_STRIP_TOKENS / 16][16][16];                             \
-        (void)ms;                                                                                  \
-        const __m512i rowoff = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
-                                                  _mm512_set1_epi32((int)rb));                     \
-        for (int64_t b0 = 0; b0 < nb; b0 += AMX_CB) {                                              \
-            const int64_t cn = nb - b0 < AMX_CB ? nb - b0 : AMX_CB;                                \
-            for (int64_t i = 0; i < cn; i++) {                                                     \
-                const uint8_t *p = (const uint8_t *)w + (size_t)(b0 + i) * (BYTES);                \
-                UNROLL8B for (int q = 0; q < 8; q++)                                               \
-                    _mm512_store_si512((void *)ua[i][2 * q], UC(p + (size_t)(2 * q) * rb, p + (size_t)(2 * q + 1) * rb)); \
-                const __m512i dmv = _mm512_i32gather_epi32(rowoff, (const void *)p, 1);            \
-                _mm512_store_ps(dws[i], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dmv)));              \
-                if (MIN) _mm512_store_ps(ms[i], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dmv, 16)))); \
-            }                                                                                      \
-            /* block i's tile products (its <= 4 groups in 4 C tiles, stored to cb[i % 2]) are issued   \
-               before block i - 1's float steps read what the tiles stored for it */               \
-            for (int64_t i = 0; i <= cn; i++) {                                                    \
-                if (i < cn) {                                                                      \
-                    const osp_q8b_amx *pb = pk + b0 + i;                                           \
-                    int32_t(*c)[16][16] = cb[i & 1];                                               \
-                    _tile_loadd(1, ua[i], 32);                                                     \
-                    { _tile_zero(0); _tile_loadd(2, pb->qs, 64); _tile_dpbusd(0, 1, 2); }              \
-                    if (ng > 1) { _tile_zero(3); _tile_loadd(6, pb[nb].qs, 64); _tile_dpbusd(3, 1, 6); } \
-                    if (ng > 2) { _tile_zero(4); _tile_loadd(2, pb[2 * nb].qs, 64); _tile_dpbusd(4, 1, 2); } \
-                    if (ng > 3) { _tile_zero(5); _tile_loadd(6, pb[3 * nb].qs, 64); _tile_dpbusd(5, 1, 6); } \
-                    _tile_stored(0, c[0], 64);                                                     \
-                    if (ng > 1) _tile_stored(3, c[1], 64);                                         \
-                    if (ng > 2) _tile_stored(4, c[2], 64);                                         \
-                    if (ng > 3) _tile_stored(5, c[3], 64);                                         \
-                }                                                                                  \
-                if (i == 0) continue;                                                              \
-                const int64_t bi = i - 1, b = b0 + bi;                                             \
-                for (int64_t g = 0; g < ng; g++) {                                                 \
-                    const osp_q8b_amx *pg = pk + g * nb + b;                                       \
-                    const int32_t(*c)[16] = cb[bi & 1][g];                                         \
-                    const __m512 dv = _mm512_load_ps(pg->d), sv = (MIN) ? _mm512_load_ps(pg->s) : _mm512_setzero_ps(); \
-                    const __m512i corr = (CSH) >= 0 ? _mm512_srai_epi32(_mm512_load_si512((const void *)pg->n128), (CSH) < 0 ? 0 : (CSH)) \
-                                                    : _mm512_setzero_si512();                      \
-                    UNROLL8B for (int r = 0; r < 16; r++) {                                        \
-                        __m512i I = _mm512_load_si512((const void *)c[r]);                         \
-                        if ((CSH) >= 0) I = _mm512_add_epi32(I, corr);                             \
-                        __m512 A = b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(acc[g][r]);       \
-                        A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(_mm512_set1_ps(dws[bi][r]), dv), A); \
-                        if (MIN) A = _mm512_fmadd_ps(_mm512_set1_ps(ms[bi][r]), sv, A);            \
-                        _mm512_store_ps(acc[g][r], A);                                             \
-                    }                                                                              \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        _tile_release();                                                                           \
-        STRIP8B_NOWARN_BEGIN                                                                       \
-        for (int64_t j = 0; j < n; j++)                                                            \
-            for (int r = 0; r < 16; r++) y[j * ys + r] = nb ? acc[j / 16][r][j % 16] : 0.0f;       \
-        STRIP8B_NOWARN_END                                                                         \
-    }
-AMX8B_KERNEL(amx8b_q8_0, U_Q8_0, 34, 0, 0)
-AMX8B_KERNEL(amx8b_q4_0, U_Q4_0, 18, 0, 4)
-AMX8B_KERNEL(amx8b_q4_1, U_Q4_1, 20, 1, -1)
-AMX8B_KERNEL(amx8b_q5_0, U_Q5_0, 22, 0, 3)
-AMX8B_KERNEL(amx8b_q5_1, U_Q5_1, 24, 1, -1)
-
-/* AMX-TILE and AMX-INT8 (CPUID.(EAX=7, ECX=0):EDX bits 24, 25), and the kernel's permission for this
- * process to use the tile data state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 18;
- * without it the first tile instruction faults). Asked once; OSPREY_CPU_AMX=0 turns AMX off. */
-static bool amx_usable(void) {
-    static int state; /* 0 unknown, 1 usable, -1 not (a race asks twice; the answer is the same) */
-    int st = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (st) return st > 0;
-    bool ok = false;
-    const char *e = getenv("OSPREY_CPU_AMX");
-    unsigned a, b, c, d;
-    if (!(e && !strcmp(e, "0")) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1))
-        ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-    __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
-    return ok;
-}
 #endif
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
@@ -766,14 +640,6 @@ osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type) {
 osp_qdot8b_strip_fn osp_qdot8b_strip_for(uint32_t type) {
 #ifdef OSP_X86
     if (have_vnni()) PICK5(strip8b_, )
-#endif
-    (void)type;
-    return NULL;
-}
-
-osp_qdot8b_amx_fn osp_qdot8b_amx_for(uint32_t type) {
-#ifdef OSP_X86
-    if (have_vnni() && amx_usable()) PICK5(amx8b_, )
 #endif
     (void)type;
     return NULL;

@@ -102,32 +102,6 @@ void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, i
 /* The strip for `type` on this CPU, or NULL (no AVX512-VNNI, or a type without the mode). */
 osp_qdot8b_strip_fn osp_qdot8b_strip_for(uint32_t type);
 
-/* AMX (Intel Advanced Matrix Extensions, AMX-INT8; Intel ISA extensions reference, chapter 3): a strip of
- * 16 weight rows against up to OSP_Q8B_STRIP_TOKENS tokens with TDPBUSD forming, per block, the 16 rows x
- * 16 tokens exact int32 sums I of qdot8b.h in one instruction (the strips' 8 vpdpbusd a token); the float
- * steps then run with the 16 tokens in the lanes, each (row, token) the same chain as every other kernel.
- * The tokens go in once per matmul as osp_q8b_amx groups: block b of tokens 16 g .. 16 g + 15 is
- * pk[g * nb + b], qs in TDPBUSD's B layout (row k4, bytes 4 j .. 4 j + 3: token j's codes 4 k4 .. 4 k4 + 3),
- * the tokens' d, s and n128 beside it; tokens past n are zeros. 704 bytes, 64-aligned: 4 groups of a
- * block take the bytes of 64 osp_q8b_block (the backend reuses its block-major buffer). */
-typedef struct osp_q8b_amx {
-    _Alignas(64) int8_t qs[8][64];
-    float d[16], s[16];
-    int32_t n128[16];
-} osp_q8b_amx;
-_Static_assert(sizeof(osp_q8b_amx) == 704 && 4 * sizeof(osp_q8b_amx) == 64 * sizeof(osp_q8b_block), "the AMX pack's size");
-/* pk[g * nb + b] <- block b (b < nb) of tokens 16 g + j (j < 16, a + (16 g + j) * a_stride), zeros past n;
- * ceil(n / 16) groups. */
-void osp_q8b_amx_pack(const osp_q8b_block *a, int64_t a_stride, int64_t nb, int64_t n, osp_q8b_amx *pk);
-/* y[j * ys + r] = dot(row r, token j) for r < 16, j < n <= OSP_Q8B_STRIP_TOKENS, from packs pk (nb blocks
- * a group), bit-identical to the one-token kernel. Must run on a thread that may use AMX (the permission
- * is asked for once by osp_qdot8b_amx_for). */
-typedef void (*osp_qdot8b_amx_fn)(const void *w, size_t row_bytes, int64_t nb, const osp_q8b_amx *pk, int64_t n,
-                                  float *y, int64_t ys);
-/* The AMX strip for `type` where this CPU has AMX-INT8, the kernel lets this process use it
- * (arch_prctl ARCH_REQ_XCOMP_PERM, asked once) and OSPREY_CPU_AMX is not 0; else NULL. */
-osp_qdot8b_amx_fn osp_qdot8b_amx_for(uint32_t type);
-
 /* A tile: one weight row (nb blocks at w) against n tokens of packs: token j in pack row
  * pk + (j / 8) * nb, y[j * ys] = dot(w, token j) for j < n, bit-identical to the one-token kernel
  * whatever the packs' other tokens hold. */
