@@ -308,37 +308,32 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
 }
 
 /* One part's rows rr0..rr1 on one-level activations (xqk for the K-quants, in super-blocks of 256; xqb
- * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: one token by the GEMV,
- * more by strips of 16 rows over up to OSP_CPU_STRIP_TOKENS tokens at a time, the one-token kernel for
- * the last rows % 16. Otherwise
- * tiles of 16 and 8 tokens, then the last 3-7 in one narrower tile (4, 6 or 8 tokens, reading spare rows
- * past R: its outputs past the real tokens go to this thread's scratch and are dropped), then 1-2 tokens
- * by GEMV. Every kernel gives the one-token kernel's bits (qdot8k.h, qdot8b.h), so the split is
- * invisible. */
+ * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: the tokens in chunks of
+ * up to OSP_Q8B_STRIP_TOKENS, a chunk of one by the GEMV, a larger one by strips of 16 rows (the
+ * one-token kernel for the last rows % 16). Otherwise tiles of 16 and 8 tokens, then the last 3-7 in one
+ * narrower tile (4, 6 or 8 tokens, reading spare rows past R: its outputs past the real tokens go to this
+ * thread's scratch and are dropped), then 1-2 tokens by GEMV. Every kernel gives the one-token kernel's
+ * bits (qdot8k.h, qdot8b.h), so the split is invisible. */
 static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K, int64_t R, int64_t N, int64_t rr0,
                             int64_t rr1, float *yp, int ith) {
     const uint8_t *wb = p->data;
     const bool k8 = osp_qdot8k_supports(p->type); /* else blocks of 32 */
     const int64_t nb = k8 ? K / OSP_Q8K_BLOCK : K / OSP_Q8B_BLOCK;
     const osp_qdot8b_strip_fn strip = k8 ? NULL : osp_qdot8b_strip_for(p->type);
-    if (strip && 15 * p->row_bytes < (size_t)INT32_MAX) { /* the strip gathers its scales at int32 offsets */
+    if (strip && 15 * p->row_bytes < (size_t)INT32_MAX) { /* strips and GEMV gather scales at int32 offsets */
         const osp_qdot8b_fn one = osp_qdot8b_for(p->type);
-        if (R == 1) { /* one token: the GEMV (the strips' arithmetic on the weights as they lie) */
-            osp_qdot8b_gemv_for(p->type)(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqb, nb, yp + rr0, rr1 - rr0);
-            return;
-        }
+        const osp_qdot8b_gemv_fn gemv = osp_qdot8b_gemv_for(p->type);
+        osp_q8b_block *bm = c->xqbt + (size_t)ith * OSP_Q8B_STRIP_TOKENS * (size_t)c->xqbt_nb;
         for (int64_t t = 0; t < R; t += OSP_Q8B_STRIP_TOKENS) {
             const int64_t n = R - t < OSP_Q8B_STRIP_TOKENS ? R - t : OSP_Q8B_STRIP_TOKENS;
-            /* this thread's block-major copy of the n tokens (a token alone is its row as it is) */
-            const osp_q8b_block *a = c->xqb + t * nb;
-            if (n > 1) {
-                osp_q8b_block *bm = c->xqbt + (size_t)ith * OSP_Q8B_STRIP_TOKENS * (size_t)c->xqbt_nb;
-                osp_q8b_block_major(a, nb, nb, n, bm);
-                a = bm;
+            if (n == 1) { /* the strips' arithmetic on the weights as they lie */
+                gemv(wb + (size_t)rr0 * p->row_bytes, p->row_bytes, c->xqb + t * nb, nb, yp + t * N + rr0, rr1 - rr0);
+                continue;
             }
+            osp_q8b_block_major(c->xqb + t * nb, nb, nb, n, bm); /* this thread's copy of the n tokens */
             int64_t rr = rr0;
             for (; rr + OSP_Q8B_STRIP_ROWS <= rr1; rr += OSP_Q8B_STRIP_ROWS)
-                strip(wb + (size_t)rr * p->row_bytes, p->row_bytes, nb, a, n, yp + t * N + rr, N);
+                strip(wb + (size_t)rr * p->row_bytes, p->row_bytes, nb, bm, n, yp + t * N + rr, N);
             for (; rr < rr1; rr++)
                 for (int64_t k = t; k < t + n; k++) yp[k * N + rr] = one(wb + (size_t)rr * p->row_bytes, c->xqb + k * nb, nb);
         }
@@ -346,7 +341,7 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
     }
     /* this thread's share of the pack buffer, made for two 8-token two-level packs (2 x 1088 bytes a block
      * of 32): it holds two one-level packs with room to spare (2 x 2752 bytes a super-block of 256, 2 x 576
-     * a block of 32), or a token's GEMV pairs */
+     * a block of 32) */
     void *pk = c->pack + (size_t)ith * OSP_CPU_PACK_GROUPS * (size_t)c->pack_nb;
     osp_q8k_pack *pkk = pk;
     osp_q8b_pack *pkb = pk;

@@ -78,7 +78,8 @@ _Static_assert(sizeof(osp_q8b_pair) == 128 && sizeof(osp_q8b_pack) == 576, "the 
  * (the codes' storage depends on it). pk 64-aligned. */
 void osp_pack_q8b(uint32_t type, const osp_q8b_block *a, int64_t a_stride, int64_t nb, osp_q8b_pack *pk);
 /* y[r] = dot(w + r * row_bytes, a, nb) for r < nrows (one token against nrows weight rows), each
- * bit-identical to osp_qdot8b_for(type). */
+ * bit-identical to osp_qdot8b_for(type). 15 row_bytes < 2^31 (AVX512-VNNI gathers the scales of 16 rows at
+ * int32 offsets, as the strips do). */
 typedef void (*osp_qdot8b_gemv_fn)(const void *w, size_t row_bytes, const osp_q8b_block *a, int64_t nb, float *y,
                                    int64_t nrows);
 /* The GEMV for `type` on this CPU (AVX512-VNNI: 16 rows a pass with the weights as they lie, 4 rows' blocks
@@ -90,9 +91,10 @@ osp_qdot8b_gemv_fn osp_qdot8b_gemv_for(uint32_t type);
 /* A strip (AVX512-VNNI): 16 weight rows (w + r * row_bytes, r < 16, nb blocks each) against n tokens,
  * 1 <= n <= OSP_Q8B_STRIP_TOKENS, whose blocks are block-major: block b of token j at a[b * n + j]
  * (osp_q8b_block_major; for n = 1 that is the token's row as quantized): y[j * ys + r] = dot(row r,
- * token j), each bit-identical to the one-token kernel. Per block the 16 rows' 32 values are transposed
- * once into 8 registers (lane r: row r's values 4k..4k+3), then each token costs 8 vpdpbusd against its
- * codes broadcast 4 at a time, one conversion, the dw d_a product and the FMA(s) for all 16 rows. */
+ * token j), each bit-identical to the one-token kernel; 15 row_bytes < 2^31 (the scales are gathered at
+ * int32 offsets). Per block the 16 rows' 32 values are transposed once into 8 registers (lane r: row r's
+ * values 4k..4k+3), then each token costs 8 vpdpbusd against its codes broadcast 4 at a time, one
+ * conversion, the dw d_a product and the FMA(s) for all 16 rows. */
 typedef void (*osp_qdot8b_strip_fn)(const void *w, size_t row_bytes, int64_t nb, const osp_q8b_block *a, int64_t n,
                                     float *y, int64_t ys);
 #define OSP_Q8B_STRIP_ROWS 16

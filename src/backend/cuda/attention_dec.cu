@@ -618,7 +618,6 @@ osp_status launch_d(const Params &prm, dim3 grid, int nq, int kv, int stages, cu
 
 int dec_rows(int group) { return group <= 8 ? 8 : group <= 16 ? 16 : 0; }
 
-/* NVFP4 4 stages: B 8 x 32k on the H100, 2 / 3 / 4 stages 216 / 223 / 197 us (bench/kv/NOTES.md); the others 3 */
 int dec_default_stages(int kv) { return kv == OSP_CUDA_DEC_NVFP4 ? 4 : 3; }
 
 int dec_smem_bytes(int D, int kv, int rows, int stages) { return smem_of(D, kv, rows > 8 ? 2 : 1, stages); }

@@ -18,9 +18,8 @@ int dec_rows(int group);
 enum { OSP_CUDA_DEC_F16 = 0, OSP_CUDA_DEC_FP8 = 1, OSP_CUDA_DEC_NVFP4 = 2 };
 /* dynamic shared memory of one v4 CTA, bytes */
 int dec_smem_bytes(int D, int kv, int rows, int stages);
-/* K/V stages in flight by default: 3 for every page kind (f16 and E4M3: measured best at B 8, 32k on
- * an H100, bench/gpu/NOTES.md; NVFP4, whose stages are all its tile now: 3 keep the decode kernel's 5
- * CTAs an SM at D 128 and 8 rows, which 4 would cut to 4; not yet measured against 2 and 4) */
+/* K/V stages in flight by default, measured best at B 8, 32k on an H100: f16 and E4M3 pages 3
+ * (bench/gpu/NOTES.md), NVFP4 pages 4 (216 / 223 / 197 us at 2 / 3 / 4; bench/kv/NOTES.md) */
 int dec_default_stages(int kv);
 /* Launches v4 over prm (prm.tl tiled with dec_rows rows), grid (tiles, KV heads x head chunks, fold ? 1
  * : n_groups). Split mode (fold false; the workspace, ws_stride, chunks_per_cta set): writes every
