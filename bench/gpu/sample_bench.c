@@ -6,7 +6,8 @@
  * LOGITS_FILE (default /tmp/sample_logits.bin, [256, vocab] fp32) so bench/gpu/sample_torch.py times
  * PyTorch on the same values. Every row has its own seed and output position, fixed across calls.
  * One JSON line per (setting, B): {"sampler":"osprey","setting":...,"batch":B,"us":...}.
- * Usage: sample_bench [vocab reps] */
+ * Usage: sample_bench [vocab reps]; SAMPLE_SETTINGS=i,j,... (indices into SETTINGS) and SAMPLE_BATCHES=b,...
+ * (of the batch sizes above) run only those, e.g. under ncu. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,18 @@ static const setting SETTINGS[] = {
     {"top_k=50", 1.0f, 1.0f, 0.0f, 50},
 };
 
+/* Whether v is one of the comma-separated integers in list. */
+static int listed(const char *list, int v) {
+    for (const char *p = list; *p;) {
+        char *end;
+        const long x = strtol(p, &end, 10);
+        if (end == p) return 0;
+        if (x == v) return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const int32_t vocab = argc > 1 ? atoi(argv[1]) : 128256;
     const int reps = argc > 2 ? atoi(argv[2]) : 200;
@@ -92,8 +105,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "sample_bench: vocab %d, %d calls a figure, scratch %.1f MiB for %d rows, PDL %s\n", vocab, reps,
             scratch / 1048576.0, MAX_B, osp_cuda_pdl_enabled() ? "on" : "off");
     static const int batches[] = {1, 8, 32, 128, 256};
+    const char *only_s = getenv("SAMPLE_SETTINGS"), *only_b = getenv("SAMPLE_BATCHES");
     for (size_t si = 0; si < sizeof SETTINGS / sizeof SETTINGS[0]; si++) {
         const setting *S = &SETTINGS[si];
+        if (only_s && !listed(only_s, (int)si)) continue;
         osp_cuda_sample_row rows[MAX_B];
         memset(rows, 0, sizeof rows);
         for (int r = 0; r < MAX_B; r++) {
@@ -107,6 +122,7 @@ int main(int argc, char **argv) {
         CHECK(osp_cuda_h2d(d_rows, rows, sizeof rows, stream));
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             const int B = batches[bi];
+            if (only_b && !listed(only_b, B)) continue;
             for (int i = 0; i < 5; i++)
                 CHECK(osp_cuda_sample(d_logits, vocab, d_rows, B, NULL, NULL, NULL, d_scratch, d_tok, d_st, NULL,
                                       stream));

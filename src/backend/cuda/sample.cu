@@ -61,9 +61,8 @@ constexpr int kItems = 8;                 /* consecutive values per thread in or
 constexpr int kUnroll = 16;               /* loads in flight per thread in striped passes */
 constexpr int kChunk = kThreads * kItems; /* values per chunk of an ordered pass */
 constexpr int kBins = 1024;               /* radix select: 10 bits per level */
-constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int32_t kMaxVocab = 1 << 30;
-static_assert(kBins % kThreads == 0, "radix bins must split evenly over the block");
+static_assert(kBins % kThreads == 0, "radix bins must split evenly over the block (and a warp)");
 static_assert(kItems % 4 == 0, "ordered passes load float4s");
 
 /* ---- Philox4x32-10 (rng.c, Salmon et al. SC 2011) ------------------------------------------------ */
@@ -209,6 +208,64 @@ __device__ T block_exclusive_sum(T x, T *total, Shared &s) {
     return out;
 }
 
+/* Who runs the working-view algorithms below (draws, counts, compaction, radix select): the whole block
+ * (BlockGrp), or warp 0 alone (WarpGrp) for small views, where a block's barriers cost more than the
+ * work (see kWarpView). The same steps in the same order over the view; each member (thread or lane)
+ * owns the same kind of pieces (kItems consecutive values of a chunk of N x kItems, or the striped
+ * groups of for_each), so only the trees that combine the members' partial sums differ: a row's
+ * result depends on which group ran it, and that is chosen from the row's own view size alone. */
+struct BlockGrp {
+    static constexpr int N = kThreads;
+    __device__ static int rank() { return (int)threadIdx.x; }
+    __device__ static void sync() { __syncthreads(); }
+    template <typename T, typename Op>
+    __device__ static T reduce(T x, Op op, Shared &s) { return block_reduce(x, op, s); }
+    template <typename T>
+    __device__ static T exsum(T x, T *total, Shared &s) { return block_exclusive_sum(x, total, s); }
+};
+
+/* x from lane (this lane ^ mask), word by word (any trivially copyable T of whole 32-bit words). */
+template <typename T>
+__device__ __forceinline__ T shfl_xor_words(const T &x, int mask) {
+    static_assert(sizeof(T) % 4 == 0, "whole words");
+    uint32_t w[sizeof(T) / 4];
+    memcpy(w, &x, sizeof(T));
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 4); i++) w[i] = __shfl_xor_sync(0xFFFFFFFFu, w[i], mask);
+    T r;
+    memcpy(&r, w, sizeof(T));
+    return r;
+}
+
+struct WarpGrp { /* called by the 32 lanes of warp 0 together, nobody else */
+    static constexpr int N = 32;
+    __device__ static int rank() { return (int)(threadIdx.x & 31u); }
+    __device__ static void sync() { __syncwarp(); }
+    /* a butterfly: each step combines a lane's value with its partner's, op(a, b) and op(b, a) being
+     * equal for these commutative ops, so every lane ends with the same bits */
+    template <typename T, typename Op>
+    __device__ static T reduce(T x, Op op, Shared &) {
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) x = op(x, shfl_xor_words(x, m));
+        return x;
+    }
+    /* exclusive prefix sum over lanes (Kogge-Stone), *total the sum of all, the same on every lane */
+    template <typename T>
+    __device__ static T exsum(T x, T *total, Shared &) {
+        const int lane = rank();
+        T incl = x;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const T y = __shfl_up_sync(0xFFFFFFFFu, incl, d);
+            if (lane >= d) incl = incl + y;
+        }
+        *total = __shfl_sync(0xFFFFFFFFu, incl, 31);
+        const T excl = __shfl_up_sync(0xFFFFFFFFu, incl, 1);
+        __syncwarp(); /* as the block's scan: every lane's earlier reads are done */
+        return lane ? excl : (T)0;
+    }
+};
+
 /* ---- the working view (reject.c's `view`) --------------------------------------------------------- */
 
 /* w[0..n): the weights, candidates compacted to the front; ids[i] their token ids once have_ids
@@ -228,39 +285,39 @@ __device__ __forceinline__ int view_id(const View &v, int i) { return v.have_ids
  * groups tid, tid + 512, ... (then the tail's i = 4 * (n / 4) + tid), 8 float4 loads in flight, so one
  * block streams a 128k row from L2 at several times the rate of scalar loads; else i = tid, tid + 512,
  * ..., kUnroll scalar loads at a time. Which one depends only on x and n (block-uniform). */
-template <typename F>
+template <typename G, typename F>
 __device__ __forceinline__ void for_each(const float *x, int n, F f) {
     constexpr int kU4 = 8;
     if ((reinterpret_cast<uintptr_t>(x) & 15u) == 0) {
         const int n4 = n / 4;
         const float4 *x4 = reinterpret_cast<const float4 *>(x);
-        for (int base = threadIdx.x; base < n4; base += kU4 * kThreads) {
+        for (int base = G::rank(); base < n4; base += kU4 * G::N) {
             float4 v[kU4];
 #pragma unroll
             for (int u = 0; u < kU4; u++) {
-                const int i = base + u * kThreads;
+                const int i = base + u * G::N;
                 v[u] = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             }
 #pragma unroll
             for (int u = 0; u < kU4; u++) {
-                const int i = base + u * kThreads;
+                const int i = base + u * G::N;
                 if (i < n4) f(4 * i, v[u].x), f(4 * i + 1, v[u].y), f(4 * i + 2, v[u].z), f(4 * i + 3, v[u].w);
             }
         }
-        const int i = 4 * n4 + (int)threadIdx.x;
+        const int i = 4 * n4 + G::rank();
         if (i < n) f(i, x[i]);
         return;
     }
-    for (int base = threadIdx.x; base < n; base += kUnroll * kThreads) {
+    for (int base = G::rank(); base < n; base += kUnroll * G::N) {
         float v[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
-            const int i = base + u * kThreads;
+            const int i = base + u * G::N;
             v[u] = i < n ? x[i] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
-            const int i = base + u * kThreads;
+            const int i = base + u * G::N;
             if (i < n) f(i, v[u]);
         }
     }
@@ -283,21 +340,23 @@ __device__ __forceinline__ void load_items(const T *a, int n, int first, T x[kIt
 }
 
 /* Counts and masses of the view above p0 and above p1 (reject.c's aggregate2). */
+template <typename G>
 __device__ Agg aggregate2(const View &v, float p0, float p1, Shared &s) {
     Agg a{0, 0, 0.0, 0.0};
-    for_each(v.w, v.n, [&](int, float x) {
+    for_each<G>(v.w, v.n, [&](int, float x) {
         if (x > p0) a.c0++, a.m0 += (double)x;
         if (x > p1) a.c1++, a.m1 += (double)x;
     });
-    return block_reduce(a, AggOp(), s);
+    return G::reduce(a, AggOp(), s);
 }
 
 /* Moves the candidates {w > lo} to the front, keeping their order (stable, in place: a chunk is read
  * entirely before any of it is written, and writes never pass the chunk being read). */
+template <typename G>
 __device__ void compact(View &v, float lo, Shared &s) {
     int m = 0;
-    for (int base = 0; base < v.n; base += kChunk) {
-        const int first = base + (int)threadIdx.x * kItems;
+    for (int base = 0; base < v.n; base += G::N * kItems) {
+        const int first = base + G::rank() * kItems;
         float x[kItems];
         int id[kItems];
         load_items<float, float4>(v.w, v.n, first, x);
@@ -309,7 +368,7 @@ __device__ void compact(View &v, float lo, Shared &s) {
             cnt += x[j] > lo; /* padding is 0, never > lo >= 0 */
         }
         int total;
-        int pos = m + block_exclusive_sum(cnt, &total, s); /* every thread has read its chunk */
+        int pos = m + G::exsum(cnt, &total, s); /* every thread has read its chunk */
 #pragma unroll
         for (int j = 0; j < kItems; j++)
             if (x[j] > lo) {
@@ -319,23 +378,25 @@ __device__ void compact(View &v, float lo, Shared &s) {
             }
         m += total;
     }
-    __syncthreads(); /* the compacted view is visible to every thread */
+    G::sync(); /* the compacted view is visible to every thread */
     v.n = m;
     v.have_ids = true;
     v.ids_used = v.ids_used > m ? v.ids_used : m;
 }
 
 /* reject.c's rule: compact when the candidates are under half of a view of more than 256. */
+template <typename G>
 __device__ void maybe_compact(View &v, float lo, int count_lo, Shared &s) {
-    if (v.n > 256 && 2ll * count_lo < (long long)v.n) compact(v, lo, s);
+    if (v.n > 256 && 2ll * count_lo < (long long)v.n) compact<G>(v, lo, s);
 }
 
 /* The view position where the running mass of {w > lo}, in view order, first exceeds target (inverse
  * CDF); the last candidate if rounding leaves target beyond the total (0 if there is none). */
+template <typename G>
 __device__ int draw_index(const View &v, float lo, double target, Shared &s) {
     double running = 0.0;
-    for (int base = 0; base < v.n; base += kChunk) {
-        const int first = base + (int)threadIdx.x * kItems;
+    for (int base = 0; base < v.n; base += G::N * kItems) {
+        const int first = base + G::rank() * kItems;
         float x[kItems];
         load_items<float, float4>(v.w, v.n, first, x);
         double tsum = 0.0;
@@ -345,12 +406,12 @@ __device__ int draw_index(const View &v, float lo, double target, Shared &s) {
             tsum += (double)x[j];
         }
         double total;
-        const double excl = running + block_exclusive_sum(tsum, &total, s);
+        const double excl = running + G::exsum(tsum, &total, s);
         if (running + total > target) { /* block-uniform: the crossing is in this chunk */
-            int owner = block_reduce(tsum > 0.0 && excl + tsum > target ? (int)threadIdx.x : kThreads, MinIntOp(), s);
-            if (owner == kThreads) /* rounding: the prefix sums disagree by an ulp; take the last mass */
-                owner = block_reduce(tsum > 0.0 ? (int)threadIdx.x : -1, MaxIntOp(), s);
-            if ((int)threadIdx.x == owner) {
+            int owner = G::reduce(tsum > 0.0 && excl + tsum > target ? G::rank() : G::N, MinIntOp(), s);
+            if (owner == G::N) /* rounding: the prefix sums disagree by an ulp; take the last mass */
+                owner = G::reduce(tsum > 0.0 ? G::rank() : -1, MaxIntOp(), s);
+            if (G::rank() == owner) {
                 double acc = excl;
                 int pick = first;
 #pragma unroll
@@ -361,80 +422,83 @@ __device__ int draw_index(const View &v, float lo, double target, Shared &s) {
                     }
                 s.bcast[0] = pick;
             }
-            __syncthreads();
+            G::sync();
             const int j = s.bcast[0];
-            __syncthreads();
+            G::sync();
             return j;
         }
         running += total;
     }
     int last = -1;
-    for_each(v.w, v.n, [&](int i, float x) {
+    for_each<G>(v.w, v.n, [&](int i, float x) {
         if (x > lo) last = i;
     });
-    last = block_reduce(last, MaxIntOp(), s);
+    last = G::reduce(last, MaxIntOp(), s);
     return last > 0 ? last : 0;
 }
 
 /* The k-th largest weight among {w > lo} (more than k of them), exactly: reject.c's radix select on
  * the float bit patterns, three levels of 10 bits, compacting the view after the first level. */
+template <typename G>
 __device__ float kth_largest(View &v, float lo, int k, Shared &s) {
     uint32_t prefix = 0; /* bits of the k-th value fixed so far */
     int need = k;        /* its rank among the values that share the prefix */
     for (int level = 0; level < 3; level++) {
         const int sh = 20 - 10 * level;
-        for (int b = threadIdx.x; b < kBins; b += kThreads) s.hist[b] = 0;
-        __syncthreads();
-        for_each(v.w, v.n, [&](int, float x) {
+        for (int b = G::rank(); b < kBins; b += G::N) s.hist[b] = 0;
+        G::sync();
+        for_each<G>(v.w, v.n, [&](int, float x) {
             const uint32_t bits = __float_as_uint(x);
             if (x > lo && (level == 0 || (bits >> (sh + 10)) == prefix)) atomicAdd(&s.hist[(bits >> sh) & 1023u], 1u);
         });
-        __syncthreads();
-        /* bins in descending order: thread t holds positions t * kBinsPerThread + j */
-        int h[kBinsPerThread], hs = 0;
+        G::sync();
+        /* bins in descending order: member t holds positions t * kBins / N + j */
+        constexpr int kPer = kBins / G::N;
+        int h[kPer], hs = 0;
 #pragma unroll
-        for (int j = 0; j < kBinsPerThread; j++) {
-            h[j] = (int)s.hist[kBins - 1 - ((int)threadIdx.x * kBinsPerThread + j)];
+        for (int j = 0; j < kPer; j++) {
+            h[j] = (int)s.hist[kBins - 1 - (G::rank() * kPer + j)];
             hs += h[j];
         }
         int total;
-        int excl = block_exclusive_sum(hs, &total, s);
+        int excl = G::exsum(hs, &total, s);
 #pragma unroll
-        for (int j = 0; j < kBinsPerThread; j++) {
-            const int b = kBins - 1 - ((int)threadIdx.x * kBinsPerThread + j);
+        for (int j = 0; j < kPer; j++) {
+            const int b = kBins - 1 - (G::rank() * kPer + j);
             const int incl = excl + h[j];
             /* the first bin (from the top) where the count reaches `need`; bin 0 if none does (the
              * CPU's loop stops there): exactly one thread writes */
             if ((incl >= need || b == 0) && excl < need) s.bcast[0] = b, s.bcast[1] = need - excl, s.bcast[2] = incl;
             excl = incl;
         }
-        __syncthreads();
+        G::sync();
         const int bucket = s.bcast[0], at_or_above = s.bcast[2];
         need = s.bcast[1];
-        __syncthreads();
+        G::sync();
         prefix = (prefix << 10) | (uint32_t)bucket;
         if (level == 0) { /* keep the bucket and everything above it */
             const uint32_t first = prefix << 20;
             const float below = first ? __uint_as_float(first - 1u) : 0.0f;
             if (below > lo) lo = below;
-            maybe_compact(v, lo, at_or_above, s);
+            maybe_compact<G>(v, lo, at_or_above, s);
         }
     }
     return __uint_as_float(prefix);
 }
 
 /* View position of the m-th (0-based, view order) weight equal to `value`, or -1. */
+template <typename G>
 __device__ int nth_equal(const View &v, float value, int m, Shared &s) {
     int running = 0;
-    for (int base = 0; base < v.n; base += kChunk) {
-        const int first = base + (int)threadIdx.x * kItems;
+    for (int base = 0; base < v.n; base += G::N * kItems) {
+        const int first = base + G::rank() * kItems;
         float x[kItems];
         load_items<float, float4>(v.w, v.n, first, x);
         int cnt = 0;
 #pragma unroll
         for (int j = 0; j < kItems; j++) cnt += first + j < v.n && x[j] == value;
         int total;
-        const int excl = running + block_exclusive_sum(cnt, &total, s);
+        const int excl = running + G::exsum(cnt, &total, s);
         if (running + total > m) {
             if (excl <= m && m < excl + cnt) {
                 int left = m - excl;
@@ -445,9 +509,9 @@ __device__ int nth_equal(const View &v, float value, int m, Shared &s) {
                         left--;
                     }
             }
-            __syncthreads();
+            G::sync();
             const int j = s.bcast[0];
-            __syncthreads();
+            G::sync();
             return j;
         }
         running += total;
@@ -459,44 +523,48 @@ __device__ int nth_equal(const View &v, float value, int m, Shared &s) {
  * (weight descending, id ascending) order first exceeds u * mass. A binary search over the float
  * bit patterns finds the largest weight value x with mass{w >= x} > u * mass (a candidate's value);
  * within its tie group (view order = id order) the member is the one the CPU's running sum reaches. */
+template <typename G>
 __device__ int sorted_draw(const View &v, float cut, double u, Shared &s) {
-    const Agg g = aggregate2(v, cut, cut, s);
+    const Agg g = aggregate2<G>(v, cut, cut, s);
     const double t = u * g.m0;
     uint32_t a = __float_as_uint(cut) + 1u, b = __float_as_uint(1.0f); /* mass{w >= a} = g.m0 > t */
     while (a < b) {
         const uint32_t mid = a + (b - a + 1u) / 2u;
         const float x = __uint_as_float(mid);
-        const Agg h = aggregate2(v, nextafterf(x, 0.0f), x, s);
+        const Agg h = aggregate2<G>(v, nextafterf(x, 0.0f), x, s);
         if (h.m0 > t) a = mid;
         else b = mid - 1u;
     }
     const float val = __uint_as_float(a);
-    const Agg h = aggregate2(v, val, nextafterf(val, 0.0f), s); /* m0: mass above val; c1 - c0: ties */
+    const Agg h = aggregate2<G>(v, val, nextafterf(val, 0.0f), s); /* m0: mass above val; c1 - c0: ties */
     const int neq = h.c1 - h.c0;
     const double d = (t - h.m0) / (double)val;
     const int m = !(d > 0.0) ? 0 : d >= (double)(neq - 1) ? (neq > 0 ? neq - 1 : 0) : (int)floor(d);
-    const int j = neq > 0 ? nth_equal(v, val, m, s) : -1;
-    return view_id(v, j >= 0 ? j : draw_index(v, cut, t, s)); /* the second arm is unreachable */
+    const int j = neq > 0 ? nth_equal<G>(v, val, m, s) : -1;
+    return view_id(v, j >= 0 ? j : draw_index<G>(v, cut, t, s)); /* the second arm is unreachable */
 }
 
 /* reject.c's osp_reject_sample_ex on the view (weights with max exactly 1), the mass and count of
- * {w > lo} already known from the exponentiation pass. Returns the token id; *rounds as the CPU's. */
+ * {w > lo} already known from the exponentiation pass. Returns the token id; *rounds as the CPU's.
+ * kth_floor: a value at most top-k's threshold (0: none known) when top-k and top-p are both on; the
+ * radix select then skips the weights below it (the same threshold, fewer values to count). */
+template <typename G>
 __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int count_lo, double mass_lo,
                              uint64_t seed, uint32_t sample_index, uint64_t position, int max_rounds, int *rounds,
-                             Shared &s) {
+                             float kth_floor, Shared &s) {
     *rounds = 0;
     bool p_on = top_p < 1.0f;
     int k = top_k > 0 && top_k < count_lo ? top_k : 0;
     if (k == 1 || (p_on && top_p <= 0.0f)) { /* only the maximum and its ties */
         lo = nextafterf(1.0f, 0.0f);
-        const Agg g = aggregate2(v, lo, lo, s);
+        const Agg g = aggregate2<G>(v, lo, lo, s);
         count_lo = g.c0, mass_lo = g.m0;
         k = 0, p_on = false;
     }
     if (k && p_on) { /* top-k first: its threshold becomes the pivot, top-p by rejection inside it */
-        const float t = kth_largest(v, lo, k, s);
+        const float t = kth_largest<G>(v, fmaxf(lo, kth_floor), k, s);
         lo = nextafterf(t, 0.0f);
-        const Agg g = aggregate2(v, lo, lo, s);
+        const Agg g = aggregate2<G>(v, lo, lo, s);
         count_lo = g.c0, mass_lo = g.m0;
         k = 0;
     }
@@ -504,13 +572,13 @@ __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int coun
     float hi = 1.0f;
     for (int r = 0; r < max_rounds; r++) {
         const double u = uniform_at(seed, sample_index, position, (uint32_t)r);
-        maybe_compact(v, lo, count_lo, s);
-        const int j = draw_index(v, lo, u * mass_lo, s);
+        maybe_compact<G>(v, lo, count_lo, s);
+        const int j = draw_index<G>(v, lo, u * mass_lo, s);
         if (!k && !p_on) return view_id(v, j); /* min-p only (or nothing): one draw */
         const float q = v.w[j];
         *rounds = r + 1;
         const float p1 = __fmul_rn(0.5f, __fadd_rn(q, hi));
-        const Agg g = aggregate2(v, q, p1, s);
+        const Agg g = aggregate2<G>(v, q, p1, s);
         const bool acc0 = (!k || g.c0 < k) && (!p_on || g.m0 < target || q >= 1.0f);
         if (acc0) return view_id(v, j);
         const bool acc1 = (!k || g.c1 < k) && (!p_on || g.m1 < target || p1 >= 1.0f);
@@ -519,11 +587,11 @@ __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int coun
     }
     /* exact fallback on {w > lo}, an upper set holding every kept token */
     *rounds = max_rounds + 1;
-    compact(v, lo, s);
+    compact<G>(v, lo, s);
     const double u = uniform_at(seed, sample_index, position, OSP_REJECT_MAX_ROUNDS);
     float cut = lo;
     if (k) {
-        if (v.n > k) cut = nextafterf(kth_largest(v, lo, k, s), 0.0f);
+        if (v.n > k) cut = nextafterf(kth_largest<G>(v, lo, k, s), 0.0f);
     } else if (p_on) {
         /* the smallest x with mass{w > x} < target (mass measured over the whole filtered set: the
          * tokens removed so far all lie below the cut); it is kept, everything below is not */
@@ -531,12 +599,12 @@ __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int coun
         while (a < b) {
             const uint32_t mid = a + (b - a) / 2u;
             const float x = __uint_as_float(mid);
-            if (aggregate2(v, x, x, s).m0 < target) b = mid;
+            if (aggregate2<G>(v, x, x, s).m0 < target) b = mid;
             else a = mid + 1u;
         }
         cut = nextafterf(__uint_as_float(a), 0.0f);
     }
-    return sorted_draw(v, cut, u, s);
+    return sorted_draw<G>(v, cut, u, s);
 }
 
 /* ---- logprobs (logprobs.c) ------------------------------------------------------------------------ */
@@ -549,7 +617,7 @@ __device__ void fill_logprobs(const float *x, int vocab, int token, int num_top,
                               Shared &s) {
     const float chosen = x[token];
     LpAgg a{0.0, 0};
-    for_each(x, vocab, [&](int, float xi) {
+    for_each<BlockGrp>(x, vocab, [&](int, float xi) {
         a.sum += exp((double)__fsub_rn(xi, mx));
         a.above += xi > chosen;
     });
@@ -560,7 +628,7 @@ __device__ void fill_logprobs(const float *x, int vocab, int token, int num_top,
     for (int j = 0; j < n; j++) {
         /* the next in (value descending, id ascending) order after prev */
         ArgMax am{0.0f, -1};
-        for_each(x, vocab, [&](int i, float xi) {
+        for_each<BlockGrp>(x, vocab, [&](int i, float xi) {
             const bool after = prev.i < 0 || xi < prev.v || (xi == prev.v && i > prev.i);
             if (after && (am.i < 0 || xi > am.v)) am = ArgMax{xi, i};
         });
@@ -727,12 +795,14 @@ struct SlicePart {      /* one slice's results (scan: raw..nan0; select: c0..m0)
     int bad;            /* a non-finite raw logit in the slice; slice 0 also: a list entry out of range */
     int nan0;           /* slice 0 of a modified row: the processed w[0] is NaN (the CPU's scan fails) */
     int c0, list_n;     /* #{e > lo} in the slice; entries in its list */
-    int overflow, pad;  /* the list would exceed kListCap (ties): the row takes the one-block path */
+    int overflow;       /* the list would exceed kListCap (ties): the row takes the one-block path */
+    uint32_t thr;       /* the list holds the slice's e > lo with bits >= thr (list_n of them, not overflowed) */
     double m0;          /* sum{e > lo} over the slice, each thread's 8 in order, then the block's tree */
 };
 
 struct RowState {       /* a row's combined scan and the last-CTA tickets (zero between launches) */
     unsigned arrive_scan, arrive_select;
+    unsigned arrive_row, gen_row; /* row_barrier's count (zero between launches) and generation */
     int ok, greedy;
     float raw_v, best_v;
     int raw_i, best_i;
@@ -819,22 +889,15 @@ __device__ uint32_t list_threshold(const float e[kItems], float lo, int need, in
     return 0; /* unreachable */
 }
 
-/* Per CTA, slices [blockIdx.x * spc, + spc) of row blockIdx.y: copy (modified rows), bias and penalties
- * of the slices' ids, argmaxes, finiteness (parts[blockIdx.x]: the argmax is order-free, so how slices
- * group into CTAs changes no bit); the row's last CTA combines them into the RowState. */
-__global__ void __launch_bounds__(kThreads, 3)
-    sample_scan_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
-                       const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
-                       const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc) {
-    osp_pdl_begin();
-    __shared__ Shared s;
-    __shared__ osp_cuda_sample_row p;
-    const int row = blockIdx.y, b = blockIdx.x, G = (vocab + kSlice - 1) / kSlice;
+/* One CTA's part of the scan: slices [b * spc, + spc) of a row (p: its parameters, in shared memory): copy
+ * (modified rows), bias and penalties of the slices' ids, argmaxes, finiteness, into parts[b] (the argmax
+ * is order-free, so how slices group into CTAs changes no bit). sok: scalars_ok of the row. All threads
+ * of the block call it. */
+__device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row &p,
+                          const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
+                          const float *__restrict__ bias_vals, const RowPtrs &rp, bool sok, int b, int spc, Shared &s) {
+    const int G = (vocab + kSlice - 1) / kSlice;
     const int c_end = (b + 1) * spc < G ? (b + 1) * spc : G;
-    if (threadIdx.x == 0) p = rows[row];
-    __syncthreads();
-    const RowPtrs rp = row_ptrs(scratch, L, row);
-    const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
     const bool modified = row_modified(p);
     int bad = 0, nan0 = 0;
     ArgMax2 am{{0.0f, -1}, {0.0f, -1}};
@@ -875,12 +938,21 @@ __global__ void __launch_bounds__(kThreads, 3)
         q->raw_v = am.raw.v, q->raw_i = am.raw.i, q->best_v = am.best.v, q->best_i = am.best.i;
         q->bad = bad, q->nan0 = nan0;
     }
-    if (!last_to_arrive(&rp.st->arrive_scan, gridDim.x)) return;
+}
 
-    /* the row's last CTA: combine the CTAs' parts (larger value, lower id: any grouping gives the same) */
+/* The row's scan from its CTAs' parts [0, nparts) (larger value, lower id: any grouping gives the same),
+ * into the RowState when `write` (thread 0). Every thread of the block calls it and gets the same. */
+struct ScanOut { /* what the select pass needs of a row's scan */
+    bool ok, greedy;
+    ArgMax best;
+};
+
+__device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p, int nparts, bool sok, bool write,
+                                Shared &s) {
+    const bool modified = row_modified(p);
     ArgMax2 r{{0.0f, -1}, {0.0f, -1}};
     int anybad = 0;
-    for (int i = threadIdx.x; i < (int)gridDim.x; i += kThreads) {
+    for (int i = threadIdx.x; i < nparts; i += kThreads) {
         const SlicePart *q = &rp.parts[i];
         r = ArgMax2Op()(r, ArgMax2{{__ldcg(&q->raw_v), __ldcg(&q->raw_i)}, {__ldcg(&q->best_v), __ldcg(&q->best_i)}});
         anybad |= __ldcg(&q->bad);
@@ -890,11 +962,31 @@ __global__ void __launch_bounds__(kThreads, 3)
     bool ok = sok && !anybad;
     /* a modified row fails like the CPU's scan: no non-NaN value, a non-finite maximum, or w[0] NaN */
     if (ok && modified) ok = r.best.i >= 0 && isfinite(r.best.v) && !__ldcg(&rp.parts[0].nan0);
-    if (threadIdx.x == 0) {
+    const bool greedy = p.temperature < OSP_SAMPLING_EPS;
+    if (write && threadIdx.x == 0) {
         rp.st->ok = ok;
-        rp.st->greedy = p.temperature < OSP_SAMPLING_EPS;
+        rp.st->greedy = greedy;
         rp.st->raw_v = r.raw.v, rp.st->raw_i = r.raw.i, rp.st->best_v = r.best.v, rp.st->best_i = r.best.i;
     }
+    return ScanOut{ok, greedy, r.best};
+}
+
+/* Per CTA, slices [blockIdx.x * spc, + spc) of row blockIdx.y (scan_part); the row's last CTA combines
+ * the parts into the RowState. */
+__global__ void __launch_bounds__(kThreads, 3)
+    sample_scan_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
+                       const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
+                       const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc) {
+    osp_pdl_begin();
+    __shared__ Shared s;
+    __shared__ osp_cuda_sample_row p;
+    if (threadIdx.x == 0) p = rows[blockIdx.y];
+    __syncthreads();
+    const RowPtrs rp = row_ptrs(scratch, L, (int)blockIdx.y);
+    const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
+    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, (int)blockIdx.x, spc, s);
+    if (!last_to_arrive(&rp.st->arrive_scan, gridDim.x)) return;
+    combine_scan(rp, p, (int)gridDim.x, sok, true, s);
 }
 
 /* The weight of token i (< vocab) with logit l: the maximum's own is exactly 1. */
@@ -949,7 +1041,7 @@ __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMa
             rp.list_w[pos] = e[j], rp.list_id[pos] = first + j, pos++;
     if (threadIdx.x == 0) {
         SlicePart *d = &rp.parts[c];
-        d->c0 = a.c0, d->m0 = a.m0, d->list_n = total, d->overflow = overflow;
+        d->c0 = a.c0, d->m0 = a.m0, d->list_n = total, d->overflow = overflow, d->thr = thr;
     }
     }
 }
@@ -1112,15 +1204,31 @@ bool sample_smem_u(void) {
     return env_int("OSPREY_SAMPLE_SMEM_U", 1, &v) != 0;
 }
 
+/* Views of U of at most this many entries run reject_sample on warp 0 alone (WarpGrp), larger ones on
+ * the block: the finisher's ~50 block-wide steps (radix levels, scans, rounds) are each a fraction of
+ * a microsecond of barriers, a warp's are a few shuffles, and a warp pass over 3,072 values in shared
+ * memory is ~100 loads a lane. OSPREY_SAMPLE_WARP_VIEW=N moves the bound (0: always the block); the
+ * choice depends on the row's U alone, so never on the batch. */
+constexpr int64_t kWarpView = 3072;
+
+int64_t sample_warp_view(void) {
+    static int64_t v = INT64_MIN;
+    const int64_t n = env_int("OSPREY_SAMPLE_WARP_VIEW", kWarpView, &v);
+    return n > 0 ? (n < (1 << 30) ? n : (1 << 30)) : 0;
+}
+
 /* Row `row`'s token (p: its parameters, in shared memory), from the RowState and, for rows sampled, the
  * slices' parts: greedy and failed rows at once, the others as "the sliced passes" say; then logprobs.
- * dyn: kUSmemBytes of shared memory for U when smem_u. All threads of the block call it. */
+ * dyn: kUSmemBytes of shared memory for U when smem_u; warp_view: see kWarpView. All threads of the block
+ * call it. */
 __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row &p, int row,
                            unsigned char *scratch, const Layout &L, int32_t *__restrict__ tokens,
                            osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
-                           int32_t *__restrict__ rounds_out, int smem_u, unsigned char *dyn, Shared &s) {
+                           int32_t *__restrict__ rounds_out, int smem_u, int warp_view, unsigned char *dyn,
+                           Shared &s) {
     __shared__ TileParts t;
     __shared__ double sh_mass;
+    __shared__ int sh_token, sh_rounds, sh_used;
     const int G = (vocab + kSlice - 1) / kSlice;
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool ok = rp.st->ok, greedy = rp.st->greedy;
@@ -1131,18 +1239,26 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     } else if (ok) {
         const RowParams q = row_params(p, logits, vocab, rp);
         /* the row's count and mass of {e > lo}: counts by the block, the mass in slice order */
-        int cnt_lo = 0, ovf = 0, n_u = 0;
+        /* floor: the highest list threshold of a slice whose list holds >= top_k values (>= top_k of the
+         * row's weights lie at or above it, so top-k's threshold does too) */
+        int cnt_lo = 0, ovf = 0, n_u = 0, floor_bits = 0;
         if (threadIdx.x == 0) sh_mass = 0.0;
         for (int t0 = 0; t0 < G; t0 += kThreads) {
             const int n = load_tile(rp.parts, G, t0, t);
             cnt_lo += t.c0[threadIdx.x];
             n_u += t.list_n[threadIdx.x];
-            ovf |= (int)threadIdx.x < n && __ldcg(&rp.parts[t0 + (int)threadIdx.x].overflow);
+            if ((int)threadIdx.x < n) {
+                const SlicePart *d = &rp.parts[t0 + (int)threadIdx.x];
+                const int o = __ldcg(&d->overflow), thr = (int)__ldcg(&d->thr);
+                ovf |= o;
+                if (!o && p.top_k >= 1 && t.list_n[threadIdx.x] >= p.top_k && thr > floor_bits) floor_bits = thr;
+            }
             if (threadIdx.x == 0)
                 for (int j = 0; j < n; j++) sh_mass += t.m0[j];
         }
         cnt_lo = block_reduce(cnt_lo, SumIntOp(), s); /* also publishes sh_mass */
         n_u = block_reduce(n_u, SumIntOp(), s);
+        floor_bits = block_reduce(floor_bits, MaxIntOp(), s);
         ovf = __syncthreads_or(ovf);
         const double mass_lo = sh_mass;
         const bool p_on = p.top_p < 1.0f;
@@ -1156,8 +1272,21 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
                                    : reinterpret_cast<int32_t *>(rp.cnt);
             const int n = gather_lists(rp, G, uw, uid, t, s);
             View v{uw, uid, n, true, n};
-            token = reject_sample(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index, p.output_pos,
-                                  max_rounds, &rounds, s);
+            /* floor_bits came from weights > lo >= 0: a float in (0, 1], or 0 for none */
+            const float kth_floor = floor_bits > 0 ? nextafterf(__int_as_float(floor_bits), 0.0f) : 0.0f;
+            if (n <= warp_view) {
+                if (threadIdx.x < 32) {
+                    int r = 0;
+                    const int tok = reject_sample<WarpGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed,
+                                                           p.sample_index, p.output_pos, max_rounds, &r, kth_floor, s);
+                    if (threadIdx.x == 0) sh_token = tok, sh_rounds = r, sh_used = v.ids_used;
+                }
+                __syncthreads();
+                token = sh_token, rounds = sh_rounds, v.ids_used = sh_used;
+            } else {
+                token = reject_sample<BlockGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index,
+                                                p.output_pos, max_rounds, &rounds, kth_floor, s);
+            }
             if (!in_smem) {
                 __syncthreads();
                 for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
@@ -1166,11 +1295,11 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             const double target = uniform_at(p.seed, p.sample_index, p.output_pos, 0) * mass_lo;
             token = draw_over_slices(rp, q, best, vocab, G, target, t, s);
         } else { /* the one-block algorithm over the whole row */
-            for_each(q.src, vocab, [&](int i, float l) { rp.w[i] = weight(i, l, best, q.inv_t); });
+            for_each<BlockGrp>(q.src, vocab, [&](int i, float l) { rp.w[i] = weight(i, l, best, q.inv_t); });
             __syncthreads();
             View v{rp.w, reinterpret_cast<int32_t *>(rp.cnt), vocab, false, 0};
-            token = reject_sample(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index, p.output_pos,
-                                  max_rounds, &rounds, s);
+            token = reject_sample<BlockGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index,
+                                            p.output_pos, max_rounds, &rounds, 0.0f, s);
             if (v.ids_used > 0) {
                 __syncthreads();
                 for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
@@ -1192,15 +1321,15 @@ __global__ void __launch_bounds__(kThreads)
     sample_finish_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
                          unsigned char *scratch, Layout L, int32_t *__restrict__ tokens,
                          osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
-                         int32_t *__restrict__ rounds_out, int smem_u) {
+                         int32_t *__restrict__ rounds_out, int smem_u, int warp_view) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
     if (threadIdx.x == 0) p = rows[blockIdx.x];
     __syncthreads();
-    finish_row(logits, vocab, p, (int)blockIdx.x, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, dyn,
-               s);
+    finish_row(logits, vocab, p, (int)blockIdx.x, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u,
+               warp_view, dyn, s);
 }
 
 /* The select pass and the finish in one launch, for small grids (one slice a CTA): the row's last CTA to
@@ -1211,7 +1340,7 @@ __global__ void __launch_bounds__(kThreads)
                                 const osp_cuda_sample_row *__restrict__ rows, unsigned char *scratch, Layout L,
                                 int32_t *__restrict__ tokens, osp_status *__restrict__ status,
                                 osp_logprobs *__restrict__ lps, int max_rounds, int32_t *__restrict__ rounds_out,
-                                int smem_u) {
+                                int smem_u, int warp_view) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
@@ -1227,7 +1356,92 @@ __global__ void __launch_bounds__(kThreads)
         select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, c, c + 1, s);
         if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
     }
-    finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, dyn, s);
+    finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, warp_view, dyn,
+               s);
+}
+
+/* A barrier among the `ctas` CTAs of a row, every one of them resident (the cooperative launch below
+ * guarantees it): the last to arrive resets the count and moves the generation on, the others wait for
+ * the generation to move (read before arriving). Makes each CTA's earlier writes visible to the others.
+ * All threads of each CTA call it. */
+__device__ void row_barrier(unsigned *count, unsigned *gen, unsigned ctas) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned *vg = gen;
+        const unsigned g = *vg;
+        __threadfence();
+        if (atomicAdd(count, 1u) == ctas - 1u) {
+            *count = 0u;
+            __threadfence();
+            atomicExch(gen, g + 1u);
+        } else {
+            while (*vg == g) __nanosleep(32);
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* The scan, the select pass and the finish in one launch for small grids (one slice a CTA, all CTAs
+ * resident: a cooperative launch): a row barrier stands where the kernel boundary was, and every CTA
+ * combines the row's parts itself (the same reduction as the scan's last CTA: the same bits; CTA 0
+ * stores it for finish_row). Then as sample_select_finish_kernel. Saves a launch and the scan's tail. */
+__global__ void __launch_bounds__(kThreads)
+    sample_one_launch_kernel(const float *__restrict__ logits, int32_t vocab,
+                             const osp_cuda_sample_row *__restrict__ rows, const int32_t *__restrict__ ids,
+                             const int32_t *__restrict__ bias_ids, const float *__restrict__ bias_vals,
+                             unsigned char *scratch, Layout L, int32_t *__restrict__ tokens,
+                             osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
+                             int32_t *__restrict__ rounds_out, int smem_u, int warp_view) {
+    osp_pdl_begin();
+    extern __shared__ __align__(16) unsigned char dyn[];
+    __shared__ Shared s;
+    __shared__ osp_cuda_sample_row p;
+    const int row = blockIdx.y, c = blockIdx.x;
+    if (threadIdx.x == 0) p = rows[row];
+    __syncthreads();
+    const RowPtrs rp = row_ptrs(scratch, L, row);
+    const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
+    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, s);
+    row_barrier(&rp.st->arrive_row, &rp.st->gen_row, gridDim.x);
+    const ScanOut so = combine_scan(rp, p, (int)gridDim.x, sok, c == 0, s);
+    __syncthreads(); /* CTA 0: thread 0's RowState is visible to its block */
+    if (!so.ok || so.greedy) {
+        if (c == 0)
+            finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u,
+                       warp_view, dyn, s);
+        return;
+    }
+    select_slices(rp, row_params(p, logits, vocab, rp), so.best, vocab, c, c + 1, s);
+    if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
+    finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, warp_view, dyn,
+               s);
+}
+
+/* OSPREY_SAMPLE_ONE_LAUNCH=0 keeps the scan its own launch for small grids too (the same bits). */
+bool sample_one_launch(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_ONE_LAUNCH", 1, &v) != 0;
+}
+
+/* How many CTAs of sample_one_launch_kernel (dyn bytes of dynamic shared memory) can be resident at once
+ * on the current device (0 if unknown): a larger grid may not launch cooperatively. Cached per device. */
+int one_launch_capacity(size_t dyn) {
+    static int cap[64][2];
+    static bool known[64][2];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+    const int d = dyn ? 1 : 0;
+    if (!known[dev][d]) {
+        int sms = 0, per_sm = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sample_one_launch_kernel, kThreads, dyn) !=
+                cudaSuccess)
+            sms = 0, per_sm = 0;
+        cap[dev][d] = sms * per_sm;
+        known[dev][d] = true;
+    }
+    return cap[dev][d];
 }
 
 size_t round_up_256(size_t b) { return (b + 255u) & ~(size_t)255u; }
@@ -1278,6 +1492,27 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         int32_t *rd = d_rounds ? d_rounds + r0 : NULL;
         /* slices a CTA: one, or (OSPREY_SAMPLE_GRID_CTAS) more once the grid would pass that many CTAs,
          * so a large batch is not thousands of CTAs of fixed overhead each (no bit depends on it) */
+        const int smem_u = sample_smem_u() ? 1 : 0;
+        const int warp_view = (int)sample_warp_view();
+        const size_t dyn = smem_u ? kUSmemBytes : 0;
+        if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
+            (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeCooperative;
+            attr[0].val.cooperative = 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)slices, (unsigned)n);
+            cfg.blockDim = dim3(kThreads);
+            cfg.dynamicSmemBytes = dyn;
+            cfg.stream = (cudaStream_t)stream;
+            cfg.attrs = attr;
+            cfg.numAttrs = 1;
+            (void)cudaLaunchKernelEx(&cfg, sample_one_launch_kernel, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids,
+                                     d_bias_vals, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u,
+                                     warp_view);
+            OSP_CUDA_LAUNCH_CHECK("sample_one_launch_kernel");
+            continue;
+        }
         const int64_t grid_ctas = sample_grid_ctas();
         int64_t spc = grid_ctas > 0 ? ((int64_t)n * slices + grid_ctas - 1) / grid_ctas : 1;
         spc = spc < 1 ? 1 : spc > slices ? slices : spc;
@@ -1285,12 +1520,10 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         osp_launch(sample_scan_kernel, grid, kThreads, 0, (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids,
                    d_bias_ids, d_bias_vals, sc, L, (int)spc);
         OSP_CUDA_LAUNCH_CHECK("sample_scan_kernel");
-        const int smem_u = sample_smem_u() ? 1 : 0;
-        const size_t dyn = smem_u ? kUSmemBytes : 0;
         if ((int64_t)n * slices <= kFusedCtas && sample_fused()) { /* a small grid: select and finish in one */
             osp_launch(sample_select_finish_kernel, dim3((unsigned)slices, (unsigned)n), kThreads, dyn,
                        (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp,
-                       (int)max_rounds, rd, smem_u);
+                       (int)max_rounds, rd, smem_u, warp_view);
             OSP_CUDA_LAUNCH_CHECK("sample_select_finish_kernel");
             continue;
         }
@@ -1298,7 +1531,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
                    (int)spc);
         OSP_CUDA_LAUNCH_CHECK("sample_select_kernel");
         osp_launch(sample_finish_kernel, dim3((unsigned)n), kThreads, dyn, (cudaStream_t)stream, d_logits, vocab,
-                   d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u);
+                   d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u, warp_view);
         OSP_CUDA_LAUNCH_CHECK("sample_finish_kernel");
     }
     return OSP_OK;
