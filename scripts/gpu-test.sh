@@ -105,6 +105,7 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     # the finisher's rounds on the whole block for every U, and the scan as its own launch for small grids
     run "test_gpu_sampler (block finisher)" env OSPREY_SAMPLE_WARP_VIEW=0 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (scan its own launch)" env OSPREY_SAMPLE_ONE_LAUNCH=0 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (coarse lists, no preload)" env OSPREY_SAMPLE_LIST_BITS=8 OSPREY_SAMPLE_PRELOAD=0 $G/bin/test_gpu_sampler
     # the bf16 GEMM's batch invariance: cuBLASLt (split-K by the T = 1 rule, the default), then the
     # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL
     run test_gpu_gemm $G/bin/test_gpu_gemm

@@ -56,6 +56,23 @@ extern "C" {
 
 namespace {
 
+/* OSPREY_SAMPLE_PHASES (a profiling build only, bench/gpu/sample_phases.sh): clock64 marks in the finisher
+ * and globaltimer marks around each CTA of the sliced passes, read back by osp_cuda_sample_phases. */
+#ifdef OSPREY_SAMPLE_PHASES
+__device__ long long g_fin[256][8]; /* per row: clock at entry, preamble, gather, draw, exit; n_u, path, rounds */
+__device__ long long g_cta[2][8192][2]; /* scan (0) / select (1) per CTA (x + y * gridDim.x): start, end ns */
+__device__ __forceinline__ long long gtimer() {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define PH_FIN(row, i, v) do { if (threadIdx.x == 0 && (row) < 256) g_fin[row][i] = (v); } while (0)
+#define PH_CTA(k, i) do { const unsigned c_ = blockIdx.x + blockIdx.y * gridDim.x; if (threadIdx.x == 0 && c_ < 8192) g_cta[k][c_][i] = gtimer(); } while (0)
+#else
+#define PH_FIN(row, i, v) do { } while (0)
+#define PH_CTA(k, i) do { } while (0)
+#endif
+
 constexpr int kThreads = 512;             /* every kernel's block: a slice's CTA, the finishing CTA of a row */
 constexpr int kItems = 8;                 /* consecutive values per thread in ordered (chunked) passes */
 constexpr int kUnroll = 16;               /* loads in flight per thread in striped passes */
@@ -854,36 +871,55 @@ __device__ bool last_to_arrive(unsigned *ticket, unsigned ctas) {
 }
 
 /* The lowest threshold bit pattern thr such that the slice's e > lo with bits >= thr are at least `need`
- * (need <= their count) and at most kListCap, by a radix histogram over the bits (levels of 8, 8, 8 and
- * 6 bits under bit 30: weights lie in [0, 1]); *count gets how many lie at or above it, > kListCap only
- * when ties of one exact value exceed the cap. */
-__device__ uint32_t list_threshold(const float e[kItems], float lo, int need, int *count, Shared &s) {
-    constexpr int kShift[4] = {22, 14, 6, 0};
-    constexpr uint32_t kMask[4] = {0xFFu, 0xFFu, 0xFFu, 0x3Fu};
+ * (need <= their count) and at most kListCap, by a radix histogram over the bits under bit 30 (weights
+ * lie in [0, 1]): levels of 10, 10 and 10 bits (fine, the default), or 8, 8, 8 and 6 (OSPREY_SAMPLE_LIST_BITS=8,
+ * the lists before 2026-12-06: level 0's buckets are a factor of ~1.5 in weight wide, so a list often holds
+ * twice its `need`, against ~1.09 for 10 bits); it stops at the first level whose count fits kListCap.
+ * *count gets how many lie at or above it, > kListCap only when ties of one exact value exceed the cap.
+ * Any such threshold makes a correct list (see "Why the lists suffice"); finer ones make shorter lists. */
+__device__ uint32_t list_threshold(const float e[kItems], float lo, int need, int *count, bool fine, Shared &s) {
+    constexpr int kShiftC[4] = {22, 14, 6, 0}, kShiftF[3] = {20, 10, 0};
+    constexpr uint32_t kMaskC[4] = {0xFFu, 0xFFu, 0xFFu, 0x3Fu};
+    const int levels = fine ? 3 : 4, nb = fine ? kBins : 256;
     uint32_t prefix = 0; /* the bits above the level's, fixed so far */
     int above = 0;       /* values in higher buckets of earlier levels */
-    for (int level = 0; level < 4; level++) {
-        const int sh = kShift[level];
-        for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0;
+    for (int level = 0; level < levels; level++) {
+        const int sh = fine ? kShiftF[level] : kShiftC[level];
+        const int sh_up = level == 0 ? 30 : fine ? kShiftF[level - 1] : kShiftC[level - 1];
+        const uint32_t mask = fine ? (uint32_t)(kBins - 1) : kMaskC[level];
+        for (int b = threadIdx.x; b < nb; b += kThreads) s.hist[b] = 0;
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < kItems; j++) {
             const uint32_t bits = __float_as_uint(e[j]);
-            if (e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix))
-                atomicAdd(&s.hist[(bits >> sh) & kMask[level]], 1u);
+            if (e[j] > lo && (level == 0 || (bits >> sh_up) == prefix)) atomicAdd(&s.hist[(bits >> sh) & mask], 1u);
         }
         __syncthreads();
-        const int h = threadIdx.x < 256 ? (int)s.hist[255 - threadIdx.x] : 0; /* bins from the top */
+        /* bins from the top: thread t holds positions 2t, 2t + 1 (fine) or t (coarse, t < 256) */
+        constexpr int kPer = kBins / kThreads;
+        static_assert(kPer == 2, "two fine bins a thread");
+        int h[kPer], hs = 0;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            const int pos = fine ? (int)threadIdx.x * kPer + j : (j == 0 ? (int)threadIdx.x : nb);
+            h[j] = pos < nb ? (int)s.hist[nb - 1 - pos] : 0;
+            hs += h[j];
+        }
         int total;
-        const int excl = block_exclusive_sum(h, &total, s);
+        int excl = block_exclusive_sum(hs, &total, s);
         const int rem = need - above;
-        if (h > 0 && excl < rem && excl + h >= rem) s.bcast[0] = 255 - (int)threadIdx.x, s.bcast[1] = excl, s.bcast[2] = h;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            const int pos = fine ? (int)threadIdx.x * kPer + j : (j == 0 ? (int)threadIdx.x : nb);
+            if (h[j] > 0 && excl < rem && excl + h[j] >= rem) s.bcast[0] = nb - 1 - pos, s.bcast[1] = excl, s.bcast[2] = h[j];
+            excl += h[j];
+        }
         __syncthreads();
         const int b = s.bcast[0], ex = s.bcast[1], hb = s.bcast[2];
         __syncthreads();
-        prefix = level == 0 ? (uint32_t)b : (prefix << (kShift[level - 1] - sh)) | (uint32_t)b;
+        prefix = level == 0 ? (uint32_t)b : (prefix << (sh_up - sh)) | (uint32_t)b;
         *count = above + ex + hb;
-        if (*count <= kListCap || level == 3) return prefix << sh;
+        if (*count <= kListCap || level == levels - 1) return prefix << sh;
         above += ex;
     }
     return 0; /* unreachable */
@@ -891,11 +927,13 @@ __device__ uint32_t list_threshold(const float e[kItems], float lo, int need, in
 
 /* One CTA's part of the scan: slices [b * spc, + spc) of a row (p: its parameters, in shared memory): copy
  * (modified rows), bias and penalties of the slices' ids, argmaxes, finiteness, into parts[b] (the argmax
- * is order-free, so how slices group into CTAs changes no bit). sok: scalars_ok of the row. All threads
- * of the block call it. */
+ * is order-free, so how slices group into CTAs changes no bit). sok: scalars_ok of the row. preload: load
+ * each next slice before working on the current one (CTAs of several slices). All threads of the block
+ * call it. */
 __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row &p,
                           const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
-                          const float *__restrict__ bias_vals, const RowPtrs &rp, bool sok, int b, int spc, Shared &s) {
+                          const float *__restrict__ bias_vals, const RowPtrs &rp, bool sok, int b, int spc,
+                          bool preload, Shared &s) {
     const int G = (vocab + kSlice - 1) / kSlice;
     const int c_end = (b + 1) * spc < G ? (b + 1) * spc : G;
     const bool modified = row_modified(p);
@@ -905,10 +943,18 @@ __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const
         if (b == 0 && !lists_ok(p, vocab, ids, bias_ids, bias_vals)) bad = 1;
         const float *x = logits + (size_t)p.logits_row * (size_t)vocab;
         bool nf = false;
+        float nx[kItems]; /* preload: the next slice's raw values, loaded before this one's work */
+        if (preload && b * spc < c_end) load_slice(x, vocab, b * spc * kSlice + (int)threadIdx.x * kItems, nx);
         for (int c = b * spc; c < c_end; c++) {
             const int first = c * kSlice + (int)threadIdx.x * kItems;
             float v[kItems];
-            load_slice(x, vocab, first, v);
+            if (preload) {
+#pragma unroll
+                for (int j = 0; j < kItems; j++) v[j] = nx[j];
+                if (c + 1 < c_end) load_slice(x, vocab, first + kSlice, nx);
+            } else {
+                load_slice(x, vocab, first, v);
+            }
 #pragma unroll
             for (int j = 0; j < kItems; j++)
                 if (first + j < vocab) {
@@ -972,8 +1018,10 @@ __device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p,
 }
 
 /* Per CTA, slices [blockIdx.x * spc, + spc) of row blockIdx.y (scan_part); the row's last CTA combines
- * the parts into the RowState. */
-__global__ void __launch_bounds__(kThreads, 3)
+ * the parts into the RowState. kPreload (several slices a CTA): each next slice loaded before the current
+ * one's work, 8 more registers a thread, so two CTAs an SM instead of three (40 registers spill). */
+template <bool kPreload>
+__global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     sample_scan_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
                        const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
                        const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc) {
@@ -982,9 +1030,11 @@ __global__ void __launch_bounds__(kThreads, 3)
     __shared__ osp_cuda_sample_row p;
     if (threadIdx.x == 0) p = rows[blockIdx.y];
     __syncthreads();
+    PH_CTA(0, 0);
     const RowPtrs rp = row_ptrs(scratch, L, (int)blockIdx.y);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
-    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, (int)blockIdx.x, spc, s);
+    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, (int)blockIdx.x, spc, kPreload, s);
+    PH_CTA(0, 1);
     if (!last_to_arrive(&rp.st->arrive_scan, gridDim.x)) return;
     combine_scan(rp, p, (int)gridDim.x, sok, true, s);
 }
@@ -1012,13 +1062,22 @@ __device__ __forceinline__ RowParams row_params(const osp_cuda_sample_row &p, co
 }
 
 /* Slices [c_begin, c_end) of a row still to sample, each on its own (a slice's results do not depend on
- * how slices group into CTAs): weights, count and mass above lo, the candidate list. */
+ * how slices group into CTAs): weights, count and mass above lo, the candidate list. fine: list_threshold's
+ * levels; preload: as scan_part's. */
 __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMax &best, int32_t vocab, int c_begin,
-                              int c_end, Shared &s) {
+                              int c_end, bool fine, bool preload, Shared &s) {
+    float nx[kItems]; /* preload: the next slice's values, loaded before this one's work */
+    if (preload && c_begin < c_end) load_slice(q.src, vocab, c_begin * kSlice + (int)threadIdx.x * kItems, nx);
     for (int c = c_begin; c < c_end; c++) {
     const int first = c * kSlice + (int)threadIdx.x * kItems;
     float e[kItems];
-    load_slice(q.src, vocab, first, e);
+    if (preload) {
+#pragma unroll
+        for (int j = 0; j < kItems; j++) e[j] = nx[j];
+        if (c + 1 < c_end) load_slice(q.src, vocab, first + kSlice, nx);
+    } else {
+        load_slice(q.src, vocab, first, e);
+    }
     Agg a{0, 0, 0.0, 0.0};
 #pragma unroll
     for (int j = 0; j < kItems; j++) {
@@ -1028,7 +1087,7 @@ __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMa
     a = block_reduce(a, AggOp(), s);
     const int need = a.c0 < q.K ? a.c0 : q.K;
     int count = 0;
-    const uint32_t thr = need > 0 ? list_threshold(e, q.lo, need, &count, s) : 0xFFFFFFFFu;
+    const uint32_t thr = need > 0 ? list_threshold(e, q.lo, need, &count, fine, s) : 0xFFFFFFFFu;
     const bool overflow = count > kListCap;
     int keep = 0;
 #pragma unroll
@@ -1046,10 +1105,11 @@ __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMa
     }
 }
 
-/* The select pass alone: slices [blockIdx.x * spc, + spc) of row blockIdx.y. */
-__global__ void __launch_bounds__(kThreads, 3)
+/* The select pass alone: slices [blockIdx.x * spc, + spc) of row blockIdx.y (kPreload: as the scan's). */
+template <bool kPreload>
+__global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     sample_select_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
-                         unsigned char *scratch, Layout L, int spc) {
+                         unsigned char *scratch, Layout L, int spc, int fine) {
     osp_pdl_begin();
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
@@ -1060,7 +1120,9 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();
     const ArgMax best{rp.st->best_v, rp.st->best_i};
     const int c_end = ((int)blockIdx.x + 1) * spc < G ? ((int)blockIdx.x + 1) * spc : G;
-    select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, (int)blockIdx.x * spc, c_end, s);
+    PH_CTA(1, 0);
+    select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, (int)blockIdx.x * spc, c_end, fine, kPreload, s);
+    PH_CTA(1, 1);
 }
 
 /* The finishing kernel's view of the slices, a tile of kThreads slices at a time in shared memory. */
@@ -1234,6 +1296,8 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     const bool ok = rp.st->ok, greedy = rp.st->greedy;
     const ArgMax best{rp.st->best_v, rp.st->best_i};
     int token = 0, rounds = 0;
+    PH_FIN(row, 0, clock64());
+    PH_FIN(row, 6, 0);
     if (ok && greedy) {
         token = best.i;
     } else if (ok) {
@@ -1261,6 +1325,8 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
         floor_bits = block_reduce(floor_bits, MaxIntOp(), s);
         ovf = __syncthreads_or(ovf);
         const double mass_lo = sh_mass;
+        PH_FIN(row, 1, clock64());
+        PH_FIN(row, 5, n_u);
         const bool p_on = p.top_p < 1.0f;
         const int k = p.top_k > 0 && p.top_k < cnt_lo ? p.top_k : 0;
         const bool covered =
@@ -1274,6 +1340,8 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             View v{uw, uid, n, true, n};
             /* floor_bits came from weights > lo >= 0: a float in (0, 1], or 0 for none */
             const float kth_floor = floor_bits > 0 ? nextafterf(__int_as_float(floor_bits), 0.0f) : 0.0f;
+            PH_FIN(row, 2, clock64());
+            PH_FIN(row, 6, n <= warp_view ? 1 : 2);
             if (n <= warp_view) {
                 if (threadIdx.x < 32) {
                     int r = 0;
@@ -1287,14 +1355,17 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
                 token = reject_sample<BlockGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index,
                                                 p.output_pos, max_rounds, &rounds, kth_floor, s);
             }
+            PH_FIN(row, 3, clock64());
             if (!in_smem) {
                 __syncthreads();
                 for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
             }
         } else if (!k && !p_on && max_rounds > 0) {
+            PH_FIN(row, 6, 3);
             const double target = uniform_at(p.seed, p.sample_index, p.output_pos, 0) * mass_lo;
             token = draw_over_slices(rp, q, best, vocab, G, target, t, s);
         } else { /* the one-block algorithm over the whole row */
+            PH_FIN(row, 6, 4);
             for_each<BlockGrp>(q.src, vocab, [&](int i, float l) { rp.w[i] = weight(i, l, best, q.inv_t); });
             __syncthreads();
             View v{rp.w, reinterpret_cast<int32_t *>(rp.cnt), vocab, false, 0};
@@ -1306,6 +1377,8 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             }
         }
     }
+    PH_FIN(row, 7, rounds);
+    PH_FIN(row, 4, clock64());
     if (ok && lps && p.num_logprobs >= 0)
         fill_logprobs(logits + (size_t)p.logits_row * (size_t)vocab, vocab, token, p.num_logprobs, rp.st->raw_v,
                       &lps[row], s);
@@ -1340,7 +1413,7 @@ __global__ void __launch_bounds__(kThreads)
                                 const osp_cuda_sample_row *__restrict__ rows, unsigned char *scratch, Layout L,
                                 int32_t *__restrict__ tokens, osp_status *__restrict__ status,
                                 osp_logprobs *__restrict__ lps, int max_rounds, int32_t *__restrict__ rounds_out,
-                                int smem_u, int warp_view) {
+                                int smem_u, int warp_view, int fine) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
@@ -1353,7 +1426,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (!done) {
         const ArgMax best{rp.st->best_v, rp.st->best_i};
-        select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, c, c + 1, s);
+        PH_CTA(1, 0);
+        select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, c, c + 1, fine, false, s);
+        PH_CTA(1, 1);
         if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
     }
     finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, warp_view, dyn,
@@ -1392,7 +1467,7 @@ __global__ void __launch_bounds__(kThreads)
                              const int32_t *__restrict__ bias_ids, const float *__restrict__ bias_vals,
                              unsigned char *scratch, Layout L, int32_t *__restrict__ tokens,
                              osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
-                             int32_t *__restrict__ rounds_out, int smem_u, int warp_view) {
+                             int32_t *__restrict__ rounds_out, int smem_u, int warp_view, int fine) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
@@ -1402,8 +1477,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
-    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, s);
+    PH_CTA(0, 0);
+    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, false, s);
     row_barrier(&rp.st->arrive_row, &rp.st->gen_row, gridDim.x);
+    PH_CTA(0, 1);
     const ScanOut so = combine_scan(rp, p, (int)gridDim.x, sok, c == 0, s);
     __syncthreads(); /* CTA 0: thread 0's RowState is visible to its block */
     if (!so.ok || so.greedy) {
@@ -1412,10 +1489,24 @@ __global__ void __launch_bounds__(kThreads)
                        warp_view, dyn, s);
         return;
     }
-    select_slices(rp, row_params(p, logits, vocab, rp), so.best, vocab, c, c + 1, s);
+    PH_CTA(1, 0);
+    select_slices(rp, row_params(p, logits, vocab, rp), so.best, vocab, c, c + 1, fine, false, s);
+    PH_CTA(1, 1);
     if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
     finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, warp_view, dyn,
                s);
+}
+
+/* OSPREY_SAMPLE_LIST_BITS=8: the slices' lists by the coarse radix levels (list_threshold) */
+bool sample_list_fine(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_LIST_BITS", 10, &v) != 8;
+}
+
+/* OSPREY_SAMPLE_PRELOAD=0: the sliced passes' CTAs of several slices load each slice when they reach it */
+bool sample_preload(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_PRELOAD", 1, &v) != 0;
 }
 
 /* OSPREY_SAMPLE_ONE_LAUNCH=0 keeps the scan its own launch for small grids too (the same bits). */
@@ -1465,6 +1556,25 @@ Layout layout_for(int32_t vocab) {
 
 extern "C" {
 
+#ifdef OSPREY_SAMPLE_PHASES
+/* The profiling build's marks (see OSPREY_SAMPLE_PHASES): fin [256 * 8], cta [2 * 8192 * 2]. */
+void osp_cuda_sample_phases(long long *fin, long long *cta) {
+    cudaDeviceSynchronize();
+    cudaMemcpyFromSymbol(fin, g_fin, sizeof g_fin);
+    cudaMemcpyFromSymbol(cta, g_cta, sizeof g_cta);
+}
+int osp_cuda_sample_phases_clock_khz(void) {
+    int dev = 0, khz = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+    return khz;
+}
+void osp_cuda_sample_phases_clear(void) {
+    static long long z[2][8192][2];
+    cudaMemcpyToSymbol(g_cta, z, sizeof z);
+}
+#endif
+
 size_t osp_cuda_sample_scratch_bytes(int32_t max_rows, int32_t vocab) {
     if (max_rows <= 0 || vocab <= 0 || vocab > kMaxVocab) return 0;
     return (size_t)max_rows * layout_for(vocab).row_bytes;
@@ -1495,6 +1605,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         const int smem_u = sample_smem_u() ? 1 : 0;
         const int warp_view = (int)sample_warp_view();
         const size_t dyn = smem_u ? kUSmemBytes : 0;
+        const int fine = sample_list_fine() ? 1 : 0;
         if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
             (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
             cudaLaunchAttribute attr[1];
@@ -1509,7 +1620,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
             cfg.numAttrs = 1;
             (void)cudaLaunchKernelEx(&cfg, sample_one_launch_kernel, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids,
                                      d_bias_vals, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u,
-                                     warp_view);
+                                     warp_view, fine);
             OSP_CUDA_LAUNCH_CHECK("sample_one_launch_kernel");
             continue;
         }
@@ -1517,18 +1628,19 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         int64_t spc = grid_ctas > 0 ? ((int64_t)n * slices + grid_ctas - 1) / grid_ctas : 1;
         spc = spc < 1 ? 1 : spc > slices ? slices : spc;
         const dim3 grid((unsigned)((slices + spc - 1) / spc), (unsigned)n);
-        osp_launch(sample_scan_kernel, grid, kThreads, 0, (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids,
-                   d_bias_ids, d_bias_vals, sc, L, (int)spc);
+        const bool preload = spc > 1 && sample_preload();
+        osp_launch(preload ? sample_scan_kernel<true> : sample_scan_kernel<false>, grid, kThreads, 0,
+                   (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids, d_bias_vals, sc, L, (int)spc);
         OSP_CUDA_LAUNCH_CHECK("sample_scan_kernel");
         if ((int64_t)n * slices <= kFusedCtas && sample_fused()) { /* a small grid: select and finish in one */
             osp_launch(sample_select_finish_kernel, dim3((unsigned)slices, (unsigned)n), kThreads, dyn,
                        (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp,
-                       (int)max_rounds, rd, smem_u, warp_view);
+                       (int)max_rounds, rd, smem_u, warp_view, fine);
             OSP_CUDA_LAUNCH_CHECK("sample_select_finish_kernel");
             continue;
         }
-        osp_launch(sample_select_kernel, grid, kThreads, 0, (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L,
-                   (int)spc);
+        osp_launch(preload ? sample_select_kernel<true> : sample_select_kernel<false>, grid, kThreads, 0,
+                   (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, (int)spc, fine);
         OSP_CUDA_LAUNCH_CHECK("sample_select_kernel");
         osp_launch(sample_finish_kernel, dim3((unsigned)n), kThreads, dyn, (cudaStream_t)stream, d_logits, vocab,
                    d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u, warp_view);
