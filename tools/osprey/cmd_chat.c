@@ -414,7 +414,7 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         armed = false;
-        if (!got[0]) continue;
+        if (!got[strspn(got, " \t\r")]) continue; /* empty or blank: nothing to send */
         chat_input_remember(in, got);
         char *line = strdup(got), *name, *arg;
         if (!line) cli_die(OSP_OK, "out of memory");

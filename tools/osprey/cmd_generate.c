@@ -147,8 +147,8 @@ int cmd_generate(int argc, char **argv) {
     const double t_gen = cli_now_s() - t2;
     putchar('\n');
     fflush(stdout);
-    fprintf(stderr, "\nload: %.0f ms | prompt: %zu tokens, %.0f ms, %.1f tokens/s | generation: %d tokens, %d decode steps in %.0f ms, %.1f tokens/s\n",
-            t_load * 1e3, n_prompt, t_prompt * 1e3, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, n_steps,
+    fprintf(stderr, "\nload: %.0f ms | prompt: %zu token%s, %.0f ms, %.1f tokens/s | generation: %d tokens, %d decode steps in %.0f ms, %.1f tokens/s\n",
+            t_load * 1e3, n_prompt, n_prompt == 1 ? "" : "s", t_prompt * 1e3, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_gen, n_steps,
             t_gen * 1e3, n_decode > 0 ? (double)n_decode / t_gen : 0.0);
     if (ep.speculative.method != OSP_SPEC_NONE) {
         const osp_engine_stats st = osp_engine_get_stats(e);

@@ -118,7 +118,7 @@ static const char *k_serve_usage =
     "                                   \"draft_model\", \"model\": \"DRAFT.gguf\", \"num_speculative_tokens\": 4}' or\n"
     "                                   '{\"method\": \"quantspec\", \"num_speculative_tokens\": 3}' (the target drafts\n"
     "                                   for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"
-    "                                   (off; CPU only)\n"
+    "                                   (off; ngram and draft_model also on the GPU, quantspec CPU only)\n"
     "  --sparse-attention S             topk:PAGES[,recent:R][,sink:S]: Quest top-k KV pages per query (off;\n"
     "                                   GPU: f16 pages, head_dim 64 / 128, groups of at most 16 heads)\n"
     "  --kv-offloading-size GIB         host-memory tier for prefix KV blocks the cache evicts (vLLM's; off)\n"
