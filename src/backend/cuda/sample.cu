@@ -1297,8 +1297,9 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     __shared__ int sh_token, sh_rounds, sh_used;
     const int G = (vocab + kSlice - 1) / kSlice;
     const RowPtrs rp = row_ptrs(scratch, L, row);
-    const bool ok = rp.st->ok, greedy = rp.st->greedy;
-    const ArgMax best{rp.st->best_v, rp.st->best_i};
+    /* through L2: in the one-launch kernel another CTA of this launch wrote them */
+    const bool ok = __ldcg(&rp.st->ok), greedy = __ldcg(&rp.st->greedy);
+    const ArgMax best{__ldcg(&rp.st->best_v), __ldcg(&rp.st->best_i)};
     int token = 0, rounds = 0;
     PH_FIN(row, 0, clock64());
     PH_FIN(row, 6, 0);
@@ -1384,7 +1385,7 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     PH_FIN(row, 7, rounds);
     PH_FIN(row, 4, clock64());
     if (ok && lps && p.num_logprobs >= 0)
-        fill_logprobs(logits + (size_t)p.logits_row * (size_t)vocab, vocab, token, p.num_logprobs, rp.st->raw_v,
+        fill_logprobs(logits + (size_t)p.logits_row * (size_t)vocab, vocab, token, p.num_logprobs, __ldcg(&rp.st->raw_v),
                       &lps[row], s);
     if (threadIdx.x == 0) {
         tokens[row] = ok ? token : 0;
