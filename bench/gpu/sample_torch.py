@@ -59,7 +59,11 @@ def main():
     gen = torch.Generator(device="cuda")
     gen.manual_seed(1234)
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for name, t, top_p, min_p, top_k in SETTINGS:
+    only = os.environ.get("SAMPLE_SETTINGS")  # as sample_bench: indices into SETTINGS
+    only = {int(i) for i in only.split(",")} if only else None
+    for si, (name, t, top_p, min_p, top_k) in enumerate(SETTINGS):
+        if only is not None and si not in only:
+            continue
         for b in BATCHES:
             x = logits[:b].contiguous()
             for _ in range(5):

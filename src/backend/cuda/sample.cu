@@ -875,38 +875,67 @@ __device__ bool last_to_arrive(unsigned *ticket, unsigned ctas) {
 }
 
 /* The lowest threshold bit pattern thr such that the slice's e > lo with bits >= thr are at least `need`
- * (need <= their count) and at most kListCap, by a radix histogram over the bits under bit 30 (weights
- * lie in [0, 1]): levels of 10, 10 and 10 bits (fine, the default), or 8, 8, 8 and 6 (OSPREY_SAMPLE_LIST_BITS=8,
- * the lists before 2026-12-06: level 0's buckets are a factor of ~1.5 in weight wide, so a list often holds
- * twice its `need`, against ~1.09 for 10 bits); it stops at the first level whose count fits kListCap.
- * *count gets how many lie at or above it, > kListCap only when ties of one exact value exceed the cap.
- * Any such threshold makes a correct list (see "Why the lists suffice"); finer ones make shorter lists. */
-__device__ uint32_t list_threshold(const float e[kItems], float lo, int need, int *count, bool fine, Shared &s) {
-    constexpr int kShiftC[4] = {22, 14, 6, 0}, kShiftF[3] = {20, 10, 0};
-    constexpr uint32_t kMaskC[4] = {0xFFu, 0xFFu, 0xFFu, 0x3Fu};
-    const int levels = fine ? 3 : 4, nb = fine ? kBins : 256;
+ * (need <= their count) and at most kListCap, by a radix histogram over the bits (levels of 8, 8, 8 and
+ * 6 bits under bit 30: weights lie in [0, 1]); *count gets how many lie at or above it, > kListCap only
+ * when ties of one exact value exceed the cap. */
+__device__ uint32_t list_threshold(const float e[kItems], float lo, int need, int *count, Shared &s) {
+    constexpr int kShift[4] = {22, 14, 6, 0};
+    constexpr uint32_t kMask[4] = {0xFFu, 0xFFu, 0xFFu, 0x3Fu};
     uint32_t prefix = 0; /* the bits above the level's, fixed so far */
     int above = 0;       /* values in higher buckets of earlier levels */
-    for (int level = 0; level < levels; level++) {
-        const int sh = fine ? kShiftF[level] : kShiftC[level];
-        const int sh_up = level == 0 ? 30 : fine ? kShiftF[level - 1] : kShiftC[level - 1];
-        const uint32_t mask = fine ? (uint32_t)(kBins - 1) : kMaskC[level];
-        for (int b = threadIdx.x; b < nb; b += kThreads) s.hist[b] = 0;
+    for (int level = 0; level < 4; level++) {
+        const int sh = kShift[level];
+        for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0;
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < kItems; j++) {
             const uint32_t bits = __float_as_uint(e[j]);
-            if (e[j] > lo && (level == 0 || (bits >> sh_up) == prefix)) atomicAdd(&s.hist[(bits >> sh) & mask], 1u);
+            if (e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix))
+                atomicAdd(&s.hist[(bits >> sh) & kMask[level]], 1u);
         }
         __syncthreads();
-        /* bins from the top: thread t holds positions 2t, 2t + 1 (fine) or t (coarse, t < 256) */
-        constexpr int kPer = kBins / kThreads;
-        static_assert(kPer == 2, "two fine bins a thread");
+        const int h = threadIdx.x < 256 ? (int)s.hist[255 - threadIdx.x] : 0; /* bins from the top */
+        int total;
+        const int excl = block_exclusive_sum(h, &total, s);
+        const int rem = need - above;
+        if (h > 0 && excl < rem && excl + h >= rem) s.bcast[0] = 255 - (int)threadIdx.x, s.bcast[1] = excl, s.bcast[2] = h;
+        __syncthreads();
+        const int b = s.bcast[0], ex = s.bcast[1], hb = s.bcast[2];
+        __syncthreads();
+        prefix = level == 0 ? (uint32_t)b : (prefix << (kShift[level - 1] - sh)) | (uint32_t)b;
+        *count = above + ex + hb;
+        if (*count <= kListCap || level == 3) return prefix << sh;
+        above += ex;
+    }
+    return 0; /* unreachable */
+}
+
+/* list_threshold on finer radix levels, 10, 10 and 10 bits (OSPREY_SAMPLE_LIST_BITS=10; opt-in until measured
+ * on a device): list_threshold's level 0 of 8 bits has buckets a factor of ~1.5 in weight wide, so a list
+ * often holds twice its `need` (sample_bench's rows: U ~2,200-3,600 entries for top_k 50, against ~1,800
+ * here by a host simulation). Same contract as list_threshold. */
+__device__ uint32_t list_threshold_fine(const float e[kItems], float lo, int need, int *count, Shared &s) {
+    constexpr int kShift[3] = {20, 10, 0};
+    constexpr int kPer = kBins / kThreads;
+    static_assert(kPer == 2, "two bins a thread");
+    uint32_t prefix = 0; /* the bits above the level's, fixed so far */
+    int above = 0;       /* values in higher buckets of earlier levels */
+    for (int level = 0; level < 3; level++) {
+        const int sh = kShift[level];
+        for (int b = threadIdx.x; b < kBins; b += kThreads) s.hist[b] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kItems; j++) {
+            const uint32_t bits = __float_as_uint(e[j]);
+            if (e[j] > lo && (level == 0 || (bits >> (sh + 10)) == prefix))
+                atomicAdd(&s.hist[(bits >> sh) & (uint32_t)(kBins - 1)], 1u);
+        }
+        __syncthreads();
+        /* bins from the top: thread t holds positions 2t, 2t + 1 */
         int h[kPer], hs = 0;
 #pragma unroll
         for (int j = 0; j < kPer; j++) {
-            const int pos = fine ? (int)threadIdx.x * kPer + j : (j == 0 ? (int)threadIdx.x : nb);
-            h[j] = pos < nb ? (int)s.hist[nb - 1 - pos] : 0;
+            h[j] = (int)s.hist[kBins - 1 - ((int)threadIdx.x * kPer + j)];
             hs += h[j];
         }
         int total;
@@ -914,16 +943,16 @@ __device__ uint32_t list_threshold(const float e[kItems], float lo, int need, in
         const int rem = need - above;
 #pragma unroll
         for (int j = 0; j < kPer; j++) {
-            const int pos = fine ? (int)threadIdx.x * kPer + j : (j == 0 ? (int)threadIdx.x : nb);
-            if (h[j] > 0 && excl < rem && excl + h[j] >= rem) s.bcast[0] = nb - 1 - pos, s.bcast[1] = excl, s.bcast[2] = h[j];
+            if (h[j] > 0 && excl < rem && excl + h[j] >= rem)
+                s.bcast[0] = kBins - 1 - ((int)threadIdx.x * kPer + j), s.bcast[1] = excl, s.bcast[2] = h[j];
             excl += h[j];
         }
         __syncthreads();
         const int b = s.bcast[0], ex = s.bcast[1], hb = s.bcast[2];
         __syncthreads();
-        prefix = level == 0 ? (uint32_t)b : (prefix << (sh_up - sh)) | (uint32_t)b;
+        prefix = (prefix << 10) | (uint32_t)b;
         *count = above + ex + hb;
-        if (*count <= kListCap || level == levels - 1) return prefix << sh;
+        if (*count <= kListCap || level == 2) return prefix << sh;
         above += ex;
     }
     return 0; /* unreachable */
@@ -1091,7 +1120,9 @@ __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMa
     a = block_reduce(a, AggOp(), s);
     const int need = a.c0 < q.K ? a.c0 : q.K;
     int count = 0;
-    const uint32_t thr = need > 0 ? list_threshold(e, q.lo, need, &count, fine, s) : 0xFFFFFFFFu;
+    const uint32_t thr = need <= 0 ? 0xFFFFFFFFu
+                         : fine    ? list_threshold_fine(e, q.lo, need, &count, s)
+                                   : list_threshold(e, q.lo, need, &count, s);
     const bool overflow = count > kListCap;
     int keep = 0;
 #pragma unroll
@@ -1273,13 +1304,15 @@ bool sample_smem_u(void) {
 /* Views of U of at most this many entries run reject_sample on warp 0 alone (WarpGrp), larger ones on
  * the block: the finisher's ~50 block-wide steps (radix levels, scans, rounds) are each a fraction of
  * a microsecond of barriers, a warp's are a few shuffles, and a warp pass over 3,072 values in shared
- * memory is ~100 loads a lane. OSPREY_SAMPLE_WARP_VIEW=N moves the bound (0: always the block); the
- * choice depends on the row's U alone, so never on the batch. */
-constexpr int64_t kWarpView = 3072;
+ * memory is ~100 loads a lane. OSPREY_SAMPLE_WARP_VIEW=N turns it on for U <= N (kWarpView suggested; 0,
+ * the default until it is measured outside ncu: always the block); passed test_gpu_sampler on an H100
+ * (2026-12-06). The choice depends on the row's U alone, so never on the batch. */
+constexpr int64_t kWarpView = 3072; /* the bound to try (U in shared memory holds up to kUCap) */
+static_assert(kWarpView <= kUCap, "a warp's view stays in shared memory");
 
 int64_t sample_warp_view(void) {
     static int64_t v = INT64_MIN;
-    const int64_t n = env_int("OSPREY_SAMPLE_WARP_VIEW", kWarpView, &v);
+    const int64_t n = env_int("OSPREY_SAMPLE_WARP_VIEW", 0, &v);
     return n > 0 ? (n < (1 << 30) ? n : (1 << 30)) : 0;
 }
 
@@ -1502,22 +1535,24 @@ __global__ void __launch_bounds__(kThreads)
                s);
 }
 
-/* OSPREY_SAMPLE_LIST_BITS=8: the slices' lists by the coarse radix levels (list_threshold) */
+/* OSPREY_SAMPLE_LIST_BITS=10: the slices' lists by the fine radix levels (list_threshold_fine); opt-in */
 bool sample_list_fine(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_LIST_BITS", 10, &v) != 8;
+    return env_int("OSPREY_SAMPLE_LIST_BITS", 8, &v) == 10;
 }
 
-/* OSPREY_SAMPLE_PRELOAD=0: the sliced passes' CTAs of several slices load each slice when they reach it */
+/* OSPREY_SAMPLE_PRELOAD=1: the sliced passes' CTAs of several slices load each next slice before working on
+ * the current one (kPreload); opt-in until measured on a device */
 bool sample_preload(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_PRELOAD", 1, &v) != 0;
+    return env_int("OSPREY_SAMPLE_PRELOAD", 0, &v) == 1;
 }
 
-/* OSPREY_SAMPLE_ONE_LAUNCH=0 keeps the scan its own launch for small grids too (the same bits). */
+/* OSPREY_SAMPLE_ONE_LAUNCH=1 runs small grids in sample_one_launch_kernel (the same bits); opt-in: passed
+ * test_gpu_sampler on an H100 (2026-12-06), its speed not yet measured outside ncu. */
 bool sample_one_launch(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_ONE_LAUNCH", 1, &v) != 0;
+    return env_int("OSPREY_SAMPLE_ONE_LAUNCH", 0, &v) == 1;
 }
 
 /* How many CTAs of sample_one_launch_kernel (dyn bytes of dynamic shared memory) can be resident at once
