@@ -778,8 +778,8 @@ __device__ void process_logits(const osp_cuda_sample_row &p, float *w, uint32_t 
  * constant, so a row's slices, sums and lists depend on the vocabulary alone, never on the batch. Three
  * launches for large grids; the first two are lean (40 registers: three CTAs of 512 threads an SM; 64 and
  * two when a CTA preloads its next slice), the third carries the algorithm. Grids of at most kFusedCtas
- * CTAs run all three in one cooperative launch (sample_one_launch_kernel: a row barrier where the scan's
- * kernel boundary was, the row's last select CTA finishing), or scan + select/finish in two.
+ * CTAs run scan + select/finish in two launches, or (OSPREY_SAMPLE_ONE_LAUNCH=1, opt-in) all three in one
+ * cooperative launch (sample_one_launch_kernel: a row barrier where the scan's kernel boundary was).
  *
  *   sample_scan_kernel    per slice: bias/penalties for the slice's ids (modified rows, into w), raw
  *                         and processed argmax, finiteness; the row's last CTA to finish combines the
@@ -790,8 +790,8 @@ __device__ void process_logits(const osp_cuda_sample_row &p, float *w, uint32_t 
  *                         K of them lie (K: top_k when 1 <= top_k <= kListKMax, else kListKDefault), found
  *                         by a radix histogram over the float bits, at most kListCap entries, in id order.
  *   sample_finish_kernel  one CTA per row: greedy and failed rows from the RowState; the others sample
- *                         as below (the rejection rounds over U on warp 0 alone when U is small, see
- *                         kWarpView), then logprobs.
+ *                         as below (the rejection rounds over a small U on warp 0 alone when
+ *                         OSPREY_SAMPLE_WARP_VIEW allows it, see kWarpView), then logprobs.
  *
  * Why the lists suffice. A token left out of its slice's list has at least K weights of its slice
  * strictly above it, so every token with fewer than K weights above it in the row is in the union U of
