@@ -102,11 +102,12 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     run "test_gpu_sampler (unfused, one slice a CTA)" env OSPREY_SAMPLE_FUSED=0 OSPREY_SAMPLE_GRID_CTAS=0 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (slices grouped from 256 CTAs)" env OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (U in global memory)" env OSPREY_SAMPLE_SMEM_U=0 $G/bin/test_gpu_sampler
-    # the opt-in shapes of 2026-12-06 (sample.cu): the finisher's rounds on one warp for small U, small
-    # grids in one cooperative launch, finer list thresholds with each next slice preloaded
+    # the opt-in shapes (sample.cu): the finisher's rounds on one warp for small U, each next slice
+    # preloaded with warp-aggregated radix histograms; and the defaults before 2026-12-06 (small grids in
+    # two launches, 8-bit list levels)
     run "test_gpu_sampler (warp finisher)" env OSPREY_SAMPLE_WARP_VIEW=3072 $G/bin/test_gpu_sampler
-    run "test_gpu_sampler (one launch)" env OSPREY_SAMPLE_ONE_LAUNCH=1 $G/bin/test_gpu_sampler
-    run "test_gpu_sampler (fine lists, preload)" env OSPREY_SAMPLE_LIST_BITS=10 OSPREY_SAMPLE_PRELOAD=1 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (preload, aggregated histograms)" env OSPREY_SAMPLE_PRELOAD=1 OSPREY_SAMPLE_HIST_AGG=1 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (two launches, 8-bit lists)" env OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8 $G/bin/test_gpu_sampler
     # the bf16 GEMM's batch invariance: cuBLASLt (split-K by the T = 1 rule, the default), then the
     # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL
     run test_gpu_gemm $G/bin/test_gpu_gemm

@@ -4,11 +4,12 @@
 # names a sample_bench built from an older tree, that sampler too (the before/after of a change).
 # Prints one table: setting, batch, microseconds a call for each, and torch / osprey. osprey runs as
 # sample_bench does by default (programmatic dependent launch off), then with PDL on, then with the
-# opt-in shapes of 2026-12-06 (sample.cu) one at a time and together: "1launch" runs small grids in one
-# cooperative launch (OSPREY_SAMPLE_ONE_LAUNCH=1), "warpU" the finisher's rejection rounds on one warp for
-# U <= 3,072 (OSPREY_SAMPLE_WARP_VIEW=3072), "list10" builds the slices' lists on finer radix levels
-# (OSPREY_SAMPLE_LIST_BITS=10), "pre" preloads each next slice in CTAs of several (OSPREY_SAMPLE_PRELOAD=1),
-# "all" the four. SAMPLE_SETTINGS=i,... (sample_bench.c's indices) times only those settings.
+# sampler's other shapes one at a time (sample.cu; the same tokens by design up to rounding): "old" the
+# defaults before 2026-12-06 (two launches for small grids, 8-bit list levels: OSPREY_SAMPLE_ONE_LAUNCH=0
+# OSPREY_SAMPLE_LIST_BITS=8), "agg" warp-aggregated radix histograms (OSPREY_SAMPLE_HIST_AGG=1), "warpU" the
+# finisher's rejection rounds on one warp for U <= 3,072 (OSPREY_SAMPLE_WARP_VIEW=3072), "pre" each next
+# slice preloaded in CTAs of several (OSPREY_SAMPLE_PRELOAD=1), "agg+pre" the two.
+# SAMPLE_SETTINGS=i,... (sample_bench.c's indices) times only those settings.
 #   usage: bash bench/gpu/sample.sh [vocab reps]     (G: the unpacked binaries, default /tmp/osprey-gpu/gpu)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -23,17 +24,17 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 # with programmatic dependent launch forced on (the CUDA backend turns it on when its matrices are quantized)
 OSPREY_CUDA_PDL=1 "$G/bin/sample_bench" "$vocab" "$reps" | sed 's/"sampler": "osprey"/"sampler": "osprey-pdl"/' > "$dir/pdl.jsonl" ||
     echo "sample_bench (PDL) failed"
-# the opt-in shapes, one at a time and all together (the same tokens by design up to rounding)
+# the other shapes, one at a time
 variant() { # name, then the environment
     local name=$1; shift
     env "$@" "$G/bin/sample_bench" "$vocab" "$reps" | sed "s/\"sampler\": \"osprey\"/\"sampler\": \"osprey-$name\"/" \
         > "$dir/$name.jsonl" || echo "sample_bench ($name) failed"
 }
-variant 1launch OSPREY_SAMPLE_ONE_LAUNCH=1
+variant old OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8
+variant agg OSPREY_SAMPLE_HIST_AGG=1
 variant warpU OSPREY_SAMPLE_WARP_VIEW=3072
-variant list10 OSPREY_SAMPLE_LIST_BITS=10
 variant pre OSPREY_SAMPLE_PRELOAD=1
-variant all OSPREY_SAMPLE_ONE_LAUNCH=1 OSPREY_SAMPLE_WARP_VIEW=3072 OSPREY_SAMPLE_LIST_BITS=10 OSPREY_SAMPLE_PRELOAD=1
+variant agg+pre OSPREY_SAMPLE_HIST_AGG=1 OSPREY_SAMPLE_PRELOAD=1
 if [ -n "${BASE_BENCH:-}" ]; then
     "$BASE_BENCH" "$vocab" "$reps" | sed 's/"sampler": "osprey"/"sampler": "osprey-base"/' > "$dir/base.jsonl" ||
         echo "base sample_bench failed"
@@ -43,7 +44,7 @@ python3 - "$dir" <<'EOF'
 import json, sys, os
 d = sys.argv[1]
 rows = {}
-for f in ("osprey.jsonl", "pdl.jsonl", "1launch.jsonl", "warpU.jsonl", "list10.jsonl", "pre.jsonl", "all.jsonl",
+for f in ("osprey.jsonl", "pdl.jsonl", "old.jsonl", "agg.jsonl", "warpU.jsonl", "pre.jsonl", "agg+pre.jsonl",
           "base.jsonl", "torch.jsonl"):
     p = os.path.join(d, f)
     if not os.path.exists(p):
@@ -51,7 +52,7 @@ for f in ("osprey.jsonl", "pdl.jsonl", "1launch.jsonl", "warpU.jsonl", "list10.j
     for line in open(p):
         r = json.loads(line)
         rows.setdefault((r["setting"], r["batch"]), {})[r["sampler"]] = r["us"]
-cols = ["osprey", "osprey-pdl", "osprey-1launch", "osprey-warpU", "osprey-list10", "osprey-pre", "osprey-all",
+cols = ["osprey", "osprey-pdl", "osprey-old", "osprey-agg", "osprey-warpU", "osprey-pre", "osprey-agg+pre",
         "osprey-base", "torch-sort"]
 cols = [c for c in cols if any(c in v for v in rows.values())]
 print(f"{'setting':<24} {'B':>4} " + " ".join(f"{c.replace('osprey-', '') + ' us':>11}" for c in cols) + f" {'torch/osprey':>13}")

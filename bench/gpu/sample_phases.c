@@ -17,7 +17,7 @@ void osp_cuda_sample_phases(long long *fin, long long *cta);
 void osp_cuda_sample_phases_clear(void);
 int osp_cuda_sample_phases_clock_khz(void);
 
-static long long fin[256][8], cta[2][8192][2];
+static long long fin[256][16], cta[2][8192][4];
 
 #define CHECK(x)                                                                                   \
     do {                                                                                           \
@@ -83,7 +83,21 @@ int main(int argc, char **argv) {
             }
         if (m) printf("  %-46s %5d CTAs, span %8.1f us, mean CTA %7.2f us\n", pass[q], m, (hi - lo) / 1e3, sum / 1e3 / m);
     }
-    double ph[4] = {0}, nu = 0, rd = 0;
+    { /* select's first slice a CTA: weights and their aggregate, the list threshold, the rest */
+        double w = 0, th = 0, rest = 0;
+        int m = 0;
+        for (int c = 0; c < 8192; c++)
+            if (cta[1][c][0] && cta[1][c][1] && cta[1][c][2] && cta[1][c][3]) {
+                w += (double)(cta[1][c][2] - cta[1][c][0]), th += (double)(cta[1][c][3] - cta[1][c][2]);
+                rest += (double)(cta[1][c][1] - cta[1][c][3]);
+                m++;
+            }
+        if (m)
+            printf("  select, first slice of a CTA (mean): weights + aggregate %.2f us, list threshold %.2f us, "
+                   "the rest of the CTA %.2f us\n", w / 1e3 / m, th / 1e3 / m, rest / 1e3 / m);
+    }
+    double ph[4] = {0}, nu = 0, rd = 0, sub[4] = {0};
+    int msub = 0;
     int paths[5] = {0}, m = 0;
     for (int r = 0; r < B && r < 256; r++) {
         const long long *e = fin[r];
@@ -92,6 +106,11 @@ int main(int argc, char **argv) {
         ph[0] += (double)(e[1] - e[0]), ph[1] += (double)(e[2] - e[1]), ph[2] += (double)(e[3] - e[2]);
         ph[3] += (double)(e[4] - e[3]), nu += (double)e[5], rd += (double)e[7];
         m++;
+        if (e[8] && e[9] && e[10] && e[11]) { /* top-k with top-p on U: the draw's parts */
+            sub[0] += (double)(e[11] - e[2]), sub[1] += (double)(e[8] - e[11]), sub[2] += (double)(e[9] - e[8]);
+            sub[3] += (double)(e[10] - e[9]);
+            msub++;
+        }
     }
     printf("  finisher paths: greedy/failed %d, U on a warp %d, U on the block %d, one draw %d, one block %d\n",
            paths[0], paths[1], paths[2], paths[3], paths[4]);
@@ -100,5 +119,10 @@ int main(int argc, char **argv) {
                "rounds %.2f\n",
                ph[0] / m / khz * 1e3, ph[1] / m / khz * 1e3, ph[2] / m / khz * 1e3, ph[3] / m / khz * 1e3, nu / m,
                rd / m);
+    if (msub)
+        printf("  draw's parts (mean): top-k select level 0 + compaction %.2f us, levels 1-2 %.2f us, aggregate "
+               "%.2f us, round 0's draw %.2f us\n",
+               sub[0] / msub / khz * 1e3, sub[1] / msub / khz * 1e3, sub[2] / msub / khz * 1e3,
+               sub[3] / msub / khz * 1e3);
     return 0;
 }

@@ -59,8 +59,12 @@ namespace {
 /* OSPREY_SAMPLE_PHASES (a profiling build only, bench/gpu/sample_phases.sh): clock64 marks in the finisher
  * and globaltimer marks around each CTA of the sliced passes, read back by osp_cuda_sample_phases. */
 #ifdef OSPREY_SAMPLE_PHASES
-__device__ long long g_fin[256][8]; /* per row: clock at entry, preamble, gather, draw, exit; n_u, path, rounds */
-__device__ long long g_cta[2][8192][2]; /* scan (0) / select (1) per CTA (x + y * gridDim.x): start, end ns */
+/* per row: clock at entry, preamble, gather, draw, exit; n_u, path, rounds; then inside reject_sample: top-k's
+ * threshold found (8), its aggregate (9), round 0's draw (10), kth_largest's level 0 with its compaction (11) */
+__device__ long long g_fin[256][16];
+/* scan (0) / select (1) per CTA (x + y * gridDim.x): start, end ns; select's first slice: weights and their
+ * aggregate done (2), list threshold found (3) */
+__device__ long long g_cta[2][8192][4];
 __device__ __forceinline__ long long gtimer() {
     long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -68,7 +72,9 @@ __device__ __forceinline__ long long gtimer() {
 }
 #define PH_FIN(row, i, v) do { if (threadIdx.x == 0 && (row) < 256) g_fin[row][i] = (v); } while (0)
 #define PH_CTA(k, i) do { const unsigned c_ = blockIdx.x + blockIdx.y * gridDim.x; if (threadIdx.x == 0 && c_ < 8192) g_cta[k][c_][i] = gtimer(); } while (0)
+#define PH_SUB(s, i) do { if (threadIdx.x == 0 && (s).ph_row >= 0 && (s).ph_row < 256) g_fin[(s).ph_row][i] = clock64(); } while (0)
 #else
+#define PH_SUB(s, i) do { } while (0)
 #define PH_FIN(row, i, v) do { } while (0)
 #define PH_CTA(k, i) do { } while (0)
 #endif
@@ -193,11 +199,41 @@ union TempStorage {
     cub::BlockScan<int, kThreads>::TempStorage s_int;
 };
 
+/* The sampler's switches a kernel passes down (Shared::opts): the slices' lists on 10-bit radix levels
+ * (list_threshold_fine), radix histograms with warp-aggregated increments (hist_add). */
+constexpr int kOptFineLists = 1;
+constexpr int kOptHistAgg = 2;
+
 struct Shared {
     TempStorage tmp;
     uint32_t hist[kBins];
     int bcast[3];
+    int opts; /* kOpt* bits, set by the kernel before its first barrier */
+#ifdef OSPREY_SAMPLE_PHASES
+    int ph_row; /* the row finish_row works on (-1 before), for PH_SUB */
+#endif
 };
+
+/* hist[bin] += 1 for every lane with `valid`. All 32 lanes of the warp call it together. agg: lanes
+ * holding the same bin add once, through their lowest lane (__match_any_sync), so a skewed histogram (the
+ * weights crowd a few exponents) costs one shared atomic per distinct bin a warp instead of one per lane
+ * on the same address; the counts are the same either way. */
+__device__ __forceinline__ void hist_add(uint32_t *hist, uint32_t bin, bool valid, bool agg) {
+    if (!agg) {
+        if (valid) atomicAdd(&hist[bin], 1u);
+        return;
+    }
+    const unsigned peers = __match_any_sync(0xFFFFFFFFu, valid ? bin : 0xFFFFFFFFu);
+    if (valid && (int)(threadIdx.x & 31u) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
+}
+
+/* Thread 0, before the kernel's first barrier: the switches (kOpt*) into s. */
+__device__ __forceinline__ void shared_init(Shared &s, int opts) {
+    s.opts = opts;
+#ifdef OSPREY_SAMPLE_PHASES
+    s.ph_row = -1;
+#endif
+}
 
 /* The reduction of x over the block, returned to every thread. All threads must call it. */
 template <typename T, typename Op>
@@ -464,10 +500,27 @@ __device__ float kth_largest(View &v, float lo, int k, Shared &s) {
         const int sh = 20 - 10 * level;
         for (int b = G::rank(); b < kBins; b += G::N) s.hist[b] = 0;
         G::sync();
-        for_each<G>(v.w, v.n, [&](int, float x) {
-            const uint32_t bits = __float_as_uint(x);
-            if (x > lo && (level == 0 || (bits >> (sh + 10)) == prefix)) atomicAdd(&s.hist[(bits >> sh) & 1023u], 1u);
-        });
+        if (s.opts & kOptHistAgg) { /* every lane the same trip count: hist_add needs the whole warp */
+            for (int base = 0; base < v.n; base += 4 * G::N) {
+                float x[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int i = base + u * G::N + G::rank();
+                    x[u] = i < v.n ? v.w[i] : 0.0f; /* 0 is never > lo >= 0 */
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint32_t bits = __float_as_uint(x[u]);
+                    hist_add(s.hist, (bits >> sh) & 1023u, x[u] > lo && (level == 0 || (bits >> (sh + 10)) == prefix),
+                             true);
+                }
+            }
+        } else {
+            for_each<G>(v.w, v.n, [&](int, float x) {
+                const uint32_t bits = __float_as_uint(x);
+                if (x > lo && (level == 0 || (bits >> (sh + 10)) == prefix)) atomicAdd(&s.hist[(bits >> sh) & 1023u], 1u);
+            });
+        }
         G::sync();
         /* bins in descending order: member t holds positions t * kBins / N + j */
         constexpr int kPer = kBins / G::N;
@@ -498,6 +551,7 @@ __device__ float kth_largest(View &v, float lo, int k, Shared &s) {
             const float below = first ? __uint_as_float(first - 1u) : 0.0f;
             if (below > lo) lo = below;
             maybe_compact<G>(v, lo, at_or_above, s);
+            PH_SUB(s, 11);
         }
     }
     return __uint_as_float(prefix);
@@ -580,10 +634,12 @@ __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int coun
     }
     if (k && p_on) { /* top-k first: its threshold becomes the pivot, top-p by rejection inside it */
         const float t = kth_largest<G>(v, fmaxf(lo, kth_floor), k, s);
+        PH_SUB(s, 8);
         lo = nextafterf(t, 0.0f);
         const Agg g = aggregate2<G>(v, lo, lo, s);
         count_lo = g.c0, mass_lo = g.m0;
         k = 0;
+        PH_SUB(s, 9);
     }
     const double target = p_on ? (double)top_p * mass_lo : 0.0;
     float hi = 1.0f;
@@ -591,6 +647,7 @@ __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int coun
         const double u = uniform_at(seed, sample_index, position, (uint32_t)r);
         maybe_compact<G>(v, lo, count_lo, s);
         const int j = draw_index<G>(v, lo, u * mass_lo, s);
+        if (r == 0) PH_SUB(s, 10);
         if (!k && !p_on) return view_id(v, j); /* min-p only (or nothing): one draw */
         const float q = v.w[j];
         *rounds = r + 1;
@@ -890,8 +947,8 @@ __device__ uint32_t list_threshold(const float e[kItems], float lo, int need, in
 #pragma unroll
         for (int j = 0; j < kItems; j++) {
             const uint32_t bits = __float_as_uint(e[j]);
-            if (e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix))
-                atomicAdd(&s.hist[(bits >> sh) & kMask[level]], 1u);
+            hist_add(s.hist, (bits >> sh) & kMask[level],
+                     e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix), s.opts & kOptHistAgg);
         }
         __syncthreads();
         const int h = threadIdx.x < 256 ? (int)s.hist[255 - threadIdx.x] : 0; /* bins from the top */
@@ -910,10 +967,10 @@ __device__ uint32_t list_threshold(const float e[kItems], float lo, int need, in
     return 0; /* unreachable */
 }
 
-/* list_threshold on finer radix levels, 10, 10 and 10 bits (OSPREY_SAMPLE_LIST_BITS=10; opt-in until measured
- * on a device): list_threshold's level 0 of 8 bits has buckets a factor of ~1.5 in weight wide, so a list
- * often holds twice its `need` (sample_bench's rows: U ~2,200-3,600 entries for top_k 50, against ~1,800
- * here by a host simulation). Same contract as list_threshold. */
+/* list_threshold on finer radix levels, 10, 10 and 10 bits (the default; OSPREY_SAMPLE_LIST_BITS=8 takes
+ * list_threshold): list_threshold's level 0 of 8 bits has buckets a factor of ~1.5 in weight wide, so a list
+ * often holds twice its `need` (sample_bench's rows on an H100: U 2,634 entries a row for top_k 50 at B = 128,
+ * 1,816 here). Same contract as list_threshold. */
 __device__ uint32_t list_threshold_fine(const float e[kItems], float lo, int need, int *count, Shared &s) {
     constexpr int kShift[3] = {20, 10, 0};
     constexpr int kPer = kBins / kThreads;
@@ -927,8 +984,8 @@ __device__ uint32_t list_threshold_fine(const float e[kItems], float lo, int nee
 #pragma unroll
         for (int j = 0; j < kItems; j++) {
             const uint32_t bits = __float_as_uint(e[j]);
-            if (e[j] > lo && (level == 0 || (bits >> (sh + 10)) == prefix))
-                atomicAdd(&s.hist[(bits >> sh) & (uint32_t)(kBins - 1)], 1u);
+            hist_add(s.hist, (bits >> sh) & (uint32_t)(kBins - 1),
+                     e[j] > lo && (level == 0 || (bits >> (sh + 10)) == prefix), s.opts & kOptHistAgg);
         }
         __syncthreads();
         /* bins from the top: thread t holds positions 2t, 2t + 1 */
@@ -1061,7 +1118,7 @@ __global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     osp_pdl_begin();
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
-    if (threadIdx.x == 0) p = rows[blockIdx.y];
+    if (threadIdx.x == 0) p = rows[blockIdx.y], shared_init(s, 0);
     __syncthreads();
     PH_CTA(0, 0);
     const RowPtrs rp = row_ptrs(scratch, L, (int)blockIdx.y);
@@ -1095,7 +1152,7 @@ __device__ __forceinline__ RowParams row_params(const osp_cuda_sample_row &p, co
 }
 
 /* Slices [c_begin, c_end) of a row still to sample, each on its own (a slice's results do not depend on
- * how slices group into CTAs): weights, count and mass above lo, the candidate list. fine: list_threshold's
+ * how slices group into CTAs): weights, count and mass above lo, the candidate list. fine: list_threshold_fine's
  * levels; preload: as scan_part's. */
 __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMax &best, int32_t vocab, int c_begin,
                               int c_end, bool fine, bool preload, Shared &s) {
@@ -1118,11 +1175,13 @@ __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMa
         if (e[j] > q.lo) a.c0++, a.m0 += (double)e[j];
     }
     a = block_reduce(a, AggOp(), s);
+    if (c == c_begin) PH_CTA(1, 2);
     const int need = a.c0 < q.K ? a.c0 : q.K;
     int count = 0;
     const uint32_t thr = need <= 0 ? 0xFFFFFFFFu
                          : fine    ? list_threshold_fine(e, q.lo, need, &count, s)
                                    : list_threshold(e, q.lo, need, &count, s);
+    if (c == c_begin) PH_CTA(1, 3);
     const bool overflow = count > kListCap;
     int keep = 0;
 #pragma unroll
@@ -1144,19 +1203,20 @@ __device__ void select_slices(const RowPtrs &rp, const RowParams &q, const ArgMa
 template <bool kPreload>
 __global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     sample_select_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
-                         unsigned char *scratch, Layout L, int spc, int fine) {
+                         unsigned char *scratch, Layout L, int spc, int opts) {
     osp_pdl_begin();
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
     const int row = blockIdx.y, G = (vocab + kSlice - 1) / kSlice;
     const RowPtrs rp = row_ptrs(scratch, L, row);
     if (!rp.st->ok || rp.st->greedy) return; /* written by the scan kernel, which has completed */
-    if (threadIdx.x == 0) p = rows[row];
+    if (threadIdx.x == 0) p = rows[row], shared_init(s, opts);
     __syncthreads();
     const ArgMax best{rp.st->best_v, rp.st->best_i};
     const int c_end = ((int)blockIdx.x + 1) * spc < G ? ((int)blockIdx.x + 1) * spc : G;
     PH_CTA(1, 0);
-    select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, (int)blockIdx.x * spc, c_end, fine, kPreload, s);
+    select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, (int)blockIdx.x * spc, c_end,
+                  opts & kOptFineLists, kPreload, s);
     PH_CTA(1, 1);
 }
 
@@ -1334,6 +1394,9 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     const bool ok = __ldcg(&rp.st->ok), greedy = __ldcg(&rp.st->greedy);
     const ArgMax best{__ldcg(&rp.st->best_v), __ldcg(&rp.st->best_i)};
     int token = 0, rounds = 0;
+#ifdef OSPREY_SAMPLE_PHASES
+    if (threadIdx.x == 0) s.ph_row = row; /* read by thread 0 alone (PH_SUB) */
+#endif
     PH_FIN(row, 0, clock64());
     PH_FIN(row, 6, 0);
     if (ok && greedy) {
@@ -1432,12 +1495,12 @@ __global__ void __launch_bounds__(kThreads)
     sample_finish_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
                          unsigned char *scratch, Layout L, int32_t *__restrict__ tokens,
                          osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
-                         int32_t *__restrict__ rounds_out, int smem_u, int warp_view) {
+                         int32_t *__restrict__ rounds_out, int smem_u, int warp_view, int opts) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
-    if (threadIdx.x == 0) p = rows[blockIdx.x];
+    if (threadIdx.x == 0) p = rows[blockIdx.x], shared_init(s, opts);
     __syncthreads();
     finish_row(logits, vocab, p, (int)blockIdx.x, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u,
                warp_view, dyn, s);
@@ -1451,7 +1514,7 @@ __global__ void __launch_bounds__(kThreads)
                                 const osp_cuda_sample_row *__restrict__ rows, unsigned char *scratch, Layout L,
                                 int32_t *__restrict__ tokens, osp_status *__restrict__ status,
                                 osp_logprobs *__restrict__ lps, int max_rounds, int32_t *__restrict__ rounds_out,
-                                int smem_u, int warp_view, int fine) {
+                                int smem_u, int warp_view, int opts) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
@@ -1460,12 +1523,12 @@ __global__ void __launch_bounds__(kThreads)
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool done = !rp.st->ok || rp.st->greedy; /* written by the scan kernel, which has completed */
     if (done && c != 0) return;
-    if (threadIdx.x == 0) p = rows[row];
+    if (threadIdx.x == 0) p = rows[row], shared_init(s, opts);
     __syncthreads();
     if (!done) {
         const ArgMax best{rp.st->best_v, rp.st->best_i};
         PH_CTA(1, 0);
-        select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, c, c + 1, fine, false, s);
+        select_slices(rp, row_params(p, logits, vocab, rp), best, vocab, c, c + 1, opts & kOptFineLists, false, s);
         PH_CTA(1, 1);
         if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
     }
@@ -1505,13 +1568,13 @@ __global__ void __launch_bounds__(kThreads)
                              const int32_t *__restrict__ bias_ids, const float *__restrict__ bias_vals,
                              unsigned char *scratch, Layout L, int32_t *__restrict__ tokens,
                              osp_status *__restrict__ status, osp_logprobs *__restrict__ lps, int max_rounds,
-                             int32_t *__restrict__ rounds_out, int smem_u, int warp_view, int fine) {
+                             int32_t *__restrict__ rounds_out, int smem_u, int warp_view, int opts) {
     osp_pdl_begin();
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
     const int row = blockIdx.y, c = blockIdx.x;
-    if (threadIdx.x == 0) p = rows[row];
+    if (threadIdx.x == 0) p = rows[row], shared_init(s, opts);
     __syncthreads();
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
@@ -1528,17 +1591,26 @@ __global__ void __launch_bounds__(kThreads)
         return;
     }
     PH_CTA(1, 0);
-    select_slices(rp, row_params(p, logits, vocab, rp), so.best, vocab, c, c + 1, fine, false, s);
+    select_slices(rp, row_params(p, logits, vocab, rp), so.best, vocab, c, c + 1, opts & kOptFineLists, false, s);
     PH_CTA(1, 1);
     if (!last_to_arrive(&rp.st->arrive_select, gridDim.x)) return;
     finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u, warp_view, dyn,
                s);
 }
 
-/* OSPREY_SAMPLE_LIST_BITS=10: the slices' lists by the fine radix levels (list_threshold_fine); opt-in */
+/* The slices' lists by the fine radix levels (list_threshold_fine), the default since 2026-12-06
+ * (H100, bench/gpu/sample.sh: never slower, top-k 50 + top-p 0.9 at B = 128 169.2 -> 161.4 us, U 2,634 ->
+ * 1,816 entries a row); OSPREY_SAMPLE_LIST_BITS=8: list_threshold's coarse levels. */
 bool sample_list_fine(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_LIST_BITS", 8, &v) == 10;
+    return env_int("OSPREY_SAMPLE_LIST_BITS", 10, &v) != 8;
+}
+
+/* OSPREY_SAMPLE_HIST_AGG=1: the radix histograms (the lists' thresholds, top-k's select) add through
+ * hist_add's warp aggregation; opt-in until measured on a device. The same counts, so the same bits. */
+bool sample_hist_agg(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_HIST_AGG", 0, &v) == 1;
 }
 
 /* OSPREY_SAMPLE_PRELOAD=1: the sliced passes' CTAs of several slices load each next slice before working on
@@ -1548,11 +1620,12 @@ bool sample_preload(void) {
     return env_int("OSPREY_SAMPLE_PRELOAD", 0, &v) == 1;
 }
 
-/* OSPREY_SAMPLE_ONE_LAUNCH=1 runs small grids in sample_one_launch_kernel (the same bits); opt-in: passed
- * test_gpu_sampler on an H100 (2026-12-06), its speed not yet measured outside ncu. */
+/* Small grids run in sample_one_launch_kernel (the same bits), the default since 2026-12-06 (H100,
+ * bench/gpu/sample.sh: B = 1 top-k 50 + top-p 0.9 38.9 -> 37.5 us, greedy 15.3 -> 11.8, T = 1 26.1 ->
+ * 24.1; B = 8 the same within 0.4 us); OSPREY_SAMPLE_ONE_LAUNCH=0: scan, then select with finish. */
 bool sample_one_launch(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_ONE_LAUNCH", 0, &v) == 1;
+    return env_int("OSPREY_SAMPLE_ONE_LAUNCH", 1, &v) != 0;
 }
 
 /* How many CTAs of sample_one_launch_kernel (dyn bytes of dynamic shared memory) can be resident at once
@@ -1597,7 +1670,7 @@ Layout layout_for(int32_t vocab) {
 extern "C" {
 
 #ifdef OSPREY_SAMPLE_PHASES
-/* The profiling build's marks (see OSPREY_SAMPLE_PHASES): fin [256 * 8], cta [2 * 8192 * 2]. */
+/* The profiling build's marks (see OSPREY_SAMPLE_PHASES): fin [256 * 16], cta [2 * 8192 * 4]. */
 void osp_cuda_sample_phases(long long *fin, long long *cta) {
     cudaDeviceSynchronize();
     cudaMemcpyFromSymbol(fin, g_fin, sizeof g_fin);
@@ -1610,7 +1683,7 @@ int osp_cuda_sample_phases_clock_khz(void) {
     return khz;
 }
 void osp_cuda_sample_phases_clear(void) {
-    static long long z[2][8192][2];
+    static long long z[2][8192][4];
     cudaMemcpyToSymbol(g_cta, z, sizeof z);
 }
 #endif
@@ -1645,7 +1718,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         const int smem_u = sample_smem_u() ? 1 : 0;
         const int warp_view = (int)sample_warp_view();
         const size_t dyn = smem_u ? kUSmemBytes : 0;
-        const int fine = sample_list_fine() ? 1 : 0;
+        const int opts = (sample_list_fine() ? kOptFineLists : 0) | (sample_hist_agg() ? kOptHistAgg : 0);
         if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
             (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
             cudaLaunchAttribute attr[1];
@@ -1660,7 +1733,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
             cfg.numAttrs = 1;
             (void)cudaLaunchKernelEx(&cfg, sample_one_launch_kernel, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids,
                                      d_bias_vals, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u,
-                                     warp_view, fine);
+                                     warp_view, opts);
             OSP_CUDA_LAUNCH_CHECK("sample_one_launch_kernel");
             continue;
         }
@@ -1675,15 +1748,15 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         if ((int64_t)n * slices <= kFusedCtas && sample_fused()) { /* a small grid: select and finish in one */
             osp_launch(sample_select_finish_kernel, dim3((unsigned)slices, (unsigned)n), kThreads, dyn,
                        (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp,
-                       (int)max_rounds, rd, smem_u, warp_view, fine);
+                       (int)max_rounds, rd, smem_u, warp_view, opts);
             OSP_CUDA_LAUNCH_CHECK("sample_select_finish_kernel");
             continue;
         }
         osp_launch(preload ? sample_select_kernel<true> : sample_select_kernel<false>, grid, kThreads, 0,
-                   (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, (int)spc, fine);
+                   (cudaStream_t)stream, d_logits, vocab, d_rows + r0, sc, L, (int)spc, opts);
         OSP_CUDA_LAUNCH_CHECK("sample_select_kernel");
         osp_launch(sample_finish_kernel, dim3((unsigned)n), kThreads, dyn, (cudaStream_t)stream, d_logits, vocab,
-                   d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u, warp_view);
+                   d_rows + r0, sc, L, d_tokens + r0, d_status + r0, lp, (int)max_rounds, rd, smem_u, warp_view, opts);
         OSP_CUDA_LAUNCH_CHECK("sample_finish_kernel");
     }
     return OSP_OK;
