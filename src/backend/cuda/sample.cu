@@ -54,6 +54,12 @@ extern "C" {
 #include "sample/reject.h"
 }
 
+/* The block-wide steps: cub's (the default build until the one-barrier ones below are measured on a
+ * device) or, built with -DOSPREY_SAMPLE_WARP_REDUCE, shuffles within each warp and one barrier. */
+#if !defined(OSPREY_SAMPLE_WARP_REDUCE) && !defined(OSPREY_SAMPLE_CUB_REDUCE)
+#define OSPREY_SAMPLE_CUB_REDUCE
+#endif
+
 namespace {
 
 /* OSPREY_SAMPLE_PHASES (a profiling build only, bench/gpu/sample_phases.sh): clock64 marks in the finisher
@@ -205,7 +211,12 @@ constexpr int kOptFineLists = 1;
 constexpr int kOptHistAgg = 2;
 
 struct Shared {
+#ifdef OSPREY_SAMPLE_CUB_REDUCE
     TempStorage tmp;
+#else
+    alignas(16) unsigned char red[2][kThreads / 32][32]; /* the warps' partials of a block-wide step, two halves */
+    unsigned char tog[kThreads];                         /* each thread's next half (red_half) */
+#endif
     uint32_t hist[kBins];
     int bcast[3];
     int opts; /* kOpt* bits, set by the kernel before its first barrier */
@@ -227,14 +238,53 @@ __device__ __forceinline__ void hist_add(uint32_t *hist, uint32_t bin, bool vali
     if (valid && (int)(threadIdx.x & 31u) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
 }
 
-/* Thread 0, before the kernel's first barrier: the switches (kOpt*) into s. */
+/* Every thread, before the kernel's first barrier: the switches (kOpt*) into s, the reduction halves. */
 __device__ __forceinline__ void shared_init(Shared &s, int opts) {
+#ifndef OSPREY_SAMPLE_CUB_REDUCE
+    s.tog[threadIdx.x] = 0;
+#endif
+    if (threadIdx.x != 0) return;
     s.opts = opts;
 #ifdef OSPREY_SAMPLE_PHASES
     s.ph_row = -1;
 #endif
 }
 
+/* x from lane (this lane ^ mask), word by word (any trivially copyable T of whole 32-bit words). */
+template <typename T>
+__device__ __forceinline__ T shfl_xor_words(const T &x, int mask) {
+    static_assert(sizeof(T) % 4 == 0, "whole words");
+    uint32_t w[sizeof(T) / 4];
+    memcpy(w, &x, sizeof(T));
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 4); i++) w[i] = __shfl_xor_sync(0xFFFFFFFFu, w[i], mask);
+    T r;
+    memcpy(&r, w, sizeof(T));
+    return r;
+}
+
+/* A butterfly over the warp: each step combines a lane's value with its partner's, op(a, b) and op(b, a)
+ * being equal for these commutative ops, so every lane ends with the same bits. */
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T x, Op op) {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) x = op(x, shfl_xor_words(x, m));
+    return x;
+}
+
+/* Inclusive prefix sum over the warp's lanes (Kogge-Stone); the same tree for every warp. */
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T x) {
+    const int lane = (int)(threadIdx.x & 31u);
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const T y = __shfl_up_sync(0xFFFFFFFFu, x, d);
+        if (lane >= d) x = x + y;
+    }
+    return x;
+}
+
+#ifdef OSPREY_SAMPLE_CUB_REDUCE
 /* The reduction of x over the block, returned to every thread. All threads must call it. */
 template <typename T, typename Op>
 __device__ T block_reduce(T x, Op op, Shared &s) {
@@ -260,6 +310,61 @@ __device__ T block_exclusive_sum(T x, T *total, Shared &s) {
     *total = agg;
     return out;
 }
+#else
+/* This thread's half of the warps' partials for the next block-wide step (s.red), toggled each step: a
+ * step writes one half before its barrier and reads it after, so the write of step n + 2 into the same
+ * half comes after step n + 1's barrier, which every thread passes only once done reading step n. */
+template <typename T>
+__device__ __forceinline__ T *red_half(Shared &s) {
+    static_assert(sizeof(T) <= sizeof(s.red[0][0]), "a warp's partial fits its slot");
+    const int h = s.tog[threadIdx.x];
+    s.tog[threadIdx.x] = (unsigned char)(h ^ 1);
+    return reinterpret_cast<T *>(&s.red[h][0][0]);
+}
+
+/* The reduction of x over the block, returned to every thread: a butterfly in each warp, then every
+ * thread combines the 16 warps' results in warp order (one barrier). All threads must call it. */
+template <typename T, typename Op>
+__device__ T block_reduce(T x, Op op, Shared &s) {
+    constexpr int kWarps = kThreads / 32;
+    T *part = red_half<T>(s);
+    const T w = warp_reduce(x, op);
+    if ((threadIdx.x & 31u) == 0) memcpy(reinterpret_cast<unsigned char *>(part) + (threadIdx.x / 32u) * sizeof(s.red[0][0]), &w, sizeof(T));
+    __syncthreads();
+    T r;
+    memcpy(&r, part, sizeof(T));
+#pragma unroll
+    for (int i = 1; i < kWarps; i++) {
+        T y;
+        memcpy(&y, reinterpret_cast<const unsigned char *>(part) + i * sizeof(s.red[0][0]), sizeof(T));
+        r = op(r, y);
+    }
+    return r;
+}
+
+/* Exclusive prefix sum over threads in thread order; *total gets the sum of all (the same bits on every
+ * thread): a scan in each warp, then the warps' totals added in warp order (one barrier). */
+template <typename T>
+__device__ T block_exclusive_sum(T x, T *total, Shared &s) {
+    constexpr int kWarps = kThreads / 32;
+    T *part = red_half<T>(s);
+    const T incl = warp_inclusive_sum(x);
+    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x / 32u);
+    T excl = __shfl_up_sync(0xFFFFFFFFu, incl, 1);
+    if (lane == 31) memcpy(reinterpret_cast<unsigned char *>(part) + warp * sizeof(s.red[0][0]), &incl, sizeof(T));
+    __syncthreads();
+    T pre = (T)0, all = (T)0;
+#pragma unroll
+    for (int i = 0; i < kWarps; i++) {
+        T y;
+        memcpy(&y, reinterpret_cast<const unsigned char *>(part) + i * sizeof(s.red[0][0]), sizeof(T));
+        if (i < warp) pre = pre + y;
+        all = all + y;
+    }
+    *total = all;
+    return lane ? pre + excl : pre;
+}
+#endif
 
 /* Who runs the working-view algorithms below (draws, counts, compaction, radix select): the whole block
  * (BlockGrp), or warp 0 alone (WarpGrp) for small views, where a block's barriers cost more than the
@@ -277,31 +382,12 @@ struct BlockGrp {
     __device__ static T exsum(T x, T *total, Shared &s) { return block_exclusive_sum(x, total, s); }
 };
 
-/* x from lane (this lane ^ mask), word by word (any trivially copyable T of whole 32-bit words). */
-template <typename T>
-__device__ __forceinline__ T shfl_xor_words(const T &x, int mask) {
-    static_assert(sizeof(T) % 4 == 0, "whole words");
-    uint32_t w[sizeof(T) / 4];
-    memcpy(w, &x, sizeof(T));
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(T) / 4); i++) w[i] = __shfl_xor_sync(0xFFFFFFFFu, w[i], mask);
-    T r;
-    memcpy(&r, w, sizeof(T));
-    return r;
-}
-
 struct WarpGrp { /* called by the 32 lanes of warp 0 together, nobody else */
     static constexpr int N = 32;
     __device__ static int rank() { return (int)(threadIdx.x & 31u); }
     __device__ static void sync() { __syncwarp(); }
-    /* a butterfly: each step combines a lane's value with its partner's, op(a, b) and op(b, a) being
-     * equal for these commutative ops, so every lane ends with the same bits */
     template <typename T, typename Op>
-    __device__ static T reduce(T x, Op op, Shared &) {
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) x = op(x, shfl_xor_words(x, m));
-        return x;
-    }
+    __device__ static T reduce(T x, Op op, Shared &) { return warp_reduce(x, op); } /* the same bits on every lane */
     /* exclusive prefix sum over lanes (Kogge-Stone), *total the sum of all, the same on every lane */
     template <typename T>
     __device__ static T exsum(T x, T *total, Shared &) {
@@ -1118,7 +1204,8 @@ __global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     osp_pdl_begin();
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
-    if (threadIdx.x == 0) p = rows[blockIdx.y], shared_init(s, 0);
+    shared_init(s, 0);
+    if (threadIdx.x == 0) p = rows[blockIdx.y];
     __syncthreads();
     PH_CTA(0, 0);
     const RowPtrs rp = row_ptrs(scratch, L, (int)blockIdx.y);
@@ -1210,7 +1297,8 @@ __global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     const int row = blockIdx.y, G = (vocab + kSlice - 1) / kSlice;
     const RowPtrs rp = row_ptrs(scratch, L, row);
     if (!rp.st->ok || rp.st->greedy) return; /* written by the scan kernel, which has completed */
-    if (threadIdx.x == 0) p = rows[row], shared_init(s, opts);
+    shared_init(s, opts);
+    if (threadIdx.x == 0) p = rows[row];
     __syncthreads();
     const ArgMax best{rp.st->best_v, rp.st->best_i};
     const int c_end = ((int)blockIdx.x + 1) * spc < G ? ((int)blockIdx.x + 1) * spc : G;
@@ -1500,7 +1588,8 @@ __global__ void __launch_bounds__(kThreads)
     extern __shared__ __align__(16) unsigned char dyn[];
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
-    if (threadIdx.x == 0) p = rows[blockIdx.x], shared_init(s, opts);
+    shared_init(s, opts);
+    if (threadIdx.x == 0) p = rows[blockIdx.x];
     __syncthreads();
     finish_row(logits, vocab, p, (int)blockIdx.x, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u,
                warp_view, dyn, s);
@@ -1523,7 +1612,8 @@ __global__ void __launch_bounds__(kThreads)
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool done = !rp.st->ok || rp.st->greedy; /* written by the scan kernel, which has completed */
     if (done && c != 0) return;
-    if (threadIdx.x == 0) p = rows[row], shared_init(s, opts);
+    shared_init(s, opts);
+    if (threadIdx.x == 0) p = rows[row];
     __syncthreads();
     if (!done) {
         const ArgMax best{rp.st->best_v, rp.st->best_i};
@@ -1574,7 +1664,8 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
     const int row = blockIdx.y, c = blockIdx.x;
-    if (threadIdx.x == 0) p = rows[row], shared_init(s, opts);
+    shared_init(s, opts);
+    if (threadIdx.x == 0) p = rows[row];
     __syncthreads();
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
