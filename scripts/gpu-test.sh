@@ -108,6 +108,9 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     run "test_gpu_sampler (warp finisher)" env OSPREY_SAMPLE_WARP_VIEW=3072 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (preload, aggregated histograms)" env OSPREY_SAMPLE_PRELOAD=1 OSPREY_SAMPLE_HIST_AGG=1 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (two launches, 8-bit lists)" env OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8 $G/bin/test_gpu_sampler
+    # one pass (the scan builds the lists): in one launch, in the scan kernel with one and several slices a CTA
+    run "test_gpu_sampler (one pass)" env OSPREY_SAMPLE_ONE_PASS=1 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (one pass, two launches, grouped slices)" env OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
     # the bf16 GEMM's batch invariance: cuBLASLt (split-K by the T = 1 rule, the default), then the
     # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL
     run test_gpu_gemm $G/bin/test_gpu_gemm

@@ -26,7 +26,7 @@ run)
     [ -f "$L" ] || SAMPLE_SETTINGS=1 SAMPLE_BATCHES=1 LOGITS_FILE=$L "$G/bin/sample_bench" 128256 1 > /dev/null
     for b in ${BATCHES:-1 8 128}; do
         for v in "" OSPREY_SAMPLE_HIST_AGG=1 "OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8" OSPREY_SAMPLE_PRELOAD=1 \
-            "OSPREY_SAMPLE_HIST_AGG=1 OSPREY_SAMPLE_PRELOAD=1"; do
+            OSPREY_SAMPLE_ONE_PASS=1 "OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_HIST_AGG=1"; do
             echo "-- ${v:-default}"
             env $v "$G/bin/sample_phases" "$L" 128256 "$b" 50 0.9
         done

@@ -394,14 +394,25 @@ static void test_distributions_vocab128256(void **state) {
 
 /* ---- the sliced passes' candidate lists (sample.cu: slices of 4096, lists of at most 512) -------------- */
 
+/* the library's weight, bit for bit */
+static float lib_exp(float w, float mx, float inv_t) {
+    osp_sampler_exp_shifted(&w, 1, mx, inv_t);
+    return w;
+}
+
 /* Rows built to land on each path of the select kernel's last CTA at vocab 128256 (32 slices): lists
  * that cover the filtered set (top-k boundary ties spread over slices, a small min-p set, top_k at
  * and past the lists' depth, top_k = 1 and top_p = 0 over planted ties), lists that overflow (40,000
  * tokens tied at the maximum: ~1,250 a slice), and one-draw rows whose mass is spread over every slice.
+ * The last row is for the one pass (OSPREY_SAMPLE_ONE_PASS=1, sample.cu), whose lists are chosen on
+ * weights against each slice's own maximum: in slice 0, 49 logits at a, one at b and one at c (a > b > c,
+ * distinct weights against a) all round to the same weight against the row's maximum 1024 in slice 1,
+ * so slice 0's list of 50 ends at b while top-k's threshold is that common weight and c is a candidate
+ * (the finisher must see that a weight left out of a list ties with the edge).
  * Same checks as the distributions above: the exact distribution and the CPU's tokens. */
 static void test_slice_lists(void **state) {
     (void)state;
-    enum { V = 128256, NR = 9 };
+    enum { V = 128256, NR = 10 };
     static const big_cfg cfgs[NR] = {
         {"40000 ties at the max, top_k=50 top_p=0.9", 1.0f, 50, 0.9f, 0.0f},
         {"ties at the k-th across slices, top_k=50 top_p=0.95", 1.0f, 50, 0.95f, 0.0f},
@@ -412,6 +423,7 @@ static void test_slice_lists(void **state) {
         {"top_p=0 over 3 ties", 1.0f, 0, 0.0f, 0.0f},
         {"min_p=0.9 T=1", 1.0f, 0, 1.0f, 0.9f},
         {"T=0.5 over a flat row", 0.5f, 0, 1.0f, 0.0f},
+        {"a tie across a list's edge, T=256 top_k=50 top_p=0.999", 256.0f, 50, 0.999f, 0.0f},
     };
     float *logits = malloc(sizeof(float) * (size_t)NR * V);
     assert_non_null(logits);
@@ -420,7 +432,17 @@ static void test_slice_lists(void **state) {
     for (int r = 0; r < NR; r++) {
         float *l = logits + (size_t)r * V;
         const uint64_t salt = 9100 + (uint64_t)r;
-        if (r == 0 || r == 8) {
+        if (r == 9) {
+            const float b = -8.0f, a = b + 4e-5f, c = b - 4e-5f, inv_t = 1.0f / 256.0f;
+            for (int32_t i = 0; i < V; i++) l[i] = (float)(-2048.0 + 100.0 * uni(salt, (uint64_t)i, 0));
+            l[5000] = 1024.0f; /* the row's maximum, in slice 1 */
+            for (int j = 0; j < 49; j++) l[10 + 7 * j] = a;
+            l[600] = b, l[900] = c;
+            /* the construction holds: one weight against the row's maximum, three against slice 0's */
+            assert_true(lib_exp(a, 1024.0f, inv_t) == lib_exp(b, 1024.0f, inv_t));
+            assert_true(lib_exp(c, 1024.0f, inv_t) == lib_exp(b, 1024.0f, inv_t));
+            assert_true(lib_exp(b, a, inv_t) < 1.0f && lib_exp(c, a, inv_t) < lib_exp(b, a, inv_t));
+        } else if (r == 0 || r == 8) {
             for (int32_t i = 0; i < V; i++) l[i] = (float)(6.0 * uni(salt, (uint64_t)i, 0) - 4.0);
             if (r == 0)
                 for (int32_t i = 0; i < V; i++)
@@ -452,12 +474,6 @@ static void test_slice_lists(void **state) {
 }
 
 /* ---- the exact fallback and the rounds, against osp_reject_sample_ex -------------------------------- */
-
-/* the library's weight, bit for bit */
-static float lib_exp(float w, float mx, float inv_t) {
-    osp_sampler_exp_shifted(&w, 1, mx, inv_t);
-    return w;
-}
 
 static void test_fallback_and_rounds(void **state) {
     (void)state;

@@ -185,6 +185,21 @@ struct LpAggOp {
     __device__ LpAgg operator()(const LpAgg &a, const LpAgg &b) const { return LpAgg{a.sum + b.sum, a.above + b.above}; }
 };
 
+struct MaxMin { /* a slice's largest and smallest logit */
+    float mx, mn;
+};
+struct MaxMinOp {
+    __device__ MaxMin operator()(const MaxMin &a, const MaxMin &b) const {
+        return MaxMin{fmaxf(a.mx, b.mx), fminf(a.mn, b.mn)};
+    }
+};
+struct MaxFloatOp {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct MinFloatOp {
+    __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+
 struct MaxIntOp {
     __device__ int operator()(int a, int b) const { return a > b ? a : b; }
 };
@@ -201,6 +216,8 @@ union TempStorage {
     cub::BlockReduce<Agg, kThreads>::TempStorage r_agg;
     cub::BlockReduce<LpAgg, kThreads>::TempStorage r_lp;
     cub::BlockReduce<int, kThreads>::TempStorage r_int;
+    cub::BlockReduce<float, kThreads>::TempStorage r_float;
+    cub::BlockReduce<MaxMin, kThreads>::TempStorage r_maxmin;
     cub::BlockScan<double, kThreads>::TempStorage s_double;
     cub::BlockScan<int, kThreads>::TempStorage s_int;
 };
@@ -209,6 +226,7 @@ union TempStorage {
  * (list_threshold_fine), radix histograms with warp-aggregated increments (hist_add). */
 constexpr int kOptFineLists = 1;
 constexpr int kOptHistAgg = 2;
+constexpr int kOptOnePass = 4; /* see "one pass" below */
 
 struct Shared {
 #ifdef OSPREY_SAMPLE_CUB_REDUCE
@@ -704,11 +722,13 @@ __device__ int sorted_draw(const View &v, float cut, double u, Shared &s) {
 /* reject.c's osp_reject_sample_ex on the view (weights with max exactly 1), the mass and count of
  * {w > lo} already known from the exponentiation pass. Returns the token id; *rounds as the CPU's.
  * kth_floor: a value at most top-k's threshold (0: none known) when top-k and top-p are both on; the
- * radix select then skips the weights below it (the same threshold, fewer values to count). */
+ * radix select then skips the weights below it (the same threshold, fewer values to count). guard: the
+ * largest weight of the row missing from the view (0: none; see "one pass"): -1 is returned, with
+ * nothing drawn, when it would be a candidate once the first pivot is settled. */
 template <typename G>
 __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int count_lo, double mass_lo,
                              uint64_t seed, uint32_t sample_index, uint64_t position, int max_rounds, int *rounds,
-                             float kth_floor, Shared &s) {
+                             float kth_floor, float guard, Shared &s) {
     *rounds = 0;
     bool p_on = top_p < 1.0f;
     int k = top_k > 0 && top_k < count_lo ? top_k : 0;
@@ -727,6 +747,7 @@ __device__ int reject_sample(View &v, int top_k, float top_p, float lo, int coun
         k = 0;
         PH_SUB(s, 9);
     }
+    if (guard > lo) return -1; /* block-uniform: every member has the same lo */
     const double target = p_on ? (double)top_p * mass_lo : 0.0;
     float hi = 1.0f;
     for (int r = 0; r < max_rounds; r++) {
@@ -962,12 +983,17 @@ struct SlicePart {      /* one slice's results (scan: raw..nan0; select: c0..m0)
     int overflow;       /* the list would exceed kListCap (ties): the row takes the one-block path */
     uint32_t thr;       /* the list holds the slice's e > lo with bits >= thr (list_n of them, not overflowed) */
     double m0;          /* sum{e > lo} over the slice, each thread's 8 in order, then the block's tree */
+    /* one pass (the scan built the list; see below): e, thr and m0 are relative to the slice's own largest
+     * logit `ref`, the list holds logits; mn: the slice's smallest logit; guard: the largest logit left out
+     * of the list (-inf: none) */
+    float ref, mn, guard;
 };
 
 struct RowState {       /* a row's combined scan and the last-CTA tickets (zero between launches) */
     unsigned arrive_scan, arrive_select;
     unsigned arrive_row, gen_row; /* row_barrier's count (zero between launches) and generation */
     int ok, greedy;
+    int one_pass; /* the scan built the slices' lists (is_one_pass_row, and no weight underflows) */
     float raw_v, best_v;
     int raw_i, best_i;
 };
@@ -1101,18 +1127,89 @@ __device__ uint32_t list_threshold_fine(const float e[kItems], float lo, int nee
     return 0; /* unreachable */
 }
 
+/* ---- one pass (OSPREY_SAMPLE_ONE_PASS=1; opt-in until measured on a device) ----------------------------
+ * The select pass reads the logits a second time once the scan has the row's maximum, which at B = 128 is
+ * half of the sampler's ~131 MB of reads. For a row that modifies no logit and has no min-p, the scan
+ * builds each slice's list itself with weights relative to the slice's own largest logit `ref`: the
+ * weights are monotone in the logit for any reference, so the list (every e >= thr, by list_threshold on
+ * those weights) is an upper set of the slice's logits, and it stores the logits. The finisher then
+ * computes every list entry's weight against the row's maximum (the same exp_shifted, so the same bits as
+ * the select pass and the CPU), scales each slice's mass by exp((ref - max) / T) (the sums then differ from
+ * the select pass's in rounding only: the same standing as the CPU's different order), and the top-k floor
+ * from the lists' thresholds less a margin of 1e-4 (exp_shifted's rounding is ~1e-6 relative).
+ * Two things the weights against the row's maximum could change are checked where they would matter:
+ *   - underflow: a value whose weight against the row's maximum is 0 is not a candidate, so the slices'
+ *     counts hold only where no weight underflows: the row's smallest logit must have weight > 0
+ *     (combine_scan; else the row takes the select pass as before);
+ *   - ties across the list's edge: a logit just below a list's smallest could round to the same weight
+ *     against the row's maximum. The finisher takes the largest weight left out of any list (`guard`,
+ *     the slices' largest logit outside their lists); where it is a candidate (guard > the pivot that
+ *     reject_sample settles on before its rounds), the row runs the one-block algorithm instead.
+ * Which rows take one pass depends on the row alone (its parameters and logits), never on the batch. */
+__device__ __forceinline__ bool is_one_pass_row(const osp_cuda_sample_row &p, int opts) {
+    return (opts & kOptOnePass) && !row_modified(p) && !(p.min_p > 0.0f) && !(p.temperature < OSP_SAMPLING_EPS);
+}
+
+/* Slice c's list by the one pass (the select pass's steps on weights relative to the slice's own largest
+ * logit): v, this thread's kItems logits from `first`. All threads of the block call it. */
+__device__ void one_pass_slice(const float v[kItems], int first, int32_t vocab, int c, const osp_cuda_sample_row &p,
+                               const RowPtrs &rp, Shared &s) {
+    const float inv_t = __fdiv_rn(1.0f, p.temperature);
+    const int K = p.top_k >= 1 && p.top_k <= kListKMax ? p.top_k : kListKDefault;
+    MaxMin mm{-INFINITY, INFINITY};
+#pragma unroll
+    for (int j = 0; j < kItems; j++)
+        if (first + j < vocab) mm = MaxMin{fmaxf(mm.mx, v[j]), fminf(mm.mn, v[j])};
+    mm = block_reduce(mm, MaxMinOp(), s);
+    float e[kItems];
+    Agg a{0, 0, 0.0, 0.0};
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+        e[j] = first + j < vocab ? exp_shifted(v[j], mm.mx, inv_t) : 0.0f;
+        if (e[j] > 0.0f) a.c0++, a.m0 += (double)e[j];
+    }
+    a = block_reduce(a, AggOp(), s);
+    const int need = a.c0 < K ? a.c0 : K;
+    int count = 0;
+    const uint32_t thr = need <= 0                     ? 0xFFFFFFFFu
+                         : (s.opts & kOptFineLists) ? list_threshold_fine(e, 0.0f, need, &count, s)
+                                                    : list_threshold(e, 0.0f, need, &count, s);
+    const bool overflow = count > kListCap;
+    int keep = 0;
+    float guard = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kItems; j++) {
+        const bool k = !overflow && e[j] > 0.0f && __float_as_uint(e[j]) >= thr;
+        keep += k;
+        if (!k && first + j < vocab) guard = fmaxf(guard, v[j]);
+    }
+    int total;
+    int pos = c * kListCap + block_exclusive_sum(keep, &total, s);
+#pragma unroll
+    for (int j = 0; j < kItems; j++)
+        if (!overflow && e[j] > 0.0f && __float_as_uint(e[j]) >= thr)
+            rp.list_w[pos] = v[j], rp.list_id[pos] = first + j, pos++;
+    guard = block_reduce(guard, MaxFloatOp(), s);
+    if (threadIdx.x == 0) {
+        SlicePart *d = &rp.parts[c];
+        d->c0 = a.c0, d->m0 = a.m0, d->list_n = total, d->overflow = overflow, d->thr = thr;
+        d->ref = mm.mx, d->mn = mm.mn, d->guard = guard;
+    }
+}
+
 /* One CTA's part of the scan: slices [b * spc, + spc) of a row (p: its parameters, in shared memory): copy
  * (modified rows), bias and penalties of the slices' ids, argmaxes, finiteness, into parts[b] (the argmax
  * is order-free, so how slices group into CTAs changes no bit). sok: scalars_ok of the row. preload: load
  * each next slice before working on the current one (CTAs of several slices). All threads of the block
  * call it. */
+template <bool kOnePass>
 __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row &p,
                           const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
                           const float *__restrict__ bias_vals, const RowPtrs &rp, bool sok, int b, int spc,
                           bool preload, Shared &s) {
     const int G = (vocab + kSlice - 1) / kSlice;
     const int c_end = (b + 1) * spc < G ? (b + 1) * spc : G;
-    const bool modified = row_modified(p);
+    const bool modified = row_modified(p), one = kOnePass && sok && is_one_pass_row(p, s.opts);
     int bad = 0, nan0 = 0;
     ArgMax2 am{{0.0f, -1}, {0.0f, -1}};
     if (sok) {
@@ -1151,6 +1248,7 @@ __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const
             for (int j = 0; j < kItems; j++)
                 if (first + j < vocab && !isnan(v[j]) && (am.best.i < 0 || v[j] > am.best.v))
                     am.best = ArgMax{v[j], first + j};
+            if (one) one_pass_slice(v, first, vocab, c, p, rp, s);
         }
         if (__syncthreads_or(nf)) bad = 1;
         am = block_reduce(am, ArgMax2Op(), s);
@@ -1165,12 +1263,12 @@ __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const
 /* The row's scan from its CTAs' parts [0, nparts) (larger value, lower id: any grouping gives the same),
  * into the RowState when `write` (thread 0). Every thread of the block calls it and gets the same. */
 struct ScanOut { /* what the select pass needs of a row's scan */
-    bool ok, greedy;
+    bool ok, greedy, one_pass;
     ArgMax best;
 };
 
-__device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p, int nparts, bool sok, bool write,
-                                Shared &s) {
+__device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p, int nparts, int G, bool sok,
+                                bool write, Shared &s) {
     const bool modified = row_modified(p);
     ArgMax2 r{{0.0f, -1}, {0.0f, -1}};
     int anybad = 0;
@@ -1185,35 +1283,45 @@ __device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p,
     /* a modified row fails like the CPU's scan: no non-NaN value, a non-finite maximum, or w[0] NaN */
     if (ok && modified) ok = r.best.i >= 0 && isfinite(r.best.v) && !__ldcg(&rp.parts[0].nan0);
     const bool greedy = p.temperature < OSP_SAMPLING_EPS;
+    bool one = ok && !greedy && is_one_pass_row(p, s.opts);
+    if (one) { /* no weight underflows against the row's maximum (see "one pass") */
+        float mn = INFINITY;
+        for (int i = threadIdx.x; i < G; i += kThreads) mn = fminf(mn, __ldcg(&rp.parts[i].mn));
+        mn = block_reduce(mn, MinFloatOp(), s);
+        one = __fmul_rn(__fsub_rn(mn, r.best.v), __fdiv_rn(1.0f, p.temperature)) >= -87.0f;
+    }
     if (write && threadIdx.x == 0) {
         rp.st->ok = ok;
         rp.st->greedy = greedy;
+        rp.st->one_pass = one;
         rp.st->raw_v = r.raw.v, rp.st->raw_i = r.raw.i, rp.st->best_v = r.best.v, rp.st->best_i = r.best.i;
     }
-    return ScanOut{ok, greedy, r.best};
+    return ScanOut{ok, greedy, one, r.best};
 }
 
 /* Per CTA, slices [blockIdx.x * spc, + spc) of row blockIdx.y (scan_part); the row's last CTA combines
  * the parts into the RowState. kPreload (several slices a CTA): each next slice loaded before the current
- * one's work, 8 more registers a thread, so two CTAs an SM instead of three (40 registers spill). */
-template <bool kPreload>
-__global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
+ * one's work, 8 more registers a thread, so two CTAs an SM instead of three (40 registers spill).
+ * kOnePass: eligible rows also build their lists (one_pass_slice; at 40 registers it spilled 652 bytes,
+ * so two CTAs an SM as well). */
+template <bool kPreload, bool kOnePass>
+__global__ void __launch_bounds__(kThreads, kPreload || kOnePass ? 2 : 3)
     sample_scan_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
                        const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
-                       const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc) {
+                       const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc, int opts) {
     osp_pdl_begin();
     __shared__ Shared s;
     __shared__ osp_cuda_sample_row p;
-    shared_init(s, 0);
+    shared_init(s, opts);
     if (threadIdx.x == 0) p = rows[blockIdx.y];
     __syncthreads();
     PH_CTA(0, 0);
     const RowPtrs rp = row_ptrs(scratch, L, (int)blockIdx.y);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
-    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, (int)blockIdx.x, spc, kPreload, s);
+    scan_part<kOnePass>(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, (int)blockIdx.x, spc, kPreload, s);
     PH_CTA(0, 1);
     if (!last_to_arrive(&rp.st->arrive_scan, gridDim.x)) return;
-    combine_scan(rp, p, (int)gridDim.x, sok, true, s);
+    combine_scan(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, true, s);
 }
 
 /* The weight of token i (< vocab) with logit l: the maximum's own is exactly 1. */
@@ -1296,7 +1404,7 @@ __global__ void __launch_bounds__(kThreads, kPreload ? 2 : 3)
     __shared__ osp_cuda_sample_row p;
     const int row = blockIdx.y, G = (vocab + kSlice - 1) / kSlice;
     const RowPtrs rp = row_ptrs(scratch, L, row);
-    if (!rp.st->ok || rp.st->greedy) return; /* written by the scan kernel, which has completed */
+    if (!rp.st->ok || rp.st->greedy || rp.st->one_pass) return; /* written by the scan kernel, which has completed */
     shared_init(s, opts);
     if (threadIdx.x == 0) p = rows[row];
     __syncthreads();
@@ -1314,13 +1422,21 @@ struct TileParts {
     int c0[kThreads], list_n[kThreads], off[kThreads];
 };
 
-/* Loads slices [t0, t0 + kThreads) (those < G) into the tile; returns the tile's size. */
-__device__ int load_tile(const SlicePart *parts, int G, int t0, TileParts &t) {
+/* exp((ref - mx) / T) in double: a one-pass slice's mass (relative to its own largest logit ref) against
+ * the row's maximum mx */
+__device__ __forceinline__ double one_pass_scale(const SlicePart *d, float mx, float inv_t) {
+    return exp(((double)__ldcg(&d->ref) - (double)mx) * (double)inv_t);
+}
+
+/* Loads slices [t0, t0 + kThreads) (those < G) into the tile; returns the tile's size. one: the slices'
+ * masses are one pass's, scaled to the row's maximum mx (one_pass_scale). */
+__device__ int load_tile(const SlicePart *parts, int G, int t0, TileParts &t, bool one = false, float mx = 0.0f,
+                         float inv_t = 0.0f) {
     __syncthreads(); /* the previous tile is no longer read */
     const int i = t0 + (int)threadIdx.x;
     const bool in = i < G;
     /* through L2 (ld.global.cg): in the fused launch other CTAs of this kernel wrote them */
-    t.m0[threadIdx.x] = in ? __ldcg(&parts[i].m0) : 0.0;
+    t.m0[threadIdx.x] = in ? __ldcg(&parts[i].m0) * (one ? one_pass_scale(&parts[i], mx, inv_t) : 1.0) : 0.0;
     t.c0[threadIdx.x] = in ? __ldcg(&parts[i].c0) : 0;
     t.list_n[threadIdx.x] = in ? __ldcg(&parts[i].list_n) : 0;
     __syncthreads();
@@ -1334,13 +1450,13 @@ __device__ int load_tile(const SlicePart *parts, int G, int t0, TileParts &t) {
  * weights: where the two sums differ in the last bit and no thread crosses, the slice's last candidate
  * is taken (rounding only, as draw_index's own fallback). */
 __device__ int draw_over_slices(const RowPtrs &rp, const RowParams &q, const ArgMax &best, int32_t vocab, int G,
-                                double target, TileParts &t, Shared &s) {
+                                double target, bool one, TileParts &t, Shared &s) {
     __shared__ int sh_slice, sh_last;
     __shared__ double sh_run;
     int found = -1, last_nz = 0; /* thread 0's walk, in registers across tiles */
     double run = 0.0;
     for (int t0 = 0; t0 < G; t0 += kThreads) {
-        const int n = load_tile(rp.parts, G, t0, t);
+        const int n = load_tile(rp.parts, G, t0, t, one, best.v, q.inv_t);
         if (threadIdx.x == 0)
             for (int j = 0; j < n && found < 0; j++) {
                 if (t.c0[j] > 0) last_nz = t0 + j;
@@ -1382,8 +1498,10 @@ __device__ int draw_over_slices(const RowPtrs &rp, const RowParams &q, const Arg
     return token;
 }
 
-/* U, the slices' lists in slice order (each in id order, so view order is id order), into uw / uid. */
-__device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, TileParts &t, Shared &s) {
+/* U, the slices' lists in slice order (each in id order, so view order is id order), into uw / uid. one:
+ * the lists hold logits (one pass), turned into weights against the row's maximum here. */
+__device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, bool one, const ArgMax &best,
+                            float inv_t, TileParts &t, Shared &s) {
     int n = 0;
     for (int t0 = 0; t0 < G; t0 += kThreads) {
         const int m = load_tile(rp.parts, G, t0, t);
@@ -1399,8 +1517,10 @@ __device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, T
                 else b = mid - 1;
             }
             const size_t src = (size_t)(t0 + a) * kListCap + (size_t)(o - t.off[a]);
-            uw[n + o] = __ldcg(&rp.list_w[src]);
-            uid[n + o] = __ldcg(&rp.list_id[src]);
+            const float w = __ldcg(&rp.list_w[src]);
+            const int32_t id = __ldcg(&rp.list_id[src]);
+            uw[n + o] = one ? weight(id, w, best, inv_t) : w;
+            uid[n + o] = id;
         }
         n += total;
     }
@@ -1479,7 +1599,7 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     const int G = (vocab + kSlice - 1) / kSlice;
     const RowPtrs rp = row_ptrs(scratch, L, row);
     /* through L2: in the one-launch kernel another CTA of this launch wrote them */
-    const bool ok = __ldcg(&rp.st->ok), greedy = __ldcg(&rp.st->greedy);
+    const bool ok = __ldcg(&rp.st->ok), greedy = __ldcg(&rp.st->greedy), one = __ldcg(&rp.st->one_pass);
     const ArgMax best{__ldcg(&rp.st->best_v), __ldcg(&rp.st->best_i)};
     int token = 0, rounds = 0;
 #ifdef OSPREY_SAMPLE_PHASES
@@ -1493,17 +1613,28 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
         const RowParams q = row_params(p, logits, vocab, rp);
         /* the row's count and mass of {e > lo}: counts by the block, the mass in slice order */
         /* floor: the highest list threshold of a slice whose list holds >= top_k values (>= top_k of the
-         * row's weights lie at or above it, so top-k's threshold does too) */
-        int cnt_lo = 0, ovf = 0, n_u = 0, floor_bits = 0;
+         * row's weights lie at or above it, so top-k's threshold does too); one pass: that threshold
+         * against the row's maximum, less a margin (see "one pass"), and guard_bits the largest weight
+         * left out of a list (0: none) */
+        int cnt_lo = 0, ovf = 0, n_u = 0, floor_bits = 0, guard_bits = 0;
         if (threadIdx.x == 0) sh_mass = 0.0;
         for (int t0 = 0; t0 < G; t0 += kThreads) {
-            const int n = load_tile(rp.parts, G, t0, t);
+            const int n = load_tile(rp.parts, G, t0, t, one, best.v, q.inv_t);
             cnt_lo += t.c0[threadIdx.x];
             n_u += t.list_n[threadIdx.x];
             if ((int)threadIdx.x < n) {
                 const SlicePart *d = &rp.parts[t0 + (int)threadIdx.x];
-                const int o = __ldcg(&d->overflow), thr = (int)__ldcg(&d->thr);
+                const int o = __ldcg(&d->overflow);
+                int thr = (int)__ldcg(&d->thr);
                 ovf |= o;
+                if (one) {
+                    const float g = __ldcg(&d->guard);
+                    const int gb = g > -INFINITY ? __float_as_int(exp_shifted(g, best.v, q.inv_t)) : 0;
+                    guard_bits = gb > guard_bits ? gb : guard_bits;
+                    if (!o && t.list_n[threadIdx.x] > 0)
+                        thr = __float_as_int((float)((double)__int_as_float(thr) * one_pass_scale(d, best.v, q.inv_t) *
+                                                     (1.0 - 1e-4)));
+                }
                 if (!o && p.top_k >= 1 && t.list_n[threadIdx.x] >= p.top_k && thr > floor_bits) floor_bits = thr;
             }
             if (threadIdx.x == 0)
@@ -1512,6 +1643,7 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
         cnt_lo = block_reduce(cnt_lo, SumIntOp(), s); /* also publishes sh_mass */
         n_u = block_reduce(n_u, SumIntOp(), s);
         floor_bits = block_reduce(floor_bits, MaxIntOp(), s);
+        guard_bits = block_reduce(guard_bits, MaxIntOp(), s);
         ovf = __syncthreads_or(ovf);
         const double mass_lo = sh_mass;
         PH_FIN(row, 1, clock64());
@@ -1520,46 +1652,54 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
         const int k = p.top_k > 0 && p.top_k < cnt_lo ? p.top_k : 0;
         const bool covered =
             !ovf && (k == 1 || (p_on && p.top_p <= 0.0f) || cnt_lo <= q.K || (k > 0 && p_on && k <= q.K));
+        bool whole = false; /* the one-block algorithm over the whole row */
         if (covered) {
             const bool in_smem = smem_u && n_u <= kUCap;
             float *uw = in_smem ? reinterpret_cast<float *>(dyn) : rp.w;
             int32_t *uid = in_smem ? reinterpret_cast<int32_t *>(dyn + (size_t)kUCap * 4u)
                                    : reinterpret_cast<int32_t *>(rp.cnt);
-            const int n = gather_lists(rp, G, uw, uid, t, s);
+            const int n = gather_lists(rp, G, uw, uid, one, best, q.inv_t, t, s);
             View v{uw, uid, n, true, n};
             /* floor_bits came from weights > lo >= 0: a float in (0, 1], or 0 for none */
             const float kth_floor = floor_bits > 0 ? nextafterf(__int_as_float(floor_bits), 0.0f) : 0.0f;
+            const float guard = __int_as_float(guard_bits);
             PH_FIN(row, 2, clock64());
             PH_FIN(row, 6, n <= warp_view ? 1 : 2);
             if (n <= warp_view) {
                 if (threadIdx.x < 32) {
                     int r = 0;
                     const int tok = reject_sample<WarpGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed,
-                                                           p.sample_index, p.output_pos, max_rounds, &r, kth_floor, s);
+                                                           p.sample_index, p.output_pos, max_rounds, &r, kth_floor,
+                                                           guard, s);
                     if (threadIdx.x == 0) sh_token = tok, sh_rounds = r, sh_used = v.ids_used;
                 }
                 __syncthreads();
                 token = sh_token, rounds = sh_rounds, v.ids_used = sh_used;
             } else {
                 token = reject_sample<BlockGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index,
-                                                p.output_pos, max_rounds, &rounds, kth_floor, s);
+                                                p.output_pos, max_rounds, &rounds, kth_floor, guard, s);
             }
             PH_FIN(row, 3, clock64());
             if (!in_smem) {
                 __syncthreads();
                 for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
             }
+            whole = token < 0; /* one pass: a weight left out of a list ties with the candidates' edge */
         } else if (!k && !p_on && max_rounds > 0) {
             PH_FIN(row, 6, 3);
             const double target = uniform_at(p.seed, p.sample_index, p.output_pos, 0) * mass_lo;
-            token = draw_over_slices(rp, q, best, vocab, G, target, t, s);
-        } else { /* the one-block algorithm over the whole row */
+            token = draw_over_slices(rp, q, best, vocab, G, target, one, t, s);
+        } else {
+            whole = true;
+        }
+        if (whole) {
             PH_FIN(row, 6, 4);
+            __syncthreads(); /* U (in rp.w when not in shared memory) is no longer read */
             for_each<BlockGrp>(q.src, vocab, [&](int i, float l) { rp.w[i] = weight(i, l, best, q.inv_t); });
             __syncthreads();
             View v{rp.w, reinterpret_cast<int32_t *>(rp.cnt), vocab, false, 0};
             token = reject_sample<BlockGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed, p.sample_index,
-                                            p.output_pos, max_rounds, &rounds, 0.0f, s);
+                                            p.output_pos, max_rounds, &rounds, 0.0f, 0.0f, s);
             if (v.ids_used > 0) {
                 __syncthreads();
                 for (int i = threadIdx.x; i < v.ids_used; i += kThreads) rp.cnt[i] = 0u;
@@ -1610,7 +1750,8 @@ __global__ void __launch_bounds__(kThreads)
     __shared__ osp_cuda_sample_row p;
     const int row = blockIdx.y, c = blockIdx.x;
     const RowPtrs rp = row_ptrs(scratch, L, row);
-    const bool done = !rp.st->ok || rp.st->greedy; /* written by the scan kernel, which has completed */
+    /* written by the scan kernel, which has completed */
+    const bool done = !rp.st->ok || rp.st->greedy || rp.st->one_pass;
     if (done && c != 0) return;
     shared_init(s, opts);
     if (threadIdx.x == 0) p = rows[row];
@@ -1670,12 +1811,12 @@ __global__ void __launch_bounds__(kThreads)
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
     PH_CTA(0, 0);
-    scan_part(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, false, s);
+    scan_part<true>(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, false, s);
     row_barrier(&rp.st->arrive_row, &rp.st->gen_row, gridDim.x);
     PH_CTA(0, 1);
-    const ScanOut so = combine_scan(rp, p, (int)gridDim.x, sok, c == 0, s);
+    const ScanOut so = combine_scan(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, c == 0, s);
     __syncthreads(); /* CTA 0: thread 0's RowState is visible to its block */
-    if (!so.ok || so.greedy) {
+    if (!so.ok || so.greedy || so.one_pass) {
         if (c == 0)
             finish_row(logits, vocab, p, row, scratch, L, tokens, status, lps, max_rounds, rounds_out, smem_u,
                        warp_view, dyn, s);
@@ -1702,6 +1843,13 @@ bool sample_list_fine(void) {
 bool sample_hist_agg(void) {
     static int64_t v = INT64_MIN;
     return env_int("OSPREY_SAMPLE_HIST_AGG", 0, &v) == 1;
+}
+
+/* OSPREY_SAMPLE_ONE_PASS=1: rows that modify no logit and have no min-p build their lists in the scan
+ * (see "one pass"); opt-in until measured on a device. */
+bool sample_one_pass(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_ONE_PASS", 0, &v) == 1;
 }
 
 /* OSPREY_SAMPLE_PRELOAD=1: the sliced passes' CTAs of several slices load each next slice before working on
@@ -1809,7 +1957,8 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         const int smem_u = sample_smem_u() ? 1 : 0;
         const int warp_view = (int)sample_warp_view();
         const size_t dyn = smem_u ? kUSmemBytes : 0;
-        const int opts = (sample_list_fine() ? kOptFineLists : 0) | (sample_hist_agg() ? kOptHistAgg : 0);
+        const int opts = (sample_list_fine() ? kOptFineLists : 0) | (sample_hist_agg() ? kOptHistAgg : 0) |
+                         (sample_one_pass() ? kOptOnePass : 0);
         if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
             (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
             cudaLaunchAttribute attr[1];
@@ -1833,8 +1982,12 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         spc = spc < 1 ? 1 : spc > slices ? slices : spc;
         const dim3 grid((unsigned)((slices + spc - 1) / spc), (unsigned)n);
         const bool preload = spc > 1 && sample_preload();
-        osp_launch(preload ? sample_scan_kernel<true> : sample_scan_kernel<false>, grid, kThreads, 0,
-                   (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids, d_bias_vals, sc, L, (int)spc);
+        const bool one_pass = (opts & kOptOnePass) != 0;
+        osp_launch(preload ? (one_pass ? sample_scan_kernel<true, true> : sample_scan_kernel<true, false>)
+                           : (one_pass ? sample_scan_kernel<false, true> : sample_scan_kernel<false, false>),
+                   grid, kThreads, 0,
+                   (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids, d_bias_vals, sc, L, (int)spc,
+                   opts);
         OSP_CUDA_LAUNCH_CHECK("sample_scan_kernel");
         if ((int64_t)n * slices <= kFusedCtas && sample_fused()) { /* a small grid: select and finish in one */
             osp_launch(sample_select_finish_kernel, dim3((unsigned)slices, (unsigned)n), kThreads, dyn,
