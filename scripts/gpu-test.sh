@@ -103,11 +103,11 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     run "test_gpu_sampler (slices grouped from 256 CTAs)" env OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (U in global memory)" env OSPREY_SAMPLE_SMEM_U=0 $G/bin/test_gpu_sampler
     # the opt-in shapes (sample.cu): the finisher's rounds on one warp for small U, each next slice
-    # preloaded with warp-aggregated radix histograms; and the defaults before 2026-12-06 (small grids in
-    # two launches, 8-bit list levels)
+    # preloaded; and the defaults before 2026-12-06 (small grids in two launches, 8-bit list levels, plain
+    # atomics in top-k's histograms)
     run "test_gpu_sampler (warp finisher)" env OSPREY_SAMPLE_WARP_VIEW=3072 $G/bin/test_gpu_sampler
-    run "test_gpu_sampler (preload, aggregated histograms)" env OSPREY_SAMPLE_PRELOAD=1 OSPREY_SAMPLE_HIST_AGG=1 $G/bin/test_gpu_sampler
-    run "test_gpu_sampler (two launches, 8-bit lists)" env OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (preload)" env OSPREY_SAMPLE_PRELOAD=1 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (two launches, 8-bit lists, plain histograms)" env OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8 OSPREY_SAMPLE_HIST_AGG=0 $G/bin/test_gpu_sampler
     # one pass (the scan builds the lists): in one launch, in the scan kernel with one and several slices a CTA
     run "test_gpu_sampler (one pass)" env OSPREY_SAMPLE_ONE_PASS=1 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (one pass, two launches, grouped slices)" env OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler

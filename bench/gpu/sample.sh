@@ -5,11 +5,12 @@
 # Prints one table: setting, batch, microseconds a call for each, and torch / osprey. osprey runs as
 # sample_bench does by default (programmatic dependent launch off), then with PDL on, then with the
 # sampler's other shapes one at a time (sample.cu; the same tokens by design up to rounding): "old" the
-# defaults before 2026-12-06 (two launches for small grids, 8-bit list levels: OSPREY_SAMPLE_ONE_LAUNCH=0
-# OSPREY_SAMPLE_LIST_BITS=8), "agg" warp-aggregated radix histograms (OSPREY_SAMPLE_HIST_AGG=1), "warpU" the
-# finisher's rejection rounds on one warp for U <= 3,072 (OSPREY_SAMPLE_WARP_VIEW=3072), "pre" each next
-# slice preloaded in CTAs of several (OSPREY_SAMPLE_PRELOAD=1), "1pass" the lists built by the scan
-# (OSPREY_SAMPLE_ONE_PASS=1), "1pass+agg" with the aggregated histograms.
+# defaults before 2026-12-06 (two launches for small grids, 8-bit list levels, plain atomics in top-k's
+# histograms: OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8 OSPREY_SAMPLE_HIST_AGG=0), "noagg" plain
+# atomics alone (OSPREY_SAMPLE_HIST_AGG=0), "warpU" the finisher's rejection rounds on one warp for
+# U <= 3,072 (OSPREY_SAMPLE_WARP_VIEW=3072), "pre" each next slice preloaded in CTAs of several
+# (OSPREY_SAMPLE_PRELOAD=1), "1pass" the lists built by the scan (OSPREY_SAMPLE_ONE_PASS=1), "1pass+pre"
+# the two.
 # SAMPLE_SETTINGS=i,... (sample_bench.c's indices) times only those settings.
 #   usage: bash bench/gpu/sample.sh [vocab reps]     (G: the unpacked binaries, default /tmp/osprey-gpu/gpu)
 set -uo pipefail
@@ -31,12 +32,12 @@ variant() { # name, then the environment
     env "$@" "$G/bin/sample_bench" "$vocab" "$reps" | sed "s/\"sampler\": \"osprey\"/\"sampler\": \"osprey-$name\"/" \
         > "$dir/$name.jsonl" || echo "sample_bench ($name) failed"
 }
-variant old OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8
-variant agg OSPREY_SAMPLE_HIST_AGG=1
+variant old OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_LIST_BITS=8 OSPREY_SAMPLE_HIST_AGG=0
+variant noagg OSPREY_SAMPLE_HIST_AGG=0
 variant warpU OSPREY_SAMPLE_WARP_VIEW=3072
 variant pre OSPREY_SAMPLE_PRELOAD=1
 variant 1pass OSPREY_SAMPLE_ONE_PASS=1
-variant 1pass+agg OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_HIST_AGG=1
+variant 1pass+pre OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_PRELOAD=1
 if [ -n "${BASE_BENCH:-}" ]; then
     "$BASE_BENCH" "$vocab" "$reps" | sed 's/"sampler": "osprey"/"sampler": "osprey-base"/' > "$dir/base.jsonl" ||
         echo "base sample_bench failed"
@@ -46,7 +47,7 @@ python3 - "$dir" <<'EOF'
 import json, sys, os
 d = sys.argv[1]
 rows = {}
-for f in ("osprey.jsonl", "pdl.jsonl", "old.jsonl", "agg.jsonl", "warpU.jsonl", "pre.jsonl", "1pass.jsonl", "1pass+agg.jsonl",
+for f in ("osprey.jsonl", "pdl.jsonl", "old.jsonl", "noagg.jsonl", "warpU.jsonl", "pre.jsonl", "1pass.jsonl", "1pass+pre.jsonl",
           "base.jsonl", "torch.jsonl"):
     p = os.path.join(d, f)
     if not os.path.exists(p):
@@ -54,7 +55,7 @@ for f in ("osprey.jsonl", "pdl.jsonl", "old.jsonl", "agg.jsonl", "warpU.jsonl", 
     for line in open(p):
         r = json.loads(line)
         rows.setdefault((r["setting"], r["batch"]), {})[r["sampler"]] = r["us"]
-cols = ["osprey", "osprey-pdl", "osprey-old", "osprey-agg", "osprey-warpU", "osprey-pre", "osprey-1pass", "osprey-1pass+agg",
+cols = ["osprey", "osprey-pdl", "osprey-old", "osprey-noagg", "osprey-warpU", "osprey-pre", "osprey-1pass", "osprey-1pass+pre",
         "osprey-base", "torch-sort"]
 cols = [c for c in cols if any(c in v for v in rows.values())]
 print(f"{'setting':<24} {'B':>4} " + " ".join(f"{c.replace('osprey-', '') + ' us':>11}" for c in cols) + f" {'torch/osprey':>13}")

@@ -54,12 +54,6 @@ extern "C" {
 #include "sample/reject.h"
 }
 
-/* The block-wide steps: cub's (the default build until the one-barrier ones below are measured on a
- * device) or, built with -DOSPREY_SAMPLE_WARP_REDUCE, shuffles within each warp and one barrier. */
-#if !defined(OSPREY_SAMPLE_WARP_REDUCE) && !defined(OSPREY_SAMPLE_CUB_REDUCE)
-#define OSPREY_SAMPLE_CUB_REDUCE
-#endif
-
 namespace {
 
 /* OSPREY_SAMPLE_PHASES (a profiling build only, bench/gpu/sample_phases.sh): clock64 marks in the finisher
@@ -223,18 +217,13 @@ union TempStorage {
 };
 
 /* The sampler's switches a kernel passes down (Shared::opts): the slices' lists on 10-bit radix levels
- * (list_threshold_fine), radix histograms with warp-aggregated increments (hist_add). */
+ * (list_threshold_fine), top-k's radix histograms with warp-aggregated increments (hist_add). */
 constexpr int kOptFineLists = 1;
 constexpr int kOptHistAgg = 2;
 constexpr int kOptOnePass = 4; /* see "one pass" below */
 
 struct Shared {
-#ifdef OSPREY_SAMPLE_CUB_REDUCE
     TempStorage tmp;
-#else
-    alignas(16) unsigned char red[2][kThreads / 32][32]; /* the warps' partials of a block-wide step, two halves */
-    unsigned char tog[kThreads];                         /* each thread's next half (red_half) */
-#endif
     uint32_t hist[kBins];
     int bcast[3];
     int opts; /* kOpt* bits, set by the kernel before its first barrier */
@@ -246,7 +235,11 @@ struct Shared {
 /* hist[bin] += 1 for every lane with `valid`. All 32 lanes of the warp call it together. agg: lanes
  * holding the same bin add once, through their lowest lane (__match_any_sync), so a skewed histogram (the
  * weights crowd a few exponents) costs one shared atomic per distinct bin a warp instead of one per lane
- * on the same address; the counts are the same either way. */
+ * on the same address; the counts are the same either way. Measured (H100, 2026-12-06, sample_phases):
+ * in kth_largest, whose view is U's ~1,800 weights with a floor, level 0 and its compaction fell from
+ * 7.8 to 5.1 us at B = 128 and from 4.6 to 4.0 at B = 1; in the slices' list thresholds (8 values a
+ * thread, every thread) the match cost more than the conflicts (3 levels 2.0 -> 6.7 us a slice), so they
+ * add plainly. */
 __device__ __forceinline__ void hist_add(uint32_t *hist, uint32_t bin, bool valid, bool agg) {
     if (!agg) {
         if (valid) atomicAdd(&hist[bin], 1u);
@@ -256,11 +249,8 @@ __device__ __forceinline__ void hist_add(uint32_t *hist, uint32_t bin, bool vali
     if (valid && (int)(threadIdx.x & 31u) == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned)__popc(peers));
 }
 
-/* Every thread, before the kernel's first barrier: the switches (kOpt*) into s, the reduction halves. */
+/* Every thread, before the kernel's first barrier: the switches (kOpt*) into s (thread 0). */
 __device__ __forceinline__ void shared_init(Shared &s, int opts) {
-#ifndef OSPREY_SAMPLE_CUB_REDUCE
-    s.tog[threadIdx.x] = 0;
-#endif
     if (threadIdx.x != 0) return;
     s.opts = opts;
 #ifdef OSPREY_SAMPLE_PHASES
@@ -290,19 +280,6 @@ __device__ __forceinline__ T warp_reduce(T x, Op op) {
     return x;
 }
 
-/* Inclusive prefix sum over the warp's lanes (Kogge-Stone); the same tree for every warp. */
-template <typename T>
-__device__ __forceinline__ T warp_inclusive_sum(T x) {
-    const int lane = (int)(threadIdx.x & 31u);
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const T y = __shfl_up_sync(0xFFFFFFFFu, x, d);
-        if (lane >= d) x = x + y;
-    }
-    return x;
-}
-
-#ifdef OSPREY_SAMPLE_CUB_REDUCE
 /* The reduction of x over the block, returned to every thread. All threads must call it. */
 template <typename T, typename Op>
 __device__ T block_reduce(T x, Op op, Shared &s) {
@@ -328,61 +305,6 @@ __device__ T block_exclusive_sum(T x, T *total, Shared &s) {
     *total = agg;
     return out;
 }
-#else
-/* This thread's half of the warps' partials for the next block-wide step (s.red), toggled each step: a
- * step writes one half before its barrier and reads it after, so the write of step n + 2 into the same
- * half comes after step n + 1's barrier, which every thread passes only once done reading step n. */
-template <typename T>
-__device__ __forceinline__ T *red_half(Shared &s) {
-    static_assert(sizeof(T) <= sizeof(s.red[0][0]), "a warp's partial fits its slot");
-    const int h = s.tog[threadIdx.x];
-    s.tog[threadIdx.x] = (unsigned char)(h ^ 1);
-    return reinterpret_cast<T *>(&s.red[h][0][0]);
-}
-
-/* The reduction of x over the block, returned to every thread: a butterfly in each warp, then every
- * thread combines the 16 warps' results in warp order (one barrier). All threads must call it. */
-template <typename T, typename Op>
-__device__ T block_reduce(T x, Op op, Shared &s) {
-    constexpr int kWarps = kThreads / 32;
-    T *part = red_half<T>(s);
-    const T w = warp_reduce(x, op);
-    if ((threadIdx.x & 31u) == 0) memcpy(reinterpret_cast<unsigned char *>(part) + (threadIdx.x / 32u) * sizeof(s.red[0][0]), &w, sizeof(T));
-    __syncthreads();
-    T r;
-    memcpy(&r, part, sizeof(T));
-#pragma unroll
-    for (int i = 1; i < kWarps; i++) {
-        T y;
-        memcpy(&y, reinterpret_cast<const unsigned char *>(part) + i * sizeof(s.red[0][0]), sizeof(T));
-        r = op(r, y);
-    }
-    return r;
-}
-
-/* Exclusive prefix sum over threads in thread order; *total gets the sum of all (the same bits on every
- * thread): a scan in each warp, then the warps' totals added in warp order (one barrier). */
-template <typename T>
-__device__ T block_exclusive_sum(T x, T *total, Shared &s) {
-    constexpr int kWarps = kThreads / 32;
-    T *part = red_half<T>(s);
-    const T incl = warp_inclusive_sum(x);
-    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x / 32u);
-    T excl = __shfl_up_sync(0xFFFFFFFFu, incl, 1);
-    if (lane == 31) memcpy(reinterpret_cast<unsigned char *>(part) + warp * sizeof(s.red[0][0]), &incl, sizeof(T));
-    __syncthreads();
-    T pre = (T)0, all = (T)0;
-#pragma unroll
-    for (int i = 0; i < kWarps; i++) {
-        T y;
-        memcpy(&y, reinterpret_cast<const unsigned char *>(part) + i * sizeof(s.red[0][0]), sizeof(T));
-        if (i < warp) pre = pre + y;
-        all = all + y;
-    }
-    *total = all;
-    return lane ? pre + excl : pre;
-}
-#endif
 
 /* Who runs the working-view algorithms below (draws, counts, compaction, radix select): the whole block
  * (BlockGrp), or warp 0 alone (WarpGrp) for small views, where a block's barriers cost more than the
@@ -1059,8 +981,8 @@ __device__ uint32_t list_threshold(const float e[kItems], float lo, int need, in
 #pragma unroll
         for (int j = 0; j < kItems; j++) {
             const uint32_t bits = __float_as_uint(e[j]);
-            hist_add(s.hist, (bits >> sh) & kMask[level],
-                     e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix), s.opts & kOptHistAgg);
+            if (e[j] > lo && (level == 0 || (bits >> kShift[level - 1]) == prefix))
+                atomicAdd(&s.hist[(bits >> sh) & kMask[level]], 1u);
         }
         __syncthreads();
         const int h = threadIdx.x < 256 ? (int)s.hist[255 - threadIdx.x] : 0; /* bins from the top */
@@ -1096,8 +1018,8 @@ __device__ uint32_t list_threshold_fine(const float e[kItems], float lo, int nee
 #pragma unroll
         for (int j = 0; j < kItems; j++) {
             const uint32_t bits = __float_as_uint(e[j]);
-            hist_add(s.hist, (bits >> sh) & (uint32_t)(kBins - 1),
-                     e[j] > lo && (level == 0 || (bits >> (sh + 10)) == prefix), s.opts & kOptHistAgg);
+            if (e[j] > lo && (level == 0 || (bits >> (sh + 10)) == prefix))
+                atomicAdd(&s.hist[(bits >> sh) & (uint32_t)(kBins - 1)], 1u);
         }
         __syncthreads();
         /* bins from the top: thread t holds positions 2t, 2t + 1 */
@@ -1267,6 +1189,7 @@ struct ScanOut { /* what the select pass needs of a row's scan */
     ArgMax best;
 };
 
+template <bool kOnePass>
 __device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p, int nparts, int G, bool sok,
                                 bool write, Shared &s) {
     const bool modified = row_modified(p);
@@ -1283,7 +1206,7 @@ __device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p,
     /* a modified row fails like the CPU's scan: no non-NaN value, a non-finite maximum, or w[0] NaN */
     if (ok && modified) ok = r.best.i >= 0 && isfinite(r.best.v) && !__ldcg(&rp.parts[0].nan0);
     const bool greedy = p.temperature < OSP_SAMPLING_EPS;
-    bool one = ok && !greedy && is_one_pass_row(p, s.opts);
+    bool one = kOnePass && ok && !greedy && is_one_pass_row(p, s.opts);
     if (one) { /* no weight underflows against the row's maximum (see "one pass") */
         float mn = INFINITY;
         for (int i = threadIdx.x; i < G; i += kThreads) mn = fminf(mn, __ldcg(&rp.parts[i].mn));
@@ -1304,8 +1227,11 @@ __device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p,
  * one's work, 8 more registers a thread, so two CTAs an SM instead of three (40 registers spill).
  * kOnePass: eligible rows also build their lists (one_pass_slice; at 40 registers it spilled 652 bytes,
  * so two CTAs an SM as well). */
+#ifndef OSPREY_SAMPLE_SCAN_CTAS
+#define OSPREY_SAMPLE_SCAN_CTAS 3 /* the plain scan kernel's CTAs an SM (its register bound) */
+#endif
 template <bool kPreload, bool kOnePass>
-__global__ void __launch_bounds__(kThreads, kPreload || kOnePass ? 2 : 3)
+__global__ void __launch_bounds__(kThreads, kPreload || kOnePass ? 2 : OSPREY_SAMPLE_SCAN_CTAS)
     sample_scan_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
                        const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
                        const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int spc, int opts) {
@@ -1321,7 +1247,7 @@ __global__ void __launch_bounds__(kThreads, kPreload || kOnePass ? 2 : 3)
     scan_part<kOnePass>(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, (int)blockIdx.x, spc, kPreload, s);
     PH_CTA(0, 1);
     if (!last_to_arrive(&rp.st->arrive_scan, gridDim.x)) return;
-    combine_scan(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, true, s);
+    combine_scan<kOnePass>(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, true, s);
 }
 
 /* The weight of token i (< vocab) with logit l: the maximum's own is exactly 1. */
@@ -1814,7 +1740,7 @@ __global__ void __launch_bounds__(kThreads)
     scan_part<true>(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, false, s);
     row_barrier(&rp.st->arrive_row, &rp.st->gen_row, gridDim.x);
     PH_CTA(0, 1);
-    const ScanOut so = combine_scan(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, c == 0, s);
+    const ScanOut so = combine_scan<true>(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, c == 0, s);
     __syncthreads(); /* CTA 0: thread 0's RowState is visible to its block */
     if (!so.ok || so.greedy || so.one_pass) {
         if (c == 0)
@@ -1838,11 +1764,11 @@ bool sample_list_fine(void) {
     return env_int("OSPREY_SAMPLE_LIST_BITS", 10, &v) != 8;
 }
 
-/* OSPREY_SAMPLE_HIST_AGG=1: the radix histograms (the lists' thresholds, top-k's select) add through
- * hist_add's warp aggregation; opt-in until measured on a device. The same counts, so the same bits. */
+/* top-k's radix select (kth_largest) adds through hist_add's warp aggregation (see there; the same counts,
+ * so the same bits); OSPREY_SAMPLE_HIST_AGG=0: plain atomics. */
 bool sample_hist_agg(void) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_HIST_AGG", 0, &v) == 1;
+    return env_int("OSPREY_SAMPLE_HIST_AGG", 1, &v) != 0;
 }
 
 /* OSPREY_SAMPLE_ONE_PASS=1: rows that modify no logit and have no min-p build their lists in the scan
