@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prompt speed of osprey against llama.cpp's llama-bench on one GGUF file, interleaved in one run.
+# Prompt speed of osprey against llama.cpp's llama-bench on one GGUF file, interleaved in one run
+# (TEST=tg: decode speed instead, -p 0 -n N_GEN, default 128, in place of -p N_PROMPT -n 0).
 #
 #   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin bench/pp_vs_llama.sh MODEL.gguf
 #
@@ -29,6 +30,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ROUNDS="${ROUNDS:-6}"
 N_PROMPT="${N_PROMPT:-512}"
+N_GEN="${N_GEN:-128}"
+if [ "${TEST:-pp}" = tg ]; then SHAPE=(-p 0 -n "$N_GEN") LABEL="tg$N_GEN"; else SHAPE=(-p "$N_PROMPT" -n 0) LABEL="pp$N_PROMPT"; fi
 REPS="${REPS:-3}"
 THREADS="${THREADS:-2}"
 LLAMA_CPP_BIN="${LLAMA_CPP_BIN:?set LLAMA_CPP_BIN to the directory holding llama-bench}"
@@ -47,19 +50,19 @@ export LD_LIBRARY_PATH="$LLAMA_CPP_BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 run_llama() { # prints tokens/s (llama-bench's avg_ts, the last CSV field but one)
     local out
     # shellcheck disable=SC2086 # extra flags are word-split on purpose
-    out=$("$LLAMA_CPP_BIN/llama-bench" -m "$MODEL" -p "$N_PROMPT" -n 0 -r "$REPS" -t "$THREADS" -o csv \
+    out=$("$LLAMA_CPP_BIN/llama-bench" -m "$MODEL" "${SHAPE[@]}" -r "$REPS" -t "$THREADS" -o csv \
         ${LLAMA_ARGS:-} 2>/dev/null) || { echo "llama-bench failed" >&2; exit 1; }
     echo "llama-bench $(tail -1 <<<"$out")" >>"$LOG"
     tail -1 <<<"$out" | awk -F, '{gsub(/"/, "", $(NF - 1)); print $(NF - 1)}'
 }
 
-run_osprey() { # BIN ARGS: prints tokens/s (osprey bench's ppN line)
+run_osprey() { # BIN ARGS: prints tokens/s (osprey bench's ppN or tgN line)
     local out
     # shellcheck disable=SC2086
-    out=$("$1" bench -m "$MODEL" -p "$N_PROMPT" -n 0 -r "$REPS" -t "$THREADS" $2 2>/dev/null) ||
+    out=$("$1" bench -m "$MODEL" "${SHAPE[@]}" -r "$REPS" -t "$THREADS" $2 2>/dev/null) ||
         { echo "osprey bench failed ($1)" >&2; exit 1; }
-    echo "$1 $2 $(grep "^pp" <<<"$out")" >>"$LOG"
-    awk '$1 ~ /^pp[0-9]+$/ {print $2}' <<<"$out"
+    echo "$1 $2 $(grep "^$LABEL" <<<"$out")" >>"$LOG"
+    awk -v t="$LABEL" '$1 == t {print $2}' <<<"$out"
 }
 
 # /proc/stat's busy and total jiffies of all CPUs, and this shell's reaped children's CPU jiffies
@@ -83,7 +86,7 @@ median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR] = $1} END {
     m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "median %.3fx over %d rounds (min %.3f, max %.3f)", m, NR, v[1], v[NR]}'; }
 
 echo "osprey: $OSPREY ${OSPREY_ARGS:-}${OSPREY_B:+; osprey B: $OSPREY_B $OSPREY_B_ARGS}; llama.cpp: $LLAMA_CPP_BIN/llama-bench ${LLAMA_ARGS:-}"
-echo "model $MODEL, pp$N_PROMPT, -t $THREADS, -r $REPS, $ROUNDS rounds; load $(cut -d' ' -f1-3 /proc/loadavg); log $LOG"
+echo "model $MODEL, $LABEL, -t $THREADS, -r $REPS, $ROUNDS rounds; load $(cut -d' ' -f1-3 /proc/loadavg); log $LOG"
 QUIET_PCT="${QUIET_PCT:-10}"
 ratios="" ratios_b="" ratios_ab="" q_ratios="" q_ratios_b="" q_ratios_ab=""
 for ((i = 1; i <= ROUNDS; i++)); do
@@ -114,17 +117,17 @@ for ((i = 1; i <= ROUNDS; i++)); do
     echo "$line  (others $others %)"
 done
 echo "all rounds:"
-echo "pp$N_PROMPT osprey / llama.cpp: $(median <<<"$ratios")"
+echo "$LABEL osprey / llama.cpp: $(median <<<"$ratios")"
 if [ -n "${OSPREY_B:-}" ]; then
-    echo "pp$N_PROMPT osprey B / llama.cpp: $(median <<<"$ratios_b")"
-    echo "pp$N_PROMPT osprey / osprey B: $(median <<<"$ratios_ab")"
+    echo "$LABEL osprey B / llama.cpp: $(median <<<"$ratios_b")"
+    echo "$LABEL osprey / osprey B: $(median <<<"$ratios_ab")"
 fi
 if [ -n "$q_ratios" ]; then
     echo "rounds with others < $QUIET_PCT %:"
-    echo "pp$N_PROMPT osprey / llama.cpp: $(median <<<"$q_ratios")"
+    echo "$LABEL osprey / llama.cpp: $(median <<<"$q_ratios")"
     if [ -n "${OSPREY_B:-}" ]; then
-        echo "pp$N_PROMPT osprey B / llama.cpp: $(median <<<"$q_ratios_b")"
-        echo "pp$N_PROMPT osprey / osprey B: $(median <<<"$q_ratios_ab")"
+        echo "$LABEL osprey B / llama.cpp: $(median <<<"$q_ratios_b")"
+        echo "$LABEL osprey / osprey B: $(median <<<"$q_ratios_ab")"
     fi
 else
     echo "no round with others < $QUIET_PCT %"

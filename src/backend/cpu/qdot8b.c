@@ -421,6 +421,9 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void transpose16x8(const
 #ifndef STRIP8B_PREFETCH
 #define STRIP8B_PREFETCH 1
 #endif
+#ifndef STRIP8B_PF_HINT
+#define STRIP8B_PF_HINT _MM_HINT_T0
+#endif
 
 /* TG tokens (a: token 0's block; token j's at a + j, the block-major layout) against one transposed
  * block: acc + 16 j holds the accumulators A of token j's 16 rows, +0.0 where first. CSH: the correction
@@ -466,7 +469,7 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(cons
         for (int64_t b = 0; b < nb; b++) {                                                         \
             const uint8_t *p = (const uint8_t *)w + (size_t)b * (BYTES);                           \
             _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++)                                  \
-                _mm_prefetch((const char *)(p + (size_t)(16 * STRIP8B_PREFETCH + r) * rb), _MM_HINT_T0); \
+                _mm_prefetch((const char *)(p + (size_t)(16 * STRIP8B_PREFETCH + r) * rb), STRIP8B_PF_HINT); \
             __m512i Z[8], W[8];                                                                    \
             UNROLL8B for (int q = 0; q < 8; q++) Z[q] = UC(p + (size_t)(2 * q) * rb, p + (size_t)(2 * q + 1) * rb); \
             transpose16x8(Z, W);                                                                   \
@@ -523,9 +526,16 @@ TGT8B_VNNI static inline __attribute__((always_inline)) __m512i reduce4x4(const 
     return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
 }
 /* prefetch distance of the GEMV, in 16-row strips ahead (each block step prefetches its share of the strip
- * that far ahead, so every line of it is asked for once) */
+ * that far ahead, so every line of it is asked for once), and the cache level it asks for. Into L2, 3 strips
+ * ahead, since 2026-12-06: on an AMD EPYC (Zen 4) dev box whose DRAM the weights stream from (2 threads,
+ * tg128 in q8 mode, rounds of A/B runs), L1 at 2 strips (the earlier setting) gave SmolLM2 Q4_1 ~160-200
+ * t/s, L2 at 2 / 3 / 4 / 6 strips 243-266 / 228-286 / 238-288 / 217-276; SmolLM2-shaped Q8_0 114 -> 182,
+ * Qwen2.5-0.5B (its Q5_0 / Q8_0 matrices) 50 -> 61; no prefetch at all: 100 (bench/cpu/NOTES.md). */
 #ifndef GEMV16_PREFETCH
-#define GEMV16_PREFETCH 2
+#define GEMV16_PREFETCH 3
+#endif
+#ifndef GEMV16_PF_HINT
+#define GEMV16_PF_HINT _MM_HINT_T1
 #endif
 /* KIND: 0 Q8_0 (codes at 2, + 128 by XOR), 4 Q4 (nibbles at QOFF), 5 Q5 (nibbles at QOFF, fifth bits at
  * QHOFF); CSH as the strips' (the correction n128 >> CSH, -1 none); MIN: Q4_1 / Q5_1 */
@@ -543,7 +553,7 @@ TGT8B_VNNI static inline __attribute__((always_inline)) __m512i reduce4x4(const 
             __m512 A = _mm512_setzero_ps();                                                        \
             for (int64_t b = 0; b < nb; b++) {                                                     \
                 const uint8_t *p = s + (size_t)b * (BYTES);                                        \
-                for (int o = 0; o < 16 * (BYTES); o += 64) _mm_prefetch((const char *)(pf + b * 16 * (BYTES) + o), _MM_HINT_T0); \
+                for (int o = 0; o < 16 * (BYTES); o += 64) _mm_prefetch((const char *)(pf + b * 16 * (BYTES) + o), GEMV16_PF_HINT); \
                 const __m512i alo = _mm512_broadcast_i32x4(LOAD128B(a[b].qs)), ahi = _mm512_broadcast_i32x4(LOAD128B(a[b].qs + 16)); \
                 __m512 dw, m = _mm512_setzero_ps();                                                \
                 __mmask64 qlo[4] = {0, 0, 0, 0}, qhi[4] = {0, 0, 0, 0};                            \

@@ -272,6 +272,9 @@ void osp_pack_q8k(const osp_q8k_block *a, int64_t a_stride, int64_t nsb, osp_q8k
 #ifndef GEMV8K_PREFETCH
 #define GEMV8K_PREFETCH 8192 /* qdot.c's GEMV_PREFETCH, measured there */
 #endif
+#ifndef GEMV8K_PF_HINT
+#define GEMV8K_PF_HINT _MM_HINT_T0
+#endif
 
 TGT8K static inline float hsum8k(__m256 v) { /* finish()'s order */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -320,7 +323,7 @@ TGT8K static FORCE_INLINE8K void q45k_rows(const uint8_t *w, size_t rb, const os
         for (int j = 0; j < 8; j++) s32[j] = as->bsums[2 * j] + as->bsums[2 * j + 1];
         _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
             const uint8_t *p = w + (size_t)r * rb + (size_t)s * (size_t)BYTES;
-            for (int l = 0; l < BYTES; l += 64) _mm_prefetch((const char *)(p + GEMV8K_PREFETCH + l), _MM_HINT_T0);
+            for (int l = 0; l < BYTES; l += 64) _mm_prefetch((const char *)(p + GEMV8K_PREFETCH + l), GEMV8K_PF_HINT);
             uint8_t sc[8], m[8];
             k4_scales8(p + 4, sc, m);
             uint64_t sc64;
@@ -370,7 +373,7 @@ TGT8K static FORCE_INLINE8K void q6k_rows(const uint8_t *w, size_t rb, const osp
         const __m256i bs = _mm256_loadu_si256((const __m256i *)(const void *)as->bsums);
         _Pragma("GCC unroll 4") for (int r = 0; r < NR; r++) {
             const uint8_t *p = w + (size_t)r * rb + (size_t)s * 210;
-            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)(p + GEMV8K_PREFETCH + l), _MM_HINT_T0);
+            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)(p + GEMV8K_PREFETCH + l), GEMV8K_PF_HINT);
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 192)));
             const __m512i scl = _mm512_castsi256_si512(sc16);
             __m512i isum = _mm512_setzero_si512();
