@@ -111,6 +111,12 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     # one pass (the scan builds the lists): in one launch, in the scan kernel with one and several slices a CTA
     run "test_gpu_sampler (one pass)" env OSPREY_SAMPLE_ONE_PASS=1 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (one pass, two launches, grouped slices)" env OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
+    # tau lists (top-k + top-p rows cut at one row-wide threshold): one launch, then the scan kernel with
+    # grouped slices, then with their views on warp 0 instead of the block
+    run "test_gpu_sampler (tau lists)" env OSPREY_SAMPLE_TAU=1 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (tau lists, two launches, grouped slices)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (tau lists on warp 0, unfused)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_WARP=1 OSPREY_SAMPLE_FUSED=0 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (tau lists, tau in every CTA, two launches)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_PRE=0 OSPREY_SAMPLE_ONE_LAUNCH=0 $G/bin/test_gpu_sampler
     # the bf16 GEMM's batch invariance: cuBLASLt (split-K by the T = 1 rule, the default), then the
     # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL
     run test_gpu_gemm $G/bin/test_gpu_gemm

@@ -409,10 +409,15 @@ static float lib_exp(float w, float mx, float inv_t) {
  * distinct weights against a) all round to the same weight against the row's maximum 1024 in slice 1,
  * so slice 0's list of 50 ends at b while top-k's threshold is that common weight and c is a candidate
  * (the finisher must see that a weight left out of a list ties with the edge).
+ * The two rows after it are for the tau lists (OSPREY_SAMPLE_TAU=1, sample.cu "tau lists"), cut at a
+ * threshold read off a sample of the row (the first 256 values of each slice): one whose sample holds 20
+ * values above the 100 that tie at the k-th weight elsewhere (tau lands above the k-th value: U is too
+ * small), and one whose sampled values tie at b, with c just under tau but of b's weight against the
+ * maximum (T = 256), so only the guard puts c into the top-k set.
  * Same checks as the distributions above: the exact distribution and the CPU's tokens. */
 static void test_slice_lists(void **state) {
     (void)state;
-    enum { V = 128256, NR = 10 };
+    enum { V = 128256, NR = 12 };
     static const big_cfg cfgs[NR] = {
         {"40000 ties at the max, top_k=50 top_p=0.9", 1.0f, 50, 0.9f, 0.0f},
         {"ties at the k-th across slices, top_k=50 top_p=0.95", 1.0f, 50, 0.95f, 0.0f},
@@ -424,6 +429,8 @@ static void test_slice_lists(void **state) {
         {"min_p=0.9 T=1", 1.0f, 0, 1.0f, 0.9f},
         {"T=0.5 over a flat row", 0.5f, 0, 1.0f, 0.0f},
         {"a tie across a list's edge, T=256 top_k=50 top_p=0.999", 256.0f, 50, 0.999f, 0.0f},
+        {"the sample's top above the k-th, top_k=50 top_p=0.9", 1.0f, 50, 0.9f, 0.0f},
+        {"a tie across tau's edge, T=256 top_k=50 top_p=0.999", 256.0f, 50, 0.999f, 0.0f},
     };
     float *logits = malloc(sizeof(float) * (size_t)NR * V);
     assert_non_null(logits);
@@ -432,7 +439,19 @@ static void test_slice_lists(void **state) {
     for (int r = 0; r < NR; r++) {
         float *l = logits + (size_t)r * V;
         const uint64_t salt = 9100 + (uint64_t)r;
-        if (r == 9) {
+        if (r == 10) { /* 20 tens in sampled places, 100 nines in unsampled ones */
+            for (int32_t i = 0; i < V; i++) l[i] = (float)(6.0 * uni(salt, (uint64_t)i, 0) - 4.0);
+            for (int j = 0; j < 20; j++) l[j * 4096 + 17] = 10.0f;
+            for (int j = 0; j < 100; j++) l[(j % 31) * 4096 + 300 + 29 * j] = 9.0f;
+        } else if (r == 11) {
+            const float b = -0.01f, c = b - 5e-5f, inv_t = 1.0f / 256.0f;
+            for (int32_t i = 0; i < V; i++) l[i] = (float)(-2048.0 + 100.0 * uni(salt, (uint64_t)i, 0));
+            l[5000] = 1024.0f;                                                      /* unsampled */
+            for (int j = 0; j < 100; j++) l[(j % 32) * 4096 + 8 * (j / 32) + 1] = b; /* sampled */
+            l[3 * 4096 + 3000] = c;                                                 /* unsampled */
+            assert_true(lib_exp(c, 1024.0f, inv_t) == lib_exp(b, 1024.0f, inv_t));
+            assert_true(c < b && b - c > 1e-5f); /* tau, b's 20-bit key prefix's floor, lies above c */
+        } else if (r == 9) {
             const float b = -8.0f, a = b + 4e-5f, c = b - 4e-5f, inv_t = 1.0f / 256.0f;
             for (int32_t i = 0; i < V; i++) l[i] = (float)(-2048.0 + 100.0 * uni(salt, (uint64_t)i, 0));
             l[5000] = 1024.0f; /* the row's maximum, in slice 1 */

@@ -194,11 +194,18 @@ struct MinFloatOp {
     __device__ float operator()(float a, float b) const { return fminf(a, b); }
 };
 
+struct Pre { /* the finisher's preamble: counts and bounds over a row's slices */
+    int cnt_lo, n_u, floor_bits, guard_bits, ovf;
+};
+struct PreOp {
+    __device__ Pre operator()(const Pre &a, const Pre &b) const {
+        return Pre{a.cnt_lo + b.cnt_lo, a.n_u + b.n_u, a.floor_bits > b.floor_bits ? a.floor_bits : b.floor_bits,
+                   a.guard_bits > b.guard_bits ? a.guard_bits : b.guard_bits, a.ovf | b.ovf};
+    }
+};
+
 struct MaxIntOp {
     __device__ int operator()(int a, int b) const { return a > b ? a : b; }
-};
-struct SumIntOp {
-    __device__ int operator()(int a, int b) const { return a + b; }
 };
 struct MinIntOp {
     __device__ int operator()(int a, int b) const { return a < b ? a : b; }
@@ -212,6 +219,7 @@ union TempStorage {
     cub::BlockReduce<int, kThreads>::TempStorage r_int;
     cub::BlockReduce<float, kThreads>::TempStorage r_float;
     cub::BlockReduce<MaxMin, kThreads>::TempStorage r_maxmin;
+    cub::BlockReduce<Pre, kThreads>::TempStorage r_pre;
     cub::BlockScan<double, kThreads>::TempStorage s_double;
     cub::BlockScan<int, kThreads>::TempStorage s_int;
 };
@@ -221,6 +229,9 @@ union TempStorage {
 constexpr int kOptFineLists = 1;
 constexpr int kOptHistAgg = 2;
 constexpr int kOptOnePass = 4; /* see "one pass" below */
+constexpr int kOptTau = 8;     /* see "tau lists" below */
+constexpr int kOptTauWarp = 16; /* a tau row's view of at most kTauWarpView entries runs on warp 0 (WarpGrp) */
+constexpr int kOptTauPre = 32;  /* sample_tau_kernel ran before the scan: tau rows read tau from the RowState */
 
 struct Shared {
     TempStorage tmp;
@@ -520,6 +531,20 @@ __device__ int draw_index(const View &v, float lo, double target, Shared &s) {
  * the float bit patterns, three levels of 10 bits, compacting the view after the first level. */
 template <typename G>
 __device__ float kth_largest(View &v, float lo, int k, Shared &s) {
+    if (G::N == kThreads && v.n <= kThreads && (s.opts & kOptTau)) {
+        /* a view of at most one value a thread (tau rows' U), under OSPREY_SAMPLE_TAU=1 until measured: each
+         * counts the values above its own, and the k-th largest is the smallest value with fewer than k
+         * above it: one pass, one reduction, the same value as the radix levels below */
+        const int i = G::rank();
+        const float x = i < v.n ? v.w[i] : 0.0f;
+        int above = 0;
+        for (int j = 0; j < v.n; j++) {
+            const float y = v.w[j];
+            above += y > lo && y > x;
+        }
+        const float cand = i < v.n && x > lo && above < k ? x : INFINITY;
+        return G::reduce(cand, MinFloatOp(), s);
+    }
     uint32_t prefix = 0; /* bits of the k-th value fixed so far */
     int need = k;        /* its rank among the values that share the prefix */
     for (int level = 0; level < 3; level++) {
@@ -916,6 +941,8 @@ struct RowState {       /* a row's combined scan and the last-CTA tickets (zero 
     unsigned arrive_row, gen_row; /* row_barrier's count (zero between launches) and generation */
     int ok, greedy;
     int one_pass; /* the scan built the slices' lists (is_one_pass_row, and no weight underflows) */
+    int tau;      /* ... and cut them at tau (is_tau_row) */
+    float tau_v;  /* tau, when sample_tau_kernel found it (kOptTauPre) */
     float raw_v, best_v;
     int raw_i, best_i;
 };
@@ -1068,8 +1095,19 @@ __device__ uint32_t list_threshold_fine(const float e[kItems], float lo, int nee
  *     the slices' largest logit outside their lists); where it is a candidate (guard > the pivot that
  *     reject_sample settles on before its rounds), the row runs the one-block algorithm instead.
  * Which rows take one pass depends on the row alone (its parameters and logits), never on the batch. */
+__device__ __forceinline__ bool one_pass_params(const osp_cuda_sample_row &p) {
+    return !row_modified(p) && !(p.min_p > 0.0f) && !(p.temperature < OSP_SAMPLING_EPS);
+}
+
+/* A row whose lists the scan cuts at a row-wide logit threshold tau (see "tau lists"): one pass's rows with
+ * both top-k (2 .. kListKMax) and top-p (0 < top_p < 1) on. */
+__device__ __forceinline__ bool is_tau_row(const osp_cuda_sample_row &p, int opts) {
+    return (opts & kOptTau) && one_pass_params(p) && p.top_k >= 2 && p.top_k <= kListKMax && p.top_p > 0.0f &&
+           p.top_p < 1.0f;
+}
+
 __device__ __forceinline__ bool is_one_pass_row(const osp_cuda_sample_row &p, int opts) {
-    return (opts & kOptOnePass) && !row_modified(p) && !(p.min_p > 0.0f) && !(p.temperature < OSP_SAMPLING_EPS);
+    return ((opts & kOptOnePass) && one_pass_params(p)) || is_tau_row(p, opts);
 }
 
 /* Slice c's list by the one pass (the select pass's steps on weights relative to the slice's own largest
@@ -1119,6 +1157,137 @@ __device__ void one_pass_slice(const float v[kItems], int first, int32_t vocab, 
     }
 }
 
+/* ---- tau lists (OSPREY_SAMPLE_TAU=1; opt-in until measured on a device) ------------------------------
+ * One pass still runs a radix select per slice to cut its list (three levels of histogram, ~10 block-wide
+ * steps a slice, which is where its time goes). A row with top-k and top-p both on needs only the row's
+ * top-k set {e >= t} (top-p then works inside it, reject.c), so one row-wide cut does: every CTA of the row
+ * computes the same logit threshold tau from a fixed sample of the row (the first kTauPerSlice values of each
+ * slice, at most kTauSample values), the value of rank r in the sample with r chosen so that about
+ * kTauMult * top_k of the row's logits are expected at or above it (r = top_k when the sample is the whole
+ * row), and each slice's list is then its logits >= tau: one compare and one block scan a slice.
+ * Nothing rests on tau being a good guess; the three ways it can fail are caught:
+ *   - too high: U, every logit >= tau, must hold more than top_k values, or t (top-k's threshold) may lie
+ *     outside it: else the row runs the one-block algorithm;
+ *   - an edge: a logit below tau whose weight reaches t (ties in weight after rounding, or a guess just
+ *     under the k-th value): one pass's guard (the largest logit left out of the lists) catches it;
+ *   - too low (a slice with more than kListCap at or above tau): the slice overflows, the row takes the
+ *     one-block algorithm.
+ * tau depends on the row's logits and top_k alone, so which path a row takes never depends on the batch. */
+constexpr int kTauPerSlice = 256; /* sampled values a slice (its first ones) */
+constexpr int kTauSample = 8192;  /* sampled values a row at most */
+constexpr int kTauMult = 4;       /* expected row values at or above tau, in units of top_k */
+constexpr int kTauWarpView = 512; /* kOptTauWarp: views up to this size run on warp 0 */
+static_assert(kTauSample % kThreads == 0, "tau: the sample splits over the block");
+
+/* order-preserving map of a float's bits to an unsigned key (larger float, larger key), and back */
+__device__ __forceinline__ uint32_t float_key(float x) {
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? k & 0x7FFFFFFFu : ~k);
+}
+
+/* tau for row logits x (see "tau lists"): the smallest float of the 20-bit key prefix (two radix levels of
+ * 10 bits) that holds the sample's value of rank r, so at least r sampled values are >= tau. All threads of
+ * the block call it and get the same value. */
+__device__ float tau_threshold(const float *x, int32_t vocab, int top_k, Shared &s) {
+    const int G = (vocab + kSlice - 1) / kSlice;
+    int samp = (kTauSample / G) & ~3;
+    samp = samp > kTauPerSlice ? kTauPerSlice : samp < 4 ? 4 : samp;
+    const int gs = G < kTauSample / samp ? G : kTauSample / samp; /* slices sampled */
+    const int last_len = vocab - (gs - 1) * kSlice < kSlice ? vocab - (gs - 1) * kSlice : kSlice;
+    const int n_samp = (gs - 1) * samp + (last_len < samp ? last_len : samp); /* <= kTauSample */
+    int r;
+    if (n_samp >= vocab) {
+        r = top_k;
+    } else {
+        const long long num = (long long)kTauMult * top_k * n_samp;
+        r = (int)((num + vocab - 1) / vocab);
+    }
+    r = r < 1 ? 1 : r > n_samp ? n_samp : r;
+    /* every sampled value loaded before any is used: one memory latency, not one a load */
+    constexpr int kPer = kTauSample / kThreads;
+    uint32_t key[kPer];
+    unsigned valid = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; i++) {
+        const int e = (int)threadIdx.x + i * kThreads, c = e / samp;
+        const int idx = c * kSlice + (e - c * samp);
+        const bool ok = c < gs && idx < vocab;
+        key[i] = ok ? __float_as_uint(__ldg(&x[idx])) : 0u;
+        valid |= (unsigned)ok << i;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; i++) key[i] = float_key(__uint_as_float(key[i]));
+    uint32_t prefix = 0;
+    int need = r;
+    for (int level = 0; level < 2; level++) {
+        const int sh = 22 - 10 * level;
+        for (int b = threadIdx.x; b < kBins; b += kThreads) s.hist[b] = 0;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < kPer; i++) {
+            const bool in = ((valid >> i) & 1u) && (level == 0 || (key[i] >> 22) == prefix);
+            /* level 0 (sign, exponent, one mantissa bit) crowds a few bins: warp-aggregated adds */
+            if (level == 0) hist_add(s.hist, (key[i] >> sh) & 1023u, in, true);
+            else if (in) atomicAdd(&s.hist[(key[i] >> sh) & 1023u], 1u);
+        }
+        __syncthreads();
+        constexpr int kBinsPer = kBins / kThreads;
+        int h[kBinsPer], hs = 0;
+#pragma unroll
+        for (int j = 0; j < kBinsPer; j++) {
+            h[j] = (int)s.hist[kBins - 1 - ((int)threadIdx.x * kBinsPer + j)];
+            hs += h[j];
+        }
+        int total;
+        int excl = block_exclusive_sum(hs, &total, s);
+#pragma unroll
+        for (int j = 0; j < kBinsPer; j++) {
+            const int b = kBins - 1 - ((int)threadIdx.x * kBinsPer + j);
+            const int incl = excl + h[j];
+            if ((incl >= need || b == 0) && excl < need) s.bcast[0] = b, s.bcast[1] = need - excl;
+            excl = incl;
+        }
+        __syncthreads();
+        const int bucket = s.bcast[0];
+        need = s.bcast[1];
+        __syncthreads();
+        prefix = (prefix << 10) | (uint32_t)bucket;
+    }
+    return key_float(prefix << 12);
+}
+
+/* Slice c's tau list: its logits >= tau in id order (v: this thread's kItems from `first`); list_n and
+ * overflow into the slice's part; *guard (this thread's running maximum of the logits left out) and *mn
+ * (its running minimum) for the CTA's single reduction after its slices. All threads call it. */
+__device__ void tau_slice(const float v[kItems], int first, int32_t vocab, int c, float tau, const RowPtrs &rp,
+                          float *guard, float *mn, Shared &s) {
+    int keep = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; j++)
+        if (first + j < vocab) {
+            const bool k = v[j] >= tau;
+            keep += k;
+            if (!k) *guard = fmaxf(*guard, v[j]);
+            *mn = fminf(*mn, v[j]);
+        }
+    int total;
+    int pos = c * kListCap + block_exclusive_sum(keep, &total, s);
+    const bool overflow = total > kListCap;
+    if (!overflow) {
+#pragma unroll
+        for (int j = 0; j < kItems; j++)
+            if (first + j < vocab && v[j] >= tau) rp.list_w[pos] = v[j], rp.list_id[pos] = first + j, pos++;
+    }
+    if (threadIdx.x == 0) {
+        SlicePart *d = &rp.parts[c];
+        d->c0 = vocab - c * kSlice < kSlice ? vocab - c * kSlice : kSlice; /* every weight > 0 (see "one pass") */
+        d->m0 = 0.0, d->thr = 0u, d->list_n = overflow ? 0 : total, d->overflow = overflow;
+    }
+}
+
 /* One CTA's part of the scan: slices [b * spc, + spc) of a row (p: its parameters, in shared memory): copy
  * (modified rows), bias and penalties of the slices' ids, argmaxes, finiteness, into parts[b] (the argmax
  * is order-free, so how slices group into CTAs changes no bit). sok: scalars_ok of the row. preload: load
@@ -1132,14 +1301,21 @@ __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const
     const int G = (vocab + kSlice - 1) / kSlice;
     const int c_end = (b + 1) * spc < G ? (b + 1) * spc : G;
     const bool modified = row_modified(p), one = kOnePass && sok && is_one_pass_row(p, s.opts);
+    const bool tau_row = kOnePass && one && is_tau_row(p, s.opts);
     int bad = 0, nan0 = 0;
     ArgMax2 am{{0.0f, -1}, {0.0f, -1}};
+    MaxMin gm{-INFINITY, INFINITY}; /* tau rows: the largest logit left out of the lists, the smallest logit */
     if (sok) {
         if (b == 0 && !lists_ok(p, vocab, ids, bias_ids, bias_vals)) bad = 1;
         const float *x = logits + (size_t)p.logits_row * (size_t)vocab;
         bool nf = false;
         float nx[kItems]; /* preload: the next slice's raw values, loaded before this one's work */
         if (preload && b * spc < c_end) load_slice(x, vocab, b * spc * kSlice + (int)threadIdx.x * kItems, nx);
+        /* after the first preload, so the slice's loads are in flight while tau is found; or found once a
+         * row before the scan (kOptTauPre: sample_tau_kernel, for grids of many CTAs a row) */
+        const float tau = !tau_row                  ? 0.0f
+                          : (s.opts & kOptTauPre) ? __ldcg(&rp.st->tau_v)
+                                                  : tau_threshold(x, vocab, p.top_k, s);
         for (int c = b * spc; c < c_end; c++) {
             const int first = c * kSlice + (int)threadIdx.x * kItems;
             float v[kItems];
@@ -1170,15 +1346,22 @@ __device__ void scan_part(const float *__restrict__ logits, int32_t vocab, const
             for (int j = 0; j < kItems; j++)
                 if (first + j < vocab && !isnan(v[j]) && (am.best.i < 0 || v[j] > am.best.v))
                     am.best = ArgMax{v[j], first + j};
-            if (one) one_pass_slice(v, first, vocab, c, p, rp, s);
+            if (tau_row) tau_slice(v, first, vocab, c, tau, rp, &gm.mx, &gm.mn, s);
+            else if (one) one_pass_slice(v, first, vocab, c, p, rp, s);
         }
         if (__syncthreads_or(nf)) bad = 1;
         am = block_reduce(am, ArgMax2Op(), s);
+        if (tau_row) gm = block_reduce(gm, MaxMinOp(), s);
     }
     if (threadIdx.x == 0) {
         SlicePart *q = &rp.parts[b];
         q->raw_v = am.raw.v, q->raw_i = am.raw.i, q->best_v = am.best.v, q->best_i = am.best.i;
         q->bad = bad, q->nan0 = nan0;
+        /* tau rows: the CTA's guard and minimum stand for each of its slices (the finisher and combine_scan
+         * take the row's maximum and minimum over the slices: the same for any grouping); ref only scales
+         * the zero masses and thresholds */
+        if (tau_row)
+            for (int c = b * spc; c < c_end; c++) rp.parts[c].ref = am.best.v, rp.parts[c].mn = gm.mn, rp.parts[c].guard = gm.mx;
     }
 }
 
@@ -1217,9 +1400,29 @@ __device__ ScanOut combine_scan(const RowPtrs &rp, const osp_cuda_sample_row &p,
         rp.st->ok = ok;
         rp.st->greedy = greedy;
         rp.st->one_pass = one;
+        rp.st->tau = one && is_tau_row(p, s.opts);
         rp.st->raw_v = r.raw.v, rp.st->raw_i = r.raw.i, rp.st->best_v = r.best.v, rp.st->best_i = r.best.i;
     }
     return ScanOut{ok, greedy, one, r.best};
+}
+
+/* tau for each tau row (one CTA a row) into its RowState, before the scan kernel reads it (kOptTauPre): a
+ * row of many CTAs finds it once instead of in every CTA. The same function as the scan's own: the same
+ * value. */
+__global__ void __launch_bounds__(kThreads)
+    sample_tau_kernel(const float *__restrict__ logits, int32_t vocab, const osp_cuda_sample_row *__restrict__ rows,
+                      const int32_t *__restrict__ ids, const int32_t *__restrict__ bias_ids,
+                      const float *__restrict__ bias_vals, unsigned char *scratch, Layout L, int opts) {
+    osp_pdl_begin();
+    __shared__ Shared s;
+    __shared__ osp_cuda_sample_row p;
+    shared_init(s, opts);
+    if (threadIdx.x == 0) p = rows[blockIdx.x];
+    __syncthreads();
+    if (!scalars_ok(p, ids, bias_ids, bias_vals) || !is_tau_row(p, s.opts)) return;
+    const RowPtrs rp = row_ptrs(scratch, L, (int)blockIdx.x);
+    const float tau = tau_threshold(logits + (size_t)p.logits_row * (size_t)vocab, vocab, p.top_k, s);
+    if (threadIdx.x == 0) rp.st->tau_v = tau;
 }
 
 /* Per CTA, slices [blockIdx.x * spc, + spc) of row blockIdx.y (scan_part); the row's last CTA combines
@@ -1457,6 +1660,7 @@ __device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, b
 /* Entries of U the finishing kernel keeps in shared memory (its dynamic part: values and ids, 24 KB) when
  * OSPREY_SAMPLE_SMEM_U is not 0; a larger U stays in the row's scratch. Same operations, same bits. */
 constexpr int kUCap = 3072;
+static_assert(kTauWarpView <= kUCap, "a tau row's warp view stays in shared memory");
 constexpr size_t kUSmemBytes = (size_t)kUCap * 8u;
 
 /* Grids of at most this many CTAs (rows x slices) run select and finish as one launch (one CTA an SM:
@@ -1526,6 +1730,7 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
     const RowPtrs rp = row_ptrs(scratch, L, row);
     /* through L2: in the one-launch kernel another CTA of this launch wrote them */
     const bool ok = __ldcg(&rp.st->ok), greedy = __ldcg(&rp.st->greedy), one = __ldcg(&rp.st->one_pass);
+    const bool tau = one && __ldcg(&rp.st->tau);
     const ArgMax best{__ldcg(&rp.st->best_v), __ldcg(&rp.st->best_i)};
     int token = 0, rounds = 0;
 #ifdef OSPREY_SAMPLE_PHASES
@@ -1566,18 +1771,18 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             if (threadIdx.x == 0)
                 for (int j = 0; j < n; j++) sh_mass += t.m0[j];
         }
-        cnt_lo = block_reduce(cnt_lo, SumIntOp(), s); /* also publishes sh_mass */
-        n_u = block_reduce(n_u, SumIntOp(), s);
-        floor_bits = block_reduce(floor_bits, MaxIntOp(), s);
-        guard_bits = block_reduce(guard_bits, MaxIntOp(), s);
-        ovf = __syncthreads_or(ovf);
+        {
+            const Pre a = block_reduce(Pre{cnt_lo, n_u, floor_bits, guard_bits, ovf}, PreOp(), s); /* also publishes sh_mass */
+            cnt_lo = a.cnt_lo, n_u = a.n_u, floor_bits = a.floor_bits, guard_bits = a.guard_bits, ovf = a.ovf;
+        }
         const double mass_lo = sh_mass;
         PH_FIN(row, 1, clock64());
         PH_FIN(row, 5, n_u);
         const bool p_on = p.top_p < 1.0f;
         const int k = p.top_k > 0 && p.top_k < cnt_lo ? p.top_k : 0;
-        const bool covered =
-            !ovf && (k == 1 || (p_on && p.top_p <= 0.0f) || cnt_lo <= q.K || (k > 0 && p_on && k <= q.K));
+        /* a tau row's U must hold more than top_k values (see "tau lists") */
+        const bool covered = !ovf && (!tau || n_u > p.top_k) &&
+                             (k == 1 || (p_on && p.top_p <= 0.0f) || cnt_lo <= q.K || (k > 0 && p_on && k <= q.K));
         bool whole = false; /* the one-block algorithm over the whole row */
         if (covered) {
             const bool in_smem = smem_u && n_u <= kUCap;
@@ -1590,8 +1795,9 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             const float kth_floor = floor_bits > 0 ? nextafterf(__int_as_float(floor_bits), 0.0f) : 0.0f;
             const float guard = __int_as_float(guard_bits);
             PH_FIN(row, 2, clock64());
-            PH_FIN(row, 6, n <= warp_view ? 1 : 2);
-            if (n <= warp_view) {
+            const int wv = tau && (s.opts & kOptTauWarp) && warp_view < kTauWarpView ? kTauWarpView : warp_view;
+            PH_FIN(row, 6, n <= wv ? 1 : 2);
+            if (n <= wv) {
                 if (threadIdx.x < 32) {
                     int r = 0;
                     const int tok = reject_sample<WarpGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed,
@@ -1737,7 +1943,8 @@ __global__ void __launch_bounds__(kThreads)
     const RowPtrs rp = row_ptrs(scratch, L, row);
     const bool sok = scalars_ok(p, ids, bias_ids, bias_vals);
     PH_CTA(0, 0);
-    scan_part<true>(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, false, s);
+    /* tau rows load their slice first, so the loads overlap finding tau */
+    scan_part<true>(logits, vocab, p, ids, bias_ids, bias_vals, rp, sok, c, 1, is_tau_row(p, s.opts), s);
     row_barrier(&rp.st->arrive_row, &rp.st->gen_row, gridDim.x);
     PH_CTA(0, 1);
     const ScanOut so = combine_scan<true>(rp, p, (int)gridDim.x, (vocab + kSlice - 1) / kSlice, sok, c == 0, s);
@@ -1776,6 +1983,27 @@ bool sample_hist_agg(void) {
 bool sample_one_pass(void) {
     static int64_t v = INT64_MIN;
     return env_int("OSPREY_SAMPLE_ONE_PASS", 0, &v) == 1;
+}
+
+/* OSPREY_SAMPLE_TAU=1: rows with top-k and top-p both on cut their lists at one row-wide threshold in the
+ * scan (see "tau lists"); opt-in until measured on a device. */
+bool sample_tau(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_TAU", 0, &v) == 1;
+}
+
+/* OSPREY_SAMPLE_TAU_WARP=1: tau rows' views of at most kTauWarpView entries run on warp 0 (slower on an H200,
+ * 2026-12-06: B = 1 46.8 against 43.0 us on the block, the warp's passes over 1,024 radix bins) */
+bool sample_tau_warp(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_TAU_WARP", 0, &v) != 0;
+}
+
+/* tau found once a row by sample_tau_kernel before the scan where a row has several scan CTAs
+ * (OSPREY_SAMPLE_TAU_PRE=0: every CTA finds it itself, as in one launch) */
+bool sample_tau_pre(void) {
+    static int64_t v = INT64_MIN;
+    return env_int("OSPREY_SAMPLE_TAU_PRE", 1, &v) != 0;
 }
 
 /* OSPREY_SAMPLE_PRELOAD=1: the sliced passes' CTAs of several slices load each next slice before working on
@@ -1884,7 +2112,8 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         const int warp_view = (int)sample_warp_view();
         const size_t dyn = smem_u ? kUSmemBytes : 0;
         const int opts = (sample_list_fine() ? kOptFineLists : 0) | (sample_hist_agg() ? kOptHistAgg : 0) |
-                         (sample_one_pass() ? kOptOnePass : 0);
+                         (sample_one_pass() ? kOptOnePass : 0) | (sample_tau() ? kOptTau : 0) |
+                         (sample_tau_warp() ? kOptTauWarp : 0);
         if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
             (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
             cudaLaunchAttribute attr[1];
@@ -1908,12 +2137,20 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         spc = spc < 1 ? 1 : spc > slices ? slices : spc;
         const dim3 grid((unsigned)((slices + spc - 1) / spc), (unsigned)n);
         const bool preload = spc > 1 && sample_preload();
-        const bool one_pass = (opts & kOptOnePass) != 0;
+        const bool one_pass = (opts & (kOptOnePass | kOptTau)) != 0;
+        /* tau once a row (sample_tau_kernel) where the row's CTAs would each find it again */
+        int sopts = opts;
+        if ((opts & kOptTau) && (slices + spc - 1) / spc > 1 && sample_tau_pre()) {
+            osp_launch(sample_tau_kernel, dim3((unsigned)n), kThreads, 0, (cudaStream_t)stream, d_logits, vocab,
+                       d_rows + r0, d_ids, d_bias_ids, d_bias_vals, sc, L, opts);
+            OSP_CUDA_LAUNCH_CHECK("sample_tau_kernel");
+            sopts |= kOptTauPre;
+        }
         osp_launch(preload ? (one_pass ? sample_scan_kernel<true, true> : sample_scan_kernel<true, false>)
                            : (one_pass ? sample_scan_kernel<false, true> : sample_scan_kernel<false, false>),
                    grid, kThreads, 0,
                    (cudaStream_t)stream, d_logits, vocab, d_rows + r0, d_ids, d_bias_ids, d_bias_vals, sc, L, (int)spc,
-                   opts);
+                   sopts);
         OSP_CUDA_LAUNCH_CHECK("sample_scan_kernel");
         if ((int64_t)n * slices <= kFusedCtas && sample_fused()) { /* a small grid: select and finish in one */
             osp_launch(sample_select_finish_kernel, dim3((unsigned)slices, (unsigned)n), kThreads, dyn,
