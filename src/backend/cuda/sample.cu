@@ -194,18 +194,11 @@ struct MinFloatOp {
     __device__ float operator()(float a, float b) const { return fminf(a, b); }
 };
 
-struct Pre { /* the finisher's preamble: counts and bounds over a row's slices */
-    int cnt_lo, n_u, floor_bits, guard_bits, ovf;
-};
-struct PreOp {
-    __device__ Pre operator()(const Pre &a, const Pre &b) const {
-        return Pre{a.cnt_lo + b.cnt_lo, a.n_u + b.n_u, a.floor_bits > b.floor_bits ? a.floor_bits : b.floor_bits,
-                   a.guard_bits > b.guard_bits ? a.guard_bits : b.guard_bits, a.ovf | b.ovf};
-    }
-};
-
 struct MaxIntOp {
     __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+struct SumIntOp {
+    __device__ int operator()(int a, int b) const { return a + b; }
 };
 struct MinIntOp {
     __device__ int operator()(int a, int b) const { return a < b ? a : b; }
@@ -219,7 +212,6 @@ union TempStorage {
     cub::BlockReduce<int, kThreads>::TempStorage r_int;
     cub::BlockReduce<float, kThreads>::TempStorage r_float;
     cub::BlockReduce<MaxMin, kThreads>::TempStorage r_maxmin;
-    cub::BlockReduce<Pre, kThreads>::TempStorage r_pre;
     cub::BlockScan<double, kThreads>::TempStorage s_double;
     cub::BlockScan<int, kThreads>::TempStorage s_int;
 };
@@ -1771,10 +1763,11 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             if (threadIdx.x == 0)
                 for (int j = 0; j < n; j++) sh_mass += t.m0[j];
         }
-        {
-            const Pre a = block_reduce(Pre{cnt_lo, n_u, floor_bits, guard_bits, ovf}, PreOp(), s); /* also publishes sh_mass */
-            cnt_lo = a.cnt_lo, n_u = a.n_u, floor_bits = a.floor_bits, guard_bits = a.guard_bits, ovf = a.ovf;
-        }
+        cnt_lo = block_reduce(cnt_lo, SumIntOp(), s); /* also publishes sh_mass */
+        n_u = block_reduce(n_u, SumIntOp(), s);
+        floor_bits = block_reduce(floor_bits, MaxIntOp(), s);
+        guard_bits = block_reduce(guard_bits, MaxIntOp(), s);
+        ovf = __syncthreads_or(ovf);
         const double mass_lo = sh_mass;
         PH_FIN(row, 1, clock64());
         PH_FIN(row, 5, n_u);
