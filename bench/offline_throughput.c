@@ -89,6 +89,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *model = argv[1], *mode = argv[2];
+    if (argc > (strcmp(mode, "prefix") ? 7 : 8)) { /* e.g. a flag: the activation mode is CPU_ACTIVATIONS */
+        fprintf(stderr, "offline_throughput: unexpected argument '%s' (see the file's header)\n",
+                argv[strcmp(mode, "prefix") ? 7 : 8]);
+        return 2;
+    }
     const int n = atoi(argv[3]), a = atoi(argv[4]), b = atoi(argv[5]), threads = atoi(argv[6]);
     srand(1234);
     if (!strcmp(mode, "batch") || !strcmp(mode, "single")) {
