@@ -115,7 +115,7 @@ if [ "$what" = ops ] || [ "$what" = all ]; then
     # grouped slices, then with their views on warp 0 instead of the block
     run "test_gpu_sampler (tau lists)" env OSPREY_SAMPLE_TAU=1 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (tau lists, two launches, grouped slices)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_ONE_LAUNCH=0 OSPREY_SAMPLE_GRID_CTAS=256 $G/bin/test_gpu_sampler
-    run "test_gpu_sampler (tau lists on warp 0, unfused)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_WARP=1 OSPREY_SAMPLE_FUSED=0 $G/bin/test_gpu_sampler
+    run "test_gpu_sampler (tau lists on warp 0, unfused)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_WARP_VIEW=512 OSPREY_SAMPLE_FUSED=0 $G/bin/test_gpu_sampler
     run "test_gpu_sampler (tau lists, tau in every CTA, two launches)" env OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_PRE=0 OSPREY_SAMPLE_ONE_LAUNCH=0 $G/bin/test_gpu_sampler
     # the bf16 GEMM's batch invariance: cuBLASLt (split-K by the T = 1 rule, the default), then the
     # skinny kernel for T <= 64 (opt-in until this passes) in its tile shapes and under PDL

@@ -11,7 +11,7 @@
 # U <= 3,072 (OSPREY_SAMPLE_WARP_VIEW=3072), "pre" each next slice preloaded in CTAs of several
 # (OSPREY_SAMPLE_PRELOAD=1), "1pass" the lists built by the scan (OSPREY_SAMPLE_ONE_PASS=1), "1pass+pre"
 # the two, "tau" top-k + top-p rows' lists cut at one row-wide threshold in the scan (OSPREY_SAMPLE_TAU=1),
-# "tau-warp" the same with their small views on warp 0 (OSPREY_SAMPLE_TAU_WARP=1), "tau+pre" with preload,
+# "tau-warp" the same with their small views on warp 0 (OSPREY_SAMPLE_WARP_VIEW=512), "tau+pre" with preload,
 # "tau-cta" with tau found by every scan CTA instead of once a row before the scan (OSPREY_SAMPLE_TAU_PRE=0).
 # SAMPLE_SETTINGS=i,... (sample_bench.c's indices) times only those settings.
 #   usage: bash bench/gpu/sample.sh [vocab reps]     (G: the unpacked binaries, default /tmp/osprey-gpu/gpu)
@@ -41,7 +41,7 @@ variant pre OSPREY_SAMPLE_PRELOAD=1
 variant 1pass OSPREY_SAMPLE_ONE_PASS=1
 variant 1pass+pre OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_PRELOAD=1
 variant tau OSPREY_SAMPLE_TAU=1
-variant tau-warp OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_WARP=1
+variant tau-warp OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_WARP_VIEW=512
 variant tau+pre OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_PRELOAD=1
 variant tau-cta OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_PRE=0
 if [ -n "${BASE_BENCH:-}" ]; then

@@ -222,8 +222,7 @@ constexpr int kOptFineLists = 1;
 constexpr int kOptHistAgg = 2;
 constexpr int kOptOnePass = 4; /* see "one pass" below */
 constexpr int kOptTau = 8;     /* see "tau lists" below */
-constexpr int kOptTauWarp = 16; /* a tau row's view of at most kTauWarpView entries runs on warp 0 (WarpGrp) */
-constexpr int kOptTauPre = 32;  /* sample_tau_kernel ran before the scan: tau rows read tau from the RowState */
+constexpr int kOptTauPre = 16;  /* sample_tau_kernel ran before the scan: tau rows read tau from the RowState */
 
 struct Shared {
     TempStorage tmp;
@@ -1168,7 +1167,6 @@ __device__ void one_pass_slice(const float v[kItems], int first, int32_t vocab, 
 constexpr int kTauPerSlice = 256; /* sampled values a slice (its first ones) */
 constexpr int kTauSample = 8192;  /* sampled values a row at most */
 constexpr int kTauMult = 4;       /* expected row values at or above tau, in units of top_k */
-constexpr int kTauWarpView = 512; /* kOptTauWarp: views up to this size run on warp 0 */
 static_assert(kTauSample % kThreads == 0, "tau: the sample splits over the block");
 
 /* order-preserving map of a float's bits to an unsigned key (larger float, larger key), and back */
@@ -1652,7 +1650,6 @@ __device__ int gather_lists(const RowPtrs &rp, int G, float *uw, int32_t *uid, b
 /* Entries of U the finishing kernel keeps in shared memory (its dynamic part: values and ids, 24 KB) when
  * OSPREY_SAMPLE_SMEM_U is not 0; a larger U stays in the row's scratch. Same operations, same bits. */
 constexpr int kUCap = 3072;
-static_assert(kTauWarpView <= kUCap, "a tau row's warp view stays in shared memory");
 constexpr size_t kUSmemBytes = (size_t)kUCap * 8u;
 
 /* Grids of at most this many CTAs (rows x slices) run select and finish as one launch (one CTA an SM:
@@ -1788,9 +1785,8 @@ __device__ void finish_row(const float *__restrict__ logits, int32_t vocab, cons
             const float kth_floor = floor_bits > 0 ? nextafterf(__int_as_float(floor_bits), 0.0f) : 0.0f;
             const float guard = __int_as_float(guard_bits);
             PH_FIN(row, 2, clock64());
-            const int wv = tau && (s.opts & kOptTauWarp) && warp_view < kTauWarpView ? kTauWarpView : warp_view;
-            PH_FIN(row, 6, n <= wv ? 1 : 2);
-            if (n <= wv) {
+            PH_FIN(row, 6, n <= warp_view ? 1 : 2);
+            if (n <= warp_view) {
                 if (threadIdx.x < 32) {
                     int r = 0;
                     const int tok = reject_sample<WarpGrp>(v, p.top_k, p.top_p, q.lo, cnt_lo, mass_lo, p.seed,
@@ -1985,13 +1981,6 @@ bool sample_tau(void) {
     return env_int("OSPREY_SAMPLE_TAU", 0, &v) == 1;
 }
 
-/* OSPREY_SAMPLE_TAU_WARP=1: tau rows' views of at most kTauWarpView entries run on warp 0 (slower on an H200,
- * 2026-12-06: B = 1 46.8 against 43.0 us on the block, the warp's passes over 1,024 radix bins) */
-bool sample_tau_warp(void) {
-    static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_TAU_WARP", 0, &v) != 0;
-}
-
 /* tau found once a row by sample_tau_kernel before the scan where a row has several scan CTAs
  * (OSPREY_SAMPLE_TAU_PRE=0: every CTA finds it itself, as in one launch) */
 bool sample_tau_pre(void) {
@@ -2105,8 +2094,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         const int warp_view = (int)sample_warp_view();
         const size_t dyn = smem_u ? kUSmemBytes : 0;
         const int opts = (sample_list_fine() ? kOptFineLists : 0) | (sample_hist_agg() ? kOptHistAgg : 0) |
-                         (sample_one_pass() ? kOptOnePass : 0) | (sample_tau() ? kOptTau : 0) |
-                         (sample_tau_warp() ? kOptTauWarp : 0);
+                         (sample_one_pass() ? kOptOnePass : 0) | (sample_tau() ? kOptTau : 0);
         if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
             (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
             cudaLaunchAttribute attr[1];
