@@ -40,6 +40,7 @@
 #define MAX_IO 8
 
 static osp_threadpool *g_pool;
+static bool g_act_q8; /* the CPU backend's one-level activations (osp_backend_params.act_q8) */
 
 typedef struct backend_case {
     const char *name;
@@ -371,7 +372,7 @@ static void case_add(op_case *c) {
 /* Runs case c on a backend; out[i] receives output io i (fp32, rows x cols), NaN-poisoned first.
  * Returns false (with the reason printed) when the backend does not support an op. */
 static bool run_case(op_case *c, osp_device dev, bool exact, bool emulate, float **out, size_t *n_out) {
-    osp_backend_params bp = {.pool = g_pool, .exact = exact, .emulate_bf16 = emulate};
+    osp_backend_params bp = {.pool = g_pool, .exact = exact, .emulate_bf16 = emulate, .act_q8 = g_act_q8};
     osp_backend *be;
     assert_int_equal(osp_backend_create(dev, &bp, &be), OSP_OK);
     be->n_vocab = 1;
@@ -528,6 +529,69 @@ static void test_cuda(void **state) {
     run_all(1);
 }
 
+/* A one-token matmul's rows are split among threads in chunks claimed at run time (backend_cpu.c,
+ * mm_take): which thread computes a row, and in which call, varies from run to run. Every row must come
+ * out with the same bits as on one thread, for each weight type with a fast kernel, in both activation
+ * modes, on 2 and 3 threads (3 on a 2-core box: the threads are preempted mid-slice and steal more). */
+static void one_token_matmul(op_case *c, uint32_t wtype) {
+    c->what = "one-token matmul";
+    const int64_t K = 512, rows[2] = {1037, 211}; /* stacked parts, neither a multiple of 16 */
+    const int32_t start[] = {0}, len[] = {1};
+    batch(c, 1, start, len, 0);
+    const int32_t x = act(c, "x", OSP_DTYPE_BF16, K, OSP_ROWS_TOKENS);
+    const int32_t y = act(c, "y", OSP_DTYPE_F32, rows[0] + rows[1], OSP_ROWS_TOKENS);
+    push(c, (osp_op){.kind = OSP_OP_MATMUL, .dst = y, .src0 = x, .src1 = -1});
+    weight(c, 0, 0, 2, rows, K, wtype, false, 0.2f);
+    io(c, x, true, own(c, rand_vec((size_t)K, 1.0f, true)), 0, 0);
+    io(c, y, false, NULL, 0, 0);
+}
+
+static void test_cpu_matmul_thread_split(void **state) {
+    (void)state;
+    static const uint32_t types[] = {OSP_DTYPE_Q8_0, OSP_DTYPE_Q4_0, OSP_DTYPE_Q4_1, OSP_DTYPE_Q5_0,
+                                     OSP_DTYPE_Q5_1, OSP_DTYPE_Q4_K, OSP_DTYPE_Q6_K, OSP_DTYPE_F32};
+    osp_threadpool *two = g_pool, *pools[3];
+    assert_int_equal(osp_threadpool_create(1, &pools[0]), OSP_OK);
+    pools[1] = two;
+    assert_int_equal(osp_threadpool_create(3, &pools[2]), OSP_OK);
+    int compared = 0;
+    for (int q8 = 0; q8 < 2; q8++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (int rep = 0; rep < 3; rep++) {
+                float *ref = NULL;
+                size_t n_ref = 0;
+                for (int pi = 0; pi < 3; pi++) {
+                    op_case *c = calloc(1, sizeof *c);
+                    osp_graph_init(&c->g);
+                    test_rng_state = 0xabcdefull + ti;
+                    one_token_matmul(c, types[ti]);
+                    float *out[MAX_IO];
+                    size_t n_out[MAX_IO];
+                    g_pool = pools[pi], g_act_q8 = q8;
+                    assert_true(run_case(c, OSP_DEVICE_CPU, false, false, out, n_out));
+                    g_pool = two, g_act_q8 = false;
+                    if (pi == 0) {
+                        ref = out[1], n_ref = n_out[1];
+                    } else {
+                        assert_int_equal(n_out[1], n_ref);
+                        for (size_t k = 0; k < n_ref; k++)
+                            if (memcmp(&out[1][k], &ref[k], sizeof(float)) != 0)
+                                fail_msg("%s, %s activations, %d threads: row %zu is %.9g, on one thread %.9g",
+                                         osp_dtype_name(types[ti]), q8 ? "q8" : "default", pi + 1, k,
+                                         (double)out[1][k], (double)ref[k]);
+                        compared += (int)n_ref;
+                        free(out[1]);
+                    }
+                    free_case(c);
+                    free(c);
+                }
+                free(ref);
+            }
+    osp_threadpool_free(pools[0]);
+    osp_threadpool_free(pools[2]);
+    printf("one-token matmuls: %d rows on 2 and 3 threads, the same bits as on one\n", compared);
+}
+
 /* Every op kind has a case above: a new kind must come with one. */
 static void test_every_kind_covered(void **state) {
     (void)state;
@@ -540,6 +604,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu),
         cmocka_unit_test(test_every_kind_covered), /* after test_cpu, which marks the kinds it ran */
+        cmocka_unit_test(test_cpu_matmul_thread_split),
         cmocka_unit_test(test_cuda),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
  * These op implementations are also the CPU reference every other backend is tested against
  * (tests/ops/). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,8 @@ typedef struct cpu_backend {
     int64_t pack_nb;   /* blocks a thread's pack holds */
     const float *logits; /* the last run's logits [last_logits, n_vocab] (the caller's buffer) */
     int32_t last_logits;
+    _Atomic uint64_t *mm_claim; /* [nt, mm_claim_stride]: each thread's slice's claims word per op (mm_take) */
+    size_t mm_claim_stride;     /* words a thread's row (>= n_ops, a whole number of cache lines) */
 } cpu_backend;
 
 #define CPU(be) ((cpu_backend *)(be))
@@ -184,6 +187,7 @@ static void ws_free(cpu_backend *c) {
 static void cpu_free(osp_backend *be) {
     cpu_backend *c = CPU(be);
     ws_free(c);
+    free(c->mm_claim);
     for (int32_t i = 0; i < c->n_allocs; i++) free(c->allocs[i]);
     free(c->allocs);
     free(c);
@@ -380,29 +384,16 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
     }
 }
 
-/* y = x W^T over this thread's slice of W's (stacked) rows: int8 dot products on the quantized input
- * rows where the fast path has a kernel for the part's type, else fp32 on x. */
-static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
+/* y = x W^T for W's (stacked) output rows [r0, r1): int8 dot products on the quantized input rows where
+ * the fast path has a kernel for the part's type, else fp32 on x. Every row's result is computed the
+ * same way whichever range it is in, so how the rows are split among threads changes no bit. */
+static void matmul_rows(const run_ctx *r, const osp_op *op, int64_t r0, int64_t r1, int ith) {
     cpu_backend *c = r->c;
     const osp_tensor *w = op->w;
     const int64_t R = rows_of(r, op->src0), K = w->cols, N = w->rows;
     const float *x = r->bufs[op->src0];
     float *y = r->bufs[op->dst];
-    const bool quant2 = mm_quantizes2(c, w), quant1 = mm_quantizes1(c, w), quant1b = mm_quantizes1b(c, w);
-    const int64_t nb = K / OSP_Q8_BLOCK, nsb = K / OSP_Q8K_BLOCK;
-    if (quant2 || quant1 || quant1b) { /* my rows of the input, then everyone's */
-        long long t0, t1;
-        osp_split(R, ith, nth, &t0, &t1);
-        if (quant2)
-            for (long long t = t0; t < t1; t++) osp_quantize_row_q8(x + t * K, c->xq + t * nb, K);
-        if (quant1)
-            for (long long t = t0; t < t1; t++) osp_quantize_row_q8k(x + t * K, c->xqk + t * nsb, K);
-        if (quant1b)
-            for (long long t = t0; t < t1; t++) osp_quantize_row_q8b(x + t * K, c->xqb + t * nb, K);
-        osp_threadpool_barrier(c->pool);
-    }
-    long long r0, r1;
-    osp_split(N, ith, nth, &r0, &r1);
+    const int64_t nb = K / OSP_Q8_BLOCK;
     float *row = c->scratch + (size_t)ith * (size_t)c->scratch_cols;
     int64_t base = 0; /* first stacked row of part i */
     for (int32_t i = 0; i < w->n_parts; i++) {
@@ -474,6 +465,84 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
         }
         base += p->rows;
     }
+}
+
+/* A one-token matmul (decode of one sequence) is bound by memory bandwidth, and on a shared bus the
+ * threads' equal halves finish at different times. So each thread takes its osp_split slice in chunks of
+ * about OSP_CPU_MM_CHUNK_KB of weights from the front (one stream: the GEMV's prefetch past a chunk's end
+ * lands in the thread's own next chunk), and a thread done with its slice takes chunks from the back of
+ * the others'. A slice's claims are one 64-bit word, rows taken from the front in the low half and from
+ * the back in the high half, changed by compare-and-swap (c->mm_claim, zero at a run's start).
+ * 0 (or -DOSP_CPU_MM_CHUNK_KB=0): the fixed split alone. */
+#ifndef OSP_CPU_MM_CHUNK_KB
+#define OSP_CPU_MM_CHUNK_KB 32
+#endif
+
+/* The chunk rows for op (whole 16-row strips), or 0 for the fixed split. */
+static int64_t mm_chunk(const run_ctx *r, const osp_op *op, int nth) {
+    if (OSP_CPU_MM_CHUNK_KB <= 0 || nth < 2 || rows_of(r, op->src0) != 1 || !r->c->mm_claim) return 0;
+    const osp_tensor *w = op->w;
+    if (w->rows > INT32_MAX) return 0;
+    size_t bytes = 0;
+    for (int32_t i = 0; i < w->n_parts; i++) bytes += (size_t)w->parts[i].rows * w->parts[i].row_bytes;
+    const size_t row_bytes = bytes / (size_t)(w->rows > 0 ? w->rows : 1) + 1;
+    const int64_t chunk = ((int64_t)((size_t)OSP_CPU_MM_CHUNK_KB * 1024 / row_bytes) + 15) / 16 * 16;
+    return chunk < 16 ? 16 : chunk;
+}
+
+/* Claims up to `chunk` rows of slice [s0, s1) whose claims word is *w: from the front or the back.
+ * Returns false when the slice has none left. */
+static bool mm_take(_Atomic uint64_t *w, int64_t s0, int64_t s1, int64_t chunk, bool front, int64_t *c0, int64_t *c1) {
+    uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
+    for (;;) {
+        const int64_t f = (int64_t)(v & 0xffffffffu), b = (int64_t)(v >> 32), left = (s1 - s0) - f - b;
+        if (left <= 0) return false;
+        const int64_t n = left < chunk ? left : chunk;
+        const uint64_t nv = front ? v + (uint64_t)n : v + ((uint64_t)n << 32);
+        if (atomic_compare_exchange_weak_explicit(w, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *c0 = front ? s0 + f : s1 - b - n;
+            *c1 = *c0 + n;
+            return true;
+        }
+    }
+}
+
+/* y = x W^T (matmul_rows) over this thread's rows: its osp_split slice, or for one token chunks of it and
+ * of the others' slices (mm_take). The input is quantized first, each thread its osp_split rows, then a barrier. */
+static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
+    cpu_backend *c = r->c;
+    const osp_tensor *w = op->w;
+    const int64_t R = rows_of(r, op->src0), K = w->cols, N = w->rows;
+    const float *x = r->bufs[op->src0];
+    const bool quant2 = mm_quantizes2(c, w), quant1 = mm_quantizes1(c, w), quant1b = mm_quantizes1b(c, w);
+    const int64_t nb = K / OSP_Q8_BLOCK, nsb = K / OSP_Q8K_BLOCK;
+    if (quant2 || quant1 || quant1b) { /* my rows of the input, then everyone's */
+        long long t0, t1;
+        osp_split(R, ith, nth, &t0, &t1);
+        if (quant2)
+            for (long long t = t0; t < t1; t++) osp_quantize_row_q8(x + t * K, c->xq + t * nb, K);
+        if (quant1)
+            for (long long t = t0; t < t1; t++) osp_quantize_row_q8k(x + t * K, c->xqk + t * nsb, K);
+        if (quant1b)
+            for (long long t = t0; t < t1; t++) osp_quantize_row_q8b(x + t * K, c->xqb + t * nb, K);
+        osp_threadpool_barrier(c->pool);
+    }
+    const int64_t chunk = mm_chunk(r, op, nth);
+    if (chunk > 0) {
+        const size_t k = (size_t)(op - r->g->ops);
+        for (int j = 0; j < nth; j++) { /* my slice from the front, then the others' from the back */
+            const int owner = (ith + j) % nth;
+            long long s0, s1;
+            int64_t c0, c1;
+            osp_split(N, owner, nth, &s0, &s1);
+            while (mm_take(&c->mm_claim[(size_t)owner * c->mm_claim_stride + k], s0, s1, chunk, j == 0, &c0, &c1))
+                matmul_rows(r, op, c0, c1, ith);
+        }
+        return;
+    }
+    long long r0, r1;
+    osp_split(N, ith, nth, &r0, &r1);
+    matmul_rows(r, op, r0, r1, ith);
 }
 
 static void op_rope_kv_write(const run_ctx *r, const osp_op *op, int ith, int nth) {
@@ -819,6 +888,15 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
         if (a->act < 0 || a->act >= g->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: no activation %d", a->act);
         if (a->input) memcpy(bufs[a->act], a->host, sizeof(float) * (size_t)rows_of(&r, a->act) * (size_t)g->acts[a->act].cols);
     }
+    if ((size_t)g->n_ops > c->mm_claim_stride) {
+        free(c->mm_claim);
+        c->mm_claim_stride = 0;
+        const size_t stride = ((size_t)g->n_ops + 7) / 8 * 8;
+        c->mm_claim = aligned_alloc(64, (size_t)c->nt * stride * sizeof *c->mm_claim);
+        if (!c->mm_claim) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory for %d ops' claims", (int)g->n_ops);
+        c->mm_claim_stride = stride;
+    }
+    for (size_t i = 0; i < (size_t)c->nt * c->mm_claim_stride; i++) atomic_init(&c->mm_claim[i], 0);
     be->launches++; /* one region a run */
     osp_threadpool_run(c->pool, run_task, &r);
     for (int32_t i = 0; io && i < io->n_acts; i++) {
