@@ -75,6 +75,7 @@ typedef struct osp_engine_params {
     bool kv_dtype_v_set;            /* false (default): V pages of kv_dtype */
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
     osp_cpu_activations cpu_activations; /* osp_model_params.cpu_activations (default two levels) */
+    bool no_mmap;                        /* osp_model_params.no_mmap (default off: the weights stay mapped) */
     osp_device device;              /* OSP_DEVICE_CPU (default) or OSP_DEVICE_CUDA (osp_model_params.device) */
     bool gpu_quant_weights;         /* osp_model_params.gpu_quant_weights; needs max_num_seqs 1 */
     void (*load_progress)(void *ctx, float fraction); /* osp_model_params.progress; NULL: silent */

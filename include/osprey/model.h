@@ -122,6 +122,14 @@ typedef struct osp_model_params {
                               * a Q4_0 copy made at load (src/model/loader.c), whose rows are whole blocks of
                               * 32; 4- and 4.5-bit matrices (Q4_0, Q4_1, Q4_K, ...) stay as stored. CPU only
                               * (OSP_ERR_UNSUPPORTED on the GPU). */
+    bool no_mmap; /* CPU: copy every matrix that a step reads whole out of the GGUF mapping into anonymous
+                   * memory on 2 MB pages (madvise MADV_HUGEPAGE where the kernel has transparent huge
+                   * pages), as llama.cpp's --no-mmap copies it, dropping the copied file pages from the
+                   * process (RSS stays about the same; the page cache may keep the file). Fewer TLB
+                   * misses for decode, which streams every matrix once a token: about +7% tg on an AMD
+                   * EPYC (bench/cpu/NOTES.md, twelfth pass); load takes a copy longer, and the weights can
+                   * no longer be dropped by the kernel under memory pressure. Untied embedding tables
+                   * stay mapped (a step reads a few rows). Results are unchanged. The GPU ignores it. */
 } osp_model_params;
 
 osp_model_params osp_model_default_params(void);

@@ -32,6 +32,7 @@ typedef struct osp_backend_params {
     bool emulate_bf16;    /* CPU: round to bf16 where the CUDA backend stores bf16 (op.h) */
     bool act_q8;          /* CPU: one-level activations for K-quant weights (qdot8k.h;
                              osp_model_params.cpu_activations == OSP_CPU_ACT_Q8); ignored with exact */
+    bool no_mmap;         /* CPU: matrices copied out of the mapping onto 2 MB pages (osp_model_params.no_mmap) */
     /* Benchmarks (bench/kernels/): time every run's ops on the device, for run_device_us. Off (the
      * default) costs nothing; on, a run records two device timestamps around its ops and nothing else
      * changes (the same kernels, results and synchronization). Backends without a device clock ignore it. */
@@ -51,6 +52,9 @@ typedef struct osp_weight_src {
     uint64_t random_key;  /* data == NULL: the counter-based stream's key (src/model/presets.h) */
     float random_scale;   /* data == NULL: value = offset + scale * (Irwin-Hall draw) */
     float random_offset;
+    bool mapped; /* data lies in a read-only file mapping that outlives the backend (the GGUF's): a backend
+                  * that copies it may drop the copied pages from the process (MADV_DONTNEED) */
+    bool lookup; /* rows are read by index (an untied embedding table), never streamed whole */
 } osp_weight_src;
 
 /* Activations a run sets from, or copies to, host memory: fp32 rows [rows of the act's kind, cols]

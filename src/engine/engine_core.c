@@ -178,6 +178,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     mp.n_threads = p.n_threads;
     mp.exact = p.exact;
     mp.cpu_activations = p.cpu_activations;
+    mp.no_mmap = p.no_mmap;
     mp.device = p.device;
     mp.gpu_quant_weights = p.gpu_quant_weights;
     mp.progress = p.load_progress;

@@ -139,7 +139,8 @@ osp_status osp_arch_read_decoder(const osp_gguf *g, osp_model_config *c, int32_t
 osp_status osp_arch_bind_io(osp_loader *ld, const osp_model_config *c, osp_arch_io *io) {
     const int64_t E = c->n_embd, V = c->n_vocab;
     const char *emb = "token_embd.weight", *outw = "output.weight";
-    OSP_TRY(osp_loader_matrix(ld, &emb, &V, 1, E, false, &io->tok_embd));
+    if (c->tied_output) OSP_TRY(osp_loader_matrix(ld, &emb, &V, 1, E, false, &io->tok_embd)); /* also the output */
+    else OSP_TRY(osp_loader_table(ld, emb, V, E, &io->tok_embd));
     if (c->tied_output) io->output = io->tok_embd;
     else OSP_TRY(osp_loader_matrix(ld, &outw, &V, 1, E, false, &io->output));
     return osp_loader_vector(ld, "output_norm.weight", E, true, false, &io->out_norm);

@@ -67,6 +67,7 @@ static osp_status source(osp_loader *ld, const char *name, int64_t cols, int64_t
     src->data = t->data;
     src->type = t->type;
     src->row_bytes = osp_dtype_row_size(t->type, cols);
+    src->mapped = true;
     return OSP_OK;
 }
 
@@ -113,12 +114,12 @@ static osp_status requant_4bit(osp_loader *ld, osp_weight_src *src, int64_t cols
         return s;
     }
     OSP_TRY(keep_host(ld, copy));
-    src->data = copy, src->type = OSP_DTYPE_Q4_0, src->row_bytes = rb;
+    src->data = copy, src->type = OSP_DTYPE_Q4_0, src->row_bytes = rb, src->mapped = false;
     return OSP_OK;
 }
 
-osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int64_t *rows, int32_t n, int64_t cols,
-                             bool optional, const osp_tensor **out) {
+static osp_status matrix(osp_loader *ld, const char *const *names, const int64_t *rows, int32_t n, int64_t cols,
+                         bool optional, bool lookup, const osp_tensor **out) {
     *out = NULL;
     if (n < 1 || n > OSP_TENSOR_MAX_PARTS) return osp_set_error(OSP_ERR_INTERNAL, "loader: %d parts", n);
     osp_weight_src src[OSP_TENSOR_MAX_PARTS];
@@ -130,12 +131,22 @@ osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int
     }
     if (ld->requant_4bit && ld->gguf)
         for (int32_t i = 0; i < n; i++) OSP_TRY(requant_4bit(ld, &src[i], cols));
+    for (int32_t i = 0; i < n; i++) src[i].lookup = lookup;
     osp_tensor *t;
     OSP_TRY(new_tensor(ld, &t));
     OSP_TRY(ld->be->vt->place(ld->be, src, n, cols, false, t));
     placed(ld, src, n);
     *out = t;
     return OSP_OK;
+}
+
+osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int64_t *rows, int32_t n, int64_t cols,
+                             bool optional, const osp_tensor **out) {
+    return matrix(ld, names, rows, n, cols, optional, false, out);
+}
+
+osp_status osp_loader_table(osp_loader *ld, const char *name, int64_t rows, int64_t cols, const osp_tensor **out) {
+    return matrix(ld, &name, &rows, 1, cols, false, true, out);
 }
 
 static osp_status vectors(osp_loader *ld, const char *const *names, const int64_t *lens, int32_t n, bool norm,

@@ -40,6 +40,9 @@ typedef struct osp_loader {
  * wrong shape), OSP_ERR_UNSUPPORTED (a type osprey cannot compute with), the backend's. */
 osp_status osp_loader_matrix(osp_loader *ld, const char *const *names, const int64_t *rows, int32_t n, int64_t cols,
                              bool optional, const osp_tensor **out);
+/* A matrix whose rows are read by index, never streamed whole (an untied embedding table): as
+ * osp_loader_matrix with one tensor; backends that copy weights may leave it where it is. */
+osp_status osp_loader_table(osp_loader *ld, const char *name, int64_t rows, int64_t cols, const osp_tensor **out);
 /* One fp32 vector of n values (norm weights, biases, RoPE factors), kept fp32 on every backend; norm:
  * random values are 1 + noise. Same errors; the stored type must be F32. */
 osp_status osp_loader_vector(osp_loader *ld, const char *name, int64_t n, bool norm, bool optional,

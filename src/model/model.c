@@ -88,6 +88,7 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
         .exact = params && (params->exact || (params->emulate_bf16 && dev == OSP_DEVICE_CPU)),
         .emulate_bf16 = params && params->emulate_bf16 && dev == OSP_DEVICE_CPU,
         .act_q8 = params && params->cpu_activations == OSP_CPU_ACT_Q8,
+        .no_mmap = params && params->no_mmap,
         .quant_weights = params && params->gpu_quant_weights,
     };
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));

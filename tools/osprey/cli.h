@@ -26,6 +26,7 @@ noreturn void cli_help(const char *text);
     "  --device D              cpu | cuda | auto (default: auto, cuda when a GPU is present)\n"                \
     CLI_GPU_WEIGHTS_HELP                                                                                       \
     CLI_CPU_ACT_HELP                                                                                           \
+    CLI_NO_MMAP_HELP                                                                                           \
     "  --kernel-table FILE     kernel choices from osprey bench-kernels --make-table\n"                         \
     "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
     "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
@@ -83,6 +84,10 @@ osp_cpu_activations cli_cpu_activations(const char *flag, const char *v);
  * input, so a q8 request would be silently ignored (generate, chat, serve, bench, perplexity). */
 void cli_check_exact_activations(bool exact, osp_cpu_activations a);
 /* The --help lines of --cpu-activations (generate, chat, serve, bench, perplexity). */
+#define CLI_NO_MMAP_HELP                                                                                       \
+    "  --no-mmap               CPU: copy the weight matrices out of the file mapping onto 2 MB pages\n"          \
+    "                          (llama.cpp's --no-mmap, with transparent huge pages: faster decode, a longer\n" \
+    "                          load; the same results) (default: off, the weights stay mapped)\n"
 #define CLI_CPU_ACT_HELP                                                                                       \
     "  --cpu-activations A     two-level | q8: how the CPU quantizes matmul inputs: two int8 levels per 32\n"  \
     "                          values (default), or one level (llama.cpp's accuracy: per 256 values for\n" \
@@ -117,6 +122,7 @@ typedef struct cli_engine_args {
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
     bool gpu_quant_weights; /* --gpu-weights quant (default bf16): osp_engine_params.gpu_quant_weights */
     osp_cpu_activations cpu_activations; /* --cpu-activations two-level|q8 (osp_engine_params.cpu_activations) */
+    bool no_mmap;          /* --no-mmap (osp_engine_params.no_mmap) */
     cli_kv_types kv_types; /* --kv-cache-dtype, -ctk / --cache-type-k, -ctv / --cache-type-v as given */
     osp_kv_dtype kv_dtype; /* K pages, resolved from kv_types after each flag (default f16; f32 with --exact) */
     osp_kv_dtype kv_dtype_v; /* V pages, likewise (osp_engine_params.kv_dtype_v) */

@@ -225,6 +225,7 @@ static const char k_help[] =
     "  --device D              cpu | cuda | auto (default: cpu)\n"
     CLI_GPU_WEIGHTS_HELP
     CLI_CPU_ACT_HELP
+    CLI_NO_MMAP_HELP
     CLI_KV_DTYPE_HELP
     CLI_KV_SCALES_HELP
     "  --exact                 fp32 activations and an f32 KV cache (or f16 with --kv-cache-dtype f16;\n"
@@ -243,6 +244,7 @@ int cmd_bench(int argc, char **argv) {
     osp_device dev = OSP_DEVICE_CPU;
     bool gpu_quant = false; /* --gpu-weights quant */
     osp_cpu_activations cpu_act = OSP_CPU_ACT_TWO_LEVEL; /* --cpu-activations */
+    bool no_mmap = false; /* --no-mmap */
     cli_kv_types kvt = {0}; /* --kv-cache-dtype, -ctk, -ctv */
     out_format fmt = OUT_TEXT;
     for (int i = 1; i < argc; i++) {
@@ -264,6 +266,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(f, "--device")) dev = cli_device(f, v), i++;
         else if (!strcmp(f, "--gpu-weights")) gpu_quant = cli_gpu_weights(f, v), i++;
         else if (!strcmp(f, "--cpu-activations")) cpu_act = cli_cpu_activations(f, v), i++;
+        else if (!strcmp(f, "--no-mmap")) no_mmap = true;
         else if (!strcmp(f, "--random-weights")) random_preset = v, i++;
         else if (!strcmp(f, "--trace")) {
             if (!v || !*v) cli_die(OSP_OK, "--trace needs a file (the step timeline, Chrome trace-event JSON)");
@@ -296,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
     mp.device = dev;
     mp.gpu_quant_weights = gpu_quant;
     mp.cpu_activations = cpu_act;
+    mp.no_mmap = no_mmap;
     mp.progress = cli_load_progress;
     osp_model *m;
     osp_status s = random_preset ? osp_model_load_random(random_preset, 0, &mp, &m) : osp_model_load(model, &mp, &m);
@@ -323,10 +327,11 @@ int cmd_bench(int argc, char **argv) {
        the GPU ignores the flag */
     const char *act = exact ? "f32 (exact)" : dev == OSP_DEVICE_CUDA ? "n/a (GPU)" : osp_cpu_activations_name(cpu_act);
     if (fmt == OUT_TEXT)
-        printf("# osprey bench: %s, device %s, threads %d, kv %s, cpu activations %s, pp %d, tg %d, depth %d, batch %d, "
+        printf("# osprey bench: %s, device %s, threads %d, kv %s, cpu activations %s,%s pp %d, tg %d, depth %d, batch %d, "
                "%d repetitions\n",
                model ? model : random_preset, osp_device_name(dev), osp_model_n_threads(m),
-               cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name), act, n_prompt, n_gen, depth, batch, reps);
+               cli_kv_types_name(kvd, kvd_v, kv_name, sizeof kv_name), act,
+               no_mmap && dev == OSP_DEVICE_CPU ? " weights copied (--no-mmap)," : "", n_prompt, n_gen, depth, batch, reps);
     bench_out out = {.fmt = fmt, .model = model ? model : random_preset, .backend = osp_device_name(dev),
                      .type_k = osp_kv_dtype_name(kvd), .type_v = osp_kv_dtype_name(kvd_v), .threads = osp_model_n_threads(m)};
     report_begin(&out);

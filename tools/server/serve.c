@@ -112,7 +112,10 @@ static const char *k_serve_usage =
     "                                   blocks (quant: integer tensor cores, activations in two int8 levels)\n"
     "  --cpu-activations two-level|q8   CPU: matmul inputs in two int8 levels (default), or one level (per 256\n"
     "                                   values for K-quants, per 32 for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1: faster\n"
-    "                                   prompts, llama.cpp's accuracy; KL in bench/cpu/NOTES.md)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
+    "                                   prompts, llama.cpp's accuracy; KL in bench/cpu/NOTES.md)\n"
+    "  --no-mmap                        CPU: copy the weight matrices out of the file mapping onto 2 MB pages\n"
+    "                                   (llama.cpp's --no-mmap, with transparent huge pages: faster decode,\n"
+    "                                   a longer load; the same results)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' or '{\"method\":\n"
     "                                   \"draft_model\", \"model\": \"DRAFT.gguf\", \"num_speculative_tokens\": 4}' or\n"
@@ -291,6 +294,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.device = eng.device;
     c.gpu_quant_weights = eng.gpu_quant_weights;
     c.cpu_activations = eng.cpu_activations;
+    c.no_mmap = eng.no_mmap;
     c.kv_dtype = eng.kv_dtype;
     c.kv_dtype_v = eng.kv_dtype_v;
     c.kv_scales = eng.kv_scales;
@@ -381,6 +385,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.device = cfg->device;
     ep.gpu_quant_weights = cfg->gpu_quant_weights;
     ep.cpu_activations = cfg->cpu_activations;
+    ep.no_mmap = cfg->no_mmap;
     ep.kv_dtype = cfg->kv_dtype;
     ep.kv_dtype_v = cfg->kv_dtype_v;
     ep.kv_dtype_v_set = true;

@@ -66,6 +66,7 @@ typedef struct srv_config {
     osp_device device; /* --device cpu|cuda|auto (default auto) */
     bool gpu_quant_weights; /* --gpu-weights quant */
     osp_cpu_activations cpu_activations; /* --cpu-activations */
+    bool no_mmap;                        /* --no-mmap */
     osp_kv_dtype kv_dtype; /* K pages: --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) or -ctk */
     osp_kv_dtype kv_dtype_v; /* V pages: --kv-cache-dtype or -ctv (cli_engine_args.kv_dtype_v) */
     const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path); NULL: default scales */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -33,10 +34,14 @@ typedef struct cpu_backend {
     osp_threadpool *pool;
     int nt;
     bool exact, emulate;
+    bool no_mmap; /* matrices copied onto 2 MB pages (osp_backend_params.no_mmap; copy_weights) */
     bool act_q8; /* one-level activations for the parts of a matmul that have them (qdot8k.h: the
                   * K-quants; qdot8b.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) */
     void **allocs; /* host buffers this backend made (concatenated vectors, KV pages) */
     int32_t n_allocs, cap_allocs;
+    struct { char *base; size_t len; } *arenas; /* no_mmap: the anonymous mappings weights were copied into */
+    int32_t n_arenas, cap_arenas;
+    size_t arena_used; /* bytes used of the last arena */
     /* workspace, grown on demand (never on a steady decode step) */
     float *act[OSP_GRAPH_MAX_ACTS];
     size_t act_cap[OSP_GRAPH_MAX_ACTS]; /* floats */
@@ -119,6 +124,60 @@ static size_t cpu_weight_bytes(const osp_backend *be) {
 }
 
 /* Weights stay in place; stacked vectors (q/k/v biases) are concatenated into one host buffer. */
+/* ---- weights on 2 MB pages (no_mmap) ------------------------------------------------------------ */
+
+#define OSP_CPU_HUGE ((size_t)2 << 20)
+#define OSP_CPU_ARENA ((size_t)64 << 20) /* the least a new arena maps */
+
+/* `bytes` (64-byte aligned) of anonymous memory asked onto transparent huge pages: the weights are bumped
+ * into arenas of at least 64 MB, each a 2 MB-aligned anonymous mapping with MADV_HUGEPAGE (a hint: the
+ * kernel may give 4 KB pages, which changes only the speed). Errors: OSP_ERR_NOMEM. */
+static osp_status arena_take(cpu_backend *c, size_t bytes, void **out) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (c->n_arenas == 0 || c->arenas[c->n_arenas - 1].len - c->arena_used < bytes) {
+        if (c->n_arenas == c->cap_arenas) {
+            const int32_t cap = c->cap_arenas ? 2 * c->cap_arenas : 8;
+            void *a = realloc(c->arenas, (size_t)cap * sizeof *c->arenas);
+            if (!a) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: out of memory");
+            c->arenas = a;
+            c->cap_arenas = cap;
+        }
+        const size_t len = (bytes > OSP_CPU_ARENA ? bytes : OSP_CPU_ARENA) + OSP_CPU_HUGE - 1;
+        char *m = mmap(NULL, len + OSP_CPU_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: cannot map %zu bytes for weights", len);
+        char *base = (char *)(((uintptr_t)m + OSP_CPU_HUGE - 1) & ~(uintptr_t)(OSP_CPU_HUGE - 1));
+        const size_t usable = (len + OSP_CPU_HUGE - (size_t)(base - m)) & ~(OSP_CPU_HUGE - 1);
+        if (base > m) munmap(m, (size_t)(base - m)); /* keep only the aligned part */
+        if (m + len + OSP_CPU_HUGE > base + usable) munmap(base + usable, (size_t)(m + len + OSP_CPU_HUGE - (base + usable)));
+#ifdef MADV_HUGEPAGE
+        (void)madvise(base, usable, MADV_HUGEPAGE);
+#endif
+        c->arenas[c->n_arenas].base = base;
+        c->arenas[c->n_arenas].len = usable;
+        c->n_arenas++;
+        c->arena_used = 0;
+    }
+    *out = c->arenas[c->n_arenas - 1].base + c->arena_used;
+    c->arena_used += bytes;
+    return OSP_OK;
+}
+
+/* Copies a stored part into an arena; a part in the file mapping then has its whole pages dropped from
+ * the process (the page cache may keep them; a later read would fault them back in). */
+static osp_status copy_weights(cpu_backend *c, const osp_weight_src *src, const void **out) {
+    const size_t bytes = (size_t)src->rows * src->row_bytes;
+    void *dst = NULL;
+    OSP_TRY(arena_take(c, bytes, &dst));
+    memcpy(dst, src->data, bytes);
+    if (src->mapped) {
+        const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)src->data;
+        const uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + bytes) / pg * pg;
+        if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    *out = dst;
+    return OSP_OK;
+}
+
 static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t n, int64_t cols, bool f32_exact,
                             osp_tensor *out) {
     cpu_backend *c = CPU(be);
@@ -146,7 +205,9 @@ static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t 
     }
     out->n_parts = n;
     for (int32_t i = 0; i < n; i++) {
-        out->parts[i] = (osp_tensor_part){.data = src[i].data, .type = src[i].type, .rows = src[i].rows,
+        const void *data = src[i].data;
+        if (c->no_mmap && !f32_exact && !src[i].lookup) OSP_TRY(copy_weights(c, &src[i], &data));
+        out->parts[i] = (osp_tensor_part){.data = data, .type = src[i].type, .rows = src[i].rows,
                                           .row_bytes = src[i].row_bytes};
         out->rows += src[i].rows;
     }
@@ -190,6 +251,8 @@ static void cpu_free(osp_backend *be) {
     free(c->mm_claim);
     for (int32_t i = 0; i < c->n_allocs; i++) free(c->allocs[i]);
     free(c->allocs);
+    for (int32_t i = 0; i < c->n_arenas; i++) munmap(c->arenas[i].base, c->arenas[i].len);
+    free(c->arenas);
     free(c);
 }
 
@@ -964,6 +1027,7 @@ osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out
     c->exact = p->exact || p->emulate_bf16;
     c->emulate = p->emulate_bf16;
     c->act_q8 = p->act_q8 && !c->exact;
+    c->no_mmap = p->no_mmap;
     (void)osp_qdot_isa(); /* picks the kernel family now, before any worker thread asks for it */
     *out = &c->base;
     return OSP_OK;

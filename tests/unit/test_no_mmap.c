@@ -1,0 +1,119 @@
+/* osp_model_params.no_mmap (the CPU backend copies the streamed matrices onto 2 MB pages and drops the
+ * copied file pages from the process, backend_cpu.c copy_weights):
+ *   - the logits are bit-identical to the mapped model's, for a prompt and for one-token decode steps
+ *     (the GEMV path), on tied and untied models, in both CPU activation modes;
+ *   - the GGUF mapping still reads as the file after the drop (the pages fault back in from the file:
+ *     a drop that had hit anonymous memory would read zeros). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model/model_exec.h"
+#include "osprey/gguf.h"
+#include "osprey/model.h"
+
+static const char *g_root;
+
+enum { NB = 8, BS = 16, N_PROMPT = 9, N_DECODE = 4 };
+
+/* A prompt of N_PROMPT tokens, then N_DECODE one-token steps; the last row's logits of each run, in order,
+ * into out [(1 + N_DECODE) x n_vocab]. */
+static void run(osp_model *m, float *out) {
+    const int32_t V = osp_model_config_get(m)->n_vocab;
+    osp_kv_cache *kv;
+    assert_int_equal(osp_kv_cache_create(m, NB, BS, OSP_KV_DTYPE_F16, &kv), OSP_OK);
+    int32_t ids[N_PROMPT], pos[N_PROMPT], bt[NB];
+    for (int i = 0; i < NB; i++) bt[i] = i;
+    for (int i = 0; i < N_PROMPT; i++) ids[i] = (i * 37 + 5) % V, pos[i] = i;
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    for (int step = 0; step <= N_DECODE; step++) {
+        const int32_t n = step == 0 ? N_PROMPT : 1, p0 = step == 0 ? 0 : N_PROMPT + step - 1;
+        int32_t qsl[2] = {0, n}, sl[1] = {p0 + n}, li[1] = {n - 1}, one_id[1] = {(p0 * 11 + 3) % V}, one_pos[1] = {p0};
+        osp_batch b = {.num_tokens = n, .token_ids = step == 0 ? ids : one_id, .positions = step == 0 ? pos : one_pos,
+                       .slot_mapping = step == 0 ? pos : one_pos, .num_seqs = 1, .query_start_loc = qsl,
+                       .seq_lens = sl, .block_table = bt, .max_blocks_per_seq = NB, .num_logits = 1,
+                       .logits_indices = li};
+        assert_int_equal(osp_model_forward_hidden(m, kv, &b, lg, NULL), OSP_OK);
+        memcpy(out + (size_t)step * V, lg, sizeof(float) * (size_t)V);
+    }
+    free(lg);
+    osp_kv_cache_free(kv);
+}
+
+static void check_model(const char *name) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/models/%s", g_root, name);
+    for (int q8 = 0; q8 < 2; q8++) {
+        osp_model_params mp = osp_model_default_params();
+        mp.n_threads = 2;
+        mp.cpu_activations = q8 ? OSP_CPU_ACT_Q8 : OSP_CPU_ACT_TWO_LEVEL;
+        osp_model *mapped, *copied;
+        assert_int_equal(osp_model_load(path, &mp, &mapped), OSP_OK);
+        mp.no_mmap = true;
+        assert_int_equal(osp_model_load(path, &mp, &copied), OSP_OK);
+        const size_t n = (size_t)(1 + N_DECODE) * (size_t)osp_model_config_get(mapped)->n_vocab;
+        float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+        run(mapped, a);
+        run(copied, b);
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+                fail_msg("%s (%s activations): logit %zu is %.9g copied, %.9g mapped", name, q8 ? "q8" : "two-level", i,
+                         (double)b[i], (double)a[i]);
+
+        /* every matrix of the copied model's file still reads as the file does */
+        const osp_gguf *g = osp_model_gguf(copied);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        int checked = 0;
+        for (uint64_t t = 0; t < osp_gguf_n_tensors(g); t++) {
+            const osp_gguf_tensor *gt = osp_gguf_tensor_at(g, t);
+            if (gt->n_dims < 2) continue;
+            unsigned char *want = malloc(gt->nbytes);
+            assert_int_equal(fseek(f, (long)(osp_gguf_data_offset(g) + gt->offset), SEEK_SET), 0);
+            assert_int_equal(fread(want, 1, gt->nbytes, f), gt->nbytes);
+            if (memcmp(want, gt->data, gt->nbytes) != 0) fail_msg("%s: tensor '%s' no longer reads as the file", name, gt->name);
+            free(want);
+            checked++;
+        }
+        fclose(f);
+        assert_true(checked > 0);
+        printf("%s, %s activations: %zu logits bit-identical, %d matrices read back\n", name, q8 ? "q8" : "two-level", n,
+               checked);
+        free(a);
+        free(b);
+        osp_model_free(mapped);
+        osp_model_free(copied);
+    }
+}
+
+static void test_tied(void **state) {
+    (void)state;
+    check_model("tiny-qwen2-q4_1.gguf");
+}
+
+static void test_untied(void **state) {
+    (void)state;
+    check_model("tiny-llama-untied-q4_1.gguf");
+}
+
+static void test_q8_0(void **state) {
+    (void)state;
+    check_model("tiny-llama-q8_0.gguf");
+}
+
+int main(void) {
+    g_root = getenv("OSPREY_ROOT");
+    if (!g_root) g_root = ".";
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tied),
+        cmocka_unit_test(test_untied),
+        cmocka_unit_test(test_q8_0),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
