@@ -123,7 +123,6 @@ static size_t cpu_weight_bytes(const osp_backend *be) {
     return 0; /* the weights stay in the GGUF mapping */
 }
 
-/* Weights stay in place; stacked vectors (q/k/v biases) are concatenated into one host buffer. */
 /* ---- weights on 2 MB pages (no_mmap) ------------------------------------------------------------ */
 
 #define OSP_CPU_HUGE ((size_t)2 << 20)
@@ -142,18 +141,18 @@ static osp_status arena_take(cpu_backend *c, size_t bytes, void **out) {
             c->arenas = a;
             c->cap_arenas = cap;
         }
-        const size_t len = (bytes > OSP_CPU_ARENA ? bytes : OSP_CPU_ARENA) + OSP_CPU_HUGE - 1;
+        const size_t len = ((bytes > OSP_CPU_ARENA ? bytes : OSP_CPU_ARENA) + OSP_CPU_HUGE - 1) & ~(OSP_CPU_HUGE - 1);
+        /* one huge page more than needed, then the unaligned head and the tail beyond len unmapped */
         char *m = mmap(NULL, len + OSP_CPU_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) return osp_set_error(OSP_ERR_NOMEM, "cpu backend: cannot map %zu bytes for weights", len);
         char *base = (char *)(((uintptr_t)m + OSP_CPU_HUGE - 1) & ~(uintptr_t)(OSP_CPU_HUGE - 1));
-        const size_t usable = (len + OSP_CPU_HUGE - (size_t)(base - m)) & ~(OSP_CPU_HUGE - 1);
-        if (base > m) munmap(m, (size_t)(base - m)); /* keep only the aligned part */
-        if (m + len + OSP_CPU_HUGE > base + usable) munmap(base + usable, (size_t)(m + len + OSP_CPU_HUGE - (base + usable)));
+        if (base > m) munmap(m, (size_t)(base - m));
+        munmap(base + len, (size_t)(m + OSP_CPU_HUGE - base)); /* > 0: base - m < OSP_CPU_HUGE */
 #ifdef MADV_HUGEPAGE
-        (void)madvise(base, usable, MADV_HUGEPAGE);
+        (void)madvise(base, len, MADV_HUGEPAGE);
 #endif
         c->arenas[c->n_arenas].base = base;
-        c->arenas[c->n_arenas].len = usable;
+        c->arenas[c->n_arenas].len = len;
         c->n_arenas++;
         c->arena_used = 0;
     }
@@ -178,6 +177,8 @@ static osp_status copy_weights(cpu_backend *c, const osp_weight_src *src, const 
     return OSP_OK;
 }
 
+/* Weights stay in place (or, with no_mmap, the parts a step streams are copied onto 2 MB pages); stacked
+ * vectors (q/k/v biases) are concatenated into one host buffer. */
 static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t n, int64_t cols, bool f32_exact,
                             osp_tensor *out) {
     cpu_backend *c = CPU(be);
