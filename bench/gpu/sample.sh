@@ -10,7 +10,8 @@
 # atomics alone (OSPREY_SAMPLE_HIST_AGG=0), "warpU" the finisher's rejection rounds on one warp for
 # U <= 3,072 (OSPREY_SAMPLE_WARP_VIEW=3072), "pre" each next slice preloaded in CTAs of several
 # (OSPREY_SAMPLE_PRELOAD=1), "1pass" the lists built by the scan (OSPREY_SAMPLE_ONE_PASS=1), "1pass+pre"
-# the two, "tau" top-k + top-p rows' lists cut at one row-wide threshold in the scan (OSPREY_SAMPLE_TAU=1),
+# the two, "tau" top-k + top-p rows' lists cut at one row-wide threshold in the scan at every batch size
+# (OSPREY_SAMPLE_TAU=1; the default takes it from 64 rows on), "notau" never (OSPREY_SAMPLE_TAU=0),
 # "tau-warp" the same with their small views on warp 0 (OSPREY_SAMPLE_WARP_VIEW=512), "tau+pre" with preload,
 # "tau-cta" with tau found by every scan CTA instead of once a row before the scan (OSPREY_SAMPLE_TAU_PRE=0).
 # SAMPLE_SETTINGS=i,... (sample_bench.c's indices) times only those settings.
@@ -41,6 +42,7 @@ variant pre OSPREY_SAMPLE_PRELOAD=1
 variant 1pass OSPREY_SAMPLE_ONE_PASS=1
 variant 1pass+pre OSPREY_SAMPLE_ONE_PASS=1 OSPREY_SAMPLE_PRELOAD=1
 variant tau OSPREY_SAMPLE_TAU=1
+variant notau OSPREY_SAMPLE_TAU=0
 variant tau-warp OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_WARP_VIEW=512
 variant tau+pre OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_PRELOAD=1
 variant tau-cta OSPREY_SAMPLE_TAU=1 OSPREY_SAMPLE_TAU_PRE=0
@@ -54,7 +56,7 @@ import json, sys, os
 d = sys.argv[1]
 rows = {}
 for f in ("osprey.jsonl", "pdl.jsonl", "old.jsonl", "noagg.jsonl", "warpU.jsonl", "pre.jsonl", "1pass.jsonl", "1pass+pre.jsonl",
-          "tau.jsonl", "tau-warp.jsonl", "tau+pre.jsonl", "tau-cta.jsonl", "base.jsonl", "torch.jsonl"):
+          "tau.jsonl", "notau.jsonl", "tau-warp.jsonl", "tau+pre.jsonl", "tau-cta.jsonl", "base.jsonl", "torch.jsonl"):
     p = os.path.join(d, f)
     if not os.path.exists(p):
         continue
@@ -62,7 +64,7 @@ for f in ("osprey.jsonl", "pdl.jsonl", "old.jsonl", "noagg.jsonl", "warpU.jsonl"
         r = json.loads(line)
         rows.setdefault((r["setting"], r["batch"]), {})[r["sampler"]] = r["us"]
 cols = ["osprey", "osprey-pdl", "osprey-old", "osprey-noagg", "osprey-warpU", "osprey-pre", "osprey-1pass", "osprey-1pass+pre",
-        "osprey-tau", "osprey-tau-warp", "osprey-tau+pre", "osprey-tau-cta", "osprey-base", "torch-sort"]
+        "osprey-tau", "osprey-notau", "osprey-tau-warp", "osprey-tau+pre", "osprey-tau-cta", "osprey-base", "torch-sort"]
 cols = [c for c in cols if any(c in v for v in rows.values())]
 print(f"{'setting':<24} {'B':>4} " + " ".join(f"{c.replace('osprey-', '') + ' us':>11}" for c in cols) + f" {'torch/osprey':>13}")
 for (s, b), v in rows.items():

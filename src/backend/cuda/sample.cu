@@ -1148,7 +1148,7 @@ __device__ void one_pass_slice(const float v[kItems], int first, int32_t vocab, 
     }
 }
 
-/* ---- tau lists (OSPREY_SAMPLE_TAU=1; opt-in: faster from B = 128 only, sample_tau) ------------------
+/* ---- tau lists (calls of kTauAutoRows rows or more; OSPREY_SAMPLE_TAU=1 / 0: always / never) ---------
  * One pass still runs a radix select per slice to cut its list (three levels of histogram, ~10 block-wide
  * steps a slice, which is where its time goes). A row with top-k and top-p both on needs only the row's
  * top-k set {e >= t} (top-p then works inside it, reject.c), so one row-wide cut does: every CTA of the row
@@ -1974,12 +1974,19 @@ bool sample_one_pass(void) {
     return env_int("OSPREY_SAMPLE_ONE_PASS", 0, &v) == 1;
 }
 
-/* OSPREY_SAMPLE_TAU=1: rows with top-k and top-p both on cut their lists at one row-wide threshold in the
- * scan (see "tau lists"). Opt-in: measured on an H100 (bench/gpu/DECODE.md, fourteenth session) faster from
- * B = 128 (132.8 against 161.4 us), slower to B = 32 (44.1 against 37.4 at B = 1). */
-bool sample_tau(void) {
+/* Whether rows with top-k and top-p both on cut their lists at one row-wide threshold in the scan (see "tau
+ * lists") in a call of num_rows rows: from kTauAutoRows rows on (OSPREY_SAMPLE_TAU=1: always, 0: never).
+ * Measured on an H100 (bench/gpu/DECODE.md, fifteenth session), top-k 50 + top-p 0.9 at vocab 128,256:
+ * B = 1 / 8 / 32 44.2 / 50.5 / 78.4 us with it against 37.4 / 44.5 / 73.6 without; the default then gave
+ * 134.7 / 210.6 us at B = 128 / 256 against 161.4 / 276.2 before. A row's token is the same on either path
+ * (both draw exactly from the same distribution with the same uniforms: test_gpu_sampler's batch invariance
+ * mixes calls of 48, 1 and 96 rows and passed with the default), so choosing by the call's size keeps a
+ * request's tokens independent of its batch. */
+constexpr int32_t kTauAutoRows = 64;
+bool sample_tau(int32_t num_rows) {
     static int64_t v = INT64_MIN;
-    return env_int("OSPREY_SAMPLE_TAU", 0, &v) == 1;
+    const int64_t e = env_int("OSPREY_SAMPLE_TAU", -1, &v);
+    return e == 1 || (e != 0 && num_rows >= kTauAutoRows);
 }
 
 /* tau found once a row by sample_tau_kernel before the scan where a row has several scan CTAs
@@ -2095,7 +2102,7 @@ osp_status osp_cuda_sample_ex(const float *d_logits, int32_t vocab, const osp_cu
         const int warp_view = (int)sample_warp_view();
         const size_t dyn = smem_u ? kUSmemBytes : 0;
         const int opts = (sample_list_fine() ? kOptFineLists : 0) | (sample_hist_agg() ? kOptHistAgg : 0) |
-                         (sample_one_pass() ? kOptOnePass : 0) | (sample_tau() ? kOptTau : 0);
+                         (sample_one_pass() ? kOptOnePass : 0) | (sample_tau(num_rows) ? kOptTau : 0);
         if ((int64_t)n * slices <= kFusedCtas && sample_fused() && sample_one_launch() &&
             (int64_t)n * slices <= one_launch_capacity(dyn)) { /* a small grid: everything in one launch */
             cudaLaunchAttribute attr[1];
