@@ -96,6 +96,13 @@ osp_status osp_gguf_open_memory(const void *data, size_t size, const char *name,
 
 void osp_gguf_close(osp_gguf *g); /* NULL is fine */
 
+/* Tells the kernel that the caller copies the tensor data out and drops the pages it copied (the CPU
+ * backend's --no-mmap): the mapping is then faulted in with small pages only (madvise MADV_NOHUGEPAGE),
+ * so that touching one tensor does not map back a whole 2 MB page-cache folio of tensors already copied
+ * and dropped (peak RSS: bench/cpu/NOTES.md, twelfth pass). A hint: it changes no data, and does nothing
+ * for a handle over a caller buffer (osp_gguf_open_memory) or where the kernel refuses it. NULL is fine. */
+void osp_gguf_advise_copy_out(osp_gguf *g);
+
 uint32_t osp_gguf_version(const osp_gguf *g);
 const char *osp_gguf_path(const osp_gguf *g);
 uint32_t osp_gguf_alignment(const osp_gguf *g);

@@ -424,6 +424,14 @@ osp_status osp_gguf_open(const char *path, osp_gguf **out) {
     return OSP_OK;
 }
 
+void osp_gguf_advise_copy_out(osp_gguf *g) {
+#ifdef MADV_NOHUGEPAGE
+    if (g && g->mapped && g->base) (void)madvise((void *)g->base, g->size, MADV_NOHUGEPAGE);
+#else
+    (void)g;
+#endif
+}
+
 void osp_gguf_close(osp_gguf *g) {
     if (!g) return;
     for (size_t i = 0; i < g->n_allocs; i++) free(g->allocs[i]);

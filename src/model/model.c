@@ -141,6 +141,7 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
     if (!m) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", path);
     osp_status s = osp_gguf_open(path, &m->gguf);
     if (s != OSP_OK) goto fail;
+    if (params && params->no_mmap) osp_gguf_advise_copy_out(m->gguf); /* copied out and dropped: small pages */
     const osp_gguf *g = m->gguf;
     osp_model_config *c = &m->cfg;
     osp_gguf_str arch;
