@@ -1371,6 +1371,14 @@ bool osp_qdot_force_isa(const char *name) {
     return true;
 }
 
+osp_qdot_isa_kind osp_qdot_isa_family(void) {
+    switch (detect()) {
+    case ISA_VNNI: return OSP_QDOT_ISA_VNNI;
+    case ISA_AVX2: return OSP_QDOT_ISA_AVX2;
+    default: return OSP_QDOT_ISA_SCALAR;
+    }
+}
+
 const char *osp_qdot_isa(void) {
     switch (detect()) {
     case ISA_VNNI: return "avx512vnni";

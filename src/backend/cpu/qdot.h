@@ -110,6 +110,9 @@ osp_qdot_tile_fn osp_qdot_tile_padded_for(uint32_t type, int64_t n_left, int *n)
 osp_qdot_fn osp_qdot_ref_for(uint32_t type);
 /* "avx512vnni", "avx2" or "scalar": the kernel family osp_qdot_for picks. */
 const char *osp_qdot_isa(void);
+/* The same family without a string (the *_for pickers ask once a matmul chunk: no strcmp there). */
+typedef enum { OSP_QDOT_ISA_SCALAR, OSP_QDOT_ISA_AVX2, OSP_QDOT_ISA_VNNI } osp_qdot_isa_kind;
+osp_qdot_isa_kind osp_qdot_isa_family(void);
 /* Caps the kernel family ("avx512vnni", "avx2", "scalar") for tests and benchmarks; returns false
  * (and changes nothing) if the CPU lacks it or the name is unknown. Not thread-safe: call at start. */
 bool osp_qdot_force_isa(const char *name);

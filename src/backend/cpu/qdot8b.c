@@ -618,8 +618,8 @@ GEMV16_KERNEL(gemv16_q5_1, 24, 5, 8, 4, -1, 1)
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
-static bool have_vnni(void) { return !strcmp(osp_qdot_isa(), "avx512vnni"); }
-static bool have_avx2(void) { return !strcmp(osp_qdot_isa(), "avx2"); }
+static bool have_vnni(void) { return osp_qdot_isa_family() == OSP_QDOT_ISA_VNNI; }
+static bool have_avx2(void) { return osp_qdot_isa_family() == OSP_QDOT_ISA_AVX2; }
 
 #define PICK5(PREFIX, SUFFIX)                                                                      \
     switch (type) {                                                                                \

@@ -639,8 +639,8 @@ GEMV_LOOP(gemv8k_q6_k_avx2, dot8k_q6_k_avx2)
 
 /* ---- dispatch ---------------------------------------------------------------------------------- */
 
-static bool have_vnni(void) { return !strcmp(osp_qdot_isa(), "avx512vnni"); }
-static bool have_avx2(void) { return !strcmp(osp_qdot_isa(), "avx2"); }
+static bool have_vnni(void) { return osp_qdot_isa_family() == OSP_QDOT_ISA_VNNI; }
+static bool have_avx2(void) { return osp_qdot_isa_family() == OSP_QDOT_ISA_AVX2; }
 
 osp_qdot8k_fn osp_qdot8k_for(uint32_t type) {
 #ifdef OSP_X86
