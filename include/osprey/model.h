@@ -125,8 +125,9 @@ typedef struct osp_model_params {
     bool no_mmap; /* CPU: copy every matrix that a step reads whole out of the GGUF mapping into anonymous
                    * memory on 2 MB pages (madvise MADV_HUGEPAGE where the kernel has transparent huge
                    * pages), as llama.cpp's --no-mmap copies it, dropping the copied file pages from the
-                   * process (RSS about the same, up to +17 % where the file is cached in 2 MB folios:
-                   * bench/cpu/NOTES.md, twelfth pass; the page cache may keep the file). Fewer TLB
+                   * process, the mapping faulted in with small pages only (osp_gguf_advise_copy_out), so
+                   * peak RSS stays about the same (433 against 431 MB on Qwen2.5-0.5B: bench/cpu/NOTES.md,
+                   * twelfth pass; the page cache may keep the file). Fewer TLB
                    * misses for decode, which streams every matrix once a token: about +7% tg on an AMD
                    * EPYC (bench/cpu/NOTES.md, twelfth pass); load takes a copy longer, and the weights can
                    * no longer be dropped by the kernel under memory pressure. Untied embedding tables

@@ -1380,9 +1380,9 @@ osp_qdot_isa_kind osp_qdot_isa_family(void) {
 }
 
 const char *osp_qdot_isa(void) {
-    switch (detect()) {
-    case ISA_VNNI: return "avx512vnni";
-    case ISA_AVX2: return "avx2";
+    switch (osp_qdot_isa_family()) {
+    case OSP_QDOT_ISA_VNNI: return "avx512vnni";
+    case OSP_QDOT_ISA_AVX2: return "avx2";
     default: return "scalar";
     }
 }
