@@ -30,7 +30,16 @@ typedef struct osp_tensor_part {
     uint32_t type;
     int64_t rows;
     size_t row_bytes;
+    uint8_t layout; /* osp_part_layout: how the backend that placed the part laid its rows out */
 } osp_tensor_part;
+
+/* A part's layout in the placing backend's memory: as stored (rows row_bytes apart), or (the CPU backend,
+ * src/backend/cpu/qdot8b.h) in 16-row strips for its one-token GEMV, read back a row at a time through
+ * osp_q8b_strips_row. The same bytes either way. */
+typedef enum osp_part_layout {
+    OSP_PART_STORED = 0,
+    OSP_PART_STRIPS16 = 1,
+} osp_part_layout;
 
 #define OSP_TENSOR_MAX_PARTS 4
 

@@ -316,6 +316,93 @@ static void test_strips(void **state) {
     assert_true(osp_qdot_force_isa("scalar"));
 }
 
+/* The 16-row strips layout (osp_q8b_strips_pack): every row unpacks to its stored bytes; the strips GEMV
+ * over any [r0, r1) of a matrix of 1..53 rows (whole strips, partial strips at both ends, the rows past the
+ * last strip) gives each row the portable kernel's bits and writes nothing outside [r0, r1); the strips'
+ * multi-token kernel (1..21 and 64 tokens) gives every (row, token) of every whole strip those bits; the
+ * layout and its kernels are absent without AVX512-VNNI. */
+static void test_strips_layout(void **state) {
+    (void)state;
+    if (!osp_qdot_force_isa("avx512vnni")) {
+        printf("qdot8b strips layout: avx512vnni not available on this CPU, skipped\n");
+        assert_true(osp_qdot_force_isa("scalar"));
+        assert_false(osp_q8b_strips_supports(OSP_DTYPE_Q8_0));
+        assert_null(osp_qdot8b_gemv_strips_for(OSP_DTYPE_Q8_0));
+        return;
+    }
+    assert_false(osp_q8b_strips_supports(OSP_DTYPE_Q4_K));
+    assert_null(osp_qdot8b_gemv_strips_for(OSP_DTYPE_Q4_K));
+    enum { MAXR = 53 };
+    int tested = 0;
+    for (size_t ti = 0; ti < NTYPES; ti++) {
+        const uint32_t t = types[ti];
+        assert_true(osp_q8b_strips_supports(t));
+        const osp_qdot8b_gemv_strips_fn gemv = osp_qdot8b_gemv_strips_for(t);
+        const osp_qdot8b_strip_strips_fn strip = osp_qdot8b_strip_strips_for(t);
+        const osp_qdot8b_fn ref = osp_qdot8b_ref_for(t);
+        assert_non_null(gemv);
+        assert_non_null(strip);
+        const int64_t ts = (int64_t)osp_dtype_type_size(t);
+        for (int trial = 0; trial < 60; trial++) {
+            const int64_t nb = trial < MAX_NB ? 1 + trial : 1 + (int64_t)(rnd() % MAX_NB), rb = ts * nb;
+            const int64_t rows = trial % 3 == 0 ? 16 * (1 + (trial / 3) % 3) : 1 + (int64_t)(rnd() % MAXR);
+            static uint8_t w[MAXR * MAX_NB * MAX_TS], sw[MAXR * MAX_NB * MAX_TS], buf[MAX_NB * MAX_TS];
+            static float x[MAX_NB * 32];
+            static osp_q8b_block xq[MAX_NB];
+            static float y[MAXR + 2];
+            for (int64_t r = 0; r < rows; r++) weights(t, w + r * rb, nb, trial + (int)r);
+            osp_q8b_strips_pack(t, w, (size_t)rb, rows, nb, sw);
+            for (int64_t r = 0; r < rows; r++)
+                assert_memory_equal(osp_q8b_strips_row(t, sw, (size_t)rb, rows, nb, r, buf), w + r * rb, (size_t)rb);
+            /* the multi-token strip on each whole strip, 1 + trial % 21 tokens (64 for trials 20, 41) */
+            {
+                const int64_t nt = trial % 21 == 20 ? 64 : 1 + trial % 21;
+                static float xs[64 * MAX_NB * 32];
+                static osp_q8b_block tq[64 * MAX_NB], bm[64 * MAX_NB];
+                static float ys[64 * 16];
+                for (int64_t j = 0; j < nt; j++) {
+                    activations(xs, nb * 32, trial + (int)j, 0.0f);
+                    osp_quantize_row_q8b(xs, tq + j * nb, nb * 32);
+                }
+                osp_q8b_block_major(tq, nb, nb, nt, bm);
+                for (int64_t st = 0; st < rows / 16; st++) {
+                    strip(sw + (size_t)(st * nb) * 16 * (size_t)ts, nb, bm, nt, ys, 16);
+                    for (int64_t j = 0; j < nt; j++)
+                        for (int r = 0; r < 16; r++) {
+                            const float e = ref(w + (16 * st + r) * rb, tq + j * nb, nb);
+                            if (memcmp(&e, &ys[j * 16 + r], 4) != 0)
+                                fail_msg("%s: strips strip %d of %d rows, %d tokens, nb %d, row %d token %d gives %.9g, reference %.9g",
+                                         osp_dtype_name(t), (int)st, (int)rows, (int)nt, (int)nb, r, (int)j, ys[j * 16 + r], e);
+                        }
+                    tested++;
+                }
+            }
+            activations(x, nb * 32, trial, 0.0f);
+            osp_quantize_row_q8b(x, xq, nb * 32);
+            for (int k = 0; k < 6; k++) {
+                const int64_t r0 = k == 0 ? 0 : (int64_t)(rnd() % (uint64_t)rows), r1 = k == 0 ? rows : r0 + (int64_t)(rnd() % (uint64_t)(rows - r0 + 1));
+                for (int64_t i = 0; i < MAXR + 2; i++) y[i] = 12345.0f;
+                gemv(sw, (size_t)rb, rows, xq, nb, y + 1, r0, r1, buf);
+                assert_true(y[0] == 12345.0f);
+                for (int64_t r = 0; r < MAXR + 1; r++) {
+                    if (r < r0 || r >= r1) {
+                        assert_true(y[1 + r] == 12345.0f);
+                        continue;
+                    }
+                    const float e = ref(w + r * rb, xq, nb);
+                    if (memcmp(&e, &y[1 + r], 4) != 0)
+                        fail_msg("%s: strips GEMV, %d rows, nb %d, rows [%d, %d), row %d gives %.9g, reference %.9g",
+                                 osp_dtype_name(t), (int)rows, (int)nb, (int)r0, (int)r1, (int)r, y[1 + r], e);
+                }
+                tested++;
+            }
+        }
+    }
+    printf("qdot8b strips layout: %d GEMV row ranges and strips matched the reference bit for bit\n", tested);
+    assert_true(osp_qdot_force_isa("scalar"));
+    assert_false(osp_q8b_strips_supports(OSP_DTYPE_Q8_0));
+}
+
 /* osp_pack_q8b writes what its contract says. */
 static void test_pack_layout(void **state) {
     (void)state;
@@ -350,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_one_token_and_gemv),
         cmocka_unit_test(test_tiles),
         cmocka_unit_test(test_strips),
+        cmocka_unit_test(test_strips_layout),
         cmocka_unit_test(test_pack_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -87,7 +87,8 @@ void cli_check_exact_activations(bool exact, osp_cpu_activations a);
 #define CLI_NO_MMAP_HELP                                                                                       \
     "  --no-mmap               CPU: copy the weight matrices out of the file mapping onto 2 MB pages\n"          \
     "                          (llama.cpp's --no-mmap, with transparent huge pages: faster decode, a longer\n" \
-    "                          load; the same results) (default: off, the weights stay mapped)\n"
+    "                          load; the same results; with --cpu-activations q8 on AVX512-VNNI the Q8_0/Q4_0/\n" \
+    "                          Q4_1/Q5_0/Q5_1 matrices in 16-row strips, the same bytes) (default: off)\n"
 #define CLI_CPU_ACT_HELP                                                                                       \
     "  --cpu-activations A     two-level | q8: how the CPU quantizes matmul inputs: two int8 levels per 32\n"  \
     "                          values (default), or one level (llama.cpp's accuracy: per 256 values for\n" \

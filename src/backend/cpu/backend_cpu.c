@@ -63,6 +63,10 @@ typedef struct cpu_backend {
     int64_t pack_nb;   /* blocks a thread's pack holds */
     const float *logits; /* the last run's logits [last_logits, n_vocab] (the caller's buffer) */
     int32_t last_logits;
+    bool strips; /* no_mmap with one-level activations on AVX512-VNNI: the 32-value block types' matrices are
+                  * copied in 16-row strips (qdot8b.h; OSPREY_CPU_STRIPS=0 keeps them as stored) */
+    uint8_t *unpack; /* [nt, unpack_cap]: each thread's row unpacked from strips (a matmul's odd row, a lookup) */
+    size_t unpack_cap; /* bytes a thread */
     _Atomic uint64_t *mm_claim; /* [nt, mm_claim_stride]: each thread's slice's claims word per op (mm_take) */
     size_t mm_claim_stride;     /* words a thread's row (>= n_ops, a whole number of cache lines) */
 } cpu_backend;
@@ -163,11 +167,12 @@ static osp_status arena_take(cpu_backend *c, size_t bytes, void **out) {
 
 /* Copies a stored part into an arena; a part in the file mapping then has its whole pages dropped from
  * the process (the page cache may keep them; a later read would fault them back in). */
-static osp_status copy_weights(cpu_backend *c, const osp_weight_src *src, const void **out) {
+static osp_status copy_weights(cpu_backend *c, const osp_weight_src *src, int64_t cols, bool strips, const void **out) {
     const size_t bytes = (size_t)src->rows * src->row_bytes;
     void *dst = NULL;
     OSP_TRY(arena_take(c, bytes, &dst));
-    memcpy(dst, src->data, bytes);
+    if (strips) osp_q8b_strips_pack(src->type, src->data, src->row_bytes, src->rows, cols / OSP_Q8B_BLOCK, dst);
+    else memcpy(dst, src->data, bytes);
     if (src->mapped) {
         const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)src->data;
         const uintptr_t lo = (a + pg - 1) / pg * pg, hi = (a + bytes) / pg * pg;
@@ -207,9 +212,14 @@ static osp_status cpu_place(osp_backend *be, const osp_weight_src *src, int32_t 
     out->n_parts = n;
     for (int32_t i = 0; i < n; i++) {
         const void *data = src[i].data;
-        if (c->no_mmap && !f32_exact && !src[i].lookup) OSP_TRY(copy_weights(c, &src[i], &data));
+        /* strips: a part the one-level GEMV streams, with rows as dense as stored (a whole strip at least) */
+        const bool strips = c->strips && !f32_exact && !src[i].lookup && osp_q8b_strips_supports(src[i].type) &&
+                            cols % OSP_Q8B_BLOCK == 0 && src[i].rows >= OSP_Q8B_STRIP_ROWS &&
+                            src[i].row_bytes == osp_dtype_row_size(src[i].type, cols);
+        if (c->no_mmap && !f32_exact && !src[i].lookup) OSP_TRY(copy_weights(c, &src[i], cols, strips, &data));
         out->parts[i] = (osp_tensor_part){.data = data, .type = src[i].type, .rows = src[i].rows,
-                                          .row_bytes = src[i].row_bytes};
+                                          .row_bytes = src[i].row_bytes,
+                                          .layout = strips ? OSP_PART_STRIPS16 : OSP_PART_STORED};
         out->rows += src[i].rows;
     }
     out->round_bf16 = c->emulate && !f32_exact;
@@ -244,6 +254,9 @@ static void ws_free(cpu_backend *c) {
     free(c->pack);
     c->pack = NULL;
     c->pack_nb = 0;
+    free(c->unpack);
+    c->unpack = NULL;
+    c->unpack_cap = 0;
 }
 
 static void cpu_free(osp_backend *be) {
@@ -341,7 +354,12 @@ static void op_embed(const run_ctx *r, const osp_op *op, int ith, int nth) {
     const osp_tensor_part *p = &w->parts[0];
     for (long long t = t0; t < t1; t++) {
         float *xr = x + t * E;
-        osp_dequant_row(p->type, (const uint8_t *)p->data + (size_t)r->b->token_ids[t] * p->row_bytes, xr, E);
+        const int64_t id = r->b->token_ids[t];
+        const void *row = p->layout == OSP_PART_STRIPS16
+                              ? osp_q8b_strips_row(p->type, p->data, p->row_bytes, p->rows, E / OSP_Q8B_BLOCK, id,
+                                                   r->c->unpack + (size_t)ith * r->c->unpack_cap)
+                              : (const uint8_t *)p->data + (size_t)id * p->row_bytes;
+        osp_dequant_row(p->type, row, xr, E);
         if (w->round_bf16) osp_cpu_round_bf16(xr, E);
         if (op->p.embed.scale != 1.0f)
             for (int64_t i = 0; i < E; i++) xr[i] *= op->p.embed.scale;
@@ -388,6 +406,31 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
     const bool k8 = osp_qdot8k_supports(p->type); /* else blocks of 32 */
     const int64_t nb = k8 ? K / OSP_Q8K_BLOCK : K / OSP_Q8B_BLOCK;
     const osp_qdot8b_strip_fn strip = k8 ? NULL : osp_qdot8b_strip_for(p->type);
+    if (p->layout == OSP_PART_STRIPS16) { /* 16-row strips (cpu_place): their GEMV and strip; rows outside
+                                             whole strips one at a time, unpacked */
+        const osp_qdot8b_fn one = osp_qdot8b_for(p->type);
+        const osp_qdot8b_strip_strips_fn sstrip = osp_qdot8b_strip_strips_for(p->type);
+        uint8_t *ub = c->unpack + (size_t)ith * c->unpack_cap;
+        osp_q8b_block *bm = c->xqbt + (size_t)ith * OSP_Q8B_STRIP_TOKENS * (size_t)c->xqbt_nb;
+        const int64_t S = OSP_Q8B_STRIP_ROWS, full = p->rows / S * S, up = (rr0 + S - 1) / S * S;
+        const int64_t a0 = up < rr1 ? up : rr1, e = (rr1 < full ? rr1 : full) / S * S, a1 = e > a0 ? e : a0;
+        const size_t strip_bytes = (size_t)S * p->row_bytes;
+        for (int64_t t = 0; t < R; t += OSP_Q8B_STRIP_TOKENS) {
+            const int64_t n = R - t < OSP_Q8B_STRIP_TOKENS ? R - t : OSP_Q8B_STRIP_TOKENS;
+            if (n == 1) {
+                osp_qdot8b_gemv_strips_for(p->type)(wb, p->row_bytes, p->rows, c->xqb + t * nb, nb, yp + t * N, rr0, rr1, ub);
+                continue;
+            }
+            osp_q8b_block_major(c->xqb + t * nb, nb, nb, n, bm);
+            for (int64_t rr = a0; rr < a1; rr += S) sstrip(wb + (size_t)(rr / S) * strip_bytes, nb, bm, n, yp + t * N + rr, N);
+            for (int h = 0; h < 2; h++) /* the rows before the whole strips, then those after */
+                for (int64_t rr = h ? a1 : rr0; rr < (h ? rr1 : a0); rr++) {
+                    const void *wr = osp_q8b_strips_row(p->type, wb, p->row_bytes, p->rows, nb, rr, ub);
+                    for (int64_t k = t; k < t + n; k++) yp[k * N + rr] = one(wr, c->xqb + k * nb, nb);
+                }
+        }
+        return;
+    }
     if (strip && 15 * p->row_bytes < (size_t)INT32_MAX) { /* strips and GEMV gather scales at int32 offsets */
         const osp_qdot8b_fn one = osp_qdot8b_for(p->type);
         const osp_qdot8b_gemv_fn gemv = osp_qdot8b_gemv_for(p->type);
@@ -561,7 +604,11 @@ static bool mm_take(_Atomic uint64_t *w, int64_t s0, int64_t s1, int64_t chunk, 
     for (;;) {
         const int64_t f = (int64_t)(v & 0xffffffffu), b = (int64_t)(v >> 32), left = (s1 - s0) - f - b;
         if (left <= 0) return false;
-        const int64_t n = left < chunk ? left : chunk;
+        int64_t n = left < chunk ? left : chunk;
+        if (!front) { /* from the back: down to a multiple of 16 rows where that is still unclaimed (whole strips) */
+            const int64_t lo = (s1 - b - n) / 16 * 16;
+            if (lo >= s0 + f) n = s1 - b - lo;
+        }
         const uint64_t nv = front ? v + (uint64_t)n : v + ((uint64_t)n << 32);
         if (atomic_compare_exchange_weak_explicit(w, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
             *c0 = front ? s0 + f : s1 - b - n;
@@ -571,7 +618,15 @@ static bool mm_take(_Atomic uint64_t *w, int64_t s0, int64_t s1, int64_t chunk, 
     }
 }
 
-/* y = x W^T (matmul_rows) over this thread's rows: its osp_split slice, or for one token chunks of it and
+/* osp_split of n rows with the boundaries moved down to multiples of 16 (whole strips of a matrix in
+ * strips; any split gives the same results, row by row). */
+static void split16(long long n, int ith, int nth, long long *begin, long long *end) {
+    osp_split(n, ith, nth, begin, end);
+    *begin = *begin / 16 * 16;
+    *end = *end == n ? n : *end / 16 * 16;
+}
+
+/* y = x W^T (matmul_rows) over this thread's rows: its split16 slice, or for one token chunks of it and
  * of the others' slices (mm_take). The input is quantized first, each thread its osp_split rows, then a barrier. */
 static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
     cpu_backend *c = r->c;
@@ -598,14 +653,14 @@ static void op_matmul(const run_ctx *r, const osp_op *op, int ith, int nth) {
             const int owner = (ith + j) % nth;
             long long s0, s1;
             int64_t c0, c1;
-            osp_split(N, owner, nth, &s0, &s1);
+            split16(N, owner, nth, &s0, &s1);
             while (mm_take(&c->mm_claim[(size_t)owner * c->mm_claim_stride + k], s0, s1, chunk, j == 0, &c0, &c1))
                 matmul_rows(r, op, c0, c1, ith);
         }
         return;
     }
     long long r0, r1;
-    osp_split(N, ith, nth, &r0, &r1);
+    split16(N, ith, nth, &r0, &r1);
     matmul_rows(r, op, r0, r1, ith);
 }
 
@@ -842,16 +897,20 @@ static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *o
 static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b, float *logits, float **bufs) {
     const int64_t T = b->num_tokens, L = b->num_logits;
     int64_t max_ctx = 0, max_cols = 0;
-    size_t need_xq = 0, need_xqk = 0, need_xqb = 0, need_ypad = 0;
+    size_t need_xq = 0, need_xqk = 0, need_xqb = 0, need_ypad = 0, need_unpack = 0;
     for (int32_t s = 0; s < b->num_seqs; s++) max_ctx = b->seq_lens[s] > max_ctx ? b->seq_lens[s] : max_ctx;
     for (int32_t k = 0; k < g->n_ops; k++) {
         const osp_op *op = &g->ops[k];
+        if ((op->kind == OSP_OP_MATMUL || op->kind == OSP_OP_EMBED) && op->w) /* a row unpacked from strips */
+            for (int32_t i = 0; i < op->w->n_parts; i++)
+                if (op->w->parts[i].layout == OSP_PART_STRIPS16 && op->w->parts[i].row_bytes > need_unpack)
+                    need_unpack = op->w->parts[i].row_bytes;
         if (op->kind != OSP_OP_MATMUL) continue;
         max_cols = op->w->cols > max_cols ? op->w->cols : max_cols;
         const int64_t R = g->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
         /* + 7 rows: a padded tail tile packs 8 rows (osp_qdot_tile_padded_for) */
         const size_t nxq = (size_t)(R + 7) * (size_t)(op->w->cols / OSP_Q8_BLOCK);
-        const size_t yrows = (size_t)((op->w->rows + c->nt - 1) / c->nt + 1); /* a thread's slice at most */
+        const size_t yrows = (size_t)((op->w->rows + c->nt - 1) / c->nt + 16); /* a thread's slice at most (split16) */
         need_ypad = 8 * yrows > need_ypad ? 8 * yrows : need_ypad;
         need_xq = nxq > need_xq ? nxq : need_xq;
         const size_t nxqk = c->act_q8 ? (size_t)(R + 7) * (size_t)(op->w->cols / OSP_Q8K_BLOCK) : 0;
@@ -898,6 +957,14 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
         c->xqbt = aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (!c->xqbt) goto nomem;
         c->xqbt_nb = max_cols / OSP_Q8B_BLOCK;
+    }
+    if (need_unpack > c->unpack_cap) {
+        free(c->unpack);
+        c->unpack_cap = 0;
+        const size_t cap = (need_unpack + 63) / 64 * 64;
+        c->unpack = aligned_alloc(64, (size_t)c->nt * cap);
+        if (!c->unpack) goto nomem;
+        c->unpack_cap = cap;
     }
     if (need_ypad > c->ypad_cap) {
         free(c->ypad);
@@ -1030,6 +1097,8 @@ osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out
     c->act_q8 = p->act_q8 && !c->exact;
     c->no_mmap = p->no_mmap;
     (void)osp_qdot_isa(); /* picks the kernel family now, before any worker thread asks for it */
+    const char *e = getenv("OSPREY_CPU_STRIPS"); /* 0: keep the copies as stored (an A/B switch) */
+    c->strips = c->no_mmap && c->act_q8 && !c->emulate && !(e && strcmp(e, "0") == 0);
     *out = &c->base;
     return OSP_OK;
 }

@@ -631,6 +631,219 @@ static bool have_avx2(void) { return osp_qdot_isa_family() == OSP_QDOT_ISA_AVX2;
     default: return NULL;                                                                          \
     }
 
+/* ---- 16-row strips: a layout made at load for the one-token GEMV (qdot8b.h) --------------------- */
+
+/* The stored block's field offsets (ggml-common.h) and the strip block's, per type. */
+typedef struct strip_fmt {
+    int bytes;           /* stored block bytes */
+    int qs, qh, m;       /* stored offsets: the codes, the fifth bits (Q5: 4 bytes; else -1), the min (else -1) */
+    int s_m, s_qh, s_qs; /* strip block offsets: the 16 mins, the 8 fifth-bit masks, the code groups */
+    bool q8;             /* Q8_0: 8 groups, a code byte + 128 a value; else 4 groups of the stored qs bytes */
+} strip_fmt;
+
+static bool strip_fmt_of(uint32_t type, strip_fmt *f) {
+    switch (type) {
+    case OSP_DTYPE_Q8_0: *f = (strip_fmt){34, 2, -1, -1, -1, -1, 32, true}; return true;
+    case OSP_DTYPE_Q4_0: *f = (strip_fmt){18, 2, -1, -1, -1, -1, 32, false}; return true;
+    case OSP_DTYPE_Q4_1: *f = (strip_fmt){20, 4, -1, 2, 32, -1, 64, false}; return true;
+    case OSP_DTYPE_Q5_0: *f = (strip_fmt){22, 6, 2, -1, -1, 32, 96, false}; return true;
+    case OSP_DTYPE_Q5_1: *f = (strip_fmt){24, 8, 4, 2, 32, 64, 128, false}; return true;
+    default: return false;
+    }
+}
+
+bool osp_q8b_strips_supports(uint32_t type) {
+    strip_fmt f;
+    return have_vnni() && strip_fmt_of(type, &f);
+}
+
+/* One block between the stored layout (blk) and row r of strip block sb, either way. */
+static void strip_block_move(const strip_fmt *f, uint8_t *blk, uint8_t *sb, int r, bool to_strip) {
+    uint8_t *const fields[2][2] = {{blk, sb + 2 * r}, {f->m >= 0 ? blk + f->m : NULL, f->m >= 0 ? sb + f->s_m + 2 * r : NULL}};
+    for (int k = 0; k < 2; k++)
+        if (fields[k][0]) memcpy(to_strip ? fields[k][1] : fields[k][0], to_strip ? fields[k][0] : fields[k][1], 2);
+    if (f->q8) {
+        for (int j = 0; j < 32; j++) {
+            uint8_t *s = sb + f->s_qs + 64 * (j / 4) + 4 * r + j % 4, *q = blk + f->qs + j;
+            if (to_strip) *s = (uint8_t)(*q ^ 0x80u);
+            else *q = (uint8_t)(*s ^ 0x80u);
+        }
+    } else {
+        for (int c = 0; c < 4; c++) {
+            uint8_t *s = sb + f->s_qs + 64 * c + 4 * r, *q = blk + f->qs + 4 * c;
+            memcpy(to_strip ? s : q, to_strip ? q : s, 4);
+        }
+    }
+    if (f->qh < 0) return;
+    /* mask c (8 bytes), bit 4 r + i: the fifth bit of value 4 c + i (qh bit 4 c + i) */
+    uint32_t qh = 0;
+    if (to_strip) memcpy(&qh, blk + f->qh, 4);
+    for (int j = 0; j < 32; j++) {
+        uint8_t *m = sb + f->s_qh + 8 * (j / 4) + (4 * r + j % 4) / 8;
+        const unsigned bit = (4u * (unsigned)r + (unsigned)j % 4u) % 8u;
+        if (to_strip) *m = (uint8_t)((*m & ~(1u << bit)) | ((qh >> j) & 1u) << bit);
+        else qh |= (uint32_t)((*m >> bit) & 1u) << j;
+    }
+    if (!to_strip) memcpy(blk + f->qh, &qh, 4);
+}
+
+void osp_q8b_strips_pack(uint32_t type, const void *src, size_t row_bytes, int64_t rows, int64_t nb, void *dst) {
+    strip_fmt f;
+    if (!strip_fmt_of(type, &f)) return;
+    const int64_t ns = rows / OSP_Q8B_STRIP_ROWS;
+    const size_t sbb = (size_t)OSP_Q8B_STRIP_ROWS * (size_t)f.bytes;
+    for (int64_t s = 0; s < ns; s++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *sb = (uint8_t *)dst + ((size_t)s * (size_t)nb + (size_t)b) * sbb;
+            memset(sb, 0, sbb);
+            for (int r = 0; r < OSP_Q8B_STRIP_ROWS; r++)
+                strip_block_move(&f, (uint8_t *)(uintptr_t)src + (size_t)(OSP_Q8B_STRIP_ROWS * s + r) * row_bytes + (size_t)b * (size_t)f.bytes,
+                                 sb, r, true);
+        }
+    const size_t done = (size_t)ns * OSP_Q8B_STRIP_ROWS * row_bytes;
+    memcpy((uint8_t *)dst + done, (const uint8_t *)src + done, (size_t)(rows - ns * OSP_Q8B_STRIP_ROWS) * row_bytes);
+}
+
+const void *osp_q8b_strips_row(uint32_t type, const void *strips, size_t row_bytes, int64_t rows, int64_t nb, int64_t r,
+                               void *buf) {
+    strip_fmt f;
+    if (r >= rows / OSP_Q8B_STRIP_ROWS * OSP_Q8B_STRIP_ROWS || !strip_fmt_of(type, &f))
+        return (const uint8_t *)strips + (size_t)r * row_bytes;
+    const size_t sbb = (size_t)OSP_Q8B_STRIP_ROWS * (size_t)f.bytes;
+    const size_t s = (size_t)(r / OSP_Q8B_STRIP_ROWS);
+    for (int64_t b = 0; b < nb; b++)
+        strip_block_move(&f, (uint8_t *)buf + (size_t)b * (size_t)f.bytes,
+                         (uint8_t *)(uintptr_t)strips + (s * (size_t)nb + (size_t)b) * sbb, (int)(r % OSP_Q8B_STRIP_ROWS), false);
+    return buf;
+}
+
+#ifdef OSP_X86
+/* the 64-bit mask stored at p (any alignment) */
+TGT8B_VNNI static inline __mmask64 mask_at8b(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return _cvtu64_mask64(v);
+}
+/* Strip block p (16 rows) against the token's block: lane r's I is row r's exact integer sum (the codes'
+ * products, then the correction) as gemv16's, then the same conversion, dw d_a product and FMA(s). Q8_0:
+ * 8 vpdpbusd on the code groups (code + 128) against the token's codes broadcast 4 at a time; Q4 / Q5: 4
+ * group loads, each the low nibbles (values 4 c ..) and the high ones (16 + 4 c ..), Q5 adding 16 under
+ * the stored masks. Two accumulators: integer sums, the same value in any order. Rows outside whole
+ * strips of [r0, r1) go row by row through the one-token kernel on the row unpacked into buf. */
+#define GEMV16S_KERNEL(NAME, TYPE, ONE, BYTES, Q8, MIN, S_M, S_QH, S_QS, CSH)                      \
+    TGT8B_VNNI static void NAME(const void *w, size_t row_bytes, int64_t rows, const osp_q8b_block *a, int64_t nb, \
+                                float *y, int64_t r0, int64_t r1, void *buf) {                     \
+        const __m512i m0f = _mm512_set1_epi8(0x0f), x10 = _mm512_set1_epi8(0x10);                  \
+        (void)m0f, (void)x10;                                                                      \
+        const size_t sbb = 16 * (size_t)(BYTES);                                                   \
+        const int64_t full = rows / 16 * 16, up = (r0 + 15) / 16 * 16;                             \
+        const int64_t a0 = up < r1 ? up : r1, e = (r1 < full ? r1 : full) / 16 * 16, a1 = e > a0 ? e : a0; \
+        for (int64_t r = r0; r < a0; r++) y[r] = ONE(osp_q8b_strips_row(TYPE, w, row_bytes, rows, nb, r, buf), a, nb); \
+        for (int64_t r = a0; r < a1; r += 16) {                                                    \
+            const uint8_t *s = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * sbb;           \
+            __m512 A = _mm512_setzero_ps();                                                        \
+            for (int64_t b = 0; b < nb; b++) {                                                     \
+                const uint8_t *p = s + (size_t)b * sbb;                                            \
+                const int32_t *aq = (const int32_t *)(const void *)a[b].qs;                        \
+                const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); \
+                __m512i I0 = _mm512_setzero_si512(), I1 = _mm512_setzero_si512();                  \
+                if (Q8) {                                                                          \
+                    UNROLL8B for (int c = 0; c < 8; c += 2) {                                      \
+                        I0 = _mm512_dpbusd_epi32(I0, _mm512_loadu_si512(p + (S_QS) + 64 * c), _mm512_set1_epi32(aq[c])); \
+                        I1 = _mm512_dpbusd_epi32(I1, _mm512_loadu_si512(p + (S_QS) + 64 * c + 64), _mm512_set1_epi32(aq[c + 1])); \
+                    }                                                                              \
+                } else {                                                                           \
+                    UNROLL8B for (int c = 0; c < 4; c++) {                                         \
+                        const __m512i x = _mm512_loadu_si512(p + (S_QS) + 64 * c);                 \
+                        __m512i lo = _mm512_and_si512(x, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m0f); \
+                        if ((S_QH) >= 0) {                                                         \
+                            const uint8_t *mk = p + ((S_QH) < 0 ? 0 : (S_QH));                     \
+                            lo = _mm512_mask_add_epi8(lo, mask_at8b(mk + 8 * c), lo, x10); \
+                            hi = _mm512_mask_add_epi8(hi, mask_at8b(mk + 8 * c + 32), hi, x10); \
+                        }                                                                          \
+                        I0 = _mm512_dpbusd_epi32(I0, lo, _mm512_set1_epi32(aq[c]));                \
+                        I1 = _mm512_dpbusd_epi32(I1, hi, _mm512_set1_epi32(aq[c + 4]));            \
+                    }                                                                              \
+                }                                                                                  \
+                __m512i I = _mm512_add_epi32(I0, I1);                                              \
+                if ((CSH) >= 0) I = _mm512_add_epi32(I, _mm512_srai_epi32(_mm512_set1_epi32(a[b].n128), (CSH) < 0 ? 0 : (CSH))); \
+                A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw, _mm512_set1_ps(a[b].d)), A); \
+                if (MIN)                                                                           \
+                    A = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + ((S_M) < 0 ? 0 : (S_M))))), \
+                                        _mm512_set1_ps(a[b].s), A);                                \
+            }                                                                                      \
+            _mm512_storeu_ps(y + r, A);                                                            \
+        }                                                                                          \
+        for (int64_t r = a1; r < r1; r++) y[r] = ONE(osp_q8b_strips_row(TYPE, w, row_bytes, rows, nb, r, buf), a, nb); \
+    }
+GEMV16S_KERNEL(gemv16s_q8_0, OSP_DTYPE_Q8_0, dot8b_q8_0_vnni, 34, 1, 0, -1, -1, 32, 0)
+GEMV16S_KERNEL(gemv16s_q4_0, OSP_DTYPE_Q4_0, dot8b_q4_0_vnni, 18, 0, 0, -1, -1, 32, 4)
+GEMV16S_KERNEL(gemv16s_q4_1, OSP_DTYPE_Q4_1, dot8b_q4_1_vnni, 20, 0, 1, 32, -1, 64, -1)
+GEMV16S_KERNEL(gemv16s_q5_0, OSP_DTYPE_Q5_0, dot8b_q5_0_vnni, 22, 0, 0, -1, 32, 96, 3)
+GEMV16S_KERNEL(gemv16s_q5_1, OSP_DTYPE_Q5_1, dot8b_q5_1_vnni, 24, 0, 1, 32, 64, 128, -1)
+/* The strips' multi-token kernel on the layout: strip8b's per-token work on registers loaded as they lie
+ * (the code groups are strip8b's transposed registers: Q8_0 as stored, Q4 / Q5 after the nibble split and
+ * the fifth bits), so no transpose and no gather. w: the strip (its block b at w + b 16 BYTES). */
+#define STRIP8S_KERNEL(NAME, BYTES, Q8, MIN, S_M, S_QH, S_QS, CSH)                                 \
+    TGT8B_VNNI static void NAME(const void *w, int64_t nb, const osp_q8b_block *a, int64_t n, float *y, int64_t ys) { \
+        const __m512i m0f = _mm512_set1_epi8(0x0f), x10 = _mm512_set1_epi8(0x10);                  \
+        (void)m0f, (void)x10;                                                                      \
+        _Alignas(64) float acc[OSP_Q8B_STRIP_TOKENS * 16];                                         \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            const uint8_t *p = (const uint8_t *)w + (size_t)b * 16 * (BYTES);                      \
+            __m512i W[8];                                                                          \
+            if (Q8) {                                                                              \
+                UNROLL8B for (int c = 0; c < 8; c++) W[c] = _mm512_loadu_si512(p + (S_QS) + 64 * c); \
+            } else {                                                                               \
+                UNROLL8B for (int c = 0; c < 4; c++) {                                             \
+                    const __m512i x = _mm512_loadu_si512(p + (S_QS) + 64 * c);                     \
+                    W[c] = _mm512_and_si512(x, m0f), W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m0f); \
+                    if ((S_QH) >= 0) {                                                             \
+                        const uint8_t *mk = p + ((S_QH) < 0 ? 0 : (S_QH));                         \
+                        W[c] = _mm512_mask_add_epi8(W[c], mask_at8b(mk + 8 * c), W[c], x10); \
+                        W[c + 4] = _mm512_mask_add_epi8(W[c + 4], mask_at8b(mk + 8 * c + 32), W[c + 4], x10); \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); \
+            const __m512 m = (MIN) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + ((S_M) < 0 ? 0 : (S_M))))) \
+                                   : _mm512_setzero_ps();                                          \
+            const osp_q8b_block *ab = a + b * n;                                                   \
+            const bool first = b == 0;                                                             \
+            int64_t j = 0;                                                                         \
+            for (; j + 16 <= n; j += 16) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 16, CSH, MIN); \
+            if (n - j >= 8) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 8, CSH, MIN), j += 8; \
+            if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 4, CSH, MIN), j += 4; \
+            if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 2, CSH, MIN), j += 2; \
+            if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 1, CSH, MIN);    \
+        }                                                                                          \
+        STRIP8B_NOWARN_BEGIN                                                                       \
+        for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps()); \
+        STRIP8B_NOWARN_END                                                                         \
+    }
+STRIP8S_KERNEL(strip8s_q8_0, 34, 1, 0, -1, -1, 32, 0)
+STRIP8S_KERNEL(strip8s_q4_0, 18, 0, 0, -1, -1, 32, 4)
+STRIP8S_KERNEL(strip8s_q4_1, 20, 0, 1, 32, -1, 64, -1)
+STRIP8S_KERNEL(strip8s_q5_0, 22, 0, 0, -1, 32, 96, 3)
+STRIP8S_KERNEL(strip8s_q5_1, 24, 0, 1, 32, 64, 128, -1)
+#endif
+
+osp_qdot8b_strip_strips_fn osp_qdot8b_strip_strips_for(uint32_t type) {
+#ifdef OSP_X86
+    if (have_vnni()) PICK5(strip8s_, )
+#endif
+    (void)type;
+    return NULL;
+}
+
+osp_qdot8b_gemv_strips_fn osp_qdot8b_gemv_strips_for(uint32_t type) {
+#ifdef OSP_X86
+    if (have_vnni()) PICK5(gemv16s_, )
+#endif
+    (void)type;
+    return NULL;
+}
+
 osp_qdot8b_fn osp_qdot8b_for(uint32_t type) {
 #ifdef OSP_X86
     if (have_vnni()) PICK5(dot8b_, _vnni)

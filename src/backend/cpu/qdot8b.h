@@ -104,6 +104,39 @@ void osp_q8b_block_major(const osp_q8b_block *a, int64_t a_stride, int64_t nb, i
 /* The strip for `type` on this CPU, or NULL (no AVX512-VNNI, or a type without the mode). */
 osp_qdot8b_strip_fn osp_qdot8b_strip_for(uint32_t type);
 
+/* 16-row strips: a weight layout the CPU backend makes at load (backend_cpu.c cpu_place, with --no-mmap
+ * and one-level activations on AVX512-VNNI) so that a one-token GEMV streams each matrix front to back
+ * in whole 64-byte vectors, with no gathers, inserts or cross-lane reductions (bench/cpu/NOTES.md,
+ * fourteenth pass). Rows [0, 16 floor(rows / 16)) lie in strips of 16; strip s's block b is the 16
+ * rows' block b in 16 x (the type's block bytes) at (s nb + b) 16 bytes_of_block:
+ *   the 16 rows' d (f16, 32 bytes); Q4_1 / Q5_1: their m (32 bytes); Q5: the fifth bits as eight 64-bit
+ *   masks, mask c bit 4 r + i = row r's value 4 c + i; then the codes in groups of 64 bytes, dword r of
+ *   group c holding row r's: Q8_0 (8 groups) codes of values 4 c .. 4 c + 3, each + 128 as a byte; Q4 / Q5
+ *   (4 groups) stored qs bytes 4 c .. 4 c + 3 (low nibbles values 4 c .., high nibbles 16 + 4 c ..).
+ * The rows past the last whole strip follow as stored. The same bytes as the stored matrix, and the same
+ * results: every kernel below gives each row's bits of osp_qdot8b_for(type). */
+/* Whether `type` has the layout and its GEMV on this CPU (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; AVX512-VNNI). */
+bool osp_q8b_strips_supports(uint32_t type);
+/* dst (rows x row_bytes bytes) <- the stored matrix src (rows of nb blocks, row_bytes apart) in strips. */
+void osp_q8b_strips_pack(uint32_t type, const void *src, size_t row_bytes, int64_t rows, int64_t nb, void *dst);
+/* Row r of a matrix in strips, in the stored layout: unpacked into buf (row_bytes), or where it already
+ * lies as stored (a row past the last whole strip). Returns the row. */
+const void *osp_q8b_strips_row(uint32_t type, const void *strips, size_t row_bytes, int64_t rows, int64_t nb, int64_t r,
+                               void *buf);
+/* y[r] = dot(row r, the token's nb blocks a) for r0 <= r < r1 of a matrix of `rows` rows in strips, each
+ * bit-identical to osp_qdot8b_for(type); whole strips inside [r0, r1) 16 rows a pass (8 vpdpbusd a block),
+ * the other rows one at a time, unpacked into buf (row_bytes). */
+typedef void (*osp_qdot8b_gemv_strips_fn)(const void *w, size_t row_bytes, int64_t rows, const osp_q8b_block *a,
+                                          int64_t nb, float *y, int64_t r0, int64_t r1, void *buf);
+/* The strips GEMV for `type` on this CPU, or NULL (see osp_q8b_strips_supports). */
+osp_qdot8b_gemv_strips_fn osp_qdot8b_gemv_strips_for(uint32_t type);
+/* The strip (16 rows against n tokens, as osp_qdot8b_strip_fn: a block-major, 1 <= n <= OSP_Q8B_STRIP_TOKENS,
+ * y[j * ys + r]) on strip s of a matrix in strips, given at w = its first byte, (s nb) 16 bytes_of_block
+ * into the matrix; each result bit-identical to osp_qdot8b_for(type). NULL as the GEMV. */
+typedef void (*osp_qdot8b_strip_strips_fn)(const void *w, int64_t nb, const osp_q8b_block *a, int64_t n, float *y,
+                                           int64_t ys);
+osp_qdot8b_strip_strips_fn osp_qdot8b_strip_strips_for(uint32_t type);
+
 /* A tile: one weight row (nb blocks at w) against n tokens of packs: token j in pack row
  * pk + (j / 8) * nb, y[j * ys] = dot(w, token j) for j < n, bit-identical to the one-token kernel
  * whatever the packs' other tokens hold. */
