@@ -1108,12 +1108,18 @@ TGT_VNNI static inline float hsum_halves(__m512 acc) {
  * bytes): the weights come from mmap'd file pages, whose 4 KiB pages stop the hardware prefetcher
  * at every boundary. Measured on the dev box (Emerald Rapids, 2 threads, tg64 A/B pairs): 512 B
  * 0.94x of 1 KiB, 2 KiB 1.13-1.19x of 1 KiB, 8 KiB 1.18x of 2 KiB, 16 KiB 1.00x and 32 KiB 0.96x
- * of 8 KiB; 8 KiB against none: Qwen2.5 Q4_K_M tg 1.6x (bench/cpu/NOTES.md). */
+ * of 8 KiB; 8 KiB against none: Qwen2.5 Q4_K_M tg 1.6x (bench/cpu/NOTES.md). Into L2, 16 KiB ahead, since
+ * 2026-12-07: on an AMD EPYC (Zen 4) box whose DRAM the weights stream from, the L1 hint at 8 or 16 KiB gave
+ * Qwen2.5-0.5B tg128 41-43 t/s and the L2 hint 49-53 (16 or 32 KiB), SmolLM2 Q4_1 155-182 against 184-200
+ * (bench/cpu/NOTES.md, fourteenth pass): streamed lines parked in L1 evict the activations. */
 #define GEMV_ARGS                                                                                  \
     const void *w, size_t row_bytes, const osp_q8_block *a, const osp_q8_pair *bp, int64_t nb, float *y, int64_t nrows
 #define GEMV_NR 4
 #ifndef GEMV_PREFETCH
-#define GEMV_PREFETCH 8192
+#define GEMV_PREFETCH 16384
+#endif
+#ifndef GEMV_PF_HINT
+#define GEMV_PF_HINT _MM_HINT_T1
 #endif
 #define ROWS_UNROLL _Pragma("GCC unroll 4")
 #define FORCE_INLINE inline __attribute__((always_inline))
@@ -1149,7 +1155,7 @@ TGT_VNNI static FORCE_INLINE void q8_0_rows(const uint8_t *w, size_t row_bytes, 
     for (; b + 2 <= nb; b += 2) {
         ROWS_UNROLL for (int r = 0; r < NR; r++) {
             const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * 34;
-            _mm_prefetch((const char *)(p + GEMV_PREFETCH), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p + GEMV_PREFETCH), GEMV_PF_HINT);
             LEVEL_PACKED(acc[r], Q8_0_CODES2(p), bp + b / 2, half_pair(p, p + 34), Q8_BIAS);
         }
     }
@@ -1201,7 +1207,7 @@ TGT_VNNI static inline __m512i q5_codes512_2(__m512i q4, const uint8_t *qh0, con
             const __m128 s22 = _mm_unpacklo_ps(s2, s2); /* [s0, s0, s1, s1] */                     \
             ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
                 const uint8_t *p = w + (size_t)r * row_bytes + (size_t)b * (BYTES), *p1 = p + (BYTES); \
-                _mm_prefetch((const char *)(p + GEMV_PREFETCH), _MM_HINT_T0);                      \
+                _mm_prefetch((const char *)(p + GEMV_PREFETCH), GEMV_PF_HINT);                      \
                 /* [d0, x0, d1, x1] from two 32-bit loads (x: Q4_1/Q5_1's minimum m, else bytes of  \
                  * no use to us), then the scale pair [d0 x 8 | d1 x 8] and OFFSET_PAIR in lanes 0 and \
                  * 2: [f0 s0, ., f1 s1, .] and OFF + (t0 + t1) */                                  \
@@ -1250,7 +1256,7 @@ Q45_GEMV_KERNEL(gemv_q5_1_vnni, Q5_CODES2, 24, 8, 4, Q5_1_FACTOR, Q5_1_FACTORV)
         for (int64_t sb = 0; sb < nb / 8; sb++) {                                                  \
             ROWS_UNROLL for (int r = 0; r < NR; r++) {                                             \
                 const uint8_t *p = w + (size_t)r * row_bytes + (size_t)sb * (BYTES);               \
-                for (int l = 0; l < (BYTES); l += 64) _mm_prefetch((const char *)(p + GEMV_PREFETCH + l), _MM_HINT_T0); \
+                for (int l = 0; l < (BYTES); l += 64) _mm_prefetch((const char *)(p + GEMV_PREFETCH + l), GEMV_PF_HINT); \
                 const float d = half_f16c(p), dmin = half_f16c(p + 2);                             \
                 uint8_t sc[8], m[8];                                                               \
                 k4_scales(p + 4, sc, m);                                                           \
@@ -1301,7 +1307,7 @@ TGT_VNNI static FORCE_INLINE void q6_k_rows(const uint8_t *w, size_t row_bytes, 
     for (int64_t sb = 0; sb < nb / 8; sb++) {
         ROWS_UNROLL for (int r = 0; r < NR; r++) {
             const uint8_t *p = w + (size_t)r * row_bytes + (size_t)sb * 210;
-            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)(p + GEMV_PREFETCH + l), _MM_HINT_T0);
+            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)(p + GEMV_PREFETCH + l), GEMV_PF_HINT);
             const int8_t *sc = (const int8_t *)(p + 192);
             const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);
             const __m512 dv = _mm512_set1_ps(half_f16c(p + 208));

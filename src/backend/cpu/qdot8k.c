@@ -270,10 +270,10 @@ void osp_pack_q8k(const osp_q8k_block *a, int64_t a_stride, int64_t nsb, osp_q8k
 #define FORCE_INLINE8K inline __attribute__((always_inline))
 #define UNROLL8K _Pragma("GCC unroll 16")
 #ifndef GEMV8K_PREFETCH
-#define GEMV8K_PREFETCH 8192 /* qdot.c's GEMV_PREFETCH, measured there */
+#define GEMV8K_PREFETCH 16384 /* qdot.c's GEMV_PREFETCH and hint, measured there */
 #endif
 #ifndef GEMV8K_PF_HINT
-#define GEMV8K_PF_HINT _MM_HINT_T0
+#define GEMV8K_PF_HINT _MM_HINT_T1
 #endif
 
 TGT8K static inline float hsum8k(__m256 v) { /* finish()'s order */
