@@ -3,7 +3,9 @@
  *   - the logits are bit-identical to the mapped model's, for a prompt and for one-token decode steps
  *     (the GEMV path), on tied and untied models, in both CPU activation modes;
  *   - the same with QuantSpec's 4-bit draft weights, whose Q4_0 copies the loader made in the heap (sources
- *     outside the mapping, osp_weight_src.mapped false, never dropped). */
+ *     outside the mapping, osp_weight_src.mapped false, never dropped);
+ *   - on AVX512-VNNI the q8 copies lie in 16-row strips (qdot8b.h): the same again with the kernels capped at
+ *     AVX2 after the load (the strips read a row at a time). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "backend/cpu/qdot.h"
 #include "model/model_exec.h"
 #include "osprey/model.h"
 
@@ -67,6 +70,16 @@ static void check_model(const char *name, bool draft_4bit) {
                          draft_4bit ? ", 4-bit draft weights" : "", i, (double)b[i], (double)a[i]);
         printf("%s, %s activations%s: %zu logits bit-identical\n", name, q8 ? "q8" : "two-level",
                draft_4bit ? ", 4-bit draft weights" : "", n);
+        /* the copy made in 16-row strips on AVX512-VNNI, run after the kernels were capped at AVX2: every
+         * row through the unpacked-row path, the same bits */
+        if (q8 && osp_qdot_isa_family() == OSP_QDOT_ISA_VNNI && osp_qdot_force_isa("avx2")) {
+            run(copied, b);
+            assert_true(osp_qdot_force_isa("avx512vnni"));
+            for (size_t i = 0; i < n; i++)
+                if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+                    fail_msg("%s: logit %zu is %.9g copied under AVX2 kernels, %.9g mapped", name, i, (double)b[i], (double)a[i]);
+            printf("%s, q8 activations, strips read by the AVX2 kernels: %zu logits bit-identical\n", name, n);
+        }
         free(a);
         free(b);
         osp_model_free(mapped);

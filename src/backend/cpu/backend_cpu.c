@@ -410,18 +410,20 @@ static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K,
                                              whole strips one at a time, unpacked */
         const osp_qdot8b_fn one = osp_qdot8b_for(p->type);
         const osp_qdot8b_strip_strips_fn sstrip = osp_qdot8b_strip_strips_for(p->type);
+        const osp_qdot8b_gemv_strips_fn gstrips = osp_qdot8b_gemv_strips_for(p->type);
+        const bool fast = sstrip && gstrips; /* else (the kernel family changed since the load: tests) row by row */
         uint8_t *ub = c->unpack + (size_t)ith * c->unpack_cap;
         osp_q8b_block *bm = c->xqbt + (size_t)ith * OSP_Q8B_STRIP_TOKENS * (size_t)c->xqbt_nb;
         const int64_t S = OSP_Q8B_STRIP_ROWS, full = p->rows / S * S, up = (rr0 + S - 1) / S * S;
-        const int64_t a0 = up < rr1 ? up : rr1, e = (rr1 < full ? rr1 : full) / S * S, a1 = e > a0 ? e : a0;
+        const int64_t a0 = up < rr1 ? up : rr1, e = (rr1 < full ? rr1 : full) / S * S, a1 = fast && e > a0 ? e : a0;
         const size_t strip_bytes = (size_t)S * p->row_bytes;
         for (int64_t t = 0; t < R; t += OSP_Q8B_STRIP_TOKENS) {
             const int64_t n = R - t < OSP_Q8B_STRIP_TOKENS ? R - t : OSP_Q8B_STRIP_TOKENS;
-            if (n == 1) {
-                osp_qdot8b_gemv_strips_for(p->type)(wb, p->row_bytes, p->rows, c->xqb + t * nb, nb, yp + t * N, rr0, rr1, ub);
+            if (n == 1 && fast) {
+                gstrips(wb, p->row_bytes, p->rows, c->xqb + t * nb, nb, yp + t * N, rr0, rr1, ub);
                 continue;
             }
-            osp_q8b_block_major(c->xqb + t * nb, nb, nb, n, bm);
+            if (a1 > a0) osp_q8b_block_major(c->xqb + t * nb, nb, nb, n, bm);
             for (int64_t rr = a0; rr < a1; rr += S) sstrip(wb + (size_t)(rr / S) * strip_bytes, nb, bm, n, yp + t * N + rr, N);
             for (int h = 0; h < 2; h++) /* the rows before the whole strips, then those after */
                 for (int64_t rr = h ? a1 : rr0; rr < (h ? rr1 : a0); rr++) {
