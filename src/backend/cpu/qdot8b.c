@@ -657,51 +657,60 @@ bool osp_q8b_strips_supports(uint32_t type) {
     return have_vnni() && strip_fmt_of(type, &f);
 }
 
-/* One block between the stored layout (blk) and row r of strip block sb, either way. */
-static void strip_block_move(const strip_fmt *f, uint8_t *blk, uint8_t *sb, int r, bool to_strip) {
-    uint8_t *const fields[2][2] = {{blk, sb + 2 * r}, {f->m >= 0 ? blk + f->m : NULL, f->m >= 0 ? sb + f->s_m + 2 * r : NULL}};
-    for (int k = 0; k < 2; k++)
-        if (fields[k][0]) memcpy(to_strip ? fields[k][1] : fields[k][0], to_strip ? fields[k][0] : fields[k][1], 2);
-    if (f->q8) {
-        for (int j = 0; j < 32; j++) {
-            uint8_t *s = sb + f->s_qs + 64 * (j / 4) + 4 * r + j % 4, *q = blk + f->qs + j;
-            if (to_strip) *s = (uint8_t)(*q ^ 0x80u);
-            else *q = (uint8_t)(*s ^ 0x80u);
-        }
-    } else {
-        for (int c = 0; c < 4; c++) {
-            uint8_t *s = sb + f->s_qs + 64 * c + 4 * r, *q = blk + f->qs + 4 * c;
-            memcpy(to_strip ? s : q, to_strip ? q : s, 4);
-        }
+/* One block between the stored layout (blk) and row r of strip block sb, either way, a word at a time. */
+static inline __attribute__((always_inline)) void strip_block_move(const strip_fmt *f, uint8_t *blk, uint8_t *sb, int r,
+                                                                    bool to_strip) {
+#define MOVE(stored, strip, n) (to_strip ? memcpy((strip), (stored), (n)) : memcpy((stored), (strip), (n)))
+    MOVE(blk, sb + 2 * r, 2);
+    if (f->m >= 0) MOVE(blk + f->m, sb + f->s_m + 2 * r, 2);
+    for (int c = 0; c < (f->q8 ? 8 : 4); c++) { /* Q8_0: + 128 a byte (the XOR is its own inverse) */
+        uint32_t w;
+        uint8_t *s = sb + f->s_qs + 64 * c + 4 * r, *q = blk + f->qs + 4 * c;
+        memcpy(&w, to_strip ? q : s, 4);
+        if (f->q8) w ^= 0x80808080u;
+        memcpy(to_strip ? s : q, &w, 4);
     }
+#undef MOVE
     if (f->qh < 0) return;
-    /* mask c (8 bytes), bit 4 r + i: the fifth bit of value 4 c + i (qh bit 4 c + i) */
+    /* mask c (8 bytes, little-endian), bits 4 r .. 4 r + 3: qh bits 4 c .. 4 c + 3 */
     uint32_t qh = 0;
     if (to_strip) memcpy(&qh, blk + f->qh, 4);
-    for (int j = 0; j < 32; j++) {
-        uint8_t *m = sb + f->s_qh + 8 * (j / 4) + (4 * r + j % 4) / 8;
-        const unsigned bit = (4u * (unsigned)r + (unsigned)j % 4u) % 8u;
-        if (to_strip) *m = (uint8_t)((*m & ~(1u << bit)) | ((qh >> j) & 1u) << bit);
-        else qh |= (uint32_t)((*m >> bit) & 1u) << j;
+    for (int c = 0; c < 8; c++) {
+        uint8_t *mp = sb + f->s_qh + 8 * c + r / 2;
+        const unsigned sh = 4u * (unsigned)(r % 2);
+        if (to_strip) *mp = (uint8_t)((*mp & ~(0xFu << sh)) | ((qh >> (4 * c)) & 0xFu) << sh);
+        else qh |= (uint32_t)((*mp >> sh) & 0xFu) << (4 * c);
     }
     if (!to_strip) memcpy(blk + f->qh, &qh, 4);
+}
+
+/* osp_q8b_strips_pack for one format, inlined with f constant (the moves unrolled per type) */
+static inline __attribute__((always_inline)) void strips_pack_fmt(const strip_fmt f, const void *src, size_t row_bytes,
+                                                                  int64_t rows, int64_t nb, void *dst) {
+    const int64_t ns = rows / OSP_Q8B_STRIP_ROWS;
+    const size_t sbb = (size_t)OSP_Q8B_STRIP_ROWS * (size_t)f.bytes;
+    for (int64_t s = 0; s < ns; s++) {
+        uint8_t *blk0 = (uint8_t *)(uintptr_t)src + (size_t)(OSP_Q8B_STRIP_ROWS * s) * row_bytes;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *sb = (uint8_t *)dst + ((size_t)s * (size_t)nb + (size_t)b) * sbb; /* every byte written below */
+            for (int r = 0; r < OSP_Q8B_STRIP_ROWS; r++)
+                strip_block_move(&f, blk0 + (size_t)r * row_bytes + (size_t)b * (size_t)f.bytes, sb, r, true);
+        }
+    }
+    const size_t done = (size_t)ns * OSP_Q8B_STRIP_ROWS * row_bytes;
+    memcpy((uint8_t *)dst + done, (const uint8_t *)src + done, (size_t)(rows - ns * OSP_Q8B_STRIP_ROWS) * row_bytes);
 }
 
 void osp_q8b_strips_pack(uint32_t type, const void *src, size_t row_bytes, int64_t rows, int64_t nb, void *dst) {
     strip_fmt f;
     if (!strip_fmt_of(type, &f)) return;
-    const int64_t ns = rows / OSP_Q8B_STRIP_ROWS;
-    const size_t sbb = (size_t)OSP_Q8B_STRIP_ROWS * (size_t)f.bytes;
-    for (int64_t s = 0; s < ns; s++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *sb = (uint8_t *)dst + ((size_t)s * (size_t)nb + (size_t)b) * sbb;
-            memset(sb, 0, sbb);
-            for (int r = 0; r < OSP_Q8B_STRIP_ROWS; r++)
-                strip_block_move(&f, (uint8_t *)(uintptr_t)src + (size_t)(OSP_Q8B_STRIP_ROWS * s + r) * row_bytes + (size_t)b * (size_t)f.bytes,
-                                 sb, r, true);
-        }
-    const size_t done = (size_t)ns * OSP_Q8B_STRIP_ROWS * row_bytes;
-    memcpy((uint8_t *)dst + done, (const uint8_t *)src + done, (size_t)(rows - ns * OSP_Q8B_STRIP_ROWS) * row_bytes);
+    switch (type) { /* the same formats as strip_fmt_of, as constants */
+    case OSP_DTYPE_Q8_0: strips_pack_fmt((strip_fmt){34, 2, -1, -1, -1, -1, 32, true}, src, row_bytes, rows, nb, dst); break;
+    case OSP_DTYPE_Q4_0: strips_pack_fmt((strip_fmt){18, 2, -1, -1, -1, -1, 32, false}, src, row_bytes, rows, nb, dst); break;
+    case OSP_DTYPE_Q4_1: strips_pack_fmt((strip_fmt){20, 4, -1, 2, 32, -1, 64, false}, src, row_bytes, rows, nb, dst); break;
+    case OSP_DTYPE_Q5_0: strips_pack_fmt((strip_fmt){22, 6, 2, -1, -1, 32, 96, false}, src, row_bytes, rows, nb, dst); break;
+    default: strips_pack_fmt((strip_fmt){24, 8, 4, 2, 32, 64, 128, false}, src, row_bytes, rows, nb, dst); break;
+    }
 }
 
 const void *osp_q8b_strips_row(uint32_t type, const void *strips, size_t row_bytes, int64_t rows, int64_t nb, int64_t r,
