@@ -12,6 +12,8 @@
  * the pair kernels built them (Q4: 16 bytes broadcast to the 128-bit lanes, lanes 1 and 3 shifted by 4,
  * masked; Q5: the fifth bits as a byte mask) and transposed (24 permutes) once per (strip, block) for
  * all the tokens.
+ * The 16-row strips layout (qdot8b.h; made at load by the CPU backend with --no-mmap) stores those
+ * transposed registers as they are, so its GEMV and strip (gemv16s, strip8s) load them directly.
  * Weight layouts: ggml-common.h (block_q8_0, block_q4_0, block_q4_1, block_q5_0, block_q5_1). */
 #include "backend/cpu/qdot8b.h"
 
