@@ -13,7 +13,8 @@
  * masked; Q5: the fifth bits as a byte mask) and transposed (24 permutes) once per (strip, block) for
  * all the tokens.
  * The 16-row strips layout (qdot8b.h; made at load by the CPU backend with --no-mmap) stores those
- * transposed registers as they are, so its GEMV and strip (gemv16s, strip8s) load them directly.
+ * transposed registers' dword order (Q4 / Q5 before the nibble split), so its GEMV and strip
+ * (gemv16s, strip8s) load them with no transpose or gather.
  * Weight layouts: ggml-common.h (block_q8_0, block_q4_0, block_q4_1, block_q5_0, block_q5_1). */
 #include "backend/cpu/qdot8b.h"
 
