@@ -460,6 +460,25 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(cons
 #define STRIP8B_NOWARN_BEGIN _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
 #define STRIP8B_NOWARN_END _Pragma("GCC diagnostic pop")
 #endif
+/* One block's n tokens (ab: token 0's block, the block-major run) in groups of 16, 8, 4, 2, 1. */
+TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_block(const __m512i *W, __m512 dw, __m512 m,
+                                                                         const osp_q8b_block *ab, int64_t n, float *acc,
+                                                                         bool first, const int CSH, const bool MIN) {
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 16, CSH, MIN);
+    if (n - j >= 8) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 8, CSH, MIN), j += 8;
+    if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 4, CSH, MIN), j += 4;
+    if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 2, CSH, MIN), j += 2;
+    if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 1, CSH, MIN);
+}
+/* The n tokens' accumulators out, ys apart (block 0 wrote acc[0, 16 n) when nb >= 1; nb = 0 gives +0.0 as
+ * the portable kernel). */
+STRIP8B_NOWARN_BEGIN
+TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_store(const float *acc, int64_t n, int64_t nb, float *y,
+                                                                         int64_t ys) {
+    for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps());
+}
+STRIP8B_NOWARN_END
 #define STRIP8B_KERNEL(NAME, UC, BYTES, MIN, CSH)                                                  \
     TGT8B_VNNI static void NAME(const void *w, size_t rb, int64_t nb, const osp_q8b_block *a, int64_t n, float *y, \
                                 int64_t ys) {                                                      \
@@ -480,19 +499,9 @@ TGT8B_VNNI static inline __attribute__((always_inline)) void strip8b_tokens(cons
             const __m512i dmv = _mm512_i32gather_epi32(rowoff, (const void *)p, 1);                \
             const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dmv));                         \
             const __m512 m = (MIN) ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dmv, 16))) : _mm512_setzero_ps(); \
-            const osp_q8b_block *ab = a + b * n;                                                   \
-            const bool first = b == 0;                                                             \
-            int64_t j = 0;                                                                         \
-            for (; j + 16 <= n; j += 16) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 16, CSH, MIN); \
-            if (n - j >= 8) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 8, CSH, MIN), j += 8; \
-            if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 4, CSH, MIN), j += 4; \
-            if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 2, CSH, MIN), j += 2; \
-            if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 1, CSH, MIN);    \
+            strip8b_block(W, dw, m, a + b * n, n, acc, b == 0, CSH, MIN);                          \
         }                                                                                          \
-        STRIP8B_NOWARN_BEGIN                                                                       \
-        /* (block 0 wrote acc[0, 16 n) when nb >= 1; nb = 0 gives +0.0 as the portable kernel) */    \
-        for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps()); \
-        STRIP8B_NOWARN_END                                                                         \
+        strip8b_store(acc, n, nb, y, ys);                                                          \
     }
 STRIP8B_KERNEL(strip8b_q8_0, U_Q8_0, 34, 0, 0)
 STRIP8B_KERNEL(strip8b_q4_0, U_Q4_0, 18, 0, 4)
@@ -636,21 +645,29 @@ static bool have_avx2(void) { return osp_qdot_isa_family() == OSP_QDOT_ISA_AVX2;
 
 /* ---- 16-row strips: a layout made at load for the one-token GEMV (qdot8b.h) --------------------- */
 
-/* The stored block's field offsets (ggml-common.h) and the strip block's, per type. */
+/* The stored block's field offsets (ggml-common.h) and the strip block's, per type, and the kernels'
+ * correction shift. */
 typedef struct strip_fmt {
     int bytes;           /* stored block bytes */
     int qs, qh, m;       /* stored offsets: the codes, the fifth bits (Q5: 4 bytes; else -1), the min (else -1) */
     int s_m, s_qh, s_qs; /* strip block offsets: the 16 mins, the 8 fifth-bit masks, the code groups */
     bool q8;             /* Q8_0: 8 groups, a code byte + 128 a value; else 4 groups of the stored qs bytes */
+    int csh;             /* the correction n128 >> csh (strip8b's CSH), or -1 (Q4_1 / Q5_1: the min term) */
 } strip_fmt;
+/* the formats as constants (the kernels and the pack are inlined per type with them) */
+#define STRIP_FMT_Q8_0 ((strip_fmt){34, 2, -1, -1, -1, -1, 32, true, 0})
+#define STRIP_FMT_Q4_0 ((strip_fmt){18, 2, -1, -1, -1, -1, 32, false, 4})
+#define STRIP_FMT_Q4_1 ((strip_fmt){20, 4, -1, 2, 32, -1, 64, false, -1})
+#define STRIP_FMT_Q5_0 ((strip_fmt){22, 6, 2, -1, -1, 32, 96, false, 3})
+#define STRIP_FMT_Q5_1 ((strip_fmt){24, 8, 4, 2, 32, 64, 128, false, -1})
 
 static bool strip_fmt_of(uint32_t type, strip_fmt *f) {
     switch (type) {
-    case OSP_DTYPE_Q8_0: *f = (strip_fmt){34, 2, -1, -1, -1, -1, 32, true}; return true;
-    case OSP_DTYPE_Q4_0: *f = (strip_fmt){18, 2, -1, -1, -1, -1, 32, false}; return true;
-    case OSP_DTYPE_Q4_1: *f = (strip_fmt){20, 4, -1, 2, 32, -1, 64, false}; return true;
-    case OSP_DTYPE_Q5_0: *f = (strip_fmt){22, 6, 2, -1, -1, 32, 96, false}; return true;
-    case OSP_DTYPE_Q5_1: *f = (strip_fmt){24, 8, 4, 2, 32, 64, 128, false}; return true;
+    case OSP_DTYPE_Q8_0: *f = STRIP_FMT_Q8_0; return true;
+    case OSP_DTYPE_Q4_0: *f = STRIP_FMT_Q4_0; return true;
+    case OSP_DTYPE_Q4_1: *f = STRIP_FMT_Q4_1; return true;
+    case OSP_DTYPE_Q5_0: *f = STRIP_FMT_Q5_0; return true;
+    case OSP_DTYPE_Q5_1: *f = STRIP_FMT_Q5_1; return true;
     default: return false;
     }
 }
@@ -707,12 +724,12 @@ static inline __attribute__((always_inline)) void strips_pack_fmt(const strip_fm
 void osp_q8b_strips_pack(uint32_t type, const void *src, size_t row_bytes, int64_t rows, int64_t nb, void *dst) {
     strip_fmt f;
     if (!strip_fmt_of(type, &f)) return;
-    switch (type) { /* the same formats as strip_fmt_of, as constants */
-    case OSP_DTYPE_Q8_0: strips_pack_fmt((strip_fmt){34, 2, -1, -1, -1, -1, 32, true}, src, row_bytes, rows, nb, dst); break;
-    case OSP_DTYPE_Q4_0: strips_pack_fmt((strip_fmt){18, 2, -1, -1, -1, -1, 32, false}, src, row_bytes, rows, nb, dst); break;
-    case OSP_DTYPE_Q4_1: strips_pack_fmt((strip_fmt){20, 4, -1, 2, 32, -1, 64, false}, src, row_bytes, rows, nb, dst); break;
-    case OSP_DTYPE_Q5_0: strips_pack_fmt((strip_fmt){22, 6, 2, -1, -1, 32, 96, false}, src, row_bytes, rows, nb, dst); break;
-    default: strips_pack_fmt((strip_fmt){24, 8, 4, 2, 32, 64, 128, false}, src, row_bytes, rows, nb, dst); break;
+    switch (type) {
+    case OSP_DTYPE_Q8_0: strips_pack_fmt(STRIP_FMT_Q8_0, src, row_bytes, rows, nb, dst); break;
+    case OSP_DTYPE_Q4_0: strips_pack_fmt(STRIP_FMT_Q4_0, src, row_bytes, rows, nb, dst); break;
+    case OSP_DTYPE_Q4_1: strips_pack_fmt(STRIP_FMT_Q4_1, src, row_bytes, rows, nb, dst); break;
+    case OSP_DTYPE_Q5_0: strips_pack_fmt(STRIP_FMT_Q5_0, src, row_bytes, rows, nb, dst); break;
+    default: strips_pack_fmt(STRIP_FMT_Q5_1, src, row_bytes, rows, nb, dst); break;
     }
 }
 
@@ -736,108 +753,89 @@ TGT8B_VNNI static inline __mmask64 mask_at8b(const uint8_t *p) {
     memcpy(&v, p, 8);
     return _cvtu64_mask64(v);
 }
-/* Strip block p (16 rows) against the token's block: lane r's I is row r's exact integer sum (the codes'
- * products, then the correction) as gemv16's, then the same conversion, dw d_a product and FMA(s). Q8_0:
- * 8 vpdpbusd on the code groups (code + 128) against the token's codes broadcast 4 at a time; Q4 / Q5: 4
- * group loads, each the low nibbles (values 4 c ..) and the high ones (16 + 4 c ..), Q5 adding 16 under
- * the stored masks. Two accumulators: integer sums, the same value in any order. Rows outside whole
- * strips of [r0, r1) go row by row through the one-token kernel on the row unpacked into buf. */
-#define GEMV16S_KERNEL(NAME, TYPE, ONE, BYTES, Q8, MIN, S_M, S_QH, S_QS, CSH)                      \
-    TGT8B_VNNI static void NAME(const void *w, size_t row_bytes, int64_t rows, const osp_q8b_block *a, int64_t nb, \
-                                float *y, int64_t r0, int64_t r1, void *buf) {                     \
-        const __m512i m0f = _mm512_set1_epi8(0x0f), x10 = _mm512_set1_epi8(0x10);                  \
-        (void)m0f, (void)x10;                                                                      \
-        const size_t sbb = 16 * (size_t)(BYTES);                                                   \
-        const int64_t full = rows / 16 * 16, up = (r0 + 15) / 16 * 16;                             \
-        const int64_t a0 = up < r1 ? up : r1, e = (r1 < full ? r1 : full) / 16 * 16, a1 = e > a0 ? e : a0; \
-        for (int64_t r = r0; r < a0; r++) y[r] = ONE(osp_q8b_strips_row(TYPE, w, row_bytes, rows, nb, r, buf), a, nb); \
-        for (int64_t r = a0; r < a1; r += 16) {                                                    \
-            const uint8_t *s = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * sbb;           \
-            __m512 A = _mm512_setzero_ps();                                                        \
-            for (int64_t b = 0; b < nb; b++) {                                                     \
-                const uint8_t *p = s + (size_t)b * sbb;                                            \
-                const int32_t *aq = (const int32_t *)(const void *)a[b].qs;                        \
-                const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); \
-                __m512i I0 = _mm512_setzero_si512(), I1 = _mm512_setzero_si512();                  \
-                if (Q8) {                                                                          \
-                    UNROLL8B for (int c = 0; c < 8; c += 2) {                                      \
-                        I0 = _mm512_dpbusd_epi32(I0, _mm512_loadu_si512(p + (S_QS) + 64 * c), _mm512_set1_epi32(aq[c])); \
-                        I1 = _mm512_dpbusd_epi32(I1, _mm512_loadu_si512(p + (S_QS) + 64 * c + 64), _mm512_set1_epi32(aq[c + 1])); \
-                    }                                                                              \
-                } else {                                                                           \
-                    UNROLL8B for (int c = 0; c < 4; c++) {                                         \
-                        const __m512i x = _mm512_loadu_si512(p + (S_QS) + 64 * c);                 \
-                        __m512i lo = _mm512_and_si512(x, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m0f); \
-                        if ((S_QH) >= 0) {                                                         \
-                            const uint8_t *mk = p + ((S_QH) < 0 ? 0 : (S_QH));                     \
-                            lo = _mm512_mask_add_epi8(lo, mask_at8b(mk + 8 * c), lo, x10); \
-                            hi = _mm512_mask_add_epi8(hi, mask_at8b(mk + 8 * c + 32), hi, x10); \
-                        }                                                                          \
-                        I0 = _mm512_dpbusd_epi32(I0, lo, _mm512_set1_epi32(aq[c]));                \
-                        I1 = _mm512_dpbusd_epi32(I1, hi, _mm512_set1_epi32(aq[c + 4]));            \
-                    }                                                                              \
-                }                                                                                  \
-                __m512i I = _mm512_add_epi32(I0, I1);                                              \
-                if ((CSH) >= 0) I = _mm512_add_epi32(I, _mm512_srai_epi32(_mm512_set1_epi32(a[b].n128), (CSH) < 0 ? 0 : (CSH))); \
-                A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw, _mm512_set1_ps(a[b].d)), A); \
-                if (MIN)                                                                           \
-                    A = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + ((S_M) < 0 ? 0 : (S_M))))), \
-                                        _mm512_set1_ps(a[b].s), A);                                \
-            }                                                                                      \
-            _mm512_storeu_ps(y + r, A);                                                            \
-        }                                                                                          \
-        for (int64_t r = a1; r < r1; r++) y[r] = ONE(osp_q8b_strips_row(TYPE, w, row_bytes, rows, nb, r, buf), a, nb); \
+/* Strip block p's codes as strip8b's transposed registers (W[k] lane r: row r's unsigned codes of values
+ * 4k..4k+3): Q8_0's groups as they lie; Q4 / Q5 each group's low nibbles (W[c]) and high ones (W[c + 4]),
+ * Q5 adding 16 under the stored masks. */
+TGT8B_VNNI static inline __attribute__((always_inline)) void strip_regs(const strip_fmt f, const uint8_t *p, __m512i *W) {
+    const __m512i m0f = _mm512_set1_epi8(0x0f), x10 = _mm512_set1_epi8(0x10);
+    if (f.q8) {
+        UNROLL8B for (int c = 0; c < 8; c++) W[c] = _mm512_loadu_si512(p + f.s_qs + 64 * c);
+        return;
     }
-GEMV16S_KERNEL(gemv16s_q8_0, OSP_DTYPE_Q8_0, dot8b_q8_0_vnni, 34, 1, 0, -1, -1, 32, 0)
-GEMV16S_KERNEL(gemv16s_q4_0, OSP_DTYPE_Q4_0, dot8b_q4_0_vnni, 18, 0, 0, -1, -1, 32, 4)
-GEMV16S_KERNEL(gemv16s_q4_1, OSP_DTYPE_Q4_1, dot8b_q4_1_vnni, 20, 0, 1, 32, -1, 64, -1)
-GEMV16S_KERNEL(gemv16s_q5_0, OSP_DTYPE_Q5_0, dot8b_q5_0_vnni, 22, 0, 0, -1, 32, 96, 3)
-GEMV16S_KERNEL(gemv16s_q5_1, OSP_DTYPE_Q5_1, dot8b_q5_1_vnni, 24, 0, 1, 32, 64, 128, -1)
-/* The strips' multi-token kernel on the layout: strip8b's per-token work on registers loaded as they lie
- * (the code groups are strip8b's transposed registers: Q8_0 as stored, Q4 / Q5 after the nibble split and
- * the fifth bits), so no transpose and no gather. w: the strip (its block b at w + b 16 BYTES). */
-#define STRIP8S_KERNEL(NAME, BYTES, Q8, MIN, S_M, S_QH, S_QS, CSH)                                 \
-    TGT8B_VNNI static void NAME(const void *w, int64_t nb, const osp_q8b_block *a, int64_t n, float *y, int64_t ys) { \
-        const __m512i m0f = _mm512_set1_epi8(0x0f), x10 = _mm512_set1_epi8(0x10);                  \
-        (void)m0f, (void)x10;                                                                      \
-        _Alignas(64) float acc[OSP_Q8B_STRIP_TOKENS * 16];                                         \
-        for (int64_t b = 0; b < nb; b++) {                                                         \
-            const uint8_t *p = (const uint8_t *)w + (size_t)b * 16 * (BYTES);                      \
-            __m512i W[8];                                                                          \
-            if (Q8) {                                                                              \
-                UNROLL8B for (int c = 0; c < 8; c++) W[c] = _mm512_loadu_si512(p + (S_QS) + 64 * c); \
-            } else {                                                                               \
-                UNROLL8B for (int c = 0; c < 4; c++) {                                             \
-                    const __m512i x = _mm512_loadu_si512(p + (S_QS) + 64 * c);                     \
-                    W[c] = _mm512_and_si512(x, m0f), W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m0f); \
-                    if ((S_QH) >= 0) {                                                             \
-                        const uint8_t *mk = p + ((S_QH) < 0 ? 0 : (S_QH));                         \
-                        W[c] = _mm512_mask_add_epi8(W[c], mask_at8b(mk + 8 * c), W[c], x10); \
-                        W[c + 4] = _mm512_mask_add_epi8(W[c + 4], mask_at8b(mk + 8 * c + 32), W[c + 4], x10); \
-                    }                                                                              \
-                }                                                                                  \
-            }                                                                                      \
-            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p)); \
-            const __m512 m = (MIN) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + ((S_M) < 0 ? 0 : (S_M))))) \
-                                   : _mm512_setzero_ps();                                          \
-            const osp_q8b_block *ab = a + b * n;                                                   \
-            const bool first = b == 0;                                                             \
-            int64_t j = 0;                                                                         \
-            for (; j + 16 <= n; j += 16) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 16, CSH, MIN); \
-            if (n - j >= 8) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 8, CSH, MIN), j += 8; \
-            if (n - j >= 4) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 4, CSH, MIN), j += 4; \
-            if (n - j >= 2) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 2, CSH, MIN), j += 2; \
-            if (n - j >= 1) strip8b_tokens(W, dw, m, ab + j, acc + 16 * j, first, 1, CSH, MIN);    \
-        }                                                                                          \
-        STRIP8B_NOWARN_BEGIN                                                                       \
-        for (int64_t j = 0; j < n; j++) _mm512_storeu_ps(y + j * ys, nb ? _mm512_load_ps(acc + 16 * j) : _mm512_setzero_ps()); \
-        STRIP8B_NOWARN_END                                                                         \
+    UNROLL8B for (int c = 0; c < 4; c++) {
+        const __m512i x = _mm512_loadu_si512(p + f.s_qs + 64 * c);
+        W[c] = _mm512_and_si512(x, m0f), W[c + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m0f);
+        if (f.s_qh >= 0) {
+            W[c] = _mm512_mask_add_epi8(W[c], mask_at8b(p + f.s_qh + 8 * c), W[c], x10);
+            W[c + 4] = _mm512_mask_add_epi8(W[c + 4], mask_at8b(p + f.s_qh + 8 * c + 32), W[c + 4], x10);
+        }
     }
-STRIP8S_KERNEL(strip8s_q8_0, 34, 1, 0, -1, -1, 32, 0)
-STRIP8S_KERNEL(strip8s_q4_0, 18, 0, 0, -1, -1, 32, 4)
-STRIP8S_KERNEL(strip8s_q4_1, 20, 0, 1, 32, -1, 64, -1)
-STRIP8S_KERNEL(strip8s_q5_0, 22, 0, 0, -1, 32, 96, 3)
-STRIP8S_KERNEL(strip8s_q5_1, 24, 0, 1, 32, 64, 128, -1)
+}
+/* The strips GEMV on format f: per strip block, the registers above against the token's codes broadcast 4
+ * at a time (8 vpdpbusd, two accumulators: integer sums, the same value in any order), then the correction,
+ * conversion, dw d_a product and FMA(s) of gemv16, so lane r is row r's bits of the one-token kernel. Rows
+ * outside whole strips of [r0, r1) go through the one-token kernel `one` on the row unpacked into buf. */
+TGT8B_VNNI static inline __attribute__((always_inline)) void gemv16s(const strip_fmt f, uint32_t type, osp_qdot8b_fn one,
+                                                                   const void *w, size_t row_bytes, int64_t rows,
+                                                                   const osp_q8b_block *a, int64_t nb, float *y,
+                                                                   int64_t r0, int64_t r1, void *buf) {
+    const size_t sbb = 16 * (size_t)f.bytes;
+    const int64_t full = rows / 16 * 16, up = (r0 + 15) / 16 * 16;
+    const int64_t a0 = up < r1 ? up : r1, e = (r1 < full ? r1 : full) / 16 * 16, a1 = e > a0 ? e : a0;
+    for (int64_t r = r0; r < a0; r++) y[r] = one(osp_q8b_strips_row(type, w, row_bytes, rows, nb, r, buf), a, nb);
+    for (int64_t r = a0; r < a1; r += 16) {
+        const uint8_t *s = (const uint8_t *)w + (size_t)(r / 16) * (size_t)nb * sbb;
+        __m512 A = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *p = s + (size_t)b * sbb;
+            __m512i W[8], I0 = _mm512_setzero_si512(), I1 = _mm512_setzero_si512();
+            strip_regs(f, p, W);
+            UNROLL8B for (int k = 0; k < 8; k += 2) {
+                I0 = _mm512_dpbusd_epi32(I0, W[k], _mm512_set1_epi32(u32at((const uint8_t *)a[b].qs + 4 * k)));
+                I1 = _mm512_dpbusd_epi32(I1, W[k + 1], _mm512_set1_epi32(u32at((const uint8_t *)a[b].qs + 4 * k + 4)));
+            }
+            __m512i I = _mm512_add_epi32(I0, I1);
+            if (f.csh >= 0) I = _mm512_add_epi32(I, _mm512_srai_epi32(_mm512_set1_epi32(a[b].n128), f.csh < 0 ? 0 : f.csh));
+            const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+            A = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw, _mm512_set1_ps(a[b].d)), A);
+            if (f.m >= 0)
+                A = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + f.s_m))),
+                                    _mm512_set1_ps(a[b].s), A);
+        }
+        _mm512_storeu_ps(y + r, A);
+    }
+    for (int64_t r = a1; r < r1; r++) y[r] = one(osp_q8b_strips_row(type, w, row_bytes, rows, nb, r, buf), a, nb);
+}
+/* The strips' multi-token kernel on format f: strip8b's per-token work (strip8b_block) on the registers
+ * loaded as they lie, so no transpose and no gather. w: the strip (its block b at w + b 16 bytes). */
+TGT8B_VNNI static inline __attribute__((always_inline)) void strip8s(const strip_fmt f, const void *w, int64_t nb,
+                                                                   const osp_q8b_block *a, int64_t n, float *y,
+                                                                   int64_t ys) {
+    _Alignas(64) float acc[OSP_Q8B_STRIP_TOKENS * 16];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *p = (const uint8_t *)w + (size_t)b * 16 * (size_t)f.bytes;
+        __m512i W[8];
+        strip_regs(f, p, W);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+        const __m512 m = f.m >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + f.s_m)))
+                                  : _mm512_setzero_ps();
+        strip8b_block(W, dw, m, a + b * n, n, acc, b == 0, f.csh, f.m >= 0);
+    }
+    strip8b_store(acc, n, nb, y, ys);
+}
+#define STRIPS_KERNELS(T, TYPE)                                                                    \
+    TGT8B_VNNI static void gemv16s_##T(const void *w, size_t row_bytes, int64_t rows, const osp_q8b_block *a, int64_t nb, \
+                                       float *y, int64_t r0, int64_t r1, void *buf) {              \
+        gemv16s(STRIP_FMT_##TYPE, OSP_DTYPE_##TYPE, dot8b_##T##_vnni, w, row_bytes, rows, a, nb, y, r0, r1, buf); \
+    }                                                                                              \
+    TGT8B_VNNI static void strip8s_##T(const void *w, int64_t nb, const osp_q8b_block *a, int64_t n, float *y, int64_t ys) { \
+        strip8s(STRIP_FMT_##TYPE, w, nb, a, n, y, ys);                                             \
+    }
+STRIPS_KERNELS(q8_0, Q8_0)
+STRIPS_KERNELS(q4_0, Q4_0)
+STRIPS_KERNELS(q4_1, Q4_1)
+STRIPS_KERNELS(q5_0, Q5_0)
+STRIPS_KERNELS(q5_1, Q5_1)
 #endif
 
 osp_qdot8b_strip_strips_fn osp_qdot8b_strip_strips_for(uint32_t type) {
