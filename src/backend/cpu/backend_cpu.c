@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/fgemm.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/qdot.h"
 #include "backend/cpu/qdot8b.h"
@@ -45,7 +46,7 @@ typedef struct cpu_backend {
     /* workspace, grown on demand (never on a steady decode step) */
     float *act[OSP_GRAPH_MAX_ACTS];
     size_t act_cap[OSP_GRAPH_MAX_ACTS]; /* floats */
-    float *scratch;                      /* [nt, scratch_cols] */
+    float *scratch;                      /* [nt, scratch_cols]: each thread's fgemm panel */
     int64_t scratch_cols;
     float *scores; /* [nt, OSP_CPU_ATTN_MAX_TILE, cap_ctx]: attention's per-item scores */
     int64_t cap_ctx;
@@ -69,6 +70,8 @@ typedef struct cpu_backend {
     size_t unpack_cap; /* bytes a thread */
     _Atomic uint64_t *mm_claim; /* [nt, mm_claim_stride]: each thread's slice's claims word per op (mm_take) */
     size_t mm_claim_stride;     /* words a thread's row (>= n_ops, a whole number of cache lines) */
+    bool fgemm; /* float matmuls in fgemm.h's tiles (OSPREY_CPU_FGEMM=0: one row and token at a time; the
+                 * same bits, an A/B switch) */
 } cpu_backend;
 
 #define CPU(be) ((cpu_backend *)(be))
@@ -516,7 +519,7 @@ static void matmul_rows(const run_ctx *r, const osp_op *op, int64_t r0, int64_t 
             } else if (!dot) {
                 const osp_weight wt = {.data = p->data, .type = p->type, .cols = K, .rows = p->rows,
                                        .row_bytes = p->row_bytes, .round_bf16 = w->round_bf16};
-                osp_cpu_matmul_rows(&wt, x, yp, N, R, lo - base, hi - base, row);
+                (c->fgemm ? osp_cpu_fgemm_rows : osp_cpu_matmul_rows)(&wt, x, yp, N, R, lo - base, hi - base, row);
             } else {
                 /* Tiles of `nt` tokens (token groups outer: their activation blocks stay in L1 while
                  * the slice's weight rows stream past), then the leftover tokens one at a time; the
@@ -983,11 +986,12 @@ static osp_status reserve(cpu_backend *c, const osp_graph *g, const osp_batch *b
         if (!c->pack) goto nomem;
         c->pack_nb = max_cols / OSP_Q8_BLOCK;
     }
-    if (max_cols > c->scratch_cols) {
+    if (osp_cpu_fgemm_panel_floats(max_cols) > c->scratch_cols) {
         free(c->scratch);
-        c->scratch = malloc((size_t)c->nt * (size_t)max_cols * sizeof(float));
+        const int64_t panel = osp_cpu_fgemm_panel_floats(max_cols);
+        c->scratch = malloc((size_t)c->nt * (size_t)panel * sizeof(float));
         if (!c->scratch) goto nomem;
-        c->scratch_cols = max_cols;
+        c->scratch_cols = panel;
     }
     if (max_ctx > c->cap_ctx) {
         const int64_t cap = max_ctx < 256 ? 256 : max_ctx * 2;
@@ -1101,6 +1105,8 @@ osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out
     (void)osp_qdot_isa(); /* picks the kernel family now, before any worker thread asks for it */
     const char *e = getenv("OSPREY_CPU_STRIPS"); /* 0: keep the copies as stored (an A/B switch) */
     c->strips = c->no_mmap && c->act_q8 && !c->emulate && !(e && strcmp(e, "0") == 0);
+    e = getenv("OSPREY_CPU_FGEMM");
+    c->fgemm = !(e && strcmp(e, "0") == 0);
     *out = &c->base;
     return OSP_OK;
 }
