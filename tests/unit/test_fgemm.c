@@ -4,7 +4,9 @@
  * tails), reductions of 16..608 values and a row block boundary (rows past 256 KB of weights); all-zero
  * and -0.0 inputs, tiny (subnormal products) and huge values; on every kernel family this CPU has
  * (osp_qdot_force_isa). A reduction that is not a multiple of 16 must take the plain path and still
- * agree. Deterministic inputs (test_rng.h); families the CPU lacks are skipped with a message. */
+ * agree. Then the one-level mode's BF16 path (VDPBF16PS): tile-invariant bits and accuracy against a
+ * double dot of what it multiplies. Deterministic inputs (test_rng.h); kernel families the CPU lacks are
+ * skipped with a message. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -141,9 +143,80 @@ static void test_tiles_every_isa(void **state) {
     if (!osp_qdot_force_isa("avx512vnni")) (void)osp_qdot_force_isa("avx2"); /* back to the best */
 }
 
+/* The one-level mode's BF16 path (VDPBF16PS on bf16-rounded activations): every tile shape and row split
+ * gives the bits of one token and one row at a time (batch invariance), and each output is within float
+ * summation error of the double-precision dot of the bf16 weights and the bf16-rounded activations. */
+static void check_bf16(int64_t rows, int64_t cols, int wmode, int xmode) {
+    uint8_t *w;
+    const size_t rb = make_weights(OSP_DTYPE_BF16, rows, cols, wmode, &w);
+    const osp_weight wt = {.data = w, .type = OSP_DTYPE_BF16, .cols = cols, .rows = rows, .row_bytes = rb};
+    assert_true(osp_cpu_fgemm_bf16_ok(&wt));
+    const int64_t T = 13;
+    float *x = malloc(sizeof(float) * (size_t)(T * cols));
+    float *ya = malloc(sizeof(float) * (size_t)(T * rows));
+    float *yb = malloc(sizeof(float) * (size_t)(T * rows));
+    float *panel = malloc(sizeof(float) * (size_t)osp_cpu_fgemm_panel_floats(cols));
+    assert_non_null(x);
+    assert_non_null(ya);
+    assert_non_null(yb);
+    assert_non_null(panel);
+    for (int64_t i = 0; i < T * cols; i++) x[i] = value(xmode);
+    for (int64_t t = 0; t < T; t++) /* one token, one row at a time */
+        for (int64_t r = 0; r < rows; r++) osp_cpu_fgemm_bf16_rows(&wt, x + t * cols, ya + t * rows, rows, 1, r, r + 1, panel);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t r = 0; r < rows; r++) {
+            double ref = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                uint16_t h;
+                memcpy(&h, w + (size_t)r * rb + 2 * (size_t)c, 2);
+                const double p = (double)osp_bf16_to_fp32(h) * (double)osp_bf16_to_fp32(osp_fp32_to_bf16(x[t * cols + c]));
+                ref += p;
+                mag += fabs(p);
+            }
+            const double got = ya[t * rows + r];
+            if (!(fabs(got - ref) <= 4e-7 * (double)cols * mag + 1e-30))
+                fail_msg("bf16 path, %lld cols, row %lld token %lld: %.9g against %.9g (sum |products| %.3g)",
+                         (long long)cols, (long long)r, (long long)t, got, ref, mag);
+        }
+    for (int64_t nt = 1; nt <= T; nt++)
+        for (int64_t r0 = 0; r0 < 4 && r0 < rows; r0 += 3) {
+            for (int64_t i = 0; i < T * rows; i++) yb[i] = NAN;
+            osp_cpu_fgemm_bf16_rows(&wt, x, yb, rows, nt, r0, rows, panel);
+            for (int64_t t = 0; t < nt; t++)
+                for (int64_t r = r0; r < rows; r++)
+                    if (memcmp(&ya[t * rows + r], &yb[t * rows + r], sizeof(float)) != 0)
+                        fail_msg("bf16 path, %lld cols, %lld tokens from row %lld: row %lld token %lld %a, alone %a",
+                                 (long long)cols, (long long)nt, (long long)r0, (long long)r, (long long)t,
+                                 (double)yb[t * rows + r], (double)ya[t * rows + r]);
+        }
+    free(panel);
+    free(yb);
+    free(ya);
+    free(x);
+    free(w);
+}
+
+static void test_bf16_products(void **state) {
+    (void)state;
+    const osp_weight probe = {.type = OSP_DTYPE_BF16, .cols = 64, .rows = 1, .row_bytes = 128};
+    if (!osp_cpu_fgemm_bf16_ok(&probe)) {
+        printf("# the BF16 path: this CPU has no AVX512-BF16 (or no avx512vnni family), skipped\n");
+        return;
+    }
+    check_bf16(23, 32, 0, 0);
+    check_bf16(23, 608, 0, 0);
+    check_bf16(70, 2048, 0, 0); /* past one row block (64 rows of 2,048 bf16) */
+    for (int m = 1; m <= 4; m++) check_bf16(7, 64, m, m == 1 ? 0 : m);
+    const osp_weight odd = {.type = OSP_DTYPE_BF16, .cols = 48, .rows = 1, .row_bytes = 96};
+    assert_false(osp_cpu_fgemm_bf16_ok(&odd)); /* 48 % 32: the exact tiles take it */
+    const osp_weight f16 = {.type = OSP_DTYPE_F16, .cols = 64, .rows = 1, .row_bytes = 128};
+    assert_false(osp_cpu_fgemm_bf16_ok(&f16));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiles_every_isa),
+        cmocka_unit_test(test_bf16_products),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

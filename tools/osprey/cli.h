@@ -92,8 +92,9 @@ void cli_check_exact_activations(bool exact, osp_cpu_activations a);
 #define CLI_CPU_ACT_HELP                                                                                       \
     "  --cpu-activations A     two-level | q8: how the CPU quantizes matmul inputs: two int8 levels per 32\n"  \
     "                          values (default), or one level (llama.cpp's accuracy: per 256 values for\n" \
-    "                          K-quant weights, per 32 for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1; faster prompts, results\n" \
-    "                          differ from the default's; KL in bench/cpu/NOTES.md)\n"
+    "                          K-quant weights, per 32 for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, bf16 inputs for BF16\n" \
+    "                          weights on AVX512-BF16; faster prompts, results differ from the default's; KL\n" \
+    "                          in bench/cpu/NOTES.md)\n"
 /* The --help line of --gpu-weights (generate, chat, serve, bench, perplexity). */
 #define CLI_GPU_WEIGHTS_HELP                                                                                   \
     "  --gpu-weights W         bf16 | quant: on the GPU dequantize every matrix to bf16 at load (default), or\n" \

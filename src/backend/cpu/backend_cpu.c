@@ -519,7 +519,11 @@ static void matmul_rows(const run_ctx *r, const osp_op *op, int64_t r0, int64_t 
             } else if (!dot) {
                 const osp_weight wt = {.data = p->data, .type = p->type, .cols = K, .rows = p->rows,
                                        .row_bytes = p->row_bytes, .round_bf16 = w->round_bf16};
-                (c->fgemm ? osp_cpu_fgemm_rows : osp_cpu_matmul_rows)(&wt, x, yp, N, R, lo - base, hi - base, row);
+                /* one-level mode: BF16 weights meet bf16 activations (llama.cpp's BF16 dot) */
+                if (c->fgemm && c->act_q8 && osp_cpu_fgemm_bf16_ok(&wt))
+                    osp_cpu_fgemm_bf16_rows(&wt, x, yp, N, R, lo - base, hi - base, row);
+                else
+                    (c->fgemm ? osp_cpu_fgemm_rows : osp_cpu_matmul_rows)(&wt, x, yp, N, R, lo - base, hi - base, row);
             } else {
                 /* Tiles of `nt` tokens (token groups outer: their activation blocks stay in L1 while
                  * the slice's weight rows stream past), then the leftover tokens one at a time; the

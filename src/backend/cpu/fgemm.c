@@ -251,3 +251,110 @@ void osp_cpu_fgemm_rows(const osp_weight *w, const float *x, float *y, int64_t l
 #endif
     osp_cpu_matmul_rows(w, x, y, ldy, n_tokens, r0, r1, panel);
 }
+
+/* ---- BF16 weights x bf16-rounded activations (VDPBF16PS), the one-level mode's path ------------- */
+
+#ifdef OSP_X86
+#define TGT_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define BF_TOKENS 6
+
+/* nr rows x nt tokens; xb: the tokens' rows already in bf16, K apart. Lane j of (row, token) adds, per
+ * 32 values from k, the pair (k + 2j, k + 2j + 1) by one VDPBF16PS, then fold512. */
+TGT_BF16 static FORCE_INLINE void tilebf(int nr, int nt, const uint8_t *w, size_t ws, const uint16_t *xb, int64_t K,
+                                          float *y, int64_t ldy) {
+    __m512 acc[FG_ROWS][BF_TOKENS];
+#pragma GCC unroll 6
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
+    const int64_t step = (int64_t)nr * 64; /* bytes of the rows a step reads */
+    const uint8_t *pf = w + FG_PREFETCH;
+    for (int64_t k = 0; k < K; k += 32) {
+        if (nt == 1 && FG_PREFETCH > 0) { /* as tile512's */
+            for (int64_t l = 0; l < step; l += 64) _mm_prefetch((const char *)(pf + l), _MM_HINT_T1);
+            pf += step;
+        }
+        __m512i wv[FG_ROWS];
+#pragma GCC unroll 6
+        for (int r = 0; r < nr; r++) {
+            wv[r] = _mm512_loadu_si512((const void *)(w + (size_t)r * ws + 2 * (size_t)k));
+            __asm__("" : "+v"(wv[r]));
+        }
+#pragma GCC unroll 6
+        for (int t = 0; t < nt; t++) {
+            __m512i xv = _mm512_loadu_si512((const void *)(xb + (size_t)t * (size_t)K + k));
+            __asm__("" : "+v"(xv));
+#pragma GCC unroll 6
+            for (int r = 0; r < nr; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < nr; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < nt; t++) y[(size_t)t * (size_t)ldy + (size_t)r] = fold512(acc[r][t]);
+}
+
+typedef void (*tilebf_fn)(const uint8_t *w, size_t ws, const uint16_t *xb, int64_t K, float *y, int64_t ldy);
+#define TILEBF_FN(NR, NT)                                                                                   \
+    TGT_BF16 static void fgbf_##NR##x##NT(const uint8_t *w, size_t ws, const uint16_t *xb, int64_t K, float *y, \
+                                         int64_t ldy) {                                                    \
+        tilebf(NR, NT, w, ws, xb, K, y, ldy);                                                               \
+    }
+#define TILEBF_ROWS(NT) TILEBF_FN(1, NT) TILEBF_FN(2, NT) TILEBF_FN(3, NT) TILEBF_FN(4, NT)
+TILEBF_ROWS(1) TILEBF_ROWS(2) TILEBF_ROWS(3) TILEBF_ROWS(4) TILEBF_ROWS(5) TILEBF_ROWS(6)
+#define BF_ROW_TABLE(NT) {fgbf_1x##NT, fgbf_2x##NT, fgbf_3x##NT, fgbf_4x##NT}
+static const tilebf_fn g_tilesbf[BF_TOKENS][FG_ROWS] = {BF_ROW_TABLE(1), BF_ROW_TABLE(2), BF_ROW_TABLE(3),
+                                                        BF_ROW_TABLE(4), BF_ROW_TABLE(5), BF_ROW_TABLE(6)};
+
+/* n rows of K floats -> bf16, round to nearest even (VCVTNE2PS2BF16: NaN stays NaN). */
+TGT_BF16 static void to_bf16(const float *x, int64_t n, int64_t K, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t k = 0; k < K; k += 32) {
+            const float *p = x + (size_t)i * (size_t)K + k;
+            const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + 16), _mm512_loadu_ps(p));
+            _mm512_storeu_si512((void *)(out + (size_t)i * (size_t)K + k), (__m512i)b);
+        }
+}
+
+static int g_bf16 = -1; /* the CPU has AVX512-BF16 (asked once) */
+#endif
+
+bool osp_cpu_fgemm_bf16_ok(const osp_weight *w) {
+#ifdef OSP_X86
+    if (g_bf16 < 0) {
+        __builtin_cpu_init();
+        g_bf16 = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
+    }
+    return g_bf16 && osp_qdot_isa_family() == OSP_QDOT_ISA_VNNI && w->type == OSP_DTYPE_BF16 && !w->round_bf16 &&
+           w->cols > 0 && w->cols % 32 == 0 && BF_TOKENS * w->cols * 2 <= osp_cpu_fgemm_panel_floats(w->cols) * 4;
+#else
+    (void)w;
+    return false;
+#endif
+}
+
+void osp_cpu_fgemm_bf16_rows(const osp_weight *w, const float *x, float *y, int64_t ldy, int64_t n_tokens, int64_t r0,
+                             int64_t r1, float *panel) {
+#ifdef OSP_X86
+    const int64_t K = w->cols;
+    uint16_t *xb = (uint16_t *)(void *)panel; /* a token group's rows in bf16 */
+    int64_t rb = FG_BLOCK / (K * 2) / FG_ROWS * FG_ROWS; /* 256 KB of bf16 rows a block */
+    if (rb < FG_ROWS) rb = FG_ROWS;
+    const uint8_t *base = w->data;
+    for (int64_t r = r0; r < r1; r += rb) {
+        const int64_t nrows = r1 - r < rb ? r1 - r : rb;
+        const uint8_t *wb = base + (size_t)r * w->row_bytes;
+        for (int64_t t = 0; t < n_tokens; t += BF_TOKENS) {
+            const int nt = (int)(n_tokens - t < BF_TOKENS ? n_tokens - t : BF_TOKENS);
+            to_bf16(x + (size_t)t * (size_t)K, nt, K, xb);
+            for (int64_t i = 0; i < nrows; i += FG_ROWS) {
+                const int nr = (int)(nrows - i < FG_ROWS ? nrows - i : FG_ROWS);
+                g_tilesbf[nt - 1][nr - 1](wb + (size_t)i * w->row_bytes, w->row_bytes, xb, K,
+                                          y + (size_t)t * (size_t)ldy + r + i, ldy);
+            }
+        }
+    }
+#else
+    (void)w, (void)x, (void)y, (void)ldy, (void)n_tokens, (void)r0, (void)r1, (void)panel;
+#endif
+}

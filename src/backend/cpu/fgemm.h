@@ -10,6 +10,7 @@
 #ifndef OSP_BACKEND_CPU_FGEMM_H
 #define OSP_BACKEND_CPU_FGEMM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/cpu/ops.h"
@@ -27,5 +28,17 @@ int64_t osp_cpu_fgemm_panel_floats(int64_t cols);
  * step streams every weight from memory once). */
 void osp_cpu_fgemm_rows(const osp_weight *w, const float *x, float *y, int64_t ldy, int64_t n_tokens, int64_t r0,
                         int64_t r1, float *panel);
+
+/* The one-level activation mode's path for BF16 weights (`--cpu-activations q8`: llama.cpp's accuracy,
+ * as its BF16 dot products): each token's row rounded to bf16 (nearest even) and multiplied by VDPBF16PS
+ * (Intel SDM, "VDPBF16PS": per fp32 lane, two bf16 products added; denormal inputs read as zero), 4 rows x 6
+ * tokens a tile, lane sums folded as osp_cpu_dot's. True where it applies: W is BF16 (not round_bf16),
+ * W.cols % 32 == 0 and small enough for a token group's bf16 rows to fit the panel, and the CPU has
+ * AVX512-BF16 with the avx512vnni kernel family. The choice depends on the machine and the weight alone,
+ * and every output is one fixed lane order whatever the tile, so results stay batch-invariant. */
+bool osp_cpu_fgemm_bf16_ok(const osp_weight *w);
+/* osp_cpu_fgemm_rows' contract with the arithmetic above; only where osp_cpu_fgemm_bf16_ok(w). */
+void osp_cpu_fgemm_bf16_rows(const osp_weight *w, const float *x, float *y, int64_t ldy, int64_t n_tokens, int64_t r0,
+                             int64_t r1, float *panel);
 
 #endif
