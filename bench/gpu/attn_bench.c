@@ -12,7 +12,8 @@
  * split mode with the keys on the long side of the products, attention_dec.cu).
  *
  * Usage: attn_bench [decode|prefill|all] (default all; ATTN_KERNEL=v2|v2-fold|v1|v0: that kernel only;
- *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first; ATTN_SUM=1: each row
+ *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first; ATTN_BS=N: N tokens a
+ *        page (default 16); ATTN_PAGES=seq: block tables in pool order (default shuffled); ATTN_SUM=1: each row
  *        also prints "sum", an FNV-1a 64 hash of its first launch's output bits, to compare two
  *        builds' kernels on the same inputs, which every run draws alike)
  *        attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0   one row, one kernel (for ncu:
@@ -30,7 +31,8 @@
 #define H 32
 #define HKV 8
 #define D 128
-#define BS 16
+static int BS = 16;     /* tokens a page (ATTN_BS; the engine's default 16) */
+static bool g_seq_pages; /* ATTN_PAGES=seq: block tables in pool order, not shuffled */
 
 #define CK(x)                                                                                    \
     do {                                                                                         \
@@ -113,7 +115,7 @@ static void run(const shape *sh) {
     /* block tables: a shuffled pool */
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
     for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
-    for (int64_t i = nblocks - 1; i > 0; i--) {
+    for (int64_t i = nblocks - 1; i > 0 && !g_seq_pages; i--) {
         const int64_t j = (int64_t)((rnd_unit() + 1.0f) * 0.5f * (float)(i + 1)) % (i + 1);
         const int32_t t = perm[i];
         perm[i] = perm[j], perm[j] = t;
@@ -230,6 +232,9 @@ int main(int argc, char **argv) {
     g_only = getenv("ATTN_KERNEL"); /* one kernel (v3, v3-np, v2, v2-fold, v1 or v0) instead of all */
     const char *e7 = getenv("ATTN_WS_STAGES"); /* v3's K/V stages (3 or 4; unset: the default) */
     g_ws_stages = e7 ? atoi(e7) : 0;
+    const char *e10 = getenv("ATTN_BS"), *e11 = getenv("ATTN_PAGES");
+    if (e10) BS = atoi(e10) > 0 ? atoi(e10) : 16;
+    g_seq_pages = e11 && !strcmp(e11, "seq");
     const char *e9 = getenv("ATTN_SUM");
     g_sum = e9 && !strcmp(e9, "1");
     const char *e6 = getenv("ATTN_ORDER"); /* slot: fold mode's query tiles in slot order, not longest first */
