@@ -293,7 +293,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         goto fail;
     if (p.speculative.method != OSP_SPEC_NONE) {
         const osp_proposer_target pt = {.model = e->model, .n_threads = p.n_threads, .exact = p.exact,
-                                        .cpu_activations = p.cpu_activations,
+                                        .cpu_activations = p.cpu_activations, .no_mmap = p.no_mmap,
                                         .kv_dtype = p.kv_dtype,
                                         .block_size = p.block_size, .num_blocks = p.num_blocks,
                                         .max_model_len = p.max_model_len,

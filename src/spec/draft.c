@@ -346,6 +346,7 @@ osp_status osp_draft_proposer_create(const osp_spec_config *c, const osp_propose
     mp.n_threads = t->n_threads;
     mp.exact = t->exact; /* the target's arithmetic: a model drafting for itself then agrees always */
     mp.cpu_activations = t->cpu_activations;
+    mp.no_mmap = t->no_mmap; /* the same bits either way; with q8 on AVX512-VNNI the strips' faster GEMV */
     osp_status s = osp_model_load(c->model, &mp, &d->model);
     if (s != OSP_OK) {
         char msg[512];

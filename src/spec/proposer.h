@@ -70,6 +70,7 @@ typedef struct osp_proposer_target {
     int n_threads;          /* the draft model's threads (0: all cores), as the target's */
     bool exact;             /* the draft's matmuls in fp32 activations, as the target's (osp_model_params) */
     osp_cpu_activations cpu_activations; /* the draft's CPU activation mode, as the target's (osp_model_params) */
+    bool no_mmap;           /* the draft's weights copied out of the file, as the target's (osp_model_params) */
     osp_kv_dtype kv_dtype;  /* the draft's KV pages (the target's K dtype) */
     int32_t block_size;     /* the draft's KV blocks: block_size tokens each ... */
     int32_t num_blocks;     /* ... num_blocks of them (the target's count: a draft's sequence never holds
