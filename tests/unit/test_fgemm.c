@@ -35,32 +35,21 @@ static float value(int mode) {
     }
 }
 
-/* rows x cols weights of `type` (F32, F16, BF16 or Q4_K from random floats); returns row bytes. */
+static void *must_alloc(size_t n) {
+    void *p = malloc(n);
+    assert_non_null(p);
+    return p;
+}
+
+/* rows x cols weights of `type` (F32, F16, BF16 or Q4_K, by osp_quantize_row from random floats);
+ * returns row bytes. */
 static size_t make_weights(uint32_t type, int64_t rows, int64_t cols, int mode, uint8_t **out) {
     const size_t rb = osp_dtype_row_size(type, cols);
-    uint8_t *w = malloc(rb * (size_t)rows);
-    float *f = malloc(sizeof(float) * (size_t)cols);
-    assert_non_null(w);
-    assert_non_null(f);
+    uint8_t *w = must_alloc(rb * (size_t)rows);
+    float *f = must_alloc(sizeof(float) * (size_t)cols);
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c = 0; c < cols; c++) f[c] = value(mode);
-        uint8_t *p = w + (size_t)r * rb;
-        switch (type) {
-        case OSP_DTYPE_F32: memcpy(p, f, rb); break;
-        case OSP_DTYPE_F16:
-            for (int64_t c = 0; c < cols; c++) {
-                const uint16_t h = osp_fp32_to_fp16(f[c]);
-                memcpy(p + 2 * c, &h, 2);
-            }
-            break;
-        case OSP_DTYPE_BF16:
-            for (int64_t c = 0; c < cols; c++) {
-                const uint16_t h = osp_fp32_to_bf16(f[c]);
-                memcpy(p + 2 * c, &h, 2);
-            }
-            break;
-        default: assert_int_equal(osp_quantize_row(type, f, p, cols), OSP_OK); break;
-        }
+        assert_int_equal(osp_quantize_row(type, f, w + (size_t)r * rb, cols), OSP_OK);
     }
     free(f);
     *out = w;
@@ -74,14 +63,10 @@ static void check_case(uint32_t type, bool round_bf16, int64_t rows, int64_t col
     const size_t rb = make_weights(type, rows, cols, wmode, &w);
     const osp_weight wt = {.data = w, .type = type, .cols = cols, .rows = rows, .row_bytes = rb, .round_bf16 = round_bf16};
     const int64_t T = 9;
-    float *x = malloc(sizeof(float) * (size_t)(T * cols));
-    float *ya = malloc(sizeof(float) * (size_t)(T * rows));
-    float *yb = malloc(sizeof(float) * (size_t)(T * rows));
-    float *panel = malloc(sizeof(float) * (size_t)osp_cpu_fgemm_panel_floats(cols));
-    assert_non_null(x);
-    assert_non_null(ya);
-    assert_non_null(yb);
-    assert_non_null(panel);
+    float *x = must_alloc(sizeof(float) * (size_t)(T * cols));
+    float *ya = must_alloc(sizeof(float) * (size_t)(T * rows));
+    float *yb = must_alloc(sizeof(float) * (size_t)(T * rows));
+    float *panel = must_alloc(sizeof(float) * (size_t)osp_cpu_fgemm_panel_floats(cols));
     for (int64_t i = 0; i < T * cols; i++) x[i] = value(xmode);
     for (int64_t n = 1; n <= 10; n++) {
         const int64_t r0 = n == 10 ? 0 : rows > 12 ? 3 : 0;
@@ -152,14 +137,10 @@ static void check_bf16(int64_t rows, int64_t cols, int wmode, int xmode) {
     const osp_weight wt = {.data = w, .type = OSP_DTYPE_BF16, .cols = cols, .rows = rows, .row_bytes = rb};
     assert_true(osp_cpu_fgemm_bf16_ok(&wt));
     const int64_t T = 13;
-    float *x = malloc(sizeof(float) * (size_t)(T * cols));
-    float *ya = malloc(sizeof(float) * (size_t)(T * rows));
-    float *yb = malloc(sizeof(float) * (size_t)(T * rows));
-    float *panel = malloc(sizeof(float) * (size_t)osp_cpu_fgemm_panel_floats(cols));
-    assert_non_null(x);
-    assert_non_null(ya);
-    assert_non_null(yb);
-    assert_non_null(panel);
+    float *x = must_alloc(sizeof(float) * (size_t)(T * cols));
+    float *ya = must_alloc(sizeof(float) * (size_t)(T * rows));
+    float *yb = must_alloc(sizeof(float) * (size_t)(T * rows));
+    float *panel = must_alloc(sizeof(float) * (size_t)osp_cpu_fgemm_panel_floats(cols));
     for (int64_t i = 0; i < T * cols; i++) x[i] = value(xmode);
     for (int64_t t = 0; t < T; t++) /* one token, one row at a time */
         for (int64_t r = 0; r < rows; r++) osp_cpu_fgemm_bf16_rows(&wt, x + t * cols, ya + t * rows, rows, 1, r, r + 1, panel);

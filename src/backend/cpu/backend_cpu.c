@@ -70,8 +70,8 @@ typedef struct cpu_backend {
     size_t unpack_cap; /* bytes a thread */
     _Atomic uint64_t *mm_claim; /* [nt, mm_claim_stride]: each thread's slice's claims word per op (mm_take) */
     size_t mm_claim_stride;     /* words a thread's row (>= n_ops, a whole number of cache lines) */
-    bool fgemm; /* float matmuls in fgemm.h's tiles (OSPREY_CPU_FGEMM=0: one row and token at a time; the
-                 * same bits, an A/B switch) */
+    bool fgemm; /* fp32 matmuls in fgemm.h's tiles (OSPREY_CPU_FGEMM=0: one row and token at a time; the
+                 * same bits, an A/B switch; the q8 mode's BF16 path does not depend on it) */
 } cpu_backend;
 
 #define CPU(be) ((cpu_backend *)(be))
@@ -520,7 +520,7 @@ static void matmul_rows(const run_ctx *r, const osp_op *op, int64_t r0, int64_t 
                 const osp_weight wt = {.data = p->data, .type = p->type, .cols = K, .rows = p->rows,
                                        .row_bytes = p->row_bytes, .round_bf16 = w->round_bf16};
                 /* one-level mode: BF16 weights meet bf16 activations (llama.cpp's BF16 dot) */
-                if (c->fgemm && c->act_q8 && osp_cpu_fgemm_bf16_ok(&wt))
+                if (c->act_q8 && osp_cpu_fgemm_bf16_ok(&wt))
                     osp_cpu_fgemm_bf16_rows(&wt, x, yp, N, R, lo - base, hi - base, row);
                 else
                     (c->fgemm ? osp_cpu_fgemm_rows : osp_cpu_matmul_rows)(&wt, x, yp, N, R, lo - base, hi - base, row);

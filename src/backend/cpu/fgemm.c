@@ -16,7 +16,6 @@
 #include "backend/cpu/fgemm.h"
 
 #include <stdbool.h>
-#include <string.h>
 
 #include "backend/cpu/qdot.h"
 #include "core/dtype.h"
@@ -29,9 +28,7 @@
 #define FG_ROWS 4             /* weight rows per tile */
 #define FG_TOKENS512 6        /* tokens per AVX512 tile */
 #define FG_BLOCK (256 * 1024) /* a row block's bytes as fp32 (its weights read in place, or its panel) */
-#ifndef FG_PREFETCH
 #define FG_PREFETCH (16 * 1024) /* bytes ahead a one-token tile prefetches its rows */
-#endif
 #define FG_WIDEN_MAX_TOKENS 8  /* F16 / BF16 widened in the tile up to this many tokens, else once into the panel */
 
 enum { W_F32, W_F16, W_BF16, W_PANEL_KINDS }; /* how a tile reads its weight rows (a panel is F32) */
@@ -69,6 +66,13 @@ TGT_512 static FORCE_INLINE float fold512(__m512 acc) {
     return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
 }
 
+/* One step of a one-token tile: ask for the `step` bytes FG_PREFETCH past this step's (the tile's rows
+ * are contiguous, so the tile streams one region; an address past the matrix is harmless). */
+static FORCE_INLINE void prefetch_ahead(const uint8_t **pf, int64_t step) {
+    for (int64_t l = 0; l < step; l += 64) _mm_prefetch((const char *)(*pf + l), _MM_HINT_T1);
+    *pf += step;
+}
+
 /* nr rows (ws bytes apart) x nt tokens (x rows K floats apart) -> y[t * ldy + r]. */
 TGT_512 static FORCE_INLINE void tile512(int kind, int nr, int nt, const uint8_t *w, size_t ws, const float *x,
                                          int64_t K, float *y, int64_t ldy) {
@@ -77,16 +81,11 @@ TGT_512 static FORCE_INLINE void tile512(int kind, int nr, int nt, const uint8_t
     for (int r = 0; r < nr; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < nt; t++) acc[r][t] = _mm512_setzero_ps();
-    /* one token (a decode step): the rows stream from memory once, so each step asks for the lines
-     * FG_PREFETCH bytes past this step's (the tile's rows are contiguous; an address past the matrix
-     * is harmless) */
-    const int64_t esz = kind == W_F32 ? 4 : 2, step = (int64_t)nr * esz * 16;
+    /* one token (a decode step): the rows stream from memory once, so they are prefetched */
+    const int64_t step = (int64_t)nr * (kind == W_F32 ? 4 : 2) * 16;
     const uint8_t *pf = w + FG_PREFETCH;
     for (int64_t k = 0; k < K; k += 16) {
-        if (nt == 1 && FG_PREFETCH > 0) {
-            for (int64_t l = 0; l < step; l += 64) _mm_prefetch((const char *)(pf + l), _MM_HINT_T1);
-            pf += step;
-        }
+        if (nt == 1) prefetch_ahead(&pf, step);
         __m512 wv[FG_ROWS];
 #pragma GCC unroll 6
         for (int r = 0; r < nr; r++) {
@@ -129,13 +128,10 @@ TGT_AVX2 static FORCE_INLINE void tile256(int kind, int nr, int nt, const uint8_
         for (int r = 0; r < nr; r++)
 #pragma GCC unroll 2
             for (int t = 0; t < nt; t++) acc[r][t] = _mm256_setzero_ps();
-        const int64_t esz = kind == W_F32 ? 4 : 2, step = (int64_t)nr * esz * 16;
+        const int64_t step = (int64_t)nr * (kind == W_F32 ? 4 : 2) * 16;
         const uint8_t *pf = w + FG_PREFETCH;
         for (int64_t k = 8 * h; k < K; k += 16) {
-            if (nt == 1 && h == 0 && FG_PREFETCH > 0) { /* as tile512's */
-                for (int64_t l = 0; l < step; l += 64) _mm_prefetch((const char *)(pf + l), _MM_HINT_T1);
-                pf += step;
-            }
+            if (nt == 1 && h == 0) prefetch_ahead(&pf, step); /* as tile512's */
             __m256 wv[FG_ROWS];
 #pragma GCC unroll 6
             for (int r = 0; r < nr; r++) {
@@ -270,10 +266,7 @@ TGT_BF16 static FORCE_INLINE void tilebf(int nr, int nt, const uint8_t *w, size_
     const int64_t step = (int64_t)nr * 64; /* bytes of the rows a step reads */
     const uint8_t *pf = w + FG_PREFETCH;
     for (int64_t k = 0; k < K; k += 32) {
-        if (nt == 1 && FG_PREFETCH > 0) { /* as tile512's */
-            for (int64_t l = 0; l < step; l += 64) _mm_prefetch((const char *)(pf + l), _MM_HINT_T1);
-            pf += step;
-        }
+        if (nt == 1) prefetch_ahead(&pf, step); /* as tile512's */
         __m512i wv[FG_ROWS];
 #pragma GCC unroll 6
         for (int r = 0; r < nr; r++) {
