@@ -1,8 +1,8 @@
 /* One-level activations for the K-quants (src/backend/cpu/qdot8k.h): the quantizer against its written
  * contract; the portable kernels against a double-precision dot of the dequantized weights (the
  * arithmetic is right) and the original activations (the one-level error bound); and every SIMD kernel
- * of the mode -- the one-token kernel, the GEMV over 1..6 rows, the tiles of 4, 6 and 8 tokens with
- * junk rows past the real tokens -- against the portable kernel bit for bit: a token's result must not
+ * of the mode -- the one-token kernel, the GEMV over 1..6 rows, the tiles of 3..8 and 16 tokens with
+ * junk rows in the packs past the real tokens -- against the portable kernel bit for bit: a token's result must not
  * depend on the kernel, so it does not depend on how many tokens share the matmul (batch invariance).
  * Deterministic inputs (test_rng.h); kernels the CPU lacks are skipped with a message. */
 #include <math.h>
@@ -181,8 +181,7 @@ static void test_one_token_and_gemv(void **state) {
     if (osp_qdot_force_isa("avx512vnni")) assert_true(isnan(osp_qdot8k_for(OSP_DTYPE_Q6_K)(w, &xq, 1)));
 }
 
-/* The tiles: for 1..20 tokens left, the tile osp_qdot8k_tile_for picks (16, 8, or the narrowest of 4,
- * 6, 8 that holds 3..7) gives each real token the one-token kernel's bits whatever the pack's other rows hold
+/* The tiles: for 1..20 tokens left, the tile osp_qdot8k_tile_for picks (16, 8, or exactly 3..7) gives each real token the one-token kernel's bits whatever the pack's other rows hold
  * (huge values in some trials), writes exactly its n results ys apart, and is NULL below 3 tokens. */
 static void test_tiles(void **state) {
     (void)state;
@@ -206,7 +205,7 @@ static void test_tiles(void **state) {
                 continue;
             }
             assert_true(want);
-            assert_int_equal(n, n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8);
+            assert_int_equal(n, n_left >= 16 ? 16 : n_left >= 8 ? 8 : n_left);
             const int real = n_left < n ? (int)n_left : n;
             for (int trial = 0; trial < 30; trial++) {
                 const int64_t nsb = 1 + rnd() % MAX_SB, stride = nsb + rnd() % 3;

@@ -400,8 +400,8 @@ static void op_gather_rmsnorm(const run_ctx *r, const osp_op *op, int ith, int n
  * for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1, in blocks of 32). Blocks of 32 on AVX512-VNNI: the tokens in chunks of
  * up to OSP_Q8B_STRIP_TOKENS, a chunk of one by the GEMV, a larger one by strips of 16 rows (the
  * one-token kernel for the last rows % 16). Otherwise tiles of 16 and 8 tokens, then the last 3-7 in one
- * narrower tile (4, 6 or 8 tokens, reading spare rows past R: its outputs past the real tokens go to this
- * thread's scratch and are dropped), then 1-2 tokens by GEMV. Every kernel gives the one-token kernel's
+ * narrower tile (the K-quants: exactly 3-7 tokens; the blocks of 32 without strips: 4, 6 or 8, reading
+ * spare rows past R, whose outputs go to this thread's scratch and are dropped), then 1-2 tokens by GEMV. Every kernel gives the one-token kernel's
  * bits (qdot8k.h, qdot8b.h), so the split is invisible. */
 static void matmul_onelevel(cpu_backend *c, const osp_tensor_part *p, int64_t K, int64_t R, int64_t N, int64_t rr0,
                             int64_t rr1, float *yp, int ith) {

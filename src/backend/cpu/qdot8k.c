@@ -428,15 +428,16 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
  * measured, the super-block's setup (scales, mins, codes, the float step) is about as much work as
  * its multiplies at 4 pairs, hence the 8-pair (16-token) tiles. */
 #define TILE8K_ARGS const void *w, int64_t nsb, const osp_q8k_pack *pk, float *y, int64_t ys
-#define TILE8K_DECL(NP)                                                                            \
-    enum { NG = ((NP) + 3) / 4 };                                                                  \
+#define TILE8K_DECL(NP, ODD)                                                                       \
+    enum { NG = (2 * (NP) + (ODD) + 7) / 8 };                                                      \
     __m512 acc[NP];                                                                                \
+    __m256 acc1 = _mm256_setzero_ps(); /* the odd token's (ODD) */                                 \
     __m256 off[NG];                                                                                \
     UNROLL8K for (int k = 0; k < (NP); k++) acc[k] = _mm512_setzero_ps();                          \
     UNROLL8K for (int g = 0; g < NG; g++) off[g] = _mm256_setzero_ps()
 /* pair k of super-block s: pack k / 4 of the tile's groups */
 #define PB(k) (pk + ((k) / 4) * nsb + s)
-#define TILE8K_STORE(NP)                                                                           \
+#define TILE8K_STORE(NP, ODD)                                                                      \
     do {                                                                                           \
         float OFF[8 * NG];                                                                         \
         UNROLL8K for (int g = 0; g < NG; g++) _mm256_storeu_ps(OFF + 8 * g, off[g]);               \
@@ -445,10 +446,18 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
             y[(2 * k + 1) * ys] =                                                                  \
                 hsum8k(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1))) + OFF[2 * k + 1]; \
         }                                                                                          \
+        if (ODD) y[2 * (NP) * ys] = hsum8k(acc1) + OFF[2 * (NP)];                                  \
     } while (0)
-#define TILE8K_FLOAT(NP, dv)                                                                       \
+#define TILE8K_FLOAT(NP, ODD, dv)                                                                  \
     UNROLL8K for (int k = 0; k < (NP); k++) acc[k] = _mm512_fmadd_ps(                              \
-        _mm512_cvtepi32_ps(isum[k]), _mm512_mul_ps(dv, _mm512_load_ps(PB(k)->dp[(k) % 4])), acc[k])
+        _mm512_cvtepi32_ps(isum[k]), _mm512_mul_ps(dv, _mm512_load_ps(PB(k)->dp[(k) % 4])), acc[k]); \
+    if (ODD) acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum1),                                     \
+                                    _mm256_mul_ps(_mm512_castps512_ps256(dv), _mm256_load_ps(PB(NP)->dp[(NP) % 4])), acc1)
+/* the odd token's MAC: token 2 NP, the low half of pair NP's slot, on 256 bits (half the work of a pair) */
+#define MAC1(isum, q, actp, sv)                                                                    \
+    isum = _mm256_dpwssd_epi32(isum, _mm256_maddubs_epi16(_mm512_castsi512_si256(q),               \
+                                                          _mm256_load_si256((const __m256i *)(const void *)(actp))), \
+                               _mm512_castsi512_si256(sv))
 /* off[g] -= M_g (dmw d_a) for each 8 tokens: M_g = sum_i vpmaddwd(the pack's pairs, pairs[i]) (exact) */
 #define TILE8K_OFFSET(NPAIRS, SUMS, pairs, dmw, SHIFT)                                             \
     UNROLL8K for (int g = 0; g < NG; g++) {                                                        \
@@ -461,11 +470,11 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
                                   _mm256_mul_ps(_mm256_set1_ps(dmw), _mm256_load_ps(pg->d)), off[g]); \
     }
 
-#define QK45_TILE8K(NAME, FIVE, NP)                                                                \
+#define QK45_TILE8K(NAME, FIVE, NP, ODD)                                                           \
     TGT8K static void NAME(TILE8K_ARGS) {                                                          \
         const uint8_t *p = w;                                                                      \
         const __m512i m4 = _mm512_set1_epi8(0x0f);                                                 \
-        TILE8K_DECL(NP);                                                                           \
+        TILE8K_DECL(NP, ODD);                                                                      \
         for (int64_t s = 0; s < nsb; s++, p += (FIVE) ? 176 : 144) {                               \
             uint8_t sc[8], m[8];                                                                   \
             k4_scales8(p + 4, sc, m);                                                              \
@@ -475,6 +484,7 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
             const uint8_t *qs = p + ((FIVE) ? 48 : 16);                                            \
             const __m512i qh = (FIVE) ? BCAST32(p + 16) : _mm512_setzero_si512();                  \
             __m512i isum[NP];                                                                      \
+            __m256i isum1 = _mm256_setzero_si256();                                                \
             UNROLL8K for (int k = 0; k < (NP); k++) isum[k] = _mm512_setzero_si512();              \
             for (int c = 0; c < 4; c++) {                                                          \
                 const __m512i raw = BCAST32(qs + 32 * c);                                          \
@@ -489,38 +499,49 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
                     MAC(isum[k], lo, _mm512_load_si512((const void *)PB(k)->qs[2 * c][k % 4]), slo); \
                     MAC(isum[k], hi, _mm512_load_si512((const void *)PB(k)->qs[2 * c + 1][k % 4]), shi); \
                 }                                                                                  \
+                if (ODD) {                                                                         \
+                    MAC1(isum1, lo, PB(NP)->qs[2 * c][(NP) % 4], slo);                             \
+                    MAC1(isum1, hi, PB(NP)->qs[2 * c + 1][(NP) % 4], shi);                         \
+                }                                                                                  \
             }                                                                                      \
             const __m512 dv = _mm512_set1_ps(half8k(p));                                           \
-            TILE8K_FLOAT(NP, dv);                                                                  \
+            TILE8K_FLOAT(NP, ODD, dv);                                                             \
             TILE8K_OFFSET(4, s32, mp, half8k(p + 2), 0);                                           \
         }                                                                                          \
-        TILE8K_STORE(NP);                                                                          \
+        TILE8K_STORE(NP, ODD);                                                                     \
     }
-QK45_TILE8K(tile8k_q4_k_16, 0, 8)
-QK45_TILE8K(tile8k_q4_k_8, 0, 4)
-QK45_TILE8K(tile8k_q4_k_6, 0, 3)
-QK45_TILE8K(tile8k_q4_k_4, 0, 2)
-QK45_TILE8K(tile8k_q5_k_16, 1, 8)
-QK45_TILE8K(tile8k_q5_k_8, 1, 4)
-QK45_TILE8K(tile8k_q5_k_6, 1, 3)
-QK45_TILE8K(tile8k_q5_k_4, 1, 2)
+QK45_TILE8K(tile8k_q4_k_16, 0, 8, 0)
+QK45_TILE8K(tile8k_q4_k_8, 0, 4, 0)
+QK45_TILE8K(tile8k_q4_k_7, 0, 3, 1)
+QK45_TILE8K(tile8k_q4_k_6, 0, 3, 0)
+QK45_TILE8K(tile8k_q4_k_5, 0, 2, 1)
+QK45_TILE8K(tile8k_q4_k_4, 0, 2, 0)
+QK45_TILE8K(tile8k_q4_k_3, 0, 1, 1)
+QK45_TILE8K(tile8k_q5_k_16, 1, 8, 0)
+QK45_TILE8K(tile8k_q5_k_8, 1, 4, 0)
+QK45_TILE8K(tile8k_q5_k_7, 1, 3, 1)
+QK45_TILE8K(tile8k_q5_k_6, 1, 3, 0)
+QK45_TILE8K(tile8k_q5_k_5, 1, 2, 1)
+QK45_TILE8K(tile8k_q5_k_4, 1, 2, 0)
+QK45_TILE8K(tile8k_q5_k_3, 1, 1, 1)
 
 /* Q6_K: qdot.c's pair-kernel codes (four sub-blocks per half from ql's two rows and qh, broadcast to
  * both halves); sub-block j's two 16-value scales by vpermw from the 16 widened int8 scales, whose
  * int16 pairs (sc_2i, sc_2i+1) are also M's multipliers. */
-#define Q6K_TILE8K(NAME, NP)                                                                       \
+#define Q6K_TILE8K(NAME, NP, ODD)                                                                  \
     TGT8K static void NAME(TILE8K_ARGS) {                                                          \
         const uint8_t *p = w;                                                                      \
         const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);                   \
         const __m512i idx0 = _mm512_set_epi64(0x0001000100010001LL, 0x0001000100010001LL, 0, 0,    \
                                               0x0001000100010001LL, 0x0001000100010001LL, 0, 0);   \
-        TILE8K_DECL(NP);                                                                           \
+        TILE8K_DECL(NP, ODD);                                                                      \
         for (int64_t s = 0; s < nsb; s++, p += 210) {                                              \
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 192))); \
             const __m512i scl = _mm512_castsi256_si512(sc16);                                      \
             _Alignas(32) int32_t sp[8];                                                            \
             _mm256_store_si256((__m256i *)(void *)sp, sc16);                                       \
             __m512i isum[NP];                                                                      \
+            __m256i isum1 = _mm256_setzero_si256();                                                \
             UNROLL8K for (int k = 0; k < (NP); k++) isum[k] = _mm512_setzero_si512();              \
             for (int h = 0; h < 2; h++) {                                                          \
                 const __m512i l0 = BCAST32(p + 64 * h), l1 = BCAST32(p + 64 * h + 32), qh = BCAST32(p + 128 + 32 * h); \
@@ -536,19 +557,23 @@ QK45_TILE8K(tile8k_q5_k_4, 1, 2)
                     const __m512i sv = _mm512_permutexvar_epi16(_mm512_add_epi16(idx0, _mm512_set1_epi16((short)(2 * j))), scl); \
                     UNROLL8K for (int k = 0; k < (NP); k++)                                        \
                         MAC(isum[k], q[s4], _mm512_load_si512((const void *)PB(k)->qs[j][k % 4]), sv); \
+                    if (ODD) MAC1(isum1, q[s4], PB(NP)->qs[j][(NP) % 4], sv);                      \
                 }                                                                                  \
             }                                                                                      \
             const float d = half8k(p + 208);                                                       \
             const __m512 dv = _mm512_set1_ps(d);                                                   \
-            TILE8K_FLOAT(NP, dv);                                                                  \
+            TILE8K_FLOAT(NP, ODD, dv);                                                             \
             TILE8K_OFFSET(8, s16, sp, d, 5);                                                       \
         }                                                                                          \
-        TILE8K_STORE(NP);                                                                          \
+        TILE8K_STORE(NP, ODD);                                                                     \
     }
-Q6K_TILE8K(tile8k_q6_k_16, 8)
-Q6K_TILE8K(tile8k_q6_k_8, 4)
-Q6K_TILE8K(tile8k_q6_k_6, 3)
-Q6K_TILE8K(tile8k_q6_k_4, 2)
+Q6K_TILE8K(tile8k_q6_k_16, 8, 0)
+Q6K_TILE8K(tile8k_q6_k_8, 4, 0)
+Q6K_TILE8K(tile8k_q6_k_7, 3, 1)
+Q6K_TILE8K(tile8k_q6_k_6, 3, 0)
+Q6K_TILE8K(tile8k_q6_k_5, 2, 1)
+Q6K_TILE8K(tile8k_q6_k_4, 2, 0)
+Q6K_TILE8K(tile8k_q6_k_3, 1, 1)
 #endif
 
 /* the GEMV of the types without a SIMD one: the one-token kernel row by row */
@@ -695,12 +720,12 @@ osp_qdot8k_tile_fn osp_qdot8k_tile_for(uint32_t type, int64_t n_left, int *n) {
     *n = 1;
 #ifdef OSP_X86
     if (!have_vnni() || n_left < 3) return NULL;
-    const int wd = n_left >= 16 ? 16 : n_left <= 4 ? 4 : n_left <= 6 ? 6 : 8;
-#define PICK(T4, T6, T8, T16) return *n = wd, wd == 4 ? (T4) : wd == 6 ? (T6) : wd == 8 ? (T8) : (T16)
+    const int wd = n_left >= 16 ? 16 : n_left >= 8 ? 8 : (int)n_left;
+#define PICK(P) do { const osp_qdot8k_tile_fn t[] = {P##3, P##4, P##5, P##6, P##7, P##8, P##16}; return *n = wd, t[wd == 16 ? 6 : wd - 3]; } while (0)
     switch (type) {
-    case OSP_DTYPE_Q4_K: PICK(tile8k_q4_k_4, tile8k_q4_k_6, tile8k_q4_k_8, tile8k_q4_k_16);
-    case OSP_DTYPE_Q5_K: PICK(tile8k_q5_k_4, tile8k_q5_k_6, tile8k_q5_k_8, tile8k_q5_k_16);
-    case OSP_DTYPE_Q6_K: PICK(tile8k_q6_k_4, tile8k_q6_k_6, tile8k_q6_k_8, tile8k_q6_k_16);
+    case OSP_DTYPE_Q4_K: PICK(tile8k_q4_k_);
+    case OSP_DTYPE_Q5_K: PICK(tile8k_q5_k_);
+    case OSP_DTYPE_Q6_K: PICK(tile8k_q6_k_);
     default: break;
     }
 #undef PICK

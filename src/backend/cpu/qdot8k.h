@@ -85,10 +85,10 @@ void osp_pack_q8k(const osp_q8k_block *a, int64_t a_stride, int64_t nsb, osp_q8k
  * bit-identical to the one-token kernel whatever the packs' other tokens hold. */
 typedef void (*osp_qdot8k_tile_fn)(const void *w, int64_t nsb, const osp_q8k_pack *pk, float *y, int64_t ys);
 /* The tile for `type` and n_left tokens still to do: 16 tokens (two packs) when n_left >= 16, 8 when
- * n_left >= 8; else, for 3 <= n_left < 8, the narrowest of 4, 6 and 8 tokens holding them (the pack's
- * rows past n_left are other rows in bounds; their outputs are junk the caller drops). *n = the
- * tile's width. NULL with *n = 1 where there is none (n_left < 3; a CPU without AVX512-VNNI; Q2_K,
- * Q3_K): use the GEMV. */
+ * n_left >= 8, else exactly n_left (3..7: the odd widths are pairs plus one token on 256 bits, so a
+ * speculative verification row of k + 1 tokens pays for k + 1, not for the next even width). *n = the
+ * tile's width (never more than n_left). NULL with *n = 1 where there is none (n_left < 3; a CPU without
+ * AVX512-VNNI; Q2_K, Q3_K): use the GEMV. */
 osp_qdot8k_tile_fn osp_qdot8k_tile_for(uint32_t type, int64_t n_left, int *n);
 
 #endif
