@@ -427,6 +427,13 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
  * broadcast from small arrays in memory (vpbroadcastd from memory is a load, not a shuffle):
  * measured, the super-block's setup (scales, mins, codes, the float step) is about as much work as
  * its multiplies at 4 pairs, hence the 8-pair (16-token) tiles. */
+#ifndef TILE8K_PF
+#define TILE8K_PF 1024 /* bytes ahead; measured: K = 8960 (ffn_down) tiles 30 % faster, K = 1536 unchanged */
+#endif
+#define TILE8K_PREFETCH(p, BYTES)                                                                  \
+    do {                                                                                           \
+        if (TILE8K_PF) for (int l_ = 0; l_ < (BYTES); l_ += 64) _mm_prefetch((const char *)(p) + TILE8K_PF + l_, _MM_HINT_T0); \
+    } while (0)
 #define TILE8K_ARGS const void *w, int64_t nsb, const osp_q8k_pack *pk, float *y, int64_t ys
 #define TILE8K_DECL(NP, ODD)                                                                       \
     enum { NG = (2 * (NP) + (ODD) + 7) / 8 };                                                      \
@@ -476,6 +483,7 @@ GEMV8K(gemv8k_q6_k_vnni, Q6K_BODY)
         const __m512i m4 = _mm512_set1_epi8(0x0f);                                                 \
         TILE8K_DECL(NP, ODD);                                                                      \
         for (int64_t s = 0; s < nsb; s++, p += (FIVE) ? 176 : 144) {                               \
+            TILE8K_PREFETCH(p, (FIVE) ? 176 : 144);                                                \
             uint8_t sc[8], m[8];                                                                   \
             k4_scales8(p + 4, sc, m);                                                              \
             int32_t scd[8], mp[4]; /* scales as int16 pairs (sc, sc); mins as pairs (m_2i, m_2i+1) */ \
@@ -536,6 +544,7 @@ QK45_TILE8K(tile8k_q5_k_3, 1, 1, 1)
                                               0x0001000100010001LL, 0x0001000100010001LL, 0, 0);   \
         TILE8K_DECL(NP, ODD);                                                                      \
         for (int64_t s = 0; s < nsb; s++, p += 210) {                                              \
+            TILE8K_PREFETCH(p, 210);                                                               \
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(p + 192))); \
             const __m512i scl = _mm512_castsi256_si512(sc16);                                      \
             _Alignas(32) int32_t sp[8];                                                            \
