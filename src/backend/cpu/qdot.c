@@ -837,6 +837,16 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
                                     PLUS_OFF1;                                                     \
     } while (0)
 
+/* The pair tiles read their weight row 1 KiB ahead into L1 (qdot8k.c's TILE8K_PF, measured there:
+ * the tiles at K = 8960 were ~30 % faster, K = 1536 unchanged). */
+#ifndef PAIR_PF
+#define PAIR_PF 1024
+#endif
+#define PAIR_PREFETCH(p, BYTES)                                                                    \
+    do {                                                                                           \
+        if (PAIR_PF) for (int l_ = 0; l_ < (BYTES); l_ += 64) _mm_prefetch((const char *)(p) + PAIR_PF + l_, _MM_HINT_T0); \
+    } while (0)
+
 /* Q8_0: u = w XOR 0x80 broadcast to both halves; no offset term (the sum is returned as is, so -0.0
  * stays -0.0: adding 0.0f would turn it into +0.0). */
 #define Q8_0_CODES(wp) \
@@ -851,6 +861,7 @@ TGT_VNNI static void pack_q8_vnni(const osp_q8_block *a, int64_t as, int64_t nb,
         UNROLL_NT for (int k = 0; k < (NP); k++) A0[k] = A1[k] = _mm512_setzero_ps();              \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 68) {                                                     \
+            PAIR_PREFETCH(p, 68);                                                                  \
             const __m512i u0 = Q8_0_CODES(p), u1 = Q8_0_CODES(p + 34);                             \
             const __m512 dw0 = _mm512_set1_ps(half_f16c(p)), dw1 = _mm512_set1_ps(half_f16c(p + 34)); \
             UNROLL_NT for (int k = 0; k < (NP); k++) {                                             \
@@ -900,6 +911,7 @@ TGT_VNNI static inline __m512i q5_codes512(__m512i q4, const uint8_t *qh) {
         UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                \
         int64_t b = 0;                                                                             \
         for (; b + 2 <= nb; b += 2, p += 2 * (BYTES)) {                                            \
+            PAIR_PREFETCH(p, 1); /* one line a block pair (36-48 bytes) */                         \
             const uint8_t *p1 = p + (BYTES);                                                       \
             const __m512i q0 = CODES(p, QOFF, HOFF), q1 = CODES(p1, QOFF, HOFF);                   \
             const float d0 = half_f16c(p), d1 = half_f16c(p1);                                     \
@@ -944,16 +956,6 @@ Q45_PAIR_KERNEL(tile_q4_1_vnnip6, Q4_CODES, 20, 4, 0, Q4_1_FACTOR, 3)
 Q45_PAIR_KERNEL(tile_q4_0_vnnip6, Q4_CODES, 18, 2, 0, Q4_0_FACTOR, 3)
 Q45_PAIR_KERNEL(tile_q5_0_vnnip6, Q5_CODES, 22, 6, 2, Q5_0_FACTOR, 3)
 Q45_PAIR_KERNEL(tile_q5_1_vnnip6, Q5_CODES, 24, 8, 4, Q5_1_FACTOR, 3)
-
-/* The K-quant pair tiles read their weight row 1 KiB ahead into L1 (qdot8k.c's TILE8K_PF, measured there:
- * the tiles at K = 8960 were ~30 % faster, K = 1536 unchanged). */
-#ifndef PAIR_PF
-#define PAIR_PF 1024
-#endif
-#define PAIR_PREFETCH(p, BYTES)                                                                    \
-    do {                                                                                           \
-        if (PAIR_PF) for (int l_ = 0; l_ < (BYTES); l_ += 64) _mm_prefetch((const char *)(p) + PAIR_PF + l_, _MM_HINT_T0); \
-    } while (0)
 
 /* Q4_K / Q5_K over token pairs (QK45_KERNEL's steps on packs): each block's codes broadcast to both
  * halves, the float factor d sc_j per block, and the mins' tree (mins8) in 8 lanes for 8 tokens. */
