@@ -25,6 +25,7 @@ static const kb_kind k_kinds[] = {
     {OSP_OP_GLU, {"T", "F"}, 2, {"gu"}, 1, {"y"}, 1, {"T,2*F"}, {"T,F"}, NULL},
     {OSP_OP_ADD, {"T", "E"}, 2, {"x", "d"}, 2, {"x"}, 1, {"T,E", "T,E"}, {"T,E"}, NULL},
     {OSP_OP_COPY, {"T", "E"}, 2, {"x"}, 1, {"y"}, 1, {"T,E"}, {"T,E"}, NULL},
+    {OSP_OP_ALL_REDUCE, {"T", "E"}, 2, {"x"}, 1, {"x"}, 1, {"T,E"}, {"T,E"}, NULL},
     {OSP_OP_SCALE, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
     {OSP_OP_SOFTCAP, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
     /* T tokens of one sequence from position P: q rotated out, k rotated and v into the pages */
@@ -256,6 +257,7 @@ void kb_reference(kb_case *c) {
         for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = (double)c->in[0][i] + (double)c->in[1][i];
         break;
     case OSP_OP_COPY:
+    case OSP_OP_ALL_REDUCE: /* one rank */
         for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = c->in[0][i];
         break;
     case OSP_OP_SCALE:
@@ -428,7 +430,8 @@ static bool case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_
         break;
     }
     case OSP_OP_ADD:
-    case OSP_OP_COPY: {
+    case OSP_OP_COPY:
+    case OSP_OP_ALL_REDUCE: {
         const int64_t T = dimv(c, "T"), E = dimv(c, "E");
         c->T = T;
         for (int i = 0; i < d->n_in; i++)

@@ -360,6 +360,13 @@ static bool be_prepare_case(kb_solution *s, const kb_case *c, char *err, size_t 
         add_io(st, x, true, 0), add_io(st, dd, true, 1), add_io(st, x, false, 0);
         break;
     }
+    case OSP_OP_ALL_REDUCE: { /* in place, one rank */
+        E = c->dim[1];
+        const int32_t x = add_act(st, "x", in0, E, OSP_ROWS_TOKENS);
+        op.dst = x, op.src0 = x;
+        add_io(st, x, true, 0), add_io(st, x, false, 0);
+        break;
+    }
     case OSP_OP_COPY: {
         E = c->dim[1];
         const int32_t x = add_act(st, "x", in0, E, OSP_ROWS_TOKENS), y = add_act(st, "y", o0, E, OSP_ROWS_TOKENS);

@@ -23,6 +23,7 @@ extern "C" {
 #endif
 
 typedef struct osp_model osp_model;
+typedef struct osp_comm osp_comm; /* tensor-parallel ranks' communicator (osp_comm_local_create) */
 
 /* How RoPE pairs the dimensions of a head (ggml's rope types). */
 typedef enum osp_rope_type {
@@ -132,9 +133,33 @@ typedef struct osp_model_params {
                    * EPYC (bench/cpu/NOTES.md, twelfth pass); load takes a copy longer, and the weights can
                    * no longer be dropped by the kernel under memory pressure. Untied embedding tables
                    * stay mapped (a step reads a few rows). Results are unchanged. The GPU ignores it. */
+    /* Tensor parallelism (vLLM's --tensor-parallel-size; Megatron-LM's split, Shoeybi et al. 2019, §3):
+     * load this model as rank tensor_parallel_rank of tensor_parallel_size (0 or 1: off), its weights
+     * views of the file's: q, k, v (and their biases) and gate / up by heads and columns, o and down by
+     * their input columns, followed by an all-reduce over `comm` (one communicator shared by the ranks,
+     * osp_comm_local_create); embeddings, norms and the lm_head are whole on every rank, so every rank
+     * computes the same logits. The model's config (osp_model_config_get) is then the rank's: n_head,
+     * n_head_kv and n_ff are its share, and its KV caches hold its KV heads only. Each rank's forward
+     * runs on its own thread, all ranks on the same batch (the collectives must be called in the same
+     * order). Needs n_head, n_head_kv and n_ff divisible by the size and the split columns whole blocks
+     * of the weight types; llama / qwen2 / qwen3 on the CPU backend only (no --no-mmap strips, no
+     * QuantSpec draft weights): OSP_ERR_UNSUPPORTED otherwise, with the reason. */
+    int32_t tensor_parallel_size;
+    int32_t tensor_parallel_rank;
+    osp_comm *comm;
 } osp_model_params;
 
 osp_model_params osp_model_default_params(void);
+
+/* A communicator for `world` tensor-parallel ranks that run as threads of this process (the CPU
+ * backend): each rank's model gets the same one (osp_model_params.comm). Collectives sum in rank order,
+ * so every rank gets the same bits. osp_comm_abort wakes every rank waiting in a collective with an
+ * error (a rank whose forward failed calls it, so the others never hang); the communicator stays
+ * aborted. Free it after the models that use it. Errors: OSP_ERR_INVALID_ARG (world outside 1..64),
+ * OSP_ERR_NOMEM. */
+osp_status osp_comm_local_create(int32_t world, osp_comm **out);
+void osp_comm_abort(osp_comm *c);
+void osp_comm_free(osp_comm *c); /* NULL is fine */
 
 /* Loads `path`. The model keeps the GGUF mapping open; on the CPU weights are views into it; on the
  * GPU (params->device OSP_DEVICE_CUDA) every matrix is dequantized to fp32 and stored as bf16 there

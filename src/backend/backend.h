@@ -18,6 +18,7 @@
 #include "backend/op.h"
 #include "osprey/batch.h"
 #include "backend/kv_layout.h"
+#include "osprey/model.h"
 #include "sample/sampler.h"
 
 typedef struct osp_backend osp_backend;
@@ -40,6 +41,10 @@ typedef struct osp_backend_params {
     /* CUDA: keep Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K matrices in their blocks (qmatmul.cu) instead of
      * dequantizing every matrix to bf16 at load (osp_model_params.gpu_quant_weights). CPU: ignored. */
     bool quant_weights;
+    /* Tensor parallelism: the ranks' communicator for ALL_REDUCE ops and this backend's rank in it
+     * (src/backend/comm.h); NULL: one rank. The CPU backend only (the CUDA backend refuses one). */
+    osp_comm *comm;
+    int32_t tp_rank;
 } osp_backend_params;
 
 /* Where a placed weight's values come from: rows of a stored tensor (GGUF mapping), or seeded random

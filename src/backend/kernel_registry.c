@@ -106,6 +106,7 @@ static const osp_kernel_version k_versions[] = {
     CPU_ONE(OSP_OP_COPY, "copy", "memcpy of an activation"),
     CPU_ONE(OSP_OP_SCALE, "scale", "elementwise scale"),
     CPU_ONE(OSP_OP_SOFTCAP, "softcap", "cap * tanh(x / cap)"),
+    CPU_ONE(OSP_OP_ALL_REDUCE, "all_reduce", "sum over tensor-parallel ranks in rank order (local communicator)"),
     /* the CUDA backend (src/backend/cuda/) */
     CUDA_ONE(OSP_OP_EMBED, "embed", "bf16 table rows to fp32 (ops.cu)", cuda_sm90),
     CUDA_ONE(OSP_OP_ADD_RMSNORM, "add_rmsnorm", "fused residual add + RMSNorm (ops.cu)", cuda_sm90),
@@ -125,6 +126,7 @@ static const osp_kernel_version k_versions[] = {
     CUDA_ONE(OSP_OP_COPY, "copy", "device-to-device copy on the stream", cuda_sm90),
     CUDA_ONE(OSP_OP_SCALE, "scale", "elementwise scale (ops.cu)", cuda_sm90),
     CUDA_ONE(OSP_OP_SOFTCAP, "softcap", "cap * tanh(x / cap) (ops.cu)", cuda_sm90),
+    CUDA_ONE(OSP_OP_ALL_REDUCE, "all_reduce", "one rank: the identity, nothing launched (NCCL not built)", cuda_sm90),
 };
 
 #define N_VERSIONS ((int)(sizeof k_versions / sizeof k_versions[0]))

@@ -105,6 +105,11 @@ typedef enum osp_op_kind {
     /* dst = cap * tanh(src0 / cap), elementwise, cap > 0 (logit softcapping: Gemma 2, Team 2024 §2;
      * llama.cpp's final_logit_softcapping; dst may be src0) */
     OSP_OP_SOFTCAP,
+    /* dst = src0 (in place, [R, cols] in the activation's dtype) summed over the tensor-parallel ranks of the model, in rank
+     * order, so every rank gets the same bits (the all-reduce after a row-parallel projection: Megatron-LM,
+     * Shoeybi et al. 2019, §3); through the backend's communicator (src/backend/comm.h). One rank (no
+     * communicator): the identity. */
+    OSP_OP_ALL_REDUCE,
     OSP_OP_COUNT
 } osp_op_kind;
 
@@ -147,6 +152,8 @@ typedef struct osp_build_opts {
     const int32_t *hidden_layers; /* copy the residual stream after these layers to outputs */
     bool final_norm; /* also the output norm (RMSNorm with output_norm.weight, the norm the lm_head
                       * reads) of every token, not only of the logits rows: pooled embeddings */
+    int32_t tp_world; /* > 1: the weights are one tensor-parallel rank's share (osp_arch.shard); an
+                       * ALL_REDUCE follows every row-parallel projection */
 } osp_build_opts;
 
 /* One step's inputs, in host memory, as the engine built them (osprey/model.h osp_batch). */

@@ -25,6 +25,13 @@ typedef struct osp_arch {
     /* Binds the weights through `ld` into an arch-owned struct *weights (freed with free_weights). */
     osp_status (*bind)(osp_loader *ld, const osp_model_config *c, void **weights);
     void (*free_weights)(void *weights);
+    /* Tensor parallelism (Megatron-LM's split, Shoeybi et al. 2019, §3): replaces the matrices `bind`
+     * placed for the whole model c with rank `rank`'s views of them (column-parallel q/k/v and gate/up,
+     * row-parallel o and down; osp_loader_view_rows / _cols) and writes the rank's config to *rc (its
+     * n_head, n_head_kv and n_ff). OSP_ERR_UNSUPPORTED with the reason when the shapes do not split.
+     * NULL: the family has no split. */
+    osp_status (*shard)(osp_loader *ld, const osp_model_config *c, int32_t rank, int32_t world, void *weights,
+                        osp_model_config *rc);
     /* Builds the op list of a step into g (initialized, empty): with the logits tail when
      * with_logits (num_logits > 0), else without; plus the outputs opts asks for. */
     osp_status (*build)(const osp_model_config *c, const void *weights, bool with_logits, const osp_build_opts *opts,

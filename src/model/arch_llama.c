@@ -165,10 +165,12 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
         OSP_PUSH(OSP_OP_ATTENTION, attn, q, -1, .layer = l,
                  .p.attn = {c->n_head, c->n_head_kv, c->head_dim, 0, scale});
         OSP_PUSH(OSP_OP_MATMUL, o, attn, -1, .w = L->proj.wo);
+        if (opts && opts->tp_world > 1) OSP_PUSH(OSP_OP_ALL_REDUCE, o, o, -1);
         OSP_PUSH(OSP_OP_ADD_RMSNORM, xn, o, x, .w = L->ffn_norm, .p.norm.eps = c->rms_eps);
         OSP_PUSH(OSP_OP_MATMUL, gu, xn, -1, .w = L->proj.wgu);
         OSP_PUSH(OSP_OP_GLU, act, gu, -1, .p.glu.act = OSP_GLU_SILU);
         OSP_PUSH(OSP_OP_MATMUL, o, act, -1, .w = L->proj.wdown);
+        if (opts && opts->tp_world > 1) OSP_PUSH(OSP_OP_ALL_REDUCE, o, o, -1);
         pending = o;
         if (l == c->n_layer - 1 || osp_build_wants_hidden(opts, l)) { /* the stream after this layer is read */
             OSP_PUSH(OSP_OP_ADD, x, o, -1, .layer = 0);
@@ -186,6 +188,54 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
     return OSP_OK;
 }
 
+/* Rank `rank` of `world` (arch.h's shard): query heads [rank H / W, (rank + 1) H / W) and their KV heads
+ * (GQA groups stay whole because both head counts divide by W), FFN columns [rank F / W, ...). q, k, v
+ * and their biases, gate and up are cut by output rows; o and down by input columns, each rank's partial
+ * product summed by the ALL_REDUCE the builder adds. Norms, embeddings and the lm_head stay whole. */
+static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank, int32_t world, void *wp,
+                        osp_model_config *rc) {
+    llama_weights *w = wp;
+    if (c->n_head % world || c->n_head_kv % world || c->n_ff % world)
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "%s: tensor parallelism over %d ranks needs n_head (%d), n_head_kv (%d) and n_ff (%d) "
+                             "divisible by %d (KV-head replication is not built)",
+                             ld->path, world, c->n_head, c->n_head_kv, c->n_ff, world);
+    const int64_t D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D, F = c->n_ff;
+    const int64_t qd = QD / world, kd = KD / world, f = F / world;
+    float *bias = c->qkv_bias ? malloc((size_t)(qd + 2 * kd) * sizeof *bias) : NULL;
+    if (c->qkv_bias && !bias) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
+    osp_status s = OSP_OK;
+    for (int32_t l = 0; l < c->n_layer && s == OSP_OK; l++) {
+        llama_layer *L = &w->layers[l];
+        const int64_t qkv0[3] = {rank * qd, QD + rank * kd, QD + KD + rank * kd}, qkvn[3] = {qd, kd, kd};
+        const int64_t gu0[2] = {rank * f, F + rank * f}, gun[2] = {f, f};
+        if ((s = osp_loader_view_rows(ld, L->proj.wqkv, 3, qkv0, qkvn, &L->proj.wqkv)) != OSP_OK ||
+            (s = osp_loader_view_cols(ld, L->proj.wo, rank * qd, qd, &L->proj.wo)) != OSP_OK ||
+            (s = osp_loader_view_rows(ld, L->proj.wgu, 2, gu0, gun, &L->proj.wgu)) != OSP_OK ||
+            (s = osp_loader_view_cols(ld, L->proj.wdown, rank * f, f, &L->proj.wdown)) != OSP_OK)
+            break;
+        if (!c->qkv_bias) continue;
+        /* the biases from the file's fp32 vectors, cut like their rows */
+        static const char *const fmt[3] = {"blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias"};
+        const int64_t len[3] = {QD, KD, KD}, off[3] = {rank * qd, rank * kd, rank * kd};
+        float *dst = bias;
+        for (int i = 0; i < 3 && s == OSP_OK; dst += qkvn[i], i++) {
+            char name[96];
+            snprintf(name, sizeof name, fmt[i], l);
+            const float *v = osp_loader_host_f32(ld, name, len[i]);
+            if (!v) s = osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor parallelism reads '%s' as F32 from the file "
+                                      "(random-weight presets with biases do not split)", ld->path, name);
+            else memcpy(dst, v + off[i], (size_t)qkvn[i] * sizeof *dst);
+        }
+        if (s == OSP_OK) s = osp_loader_constant(ld, bias, qd + 2 * kd, &L->bqkv);
+    }
+    free(bias);
+    if (s != OSP_OK) return s;
+    *rc = *c;
+    rc->n_head /= world, rc->n_head_kv /= world, rc->n_ff /= world;
+    return OSP_OK;
+}
+
 static const char *const k_gguf_archs[] = {"llama", "qwen2", "qwen3", NULL};
 
 const osp_arch osp_arch_llama = {
@@ -195,5 +245,6 @@ const osp_arch osp_arch_llama = {
     .preset_config = preset_config,
     .bind = bind,
     .free_weights = free_weights,
+    .shard = shard,
     .build = build,
 };

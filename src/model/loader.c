@@ -203,6 +203,65 @@ osp_status osp_loader_constant(osp_loader *ld, const float *values, int64_t n, c
     return OSP_OK;
 }
 
+osp_status osp_loader_view_rows(osp_loader *ld, const osp_tensor *t, int32_t n, const int64_t *row0, const int64_t *nrows,
+                                const osp_tensor **out) {
+    *out = NULL;
+    osp_tensor v = {.cols = t->cols, .round_bf16 = t->round_bf16};
+    for (int32_t i = 0; i < n; i++) {
+        if (row0[i] < 0 || nrows[i] < 1 || row0[i] + nrows[i] > t->rows)
+            return osp_set_error(OSP_ERR_INTERNAL, "%s: rows %lld..%lld of a %lld-row matrix", ld->path,
+                                 (long long)row0[i], (long long)(row0[i] + nrows[i]), (long long)t->rows);
+        int64_t r = row0[i], left = nrows[i], base = 0; /* base: the first row of part p */
+        for (int32_t p = 0; p < t->n_parts && left > 0; base += t->parts[p].rows, p++) {
+            const osp_tensor_part *tp = &t->parts[p];
+            if (r >= base + tp->rows) continue;
+            if (tp->layout != OSP_PART_STORED)
+                return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor parallelism splits rows as stored (not the CPU's "
+                                     "--no-mmap strips of the q8 mode)", ld->path);
+            if (v.n_parts == OSP_TENSOR_MAX_PARTS)
+                return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: a tensor-parallel view needs more than %d parts", ld->path,
+                                     OSP_TENSOR_MAX_PARTS);
+            const int64_t take = base + tp->rows - r < left ? base + tp->rows - r : left;
+            osp_tensor_part *vp = &v.parts[v.n_parts++];
+            *vp = *tp;
+            vp->data = (const uint8_t *)tp->data + (size_t)(r - base) * tp->row_bytes;
+            vp->rows = take;
+            v.rows += take, r += take, left -= take;
+        }
+    }
+    osp_tensor *nt;
+    OSP_TRY(new_tensor(ld, &nt));
+    *nt = v;
+    *out = nt;
+    return OSP_OK;
+}
+
+osp_status osp_loader_view_cols(osp_loader *ld, const osp_tensor *t, int64_t col0, int64_t ncols, const osp_tensor **out) {
+    *out = NULL;
+    if (col0 < 0 || ncols < 1 || col0 + ncols > t->cols)
+        return osp_set_error(OSP_ERR_INTERNAL, "%s: columns %lld..%lld of a %lld-column matrix", ld->path, (long long)col0,
+                             (long long)(col0 + ncols), (long long)t->cols);
+    osp_tensor v = *t;
+    v.cols = ncols;
+    for (int32_t p = 0; p < t->n_parts; p++) {
+        const osp_tensor_part *tp = &t->parts[p];
+        const int64_t bs = osp_dtype_block_size(tp->type);
+        if (tp->layout != OSP_PART_STORED)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor parallelism splits rows as stored (not the CPU's "
+                                 "--no-mmap strips of the q8 mode)", ld->path);
+        if (bs < 1 || col0 % bs != 0 || ncols % bs != 0)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: a rank's columns %lld..%lld are not whole %s blocks of %lld",
+                                 ld->path, (long long)col0, (long long)(col0 + ncols), osp_dtype_name(tp->type),
+                                 (long long)bs);
+        v.parts[p].data = (const uint8_t *)tp->data + osp_dtype_row_size(tp->type, col0);
+    }
+    osp_tensor *nt;
+    OSP_TRY(new_tensor(ld, &nt));
+    *nt = v;
+    *out = nt;
+    return OSP_OK;
+}
+
 const float *osp_loader_host_f32(osp_loader *ld, const char *name, int64_t n) {
     if (!ld->gguf) return NULL;
     const osp_gguf_tensor *t = osp_gguf_find_tensor(ld->gguf, name);

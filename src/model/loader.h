@@ -52,6 +52,16 @@ osp_status osp_loader_vectors(osp_loader *ld, const char *const *names, const in
                               const osp_tensor **out);
 /* A constant computed on the host (RoPE inverse frequencies), n fp32 values, placed on the backend. */
 osp_status osp_loader_constant(osp_loader *ld, const float *values, int64_t n, const osp_tensor **out);
+/* Tensor parallelism's views of a placed matrix t (no bytes copied; *out owned by the loader):
+ * view_rows stacks the n row ranges [row0[i], row0[i] + nrows[i]) of t in order (a range may span t's
+ * parts; at most OSP_TENSOR_MAX_PARTS parts in all); view_cols keeps columns [col0, col0 + ncols) of every
+ * row (each part's data moved by col0's bytes, its row_bytes unchanged), col0 and ncols whole blocks of
+ * every part's type. Both need the parts as stored (not the CPU's 16-row strips). Errors:
+ * OSP_ERR_UNSUPPORTED (strips, partial blocks, too many parts, with the reason), OSP_ERR_INTERNAL (a
+ * range outside t), OSP_ERR_NOMEM. */
+osp_status osp_loader_view_rows(osp_loader *ld, const osp_tensor *t, int32_t n, const int64_t *row0, const int64_t *nrows,
+                                const osp_tensor **out);
+osp_status osp_loader_view_cols(osp_loader *ld, const osp_tensor *t, int64_t col0, int64_t ncols, const osp_tensor **out);
 /* Host view of an fp32 vector in the file (RoPE factors read at build time), or NULL if absent. */
 const float *osp_loader_host_f32(osp_loader *ld, const char *name, int64_t n);
 void osp_loader_free(osp_loader *ld);

@@ -16,6 +16,7 @@
 #include "core/status_internal.h"
 #include "core/threadpool.h"
 #include "kv/kv_cache.h"
+#include "backend/comm.h"
 #include "model/arch.h"
 #include "model/model_exec.h"
 #include "model/presets.h"
@@ -83,6 +84,25 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
     if (m->n_threads < 1) m->n_threads = 1;
     OSP_TRY(osp_threadpool_create(m->n_threads, &m->pool));
     const osp_device dev = params ? params->device : OSP_DEVICE_CPU;
+    const int32_t tp = params && params->tensor_parallel_size > 1 ? params->tensor_parallel_size : 1;
+    if (params && (params->tensor_parallel_size < 0 || (tp == 1 && (params->comm || params->tensor_parallel_rank != 0))))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "model: tensor_parallel_size %d with %s and rank %d",
+                             params->tensor_parallel_size, params->comm ? "a communicator" : "no communicator",
+                             params->tensor_parallel_rank);
+    if (tp > 1) {
+        if (!params->comm || osp_comm_world(params->comm) != tp || params->tensor_parallel_rank < 0 ||
+            params->tensor_parallel_rank >= tp)
+            return osp_set_error(OSP_ERR_INVALID_ARG,
+                                 "model: tensor parallelism needs a communicator of %d ranks and a rank in 0..%d (rank %d)",
+                                 tp, tp - 1, params->tensor_parallel_rank);
+        if (dev != OSP_DEVICE_CPU)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "model: tensor parallelism runs on the CPU backend only so far "
+                                                      "(the GPU needs NCCL collectives, not built yet)");
+        if (params->draft_4bit_weights)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "model: QuantSpec's 4-bit draft weights do not split across ranks");
+        if (!m->arch->shard)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "model: architecture %s has no tensor-parallel split yet", m->cfg.arch);
+    }
     osp_backend_params bp = {
         .pool = m->pool,
         .exact = params && (params->exact || (params->emulate_bf16 && dev == OSP_DEVICE_CPU)),
@@ -90,6 +110,8 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
         .act_q8 = params && params->cpu_activations == OSP_CPU_ACT_Q8,
         .no_mmap = params && params->no_mmap,
         .quant_weights = params && params->gpu_quant_weights,
+        .comm = tp > 1 ? params->comm : NULL,
+        .tp_rank = tp > 1 ? params->tensor_parallel_rank : 0,
     };
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));
     m->be->n_vocab = m->cfg.n_vocab;
@@ -106,8 +128,13 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
             m->loader.total_bytes += osp_gguf_tensor_at(m->gguf, i)->nbytes;
     }
     OSP_TRY(m->arch->bind(&m->loader, &m->cfg, &m->weights));
+    if (tp > 1) { /* from here on the model is the rank's share */
+        osp_model_config rc;
+        OSP_TRY(m->arch->shard(&m->loader, &m->cfg, params->tensor_parallel_rank, tp, m->weights, &rc));
+        m->cfg = rc;
+    }
     if (m->loader.progress) m->loader.progress(m->loader.progress_ctx, 1.0f);
-    osp_build_opts bo = {0};
+    osp_build_opts bo = {.tp_world = tp};
     if (params && params->n_hidden_layers > 0) {
         if (params->n_hidden_layers > 8)
             return osp_set_error(OSP_ERR_INVALID_ARG, "model: at most 8 hidden-state layers (%d asked)", params->n_hidden_layers);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/comm.h"
 #include "backend/cpu/fgemm.h"
 #include "backend/cpu/ops.h"
 #include "backend/cpu/qdot.h"
@@ -38,6 +39,8 @@ typedef struct cpu_backend {
     bool no_mmap; /* matrices copied onto 2 MB pages (osp_backend_params.no_mmap; copy_weights) */
     bool act_q8; /* one-level activations for the parts of a matmul that have them (qdot8k.h: the
                   * K-quants; qdot8b.h: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) */
+    osp_comm *comm;  /* tensor parallelism: ALL_REDUCE's ranks (NULL: one rank, the identity) */
+    int32_t tp_rank; /* this backend's rank in comm */
     void **allocs; /* host buffers this backend made (concatenated vectors, KV pages) */
     int32_t n_allocs, cap_allocs;
     struct { char *base; size_t len; } *arenas; /* no_mmap: the anonymous mappings weights were copied into */
@@ -338,6 +341,7 @@ typedef struct run_ctx {
     int64_t T, L;
     const osp_attn_hook *hook; /* io->attn_hook, or NULL */
     osp_status *hook_status;   /* the first prepare error of the run (OSP_OK until then) */
+    osp_status *comm_status;   /* the first collective's error of the run (OSP_OK until then) */
 } run_ctx;
 
 static int64_t rows_of(const run_ctx *r, int32_t act) {
@@ -814,6 +818,15 @@ static void op_copy(const run_ctx *r, const osp_op *op, int ith, int nth) {
     if (t1 > t0) memcpy(r->bufs[op->dst] + t0 * n, r->bufs[op->src0] + t0 * n, (size_t)((t1 - t0) * n) * sizeof(float));
 }
 
+/* ALL_REDUCE (in place): thread 0 runs the collective while the others wait at the next barrier. After a
+ * failed one (a rank aborted) the rest of the run computes on junk and the run returns the error. */
+static void op_all_reduce(const run_ctx *r, const osp_op *op, int ith) {
+    if (!r->c->comm || ith != 0 || *r->comm_status != OSP_OK) return;
+    const int64_t n = r->g->acts[op->dst].cols * rows_of(r, op->dst);
+    *r->comm_status = osp_comm_all_reduce_f32(r->c->comm, r->c->tp_rank, r->bufs[op->dst], n);
+    round_if(r, op->dst, r->bufs[op->dst], n); /* a bf16 activation is summed and stored in bf16 on the GPU */
+}
+
 /* SCALE and SOFTCAP: elementwise over my rows (dst may be src0) */
 static void op_scale(const run_ctx *r, const osp_op *op, int ith, int nth) {
     const int64_t n = r->g->acts[op->dst].cols, R = rows_of(r, op->dst);
@@ -865,6 +878,7 @@ static void run_task(void *arg, int ith, int nth) {
         case OSP_OP_COPY: op_copy(r, op, ith, nth); break;
         case OSP_OP_SCALE:
         case OSP_OP_SOFTCAP: op_scale(r, op, ith, nth); break;
+        case OSP_OP_ALL_REDUCE: op_all_reduce(r, op, ith); break;
         default: break;
         }
     }
@@ -893,6 +907,10 @@ static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *o
     }
     if (op->kind == OSP_OP_SOFTCAP && !(op->p.scale.s > 0.0f)) {
         snprintf(why, n, "softcap %g is not > 0", (double)op->p.scale.s);
+        return false;
+    }
+    if (op->kind == OSP_OP_ALL_REDUCE && (op->dst < 0 || op->dst != op->src0)) {
+        snprintf(why, n, "all_reduce runs in place (dst == src0)");
         return false;
     }
     if (op->kind == OSP_OP_ATTENTION && op->p.attn.head_dim > 1024) {
@@ -1022,8 +1040,8 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
     if (b->num_logits > 0 && g->logits >= 0 && !logits)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: logits must go to the host");
     OSP_TRY(reserve(c, g, b, logits, bufs));
-    osp_status hook_status = OSP_OK;
-    run_ctx r = {c, g, kv, b, bufs, b->num_tokens, b->num_logits, io ? io->attn_hook : NULL, &hook_status};
+    osp_status hook_status = OSP_OK, comm_status = OSP_OK;
+    run_ctx r = {c, g, kv, b, bufs, b->num_tokens, b->num_logits, io ? io->attn_hook : NULL, &hook_status, &comm_status};
     for (int32_t i = 0; io && i < io->n_acts; i++) {
         const osp_act_io *a = &io->acts[i];
         if (a->act < 0 || a->act >= g->n_acts) return osp_set_error(OSP_ERR_INVALID_ARG, "cpu backend: no activation %d", a->act);
@@ -1045,6 +1063,7 @@ static osp_status cpu_run(osp_backend *be, const osp_graph *g, osp_kv_cache *kv,
         if (!a->input) memcpy(a->host, bufs[a->act], sizeof(float) * (size_t)rows_of(&r, a->act) * (size_t)g->acts[a->act].cols);
     }
     if (hook_status != OSP_OK) return hook_status; /* its message is set (on the thread that prepared) */
+    if (comm_status != OSP_OK) return comm_status; /* likewise (thread 0) */
     c->logits = logits;
     c->last_logits = g->logits >= 0 ? b->num_logits : 0;
     return OSP_OK;
@@ -1106,6 +1125,8 @@ osp_status osp_backend_cpu_create(const osp_backend_params *p, osp_backend **out
     c->emulate = p->emulate_bf16;
     c->act_q8 = p->act_q8 && !c->exact;
     c->no_mmap = p->no_mmap;
+    c->comm = p->comm;
+    c->tp_rank = p->tp_rank;
     (void)osp_qdot_isa(); /* picks the kernel family now, before any worker thread asks for it */
     const char *e = getenv("OSPREY_CPU_STRIPS"); /* 0: keep the copies as stored (an A/B switch) */
     c->strips = c->no_mmap && c->act_q8 && !c->emulate && !(e && strcmp(e, "0") == 0);

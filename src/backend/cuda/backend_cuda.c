@@ -646,6 +646,7 @@ static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op 
              gr->acts[op->dst].rows == gr->acts[op->src0].rows && (op->kind == OSP_OP_SCALE || op->p.scale.s > 0.0f);
         need = "fp32 in and out of one shape (and a cap > 0)";
         break;
+    case OSP_OP_ALL_REDUCE: ok = op->dst >= 0 && op->dst == op->src0, need = "an in-place all_reduce"; break;
     case OSP_OP_COPY:
         ok = op->dst >= 0 && op->src0 >= 0 && gr->acts[op->dst].type == gr->acts[op->src0].type &&
              gr->acts[op->dst].cols == gr->acts[op->src0].cols && gr->acts[op->dst].rows == gr->acts[op->src0].rows;
@@ -986,6 +987,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         case OSP_OP_COPY: /* a device-to-device copy on the stream (graph-capturable) */
             OSP_TRY(osp_cuda_d2d(dst, s0, act_size(&gr->acts[op->dst], R, R), st));
             break;
+        case OSP_OP_ALL_REDUCE: break; /* one rank (the backend takes no communicator): the identity */
         default: return osp_set_error(OSP_ERR_INTERNAL, "cuda: op kind %d", (int)op->kind);
         }
     }
@@ -1709,6 +1711,7 @@ osp_status osp_backend_cuda_create(const osp_backend_params *p, osp_backend **ou
     *out = NULL;
     if (osp_cuda_device_count() <= 0) return osp_set_error(OSP_ERR_UNSUPPORTED, "--device cuda: no CUDA device is present");
     if (!p || !p->pool) return osp_set_error(OSP_ERR_INVALID_ARG, "cuda backend: no thread pool");
+    if (p->comm) return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda backend: tensor parallelism needs NCCL collectives, not built yet");
     cuda_backend *g = calloc(1, sizeof *g);
     if (!g) return osp_set_error(OSP_ERR_NOMEM, "cuda: out of memory");
     g->base.vt = &k_cuda_vt;

@@ -1,0 +1,118 @@
+/* The local communicator (comm.h): ranks are threads of one process; a reusable barrier (mutex and
+ * condition variable, generation counted) orders four phases of an all-reduce: publish each rank's
+ * buffer and length; rank 0 sizes the shared sum buffer; each rank sums its slice of the elements over
+ * all ranks' buffers in rank order; each rank copies the whole sum back into its buffer. */
+#include "backend/comm.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status_internal.h"
+
+#define OSP_COMM_MAX_WORLD 64
+
+struct osp_comm {
+    int32_t world;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t arrived;
+    uint64_t generation;
+    bool aborted;
+    float *bufs[OSP_COMM_MAX_WORLD];
+    int64_t lens[OSP_COMM_MAX_WORLD];
+    float *sum; /* [cap] */
+    int64_t cap;
+    bool sum_failed; /* rank 0 could not grow sum this call */
+};
+
+osp_status osp_comm_local_create(int32_t world, osp_comm **out) {
+    if (!out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_comm_local_create: NULL argument");
+    *out = NULL;
+    if (world < 1 || world > OSP_COMM_MAX_WORLD)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "communicator: %d ranks (1..%d)", world, OSP_COMM_MAX_WORLD);
+    osp_comm *c = calloc(1, sizeof *c);
+    if (!c) return osp_set_error(OSP_ERR_NOMEM, "communicator: out of memory");
+    c->world = world;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    *out = c;
+    return OSP_OK;
+}
+
+void osp_comm_free(osp_comm *c) {
+    if (!c) return;
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c->sum);
+    free(c);
+}
+
+int32_t osp_comm_world(const osp_comm *c) { return c->world; }
+
+void osp_comm_abort(osp_comm *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->aborted = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Waits for every rank; false once aborted (before or while waiting). */
+static bool barrier(osp_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    const uint64_t gen = c->generation;
+    if (!c->aborted && ++c->arrived == c->world) {
+        c->arrived = 0;
+        c->generation++;
+        pthread_cond_broadcast(&c->cv);
+    } else {
+        while (!c->aborted && c->generation == gen) pthread_cond_wait(&c->cv, &c->mu);
+    }
+    const bool ok = !c->aborted;
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
+
+static osp_status aborted(void) { return osp_set_error(OSP_ERR_INTERNAL, "communicator: aborted (a rank failed)"); }
+
+osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_t n) {
+    if (!c || rank < 0 || rank >= c->world || n < 0 || (n > 0 && !buf))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank %d of %d, %lld values", rank, c ? c->world : 0,
+                             (long long)n);
+    if (c->world == 1) return OSP_OK;
+    c->bufs[rank] = buf;
+    c->lens[rank] = n;
+    if (!barrier(c)) return aborted();
+    for (int32_t r = 1; r < c->world; r++)
+        if (c->lens[r] != c->lens[0]) {
+            const int64_t n0 = c->lens[0], nr = c->lens[r];
+            if (!barrier(c)) return aborted(); /* nobody rewrites lens until all have read them */
+            return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank 0 has %lld values, rank %d %lld",
+                                 (long long)n0, r, (long long)nr);
+        }
+    if (rank == 0) {
+        c->sum_failed = false;
+        if (n > c->cap) {
+            float *s = realloc(c->sum, (size_t)n * sizeof *s);
+            if (s) c->sum = s, c->cap = n;
+            else c->sum_failed = true;
+        }
+    }
+    if (!barrier(c)) return aborted();
+    if (c->sum_failed) {
+        if (!barrier(c)) return aborted();
+        return osp_set_error(OSP_ERR_NOMEM, "all-reduce: out of memory for %lld values", (long long)n);
+    }
+    const int64_t i0 = n * rank / c->world, i1 = n * (rank + 1) / c->world;
+    for (int64_t i = i0; i < i1; i++) {
+        float s = c->bufs[0][i];
+        for (int32_t r = 1; r < c->world; r++) s += c->bufs[r][i];
+        c->sum[i] = s;
+    }
+    if (!barrier(c)) return aborted();
+    if (n > 0) memcpy(buf, c->sum, (size_t)n * sizeof *buf);
+    if (!barrier(c)) return aborted(); /* sum and bufs are rewritten by the next call */
+    return OSP_OK;
+}

@@ -1,0 +1,26 @@
+/* The tensor-parallel communicator behind the ALL_REDUCE op kind (op.h): the collectives the ranks of
+ * one model run in the same order (Megatron-LM's column / row split, Shoeybi et al. 2019, §3: an
+ * all-reduce after each row-parallel projection). The public handle is osp_comm (osprey/model.h).
+ *
+ * Implementations: "local", N ranks as threads of one process sharing host memory (the CPU backend;
+ * what the tests and CI run, since NCCL refuses two ranks on one GPU); NCCL for the CUDA backend is
+ * not built yet. Every rank gets the same bits: the sum runs in rank order 0, 1, ..., N - 1 whatever the
+ * threads' timing. */
+#ifndef OSP_BACKEND_COMM_H
+#define OSP_BACKEND_COMM_H
+
+#include <stdint.h>
+
+#include "osprey/model.h"
+
+/* The number of ranks c serves. */
+int32_t osp_comm_world(const osp_comm *c);
+
+/* buf [n] of `rank` <- the sum over the ranks of their buf [n], fp32 adds in rank order. Every rank
+ * calls it with the same n, each with its own buffer; returns when all have their result. Errors:
+ * OSP_ERR_INVALID_ARG (rank out of range, n < 0, the ranks' n differ: then every rank gets it),
+ * OSP_ERR_NOMEM, OSP_ERR_INTERNAL once the communicator is aborted (osp_comm_abort): no rank waits
+ * for a rank that failed. */
+osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_t n);
+
+#endif

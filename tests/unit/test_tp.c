@@ -1,0 +1,282 @@
+/* Tensor parallelism on the CPU backend (osp_model_params.tensor_parallel_size, the local communicator of
+ * src/backend/comm.h), the sharding math issue 22 asks CI to hold without several GPUs:
+ *   - the communicator sums in rank order (every rank the same bits, whatever the threads' timing), refuses
+ *     ranks that disagree on the length, and an abort wakes every waiting rank with an error (no hang);
+ *   - a model split over 2 ranks, each rank's forward on its own thread, gives the logits of the whole
+ *     model within fp32 rounding (exact mode: only the order of the row-parallel sums differs) and its
+ *     greedy tokens, on llama (F32, Q8_0: the split columns are whole Q8_0 blocks) and qwen2 (q/k/v biases),
+ *     for a prompt and one-token decode steps over the ranks' own KV caches (their KV heads only); every rank
+ *     gets the same logits bit for bit (the all-reduce hands each the same sum);
+ *   - the rank's config is its share (n_head, n_head_kv, n_ff divided), and shapes that do not split, a
+ *     missing communicator, a rank out of range, the GPU and QuantSpec's draft weights are refused with a
+ *     message. */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/comm.h"
+#include "model/model_exec.h"
+#include "osprey/model.h"
+
+static const char *g_root;
+
+enum { NB = 8, BS = 16, N_PROMPT = 9, N_DECODE = 4, MAX_RANKS = 4 };
+
+/* ---- the communicator ------------------------------------------------------------------------------ */
+
+typedef struct comm_job {
+    osp_comm *c;
+    int32_t rank, n, calls;
+    float *buf;
+    osp_status st;
+} comm_job;
+
+static void *comm_worker(void *arg) {
+    comm_job *j = arg;
+    j->st = OSP_OK;
+    for (int32_t k = 0; k < j->calls && j->st == OSP_OK; k++) {
+        for (int32_t i = 0; i < j->n; i++) j->buf[i] = (float)(j->rank + 1) * 0.1f + (float)i * 1e-3f + (float)k;
+        j->st = osp_comm_all_reduce_f32(j->c, j->rank, j->buf, j->n);
+    }
+    return NULL;
+}
+
+static void test_comm_sum(void **state) {
+    (void)state;
+    for (int32_t world = 1; world <= MAX_RANKS; world++) {
+        osp_comm *c;
+        assert_int_equal(osp_comm_local_create(world, &c), OSP_OK);
+        assert_int_equal(osp_comm_world(c), world);
+        const int32_t n = 1000;
+        comm_job jobs[MAX_RANKS];
+        pthread_t th[MAX_RANKS];
+        for (int32_t r = 0; r < world; r++) {
+            jobs[r] = (comm_job){.c = c, .rank = r, .n = n, .calls = 5, .buf = malloc(sizeof(float) * n)};
+            assert_int_equal(pthread_create(&th[r], NULL, comm_worker, &jobs[r]), 0);
+        }
+        for (int32_t r = 0; r < world; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+        for (int32_t r = 0; r < world; r++) {
+            assert_int_equal(jobs[r].st, OSP_OK);
+            for (int32_t i = 0; i < n; i++) { /* the last call's sum, fp32 adds in rank order */
+                float want = 0.1f + (float)i * 1e-3f + 4.0f;
+                for (int32_t q = 1; q < world; q++) want += (float)(q + 1) * 0.1f + (float)i * 1e-3f + 4.0f;
+                if (memcmp(&want, &jobs[r].buf[i], sizeof want) != 0)
+                    fail_msg("%d ranks: rank %d element %d is %.9g, rank-order sum %.9g", world, r, i,
+                             (double)jobs[r].buf[i], (double)want);
+            }
+            free(jobs[r].buf);
+        }
+        osp_comm_free(c);
+    }
+}
+
+static void test_comm_errors(void **state) {
+    (void)state;
+    osp_comm *c;
+    assert_int_equal(osp_comm_local_create(0, &c), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_comm_local_create(65, &c), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_comm_local_create(2, &c), OSP_OK);
+    float x[4] = {0};
+    assert_int_equal(osp_comm_all_reduce_f32(c, 2, x, 4), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_comm_all_reduce_f32(c, 0, x, -1), OSP_ERR_INVALID_ARG);
+    /* ranks that disagree on the length: both get the error, neither hangs */
+    comm_job a = {.c = c, .rank = 0, .n = 3, .calls = 1, .buf = malloc(sizeof(float) * 4)};
+    comm_job b = {.c = c, .rank = 1, .n = 4, .calls = 1, .buf = malloc(sizeof(float) * 4)};
+    pthread_t ta, tb;
+    assert_int_equal(pthread_create(&ta, NULL, comm_worker, &a), 0);
+    assert_int_equal(pthread_create(&tb, NULL, comm_worker, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    assert_int_equal(a.st, OSP_ERR_INVALID_ARG);
+    assert_int_equal(b.st, OSP_ERR_INVALID_ARG);
+    /* a rank that never comes: the abort wakes the one waiting */
+    a.n = 4;
+    assert_int_equal(pthread_create(&ta, NULL, comm_worker, &a), 0);
+    osp_comm_abort(c);
+    pthread_join(ta, NULL);
+    assert_int_equal(a.st, OSP_ERR_INTERNAL);
+    assert_int_equal(osp_comm_all_reduce_f32(c, 1, b.buf, 4), OSP_ERR_INTERNAL); /* stays aborted */
+    free(a.buf);
+    free(b.buf);
+    osp_comm_free(c);
+    osp_comm_free(NULL);
+}
+
+/* ---- a model split over ranks ---------------------------------------------------------------------- */
+
+/* A prompt of N_PROMPT tokens, then N_DECODE one-token steps of the greedy token; the last row's logits of
+ * each forward, in order, into out [(1 + N_DECODE) x n_vocab]. On error the rank aborts the communicator
+ * (the others' collectives return) and records it. */
+typedef struct rank_job {
+    osp_model *m;
+    osp_comm *c; /* NULL: one rank */
+    float *out;
+    osp_status st;
+} rank_job;
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void *run_rank(void *arg) {
+    rank_job *j = arg;
+    const int32_t V = osp_model_config_get(j->m)->n_vocab;
+    osp_kv_cache *kv = NULL;
+    j->st = osp_kv_cache_create(j->m, NB, BS, OSP_KV_DTYPE_F32, &kv);
+    int32_t ids[N_PROMPT], pos[N_PROMPT], bt[NB];
+    for (int i = 0; i < NB; i++) bt[i] = i;
+    for (int i = 0; i < N_PROMPT; i++) ids[i] = (i * 37 + 5) % V, pos[i] = i;
+    int32_t next = 0;
+    for (int step = 0; step <= N_DECODE && j->st == OSP_OK; step++) {
+        const int32_t n = step == 0 ? N_PROMPT : 1, p0 = step == 0 ? 0 : N_PROMPT + step - 1;
+        int32_t qsl[2] = {0, n}, sl[1] = {p0 + n}, li[1] = {n - 1}, one_id[1] = {next}, one_pos[1] = {p0};
+        osp_batch b = {.num_tokens = n, .token_ids = step == 0 ? ids : one_id, .positions = step == 0 ? pos : one_pos,
+                       .slot_mapping = step == 0 ? pos : one_pos, .num_seqs = 1, .query_start_loc = qsl,
+                       .seq_lens = sl, .block_table = bt, .max_blocks_per_seq = NB, .num_logits = 1,
+                       .logits_indices = li};
+        float *lg = j->out + (size_t)step * (size_t)V;
+        j->st = osp_model_forward(j->m, kv, &b, lg);
+        next = argmax(lg, V);
+    }
+    if (j->st != OSP_OK && j->c) osp_comm_abort(j->c);
+    osp_kv_cache_free(kv);
+    return NULL;
+}
+
+static osp_model_params params(bool q8) {
+    osp_model_params mp = osp_model_default_params();
+    mp.n_threads = 1;
+    mp.exact = !q8;
+    mp.cpu_activations = q8 ? OSP_CPU_ACT_Q8 : OSP_CPU_ACT_TWO_LEVEL;
+    return mp;
+}
+
+/* Logits of the whole model vs. the ranks' (world ranks on their own threads). */
+static void check_split(const char *name, int32_t world, bool q8, double tol) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/models/%s", g_root, name);
+    osp_model_params mp = params(q8);
+    osp_model *whole;
+    assert_int_equal(osp_model_load(path, &mp, &whole), OSP_OK);
+    const osp_model_config *cw = osp_model_config_get(whole);
+    const int32_t V = cw->n_vocab;
+    const size_t n = (size_t)(1 + N_DECODE) * (size_t)V;
+    rank_job ref = {.m = whole, .out = malloc(sizeof(float) * n)};
+    run_rank(&ref);
+    assert_int_equal(ref.st, OSP_OK);
+
+    osp_comm *c;
+    assert_int_equal(osp_comm_local_create(world, &c), OSP_OK);
+    rank_job jobs[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    for (int32_t r = 0; r < world; r++) {
+        mp.tensor_parallel_size = world, mp.tensor_parallel_rank = r, mp.comm = c;
+        osp_model *m;
+        assert_int_equal(osp_model_load(path, &mp, &m), OSP_OK);
+        const osp_model_config *cr = osp_model_config_get(m);
+        assert_int_equal(cr->n_head, cw->n_head / world);
+        assert_int_equal(cr->n_head_kv, cw->n_head_kv / world);
+        assert_int_equal(cr->n_ff, cw->n_ff / world);
+        assert_int_equal(cr->n_embd, cw->n_embd);
+        assert_int_equal(cr->n_vocab, V);
+        jobs[r] = (rank_job){.m = m, .c = c, .out = malloc(sizeof(float) * n)};
+    }
+    for (int32_t r = 0; r < world; r++) assert_int_equal(pthread_create(&th[r], NULL, run_rank, &jobs[r]), 0);
+    for (int32_t r = 0; r < world; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+    double max_abs = 0.0, max_ref = 0.0;
+    for (int32_t r = 0; r < world; r++) {
+        assert_int_equal(jobs[r].st, OSP_OK);
+        if (r > 0 && memcmp(jobs[r].out, jobs[0].out, sizeof(float) * n) != 0)
+            fail_msg("%s over %d ranks: rank %d's logits differ from rank 0's", name, world, r);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)jobs[0].out[i] - (double)ref.out[i]);
+        max_abs = d > max_abs ? d : max_abs;
+        max_ref = fabs((double)ref.out[i]) > max_ref ? fabs((double)ref.out[i]) : max_ref;
+    }
+    for (int step = 0; step <= N_DECODE; step++)
+        assert_int_equal(argmax(jobs[0].out + (size_t)step * V, V), argmax(ref.out + (size_t)step * V, V));
+    printf("%s, %s, %d ranks: max |logit - whole model's| %.3g (largest logit %.3g), greedy tokens equal\n", name,
+           q8 ? "q8 activations" : "exact", world, max_abs, max_ref);
+    if (!(max_abs <= tol * (max_ref > 1.0 ? max_ref : 1.0)))
+        fail_msg("%s over %d ranks: logits %.3g from the whole model's (tolerance %.3g)", name, world, max_abs, tol);
+    for (int32_t r = 0; r < world; r++) {
+        osp_model_free(jobs[r].m);
+        free(jobs[r].out);
+    }
+    osp_comm_free(c);
+    osp_model_free(whole);
+    free(ref.out);
+}
+
+/* Exact mode: fp32 everywhere, only the row-parallel sums' order differs from the whole model's. The
+ * one-level mode quantizes each rank's half of o's and down's inputs per block of 32 as the whole model
+ * does (the split falls on block edges), so it stays close too. */
+static void test_llama_f32(void **state) {
+    (void)state;
+    check_split("tiny-llama-f32.gguf", 2, false, 1e-5);
+}
+
+static void test_llama_q8_0(void **state) {
+    (void)state;
+    check_split("tiny-llama-q8_0.gguf", 2, false, 1e-5);
+    check_split("tiny-llama-q8_0.gguf", 2, true, 1e-5);
+}
+
+static void test_qwen2_bias(void **state) {
+    (void)state;
+    check_split("tiny-qwen2-q4_1.gguf", 2, false, 1e-5);
+}
+
+/* 4 ranks of a model with 2 KV heads: KV-head replication is not built, so it is refused. */
+static void test_refusals(void **state) {
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/models/tiny-llama-f32.gguf", g_root);
+    osp_comm *c2, *c4;
+    assert_int_equal(osp_comm_local_create(2, &c2), OSP_OK);
+    assert_int_equal(osp_comm_local_create(4, &c4), OSP_OK);
+    osp_model *m = NULL;
+    osp_model_params mp = params(false);
+    mp.tensor_parallel_size = 4, mp.comm = c4;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "n_head_kv"));
+    mp.comm = c2; /* the communicator's size differs */
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
+    mp.tensor_parallel_size = 2, mp.tensor_parallel_rank = 2;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
+    mp.tensor_parallel_rank = 0, mp.comm = NULL;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
+    mp.tensor_parallel_size = 1, mp.comm = c2; /* a communicator without a split */
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
+    mp.tensor_parallel_size = 2;
+    mp.draft_4bit_weights = true;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
+    mp.draft_4bit_weights = false;
+    mp.device = OSP_DEVICE_CUDA;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
+    assert_null(m);
+    osp_comm_free(c2);
+    osp_comm_free(c4);
+}
+
+int main(void) {
+    g_root = getenv("OSPREY_ROOT");
+    if (!g_root) g_root = ".";
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_errors), cmocka_unit_test(test_llama_f32),
+        cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
