@@ -39,11 +39,15 @@ typedef struct comm_job {
     osp_status st;
 } comm_job;
 
+/* rank r's element i in call k (one function for the workers and the expected sums: the same bits under any
+ * compiler's contraction of the expression) */
+static float value(int32_t r, int32_t i, int32_t k) { return (float)(r + 1) * 0.1f + (float)i * 1e-3f + (float)k; }
+
 static void *comm_worker(void *arg) {
     comm_job *j = arg;
     j->st = OSP_OK;
     for (int32_t k = 0; k < j->calls && j->st == OSP_OK; k++) {
-        for (int32_t i = 0; i < j->n; i++) j->buf[i] = (float)(j->rank + 1) * 0.1f + (float)i * 1e-3f + (float)k;
+        for (int32_t i = 0; i < j->n; i++) j->buf[i] = value(j->rank, i, k);
         j->st = osp_comm_all_reduce_f32(j->c, j->rank, j->buf, j->n);
     }
     return NULL;
@@ -66,8 +70,8 @@ static void test_comm_sum(void **state) {
         for (int32_t r = 0; r < world; r++) {
             assert_int_equal(jobs[r].st, OSP_OK);
             for (int32_t i = 0; i < n; i++) { /* the last call's sum, fp32 adds in rank order */
-                float want = 0.1f + (float)i * 1e-3f + 4.0f;
-                for (int32_t q = 1; q < world; q++) want += (float)(q + 1) * 0.1f + (float)i * 1e-3f + 4.0f;
+                float want = value(0, i, 4);
+                for (int32_t q = 1; q < world; q++) want += value(q, i, 4);
                 if (memcmp(&want, &jobs[r].buf[i], sizeof want) != 0)
                     fail_msg("%d ranks: rank %d element %d is %.9g, rank-order sum %.9g", world, r, i,
                              (double)jobs[r].buf[i], (double)want);
