@@ -66,6 +66,11 @@ struct osp_kv_cache {
     int32_t hier_full_recent;
     uint64_t id;      /* unique per cache in this process: CUDA graphs captured with one cache's pages
                        * are replayed only with that cache */
+    /* A cache made for a tensor-parallel driver model (osp_model_params.tensor_parallel_size without a
+     * communicator): this struct holds rank 0's KV heads, tp_ranks[r] (1 <= r < tp_n) rank r's, owned and
+     * freed with it; the same blocks and slots in every rank's cache. NULL / 0 otherwise. */
+    struct osp_kv_cache **tp_ranks;
+    int32_t tp_n;
 };
 
 #endif

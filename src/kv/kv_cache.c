@@ -245,6 +245,8 @@ osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *c, in
 
 void osp_kv_cache_free(osp_kv_cache *kv) {
     if (!kv) return;
+    for (int32_t r = 1; r < kv->tp_n; r++) osp_kv_cache_free(kv->tp_ranks[r]);
+    free(kv->tp_ranks);
     if (kv->pages) kv->be->vt->buffer_free(kv->be, kv->pages);
     osp_backend_free(kv->be); /* our reference */
     free(kv->k);

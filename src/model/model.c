@@ -7,6 +7,7 @@
  *   osp_model_forward(batch) --> backend.run(op list, KV cache, batch) */
 #include "osprey/model.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +35,39 @@ struct osp_model {
                          * every token (osp_model_forward_embd) */
     const osp_attn_hook *attn_hook; /* osp_model_set_attn_hook, or NULL */
     osp_dev_sparse *dev_sparse;     /* osp_model_set_dev_sparse, or NULL */
+    struct tp_driver *tp;           /* tensor parallelism driven from here (rank 0 is this model), or NULL */
 };
+
+/* ---- tensor parallelism: one model that drives its ranks ------------------------------------------
+ * osp_model_load with tensor_parallel_size N > 1 and no communicator: this model is rank 0 and owns a local
+ * communicator, the models of ranks 1..N-1 and one thread each. A forward hands the batch to the rank
+ * threads (the step's "broadcast": the same host batch, read-only), runs rank 0 on the caller's thread and
+ * waits for all; every rank computes the same logits (comm.h), rank 0's go to the caller. A rank that fails
+ * aborts the communicator, so no rank waits forever, and the forward returns the first rank's error; the
+ * communicator stays aborted (later forwards fail): the caller drops the model. */
+typedef struct tp_driver {
+    int32_t n;
+    osp_comm *comm;
+    osp_model **ranks; /* [n]: [0] unused (this model) */
+    pthread_t *threads; /* [n]: [0] unused */
+    int32_t n_threads_started;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;
+    int32_t pending;
+    bool quit;
+    /* the job */
+    osp_kv_cache *kv;
+    const osp_batch *b;
+    bool embd;
+    osp_status *st; /* [n] */
+    float **logits; /* [n]: ranks' own logits and embd buffers ([0] unused) */
+    float **embd_buf;
+    size_t *cap, *cap_embd;
+    char (*msg)[256]; /* [n]: a failed rank's message (set on its thread) */
+} tp_driver;
+
+typedef struct tp_arg { tp_driver *d; int32_t rank; } tp_arg;
 
 osp_model_params osp_model_default_params(void) {
     osp_model_params p = {.n_threads = 0};
@@ -65,8 +98,12 @@ osp_status osp_device_parse(const char *name, osp_device *out) {
 
 int osp_device_count(osp_device d) { return osp_backend_device_count(d); }
 
+static void tp_driver_free(tp_driver *d);
+
 void osp_model_free(osp_model *m) {
     if (!m) return;
+    tp_driver *tp = m->tp;
+    if (tp) tp_driver_free(tp); /* the rank threads and models; the communicator last, below */
     if (m->be) (void)m->be->vt->sync(m->be);
     for (int i = 0; i < 4; i++) osp_graph_free(&m->graph[i]);
     if (m->arch && m->weights) m->arch->free_weights(m->weights);
@@ -75,11 +112,19 @@ void osp_model_free(osp_model *m) {
     osp_threadpool_free(m->pool);
     osp_gguf_close(m->gguf);
     free(m);
+    if (tp) {
+        osp_comm_free(tp->comm);
+        free(tp);
+    }
 }
+
+static osp_status tp_driver_load(osp_model *m, const osp_model_params *params, const osp_model_preset *preset,
+                                 uint64_t seed, const char *path);
 
 /* Threads, backend, binding and op lists, once cfg (and gguf or the preset) are set. */
 static osp_status finish_load(osp_model *m, const osp_model_params *params, const osp_model_preset *preset,
                               uint64_t seed, const char *path) {
+    if (params && params->tensor_parallel_size > 1 && !params->comm) return tp_driver_load(m, params, preset, seed, path);
     m->n_threads = params && params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (m->n_threads < 1) m->n_threads = 1;
     OSP_TRY(osp_threadpool_create(m->n_threads, &m->pool));
@@ -158,6 +203,122 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
                                      osp_op_name(op->kind), op->layer, why);
         }
     }
+    return OSP_OK;
+}
+
+static void *tp_worker(void *arg) {
+    tp_arg *a = arg;
+    tp_driver *d = a->d;
+    const int32_t r = a->rank;
+    free(a);
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        while (!d->quit && d->gen == seen) pthread_cond_wait(&d->go, &d->mu);
+        if (d->quit) {
+            pthread_mutex_unlock(&d->mu);
+            return NULL;
+        }
+        seen = d->gen;
+        pthread_mutex_unlock(&d->mu);
+        osp_status s = osp_model_forward_embd(d->ranks[r], d->kv->tp_ranks[r], d->b, d->logits[r], NULL,
+                                              d->embd ? d->embd_buf[r] : NULL);
+        if (s != OSP_OK) {
+            snprintf(d->msg[r], sizeof d->msg[r], "%s", osp_last_error());
+            osp_comm_abort(d->comm); /* the ranks waiting in a collective for this one return */
+        }
+        pthread_mutex_lock(&d->mu);
+        d->st[r] = s;
+        if (--d->pending == 0) pthread_cond_signal(&d->done);
+        pthread_mutex_unlock(&d->mu);
+    }
+}
+
+static void tp_driver_free(tp_driver *d) {
+    pthread_mutex_lock(&d->mu);
+    d->quit = true;
+    pthread_cond_broadcast(&d->go);
+    pthread_mutex_unlock(&d->mu);
+    for (int32_t r = 1; r <= d->n_threads_started; r++) pthread_join(d->threads[r], NULL);
+    for (int32_t r = 1; r < d->n; r++) {
+        osp_model_free(d->ranks[r]);
+        free(d->logits[r]);
+        free(d->embd_buf[r]);
+    }
+    pthread_cond_destroy(&d->go);
+    pthread_cond_destroy(&d->done);
+    pthread_mutex_destroy(&d->mu);
+    free(d->ranks);
+    free(d->threads);
+    free(d->st);
+    free(d->logits);
+    free(d->embd_buf);
+    free(d->cap);
+    free(d->cap_embd);
+    free(d->msg);
+}
+
+static osp_status tp_driver_load(osp_model *m, const osp_model_params *params, const osp_model_preset *preset,
+                                 uint64_t seed, const char *path) {
+    const int32_t n = params->tensor_parallel_size;
+    if (preset || !m->gguf)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "model: tensor parallelism loads a GGUF file (not random weights)");
+    if (params->tensor_parallel_rank != 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "model: tensor_parallel_rank %d without a communicator (the model "
+                             "that drives the ranks is rank 0)", params->tensor_parallel_rank);
+    if (n > 64) return osp_set_error(OSP_ERR_INVALID_ARG, "model: tensor_parallel_size %d (at most 64)", n);
+    tp_driver *d = calloc(1, sizeof *d);
+    if (!d) return osp_set_error(OSP_ERR_NOMEM, "model: out of memory");
+    d->n = n;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->go, NULL);
+    pthread_cond_init(&d->done, NULL);
+    m->tp = d; /* from here osp_model_free cleans up */
+    d->ranks = calloc((size_t)n, sizeof *d->ranks);
+    d->threads = calloc((size_t)n, sizeof *d->threads);
+    d->st = calloc((size_t)n, sizeof *d->st);
+    d->logits = calloc((size_t)n, sizeof *d->logits);
+    d->embd_buf = calloc((size_t)n, sizeof *d->embd_buf);
+    d->cap = calloc((size_t)n, sizeof *d->cap);
+    d->cap_embd = calloc((size_t)n, sizeof *d->cap_embd);
+    d->msg = calloc((size_t)n, sizeof *d->msg);
+    if (!d->ranks || !d->threads || !d->st || !d->logits || !d->embd_buf || !d->cap || !d->cap_embd || !d->msg)
+        return osp_set_error(OSP_ERR_NOMEM, "model: out of memory");
+    OSP_TRY(osp_comm_local_create(n, &d->comm));
+    osp_model_params rp = *params;
+    const int nt = params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    rp.n_threads = nt / n > 0 ? nt / n : 1; /* the cores shared among the ranks */
+    rp.comm = d->comm;
+    rp.tensor_parallel_rank = 0;
+    OSP_TRY(finish_load(m, &rp, preset, seed, path));
+    rp.progress = NULL;
+    for (int32_t r = 1; r < n; r++) {
+        rp.tensor_parallel_rank = r;
+        OSP_TRY(osp_model_load(path, &rp, &d->ranks[r]));
+    }
+    for (int32_t r = 1; r < n; r++) {
+        tp_arg *a = malloc(sizeof *a);
+        if (!a) return osp_set_error(OSP_ERR_NOMEM, "model: out of memory");
+        *a = (tp_arg){d, r};
+        if (pthread_create(&d->threads[r], NULL, tp_worker, a) != 0) {
+            free(a);
+            return osp_set_error(OSP_ERR_INTERNAL, "model: cannot start the thread of tensor-parallel rank %d", r);
+        }
+        d->n_threads_started = r;
+    }
+    return OSP_OK;
+}
+
+/* A KV cache for a driver: rank 0's in kv itself, the others' beside it (kv_layout.h). */
+static osp_status tp_kv_attach(const osp_model *m, osp_kv_cache *kv, int32_t num_blocks, int32_t block_size,
+                               osp_kv_dtype k_dtype, osp_kv_dtype v_dtype) {
+    const tp_driver *d = m->tp;
+    kv->tp_ranks = calloc((size_t)d->n, sizeof *kv->tp_ranks);
+    if (!kv->tp_ranks) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
+    kv->tp_n = d->n;
+    for (int32_t r = 1; r < d->n; r++)
+        OSP_TRY(osp_kv_cache_create_with_scales(d->ranks[r], num_blocks, block_size, k_dtype, v_dtype, NULL, NULL,
+                                                &kv->tp_ranks[r]));
     return OSP_OK;
 }
 
@@ -248,15 +409,24 @@ static osp_kv_shape kv_shape(const osp_model_config *c) {
 
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,
                                osp_kv_cache **out) {
-    const osp_kv_shape sh = kv_shape(&m->cfg);
-    return osp_kv_cache_create_on(m->be, &sh, num_blocks, block_size, dtype, out);
+    return osp_kv_cache_create_with_scales(m, num_blocks, block_size, dtype, dtype, NULL, NULL, out);
 }
 
 osp_status osp_kv_cache_create_with_scales(const osp_model *m, int32_t num_blocks, int32_t block_size,
                                            osp_kv_dtype k_dtype, osp_kv_dtype v_dtype, const float *k_fixed,
                                            const float *v_fixed, osp_kv_cache **out) {
     const osp_kv_shape sh = kv_shape(&m->cfg);
-    return osp_kv_cache_create_scaled(m->be, &sh, num_blocks, block_size, k_dtype, v_dtype, k_fixed, v_fixed, out);
+    if (m->tp && (k_fixed || v_fixed))
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache: fixed KV scales (a scales file) are not split across "
+                                                  "tensor-parallel ranks yet");
+    OSP_TRY(osp_kv_cache_create_scaled(m->be, &sh, num_blocks, block_size, k_dtype, v_dtype, k_fixed, v_fixed, out));
+    if (!m->tp) return OSP_OK;
+    const osp_status s = tp_kv_attach(m, *out, num_blocks, block_size, k_dtype, v_dtype);
+    if (s != OSP_OK) {
+        osp_kv_cache_free(*out);
+        *out = NULL;
+    }
+    return s;
 }
 
 osp_status osp_kv_cache_check(const osp_model *m, osp_kv_dtype k_dtype, osp_kv_dtype v_dtype) {
@@ -340,8 +510,35 @@ osp_status osp_model_forward_hidden(osp_model *m, osp_kv_cache *kv, const osp_ba
     return osp_model_forward_embd(m, kv, b, logits, hidden, NULL);
 }
 
+static osp_status forward_check(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits);
+static osp_status forward_run(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits, float *const *hidden,
+                              float *embd);
+static osp_status tp_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits, float *const *hidden,
+                             float *embd);
+
 osp_status osp_model_forward_embd(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits,
                                   float *const *hidden, float *embd) {
+    if (m->tp) return tp_forward(m, kv, b, logits, hidden, embd);
+    OSP_TRY(forward_check(m, kv, b, logits));
+    return forward_run(m, kv, b, logits, hidden, embd);
+}
+
+/* The op list on the model's backend (arguments checked). */
+static osp_status forward_run(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits, float *const *hidden,
+                              float *embd) {
+    const osp_graph *g = &m->graph[(b->num_logits > 0) + (embd ? 2 : 0)];
+    osp_act_io acts[9];
+    int32_t n_acts = 0;
+    for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[n_acts++] = (osp_act_io){g->hidden[i], hidden[i], false};
+    if (embd) acts[n_acts++] = (osp_act_io){g->embd, embd, false};
+    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = n_acts, .attn_hook = m->attn_hook,
+                           .dev_sparse = m->dev_sparse};
+    return m->be->vt->run(m->be, g, kv, b, &io);
+}
+
+/* The arguments of a forward (every rank's are the same: the driver checks them once, before any rank
+ * starts, so bad input never aborts the communicator). */
+static osp_status forward_check(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits) {
     const bool host = m->be->vt->device == OSP_DEVICE_CPU;
     if (!kv || !b || (b->num_logits > 0 && !logits && host)) /* on a device NULL keeps them there */
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: NULL argument");
@@ -355,15 +552,49 @@ osp_status osp_model_forward_embd(osp_model *m, osp_kv_cache *kv, const osp_batc
     if (!host && kv->be != m->be)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was made for another model on the %s",
                              m->be->vt->name);
-    OSP_TRY(check_batch(m, kv, b));
-    const osp_graph *g = &m->graph[(b->num_logits > 0) + (embd ? 2 : 0)];
-    osp_act_io acts[9];
-    int32_t n_acts = 0;
-    for (int32_t i = 0; hidden && i < g->n_hidden; i++) acts[n_acts++] = (osp_act_io){g->hidden[i], hidden[i], false};
-    if (embd) acts[n_acts++] = (osp_act_io){g->embd, embd, false};
-    const osp_run_io io = {.logits = logits, .acts = acts, .n_acts = n_acts, .attn_hook = m->attn_hook,
-                           .dev_sparse = m->dev_sparse};
-    return m->be->vt->run(m->be, g, kv, b, &io);
+    return check_batch(m, kv, b);
+}
+
+/* grows *buf to n floats */
+static osp_status tp_grow(float **buf, size_t *cap, size_t n) {
+    if (n <= *cap) return OSP_OK;
+    float *p = realloc(*buf, n * sizeof *p);
+    if (!p) return osp_set_error(OSP_ERR_NOMEM, "forward: out of memory for a tensor-parallel rank's outputs");
+    *buf = p, *cap = n;
+    return OSP_OK;
+}
+
+static osp_status tp_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b, float *logits, float *const *hidden,
+                             float *embd) {
+    tp_driver *d = m->tp;
+    if (m->attn_hook || m->dev_sparse)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "forward: sparse attention does not run across tensor-parallel ranks yet");
+    OSP_TRY(forward_check(m, kv, b, logits));
+    if (kv->tp_n != d->n)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was not made for this tensor-parallel model");
+    for (int32_t r = 1; r < d->n; r++) {
+        OSP_TRY(tp_grow(&d->logits[r], &d->cap[r], (size_t)b->num_logits * (size_t)m->cfg.n_vocab + 1));
+        if (embd) OSP_TRY(tp_grow(&d->embd_buf[r], &d->cap_embd[r], (size_t)b->num_tokens * (size_t)m->cfg.n_embd));
+    }
+    pthread_mutex_lock(&d->mu);
+    d->kv = kv, d->b = b, d->embd = embd != NULL;
+    d->pending = d->n - 1;
+    d->gen++;
+    pthread_cond_broadcast(&d->go);
+    pthread_mutex_unlock(&d->mu);
+    /* rank 0 here: this model's own graph, over its own share of the cache */
+    const osp_status s0 = forward_run(m, kv, b, logits, hidden, embd);
+    if (s0 != OSP_OK) {
+        snprintf(d->msg[0], sizeof d->msg[0], "%s", osp_last_error());
+        osp_comm_abort(d->comm);
+    }
+    pthread_mutex_lock(&d->mu);
+    while (d->pending > 0) pthread_cond_wait(&d->done, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+    if (s0 != OSP_OK) return osp_set_error(s0, "tensor-parallel rank 0: %s", d->msg[0]);
+    for (int32_t r = 1; r < d->n; r++)
+        if (d->st[r] != OSP_OK) return osp_set_error(d->st[r], "tensor-parallel rank %d: %s", r, d->msg[r]);
+    return OSP_OK;
 }
 
 /* ---- device-side results (model_exec.h) -------------------------------------------------------- */

@@ -7,6 +7,8 @@
  *     greedy tokens, on llama (F32, Q8_0: the split columns are whole Q8_0 blocks) and qwen2 (q/k/v biases),
  *     for a prompt and one-token decode steps over the ranks' own KV caches (their KV heads only); every rank
  *     gets the same logits bit for bit (the all-reduce hands each the same sum);
+ *   - one model that drives its ranks on threads of its own (no communicator given) looks like any model to
+ *     its caller (one model, one KV cache holding the ranks' caches) and gives the same bits;
  *   - the rank's config is its share (n_head, n_head_kv, n_ff divided), and shapes that do not split, a
  *     missing communicator, a rank out of range, the GPU and QuantSpec's draft weights are refused with a
  *     message. */
@@ -243,6 +245,79 @@ static void test_qwen2_bias(void **state) {
     check_split("tiny-qwen2-q4_1.gguf", 2, false, 1e-5);
 }
 
+/* One model that drives its ranks (tensor_parallel_size 2, no communicator): the caller sees one model and one
+ * KV cache; the logits are the ranks' (bit for bit those of ranks run by hand) and the whole model's within
+ * rounding; a bad batch is refused before any rank starts and the model keeps working. */
+static void test_driver(void **state) {
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/models/tiny-qwen2-q4_1.gguf", g_root);
+    osp_model_params mp = params(false);
+    osp_model *whole;
+    assert_int_equal(osp_model_load(path, &mp, &whole), OSP_OK);
+    const int32_t V = osp_model_config_get(whole)->n_vocab;
+    const size_t n = (size_t)(1 + N_DECODE) * (size_t)V;
+    rank_job ref = {.m = whole, .out = malloc(sizeof(float) * n)}, drv = {.out = malloc(sizeof(float) * n)};
+    run_rank(&ref);
+    assert_int_equal(ref.st, OSP_OK);
+    mp.n_threads = 2;
+    mp.tensor_parallel_size = 2;
+    assert_int_equal(osp_model_load(path, &mp, &drv.m), OSP_OK);
+    assert_int_equal(osp_model_config_get(drv.m)->n_head, osp_model_config_get(whole)->n_head / 2);
+    /* ranks by hand, for the bits */
+    osp_comm *c;
+    assert_int_equal(osp_comm_local_create(2, &c), OSP_OK);
+    rank_job jobs[2];
+    pthread_t th[2];
+    mp.n_threads = 1;
+    for (int32_t r = 0; r < 2; r++) {
+        mp.tensor_parallel_rank = r, mp.comm = c;
+        jobs[r] = (rank_job){.c = c, .out = malloc(sizeof(float) * n)};
+        assert_int_equal(osp_model_load(path, &mp, &jobs[r].m), OSP_OK);
+    }
+    for (int32_t r = 0; r < 2; r++) assert_int_equal(pthread_create(&th[r], NULL, run_rank, &jobs[r]), 0);
+    for (int32_t r = 0; r < 2; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+    for (int round = 0; round < 2; round++) { /* twice: the rank threads serve one forward after another */
+        run_rank(&drv);
+        assert_int_equal(drv.st, OSP_OK);
+        assert_memory_equal(drv.out, jobs[0].out, sizeof(float) * n);
+    }
+    double max_abs = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)drv.out[i] - (double)ref.out[i]);
+        max_abs = d > max_abs ? d : max_abs;
+    }
+    assert_true(max_abs <= 1e-5);
+    /* bad input: refused up front, nothing aborted */
+    osp_kv_cache *kv;
+    assert_int_equal(osp_kv_cache_create(drv.m, NB, BS, OSP_KV_DTYPE_F32, &kv), OSP_OK);
+    int32_t bad_id[1] = {V}, pos[1] = {0}, bt[NB] = {0}, qsl[2] = {0, 1}, sl[1] = {1}, li[1] = {0};
+    osp_batch b = {.num_tokens = 1, .token_ids = bad_id, .positions = pos, .slot_mapping = pos, .num_seqs = 1,
+                   .query_start_loc = qsl, .seq_lens = sl, .block_table = bt, .max_blocks_per_seq = NB,
+                   .num_logits = 1, .logits_indices = li};
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    assert_int_equal(osp_model_forward(drv.m, kv, &b, lg), OSP_ERR_INVALID_ARG);
+    /* a cache made by another model (no ranks beside it) */
+    osp_kv_cache *plain;
+    assert_int_equal(osp_kv_cache_create(jobs[0].m, NB, BS, OSP_KV_DTYPE_F32, &plain), OSP_OK);
+    bad_id[0] = 1;
+    assert_int_equal(osp_model_forward(drv.m, plain, &b, lg), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_model_forward(drv.m, kv, &b, lg), OSP_OK);
+    osp_kv_cache_free(plain);
+    osp_kv_cache_free(kv);
+    free(lg);
+    printf("driver model, 2 ranks: logits bit-identical to the hand-run ranks', %.3g from the whole model's\n", max_abs);
+    for (int32_t r = 0; r < 2; r++) {
+        osp_model_free(jobs[r].m);
+        free(jobs[r].out);
+    }
+    osp_comm_free(c);
+    osp_model_free(drv.m);
+    osp_model_free(whole);
+    free(drv.out);
+    free(ref.out);
+}
+
 /* 4 ranks of a model with 2 KV heads: KV-head replication is not built, so it is refused. */
 static void test_refusals(void **state) {
     (void)state;
@@ -260,8 +335,12 @@ static void test_refusals(void **state) {
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
     mp.tensor_parallel_size = 2, mp.tensor_parallel_rank = 2;
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
-    mp.tensor_parallel_rank = 0, mp.comm = NULL;
+    mp.tensor_parallel_rank = 1, mp.comm = NULL; /* without a communicator the model drives the ranks: rank 0 */
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
+    mp.tensor_parallel_rank = 0, mp.tensor_parallel_size = 65;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
+    mp.tensor_parallel_size = 4; /* the driver's ranks are refused as the hand-made ones are */
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
     mp.tensor_parallel_size = 1, mp.comm = c2; /* a communicator without a split */
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
     mp.tensor_parallel_size = 2;
@@ -280,7 +359,8 @@ int main(void) {
     if (!g_root) g_root = ".";
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_errors), cmocka_unit_test(test_llama_f32),
-        cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_driver),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
