@@ -76,6 +76,11 @@ typedef struct osp_engine_params {
     bool exact;                     /* fp32 activations in every matmul (osp_model_params.exact) */
     osp_cpu_activations cpu_activations; /* osp_model_params.cpu_activations (default two levels) */
     bool no_mmap;                        /* osp_model_params.no_mmap (default off: the weights stay mapped) */
+    int32_t tensor_parallel_size;   /* vLLM's --tensor-parallel-size: 0 or 1 off; N > 1 loads the model as N ranks
+                                       that one engine drives (osp_model_params.tensor_parallel_size: the CPU
+                                       backend only so far, its threads shared among the ranks). Not with KV
+                                       offload, P/D transfer, QuantSpec, sparse attention or a KV scales file
+                                       (OSP_ERR_UNSUPPORTED) */
     osp_device device;              /* OSP_DEVICE_CPU (default) or OSP_DEVICE_CUDA (osp_model_params.device) */
     bool gpu_quant_weights;         /* osp_model_params.gpu_quant_weights; needs max_num_seqs 1 */
     void (*load_progress)(void *ctx, float fraction); /* osp_model_params.progress; NULL: silent */

@@ -159,6 +159,20 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                              osp_kv_dtype_name(osp_kv_dtype_quantized(p.kv_dtype) ? p.kv_dtype : p.kv_dtype_v));
     OSP_TRY(osp_spec_config_check(&p.speculative));
     OSP_TRY(osp_sparse_config_check(&p.sparse_attention));
+    if (p.tensor_parallel_size < 0 || p.tensor_parallel_size > 64)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "engine: tensor_parallel_size %d (1..64)", p.tensor_parallel_size);
+    if (p.tensor_parallel_size > 1) { /* what reads or moves one rank's KV pages, or splits nothing yet */
+        const char *why = p.kv_offload_host_bytes > 0 || p.kv_offload_disk_dir ? "KV offload"
+                          : p.kv_role != OSP_KV_ROLE_NONE                       ? "P/D KV transfer"
+                          : p.speculative.method == OSP_SPEC_QUANTSPEC          ? "QuantSpec"
+                          : p.sparse_attention.method != OSP_SPARSE_NONE        ? "sparse attention"
+                          : p.kv_scales_path                                    ? "a KV scales file"
+                          : p.random_weights                                    ? "random weights"
+                                                                                : NULL;
+        if (why)
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "engine: tensor parallelism (%d ranks) does not run with %s yet",
+                                 p.tensor_parallel_size, why);
+    }
     /* the scales file before the model: a bad one fails fast, nothing loaded */
     osp_kv_scales scales = {0};
     if (p.kv_scales_path) OSP_TRY(osp_kv_scales_load(p.kv_scales_path, &scales));
@@ -179,6 +193,7 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     mp.exact = p.exact;
     mp.cpu_activations = p.cpu_activations;
     mp.no_mmap = p.no_mmap;
+    mp.tensor_parallel_size = p.tensor_parallel_size;
     mp.device = p.device;
     mp.gpu_quant_weights = p.gpu_quant_weights;
     mp.progress = p.load_progress;

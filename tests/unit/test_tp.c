@@ -9,6 +9,8 @@
  *     gets the same logits bit for bit (the all-reduce hands each the same sum);
  *   - one model that drives its ranks on threads of its own (no communicator given) looks like any model to
  *     its caller (one model, one KV cache holding the ranks' caches) and gives the same bits;
+ *   - the engine with tensor_parallel_size 2 gives the unsplit engine's greedy tokens for a batch of requests,
+ *     and each request alone what it gets in the batch;
  *   - the rank's config is its share (n_head, n_head_kv, n_ff divided), and shapes that do not split, a
  *     missing communicator, a rank out of range, the GPU and QuantSpec's draft weights are refused with a
  *     message. */
@@ -26,6 +28,7 @@
 
 #include "backend/comm.h"
 #include "model/model_exec.h"
+#include "osprey/engine.h"
 #include "osprey/model.h"
 
 static const char *g_root;
@@ -318,6 +321,93 @@ static void test_driver(void **state) {
     free(ref.out);
 }
 
+/* ---- the engine over a split model ----------------------------------------------------------------- */
+
+enum { NREQ = 6, MAXOUT = 32 };
+
+typedef struct req {
+    int32_t prompt[40], n_prompt, out[MAXOUT], n_out;
+} req;
+
+/* Runs reqs [0, n) through one engine (prefix caching on, the scheduler's checks after every step), greedy,
+ * 16 tokens each; the tokens into each req. */
+static void run_engine(const char *path, int32_t tp, req *r, int n) {
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = path;
+    p.n_threads = 2;
+    p.exact = true;
+    p.kv_dtype = OSP_KV_DTYPE_F32;
+    p.max_model_len = 128;
+    p.num_blocks = 64;
+    p.check_invariants = true;
+    p.hash_seed_set = true;
+    p.hash_seed = 5;
+    p.tensor_parallel_size = tp;
+    osp_engine *e;
+    if (osp_engine_create(&p, &e) != OSP_OK) fail_msg("create (tp %d): %s", tp, osp_last_error());
+    for (int i = 0; i < n; i++) {
+        osp_request_params rp = osp_request_default_params();
+        rp.request_id = (uint64_t)i;
+        rp.prompt = r[i].prompt;
+        rp.num_prompt = r[i].n_prompt;
+        rp.max_tokens = 16;
+        rp.ignore_eos = true;
+        assert_int_equal(osp_engine_add(e, &rp), OSP_OK);
+        r[i].n_out = 0;
+    }
+    for (int step = 0; osp_engine_has_unfinished(e); step++) {
+        assert_int_equal(osp_engine_step(e, NULL), OSP_OK);
+        assert_true(step < 1000);
+    }
+    for (int i = 0; i < n; i++) {
+        osp_request_output o;
+        assert_int_equal(osp_engine_poll(e, (uint64_t)i, r[i].out, MAXOUT, &o, 0), OSP_OK);
+        assert_true(o.finished);
+        r[i].n_out = o.num_tokens;
+        assert_int_equal(r[i].n_out, 16);
+    }
+    assert_int_equal(osp_engine_check_invariants(e), OSP_OK);
+    osp_engine_free(e);
+}
+
+/* The engine with tensor_parallel_size 2: greedy tokens of a batch of requests (some sharing a prefix) equal the
+ * unsplit engine's, and each request alone gives what it gives in the batch (batch invariance holds across
+ * ranks: every rank's matmuls are per row). A feature that would read one rank's pages is refused. */
+static void test_engine_split(void **state) {
+    (void)state;
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/models/tiny-qwen2-q4_1.gguf", g_root);
+    req whole[NREQ], split[NREQ], alone[NREQ];
+    for (int i = 0; i < NREQ; i++) {
+        whole[i].n_prompt = 5 + 6 * i;
+        for (int t = 0; t < whole[i].n_prompt; t++) whole[i].prompt[t] = 3 + (t * 31 + i * (t < 20 ? 0 : 7)) % 500;
+    }
+    memcpy(split, whole, sizeof whole);
+    memcpy(alone, whole, sizeof whole);
+    run_engine(path, 1, whole, NREQ);
+    run_engine(path, 2, split, NREQ);
+    for (int i = 0; i < NREQ; i++) run_engine(path, 2, &alone[i], 1);
+    for (int i = 0; i < NREQ; i++) {
+        if (memcmp(whole[i].out, split[i].out, sizeof(int32_t) * 16) != 0)
+            fail_msg("request %d: the split engine's tokens differ from the whole model's", i);
+        if (memcmp(alone[i].out, split[i].out, sizeof(int32_t) * 16) != 0)
+            fail_msg("request %d: alone and in the batch differ on the split engine", i);
+    }
+    printf("engine, 2 ranks: %d requests, greedy tokens equal to the unsplit engine's, batch-invariant\n", NREQ);
+    osp_engine_params p = osp_engine_default_params();
+    p.model_path = path;
+    p.tensor_parallel_size = 2;
+    p.speculative.method = OSP_SPEC_QUANTSPEC;
+    p.speculative.num_speculative_tokens = 2;
+    osp_engine *e = NULL;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_UNSUPPORTED);
+    assert_non_null(strstr(osp_last_error(), "QuantSpec"));
+    p.speculative = osp_spec_default_config();
+    p.tensor_parallel_size = 65;
+    assert_int_equal(osp_engine_create(&p, &e), OSP_ERR_INVALID_ARG);
+    assert_null(e);
+}
+
 /* 4 ranks of a model with 2 KV heads: KV-head replication is not built, so it is refused. */
 static void test_refusals(void **state) {
     (void)state;
@@ -360,7 +450,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_errors), cmocka_unit_test(test_llama_f32),
         cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_driver),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_engine_split), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,8 @@ noreturn void cli_help(const char *text);
     CLI_GPU_WEIGHTS_HELP                                                                                       \
     CLI_CPU_ACT_HELP                                                                                           \
     CLI_NO_MMAP_HELP                                                                                           \
+    "  -tp, --tensor-parallel-size N  split the model over N ranks (vLLM's flag; CPU only so far: N threads\n"  \
+    "                          share the cores; llama / qwen2 / qwen3; default: 1)\n"                           \
     "  --kernel-table FILE     kernel choices from osprey bench-kernels --make-table\n"                         \
     "                          (default: $OSPREY_KERNEL_TABLE, else built-in)\n"                                \
     "  --speculative-config J  speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"                     \
@@ -125,6 +127,7 @@ typedef struct cli_engine_args {
     bool gpu_quant_weights; /* --gpu-weights quant (default bf16): osp_engine_params.gpu_quant_weights */
     osp_cpu_activations cpu_activations; /* --cpu-activations two-level|q8 (osp_engine_params.cpu_activations) */
     bool no_mmap;          /* --no-mmap (osp_engine_params.no_mmap) */
+    int32_t tensor_parallel_size; /* -tp, --tensor-parallel-size N in [1, 64] (osp_engine_params.tensor_parallel_size) */
     cli_kv_types kv_types; /* --kv-cache-dtype, -ctk / --cache-type-k, -ctv / --cache-type-v as given */
     osp_kv_dtype kv_dtype; /* K pages, resolved from kv_types after each flag (default f16; f32 with --exact) */
     osp_kv_dtype kv_dtype_v; /* V pages, likewise (osp_engine_params.kv_dtype_v) */

@@ -51,6 +51,7 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     else if (!strcmp(f, "--gpu-weights")) a->gpu_quant_weights = cli_gpu_weights(f, v), ++*i;
     else if (!strcmp(f, "--cpu-activations")) a->cpu_activations = cli_cpu_activations(f, v), ++*i;
     else if (!strcmp(f, "--no-mmap")) a->no_mmap = true;
+    else if (!strcmp(f, "-tp") || !strcmp(f, "--tensor-parallel-size")) a->tensor_parallel_size = (int32_t)cli_int(f, v, 1, 64), ++*i;
     else if (!strcmp(f, "--kernel-table")) {
         if (!v) cli_die(OSP_OK, "--kernel-table needs a file (osprey bench-kernels --make-table writes one)");
         a->kernel_table = v, ++*i;
@@ -223,6 +224,7 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.gpu_quant_weights = a->gpu_quant_weights;
     ep.cpu_activations = a->cpu_activations;
     ep.no_mmap = a->no_mmap;
+    ep.tensor_parallel_size = a->tensor_parallel_size;
     ep.kernel_table = a->kernel_table;
     ep.trace_path = a->trace;
     ep.speculative = a->spec;

@@ -116,7 +116,9 @@ static const char *k_serve_usage =
     "  --no-mmap                        CPU: copy the weight matrices out of the file mapping onto 2 MB pages\n"
     "                                   (llama.cpp's --no-mmap, with transparent huge pages: faster decode,\n"
     "                                   a longer load; the same results; with --cpu-activations q8 on\n"
-    "                                   AVX512-VNNI the Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 matrices in 16-row strips)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
+    "                                   AVX512-VNNI the Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 matrices in 16-row strips)\n"
+    "  -tp, --tensor-parallel-size N    split the model over N ranks (vLLM's flag; CPU only so far: N threads\n"
+    "                                   share the cores; llama / qwen2 / qwen3; default: 1)\n"    "  --kernel-table FILE              kernel selection table (bench-kernels --make-table; else $OSPREY_KERNEL_TABLE)\n"
     "  --speculative-config JSON        vLLM's speculative decoding config, e.g. '{\"method\": \"ngram\",\n"
     "                                   \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 5}' or '{\"method\":\n"
     "                                   \"draft_model\", \"model\": \"DRAFT.gguf\", \"num_speculative_tokens\": 4}' or\n"
@@ -296,6 +298,7 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.gpu_quant_weights = eng.gpu_quant_weights;
     c.cpu_activations = eng.cpu_activations;
     c.no_mmap = eng.no_mmap;
+    c.tensor_parallel_size = eng.tensor_parallel_size;
     c.kv_dtype = eng.kv_dtype;
     c.kv_dtype_v = eng.kv_dtype_v;
     c.kv_scales = eng.kv_scales;
@@ -387,6 +390,7 @@ osp_engine_params srv_engine_params(const srv_config *cfg) {
     ep.gpu_quant_weights = cfg->gpu_quant_weights;
     ep.cpu_activations = cfg->cpu_activations;
     ep.no_mmap = cfg->no_mmap;
+    ep.tensor_parallel_size = cfg->tensor_parallel_size;
     ep.kv_dtype = cfg->kv_dtype;
     ep.kv_dtype_v = cfg->kv_dtype_v;
     ep.kv_dtype_v_set = true;

@@ -67,6 +67,7 @@ typedef struct srv_config {
     bool gpu_quant_weights; /* --gpu-weights quant */
     osp_cpu_activations cpu_activations; /* --cpu-activations */
     bool no_mmap;                        /* --no-mmap */
+    int32_t tensor_parallel_size;        /* -tp, --tensor-parallel-size */
     osp_kv_dtype kv_dtype; /* K pages: --kv-cache-dtype auto|f16|bf16|f32|fp8|nvfp4 (auto = f16) or -ctk */
     osp_kv_dtype kv_dtype_v; /* V pages: --kv-cache-dtype or -ctv (cli_engine_args.kv_dtype_v) */
     const char *kv_scales; /* --kv-scales FILE (osp_engine_params.kv_scales_path); NULL: default scales */
