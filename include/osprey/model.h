@@ -141,9 +141,12 @@ typedef struct osp_model_params {
      * computes the same logits. The model's config (osp_model_config_get) is then the rank's: n_head,
      * n_head_kv and n_ff are its share, and its KV caches hold its KV heads only. Each rank's forward
      * runs on its own thread, all ranks on the same batch (the collectives must be called in the same
-     * order). Needs n_head, n_head_kv and n_ff divisible by the size and the split columns whole blocks
-     * of the weight types; llama / qwen2 / qwen3 on the CPU backend only (no --no-mmap strips, no
-     * QuantSpec draft weights): OSP_ERR_UNSUPPORTED otherwise, with the reason. */
+     * order; each rank of a communicator loaded once). Needs n_head, n_head_kv and n_ff divisible by the
+     * size and the split columns whole blocks of the weight types; llama / qwen2 / qwen3 on the CPU backend
+     * only (not with no_mmap, whose copies are made whole, nor QuantSpec draft weights): OSP_ERR_UNSUPPORTED
+     * otherwise, with the reason. Without a communicator (tensor_parallel_rank 0) the loaded model drives
+     * all the ranks itself: it loads the others, runs each on a thread of its own (n_threads split among
+     * them), and its KV caches hold every rank's; its callers see one model. */
     int32_t tensor_parallel_size;
     int32_t tensor_parallel_rank;
     osp_comm *comm;

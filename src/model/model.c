@@ -145,6 +145,9 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
                                                       "(the GPU needs NCCL collectives, not built yet)");
         if (params->draft_4bit_weights)
             return osp_set_error(OSP_ERR_UNSUPPORTED, "model: QuantSpec's 4-bit draft weights do not split across ranks");
+        if (params->no_mmap) /* the copies are made whole, before the split: every rank would hold all the weights */
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "model: --no-mmap copies every matrix whole before the "
+                                                      "tensor-parallel split (each rank would hold all the weights)");
         if (!m->arch->shard)
             return osp_set_error(OSP_ERR_UNSUPPORTED, "model: architecture %s has no tensor-parallel split yet", m->cfg.arch);
     }

@@ -437,6 +437,9 @@ static void test_refusals(void **state) {
     mp.draft_4bit_weights = true;
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
     mp.draft_4bit_weights = false;
+    mp.no_mmap = true;
+    assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
+    mp.no_mmap = false;
     mp.device = OSP_DEVICE_CUDA;
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
     assert_null(m);

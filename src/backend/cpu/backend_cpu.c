@@ -322,6 +322,7 @@ static split op_split(const cpu_backend *c, const osp_op *op, int64_t T, int64_t
     case OSP_OP_GATHER_RMSNORM: return (split){0, R};
     case OSP_OP_MATMUL: return (split){mm_quantizes(c, op->w) ? -1 : 0, 0}; /* -1: rows of its input */
     case OSP_OP_ATTENTION: return (split){0, 0};
+    case OSP_OP_ALL_REDUCE: return (split){0, 0}; /* thread 0 alone, between barriers */
     case OSP_OP_GLU:
     case OSP_OP_ADD:
     case OSP_OP_COPY:

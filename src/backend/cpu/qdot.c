@@ -1029,7 +1029,7 @@ TGT_VNNI static void NAME(TILE_ARGS) {                                          
     __m256 off = _mm256_setzero_ps();                                                                                       \
     UNROLL_NT for (int k = 0; k < NP; k++) A0[k] = A1[k] = _mm512_setzero_ps();                                             \
     for (int64_t sb = 0; sb < nb / 8; sb++, p += 210) {                                                                     \
-    PAIR_PREFETCH(p, 210);                                                                                                  \
+        PAIR_PREFETCH(p, 210);                                                                                              \
         const int8_t *sc = (const int8_t *)(p + 192);                                                                       \
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(const void *)sc);                                             \
         const float d = half_f16c(p + 208);                                                                                 \
