@@ -31,7 +31,7 @@ osp_status osp_kv_dtype_available(osp_kv_dtype d);
 /* True for the quantized page types (fp8, nvfp4, int8_hier): not exact, refused with --exact. */
 bool osp_kv_dtype_quantized(osp_kv_dtype d);
 
-/* Bytes of the cache's pages (host or device memory). */
+/* Bytes of the cache's pages (host or device memory); a tensor-parallel driver's cache counts every rank's. */
 size_t osp_kv_cache_bytes(const osp_kv_cache *kv);
 void osp_kv_cache_free(osp_kv_cache *kv);
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv);

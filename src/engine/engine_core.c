@@ -227,8 +227,10 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                                     ? osp_quantspec_staging_blocks(p.speculative.num_speculative_tokens, p.block_size)
                                     : 0;
     /* on a GPU, sparse attention's page summaries sit beside each block (osp_sparse_runtime_create_device) */
+    /* c is rank 0's share under tensor parallelism: every rank's cache lives on this host (the CPU) */
     const int64_t block_bytes =
-        osp_kv_cache_bytes_per_token(c, p.kv_dtype, p.kv_dtype_v) * p.block_size +
+        osp_kv_cache_bytes_per_token(c, p.kv_dtype, p.kv_dtype_v) * p.block_size *
+            (p.tensor_parallel_size > 1 ? p.tensor_parallel_size : 1) +
         (p.sparse_attention.method != OSP_SPARSE_NONE && osp_model_samples_on_device(e->model)
              ? osp_sparse_device_bytes_per_block(c->n_layer, c->n_head_kv, c->head_dim)
              : 0);

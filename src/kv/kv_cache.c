@@ -273,9 +273,11 @@ osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->k_fmt.dtype
 osp_kv_dtype osp_kv_cache_dtype_v(const osp_kv_cache *kv) { return kv->v_fmt.dtype; }
 
 size_t osp_kv_cache_bytes(const osp_kv_cache *kv) {
-    return (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size *
-           (kv->k_fmt.bytes_per_token + kv->k_fmt.scale_bytes_per_token + kv->v_fmt.bytes_per_token +
-            kv->v_fmt.scale_bytes_per_token);
+    size_t n = (size_t)kv->n_layer * (size_t)kv->num_blocks * (size_t)kv->block_size *
+               (kv->k_fmt.bytes_per_token + kv->k_fmt.scale_bytes_per_token + kv->v_fmt.bytes_per_token +
+                kv->v_fmt.scale_bytes_per_token);
+    for (int32_t r = 1; r < kv->tp_n; r++) n += osp_kv_cache_bytes(kv->tp_ranks[r]); /* a driver's ranks' caches */
+    return n;
 }
 
 osp_status osp_kv_cache_copy_block(osp_kv_cache *kv, int32_t src, int32_t dst) {

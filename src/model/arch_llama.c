@@ -195,11 +195,14 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
 static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank, int32_t world, void *wp,
                         osp_model_config *rc) {
     llama_weights *w = wp;
-    if (c->n_head % world || c->n_head_kv % world || c->n_ff % world)
+    if (c->n_head % world || c->n_head_kv % world || c->n_ff % world) {
+        const char *what = c->n_head % world ? "n_head" : c->n_head_kv % world ? "n_head_kv" : "n_ff";
+        const int32_t v = c->n_head % world ? c->n_head : c->n_head_kv % world ? c->n_head_kv : c->n_ff;
         return osp_set_error(OSP_ERR_UNSUPPORTED,
                              "%s: tensor parallelism over %d ranks needs n_head (%d), n_head_kv (%d) and n_ff (%d) "
-                             "divisible by %d (KV-head replication is not built)",
-                             ld->path, world, c->n_head, c->n_head_kv, c->n_ff, world);
+                             "divisible by %d, and %s (%d) is not (KV-head replication is not built)",
+                             ld->path, world, c->n_head, c->n_head_kv, c->n_ff, world, what, v);
+    }
     const int64_t D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D, F = c->n_ff;
     const int64_t qd = QD / world, kd = KD / world, f = F / world;
     float *bias = c->qkv_bias ? malloc((size_t)(qd + 2 * kd) * sizeof *bias) : NULL;

@@ -329,16 +329,28 @@ typedef struct req {
     int32_t prompt[40], n_prompt, out[MAXOUT], n_out;
 } req;
 
+/* run_engine with a KV memory budget (0: 64 blocks); the cache's bytes and blocks out. */
+static void run_engine_sized(const char *path, int32_t tp, int64_t kv_memory, req *r, int n, size_t *kv_bytes,
+                             int32_t *blocks);
+
 /* Runs reqs [0, n) through one engine (prefix caching on, the scheduler's checks after every step), greedy,
  * 16 tokens each; the tokens into each req. */
 static void run_engine(const char *path, int32_t tp, req *r, int n) {
+    size_t kv_bytes;
+    int32_t blocks;
+    run_engine_sized(path, tp, 0, r, n, &kv_bytes, &blocks);
+}
+
+static void run_engine_sized(const char *path, int32_t tp, int64_t kv_memory, req *r, int n, size_t *kv_bytes,
+                             int32_t *blocks) {
     osp_engine_params p = osp_engine_default_params();
     p.model_path = path;
     p.n_threads = 2;
     p.exact = true;
     p.kv_dtype = OSP_KV_DTYPE_F32;
     p.max_model_len = 128;
-    p.num_blocks = 64;
+    p.num_blocks = kv_memory ? 0 : 64;
+    p.kv_cache_memory = kv_memory;
     p.check_invariants = true;
     p.hash_seed_set = true;
     p.hash_seed = 5;
@@ -367,6 +379,8 @@ static void run_engine(const char *path, int32_t tp, req *r, int n) {
         assert_int_equal(r[i].n_out, 16);
     }
     assert_int_equal(osp_engine_check_invariants(e), OSP_OK);
+    *kv_bytes = osp_engine_kv_cache_bytes(e);
+    *blocks = osp_engine_params_get(e)->num_blocks;
     osp_engine_free(e);
 }
 
@@ -394,6 +408,13 @@ static void test_engine_split(void **state) {
             fail_msg("request %d: alone and in the batch differ on the split engine", i);
     }
     printf("engine, 2 ranks: %d requests, greedy tokens equal to the unsplit engine's, batch-invariant\n", NREQ);
+    /* a memory budget holds as many blocks split as whole: every rank's cache lives on this host */
+    size_t bytes1, bytes2;
+    int32_t blocks1, blocks2;
+    run_engine_sized(path, 1, 256 * 1024, alone, 1, &bytes1, &blocks1);
+    run_engine_sized(path, 2, 256 * 1024, alone, 1, &bytes2, &blocks2);
+    assert_int_equal(blocks1, blocks2);
+    assert_true(bytes1 == bytes2 && bytes2 <= 256 * 1024);
     osp_engine_params p = osp_engine_default_params();
     p.model_path = path;
     p.tensor_parallel_size = 2;
