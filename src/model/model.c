@@ -48,8 +48,16 @@ struct osp_model {
 typedef struct tp_driver {
     int32_t n;
     osp_comm *comm;
-    osp_model **ranks; /* [n]: [0] unused (this model) */
-    pthread_t *threads; /* [n]: [0] unused */
+    struct tp_rank {      /* [n]: rank r's model, thread and outputs ([0]: this model; only msg used) */
+        struct tp_driver *d;
+        int32_t r;
+        osp_model *m;
+        pthread_t thread;
+        osp_status st;
+        float *logits, *embd; /* its own outputs (the same values as rank 0's) */
+        size_t cap, cap_embd;
+        char msg[256];    /* a failed rank's message (set on its thread) */
+    } *rank;
     int32_t n_threads_started;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
@@ -60,14 +68,7 @@ typedef struct tp_driver {
     osp_kv_cache *kv;
     const osp_batch *b;
     bool embd;
-    osp_status *st; /* [n] */
-    float **logits; /* [n]: ranks' own logits and embd buffers ([0] unused) */
-    float **embd_buf;
-    size_t *cap, *cap_embd;
-    char (*msg)[256]; /* [n]: a failed rank's message (set on its thread) */
 } tp_driver;
-
-typedef struct tp_arg { tp_driver *d; int32_t rank; } tp_arg;
 
 osp_model_params osp_model_default_params(void) {
     osp_model_params p = {.n_threads = 0};
@@ -210,10 +211,8 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
 }
 
 static void *tp_worker(void *arg) {
-    tp_arg *a = arg;
-    tp_driver *d = a->d;
-    const int32_t r = a->rank;
-    free(a);
+    struct tp_rank *rk = arg;
+    tp_driver *d = rk->d;
     uint64_t seen = 0;
     for (;;) {
         pthread_mutex_lock(&d->mu);
@@ -224,14 +223,14 @@ static void *tp_worker(void *arg) {
         }
         seen = d->gen;
         pthread_mutex_unlock(&d->mu);
-        osp_status s = osp_model_forward_embd(d->ranks[r], d->kv->tp_ranks[r], d->b, d->logits[r], NULL,
-                                              d->embd ? d->embd_buf[r] : NULL);
+        osp_status s = osp_model_forward_embd(rk->m, d->kv->tp_ranks[rk->r], d->b, rk->logits, NULL,
+                                              d->embd ? rk->embd : NULL);
         if (s != OSP_OK) {
-            snprintf(d->msg[r], sizeof d->msg[r], "%s", osp_last_error());
+            snprintf(rk->msg, sizeof rk->msg, "%s", osp_last_error());
             osp_comm_abort(d->comm); /* the ranks waiting in a collective for this one return */
         }
         pthread_mutex_lock(&d->mu);
-        d->st[r] = s;
+        rk->st = s;
         if (--d->pending == 0) pthread_cond_signal(&d->done);
         pthread_mutex_unlock(&d->mu);
     }
@@ -242,23 +241,16 @@ static void tp_driver_free(tp_driver *d) {
     d->quit = true;
     pthread_cond_broadcast(&d->go);
     pthread_mutex_unlock(&d->mu);
-    for (int32_t r = 1; r <= d->n_threads_started; r++) pthread_join(d->threads[r], NULL);
-    for (int32_t r = 1; r < d->n; r++) {
-        osp_model_free(d->ranks[r]);
-        free(d->logits[r]);
-        free(d->embd_buf[r]);
+    for (int32_t r = 1; r <= d->n_threads_started; r++) pthread_join(d->rank[r].thread, NULL);
+    for (int32_t r = 1; d->rank && r < d->n; r++) {
+        osp_model_free(d->rank[r].m);
+        free(d->rank[r].logits);
+        free(d->rank[r].embd);
     }
     pthread_cond_destroy(&d->go);
     pthread_cond_destroy(&d->done);
     pthread_mutex_destroy(&d->mu);
-    free(d->ranks);
-    free(d->threads);
-    free(d->st);
-    free(d->logits);
-    free(d->embd_buf);
-    free(d->cap);
-    free(d->cap_embd);
-    free(d->msg);
+    free(d->rank);
 }
 
 static osp_status tp_driver_load(osp_model *m, const osp_model_params *params, const osp_model_preset *preset,
@@ -277,16 +269,9 @@ static osp_status tp_driver_load(osp_model *m, const osp_model_params *params, c
     pthread_cond_init(&d->go, NULL);
     pthread_cond_init(&d->done, NULL);
     m->tp = d; /* from here osp_model_free cleans up */
-    d->ranks = calloc((size_t)n, sizeof *d->ranks);
-    d->threads = calloc((size_t)n, sizeof *d->threads);
-    d->st = calloc((size_t)n, sizeof *d->st);
-    d->logits = calloc((size_t)n, sizeof *d->logits);
-    d->embd_buf = calloc((size_t)n, sizeof *d->embd_buf);
-    d->cap = calloc((size_t)n, sizeof *d->cap);
-    d->cap_embd = calloc((size_t)n, sizeof *d->cap_embd);
-    d->msg = calloc((size_t)n, sizeof *d->msg);
-    if (!d->ranks || !d->threads || !d->st || !d->logits || !d->embd_buf || !d->cap || !d->cap_embd || !d->msg)
-        return osp_set_error(OSP_ERR_NOMEM, "model: out of memory");
+    d->rank = calloc((size_t)n, sizeof *d->rank);
+    if (!d->rank) return osp_set_error(OSP_ERR_NOMEM, "model: out of memory");
+    for (int32_t r = 0; r < n; r++) d->rank[r].d = d, d->rank[r].r = r;
     OSP_TRY(osp_comm_local_create(n, &d->comm));
     osp_model_params rp = *params;
     const int nt = params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -297,16 +282,11 @@ static osp_status tp_driver_load(osp_model *m, const osp_model_params *params, c
     rp.progress = NULL;
     for (int32_t r = 1; r < n; r++) {
         rp.tensor_parallel_rank = r;
-        OSP_TRY(osp_model_load(path, &rp, &d->ranks[r]));
+        OSP_TRY(osp_model_load(path, &rp, &d->rank[r].m));
     }
     for (int32_t r = 1; r < n; r++) {
-        tp_arg *a = malloc(sizeof *a);
-        if (!a) return osp_set_error(OSP_ERR_NOMEM, "model: out of memory");
-        *a = (tp_arg){d, r};
-        if (pthread_create(&d->threads[r], NULL, tp_worker, a) != 0) {
-            free(a);
+        if (pthread_create(&d->rank[r].thread, NULL, tp_worker, &d->rank[r]) != 0)
             return osp_set_error(OSP_ERR_INTERNAL, "model: cannot start the thread of tensor-parallel rank %d", r);
-        }
         d->n_threads_started = r;
     }
     return OSP_OK;
@@ -320,7 +300,7 @@ static osp_status tp_kv_attach(const osp_model *m, osp_kv_cache *kv, int32_t num
     if (!kv->tp_ranks) return osp_set_error(OSP_ERR_NOMEM, "kv cache: out of memory");
     kv->tp_n = d->n;
     for (int32_t r = 1; r < d->n; r++)
-        OSP_TRY(osp_kv_cache_create_with_scales(d->ranks[r], num_blocks, block_size, k_dtype, v_dtype, NULL, NULL,
+        OSP_TRY(osp_kv_cache_create_with_scales(d->rank[r].m, num_blocks, block_size, k_dtype, v_dtype, NULL, NULL,
                                                 &kv->tp_ranks[r]));
     return OSP_OK;
 }
@@ -576,8 +556,9 @@ static osp_status tp_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
     if (kv->tp_n != d->n)
         return osp_set_error(OSP_ERR_INVALID_ARG, "forward: the KV cache was not made for this tensor-parallel model");
     for (int32_t r = 1; r < d->n; r++) {
-        OSP_TRY(tp_grow(&d->logits[r], &d->cap[r], (size_t)b->num_logits * (size_t)m->cfg.n_vocab + 1));
-        if (embd) OSP_TRY(tp_grow(&d->embd_buf[r], &d->cap_embd[r], (size_t)b->num_tokens * (size_t)m->cfg.n_embd));
+        struct tp_rank *rk = &d->rank[r];
+        OSP_TRY(tp_grow(&rk->logits, &rk->cap, (size_t)b->num_logits * (size_t)m->cfg.n_vocab + 1));
+        if (embd) OSP_TRY(tp_grow(&rk->embd, &rk->cap_embd, (size_t)b->num_tokens * (size_t)m->cfg.n_embd));
     }
     pthread_mutex_lock(&d->mu);
     d->kv = kv, d->b = b, d->embd = embd != NULL;
@@ -588,15 +569,15 @@ static osp_status tp_forward(osp_model *m, osp_kv_cache *kv, const osp_batch *b,
     /* rank 0 here: this model's own graph, over its own share of the cache */
     const osp_status s0 = forward_run(m, kv, b, logits, hidden, embd);
     if (s0 != OSP_OK) {
-        snprintf(d->msg[0], sizeof d->msg[0], "%s", osp_last_error());
+        snprintf(d->rank[0].msg, sizeof d->rank[0].msg, "%s", osp_last_error());
         osp_comm_abort(d->comm);
     }
     pthread_mutex_lock(&d->mu);
     while (d->pending > 0) pthread_cond_wait(&d->done, &d->mu);
     pthread_mutex_unlock(&d->mu);
-    if (s0 != OSP_OK) return osp_set_error(s0, "tensor-parallel rank 0: %s", d->msg[0]);
+    if (s0 != OSP_OK) return osp_set_error(s0, "tensor-parallel rank 0: %s", d->rank[0].msg);
     for (int32_t r = 1; r < d->n; r++)
-        if (d->st[r] != OSP_OK) return osp_set_error(d->st[r], "tensor-parallel rank %d: %s", r, d->msg[r]);
+        if (d->rank[r].st != OSP_OK) return osp_set_error(d->rank[r].st, "tensor-parallel rank %d: %s", r, d->rank[r].msg);
     return OSP_OK;
 }
 
