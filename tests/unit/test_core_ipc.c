@@ -275,8 +275,9 @@ static void test_kv_transfer_round_trip(void **state) {
 typedef struct sink {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int32_t toks[64];
-    int32_t n;
+    int32_t toks[64]; /* the first 64 tokens */
+    int32_t n;        /* tokens stored in toks */
+    int32_t total;    /* tokens received, stored or not */
     bool finished, lost;
     osp_finish_reason why;
     int calls_after_finish;
@@ -293,6 +294,7 @@ static void sink_cb(void *user, const osp_request_output *o, bool lost) {
     pthread_mutex_lock(&s->mu);
     if (s->finished) s->calls_after_finish++;
     for (int32_t i = 0; i < o->num_tokens && s->n < 64; i++) s->toks[s->n++] = o->token_ids[i];
+    s->total += o->num_tokens;
     if (o->finished) s->finished = true, s->why = o->finish_reason, s->lost = lost;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -764,8 +766,8 @@ static void test_core_matches_in_process(void **state) {
     }
     /* an aborted long request frees its blocks: the stats come back to every block free. The core may
      * run the request's 200 steps (a few ms on the tiny model) before the abort reaches it when this
-     * thread is descheduled (seen once on a loaded 2-core box), so finishing by length with all 200
-     * tokens is the other legal outcome; either way the blocks must come back */
+     * thread is descheduled (seen twice in CI on a loaded 2-core box), so finishing by length with all
+     * 200 tokens is the other legal outcome; either way the blocks must come back */
     sink ab;
     sink_init(&ab);
     {
@@ -774,9 +776,13 @@ static void test_core_matches_in_process(void **state) {
         osp_request_params rp = osp_request_default_params();
         rp.request_id = 50, rp.prompt = p, rp.num_prompt = n, rp.max_tokens = 200, rp.ignore_eos = true;
         assert_int_equal(osp_core_client_add(c, &rp, sink_cb, &ab), OSP_OK);
-        assert_int_equal(osp_core_client_abort(c, 50), OSP_OK);
+        /* NOT_FOUND: it had already finished (by length) on this side */
+        const osp_status as = osp_core_client_abort(c, 50);
+        assert_true(as == OSP_OK || as == OSP_ERR_NOT_FOUND);
         sink_wait(&ab);
-        assert_true((ab.why == OSP_FINISH_ABORT && ab.n < 200) || (ab.why == OSP_FINISH_LENGTH && ab.n == 200));
+        if (as == OSP_ERR_NOT_FOUND) assert_int_equal(ab.why, OSP_FINISH_LENGTH);
+        /* (total, not n: the sink stores only the first 64 tokens, so n is never 200) */
+        assert_true((ab.why == OSP_FINISH_ABORT && ab.total < 200) || (ab.why == OSP_FINISH_LENGTH && ab.total == 200));
     }
     osp_engine_stats st = osp_core_client_stats(c);
     for (int i = 0; i < 500 && (st.num_free_blocks != st.num_blocks || st.num_running != 0); i++) {
