@@ -8,7 +8,9 @@
  * Prints one line "RESULT key=value ..." for the script. Prompts are random token ids (fixed seed).
  * Environment: CPU_ACTIVATIONS=q8 (--cpu-activations), DEVICE=cpu|cuda (--device; cuda sizes the KV cache
  * for every sequence), TRACE=FILE (--trace: the step timeline, its summary on stderr at the end),
- * SPARSE=topk:PAGES[,...] (--sparse-attention). */
+ * SPARSE=topk:PAGES[,...] (--sparse-attention), SPEC=JSON (--speculative-config: k drafts every step, as
+ * OSPREY_SPEC_FIXED_K=1, and the acceptance printed), KV=DTYPE (--kv-cache-dtype, e.g. int8_hier for
+ * quantspec), QUANT_WEIGHTS=1 (--gpu-weights quant). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 
 #include "osprey/engine.h"
 #include "osprey/sparse.h"
+#include "osprey/spec.h"
 
 static double now(void) {
     struct timespec ts;
@@ -50,6 +53,19 @@ static osp_engine *make(const char *model, int threads, int max_seqs, int max_le
         fprintf(stderr, "SPARSE: %s\n", osp_last_error());
         exit(2);
     }
+    const char *spec = getenv("SPEC"), *kv = getenv("KV"), *qw = getenv("QUANT_WEIGHTS");
+    if (spec && *spec) {
+        if (osp_spec_config_parse(spec, &p.speculative) != OSP_OK) {
+            fprintf(stderr, "SPEC: %s\n", osp_last_error());
+            exit(2);
+        }
+        p.speculative_fixed_k = true;
+    }
+    if (kv && *kv && osp_kv_dtype_parse(kv, &p.kv_dtype) != OSP_OK) {
+        fprintf(stderr, "KV: %s\n", osp_last_error());
+        exit(2);
+    }
+    if (qw && !strcmp(qw, "1")) p.gpu_quant_weights = true;
     /* on the GPU a cache for every sequence at once (kv_cache_memory 0: max_num_seqs x max_model_len,
        within gpu_memory_utilization); the default 512 MiB holds 4,096 tokens of an 8B model, and the
        batch would run preempted */
@@ -110,9 +126,10 @@ int main(int argc, char **argv) {
         const double dt = now() - t0;
         const osp_engine_stats st = osp_engine_get_stats(e);
         printf("RESULT mode=%s requests=%d prompt=%d gen=%d seconds=%.2f generated=%lld total_tokens=%lld "
-               "gen_tok_s=%.1f total_tok_s=%.1f steps=%lld\n",
+               "gen_tok_s=%.1f total_tok_s=%.1f steps=%lld drafts=%lld accepted=%lld\n",
                mode, n, a, b, dt, (long long)st.num_generated_tokens, (long long)(n * (a + b)),
-               (double)st.num_generated_tokens / dt, (double)(n * (a + b)) / dt, (long long)st.num_steps);
+               (double)st.num_generated_tokens / dt, (double)(n * (a + b)) / dt, (long long)st.num_steps,
+               (long long)st.spec_num_draft_tokens, (long long)st.spec_num_accepted_tokens);
         osp_engine_free(e);
         free(prompts);
     } else if (!strcmp(mode, "prefix")) {

@@ -121,8 +121,10 @@ typedef struct osp_model_params {
     bool draft_4bit_weights; /* QuantSpec's self-draft (speculative method "quantspec"): every matrix stored at
                               * more than 5 bits a weight (F16, BF16, F32, Q8_0, Q5_*, Q6_K) is computed from
                               * a Q4_0 copy made at load (src/model/loader.c), whose rows are whole blocks of
-                              * 32; 4- and 4.5-bit matrices (Q4_0, Q4_1, Q4_K, ...) stay as stored. CPU only
-                              * (OSP_ERR_UNSUPPORTED on the GPU). */
+                              * 32; 4- and 4.5-bit matrices (Q4_0, Q4_1, Q4_K, ...) stay as stored. On the
+                              * GPU only with gpu_quant_weights (OSP_ERR_UNSUPPORTED otherwise: the copies
+                              * would be widened to bf16); types its quantized kernels lack (Q2_K, Q3_K, IQ*)
+                              * are then bf16 as usual. */
     bool no_mmap; /* CPU: copy every matrix that a step reads whole out of the GGUF mapping into anonymous
                    * memory on 2 MB pages (madvise MADV_HUGEPAGE where the kernel has transparent huge
                    * pages), as llama.cpp's --no-mmap copies it, dropping the copied file pages from the

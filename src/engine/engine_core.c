@@ -287,16 +287,9 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
     if ((s = osp_scheduler_create(&sc, &e->sched)) != OSP_OK) goto fail;
     if (p.kv_event_sink) osp_block_pool_set_event_sink(osp_scheduler_pool(e->sched), p.kv_event_sink, p.hash_algo);
     /* speculative decoding: a verification row is one sampler row a position (the drafts before it
-       are its outputs), on the host or the GPU sampler alike. QuantSpec's self-draft reads the target's
-       int8_hier pages with a CPU copy of its weights: CPU-only */
-    if (p.speculative.method != OSP_SPEC_NONE) {
-        if (p.speculative.method == OSP_SPEC_QUANTSPEC && osp_model_samples_on_device(e->model)) {
-            s = osp_set_error(OSP_ERR_UNSUPPORTED, "engine: QuantSpec self-speculation runs on the CPU only for now; "
-                              "use --device cpu, or the ngram or draft_model method on the GPU");
-            goto fail;
-        }
-        e->spec_k = p.speculative.num_speculative_tokens;
-    }
+       are its outputs), on the host or the GPU sampler alike. QuantSpec's self-draft is a 4-bit copy of
+       the target on the target's device, reading the target's pages (int8_hier by their upper halves) */
+    if (p.speculative.method != OSP_SPEC_NONE) e->spec_k = p.speculative.num_speculative_tokens;
     if (!(e->spec_seqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_seqs)) ||
         !(e->spec_reqs = calloc((size_t)p.max_num_seqs, sizeof *e->spec_reqs))) {
         s = osp_set_error(OSP_ERR_NOMEM, "engine: out of memory");

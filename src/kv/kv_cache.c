@@ -267,6 +267,8 @@ osp_status osp_kv_cache_set_hier_view(osp_kv_cache *kv, int32_t full_recent) {
     return OSP_OK;
 }
 
+osp_status osp_kv_cache_sync(osp_kv_cache *kv) { return kv->be->vt->sync(kv->be); }
+
 int32_t osp_kv_cache_block_size(const osp_kv_cache *kv) { return kv->block_size; }
 int32_t osp_kv_cache_num_blocks(const osp_kv_cache *kv) { return kv->num_blocks; }
 osp_kv_dtype osp_kv_cache_dtype(const osp_kv_cache *kv) { return kv->k_fmt.dtype; }

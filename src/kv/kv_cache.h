@@ -114,6 +114,22 @@ osp_status osp_kv_cache_create_scaled(osp_backend *be, const osp_kv_shape *sh, i
  * neither side is int8_hier (nothing would change). */
 osp_status osp_kv_cache_set_hier_view(osp_kv_cache *kv, int32_t full_recent);
 
+/* Waits until every write and copy issued to kv's pages (through its backend: forwards of its model,
+ * osp_kv_cache_copy_block) is done. A no-op on the CPU. Errors: the backend's (a device fault). */
+osp_status osp_kv_cache_sync(osp_kv_cache *kv);
+
+/* A read view of kv for another model on the same device (QuantSpec's self-draft reads its target's
+ * pages): *view becomes a shallow copy of kv whose forwards run on `reader` (view->be is reader's
+ * backend, so osp_model_forward(reader, view, ...) passes the check that a device cache belongs to the
+ * model; the pages stay kv's). On a device the two models have their own streams: the caller orders
+ * them (syncs kv's backend after its writes and copies before the reader's forward reads them, and the
+ * reader's before the owner writes what the reader reads). A view owns nothing: never pass it to
+ * osp_kv_cache_free, and drop it before kv is freed. Implemented in model/model.c (it needs the
+ * model's backend). OSP_ERR_INVALID_ARG: NULL, another device, another shape; OSP_ERR_UNSUPPORTED:
+ * tensor-parallel caches or readers. */
+struct osp_model;
+osp_status osp_kv_cache_view_for(const osp_kv_cache *kv, const struct osp_model *reader, osp_kv_cache *view);
+
 /* The exact size of a cache's one allocation with K pages of k_dtype and V pages of v_dtype (pages,
  * scale pools, each pool padded to 256 bytes per layer), as osp_kv_cache_create_scaled computes it.
  * OSP_ERR_INVALID_ARG on overflow or bad sizes, and the page formats' errors (osp_kv_page_format_of);

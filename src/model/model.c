@@ -165,8 +165,10 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));
     m->be->n_vocab = m->cfg.n_vocab;
     char why[256] = "";
-    if (params && params->draft_4bit_weights && dev != OSP_DEVICE_CPU)
-        return osp_set_error(OSP_ERR_UNSUPPORTED, "model: 4-bit draft weights (QuantSpec) are made on the CPU only");
+    /* on a device the Q4_0 copies stay 4-bit only as quantized weights (bf16 otherwise) */
+    if (params && params->draft_4bit_weights && dev != OSP_DEVICE_CPU && !params->gpu_quant_weights)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "model: 4-bit draft weights (QuantSpec) on the GPU need "
+                                                  "gpu_quant_weights (kept in their 4-bit blocks)");
     m->loader = (osp_loader){.gguf = m->gguf, .seed = seed, .preset = preset, .be = m->be, .path = path,
                              .requant_4bit = params && params->draft_4bit_weights};
     /* only a device backend copies (and reports progress): on the CPU the weights stay mapped */
@@ -388,6 +390,20 @@ void osp_model_run_parallel(osp_model *m, void (*fn)(void *ctx, int ith, int nth
 
 static osp_kv_shape kv_shape(const osp_model_config *c) {
     return (osp_kv_shape){c->n_layer, c->n_head_kv, c->head_dim};
+}
+
+osp_status osp_kv_cache_view_for(const osp_kv_cache *kv, const osp_model *reader, osp_kv_cache *view) {
+    if (!kv || !reader || !view) return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache view: NULL argument");
+    if (kv->tp_n > 1 || reader->tp)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "kv cache view: not across tensor-parallel ranks");
+    if (kv->be->vt->device != reader->be->vt->device)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache view: the cache is on the %s, the reader on the %s",
+                             kv->be->vt->name, reader->be->vt->name);
+    if (kv->n_layer != reader->cfg.n_layer || kv->k_fmt.kv_row != (int64_t)reader->cfg.n_head_kv * reader->cfg.head_dim)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "kv cache view: the cache was made for a model of another shape");
+    *view = *kv;
+    view->be = reader->be; /* borrowed, not retained: a view is never freed */
+    return OSP_OK;
 }
 
 osp_status osp_kv_cache_create(const osp_model *m, int32_t num_blocks, int32_t block_size, osp_kv_dtype dtype,

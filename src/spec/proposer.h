@@ -126,7 +126,9 @@ osp_status osp_draft_proposer_create(const osp_spec_config *c, const osp_propose
 int32_t osp_quantspec_staging_blocks(int32_t k, int32_t block_size);
 
 /* The target drafts for itself: it loads the target's GGUF again with 4-bit weights
- * (osp_model_params.draft_4bit_weights: matrices above 5 bits a weight as Q4_0 copies) and runs it over
+ * (osp_model_params.draft_4bit_weights: matrices above 5 bits a weight as Q4_0 copies), on the target's
+ * device (a GPU: with gpu_quant_weights, its own backend and stream, the target's pages read through
+ * osp_kv_cache_view_for after a sync of the target's stream), and runs it over
  * the target's own KV cache t->kv, reading int8_hier pages by their upper halves except the last
  * OSP_QUANTSPEC_FULL_RECENT keys (osp_kv_cache_set_hier_view; other page types it reads as the target
  * does). Each step, per sequence with num_computed == num_tokens - 1: its partly filled last block is

@@ -28,7 +28,9 @@ typedef struct qs_proposer {
     osp_proposer base;
     osp_model *model;  /* the target's GGUF, 4-bit weights */
     osp_kv_cache *kv;  /* the target's cache (borrowed): staging-block copies go through it */
-    osp_kv_cache view; /* a shallow copy of it with the draft's read view (never freed) */
+    osp_kv_cache view; /* a shallow copy of it with the draft's read view, run on the draft's backend
+                        * (osp_kv_cache_view_for; never freed) */
+    bool on_device;    /* the target (and so the draft) is on a GPU: two streams to order */
     int32_t block_size, staging0, staging_per_seq, max_blocks_per_seq, n_vocab;
     /* one pass's batch: up to OSP_QUANTSPEC_MAX_SEQS rows of one token */
     int32_t tok[OSP_QUANTSPEC_MAX_SEQS], pos[OSP_QUANTSPEC_MAX_SEQS], slot[OSP_QUANTSPEC_MAX_SEQS];
@@ -61,6 +63,9 @@ static osp_status qs_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) {
         if (s->max_draft > kmax) kmax = s->max_draft;
         rows[m++] = s;
     }
+    /* on a device the copies (and the target's last writes) run on the target's stream, the draft's
+     * passes on its own: they must be done before the draft reads them */
+    if (m > 0 && q->on_device) OSP_TRY(osp_kv_cache_sync(q->kv));
     /* 2. k passes of one token a sequence (the last token, then each draft); a row's block table is its
      *    full blocks, then its staging blocks */
     for (int32_t j = 0; j < kmax; j++) {
@@ -117,16 +122,19 @@ osp_status osp_quantspec_proposer_create(const osp_spec_config *c, const osp_pro
         return osp_set_error(OSP_ERR_INVALID_ARG, "quantspec: %d staging blocks from %d in a cache of %d (%d needed)",
                              t->num_staging_blocks, t->staging_block0, osp_kv_cache_num_blocks(t->kv), need);
     const osp_gguf *g = osp_model_gguf(t->model);
-    if (!g || osp_model_device(t->model) != OSP_DEVICE_CPU)
-        return osp_set_error(OSP_ERR_UNSUPPORTED, "quantspec: the target must be a GGUF model on the CPU");
+    if (!g) return osp_set_error(OSP_ERR_UNSUPPORTED, "quantspec: the target must be a GGUF model");
     qs_proposer *q = calloc(1, sizeof *q);
     if (!q) return osp_set_error(OSP_ERR_NOMEM, "quantspec: out of memory");
     q->base.ops = &qs_ops;
     osp_model_params mp = osp_model_default_params();
+    mp.device = osp_model_device(t->model);
     mp.n_threads = t->n_threads;
     mp.exact = t->exact;
     mp.cpu_activations = t->cpu_activations;
     mp.draft_4bit_weights = true;
+    /* on the GPU the 4-bit copies are multiplied in their blocks (the decode-floor issue's kernels) */
+    q->on_device = mp.device != OSP_DEVICE_CPU;
+    mp.gpu_quant_weights = q->on_device;
     osp_status s = osp_model_load(osp_gguf_path(g), &mp, &q->model);
     if (s != OSP_OK) {
         char msg[512];
@@ -135,7 +143,7 @@ osp_status osp_quantspec_proposer_create(const osp_spec_config *c, const osp_pro
         goto fail;
     }
     q->kv = t->kv;
-    q->view = *t->kv;
+    if ((s = osp_kv_cache_view_for(t->kv, q->model, &q->view)) != OSP_OK) goto fail;
     if (t->kv->k_fmt.dtype == OSP_KV_DTYPE_INT8_HIER || t->kv->v_fmt.dtype == OSP_KV_DTYPE_INT8_HIER)
         (void)osp_kv_cache_set_hier_view(&q->view, OSP_QUANTSPEC_FULL_RECENT);
     q->block_size = t->block_size;

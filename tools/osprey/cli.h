@@ -36,7 +36,7 @@ noreturn void cli_help(const char *text);
     "                          or {\"method\": \"draft_model\", \"model\": DRAFT.gguf, \"num_speculative_tokens\": K}\n" \
     "                          or {\"method\": \"quantspec\", \"num_speculative_tokens\": K} (the target drafts\n"     \
     "                          for itself with 4-bit weights; best with --kv-cache-dtype int8_hier)\n"            \
-    "                          (default: off; quantspec runs on the CPU only)\n"                           \
+    "                          (default: off)\n"                                                               \
     "  --sparse-attention S    topk:PAGES[,recent:R][,sink:S]: each query reads at most PAGES KV pages per\n"  \
     "                          KV head (Quest top-k; R last and S first pages always); a context within\n"     \
     "                          the budget is dense (default: off; GPU: f16 pages, head_dim 64 / 128,\n"     \
