@@ -111,7 +111,7 @@ static void run(const shape *sh) {
     float *d_fix = NULL;
     OK(osp_cuda_malloc((void **)&d_fix, sizeof ones, "scales"));
     CK(cudaMemcpy(d_fix, ones, sizeof ones, cudaMemcpyHostToDevice));
-    const osp_cuda_kv_quant kq = {d_fix, d_fix, (uint8_t *)kscl, (uint8_t *)vscl};
+    const osp_cuda_kv_quant kq = {d_fix, d_fix, (uint8_t *)kscl, (uint8_t *)vscl, false, 0};
     /* block tables: a shuffled pool */
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
     for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;

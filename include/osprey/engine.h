@@ -68,7 +68,7 @@ typedef struct osp_engine_params {
                                        osp_quantspec_staging_blocks more (src/spec/proposer.h: 16 while
                                        k <= block_size; within kv_cache_memory when
                                        the count comes from it, on top of num_blocks when given) */
-    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8 or NVFP4 (CPU and CUDA), INT8_HIER (CPU): the K
+    osp_kv_dtype kv_dtype;          /* OSP_KV_DTYPE_F16 (default), F32, FP8, NVFP4 or INT8_HIER (CPU and CUDA): the K
                                        pages' dtype, and the V pages' unless kv_dtype_v_set */
     osp_kv_dtype kv_dtype_v;        /* with kv_dtype_v_set: the V pages' dtype (a split cache, e.g. K fp8 +
                                        V nvfp4; llama.cpp's --cache-type-v); CPU only, CUDA refuses a split */

@@ -36,13 +36,14 @@ static bool cuda_sm90(const osp_kernel_target *t, char *why, size_t n) {
     return false;
 }
 
-/* the KV page dtypes the CUDA KV write and the CUDA-core attention kernel have (issue 13: fp8 and
- * nvfp4 pages are quantized on write and decoded per tile by v0; the tensor-core versions take f16) */
+/* the KV page dtypes the CUDA KV write and the CUDA-core attention kernel have (issues 13 and 14: fp8,
+ * nvfp4 and int8_hier pages are quantized on write and decoded per tile by v0; the tensor-core versions
+ * take f16) */
 static bool cuda_kv_dtype(const osp_kernel_target *t, char *why, size_t n) {
     if (t->kv_dtype == OSP_KV_DTYPE_F16 || t->kv_dtype == OSP_KV_DTYPE_F32 || t->kv_dtype == OSP_KV_DTYPE_FP8 ||
-        t->kv_dtype == OSP_KV_DTYPE_NVFP4)
+        t->kv_dtype == OSP_KV_DTYPE_NVFP4 || t->kv_dtype == OSP_KV_DTYPE_INT8_HIER)
         return true;
-    snprintf(why, n, "KV pages of dtype %d (f16, f32, fp8 or nvfp4)", (int)t->kv_dtype);
+    snprintf(why, n, "KV pages of dtype %d (f16, f32, fp8, nvfp4 or int8_hier)", (int)t->kv_dtype);
     return false;
 }
 
@@ -79,6 +80,10 @@ static bool rope_cuda(const osp_kernel_target *t, char *why, size_t n) {
     if (!cuda_sm90(t, why, n)) return false;
     if (t->kv_dtype == OSP_KV_DTYPE_NVFP4 && t->head_dim % 16 != 0) {
         snprintf(why, n, "nvfp4 KV pages need head_dim %% 16 == 0 (head_dim %d)", t->head_dim);
+        return false;
+    }
+    if (t->kv_dtype == OSP_KV_DTYPE_INT8_HIER && t->head_dim % 2 != 0) {
+        snprintf(why, n, "int8_hier KV pages need an even head_dim (head_dim %d)", t->head_dim);
         return false;
     }
     return cuda_kv_dtype(t, why, n);

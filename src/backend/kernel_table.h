@@ -12,7 +12,7 @@
  *     "sources": ["run1.json", ...],        optional: the reports it was made from
  *     "rows": [ { "op": "attention",        an op kind with more than one table-choosable version
  *                 "head_dim": 128,           the model's head_dim, 0: any
- *                 "kv_dtype": "f16",         the KV page type: "f16", "f32", "fp8", "nvfp4" or "any"
+ *                 "kv_dtype": "f16",         the KV page type: "f16", "f32", "fp8", "nvfp4", "int8_hier" or "any"
  *                 "version": "attention/v1", a registered, table-choosable version of that op kind
  *                 "evidence": ... } ] }      optional, any JSON: what the choice rests on
  * Unknown fields, kinds, versions, dtypes, or two rows for one bucket are errors (a typo must not pass

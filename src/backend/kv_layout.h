@@ -61,8 +61,9 @@ struct osp_kv_cache {
     bool hier_upper_only; /* int8_hier pages read through this struct give the upper 4-bit halves only
                            * (QuantSpec's draft view: a shallow copy of the target's cache with this set),
                            * except each query's last hier_full_recent positions, read in full (QuantSpec
-                           * keeps its most recent tokens in full precision); false (every cache as
-                           * created): both halves everywhere. Writes ignore it. */
+                           * keeps its most recent tokens in full precision; the CUDA kernel takes each
+                           * sequence's last ones, the same for one query token a sequence: attention.cu);
+                           * false (every cache as created): both halves everywhere. Writes ignore it. */
     int32_t hier_full_recent;
     uint64_t id;      /* unique per cache in this process: CUDA graphs captured with one cache's pages
                        * are replayed only with that cache */

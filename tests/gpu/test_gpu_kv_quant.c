@@ -154,7 +154,8 @@ static void write_case(uint32_t kvt, const wcase *wc, int64_t T, uint64_t seed) 
     void *d_ks = dev_alloc_fill(sc_bytes, 0xA5), *d_vs = dev_alloc_fill(sc_bytes, 0xA5);
     void *d_kf32 = dev_alloc_fill(f32_bytes, 0xFF), *d_vf32 = dev_alloc_fill(f32_bytes, 0xFF);
     void *d_kfix = dev_put(kfix, sizeof(float) * (size_t)nfix), *d_vfix = dev_put(vfix, sizeof(float) * (size_t)nfix);
-    osp_cuda_kv_quant kq = {d_kfix, d_vfix, kvt == OSP_KV_PAGE_NVFP4 ? d_ks : NULL, kvt == OSP_KV_PAGE_NVFP4 ? d_vs : NULL};
+    osp_cuda_kv_quant kq = {d_kfix, d_vfix, kvt == OSP_KV_PAGE_NVFP4 ? d_ks : NULL, kvt == OSP_KV_PAGE_NVFP4 ? d_vs : NULL,
+                           false, 0};
 
     const float *qn = wc->norm ? d_norm : NULL, *kn = wc->norm ? d_norm : NULL;
     osp_status st = osp_cuda_rope_kv_write_q(d_qkv, wc->bias ? d_bias : NULL, qn, kn, d_pos, d_freq, d_slot, d_q, d_kp,
@@ -241,7 +242,7 @@ static void test_write_arguments(void **state) {
     assert_int_equal(osp_cuda_rope_kv_write_q(d, NULL, NULL, NULL, d, d, d, d, d, d, OSP_KV_PAGE_NVFP4, &none, 1, 1, 1,
                                               64, 0, false, 1e-6f, NULL),
                      OSP_ERR_INVALID_ARG);
-    osp_cuda_kv_quant kq = {d, d, d, d};
+    osp_cuda_kv_quant kq = {d, d, d, d, false, 0};
     assert_int_equal(osp_cuda_rope_kv_write_q(d, NULL, NULL, NULL, d, d, d, d, d, d, OSP_KV_PAGE_NVFP4, &kq, 1, 1, 1, 40,
                                               0, false, 1e-6f, NULL),
                      OSP_ERR_INVALID_ARG);
@@ -366,7 +367,7 @@ static uint16_t *gpu_attention(const qpool *p, const qbatch *b, bool f32, int mo
     void *d_bt = dev_put(b->bt, sizeof(int32_t) * (size_t)b->num_seqs * (size_t)b->max_blocks);
     const size_t ws_bytes = osp_cuda_attention_workspace_bytes(b->T, b->n_head, p->D, b->max_seq_len);
     void *d_ws = dev_alloc_fill(ws_bytes + 256, 0);
-    osp_cuda_kv_quant kq = {p->d_kfix, p->d_vfix, p->d_ks, p->d_vs};
+    osp_cuda_kv_quant kq = {p->d_kfix, p->d_vfix, p->d_ks, p->d_vs, false, 0};
     if (p->kvt == OSP_KV_PAGE_FP8) kq.d_k_scale = kq.d_v_scale = NULL;
     osp_cuda_attention_force_mode(mode);
     const float scale = 1.0f / sqrtf((float)p->D);
@@ -658,6 +659,561 @@ static void test_read_invariance(void **state) {
         }
 }
 
+/* ---- (c) int8_hier (QuantSpec's hierarchical INT8, issue 14) --------------------------------------- */
+
+/* Bytes of one (slot, KV head) row of int8_hier pages: D / 2 upper-code bytes, then f16 S and M. */
+static size_t h_rb(int D) { return (size_t)D / 2 + 4; }
+
+/* One value of int8_hier write row kind `kind` (the header's list), column d of KV head h's row of token t;
+ * base and step are the row's own (drawn once a row). */
+static float h_value(int kind, int64_t t, int d, int h, float base, float step) {
+    switch (kind) {
+    case 0: return base;                                                   /* a constant row */
+    case 1: return d % 7 == 3 ? 1e-3f * rnd_unit() : 1e4f * rnd_unit();    /* a large range */
+    case 2: return -(0.5f + fabsf(rnd_unit())) * step;                     /* negative only */
+    case 3: return 0.0f;                                                   /* all +0 */
+    case 4: { /* non-negative with zeros of one sign a row (+0 on even tokens, -0 on odd ones) */
+        const float u = rnd_unit();
+        return u > 0.0f ? u * step : (t & 1) ? -0.0f : 0.0f;
+    }
+    case 5: return (d % 3 == 0 ? 1e-40f : 1e-6f) * rnd_unit();             /* fp32 subnormals, tiny ranges */
+    case 6: return d % 5 == 0 ? 1e5f * rnd_unit() : rnd_unit();             /* beyond f16's range */
+    case 7: return base + 0.125f * (float)rnd_int(31) * step;              /* on and between the grid */
+    case 8: { /* specials: an infinity or a NaN here and there */
+        static const float sp[] = {INFINITY, -INFINITY, NAN, 3.0f};
+        return (d + h) % 9 == 4 ? sp[(t + d) % 4] : rnd_unit() * step;
+    }
+    default: return rnd_unit() * ldexpf(1.0f, rnd_int(24) - 12);           /* random, mixed magnitudes */
+    }
+}
+
+/* The write: the GPU's int8_hier pages and lower-code pools against the CPU's write of the GPU's own fp32
+ * rows (the same launch with f32 pages), byte for byte. */
+static void h_write_case(const wcase *wc, int64_t T, uint64_t seed) {
+    g_rng = seed;
+    const int D = wc->D, n_kv = wc->n_kv;
+    const int64_t QD = (int64_t)wc->n_head * D, KD = (int64_t)n_kv * D, row = QD + 2 * KD;
+    const int64_t num_slots = T + 9;
+    float *qkv = xmalloc(sizeof(float) * (size_t)(T * row));
+    float *bias = xmalloc(sizeof(float) * (size_t)row);
+    float *norm = xmalloc(sizeof(float) * (size_t)D);
+    for (int64_t t = 0; t < T; t++) {
+        const int kind = (int)(t % 12);
+        for (int64_t c = 0; c < QD; c++) qkv[t * row + c] = rnd_unit();
+        for (int64_t r = 0; r < 2 * n_kv; r++) { /* K heads then V heads: one row each */
+            const float base = rnd_unit() * ldexpf(1.0f, rnd_int(12) - 6), step = ldexpf(1.0f, rnd_int(8) - 3);
+            for (int d = 0; d < D; d++) qkv[t * row + QD + r * D + d] = h_value(kind, t, d, (int)r, base, step);
+        }
+    }
+    for (int64_t c = 0; c < row; c++) bias[c] = wc->bias ? 0.01f * rnd_unit() : 0.0f;
+    for (int d = 0; d < D; d++) norm[d] = 1.0f + 0.1f * rnd_unit();
+    int32_t *slot = xmalloc(sizeof(int32_t) * (size_t)T), *pos = xmalloc(sizeof(int32_t) * (size_t)T);
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)num_slots);
+    for (int64_t i = 0; i < num_slots; i++) perm[i] = (int32_t)i;
+    for (int64_t i = num_slots - 1; i > 0; i--) {
+        const int64_t j = rnd_int((int)i + 1);
+        const int32_t tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    for (int64_t t = 0; t < T; t++) slot[t] = t % 7 == 6 ? -1 : perm[t], pos[t] = rnd_int(4000);
+    float *inv_freq = xmalloc(sizeof(float) * (size_t)(wc->n_rot / 2 + 1));
+    for (int i = 0; i < wc->n_rot / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)wc->n_rot);
+
+    const size_t page_bytes = (size_t)num_slots * (size_t)n_kv * h_rb(D), lo_bytes = (size_t)num_slots * (size_t)(KD / 2);
+    const size_t f32_bytes = sizeof(float) * (size_t)(num_slots * KD);
+    void *d_qkv = dev_put(qkv, sizeof(float) * (size_t)(T * row)), *d_bias = dev_put(bias, sizeof(float) * (size_t)row);
+    void *d_norm = dev_put(norm, sizeof(float) * (size_t)D), *d_slot = dev_put(slot, sizeof(int32_t) * (size_t)T);
+    void *d_pos = dev_put(pos, sizeof(int32_t) * (size_t)T);
+    void *d_freq = dev_put(inv_freq, sizeof(float) * (size_t)(wc->n_rot / 2 + 1));
+    void *d_q = dev_alloc_fill(sizeof(uint16_t) * (size_t)(T * QD), 0);
+    void *d_kp = dev_alloc_fill(page_bytes, 0xA5), *d_vp = dev_alloc_fill(page_bytes, 0xA5);
+    void *d_kl = dev_alloc_fill(lo_bytes, 0x5A), *d_vl = dev_alloc_fill(lo_bytes, 0x5A);
+    void *d_kf32 = dev_alloc_fill(f32_bytes, 0xFF), *d_vf32 = dev_alloc_fill(f32_bytes, 0xFF);
+    /* the hier view fields are read by attention only: set them to show the write ignores them */
+    osp_cuda_kv_quant kq = {NULL, NULL, d_kl, d_vl, true, 3};
+    const float *qn = wc->norm ? d_norm : NULL, *kn = wc->norm ? d_norm : NULL;
+    osp_status st = osp_cuda_rope_kv_write_q(d_qkv, wc->bias ? d_bias : NULL, qn, kn, d_pos, d_freq, d_slot, d_q, d_kp,
+                                             d_vp, OSP_KV_PAGE_INT8H, &kq, T, wc->n_head, n_kv, D, wc->n_rot, wc->neox,
+                                             1e-6f, NULL);
+    if (st != OSP_OK) printf("  write: %s\n", osp_last_error());
+    assert_int_equal(st, OSP_OK);
+    st = osp_cuda_rope_kv_write_q(d_qkv, wc->bias ? d_bias : NULL, qn, kn, d_pos, d_freq, d_slot, d_q, d_kf32, d_vf32,
+                                  OSP_KV_PAGE_F32, NULL, T, wc->n_head, n_kv, D, wc->n_rot, wc->neox, 1e-6f, NULL);
+    assert_int_equal(st, OSP_OK);
+    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
+
+    uint8_t *gk = xmalloc(page_bytes), *gv = xmalloc(page_bytes), *gkl = xmalloc(lo_bytes), *gvl = xmalloc(lo_bytes);
+    float *kf = xmalloc(f32_bytes), *vf = xmalloc(f32_bytes);
+    dev_get(gk, d_kp, page_bytes), dev_get(gv, d_vp, page_bytes), dev_get(gkl, d_kl, lo_bytes), dev_get(gvl, d_vl, lo_bytes);
+    dev_get(kf, d_kf32, f32_bytes), dev_get(vf, d_vf32, f32_bytes);
+
+    uint8_t *ck = xmalloc(page_bytes), *cv = xmalloc(page_bytes), *ckl = xmalloc(lo_bytes), *cvl = xmalloc(lo_bytes);
+    memset(ck, 0xA5, page_bytes), memset(cv, 0xA5, page_bytes), memset(ckl, 0x5A, lo_bytes), memset(cvl, 0x5A, lo_bytes);
+    osp_cpu_kv_pages cp = {.k_type = OSP_KV_DTYPE_INT8_HIER, .v_type = OSP_KV_DTYPE_INT8_HIER};
+    int64_t raw_bad = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (slot[t] < 0) continue;
+        const float *kr = kf + (int64_t)slot[t] * KD, *vr = vf + (int64_t)slot[t] * KD;
+        osp_cpu_kv_write_quant(&cp, ck, cv, ckl, cvl, kr, vr, slot[t], n_kv, D);
+        if (wc->n_rot == 0 && !wc->norm) /* then the rows are qkv + bias, exactly */
+            for (int64_t c = 0; c < 2 * KD; c++) {
+                const float x = qkv[t * row + QD + c], want = wc->bias ? x + bias[QD + c] : x, got = c < KD ? kr[c] : vr[c - KD];
+                raw_bad += memcmp(&want, &got, 4) != 0 && !(isnan(want) && isnan(got));
+            }
+    }
+    int64_t bad = 0;
+    const char *what[4] = {"K pages", "V pages", "K lower codes", "V lower codes"};
+    const uint8_t *g4[4] = {gk, gv, gkl, gvl}, *c4[4] = {ck, cv, ckl, cvl};
+    const size_t n4[4] = {page_bytes, page_bytes, lo_bytes, lo_bytes};
+    for (int m = 0; m < 4; m++)
+        for (size_t i = 0; i < n4[m]; i++)
+            if (g4[m][i] != c4[m][i]) {
+                if (bad++ < 6) {
+                    const size_t per_slot = m < 2 ? (size_t)n_kv * h_rb(D) : (size_t)(KD / 2);
+                    const size_t s = i / per_slot, in_row = m < 2 ? (i % per_slot) % h_rb(D) : 0;
+                    int64_t tok = -1;
+                    for (int64_t t = 0; t < T; t++) tok = slot[t] == (int32_t)s ? t : tok;
+                    printf("  int8_hier write D %d: %s byte %zu (slot %zu, token %lld, row kind %lld%s): gpu %02x cpu %02x\n",
+                           D, what[m], i, s, (long long)tok, (long long)(tok >= 0 ? tok % 12 : -1),
+                           m < 2 && in_row >= (size_t)D / 2 ? ", S/M" : "", g4[m][i], c4[m][i]);
+                }
+            }
+    printf("write int8_hier heads %2d/%2d D %4d n_rot %3d bias %d norm %d T %3lld: %lld bytes differ (%zu page + %zu "
+           "lower-code bytes per matrix)%s\n",
+           wc->n_head, n_kv, D, wc->n_rot, wc->bias, wc->norm, (long long)T, (long long)bad, page_bytes, lo_bytes,
+           bad || raw_bad ? "  FAILED" : "");
+    assert_int_equal(raw_bad, 0);
+    assert_int_equal(bad, 0);
+
+    void *dev[] = {d_qkv, d_bias, d_norm, d_slot, d_pos, d_freq, d_q, d_kp, d_vp, d_kl, d_vl, d_kf32, d_vf32};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) osp_cuda_free(dev[i]);
+    void *host[] = {qkv, bias, norm, slot, pos, perm, inv_freq, gk, gv, gkl, gvl, kf, vf, ck, cv, ckl, cvl};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
+static void test_int8h_write(void **state) {
+    (void)state;
+    static const wcase cases[] = {
+        {4, 4, 64, 0, false, false, false},   {8, 2, 128, 0, true, false, false},  {8, 1, 32, 0, false, false, false},
+        {4, 2, 256, 0, true, false, false},   {32, 8, 128, 128, false, false, true}, {9, 3, 64, 64, true, false, false},
+        {16, 2, 128, 64, false, true, true},  {8, 8, 64, 32, true, true, false},   {2, 1, 6, 0, false, false, false},
+        {4, 1, 1024, 0, false, false, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        h_write_case(&cases[i], i % 2 ? 61 : 200, 300u + i * 7u);
+}
+
+/* Launch arguments the int8_hier write and read refuse on the host. */
+static void test_int8h_arguments(void **state) {
+    (void)state;
+    void *d = dev_alloc_fill(1 << 16, 0);
+    osp_cuda_kv_quant none = {0}, kq = {NULL, NULL, d, d, false, 0};
+    /* the write: no pools, an odd head_dim */
+    assert_int_equal(osp_cuda_rope_kv_write_q(d, NULL, NULL, NULL, d, d, d, d, d, d, OSP_KV_PAGE_INT8H, NULL, 1, 1, 1, 64,
+                                              0, false, 1e-6f, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_rope_kv_write_q(d, NULL, NULL, NULL, d, d, d, d, d, d, OSP_KV_PAGE_INT8H, &none, 1, 1, 1,
+                                              64, 0, false, 1e-6f, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_rope_kv_write_q(d, NULL, NULL, NULL, d, d, d, d, d, d, OSP_KV_PAGE_INT8H, &kq, 1, 1, 1, 63,
+                                              0, false, 1e-6f, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_rope_kv_write(d, NULL, NULL, NULL, d, d, d, d, d, d, OSP_KV_PAGE_INT8H, 1, 1, 1, 64, 0,
+                                            false, 1e-6f, NULL),
+                     OSP_ERR_INVALID_ARG);
+    /* the read: no pools, misaligned pools, a negative recent window in the draft's view, the plain entry */
+    assert_int_equal(osp_cuda_paged_attention_q(d, d, d, OSP_KV_PAGE_INT8H, NULL, d, 1, d, d, d, 1, 16, 1, 4, 4, 64, 0.1f,
+                                                0, 16, NULL, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_paged_attention_q(d, d, d, OSP_KV_PAGE_INT8H, &none, d, 1, d, d, d, 1, 16, 1, 4, 4, 64,
+                                                0.1f, 0, 16, NULL, NULL),
+                     OSP_ERR_INVALID_ARG);
+    osp_cuda_kv_quant mis = {NULL, NULL, (uint8_t *)d + 8, d, false, 0}, neg = {NULL, NULL, d, d, true, -1};
+    assert_int_equal(osp_cuda_paged_attention_q(d, d, d, OSP_KV_PAGE_INT8H, &mis, d, 1, d, d, d, 1, 16, 1, 4, 4, 64, 0.1f,
+                                                0, 16, NULL, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_paged_attention_q(d, d, d, OSP_KV_PAGE_INT8H, &neg, d, 1, d, d, d, 1, 16, 1, 4, 4, 64, 0.1f,
+                                                0, 16, NULL, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_paged_attention(d, d, d, OSP_KV_PAGE_INT8H, d, 1, d, d, d, 1, 16, 1, 4, 4, 64, 0.1f, 0, 16,
+                                              NULL, NULL),
+                     OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_cuda_stream_sync(NULL), OSP_OK);
+    osp_cuda_free(d);
+}
+
+/* A pool of int8_hier pages (the CPU's write) on the host and the device. Unwritten slots are poisoned:
+ * every byte 0x7E, so S = M = 0x7E7E, an f16 NaN, and every value decoded from them NaN. */
+typedef struct {
+    int n_kv, D, bs;
+    int32_t num_blocks;
+    int64_t slots, KD;
+    size_t pbytes, lbytes;
+    uint8_t *k, *v, *kl, *vl; /* pages [slots, n_kv, D / 2 + 4], lower codes [slots, n_kv, D / 2] */
+    bool *written;            /* [slots] */
+    float vmax;
+    void *d_k, *d_v, *d_kl, *d_vl;
+} hpool;
+
+static void hpool_init(hpool *p, int n_kv, int D, int bs, int32_t num_blocks) {
+    memset(p, 0, sizeof *p);
+    p->n_kv = n_kv, p->D = D, p->bs = bs, p->num_blocks = num_blocks;
+    p->slots = (int64_t)num_blocks * bs, p->KD = (int64_t)n_kv * D;
+    p->pbytes = (size_t)p->slots * (size_t)n_kv * h_rb(D), p->lbytes = (size_t)(p->slots * (p->KD / 2));
+    p->k = xmalloc(p->pbytes), p->v = xmalloc(p->pbytes), p->kl = xmalloc(p->lbytes), p->vl = xmalloc(p->lbytes);
+    memset(p->k, 0x7E, p->pbytes), memset(p->v, 0x7E, p->pbytes), memset(p->kl, 0x7E, p->lbytes), memset(p->vl, 0x7E, p->lbytes);
+    p->written = calloc((size_t)p->slots, sizeof(bool));
+    assert_non_null(p->written);
+}
+
+/* Row (slot, kvh) of K (which 0) or V (1) as osp_int8h_dequantize_row reads it: both halves (full) or the
+ * upper ones alone. */
+static void hpool_row(const hpool *p, int which, int64_t slot, int kvh, bool full, float *out) {
+    const uint8_t *up = (which ? p->v : p->k) + ((size_t)slot * (size_t)p->n_kv + (size_t)kvh) * h_rb(p->D);
+    const uint8_t *lo = (which ? p->vl : p->kl) + ((size_t)slot * (size_t)p->n_kv + (size_t)kvh) * (size_t)(p->D / 2);
+    uint16_t sm[2];
+    memcpy(sm, up + p->D / 2, sizeof sm);
+    osp_int8h_dequantize_row(up, full ? lo : NULL, sm, out, p->D);
+}
+
+/* Random K/V rows (keys of a few units with an outlier now and then, values below 2; every 13th row a
+ * constant one) written at `slot` by the CPU's write. */
+static void hpool_write(hpool *p, int64_t slot) {
+    float k[MAX_KV * 256], v[MAX_KV * 256], y[256];
+    const bool constant = rnd_int(13) == 0;
+    for (int64_t i = 0; i < p->KD; i++) {
+        k[i] = constant ? 0.75f : 3.0f * rnd_unit() * (rnd_int(64) == 0 ? 20.0f : 1.0f);
+        v[i] = constant ? -0.5f : 1.5f * rnd_unit() * (rnd_int(64) == 0 ? 8.0f : 1.0f);
+    }
+    osp_cpu_kv_pages cp = {.k_type = OSP_KV_DTYPE_INT8_HIER, .v_type = OSP_KV_DTYPE_INT8_HIER};
+    osp_cpu_kv_write_quant(&cp, p->k, p->v, p->kl, p->vl, k, v, (int32_t)slot, p->n_kv, p->D);
+    p->written[slot] = true;
+    for (int h = 0; h < p->n_kv; h++)
+        for (int full = 0; full < 2; full++) {
+            hpool_row(p, 1, slot, h, full, y);
+            for (int d = 0; d < p->D; d++)
+                if (fabsf(y[d]) > p->vmax) p->vmax = fabsf(y[d]);
+        }
+}
+
+static void hpool_upload(hpool *p) {
+    p->d_k = dev_put(p->k, p->pbytes), p->d_v = dev_put(p->v, p->pbytes);
+    p->d_kl = dev_put(p->kl, p->lbytes), p->d_vl = dev_put(p->vl, p->lbytes);
+}
+
+static void hpool_free(hpool *p) {
+    free(p->k), free(p->v), free(p->kl), free(p->vl), free(p->written);
+    void *dev[] = {p->d_k, p->d_v, p->d_kl, p->d_vl};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) osp_cuda_free(dev[i]);
+    memset(p, 0, sizeof *p);
+}
+
+/* A read view: the target's (upper false: both halves everywhere) or the draft's (upper true: the upper
+ * halves except keys at positions >= seq_len - recent of each sequence). */
+typedef struct {
+    bool upper;
+    int32_t recent;
+    const char *name;
+} hview;
+
+/* The first key position sequence s reads in full under view vw (attention.cu: seq_len - recent, seq_len
+ * the sequence's last query token's position + 1; 0 in the full view). */
+static int64_t h_full_from(const qbatch *b, int s, const hview *vw) {
+    if (!vw->upper || b->qsl[s + 1] == b->qsl[s]) return 0;
+    return (int64_t)b->positions[b->qsl[s + 1] - 1] + 1 - vw->recent;
+}
+
+/* GPU attention of batch b over pool p's int8_hier pages under view vw, forced mode `mode`, v4 choice `dec`
+ * (-1: the default); or, f32 pages given, over those. Returns the bf16 output [T, n_head, D]. */
+static uint16_t *h_gpu_attention(const hpool *p, const qbatch *b, const hview *vw, const void *d_kf, const void *d_vf,
+                                 int mode, int dec) {
+    const int64_t n = b->T * b->n_head * p->D, guard = (int64_t)b->n_head * p->D;
+    void *d_q = dev_put(b->q, sizeof(uint16_t) * (size_t)n);
+    void *d_out = dev_alloc_fill(sizeof(uint16_t) * (size_t)(n + guard), 0xFF);
+    void *d_qsl = dev_put(b->qsl, sizeof(int32_t) * (size_t)(b->num_seqs + 1));
+    void *d_pos = dev_put(b->positions, sizeof(int32_t) * (size_t)b->T);
+    void *d_bt = dev_put(b->bt, sizeof(int32_t) * (size_t)b->num_seqs * (size_t)b->max_blocks);
+    const size_t ws_bytes = osp_cuda_attention_workspace_bytes(b->T, b->n_head, p->D, b->max_seq_len);
+    void *d_ws = dev_alloc_fill(ws_bytes + 256, 0);
+    osp_cuda_kv_quant kq = {NULL, NULL, p->d_kl, p->d_vl, vw->upper, vw->recent};
+    osp_cuda_attention_force_mode(mode);
+    osp_cuda_attention_dec(dec);
+    const float scale = 1.0f / sqrtf((float)p->D);
+    const osp_status st =
+        d_kf ? osp_cuda_paged_attention(d_q, d_kf, d_vf, OSP_KV_PAGE_F32, d_out, b->num_seqs, d_qsl, d_pos, d_bt,
+                                        b->max_blocks, p->bs, b->T, b->n_head, p->n_kv, p->D, scale, b->window,
+                                        b->max_seq_len, d_ws, NULL)
+             : osp_cuda_paged_attention_q(d_q, p->d_k, p->d_v, OSP_KV_PAGE_INT8H, &kq, d_out, b->num_seqs, d_qsl, d_pos,
+                                          d_bt, b->max_blocks, p->bs, b->T, b->n_head, p->n_kv, p->D, scale, b->window,
+                                          b->max_seq_len, d_ws, NULL);
+    osp_cuda_attention_force_mode(OSP_CUDA_ATTN_V0);
+    osp_cuda_attention_dec(-1);
+    if (st != OSP_OK) printf("  attention: %s\n", osp_last_error());
+    assert_int_equal(st, OSP_OK);
+    uint16_t *out = xmalloc(sizeof(uint16_t) * (size_t)(n + guard));
+    dev_get(out, d_out, sizeof(uint16_t) * (size_t)(n + guard));
+    for (int64_t i = n; i < n + guard; i++) assert_int_equal(out[i], 0xFFFF); /* guard row */
+    void *dev[] = {d_q, d_out, d_qsl, d_pos, d_bt, d_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) osp_cuda_free(dev[i]);
+    return out;
+}
+
+/* The host reference under view vw: each key's K and V rows from osp_int8h_dequantize_row (full or upper
+ * per h_full_from), softmax and the weighted sum in double. */
+static float *h_ref_attention(const hpool *p, const qbatch *b, const hview *vw) {
+    const int D = p->D, group = b->n_head / p->n_kv;
+    const int64_t n = b->T * b->n_head * D;
+    float *ref = xmalloc(sizeof(float) * (size_t)n);
+    double *sc = xmalloc(sizeof(double) * (size_t)(b->max_ctx + 1)), *acc = xmalloc(sizeof(double) * (size_t)D);
+    float *kr = xmalloc(sizeof(float) * (size_t)D), *vr = xmalloc(sizeof(float) * (size_t)D);
+    const double scale = 1.0 / sqrt((double)D);
+    for (int s = 0; s < b->num_seqs; s++) {
+        const int64_t full_from = h_full_from(b, s, vw);
+        for (int32_t t = b->qsl[s]; t < b->qsl[s + 1]; t++) {
+            const int32_t lim = b->positions[t] + 1, first = b->window > 0 && lim > b->window ? lim - b->window : 0;
+            for (int h = 0; h < b->n_head; h++) {
+                const int kvh = h / group;
+                const float *q = b->qf + ((int64_t)t * b->n_head + h) * D;
+                double mx = -INFINITY, sum = 0.0;
+                for (int32_t key = first; key < lim; key++) {
+                    const int64_t slot = (int64_t)b->bt[s * b->max_blocks + key / p->bs] * p->bs + key % p->bs;
+                    hpool_row(p, 0, slot, kvh, key >= full_from, kr);
+                    double dot = 0.0;
+                    for (int d = 0; d < D; d++) dot += (double)q[d] * (double)kr[d];
+                    sc[key] = dot * scale;
+                    if (sc[key] > mx) mx = sc[key];
+                }
+                for (int d = 0; d < D; d++) acc[d] = 0.0;
+                for (int32_t key = first; key < lim; key++) {
+                    const int64_t slot = (int64_t)b->bt[s * b->max_blocks + key / p->bs] * p->bs + key % p->bs;
+                    hpool_row(p, 1, slot, kvh, key >= full_from, vr);
+                    const double w = exp(sc[key] - mx);
+                    sum += w;
+                    for (int d = 0; d < D; d++) acc[d] += w * (double)vr[d];
+                }
+                float *o = ref + ((int64_t)t * b->n_head + h) * D;
+                for (int d = 0; d < D; d++) o[d] = (float)(acc[d] / sum);
+            }
+        }
+    }
+    free(sc), free(acc), free(kr), free(vr);
+    return ref;
+}
+
+/* Elements of got outside test_gpu_attention.c's v0 bound around ref (2^-8 |ref| + 2^-12 vmax, and the
+ * mean error); prints the first few when verbose. Returns the count (mean-error failure counts as one). */
+static int64_t h_count_far(const hpool *p, const qbatch *b, const uint16_t *got, const float *ref, const char *what,
+                           bool verbose) {
+    const int64_t n = b->T * b->n_head * p->D;
+    int64_t bad = 0;
+    double err_sum = 0.0, ref_sum = 0.0;
+    float worst = 0.0f;
+    const float abs_tol = ldexpf(p->vmax, -12);
+    for (int64_t i = 0; i < n; i++) {
+        const float r = ref[i], g = osp_bf16_to_fp32(got[i]);
+        const float tol = ldexpf(fabsf(r), -8) + abs_tol, err = fabsf(g - r);
+        err_sum += fabs((double)g - (double)r), ref_sum += fabs((double)r);
+        if (!isfinite(r) || !(err <= tol)) {
+            if (verbose && bad < 6)
+                printf("  %s: element %lld (token %lld): gpu %.6g ref %.6g (tol %.3g)\n", what, (long long)i,
+                       (long long)(i / ((int64_t)b->n_head * p->D)), (double)g, (double)r, (double)tol);
+            bad++;
+        } else if (err / tol > worst) {
+            worst = err / tol;
+        }
+    }
+    const double mean_err = n ? err_sum / (double)n : 0.0, mean_ref = n ? ref_sum / (double)n : 0.0;
+    const bool mean_bad = !(mean_err <= ldexp(mean_ref, -8) + ldexp((double)p->vmax, -14));
+    if (verbose)
+        printf("read  int8_hier %-58s T %5lld seqs %2d heads %2d/%d D %3d bs %2d win %3d: err/tol %.3f, mean "
+               "err/|ref| %.2e%s\n",
+               what, (long long)b->T, b->num_seqs, b->n_head, p->n_kv, p->D, p->bs, b->window, (double)worst,
+               mean_ref > 0 ? mean_err / mean_ref : 0.0, bad || mean_bad ? "  FAILED" : "");
+    return bad + (mean_bad ? 1 : 0);
+}
+
+/* The view's dequantized copy in f32 pages (NaN where nothing is written), on the device. */
+static void h_f32_copy(const hpool *p, const qbatch *b, const hview *vw, void **d_kf, void **d_vf) {
+    const size_t bytes = sizeof(float) * (size_t)(p->slots * p->KD);
+    float *kf = xmalloc(bytes), *vf = xmalloc(bytes);
+    for (int64_t i = 0; i < p->slots * p->KD; i++) kf[i] = vf[i] = NAN;
+    for (int s = 0; s < b->num_seqs; s++) {
+        if (b->qsl[s + 1] == b->qsl[s]) continue;
+        const int64_t full_from = h_full_from(b, s, vw);
+        for (int32_t key = 0; key <= b->positions[b->qsl[s + 1] - 1]; key++) {
+            const int64_t slot = (int64_t)b->bt[s * b->max_blocks + key / p->bs] * p->bs + key % p->bs;
+            for (int h = 0; h < p->n_kv; h++) {
+                hpool_row(p, 0, slot, h, key >= full_from, kf + slot * p->KD + (int64_t)h * p->D);
+                hpool_row(p, 1, slot, h, key >= full_from, vf + slot * p->KD + (int64_t)h * p->D);
+            }
+        }
+    }
+    *d_kf = dev_put(kf, bytes), *d_vf = dev_put(vf, bytes);
+    free(kf), free(vf);
+}
+
+/* Builds pool + batch for case c (each sequence its own shuffled blocks; zero-token sequences allowed) and
+ * checks every view: against the double reference; the bits of the dequantized copy of the view under v0
+ * when unsplit (max_seq_len <= 256); the same bits under every forced mode and v4 choice (int8_hier always
+ * runs v0); against the CPU's attention (osp_cpu_paged_attention_kv with the view) where the CPU's
+ * per-query window is the sequence's (the full view, or one query token a sequence); a view of a recent
+ * window longer than any sequence gives the full view's bits; the draft's views differ from the full one
+ * (bits, and beyond the tolerance of the full view's reference: the check is not vacuous); and decode rows
+ * run alone give their bits in the batch. */
+static void h_read_case(const rcase *c, uint64_t seed, const char *what) {
+    g_rng = seed;
+    int32_t blocks = 0, max_nb = 1, max_ctx = 1;
+    int64_t T = 0;
+    bool decode_only = true;
+    for (int s = 0; s < c->num_seqs; s++) {
+        const int32_t len = c->prefix[s] + c->nnew[s], nb = (len + c->bs - 1) / c->bs;
+        blocks += nb, T += c->nnew[s];
+        max_nb = nb > max_nb ? nb : max_nb;
+        if (c->nnew[s] > 0 && len > max_ctx) max_ctx = len;
+        if (c->nnew[s] > 1) decode_only = false;
+    }
+    hpool p;
+    hpool_init(&p, c->n_kv, c->D, c->bs, blocks + 3);
+    qbatch b = {0};
+    b.n_head = c->n_head, b.num_seqs = c->num_seqs, b.window = c->window, b.T = T, b.max_ctx = max_ctx;
+    b.max_blocks = max_nb + 1;
+    b.max_seq_len = c->max_seq_len > 0 ? c->max_seq_len : max_ctx;
+    b.positions = xmalloc(sizeof(int32_t) * (size_t)T);
+    b.bt = xmalloc(sizeof(int32_t) * (size_t)c->num_seqs * (size_t)b.max_blocks);
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)p.num_blocks);
+    for (int32_t i = 0; i < p.num_blocks; i++) perm[i] = i;
+    for (int32_t i = p.num_blocks - 1; i > 0; i--) {
+        const int32_t j = rnd_int(i + 1), tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    int32_t next = 0;
+    b.qsl[0] = 0;
+    for (int s = 0; s < c->num_seqs; s++) {
+        const int32_t len = c->prefix[s] + c->nnew[s], nb = (len + c->bs - 1) / c->bs;
+        for (int32_t i = 0; i < b.max_blocks; i++) b.bt[s * b.max_blocks + i] = i < nb ? perm[next + i] : -1;
+        next += nb;
+        for (int32_t i = 0; i < c->nnew[s]; i++) b.positions[b.qsl[s] + i] = c->prefix[s] + i;
+        b.qsl[s + 1] = b.qsl[s] + c->nnew[s];
+        for (int32_t pos = 0; pos < len; pos++) hpool_write(&p, (int64_t)b.bt[s * b.max_blocks + pos / c->bs] * c->bs + pos % c->bs);
+    }
+    const int64_t nq = T * c->n_head * c->D;
+    b.q = xmalloc(sizeof(uint16_t) * (size_t)nq), b.qf = xmalloc(sizeof(float) * (size_t)nq);
+    for (int64_t i = 0; i < nq; i++) b.q[i] = osp_fp32_to_bf16(2.0f * rnd_unit()), b.qf[i] = osp_bf16_to_fp32(b.q[i]);
+    hpool_upload(&p);
+    const size_t bytes = sizeof(uint16_t) * (size_t)nq;
+
+    const hview views[] = {{false, 0, "full"}, {true, 0, "upper, recent 0"}, {true, 3, "upper, recent 3"},
+                           {true, 1 << 20, "upper, recent > seq_len"}};
+    const int nv = (int)(sizeof views / sizeof views[0]);
+    uint16_t *bits[4] = {NULL};
+    float *full_ref = NULL;
+    for (int v = 0; v < nv; v++) {
+        const hview *vw = &views[v];
+        char w[160];
+        snprintf(w, sizeof w, "%s, %s", what, vw->name);
+        uint16_t *got = h_gpu_attention(&p, &b, vw, NULL, NULL, OSP_CUDA_ATTN_V0, -1);
+        float *ref = h_ref_attention(&p, &b, vw);
+        assert_int_equal(h_count_far(&p, &b, got, ref, w, true), 0);
+        if (b.max_seq_len <= 256) { /* one split for f32 pages too: the same kernel over the same values */
+            void *d_kf, *d_vf;
+            h_f32_copy(&p, &b, vw, &d_kf, &d_vf);
+            uint16_t *deq = h_gpu_attention(&p, &b, vw, d_kf, d_vf, OSP_CUDA_ATTN_V0, -1);
+            if (memcmp(got, deq, bytes)) printf("  %s: differs from the view's dequantized copy's bits\n", w);
+            assert_memory_equal(got, deq, bytes);
+            free(deq);
+            osp_cuda_free(d_kf), osp_cuda_free(d_vf);
+        }
+        /* routing: whatever mode is forced, the CUDA-core kernel's bits */
+        const int modes[] = {OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            uint16_t *o = h_gpu_attention(&p, &b, vw, NULL, NULL, modes[m], m % 2 ? OSP_CUDA_ATTN_DEC_ALL : -1);
+            if (memcmp(got, o, bytes)) printf("  %s: mode %d's bits differ from v0's\n", w, modes[m]);
+            assert_memory_equal(got, o, bytes);
+            free(o);
+        }
+        /* the CPU's attention over the same pages, where its window rule is the GPU's */
+        if (!vw->upper || decode_only) {
+            float *cref = xmalloc(sizeof(float) * (size_t)nq), *scr = xmalloc(sizeof(float) * (size_t)(max_ctx + 1));
+            osp_cpu_kv_pages cp = {.k_type = OSP_KV_DTYPE_INT8_HIER, .v_type = OSP_KV_DTYPE_INT8_HIER, .k = p.k, .v = p.v,
+                                   .k_scale = p.kl, .v_scale = p.vl, .hier_upper_only = vw->upper,
+                                   .hier_full_recent = vw->recent};
+            osp_cpu_paged_attention_kv(b.qf, &cp, cref, b.num_seqs, b.qsl, b.positions, b.bt, b.max_blocks, c->bs,
+                                       c->n_head, c->n_kv, c->D, 1.0f / sqrtf((float)c->D), b.window, scr, 0,
+                                       T * c->n_head);
+            char wc[180];
+            snprintf(wc, sizeof wc, "%s (vs CPU)", w);
+            assert_int_equal(h_count_far(&p, &b, got, cref, wc, true), 0);
+            free(cref), free(scr);
+        }
+        if (v == 0) full_ref = ref;
+        else free(ref);
+        bits[v] = got;
+    }
+    /* a recent window past every sequence is the full view; the draft's other views are not */
+    if (memcmp(bits[3], bits[0], bytes)) printf("  %s: recent > seq_len differs from the full view\n", what);
+    assert_memory_equal(bits[3], bits[0], bytes);
+    int64_t far[3] = {0};
+    for (int v = 1; v < 3; v++) far[v] = h_count_far(&p, &b, bits[v], full_ref, "", false);
+    printf("views int8_hier %-34s: upper (recent 0) / (recent 3) outputs outside the full view's tolerance: %lld / %lld "
+           "of %lld\n",
+           what, (long long)far[1], (long long)far[2], (long long)nq);
+    assert_true(memcmp(bits[1], bits[0], bytes) != 0);
+    assert_true(far[1] > 0);
+    /* batch invariance: each decode sequence alone gives its rows' bits in the batch (the draft's view,
+     * recent 3: full_from depends on the sequence only) */
+    for (int s = 0; s < c->num_seqs; s++) {
+        if (c->nnew[s] != 1) continue;
+        qbatch one = b;
+        one.num_seqs = 1, one.T = 1, one.qsl[0] = 0, one.qsl[1] = 1;
+        one.positions = b.positions + b.qsl[s], one.bt = b.bt + (int64_t)s * b.max_blocks;
+        one.q = b.q + (int64_t)b.qsl[s] * c->n_head * c->D;
+        uint16_t *o = h_gpu_attention(&p, &one, &views[2], NULL, NULL, OSP_CUDA_ATTN_AUTO, -1);
+        const size_t rb = sizeof(uint16_t) * (size_t)c->n_head * (size_t)c->D;
+        if (memcmp(o, bits[2] + (int64_t)b.qsl[s] * c->n_head * c->D, rb))
+            printf("  %s: sequence %d alone differs from its rows in the batch\n", what, s);
+        assert_memory_equal(o, bits[2] + (int64_t)b.qsl[s] * c->n_head * c->D, rb);
+        free(o);
+    }
+    for (int v = 0; v < nv; v++) free(bits[v]);
+    free(full_ref), free(perm);
+    qbatch_free(&b);
+    hpool_free(&p);
+}
+
+/* Decodes at 1, 2, 3, 4, 17, 100, 300 and 1000 keys, a prefill chunk over a prefix and one from 0 (partial
+ * blocks), a zero-token sequence; GQA 1 / 3 / 4 / 8 and groups of 16; head_dim 64 and 128 (and 32, 256);
+ * blocks of 16 and 32 (and 7); a sliding window; then decode-only batches (the CPU comparison for every
+ * view) and a long decode (3000 keys: the launch still in one split). */
+static void test_int8h_read(void **state) {
+    (void)state;
+    static const hcfg heads[] = {{8, 8, 64}, {16, 4, 64}, {32, 8, 128}, {16, 2, 128}, {9, 3, 64},
+                                 {4, 4, 32}, {8, 2, 256}, {16, 1, 128}};
+    static const int32_t prefix[] = {0, 1, 2, 3, 16, 99, 299, 999, 50, 0, 37};
+    static const int32_t nnew[] = {1, 1, 1, 1, 1, 1, 1, 1, 20, 33, 0};
+    int n = 0;
+    for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++) {
+        rcase c = {0};
+        c.n_head = heads[h].n_head, c.n_kv = heads[h].n_kv, c.D = heads[h].D, c.bs = h == 5 ? 7 : h % 2 ? 32 : 16;
+        c.num_seqs = (int)(sizeof prefix / sizeof prefix[0]);
+        memcpy(c.prefix, prefix, sizeof prefix), memcpy(c.nnew, nnew, sizeof nnew);
+        c.window = h == 4 ? 64 : 0;
+        h_read_case(&c, 12000u + (uint64_t)n++, "mixed");
+        /* decodes only (max_seq_len 256: also the dequantized copy's bits) */
+        rcase d = {0};
+        d.n_head = c.n_head, d.n_kv = c.n_kv, d.D = c.D, d.bs = c.bs, d.num_seqs = 6, d.max_seq_len = 256;
+        const int32_t pf[] = {0, 2, 3, 40, 130, 255};
+        for (int s = 0; s < 6; s++) d.prefix[s] = pf[s], d.nnew[s] = 1;
+        h_read_case(&d, 12000u + (uint64_t)n++, "decodes (vs dequantized copy)");
+    }
+    static const hcfg longs[] = {{32, 8, 128}, {16, 4, 64}};
+    for (size_t h = 0; h < 2; h++) {
+        rcase l = {0};
+        l.n_head = longs[h].n_head, l.n_kv = longs[h].n_kv, l.D = longs[h].D, l.bs = 16, l.num_seqs = 2;
+        l.prefix[0] = 2999, l.nnew[0] = 1, l.prefix[1] = 700, l.nnew[1] = 1, l.max_seq_len = 8192;
+        h_read_case(&l, 12500u + (uint64_t)h, "decodes at 3000 and 701");
+    }
+}
+
 int main(void) {
     if (osp_cuda_device_count() == 0) {
         printf("test_gpu_kv_quant: skipped: no CUDA device\n");
@@ -668,7 +1224,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_write_arguments),     cmocka_unit_test(test_write),
         cmocka_unit_test(test_read_mixed),          cmocka_unit_test(test_read_short_and_long),
-        cmocka_unit_test(test_read_invariance),
+        cmocka_unit_test(test_read_invariance),     cmocka_unit_test(test_int8h_arguments),
+        cmocka_unit_test(test_int8h_write),         cmocka_unit_test(test_int8h_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -66,10 +66,11 @@ static void test_registry(void **state) {
     t.head_dim = 128, t.kv_dtype = OSP_KV_DTYPE_F32;
     assert_false(osp_kernel_applies(v1, &t, why, sizeof why));
     assert_string_equal(osp_kernel_default(OSP_DEVICE_CUDA, OSP_OP_ATTENTION, &t)->name, "attention/v0");
-    /* quantized pages (issue 13): only v0 reads them; the tensor-core versions never apply, so neither
-     * the default nor a table can pick them; the CUDA KV write takes them (nvfp4: head_dim % 16 == 0) */
-    const osp_kv_dtype qdt[2] = {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4};
-    for (int q = 0; q < 2; q++) {
+    /* quantized pages (issues 13, 14): only v0 reads them; the tensor-core versions never apply, so neither
+     * the default nor a table can pick them; the CUDA KV write takes them (nvfp4: head_dim % 16 == 0;
+     * int8_hier: an even head_dim) */
+    const osp_kv_dtype qdt[3] = {OSP_KV_DTYPE_FP8, OSP_KV_DTYPE_NVFP4, OSP_KV_DTYPE_INT8_HIER};
+    for (int q = 0; q < 3; q++) {
         osp_kernel_target tq = {.arch = 90, .head_dim = 128, .kv_dtype = qdt[q]};
         assert_false(osp_kernel_applies(v1, &tq, why, sizeof why));
         assert_false(osp_kernel_applies(osp_kernel_find(OSP_DEVICE_CUDA, "attention/v2"), &tq, why, sizeof why));
@@ -77,6 +78,9 @@ static void test_registry(void **state) {
         assert_string_equal(osp_kernel_default(OSP_DEVICE_CUDA, OSP_OP_ATTENTION, &tq)->name, "attention/v0");
         assert_true(osp_kernel_applies(osp_kernel_find(OSP_DEVICE_CUDA, "rope_kv_write/v0"), &tq, why, sizeof why));
     }
+    const osp_kernel_target todd = {.arch = 90, .head_dim = 63, .kv_dtype = OSP_KV_DTYPE_INT8_HIER};
+    assert_false(osp_kernel_applies(osp_kernel_find(OSP_DEVICE_CUDA, "rope_kv_write/v0"), &todd, why, sizeof why));
+    assert_non_null(strstr(why, "even head_dim"));
     t.kv_dtype = OSP_KV_DTYPE_F16, t.arch = 100;
     assert_false(osp_kernel_applies(v1, &t, why, sizeof why));
     assert_non_null(strstr(why, "sm_90a"));

@@ -52,7 +52,7 @@ noreturn void cli_help(const char *text);
 /* The --help line of --kv-cache-dtype and the K/V split flags (the same values everywhere). */
 #define CLI_KV_DTYPE_HELP                                                                                      \
     "  --kv-cache-dtype D      auto | f16 | bf16 | f32 | fp8 | nvfp4 | int8_hier for K and V (default: auto =\n" \
-    "                          f16; int8_hier: QuantSpec's 4+4-bit pages, CPU only;\n"                       \
+    "                          f16; int8_hier: QuantSpec's 4+4-bit pages;\n"                                \
     "                          vLLM's fp16, bfloat16, fp8_e4m3 accepted; bf16 is refused: no backend has it)\n" \
     "  -ctk, --cache-type-k D  K pages only, -ctv, --cache-type-v D  V pages only (llama.cpp's; win over\n"     \
     "                          --kv-cache-dtype; e.g. -ctk fp8 -ctv nvfp4; a split needs --device cpu)\n"

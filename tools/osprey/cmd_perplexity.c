@@ -229,7 +229,9 @@ int cmd_perplexity(int argc, char **argv) {
     char kv_name[64];
     osp_kv_cache *kv = cli_kv_cache_create(m, nblk, PPL_BLOCK, kvd, kvd_v, &scales, scales_path);
     if (draft_recent >= 0) { /* QuantSpec's draft view of int8_hier pages (kv/kv_cache.h) */
-        if (dev != OSP_DEVICE_CPU) cli_die(OSP_OK, "--kv-draft-view needs --device cpu (int8_hier pages are CPU only)");
+        if (dev != OSP_DEVICE_CPU) /* the GPU's window is a sequence's last R keys, not each query's */
+            cli_die(OSP_OK, "--kv-draft-view needs --device cpu (the CUDA kernel reads a chunk's last R keys in full, "
+                            "not each query's own)");
         if ((s = osp_kv_cache_set_hier_view(kv, draft_recent)) != OSP_OK)
             cli_die(s, "--kv-draft-view (give --kv-cache-dtype int8_hier, or -ctk / -ctv int8_hier)");
     }

@@ -25,6 +25,17 @@
  * dequantized copy of the cache exists. The launches the tensor-core kernels do not serve run here, in
  * one split (make_plan says why): fp8 outside D 64 / 128 under wgmma (osp_cuda_attention_tc_serves),
  * NVFP4 outside v4's shapes (osp_cuda_attention_v4_nvfp4: D 64 / 128, groups up to 16) or forced to v0.
+ * INT8_HIER pages (QuantSpec's hierarchical INT8, Tiwari et al. 2025, section 4.1; issue 14) run here
+ * always, whatever mode is forced (no tensor-core kernel reads them): load_kv_tile_h decodes each key's
+ * K and V rows to its full value M + (S/32)(32 u + 2 l - 15) (upper codes from the pages, lower codes
+ * from the second pool) or, under the draft's upper-only view, to M + S u from the pages alone (the
+ * lower pool is not read) -- except keys at positions >= full_from, read in full. full_from =
+ * seq_len - hier_full_recent, seq_len the sequence's number of keys (its last query token's position
+ * + 1), one value per sequence, so every query row of a CTA (one sequence) reads a key the same way
+ * and a tile is decoded once. The CPU (src/backend/cpu/kv_quant.c attend_tile) takes the largest n_ctx
+ * of its tile's items, which is the same number for one query token a sequence -- QuantSpec's draft
+ * passes always are; a multi-token query under the upper-only view (no caller has one) would read its
+ * earlier rows' recent keys the sequence's way here.
  *
  * Shared memory per CTA: 2 * 32 * (D + 4) + 16 * D + 16 * 32 floats (D = 128: 43 KiB; D = 256:
  * 83 KiB, opted in with cudaFuncSetAttribute). The partials in d_workspace: fp32 [splits, T, n_head,
@@ -53,14 +64,16 @@ constexpr int64_t kMaxSplitRows = 32768;     /* bound on T * n_head * splits: si
 constexpr float kLog2e = 1.4426950408889634f;
 
 /* The page formats the kernel reads (a template parameter): plain values, or codes decoded per tile. */
-enum { kKvF32 = 0, kKvF16 = 1, kKvFp8 = 2, kKvNvfp4 = 3 };
+enum { kKvF32 = 0, kKvF16 = 1, kKvFp8 = 2, kKvNvfp4 = 3, kKvInt8h = 4 };
 
 struct AttnParams {
     const uint16_t *q;           /* [T, n_head, D] bf16 */
     const void *k_pages;         /* [num_blocks, block_size, n_head_kv, D] f16, fp32 or E4M3 codes, or
                                   * [.., D / 2] bytes of E2M1 pairs (nvfp4) */
     const void *v_pages;
-    const uint8_t *k_scale;      /* nvfp4: [num_blocks, block_size, n_head_kv, D / 16] E4M3 micro-block scales */
+    const uint8_t *k_scale;      /* nvfp4: [num_blocks, block_size, n_head_kv, D / 16] E4M3 micro-block scales;
+                                  * int8_hier: [.., D / 2] bytes of lower codes (the pages: [.., D / 2 + 4]
+                                  * bytes, the upper codes then f16 S and M) */
     const uint8_t *v_scale;
     const float *k_fixed;        /* fp8: [n_head_kv] per-head scales; nvfp4: [1] the tensor scale; else NULL */
     const float *v_fixed;
@@ -76,6 +89,8 @@ struct AttnParams {
     int num_splits;
     int window;                  /* > 0: a row at position p sees keys p - window + 1 .. p only */
     float qscale;                /* scale * log2(e) */
+    bool hier_upper_only;        /* int8_hier: the draft's view (upper halves except the recent keys) */
+    int hier_full_recent;        /* >= 0: keys at positions >= seq_len - this are read in full */
 };
 
 /* ---- small helpers ------------------------------------------------------------------------------- */
@@ -316,6 +331,91 @@ __device__ __forceinline__ void load_kv_tile_q(float *sK, float *sV, const uint8
     }
 }
 
+/* The int8_hier pages' tile (issue 14): keys k0 + j (j < 32) of this CTA's kv head decoded into sK / sV
+ * (fp32, row stride D + kPad). A key's K (V) row is D / 2 bytes of upper codes then its f16 S and M at
+ * kb + slot * row_bytes (kb already offset to kv head kvh), its lower codes D / 2 bytes at
+ * klo + slot * lo_bytes. `full` (lane j's, for key k0 + j): both halves, M + S32 (32 u + 2 l - 15) with
+ * S32 = S / 32; else the upper codes alone, M + S u, and the lower pool is not touched (the draft's
+ * saving). Each value is osp_int8h_dequantize_row's fp32 value, bit for bit (kv_quant.cuh). The codes
+ * are read in chunks of CB bytes (16, or fewer when a row is short, so that the 32 keys' chunks spread
+ * evenly over the 128 threads): the upper ones by 32-bit loads (a page row of D / 2 + 4 bytes is only
+ * 4-byte aligned), the lower ones by one vector load; each chunk's thread reads its row's S and M (one
+ * 32-bit load). `slot` < 0: zeros (S = M = 0), as for f16 pages. */
+template <int D>
+__device__ __forceinline__ void load_kv_tile_h(float *sK, float *sV, const uint8_t *kb, const uint8_t *vb,
+                                               const uint8_t *klo, const uint8_t *vlo, int slot, bool full,
+                                               int64_t row_bytes, int64_t lo_bytes, int tid) {
+    constexpr int KS = D + kPad;
+    constexpr int RB = D / 2;                     /* bytes of one key's upper (and lower) codes */
+    constexpr int CB = RB / 4 < 16 ? RB / 4 : 16; /* code bytes per chunk */
+    constexpr int W = CB / 4;                     /* 32-bit words per chunk */
+    constexpr int VPC = 2 * CB;                   /* values per chunk */
+    constexpr int CPR = RB / CB;                  /* chunks per key row */
+    constexpr int CPT = kKeys * CPR / kThreads;   /* chunks per thread per matrix */
+    static_assert(CB >= 4 && CB % 4 == 0 && CPT >= 1 && CPT * kThreads == kKeys * CPR && VPC % 8 == 0, "tile chunking");
+#pragma unroll
+    for (int g = 0; g < CPT; g++) {
+        const int c = tid + g * kThreads;
+        const int j = c / CPR, part = c % CPR;
+        const int sl = __shfl_sync(0xffffffffu, slot, j);
+        const bool fl = __shfl_sync(0xffffffffu, (int)full, j) != 0;
+        uint32_t ku[W], vu[W], kl[W], vl[W], ksm = 0u, vsm = 0u;
+#pragma unroll
+        for (int i = 0; i < W; i++) ku[i] = vu[i] = kl[i] = vl[i] = 0u;
+        if (sl >= 0) {
+            const int64_t off = (int64_t)sl * row_bytes;
+#pragma unroll
+            for (int i = 0; i < W; i++) {
+                ku[i] = __ldg(reinterpret_cast<const uint32_t *>(kb + off + part * CB + 4 * i));
+                vu[i] = __ldg(reinterpret_cast<const uint32_t *>(vb + off + part * CB + 4 * i));
+            }
+            ksm = __ldg(reinterpret_cast<const uint32_t *>(kb + off + RB));
+            vsm = __ldg(reinterpret_cast<const uint32_t *>(vb + off + RB));
+            if (fl) {
+                const int64_t lo = (int64_t)sl * lo_bytes + (int64_t)part * CB;
+                if constexpr (W == 4) {
+                    const uint4 a = __ldg(reinterpret_cast<const uint4 *>(klo + lo));
+                    const uint4 b = __ldg(reinterpret_cast<const uint4 *>(vlo + lo));
+                    kl[0] = a.x, kl[1] = a.y, kl[2] = a.z, kl[3] = a.w;
+                    vl[0] = b.x, vl[1] = b.y, vl[2] = b.z, vl[3] = b.w;
+                } else if constexpr (W == 2) {
+                    const uint2 a = __ldg(reinterpret_cast<const uint2 *>(klo + lo));
+                    const uint2 b = __ldg(reinterpret_cast<const uint2 *>(vlo + lo));
+                    kl[0] = a.x, kl[1] = a.y;
+                    vl[0] = b.x, vl[1] = b.y;
+                } else {
+                    kl[0] = __ldg(reinterpret_cast<const uint32_t *>(klo + lo));
+                    vl[0] = __ldg(reinterpret_cast<const uint32_t *>(vlo + lo));
+                }
+            }
+        }
+        const float kS = osp_dev_f16_bits_to_fp32(ksm & 0xFFFFu), kM = osp_dev_f16_bits_to_fp32(ksm >> 16);
+        const float vS = osp_dev_f16_bits_to_fp32(vsm & 0xFFFFu), vM = osp_dev_f16_bits_to_fp32(vsm >> 16);
+        const float kS32 = __fmul_rn(kS, 0.03125f), vS32 = __fmul_rn(vS, 0.03125f);
+        float *dk = sK + j * KS + part * VPC, *dv = sV + j * KS + part * VPC;
+        /* word i holds values 8i .. 8i + 7 of the chunk, value 8i + n in nibble n */
+#pragma unroll
+        for (int i = 0; i < W; i++) {
+            float kf[8], vf[8];
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                const uint32_t uk = (ku[i] >> (4 * n)) & 0xFu, uv = (vu[i] >> (4 * n)) & 0xFu;
+                if (fl) {
+                    kf[n] = osp_dev_int8h_full(uk, (kl[i] >> (4 * n)) & 0xFu, kS32, kM);
+                    vf[n] = osp_dev_int8h_full(uv, (vl[i] >> (4 * n)) & 0xFu, vS32, vM);
+                } else {
+                    kf[n] = osp_dev_int8h_upper(uk, kS, kM);
+                    vf[n] = osp_dev_int8h_upper(uv, vS, vM);
+                }
+            }
+            reinterpret_cast<float4 *>(dk)[2 * i] = make_float4(kf[0], kf[1], kf[2], kf[3]);
+            reinterpret_cast<float4 *>(dk)[2 * i + 1] = make_float4(kf[4], kf[5], kf[6], kf[7]);
+            reinterpret_cast<float4 *>(dv)[2 * i] = make_float4(vf[0], vf[1], vf[2], vf[3]);
+            reinterpret_cast<float4 *>(dv)[2 * i + 1] = make_float4(vf[4], vf[5], vf[6], vf[7]);
+        }
+    }
+}
+
 /* One warp, its first NR rows (row i of the warp = CTA row i * kWarps + warp), one tile: scores of
  * key k0 + lane, online-softmax update, then acc += P V. Keys at or past `ke`, past a row's own
  * limit (positions[t] + 1: causal) or before its first key (sliding window) get probability 0. */
@@ -470,14 +570,18 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
 
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
-    /* bytes of one value (nvfp4: counted in half bytes below) */
+    /* bytes of one value (nvfp4: counted in half bytes below; int8_hier: a head's row is D / 2 + 4 bytes) */
     const size_t eb = KV == kKvF32 ? 4 : KV == kKvF16 ? 2 : 1;
-    const size_t kvh_off = KV == kKvNvfp4 ? (size_t)kvh * D / 2 : (size_t)kvh * D * eb;
+    const size_t kvh_off = KV == kKvNvfp4   ? (size_t)kvh * D / 2
+                           : KV == kKvInt8h ? (size_t)kvh * (D / 2 + 4)
+                                            : (size_t)kvh * D * eb;
     const void *kb = static_cast<const char *>(p.k_pages) + kvh_off;
     const void *vb = static_cast<const char *>(p.v_pages) + kvh_off;
-    /* quantized pages: a key's row bytes, its scale bytes, this head's fixed scales */
-    const int64_t row_bytes = KV == kKvNvfp4 ? row_elems / 2 : row_elems;
-    const int64_t scale_bytes = row_elems / 16;
+    /* quantized pages: a key's row bytes, its scale (int8_hier: lower code) bytes, this head's fixed scales */
+    const int64_t row_bytes = KV == kKvNvfp4   ? row_elems / 2
+                              : KV == kKvInt8h ? (int64_t)p.n_head_kv * (D / 2 + 4)
+                                               : row_elems;
+    const int64_t scale_bytes = KV == kKvInt8h ? row_elems / 2 : row_elems / 16;
     const uint8_t *ksc = nullptr, *vsc = nullptr;
     float kfix = 1.0f, vfix = 1.0f;
     if constexpr (KV == kKvFp8) {
@@ -488,7 +592,15 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
         vfix = p.v_fixed[0];
         ksc = p.k_scale + (size_t)kvh * (D / 16);
         vsc = p.v_scale + (size_t)kvh * (D / 16);
+    } else if constexpr (KV == kKvInt8h) {
+        ksc = p.k_scale + (size_t)kvh * (D / 2);
+        vsc = p.v_scale + (size_t)kvh * (D / 2);
     }
+    /* int8_hier: keys from full_from on are read in full (all of them but under the draft's view, where
+     * full_from = seq_len - hier_full_recent: the header says why seq_len) */
+    [[maybe_unused]] int full_from = 0;
+    if constexpr (KV == kKvInt8h)
+        if (p.hier_upper_only) full_from = p.positions[p.qsl[s + 1] - 1] + 1 - p.hier_full_recent;
     float *sPw = sP + warp * kRowsPerWarp * kKeys;
 
     /* tiles wholly before every row's window hold nothing for this CTA: start at the earliest first key */
@@ -507,6 +619,9 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
         if (key < ke) slot = bt[key / p.block_size] * p.block_size + key % p.block_size;
         if constexpr (KV == kKvF32 || KV == kKvF16)
             load_kv_tile<D, KV == kKvF16>(sK, sV, kb, vb, slot, row_elems, tid);
+        else if constexpr (KV == kKvInt8h)
+            load_kv_tile_h<D>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc, vsc,
+                              slot, key >= full_from, row_bytes, scale_bytes, tid);
         else
             load_kv_tile_q<D, KV>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc, vsc,
                                   kfix, vfix, slot, row_bytes, scale_bytes, tid);
@@ -654,6 +769,7 @@ template <int D> osp_status launch_kv(uint32_t kv_type, const AttnParams &prm, c
     case OSP_KV_PAGE_F16: return launch<D, kKvF16>(prm, pl, st);
     case OSP_KV_PAGE_FP8: return launch<D, kKvFp8>(prm, pl, st);
     case OSP_KV_PAGE_NVFP4: return launch<D, kKvNvfp4>(prm, pl, st);
+    case OSP_KV_PAGE_INT8H: return launch<D, kKvInt8h>(prm, pl, st);
     default: return launch<D, kKvF32>(prm, pl, st);
     }
 }
@@ -682,14 +798,22 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
                                                  int32_t max_blocks, int32_t block_size, int64_t T, int n_head,
                                                  int n_head_kv, int D, float scale, int32_t window,
                                                  int32_t max_seq_len, void *d_workspace, void *stream) {
-    const bool quant = kv_type == OSP_KV_PAGE_FP8 || kv_type == OSP_KV_PAGE_NVFP4;
+    const bool hier = kv_type == OSP_KV_PAGE_INT8H;
+    const bool fixed = kv_type == OSP_KV_PAGE_FP8 || kv_type == OSP_KV_PAGE_NVFP4; /* fixed scales */
+    const bool quant = fixed || hier;
     if (kv_type != OSP_KV_PAGE_F16 && kv_type != OSP_KV_PAGE_F32 && !quant)
-        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: KV page type %u is not f32, f16, fp8 or nvfp4",
-                             kv_type);
-    if (quant && (!kq || !kq->d_k_fixed || !kq->d_v_fixed ||
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "cuda paged attention: KV page type %u is not f32, f16, fp8, nvfp4 or int8_hier", kv_type);
+    if (fixed && (!kq || !kq->d_k_fixed || !kq->d_v_fixed ||
                   (kv_type == OSP_KV_PAGE_NVFP4 && (!kq->d_k_scale || !kq->d_v_scale))))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: %s pages without their scales",
                              kv_type == OSP_KV_PAGE_FP8 ? "fp8" : "nvfp4");
+    if (hier && (!kq || !kq->d_k_scale || !kq->d_v_scale))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "cuda paged attention: int8_hier pages without their lower-code pools");
+    if (hier && kq->hier_upper_only && kq->hier_full_recent < 0)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: int8_hier full_recent %d (must be >= 0)",
+                             (int)kq->hier_full_recent);
     if (!osp_cuda_attention_supported(n_head, n_head_kv, D))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "cuda paged attention: unsupported shape n_head %d, n_head_kv %d, head_dim %d "
@@ -711,15 +835,19 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
     if (kv_type == OSP_KV_PAGE_NVFP4 &&
         (((uintptr_t)kq->d_k_scale | (uintptr_t)kq->d_v_scale) & (uintptr_t)(D / 16 - 1)) != 0)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: nvfp4 scale pools must be %d-byte aligned", D / 16);
+    /* int8_hier's lower codes are read 16 bytes at a time */
+    if (hier && (!aligned16(kq->d_k_scale) || !aligned16(kq->d_v_scale)))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "cuda paged attention: int8_hier lower-code pools must be 16-byte aligned");
 
     /* the tensor-core kernels take f16 pages, E4M3 pages under wgmma (osp_cuda_attention_tc_serves) and
-     * NVFP4 pages at D 64 / 128 (v4, osp_cuda_attention_v4_nvfp4); the rest runs here whatever mode is
-     * forced */
+     * NVFP4 pages at D 64 / 128 (v4, osp_cuda_attention_v4_nvfp4); the rest, INT8_HIER always, runs here
+     * whatever mode is forced */
     const bool nv_tc = kv_type == OSP_KV_PAGE_NVFP4 &&
                        osp_cuda_attention_v4_nvfp4(osp_cuda_attention_forced_mode(), D, n_head / n_head_kv);
-    if (nv_tc || osp_cuda_attention_tc_serves(kv_type, D))
-        return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, kv_type, quant ? kq->d_k_fixed : NULL,
-                                           quant ? kq->d_v_fixed : NULL, nv_tc ? kq->d_k_scale : NULL,
+    if (!hier && (nv_tc || osp_cuda_attention_tc_serves(kv_type, D)))
+        return osp_cuda_paged_attention_v1(d_q, d_k_pages, d_v_pages, kv_type, fixed ? kq->d_k_fixed : NULL,
+                                           fixed ? kq->d_v_fixed : NULL, nv_tc ? kq->d_k_scale : NULL,
                                            nv_tc ? kq->d_v_scale : NULL, d_out, num_seqs, d_query_start_loc, d_positions,
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);
@@ -732,8 +860,10 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
     prm.v_pages = d_v_pages;
     prm.k_scale = quant ? kq->d_k_scale : nullptr;
     prm.v_scale = quant ? kq->d_v_scale : nullptr;
-    prm.k_fixed = quant ? kq->d_k_fixed : nullptr;
-    prm.v_fixed = quant ? kq->d_v_fixed : nullptr;
+    prm.k_fixed = fixed ? kq->d_k_fixed : nullptr;
+    prm.v_fixed = fixed ? kq->d_v_fixed : nullptr;
+    prm.hier_upper_only = hier && kq->hier_upper_only;
+    prm.hier_full_recent = hier && kq->hier_upper_only ? (int)kq->hier_full_recent : 0;
     prm.out = d_out;
     prm.qsl = d_query_start_loc;
     prm.positions = d_positions;

@@ -13,7 +13,9 @@
  * ladder (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) and replayed from a CUDA graph captured
  * the first time that size runs (after one eager run, which also makes the GEMM plans). Padding rows
  * write no KV (slot -1), read block 0, and their outputs are never read. Graphs are keyed to the op
- * list and the KV cache they were captured with.
+ * list and the KV cache they were captured with, and to the cache's int8_hier read view (a QuantSpec
+ * draft reads the same cache, same id, through a copy with hier_upper_only set: the view is a kernel
+ * argument, so a graph of one view is never replayed for the other).
  *
  * Buffers are sized by capacities (tokens, logits rows, sequences, block-table width) and grown only
  * when a batch exceeds them, which also drops the captured graphs (they hold the old pointers); in a
@@ -50,7 +52,8 @@
 
 _Static_assert(OSP_KV_PAGE_F32 == OSP_DTYPE_F32 && OSP_KV_PAGE_F16 == OSP_DTYPE_F16,
                "the kernels' KV page types are the page format's ggml type ids");
-_Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_KV_DTYPE_NVFP4,
+_Static_assert(OSP_KV_PAGE_FP8 == OSP_KV_DTYPE_FP8 && OSP_KV_PAGE_NVFP4 == OSP_KV_DTYPE_NVFP4 &&
+                   OSP_KV_PAGE_INT8H == OSP_KV_DTYPE_INT8_HIER,
                "the kernels' quantized KV page types are the page format's elem_type (the osp_kv_dtype value)");
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
@@ -127,6 +130,7 @@ typedef struct cuda_backend {
     bool attn_len_cap;   /* OSPREY_CUDA_ATTN_LEN=cap: the block-table capacity instead (the earlier sizing, A/B) */
     const osp_graph *graphs_g; /* the op list and KV cache the graphs were captured with */
     uint64_t graphs_kv;
+    int64_t graphs_view; /* and the cache's int8_hier view (cuda_run): 0 full, else full_recent + 1 */
     /* a quantized cache's fixed fp32 scales on the device: [n_layer, per] K then [n_layer, per] V
      * (kv_cache.h's k_fixed / v_fixed), uploaded when a cache of graphs_kv's id is first run */
     float *d_kv_fixed;
@@ -575,10 +579,12 @@ static bool is(const osp_graph *gr, int32_t act, uint32_t type) {
     return act >= 0 && act < gr->n_acts && gr->acts[act].type == type;
 }
 
-/* The KV page types the kernels have (attention*.cu, rope_kv_write): f16, f32, and FP8 / NVFP4 (issue
- * 13: quantized on write by rope_kv_write, read by the CUDA-core attention kernel, attention.cu; the
- * tensor-core kernels take f16 only). bf16 pages are not written: refused here, once, when the cache is
- * created, so the error comes at start-up and not from the first launch. */
+/* The KV page types the kernels have (attention*.cu, rope_kv_write): f16, f32, FP8 / NVFP4 (issue 13) and
+ * INT8_HIER (issue 14), the quantized ones quantized on write by rope_kv_write and read by the CUDA-core
+ * attention kernel (attention.cu; the tensor-core kernels take f16, E4M3 and NVFP4, never INT8_HIER).
+ * Block copies, offload and transfer move every pool by block id (kv_cache.c), whatever the type. bf16
+ * pages are not written: refused here, once, when the cache is created, so the error comes at start-up
+ * and not from the first launch (as are quantized caches with sparse attention: cuda_supports_dev_sparse). */
 static bool cuda_supports_kv(osp_backend *be, osp_kv_dtype d, osp_kv_dtype dv, char *why, size_t n) {
     (void)be;
     if (d != dv) { /* rope_kv_write and the attention kernels take one page type for K and V */
@@ -587,8 +593,10 @@ static bool cuda_supports_kv(osp_backend *be, osp_kv_dtype d, osp_kv_dtype dv, c
                  osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "?", osp_kv_dtype_name(dv) ? osp_kv_dtype_name(dv) : "?");
         return false;
     }
-    if (d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4) return true;
-    snprintf(why, n, "the CUDA backend has no %s KV pages (its kernels read f16, f32, fp8 or nvfp4 pages)",
+    if (d == OSP_KV_DTYPE_F16 || d == OSP_KV_DTYPE_F32 || d == OSP_KV_DTYPE_FP8 || d == OSP_KV_DTYPE_NVFP4 ||
+        d == OSP_KV_DTYPE_INT8_HIER)
+        return true;
+    snprintf(why, n, "the CUDA backend has no %s KV pages (its kernels read f16, f32, fp8, nvfp4 or int8_hier pages)",
              osp_kv_dtype_name(d) ? osp_kv_dtype_name(d) : "such");
     return false;
 }
@@ -879,7 +887,8 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
     const int32_t *qsl = g->d_in + lay.qsl, *bt = g->d_in + lay.bt, *lidx = g->d_in + lay.lidx;
     /* one page type for K and V: cuda_supports_kv refuses a split cache at creation, so v_fmt == k_fmt */
     const uint32_t kvt = kv->k_fmt.elem_type; /* the kernels check it is a type they have */
-    const int32_t per = kv->k_fmt.fixed_scales_per_layer; /* quantized pages: their scales, per layer */
+    const int32_t per = kv->k_fmt.fixed_scales_per_layer; /* fp8 / nvfp4 pages: their scales, per layer */
+    const bool quant = per > 0 || kvt == OSP_KV_PAGE_INT8H; /* pages with an osp_cuda_kv_quant */
     void *st = g->stream;
     osp_cuda_qx qx_ready; /* valid for op k while qx_for == k: written by op k - 1 */
     int32_t qx_for = -1;
@@ -890,12 +899,16 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         const int64_t R = op->src0 >= 0 && gr->acts[op->src0].rows == OSP_ROWS_LOGITS ? L : T;
         const void *w = op->w ? op->w->parts[0].data : NULL;
         osp_cuda_kv_quant kq = {0};
-        if (per > 0 && (op->kind == OSP_OP_ROPE_KV_WRITE || op->kind == OSP_OP_ATTENTION)) {
-            const size_t lo = (size_t)op->layer * (size_t)per, vo = (size_t)kv->n_layer * (size_t)per;
-            kq.d_k_fixed = g->d_kv_fixed + lo;
-            kq.d_v_fixed = g->d_kv_fixed + vo + lo;
-            kq.d_k_scale = kv->k_scale[op->layer];
+        if (quant && (op->kind == OSP_OP_ROPE_KV_WRITE || op->kind == OSP_OP_ATTENTION)) {
+            if (per > 0) {
+                const size_t lo = (size_t)op->layer * (size_t)per, vo = (size_t)kv->n_layer * (size_t)per;
+                kq.d_k_fixed = g->d_kv_fixed + lo;
+                kq.d_v_fixed = g->d_kv_fixed + vo + lo;
+            }
+            kq.d_k_scale = kv->k_scale[op->layer]; /* nvfp4's scales, int8_hier's lower codes (NULL for fp8) */
             kq.d_v_scale = kv->v_scale[op->layer];
+            kq.hier_upper_only = kv->hier_upper_only; /* how attention reads int8_hier pages (kv_layout.h) */
+            kq.hier_full_recent = kv->hier_full_recent;
         }
         g->base.launches++; /* one launcher call an op (osp_backend.launches) */
         if (g->op_times) OSP_TRY(osp_cuda_event_record(g->op_ev[k], st));
@@ -937,7 +950,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
         case OSP_OP_ROPE_KV_WRITE:
             OSP_TRY(osp_cuda_rope_kv_write_q(s0, w, op->w1 ? op->w1->parts[0].data : NULL,
                                              op->w2 ? op->w2->parts[0].data : NULL, pos, op->w3->parts[0].data, slot,
-                                             dst, kv->k[op->layer], kv->v[op->layer], kvt, per > 0 ? &kq : NULL, T,
+                                             dst, kv->k[op->layer], kv->v[op->layer], kvt, quant ? &kq : NULL, T,
                                              op->p.rope.n_head, op->p.rope.n_head_kv, op->p.rope.head_dim,
                                              op->p.rope.n_rot, op->p.rope.neox, op->p.rope.eps, st));
             break;
@@ -953,7 +966,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
                                                (char *)ds->kmin + loff, (char *)ds->kmax + loff, st));
             }
             /* the dense kernel: every token (a sparse decode row at position 0, its output overwritten below) */
-            OSP_TRY(osp_cuda_paged_attention_q(s0, kv->k[op->layer], kv->v[op->layer], kvt, per > 0 ? &kq : NULL, dst,
+            OSP_TRY(osp_cuda_paged_attention_q(s0, kv->k[op->layer], kv->v[op->layer], kvt, quant ? &kq : NULL, dst,
                                                S, qsl, sparse ? g->sp.pdense : pos, bt, (int32_t)g->cap_w,
                                                kv->block_size, T, op->p.attn.n_head, op->p.attn.n_head_kv,
                                                op->p.attn.head_dim, op->p.attn.scale, op->p.attn.window,
@@ -1289,6 +1302,17 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
     if (gi >= 0 && g->graphs_g != gr) { /* graphs of another op list */
         drop_graphs(g);
         g->graphs_g = gr;
+    }
+    /* the int8_hier view goes into the attention launches' arguments: graphs captured with another view
+     * (the target's full one for a draft's upper-only copy of the same cache, or another recent window)
+     * are dropped, never replayed */
+    const int64_t view = kv->k_fmt.elem_type == OSP_KV_PAGE_INT8H && kv->hier_upper_only
+                             ? (int64_t)kv->hier_full_recent + 1
+                             : 0;
+    if (gi >= 0 && g->graphs_view != view) {
+        OSP_TRY(osp_cuda_stream_sync(g->stream));
+        drop_graphs(g);
+        g->graphs_view = view;
     }
     if (gi >= 0 && g->graphs_sparse != ds) { /* graphs captured with sparse attention on / off / another config */
         OSP_TRY(osp_cuda_stream_sync(g->stream));

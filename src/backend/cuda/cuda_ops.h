@@ -8,8 +8,9 @@
  * row-major, innermost last: [num_tokens, hidden] means num_tokens rows of hidden values.
  *
  * Types on the device: weights and GEMM inputs are bf16 (uint16_t bit patterns here), the residual
- * stream and logits fp32, KV pages f16 (default), f32 (exact), FP8 E4M3 or NVFP4 (issue 13) in the CPU
- * cache's layout [num_blocks, block_size, n_head_kv, head_dim] per layer (src/kv/kv_cache.h).
+ * stream and logits fp32, KV pages f16 (default), f32 (exact), FP8 E4M3, NVFP4 (issue 13) or INT8_HIER
+ * (QuantSpec's hierarchical INT8, issue 14) in the CPU cache's layout [num_blocks, block_size, n_head_kv,
+ * head_dim] per layer (src/kv/kv_cache.h).
  *
  * Launchers only enqueue work: they do not synchronize, allocate nothing, and are safe inside CUDA
  * graph capture. They return OSP_OK, or OSP_ERR_INVALID_ARG for a shape they do not support (checked
@@ -120,20 +121,33 @@ void osp_cuda_graph_destroy(void *graph_exec);
  * elem_type: src/backend/kv_layout.h); another value is OSP_ERR_INVALID_ARG. */
 #define OSP_KV_PAGE_F32 0u
 #define OSP_KV_PAGE_F16 1u
-/* The quantized page formats (issue 13; layouts, scales and rounding in src/kv/kv_cache.h): the page
- * format's elem_type for them is the osp_kv_dtype value (osprey/batch.h's OSP_KV_DTYPE_FP8 / NVFP4). */
+/* The quantized page formats (issues 13 and 14; layouts, scales and rounding in src/kv/kv_cache.h): the
+ * page format's elem_type for them is the osp_kv_dtype value (osprey/batch.h's OSP_KV_DTYPE_FP8 / NVFP4 /
+ * INT8_HIER). INT8_HIER pages hold per token and KV head D / 2 bytes of upper 4-bit codes, then the row's
+ * f16 scale S and f16 minimum M: [num_slots, n_head_kv, D / 2 + 4] bytes; the lower 4-bit codes are in
+ * the second pool (d_k_scale / d_v_scale below), [num_slots, n_head_kv, D / 2] bytes. */
 #define OSP_KV_PAGE_FP8 128u
 #define OSP_KV_PAGE_NVFP4 129u
+#define OSP_KV_PAGE_INT8H 130u
 
 /* The scales of one layer's quantized pages, as the kernels take them (NULL for f16 / f32 pages):
  *   d_k_fixed, d_v_fixed: device fp32, the scales fixed at cache creation (kv_cache.h's k_fixed /
  *     v_fixed rows of this layer): fp8 [n_head_kv] (one per KV head), nvfp4 [1] (the tensor scale);
- *   d_k_scale, d_v_scale: device, nvfp4 only (NULL for fp8): the micro-block scale pools of this layer,
- *     [num_slots, n_head_kv, D / 16] E4M3 codes, addressed by slot as the pages.
- * The pointers are read when the kernels run (a captured graph keeps them, not their contents). */
+ *     NULL for int8_hier (each row carries its own);
+ *   d_k_scale, d_v_scale: device, the second pools of this layer (NULL for fp8), addressed by slot as the
+ *     pages: nvfp4's micro-block scales [num_slots, n_head_kv, D / 16] E4M3 codes, or int8_hier's lower
+ *     codes [num_slots, n_head_kv, D / 2] bytes;
+ *   hier_upper_only, hier_full_recent: how attention reads int8_hier pages (kv_layout.h's osp_kv_cache
+ *     fields; the KV write ignores them): false, both halves everywhere (the target's view); true, the
+ *     upper halves only except keys at positions >= seq_len - hier_full_recent (>= 0) of each sequence,
+ *     read in full (QuantSpec's draft view; attention.cu says why seq_len). Ignored for other page types.
+ * The pointers are read when the kernels run (a captured graph keeps them, not their contents); the two
+ * hier fields are kernel arguments (a captured graph keeps their values). */
 typedef struct osp_cuda_kv_quant {
     const float *d_k_fixed, *d_v_fixed;
     uint8_t *d_k_scale, *d_v_scale;
+    bool hier_upper_only;
+    int32_t hier_full_recent;
 } osp_cuda_kv_quant;
 
 typedef struct osp_cuda_gemm osp_cuda_gemm;
@@ -311,15 +325,18 @@ osp_status osp_cuda_rope_kv_write(const float *d_qkv, const float *d_bias, const
                                   const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
                                   void *d_v_pages, uint32_t kv_type, int64_t T, int n_head, int n_head_kv, int D,
                                   int n_rot, bool neox, float eps, void *stream);
-/* The same for any page type, quantized ones included (kv_type OSP_KV_PAGE_FP8 / NVFP4 with kq their
- * scales; kq is ignored, and may be NULL, for f16 / f32). Each token's K and V rows are quantized on
- * their own at their slot, producing the bytes and micro-block scales of the CPU's write
- * (src/backend/cpu/kv_quant.c, core/dtype.c's osp_fp32_to_e4m3 / osp_nvfp4_quantize16: the same
- * divisions, round to nearest even, saturation, NaN codes), so a given fp32 K/V row gives the same page
- * bytes on both backends. fp8: page byte [slot, h, d] = e4m3(x / d_k_fixed[h]); nvfp4: byte
- * [slot, h, d / 2] holds value d in its low nibble (d even) or high nibble, and scale byte
- * [slot, h, d / 16] the micro-block's E4M3 scale. nvfp4 needs D % 16 == 0. OSP_ERR_INVALID_ARG also for
- * a quantized type without kq or its pointers. */
+/* The same for any page type, quantized ones included (kv_type OSP_KV_PAGE_FP8 / NVFP4 / INT8H with kq
+ * their scales or pools; kq is ignored, and may be NULL, for f16 / f32). Each token's K and V rows are
+ * quantized on their own at their slot, producing the bytes and micro-block scales of the CPU's write
+ * (src/backend/cpu/kv_quant.c, core/dtype.c's osp_fp32_to_e4m3 / osp_nvfp4_quantize16 /
+ * osp_int8h_quantize_row: the same divisions, round to nearest even, saturation, NaN codes), so a given
+ * fp32 K/V row gives the same page bytes on both backends. fp8: page byte [slot, h, d] = e4m3(x /
+ * d_k_fixed[h]); nvfp4: byte [slot, h, d / 2] holds value d in its low nibble (d even) or high nibble,
+ * and scale byte [slot, h, d / 16] the micro-block's E4M3 scale; int8_hier (QuantSpec, Tiwari et al.
+ * 2025, section 4.1): page bytes [slot, h, 0 .. D / 2) the upper codes (nibbles as nvfp4's), then S and
+ * M (f16, little-endian), lower-pool bytes [slot, h, 0 .. D / 2) the lower codes (d_k_scale /
+ * d_v_scale). nvfp4 needs D % 16 == 0, int8_hier an even D. OSP_ERR_INVALID_ARG also for a quantized
+ * type without kq or its pointers. */
 osp_status osp_cuda_rope_kv_write_q(const float *d_qkv, const float *d_bias, const float *d_q_norm,
                                     const float *d_k_norm, const int32_t *d_positions, const float *d_inv_freq,
                                     const int32_t *d_slot_mapping, uint16_t *d_q_out, void *d_k_pages,
@@ -393,8 +410,9 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
                                     const int32_t *d_positions, const int32_t *d_block_table, int32_t max_blocks,
                                     int32_t block_size, int64_t T, int n_head, int n_head_kv, int D, float scale,
                                     int32_t window, int32_t max_seq_len, void *d_workspace, void *stream);
-/* The same for any page type: kv_type OSP_KV_PAGE_FP8 or NVFP4 with kq their scales (kq ignored, may be
- * NULL, for f16 / f32). Quantized pages are read directly, never through a dequantized copy:
+/* The same for any page type: kv_type OSP_KV_PAGE_FP8, NVFP4 or INT8H with kq their scales or pools (kq
+ * ignored, may be NULL, for f16 / f32). Quantized pages are read directly, never through a dequantized
+ * copy:
  *   fp8 at D 64 / 128 under wgmma (the default; osp_cuda_attention_tc_serves): the tensor-core kernel
  *     (attention_mma.cu) converts each 64-key tile's codes once, exactly, into an f16 tile in shared
  *     memory (decode: v4, attention_dec.cu, into the fragments, with v2's bits); the KV head's scales
@@ -404,10 +422,13 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
  *     v4 (attention_dec.cu) widens each 64-key tile's E2M1 codes times their E4M3 micro-block scales,
  *     exactly, straight into the mma fragments in registers; the tensor scales factor out as fp8's head
  *     scales do;
- *   otherwise the CUDA-core kernel (v0): each 32-key K/V tile decoded once into fp32 shared memory as
- *     e4m3(code) * d_*_fixed[kv head] (fp8) or e2m1(code) * (e4m3(scale) * tensor scale) (nvfp4), each
- *     one fp32 product, the values core/dtype.c's dequantizers and the CPU's read give; then the same
- *     online softmax as for f16 pages. */
+ *   int8_hier, always (whatever mode is forced), and otherwise: the CUDA-core kernel (v0), in one split:
+ *     each 32-key K/V tile decoded once into fp32 shared memory as e4m3(code) * d_*_fixed[kv head] (fp8),
+ *     e2m1(code) * (e4m3(scale) * tensor scale) (nvfp4), each one fp32 product, or M + S u (int8_hier's
+ *     upper-only value) / M + (S / 32)(32 u + 2 l - 15) (its full value; which one per key: kq's hier
+ *     fields), the values core/dtype.c's dequantizers and the CPU's read give; then the same online
+ *     softmax as for f16 pages. int8_hier's pools must be 16-byte aligned (the pages too, as for every
+ *     type). */
 osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void *d_k_pages, const void *d_v_pages,
                                       uint32_t kv_type, const osp_cuda_kv_quant *kq, uint16_t *d_out, int32_t num_seqs,
                                       const int32_t *d_query_start_loc, const int32_t *d_positions,

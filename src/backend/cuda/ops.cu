@@ -1,6 +1,6 @@
 /* The elementwise and row kernels of the llama-family forward pass on the GPU (the "ops.cu" part of
  * cuda_ops.h): embedding gather, fused residual add + RMSNorm, gathered RMSNorm, bias + q/k norm +
- * RoPE + KV-page write (f16 / fp32 / fp8 / nvfp4 pages), the SiLU-gated product, argmax, fp32 -> bf16, and the seeded random fill of
+ * RoPE + KV-page write (f16 / fp32 / fp8 / nvfp4 / int8_hier pages), the SiLU-gated product, argmax, fp32 -> bf16, and the seeded random fill of
  * tools/osprey make-random-model.
  *
  * Why they look like this: every one of them is memory-bound, so each reads and writes its bytes once,
@@ -22,7 +22,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/qx.cuh"
-#include "backend/cuda/kv_quant.cuh" /* the E4M3 / NVFP4 encoders of the quantized KV write */
+#include "backend/cuda/kv_quant.cuh" /* the E4M3 / NVFP4 / INT8_HIER encoders of the quantized KV write */
 
 namespace {
 
@@ -30,7 +30,7 @@ constexpr int kRowThreads = 256;    /* norms: one block per row */
 constexpr int kEltThreads = 256;    /* elementwise kernels */
 constexpr int kArgmaxThreads = 512; /* argmax: one block per row of a whole vocabulary */
 constexpr int kRopeWarps = 4;       /* rope_kv_write: one warp per head, 4 heads per block */
-constexpr int kRopeMaxD = 1024;     /* shared memory: (n_rot + 4 D) floats <= 20 KiB (nvfp4: + 4 D, 36 KiB) */
+constexpr int kRopeMaxD = 1024;     /* smem: (n_rot + 4 D) floats <= 20 KiB (nvfp4, int8_hier: + 4 D, 36 KiB) */
 constexpr int64_t kMaxGridY = 65535;
 constexpr int64_t kMaxGridX = 1 << 20; /* beyond it the kernels' grid-stride loops take over */
 
@@ -293,11 +293,16 @@ __global__ void __launch_bounds__(kRowThreads)
  * then writes q_out (bf16) or the pages at slot_mapping[t] (k / v skipped when negative): f16 / fp32
  * values, or quantized (issue 13; kv_quant.cuh): fp8 codes e4m3(x / fixed[h]) one per lane as the values
  * come, nvfp4 through a second staging row of the finished values, from which lane j quantizes
- * micro-block j (16 values: one E4M3 scale byte, 8 code bytes in one 8-byte store).
+ * micro-block j (16 values: one E4M3 scale byte, 8 code bytes in one 8-byte store), int8_hier through
+ * the same staging row, which the warp quantizes as one row (osp_dev_int8h_quantize_row_warp: min / max
+ * by warp reductions, S and M, then the codes; the upper codes, S and M into the page row of
+ * D / 2 + 4 bytes, the lower codes into the second pool, k_scale / v_scale, D / 2 bytes a row). K is
+ * quantized after RoPE, V as it is, one row per token and KV head, as the CPU's write does (no Hadamard
+ * rotation: the CUDA backend's kv_k_hadamard is false).
  * The rotation's products and sums are __fmul_rn / __fsub_rn / __fadd_rn: the CPU's exact operations.
- * shared memory: [n_rot / 2] cos, [n_rot / 2] sin, then [kRopeWarps][D] staging rows, then (nvfp4)
- * [kRopeWarps][D] rows of finished values. kv: the page kind, KvPage. */
-enum KvPage { kPageF32 = 0, kPageF16 = 1, kPageFp8 = 2, kPageNvfp4 = 3 };
+ * shared memory: [n_rot / 2] cos, [n_rot / 2] sin, then [kRopeWarps][D] staging rows, then (nvfp4,
+ * int8_hier) [kRopeWarps][D] rows of finished values. kv: the page kind, KvPage. */
+enum KvPage { kPageF32 = 0, kPageF16 = 1, kPageFp8 = 2, kPageNvfp4 = 3, kPageInt8h = 4 };
 __global__ void __launch_bounds__(kRopeWarps * 32)
     rope_kv_kernel(const float *__restrict__ qkv, const float *__restrict__ bias, const float *__restrict__ q_norm,
                    const float *__restrict__ k_norm, const int32_t *__restrict__ positions,
@@ -312,7 +317,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
     float *cos_t = smem, *sin_t = smem + half;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float *buf = smem + n_rot + warp * D;
-    float *obuf = smem + n_rot + (kRopeWarps + warp) * D; /* nvfp4 only */
+    float *obuf = smem + n_rot + (kRopeWarps + warp) * D; /* nvfp4 and int8_hier only */
     const int n_units = n_head + 2 * n_head_kv;
     const int unit = blockIdx.x * kRopeWarps + warp;
     const int64_t QD = (int64_t)n_head * D, KD = (int64_t)n_head_kv * D, row = QD + 2 * KD;
@@ -404,6 +409,13 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
                 *reinterpret_cast<uint2 *>(pages + (row0 + 16 * j) / 2) = make_uint2(lo, hi);
                 scales[(row0 + 16 * j) / 16] = (uint8_t)sc;
             }
+        }
+        if (kind != 0 && kv == kPageInt8h) { /* the row is in obuf: the warp quantizes it */
+            __syncwarp();
+            const int64_t r = (int64_t)slot * n_head_kv + h; /* the (token, KV head) row */
+            uint8_t *pages = static_cast<uint8_t *>(kind == 1 ? k_pages : v_pages) + r * (D / 2 + 4);
+            uint8_t *lower = (kind == 1 ? k_scale : v_scale) + r * (D / 2);
+            osp_dev_int8h_quantize_row_warp(obuf, D, pages, pages + D / 2, lower, lane);
         }
     }
 }
@@ -757,16 +769,20 @@ osp_status osp_cuda_rope_kv_write_q(const float *d_qkv, const float *d_bias, con
     case OSP_KV_PAGE_F16: kv = kPageF16; break;
     case OSP_KV_PAGE_FP8: kv = kPageFp8; break;
     case OSP_KV_PAGE_NVFP4: kv = kPageNvfp4; break;
+    case OSP_KV_PAGE_INT8H: kv = kPageInt8h; break;
     default:
-        return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: KV page type %u is not f32, f16, fp8 or nvfp4",
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "osp_cuda_rope_kv_write: KV page type %u is not f32, f16, fp8, nvfp4 or int8_hier",
                              kv_type);
     }
-    const bool quant = kv == kPageFp8 || kv == kPageNvfp4;
+    const bool quant = kv == kPageFp8 || kv == kPageNvfp4; /* fixed scales */
     if (T < 0 || n_head < 1 || n_head_kv < 1 || n_head > (1 << 16) || n_head_kv > (1 << 16) || D < 1 ||
-        D > kRopeMaxD || n_rot < 0 || n_rot > D || n_rot % 2 != 0 || (kv == kPageNvfp4 && D % 16 != 0))
+        D > kRopeMaxD || n_rot < 0 || n_rot > D || n_rot % 2 != 0 || (kv == kPageNvfp4 && D % 16 != 0) ||
+        (kv == kPageInt8h && D % 2 != 0))
         return osp_set_error(OSP_ERR_INVALID_ARG,
                              "osp_cuda_rope_kv_write: unsupported shape T %lld, n_head %d, n_head_kv %d, head_dim %d "
-                             "(1..%d; nvfp4 pages: a multiple of 16), n_rot %d (even, <= head_dim)",
+                             "(1..%d; nvfp4 pages: a multiple of 16; int8_hier pages: even), n_rot %d (even, <= "
+                             "head_dim)",
                              (long long)T, n_head, n_head_kv, D, kRopeMaxD, n_rot);
     if (T > 0 && (!d_qkv || !d_positions || !d_slot_mapping || !d_q_out || !d_k_pages || !d_v_pages ||
                   (n_rot > 0 && !d_inv_freq)))
@@ -775,17 +791,23 @@ osp_status osp_cuda_rope_kv_write_q(const float *d_qkv, const float *d_bias, con
                   (kv == kPageNvfp4 && (!kq->d_k_scale || !kq->d_v_scale))))
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: %s pages without their scales",
                              kv == kPageFp8 ? "fp8" : "nvfp4");
+    if (kv == kPageInt8h && (!kq || !kq->d_k_scale || !kq->d_v_scale))
+        return osp_set_error(OSP_ERR_INVALID_ARG,
+                             "osp_cuda_rope_kv_write: int8_hier pages without their lower-code pools (kq->d_k_scale, "
+                             "d_v_scale)");
     if (kv == kPageNvfp4 && (((uintptr_t)d_k_pages | (uintptr_t)d_v_pages) & 7u))
         return osp_set_error(OSP_ERR_INVALID_ARG, "osp_cuda_rope_kv_write: nvfp4 pages must be 8-byte aligned");
     if (T == 0) return OSP_OK;
     cudaStream_t st = (cudaStream_t)stream;
     const int n_units = n_head + 2 * n_head_kv;
     const dim3 grid((unsigned)((n_units + kRopeWarps - 1) / kRopeWarps), rows_grid(T, kMaxGridY));
-    const size_t smem = (size_t)(n_rot + (kv == kPageNvfp4 ? 2 : 1) * kRopeWarps * D) * sizeof(float);
+    const bool staged = kv == kPageNvfp4 || kv == kPageInt8h; /* a second staging row a warp */
+    const size_t smem = (size_t)(n_rot + (staged ? 2 : 1) * kRopeWarps * D) * sizeof(float);
+    const bool pools = kv == kPageNvfp4 || kv == kPageInt8h; /* the second pool: scales, or lower codes */
     osp_launch(rope_kv_kernel, grid, kRopeWarps * 32, smem, st,
         d_qkv, d_bias, d_q_norm, d_k_norm, d_positions, d_inv_freq, d_slot_mapping, d_q_out, d_k_pages, d_v_pages, kv,
-        quant ? kq->d_k_fixed : nullptr, quant ? kq->d_v_fixed : nullptr, quant ? kq->d_k_scale : nullptr,
-        quant ? kq->d_v_scale : nullptr, T, n_head, n_head_kv, D, n_rot, neox, eps);
+        quant ? kq->d_k_fixed : nullptr, quant ? kq->d_v_fixed : nullptr, pools ? kq->d_k_scale : nullptr,
+        pools ? kq->d_v_scale : nullptr, T, n_head, n_head_kv, D, n_rot, neox, eps);
     OSP_CUDA_LAUNCH_CHECK("rope_kv_kernel");
     return OSP_OK;
 }
