@@ -2,7 +2,7 @@
 # Builds here what the GPU machine runs, for `make test-gpu` and bench/gpu/run.sh there (it has no
 # package registry, no libmicrohttpd and no cmocka; it has the CUDA driver and runtime, cuBLASLt,
 # PCRE2, xxHash, jansson and libgomp). Stages under .carry/ (git-ignored through .git/info/exclude):
-#   .carry/gpu.tar.xz   bin/osprey, the GPU test binaries (and test_ops when built), lib/ (libcmocka,
+#   .carry/gpu.tar.xz   bin/osprey, bin/offline_throughput, the GPU test binaries (and test_ops when built), lib/ (libcmocka,
 #                       libmicrohttpd; libzmq, msgpack-c and libzmq's own dependencies; libedit), base/bin/osprey: the baseline CLI for bench/gpu/ab.sh (a CUDA
 #                       build of bb1ad02, BASE_BIN, default /work/base-src/build-cuda/bin/osprey;
 #                       skipped with a warning when absent; in .carry/base/base.tar.xz instead when the
@@ -36,7 +36,7 @@ cmake -S . -B build -G Ninja -DOSPREY_WERROR=ON -DCMAKE_BUILD_TYPE=Release -DOSP
 cmake --build build -j "${JOBS:-2}"
 rm -rf .carry/stage .carry/gpu.tar.xz .carry/m0 .carry/m1 .carry/base .carry/curl
 mkdir -p .carry/stage/bin .carry/stage/lib .carry/m0 .carry/m1
-cp build/bin/osprey build/bin/attn_bench build/bin/qmatmul_bench build/bin/gemm_bench build/bin/sample_bench build/bin/sparse_decode_bench build/tests/test_gpu_* .carry/stage/bin/
+cp build/bin/osprey build/bin/attn_bench build/bin/qmatmul_bench build/bin/gemm_bench build/bin/sample_bench build/bin/sparse_decode_bench build/bin/offline_throughput build/tests/test_gpu_* .carry/stage/bin/
 if [ -f build/tests/test_ops ]; then cp build/tests/test_ops .carry/stage/bin/; else echo "gpu-pack: no build/tests/test_ops (not staged)"; fi
 if [ -f "$BASE_BIN" ]; then
     mkdir -p .carry/stage/base/bin
