@@ -851,9 +851,11 @@ static void test_quantspec_greedy(void **state) {
                 printf("%s: %lld drafts, %lld accepted (%.1f%%)\n", what, (long long)st.spec_num_draft_tokens,
                        (long long)st.spec_num_accepted_tokens, 100 * acceptance(&st));
                 assert_true(st.spec_num_draft_tokens > 0);
-                /* the cost counters: every verifying step followed a proposer call that drafted */
+                /* the cost counters (not propose_calls >= verify_steps: a request the token budget leaves
+                   out of a step keeps its drafts for the next, so one call can feed two verifying steps;
+                   seen on the GPU, where the draft's bits differ from the target's and some drafts fail) */
                 assert_true(st.spec_verify_steps > 0 && st.spec_verify_steps <= st.num_steps);
-                assert_true(st.spec_propose_calls >= st.spec_verify_steps);
+                assert_true(st.spec_propose_calls > 0);
                 assert_true(st.spec_verify_seconds > 0 && st.spec_propose_seconds > 0);
                 /* (not on the GPU: the target's Q4_1 matrices are bf16 there, the draft's stay Q4_1) */
                 if (!g_gpu && ti == 0 && di == 0 && st.spec_num_accepted_tokens != st.spec_num_draft_tokens)

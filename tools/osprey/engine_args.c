@@ -221,6 +221,9 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     ep.kv_scales_path = a->kv_scales;
     ep.exact = a->exact;
     ep.device = a->device;
+    /* on the GPU the cache holds a whole max_model_len sequence within gpu_memory_utilization (vLLM's
+       sizing; serve does the same): the library's 512 MiB default holds 4,096 tokens of an 8B model */
+    if (ep.device == OSP_DEVICE_CUDA) ep.kv_cache_memory = 0;
     ep.gpu_quant_weights = a->gpu_quant_weights;
     ep.cpu_activations = a->cpu_activations;
     ep.no_mmap = a->no_mmap;
