@@ -28,7 +28,8 @@ typedef struct osp_arch {
     /* Tensor parallelism (Megatron-LM's split, Shoeybi et al. 2019, §3): replaces the matrices `bind`
      * placed for the whole model c with rank `rank`'s views of them (column-parallel q/k/v and gate/up,
      * row-parallel o and down; osp_loader_view_rows / _cols) and writes the rank's config to *rc (its
-     * n_head, n_head_kv and n_ff). OSP_ERR_UNSUPPORTED with the reason when the shapes do not split.
+     * n_head, n_head_kv and n_ff; n_head_kv 1 where the ranks outnumber the KV heads and each holds a copy
+     * of its group's). OSP_ERR_UNSUPPORTED with the reason when the shapes do not split.
      * NULL: the family has no split. */
     osp_status (*shard)(osp_loader *ld, const osp_model_config *c, int32_t rank, int32_t world, void *weights,
                         osp_model_config *rc);

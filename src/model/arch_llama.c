@@ -191,26 +191,34 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
 /* Rank `rank` of `world` (arch.h's shard): query heads [rank H / W, (rank + 1) H / W) and their KV heads
  * (GQA groups stay whole because both head counts divide by W), FFN columns [rank F / W, ...). q, k, v
  * and their biases, gate and up are cut by output rows; o and down by input columns, each rank's partial
- * product summed by the ALL_REDUCE the builder adds. Norms, embeddings and the lm_head stay whole. */
+ * product summed by the ALL_REDUCE the builder adds. Norms, embeddings and the lm_head stay whole.
+ * Fewer KV heads than ranks (W > n_head_kv, W a multiple of it: vLLM's rule, Megatron-LM's GQA
+ * replication): each rank holds the one KV head its query heads read, kv = rank / (W / n_head_kv), so
+ * W / n_head_kv ranks hold copies of each KV head (its k / v rows and biases, and its KV cache pages). */
 static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank, int32_t world, void *wp,
                         osp_model_config *rc) {
     llama_weights *w = wp;
-    if (c->n_head % world || c->n_head_kv % world || c->n_ff % world) {
-        const char *what = c->n_head % world ? "n_head" : c->n_head_kv % world ? "n_head_kv" : "n_ff";
-        const int32_t v = c->n_head % world ? c->n_head : c->n_head_kv % world ? c->n_head_kv : c->n_ff;
+    const bool rep = world > c->n_head_kv; /* KV heads replicated */
+    const bool kv_bad = rep ? world % c->n_head_kv != 0 : c->n_head_kv % world != 0;
+    if (c->n_head % world || kv_bad || c->n_ff % world) {
+        const char *what = c->n_head % world ? "n_head" : kv_bad ? "n_head_kv" : "n_ff";
+        const int32_t v = c->n_head % world ? c->n_head : kv_bad ? c->n_head_kv : c->n_ff;
         return osp_set_error(OSP_ERR_UNSUPPORTED,
-                             "%s: tensor parallelism over %d ranks needs n_head (%d), n_head_kv (%d) and n_ff (%d) "
-                             "divisible by %d, and %s (%d) is not (KV-head replication is not built)",
-                             ld->path, world, c->n_head, c->n_head_kv, c->n_ff, world, what, v);
+                             "%s: tensor parallelism over %d ranks needs n_head (%d) and n_ff (%d) divisible by %d, "
+                             "and n_head_kv (%d) divisible by it or dividing it (KV heads replicated), and %s (%d) "
+                             "does not fit",
+                             ld->path, world, c->n_head, c->n_ff, world, c->n_head_kv, what, v);
     }
     const int64_t D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D, F = c->n_ff;
-    const int64_t qd = QD / world, kd = KD / world, f = F / world;
+    const int64_t qd = QD / world, kd = rep ? D : KD / world, f = F / world;
+    /* the first K (and V) row of this rank's KV heads */
+    const int64_t k0 = rep ? (int64_t)(rank / (world / c->n_head_kv)) * D : rank * kd;
     float *bias = c->qkv_bias ? malloc((size_t)(qd + 2 * kd) * sizeof *bias) : NULL;
     if (c->qkv_bias && !bias) return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory", ld->path);
     osp_status s = OSP_OK;
     for (int32_t l = 0; l < c->n_layer && s == OSP_OK; l++) {
         llama_layer *L = &w->layers[l];
-        const int64_t qkv0[3] = {rank * qd, QD + rank * kd, QD + KD + rank * kd}, qkvn[3] = {qd, kd, kd};
+        const int64_t qkv0[3] = {rank * qd, QD + k0, QD + KD + k0}, qkvn[3] = {qd, kd, kd};
         const int64_t gu0[2] = {rank * f, F + rank * f}, gun[2] = {f, f};
         if ((s = osp_loader_view_rows(ld, L->proj.wqkv, 3, qkv0, qkvn, &L->proj.wqkv)) != OSP_OK ||
             (s = osp_loader_view_cols(ld, L->proj.wo, rank * qd, qd, &L->proj.wo)) != OSP_OK ||
@@ -220,7 +228,7 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
         if (!c->qkv_bias) continue;
         /* the biases from the file's fp32 vectors, cut like their rows */
         static const char *const fmt[3] = {"blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias"};
-        const int64_t len[3] = {QD, KD, KD}, off[3] = {rank * qd, rank * kd, rank * kd};
+        const int64_t len[3] = {QD, KD, KD}, off[3] = {rank * qd, k0, k0};
         float *dst = bias;
         for (int i = 0; i < 3 && s == OSP_OK; dst += qkvn[i], i++) {
             char name[96];
@@ -235,7 +243,7 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
     free(bias);
     if (s != OSP_OK) return s;
     *rc = *c;
-    rc->n_head /= world, rc->n_head_kv /= world, rc->n_ff /= world;
+    rc->n_head /= world, rc->n_head_kv = rep ? 1 : c->n_head_kv / world, rc->n_ff /= world;
     return OSP_OK;
 }
 

@@ -7,6 +7,7 @@
  *     greedy tokens, on llama (F32, Q8_0: the split columns are whole Q8_0 blocks) and qwen2 (q/k/v biases),
  *     for a prompt and one-token decode steps over the ranks' own KV caches (their KV heads only); every rank
  *     gets the same logits bit for bit (the all-reduce hands each the same sum);
+ *   - 4 ranks over 2 KV heads copy each KV head to the ranks whose query heads read it (F32 llama, qwen3);
  *   - one model that drives its ranks on threads of its own (no communicator given) looks like any model to
  *     its caller (one model, one KV cache holding the ranks' caches) and gives the same bits;
  *   - the engine with tensor_parallel_size 2 gives the unsplit engine's greedy tokens for a batch of requests,
@@ -195,7 +196,8 @@ static void check_split(const char *name, int32_t world, bool q8, double tol) {
         assert_int_equal(osp_model_load(path, &mp, &m), OSP_OK);
         const osp_model_config *cr = osp_model_config_get(m);
         assert_int_equal(cr->n_head, cw->n_head / world);
-        assert_int_equal(cr->n_head_kv, cw->n_head_kv / world);
+        /* fewer KV heads than ranks: each rank a copy of its group's one */
+        assert_int_equal(cr->n_head_kv, world > cw->n_head_kv ? 1 : cw->n_head_kv / world);
         assert_int_equal(cr->n_ff, cw->n_ff / world);
         assert_int_equal(cr->n_embd, cw->n_embd);
         assert_int_equal(cr->n_vocab, V);
@@ -246,6 +248,16 @@ static void test_llama_q8_0(void **state) {
 static void test_qwen2_bias(void **state) {
     (void)state;
     check_split("tiny-qwen2-q4_1.gguf", 2, false, 1e-5);
+}
+
+/* Four ranks over 2 KV heads (4 query heads): each rank one query head and a copy of its group's KV head
+ * (k / v rows cut at that head, its own cache pages), ranks 0-1 holding KV head 0, 2-3 head 1; llama and
+ * qwen3 (per-head q / k norms). F32 only: a rank's 16 or 32 columns of o are not whole blocks of the tiny
+ * quantized models (refused, as checked in test_refusals). */
+static void test_kv_head_replication(void **state) {
+    (void)state;
+    check_split("tiny-llama-f32.gguf", 4, false, 1e-5);
+    check_split("tiny-qwen3-f32.gguf", 4, false, 1e-5);
 }
 
 /* One model that drives its ranks (tensor_parallel_size 2, no communicator): the caller sees one model and one
@@ -436,12 +448,12 @@ static void test_refusals(void **state) {
     snprintf(path, sizeof path, "%s/tests/models/tiny-llama-f32.gguf", g_root);
     osp_comm *c2, *c4;
     assert_int_equal(osp_comm_local_create(2, &c2), OSP_OK);
-    assert_int_equal(osp_comm_local_create(4, &c4), OSP_OK);
+    assert_int_equal(osp_comm_local_create(3, &c4), OSP_OK);
     osp_model *m = NULL;
     osp_model_params mp = params(false);
-    mp.tensor_parallel_size = 4, mp.comm = c4;
+    mp.tensor_parallel_size = 3, mp.comm = c4; /* 4 query heads over 3 ranks */
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
-    assert_non_null(strstr(osp_last_error(), "n_head_kv"));
+    assert_non_null(strstr(osp_last_error(), "n_head (4) does not fit"));
     mp.comm = c2; /* the communicator's size differs */
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
     mp.tensor_parallel_size = 2, mp.tensor_parallel_rank = 2;
@@ -450,8 +462,19 @@ static void test_refusals(void **state) {
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
     mp.tensor_parallel_rank = 0, mp.tensor_parallel_size = 65;
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
-    mp.tensor_parallel_size = 4; /* the driver's ranks are refused as the hand-made ones are */
+    mp.tensor_parallel_size = 3; /* the driver's ranks are refused as the hand-made ones are */
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_UNSUPPORTED);
+    { /* 4 ranks of tiny-llama-q8_0: each rank's 16 columns of o are half a Q8_0 block */
+        osp_comm *c4b;
+        char q8[600];
+        snprintf(q8, sizeof q8, "%s/tests/models/tiny-llama-q8_0.gguf", g_root);
+        assert_int_equal(osp_comm_local_create(4, &c4b), OSP_OK);
+        osp_model_params mq = params(false);
+        mq.tensor_parallel_size = 4, mq.comm = c4b;
+        assert_int_equal(osp_model_load(q8, &mq, &m), OSP_ERR_UNSUPPORTED);
+        assert_non_null(strstr(osp_last_error(), "not whole Q8_0 blocks"));
+        osp_comm_free(c4b);
+    }
     mp.tensor_parallel_size = 1, mp.comm = c2; /* a communicator without a split */
     assert_int_equal(osp_model_load(path, &mp, &m), OSP_ERR_INVALID_ARG);
     mp.tensor_parallel_size = 2;
@@ -474,7 +497,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_errors), cmocka_unit_test(test_llama_f32),
         cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_driver),
-        cmocka_unit_test(test_engine_split), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_kv_head_replication), cmocka_unit_test(test_engine_split), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
