@@ -28,6 +28,8 @@ static const kb_kind k_kinds[] = {
     {OSP_OP_ALL_REDUCE, {"T", "E"}, 2, {"x"}, 1, {"x"}, 1, {"T,E"}, {"T,E"}, NULL},
     {OSP_OP_SCALE, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
     {OSP_OP_SOFTCAP, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
+    /* one rank (the proving ground runs one process): each logits row copied whole */
+    {OSP_OP_ALL_GATHER, {"R", "V"}, 2, {"x"}, 1, {"y"}, 1, {"R,V"}, {"R,V"}, NULL},
     /* T tokens of one sequence from position P: q rotated out, k rotated and v into the pages */
     {OSP_OP_ROPE_KV_WRITE, {"T", "P", "HKV", "G", "D"}, 5, {"qkv"}, 1, {"q", "k", "v"}, 3,
      {"T,HKV*G*D+2*HKV*D"}, {"T,HKV*G*D", "T,HKV*D", "T,HKV*D"}, "P"},
@@ -258,6 +260,7 @@ void kb_reference(kb_case *c) {
         break;
     case OSP_OP_COPY:
     case OSP_OP_ALL_REDUCE: /* one rank */
+    case OSP_OP_ALL_GATHER: /* one rank */
         for (size_t i = 0; i < c->out_n[0]; i++) c->ref[0][i] = c->in[0][i];
         break;
     case OSP_OP_SCALE:
@@ -444,12 +447,13 @@ static bool case_make(const kb_def *d, const kb_workload *wl, uint64_t seed, kb_
         break;
     }
     case OSP_OP_SCALE:
-    case OSP_OP_SOFTCAP: {
+    case OSP_OP_SOFTCAP:
+    case OSP_OP_ALL_GATHER: {
         const int64_t R = dimv(c, "R"), V = dimv(c, "V");
         c->T = R, c->R = R;
         kb_fill(alloc_in(c, 0, (size_t)(R * V)), (size_t)(R * V), g, 20.0, d->in[0].dtype, &s);
         c->out_n[0] = (size_t)(R * V);
-        c->flops = (d->kind == OSP_OP_SOFTCAP ? 3.0 : 1.0) * (double)(R * V);
+        c->flops = (d->kind == OSP_OP_SOFTCAP ? 3.0 : d->kind == OSP_OP_SCALE ? 1.0 : 0.0) * (double)(R * V);
         c->bytes = dtype_bytes(d->in[0].dtype, R * V) + dtype_bytes(d->out[0].dtype, R * V);
         break;
     }

@@ -375,10 +375,12 @@ static bool be_prepare_case(kb_solution *s, const kb_case *c, char *err, size_t 
         break;
     }
     case OSP_OP_SCALE:
-    case OSP_OP_SOFTCAP: {
+    case OSP_OP_SOFTCAP:
+    case OSP_OP_ALL_GATHER: { /* all_gather: one rank, the logits rows copied whole */
         const int64_t V = c->dim[1];
         const int32_t x = add_act(st, "x", in0, V, OSP_ROWS_LOGITS), y = add_act(st, "y", o0, V, OSP_ROWS_LOGITS);
-        op.dst = y, op.src0 = x, op.p.scale.s = (float)d->scale;
+        op.dst = y, op.src0 = x;
+        if (d->kind != OSP_OP_ALL_GATHER) op.p.scale.s = (float)d->scale;
         add_io(st, x, true, 0), add_io(st, y, false, 0);
         break;
     }

@@ -22,6 +22,8 @@ struct osp_comm {
     bool aborted;
     float *bufs[OSP_COMM_MAX_WORLD];
     int64_t lens[OSP_COMM_MAX_WORLD];
+    const float *srcs[OSP_COMM_MAX_WORLD]; /* all-gather: each rank's src, rows and cols, and its cols_r */
+    int64_t rows[OSP_COMM_MAX_WORLD], cols[OSP_COMM_MAX_WORLD], cols_r[OSP_COMM_MAX_WORLD];
     float *sum; /* [cap] */
     int64_t cap;
     bool sum_failed; /* rank 0 could not grow sum this call */
@@ -114,5 +116,39 @@ osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_
     if (!barrier(c)) return aborted();
     if (n > 0) memcpy(buf, c->sum, (size_t)n * sizeof *buf);
     if (!barrier(c)) return aborted(); /* sum and bufs are rewritten by the next call */
+    return OSP_OK;
+}
+
+osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, int64_t rows, int64_t cols_r, float *dst,
+                                   int64_t cols) {
+    if (!c || rank < 0 || rank >= c->world || rows < 0 || cols_r < 0 || cols < cols_r ||
+        (rows > 0 && ((cols_r > 0 && !src) || (cols > 0 && !dst))))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: rank %d of %d, %lld rows of %lld of %lld columns", rank,
+                             c ? c->world : 0, (long long)rows, (long long)cols_r, (long long)cols);
+    if (c->world == 1) {
+        if (cols_r != cols)
+            return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: one rank with %lld of %lld columns", (long long)cols_r,
+                                 (long long)cols);
+        if (rows > 0 && cols > 0 && dst != src) memmove(dst, src, (size_t)rows * (size_t)cols * sizeof *dst);
+        return OSP_OK;
+    }
+    c->srcs[rank] = src, c->rows[rank] = rows, c->cols[rank] = cols, c->cols_r[rank] = cols_r;
+    if (!barrier(c)) return aborted();
+    int64_t total = 0;
+    bool same = true;
+    for (int32_t r = 0; r < c->world; r++) {
+        total += c->cols_r[r];
+        same = same && c->rows[r] == c->rows[0] && c->cols[r] == c->cols[0];
+    }
+    if (!same || total != c->cols[0]) {
+        if (!barrier(c)) return aborted(); /* nobody rewrites them until all have read them */
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: the ranks' rows, columns or shares disagree (%lld "
+                             "columns, shares summing to %lld)", (long long)cols, (long long)total);
+    }
+    int64_t off = 0;
+    for (int32_t r = 0; r < c->world; off += c->cols_r[r], r++)
+        for (int64_t t = 0; t < rows && c->cols_r[r] > 0; t++)
+            memcpy(dst + t * cols + off, c->srcs[r] + t * c->cols_r[r], (size_t)c->cols_r[r] * sizeof *dst);
+    if (!barrier(c)) return aborted(); /* the srcs are read until here */
     return OSP_OK;
 }

@@ -112,6 +112,7 @@ static const osp_kernel_version k_versions[] = {
     CPU_ONE(OSP_OP_SCALE, "scale", "elementwise scale"),
     CPU_ONE(OSP_OP_SOFTCAP, "softcap", "cap * tanh(x / cap)"),
     CPU_ONE(OSP_OP_ALL_REDUCE, "all_reduce", "sum over tensor-parallel ranks in rank order (local communicator)"),
+    CPU_ONE(OSP_OP_ALL_GATHER, "all_gather", "tensor-parallel ranks' columns side by side (local communicator)"),
     /* the CUDA backend (src/backend/cuda/) */
     CUDA_ONE(OSP_OP_EMBED, "embed", "bf16 table rows to fp32 (ops.cu)", cuda_sm90),
     CUDA_ONE(OSP_OP_ADD_RMSNORM, "add_rmsnorm", "fused residual add + RMSNorm (ops.cu)", cuda_sm90),
@@ -132,6 +133,7 @@ static const osp_kernel_version k_versions[] = {
     CUDA_ONE(OSP_OP_SCALE, "scale", "elementwise scale (ops.cu)", cuda_sm90),
     CUDA_ONE(OSP_OP_SOFTCAP, "softcap", "cap * tanh(x / cap) (ops.cu)", cuda_sm90),
     CUDA_ONE(OSP_OP_ALL_REDUCE, "all_reduce", "one rank: the identity, nothing launched (NCCL not built)", cuda_sm90),
+    CUDA_ONE(OSP_OP_ALL_GATHER, "all_gather", "one rank: a device copy (NCCL not built)", cuda_sm90),
 };
 
 #define N_VERSIONS ((int)(sizeof k_versions / sizeof k_versions[0]))

@@ -72,6 +72,7 @@ const char *osp_op_name(osp_op_kind k) {
         [OSP_OP_MATMUL] = "matmul",         [OSP_OP_ROPE_KV_WRITE] = "rope_kv_write", [OSP_OP_ATTENTION] = "attention",
         [OSP_OP_GLU] = "glu",               [OSP_OP_ADD] = "add",                 [OSP_OP_COPY] = "copy",
         [OSP_OP_SCALE] = "scale",           [OSP_OP_SOFTCAP] = "softcap",     [OSP_OP_ALL_REDUCE] = "all_reduce",
+        [OSP_OP_ALL_GATHER] = "all_gather",
     };
     return (unsigned)k < OSP_OP_COUNT ? names[k] : "?";
 }

@@ -110,6 +110,11 @@ typedef enum osp_op_kind {
      * Shoeybi et al. 2019, §3); through the backend's communicator (src/backend/comm.h). One rank (no
      * communicator): the identity. */
     OSP_OP_ALL_REDUCE,
+    /* dst [R, cols] fp32 = every tensor-parallel rank's src0 [R, cols_r] fp32 side by side, rank 0's columns
+     * first (the all-gather after a vocabulary-parallel lm_head, each rank's logits for its rows of the
+     * output matrix: Megatron-LM, Shoeybi et al. 2019, §3); copies only, so every rank gets the same bits.
+     * dst != src0. One rank (no communicator): a copy, src0 having dst's columns. */
+    OSP_OP_ALL_GATHER,
     OSP_OP_COUNT
 } osp_op_kind;
 

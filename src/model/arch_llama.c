@@ -183,7 +183,14 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
     OSP_ACT("lnorm", OSP_DTYPE_BF16, E, OSP_ROWS_LOGITS, &lnorm);
     OSP_ACT("logits", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS, &logits);
     OSP_PUSH(OSP_OP_GATHER_RMSNORM, lnorm, -1, x, .w = w->io.out_norm, .p.norm.eps = c->rms_eps);
-    OSP_PUSH(OSP_OP_MATMUL, logits, lnorm, -1, .w = w->io.output);
+    if (opts && opts->tp_world > 1) { /* a rank's rows of the lm_head (shard), its logits gathered */
+        int32_t part;
+        OSP_ACT("logits_part", OSP_DTYPE_F32, w->io.output->rows, OSP_ROWS_LOGITS, &part);
+        OSP_PUSH(OSP_OP_MATMUL, part, lnorm, -1, .w = w->io.output);
+        OSP_PUSH(OSP_OP_ALL_GATHER, logits, part, -1);
+    } else {
+        OSP_PUSH(OSP_OP_MATMUL, logits, lnorm, -1, .w = w->io.output);
+    }
     g->logits = logits;
     return OSP_OK;
 }
@@ -191,7 +198,9 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
 /* Rank `rank` of `world` (arch.h's shard): query heads [rank H / W, (rank + 1) H / W) and their KV heads
  * (GQA groups stay whole because both head counts divide by W), FFN columns [rank F / W, ...). q, k, v
  * and their biases, gate and up are cut by output rows; o and down by input columns, each rank's partial
- * product summed by the ALL_REDUCE the builder adds. Norms, embeddings and the lm_head stay whole.
+ * product summed by the ALL_REDUCE the builder adds. The lm_head by vocabulary rows [rank V / W,
+ * (rank + 1) V / W) (the parallel output embedding; a view, so a tied token_embd stays whole for the
+ * lookup), each rank's logits joined by the ALL_GATHER the builder adds. Norms and embeddings stay whole.
  * Fewer KV heads than ranks (W > n_head_kv, W a multiple of it: vLLM's rule, Megatron-LM's GQA
  * replication): each rank holds the one KV head its query heads read, kv = rank / (W / n_head_kv), so
  * W / n_head_kv ranks hold copies of each KV head (its k / v rows and biases, and its KV cache pages). */
@@ -242,6 +251,8 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
     }
     free(bias);
     if (s != OSP_OK) return s;
+    const int64_t v0 = (int64_t)c->n_vocab * rank / world, vn = (int64_t)c->n_vocab * (rank + 1) / world - v0;
+    OSP_TRY(osp_loader_view_rows(ld, w->io.output, 1, &v0, &vn, &w->io.output));
     *rc = *c;
     rc->n_head /= world, rc->n_head_kv = rep ? 1 : c->n_head_kv / world, rc->n_ff /= world;
     return OSP_OK;

@@ -367,6 +367,20 @@ static void case_add(op_case *c) {
     io(c, x, false, NULL, 1e-6f, 1e-6f);
 }
 
+/* One rank (no communicator): the all-gather of logits rows is a copy on every backend, bit for bit.
+ * Several ranks: tests/unit/test_tp.c (the vocabulary-parallel lm_head). */
+static void case_all_gather(op_case *c) {
+    c->what = "all_gather";
+    const int64_t V = pick((const int64_t[]){37, 576, 49152}, 3);
+    const int32_t start[] = {0}, len[] = {1 + (int32_t)(rnd() % 20)};
+    batch(c, 1, start, len, 1 + (int32_t)(rnd() % 3));
+    const int64_t L = c->b.num_logits;
+    const int32_t x = act(c, "x", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS), y = act(c, "y", OSP_DTYPE_F32, V, OSP_ROWS_LOGITS);
+    push(c, (osp_op){.kind = OSP_OP_ALL_GATHER, .dst = y, .src0 = x, .src1 = -1});
+    io(c, x, true, own(c, rand_vec((size_t)(L * V), 3.0f, false)), 0, 0);
+    io(c, y, false, NULL, 0.0f, 0.0f); /* bit-exact */
+}
+
 /* One rank (no communicator): the in-place all-reduce is the identity on every backend, bit for bit.
  * Several ranks: tests/unit/test_tp.c. */
 static void case_all_reduce(op_case *c) {
@@ -524,7 +538,7 @@ static void run_all(int bi) {
     } cases[] = {
         {case_embed, 0},       {case_add_rmsnorm, 0}, {case_gather_rmsnorm, 0},     {NULL, OSP_DTYPE_F32},
         {NULL, OSP_DTYPE_Q8_0}, {NULL, OSP_DTYPE_Q4_0}, {case_rope_attention, 0}, {case_glu, 0},
-        {case_add, 0},         {case_copy, 0},          {case_scale, 0},          {case_all_reduce, 0},
+        {case_add, 0},         {case_copy, 0},          {case_scale, 0},          {case_all_reduce, 0}, {case_all_gather, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (uint64_t s = 1; s <= SEEDS; s++) check(cases[k].fn, 0x1234567ull * s + k, bi, cases[k].wtype);

@@ -7,6 +7,8 @@
  *     greedy tokens, on llama (F32, Q8_0: the split columns are whole Q8_0 blocks) and qwen2 (q/k/v biases),
  *     for a prompt and one-token decode steps over the ranks' own KV caches (their KV heads only); every rank
  *     gets the same logits bit for bit (the all-reduce hands each the same sum);
+ *   - the all-gather joins the ranks' columns (uneven shares) in rank order, and the lm_head is split by
+ *     vocabulary rows with the logits gathered (every split test runs it);
  *   - 4 ranks over 2 KV heads copy each KV head to the ranks whose query heads read it (F32 llama, qwen3);
  *   - one model that drives its ranks on threads of its own (no communicator given) looks like any model to
  *     its caller (one model, one KV cache holding the ranks' caches) and gives the same bits;
@@ -86,6 +88,64 @@ static void test_comm_sum(void **state) {
         }
         osp_comm_free(c);
     }
+}
+
+/* The all-gather: R rows of each rank's share (uneven: rank r has r + 1 columns, or a disagreeing share for
+ * `bad`), joined side by side in rank order, the same bits on every rank; repeated calls reuse nothing. */
+typedef struct gather_job {
+    osp_comm *c;
+    int32_t rank, rows, cols_r, cols, calls;
+    float *src, *dst;
+    osp_status st;
+} gather_job;
+
+static void *gather_worker(void *arg) {
+    gather_job *j = arg;
+    j->st = OSP_OK;
+    for (int32_t k = 0; k < j->calls && j->st == OSP_OK; k++) {
+        for (int32_t t = 0; t < j->rows; t++)
+            for (int32_t i = 0; i < j->cols_r; i++) j->src[t * j->cols_r + i] = value(j->rank, t * 100 + i, k);
+        j->st = osp_comm_all_gather_f32(j->c, j->rank, j->src, j->rows, j->cols_r, j->dst, j->cols);
+    }
+    return NULL;
+}
+
+static void test_comm_gather(void **state) {
+    (void)state;
+    for (int32_t world = 1; world <= MAX_RANKS; world++)
+        for (int bad = 0; bad < (world > 1 ? 2 : 1); bad++) {
+            osp_comm *c;
+            assert_int_equal(osp_comm_local_create(world, &c), OSP_OK);
+            const int32_t rows = 3, cols = world * (world + 1) / 2; /* shares 1, 2, .., world */
+            gather_job jobs[MAX_RANKS];
+            pthread_t th[MAX_RANKS];
+            for (int32_t r = 0; r < world; r++) {
+                const int32_t share = r + 1 + (bad && r == world - 1); /* bad: the shares sum past cols */
+                jobs[r] = (gather_job){.c = c, .rank = r, .rows = rows, .cols_r = share, .cols = cols, .calls = 3,
+                                       .src = malloc(sizeof(float) * (size_t)(rows * share)),
+                                       .dst = malloc(sizeof(float) * (size_t)(rows * cols + 1))};
+                assert_int_equal(pthread_create(&th[r], NULL, gather_worker, &jobs[r]), 0);
+            }
+            for (int32_t r = 0; r < world; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+            for (int32_t r = 0; r < world; r++) {
+                if (bad) { /* shares that do not sum to cols: every rank gets the error, none hangs */
+                    assert_int_equal(jobs[r].st, OSP_ERR_INVALID_ARG);
+                } else {
+                    assert_int_equal(jobs[r].st, OSP_OK);
+                    for (int32_t t = 0; t < rows; t++)
+                        for (int32_t q = 0, off = 0; q < world; off += q + 1, q++)
+                            for (int32_t i = 0; i <= q; i++) {
+                                const float want = value(q, t * 100 + i, 2), got = jobs[r].dst[t * cols + off + i];
+                                if (memcmp(&want, &got, sizeof want) != 0)
+                                    fail_msg("%d ranks: rank %d row %d column %d is %.9g, rank %d's %.9g", world, r, t,
+                                             off + i, (double)got, q, (double)want);
+                            }
+                }
+                free(jobs[r].src);
+                free(jobs[r].dst);
+            }
+            osp_comm_free(c);
+        }
 }
 
 static void test_comm_errors(void **state) {
@@ -495,7 +555,8 @@ int main(void) {
     g_root = getenv("OSPREY_ROOT");
     if (!g_root) g_root = ".";
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_errors), cmocka_unit_test(test_llama_f32),
+        cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_gather), cmocka_unit_test(test_comm_errors),
+        cmocka_unit_test(test_llama_f32),
         cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_driver),
         cmocka_unit_test(test_kv_head_replication), cmocka_unit_test(test_engine_split), cmocka_unit_test(test_refusals),
     };

@@ -322,7 +322,8 @@ static split op_split(const cpu_backend *c, const osp_op *op, int64_t T, int64_t
     case OSP_OP_GATHER_RMSNORM: return (split){0, R};
     case OSP_OP_MATMUL: return (split){mm_quantizes(c, op->w) ? -1 : 0, 0}; /* -1: rows of its input */
     case OSP_OP_ATTENTION: return (split){0, 0};
-    case OSP_OP_ALL_REDUCE: return (split){0, 0}; /* thread 0 alone, between barriers */
+    case OSP_OP_ALL_REDUCE:
+    case OSP_OP_ALL_GATHER: return (split){0, 0}; /* thread 0 alone, between barriers */
     case OSP_OP_GLU:
     case OSP_OP_ADD:
     case OSP_OP_COPY:
@@ -828,6 +829,18 @@ static void op_all_reduce(const run_ctx *r, const osp_op *op, int ith) {
     round_if(r, op->dst, r->bufs[op->dst], n); /* a bf16 activation is summed and stored in bf16 on the GPU */
 }
 
+/* ALL_GATHER: thread 0 runs the collective (one rank: a copy) while the others wait at the next barrier. */
+static void op_all_gather(const run_ctx *r, const osp_op *op, int ith) {
+    if (ith != 0 || *r->comm_status != OSP_OK) return;
+    const int64_t R = rows_of(r, op->dst), cols = r->g->acts[op->dst].cols, cols_r = r->g->acts[op->src0].cols;
+    if (!r->c->comm) { /* one rank: src0 has dst's columns (cpu_supports_op) */
+        memcpy(r->bufs[op->dst], r->bufs[op->src0], (size_t)(R * cols) * sizeof(float));
+        return;
+    }
+    *r->comm_status = osp_comm_all_gather_f32(r->c->comm, r->c->tp_rank, r->bufs[op->src0], R, cols_r,
+                                              r->bufs[op->dst], cols);
+}
+
 /* SCALE and SOFTCAP: elementwise over my rows (dst may be src0) */
 static void op_scale(const run_ctx *r, const osp_op *op, int ith, int nth) {
     const int64_t n = r->g->acts[op->dst].cols, R = rows_of(r, op->dst);
@@ -880,6 +893,7 @@ static void run_task(void *arg, int ith, int nth) {
         case OSP_OP_SCALE:
         case OSP_OP_SOFTCAP: op_scale(r, op, ith, nth); break;
         case OSP_OP_ALL_REDUCE: op_all_reduce(r, op, ith); break;
+        case OSP_OP_ALL_GATHER: op_all_gather(r, op, ith); break;
         default: break;
         }
     }
@@ -901,7 +915,6 @@ static bool cpu_supports_kv(osp_backend *be, osp_kv_dtype dk, osp_kv_dtype dv, c
 }
 
 static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *op, char *why, size_t n) {
-    (void)be, (void)g;
     if ((unsigned)op->kind >= OSP_OP_COUNT) {
         snprintf(why, n, "unknown op kind %d", (int)op->kind);
         return false;
@@ -912,6 +925,13 @@ static bool cpu_supports_op(osp_backend *be, const osp_graph *g, const osp_op *o
     }
     if (op->kind == OSP_OP_ALL_REDUCE && (op->dst < 0 || op->dst != op->src0)) {
         snprintf(why, n, "all_reduce runs in place (dst == src0)");
+        return false;
+    }
+    if (op->kind == OSP_OP_ALL_GATHER &&
+        (op->dst < 0 || op->src0 < 0 || op->dst == op->src0 || g->acts[op->dst].type != OSP_DTYPE_F32 ||
+         g->acts[op->src0].type != OSP_DTYPE_F32 || g->acts[op->src0].rows != g->acts[op->dst].rows ||
+         g->acts[op->src0].cols > g->acts[op->dst].cols || (!CPU(be)->comm && g->acts[op->src0].cols != g->acts[op->dst].cols))) {
+        snprintf(why, n, "all_gather takes fp32 src0 [R, cols_r] into another fp32 dst [R, cols] (one rank: cols_r == cols)");
         return false;
     }
     if (op->kind == OSP_OP_ATTENTION && op->p.attn.head_dim > 1024) {

@@ -655,6 +655,11 @@ static bool cuda_supports_op(osp_backend *be, const osp_graph *gr, const osp_op 
         need = "fp32 in and out of one shape (and a cap > 0)";
         break;
     case OSP_OP_ALL_REDUCE: ok = op->dst >= 0 && op->dst == op->src0, need = "an in-place all_reduce"; break;
+    case OSP_OP_ALL_GATHER: /* one rank (no communicator here): a copy of src0, which has dst's columns */
+        ok = op->dst >= 0 && op->src0 >= 0 && op->dst != op->src0 && is(gr, op->dst, F32) && is(gr, op->src0, F32) &&
+             gr->acts[op->dst].cols == gr->acts[op->src0].cols && gr->acts[op->dst].rows == gr->acts[op->src0].rows;
+        need = "one rank's all_gather: fp32 src0 and another fp32 dst of its shape";
+        break;
     case OSP_OP_COPY:
         ok = op->dst >= 0 && op->src0 >= 0 && gr->acts[op->dst].type == gr->acts[op->src0].type &&
              gr->acts[op->dst].cols == gr->acts[op->src0].cols && gr->acts[op->dst].rows == gr->acts[op->src0].rows;
@@ -998,6 +1003,7 @@ static osp_status enqueue(cuda_backend *g, const osp_graph *gr, osp_kv_cache *kv
             break;
         }
         case OSP_OP_COPY: /* a device-to-device copy on the stream (graph-capturable) */
+        case OSP_OP_ALL_GATHER: /* one rank: the same copy */
             OSP_TRY(osp_cuda_d2d(dst, s0, act_size(&gr->acts[op->dst], R, R), st));
             break;
         case OSP_OP_ALL_REDUCE: break; /* one rank (the backend takes no communicator): the identity */
