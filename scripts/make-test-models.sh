@@ -22,3 +22,4 @@ make tiny-llama-untied-q4_1.gguf tiny-untied q4_1 43
 make tiny-llama3-q8_0.gguf tiny-llama3 q8_0 44
 make tiny-qwen2-q4_1.gguf tiny-qwen2 q4_1 45
 make tiny-qwen3-f32.gguf tiny-qwen3 f32 46
+make tiny-llama-ffn96-q8_0.gguf tiny-ffn96 q8_0 47

@@ -197,7 +197,8 @@ static osp_status build(const osp_model_config *c, const void *wp, bool with_log
 
 /* Rank `rank` of `world` (arch.h's shard): query heads [rank H / W, (rank + 1) H / W) and their KV heads
  * (GQA groups stay whole because both head counts divide by W), FFN columns [rank F / W, ...). q, k, v
- * and their biases, gate and up are cut by output rows; o and down by input columns, each rank's partial
+ * and their biases, gate and up are cut by output rows (FFN columns in whole blocks of down's type, the shares
+ * unequal by a block where they must); o and down by input columns, each rank's partial
  * product summed by the ALL_REDUCE the builder adds. The lm_head by vocabulary rows [rank V / W,
  * (rank + 1) V / W) (the parallel output embedding; a view, so a tied token_embd stays whole for the
  * lookup), each rank's logits joined by the ALL_GATHER the builder adds. Norms and embeddings stay whole.
@@ -209,17 +210,32 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
     llama_weights *w = wp;
     const bool rep = world > c->n_head_kv; /* KV heads replicated */
     const bool kv_bad = rep ? world % c->n_head_kv != 0 : c->n_head_kv % world != 0;
-    if (c->n_head % world || kv_bad || c->n_ff % world) {
-        const char *what = c->n_head % world ? "n_head" : kv_bad ? "n_head_kv" : "n_ff";
-        const int32_t v = c->n_head % world ? c->n_head : kv_bad ? c->n_head_kv : c->n_ff;
+    if (c->n_head % world || kv_bad) {
+        const char *what = c->n_head % world ? "n_head" : "n_head_kv";
+        const int32_t v = c->n_head % world ? c->n_head : c->n_head_kv;
         return osp_set_error(OSP_ERR_UNSUPPORTED,
-                             "%s: tensor parallelism over %d ranks needs n_head (%d) and n_ff (%d) divisible by %d, "
-                             "and n_head_kv (%d) divisible by it or dividing it (KV heads replicated), and %s (%d) "
-                             "does not fit",
-                             ld->path, world, c->n_head, c->n_ff, world, c->n_head_kv, what, v);
+                             "%s: tensor parallelism over %d ranks needs n_head (%d) divisible by %d, and n_head_kv "
+                             "(%d) divisible by it or dividing it (KV heads replicated), and %s (%d) does not fit",
+                             ld->path, world, c->n_head, world, c->n_head_kv, what, v);
     }
+    /* FFN columns in units of U, the largest block of any layer's down matrix (every rank's columns of down
+     * whole blocks, one split for all layers): rank r's units [r n / W, (r + 1) n / W) of n = F / U, so
+     * the shares differ by a unit where W does not divide n (Qwen2.5-1.5B Q4_K_M, F 8,960 = 35 x 256, over 2
+     * ranks: 4,352 and 4,608) */
+    int64_t U = 1;
+    for (int32_t l = 0; l < c->n_layer; l++)
+        for (int32_t p = 0; p < w->layers[l].proj.wdown->n_parts; p++) {
+            const int64_t bs = osp_dtype_block_size(w->layers[l].proj.wdown->parts[p].type);
+            U = bs > U ? bs : U;
+        }
+    const int64_t n_units = c->n_ff % U ? 0 : c->n_ff / U;
+    if (n_units < world)
+        return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor parallelism over %d ranks splits n_ff (%d) in whole blocks "
+                             "of %lld (the down matrix's), and there are %lld of them", ld->path, world, c->n_ff,
+                             (long long)U, (long long)n_units);
     const int64_t D = c->head_dim, QD = (int64_t)c->n_head * D, KD = (int64_t)c->n_head_kv * D, F = c->n_ff;
-    const int64_t qd = QD / world, kd = rep ? D : KD / world, f = F / world;
+    const int64_t qd = QD / world, kd = rep ? D : KD / world;
+    const int64_t f0 = n_units * rank / world * U, f = n_units * (rank + 1) / world * U - f0; /* my FFN columns */
     /* the first K (and V) row of this rank's KV heads */
     const int64_t k0 = rep ? (int64_t)(rank / (world / c->n_head_kv)) * D : rank * kd;
     float *bias = c->qkv_bias ? malloc((size_t)(qd + 2 * kd) * sizeof *bias) : NULL;
@@ -228,11 +244,11 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
     for (int32_t l = 0; l < c->n_layer && s == OSP_OK; l++) {
         llama_layer *L = &w->layers[l];
         const int64_t qkv0[3] = {rank * qd, QD + k0, QD + KD + k0}, qkvn[3] = {qd, kd, kd};
-        const int64_t gu0[2] = {rank * f, F + rank * f}, gun[2] = {f, f};
+        const int64_t gu0[2] = {f0, F + f0}, gun[2] = {f, f};
         if ((s = osp_loader_view_rows(ld, L->proj.wqkv, 3, qkv0, qkvn, &L->proj.wqkv)) != OSP_OK ||
             (s = osp_loader_view_cols(ld, L->proj.wo, rank * qd, qd, &L->proj.wo)) != OSP_OK ||
             (s = osp_loader_view_rows(ld, L->proj.wgu, 2, gu0, gun, &L->proj.wgu)) != OSP_OK ||
-            (s = osp_loader_view_cols(ld, L->proj.wdown, rank * f, f, &L->proj.wdown)) != OSP_OK)
+            (s = osp_loader_view_cols(ld, L->proj.wdown, f0, f, &L->proj.wdown)) != OSP_OK)
             break;
         if (!c->qkv_bias) continue;
         /* the biases from the file's fp32 vectors, cut like their rows */
@@ -254,7 +270,7 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
     const int64_t v0 = (int64_t)c->n_vocab * rank / world, vn = (int64_t)c->n_vocab * (rank + 1) / world - v0;
     OSP_TRY(osp_loader_view_rows(ld, w->io.output, 1, &v0, &vn, &w->io.output));
     *rc = *c;
-    rc->n_head /= world, rc->n_head_kv = rep ? 1 : c->n_head_kv / world, rc->n_ff /= world;
+    rc->n_head /= world, rc->n_head_kv = rep ? 1 : c->n_head_kv / world, rc->n_ff = (int32_t)f;
     return OSP_OK;
 }
 

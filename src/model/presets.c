@@ -26,6 +26,8 @@ static const osp_model_preset k_presets[] = {
      true, "qwen2", 0, true, false, {0, 0, 0, 0}},
     {"tiny-qwen3", "as tiny-untied, qwen3 (q/k norm, head_dim 32)", 64, 2, 4, 2, 128, 49152, 2048, 1000000.0f,
      1e-6f, false, "qwen3", 32, false, true, {0, 0, 0, 0}},
+    {"tiny-ffn96", "as tiny-untied, ffn 96 (three blocks of 32: a tensor-parallel split of unequal shares)", 64, 2, 4,
+     2, 96, 49152, 2048, 100000.0f, 1e-5f, false, "llama", 0, false, false, {0, 0, 0, 0}},
 };
 
 size_t osp_model_preset_count(void) { return sizeof k_presets / sizeof k_presets[0]; }

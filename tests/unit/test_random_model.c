@@ -34,15 +34,17 @@ typedef struct model_case {
     const char *file, *arch;
     bool untied, rope_freqs, qkv_bias, qk_norm;
     int head_dim;
+    uint32_t n_ff; /* 0: 128 */
 } model_case;
 
 static const model_case k_models[] = {
-    {"tiny-llama-f32.gguf", "llama", false, false, false, false, 16},
-    {"tiny-llama-q8_0.gguf", "llama", false, false, false, false, 16},
-    {"tiny-llama-untied-q4_1.gguf", "llama", true, false, false, false, 16},
-    {"tiny-llama3-q8_0.gguf", "llama", true, true, false, false, 16},
-    {"tiny-qwen2-q4_1.gguf", "qwen2", false, false, true, false, 16},
-    {"tiny-qwen3-f32.gguf", "qwen3", true, false, false, true, 32},
+    {"tiny-llama-f32.gguf", "llama", false, false, false, false, 16, 0},
+    {"tiny-llama-q8_0.gguf", "llama", false, false, false, false, 16, 0},
+    {"tiny-llama-untied-q4_1.gguf", "llama", true, false, false, false, 16, 0},
+    {"tiny-llama3-q8_0.gguf", "llama", true, true, false, false, 16, 0},
+    {"tiny-qwen2-q4_1.gguf", "qwen2", false, false, true, false, 16, 0},
+    {"tiny-qwen3-f32.gguf", "qwen3", true, false, false, true, 32, 0},
+    {"tiny-llama-ffn96-q8_0.gguf", "llama", true, false, false, false, 16, 96}, /* test_tp's unequal FFN split */
 };
 enum { N_MODELS = sizeof k_models / sizeof k_models[0] };
 
@@ -165,7 +167,8 @@ static void test_models_are_usable(void **state) {
         assert_true(arch.len == strlen(mc->arch) && memcmp(arch.data, mc->arch, arch.len) == 0);
         const struct { const char *key; uint32_t want; } keys[] = {
             {"embedding_length", 64}, {"block_count", 2},          {"attention.head_count", 4},
-            {"attention.head_count_kv", 2}, {"feed_forward_length", 128}, {"rope.dimension_count", (uint32_t)mc->head_dim},
+            {"attention.head_count_kv", 2}, {"feed_forward_length", mc->n_ff ? mc->n_ff : 128u},
+            {"rope.dimension_count", (uint32_t)mc->head_dim},
             {"vocab_size", 512},
         };
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
@@ -184,7 +187,7 @@ static void test_models_are_usable(void **state) {
         t = osp_gguf_find_tensor(g, "blk.1.attn_k.weight");
         assert_true(t && t->ne[0] == 64 && t->ne[1] == 2 * hd);
         t = osp_gguf_find_tensor(g, "blk.0.ffn_down.weight");
-        assert_true(t && t->ne[0] == 128 && t->ne[1] == 64);
+        assert_true(t && t->ne[0] == (mc->n_ff ? mc->n_ff : 128u) && t->ne[1] == 64);
         t = osp_gguf_find_tensor(g, "blk.1.attn_v.bias");
         assert_true(mc->qkv_bias ? (t && t->ne[0] == 2 * hd && t->type == OSP_DTYPE_F32) : t == NULL);
         t = osp_gguf_find_tensor(g, "blk.1.attn_k_norm.weight");

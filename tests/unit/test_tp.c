@@ -9,6 +9,7 @@
  *     gets the same logits bit for bit (the all-reduce hands each the same sum);
  *   - the all-gather joins the ranks' columns (uneven shares) in rank order, and the lm_head is split by
  *     vocabulary rows with the logits gathered (every split test runs it);
+ *   - an n_ff of three Q8_0 blocks splits 32 + 64 over 2 ranks (whole blocks, unequal shares);
  *   - 4 ranks over 2 KV heads copy each KV head to the ranks whose query heads read it (F32 llama, qwen3);
  *   - one model that drives its ranks on threads of its own (no communicator given) looks like any model to
  *     its caller (one model, one KV cache holding the ranks' caches) and gives the same bits;
@@ -232,6 +233,13 @@ static osp_model_params params(bool q8) {
     return mp;
 }
 
+/* Rank r's FFN columns: whole blocks of 32 (the tiny quantized models' down matrices) or single columns (F32),
+ * r n / W .. (r + 1) n / W of n units */
+static int32_t ff_share(const char *path, int32_t F, int32_t r, int32_t world) {
+    const int32_t U = strstr(path, "f32") ? 1 : 32, n = F / U;
+    return (n * (r + 1) / world - n * r / world) * U;
+}
+
 /* Logits of the whole model vs. the ranks' (world ranks on their own threads). */
 static void check_split(const char *name, int32_t world, bool q8, double tol) {
     char path[600];
@@ -258,7 +266,7 @@ static void check_split(const char *name, int32_t world, bool q8, double tol) {
         assert_int_equal(cr->n_head, cw->n_head / world);
         /* fewer KV heads than ranks: each rank a copy of its group's one */
         assert_int_equal(cr->n_head_kv, world > cw->n_head_kv ? 1 : cw->n_head_kv / world);
-        assert_int_equal(cr->n_ff, cw->n_ff / world);
+        assert_int_equal(cr->n_ff, ff_share(path, cw->n_ff, r, world));
         assert_int_equal(cr->n_embd, cw->n_embd);
         assert_int_equal(cr->n_vocab, V);
         jobs[r] = (rank_job){.m = m, .c = c, .out = malloc(sizeof(float) * n)};
@@ -308,6 +316,16 @@ static void test_llama_q8_0(void **state) {
 static void test_qwen2_bias(void **state) {
     (void)state;
     check_split("tiny-qwen2-q4_1.gguf", 2, false, 1e-5);
+}
+
+/* n_ff 96 in Q8_0 (three blocks of 32) over 2 ranks: 32 and 64 columns, each rank's gate / up rows and down
+ * columns at the same block edge; the logits are the whole model's all the same. */
+static void test_unequal_ffn(void **state) {
+    (void)state;
+    assert_int_equal(ff_share("q8_0", 96, 0, 2), 32);
+    assert_int_equal(ff_share("q8_0", 96, 1, 2), 64);
+    check_split("tiny-llama-ffn96-q8_0.gguf", 2, false, 1e-5);
+    check_split("tiny-llama-ffn96-q8_0.gguf", 2, true, 1e-5);
 }
 
 /* Four ranks over 2 KV heads (4 query heads): each rank one query head and a copy of its group's KV head
@@ -558,7 +576,8 @@ int main(void) {
         cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_gather), cmocka_unit_test(test_comm_errors),
         cmocka_unit_test(test_llama_f32),
         cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_driver),
-        cmocka_unit_test(test_kv_head_replication), cmocka_unit_test(test_engine_split), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_unequal_ffn), cmocka_unit_test(test_kv_head_replication), cmocka_unit_test(test_engine_split),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
