@@ -80,17 +80,23 @@ static bool barrier(osp_comm *c) {
 static osp_status aborted(void) { return osp_set_error(OSP_ERR_INTERNAL, "communicator: aborted (a rank failed)"); }
 
 osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_t n) {
-    if (!c || rank < 0 || rank >= c->world || n < 0 || (n > 0 && !buf))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank %d of %d, %lld values", rank, c ? c->world : 0,
-                             (long long)n);
+    if (!c || rank < 0 || rank >= c->world) /* not a rank of c: it cannot join the others */
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank %d of %d", rank, c ? c->world : 0);
+    /* a rank's own bad arguments still cross the barrier (as length -1), so every rank returns the error */
+    const bool bad = n < 0 || (n > 0 && !buf);
+    if (bad && c->world == 1)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: %lld values at %p", (long long)n, (void *)buf);
     if (c->world == 1) return OSP_OK;
     c->bufs[rank] = buf;
-    c->lens[rank] = n;
+    c->lens[rank] = bad ? -1 : n;
     if (!barrier(c)) return aborted();
-    for (int32_t r = 1; r < c->world; r++)
-        if (c->lens[r] != c->lens[0]) {
+    for (int32_t r = 0; r < c->world; r++)
+        if (c->lens[r] != c->lens[0] || c->lens[r] < 0) {
             const int64_t n0 = c->lens[0], nr = c->lens[r];
             if (!barrier(c)) return aborted(); /* nobody rewrites lens until all have read them */
+            if (nr < 0 || n0 < 0)
+                return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank %d passed a negative length or a NULL buffer",
+                                     nr < 0 ? r : 0);
             return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank 0 has %lld values, rank %d %lld",
                                  (long long)n0, r, (long long)nr);
         }
@@ -121,10 +127,13 @@ osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_
 
 osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, int64_t rows, int64_t cols_r, float *dst,
                                    int64_t cols) {
-    if (!c || rank < 0 || rank >= c->world || rows < 0 || cols_r < 0 || cols < cols_r ||
-        (rows > 0 && ((cols_r > 0 && !src) || (cols > 0 && !dst))))
-        return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: rank %d of %d, %lld rows of %lld of %lld columns", rank,
-                             c ? c->world : 0, (long long)rows, (long long)cols_r, (long long)cols);
+    if (!c || rank < 0 || rank >= c->world) /* not a rank of c: it cannot join the others */
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: rank %d of %d", rank, c ? c->world : 0);
+    /* a rank's own bad arguments still cross the barrier (as a -1 share), so every rank returns the error */
+    const bool bad = rows < 0 || cols_r < 0 || cols < cols_r || (rows > 0 && ((cols_r > 0 && !src) || (cols > 0 && !dst)));
+    if (bad && c->world == 1)
+        return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: %lld rows of %lld of %lld columns", (long long)rows,
+                             (long long)cols_r, (long long)cols);
     if (c->world == 1) {
         if (cols_r != cols)
             return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: one rank with %lld of %lld columns", (long long)cols_r,
@@ -132,13 +141,13 @@ osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, 
         if (rows > 0 && cols > 0 && dst != src) memmove(dst, src, (size_t)rows * (size_t)cols * sizeof *dst);
         return OSP_OK;
     }
-    c->srcs[rank] = src, c->rows[rank] = rows, c->cols[rank] = cols, c->cols_r[rank] = cols_r;
+    c->srcs[rank] = src, c->rows[rank] = rows, c->cols[rank] = cols, c->cols_r[rank] = bad ? -1 : cols_r;
     if (!barrier(c)) return aborted();
     int64_t total = 0;
     bool same = true;
     for (int32_t r = 0; r < c->world; r++) {
         total += c->cols_r[r];
-        same = same && c->rows[r] == c->rows[0] && c->cols[r] == c->cols[0];
+        same = same && c->cols_r[r] >= 0 && c->rows[r] == c->rows[0] && c->cols[r] == c->cols[0];
     }
     if (!same || total != c->cols[0]) {
         if (!barrier(c)) return aborted(); /* nobody rewrites them until all have read them */

@@ -18,7 +18,8 @@ int32_t osp_comm_world(const osp_comm *c);
 
 /* buf [n] of `rank` <- the sum over the ranks of their buf [n], fp32 adds in rank order. Every rank
  * calls it with the same n, each with its own buffer; returns when all have their result. Errors:
- * OSP_ERR_INVALID_ARG (rank out of range, n < 0, the ranks' n differ: then every rank gets it),
+ * OSP_ERR_INVALID_ARG (rank out of range: that rank alone; n < 0 or a NULL buf on any rank, or the ranks'
+ * n differ: every rank gets it),
  * OSP_ERR_NOMEM, OSP_ERR_INTERNAL once the communicator is aborted (osp_comm_abort): no rank waits
  * for a rank that failed. */
 osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_t n);
@@ -27,8 +28,9 @@ osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_
  * all-gather after a vocabulary-parallel lm_head: each rank's logits for its share of the vocabulary).
  * Every rank calls it with the same rows and cols, each with its own src (cols_r columns, any split
  * that sums to cols) and dst; copies only, so every rank gets the same bits. Returns when all have their
- * result (no rank's src is read after that). Errors: OSP_ERR_INVALID_ARG (rank out of range, negative
- * sizes, the ranks' rows or cols differ or their cols_r do not sum to cols: then every rank gets it),
+ * result (no rank's src is read after that). Errors: OSP_ERR_INVALID_ARG (rank out of range: that rank
+ * alone; negative sizes, cols_r > cols or NULL buffers on any rank, the ranks' rows or cols differ or
+ * their cols_r do not sum to cols: every rank gets it),
  * OSP_ERR_INTERNAL once the communicator is aborted. */
 osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, int64_t rows, int64_t cols_r, float *dst,
                                    int64_t cols);

@@ -243,7 +243,12 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
             size_t fr = 0, tot = 0;
             if ((s = osp_model_mem_info(e->model, &fr, &tot)) != OSP_OK) goto fail;
             const double util = p.gpu_memory_utilization > 0 ? p.gpu_memory_utilization : 0.9;
-            const int64_t budget = (int64_t)(util * (double)tot) - (int64_t)(tot - fr) - OSP_GPU_RESERVE_BYTES;
+            /* what is loaded after the cache comes out of the budget first: QuantSpec's 4-bit draft (its weights
+               and a workspace allowance) and its staging blocks */
+            const int64_t later = p.speculative.method == OSP_SPEC_QUANTSPEC
+                                      ? osp_quantspec_draft_device_bytes(e->model) + (int64_t)num_staging * block_bytes
+                                      : 0;
+            const int64_t budget = (int64_t)(util * (double)tot) - (int64_t)(tot - fr) - OSP_GPU_RESERVE_BYTES - later;
             if (budget / block_bytes < want) want = budget / block_bytes;
             if (want < 1) {
                 s = osp_set_error(OSP_ERR_NOMEM, "engine: no GPU memory left for the KV cache (%.1f GiB free of %.1f, "

@@ -140,4 +140,12 @@ int32_t osp_quantspec_staging_blocks(int32_t k, int32_t block_size);
  * (OSP_ERR_INVALID_ARG otherwise). */
 osp_status osp_quantspec_proposer_create(const osp_spec_config *c, const osp_proposer_target *t, osp_proposer **out);
 
+/* An estimate of the device bytes the self-draft of a target on a GPU takes (the engine sizes the KV cache
+ * after subtracting it, since the draft loads after the cache): from the target's GGUF, each matrix as the
+ * draft places it with gpu_quant_weights: stored above 5 bits a weight (and rows of whole 32s) as its Q4_0
+ * copy, 18 bytes a 32 values; Q4_0 / Q4_1 / Q4_K as stored; other types at 5 bits or fewer (Q2_K, Q3_K, the
+ * IQ types, which the quantized kernels lack) widened to bf16; vectors fp32; plus 256 MiB for the draft's
+ * activations, GEMM workspace and graphs. 0 for a model without a GGUF (random weights: no draft). */
+int64_t osp_quantspec_draft_device_bytes(const osp_model *target);
+
 #endif

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/status_internal.h"
 #include "kv/kv_cache.h"
 #include "spec/proposer.h"
@@ -99,6 +100,27 @@ static osp_status qs_propose(osp_proposer *p, osp_spec_seq *seqs, int32_t n) {
         for (int32_t l = 0; l < r; l++) in[l]->draft[in[l]->num_draft++] = osp_spec_argmax(q->logits + (size_t)l * (size_t)q->n_vocab, q->n_vocab);
     }
     return OSP_OK;
+}
+
+int64_t osp_quantspec_draft_device_bytes(const osp_model *target) {
+    const osp_gguf *g = target ? osp_model_gguf(target) : NULL;
+    if (!g) return 0;
+    int64_t bytes = 256ll << 20;
+    for (uint64_t i = 0; i < osp_gguf_n_tensors(g); i++) {
+        const osp_gguf_tensor *t = osp_gguf_tensor_at(g, i);
+        int64_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) n *= t->ne[d];
+        if (t->n_dims < 2) {
+            bytes += 4 * n;
+        } else if (8.0 * (double)t->nbytes > 5.0 * (double)n && t->ne[0] % 32 == 0) {
+            bytes += n / 32 * 18; /* the loader's Q4_0 copy (loader.c requant_4bit) */
+        } else if (t->type == OSP_DTYPE_Q4_0 || t->type == OSP_DTYPE_Q4_1 || t->type == OSP_DTYPE_Q4_K) {
+            bytes += (int64_t)t->nbytes;
+        } else {
+            bytes += 2 * n; /* bf16 */
+        }
+    }
+    return bytes;
 }
 
 static void qs_destroy(osp_proposer *p) {

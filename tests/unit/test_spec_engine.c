@@ -855,7 +855,7 @@ static void test_quantspec_greedy(void **state) {
                    out of a step keeps its drafts for the next, so one call can feed two verifying steps;
                    seen on the GPU, where the draft's bits differ from the target's and some drafts fail) */
                 assert_true(st.spec_verify_steps > 0 && st.spec_verify_steps <= st.num_steps);
-                assert_true(st.spec_propose_calls > 0);
+                assert_true(st.spec_propose_calls > 0 && st.spec_propose_calls <= st.num_steps); /* one a step at most */
                 assert_true(st.spec_verify_seconds > 0 && st.spec_propose_seconds > 0);
                 /* (not on the GPU: the target's Q4_1 matrices are bf16 there, the draft's stay Q4_1) */
                 if (!g_gpu && ti == 0 && di == 0 && st.spec_num_accepted_tokens != st.spec_num_draft_tokens)
@@ -896,6 +896,18 @@ static void test_quantspec_refused(void **state) {
     assert_int_equal(osp_model_load(g_tiny, &mp, &m), OSP_OK);
     osp_kv_cache *kv;
     assert_int_equal(osp_kv_cache_create(m, 40, 16, OSP_KV_DTYPE_F32, &kv), OSP_OK);
+    { /* the draft's device estimate: the f32 matrices as Q4_0 copies (18 bytes a 32 values, 1/7 of f32) plus
+         the fixed allowance; nothing for no model */
+        FILE *f = fopen(g_tiny, "rb");
+        assert_non_null(f);
+        fseek(f, 0, SEEK_END);
+        const long fsz = ftell(f);
+        fclose(f);
+        const int64_t extra = osp_quantspec_draft_device_bytes(m) - (256ll << 20);
+        printf("quantspec draft estimate: %lld bytes past the allowance for a %ld-byte f32 file\n", (long long)extra, fsz);
+        assert_true(extra > fsz / 10 && extra < fsz / 5);
+        assert_int_equal(osp_quantspec_draft_device_bytes(NULL), 0);
+    }
     const osp_spec_config c = qs_cfg(4);
     const int32_t need = osp_quantspec_staging_blocks(4, 16);
     assert_int_equal(need, OSP_QUANTSPEC_MAX_SEQS * 2);

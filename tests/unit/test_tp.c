@@ -62,6 +62,13 @@ static void *comm_worker(void *arg) {
     return NULL;
 }
 
+/* one all-reduce call without filling buf (which may be NULL: the rank's bad argument under test) */
+static void *comm_worker_null_ok(void *arg) {
+    comm_job *j = arg;
+    j->st = osp_comm_all_reduce_f32(j->c, j->rank, j->buf, j->n);
+    return NULL;
+}
+
 static void test_comm_sum(void **state) {
     (void)state;
     for (int32_t world = 1; world <= MAX_RANKS; world++) {
@@ -156,8 +163,7 @@ static void test_comm_errors(void **state) {
     assert_int_equal(osp_comm_local_create(65, &c), OSP_ERR_INVALID_ARG);
     assert_int_equal(osp_comm_local_create(2, &c), OSP_OK);
     float x[4] = {0};
-    assert_int_equal(osp_comm_all_reduce_f32(c, 2, x, 4), OSP_ERR_INVALID_ARG);
-    assert_int_equal(osp_comm_all_reduce_f32(c, 0, x, -1), OSP_ERR_INVALID_ARG);
+    assert_int_equal(osp_comm_all_reduce_f32(c, 2, x, 4), OSP_ERR_INVALID_ARG); /* not a rank: returns alone */
     /* ranks that disagree on the length: both get the error, neither hangs */
     comm_job a = {.c = c, .rank = 0, .n = 3, .calls = 1, .buf = malloc(sizeof(float) * 4)};
     comm_job b = {.c = c, .rank = 1, .n = 4, .calls = 1, .buf = malloc(sizeof(float) * 4)};
@@ -168,6 +174,30 @@ static void test_comm_errors(void **state) {
     pthread_join(tb, NULL);
     assert_int_equal(a.st, OSP_ERR_INVALID_ARG);
     assert_int_equal(b.st, OSP_ERR_INVALID_ARG);
+    /* one rank's own bad arguments (a NULL buffer, a negative length): it still meets the others (a
+       collective: every rank calls), and all get the error, none waits forever */
+    for (int k = 0; k < 2; k++) {
+        comm_job nb = {.c = c, .rank = 1, .n = k ? -1 : 4, .calls = 1, .buf = k ? b.buf : NULL};
+        a.n = 4;
+        assert_int_equal(pthread_create(&ta, NULL, comm_worker_null_ok, &a), 0);
+        assert_int_equal(pthread_create(&tb, NULL, comm_worker_null_ok, &nb), 0);
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        assert_int_equal(a.st, OSP_ERR_INVALID_ARG);
+        assert_int_equal(nb.st, OSP_ERR_INVALID_ARG);
+    }
+    /* the same for the all-gather: rank 1's share is wider than the whole */
+    {
+        float src[8] = {0}, dst0[8], dst1[8];
+        gather_job g0 = {.c = c, .rank = 0, .rows = 1, .cols_r = 2, .cols = 4, .calls = 1, .src = src, .dst = dst0};
+        gather_job g1 = {.c = c, .rank = 1, .rows = 1, .cols_r = 5, .cols = 4, .calls = 1, .src = src, .dst = dst1};
+        assert_int_equal(pthread_create(&ta, NULL, gather_worker, &g0), 0);
+        assert_int_equal(pthread_create(&tb, NULL, gather_worker, &g1), 0);
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        assert_int_equal(g0.st, OSP_ERR_INVALID_ARG);
+        assert_int_equal(g1.st, OSP_ERR_INVALID_ARG);
+    }
     /* a rank that never comes: the abort wakes the one waiting */
     a.n = 4;
     assert_int_equal(pthread_create(&ta, NULL, comm_worker, &a), 0);

@@ -86,7 +86,8 @@ static const char k_help[] =
     "  --max-model-len N       longest sequence, 2..2^30 tokens (default: the model's training context)\n"
     CLI_KV_DTYPE_HELP
     "  --kv-cache-memory B     bytes for the KV cache: 536870912, 512M, 2G, 1.5GiB (default: 512M, as generate\n"
-    "                          and chat; serve's CPU default is 1G)\n"
+    "                          and chat on the CPU; serve's CPU default is 1G; on the GPU all three take room for\n"
+    "                          max_num_seqs whole sequences within 90% of the GPU)\n"
     "  --block-size N          tokens per KV block (default: 16)\n"
     "  -h, --help              this text\n";
 

@@ -1270,6 +1270,15 @@ static osp_status cuda_run(osp_backend *be, const osp_graph *gr, osp_kv_cache *k
                kv->v_fmt.elem_type != OSP_KV_PAGE_F16))
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda backend: the sparse attention summaries were made for another "
                                                   "KV cache (or its pages are not f16)");
+    /* the upper-only int8_hier view reads each sequence's last hier_full_recent keys in full (attention.cu),
+       the CPU's rule for one query token a sequence (QuantSpec's draft passes); several query tokens of a
+       sequence would each need their own window */
+    if (kv->hier_upper_only && kv->k_fmt.elem_type == OSP_KV_PAGE_INT8H)
+        for (int32_t s = 0; s < b->num_seqs; s++)
+            if (b->query_start_loc[s + 1] - b->query_start_loc[s] > 1)
+                return osp_set_error(OSP_ERR_UNSUPPORTED, "cuda backend: the upper-only int8_hier view takes one query "
+                                                          "token a sequence (sequence %d has %d)", s,
+                                     b->query_start_loc[s + 1] - b->query_start_loc[s]);
     float *logits = io ? io->logits : NULL;
     const bool has_io = io && io->n_acts > 0;
     g->num_logits = 0; /* until this step's logits are enqueued: a failed step leaves none to read */
