@@ -214,9 +214,9 @@ static osp_status shard(osp_loader *ld, const osp_model_config *c, int32_t rank,
         const char *what = c->n_head % world ? "n_head" : "n_head_kv";
         const int32_t v = c->n_head % world ? c->n_head : c->n_head_kv;
         return osp_set_error(OSP_ERR_UNSUPPORTED,
-                             "%s: tensor parallelism over %d ranks needs n_head (%d) divisible by %d, and n_head_kv "
-                             "(%d) divisible by it or dividing it (KV heads replicated), and %s (%d) does not fit",
-                             ld->path, world, c->n_head, world, c->n_head_kv, what, v);
+                             "%s: tensor parallelism over %d ranks: %s (%d) does not fit (n_head, %d, must be a multiple "
+                             "of the ranks, and n_head_kv, %d, a multiple or a divisor of them: KV heads are then copied)",
+                             ld->path, world, what, v, c->n_head, c->n_head_kv);
     }
     /* FFN columns in units of U, the largest block of any layer's down matrix (every rank's columns of down
      * whole blocks, one split for all layers): rank r's units [r n / W, (r + 1) n / W) of n = F / U, so

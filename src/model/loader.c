@@ -250,9 +250,10 @@ osp_status osp_loader_view_cols(osp_loader *ld, const osp_tensor *t, int64_t col
             return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor parallelism splits rows as stored (not the CPU's "
                                  "--no-mmap strips of the q8 mode)", ld->path);
         if (bs < 1 || col0 % bs != 0 || ncols % bs != 0)
-            return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: a rank's columns %lld..%lld are not whole %s blocks of %lld",
-                                 ld->path, (long long)col0, (long long)(col0 + ncols), osp_dtype_name(tp->type),
-                                 (long long)bs);
+            return osp_set_error(OSP_ERR_UNSUPPORTED, "%s: tensor parallelism: a rank's columns %lld..%lld of a "
+                                 "row-parallel matrix (attention output or FFN down) are not whole %s blocks of %lld "
+                                 "(fewer ranks may split it)", ld->path, (long long)col0, (long long)(col0 + ncols),
+                                 osp_dtype_name(tp->type), (long long)bs);
         v.parts[p].data = (const uint8_t *)tp->data + osp_dtype_row_size(tp->type, col0);
     }
     osp_tensor *nt;
