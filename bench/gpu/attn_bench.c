@@ -15,7 +15,9 @@
  *        ATTN_ORDER=slot: fold mode's query tiles in slot order, not longest first; ATTN_BS=N: N tokens a
  *        page (default 16); ATTN_PAGES=seq: block tables in pool order (default shuffled); ATTN_SUM=1: each row
  *        also prints "sum", an FNV-1a 64 hash of its first launch's output bits, to compare two
- *        builds' kernels on the same inputs, which every run draws alike)
+ *        builds' kernels on the same inputs, which every run draws alike; ATTN_KV=fp8 | nvfp4 | int8h |
+ *        int8h-upper: quantized pages; int8_hier runs v0 and "v0-fold", fold mode forced, and gbps counts
+ *        the bytes the view reads)
  *        attn_bench one decode|prefill B ctx v2|v2-fold|v1|v0   one row, one kernel (for ncu:
  *        bench/gpu/profile_attention.sh) */
 #include <cuda_runtime.h>
@@ -93,6 +95,8 @@ typedef struct {
 static const char *g_only; /* one kernel by name, or NULL: all */
 static bool g_fp8;         /* ATTN_KV=fp8: E4M3 pages (issue 13), scales 1 */
 static bool g_nv;          /* ATTN_KV=nvfp4: NVFP4 pages (random codes and E4M3 micro-block scales), tensor scales 1 */
+static int g_h;            /* ATTN_KV=int8h (1) / int8h-upper (2): int8_hier pages (issue 14), the target's full
+                            * view or the draft's upper-only view (recent 0); random codes, S and M finite f16 */
 static int g_ws_stages; /* v3's K/V stages (ATTN_WS_STAGES; 0: the default) */
 static bool g_sum;      /* ATTN_SUM=1: print a hash of each row's output */
 
@@ -104,14 +108,18 @@ static void run(const shape *sh) {
     const int64_t nblocks = (int64_t)B * nb_seq;
     const size_t nval = (size_t)(nblocks * BS * HKV * D);
     /* NVFP4: any byte is two E2M1 codes; the micro-block scales are E4M3 codes as fp8's */
-    void *k = random_pages(g_nv ? nval / 2 : nval, g_fp8 || g_nv), *v = random_pages(g_nv ? nval / 2 : nval, g_fp8 || g_nv);
-    void *kscl = g_nv ? random_pages(nval / 16, true) : NULL, *vscl = g_nv ? random_pages(nval / 16, true) : NULL;
+    /* int8_hier: a (slot, head) page row is D / 2 upper-code bytes then f16 S and M (bytes of fp8's pattern:
+     * bit 6 clear, so every f16 is finite), the lower codes D / 2 bytes in their own pools */
+    const size_t pbytes = g_h ? nval / D * (D / 2 + 4) : g_nv ? nval / 2 : nval;
+    void *k = random_pages(pbytes, g_fp8 || g_nv || g_h), *v = random_pages(pbytes, g_fp8 || g_nv || g_h);
+    void *kscl = g_nv ? random_pages(nval / 16, true) : g_h ? random_pages(nval / 2, true) : NULL;
+    void *vscl = g_nv ? random_pages(nval / 16, true) : g_h ? random_pages(nval / 2, true) : NULL;
     float ones[HKV];
     for (int i = 0; i < HKV; i++) ones[i] = 1.0f;
     float *d_fix = NULL;
     OK(osp_cuda_malloc((void **)&d_fix, sizeof ones, "scales"));
     CK(cudaMemcpy(d_fix, ones, sizeof ones, cudaMemcpyHostToDevice));
-    const osp_cuda_kv_quant kq = {d_fix, d_fix, (uint8_t *)kscl, (uint8_t *)vscl, false, 0};
+    const osp_cuda_kv_quant kq = {d_fix, d_fix, (uint8_t *)kscl, (uint8_t *)vscl, g_h == 2, 0};
     /* block tables: a shuffled pool */
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
     for (int64_t i = 0; i < nblocks; i++) perm[i] = (int32_t)i;
@@ -149,14 +157,20 @@ static void run(const shape *sh) {
         {"v2", OSP_CUDA_ATTN_V2, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
         {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
         {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
-        {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF}};
-    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * (g_nv ? 0.5625 : g_fp8 ? 1.0 : 2.0);
+        {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
+        /* int8_hier (v0 whatever the mode): fold mode forced (a CTA walks all its keys: one split before) */
+        {"v0-fold", OSP_CUDA_ATTN_FOLD, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF}};
+    /* bytes read a value: int8_hier full D + 4 bytes a (key, head) row, the upper view D / 2 + 4 */
+    const double bpv = g_h == 1 ? (D + 4.0) / D : g_h == 2 ? (D / 2 + 4.0) / D : g_nv ? 0.5625 : g_fp8 ? 1.0 : 2.0;
+    const double kv_bytes = (double)B * ctx * HKV * D * 2.0 * bpv;
     const double flops = prefill ? 4.0 * (double)ctx * (double)ctx / 2.0 * D * H : 4.0 * (double)B * ctx * D * H;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
         if (g_only && strcmp(g_only, ks[ki].name)) continue;
+        const bool v0k = ks[ki].mode == OSP_CUDA_ATTN_V0 || !strcmp(ks[ki].name, "v0-fold");
+        if (!g_only && (g_h ? !v0k : !strcmp(ks[ki].name, "v0-fold"))) continue; /* int8_hier: v0 only */
         if (!g_only && ks[ki].mode == OSP_CUDA_ATTN_FOLD && prefill) continue; /* prefill is fold mode already */
         if (!g_only && ks[ki].ws != OSP_CUDA_ATTN_WS_OFF && (!prefill || D != 128)) continue; /* v3: fold mode, D 128 */
         if (!g_only && ks[ki].dec != OSP_CUDA_ATTN_DEC_OFF && prefill) continue; /* v4: short query tiles */
@@ -166,7 +180,7 @@ static void run(const shape *sh) {
         osp_cuda_attention_ws(ks[ki].ws, g_ws_stages);
         osp_cuda_attention_dec(ks[ki].dec);
 #define LAUNCH()                                                                                     \
-    OK(osp_cuda_paged_attention_q(d_q, k, v, g_nv ? OSP_KV_PAGE_NVFP4 : g_fp8 ? OSP_KV_PAGE_FP8 : OSP_KV_PAGE_F16, &kq, \
+    OK(osp_cuda_paged_attention_q(d_q, k, v, g_h ? OSP_KV_PAGE_INT8H : g_nv ? OSP_KV_PAGE_NVFP4 : g_fp8 ? OSP_KV_PAGE_FP8 : OSP_KV_PAGE_F16, &kq, \
                                   d_out, B, d_qsl, d_pos, \
                                   d_bt, nb_seq, BS, T, H, HKV, D, 0.08838834764f, 0, ctx, d_ws, NULL))
         LAUNCH();
@@ -204,7 +218,7 @@ static void run(const shape *sh) {
         const double us = samples[2] * 1e3;
         printf("{\"kind\": \"%s\", \"B\": %d, \"ctx\": %d, \"kernel\": \"%s%s\", \"us\": %.2f, \"gbps\": %.1f, "
                "\"tflops\": %.2f%s}\n",
-               sh->kind, B, ctx, ks[ki].name, g_nv ? "-nvfp4" : g_fp8 ? "-fp8" : "", us, kv_bytes / (us * 1e3),
+               sh->kind, B, ctx, ks[ki].name, g_h == 1 ? "-int8h" : g_h == 2 ? "-int8h-upper" : g_nv ? "-nvfp4" : g_fp8 ? "-fp8" : "", us, kv_bytes / (us * 1e3),
                flops / (us * 1e6), sum);
         fflush(stdout);
     }
@@ -229,6 +243,7 @@ int main(int argc, char **argv) {
     const char *e8 = getenv("ATTN_KV"); /* fp8: E4M3 pages (v2's tensor-core path, or v0 under v1 / v0) */
     g_fp8 = e8 && !strcmp(e8, "fp8");
     g_nv = e8 && !strcmp(e8, "nvfp4");
+    g_h = e8 && !strcmp(e8, "int8h") ? 1 : e8 && !strcmp(e8, "int8h-upper") ? 2 : 0;
     g_only = getenv("ATTN_KERNEL"); /* one kernel (v3, v3-np, v2, v2-fold, v1 or v0) instead of all */
     const char *e7 = getenv("ATTN_WS_STAGES"); /* v3's K/V stages (3 or 4; unset: the default) */
     g_ws_stages = e7 ? atoi(e7) : 0;

@@ -1123,7 +1123,8 @@ static void h_read_case(const rcase *c, uint64_t seed, const char *what) {
             free(deq);
             osp_cuda_free(d_kf), osp_cuda_free(d_vf);
         }
-        /* routing: whatever mode is forced, the CUDA-core kernel's bits */
+        /* routing: whatever mode is forced, the CUDA-core kernel's bits (fold and split forced: its two
+         * modes, where the launch has two chunks or more) */
         const int modes[] = {OSP_CUDA_ATTN_AUTO, OSP_CUDA_ATTN_V1, OSP_CUDA_ATTN_V2, OSP_CUDA_ATTN_SPLIT, OSP_CUDA_ATTN_FOLD};
         for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
             uint16_t *o = h_gpu_attention(&p, &b, vw, NULL, NULL, modes[m], m % 2 ? OSP_CUDA_ATTN_DEC_ALL : -1);
@@ -1183,7 +1184,8 @@ static void h_read_case(const rcase *c, uint64_t seed, const char *what) {
 /* Decodes at 1, 2, 3, 4, 17, 100, 300 and 1000 keys, a prefill chunk over a prefix and one from 0 (partial
  * blocks), a zero-token sequence; GQA 1 / 3 / 4 / 8 and groups of 16; head_dim 64 and 128 (and 32, 256);
  * blocks of 16 and 32 (and 7); a sliding window; then decode-only batches (the CPU comparison for every
- * view) and a long decode (3000 keys: the launch still in one split). */
+ * view) and long decodes (3000 and 701 keys at max_seq_len 8192: split mode under the default, fold mode
+ * forced, the same bits). */
 static void test_int8h_read(void **state) {
     (void)state;
     static const hcfg heads[] = {{8, 8, 64}, {16, 4, 64}, {32, 8, 128}, {16, 2, 128}, {9, 3, 64},

@@ -22,9 +22,15 @@
  * Quantized pages (issue 13, osp_cuda_paged_attention_q): FP8 E4M3 and NVFP4 tiles are decoded once per
  * tile into the same fp32 shared-memory rows (load_kv_tile_q, kv_quant.cuh's exact decoders: each value
  * one fp32 product with its scale, the CPU read's value), then everything below is the f16 path; no
- * dequantized copy of the cache exists. The launches the tensor-core kernels do not serve run here, in
- * one split (make_plan says why): fp8 outside D 64 / 128 under wgmma (osp_cuda_attention_tc_serves),
- * NVFP4 outside v4's shapes (osp_cuda_attention_v4_nvfp4: D 64 / 128, groups up to 16) or forced to v0.
+ * dequantized copy of the cache exists. The launches the tensor-core kernels do not serve run here: fp8
+ * outside D 64 / 128 under wgmma (osp_cuda_attention_tc_serves), NVFP4 outside v4's shapes
+ * (osp_cuda_attention_v4_nvfp4: D 64 / 128, groups up to 16) or forced to v0. Their reduction is fixed
+ * by the row alone, as the tensor-core kernels' is (attention_mma.cu's header): keys in chunks of
+ * kQChunk (OSP_CUDA_ATTN_CHUNK) from key 0, an online softmax inside a chunk over its 32-key tiles in
+ * order, the chunks' (m, l, o) folded in chunk order by osp_attn::fold_state / fold_elem, out = O / L.
+ * Fold mode folds in registers; split mode (decode: too few query tiles to fill the GPU) writes each
+ * chunk's partial and osp_cuda_attention_merge_chunks (attention_mma.cu's merge) folds them with the same
+ * instructions, so the two agree bit for bit and a row's bits never depend on its batch (test_gpu_kv_quant).
  * INT8_HIER pages (QuantSpec's hierarchical INT8, Tiwari et al. 2025, section 4.1; issue 14) run here
  * always, whatever mode is forced (no tensor-core kernel reads them): load_kv_tile_h decodes each key's
  * K and V rows to its full value M + (S/32)(32 u + 2 l - 15) (upper codes from the pages, lower codes
@@ -45,6 +51,7 @@
 #include "backend/cuda/attention_tiles.cuh" /* AttnTiling, attn_cta_work */
 #include "backend/cuda/attention_v1.h"    /* the tensor-core kernel (f16 pages, D <= 128) */
 #include "backend/cuda/kv_quant.cuh"      /* E4M3 / E2M1 decoders (quantized pages, issue 13) */
+#include "backend/cuda/attention_mma.cuh" /* osp_attn: the chunk fold (fold_state, fold_elem, out_scale) */
 
 #include <math.h>
 #include <stdint.h>
@@ -62,6 +69,8 @@ constexpr int kMaxSplits = 32;
 constexpr int64_t kTargetCtas = 1024;        /* split until about this many CTAs (~2 waves on 132 SMs) */
 constexpr int64_t kMaxSplitRows = 32768;     /* bound on T * n_head * splits: sizes the workspace */
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kQChunk = OSP_CUDA_ATTN_CHUNK;  /* quantized pages: keys a chunk (the tensor-core kernels' too) */
+static_assert(kQChunk % kKeys == 0, "chunks are whole tiles");
 
 /* The page formats the kernel reads (a template parameter): plain values, or codes decoded per tile. */
 enum { kKvF32 = 0, kKvF16 = 1, kKvFp8 = 2, kKvNvfp4 = 3, kKvInt8h = 4 };
@@ -81,12 +90,15 @@ struct AttnParams {
     const int32_t *qsl;          /* [num_seqs + 1] */
     const int32_t *positions;    /* [T] */
     const int32_t *block_table;  /* [num_seqs, max_blocks] */
-    float *ws_acc;               /* [num_splits, T, n_head, D] (num_splits > 1 only) */
-    float2 *ws_ml;               /* [num_splits, T, n_head] */
+    float *ws_acc;               /* [num_splits, T, n_head, D] (num_splits > 1 only); quantized pages in
+                                  * split mode: [T, n_head, ws_stride, D] chunk partials (attention_v1.h) */
+    float2 *ws_ml;               /* [num_splits, T, n_head]; quantized pages: [T, n_head, ws_stride] */
     int32_t num_seqs, max_blocks, block_size, T;
     int n_head, n_head_kv;
     AttnTiling tl;               /* the query tiles (attention_tiles.cuh, kRows rows a CTA) */
     int num_splits;
+    int chunks_per_cta;          /* quantized pages: 0 fold mode, else split mode's chunks a CTA */
+    int ws_stride;               /* quantized pages in split mode: chunks a row in the workspace */
     int window;                  /* > 0: a row at position p sees keys p - window + 1 .. p only */
     float qscale;                /* scale * log2(e) */
     bool hier_upper_only;        /* int8_hier: the draft's view (upper halves except the recent keys) */
@@ -521,15 +533,19 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     int kv_len = 0; /* keys any row of the tile sees */
     for (int i = 0; i < ntok; i++) kv_len = max(kv_len, p.positions[t0 + i] + 1);
 
-    /* this split's key range [ks, ke) */
+    /* quantized pages walk the keys in chunks of kQChunk from key 0 and fold them (fold mode) or write
+     * each chunk's partial for merge_chunks (split mode): the same bits either way (header) */
+    constexpr bool kChunked = KV != kKvF32 && KV != kKvF16;
+
+    /* this split's key range [ks, ke) (f32 / f16 pages; quantized pages: every key of the tile) */
     const int split = (int)blockIdx.z;
     int64_t chunk = kv_len;
-    if (p.num_splits > 1) {
+    if (!kChunked && p.num_splits > 1) {
         chunk = ((int64_t)kv_len + p.num_splits - 1) / p.num_splits;
         chunk = (chunk + kKeys - 1) / kKeys * kKeys;
         if (chunk < kMinChunk) chunk = kMinChunk;
     }
-    const int64_t ks64 = (int64_t)split * chunk;
+    const int64_t ks64 = kChunked ? 0 : (int64_t)split * chunk;
     if (ks64 >= kv_len) {
         /* no keys here: a sentinel partial per row (or, with one split and no keys at all, which only
          * an invalid position can cause, zeros) */
@@ -545,6 +561,14 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     }
     const int ks = (int)ks64;
     const int ke = (int)min((int64_t)kv_len, ks64 + chunk);
+    /* quantized pages: this CTA's chunks [c_begin, c_end) */
+    const int n_chunks = (kv_len + kQChunk - 1) / kQChunk;
+    int c_begin = 0, c_end = n_chunks;
+    if (kChunked && p.chunks_per_cta > 0) {
+        c_begin = split * p.chunks_per_cta;
+        if (c_begin >= n_chunks) return; /* no row of the tile reaches these chunks: never read */
+        c_end = min(c_begin + p.chunks_per_cta, n_chunks);
+    }
 
     /* q rows into shared memory (fp32, times scale * log2 e) */
     for (int idx = tid; idx < rows * D; idx += kThreads) {
@@ -562,11 +586,17 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
         const int r = i * kWarps + warp;
         lim[i] = i < nv ? p.positions[t0 + r / nh] + 1 : 0;
         first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < DPL; e++) acc[i][e] = 0.0f;
     }
+    auto reset = [&]() {
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[i][e] = 0.0f;
+        }
+    };
+    reset();
 
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
@@ -603,39 +633,89 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
         if (p.hier_upper_only) full_from = p.positions[p.qsl[s + 1] - 1] + 1 - p.hier_full_recent;
     float *sPw = sP + warp * kRowsPerWarp * kKeys;
 
-    /* tiles wholly before every row's window hold nothing for this CTA: start at the earliest first key */
-    int k_start = ks;
+    /* tiles wholly before every row's window hold nothing for this CTA: start at the tile of the
+     * earliest first key */
+    int k_first = 0;
     if (p.window > 0) {
         int kmin = kv_len;
         for (int i = 0; i < ntok; i++) {
             const int li = p.positions[t0 + i] + 1;
             kmin = min(kmin, li > p.window ? li - p.window : 0);
         }
-        if (kmin > ks) k_start = ks + (kmin - ks) / kKeys * kKeys;
+        k_first = kmin / kKeys * kKeys;
     }
-    for (int k0 = k_start; k0 < ke; k0 += kKeys) {
-        const int key = k0 + lane;
-        int slot = -1;
-        if (key < ke) slot = bt[key / p.block_size] * p.block_size + key % p.block_size;
-        if constexpr (KV == kKvF32 || KV == kKvF16)
-            load_kv_tile<D, KV == kKvF16>(sK, sV, kb, vb, slot, row_elems, tid);
-        else if constexpr (KV == kKvInt8h)
-            load_kv_tile_h<D>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc, vsc,
-                              slot, key >= full_from, row_bytes, scale_bytes, tid);
-        else
-            load_kv_tile_q<D, KV>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc, vsc,
-                                  kfix, vfix, slot, row_bytes, scale_bytes, tid);
-        __syncthreads(); /* tile (and, the first time, sQ) visible to all warps */
-        switch (nv) {
-        case 1: tile_rows<D, 1>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
-        case 2: tile_rows<D, 2>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
-        case 3: tile_rows<D, 3>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
-        case 4: tile_rows<D, 4>(sK, sV, sQ, sPw, warp, lane, k0, ke, first, lim, m, l, acc); break;
-        default: break;
+    /* the tiles of keys [k_begin, k_end) (k_begin a multiple of kKeys) into m, l, acc */
+    auto walk = [&](int k_begin, int k_end) {
+        for (int k0 = k_begin; k0 < k_end; k0 += kKeys) {
+            const int key = k0 + lane;
+            int slot = -1;
+            if (key < k_end) slot = bt[key / p.block_size] * p.block_size + key % p.block_size;
+            if constexpr (KV == kKvF32 || KV == kKvF16)
+                load_kv_tile<D, KV == kKvF16>(sK, sV, kb, vb, slot, row_elems, tid);
+            else if constexpr (KV == kKvInt8h)
+                load_kv_tile_h<D>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc,
+                                  vsc, slot, key >= full_from, row_bytes, scale_bytes, tid);
+            else
+                load_kv_tile_q<D, KV>(sK, sV, static_cast<const uint8_t *>(kb), static_cast<const uint8_t *>(vb), ksc,
+                                      vsc, kfix, vfix, slot, row_bytes, scale_bytes, tid);
+            __syncthreads(); /* tile (and, the first time, sQ) visible to all warps */
+            switch (nv) {
+            case 1: tile_rows<D, 1>(sK, sV, sQ, sPw, warp, lane, k0, k_end, first, lim, m, l, acc); break;
+            case 2: tile_rows<D, 2>(sK, sV, sQ, sPw, warp, lane, k0, k_end, first, lim, m, l, acc); break;
+            case 3: tile_rows<D, 3>(sK, sV, sQ, sPw, warp, lane, k0, k_end, first, lim, m, l, acc); break;
+            case 4: tile_rows<D, 4>(sK, sV, sQ, sPw, warp, lane, k0, k_end, first, lim, m, l, acc); break;
+            default: break;
+            }
+            __syncthreads(); /* every warp done with sK / sV before the next tile overwrites them */
         }
-        __syncthreads(); /* every warp done with sK / sV before the next tile overwrites them */
+    };
+
+    if constexpr (kChunked) {
+        /* fold mode's state a row: (M, L, O), empty while M is -inf (osp_attn::fold_state) */
+        float M[kRowsPerWarp], L[kRowsPerWarp], O[kRowsPerWarp][DPL];
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; i++) {
+            M[i] = -INFINITY;
+            L[i] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < DPL; e++) O[i][e] = 0.0f;
+        }
+        const bool split_mode = p.chunks_per_cta > 0;
+        for (int c = c_begin; c < c_end; c++) {
+            if (c > c_begin) reset();
+            walk(max(c * kQChunk, k_first), min(kv_len, (c + 1) * kQChunk));
+#pragma unroll
+            for (int i = 0; i < kRowsPerWarp; i++) {
+                if (i >= nv) break;
+                const float lsum = warp_sum(l[i]);
+                if (split_mode) {
+                    /* chunk c's partial of the row (rows that do not reach chunk c are never read) */
+                    const int r = i * kWarps + warp;
+                    const int64_t pr = ((int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh) * p.ws_stride + c;
+                    if (lsum > 0.0f) store_lane_f32<D>(p.ws_acc + pr * D, lane, acc[i]);
+                    if (lane == 0) p.ws_ml[pr] = make_float2(m[i], lsum);
+                } else {
+                    float wA, wc;
+                    if (osp_attn::fold_state(M[i], L[i], m[i], lsum, wA, wc)) {
+#pragma unroll
+                        for (int e = 0; e < DPL; e++) O[i][e] = osp_attn::fold_elem(O[i][e], wA, acc[i][e], wc);
+                    }
+                }
+            }
+        }
+        if (!split_mode) {
+#pragma unroll
+            for (int i = 0; i < kRowsPerWarp; i++) {
+                if (i >= nv) break;
+                const int r = i * kWarps + warp;
+                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+                store_lane_bf16<D>(p.out + orow * D, lane, O[i], osp_attn::out_scale(L[i]));
+            }
+        }
+        return;
     }
 
+    walk(max(ks, k_first), ke);
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; i++) {
         if (i >= nv) break;
@@ -693,7 +773,9 @@ __global__ void __launch_bounds__(kThreads)
 
 struct Plan {
     AttnTiling tl;
-    int num_splits;
+    int num_splits;     /* the grid's z */
+    int chunks_per_cta; /* quantized pages: 0 fold mode, else split mode (chunk partials, then the merge) */
+    int ws_stride;
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -703,14 +785,14 @@ int max_splits_for(int32_t max_seq_len) {
     return (int)(n < kMaxSplits ? n : kMaxSplits);
 }
 
-/* Depends only on host scalars (the grid of a captured graph is fixed by them). Quantized pages
- * (one_split) never split over the KV length: the split count follows the batch's size, and the
- * partials' merge rounds differently from one CTA's pass, so a row's bits would depend on its batch;
- * in one split a row reduces its own keys in one fixed order whatever shares the launch (the rule of
- * shared/DESIGN.md; the f16 / f32 launches here keep their older policy). */
+/* Depends only on host scalars (the grid of a captured graph is fixed by them). f32 / f16 pages: splits
+ * of a length that follows the batch (their older policy). Quantized pages (one_split here) are cut into
+ * chunks of kQChunk keys from key 0 whatever the batch, and plan_chunks picks how the chunks are spread. */
 Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t max_seq_len, bool one_split) {
     Plan pl;
     pl.tl = attn_tiling(T, num_seqs, n_head, n_head_kv, kRows);
+    pl.chunks_per_cta = 0;
+    pl.ws_stride = 0;
     if (one_split) {
         pl.num_splits = 1;
         return pl;
@@ -726,6 +808,28 @@ Plan make_plan(int64_t T, int32_t num_seqs, int n_head, int n_head_kv, int32_t m
 
 bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
+/* Quantized pages: fold mode (a CTA walks all its tile's chunks) or split mode (a CTA a run of chunks,
+ * each chunk's partial to the workspace, then osp_cuda_attention_merge_chunks); the same bits either way,
+ * so the choice may follow the launch: split when the query tiles alone leave the GPU under-filled
+ * (fewer than kTargetCtas / 2 CTAs), there are two chunks or more and the partials fit the budget
+ * osp_cuda_attention_workspace_bytes allocates. OSPREY_CUDA_ATTENTION=fold / split force a mode (split
+ * still only where the workspace allows). */
+void plan_chunks(Plan &pl, int64_t T, int n_head, int n_head_kv, int D, int32_t max_seq_len, bool have_ws) {
+    const int64_t n_chunks = ceil_div(max_seq_len, kQChunk);
+    const int64_t base = pl.tl.n_tiles * n_head_kv * pl.tl.head_chunks;
+    const size_t need = osp_cuda_attention_v1_split_bytes(T, n_head, D, max_seq_len);
+    const int forced = osp_cuda_attention_forced_mode();
+    const bool split = have_ws && n_chunks > 1 && n_chunks <= 65535 && need > 0 && need <= OSP_CUDA_ATTN_SPLIT_BUDGET &&
+                       forced != OSP_CUDA_ATTN_FOLD && (forced == OSP_CUDA_ATTN_SPLIT || 2 * base < kTargetCtas);
+    if (!split) return;
+    int64_t runs = forced == OSP_CUDA_ATTN_SPLIT ? n_chunks : ceil_div(kTargetCtas, base);
+    if (runs > n_chunks) runs = n_chunks;
+    const int64_t per = ceil_div(n_chunks, runs);
+    pl.chunks_per_cta = (int)per;
+    pl.num_splits = (int)ceil_div(n_chunks, per);
+    pl.ws_stride = (int)osp_cuda_attention_chunk_stride(max_seq_len);
+}
+
 template <int D, int KV> osp_status launch(const AttnParams &prm, const Plan &pl, cudaStream_t st) {
     constexpr size_t smem = attn_smem_bytes<D>();
     if (smem > 48 * 1024)
@@ -734,6 +838,9 @@ template <int D, int KV> osp_status launch(const AttnParams &prm, const Plan &pl
     const dim3 grid((unsigned)pl.tl.n_tiles, (unsigned)(prm.n_head_kv * pl.tl.head_chunks), (unsigned)pl.num_splits);
     osp_launch(paged_attention_kernel<D, KV>, grid, kThreads, smem, st, prm);
     OSP_CUDA_LAUNCH_CHECK("paged_attention_kernel");
+    if (pl.chunks_per_cta > 0)
+        return osp_cuda_attention_merge_chunks(prm.ws_acc, prm.ws_ml, prm.out, prm.positions, prm.T, prm.n_head, D,
+                                               pl.ws_stride, st);
     if (pl.num_splits > 1) {
         const int64_t rows = (int64_t)prm.T * prm.n_head;
         osp_launch(paged_attention_merge_kernel<D>, (unsigned)ceil_div(rows, kWarps), kThreads, 0, st, prm.ws_acc,
@@ -851,7 +958,8 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
                                            nv_tc ? kq->d_v_scale : NULL, d_out, num_seqs, d_query_start_loc, d_positions,
                                            d_block_table, max_blocks, block_size, T, n_head, n_head_kv, D, scale,
                                            window, max_seq_len, d_workspace, stream);
-    const Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len, quant);
+    Plan pl = make_plan(T, num_seqs, n_head, n_head_kv, max_seq_len, quant);
+    if (quant) plan_chunks(pl, T, n_head, n_head_kv, D, max_seq_len, d_workspace && aligned16(d_workspace));
     if (pl.tl.n_tiles > INT32_MAX || (int64_t)n_head_kv * pl.tl.head_chunks > 65535)
         return osp_set_error(OSP_ERR_INVALID_ARG, "cuda paged attention: batch too large for one launch");
     AttnParams prm;
@@ -871,7 +979,12 @@ extern "C" osp_status osp_cuda_paged_attention_q(const uint16_t *d_q, const void
     prm.ws_acc = nullptr;
     prm.ws_ml = nullptr;
     prm.window = window > 0 ? window : 0;
-    if (pl.num_splits > 1) {
+    prm.chunks_per_cta = pl.chunks_per_cta;
+    prm.ws_stride = pl.ws_stride;
+    if (pl.chunks_per_cta > 0) {
+        prm.ws_acc = static_cast<float *>(d_workspace);
+        prm.ws_ml = reinterpret_cast<float2 *>(prm.ws_acc + (size_t)pl.ws_stride * (size_t)T * n_head * D);
+    } else if (pl.num_splits > 1) {
         if (!d_workspace || !aligned16(d_workspace))
             return osp_set_error(OSP_ERR_INVALID_ARG,
                                  "cuda paged attention: a 16-byte aligned workspace of "

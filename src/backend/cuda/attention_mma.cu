@@ -828,6 +828,36 @@ extern "C" size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, 
     return (size_t)(tokens * n_head * chunks) * ((size_t)D * sizeof(float) + sizeof(float2));
 }
 
+extern "C" int64_t osp_cuda_attention_chunk_stride(int32_t max_seq_len) { return ws_stride_of(max_seq_len); }
+
+extern "C" osp_status osp_cuda_attention_merge_chunks(const float *d_ws_acc, const void *d_ws_ml, uint16_t *d_out,
+                                                      const int32_t *d_positions, int64_t T, int n_head, int D,
+                                                      int64_t ws_stride, void *stream) {
+    if (T <= 0) return OSP_OK;
+    if (!d_ws_acc || !d_ws_ml || !d_out || !d_positions || n_head <= 0 || ws_stride < 1 || (ws_stride & 1) ||
+        (D != 32 && D != 64 && D != 128 && D != 256))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "cuda attention merge: bad arguments (T %lld, n_head %d, D %d, "
+                                                  "stride %lld)", (long long)T, n_head, D, (long long)ws_stride);
+    Params prm;
+    memset(&prm, 0, sizeof prm);
+    prm.ws_acc = const_cast<float *>(d_ws_acc);
+    prm.ws_ml = static_cast<float2 *>(const_cast<void *>(d_ws_ml));
+    prm.out = d_out;
+    prm.positions = d_positions;
+    prm.T = (int32_t)T;
+    prm.n_head = n_head;
+    prm.n_head_kv = n_head;
+    prm.ws_stride = (int)ws_stride;
+    prm.v_fixed = nullptr;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    switch (D) {
+    case 32: return merge_launch<32>(prm, st);
+    case 64: return merge_launch<64>(prm, st);
+    case 128: return merge_launch<128>(prm, st);
+    default: return merge_launch<256>(prm, st);
+    }
+}
+
 extern "C" bool osp_cuda_attention_v4_nvfp4(int mode, int D, int group) {
     return mode != OSP_CUDA_ATTN_V0 && (D == 64 || D == 128) && dec_rows(group) > 0;
 }

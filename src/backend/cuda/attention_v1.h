@@ -95,6 +95,18 @@ bool osp_cuda_attention_tc_serves(uint32_t kv_type, int D);
 /* true where a launch of this mode, instruction choice (OSP_CUDA_ATTN_MMA_*), page type and head_dim
  * runs the tensor-core kernel with wgmma */
 bool osp_cuda_attention_uses_wgmma(int mode, int mma, uint32_t kv_type, int D);
+/* Chunk partials (the layout split mode writes, shared by v0's quantized pages): a row's partials sit
+ * at [row][chunk] in d_ws_acc (fp32, D a chunk) and, after osp_cuda_attention_chunk_stride(max_seq_len) x
+ * T x n_head x D floats, its (m, l) pairs at [row][chunk] (float2, m in the log2 domain); chunk c covers
+ * keys [c OSP_CUDA_ATTN_CHUNK, (c + 1) OSP_CUDA_ATTN_CHUNK). osp_cuda_attention_merge_chunks folds row
+ * (t, h)'s chunks 0 .. ceil((positions[t] + 1) / OSP_CUDA_ATTN_CHUNK) - 1 in chunk order (the fold of
+ * attention_mma.cuh: chunks with l = 0 leave the state as it is) and writes out = O / L as bf16
+ * [T, n_head, D]. ws_stride: chunks a row (even). D 32 / 64 / 128 / 256. OSP_ERR_INVALID_ARG on bad
+ * arguments. */
+int64_t osp_cuda_attention_chunk_stride(int32_t max_seq_len);
+osp_status osp_cuda_attention_merge_chunks(const float *d_ws_acc, const void *d_ws_ml, uint16_t *d_out,
+                                           const int32_t *d_positions, int64_t T, int n_head, int D,
+                                           int64_t ws_stride, void *stream);
 /* Bytes of split-mode partials for `tokens` query tokens at this max_seq_len (0: never splits). */
 size_t osp_cuda_attention_v1_split_bytes(int64_t tokens, int n_head, int D, int32_t max_seq_len);
 /* true where NVFP4 launches (issue 13) of this forced mode, head_dim and GQA group run v4 (attention_dec.cu:

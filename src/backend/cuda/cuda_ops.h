@@ -422,7 +422,9 @@ osp_status osp_cuda_paged_attention(const uint16_t *d_q, const void *d_k_pages, 
  *     v4 (attention_dec.cu) widens each 64-key tile's E2M1 codes times their E4M3 micro-block scales,
  *     exactly, straight into the mma fragments in registers; the tensor scales factor out as fp8's head
  *     scales do;
- *   int8_hier, always (whatever mode is forced), and otherwise: the CUDA-core kernel (v0), in one split:
+ *   int8_hier, always (whatever mode is forced), and otherwise: the CUDA-core kernel (v0), keys in chunks
+ *     of OSP_CUDA_ATTN_CHUNK folded in order (split over the chunks when the query tiles leave the GPU
+ *     under-filled and the workspace holds the partials, with the same bits; fold mode otherwise):
  *     each 32-key K/V tile decoded once into fp32 shared memory as e4m3(code) * d_*_fixed[kv head] (fp8),
  *     e2m1(code) * (e4m3(scale) * tensor scale) (nvfp4), each one fp32 product, or M + S u (int8_hier's
  *     upper-only value) / M + (S / 32)(32 u + 2 l - 15) (its full value; which one per key: kq's hier
