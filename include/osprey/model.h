@@ -179,6 +179,14 @@ void osp_comm_free(osp_comm *c); /* NULL is fine */
 osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out);
 void osp_model_free(osp_model *m); /* NULL is fine */
 
+/* The config osp_model_load would give `path` (n_vocab from token_embd, the family's hyper-parameters),
+ * read from the file's metadata without loading a weight, and, when device_bytes is not NULL, the bytes
+ * the GPU's default load takes for the weights: every matrix as bf16, every vector as fp32 (an upper
+ * bound: the loader's fused copies hold the same elements). For budgeting what loads later (a draft
+ * model beside the target's KV cache). Errors: those of osp_gguf_open and of the family's config reader
+ * (*cfg zeroed then). */
+osp_status osp_model_probe(const char *path, osp_model_config *cfg, int64_t *device_bytes);
+
 /* A model of a preset's shapes (osprey make-random-model --list-presets: smollm2-135m, llama-3.1-8b,
  * qwen3-8b, tiny...) with seeded random weights drawn directly on the GPU (params->device must be
  * OSP_DEVICE_CUDA): no file, for speed measurements of big shapes. The weights are bit-identical to

@@ -234,6 +234,21 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
         (p.sparse_attention.method != OSP_SPARSE_NONE && osp_model_samples_on_device(e->model)
              ? osp_sparse_device_bytes_per_block(c->n_layer, c->n_head_kv, c->head_dim)
              : 0);
+    /* a draft model on the GPU loads after the cache and holds a cache of its own with as many blocks: its
+       weights come out of the GPU budget first and its block's bytes count with the target's */
+    int64_t draft_weights = 0, draft_block_bytes = 0;
+    if (p.speculative.method == OSP_SPEC_DRAFT_MODEL && osp_model_samples_on_device(e->model) && !p.kv_cache_memory &&
+        p.num_blocks == 0) {
+        osp_model_config dc;
+        if ((s = osp_model_probe(p.speculative.model, &dc, &draft_weights)) != OSP_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", osp_last_error());
+            s = osp_set_error(s, "draft model: %s", msg);
+            goto fail;
+        }
+        draft_weights += 256ll << 20; /* its activations and workspaces */
+        draft_block_bytes = osp_kv_cache_bytes_per_token(&dc, p.kv_dtype, p.kv_dtype) * p.block_size;
+    }
     if (p.num_blocks == 0) {
         int64_t want = p.kv_cache_memory ? p.kv_cache_memory / block_bytes
                                          : (int64_t)p.max_num_seqs * ((p.max_model_len + p.block_size - 1) / p.block_size);
@@ -247,9 +262,9 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
                and a workspace allowance) and its staging blocks */
             const int64_t later = p.speculative.method == OSP_SPEC_QUANTSPEC
                                       ? osp_quantspec_draft_device_bytes(e->model) + (int64_t)num_staging * block_bytes
-                                      : 0;
+                                      : draft_weights;
             const int64_t budget = (int64_t)(util * (double)tot) - (int64_t)(tot - fr) - OSP_GPU_RESERVE_BYTES - later;
-            if (budget / block_bytes < want) want = budget / block_bytes;
+            if (budget / (block_bytes + draft_block_bytes) < want) want = budget / (block_bytes + draft_block_bytes);
             if (want < 1) {
                 s = osp_set_error(OSP_ERR_NOMEM, "engine: no GPU memory left for the KV cache (%.1f GiB free of %.1f, "
                                                  "gpu_memory_utilization %.2f)", (double)fr / 1073741824.0,

@@ -307,6 +307,46 @@ static osp_status tp_kv_attach(const osp_model *m, osp_kv_cache *kv, int32_t num
     return OSP_OK;
 }
 
+osp_status osp_model_probe(const char *path, osp_model_config *cfg, int64_t *device_bytes) {
+    if (!path || !cfg) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_probe: NULL argument");
+    memset(cfg, 0, sizeof *cfg);
+    if (device_bytes) *device_bytes = 0;
+    osp_gguf *g = NULL;
+    OSP_TRY(osp_gguf_open(path, &g));
+    osp_status s = OSP_OK;
+    osp_gguf_str arch;
+    if ((s = osp_gguf_get_str(g, "general.architecture", &arch)) != OSP_OK) goto out;
+    if (arch.len >= sizeof cfg->arch) arch.len = sizeof cfg->arch - 1;
+    memcpy(cfg->arch, arch.data, arch.len);
+    cfg->arch[arch.len] = '\0';
+    const osp_arch *a = osp_arch_find(cfg->arch);
+    if (!a) {
+        s = osp_set_error(OSP_ERR_UNSUPPORTED, "%s: general.architecture '%s' is not supported", path, cfg->arch);
+        goto out;
+    }
+    const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb || emb->ne[1] < 1 || emb->ne[1] > INT32_MAX) {
+        s = osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing or has a bad vocabulary size", path);
+        goto out;
+    }
+    cfg->n_vocab = (int32_t)emb->ne[1];
+    if ((s = a->read_config(g, cfg)) != OSP_OK) goto out;
+    if (device_bytes) {
+        int64_t bytes = 0;
+        for (uint64_t i = 0; i < osp_gguf_n_tensors(g); i++) {
+            const osp_gguf_tensor *t = osp_gguf_tensor_at(g, i);
+            int64_t n = 1;
+            for (uint32_t d = 0; d < t->n_dims; d++) n *= t->ne[d];
+            bytes += (t->n_dims < 2 ? 4 : 2) * n; /* vectors fp32, matrices bf16 */
+        }
+        *device_bytes = bytes;
+    }
+out:
+    osp_gguf_close(g);
+    if (s != OSP_OK) memset(cfg, 0, sizeof *cfg);
+    return s;
+}
+
 osp_status osp_model_load(const char *path, const osp_model_params *params, osp_model **out) {
     if (!path || !out) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_load: NULL argument");
     *out = NULL;
