@@ -186,6 +186,11 @@ static void test_bad_flags(void **state) {
         snprintf(args, sizeof args, "generate -m '%s' -p hi -n 1 --device cuda", g_model);
         expect_error(run(args), "--device cuda", NULL);
     }
+    /* --gpu-memory-utilization: out of (0, 1], and only where it sizes something (the GPU's cache) */
+    snprintf(args, sizeof args, "generate -m '%s' -p hi --gpu-memory-utilization 1.5", g_model);
+    expect_error(run(args), "--gpu-memory-utilization", "[0.01, 1]");
+    snprintf(args, sizeof args, "chat -m '%s' --device cpu --gpu-memory-utilization 0.5", g_model);
+    expect_error(run(args), "--gpu-memory-utilization", "--device cuda");
     expect_error(run("bench --random-weights tiny -p 4 -n 4"), "--random-weights", "--device cuda");
     expect_error(run("bench --random-weights nope --device cuda"), "unknown preset 'nope'", NULL);
 }

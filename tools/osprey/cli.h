@@ -24,6 +24,8 @@ noreturn void cli_help(const char *text);
     "  -m, --model FILE        the GGUF model (required)\n"                                                    \
     "  -t, --threads N         CPU threads, 1..1024 (default: all cores)\n"                                    \
     "  --device D              cpu | cuda | auto (default: auto, cuda when a GPU is present)\n"                \
+    "  --gpu-memory-utilization F  share of the GPU's memory for the weights, the KV cache (a draft's\n"      \
+    "                          too) and a 3 GiB reserve, 0.01..1 (vLLM's flag; GPU only; default: 0.9)\n"    \
     CLI_GPU_WEIGHTS_HELP                                                                                       \
     CLI_CPU_ACT_HELP                                                                                           \
     CLI_NO_MMAP_HELP                                                                                           \
@@ -125,6 +127,7 @@ typedef struct cli_engine_args {
     int n_threads;         /* -t, --threads N in [1, 1024]; 0 (the default): all cores */
     osp_device device;     /* --device cpu|cuda|auto; auto (cuda when a GPU is present) by default */
     bool gpu_quant_weights; /* --gpu-weights quant (default bf16): osp_engine_params.gpu_quant_weights */
+    float gpu_memory_utilization; /* --gpu-memory-utilization F in [0.01, 1] (osp_engine_params'); 0: not given */
     osp_cpu_activations cpu_activations; /* --cpu-activations two-level|q8 (osp_engine_params.cpu_activations) */
     bool no_mmap;          /* --no-mmap (osp_engine_params.no_mmap) */
     int32_t tensor_parallel_size; /* -tp, --tensor-parallel-size N in [1, 64] (osp_engine_params.tensor_parallel_size) */
@@ -158,7 +161,7 @@ cli_engine_args cli_engine_args_default(void);
  * fp16, bfloat16, fp8_e4m3, ...); dies naming the flag and the accepted values otherwise, and with
  * osp_kv_dtype_available's reason for a dtype no backend has (bf16). */
 osp_kv_dtype cli_kv_dtype(const char *flag, const char *v);
-/* When argv[*i] is an engine flag (-m, -t, --device, --kernel-table, --speculative-config, and those in `accept`), parses it and its value
+/* When argv[*i] is an engine flag (-m, -t, --device, --gpu-memory-utilization, --kernel-table, --speculative-config, and those in `accept`), parses it and its value
  * argv[*i + 1] into *a, moves *i onto the last argument used and returns true; false, with nothing
  * changed, for any other argument. A bad value dies naming the flag (cli_int, cli_device,
  * "--kv-cache-dtype: 'X' is not one of ..."); --exact together with a quantized --kv-cache-dtype

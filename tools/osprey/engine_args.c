@@ -49,6 +49,7 @@ bool cli_engine_arg(cli_engine_args *a, unsigned accept, int argc, char **argv, 
     else if (!strcmp(f, "-t") || !strcmp(f, "--threads")) a->n_threads = (int)cli_int(f, v, 1, 1024), ++*i;
     else if (!strcmp(f, "--device")) a->device = cli_device(f, v), ++*i;
     else if (!strcmp(f, "--gpu-weights")) a->gpu_quant_weights = cli_gpu_weights(f, v), ++*i;
+    else if (!strcmp(f, "--gpu-memory-utilization")) a->gpu_memory_utilization = (float)cli_float(f, v, 0.01, 1.0), ++*i;
     else if (!strcmp(f, "--cpu-activations")) a->cpu_activations = cli_cpu_activations(f, v), ++*i;
     else if (!strcmp(f, "--no-mmap")) a->no_mmap = true;
     else if (!strcmp(f, "-tp") || !strcmp(f, "--tensor-parallel-size")) a->tensor_parallel_size = (int32_t)cli_int(f, v, 1, 64), ++*i;
@@ -224,6 +225,10 @@ osp_engine_params cli_engine_params(const cli_engine_args *a) {
     /* on the GPU the cache holds a whole max_model_len sequence within gpu_memory_utilization (vLLM's
        sizing; serve does the same): the library's 512 MiB default holds 4,096 tokens of an 8B model */
     if (ep.device == OSP_DEVICE_CUDA) ep.kv_cache_memory = 0;
+    if (a->gpu_memory_utilization > 0 && ep.device != OSP_DEVICE_CUDA)
+        cli_die(OSP_OK, "--gpu-memory-utilization sizes the GPU's KV cache: it needs --device cuda (the CPU's cache "
+                        "holds the sequence)");
+    ep.gpu_memory_utilization = a->gpu_memory_utilization;
     ep.gpu_quant_weights = a->gpu_quant_weights;
     ep.cpu_activations = a->cpu_activations;
     ep.no_mmap = a->no_mmap;
