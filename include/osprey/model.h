@@ -160,9 +160,13 @@ osp_model_params osp_model_default_params(void);
  * backend): each rank's model gets the same one (osp_model_params.comm). Collectives sum in rank order,
  * so every rank gets the same bits. osp_comm_abort wakes every rank waiting in a collective with an
  * error (a rank whose forward failed calls it, so the others never hang); the communicator stays
- * aborted. Free it after the models that use it. Errors: OSP_ERR_INVALID_ARG (world outside 1..64),
- * OSP_ERR_NOMEM. */
+ * aborted. A watchdog bounds every wait: a rank that waits more than the timeout for the others at one
+ * collective (default 600 s, torch.distributed's; $OSPREY_COMM_TIMEOUT_S seconds at creation, or
+ * osp_comm_set_timeout; 0: none) aborts the communicator, and every rank's collective returns
+ * OSP_ERR_INTERNAL saying the watchdog fired. Free it after the models that use it. Errors:
+ * OSP_ERR_INVALID_ARG (world outside 1..64; a negative or non-finite timeout), OSP_ERR_NOMEM. */
 osp_status osp_comm_local_create(int32_t world, osp_comm **out);
+osp_status osp_comm_set_timeout(osp_comm *c, double seconds);
 void osp_comm_abort(osp_comm *c);
 void osp_comm_free(osp_comm *c); /* NULL is fine */
 

@@ -4,10 +4,13 @@
  * all ranks' buffers in rank order; each rank copies the whole sum back into its buffer. */
 #include "backend/comm.h"
 
+#include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/status_internal.h"
 
@@ -20,6 +23,8 @@ struct osp_comm {
     int32_t arrived;
     uint64_t generation;
     bool aborted;
+    double timeout_s;  /* the watchdog: a rank waits at most this long in one barrier (0: forever) */
+    bool timed_out;    /* the watchdog aborted it */
     float *bufs[OSP_COMM_MAX_WORLD];
     int64_t lens[OSP_COMM_MAX_WORLD];
     const float *srcs[OSP_COMM_MAX_WORLD]; /* all-gather: each rank's src, rows and cols, and its cols_r */
@@ -37,8 +42,19 @@ osp_status osp_comm_local_create(int32_t world, osp_comm **out) {
     osp_comm *c = calloc(1, sizeof *c);
     if (!c) return osp_set_error(OSP_ERR_NOMEM, "communicator: out of memory");
     c->world = world;
+    c->timeout_s = OSP_COMM_DEFAULT_TIMEOUT_S;
+    const char *e = getenv("OSPREY_COMM_TIMEOUT_S");
+    if (e && *e) {
+        char *end = NULL;
+        const double t = strtod(e, &end);
+        if (end && !*end && t >= 0 && isfinite(t)) c->timeout_s = t;
+    }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the watchdog's deadlines: immune to clock changes */
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     *out = c;
     return OSP_OK;
 }
@@ -61,7 +77,17 @@ void osp_comm_abort(osp_comm *c) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Waits for every rank; false once aborted (before or while waiting). */
+osp_status osp_comm_set_timeout(osp_comm *c, double seconds) {
+    if (!c || !(seconds >= 0) || !isfinite(seconds))
+        return osp_set_error(OSP_ERR_INVALID_ARG, "communicator: a timeout of %g s (0 or more; 0: none)", seconds);
+    pthread_mutex_lock(&c->mu);
+    c->timeout_s = seconds;
+    pthread_mutex_unlock(&c->mu);
+    return OSP_OK;
+}
+
+/* Waits for every rank; false once aborted (before or while waiting), or when the watchdog fires: a rank
+ * that waited timeout_s for the others aborts the communicator (every waiting rank wakes with the error). */
 static bool barrier(osp_comm *c) {
     pthread_mutex_lock(&c->mu);
     const uint64_t gen = c->generation;
@@ -69,6 +95,20 @@ static bool barrier(osp_comm *c) {
         c->arrived = 0;
         c->generation++;
         pthread_cond_broadcast(&c->cv);
+    } else if (c->timeout_s > 0) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        const double whole = floor(c->timeout_s);
+        dl.tv_sec += (time_t)whole;
+        dl.tv_nsec += (long)((c->timeout_s - whole) * 1e9);
+        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        while (!c->aborted && c->generation == gen) {
+            if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT && !c->aborted && c->generation == gen) {
+                c->aborted = true;
+                c->timed_out = true;
+                pthread_cond_broadcast(&c->cv);
+            }
+        }
     } else {
         while (!c->aborted && c->generation == gen) pthread_cond_wait(&c->cv, &c->mu);
     }
@@ -77,7 +117,17 @@ static bool barrier(osp_comm *c) {
     return ok;
 }
 
-static osp_status aborted(void) { return osp_set_error(OSP_ERR_INTERNAL, "communicator: aborted (a rank failed)"); }
+static osp_status aborted_error(osp_comm *c) {
+    pthread_mutex_lock(&c->mu);
+    const bool wd = c->timed_out;
+    const double t = c->timeout_s;
+    pthread_mutex_unlock(&c->mu);
+    if (wd)
+        return osp_set_error(OSP_ERR_INTERNAL, "communicator: aborted by the watchdog (a rank waited %g s for the others "
+                                               "at a collective: one is stuck or gone; OSPREY_COMM_TIMEOUT_S sets the "
+                                               "limit)", t);
+    return osp_set_error(OSP_ERR_INTERNAL, "communicator: aborted (a rank failed)");
+}
 
 osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_t n) {
     if (!c || rank < 0 || rank >= c->world) /* not a rank of c: it cannot join the others */
@@ -89,11 +139,11 @@ osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_
     if (c->world == 1) return OSP_OK;
     c->bufs[rank] = buf;
     c->lens[rank] = bad ? -1 : n;
-    if (!barrier(c)) return aborted();
+    if (!barrier(c)) return aborted_error(c);
     for (int32_t r = 0; r < c->world; r++)
         if (c->lens[r] != c->lens[0] || c->lens[r] < 0) {
             const int64_t n0 = c->lens[0], nr = c->lens[r];
-            if (!barrier(c)) return aborted(); /* nobody rewrites lens until all have read them */
+            if (!barrier(c)) return aborted_error(c); /* nobody rewrites lens until all have read them */
             if (nr < 0 || n0 < 0)
                 return osp_set_error(OSP_ERR_INVALID_ARG, "all-reduce: rank %d passed a negative length or a NULL buffer",
                                      nr < 0 ? r : 0);
@@ -108,9 +158,9 @@ osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_
             else c->sum_failed = true;
         }
     }
-    if (!barrier(c)) return aborted();
+    if (!barrier(c)) return aborted_error(c);
     if (c->sum_failed) {
-        if (!barrier(c)) return aborted();
+        if (!barrier(c)) return aborted_error(c);
         return osp_set_error(OSP_ERR_NOMEM, "all-reduce: out of memory for %lld values", (long long)n);
     }
     const int64_t i0 = n * rank / c->world, i1 = n * (rank + 1) / c->world;
@@ -119,9 +169,9 @@ osp_status osp_comm_all_reduce_f32(osp_comm *c, int32_t rank, float *buf, int64_
         for (int32_t r = 1; r < c->world; r++) s += c->bufs[r][i];
         c->sum[i] = s;
     }
-    if (!barrier(c)) return aborted();
+    if (!barrier(c)) return aborted_error(c);
     if (n > 0) memcpy(buf, c->sum, (size_t)n * sizeof *buf);
-    if (!barrier(c)) return aborted(); /* sum and bufs are rewritten by the next call */
+    if (!barrier(c)) return aborted_error(c); /* sum and bufs are rewritten by the next call */
     return OSP_OK;
 }
 
@@ -142,7 +192,7 @@ osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, 
         return OSP_OK;
     }
     c->srcs[rank] = src, c->rows[rank] = rows, c->cols[rank] = cols, c->cols_r[rank] = bad ? -1 : cols_r;
-    if (!barrier(c)) return aborted();
+    if (!barrier(c)) return aborted_error(c);
     int64_t total = 0;
     bool same = true;
     for (int32_t r = 0; r < c->world; r++) {
@@ -150,7 +200,7 @@ osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, 
         same = same && c->cols_r[r] >= 0 && c->rows[r] == c->rows[0] && c->cols[r] == c->cols[0];
     }
     if (!same || total != c->cols[0]) {
-        if (!barrier(c)) return aborted(); /* nobody rewrites them until all have read them */
+        if (!barrier(c)) return aborted_error(c); /* nobody rewrites them until all have read them */
         return osp_set_error(OSP_ERR_INVALID_ARG, "all-gather: the ranks' rows, columns or shares disagree (%lld "
                              "columns, shares summing to %lld)", (long long)cols, (long long)total);
     }
@@ -158,6 +208,6 @@ osp_status osp_comm_all_gather_f32(osp_comm *c, int32_t rank, const float *src, 
     for (int32_t r = 0; r < c->world; off += c->cols_r[r], r++)
         for (int64_t t = 0; t < rows && c->cols_r[r] > 0; t++)
             memcpy(dst + t * cols + off, c->srcs[r] + t * c->cols_r[r], (size_t)c->cols_r[r] * sizeof *dst);
-    if (!barrier(c)) return aborted(); /* the srcs are read until here */
+    if (!barrier(c)) return aborted_error(c); /* the srcs are read until here */
     return OSP_OK;
 }

@@ -13,6 +13,10 @@
 
 #include "osprey/model.h"
 
+/* The watchdog's default (torch.distributed's NCCL default): a rank waiting this long at one collective
+ * aborts the communicator. */
+#define OSP_COMM_DEFAULT_TIMEOUT_S 600.0
+
 /* The number of ranks c serves. */
 int32_t osp_comm_world(const osp_comm *c);
 

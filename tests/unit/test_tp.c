@@ -211,6 +211,30 @@ static void test_comm_errors(void **state) {
     osp_comm_free(NULL);
 }
 
+/* The watchdog: rank 1 never comes, nobody aborts; the waiting rank 0 gives up after the timeout with the
+ * watchdog's error, and the communicator stays aborted for rank 1 too. Timeouts below 0 or not finite are
+ * refused; 0 is none (the test does not wait on it). */
+static void test_comm_watchdog(void **state) {
+    (void)state;
+    for (int which = 0; which < 2; which++) {
+        osp_comm *c;
+        assert_int_equal(osp_comm_local_create(2, &c), OSP_OK);
+        assert_int_equal(osp_comm_set_timeout(c, -1.0), OSP_ERR_INVALID_ARG);
+        assert_int_equal(osp_comm_set_timeout(c, NAN), OSP_ERR_INVALID_ARG);
+        assert_int_equal(osp_comm_set_timeout(c, 0.0), OSP_OK);
+        assert_int_equal(osp_comm_set_timeout(c, 0.05), OSP_OK);
+        float buf[4] = {1, 2, 3, 4}, src[2] = {1, 2}, dst[4];
+        const osp_status st = which == 0 ? osp_comm_all_reduce_f32(c, 0, buf, 4)
+                                         : osp_comm_all_gather_f32(c, 0, src, 1, 2, dst, 4);
+        assert_int_equal(st, OSP_ERR_INTERNAL);
+        assert_non_null(strstr(osp_last_error(), "watchdog"));
+        assert_int_equal(osp_comm_all_reduce_f32(c, 1, buf, 4), OSP_ERR_INTERNAL); /* stays aborted */
+        assert_non_null(strstr(osp_last_error(), "watchdog"));
+        osp_comm_free(c);
+    }
+    assert_int_equal(osp_comm_set_timeout(NULL, 1.0), OSP_ERR_INVALID_ARG);
+}
+
 /* ---- a model split over ranks ---------------------------------------------------------------------- */
 
 /* A prompt of N_PROMPT tokens, then N_DECODE one-token steps of the greedy token; the last row's logits of
@@ -604,6 +628,7 @@ int main(void) {
     if (!g_root) g_root = ".";
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_comm_sum),    cmocka_unit_test(test_comm_gather), cmocka_unit_test(test_comm_errors),
+        cmocka_unit_test(test_comm_watchdog),
         cmocka_unit_test(test_llama_f32),
         cmocka_unit_test(test_llama_q8_0),  cmocka_unit_test(test_qwen2_bias),  cmocka_unit_test(test_driver),
         cmocka_unit_test(test_unequal_ffn), cmocka_unit_test(test_kv_head_replication), cmocka_unit_test(test_engine_split),
