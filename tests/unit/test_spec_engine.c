@@ -862,7 +862,10 @@ static void test_quantspec_greedy(void **state) {
                     fail_msg("%s: the draft is the target here, yet %lld of %lld drafts were rejected", what,
                              (long long)(st.spec_num_draft_tokens - st.spec_num_accepted_tokens),
                              (long long)st.spec_num_draft_tokens);
-                if (acceptance(&st) <= 0.5) fail_msg("%s: acceptance %.2f", what, acceptance(&st));
+                /* a draft reading wrong slots would keep ~nothing; the bound is below what the models give: on
+                   the GPU the f32 d32 twin's Q4_0 draft (near-flat random logits) kept 42 % in round 0 (H100) */
+                const double floor_ = g_gpu && ti == 1 ? 0.25 : 0.5;
+                if (acceptance(&st) <= floor_) fail_msg("%s: acceptance %.2f", what, acceptance(&st));
             }
         }
 }
