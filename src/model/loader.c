@@ -9,6 +9,7 @@
 #include "core/dtype.h"
 #include "core/quantize.h"
 #include "core/status_internal.h"
+#include "core/threadpool.h"
 #include "model/presets.h"
 
 /* A fresh tensor slot owned by the loader (its own struct; host copies it needs are kept there too). */
@@ -93,28 +94,59 @@ static osp_status keep_host(osp_loader *ld, void *p) {
  * dequantized to fp32 and rounded by osp_quantize_row (ggml's Q4_0: a scale per 32, amax / -8). Sources
  * at 5 bits or fewer (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, the IQ types) are already the draft's precision and
  * stay as stored. */
+/* requant_4bit's rows over the pool's threads: thread ith takes rows ith, ith + nth, ... with its own
+ * fp32 row (rows[ith]); the first failure a thread meets goes to st[ith] */
+typedef struct requant_job {
+    const osp_weight_src *src;
+    uint32_t type;
+    int64_t cols;
+    size_t rb;
+    uint8_t *copy;
+    float **rows;
+    osp_status *st;
+} requant_job;
+
+static void requant_rows(void *ctx, int ith, int nth) {
+    const requant_job *j = ctx;
+    osp_status s = OSP_OK;
+    for (int64_t r = ith; r < j->src->rows && s == OSP_OK; r += nth) {
+        s = osp_dequant_row(j->src->type, (const uint8_t *)j->src->data + (size_t)r * j->src->row_bytes, j->rows[ith],
+                            j->cols);
+        if (s == OSP_OK) s = osp_quantize_row(j->type, j->rows[ith], j->copy + (size_t)r * j->rb, j->cols);
+    }
+    j->st[ith] = s;
+}
+
 static osp_status requant_4bit(osp_loader *ld, osp_weight_src *src, int64_t cols) {
     const double bpw = 8.0 * (double)osp_dtype_type_size(src->type) / (double)osp_dtype_block_size(src->type);
     if (bpw <= 5.0 || cols % 32 != 0 || !src->data) return OSP_OK;
-    const size_t rb = osp_dtype_row_size(OSP_DTYPE_Q4_0, cols);
+    const uint32_t type = ld->requant_k && cols % 256 == 0 ? OSP_DTYPE_Q4_K : OSP_DTYPE_Q4_0;
+    const size_t rb = osp_dtype_row_size(type, cols);
+    const int nth = ld->pool ? osp_threadpool_n_threads(ld->pool) : 1;
     uint8_t *copy = malloc(rb * (size_t)src->rows);
-    float *row = malloc(sizeof *row * (size_t)cols);
-    if (!copy || !row) {
-        free(copy), free(row);
-        return osp_set_error(OSP_ERR_NOMEM, "%s: out of memory for a 4-bit draft copy", ld->path);
+    float **rows = calloc((size_t)nth, sizeof *rows);
+    osp_status *st = calloc((size_t)nth, sizeof *st);
+    bool ok = copy && rows && st;
+    for (int i = 0; ok && i < nth; i++) ok = (rows[i] = malloc(sizeof(float) * (size_t)cols)) != NULL;
+    osp_status s = ok ? OSP_OK : osp_set_error(OSP_ERR_NOMEM, "%s: out of memory for a 4-bit draft copy", ld->path);
+    if (s == OSP_OK) {
+        requant_job j = {.src = src, .type = type, .cols = cols, .rb = rb, .copy = copy, .rows = rows, .st = st};
+        if (ld->pool && nth > 1) osp_threadpool_run(ld->pool, requant_rows, &j);
+        else requant_rows(&j, 0, 1);
+        for (int i = 0; i < nth && s == OSP_OK; i++) {
+            s = st[i];
+            /* another thread's message is in that thread's error buffer: say it here */
+            if (s != OSP_OK && i > 0) s = osp_set_error(s, "%s: the 4-bit draft copy failed", ld->path);
+        }
     }
-    osp_status s = OSP_OK;
-    for (int64_t r = 0; r < src->rows && s == OSP_OK; r++) {
-        s = osp_dequant_row(src->type, (const uint8_t *)src->data + (size_t)r * src->row_bytes, row, cols);
-        if (s == OSP_OK) s = osp_quantize_row(OSP_DTYPE_Q4_0, row, copy + (size_t)r * rb, cols);
-    }
-    free(row);
+    for (int i = 0; rows && i < nth; i++) free(rows[i]);
+    free(rows), free(st);
     if (s != OSP_OK) {
         free(copy);
         return s;
     }
     OSP_TRY(keep_host(ld, copy));
-    src->data = copy, src->type = OSP_DTYPE_Q4_0, src->row_bytes = rb, src->mapped = false;
+    src->data = copy, src->type = type, src->row_bytes = rb, src->mapped = false;
     return OSP_OK;
 }
 

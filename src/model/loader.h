@@ -26,8 +26,12 @@ typedef struct osp_loader {
     void *progress_ctx;
     size_t done_bytes, total_bytes;
     /* QuantSpec's self-draft (osp_model_params.draft_4bit_weights): matrices stored at more than 5 bits a
-     * weight are placed as a Q4_0 copy made here (kept in `host`) */
+     * weight are placed as a 4-bit copy made here (kept in `host`): Q4_0, or Q4_K where requant_k and the
+     * rows are whole super-blocks (the GPU's quantized kernels read Q4_K ~2.8x faster than Q4_0 at decode:
+     * bench/gpu/DECODE.md); the rows quantized on `pool`'s threads when it is set */
     bool requant_4bit;
+    bool requant_k;
+    struct osp_threadpool *pool;
     /* host copies of constants (the CPU backend points at them) */
 
     void **host;

@@ -170,7 +170,8 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
         return osp_set_error(OSP_ERR_UNSUPPORTED, "model: 4-bit draft weights (QuantSpec) on the GPU need "
                                                   "gpu_quant_weights (kept in their 4-bit blocks)");
     m->loader = (osp_loader){.gguf = m->gguf, .seed = seed, .preset = preset, .be = m->be, .path = path,
-                             .requant_4bit = params && params->draft_4bit_weights};
+                             .requant_4bit = params && params->draft_4bit_weights,
+                             .requant_k = dev != OSP_DEVICE_CPU, .pool = m->pool};
     /* only a device backend copies (and reports progress): on the CPU the weights stay mapped */
     if (params && params->progress && dev != OSP_DEVICE_CPU) {
         m->loader.progress = params->progress;
