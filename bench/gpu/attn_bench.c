@@ -158,7 +158,8 @@ static void run(const shape *sh) {
         {"v2-fold", OSP_CUDA_ATTN_FOLD, OSP_CUDA_ATTN_MMA_WGMMA, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
         {"v1", OSP_CUDA_ATTN_V1, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
         {"v0", OSP_CUDA_ATTN_V0, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF},
-        /* int8_hier (v0 whatever the mode): fold mode forced (a CTA walks all its keys: one split before) */
+        /* fold mode forced: for int8_hier (v0 whatever the mode) v0's fold, a CTA walking all its keys (one
+         * split before); for the other page types the fold of whichever kernel serves them (run by name only) */
         {"v0-fold", OSP_CUDA_ATTN_FOLD, 0, OSP_CUDA_ATTN_WS_OFF, OSP_CUDA_ATTN_DEC_OFF}};
     /* bytes read a value: int8_hier full D + 4 bytes a (key, head) row, the upper view D / 2 + 4 */
     const double bpv = g_h == 1 ? (D + 4.0) / D : g_h == 2 ? (D / 2 + 4.0) / D : g_nv ? 0.5625 : g_fp8 ? 1.0 : 2.0;

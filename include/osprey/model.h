@@ -161,10 +161,12 @@ osp_model_params osp_model_default_params(void);
  * so every rank gets the same bits. osp_comm_abort wakes every rank waiting in a collective with an
  * error (a rank whose forward failed calls it, so the others never hang); the communicator stays
  * aborted. A watchdog bounds every wait: a rank that waits more than the timeout for the others at one
- * collective (default 600 s, torch.distributed's; $OSPREY_COMM_TIMEOUT_S seconds at creation, or
- * osp_comm_set_timeout; 0: none) aborts the communicator, and every rank's collective returns
- * OSP_ERR_INTERNAL saying the watchdog fired. Free it after the models that use it. Errors:
- * OSP_ERR_INVALID_ARG (world outside 1..64; a negative or non-finite timeout), OSP_ERR_NOMEM. */
+ * collective (default 600 s, torch.distributed's; $OSPREY_COMM_TIMEOUT_S seconds at creation, a
+ * malformed value keeping the default, or osp_comm_set_timeout; 0 or more than 1e9: none) aborts the
+ * communicator, and every rank's collective returns OSP_ERR_INTERNAL saying the watchdog fired (the
+ * clock runs on while a debugger holds the process). Free it after the models that use it. Errors:
+ * osp_comm_local_create OSP_ERR_INVALID_ARG (world outside 1..64), OSP_ERR_NOMEM; osp_comm_set_timeout
+ * OSP_ERR_INVALID_ARG (NULL, a negative or non-finite timeout). */
 osp_status osp_comm_local_create(int32_t world, osp_comm **out);
 osp_status osp_comm_set_timeout(osp_comm *c, double seconds);
 void osp_comm_abort(osp_comm *c);
@@ -187,8 +189,9 @@ void osp_model_free(osp_model *m); /* NULL is fine */
  * read from the file's metadata without loading a weight, and, when device_bytes is not NULL, the bytes
  * the GPU's default load takes for the weights: every matrix as bf16, every vector as fp32 (an upper
  * bound: the loader's fused copies hold the same elements). For budgeting what loads later (a draft
- * model beside the target's KV cache). Errors: those of osp_gguf_open and of the family's config reader
- * (*cfg zeroed then). */
+ * model beside the target's KV cache). Errors (*cfg zeroed then): OSP_ERR_INVALID_ARG (NULL path or cfg),
+ * those of osp_gguf_open, OSP_ERR_UNSUPPORTED (an architecture osprey does not load), OSP_ERR_FORMAT (no
+ * token_embd, a bad vocabulary size, missing hyper-parameters), the family config reader's. */
 osp_status osp_model_probe(const char *path, osp_model_config *cfg, int64_t *device_bytes);
 
 /* A model of a preset's shapes (osprey make-random-model --list-presets: smollm2-135m, llama-3.1-8b,

@@ -47,7 +47,7 @@ osp_status osp_comm_local_create(int32_t world, osp_comm **out) {
     if (e && *e) {
         char *end = NULL;
         const double t = strtod(e, &end);
-        if (end && !*end && t >= 0 && isfinite(t)) c->timeout_s = t;
+        if (end && !*end && t >= 0 && isfinite(t)) c->timeout_s = t > OSP_COMM_MAX_TIMEOUT_S ? 0.0 : t;
     }
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
@@ -81,7 +81,7 @@ osp_status osp_comm_set_timeout(osp_comm *c, double seconds) {
     if (!c || !(seconds >= 0) || !isfinite(seconds))
         return osp_set_error(OSP_ERR_INVALID_ARG, "communicator: a timeout of %g s (0 or more; 0: none)", seconds);
     pthread_mutex_lock(&c->mu);
-    c->timeout_s = seconds;
+    c->timeout_s = seconds > OSP_COMM_MAX_TIMEOUT_S ? 0.0 : seconds; /* beyond a deadline's range: none */
     pthread_mutex_unlock(&c->mu);
     return OSP_OK;
 }

@@ -16,6 +16,8 @@
 /* The watchdog's default (torch.distributed's NCCL default): a rank waiting this long at one collective
  * aborts the communicator. */
 #define OSP_COMM_DEFAULT_TIMEOUT_S 600.0
+/* longer timeouts (~31 years) mean none: a deadline past them would overflow time_t's arithmetic */
+#define OSP_COMM_MAX_TIMEOUT_S 1e9
 
 /* The number of ranks c serves. */
 int32_t osp_comm_world(const osp_comm *c);

@@ -23,6 +23,9 @@
 /* GPU memory kept out of the KV cache for activations (grown in the first steps), the sampler's
  * scratch (~8 bytes per vocabulary entry per row) and cuBLASLt's workspace. */
 #define OSP_GPU_RESERVE_BYTES ((int64_t)3 << 30)
+/* the most a CUDA backend's attention workspace takes (OSP_CUDA_ATTN_SPLIT_BUDGET, 128 MiB; its v0 part is
+   smaller): counted for a draft model's backend, which loads after the target's cache is sized */
+#define OSP_DRAFT_ATTN_WS_BYTES ((int64_t)128 << 20)
 #include "engine/engine_internal.h"
 #include "engine/model_runner.h"
 #include "engine/offload.h"
@@ -246,7 +249,12 @@ osp_status osp_engine_create(const osp_engine_params *params, osp_engine **out) 
             s = osp_set_error(s, "draft model: %s", msg);
             goto fail;
         }
-        draft_weights += 256ll << 20; /* its activations and workspaces */
+        /* its own backend's working memory: a fixed allowance (cuBLASLt, the sampler's scratch), the attention
+           workspace's bound and fp32 activations of a step's tokens (the FFN's gate / up and a few rows of the
+           model width) */
+        const int64_t tokens = p.max_num_batched_tokens;
+        draft_weights += (256ll << 20) + (int64_t)OSP_DRAFT_ATTN_WS_BYTES +
+                         tokens * (2 * (int64_t)dc.n_ff + 8 * (int64_t)dc.n_embd) * 4;
         draft_block_bytes = osp_kv_cache_bytes_per_token(&dc, p.kv_dtype, p.kv_dtype) * p.block_size;
     }
     if (p.num_blocks == 0) {

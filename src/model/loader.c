@@ -88,12 +88,6 @@ static osp_status keep_host(osp_loader *ld, void *p) {
     return OSP_OK;
 }
 
-/* QuantSpec's 4-bit draft weights (Tiwari et al. 2025, section 4.2: the draft is the target with its
- * weights quantized to 4 bits): a source stored at more than 5 bits a weight (F32, F16, BF16, Q8_0,
- * Q5_0, Q5_1, Q5_K, Q6_K, ...) whose rows are whole Q4_0 blocks is replaced by a Q4_0 copy, each row
- * dequantized to fp32 and rounded by osp_quantize_row (ggml's Q4_0: a scale per 32, amax / -8). Sources
- * at 5 bits or fewer (Q4_0, Q4_1, Q4_K, Q2_K, Q3_K, the IQ types) are already the draft's precision and
- * stay as stored. */
 /* requant_4bit's rows over the pool's threads: thread ith takes rows ith, ith + nth, ... with its own
  * fp32 row (rows[ith]); the first failure a thread meets goes to st[ith] */
 typedef struct requant_job {
@@ -117,6 +111,13 @@ static void requant_rows(void *ctx, int ith, int nth) {
     j->st[ith] = s;
 }
 
+/* QuantSpec's 4-bit draft weights (Tiwari et al. 2025, section 4.2: the draft is the target with its
+ * weights quantized to 4 bits): a source stored at more than 5 bits a weight (F32, F16, BF16, Q8_0,
+ * Q5_0, Q5_1, Q5_K, Q6_K, ...) whose rows are whole Q4_0 blocks is replaced by a 4-bit copy, each row
+ * dequantized to fp32 and rounded by osp_quantize_row: Q4_K (ggml's reference, 4.5 bits a weight as Q4_0)
+ * when ld->requant_k and the rows are whole 256-value super-blocks (a device's quantized kernels read it
+ * faster), else Q4_0 (a scale per 32, amax / -8). Sources at 5 bits or fewer (Q4_0, Q4_1, Q4_K, Q2_K,
+ * Q3_K, the IQ types) are already the draft's precision and stay as stored. */
 static osp_status requant_4bit(osp_loader *ld, osp_weight_src *src, int64_t cols) {
     const double bpw = 8.0 * (double)osp_dtype_type_size(src->type) / (double)osp_dtype_block_size(src->type);
     if (bpw <= 5.0 || cols % 32 != 0 || !src->data) return OSP_OK;

@@ -165,7 +165,7 @@ static osp_status finish_load(osp_model *m, const osp_model_params *params, cons
     OSP_TRY(osp_backend_create(dev, &bp, &m->be));
     m->be->n_vocab = m->cfg.n_vocab;
     char why[256] = "";
-    /* on a device the Q4_0 copies stay 4-bit only as quantized weights (bf16 otherwise) */
+    /* on a device the 4-bit copies (Q4_K / Q4_0) stay 4-bit only as quantized weights (bf16 otherwise) */
     if (params && params->draft_4bit_weights && dev != OSP_DEVICE_CPU && !params->gpu_quant_weights)
         return osp_set_error(OSP_ERR_UNSUPPORTED, "model: 4-bit draft weights (QuantSpec) on the GPU need "
                                                   "gpu_quant_weights (kept in their 4-bit blocks)");

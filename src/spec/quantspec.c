@@ -113,7 +113,7 @@ int64_t osp_quantspec_draft_device_bytes(const osp_model *target) {
         if (t->n_dims < 2) {
             bytes += 4 * n;
         } else if (8.0 * (double)t->nbytes > 5.0 * (double)n && t->ne[0] % 32 == 0) {
-            bytes += n / 32 * 18; /* the loader's Q4_0 copy (loader.c requant_4bit) */
+            bytes += n / 32 * 18; /* the loader's 4-bit copy, Q4_0 or Q4_K alike (loader.c requant_4bit) */
         } else if (t->type == OSP_DTYPE_Q4_0 || t->type == OSP_DTYPE_Q4_1 || t->type == OSP_DTYPE_Q4_K) {
             bytes += (int64_t)t->nbytes;
         } else {

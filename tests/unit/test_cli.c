@@ -814,6 +814,8 @@ static void test_serve_positional_and_tls_flags(void **state) {
     snprintf(args, sizeof args, "serve '%s' second.gguf --port 0", g_model);
     expect_error(run(args), "unexpected argument 'second.gguf'", NULL);
     expect_error(run("serve --port 0"), "serve needs a model", "osprey serve MODEL");
+    snprintf(args, sizeof args, "serve '%s' --port 0 --device cpu --gpu-memory-utilization 0.5", g_model);
+    expect_error(run(args), "--gpu-memory-utilization", "--device cuda");
     snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-keyfile '%s/key.pem'", g_model, fix);
     expect_error(run(args), "--ssl-keyfile needs --ssl-certfile too", NULL);
     snprintf(args, sizeof args, "serve '%s' --port 0 --ssl-certfile '%s/cert.pem'", g_model, fix);

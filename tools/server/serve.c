@@ -80,7 +80,8 @@ static const char *k_serve_usage =
     "                                   the documented constants; a file for another model is refused)\n"
     "  --kv-cache-memory BYTES          KV cache size, K/M/G suffixes (CPU: 1G; GPU: what\n"
     "                                   --gpu-memory-utilization leaves)\n"
-    "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9)\n"
+    "  --gpu-memory-utilization F       share of GPU memory for weights + KV cache + activations (0.9;\n"
+    "                                   GPU only)\n"
     "  --enable-prefix-caching / --no-enable-prefix-caching   (on)\n"
     "  --prefix-caching-hash-algo A     xxh3_128 (default) | sha256 | sha256_cbor (vLLM's: the block hashes\n"
     "                                   vLLM and llm-d compute from token ids under the same seed)\n"
@@ -210,7 +211,6 @@ srv_config srv_parse_flags(int argc, char **argv) {
         else if (!strcmp(f, "--max-num-batched-tokens")) c.max_num_batched_tokens = (int32_t)cli_int(f, v, 1, 1 << 24), i++;
         else if (!strcmp(f, "--block-size")) c.block_size = (int32_t)cli_int(f, v, 1, 1024), i++;
         else if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--kv-cache-memory-bytes")) c.kv_cache_memory = parse_bytes(f, v), c.kv_cache_memory_set = true, i++;
-        else if (!strcmp(f, "--gpu-memory-utilization")) c.gpu_memory_utilization = (float)cli_float(f, v, 0.01, 1.0), i++;
         else if (!strcmp(f, "--enable-prefix-caching")) c.prefix_caching = true;
         else if (!strcmp(f, "--no-enable-prefix-caching")) c.prefix_caching = false;
         else if (!strcmp(f, "--chat-template")) c.chat_template_path = v, i++;
@@ -296,6 +296,11 @@ srv_config srv_parse_flags(int argc, char **argv) {
     c.n_threads = eng.n_threads;
     c.device = eng.device;
     c.gpu_quant_weights = eng.gpu_quant_weights;
+    /* --gpu-memory-utilization (cli_engine_arg parses it for every command): it sizes the GPU's cache only */
+    if (eng.gpu_memory_utilization > 0 && c.device != OSP_DEVICE_CUDA)
+        cli_die(OSP_OK, "--gpu-memory-utilization sizes the GPU's KV cache: it needs --device cuda (on the CPU "
+                        "--kv-cache-memory sizes it)");
+    c.gpu_memory_utilization = eng.gpu_memory_utilization;
     c.cpu_activations = eng.cpu_activations;
     c.no_mmap = eng.no_mmap;
     c.tensor_parallel_size = eng.tensor_parallel_size;

@@ -549,9 +549,10 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     if (ks64 >= kv_len) {
         /* no keys here: a sentinel partial per row (or, with one split and no keys at all, which only
          * an invalid position can cause, zeros) */
+        if (kChunked && p.chunks_per_cta > 0) return; /* the merge folds no chunk of such a row: zeros */
         for (int r = tid; r < rows; r += kThreads) {
             const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
-            if (p.num_splits > 1) {
+            if (!kChunked && p.num_splits > 1) {
                 p.ws_ml[(int64_t)split * p.T * p.n_head + orow] = make_float2(-INFINITY, 0.0f);
             } else {
                 for (int d = 0; d < D; d++) p.out[orow * D + d] = 0;
