@@ -10,6 +10,8 @@
 # The projection itself (bench/spec/NOTES.md, nineteenth session): tokens a round E = (1 - a^(k+1)) / (1 - a) at
 # the acceptance a measured on real models, speedup E x plain step / (draft call + verification step).
 #   BIN=/tmp/osprey-gpu/gpu/bin bash bench/spec/gpu_quantspec.sh proj|smol [MODEL]
+#   (proj with BASE=<another build's osprey>: its quantspec runs too, in the same call: e.g. a Q4_0 draft copy
+#   before 36c69b1 against the Q4_K one)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 what=${1:-proj}
@@ -23,15 +25,19 @@ if [ "$what" = proj ]; then
     M=${PROJ_MODEL:-/tmp/r8b.gguf}
     [ -f "$M" ] || "$BIN/osprey" make-random-model --preset llama-3.1-8b --dtype q8_0 --random-blocks -o "$M" >/dev/null
     P=$(python3 -c "import random; random.seed(1); print(''.join(random.choice('abcdefghij klmnop') for _ in range(${CTX:-37000})))")
-    for run in f16:plain f16:spec int8_hier:plain int8_hier:spec; do
+    runs="f16:plain f16:spec int8_hier:plain int8_hier:spec"
+    [ -n "${BASE:-}" ] && runs="$runs f16:base int8_hier:base"
+    for run in $runs; do
         kv=${run%%:*} side=${run##*:}
-        extra=()
-        [ "$side" = spec ] && extra=(--speculative-config "$QS")
-        OSPREY_SPEC_FIXED_K=1 timeout "${RUN_TIMEOUT:-170}" "$BIN/osprey" generate -m "$M" --device cuda -p "$P" -n "${NGEN:-32}" \
-            --temp 0 --seed 1 --kv-cache-dtype "$kv" "${extra[@]}" >/dev/null 2>"$OUTD/proj_${kv}_$side.err"
+        extra=() exe="$BIN/osprey"
+        [ "$side" != plain ] && extra=(--speculative-config "$QS")
+        [ "$side" = base ] && exe=$BASE
+        OSPREY_SPEC_FIXED_K=1 timeout "${RUN_TIMEOUT:-170}" "$exe" generate -m "$M" --device cuda -p "$P" -n "${NGEN:-32}" \
+            --temp 0 --seed 1 --kv-cache-dtype "$kv" "${extra[@]}" >"$OUTD/proj_${kv}_$side.out" 2>"$OUTD/proj_${kv}_$side.err"
         echo "== 8B $kv $side (rc $?)"
         grep -E "prompt:|speculative|error" "$OUTD/proj_${kv}_$side.err" | head -4
     done
+    md5sum "$OUTD"/proj_*.out # spec and base give plain's text, page type by page type
 elif [ "$what" = smol ]; then
     M=${2:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
     for cfg in ngram qs qs_int8h; do
