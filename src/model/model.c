@@ -308,31 +308,36 @@ static osp_status tp_kv_attach(const osp_model *m, osp_kv_cache *kv, int32_t num
     return OSP_OK;
 }
 
+/* A GGUF's model config as osp_model_load reads it: general.architecture, its family (*arch), n_vocab from
+ * token_embd's rows, then the family's hyper-parameters. Errors name path. */
+static osp_status read_file_config(const osp_gguf *g, const char *path, osp_model_config *c, const osp_arch **arch) {
+    osp_gguf_str name;
+    OSP_TRY(osp_gguf_get_str(g, "general.architecture", &name));
+    if (name.len >= sizeof c->arch) name.len = sizeof c->arch - 1;
+    memcpy(c->arch, name.data, name.len);
+    c->arch[name.len] = '\0';
+    *arch = osp_arch_find(c->arch);
+    if (!*arch)
+        return osp_set_error(OSP_ERR_UNSUPPORTED,
+                             "%s: general.architecture '%s' is not supported (supported: llama, qwen2, qwen3, gemma3)",
+                             path, c->arch);
+    const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) return osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
+    if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)
+        return osp_set_error(OSP_ERR_FORMAT, "%s: token_embd.weight has a bad vocabulary size", path);
+    c->n_vocab = (int32_t)emb->ne[1];
+    return (*arch)->read_config(g, c);
+}
+
 osp_status osp_model_probe(const char *path, osp_model_config *cfg, int64_t *device_bytes) {
     if (!path || !cfg) return osp_set_error(OSP_ERR_INVALID_ARG, "osp_model_probe: NULL argument");
     memset(cfg, 0, sizeof *cfg);
     if (device_bytes) *device_bytes = 0;
     osp_gguf *g = NULL;
     OSP_TRY(osp_gguf_open(path, &g));
-    osp_status s = OSP_OK;
-    osp_gguf_str arch;
-    if ((s = osp_gguf_get_str(g, "general.architecture", &arch)) != OSP_OK) goto out;
-    if (arch.len >= sizeof cfg->arch) arch.len = sizeof cfg->arch - 1;
-    memcpy(cfg->arch, arch.data, arch.len);
-    cfg->arch[arch.len] = '\0';
-    const osp_arch *a = osp_arch_find(cfg->arch);
-    if (!a) {
-        s = osp_set_error(OSP_ERR_UNSUPPORTED, "%s: general.architecture '%s' is not supported", path, cfg->arch);
-        goto out;
-    }
-    const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
-    if (!emb || emb->ne[1] < 1 || emb->ne[1] > INT32_MAX) {
-        s = osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing or has a bad vocabulary size", path);
-        goto out;
-    }
-    cfg->n_vocab = (int32_t)emb->ne[1];
-    if ((s = a->read_config(g, cfg)) != OSP_OK) goto out;
-    if (device_bytes) {
+    const osp_arch *a;
+    const osp_status s = read_file_config(g, path, cfg, &a);
+    if (s == OSP_OK && device_bytes) {
         int64_t bytes = 0;
         for (uint64_t i = 0; i < osp_gguf_n_tensors(g); i++) {
             const osp_gguf_tensor *t = osp_gguf_tensor_at(g, i);
@@ -342,7 +347,6 @@ osp_status osp_model_probe(const char *path, osp_model_config *cfg, int64_t *dev
         }
         *device_bytes = bytes;
     }
-out:
     osp_gguf_close(g);
     if (s != OSP_OK) memset(cfg, 0, sizeof *cfg);
     return s;
@@ -356,31 +360,7 @@ osp_status osp_model_load(const char *path, const osp_model_params *params, osp_
     osp_status s = osp_gguf_open(path, &m->gguf);
     if (s != OSP_OK) goto fail;
     if (params && params->no_mmap) osp_gguf_advise_copy_out(m->gguf); /* copied out and dropped: small pages */
-    const osp_gguf *g = m->gguf;
-    osp_model_config *c = &m->cfg;
-    osp_gguf_str arch;
-    if ((s = osp_gguf_get_str(g, "general.architecture", &arch)) != OSP_OK) goto fail;
-    if (arch.len >= sizeof c->arch) arch.len = sizeof c->arch - 1;
-    memcpy(c->arch, arch.data, arch.len);
-    c->arch[arch.len] = '\0';
-    m->arch = osp_arch_find(c->arch);
-    if (!m->arch) {
-        s = osp_set_error(OSP_ERR_UNSUPPORTED,
-                          "%s: general.architecture '%s' is not supported (supported: llama, qwen2, qwen3, gemma3)",
-                          path, c->arch);
-        goto fail;
-    }
-    const osp_gguf_tensor *emb = osp_gguf_find_tensor(g, "token_embd.weight");
-    if (!emb) {
-        s = osp_set_error(OSP_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing", path);
-        goto fail;
-    }
-    if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX) {
-        s = osp_set_error(OSP_ERR_FORMAT, "%s: token_embd.weight has a bad vocabulary size", path);
-        goto fail;
-    }
-    c->n_vocab = (int32_t)emb->ne[1];
-    if ((s = m->arch->read_config(g, c)) != OSP_OK) goto fail;
+    if ((s = read_file_config(m->gguf, path, &m->cfg, &m->arch)) != OSP_OK) goto fail;
     if ((s = finish_load(m, params, NULL, 0, path)) != OSP_OK) goto fail;
     *out = m;
     return OSP_OK;

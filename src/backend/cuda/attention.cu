@@ -507,6 +507,19 @@ __device__ __forceinline__ void tile_rows(const float *sK, const float *sV, cons
     __syncwarp(); /* sPw is rewritten by the next tile */
 }
 
+/* A warp's rows' softmax state emptied: max -inf, sum 0, accumulators 0 (a chunk's state, or fold mode's). */
+template <int D>
+__device__ __forceinline__ void clear_rows(float (&m)[kRowsPerWarp], float (&l)[kRowsPerWarp],
+                                           float (&acc)[kRowsPerWarp][D / 32]) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < D / 32; e++) acc[i][e] = 0.0f;
+    }
+}
+
 /* ---- kernels ------------------------------------------------------------------------------------------ */
 
 template <int D> constexpr size_t attn_smem_bytes() {
@@ -529,6 +542,8 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     if (!attn_cta_work(p.tl, p.qsl, p.num_seqs, w)) return; /* uniform over the CTA */
     const int s = w.s, t0 = w.t0, ntok = w.ntok, kvh = w.kvh, nh = w.nh, h0 = w.h0;
     const int rows = ntok * nh;                                           /* <= kRows; row r: token t0 + r / nh, head h0 + r % nh */
+    /* CTA row r's row of q / out ([T, n_head]) */
+    auto out_row = [&](int r) { return (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh; };
 
     int kv_len = 0; /* keys any row of the tile sees */
     for (int i = 0; i < ntok; i++) kv_len = max(kv_len, p.positions[t0 + i] + 1);
@@ -551,7 +566,7 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
          * an invalid position can cause, zeros) */
         if (kChunked && p.chunks_per_cta > 0) return; /* the merge folds no chunk of such a row: zeros */
         for (int r = tid; r < rows; r += kThreads) {
-            const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+            const int64_t orow = out_row(r);
             if (!kChunked && p.num_splits > 1) {
                 p.ws_ml[(int64_t)split * p.T * p.n_head + orow] = make_float2(-INFINITY, 0.0f);
             } else {
@@ -574,7 +589,7 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     /* q rows into shared memory (fp32, times scale * log2 e) */
     for (int idx = tid; idx < rows * D; idx += kThreads) {
         const int r = idx / D, d = idx % D;
-        const int64_t qrow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+        const int64_t qrow = out_row(r);
         sQ[idx] = osp_bf16_to_f(p.q[qrow * D + d]) * p.qscale;
     }
 
@@ -588,16 +603,7 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
         lim[i] = i < nv ? p.positions[t0 + r / nh] + 1 : 0;
         first[i] = p.window > 0 && lim[i] > p.window ? lim[i] - p.window : 0;
     }
-    auto reset = [&]() {
-#pragma unroll
-        for (int i = 0; i < kRowsPerWarp; i++) {
-            m[i] = -INFINITY;
-            l[i] = 0.0f;
-#pragma unroll
-            for (int e = 0; e < DPL; e++) acc[i][e] = 0.0f;
-        }
-    };
-    reset();
+    clear_rows<D>(m, l, acc);
 
     const int32_t *bt = p.block_table + (int64_t)s * p.max_blocks;
     const int64_t row_elems = (int64_t)p.n_head_kv * D;
@@ -674,16 +680,10 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     if constexpr (kChunked) {
         /* fold mode's state a row: (M, L, O), empty while M is -inf (osp_attn::fold_state) */
         float M[kRowsPerWarp], L[kRowsPerWarp], O[kRowsPerWarp][DPL];
-#pragma unroll
-        for (int i = 0; i < kRowsPerWarp; i++) {
-            M[i] = -INFINITY;
-            L[i] = 0.0f;
-#pragma unroll
-            for (int e = 0; e < DPL; e++) O[i][e] = 0.0f;
-        }
+        clear_rows<D>(M, L, O);
         const bool split_mode = p.chunks_per_cta > 0;
         for (int c = c_begin; c < c_end; c++) {
-            if (c > c_begin) reset();
+            if (c > c_begin) clear_rows<D>(m, l, acc);
             walk(max(c * kQChunk, k_first), min(kv_len, (c + 1) * kQChunk));
 #pragma unroll
             for (int i = 0; i < kRowsPerWarp; i++) {
@@ -692,7 +692,7 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
                 if (split_mode) {
                     /* chunk c's partial of the row (rows that do not reach chunk c are never read) */
                     const int r = i * kWarps + warp;
-                    const int64_t pr = ((int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh) * p.ws_stride + c;
+                    const int64_t pr = out_row(r) * p.ws_stride + c;
                     if (lsum > 0.0f) store_lane_f32<D>(p.ws_acc + pr * D, lane, acc[i]);
                     if (lane == 0) p.ws_ml[pr] = make_float2(m[i], lsum);
                 } else {
@@ -709,7 +709,7 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
             for (int i = 0; i < kRowsPerWarp; i++) {
                 if (i >= nv) break;
                 const int r = i * kWarps + warp;
-                const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+                const int64_t orow = out_row(r);
                 store_lane_bf16<D>(p.out + orow * D, lane, O[i], osp_attn::out_scale(L[i]));
             }
         }
@@ -721,7 +721,7 @@ template <int D, int KV> __global__ void __launch_bounds__(kThreads) paged_atten
     for (int i = 0; i < kRowsPerWarp; i++) {
         if (i >= nv) break;
         const int r = i * kWarps + warp;
-        const int64_t orow = (int64_t)(t0 + r / nh) * p.n_head + h0 + r % nh;
+        const int64_t orow = out_row(r);
         const float lsum = warp_sum(l[i]);
         if (p.num_splits == 1) {
             store_lane_bf16<D>(p.out + orow * D, lane, acc[i], lsum > 0.0f ? 1.0f / lsum : 0.0f);
